@@ -1,0 +1,118 @@
+"""Repositories for plait's system-installed dependencies: nothing here downloads.
+
+Each dependency is a directory tree on this machine (Debian's packages under /usr, CUDA under
+/usr/local/cuda, or a LibTorch unpacked anywhere) exposed as a repository whose BUILD file,
+kept beside this file as `<name>.BUILD`, declares real cc_library targets.
+"""
+
+# Library directories probed under a root, most specific first: Debian's multiarch layout,
+# then the lib64/lib layouts of CUDA and of LibTorch's release archives.
+_LIBRARY_DIRS = ["lib/x86_64-linux-gnu", "lib64", "lib"]
+
+def _system_repository_impl(rctx):
+    root = rctx.attr.root
+    if rctx.attr.root_env:
+        root = rctx.os.environ.get(rctx.attr.root_env, root)
+    if not rctx.path(root).exists:
+        hint = " (set %s to its root)" % rctx.attr.root_env if rctx.attr.root_env else ""
+        fail("%s: %s does not exist%s; run tools/setup.sh to install the Debian packages" %
+             (rctx.name, root, hint))
+
+    for entry in rctx.attr.entries:
+        if rctx.path(root + "/" + entry).exists:
+            rctx.symlink(root + "/" + entry, entry)
+
+    library_dir = ""
+    extra_linkopts = []
+    if rctx.attr.library_probe:
+        for candidate in _LIBRARY_DIRS:
+            if rctx.path("%s/%s/%s" % (root, candidate, rctx.attr.library_probe)).exists:
+                library_dir = "%s/%s" % (root, candidate)
+                break
+        if not library_dir:
+            fail("%s: %s not found under %s/{%s}" %
+                 (rctx.name, rctx.attr.library_probe, root, ",".join(_LIBRARY_DIRS)))
+        for library, flag in rctx.attr.optional_libraries.items():
+            if rctx.path("%s/%s" % (library_dir, library)).exists:
+                extra_linkopts.append(flag)
+
+    rctx.template("BUILD.bazel", rctx.attr.build_file, substitutions = {
+        "%{library_dir}": library_dir,
+        "%{extra_linkopts}": repr(extra_linkopts),
+    })
+
+system_repository = repository_rule(
+    implementation = _system_repository_impl,
+    doc = "A directory tree installed on this machine, with a BUILD file from third_party/.",
+    attrs = {
+        "root": attr.string(default = "/usr", doc = "Root of the installed tree."),
+        "root_env": attr.string(doc = "Environment variable that overrides `root`, if any."),
+        "entries": attr.string_list(
+            default = ["include"],
+            doc = "Entries of the root linked into the repository (those that exist).",
+        ),
+        "library_probe": attr.string(
+            doc = "A shared library whose directory becomes %{library_dir} in the BUILD file.",
+        ),
+        "optional_libraries": attr.string_dict(
+            doc = "Library file -> link flag, added to %{extra_linkopts} when the file exists.",
+        ),
+        "build_file": attr.label(mandatory = True, allow_single_file = True),
+    },
+    environ = ["LIBTORCH_HOME", "CUDA_HOME"],
+    local = True,
+)
+
+def plait_dependencies():
+    """Declares every external repository plait's build needs."""
+    native.local_repository(name = "rules_cc", path = "third_party/rules_cc")
+    native.local_repository(name = "rules_java", path = "third_party/rules_java")
+    native.local_repository(
+        name = "remote_coverage_tools",
+        path = "third_party/remote_coverage_tools",
+    )
+
+    # LibTorch: Debian's libtorch-dev by default; LIBTORCH_HOME may name an unpacked LibTorch
+    # (1.13 or 2.x, CPU or CUDA): both layouts have include/ and lib/ under one root.
+    system_repository(
+        name = "libtorch",
+        root_env = "LIBTORCH_HOME",
+        library_probe = "libtorch.so",
+        optional_libraries = {
+            # A CUDA build's kernels register themselves at load time, so the library must be
+            # linked even though no symbol of it is referenced directly.
+            "libtorch_cuda.so": "-Wl,--no-as-needed,-ltorch_cuda,--as-needed",
+        },
+        build_file = "//third_party:libtorch.BUILD",
+    )
+    system_repository(
+        name = "com_google_absl",
+        build_file = "//third_party:absl.BUILD",
+    )
+    system_repository(
+        name = "com_google_protobuf",
+        entries = ["include", "bin"],
+        build_file = "//third_party:protobuf.BUILD",
+    )
+    system_repository(
+        name = "com_google_googletest",
+        build_file = "//third_party:googletest.BUILD",
+    )
+    system_repository(
+        name = "com_github_google_benchmark",
+        build_file = "//third_party:benchmark.BUILD",
+    )
+    system_repository(
+        name = "com_github_nlohmann_json",
+        build_file = "//third_party:nlohmann_json.BUILD",
+    )
+
+    # CUDA runtime and NCCL, used only under --config=gpu (the repository is fetched only
+    # when a GPU target is built).
+    system_repository(
+        name = "local_cuda",
+        root = "/usr/local/cuda",
+        root_env = "CUDA_HOME",
+        library_probe = "libcudart.so",
+        build_file = "//third_party:cuda.BUILD",
+    )

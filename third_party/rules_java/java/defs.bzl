@@ -1,0 +1,17 @@
+"""Re-exports Bazel 4.2.3's native Java rules under the @rules_java//java:defs.bzl names.
+
+plait has no Java, but Bazel's JDK toolchain definitions load this file during toolchain
+resolution of every build; the real rules_java is a download, so this shim keeps the build
+offline.
+"""
+
+java_binary = native.java_binary
+java_import = native.java_import
+java_library = native.java_library
+java_lite_proto_library = native.java_lite_proto_library
+java_package_configuration = native.java_package_configuration
+java_plugin = native.java_plugin
+java_proto_library = native.java_proto_library
+java_runtime = native.java_runtime
+java_test = native.java_test
+java_toolchain = native.java_toolchain
