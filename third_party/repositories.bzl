@@ -63,18 +63,41 @@ system_repository = repository_rule(
     local = True,
 )
 
+def _directory_repository_impl(rctx):
+    directory = rctx.path(rctx.attr.build_file).dirname
+    for child in directory.readdir():
+        rctx.symlink(child, child.basename)
+    rctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % rctx.name)
+
+# A directory of plait's own (found through its BUILD file, so this also works when plait is
+# an external repository of another workspace) served as a repository of its own.
+_directory_repository = repository_rule(
+    implementation = _directory_repository_impl,
+    attrs = {"build_file": attr.label(mandatory = True, allow_single_file = True)},
+)
+
+def _maybe(repository_rule, name, **kwargs):
+    if name not in native.existing_rules():
+        repository_rule(name = name, **kwargs)
+
 def plait_dependencies():
-    """Declares every external repository plait's build needs."""
-    native.local_repository(name = "rules_cc", path = "third_party/rules_cc")
-    native.local_repository(name = "rules_java", path = "third_party/rules_java")
-    native.local_repository(
-        name = "remote_coverage_tools",
-        path = "third_party/remote_coverage_tools",
-    )
+    """Declares every external repository plait's build needs, except those already declared.
+
+    Call it from the WORKSPACE of plait or of a repository that depends on plait.
+    """
+
+    # Offline stand-ins for repositories Bazel 4.2.3 would otherwise download.
+    for shim in ["rules_cc", "rules_java", "remote_coverage_tools"]:
+        _maybe(
+            _directory_repository,
+            name = shim,
+            build_file = Label("//third_party/%s:BUILD.bazel" % shim),
+        )
 
     # LibTorch: Debian's libtorch-dev by default; LIBTORCH_HOME may name an unpacked LibTorch
     # (1.13 or 2.x, CPU or CUDA): both layouts have include/ and lib/ under one root.
-    system_repository(
+    _maybe(
+        system_repository,
         name = "libtorch",
         root_env = "LIBTORCH_HOME",
         library_probe = "libtorch.so",
@@ -83,36 +106,42 @@ def plait_dependencies():
             # linked even though no symbol of it is referenced directly.
             "libtorch_cuda.so": "-Wl,--no-as-needed,-ltorch_cuda,--as-needed",
         },
-        build_file = "//third_party:libtorch.BUILD",
+        build_file = Label("//third_party:libtorch.BUILD"),
     )
-    system_repository(
+    _maybe(
+        system_repository,
         name = "com_google_absl",
-        build_file = "//third_party:absl.BUILD",
+        build_file = Label("//third_party:absl.BUILD"),
     )
-    system_repository(
+    _maybe(
+        system_repository,
         name = "com_google_protobuf",
         entries = ["include", "bin"],
-        build_file = "//third_party:protobuf.BUILD",
+        build_file = Label("//third_party:protobuf.BUILD"),
     )
-    system_repository(
+    _maybe(
+        system_repository,
         name = "com_google_googletest",
-        build_file = "//third_party:googletest.BUILD",
+        build_file = Label("//third_party:googletest.BUILD"),
     )
-    system_repository(
+    _maybe(
+        system_repository,
         name = "com_github_google_benchmark",
-        build_file = "//third_party:benchmark.BUILD",
+        build_file = Label("//third_party:benchmark.BUILD"),
     )
-    system_repository(
+    _maybe(
+        system_repository,
         name = "com_github_nlohmann_json",
-        build_file = "//third_party:nlohmann_json.BUILD",
+        build_file = Label("//third_party:nlohmann_json.BUILD"),
     )
 
     # CUDA runtime and NCCL, used only under --config=gpu (the repository is fetched only
     # when a GPU target is built).
-    system_repository(
+    _maybe(
+        system_repository,
         name = "local_cuda",
         root = "/usr/local/cuda",
         root_env = "CUDA_HOME",
         library_probe = "libcudart.so",
-        build_file = "//third_party:cuda.BUILD",
+        build_file = Label("//third_party:cuda.BUILD"),
     )
