@@ -1,0 +1,56 @@
+// Where this process sits in a distributed job: its rank, the world size, its place on its
+// node, and the address of the rendezvous store (hosted by rank 0).
+//
+// WorldFromEnvironment reads the conventions launchers already use, so a plait binary runs
+// unchanged under torchrun, `tools/launch`, SLURM's srun or Open MPI's mpirun:
+//
+//   absl::StatusOr<World> world = WorldFromEnvironment(ProcessEnvironment());
+//   if (absl::IsNotFound(world.status())) { /* not launched: run alone, or launch self */ }
+//
+// Every value is checked; a missing, partial or inconsistent setting is an InvalidArgument
+// error naming the variable and its value.
+#ifndef PLAIT_PARALLEL_WORLD_H_
+#define PLAIT_PARALLEL_WORLD_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace plait::parallel {
+
+struct World {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;        // rank among the processes on this node
+  int local_world_size = 1;  // processes on this node
+  std::string master_addr = "127.0.0.1";  // where rank 0 hosts the rendezvous store
+  int master_port = 0;
+  std::string source;  // the convention the values came from, for messages
+};
+
+// Reads one environment variable; nullopt when it is not set.
+using Environment = std::function<std::optional<std::string>(const std::string& name)>;
+
+// The environment of this process.
+Environment ProcessEnvironment();
+
+// The world described by the first convention present in `env`, in this order:
+//   torchrun / tools/launch: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+//     MASTER_PORT;
+//   SLURM: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (or
+//     SLURM_TASKS_PER_NODE), with MASTER_ADDR and MASTER_PORT from the environment;
+//   Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
+//     OMPI_COMM_WORLD_LOCAL_SIZE, with MASTER_ADDR and MASTER_PORT from the environment.
+// NotFound when none is present (the process was not launched as part of a job).
+absl::StatusOr<World> WorldFromEnvironment(const Environment& env);
+
+// Checks explicit values: 0 <= rank < world_size, 0 <= local_rank < local_world_size <=
+// world_size, a non-empty master_addr and 1 <= master_port <= 65535. Errors name the field.
+absl::Status ValidateWorld(const World& world);
+
+}  // namespace plait::parallel
+
+#endif  // PLAIT_PARALLEL_WORLD_H_
