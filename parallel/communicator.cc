@@ -1,0 +1,174 @@
+#include "parallel/communicator.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace plait::parallel {
+namespace {
+
+bool SupportedDtype(torch::ScalarType dtype) {
+  return dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16 ||
+         dtype == torch::kInt64;
+}
+
+}  // namespace
+
+absl::string_view CollectiveName(Collective collective) {
+  switch (collective) {
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kBarrier:
+      return "barrier";
+  }
+  return "collective";
+}
+
+absl::Status NotifiedWork::Wait() {
+  done_.WaitForNotification();
+  return status_;
+}
+
+void NotifiedWork::Complete(absl::Status status) {
+  status_ = std::move(status);
+  done_.Notify();
+}
+
+std::shared_ptr<Work> FinishedWork(absl::Status status) {
+  auto work = std::make_shared<NotifiedWork>();
+  work->Complete(std::move(status));
+  return work;
+}
+
+Chunk ChunkOf(int64_t total_numel, int num_chunks, int index) {
+  const int64_t base = total_numel / num_chunks;
+  const int64_t longer = total_numel % num_chunks;  // the first `longer` chunks get one more
+  const int64_t offset = index * base + std::min<int64_t>(index, longer);
+  return {offset, base + (index < longer ? 1 : 0)};
+}
+
+Communicator::Communicator(std::string name, int rank, int size, CommunicatorOptions options)
+    : name_(std::move(name)), rank_(rank), size_(size), options_(options) {}
+
+std::string Communicator::Describe(Collective collective) const {
+  return absl::StrCat(CollectiveName(collective), " on group '", name_, "' (rank ", rank_,
+                      " of ", size_, ")");
+}
+
+Traffic Communicator::traffic(Collective collective) const {
+  const Counters& counters = counters_[static_cast<int>(collective)];
+  return {counters.calls.load(), counters.bytes_sent.load(), counters.bytes_received.load()};
+}
+
+void Communicator::CountTraffic(Collective collective, int64_t bytes_sent,
+                                int64_t bytes_received) {
+  Counters& counters = counters_[static_cast<int>(collective)];
+  counters.bytes_sent += bytes_sent;
+  counters.bytes_received += bytes_received;
+}
+
+void Communicator::CountCall(Collective collective) {
+  ++counters_[static_cast<int>(collective)].calls;
+}
+
+absl::Status Communicator::CheckTensor(Collective collective, absl::string_view role,
+                                       const torch::Tensor& tensor) const {
+  if (!tensor.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat(Describe(collective), ": ", role,
+                                                   " is an undefined tensor"));
+  }
+  if (!SupportedDtype(tensor.scalar_type())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Describe(collective), ": ", role, " has dtype ", c10::toString(tensor.scalar_type()),
+        "; supported are Float, BFloat16, Half and Long"));
+  }
+  if (!tensor.is_contiguous()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(collective), ": ", role, " is not contiguous"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::CheckOp(Collective collective, const torch::Tensor& tensor,
+                                   ReduceOp op) const {
+  if (op == ReduceOp::kAverage && !tensor.is_floating_point()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(collective), ": average of ", c10::toString(tensor.scalar_type()),
+                     " tensors is not defined; use sum"));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Work> Communicator::AllReduce(torch::Tensor tensor, ReduceOp op) {
+  constexpr Collective kOp = Collective::kAllReduce;
+  if (absl::Status status = CheckTensor(kOp, "tensor", tensor); !status.ok()) {
+    return FinishedWork(status);
+  }
+  if (absl::Status status = CheckOp(kOp, tensor, op); !status.ok()) return FinishedWork(status);
+  CountCall(kOp);
+  return StartAllReduce(std::move(tensor), op);
+}
+
+std::shared_ptr<Work> Communicator::AllGather(torch::Tensor input, torch::Tensor output) {
+  constexpr Collective kOp = Collective::kAllGather;
+  for (auto [role, tensor] : {std::pair{"input", &input}, std::pair{"output", &output}}) {
+    if (absl::Status status = CheckTensor(kOp, role, *tensor); !status.ok()) {
+      return FinishedWork(status);
+    }
+  }
+  const Chunk chunk = ChunkOf(output.numel(), size_, rank_);
+  if (input.scalar_type() != output.scalar_type() || input.numel() != chunk.numel) {
+    return FinishedWork(absl::InvalidArgumentError(absl::StrCat(
+        Describe(kOp), ": input is ", c10::toString(input.scalar_type()), "[", input.numel(),
+        "], but chunk ", rank_, " of the ", c10::toString(output.scalar_type()), "[",
+        output.numel(), "] output has ", chunk.numel, " elements")));
+  }
+  CountCall(kOp);
+  return StartAllGather(std::move(input), std::move(output));
+}
+
+std::shared_ptr<Work> Communicator::ReduceScatter(torch::Tensor input, torch::Tensor output,
+                                                  ReduceOp op) {
+  constexpr Collective kOp = Collective::kReduceScatter;
+  for (auto [role, tensor] : {std::pair{"input", &input}, std::pair{"output", &output}}) {
+    if (absl::Status status = CheckTensor(kOp, role, *tensor); !status.ok()) {
+      return FinishedWork(status);
+    }
+  }
+  if (absl::Status status = CheckOp(kOp, input, op); !status.ok()) return FinishedWork(status);
+  const Chunk chunk = ChunkOf(input.numel(), size_, rank_);
+  if (input.scalar_type() != output.scalar_type() || output.numel() != chunk.numel) {
+    return FinishedWork(absl::InvalidArgumentError(absl::StrCat(
+        Describe(kOp), ": output is ", c10::toString(output.scalar_type()), "[",
+        output.numel(), "], but chunk ", rank_, " of the ", c10::toString(input.scalar_type()),
+        "[", input.numel(), "] input has ", chunk.numel, " elements")));
+  }
+  CountCall(kOp);
+  return StartReduceScatter(std::move(input), std::move(output), op);
+}
+
+std::shared_ptr<Work> Communicator::Broadcast(torch::Tensor tensor, int root) {
+  constexpr Collective kOp = Collective::kBroadcast;
+  if (absl::Status status = CheckTensor(kOp, "tensor", tensor); !status.ok()) {
+    return FinishedWork(status);
+  }
+  if (root < 0 || root >= size_) {
+    return FinishedWork(absl::InvalidArgumentError(
+        absl::StrCat(Describe(kOp), ": root ", root, " is not a rank of the group")));
+  }
+  CountCall(kOp);
+  return StartBroadcast(std::move(tensor), root);
+}
+
+std::shared_ptr<Work> Communicator::Barrier() {
+  CountCall(Collective::kBarrier);
+  return StartBarrier();
+}
+
+}  // namespace plait::parallel
