@@ -1,0 +1,312 @@
+#include "parallel/gloo_communicator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "gloo/common/error.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+
+namespace plait::parallel {
+namespace {
+
+// Slots (Gloo's message tags) are numbered per collective: collective i uses slots
+// [i * kSlotsPerCollective, (i + 1) * kSlotsPerCollective), one per ring step, which is
+// more than any group here has.
+constexpr uint64_t kSlotsPerCollective = uint64_t{1} << 20;
+
+// Gloo's rendezvous on a c10d store, every key under `prefix`.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  GlooStore(c10d::Store& store, std::string prefix)
+      : store_(store), prefix_(std::move(prefix)) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(prefix_ + key, std::vector<uint8_t>(data.begin(), data.end()));
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    const std::vector<uint8_t> data = store_.get(prefix_ + key);
+    return std::vector<char>(data.begin(), data.end());
+  }
+
+  void wait(const std::vector<std::string>& keys) override { store_.wait(Prefixed(keys)); }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    store_.wait(Prefixed(keys), timeout);
+  }
+
+ private:
+  std::vector<std::string> Prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> prefixed;
+    prefixed.reserve(keys.size());
+    for (const std::string& key : keys) prefixed.push_back(prefix_ + key);
+    return prefixed;
+  }
+
+  c10d::Store& store_;
+  const std::string prefix_;
+};
+
+int Mod(int value, int modulus) { return ((value % modulus) + modulus) % modulus; }
+
+torch::Tensor ChunkView(const torch::Tensor& flat, const Chunk& chunk) {
+  return flat.narrow(0, chunk.offset, chunk.numel);
+}
+
+// out = a (op) b, elementwise; `out` may alias `a` or `b`.
+void Combine(ReduceOp op, const torch::Tensor& a, const torch::Tensor& b, torch::Tensor out) {
+  if (op == ReduceOp::kMax) {
+    torch::maximum_out(out, a, b);
+  } else {
+    torch::add_out(out, a, b);
+  }
+}
+
+std::chrono::milliseconds Remaining(absl::Time deadline) {
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
+    c10d::Store& store, std::string name, int rank, int size, const std::string& address,
+    CommunicatorOptions options) {
+  const std::string where =
+      absl::StrCat("connecting group '", name, "' (rank ", rank, " of ", size, ")");
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": rank must be in [0, size)"));
+  }
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = address;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(options.timeout)));
+    GlooStore gloo_store(store, absl::StrCat("plait/gloo/", name, "/"));
+    context->connectFullMesh(gloo_store, device);
+    return std::unique_ptr<GlooCommunicator>(
+        new GlooCommunicator(std::move(name), rank, size, options, std::move(context)));
+  } catch (const std::exception& error) {
+    // c10d's store and Gloo both report problems (timeouts, unreachable peers) as exceptions.
+    return absl::UnavailableError(absl::StrCat(where, " at ", address, ": ", error.what()));
+  }
+}
+
+GlooCommunicator::GlooCommunicator(std::string name, int rank, int size,
+                                   CommunicatorOptions options,
+                                   std::shared_ptr<gloo::Context> context)
+    : Communicator(std::move(name), rank, size, options), context_(std::move(context)) {
+  worker_ = std::thread([this] { RunTasks(); });
+}
+
+GlooCommunicator::~GlooCommunicator() {
+  {
+    absl::MutexLock lock(&mutex_);
+    stopping_ = true;
+  }
+  worker_.join();
+}
+
+std::shared_ptr<Work> GlooCommunicator::Enqueue(
+    Collective collective,
+    std::function<absl::Status(uint64_t slot_base, absl::Time deadline)> run) {
+  auto work = std::make_shared<NotifiedWork>();
+  absl::MutexLock lock(&mutex_);
+  tasks_.push_back(Task{collective, std::move(run), work});
+  return work;
+}
+
+void GlooCommunicator::RunTasks() {
+  while (true) {
+    Task task;
+    {
+      absl::MutexLock lock(&mutex_);
+      mutex_.Await(absl::Condition(
+          +[](GlooCommunicator* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
+            return self->stopping_ || !self->tasks_.empty();
+          },
+          this));
+      if (tasks_.empty()) return;  // stopping, with nothing left to run
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    const uint64_t slot_base = next_collective_++ * kSlotsPerCollective;
+    if (!broken_.ok()) {
+      task.work->Complete(absl::Status(
+          broken_.code(), absl::StrCat(Describe(task.collective),
+                                       ": the group failed earlier: ", broken_.message())));
+      continue;
+    }
+    absl::Status status = task.run(slot_base, absl::Now() + options().timeout);
+    if (!status.ok()) broken_ = status;
+    task.work->Complete(std::move(status));
+  }
+}
+
+absl::Status GlooCommunicator::Exchange(Collective collective, uint64_t slot,
+                                        const std::vector<Transfer>& sends,
+                                        const std::optional<Transfer>& recv,
+                                        absl::Time deadline) {
+  int waiting_for = recv.has_value() ? recv->peer : -1;
+  try {
+    std::unique_ptr<gloo::transport::UnboundBuffer> recv_buffer;
+    if (recv.has_value() && recv->tensor.numel() > 0) {
+      recv_buffer = context_->createUnboundBuffer(recv->tensor.data_ptr(), recv->tensor.nbytes());
+      recv_buffer->recv(recv->peer, slot);
+    }
+    std::vector<std::pair<int, std::unique_ptr<gloo::transport::UnboundBuffer>>> send_buffers;
+    for (const Transfer& send : sends) {
+      if (send.tensor.numel() == 0) continue;
+      send_buffers.emplace_back(
+          send.peer, context_->createUnboundBuffer(send.tensor.data_ptr(), send.tensor.nbytes()));
+      send_buffers.back().second->send(send.peer, slot);
+    }
+    // waitRecv/waitSend return false only when aborted, which nothing here does; a timeout
+    // or a broken connection is thrown.
+    if (recv_buffer != nullptr && recv_buffer->waitRecv(Remaining(deadline))) {
+      CountTraffic(collective, 0, static_cast<int64_t>(recv_buffer->size));
+    }
+    for (const auto& [peer, send_buffer] : send_buffers) {
+      waiting_for = peer;
+      if (send_buffer->waitSend(Remaining(deadline))) {
+        CountTraffic(collective, static_cast<int64_t>(send_buffer->size), 0);
+      }
+    }
+  } catch (const gloo::Exception& error) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          Describe(collective), ": timed out after ", absl::FormatDuration(options().timeout),
+          " waiting for rank ", waiting_for, " (did every rank of the group call it?)"));
+    }
+    return absl::UnavailableError(absl::StrCat(Describe(collective), ": transfer with rank ",
+                                               waiting_for, " failed: ", error.what()));
+  }
+  return absl::OkStatus();
+}
+
+// Step k of N-1: send the partial reduction of chunk (r - k - 1) to the right neighbour,
+// receive that of chunk (r - k - 2) from the left one and add this rank's input to it. At
+// the last step the chunk received is chunk r, complete once this rank's part is added.
+absl::Status GlooCommunicator::ReduceScatterRing(Collective collective,
+                                                 const torch::Tensor& input,
+                                                 const torch::Tensor& output, ReduceOp op,
+                                                 uint64_t slot_base, absl::Time deadline) {
+  const int n = size();
+  const int r = rank();
+  const int64_t total = input.numel();
+  if (n == 1) {
+    output.copy_(input);
+    return absl::OkStatus();
+  }
+  const int64_t longest = ChunkOf(total, n, 0).numel;
+  const torch::Tensor received = torch::empty({longest}, input.options());
+  const torch::Tensor partial = torch::empty({longest}, input.options());
+  for (int k = 0; k < n - 1; ++k) {
+    const Chunk send_chunk = ChunkOf(total, n, Mod(r - k - 1, n));
+    const Chunk recv_chunk = ChunkOf(total, n, Mod(r - k - 2, n));
+    const torch::Tensor to_send =
+        k == 0 ? ChunkView(input, send_chunk) : partial.narrow(0, 0, send_chunk.numel);
+    const torch::Tensor incoming = received.narrow(0, 0, recv_chunk.numel);
+    if (absl::Status status =
+            Exchange(collective, slot_base + k, {Transfer{to_send, Mod(r + 1, n)}},
+                     Transfer{incoming, Mod(r - 1, n)}, deadline);
+        !status.ok()) {
+      return status;
+    }
+    const torch::Tensor target = k == n - 2 ? output : partial.narrow(0, 0, recv_chunk.numel);
+    Combine(op, ChunkView(input, recv_chunk), incoming, target);
+  }
+  if (op == ReduceOp::kAverage) output.div_(n);
+  return absl::OkStatus();
+}
+
+// Step k of N-1: send chunk (r - k) to the right neighbour and receive chunk (r - k - 1)
+// from the left one, straight into place.
+absl::Status GlooCommunicator::AllGatherRing(Collective collective, const torch::Tensor& buffer,
+                                             uint64_t slot_base, absl::Time deadline) {
+  const int n = size();
+  const int r = rank();
+  for (int k = 0; k < n - 1; ++k) {
+    const torch::Tensor to_send = ChunkView(buffer, ChunkOf(buffer.numel(), n, Mod(r - k, n)));
+    const torch::Tensor incoming =
+        ChunkView(buffer, ChunkOf(buffer.numel(), n, Mod(r - k - 1, n)));
+    if (absl::Status status =
+            Exchange(collective, slot_base + k, {Transfer{to_send, Mod(r + 1, n)}},
+                     Transfer{incoming, Mod(r - 1, n)}, deadline);
+        !status.ok()) {
+      return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Work> GlooCommunicator::StartAllReduce(torch::Tensor tensor, ReduceOp op) {
+  return Enqueue(Collective::kAllReduce, [this, tensor, op](uint64_t slot_base,
+                                                             absl::Time deadline) {
+    const torch::Tensor flat = tensor.view({-1});
+    const torch::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
+    const torch::Tensor reduced = torch::empty_like(own);
+    if (absl::Status status = ReduceScatterRing(Collective::kAllReduce, flat, reduced, op,
+                                                slot_base, deadline);
+        !status.ok()) {
+      return status;
+    }
+    own.copy_(reduced);
+    return AllGatherRing(Collective::kAllReduce, flat, slot_base + size(), deadline);
+  });
+}
+
+std::shared_ptr<Work> GlooCommunicator::StartAllGather(torch::Tensor input,
+                                                       torch::Tensor output) {
+  return Enqueue(Collective::kAllGather, [this, input, output](uint64_t slot_base,
+                                                              absl::Time deadline) {
+    const torch::Tensor flat = output.view({-1});
+    const torch::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
+    if (own.data_ptr() != input.data_ptr()) own.copy_(input.view({-1}));
+    return AllGatherRing(Collective::kAllGather, flat, slot_base, deadline);
+  });
+}
+
+std::shared_ptr<Work> GlooCommunicator::StartReduceScatter(torch::Tensor input,
+                                                           torch::Tensor output, ReduceOp op) {
+  return Enqueue(Collective::kReduceScatter, [this, input, output, op](uint64_t slot_base,
+                                                                       absl::Time deadline) {
+    return ReduceScatterRing(Collective::kReduceScatter, input.view({-1}), output.view({-1}),
+                             op, slot_base, deadline);
+  });
+}
+
+// The root sends the whole tensor to every other rank: simple, and what the small groups and
+// one-off broadcasts (initial weights) here need.
+std::shared_ptr<Work> GlooCommunicator::StartBroadcast(torch::Tensor tensor, int root) {
+  return Enqueue(Collective::kBroadcast, [this, tensor, root](uint64_t slot_base,
+                                                              absl::Time deadline) {
+    if (rank() != root) {
+      return Exchange(Collective::kBroadcast, slot_base, {}, Transfer{tensor, root}, deadline);
+    }
+    std::vector<Transfer> sends;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer != root) sends.push_back(Transfer{tensor, peer});
+    }
+    return Exchange(Collective::kBroadcast, slot_base, sends, std::nullopt, deadline);
+  });
+}
+
+// An all-gather of one byte per rank: after it every rank has heard, directly or through
+// its neighbours, from every other.
+std::shared_ptr<Work> GlooCommunicator::StartBarrier() {
+  return Enqueue(Collective::kBarrier, [this](uint64_t slot_base, absl::Time deadline) {
+    const torch::Tensor tokens = torch::zeros({size()}, torch::kUInt8);
+    return AllGatherRing(Collective::kBarrier, tokens, slot_base, deadline);
+  });
+}
+
+}  // namespace plait::parallel

@@ -1,0 +1,110 @@
+// A Communicator for CPU tensors over Gloo's TCP transport (libgloo, the library c10d's Gloo
+// backend is built on). Every member of a group creates it with the same name and a store
+// they share; collectives then run on one communication thread per communicator, in the
+// order they were issued:
+//
+//   auto store = Rendezvous(world, absl::Seconds(60));            // rendezvous.h
+//   auto world_comm = GlooCommunicator::Create(*store, "world", world.rank, world.world_size,
+//                                              GlooCommunicator::kLoopback);
+//   (*world_comm)->AllReduce(gradients, ReduceOp::kAverage)->Wait();
+//
+// The collectives are ring algorithms written on Gloo's point-to-point transfers: c10d's Gloo
+// group in LibTorch 1.13 has no reduce_scatter and no flat all_gather, and owning every
+// transfer lets traffic() count real bytes. Each rank sends and receives (N-1)/N of the
+// buffer in all_gather and reduce_scatter, 2(N-1)/N in all_reduce (reduce-scatter then
+// all-gather), the bandwidth-optimal volumes. A failed or timed-out collective leaves the
+// transport in an unknown state, so every later collective fails with the first error.
+#ifndef PLAIT_PARALLEL_GLOO_COMMUNICATOR_H_
+#define PLAIT_PARALLEL_GLOO_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gloo/context.h"
+#include "parallel/communicator.h"
+#include "torch/csrc/distributed/c10d/Store.hpp"
+#include "torch/torch.h"
+
+namespace plait::parallel {
+
+class GlooCommunicator final : public Communicator {
+ public:
+  // The address to use when every member of the group runs on this machine.
+  static constexpr const char* kLoopback = "127.0.0.1";
+
+  // Connects this process, rank `rank` of `size`, to the other members of group `name`
+  // through `store` (keys under "plait/gloo/<name>/"; a name must be used once per store).
+  // `address` is where the other members reach this one: kLoopback on one machine, else
+  // this machine's hostname or IP address.
+  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
+      c10d::Store& store, std::string name, int rank, int size, const std::string& address,
+      CommunicatorOptions options = {});
+
+  ~GlooCommunicator() override;
+
+ protected:
+  std::shared_ptr<Work> StartAllReduce(torch::Tensor tensor, ReduceOp op) override;
+  std::shared_ptr<Work> StartAllGather(torch::Tensor input, torch::Tensor output) override;
+  std::shared_ptr<Work> StartReduceScatter(torch::Tensor input, torch::Tensor output,
+                                           ReduceOp op) override;
+  std::shared_ptr<Work> StartBroadcast(torch::Tensor tensor, int root) override;
+  std::shared_ptr<Work> StartBarrier() override;
+
+ private:
+  // A collective as run on the communication thread: `run` receives the slot base of its
+  // transfers and the deadline.
+  struct Task {
+    Collective collective;
+    std::function<absl::Status(uint64_t slot_base, absl::Time deadline)> run;
+    std::shared_ptr<NotifiedWork> work;
+  };
+
+  // A tensor sent to, or received from, one peer.
+  struct Transfer {
+    torch::Tensor tensor;
+    int peer;
+  };
+
+  GlooCommunicator(std::string name, int rank, int size, CommunicatorOptions options,
+                   std::shared_ptr<gloo::Context> context);
+
+  std::shared_ptr<Work> Enqueue(
+      Collective collective,
+      std::function<absl::Status(uint64_t slot_base, absl::Time deadline)> run);
+  void RunTasks();
+
+  // Posts `recv` (if any) and every send on `slot`, then waits for all of them.
+  absl::Status Exchange(Collective collective, uint64_t slot, const std::vector<Transfer>& sends,
+                        const std::optional<Transfer>& recv, absl::Time deadline);
+
+  // The ring algorithms, on flat contiguous tensors laid out in ChunkOf chunks.
+  absl::Status ReduceScatterRing(Collective collective, const torch::Tensor& input,
+                                 const torch::Tensor& output, ReduceOp op, uint64_t slot_base,
+                                 absl::Time deadline);
+  absl::Status AllGatherRing(Collective collective, const torch::Tensor& buffer,
+                             uint64_t slot_base, absl::Time deadline);
+
+  const std::shared_ptr<gloo::Context> context_;
+  absl::Status broken_;       // the first failure; touched only by the worker thread
+  uint64_t next_collective_ = 0;  // touched only by the worker thread
+
+  absl::Mutex mutex_;
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mutex_);
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::thread worker_;
+};
+
+}  // namespace plait::parallel
+
+#endif  // PLAIT_PARALLEL_GLOO_COMMUNICATOR_H_
