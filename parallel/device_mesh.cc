@@ -1,0 +1,114 @@
+#include "parallel/device_mesh.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tools/status/status_macros.h"
+
+namespace plait::parallel {
+
+absl::StatusOr<MeshLayout> MeshLayout::Create(const MeshConfig& config, int world_size) {
+  if (config.dims().empty()) {
+    return absl::InvalidArgumentError("mesh.dims: a mesh needs at least one dimension");
+  }
+  std::vector<std::string> names;
+  std::vector<int> sizes;
+  absl::flat_hash_set<std::string> seen;
+  int64_t product = 1;
+  for (int i = 0; i < config.dims_size(); ++i) {
+    const MeshConfig::Dimension& dim = config.dims(i);
+    if (dim.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("mesh.dims[", i, "].name: is empty"));
+    }
+    if (!seen.insert(dim.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("mesh.dims[", i, "].name: \"", dim.name(),
+                                                     "\" names an earlier dimension too"));
+    }
+    if (dim.size() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh.dims[", i, "].size: ", dim.size(), " must be >= 1"));
+    }
+    names.push_back(dim.name());
+    sizes.push_back(dim.size());
+    product *= dim.size();
+  }
+  if (product != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mesh.dims: sizes ", absl::StrJoin(sizes, " x "), " = ", product,
+        " do not match the world size ", world_size));
+  }
+  return MeshLayout(std::move(names), std::move(sizes), world_size);
+}
+
+MeshLayout::MeshLayout(std::vector<std::string> names, std::vector<int> sizes, int world_size)
+    : names_(std::move(names)), sizes_(std::move(sizes)), world_size_(world_size) {}
+
+absl::StatusOr<int> MeshLayout::DimIndex(absl::string_view name) const {
+  for (int dim = 0; dim < num_dims(); ++dim) {
+    if (names_[dim] == name) return dim;
+  }
+  return absl::NotFoundError(absl::StrCat("the mesh has no dimension \"", name,
+                                          "\"; its dimensions are ",
+                                          absl::StrJoin(names_, ", ")));
+}
+
+int MeshLayout::Stride(int dim) const {
+  int stride = 1;
+  for (int later = dim + 1; later < num_dims(); ++later) stride *= sizes_[later];
+  return stride;
+}
+
+int MeshLayout::Coordinate(int rank, int dim) const {
+  return (rank / Stride(dim)) % sizes_[dim];
+}
+
+std::vector<int> MeshLayout::GroupRanks(int rank, int dim) const {
+  const int stride = Stride(dim);
+  const int first = rank - Coordinate(rank, dim) * stride;
+  std::vector<int> ranks;
+  for (int i = 0; i < sizes_[dim]; ++i) ranks.push_back(first + i * stride);
+  return ranks;
+}
+
+std::string MeshLayout::GroupName(int rank, int dim) const {
+  std::vector<std::string> others;
+  for (int other = 0; other < num_dims(); ++other) {
+    if (other != dim) others.push_back(absl::StrCat(names_[other], "=", Coordinate(rank, other)));
+  }
+  if (others.empty()) return names_[dim];
+  return absl::StrCat(names_[dim], "[", absl::StrJoin(others, ","), "]");
+}
+
+absl::StatusOr<DeviceMesh> DeviceMesh::Create(const MeshLayout& layout, int rank,
+                                              const CommunicatorFactory& factory) {
+  if (rank < 0 || rank >= layout.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in the mesh's world of ",
+                                                   layout.world_size()));
+  }
+  std::vector<std::unique_ptr<Communicator>> groups;
+  for (int dim = 0; dim < layout.num_dims(); ++dim) {
+    PLAIT_ASSIGN_OR_RETURN(
+        std::unique_ptr<Communicator> group,
+        factory(layout.GroupName(rank, dim), layout.Coordinate(rank, dim), layout.dim_size(dim)));
+    groups.push_back(std::move(group));
+  }
+  return DeviceMesh(layout, rank, std::move(groups));
+}
+
+DeviceMesh::DeviceMesh(MeshLayout layout, int rank,
+                       std::vector<std::unique_ptr<Communicator>> groups)
+    : layout_(std::move(layout)), rank_(rank), groups_(std::move(groups)) {}
+
+absl::StatusOr<Communicator*> DeviceMesh::communicator(absl::string_view name) const {
+  PLAIT_ASSIGN_OR_RETURN(int dim, layout_.DimIndex(name));
+  return groups_[dim].get();
+}
+
+absl::StatusOr<int> DeviceMesh::coordinate(absl::string_view name) const {
+  PLAIT_ASSIGN_OR_RETURN(int dim, layout_.DimIndex(name));
+  return layout_.Coordinate(rank_, dim);
+}
+
+}  // namespace plait::parallel

@@ -1,0 +1,93 @@
+// The world arranged as a grid of named dimensions (mesh.proto), and the communicator of each
+// dimension for the calling rank: the group of ranks that differ from it along that dimension
+// only. On 4 ranks with dims dp=2, tp=2, rank 3 sits at (dp 1, tp 1); its tp group is {2, 3}
+// and its dp group {1, 3}.
+//
+//   PLAIT_ASSIGN_OR_RETURN(MeshLayout layout, MeshLayout::Create(config, world.world_size));
+//   PLAIT_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(layout, world.rank,
+//       [&](const std::string& name, int rank, int size) {
+//         return GlooCommunicator::Create(*store, name, rank, size, address);
+//       }));
+//   PLAIT_ASSIGN_OR_RETURN(Communicator* dp, mesh.communicator("dp"));
+#ifndef PLAIT_PARALLEL_DEVICE_MESH_H_
+#define PLAIT_PARALLEL_DEVICE_MESH_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "parallel/communicator.h"
+#include "parallel/mesh.pb.h"
+
+namespace plait::parallel {
+
+// The shape of a mesh: which ranks share a group along each dimension. Pure arithmetic,
+// no communication.
+class MeshLayout {
+ public:
+  // Checks `config` against the world size; errors name the field (mesh.dims[i].size, ...).
+  static absl::StatusOr<MeshLayout> Create(const MeshConfig& config, int world_size);
+
+  int world_size() const { return world_size_; }
+  int num_dims() const { return static_cast<int>(names_.size()); }
+  const std::vector<std::string>& dim_names() const { return names_; }
+  int dim_size(int dim) const { return sizes_[dim]; }
+
+  // The index of dimension `name`; NotFound naming the dimensions there are.
+  absl::StatusOr<int> DimIndex(absl::string_view name) const;
+
+  // The coordinate of `rank` along `dim`, which is also its rank in that dimension's group.
+  int Coordinate(int rank, int dim) const;
+
+  // The ranks of the group of `rank` along `dim`, in order of their coordinate.
+  std::vector<int> GroupRanks(int rank, int dim) const;
+
+  // A name for that group, the same on every member and different for every group:
+  // "tp" for the only group of a one-dimensional mesh, else e.g. "tp[dp=1]".
+  std::string GroupName(int rank, int dim) const;
+
+ private:
+  MeshLayout(std::vector<std::string> names, std::vector<int> sizes, int world_size);
+
+  int Stride(int dim) const;
+
+  std::vector<std::string> names_;
+  std::vector<int> sizes_;
+  int world_size_;
+};
+
+// Creates the communicator of one group: its name, the caller's rank in it, and its size.
+using CommunicatorFactory = std::function<absl::StatusOr<std::unique_ptr<Communicator>>(
+    const std::string& name, int rank, int size)>;
+
+// A MeshLayout with the calling rank's communicator along every dimension.
+class DeviceMesh {
+ public:
+  // Creates the calling rank's group along every dimension, in dimension order (every rank
+  // of the world must call it with the same layout).
+  static absl::StatusOr<DeviceMesh> Create(const MeshLayout& layout, int rank,
+                                           const CommunicatorFactory& factory);
+
+  const MeshLayout& layout() const { return layout_; }
+  int rank() const { return rank_; }
+
+  // The calling rank's communicator along dimension `name`; NotFound if there is none.
+  absl::StatusOr<Communicator*> communicator(absl::string_view name) const;
+
+  // The calling rank's coordinate along dimension `name`.
+  absl::StatusOr<int> coordinate(absl::string_view name) const;
+
+ private:
+  DeviceMesh(MeshLayout layout, int rank, std::vector<std::unique_ptr<Communicator>> groups);
+
+  MeshLayout layout_;
+  int rank_;
+  std::vector<std::unique_ptr<Communicator>> groups_;  // one per dimension
+};
+
+}  // namespace plait::parallel
+
+#endif  // PLAIT_PARALLEL_DEVICE_MESH_H_

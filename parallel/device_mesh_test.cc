@@ -1,0 +1,112 @@
+#include "parallel/device_mesh.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "parallel/gloo_communicator.h"
+#include "parallel/test_ranks.h"
+#include "torch/csrc/distributed/c10d/HashStore.hpp"
+#include "torch/torch.h"
+#include "tools/status/status_matchers.h"
+
+namespace plait::parallel {
+namespace {
+
+using ::plait::parallel::testing::RunRanks;
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+MeshConfig ParseMesh(const std::string& text) {
+  MeshConfig config;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &config)) << text;
+  return config;
+}
+
+constexpr char kDpTp[] = R"pb(dims { name: "dp" size: 2 } dims { name: "tp" size: 2 })pb";
+
+TEST(MeshLayoutTest, CoordinatesAndGroupsAreRowMajor) {
+  absl::StatusOr<MeshLayout> layout = MeshLayout::Create(ParseMesh(kDpTp), 4);
+  ASSERT_THAT(layout, IsOk());
+  EXPECT_EQ(layout->Coordinate(3, 0), 1);
+  EXPECT_EQ(layout->Coordinate(3, 1), 1);
+  EXPECT_EQ(layout->Coordinate(2, 1), 0);
+  EXPECT_THAT(layout->GroupRanks(3, 1), ElementsAre(2, 3));  // tp
+  EXPECT_THAT(layout->GroupRanks(3, 0), ElementsAre(1, 3));  // dp
+  EXPECT_THAT(layout->GroupRanks(0, 0), ElementsAre(0, 2));
+  EXPECT_EQ(layout->GroupName(3, 1), "tp[dp=1]");
+  EXPECT_EQ(layout->GroupName(1, 0), "dp[tp=1]");
+  EXPECT_THAT(layout->DimIndex("tp"), ::plait::testing::IsOkAndHolds(1));
+}
+
+TEST(MeshLayoutTest, ThreeDimensions) {
+  absl::StatusOr<MeshLayout> layout = MeshLayout::Create(
+      ParseMesh(R"pb(dims { name: "pp" size: 2 } dims { name: "dp" size: 3 }
+                     dims { name: "tp" size: 2 })pb"),
+      12);
+  ASSERT_THAT(layout, IsOk());
+  // rank 9 = pp 1, dp 1, tp 1
+  EXPECT_THAT(layout->GroupRanks(9, 0), ElementsAre(3, 9));
+  EXPECT_THAT(layout->GroupRanks(9, 1), ElementsAre(7, 9, 11));
+  EXPECT_THAT(layout->GroupRanks(9, 2), ElementsAre(8, 9));
+  EXPECT_EQ(layout->GroupName(9, 1), "dp[pp=1,tp=1]");
+}
+
+TEST(MeshLayoutTest, InvalidConfigsNameTheField) {
+  const auto invalid = [](const std::string& message) {
+    return StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message));
+  };
+  EXPECT_THAT(MeshLayout::Create(ParseMesh(kDpTp), 8),
+              invalid("mesh.dims: sizes 2 x 2 = 4 do not match the world size 8"));
+  EXPECT_THAT(MeshLayout::Create(ParseMesh(""), 1),
+              invalid("mesh.dims: a mesh needs at least one dimension"));
+  EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { name: "dp" size: 0 })pb"), 1),
+              invalid("mesh.dims[0].size: 0 must be >= 1"));
+  EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { size: 1 })pb"), 1),
+              invalid("mesh.dims[0].name: is empty"));
+  EXPECT_THAT(MeshLayout::Create(
+                  ParseMesh(R"pb(dims { name: "dp" size: 1 } dims { name: "dp" size: 2 })pb"),
+                  2),
+              invalid("mesh.dims[1].name: \"dp\" names an earlier dimension too"));
+}
+
+TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {
+  absl::StatusOr<MeshLayout> layout = MeshLayout::Create(ParseMesh(kDpTp), 4);
+  ASSERT_THAT(layout, IsOk());
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  RunRanks(4, [&](int rank) {
+    absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(
+        *layout, rank,
+        [&](const std::string& name, int group_rank,
+            int group_size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+          return GlooCommunicator::Create(*store, name, group_rank, group_size,
+                                          GlooCommunicator::kLoopback);
+        });
+    ASSERT_THAT(mesh, IsOk());
+    for (const std::string& dim : {"dp", "tp"}) {
+      absl::StatusOr<Communicator*> comm = mesh->communicator(dim);
+      ASSERT_THAT(comm, IsOk());
+      const int dim_index = *layout->DimIndex(dim);
+      EXPECT_EQ((*comm)->name(), layout->GroupName(rank, dim_index));
+      EXPECT_EQ((*comm)->rank(), *mesh->coordinate(dim));
+      // The sum of the global ranks in the group, e.g. rank 3: tp {2, 3} = 5, dp {1, 3} = 4.
+      torch::Tensor value = torch::full({1}, rank, torch::kInt64);
+      ASSERT_THAT((*comm)->AllReduce(value, ReduceOp::kSum)->Wait(), IsOk());
+      int64_t expected = 0;
+      for (int member : layout->GroupRanks(rank, dim_index)) expected += member;
+      EXPECT_EQ(value.item<int64_t>(), expected) << dim;
+    }
+    EXPECT_THAT(mesh->communicator("pp"),
+                StatusIs(absl::StatusCode::kNotFound,
+                         "the mesh has no dimension \"pp\"; its dimensions are dp, tp"));
+  });
+}
+
+}  // namespace
+}  // namespace plait::parallel

@@ -1,0 +1,72 @@
+#include "parallel/rendezvous.h"
+
+#include <chrono>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "tools/status/status_macros.h"
+#include "torch/csrc/distributed/c10d/TCPStore.hpp"
+
+namespace plait::parallel {
+namespace {
+
+// How often a waiting rank looks for the ranks still missing.
+constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
+
+std::string ArrivalKey(int rank) { return absl::StrCat("plait/rendezvous/arrived/", rank); }
+
+}  // namespace
+
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
+                                                           absl::Duration timeout) {
+  PLAIT_RETURN_IF_ERROR(ValidateWorld(world));
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string store_address = absl::StrCat(world.master_addr, ":", world.master_port);
+
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<uint16_t>(world.master_port);
+    options.isServer = world.rank == 0;
+    options.numWorkers = world.world_size;
+    options.waitWorkers = false;  // arrivals are checked below, to name the missing ranks
+    options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
+    store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
+  } catch (const std::exception& error) {
+    if (world.rank == 0) {
+      return absl::UnavailableError(absl::StrCat("rendezvous: rank 0 could not host the store at ",
+                                                 store_address, ": ", error.what()));
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous: rank ", world.rank, " could not reach rank 0's store at ",
+                     store_address, " within ", absl::FormatDuration(timeout), ": ",
+                     error.what()));
+  }
+
+  try {
+    store->set(ArrivalKey(world.rank), std::vector<uint8_t>{1});
+    std::vector<int> missing;
+    do {
+      missing.clear();
+      for (int rank = 0; rank < world.world_size; ++rank) {
+        if (!store->check({ArrivalKey(rank)})) missing.push_back(rank);
+      }
+      if (missing.empty()) return store;
+      absl::SleepFor(kPollInterval);
+    } while (absl::Now() < deadline);
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rendezvous at ", store_address, " timed out after ", absl::FormatDuration(timeout),
+        ": rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "), " of ",
+        world.world_size, " never arrived"));
+  } catch (const std::exception& error) {
+    return absl::UnavailableError(absl::StrCat("rendezvous: rank ", world.rank,
+                                               " lost the store at ", store_address, ": ",
+                                               error.what()));
+  }
+}
+
+}  // namespace plait::parallel

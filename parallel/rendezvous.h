@@ -1,0 +1,25 @@
+// Rendezvous: connects the processes of a job through a key-value store hosted by rank 0
+// (c10d's TCPStore at MASTER_ADDR:MASTER_PORT) and waits until every rank has arrived.
+// Communicators are then created over the store:
+//
+//   PLAIT_ASSIGN_OR_RETURN(World world, WorldFromEnvironment(ProcessEnvironment()));
+//   PLAIT_ASSIGN_OR_RETURN(auto store, Rendezvous(world, absl::Minutes(5)));
+//   PLAIT_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "world", ...));
+//
+// When the timeout passes first, the error names the ranks that never arrived.
+#ifndef PLAIT_PARALLEL_RENDEZVOUS_H_
+#define PLAIT_PARALLEL_RENDEZVOUS_H_
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "parallel/world.h"
+#include "torch/csrc/distributed/c10d/Store.hpp"
+
+namespace plait::parallel {
+
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
+                                                           absl::Duration timeout);
+
+}  // namespace plait::parallel
+
+#endif  // PLAIT_PARALLEL_RENDEZVOUS_H_

@@ -1,0 +1,71 @@
+#include "parallel/rendezvous.h"
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "parallel/test_ranks.h"
+#include "tools/status/status_matchers.h"
+
+namespace plait::parallel {
+namespace {
+
+using ::plait::parallel::testing::FreeLoopbackPort;
+using ::plait::parallel::testing::RunRanks;
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::HasSubstr;
+
+World RankOf(int rank, int world_size, int port) {
+  return World{.rank = rank, .world_size = world_size, .local_rank = rank,
+               .local_world_size = world_size, .master_addr = "127.0.0.1",
+               .master_port = port};
+}
+
+TEST(RendezvousTest, AllRanksMeetAndShareTheStore) {
+  const int port = FreeLoopbackPort();
+  absl::BlockingCounter reading(3);
+  RunRanks(3, [&](int rank) {
+    auto store = Rendezvous(RankOf(rank, 3, port), absl::Seconds(20));
+    ASSERT_THAT(store, IsOk());
+    (*store)->set("greeting/" + std::to_string(rank), std::vector<uint8_t>{uint8_t(rank)});
+    for (int other = 0; other < 3; ++other) {
+      EXPECT_EQ((*store)->get("greeting/" + std::to_string(other)),
+                std::vector<uint8_t>{uint8_t(other)});
+    }
+    // Rank 0 hosts the store: it must outlive the others' reads.
+    reading.DecrementCount();
+    if (rank == 0) reading.Wait();
+  });
+}
+
+TEST(RendezvousTest, NamesTheRanksThatNeverArrive) {
+  const int port = FreeLoopbackPort();
+  RunRanks(2, [&](int rank) {  // ranks 2 and 3 of 4 never start
+    const absl::Time start = absl::Now();
+    EXPECT_THAT(Rendezvous(RankOf(rank, 4, port), absl::Seconds(1)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr(absl::StrCat("rendezvous at 127.0.0.1:", port,
+                                                " timed out after 1s: ranks 2, 3 of 4 never "
+                                                "arrived"))));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  });
+}
+
+TEST(RendezvousTest, UnreachableStoreIsReportedByTheRank) {
+  EXPECT_THAT(Rendezvous(RankOf(1, 2, FreeLoopbackPort()), absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("rendezvous: rank 1 could not reach rank 0's store at "
+                                 "127.0.0.1:")));
+}
+
+TEST(RendezvousTest, RejectsAnInvalidWorld) {
+  EXPECT_THAT(Rendezvous(RankOf(0, 2, 70000), absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world.master_port=70000")));
+}
+
+}  // namespace
+}  // namespace plait::parallel
