@@ -1,0 +1,126 @@
+// A local launcher in the spirit of `torchrun --nproc_per_node`: Launch starts N copies of a
+// command on this machine, each with the environment parallel/world.h reads (RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), forwards their output
+// line by line prefixed with `[rank N] `, and fails fast: when one rank fails, the others are
+// stopped and the first failure is reported.
+//
+//   LaunchOptions options;
+//   options.num_ranks = 4;
+//   options.command = {"train_llama", "--plan=plan.textproto"};
+//   PLAIT_ASSIGN_OR_RETURN(LaunchResult result, Launch(options));
+//   if (!result.ok()) std::cerr << result.summary << "\n";  // "rank 1 exited with status 3; ..."
+//   return result.ExitCode();
+//
+// A binary that should run as N ranks even when started alone launches itself:
+//
+//   int main(int argc, char** argv) {
+//     if (std::optional<int> code = LaunchSelfIfNoWorld(argc, argv, 2)) return *code;
+//     ...  // one rank of the world in the environment
+//   }
+//
+// `bazel run //tools:launch -- --nproc_per_node=4 -- program args...` is the command line form.
+#ifndef PLAIT_PARALLEL_LAUNCHER_H_
+#define PLAIT_PARALLEL_LAUNCHER_H_
+
+#include <unistd.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace plait::parallel {
+
+// Receives the ranks' output one whole line at a time, `[rank N] ` prefix and '\n' included.
+using LineSink = std::function<void(std::string_view line)>;
+
+// A sink that writes each line to `fd`, which stays owned by the caller.
+LineSink FileDescriptorSink(int fd);
+
+struct LaunchOptions {
+  // How many ranks to start; all run on this machine, so LOCAL_WORLD_SIZE = WORLD_SIZE.
+  int num_ranks = 1;
+  // The program and its arguments; the program is looked up on PATH unless it holds a '/'.
+  std::vector<std::string> command;
+  std::string master_addr = "127.0.0.1";
+  // 0 picks a free TCP port on loopback. The port is free when picked, not reserved: another
+  // process may take it before rank 0 binds it (torchrun has the same window).
+  int master_port = 0;
+  // After the first failure the other ranks get SIGTERM, then SIGKILL when they are still
+  // running this long after.
+  absl::Duration grace_period = absl::Seconds(5);
+  // Where the ranks' stdout and stderr lines go.
+  LineSink stdout_sink = FileDescriptorSink(STDOUT_FILENO);
+  LineSink stderr_sink = FileDescriptorSink(STDERR_FILENO);
+};
+
+// How one rank ended.
+struct RankStatus {
+  int rank = 0;
+  int exit_status = 0;  // meaningful when term_signal is 0
+  int term_signal = 0;  // the signal that killed the rank; 0 when it exited
+
+  bool ok() const { return term_signal == 0 && exit_status == 0; }
+  // "rank 1 exited with status 3" or "rank 2 was killed by signal 9 (Killed)".
+  std::string Describe() const;
+};
+
+struct LaunchResult {
+  std::vector<RankStatus> ranks;  // indexed by rank
+  // The first rank seen to exit non-zero or be killed; nullopt when every rank exited 0.
+  std::optional<RankStatus> first_failure;
+  // One line: "all 4 ranks exited with status 0", or the first failure and how the other
+  // ranks were stopped.
+  std::string summary;
+  int master_port = 0;  // the MASTER_PORT the ranks were given
+
+  bool ok() const { return !first_failure.has_value(); }
+  // OK, or an Aborted error whose message is the summary.
+  absl::Status status() const;
+  // What the launcher process should exit with: 0 on success, otherwise the first failing
+  // rank's exit status, or 128 + signal when it was killed (the shell's convention).
+  int ExitCode() const;
+};
+
+// Starts `options.num_ranks` processes of `options.command`, each with this process's
+// environment plus RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+// MASTER_PORT, and returns when every one has ended. Their stdout and stderr lines go to
+// the sinks; a final line without '\n' is passed on with one, and a line longer than
+// 64 KiB is passed on in pieces of 64 KiB. While Launch runs, SIGINT and SIGTERM sent to
+// this process are forwarded to every running rank, and SIGCHLD is handled; the previous
+// handlers are restored before it returns. The ranks stay in this process's process group
+// (as under torchrun), so Ctrl-C in a terminal reaches them directly as well as forwarded.
+// A rank is sent SIGKILL when the thread that called Launch ends (PR_SET_PDEATHSIG), so a
+// launcher killed outright leaves no ranks behind.
+//
+// A failing rank is a result, not an error: see LaunchResult::ok(). Errors are
+// InvalidArgument for bad options or a program that cannot be executed (naming the field,
+// the value and the reason), FailedPrecondition when another Launch is running in this
+// process, and Internal when a system call fails.
+absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options);
+
+// The exit code LaunchAndReport and LaunchSelfIfNoWorld return when the ranks could not be
+// launched at all (bad options, a program that cannot be executed): 2, as for a usage error.
+inline constexpr int kLaunchErrorExitCode = 2;
+
+// Launch for a main(): prints an error or the failure summary to stderr, prefixed
+// "launch: ", and returns the exit code to exit with (LaunchResult::ExitCode, or
+// kLaunchErrorExitCode when Launch returned an error).
+int LaunchAndReport(const LaunchOptions& options);
+
+// Makes a binary run as `num_ranks` ranks when it was started alone. When the environment
+// holds no world (WorldFromEnvironment is NotFound), runs this same binary (/proc/self/exe)
+// with argv[1..] as `num_ranks` ranks through LaunchAndReport and returns the exit code the
+// caller should exit with. When it holds a world, returns nullopt: the caller is one rank
+// and proceeds. When it holds an invalid world, prints the error and returns
+// kLaunchErrorExitCode.
+std::optional<int> LaunchSelfIfNoWorld(int argc, char** argv, int num_ranks);
+
+}  // namespace plait::parallel
+
+#endif  // PLAIT_PARALLEL_LAUNCHER_H_

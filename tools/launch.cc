@@ -1,0 +1,67 @@
+// launch: runs a program as N ranks on this machine, in the spirit of
+// `torchrun --nproc_per_node` (see parallel/launcher.h):
+//
+//   bazel run //tools:launch -- --nproc_per_node=4 -- program args...
+//
+// Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+// MASTER_PORT; its output lines are prefixed `[rank N] `. When a rank fails the others are
+// stopped, the failure is printed and launch exits with the failing rank's status (128 +
+// signal when it was killed); with 2 when the ranks could not be started (bad flag values,
+// a program that cannot be executed), and with 1, from Abseil, for a flag it cannot parse.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/time.h"
+#include "parallel/launcher.h"
+
+ABSL_FLAG(int, nproc_per_node, 1, "How many ranks to start on this machine.");
+ABSL_FLAG(std::string, master_addr, "127.0.0.1",
+          "MASTER_ADDR given to the ranks: where rank 0 hosts the rendezvous store.");
+ABSL_FLAG(int, master_port, 0,
+          "MASTER_PORT given to the ranks; 0 picks a free TCP port on loopback.");
+ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(5),
+          "After the first rank fails, how long the others have to exit after SIGTERM "
+          "before they get SIGKILL.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "runs a program as N ranks on this machine.\n"
+      "usage: launch --nproc_per_node=N [--master_port=P] [--grace_period=5s] -- program "
+      "args...");
+  // The arguments after "--" are positional, so the program's own flags pass through.
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+
+  plait::parallel::LaunchOptions options;
+  options.num_ranks = absl::GetFlag(FLAGS_nproc_per_node);
+  if (options.num_ranks < 1) {
+    std::cerr << "launch: --nproc_per_node=" << options.num_ranks << " must be >= 1\n";
+    return plait::parallel::kLaunchErrorExitCode;
+  }
+  // positional[0] is launch itself.
+  options.command.assign(positional.begin() + 1, positional.end());
+  if (options.command.empty()) {
+    std::cerr << "launch: no program to run; usage: launch --nproc_per_node=N -- program "
+                 "args...\n";
+    return plait::parallel::kLaunchErrorExitCode;
+  }
+  // `bazel run` starts launch in its runfiles tree; relative paths in the command are meant
+  // from where the user typed it.
+  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"); dir != nullptr && chdir(dir) != 0) {
+    std::cerr << "launch: cannot change to BUILD_WORKING_DIRECTORY=" << dir << ": "
+              << std::strerror(errno) << "\n";
+    return plait::parallel::kLaunchErrorExitCode;
+  }
+  options.master_addr = absl::GetFlag(FLAGS_master_addr);
+  options.master_port = absl::GetFlag(FLAGS_master_port);
+  options.grace_period = absl::GetFlag(FLAGS_grace_period);
+  return plait::parallel::LaunchAndReport(options);
+}
