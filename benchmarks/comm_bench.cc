@@ -45,8 +45,7 @@ std::array<std::unique_ptr<GlooCommunicator>, kRanks>& Communicators() {
 // The buffers one rank uses for one collective of `numel` elements.
 struct Buffers {
   Buffers(int64_t numel, int rank)
-      : full(torch::ones({numel})),
-        shard(torch::ones({ChunkOf(numel, kRanks, rank).numel})) {}
+      : full(torch::ones({numel})), shard(torch::ones({ChunkOf(numel, kRanks, rank).numel})) {}
   torch::Tensor full;
   torch::Tensor shard;
 };
@@ -88,9 +87,9 @@ void BM_Collective(benchmark::State& state) {
   const int64_t sent = communicators[0]->traffic(kCollective).bytes_sent - sent_before;
 
   state.SetBytesProcessed(state.iterations() * bytes);
-  state.counters["bus_bw"] = benchmark::Counter(bytes * bus_factor,
-                                                benchmark::Counter::kIsIterationInvariantRate,
-                                                benchmark::Counter::kIs1024);
+  state.counters["bus_bw"] =
+      benchmark::Counter(bytes * bus_factor, benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1024);
   state.counters["sent_vs_min"] =
       static_cast<double>(sent) / (static_cast<double>(state.iterations()) * bytes * bus_factor);
 }

@@ -35,8 +35,8 @@ constexpr const char* kConfigs[] = {
 
 ScheduleConfig Config(int index) {
   ScheduleConfig config;
-  const std::string text = std::string("lr: 3e-4 total_steps: 10000 warmup { steps: 500 } ") +
-                           kConfigs[index];
+  const std::string text =
+      std::string("lr: 3e-4 total_steps: 10000 warmup { steps: 500 } ") + kConfigs[index];
   if (!google::protobuf::TextFormat::ParseFromString(text, &config)) std::abort();
   return config;
 }
@@ -63,12 +63,11 @@ void BM_InlineWarmupCosine(benchmark::State& state) {
   const double pi = std::acos(-1.0);
   for (auto _ : state) {
     for (int64_t step = 0; step < kRunSteps; ++step) {
-      const double lr =
-          step < kWarmup
-              ? kPeak * static_cast<double>(step) / kWarmup
-              : kPeak * 0.5 *
-                    (1.0 + std::cos(pi * static_cast<double>(step - kWarmup) /
-                                    static_cast<double>(kRunSteps - kWarmup)));
+      const double lr = step < kWarmup
+                            ? kPeak * static_cast<double>(step) / kWarmup
+                            : kPeak * 0.5 *
+                                  (1.0 + std::cos(pi * static_cast<double>(step - kWarmup) /
+                                                  static_cast<double>(kRunSteps - kWarmup)));
       benchmark::DoNotOptimize(lr);
     }
   }

@@ -57,8 +57,8 @@ Communicator::Communicator(std::string name, int rank, int size, CommunicatorOpt
     : name_(std::move(name)), rank_(rank), size_(size), options_(options) {}
 
 std::string Communicator::Describe(Collective collective) const {
-  return absl::StrCat(CollectiveName(collective), " on group '", name_, "' (rank ", rank_,
-                      " of ", size_, ")");
+  return absl::StrCat(CollectiveName(collective), " on group '", name_, "' (rank ", rank_, " of ",
+                      size_, ")");
 }
 
 Traffic Communicator::traffic(Collective collective) const {
@@ -66,8 +66,7 @@ Traffic Communicator::traffic(Collective collective) const {
   return {counters.calls.load(), counters.bytes_sent.load(), counters.bytes_received.load()};
 }
 
-void Communicator::CountTraffic(Collective collective, int64_t bytes_sent,
-                                int64_t bytes_received) {
+void Communicator::CountTraffic(Collective collective, int64_t bytes_sent, int64_t bytes_received) {
   Counters& counters = counters_[static_cast<int>(collective)];
   counters.bytes_sent += bytes_sent;
   counters.bytes_received += bytes_received;
@@ -80,8 +79,8 @@ void Communicator::CountCall(Collective collective) {
 absl::Status Communicator::CheckTensor(Collective collective, absl::string_view role,
                                        const torch::Tensor& tensor) const {
   if (!tensor.defined()) {
-    return absl::InvalidArgumentError(absl::StrCat(Describe(collective), ": ", role,
-                                                   " is an undefined tensor"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(collective), ": ", role, " is an undefined tensor"));
   }
   if (!SupportedDtype(tensor.scalar_type())) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -98,9 +97,9 @@ absl::Status Communicator::CheckTensor(Collective collective, absl::string_view 
 absl::Status Communicator::CheckOp(Collective collective, const torch::Tensor& tensor,
                                    ReduceOp op) const {
   if (op == ReduceOp::kAverage && !tensor.is_floating_point()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Describe(collective), ": average of ", c10::toString(tensor.scalar_type()),
-                     " tensors is not defined; use sum"));
+    return absl::InvalidArgumentError(absl::StrCat(Describe(collective), ": average of ",
+                                                   c10::toString(tensor.scalar_type()),
+                                                   " tensors is not defined; use sum"));
   }
   return absl::OkStatus();
 }
@@ -145,9 +144,9 @@ std::shared_ptr<Work> Communicator::ReduceScatter(torch::Tensor input, torch::Te
   const Chunk chunk = ChunkOf(input.numel(), size_, rank_);
   if (input.scalar_type() != output.scalar_type() || output.numel() != chunk.numel) {
     return FinishedWork(absl::InvalidArgumentError(absl::StrCat(
-        Describe(kOp), ": output is ", c10::toString(output.scalar_type()), "[",
-        output.numel(), "], but chunk ", rank_, " of the ", c10::toString(input.scalar_type()),
-        "[", input.numel(), "] input has ", chunk.numel, " elements")));
+        Describe(kOp), ": output is ", c10::toString(output.scalar_type()), "[", output.numel(),
+        "], but chunk ", rank_, " of the ", c10::toString(input.scalar_type()), "[", input.numel(),
+        "] input has ", chunk.numel, " elements")));
   }
   CountCall(kOp);
   return StartReduceScatter(std::move(input), std::move(output), op);

@@ -35,9 +35,9 @@ absl::StatusOr<MeshLayout> MeshLayout::Create(const MeshConfig& config, int worl
     product *= dim.size();
   }
   if (product != world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mesh.dims: sizes ", absl::StrJoin(sizes, " x "), " = ", product,
-        " do not match the world size ", world_size));
+    return absl::InvalidArgumentError(absl::StrCat("mesh.dims: sizes ", absl::StrJoin(sizes, " x "),
+                                                   " = ", product, " do not match the world size ",
+                                                   world_size));
   }
   return MeshLayout(std::move(names), std::move(sizes), world_size);
 }
@@ -50,8 +50,7 @@ absl::StatusOr<int> MeshLayout::DimIndex(absl::string_view name) const {
     if (names_[dim] == name) return dim;
   }
   return absl::NotFoundError(absl::StrCat("the mesh has no dimension \"", name,
-                                          "\"; its dimensions are ",
-                                          absl::StrJoin(names_, ", ")));
+                                          "\"; its dimensions are ", absl::StrJoin(names_, ", ")));
 }
 
 int MeshLayout::Stride(int dim) const {
@@ -60,9 +59,7 @@ int MeshLayout::Stride(int dim) const {
   return stride;
 }
 
-int MeshLayout::Coordinate(int rank, int dim) const {
-  return (rank / Stride(dim)) % sizes_[dim];
-}
+int MeshLayout::Coordinate(int rank, int dim) const { return (rank / Stride(dim)) % sizes_[dim]; }
 
 std::vector<int> MeshLayout::GroupRanks(int rank, int dim) const {
   const int stride = Stride(dim);
@@ -84,8 +81,8 @@ std::string MeshLayout::GroupName(int rank, int dim) const {
 absl::StatusOr<DeviceMesh> DeviceMesh::Create(const MeshLayout& layout, int rank,
                                               const CommunicatorFactory& factory) {
   if (rank < 0 || rank >= layout.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in the mesh's world of ",
-                                                   layout.world_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is not in the mesh's world of ", layout.world_size()));
   }
   std::vector<std::unique_ptr<Communicator>> groups;
   for (int dim = 0; dim < layout.num_dims(); ++dim) {

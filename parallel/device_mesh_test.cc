@@ -10,9 +10,9 @@
 #include "gtest/gtest.h"
 #include "parallel/gloo_communicator.h"
 #include "parallel/test_ranks.h"
+#include "tools/status/status_matchers.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
-#include "tools/status/status_matchers.h"
 
 namespace plait::parallel {
 namespace {
@@ -29,7 +29,8 @@ MeshConfig ParseMesh(const std::string& text) {
   return config;
 }
 
-constexpr char kDpTp[] = R"pb(dims { name: "dp" size: 2 } dims { name: "tp" size: 2 })pb";
+constexpr char kDpTp[] = R"pb(dims { name: "dp" size: 2 }
+                              dims { name: "tp" size: 2 })pb";
 
 TEST(MeshLayoutTest, CoordinatesAndGroupsAreRowMajor) {
   absl::StatusOr<MeshLayout> layout = MeshLayout::Create(ParseMesh(kDpTp), 4);
@@ -46,10 +47,11 @@ TEST(MeshLayoutTest, CoordinatesAndGroupsAreRowMajor) {
 }
 
 TEST(MeshLayoutTest, ThreeDimensions) {
-  absl::StatusOr<MeshLayout> layout = MeshLayout::Create(
-      ParseMesh(R"pb(dims { name: "pp" size: 2 } dims { name: "dp" size: 3 }
-                     dims { name: "tp" size: 2 })pb"),
-      12);
+  absl::StatusOr<MeshLayout> layout =
+      MeshLayout::Create(ParseMesh(R"pb(dims { name: "pp" size: 2 }
+                                        dims { name: "dp" size: 3 }
+                                        dims { name: "tp" size: 2 })pb"),
+                         12);
   ASSERT_THAT(layout, IsOk());
   // rank 9 = pp 1, dp 1, tp 1
   EXPECT_THAT(layout->GroupRanks(9, 0), ElementsAre(3, 9));
@@ -70,9 +72,9 @@ TEST(MeshLayoutTest, InvalidConfigsNameTheField) {
               invalid("mesh.dims[0].size: 0 must be >= 1"));
   EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { size: 1 })pb"), 1),
               invalid("mesh.dims[0].name: is empty"));
-  EXPECT_THAT(MeshLayout::Create(
-                  ParseMesh(R"pb(dims { name: "dp" size: 1 } dims { name: "dp" size: 2 })pb"),
-                  2),
+  EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { name: "dp" size: 1 }
+                                                dims { name: "dp" size: 2 })pb"),
+                                 2),
               invalid("mesh.dims[1].name: \"dp\" names an earlier dimension too"));
 }
 
@@ -81,13 +83,13 @@ TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {
   ASSERT_THAT(layout, IsOk());
   auto store = c10::make_intrusive<c10d::HashStore>();
   RunRanks(4, [&](int rank) {
-    absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(
-        *layout, rank,
-        [&](const std::string& name, int group_rank,
-            int group_size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
-          return GlooCommunicator::Create(*store, name, group_rank, group_size,
-                                          GlooCommunicator::kLoopback);
-        });
+    absl::StatusOr<DeviceMesh> mesh =
+        DeviceMesh::Create(*layout, rank,
+                           [&](const std::string& name, int group_rank,
+                               int group_size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+                             return GlooCommunicator::Create(*store, name, group_rank, group_size,
+                                                             GlooCommunicator::kLoopback);
+                           });
     ASSERT_THAT(mesh, IsOk());
     for (const std::string& dim : {"dp", "tp"}) {
       absl::StatusOr<Communicator*> comm = mesh->communicator(dim);

@@ -23,8 +23,7 @@ constexpr uint64_t kSlotsPerCollective = uint64_t{1} << 20;
 // Gloo's rendezvous on a c10d store, every key under `prefix`.
 class GlooStore final : public gloo::rendezvous::Store {
  public:
-  GlooStore(c10d::Store& store, std::string prefix)
-      : store_(store), prefix_(std::move(prefix)) {}
+  GlooStore(c10d::Store& store, std::string prefix) : store_(store), prefix_(std::move(prefix)) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     store_.set(prefix_ + key, std::vector<uint8_t>(data.begin(), data.end()));
@@ -153,8 +152,7 @@ void GlooCommunicator::RunTasks() {
 
 absl::Status GlooCommunicator::Exchange(Collective collective, uint64_t slot,
                                         const std::vector<Transfer>& sends,
-                                        const std::optional<Transfer>& recv,
-                                        absl::Time deadline) {
+                                        const std::optional<Transfer>& recv, absl::Time deadline) {
   int waiting_for = recv.has_value() ? recv->peer : -1;
   try {
     std::unique_ptr<gloo::transport::UnboundBuffer> recv_buffer;
@@ -195,8 +193,7 @@ absl::Status GlooCommunicator::Exchange(Collective collective, uint64_t slot,
 // Step k of N-1: send the partial reduction of chunk (r - k - 1) to the right neighbour,
 // receive that of chunk (r - k - 2) from the left one and add this rank's input to it. At
 // the last step the chunk received is chunk r, complete once this rank's part is added.
-absl::Status GlooCommunicator::ReduceScatterRing(Collective collective,
-                                                 const torch::Tensor& input,
+absl::Status GlooCommunicator::ReduceScatterRing(Collective collective, const torch::Tensor& input,
                                                  const torch::Tensor& output, ReduceOp op,
                                                  uint64_t slot_base, absl::Time deadline) {
   const int n = size();
@@ -236,8 +233,7 @@ absl::Status GlooCommunicator::AllGatherRing(Collective collective, const torch:
   const int r = rank();
   for (int k = 0; k < n - 1; ++k) {
     const torch::Tensor to_send = ChunkView(buffer, ChunkOf(buffer.numel(), n, Mod(r - k, n)));
-    const torch::Tensor incoming =
-        ChunkView(buffer, ChunkOf(buffer.numel(), n, Mod(r - k - 1, n)));
+    const torch::Tensor incoming = ChunkView(buffer, ChunkOf(buffer.numel(), n, Mod(r - k - 1, n)));
     if (absl::Status status =
             Exchange(collective, slot_base + k, {Transfer{to_send, Mod(r + 1, n)}},
                      Transfer{incoming, Mod(r - 1, n)}, deadline);
@@ -249,55 +245,54 @@ absl::Status GlooCommunicator::AllGatherRing(Collective collective, const torch:
 }
 
 std::shared_ptr<Work> GlooCommunicator::StartAllReduce(torch::Tensor tensor, ReduceOp op) {
-  return Enqueue(Collective::kAllReduce, [this, tensor, op](uint64_t slot_base,
-                                                             absl::Time deadline) {
-    const torch::Tensor flat = tensor.view({-1});
-    const torch::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
-    const torch::Tensor reduced = torch::empty_like(own);
-    if (absl::Status status = ReduceScatterRing(Collective::kAllReduce, flat, reduced, op,
-                                                slot_base, deadline);
-        !status.ok()) {
-      return status;
-    }
-    own.copy_(reduced);
-    return AllGatherRing(Collective::kAllReduce, flat, slot_base + size(), deadline);
-  });
+  return Enqueue(
+      Collective::kAllReduce, [this, tensor, op](uint64_t slot_base, absl::Time deadline) {
+        const torch::Tensor flat = tensor.view({-1});
+        const torch::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
+        const torch::Tensor reduced = torch::empty_like(own);
+        if (absl::Status status =
+                ReduceScatterRing(Collective::kAllReduce, flat, reduced, op, slot_base, deadline);
+            !status.ok()) {
+          return status;
+        }
+        own.copy_(reduced);
+        return AllGatherRing(Collective::kAllReduce, flat, slot_base + size(), deadline);
+      });
 }
 
-std::shared_ptr<Work> GlooCommunicator::StartAllGather(torch::Tensor input,
-                                                       torch::Tensor output) {
-  return Enqueue(Collective::kAllGather, [this, input, output](uint64_t slot_base,
-                                                              absl::Time deadline) {
-    const torch::Tensor flat = output.view({-1});
-    const torch::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
-    if (own.data_ptr() != input.data_ptr()) own.copy_(input.view({-1}));
-    return AllGatherRing(Collective::kAllGather, flat, slot_base, deadline);
-  });
+std::shared_ptr<Work> GlooCommunicator::StartAllGather(torch::Tensor input, torch::Tensor output) {
+  return Enqueue(Collective::kAllGather,
+                 [this, input, output](uint64_t slot_base, absl::Time deadline) {
+                   const torch::Tensor flat = output.view({-1});
+                   const torch::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
+                   if (own.data_ptr() != input.data_ptr()) own.copy_(input.view({-1}));
+                   return AllGatherRing(Collective::kAllGather, flat, slot_base, deadline);
+                 });
 }
 
 std::shared_ptr<Work> GlooCommunicator::StartReduceScatter(torch::Tensor input,
                                                            torch::Tensor output, ReduceOp op) {
-  return Enqueue(Collective::kReduceScatter, [this, input, output, op](uint64_t slot_base,
-                                                                       absl::Time deadline) {
-    return ReduceScatterRing(Collective::kReduceScatter, input.view({-1}), output.view({-1}),
-                             op, slot_base, deadline);
-  });
+  return Enqueue(Collective::kReduceScatter,
+                 [this, input, output, op](uint64_t slot_base, absl::Time deadline) {
+                   return ReduceScatterRing(Collective::kReduceScatter, input.view({-1}),
+                                            output.view({-1}), op, slot_base, deadline);
+                 });
 }
 
 // The root sends the whole tensor to every other rank: simple, and what the small groups and
 // one-off broadcasts (initial weights) here need.
 std::shared_ptr<Work> GlooCommunicator::StartBroadcast(torch::Tensor tensor, int root) {
-  return Enqueue(Collective::kBroadcast, [this, tensor, root](uint64_t slot_base,
-                                                              absl::Time deadline) {
-    if (rank() != root) {
-      return Exchange(Collective::kBroadcast, slot_base, {}, Transfer{tensor, root}, deadline);
-    }
-    std::vector<Transfer> sends;
-    for (int peer = 0; peer < size(); ++peer) {
-      if (peer != root) sends.push_back(Transfer{tensor, peer});
-    }
-    return Exchange(Collective::kBroadcast, slot_base, sends, std::nullopt, deadline);
-  });
+  return Enqueue(
+      Collective::kBroadcast, [this, tensor, root](uint64_t slot_base, absl::Time deadline) {
+        if (rank() != root) {
+          return Exchange(Collective::kBroadcast, slot_base, {}, Transfer{tensor, root}, deadline);
+        }
+        std::vector<Transfer> sends;
+        for (int peer = 0; peer < size(); ++peer) {
+          if (peer != root) sends.push_back(Transfer{tensor, peer});
+        }
+        return Exchange(Collective::kBroadcast, slot_base, sends, std::nullopt, deadline);
+      });
 }
 
 // An all-gather of one byte per rank: after it every rank has heard, directly or through

@@ -47,9 +47,11 @@ class GlooCommunicator final : public Communicator {
   // through `store` (keys under "plait/gloo/<name>/"; a name must be used once per store).
   // `address` is where the other members reach this one: kLoopback on one machine, else
   // this machine's hostname or IP address.
-  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
-      c10d::Store& store, std::string name, int rank, int size, const std::string& address,
-      CommunicatorOptions options = {});
+  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(c10d::Store& store,
+                                                                  std::string name, int rank,
+                                                                  int size,
+                                                                  const std::string& address,
+                                                                  CommunicatorOptions options = {});
 
   ~GlooCommunicator() override;
 
@@ -92,11 +94,11 @@ class GlooCommunicator final : public Communicator {
   absl::Status ReduceScatterRing(Collective collective, const torch::Tensor& input,
                                  const torch::Tensor& output, ReduceOp op, uint64_t slot_base,
                                  absl::Time deadline);
-  absl::Status AllGatherRing(Collective collective, const torch::Tensor& buffer,
-                             uint64_t slot_base, absl::Time deadline);
+  absl::Status AllGatherRing(Collective collective, const torch::Tensor& buffer, uint64_t slot_base,
+                             absl::Time deadline);
 
   const std::shared_ptr<gloo::Context> context_;
-  absl::Status broken_;       // the first failure; touched only by the worker thread
+  absl::Status broken_;           // the first failure; touched only by the worker thread
   uint64_t next_collective_ = 0;  // touched only by the worker thread
 
   absl::Mutex mutex_;

@@ -1,5 +1,6 @@
 #include "parallel/gloo_communicator.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,9 +12,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
+#include "tools/status/status_matchers.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
-#include "tools/status/status_matchers.h"
 
 namespace plait::parallel {
 namespace {
@@ -45,31 +46,32 @@ torch::Tensor Expected(int64_t numel, int size, ReduceOp op, torch::ScalarType d
   return result.to(dtype);
 }
 
-std::unique_ptr<GlooCommunicator> Connect(const c10::intrusive_ptr<c10d::Store>& store,
-                                          const std::string& name, int rank, int size,
-                                          absl::Duration timeout = absl::Seconds(30)) {
-  auto communicator = GlooCommunicator::Create(*store, name, rank, size,
-                                               GlooCommunicator::kLoopback, {timeout});
-  EXPECT_THAT(communicator, IsOk());
-  return communicator.ok() ? std::move(communicator).value() : nullptr;
+// Runs `body` on every rank of a fresh group of `size` ranks, each on its own thread.
+void RunGroup(const std::string& name, int size,
+              const std::function<void(int rank, GlooCommunicator& comm)>& body,
+              absl::Duration timeout = absl::Seconds(30)) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  RunRanks(size, [&](int rank) {
+    absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
+        GlooCommunicator::Create(*store, name, rank, size, GlooCommunicator::kLoopback, {timeout});
+    ASSERT_THAT(comm, IsOk());
+    body(rank, **comm);
+  });
 }
 
 class GlooCollectivesTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooCollectivesTest, AllReduceEveryDtypeSizeAndOp) {
   const int size = GetParam();
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  RunRanks(size, [&](int rank) {
-    std::unique_ptr<GlooCommunicator> comm = Connect(store, "world", rank, size);
-    ASSERT_NE(comm, nullptr);
+  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
     for (torch::ScalarType dtype : kDtypes) {
       for (int64_t numel : kSizes) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
           if (op == ReduceOp::kAverage && dtype == torch::kInt64) continue;
-          SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << "[" << numel << "] op "
-                                            << static_cast<int>(op));
+          SCOPED_TRACE(::testing::Message()
+                       << c10::toString(dtype) << "[" << numel << "] op " << static_cast<int>(op));
           torch::Tensor tensor = Contribution(numel, rank, dtype).reshape({numel, 1});
-          ASSERT_THAT(comm->AllReduce(tensor, op)->Wait(), IsOk());
+          ASSERT_THAT(comm.AllReduce(tensor, op)->Wait(), IsOk());
           EXPECT_TRUE(torch::equal(tensor.view({-1}), Expected(numel, size, op, dtype)));
         }
       }
@@ -79,10 +81,7 @@ TEST_P(GlooCollectivesTest, AllReduceEveryDtypeSizeAndOp) {
 
 TEST_P(GlooCollectivesTest, AllGatherAndReduceScatterUnevenChunks) {
   const int size = GetParam();
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  RunRanks(size, [&](int rank) {
-    std::unique_ptr<GlooCommunicator> comm = Connect(store, "world", rank, size);
-    ASSERT_NE(comm, nullptr);
+  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
     for (torch::ScalarType dtype : kDtypes) {
       for (int64_t numel : kSizes) {
         SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << "[" << numel << "]");
@@ -90,19 +89,18 @@ TEST_P(GlooCollectivesTest, AllGatherAndReduceScatterUnevenChunks) {
         // all_gather: every rank holds its chunk of a known buffer.
         const torch::Tensor full = torch::arange(numel, torch::kInt64).to(dtype);
         torch::Tensor gathered = torch::full({numel}, -1, dtype);
-        ASSERT_THAT(comm->AllGather(full.narrow(0, own.offset, own.numel).clone(), gathered)
-                        ->Wait(),
+        ASSERT_THAT(comm.AllGather(full.narrow(0, own.offset, own.numel).clone(), gathered)->Wait(),
                     IsOk());
         EXPECT_TRUE(torch::equal(gathered, full));
 
         // reduce_scatter: each rank gets its chunk of the sum.
         torch::Tensor scattered = torch::empty({own.numel}, dtype);
-        ASSERT_THAT(comm->ReduceScatter(Contribution(numel, rank, dtype), scattered,
-                                        ReduceOp::kSum)
-                        ->Wait(),
-                    IsOk());
-        EXPECT_TRUE(torch::equal(scattered, Expected(numel, size, ReduceOp::kSum, dtype)
-                                                .narrow(0, own.offset, own.numel)));
+        ASSERT_THAT(
+            comm.ReduceScatter(Contribution(numel, rank, dtype), scattered, ReduceOp::kSum)->Wait(),
+            IsOk());
+        EXPECT_TRUE(torch::equal(
+            scattered,
+            Expected(numel, size, ReduceOp::kSum, dtype).narrow(0, own.offset, own.numel)));
       }
     }
   });
@@ -110,24 +108,21 @@ TEST_P(GlooCollectivesTest, AllGatherAndReduceScatterUnevenChunks) {
 
 TEST_P(GlooCollectivesTest, AllGatherInPlaceAndBroadcast) {
   const int size = GetParam();
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  RunRanks(size, [&](int rank) {
-    std::unique_ptr<GlooCommunicator> comm = Connect(store, "world", rank, size);
-    ASSERT_NE(comm, nullptr);
+  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
     torch::Tensor buffer = torch::zeros({10});
     const Chunk own = ChunkOf(10, size, rank);
     torch::Tensor mine = buffer.narrow(0, own.offset, own.numel);
     mine.fill_(rank + 1);
-    ASSERT_THAT(comm->AllGather(mine, buffer)->Wait(), IsOk());
+    ASSERT_THAT(comm.AllGather(mine, buffer)->Wait(), IsOk());
     for (int r = 0; r < size; ++r) {
       const Chunk chunk = ChunkOf(10, size, r);
       EXPECT_TRUE(buffer.narrow(0, chunk.offset, chunk.numel).eq(r + 1).all().item<bool>());
     }
 
     const int root = size - 1;
-    torch::Tensor weights = rank == root ? torch::arange(6, torch::kFloat32).reshape({2, 3})
-                                         : torch::zeros({2, 3});
-    ASSERT_THAT(comm->Broadcast(weights, root)->Wait(), IsOk());
+    torch::Tensor weights =
+        rank == root ? torch::arange(6, torch::kFloat32).reshape({2, 3}) : torch::zeros({2, 3});
+    ASSERT_THAT(comm.Broadcast(weights, root)->Wait(), IsOk());
     EXPECT_TRUE(torch::equal(weights, torch::arange(6, torch::kFloat32).reshape({2, 3})));
   });
 }
@@ -137,23 +132,19 @@ TEST_P(GlooCollectivesTest, TrafficIsTheBandwidthOptimalVolume) {
   const int size = GetParam();
   constexpr int64_t kNumel = 1 << 16;
   constexpr int64_t kBytes = kNumel * 4;
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  RunRanks(size, [&](int rank) {
-    std::unique_ptr<GlooCommunicator> comm = Connect(store, "world", rank, size);
-    ASSERT_NE(comm, nullptr);
+  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
     torch::Tensor full = torch::ones({kNumel});
     const Chunk own = ChunkOf(kNumel, size, rank);
-    ASSERT_THAT(comm->AllReduce(full, ReduceOp::kSum)->Wait(), IsOk());
-    ASSERT_THAT(comm->AllGather(full.narrow(0, own.offset, own.numel), full)->Wait(), IsOk());
+    ASSERT_THAT(comm.AllReduce(full, ReduceOp::kSum)->Wait(), IsOk());
+    ASSERT_THAT(comm.AllGather(full.narrow(0, own.offset, own.numel), full)->Wait(), IsOk());
     torch::Tensor shard = torch::empty({own.numel});
-    ASSERT_THAT(comm->ReduceScatter(full, shard, ReduceOp::kSum)->Wait(), IsOk());
+    ASSERT_THAT(comm.ReduceScatter(full, shard, ReduceOp::kSum)->Wait(), IsOk());
 
     const int64_t one_way = kBytes / size * (size - 1);  // kNumel divides evenly here
-    for (auto [collective, expected] :
-         {std::pair{Collective::kAllReduce, 2 * one_way},
-          std::pair{Collective::kAllGather, one_way},
-          std::pair{Collective::kReduceScatter, one_way}}) {
-      const Traffic traffic = comm->traffic(collective);
+    for (auto [collective, expected] : {std::pair{Collective::kAllReduce, 2 * one_way},
+                                        std::pair{Collective::kAllGather, one_way},
+                                        std::pair{Collective::kReduceScatter, one_way}}) {
+      const Traffic traffic = comm.traffic(collective);
       EXPECT_EQ(traffic.calls, 1) << CollectiveName(collective);
       EXPECT_EQ(traffic.bytes_sent, expected) << CollectiveName(collective);
       EXPECT_EQ(traffic.bytes_received, expected) << CollectiveName(collective);
@@ -163,16 +154,13 @@ TEST_P(GlooCollectivesTest, TrafficIsTheBandwidthOptimalVolume) {
 
 TEST_P(GlooCollectivesTest, BarrierWaitsForTheLastRank) {
   const int size = GetParam();
-  auto store = c10::make_intrusive<c10d::HashStore>();
   const absl::Time start = absl::Now();
   const absl::Duration last_arrival = absl::Milliseconds(200) * (size - 1);
-  RunRanks(size, [&](int rank) {
-    std::unique_ptr<GlooCommunicator> comm = Connect(store, "world", rank, size);
-    ASSERT_NE(comm, nullptr);
-    ASSERT_THAT(comm->Barrier()->Wait(), IsOk());  // everyone connected
+  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
+    ASSERT_THAT(comm.Barrier()->Wait(), IsOk());  // everyone connected
     const absl::Time synchronized = absl::Now();
     absl::SleepFor(absl::Milliseconds(200) * rank);
-    ASSERT_THAT(comm->Barrier()->Wait(), IsOk());
+    ASSERT_THAT(comm.Barrier()->Wait(), IsOk());
     EXPECT_GE(absl::Now() - synchronized, last_arrival - absl::Milliseconds(20));
   });
   EXPECT_GE(absl::Now() - start, last_arrival);
@@ -181,17 +169,14 @@ TEST_P(GlooCollectivesTest, BarrierWaitsForTheLastRank) {
 // Two collectives in flight at once while the caller computes; both complete correctly.
 TEST_P(GlooCollectivesTest, AsyncCollectivesOverlapWithCompute) {
   const int size = GetParam();
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  RunRanks(size, [&](int rank) {
-    std::unique_ptr<GlooCommunicator> comm = Connect(store, "world", rank, size);
-    ASSERT_NE(comm, nullptr);
+  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
     torch::Tensor gradients = torch::full({1 << 18}, static_cast<float>(rank));
     torch::Tensor parameters = torch::zeros({1 << 18});
     const Chunk own = ChunkOf(parameters.numel(), size, rank);
     parameters.narrow(0, own.offset, own.numel).fill_(rank);
-    std::shared_ptr<Work> reduce = comm->AllReduce(gradients, ReduceOp::kAverage);
+    std::shared_ptr<Work> reduce = comm.AllReduce(gradients, ReduceOp::kAverage);
     std::shared_ptr<Work> gather =
-        comm->AllGather(parameters.narrow(0, own.offset, own.numel), parameters);
+        comm.AllGather(parameters.narrow(0, own.offset, own.numel), parameters);
     const torch::Tensor product = torch::mm(torch::ones({128, 128}), torch::ones({128, 128}));
     ASSERT_THAT(gather->Wait(), IsOk());
     ASSERT_THAT(reduce->Wait(), IsOk());
@@ -210,41 +195,43 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCollectivesTest, ::testing::Values(2, 4
                          });
 
 TEST(GlooCommunicatorTest, MissingRankTimesOutWithANamedError) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
   absl::Notification rank0_done;
-  RunRanks(2, [&](int rank) {
-    std::unique_ptr<GlooCommunicator> comm =
-        Connect(store, "lonely", rank, 2, /*timeout=*/absl::Seconds(1));
-    ASSERT_NE(comm, nullptr);
-    if (rank == 1) {  // stays connected but never takes part
-      rank0_done.WaitForNotification();
-      return;
-    }
-    const absl::Time start = absl::Now();
-    absl::Status status = comm->AllReduce(torch::ones({16}), ReduceOp::kSum)->Wait();
-    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-    EXPECT_THAT(status, StatusIs(absl::StatusCode::kDeadlineExceeded,
-                                 AllOf(HasSubstr("all_reduce on group 'lonely' (rank 0 of 2)"),
-                                       HasSubstr("timed out after 1s waiting for rank 1"))));
-    // The group is unusable now, and says why at once.
-    EXPECT_THAT(comm->Barrier()->Wait(),
-                StatusIs(absl::StatusCode::kDeadlineExceeded,
-                         HasSubstr("barrier on group 'lonely' (rank 0 of 2): the group failed "
-                                   "earlier: all_reduce")));
-    rank0_done.Notify();
-  });
+  RunGroup(
+      "lonely", 2,
+      [&](int rank, GlooCommunicator& comm) {
+        if (rank == 1) {  // stays connected but never takes part
+          rank0_done.WaitForNotification();
+          return;
+        }
+        const absl::Time start = absl::Now();
+        absl::Status status = comm.AllReduce(torch::ones({16}), ReduceOp::kSum)->Wait();
+        EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+        EXPECT_THAT(status, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                     AllOf(HasSubstr("all_reduce on group 'lonely' (rank 0 of 2)"),
+                                           HasSubstr("timed out after 1s waiting for rank 1"))));
+        // The group is unusable now, and says why at once.
+        EXPECT_THAT(comm.Barrier()->Wait(),
+                    StatusIs(absl::StatusCode::kDeadlineExceeded,
+                             HasSubstr("barrier on group 'lonely' (rank 0 of 2): the group failed "
+                                       "earlier: all_reduce")));
+        rank0_done.Notify();
+      },
+      /*timeout=*/absl::Seconds(1));
 }
 
 TEST(GlooCommunicatorTest, DepartedRankFailsTheCollectiveBeforeTheTimeout) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   RunRanks(2, [&](int rank) {
-    std::unique_ptr<GlooCommunicator> comm =
-        Connect(store, "departed", rank, 2, /*timeout=*/absl::Seconds(60));
-    ASSERT_NE(comm, nullptr);
-    ASSERT_THAT(comm->Barrier()->Wait(), IsOk());
-    if (rank == 1) return;  // destroys its communicator: its connections close
+    auto comm = GlooCommunicator::Create(*store, "departed", rank, 2, GlooCommunicator::kLoopback,
+                                         {absl::Seconds(60)});
+    ASSERT_THAT(comm, IsOk());
+    ASSERT_THAT((*comm)->Barrier()->Wait(), IsOk());
+    if (rank == 1) {
+      comm->reset();  // its connections close
+      return;
+    }
     const absl::Time start = absl::Now();
-    EXPECT_THAT(comm->AllReduce(torch::ones({16}), ReduceOp::kSum)->Wait(),
+    EXPECT_THAT((*comm)->AllReduce(torch::ones({16}), ReduceOp::kSum)->Wait(),
                 StatusIs(absl::StatusCode::kUnavailable,
                          HasSubstr("all_reduce on group 'departed' (rank 0 of 2): transfer "
                                    "with rank 1 failed")));
@@ -253,31 +240,30 @@ TEST(GlooCommunicatorTest, DepartedRankFailsTheCollectiveBeforeTheTimeout) {
 }
 
 TEST(GlooCommunicatorTest, RejectsBadArgumentsWithNamedErrors) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::unique_ptr<GlooCommunicator> comm = Connect(store, "solo", 0, 1);
-  ASSERT_NE(comm, nullptr);
-  const auto invalid = [](const std::string& message) {
-    return StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message));
-  };
-  EXPECT_THAT(comm->AllReduce(torch::ones({3}, torch::kFloat64), ReduceOp::kSum)->Wait(),
-              invalid("all_reduce on group 'solo' (rank 0 of 1): tensor has dtype Double"));
-  EXPECT_THAT(comm->AllReduce(torch::ones({3}, torch::kInt64), ReduceOp::kAverage)->Wait(),
-              invalid("average of Long tensors is not defined"));
-  EXPECT_THAT(comm->AllReduce(torch::ones({3, 4}).t(), ReduceOp::kSum)->Wait(),
-              invalid("tensor is not contiguous"));
-  EXPECT_THAT(comm->AllReduce(torch::Tensor(), ReduceOp::kSum)->Wait(),
-              invalid("tensor is an undefined tensor"));
-  EXPECT_THAT(comm->AllGather(torch::ones({3}), torch::ones({4}))->Wait(),
-              invalid("all_gather on group 'solo' (rank 0 of 1): input is Float[3], but chunk 0 "
-                      "of the Float[4] output has 4 elements"));
-  EXPECT_THAT(comm->ReduceScatter(torch::ones({4}), torch::ones({4}, torch::kBFloat16),
-                                  ReduceOp::kSum)
-                  ->Wait(),
-              invalid("output is BFloat16[4], but chunk 0 of the Float[4] input"));
-  EXPECT_THAT(comm->Broadcast(torch::ones({3}), 1)->Wait(),
-              invalid("broadcast on group 'solo' (rank 0 of 1): root 1 is not a rank"));
-  // Rejected arguments do not break the group.
-  EXPECT_THAT(comm->Barrier()->Wait(), IsOk());
+  RunGroup("solo", 1, [](int, GlooCommunicator& comm) {
+    const auto invalid = [](const std::string& message) {
+      return StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message));
+    };
+    EXPECT_THAT(comm.AllReduce(torch::ones({3}, torch::kFloat64), ReduceOp::kSum)->Wait(),
+                invalid("all_reduce on group 'solo' (rank 0 of 1): tensor has dtype Double"));
+    EXPECT_THAT(comm.AllReduce(torch::ones({3}, torch::kInt64), ReduceOp::kAverage)->Wait(),
+                invalid("average of Long tensors is not defined"));
+    EXPECT_THAT(comm.AllReduce(torch::ones({3, 4}).t(), ReduceOp::kSum)->Wait(),
+                invalid("tensor is not contiguous"));
+    EXPECT_THAT(comm.AllReduce(torch::Tensor(), ReduceOp::kSum)->Wait(),
+                invalid("tensor is an undefined tensor"));
+    EXPECT_THAT(comm.AllGather(torch::ones({3}), torch::ones({4}))->Wait(),
+                invalid("all_gather on group 'solo' (rank 0 of 1): input is Float[3], but chunk 0 "
+                        "of the Float[4] output has 4 elements"));
+    EXPECT_THAT(
+        comm.ReduceScatter(torch::ones({4}), torch::ones({4}, torch::kBFloat16), ReduceOp::kSum)
+            ->Wait(),
+        invalid("output is BFloat16[4], but chunk 0 of the Float[4] input"));
+    EXPECT_THAT(comm.Broadcast(torch::ones({3}), 1)->Wait(),
+                invalid("broadcast on group 'solo' (rank 0 of 1): root 1 is not a rank"));
+    // Rejected arguments do not break the group.
+    EXPECT_THAT(comm.Barrier()->Wait(), IsOk());
+  });
 }
 
 TEST(GlooCommunicatorTest, RejectsAnInvalidRank) {

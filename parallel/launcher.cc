@@ -1,12 +1,9 @@
 #include "parallel/launcher.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -28,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "parallel/free_port.h"
 #include "parallel/world.h"
 #include "tools/status/status_macros.h"
 
@@ -140,23 +138,6 @@ absl::StatusOr<std::string> ResolveProgram(const std::string& program) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "command[0]=\"", program, "\" is not an executable file on PATH=\"", search_path, "\""));
-}
-
-absl::StatusOr<int> PickFreePort() {
-  Fd socket_fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!socket_fd.valid()) return SystemError("socket (picking a free MASTER_PORT)", errno);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  if (bind(socket_fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    return SystemError("bind to 127.0.0.1:0 (picking a free MASTER_PORT)", errno);
-  }
-  socklen_t length = sizeof(address);
-  if (getsockname(socket_fd.get(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    return SystemError("getsockname (picking a free MASTER_PORT)", errno);
-  }
-  return ntohs(address.sin_port);
 }
 
 // The environment of one rank: this process's, with the world variables replaced.
@@ -683,7 +664,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
   PLAIT_ASSIGN_OR_RETURN(const std::string path, ResolveProgram(options.command[0]));
   int port = options.master_port;
   if (port == 0) {
-    PLAIT_ASSIGN_OR_RETURN(port, PickFreePort());
+    PLAIT_ASSIGN_OR_RETURN(port, PickFreeLoopbackPort());
   }
 
   if (launch_running.exchange(true)) {

@@ -31,8 +31,8 @@ WorkerRun LaunchWorkers(int num_ranks, std::vector<std::string> arguments) {
   WorkerRun run;
   LaunchOptions options;
   options.num_ranks = num_ranks;
-  options.command = {absl::StrCat(std::getenv("TEST_SRCDIR"),
-                                  "/plait/parallel/testdata/collective_worker")};
+  options.command = {
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/parallel/testdata/collective_worker")};
   options.command.insert(options.command.end(), arguments.begin(), arguments.end());
   options.stdout_sink = [&run](std::string_view line) { run.out.emplace_back(line); };
   options.stderr_sink = [&run](std::string_view line) { run.err.emplace_back(line); };
@@ -45,11 +45,10 @@ WorkerRun LaunchWorkers(int num_ranks, std::vector<std::string> arguments) {
 TEST(MultiprocessTest, FourRanksRunCorrectCollectives) {
   const WorkerRun run = LaunchWorkers(4, {});
   ASSERT_THAT(run.result, IsOk());
-  EXPECT_TRUE(run.result->ok()) << run.result->summary << "\n"
-                                << ::testing::PrintToString(run.err);
+  EXPECT_TRUE(run.result->ok()) << run.result->summary << "\n" << ::testing::PrintToString(run.err);
   for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_THAT(run.out, Contains(absl::StrCat("[rank ", rank,
-                                               "] collectives correct on 4 ranks\n")));
+    EXPECT_THAT(run.out,
+                Contains(absl::StrCat("[rank ", rank, "] collectives correct on 4 ranks\n")));
   }
 }
 

@@ -43,8 +43,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
     }
     return absl::DeadlineExceededError(
         absl::StrCat("rendezvous: rank ", world.rank, " could not reach rank 0's store at ",
-                     store_address, " within ", absl::FormatDuration(timeout), ": ",
-                     error.what()));
+                     store_address, " within ", absl::FormatDuration(timeout), ": ", error.what()));
   }
 
   try {
@@ -58,14 +57,13 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
       if (missing.empty()) return store;
       absl::SleepFor(kPollInterval);
     } while (absl::Now() < deadline);
-    return absl::DeadlineExceededError(absl::StrCat(
-        "rendezvous at ", store_address, " timed out after ", absl::FormatDuration(timeout),
-        ": rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "), " of ",
-        world.world_size, " never arrived"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous at ", store_address, " timed out after ",
+                     absl::FormatDuration(timeout), ": rank", missing.size() > 1 ? "s " : " ",
+                     absl::StrJoin(missing, ", "), " of ", world.world_size, " never arrived"));
   } catch (const std::exception& error) {
-    return absl::UnavailableError(absl::StrCat("rendezvous: rank ", world.rank,
-                                               " lost the store at ", store_address, ": ",
-                                               error.what()));
+    return absl::UnavailableError(absl::StrCat(
+        "rendezvous: rank ", world.rank, " lost the store at ", store_address, ": ", error.what()));
   }
 }
 

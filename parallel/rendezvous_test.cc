@@ -7,21 +7,30 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/free_port.h"
 #include "parallel/test_ranks.h"
 #include "tools/status/status_matchers.h"
 
 namespace plait::parallel {
 namespace {
 
-using ::plait::parallel::testing::FreeLoopbackPort;
 using ::plait::parallel::testing::RunRanks;
 using ::plait::testing::IsOk;
 using ::plait::testing::StatusIs;
 using ::testing::HasSubstr;
 
+int FreeLoopbackPort() {
+  absl::StatusOr<int> port = PickFreeLoopbackPort();
+  EXPECT_THAT(port, IsOk());
+  return port.value_or(0);
+}
+
 World RankOf(int rank, int world_size, int port) {
-  return World{.rank = rank, .world_size = world_size, .local_rank = rank,
-               .local_world_size = world_size, .master_addr = "127.0.0.1",
+  return World{.rank = rank,
+               .world_size = world_size,
+               .local_rank = rank,
+               .local_world_size = world_size,
+               .master_addr = "127.0.0.1",
                .master_port = port};
 }
 

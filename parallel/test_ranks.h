@@ -10,9 +10,6 @@ namespace plait::parallel::testing {
 // Runs `body(rank)` for every rank in [0, num_ranks) on its own thread and waits for all.
 void RunRanks(int num_ranks, const std::function<void(int rank)>& body);
 
-// A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick for port 0).
-int FreeLoopbackPort();
-
 }  // namespace plait::parallel::testing
 
 #endif  // PLAIT_PARALLEL_TEST_RANKS_H_

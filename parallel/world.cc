@@ -50,9 +50,9 @@ absl::Status Check(const World& world, const FieldNames& names) {
                  absl::StrCat("must be in [1, ", names.world_size, "=", world.world_size, "]"));
   }
   if (world.local_rank < 0 || world.local_rank >= world.local_world_size) {
-    return error(names.local_rank, world.local_rank,
-                 absl::StrCat("must be in [0, ", names.local_world_size, "=",
-                              world.local_world_size, ")"));
+    return error(
+        names.local_rank, world.local_rank,
+        absl::StrCat("must be in [0, ", names.local_world_size, "=", world.local_world_size, ")"));
   }
   if (world.master_addr.empty()) return error(names.master_addr, "\"\"", "must not be empty");
   if (world.master_port < 1 || world.master_port > 65535) {
@@ -65,8 +65,8 @@ absl::StatusOr<std::string> Required(const Environment& env, const Convention& c
                                      const std::string& name) {
   std::optional<std::string> value = env(name);
   if (!value.has_value() || value->empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " is not set (", convention.source, " launch: ", convention.rank, " is set)"));
+    return absl::InvalidArgumentError(absl::StrCat(name, " is not set (", convention.source,
+                                                   " launch: ", convention.rank, " is set)"));
   }
   return *value;
 }
@@ -115,9 +115,8 @@ absl::StatusOr<World> ReadWorld(const Environment& env, const Convention& conven
   PLAIT_ASSIGN_OR_RETURN(world.master_addr, Required(env, convention, "MASTER_ADDR"));
   PLAIT_ASSIGN_OR_RETURN(world.master_port, RequiredInt(env, convention, "MASTER_PORT"));
 
-  PLAIT_RETURN_IF_ERROR(Check(world, {convention.rank, convention.world_size,
-                                      convention.local_rank, convention.local_world_size,
-                                      "MASTER_ADDR", "MASTER_PORT"}));
+  PLAIT_RETURN_IF_ERROR(Check(world, {convention.rank, convention.world_size, convention.local_rank,
+                                      convention.local_world_size, "MASTER_ADDR", "MASTER_PORT"}));
   return world;
 }
 

@@ -24,8 +24,8 @@ namespace plait::parallel {
 struct World {
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;        // rank among the processes on this node
-  int local_world_size = 1;  // processes on this node
+  int local_rank = 0;                     // rank among the processes on this node
+  int local_world_size = 1;               // processes on this node
   std::string master_addr = "127.0.0.1";  // where rank 0 hosts the rendezvous store
   int master_port = 0;
   std::string source;  // the convention the values came from, for messages

@@ -18,8 +18,7 @@ using ::testing::HasSubstr;
 using Variables = std::map<std::string, std::string>;
 
 Environment FakeEnvironment(Variables variables) {
-  return [variables = std::move(variables)](const std::string& name)
-             -> std::optional<std::string> {
+  return [variables = std::move(variables)](const std::string& name) -> std::optional<std::string> {
     auto it = variables.find(name);
     if (it == variables.end()) return std::nullopt;
     return it->second;
@@ -27,8 +26,12 @@ Environment FakeEnvironment(Variables variables) {
 }
 
 Variables Torchrun() {
-  return {{"RANK", "3"},        {"WORLD_SIZE", "8"},         {"LOCAL_RANK", "1"},
-          {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"}};
+  return {{"RANK", "3"},
+          {"WORLD_SIZE", "8"},
+          {"LOCAL_RANK", "1"},
+          {"LOCAL_WORLD_SIZE", "2"},
+          {"MASTER_ADDR", "node0"},
+          {"MASTER_PORT", "29500"}};
 }
 
 TEST(WorldFromEnvironmentTest, Torchrun) {
@@ -44,9 +47,13 @@ TEST(WorldFromEnvironmentTest, Torchrun) {
 }
 
 TEST(WorldFromEnvironmentTest, Slurm) {
-  absl::StatusOr<World> world = WorldFromEnvironment(FakeEnvironment(
-      {{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-       {"SLURM_TASKS_PER_NODE", "4(x2)"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "1234"}}));
+  absl::StatusOr<World> world =
+      WorldFromEnvironment(FakeEnvironment({{"SLURM_PROCID", "5"},
+                                            {"SLURM_NTASKS", "8"},
+                                            {"SLURM_LOCALID", "1"},
+                                            {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                            {"MASTER_ADDR", "node0"},
+                                            {"MASTER_PORT", "1234"}}));
   ASSERT_THAT(world, IsOk());
   EXPECT_EQ(world->rank, 5);
   EXPECT_EQ(world->world_size, 8);
@@ -56,10 +63,13 @@ TEST(WorldFromEnvironmentTest, Slurm) {
 }
 
 TEST(WorldFromEnvironmentTest, OpenMpi) {
-  absl::StatusOr<World> world = WorldFromEnvironment(FakeEnvironment(
-      {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-       {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-       {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29501"}}));
+  absl::StatusOr<World> world =
+      WorldFromEnvironment(FakeEnvironment({{"OMPI_COMM_WORLD_RANK", "0"},
+                                            {"OMPI_COMM_WORLD_SIZE", "2"},
+                                            {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                            {"MASTER_ADDR", "127.0.0.1"},
+                                            {"MASTER_PORT", "29501"}}));
   ASSERT_THAT(world, IsOk());
   EXPECT_EQ(world->world_size, 2);
   EXPECT_EQ(world->source, "Open MPI");
@@ -122,17 +132,18 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadEnvironment>& info) { return info.param.name; });
 
 TEST(WorldFromEnvironmentTest, SlurmErrorsNameSlurmVariables) {
-  EXPECT_THAT(
-      WorldFromEnvironment(FakeEnvironment({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
-                                            {"SLURM_LOCALID", "0"}})),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("SLURM_NTASKS_PER_NODE and SLURM_TASKS_PER_NODE are not set")));
-  EXPECT_THAT(
-      WorldFromEnvironment(FakeEnvironment(
-          {{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"},
-           {"SLURM_NTASKS_PER_NODE", "2"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}})),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("SLURM_PROCID=4 must be in [0, SLURM_NTASKS=2)")));
+  EXPECT_THAT(WorldFromEnvironment(FakeEnvironment(
+                  {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("SLURM_NTASKS_PER_NODE and SLURM_TASKS_PER_NODE are not set")));
+  EXPECT_THAT(WorldFromEnvironment(FakeEnvironment({{"SLURM_PROCID", "4"},
+                                                    {"SLURM_NTASKS", "2"},
+                                                    {"SLURM_LOCALID", "0"},
+                                                    {"SLURM_NTASKS_PER_NODE", "2"},
+                                                    {"MASTER_ADDR", "a"},
+                                                    {"MASTER_PORT", "1"}})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("SLURM_PROCID=4 must be in [0, SLURM_NTASKS=2)")));
   EXPECT_THAT(WorldFromEnvironment(FakeEnvironment({{"SLURM_PROCID", "0"},
                                                     {"SLURM_NTASKS", "2"},
                                                     {"SLURM_LOCALID", "0"},
@@ -143,8 +154,12 @@ TEST(WorldFromEnvironmentTest, SlurmErrorsNameSlurmVariables) {
 }
 
 TEST(ValidateWorldTest, ExplicitValues) {
-  World world{.rank = 1, .world_size = 2, .local_rank = 1, .local_world_size = 2,
-              .master_addr = "127.0.0.1", .master_port = 29500};
+  World world{.rank = 1,
+              .world_size = 2,
+              .local_rank = 1,
+              .local_world_size = 2,
+              .master_addr = "127.0.0.1",
+              .master_port = 29500};
   EXPECT_THAT(ValidateWorld(world), IsOk());
   world.rank = 2;
   EXPECT_THAT(ValidateWorld(world), StatusIs(absl::StatusCode::kInvalidArgument,

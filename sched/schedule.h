@@ -27,9 +27,9 @@ namespace plait::sched {
 
 // How a phase moves from one level to another as its progress p goes from 0 to 1.
 enum class Shape {
-  kLinear,          // p
-  kCosine,          // (1 - cos(pi p)) / 2
-  kOneMinusSqrt,    // 1 - sqrt(1 - p)
+  kLinear,        // p
+  kCosine,        // (1 - cos(pi p)) / 2
+  kOneMinusSqrt,  // 1 - sqrt(1 - p)
 };
 
 // The warmup: the multiplier rises from `start_factor` to 1 over `steps` steps.

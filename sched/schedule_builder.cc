@@ -111,20 +111,19 @@ absl::StatusOr<Warmup> BuildWarmup(const WarmupConfig& config, const FieldChecke
                                    const Run& run) {
   PLAIT_ASSIGN_OR_RETURN(
       std::optional<int64_t> steps,
-      PhaseLength(fields, run, "", IfSet(config.length_case() == WarmupConfig::kSteps,
-                                         config.steps()),
+      PhaseLength(fields, run, "",
+                  IfSet(config.length_case() == WarmupConfig::kSteps, config.steps()),
                   IfSet(config.length_case() == WarmupConfig::kRatio, config.ratio())));
   Warmup warmup;
   warmup.steps = steps.value_or(0);
   warmup.shape = ToShape(config.shape(), Shape::kLinear);
-  warmup.convention = config.convention() == WARMUP_SKIPS_ZERO
-                          ? Warmup::Convention::kSkipsZero
-                          : Warmup::Convention::kStartsAtZero;
+  warmup.convention = config.convention() == WARMUP_SKIPS_ZERO ? Warmup::Convention::kSkipsZero
+                                                               : Warmup::Convention::kStartsAtZero;
   return warmup;
 }
 
-absl::StatusOr<double> NumCycles(const FieldChecker& fields, bool has_num_cycles,
-                                 double num_cycles, double default_value) {
+absl::StatusOr<double> NumCycles(const FieldChecker& fields, bool has_num_cycles, double num_cycles,
+                                 double default_value) {
   if (!has_num_cycles) return default_value;
   PLAIT_RETURN_IF_ERROR(fields.Positive("num_cycles", num_cycles));
   return num_cycles;
@@ -135,18 +134,16 @@ absl::StatusOr<Decay> BuildWarmupStableDecay(const WarmupStableDecay& config,
                                              Warmup& warmup) {
   PLAIT_ASSIGN_OR_RETURN(
       std::optional<int64_t> stable_length,
-      PhaseLength(fields, run, "stable_",
-                  IfSet(config.stable_case() == WarmupStableDecay::kStableSteps,
-                        config.stable_steps()),
-                  IfSet(config.stable_case() == WarmupStableDecay::kStableRatio,
-                        config.stable_ratio())));
+      PhaseLength(
+          fields, run, "stable_",
+          IfSet(config.stable_case() == WarmupStableDecay::kStableSteps, config.stable_steps()),
+          IfSet(config.stable_case() == WarmupStableDecay::kStableRatio, config.stable_ratio())));
   PLAIT_ASSIGN_OR_RETURN(
       std::optional<int64_t> decay_length,
-      PhaseLength(fields, run, "decay_",
-                  IfSet(config.decay_case() == WarmupStableDecay::kDecaySteps,
-                        config.decay_steps()),
-                  IfSet(config.decay_case() == WarmupStableDecay::kDecayRatio,
-                        config.decay_ratio())));
+      PhaseLength(
+          fields, run, "decay_",
+          IfSet(config.decay_case() == WarmupStableDecay::kDecaySteps, config.decay_steps()),
+          IfSet(config.decay_case() == WarmupStableDecay::kDecayRatio, config.decay_ratio())));
   if (!stable_length.has_value() && !decay_length.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat(fields.Name("stable_steps"), " or ", fields.Name("decay_steps"),
@@ -158,13 +155,13 @@ absl::StatusOr<Decay> BuildWarmupStableDecay(const WarmupStableDecay& config,
   const int64_t decay = decay_length.value_or(after_warmup - stable);
   if (stable < 0 || decay < 0 || stable + decay > after_warmup) {
     return absl::InvalidArgumentError(absl::StrCat(
-        fields.Name("stable_steps"), " + ", fields.Name("decay_steps"), ": warmup ",
-        warmup.steps, " + stable ", stable, " + decay ", decay, " is longer than the run (",
+        fields.Name("stable_steps"), " + ", fields.Name("decay_steps"), ": warmup ", warmup.steps,
+        " + stable ", stable, " + decay ", decay, " is longer than the run (",
         run.total_steps_field, " = ", run.total_steps, ")"));
   }
   PLAIT_RETURN_IF_ERROR(fields.Fraction("min_lr_ratio", config.min_lr_ratio()));
-  PLAIT_ASSIGN_OR_RETURN(
-      double num_cycles, NumCycles(fields, config.has_num_cycles(), config.num_cycles(), 0.5));
+  PLAIT_ASSIGN_OR_RETURN(double num_cycles,
+                         NumCycles(fields, config.has_num_cycles(), config.num_cycles(), 0.5));
   // As in HF, the warmup rises from the floor the decay ends at.
   warmup.start_factor = config.min_lr_ratio();
   return StableThenDecay(stable, decay, ToShape(config.decay_shape(), Shape::kCosine),
@@ -189,30 +186,30 @@ absl::StatusOr<Decay> BuildDecay(const ScheduleConfig& config, const FieldChecke
       return LinearDecay(length);
     case ScheduleConfig::kCosine: {
       const Cosine& cosine = config.cosine();
-      PLAIT_ASSIGN_OR_RETURN(double num_cycles, NumCycles(fields.Sub("cosine"),
-                                                          cosine.has_num_cycles(),
-                                                          cosine.num_cycles(), 0.5));
+      PLAIT_ASSIGN_OR_RETURN(
+          double num_cycles,
+          NumCycles(fields.Sub("cosine"), cosine.has_num_cycles(), cosine.num_cycles(), 0.5));
       return CosineDecay(length, num_cycles);
     }
     case ScheduleConfig::kCosineWithRestarts: {
       const CosineWithRestarts& cosine = config.cosine_with_restarts();
-      PLAIT_ASSIGN_OR_RETURN(double num_cycles, NumCycles(fields.Sub("cosine_with_restarts"),
-                                                          cosine.has_num_cycles(),
-                                                          cosine.num_cycles(), 1.0));
+      PLAIT_ASSIGN_OR_RETURN(double num_cycles,
+                             NumCycles(fields.Sub("cosine_with_restarts"), cosine.has_num_cycles(),
+                                       cosine.num_cycles(), 1.0));
       return CosineWithHardRestartsDecay(length, num_cycles);
     }
     case ScheduleConfig::kCosineWithMinLr: {
       const CosineWithMinLr& cosine = config.cosine_with_min_lr();
       const FieldChecker sub = fields.Sub("cosine_with_min_lr");
-      PLAIT_ASSIGN_OR_RETURN(
-          double num_cycles, NumCycles(sub, cosine.has_num_cycles(), cosine.num_cycles(), 0.5));
+      PLAIT_ASSIGN_OR_RETURN(double num_cycles,
+                             NumCycles(sub, cosine.has_num_cycles(), cosine.num_cycles(), 0.5));
       double min_ratio = 0.0;
       switch (cosine.floor_case()) {
         case CosineWithMinLr::kMinLr:
           if (!(cosine.min_lr() >= 0.0 && cosine.min_lr() <= config.lr())) {
-            return sub.Error("min_lr", cosine.min_lr(),
-                             absl::StrCat("must be in [0, ", fields.Name("lr"), " = ",
-                                          config.lr(), "]"));
+            return sub.Error(
+                "min_lr", cosine.min_lr(),
+                absl::StrCat("must be in [0, ", fields.Name("lr"), " = ", config.lr(), "]"));
           }
           min_ratio = cosine.min_lr() / config.lr();
           break;
@@ -231,12 +228,11 @@ absl::StatusOr<Decay> BuildDecay(const ScheduleConfig& config, const FieldChecke
       const FieldChecker sub = fields.Sub("polynomial");
       const double power = polynomial.has_power() ? polynomial.power() : 1.0;
       PLAIT_RETURN_IF_ERROR(sub.Positive("power", power));
-      const double lr_end =
-          polynomial.has_lr_end() ? polynomial.lr_end() : kDefaultPolynomialLrEnd;
+      const double lr_end = polynomial.has_lr_end() ? polynomial.lr_end() : kDefaultPolynomialLrEnd;
       if (!(lr_end >= 0.0 && lr_end <= config.lr())) {
-        return sub.Error("lr_end", lr_end,
-                         absl::StrCat("must be in [0, ", fields.Name("lr"), " = ", config.lr(),
-                                      "]"));
+        return sub.Error(
+            "lr_end", lr_end,
+            absl::StrCat("must be in [0, ", fields.Name("lr"), " = ", config.lr(), "]"));
       }
       return PolynomialDecay(length, power, lr_end / config.lr());
     }
@@ -250,8 +246,8 @@ absl::StatusOr<Decay> BuildDecay(const ScheduleConfig& config, const FieldChecke
       return InverseSqrtDecay(timescale);
     }
     case ScheduleConfig::kWarmupStableDecay:
-      return BuildWarmupStableDecay(config.warmup_stable_decay(),
-                                    fields.Sub("warmup_stable_decay"), run, warmup);
+      return BuildWarmupStableDecay(config.warmup_stable_decay(), fields.Sub("warmup_stable_decay"),
+                                    run, warmup);
     case ScheduleConfig::kStep: {
       const FieldChecker sub = fields.Sub("step");
       PLAIT_RETURN_IF_ERROR(sub.Positive("step_size", config.step().step_size()));
@@ -271,8 +267,7 @@ absl::StatusOr<Decay> BuildDecay(const ScheduleConfig& config, const FieldChecke
         }
       }
       PLAIT_RETURN_IF_ERROR(sub.Gamma("gamma", config.multistep().gamma()));
-      return MultiStepDecay({milestones.begin(), milestones.end()},
-                            config.multistep().gamma());
+      return MultiStepDecay({milestones.begin(), milestones.end()}, config.multistep().gamma());
     }
     case ScheduleConfig::kExponential:
       PLAIT_RETURN_IF_ERROR(fields.Sub("exponential").Gamma("gamma", config.exponential().gamma()));
@@ -283,15 +278,13 @@ absl::StatusOr<Decay> BuildDecay(const ScheduleConfig& config, const FieldChecke
   std::vector<std::string> names;
   const auto* oneof = ScheduleConfig::descriptor()->FindOneofByName("decay");
   for (int i = 0; i < oneof->field_count(); ++i) names.push_back(oneof->field(i)->name());
-  return absl::InvalidArgumentError(absl::StrCat(fields.Name("decay"),
-                                                 ": no schedule is set; set one of ",
-                                                 absl::StrJoin(names, ", ")));
+  return absl::InvalidArgumentError(absl::StrCat(
+      fields.Name("decay"), ": no schedule is set; set one of ", absl::StrJoin(names, ", ")));
 }
 
 }  // namespace
 
-absl::StatusOr<Schedule> BuildSchedule(const ScheduleConfig& config,
-                                       absl::string_view field_path) {
+absl::StatusOr<Schedule> BuildSchedule(const ScheduleConfig& config, absl::string_view field_path) {
   const FieldChecker fields{std::string(field_path)};
   PLAIT_RETURN_IF_ERROR(fields.Positive("lr", config.lr()));
   if (!std::isfinite(config.lr())) return fields.Error("lr", config.lr(), "must be finite");

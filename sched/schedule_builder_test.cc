@@ -40,7 +40,8 @@ double HfProgress(int64_t s, int64_t w, int64_t n) {
 
 double HfLinear(int64_t s, int64_t w, int64_t n) {
   if (s < w) return HfWarmup(s, w);
-  return std::max(0.0, static_cast<double>(n - s) / static_cast<double>(std::max<int64_t>(1, n - w)));
+  return std::max(0.0,
+                  static_cast<double>(n - s) / static_cast<double>(std::max<int64_t>(1, n - w)));
 }
 
 double HfCosine(int64_t s, int64_t w, int64_t n, double cycles) {
@@ -61,8 +62,7 @@ double HfCosineWithMinLr(int64_t s, int64_t w, int64_t n, double cycles, double 
   return std::max(0.0, factor * (1.0 - min_rate) + min_rate);
 }
 
-double HfPolynomial(int64_t s, int64_t w, int64_t n, double lr_init, double lr_end,
-                    double power) {
+double HfPolynomial(int64_t s, int64_t w, int64_t n, double lr_init, double lr_end, double power) {
   if (s < w) return HfWarmup(s, w);
   if (s > n) return lr_end / lr_init;
   const double pct_remaining = 1.0 - static_cast<double>(s - w) / static_cast<double>(n - w);
@@ -110,23 +110,21 @@ TEST_P(MatchesHuggingFaceTest, AtEveryStep) {
   absl::StatusOr<Schedule> schedule = BuildSchedule(ParseConfig(test_case.config));
   ASSERT_THAT(schedule, IsOk());
   for (int64_t step = 0; step <= test_case.last_checked; ++step) {
-    ASSERT_NEAR(schedule->Multiplier(step), test_case.reference(step), 1e-12)
-        << "step " << step;
+    ASSERT_NEAR(schedule->Multiplier(step), test_case.reference(step), 1e-12) << "step " << step;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Schedules, MatchesHuggingFaceTest,
     ::testing::Values(
-        HfCase{"constant", "lr: 0.1 total_steps: 100 constant {}",
-               [](int64_t) { return 1.0; }, 200},
+        HfCase{"constant", "lr: 0.1 total_steps: 100 constant {}", [](int64_t) { return 1.0; },
+               200},
         HfCase{"constant_with_warmup",
                "lr: 0.1 total_steps: 100 warmup { steps: 7 } constant_with_warmup {}",
                [](int64_t s) { return s < 7 ? HfWarmup(s, 7) : 1.0; }, 200},
         HfCase{"linear", "lr: 0.1 total_steps: 100 warmup { steps: 10 } linear {}",
                [](int64_t s) { return HfLinear(s, 10, 100); }, 200},
-        HfCase{"linear_warmup_ratio",
-               "lr: 0.1 total_steps: 95 warmup { ratio: 0.1 } linear {}",
+        HfCase{"linear_warmup_ratio", "lr: 0.1 total_steps: 95 warmup { ratio: 0.1 } linear {}",
                [](int64_t s) { return HfLinear(s, 10, 95); }, 200},  // ceil(9.5)
         HfCase{"cosine", "lr: 0.1 total_steps: 100 warmup { steps: 10 } cosine {}",
                [](int64_t s) { return HfCosine(s, 10, 100, 0.5); }, 100},
@@ -148,11 +146,9 @@ INSTANTIATE_TEST_SUITE_P(
                "lr: 0.1 total_steps: 100 warmup { steps: 10 } "
                "polynomial { power: 2 lr_end: 0.001 }",
                [](int64_t s) { return HfPolynomial(s, 10, 100, 0.1, 0.001, 2.0); }, 300},
-        HfCase{"polynomial_defaults",
-               "lr: 0.1 total_steps: 100 warmup { steps: 10 } polynomial {}",
+        HfCase{"polynomial_defaults", "lr: 0.1 total_steps: 100 warmup { steps: 10 } polynomial {}",
                [](int64_t s) { return HfPolynomial(s, 10, 100, 0.1, 1e-7, 1.0); }, 300},
-        HfCase{"inverse_sqrt",
-               "lr: 0.1 total_steps: 1000 warmup { steps: 50 } inverse_sqrt {}",
+        HfCase{"inverse_sqrt", "lr: 0.1 total_steps: 1000 warmup { steps: 50 } inverse_sqrt {}",
                [](int64_t s) { return HfInverseSqrt(s, 50, 50); }, 3000},
         HfCase{"inverse_sqrt_timescale",
                "lr: 0.1 total_steps: 1000 warmup { steps: 50 } inverse_sqrt { timescale: 200 }",
@@ -162,9 +158,7 @@ INSTANTIATE_TEST_SUITE_P(
         HfCase{"wsd_cosine",
                "lr: 0.1 total_steps: 100 warmup { steps: 10 } "
                "warmup_stable_decay { decay_steps: 20 min_lr_ratio: 0.1 }",
-               [](int64_t s) {
-                 return HfWarmupStableDecay(s, 10, 70, 20, "cosine", 0.1, 0.5);
-               },
+               [](int64_t s) { return HfWarmupStableDecay(s, 10, 70, 20, "cosine", 0.1, 0.5); },
                300},
         HfCase{"wsd_linear",
                "lr: 0.1 total_steps: 100 warmup { steps: 10 } "
@@ -175,9 +169,7 @@ INSTANTIATE_TEST_SUITE_P(
                "lr: 0.1 total_steps: 200 warmup { ratio: 0.05 } "
                "warmup_stable_decay { stable_ratio: 0.5 decay_ratio: 0.25 "
                "decay_shape: SHAPE_ONE_MINUS_SQRT min_lr_ratio: 0.05 }",
-               [](int64_t s) {
-                 return HfWarmupStableDecay(s, 10, 100, 50, "1-sqrt", 0.05, 0.5);
-               },
+               [](int64_t s) { return HfWarmupStableDecay(s, 10, 100, 50, "1-sqrt", 0.05, 0.5); },
                400}),
     [](const ::testing::TestParamInfo<HfCase>& info) { return info.param.name; });
 
@@ -188,8 +180,8 @@ TEST(BuildScheduleTest, PyTorchStyleDecaysCountFromTheEndOfWarmup) {
   EXPECT_DOUBLE_EQ(step->LearningRate(14), 1.0);
   EXPECT_DOUBLE_EQ(step->LearningRate(15), 0.5);
 
-  absl::StatusOr<Schedule> multistep = BuildSchedule(ParseConfig(
-      "lr: 1 total_steps: 100 multistep { milestones: [10, 20] gamma: 0.1 }"));
+  absl::StatusOr<Schedule> multistep = BuildSchedule(
+      ParseConfig("lr: 1 total_steps: 100 multistep { milestones: [10, 20] gamma: 0.1 }"));
   ASSERT_THAT(multistep, IsOk());
   EXPECT_DOUBLE_EQ(multistep->LearningRate(9), 1.0);
   EXPECT_NEAR(multistep->LearningRate(25), 0.01, 1e-15);
@@ -255,8 +247,7 @@ INSTANTIATE_TEST_SUITE_P(
         InvalidCase{"min_lr_missing", "lr: 1 total_steps: 10 cosine_with_min_lr {}",
                     "plan.schedule.cosine_with_min_lr.min_lr or "
                     "plan.schedule.cosine_with_min_lr.min_lr_rate: one must be set"},
-        InvalidCase{"min_lr_above_lr",
-                    "lr: 0.1 total_steps: 10 cosine_with_min_lr { min_lr: 0.2 }",
+        InvalidCase{"min_lr_above_lr", "lr: 0.1 total_steps: 10 cosine_with_min_lr { min_lr: 0.2 }",
                     "plan.schedule.cosine_with_min_lr.min_lr: 0.2 must be in "
                     "[0, plan.schedule.lr = 0.1]"},
         InvalidCase{"min_lr_rate",
@@ -266,11 +257,9 @@ INSTANTIATE_TEST_SUITE_P(
                     "plan.schedule.polynomial.power: 0 must be > 0"},
         InvalidCase{"polynomial_lr_end", "lr: 1 total_steps: 10 polynomial { lr_end: 2 }",
                     "plan.schedule.polynomial.lr_end: 2 must be in [0, plan.schedule.lr = 1]"},
-        InvalidCase{"inverse_sqrt_timescale",
-                    "lr: 1 total_steps: 10 inverse_sqrt { timescale: 0 }",
+        InvalidCase{"inverse_sqrt_timescale", "lr: 1 total_steps: 10 inverse_sqrt { timescale: 0 }",
                     "plan.schedule.inverse_sqrt.timescale: 0 must be > 0"},
-        InvalidCase{"wsd_lengths_missing",
-                    "lr: 1 total_steps: 10 warmup_stable_decay {}",
+        InvalidCase{"wsd_lengths_missing", "lr: 1 total_steps: 10 warmup_stable_decay {}",
                     "plan.schedule.warmup_stable_decay.stable_steps or "
                     "plan.schedule.warmup_stable_decay.decay_steps (or their _ratio): at "
                     "least one must be set"},
@@ -282,8 +271,7 @@ INSTANTIATE_TEST_SUITE_P(
         InvalidCase{"wsd_decay_longer_than_run",
                     "lr: 1 total_steps: 100 warmup_stable_decay { decay_steps: 101 }",
                     "plan.schedule.warmup_stable_decay.decay_steps: 101 is longer than the run"},
-        InvalidCase{"wsd_ratio",
-                    "lr: 1 total_steps: 100 warmup_stable_decay { decay_ratio: -0.1 }",
+        InvalidCase{"wsd_ratio", "lr: 1 total_steps: 100 warmup_stable_decay { decay_ratio: -0.1 }",
                     "plan.schedule.warmup_stable_decay.decay_ratio: -0.1 must be in [0, 1]"},
         InvalidCase{"wsd_min_lr_ratio",
                     "lr: 1 total_steps: 100 "

@@ -16,8 +16,8 @@ constexpr double kTolerance = 1e-12;
 double LargestJump(const Schedule& schedule, int64_t from, int64_t to) {
   double largest = 0.0;
   for (int64_t step = from; step < to; ++step) {
-    largest = std::max(largest,
-                       std::abs(schedule.Multiplier(step + 1) - schedule.Multiplier(step)));
+    largest =
+        std::max(largest, std::abs(schedule.Multiplier(step + 1) - schedule.Multiplier(step)));
   }
   return largest;
 }
@@ -38,8 +38,8 @@ TEST(WarmupTest, StartsAtZeroByDefaultAsHuggingFace) {
 }
 
 TEST(WarmupTest, SkipsZeroReachesThePeakOneStepEarlier) {
-  const Schedule schedule(
-      2.0, Warmup{.steps = 10, .convention = Warmup::Convention::kSkipsZero}, ConstantDecay());
+  const Schedule schedule(2.0, Warmup{.steps = 10, .convention = Warmup::Convention::kSkipsZero},
+                          ConstantDecay());
   EXPECT_DOUBLE_EQ(schedule.LearningRate(0), 0.2);
   EXPECT_DOUBLE_EQ(schedule.LearningRate(8), 1.8);
   EXPECT_DOUBLE_EQ(schedule.LearningRate(9), 2.0);
@@ -76,8 +76,7 @@ TEST(LinearDecayTest, KeyStepsContinuityAndMonotonicity) {
 TEST(CosineDecayTest, HalfCycleFromPeakToFloor) {
   const Schedule schedule(1.0, Warmup{.steps = 10}, CosineDecay(100, 0.5, 0.1));
   EXPECT_NEAR(schedule.Multiplier(10), 1.0, kTolerance);
-  EXPECT_NEAR(schedule.Multiplier(35), 0.1 + 0.9 * 0.5 * (1.0 + std::cos(kPi * 0.25)),
-              kTolerance);
+  EXPECT_NEAR(schedule.Multiplier(35), 0.1 + 0.9 * 0.5 * (1.0 + std::cos(kPi * 0.25)), kTolerance);
   EXPECT_NEAR(schedule.Multiplier(60), 0.55, kTolerance);
   EXPECT_NEAR(schedule.Multiplier(110), 0.1, kTolerance);
   // Past the end the value holds (HF's formula would rise again).
@@ -130,8 +129,7 @@ TEST(StableThenDecayTest, EachShapeEndsAtTheFloor) {
   }
   const Schedule linear(1.0, Warmup{}, StableThenDecay(10, 40, Shape::kLinear, 0.0));
   EXPECT_NEAR(linear.Multiplier(30), 0.5, kTolerance);
-  const Schedule one_minus_sqrt(1.0, Warmup{},
-                                StableThenDecay(10, 40, Shape::kOneMinusSqrt, 0.0));
+  const Schedule one_minus_sqrt(1.0, Warmup{}, StableThenDecay(10, 40, Shape::kOneMinusSqrt, 0.0));
   EXPECT_NEAR(one_minus_sqrt.Multiplier(20), 0.5, kTolerance);  // 1 - sqrt(1/4)
 }
 

@@ -14,10 +14,10 @@
 #include "absl/status/statusor.h"
 
 // Returns the status of `expr` from the enclosing function when it is not OK.
-#define PLAIT_RETURN_IF_ERROR(expr)                  \
-  do {                                               \
-    ::absl::Status plait_status_ = (expr);           \
-    if (!plait_status_.ok()) return plait_status_;   \
+#define PLAIT_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::absl::Status plait_status_ = (expr);         \
+    if (!plait_status_.ok()) return plait_status_; \
   } while (false)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); returns its status when it is not OK, otherwise

@@ -60,8 +60,7 @@ TEST(StatusMatchersTest, MatchersRejectWhatTheyShould) {
   EXPECT_THAT(Half(3), ::testing::Not(IsOk()));
   EXPECT_THAT(Half(4), ::testing::Not(IsOkAndHolds(3)));
   EXPECT_THAT(Half(3), ::testing::Not(StatusIs(absl::StatusCode::kNotFound, "odd value")));
-  EXPECT_THAT(Half(3),
-              ::testing::Not(StatusIs(absl::StatusCode::kInvalidArgument, "even value")));
+  EXPECT_THAT(Half(3), ::testing::Not(StatusIs(absl::StatusCode::kInvalidArgument, "even value")));
 }
 
 }  // namespace
