@@ -91,7 +91,7 @@ TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {
                                                              GlooCommunicator::kLoopback);
                            });
     ASSERT_THAT(mesh, IsOk());
-    for (const std::string& dim : {"dp", "tp"}) {
+    for (const char* dim : {"dp", "tp"}) {
       absl::StatusOr<Communicator*> comm = mesh->communicator(dim);
       ASSERT_THAT(comm, IsOk());
       const int dim_index = *layout->DimIndex(dim);
