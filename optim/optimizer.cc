@@ -1,0 +1,376 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+#include <set>
+#include <utility>
+
+#include "ATen/Parallel.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "optim/grad_norm.h"
+#include "optim/internal/fused_kernels.h"
+#include "tools/status/status_macros.h"
+
+namespace plait::optim {
+namespace {
+
+// Elements per task when a parameter's update is split across LibTorch's intra-op threads.
+constexpr int64_t kGrainSize = 1 << 16;
+// torch.nn.utils.clip_grad_norm_'s guard against dividing by a zero norm.
+constexpr double kClipEpsilon = 1e-6;
+
+// The hyperparameters of the configured algorithm, defaults applied and checked.
+struct Hyperparameters {
+  OptimizerConfig::AlgorithmCase algorithm;
+  double beta1 = 0.0;
+  double beta2 = 0.0;
+  double eps = 0.0;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  bool nesterov = false;
+};
+
+absl::Status Require(bool ok, const std::string& field, double value,
+                     absl::string_view requirement) {
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("optimizer.", field, ": ", value, " must be ", requirement));
+}
+
+absl::Status CheckBeta(const std::string& field, double beta) {
+  return Require(beta >= 0.0 && beta < 1.0, field, beta, "in [0, 1)");
+}
+
+// AdamW and Adam have the same fields in distinct messages.
+template <typename AdamConfig>
+absl::StatusOr<Hyperparameters> AdamHyperparameters(const AdamConfig& config,
+                                                    const std::string& name, Hyperparameters h) {
+  h.beta1 = config.has_beta1() ? config.beta1() : 0.9;
+  h.beta2 = config.has_beta2() ? config.beta2() : 0.999;
+  h.eps = config.has_eps() ? config.eps() : 1e-8;
+  PLAIT_RETURN_IF_ERROR(CheckBeta(name + ".beta1", h.beta1));
+  PLAIT_RETURN_IF_ERROR(CheckBeta(name + ".beta2", h.beta2));
+  PLAIT_RETURN_IF_ERROR(Require(h.eps > 0.0, name + ".eps", h.eps, "> 0"));
+  return h;
+}
+
+absl::StatusOr<Hyperparameters> ResolveHyperparameters(const OptimizerConfig& config) {
+  Hyperparameters h;
+  h.algorithm = config.algorithm_case();
+  switch (config.algorithm_case()) {
+    case OptimizerConfig::kAdamw:
+      return AdamHyperparameters(config.adamw(), "adamw", h);
+    case OptimizerConfig::kAdam:
+      return AdamHyperparameters(config.adam(), "adam", h);
+    case OptimizerConfig::kSgd: {
+      const Sgd& sgd = config.sgd();
+      h.momentum = sgd.momentum();
+      h.dampening = sgd.dampening();
+      h.nesterov = sgd.nesterov();
+      PLAIT_RETURN_IF_ERROR(CheckBeta("sgd.momentum", h.momentum));
+      PLAIT_RETURN_IF_ERROR(Require(h.dampening >= 0.0 && h.dampening <= 1.0, "sgd.dampening",
+                                    h.dampening, "in [0, 1]"));
+      if (h.nesterov && (h.momentum == 0.0 || h.dampening != 0.0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer.sgd.nesterov: needs momentum > 0 and dampening 0 (momentum ",
+                         h.momentum, ", dampening ", h.dampening, ")"));
+      }
+      return h;
+    }
+    case OptimizerConfig::kLion: {
+      const Lion& lion = config.lion();
+      h.beta1 = lion.has_beta1() ? lion.beta1() : 0.9;
+      h.beta2 = lion.has_beta2() ? lion.beta2() : 0.99;
+      PLAIT_RETURN_IF_ERROR(CheckBeta("lion.beta1", h.beta1));
+      PLAIT_RETURN_IF_ERROR(CheckBeta("lion.beta2", h.beta2));
+      return h;
+    }
+    case OptimizerConfig::ALGORITHM_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      "optimizer: no algorithm is set; set one of adamw, adam, sgd, lion");
+}
+
+// The state buffers each algorithm keeps per parameter.
+std::vector<std::string> BufferNames(const Hyperparameters& h) {
+  switch (h.algorithm) {
+    case OptimizerConfig::kAdamw:
+    case OptimizerConfig::kAdam:
+      return {"exp_avg", "exp_avg_sq"};
+    case OptimizerConfig::kSgd:
+      if (h.momentum != 0.0) return {"momentum_buffer"};
+      return {};
+    case OptimizerConfig::kLion:
+      return {"exp_avg"};
+    case OptimizerConfig::ALGORITHM_NOT_SET:
+      break;
+  }
+  return {};
+}
+
+absl::Status CheckParameters(const std::vector<TrainableParameter>& parameters) {
+  if (parameters.empty()) return absl::InvalidArgumentError("optimizer: no parameters to train");
+  std::set<std::string> names;
+  for (const TrainableParameter& parameter : parameters) {
+    const std::string where = absl::StrCat("parameter \"", parameter.name, "\"");
+    if (parameter.name.empty()) return absl::InvalidArgumentError("a parameter has no name");
+    if (!names.insert(parameter.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " is listed twice"));
+    }
+    const torch::Tensor& tensor = parameter.tensor;
+    if (!tensor.defined()) return absl::InvalidArgumentError(where + " is undefined");
+    const auto dtype = tensor.scalar_type();
+    if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kFloat16) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " has dtype ", c10::toString(dtype),
+                                                     "; supported are Float, BFloat16, Half"));
+    }
+    if (!tensor.is_contiguous()) {
+      return absl::InvalidArgumentError(where + " is not contiguous");
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string StateKey(const std::string& parameter, const std::string& slot) {
+  return absl::StrCat(parameter, ":", slot);
+}
+
+}  // namespace
+
+struct Optimizer::Slot {
+  Hyperparameters hyperparameters;
+  int group = 0;
+  torch::Tensor master;  // fp32; the parameter itself when the parameter is fp32
+  std::map<std::string, torch::Tensor> buffers;
+  int64_t steps = 0;  // updates this parameter received
+};
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
+    std::vector<TrainableParameter> parameters, const OptimizerConfig& config) {
+  PLAIT_RETURN_IF_ERROR(CheckParameters(parameters));
+  PLAIT_ASSIGN_OR_RETURN(Hyperparameters hyperparameters, ResolveHyperparameters(config));
+  if (config.has_clipping()) {
+    const double max_norm = config.clipping().max_norm();
+    PLAIT_RETURN_IF_ERROR(Require(max_norm >= 0.0 && std::isfinite(max_norm), "clipping.max_norm",
+                                  max_norm, ">= 0 and finite"));
+  }
+  std::vector<std::string> names;
+  for (const TrainableParameter& parameter : parameters) names.push_back(parameter.name);
+  PLAIT_ASSIGN_OR_RETURN(std::vector<ParamGroup> groups, AssignParamGroups(names, config));
+
+  std::vector<Slot> slots(parameters.size());
+  for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+    for (int member : groups[g].members) slots[member].group = g;
+  }
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const torch::Tensor& tensor = parameters[i].tensor;
+    Slot& slot = slots[i];
+    slot.hyperparameters = hyperparameters;
+    slot.master = tensor.scalar_type() == torch::kFloat32
+                      ? tensor.detach()
+                      : tensor.detach().to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+    for (const std::string& buffer : BufferNames(hyperparameters)) {
+      slot.buffers[buffer] = torch::zeros_like(slot.master);
+    }
+  }
+  return std::unique_ptr<Optimizer>(
+      new Optimizer(std::move(parameters), config, std::move(groups), std::move(slots)));
+}
+
+Optimizer::Optimizer(std::vector<TrainableParameter> parameters, OptimizerConfig config,
+                     std::vector<ParamGroup> groups, std::vector<Slot> slots)
+    : parameters_(std::move(parameters)),
+      config_(std::move(config)),
+      groups_(std::move(groups)),
+      slots_(std::move(slots)) {}
+
+Optimizer::~Optimizer() = default;
+
+absl::StatusOr<StepReport> Optimizer::Step(double lr) {
+  if (!(lr >= 0.0 && std::isfinite(lr))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step ", step_, ": learning rate ", lr, " must be >= 0 and finite"));
+  }
+  StepReport report;
+  report.step = step_;
+  if (config_.has_clipping()) {
+    PLAIT_ASSIGN_OR_RETURN(const double norm, GlobalGradNorm(parameters_));
+    report.grad_norm = norm;
+    if (!std::isfinite(norm)) {
+      if (config_.clipping().non_finite() == Clipping::FAIL) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("optimizer step ", step_, ": the gradient norm is ", norm,
+                         " (optimizer.clipping.non_finite is FAIL)"));
+      }
+      report.skipped = true;
+      return report;
+    }
+    const double max_norm = config_.clipping().max_norm();
+    if (max_norm > 0.0 && norm > max_norm) {
+      report.clip_factor = max_norm / (norm + kClipEpsilon);
+      ScaleGradients(parameters_, report.clip_factor);
+    }
+  }
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!parameters_[i].tensor.grad().defined()) continue;
+    Update(slots_[i], groups_[slots_[i].group], lr);
+    if (parameters_[i].tensor.scalar_type() != torch::kFloat32) {
+      torch::NoGradGuard no_grad;
+      parameters_[i].tensor.copy_(slots_[i].master);
+    }
+  }
+  report.step = ++step_;
+  return report;
+}
+
+void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
+  const Hyperparameters& h = slot.hyperparameters;
+  const double lr = base_lr * group.lr_scale;
+  const double weight_decay = group.weight_decay;
+  const int64_t step = ++slot.steps;
+  const torch::Tensor& parameter = parameters_[&slot - slots_.data()].tensor;
+  const torch::Tensor grad = parameter.grad().to(torch::kFloat32).contiguous();
+  float* p = slot.master.data_ptr<float>();
+  const float* g = grad.data_ptr<float>();
+  const int64_t n = slot.master.numel();
+
+  switch (h.algorithm) {
+    case OptimizerConfig::kAdamw:
+    case OptimizerConfig::kAdam: {
+      const bool adamw = h.algorithm == OptimizerConfig::kAdamw;
+      const double bias_correction1 = 1.0 - std::pow(h.beta1, step);
+      const double bias_correction2 = 1.0 - std::pow(h.beta2, step);
+      const internal::AdamScalars scalars{
+          .decay_factor = static_cast<float>(adamw ? 1.0 - lr * weight_decay : 1.0),
+          .l2 = static_cast<float>(adamw ? 0.0 : weight_decay),
+          .beta1 = static_cast<float>(h.beta1),
+          .one_minus_beta1 = static_cast<float>(1.0 - h.beta1),
+          .beta2 = static_cast<float>(h.beta2),
+          .one_minus_beta2 = static_cast<float>(1.0 - h.beta2),
+          .sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2)),
+          .eps = static_cast<float>(h.eps),
+          .neg_step_size = static_cast<float>(-lr / bias_correction1),
+      };
+      float* m = slot.buffers.at("exp_avg").data_ptr<float>();
+      float* v = slot.buffers.at("exp_avg_sq").data_ptr<float>();
+      at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
+        internal::AdamUpdate(scalars, end - begin, p + begin, g + begin, m + begin, v + begin);
+      });
+      return;
+    }
+    case OptimizerConfig::kSgd: {
+      const internal::SgdScalars scalars{
+          .weight_decay = static_cast<float>(weight_decay),
+          .momentum = static_cast<float>(h.momentum),
+          .one_minus_dampening = static_cast<float>(1.0 - h.dampening),
+          .nesterov = h.nesterov,
+          .first_step = step == 1,
+          .neg_lr = static_cast<float>(-lr),
+      };
+      float* b = h.momentum != 0.0 ? slot.buffers.at("momentum_buffer").data_ptr<float>() : nullptr;
+      at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
+        internal::SgdUpdate(scalars, end - begin, p + begin, g + begin,
+                            b != nullptr ? b + begin : nullptr);
+      });
+      return;
+    }
+    case OptimizerConfig::kLion: {
+      const internal::LionScalars scalars{
+          .decay_factor = static_cast<float>(1.0 - lr * weight_decay),
+          .lr = static_cast<float>(lr),
+          .beta1 = static_cast<float>(h.beta1),
+          .one_minus_beta1 = static_cast<float>(1.0 - h.beta1),
+          .beta2 = static_cast<float>(h.beta2),
+          .one_minus_beta2 = static_cast<float>(1.0 - h.beta2),
+      };
+      float* m = slot.buffers.at("exp_avg").data_ptr<float>();
+      at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
+        internal::LionUpdate(scalars, end - begin, p + begin, g + begin, m + begin);
+      });
+      return;
+    }
+    case OptimizerConfig::ALGORITHM_NOT_SET:
+      return;  // rejected by Create
+  }
+}
+
+void Optimizer::ZeroGrad() {
+  for (TrainableParameter& parameter : parameters_) parameter.tensor.mutable_grad().reset();
+}
+
+OptimizerState Optimizer::SaveState() const {
+  OptimizerState state;
+  state.step = step_;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const std::string& name = parameters_[i].name;
+    const Slot& slot = slots_[i];
+    for (const auto& [buffer, tensor] : slot.buffers) {
+      state.tensors[StateKey(name, buffer)] = tensor.clone();
+    }
+    state.tensors[StateKey(name, "step")] = torch::tensor(slot.steps, torch::kInt64);
+    if (parameters_[i].tensor.scalar_type() != torch::kFloat32) {
+      state.tensors[StateKey(name, "master")] = slot.master.clone();
+    }
+  }
+  return state;
+}
+
+absl::Status Optimizer::LoadState(const OptimizerState& state) {
+  // Every key this optimizer expects, and the parameter each belongs to.
+  std::map<std::string, size_t> expected;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const std::string& name = parameters_[i].name;
+    for (const auto& [buffer, tensor] : slots_[i].buffers) expected[StateKey(name, buffer)] = i;
+    expected[StateKey(name, "step")] = i;
+    if (parameters_[i].tensor.scalar_type() != torch::kFloat32) {
+      expected[StateKey(name, "master")] = i;
+    }
+  }
+  std::set<std::string> missing;
+  for (const auto& [key, index] : expected) {
+    if (state.tensors.count(key) == 0) missing.insert(parameters_[index].name);
+  }
+  std::set<std::string> unknown;
+  for (const auto& [key, tensor] : state.tensors) {
+    if (expected.count(key) == 0) unknown.insert(key);
+  }
+  if (!missing.empty() || !unknown.empty()) {
+    std::string message = "optimizer state does not fit the parameters:";
+    if (!missing.empty()) {
+      absl::StrAppend(&message, " no state for ", absl::StrJoin(missing, ", "), ";");
+    }
+    if (!unknown.empty()) {
+      absl::StrAppend(&message, " entries for no parameter here: ", absl::StrJoin(unknown, ", "));
+    }
+    return absl::InvalidArgumentError(message);
+  }
+  for (const auto& [key, index] : expected) {
+    const torch::Tensor& loaded = state.tensors.at(key);
+    const bool is_step = key == StateKey(parameters_[index].name, "step");
+    const auto want = is_step ? std::vector<int64_t>{} : slots_[index].master.sizes().vec();
+    if (loaded.sizes().vec() != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state ", key, " has shape [", absl::StrJoin(loaded.sizes(), ", "),
+                       "], the parameter's is [", absl::StrJoin(want, ", "), "]"));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& [key, index] : expected) {
+    Slot& slot = slots_[index];
+    const std::string slot_name = key.substr(parameters_[index].name.size() + 1);
+    const torch::Tensor& loaded = state.tensors.at(key);
+    if (slot_name == "step") {
+      slot.steps = loaded.item<int64_t>();
+    } else if (slot_name == "master") {
+      slot.master.copy_(loaded);
+      parameters_[index].tensor.copy_(slot.master);
+    } else {
+      slot.buffers.at(slot_name).copy_(loaded);
+    }
+  }
+  step_ = state.step;
+  return absl::OkStatus();
+}
+
+}  // namespace plait::optim

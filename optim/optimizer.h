@@ -1,0 +1,102 @@
+// The optimizer of a training run, over exactly the parameters the (prepared) model trains:
+// whole tensors, or the shards a wrapper hands over (TrainableParameter). It never walks a
+// module. Built from an OptimizerConfig: AdamW, Adam, SGD or Lion, parameter groups from name
+// rules, and optional sharding-aware gradient clipping. The learning rate comes from outside
+// at every step, typically from a plait::sched::Schedule:
+//
+//   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+//                          Optimizer::Create(prepared.trainable_parameters(), config));
+//   for (int64_t step = 0; step < steps; ++step) {
+//     loss.backward();
+//     PLAIT_ASSIGN_OR_RETURN(StepReport report, optimizer->Step(schedule.LearningRate(step)));
+//     optimizer->ZeroGrad();
+//   }
+//
+// Each update is one fused pass over a parameter's memory (internal/fused_kernels.h) that
+// matches torch::optim's arithmetic. Optimizer state is fp32 whatever the parameter dtype;
+// bf16 and fp16 parameters are updated through fp32 master copies kept here.
+#ifndef PLAIT_OPTIM_OPTIMIZER_H_
+#define PLAIT_OPTIM_OPTIMIZER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "optim/optimizer.pb.h"
+#include "optim/param_groups.h"
+#include "optim/trainable_parameter.h"
+#include "torch/torch.h"
+
+namespace plait::optim {
+
+struct StepReport {
+  int64_t step = 0;                 // updates applied so far, this one included
+  std::optional<double> grad_norm;  // before clipping; set when clipping is configured
+  double clip_factor = 1.0;         // what the gradients were multiplied by
+  bool skipped = false;             // a non-finite norm under SKIP_STEP: nothing changed
+};
+
+// Optimizer state keyed by parameter name, so it survives re-wrapping and can be saved per
+// shard. Keys are "<parameter name>:<slot>", slots being the algorithm's buffers (exp_avg,
+// exp_avg_sq, momentum_buffer), "step" (updates this parameter received) and, for bf16 and
+// fp16 parameters, "master".
+struct OptimizerState {
+  int64_t step = 0;
+  std::map<std::string, torch::Tensor> tensors;
+};
+
+class Optimizer {
+ public:
+  // InvalidArgument naming the field for an invalid config (optimizer.adamw.beta1: 1 must be
+  // in [0, 1), ...) or parameter (duplicate or empty name, non-floating or non-contiguous
+  // tensor), and for a parameter-group rule that matches nothing.
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
+      std::vector<TrainableParameter> parameters, const OptimizerConfig& config);
+
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Clips (when configured), then updates every parameter that has a gradient with learning
+  // rate `lr` times its group's lr_scale. InvalidArgument for a negative or non-finite `lr`;
+  // FailedPrecondition naming the step for a non-finite gradient norm under FAIL; the
+  // communicators' errors while computing the norm.
+  absl::StatusOr<StepReport> Step(double lr);
+
+  // Drops every parameter's gradient.
+  void ZeroGrad();
+
+  int64_t step() const { return step_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  const std::vector<TrainableParameter>& parameters() const { return parameters_; }
+
+  // A copy of the state.
+  OptimizerState SaveState() const;
+
+  // Replaces the state. InvalidArgument naming the parameters the state lacks or has in
+  // excess, or an entry whose shape differs from the parameter's.
+  absl::Status LoadState(const OptimizerState& state);
+
+ private:
+  struct Slot;
+
+  Optimizer(std::vector<TrainableParameter> parameters, OptimizerConfig config,
+            std::vector<ParamGroup> groups, std::vector<Slot> slots);
+
+  void Update(Slot& slot, const ParamGroup& group, double lr);
+
+  std::vector<TrainableParameter> parameters_;
+  OptimizerConfig config_;
+  std::vector<ParamGroup> groups_;
+  std::vector<Slot> slots_;  // one per parameter, same order
+  int64_t step_ = 0;
+};
+
+}  // namespace plait::optim
+
+#endif  // PLAIT_OPTIM_OPTIMIZER_H_

@@ -1,0 +1,375 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "tools/status/status_matchers.h"
+#include "torch/torch.h"
+
+namespace plait::optim {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int kSteps = 100;
+
+OptimizerConfig Parse(const std::string& text) {
+  OptimizerConfig config;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &config)) << text;
+  return config;
+}
+
+// A few parameters of assorted shapes, the same for every caller.
+std::vector<torch::Tensor> InitialTensors() {
+  torch::manual_seed(1);
+  return {torch::randn({64, 33}), torch::randn({33}), torch::randn({7, 5, 3}), torch::randn({1})};
+}
+
+std::vector<TrainableParameter> Trainable(const std::vector<torch::Tensor>& tensors) {
+  std::vector<TrainableParameter> parameters;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    parameters.push_back({"p" + std::to_string(i), tensors[i], {}});
+  }
+  return parameters;
+}
+
+std::vector<torch::Tensor> Copies(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> copies;
+  for (const torch::Tensor& tensor : tensors) copies.push_back(tensor.clone());
+  return copies;
+}
+
+// The gradient of step `step` for parameter `index`: deterministic, varied in scale.
+torch::Tensor Gradient(int step, size_t index, const torch::Tensor& like) {
+  torch::manual_seed(1000 * step + index);
+  return torch::randn(like.sizes()) * (1.0 + step % 7);
+}
+
+void SetGradients(const std::vector<torch::Tensor>& tensors, int step) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    tensors[i].mutable_grad() = Gradient(step, i, tensors[i]).to(tensors[i].scalar_type());
+  }
+}
+
+// The learning rate of step `step`, changing every step as under a schedule.
+double LearningRate(int step) { return 1e-3 * (1.0 + std::cos(step * 0.1)); }
+
+void ExpectClose(const std::vector<torch::Tensor>& actual,
+                 const std::vector<torch::Tensor>& expected, double relative) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double scale = expected[i].abs().max().item<double>();
+    const double error = (actual[i] - expected[i]).abs().max().item<double>();
+    EXPECT_LE(error, relative * scale)
+        << "parameter " << i << ": max error " << error << " at scale " << scale;
+  }
+}
+
+// Runs plait's optimizer from `config` and `reference` (one step given a learning rate) on
+// the same initial tensors and gradients for kSteps steps, and compares the parameters.
+void ExpectParity(
+    const std::string& config,
+    const std::function<std::function<void(double)>(std::vector<torch::Tensor>&)>& make_reference) {
+  std::vector<torch::Tensor> ours = InitialTensors();
+  std::vector<torch::Tensor> theirs = Copies(ours);
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
+      Optimizer::Create(Trainable(ours), Parse(config));
+  ASSERT_THAT(optimizer, IsOk());
+  std::function<void(double)> reference_step = make_reference(theirs);
+  for (int step = 0; step < kSteps; ++step) {
+    SetGradients(ours, step);
+    SetGradients(theirs, step);
+    ASSERT_THAT((*optimizer)->Step(LearningRate(step)), IsOk());
+    reference_step(LearningRate(step));
+  }
+  ExpectClose(ours, theirs, 1e-6);
+  // And the parameters moved: a comparison of unchanged tensors proves nothing.
+  ExpectClose({(ours[0] - InitialTensors()[0]).abs().max().gt(1e-3).to(torch::kFloat)},
+              {torch::ones({})}, 0.0);
+}
+
+// A torch::optim optimizer stepped with a per-step learning rate.
+template <typename TorchOptimizer, typename Options>
+std::function<void(double)> TorchStepper(std::vector<torch::Tensor>& tensors, Options options) {
+  auto optimizer = std::make_shared<TorchOptimizer>(tensors, options);
+  return [optimizer](double lr) {
+    for (auto& group : optimizer->param_groups()) {
+      static_cast<Options&>(group.options()).lr(lr);
+    }
+    optimizer->step();
+  };
+}
+
+TEST(OptimizerParityTest, AdamWMatchesTorch) {
+  ExpectParity("adamw { beta1: 0.8 beta2: 0.95 eps: 1e-6 } weight_decay: 0.1",
+               [](std::vector<torch::Tensor>& tensors) {
+                 return TorchStepper<torch::optim::AdamW>(
+                     tensors,
+                     torch::optim::AdamWOptions(0).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.1));
+               });
+}
+
+TEST(OptimizerParityTest, AdamMatchesTorch) {
+  ExpectParity("adam {} weight_decay: 0.01", [](std::vector<torch::Tensor>& tensors) {
+    return TorchStepper<torch::optim::Adam>(tensors,
+                                            torch::optim::AdamOptions(0).weight_decay(0.01));
+  });
+}
+
+TEST(OptimizerParityTest, SgdMatchesTorch) {
+  ExpectParity("sgd {}", [](std::vector<torch::Tensor>& tensors) {
+    return TorchStepper<torch::optim::SGD>(tensors, torch::optim::SGDOptions(0));
+  });
+  ExpectParity("sgd { momentum: 0.9 dampening: 0.1 } weight_decay: 0.01",
+               [](std::vector<torch::Tensor>& tensors) {
+                 return TorchStepper<torch::optim::SGD>(
+                     tensors,
+                     torch::optim::SGDOptions(0).momentum(0.9).dampening(0.1).weight_decay(0.01));
+               });
+  ExpectParity("sgd { momentum: 0.9 nesterov: true }", [](std::vector<torch::Tensor>& tensors) {
+    return TorchStepper<torch::optim::SGD>(
+        tensors, torch::optim::SGDOptions(0).momentum(0.9).nesterov(true));
+  });
+}
+
+// Lion as published (Chen et al., 2023, Algorithm 2), written with tensor operations.
+TEST(OptimizerParityTest, LionMatchesThePublishedUpdate) {
+  ExpectParity("lion { beta1: 0.9 beta2: 0.99 } weight_decay: 0.1",
+               [](std::vector<torch::Tensor>& tensors) {
+                 auto momenta = std::make_shared<std::vector<torch::Tensor>>();
+                 for (const torch::Tensor& tensor : tensors) {
+                   momenta->push_back(torch::zeros_like(tensor));
+                 }
+                 return [tensors, momenta](double lr) {
+                   torch::NoGradGuard no_grad;
+                   for (size_t i = 0; i < tensors.size(); ++i) {
+                     const torch::Tensor& g = tensors[i].grad();
+                     torch::Tensor& m = (*momenta)[i];
+                     const torch::Tensor update = (m * 0.9 + g * 0.1).sign();
+                     tensors[i].mul_(1 - lr * 0.1).sub_(update * lr);
+                     m.mul_(0.99).add_(g * 0.01);
+                   }
+                 };
+               });
+}
+
+TEST(OptimizerTest, GroupsScaleTheLearningRateAndSetTheDecay) {
+  std::vector<torch::Tensor> tensors = InitialTensors();
+  std::vector<torch::Tensor> initial = Copies(tensors);
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::Create(
+      Trainable(tensors), Parse(R"pb(
+        sgd {}
+        weight_decay: 0.5
+        param_groups { name: "frozen" glob: "p0" lr_scale: 0 }
+        param_groups { name: "fast_no_decay" glob: "p1" lr_scale: 2 weight_decay: 0 }
+      )pb"));
+  ASSERT_THAT(optimizer, IsOk());
+  SetGradients(tensors, 0);
+  ASSERT_THAT((*optimizer)->Step(0.1), IsOk());
+  EXPECT_TRUE(torch::equal(tensors[0], initial[0]));
+  EXPECT_TRUE(torch::allclose(tensors[1], initial[1] - 0.2 * Gradient(0, 1, initial[1])));
+  EXPECT_TRUE(torch::allclose(tensors[2],
+                              initial[2] - 0.1 * (Gradient(0, 2, initial[2]) + 0.5 * initial[2])));
+}
+
+// bf16 parameters train through fp32 master weights: the masters follow exactly the fp32
+// run fed the same gradients, and the parameters are the masters rounded to bf16.
+TEST(OptimizerTest, LowPrecisionParametersKeepFp32MastersAndState) {
+  std::vector<torch::Tensor> low;
+  for (const torch::Tensor& tensor : InitialTensors()) low.push_back(tensor.to(torch::kBFloat16));
+  std::vector<torch::Tensor> full;
+  for (const torch::Tensor& tensor : low) full.push_back(tensor.to(torch::kFloat32));
+  const OptimizerConfig config = Parse("adamw {} weight_decay: 0.1");
+  auto low_optimizer = Optimizer::Create(Trainable(low), config);
+  auto full_optimizer = Optimizer::Create(Trainable(full), config);
+  ASSERT_THAT(low_optimizer, IsOk());
+  ASSERT_THAT(full_optimizer, IsOk());
+  for (int step = 0; step < 10; ++step) {
+    SetGradients(low, step);
+    for (size_t i = 0; i < full.size(); ++i) {
+      full[i].mutable_grad() = low[i].grad().to(torch::kFloat32);
+    }
+    ASSERT_THAT((*low_optimizer)->Step(1e-2), IsOk());
+    ASSERT_THAT((*full_optimizer)->Step(1e-2), IsOk());
+  }
+  const OptimizerState state = (*low_optimizer)->SaveState();
+  for (size_t i = 0; i < low.size(); ++i) {
+    const std::string name = "p" + std::to_string(i);
+    const torch::Tensor& master = state.tensors.at(name + ":master");
+    EXPECT_EQ(master.scalar_type(), torch::kFloat32);
+    EXPECT_EQ(state.tensors.at(name + ":exp_avg_sq").scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::equal(master, full[i])) << name;
+    EXPECT_TRUE(torch::equal(low[i], master.to(torch::kBFloat16))) << name;
+  }
+}
+
+// Without shards, clipping equals torch::nn::utils::clip_grad_norm_ followed by the update.
+TEST(OptimizerTest, ClippingMatchesTorchClipGradNorm) {
+  std::vector<torch::Tensor> ours = InitialTensors();
+  std::vector<torch::Tensor> theirs = Copies(ours);
+  auto optimizer = Optimizer::Create(Trainable(ours), Parse("sgd {} clipping { max_norm: 1 }"));
+  ASSERT_THAT(optimizer, IsOk());
+  SetGradients(ours, 3);
+  SetGradients(theirs, 3);
+  absl::StatusOr<StepReport> report = (*optimizer)->Step(0.1);
+  ASSERT_THAT(report, IsOk());
+  const double norm = torch::nn::utils::clip_grad_norm_(theirs, 1.0);
+  torch::optim::SGD(theirs, torch::optim::SGDOptions(0.1)).step();
+  ASSERT_TRUE(report->grad_norm.has_value());
+  EXPECT_NEAR(*report->grad_norm, norm, 1e-6 * norm);
+  EXPECT_LT(report->clip_factor, 1.0);
+  ExpectClose(ours, theirs, 1e-6);
+}
+
+TEST(OptimizerTest, NonFiniteNormSkipsTheStepOrFails) {
+  std::vector<torch::Tensor> tensors = InitialTensors();
+  const std::vector<torch::Tensor> initial = Copies(tensors);
+  auto skipping = Optimizer::Create(Trainable(tensors), Parse("adamw {} clipping {}"));
+  ASSERT_THAT(skipping, IsOk());
+  SetGradients(tensors, 0);
+  tensors[2].mutable_grad()[0][0][0] = std::nan("");
+  absl::StatusOr<StepReport> report = (*skipping)->Step(0.1);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_TRUE(report->skipped);
+  EXPECT_TRUE(std::isnan(*report->grad_norm));
+  EXPECT_EQ((*skipping)->step(), 0);
+  for (size_t i = 0; i < tensors.size(); ++i) EXPECT_TRUE(torch::equal(tensors[i], initial[i]));
+
+  auto failing = Optimizer::Create(Trainable(tensors),
+                                   Parse("adamw {} clipping { max_norm: 1 non_finite: FAIL }"));
+  ASSERT_THAT(failing, IsOk());
+  SetGradients(tensors, 0);
+  ASSERT_THAT((*failing)->Step(0.1), IsOk());
+  SetGradients(tensors, 1);
+  tensors[0].mutable_grad()[3][4] = std::numeric_limits<float>::infinity();
+  EXPECT_THAT((*failing)->Step(0.1), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                              "optimizer step 1: the gradient norm is inf "
+                                              "(optimizer.clipping.non_finite is FAIL)"));
+}
+
+TEST(OptimizerTest, ParametersWithoutGradientsAreLeftAlone) {
+  std::vector<torch::Tensor> tensors = InitialTensors();
+  const torch::Tensor initial = tensors[1].clone();
+  auto optimizer = Optimizer::Create(Trainable(tensors), Parse("adamw {} weight_decay: 0.1"));
+  ASSERT_THAT(optimizer, IsOk());
+  SetGradients(tensors, 0);
+  (*optimizer)->ZeroGrad();
+  for (const torch::Tensor& tensor : tensors) EXPECT_FALSE(tensor.grad().defined());
+  tensors[0].mutable_grad() = torch::ones_like(tensors[0]);
+  ASSERT_THAT((*optimizer)->Step(0.1), IsOk());
+  EXPECT_TRUE(torch::equal(tensors[1], initial));
+  EXPECT_EQ((*optimizer)->SaveState().tensors.at("p1:step").item<int64_t>(), 0);
+  EXPECT_EQ((*optimizer)->SaveState().tensors.at("p0:step").item<int64_t>(), 1);
+}
+
+// Saving, loading into a fresh optimizer over copies, and continuing gives the same run.
+TEST(OptimizerTest, StateRoundTripContinuesTheRunExactly) {
+  std::vector<torch::Tensor> tensors = InitialTensors();
+  const OptimizerConfig config = Parse("adamw {} weight_decay: 0.1");
+  auto original = Optimizer::Create(Trainable(tensors), config);
+  ASSERT_THAT(original, IsOk());
+  for (int step = 0; step < 5; ++step) {
+    SetGradients(tensors, step);
+    ASSERT_THAT((*original)->Step(LearningRate(step)), IsOk());
+  }
+  std::vector<torch::Tensor> resumed_tensors = Copies(tensors);
+  auto resumed = Optimizer::Create(Trainable(resumed_tensors), config);
+  ASSERT_THAT(resumed, IsOk());
+  ASSERT_THAT((*resumed)->LoadState((*original)->SaveState()), IsOk());
+  EXPECT_EQ((*resumed)->step(), 5);
+  for (int step = 5; step < 10; ++step) {
+    SetGradients(tensors, step);
+    SetGradients(resumed_tensors, step);
+    ASSERT_THAT((*original)->Step(LearningRate(step)), IsOk());
+    ASSERT_THAT((*resumed)->Step(LearningRate(step)), IsOk());
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_TRUE(torch::equal(tensors[i], resumed_tensors[i]));
+  }
+}
+
+TEST(OptimizerTest, LoadingStateOfOtherParametersNamesThem) {
+  std::vector<torch::Tensor> tensors = InitialTensors();
+  auto optimizer = Optimizer::Create(Trainable(tensors), Parse("adamw {}"));
+  ASSERT_THAT(optimizer, IsOk());
+  OptimizerState state = (*optimizer)->SaveState();
+  state.tensors.erase("p1:exp_avg");
+  state.tensors["p9:exp_avg"] = torch::zeros({1});
+  EXPECT_THAT((*optimizer)->LoadState(state),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "optimizer state does not fit the parameters: no state for p1; entries "
+                       "for no parameter here: p9:exp_avg"));
+  state = (*optimizer)->SaveState();
+  state.tensors["p0:exp_avg_sq"] = torch::zeros({64, 32});
+  EXPECT_THAT((*optimizer)->LoadState(state),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "optimizer state p0:exp_avg_sq has shape [64, 32], the parameter's is "
+                       "[64, 33]"));
+}
+
+struct InvalidCase {
+  std::string name;
+  std::string config;
+  std::string message;
+};
+
+class InvalidConfigTest : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidConfigTest, NamesTheField) {
+  EXPECT_THAT(Optimizer::Create(Trainable(InitialTensors()), Parse(GetParam().config)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(GetParam().message)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Errors, InvalidConfigTest,
+    ::testing::Values(
+        InvalidCase{"no_algorithm", "weight_decay: 0.1",
+                    "optimizer: no algorithm is set; set one of adamw, adam, sgd, lion"},
+        InvalidCase{"beta1", "adamw { beta1: 1 }", "optimizer.adamw.beta1: 1 must be in [0, 1)"},
+        InvalidCase{"beta2", "adam { beta2: -0.1 }",
+                    "optimizer.adam.beta2: -0.1 must be in [0, 1)"},
+        InvalidCase{"eps", "adamw { eps: 0 }", "optimizer.adamw.eps: 0 must be > 0"},
+        InvalidCase{"lion_beta", "lion { beta2: 1.5 }",
+                    "optimizer.lion.beta2: 1.5 must be in [0, 1)"},
+        InvalidCase{"momentum", "sgd { momentum: 1 }",
+                    "optimizer.sgd.momentum: 1 must be in [0, 1)"},
+        InvalidCase{"dampening", "sgd { momentum: 0.5 dampening: 2 }",
+                    "optimizer.sgd.dampening: 2 must be in [0, 1]"},
+        InvalidCase{"nesterov", "sgd { nesterov: true }",
+                    "optimizer.sgd.nesterov: needs momentum > 0 and dampening 0"},
+        InvalidCase{"max_norm", "sgd {} clipping { max_norm: -1 }",
+                    "optimizer.clipping.max_norm: -1 must be >= 0 and finite"},
+        InvalidCase{"weight_decay", "sgd {} weight_decay: -0.1",
+                    "optimizer.weight_decay: -0.1 must be >= 0"},
+        InvalidCase{"unmatched_rule", "sgd {} param_groups { glob: \"*.bias\" }",
+                    "glob \"*.bias\" matches no parameter"}),
+    [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.name; });
+
+TEST(OptimizerTest, RejectsBadParametersAndLearningRates) {
+  const OptimizerConfig config = Parse("sgd {}");
+  EXPECT_THAT(Optimizer::Create({}, config),
+              StatusIs(absl::StatusCode::kInvalidArgument, "optimizer: no parameters to train"));
+  EXPECT_THAT(Optimizer::Create({{"w", torch::ones({2}), {}}, {"w", torch::ones({2}), {}}}, config),
+              StatusIs(absl::StatusCode::kInvalidArgument, "parameter \"w\" is listed twice"));
+  EXPECT_THAT(Optimizer::Create({{"w", torch::ones({2}, torch::kInt64), {}}}, config),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has dtype Long")));
+  EXPECT_THAT(Optimizer::Create({{"w", torch::ones({3, 2}).t(), {}}}, config),
+              StatusIs(absl::StatusCode::kInvalidArgument, "parameter \"w\" is not contiguous"));
+  auto optimizer = Optimizer::Create({{"w", torch::ones({2}), {}}}, config);
+  ASSERT_THAT(optimizer, IsOk());
+  EXPECT_THAT((*optimizer)->Step(-0.1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "optimizer step 0: learning rate -0.1 must be >= 0 and finite"));
+}
+
+}  // namespace
+}  // namespace plait::optim

@@ -1,0 +1,28 @@
+// What an optimizer trains: a named tensor this rank updates, and the groups across which
+// the full parameter is split, so that a global gradient norm counts every element exactly
+// once. Wrappers (FSDP, tensor parallel) produce these for the parameters of a prepared
+// model; without a wrapper every parameter is whole and `sharded_over` is empty.
+//
+//   TrainableParameter{"model.layers.0.mlp.up_proj.weight", shard, {fsdp_group, tp_group}}
+#ifndef PLAIT_OPTIM_TRAINABLE_PARAMETER_H_
+#define PLAIT_OPTIM_TRAINABLE_PARAMETER_H_
+
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.h"
+#include "torch/torch.h"
+
+namespace plait::optim {
+
+struct TrainableParameter {
+  std::string name;      // the full parameter's name, the same on every rank
+  torch::Tensor tensor;  // this rank's part: the whole parameter, or a shard of it
+  // The groups over which the parameter is split into disjoint parts; the caller keeps them
+  // alive. Across the ranks of any other group, this rank's part is replicated.
+  std::vector<parallel::Communicator*> sharded_over;
+};
+
+}  // namespace plait::optim
+
+#endif  // PLAIT_OPTIM_TRAINABLE_PARAMETER_H_
