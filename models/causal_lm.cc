@@ -1,0 +1,305 @@
+#include "models/causal_lm.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "models/internal/torch_compat.h"
+#include "models/model_config.h"
+#include "models/rotary.h"
+#include "tools/status/status_macros.h"
+
+namespace plait::models {
+namespace {
+
+namespace F = torch::nn::functional;
+
+torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// FNV-1a, 64 bit: a hash of the name that is the same on every platform and build.
+uint64_t Fnv1a64(const std::string& text) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const unsigned char c : text) {
+    hash ^= c;
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+// splitmix64's finaliser, so nearby seeds give unrelated generator states.
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+bool IsResidualProjection(const std::string& name) {
+  return absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight");
+}
+
+}  // namespace
+
+double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
+  const double hidden = static_cast<double>(config.hidden_size());
+  const double kv_width = static_cast<double>(config.num_key_value_heads() * HeadDim(config));
+  const double per_layer = hidden * hidden * 2 + hidden * kv_width * 2 +
+                           3.0 * hidden * static_cast<double>(config.intermediate_size());
+  const double layers = static_cast<double>(config.num_hidden_layers());
+  const double matmul_params =
+      layers * per_layer + hidden * static_cast<double>(config.vocab_size());
+  return 6.0 * matmul_params + 12.0 * layers * static_cast<double>(seq_len) * hidden;
+}
+
+int64_t NumParameters(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size();
+  const int64_t kv_width = config.num_key_value_heads() * HeadDim(config);
+  int64_t attention = 2 * hidden * hidden + 2 * hidden * kv_width;
+  if (config.model_type() == "qwen2") attention += hidden + 2 * kv_width;
+  if (config.attention_bias()) attention += 2 * hidden + 2 * kv_width;
+  const int64_t layer = attention + 3 * hidden * config.intermediate_size() + 2 * hidden;
+  const int64_t embedding = config.vocab_size() * hidden;
+  return config.num_hidden_layers() * layer + hidden + embedding +
+         (config.tie_word_embeddings() ? 0 : embedding);
+}
+
+RmsNorm::RmsNorm(int64_t size, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+torch::Tensor RmsNorm::forward(const torch::Tensor& x) {
+  const torch::Tensor rstd = torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true).add_(eps_));
+  return x * rstd * weight;
+}
+
+Attention::Attention(const ModelConfig& config)
+    : num_heads_(config.num_attention_heads()),
+      num_kv_heads_(config.num_key_value_heads()),
+      head_dim_(HeadDim(config)) {
+  const int64_t hidden = config.hidden_size();
+  const bool qkv_bias = config.model_type() == "qwen2" || config.attention_bias();
+  q_proj = register_module("q_proj", MakeLinear(hidden, num_heads_ * head_dim_, qkv_bias));
+  k_proj = register_module("k_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, qkv_bias));
+  v_proj = register_module("v_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, qkv_bias));
+  o_proj = register_module("o_proj",
+                           MakeLinear(num_heads_ * head_dim_, hidden, config.attention_bias()));
+}
+
+absl::Status Attention::SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) {
+  if (num_heads <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local heads ", num_heads, " and kv heads ", num_kv_heads,
+                     ": both must be positive and kv heads must divide heads"));
+  }
+  num_heads_ = num_heads;
+  num_kv_heads_ = num_kv_heads;
+  return absl::OkStatus();
+}
+
+torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext& context) {
+  const int64_t batch = x.size(0);
+  const int64_t seq = x.size(1);
+  const int64_t groups = num_heads_ / num_kv_heads_;
+  const int64_t d = head_dim_;
+  const torch::Tensor flat = x.reshape({batch * seq, x.size(2)});
+  // [B, T, heads, D], rotated in place of HF's [B, heads, T, D] (the same values).
+  const torch::Tensor q = ApplyRotary(q_proj(flat).view({batch, seq, num_heads_, d}),
+                                      context.rope.cos, context.rope.sin);
+  const torch::Tensor k = ApplyRotary(k_proj(flat).view({batch, seq, num_kv_heads_, d}),
+                                      context.rope.cos, context.rope.sin);
+  const torch::Tensor v = v_proj(flat).view({batch, seq, num_kv_heads_, d});
+  // The query heads of one kv head stacked along the rows, [B * kv, groups * T, D], so each
+  // kv head meets all its query heads in one matmul without copying k and v per head.
+  const torch::Tensor q3 = q.view({batch, seq, num_kv_heads_, groups, d})
+                               .permute({0, 2, 3, 1, 4})
+                               .reshape({batch * num_kv_heads_, groups * seq, d});
+  const torch::Tensor k3 = k.transpose(1, 2).reshape({batch * num_kv_heads_, seq, d});
+  const torch::Tensor v3 = v.transpose(1, 2).reshape({batch * num_kv_heads_, seq, d});
+  // scale * q k^T + mask in one call: the mask is copied into the output, then the product
+  // accumulated onto it.
+  const torch::Tensor scores = torch::baddbmm(context.mask, q3, k3.transpose(1, 2), /*beta=*/1.0,
+                                              /*alpha=*/1.0 / std::sqrt(static_cast<double>(d)));
+  const torch::Tensor probs = torch::softmax(scores, /*dim=*/-1);
+  const torch::Tensor out = torch::bmm(probs, v3)
+                                .view({batch, num_kv_heads_, groups, seq, d})
+                                .permute({0, 3, 1, 2, 4})
+                                .reshape({batch * seq, num_heads_ * d});
+  return o_proj(out).view({batch, seq, -1});
+}
+
+Mlp::Mlp(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size();
+  const int64_t inner = config.intermediate_size();
+  gate_proj = register_module("gate_proj", MakeLinear(hidden, inner, false));
+  up_proj = register_module("up_proj", MakeLinear(hidden, inner, false));
+  down_proj = register_module("down_proj", MakeLinear(inner, hidden, false));
+}
+
+torch::Tensor Mlp::forward(const torch::Tensor& x) {
+  return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+}
+
+DecoderLayer::DecoderLayer(const ModelConfig& config) {
+  input_layernorm = register_module(
+      "input_layernorm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+  self_attn = register_module("self_attn", std::make_shared<Attention>(config));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm",
+                      std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+  mlp = register_module("mlp", std::make_shared<Mlp>(config));
+}
+
+torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const AttentionContext& context) {
+  const torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x), context);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+Decoder::Decoder(const ModelConfig& config) {
+  embed_tokens = register_module("embed_tokens",
+                                 torch::nn::Embedding(config.vocab_size(), config.hidden_size()));
+  torch::nn::ModuleList list;
+  for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
+    layers.push_back(std::make_shared<DecoderLayer>(config));
+    list->push_back(layers.back());
+  }
+  register_module("layers", list);
+  norm = register_module("norm",
+                         std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+}
+
+CausalLM::CausalLM(const ModelConfig& config) : config_(config) {
+  model_ = register_module("model", std::make_shared<Decoder>(config));
+  if (!config.tie_word_embeddings()) {
+    lm_head_ =
+        register_module("lm_head", MakeLinear(config.hidden_size(), config.vocab_size(), false));
+  }
+  inv_freq_ = RotaryInverseFrequencies(config);
+}
+
+absl::StatusOr<std::shared_ptr<CausalLM>> CausalLM::Create(const ModelConfig& config,
+                                                           const InitConfig& init) {
+  PLAIT_RETURN_IF_ERROR(ValidateModelConfig(config));
+  PLAIT_RETURN_IF_ERROR(ValidateInitConfig(init));
+  std::shared_ptr<CausalLM> model(new CausalLM(config));
+  PLAIT_RETURN_IF_ERROR(model->ResetParameters(init));
+  return model;
+}
+
+absl::Status CausalLM::ResetParameters(const InitConfig& init) {
+  PLAIT_RETURN_IF_ERROR(ValidateInitConfig(init));
+  const double std = init.has_std() ? init.std() : kDefaultInitStd;
+  const double residual_std =
+      init.scaled_residual_init()
+          ? std / std::sqrt(2.0 * static_cast<double>(config_.num_hidden_layers()))
+          : std;
+  torch::NoGradGuard no_grad;
+  for (const auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    torch::Tensor parameter = item.value();
+    if (absl::EndsWith(name, "norm.weight")) {
+      parameter.fill_(1.0);
+    } else if (absl::EndsWith(name, ".bias")) {
+      parameter.zero_();
+    } else {
+      at::Generator generator = internal::MakeCpuGenerator(SplitMix64(init.seed() ^ Fnv1a64(name)));
+      torch::Tensor values = torch::empty(parameter.sizes(), torch::kFloat32);
+      values.normal_(0.0, IsResidualProjection(name) ? residual_std : std, generator);
+      parameter.copy_(values);
+    }
+  }
+  return absl::OkStatus();
+}
+
+const AttentionContext& CausalLM::Context(int64_t seq_len, const torch::Device& device) {
+  const Attention& attention = *model_->layers.front()->self_attn;
+  const int64_t groups = attention.local_heads() / attention.local_kv_heads();
+  if (seq_len != context_seq_len_ || groups != context_groups_ ||
+      context_.mask.device() != device) {
+    const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+    context_.rope = MakeRotaryTables(inv_freq_.to(device), torch::arange(seq_len, options));
+    const torch::Tensor mask =
+        torch::full({seq_len, seq_len}, -std::numeric_limits<float>::infinity(), options)
+            .triu(/*diagonal=*/1);
+    context_.mask = mask.repeat({groups, 1});
+    context_seq_len_ = seq_len;
+    context_groups_ = groups;
+  }
+  return context_;
+}
+
+torch::Tensor CausalLM::OutputWeight() {
+  return config_.tie_word_embeddings() ? model_->embed_tokens->weight : lm_head_->weight;
+}
+
+torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
+  const AttentionContext& context = Context(tokens.size(1), tokens.device());
+  torch::Tensor h = model_->embed_tokens(tokens);
+  for (const std::shared_ptr<DecoderLayer>& layer : model_->layers) {
+    h = layer->forward(h, context);
+  }
+  h = model_->norm->forward(h);
+  return torch::matmul(h, OutputWeight().t());
+}
+
+torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                             int64_t ignore_index) {
+  const torch::Tensor logits = Forward(tokens);
+  return F::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
+                          F::CrossEntropyFuncOptions().ignore_index(ignore_index));
+}
+
+torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
+                                         int64_t ignore_index) {
+  const torch::Tensor log_probs = torch::log_softmax(Forward(tokens), /*dim=*/-1);
+  const torch::Tensor keep = targets != ignore_index;
+  const torch::Tensor safe_targets = torch::where(keep, targets, torch::zeros_like(targets));
+  const torch::Tensor picked = log_probs.gather(-1, safe_targets.unsqueeze(-1)).squeeze(-1);
+  return (picked * keep.to(picked.scalar_type())).sum(-1);
+}
+
+std::vector<wrap::Wrappable::Unit> CausalLM::Blocks() {
+  std::vector<Unit> blocks;
+  for (size_t i = 0; i < model_->layers.size(); ++i) {
+    blocks.push_back({absl::StrCat("model.layers.", i), model_->layers[i]});
+  }
+  return blocks;
+}
+
+std::vector<wrap::Wrappable::NamedParameter> CausalLM::RootParameters() {
+  std::vector<NamedParameter> root;
+  for (const auto& item : named_parameters()) {
+    if (!absl::StartsWith(item.key(), "model.layers.")) root.push_back({item.key(), item.value()});
+  }
+  return root;
+}
+
+std::vector<wrap::Wrappable::NamedParameter> CausalLM::NamedParameters() {
+  std::vector<NamedParameter> all;
+  for (const auto& item : named_parameters()) all.push_back({item.key(), item.value()});
+  return all;
+}
+
+absl::Status CausalLM::SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) {
+  if (num_heads <= 0 || num_kv_heads <= 0 || NumHeads() % num_heads != 0 ||
+      NumKeyValueHeads() % num_kv_heads != 0 || num_heads % num_kv_heads != 0 ||
+      NumHeads() / num_heads != NumKeyValueHeads() / num_kv_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SetLocalHeads(", num_heads, ", ", num_kv_heads, "): the model has ", NumHeads(),
+        " heads and ", NumKeyValueHeads(),
+        " kv heads; local counts must be the global ones divided by the same shard count"));
+  }
+  for (const std::shared_ptr<DecoderLayer>& layer : model_->layers) {
+    PLAIT_RETURN_IF_ERROR(layer->self_attn->SetLocalHeads(num_heads, num_kv_heads));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plait::models

@@ -1,0 +1,188 @@
+// Llama and Qwen2 decoder-only language models in LibTorch, with Hugging Face's module
+// structure and parameter names (`model.layers.3.self_attn.q_proj.weight`, ...), so their
+// checkpoints load directly (hf_checkpoint.h). A CausalLM is a torch::nn::Module and a
+// wrap::Wrappable: wrappers see its decoder layers as blocks.
+//
+//   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<CausalLM> model, CausalLM::Create(config, init));
+//   torch::Tensor loss = model->Loss(inputs, targets);  // inputs, targets: int64 [B, T]
+//   loss.backward();
+//
+// Architecture (both types): embedding; num_hidden_layers blocks of
+//   h = h + o_proj(attention(rope(q_proj(rms_norm(h))), rope(k_proj(.)), v_proj(.)))
+//   h = h + down_proj(silu(gate_proj(rms_norm(h))) * up_proj(rms_norm(h)))
+// with causal grouped-query attention (each group of num_attention_heads /
+// num_key_value_heads query heads shares one key/value head); a final RMSNorm; the output
+// projection lm_head, or the embedding matrix when tie_word_embeddings. Qwen2 adds biases to
+// q_proj, k_proj and v_proj; Llama has biases on q/k/v/o only with attention_bias.
+//
+// Initialisation (InitConfig): every weight matrix and the embedding ~ N(0, std), o_proj
+// and down_proj ~ N(0, std / sqrt(2 * num_hidden_layers)) with scaled_residual_init, biases
+// zero, RMSNorm weights one. Each parameter is drawn from its own CPU generator seeded by
+// splitmix64(seed ^ fnv1a64(name)) over its full shape, so a parameter's values depend only
+// on the seed, its name and its shape: never on the parameter order, the device, or how
+// many ranks later shard it.
+#ifndef PLAIT_MODELS_CAUSAL_LM_H_
+#define PLAIT_MODELS_CAUSAL_LM_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/model.pb.h"
+#include "models/rotary.h"
+#include "torch/torch.h"
+#include "wrap/wrappable.h"
+
+namespace plait::models {
+
+// The index CrossEntropy skips by default (PyTorch's and HF's).
+inline constexpr int64_t kIgnoreIndex = -100;
+
+// Model FLOPs of one token's forward and backward pass at sequence length `seq_len`, the
+// numerator of model FLOPs utilisation (the convention of the PaLM paper, appendix B):
+//   6 * (matmul parameters) + 12 * num_hidden_layers * seq_len * hidden_size
+// where the matmul parameters are those of q/k/v/o, gate/up/down in every layer plus the
+// output projection (counted once even when tied; the embedding lookup is not a matmul), each
+// used for 2 FLOPs per token forward and 4 backward; and the attention term counts Q K^T and
+// P V (2 * seq_len * hidden_size FLOPs each per token and layer forward, twice that
+// backward) over the full seq_len x seq_len score matrix, which is what is computed.
+double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len);
+
+// The number of parameters of the model `config` describes (tied embeddings counted once).
+int64_t NumParameters(const ModelConfig& config);
+
+// x * rsqrt(mean(x^2) + eps) * weight over the last dimension.
+class RmsNorm : public torch::nn::Module {
+ public:
+  RmsNorm(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+
+// What every layer's attention shares for one sequence length, computed once per forward.
+struct AttentionContext {
+  RotaryTables rope;  // cos, sin [T, head_dim]
+  // Additive causal mask (0 on and below the diagonal, -inf above), [groups * T, T] with
+  // groups = local heads / local kv heads: row g * T + t belongs to query position t.
+  torch::Tensor mask;
+};
+
+// Causal self-attention with rotary embeddings and grouped-query attention.
+class Attention : public torch::nn::Module {
+ public:
+  explicit Attention(const ModelConfig& config);
+
+  // x [B, T, hidden] -> [B, T, hidden].
+  torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
+
+  // The head counts q_proj and k_proj/v_proj hold (after tensor-parallel sharding).
+  absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads);
+  int64_t local_heads() const { return num_heads_; }
+  int64_t local_kv_heads() const { return num_kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t num_heads_;
+  int64_t num_kv_heads_;
+  int64_t head_dim_;
+};
+
+// The SwiGLU feed-forward: down_proj(silu(gate_proj(x)) * up_proj(x)).
+class Mlp : public torch::nn::Module {
+ public:
+  explicit Mlp(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+
+// One pre-norm transformer block (HF's LlamaDecoderLayer / Qwen2DecoderLayer).
+class DecoderLayer : public torch::nn::Module {
+ public:
+  explicit DecoderLayer(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
+
+  std::shared_ptr<RmsNorm> input_layernorm;
+  std::shared_ptr<Attention> self_attn;
+  std::shared_ptr<RmsNorm> post_attention_layernorm;
+  std::shared_ptr<Mlp> mlp;
+};
+
+// The decoder stack without the output projection (HF's LlamaModel / Qwen2Model).
+class Decoder : public torch::nn::Module {
+ public:
+  explicit Decoder(const ModelConfig& config);
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  std::vector<std::shared_ptr<DecoderLayer>> layers;
+  std::shared_ptr<RmsNorm> norm;
+};
+
+class CausalLM : public torch::nn::Module, public wrap::Wrappable {
+ public:
+  // A model for `config` (checked with ValidateModelConfig, errors name `model_config.*`),
+  // initialised as the header describes; InvalidArgument for an invalid init config.
+  static absl::StatusOr<std::shared_ptr<CausalLM>> Create(const ModelConfig& config,
+                                                          const InitConfig& init);
+
+  // Logits [B, T, vocab_size] for int64 tokens [B, T] (positions 0 .. T-1).
+  torch::Tensor Forward(const torch::Tensor& tokens);
+
+  // Mean cross-entropy of targets[b, t] (the token that follows tokens[b, t]) over the
+  // positions whose target is not `ignore_index`. NaN when every target is ignored, as in
+  // PyTorch.
+  torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                     int64_t ignore_index = kIgnoreIndex);
+
+  // Per sequence, the sum of log p(targets[b, t] | tokens[b, 0..t]) over the positions whose
+  // target is not `ignore_index`: [B], differentiable (for preference training).
+  torch::Tensor SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
+                                 int64_t ignore_index = kIgnoreIndex);
+
+  // Re-draws every parameter as the header describes.
+  absl::Status ResetParameters(const InitConfig& init);
+
+  const ModelConfig& config() const { return config_; }
+  Decoder& decoder() { return *model_; }
+  // The output projection: lm_head.weight, or the embedding when tied.
+  torch::Tensor OutputWeight();
+
+  // wrap::Wrappable.
+  torch::nn::Module& RootModule() override { return *this; }
+  std::vector<Unit> Blocks() override;
+  std::vector<NamedParameter> RootParameters() override;
+  std::vector<NamedParameter> NamedParameters() override;
+  int64_t NumHeads() const override { return config_.num_attention_heads(); }
+  int64_t NumKeyValueHeads() const override { return config_.num_key_value_heads(); }
+  absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) override;
+
+ private:
+  explicit CausalLM(const ModelConfig& config);
+
+  // The rotary tables and mask for sequence length `seq_len` on `device`, built once and
+  // reused while the length, device and head grouping stay the same.
+  const AttentionContext& Context(int64_t seq_len, const torch::Device& device);
+
+  ModelConfig config_;
+  std::shared_ptr<Decoder> model_;
+  torch::nn::Linear lm_head_{nullptr};
+  torch::Tensor inv_freq_;
+  AttentionContext context_;
+  int64_t context_seq_len_ = -1;
+  int64_t context_groups_ = -1;
+};
+
+}  // namespace plait::models
+
+#endif  // PLAIT_MODELS_CAUSAL_LM_H_

@@ -1,0 +1,305 @@
+#include "models/causal_lm.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/model_config.h"
+#include "tools/status/status_matchers.h"
+
+namespace plait::models {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A model small enough for a test: 2 layers, hidden 64, 4 heads of 16, 2 kv heads.
+ModelConfig Small(const std::string& type = "llama") {
+  ModelConfig config = PresetConfig("tiny").value();
+  config.set_model_type(type);
+  config.set_hidden_size(64);
+  config.set_intermediate_size(96);
+  config.set_num_hidden_layers(2);
+  config.set_num_attention_heads(4);
+  config.set_num_key_value_heads(2);
+  config.set_vocab_size(97);
+  return config;
+}
+
+std::shared_ptr<CausalLM> Make(const ModelConfig& config, uint64_t seed = 7) {
+  InitConfig init;
+  init.set_seed(seed);
+  absl::StatusOr<std::shared_ptr<CausalLM>> model = CausalLM::Create(config, init);
+  EXPECT_THAT(model, IsOk());
+  return *model;
+}
+
+torch::Tensor Tokens(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::randint(vocab, {batch, seq}, torch::kInt64);
+}
+
+// The attention context CausalLM builds, for the tests that run Attention alone.
+AttentionContext ContextFor(const ModelConfig& config, int64_t seq, int64_t groups) {
+  AttentionContext context;
+  context.rope = MakeRotaryTables(RotaryInverseFrequencies(config), torch::arange(seq));
+  context.mask =
+      torch::full({seq, seq}, -std::numeric_limits<float>::infinity()).triu(1).repeat({groups, 1});
+  return context;
+}
+
+TEST(CausalLMTest, OutputShapeAndParameterCount) {
+  for (const std::string type : {"llama", "qwen2"}) {
+    for (bool tie : {false, true}) {
+      ModelConfig config = Small(type);
+      config.set_tie_word_embeddings(tie);
+      std::shared_ptr<CausalLM> model = Make(config);
+      const torch::Tensor logits = model->Forward(Tokens(3, 10, 97, 1));
+      EXPECT_THAT(logits.sizes(), ElementsAre(3, 10, 97));
+      int64_t count = 0;
+      for (const torch::Tensor& p : model->parameters()) count += p.numel();
+      EXPECT_EQ(count, NumParameters(config)) << type << " tie " << tie;
+    }
+  }
+}
+
+TEST(CausalLMTest, HuggingFaceParameterNames) {
+  std::shared_ptr<CausalLM> qwen = Make(Small("qwen2"));
+  std::vector<std::string> names;
+  for (const auto& item : qwen->named_parameters()) names.push_back(item.key());
+  EXPECT_THAT(names, ::testing::IsSupersetOf({
+                         "model.embed_tokens.weight",
+                         "model.layers.0.input_layernorm.weight",
+                         "model.layers.0.self_attn.q_proj.weight",
+                         "model.layers.0.self_attn.q_proj.bias",
+                         "model.layers.1.self_attn.v_proj.bias",
+                         "model.layers.1.self_attn.o_proj.weight",
+                         "model.layers.1.post_attention_layernorm.weight",
+                         "model.layers.1.mlp.gate_proj.weight",
+                         "model.layers.1.mlp.up_proj.weight",
+                         "model.layers.1.mlp.down_proj.weight",
+                         "model.norm.weight",
+                         "lm_head.weight",
+                     }));
+  EXPECT_THAT(names, ::testing::Not(::testing::Contains("model.layers.0.self_attn.o_proj.bias")));
+  std::shared_ptr<CausalLM> llama = Make(Small("llama"));
+  for (const auto& item : llama->named_parameters()) {
+    EXPECT_THAT(item.key(), ::testing::Not(HasSubstr("bias")));
+  }
+}
+
+TEST(CausalLMTest, ChangingATokenChangesNoEarlierLogit) {
+  std::shared_ptr<CausalLM> model = Make(Small());
+  torch::NoGradGuard no_grad;
+  const torch::Tensor tokens = Tokens(2, 12, 97, 2);
+  const torch::Tensor before = model->Forward(tokens);
+  for (int64_t t : {0, 5, 11}) {
+    torch::Tensor changed = tokens.clone();
+    changed.index_put_({torch::indexing::Slice(), t},
+                       (tokens.index({torch::indexing::Slice(), t}) + 1) % 97);
+    const torch::Tensor after = model->Forward(changed);
+    const auto earlier = torch::indexing::Slice(0, t);
+    EXPECT_TRUE(torch::equal(after.index({torch::indexing::Slice(), earlier}),
+                             before.index({torch::indexing::Slice(), earlier})))
+        << "t = " << t;
+    EXPECT_FALSE(torch::allclose(after.index({torch::indexing::Slice(), t}),
+                                 before.index({torch::indexing::Slice(), t})))
+        << "t = " << t;
+  }
+}
+
+// Multi-head attention written out head by head, with kv head h / (heads / kv_heads) serving
+// query head h (HF's repeat_kv), rotary embeddings and a causal softmax.
+torch::Tensor ReferenceAttention(Attention& attention, const ModelConfig& config,
+                                 const torch::Tensor& x) {
+  const int64_t batch = x.size(0), seq = x.size(1), d = attention.head_dim();
+  const int64_t heads = attention.local_heads(), groups = heads / attention.local_kv_heads();
+  const RotaryTables rope = MakeRotaryTables(RotaryInverseFrequencies(config), torch::arange(seq));
+  const torch::Tensor q =
+      ApplyRotary(attention.q_proj(x).view({batch, seq, heads, d}), rope.cos, rope.sin);
+  const torch::Tensor k =
+      ApplyRotary(attention.k_proj(x).view({batch, seq, heads / groups, d}), rope.cos, rope.sin);
+  const torch::Tensor v = attention.v_proj(x).view({batch, seq, heads / groups, d});
+  std::vector<torch::Tensor> outputs;
+  for (int64_t h = 0; h < heads; ++h) {
+    const torch::Tensor qh = q.select(2, h);           // [B, T, D]
+    const torch::Tensor kh = k.select(2, h / groups);  // [B, T, D]
+    const torch::Tensor vh = v.select(2, h / groups);
+    torch::Tensor scores = torch::matmul(qh, kh.transpose(1, 2)) / std::sqrt(double(d));
+    const torch::Tensor future = torch::ones({seq, seq}, torch::kBool).triu(1);
+    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+    outputs.push_back(torch::matmul(torch::softmax(scores, -1), vh));
+  }
+  return attention.o_proj(torch::cat(outputs, -1));
+}
+
+TEST(AttentionTest, EqualsHeadByHeadReference) {
+  torch::manual_seed(3);
+  for (int64_t kv_heads : {4, 2, 1}) {  // plain multi-head, grouped, multi-query
+    ModelConfig config = Small("qwen2");
+    config.set_num_key_value_heads(kv_heads);
+    Attention attention(config);
+    const torch::Tensor x = torch::randn({2, 9, 64});
+    const torch::Tensor out = attention.forward(x, ContextFor(config, 9, 4 / kv_heads));
+    EXPECT_TRUE(torch::allclose(out, ReferenceAttention(attention, config, x), 1e-4, 1e-5))
+        << "kv heads " << kv_heads;
+  }
+}
+
+// Tensor parallelism's view of attention: each of two shards holds half the heads (rows of
+// q/k/v, columns of o_proj); after SetLocalHeads their partial outputs sum to the full one.
+TEST(AttentionTest, ShardedHeadsSumToTheFullOutput) {
+  torch::manual_seed(4);
+  const ModelConfig config = Small();
+  Attention full(config);
+  const torch::Tensor x = torch::randn({2, 7, 64});
+  const AttentionContext context = ContextFor(config, 7, 2);
+  const torch::Tensor expected = full.forward(x, context);
+  torch::Tensor sum = torch::zeros_like(expected);
+  torch::NoGradGuard no_grad;
+  for (int64_t shard = 0; shard < 2; ++shard) {
+    Attention part(config);
+    ASSERT_THAT(part.SetLocalHeads(2, 1), IsOk());
+    part.q_proj->weight = full.q_proj->weight.narrow(0, shard * 32, 32);
+    part.k_proj->weight = full.k_proj->weight.narrow(0, shard * 16, 16);
+    part.v_proj->weight = full.v_proj->weight.narrow(0, shard * 16, 16);
+    part.o_proj->weight = full.o_proj->weight.narrow(1, shard * 32, 32);
+    sum += part.forward(x, context);
+  }
+  EXPECT_TRUE(torch::allclose(sum, expected, 1e-4, 1e-5));
+  Attention bad(config);
+  EXPECT_THAT(bad.SetLocalHeads(3, 2), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                HasSubstr("kv heads must divide heads")));
+}
+
+TEST(CausalLMTest, LossAtInitialisationIsNearLogVocab) {
+  ModelConfig config = Small();
+  config.set_vocab_size(1000);
+  std::shared_ptr<CausalLM> model = Make(config);
+  const torch::Tensor tokens = Tokens(4, 32, 1000, 5);
+  const double loss = model->Loss(tokens, Tokens(4, 32, 1000, 6)).item<double>();
+  EXPECT_NEAR(loss, std::log(1000.0), 0.1);
+}
+
+TEST(CausalLMTest, OverfitsOneBatch) {
+  std::shared_ptr<CausalLM> model = Make(Small());
+  const torch::Tensor sequence = Tokens(2, 17, 97, 8);
+  const auto all = torch::indexing::Slice();
+  const torch::Tensor inputs = sequence.index({all, torch::indexing::Slice(0, 16)});
+  const torch::Tensor targets = sequence.index({all, torch::indexing::Slice(1, 17)});
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(3e-3));
+  double first = 0, last = 0;
+  for (int step = 0; step < 150; ++step) {
+    adam.zero_grad();
+    const torch::Tensor loss = model->Loss(inputs, targets);
+    loss.backward();
+    adam.step();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  EXPECT_GT(first, 4.0);
+  EXPECT_LT(last, 0.05);
+}
+
+TEST(CausalLMTest, LossIgnoresIgnoreIndexAndMatchesSequenceLogProbs) {
+  std::shared_ptr<CausalLM> model = Make(Small());
+  const torch::Tensor tokens = Tokens(1, 8, 97, 9);
+  torch::Tensor targets = Tokens(1, 8, 97, 10);
+  targets.index_put_({0, torch::indexing::Slice(0, 3)}, kIgnoreIndex);
+  const torch::Tensor loss = model->Loss(tokens, targets);
+  const torch::Tensor log_probs = model->SequenceLogProbs(tokens, targets);
+  ASSERT_THAT(log_probs.sizes(), ElementsAre(1));
+  EXPECT_NEAR(loss.item<double>(), -log_probs[0].item<double>() / 5.0, 1e-5);
+  // Ignored positions contribute nothing: changing their targets changes nothing.
+  torch::Tensor other = targets.clone();
+  other.index_put_({0, torch::indexing::Slice(0, 3)}, -7);
+  EXPECT_NEAR(model->Loss(tokens, other, -7).item<double>(), loss.item<double>(), 1e-6);
+  EXPECT_NEAR(model->SequenceLogProbs(tokens, other, -7)[0].item<double>(),
+              log_probs[0].item<double>(), 1e-5);
+}
+
+TEST(CausalLMTest, InitialisationDependsOnSeedAndNameOnly) {
+  const ModelConfig config = Small();
+  ModelConfig deeper = config;
+  deeper.set_num_hidden_layers(3);
+  std::shared_ptr<CausalLM> a = Make(config, 11);
+  std::shared_ptr<CausalLM> b = Make(deeper, 11);
+  std::shared_ptr<CausalLM> c = Make(config, 12);
+  const auto pa = a->named_parameters();
+  const auto pb = b->named_parameters();
+  const auto pc = c->named_parameters();
+  for (const auto& item : pa) {
+    EXPECT_TRUE(torch::equal(item.value(), pb[item.key()])) << item.key();
+    if (item.key().find("norm") == std::string::npos) {
+      EXPECT_FALSE(torch::equal(item.value(), pc[item.key()])) << item.key();
+    }
+  }
+  EXPECT_TRUE(torch::equal(pa["model.norm.weight"], torch::ones({64})));
+  const torch::Tensor embed = pa["model.embed_tokens.weight"];
+  EXPECT_NEAR(embed.std().item<double>(), 0.02, 0.002);
+  EXPECT_NEAR(embed.mean().item<double>(), 0.0, 0.002);
+}
+
+TEST(CausalLMTest, ScaledResidualInit) {
+  InitConfig init;
+  init.set_std(0.05);
+  init.set_scaled_residual_init(true);
+  ModelConfig config = Small();
+  config.set_intermediate_size(1024);
+  std::shared_ptr<CausalLM> model = CausalLM::Create(config, init).value();
+  auto params = model->named_parameters();
+  EXPECT_NEAR(params["model.layers.0.mlp.down_proj.weight"].std().item<double>(), 0.05 / 2.0,
+              0.002);
+  EXPECT_NEAR(params["model.layers.0.mlp.up_proj.weight"].std().item<double>(), 0.05, 0.003);
+}
+
+TEST(CausalLMTest, CreateRejectsInvalidConfigs) {
+  ModelConfig config = Small();
+  config.set_num_key_value_heads(3);
+  EXPECT_THAT(CausalLM::Create(config, InitConfig()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_key_value_heads")));
+  InitConfig init;
+  init.set_std(-1);
+  EXPECT_THAT(CausalLM::Create(Small(), init),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("init.std")));
+}
+
+TEST(CausalLMTest, WrappableView) {
+  std::shared_ptr<CausalLM> model = Make(Small());
+  wrap::Wrappable& wrappable = *model;
+  const std::vector<wrap::Wrappable::Unit> blocks = wrappable.Blocks();
+  ASSERT_EQ(blocks.size(), 2u);
+  EXPECT_EQ(blocks[0].name, "model.layers.0");
+  EXPECT_EQ(blocks[1].module.get(), model->decoder().layers[1].get());
+  std::vector<std::string> root;
+  for (const auto& p : wrappable.RootParameters()) root.push_back(p.name);
+  EXPECT_THAT(root,
+              ElementsAre("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"));
+  // Blocks and root together are every parameter, once.
+  size_t in_blocks = 0;
+  for (const auto& block : blocks) in_blocks += block.module->parameters().size();
+  EXPECT_EQ(in_blocks + root.size(), wrappable.NamedParameters().size());
+  EXPECT_EQ(wrappable.NamedParameters().size(), model->parameters().size());
+  EXPECT_EQ(&wrappable.RootModule(), static_cast<torch::nn::Module*>(model.get()));
+  EXPECT_THAT(wrappable.SetLocalHeads(2, 1), IsOk());
+  EXPECT_EQ(model->decoder().layers[1]->self_attn->local_heads(), 2);
+  EXPECT_THAT(wrappable.SetLocalHeads(2, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("same shard count")));
+  EXPECT_THAT(wrappable.SetLocalHeads(3, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("SetLocalHeads(3, 1)")));
+}
+
+TEST(FlopsTest, CountsMatmulsAndAttention) {
+  ModelConfig config = Small();  // hidden 64, kv width 32, inner 96, 2 layers, vocab 97
+  const double per_layer = 64.0 * 64 * 2 + 64.0 * 32 * 2 + 3.0 * 64 * 96;
+  const double expected = 6.0 * (2 * per_layer + 64.0 * 97) + 12.0 * 2 * 16 * 64;
+  EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(config, 16), expected);
+}
+
+}  // namespace
+}  // namespace plait::models

@@ -1,0 +1,94 @@
+#include "models/hf_checkpoint.h"
+
+#include <fstream>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "models/model_config.h"
+#include "tools/status/status_macros.h"
+
+namespace plait::models {
+namespace {
+
+std::string ShapeString(torch::IntArrayRef shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Tensors Hugging Face writes that are not parameters of the model (see the header).
+bool IsSkippable(const std::string& name, const CausalLM& model) {
+  return (name == "lm_head.weight" && model.config().tie_word_embeddings()) ||
+         absl::EndsWith(name, ".rotary_emb.inv_freq");
+}
+
+}  // namespace
+
+absl::Status LoadHfWeights(const SafetensorsCheckpoint& checkpoint, CausalLM& model) {
+  std::set<std::string> expected;
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    expected.insert(name);
+    PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(name));
+    const auto& [entry, file] = found;
+    torch::Tensor parameter = item.value();
+    if (torch::IntArrayRef(entry->shape) != parameter.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file->path(), ": tensor \"", name, "\" has shape ", ShapeString(entry->shape),
+          ", the model expects ", ShapeString(parameter.sizes())));
+    }
+    if (!torch::isFloatingType(entry->dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", name,
+                                                     "\" has dtype ", c10::toString(entry->dtype),
+                                                     ", expected a floating-point dtype"));
+    }
+    PLAIT_ASSIGN_OR_RETURN(torch::Tensor value, file->Read(name));
+    parameter.copy_(value);
+  }
+  for (const std::string& name : checkpoint.Names()) {
+    if (expected.count(name) == 0 && !IsSkippable(name, model)) {
+      PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(name));
+      return absl::InvalidArgumentError(absl::StrCat(found.second->path(), ": unexpected tensor \"",
+                                                     name, "\": the model has no such parameter"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir,
+                                                      const InitConfig& init) {
+  PLAIT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(absl::StrCat(dir, "/config.json")));
+  PLAIT_ASSIGN_OR_RETURN(SafetensorsCheckpoint checkpoint, SafetensorsCheckpoint::Open(dir));
+  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<CausalLM> model, CausalLM::Create(config, init));
+  PLAIT_RETURN_IF_ERROR(LoadHfWeights(checkpoint, *model));
+  return model;
+}
+
+absl::Status SaveHfModel(CausalLM& model, const std::string& dir, torch::ScalarType dtype,
+                         uint64_t max_shard_bytes) {
+  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16) {
+    return absl::InvalidArgumentError(absl::StrCat("SaveHfModel(", dir, "): dtype ",
+                                                   c10::toString(dtype),
+                                                   " is not supported; use float32 or bfloat16"));
+  }
+  const std::string config_path = absl::StrCat(dir, "/config.json");
+  {
+    std::ofstream out(config_path, std::ios::trunc);
+    out << ToHfConfigJson(model.config(), dtype == torch::kFloat32 ? "float32" : "bfloat16")
+        << "\n";
+    out.close();
+    if (!out) return absl::PermissionDeniedError(absl::StrCat(config_path, ": write failed"));
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& item : model.named_parameters()) {
+    tensors.emplace_back(item.key(), item.value().detach().to(torch::kCPU, dtype));
+  }
+  return WriteSafetensorsCheckpoint(dir, tensors, max_shard_bytes);
+}
+
+}  // namespace plait::models

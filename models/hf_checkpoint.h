@@ -1,0 +1,45 @@
+// Loading a Hugging Face model folder (config.json plus model.safetensors, or sharded files
+// with model.safetensors.index.json) into a plait CausalLM, and exporting a CausalLM back
+// to one, with Hugging Face's parameter names (`model.embed_tokens.weight`,
+// `model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`).
+//
+//   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<CausalLM> model, LoadHfModel("/ckpt/Qwen2.5-0.5B"));
+//   ... train ...
+//   PLAIT_RETURN_IF_ERROR(SaveHfModel(*model, "/out/step1000", torch::kBFloat16));
+#ifndef PLAIT_MODELS_HF_CHECKPOINT_H_
+#define PLAIT_MODELS_HF_CHECKPOINT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/causal_lm.h"
+#include "models/safetensors.h"
+#include "torch/torch.h"
+
+namespace plait::models {
+
+// Copies every parameter of `model` from `checkpoint`, converting the stored dtype (F32,
+// BF16, F16) to the parameter's. Errors name the file (or folder) and the tensor: NotFound
+// when a parameter is missing; InvalidArgument when one has another shape or a non-float
+// dtype, or the checkpoint holds a tensor the model does not have.
+// Two tensors are accepted and skipped because Hugging Face writes them without them being
+// parameters: `lm_head.weight` in a tied model (it equals the embedding), and the
+// precomputed `*.rotary_emb.inv_freq` buffers of older Llama checkpoints.
+absl::Status LoadHfWeights(const SafetensorsCheckpoint& checkpoint, CausalLM& model);
+
+// Reads `dir`/config.json, builds the model (initialised from `init`, then overwritten) and
+// loads its weights.
+absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir,
+                                                      const InitConfig& init = InitConfig());
+
+// Writes config.json and the weights into the existing folder `dir`, in `dtype` (kFloat32
+// or kBFloat16), sharded as WriteSafetensorsCheckpoint does when `max_shard_bytes` > 0.
+absl::Status SaveHfModel(CausalLM& model, const std::string& dir,
+                         torch::ScalarType dtype = torch::kFloat32, uint64_t max_shard_bytes = 0);
+
+}  // namespace plait::models
+
+#endif  // PLAIT_MODELS_HF_CHECKPOINT_H_

@@ -1,0 +1,151 @@
+#include "models/hf_checkpoint.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/model_config.h"
+#include "models/safetensors.h"
+#include "tools/status/status_matchers.h"
+
+namespace plait::models {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  return dir;
+}
+
+ModelConfig Small(const std::string& type, bool tie) {
+  ModelConfig config = PresetConfig("tiny").value();
+  config.set_model_type(type);
+  config.set_hidden_size(32);
+  config.set_intermediate_size(48);
+  config.set_num_hidden_layers(2);
+  config.set_num_attention_heads(4);
+  config.set_num_key_value_heads(2);
+  config.set_vocab_size(50);
+  config.set_tie_word_embeddings(tie);
+  return config;
+}
+
+std::shared_ptr<CausalLM> Make(const ModelConfig& config, uint64_t seed) {
+  InitConfig init;
+  init.set_seed(seed);
+  return CausalLM::Create(config, init).value();
+}
+
+TEST(HfCheckpointTest, ExportThenImportRoundTrips) {
+  for (const std::string type : {"llama", "qwen2"}) {
+    for (bool tie : {false, true}) {
+      for (uint64_t shard_bytes : {0, 4096}) {
+        const ModelConfig config = Small(type, tie);
+        std::shared_ptr<CausalLM> model = Make(config, 1);
+        const std::string dir = FreshDir("export");
+        ASSERT_THAT(SaveHfModel(*model, dir, torch::kFloat32, shard_bytes), IsOk());
+        absl::StatusOr<std::shared_ptr<CausalLM>> loaded = LoadHfModel(dir);
+        ASSERT_THAT(loaded, IsOk());
+        EXPECT_EQ((*loaded)->config().SerializeAsString(), config.SerializeAsString());
+        auto expected = model->named_parameters();
+        for (const auto& item : (*loaded)->named_parameters()) {
+          EXPECT_TRUE(torch::equal(item.value(), expected[item.key()]))
+              << type << " " << tie << " " << item.key();
+        }
+        // The HF names are what is on disk.
+        SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::Open(dir).value();
+        EXPECT_TRUE(checkpoint.Contains("model.layers.1.self_attn.q_proj.weight"));
+        EXPECT_TRUE(checkpoint.Contains("model.embed_tokens.weight"));
+        EXPECT_TRUE(checkpoint.Contains("model.norm.weight"));
+        EXPECT_EQ(checkpoint.Contains("lm_head.weight"), !tie);
+        EXPECT_EQ(checkpoint.Contains("model.layers.0.self_attn.k_proj.bias"), type == "qwen2");
+      }
+    }
+  }
+}
+
+TEST(HfCheckpointTest, Bf16ExportRoundsEachWeightOnce) {
+  std::shared_ptr<CausalLM> model = Make(Small("llama", false), 2);
+  const std::string dir = FreshDir("bf16");
+  ASSERT_THAT(SaveHfModel(*model, dir, torch::kBFloat16), IsOk());
+  SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::Open(dir).value();
+  EXPECT_EQ(checkpoint.Find("model.norm.weight").value().first->dtype, torch::kBFloat16);
+  std::shared_ptr<CausalLM> loaded = LoadHfModel(dir).value();
+  auto original = model->named_parameters();
+  for (const auto& item : loaded->named_parameters()) {
+    EXPECT_TRUE(
+        torch::equal(item.value(), original[item.key()].to(torch::kBFloat16).to(torch::kFloat32)))
+        << item.key();
+  }
+  EXPECT_THAT(SaveHfModel(*model, dir, torch::kFloat16),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("use float32 or bfloat16")));
+}
+
+// A checkpoint folder with the tiny model's config and the given tensors.
+std::string Folder(const std::string& name, const ModelConfig& config,
+                   std::vector<std::pair<std::string, torch::Tensor>> tensors) {
+  const std::string dir = FreshDir(name);
+  std::ofstream(dir + "/config.json") << ToHfConfigJson(config);
+  EXPECT_THAT(WriteSafetensors(dir + "/model.safetensors", tensors), IsOk());
+  return dir;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Weights(CausalLM& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& item : model.named_parameters()) tensors.emplace_back(item.key(), item.value());
+  return tensors;
+}
+
+TEST(HfCheckpointTest, MismatchedCheckpointsAreNamedErrors) {
+  const ModelConfig config = Small("llama", false);
+  std::shared_ptr<CausalLM> model = Make(config, 3);
+  auto tensors = Weights(*model);
+
+  auto missing = tensors;
+  missing.erase(missing.begin() + 3);
+  EXPECT_THAT(LoadHfModel(Folder("missing", config, missing)),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("missing tensor \"" + tensors[3].first + "\"")));
+
+  auto extra = tensors;
+  extra.emplace_back("model.layers.9.mlp.up_proj.weight", torch::zeros({2}));
+  EXPECT_THAT(LoadHfModel(Folder("extra", config, extra)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.safetensors: unexpected tensor "
+                                 "\"model.layers.9.mlp.up_proj.weight\"")));
+
+  auto reshaped = tensors;
+  reshaped[0].second = torch::zeros({50, 16});
+  EXPECT_THAT(LoadHfModel(Folder("reshaped", config, reshaped)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("has shape [50, 16], the model expects [50, 32]")));
+
+  auto integer = tensors;
+  integer[0].second = torch::zeros({50, 32}, torch::kInt64);
+  EXPECT_THAT(LoadHfModel(Folder("integer", config, integer)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("floating-point")));
+
+  // Tolerated: the precomputed rotary buffers older Llama checkpoints carry, and an
+  // lm_head.weight beside tied embeddings.
+  auto with_buffers = tensors;
+  with_buffers.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", torch::zeros({4}));
+  EXPECT_THAT(LoadHfModel(Folder("buffers", config, with_buffers)), IsOk());
+  const ModelConfig tied = Small("llama", true);
+  auto tied_tensors = Weights(*Make(tied, 4));
+  tied_tensors.emplace_back("lm_head.weight", tied_tensors[0].second);
+  EXPECT_THAT(LoadHfModel(Folder("tied", tied, tied_tensors)), IsOk());
+
+  EXPECT_THAT(LoadHfModel(FreshDir("empty")),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json")));
+}
+
+}  // namespace
+}  // namespace plait::models

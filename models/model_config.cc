@@ -1,0 +1,403 @@
+#include "models/model_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "tools/status/status_macros.h"
+
+namespace plait::models {
+namespace {
+
+// Hugging Face's defaults for fields a config.json may leave out (LlamaConfig, Qwen2Config).
+constexpr double kHfLlamaRmsNormEps = 1e-6;
+constexpr double kHfRopeTheta = 10000.0;
+constexpr int64_t kHfLlamaMaxPositions = 2048;
+constexpr int64_t kHfQwen2MaxPositions = 32768;
+
+ModelConfig Llama(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
+                  int64_t kv_heads, int64_t vocab, bool tie) {
+  ModelConfig config;
+  config.set_model_type("llama");
+  config.set_hidden_size(hidden);
+  config.set_intermediate_size(intermediate);
+  config.set_num_hidden_layers(layers);
+  config.set_num_attention_heads(heads);
+  config.set_num_key_value_heads(kv_heads);
+  config.set_rms_norm_eps(1e-5);
+  config.set_rope_theta(500000.0);
+  config.set_vocab_size(vocab);
+  config.set_max_position_embeddings(131072);
+  config.set_tie_word_embeddings(tie);
+  return config;
+}
+
+void SetLlama3RopeScaling(double factor, ModelConfig& config) {
+  RopeScaling* scaling = config.mutable_rope_scaling();
+  scaling->set_rope_type("llama3");
+  scaling->set_factor(factor);
+  scaling->set_low_freq_factor(1.0);
+  scaling->set_high_freq_factor(4.0);
+  scaling->set_original_max_position_embeddings(8192);
+}
+
+ModelConfig Qwen2(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
+                  int64_t kv_heads, int64_t vocab, bool tie) {
+  ModelConfig config = Llama(hidden, intermediate, layers, heads, kv_heads, vocab, tie);
+  config.set_model_type("qwen2");
+  config.set_rms_norm_eps(1e-6);
+  config.set_rope_theta(1000000.0);
+  config.set_max_position_embeddings(32768);
+  return config;
+}
+
+struct Preset {
+  const char* name;
+  ModelConfig (*make)();
+};
+
+// Shapes from the published config.json of each model.
+const Preset kPresets[] = {
+    {"tiny",
+     [] {
+       ModelConfig config = Llama(256, 688, 4, 4, 2, 4096, false);
+       config.set_rope_theta(10000.0);
+       config.set_max_position_embeddings(2048);
+       return config;
+     }},
+    {"llama3.2-1b",
+     [] {
+       ModelConfig config = Llama(2048, 8192, 16, 32, 8, 128256, true);
+       SetLlama3RopeScaling(32.0, config);
+       return config;
+     }},
+    {"llama3.1-8b",
+     [] {
+       ModelConfig config = Llama(4096, 14336, 32, 32, 8, 128256, false);
+       SetLlama3RopeScaling(8.0, config);
+       return config;
+     }},
+    {"qwen2.5-0.5b", [] { return Qwen2(896, 4864, 24, 14, 2, 151936, true); }},
+    {"qwen2.5-7b", [] { return Qwen2(3584, 18944, 28, 28, 4, 152064, false); }},
+};
+
+absl::Status FieldError(absl::string_view path, absl::string_view field,
+                        absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ".", field, ": ", problem));
+}
+
+template <typename T>
+absl::Status Positive(absl::string_view path, absl::string_view field, T value) {
+  if (value > 0) return absl::OkStatus();  // false for NaN too
+  return FieldError(path, field, absl::StrCat(value, " must be > 0"));
+}
+
+absl::Status ValidateRopeScaling(const RopeScaling& scaling, absl::string_view path) {
+  if (scaling.rope_type() != "llama3") {
+    return FieldError(path, "rope_type",
+                      absl::StrCat("\"", scaling.rope_type(),
+                                   "\" is not supported; the only supported type is \"llama3\""));
+  }
+  PLAIT_RETURN_IF_ERROR(Positive(path, "factor", scaling.factor()));
+  PLAIT_RETURN_IF_ERROR(Positive(path, "low_freq_factor", scaling.low_freq_factor()));
+  if (!(scaling.high_freq_factor() > scaling.low_freq_factor())) {
+    return FieldError(path, "high_freq_factor",
+                      absl::StrCat(scaling.high_freq_factor(), " must be > low_freq_factor (",
+                                   scaling.low_freq_factor(), ")"));
+  }
+  return Positive(path, "original_max_position_embeddings",
+                  scaling.original_max_position_embeddings());
+}
+
+// ---- config.json ----
+
+using Json = nlohmann::json;
+
+// Reads the fields of one JSON object, naming `source: field` in its errors.
+class JsonFields {
+ public:
+  JsonFields(const Json& object, std::string source)
+      : object_(object), source_(std::move(source)) {}
+
+  absl::Status Error(absl::string_view field, absl::string_view problem) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": ", field, ": ", problem));
+  }
+
+  bool Has(const char* field) const {
+    auto it = object_.find(field);
+    return it != object_.end() && !it->is_null();
+  }
+
+  absl::StatusOr<int64_t> Int(const char* field, std::optional<int64_t> fallback) const {
+    auto it = object_.find(field);
+    if (it == object_.end() || it->is_null()) return Missing(field, fallback);
+    if (it->is_number_integer()) return it->get<int64_t>();
+    return Error(field, absl::StrCat("expected an integer, got ", it->dump()));
+  }
+
+  absl::StatusOr<double> Double(const char* field, std::optional<double> fallback) const {
+    auto it = object_.find(field);
+    if (it == object_.end() || it->is_null()) return Missing(field, fallback);
+    if (it->is_number()) return it->get<double>();
+    return Error(field, absl::StrCat("expected a number, got ", it->dump()));
+  }
+
+  absl::StatusOr<bool> Bool(const char* field, bool fallback) const {
+    auto it = object_.find(field);
+    if (it == object_.end() || it->is_null()) return fallback;
+    if (it->is_boolean()) return it->get<bool>();
+    return Error(field, absl::StrCat("expected true or false, got ", it->dump()));
+  }
+
+  absl::StatusOr<std::string> String(const char* field, std::optional<std::string> fallback) const {
+    auto it = object_.find(field);
+    if (it == object_.end() || it->is_null()) return Missing(field, fallback);
+    if (it->is_string()) return it->get<std::string>();
+    return Error(field, absl::StrCat("expected a string, got ", it->dump()));
+  }
+
+ private:
+  template <typename T>
+  absl::StatusOr<T> Missing(const char* field, const std::optional<T>& fallback) const {
+    if (fallback.has_value()) return *fallback;
+    return Error(field, "is required and missing");
+  }
+
+  const Json& object_;
+  std::string source_;
+};
+
+absl::Status ParseRopeScaling(const Json& json, const std::string& source, RopeScaling& scaling) {
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": rope_scaling: expected an object or null, got ", json.dump()));
+  }
+  const JsonFields fields(json, absl::StrCat(source, ": rope_scaling"));
+  // Older checkpoints name the type "type"; HF reads either.
+  const char* type_field = fields.Has("rope_type") ? "rope_type" : "type";
+  PLAIT_ASSIGN_OR_RETURN(std::string type, fields.String(type_field, std::nullopt));
+  scaling.set_rope_type(type);
+  if (type != "llama3") return absl::OkStatus();  // rejected by validation, naming the type
+  PLAIT_ASSIGN_OR_RETURN(double factor, fields.Double("factor", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(double low, fields.Double("low_freq_factor", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(double high, fields.Double("high_freq_factor", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(int64_t original,
+                         fields.Int("original_max_position_embeddings", std::nullopt));
+  scaling.set_factor(factor);
+  scaling.set_low_freq_factor(low);
+  scaling.set_high_freq_factor(high);
+  scaling.set_original_max_position_embeddings(original);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names;
+  for (const Preset& preset : kPresets) names.push_back(preset.name);
+  return names;
+}
+
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
+  for (const Preset& preset : kPresets) {
+    if (name == preset.name) return preset.make();
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "unknown model preset \"", name, "\"; known presets: ", absl::StrJoin(PresetNames(), ", ")));
+}
+
+absl::Status ValidateModelConfig(const ModelConfig& config, absl::string_view field_path) {
+  const absl::string_view path = field_path;
+  const std::string& type = config.model_type();
+  if (type != "llama" && type != "qwen2") {
+    return FieldError(path, "model_type",
+                      absl::StrCat("\"", type, "\" is not supported; use \"llama\" or \"qwen2\""));
+  }
+  PLAIT_RETURN_IF_ERROR(Positive(path, "hidden_size", config.hidden_size()));
+  PLAIT_RETURN_IF_ERROR(Positive(path, "intermediate_size", config.intermediate_size()));
+  PLAIT_RETURN_IF_ERROR(Positive(path, "num_hidden_layers", config.num_hidden_layers()));
+  PLAIT_RETURN_IF_ERROR(Positive(path, "num_attention_heads", config.num_attention_heads()));
+  PLAIT_RETURN_IF_ERROR(Positive(path, "num_key_value_heads", config.num_key_value_heads()));
+  PLAIT_RETURN_IF_ERROR(Positive(path, "vocab_size", config.vocab_size()));
+  PLAIT_RETURN_IF_ERROR(
+      Positive(path, "max_position_embeddings", config.max_position_embeddings()));
+  PLAIT_RETURN_IF_ERROR(Positive(path, "rms_norm_eps", config.rms_norm_eps()));
+  PLAIT_RETURN_IF_ERROR(Positive(path, "rope_theta", config.rope_theta()));
+  if (config.hidden_size() % config.num_attention_heads() != 0) {
+    return FieldError(path, "num_attention_heads",
+                      absl::StrCat(config.num_attention_heads(), " does not divide hidden_size (",
+                                   config.hidden_size(), ")"));
+  }
+  if (config.num_attention_heads() % config.num_key_value_heads() != 0) {
+    return FieldError(
+        path, "num_key_value_heads",
+        absl::StrCat(config.num_key_value_heads(), " does not divide num_attention_heads (",
+                     config.num_attention_heads(), ")"));
+  }
+  if (HeadDim(config) % 2 != 0) {
+    return FieldError(path, "num_attention_heads",
+                      absl::StrCat("head dimension hidden_size / num_attention_heads = ",
+                                   HeadDim(config), " must be even for rotary embeddings"));
+  }
+  if (type == "qwen2" && config.attention_bias()) {
+    return FieldError(path, "attention_bias",
+                      "qwen2 always has q/k/v biases and none on o_proj; leave it unset");
+  }
+  if (config.has_rope_scaling()) {
+    PLAIT_RETURN_IF_ERROR(
+        ValidateRopeScaling(config.rope_scaling(), absl::StrCat(path, ".rope_scaling")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateInitConfig(const InitConfig& config, absl::string_view field_path) {
+  if (config.has_std()) return Positive(field_path, "std", config.std());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ResolveModelSpec(const ModelSpec& spec, absl::string_view field_path) {
+  PLAIT_RETURN_IF_ERROR(ValidateInitConfig(spec.init(), absl::StrCat(field_path, ".init")));
+  switch (spec.architecture_case()) {
+    case ModelSpec::kPreset: {
+      absl::StatusOr<ModelConfig> config = PresetConfig(spec.preset());
+      if (!config.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field_path, ".preset: ", config.status().message()));
+      }
+      return config;
+    }
+    case ModelSpec::kConfig:
+      PLAIT_RETURN_IF_ERROR(
+          ValidateModelConfig(spec.config(), absl::StrCat(field_path, ".config")));
+      return spec.config();
+    case ModelSpec::kHfConfigPath: {
+      absl::StatusOr<ModelConfig> config = ReadHfConfig(spec.hf_config_path());
+      if (!config.ok()) {
+        return absl::Status(
+            config.status().code(),
+            absl::StrCat(field_path, ".hf_config_path: ", config.status().message()));
+      }
+      return config;
+    }
+    case ModelSpec::ARCHITECTURE_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field_path, ": set one of preset, config or hf_config_path"));
+}
+
+absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::string_view source) {
+  const std::string name(source);
+  const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not valid JSON"));
+  }
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": expected a JSON object"));
+  }
+  const JsonFields fields(json, name);
+  ModelConfig config;
+  PLAIT_ASSIGN_OR_RETURN(std::string type, fields.String("model_type", std::nullopt));
+  if (type != "llama" && type != "qwen2") {
+    return fields.Error("model_type", absl::StrCat("\"", type,
+                                                   "\" is not supported; use \"llama\" or "
+                                                   "\"qwen2\""));
+  }
+  const bool qwen2 = type == "qwen2";
+  config.set_model_type(type);
+  PLAIT_ASSIGN_OR_RETURN(int64_t hidden, fields.Int("hidden_size", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(int64_t intermediate, fields.Int("intermediate_size", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(int64_t heads, fields.Int("num_attention_heads", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(int64_t kv_heads, fields.Int("num_key_value_heads", heads));
+  PLAIT_ASSIGN_OR_RETURN(int64_t vocab, fields.Int("vocab_size", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(double eps, fields.Double("rms_norm_eps", kHfLlamaRmsNormEps));
+  PLAIT_ASSIGN_OR_RETURN(double theta, fields.Double("rope_theta", kHfRopeTheta));
+  PLAIT_ASSIGN_OR_RETURN(
+      int64_t max_positions,
+      fields.Int("max_position_embeddings", qwen2 ? kHfQwen2MaxPositions : kHfLlamaMaxPositions));
+  PLAIT_ASSIGN_OR_RETURN(bool tie, fields.Bool("tie_word_embeddings", false));
+  PLAIT_ASSIGN_OR_RETURN(bool bias, fields.Bool("attention_bias", false));
+  PLAIT_ASSIGN_OR_RETURN(bool sliding, fields.Bool("use_sliding_window", false));
+  if (sliding)
+    return fields.Error("use_sliding_window", "sliding-window attention is not supported");
+  if (fields.Has("head_dim") && heads > 0) {
+    PLAIT_ASSIGN_OR_RETURN(int64_t head_dim, fields.Int("head_dim", std::nullopt));
+    if (head_dim * heads != hidden) {
+      return fields.Error(
+          "head_dim", absl::StrCat(head_dim, " is not hidden_size / num_attention_heads (", hidden,
+                                   " / ", heads, "), which plait needs"));
+    }
+  }
+  config.set_hidden_size(hidden);
+  config.set_intermediate_size(intermediate);
+  config.set_num_hidden_layers(layers);
+  config.set_num_attention_heads(heads);
+  config.set_num_key_value_heads(kv_heads);
+  config.set_vocab_size(vocab);
+  config.set_rms_norm_eps(eps);
+  config.set_rope_theta(theta);
+  config.set_max_position_embeddings(max_positions);
+  config.set_tie_word_embeddings(tie);
+  // Qwen2's q/k/v biases are implied by its model type.
+  if (!qwen2) config.set_attention_bias(bias);
+  if (fields.Has("rope_scaling")) {
+    PLAIT_RETURN_IF_ERROR(
+        ParseRopeScaling(json["rope_scaling"], name, *config.mutable_rope_scaling()));
+    if (config.rope_scaling().rope_type() == "default") config.clear_rope_scaling();
+  }
+  PLAIT_RETURN_IF_ERROR(ValidateModelConfig(config, name));
+  return config;
+}
+
+absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream text;
+  text << file.rdbuf();
+  if (file.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  return ParseHfConfigJson(text.str(), path);
+}
+
+std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dtype) {
+  const bool qwen2 = config.model_type() == "qwen2";
+  Json json;
+  json["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  json["model_type"] = config.model_type();
+  json["hidden_size"] = config.hidden_size();
+  json["intermediate_size"] = config.intermediate_size();
+  json["num_hidden_layers"] = config.num_hidden_layers();
+  json["num_attention_heads"] = config.num_attention_heads();
+  json["num_key_value_heads"] = config.num_key_value_heads();
+  json["rms_norm_eps"] = config.rms_norm_eps();
+  json["rope_theta"] = config.rope_theta();
+  json["vocab_size"] = config.vocab_size();
+  json["max_position_embeddings"] = config.max_position_embeddings();
+  json["tie_word_embeddings"] = config.tie_word_embeddings();
+  json["hidden_act"] = "silu";
+  if (!qwen2) json["attention_bias"] = config.attention_bias();
+  if (config.has_rope_scaling()) {
+    const RopeScaling& scaling = config.rope_scaling();
+    json["rope_scaling"] = {
+        {"rope_type", scaling.rope_type()},
+        {"factor", scaling.factor()},
+        {"low_freq_factor", scaling.low_freq_factor()},
+        {"high_freq_factor", scaling.high_freq_factor()},
+        {"original_max_position_embeddings", scaling.original_max_position_embeddings()},
+    };
+  } else {
+    json["rope_scaling"] = nullptr;
+  }
+  json["torch_dtype"] = std::string(torch_dtype);
+  return json.dump(2);
+}
+
+}  // namespace plait::models

@@ -1,0 +1,73 @@
+// Checked model configurations (model.proto): named presets with the real Hugging Face
+// shapes, validation that names the offending field, and conversion from and to a Hugging
+// Face config.json. A config that passes ValidateModelConfig builds a CausalLM without
+// surprises:
+//
+//   absl::StatusOr<ModelConfig> config = ResolveModelSpec(plan.model(), "plan.model");
+//   // error: "plan.model.config.num_key_value_heads: 3 does not divide
+//   //         num_attention_heads (8)"
+//   absl::StatusOr<ModelConfig> hf = ReadHfConfig("/ckpt/llama/config.json");
+#ifndef PLAIT_MODELS_MODEL_CONFIG_H_
+#define PLAIT_MODELS_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "models/model.pb.h"
+
+namespace plait::models {
+
+// The std of the normal initialisation when InitConfig.std is unset (GPT-2's and HF's).
+inline constexpr double kDefaultInitStd = 0.02;
+
+// The preset names ResolveModelSpec and PresetConfig accept.
+std::vector<std::string> PresetNames();
+
+// The architecture of a named preset; NotFound listing the known names otherwise.
+// "tiny" (about 3.4 million parameters) is for tests and the default run; the others are the
+// published shapes of Llama 3.2 1B, Llama 3.1 8B, Qwen2.5 0.5B and Qwen2.5 7B.
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
+
+// InvalidArgument naming `field_path.<field>` and its value when a size is not positive,
+// num_attention_heads does not divide hidden_size, num_key_value_heads does not divide
+// num_attention_heads, model_type is unknown, rope_scaling is not "llama3" or its factors
+// are out of range, rms_norm_eps or rope_theta is not positive, or a qwen2 config sets
+// attention_bias.
+absl::Status ValidateModelConfig(const ModelConfig& config,
+                                 absl::string_view field_path = "model_config");
+
+// InvalidArgument naming the field when std is set and not positive.
+absl::Status ValidateInitConfig(const InitConfig& config, absl::string_view field_path = "init");
+
+// The checked architecture a spec names (preset, explicit config or config.json path), and
+// its init config checked too.
+absl::StatusOr<ModelConfig> ResolveModelSpec(const ModelSpec& spec,
+                                             absl::string_view field_path = "model");
+
+// Parses the text of a Hugging Face config.json (`source` names it in errors) and validates
+// the result. Fields missing from the file take Hugging Face's defaults for the model type;
+// model_type, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and
+// vocab_size are required. Sliding-window attention and a head_dim other than
+// hidden_size / num_attention_heads are rejected as unsupported.
+absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::string_view source);
+
+// Reads and parses a config.json file; errors name the file.
+absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& path);
+
+// A Hugging Face config.json for `config` (with "architectures", "model_type", the fields
+// above and `torch_dtype`, the dtype of the weights written beside it), which ParseHfConfigJson
+// reads back to an equal config.
+std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dtype = "float32");
+
+// hidden_size / num_attention_heads.
+inline int64_t HeadDim(const ModelConfig& config) {
+  return config.hidden_size() / config.num_attention_heads();
+}
+
+}  // namespace plait::models
+
+#endif  // PLAIT_MODELS_MODEL_CONFIG_H_

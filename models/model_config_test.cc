@@ -1,0 +1,199 @@
+#include "models/model_config.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "tools/status/status_matchers.h"
+
+namespace plait::models {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::HasSubstr;
+
+ModelConfig Tiny() { return PresetConfig("tiny").value(); }
+
+TEST(PresetConfigTest, EveryPresetIsValid) {
+  for (const std::string& name : PresetNames()) {
+    absl::StatusOr<ModelConfig> config = PresetConfig(name);
+    ASSERT_THAT(config, IsOk()) << name;
+    EXPECT_THAT(ValidateModelConfig(*config), IsOk()) << name;
+  }
+}
+
+TEST(PresetConfigTest, RealShapes) {
+  const ModelConfig llama = PresetConfig("llama3.2-1b").value();
+  EXPECT_EQ(llama.hidden_size(), 2048);
+  EXPECT_EQ(llama.num_key_value_heads(), 8);
+  EXPECT_EQ(llama.rope_scaling().factor(), 32.0);
+  EXPECT_TRUE(llama.tie_word_embeddings());
+  const ModelConfig qwen = PresetConfig("qwen2.5-7b").value();
+  EXPECT_EQ(qwen.model_type(), "qwen2");
+  EXPECT_EQ(qwen.intermediate_size(), 18944);
+  EXPECT_EQ(qwen.vocab_size(), 152064);
+}
+
+TEST(PresetConfigTest, UnknownNameListsTheKnownOnes) {
+  EXPECT_THAT(PresetConfig("gpt5"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("tiny, llama3.2-1b")));
+}
+
+struct BadCase {
+  const char* edit;     // text proto merged over the tiny preset
+  const char* message;  // expected in the error
+};
+
+class ValidateModelConfigTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ValidateModelConfigTest, NamesTheField) {
+  ModelConfig config = Tiny();
+  ASSERT_TRUE(google::protobuf::TextFormat::MergeFromString(GetParam().edit, &config));
+  EXPECT_THAT(ValidateModelConfig(config, "plan.model"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(GetParam().message)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ValidateModelConfigTest,
+    ::testing::Values(
+        BadCase{"model_type: 'gpt2'", "plan.model.model_type: \"gpt2\" is not supported"},
+        BadCase{"hidden_size: 0", "plan.model.hidden_size: 0 must be > 0"},
+        BadCase{"intermediate_size: -3", "plan.model.intermediate_size: -3 must be > 0"},
+        BadCase{"num_hidden_layers: 0", "plan.model.num_hidden_layers"},
+        BadCase{"vocab_size: 0", "plan.model.vocab_size"},
+        BadCase{"num_attention_heads: 3",
+                "plan.model.num_attention_heads: 3 does not divide hidden_size (256)"},
+        BadCase{"num_key_value_heads: 3",
+                "plan.model.num_key_value_heads: 3 does not divide num_attention_heads (4)"},
+        BadCase{"rms_norm_eps: 0", "plan.model.rms_norm_eps"},
+        BadCase{"rope_theta: -1", "plan.model.rope_theta"},
+        BadCase{"rope_scaling { rope_type: 'yarn' factor: 4 }",
+                "plan.model.rope_scaling.rope_type: \"yarn\" is not supported"},
+        BadCase{"rope_scaling { rope_type: 'llama3' factor: 8 low_freq_factor: 4 "
+                "high_freq_factor: 1 original_max_position_embeddings: 8192 }",
+                "plan.model.rope_scaling.high_freq_factor"},
+        BadCase{"model_type: 'qwen2' attention_bias: true", "plan.model.attention_bias"}));
+
+TEST(ValidateInitConfigTest, NonPositiveStd) {
+  InitConfig init;
+  init.set_std(0.0);
+  EXPECT_THAT(ValidateInitConfig(init, "plan.init"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("plan.init.std")));
+}
+
+TEST(ResolveModelSpecTest, PresetConfigAndErrors) {
+  ModelSpec spec;
+  spec.set_preset("tiny");
+  EXPECT_THAT(ResolveModelSpec(spec), IsOk());
+  spec.set_preset("nope");
+  EXPECT_THAT(ResolveModelSpec(spec, "plan.model"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("plan.model.preset")));
+  *spec.mutable_config() = Tiny();
+  spec.mutable_config()->set_num_key_value_heads(3);
+  EXPECT_THAT(ResolveModelSpec(spec, "plan.model"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.model.config.num_key_value_heads")));
+  EXPECT_THAT(ResolveModelSpec(ModelSpec(), "plan.model"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("plan.model: set one")));
+}
+
+// The config.json of meta-llama/Llama-3.2-1B, as published.
+constexpr char kLlama32Json[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 128000,
+  "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+  "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072,
+  "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32,
+  "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256
+})";
+
+// The config.json of Qwen/Qwen2.5-0.5B, as published.
+constexpr char kQwen25Json[] = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+  "initializer_range": 0.02, "intermediate_size": 4864, "max_position_embeddings": 32768,
+  "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+  "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936
+})";
+
+TEST(ParseHfConfigJsonTest, PublishedConfigsEqualThePresets) {
+  absl::StatusOr<ModelConfig> llama = ParseHfConfigJson(kLlama32Json, "config.json");
+  ASSERT_THAT(llama, IsOk());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      *llama, PresetConfig("llama3.2-1b").value()))
+      << llama->DebugString();
+  absl::StatusOr<ModelConfig> qwen = ParseHfConfigJson(kQwen25Json, "config.json");
+  ASSERT_THAT(qwen, IsOk());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      *qwen, PresetConfig("qwen2.5-0.5b").value()))
+      << qwen->DebugString();
+}
+
+TEST(ParseHfConfigJsonTest, RoundTripsThroughToHfConfigJson) {
+  for (const std::string& name : PresetNames()) {
+    const ModelConfig config = PresetConfig(name).value();
+    absl::StatusOr<ModelConfig> back = ParseHfConfigJson(ToHfConfigJson(config), name);
+    ASSERT_THAT(back, IsOk());
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*back, config)) << name;
+  }
+}
+
+TEST(ParseHfConfigJsonTest, ErrorsNameTheSourceAndField) {
+  EXPECT_THAT(
+      ParseHfConfigJson("{not json", "ckpt/config.json"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ckpt/config.json: not valid JSON")));
+  EXPECT_THAT(ParseHfConfigJson("[1]", "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("c.json: expected a JSON")));
+  EXPECT_THAT(ParseHfConfigJson(R"({"model_type": "llama"})", "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: hidden_size: is required and missing")));
+  EXPECT_THAT(ParseHfConfigJson(R"({"model_type": "mistral"})", "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: model_type: \"mistral\" is not supported")));
+  std::string text = kLlama32Json;
+  text.replace(text.find("\"hidden_size\": 2048"), 19, "\"hidden_size\": \"2048\"");
+  EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: hidden_size: expected an integer, got \"2048\"")));
+  text = kLlama32Json;
+  text.replace(text.find("\"llama3\""), 8, "\"dynamic\"");
+  EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json.rope_scaling.rope_type: \"dynamic\" is not supported")));
+  text = kLlama32Json;
+  text.replace(text.find("\"num_key_value_heads\": 8"), 24, "\"num_key_value_heads\": 5");
+  EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json.num_key_value_heads: 5 does not divide")));
+  text = kQwen25Json;
+  text.replace(text.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
+  EXPECT_THAT(ParseHfConfigJson(text, "c.json"), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                          HasSubstr("c.json: use_sliding_window")));
+}
+
+TEST(ReadHfConfigTest, ReadsAFileAndNamesAMissingOne) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/config.json";
+  std::ofstream(path) << kQwen25Json;
+  EXPECT_THAT(ReadHfConfig(path), IsOk());
+  EXPECT_THAT(ReadHfConfig(path + ".missing"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json.missing")));
+  ModelSpec spec;
+  spec.set_hf_config_path(path);
+  EXPECT_THAT(ResolveModelSpec(spec), IsOk());
+}
+
+}  // namespace
+}  // namespace plait::models

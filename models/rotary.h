@@ -1,0 +1,36 @@
+// Rotary position embeddings (RoPE) as Hugging Face's Llama and Qwen2 apply them: the
+// "rotate half" layout, frequencies theta^(-2i/d), and optionally Llama 3.1's "llama3"
+// frequency scaling. The tables for a sequence are computed once and shared by every layer:
+//
+//   torch::Tensor inv_freq = RotaryInverseFrequencies(config);          // [head_dim / 2]
+//   RotaryTables tables = MakeRotaryTables(inv_freq, torch::arange(T));  // cos, sin [T, head_dim]
+//   torch::Tensor q_rotated = ApplyRotary(q, tables.cos, tables.sin);    // q [B, T, H, head_dim]
+#ifndef PLAIT_MODELS_ROTARY_H_
+#define PLAIT_MODELS_ROTARY_H_
+
+#include "models/model.pb.h"
+#include "torch/torch.h"
+
+namespace plait::models {
+
+// The inverse frequencies of one head's rotary pairs (float32, [head_dim / 2]), with the
+// config's rope_scaling applied. `config` must pass ValidateModelConfig.
+torch::Tensor RotaryInverseFrequencies(const ModelConfig& config);
+
+struct RotaryTables {
+  torch::Tensor cos;  // [positions, head_dim]
+  torch::Tensor sin;  // [positions, head_dim]
+};
+
+// cos and sin of position * inv_freq for each position (a 1-D integer or float tensor), each
+// frequency repeated for both halves of the head, as HF lays them out.
+RotaryTables MakeRotaryTables(const torch::Tensor& inv_freq, const torch::Tensor& positions);
+
+// x * cos + rotate_half(x) * sin for x [..., T, H, head_dim] with tables [T, head_dim]
+// (broadcast over the heads), where rotate_half(x) = cat(-x2, x1) of x's halves.
+torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
+                          const torch::Tensor& sin);
+
+}  // namespace plait::models
+
+#endif  // PLAIT_MODELS_ROTARY_H_

@@ -1,0 +1,84 @@
+#include "models/rotary.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "models/model_config.h"
+
+namespace plait::models {
+namespace {
+
+ModelConfig Config() {
+  ModelConfig config = PresetConfig("tiny").value();
+  config.set_hidden_size(64);
+  config.set_num_attention_heads(2);
+  config.set_num_key_value_heads(2);
+  return config;
+}
+
+// q . k after rotating q to position i and k to position j.
+double RotatedDot(const torch::Tensor& inv_freq, const torch::Tensor& q, const torch::Tensor& k,
+                  int64_t i, int64_t j) {
+  const RotaryTables ti = MakeRotaryTables(inv_freq, torch::tensor({i}));
+  const RotaryTables tj = MakeRotaryTables(inv_freq, torch::tensor({j}));
+  const torch::Tensor qi = ApplyRotary(q.to(torch::kFloat64), ti.cos.to(torch::kFloat64),
+                                       ti.sin.to(torch::kFloat64));
+  const torch::Tensor kj = ApplyRotary(k.to(torch::kFloat64), tj.cos.to(torch::kFloat64),
+                                       tj.sin.to(torch::kFloat64));
+  return (qi * kj).sum().item<double>();
+}
+
+TEST(RotaryTest, DotProductDependsOnlyOnRelativePosition) {
+  torch::manual_seed(1);
+  const ModelConfig config = Config();
+  const torch::Tensor inv_freq = RotaryInverseFrequencies(config);
+  const torch::Tensor q = torch::randn({1, 1, 32});  // [T, H, D]
+  const torch::Tensor k = torch::randn({1, 1, 32});
+  for (const auto& [i, j] : {std::pair<int64_t, int64_t>{3, 1}, {7, 7}, {2, 9}}) {
+    const double base = RotatedDot(inv_freq, q, k, i, j);
+    for (int64_t shift : {1, 5, 100}) {
+      EXPECT_NEAR(RotatedDot(inv_freq, q, k, i + shift, j + shift), base, 1e-4)
+          << i << " " << j << " shift " << shift;
+    }
+  }
+  // And it does depend on the relative position.
+  EXPECT_GT(std::abs(RotatedDot(inv_freq, q, k, 3, 1) - RotatedDot(inv_freq, q, k, 3, 2)), 1e-3);
+}
+
+TEST(RotaryTest, PositionZeroIsTheIdentity) {
+  const torch::Tensor inv_freq = RotaryInverseFrequencies(Config());
+  const torch::Tensor x = torch::randn({1, 3, 32});
+  const RotaryTables tables = MakeRotaryTables(inv_freq, torch::tensor({0}));
+  EXPECT_TRUE(torch::allclose(ApplyRotary(x, tables.cos, tables.sin), x));
+}
+
+TEST(RotaryTest, FrequenciesAreThetaPowers) {
+  const ModelConfig config = Config();
+  const torch::Tensor inv_freq = RotaryInverseFrequencies(config);
+  ASSERT_EQ(inv_freq.size(0), 16);
+  EXPECT_FLOAT_EQ(inv_freq[0].item<float>(), 1.0f);
+  EXPECT_FLOAT_EQ(inv_freq[5].item<float>(),
+                  static_cast<float>(std::pow(config.rope_theta(), -10.0 / 32.0)));
+}
+
+TEST(RotaryTest, Llama3ScalingKeepsHighAndSlowsLowFrequencies) {
+  ModelConfig config = PresetConfig("llama3.2-1b").value();
+  const torch::Tensor scaled = RotaryInverseFrequencies(config);
+  config.clear_rope_scaling();
+  const torch::Tensor plain = RotaryInverseFrequencies(config);
+  ASSERT_EQ(scaled.size(0), 32);
+  // Wavelength 2*pi/f below 8192/4: unchanged; above 8192/1: divided by factor 32.
+  EXPECT_FLOAT_EQ(scaled[0].item<float>(), plain[0].item<float>());
+  EXPECT_FLOAT_EQ(scaled[31].item<float>(), plain[31].item<float>() / 32.0f);
+  // In between, smoothly interpolated: strictly between the two.
+  int64_t between = 0;
+  for (int64_t i = 0; i < 32; ++i) {
+    const float s = scaled[i].item<float>();
+    const float p = plain[i].item<float>();
+    if (s < p && s > p / 32.0f) ++between;
+  }
+  EXPECT_GT(between, 0);
+}
+
+}  // namespace
+}  // namespace plait::models

@@ -1,0 +1,118 @@
+// Reading and writing the safetensors format (https://github.com/huggingface/safetensors):
+// an 8-byte little-endian header length N, N bytes of JSON mapping each tensor name to its
+// dtype, shape and [begin, end) byte offsets into the data that follows (plus an optional
+// "__metadata__" object of strings), then the data. Files are memory-mapped; every offset,
+// size and type in the header is checked before any byte is read, so a corrupt or hostile
+// file is an error naming the file and the problem, never a crash. Also the sharded layout
+// Hugging Face writes for large models: `model.safetensors.index.json` mapping each tensor
+// to one of several files.
+//
+//   PLAIT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open("/ckpt/model.safetensors"));
+//   PLAIT_ASSIGN_OR_RETURN(torch::Tensor embed, file->Read("model.embed_tokens.weight"));
+//   PLAIT_RETURN_IF_ERROR(WriteSafetensors("/out/model.safetensors", {{"w", w}}));
+//
+// Supported dtypes: F32, BF16, F16 and I64.
+#ifndef PLAIT_MODELS_SAFETENSORS_H_
+#define PLAIT_MODELS_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "torch/torch.h"
+
+namespace plait::models {
+
+// The file a sharded checkpoint's index lives in (Hugging Face's name).
+inline constexpr char kSafetensorsIndexName[] = "model.safetensors.index.json";
+// The single-file checkpoint name Hugging Face uses.
+inline constexpr char kSafetensorsFileName[] = "model.safetensors";
+
+// One tensor's entry in a safetensors header.
+struct SafetensorsEntry {
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin;  // byte offsets into the data section
+  uint64_t end;
+};
+
+// A memory-mapped safetensors file whose header has been checked.
+class SafetensorsFile {
+ public:
+  // Maps and checks `path`. Errors (InvalidArgument unless the file cannot be opened) name
+  // the file and the problem: a file shorter than 8 bytes, a header length past the end of
+  // the file, a header that is not valid JSON or not an object, an entry without a valid
+  // dtype, shape or data_offsets, an unsupported dtype, offsets outside the data, a size that
+  // does not match dtype and shape, overlapping tensors, or data bytes that belong to no
+  // tensor.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  ~SafetensorsFile();
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // A copy of the tensor `name` in a new CPU tensor of its dtype; NotFound naming the file
+  // when there is no such tensor.
+  absl::StatusOr<torch::Tensor> Read(const std::string& name) const;
+
+ private:
+  SafetensorsFile(std::string path, const char* data, size_t size)
+      : path_(std::move(path)), map_(data), map_size_(size) {}
+  absl::Status ParseHeader();
+
+  std::string path_;
+  const char* map_;
+  size_t map_size_;
+  const char* data_ = nullptr;  // start of the data section
+  std::map<std::string, SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes `tensors` (CPU or not, any layout; F32, BF16, F16 or I64) in the given order, with
+// `metadata` as "__metadata__", to `path` through a temporary file renamed into place.
+// InvalidArgument naming the tensor for an unsupported dtype or a duplicate name.
+absl::Status WriteSafetensors(const std::string& path,
+                              const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
+// The tensors of a checkpoint directory: either one `model.safetensors`, or the files that
+// `model.safetensors.index.json` names.
+class SafetensorsCheckpoint {
+ public:
+  // Opens `dir`'s index if it has one (every file it names is opened and must hold exactly
+  // the tensors the index assigns to it), else `dir/model.safetensors`.
+  static absl::StatusOr<SafetensorsCheckpoint> Open(const std::string& dir);
+
+  // Every tensor name, sorted.
+  std::vector<std::string> Names() const;
+  bool Contains(const std::string& name) const { return location_.count(name) > 0; }
+  // The entry and the file holding `name`; NotFound when absent.
+  absl::StatusOr<std::pair<const SafetensorsEntry*, const SafetensorsFile*>> Find(
+      const std::string& name) const;
+  absl::StatusOr<torch::Tensor> Read(const std::string& name) const;
+
+ private:
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::map<std::string, size_t> location_;  // name -> index into files_
+  std::string dir_;
+};
+
+// Writes `tensors` into `dir` as Hugging Face does: one model.safetensors when their data
+// fits in `max_shard_bytes` (or it is 0), else files `model-0000i-of-0000n.safetensors` of at
+// most that many bytes each (a larger single tensor gets a file of its own) and the index.
+absl::Status WriteSafetensorsCheckpoint(
+    const std::string& dir, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+    uint64_t max_shard_bytes = 0);
+
+}  // namespace plait::models
+
+#endif  // PLAIT_MODELS_SAFETENSORS_H_

@@ -1,0 +1,71 @@
+// Wrappable is what a parallelism wrapper (FSDP, tensor parallel, DDP) sees of a model: its
+// ordered repeated blocks, which are the natural FSDP units; the parameters outside those
+// blocks (embeddings, final norm, output head), which form the root unit; every parameter's
+// fully qualified name; and the one model-specific change tensor parallelism needs, telling
+// attention how many heads its sharded projections now hold. Wrappers depend on this
+// interface only, never on a concrete model.
+//
+//   Wrappable& model = ...;  // e.g. a plait::models::CausalLM
+//   for (const Wrappable::Unit& block : model.Blocks()) {
+//     // block.name is "model.layers.3"; block.module->named_parameters() are relative to it.
+//   }
+//   // Tensor parallel over 4 ranks: shard q/k/v column-wise, then
+//   model.SetLocalHeads(model.NumHeads() / 4, model.NumKeyValueHeads() / 4);
+//
+// Names are the ones checkpoints use (Hugging Face names for plait's models), so wrapper
+// plans keyed by name patterns and checkpoint files agree.
+#ifndef PLAIT_WRAP_WRAPPABLE_H_
+#define PLAIT_WRAP_WRAPPABLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "torch/torch.h"
+
+namespace plait::wrap {
+
+class Wrappable {
+ public:
+  // One repeated block: its module and the fully qualified name of that module, so the
+  // block's parameter `p` has the full name `name + "." + p`.
+  struct Unit {
+    std::string name;
+    std::shared_ptr<torch::nn::Module> module;
+  };
+
+  // A parameter with its fully qualified name.
+  struct NamedParameter {
+    std::string name;
+    torch::Tensor parameter;
+  };
+
+  virtual ~Wrappable() = default;
+
+  // The module owning every parameter, blocks included.
+  virtual torch::nn::Module& RootModule() = 0;
+
+  // The repeated blocks in execution order (first block runs first in the forward pass).
+  virtual std::vector<Unit> Blocks() = 0;
+
+  // The parameters that belong to no block, in a fixed order.
+  virtual std::vector<NamedParameter> RootParameters() = 0;
+
+  // Every parameter (blocks and root), each once, with its fully qualified name.
+  virtual std::vector<NamedParameter> NamedParameters() = 0;
+
+  // The global attention head counts of the model's config.
+  virtual int64_t NumHeads() const = 0;
+  virtual int64_t NumKeyValueHeads() const = 0;
+
+  // Tells every block's attention the head counts its (sharded) projections hold after
+  // tensor-parallel sharding. InvalidArgument when the counts are not positive, do not divide
+  // the global counts, or `num_heads` is not a multiple of `num_kv_heads`.
+  virtual absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) = 0;
+};
+
+}  // namespace plait::wrap
+
+#endif  // PLAIT_WRAP_WRAPPABLE_H_
