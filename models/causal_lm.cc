@@ -240,13 +240,21 @@ torch::Tensor CausalLM::OutputWeight() {
 }
 
 torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
+  const auto before = [this](int unit) {
+    if (hooks_.before_forward) hooks_.before_forward(unit);
+  };
+  const auto after = [this](int unit, torch::Tensor output) {
+    return hooks_.after_forward ? hooks_.after_forward(unit, std::move(output)) : output;
+  };
+  before(kRootUnit);
   const AttentionContext& context = Context(tokens.size(1), tokens.device());
   torch::Tensor h = model_->embed_tokens(tokens);
-  for (const std::shared_ptr<DecoderLayer>& layer : model_->layers) {
-    h = layer->forward(h, context);
+  for (size_t i = 0; i < model_->layers.size(); ++i) {
+    before(static_cast<int>(i));
+    h = after(static_cast<int>(i), model_->layers[i]->forward(h, context));
   }
   h = model_->norm->forward(h);
-  return torch::matmul(h, OutputWeight().t());
+  return after(kRootUnit, torch::matmul(h, OutputWeight().t()));
 }
 
 torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,

@@ -166,6 +166,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   int64_t NumHeads() const override { return config_.num_attention_heads(); }
   int64_t NumKeyValueHeads() const override { return config_.num_key_value_heads(); }
   absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) override;
+  void SetUnitHooks(UnitHooks hooks) override { hooks_ = std::move(hooks); }
 
  private:
   explicit CausalLM(const ModelConfig& config);
@@ -181,6 +182,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   AttentionContext context_;
   int64_t context_seq_len_ = -1;
   int64_t context_groups_ = -1;
+  UnitHooks hooks_;
 };
 
 }  // namespace plait::models

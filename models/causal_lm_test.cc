@@ -294,6 +294,26 @@ TEST(CausalLMTest, WrappableView) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("SetLocalHeads(3, 1)")));
 }
 
+TEST(CausalLMTest, UnitHooksRunAroundEveryUnitInOrder) {
+  std::shared_ptr<CausalLM> model = Make(Small());
+  const torch::Tensor tokens = Tokens(2, 5, 97, 1);
+  const torch::Tensor plain = model->Forward(tokens);
+  std::vector<std::string> calls;
+  model->SetUnitHooks({
+      [&](int unit) { calls.push_back("before " + std::to_string(unit)); },
+      [&](int unit, torch::Tensor output) {
+        calls.push_back("after " + std::to_string(unit));
+        return unit == wrap::Wrappable::kRootUnit ? output * 2 : output;
+      },
+  });
+  const torch::Tensor hooked = model->Forward(tokens);
+  EXPECT_THAT(calls, ElementsAre("before -1", "before 0", "after 0", "before 1", "after 1",
+                                 "after -1"));
+  EXPECT_TRUE(torch::allclose(hooked, plain * 2));  // the model continues with after's result
+  model->SetUnitHooks({});
+  EXPECT_TRUE(torch::equal(model->Forward(tokens), plain));
+}
+
 TEST(FlopsTest, CountsMatmulsAndAttention) {
   ModelConfig config = Small();  // hidden 64, kv width 32, inner 96, 2 layers, vocab 97
   const double per_layer = 64.0 * 64 * 2 + 64.0 * 32 * 2 + 3.0 * 64 * 96;

@@ -18,6 +18,7 @@
 #define PLAIT_WRAP_WRAPPABLE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,19 @@ class Wrappable {
     torch::Tensor parameter;
   };
 
+  // Callbacks a wrapper has the model run around its units' forward passes (FSDP gathers a
+  // unit's parameters just before it computes and frees them after). `before_forward(u)` runs
+  // just before unit u computes; `after_forward(u, output)` receives the unit's output and
+  // returns the tensor the model continues with (the same values; a wrapper may attach an
+  // autograd hook to it). Units are the blocks, 0 .. Blocks().size() - 1 in order, and
+  // kRootUnit for the whole forward pass: its before_forward runs first and its
+  // after_forward receives the model's final output. An empty function is not called.
+  static constexpr int kRootUnit = -1;
+  struct UnitHooks {
+    std::function<void(int unit)> before_forward;
+    std::function<torch::Tensor(int unit, torch::Tensor output)> after_forward;
+  };
+
   virtual ~Wrappable() = default;
 
   // The module owning every parameter, blocks included.
@@ -64,6 +78,9 @@ class Wrappable {
   // tensor-parallel sharding. InvalidArgument when the counts are not positive, do not divide
   // the global counts, or `num_heads` is not a multiple of `num_kv_heads`.
   virtual absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) = 0;
+
+  // Installs `hooks`, replacing any installed before.
+  virtual void SetUnitHooks(UnitHooks hooks) = 0;
 };
 
 }  // namespace plait::wrap
