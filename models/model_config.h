@@ -28,7 +28,7 @@ inline constexpr double kDefaultInitStd = 0.02;
 std::vector<std::string> PresetNames();
 
 // The architecture of a named preset; NotFound listing the known names otherwise.
-// "tiny" (about 3.4 million parameters) is for tests and the default run; the others are the
+// "tiny" (about 5.0 million parameters) is for tests and the default run; the others are the
 // published shapes of Llama 3.2 1B, Llama 3.1 8B, Qwen2.5 0.5B and Qwen2.5 7B.
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
 
