@@ -128,6 +128,15 @@ absl::Status CheckParameters(const std::vector<TrainableParameter>& parameters) 
     if (!tensor.is_contiguous()) {
       return absl::InvalidArgumentError(where + " is not contiguous");
     }
+    // The full parameters of an FSDP-wrapped model have no memory between uses: an
+    // optimizer over them would train nothing the model computes with (the motivating bug).
+    if (tensor.storage().nbytes() <
+        static_cast<size_t>((tensor.storage_offset() + tensor.numel()) * tensor.element_size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       " has no memory: it is the full parameter of a sharded (FSDP) model; build "
+                       "the optimizer from the prepared model's trainable parameters"));
+    }
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,241 @@
+// The correctness anchor for DDP and FSDP: the tiny Llama trained for 10 AdamW steps with
+// clipping on several ranks (threads, Gloo) gives the same per-step losses and final
+// parameters as one process on the same global batch, within 1e-5 relative in fp32 (losses
+// each, parameters as the norm of the difference over the norm of the tensor).
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/model_config.h"
+#include "optim/optimizer.h"
+#include "parallel/device_mesh.h"
+#include "parallel/gloo_communicator.h"
+#include "parallel/test_ranks.h"
+#include "tools/status/status_matchers.h"
+#include "torch/csrc/distributed/c10d/HashStore.hpp"
+#include "torch/torch.h"
+#include "wrap/preparation.h"
+
+namespace plait::wrap {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int kSteps = 10;
+constexpr int64_t kGlobalBatch = 8;
+constexpr int64_t kSeqLen = 32;
+
+enum class Strategy { kDdp, kFsdp, kFsdpNoReshard };
+
+struct Scenario {
+  std::string name;
+  Strategy strategy;
+  int ranks;
+  int micro_steps;  // gradient accumulation
+};
+
+struct TrainingRun {
+  std::vector<double> losses;                       // per step, averaged over the global batch
+  std::vector<double> grad_norms;                   // per step, before clipping
+  std::map<std::string, torch::Tensor> parameters;  // final, full
+};
+
+models::ModelConfig Tiny() { return models::PresetConfig("tiny").value(); }
+
+std::shared_ptr<models::CausalLM> MakeModel() {
+  models::InitConfig init;
+  init.set_seed(3);
+  return models::CausalLM::Create(Tiny(), init).value();
+}
+
+optim::OptimizerConfig AdamWWithClipping() {
+  optim::OptimizerConfig config;
+  google::protobuf::TextFormat::ParseFromString(
+      "adamw {} weight_decay: 0.1 clipping { max_norm: 1.0 }", &config);
+  return config;
+}
+
+// Step `step`'s global batch: tokens and next-token targets. Drawn once, before any rank
+// thread starts (the global generator is not for concurrent use).
+std::pair<torch::Tensor, torch::Tensor> Batch(int step) {
+  static const auto* batches = [] {
+    auto* batches = new std::vector<std::pair<torch::Tensor, torch::Tensor>>();
+    torch::manual_seed(100);
+    for (int i = 0; i < kSteps; ++i) {
+      const torch::Tensor sequence =
+          torch::randint(Tiny().vocab_size(), {kGlobalBatch, kSeqLen + 1});
+      batches->emplace_back(sequence.narrow(1, 0, kSeqLen), sequence.narrow(1, 1, kSeqLen));
+    }
+    return batches;
+  }();
+  return (*batches)[step];
+}
+
+double LearningRate(int step) { return 1e-3 * (step + 1) / kSteps; }
+
+TrainingRun SingleProcess() {
+  TrainingRun run;
+  std::shared_ptr<models::CausalLM> model = MakeModel();
+  std::vector<optim::TrainableParameter> parameters;
+  for (const auto& named : model->NamedParameters()) {
+    parameters.push_back({named.name, named.parameter, {}});
+  }
+  auto optimizer = optim::Optimizer::Create(parameters, AdamWWithClipping()).value();
+  for (int step = 0; step < kSteps; ++step) {
+    auto [tokens, targets] = Batch(step);
+    torch::Tensor loss = model->Loss(tokens, targets);
+    loss.backward();
+    absl::StatusOr<optim::StepReport> report = optimizer->Step(LearningRate(step));
+    EXPECT_THAT(report, IsOk());
+    optimizer->ZeroGrad();
+    run.losses.push_back(loss.item<double>());
+    run.grad_norms.push_back(report->grad_norm.value_or(0.0));
+  }
+  for (const auto& named : model->NamedParameters()) {
+    run.parameters[named.name] = named.parameter.detach().clone();
+  }
+  return run;
+}
+
+TrainingRun Distributed(const Scenario& scenario) {
+  Batch(0);  // drawn here, on one thread
+  parallel::MeshConfig mesh_config;
+  auto* dim = mesh_config.add_dims();
+  dim->set_name("dp");
+  dim->set_size(scenario.ranks);
+  const parallel::MeshLayout layout =
+      parallel::MeshLayout::Create(mesh_config, scenario.ranks).value();
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  TrainingRun result;
+  parallel::testing::RunRanks(scenario.ranks, [&](int rank) {
+    absl::StatusOr<parallel::DeviceMesh> mesh = parallel::DeviceMesh::Create(
+        layout, rank,
+        [&](const std::string& name, int group_rank,
+            int size) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
+          return parallel::GlooCommunicator::Create(*store, name, group_rank, size,
+                                                    parallel::GlooCommunicator::kLoopback);
+        });
+    ASSERT_THAT(mesh, IsOk());
+    parallel::Communicator* dp = *mesh->communicator("dp");
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    auto preparation = Preparation::Begin(*model, *mesh);
+    ASSERT_THAT(preparation, IsOk());
+    if (scenario.strategy == Strategy::kDdp) {
+      DdpConfig config;
+      config.set_mesh_dim("dp");
+      config.set_bucket_cap_mb(1.0);  // several buckets even for the tiny model
+      ASSERT_THAT((*preparation)->ApplyDdp(config), IsOk());
+    } else {
+      FsdpConfig config;
+      config.set_mesh_dim("dp");
+      config.set_reshard_after_forward(scenario.strategy == Strategy::kFsdp);
+      ASSERT_THAT((*preparation)->ApplyFsdp(config), IsOk());
+    }
+    auto parameters = (*preparation)->TakeTrainableParameters();
+    ASSERT_THAT(parameters, IsOk());
+    auto optimizer = optim::Optimizer::Create(*parameters, AdamWWithClipping());
+    ASSERT_THAT(optimizer, IsOk());
+
+    const int64_t per_rank = kGlobalBatch / scenario.ranks;
+    const int64_t micro = per_rank / scenario.micro_steps;
+    for (int step = 0; step < kSteps; ++step) {
+      auto [tokens, targets] = Batch(step);
+      double step_loss = 0.0;
+      for (int m = 0; m < scenario.micro_steps; ++m) {
+        const int64_t first = rank * per_rank + m * micro;
+        const bool last = m + 1 == scenario.micro_steps;
+        auto no_sync = last ? std::unique_ptr<Preparation::NoSyncScope>()
+                            : std::make_unique<Preparation::NoSyncScope>((*preparation)->ddp());
+        torch::Tensor loss =
+            model->Loss(tokens.narrow(0, first, micro), targets.narrow(0, first, micro)) /
+            scenario.micro_steps;
+        loss.backward();
+        step_loss += loss.item<double>();
+      }
+      ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+      absl::StatusOr<optim::StepReport> report = (*optimizer)->Step(LearningRate(step));
+      ASSERT_THAT(report, IsOk());
+      (*optimizer)->ZeroGrad();
+      if (rank == 0) result.grad_norms.push_back(report->grad_norm.value_or(0.0));
+      torch::Tensor global_loss = torch::full({1}, step_loss, torch::kFloat32);
+      ASSERT_THAT(dp->AllReduce(global_loss, parallel::ReduceOp::kAverage)->Wait(), IsOk());
+      if (rank == 0) result.losses.push_back(global_loss.item<double>());
+    }
+    if (scenario.strategy == Strategy::kDdp) {
+      if (rank == 0) {
+        for (const auto& named : model->NamedParameters()) {
+          result.parameters[named.name] = named.parameter.detach().clone();
+        }
+      }
+    } else {
+      auto full = (*preparation)->fsdp()->FullStateDict();
+      ASSERT_THAT(full, IsOk());
+      if (rank == 0) result.parameters = *std::move(full);
+    }
+  });
+  return result;
+}
+
+class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
+ protected:
+  static const TrainingRun& Reference() {
+    static const TrainingRun* reference = new TrainingRun(SingleProcess());
+    return *reference;
+  }
+};
+
+TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
+  const TrainingRun& expected = Reference();
+  const TrainingRun actual = Distributed(GetParam());
+  ASSERT_EQ(actual.losses.size(), expected.losses.size());
+  for (size_t step = 0; step < expected.losses.size(); ++step) {
+    EXPECT_NEAR(actual.losses[step], expected.losses[step], 1e-5 * expected.losses[step])
+        << "step " << step;
+  }
+  // The gradient norms (clipping and Adam would hide a wrongly scaled gradient).
+  ASSERT_EQ(actual.grad_norms.size(), expected.grad_norms.size());
+  for (size_t step = 0; step < expected.grad_norms.size(); ++step) {
+    EXPECT_NEAR(actual.grad_norms[step], expected.grad_norms[step],
+                1e-5 * expected.grad_norms[step])
+        << "step " << step;
+  }
+  ASSERT_EQ(actual.parameters.size(), expected.parameters.size());
+  for (const auto& [name, want] : expected.parameters) {
+    ASSERT_EQ(actual.parameters.count(name), 1u) << name;
+    const torch::Tensor& got = actual.parameters.at(name);
+    ASSERT_EQ(got.sizes(), want.sizes()) << name;
+    // Relative to the tensor's norm: AdamW moves an element whose gradient is near zero by
+    // about +-lr whatever its sign, so reduction-order noise in such gradients shows as
+    // isolated element differences of that size; the norm weighs them as the noise they are.
+    const double error = (got - want).norm().item<double>() / want.norm().item<double>();
+    EXPECT_LE(error, 1e-5) << name << ": max element error "
+                           << (got - want).abs().max().item<double>();
+  }
+  // The run trained: the parameters moved away from their initial values.
+  const torch::Tensor initial = MakeModel()->NamedParameters()[0].parameter;
+  EXPECT_GT(
+      (expected.parameters.at("model.embed_tokens.weight") - initial).abs().max().item<double>(),
+      1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, DataParallelParityTest,
+    ::testing::Values(Scenario{"ddp_2_ranks", Strategy::kDdp, 2, 1},
+                      Scenario{"ddp_4_ranks", Strategy::kDdp, 4, 1},
+                      Scenario{"ddp_2_ranks_accumulating", Strategy::kDdp, 2, 2},
+                      Scenario{"fsdp_2_ranks", Strategy::kFsdp, 2, 1},
+                      Scenario{"fsdp_4_ranks", Strategy::kFsdp, 4, 1},
+                      Scenario{"fsdp_2_ranks_no_reshard", Strategy::kFsdpNoReshard, 2, 1},
+                      Scenario{"fsdp_4_ranks_no_reshard", Strategy::kFsdpNoReshard, 4, 1},
+                      Scenario{"fsdp_2_ranks_accumulating", Strategy::kFsdp, 2, 2}),
+    [](const ::testing::TestParamInfo<Scenario>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace plait::wrap

@@ -1,0 +1,154 @@
+#include "wrap/ddp/ddp.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tools/status/status_macros.h"
+
+namespace plait::wrap::ddp {
+namespace {
+
+// PyTorch DDP's defaults (torch.nn.parallel.DistributedDataParallel's bucket_cap_mb and
+// its smaller first bucket, dist._DEFAULT_FIRST_BUCKET_BYTES).
+constexpr double kDefaultBucketCapMb = 25.0;
+constexpr double kDefaultFirstBucketCapMb = 1.0;
+constexpr double kBytesPerMb = 1024.0 * 1024.0;
+
+}  // namespace
+
+struct Ddp::Bucket {
+  std::vector<int> members;
+  torch::Tensor buffer;  // the members' gradients, flat, in member order
+  std::vector<int64_t> offsets;
+  int pending = 0;  // members whose gradient has not arrived in this backward
+  std::shared_ptr<parallel::Work> work;
+};
+
+absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
+                                                 parallel::Communicator& communicator,
+                                                 const DdpConfig& config) {
+  const double cap_mb = config.has_bucket_cap_mb() ? config.bucket_cap_mb() : kDefaultBucketCapMb;
+  const double first_cap_mb =
+      config.has_first_bucket_cap_mb() ? config.first_bucket_cap_mb() : kDefaultFirstBucketCapMb;
+  for (auto [field, value] :
+       {std::pair{"bucket_cap_mb", cap_mb}, std::pair{"first_bucket_cap_mb", first_cap_mb}}) {
+    if (!(value > 0.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("ddp.", field, ": ", value, " must be > 0"));
+    }
+  }
+
+  std::vector<torch::Tensor> parameters;
+  for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
+    parameters.push_back(named.parameter);
+  }
+  {
+    torch::NoGradGuard no_grad;
+    for (const torch::Tensor& parameter : parameters) {
+      PLAIT_RETURN_IF_ERROR(communicator.Broadcast(parameter, 0)->Wait());
+    }
+  }
+
+  auto ddp = std::unique_ptr<Ddp>(new Ddp(std::move(parameters), communicator));
+  // Buckets in reverse registration order, dtype by dtype.
+  const int count = static_cast<int>(ddp->parameters_.size());
+  Bucket bucket;
+  int64_t bucket_bytes = 0;
+  auto close_bucket = [&] {
+    if (bucket.members.empty()) return;
+    ddp->bucket_members_.push_back(bucket.members);
+    ddp->buckets_.push_back(std::move(bucket));
+    bucket = Bucket();
+    bucket_bytes = 0;
+  };
+  for (int index = count - 1; index >= 0; --index) {
+    const torch::Tensor& parameter = ddp->parameters_[index];
+    if (!parameter.requires_grad()) continue;
+    const double cap = (ddp->buckets_.empty() ? first_cap_mb : cap_mb) * kBytesPerMb;
+    const bool other_dtype =
+        !bucket.members.empty() &&
+        ddp->parameters_[bucket.members.front()].scalar_type() != parameter.scalar_type();
+    if (other_dtype || (!bucket.members.empty() && bucket_bytes + parameter.nbytes() > cap)) {
+      close_bucket();
+    }
+    bucket.members.push_back(index);
+    bucket_bytes += static_cast<int64_t>(parameter.nbytes());
+  }
+  close_bucket();
+
+  for (int b = 0; b < static_cast<int>(ddp->buckets_.size()); ++b) {
+    Bucket& bucket = ddp->buckets_[b];
+    int64_t numel = 0;
+    for (int member : bucket.members) {
+      bucket.offsets.push_back(numel);
+      numel += ddp->parameters_[member].numel();
+    }
+    bucket.buffer = torch::zeros({numel}, ddp->parameters_[bucket.members[0]].options());
+    for (int member : bucket.members) {
+      ddp->hooks_.push_back(internal::AddPostAccumulateHook(
+          ddp->parameters_[member], [ddp = ddp.get(), b] { ddp->OnGradientReady(b); }));
+    }
+  }
+  return ddp;
+}
+
+Ddp::Ddp(std::vector<torch::Tensor> parameters, parallel::Communicator& communicator)
+    : parameters_(std::move(parameters)), communicator_(communicator) {}
+
+Ddp::~Ddp() = default;
+
+void Ddp::OnGradientReady(int bucket) {
+  if (!sync_) return;
+  if (!backward_started_) {
+    backward_started_ = true;
+    for (Bucket& b : buckets_) b.pending = static_cast<int>(b.members.size());
+    next_to_launch_ = 0;
+    internal::QueueEndOfBackwardCallback([this] { FinishBackward(); });
+  }
+  if (--buckets_[bucket].pending == 0) LaunchReadyBuckets();
+}
+
+// Buckets are launched in order, so that every rank issues the same all-reduces in the same
+// order whatever order its gradients arrive in.
+void Ddp::LaunchReadyBuckets() {
+  while (next_to_launch_ < static_cast<int>(buckets_.size()) &&
+         buckets_[next_to_launch_].pending == 0) {
+    Bucket& bucket = buckets_[next_to_launch_++];
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < bucket.members.size(); ++i) {
+      const torch::Tensor& parameter = parameters_[bucket.members[i]];
+      torch::Tensor slot = bucket.buffer.narrow(0, bucket.offsets[i], parameter.numel());
+      const torch::Tensor& grad = parameter.grad();
+      if (grad.defined()) {
+        slot.copy_(grad.reshape({-1}));
+      } else {
+        slot.zero_();  // a parameter unused in this step contributes zero
+      }
+    }
+    bucket.work = communicator_.AllReduce(bucket.buffer, parallel::ReduceOp::kAverage);
+  }
+}
+
+void Ddp::FinishBackward() {
+  // Parameters that received no gradient leave their buckets pending: launch those now.
+  for (Bucket& bucket : buckets_) bucket.pending = 0;
+  LaunchReadyBuckets();
+  last_sync_status_ = absl::OkStatus();
+  for (Bucket& bucket : buckets_) {
+    absl::Status status = bucket.work->Wait();
+    bucket.work.reset();
+    if (!status.ok()) {
+      last_sync_status_ = status;
+      continue;
+    }
+    // The gradients become views of the averaged buffer: no copy, and the next backward
+    // accumulates into them in place or, after ZeroGrad, into fresh tensors.
+    for (size_t i = 0; i < bucket.members.size(); ++i) {
+      torch::Tensor& parameter = parameters_[bucket.members[i]];
+      parameter.mutable_grad() =
+          bucket.buffer.narrow(0, bucket.offsets[i], parameter.numel()).view(parameter.sizes());
+    }
+  }
+  backward_started_ = false;
+}
+
+}  // namespace plait::wrap::ddp

@@ -1,0 +1,66 @@
+// Distributed data parallel on one mesh dimension: every rank holds the whole model, and
+// after backward every gradient is the average over the dimension's ranks. Gradients are
+// grouped into buckets in reverse registration order (the order backward produces them);
+// each bucket's all-reduce starts, asynchronously, as soon as its last gradient has been
+// accumulated, in bucket order on every rank, and all are waited for when backward ends.
+// Parameters are broadcast from the group's rank 0 when wrapping. Applied through
+// wrap::Preparation (preparation.h); a NoSyncScope skips synchronisation for the micro-steps
+// of gradient accumulation.
+#ifndef PLAIT_WRAP_DDP_DDP_H_
+#define PLAIT_WRAP_DDP_DDP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "parallel/communicator.h"
+#include "torch/torch.h"
+#include "wrap/internal/torch_internals.h"
+#include "wrap/wrap.pb.h"
+#include "wrap/wrappable.h"
+
+namespace plait::wrap::ddp {
+
+class Ddp {
+ public:
+  // Broadcasts the parameters from `communicator`'s rank 0 and installs the gradient hooks.
+  static absl::StatusOr<std::unique_ptr<Ddp>> Create(Wrappable& model,
+                                                     parallel::Communicator& communicator,
+                                                     const DdpConfig& config);
+  ~Ddp();
+
+  // While false, backward accumulates gradients locally and communicates nothing.
+  void set_sync(bool sync) { sync_ = sync; }
+
+  // The buckets, as the parameter indices (into Wrappable::NamedParameters) each holds.
+  const std::vector<std::vector<int>>& bucket_members() const { return bucket_members_; }
+
+  // The status of the last backward pass's synchronisation (errors of the all-reduces,
+  // which a hook cannot return).
+  const absl::Status& last_sync_status() const { return last_sync_status_; }
+
+ private:
+  struct Bucket;
+
+  Ddp(std::vector<torch::Tensor> parameters, parallel::Communicator& communicator);
+
+  void OnGradientReady(int bucket);
+  void LaunchReadyBuckets();
+  void FinishBackward();
+
+  std::vector<torch::Tensor> parameters_;
+  parallel::Communicator& communicator_;
+  std::vector<std::vector<int>> bucket_members_;
+  std::vector<Bucket> buckets_;
+  std::vector<internal::HookHandle> hooks_;
+  bool sync_ = true;
+  bool backward_started_ = false;
+  int next_to_launch_ = 0;
+  absl::Status last_sync_status_;
+};
+
+}  // namespace plait::wrap::ddp
+
+#endif  // PLAIT_WRAP_DDP_DDP_H_

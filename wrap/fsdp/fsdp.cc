@@ -1,0 +1,381 @@
+#include "wrap/fsdp/fsdp.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tools/status/status_macros.h"
+
+namespace plait::wrap::fsdp {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The rows of a parameter with `full_rows` rows that `rank` holds, `rows_per_rank` to a rank:
+// fewer (or none) for the last ranks, whose shards are padded.
+struct RankRows {
+  int64_t first;
+  int64_t count;
+};
+RankRows RowsOfRank(int64_t full_rows, int64_t rows_per_rank, int rank) {
+  const int64_t first = std::min(full_rows, rank * rows_per_rank);
+  return {first, std::min(full_rows, first + rows_per_rank) - first};
+}
+
+// Dim 0 of a parameter (a scalar counts as one row).
+int64_t FullRows(const torch::Tensor& parameter) {
+  return parameter.dim() == 0 ? 1 : parameter.size(0);
+}
+
+torch::ScalarType ToScalarType(Dtype dtype, torch::ScalarType unspecified) {
+  switch (dtype) {
+    case DTYPE_FLOAT32:
+      return torch::kFloat32;
+    case DTYPE_BFLOAT16:
+      return torch::kBFloat16;
+    case DTYPE_FLOAT16:
+      return torch::kFloat16;
+    default:
+      return unspecified;
+  }
+}
+
+}  // namespace
+
+// One unit's parameters. Each rank's part of the unit is one flat buffer of shard_numel
+// elements: the shards of its parameters one after the other. Gathering concatenates the
+// ranks' buffers; parameter i's full rows are then, rank after rank, rows_i rows at
+// offsets[i] of each rank's chunk.
+struct Fsdp::Unit {
+  std::string name;
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> parameters;  // the model's, full shape, memory freed when sharded
+  std::vector<torch::Tensor> shards;      // fp32 [rows_i, rest...], what the optimizer trains
+  std::vector<int64_t> rows;              // rows of parameter i per rank
+  std::vector<int64_t> offsets;           // of parameter i's shard in a rank's buffer
+  int64_t shard_numel = 0;
+
+  enum class State { kSharded, kGathering, kUnsharded };
+  State state = State::kSharded;
+  torch::Tensor gather_input, gather_output;
+  std::shared_ptr<parallel::Work> gather;
+
+  int gradients_pending = 0;
+  bool backward_hooked = false;  // this forward registered its before-backward hook
+  torch::Tensor reduce_output;
+  std::shared_ptr<parallel::Work> reduce;
+
+  int64_t ParameterBytes() const {
+    int64_t bytes = 0;
+    for (const torch::Tensor& parameter : parameters) bytes += parameter.nbytes();
+    return bytes;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
+                                                   parallel::Communicator& communicator,
+                                                   const FsdpConfig& config) {
+  auto fsdp = std::unique_ptr<Fsdp>(new Fsdp(model, communicator, config));
+  const int n = communicator.size();
+  const int rank = communicator.rank();
+
+  auto add_unit = [&](std::string name, const std::vector<Wrappable::NamedParameter>& named) {
+    Unit unit;
+    unit.name = std::move(name);
+    for (const Wrappable::NamedParameter& parameter : named) {
+      const torch::Tensor& full = parameter.parameter;
+      const int64_t full_rows = FullRows(full);
+      const int64_t rows = CeilDiv(full_rows, n);
+      std::vector<int64_t> shard_shape = full.sizes().vec();
+      if (shard_shape.empty()) shard_shape.push_back(1);
+      shard_shape[0] = rows;
+      torch::Tensor shard = torch::zeros(shard_shape, full.options().dtype(torch::kFloat32));
+      const RankRows mine = RowsOfRank(full_rows, rows, rank);
+      {
+        torch::NoGradGuard no_grad;
+        shard.view({rows, -1})
+            .narrow(0, 0, mine.count)
+            .copy_(full.reshape({full_rows, -1}).narrow(0, mine.first, mine.count));
+      }
+      shard.requires_grad_(true);
+      unit.names.push_back(parameter.name);
+      unit.parameters.push_back(full);
+      unit.shards.push_back(shard);
+      unit.rows.push_back(rows);
+      unit.offsets.push_back(unit.shard_numel);
+      unit.shard_numel += shard.numel();
+    }
+    fsdp->units_.push_back(std::move(unit));
+  };
+  for (const Wrappable::Unit& block : model.Blocks()) {
+    std::vector<Wrappable::NamedParameter> named;
+    for (const auto& item : block.module->named_parameters()) {
+      named.push_back({absl::StrCat(block.name, ".", item.key()), item.value()});
+    }
+    add_unit(block.name, named);
+  }
+  add_unit("root", model.RootParameters());
+
+  // The full parameters give up their memory (and take the compute dtype); the hooks bring
+  // it back when a unit computes.
+  for (Unit& unit : fsdp->units_) {
+    for (torch::Tensor& parameter : unit.parameters) {
+      if (parameter.scalar_type() != fsdp->param_dtype_) {
+        parameter.set_data(
+            torch::empty(parameter.sizes(), parameter.options().dtype(fsdp->param_dtype_)));
+      }
+      internal::FreeStorage(parameter);
+    }
+    const int index = static_cast<int>(&unit - fsdp->units_.data());
+    for (const torch::Tensor& parameter : unit.parameters) {
+      fsdp->hooks_.push_back(internal::AddPostAccumulateHook(
+          parameter, [fsdp = fsdp.get(), index] { fsdp->OnGradientAccumulated(index); }));
+    }
+  }
+  Fsdp* self = fsdp.get();
+  model.SetUnitHooks({[self](int unit) { self->BeforeForward(unit); },
+                      [self](int unit, torch::Tensor output) {
+                        return self->AfterForward(unit, std::move(output));
+                      }});
+  return fsdp;
+}
+
+Fsdp::Fsdp(Wrappable& model, parallel::Communicator& communicator, const FsdpConfig& config)
+    : model_(model),
+      communicator_(communicator),
+      reshard_after_forward_(!config.has_reshard_after_forward() ||
+                             config.reshard_after_forward()) {
+  const auto named = model.NamedParameters();
+  const torch::ScalarType model_dtype =
+      named.empty() ? torch::kFloat32 : named.front().parameter.scalar_type();
+  param_dtype_ = ToScalarType(config.param_dtype(), model_dtype);
+  reduce_dtype_ = ToScalarType(config.reduce_dtype(), torch::kFloat32);
+}
+
+Fsdp::~Fsdp() { model_.SetUnitHooks({}); }
+
+std::vector<optim::TrainableParameter> Fsdp::TrainableParameters() {
+  std::vector<optim::TrainableParameter> parameters;
+  for (const Unit& unit : units_) {
+    for (size_t i = 0; i < unit.shards.size(); ++i) {
+      parameters.push_back({unit.names[i], unit.shards[i], {&communicator_}});
+    }
+  }
+  return parameters;
+}
+
+Fsdp::Unit& Fsdp::UnitOf(int hook_unit) {
+  return hook_unit == Wrappable::kRootUnit ? units_.back() : units_[hook_unit];
+}
+
+void Fsdp::Fail(const absl::Status& status) {
+  if (status_.ok()) status_ = status;
+}
+
+void Fsdp::StartGather(Unit& unit) {
+  if (unit.state != Unit::State::kSharded) return;
+  torch::NoGradGuard no_grad;
+  unit.gather_input =
+      torch::empty({unit.shard_numel}, unit.shards[0].options().dtype(param_dtype_));
+  for (size_t i = 0; i < unit.shards.size(); ++i) {
+    unit.gather_input.narrow(0, unit.offsets[i], unit.shards[i].numel())
+        .copy_(unit.shards[i].reshape({-1}));
+  }
+  unit.gather_output =
+      torch::empty({unit.shard_numel * communicator_.size()}, unit.gather_input.options());
+  unit.gather = communicator_.AllGather(unit.gather_input, unit.gather_output);
+  unit.state = Unit::State::kGathering;
+}
+
+void Fsdp::Unshard(Unit& unit) {
+  if (unit.state == Unit::State::kUnsharded) return;
+  StartGather(unit);
+  if (absl::Status status = unit.gather->Wait(); !status.ok()) Fail(status);
+  const int n = communicator_.size();
+  const torch::Tensor by_rank = unit.gather_output.view({n, unit.shard_numel});
+  for (size_t i = 0; i < unit.parameters.size(); ++i) {
+    const torch::Tensor& parameter = unit.parameters[i];
+    const torch::Tensor destination = internal::RestoreStorage(parameter);
+    const int64_t full_rows = FullRows(parameter);
+    const torch::Tensor rows_view = destination.view({full_rows, -1});
+    const int64_t row_numel = unit.shards[i].numel() / unit.rows[i];
+    for (int r = 0; r < n; ++r) {
+      const RankRows part = RowsOfRank(full_rows, unit.rows[i], r);
+      if (part.count == 0) break;
+      rows_view.narrow(0, part.first, part.count)
+          .copy_(by_rank[r]
+                     .narrow(0, unit.offsets[i], part.count * row_numel)
+                     .view({part.count, row_numel}));
+    }
+  }
+  unit.gather_input = torch::Tensor();
+  unit.gather_output = torch::Tensor();
+  unit.gather.reset();
+  unit.state = Unit::State::kUnsharded;
+  unsharded_bytes_ += unit.ParameterBytes();
+  peak_unsharded_bytes_ = std::max(peak_unsharded_bytes_, unsharded_bytes_);
+}
+
+void Fsdp::Reshard(Unit& unit) {
+  if (unit.state == Unit::State::kGathering) Unshard(unit);  // settle the collective first
+  if (unit.state != Unit::State::kUnsharded) return;
+  for (const torch::Tensor& parameter : unit.parameters) internal::FreeStorage(parameter);
+  unit.state = Unit::State::kSharded;
+  unsharded_bytes_ -= unit.ParameterBytes();
+}
+
+void Fsdp::BeforeForward(int hook_unit) {
+  Unit& unit = UnitOf(hook_unit);
+  unit.backward_hooked = false;
+  Unshard(unit);
+  // Prefetch: the next block's gather runs while this unit computes.
+  if (hook_unit != Wrappable::kRootUnit && hook_unit + 1 < static_cast<int>(units_.size()) - 1) {
+    StartGather(units_[hook_unit + 1]);
+  }
+}
+
+torch::Tensor Fsdp::AfterForward(int hook_unit, torch::Tensor output) {
+  Unit& unit = UnitOf(hook_unit);
+  const bool backward_follows = output.requires_grad();
+  if (backward_follows) {
+    output.register_hook([this, hook_unit](torch::Tensor grad) {
+      BeforeBackward(hook_unit);
+      return grad;
+    });
+  }
+  const bool is_root = hook_unit == Wrappable::kRootUnit;
+  if (!backward_follows || (!is_root && reshard_after_forward_)) Reshard(unit);
+  return output;
+}
+
+void Fsdp::BeforeBackward(int hook_unit) {
+  if (!backward_started_) {
+    backward_started_ = true;
+    for (Unit& unit : units_) unit.gradients_pending = static_cast<int>(unit.parameters.size());
+    internal::QueueEndOfBackwardCallback([this] { FinishBackward(); });
+  }
+  Unshard(UnitOf(hook_unit));
+  // Prefetch: the block that runs backward next is the one before this one.
+  const int previous =
+      hook_unit == Wrappable::kRootUnit ? static_cast<int>(units_.size()) - 2 : hook_unit - 1;
+  if (previous >= 0) StartGather(units_[previous]);
+}
+
+void Fsdp::OnGradientAccumulated(int index) {
+  Unit& unit = units_[index];
+  if (!backward_started_ || --unit.gradients_pending > 0) return;
+  StartReduceScatter(unit);
+  if (index != static_cast<int>(units_.size()) - 1) Reshard(unit);
+}
+
+// Every rank's chunk of the input holds, for each parameter, that rank's rows of the full
+// gradient (zero for padding rows and for parameters without a gradient).
+void Fsdp::StartReduceScatter(Unit& unit) {
+  torch::NoGradGuard no_grad;
+  const int n = communicator_.size();
+  torch::Tensor input =
+      torch::zeros({n, unit.shard_numel}, unit.shards[0].options().dtype(reduce_dtype_));
+  for (size_t i = 0; i < unit.parameters.size(); ++i) {
+    torch::Tensor& parameter = unit.parameters[i];
+    const torch::Tensor grad = parameter.grad();
+    if (!grad.defined()) continue;
+    const int64_t full_rows = FullRows(parameter);
+    const torch::Tensor rows_view = grad.reshape({full_rows, -1});
+    const int64_t row_numel = unit.shards[i].numel() / unit.rows[i];
+    for (int r = 0; r < n; ++r) {
+      const RankRows part = RowsOfRank(full_rows, unit.rows[i], r);
+      if (part.count == 0) break;
+      input[r]
+          .narrow(0, unit.offsets[i], part.count * row_numel)
+          .copy_(rows_view.narrow(0, part.first, part.count).reshape({-1}));
+    }
+    parameter.mutable_grad().reset();  // the full gradient is not needed any more
+  }
+  unit.reduce_output = torch::empty({unit.shard_numel}, input.options());
+  unit.reduce = communicator_.ReduceScatter(input.view({-1}), unit.reduce_output,
+                                            parallel::ReduceOp::kAverage);
+}
+
+void Fsdp::FinishBackward() {
+  torch::NoGradGuard no_grad;
+  for (Unit& unit : units_) {
+    // A unit with a parameter that got no gradient has not reduced yet.
+    if (unit.reduce == nullptr) StartReduceScatter(unit);
+  }
+  for (Unit& unit : units_) {
+    absl::Status status = unit.reduce->Wait();
+    unit.reduce.reset();
+    if (!status.ok()) {
+      Fail(status);
+      continue;
+    }
+    for (size_t i = 0; i < unit.shards.size(); ++i) {
+      torch::Tensor& shard = unit.shards[i];
+      const torch::Tensor grad = unit.reduce_output.narrow(0, unit.offsets[i], shard.numel())
+                                     .view(shard.sizes())
+                                     .to(torch::kFloat32);
+      if (shard.grad().defined()) {
+        shard.mutable_grad().add_(grad);  // gradient accumulation over micro-steps
+      } else {
+        shard.mutable_grad() = grad.clone();
+      }
+    }
+    unit.reduce_output = torch::Tensor();
+    Reshard(unit);
+  }
+  backward_started_ = false;
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> Fsdp::FullStateDict() {
+  std::map<std::string, torch::Tensor> state;
+  const int n = communicator_.size();
+  torch::NoGradGuard no_grad;
+  for (Unit& unit : units_) {
+    torch::Tensor input = torch::empty({unit.shard_numel}, torch::kFloat32);
+    for (size_t i = 0; i < unit.shards.size(); ++i) {
+      input.narrow(0, unit.offsets[i], unit.shards[i].numel()).copy_(unit.shards[i].reshape({-1}));
+    }
+    torch::Tensor output = torch::empty({unit.shard_numel * n}, torch::kFloat32);
+    PLAIT_RETURN_IF_ERROR(communicator_.AllGather(input, output)->Wait());
+    const torch::Tensor by_rank = output.view({n, unit.shard_numel});
+    for (size_t i = 0; i < unit.parameters.size(); ++i) {
+      const torch::Tensor& parameter = unit.parameters[i];
+      const int64_t row_numel = unit.shards[i].numel() / unit.rows[i];
+      torch::Tensor rows = by_rank.narrow(1, unit.offsets[i], unit.shards[i].numel())
+                               .reshape({n * unit.rows[i], row_numel});
+      const int64_t full_rows = FullRows(parameter);
+      state[unit.names[i]] = rows.narrow(0, 0, full_rows).reshape(parameter.sizes()).clone();
+    }
+  }
+  return state;
+}
+
+absl::Status Fsdp::LoadFullStateDict(const std::map<std::string, torch::Tensor>& state) {
+  torch::NoGradGuard no_grad;
+  const int rank = communicator_.rank();
+  for (Unit& unit : units_) {
+    for (size_t i = 0; i < unit.parameters.size(); ++i) {
+      auto it = state.find(unit.names[i]);
+      if (it == state.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("full state dict: no tensor for parameter ", unit.names[i]));
+      }
+      const torch::Tensor& parameter = unit.parameters[i];
+      if (it->second.sizes() != parameter.sizes()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "full state dict: ", unit.names[i], " has shape ", c10::str(it->second.sizes()),
+            ", the parameter's is ", c10::str(parameter.sizes())));
+      }
+      const int64_t full_rows = FullRows(parameter);
+      const RankRows mine = RowsOfRank(full_rows, unit.rows[i], rank);
+      torch::Tensor& shard = unit.shards[i];
+      shard.zero_();
+      shard.view({unit.rows[i], -1})
+          .narrow(0, 0, mine.count)
+          .copy_(it->second.reshape({full_rows, -1}).narrow(0, mine.first, mine.count));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plait::wrap::fsdp

@@ -1,0 +1,96 @@
+// Fully sharded data parallel on one mesh dimension, per parameter as PyTorch's FSDP2: every
+// parameter is split along dim 0 into one shard per rank (the last ones zero-padded), and
+// the optimizer trains only the shards. Each block of the model, and the root (the
+// parameters outside blocks), is a unit with one collective each way:
+//   before a block's forward its parameters are all-gathered (the next block's gather is
+//   started right away, so it overlaps this block's compute); after its forward they are
+//   freed (reshard_after_forward) and gathered again before its backward (again
+//   prefetching the block before it); after its backward its gradients are reduce-scattered
+//   into the shards' gradients (accumulating over micro-steps) and freed.
+// The root unit is gathered when the forward starts and freed when the backward ends.
+// Freeing keeps each parameter's identity for autograd (internal/torch_internals.h), so no
+// forward is recomputed. Applied through wrap::Preparation (preparation.h).
+#ifndef PLAIT_WRAP_FSDP_FSDP_H_
+#define PLAIT_WRAP_FSDP_FSDP_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "optim/trainable_parameter.h"
+#include "parallel/communicator.h"
+#include "torch/torch.h"
+#include "wrap/internal/torch_internals.h"
+#include "wrap/wrap.pb.h"
+#include "wrap/wrappable.h"
+
+namespace plait::wrap::fsdp {
+
+class Fsdp {
+ public:
+  // Shards the model's parameters (which must be the same on every rank, e.g. initialised
+  // from one seed), frees the full ones, and installs the unit hooks.
+  static absl::StatusOr<std::unique_ptr<Fsdp>> Create(Wrappable& model,
+                                                      parallel::Communicator& communicator,
+                                                      const FsdpConfig& config);
+  ~Fsdp();
+
+  // The shards the optimizer trains, named as the full parameters, sharded over the
+  // communicator's group.
+  std::vector<optim::TrainableParameter> TrainableParameters();
+
+  // The status of the last forward or backward's communication (a hook cannot return one).
+  const absl::Status& last_status() const { return status_; }
+
+  // Bytes of full (gathered) parameters alive now, and the most alive at once since the
+  // last ResetPeak.
+  int64_t unsharded_bytes() const { return unsharded_bytes_; }
+  int64_t peak_unsharded_bytes() const { return peak_unsharded_bytes_; }
+  void ResetPeak() { peak_unsharded_bytes_ = unsharded_bytes_; }
+
+  // The full parameters, gathered from the shards (every rank takes part; every rank gets
+  // them), in fp32, by name.
+  absl::StatusOr<std::map<std::string, torch::Tensor>> FullStateDict();
+
+  // Sets the shards from full parameters by name; InvalidArgument naming a missing or
+  // misshapen parameter.
+  absl::Status LoadFullStateDict(const std::map<std::string, torch::Tensor>& state);
+
+ private:
+  struct Unit;
+
+  Fsdp(Wrappable& model, parallel::Communicator& communicator, const FsdpConfig& config);
+
+  void BeforeForward(int unit);
+  torch::Tensor AfterForward(int unit, torch::Tensor output);
+  void BeforeBackward(int unit);
+  void OnGradientAccumulated(int unit);
+  void FinishBackward();
+
+  void StartGather(Unit& unit);
+  void Unshard(Unit& unit);
+  void Reshard(Unit& unit);
+  void StartReduceScatter(Unit& unit);
+  void Fail(const absl::Status& status);
+
+  Unit& UnitOf(int hook_unit);
+
+  Wrappable& model_;
+  parallel::Communicator& communicator_;
+  bool reshard_after_forward_;
+  torch::ScalarType param_dtype_ = torch::kFloat32;  // set per model in Create
+  torch::ScalarType reduce_dtype_ = torch::kFloat32;
+  std::vector<Unit> units_;  // the blocks in order, then the root
+  std::vector<internal::HookHandle> hooks_;
+  bool backward_started_ = false;
+  absl::Status status_;
+  int64_t unsharded_bytes_ = 0;
+  int64_t peak_unsharded_bytes_ = 0;
+};
+
+}  // namespace plait::wrap::fsdp
+
+#endif  // PLAIT_WRAP_FSDP_FSDP_H_

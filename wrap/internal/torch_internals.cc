@@ -1,0 +1,61 @@
+#include "wrap/internal/torch_internals.h"
+
+#include <utility>
+
+#include "c10/core/StorageImpl.h"
+#include "torch/csrc/autograd/engine.h"
+#include "torch/csrc/autograd/function.h"
+#include "torch/csrc/autograd/function_hook.h"
+#include "torch/csrc/autograd/variable.h"
+
+namespace plait::wrap::internal {
+namespace {
+
+class LambdaPostHook final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit LambdaPostHook(std::function<void()> hook) : hook_(std::move(hook)) {}
+
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    hook_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> hook_;
+};
+
+}  // namespace
+
+HookHandle AddPostAccumulateHook(const torch::Tensor& parameter, std::function<void()> hook) {
+  // The variable holds its accumulator weakly: the handle keeps it, and so the hook, alive.
+  std::shared_ptr<torch::autograd::Node> accumulator =
+      torch::autograd::impl::grad_accumulator(parameter);
+  accumulator->add_post_hook(std::make_unique<LambdaPostHook>(std::move(hook)));
+  return accumulator;
+}
+
+void QueueEndOfBackwardCallback(std::function<void()> callback) {
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
+}
+
+void FreeStorage(const torch::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, tensor.device()));
+  storage->set_nbytes(0);
+}
+
+torch::Tensor RestoreStorage(const torch::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  const size_t nbytes = (tensor.storage_offset() + tensor.numel()) * tensor.element_size();
+  if (storage->nbytes() < nbytes) {
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+    storage->set_nbytes(nbytes);
+  }
+  // A fresh alias of the memory has its own version counter.
+  return torch::from_blob(tensor.data_ptr(), tensor.sizes(), tensor.strides(),
+                          tensor.options().requires_grad(false));
+}
+
+}  // namespace plait::wrap::internal
