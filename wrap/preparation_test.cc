@@ -1,0 +1,187 @@
+#include "wrap/preparation.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/model_config.h"
+#include "optim/optimizer.h"
+#include "parallel/device_mesh.h"
+#include "parallel/gloo_communicator.h"
+#include "tools/status/status_matchers.h"
+#include "torch/csrc/distributed/c10d/HashStore.hpp"
+#include "torch/torch.h"
+
+namespace plait::wrap {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// A one-rank mesh with two dimensions, enough for every guard rail.
+class PreparationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    parallel::MeshConfig config;
+    for (const char* name : {"dp", "shard"}) {
+      auto* dim = config.add_dims();
+      dim->set_name(name);
+      dim->set_size(1);
+    }
+    auto layout = parallel::MeshLayout::Create(config, 1);
+    ASSERT_THAT(layout, IsOk());
+    auto mesh = parallel::DeviceMesh::Create(
+        *layout, 0,
+        [this](const std::string& name, int rank,
+               int size) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
+          return parallel::GlooCommunicator::Create(*store_, name, rank, size,
+                                                    parallel::GlooCommunicator::kLoopback);
+        });
+    ASSERT_THAT(mesh, IsOk());
+    mesh_ = std::make_unique<parallel::DeviceMesh>(*std::move(mesh));
+    // The tiny preset: 4 blocks, so "two blocks at once" is less than the whole model.
+    model_ = models::CausalLM::Create(models::PresetConfig("tiny").value(), models::InitConfig())
+                 .value();
+  }
+
+  static DdpConfig Ddp(const std::string& dim) {
+    DdpConfig config;
+    config.set_mesh_dim(dim);
+    return config;
+  }
+  static FsdpConfig Fsdp(const std::string& dim) {
+    FsdpConfig config;
+    config.set_mesh_dim(dim);
+    return config;
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_ = c10::make_intrusive<c10d::HashStore>();
+  std::unique_ptr<parallel::DeviceMesh> mesh_;
+  std::shared_ptr<models::CausalLM> model_;
+};
+
+TEST_F(PreparationTest, EachWrapperAppliesOnce) {
+  auto preparation = Preparation::Begin(*model_, *mesh_);
+  ASSERT_THAT(preparation, IsOk());
+  ASSERT_THAT((*preparation)->ApplyFsdp(Fsdp("shard")), IsOk());
+  EXPECT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "fsdp is already applied to this model (over mesh dimension \"shard\"); "
+                       "a wrapper applies once"));
+}
+
+TEST_F(PreparationTest, DdpAndFsdpNeedDimensionsOfTheirOwn) {
+  auto preparation = Preparation::Begin(*model_, *mesh_);
+  ASSERT_THAT(preparation, IsOk());
+  ASSERT_THAT((*preparation)->ApplyDdp(Ddp("dp")), IsOk());
+  EXPECT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "fsdp.mesh_dim: \"dp\" is already used by ddp; DDP and FSDP need mesh "
+                       "dimensions of their own"));
+  EXPECT_THAT((*preparation)->ApplyFsdp(Fsdp("shard")),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("hybrid sharding")));
+}
+
+TEST_F(PreparationTest, NoWrapperAfterTheParametersWereTaken) {
+  auto preparation = Preparation::Begin(*model_, *mesh_);
+  ASSERT_THAT(preparation, IsOk());
+  ASSERT_THAT((*preparation)->TakeTrainableParameters(), IsOk());
+  EXPECT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("fsdp: the model's parameters were already handed to an "
+                                 "optimizer; apply every wrapper before "
+                                 "TakeTrainableParameters()")));
+  EXPECT_THAT((*preparation)->TakeTrainableParameters(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already taken")));
+}
+
+TEST_F(PreparationTest, UnknownMeshDimension) {
+  auto preparation = Preparation::Begin(*model_, *mesh_);
+  ASSERT_THAT(preparation, IsOk());
+  EXPECT_THAT((*preparation)->ApplyDdp(Ddp("tp")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "ddp.mesh_dim: the mesh has no dimension \"tp\"; its dimensions are dp, "
+                       "shard"));
+}
+
+TEST_F(PreparationTest, OnePreparationPerModel) {
+  auto first = Preparation::Begin(*model_, *mesh_);
+  ASSERT_THAT(first, IsOk());
+  EXPECT_THAT(Preparation::Begin(*model_, *mesh_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already being prepared")));
+  first->reset();
+  EXPECT_THAT(Preparation::Begin(*model_, *mesh_), IsOk());
+}
+
+// The motivating bug: an optimizer over the full (pre-wrap) parameters of an FSDP model.
+TEST_F(PreparationTest, OptimizerOverTheOriginalParametersOfAnFsdpModelIsRefused) {
+  std::vector<optim::TrainableParameter> originals;
+  for (const auto& named : model_->NamedParameters()) {
+    originals.push_back({named.name, named.parameter, {}});
+  }
+  auto preparation = Preparation::Begin(*model_, *mesh_);
+  ASSERT_THAT(preparation, IsOk());
+  ASSERT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")), IsOk());
+  optim::OptimizerConfig config;
+  config.mutable_adamw();
+  EXPECT_THAT(optim::Optimizer::Create(originals, config),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("has no memory: it is the full parameter of a sharded (FSDP) "
+                                 "model; build the optimizer from the prepared model's "
+                                 "trainable parameters")));
+  auto shards = (*preparation)->TakeTrainableParameters();
+  ASSERT_THAT(shards, IsOk());
+  EXPECT_THAT(optim::Optimizer::Create(*shards, config), IsOk());
+}
+
+// FSDP's full state dict round trip, and the memory it keeps between steps: only the
+// shards, every full parameter freed.
+TEST_F(PreparationTest, FsdpFullStateDictAndFreedParameters) {
+  std::map<std::string, torch::Tensor> initial;
+  for (const auto& named : model_->NamedParameters()) {
+    initial[named.name] = named.parameter.detach().clone();
+  }
+  auto preparation = Preparation::Begin(*model_, *mesh_);
+  ASSERT_THAT(preparation, IsOk());
+  ASSERT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")), IsOk());
+  fsdp::Fsdp& fsdp = *(*preparation)->fsdp();
+  EXPECT_EQ(fsdp.unsharded_bytes(), 0);
+  auto full = fsdp.FullStateDict();
+  ASSERT_THAT(full, IsOk());
+  for (const auto& [name, tensor] : initial) {
+    EXPECT_TRUE(torch::equal(full->at(name), tensor)) << name;
+  }
+  // Loading changes what the model computes with.
+  std::map<std::string, torch::Tensor> doubled;
+  for (const auto& [name, tensor] : initial) doubled[name] = tensor * 2;
+  ASSERT_THAT(fsdp.LoadFullStateDict(doubled), IsOk());
+  auto reloaded = fsdp.FullStateDict();
+  ASSERT_THAT(reloaded, IsOk());
+  EXPECT_TRUE(torch::equal(reloaded->at("model.norm.weight"), initial["model.norm.weight"] * 2));
+  doubled.erase("lm_head.weight");
+  EXPECT_THAT(fsdp.LoadFullStateDict(doubled),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "full state dict: no tensor for parameter lm_head.weight"));
+
+  // A training step gathers and frees: afterwards nothing full is alive, and at most the
+  // root and two blocks (the one computing and the one prefetched) were alive at once.
+  int64_t root_bytes = 0;
+  for (const auto& named : model_->RootParameters()) root_bytes += named.parameter.nbytes();
+  int64_t block_bytes = 0;
+  for (const auto& parameter : model_->Blocks()[0].module->parameters()) {
+    block_bytes += parameter.nbytes();
+  }
+  const torch::Tensor tokens = torch::randint(100, {2, 8});
+  model_->Loss(tokens, tokens).backward();
+  ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+  EXPECT_EQ(fsdp.unsharded_bytes(), 0);
+  EXPECT_GE(fsdp.peak_unsharded_bytes(), root_bytes + block_bytes);
+  EXPECT_LE(fsdp.peak_unsharded_bytes(), root_bytes + 2 * block_bytes);
+}
+
+}  // namespace
+}  // namespace plait::wrap
