@@ -9,8 +9,6 @@
 // intra-op pool (at::set_num_threads) and OpenBLAS's, which does its matmuls and ignores
 // the former (../shared/BUILDING.md). The ceiling benchmark runs first; the MFU counters of
 // the model benchmarks divide by it.
-#include <dlfcn.h>
-
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "benchmarks/bench_setup.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "torch/torch.h"
@@ -56,22 +55,10 @@ class CeilingReporter : public benchmark::ConsoleReporter {
   }
 };
 
-ModelConfig Medium() {
-  // hidden 512, 8 layers, 8 heads (head_dim 64), SwiGLU width 1376 (~8/3 * 512, as Llama
-  // sizes it), vocab 4096: about 29M parameters.
-  ModelConfig config = PresetConfig("tiny").value();
-  config.set_hidden_size(512);
-  config.set_intermediate_size(1376);
-  config.set_num_hidden_layers(8);
-  config.set_num_attention_heads(8);
-  config.set_num_key_value_heads(8);
-  config.set_vocab_size(4096);
-  return config;
-}
-
 // range(0): 0 = tiny preset, 1 = medium; range(1): batch; range(2): sequence length.
 void BM_TrainStep(benchmark::State& state) {
-  const ModelConfig config = state.range(0) == 0 ? PresetConfig("tiny").value() : Medium();
+  const ModelConfig config =
+      state.range(0) == 0 ? PresetConfig("tiny").value() : benchmarks::MediumModel();
   const int64_t batch = state.range(1);
   const int64_t seq = state.range(2);
   state.SetLabel(state.range(0) == 0 ? "tiny" : "medium");
@@ -111,19 +98,10 @@ BENCHMARK(BM_TrainStep)
 }  // namespace plait::models
 
 int main(int argc, char** argv) {
-  at::set_num_threads(1);
-  // OpenBLAS's own pool; looked up at run time so the binary does not link OpenBLAS itself
-  // (LibTorch does, through libblas.so.3).
-  using SetThreads = void (*)(int);
-  auto set_openblas_threads =
-      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (set_openblas_threads == nullptr) {
-    std::fprintf(stderr,
-                 "openblas_set_num_threads not found: LibTorch is not using OpenBLAS (run "
-                 "tools/setup.sh), so the ceiling and MFU would not be comparable\n");
+  if (absl::Status status = plait::benchmarks::PinToOneThread(); !status.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
     return 1;
   }
-  set_openblas_threads(1);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   plait::models::CeilingReporter reporter;

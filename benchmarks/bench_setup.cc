@@ -1,0 +1,37 @@
+#include "benchmarks/bench_setup.h"
+
+#include <dlfcn.h>
+
+#include "models/model_config.h"
+#include "torch/torch.h"
+
+namespace plait::benchmarks {
+
+absl::Status PinToOneThread() {
+  at::set_num_threads(1);
+  // Looked up at run time, so the binary does not link OpenBLAS itself (LibTorch does,
+  // through libblas.so.3).
+  using SetThreads = void (*)(int);
+  auto set_openblas_threads =
+      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set_openblas_threads == nullptr) {
+    return absl::FailedPreconditionError(
+        "openblas_set_num_threads not found: LibTorch is not using OpenBLAS (run "
+        "tools/setup.sh), so the figures would not be comparable");
+  }
+  set_openblas_threads(1);
+  return absl::OkStatus();
+}
+
+models::ModelConfig MediumModel() {
+  models::ModelConfig config = models::PresetConfig("tiny").value();
+  config.set_hidden_size(512);
+  config.set_intermediate_size(1376);
+  config.set_num_hidden_layers(8);
+  config.set_num_attention_heads(8);
+  config.set_num_key_value_heads(8);
+  config.set_vocab_size(4096);
+  return config;
+}
+
+}  // namespace plait::benchmarks

@@ -1,0 +1,23 @@
+// What several benchmarks share: pinning LibTorch's two thread pools to one thread each,
+// and the medium model shape the models and wrap issues measure.
+#ifndef PLAIT_BENCHMARKS_BENCH_SETUP_H_
+#define PLAIT_BENCHMARKS_BENCH_SETUP_H_
+
+#include "absl/status/status.h"
+#include "models/model.pb.h"
+
+namespace plait::benchmarks {
+
+// Sets LibTorch's intra-op pool (at::set_num_threads) and OpenBLAS's, which does LibTorch's
+// matmuls and ignores the former (../shared/BUILDING.md), to one thread. FailedPrecondition
+// when LibTorch does not run on OpenBLAS (tools/setup.sh installs it), since the figures
+// would not be comparable.
+absl::Status PinToOneThread();
+
+// hidden 512, 8 layers, 8 heads (head_dim 64), SwiGLU width 1376 (~8/3 * 512, as Llama sizes
+// it), vocab 4096: about 29M parameters.
+models::ModelConfig MediumModel();
+
+}  // namespace plait::benchmarks
+
+#endif  // PLAIT_BENCHMARKS_BENCH_SETUP_H_

@@ -1,0 +1,227 @@
+// DDP and FSDP training steps of the medium model (bench_setup.h) on 2 ranks x 1 thread (two
+// threads of this process, Gloo over loopback) against the single-process step on the same
+// per-rank batch (2 sequences of 256 tokens), AdamW:
+//   scaling_efficiency: the 2-rank job's tokens/s / (2 x the single process's);
+//   vs_ddp: the step time / DDP's (FSDP's goal <= 1.10);
+//   sent_vs_theory: bytes rank 0 sent per step (its communicator's counters) / the volume
+//     the algorithm needs: DDP 2(N-1)/N x gradient bytes; FSDP (N-1)/N x parameter bytes
+//     (padded) for each of 2 gathers and 1 reduce-scatter;
+//   persistent_vs_single: rank 0's bytes of parameters + gradients + optimizer state kept
+//     between steps / the single process's (FSDP's goal <= 1/N + 0.05);
+//   peak_unsharded_blocks: FSDP's most gathered parameter bytes alive at once, in blocks
+//     (the root unit counted in block-sized parts).
+//
+//   bazel run --config=opt //benchmarks:wrap_bench
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "benchmarks/bench_setup.h"
+#include "models/causal_lm.h"
+#include "optim/optimizer.h"
+#include "parallel/device_mesh.h"
+#include "parallel/gloo_communicator.h"
+#include "torch/csrc/distributed/c10d/HashStore.hpp"
+#include "torch/torch.h"
+#include "wrap/preparation.h"
+
+namespace plait::wrap {
+namespace {
+
+constexpr int kRanks = 2;
+constexpr int64_t kBatch = 2;  // per rank
+constexpr int64_t kSeqLen = 256;
+constexpr int kTimedSteps = 3;
+
+enum class Mode { kSingle, kDdp, kFsdp };
+
+struct Measurement {
+  double step_seconds = 0.0;
+  int64_t bytes_sent_per_step = 0;
+  double theoretical_bytes_per_step = 0.0;
+  int64_t persistent_bytes = 0;
+  int64_t peak_unsharded_bytes = 0;
+  int64_t block_bytes = 0;
+};
+
+std::shared_ptr<models::CausalLM> MakeModel() {
+  return models::CausalLM::Create(benchmarks::MediumModel(), models::InitConfig()).value();
+}
+
+int64_t Bytes(const torch::Tensor& tensor) {
+  return tensor.defined() ? static_cast<int64_t>(tensor.nbytes()) : 0;
+}
+
+// One rank's run: a warm-up step, then kTimedSteps timed ones.
+Measurement RunRank(Mode mode, int rank, parallel::DeviceMesh* mesh) {
+  Measurement m;
+  std::shared_ptr<models::CausalLM> model = MakeModel();
+  for (const auto& parameter : model->Blocks()[0].module->parameters()) {
+    m.block_bytes += Bytes(parameter);
+  }
+  int64_t parameter_bytes = 0;
+  for (const auto& named : model->NamedParameters()) parameter_bytes += Bytes(named.parameter);
+
+  std::unique_ptr<Preparation> preparation;
+  std::vector<optim::TrainableParameter> parameters;
+  parallel::Communicator* dp = nullptr;
+  if (mode == Mode::kSingle) {
+    for (const auto& named : model->NamedParameters()) {
+      parameters.push_back({named.name, named.parameter, {}});
+    }
+  } else {
+    dp = mesh->communicator("dp").value();
+    preparation = Preparation::Begin(*model, *mesh).value();
+    if (mode == Mode::kDdp) {
+      DdpConfig config;
+      config.set_mesh_dim("dp");
+      preparation->ApplyDdp(config).IgnoreError();
+    } else {
+      FsdpConfig config;
+      config.set_mesh_dim("dp");
+      preparation->ApplyFsdp(config).IgnoreError();
+    }
+    parameters = preparation->TakeTrainableParameters().value();
+  }
+  optim::OptimizerConfig optimizer_config;
+  optimizer_config.mutable_adamw();
+  auto optimizer = optim::Optimizer::Create(parameters, optimizer_config).value();
+
+  torch::manual_seed(rank);
+  const torch::Tensor tokens = torch::randint(4096, {kBatch, kSeqLen + 1});
+  auto step = [&] {
+    model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
+    optimizer->Step(1e-4).value();
+    optimizer->ZeroGrad();
+  };
+  auto bytes_sent = [&] {
+    if (dp == nullptr) return int64_t{0};
+    int64_t sent = 0;
+    for (auto collective : {parallel::Collective::kAllReduce, parallel::Collective::kAllGather,
+                            parallel::Collective::kReduceScatter}) {
+      sent += dp->traffic(collective).bytes_sent;
+    }
+    return sent;
+  };
+
+  step();  // warm-up: first-touch allocations, lazily built attention tables
+  if (preparation != nullptr && preparation->fsdp() != nullptr) preparation->fsdp()->ResetPeak();
+  const int64_t sent_before = bytes_sent();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kTimedSteps; ++i) step();
+  m.step_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kTimedSteps;
+  m.bytes_sent_per_step = (bytes_sent() - sent_before) / kTimedSteps;
+
+  // Persistent state: what the optimizer trains, gradients (kept after backward; DDP's are
+  // views of its buckets, FSDP's are the shards'), and the optimizer's state.
+  model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
+  for (const auto& parameter : parameters) {
+    m.persistent_bytes += Bytes(parameter.tensor) + Bytes(parameter.tensor.grad());
+  }
+  for (const auto& [key, tensor] : optimizer->SaveState().tensors) {
+    m.persistent_bytes += Bytes(tensor);
+  }
+  optimizer->ZeroGrad();
+
+  const double one_way = static_cast<double>(kRanks - 1) / kRanks;
+  if (mode == Mode::kDdp) {
+    m.theoretical_bytes_per_step = 2 * one_way * parameter_bytes;
+  } else if (mode == Mode::kFsdp) {
+    int64_t padded = 0;
+    for (const auto& parameter : parameters) padded += Bytes(parameter.tensor) * kRanks;
+    m.theoretical_bytes_per_step = 3 * one_way * padded;
+    m.peak_unsharded_bytes = preparation->fsdp()->peak_unsharded_bytes();
+  }
+  return m;
+}
+
+Measurement Run(Mode mode) {
+  if (mode == Mode::kSingle) return RunRank(mode, 0, nullptr);
+  parallel::MeshConfig config;
+  auto* dim = config.add_dims();
+  dim->set_name("dp");
+  dim->set_size(kRanks);
+  const parallel::MeshLayout layout = parallel::MeshLayout::Create(config, kRanks).value();
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<Measurement> results(kRanks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      parallel::DeviceMesh mesh =
+          parallel::DeviceMesh::Create(
+              layout, rank,
+              [&](const std::string& name, int group_rank,
+                  int size) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
+                return parallel::GlooCommunicator::Create(*store, name, group_rank, size,
+                                                          parallel::GlooCommunicator::kLoopback);
+              })
+              .value();
+      results[rank] = RunRank(mode, rank, &mesh);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return results[0];
+}
+
+const Measurement& Single() {
+  static const Measurement* single = new Measurement(Run(Mode::kSingle));
+  return *single;
+}
+
+const Measurement& Ddp() {
+  static const Measurement* ddp = new Measurement(Run(Mode::kDdp));
+  return *ddp;
+}
+
+void Report(benchmark::State& state, const Measurement& m) {
+  state.SetIterationTime(m.step_seconds);
+  state.counters["tokens_per_s"] =
+      static_cast<double>(kBatch * kSeqLen * (m.bytes_sent_per_step > 0 ? kRanks : 1)) /
+      m.step_seconds;
+  state.counters["persistent_vs_single"] =
+      static_cast<double>(m.persistent_bytes) / Single().persistent_bytes;
+  if (m.theoretical_bytes_per_step > 0) {
+    state.counters["scaling_efficiency"] = Single().step_seconds / m.step_seconds;
+    state.counters["sent_vs_theory"] = m.bytes_sent_per_step / m.theoretical_bytes_per_step;
+  }
+}
+
+void BM_SingleProcess(benchmark::State& state) {
+  for (auto _ : state) Report(state, Single());
+}
+BENCHMARK(BM_SingleProcess)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_Ddp(benchmark::State& state) {
+  for (auto _ : state) Report(state, Ddp());
+}
+BENCHMARK(BM_Ddp)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_Fsdp(benchmark::State& state) {
+  for (auto _ : state) {
+    const Measurement fsdp = Run(Mode::kFsdp);
+    Report(state, fsdp);
+    state.counters["vs_ddp"] = fsdp.step_seconds / Ddp().step_seconds;
+    state.counters["peak_unsharded_blocks"] =
+        static_cast<double>(fsdp.peak_unsharded_bytes) / fsdp.block_bytes;
+  }
+}
+BENCHMARK(BM_Fsdp)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace plait::wrap
+
+int main(int argc, char** argv) {
+  if (absl::Status status = plait::benchmarks::PinToOneThread(); !status.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
