@@ -218,17 +218,21 @@ absl::Status CausalLM::ResetParameters(const InitConfig& init) {
   return absl::OkStatus();
 }
 
-const AttentionContext& CausalLM::Context(int64_t seq_len, const torch::Device& device) {
+const AttentionContext& CausalLM::Context(int64_t seq_len, const torch::Device& device,
+                                          torch::ScalarType dtype) {
   const Attention& attention = *model_->layers.front()->self_attn;
   const int64_t groups = attention.local_heads() / attention.local_kv_heads();
   if (seq_len != context_seq_len_ || groups != context_groups_ ||
-      context_.mask.device() != device) {
+      context_.mask.device() != device || context_.mask.scalar_type() != dtype) {
+    // Computed in fp32, then held in the compute dtype so that no op mixes dtypes.
     const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
     context_.rope = MakeRotaryTables(inv_freq_.to(device), torch::arange(seq_len, options));
+    context_.rope.cos = context_.rope.cos.to(dtype);
+    context_.rope.sin = context_.rope.sin.to(dtype);
     const torch::Tensor mask =
         torch::full({seq_len, seq_len}, -std::numeric_limits<float>::infinity(), options)
             .triu(/*diagonal=*/1);
-    context_.mask = mask.repeat({groups, 1});
+    context_.mask = mask.repeat({groups, 1}).to(dtype);
     context_seq_len_ = seq_len;
     context_groups_ = groups;
   }
@@ -247,7 +251,8 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
     return hooks_.after_forward ? hooks_.after_forward(unit, std::move(output)) : output;
   };
   before(kRootUnit);
-  const AttentionContext& context = Context(tokens.size(1), tokens.device());
+  const AttentionContext& context =
+      Context(tokens.size(1), tokens.device(), model_->embed_tokens->weight.scalar_type());
   torch::Tensor h = model_->embed_tokens(tokens);
   for (size_t i = 0; i < model_->layers.size(); ++i) {
     before(static_cast<int>(i));

@@ -171,9 +171,11 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
  private:
   explicit CausalLM(const ModelConfig& config);
 
-  // The rotary tables and mask for sequence length `seq_len` on `device`, built once and
-  // reused while the length, device and head grouping stay the same.
-  const AttentionContext& Context(int64_t seq_len, const torch::Device& device);
+  // The rotary tables and mask for sequence length `seq_len` on `device` in `dtype` (the
+  // parameters'), built once and reused while the length, device, dtype and head grouping
+  // stay the same.
+  const AttentionContext& Context(int64_t seq_len, const torch::Device& device,
+                                  torch::ScalarType dtype);
 
   ModelConfig config_;
   std::shared_ptr<Decoder> model_;

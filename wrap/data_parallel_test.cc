@@ -32,7 +32,7 @@ constexpr int kSteps = 10;
 constexpr int64_t kGlobalBatch = 8;
 constexpr int64_t kSeqLen = 32;
 
-enum class Strategy { kDdp, kFsdp, kFsdpNoReshard };
+enum class Strategy { kDdp, kFsdp, kFsdpNoReshard, kFsdpBf16 };
 
 struct Scenario {
   std::string name;
@@ -135,7 +135,11 @@ TrainingRun Distributed(const Scenario& scenario) {
     } else {
       FsdpConfig config;
       config.set_mesh_dim("dp");
-      config.set_reshard_after_forward(scenario.strategy == Strategy::kFsdp);
+      config.set_reshard_after_forward(scenario.strategy != Strategy::kFsdpNoReshard);
+      if (scenario.strategy == Strategy::kFsdpBf16) {
+        config.set_param_dtype(DTYPE_BFLOAT16);
+        config.set_reduce_dtype(DTYPE_FLOAT32);
+      }
       ASSERT_THAT((*preparation)->ApplyFsdp(config), IsOk());
     }
     auto parameters = (*preparation)->TakeTrainableParameters();
@@ -236,6 +240,23 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{"fsdp_4_ranks_no_reshard", Strategy::kFsdpNoReshard, 4, 1},
                       Scenario{"fsdp_2_ranks_accumulating", Strategy::kFsdp, 2, 2}),
     [](const ::testing::TestParamInfo<Scenario>& info) { return info.param.name; });
+
+// Mixed precision: parameters gathered and computed in bf16, gradients reduced in fp32,
+// shards and optimizer state fp32. The run follows the fp32 one to bf16's precision.
+TEST(FsdpMixedPrecisionTest, Bf16ComputeTracksTheFp32Run) {
+  const TrainingRun expected = SingleProcess();
+  const TrainingRun actual = Distributed({"fsdp_bf16", Strategy::kFsdpBf16, 2, 1});
+  ASSERT_EQ(actual.losses.size(), expected.losses.size());
+  for (size_t step = 0; step < expected.losses.size(); ++step) {
+    EXPECT_NEAR(actual.losses[step], expected.losses[step], 1e-2 * expected.losses[step])
+        << "step " << step;
+  }
+  for (const auto& [name, want] : expected.parameters) {
+    const torch::Tensor& got = actual.parameters.at(name);
+    EXPECT_EQ(got.scalar_type(), torch::kFloat32) << name;  // the shards stayed fp32
+    EXPECT_LE((got - want).norm().item<double>() / want.norm().item<double>(), 1e-2) << name;
+  }
+}
 
 }  // namespace
 }  // namespace plait::wrap
