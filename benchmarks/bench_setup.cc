@@ -2,12 +2,14 @@
 
 #include <dlfcn.h>
 
+#include <cstdio>
+
 #include "models/model_config.h"
 #include "torch/torch.h"
 
 namespace plait::benchmarks {
 
-absl::Status PinToOneThread() {
+int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter) {
   at::set_num_threads(1);
   // Looked up at run time, so the binary does not link OpenBLAS itself (LibTorch does,
   // through libblas.so.3).
@@ -15,12 +17,17 @@ absl::Status PinToOneThread() {
   auto set_openblas_threads =
       reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   if (set_openblas_threads == nullptr) {
-    return absl::FailedPreconditionError(
-        "openblas_set_num_threads not found: LibTorch is not using OpenBLAS (run "
-        "tools/setup.sh), so the figures would not be comparable");
+    std::fprintf(stderr,
+                 "openblas_set_num_threads not found: LibTorch is not using OpenBLAS (run "
+                 "tools/setup.sh), so the figures would not be comparable\n");
+    return 1;
   }
   set_openblas_threads(1);
-  return absl::OkStatus();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks(reporter);
+  benchmark::Shutdown();
+  return 0;
 }
 
 models::ModelConfig MediumModel() {

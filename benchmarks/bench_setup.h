@@ -1,18 +1,21 @@
-// What several benchmarks share: pinning LibTorch's two thread pools to one thread each,
-// and the medium model shape the models and wrap issues measure.
+// What the benchmarks share: a main() that pins LibTorch's two thread pools to one thread
+// each before running, and the medium model shape the models and wrap issues measure.
+//
+//   int main(int argc, char** argv) { return plait::benchmarks::BenchmarkMain(argc, argv); }
 #ifndef PLAIT_BENCHMARKS_BENCH_SETUP_H_
 #define PLAIT_BENCHMARKS_BENCH_SETUP_H_
 
-#include "absl/status/status.h"
+#include "benchmark/benchmark.h"
 #include "models/model.pb.h"
 
 namespace plait::benchmarks {
 
 // Sets LibTorch's intra-op pool (at::set_num_threads) and OpenBLAS's, which does LibTorch's
-// matmuls and ignores the former (../shared/BUILDING.md), to one thread. FailedPrecondition
-// when LibTorch does not run on OpenBLAS (tools/setup.sh installs it), since the figures
-// would not be comparable.
-absl::Status PinToOneThread();
+// matmuls and ignores the former (../shared/BUILDING.md), to one thread, then runs the
+// benchmarks the command line selects, reported through `reporter` (the console's when
+// null). Fails (returns 1) when LibTorch does not run on OpenBLAS (tools/setup.sh installs
+// it), since the figures would not be comparable.
+int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter = nullptr);
 
 // hidden 512, 8 layers, 8 heads (head_dim 64), SwiGLU width 1376 (~8/3 * 512, as Llama sizes
 // it), vocab 4096: about 29M parameters.

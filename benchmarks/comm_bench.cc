@@ -1,5 +1,6 @@
 // Collectives between 2 ranks over loopback (two threads of this process, each with its own
-// GlooCommunicator and TCP connections), 1 KiB to 64 MiB of fp32:
+// GlooCommunicator and TCP connections; LibTorch on one thread, as each rank of a multi-rank
+// run has), 1 KiB to 64 MiB of fp32:
 //   bytes_per_second: algorithm bandwidth, buffer bytes / time;
 //   bus_bw: algorithm bandwidth x 2(N-1)/N for all_reduce, x (N-1)/N for all_gather and
 //     reduce_scatter (NCCL's convention: comparable across operations and group sizes);
@@ -13,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "benchmark/benchmark.h"
+#include "benchmarks/bench_setup.h"
 #include "parallel/communicator.h"
 #include "parallel/gloo_communicator.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
@@ -105,12 +107,4 @@ BENCHMARK_TEMPLATE(BM_Collective, Collective::kReduceScatter)->Apply(Sizes);
 }  // namespace
 }  // namespace plait::parallel
 
-int main(int argc, char** argv) {
-  // One thread per rank for LibTorch's own pool (the reductions), as in a multi-rank run.
-  at::set_num_threads(1);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return plait::benchmarks::BenchmarkMain(argc, argv); }

@@ -98,14 +98,6 @@ BENCHMARK(BM_TrainStep)
 }  // namespace plait::models
 
 int main(int argc, char** argv) {
-  if (absl::Status status = plait::benchmarks::PinToOneThread(); !status.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
-    return 1;
-  }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   plait::models::CeilingReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  benchmark::Shutdown();
-  return 0;
+  return plait::benchmarks::BenchmarkMain(argc, argv, &reporter);
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "benchmarks/bench_setup.h"
 #include "google/protobuf/text_format.h"
 #include "optim/optimizer.h"
 #include "torch/torch.h"
@@ -135,11 +136,4 @@ BENCHMARK_TEMPLATE(BM_Step, Algorithm::kLion)->Apply(Sizes);
 }  // namespace
 }  // namespace plait::optim
 
-int main(int argc, char** argv) {
-  at::set_num_threads(1);  // the comparison is on 1 thread, for both
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return plait::benchmarks::BenchmarkMain(argc, argv); }

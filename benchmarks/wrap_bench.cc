@@ -214,14 +214,4 @@ BENCHMARK(BM_Fsdp)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond
 }  // namespace
 }  // namespace plait::wrap
 
-int main(int argc, char** argv) {
-  if (absl::Status status = plait::benchmarks::PinToOneThread(); !status.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
-    return 1;
-  }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return plait::benchmarks::BenchmarkMain(argc, argv); }
