@@ -35,7 +35,8 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<TrainableParameter>& par
   double total = 0.0;
   for (const Partial& partial : partials) {
     // fp32 is the widest floating type every backend reduces.
-    torch::Tensor sum = torch::full({1}, partial.sum_of_squares, torch::kFloat32);
+    torch::Tensor sum = torch::full({1}, partial.sum_of_squares,
+                                    parameters.front().tensor.options().dtype(torch::kFloat32));
     for (parallel::Communicator* group : partial.groups) {
       if (absl::Status status = group->AllReduce(sum, parallel::ReduceOp::kSum)->Wait();
           !status.ok()) {

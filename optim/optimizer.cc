@@ -128,6 +128,11 @@ absl::Status CheckParameters(const std::vector<TrainableParameter>& parameters) 
     if (!tensor.is_contiguous()) {
       return absl::InvalidArgumentError(where + " is not contiguous");
     }
+    if (!tensor.device().is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " is on ", tensor.device().str(),
+          "; the fused update loops run on CPU tensors only (a CUDA path is not written yet)"));
+    }
     // The full parameters of an FSDP-wrapped model have no memory between uses: an
     // optimizer over them would train nothing the model computes with (the motivating bug).
     if (tensor.storage().nbytes() <

@@ -183,5 +183,43 @@ TEST_F(PreparationTest, FsdpFullStateDictAndFreedParameters) {
   EXPECT_LE(fsdp.peak_unsharded_bytes(), root_bytes + 2 * block_bytes);
 }
 
+// A frozen parameter (a reference model's, or a frozen embedding) is sharded and gathered
+// like the others but gets no gradient and is not handed to the optimizer.
+TEST_F(PreparationTest, FsdpLeavesFrozenParametersOutOfTraining) {
+  for (const auto& named : model_->NamedParameters()) {
+    if (named.name == "model.embed_tokens.weight") named.parameter.requires_grad_(false);
+  }
+  auto preparation = Preparation::Begin(*model_, *mesh_);
+  ASSERT_THAT(preparation, IsOk());
+  ASSERT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")), IsOk());
+  auto parameters = (*preparation)->TakeTrainableParameters();
+  ASSERT_THAT(parameters, IsOk());
+  EXPECT_EQ(parameters->size(), model_->NamedParameters().size() - 1);
+  for (const auto& parameter : *parameters) {
+    EXPECT_NE(parameter.name, "model.embed_tokens.weight");
+  }
+  const torch::Tensor tokens = torch::randint(100, {2, 8});
+  model_->Loss(tokens, tokens).backward();
+  ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+  for (const auto& parameter : *parameters) {
+    EXPECT_TRUE(parameter.tensor.grad().defined()) << parameter.name;
+  }
+}
+
+// A fully frozen model (a reference model in preference training) runs forward under FSDP.
+TEST_F(PreparationTest, FsdpRunsAFrozenModel) {
+  const torch::Tensor tokens = torch::randint(100, {2, 8});
+  const torch::Tensor expected = model_->SequenceLogProbs(tokens, tokens).detach();
+  for (const auto& named : model_->NamedParameters()) named.parameter.requires_grad_(false);
+  auto preparation = Preparation::Begin(*model_, *mesh_);
+  ASSERT_THAT(preparation, IsOk());
+  ASSERT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")), IsOk());
+  auto parameters = (*preparation)->TakeTrainableParameters();
+  ASSERT_THAT(parameters, IsOk());
+  EXPECT_TRUE(parameters->empty());
+  EXPECT_TRUE(torch::allclose(model_->SequenceLogProbs(tokens, tokens), expected));
+  EXPECT_EQ((*preparation)->fsdp()->unsharded_bytes(), 0);
+}
+
 }  // namespace
 }  // namespace plait::wrap

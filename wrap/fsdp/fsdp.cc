@@ -60,8 +60,8 @@ struct Fsdp::Unit {
   torch::Tensor gather_input, gather_output;
   std::shared_ptr<parallel::Work> gather;
 
-  int gradients_pending = 0;
-  bool backward_hooked = false;  // this forward registered its before-backward hook
+  int trainable = 0;          // parameters that require a gradient
+  int gradients_pending = 0;  // of those, the ones whose gradient has not arrived
   torch::Tensor reduce_output;
   std::shared_ptr<parallel::Work> reduce;
 
@@ -97,15 +97,17 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
             .narrow(0, 0, mine.count)
             .copy_(full.reshape({full_rows, -1}).narrow(0, mine.first, mine.count));
       }
-      shard.requires_grad_(true);
+      // A frozen parameter (a reference model's) stays frozen: no gradient, no optimizer.
+      shard.requires_grad_(full.requires_grad());
       unit.names.push_back(parameter.name);
       unit.parameters.push_back(full);
       unit.shards.push_back(shard);
       unit.rows.push_back(rows);
       unit.offsets.push_back(unit.shard_numel);
+      if (full.requires_grad()) ++unit.trainable;
       unit.shard_numel += shard.numel();
     }
-    fsdp->units_.push_back(std::move(unit));
+    if (!unit.parameters.empty()) fsdp->units_.push_back(std::move(unit));
   };
   for (const Wrappable::Unit& block : model.Blocks()) {
     std::vector<Wrappable::NamedParameter> named;
@@ -128,6 +130,7 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
     }
     const int index = static_cast<int>(&unit - fsdp->units_.data());
     for (const torch::Tensor& parameter : unit.parameters) {
+      if (!parameter.requires_grad()) continue;
       fsdp->hooks_.push_back(internal::AddPostAccumulateHook(
           parameter, [fsdp = fsdp.get(), index] { fsdp->OnGradientAccumulated(index); }));
     }
@@ -158,6 +161,7 @@ std::vector<optim::TrainableParameter> Fsdp::TrainableParameters() {
   std::vector<optim::TrainableParameter> parameters;
   for (const Unit& unit : units_) {
     for (size_t i = 0; i < unit.shards.size(); ++i) {
+      if (!unit.shards[i].requires_grad()) continue;  // frozen
       parameters.push_back({unit.names[i], unit.shards[i], {&communicator_}});
     }
   }
@@ -190,6 +194,8 @@ void Fsdp::StartGather(Unit& unit) {
 void Fsdp::Unshard(Unit& unit) {
   if (unit.state == Unit::State::kUnsharded) return;
   StartGather(unit);
+  // On failure the parameters are refilled with whatever the buffer holds, so that the
+  // forward still has memory to read; the error is reported by last_status().
   if (absl::Status status = unit.gather->Wait(); !status.ok()) Fail(status);
   const int n = communicator_.size();
   const torch::Tensor by_rank = unit.gather_output.view({n, unit.shard_numel});
@@ -225,8 +231,20 @@ void Fsdp::Reshard(Unit& unit) {
 }
 
 void Fsdp::BeforeForward(int hook_unit) {
+  if (hook_unit == Wrappable::kRootUnit && backward_started_) {
+    // The last backward never reached its end (it threw): its gradients are incomplete.
+    // Settle its collectives, so every rank is in step again, and report it.
+    for (Unit& unit : units_) {
+      if (unit.reduce != nullptr) unit.reduce->Wait().IgnoreError();
+      unit.reduce.reset();
+      unit.reduce_output = torch::Tensor();
+      Reshard(unit);
+    }
+    backward_started_ = false;
+    Fail(absl::AbortedError(
+        "fsdp: the previous backward pass did not finish; its gradients were dropped"));
+  }
   Unit& unit = UnitOf(hook_unit);
-  unit.backward_hooked = false;
   Unshard(unit);
   // Prefetch: the next block's gather runs while this unit computes.
   if (hook_unit != Wrappable::kRootUnit && hook_unit + 1 < static_cast<int>(units_.size()) - 1) {
@@ -251,7 +269,7 @@ torch::Tensor Fsdp::AfterForward(int hook_unit, torch::Tensor output) {
 void Fsdp::BeforeBackward(int hook_unit) {
   if (!backward_started_) {
     backward_started_ = true;
-    for (Unit& unit : units_) unit.gradients_pending = static_cast<int>(unit.parameters.size());
+    for (Unit& unit : units_) unit.gradients_pending = unit.trainable;
     internal::QueueEndOfBackwardCallback([this] { FinishBackward(); });
   }
   Unshard(UnitOf(hook_unit));
@@ -299,31 +317,39 @@ void Fsdp::StartReduceScatter(Unit& unit) {
 void Fsdp::FinishBackward() {
   torch::NoGradGuard no_grad;
   for (Unit& unit : units_) {
-    // A unit with a parameter that got no gradient has not reduced yet.
-    if (unit.reduce == nullptr) StartReduceScatter(unit);
+    // A unit with a trainable parameter that got no gradient has not reduced yet; every rank
+    // has the same model, so every rank starts the same reductions here, in unit order.
+    if (unit.trainable > 0 && unit.reduce == nullptr) StartReduceScatter(unit);
   }
   for (Unit& unit : units_) {
-    absl::Status status = unit.reduce->Wait();
-    unit.reduce.reset();
-    if (!status.ok()) {
-      Fail(status);
-      continue;
-    }
-    for (size_t i = 0; i < unit.shards.size(); ++i) {
-      torch::Tensor& shard = unit.shards[i];
-      const torch::Tensor grad = unit.reduce_output.narrow(0, unit.offsets[i], shard.numel())
-                                     .view(shard.sizes())
-                                     .to(torch::kFloat32);
-      if (shard.grad().defined()) {
-        shard.mutable_grad().add_(grad);  // gradient accumulation over micro-steps
+    if (unit.reduce != nullptr) {
+      absl::Status status = unit.reduce->Wait();
+      unit.reduce.reset();
+      if (status.ok()) {
+        AccumulateShardGradients(unit);
       } else {
-        shard.mutable_grad() = grad.clone();
+        Fail(status);
       }
+      unit.reduce_output = torch::Tensor();
     }
-    unit.reduce_output = torch::Tensor();
     Reshard(unit);
   }
   backward_started_ = false;
+}
+
+void Fsdp::AccumulateShardGradients(Unit& unit) {
+  for (size_t i = 0; i < unit.shards.size(); ++i) {
+    torch::Tensor& shard = unit.shards[i];
+    if (!shard.requires_grad()) continue;
+    const torch::Tensor grad = unit.reduce_output.narrow(0, unit.offsets[i], shard.numel())
+                                   .view(shard.sizes())
+                                   .to(torch::kFloat32);
+    if (shard.grad().defined()) {
+      shard.mutable_grad().add_(grad);  // gradient accumulation over micro-steps
+    } else {
+      shard.mutable_grad() = grad.clone();
+    }
+  }
 }
 
 absl::StatusOr<std::map<std::string, torch::Tensor>> Fsdp::FullStateDict() {
@@ -331,11 +357,12 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> Fsdp::FullStateDict() {
   const int n = communicator_.size();
   torch::NoGradGuard no_grad;
   for (Unit& unit : units_) {
-    torch::Tensor input = torch::empty({unit.shard_numel}, torch::kFloat32);
+    const auto options = unit.shards[0].options().dtype(torch::kFloat32).requires_grad(false);
+    torch::Tensor input = torch::empty({unit.shard_numel}, options);
     for (size_t i = 0; i < unit.shards.size(); ++i) {
       input.narrow(0, unit.offsets[i], unit.shards[i].numel()).copy_(unit.shards[i].reshape({-1}));
     }
-    torch::Tensor output = torch::empty({unit.shard_numel * n}, torch::kFloat32);
+    torch::Tensor output = torch::empty({unit.shard_numel * n}, options);
     PLAIT_RETURN_IF_ERROR(communicator_.AllGather(input, output)->Wait());
     const torch::Tensor by_rank = output.view({n, unit.shard_numel});
     for (size_t i = 0; i < unit.parameters.size(); ++i) {
@@ -351,28 +378,34 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> Fsdp::FullStateDict() {
 }
 
 absl::Status Fsdp::LoadFullStateDict(const std::map<std::string, torch::Tensor>& state) {
-  torch::NoGradGuard no_grad;
-  const int rank = communicator_.rank();
-  for (Unit& unit : units_) {
+  // Every entry is checked before anything changes, so an error leaves the model as it was.
+  for (const Unit& unit : units_) {
     for (size_t i = 0; i < unit.parameters.size(); ++i) {
       auto it = state.find(unit.names[i]);
       if (it == state.end()) {
         return absl::InvalidArgumentError(
             absl::StrCat("full state dict: no tensor for parameter ", unit.names[i]));
       }
-      const torch::Tensor& parameter = unit.parameters[i];
-      if (it->second.sizes() != parameter.sizes()) {
+      if (it->second.sizes() != unit.parameters[i].sizes()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "full state dict: ", unit.names[i], " has shape ", c10::str(it->second.sizes()),
-            ", the parameter's is ", c10::str(parameter.sizes())));
+            ", the parameter's is ", c10::str(unit.parameters[i].sizes())));
       }
-      const int64_t full_rows = FullRows(parameter);
+    }
+  }
+  torch::NoGradGuard no_grad;
+  const int rank = communicator_.rank();
+  for (Unit& unit : units_) {
+    Reshard(unit);  // a gathered unit would keep computing with the old values
+    for (size_t i = 0; i < unit.parameters.size(); ++i) {
+      const int64_t full_rows = FullRows(unit.parameters[i]);
       const RankRows mine = RowsOfRank(full_rows, unit.rows[i], rank);
       torch::Tensor& shard = unit.shards[i];
       shard.zero_();
       shard.view({unit.rows[i], -1})
           .narrow(0, 0, mine.count)
-          .copy_(it->second.reshape({full_rows, -1}).narrow(0, mine.first, mine.count));
+          .copy_(
+              state.at(unit.names[i]).reshape({full_rows, -1}).narrow(0, mine.first, mine.count));
     }
   }
   return absl::OkStatus();

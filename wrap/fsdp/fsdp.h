@@ -42,7 +42,8 @@ class Fsdp {
   // communicator's group.
   std::vector<optim::TrainableParameter> TrainableParameters();
 
-  // The status of the last forward or backward's communication (a hook cannot return one).
+  // The first communication error since wrapping (a hook cannot return one). It stays: after
+  // a failed collective the group is unusable (see Communicator).
   const absl::Status& last_status() const { return status_; }
 
   // Bytes of full (gathered) parameters alive now, and the most alive at once since the
@@ -74,6 +75,7 @@ class Fsdp {
   void Unshard(Unit& unit);
   void Reshard(Unit& unit);
   void StartReduceScatter(Unit& unit);
+  void AccumulateShardGradients(Unit& unit);
   void Fail(const absl::Status& status);
 
   Unit& UnitOf(int hook_unit);
