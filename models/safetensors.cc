@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -393,8 +394,18 @@ absl::Status WriteSafetensorsCheckpoint(
     shard_bytes += bytes;
     total_bytes += bytes;
   }
+  const std::string index_path = absl::StrCat(dir, "/", kSafetensorsIndexName);
   if (shards.size() == 1) {
-    return WriteSafetensors(absl::StrCat(dir, "/", kSafetensorsFileName), tensors, metadata);
+    PLAIT_RETURN_IF_ERROR(
+        WriteSafetensors(absl::StrCat(dir, "/", kSafetensorsFileName), tensors, metadata));
+    // An index left by an earlier sharded save would take precedence over the new file.
+    std::error_code error;
+    std::filesystem::remove(index_path, error);
+    if (error) {
+      return absl::DataLossError(
+          absl::StrCat(index_path, ": cannot remove the stale index: ", error.message()));
+    }
+    return absl::OkStatus();
   }
   Json weight_map = Json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -404,11 +415,18 @@ absl::Status WriteSafetensorsCheckpoint(
     for (const auto& item : shards[i]) weight_map[item.first] = file_name;
   }
   const Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-  const std::string index_path = absl::StrCat(dir, "/", kSafetensorsIndexName);
-  std::ofstream out(index_path, std::ios::trunc);
+  // Written under a temporary name and renamed, like the shards, so a crash never leaves a
+  // half-written index.
+  const std::string temporary = index_path + ".tmp";
+  std::ofstream out(temporary, std::ios::trunc);
   out << index.dump(2) << "\n";
   out.close();
-  if (!out) return absl::DataLossError(absl::StrCat(index_path, ": write failed"));
+  if (!out) return absl::DataLossError(absl::StrCat(temporary, ": write failed"));
+  std::error_code error;
+  std::filesystem::rename(temporary, index_path, error);
+  if (error) {
+    return absl::DataLossError(absl::StrCat(index_path, ": rename failed: ", error.message()));
+  }
   return absl::OkStatus();
 }
 

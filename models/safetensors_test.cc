@@ -220,6 +220,20 @@ TEST(SafetensorsCheckpointTest, SingleFile) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.safetensors")));
 }
 
+// Saving a single file where a sharded checkpoint was removes the old index, which would
+// otherwise win and load the old shards.
+TEST(SafetensorsCheckpointTest, SingleFileReplacesAShardedCheckpoint) {
+  const std::string dir = FreshDir("resaved");
+  ASSERT_THAT(
+      WriteSafetensorsCheckpoint(dir, {{"w", torch::zeros({64})}, {"v", torch::zeros({64})}}, 300),
+      IsOk());
+  ASSERT_THAT(WriteSafetensorsCheckpoint(dir, {{"w", torch::ones({64})}}), IsOk());
+  absl::StatusOr<SafetensorsCheckpoint> checkpoint = SafetensorsCheckpoint::Open(dir);
+  ASSERT_THAT(checkpoint, IsOk());
+  EXPECT_THAT(checkpoint->Names(), ElementsAre("w"));
+  EXPECT_TRUE(torch::equal(checkpoint->Read("w").value(), torch::ones({64})));
+}
+
 TEST(SafetensorsCheckpointTest, IndexDisagreeingWithFilesIsAnError) {
   const std::string dir = FreshDir("disagree");
   ASSERT_THAT(
