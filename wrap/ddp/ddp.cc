@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
     }
   }
 
-  auto ddp = std::unique_ptr<Ddp>(new Ddp(std::move(parameters), communicator));
+  auto ddp = std::unique_ptr<Ddp>(new Ddp(model, std::move(parameters), communicator));
   // Buckets in reverse registration order, dtype by dtype.
   const int count = static_cast<int>(ddp->parameters_.size());
   Bucket bucket;
@@ -75,6 +75,11 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
   }
   close_bucket();
 
+  Ddp* self = ddp.get();
+  model.SetUnitHooks({[self](int unit) {
+                        if (unit == Wrappable::kRootUnit) self->OnForwardStart();
+                      },
+                      nullptr});
   for (int b = 0; b < static_cast<int>(ddp->buckets_.size()); ++b) {
     Bucket& bucket = ddp->buckets_[b];
     int64_t numel = 0;
@@ -91,10 +96,25 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
   return ddp;
 }
 
-Ddp::Ddp(std::vector<torch::Tensor> parameters, parallel::Communicator& communicator)
-    : parameters_(std::move(parameters)), communicator_(communicator) {}
+Ddp::Ddp(Wrappable& model, std::vector<torch::Tensor> parameters,
+         parallel::Communicator& communicator)
+    : model_(model), parameters_(std::move(parameters)), communicator_(communicator) {}
 
-Ddp::~Ddp() = default;
+Ddp::~Ddp() { model_.SetUnitHooks({}); }
+
+void Ddp::OnForwardStart() {
+  if (!backward_started_) return;
+  // The last backward never reached its end (it threw): settle the all-reduces it started,
+  // so every rank is in step again, and report it.
+  for (Bucket& bucket : buckets_) {
+    if (bucket.work != nullptr) bucket.work->Wait().IgnoreError();
+    bucket.work.reset();
+  }
+  backward_started_ = false;
+  last_sync_status_ = absl::AbortedError(
+      "ddp: the previous backward pass did not finish; its gradients were "
+      "not synchronised");
+}
 
 void Ddp::OnGradientReady(int bucket) {
   if (!sync_) return;
@@ -132,12 +152,11 @@ void Ddp::FinishBackward() {
   // Parameters that received no gradient leave their buckets pending: launch those now.
   for (Bucket& bucket : buckets_) bucket.pending = 0;
   LaunchReadyBuckets();
-  last_sync_status_ = absl::OkStatus();
   for (Bucket& bucket : buckets_) {
     absl::Status status = bucket.work->Wait();
     bucket.work.reset();
     if (!status.ok()) {
-      last_sync_status_ = status;
+      if (last_sync_status_.ok()) last_sync_status_ = status;
       continue;
     }
     // The gradients become views of the averaged buffer: no copy, and the next backward

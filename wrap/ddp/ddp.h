@@ -37,19 +37,22 @@ class Ddp {
   // The buckets, as the parameter indices (into Wrappable::NamedParameters) each holds.
   const std::vector<std::vector<int>>& bucket_members() const { return bucket_members_; }
 
-  // The status of the last backward pass's synchronisation (errors of the all-reduces,
-  // which a hook cannot return).
+  // The first synchronisation error since wrapping (a failed all-reduce, which a hook cannot
+  // return, or a backward that never finished). It stays: the ranks are out of step after it.
   const absl::Status& last_sync_status() const { return last_sync_status_; }
 
  private:
   struct Bucket;
 
-  Ddp(std::vector<torch::Tensor> parameters, parallel::Communicator& communicator);
+  Ddp(Wrappable& model, std::vector<torch::Tensor> parameters,
+      parallel::Communicator& communicator);
 
+  void OnForwardStart();
   void OnGradientReady(int bucket);
   void LaunchReadyBuckets();
   void FinishBackward();
 
+  Wrappable& model_;
   std::vector<torch::Tensor> parameters_;
   parallel::Communicator& communicator_;
   std::vector<std::vector<int>> bucket_members_;
