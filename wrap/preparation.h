@@ -64,8 +64,9 @@ class Preparation {
   };
   NoSyncScope NoSync() { return NoSyncScope(ddp_.get()); }
 
-  // The communication errors of the last forward and backward passes (hooks cannot return
-  // them): check after backward, before the optimizer step.
+  // The first communication error of the wrappers' hooks, which cannot return one (a failed
+  // collective, a backward that never finished); it stays, since the ranks are out of step
+  // after it. Check after backward, before the optimizer step.
   absl::Status BackwardStatus() const;
 
   ddp::Ddp* ddp() { return ddp_.get(); }

@@ -111,9 +111,10 @@ void Ddp::OnForwardStart() {
     bucket.work.reset();
   }
   backward_started_ = false;
-  last_sync_status_ = absl::AbortedError(
-      "ddp: the previous backward pass did not finish; its gradients were "
-      "not synchronised");
+  if (last_sync_status_.ok()) {
+    last_sync_status_ = absl::AbortedError(
+        "ddp: the previous backward pass did not finish; its gradients were not synchronised");
+  }
 }
 
 void Ddp::OnGradientReady(int bucket) {
