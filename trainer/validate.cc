@@ -216,6 +216,10 @@ class Checker {
     non_negative("global_batch", t.global_batch());
     non_negative("eval_every", t.eval_every());
     non_negative("log_every", t.log_every());
+    if (!(t.peak_flops_per_rank() >= 0.0)) {
+      Add("plan.training.peak_flops_per_rank",
+          absl::StrCat(t.peak_flops_per_rank(), "; must be >= 0"));
+    }
     if (config.has_value() && t.seq_len() > config->max_position_embeddings()) {
       Add("plan.training.seq_len",
           absl::StrCat(t.seq_len(), " exceeds the model's ", "max_position_embeddings (",
