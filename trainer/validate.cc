@@ -68,21 +68,24 @@ class Checker {
     violations_.push_back({std::move(field), std::move(message), std::move(rule)});
   }
 
-  // ResolveModelSpec's errors already start with the field path.
+  // A library's error for the subtree at `field`, whose message starts with the full field
+  // path ("plan.model.preset: ..."): recorded under that path.
+  void AddStatus(const std::string& field, const absl::Status& status) {
+    std::string message(status.message());
+    std::string where = field;
+    const size_t colon = message.find(": ");
+    if (absl::StartsWith(message, field) && colon != std::string::npos) {
+      where = message.substr(0, colon);
+      message = message.substr(colon + 2);
+    }
+    Add(where, message);
+  }
+
   std::optional<models::ModelConfig> CheckModel(const models::ModelSpec& spec,
                                                 const std::string& field) {
     absl::StatusOr<models::ModelConfig> config = models::ResolveModelSpec(spec, field);
     if (config.ok()) return *config;
-    std::string message(config.status().message());
-    std::string where = field;
-    if (absl::StartsWith(message, field)) {
-      const size_t colon = message.find(": ");
-      if (colon != std::string::npos) {
-        where = message.substr(0, colon);
-        message = message.substr(colon + 2);
-      }
-    }
-    Add(where, message);
+    AddStatus(field, config.status());
     return std::nullopt;
   }
 
@@ -250,7 +253,7 @@ class Checker {
     if (plan_.training().steps() <= 0) return;  // reported above
     absl::StatusOr<sched::Schedule> schedule =
         sched::BuildSchedule(ResolvedSchedule(plan_), "plan.schedule");
-    if (!schedule.ok()) Add("plan.schedule", std::string(schedule.status().message()));
+    if (!schedule.ok()) AddStatus("plan.schedule", schedule.status());
   }
 
   void CheckData(const std::optional<models::ModelConfig>& config) {
