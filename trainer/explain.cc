@@ -86,6 +86,11 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
       plan.model().has_preset() ? absl::StrCat("(preset \"", plan.model().preset(), "\")") : "",
       config.num_hidden_layers(), config.hidden_size(), config.vocab_size(), Count(parameters)));
 
+  lines.push_back(
+      plan.hf_weights_dir().empty()
+          ? absl::StrCat("weights: seeded initialisation (seed ", plan.model().init().seed(), ")")
+          : absl::StrCat("weights: loaded from ", plan.hf_weights_dir(),
+                         " before the preparation"));
   std::vector<std::string> dims;
   for (const auto& dim : plan.mesh().dims())
     dims.push_back(absl::StrCat(dim.name(), "=", dim.size()));

@@ -22,6 +22,7 @@ using ::testing::HasSubstr;
 
 TEST(LlamaFsdpTest, TwoRanksTrainAndWriteTheMetrics) {
   const std::string metrics = absl::StrCat(std::getenv("TEST_TMPDIR"), "/metrics.jsonl");
+  const std::string hf_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf");
   absl::Mutex mutex;
   std::string output;
   auto sink = [&](std::string_view line) {
@@ -35,7 +36,8 @@ TEST(LlamaFsdpTest, TwoRanksTrainAndWriteTheMetrics) {
                      "--set=schedule.warmup.steps=1",
                      "--set=training.eval_batches=1",
                      "--set=training.log_every=1",
-                     absl::StrCat("--set=training.metrics_file=", metrics)};
+                     absl::StrCat("--set=training.metrics_file=", metrics),
+                     absl::StrCat("--set=training.save_hf_dir=", hf_dir)};
   options.stdout_sink = sink;
   options.stderr_sink = sink;
   absl::StatusOr<parallel::LaunchResult> result = parallel::Launch(options);
@@ -44,6 +46,9 @@ TEST(LlamaFsdpTest, TwoRanksTrainAndWriteTheMetrics) {
   EXPECT_THAT(output, HasSubstr("[rank 0] step 3/3 | loss "));
   EXPECT_THAT(output, HasSubstr("[rank 0] done: 3 steps in "));
   EXPECT_THAT(output, HasSubstr("entropy floor"));
+  EXPECT_THAT(output, HasSubstr("[rank 0] saved the model to " + hf_dir));
+  EXPECT_TRUE(std::ifstream(hf_dir + "/config.json").good());
+  EXPECT_TRUE(std::ifstream(hf_dir + "/model.safetensors").good());
   EXPECT_THAT(output, ::testing::Not(HasSubstr("[rank 1] step")));  // only rank 0 reports
 
   std::ifstream file(metrics);

@@ -32,11 +32,14 @@ enum class Role { kTrained, kFrozen };
 
 class PreparedModel {
  public:
-  // Builds the model `spec` names and applies `steps` in order on `mesh` (which must outlive
-  // the result). Errors name `field_path`.model or `field_path`.prepare[i] and come from the
-  // model's config or the wrapper (the plan's validation catches the rule violations first).
+  // Builds the model `spec` names, loads the weights of the Hugging Face folder
+  // `hf_weights_dir` when it is not empty, and applies `steps` in order on `mesh` (which
+  // must outlive the result). Errors name `field_path`.model, .hf_weights_dir or
+  // .prepare[i] and come from the model's config, the checkpoint or the wrapper (the plan's
+  // validation catches the rule violations first).
   static absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(
-      const models::ModelSpec& spec, const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+      const models::ModelSpec& spec, const std::string& hf_weights_dir,
+      const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
       const parallel::DeviceMesh& mesh, Role role, const std::string& field_path);
 
   PreparedModel(const PreparedModel&) = delete;
@@ -62,6 +65,10 @@ class PreparedModel {
 
   // The whole parameters by name, on every rank (FSDP gathers them; every rank must call).
   absl::StatusOr<std::map<std::string, torch::Tensor>> FullParameters();
+
+  // Writes the whole model to `dir` (created if missing) as a Hugging Face folder. Every
+  // rank must call it; rank `writer` writes.
+  absl::Status SaveHf(const std::string& dir, int rank, int writer);
 
  private:
   PreparedModel(std::shared_ptr<models::CausalLM> model, Role role)

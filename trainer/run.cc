@@ -82,6 +82,7 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
   TrainOptions options;
   options.log = &std::cout;
   options.metrics_path = UserPath(plan.training().metrics_file());
+  options.save_hf_dir = UserPath(plan.training().save_hf_dir());
   return Train(plan, mesh, options).status();
 }
 

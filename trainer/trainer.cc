@@ -92,15 +92,16 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
     }
   }
 
-  PLAIT_ASSIGN_OR_RETURN(
-      std::unique_ptr<PreparedModel> prepared,
-      PreparedModel::Prepare(plan.model(), plan.prepare(), mesh, Role::kTrained, "plan"));
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<PreparedModel> prepared,
+                         PreparedModel::Prepare(plan.model(), plan.hf_weights_dir(), plan.prepare(),
+                                                mesh, Role::kTrained, "plan"));
   std::vector<std::unique_ptr<PreparedModel>> frozen;
   for (int i = 0; i < plan.frozen_size(); ++i) {
     PLAIT_ASSIGN_OR_RETURN(
         std::unique_ptr<PreparedModel> model,
-        PreparedModel::Prepare(plan.frozen(i).model(), plan.frozen(i).prepare(), mesh,
-                               Role::kFrozen, absl::StrCat("plan.frozen[", i, "]")));
+        PreparedModel::Prepare(plan.frozen(i).model(), plan.frozen(i).hf_weights_dir(),
+                               plan.frozen(i).prepare(), mesh, Role::kFrozen,
+                               absl::StrCat("plan.frozen[", i, "]")));
     frozen.push_back(std::move(model));
   }
   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<optim::Optimizer> optimizer,
@@ -189,6 +190,14 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
       if (metrics_row.eval_loss) *log << absl::StrFormat(" | eval %.4f", *metrics_row.eval_loss);
       *log << std::endl;
     }
+  }
+  if (!options.save_hf_dir.empty()) {
+    absl::Status saved = prepared->SaveHf(options.save_hf_dir, rank, /*writer=*/0);
+    if (!saved.ok()) {
+      return absl::Status(saved.code(),
+                          absl::StrCat("plan.training.save_hf_dir: ", saved.message()));
+    }
+    if (log != nullptr) *log << "saved the model to " << options.save_hf_dir << std::endl;
   }
   report.seconds = Seconds(Clock::now() - start);
   report.tokens_per_s = tokens_per_step * steps / training_seconds;

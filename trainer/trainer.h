@@ -47,6 +47,9 @@ struct TrainOptions {
   std::ostream* log = nullptr;
   // The metrics file rank 0 writes; empty writes none. Run resolves training.metrics_file.
   std::string metrics_path;
+  // Where rank 0 saves the trained model; empty saves none. Run resolves
+  // training.save_hf_dir.
+  std::string save_hf_dir;
 };
 
 // Trains `plan` (which must pass ValidatePlan for the mesh's world size) as rank

@@ -3,6 +3,7 @@
 // plan's losses, and a frozen model is prepared without optimizer or gradient state.
 #include "trainer/trainer.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,7 +66,7 @@ TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
   const Plan plan = LoadShippedPlan("llama_fsdp");
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
     auto prepared =
-        PreparedModel::Prepare(plan.model(), plan.prepare(), mesh, Role::kTrained, "plan");
+        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
     ASSERT_THAT(prepared, IsOk());
     auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
     ASSERT_THAT(optimizer, IsOk());
@@ -89,8 +90,8 @@ TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
 TEST(PreparedModelTest, FrozenModelIsPreparedWithoutOptimizerOrGradients) {
   const Plan plan = LoadShippedPlan("llama_fsdp");
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
-    auto frozen =
-        PreparedModel::Prepare(plan.model(), plan.prepare(), mesh, Role::kFrozen, "plan.frozen[0]");
+    auto frozen = PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kFrozen,
+                                         "plan.frozen[0]");
     ASSERT_THAT(frozen, IsOk());
     EXPECT_TRUE((*frozen)->trainable_parameters().empty());
     EXPECT_THAT(BuildOptimizer(**frozen, plan.optimizer()),
@@ -105,6 +106,36 @@ TEST(PreparedModelTest, FrozenModelIsPreparedWithoutOptimizerOrGradients) {
       EXPECT_FALSE(named.parameter.requires_grad()) << named.name;
       EXPECT_FALSE(named.parameter.grad().defined()) << named.name;
     }
+  });
+}
+
+TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
+  const Plan plan = LoadShippedPlan("llama_fsdp");
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/out");
+  std::map<std::string, torch::Tensor> saved;
+  WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto prepared =
+        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    ASSERT_THAT((*prepared)->SaveHf(dir, rank, 0), IsOk());
+    auto full = (*prepared)->FullParameters();
+    ASSERT_THAT(full, IsOk());
+    if (rank == 0) saved = *full;
+  });
+  // Loaded on one rank with another seed: the folder's weights replace the initialisation.
+  const Plan single = LoadShippedPlan("llama_single");
+  models::ModelSpec other_seed = single.model();
+  other_seed.mutable_init()->set_seed(99);
+  WithMesh(single, 1, [&](int, const parallel::DeviceMesh& mesh) {
+    auto loaded =
+        PreparedModel::Prepare(other_seed, dir, single.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(loaded, IsOk());
+    for (const auto& named : (*loaded)->model().NamedParameters()) {
+      EXPECT_TRUE(named.parameter.equal(saved.at(named.name))) << named.name;
+    }
+    EXPECT_THAT(PreparedModel::Prepare(other_seed, dir + "/missing", single.prepare(), mesh,
+                                       Role::kTrained, "plan"),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("plan.hf_weights_dir: ")));
   });
 }
 

@@ -40,6 +40,11 @@ std::string MeshDim(const PrepareStep& step) {
   return "";
 }
 
+bool DirectoryExists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+}
+
 bool FileExists(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
@@ -52,6 +57,7 @@ class Checker {
 
   std::vector<Violation> Run() {
     std::optional<models::ModelConfig> config = CheckModel(plan_.model(), "plan.model");
+    CheckWeights(plan_.hf_weights_dir(), "plan.hf_weights_dir");
     CheckMesh();
     CheckSteps(plan_.prepare(), "plan.prepare");
     CheckMeshUse();
@@ -87,6 +93,12 @@ class Checker {
     if (config.ok()) return *config;
     AddStatus(field, config.status());
     return std::nullopt;
+  }
+
+  void CheckWeights(const std::string& dir, const std::string& field) {
+    if (!dir.empty() && !DirectoryExists(dir)) {
+      Add(field, absl::StrCat("\"", dir, "\" is not a folder"));
+    }
   }
 
   void CheckMesh() {
@@ -300,6 +312,7 @@ class Checker {
         Add(field + ".name", absl::StrCat("\"", frozen.name(), "\" appears twice"));
       }
       CheckModel(frozen.model(), field + ".model");
+      CheckWeights(frozen.hf_weights_dir(), field + ".hf_weights_dir");
       CheckSteps(frozen.prepare(), field + ".prepare");
     }
   }
