@@ -139,36 +139,55 @@ TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
   });
 }
 
-TEST(TrainTest, FsdpOnTwoRanksTrainsToTheSingleProcessLosses) {
-  const Plan single_plan = LoadShippedPlan("llama_single");
-  const Plan fsdp_plan = LoadShippedPlan("llama_fsdp");
-  ASSERT_THAT(ValidatePlan(single_plan, 1), IsOk());
-  ASSERT_THAT(ValidatePlan(fsdp_plan, 2), IsOk());
-  TrainReport single, fsdp;
-  WithMesh(single_plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
-    absl::StatusOr<TrainReport> report = Train(single_plan, mesh, {});
+// Trains `plan` on `ranks` threads; rank 0's report.
+TrainReport TrainOnRanks(const Plan& plan, int ranks) {
+  EXPECT_THAT(ValidatePlan(plan, ranks), IsOk());
+  TrainReport result;
+  WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
+    absl::StatusOr<TrainReport> report = Train(plan, mesh, {});
     ASSERT_THAT(report, IsOk());
-    single = *report;
+    if (rank == 0) result = *report;
   });
-  WithMesh(fsdp_plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
-    absl::StatusOr<TrainReport> report = Train(fsdp_plan, mesh, {});
-    ASSERT_THAT(report, IsOk());
-    if (rank == 0) fsdp = *report;
-  });
-  ASSERT_EQ(single.steps.size(), 10u);
-  ASSERT_EQ(fsdp.steps.size(), 10u);
-  for (size_t i = 0; i < single.steps.size(); ++i) {
-    EXPECT_NEAR(fsdp.steps[i].loss, single.steps[i].loss, 1e-5 * single.steps[i].loss) << i;
-    ASSERT_TRUE(single.steps[i].grad_norm.has_value());
-    EXPECT_NEAR(*fsdp.steps[i].grad_norm, *single.steps[i].grad_norm,
-                1e-5 * *single.steps[i].grad_norm)
+  return result;
+}
+
+void ExpectSameRun(const TrainReport& actual, const TrainReport& expected) {
+  ASSERT_EQ(expected.steps.size(), 10u);
+  ASSERT_EQ(actual.steps.size(), 10u);
+  for (size_t i = 0; i < expected.steps.size(); ++i) {
+    EXPECT_NEAR(actual.steps[i].loss, expected.steps[i].loss, 1e-5 * expected.steps[i].loss) << i;
+    ASSERT_TRUE(expected.steps[i].grad_norm.has_value());
+    EXPECT_NEAR(*actual.steps[i].grad_norm, *expected.steps[i].grad_norm,
+                1e-5 * *expected.steps[i].grad_norm)
         << i;
   }
-  ASSERT_TRUE(single.steps[4].eval_loss.has_value());
-  EXPECT_NEAR(*fsdp.steps[4].eval_loss, *single.steps[4].eval_loss,
-              1e-5 * *single.steps[4].eval_loss);
+  ASSERT_TRUE(expected.steps[4].eval_loss.has_value());
+  EXPECT_NEAR(*actual.steps[4].eval_loss, *expected.steps[4].eval_loss,
+              1e-5 * *expected.steps[4].eval_loss);
   // It trained: the loss fell from about ln(vocab).
-  EXPECT_LT(single.steps.back().loss, single.steps.front().loss - 1.0);
+  EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss - 1.0);
+}
+
+const TrainReport& SingleProcessRun() {
+  static const TrainReport* report =
+      new TrainReport(TrainOnRanks(LoadShippedPlan("llama_single"), 1));
+  return *report;
+}
+
+TEST(TrainTest, FsdpOnTwoRanksTrainsToTheSingleProcessLosses) {
+  ExpectSameRun(TrainOnRanks(LoadShippedPlan("llama_fsdp"), 2), SingleProcessRun());
+}
+
+// Micro-batches of 4 with 2 accumulation steps on each of 2 ranks: the same 16 sequences per
+// step as the single process, through DDP's no-sync scope.
+TEST(TrainTest, DdpWithAccumulationTrainsToTheSingleProcessLosses) {
+  Plan plan = LoadShippedPlan("llama_ddp");
+  ASSERT_THAT(ApplyOverride("training.micro_batch=4", plan), IsOk());
+  ASSERT_THAT(ApplyOverride("training.grad_accumulation=2", plan), IsOk());
+  // Evaluation reads eval_batches micro-batches per rank: 2 x 4 x 2 ranks are the single
+  // process's 16 held-out sequences.
+  ASSERT_THAT(ApplyOverride("training.eval_batches=2", plan), IsOk());
+  ExpectSameRun(TrainOnRanks(plan, 2), SingleProcessRun());
 }
 
 }  // namespace
