@@ -21,6 +21,9 @@
 namespace plait::trainer {
 namespace {
 
+// DdpConfig.bucket_cap_mb's default (wrap.proto, PyTorch's).
+constexpr double kDdpDefaultBucketMb = 25.0;
+
 constexpr double kBytesPerFloat = 4.0;  // parameters, gradients and optimizer state are fp32
 
 std::string Count(double n) {
@@ -109,7 +112,7 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
       shard_fraction /= n;
       what = absl::StrFormat(
           "fsdp over %s (%d ranks): %d units (%d blocks and the root), each rank keeps 1/%d of %s "
-          "parameters and gathers one unit at a time%s",
+          "parameters and gathers one unit at a time (prefetching the next)%s",
           step.fsdp().mesh_dim(), n, units, units - 1, n, Count(parameters),
           step.fsdp().has_reshard_after_forward() && !step.fsdp().reshard_after_forward()
               ? ", keeping it until its backward"
@@ -120,10 +123,9 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
           "ddp over %s (%d ranks): parameters stay whole on every rank (broadcast from rank 0); "
           "gradients averaged in buckets of %.0f MiB during backward",
           step.ddp().mesh_dim(), n,
-          step.ddp().has_bucket_cap_mb() ? step.ddp().bucket_cap_mb() : 25.0);
+          step.ddp().has_bucket_cap_mb() ? step.ddp().bucket_cap_mb() : kDdpDefaultBucketMb);
     }
-    const StrategyRule* rule =
-        FindStrategy(*rules, step.strategy_case() == PrepareStep::kFsdp ? "fsdp" : "ddp");
+    const StrategyRule* rule = FindStrategy(*rules, StrategyName(step));
     if (rule != nullptr && rule->effect() != KEEPS) last_changing = i;
     lines.push_back(absl::StrCat("prepare[", i, "]: ", what, " [",
                                  rule == nullptr ? "" : ParameterEffect_Name(rule->effect()), "]"));

@@ -117,6 +117,14 @@ absl::Status ApplyOverride(absl::string_view assignment, Plan& plan) {
   return MergeText(absl::StrCat(prefix, suffix), where, plan);
 }
 
+std::string StrategyName(const PrepareStep& step) {
+  const google::protobuf::OneofDescriptor* oneof =
+      PrepareStep::descriptor()->FindOneofByName("strategy");
+  const google::protobuf::FieldDescriptor* field =
+      step.GetReflection()->GetOneofFieldDescriptor(step, oneof);
+  return field == nullptr ? "" : field->name();
+}
+
 int MeshRanks(const Plan& plan) {
   int ranks = 1;
   for (const auto& dim : plan.mesh().dims()) ranks *= dim.size();

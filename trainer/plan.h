@@ -31,6 +31,10 @@ absl::StatusOr<Plan> LoadPlan(const std::string& path);
 // does not exist, is repeated, or is a message.
 absl::Status ApplyOverride(absl::string_view assignment, Plan& plan);
 
+// The name of a step's strategy, its PrepareStep oneof field ("fsdp", "ddp"), as the rules
+// name it; "" when none is set.
+std::string StrategyName(const PrepareStep& step);
+
 // The number of ranks the plan's mesh describes (1 without a mesh).
 int MeshRanks(const Plan& plan);
 

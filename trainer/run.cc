@@ -128,8 +128,14 @@ int RunMain(int argc, char** argv, const EmbeddedPlan& embedded) {
       std::cerr << "invalid plan:\n" << status.message() << "\n";
       return 1;
     }
-    if (ranks > 1) return *parallel::LaunchSelfIfNoWorld(argc, argv, ranks);
-    world = parallel::World();
+    if (ranks > 1) {
+      if (std::optional<int> code = parallel::LaunchSelfIfNoWorld(argc, argv, ranks)) {
+        return *code;
+      }
+      world = parallel::WorldFromEnvironment(parallel::ProcessEnvironment());
+    } else {
+      world = parallel::World();
+    }
   }
   if (!world.ok()) {
     std::cerr << world.status().message() << "\n";

@@ -19,15 +19,6 @@
 namespace plait::trainer {
 namespace {
 
-// The oneof field name of a step's strategy ("fsdp", "ddp"), or "" when none is set.
-std::string StrategyName(const PrepareStep& step) {
-  const google::protobuf::OneofDescriptor* oneof =
-      PrepareStep::descriptor()->FindOneofByName("strategy");
-  const google::protobuf::FieldDescriptor* field =
-      step.GetReflection()->GetOneofFieldDescriptor(step, oneof);
-  return field == nullptr ? "" : field->name();
-}
-
 std::string MeshDim(const PrepareStep& step) {
   switch (step.strategy_case()) {
     case PrepareStep::kFsdp:
