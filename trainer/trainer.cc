@@ -209,7 +209,7 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
     if (report.best_eval_loss) {
       *log << absl::StrFormat(", best eval loss %.4f", *report.best_eval_loss);
     }
-    if (report.entropy_floor) {
+    if (report.entropy_floor && report.best_eval_loss) {
       *log << absl::StrFormat(" (entropy floor %.4f, gap %.4f nats)", *report.entropy_floor,
                               *report.best_eval_loss - *report.entropy_floor);
     }

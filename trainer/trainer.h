@@ -7,7 +7,9 @@
 //
 //   PLAIT_RETURN_IF_ERROR(ValidatePlan(plan, world.world_size));
 //   PLAIT_ASSIGN_OR_RETURN(DeviceMesh mesh, ...);   // the plan's mesh (run.h builds it)
-//   PLAIT_ASSIGN_OR_RETURN(TrainReport report, Train(plan, mesh, {.log = &std::cout}));
+//   TrainOptions options;
+//   options.log = &std::cout;
+//   PLAIT_ASSIGN_OR_RETURN(TrainReport report, Train(plan, mesh, options));
 #ifndef PLAIT_TRAINER_TRAINER_H_
 #define PLAIT_TRAINER_TRAINER_H_
 
