@@ -1,5 +1,8 @@
 #include "trainer/data_loader.h"
 
+#include <algorithm>
+#include <numeric>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,6 +34,8 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split spli
           " ranks x micro_batch ", micro_batch, " x seq_len ", seq_len, " need ", needed));
     }
     loader.file_ = std::make_shared<const TokenFile>(std::move(file));
+    loader.shuffle_ = split == Split::kTrain && data.token_files().shuffle();
+    loader.shuffle_seed_ = data.token_files().shuffle_seed();
   }
   loader.Reset();
   return loader;
@@ -38,6 +43,24 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split spli
 
 void DataLoader::Reset() {
   position_ = file_ != nullptr ? rank_ * micro_batch_ * seq_len_ : rank_ * micro_batch_;
+  pass_ = 0;
+  next_window_ = 0;
+  window_order_.clear();
+}
+
+int64_t DataLoader::NextShuffledPosition() {
+  const int64_t window = micro_batch_ * seq_len_ * world_size_;
+  if (next_window_ == static_cast<int64_t>(window_order_.size())) {
+    // Whole windows whose read (window + 1 tokens) fits in the file.
+    const int64_t count = (file_->size() - 1) / window;
+    window_order_.resize(count);
+    std::iota(window_order_.begin(), window_order_.end(), 0);
+    std::mt19937_64 random(shuffle_seed_ * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(pass_));
+    std::shuffle(window_order_.begin(), window_order_.end(), random);
+    ++pass_;
+    next_window_ = 0;
+  }
+  return window_order_[next_window_++] * window + rank_ * micro_batch_ * seq_len_;
 }
 
 Batch DataLoader::Next() {
@@ -46,6 +69,10 @@ Batch DataLoader::Next() {
     const torch::Tensor sequences = synthetic_->Sequences(stream_, position_, B, T + 1);
     position_ += B * W;
     return {sequences.narrow(1, 0, T).contiguous(), sequences.narrow(1, 1, T).contiguous()};
+  }
+  if (shuffle_) {
+    const torch::Tensor window = file_->Read(NextShuffledPosition(), B * T + 1);
+    return {window.narrow(0, 0, B * T).view({B, T}), window.narrow(0, 1, B * T).view({B, T})};
   }
   const torch::Tensor window = file_->Read(position_, B * T + 1);
   // llm.c's dataloader_next_batch: advance by the whole world's batch, and start over when

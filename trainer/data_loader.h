@@ -4,7 +4,8 @@
 // the B*T+1 tokens (or B sequences) at position (k*W + r)*B*T, so W ranks with micro-batch B
 // see together exactly what one rank with micro-batch W*B sees. Token files start over at
 // r*B*T when the world's next batch would pass the end (as llm.c, but measured from rank
-// 0's position on every rank, so the ranks start over together).
+// 0's position on every rank, so the ranks start over together). With TokenFiles.shuffle the
+// training file's windows of one world batch come in a seeded random order, new each pass.
 //
 //   PLAIT_ASSIGN_OR_RETURN(DataLoader train, DataLoader::Create(data, Split::kTrain, vocab,
 //                                                               B, T, rank, world));
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "torch/torch.h"
@@ -54,6 +56,9 @@ class DataLoader {
  private:
   DataLoader() = default;
 
+  // The token offset of this rank's next read in shuffled order.
+  int64_t NextShuffledPosition();
+
   std::shared_ptr<const MarkovSource> synthetic_;
   std::shared_ptr<const TokenFile> file_;
   uint64_t stream_ = 0;
@@ -62,6 +67,12 @@ class DataLoader {
   int rank_ = 0;
   int world_size_ = 1;
   int64_t position_ = 0;  // tokens for files, sequences for the synthetic source
+  // Shuffled token files: the window order of the current pass and the next window's index.
+  bool shuffle_ = false;
+  uint64_t shuffle_seed_ = 0;
+  int64_t pass_ = 0;
+  int64_t next_window_ = 0;
+  std::vector<int64_t> window_order_;
 };
 
 }  // namespace plait::trainer

@@ -63,6 +63,39 @@ TEST(DataLoaderTest, TwoRanksInterleaveAndTogetherEqualOneRankOfTwiceTheBatch) {
   }
 }
 
+TEST(DataLoaderTest, ShuffledWindowsAreASeededPermutationPerPassAndRanksStayTogether) {
+  // 40 tokens, B=2, T=3, W=2: windows of 12 tokens at 0, 12, 24 (a read needs 13).
+  const std::string path = WriteLlmc("shuffle.bin", Iota(40));
+  DataConfig data = Files(path, path);
+  data.mutable_token_files()->set_shuffle(true);
+  data.mutable_token_files()->set_shuffle_seed(3);
+  DataLoader rank0 = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 0, 2);
+  DataLoader rank1 = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 1, 2);
+  DataLoader single = *DataLoader::Create(data, Split::kTrain, 100, 4, 3, 0, 1);
+  const std::vector<int64_t> starts = Starts(rank0, 6);
+  std::vector<int64_t> first_pass(starts.begin(), starts.begin() + 3);
+  std::vector<int64_t> second_pass(starts.begin() + 3, starts.end());
+  EXPECT_THAT(first_pass, ::testing::UnorderedElementsAre(0, 12, 24));
+  EXPECT_THAT(second_pass, ::testing::UnorderedElementsAre(0, 12, 24));
+  EXPECT_THAT(Starts(rank1, 6), ::testing::Pointwise(::testing::Eq(), [&] {
+                std::vector<int64_t> shifted;
+                for (int64_t s : starts) shifted.push_back(s + 6);
+                return shifted;
+              }()));
+  rank0.Reset();
+  rank1.Reset();
+  for (int i = 0; i < 4; ++i) {
+    const Batch a = rank0.Next(), b = rank1.Next(), whole = single.Next();
+    EXPECT_TRUE(torch::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
+  }
+  // Another seed, another order (for these three windows, over two passes).
+  data.mutable_token_files()->set_shuffle_seed(4);
+  DataLoader other = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 0, 2);
+  DataLoader eval = *DataLoader::Create(data, Split::kEval, 100, 2, 3, 0, 2);
+  EXPECT_NE(Starts(other, 6), starts);
+  EXPECT_THAT(Starts(eval, 3), ::testing::ElementsAre(0, 12, 24));  // held out: in order
+}
+
 TEST(DataLoaderTest, TooShortForOneBatchNamesTheFile) {
   const std::string path = WriteLlmc("short.bin", Iota(12));
   EXPECT_THAT(DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 2),
