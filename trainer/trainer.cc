@@ -95,6 +95,8 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<PreparedModel> prepared,
                          PreparedModel::Prepare(plan.model(), plan.hf_weights_dir(), plan.prepare(),
                                                 mesh, Role::kTrained, "plan"));
+  // Frozen models live for the run, prepared like the trained one; the language-model loss
+  // here does not read them (a preference loss would).
   std::vector<std::unique_ptr<PreparedModel>> frozen;
   for (int i = 0; i < plan.frozen_size(); ++i) {
     PLAIT_ASSIGN_OR_RETURN(
@@ -159,6 +161,7 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
     metrics_row.loss = loss;
     metrics_row.lr = lr;
     metrics_row.grad_norm = update.grad_norm;
+    metrics_row.skipped = update.skipped;
     metrics_row.tokens_per_s = tokens_per_step / step_seconds;
     metrics_row.mfu = mfu_of(metrics_row.tokens_per_s);
     const bool last = step + 1 == steps;
@@ -177,6 +180,7 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
                             {"lr", metrics_row.lr},
                             {"tokens_per_s", metrics_row.tokens_per_s}};
       if (metrics_row.grad_norm) row["grad_norm"] = *metrics_row.grad_norm;
+      if (metrics_row.skipped) row["skipped"] = true;
       if (metrics_row.mfu) row["mfu"] = *metrics_row.mfu;
       if (metrics_row.eval_loss) row["eval_loss"] = *metrics_row.eval_loss;
       metrics << row.dump() << "\n";
@@ -188,6 +192,7 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
                               steps, loss, lr, tokens_per_step * (step + 1) / training_seconds,
                               Duration(elapsed / (step + 1) * (steps - step - 1)));
       if (metrics_row.eval_loss) *log << absl::StrFormat(" | eval %.4f", *metrics_row.eval_loss);
+      if (metrics_row.skipped) *log << " | update skipped: non-finite gradient norm";
       *log << std::endl;
     }
   }

@@ -30,6 +30,7 @@ struct StepMetrics {
   double loss = 0.0;  // mean over the global batch
   double lr = 0.0;
   std::optional<double> grad_norm;  // before clipping; when the optimizer clips
+  bool skipped = false;             // non-finite gradient norm under SKIP_STEP: no update
   double tokens_per_s = 0.0;        // global batch tokens / step time
   std::optional<double> mfu;        // when training.peak_flops_per_rank is set
   std::optional<double> eval_loss;  // when evaluated after this step
