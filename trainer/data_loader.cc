@@ -1,0 +1,92 @@
+#include "trainer/data_loader.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tools/status/status_macros.h"
+
+namespace plait::trainer {
+
+absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split split,
+                                              int64_t vocab_size, int64_t micro_batch,
+                                              int64_t seq_len, int rank, int world_size) {
+  DataLoader loader;
+  loader.micro_batch_ = micro_batch;
+  loader.seq_len_ = seq_len;
+  loader.rank_ = rank;
+  loader.world_size_ = world_size;
+  if (data.has_synthetic()) {
+    PLAIT_ASSIGN_OR_RETURN(MarkovSource source, MarkovSource::Create(data.synthetic(), vocab_size));
+    loader.synthetic_ = std::make_shared<const MarkovSource>(std::move(source));
+    loader.stream_ = split == Split::kTrain ? 0 : 1;
+  } else {
+    const std::string& path =
+        split == Split::kTrain ? data.token_files().train_path() : data.token_files().eval_path();
+    PLAIT_ASSIGN_OR_RETURN(TokenFile file,
+                           TokenFile::Open(path, data.token_files().format(), vocab_size));
+    const int64_t needed = world_size * micro_batch * seq_len + 1;
+    if (file.size() < needed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": too short for one batch: ", file.size(), " tokens; ", world_size,
+          " ranks x micro_batch ", micro_batch, " x seq_len ", seq_len, " need ", needed));
+    }
+    loader.file_ = std::make_shared<const TokenFile>(std::move(file));
+    loader.shuffle_ = split == Split::kTrain && data.token_files().shuffle();
+    loader.shuffle_seed_ = data.token_files().shuffle_seed();
+  }
+  loader.Reset();
+  return loader;
+}
+
+void DataLoader::Reset() {
+  position_ = file_ != nullptr ? rank_ * micro_batch_ * seq_len_ : rank_ * micro_batch_;
+  pass_ = 0;
+  next_window_ = 0;
+  window_order_.clear();
+}
+
+int64_t DataLoader::NextShuffledPosition() {
+  const int64_t window = micro_batch_ * seq_len_ * world_size_;
+  if (next_window_ == static_cast<int64_t>(window_order_.size())) {
+    // Whole windows whose read (window + 1 tokens) fits in the file.
+    const int64_t count = (file_->size() - 1) / window;
+    window_order_.resize(count);
+    std::iota(window_order_.begin(), window_order_.end(), 0);
+    std::mt19937_64 random(shuffle_seed_ * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(pass_));
+    std::shuffle(window_order_.begin(), window_order_.end(), random);
+    ++pass_;
+    next_window_ = 0;
+  }
+  return window_order_[next_window_++] * window + rank_ * micro_batch_ * seq_len_;
+}
+
+Batch DataLoader::Next() {
+  const int64_t B = micro_batch_, T = seq_len_, W = world_size_;
+  if (synthetic_ != nullptr) {
+    const torch::Tensor sequences = synthetic_->Sequences(stream_, position_, B, T + 1);
+    position_ += B * W;
+    return {sequences.narrow(1, 0, T).contiguous(), sequences.narrow(1, 1, T).contiguous()};
+  }
+  if (shuffle_) {
+    const torch::Tensor window = file_->Read(NextShuffledPosition(), B * T + 1);
+    return {window.narrow(0, 0, B * T).view({B, T}), window.narrow(0, 1, B * T).view({B, T})};
+  }
+  const torch::Tensor window = file_->Read(position_, B * T + 1);
+  // llm.c's dataloader_next_batch: advance by the whole world's batch, and start over when
+  // the next one would pass the end. llm.c measures that from each rank's own position, so
+  // higher ranks start over a batch early; here every rank measures from rank 0's, so the
+  // ranks start over together and W ranks still read what one rank of W*B reads.
+  position_ += B * T * W;
+  if (position_ - rank_ * B * T + B * T * W + 1 > file_->size()) Reset();
+  return {window.narrow(0, 0, B * T).view({B, T}), window.narrow(0, 1, B * T).view({B, T})};
+}
+
+std::optional<double> DataLoader::EntropyFloor() const {
+  if (synthetic_ == nullptr) return std::nullopt;
+  return synthetic_->EntropyRate();
+}
+
+}  // namespace plait::trainer

@@ -1,0 +1,80 @@
+// The batches one data-parallel rank trains and evaluates on, from the plan's data source
+// (ResolvedData in plan.h): the synthetic Markov source (markov_source.h) or token files
+// (token_file.h). Both follow llm.c's convention: the k-th micro-batch of rank r of W reads
+// the B*T+1 tokens (or B sequences) at position (k*W + r)*B*T, so W ranks with micro-batch B
+// see together exactly what one rank with micro-batch W*B sees. Token files start over at
+// r*B*T when the world's next batch would pass the end (as llm.c, but measured from rank
+// 0's position on every rank, so the ranks start over together). With TokenFiles.shuffle the
+// training file's windows of one world batch come in a seeded random order, new each pass.
+//
+//   PLAIT_ASSIGN_OR_RETURN(DataLoader train, DataLoader::Create(data, Split::kTrain, vocab,
+//                                                               B, T, rank, world));
+//   PLAIT_ASSIGN_OR_RETURN(Batch batch, train.Next());  // inputs, targets: int64 [B, T]
+#ifndef PLAIT_TRAINER_DATA_LOADER_H_
+#define PLAIT_TRAINER_DATA_LOADER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "torch/torch.h"
+#include "trainer/markov_source.h"
+#include "trainer/plan.pb.h"
+#include "trainer/token_file.h"
+
+namespace plait::trainer {
+
+struct Batch {
+  torch::Tensor inputs;   // int64 [B, T]
+  torch::Tensor targets;  // int64 [B, T]: inputs shifted by one token
+};
+
+// The training stream, or the held-out one (the eval file, or the synthetic source's
+// second stream).
+enum class Split { kTrain, kEval };
+
+class DataLoader {
+ public:
+  // Errors name the file or field: a bad token file (TokenFile::Open), or one too short for
+  // one step of W ranks (W*B*T+1 tokens).
+  static absl::StatusOr<DataLoader> Create(const DataConfig& data, Split split, int64_t vocab_size,
+                                           int64_t micro_batch, int64_t seq_len, int rank,
+                                           int world_size);
+
+  // The next micro-batch of this rank.
+  Batch Next();
+
+  // Back to this rank's first micro-batch (evaluation reads the same held-out batches each
+  // time).
+  void Reset();
+
+  // The synthetic source's entropy rate (the loss floor); nullopt for token files.
+  std::optional<double> EntropyFloor() const;
+
+ private:
+  DataLoader() = default;
+
+  // The token offset of this rank's next read in shuffled order.
+  int64_t NextShuffledPosition();
+
+  std::shared_ptr<const MarkovSource> synthetic_;
+  std::shared_ptr<const TokenFile> file_;
+  uint64_t stream_ = 0;
+  int64_t micro_batch_ = 0;
+  int64_t seq_len_ = 0;
+  int rank_ = 0;
+  int world_size_ = 1;
+  int64_t position_ = 0;  // tokens for files, sequences for the synthetic source
+  // Shuffled token files: the window order of the current pass and the next window's index.
+  bool shuffle_ = false;
+  uint64_t shuffle_seed_ = 0;
+  int64_t pass_ = 0;
+  int64_t next_window_ = 0;
+  std::vector<int64_t> window_order_;
+};
+
+}  // namespace plait::trainer
+
+#endif  // PLAIT_TRAINER_DATA_LOADER_H_

@@ -1,0 +1,132 @@
+#include "trainer/data_loader.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/status/status_matchers.h"
+#include "trainer/plan.h"
+#include "trainer/testing_token_files.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::plait::trainer::testing::Iota;
+using ::plait::trainer::testing::WriteLlmc;
+using ::testing::HasSubstr;
+
+DataConfig Files(const std::string& train, const std::string& eval) {
+  DataConfig data;
+  data.mutable_token_files()->set_train_path(train);
+  data.mutable_token_files()->set_eval_path(eval);
+  data.mutable_token_files()->set_format(TOKEN_FORMAT_LLMC);
+  return data;
+}
+
+// The first input token of each of the next `n` batches.
+std::vector<int64_t> Starts(DataLoader& loader, int n) {
+  std::vector<int64_t> starts;
+  for (int i = 0; i < n; ++i) starts.push_back(loader.Next().inputs[0][0].item<int64_t>());
+  return starts;
+}
+
+TEST(DataLoaderTest, OneRankFollowsLlmc) {
+  // 40 tokens, B=2, T=3: batches at 0, 6, ..., 30; after 30, 36 + 7 > 40 starts over.
+  const std::string path = WriteLlmc("one.bin", Iota(40));
+  absl::StatusOr<DataLoader> loader =
+      DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 1);
+  ASSERT_THAT(loader, IsOk());
+  const Batch first = loader->Next();
+  EXPECT_TRUE(first.inputs.equal(torch::tensor({{0, 1, 2}, {3, 4, 5}}, torch::kInt64)));
+  EXPECT_TRUE(first.targets.equal(torch::tensor({{1, 2, 3}, {4, 5, 6}}, torch::kInt64)));
+  EXPECT_THAT(Starts(*loader, 6), ::testing::ElementsAre(6, 12, 18, 24, 30, 0));
+  EXPECT_FALSE(loader->EntropyFloor().has_value());
+}
+
+TEST(DataLoaderTest, TwoRanksInterleaveAndTogetherEqualOneRankOfTwiceTheBatch) {
+  const std::string path = WriteLlmc("two.bin", Iota(40));
+  DataLoader rank0 = *DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 2);
+  DataLoader rank1 = *DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 1, 2);
+  DataLoader single = *DataLoader::Create(Files(path, path), Split::kTrain, 100, 4, 3, 0, 1);
+  // Rank r starts at r*B*T and advances by B*T*W = 12; after 24, 36 + 13 > 40 starts over.
+  EXPECT_THAT(Starts(rank0, 4), ::testing::ElementsAre(0, 12, 24, 0));
+  EXPECT_THAT(Starts(rank1, 4), ::testing::ElementsAre(6, 18, 30, 6));  // together with rank 0
+  rank0.Reset();
+  rank1.Reset();
+  for (int i = 0; i < 3; ++i) {
+    const Batch a = rank0.Next(), b = rank1.Next(), whole = single.Next();
+    EXPECT_TRUE(torch::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
+    EXPECT_TRUE(torch::cat({a.targets, b.targets}).equal(whole.targets)) << i;
+  }
+}
+
+TEST(DataLoaderTest, ShuffledWindowsAreASeededPermutationPerPassAndRanksStayTogether) {
+  // 40 tokens, B=2, T=3, W=2: windows of 12 tokens at 0, 12, 24 (a read needs 13).
+  const std::string path = WriteLlmc("shuffle.bin", Iota(40));
+  DataConfig data = Files(path, path);
+  data.mutable_token_files()->set_shuffle(true);
+  data.mutable_token_files()->set_shuffle_seed(3);
+  DataLoader rank0 = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 0, 2);
+  DataLoader rank1 = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 1, 2);
+  DataLoader single = *DataLoader::Create(data, Split::kTrain, 100, 4, 3, 0, 1);
+  const std::vector<int64_t> starts = Starts(rank0, 6);
+  std::vector<int64_t> first_pass(starts.begin(), starts.begin() + 3);
+  std::vector<int64_t> second_pass(starts.begin() + 3, starts.end());
+  EXPECT_THAT(first_pass, ::testing::UnorderedElementsAre(0, 12, 24));
+  EXPECT_THAT(second_pass, ::testing::UnorderedElementsAre(0, 12, 24));
+  EXPECT_THAT(Starts(rank1, 6), ::testing::Pointwise(::testing::Eq(), [&] {
+                std::vector<int64_t> shifted;
+                for (int64_t s : starts) shifted.push_back(s + 6);
+                return shifted;
+              }()));
+  rank0.Reset();
+  rank1.Reset();
+  for (int i = 0; i < 4; ++i) {
+    const Batch a = rank0.Next(), b = rank1.Next(), whole = single.Next();
+    EXPECT_TRUE(torch::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
+  }
+  // Another seed, another order (for these three windows, over two passes).
+  data.mutable_token_files()->set_shuffle_seed(4);
+  DataLoader other = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 0, 2);
+  DataLoader eval = *DataLoader::Create(data, Split::kEval, 100, 2, 3, 0, 2);
+  EXPECT_NE(Starts(other, 6), starts);
+  EXPECT_THAT(Starts(eval, 3), ::testing::ElementsAre(0, 12, 24));  // held out: in order
+}
+
+TEST(DataLoaderTest, TooShortForOneBatchNamesTheFile) {
+  const std::string path = WriteLlmc("short.bin", Iota(12));
+  EXPECT_THAT(DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(path + ": too short for one batch: 12 tokens; 2 ranks x "
+                                        "micro_batch 2 x seq_len 3 need 13")));
+  const std::string bad = WriteLlmc("bad_eval.bin", Iota(40), 1234);
+  EXPECT_THAT(DataLoader::Create(Files(path, bad), Split::kEval, 100, 1, 3, 0, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(bad + ": bad magic")));
+}
+
+TEST(DataLoaderTest, SyntheticRanksTogetherEqualOneRankAndEvalIsHeldOut) {
+  Plan plan;
+  const DataConfig data = ResolvedData(plan);
+  DataLoader rank0 = *DataLoader::Create(data, Split::kTrain, 4096, 2, 8, 0, 2);
+  DataLoader rank1 = *DataLoader::Create(data, Split::kTrain, 4096, 2, 8, 1, 2);
+  DataLoader single = *DataLoader::Create(data, Split::kTrain, 4096, 4, 8, 0, 1);
+  DataLoader eval = *DataLoader::Create(data, Split::kEval, 4096, 4, 8, 0, 1);
+  for (int i = 0; i < 3; ++i) {
+    const Batch a = rank0.Next(), b = rank1.Next(), whole = single.Next();
+    EXPECT_TRUE(torch::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
+    EXPECT_TRUE(whole.inputs.narrow(1, 1, 7).equal(whole.targets.narrow(1, 0, 7)));
+  }
+  single.Reset();
+  const Batch held_out = eval.Next();
+  EXPECT_FALSE(held_out.inputs.equal(single.Next().inputs));
+  eval.Reset();
+  EXPECT_TRUE(eval.Next().inputs.equal(held_out.inputs));
+  ASSERT_TRUE(eval.EntropyFloor().has_value());
+  EXPECT_GT(*eval.EntropyFloor(), 0.0);
+}
+
+}  // namespace
+}  // namespace plait::trainer

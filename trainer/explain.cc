@@ -1,0 +1,226 @@
+#include "trainer/explain.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "models/causal_lm.h"
+#include "models/model_config.h"
+#include "optim/param_groups.h"
+#include "sched/schedule_builder.h"
+#include "tools/status/status_macros.h"
+#include "trainer/plan.h"
+#include "trainer/rules.h"
+
+namespace plait::trainer {
+namespace {
+
+// DdpConfig.bucket_cap_mb's default (wrap.proto, PyTorch's).
+constexpr double kDdpDefaultBucketMb = 25.0;
+
+constexpr double kBytesPerFloat = 4.0;  // parameters, gradients and optimizer state are fp32
+
+std::string Count(double n) {
+  if (n >= 1e9) return absl::StrFormat("%.1fB", n / 1e9);
+  if (n >= 1e6) return absl::StrFormat("%.1fM", n / 1e6);
+  if (n >= 1e3) return absl::StrFormat("%.1fK", n / 1e3);
+  return absl::StrCat(static_cast<int64_t>(n));
+}
+
+std::string Bytes(double n) {
+  if (n >= 1 << 30) return absl::StrFormat("%.2f GiB", n / (1 << 30));
+  return absl::StrFormat("%.1f MiB", n / (1 << 20));
+}
+
+// Optimizer state slots per parameter element (optimizer.h): AdamW and Adam keep two moments,
+// Lion one, SGD one only with momentum.
+int StateSlots(const optim::OptimizerConfig& config) {
+  switch (config.algorithm_case()) {
+    case optim::OptimizerConfig::kAdamw:
+    case optim::OptimizerConfig::kAdam:
+      return 2;
+    case optim::OptimizerConfig::kLion:
+      return 1;
+    case optim::OptimizerConfig::kSgd:
+      return config.sgd().momentum() > 0 ? 1 : 0;
+    case optim::OptimizerConfig::ALGORITHM_NOT_SET:
+      break;
+  }
+  return 0;
+}
+
+int DimSize(const Plan& plan, const std::string& name) {
+  for (const auto& dim : plan.mesh().dims()) {
+    if (dim.name() == name) return dim.size();
+  }
+  return 1;
+}
+
+// Activation memory of one micro-batch's forward kept for backward, from Korthikanti et al.,
+// "Reducing Activation Recomputation in Large Transformer Models" (2022), eq. 1:
+// s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit, doubled here for fp32; plus the fp32
+// logits and their softmax, [b, s, vocab] each.
+double ActivationBytes(const models::ModelConfig& config, int64_t b, int64_t s) {
+  const double h = config.hidden_size();
+  const double a = config.num_attention_heads();
+  const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) * 2.0;
+  return per_layer * config.num_hidden_layers() +
+         2.0 * kBytesPerFloat * b * s * static_cast<double>(config.vocab_size());
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
+  PLAIT_ASSIGN_OR_RETURN(models::ModelConfig config,
+                         models::ResolveModelSpec(plan.model(), "plan.model"));
+  PLAIT_ASSIGN_OR_RETURN(const PreparationRules* rules, BuiltinRules());
+  const TrainingConfig& training = plan.training();
+  const double parameters = static_cast<double>(models::NumParameters(config));
+  std::vector<std::string> lines;
+
+  lines.push_back(absl::StrFormat(
+      "model: %s %s, %d layers, hidden %d, vocab %d: %s parameters", config.model_type(),
+      plan.model().has_preset() ? absl::StrCat("(preset \"", plan.model().preset(), "\")") : "",
+      config.num_hidden_layers(), config.hidden_size(), config.vocab_size(), Count(parameters)));
+
+  lines.push_back(
+      plan.hf_weights_dir().empty()
+          ? absl::StrCat("weights: seeded initialisation (seed ", plan.model().init().seed(), ")")
+          : absl::StrCat("weights: loaded from ", plan.hf_weights_dir(),
+                         " before the preparation"));
+  std::vector<std::string> dims;
+  for (const auto& dim : plan.mesh().dims())
+    dims.push_back(absl::StrCat(dim.name(), "=", dim.size()));
+  lines.push_back(absl::StrCat("mesh: ", dims.empty() ? "none" : absl::StrJoin(dims, " x "), " (",
+                               world_size, world_size == 1 ? " rank)" : " ranks)"));
+
+  // What each step does, and the per-rank share of the parameters after it.
+  double shard_fraction = 1.0;
+  int last_changing = -1;
+  const int units = static_cast<int>(config.num_hidden_layers()) + 1;  // blocks + root
+  for (int i = 0; i < plan.prepare_size(); ++i) {
+    const PrepareStep& step = plan.prepare(i);
+    std::string what;
+    if (step.has_fsdp()) {
+      const int n = DimSize(plan, step.fsdp().mesh_dim());
+      shard_fraction /= n;
+      what = absl::StrFormat(
+          "fsdp over %s (%d ranks): %d units (%d blocks and the root), each rank keeps 1/%d of %s "
+          "parameters and gathers one unit at a time (prefetching the next)%s",
+          step.fsdp().mesh_dim(), n, units, units - 1, n, Count(parameters),
+          step.fsdp().has_reshard_after_forward() && !step.fsdp().reshard_after_forward()
+              ? ", keeping it until its backward"
+              : "");
+    } else if (step.has_ddp()) {
+      const int n = DimSize(plan, step.ddp().mesh_dim());
+      what = absl::StrFormat(
+          "ddp over %s (%d ranks): parameters stay whole on every rank (broadcast from rank 0); "
+          "gradients averaged in buckets of %.0f MiB during backward",
+          step.ddp().mesh_dim(), n,
+          step.ddp().has_bucket_cap_mb() ? step.ddp().bucket_cap_mb() : kDdpDefaultBucketMb);
+    }
+    const StrategyRule* rule = FindStrategy(*rules, StrategyName(step));
+    if (rule != nullptr && rule->effect() != KEEPS) last_changing = i;
+    lines.push_back(absl::StrCat("prepare[", i, "]: ", what, " [",
+                                 rule == nullptr ? "" : ParameterEffect_Name(rule->effect()), "]"));
+  }
+  lines.push_back(absl::StrCat(
+      "optimizer: built after ",
+      last_changing < 0 ? "the preparation (no step replaces or re-shards parameters)"
+                        : absl::StrCat("prepare[", last_changing,
+                                       "], the last step that replaces or re-shards parameters"),
+      ", from the prepared model's trainable parameters: ",
+      plan.optimizer()
+          .GetDescriptor()
+          ->FindFieldByNumber(plan.optimizer().algorithm_case())
+          ->name(),
+      ", weight decay ", plan.optimizer().weight_decay(),
+      plan.optimizer().has_clipping()
+          ? absl::StrCat(", clipping at global norm ", plan.optimizer().clipping().max_norm())
+          : ""));
+
+  if (parameters <= kMaxParametersToBuild) {
+    PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model,
+                           models::CausalLM::Create(config, plan.model().init()));
+    std::vector<std::string> names;
+    std::vector<int64_t> sizes;
+    for (const auto& named : model->NamedParameters()) {
+      names.push_back(named.name);
+      sizes.push_back(named.parameter.numel());
+    }
+    PLAIT_ASSIGN_OR_RETURN(std::vector<optim::ParamGroup> groups,
+                           optim::AssignParamGroups(names, plan.optimizer()));
+    for (const optim::ParamGroup& group : groups) {
+      int64_t count = 0;
+      for (int member : group.members) count += sizes[member];
+      lines.push_back(absl::StrFormat(
+          "  group %s: %d tensors, %s parameters (%s per rank), lr x %g, weight decay %g",
+          group.name, group.members.size(), Count(count), Count(count * shard_fraction),
+          group.lr_scale, group.weight_decay));
+    }
+  } else {
+    lines.push_back(absl::StrCat("  groups: ", plan.optimizer().param_groups_size(),
+                                 " rules (not counted: the model has more than ",
+                                 Count(kMaxParametersToBuild), " parameters)"));
+  }
+
+  const sched::ScheduleConfig schedule_config = ResolvedSchedule(plan);
+  PLAIT_ASSIGN_OR_RETURN(sched::Schedule schedule,
+                         sched::BuildSchedule(schedule_config, "plan.schedule"));
+  const int64_t steps = training.steps();
+  lines.push_back(absl::StrFormat(
+      "schedule: %s over %d steps; lr at step 0: %g, step %d: %g, step %d: %g, step %d: %g",
+      schedule_config.ShortDebugString(), steps, schedule.LearningRate(0), steps / 4,
+      schedule.LearningRate(steps / 4), steps / 2, schedule.LearningRate(steps / 2), steps - 1,
+      schedule.LearningRate(steps - 1)));
+
+  const DataConfig data = ResolvedData(plan);
+  lines.push_back(absl::StrCat(
+      "data: ", data.has_synthetic()
+                    ? absl::StrCat("synthetic Markov source, ", data.synthetic().ShortDebugString())
+                    : data.token_files().ShortDebugString()));
+  const int64_t accumulation = GradAccumulation(training);
+  lines.push_back(absl::StrFormat(
+      "training: %d steps of %d sequences x %d tokens (micro-batch %d x %d ranks x %d "
+      "accumulation), %d tokens per step",
+      steps, training.micro_batch() * world_size * accumulation, training.seq_len(),
+      training.micro_batch(), world_size, accumulation,
+      training.micro_batch() * world_size * accumulation * training.seq_len()));
+
+  // Memory per rank: fp32 shards of parameters, gradients and optimizer state, plus FSDP's
+  // gathered units (the current and the prefetched one) or DDP's full replica, plus
+  // activations of one micro-batch.
+  const double owned = parameters * shard_fraction;
+  const double slots = StateSlots(plan.optimizer());
+  double gathered = 0.0;
+  if (shard_fraction < 1.0) {
+    const double block = static_cast<double>(models::NumParameters(config) -
+                                             config.vocab_size() * config.hidden_size() *
+                                                 (config.tie_word_embeddings() ? 1 : 2)) /
+                         config.num_hidden_layers();
+    const double root = parameters - block * config.num_hidden_layers();
+    gathered = (root + 2 * block) * kBytesPerFloat;
+  }
+  const double states = owned * kBytesPerFloat * (2.0 + slots);
+  const double activations = ActivationBytes(config, training.micro_batch(), training.seq_len());
+  lines.push_back(absl::StrFormat(
+      "memory per rank (estimate): %s parameters + gradients + optimizer state (%d slots)%s, "
+      "%s activations; about %s",
+      Bytes(states), static_cast<int>(slots),
+      gathered > 0 ? absl::StrCat(", ", Bytes(gathered), " gathered units") : "",
+      Bytes(activations), Bytes(states + gathered + activations)));
+  for (int i = 0; i < plan.frozen_size(); ++i) {
+    lines.push_back(absl::StrCat("frozen[", i, "] \"", plan.frozen(i).name(), "\": prepared with ",
+                                 plan.frozen(i).prepare_size(),
+                                 " steps, no optimizer, no gradients"));
+  }
+  return absl::StrJoin(lines, "\n");
+}
+
+}  // namespace plait::trainer

@@ -1,0 +1,75 @@
+// End to end: //trainer:llama_fsdp's compiled-in plan, shortened to 3 steps, run as 2 rank
+// processes through parallel::Launch (as //tools:launch and torchrun start it), and its
+// metrics file checked.
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "parallel/launcher.h"
+#include "tools/status/status_matchers.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::testing::HasSubstr;
+
+TEST(LlamaFsdpTest, TwoRanksTrainAndWriteTheMetrics) {
+  const std::string metrics = absl::StrCat(std::getenv("TEST_TMPDIR"), "/metrics.jsonl");
+  const std::string hf_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf");
+  absl::Mutex mutex;
+  std::string output;
+  auto sink = [&](std::string_view line) {
+    absl::MutexLock lock(&mutex);
+    output.append(line);
+  };
+  parallel::LaunchOptions options;
+  options.num_ranks = 2;
+  options.command = {absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/llama_fsdp"),
+                     "--set=training.steps=3",
+                     "--set=schedule.warmup.steps=1",
+                     "--set=training.eval_batches=1",
+                     "--set=training.log_every=1",
+                     absl::StrCat("--set=training.metrics_file=", metrics),
+                     absl::StrCat("--set=training.save_hf_dir=", hf_dir)};
+  options.stdout_sink = sink;
+  options.stderr_sink = sink;
+  absl::StatusOr<parallel::LaunchResult> result = parallel::Launch(options);
+  ASSERT_THAT(result, IsOk());
+  ASSERT_TRUE(result->ok()) << result->summary << "\n" << output;
+  EXPECT_THAT(output, HasSubstr("[rank 0] step 3/3 | loss "));
+  EXPECT_THAT(output, HasSubstr("[rank 0] done: 3 steps in "));
+  EXPECT_THAT(output, HasSubstr("entropy floor"));
+  EXPECT_THAT(output, HasSubstr("[rank 0] saved the model to " + hf_dir));
+  EXPECT_TRUE(std::ifstream(hf_dir + "/config.json").good());
+  EXPECT_TRUE(std::ifstream(hf_dir + "/model.safetensors").good());
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("[rank 1] step")));  // only rank 0 reports
+
+  std::ifstream file(metrics);
+  ASSERT_TRUE(file) << metrics;
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(file, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(rows[i]["step"], i + 1);
+    for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s", "mfu"}) {
+      ASSERT_TRUE(rows[i].contains(key)) << key << " in " << rows[i].dump();
+      EXPECT_GE(rows[i][key].get<double>(), 0.0) << key;
+    }
+  }
+  EXPECT_FALSE(rows[0].contains("eval_loss"));
+  ASSERT_TRUE(rows[2].contains("eval_loss"));  // evaluated after the last step
+  EXPECT_GT(rows[2]["eval_loss"].get<double>(), 0.0);
+  // A one-step warmup from 0, then the peak.
+  EXPECT_EQ(rows[0]["lr"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(rows[1]["lr"].get<double>(), 3e-3);
+}
+
+}  // namespace
+}  // namespace plait::trainer

@@ -1,0 +1,61 @@
+// Reading a training plan (plan.proto) from its text form, strictly: unknown fields, bad
+// enum values and malformed text are InvalidArgument errors that give `file:line:col`.
+// Command-line overrides (`--set=training.steps=50`) are merged into a parsed plan through
+// the same parser, so they are checked the same way, and the result still goes through
+// ValidatePlan (validate.h):
+//
+//   PLAIT_ASSIGN_OR_RETURN(Plan plan, LoadPlan("trainer/plans/llama_fsdp.textproto"));
+//   PLAIT_RETURN_IF_ERROR(ApplyOverride("training.steps=50", plan));
+//   // error: "--set=training.stepz=50: plan.training has no field \"stepz\""
+#ifndef PLAIT_TRAINER_PLAN_H_
+#define PLAIT_TRAINER_PLAN_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "trainer/plan.pb.h"
+
+namespace plait::trainer {
+
+// Parses the text of a plan; `source` names it in errors ("plan.textproto:3:5: ...").
+absl::StatusOr<Plan> ParsePlan(absl::string_view text, absl::string_view source);
+
+// Reads and parses a plan file; NotFound naming the path when it cannot be read.
+absl::StatusOr<Plan> LoadPlan(const std::string& path);
+
+// Sets one singular scalar field of `plan` from "a.b.c=value" (value as in a text proto;
+// strings need no quotes). InvalidArgument naming the override and the path component that
+// does not exist, is repeated, or is a message.
+absl::Status ApplyOverride(absl::string_view assignment, Plan& plan);
+
+// The name of a step's strategy, its PrepareStep oneof field ("fsdp", "ddp"), as the rules
+// name it; "" when none is set.
+std::string StrategyName(const PrepareStep& step);
+
+// The number of ranks the plan's mesh describes (1 without a mesh).
+int MeshRanks(const Plan& plan);
+
+// training.grad_accumulation, with 0 read as 1.
+int64_t GradAccumulation(const TrainingConfig& training);
+
+// training.log_every, with 0 read as 10.
+int64_t LogEvery(const TrainingConfig& training);
+
+// The schedule with total_steps = training.steps.
+sched::ScheduleConfig ResolvedSchedule(const Plan& plan);
+
+// The defaults of SyntheticData's optional fields (plan.proto).
+inline constexpr int64_t kDefaultNumStates = 64;
+inline constexpr int64_t kDefaultBranching = 4;
+inline constexpr double kDefaultPeak = 2.0;
+
+// The plan's data source: its own, or the default synthetic source when it names none,
+// with SyntheticData's defaults filled in.
+DataConfig ResolvedData(const Plan& plan);
+
+}  // namespace plait::trainer
+
+#endif  // PLAIT_TRAINER_PLAN_H_

@@ -1,0 +1,94 @@
+#include "trainer/plan.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/status/status_matchers.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr char kPlan[] = R"pb(
+  model { preset: "tiny" }
+  training { steps: 10 micro_batch: 4 seq_len: 16 }
+  schedule {
+    lr: 1e-3
+    cosine {}
+  }
+)pb";
+
+TEST(ParsePlanTest, ReadsTheComposedMessages) {
+  absl::StatusOr<Plan> plan = ParsePlan(kPlan, "plan.textproto");
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_EQ(plan->model().preset(), "tiny");
+  EXPECT_EQ(plan->training().steps(), 10);
+  EXPECT_TRUE(plan->schedule().has_cosine());
+}
+
+TEST(ParsePlanTest, UnknownFieldGivesFileLineAndColumn) {
+  EXPECT_THAT(ParsePlan("model { preset: \"tiny\" }\ntraining {\n  stepz: 3\n}\n", "p.textproto"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("p.textproto:3:8: Message type \"plait.trainer.TrainingConfig\" "
+                                 "has no field named \"stepz\"")));
+}
+
+TEST(ParsePlanTest, BadEnumValueIsAnError) {
+  EXPECT_THAT(ParsePlan("data { token_files { format: TOKEN_FORMAT_CSV } }", "p.textproto"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("p.textproto:1:47: Unknown enumeration value of "
+                                 "\"TOKEN_FORMAT_CSV\"")));
+}
+
+TEST(LoadPlanTest, MissingFileIsNotFound) {
+  EXPECT_THAT(LoadPlan("/nonexistent/plan.textproto"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/plan.textproto")));
+}
+
+TEST(ApplyOverrideTest, SetsScalarsIncludingZeroAndStrings) {
+  Plan plan = *ParsePlan(kPlan, "plan.textproto");
+  ASSERT_THAT(ApplyOverride("training.steps=50", plan), IsOk());
+  EXPECT_EQ(plan.training().steps(), 50);
+  ASSERT_THAT(ApplyOverride("training.steps=0", plan), IsOk());
+  EXPECT_EQ(plan.training().steps(), 0);
+  ASSERT_THAT(ApplyOverride("training.metrics_file=/tmp/m \"1\".jsonl", plan), IsOk());
+  EXPECT_EQ(plan.training().metrics_file(), "/tmp/m \"1\".jsonl");
+  ASSERT_THAT(ApplyOverride("schedule.lr=3e-4", plan), IsOk());
+  EXPECT_DOUBLE_EQ(plan.schedule().lr(), 3e-4);
+  // The rest of the plan stays.
+  EXPECT_EQ(plan.model().preset(), "tiny");
+  EXPECT_TRUE(plan.schedule().has_cosine());
+}
+
+TEST(ApplyOverrideTest, ErrorsNameTheOverrideAndTheField) {
+  Plan plan = *ParsePlan(kPlan, "plan.textproto");
+  EXPECT_THAT(ApplyOverride("training.stepz=5", plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--set=training.stepz=5: plan.training has no field \"stepz\"")));
+  EXPECT_THAT(
+      ApplyOverride("training.steps=many", plan),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--set=training.steps=many:1:")));
+  EXPECT_THAT(ApplyOverride("prepare.fsdp.mesh_dim=dp", plan),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("plan.prepare is repeated")));
+  EXPECT_THAT(ApplyOverride("training=5", plan), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                          HasSubstr("plan.training is a message")));
+  EXPECT_THAT(ApplyOverride("steps", plan),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected path=value")));
+}
+
+TEST(ResolvedTest, ScheduleTakesTheStepsAndDataDefaultsToSynthetic) {
+  Plan plan = *ParsePlan(kPlan, "plan.textproto");
+  EXPECT_EQ(ResolvedSchedule(plan).total_steps(), 10);
+  const DataConfig data = ResolvedData(plan);
+  ASSERT_TRUE(data.has_synthetic());
+  EXPECT_EQ(data.synthetic().num_states(), kDefaultNumStates);
+  EXPECT_EQ(data.synthetic().branching(), kDefaultBranching);
+  EXPECT_EQ(data.synthetic().peak(), kDefaultPeak);
+  EXPECT_EQ(MeshRanks(plan), 1);
+  EXPECT_EQ(GradAccumulation(plan.training()), 1);
+}
+
+}  // namespace
+}  // namespace plait::trainer

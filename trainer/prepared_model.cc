@@ -1,0 +1,108 @@
+#include "trainer/prepared_model.h"
+
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "models/hf_checkpoint.h"
+#include "models/model_config.h"
+#include "models/safetensors.h"
+#include "tools/status/status_macros.h"
+
+namespace plait::trainer {
+namespace {
+
+absl::Status Prefixed(const absl::Status& status, const std::string& field) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(field, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
+    const models::ModelSpec& spec, const std::string& hf_weights_dir,
+    const google::protobuf::RepeatedPtrField<PrepareStep>& steps, const parallel::DeviceMesh& mesh,
+    Role role, const std::string& field_path) {
+  PLAIT_ASSIGN_OR_RETURN(models::ModelConfig config,
+                         models::ResolveModelSpec(spec, field_path + ".model"));
+  absl::StatusOr<std::shared_ptr<models::CausalLM>> model =
+      models::CausalLM::Create(config, spec.init());
+  PLAIT_RETURN_IF_ERROR(Prefixed(model.status(), field_path + ".model"));
+  if (!hf_weights_dir.empty()) {
+    const std::string field = field_path + ".hf_weights_dir";
+    absl::StatusOr<models::SafetensorsCheckpoint> checkpoint =
+        models::SafetensorsCheckpoint::Open(hf_weights_dir);
+    PLAIT_RETURN_IF_ERROR(Prefixed(checkpoint.status(), field));
+    PLAIT_RETURN_IF_ERROR(Prefixed(models::LoadHfWeights(*checkpoint, **model), field));
+  }
+  std::unique_ptr<PreparedModel> prepared(new PreparedModel(*std::move(model), role));
+  PLAIT_ASSIGN_OR_RETURN(prepared->preparation_, wrap::Preparation::Begin(*prepared->model_, mesh));
+  for (int i = 0; i < steps.size(); ++i) {
+    const std::string field = absl::StrCat(field_path, ".prepare[", i, "]");
+    switch (steps[i].strategy_case()) {
+      case PrepareStep::kFsdp:
+        PLAIT_RETURN_IF_ERROR(Prefixed(prepared->preparation_->ApplyFsdp(steps[i].fsdp()), field));
+        break;
+      case PrepareStep::kDdp:
+        PLAIT_RETURN_IF_ERROR(Prefixed(prepared->preparation_->ApplyDdp(steps[i].ddp()), field));
+        break;
+      case PrepareStep::STRATEGY_NOT_SET:
+        return absl::InvalidArgumentError(absl::StrCat(field, ": names no strategy"));
+    }
+  }
+  PLAIT_ASSIGN_OR_RETURN(std::vector<optim::TrainableParameter> parameters,
+                         prepared->preparation_->TakeTrainableParameters());
+  if (role == Role::kTrained) {
+    prepared->trainable_ = std::move(parameters);
+  } else {
+    for (optim::TrainableParameter& parameter : parameters) parameter.tensor.requires_grad_(false);
+    for (auto& named : prepared->model_->NamedParameters()) named.parameter.requires_grad_(false);
+  }
+  return prepared;
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> PreparedModel::FullParameters() {
+  if (preparation_->fsdp() != nullptr) return preparation_->fsdp()->FullStateDict();
+  std::map<std::string, torch::Tensor> parameters;
+  for (const auto& named : model_->NamedParameters()) {
+    parameters[named.name] = named.parameter.detach().clone();
+  }
+  return parameters;
+}
+
+absl::Status PreparedModel::SaveHf(const std::string& dir, int rank, int writer) {
+  PLAIT_ASSIGN_OR_RETURN(auto full, FullParameters());
+  if (rank != writer) return absl::OkStatus();
+  // A fresh, unwrapped model to hold the whole parameters: SaveHfModel reads a CausalLM.
+  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> copy,
+                         models::CausalLM::Create(model_->config(), models::InitConfig()));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& named : copy->NamedParameters()) {
+      const auto it = full.find(named.name);
+      if (it == full.end()) {
+        return absl::InternalError(absl::StrCat("saving ", dir, ": no gathered ", named.name));
+      }
+      named.parameter.copy_(it->second);
+    }
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create \"", dir, "\": ", error.message()));
+  }
+  return models::SaveHfModel(*copy, dir);
+}
+
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> BuildOptimizer(
+    const PreparedModel& prepared, const optim::OptimizerConfig& config) {
+  if (prepared.role() == Role::kFrozen) {
+    return absl::FailedPreconditionError(
+        "a frozen model is prepared but not trained; it has no optimizer");
+  }
+  return optim::Optimizer::Create(prepared.trainable_parameters(), config);
+}
+
+}  // namespace plait::trainer

@@ -1,0 +1,90 @@
+// A model after the plan's preparation steps, and the only way to its trainable parameters:
+// PreparedModel builds the model itself, applies each step (FSDP, DDP) in the plan's order
+// through a wrap::Preparation, and keeps both, so no code holds an unprepared model from
+// which an optimizer could be built. A frozen model (a reference model that is prepared but
+// never trained) gets the same steps and no trainable parameters:
+//
+//   PLAIT_ASSIGN_OR_RETURN(auto prepared, PreparedModel::Prepare(plan.model(), plan.prepare(),
+//                                                                mesh, Role::kTrained, "plan"));
+//   PLAIT_ASSIGN_OR_RETURN(auto optimizer, BuildOptimizer(*prepared, plan.optimizer()));
+//   torch::Tensor loss = prepared->model().Loss(inputs, targets);
+#ifndef PLAIT_TRAINER_PREPARED_MODEL_H_
+#define PLAIT_TRAINER_PREPARED_MODEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "google/protobuf/repeated_ptr_field.h"
+#include "models/causal_lm.h"
+#include "models/model.pb.h"
+#include "optim/optimizer.h"
+#include "optim/trainable_parameter.h"
+#include "parallel/device_mesh.h"
+#include "trainer/plan.pb.h"
+#include "wrap/preparation.h"
+
+namespace plait::trainer {
+
+enum class Role { kTrained, kFrozen };
+
+class PreparedModel {
+ public:
+  // Builds the model `spec` names, loads the weights of the Hugging Face folder
+  // `hf_weights_dir` when it is not empty, and applies `steps` in order on `mesh` (which
+  // must outlive the result). Errors name `field_path`.model, .hf_weights_dir or
+  // .prepare[i] and come from the model's config, the checkpoint or the wrapper (the plan's
+  // validation catches the rule violations first).
+  static absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(
+      const models::ModelSpec& spec, const std::string& hf_weights_dir,
+      const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+      const parallel::DeviceMesh& mesh, Role role, const std::string& field_path);
+
+  PreparedModel(const PreparedModel&) = delete;
+  PreparedModel& operator=(const PreparedModel&) = delete;
+
+  models::CausalLM& model() { return *model_; }
+  Role role() const { return role_; }
+
+  // What the optimizer must own: FSDP's local shards, or the whole parameters. Empty for a
+  // frozen model, whose parameters do not require gradients.
+  const std::vector<optim::TrainableParameter>& trainable_parameters() const { return trainable_; }
+
+  // While the returned scope lives (when `skip_sync`; else it is null), backward passes
+  // accumulate gradients without synchronising: DDP's no-sync, for all but the last
+  // micro-batch of a step. FSDP reduces every micro-batch and needs none.
+  std::unique_ptr<wrap::Preparation::NoSyncScope> NoSyncIf(bool skip_sync) {
+    if (!skip_sync) return nullptr;
+    return std::make_unique<wrap::Preparation::NoSyncScope>(preparation_->ddp());
+  }
+
+  // The wrappers' communication errors of the last forward and backward.
+  absl::Status BackwardStatus() const { return preparation_->BackwardStatus(); }
+
+  // The whole parameters by name, on every rank (FSDP gathers them; every rank must call).
+  absl::StatusOr<std::map<std::string, torch::Tensor>> FullParameters();
+
+  // Writes the whole model to `dir` (created if missing) as a Hugging Face folder. Every
+  // rank must call it; rank `writer` writes.
+  absl::Status SaveHf(const std::string& dir, int rank, int writer);
+
+ private:
+  PreparedModel(std::shared_ptr<models::CausalLM> model, Role role)
+      : model_(std::move(model)), role_(role) {}
+
+  // Declared before the preparation, whose hooks refer to it, so it is destroyed after.
+  std::shared_ptr<models::CausalLM> model_;
+  std::unique_ptr<wrap::Preparation> preparation_;
+  Role role_;
+  std::vector<optim::TrainableParameter> trainable_;
+};
+
+// The optimizer over `prepared`'s trainable parameters. FailedPrecondition for a frozen model.
+absl::StatusOr<std::unique_ptr<optim::Optimizer>> BuildOptimizer(
+    const PreparedModel& prepared, const optim::OptimizerConfig& config);
+
+}  // namespace plait::trainer
+
+#endif  // PLAIT_TRAINER_PREPARED_MODEL_H_

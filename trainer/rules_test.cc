@@ -1,0 +1,52 @@
+#include "trainer/rules.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/status/status_matchers.h"
+#include "trainer/plan.pb.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(BuiltinRulesTest, ParsesAndStatesFsdpAndDdp) {
+  absl::StatusOr<const PreparationRules*> rules = BuiltinRules();
+  ASSERT_THAT(rules, IsOk());
+  const StrategyRule* fsdp = FindStrategy(**rules, "fsdp");
+  ASSERT_NE(fsdp, nullptr);
+  EXPECT_EQ(fsdp->effect(), RESHARDS);
+  EXPECT_EQ(fsdp->max_count(), 1);
+  const StrategyRule* ddp = FindStrategy(**rules, "ddp");
+  ASSERT_NE(ddp, nullptr);
+  EXPECT_EQ(ddp->effect(), KEEPS);
+  EXPECT_EQ(FindStrategy(**rules, "pipeline"), nullptr);
+}
+
+// A strategy added to PrepareStep without a rule would be unvalidated: this fails first.
+TEST(BuiltinRulesTest, EveryPrepareStepStrategyHasARule) {
+  const PreparationRules& rules = **BuiltinRules();
+  const auto* oneof = PrepareStep::descriptor()->FindOneofByName("strategy");
+  ASSERT_NE(oneof, nullptr);
+  for (int i = 0; i < oneof->field_count(); ++i) {
+    EXPECT_NE(FindStrategy(rules, oneof->field(i)->name()), nullptr) << oneof->field(i)->name();
+  }
+}
+
+TEST(ParseRulesTest, RejectsInconsistentRules) {
+  EXPECT_THAT(ParseRules("strategies { name: \"fsdp\" effect: RESHARDS max_count: 1 "
+                         "max_count_rule: \"once\" }\n"
+                         "strategies { name: \"fsdp\" max_count: 0 }",
+                         "r.textproto"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("strategies[1].name: \"fsdp\" appears twice"),
+                             HasSubstr("strategies[1].effect is not set"),
+                             HasSubstr("strategies[1]: max_count must be > 0"))));
+  EXPECT_THAT(ParseRules("strategies { nme: \"x\" }", "r.textproto"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("r.textproto:1:17")));
+}
+
+}  // namespace
+}  // namespace plait::trainer

@@ -1,0 +1,54 @@
+// Test helpers: writes token files in llm.c's format or raw, for token_file_test and
+// data_loader_test.
+#ifndef PLAIT_TRAINER_TESTING_TOKEN_FILES_H_
+#define PLAIT_TRAINER_TESTING_TOKEN_FILES_H_
+
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "trainer/token_file.h"
+
+namespace plait::trainer::testing {
+
+// A path in the test's temporary folder.
+inline std::string TempPath(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+// Writes an llm.c token file; `magic`, `version` and `count` override the header's values.
+inline std::string WriteLlmc(const std::string& name, const std::vector<uint16_t>& tokens,
+                             int32_t magic = kLlmcMagic, int32_t version = kLlmcVersion,
+                             int32_t count = -1) {
+  const std::string path = TempPath(name);
+  std::vector<int32_t> header(kLlmcHeaderInts, 0);
+  header[0] = magic;
+  header[1] = version;
+  header[2] = count >= 0 ? count : static_cast<int32_t>(tokens.size());
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
+  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
+  return path;
+}
+
+// Writes raw tokens of type T.
+template <typename T>
+std::string WriteRaw(const std::string& name, const std::vector<T>& tokens) {
+  const std::string path = TempPath(name);
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(T));
+  return path;
+}
+
+// 0, 1, ..., n-1.
+inline std::vector<uint16_t> Iota(int n) {
+  std::vector<uint16_t> tokens(n);
+  for (int i = 0; i < n; ++i) tokens[i] = static_cast<uint16_t>(i);
+  return tokens;
+}
+
+}  // namespace plait::trainer::testing
+
+#endif  // PLAIT_TRAINER_TESTING_TOKEN_FILES_H_

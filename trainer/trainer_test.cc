@@ -1,0 +1,194 @@
+// The trainer's regressions, on ranks as threads over Gloo: the optimizer owns exactly the
+// prepared model's trainable shards, an FSDP plan on 2 ranks trains to the single-process
+// plan's losses, and a frozen model is prepared without optimizer or gradient state.
+#include "trainer/trainer.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "parallel/device_mesh.h"
+#include "parallel/gloo_communicator.h"
+#include "parallel/test_ranks.h"
+#include "tools/status/status_matchers.h"
+#include "torch/csrc/distributed/c10d/HashStore.hpp"
+#include "trainer/plan.h"
+#include "trainer/prepared_model.h"
+#include "trainer/validate.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::HasSubstr;
+
+Plan LoadShippedPlan(const std::string& name) {
+  absl::StatusOr<Plan> plan = LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/", name, ".textproto"));
+  EXPECT_THAT(plan, IsOk());
+  EXPECT_THAT(ApplyOverride("training.steps=10", *plan), IsOk());
+  EXPECT_THAT(ApplyOverride("training.eval_every=5", *plan), IsOk());
+  EXPECT_THAT(ApplyOverride("training.eval_batches=1", *plan), IsOk());
+  EXPECT_THAT(ApplyOverride("training.metrics_file=", *plan), IsOk());
+  return *plan;
+}
+
+// Runs `body(rank, mesh)` on `ranks` threads, each with the plan's mesh over Gloo.
+void WithMesh(const Plan& plan, int ranks,
+              const std::function<void(int, const parallel::DeviceMesh&)>& body) {
+  parallel::MeshConfig config = plan.mesh();
+  if (config.dims().empty()) {
+    auto* dim = config.add_dims();
+    dim->set_name("world");
+    dim->set_size(1);
+  }
+  const parallel::MeshLayout layout = *parallel::MeshLayout::Create(config, ranks);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  parallel::testing::RunRanks(ranks, [&](int rank) {
+    absl::StatusOr<parallel::DeviceMesh> mesh = parallel::DeviceMesh::Create(
+        layout, rank,
+        [&](const std::string& name, int group_rank,
+            int size) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
+          return parallel::GlooCommunicator::Create(*store, name, group_rank, size,
+                                                    parallel::GlooCommunicator::kLoopback);
+        });
+    ASSERT_THAT(mesh, IsOk());
+    body(rank, *mesh);
+  });
+}
+
+TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
+  const Plan plan = LoadShippedPlan("llama_fsdp");
+  WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto prepared =
+        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
+    ASSERT_THAT(optimizer, IsOk());
+    const auto& trainable = (*prepared)->trainable_parameters();
+    const auto& owned = (*optimizer)->parameters();
+    ASSERT_EQ(owned.size(), trainable.size());
+    int64_t shard_elements = 0;
+    for (size_t i = 0; i < owned.size(); ++i) {
+      EXPECT_EQ(owned[i].name, trainable[i].name);
+      EXPECT_EQ(owned[i].tensor.unsafeGetTensorImpl(), trainable[i].tensor.unsafeGetTensorImpl())
+          << owned[i].name;
+      shard_elements += owned[i].tensor.numel();
+    }
+    // Shards, not the full tensors: about half of the model on each of 2 ranks.
+    const int64_t full = models::NumParameters((*prepared)->model().config());
+    EXPECT_LT(shard_elements, full * 0.51) << "rank " << rank;
+    EXPECT_GT(shard_elements, full * 0.49) << "rank " << rank;
+  });
+}
+
+TEST(PreparedModelTest, FrozenModelIsPreparedWithoutOptimizerOrGradients) {
+  const Plan plan = LoadShippedPlan("llama_fsdp");
+  WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto frozen = PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kFrozen,
+                                         "plan.frozen[0]");
+    ASSERT_THAT(frozen, IsOk());
+    EXPECT_TRUE((*frozen)->trainable_parameters().empty());
+    EXPECT_THAT(BuildOptimizer(**frozen, plan.optimizer()),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("frozen")));
+    // It runs (FSDP gathers its shards) and leaves no gradient anywhere.
+    const torch::Tensor tokens = torch::randint(100, {2, 8}, torch::kInt64);
+    torch::Tensor loss = (*frozen)->model().Loss(tokens, tokens);
+    EXPECT_TRUE(std::isfinite(loss.item<double>()));
+    EXPECT_FALSE(loss.requires_grad());
+    ASSERT_THAT((*frozen)->BackwardStatus(), IsOk());
+    for (const auto& named : (*frozen)->model().NamedParameters()) {
+      EXPECT_FALSE(named.parameter.requires_grad()) << named.name;
+      EXPECT_FALSE(named.parameter.grad().defined()) << named.name;
+    }
+  });
+}
+
+TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
+  const Plan plan = LoadShippedPlan("llama_fsdp");
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/out");
+  std::map<std::string, torch::Tensor> saved;
+  WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto prepared =
+        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    ASSERT_THAT((*prepared)->SaveHf(dir, rank, 0), IsOk());
+    auto full = (*prepared)->FullParameters();
+    ASSERT_THAT(full, IsOk());
+    if (rank == 0) saved = *full;
+  });
+  // Loaded on one rank with another seed: the folder's weights replace the initialisation.
+  const Plan single = LoadShippedPlan("llama_single");
+  models::ModelSpec other_seed = single.model();
+  other_seed.mutable_init()->set_seed(99);
+  WithMesh(single, 1, [&](int, const parallel::DeviceMesh& mesh) {
+    auto loaded =
+        PreparedModel::Prepare(other_seed, dir, single.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(loaded, IsOk());
+    for (const auto& named : (*loaded)->model().NamedParameters()) {
+      EXPECT_TRUE(named.parameter.equal(saved.at(named.name))) << named.name;
+    }
+    EXPECT_THAT(PreparedModel::Prepare(other_seed, dir + "/missing", single.prepare(), mesh,
+                                       Role::kTrained, "plan"),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("plan.hf_weights_dir: ")));
+  });
+}
+
+// Trains `plan` on `ranks` threads; rank 0's report.
+TrainReport TrainOnRanks(const Plan& plan, int ranks) {
+  EXPECT_THAT(ValidatePlan(plan, ranks), IsOk());
+  TrainReport result;
+  WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
+    absl::StatusOr<TrainReport> report = Train(plan, mesh, {});
+    ASSERT_THAT(report, IsOk());
+    if (rank == 0) result = *report;
+  });
+  return result;
+}
+
+void ExpectSameRun(const TrainReport& actual, const TrainReport& expected) {
+  ASSERT_EQ(expected.steps.size(), 10u);
+  ASSERT_EQ(actual.steps.size(), 10u);
+  for (size_t i = 0; i < expected.steps.size(); ++i) {
+    EXPECT_NEAR(actual.steps[i].loss, expected.steps[i].loss, 1e-5 * expected.steps[i].loss) << i;
+    ASSERT_TRUE(expected.steps[i].grad_norm.has_value());
+    EXPECT_NEAR(*actual.steps[i].grad_norm, *expected.steps[i].grad_norm,
+                1e-5 * *expected.steps[i].grad_norm)
+        << i;
+  }
+  ASSERT_TRUE(expected.steps[4].eval_loss.has_value());
+  EXPECT_NEAR(*actual.steps[4].eval_loss, *expected.steps[4].eval_loss,
+              1e-5 * *expected.steps[4].eval_loss);
+  // It trained: the loss fell from about ln(vocab).
+  EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss - 1.0);
+}
+
+const TrainReport& SingleProcessRun() {
+  static const TrainReport* report =
+      new TrainReport(TrainOnRanks(LoadShippedPlan("llama_single"), 1));
+  return *report;
+}
+
+TEST(TrainTest, FsdpOnTwoRanksTrainsToTheSingleProcessLosses) {
+  ExpectSameRun(TrainOnRanks(LoadShippedPlan("llama_fsdp"), 2), SingleProcessRun());
+}
+
+// Micro-batches of 4 with 2 accumulation steps on each of 2 ranks: the same 16 sequences per
+// step as the single process, through DDP's no-sync scope.
+TEST(TrainTest, DdpWithAccumulationTrainsToTheSingleProcessLosses) {
+  Plan plan = LoadShippedPlan("llama_ddp");
+  ASSERT_THAT(ApplyOverride("training.micro_batch=4", plan), IsOk());
+  ASSERT_THAT(ApplyOverride("training.grad_accumulation=2", plan), IsOk());
+  // Evaluation reads eval_batches micro-batches per rank: 2 x 4 x 2 ranks are the single
+  // process's 16 held-out sequences.
+  ASSERT_THAT(ApplyOverride("training.eval_batches=2", plan), IsOk());
+  ExpectSameRun(TrainOnRanks(plan, 2), SingleProcessRun());
+}
+
+}  // namespace
+}  // namespace plait::trainer

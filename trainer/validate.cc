@@ -1,0 +1,340 @@
+#include "trainer/validate.h"
+
+#include <sys/stat.h>
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "models/model_config.h"
+#include "sched/schedule_builder.h"
+#include "trainer/plan.h"
+#include "trainer/rules.h"
+
+namespace plait::trainer {
+namespace {
+
+std::string MeshDim(const PrepareStep& step) {
+  switch (step.strategy_case()) {
+    case PrepareStep::kFsdp:
+      return step.fsdp().mesh_dim();
+    case PrepareStep::kDdp:
+      return step.ddp().mesh_dim();
+    case PrepareStep::STRATEGY_NOT_SET:
+      break;
+  }
+  return "";
+}
+
+bool DirectoryExists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+}
+
+bool FileExists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+class Checker {
+ public:
+  Checker(const Plan& plan, int world_size, const PreparationRules& rules)
+      : plan_(plan), world_size_(world_size), rules_(rules) {}
+
+  std::vector<Violation> Run() {
+    std::optional<models::ModelConfig> config = CheckModel(plan_.model(), "plan.model");
+    CheckWeights(plan_.hf_weights_dir(), "plan.hf_weights_dir");
+    CheckMesh();
+    CheckSteps(plan_.prepare(), "plan.prepare");
+    CheckMeshUse();
+    CheckOptimizer();
+    CheckTraining(config);
+    CheckSchedule();
+    CheckData(config);
+    CheckFrozen();
+    return std::move(violations_);
+  }
+
+ private:
+  void Add(std::string field, std::string message, std::string rule = "") {
+    violations_.push_back({std::move(field), std::move(message), std::move(rule)});
+  }
+
+  // A library's error for the subtree at `field`, whose message starts with the full field
+  // path ("plan.model.preset: ..."): recorded under that path.
+  void AddStatus(const std::string& field, const absl::Status& status) {
+    std::string message(status.message());
+    std::string where = field;
+    const size_t colon = message.find(": ");
+    if (absl::StartsWith(message, field) && colon != std::string::npos) {
+      where = message.substr(0, colon);
+      message = message.substr(colon + 2);
+    }
+    Add(where, message);
+  }
+
+  std::optional<models::ModelConfig> CheckModel(const models::ModelSpec& spec,
+                                                const std::string& field) {
+    absl::StatusOr<models::ModelConfig> config = models::ResolveModelSpec(spec, field);
+    if (config.ok()) return *config;
+    AddStatus(field, config.status());
+    return std::nullopt;
+  }
+
+  void CheckWeights(const std::string& dir, const std::string& field) {
+    if (!dir.empty() && !DirectoryExists(dir)) {
+      Add(field, absl::StrCat("\"", dir, "\" is not a folder"));
+    }
+  }
+
+  void CheckMesh() {
+    std::set<std::string> names;
+    std::vector<std::string> shape;
+    for (int i = 0; i < plan_.mesh().dims_size(); ++i) {
+      const auto& dim = plan_.mesh().dims(i);
+      const std::string field = absl::StrCat("plan.mesh.dims[", i, "]");
+      if (dim.name().empty()) Add(field + ".name", "is empty; name every mesh dimension");
+      if (!names.insert(dim.name()).second) {
+        Add(field + ".name", absl::StrCat("\"", dim.name(), "\" appears twice"));
+      }
+      if (dim.size() < 1) Add(field + ".size", absl::StrCat(dim.size(), "; must be >= 1"));
+      shape.push_back(absl::StrCat(dim.name(), "=", dim.size()));
+      dims_.insert(dim.name());
+    }
+    if (MeshRanks(plan_) != world_size_) {
+      Add("plan.mesh",
+          absl::StrCat(shape.empty() ? "no dimensions (one rank)" : absl::StrJoin(shape, " x "),
+                       " makes ", MeshRanks(plan_), " ranks, but the world has ", world_size_,
+                       "; the mesh's sizes must multiply to the world size"));
+    }
+  }
+
+  void CheckSteps(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+                  const std::string& field) {
+    std::map<std::string, int> count;
+    std::map<std::string, std::vector<std::pair<std::string, int>>> dim_users;
+    for (int i = 0; i < steps.size(); ++i) {
+      const std::string name = StrategyName(steps[i]);
+      const std::string step_field = absl::StrCat(field, "[", i, "]");
+      if (name.empty()) {
+        Add(step_field, "names no strategy; set one of fsdp, ddp");
+        continue;
+      }
+      const StrategyRule* rule = FindStrategy(rules_, name);
+      if (rule == nullptr) {
+        Add(absl::StrCat(step_field, ".", name), "has no preparation rule in the rules file");
+        continue;
+      }
+      const std::string dim = MeshDim(steps[i]);
+      const std::string dim_field = absl::StrCat(step_field, ".", name, ".mesh_dim");
+      if (dim.empty()) {
+        Add(dim_field, "is empty; name a mesh dimension");
+      } else if (dims_.count(dim) == 0) {
+        Add(dim_field,
+            absl::StrCat("\"", dim, "\" is not a dimension of plan.mesh (",
+                         dims_.empty() ? "which has none" : absl::StrJoin(dims_, ", "), ")"));
+      }
+      if (++count[name] > rule->max_count()) {
+        Add(absl::StrCat(step_field, ".", name),
+            absl::StrCat(name, " is applied ", count[name], " times; at most ", rule->max_count(),
+                         " per model"),
+            rule->max_count_rule());
+      }
+      for (const Relation& relation : rule->must_follow()) {
+        for (int j = i + 1; j < steps.size(); ++j) {
+          if (StrategyName(steps[j]) == relation.strategy()) {
+            Add(absl::StrCat(step_field, ".", name),
+                absl::StrCat(relation.strategy(), " (", field, "[", j, "]) must come before ", name,
+                             ": ", relation.why()),
+                relation.rule());
+            break;
+          }
+        }
+      }
+      for (const Relation& relation : rule->exclusive()) {
+        for (int j = 0; j < i; ++j) {
+          if (StrategyName(steps[j]) == relation.strategy()) {
+            Add(absl::StrCat(step_field, ".", name),
+                absl::StrCat(name, " cannot be applied with ", relation.strategy(), " (", field,
+                             "[", j, "]): ", relation.why()),
+                relation.rule());
+            break;
+          }
+        }
+      }
+      if (!dim.empty()) {
+        for (const auto& [other, other_index] : dim_users[dim]) {
+          for (const Relation& relation : rule->separate_dim()) {
+            if (relation.strategy() != other) continue;
+            Add(dim_field,
+                absl::StrCat("\"", dim, "\" is already used by ", other, " (", field, "[",
+                             other_index, "]); ", name,
+                             " needs its own dimension: ", relation.why()),
+                relation.rule());
+          }
+        }
+        dim_users[dim].push_back({name, i});
+        if (&steps == &plan_.prepare()) used_dims_.insert(dim);
+      }
+    }
+  }
+
+  // A mesh dimension of several ranks that no step uses would give its ranks the same data
+  // and let their models drift apart.
+  void CheckMeshUse() {
+    for (int i = 0; i < plan_.mesh().dims_size(); ++i) {
+      const auto& dim = plan_.mesh().dims(i);
+      if (dim.size() > 1 && used_dims_.count(dim.name()) == 0) {
+        Add(absl::StrCat("plan.mesh.dims[", i, "]"),
+            absl::StrCat("\"", dim.name(), "\" has ", dim.size(),
+                         " ranks but no preparation step in plan.prepare uses it"));
+      }
+    }
+  }
+
+  void CheckOptimizer() {
+    if (plan_.optimizer().algorithm_case() == optim::OptimizerConfig::ALGORITHM_NOT_SET) {
+      Add("plan.optimizer", "names no algorithm; set one of adamw, adam, sgd, lion");
+    }
+  }
+
+  void CheckTraining(const std::optional<models::ModelConfig>& config) {
+    const TrainingConfig& t = plan_.training();
+    auto positive = [&](const char* name, int64_t value) {
+      if (value <= 0)
+        Add(absl::StrCat("plan.training.", name), absl::StrCat(value, "; must be > 0"));
+    };
+    auto non_negative = [&](const char* name, int64_t value) {
+      if (value < 0) {
+        Add(absl::StrCat("plan.training.", name), absl::StrCat(value, "; must be >= 0"));
+      }
+    };
+    positive("steps", t.steps());
+    positive("micro_batch", t.micro_batch());
+    positive("seq_len", t.seq_len());
+    positive("eval_batches", t.eval_batches());
+    non_negative("grad_accumulation", t.grad_accumulation());
+    non_negative("global_batch", t.global_batch());
+    non_negative("eval_every", t.eval_every());
+    non_negative("log_every", t.log_every());
+    if (!(t.peak_flops_per_rank() >= 0.0)) {
+      Add("plan.training.peak_flops_per_rank",
+          absl::StrCat(t.peak_flops_per_rank(), "; must be >= 0"));
+    }
+    if (config.has_value() && t.seq_len() > config->max_position_embeddings()) {
+      Add("plan.training.seq_len",
+          absl::StrCat(t.seq_len(), " exceeds the model's ", "max_position_embeddings (",
+                       config->max_position_embeddings(), ")"));
+    }
+    if (t.global_batch() > 0 && t.micro_batch() > 0 && t.grad_accumulation() >= 0) {
+      const int64_t per_step = t.micro_batch() * world_size_ * GradAccumulation(t);
+      if (per_step != t.global_batch()) {
+        Add("plan.training.global_batch",
+            absl::StrCat(t.global_batch(), " is not micro_batch (", t.micro_batch(),
+                         ") x data-parallel ranks (", world_size_, ") x grad_accumulation (",
+                         GradAccumulation(t), ") = ", per_step,
+                         t.global_batch() % (t.micro_batch() * world_size_) == 0
+                             ? ""
+                             : "; micro_batch x ranks does not divide it"));
+      }
+    }
+  }
+
+  void CheckSchedule() {
+    const int64_t total = plan_.schedule().total_steps();
+    if (total != 0 && total != plan_.training().steps()) {
+      Add("plan.schedule.total_steps",
+          absl::StrCat(total, " differs from plan.training.steps (", plan_.training().steps(),
+                       "); leave it unset, it is taken from training.steps"));
+      return;
+    }
+    if (plan_.training().steps() <= 0) return;  // reported above
+    absl::StatusOr<sched::Schedule> schedule =
+        sched::BuildSchedule(ResolvedSchedule(plan_), "plan.schedule");
+    if (!schedule.ok()) AddStatus("plan.schedule", schedule.status());
+  }
+
+  void CheckData(const std::optional<models::ModelConfig>& config) {
+    const DataConfig data = ResolvedData(plan_);
+    if (data.has_synthetic()) {
+      const SyntheticData& s = data.synthetic();
+      if (s.num_states() < 2 || (config.has_value() && s.num_states() > config->vocab_size())) {
+        Add("plan.data.synthetic.num_states",
+            absl::StrCat(s.num_states(), "; must be in [2, vocab_size",
+                         config.has_value() ? absl::StrCat(" = ", config->vocab_size()) : "", "]"));
+      }
+      if (s.branching() < 1 || s.branching() > s.num_states()) {
+        Add("plan.data.synthetic.branching",
+            absl::StrCat(s.branching(), "; must be in [1, num_states = ", s.num_states(), "]"));
+      }
+      if (!(s.peak() >= 1.0)) {
+        Add("plan.data.synthetic.peak", absl::StrCat(s.peak(), "; must be >= 1"));
+      }
+      return;
+    }
+    const TokenFiles& files = data.token_files();
+    if (files.format() == TOKEN_FORMAT_UNSPECIFIED) {
+      Add("plan.data.token_files.format",
+          "is not set; set TOKEN_FORMAT_LLMC, TOKEN_FORMAT_UINT16 or TOKEN_FORMAT_UINT32");
+    }
+    for (const auto& [name, path] :
+         {std::pair<std::string, std::string>{"train_path", files.train_path()},
+          {"eval_path", files.eval_path()}}) {
+      if (path.empty()) {
+        Add("plan.data.token_files." + name, "is empty; name a token file");
+      } else if (!FileExists(path)) {
+        Add("plan.data.token_files." + name, absl::StrCat("\"", path, "\" does not exist"));
+      }
+    }
+  }
+
+  void CheckFrozen() {
+    std::set<std::string> names;
+    for (int i = 0; i < plan_.frozen_size(); ++i) {
+      const FrozenModel& frozen = plan_.frozen(i);
+      const std::string field = absl::StrCat("plan.frozen[", i, "]");
+      if (frozen.name().empty()) Add(field + ".name", "is empty; name every frozen model");
+      if (!names.insert(frozen.name()).second) {
+        Add(field + ".name", absl::StrCat("\"", frozen.name(), "\" appears twice"));
+      }
+      CheckModel(frozen.model(), field + ".model");
+      CheckWeights(frozen.hf_weights_dir(), field + ".hf_weights_dir");
+      CheckSteps(frozen.prepare(), field + ".prepare");
+    }
+  }
+
+  const Plan& plan_;
+  const int world_size_;
+  const PreparationRules& rules_;
+  std::set<std::string> dims_;
+  std::set<std::string> used_dims_;
+  std::vector<Violation> violations_;
+};
+
+}  // namespace
+
+std::string Violation::ToString() const {
+  return rule.empty() ? absl::StrCat(field, ": ", message)
+                      : absl::StrCat(field, ": ", message, " (rule ", rule, ")");
+}
+
+std::vector<Violation> CheckPlan(const Plan& plan, int world_size, const PreparationRules& rules) {
+  return Checker(plan, world_size, rules).Run();
+}
+
+absl::Status ValidatePlan(const Plan& plan, int world_size) {
+  absl::StatusOr<const PreparationRules*> rules = BuiltinRules();
+  if (!rules.ok()) return rules.status();
+  const std::vector<Violation> violations = CheckPlan(plan, world_size, **rules);
+  if (violations.empty()) return absl::OkStatus();
+  std::vector<std::string> lines;
+  for (const Violation& violation : violations) lines.push_back(violation.ToString());
+  return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
+}
+
+}  // namespace plait::trainer

@@ -1,0 +1,116 @@
+#include "trainer/validate.h"
+
+#include <dirent.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/status/status_matchers.h"
+#include "trainer/plan.h"
+#include "trainer/rules.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/", path);
+}
+
+// The parse error, or else the validation error, of a plan file on a 2-rank world.
+absl::Status LoadAndValidate(const std::string& path) {
+  absl::StatusOr<Plan> plan = LoadPlan(path);
+  if (!plan.ok()) return plan.status();
+  return ValidatePlan(*plan, 2);
+}
+
+TEST(ValidatePlanTest, FsdpTwiceIsRejectedNamingTheFieldAndTheRule) {
+  absl::StatusOr<Plan> plan =
+      ParsePlan(R"pb(
+                  model { preset: "tiny" }
+                  mesh { dims { name: "dp" size: 2 } }
+                  prepare { fsdp { mesh_dim: "dp" } }
+                  prepare { fsdp { mesh_dim: "dp" } }
+                  optimizer { adamw {} }
+                  schedule {
+                    lr: 1e-3
+                    constant {}
+                  }
+                  training { steps: 10 micro_batch: 4 seq_len: 16 eval_batches: 1 }
+                )pb",
+                "plan");
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_THAT(ValidatePlan(*plan, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.prepare[1].fsdp: fsdp is applied 2 times; at most 1 per "
+                                 "model (rule fsdp_at_most_once)")));
+}
+
+TEST(ValidatePlanTest, ReportsEveryViolation) {
+  absl::StatusOr<Plan> plan =
+      ParsePlan(R"pb(
+                  model { preset: "nope" }
+                  mesh { dims { name: "dp" size: 2 } }
+                  prepare { ddp { mesh_dim: "dp" } }
+                  prepare { fsdp { mesh_dim: "dp" } }
+                  training { steps: 0 micro_batch: 0 seq_len: 16 eval_batches: 1 }
+                )pb",
+                "plan");
+  ASSERT_THAT(plan, IsOk());
+  const std::vector<Violation> violations = CheckPlan(*plan, 4, **BuiltinRules());
+  std::vector<std::string> fields;
+  for (const Violation& v : violations) fields.push_back(v.field);
+  EXPECT_THAT(fields, ::testing::IsSupersetOf(
+                          {"plan.model.preset", "plan.mesh", "plan.prepare[1].fsdp.mesh_dim",
+                           "plan.optimizer", "plan.training.steps", "plan.training.micro_batch"}));
+}
+
+TEST(ValidatePlanTest, ShippedPlansAreValid) {
+  for (const auto& [name, ranks] : std::vector<std::pair<std::string, int>>{
+           {"llama_fsdp", 2}, {"llama_ddp", 2}, {"llama_single", 1}}) {
+    absl::StatusOr<Plan> plan = LoadPlan(Runfile("trainer/plans/" + name + ".textproto"));
+    ASSERT_THAT(plan, IsOk()) << name;
+    EXPECT_THAT(ValidatePlan(*plan, ranks), IsOk()) << name;
+  }
+}
+
+// Every plan under trainer/testdata/ is invalid; its `# expect: ` lines are substrings of
+// the error it must get (parse error or validation error on 2 ranks).
+TEST(ValidatePlanTest, EveryInvalidTestdataPlanIsRejectedNamingTheField) {
+  const std::string dir = Runfile("trainer/testdata");
+  DIR* listing = opendir(dir.c_str());
+  ASSERT_NE(listing, nullptr) << dir;
+  int checked = 0;
+  while (dirent* entry = readdir(listing)) {
+    const std::string name = entry->d_name;
+    if (!absl::EndsWith(name, ".textproto")) continue;
+    std::ifstream file(dir + "/" + name);
+    std::vector<std::string> expected;
+    for (std::string line; std::getline(file, line);) {
+      absl::string_view rest = line;
+      if (absl::ConsumePrefix(&rest, "# expect: ")) expected.emplace_back(rest);
+    }
+    ASSERT_FALSE(expected.empty()) << name << " has no `# expect: ` line";
+    const absl::Status status = LoadAndValidate(dir + "/" + name);
+    EXPECT_FALSE(status.ok()) << name;
+    for (const std::string& substring : expected) {
+      EXPECT_THAT(std::string(status.message()), HasSubstr(substring)) << name;
+    }
+    ++checked;
+  }
+  closedir(listing);
+  EXPECT_GE(checked, 10);
+}
+
+}  // namespace
+}  // namespace plait::trainer
