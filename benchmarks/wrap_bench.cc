@@ -154,11 +154,7 @@ Measurement Run(Mode mode) {
       parallel::DeviceMesh mesh =
           parallel::DeviceMesh::Create(
               layout, rank,
-              [&](const std::string& name, int group_rank,
-                  int size) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
-                return parallel::GlooCommunicator::Create(*store, name, group_rank, size,
-                                                          parallel::GlooCommunicator::kLoopback);
-              })
+              parallel::GlooCommunicatorFactory(*store, parallel::GlooCommunicator::kLoopback))
               .value();
       results[rank] = RunRank(mode, rank, &mesh);
     });

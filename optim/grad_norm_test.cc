@@ -100,18 +100,9 @@ TEST(GlobalGradNormTest, FourRanksOnAMeshEqualTheFullModel) {
       }(),
       4);
   ASSERT_THAT(layout, IsOk());
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  RunRanks(4, [&](int rank) {
-    absl::StatusOr<parallel::DeviceMesh> mesh = parallel::DeviceMesh::Create(
-        *layout, rank,
-        [&](const std::string& name, int group_rank,
-            int group_size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
-          return GlooCommunicator::Create(*store, name, group_rank, group_size,
-                                          GlooCommunicator::kLoopback);
-        });
-    ASSERT_THAT(mesh, IsOk());
-    Communicator* dp = *mesh->communicator("dp");
-    Communicator* tp = *mesh->communicator("tp");
+  parallel::testing::RunOnGlooMesh(*layout, [&](int, parallel::DeviceMesh& mesh) {
+    Communicator* dp = *mesh.communicator("dp");
+    Communicator* tp = *mesh.communicator("tp");
     const torch::Tensor a_part = full.a.chunk(2, 1)[tp->rank()].chunk(2, 0)[dp->rank()];
     const std::vector<TrainableParameter> parameters = {
         WithGradient("a", a_part.contiguous(), {dp, tp}),

@@ -8,16 +8,14 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
-#include "parallel/gloo_communicator.h"
 #include "parallel/test_ranks.h"
 #include "tools/status/status_matchers.h"
-#include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
 
 namespace plait::parallel {
 namespace {
 
-using ::plait::parallel::testing::RunRanks;
+using ::plait::parallel::testing::RunOnGlooMesh;
 using ::plait::testing::IsOk;
 using ::plait::testing::StatusIs;
 using ::testing::ElementsAre;
@@ -81,22 +79,13 @@ TEST(MeshLayoutTest, InvalidConfigsNameTheField) {
 TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {
   absl::StatusOr<MeshLayout> layout = MeshLayout::Create(ParseMesh(kDpTp), 4);
   ASSERT_THAT(layout, IsOk());
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  RunRanks(4, [&](int rank) {
-    absl::StatusOr<DeviceMesh> mesh =
-        DeviceMesh::Create(*layout, rank,
-                           [&](const std::string& name, int group_rank,
-                               int group_size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
-                             return GlooCommunicator::Create(*store, name, group_rank, group_size,
-                                                             GlooCommunicator::kLoopback);
-                           });
-    ASSERT_THAT(mesh, IsOk());
+  RunOnGlooMesh(*layout, [&](int rank, DeviceMesh& mesh) {
     for (const char* dim : {"dp", "tp"}) {
-      absl::StatusOr<Communicator*> comm = mesh->communicator(dim);
+      absl::StatusOr<Communicator*> comm = mesh.communicator(dim);
       ASSERT_THAT(comm, IsOk());
       const int dim_index = *layout->DimIndex(dim);
       EXPECT_EQ((*comm)->name(), layout->GroupName(rank, dim_index));
-      EXPECT_EQ((*comm)->rank(), *mesh->coordinate(dim));
+      EXPECT_EQ((*comm)->rank(), *mesh.coordinate(dim));
       // The sum of the global ranks in the group, e.g. rank 3: tp {2, 3} = 5, dp {1, 3} = 4.
       torch::Tensor value = torch::full({1}, rank, torch::kInt64);
       ASSERT_THAT((*comm)->AllReduce(value, ReduceOp::kSum)->Wait(), IsOk());
@@ -104,7 +93,7 @@ TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {
       for (int member : layout->GroupRanks(rank, dim_index)) expected += member;
       EXPECT_EQ(value.item<int64_t>(), expected) << dim;
     }
-    EXPECT_THAT(mesh->communicator("pp"),
+    EXPECT_THAT(mesh.communicator("pp"),
                 StatusIs(absl::StatusCode::kNotFound,
                          "the mesh has no dimension \"pp\"; its dimensions are dp, tp"));
   });

@@ -304,4 +304,13 @@ std::shared_ptr<Work> GlooCommunicator::StartBarrier() {
   });
 }
 
+CommunicatorFactory GlooCommunicatorFactory(c10d::Store& store, std::string address,
+                                            CommunicatorOptions options) {
+  return [&store, address = std::move(address), options](
+             const std::string& name, int rank,
+             int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    return GlooCommunicator::Create(store, name, rank, size, address, options);
+  };
+}
+
 }  // namespace plait::parallel

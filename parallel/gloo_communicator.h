@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "gloo/context.h"
 #include "parallel/communicator.h"
+#include "parallel/device_mesh.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
 #include "torch/torch.h"
 
@@ -106,6 +107,12 @@ class GlooCommunicator final : public Communicator {
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread worker_;
 };
+
+// A DeviceMesh factory (device_mesh.h) whose groups are GlooCommunicators over `store`,
+// reached at `address` (see GlooCommunicator::Create). `store` must outlive the mesh's
+// creation.
+CommunicatorFactory GlooCommunicatorFactory(c10d::Store& store, std::string address,
+                                            CommunicatorOptions options = {});
 
 }  // namespace plait::parallel
 

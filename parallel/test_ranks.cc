@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "parallel/gloo_communicator.h"
+#include "torch/csrc/distributed/c10d/HashStore.hpp"
 
 namespace plait::parallel::testing {
 
@@ -17,6 +19,17 @@ void RunRanks(int num_ranks, const std::function<void(int rank)>& body) {
     });
   }
   for (std::thread& thread : threads) thread.join();
+}
+
+void RunOnGlooMesh(const MeshLayout& layout,
+                   const std::function<void(int rank, DeviceMesh& mesh)>& body) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  RunRanks(layout.world_size(), [&](int rank) {
+    absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(
+        layout, rank, GlooCommunicatorFactory(*store, GlooCommunicator::kLoopback));
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    body(rank, *mesh);
+  });
 }
 
 }  // namespace plait::parallel::testing

@@ -5,10 +5,17 @@
 
 #include <functional>
 
+#include "parallel/device_mesh.h"
+
 namespace plait::parallel::testing {
 
 // Runs `body(rank)` for every rank in [0, num_ranks) on its own thread and waits for all.
 void RunRanks(int num_ranks, const std::function<void(int rank)>& body);
+
+// Runs `body(rank, mesh)` for every rank of `layout` on its own thread, each with its
+// DeviceMesh over Gloo on loopback (a store shared in memory).
+void RunOnGlooMesh(const MeshLayout& layout,
+                   const std::function<void(int rank, DeviceMesh& mesh)>& body);
 
 }  // namespace plait::parallel::testing
 

@@ -73,12 +73,8 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
   const std::string address = OwnAddress(world);
   PLAIT_ASSIGN_OR_RETURN(
       parallel::DeviceMesh mesh,
-      parallel::DeviceMesh::Create(
-          layout, world.rank,
-          [&](const std::string& name, int rank,
-              int size) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
-            return parallel::GlooCommunicator::Create(*store, name, rank, size, address);
-          }));
+      parallel::DeviceMesh::Create(layout, world.rank,
+                                   parallel::GlooCommunicatorFactory(*store, address)));
   TrainOptions options;
   options.log = &std::cout;
   options.metrics_path = UserPath(plan.training().metrics_file());

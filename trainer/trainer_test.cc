@@ -12,10 +12,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/device_mesh.h"
-#include "parallel/gloo_communicator.h"
 #include "parallel/test_ranks.h"
 #include "tools/status/status_matchers.h"
-#include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "trainer/plan.h"
 #include "trainer/prepared_model.h"
 #include "trainer/validate.h"
@@ -47,19 +45,7 @@ void WithMesh(const Plan& plan, int ranks,
     dim->set_name("world");
     dim->set_size(1);
   }
-  const parallel::MeshLayout layout = *parallel::MeshLayout::Create(config, ranks);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  parallel::testing::RunRanks(ranks, [&](int rank) {
-    absl::StatusOr<parallel::DeviceMesh> mesh = parallel::DeviceMesh::Create(
-        layout, rank,
-        [&](const std::string& name, int group_rank,
-            int size) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
-          return parallel::GlooCommunicator::Create(*store, name, group_rank, size,
-                                                    parallel::GlooCommunicator::kLoopback);
-        });
-    ASSERT_THAT(mesh, IsOk());
-    body(rank, *mesh);
-  });
+  parallel::testing::RunOnGlooMesh(*parallel::MeshLayout::Create(config, ranks), body);
 }
 
 TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {

@@ -14,10 +14,8 @@
 #include "models/model_config.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
-#include "parallel/gloo_communicator.h"
 #include "parallel/test_ranks.h"
 #include "tools/status/status_matchers.h"
-#include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
 #include "wrap/preparation.h"
 
@@ -112,20 +110,11 @@ TrainingRun Distributed(const Scenario& scenario) {
   dim->set_size(scenario.ranks);
   const parallel::MeshLayout layout =
       parallel::MeshLayout::Create(mesh_config, scenario.ranks).value();
-  auto store = c10::make_intrusive<c10d::HashStore>();
   TrainingRun result;
-  parallel::testing::RunRanks(scenario.ranks, [&](int rank) {
-    absl::StatusOr<parallel::DeviceMesh> mesh = parallel::DeviceMesh::Create(
-        layout, rank,
-        [&](const std::string& name, int group_rank,
-            int size) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
-          return parallel::GlooCommunicator::Create(*store, name, group_rank, size,
-                                                    parallel::GlooCommunicator::kLoopback);
-        });
-    ASSERT_THAT(mesh, IsOk());
-    parallel::Communicator* dp = *mesh->communicator("dp");
+  parallel::testing::RunOnGlooMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
+    parallel::Communicator* dp = *mesh.communicator("dp");
     std::shared_ptr<models::CausalLM> model = MakeModel();
-    auto preparation = Preparation::Begin(*model, *mesh);
+    auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
     if (scenario.strategy == Strategy::kDdp) {
       DdpConfig config;

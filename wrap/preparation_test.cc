@@ -36,11 +36,7 @@ class PreparationTest : public ::testing::Test {
     ASSERT_THAT(layout, IsOk());
     auto mesh = parallel::DeviceMesh::Create(
         *layout, 0,
-        [this](const std::string& name, int rank,
-               int size) -> absl::StatusOr<std::unique_ptr<parallel::Communicator>> {
-          return parallel::GlooCommunicator::Create(*store_, name, rank, size,
-                                                    parallel::GlooCommunicator::kLoopback);
-        });
+        parallel::GlooCommunicatorFactory(*store_, parallel::GlooCommunicator::kLoopback));
     ASSERT_THAT(mesh, IsOk());
     mesh_ = std::make_unique<parallel::DeviceMesh>(*std::move(mesh));
     // The tiny preset: 4 blocks, so "two blocks at once" is less than the whole model.
