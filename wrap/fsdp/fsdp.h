@@ -9,7 +9,11 @@
 //   into the shards' gradients (accumulating over micro-steps) and freed.
 // The root unit is gathered when the forward starts and freed when the backward ends.
 // Freeing keeps each parameter's identity for autograd (internal/torch_internals.h), so no
-// forward is recomputed. Applied through wrap::Preparation (preparation.h).
+// forward is recomputed. With FsdpConfig.param_dtype the full parameters are gathered and
+// computed in that dtype (bf16), gradients are reduced in reduce_dtype, and shards, their
+// gradients and the optimizer state stay fp32. Frozen parameters (requires_grad false) are
+// sharded and gathered but get no gradient and are not trained. Applied through
+// wrap::Preparation (preparation.h).
 #ifndef PLAIT_WRAP_FSDP_FSDP_H_
 #define PLAIT_WRAP_FSDP_FSDP_H_
 
