@@ -528,22 +528,47 @@ std::shared_ptr<Work> NcclCommunicator::StartAllReduce(torch::Tensor tensor, Red
 // it and the flat layout. A padding element carries whatever the staging buffer held; it is
 // gathered or reduced like the others but never copied out.
 
+namespace {
+
+// What all-gather and reduce-scatter share: the NCCL type of their two tensors (both checked)
+// and the padded chunks of the flat buffer of `total` elements.
+struct PaddedChunks {
+  ncclDataType_t type;
+  int64_t total;
+  int64_t element_size;
+  int64_t count;  // elements per (padded) chunk
+  int64_t bytes;  // sent and received per rank
+};
+
+absl::StatusOr<PaddedChunks> ChunkedCollective(const std::string& description, int device, int size,
+                                               const torch::Tensor& input,
+                                               const torch::Tensor& output, int64_t total) {
+  PLAIT_ASSIGN_OR_RETURN(ncclDataType_t type,
+                         DeviceTensorType(description, device, "input", input));
+  PLAIT_RETURN_IF_ERROR(DeviceTensorType(description, device, "output", output).status());
+  const int64_t element_size = input.element_size();
+  const int64_t count = CeilDiv(total, size);
+  return PaddedChunks{type, total, element_size, count, (size - 1) * count * element_size};
+}
+
+}  // namespace
+
 std::shared_ptr<Work> NcclCommunicator::StartAllGather(torch::Tensor input, torch::Tensor output) {
   constexpr Collective kOp = Collective::kAllGather;
-  absl::StatusOr<ncclDataType_t> type =
-      DeviceTensorType(Describe(kOp), cuda_device(), "input", input);
-  if (type.ok()) type = DeviceTensorType(Describe(kOp), cuda_device(), "output", output);
-  if (!type.ok()) return FinishedWork(type.status());
+  const absl::StatusOr<PaddedChunks> chunks =
+      ChunkedCollective(Describe(kOp), cuda_device(), size(), input, output, output.numel());
+  if (!chunks.ok()) return FinishedWork(chunks.status());
   const int n = size();
-  const int64_t total = output.numel();
-  const int64_t element_size = output.element_size();
-  const int64_t count = CeilDiv(total, n);  // elements per (padded) chunk
-  const int64_t bytes = (n - 1) * count * element_size;
+  const ncclDataType_t type = chunks->type;
+  const int64_t total = chunks->total;
+  const int64_t element_size = chunks->element_size;
+  const int64_t count = chunks->count;
+  const int64_t bytes = chunks->bytes;
   return Launch(
       kOp, {input, output}, bytes, bytes,
       [&](Connection& connection, absl::Time deadline) -> absl::Status {
         if (total % n == 0) {
-          PLAIT_GPU_RETURN_IF_ERROR(ncclAllGather(input.data_ptr(), output.data_ptr(), count, *type,
+          PLAIT_GPU_RETURN_IF_ERROR(ncclAllGather(input.data_ptr(), output.data_ptr(), count, type,
                                                   connection.comm(), connection.stream()));
           return connection.Settle(deadline);
         }
@@ -552,8 +577,8 @@ std::shared_ptr<Work> NcclCommunicator::StartAllGather(torch::Tensor input, torc
         PLAIT_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(own_chunk, input.data_ptr(),
                                                   input.numel() * element_size,
                                                   cudaMemcpyDeviceToDevice, connection.stream()));
-        PLAIT_GPU_RETURN_IF_ERROR(ncclAllGather(own_chunk, staging, count, *type, connection.comm(),
-                                                connection.stream()));
+        PLAIT_GPU_RETURN_IF_ERROR(
+            ncclAllGather(own_chunk, staging, count, type, connection.comm(), connection.stream()));
         PLAIT_RETURN_IF_ERROR(connection.Settle(deadline));
         return CopyChunks(Direction::kFromPadded, static_cast<char*>(output.data_ptr()), staging,
                           total, n, element_size, connection.stream());
@@ -563,21 +588,21 @@ std::shared_ptr<Work> NcclCommunicator::StartAllGather(torch::Tensor input, torc
 std::shared_ptr<Work> NcclCommunicator::StartReduceScatter(torch::Tensor input,
                                                            torch::Tensor output, ReduceOp op) {
   constexpr Collective kOp = Collective::kReduceScatter;
-  absl::StatusOr<ncclDataType_t> type =
-      DeviceTensorType(Describe(kOp), cuda_device(), "input", input);
-  if (type.ok()) type = DeviceTensorType(Describe(kOp), cuda_device(), "output", output);
-  if (!type.ok()) return FinishedWork(type.status());
+  const absl::StatusOr<PaddedChunks> chunks =
+      ChunkedCollective(Describe(kOp), cuda_device(), size(), input, output, input.numel());
+  if (!chunks.ok()) return FinishedWork(chunks.status());
   const int n = size();
-  const int64_t total = input.numel();
-  const int64_t element_size = input.element_size();
-  const int64_t count = CeilDiv(total, n);  // elements per (padded) chunk
-  const int64_t bytes = (n - 1) * count * element_size;
+  const ncclDataType_t type = chunks->type;
+  const int64_t total = chunks->total;
+  const int64_t element_size = chunks->element_size;
+  const int64_t count = chunks->count;
+  const int64_t bytes = chunks->bytes;
   return Launch(
       kOp, {input, output}, bytes, bytes,
       [&](Connection& connection, absl::Time deadline) -> absl::Status {
         if (total % n == 0) {
           PLAIT_GPU_RETURN_IF_ERROR(ncclReduceScatter(input.data_ptr(), output.data_ptr(), count,
-                                                      *type, NcclOp(op), connection.comm(),
+                                                      type, NcclOp(op), connection.comm(),
                                                       connection.stream()));
           return connection.Settle(deadline);
         }
@@ -585,7 +610,7 @@ std::shared_ptr<Work> NcclCommunicator::StartReduceScatter(torch::Tensor input,
         PLAIT_RETURN_IF_ERROR(CopyChunks(Direction::kToPadded, static_cast<char*>(input.data_ptr()),
                                          staging, total, n, element_size, connection.stream()));
         char* own_chunk = staging + rank() * count * element_size;
-        PLAIT_GPU_RETURN_IF_ERROR(ncclReduceScatter(staging, own_chunk, count, *type, NcclOp(op),
+        PLAIT_GPU_RETURN_IF_ERROR(ncclReduceScatter(staging, own_chunk, count, type, NcclOp(op),
                                                     connection.comm(), connection.stream()));
         PLAIT_RETURN_IF_ERROR(connection.Settle(deadline));
         PLAIT_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(output.data_ptr(), own_chunk,
