@@ -46,9 +46,14 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
                      store_address, " within ", absl::FormatDuration(timeout), ": ", error.what()));
   }
 
+  // The ranks still missing at the last look, for the errors below.
+  std::vector<int> missing;
+  auto never_arrived = [&] {
+    return absl::StrCat("rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
+                        " of ", world.world_size, " never arrived");
+  };
   try {
     store->set(ArrivalKey(world.rank), std::vector<uint8_t>{1});
-    std::vector<int> missing;
     do {
       missing.clear();
       for (int rank = 0; rank < world.world_size; ++rank) {
@@ -59,9 +64,15 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
     } while (absl::Now() < deadline);
     return absl::DeadlineExceededError(
         absl::StrCat("rendezvous at ", store_address, " timed out after ",
-                     absl::FormatDuration(timeout), ": rank", missing.size() > 1 ? "s " : " ",
-                     absl::StrJoin(missing, ", "), " of ", world.world_size, " never arrived"));
+                     absl::FormatDuration(timeout), ": ", never_arrived()));
   } catch (const std::exception& error) {
+    if (!missing.empty()) {
+      // Rank 0 reached its own deadline first (it started waiting earlier) and took the
+      // store down: the same timeout, seen from here.
+      return absl::DeadlineExceededError(
+          absl::StrCat("rendezvous at ", store_address,
+                       " timed out (rank 0, which hosts the store, gave up): ", never_arrived()));
+    }
     return absl::UnavailableError(absl::StrCat(
         "rendezvous: rank ", world.rank, " lost the store at ", store_address, ": ", error.what()));
   }
