@@ -559,29 +559,25 @@ std::shared_ptr<Work> NcclCommunicator::StartAllGather(torch::Tensor input, torc
       ChunkedCollective(Describe(kOp), cuda_device(), size(), input, output, output.numel());
   if (!chunks.ok()) return FinishedWork(chunks.status());
   const int n = size();
-  const ncclDataType_t type = chunks->type;
-  const int64_t total = chunks->total;
-  const int64_t element_size = chunks->element_size;
-  const int64_t count = chunks->count;
-  const int64_t bytes = chunks->bytes;
+  const PaddedChunks& c = *chunks;
   return Launch(
-      kOp, {input, output}, bytes, bytes,
+      kOp, {input, output}, c.bytes, c.bytes,
       [&](Connection& connection, absl::Time deadline) -> absl::Status {
-        if (total % n == 0) {
-          PLAIT_GPU_RETURN_IF_ERROR(ncclAllGather(input.data_ptr(), output.data_ptr(), count, type,
-                                                  connection.comm(), connection.stream()));
+        if (c.total % n == 0) {
+          PLAIT_GPU_RETURN_IF_ERROR(ncclAllGather(input.data_ptr(), output.data_ptr(), c.count,
+                                                  c.type, connection.comm(), connection.stream()));
           return connection.Settle(deadline);
         }
-        PLAIT_ASSIGN_OR_RETURN(char* staging, connection.Staging(n * count * element_size));
-        char* own_chunk = staging + rank() * count * element_size;
+        PLAIT_ASSIGN_OR_RETURN(char* staging, connection.Staging(n * c.count * c.element_size));
+        char* own_chunk = staging + rank() * c.count * c.element_size;
         PLAIT_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(own_chunk, input.data_ptr(),
-                                                  input.numel() * element_size,
+                                                  input.numel() * c.element_size,
                                                   cudaMemcpyDeviceToDevice, connection.stream()));
-        PLAIT_GPU_RETURN_IF_ERROR(
-            ncclAllGather(own_chunk, staging, count, type, connection.comm(), connection.stream()));
+        PLAIT_GPU_RETURN_IF_ERROR(ncclAllGather(own_chunk, staging, c.count, c.type,
+                                                connection.comm(), connection.stream()));
         PLAIT_RETURN_IF_ERROR(connection.Settle(deadline));
         return CopyChunks(Direction::kFromPadded, static_cast<char*>(output.data_ptr()), staging,
-                          total, n, element_size, connection.stream());
+                          c.total, n, c.element_size, connection.stream());
       });
 }
 
@@ -592,29 +588,25 @@ std::shared_ptr<Work> NcclCommunicator::StartReduceScatter(torch::Tensor input,
       ChunkedCollective(Describe(kOp), cuda_device(), size(), input, output, input.numel());
   if (!chunks.ok()) return FinishedWork(chunks.status());
   const int n = size();
-  const ncclDataType_t type = chunks->type;
-  const int64_t total = chunks->total;
-  const int64_t element_size = chunks->element_size;
-  const int64_t count = chunks->count;
-  const int64_t bytes = chunks->bytes;
+  const PaddedChunks& c = *chunks;
   return Launch(
-      kOp, {input, output}, bytes, bytes,
+      kOp, {input, output}, c.bytes, c.bytes,
       [&](Connection& connection, absl::Time deadline) -> absl::Status {
-        if (total % n == 0) {
-          PLAIT_GPU_RETURN_IF_ERROR(ncclReduceScatter(input.data_ptr(), output.data_ptr(), count,
-                                                      type, NcclOp(op), connection.comm(),
+        if (c.total % n == 0) {
+          PLAIT_GPU_RETURN_IF_ERROR(ncclReduceScatter(input.data_ptr(), output.data_ptr(), c.count,
+                                                      c.type, NcclOp(op), connection.comm(),
                                                       connection.stream()));
           return connection.Settle(deadline);
         }
-        PLAIT_ASSIGN_OR_RETURN(char* staging, connection.Staging(n * count * element_size));
+        PLAIT_ASSIGN_OR_RETURN(char* staging, connection.Staging(n * c.count * c.element_size));
         PLAIT_RETURN_IF_ERROR(CopyChunks(Direction::kToPadded, static_cast<char*>(input.data_ptr()),
-                                         staging, total, n, element_size, connection.stream()));
-        char* own_chunk = staging + rank() * count * element_size;
-        PLAIT_GPU_RETURN_IF_ERROR(ncclReduceScatter(staging, own_chunk, count, type, NcclOp(op),
+                                         staging, c.total, n, c.element_size, connection.stream()));
+        char* own_chunk = staging + rank() * c.count * c.element_size;
+        PLAIT_GPU_RETURN_IF_ERROR(ncclReduceScatter(staging, own_chunk, c.count, c.type, NcclOp(op),
                                                     connection.comm(), connection.stream()));
         PLAIT_RETURN_IF_ERROR(connection.Settle(deadline));
         PLAIT_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(output.data_ptr(), own_chunk,
-                                                  output.numel() * element_size,
+                                                  output.numel() * c.element_size,
                                                   cudaMemcpyDeviceToDevice, connection.stream()));
         return absl::OkStatus();
       });
