@@ -143,9 +143,13 @@ absl::StatusOr<std::string> ResolveProgram(const std::string& program) {
 // The environment of one rank: this process's, with the world variables replaced.
 std::vector<std::string> RankEnvironment(int rank, const LaunchOptions& options, int port) {
   const std::vector<std::pair<std::string, std::string>> world = {
-      {"RANK", absl::StrCat(rank)},         {"WORLD_SIZE", absl::StrCat(options.num_ranks)},
-      {"LOCAL_RANK", absl::StrCat(rank)},   {"LOCAL_WORLD_SIZE", absl::StrCat(options.num_ranks)},
-      {"MASTER_ADDR", options.master_addr}, {"MASTER_PORT", absl::StrCat(port)},
+      {"RANK", absl::StrCat(rank)},
+      {"WORLD_SIZE", absl::StrCat(options.num_ranks)},
+      {"LOCAL_RANK", absl::StrCat(rank)},
+      {"LOCAL_WORLD_SIZE", absl::StrCat(options.num_ranks)},
+      {"MASTER_ADDR", options.master_addr},
+      {"MASTER_PORT", absl::StrCat(port)},
+      {kStdoutIsTerminalVariable, options.stdout_is_terminal ? "1" : "0"},
   };
   std::vector<std::string> environment;
   for (char** entry = environ; *entry != nullptr; ++entry) {
@@ -262,12 +266,15 @@ class LineSplitter {
     size_t start = 0;
     while (start < buffer_.size()) {
       const absl::string_view rest = absl::string_view(buffer_).substr(start);
-      const size_t newline = rest.find('\n');
-      if (newline != absl::string_view::npos && newline <= kMaxLineBytes) {
-        Emit(rest.substr(0, newline));
-        start += newline + 1;
+      const size_t end = rest.find_first_of("\r\n");
+      if (end != absl::string_view::npos && end <= kMaxLineBytes) {
+        // "\r\n" ends a line as '\n' does; a lone '\r' (a redrawn progress line) is kept.
+        const bool crlf = rest[end] == '\r' && end + 1 < rest.size() && rest[end + 1] == '\n';
+        const bool carriage_return = rest[end] == '\r' && !crlf;
+        Emit(rest.substr(0, end), carriage_return ? '\r' : '\n');
+        start += end + (crlf ? 2 : 1);
       } else if (rest.size() >= kMaxLineBytes) {
-        Emit(rest.substr(0, kMaxLineBytes));
+        Emit(rest.substr(0, kMaxLineBytes), '\n');
         start += kMaxLineBytes;
       } else {
         break;
@@ -279,13 +286,15 @@ class LineSplitter {
   // Passes on a final line that has no '\n'.
   void Flush() {
     if (buffer_.empty()) return;
-    Emit(buffer_);
+    Emit(buffer_, '\n');
     buffer_.clear();
   }
 
  private:
-  // `text` is one line without its '\n'.
-  void Emit(absl::string_view text) { (*sink_)(absl::StrCat(prefix_, text, "\n")); }
+  // `text` is one line without its end, which is `end`.
+  void Emit(absl::string_view text, char end) {
+    (*sink_)(absl::StrCat(prefix_, text, absl::string_view(&end, 1)));
+  }
 
   std::string prefix_;
   const LineSink* sink_;
@@ -687,6 +696,14 @@ int LaunchAndReport(const LaunchOptions& options) {
   }
   if (!result->ok()) std::cerr << "launch: " << result->summary << "\n";
   return result->ExitCode();
+}
+
+bool StdoutIsTerminal() {
+  const char* term = std::getenv("TERM");
+  if (term == nullptr || absl::string_view(term) == "dumb") return false;
+  if (isatty(STDOUT_FILENO) == 1) return true;
+  const char* launcher_says = std::getenv(kStdoutIsTerminalVariable);
+  return launcher_says != nullptr && absl::string_view(launcher_says) == "1";
 }
 
 std::optional<int> LaunchSelfIfNoWorld(int argc, char** argv, int num_ranks) {

@@ -36,7 +36,9 @@
 
 namespace plait::parallel {
 
-// Receives the ranks' output one whole line at a time, `[rank N] ` prefix and '\n' included.
+// Receives the ranks' output one whole line at a time, `[rank N] ` prefix and end included.
+// A line ends with '\n' ("\r\n" is passed on as '\n'), or with a lone '\r', which is kept:
+// a rank redrawing a progress line in place is passed on as it draws.
 using LineSink = std::function<void(std::string_view line)>;
 
 // A sink that writes each line to `fd`, which stays owned by the caller.
@@ -56,6 +58,9 @@ struct LaunchOptions {
   absl::Duration grace_period = absl::Seconds(5);
   // Where the ranks' stdout and stderr lines go.
   LineSink stdout_sink = FileDescriptorSink(STDOUT_FILENO);
+  // Whether the ranks' stdout lines end up on a terminal; the ranks, whose own stdout is a
+  // pipe, read it with StdoutIsTerminal(). Set it when stdout_sink goes elsewhere.
+  bool stdout_is_terminal = isatty(STDOUT_FILENO) == 1;
   LineSink stderr_sink = FileDescriptorSink(STDERR_FILENO);
 };
 
@@ -87,10 +92,20 @@ struct LaunchResult {
   int ExitCode() const;
 };
 
+// The variable through which Launch tells the ranks whether their stdout reaches a terminal:
+// "1" or "0".
+inline constexpr char kStdoutIsTerminalVariable[] = "PLAIT_STDOUT_IS_TERMINAL";
+
+// Whether what this process writes to stdout reaches a terminal: its stdout is one, or it is
+// a rank whose launcher says so (kStdoutIsTerminalVariable). Either way false when TERM is
+// "dumb" or unset, as a terminal that cannot redraw a line is no better than a file.
+bool StdoutIsTerminal();
+
 // Starts `options.num_ranks` processes of `options.command`, each with this process's
-// environment plus RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
-// MASTER_PORT, and returns when every one has ended. Their stdout and stderr lines go to
-// the sinks; a final line without '\n' is passed on with one, and a line longer than
+// environment plus RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT and kStdoutIsTerminalVariable, and returns when every one has ended. Their
+// stdout and stderr lines go to the sinks (see LineSink); a final line without an end is
+// passed on with '\n', and a line longer than
 // 64 KiB is passed on in pieces of 64 KiB. While Launch runs, SIGINT and SIGTERM sent to
 // this process are forwarded to every running rank, and SIGCHLD is handled; the previous
 // handlers are restored before it returns. The ranks stay in this process's process group

@@ -134,6 +134,44 @@ TEST(LaunchTest, PassesOnALineLongerThan64KiBInPieces) {
                                       absl::StrCat("[rank 0] ", std::string(4464, 'x'), "\n")));
 }
 
+TEST(LaunchTest, KeepsALoneCarriageReturnAndPassesOnCrLfAsNewline) {
+  Output output;
+  LaunchOptions options;
+  options.command = {"sh", "-c", "printf 'step 1\\rstep 2\\rdone\\r\\nnext\\n'"};
+  options.stdout_sink = [&output](std::string_view line) { output.out.emplace_back(line); };
+  ASSERT_THAT(Launch(options), IsOk());
+  EXPECT_THAT(output.out, ElementsAre("[rank 0] step 1\r", "[rank 0] step 2\r", "[rank 0] done\n",
+                                      "[rank 0] next\n"));
+}
+
+TEST(LaunchTest, TellsTheRanksWhetherTheirOutputReachesATerminal) {
+  for (const bool terminal : {true, false}) {
+    Output output;
+    LaunchOptions options;
+    options.command = {"sh", "-c", absl::StrCat("echo $", kStdoutIsTerminalVariable)};
+    options.stdout_sink = [&output](std::string_view line) { output.out.emplace_back(line); };
+    options.stdout_is_terminal = terminal;
+    ASSERT_THAT(Launch(options), IsOk());
+    EXPECT_THAT(output.out, ElementsAre(terminal ? "[rank 0] 1\n" : "[rank 0] 0\n"));
+  }
+}
+
+TEST(StdoutIsTerminalTest, FollowsTheLauncherUnlessTheTerminalIsDumb) {
+  ASSERT_EQ(isatty(STDOUT_FILENO), 0) << "the test expects its stdout not to be a terminal";
+  setenv("TERM", "xterm", 1);
+  setenv(kStdoutIsTerminalVariable, "1", 1);
+  EXPECT_TRUE(StdoutIsTerminal());
+  setenv("TERM", "dumb", 1);
+  EXPECT_FALSE(StdoutIsTerminal());
+  unsetenv("TERM");
+  EXPECT_FALSE(StdoutIsTerminal());
+  setenv("TERM", "xterm", 1);
+  setenv(kStdoutIsTerminalVariable, "0", 1);
+  EXPECT_FALSE(StdoutIsTerminal());
+  unsetenv(kStdoutIsTerminalVariable);
+  EXPECT_FALSE(StdoutIsTerminal());
+}
+
 TEST(LaunchTest, FailsFastWhenARankExitsNonZero) {
   Output output;
   const absl::Time start = absl::Now();
