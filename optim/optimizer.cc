@@ -150,6 +150,25 @@ std::string StateKey(const std::string& parameter, const std::string& slot) {
   return absl::StrCat(parameter, ":", slot);
 }
 
+// What a config says for parameters with given names, checked.
+struct ResolvedConfig {
+  Hyperparameters hyperparameters;
+  std::vector<ParamGroup> groups;
+};
+
+absl::StatusOr<ResolvedConfig> Resolve(const OptimizerConfig& config,
+                                       const std::vector<std::string>& parameter_names) {
+  ResolvedConfig resolved;
+  PLAIT_ASSIGN_OR_RETURN(resolved.hyperparameters, ResolveHyperparameters(config));
+  if (config.has_clipping()) {
+    const double max_norm = config.clipping().max_norm();
+    PLAIT_RETURN_IF_ERROR(Require(max_norm >= 0.0 && std::isfinite(max_norm), "clipping.max_norm",
+                                  max_norm, ">= 0 and finite"));
+  }
+  PLAIT_ASSIGN_OR_RETURN(resolved.groups, AssignParamGroups(parameter_names, config));
+  return resolved;
+}
+
 }  // namespace
 
 struct Optimizer::Slot {
@@ -160,18 +179,19 @@ struct Optimizer::Slot {
   int64_t steps = 0;  // updates this parameter received
 };
 
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& config,
+                                     const std::vector<std::string>& parameter_names) {
+  return Resolve(config, parameter_names).status();
+}
+
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
     std::vector<TrainableParameter> parameters, const OptimizerConfig& config) {
   PLAIT_RETURN_IF_ERROR(CheckParameters(parameters));
-  PLAIT_ASSIGN_OR_RETURN(Hyperparameters hyperparameters, ResolveHyperparameters(config));
-  if (config.has_clipping()) {
-    const double max_norm = config.clipping().max_norm();
-    PLAIT_RETURN_IF_ERROR(Require(max_norm >= 0.0 && std::isfinite(max_norm), "clipping.max_norm",
-                                  max_norm, ">= 0 and finite"));
-  }
   std::vector<std::string> names;
   for (const TrainableParameter& parameter : parameters) names.push_back(parameter.name);
-  PLAIT_ASSIGN_OR_RETURN(std::vector<ParamGroup> groups, AssignParamGroups(names, config));
+  PLAIT_ASSIGN_OR_RETURN(ResolvedConfig resolved, Resolve(config, names));
+  const Hyperparameters& hyperparameters = resolved.hyperparameters;
+  std::vector<ParamGroup>& groups = resolved.groups;
 
   std::vector<Slot> slots(parameters.size());
   for (int g = 0; g < static_cast<int>(groups.size()); ++g) {

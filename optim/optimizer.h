@@ -50,6 +50,12 @@ struct OptimizerState {
   std::map<std::string, torch::Tensor> tensors;
 };
 
+// The checks Optimizer::Create makes of `config` for parameters named `parameter_names`,
+// without tensors, so that a plan can be checked before a model exists: InvalidArgument
+// naming the field, as Create's.
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& config,
+                                     const std::vector<std::string>& parameter_names);
+
 class Optimizer {
  public:
   // InvalidArgument naming the field for an invalid config (optimizer.adamw.beta1: 1 must be

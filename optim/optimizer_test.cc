@@ -324,8 +324,13 @@ struct InvalidCase {
 
 class InvalidConfigTest : public ::testing::TestWithParam<InvalidCase> {};
 
-TEST_P(InvalidConfigTest, NamesTheField) {
-  EXPECT_THAT(Optimizer::Create(Trainable(InitialTensors()), Parse(GetParam().config)),
+TEST_P(InvalidConfigTest, NamesTheFieldInCreateAndValidateOptimizerConfig) {
+  const std::vector<TrainableParameter> parameters = Trainable(InitialTensors());
+  std::vector<std::string> names;
+  for (const TrainableParameter& parameter : parameters) names.push_back(parameter.name);
+  EXPECT_THAT(Optimizer::Create(parameters, Parse(GetParam().config)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(GetParam().message)));
+  EXPECT_THAT(ValidateOptimizerConfig(Parse(GetParam().config), names),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(GetParam().message)));
 }
 

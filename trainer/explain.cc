@@ -12,11 +12,13 @@
 #include "absl/strings/str_join.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "models/parameter_shapes.h"
 #include "optim/param_groups.h"
 #include "sched/schedule_builder.h"
 #include "tools/status/status_macros.h"
 #include "trainer/plan.h"
 #include "trainer/rules.h"
+#include "wrap/wrap.pb.h"
 
 namespace plait::trainer {
 namespace {
@@ -24,7 +26,12 @@ namespace {
 // DdpConfig.bucket_cap_mb's default (wrap.proto, PyTorch's).
 constexpr double kDdpDefaultBucketMb = 25.0;
 
-constexpr double kBytesPerFloat = 4.0;  // parameters, gradients and optimizer state are fp32
+constexpr double kBytesPerFloat = 4.0;  // optimizer state, and fp32 parameters
+
+// Bytes per element of the model's parameters, gradients and activations (plan.model.dtype).
+double ParameterBytes(const models::ModelSpec& spec) {
+  return spec.dtype() == wrap::DTYPE_BFLOAT16 || spec.dtype() == wrap::DTYPE_FLOAT16 ? 2.0 : 4.0;
+}
 
 std::string Count(double n) {
   if (n >= 1e9) return absl::StrFormat("%.1fB", n / 1e9);
@@ -64,14 +71,15 @@ int DimSize(const Plan& plan, const std::string& name) {
 
 // Activation memory of one micro-batch's forward kept for backward, from Korthikanti et al.,
 // "Reducing Activation Recomputation in Large Transformer Models" (2022), eq. 1:
-// s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit, doubled here for fp32; plus the fp32
+// s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit, scaled here to `element_bytes`; plus the
 // logits and their softmax, [b, s, vocab] each.
-double ActivationBytes(const models::ModelConfig& config, int64_t b, int64_t s) {
+double ActivationBytes(const models::ModelConfig& config, int64_t b, int64_t s,
+                       double element_bytes) {
   const double h = config.hidden_size();
   const double a = config.num_attention_heads();
-  const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) * 2.0;
+  const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) * element_bytes / 2.0;
   return per_layer * config.num_hidden_layers() +
-         2.0 * kBytesPerFloat * b * s * static_cast<double>(config.vocab_size());
+         2.0 * element_bytes * b * s * static_cast<double>(config.vocab_size());
 }
 
 }  // namespace
@@ -85,9 +93,10 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   std::vector<std::string> lines;
 
   lines.push_back(absl::StrFormat(
-      "model: %s %s, %d layers, hidden %d, vocab %d: %s parameters", config.model_type(),
+      "model: %s %s, %d layers, hidden %d, vocab %d, %s: %s parameters", config.model_type(),
       plan.model().has_preset() ? absl::StrCat("(preset \"", plan.model().preset(), "\")") : "",
-      config.num_hidden_layers(), config.hidden_size(), config.vocab_size(), Count(parameters)));
+      config.num_hidden_layers(), config.hidden_size(), config.vocab_size(),
+      ParameterBytes(plan.model()) == kBytesPerFloat ? "fp32" : "bf16", Count(parameters)));
 
   lines.push_back(
       plan.hf_weights_dir().empty()
@@ -145,29 +154,21 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
           ? absl::StrCat(", clipping at global norm ", plan.optimizer().clipping().max_norm())
           : ""));
 
-  if (parameters <= kMaxParametersToBuild) {
-    PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model,
-                           models::CausalLM::Create(config, plan.model().init()));
-    std::vector<std::string> names;
-    std::vector<int64_t> sizes;
-    for (const auto& named : model->NamedParameters()) {
-      names.push_back(named.name);
-      sizes.push_back(named.parameter.numel());
-    }
-    PLAIT_ASSIGN_OR_RETURN(std::vector<optim::ParamGroup> groups,
-                           optim::AssignParamGroups(names, plan.optimizer()));
-    for (const optim::ParamGroup& group : groups) {
-      int64_t count = 0;
-      for (int member : group.members) count += sizes[member];
-      lines.push_back(absl::StrFormat(
-          "  group %s: %d tensors, %s parameters (%s per rank), lr x %g, weight decay %g",
-          group.name, group.members.size(), Count(count), Count(count * shard_fraction),
-          group.lr_scale, group.weight_decay));
-    }
-  } else {
-    lines.push_back(absl::StrCat("  groups: ", plan.optimizer().param_groups_size(),
-                                 " rules (not counted: the model has more than ",
-                                 Count(kMaxParametersToBuild), " parameters)"));
+  std::vector<std::string> names;
+  std::vector<int64_t> sizes;
+  for (const models::ParameterShape& shape : models::ParameterShapes(config)) {
+    names.push_back(shape.name);
+    sizes.push_back(shape.numel());
+  }
+  PLAIT_ASSIGN_OR_RETURN(std::vector<optim::ParamGroup> groups,
+                         optim::AssignParamGroups(names, plan.optimizer()));
+  for (const optim::ParamGroup& group : groups) {
+    int64_t count = 0;
+    for (int member : group.members) count += sizes[member];
+    lines.push_back(absl::StrFormat(
+        "  group %s: %d tensors, %s parameters (%s per rank), lr x %g, weight decay %g", group.name,
+        group.members.size(), Count(count), Count(count * shard_fraction), group.lr_scale,
+        group.weight_decay));
   }
 
   const sched::ScheduleConfig schedule_config = ResolvedSchedule(plan);
@@ -193,11 +194,14 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
       training.micro_batch(), world_size, accumulation,
       training.micro_batch() * world_size * accumulation * training.seq_len()));
 
-  // Memory per rank: fp32 shards of parameters, gradients and optimizer state, plus FSDP's
-  // gathered units (the current and the prefetched one) or DDP's full replica, plus
-  // activations of one micro-batch.
+  // Memory per rank: shards of parameters and gradients in the model's dtype and fp32
+  // optimizer state (with fp32 masters of 16-bit parameters), plus FSDP's gathered units (the
+  // current and the prefetched one) or DDP's full replica, plus activations of one
+  // micro-batch.
+  const double element_bytes = ParameterBytes(plan.model());
   const double owned = parameters * shard_fraction;
   const double slots = StateSlots(plan.optimizer());
+  const double masters = element_bytes < kBytesPerFloat ? 1.0 : 0.0;
   double gathered = 0.0;
   if (shard_fraction < 1.0) {
     const double block = static_cast<double>(models::NumParameters(config) -
@@ -205,14 +209,15 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
                                                  (config.tie_word_embeddings() ? 1 : 2)) /
                          config.num_hidden_layers();
     const double root = parameters - block * config.num_hidden_layers();
-    gathered = (root + 2 * block) * kBytesPerFloat;
+    gathered = (root + 2 * block) * element_bytes;
   }
-  const double states = owned * kBytesPerFloat * (2.0 + slots);
-  const double activations = ActivationBytes(config, training.micro_batch(), training.seq_len());
+  const double states = owned * (2.0 * element_bytes + kBytesPerFloat * (slots + masters));
+  const double activations =
+      ActivationBytes(config, training.micro_batch(), training.seq_len(), element_bytes);
   lines.push_back(absl::StrFormat(
-      "memory per rank (estimate): %s parameters + gradients + optimizer state (%d slots)%s, "
+      "memory per rank (estimate): %s parameters + gradients + optimizer state (%d slots%s)%s, "
       "%s activations; about %s",
-      Bytes(states), static_cast<int>(slots),
+      Bytes(states), static_cast<int>(slots), masters > 0 ? " and fp32 masters" : "",
       gathered > 0 ? absl::StrCat(", ", Bytes(gathered), " gathered units") : "",
       Bytes(activations), Bytes(states + gathered + activations)));
   for (int i = 0; i < plan.frozen_size(); ++i) {

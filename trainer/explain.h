@@ -17,11 +17,8 @@
 namespace plait::trainer {
 
 // The explanation of `plan` (which must pass ValidatePlan for `world_size`). Parameter groups
-// are counted on the model itself, built with the plan's initialisation when it has at most
-// kMaxParametersToBuild parameters; larger models get the group rules without counts.
+// are counted from the model's parameter shapes (models/parameter_shapes.h); nothing is built.
 absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size);
-
-inline constexpr int64_t kMaxParametersToBuild = 200'000'000;
 
 }  // namespace plait::trainer
 

@@ -32,5 +32,35 @@ TEST(ExplainPlanTest, DescribesTheFsdpPipelineInOrder) {
   EXPECT_LT(text->find("prepare[0]"), text->find("optimizer:"));
 }
 
+// Groups are counted from the parameter shapes, so an 8B model is explained without being
+// built; a bf16 model's memory counts its fp32 optimizer masters.
+TEST(ExplainPlanTest, CountsTheGroupsOfALargeBf16ModelWithoutBuildingIt) {
+  absl::StatusOr<Plan> plan =
+      ParsePlan(R"pb(
+                  model { preset: "llama3.1-8b" dtype: DTYPE_BFLOAT16 }
+                  mesh { dims { name: "dp" size: 8 } }
+                  prepare { fsdp { mesh_dim: "dp" } }
+                  optimizer {
+                    adamw {}
+                    weight_decay: 0.1
+                    param_groups { name: "no_decay" glob: "*norm*" weight_decay: 0 }
+                  }
+                  schedule {
+                    lr: 1e-4
+                    constant {}
+                  }
+                  training { steps: 10 micro_batch: 1 seq_len: 128 eval_batches: 1 }
+                )pb",
+                "plan");
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(*plan, 8);
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("vocab 128256, bf16: 8.0B parameters"));
+  // 32 layers x 2 norms + the final norm, 4096 elements each.
+  EXPECT_THAT(*text, HasSubstr("group no_decay: 65 tensors, 266.2K parameters"));
+  EXPECT_THAT(*text, HasSubstr("group default: 226 tensors, 8.0B parameters (1.0B per rank)"));
+  EXPECT_THAT(*text, HasSubstr("optimizer state (2 slots and fp32 masters)"));
+}
+
 }  // namespace
 }  // namespace plait::trainer

@@ -77,6 +77,7 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
                                    parallel::GlooCommunicatorFactory(*store, address)));
   TrainOptions options;
   options.log = &std::cout;
+  options.log_is_terminal = parallel::StdoutIsTerminal();
   options.metrics_path = UserPath(plan.training().metrics_file());
   options.save_hf_dir = UserPath(plan.training().save_hf_dir());
   return Train(plan, mesh, options).status();

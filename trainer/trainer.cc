@@ -17,6 +17,7 @@
 #include "trainer/data_loader.h"
 #include "trainer/plan.h"
 #include "trainer/prepared_model.h"
+#include "trainer/progress.h"
 
 namespace plait::trainer {
 namespace {
@@ -40,11 +41,6 @@ absl::StatusOr<double> MeshMean(double value, const parallel::DeviceMesh& mesh) 
   return tensor.item<double>();
 }
 
-std::string Duration(double seconds) {
-  const int64_t s = static_cast<int64_t>(std::lround(seconds));
-  return s >= 60 ? absl::StrFormat("%dm%02ds", s / 60, s % 60) : absl::StrFormat("%ds", s);
-}
-
 // The mean loss over `batches` held-out micro-batches of every rank.
 absl::StatusOr<double> Evaluate(PreparedModel& prepared, DataLoader& eval, int64_t batches,
                                 const parallel::DeviceMesh& mesh) {
@@ -66,7 +62,13 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
   const TrainingConfig& training = plan.training();
   const int rank = mesh.rank();
   const int world_size = mesh.layout().world_size();
-  std::ostream* log = rank == 0 ? options.log : nullptr;
+  std::optional<ProgressLog> progress;
+  if (rank == 0 && options.log != nullptr) {
+    progress.emplace(
+        *options.log,
+        options.log_is_terminal ? ProgressLog::Style::kStatusLine : ProgressLog::Style::kPlainLines,
+        training.steps(), LogEvery(training));
+  }
 
   PLAIT_ASSIGN_OR_RETURN(models::ModelConfig config,
                          models::ResolveModelSpec(plan.model(), "plan.model"));
@@ -122,14 +124,16 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
 
   TrainReport report;
   report.entropy_floor = train.EntropyFloor();
-  if (log != nullptr) {
-    *log << "training " << NumParameters(config) << " parameters on " << world_size
-         << (world_size == 1 ? " rank" : " ranks") << ", " << steps << " steps of "
-         << static_cast<int64_t>(tokens_per_step) << " tokens";
+  if (progress) {
+    std::string header =
+        absl::StrCat("training ", NumParameters(config), " parameters on ", world_size,
+                     world_size == 1 ? " rank" : " ranks", ", ", steps, " steps of ",
+                     static_cast<int64_t>(tokens_per_step), " tokens");
     if (report.entropy_floor) {
-      *log << absl::StrFormat("; synthetic data, entropy floor %.4f nats", *report.entropy_floor);
+      absl::StrAppendFormat(&header, "; synthetic data, entropy floor %.4f nats",
+                            *report.entropy_floor);
     }
-    *log << std::endl;
+    progress->Print(header);
   }
 
   const Clock::time_point start = Clock::now();
@@ -186,14 +190,10 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
       metrics << row.dump() << "\n";
       metrics.flush();
     }
-    if (log != nullptr && (last || (step + 1) % LogEvery(training) == 0)) {
+    if (progress) {
       const double elapsed = Seconds(Clock::now() - start);
-      *log << absl::StrFormat("step %d/%d | loss %.4f | lr %.2e | %.0f tok/s | ETA %s", step + 1,
-                              steps, loss, lr, tokens_per_step * (step + 1) / training_seconds,
-                              Duration(elapsed / (step + 1) * (steps - step - 1)));
-      if (metrics_row.eval_loss) *log << absl::StrFormat(" | eval %.4f", *metrics_row.eval_loss);
-      if (metrics_row.skipped) *log << " | update skipped: non-finite gradient norm";
-      *log << std::endl;
+      progress->Step(metrics_row, tokens_per_step * (step + 1) / training_seconds,
+                     elapsed / (step + 1) * (steps - step - 1));
     }
   }
   if (!options.save_hf_dir.empty()) {
@@ -202,23 +202,23 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
       return absl::Status(saved.code(),
                           absl::StrCat("plan.training.save_hf_dir: ", saved.message()));
     }
-    if (log != nullptr) *log << "saved the model to " << options.save_hf_dir << std::endl;
+    if (progress) progress->Print(absl::StrCat("saved the model to ", options.save_hf_dir));
   }
   report.seconds = Seconds(Clock::now() - start);
   report.tokens_per_s = tokens_per_step * steps / training_seconds;
   report.mfu = mfu_of(report.tokens_per_s);
-  if (log != nullptr) {
-    *log << absl::StrFormat("done: %d steps in %.1f s, %.0f tokens/s", steps, report.seconds,
-                            report.tokens_per_s);
-    if (report.mfu) *log << absl::StrFormat(", MFU %.2f%%", 100.0 * *report.mfu);
+  if (progress) {
+    std::string summary = absl::StrFormat("done: %d steps in %.1f s, %.0f tokens/s", steps,
+                                          report.seconds, report.tokens_per_s);
+    if (report.mfu) absl::StrAppendFormat(&summary, ", MFU %.2f%%", 100.0 * *report.mfu);
     if (report.best_eval_loss) {
-      *log << absl::StrFormat(", best eval loss %.4f", *report.best_eval_loss);
+      absl::StrAppendFormat(&summary, ", best eval loss %.4f", *report.best_eval_loss);
     }
     if (report.entropy_floor && report.best_eval_loss) {
-      *log << absl::StrFormat(" (entropy floor %.4f, gap %.4f nats)", *report.entropy_floor,
-                              *report.best_eval_loss - *report.entropy_floor);
+      absl::StrAppendFormat(&summary, " (entropy floor %.4f, gap %.4f nats)", *report.entropy_floor,
+                            *report.best_eval_loss - *report.entropy_floor);
     }
-    *log << std::endl;
+    progress->Print(summary);
   }
   return report;
 }

@@ -3,12 +3,13 @@
 // then runs the steps: micro-batches with gradient accumulation (DDP's no-sync scope on all
 // but the last), loss scaled by 1/accumulation, clipping and the update at the scheduled
 // learning rate, periodic evaluation on the held-out split, and a summary. Rank 0 prints
-// progress lines and writes the JSONL metrics:
+// its progress (progress.h) and writes the JSONL metrics:
 //
 //   PLAIT_RETURN_IF_ERROR(ValidatePlan(plan, world.world_size));
 //   PLAIT_ASSIGN_OR_RETURN(DeviceMesh mesh, ...);   // the plan's mesh (run.h builds it)
 //   TrainOptions options;
 //   options.log = &std::cout;
+//   options.log_is_terminal = parallel::StdoutIsTerminal();
 //   PLAIT_ASSIGN_OR_RETURN(TrainReport report, Train(plan, mesh, options));
 #ifndef PLAIT_TRAINER_TRAINER_H_
 #define PLAIT_TRAINER_TRAINER_H_
@@ -22,19 +23,9 @@
 #include "absl/status/statusor.h"
 #include "parallel/device_mesh.h"
 #include "trainer/plan.pb.h"
+#include "trainer/step_metrics.h"
 
 namespace plait::trainer {
-
-struct StepMetrics {
-  int64_t step = 0;   // 1 for the first optimizer step
-  double loss = 0.0;  // mean over the global batch
-  double lr = 0.0;
-  std::optional<double> grad_norm;  // before clipping; when the optimizer clips
-  bool skipped = false;             // non-finite gradient norm under SKIP_STEP: no update
-  double tokens_per_s = 0.0;        // global batch tokens / step time
-  std::optional<double> mfu;        // when training.peak_flops_per_rank is set
-  std::optional<double> eval_loss;  // when evaluated after this step
-};
 
 struct TrainReport {
   std::vector<StepMetrics> steps;
@@ -48,6 +39,9 @@ struct TrainReport {
 struct TrainOptions {
   // Where rank 0 prints progress; nullptr prints nothing (other ranks never print).
   std::ostream* log = nullptr;
+  // Whether `log` reaches a terminal, where the progress is a status line redrawn in place
+  // (parallel::StdoutIsTerminal tells for stdout).
+  bool log_is_terminal = false;
   // The metrics file rank 0 writes; empty writes none. Run resolves training.metrics_file.
   std::string metrics_path;
   // Where rank 0 saves the trained model; empty saves none. Run resolves

@@ -176,5 +176,30 @@ TEST(TrainTest, DdpWithAccumulationTrainsToTheSingleProcessLosses) {
   ExpectSameRun(TrainOnRanks(plan, 2), SingleProcessRun());
 }
 
+// plan.model.dtype: a bf16 model computes in bf16 while FSDP keeps its shards, and so the
+// optimizer, in fp32; it tracks the fp32 run at bf16's precision.
+TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
+  Plan plan = LoadShippedPlan("llama_fsdp");
+  ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
+  WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto prepared =
+        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    for (const auto& named : (*prepared)->model().NamedParameters()) {
+      EXPECT_EQ(named.parameter.scalar_type(), torch::kBFloat16) << named.name;
+    }
+    for (const optim::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
+      EXPECT_EQ(parameter.tensor.scalar_type(), torch::kFloat32) << parameter.name;
+    }
+  });
+  const TrainReport bf16 = TrainOnRanks(plan, 2);
+  const TrainReport& fp32 = SingleProcessRun();
+  ASSERT_EQ(bf16.steps.size(), fp32.steps.size());
+  for (size_t i = 0; i < fp32.steps.size(); ++i) {
+    EXPECT_NEAR(bf16.steps[i].loss, fp32.steps[i].loss, 0.03 * fp32.steps[i].loss) << i;
+  }
+  EXPECT_LT(bf16.steps.back().loss, bf16.steps.front().loss - 1.0);
+}
+
 }  // namespace
 }  // namespace plait::trainer

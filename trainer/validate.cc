@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/model_config.h"
+#include "models/parameter_shapes.h"
+#include "optim/optimizer.h"
 #include "sched/schedule_builder.h"
 #include "trainer/plan.h"
 #include "trainer/rules.h"
@@ -52,7 +54,7 @@ class Checker {
     CheckMesh();
     CheckSteps(plan_.prepare(), "plan.prepare");
     CheckMeshUse();
-    CheckOptimizer();
+    CheckOptimizer(config);
     CheckTraining(config);
     CheckSchedule();
     CheckData(config);
@@ -80,6 +82,10 @@ class Checker {
 
   std::optional<models::ModelConfig> CheckModel(const models::ModelSpec& spec,
                                                 const std::string& field) {
+    if (spec.dtype() == wrap::DTYPE_FLOAT16) {
+      // LibTorch's CPU kernels (1.13) have no fp16 matmul; the trainer runs on CPU.
+      Add(field + ".dtype", "DTYPE_FLOAT16 has no CPU matmul; use DTYPE_BFLOAT16 or DTYPE_FLOAT32");
+    }
     absl::StatusOr<models::ModelConfig> config = models::ResolveModelSpec(spec, field);
     if (config.ok()) return *config;
     AddStatus(field, config.status());
@@ -197,9 +203,23 @@ class Checker {
     }
   }
 
-  void CheckOptimizer() {
+  // The optimizer's own checks (hyperparameters, clipping, parameter-group rules against the
+  // model's parameter names), made now rather than when the prepared model exists.
+  void CheckOptimizer(const std::optional<models::ModelConfig>& config) {
     if (plan_.optimizer().algorithm_case() == optim::OptimizerConfig::ALGORITHM_NOT_SET) {
       Add("plan.optimizer", "names no algorithm; set one of adamw, adam, sgd, lion");
+      return;
+    }
+    if (!config.has_value()) return;  // the model's error is reported; no names to match
+    std::vector<std::string> names;
+    for (const models::ParameterShape& shape : models::ParameterShapes(*config)) {
+      names.push_back(shape.name);
+    }
+    const absl::Status status = optim::ValidateOptimizerConfig(plan_.optimizer(), names);
+    if (!status.ok()) {
+      // The optimizer names its fields from "optimizer".
+      AddStatus("plan.optimizer",
+                absl::Status(status.code(), absl::StrCat("plan.", status.message())));
     }
   }
 

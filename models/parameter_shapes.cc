@@ -1,0 +1,46 @@
+#include "models/parameter_shapes.h"
+
+#include "absl/strings/str_cat.h"
+#include "models/model_config.h"
+
+namespace plait::models {
+
+int64_t ParameterShape::numel() const {
+  int64_t count = 1;
+  for (const int64_t size : shape) count *= size;
+  return count;
+}
+
+std::vector<ParameterShape> ParameterShapes(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size();
+  const int64_t q_width = config.num_attention_heads() * HeadDim(config);
+  const int64_t kv_width = config.num_key_value_heads() * HeadDim(config);
+  const int64_t inner = config.intermediate_size();
+  const bool qkv_bias = config.model_type() == "qwen2" || config.attention_bias();
+
+  std::vector<ParameterShape> shapes;
+  shapes.push_back({"model.embed_tokens.weight", {config.vocab_size(), hidden}});
+  for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
+    const std::string layer = absl::StrCat("model.layers.", i, ".");
+    auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
+      shapes.push_back({absl::StrCat(layer, name, ".weight"), {out, in}});
+      if (bias) shapes.push_back({absl::StrCat(layer, name, ".bias"), {out}});
+    };
+    shapes.push_back({absl::StrCat(layer, "input_layernorm.weight"), {hidden}});
+    linear("self_attn.q_proj", hidden, q_width, qkv_bias);
+    linear("self_attn.k_proj", hidden, kv_width, qkv_bias);
+    linear("self_attn.v_proj", hidden, kv_width, qkv_bias);
+    linear("self_attn.o_proj", q_width, hidden, config.attention_bias());
+    shapes.push_back({absl::StrCat(layer, "post_attention_layernorm.weight"), {hidden}});
+    linear("mlp.gate_proj", hidden, inner, false);
+    linear("mlp.up_proj", hidden, inner, false);
+    linear("mlp.down_proj", inner, hidden, false);
+  }
+  shapes.push_back({"model.norm.weight", {hidden}});
+  if (!config.tie_word_embeddings()) {
+    shapes.push_back({"lm_head.weight", {config.vocab_size(), hidden}});
+  }
+  return shapes;
+}
+
+}  // namespace plait::models

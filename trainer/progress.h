@@ -1,0 +1,49 @@
+// Rank 0's progress output of a training run. On a terminal (parallel::StdoutIsTerminal) one
+// status line is redrawn in place after every step: a bar, the step, loss, learning rate,
+// tokens/s and the time left. Elsewhere (a file, a pipe, CI logs) the same fields are printed
+// as plain lines, every `log_every` steps. Either way a step that was evaluated, whose update
+// was skipped, or that is the last is printed as a line that stays, as are the lines given to
+// Print (the header, the summary), which draw over the status line.
+//
+//   ProgressLog progress(std::cout,
+//                        parallel::StdoutIsTerminal() ? ProgressLog::Style::kStatusLine
+//                                                     : ProgressLog::Style::kPlainLines,
+//                        /*total_steps=*/100, /*log_every=*/10);
+//   progress.Print("training 5.0M parameters on 2 ranks");
+//   progress.Step(metrics, /*tokens_per_s=*/3421, /*eta_seconds=*/19);
+#ifndef PLAIT_TRAINER_PROGRESS_H_
+#define PLAIT_TRAINER_PROGRESS_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "trainer/step_metrics.h"
+
+namespace plait::trainer {
+
+class ProgressLog {
+ public:
+  enum class Style { kStatusLine, kPlainLines };
+
+  // `log_every` > 0 spaces the plain lines; the status line is redrawn every step.
+  ProgressLog(std::ostream& out, Style style, int64_t total_steps, int64_t log_every)
+      : out_(out), style_(style), total_steps_(total_steps), log_every_(log_every) {}
+
+  // A line that stays.
+  void Print(const std::string& line);
+
+  // The progress after `metrics.step`: `tokens_per_s` averaged since the start, and the
+  // estimated seconds left.
+  void Step(const StepMetrics& metrics, double tokens_per_s, double eta_seconds);
+
+ private:
+  std::ostream& out_;
+  Style style_;
+  int64_t total_steps_;
+  int64_t log_every_;
+};
+
+}  // namespace plait::trainer
+
+#endif  // PLAIT_TRAINER_PROGRESS_H_

@@ -1,0 +1,56 @@
+#include "trainer/progress.h"
+
+#include <sstream>
+
+#include "gtest/gtest.h"
+
+namespace plait::trainer {
+namespace {
+
+StepMetrics Metrics(int64_t step) {
+  StepMetrics metrics;
+  metrics.step = step;
+  metrics.loss = 2.5;
+  metrics.lr = 1e-3;
+  return metrics;
+}
+
+TEST(ProgressLogTest, RedrawsOneStatusLineOnATerminalAndKeepsNotableSteps) {
+  std::ostringstream out;
+  ProgressLog progress(out, ProgressLog::Style::kStatusLine, /*total_steps=*/4, /*log_every=*/10);
+  progress.Print("training");
+  progress.Step(Metrics(1), 1000, 90);
+  StepMetrics evaluated = Metrics(2);
+  evaluated.eval_loss = 2.25;
+  progress.Step(evaluated, 1000, 60);
+  progress.Step(Metrics(3), 1000, 30);
+  progress.Step(Metrics(4), 1000, 0);
+  EXPECT_EQ(out.str(),
+            "training\x1b[K\n"
+            "step 1/4 [=====>              ] loss 2.5000 | lr 1.00e-03 | 1000 tok/s | ETA 1m30s"
+            "\x1b[K\r"
+            "step 2/4 | loss 2.5000 | lr 1.00e-03 | 1000 tok/s | ETA 1m00s | eval 2.2500\x1b[K\n"
+            "step 3/4 [===============>    ] loss 2.5000 | lr 1.00e-03 | 1000 tok/s | ETA 30s"
+            "\x1b[K\r"
+            "step 4/4 | loss 2.5000 | lr 1.00e-03 | 1000 tok/s | ETA 0s\x1b[K\n");
+}
+
+TEST(ProgressLogTest, PrintsPlainLinesEveryLogEveryStepsAndNotableSteps) {
+  std::ostringstream out;
+  ProgressLog progress(out, ProgressLog::Style::kPlainLines, /*total_steps=*/5, /*log_every=*/2);
+  StepMetrics skipped = Metrics(1);
+  skipped.skipped = true;
+  progress.Step(skipped, 10, 4);
+  for (int64_t step = 2; step <= 5; ++step) progress.Step(Metrics(step), 10, 5 - step);
+  progress.Print("done");
+  EXPECT_EQ(out.str(),
+            "step 1/5 | loss 2.5000 | lr 1.00e-03 | 10 tok/s | ETA 4s | update skipped: "
+            "non-finite gradient norm\n"
+            "step 2/5 | loss 2.5000 | lr 1.00e-03 | 10 tok/s | ETA 3s\n"
+            "step 4/5 | loss 2.5000 | lr 1.00e-03 | 10 tok/s | ETA 1s\n"
+            "step 5/5 | loss 2.5000 | lr 1.00e-03 | 10 tok/s | ETA 0s\n"
+            "done\n");
+}
+
+}  // namespace
+}  // namespace plait::trainer

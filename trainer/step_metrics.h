@@ -1,0 +1,24 @@
+// What one optimizer step of a training run measured: the row of the JSONL metrics file and
+// of the progress output (progress.h).
+#ifndef PLAIT_TRAINER_STEP_METRICS_H_
+#define PLAIT_TRAINER_STEP_METRICS_H_
+
+#include <cstdint>
+#include <optional>
+
+namespace plait::trainer {
+
+struct StepMetrics {
+  int64_t step = 0;   // 1 for the first optimizer step
+  double loss = 0.0;  // mean over the global batch
+  double lr = 0.0;
+  std::optional<double> grad_norm;  // before clipping; when the optimizer clips
+  bool skipped = false;             // non-finite gradient norm under SKIP_STEP: no update
+  double tokens_per_s = 0.0;        // global batch tokens / step time
+  std::optional<double> mfu;        // when training.peak_flops_per_rank is set
+  std::optional<double> eval_loss;  // when evaluated after this step
+};
+
+}  // namespace plait::trainer
+
+#endif  // PLAIT_TRAINER_STEP_METRICS_H_
