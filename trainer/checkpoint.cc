@@ -1,6 +1,10 @@
 #include "trainer/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -174,6 +178,19 @@ absl::Status WriteText(const std::string& path, const std::string& text) {
   file << text;
   file.close();
   if (!file) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot write"));
+  return absl::OkStatus();
+}
+
+// Flushes `path` (a file or a folder) to the disk, so a rename that publishes it cannot
+// survive a machine crash while its contents do not.
+absl::Status Sync(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0 || fsync(fd) != 0) {
+    const std::string reason = std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return absl::InternalError(absl::StrCat(path, ": cannot flush to disk: ", reason));
+  }
+  close(fd);
   return absl::OkStatus();
 }
 
@@ -423,10 +440,11 @@ absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer)
         {"step", absl::StrCat(step)},
         {"optimizer_step", absl::StrCat(state.step)},
         {"checksum", Checksum(tensors)}};
+    const std::string file = absl::StrCat(temporary, "/", RankFileName(rank, world_size));
     PLAIT_RETURN_IF_ERROR(models::WriteSafetensors(
-        absl::StrCat(temporary, "/", RankFileName(rank, world_size)),
-        std::vector<std::pair<std::string, torch::Tensor>>(tensors.begin(), tensors.end()),
+        file, std::vector<std::pair<std::string, torch::Tensor>>(tensors.begin(), tensors.end()),
         metadata));
+    PLAIT_RETURN_IF_ERROR(Sync(file));
     if (rank != 0) return absl::OkStatus();
     const Json manifest = {{"format", kFormat},
                            {"step", step},
@@ -434,7 +452,9 @@ absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer)
                            {"mesh", mesh_shape_},
                            {"data_position", step * accumulation_},
                            {"fingerprint", fingerprint_}};
-    return WriteText(absl::StrCat(temporary, "/", kCheckpointManifest), manifest.dump(2) + "\n");
+    const std::string path = absl::StrCat(temporary, "/", kCheckpointManifest);
+    PLAIT_RETURN_IF_ERROR(WriteText(path, manifest.dump(2) + "\n"));
+    return Sync(path);
   }();
   PLAIT_RETURN_IF_ERROR(AgreeAcrossMesh(written, *mesh_, what));
 
@@ -442,9 +462,11 @@ absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer)
   absl::Status published;
   if (rank == 0) {
     published = [&]() -> absl::Status {
+      PLAIT_RETURN_IF_ERROR(Sync(temporary));
       std::error_code error;
       fs::rename(temporary, folder, error);
       if (error) return FileError("rename into place", temporary, error);
+      PLAIT_RETURN_IF_ERROR(Sync(dir_));
       if (config_.keep_last() <= 0) return absl::OkStatus();
       PLAIT_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, ListCheckpoints(dir_));
       for (size_t i = 0; i + config_.keep_last() < steps.size(); ++i) {

@@ -14,11 +14,13 @@
 //     fp32), with the rank, world size, step, the optimizer's update count and a checksum of
 //     the tensor bytes in __metadata__.
 // A save writes into `dir/.tmp-step-00000100/` and rank 0 renames it into place only after
-// every rank has written its file (the ranks agree through the mesh's communicators), so a
-// run killed mid-save never leaves a folder that looks complete; a stale temporary folder is
-// removed by the next save. A checkpoint that does not fit the run (another world size or
-// mesh, a changed fingerprint, a missing, extra or mis-shaped tensor, a truncated, corrupt or
-// missing rank file) is an error naming the file, the field and both values, on every rank.
+// every rank has written and flushed its file (the ranks agree through the mesh's
+// communicators), so a run killed mid-save never leaves a folder that looks complete; a
+// stale temporary folder is removed by the next save. No random state is consumed while
+// training (synthetic data are positional, shuffles are seeded per pass), so none is saved. A
+// checkpoint that does not fit the run (another world size or mesh, a changed fingerprint, a
+// missing, extra or mis-shaped tensor, a truncated, corrupt or missing rank file) is an error
+// naming the file, the field and both values, on every rank.
 //
 //   PLAIT_ASSIGN_OR_RETURN(Checkpointer checkpointer, Checkpointer::Open(plan, dir, mesh));
 //   PLAIT_ASSIGN_OR_RETURN(auto optimizer, BuildOptimizer(*prepared, plan.optimizer()));
