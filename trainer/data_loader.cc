@@ -48,19 +48,42 @@ void DataLoader::Reset() {
   window_order_.clear();
 }
 
+int64_t DataLoader::BatchesPerPass() const {
+  // Whole world batches whose read (W*B*T + 1 tokens) fits in the file: sequential reading
+  // starts over, and shuffled reading reshuffles, after this many.
+  return (file_->size() - 1) / (micro_batch_ * seq_len_ * world_size_);
+}
+
+void DataLoader::ShuffleNextPass() {
+  window_order_.resize(BatchesPerPass());
+  std::iota(window_order_.begin(), window_order_.end(), 0);
+  std::mt19937_64 random(shuffle_seed_ * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(pass_));
+  std::shuffle(window_order_.begin(), window_order_.end(), random);
+  ++pass_;
+  next_window_ = 0;
+}
+
 int64_t DataLoader::NextShuffledPosition() {
+  if (next_window_ == static_cast<int64_t>(window_order_.size())) ShuffleNextPass();
   const int64_t window = micro_batch_ * seq_len_ * world_size_;
-  if (next_window_ == static_cast<int64_t>(window_order_.size())) {
-    // Whole windows whose read (window + 1 tokens) fits in the file.
-    const int64_t count = (file_->size() - 1) / window;
-    window_order_.resize(count);
-    std::iota(window_order_.begin(), window_order_.end(), 0);
-    std::mt19937_64 random(shuffle_seed_ * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(pass_));
-    std::shuffle(window_order_.begin(), window_order_.end(), random);
-    ++pass_;
-    next_window_ = 0;
-  }
   return window_order_[next_window_++] * window + rank_ * micro_batch_ * seq_len_;
+}
+
+void DataLoader::Seek(int64_t micro_batches) {
+  Reset();
+  if (synthetic_ != nullptr) {
+    position_ += micro_batches * micro_batch_ * world_size_;
+    return;
+  }
+  const int64_t per_pass = BatchesPerPass();
+  if (shuffle_) {
+    pass_ = micro_batches / per_pass;
+    if (micro_batches % per_pass == 0) return;  // the next read orders pass `pass_`
+    ShuffleNextPass();
+    next_window_ = micro_batches % per_pass;
+    return;
+  }
+  position_ += (micro_batches % per_pass) * micro_batch_ * seq_len_ * world_size_;
 }
 
 Batch DataLoader::Next() {

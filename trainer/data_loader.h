@@ -50,6 +50,11 @@ class DataLoader {
   // time).
   void Reset();
 
+  // Positions the loader as if Next had been called `micro_batches` times since Reset, in
+  // time independent of `micro_batches`: how a resumed run skips the batches it trained on
+  // (also in a shuffled file, whose window order of each pass depends only on the seed).
+  void Seek(int64_t micro_batches);
+
   // The synthetic source's entropy rate (the loss floor); nullopt for token files.
   std::optional<double> EntropyFloor() const;
 
@@ -58,6 +63,12 @@ class DataLoader {
 
   // The token offset of this rank's next read in shuffled order.
   int64_t NextShuffledPosition();
+
+  // Orders the windows of pass `pass_` and moves to the next pass.
+  void ShuffleNextPass();
+
+  // How many world batches one pass over the token file reads.
+  int64_t BatchesPerPass() const;
 
   std::shared_ptr<const MarkovSource> synthetic_;
   std::shared_ptr<const TokenFile> file_;

@@ -128,5 +128,33 @@ TEST(DataLoaderTest, SyntheticRanksTogetherEqualOneRankAndEvalIsHeldOut) {
   EXPECT_GT(*eval.EntropyFloor(), 0.0);
 }
 
+// Seek(n) reads what n calls of Next would have left next: sequential and shuffled files
+// (across passes: 3 world batches per pass here) and the synthetic source, on 1 and 2 ranks.
+TEST(DataLoaderTest, SeekContinuesWhereThatManyBatchesWouldHaveLeftOff) {
+  const std::string path = WriteLlmc("seek.bin", Iota(40));
+  DataConfig shuffled = Files(path, path);
+  shuffled.mutable_token_files()->set_shuffle(true);
+  shuffled.mutable_token_files()->set_shuffle_seed(5);
+  const std::vector<std::pair<const char*, DataConfig>> sources = {
+      {"sequential", Files(path, path)}, {"shuffled", shuffled}, {"synthetic", ResolvedData({})}};
+  for (const auto& [name, data] : sources) {
+    for (const int world : {1, 2}) {
+      const int rank = world - 1;
+      DataLoader straight = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, rank, world);
+      std::vector<torch::Tensor> inputs;
+      for (int i = 0; i < 12; ++i) inputs.push_back(straight.Next().inputs);
+      for (int skip = 0; skip < 9; ++skip) {
+        DataLoader resumed = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, rank, world);
+        resumed.Next();  // Seek starts from the beginning whatever was read before
+        resumed.Seek(skip);
+        for (int i = skip; i < 12; ++i) {
+          EXPECT_TRUE(resumed.Next().inputs.equal(inputs[i]))
+              << name << ", " << world << " ranks, seek " << skip << ", batch " << i;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace plait::trainer

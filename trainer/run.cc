@@ -80,6 +80,7 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
   options.log_is_terminal = parallel::StdoutIsTerminal();
   options.metrics_path = UserPath(plan.training().metrics_file());
   options.save_hf_dir = UserPath(plan.training().save_hf_dir());
+  options.checkpoint_dir = UserPath(plan.training().checkpoint().dir());
   return Train(plan, mesh, options).status();
 }
 

@@ -14,6 +14,7 @@
 #include "optim/optimizer.h"
 #include "sched/schedule_builder.h"
 #include "tools/status/status_macros.h"
+#include "trainer/checkpoint.h"
 #include "trainer/data_loader.h"
 #include "trainer/plan.h"
 #include "trainer/prepared_model.h"
@@ -85,9 +86,12 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
       DataLoader eval,
       DataLoader::Create(data, Split::kEval, config.vocab_size(), training.micro_batch(),
                          training.seq_len(), rank, world_size));
+  PLAIT_ASSIGN_OR_RETURN(Checkpointer checkpointer,
+                         Checkpointer::Open(plan, options.checkpoint_dir, mesh));
   std::ofstream metrics;
   if (rank == 0 && !options.metrics_path.empty()) {
-    metrics.open(options.metrics_path, std::ios::trunc);
+    PLAIT_RETURN_IF_ERROR(KeepMetricsUpTo(options.metrics_path, checkpointer.resume_step()));
+    metrics.open(options.metrics_path, std::ios::app);
     if (!metrics) {
       return absl::InvalidArgumentError(
           absl::StrCat("plan.training.metrics_file: cannot write \"", options.metrics_path, "\""));
@@ -110,6 +114,7 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
   }
   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<optim::Optimizer> optimizer,
                          BuildOptimizer(*prepared, plan.optimizer()));
+  PLAIT_RETURN_IF_ERROR(checkpointer.Restore(*optimizer, train));
 
   const int64_t steps = training.steps();
   const int64_t accumulation = GradAccumulation(training);
@@ -134,11 +139,15 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
                             *report.entropy_floor);
     }
     progress->Print(header);
+    if (checkpointer.resume_step() > 0) {
+      progress->Print(absl::StrCat("resumed after step ", checkpointer.resume_step()));
+    }
   }
 
   const Clock::time_point start = Clock::now();
   double training_seconds = 0.0;  // without evaluation
-  for (int64_t step = 0; step < steps; ++step) {
+  const int64_t first_step = checkpointer.resume_step();
+  for (int64_t step = first_step; step < steps; ++step) {
     const Clock::time_point step_start = Clock::now();
     const double lr = schedule.LearningRate(step);
     double loss_sum = 0.0;
@@ -192,9 +201,10 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
     }
     if (progress) {
       const double elapsed = Seconds(Clock::now() - start);
-      progress->Step(metrics_row, tokens_per_step * (step + 1) / training_seconds,
-                     elapsed / (step + 1) * (steps - step - 1));
+      progress->Step(metrics_row, tokens_per_step * (step + 1 - first_step) / training_seconds,
+                     elapsed / (step + 1 - first_step) * (steps - step - 1));
     }
+    PLAIT_RETURN_IF_ERROR(checkpointer.SaveIfDue(step + 1, *optimizer));
   }
   if (!options.save_hf_dir.empty()) {
     absl::Status saved = prepared->SaveHf(options.save_hf_dir, rank, /*writer=*/0);
@@ -205,7 +215,9 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
     if (progress) progress->Print(absl::StrCat("saved the model to ", options.save_hf_dir));
   }
   report.seconds = Seconds(Clock::now() - start);
-  report.tokens_per_s = tokens_per_step * steps / training_seconds;
+  // A run resumed from its last step trains no step.
+  report.tokens_per_s =
+      first_step < steps ? tokens_per_step * (steps - first_step) / training_seconds : 0.0;
   report.mfu = mfu_of(report.tokens_per_s);
   if (progress) {
     std::string summary = absl::StrFormat("done: %d steps in %.1f s, %.0f tokens/s", steps,

@@ -47,6 +47,8 @@ struct TrainOptions {
   // Where rank 0 saves the trained model; empty saves none. Run resolves
   // training.save_hf_dir.
   std::string save_hf_dir;
+  // Where checkpoints go (checkpoint.h); empty: none. Run resolves training.checkpoint.dir.
+  std::string checkpoint_dir;
 };
 
 // Trains `plan` (which must pass ValidatePlan for the mesh's world size) as rank

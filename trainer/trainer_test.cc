@@ -16,6 +16,7 @@
 #include "tools/status/status_matchers.h"
 #include "trainer/plan.h"
 #include "trainer/prepared_model.h"
+#include "trainer/testing_ranks.h"
 #include "trainer/validate.h"
 
 namespace plait::trainer {
@@ -23,6 +24,8 @@ namespace {
 
 using ::plait::testing::IsOk;
 using ::plait::testing::StatusIs;
+using ::plait::trainer::testing::TrainOnRanks;
+using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
 
 Plan LoadShippedPlan(const std::string& name) {
@@ -34,18 +37,6 @@ Plan LoadShippedPlan(const std::string& name) {
   EXPECT_THAT(ApplyOverride("training.eval_batches=1", *plan), IsOk());
   EXPECT_THAT(ApplyOverride("training.metrics_file=", *plan), IsOk());
   return *plan;
-}
-
-// Runs `body(rank, mesh)` on `ranks` threads, each with the plan's mesh over Gloo.
-void WithMesh(const Plan& plan, int ranks,
-              const std::function<void(int, const parallel::DeviceMesh&)>& body) {
-  parallel::MeshConfig config = plan.mesh();
-  if (config.dims().empty()) {
-    auto* dim = config.add_dims();
-    dim->set_name("world");
-    dim->set_size(1);
-  }
-  parallel::testing::RunOnGlooMesh(*parallel::MeshLayout::Create(config, ranks), body);
 }
 
 TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
@@ -123,18 +114,6 @@ TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
                                        Role::kTrained, "plan"),
                 StatusIs(absl::StatusCode::kNotFound, HasSubstr("plan.hf_weights_dir: ")));
   });
-}
-
-// Trains `plan` on `ranks` threads; rank 0's report.
-TrainReport TrainOnRanks(const Plan& plan, int ranks) {
-  EXPECT_THAT(ValidatePlan(plan, ranks), IsOk());
-  TrainReport result;
-  WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
-    absl::StatusOr<TrainReport> report = Train(plan, mesh, {});
-    ASSERT_THAT(report, IsOk());
-    if (rank == 0) result = *report;
-  });
-  return result;
 }
 
 void ExpectSameRun(const TrainReport& actual, const TrainReport& expected) {

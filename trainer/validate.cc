@@ -1,6 +1,7 @@
 #include "trainer/validate.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <map>
 #include <optional>
@@ -56,6 +57,7 @@ class Checker {
     CheckMeshUse();
     CheckOptimizer(config);
     CheckTraining(config);
+    CheckCheckpoint();
     CheckSchedule();
     CheckData(config);
     CheckFrozen();
@@ -262,6 +264,37 @@ class Checker {
                              ? ""
                              : "; micro_batch x ranks does not divide it"));
       }
+    }
+  }
+
+  void CheckCheckpoint() {
+    const CheckpointConfig& c = plan_.training().checkpoint();
+    const std::string field = "plan.training.checkpoint.";
+    if (c.every() < 0) Add(field + "every", absl::StrCat(c.every(), "; must be >= 0"));
+    if (c.keep_last() < 0) Add(field + "keep_last", absl::StrCat(c.keep_last(), "; must be >= 0"));
+    if (c.dir().empty()) {
+      if (c.every() != 0 || c.keep_last() != 0 || c.resume()) {
+        Add(field + "dir", "is empty, but other checkpoint fields are set; name a folder");
+      }
+      return;
+    }
+    // The folder, or the nearest ancestor that exists, must be a writable folder.
+    std::string existing = c.dir();
+    struct stat info;
+    while (stat(existing.c_str(), &info) != 0) {
+      if (existing == "/" || existing == ".") {
+        Add(field + "dir", absl::StrCat("\"", c.dir(), "\" cannot be created"));
+        return;
+      }
+      const size_t slash = existing.find_last_of('/', existing.size() - 1);
+      existing = slash == std::string::npos ? "." : slash == 0 ? "/" : existing.substr(0, slash);
+    }
+    if (!S_ISDIR(info.st_mode)) {
+      Add(field + "dir",
+          absl::StrCat("\"", c.dir(), "\" cannot be created: \"", existing, "\" is not a folder"));
+    } else if (access(existing.c_str(), W_OK | X_OK) != 0) {
+      Add(field + "dir",
+          absl::StrCat("\"", c.dir(), "\" cannot be written: \"", existing, "\" is not writable"));
     }
   }
 

@@ -1,0 +1,108 @@
+// Checkpoints: saving a run every few steps and resuming it exactly (plan.training.checkpoint,
+// CheckpointConfig in plan.proto). A run resumed from step k continues at step k+1 with the
+// same parameters, optimizer state, schedule position (the schedule is a function of the
+// step) and data (the loader skips the micro-batches consumed), so k steps, a resume and N-k
+// more give the losses and parameters of N steps straight.
+//
+// Layout: one folder per checkpoint, `dir/step-00000100/`, holding
+//   - checkpoint.json (written by rank 0): the step, the world size and mesh, the data position
+//     (micro-batches each rank has read), and a fingerprint of what a resume must not change
+//     (model config, preparation steps, optimizer algorithm, micro_batch, grad_accumulation,
+//     seq_len, data source), each under its plan field;
+//   - rank-00001-of-00002.safetensors (one per rank): the rank's trainable parameters
+//     ("param/<name>": FSDP shards are per rank) and its optimizer state ("optim/<key>",
+//     fp32), with the rank, world size, step, the optimizer's update count and a checksum of
+//     the tensor bytes in __metadata__.
+// A save writes into `dir/.tmp-step-00000100/` and rank 0 renames it into place only after
+// every rank has written and flushed its file (the ranks agree through the mesh's
+// communicators), so a run killed mid-save never leaves a folder that looks complete; a
+// stale temporary folder is removed by the next save. No random state is consumed while
+// training (synthetic data are positional, shuffles are seeded per pass), so none is saved. A
+// checkpoint that does not fit the run (another world size or mesh, a changed fingerprint, a
+// missing, extra or mis-shaped tensor, a truncated, corrupt or missing rank file) is an error
+// naming the file, the field and both values, on every rank.
+//
+//   PLAIT_ASSIGN_OR_RETURN(Checkpointer checkpointer, Checkpointer::Open(plan, dir, mesh));
+//   PLAIT_ASSIGN_OR_RETURN(auto optimizer, BuildOptimizer(*prepared, plan.optimizer()));
+//   PLAIT_RETURN_IF_ERROR(checkpointer.Restore(*optimizer, train_loader));
+//   for (int64_t step = checkpointer.resume_step(); step < steps; ++step) {
+//     ...  // one optimizer step
+//     PLAIT_RETURN_IF_ERROR(checkpointer.SaveIfDue(step + 1, *optimizer));
+//   }
+#ifndef PLAIT_TRAINER_CHECKPOINT_H_
+#define PLAIT_TRAINER_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "optim/optimizer.h"
+#include "parallel/device_mesh.h"
+#include "trainer/data_loader.h"
+#include "trainer/plan.pb.h"
+
+namespace plait::trainer {
+
+// The name of the checkpoint folder of `step` ("step-00000100").
+std::string CheckpointName(int64_t step);
+
+// The file each rank writes into a checkpoint folder ("rank-00001-of-00002.safetensors").
+std::string RankFileName(int rank, int world_size);
+
+// The manifest rank 0 writes into a checkpoint folder.
+inline constexpr char kCheckpointManifest[] = "checkpoint.json";
+
+class Checkpointer {
+ public:
+  // Reads the checkpoint settings of `plan` (which passed ValidatePlan) for the calling rank
+  // of `mesh`, which must outlive the result; `dir` is plan.training.checkpoint.dir as the
+  // caller resolved it. With resume, finds the newest checkpoint in `dir` and checks its
+  // manifest against the plan and mesh; without, FailedPrecondition when `dir` already holds
+  // checkpoints (they are never overwritten). Reads only the file system.
+  static absl::StatusOr<Checkpointer> Open(const Plan& plan, const std::string& dir,
+                                           const parallel::DeviceMesh& mesh);
+
+  // The step of the checkpoint Restore loads: the run continues at resume_step() + 1.
+  // 0 for a fresh run.
+  int64_t resume_step() const { return resume_step_; }
+
+  // Loads the calling rank's parameters and optimizer state into `optimizer` (whose
+  // parameters are the prepared model's trainable ones) and positions `train` after the
+  // micro-batches the checkpointed run had read; nothing for a fresh run. Every rank must
+  // call it; when any rank fails, every rank returns an error (its own, or one naming the
+  // rank that failed).
+  absl::Status Restore(optim::Optimizer& optimizer, DataLoader& train) const;
+
+  // Saves after optimizer step `step` (1-based) when it is a multiple of `every` or the
+  // plan's last step. Every rank must call it; when any rank fails, every rank returns an
+  // error and no folder named step-* is left for the step.
+  absl::Status SaveIfDue(int64_t step, const optim::Optimizer& optimizer) const;
+
+  // Saves after optimizer step `step`, due or not (as SaveIfDue).
+  absl::Status Save(int64_t step, const optim::Optimizer& optimizer) const;
+
+ private:
+  explicit Checkpointer(const parallel::DeviceMesh& mesh) : mesh_(&mesh) {}
+
+  const parallel::DeviceMesh* mesh_;
+  std::string dir_;  // empty: checkpoints are off
+  CheckpointConfig config_;
+  int64_t steps_ = 0;         // plan.training.steps
+  int64_t accumulation_ = 1;  // micro-batches per step
+  std::string mesh_shape_;    // "dp=2"
+  std::map<std::string, std::string> fingerprint_;
+  int64_t resume_step_ = 0;
+  int64_t resume_data_position_ = 0;
+};
+
+// Rank 0's metrics file of a resumed run: keeps the rows (JSONL objects) of steps up to
+// `step` and drops the rest, which the resumed run writes again (a run killed after its
+// checkpoint had logged further). With `step` 0 the file ends up empty; a missing file is
+// left missing. Errors name the file.
+absl::Status KeepMetricsUpTo(const std::string& path, int64_t step);
+
+}  // namespace plait::trainer
+
+#endif  // PLAIT_TRAINER_CHECKPOINT_H_

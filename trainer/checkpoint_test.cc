@@ -1,0 +1,410 @@
+// Checkpoints on ranks as threads over Gloo: a run resumed from step k reproduces the
+// straight run's losses, parameters and optimizer state (single process and FSDP on 2
+// ranks), keep_last and interrupted saves, the metrics file of a resumed run, and every way a
+// checkpoint can fail to fit, each built here by damaging a real checkpoint.
+#include "trainer/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "parallel/device_mesh.h"
+#include "parallel/test_ranks.h"
+#include "tools/status/status_matchers.h"
+#include "trainer/plan.h"
+#include "trainer/prepared_model.h"
+#include "trainer/testing_ranks.h"
+#include "trainer/trainer.h"
+#include "trainer/validate.h"
+
+namespace plait::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using ::plait::testing::IsOk;
+using ::plait::testing::StatusIs;
+using ::plait::trainer::testing::TrainOnRanks;
+using ::plait::trainer::testing::WithMesh;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  fs::remove_all(dir);
+  return dir;
+}
+
+// A shipped plan shortened to 8 steps (warmup 2, evaluation after steps 4 and 8), with
+// checkpoints every 3 steps into `dir`.
+Plan ShortPlan(const std::string& name, const std::string& dir) {
+  absl::StatusOr<Plan> plan = LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/", name, ".textproto"));
+  EXPECT_THAT(plan, IsOk());
+  for (const std::string& assignment : std::vector<std::string>{
+           "training.steps=8", "schedule.warmup.steps=2", "training.eval_every=4",
+           "training.eval_batches=1", "training.metrics_file=", "training.checkpoint.every=3",
+           absl::StrCat("training.checkpoint.dir=", dir)}) {
+    EXPECT_THAT(ApplyOverride(assignment, *plan), IsOk()) << assignment;
+  }
+  return *plan;
+}
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<models::SafetensorsFile>> file =
+      models::SafetensorsFile::Open(path);
+  EXPECT_THAT(file, IsOk());
+  std::map<std::string, torch::Tensor> tensors;
+  for (const auto& [name, entry] : (*file)->entries()) tensors[name] = *(*file)->Read(name);
+  return tensors;
+}
+
+// Runs 8 steps straight, then resumes a copy of the step-3 checkpoint for steps 4..8: the
+// same losses, gradient norms and evaluation, and the same final parameters and optimizer
+// state (bitwise: the same operations on the same numbers).
+void ExpectResumeReproducesTheStraightRun(const std::string& plan_name, int ranks) {
+  const std::string straight_dir = TempDir(plan_name + "_straight");
+  const std::string resumed_dir = TempDir(plan_name + "_resumed");
+  const TrainReport straight = TrainOnRanks(ShortPlan(plan_name, straight_dir), ranks);
+  ASSERT_EQ(straight.steps.size(), 8u);
+  EXPECT_THAT(Entries(straight_dir),
+              ::testing::ElementsAre("step-00000003", "step-00000006", "step-00000008"));
+
+  fs::create_directories(resumed_dir);
+  fs::copy(straight_dir + "/step-00000003", resumed_dir + "/step-00000003",
+           fs::copy_options::recursive);
+  Plan plan = ShortPlan(plan_name, resumed_dir);
+  ASSERT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
+  const TrainReport resumed = TrainOnRanks(plan, ranks);
+  ASSERT_EQ(resumed.steps.size(), 5u);
+  for (size_t i = 0; i < resumed.steps.size(); ++i) {
+    const StepMetrics& want = straight.steps[i + 3];
+    const StepMetrics& have = resumed.steps[i];
+    EXPECT_EQ(have.step, want.step);
+    EXPECT_EQ(have.loss, want.loss) << "step " << want.step;
+    EXPECT_EQ(have.lr, want.lr) << "step " << want.step;
+    EXPECT_EQ(have.grad_norm, want.grad_norm) << "step " << want.step;
+    EXPECT_EQ(have.eval_loss, want.eval_loss) << "step " << want.step;
+  }
+  for (int rank = 0; rank < ranks; ++rank) {
+    const std::string file = "/step-00000008/" + RankFileName(rank, ranks);
+    const auto want = ReadAll(straight_dir + file);
+    const auto have = ReadAll(resumed_dir + file);
+    ASSERT_EQ(have.size(), want.size());
+    for (const auto& [name, tensor] : want) {
+      ASSERT_EQ(have.count(name), 1u) << name;
+      EXPECT_TRUE(have.at(name).equal(tensor)) << file << ": " << name;
+    }
+  }
+}
+
+TEST(CheckpointTest, SingleProcessResumeReproducesTheStraightRun) {
+  ExpectResumeReproducesTheStraightRun("llama_single", 1);
+}
+
+TEST(CheckpointTest, FsdpOnTwoRanksResumeReproducesTheStraightRun) {
+  ExpectResumeReproducesTheStraightRun("llama_fsdp", 2);
+}
+
+TEST(CheckpointTest, KeepsTheNewestAndIgnoresAnInterruptedSave) {
+  const std::string dir = TempDir("keep_last");
+  Plan plan = ShortPlan("llama_single", dir);
+  ASSERT_THAT(ApplyOverride("training.checkpoint.every=2", plan), IsOk());
+  ASSERT_THAT(ApplyOverride("training.checkpoint.keep_last=2", plan), IsOk());
+  ASSERT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
+  ASSERT_THAT(ApplyOverride("training.steps=6", plan), IsOk());
+  // resume with no checkpoint (no dir yet) starts fresh.
+  EXPECT_EQ(TrainOnRanks(plan, 1).steps.size(), 6u);
+  EXPECT_THAT(Entries(dir), ::testing::ElementsAre("step-00000004", "step-00000006"));
+
+  // A run killed while saving step 8 left its temporary folder with part of a file.
+  fs::create_directories(dir + "/.tmp-step-00000008");
+  std::ofstream(dir + "/.tmp-step-00000008/" + RankFileName(0, 1)) << "partial";
+  ASSERT_THAT(ApplyOverride("training.steps=8", plan), IsOk());
+  const TrainReport resumed = TrainOnRanks(plan, 1);
+  ASSERT_EQ(resumed.steps.size(), 2u);
+  EXPECT_EQ(resumed.steps[0].step, 7);
+  EXPECT_THAT(Entries(dir), ::testing::ElementsAre("step-00000006", "step-00000008"));
+}
+
+TEST(CheckpointTest, AFreshRunNeverOverwritesCheckpoints) {
+  const std::string dir = TempDir("fresh");
+  const Plan plan = ShortPlan("llama_single", dir);
+  fs::create_directories(dir + "/step-00000003");
+  WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
+    EXPECT_THAT(
+        Checkpointer::Open(plan, dir, mesh),
+        StatusIs(absl::StatusCode::kFailedPrecondition,
+                 AllOf(HasSubstr("plan.training.checkpoint.dir: \"" + dir +
+                                 "\" already holds checkpoints (newest " + dir + "/step-00000003)"),
+                       HasSubstr("plan.training.checkpoint.resume"))));
+  });
+}
+
+// Options that write the metrics file `path`.
+TrainOptions WithMetrics(const std::string& path) {
+  TrainOptions options;
+  options.metrics_path = path;
+  return options;
+}
+
+TEST(CheckpointTest, MetricsOfAResumedRunContinueTheFile) {
+  const std::string straight_dir = TempDir("metrics_straight");
+  const std::string resumed_dir = TempDir("metrics_resumed");
+  const std::string straight_metrics = straight_dir + ".jsonl";
+  const std::string resumed_metrics = resumed_dir + ".jsonl";
+  TrainOnRanks(ShortPlan("llama_single", straight_dir), 1, WithMetrics(straight_metrics));
+  std::vector<std::string> rows;
+  std::ifstream in(straight_metrics);
+  for (std::string line; std::getline(in, line);) rows.push_back(line);
+  ASSERT_EQ(rows.size(), 8u);
+
+  // The killed run had saved step 3 and logged up to step 5, its last row cut short.
+  fs::create_directories(resumed_dir);
+  fs::copy(straight_dir + "/step-00000003", resumed_dir + "/step-00000003",
+           fs::copy_options::recursive);
+  {
+    std::ofstream out(resumed_metrics);
+    for (int i = 0; i < 4; ++i) out << rows[i] << "\n";
+    out << rows[4].substr(0, rows[4].size() / 2);
+  }
+  Plan plan = ShortPlan("llama_single", resumed_dir);
+  ASSERT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
+  TrainOnRanks(plan, 1, WithMetrics(resumed_metrics));
+
+  std::ifstream resumed(resumed_metrics);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(resumed, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 8u);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const nlohmann::json have = nlohmann::json::parse(lines[i]);
+    const nlohmann::json want = nlohmann::json::parse(rows[i]);
+    EXPECT_EQ(have["step"], i + 1);
+    EXPECT_EQ(have["loss"], want["loss"]) << "step " << i + 1;
+    if (i < 3) {
+      EXPECT_EQ(lines[i], rows[i]) << "rows before the checkpoint are kept as they were";
+    }
+  }
+}
+
+TEST(KeepMetricsUpToTest, KeepsRowsUpToTheStepAndLeavesAMissingFileMissing) {
+  const std::string path = TempDir("keep.jsonl");
+  EXPECT_THAT(KeepMetricsUpTo(path, 3), IsOk());
+  EXPECT_FALSE(fs::exists(path));
+  std::ofstream(path) << "{\"step\":1}\n{\"step\":2}\nnot json\n{\"step\":3}\n{\"step\":4}\n";
+  ASSERT_THAT(KeepMetricsUpTo(path, 2), IsOk());
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), "{\"step\":1}\n{\"step\":2}\n");
+}
+
+// Saves a checkpoint of step 1 of `plan` on `ranks` ranks into its checkpoint dir: one
+// optimizer step on one batch, so parameters and state are those of a trained step.
+void SaveStepOne(const Plan& plan, int ranks) {
+  WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto prepared =
+        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
+    ASSERT_THAT(optimizer, IsOk());
+    const torch::Tensor tokens = torch::randint(100, {2, 8}, torch::kInt64);
+    (*prepared)->model().Loss(tokens, tokens).backward();
+    ASSERT_THAT((*optimizer)->Step(1e-3), IsOk());
+    auto checkpointer = Checkpointer::Open(plan, plan.training().checkpoint().dir(), mesh);
+    ASSERT_THAT(checkpointer, IsOk());
+    ASSERT_THAT(checkpointer->Save(1, **optimizer), IsOk());
+  });
+}
+
+// What Checkpointer::Open and then Restore return on each of `ranks` ranks resuming `plan`.
+std::vector<absl::Status> ResumeStatuses(Plan plan, int ranks) {
+  EXPECT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
+  std::vector<absl::Status> statuses(ranks);
+  WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto prepared =
+        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
+    ASSERT_THAT(optimizer, IsOk());
+    auto checkpointer = Checkpointer::Open(plan, plan.training().checkpoint().dir(), mesh);
+    if (!checkpointer.ok()) {
+      statuses[rank] = checkpointer.status();
+      return;
+    }
+    auto loader =
+        DataLoader::Create(ResolvedData(plan), Split::kTrain, 4096, plan.training().micro_batch(),
+                           plan.training().seq_len(), rank, ranks);
+    ASSERT_THAT(loader, IsOk());
+    statuses[rank] = checkpointer->Restore(**optimizer, *loader);
+  });
+  return statuses;
+}
+
+// A single-process checkpoint of step 1 in a fresh dir; its rank file's path.
+struct SavedCheckpoint {
+  Plan plan;
+  std::string manifest;
+  std::string rank_file;
+};
+SavedCheckpoint SaveSingle(const std::string& name) {
+  const std::string dir = TempDir(name);
+  SavedCheckpoint saved{ShortPlan("llama_single", dir), dir + "/step-00000001/checkpoint.json",
+                        dir + "/step-00000001/" + RankFileName(0, 1)};
+  SaveStepOne(saved.plan, 1);
+  return saved;
+}
+
+// Rewrites `path` with its tensors and metadata passed through `edit`.
+void RewriteRankFile(const std::string& path,
+                     const std::function<void(std::map<std::string, torch::Tensor>&)>& edit) {
+  auto file = models::SafetensorsFile::Open(path);
+  ASSERT_THAT(file, IsOk());
+  const std::map<std::string, std::string> metadata = (*file)->metadata();
+  std::map<std::string, torch::Tensor> tensors = ReadAll(path);
+  file->reset();
+  edit(tensors);
+  ASSERT_THAT(models::WriteSafetensors(path, {tensors.begin(), tensors.end()}, metadata), IsOk());
+}
+
+TEST(CheckpointErrorsTest, AnUndamagedCheckpointLoads) {
+  const SavedCheckpoint saved = SaveSingle("undamaged");
+  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0], IsOk());
+}
+
+TEST(CheckpointErrorsTest, AChangedFingerprintNamesTheFieldAndBothValues) {
+  SavedCheckpoint saved = SaveSingle("fingerprint");
+  ASSERT_THAT(ApplyOverride("training.seq_len=32", saved.plan), IsOk());
+  ASSERT_THAT(ApplyOverride("optimizer.sgd.momentum=0.9", saved.plan), IsOk());
+  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(saved.manifest + ": cannot resume from it"),
+                             HasSubstr("fingerprint.plan.training.seq_len: \"64\" in the "
+                                       "checkpoint, \"32\" in this plan"),
+                             HasSubstr("fingerprint.plan.optimizer: \"adamw\" in the "
+                                       "checkpoint, \"sgd\" in this plan"))));
+}
+
+TEST(CheckpointErrorsTest, AnotherWorldSizeAndMeshNameBothValues) {
+  const SavedCheckpoint saved = SaveSingle("world");
+  Plan fsdp = ShortPlan("llama_fsdp", fs::path(saved.manifest).parent_path().parent_path());
+  for (const absl::Status& status : ResumeStatuses(fsdp, 2)) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 AllOf(HasSubstr(saved.manifest),
+                                       HasSubstr("world_size: 1 in the checkpoint, 2 in this run"),
+                                       HasSubstr("mesh: \"world=1\" in the checkpoint, \"dp=2\" "
+                                                 "in this run"))));
+  }
+}
+
+TEST(CheckpointErrorsTest, MissingExtraAndMisshapedTensorsNameTheFileAndTensor) {
+  const SavedCheckpoint saved = SaveSingle("tensors");
+  const std::string weight = "param/model.layers.0.self_attn.q_proj.weight";
+  RewriteRankFile(saved.rank_file, [&](std::map<std::string, torch::Tensor>& tensors) {
+    ASSERT_EQ(tensors.count(weight), 1u) << "the tiny model's names changed";
+    tensors.erase(weight);
+    tensors["param/bogus"] = torch::zeros({2});
+    tensors["optim/model.norm.weight:exp_avg"] = torch::zeros({3});
+  });
+  EXPECT_THAT(
+      ResumeStatuses(saved.plan, 1)[0],
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr(saved.rank_file + ": does not fit"),
+                     HasSubstr(weight + ": missing; this rank has it with shape [256, 256]"),
+                     HasSubstr("param/bogus: in the file, but this rank has no such "
+                               "trainable parameter"),
+                     HasSubstr("optim/model.norm.weight:exp_avg: shape [3] in the file, "
+                               "[256] here"))));
+}
+
+TEST(CheckpointErrorsTest, TruncatedOrCorruptRankFilesNameTheFile) {
+  const SavedCheckpoint saved = SaveSingle("corrupt");
+  const std::string backup = saved.rank_file + ".good";
+  fs::copy_file(saved.rank_file, backup);
+  const auto size = fs::file_size(saved.rank_file);
+
+  fs::resize_file(saved.rank_file, size / 2);
+  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(saved.rank_file)));
+
+  // One flipped byte in the data section, which the header cannot notice.
+  fs::copy_file(backup, saved.rank_file, fs::copy_options::overwrite_existing);
+  {
+    std::fstream file(saved.rank_file, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(size - 5);
+    file.put('\x7f');
+  }
+  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(saved.rank_file + ": __metadata__.checksum: "),
+                             HasSubstr("the file is corrupt"))));
+
+  // A damaged header.
+  fs::copy_file(backup, saved.rank_file, fs::copy_options::overwrite_existing);
+  {
+    std::fstream file(saved.rank_file, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(8);
+    file.write("garbage!", 8);
+  }
+  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(saved.rank_file)));
+
+  // A rank file moved into another rank's place.
+  fs::copy_file(backup, saved.rank_file, fs::copy_options::overwrite_existing);
+  {
+    auto file = models::SafetensorsFile::Open(saved.rank_file);
+    ASSERT_THAT(file, IsOk());
+    std::map<std::string, std::string> metadata = (*file)->metadata();
+    metadata["rank"] = "3";
+    std::map<std::string, torch::Tensor> tensors = ReadAll(saved.rank_file);
+    file->reset();
+    ASSERT_THAT(
+        models::WriteSafetensors(saved.rank_file, {tensors.begin(), tensors.end()}, metadata),
+        IsOk());
+  }
+  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(saved.rank_file + ": __metadata__.rank: 3 in the file, 0 "
+                                                   "expected here")));
+
+  std::ofstream(saved.manifest) << "{";
+  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(saved.manifest + ": not a JSON object; the file is corrupt")));
+}
+
+TEST(CheckpointErrorsTest, AMissingRankFileFailsEveryRank) {
+  const std::string dir = TempDir("missing_rank");
+  const Plan plan = ShortPlan("llama_fsdp", dir);
+  SaveStepOne(plan, 2);
+  const std::string missing = dir + "/step-00000001/" + RankFileName(1, 2);
+  ASSERT_TRUE(fs::remove(missing));
+  const std::vector<absl::Status> statuses = ResumeStatuses(plan, 2);
+  EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kNotFound,
+                                    HasSubstr(missing + ": missing; the checkpoint of step 1 was "
+                                                        "written by 2 ranks")));
+  EXPECT_THAT(statuses[0],
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("resuming from " + dir + "/step-00000001: rank 1 failed")));
+}
+
+}  // namespace
+}  // namespace plait::trainer

@@ -1,0 +1,35 @@
+#include "trainer/testing_ranks.h"
+
+#include "gtest/gtest.h"
+#include "parallel/test_ranks.h"
+#include "tools/status/status_matchers.h"
+#include "trainer/validate.h"
+
+namespace plait::trainer::testing {
+
+using ::plait::testing::IsOk;
+
+void WithMesh(const Plan& plan, int ranks,
+              const std::function<void(int, const parallel::DeviceMesh&)>& body) {
+  parallel::MeshConfig config = plan.mesh();
+  if (config.dims().empty()) {
+    auto* dim = config.add_dims();
+    dim->set_name("world");
+    dim->set_size(1);
+  }
+  parallel::testing::RunOnGlooMesh(*parallel::MeshLayout::Create(config, ranks), body);
+}
+
+TrainReport TrainOnRanks(const Plan& plan, int ranks, TrainOptions options) {
+  EXPECT_THAT(ValidatePlan(plan, ranks), IsOk());
+  options.checkpoint_dir = plan.training().checkpoint().dir();
+  TrainReport result;
+  WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
+    absl::StatusOr<TrainReport> report = Train(plan, mesh, options);
+    ASSERT_THAT(report, IsOk());
+    if (rank == 0) result = *report;
+  });
+  return result;
+}
+
+}  // namespace plait::trainer::testing

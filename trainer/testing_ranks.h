@@ -1,0 +1,24 @@
+// Test helpers that run a plan's ranks as threads of one process over Gloo.
+#ifndef PLAIT_TRAINER_TESTING_RANKS_H_
+#define PLAIT_TRAINER_TESTING_RANKS_H_
+
+#include <functional>
+
+#include "parallel/device_mesh.h"
+#include "trainer/plan.pb.h"
+#include "trainer/trainer.h"
+
+namespace plait::trainer::testing {
+
+// Runs `body(rank, mesh)` on `ranks` threads, each with the plan's mesh (one "world"
+// dimension of size 1 when the plan has none).
+void WithMesh(const Plan& plan, int ranks,
+              const std::function<void(int, const parallel::DeviceMesh&)>& body);
+
+// Validates `plan` for `ranks` and trains it on that many threads with `options` (the
+// checkpoint folder taken from the plan); rank 0's report. Failures are test failures.
+TrainReport TrainOnRanks(const Plan& plan, int ranks, TrainOptions options = {});
+
+}  // namespace plait::trainer::testing
+
+#endif  // PLAIT_TRAINER_TESTING_RANKS_H_
