@@ -25,6 +25,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/status/status_macros.h"
 #include "trainer/plan.h"
+#include "wrap/wrap.pb.h"
 
 namespace plait::trainer {
 namespace {
@@ -84,6 +85,7 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan)
   const TrainingConfig& training = plan.training();
   return std::map<std::string, std::string>{
       {"plan.model", config.ShortDebugString()},
+      {"plan.model.dtype", wrap::Dtype_Name(plan.model().dtype())},
       {"plan.prepare", absl::StrJoin(steps, "; ")},
       {"plan.optimizer", algorithm == nullptr ? "" : algorithm->name()},
       {"plan.training.micro_batch", absl::StrCat(training.micro_batch())},

@@ -294,9 +294,12 @@ TEST(CheckpointErrorsTest, AChangedFingerprintNamesTheFieldAndBothValues) {
   SavedCheckpoint saved = SaveSingle("fingerprint");
   ASSERT_THAT(ApplyOverride("training.seq_len=32", saved.plan), IsOk());
   ASSERT_THAT(ApplyOverride("optimizer.sgd.momentum=0.9", saved.plan), IsOk());
+  ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", saved.plan), IsOk());
   EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr(saved.manifest + ": cannot resume from it"),
+                             HasSubstr("fingerprint.plan.model.dtype: \"DTYPE_UNSPECIFIED\" in "
+                                       "the checkpoint, \"DTYPE_BFLOAT16\" in this plan"),
                              HasSubstr("fingerprint.plan.training.seq_len: \"64\" in the "
                                        "checkpoint, \"32\" in this plan"),
                              HasSubstr("fingerprint.plan.optimizer: \"adamw\" in the "
