@@ -116,7 +116,7 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
                                            context.rope.cos, context.rope.sin);
   const torch::Tensor v = v_proj(flat).view({batch, seq, num_kv_heads_, d});
   const torch::Tensor out =
-      internal::CausalAttention(q, k, v, context.mask).view({batch * seq, num_heads_ * d});
+      internal::CausalAttention(q, k, v, context.mask).reshape({batch * seq, num_heads_ * d});
   return o_proj(out).view({batch, seq, -1});
 }
 
