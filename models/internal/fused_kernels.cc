@@ -6,12 +6,12 @@
 #include <limits>
 #include <vector>
 
+#include "ATen/Parallel.h"
 #include "models/internal/gemm.h"
-#include "torch/torch.h"
 
 // Built with -O3 -fno-math-errno -fopenmp-simd (see BUILD.bazel): the loops vectorise, the
-// reductions marked `omp simd` too. Each kernel is compiled for AVX-512, AVX2 and baseline
-// x86-64, picked at load time.
+// reductions marked `omp simd` and those calling Exp too. Each kernel is compiled for AVX-512, AVX2
+// and baseline x86-64, picked at load time.
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PLAIT_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
@@ -29,11 +29,36 @@ T SumOfProducts(int64_t n, const T* __restrict a, const T* __restrict b) {
   return sum;
 }
 
-// exp of `n` contiguous values in place, through ATen's vectorised exp (the C library's
-// exp does not vectorise without -ffast-math).
+// exp(x) written so that loops over it vectorise (the C library's expf does not, without
+// -ffast-math): Cephes' expf, x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its polynomial
+// (relative error below 2e-7), times 2^n built in the exponent bits. x above 88.37 is taken as
+// 88.37 (so 2^n stays finite), and exp(x) below -87.3 (out of float's normal range) as 0.
+__attribute__((always_inline)) inline float Exp(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer.
+  constexpr float kRound = 12582912.0f;
+  const float clamped = std::max(std::min(x, 88.37f), -87.3f);
+  const float n = (clamped * kLog2e + kRound) - kRound;
+  const float r = (clamped - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // n in [-126, 127]: 2^n's biased exponent n + 127 is in float's normal range.
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  return x < -87.3f ? 0.0f : p * __builtin_bit_cast(float, bits);
+}
+__attribute__((always_inline)) inline double Exp(double x) { return std::exp(x); }
+
+// sigmoid(x) = 1 / (1 + exp(-x)).
 template <typename T>
-void ExpInPlace(int64_t n, T* x) {
-  torch::from_blob(x, {n}, torch::CppTypeToScalarType<T>::value).exp_();
+__attribute__((always_inline)) inline T Sigmoid(T x) {
+  return T(1) / (T(1) + Exp(-x));
 }
 
 }  // namespace
@@ -74,19 +99,17 @@ PLAIT_VECTOR_CLONES void RmsNormBackward(int64_t rows, int64_t n, const T* __res
 }
 
 template <typename T>
-PLAIT_VECTOR_CLONES void SwiGluForward(int64_t n, const T* __restrict gate,
-                                       const T* __restrict sigmoid_gate, const T* __restrict up,
+PLAIT_VECTOR_CLONES void SwiGluForward(int64_t n, const T* __restrict gate, const T* __restrict up,
                                        T* __restrict h) {
-  for (int64_t i = 0; i < n; ++i) h[i] = gate[i] * sigmoid_gate[i] * up[i];
+  for (int64_t i = 0; i < n; ++i) h[i] = gate[i] * Sigmoid(gate[i]) * up[i];
 }
 
 template <typename T>
-PLAIT_VECTOR_CLONES void SwiGluBackward(int64_t n, const T* __restrict gate,
-                                        const T* __restrict sigmoid_gate, const T* __restrict up,
+PLAIT_VECTOR_CLONES void SwiGluBackward(int64_t n, const T* __restrict gate, const T* __restrict up,
                                         const T* __restrict dh, T* __restrict dgate,
                                         T* __restrict dup) {
   for (int64_t i = 0; i < n; ++i) {
-    const T s = sigmoid_gate[i];
+    const T s = Sigmoid(gate[i]);
     const T silu = gate[i] * s;
     dgate[i] = dh[i] * up[i] * s * (T(1) + gate[i] * (T(1) - s));
     dup[i] = dh[i] * silu;
@@ -135,43 +158,43 @@ PLAIT_VECTOR_CLONES void RotaryBackward(int64_t outer, int64_t seq, int64_t head
 
 namespace {
 
-// Scores of query rows i0 .. i0 + m - 1 against keys 0 .. i0 + m - 1, [m, n] with n = i0 + m:
-// turned in place into exp(score - shift[row]) with the keys after each row's position set to
-// zero. shift is the row maximum (forward, written to `shift`) or the saved log-sum-exp
-// (backward, read from `shift`).
+// The scores of query rows i0 .. i0 + m - 1 against keys 0 .. n - 1 (n = i0 + m), [m, n],
+// turned in place into each row's causal softmax: keys after the row's position get 0. lse
+// receives each row's log-sum-exp.
 template <typename T>
-PLAIT_VECTOR_CLONES void MaskedExp(int64_t i0, int64_t m, T* __restrict scores, bool find_max,
-                                   T* __restrict shift) {
+PLAIT_VECTOR_CLONES void CausalSoftmax(int64_t i0, int64_t m, T* __restrict scores,
+                                       T* __restrict lse) {
   const int64_t n = i0 + m;
   for (int64_t r = 0; r < m; ++r) {
     T* row = scores + r * n;
     const int64_t valid = i0 + r + 1;
-    if (find_max) {
-      T max = -std::numeric_limits<T>::infinity();
+    T max = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : max)
-      for (int64_t j = 0; j < valid; ++j) max = std::max(max, row[j]);
-      shift[r] = max;
-    }
-    const T sub = shift[r];
-    for (int64_t j = 0; j < valid; ++j) row[j] -= sub;
-    for (int64_t j = valid; j < n; ++j) row[j] = -std::numeric_limits<T>::infinity();
-  }
-  ExpInPlace(m * n, scores);
-}
-
-// Normalises each probability row (the forward's masked exp) and turns its shift into the
-// row's log-sum-exp.
-template <typename T>
-PLAIT_VECTOR_CLONES void NormaliseRows(int64_t m, int64_t n, T* __restrict probs,
-                                       T* __restrict lse) {
-  for (int64_t r = 0; r < m; ++r) {
-    T* row = probs + r * n;
+    for (int64_t j = 0; j < valid; ++j) max = std::max(max, row[j]);
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) sum += row[j];
+    for (int64_t j = 0; j < valid; ++j) {
+      row[j] = Exp(row[j] - max);
+      sum += row[j];
+    }
     const T inv = T(1) / sum;
-    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-    lse[r] += std::log(sum);
+    for (int64_t j = 0; j < valid; ++j) row[j] *= inv;
+    std::fill(row + valid, row + n, T(0));
+    lse[r] = max + std::log(sum);
+  }
+}
+
+// The same probabilities again from the scores and the saved lse: exp(score - lse[row]).
+template <typename T>
+PLAIT_VECTOR_CLONES void CausalProbabilities(int64_t i0, int64_t m, T* __restrict scores,
+                                             const T* __restrict lse) {
+  const int64_t n = i0 + m;
+  for (int64_t r = 0; r < m; ++r) {
+    T* row = scores + r * n;
+    const int64_t valid = i0 + r + 1;
+    const T shift = lse[r];
+    for (int64_t j = 0; j < valid; ++j) row[j] = Exp(row[j] - shift);
+    std::fill(row + valid, row + n, T(0));
   }
 }
 
@@ -222,8 +245,7 @@ void CausalAttentionForward(const AttentionShape& shape, T scale, const T* q, co
           const int64_t n = i0 + m;
           const int64_t row = g.q_offset + i0 * g.ldq + j * d;
           Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb, g.ldk, T(0), scores.data(), n);
-          MaskedExp<T>(i0, m, scores.data(), /*find_max=*/true, lse_h + i0);
-          NormaliseRows<T>(m, n, scores.data(), lse_h + i0);
+          CausalSoftmax<T>(i0, m, scores.data(), lse_h + i0);
           Gemm<T>(false, false, m, d, n, T(1), scores.data(), n, vb, g.ldk, T(0), out + row, g.ldq);
         }
       }
@@ -241,7 +263,6 @@ void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, c
     std::vector<T> probs(static_cast<size_t>(kAttentionBlock * seq));
     std::vector<T> grad(static_cast<size_t>(kAttentionBlock * seq));
     std::vector<T> delta(static_cast<size_t>(kAttentionBlock));
-    std::vector<T> shift(static_cast<size_t>(kAttentionBlock));
     for (int64_t index = begin; index < end; ++index) {
       const HeadGroup<T> g(shape, index);
       const T* kb = k + g.k_offset;
@@ -261,10 +282,9 @@ void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, c
           const int64_t row = g.q_offset + i0 * g.ldq + j * d;
           for (int64_t r = 0; r < m; ++r) {
             delta[r] = SumOfProducts(d, dout + row + r * g.ldq, out + row + r * g.ldq);
-            shift[r] = lse_h[i0 + r];
           }
           Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb, g.ldk, T(0), probs.data(), n);
-          MaskedExp<T>(i0, m, probs.data(), /*find_max=*/false, shift.data());
+          CausalProbabilities<T>(i0, m, probs.data(), lse_h + i0);
           Gemm<T>(false, true, m, n, d, T(1), dout + row, g.ldq, vb, g.ldk, T(0), grad.data(), n);
           SoftmaxBackward<T>(m, n, probs.data(), delta.data(), grad.data());
           Gemm<T>(false, false, m, d, n, scale, grad.data(), n, kb, g.ldk, T(0), dq + row, g.ldq);
@@ -280,8 +300,8 @@ void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, c
   template void RmsNormForward<T>(int64_t, int64_t, const T*, const T*, T, T*, T*);                \
   template void RmsNormBackward<T>(int64_t, int64_t, const T*, const T*, const T*, const T*, T*,   \
                                    T*);                                                            \
-  template void SwiGluForward<T>(int64_t, const T*, const T*, const T*, T*);                       \
-  template void SwiGluBackward<T>(int64_t, const T*, const T*, const T*, const T*, T*, T*);        \
+  template void SwiGluForward<T>(int64_t, const T*, const T*, T*);                                 \
+  template void SwiGluBackward<T>(int64_t, const T*, const T*, const T*, T*, T*);                  \
   template void RotaryForward<T>(int64_t, int64_t, int64_t, int64_t, const T*, const T*, const T*, \
                                  T*);                                                              \
   template void RotaryBackward<T>(int64_t, int64_t, int64_t, int64_t, const T*, const T*,          \

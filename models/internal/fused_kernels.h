@@ -20,13 +20,13 @@ template <typename T>
 void RmsNormBackward(int64_t rows, int64_t n, const T* x, const T* w, const T* rstd, const T* dy,
                      T* dx, T* dw);
 
-// SwiGLU's product h = gate * s * up given s = sigmoid(gate) (ATen computes s, vectorised),
-// and its backward: dgate = dh * up * s * (1 + gate * (1 - s)), dup = dh * gate * s.
+// SwiGLU's product h = silu(gate) * up = gate * s * up with s = sigmoid(gate), and its
+// backward: dgate = dh * up * s * (1 + gate * (1 - s)), dup = dh * gate * s. In float, exp
+// is a vectorised polynomial with relative error below 2e-7.
 template <typename T>
-void SwiGluForward(int64_t n, const T* gate, const T* sigmoid_gate, const T* up, T* h);
+void SwiGluForward(int64_t n, const T* gate, const T* up, T* h);
 template <typename T>
-void SwiGluBackward(int64_t n, const T* gate, const T* sigmoid_gate, const T* up, const T* dh,
-                    T* dgate, T* dup);
+void SwiGluBackward(int64_t n, const T* gate, const T* up, const T* dh, T* dgate, T* dup);
 
 // Rotary embedding of x [outer, T, heads, d] with tables cos, sin [T, d] ("rotate half"):
 //   y[i] = x[i] * cos[i] - x[i + d/2] * sin[i]        for i <  d/2

@@ -68,13 +68,11 @@ struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
                                const torch::Tensor& up) {
     const torch::Tensor g = gate.contiguous();
     const torch::Tensor u = up.contiguous();
-    const torch::Tensor s = torch::sigmoid(g);
     torch::Tensor h = torch::empty_like(g);
     AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "SwiGluForward", [&] {
-      SwiGluForward<scalar_t>(g.numel(), g.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
-                              u.data_ptr<scalar_t>(), h.data_ptr<scalar_t>());
+      SwiGluForward<scalar_t>(g.numel(), g.data_ptr<scalar_t>(), u.data_ptr<scalar_t>(),
+                              h.data_ptr<scalar_t>());
     });
-    // sigmoid(gate) is recomputed in backward rather than held from forward to backward.
     ctx->save_for_backward({g, u});
     return h;
   }
@@ -84,13 +82,12 @@ struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
     const torch::Tensor& g = saved[0];
     const torch::Tensor& u = saved[1];
     const torch::Tensor dh = grads[0].contiguous();
-    const torch::Tensor s = torch::sigmoid(g);
     torch::Tensor dgate = torch::empty_like(g);
     torch::Tensor dup = torch::empty_like(u);
     AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "SwiGluBackward", [&] {
-      SwiGluBackward<scalar_t>(g.numel(), g.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
-                               u.data_ptr<scalar_t>(), dh.data_ptr<scalar_t>(),
-                               dgate.data_ptr<scalar_t>(), dup.data_ptr<scalar_t>());
+      SwiGluBackward<scalar_t>(g.numel(), g.data_ptr<scalar_t>(), u.data_ptr<scalar_t>(),
+                               dh.data_ptr<scalar_t>(), dgate.data_ptr<scalar_t>(),
+                               dup.data_ptr<scalar_t>());
     });
     return {dgate, dup};
   }

@@ -84,12 +84,16 @@ TEST(RmsNormTest, FusedMatchesComposite) {
 }
 
 TEST(SwiGluTest, FusedMatchesComposite) {
+  // Gates up to ~10 and ~150 in magnitude: the second reaches the float Exp's clamps.
   for (const torch::ScalarType dtype : kDtypes) {
-    const std::vector<torch::Tensor> inputs = {Random({3, 7, 29}, dtype, 3) * 4,
-                                               Random({3, 7, 29}, dtype, 4)};
-    ExpectSame([](const auto& in) { return FusedSwiGlu(in[0], in[1]); },
-               [](const auto& in) { return CompositeSwiGlu(in[0], in[1]); }, inputs,
-               torch::toString(dtype));
+    for (const double scale : {4.0, 40.0}) {
+      const std::vector<torch::Tensor> inputs = {
+          (Random({3, 7, 29}, dtype, 3, /*requires_grad=*/false) * scale).requires_grad_(),
+          Random({3, 7, 29}, dtype, 4)};
+      ExpectSame([](const auto& in) { return FusedSwiGlu(in[0], in[1]); },
+                 [](const auto& in) { return CompositeSwiGlu(in[0], in[1]); }, inputs,
+                 std::string(torch::toString(dtype)) + " gate scale " + std::to_string(scale));
+    }
   }
 }
 
