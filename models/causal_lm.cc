@@ -250,8 +250,8 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
 torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                              int64_t ignore_index) {
   const torch::Tensor logits = Forward(tokens);
-  return F::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
-                          F::CrossEntropyFuncOptions().ignore_index(ignore_index));
+  return internal::CrossEntropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
+                                ignore_index);
 }
 
 torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,

@@ -156,6 +156,49 @@ PLAIT_VECTOR_CLONES void RotaryBackward(int64_t outer, int64_t seq, int64_t head
   }
 }
 
+template <typename T>
+PLAIT_VECTOR_CLONES void CrossEntropyForward(int64_t rows, int64_t vocab,
+                                             const T* __restrict logits,
+                                             const int64_t* __restrict targets,
+                                             int64_t ignore_index, T* __restrict lse,
+                                             T* __restrict loss) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = logits + r * vocab;
+    if (targets[r] == ignore_index) {
+      lse[r] = 0;
+      loss[r] = 0;
+      continue;
+    }
+    T max = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : max)
+    for (int64_t j = 0; j < vocab; ++j) max = std::max(max, row[j]);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < vocab; ++j) sum += Exp(row[j] - max);
+    lse[r] = max + std::log(sum);
+    loss[r] = lse[r] - row[targets[r]];
+  }
+}
+
+template <typename T>
+PLAIT_VECTOR_CLONES void CrossEntropyBackward(int64_t rows, int64_t vocab,
+                                              const T* __restrict logits,
+                                              const int64_t* __restrict targets,
+                                              int64_t ignore_index, const T* __restrict lse,
+                                              T scale, T* __restrict dlogits) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = logits + r * vocab;
+    T* grad = dlogits + r * vocab;
+    if (targets[r] == ignore_index) {
+      std::fill(grad, grad + vocab, T(0));
+      continue;
+    }
+    const T shift = lse[r];
+    for (int64_t j = 0; j < vocab; ++j) grad[j] = scale * Exp(row[j] - shift);
+    grad[targets[r]] -= scale;
+  }
+}
+
 namespace {
 
 // The scores of query rows i0 .. i0 + m - 1 against keys 0 .. n - 1 (n = i0 + m), [m, n],
@@ -306,6 +349,10 @@ void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, c
                                  T*);                                                              \
   template void RotaryBackward<T>(int64_t, int64_t, int64_t, int64_t, const T*, const T*,          \
                                   const T*, T*);                                                   \
+  template void CrossEntropyForward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t, T*,    \
+                                       T*);                                                        \
+  template void CrossEntropyBackward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t,       \
+                                        const T*, T, T*);                                          \
   template void CausalAttentionForward<T>(const AttentionShape&, T, const T*, const T*, const T*,  \
                                           T*, T*);                                                 \
   template void CausalAttentionBackward<T>(const AttentionShape&, T, const T*, const T*, const T*, \

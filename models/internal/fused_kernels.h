@@ -40,6 +40,18 @@ template <typename T>
 void RotaryBackward(int64_t outer, int64_t seq, int64_t heads, int64_t d, const T* dy, const T* cos,
                     const T* sin, T* dx);
 
+// Cross-entropy of logits [rows, vocab] against targets [rows]: for each row whose target is
+// not ignore_index, lse[r] = log(sum(exp(logits[r]))) and loss[r] = lse[r] - logits[r, target];
+// loss[r] = 0 for the other rows. Targets must be in [0, vocab) or ignore_index.
+template <typename T>
+void CrossEntropyForward(int64_t rows, int64_t vocab, const T* logits, const int64_t* targets,
+                         int64_t ignore_index, T* lse, T* loss);
+// Its backward for d(loss sum)/d(loss[r]) = scale on the rows not ignored:
+// dlogits[r] = scale * (softmax(logits[r]) - onehot(target)), and 0 on the ignored rows.
+template <typename T>
+void CrossEntropyBackward(int64_t rows, int64_t vocab, const T* logits, const int64_t* targets,
+                          int64_t ignore_index, const T* lse, T scale, T* dlogits);
+
 // Causal grouped-query attention, q [B, T, H, d], k and v [B, T, KV, d], out [B, T, H, d]
 // (all contiguous), query head h reading kv head h / (H / KV):
 //   out[b, t, h] = sum_{s <= t} softmax_s(scale * q[b, t, h] . k[b, s, kv]) v[b, s, kv]

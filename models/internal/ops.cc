@@ -122,6 +122,49 @@ struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
   }
 };
 
+struct CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, int64_t ignore_index) {
+    const torch::Tensor l = logits.contiguous();
+    const torch::Tensor t = targets.contiguous();
+    const int64_t rows = l.size(0);
+    const int64_t vocab = l.size(1);
+    TORCH_CHECK(t.dim() == 1 && t.size(0) == rows, "CrossEntropy: targets ", t.sizes(),
+                " do not match logits ", l.sizes());
+    const torch::Tensor kept = t != ignore_index;
+    TORCH_CHECK(((t >= 0) & (t < vocab) | ~kept).all().item<bool>(),
+                "CrossEntropy: a target is outside [0, ", vocab, ") and is not ignore_index ",
+                ignore_index);
+    torch::Tensor lse = torch::empty({rows}, l.options());
+    torch::Tensor loss = torch::empty({rows}, l.options());
+    AT_DISPATCH_FLOATING_TYPES(l.scalar_type(), "CrossEntropyForward", [&] {
+      CrossEntropyForward<scalar_t>(rows, vocab, l.data_ptr<scalar_t>(), t.data_ptr<int64_t>(),
+                                    ignore_index, lse.data_ptr<scalar_t>(),
+                                    loss.data_ptr<scalar_t>());
+    });
+    const int64_t count = kept.sum().item<int64_t>();
+    ctx->save_for_backward({l, t, lse});
+    ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->saved_data["count"] = count;
+    return loss.sum() / static_cast<double>(count);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const tensor_list saved = ctx->get_saved_variables();
+    const torch::Tensor& l = saved[0];
+    const int64_t count = ctx->saved_data["count"].toInt();
+    const double scale = grads[0].item<double>() / static_cast<double>(count);
+    torch::Tensor dlogits = torch::empty_like(l);
+    AT_DISPATCH_FLOATING_TYPES(l.scalar_type(), "CrossEntropyBackward", [&] {
+      CrossEntropyBackward<scalar_t>(
+          l.size(0), l.size(1), l.data_ptr<scalar_t>(), saved[1].data_ptr<int64_t>(),
+          ctx->saved_data["ignore_index"].toInt(), saved[2].data_ptr<scalar_t>(),
+          static_cast<scalar_t>(scale), dlogits.data_ptr<scalar_t>());
+    });
+    return {dlogits, torch::Tensor(), torch::Tensor()};
+  }
+};
+
 AttentionShape ShapeOf(const torch::Tensor& q, const torch::Tensor& k) {
   return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
 }
@@ -203,6 +246,25 @@ torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
 torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
                           const torch::Tensor& sin) {
   return RotaryFunction::apply(x, cos, sin);
+}
+
+torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                           int64_t ignore_index) {
+  const bool fusable =
+      Fusable({logits}) && targets.device().is_cpu() && targets.scalar_type() == torch::kInt64;
+  return fusable ? FusedCrossEntropy(logits, targets, ignore_index)
+                 : CompositeCrossEntropy(logits, targets, ignore_index);
+}
+
+torch::Tensor FusedCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                int64_t ignore_index) {
+  return CrossEntropyFunction::apply(logits, targets, ignore_index);
+}
+
+torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                    int64_t ignore_index) {
+  return torch::nn::functional::cross_entropy(
+      logits, targets, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(ignore_index));
 }
 
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,

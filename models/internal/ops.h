@@ -9,6 +9,8 @@
 #ifndef PLAIT_MODELS_INTERNAL_OPS_H_
 #define PLAIT_MODELS_INTERNAL_OPS_H_
 
+#include <cstdint>
+
 #include "torch/torch.h"
 
 namespace plait::models::internal {
@@ -28,6 +30,17 @@ torch::Tensor CompositeSwiGlu(const torch::Tensor& gate, const torch::Tensor& up
 torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
                           const torch::Tensor& sin);
+
+// Mean cross-entropy of logits [N, vocab] against int64 targets [N] over the rows whose target
+// is not ignore_index (NaN when there are none), as torch::nn::functional::cross_entropy.
+// Throws c10::Error, as the composite does, for a target outside [0, vocab) other than
+// ignore_index.
+torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                           int64_t ignore_index);
+torch::Tensor FusedCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                int64_t ignore_index);
+torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                    int64_t ignore_index);
 
 // Causal grouped-query attention with scale 1 / sqrt(d): q [B, T, H, d], k and v
 // [B, T, KV, d] with KV dividing H (query head h reads kv head h / (H / KV)) -> [B, T, H, d].

@@ -111,6 +111,29 @@ TEST(RotaryTest, FusedMatchesApplyRotary) {
   }
 }
 
+TEST(CrossEntropyTest, FusedMatchesComposite) {
+  for (const torch::ScalarType dtype : kDtypes) {
+    torch::manual_seed(20);
+    torch::Tensor targets = torch::randint(37, {13}, torch::kInt64);
+    targets[2] = -100;
+    targets[7] = -100;
+    const std::vector<torch::Tensor> inputs = {Random({13, 37}, dtype, 21) * 3};
+    ExpectSame([&targets](const auto& in) { return FusedCrossEntropy(in[0], targets, -100); },
+               [&targets](const auto& in) { return CompositeCrossEntropy(in[0], targets, -100); },
+               inputs, torch::toString(dtype));
+  }
+}
+
+TEST(CrossEntropyTest, AllIgnoredIsNanAndABadTargetThrows) {
+  const torch::Tensor logits = Random({3, 5}, torch::kFloat32, 22);
+  EXPECT_TRUE(std::isnan(
+      FusedCrossEntropy(logits, torch::full({3}, -100, torch::kInt64), -100).item<float>()));
+  EXPECT_THROW(FusedCrossEntropy(logits, torch::tensor({0, 5, 1}, torch::kInt64), -100),
+               c10::Error);
+  EXPECT_THROW(FusedCrossEntropy(logits, torch::tensor({0, -1, 1}, torch::kInt64), -100),
+               c10::Error);
+}
+
 // The composite attention's additive mask for `groups` query heads per kv head.
 torch::Tensor CausalMask(int64_t seq, int64_t groups, torch::ScalarType dtype) {
   return torch::full({seq, seq}, -std::numeric_limits<double>::infinity(),
@@ -179,6 +202,9 @@ TEST(DispatchTest, FusedForCpuFloatCompositeOtherwise) {
   const torch::Tensor w = Random({8}, torch::kFloat32, 13);
   EXPECT_NE(GradFnName(RmsNorm(x, w, 1e-6)).find("RmsNormFunction"), std::string::npos);
   EXPECT_NE(GradFnName(SwiGlu(x, x)).find("SwiGluFunction"), std::string::npos);
+  EXPECT_NE(GradFnName(CrossEntropy(x[0], torch::zeros({3}, torch::kInt64), -100))
+                .find("CrossEntropyFunction"),
+            std::string::npos);
 
   // bfloat16 (FSDP's mixed precision) runs the composite, with the composite's values.
   const torch::Tensor xb = x.detach().to(torch::kBFloat16).requires_grad_();
