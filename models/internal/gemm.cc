@@ -54,6 +54,12 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
          static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
     return;
   }
+  AtenGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <typename T>
+void AtenGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+              int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   const torch::Tensor a_view = trans_a ? View(a, k, m, lda).t() : View(a, m, k, lda);
   const torch::Tensor b_view = trans_b ? View(b, n, k, ldb).t() : View(b, k, n, ldb);
   torch::Tensor c_view = View(c, m, n, ldc);
@@ -64,5 +70,9 @@ template void Gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const fl
                           const float*, int64_t, float, float*, int64_t);
 template void Gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
                            const double*, int64_t, double, double*, int64_t);
+template void AtenGemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                              const float*, int64_t, float, float*, int64_t);
+template void AtenGemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
+                               int64_t, const double*, int64_t, double, double*, int64_t);
 
 }  // namespace plait::models::internal

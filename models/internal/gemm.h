@@ -18,6 +18,12 @@ template <typename T>
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
+// The same through at::addmm_out on views of the memory: Gemm's fallback where no CBLAS is
+// loaded (exposed for its test).
+template <typename T>
+void AtenGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+              int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+
 }  // namespace plait::models::internal
 
 #endif  // PLAIT_MODELS_INTERNAL_GEMM_H_
