@@ -9,9 +9,9 @@
 #include "ATen/Parallel.h"
 #include "models/internal/gemm.h"
 
-// Built with -O3 -fno-math-errno -fopenmp-simd (see BUILD.bazel): the loops vectorise, the
-// reductions marked `omp simd` and those calling Exp too. Each kernel is compiled for AVX-512, AVX2
-// and baseline x86-64, picked at load time.
+// Built with -O3 -fno-math-errno -fno-trapping-math -fopenmp-simd (see BUILD.bazel): the loops
+// vectorise, the reductions marked `omp simd` and the loops calling Exp too. Each kernel is
+// compiled for AVX-512, AVX2 and baseline x86-64, picked at load time.
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PLAIT_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
@@ -253,8 +253,7 @@ PLAIT_VECTOR_CLONES void SoftmaxBackward(int64_t m, int64_t n, const T* __restri
   }
 }
 
-// The pointers and strides of one (batch, kv head) pair and the query heads that share it.
-template <typename T>
+// The offsets and strides of one (batch, kv head) pair and the query heads that share it.
 struct HeadGroup {
   HeadGroup(const AttentionShape& shape, int64_t index)
       : b(index / shape.kv_heads),
@@ -277,7 +276,7 @@ void CausalAttentionForward(const AttentionShape& shape, T scale, const T* q, co
   at::parallel_for(0, shape.batch * shape.kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> scores(static_cast<size_t>(kAttentionBlock * seq));
     for (int64_t index = begin; index < end; ++index) {
-      const HeadGroup<T> g(shape, index);
+      const HeadGroup g(shape, index);
       const T* kb = k + g.k_offset;
       const T* vb = v + g.k_offset;
       for (int64_t j = 0; j < g.groups; ++j) {
@@ -307,7 +306,7 @@ void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, c
     std::vector<T> grad(static_cast<size_t>(kAttentionBlock * seq));
     std::vector<T> delta(static_cast<size_t>(kAttentionBlock));
     for (int64_t index = begin; index < end; ++index) {
-      const HeadGroup<T> g(shape, index);
+      const HeadGroup g(shape, index);
       const T* kb = k + g.k_offset;
       const T* vb = v + g.k_offset;
       T* dkb = dk + g.k_offset;
