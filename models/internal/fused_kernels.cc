@@ -21,6 +21,8 @@
 namespace plait::models::internal {
 namespace {
 
+// Row maxima below are written `x > max ? x : max`: std::max's reduction does not vectorise.
+
 template <typename T>
 T SumOfProducts(int64_t n, const T* __restrict a, const T* __restrict b) {
   T sum = 0;
@@ -162,6 +164,8 @@ PLAIT_VECTOR_CLONES void CrossEntropyForward(int64_t rows, int64_t vocab,
                                              const int64_t* __restrict targets,
                                              int64_t ignore_index, T* __restrict lse,
                                              T* __restrict loss) {
+  std::vector<T> scratch(static_cast<size_t>(vocab));
+  T* __restrict exps = scratch.data();
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = logits + r * vocab;
     if (targets[r] == ignore_index) {
@@ -171,10 +175,12 @@ PLAIT_VECTOR_CLONES void CrossEntropyForward(int64_t rows, int64_t vocab,
     }
     T max = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : max)
-    for (int64_t j = 0; j < vocab; ++j) max = std::max(max, row[j]);
+    for (int64_t j = 0; j < vocab; ++j) max = row[j] > max ? row[j] : max;
+    // The exps go through `exps` first: a reduction over Exp's clamps does not vectorise.
+    for (int64_t j = 0; j < vocab; ++j) exps[j] = Exp(row[j] - max);
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < vocab; ++j) sum += Exp(row[j] - max);
+    for (int64_t j = 0; j < vocab; ++j) sum += exps[j];
     lse[r] = max + std::log(sum);
     loss[r] = lse[r] - row[targets[r]];
   }
@@ -213,7 +219,7 @@ PLAIT_VECTOR_CLONES void CausalSoftmax(int64_t i0, int64_t m, T* __restrict scor
     const int64_t valid = i0 + r + 1;
     T max = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : max)
-    for (int64_t j = 0; j < valid; ++j) max = std::max(max, row[j]);
+    for (int64_t j = 0; j < valid; ++j) max = row[j] > max ? row[j] : max;
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < valid; ++j) {
