@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "models/internal/ops.h"
 #include "models/internal/torch_compat.h"
 #include "models/model_config.h"
 #include "models/rotary.h"
@@ -76,8 +77,7 @@ RmsNorm::RmsNorm(int64_t size, double eps) : eps_(eps) {
 }
 
 torch::Tensor RmsNorm::forward(const torch::Tensor& x) {
-  const torch::Tensor rstd = torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true).add_(eps_));
-  return x * rstd * weight;
+  return internal::RmsNorm(x, weight, eps_);
 }
 
 Attention::Attention(const ModelConfig& config)
@@ -107,31 +107,16 @@ absl::Status Attention::SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) {
 torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext& context) {
   const int64_t batch = x.size(0);
   const int64_t seq = x.size(1);
-  const int64_t groups = num_heads_ / num_kv_heads_;
   const int64_t d = head_dim_;
   const torch::Tensor flat = x.reshape({batch * seq, x.size(2)});
   // [B, T, heads, D], rotated in place of HF's [B, heads, T, D] (the same values).
-  const torch::Tensor q = ApplyRotary(q_proj(flat).view({batch, seq, num_heads_, d}),
-                                      context.rope.cos, context.rope.sin);
-  const torch::Tensor k = ApplyRotary(k_proj(flat).view({batch, seq, num_kv_heads_, d}),
-                                      context.rope.cos, context.rope.sin);
+  const torch::Tensor q = internal::Rotary(q_proj(flat).view({batch, seq, num_heads_, d}),
+                                           context.rope.cos, context.rope.sin);
+  const torch::Tensor k = internal::Rotary(k_proj(flat).view({batch, seq, num_kv_heads_, d}),
+                                           context.rope.cos, context.rope.sin);
   const torch::Tensor v = v_proj(flat).view({batch, seq, num_kv_heads_, d});
-  // The query heads of one kv head stacked along the rows, [B * kv, groups * T, D], so each
-  // kv head meets all its query heads in one matmul without copying k and v per head.
-  const torch::Tensor q3 = q.view({batch, seq, num_kv_heads_, groups, d})
-                               .permute({0, 2, 3, 1, 4})
-                               .reshape({batch * num_kv_heads_, groups * seq, d});
-  const torch::Tensor k3 = k.transpose(1, 2).reshape({batch * num_kv_heads_, seq, d});
-  const torch::Tensor v3 = v.transpose(1, 2).reshape({batch * num_kv_heads_, seq, d});
-  // scale * q k^T + mask in one call: the mask is copied into the output, then the product
-  // accumulated onto it.
-  const torch::Tensor scores = torch::baddbmm(context.mask, q3, k3.transpose(1, 2), /*beta=*/1.0,
-                                              /*alpha=*/1.0 / std::sqrt(static_cast<double>(d)));
-  const torch::Tensor probs = torch::softmax(scores, /*dim=*/-1);
-  const torch::Tensor out = torch::bmm(probs, v3)
-                                .view({batch, num_kv_heads_, groups, seq, d})
-                                .permute({0, 3, 1, 2, 4})
-                                .reshape({batch * seq, num_heads_ * d});
+  const torch::Tensor out =
+      internal::CausalAttention(q, k, v, context.mask).reshape({batch * seq, num_heads_ * d});
   return o_proj(out).view({batch, seq, -1});
 }
 
@@ -144,7 +129,7 @@ Mlp::Mlp(const ModelConfig& config) {
 }
 
 torch::Tensor Mlp::forward(const torch::Tensor& x) {
-  return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+  return down_proj(internal::SwiGlu(gate_proj(x), up_proj(x)));
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig& config) {
@@ -265,8 +250,8 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
 torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                              int64_t ignore_index) {
   const torch::Tensor logits = Forward(tokens);
-  return F::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
-                          F::CrossEntropyFuncOptions().ignore_index(ignore_index));
+  return internal::CrossEntropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
+                                ignore_index);
 }
 
 torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,

@@ -72,7 +72,8 @@ class RmsNorm : public torch::nn::Module {
 struct AttentionContext {
   RotaryTables rope;  // cos, sin [T, head_dim]
   // Additive causal mask (0 on and below the diagonal, -inf above), [groups * T, T] with
-  // groups = local heads / local kv heads: row g * T + t belongs to query position t.
+  // groups = local heads / local kv heads: row g * T + t belongs to query position t. Read
+  // by the composite attention only (other than CPU float/double; models/internal/ops.h).
   torch::Tensor mask;
 };
 

@@ -187,6 +187,25 @@ TEST(CausalLMTest, LossAtInitialisationIsNearLogVocab) {
   EXPECT_NEAR(loss, std::log(1000.0), 0.1);
 }
 
+// bfloat16 (FSDP's mixed precision) takes the composite ATen path, fp32 the fused kernels:
+// the two give the same loss and gradients up to bfloat16's precision.
+TEST(CausalLMTest, Bf16CompositePathTracksTheFp32FusedPath) {
+  std::shared_ptr<CausalLM> fp32 = Make(Small());
+  std::shared_ptr<CausalLM> bf16 = Make(Small());
+  bf16->to(torch::kBFloat16);
+  const torch::Tensor tokens = Tokens(2, 24, 97, 9);
+  const torch::Tensor targets = Tokens(2, 24, 97, 10);
+  const torch::Tensor loss32 = fp32->Loss(tokens, targets);
+  const torch::Tensor loss16 = bf16->Loss(tokens, targets);
+  EXPECT_NEAR(loss16.item<double>(), loss32.item<double>(), 0.02 * loss32.item<double>());
+  loss32.backward();
+  loss16.backward();
+  const torch::Tensor grad32 = fp32->decoder().layers[0]->self_attn->q_proj->weight.grad();
+  const torch::Tensor grad16 = bf16->decoder().layers[0]->self_attn->q_proj->weight.grad();
+  const double scale = grad32.abs().max().item<double>();
+  EXPECT_LT((grad16.to(torch::kFloat32) - grad32).abs().max().item<double>(), 0.05 * scale);
+}
+
 TEST(CausalLMTest, OverfitsOneBatch) {
   std::shared_ptr<CausalLM> model = Make(Small());
   const torch::Tensor sequence = Tokens(2, 17, 97, 8);
@@ -307,8 +326,8 @@ TEST(CausalLMTest, UnitHooksRunAroundEveryUnitInOrder) {
       },
   });
   const torch::Tensor hooked = model->Forward(tokens);
-  EXPECT_THAT(calls, ElementsAre("before -1", "before 0", "after 0", "before 1", "after 1",
-                                 "after -1"));
+  EXPECT_THAT(calls,
+              ElementsAre("before -1", "before 0", "after 0", "before 1", "after 1", "after -1"));
   EXPECT_TRUE(torch::allclose(hooked, plain * 2));  // the model continues with after's result
   model->SetUnitHooks({});
   EXPECT_TRUE(torch::equal(model->Forward(tokens), plain));

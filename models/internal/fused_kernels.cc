@@ -1,0 +1,369 @@
+#include "models/internal/fused_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "ATen/Parallel.h"
+#include "models/internal/gemm.h"
+
+// Built with -O3 -fno-math-errno -fno-trapping-math -fopenmp-simd (see BUILD.bazel): the loops
+// vectorise, the reductions marked `omp simd` and the loops calling Exp too. Each kernel is
+// compiled for AVX-512, AVX2 and baseline x86-64, picked at load time.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PLAIT_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PLAIT_VECTOR_CLONES
+#endif
+
+namespace plait::models::internal {
+namespace {
+
+// Row maxima below are written `x > max ? x : max`: std::max's reduction does not vectorise.
+
+template <typename T>
+T SumOfProducts(int64_t n, const T* __restrict a, const T* __restrict b) {
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// exp(x) written so that loops over it vectorise (the C library's expf does not, without
+// -ffast-math): Cephes' expf, x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its polynomial
+// (relative error below 2e-7), times 2^n built in the exponent bits. x above 88.37 is taken as
+// 88.37 (so 2^n stays finite), and exp(x) below -87.3 (out of float's normal range) as 0.
+__attribute__((always_inline)) inline float Exp(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer.
+  constexpr float kRound = 12582912.0f;
+  const float clamped = std::max(std::min(x, 88.37f), -87.3f);
+  const float n = (clamped * kLog2e + kRound) - kRound;
+  const float r = (clamped - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // n in [-126, 127]: 2^n's biased exponent n + 127 is in float's normal range.
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  return x < -87.3f ? 0.0f : p * __builtin_bit_cast(float, bits);
+}
+__attribute__((always_inline)) inline double Exp(double x) { return std::exp(x); }
+
+// sigmoid(x) = 1 / (1 + exp(-x)).
+template <typename T>
+__attribute__((always_inline)) inline T Sigmoid(T x) {
+  return T(1) / (T(1) + Exp(-x));
+}
+
+}  // namespace
+
+template <typename T>
+PLAIT_VECTOR_CLONES void RmsNormForward(int64_t rows, int64_t n, const T* __restrict x,
+                                        const T* __restrict w, T eps, T* __restrict y,
+                                        T* __restrict rstd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    const T inv = T(1) / std::sqrt(SumOfProducts(n, xr, xr) / static_cast<T>(n) + eps);
+    rstd[r] = inv;
+    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * w[i];
+  }
+}
+
+template <typename T>
+PLAIT_VECTOR_CLONES void RmsNormBackward(int64_t rows, int64_t n, const T* __restrict x,
+                                         const T* __restrict w, const T* __restrict rstd,
+                                         const T* __restrict dy, T* __restrict dx,
+                                         T* __restrict dw) {
+  std::fill(dw, dw + n, T(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    const T* dyr = dy + r * n;
+    T* dxr = dx + r * n;
+    const T inv = rstd[r];
+    T dot = 0;  // sum(dy * w * x)
+#pragma omp simd reduction(+ : dot)
+    for (int64_t i = 0; i < n; ++i) dot += dyr[i] * w[i] * xr[i];
+    const T coef = dot * inv * inv * inv / static_cast<T>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      dxr[i] = dyr[i] * w[i] * inv - xr[i] * coef;
+      dw[i] += dyr[i] * xr[i] * inv;
+    }
+  }
+}
+
+template <typename T>
+PLAIT_VECTOR_CLONES void SwiGluForward(int64_t n, const T* __restrict gate, const T* __restrict up,
+                                       T* __restrict h) {
+  for (int64_t i = 0; i < n; ++i) h[i] = gate[i] * Sigmoid(gate[i]) * up[i];
+}
+
+template <typename T>
+PLAIT_VECTOR_CLONES void SwiGluBackward(int64_t n, const T* __restrict gate, const T* __restrict up,
+                                        const T* __restrict dh, T* __restrict dgate,
+                                        T* __restrict dup) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T s = Sigmoid(gate[i]);
+    const T silu = gate[i] * s;
+    dgate[i] = dh[i] * up[i] * s * (T(1) + gate[i] * (T(1) - s));
+    dup[i] = dh[i] * silu;
+  }
+}
+
+template <typename T>
+PLAIT_VECTOR_CLONES void RotaryForward(int64_t outer, int64_t seq, int64_t heads, int64_t d,
+                                       const T* __restrict x, const T* __restrict cos,
+                                       const T* __restrict sin, T* __restrict y) {
+  const int64_t half = d / 2;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t t = 0; t < seq; ++t) {
+      const T* c = cos + t * d;
+      const T* s = sin + t * d;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t base = ((o * seq + t) * heads + h) * d;
+        const T* xr = x + base;
+        T* yr = y + base;
+        for (int64_t i = 0; i < half; ++i) yr[i] = xr[i] * c[i] - xr[i + half] * s[i];
+        for (int64_t i = half; i < d; ++i) yr[i] = xr[i] * c[i] + xr[i - half] * s[i];
+      }
+    }
+  }
+}
+
+template <typename T>
+PLAIT_VECTOR_CLONES void RotaryBackward(int64_t outer, int64_t seq, int64_t heads, int64_t d,
+                                        const T* __restrict dy, const T* __restrict cos,
+                                        const T* __restrict sin, T* __restrict dx) {
+  const int64_t half = d / 2;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t t = 0; t < seq; ++t) {
+      const T* c = cos + t * d;
+      const T* s = sin + t * d;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t base = ((o * seq + t) * heads + h) * d;
+        const T* g = dy + base;
+        T* dxr = dx + base;
+        for (int64_t i = 0; i < half; ++i) dxr[i] = g[i] * c[i] + g[i + half] * s[i + half];
+        for (int64_t i = half; i < d; ++i) dxr[i] = g[i] * c[i] - g[i - half] * s[i - half];
+      }
+    }
+  }
+}
+
+template <typename T>
+PLAIT_VECTOR_CLONES void CrossEntropyForward(int64_t rows, int64_t vocab,
+                                             const T* __restrict logits,
+                                             const int64_t* __restrict targets,
+                                             int64_t ignore_index, T* __restrict lse,
+                                             T* __restrict loss) {
+  std::vector<T> scratch(static_cast<size_t>(vocab));
+  T* __restrict exps = scratch.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = logits + r * vocab;
+    if (targets[r] == ignore_index) {
+      lse[r] = 0;
+      loss[r] = 0;
+      continue;
+    }
+    T max = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : max)
+    for (int64_t j = 0; j < vocab; ++j) max = row[j] > max ? row[j] : max;
+    // The exps go through `exps` first: a reduction over Exp's clamps does not vectorise.
+    for (int64_t j = 0; j < vocab; ++j) exps[j] = Exp(row[j] - max);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < vocab; ++j) sum += exps[j];
+    lse[r] = max + std::log(sum);
+    loss[r] = lse[r] - row[targets[r]];
+  }
+}
+
+template <typename T>
+PLAIT_VECTOR_CLONES void CrossEntropyBackward(int64_t rows, int64_t vocab,
+                                              const T* __restrict logits,
+                                              const int64_t* __restrict targets,
+                                              int64_t ignore_index, const T* __restrict lse,
+                                              T scale, T* __restrict dlogits) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = logits + r * vocab;
+    T* grad = dlogits + r * vocab;
+    if (targets[r] == ignore_index) {
+      std::fill(grad, grad + vocab, T(0));
+      continue;
+    }
+    const T shift = lse[r];
+    for (int64_t j = 0; j < vocab; ++j) grad[j] = scale * Exp(row[j] - shift);
+    grad[targets[r]] -= scale;
+  }
+}
+
+namespace {
+
+// The scores of query rows i0 .. i0 + m - 1 against keys 0 .. n - 1 (n = i0 + m), [m, n],
+// turned in place into each row's causal softmax: keys after the row's position get 0. lse
+// receives each row's log-sum-exp.
+template <typename T>
+PLAIT_VECTOR_CLONES void CausalSoftmax(int64_t i0, int64_t m, T* __restrict scores,
+                                       T* __restrict lse) {
+  const int64_t n = i0 + m;
+  for (int64_t r = 0; r < m; ++r) {
+    T* row = scores + r * n;
+    const int64_t valid = i0 + r + 1;
+    T max = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : max)
+    for (int64_t j = 0; j < valid; ++j) max = row[j] > max ? row[j] : max;
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < valid; ++j) {
+      row[j] = Exp(row[j] - max);
+      sum += row[j];
+    }
+    const T inv = T(1) / sum;
+    for (int64_t j = 0; j < valid; ++j) row[j] *= inv;
+    std::fill(row + valid, row + n, T(0));
+    lse[r] = max + std::log(sum);
+  }
+}
+
+// The same probabilities again from the scores and the saved lse: exp(score - lse[row]).
+template <typename T>
+PLAIT_VECTOR_CLONES void CausalProbabilities(int64_t i0, int64_t m, T* __restrict scores,
+                                             const T* __restrict lse) {
+  const int64_t n = i0 + m;
+  for (int64_t r = 0; r < m; ++r) {
+    T* row = scores + r * n;
+    const int64_t valid = i0 + r + 1;
+    const T shift = lse[r];
+    for (int64_t j = 0; j < valid; ++j) row[j] = Exp(row[j] - shift);
+    std::fill(row + valid, row + n, T(0));
+  }
+}
+
+// dS = P * (dP - delta[row]) in place of dP.
+template <typename T>
+PLAIT_VECTOR_CLONES void SoftmaxBackward(int64_t m, int64_t n, const T* __restrict probs,
+                                         const T* __restrict delta, T* __restrict dp) {
+  for (int64_t r = 0; r < m; ++r) {
+    const T* p = probs + r * n;
+    T* g = dp + r * n;
+    const T dr = delta[r];
+    for (int64_t j = 0; j < n; ++j) g[j] = p[j] * (g[j] - dr);
+  }
+}
+
+// The offsets and strides of one (batch, kv head) pair and the query heads that share it.
+struct HeadGroup {
+  HeadGroup(const AttentionShape& shape, int64_t index)
+      : b(index / shape.kv_heads),
+        kv(index % shape.kv_heads),
+        groups(shape.heads / shape.kv_heads),
+        ldq(shape.heads * shape.head_dim),
+        ldk(shape.kv_heads * shape.head_dim),
+        q_offset(b * shape.seq * ldq + kv * groups * shape.head_dim),
+        k_offset(b * shape.seq * ldk + kv * shape.head_dim) {}
+  int64_t b, kv, groups, ldq, ldk, q_offset, k_offset;
+};
+
+}  // namespace
+
+template <typename T>
+void CausalAttentionForward(const AttentionShape& shape, T scale, const T* q, const T* k,
+                            const T* v, T* out, T* lse) {
+  const int64_t seq = shape.seq;
+  const int64_t d = shape.head_dim;
+  at::parallel_for(0, shape.batch * shape.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> scores(static_cast<size_t>(kAttentionBlock * seq));
+    for (int64_t index = begin; index < end; ++index) {
+      const HeadGroup g(shape, index);
+      const T* kb = k + g.k_offset;
+      const T* vb = v + g.k_offset;
+      for (int64_t j = 0; j < g.groups; ++j) {
+        const int64_t h = g.kv * g.groups + j;
+        T* lse_h = lse + (g.b * shape.heads + h) * seq;
+        for (int64_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
+          const int64_t m = std::min(kAttentionBlock, seq - i0);
+          const int64_t n = i0 + m;
+          const int64_t row = g.q_offset + i0 * g.ldq + j * d;
+          Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb, g.ldk, T(0), scores.data(), n);
+          CausalSoftmax<T>(i0, m, scores.data(), lse_h + i0);
+          Gemm<T>(false, false, m, d, n, T(1), scores.data(), n, vb, g.ldk, T(0), out + row, g.ldq);
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, const T* k,
+                             const T* v, const T* out, const T* lse, const T* dout, T* dq, T* dk,
+                             T* dv) {
+  const int64_t seq = shape.seq;
+  const int64_t d = shape.head_dim;
+  at::parallel_for(0, shape.batch * shape.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> probs(static_cast<size_t>(kAttentionBlock * seq));
+    std::vector<T> grad(static_cast<size_t>(kAttentionBlock * seq));
+    std::vector<T> delta(static_cast<size_t>(kAttentionBlock));
+    for (int64_t index = begin; index < end; ++index) {
+      const HeadGroup g(shape, index);
+      const T* kb = k + g.k_offset;
+      const T* vb = v + g.k_offset;
+      T* dkb = dk + g.k_offset;
+      T* dvb = dv + g.k_offset;
+      for (int64_t i = 0; i < seq; ++i) {
+        std::fill(dkb + i * g.ldk, dkb + i * g.ldk + d, T(0));
+        std::fill(dvb + i * g.ldk, dvb + i * g.ldk + d, T(0));
+      }
+      for (int64_t j = 0; j < g.groups; ++j) {
+        const int64_t h = g.kv * g.groups + j;
+        const T* lse_h = lse + (g.b * shape.heads + h) * seq;
+        for (int64_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
+          const int64_t m = std::min(kAttentionBlock, seq - i0);
+          const int64_t n = i0 + m;
+          const int64_t row = g.q_offset + i0 * g.ldq + j * d;
+          for (int64_t r = 0; r < m; ++r) {
+            delta[r] = SumOfProducts(d, dout + row + r * g.ldq, out + row + r * g.ldq);
+          }
+          Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb, g.ldk, T(0), probs.data(), n);
+          CausalProbabilities<T>(i0, m, probs.data(), lse_h + i0);
+          Gemm<T>(false, true, m, n, d, T(1), dout + row, g.ldq, vb, g.ldk, T(0), grad.data(), n);
+          SoftmaxBackward<T>(m, n, probs.data(), delta.data(), grad.data());
+          Gemm<T>(false, false, m, d, n, scale, grad.data(), n, kb, g.ldk, T(0), dq + row, g.ldq);
+          Gemm<T>(true, false, n, d, m, scale, grad.data(), n, q + row, g.ldq, T(1), dkb, g.ldk);
+          Gemm<T>(true, false, n, d, m, T(1), probs.data(), n, dout + row, g.ldq, T(1), dvb, g.ldk);
+        }
+      }
+    }
+  });
+}
+
+#define PLAIT_INSTANTIATE_FUSED_KERNELS(T)                                                         \
+  template void RmsNormForward<T>(int64_t, int64_t, const T*, const T*, T, T*, T*);                \
+  template void RmsNormBackward<T>(int64_t, int64_t, const T*, const T*, const T*, const T*, T*,   \
+                                   T*);                                                            \
+  template void SwiGluForward<T>(int64_t, const T*, const T*, T*);                                 \
+  template void SwiGluBackward<T>(int64_t, const T*, const T*, const T*, T*, T*);                  \
+  template void RotaryForward<T>(int64_t, int64_t, int64_t, int64_t, const T*, const T*, const T*, \
+                                 T*);                                                              \
+  template void RotaryBackward<T>(int64_t, int64_t, int64_t, int64_t, const T*, const T*,          \
+                                  const T*, T*);                                                   \
+  template void CrossEntropyForward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t, T*,    \
+                                       T*);                                                        \
+  template void CrossEntropyBackward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t,       \
+                                        const T*, T, T*);                                          \
+  template void CausalAttentionForward<T>(const AttentionShape&, T, const T*, const T*, const T*,  \
+                                          T*, T*);                                                 \
+  template void CausalAttentionBackward<T>(const AttentionShape&, T, const T*, const T*, const T*, \
+                                           const T*, const T*, const T*, T*, T*, T*);
+PLAIT_INSTANTIATE_FUSED_KERNELS(float)
+PLAIT_INSTANTIATE_FUSED_KERNELS(double)
+#undef PLAIT_INSTANTIATE_FUSED_KERNELS
+
+}  // namespace plait::models::internal

@@ -1,0 +1,316 @@
+#include "models/internal/ops.h"
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+
+#include "ATen/record_function.h"
+#include "models/internal/fused_kernels.h"
+#include "models/rotary.h"
+
+namespace plait::models::internal {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Each fused forward is recorded under its own name (plait::RmsNorm, ...) for the profiler,
+// which otherwise charges it to no event; the backward shows as the function's CppNode.
+
+// Whether the fused kernels can run on these tensors: all on the CPU, strided, and of one
+// floating dtype they are built for (float or double).
+bool Fusable(std::initializer_list<torch::Tensor> tensors) {
+  const torch::ScalarType dtype = tensors.begin()->scalar_type();
+  if (dtype != torch::kFloat32 && dtype != torch::kFloat64) return false;
+  for (const torch::Tensor& tensor : tensors) {
+    if (!tensor.device().is_cpu() || tensor.layout() != torch::kStrided ||
+        tensor.scalar_type() != dtype) {
+      return false;
+    }
+  }
+  return true;
+}
+
+struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, double eps) {
+    RECORD_FUNCTION("plait::RmsNorm", {});
+    const torch::Tensor input = x.contiguous();
+    const torch::Tensor w = weight.contiguous();
+    const int64_t n = input.size(-1);
+    const int64_t rows = n == 0 ? 0 : input.numel() / n;
+    torch::Tensor y = torch::empty_like(input);
+    torch::Tensor rstd = torch::empty({rows}, input.options());
+    AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "RmsNormForward", [&] {
+      RmsNormForward<scalar_t>(rows, n, input.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                               static_cast<scalar_t>(eps), y.data_ptr<scalar_t>(),
+                               rstd.data_ptr<scalar_t>());
+    });
+    ctx->save_for_backward({input, w, rstd});
+    return y;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const tensor_list saved = ctx->get_saved_variables();
+    const torch::Tensor& input = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor dy = grads[0].contiguous();
+    const int64_t n = input.size(-1);
+    const int64_t rows = n == 0 ? 0 : input.numel() / n;
+    torch::Tensor dx = torch::empty_like(input);
+    torch::Tensor dw = torch::empty_like(w);
+    AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "RmsNormBackward", [&] {
+      RmsNormBackward<scalar_t>(rows, n, input.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                                saved[2].data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                                dx.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>());
+    });
+    return {dx, dw, torch::Tensor()};
+  }
+};
+
+struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate,
+                               const torch::Tensor& up) {
+    RECORD_FUNCTION("plait::SwiGlu", {});
+    const torch::Tensor g = gate.contiguous();
+    const torch::Tensor u = up.contiguous();
+    torch::Tensor h = torch::empty_like(g);
+    AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "SwiGluForward", [&] {
+      SwiGluForward<scalar_t>(g.numel(), g.data_ptr<scalar_t>(), u.data_ptr<scalar_t>(),
+                              h.data_ptr<scalar_t>());
+    });
+    ctx->save_for_backward({g, u});
+    return h;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const tensor_list saved = ctx->get_saved_variables();
+    const torch::Tensor& g = saved[0];
+    const torch::Tensor& u = saved[1];
+    const torch::Tensor dh = grads[0].contiguous();
+    torch::Tensor dgate = torch::empty_like(g);
+    torch::Tensor dup = torch::empty_like(u);
+    AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "SwiGluBackward", [&] {
+      SwiGluBackward<scalar_t>(g.numel(), g.data_ptr<scalar_t>(), u.data_ptr<scalar_t>(),
+                               dh.data_ptr<scalar_t>(), dgate.data_ptr<scalar_t>(),
+                               dup.data_ptr<scalar_t>());
+    });
+    return {dgate, dup};
+  }
+};
+
+struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& cos, const torch::Tensor& sin) {
+    RECORD_FUNCTION("plait::Rotary", {});
+    const torch::Tensor input = x.contiguous();
+    const torch::Tensor c = cos.contiguous();
+    const torch::Tensor s = sin.contiguous();
+    torch::Tensor y = torch::empty_like(input);
+    AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "RotaryForward", [&] {
+      RotaryForward<scalar_t>(input.size(0), input.size(1), input.size(2), input.size(3),
+                              input.data_ptr<scalar_t>(), c.data_ptr<scalar_t>(),
+                              s.data_ptr<scalar_t>(), y.data_ptr<scalar_t>());
+    });
+    ctx->save_for_backward({c, s});
+    return y;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const tensor_list saved = ctx->get_saved_variables();
+    const torch::Tensor dy = grads[0].contiguous();
+    torch::Tensor dx = torch::empty_like(dy);
+    AT_DISPATCH_FLOATING_TYPES(dy.scalar_type(), "RotaryBackward", [&] {
+      RotaryBackward<scalar_t>(dy.size(0), dy.size(1), dy.size(2), dy.size(3),
+                               dy.data_ptr<scalar_t>(), saved[0].data_ptr<scalar_t>(),
+                               saved[1].data_ptr<scalar_t>(), dx.data_ptr<scalar_t>());
+    });
+    return {dx, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, int64_t ignore_index) {
+    RECORD_FUNCTION("plait::CrossEntropy", {});
+    const torch::Tensor l = logits.contiguous();
+    const torch::Tensor t = targets.contiguous();
+    const int64_t rows = l.size(0);
+    const int64_t vocab = l.size(1);
+    TORCH_CHECK(t.dim() == 1 && t.size(0) == rows, "CrossEntropy: targets ", t.sizes(),
+                " do not match logits ", l.sizes());
+    const torch::Tensor kept = t != ignore_index;
+    TORCH_CHECK(((t >= 0) & (t < vocab) | ~kept).all().item<bool>(),
+                "CrossEntropy: a target is outside [0, ", vocab, ") and is not ignore_index ",
+                ignore_index);
+    torch::Tensor lse = torch::empty({rows}, l.options());
+    torch::Tensor loss = torch::empty({rows}, l.options());
+    AT_DISPATCH_FLOATING_TYPES(l.scalar_type(), "CrossEntropyForward", [&] {
+      CrossEntropyForward<scalar_t>(rows, vocab, l.data_ptr<scalar_t>(), t.data_ptr<int64_t>(),
+                                    ignore_index, lse.data_ptr<scalar_t>(),
+                                    loss.data_ptr<scalar_t>());
+    });
+    const int64_t count = kept.sum().item<int64_t>();
+    ctx->save_for_backward({l, t, lse});
+    ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->saved_data["count"] = count;
+    return loss.sum() / static_cast<double>(count);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const tensor_list saved = ctx->get_saved_variables();
+    const torch::Tensor& l = saved[0];
+    const int64_t count = ctx->saved_data["count"].toInt();
+    const double scale = grads[0].item<double>() / static_cast<double>(count);
+    torch::Tensor dlogits = torch::empty_like(l);
+    AT_DISPATCH_FLOATING_TYPES(l.scalar_type(), "CrossEntropyBackward", [&] {
+      CrossEntropyBackward<scalar_t>(
+          l.size(0), l.size(1), l.data_ptr<scalar_t>(), saved[1].data_ptr<int64_t>(),
+          ctx->saved_data["ignore_index"].toInt(), saved[2].data_ptr<scalar_t>(),
+          static_cast<scalar_t>(scale), dlogits.data_ptr<scalar_t>());
+    });
+    return {dlogits, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+AttentionShape ShapeOf(const torch::Tensor& q, const torch::Tensor& k) {
+  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+}
+
+double AttentionScale(const torch::Tensor& q) {
+  return 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+}
+
+struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& query,
+                               const torch::Tensor& key, const torch::Tensor& value) {
+    RECORD_FUNCTION("plait::CausalAttention", {});
+    const torch::Tensor q = query.contiguous();
+    const torch::Tensor k = key.contiguous();
+    const torch::Tensor v = value.contiguous();
+    const AttentionShape shape = ShapeOf(q, k);
+    torch::Tensor out = torch::empty_like(q);
+    torch::Tensor lse = torch::empty({shape.batch, shape.heads, shape.seq}, q.options());
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "CausalAttentionForward", [&] {
+      CausalAttentionForward<scalar_t>(shape, static_cast<scalar_t>(AttentionScale(q)),
+                                       q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+                                       v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                       lse.data_ptr<scalar_t>());
+    });
+    ctx->save_for_backward({q, k, v, out, lse});
+    return out;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const tensor_list saved = ctx->get_saved_variables();
+    const torch::Tensor& q = saved[0];
+    const torch::Tensor& k = saved[1];
+    const torch::Tensor dout = grads[0].contiguous();
+    const AttentionShape shape = ShapeOf(q, k);
+    torch::Tensor dq = torch::empty_like(q);
+    torch::Tensor dk = torch::empty_like(k);
+    torch::Tensor dv = torch::empty_like(k);
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "CausalAttentionBackward", [&] {
+      CausalAttentionBackward<scalar_t>(
+          shape, static_cast<scalar_t>(AttentionScale(q)), q.data_ptr<scalar_t>(),
+          k.data_ptr<scalar_t>(), saved[2].data_ptr<scalar_t>(), saved[3].data_ptr<scalar_t>(),
+          saved[4].data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(),
+          dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>());
+    });
+    return {dq, dk, dv};
+  }
+};
+
+}  // namespace
+
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return Fusable({x, weight}) ? FusedRmsNorm(x, weight, eps) : CompositeRmsNorm(x, weight, eps);
+}
+
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return RmsNormFunction::apply(x, weight, eps);
+}
+
+torch::Tensor CompositeRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const torch::Tensor rstd = torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
+  return x * rstd * weight;
+}
+
+torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
+  return Fusable({gate, up}) ? FusedSwiGlu(gate, up) : CompositeSwiGlu(gate, up);
+}
+
+torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
+  return SwiGluFunction::apply(gate, up);
+}
+
+torch::Tensor CompositeSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
+  return torch::nn::functional::silu(gate) * up;
+}
+
+torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  return Fusable({x, cos, sin}) ? FusedRotary(x, cos, sin) : ApplyRotary(x, cos, sin);
+}
+
+torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
+                          const torch::Tensor& sin) {
+  return RotaryFunction::apply(x, cos, sin);
+}
+
+torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                           int64_t ignore_index) {
+  const bool fusable =
+      Fusable({logits}) && targets.device().is_cpu() && targets.scalar_type() == torch::kInt64;
+  return fusable ? FusedCrossEntropy(logits, targets, ignore_index)
+                 : CompositeCrossEntropy(logits, targets, ignore_index);
+}
+
+torch::Tensor FusedCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                int64_t ignore_index) {
+  return CrossEntropyFunction::apply(logits, targets, ignore_index);
+}
+
+torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                    int64_t ignore_index) {
+  return torch::nn::functional::cross_entropy(
+      logits, targets, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(ignore_index));
+}
+
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& mask) {
+  return Fusable({q, k, v}) ? FusedCausalAttention(q, k, v)
+                            : CompositeCausalAttention(q, k, v, mask);
+}
+
+torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v) {
+  return CausalAttentionFunction::apply(q, k, v);
+}
+
+torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                       const torch::Tensor& v, const torch::Tensor& mask) {
+  const int64_t batch = q.size(0);
+  const int64_t seq = q.size(1);
+  const int64_t heads = q.size(2);
+  const int64_t kv_heads = k.size(2);
+  const int64_t groups = heads / kv_heads;
+  const int64_t d = q.size(3);
+  // The query heads of one kv head stacked along the rows, [B * kv, groups * T, D], so each
+  // kv head meets all its query heads in one matmul without copying k and v per head.
+  const torch::Tensor q3 = q.reshape({batch, seq, kv_heads, groups, d})
+                               .permute({0, 2, 3, 1, 4})
+                               .reshape({batch * kv_heads, groups * seq, d});
+  const torch::Tensor k3 = k.transpose(1, 2).reshape({batch * kv_heads, seq, d});
+  const torch::Tensor v3 = v.transpose(1, 2).reshape({batch * kv_heads, seq, d});
+  // scale * q k^T + mask in one call: the mask is copied into the output, then the product
+  // accumulated onto it.
+  const torch::Tensor scores =
+      torch::baddbmm(mask, q3, k3.transpose(1, 2), /*beta=*/1.0, /*alpha=*/AttentionScale(q));
+  const torch::Tensor probs = torch::softmax(scores, /*dim=*/-1);
+  return torch::bmm(probs, v3)
+      .view({batch, kv_heads, groups, seq, d})
+      .permute({0, 3, 1, 2, 4})
+      .reshape({batch, seq, heads, d});
+}
+
+}  // namespace plait::models::internal

@@ -1,0 +1,58 @@
+// The decoder's steps that CausalLM runs between its matmuls, each in two forms with the same
+// values and gradients: Fused* (one pass over memory per direction, models/internal/
+// fused_kernels.h, as custom autograd functions with hand-written backward; CPU float and
+// double only) and Composite* (the ATen composite, for every device and dtype, and the
+// reference the fused forms are tested against). The unprefixed functions pick the fused form
+// when every input is a CPU float or double tensor of one dtype, else the composite one:
+//
+//   torch::Tensor y = RmsNorm(x, weight, eps);  // fused for fp32 CPU, composite for bf16
+#ifndef PLAIT_MODELS_INTERNAL_OPS_H_
+#define PLAIT_MODELS_INTERNAL_OPS_H_
+
+#include <cstdint>
+
+#include "torch/torch.h"
+
+namespace plait::models::internal {
+
+// x * rsqrt(mean(x^2, -1) + eps) * weight, x [..., n], weight [n].
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor CompositeRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// silu(gate) * up, elementwise over tensors of one shape.
+torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+torch::Tensor CompositeSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+
+// Rotary embedding (rotary.h's ApplyRotary) of x [B, T, heads, d] by tables [T, d]; the
+// tables are constants (no gradient flows to them).
+torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
+                          const torch::Tensor& sin);
+
+// Mean cross-entropy of logits [N, vocab] against int64 targets [N] over the rows whose target
+// is not ignore_index (NaN when there are none), as torch::nn::functional::cross_entropy.
+// Throws c10::Error, as the composite does, for a target outside [0, vocab) other than
+// ignore_index.
+torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                           int64_t ignore_index);
+torch::Tensor FusedCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                int64_t ignore_index);
+torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                    int64_t ignore_index);
+
+// Causal grouped-query attention with scale 1 / sqrt(d): q [B, T, H, d], k and v
+// [B, T, KV, d] with KV dividing H (query head h reads kv head h / (H / KV)) -> [B, T, H, d].
+// The composite form takes the additive causal mask [H / KV * T, T] (0 on and below the
+// diagonal, -inf above; row g * T + t for query position t) that CausalLM caches.
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& mask);
+torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v);
+torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                       const torch::Tensor& v, const torch::Tensor& mask);
+
+}  // namespace plait::models::internal
+
+#endif  // PLAIT_MODELS_INTERNAL_OPS_H_

@@ -1,0 +1,223 @@
+#include "models/internal/ops.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "models/internal/fused_kernels.h"
+#include "models/rotary.h"
+
+namespace plait::models::internal {
+namespace {
+
+using Op = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+
+struct Result {
+  torch::Tensor output;
+  std::vector<torch::Tensor> grads;
+};
+
+// op's output and the gradients of sum(output * upstream) for each input with requires_grad
+// (undefined for the others).
+Result Run(const Op& op, const std::vector<torch::Tensor>& inputs, const torch::Tensor& upstream) {
+  std::vector<torch::Tensor> leaves;
+  for (const torch::Tensor& input : inputs) {
+    leaves.push_back(input.detach().clone().requires_grad_(input.requires_grad()));
+  }
+  Result result;
+  result.output = op(leaves);
+  (result.output * upstream).sum().backward();
+  for (const torch::Tensor& leaf : leaves) result.grads.push_back(leaf.grad());
+  return result;
+}
+
+double Tolerance(torch::ScalarType dtype) { return dtype == torch::kFloat64 ? 1e-12 : 1e-5; }
+
+// fused and reference agree on the output and on every gradient, relative to each tensor's
+// largest magnitude.
+void ExpectSame(const Op& fused, const Op& reference, const std::vector<torch::Tensor>& inputs,
+                const std::string& what) {
+  SCOPED_TRACE(what);
+  const torch::Tensor probe = reference(inputs);
+  torch::manual_seed(99);
+  const torch::Tensor upstream = torch::randn(probe.sizes(), probe.options());
+  const Result got = Run(fused, inputs, upstream);
+  const Result want = Run(reference, inputs, upstream);
+  const double tolerance = Tolerance(inputs.front().scalar_type());
+  const auto expect_close = [tolerance](const torch::Tensor& a, const torch::Tensor& b,
+                                        const std::string& name) {
+    ASSERT_EQ(a.sizes(), b.sizes()) << name;
+    const double scale = std::max(b.abs().max().item<double>(), 1e-30);
+    EXPECT_LE((a - b).abs().max().item<double>() / scale, tolerance) << name;
+  };
+  expect_close(got.output, want.output, "output");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ASSERT_EQ(got.grads[i].defined(), want.grads[i].defined()) << "input " << i;
+    if (want.grads[i].defined()) {
+      expect_close(got.grads[i], want.grads[i], "gradient of input " + std::to_string(i));
+    }
+  }
+}
+
+torch::Tensor Random(std::vector<int64_t> sizes, torch::ScalarType dtype, uint64_t seed,
+                     bool requires_grad = true) {
+  torch::manual_seed(seed);
+  return torch::randn(sizes, torch::TensorOptions().dtype(dtype)).requires_grad_(requires_grad);
+}
+
+const std::vector<torch::ScalarType> kDtypes = {torch::kFloat32, torch::kFloat64};
+
+TEST(RmsNormTest, FusedMatchesComposite) {
+  for (const torch::ScalarType dtype : kDtypes) {
+    for (const std::vector<int64_t>& shape :
+         std::vector<std::vector<int64_t>>{{1, 1, 8}, {3, 5, 37}, {2, 256}}) {
+      const std::vector<torch::Tensor> inputs = {Random(shape, dtype, 1),
+                                                 Random({shape.back()}, dtype, 2)};
+      ExpectSame([](const auto& in) { return FusedRmsNorm(in[0], in[1], 1e-6); },
+                 [](const auto& in) { return CompositeRmsNorm(in[0], in[1], 1e-6); }, inputs,
+                 std::string(torch::toString(dtype)) + " last dim " + std::to_string(shape.back()));
+    }
+  }
+}
+
+TEST(SwiGluTest, FusedMatchesComposite) {
+  // Gates up to ~10 and ~150 in magnitude: the second reaches the float Exp's clamps.
+  for (const torch::ScalarType dtype : kDtypes) {
+    for (const double scale : {4.0, 40.0}) {
+      const std::vector<torch::Tensor> inputs = {
+          (Random({3, 7, 29}, dtype, 3, /*requires_grad=*/false) * scale).requires_grad_(),
+          Random({3, 7, 29}, dtype, 4)};
+      ExpectSame([](const auto& in) { return FusedSwiGlu(in[0], in[1]); },
+                 [](const auto& in) { return CompositeSwiGlu(in[0], in[1]); }, inputs,
+                 std::string(torch::toString(dtype)) + " gate scale " + std::to_string(scale));
+    }
+  }
+}
+
+TEST(RotaryTest, FusedMatchesApplyRotary) {
+  for (const torch::ScalarType dtype : kDtypes) {
+    const int64_t seq = 11;
+    // Frequencies 10000^(-2i/16), as a head of 16 gets them by default.
+    const torch::Tensor inv_freq = torch::pow(10000.0, -torch::arange(0, 16, 2) / 16.0);
+    const RotaryTables tables = MakeRotaryTables(inv_freq, torch::arange(seq));
+    const std::vector<torch::Tensor> inputs = {Random({2, seq, 3, 16}, dtype, 5),
+                                               tables.cos.to(dtype), tables.sin.to(dtype)};
+    ExpectSame([](const auto& in) { return FusedRotary(in[0], in[1], in[2]); },
+               [](const auto& in) { return ApplyRotary(in[0], in[1], in[2]); }, inputs,
+               torch::toString(dtype));
+  }
+}
+
+TEST(CrossEntropyTest, FusedMatchesComposite) {
+  for (const torch::ScalarType dtype : kDtypes) {
+    torch::manual_seed(20);
+    torch::Tensor targets = torch::randint(37, {13}, torch::kInt64);
+    targets[2] = -100;
+    targets[7] = -100;
+    const std::vector<torch::Tensor> inputs = {Random({13, 37}, dtype, 21) * 3};
+    ExpectSame([&targets](const auto& in) { return FusedCrossEntropy(in[0], targets, -100); },
+               [&targets](const auto& in) { return CompositeCrossEntropy(in[0], targets, -100); },
+               inputs, torch::toString(dtype));
+  }
+}
+
+TEST(CrossEntropyTest, AllIgnoredIsNanAndABadTargetThrows) {
+  const torch::Tensor logits = Random({3, 5}, torch::kFloat32, 22);
+  EXPECT_TRUE(std::isnan(
+      FusedCrossEntropy(logits, torch::full({3}, -100, torch::kInt64), -100).item<float>()));
+  EXPECT_THROW(FusedCrossEntropy(logits, torch::tensor({0, 5, 1}, torch::kInt64), -100),
+               c10::Error);
+  EXPECT_THROW(FusedCrossEntropy(logits, torch::tensor({0, -1, 1}, torch::kInt64), -100),
+               c10::Error);
+}
+
+// The composite attention's additive mask for `groups` query heads per kv head.
+torch::Tensor CausalMask(int64_t seq, int64_t groups, torch::ScalarType dtype) {
+  return torch::full({seq, seq}, -std::numeric_limits<double>::infinity(),
+                     torch::TensorOptions().dtype(dtype))
+      .triu(1)
+      .repeat({groups, 1});
+}
+
+struct AttentionCase {
+  int64_t batch, seq, heads, kv_heads, head_dim;
+};
+
+TEST(CausalAttentionTest, FusedMatchesComposite) {
+  // Sequences shorter than, equal to and not a multiple of the block; GQA groups of 1, 2, 4;
+  // batch 1.
+  const std::vector<AttentionCase> cases = {{1, 5, 4, 2, 8},
+                                            {2, kAttentionBlock, 2, 2, 16},
+                                            {2, kAttentionBlock + 7, 4, 1, 8},
+                                            {1, 2 * kAttentionBlock + 3, 4, 2, 32}};
+  for (const torch::ScalarType dtype : kDtypes) {
+    for (const AttentionCase& c : cases) {
+      const torch::Tensor mask = CausalMask(c.seq, c.heads / c.kv_heads, dtype);
+      const std::vector<torch::Tensor> inputs = {
+          Random({c.batch, c.seq, c.heads, c.head_dim}, dtype, 6),
+          Random({c.batch, c.seq, c.kv_heads, c.head_dim}, dtype, 7),
+          Random({c.batch, c.seq, c.kv_heads, c.head_dim}, dtype, 8)};
+      ExpectSame(
+          [](const auto& in) { return FusedCausalAttention(in[0], in[1], in[2]); },
+          [&mask](const auto& in) { return CompositeCausalAttention(in[0], in[1], in[2], mask); },
+          inputs,
+          std::string(torch::toString(dtype)) + " B" + std::to_string(c.batch) + " T" +
+              std::to_string(c.seq) + " H" + std::to_string(c.heads) + " KV" +
+              std::to_string(c.kv_heads));
+    }
+  }
+}
+
+TEST(CausalAttentionTest, NoPositionSeesALaterOne) {
+  const int64_t seq = kAttentionBlock + 9;
+  const int64_t cut = kAttentionBlock - 3;  // the first changed position
+  torch::Tensor q = Random({2, seq, 4, 8}, torch::kFloat32, 9);
+  torch::Tensor k = Random({2, seq, 2, 8}, torch::kFloat32, 10);
+  torch::Tensor v = Random({2, seq, 2, 8}, torch::kFloat32, 11);
+  const torch::Tensor out = FusedCausalAttention(q, k, v);
+  // Gradients of the outputs before `cut` reach no input at or after it.
+  out.narrow(1, 0, cut).sum().backward();
+  for (const torch::Tensor& input : {q, k, v}) {
+    EXPECT_EQ(input.grad().narrow(1, cut, seq - cut).abs().max().item<float>(), 0.0f);
+    EXPECT_GT(input.grad().narrow(1, 0, cut).abs().max().item<float>(), 0.0f);
+  }
+  // Changing k and v from `cut` on changes no earlier output, and changes the later ones.
+  torch::NoGradGuard no_grad;
+  const torch::Tensor k2 = k.detach().clone();
+  const torch::Tensor v2 = v.detach().clone();
+  k2.narrow(1, cut, seq - cut).add_(1.0);
+  v2.narrow(1, cut, seq - cut).add_(1.0);
+  const torch::Tensor changed = FusedCausalAttention(q, k2, v2);
+  EXPECT_TRUE(torch::equal(changed.narrow(1, 0, cut), out.narrow(1, 0, cut)));
+  EXPECT_FALSE(torch::allclose(changed.narrow(1, cut, seq - cut), out.narrow(1, cut, seq - cut)));
+}
+
+std::string GradFnName(const torch::Tensor& t) { return t.grad_fn()->name(); }
+
+TEST(DispatchTest, FusedForCpuFloatCompositeOtherwise) {
+  const torch::Tensor x = Random({2, 3, 8}, torch::kFloat32, 12);
+  const torch::Tensor w = Random({8}, torch::kFloat32, 13);
+  EXPECT_NE(GradFnName(RmsNorm(x, w, 1e-6)).find("RmsNormFunction"), std::string::npos);
+  EXPECT_NE(GradFnName(SwiGlu(x, x)).find("SwiGluFunction"), std::string::npos);
+  EXPECT_NE(GradFnName(CrossEntropy(x[0], torch::zeros({3}, torch::kInt64), -100))
+                .find("CrossEntropyFunction"),
+            std::string::npos);
+
+  // bfloat16 (FSDP's mixed precision) runs the composite, with the composite's values.
+  const torch::Tensor xb = x.detach().to(torch::kBFloat16).requires_grad_();
+  const torch::Tensor wb = w.detach().to(torch::kBFloat16).requires_grad_();
+  const torch::Tensor yb = RmsNorm(xb, wb, 1e-6);
+  EXPECT_EQ(GradFnName(yb).find("RmsNormFunction"), std::string::npos);
+  EXPECT_TRUE(torch::equal(yb, CompositeRmsNorm(xb, wb, 1e-6)));
+  const torch::Tensor qb = Random({1, 4, 2, 8}, torch::kBFloat16, 14);
+  const torch::Tensor attention = CausalAttention(qb, qb, qb, CausalMask(4, 1, torch::kBFloat16));
+  EXPECT_TRUE(torch::equal(
+      attention, CompositeCausalAttention(qb, qb, qb, CausalMask(4, 1, torch::kBFloat16))));
+  EXPECT_EQ(GradFnName(attention).find("CausalAttentionFunction"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace plait::models::internal
