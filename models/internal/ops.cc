@@ -140,7 +140,7 @@ struct CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunct
     TORCH_CHECK(t.dim() == 1 && t.size(0) == rows, "CrossEntropy: targets ", t.sizes(),
                 " do not match logits ", l.sizes());
     const torch::Tensor kept = t != ignore_index;
-    TORCH_CHECK(((t >= 0) & (t < vocab) | ~kept).all().item<bool>(),
+    TORCH_CHECK((((t >= 0) & (t < vocab)) | ~kept).all().item<bool>(),
                 "CrossEntropy: a target is outside [0, ", vocab, ") and is not ignore_index ",
                 ignore_index);
     torch::Tensor lse = torch::empty({rows}, l.options());
