@@ -249,14 +249,17 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
 
 torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                              int64_t ignore_index) {
-  const torch::Tensor logits = Forward(tokens);
+  // 16-bit logits are scored in fp32, as Hugging Face's models do: the loss of a 32K-way
+  // softmax needs more than bf16's 8 bits of mantissa.
+  const torch::Tensor logits = Forward(tokens).to(torch::kFloat32);
   return internal::CrossEntropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
                                 ignore_index);
 }
 
 torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
                                          int64_t ignore_index) {
-  const torch::Tensor log_probs = torch::log_softmax(Forward(tokens), /*dim=*/-1);
+  const torch::Tensor log_probs =
+      torch::log_softmax(Forward(tokens).to(torch::kFloat32), /*dim=*/-1);
   const torch::Tensor keep = targets != ignore_index;
   const torch::Tensor safe_targets = torch::where(keep, targets, torch::zeros_like(targets));
   const torch::Tensor picked = log_probs.gather(-1, safe_targets.unsqueeze(-1)).squeeze(-1);

@@ -142,12 +142,12 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
 
   // Mean cross-entropy of targets[b, t] (the token that follows tokens[b, t]) over the
   // positions whose target is not `ignore_index`. NaN when every target is ignored, as in
-  // PyTorch.
+  // PyTorch. fp32 whatever the model's dtype (16-bit logits are scored in fp32).
   torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                      int64_t ignore_index = kIgnoreIndex);
 
   // Per sequence, the sum of log p(targets[b, t] | tokens[b, 0..t]) over the positions whose
-  // target is not `ignore_index`: [B], differentiable (for preference training).
+  // target is not `ignore_index`: [B], fp32, differentiable (for preference training).
   torch::Tensor SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
                                  int64_t ignore_index = kIgnoreIndex);
 
