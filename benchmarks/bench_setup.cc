@@ -5,11 +5,13 @@
 #include <cstdio>
 
 #include "models/model_config.h"
+#include "tools/heap/heap.h"
 #include "torch/torch.h"
 
 namespace plait::benchmarks {
 
 int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter) {
+  const bool heap_retained = heap::RetainFreedHeapMemory();
   at::set_num_threads(1);
   // Looked up at run time, so the binary does not link OpenBLAS itself (LibTorch does,
   // through libblas.so.3).
@@ -24,6 +26,8 @@ int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter)
   }
   set_openblas_threads(1);
   benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("heap", heap_retained ? "freed memory retained (tools/heap/heap.h)"
+                                                    : "the C library's default");
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks(reporter);
   benchmark::Shutdown();

@@ -20,6 +20,7 @@
 #include "parallel/launcher.h"
 #include "parallel/rendezvous.h"
 #include "parallel/world.h"
+#include "tools/heap/heap.h"
 #include "tools/status/status_macros.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
@@ -87,6 +88,7 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
 }  // namespace
 
 int RunMain(int argc, char** argv, const EmbeddedPlan& embedded) {
+  heap::RetainFreedHeapMemory();
   std::string plan_path;
   std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {

@@ -1,0 +1,33 @@
+#include "tools/heap/heap.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "gtest/gtest.h"
+
+namespace plait::heap {
+namespace {
+
+#if defined(__GLIBC__)
+// A freed 64 MiB block comes back from the heap with its contents, instead of being unmapped
+// and mapped afresh, zero-filled (which glibc does by default for blocks this large).
+TEST(RetainFreedHeapMemoryTest, AFreedLargeBlockIsReused) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer replaces malloc, and quarantines what is freed";
+#endif
+  ASSERT_TRUE(RetainFreedHeapMemory());
+  constexpr size_t kBytes = 64 << 20;
+  char* first = static_cast<char*>(std::malloc(kBytes));
+  ASSERT_NE(first, nullptr);
+  std::memset(first, 1, kBytes);
+  std::free(first);
+  char* second = static_cast<char*>(std::malloc(kBytes));
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second, first);
+  EXPECT_EQ(second[kBytes - 1], 1) << "the block was not reused but mapped afresh";
+  std::free(second);
+}
+#endif
+
+}  // namespace
+}  // namespace plait::heap
