@@ -36,7 +36,8 @@ struct Scenario {
   std::string name;
   Strategy strategy;
   int ranks;
-  int micro_steps;  // gradient accumulation
+  int micro_steps;    // gradient accumulation
+  bool tied = false;  // the embedding is the output projection too
 };
 
 struct TrainingRun {
@@ -47,10 +48,12 @@ struct TrainingRun {
 
 models::ModelConfig Tiny() { return models::PresetConfig("tiny").value(); }
 
-std::shared_ptr<models::CausalLM> MakeModel() {
+std::shared_ptr<models::CausalLM> MakeModel(bool tied = false) {
+  models::ModelConfig config = Tiny();
+  config.set_tie_word_embeddings(tied);
   models::InitConfig init;
   init.set_seed(3);
-  return models::CausalLM::Create(Tiny(), init).value();
+  return models::CausalLM::Create(config, init).value();
 }
 
 optim::OptimizerConfig AdamWWithClipping() {
@@ -78,9 +81,9 @@ std::pair<torch::Tensor, torch::Tensor> Batch(int step) {
 
 double LearningRate(int step) { return 1e-3 * (step + 1) / kSteps; }
 
-TrainingRun SingleProcess() {
+TrainingRun SingleProcess(bool tied = false) {
   TrainingRun run;
-  std::shared_ptr<models::CausalLM> model = MakeModel();
+  std::shared_ptr<models::CausalLM> model = MakeModel(tied);
   std::vector<optim::TrainableParameter> parameters;
   for (const auto& named : model->NamedParameters()) {
     parameters.push_back({named.name, named.parameter, {}});
@@ -113,7 +116,7 @@ TrainingRun Distributed(const Scenario& scenario) {
   TrainingRun result;
   parallel::testing::RunOnGlooMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
     parallel::Communicator* dp = *mesh.communicator("dp");
-    std::shared_ptr<models::CausalLM> model = MakeModel();
+    std::shared_ptr<models::CausalLM> model = MakeModel(scenario.tied);
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
     if (scenario.strategy == Strategy::kDdp) {
@@ -178,14 +181,16 @@ TrainingRun Distributed(const Scenario& scenario) {
 
 class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
  protected:
-  static const TrainingRun& Reference() {
-    static const TrainingRun* reference = new TrainingRun(SingleProcess());
-    return *reference;
+  static const TrainingRun& Reference(bool tied) {
+    static const TrainingRun* untied_reference = new TrainingRun(SingleProcess(false));
+    if (!tied) return *untied_reference;
+    static const TrainingRun* tied_reference = new TrainingRun(SingleProcess(true));
+    return *tied_reference;
   }
 };
 
 TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
-  const TrainingRun& expected = Reference();
+  const TrainingRun& expected = Reference(GetParam().tied);
   const TrainingRun actual = Distributed(GetParam());
   ASSERT_EQ(actual.losses.size(), expected.losses.size());
   for (size_t step = 0; step < expected.losses.size(); ++step) {
@@ -212,7 +217,7 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
                            << (got - want).abs().max().item<double>();
   }
   // The run trained: the parameters moved away from their initial values.
-  const torch::Tensor initial = MakeModel()->NamedParameters()[0].parameter;
+  const torch::Tensor initial = MakeModel(GetParam().tied)->NamedParameters()[0].parameter;
   EXPECT_GT(
       (expected.parameters.at("model.embed_tokens.weight") - initial).abs().max().item<double>(),
       1e-4);
@@ -227,7 +232,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{"fsdp_4_ranks", Strategy::kFsdp, 4, 1},
                       Scenario{"fsdp_2_ranks_no_reshard", Strategy::kFsdpNoReshard, 2, 1},
                       Scenario{"fsdp_4_ranks_no_reshard", Strategy::kFsdpNoReshard, 4, 1},
-                      Scenario{"fsdp_2_ranks_accumulating", Strategy::kFsdp, 2, 2}),
+                      Scenario{"fsdp_2_ranks_accumulating", Strategy::kFsdp, 2, 2},
+                      Scenario{"fsdp_2_ranks_tied", Strategy::kFsdp, 2, 1, true},
+                      Scenario{"fsdp_4_ranks_tied_accumulating", Strategy::kFsdp, 4, 2, true}),
     [](const ::testing::TestParamInfo<Scenario>& info) { return info.param.name; });
 
 // Mixed precision: parameters gathered and computed in bf16, gradients reduced in fp32,
