@@ -3,6 +3,9 @@
 // per-rank batch, AdamW. The argument is the per-rank batch in sequences of 256 tokens: 8,
 // the medium shape's batch (the headline), and 2, where communication weighs 4x more:
 //   scaling_efficiency: the 2-rank job's tokens/s / (2 x the single process's);
+//   cpu_scaling_efficiency: the same from the process's CPU time per step (every rank and
+//     communication thread), which other jobs on a shared machine disturb less than wall
+//     time: 2 x the single process's CPU seconds per step / the 2-rank job's;
 //   vs_ddp: the step time / DDP's (FSDP's goal <= 1.10);
 //   sent_vs_theory: bytes rank 0 sent per step (its communicator's counters) / the volume
 //     the algorithm needs: DDP 2(N-1)/N x gradient bytes; FSDP (N-1)/N x parameter bytes
@@ -14,6 +17,8 @@
 //   peak_vs_two_largest_units: the same over the two largest units' bytes (goal <= 1).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -44,6 +49,7 @@ enum class Mode { kSingle, kDdp, kFsdp };
 
 struct Measurement {
   double step_seconds = 0.0;
+  double process_cpu_seconds_per_step = 0.0;
   int64_t bytes_sent_per_step = 0;
   double theoretical_bytes_per_step = 0.0;
   int64_t persistent_bytes = 0;
@@ -54,6 +60,12 @@ struct Measurement {
 
 std::shared_ptr<models::CausalLM> MakeModel() {
   return models::CausalLM::Create(benchmarks::MediumModel(), models::InitConfig()).value();
+}
+
+double ProcessCpuSeconds() {
+  timespec now;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
 int64_t Bytes(const torch::Tensor& tensor) {
@@ -119,7 +131,9 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   if (preparation != nullptr && preparation->fsdp() != nullptr) preparation->fsdp()->ResetPeak();
   const int64_t sent_before = bytes_sent();
   const auto start = std::chrono::steady_clock::now();
+  const double cpu_start = ProcessCpuSeconds();
   for (int i = 0; i < kTimedSteps; ++i) step();
+  m.process_cpu_seconds_per_step = (ProcessCpuSeconds() - cpu_start) / kTimedSteps;
   m.step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kTimedSteps;
   m.bytes_sent_per_step = (bytes_sent() - sent_before) / kTimedSteps;
@@ -191,6 +205,8 @@ void Report(benchmark::State& state, Mode mode) {
       static_cast<double>(m.persistent_bytes) / single.persistent_bytes;
   if (mode == Mode::kSingle) return;
   state.counters["scaling_efficiency"] = single.step_seconds / m.step_seconds;
+  state.counters["cpu_scaling_efficiency"] =
+      kRanks * single.process_cpu_seconds_per_step / m.process_cpu_seconds_per_step;
   state.counters["sent_vs_theory"] = m.bytes_sent_per_step / m.theoretical_bytes_per_step;
   if (mode == Mode::kFsdp) {
     state.counters["vs_ddp"] = m.step_seconds / Measured(Mode::kDdp, batch).step_seconds;

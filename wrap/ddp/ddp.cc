@@ -135,17 +135,20 @@ void Ddp::LaunchReadyBuckets() {
          buckets_[next_to_launch_].pending == 0) {
     Bucket& bucket = buckets_[next_to_launch_++];
     torch::NoGradGuard no_grad;
+    // Averaged while copied in, as PyTorch's reducer does, so the all-reduce is a plain sum
+    // with no pass over the result (dividing by a power of two is exact).
+    const torch::Tensor scale = torch::scalar_tensor(1.0 / communicator_.size(), torch::kFloat64);
     for (size_t i = 0; i < bucket.members.size(); ++i) {
       const torch::Tensor& parameter = parameters_[bucket.members[i]];
       torch::Tensor slot = bucket.buffer.narrow(0, bucket.offsets[i], parameter.numel());
       const torch::Tensor& grad = parameter.grad();
       if (grad.defined()) {
-        slot.copy_(grad.reshape({-1}));
+        torch::mul_out(slot, grad.reshape({-1}), scale);
       } else {
         slot.zero_();  // a parameter unused in this step contributes zero
       }
     }
-    bucket.work = communicator_.AllReduce(bucket.buffer, parallel::ReduceOp::kAverage);
+    bucket.work = communicator_.AllReduce(bucket.buffer, parallel::ReduceOp::kSum);
   }
 }
 
