@@ -32,11 +32,16 @@ constexpr int64_t kSeqLen = 32;
 
 enum class Strategy { kDdp, kFsdp, kFsdpNoReshard, kFsdpBf16 };
 
+// The tiny Llama as it is; with tied embeddings (the embedding is the output projection
+// too); with a parameter the forward never uses, which one process leaves untouched.
+enum class Variant { kPlain, kTied, kUnusedParameter };
+
 struct Scenario {
   std::string name;
   Strategy strategy;
   int ranks;
   int micro_steps;  // gradient accumulation
+  Variant variant = Variant::kPlain;
 };
 
 struct TrainingRun {
@@ -47,10 +52,14 @@ struct TrainingRun {
 
 models::ModelConfig Tiny() { return models::PresetConfig("tiny").value(); }
 
-std::shared_ptr<models::CausalLM> MakeModel() {
+std::shared_ptr<models::CausalLM> MakeModel(Variant variant = Variant::kPlain) {
+  models::ModelConfig config = Tiny();
+  config.set_tie_word_embeddings(variant == Variant::kTied);
   models::InitConfig init;
   init.set_seed(3);
-  return models::CausalLM::Create(Tiny(), init).value();
+  std::shared_ptr<models::CausalLM> model = models::CausalLM::Create(config, init).value();
+  if (variant == Variant::kUnusedParameter) model->register_parameter("unused", torch::ones({16}));
+  return model;
 }
 
 optim::OptimizerConfig AdamWWithClipping() {
@@ -78,9 +87,9 @@ std::pair<torch::Tensor, torch::Tensor> Batch(int step) {
 
 double LearningRate(int step) { return 1e-3 * (step + 1) / kSteps; }
 
-TrainingRun SingleProcess() {
+TrainingRun SingleProcess(Variant variant = Variant::kPlain) {
   TrainingRun run;
-  std::shared_ptr<models::CausalLM> model = MakeModel();
+  std::shared_ptr<models::CausalLM> model = MakeModel(variant);
   std::vector<optim::TrainableParameter> parameters;
   for (const auto& named : model->NamedParameters()) {
     parameters.push_back({named.name, named.parameter, {}});
@@ -113,7 +122,7 @@ TrainingRun Distributed(const Scenario& scenario) {
   TrainingRun result;
   parallel::testing::RunOnGlooMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
     parallel::Communicator* dp = *mesh.communicator("dp");
-    std::shared_ptr<models::CausalLM> model = MakeModel();
+    std::shared_ptr<models::CausalLM> model = MakeModel(scenario.variant);
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
     if (scenario.strategy == Strategy::kDdp) {
@@ -178,14 +187,17 @@ TrainingRun Distributed(const Scenario& scenario) {
 
 class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
  protected:
-  static const TrainingRun& Reference() {
-    static const TrainingRun* reference = new TrainingRun(SingleProcess());
-    return *reference;
+  // The single-process run of each variant, run once.
+  static const TrainingRun& Reference(Variant variant) {
+    static auto* references = new std::map<Variant, TrainingRun>();
+    auto it = references->find(variant);
+    if (it == references->end()) it = references->emplace(variant, SingleProcess(variant)).first;
+    return it->second;
   }
 };
 
 TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
-  const TrainingRun& expected = Reference();
+  const TrainingRun& expected = Reference(GetParam().variant);
   const TrainingRun actual = Distributed(GetParam());
   ASSERT_EQ(actual.losses.size(), expected.losses.size());
   for (size_t step = 0; step < expected.losses.size(); ++step) {
@@ -212,7 +224,8 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
                            << (got - want).abs().max().item<double>();
   }
   // The run trained: the parameters moved away from their initial values.
-  const torch::Tensor initial = MakeModel()->NamedParameters()[0].parameter;
+  const torch::Tensor initial =
+      MakeModel(GetParam().variant)->named_parameters()["model.embed_tokens.weight"];
   EXPECT_GT(
       (expected.parameters.at("model.embed_tokens.weight") - initial).abs().max().item<double>(),
       1e-4);
@@ -220,14 +233,18 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
 
 INSTANTIATE_TEST_SUITE_P(
     Strategies, DataParallelParityTest,
-    ::testing::Values(Scenario{"ddp_2_ranks", Strategy::kDdp, 2, 1},
-                      Scenario{"ddp_4_ranks", Strategy::kDdp, 4, 1},
-                      Scenario{"ddp_2_ranks_accumulating", Strategy::kDdp, 2, 2},
-                      Scenario{"fsdp_2_ranks", Strategy::kFsdp, 2, 1},
-                      Scenario{"fsdp_4_ranks", Strategy::kFsdp, 4, 1},
-                      Scenario{"fsdp_2_ranks_no_reshard", Strategy::kFsdpNoReshard, 2, 1},
-                      Scenario{"fsdp_4_ranks_no_reshard", Strategy::kFsdpNoReshard, 4, 1},
-                      Scenario{"fsdp_2_ranks_accumulating", Strategy::kFsdp, 2, 2}),
+    ::testing::Values(
+        Scenario{"ddp_2_ranks", Strategy::kDdp, 2, 1},
+        Scenario{"ddp_4_ranks", Strategy::kDdp, 4, 1},
+        Scenario{"ddp_2_ranks_accumulating", Strategy::kDdp, 2, 2},
+        Scenario{"fsdp_2_ranks", Strategy::kFsdp, 2, 1},
+        Scenario{"fsdp_4_ranks", Strategy::kFsdp, 4, 1},
+        Scenario{"fsdp_2_ranks_no_reshard", Strategy::kFsdpNoReshard, 2, 1},
+        Scenario{"fsdp_4_ranks_no_reshard", Strategy::kFsdpNoReshard, 4, 1},
+        Scenario{"fsdp_2_ranks_accumulating", Strategy::kFsdp, 2, 2},
+        Scenario{"ddp_2_ranks_unused_parameter", Strategy::kDdp, 2, 1, Variant::kUnusedParameter},
+        Scenario{"fsdp_2_ranks_tied", Strategy::kFsdp, 2, 1, Variant::kTied},
+        Scenario{"fsdp_4_ranks_tied_accumulating", Strategy::kFsdp, 4, 2, Variant::kTied}),
     [](const ::testing::TestParamInfo<Scenario>& info) { return info.param.name; });
 
 // Mixed precision: parameters gathered and computed in bf16, gradients reduced in fp32,

@@ -50,6 +50,10 @@ class Wrappable {
   // autograd hook to it). Units are the blocks, 0 .. Blocks().size() - 1 in order, and
   // kRootUnit for the whole forward pass: its before_forward runs first and its
   // after_forward receives the model's final output. An empty function is not called.
+  // FSDP frees the root's parameters while the blocks run, forward and backward, so a model
+  // may use them before the first block only in ops whose backward reads no more than their
+  // shape (an embedding lookup: LibTorch 1.13's EmbeddingBackward0 keeps the weight but reads
+  // only its size), and after the last block only in ops computed from its output.
   static constexpr int kRootUnit = -1;
   struct UnitHooks {
     std::function<void(int unit)> before_forward;

@@ -18,9 +18,10 @@ constexpr double kBytesPerMb = 1024.0 * 1024.0;
 
 struct Ddp::Bucket {
   std::vector<int> members;
-  torch::Tensor buffer;  // the members' gradients, flat, in member order
+  torch::Tensor buffer;  // the members' gradients, flat, in member order (see used_)
   std::vector<int64_t> offsets;
-  int pending = 0;  // members whose gradient has not arrived in this backward
+  int first_flag = 0;  // the index of members[0]'s usage flag in used_
+  int pending = 0;     // members whose gradient has not arrived in this backward
   std::shared_ptr<parallel::Work> work;
 };
 
@@ -80,6 +81,11 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
                         if (unit == Wrappable::kRootUnit) self->OnForwardStart();
                       },
                       nullptr});
+  int flags = 0;
+  for (Bucket& bucket : ddp->buckets_) {
+    bucket.first_flag = flags;
+    flags += static_cast<int>(bucket.members.size());
+  }
   for (int b = 0; b < static_cast<int>(ddp->buckets_.size()); ++b) {
     Bucket& bucket = ddp->buckets_[b];
     int64_t numel = 0;
@@ -87,7 +93,10 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
       bucket.offsets.push_back(numel);
       numel += ddp->parameters_[member].numel();
     }
-    bucket.buffer = torch::zeros({numel}, ddp->parameters_[bucket.members[0]].options());
+    const bool last = b + 1 == static_cast<int>(ddp->buckets_.size());
+    bucket.buffer =
+        torch::zeros({numel + (last ? flags : 0)}, ddp->parameters_[bucket.members[0]].options());
+    if (last) ddp->used_ = bucket.buffer.narrow(0, numel, flags);
     for (int member : bucket.members) {
       ddp->hooks_.push_back(internal::AddPostAccumulateHook(
           ddp->parameters_[member], [ddp = ddp.get(), b] { ddp->OnGradientReady(b); }));
@@ -123,6 +132,7 @@ void Ddp::OnGradientReady(int bucket) {
     backward_started_ = true;
     for (Bucket& b : buckets_) b.pending = static_cast<int>(b.members.size());
     next_to_launch_ = 0;
+    used_.zero_();
     internal::QueueEndOfBackwardCallback([this] { FinishBackward(); });
   }
   if (--buckets_[bucket].pending == 0) LaunchReadyBuckets();
@@ -135,17 +145,21 @@ void Ddp::LaunchReadyBuckets() {
          buckets_[next_to_launch_].pending == 0) {
     Bucket& bucket = buckets_[next_to_launch_++];
     torch::NoGradGuard no_grad;
+    // Averaged while copied in, as PyTorch's reducer does, so the all-reduce is a plain sum
+    // with no pass over the result (dividing by a power of two is exact).
+    const torch::Tensor scale = torch::scalar_tensor(1.0 / communicator_.size(), torch::kFloat64);
     for (size_t i = 0; i < bucket.members.size(); ++i) {
       const torch::Tensor& parameter = parameters_[bucket.members[i]];
       torch::Tensor slot = bucket.buffer.narrow(0, bucket.offsets[i], parameter.numel());
       const torch::Tensor& grad = parameter.grad();
       if (grad.defined()) {
-        slot.copy_(grad.reshape({-1}));
+        torch::mul_out(slot, grad.reshape({-1}), scale);
+        used_.narrow(0, bucket.first_flag + static_cast<int64_t>(i), 1).fill_(1);
       } else {
         slot.zero_();  // a parameter unused in this step contributes zero
       }
     }
-    bucket.work = communicator_.AllReduce(bucket.buffer, parallel::ReduceOp::kAverage);
+    bucket.work = communicator_.AllReduce(bucket.buffer, parallel::ReduceOp::kSum);
   }
 }
 
@@ -153,22 +167,28 @@ void Ddp::FinishBackward() {
   // Parameters that received no gradient leave their buckets pending: launch those now.
   for (Bucket& bucket : buckets_) bucket.pending = 0;
   LaunchReadyBuckets();
+  backward_started_ = false;
   for (Bucket& bucket : buckets_) {
     absl::Status status = bucket.work->Wait();
     bucket.work.reset();
-    if (!status.ok()) {
-      if (last_sync_status_.ok()) last_sync_status_ = status;
-      continue;
-    }
-    // The gradients become views of the averaged buffer: no copy, and the next backward
-    // accumulates into them in place or, after ZeroGrad, into fresh tensors.
+    if (!status.ok() && last_sync_status_.ok()) last_sync_status_ = status;
+  }
+  // After a failure the group is out of step: the gradients stay this rank's own.
+  if (!last_sync_status_.ok()) return;
+  // The gradients become views of the averaged buffer: no copy, and the next backward
+  // accumulates into them in place or, after ZeroGrad, into fresh tensors. A parameter no
+  // rank produced a gradient for gets none, as in one process, so the optimizer skips it
+  // rather than decaying it (PyTorch's DDP with find_unused_parameters).
+  const torch::Tensor used = used_.to(torch::kFloat32);
+  const float* used_by_any = used.data_ptr<float>();
+  for (Bucket& bucket : buckets_) {
     for (size_t i = 0; i < bucket.members.size(); ++i) {
+      if (used_by_any[bucket.first_flag + i] == 0.0f) continue;
       torch::Tensor& parameter = parameters_[bucket.members[i]];
       parameter.mutable_grad() =
           bucket.buffer.narrow(0, bucket.offsets[i], parameter.numel()).view(parameter.sizes());
     }
   }
-  backward_started_ = false;
 }
 
 }  // namespace plait::wrap::ddp

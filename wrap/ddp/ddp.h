@@ -3,7 +3,9 @@
 // grouped into buckets in reverse registration order (the order backward produces them);
 // each bucket's all-reduce starts, asynchronously, as soon as its last gradient has been
 // accumulated, in bucket order on every rank, and all are waited for when backward ends.
-// Parameters are broadcast from the group's rank 0 when wrapping. Applied through
+// A parameter that no rank produced a gradient for gets none, so the optimizer skips it as
+// it would in one process. Parameters are broadcast from the group's rank 0 when wrapping.
+// Applied through
 // wrap::Preparation (preparation.h); a NoSyncScope skips synchronisation for the micro-steps
 // of gradient accumulation.
 #ifndef PLAIT_WRAP_DDP_DDP_H_
@@ -61,6 +63,10 @@ class Ddp {
   bool sync_ = true;
   bool backward_started_ = false;
   int next_to_launch_ = 0;
+  // One flag per bucketed parameter, in bucket order, set where this rank produced a
+  // gradient in this backward: the tail of the last bucket's buffer, so that the all-reduce
+  // that bucket runs anyway sums them over the ranks, with no collective of its own.
+  torch::Tensor used_;
   absl::Status last_sync_status_;
 };
 

@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
       if (full.requires_grad()) ++unit.trainable;
       unit.shard_numel += shard.numel();
     }
-    if (!unit.parameters.empty()) fsdp->units_.push_back(std::move(unit));
+    fsdp->units_.push_back(std::move(unit));
   };
   for (const Wrappable::Unit& block : model.Blocks()) {
     std::vector<Wrappable::NamedParameter> named;
@@ -117,6 +117,15 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
     add_unit(block.name, named);
   }
   add_unit("root", model.RootParameters());
+  // Hook unit i is units_[i] and the root is units_.back(), so that every unit has a
+  // collective of its own.
+  for (const Unit& unit : fsdp->units_) {
+    if (unit.parameters.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fsdp: unit ", unit.name,
+                       " has no parameters; every block and the root need one to be an FSDP unit"));
+    }
+  }
 
   // The full parameters give up their memory (and take the compute dtype); the hooks bring
   // it back when a unit computes.
@@ -168,9 +177,9 @@ std::vector<optim::TrainableParameter> Fsdp::TrainableParameters() {
   return parameters;
 }
 
-Fsdp::Unit& Fsdp::UnitOf(int hook_unit) {
-  return hook_unit == Wrappable::kRootUnit ? units_.back() : units_[hook_unit];
-}
+int Fsdp::num_blocks() const { return static_cast<int>(units_.size()) - 1; }
+
+Fsdp::Unit& Fsdp::root() { return units_.back(); }
 
 void Fsdp::Fail(const absl::Status& status) {
   if (status_.ok()) status_ = status;
@@ -189,6 +198,9 @@ void Fsdp::StartGather(Unit& unit) {
       torch::empty({unit.shard_numel * communicator_.size()}, unit.gather_input.options());
   unit.gather = communicator_.AllGather(unit.gather_input, unit.gather_output);
   unit.state = Unit::State::kGathering;
+  // Counted from here: a prefetched unit's full parameters are alive from now on.
+  unsharded_bytes_ += unit.ParameterBytes();
+  peak_unsharded_bytes_ = std::max(peak_unsharded_bytes_, unsharded_bytes_);
 }
 
 void Fsdp::Unshard(Unit& unit) {
@@ -218,8 +230,6 @@ void Fsdp::Unshard(Unit& unit) {
   unit.gather_output = torch::Tensor();
   unit.gather.reset();
   unit.state = Unit::State::kUnsharded;
-  unsharded_bytes_ += unit.ParameterBytes();
-  peak_unsharded_bytes_ = std::max(peak_unsharded_bytes_, unsharded_bytes_);
 }
 
 void Fsdp::Reshard(Unit& unit) {
@@ -230,30 +240,41 @@ void Fsdp::Reshard(Unit& unit) {
   unsharded_bytes_ -= unit.ParameterBytes();
 }
 
+// The root unit computes twice in a forward pass: before the first block (the embedding
+// lookup) and after the last (final norm, output projection). In between it is freed, as a
+// block is, when reshard_after_forward is set: an embedding lookup's backward reads only the
+// indices and the weight's size (Wrappable's contract), so nothing reads the root's
+// parameters again until the output projection's backward. It is gathered again while the
+// last block computes, kept through the backward of the norm and output projection, and
+// freed when the last block's backward starts; its gradient is reduced once the embedding's
+// arrives, at the end.
 void Fsdp::BeforeForward(int hook_unit) {
-  if (hook_unit == Wrappable::kRootUnit && backward_started_) {
-    // The last backward never reached its end (it threw): its gradients are incomplete.
-    // Settle its collectives, so every rank is in step again, and report it.
-    for (Unit& unit : units_) {
-      if (unit.reduce != nullptr) unit.reduce->Wait().IgnoreError();
-      unit.reduce.reset();
-      unit.reduce_output = torch::Tensor();
-      Reshard(unit);
+  const int last_block = num_blocks() - 1;
+  if (hook_unit == Wrappable::kRootUnit) {
+    if (backward_started_) {
+      // The last backward never reached its end (it threw): its gradients are incomplete.
+      // Settle its collectives, so every rank is in step again, and report it.
+      for (Unit& unit : units_) {
+        if (unit.reduce != nullptr) unit.reduce->Wait().IgnoreError();
+        unit.reduce.reset();
+        unit.reduce_output = torch::Tensor();
+        Reshard(unit);
+      }
+      backward_started_ = false;
+      Fail(absl::AbortedError(
+          "fsdp: the previous backward pass did not finish; its gradients were dropped"));
     }
-    backward_started_ = false;
-    Fail(absl::AbortedError(
-        "fsdp: the previous backward pass did not finish; its gradients were dropped"));
+    Unshard(root());
+    if (last_block >= 0) StartGather(units_[0]);  // overlaps the embedding lookup
+    return;
   }
-  Unit& unit = UnitOf(hook_unit);
-  Unshard(unit);
-  // Prefetch: the next block's gather runs while this unit computes.
-  if (hook_unit != Wrappable::kRootUnit && hook_unit + 1 < static_cast<int>(units_.size()) - 1) {
-    StartGather(units_[hook_unit + 1]);
-  }
+  if (hook_unit == 0 && reshard_after_forward_) Reshard(root());
+  Unshard(units_[hook_unit]);
+  // Prefetch: the next unit's gather runs while this block computes.
+  StartGather(hook_unit < last_block ? units_[hook_unit + 1] : root());
 }
 
 torch::Tensor Fsdp::AfterForward(int hook_unit, torch::Tensor output) {
-  Unit& unit = UnitOf(hook_unit);
   const bool backward_follows = output.requires_grad();
   if (backward_follows) {
     output.register_hook([this, hook_unit](torch::Tensor grad) {
@@ -261,8 +282,12 @@ torch::Tensor Fsdp::AfterForward(int hook_unit, torch::Tensor output) {
       return grad;
     });
   }
-  const bool is_root = hook_unit == Wrappable::kRootUnit;
-  if (!backward_follows || (!is_root && reshard_after_forward_)) Reshard(unit);
+  if (hook_unit == Wrappable::kRootUnit) {
+    if (!backward_follows) Reshard(root());
+    return output;
+  }
+  if (!backward_follows || reshard_after_forward_) Reshard(units_[hook_unit]);
+  if (hook_unit == num_blocks() - 1) Unshard(root());  // the final norm and output follow
   return output;
 }
 
@@ -272,18 +297,24 @@ void Fsdp::BeforeBackward(int hook_unit) {
     for (Unit& unit : units_) unit.gradients_pending = unit.trainable;
     internal::QueueEndOfBackwardCallback([this] { FinishBackward(); });
   }
-  Unshard(UnitOf(hook_unit));
+  if (hook_unit == Wrappable::kRootUnit) {
+    Unshard(root());
+    if (num_blocks() > 0) StartGather(units_[num_blocks() - 1]);  // prefetch the last block
+    return;
+  }
+  // The last block's output gradient is complete: the norm and output projection have run
+  // their backward, and nothing left reads the root's parameters.
+  if (hook_unit == num_blocks() - 1) Reshard(root());
+  Unshard(units_[hook_unit]);
   // Prefetch: the block that runs backward next is the one before this one.
-  const int previous =
-      hook_unit == Wrappable::kRootUnit ? static_cast<int>(units_.size()) - 2 : hook_unit - 1;
-  if (previous >= 0) StartGather(units_[previous]);
+  if (hook_unit > 0) StartGather(units_[hook_unit - 1]);
 }
 
 void Fsdp::OnGradientAccumulated(int index) {
   Unit& unit = units_[index];
   if (!backward_started_ || --unit.gradients_pending > 0) return;
   StartReduceScatter(unit);
-  if (index != static_cast<int>(units_.size()) - 1) Reshard(unit);
+  Reshard(unit);
 }
 
 // Every rank's chunk of the input holds, for each parameter, that rank's rows of the full

@@ -7,7 +7,10 @@
 //   freed (reshard_after_forward) and gathered again before its backward (again
 //   prefetching the block before it); after its backward its gradients are reduce-scattered
 //   into the shards' gradients (accumulating over micro-steps) and freed.
-// The root unit is gathered when the forward starts and freed when the backward ends.
+// The root unit computes before the first block (embedding) and after the last (final
+// norm, output projection): with reshard_after_forward it is freed while the blocks run,
+// gathered again (prefetched) for the end of the forward, and freed once the last block's
+// backward starts, so at most the two largest units are gathered at once.
 // Freeing keeps each parameter's identity for autograd (internal/torch_internals.h), so no
 // forward is recomputed. With FsdpConfig.param_dtype the full parameters are gathered and
 // computed in that dtype (bf16), gradients are reduced in reduce_dtype, and shards, their
@@ -50,8 +53,9 @@ class Fsdp {
   // a failed collective the group is unusable (see Communicator).
   const absl::Status& last_status() const { return status_; }
 
-  // Bytes of full (gathered) parameters alive now, and the most alive at once since the
-  // last ResetPeak.
+  // Bytes of full (gathered) parameters alive now, a unit counting from the start of its
+  // gather (prefetched ones included) until it is freed, and the most alive at once since
+  // the last ResetPeak.
   int64_t unsharded_bytes() const { return unsharded_bytes_; }
   int64_t peak_unsharded_bytes() const { return peak_unsharded_bytes_; }
   void ResetPeak() { peak_unsharded_bytes_ = unsharded_bytes_; }
@@ -82,7 +86,8 @@ class Fsdp {
   void AccumulateShardGradients(Unit& unit);
   void Fail(const absl::Status& status);
 
-  Unit& UnitOf(int hook_unit);
+  int num_blocks() const;
+  Unit& root();
 
   Wrappable& model_;
   parallel::Communicator& communicator_;
