@@ -111,6 +111,7 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
 
   // What each step does, and the per-rank share of the parameters after it.
   double shard_fraction = 1.0;
+  bool reshards_after_forward = true;
   int last_changing = -1;
   const int units = static_cast<int>(config.num_hidden_layers()) + 1;  // blocks + root
   for (int i = 0; i < plan.prepare_size(); ++i) {
@@ -119,13 +120,13 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
     if (step.has_fsdp()) {
       const int n = DimSize(plan, step.fsdp().mesh_dim());
       shard_fraction /= n;
+      reshards_after_forward =
+          !step.fsdp().has_reshard_after_forward() || step.fsdp().reshard_after_forward();
       what = absl::StrFormat(
           "fsdp over %s (%d ranks): %d units (%d blocks and the root), each rank keeps 1/%d of %s "
           "parameters and gathers one unit at a time (prefetching the next)%s",
           step.fsdp().mesh_dim(), n, units, units - 1, n, Count(parameters),
-          step.fsdp().has_reshard_after_forward() && !step.fsdp().reshard_after_forward()
-              ? ", keeping it until its backward"
-              : "");
+          reshards_after_forward ? "" : ", keeping it until its backward");
     } else if (step.has_ddp()) {
       const int n = DimSize(plan, step.ddp().mesh_dim());
       what = absl::StrFormat(
@@ -195,9 +196,8 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
       training.micro_batch() * world_size * accumulation * training.seq_len()));
 
   // Memory per rank: shards of parameters and gradients in the model's dtype and fp32
-  // optimizer state (with fp32 masters of 16-bit parameters), plus FSDP's gathered units (the
-  // current and the prefetched one) or DDP's full replica, plus activations of one
-  // micro-batch.
+  // optimizer state (with fp32 masters of 16-bit parameters), plus FSDP's gathered units or
+  // DDP's full replica, plus activations of one micro-batch.
   const double element_bytes = ParameterBytes(plan.model());
   const double owned = parameters * shard_fraction;
   const double slots = StateSlots(plan.optimizer());
@@ -209,7 +209,10 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
                                                  (config.tie_word_embeddings() ? 1 : 2)) /
                          config.num_hidden_layers();
     const double root = parameters - block * config.num_hidden_layers();
-    gathered = (root + 2 * block) * element_bytes;
+    // The two largest units (the one computing and the one prefetched); without resharding
+    // after forward, every unit by the end of the forward.
+    gathered =
+        (reshards_after_forward ? block + std::max(root, block) : parameters) * element_bytes;
   }
   const double states = owned * (2.0 * element_bytes + kBytesPerFloat * (slots + masters));
   const double activations =

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tools/status/status_macros.h"
+#include "wrap/dtype.h"
 
 namespace plait::wrap::fsdp {
 namespace {
@@ -25,19 +26,6 @@ RankRows RowsOfRank(int64_t full_rows, int64_t rows_per_rank, int rank) {
 // Dim 0 of a parameter (a scalar counts as one row).
 int64_t FullRows(const torch::Tensor& parameter) {
   return parameter.dim() == 0 ? 1 : parameter.size(0);
-}
-
-torch::ScalarType ToScalarType(Dtype dtype, torch::ScalarType unspecified) {
-  switch (dtype) {
-    case DTYPE_FLOAT32:
-      return torch::kFloat32;
-    case DTYPE_BFLOAT16:
-      return torch::kBFloat16;
-    case DTYPE_FLOAT16:
-      return torch::kFloat16;
-    default:
-      return unspecified;
-  }
 }
 
 }  // namespace
