@@ -139,26 +139,6 @@ PLAIT_VECTOR_CLONES void RotaryForward(int64_t outer, int64_t seq, int64_t heads
 }
 
 template <typename T>
-PLAIT_VECTOR_CLONES void RotaryBackward(int64_t outer, int64_t seq, int64_t heads, int64_t d,
-                                        const T* __restrict dy, const T* __restrict cos,
-                                        const T* __restrict sin, T* __restrict dx) {
-  const int64_t half = d / 2;
-  for (int64_t o = 0; o < outer; ++o) {
-    for (int64_t t = 0; t < seq; ++t) {
-      const T* c = cos + t * d;
-      const T* s = sin + t * d;
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t base = ((o * seq + t) * heads + h) * d;
-        const T* g = dy + base;
-        T* dxr = dx + base;
-        for (int64_t i = 0; i < half; ++i) dxr[i] = g[i] * c[i] + g[i + half] * s[i + half];
-        for (int64_t i = half; i < d; ++i) dxr[i] = g[i] * c[i] - g[i - half] * s[i - half];
-      }
-    }
-  }
-}
-
-template <typename T>
 PLAIT_VECTOR_CLONES void CrossEntropyForward(int64_t rows, int64_t vocab,
                                              const T* __restrict logits,
                                              const int64_t* __restrict targets,
@@ -352,8 +332,6 @@ void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, c
   template void SwiGluBackward<T>(int64_t, const T*, const T*, const T*, T*, T*);                  \
   template void RotaryForward<T>(int64_t, int64_t, int64_t, int64_t, const T*, const T*, const T*, \
                                  T*);                                                              \
-  template void RotaryBackward<T>(int64_t, int64_t, int64_t, int64_t, const T*, const T*,          \
-                                  const T*, T*);                                                   \
   template void CrossEntropyForward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t, T*,    \
                                        T*);                                                        \
   template void CrossEntropyBackward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t,       \

@@ -31,14 +31,12 @@ void SwiGluBackward(int64_t n, const T* gate, const T* up, const T* dh, T* dgate
 // Rotary embedding of x [outer, T, heads, d] with tables cos, sin [T, d] ("rotate half"):
 //   y[i] = x[i] * cos[i] - x[i + d/2] * sin[i]        for i <  d/2
 //   y[i] = x[i] * cos[i] + x[i - d/2] * sin[i]        for i >= d/2
-// Backward is the transposed rotation: dx[i] = dy[i] * cos[i] + dy[i + d/2] * sin[i + d/2]
-// (i < d/2) and dy[i] * cos[i] - dy[i - d/2] * sin[i - d/2] (i >= d/2). d must be even.
+// Its backward is the transposed rotation, dx[i] = dy[i] * cos[i] + dy[i + d/2] * sin[i + d/2]
+// (i < d/2) and dy[i] * cos[i] - dy[i - d/2] * sin[i - d/2] (i >= d/2): this same function
+// with sin replaced by -roll(sin, d/2) along d. d must be even.
 template <typename T>
 void RotaryForward(int64_t outer, int64_t seq, int64_t heads, int64_t d, const T* x, const T* cos,
                    const T* sin, T* y);
-template <typename T>
-void RotaryBackward(int64_t outer, int64_t seq, int64_t heads, int64_t d, const T* dy, const T* cos,
-                    const T* sin, T* dx);
 
 // Cross-entropy of logits [rows, vocab] against targets [rows]: for each row whose target is
 // not ignore_index, lse[r] = log(sum(exp(logits[r]))) and loss[r] = lse[r] - logits[r, target];

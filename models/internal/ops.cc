@@ -119,11 +119,15 @@ struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const tensor_list saved = ctx->get_saved_variables();
     const torch::Tensor dy = grads[0].contiguous();
+    // The transposed rotation: the forward's with sin[i] replaced by -sin[i -+ d/2]
+    // (fused_kernels.h). The tables are [T, d], small beside dy.
+    const torch::Tensor transposed_sin =
+        torch::roll(saved[1], dy.size(3) / 2, /*dims=*/-1).neg_().contiguous();
     torch::Tensor dx = torch::empty_like(dy);
     AT_DISPATCH_FLOATING_TYPES(dy.scalar_type(), "RotaryBackward", [&] {
-      RotaryBackward<scalar_t>(dy.size(0), dy.size(1), dy.size(2), dy.size(3),
-                               dy.data_ptr<scalar_t>(), saved[0].data_ptr<scalar_t>(),
-                               saved[1].data_ptr<scalar_t>(), dx.data_ptr<scalar_t>());
+      RotaryForward<scalar_t>(dy.size(0), dy.size(1), dy.size(2), dy.size(3),
+                              dy.data_ptr<scalar_t>(), saved[0].data_ptr<scalar_t>(),
+                              transposed_sin.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>());
     });
     return {dx, torch::Tensor(), torch::Tensor()};
   }
