@@ -13,6 +13,7 @@
 #include "models/internal/ops.h"
 #include "models/internal/torch_compat.h"
 #include "models/model_config.h"
+#include "models/parameter_shapes.h"
 #include "models/rotary.h"
 #include "tools/status/status_macros.h"
 
@@ -61,15 +62,9 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
 }
 
 int64_t NumParameters(const ModelConfig& config) {
-  const int64_t hidden = config.hidden_size();
-  const int64_t kv_width = config.num_key_value_heads() * HeadDim(config);
-  int64_t attention = 2 * hidden * hidden + 2 * hidden * kv_width;
-  if (config.model_type() == "qwen2") attention += hidden + 2 * kv_width;
-  if (config.attention_bias()) attention += 2 * hidden + 2 * kv_width;
-  const int64_t layer = attention + 3 * hidden * config.intermediate_size() + 2 * hidden;
-  const int64_t embedding = config.vocab_size() * hidden;
-  return config.num_hidden_layers() * layer + hidden + embedding +
-         (config.tie_word_embeddings() ? 0 : embedding);
+  int64_t count = 0;
+  for (const ParameterShape& shape : ParameterShapes(config)) count += shape.numel();
+  return count;
 }
 
 RmsNorm::RmsNorm(int64_t size, double eps) : eps_(eps) {
