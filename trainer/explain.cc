@@ -18,7 +18,7 @@
 #include "tools/status/status_macros.h"
 #include "trainer/plan.h"
 #include "trainer/rules.h"
-#include "wrap/wrap.pb.h"
+#include "wrap/dtype.h"
 
 namespace plait::trainer {
 namespace {
@@ -28,9 +28,20 @@ constexpr double kDdpDefaultBucketMb = 25.0;
 
 constexpr double kBytesPerFloat = 4.0;  // optimizer state, and fp32 parameters
 
-// Bytes per element of the model's parameters, gradients and activations (plan.model.dtype).
-double ParameterBytes(const models::ModelSpec& spec) {
-  return spec.dtype() == wrap::DTYPE_BFLOAT16 || spec.dtype() == wrap::DTYPE_FLOAT16 ? 2.0 : 4.0;
+// The dtype of the model's parameters, gradients and activations (plan.model.dtype).
+torch::ScalarType ParameterDtype(const models::ModelSpec& spec) {
+  return wrap::ToScalarType(spec.dtype(), torch::kFloat32);
+}
+
+std::string ShortName(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kBFloat16:
+      return "bf16";
+    case torch::kFloat16:
+      return "fp16";
+    default:
+      return "fp32";
+  }
 }
 
 std::string Count(double n) {
@@ -96,7 +107,7 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
       "model: %s %s, %d layers, hidden %d, vocab %d, %s: %s parameters", config.model_type(),
       plan.model().has_preset() ? absl::StrCat("(preset \"", plan.model().preset(), "\")") : "",
       config.num_hidden_layers(), config.hidden_size(), config.vocab_size(),
-      ParameterBytes(plan.model()) == kBytesPerFloat ? "fp32" : "bf16", Count(parameters)));
+      ShortName(ParameterDtype(plan.model())), Count(parameters)));
 
   lines.push_back(
       plan.hf_weights_dir().empty()
@@ -198,7 +209,7 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   // Memory per rank: shards of parameters and gradients in the model's dtype and fp32
   // optimizer state (with fp32 masters of 16-bit parameters), plus FSDP's gathered units or
   // DDP's full replica, plus activations of one micro-batch.
-  const double element_bytes = ParameterBytes(plan.model());
+  const double element_bytes = static_cast<double>(c10::elementSize(ParameterDtype(plan.model())));
   const double owned = parameters * shard_fraction;
   const double slots = StateSlots(plan.optimizer());
   const double masters = element_bytes < kBytesPerFloat ? 1.0 : 0.0;
