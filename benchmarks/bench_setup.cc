@@ -11,6 +11,7 @@
 namespace plait::benchmarks {
 
 int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter) {
+  const bool huge_pages = heap::UseHugePagesForHeap(argv);
   const bool heap_retained = heap::RetainFreedHeapMemory();
   at::set_num_threads(1);
   // Looked up at run time, so the binary does not link OpenBLAS itself (LibTorch does,
@@ -28,6 +29,7 @@ int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter)
   benchmark::Initialize(&argc, argv);
   benchmark::AddCustomContext("heap", heap_retained ? "freed memory retained (tools/heap/heap.h)"
                                                     : "the C library's default");
+  benchmark::AddCustomContext("heap pages", huge_pages ? "2 MiB (tools/heap/heap.h)" : "4 KiB");
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks(reporter);
   benchmark::Shutdown();

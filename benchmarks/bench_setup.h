@@ -1,6 +1,6 @@
 // What the benchmarks share: a main() that pins LibTorch's two thread pools to one thread
-// each and keeps freed memory in the heap (tools/heap/heap.h) as the training jobs do,
-// before running; and the medium model shape the models and wrap issues measure.
+// each and sets up the heap as the training jobs do (huge pages, freed memory kept;
+// tools/heap/heap.h) before running; and the medium model shape the models and wrap issues measure.
 //
 //   int main(int argc, char** argv) { return plait::benchmarks::BenchmarkMain(argc, argv); }
 #ifndef PLAIT_BENCHMARKS_BENCH_SETUP_H_
@@ -11,7 +11,8 @@
 
 namespace plait::benchmarks {
 
-// Retains freed heap memory (reported in the benchmark context as "heap"), sets LibTorch's
+// Puts the heap on huge pages, which may execute the program again first, and retains freed
+// heap memory (reported in the benchmark context as "heap pages" and "heap"), sets LibTorch's
 // intra-op pool (at::set_num_threads) and OpenBLAS's, which does LibTorch's matmuls and
 // ignores the former (../shared/BUILDING.md), to one thread, then runs the
 // benchmarks the command line selects, reported through `reporter` (the console's when

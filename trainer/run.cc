@@ -88,6 +88,7 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
 }  // namespace
 
 int RunMain(int argc, char** argv, const EmbeddedPlan& embedded) {
+  heap::UseHugePagesForHeap(argv);
   heap::RetainFreedHeapMemory();
   std::string plan_path;
   std::vector<std::string> overrides;

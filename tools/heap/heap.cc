@@ -1,12 +1,34 @@
 #include "tools/heap/heap.h"
 
+#include <unistd.h>
+
 #include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 
 namespace plait::heap {
+namespace {
+
+constexpr char kHugePageTunable[] = "glibc.malloc.hugetlb=";
+
+// The kernel's transparent huge page mode, the bracketed word in its setting ("always",
+// "madvise" or "never"); empty where the setting cannot be read.
+std::string TransparentHugePageMode() {
+  std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string text;
+  std::getline(setting, text);
+  const size_t open = text.find('[');
+  const size_t close = text.find(']', open);
+  if (open == std::string::npos || close == std::string::npos) return "";
+  return text.substr(open + 1, close - open - 1);
+}
+
+}  // namespace
 
 bool RetainFreedHeapMemory() {
 #if defined(__GLIBC__)
@@ -17,6 +39,31 @@ bool RetainFreedHeapMemory() {
 #else
   return false;
 #endif
+}
+
+bool UseHugePagesForHeap([[maybe_unused]] char** argv) {
+#if defined(__GLIBC__)
+  const std::string mode = TransparentHugePageMode();
+  if (mode == "always") return true;
+  if (mode != "madvise") return false;
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  const std::string previous = tunables == nullptr ? "" : tunables;
+  const size_t at = previous.find(kHugePageTunable);
+  if (at != std::string::npos) {
+    return previous.compare(at + sizeof(kHugePageTunable) - 1, 1, "0") != 0;
+  }
+  const std::string updated = previous.empty() ? std::string(kHugePageTunable) + "1"
+                                               : previous + ":" + kHugePageTunable + "1";
+  setenv("GLIBC_TUNABLES", updated.c_str(), /*overwrite=*/1);
+  execv("/proc/self/exe", argv);
+  // Only reached when the program could not be executed again: leave everything as it was.
+  if (tunables == nullptr) {
+    unsetenv("GLIBC_TUNABLES");
+  } else {
+    setenv("GLIBC_TUNABLES", previous.c_str(), /*overwrite=*/1);
+  }
+#endif
+  return false;
 }
 
 }  // namespace plait::heap
