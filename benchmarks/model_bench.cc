@@ -1,17 +1,21 @@
 // Training throughput of plait's CausalLM on one CPU thread: forward + backward tokens/s
 // for the tiny preset and a medium shape, and model FLOPs utilisation (MFU) against the
-// matmul ceiling measured in the same run (a 1024^3 fp32 torch::mm on the same thread).
-// MFU = TrainingFlopsPerToken (causal_lm.h) * tokens/s / ceiling FLOP/s.
+// matmul ceiling (a 1024^3 fp32 torch::mm on the same thread).
 //
 //   bazel run --config=opt //benchmarks:model_bench
 //
+// The ceiling is measured right after every timed step, and a step's MFU is
+// TrainingFlopsPerToken (causal_lm.h) * tokens / step time / that ceiling; the reported MFU
+// is the median over the steps. On a shared machine both rates drift by 5-10% within a
+// minute, and a ratio of two rates measured seconds apart carries that drift, one measured
+// side by side does not.
+//
 // Both of LibTorch's thread pools are pinned to one thread before anything runs: its
 // intra-op pool (at::set_num_threads) and OpenBLAS's, which does its matmuls and ignores
-// the former (../shared/BUILDING.md). The ceiling benchmark runs first; the MFU counters of
-// the model benchmarks divide by it.
+// the former (../shared/BUILDING.md).
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <memory>
 #include <vector>
 
@@ -24,36 +28,37 @@
 namespace plait::models {
 namespace {
 
-// The matmul ceiling measured by BM_MatmulCeiling, in FLOP/s.
-double g_ceiling_flops = 0.0;
-
-void BM_MatmulCeiling(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  torch::manual_seed(0);
-  const torch::Tensor a = torch::randn({n, n});
-  const torch::Tensor b = torch::randn({n, n});
-  torch::Tensor c = torch::empty({n, n});
-  for (auto _ : state) {
-    torch::mm_out(c, a, b);
-    benchmark::DoNotOptimize(c.data_ptr());
-  }
-  const double flops = 2.0 * static_cast<double>(n) * n * n;
-  state.counters["FLOP/s"] =
-      benchmark::Counter(flops * state.iterations(), benchmark::Counter::kIsRate);
-}
-
-// Runs after BM_MatmulCeiling's timing to record the rate it measured.
-class CeilingReporter : public benchmark::ConsoleReporter {
+// The matmul ceiling: the FLOP/s of a 1024^3 fp32 torch::mm on this thread.
+class MatmulCeiling {
  public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      if (run.benchmark_name().rfind("BM_MatmulCeiling", 0) == 0 && !run.error_occurred) {
-        g_ceiling_flops = run.counters.at("FLOP/s");
-      }
-    }
-    ConsoleReporter::ReportRuns(runs);
+  MatmulCeiling()
+      : a_(torch::randn({kSize, kSize})),
+        b_(torch::randn({kSize, kSize})),
+        c_(torch::empty({kSize, kSize})) {}
+
+  // Runs one untimed product (it brings the operands back into cache), then times kReps.
+  double Measure() {
+    torch::mm_out(c_, a_, b_);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kReps; ++i) torch::mm_out(c_, a_, b_);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    benchmark::DoNotOptimize(c_.data_ptr());
+    return 2.0 * kSize * kSize * kSize * kReps / seconds;
   }
+
+ private:
+  static constexpr int64_t kSize = 1024;
+  // About 0.15 s on one core: long enough for a stable rate, short next to a medium step.
+  static constexpr int kReps = 10;
+  torch::Tensor a_, b_, c_;
 };
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
 
 // range(0): 0 = tiny preset, 1 = medium; range(1): batch; range(2): sequence length.
 void BM_TrainStep(benchmark::State& state) {
@@ -73,35 +78,44 @@ void BM_TrainStep(benchmark::State& state) {
   // not every step. Without it the medium shape, whose first step outlasts MinTime, would be
   // timed on that step alone.
   model->Loss(inputs, targets).backward();
-  double seconds = 0.0;
+  const double flops_per_step =
+      static_cast<double>(batch * seq) * TrainingFlopsPerToken(config, seq);
+  MatmulCeiling ceiling;
+  // One untimed step first: it faults the step's memory in, which a training run pays once,
+  // not every step.
+  model->Loss(inputs, targets).backward();
+  std::vector<double> mfu;
+  std::vector<double> ceilings;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
     model->zero_grad(/*set_to_none=*/true);
     model->Loss(inputs, targets).backward();
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    state.SetIterationTime(seconds);
+    ceilings.push_back(ceiling.Measure());
+    mfu.push_back(flops_per_step / seconds / ceilings.back());
   }
-  const double tokens_per_step = static_cast<double>(batch * seq);
-  const double flops_per_token = TrainingFlopsPerToken(config, seq);
-  state.counters["tokens/s"] =
-      benchmark::Counter(tokens_per_step * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(batch * seq),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["params_M"] = static_cast<double>(NumParameters(config)) / 1e6;
-  // The model's FLOP/s over the ceiling's, a plain ratio (not a rate).
-  const double model_flops = tokens_per_step * flops_per_token * state.iterations() / seconds;
-  state.counters["MFU"] = g_ceiling_flops > 0 ? model_flops / g_ceiling_flops : 0.0;
+  state.counters["ceiling_GFLOP/s"] = Median(ceilings) / 1e9;
+  state.counters["MFU"] = Median(mfu);
 }
 
-BENCHMARK(BM_MatmulCeiling)->Arg(1024)->MinTime(2.0)->UseRealTime();
+// Fixed step counts, so that each shape is set up and warmed up once.
 BENCHMARK(BM_TrainStep)
     ->Args({0, 8, 256})
+    ->Iterations(10)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TrainStep)
     ->Args({1, 8, 256})
-    ->MinTime(5.0)
-    ->UseRealTime()
+    ->Iterations(7)
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace plait::models
 
-int main(int argc, char** argv) {
-  plait::models::CeilingReporter reporter;
-  return plait::benchmarks::BenchmarkMain(argc, argv, &reporter);
-}
+int main(int argc, char** argv) { return plait::benchmarks::BenchmarkMain(argc, argv); }
