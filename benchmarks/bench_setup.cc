@@ -1,31 +1,22 @@
 #include "benchmarks/bench_setup.h"
 
-#include <dlfcn.h>
-
 #include <cstdio>
 
 #include "models/model_config.h"
 #include "tools/heap/heap.h"
-#include "torch/torch.h"
+#include "tools/threads/threads.h"
 
 namespace plait::benchmarks {
 
 int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter) {
   const bool huge_pages = heap::UseHugePagesForHeap(argv);
   const bool heap_retained = heap::RetainFreedHeapMemory();
-  at::set_num_threads(1);
-  // Looked up at run time, so the binary does not link OpenBLAS itself (LibTorch does,
-  // through libblas.so.3).
-  using SetThreads = void (*)(int);
-  auto set_openblas_threads =
-      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (set_openblas_threads == nullptr) {
+  if (!threads::SetComputeThreads(1)) {
     std::fprintf(stderr,
                  "openblas_set_num_threads not found: LibTorch is not using OpenBLAS (run "
                  "tools/setup.sh), so the figures would not be comparable\n");
     return 1;
   }
-  set_openblas_threads(1);
   benchmark::Initialize(&argc, argv);
   benchmark::AddCustomContext("heap", heap_retained ? "freed memory retained (tools/heap/heap.h)"
                                                     : "the C library's default");

@@ -22,6 +22,7 @@
 #include "parallel/world.h"
 #include "tools/heap/heap.h"
 #include "tools/status/status_macros.h"
+#include "tools/threads/threads.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
 #include "trainer/plan.h"
@@ -55,7 +56,7 @@ std::string OwnAddress(const parallel::World& world) {
 }
 
 absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
-  at::set_num_threads(1);  // one core per rank; ranks share the machine
+  threads::SetComputeThreads(1);  // one core per rank; ranks share the machine
   c10::intrusive_ptr<c10d::Store> store;
   if (world.world_size > 1) {
     PLAIT_ASSIGN_OR_RETURN(store, parallel::Rendezvous(world, kRendezvousTimeout));
