@@ -243,6 +243,7 @@ INSTANTIATE_TEST_SUITE_P(
         Scenario{"fsdp_4_ranks_no_reshard", Strategy::kFsdpNoReshard, 4, 1},
         Scenario{"fsdp_2_ranks_accumulating", Strategy::kFsdp, 2, 2},
         Scenario{"ddp_2_ranks_unused_parameter", Strategy::kDdp, 2, 1, Variant::kUnusedParameter},
+        Scenario{"fsdp_2_ranks_unused_parameter", Strategy::kFsdp, 2, 1, Variant::kUnusedParameter},
         Scenario{"fsdp_2_ranks_tied", Strategy::kFsdp, 2, 1, Variant::kTied},
         Scenario{"fsdp_4_ranks_tied_accumulating", Strategy::kFsdp, 4, 2, Variant::kTied}),
     [](const ::testing::TestParamInfo<Scenario>& info) { return info.param.name; });

@@ -50,6 +50,8 @@ struct Fsdp::Unit {
 
   int trainable = 0;          // parameters that require a gradient
   int gradients_pending = 0;  // of those, the ones whose gradient has not arrived
+  // A rank's reduced gradient rows, then one flag per parameter: above zero when some rank
+  // produced its gradient.
   torch::Tensor reduce_output;
   std::shared_ptr<parallel::Work> reduce;
 
@@ -306,16 +308,20 @@ void Fsdp::OnGradientAccumulated(int index) {
 }
 
 // Every rank's chunk of the input holds, for each parameter, that rank's rows of the full
-// gradient (zero for padding rows and for parameters without a gradient).
+// gradient (zero for padding rows and for parameters without a gradient), then a flag per
+// parameter, 1 where this rank has its gradient: reduced, the flags tell every rank which
+// parameters some rank used, and the others get no gradient, as in one process.
 void Fsdp::StartReduceScatter(Unit& unit) {
   torch::NoGradGuard no_grad;
   const int n = communicator_.size();
+  const int64_t flags = static_cast<int64_t>(unit.parameters.size());
   torch::Tensor input =
-      torch::zeros({n, unit.shard_numel}, unit.shards[0].options().dtype(reduce_dtype_));
+      torch::zeros({n, unit.shard_numel + flags}, unit.shards[0].options().dtype(reduce_dtype_));
   for (size_t i = 0; i < unit.parameters.size(); ++i) {
     torch::Tensor& parameter = unit.parameters[i];
     const torch::Tensor grad = parameter.grad();
     if (!grad.defined()) continue;
+    input.select(1, unit.shard_numel + static_cast<int64_t>(i)).fill_(1);
     const int64_t full_rows = FullRows(parameter);
     const torch::Tensor rows_view = grad.reshape({full_rows, -1});
     const int64_t row_numel = unit.shards[i].numel() / unit.rows[i];
@@ -328,7 +334,7 @@ void Fsdp::StartReduceScatter(Unit& unit) {
     }
     parameter.mutable_grad().reset();  // the full gradient is not needed any more
   }
-  unit.reduce_output = torch::empty({unit.shard_numel}, input.options());
+  unit.reduce_output = torch::empty({unit.shard_numel + flags}, input.options());
   unit.reduce = communicator_.ReduceScatter(input.view({-1}), unit.reduce_output,
                                             parallel::ReduceOp::kAverage);
 }
@@ -357,9 +363,13 @@ void Fsdp::FinishBackward() {
 }
 
 void Fsdp::AccumulateShardGradients(Unit& unit) {
+  const torch::Tensor used_by_any =
+      unit.reduce_output.narrow(0, unit.shard_numel, static_cast<int64_t>(unit.shards.size()))
+          .to(torch::kCPU, torch::kFloat32);
   for (size_t i = 0; i < unit.shards.size(); ++i) {
     torch::Tensor& shard = unit.shards[i];
     if (!shard.requires_grad()) continue;
+    if (used_by_any[static_cast<int64_t>(i)].item<float>() == 0.0f) continue;
     const torch::Tensor grad = unit.reduce_output.narrow(0, unit.offsets[i], shard.numel())
                                    .view(shard.sizes())
                                    .to(torch::kFloat32);

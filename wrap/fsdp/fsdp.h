@@ -15,7 +15,9 @@
 // forward is recomputed. With FsdpConfig.param_dtype the full parameters are gathered and
 // computed in that dtype (bf16), gradients are reduced in reduce_dtype, and shards, their
 // gradients and the optimizer state stay fp32. Frozen parameters (requires_grad false) are
-// sharded and gathered but get no gradient and are not trained. Applied through
+// sharded and gathered but get no gradient and are not trained; so does a parameter that no
+// rank used in the step's backward (a flag per parameter rides on each unit's
+// reduce-scatter), as in one process, where AdamW would otherwise decay it. Applied through
 // wrap::Preparation (preparation.h).
 #ifndef PLAIT_WRAP_FSDP_FSDP_H_
 #define PLAIT_WRAP_FSDP_FSDP_H_
