@@ -35,7 +35,10 @@ bool RetainFreedHeapMemory() {
   // Setting either also turns off glibc's adaptive threshold, which would lower them again.
   const bool mmap_set = mallopt(M_MMAP_THRESHOLD, 1 << 30) == 1;
   const bool trim_set = mallopt(M_TRIM_THRESHOLD, INT_MAX) == 1;
-  return mmap_set && trim_set;
+  // Threads otherwise get arenas of their own, built of 64 MiB mappings: a larger block is
+  // mapped for itself and unmapped when freed, whatever the thresholds say.
+  const bool one_arena = mallopt(M_ARENA_MAX, 1) == 1;
+  return mmap_set && trim_set && one_arena;
 #else
   return false;
 #endif

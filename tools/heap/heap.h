@@ -22,7 +22,9 @@
 namespace plait::heap {
 
 // Keeps freed blocks below 1 GiB in the heap for reuse and never trims its top, so the
-// process holds on to its peak heap. Returns whether the C library took the settings (false
+// process holds on to its peak heap, and has every thread allocate from that one heap
+// (ranks run as threads in tests and benchmarks; the allocations are few and large, so they
+// contend little for it). Returns whether the C library took the settings (false
 // on a C library other than glibc, where it does nothing).
 bool RetainFreedHeapMemory();
 
