@@ -1,6 +1,7 @@
 // What the benchmarks share: a main() that pins LibTorch's two thread pools to one thread
-// each and sets up the heap as the training jobs do (huge pages, freed memory kept;
-// tools/heap/heap.h) before running; and the medium model shape the models and wrap issues measure.
+// each (tools/threads) and sets up the heap as the training jobs do (huge pages, freed memory
+// kept; tools/heap) before running; and the medium model shape the models and wrap issues
+// measure.
 //
 //   int main(int argc, char** argv) { return plait::benchmarks::BenchmarkMain(argc, argv); }
 #ifndef PLAIT_BENCHMARKS_BENCH_SETUP_H_
