@@ -53,7 +53,9 @@ bool UseHugePagesForHeap([[maybe_unused]] char** argv) {
   const std::string previous = tunables == nullptr ? "" : tunables;
   const size_t at = previous.find(kHugePageTunable);
   if (at != std::string::npos) {
-    return previous.compare(at + sizeof(kHugePageTunable) - 1, 1, "0") != 0;
+    const size_t value_at = at + sizeof(kHugePageTunable) - 1;
+    const std::string value = previous.substr(value_at, previous.find(':', value_at) - value_at);
+    return !value.empty() && value != "0";
   }
   const std::string updated = previous.empty() ? std::string(kHugePageTunable) + "1"
                                                : previous + ":" + kHugePageTunable + "1";

@@ -84,10 +84,13 @@ TEST_F(UseHugePagesForHeapTest, ASecondCallKeepsTheSettingWithoutReExecuting) {
 }
 
 TEST_F(UseHugePagesForHeapTest, TheTunableSetToZeroIsKeptAndTurnsItOff) {
+  ASSERT_NE(std::getenv("GLIBC_TUNABLES"), nullptr);
   const std::string saved = std::getenv("GLIBC_TUNABLES");
   setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0", 1);
   EXPECT_FALSE(UseHugePagesForHeap(nullptr));
   EXPECT_STREQ(std::getenv("GLIBC_TUNABLES"), "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0");
+  setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=2", 1);
+  EXPECT_FALSE(UseHugePagesForHeap(nullptr));
   setenv("GLIBC_TUNABLES", saved.c_str(), 1);
 }
 
