@@ -74,10 +74,6 @@ void BM_TrainStep(benchmark::State& state) {
   const torch::Tensor tokens = torch::randint(config.vocab_size(), {batch, seq + 1});
   const torch::Tensor inputs = tokens.narrow(1, 0, seq);
   const torch::Tensor targets = tokens.narrow(1, 1, seq);
-  // One untimed step first: it faults the step's memory in, which a training run pays once,
-  // not every step. Without it the medium shape, whose first step outlasts MinTime, would be
-  // timed on that step alone.
-  model->Loss(inputs, targets).backward();
   const double flops_per_step =
       static_cast<double>(batch * seq) * TrainingFlopsPerToken(config, seq);
   MatmulCeiling ceiling;
