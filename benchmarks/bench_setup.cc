@@ -1,6 +1,8 @@
 #include "benchmarks/bench_setup.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <vector>
 
 #include "models/model_config.h"
 #include "tools/heap/heap.h"
@@ -25,6 +27,12 @@ int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter)
   benchmark::RunSpecifiedBenchmarks(reporter);
   benchmark::Shutdown();
   return 0;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
 models::ModelConfig MediumModel() {

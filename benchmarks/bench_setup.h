@@ -7,6 +7,8 @@
 #ifndef PLAIT_BENCHMARKS_BENCH_SETUP_H_
 #define PLAIT_BENCHMARKS_BENCH_SETUP_H_
 
+#include <vector>
+
 #include "benchmark/benchmark.h"
 #include "models/model.pb.h"
 
@@ -20,6 +22,10 @@ namespace plait::benchmarks {
 // null). Fails (returns 1) when LibTorch does not run on OpenBLAS (tools/setup.sh installs
 // it), since the figures would not be comparable.
 int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter = nullptr);
+
+// The median of `values` (the mean of the middle two for an even count), for per-step figures
+// that one step disturbed by the shared machine should not move. `values` is not empty.
+double Median(std::vector<double> values);
 
 // hidden 512, 8 layers, 8 heads (head_dim 64), SwiGLU width 1376 (~8/3 * 512, as Llama sizes
 // it), vocab 4096: about 29M parameters.

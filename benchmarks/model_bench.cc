@@ -13,7 +13,6 @@
 // Both of LibTorch's thread pools are pinned to one thread before anything runs: its
 // intra-op pool (at::set_num_threads) and OpenBLAS's, which does its matmuls and ignores
 // the former (../shared/BUILDING.md).
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -54,12 +53,6 @@ class MatmulCeiling {
   torch::Tensor a_, b_, c_;
 };
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
-
 // range(0): 0 = tiny preset, 1 = medium; range(1): batch; range(2): sequence length.
 void BM_TrainStep(benchmark::State& state) {
   const ModelConfig config =
@@ -95,8 +88,8 @@ void BM_TrainStep(benchmark::State& state) {
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(batch * seq),
                                                   benchmark::Counter::kIsIterationInvariantRate);
   state.counters["params_M"] = static_cast<double>(NumParameters(config)) / 1e6;
-  state.counters["ceiling_GFLOP/s"] = Median(ceilings) / 1e9;
-  state.counters["MFU"] = Median(mfu);
+  state.counters["ceiling_GFLOP/s"] = benchmarks::Median(ceilings) / 1e9;
+  state.counters["MFU"] = benchmarks::Median(mfu);
 }
 
 // Fixed step counts, so that each shape is set up and warmed up once.

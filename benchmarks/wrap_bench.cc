@@ -141,9 +141,7 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   m.process_cpu_seconds_per_step = (ProcessCpuSeconds() - cpu_start) / kTimedSteps;
-  std::nth_element(step_seconds.begin(), step_seconds.begin() + kTimedSteps / 2,
-                   step_seconds.end());
-  m.step_seconds = step_seconds[kTimedSteps / 2];
+  m.step_seconds = benchmarks::Median(step_seconds);
   m.bytes_sent_per_step = (bytes_sent() - sent_before) / kTimedSteps;
 
   // Persistent state: what the optimizer trains, gradients (kept after backward; DDP's are
