@@ -4,16 +4,16 @@
 #include <cstdio>
 #include <vector>
 
+#include "base/heap.h"
+#include "base/threads.h"
 #include "models/model_config.h"
-#include "tools/heap/heap.h"
-#include "tools/threads/threads.h"
 
 namespace plait::benchmarks {
 
 int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter) {
-  const bool huge_pages = heap::UseHugePagesForHeap(argv);
-  const bool heap_retained = heap::RetainFreedHeapMemory();
-  if (!threads::SetComputeThreads(1)) {
+  const bool huge_pages = base::UseHugePagesForHeap(argv);
+  const bool heap_retained = base::RetainFreedHeapMemory();
+  if (!base::SetComputeThreads(1)) {
     std::fprintf(stderr,
                  "openblas_set_num_threads not found: LibTorch is not using OpenBLAS (run "
                  "tools/setup.sh), so the figures would not be comparable\n");

@@ -17,7 +17,7 @@ namespace plait::benchmarks {
 // Puts the heap on huge pages, which may execute the program again first, and retains freed
 // heap memory (reported in the benchmark context as "heap pages" and "heap"), sets LibTorch's
 // intra-op pool (at::set_num_threads) and OpenBLAS's, which does LibTorch's matmuls and
-// ignores the former (../shared/BUILDING.md), to one thread, then runs the
+// ignores the former, to one thread, then runs the
 // benchmarks the command line selects, reported through `reporter` (the console's when
 // null). Fails (returns 1) when LibTorch does not run on OpenBLAS (tools/setup.sh installs
 // it), since the figures would not be comparable.

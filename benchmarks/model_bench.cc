@@ -12,7 +12,7 @@
 //
 // Both of LibTorch's thread pools are pinned to one thread before anything runs: its
 // intra-op pool (at::set_num_threads) and OpenBLAS's, which does its matmuls and ignores
-// the former (../shared/BUILDING.md).
+// the former.
 #include <chrono>
 #include <cstdint>
 #include <memory>

@@ -10,12 +10,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/hash.h"
+#include "base/status.h"
 #include "models/internal/ops.h"
 #include "models/internal/torch_compat.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
 #include "models/rotary.h"
-#include "tools/status/status_macros.h"
 
 namespace plait::models {
 namespace {
@@ -24,24 +25,6 @@ namespace F = torch::nn::functional;
 
 torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
-}
-
-// FNV-1a, 64 bit: a hash of the name that is the same on every platform and build.
-uint64_t Fnv1a64(const std::string& text) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const unsigned char c : text) {
-    hash ^= c;
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
-
-// splitmix64's finaliser, so nearby seeds give unrelated generator states.
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 bool IsResidualProjection(const std::string& name) {
@@ -189,7 +172,8 @@ absl::Status CausalLM::ResetParameters(const InitConfig& init) {
     } else if (absl::EndsWith(name, ".bias")) {
       parameter.zero_();
     } else {
-      at::Generator generator = internal::MakeCpuGenerator(SplitMix64(init.seed() ^ Fnv1a64(name)));
+      at::Generator generator =
+          internal::MakeCpuGenerator(base::SplitMix64(init.seed() ^ base::Fnv1a64(name)));
       torch::Tensor values = torch::empty(parameter.sizes(), torch::kFloat32);
       values.normal_(0.0, IsResidualProjection(name) ? residual_std : std, generator);
       parameter.copy_(values);

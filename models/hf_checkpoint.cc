@@ -10,8 +10,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status.h"
 #include "models/model_config.h"
-#include "tools/status/status_macros.h"
 
 namespace plait::models {
 namespace {

@@ -6,17 +6,17 @@
 #include <utility>
 #include <vector>
 
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
-#include "tools/status/status_matchers.h"
 
 namespace plait::models {
 namespace {
 
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::string FreshDir(const std::string& name) {

@@ -1,9 +1,7 @@
 #include "models/model_config.h"
 
 #include <cmath>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,8 +9,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/file.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
-#include "tools/status/status_macros.h"
 
 namespace plait::models {
 namespace {
@@ -359,12 +358,8 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
 }
 
 absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream text;
-  text << file.rdbuf();
-  if (file.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  return ParseHfConfigJson(text.str(), path);
+  PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
+  return ParseHfConfigJson(text, path);
 }
 
 std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dtype) {

@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,8 +20,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/file.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
-#include "tools/status/status_macros.h"
 
 namespace plait::models {
 namespace {
@@ -134,15 +134,6 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
                                    entry.begin, entry.end, entry.end - entry.begin));
   }
   return entry;
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream text;
-  text << file.rdbuf();
-  if (file.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  return text.str();
 }
 
 }  // namespace
@@ -312,7 +303,7 @@ absl::StatusOr<SafetensorsCheckpoint> SafetensorsCheckpoint::Open(const std::str
     checkpoint.files_.push_back(std::move(file));
     return checkpoint;
   }
-  PLAIT_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(index_path));
+  PLAIT_ASSIGN_OR_RETURN(std::string text, base::ReadFile(index_path));
   const Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded()) return Corrupt(index_path, "not valid JSON");
   auto weight_map = index.is_object() ? index.find("weight_map") : index.end();
@@ -415,19 +406,8 @@ absl::Status WriteSafetensorsCheckpoint(
     for (const auto& item : shards[i]) weight_map[item.first] = file_name;
   }
   const Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-  // Written under a temporary name and renamed, like the shards, so a crash never leaves a
-  // half-written index.
-  const std::string temporary = index_path + ".tmp";
-  std::ofstream out(temporary, std::ios::trunc);
-  out << index.dump(2) << "\n";
-  out.close();
-  if (!out) return absl::DataLossError(absl::StrCat(temporary, ": write failed"));
-  std::error_code error;
-  std::filesystem::rename(temporary, index_path, error);
-  if (error) {
-    return absl::DataLossError(absl::StrCat(index_path, ": rename failed: ", error.message()));
-  }
-  return absl::OkStatus();
+  // Replaced atomically, like the shards, so a crash never leaves a half-written index.
+  return base::WriteFileAtomically(index_path, index.dump(2) + "\n");
 }
 
 }  // namespace plait::models

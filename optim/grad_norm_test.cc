@@ -5,23 +5,23 @@
 #include <string>
 #include <vector>
 
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/device_mesh.h"
 #include "parallel/gloo_communicator.h"
 #include "parallel/test_ranks.h"
-#include "tools/status/status_matchers.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
 
 namespace plait::optim {
 namespace {
 
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::IsOkAndHolds;
 using ::plait::parallel::Communicator;
 using ::plait::parallel::GlooCommunicator;
 using ::plait::parallel::testing::RunRanks;
-using ::plait::testing::IsOk;
-using ::plait::testing::IsOkAndHolds;
 
 // The full gradients of a three-parameter model, the same in every process.
 struct FullGradients {

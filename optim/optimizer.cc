@@ -7,9 +7,9 @@
 #include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status.h"
 #include "optim/grad_norm.h"
 #include "optim/internal/fused_kernels.h"
-#include "tools/status/status_macros.h"
 
 namespace plait::optim {
 namespace {

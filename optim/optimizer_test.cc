@@ -7,17 +7,17 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
-#include "tools/status/status_matchers.h"
 #include "torch/torch.h"
 
 namespace plait::optim {
 namespace {
 
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr int kSteps = 100;

@@ -5,7 +5,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "tools/status/status_macros.h"
+#include "base/status.h"
 
 namespace plait::parallel {
 

@@ -5,19 +5,19 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
-#include "tools/status/status_matchers.h"
 #include "torch/torch.h"
 
 namespace plait::parallel {
 namespace {
 
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::plait::parallel::testing::RunOnGlooMesh;
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -41,7 +41,7 @@ TEST(MeshLayoutTest, CoordinatesAndGroupsAreRowMajor) {
   EXPECT_THAT(layout->GroupRanks(0, 0), ElementsAre(0, 2));
   EXPECT_EQ(layout->GroupName(3, 1), "tp[dp=1]");
   EXPECT_EQ(layout->GroupName(1, 0), "dp[tp=1]");
-  EXPECT_THAT(layout->DimIndex("tp"), ::plait::testing::IsOkAndHolds(1));
+  EXPECT_THAT(layout->DimIndex("tp"), ::plait::base::testing::IsOkAndHolds(1));
 }
 
 TEST(MeshLayoutTest, ThreeDimensions) {

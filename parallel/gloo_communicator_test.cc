@@ -9,19 +9,19 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
-#include "tools/status/status_matchers.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
 
 namespace plait::parallel {
 namespace {
 
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::plait::parallel::testing::RunRanks;
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 

@@ -25,9 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "base/status.h"
 #include "parallel/free_port.h"
 #include "parallel/world.h"
-#include "tools/status/status_macros.h"
 
 extern char** environ;
 

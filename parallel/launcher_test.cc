@@ -17,21 +17,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/testdata/subprocess.h"
-#include "tools/status/status_matchers.h"
 
 namespace plait::parallel {
 namespace {
 
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::plait::parallel::testdata::ReadFile;
 using ::plait::parallel::testdata::StartSubprocess;
 using ::plait::parallel::testdata::SubprocessOptions;
 using ::plait::parallel::testdata::WaitForFiles;
 using ::plait::parallel::testdata::WaitForSubprocess;
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::Each;
 using ::testing::ElementsAre;

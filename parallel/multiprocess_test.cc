@@ -8,15 +8,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/launcher.h"
-#include "tools/status/status_matchers.h"
 
 namespace plait::parallel {
 namespace {
 
-using ::plait::testing::IsOk;
+using ::plait::base::testing::IsOk;
 using ::testing::Contains;
 using ::testing::HasSubstr;
 

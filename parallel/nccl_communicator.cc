@@ -18,7 +18,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "tools/status/status_macros.h"
+#include "base/math.h"
+#include "base/status.h"
 
 namespace plait::parallel {
 namespace {
@@ -72,10 +73,6 @@ absl::Status TimeoutError(absl::Duration timeout) {
       "did not finish within ", absl::FormatDuration(timeout),
       " (CommunicatorOptions::timeout); a rank of the group may have stopped, or the ranks "
       "may be issuing different calls"));
-}
-
-int64_t CeilDiv(int64_t numerator, int64_t denominator) {
-  return (numerator + denominator - 1) / denominator;
 }
 
 ncclRedOp_t NcclOp(ReduceOp op) {
@@ -189,7 +186,7 @@ enum class Direction { kToPadded, kFromPadded };
 // i * ceil(total / n) elements. One copy per chunk, queued on `stream`.
 absl::Status CopyChunks(Direction direction, char* flat, char* padded, int64_t total, int n,
                         int64_t element_size, cudaStream_t stream) {
-  const int64_t padded_bytes = CeilDiv(total, n) * element_size;
+  const int64_t padded_bytes = base::CeilDiv(total, n) * element_size;
   for (int i = 0; i < n; ++i) {
     const Chunk chunk = ChunkOf(total, n, i);
     char* flat_chunk = flat + chunk.offset * element_size;
@@ -547,7 +544,7 @@ absl::StatusOr<PaddedChunks> ChunkedCollective(const std::string& description, i
                          DeviceTensorType(description, device, "input", input));
   PLAIT_RETURN_IF_ERROR(DeviceTensorType(description, device, "output", output).status());
   const int64_t element_size = input.element_size();
-  const int64_t count = CeilDiv(total, size);
+  const int64_t count = base::CeilDiv(total, size);
   return PaddedChunks{type, total, element_size, count, (size - 1) * count * element_size};
 }
 

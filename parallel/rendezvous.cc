@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "tools/status/status_macros.h"
+#include "base/status.h"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
 
 namespace plait::parallel {

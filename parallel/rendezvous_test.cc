@@ -5,18 +5,18 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/free_port.h"
 #include "parallel/test_ranks.h"
-#include "tools/status/status_matchers.h"
 
 namespace plait::parallel {
 namespace {
 
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::plait::parallel::testing::RunRanks;
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 

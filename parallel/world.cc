@@ -5,7 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "tools/status/status_macros.h"
+#include "base/status.h"
 
 namespace plait::parallel {
 namespace {

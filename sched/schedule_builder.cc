@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "tools/status/status_macros.h"
+#include "base/status.h"
 
 namespace plait::sched {
 namespace {

@@ -7,16 +7,16 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
-#include "tools/status/status_matchers.h"
 
 namespace plait::sched {
 namespace {
 
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr double kPi = 3.14159265358979323846;

@@ -30,7 +30,7 @@ TEST(LibTorchTest, MatmulMatchesAnExplicitSum) {
 }
 
 // Without libopenblas0-pthread, Debian's LibTorch falls back to the reference BLAS and its
-// matmuls run ~25x slower (../shared/BUILDING.md): tools/setup.sh must install it.
+// matmuls run ~25x slower: tools/setup.sh must install it.
 TEST(LibTorchTest, MatmulsRunOnOpenBlas) {
   const torch::Tensor a = torch::ones({64, 64});
   EXPECT_EQ(torch::mm(a, a).sum().item<float>(), 64.0f * 64 * 64);

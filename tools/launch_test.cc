@@ -9,20 +9,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/testdata/subprocess.h"
-#include "tools/status/status_matchers.h"
 
 namespace plait::tools {
 namespace {
 
+using ::plait::base::testing::IsOk;
 using ::plait::parallel::testdata::ReadFile;
 using ::plait::parallel::testdata::StartSubprocess;
 using ::plait::parallel::testdata::SubprocessOptions;
 using ::plait::parallel::testdata::WaitForFiles;
 using ::plait::parallel::testdata::WaitForSubprocess;
-using ::plait::testing::IsOk;
 using ::testing::HasSubstr;
 
 // Every launch here ends in well under this; the ranks that should be stopped sleep 60 s.

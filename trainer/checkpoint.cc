@@ -1,15 +1,9 @@
 #include "trainer/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <sstream>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -20,12 +14,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "base/dtype.pb.h"
+#include "base/file.h"
+#include "base/hash.h"
+#include "base/status.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
-#include "tools/status/status_macros.h"
 #include "trainer/plan.h"
-#include "wrap/wrap.pb.h"
 
 namespace plait::trainer {
 namespace {
@@ -46,20 +42,10 @@ std::string Shape(const torch::Tensor& tensor) {
 // A 64-bit FNV-1a over the bytes of `tensors` in name order, 8 bytes at a time: cheap next
 // to writing the file, and it catches bytes changed after the header was checked.
 std::string Checksum(const std::map<std::string, torch::Tensor>& tensors) {
-  constexpr uint64_t kOffsetBasis = 0xcbf29ce484222325ULL;  // FNV-1a's, 64-bit
-  constexpr uint64_t kPrime = 0x100000001b3ULL;
-  uint64_t hash = kOffsetBasis;
+  uint64_t hash = base::kFnv1a64OffsetBasis;
   for (const auto& [name, tensor] : tensors) {
     const torch::Tensor bytes = tensor.contiguous();
-    const char* data = static_cast<const char*>(bytes.data_ptr());
-    const size_t size = bytes.numel() * bytes.element_size();
-    size_t i = 0;
-    for (; i + 8 <= size; i += 8) {
-      uint64_t word;
-      std::memcpy(&word, data + i, 8);
-      hash = (hash ^ word) * kPrime;
-    }
-    for (; i < size; ++i) hash = (hash ^ static_cast<unsigned char>(data[i])) * kPrime;
+    hash = base::Fnv1a64Words(hash, bytes.data_ptr(), bytes.numel() * bytes.element_size());
   }
   return absl::StrFormat("%016x", hash);
 }
@@ -85,7 +71,7 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan)
   const TrainingConfig& training = plan.training();
   return std::map<std::string, std::string>{
       {"plan.model", config.ShortDebugString()},
-      {"plan.model.dtype", wrap::Dtype_Name(plan.model().dtype())},
+      {"plan.model.dtype", base::Dtype_Name(plan.model().dtype())},
       {"plan.prepare", absl::StrJoin(steps, "; ")},
       {"plan.optimizer", algorithm == nullptr ? "" : algorithm->name()},
       {"plan.training.micro_batch", absl::StrCat(training.micro_batch())},
@@ -127,11 +113,9 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpoints(const std::string& dir) {
 }
 
 absl::StatusOr<Json> ReadJson(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) return absl::NotFoundError(absl::StrCat(path, ": missing or unreadable"));
-  std::stringstream text;
-  text << file.rdbuf();
-  Json json = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = base::ReadFile(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat(path, ": missing or unreadable"));
+  Json json = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::DataLossError(absl::StrCat(path, ": not a JSON object; the file is corrupt"));
   }
@@ -173,27 +157,6 @@ absl::Status AgreeAcrossMesh(const absl::Status& own, const parallel::DeviceMesh
   return absl::AbortedError(absl::StrCat(what, ": rank", ranks.size() > 1 ? "s " : " ",
                                          absl::StrJoin(ranks, ", "),
                                          " failed (see their errors); this rank stops too"));
-}
-
-absl::Status WriteText(const std::string& path, const std::string& text) {
-  std::ofstream file(path, std::ios::trunc);
-  file << text;
-  file.close();
-  if (!file) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot write"));
-  return absl::OkStatus();
-}
-
-// Flushes `path` (a file or a folder) to the disk, so a rename that publishes it cannot
-// survive a machine crash while its contents do not.
-absl::Status Sync(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0 || fsync(fd) != 0) {
-    const std::string reason = std::strerror(errno);
-    if (fd >= 0) close(fd);
-    return absl::InternalError(absl::StrCat(path, ": cannot flush to disk: ", reason));
-  }
-  close(fd);
-  return absl::OkStatus();
 }
 
 absl::Status FileError(const std::string& action, const std::string& path,
@@ -446,7 +409,7 @@ absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer)
     PLAIT_RETURN_IF_ERROR(models::WriteSafetensors(
         file, std::vector<std::pair<std::string, torch::Tensor>>(tensors.begin(), tensors.end()),
         metadata));
-    PLAIT_RETURN_IF_ERROR(Sync(file));
+    PLAIT_RETURN_IF_ERROR(base::SyncToDisk(file));
     if (rank != 0) return absl::OkStatus();
     const Json manifest = {{"format", kFormat},
                            {"step", step},
@@ -455,8 +418,7 @@ absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer)
                            {"data_position", step * accumulation_},
                            {"fingerprint", fingerprint_}};
     const std::string path = absl::StrCat(temporary, "/", kCheckpointManifest);
-    PLAIT_RETURN_IF_ERROR(WriteText(path, manifest.dump(2) + "\n"));
-    return Sync(path);
+    return base::WriteFileAtomically(path, manifest.dump(2) + "\n");
   }();
   PLAIT_RETURN_IF_ERROR(AgreeAcrossMesh(written, *mesh_, what));
 
@@ -464,11 +426,11 @@ absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer)
   absl::Status published;
   if (rank == 0) {
     published = [&]() -> absl::Status {
-      PLAIT_RETURN_IF_ERROR(Sync(temporary));
+      PLAIT_RETURN_IF_ERROR(base::SyncToDisk(temporary));
       std::error_code error;
       fs::rename(temporary, folder, error);
       if (error) return FileError("rename into place", temporary, error);
-      PLAIT_RETURN_IF_ERROR(Sync(dir_));
+      PLAIT_RETURN_IF_ERROR(base::SyncToDisk(dir_));
       if (config_.keep_last() <= 0) return absl::OkStatus();
       PLAIT_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, ListCheckpoints(dir_));
       for (size_t i = 0; i + config_.keep_last() < steps.size(); ++i) {
@@ -498,13 +460,7 @@ absl::Status KeepMetricsUpTo(const std::string& path, int64_t step) {
     }
   }
   in.close();
-  const std::string temporary = path + ".tmp";
-  PLAIT_RETURN_IF_ERROR(WriteText(temporary, kept));
-  fs::rename(temporary, path, error);
-  if (error) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot replace: ", error.message()));
-  }
-  return absl::OkStatus();
+  return base::WriteFileAtomically(path, kept);
 }
 
 }  // namespace plait::trainer

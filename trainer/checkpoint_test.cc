@@ -14,13 +14,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
-#include "tools/status/status_matchers.h"
 #include "trainer/plan.h"
 #include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
@@ -31,8 +31,8 @@ namespace plait::trainer {
 namespace {
 
 namespace fs = std::filesystem;
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
 using ::testing::AllOf;

@@ -3,17 +3,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/status/status_matchers.h"
 #include "trainer/plan.h"
 #include "trainer/testing_token_files.h"
 
 namespace plait::trainer {
 namespace {
 
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::plait::trainer::testing::Iota;
 using ::plait::trainer::testing::WriteLlmc;
 using ::testing::HasSubstr;

@@ -10,15 +10,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/dtype.h"
+#include "base/status.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
 #include "optim/param_groups.h"
 #include "sched/schedule_builder.h"
-#include "tools/status/status_macros.h"
 #include "trainer/plan.h"
 #include "trainer/rules.h"
-#include "wrap/dtype.h"
 
 namespace plait::trainer {
 namespace {
@@ -30,7 +30,7 @@ constexpr double kBytesPerFloat = 4.0;  // optimizer state, and fp32 parameters
 
 // The dtype of the model's parameters, gradients and activations (plan.model.dtype).
 torch::ScalarType ParameterDtype(const models::ModelSpec& spec) {
-  return wrap::ToScalarType(spec.dtype(), torch::kFloat32);
+  return base::ToScalarType(spec.dtype(), torch::kFloat32);
 }
 
 std::string ShortName(torch::ScalarType dtype) {

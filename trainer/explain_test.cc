@@ -3,15 +3,15 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/status/status_matchers.h"
 #include "trainer/plan.h"
 
 namespace plait::trainer {
 namespace {
 
-using ::plait::testing::IsOk;
+using ::plait::base::testing::IsOk;
 using ::testing::HasSubstr;
 
 TEST(ExplainPlanTest, DescribesTheFsdpPipelineInOrder) {

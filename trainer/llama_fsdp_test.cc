@@ -8,16 +8,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "parallel/launcher.h"
-#include "tools/status/status_matchers.h"
 
 namespace plait::trainer {
 namespace {
 
-using ::plait::testing::IsOk;
+using ::plait::base::testing::IsOk;
 using ::testing::HasSubstr;
 
 TEST(LlamaFsdpTest, TwoRanksTrainAndWriteTheMetrics) {

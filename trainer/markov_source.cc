@@ -6,16 +6,10 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "base/hash.h"
 
 namespace plait::trainer {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 int Sample(const std::vector<double>& cumulative, double u) {
   const auto it = std::upper_bound(cumulative.begin(), cumulative.end(), u * cumulative.back());
@@ -40,7 +34,7 @@ absl::StatusOr<MarkovSource> MarkovSource::Create(const SyntheticData& config, i
   }
   MarkovSource source;
   source.seed_ = config.seed();
-  std::mt19937_64 random(SplitMix64(config.seed()));
+  std::mt19937_64 random(base::SplitMix64(config.seed()));
 
   std::vector<int64_t> ids(vocab_size);
   std::iota(ids.begin(), ids.end(), 0);
@@ -86,8 +80,8 @@ torch::Tensor MarkovSource::Sequences(uint64_t stream, int64_t first, int64_t co
   int64_t* data = out.data_ptr<int64_t>();
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   for (int64_t i = 0; i < count; ++i) {
-    std::mt19937_64 random(
-        SplitMix64(seed_ ^ SplitMix64(stream ^ SplitMix64(static_cast<uint64_t>(first + i)))));
+    std::mt19937_64 random(base::SplitMix64(
+        seed_ ^ base::SplitMix64(stream ^ base::SplitMix64(static_cast<uint64_t>(first + i)))));
     int state = static_cast<int>(random() % token_of_state_.size());
     for (int64_t t = 0; t < length; ++t) {
       data[i * length + t] = token_of_state_[state];

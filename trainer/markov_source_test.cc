@@ -5,16 +5,16 @@
 #include <set>
 #include <utility>
 
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/status/status_matchers.h"
 #include "trainer/plan.h"
 
 namespace plait::trainer {
 namespace {
 
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
 
 SyntheticData Config(int64_t states, int64_t branching, double peak) {

@@ -1,7 +1,5 @@
 #include "trainer/plan.h"
 
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -9,48 +7,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/file.h"
+#include "base/text_proto.h"
 #include "google/protobuf/descriptor.h"
-#include "google/protobuf/io/tokenizer.h"
-#include "google/protobuf/text_format.h"
 
 namespace plait::trainer {
 namespace {
 
-// Collects the parser's messages as "source:line:col: message" (1-based, as editors count).
-class ErrorCollector : public google::protobuf::io::ErrorCollector {
- public:
-  explicit ErrorCollector(std::string source) : source_(std::move(source)) {}
-
-  void AddError(int line, google::protobuf::io::ColumnNumber column,
-                const std::string& message) override {
-    errors_.push_back(absl::StrCat(source_, ":", line + 1, ":", column + 1, ": ", message));
-  }
-  void AddWarning(int line, google::protobuf::io::ColumnNumber column,
-                  const std::string& message) override {
-    AddError(line, column, message);
-  }
-
-  std::string Joined() const { return absl::StrJoin(errors_, "\n"); }
-
- private:
-  std::string source_;
-  std::vector<std::string> errors_;
-};
-
 // Parses (or merges, keeping what `plan` holds) `text` into `plan`.
 absl::Status MergeText(absl::string_view text, absl::string_view source, Plan& plan) {
-  ErrorCollector errors{std::string(source)};
-  google::protobuf::TextFormat::Parser parser;
-  parser.RecordErrorsTo(&errors);
-  // Unknown fields stay errors (the parser's default); this keeps it explicit.
-  parser.AllowUnknownField(false);
-  parser.AllowUnknownExtension(false);
-  if (!parser.MergeFromString(std::string(text), &plan)) {
-    std::string joined = errors.Joined();
-    if (joined.empty()) joined = absl::StrCat(source, ": not a valid plan");
-    return absl::InvalidArgumentError(joined);
-  }
-  return absl::OkStatus();
+  return base::MergeTextProto(text, source, plan);
 }
 
 }  // namespace
@@ -63,11 +29,11 @@ absl::StatusOr<Plan> ParsePlan(absl::string_view text, absl::string_view source)
 }
 
 absl::StatusOr<Plan> LoadPlan(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) return absl::NotFoundError(absl::StrCat(path, ": cannot read the plan file"));
-  std::stringstream text;
-  text << file.rdbuf();
-  return ParsePlan(text.str(), path);
+  absl::StatusOr<std::string> text = base::ReadFile(path);
+  if (!text.ok()) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot read the plan file"));
+  }
+  return ParsePlan(*text, path);
 }
 
 absl::Status ApplyOverride(absl::string_view assignment, Plan& plan) {

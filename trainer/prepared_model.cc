@@ -5,11 +5,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/dtype.h"
+#include "base/status.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
-#include "tools/status/status_macros.h"
-#include "wrap/dtype.h"
 
 namespace plait::trainer {
 namespace {
@@ -37,7 +37,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
     PLAIT_RETURN_IF_ERROR(Prefixed(checkpoint.status(), field));
     PLAIT_RETURN_IF_ERROR(Prefixed(models::LoadHfWeights(*checkpoint, **model), field));
   }
-  (*model)->to(wrap::ToScalarType(spec.dtype(), torch::kFloat32));
+  (*model)->to(base::ToScalarType(spec.dtype(), torch::kFloat32));
   std::unique_ptr<PreparedModel> prepared(new PreparedModel(*std::move(model), role));
   PLAIT_ASSIGN_OR_RETURN(prepared->preparation_, wrap::Preparation::Begin(*prepared->model_, mesh));
   for (int i = 0; i < steps.size(); ++i) {

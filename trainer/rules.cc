@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/io/tokenizer.h"
-#include "google/protobuf/text_format.h"
+#include "base/status.h"
+#include "base/text_proto.h"
 
 namespace plait::trainer {
 namespace {
@@ -17,30 +17,11 @@ constexpr const char kBuiltinRulesText[] =
 #include "trainer/rules_text.inc"
     ;
 
-class ErrorCollector : public google::protobuf::io::ErrorCollector {
- public:
-  explicit ErrorCollector(std::string source) : source_(std::move(source)) {}
-  void AddError(int line, google::protobuf::io::ColumnNumber column,
-                const std::string& message) override {
-    errors_.push_back(absl::StrCat(source_, ":", line + 1, ":", column + 1, ": ", message));
-  }
-  std::string Joined() const { return absl::StrJoin(errors_, "\n"); }
-
- private:
-  std::string source_;
-  std::vector<std::string> errors_;
-};
-
 }  // namespace
 
 absl::StatusOr<PreparationRules> ParseRules(absl::string_view text, absl::string_view source) {
   PreparationRules rules;
-  ErrorCollector collector{std::string(source)};
-  google::protobuf::TextFormat::Parser parser;
-  parser.RecordErrorsTo(&collector);
-  if (!parser.ParseFromString(std::string(text), &rules)) {
-    return absl::InvalidArgumentError(collector.Joined());
-  }
+  PLAIT_RETURN_IF_ERROR(base::MergeTextProto(text, source, rules));
   std::vector<std::string> problems;
   std::set<std::string> names;
   for (int i = 0; i < rules.strategies_size(); ++i) {

@@ -1,15 +1,15 @@
 #include "trainer/rules.h"
 
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/status/status_matchers.h"
 #include "trainer/plan.pb.h"
 
 namespace plait::trainer {
 namespace {
 
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
 
 TEST(BuiltinRulesTest, ParsesAndStatesFsdpAndDdp) {

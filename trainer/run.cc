@@ -15,14 +15,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "base/heap.h"
+#include "base/status.h"
+#include "base/threads.h"
 #include "parallel/device_mesh.h"
 #include "parallel/gloo_communicator.h"
 #include "parallel/launcher.h"
 #include "parallel/rendezvous.h"
 #include "parallel/world.h"
-#include "tools/heap/heap.h"
-#include "tools/status/status_macros.h"
-#include "tools/threads/threads.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
 #include "trainer/plan.h"
@@ -56,7 +56,7 @@ std::string OwnAddress(const parallel::World& world) {
 }
 
 absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
-  threads::SetComputeThreads(1);  // one core per rank; ranks share the machine
+  base::SetComputeThreads(1);  // one core per rank; ranks share the machine
   c10::intrusive_ptr<c10d::Store> store;
   if (world.world_size > 1) {
     PLAIT_ASSIGN_OR_RETURN(store, parallel::Rendezvous(world, kRendezvousTimeout));
@@ -89,8 +89,8 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
 }  // namespace
 
 int RunMain(int argc, char** argv, const EmbeddedPlan& embedded) {
-  heap::UseHugePagesForHeap(argv);
-  heap::RetainFreedHeapMemory();
+  base::UseHugePagesForHeap(argv);
+  base::RetainFreedHeapMemory();
   std::string plan_path;
   std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {

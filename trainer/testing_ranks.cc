@@ -1,13 +1,13 @@
 #include "trainer/testing_ranks.h"
 
+#include "base/status_matchers.h"
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
-#include "tools/status/status_matchers.h"
 #include "trainer/validate.h"
 
 namespace plait::trainer::testing {
 
-using ::plait::testing::IsOk;
+using ::plait::base::testing::IsOk;
 
 void WithMesh(const Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body) {

@@ -3,16 +3,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/status/status_matchers.h"
 #include "trainer/testing_token_files.h"
 
 namespace plait::trainer {
 namespace {
 
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::plait::trainer::testing::Iota;
 using ::plait::trainer::testing::TempPath;
 using ::plait::trainer::testing::WriteLlmc;

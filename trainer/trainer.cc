@@ -8,12 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "nlohmann/json.hpp"
 #include "optim/optimizer.h"
 #include "sched/schedule_builder.h"
-#include "tools/status/status_macros.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data_loader.h"
 #include "trainer/plan.h"

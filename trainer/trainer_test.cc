@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
-#include "tools/status/status_matchers.h"
 #include "trainer/plan.h"
 #include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
@@ -22,8 +22,8 @@
 namespace plait::trainer {
 namespace {
 
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;

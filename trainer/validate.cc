@@ -84,7 +84,7 @@ class Checker {
 
   std::optional<models::ModelConfig> CheckModel(const models::ModelSpec& spec,
                                                 const std::string& field) {
-    if (spec.dtype() == wrap::DTYPE_FLOAT16) {
+    if (spec.dtype() == base::DTYPE_FLOAT16) {
       // LibTorch's CPU kernels (1.13) have no fp16 matmul; the trainer runs on CPU.
       Add(field + ".dtype", "DTYPE_FLOAT16 has no CPU matmul; use DTYPE_BFLOAT16 or DTYPE_FLOAT32");
     }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -15,15 +16,14 @@
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
-#include "tools/status/status_matchers.h"
 #include "torch/torch.h"
 #include "wrap/preparation.h"
 
 namespace plait::wrap {
 namespace {
 
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr int kSteps = 10;
@@ -135,8 +135,8 @@ TrainingRun Distributed(const Scenario& scenario) {
       config.set_mesh_dim("dp");
       config.set_reshard_after_forward(scenario.strategy != Strategy::kFsdpNoReshard);
       if (scenario.strategy == Strategy::kFsdpBf16) {
-        config.set_param_dtype(DTYPE_BFLOAT16);
-        config.set_reduce_dtype(DTYPE_FLOAT32);
+        config.set_param_dtype(base::DTYPE_BFLOAT16);
+        config.set_reduce_dtype(base::DTYPE_FLOAT32);
       }
       ASSERT_THAT((*preparation)->ApplyFsdp(config), IsOk());
     }

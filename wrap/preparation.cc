@@ -6,7 +6,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "tools/status/status_macros.h"
+#include "base/status.h"
 
 namespace plait::wrap {
 namespace {

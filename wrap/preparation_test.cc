@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
@@ -13,15 +14,14 @@
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "parallel/gloo_communicator.h"
-#include "tools/status/status_matchers.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
 
 namespace plait::wrap {
 namespace {
 
-using ::plait::testing::IsOk;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
 
 // A one-rank mesh with two dimensions, enough for every guard rail.

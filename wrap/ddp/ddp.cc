@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "tools/status/status_macros.h"
+#include "base/status.h"
 
 namespace plait::wrap::ddp {
 namespace {

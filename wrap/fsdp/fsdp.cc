@@ -4,13 +4,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "tools/status/status_macros.h"
-#include "wrap/dtype.h"
+#include "base/dtype.h"
+#include "base/math.h"
+#include "base/status.h"
 
 namespace plait::wrap::fsdp {
 namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The rows of a parameter with `full_rows` rows that `rank` holds, `rows_per_rank` to a rank:
 // fewer (or none) for the last ranks, whose shards are padded.
@@ -75,7 +74,7 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
     for (const Wrappable::NamedParameter& parameter : named) {
       const torch::Tensor& full = parameter.parameter;
       const int64_t full_rows = FullRows(full);
-      const int64_t rows = CeilDiv(full_rows, n);
+      const int64_t rows = base::CeilDiv(full_rows, n);
       std::vector<int64_t> shard_shape = full.sizes().vec();
       if (shard_shape.empty()) shard_shape.push_back(1);
       shard_shape[0] = rows;
@@ -150,8 +149,8 @@ Fsdp::Fsdp(Wrappable& model, parallel::Communicator& communicator, const FsdpCon
   const auto named = model.NamedParameters();
   const torch::ScalarType model_dtype =
       named.empty() ? torch::kFloat32 : named.front().parameter.scalar_type();
-  param_dtype_ = ToScalarType(config.param_dtype(), model_dtype);
-  reduce_dtype_ = ToScalarType(config.reduce_dtype(), torch::kFloat32);
+  param_dtype_ = base::ToScalarType(config.param_dtype(), model_dtype);
+  reduce_dtype_ = base::ToScalarType(config.reduce_dtype(), torch::kFloat32);
 }
 
 Fsdp::~Fsdp() { model_.SetUnitHooks({}); }

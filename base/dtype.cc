@@ -1,6 +1,6 @@
-#include "wrap/dtype.h"
+#include "base/dtype.h"
 
-namespace plait::wrap {
+namespace plait::base {
 
 torch::ScalarType ToScalarType(Dtype dtype, torch::ScalarType unspecified) {
   switch (dtype) {
@@ -15,4 +15,4 @@ torch::ScalarType ToScalarType(Dtype dtype, torch::ScalarType unspecified) {
   }
 }
 
-}  // namespace plait::wrap
+}  // namespace plait::base

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "base/heap.h"
 #include "gtest/gtest.h"
-#include "tools/heap/heap.h"
 
-namespace plait::heap {
+namespace plait::base {
 namespace {
 
 bool g_heap_uses_huge_pages = false;
@@ -95,11 +95,11 @@ TEST_F(UseHugePagesForHeapTest, TheTunableSetToZeroIsKeptAndTurnsItOff) {
 }
 
 }  // namespace
-}  // namespace plait::heap
+}  // namespace plait::base
 
 int main(int argc, char** argv) {
-  plait::heap::g_heap_uses_huge_pages = plait::heap::UseHugePagesForHeap(argv);
-  plait::heap::g_arguments.assign(argv, argv + argc);
+  plait::base::g_heap_uses_huge_pages = plait::base::UseHugePagesForHeap(argv);
+  plait::base::g_arguments.assign(argv, argv + argc);
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -4,8 +4,8 @@
 //   EXPECT_THAT(Parse(text), IsOkAndHolds(Field(&Plan::steps, 10)));
 //   EXPECT_THAT(Parse(bad), StatusIs(absl::StatusCode::kInvalidArgument,
 //                                    HasSubstr("warmup.steps")));
-#ifndef PLAIT_TOOLS_STATUS_STATUS_MATCHERS_H_
-#define PLAIT_TOOLS_STATUS_STATUS_MATCHERS_H_
+#ifndef PLAIT_BASE_STATUS_MATCHERS_H_
+#define PLAIT_BASE_STATUS_MATCHERS_H_
 
 #include <ostream>
 #include <string>
@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "gmock/gmock.h"
 
-namespace plait::testing {
+namespace plait::base::testing {
 namespace internal {
 
 inline const absl::Status& GetStatus(const absl::Status& status) { return status; }
@@ -53,6 +53,6 @@ MATCHER_P2(StatusIs, code, message_matcher,
          ::testing::Matches(message_matcher)(std::string(status.message()));
 }
 
-}  // namespace plait::testing
+}  // namespace plait::base::testing
 
-#endif  // PLAIT_TOOLS_STATUS_STATUS_MATCHERS_H_
+#endif  // PLAIT_BASE_STATUS_MATCHERS_H_

@@ -1,19 +1,19 @@
-#include "tools/status/status_macros.h"
+#include "base/status.h"
 
 #include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/status/status_matchers.h"
 
 namespace plait {
 namespace {
 
-using ::plait::testing::IsOk;
-using ::plait::testing::IsOkAndHolds;
-using ::plait::testing::StatusIs;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::IsOkAndHolds;
+using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Pointee;
 
@@ -54,6 +54,15 @@ TEST(StatusMacrosTest, AssignOrReturnReturnsTheFirstError) {
 TEST(StatusMacrosTest, ReturnIfErrorReturnsOnlyErrors) {
   EXPECT_THAT(CheckEven(4), IsOk());
   EXPECT_THAT(CheckEven(5), StatusIs(absl::StatusCode::kInvalidArgument, "odd value"));
+}
+
+TEST(AnnotateTest, PrefixesErrorsAndKeepsTheirCode) {
+  EXPECT_THAT(base::Annotate(absl::NotFoundError("no such file"), "plan.data"),
+              StatusIs(absl::StatusCode::kNotFound, "plan.data: no such file"));
+  EXPECT_THAT(base::Annotate(absl::OkStatus(), "plan.data"), IsOk());
+  EXPECT_THAT(base::Annotate(Half(3), "value"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "value: odd value"));
+  EXPECT_THAT(base::Annotate(Half(4), "value"), IsOkAndHolds(2));
 }
 
 TEST(StatusMatchersTest, MatchersRejectWhatTheyShould) {

@@ -1,19 +1,19 @@
 // The compute thread pools of a LibTorch process. LibTorch runs its CPU kernels on its own
 // intra-op pool, but Debian's LibTorch hands its matmuls to OpenBLAS, whose pool ignores
-// at::set_num_threads (../shared/BUILDING.md). A training rank that sets only the former
+// at::set_num_threads. A training rank that sets only the former
 // still runs one OpenBLAS thread per core, and ranks sharing the cores then oversubscribe
 // them: OpenBLAS's idle workers spin in sched_yield, and `llama_fsdp` (2 ranks, 2 cores) made
 // 2.2 million context switches in 30 steps.
-#ifndef PLAIT_TOOLS_THREADS_THREADS_H_
-#define PLAIT_TOOLS_THREADS_THREADS_H_
+#ifndef PLAIT_BASE_THREADS_H_
+#define PLAIT_BASE_THREADS_H_
 
-namespace plait::threads {
+namespace plait::base {
 
 // Sets LibTorch's intra-op pool and, where LibTorch's matmuls run on OpenBLAS, OpenBLAS's pool
 // to `count` threads each. Returns whether OpenBLAS was found and set: false where LibTorch
 // uses another BLAS (MKL follows LibTorch's OpenMP setting).
 bool SetComputeThreads(int count);
 
-}  // namespace plait::threads
+}  // namespace plait::base
 
-#endif  // PLAIT_TOOLS_THREADS_THREADS_H_
+#endif  // PLAIT_BASE_THREADS_H_

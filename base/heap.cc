@@ -1,4 +1,4 @@
-#include "tools/heap/heap.h"
+#include "base/heap.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 #include <malloc.h>
 #endif
 
-namespace plait::heap {
+namespace plait::base {
 namespace {
 
 constexpr char kHugePageTunable[] = "glibc.malloc.hugetlb=";
@@ -71,4 +71,4 @@ bool UseHugePagesForHeap([[maybe_unused]] char** argv) {
   return false;
 }
 
-}  // namespace plait::heap
+}  // namespace plait::base

@@ -1,4 +1,4 @@
-#include "tools/heap/heap.h"
+#include "base/heap.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace plait::heap {
+namespace plait::base {
 namespace {
 
 #if defined(__GLIBC__)
@@ -55,4 +55,4 @@ TEST(RetainFreedHeapMemoryTest, ABlockFreedByOneThreadIsReusedByAnother) {
 #endif
 
 }  // namespace
-}  // namespace plait::heap
+}  // namespace plait::base

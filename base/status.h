@@ -1,17 +1,38 @@
-// Early-return macros for absl::Status and absl::StatusOr, so error paths stay one line:
+// Early-return macros for absl::Status and absl::StatusOr, so error paths stay one line, and
+// Annotate, the one way plait adds context to an error: it prefixes the message with where
+// the error happened ("plan.model: ...", "step 3: ...") and keeps the code.
 //
 //   absl::StatusOr<Schedule> Build(const Config& config) {
 //     PLAIT_RETURN_IF_ERROR(Validate(config));
-//     PLAIT_ASSIGN_OR_RETURN(int64_t warmup, WarmupSteps(config));
+//     PLAIT_ASSIGN_OR_RETURN(int64_t warmup, Annotate(WarmupSteps(config), "schedule.warmup"));
 //     return Schedule(...);
 //   }
-#ifndef PLAIT_TOOLS_STATUS_STATUS_MACROS_H_
-#define PLAIT_TOOLS_STATUS_STATUS_MACROS_H_
+#ifndef PLAIT_BASE_STATUS_H_
+#define PLAIT_BASE_STATUS_H_
 
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace plait::base {
+
+// `status` with "context: " before its message; OK stays OK.
+inline absl::Status Annotate(const absl::Status& status, absl::string_view context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+// A StatusOr's error with "context: " before its message; a value passes through.
+template <typename T>
+absl::StatusOr<T> Annotate(absl::StatusOr<T> status_or, absl::string_view context) {
+  if (status_or.ok()) return status_or;
+  return Annotate(status_or.status(), context);
+}
+
+}  // namespace plait::base
 
 // Returns the status of `expr` from the enclosing function when it is not OK.
 #define PLAIT_RETURN_IF_ERROR(expr)                \
@@ -33,4 +54,4 @@
 #define PLAIT_STATUS_CONCAT_(a, b) PLAIT_STATUS_CONCAT_IMPL_(a, b)
 #define PLAIT_STATUS_CONCAT_IMPL_(a, b) a##b
 
-#endif  // PLAIT_TOOLS_STATUS_STATUS_MACROS_H_
+#endif  // PLAIT_BASE_STATUS_H_

@@ -12,14 +12,14 @@
 // The main() of a training job or benchmark calls both, first thing:
 //
 //   int main(int argc, char** argv) {
-//     plait::heap::UseHugePagesForHeap(argv);
-//     plait::heap::RetainFreedHeapMemory();
+//     plait::base::UseHugePagesForHeap(argv);
+//     plait::base::RetainFreedHeapMemory();
 //     ...
 //   }
-#ifndef PLAIT_TOOLS_HEAP_HEAP_H_
-#define PLAIT_TOOLS_HEAP_HEAP_H_
+#ifndef PLAIT_BASE_HEAP_H_
+#define PLAIT_BASE_HEAP_H_
 
-namespace plait::heap {
+namespace plait::base {
 
 // Keeps freed blocks below 1 GiB in the heap for reuse and never trims its top, so the
 // process holds on to its peak heap, and has every thread allocate from that one heap
@@ -39,6 +39,6 @@ bool RetainFreedHeapMemory();
 // re-execution failed (then nothing changed).
 bool UseHugePagesForHeap(char** argv);
 
-}  // namespace plait::heap
+}  // namespace plait::base
 
-#endif  // PLAIT_TOOLS_HEAP_HEAP_H_
+#endif  // PLAIT_BASE_HEAP_H_

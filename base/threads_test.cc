@@ -1,11 +1,11 @@
-#include "tools/threads/threads.h"
+#include "base/threads.h"
 
 #include <dlfcn.h>
 
 #include "ATen/Parallel.h"
 #include "gtest/gtest.h"
 
-namespace plait::threads {
+namespace plait::base {
 namespace {
 
 // Debian's LibTorch runs its matmuls on OpenBLAS (tools/setup.sh installs it).
@@ -22,4 +22,4 @@ TEST(SetComputeThreadsTest, SetsLibTorchsAndOpenBlasPools) {
 }
 
 }  // namespace
-}  // namespace plait::threads
+}  // namespace plait::base

@@ -1,10 +1,10 @@
-#include "tools/threads/threads.h"
+#include "base/threads.h"
 
 #include <dlfcn.h>
 
 #include "ATen/Parallel.h"
 
-namespace plait::threads {
+namespace plait::base {
 
 bool SetComputeThreads(int count) {
   at::set_num_threads(count);
@@ -18,4 +18,4 @@ bool SetComputeThreads(int count) {
   return true;
 }
 
-}  // namespace plait::threads
+}  // namespace plait::base

@@ -1,0 +1,54 @@
+#include "base/file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+namespace plait::base {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream text;
+  text << file.rdbuf();
+  if (file.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  return text.str();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
+    file.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+    file.close();
+    if (!file) return absl::InvalidArgumentError(absl::StrCat(temporary, ": cannot write"));
+  }
+  PLAIT_RETURN_IF_ERROR(SyncToDisk(temporary));
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    std::remove(temporary.c_str());
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot replace: ", reason));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncToDisk(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0 || fsync(fd) != 0) {
+    const std::string reason = std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return absl::InternalError(absl::StrCat(path, ": cannot flush to disk: ", reason));
+  }
+  close(fd);
+  return absl::OkStatus();
+}
+
+}  // namespace plait::base

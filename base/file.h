@@ -1,0 +1,30 @@
+// Whole files in and out: ReadFile reads one into a string, WriteFileAtomically replaces one
+// so that a reader (or a crash) sees the old contents or the new, never a mix, and SyncToDisk
+// flushes a file or folder before a rename publishes it. Errors name the path:
+//
+//   PLAIT_ASSIGN_OR_RETURN(std::string text, ReadFile("plan.textproto"));
+//   PLAIT_RETURN_IF_ERROR(WriteFileAtomically("metrics.jsonl", kept_rows));
+#ifndef PLAIT_BASE_FILE_H_
+#define PLAIT_BASE_FILE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace plait::base {
+
+// The bytes of `path`; NotFound when it cannot be opened, DataLoss when reading fails.
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// Writes `contents` to `path` + ".tmp", flushes it to the disk and renames it over `path`.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+
+// Flushes `path` (a file, or a folder after entries were renamed into it) to the disk, so a
+// rename that publishes it cannot survive a machine crash while its contents do not.
+absl::Status SyncToDisk(const std::string& path);
+
+}  // namespace plait::base
+
+#endif  // PLAIT_BASE_FILE_H_
