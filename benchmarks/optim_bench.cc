@@ -92,7 +92,7 @@ void BM_Step(benchmark::State& state) {
   const int64_t total = state.range(0);
   std::vector<torch::Tensor> ours = Model(total);
   std::vector<torch::Tensor> theirs = Model(total);
-  std::vector<TrainableParameter> parameters;
+  std::vector<parallel::TrainableParameter> parameters;
   for (size_t i = 0; i < ours.size(); ++i) {
     parameters.push_back({"p" + std::to_string(i), ours[i], {}});
   }

@@ -88,7 +88,7 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   for (const auto& named : model->NamedParameters()) parameter_bytes += Bytes(named.parameter);
 
   std::unique_ptr<Preparation> preparation;
-  std::vector<optim::TrainableParameter> parameters;
+  std::vector<parallel::TrainableParameter> parameters;
   parallel::Communicator* dp = nullptr;
   if (mode == Mode::kSingle) {
     for (const auto& named : model->NamedParameters()) {
@@ -97,15 +97,13 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   } else {
     dp = mesh->communicator("dp").value();
     preparation = Preparation::Begin(*model, *mesh).value();
+    PrepareStep step;
     if (mode == Mode::kDdp) {
-      DdpConfig config;
-      config.set_mesh_dim("dp");
-      preparation->ApplyDdp(config).IgnoreError();
+      step.mutable_ddp()->set_mesh_dim("dp");
     } else {
-      FsdpConfig config;
-      config.set_mesh_dim("dp");
-      preparation->ApplyFsdp(config).IgnoreError();
+      step.mutable_fsdp()->set_mesh_dim("dp");
     }
+    preparation->Apply(step).IgnoreError();
     parameters = preparation->TakeTrainableParameters().value();
   }
   optim::OptimizerConfig optimizer_config;
@@ -130,7 +128,7 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   };
 
   step();  // warm-up: first-touch allocations, lazily built attention tables
-  if (preparation != nullptr && preparation->fsdp() != nullptr) preparation->fsdp()->ResetPeak();
+  if (preparation != nullptr) preparation->ResetPeak();
   const int64_t sent_before = bytes_sent();
   const double cpu_start = ProcessCpuSeconds();
   std::vector<double> step_seconds;
@@ -162,7 +160,7 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     int64_t padded = 0;
     for (const auto& parameter : parameters) padded += Bytes(parameter.tensor) * kRanks;
     m.theoretical_bytes_per_step = 3 * one_way * padded;
-    m.peak_unsharded_bytes = preparation->fsdp()->peak_unsharded_bytes();
+    m.peak_unsharded_bytes = preparation->peak_gathered_bytes();
   }
   return m;
 }

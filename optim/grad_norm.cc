@@ -7,7 +7,7 @@
 
 namespace plait::optim {
 
-absl::StatusOr<double> GlobalGradNorm(const std::vector<TrainableParameter>& parameters) {
+absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParameter>& parameters) {
   // One partial sum per distinct set of groups, in order of first appearance: the same
   // order on every rank, since every rank lists the same names.
   struct Partial {
@@ -15,7 +15,7 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<TrainableParameter>& par
     double sum_of_squares = 0.0;
   };
   std::vector<Partial> partials;
-  for (const TrainableParameter& parameter : parameters) {
+  for (const parallel::TrainableParameter& parameter : parameters) {
     // Every parameter registers its groups, with a gradient or not, so that every rank runs
     // the same all-reduces.
     auto partial = std::find_if(partials.begin(), partials.end(), [&](const Partial& p) {
@@ -48,8 +48,8 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<TrainableParameter>& par
   return std::sqrt(total);
 }
 
-void ScaleGradients(const std::vector<TrainableParameter>& parameters, double factor) {
-  for (const TrainableParameter& parameter : parameters) {
+void ScaleGradients(const std::vector<parallel::TrainableParameter>& parameters, double factor) {
+  for (const parallel::TrainableParameter& parameter : parameters) {
     torch::Tensor grad = parameter.tensor.grad();
     if (grad.defined()) grad.mul_(factor);
   }

@@ -1,8 +1,8 @@
 // The global L2 norm of the gradients of a model whose parameters may be sharded (FSDP,
 // tensor parallel) or whole, computed so that every element counts exactly once: each
 // parameter's squared norm is summed over the groups it is split across (its
-// TrainableParameter::sharded_over) and over nothing else, so a part replicated on several
-// ranks counts once. Every rank of the world calls it with its own parameters, listed in
+// parallel::TrainableParameter::sharded_over) and over nothing else, so a part replicated on
+// several ranks counts once. Every rank of the world calls it with its own parameters, listed in
 // the same order of names; each group takes part in one all-reduce per call.
 //
 //   PLAIT_ASSIGN_OR_RETURN(double norm, GlobalGradNorm(parameters));
@@ -13,16 +13,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "optim/trainable_parameter.h"
+#include "parallel/trainable_parameter.h"
 
 namespace plait::optim {
 
 // The norm (may be NaN or infinite when a gradient is). Parameters without a gradient
 // count as zero. Errors are those of the all-reduces.
-absl::StatusOr<double> GlobalGradNorm(const std::vector<TrainableParameter>& parameters);
+absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParameter>& parameters);
 
 // Multiplies every gradient by `factor`, in place.
-void ScaleGradients(const std::vector<TrainableParameter>& parameters, double factor);
+void ScaleGradients(const std::vector<parallel::TrainableParameter>& parameters, double factor);
 
 }  // namespace plait::optim
 

@@ -39,8 +39,8 @@ struct FullGradients {
 };
 
 // A parameter holding `part` with `part` as its gradient too.
-TrainableParameter WithGradient(const std::string& name, const torch::Tensor& part,
-                                std::vector<Communicator*> sharded_over) {
+parallel::TrainableParameter WithGradient(const std::string& name, const torch::Tensor& part,
+                                          std::vector<Communicator*> sharded_over) {
   torch::Tensor tensor = torch::zeros_like(part);
   tensor.mutable_grad() = part.clone();
   return {name, tensor, std::move(sharded_over)};
@@ -67,7 +67,7 @@ TEST(GlobalGradNormTest, TwoRanksShardedAndReplicatedEqualTheFullModel) {
   RunRanks(2, [&](int rank) {
     auto world = GlooCommunicator::Create(*store, "world", rank, 2, GlooCommunicator::kLoopback);
     ASSERT_THAT(world, IsOk());
-    const std::vector<TrainableParameter> parameters = {
+    const std::vector<parallel::TrainableParameter> parameters = {
         WithGradient("a", full.a.chunk(2, 0)[rank], {world->get()}),
         WithGradient("b", full.b, {}),
         WithGradient("c", full.c, {}),
@@ -104,7 +104,7 @@ TEST(GlobalGradNormTest, FourRanksOnAMeshEqualTheFullModel) {
     Communicator* dp = *mesh.communicator("dp");
     Communicator* tp = *mesh.communicator("tp");
     const torch::Tensor a_part = full.a.chunk(2, 1)[tp->rank()].chunk(2, 0)[dp->rank()];
-    const std::vector<TrainableParameter> parameters = {
+    const std::vector<parallel::TrainableParameter> parameters = {
         WithGradient("a", a_part.contiguous(), {dp, tp}),
         WithGradient("b", full.b.chunk(2, 0)[tp->rank()], {tp}),
         WithGradient("c", full.c, {}),

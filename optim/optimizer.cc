@@ -109,10 +109,19 @@ std::vector<std::string> BufferNames(const Hyperparameters& h) {
   return {};
 }
 
-absl::Status CheckParameters(const std::vector<TrainableParameter>& parameters) {
+}  // namespace
+
+int StateBuffersPerElement(const OptimizerConfig& config) {
+  absl::StatusOr<Hyperparameters> hyperparameters = ResolveHyperparameters(config);
+  return hyperparameters.ok() ? static_cast<int>(BufferNames(*hyperparameters).size()) : 0;
+}
+
+namespace {
+
+absl::Status CheckParameters(const std::vector<parallel::TrainableParameter>& parameters) {
   if (parameters.empty()) return absl::InvalidArgumentError("optimizer: no parameters to train");
   std::set<std::string> names;
-  for (const TrainableParameter& parameter : parameters) {
+  for (const parallel::TrainableParameter& parameter : parameters) {
     const std::string where = absl::StrCat("parameter \"", parameter.name, "\"");
     if (parameter.name.empty()) return absl::InvalidArgumentError("a parameter has no name");
     if (!names.insert(parameter.name).second) {
@@ -185,10 +194,10 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config,
 }
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
-    std::vector<TrainableParameter> parameters, const OptimizerConfig& config) {
+    std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config) {
   PLAIT_RETURN_IF_ERROR(CheckParameters(parameters));
   std::vector<std::string> names;
-  for (const TrainableParameter& parameter : parameters) names.push_back(parameter.name);
+  for (const parallel::TrainableParameter& parameter : parameters) names.push_back(parameter.name);
   PLAIT_ASSIGN_OR_RETURN(ResolvedConfig resolved, Resolve(config, names));
   const Hyperparameters& hyperparameters = resolved.hyperparameters;
   std::vector<ParamGroup>& groups = resolved.groups;
@@ -212,7 +221,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
       new Optimizer(std::move(parameters), config, std::move(groups), std::move(slots)));
 }
 
-Optimizer::Optimizer(std::vector<TrainableParameter> parameters, OptimizerConfig config,
+Optimizer::Optimizer(std::vector<parallel::TrainableParameter> parameters, OptimizerConfig config,
                      std::vector<ParamGroup> groups, std::vector<Slot> slots)
     : parameters_(std::move(parameters)),
       config_(std::move(config)),
@@ -330,7 +339,8 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
 }
 
 void Optimizer::ZeroGrad() {
-  for (TrainableParameter& parameter : parameters_) parameter.tensor.mutable_grad().reset();
+  for (parallel::TrainableParameter& parameter : parameters_)
+    parameter.tensor.mutable_grad().reset();
 }
 
 OptimizerState Optimizer::SaveState() const {

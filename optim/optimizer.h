@@ -1,6 +1,6 @@
 // The optimizer of a training run, over exactly the parameters the (prepared) model trains:
-// whole tensors, or the shards a wrapper hands over (TrainableParameter). It never walks a
-// module. Built from an OptimizerConfig: AdamW, Adam, SGD or Lion, parameter groups from name
+// whole tensors, or the shards a wrapper hands over (parallel::TrainableParameter). It never walks
+// a module. Built from an OptimizerConfig: AdamW, Adam, SGD or Lion, parameter groups from name
 // rules, and optional sharding-aware gradient clipping. The learning rate comes from outside
 // at every step, typically from a plait::sched::Schedule:
 //
@@ -29,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "optim/optimizer.pb.h"
 #include "optim/param_groups.h"
-#include "optim/trainable_parameter.h"
+#include "parallel/trainable_parameter.h"
 #include "torch/torch.h"
 
 namespace plait::optim {
@@ -56,13 +56,18 @@ struct OptimizerState {
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config,
                                      const std::vector<std::string>& parameter_names);
 
+// The fp32 state buffers `config`'s algorithm keeps per parameter element (AdamW and Adam
+// two, Lion one, SGD one with momentum), not counting fp32 masters of 16-bit parameters; 0
+// for a config without an algorithm. For memory estimates.
+int StateBuffersPerElement(const OptimizerConfig& config);
+
 class Optimizer {
  public:
   // InvalidArgument naming the field for an invalid config (optimizer.adamw.beta1: 1 must be
   // in [0, 1), ...) or parameter (duplicate or empty name, non-floating or non-contiguous
   // tensor), and for a parameter-group rule that matches nothing.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
-      std::vector<TrainableParameter> parameters, const OptimizerConfig& config);
+      std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config);
 
   ~Optimizer();
   Optimizer(const Optimizer&) = delete;
@@ -79,7 +84,7 @@ class Optimizer {
 
   int64_t step() const { return step_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
-  const std::vector<TrainableParameter>& parameters() const { return parameters_; }
+  const std::vector<parallel::TrainableParameter>& parameters() const { return parameters_; }
 
   // A copy of the state.
   OptimizerState SaveState() const;
@@ -91,12 +96,12 @@ class Optimizer {
  private:
   struct Slot;
 
-  Optimizer(std::vector<TrainableParameter> parameters, OptimizerConfig config,
+  Optimizer(std::vector<parallel::TrainableParameter> parameters, OptimizerConfig config,
             std::vector<ParamGroup> groups, std::vector<Slot> slots);
 
   void Update(Slot& slot, const ParamGroup& group, double lr);
 
-  std::vector<TrainableParameter> parameters_;
+  std::vector<parallel::TrainableParameter> parameters_;
   OptimizerConfig config_;
   std::vector<ParamGroup> groups_;
   std::vector<Slot> slots_;  // one per parameter, same order

@@ -34,8 +34,8 @@ std::vector<torch::Tensor> InitialTensors() {
   return {torch::randn({64, 33}), torch::randn({33}), torch::randn({7, 5, 3}), torch::randn({1})};
 }
 
-std::vector<TrainableParameter> Trainable(const std::vector<torch::Tensor>& tensors) {
-  std::vector<TrainableParameter> parameters;
+std::vector<parallel::TrainableParameter> Trainable(const std::vector<torch::Tensor>& tensors) {
+  std::vector<parallel::TrainableParameter> parameters;
   for (size_t i = 0; i < tensors.size(); ++i) {
     parameters.push_back({"p" + std::to_string(i), tensors[i], {}});
   }
@@ -325,9 +325,9 @@ struct InvalidCase {
 class InvalidConfigTest : public ::testing::TestWithParam<InvalidCase> {};
 
 TEST_P(InvalidConfigTest, NamesTheFieldInCreateAndValidateOptimizerConfig) {
-  const std::vector<TrainableParameter> parameters = Trainable(InitialTensors());
+  const std::vector<parallel::TrainableParameter> parameters = Trainable(InitialTensors());
   std::vector<std::string> names;
-  for (const TrainableParameter& parameter : parameters) names.push_back(parameter.name);
+  for (const parallel::TrainableParameter& parameter : parameters) names.push_back(parameter.name);
   EXPECT_THAT(Optimizer::Create(parameters, Parse(GetParam().config)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(GetParam().message)));
   EXPECT_THAT(ValidateOptimizerConfig(Parse(GetParam().config), names),

@@ -1,5 +1,6 @@
 #include "parallel/device_mesh.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -11,7 +12,11 @@ namespace plait::parallel {
 
 absl::StatusOr<MeshLayout> MeshLayout::Create(const MeshConfig& config, int world_size) {
   if (config.dims().empty()) {
-    return absl::InvalidArgumentError("mesh.dims: a mesh needs at least one dimension");
+    if (world_size != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mesh.dims: no dimensions describe one rank, but the world has ", world_size));
+    }
+    return MeshLayout({"world"}, {1}, 1);
   }
   std::vector<std::string> names;
   std::vector<int> sizes;
@@ -106,6 +111,53 @@ absl::StatusOr<Communicator*> DeviceMesh::communicator(absl::string_view name) c
 absl::StatusOr<int> DeviceMesh::coordinate(absl::string_view name) const {
   PLAIT_ASSIGN_OR_RETURN(int dim, layout_.DimIndex(name));
   return layout_.Coordinate(rank_, dim);
+}
+
+int MeshRanks(const MeshConfig& config) {
+  int ranks = 1;
+  for (const MeshConfig::Dimension& dim : config.dims()) ranks *= dim.size();
+  return ranks;
+}
+
+absl::StatusOr<std::pair<int, int>> DeviceMesh::SubgridRankAndSize(
+    const std::vector<std::string>& names) const {
+  int rank = 0;
+  int size = 1;
+  for (int dim = 0; dim < layout_.num_dims(); ++dim) {
+    if (std::find(names.begin(), names.end(), layout_.dim_names()[dim]) == names.end()) continue;
+    rank = rank * layout_.dim_size(dim) + layout_.Coordinate(rank_, dim);
+    size *= layout_.dim_size(dim);
+  }
+  for (const std::string& name : names) PLAIT_RETURN_IF_ERROR(layout_.DimIndex(name).status());
+  return std::make_pair(rank, size);
+}
+
+absl::Status DeviceMesh::AllReduce(torch::Tensor& tensor, ReduceOp op) const {
+  for (int dim = 0; dim < layout_.num_dims(); ++dim) {
+    if (layout_.dim_size(dim) == 1) continue;
+    absl::Status status = groups_[dim]->AllReduce(tensor, op)->Wait();
+    if (!status.ok()) {
+      return base::Annotate(status,
+                            absl::StrCat("reducing over \"", layout_.dim_names()[dim], "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceMesh::Agree(const absl::Status& own, absl::string_view what) const {
+  // A one-hot vector of the failed ranks, summed over the mesh.
+  torch::Tensor failed = torch::zeros({layout_.world_size()}, torch::kFloat32);
+  if (!own.ok()) failed[rank_] = 1.0f;
+  PLAIT_RETURN_IF_ERROR(base::Annotate(AllReduce(failed, ReduceOp::kSum), what));
+  if (!own.ok()) return own;
+  std::vector<int> ranks;
+  for (int r = 0; r < layout_.world_size(); ++r) {
+    if (failed[r].item<float>() != 0.0f) ranks.push_back(r);
+  }
+  if (ranks.empty()) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(what, ": rank", ranks.size() > 1 ? "s " : " ",
+                                         absl::StrJoin(ranks, ", "),
+                                         " failed (see their errors); this rank stops too"));
 }
 
 }  // namespace plait::parallel

@@ -9,6 +9,9 @@
 //         return GlooCommunicator::Create(*store, name, rank, size, address);
 //       }));
 //   PLAIT_ASSIGN_OR_RETURN(Communicator* dp, mesh.communicator("dp"));
+//   PLAIT_RETURN_IF_ERROR(mesh.AllReduce(loss, ReduceOp::kAverage));  // over every rank
+//
+// A config without dimensions describes one rank (a plan that names no mesh).
 #ifndef PLAIT_PARALLEL_DEVICE_MESH_H_
 #define PLAIT_PARALLEL_DEVICE_MESH_H_
 
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "parallel/communicator.h"
@@ -24,11 +28,16 @@
 
 namespace plait::parallel {
 
+// The number of ranks `config` describes: the product of its sizes, 1 without dimensions.
+int MeshRanks(const MeshConfig& config);
+
 // The shape of a mesh: which ranks share a group along each dimension. Pure arithmetic,
 // no communication.
 class MeshLayout {
  public:
   // Checks `config` against the world size; errors name the field (mesh.dims[i].size, ...).
+  // Without dimensions, a one-rank world gets one dimension "world" of size 1, so that
+  // wrappers find a dimension all the same.
   static absl::StatusOr<MeshLayout> Create(const MeshConfig& config, int world_size);
 
   int world_size() const { return world_size_; }
@@ -79,6 +88,21 @@ class DeviceMesh {
 
   // The calling rank's coordinate along dimension `name`.
   absl::StatusOr<int> coordinate(absl::string_view name) const;
+
+  // The calling rank's index and the number of ranks in the sub-grid spanned by dimensions
+  // `names` (row-major in mesh order): e.g. its data-parallel rank and width when `names` are
+  // the dimensions over which the batch is split. NotFound for a dimension the mesh lacks.
+  absl::StatusOr<std::pair<int, int>> SubgridRankAndSize(
+      const std::vector<std::string>& names) const;
+
+  // Reduces `tensor` in place over every rank of the mesh, one dimension after another (for
+  // a sum or an average, the same as over the world at once). Every rank must call it.
+  absl::Status AllReduce(torch::Tensor& tensor, ReduceOp op) const;
+
+  // Whether every rank's `own` is OK, known to every rank: `own` when it is an error, Aborted
+  // naming the ranks that failed when another rank's is, OK when all are. Also a barrier.
+  // `what` ("saving step-00000100") starts the errors.
+  absl::Status Agree(const absl::Status& own, absl::string_view what) const;
 
  private:
   DeviceMesh(MeshLayout layout, int rank, std::vector<std::unique_ptr<Communicator>> groups);

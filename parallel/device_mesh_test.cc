@@ -58,14 +58,22 @@ TEST(MeshLayoutTest, ThreeDimensions) {
   EXPECT_EQ(layout->GroupName(9, 1), "dp[pp=1,tp=1]");
 }
 
+TEST(MeshLayoutTest, NoDimensionsIsOneRank) {
+  absl::StatusOr<MeshLayout> layout = MeshLayout::Create(ParseMesh(""), 1);
+  ASSERT_THAT(layout, IsOk());
+  EXPECT_EQ(layout->dim_names(), std::vector<std::string>{"world"});
+  EXPECT_EQ(MeshRanks(ParseMesh("")), 1);
+  EXPECT_EQ(MeshRanks(ParseMesh(kDpTp)), 4);
+}
+
 TEST(MeshLayoutTest, InvalidConfigsNameTheField) {
   const auto invalid = [](const std::string& message) {
     return StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message));
   };
   EXPECT_THAT(MeshLayout::Create(ParseMesh(kDpTp), 8),
               invalid("mesh.dims: sizes 2 x 2 = 4 do not match the world size 8"));
-  EXPECT_THAT(MeshLayout::Create(ParseMesh(""), 1),
-              invalid("mesh.dims: a mesh needs at least one dimension"));
+  EXPECT_THAT(MeshLayout::Create(ParseMesh(""), 4),
+              invalid("mesh.dims: no dimensions describe one rank, but the world has 4"));
   EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { name: "dp" size: 0 })pb"), 1),
               invalid("mesh.dims[0].size: 0 must be >= 1"));
   EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { size: 1 })pb"), 1),
@@ -96,6 +104,34 @@ TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {
     EXPECT_THAT(mesh.communicator("pp"),
                 StatusIs(absl::StatusCode::kNotFound,
                          "the mesh has no dimension \"pp\"; its dimensions are dp, tp"));
+  });
+}
+
+TEST(DeviceMeshTest, ReductionsSpanTheWholeMesh) {
+  absl::StatusOr<MeshLayout> layout = MeshLayout::Create(ParseMesh(kDpTp), 4);
+  ASSERT_THAT(layout, IsOk());
+  RunOnGlooMesh(*layout, [&](int rank, DeviceMesh& mesh) {
+    torch::Tensor value = torch::full({1}, static_cast<float>(rank), torch::kFloat32);
+    ASSERT_THAT(mesh.AllReduce(value, ReduceOp::kAverage), IsOk());
+    EXPECT_EQ(value.item<float>(), 1.5f);  // (0 + 1 + 2 + 3) / 4
+
+    // Rank 3 (dp 1, tp 1): dp-major index 3 of 4; along "tp" alone, 1 of 2.
+    EXPECT_EQ(*mesh.SubgridRankAndSize({"tp", "dp"}), std::make_pair(rank, 4));
+    EXPECT_EQ(*mesh.SubgridRankAndSize({"tp"}), std::make_pair(*mesh.coordinate("tp"), 2));
+    EXPECT_EQ(*mesh.SubgridRankAndSize({}), std::make_pair(0, 1));
+    EXPECT_THAT(mesh.SubgridRankAndSize({"pp"}),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("no dimension \"pp\"")));
+
+    EXPECT_THAT(mesh.Agree(absl::OkStatus(), "saving"), IsOk());
+    const absl::Status own = rank == 2 ? absl::InternalError("disk full") : absl::OkStatus();
+    const absl::Status agreed = mesh.Agree(own, "saving");
+    if (rank == 2) {
+      EXPECT_THAT(agreed, StatusIs(absl::StatusCode::kInternal, "disk full"));
+    } else {
+      EXPECT_THAT(agreed,
+                  StatusIs(absl::StatusCode::kAborted,
+                           "saving: rank 2 failed (see their errors); this rank stops too"));
+    }
   });
 }
 

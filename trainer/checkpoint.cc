@@ -64,7 +64,7 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan)
   PLAIT_ASSIGN_OR_RETURN(models::ModelConfig config,
                          models::ResolveModelSpec(plan.model(), "plan.model"));
   std::vector<std::string> steps;
-  for (const PrepareStep& step : plan.prepare()) steps.push_back(step.ShortDebugString());
+  for (const wrap::PrepareStep& step : plan.prepare()) steps.push_back(step.ShortDebugString());
   const optim::OptimizerConfig& optimizer = plan.optimizer();
   const auto* algorithm = optimizer.GetReflection()->GetOneofFieldDescriptor(
       optimizer, optim::OptimizerConfig::descriptor()->FindOneofByName("algorithm"));
@@ -131,34 +131,6 @@ absl::StatusOr<int64_t> IntField(const Json& json, const char* field, const std:
   return it->get<int64_t>();
 }
 
-// Every rank learns whether every rank's `own` is OK: a one-hot vector of failed ranks,
-// summed along each mesh dimension in turn (which sums over the world). Also a barrier.
-absl::Status AgreeAcrossMesh(const absl::Status& own, const parallel::DeviceMesh& mesh,
-                             const std::string& what) {
-  const parallel::MeshLayout& layout = mesh.layout();
-  torch::Tensor failed = torch::zeros({layout.world_size()}, torch::kFloat32);
-  if (!own.ok()) failed[mesh.rank()] = 1.0f;
-  for (int dim = 0; dim < layout.num_dims(); ++dim) {
-    if (layout.dim_size(dim) == 1) continue;
-    const std::string& name = layout.dim_names()[dim];
-    PLAIT_ASSIGN_OR_RETURN(parallel::Communicator * communicator, mesh.communicator(name));
-    absl::Status status = communicator->AllReduce(failed, parallel::ReduceOp::kSum)->Wait();
-    if (!status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrCat(what, ": agreeing over \"", name, "\": ", status.message()));
-    }
-  }
-  if (!own.ok()) return own;
-  std::vector<int> ranks;
-  for (int r = 0; r < layout.world_size(); ++r) {
-    if (failed[r].item<float>() != 0.0f) ranks.push_back(r);
-  }
-  if (ranks.empty()) return absl::OkStatus();
-  return absl::AbortedError(absl::StrCat(what, ": rank", ranks.size() > 1 ? "s " : " ",
-                                         absl::StrJoin(ranks, ", "),
-                                         " failed (see their errors); this rank stops too"));
-}
-
 absl::Status FileError(const std::string& action, const std::string& path,
                        const std::error_code& error) {
   return absl::InvalidArgumentError(absl::StrCat("plan.training.checkpoint.dir: cannot ", action,
@@ -169,7 +141,7 @@ absl::Status FileError(const std::string& action, const std::string& path,
 std::map<std::string, torch::Tensor> RankTensors(const optim::Optimizer& optimizer,
                                                  const optim::OptimizerState& state) {
   std::map<std::string, torch::Tensor> tensors;
-  for (const optim::TrainableParameter& parameter : optimizer.parameters()) {
+  for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
     tensors[kParamPrefix + parameter.name] = parameter.tensor.detach();
   }
   for (const auto& [key, tensor] : state.tensors) tensors[kOptimPrefix + key] = tensor;
@@ -250,7 +222,7 @@ absl::Status LoadRankFile(const std::string& path, int rank, int world_size, int
   }
   {
     torch::NoGradGuard no_grad;
-    for (const optim::TrainableParameter& parameter : optimizer.parameters()) {
+    for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
       parameter.tensor.copy_(loaded.at(kParamPrefix + parameter.name));
     }
   }
@@ -348,9 +320,9 @@ absl::Status Checkpointer::Restore(optim::Optimizer& optimizer, DataLoader& trai
   const int world_size = mesh_->layout().world_size();
   const std::string folder = absl::StrCat(dir_, "/", CheckpointName(resume_step_));
   PLAIT_RETURN_IF_ERROR(
-      AgreeAcrossMesh(LoadRankFile(absl::StrCat(folder, "/", RankFileName(rank, world_size)), rank,
-                                   world_size, resume_step_, optimizer),
-                      *mesh_, absl::StrCat("resuming from ", folder)));
+      mesh_->Agree(LoadRankFile(absl::StrCat(folder, "/", RankFileName(rank, world_size)), rank,
+                                world_size, resume_step_, optimizer),
+                   absl::StrCat("resuming from ", folder)));
   train.Seek(resume_data_position_);
   return absl::OkStatus();
 }
@@ -392,7 +364,7 @@ absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer)
       return absl::OkStatus();
     }();
   }
-  PLAIT_RETURN_IF_ERROR(AgreeAcrossMesh(prepared, *mesh_, what));
+  PLAIT_RETURN_IF_ERROR(mesh_->Agree(prepared, what));
 
   // Every rank writes its file; rank 0 the manifest too.
   absl::Status written = [&]() -> absl::Status {
@@ -420,7 +392,7 @@ absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer)
     const std::string path = absl::StrCat(temporary, "/", kCheckpointManifest);
     return base::WriteFileAtomically(path, manifest.dump(2) + "\n");
   }();
-  PLAIT_RETURN_IF_ERROR(AgreeAcrossMesh(written, *mesh_, what));
+  PLAIT_RETURN_IF_ERROR(mesh_->Agree(written, what));
 
   // Every file is there: rank 0 publishes the folder and drops the oldest.
   absl::Status published;
@@ -441,7 +413,7 @@ absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer)
       return absl::OkStatus();
     }();
   }
-  return AgreeAcrossMesh(published, *mesh_, what);
+  return mesh_->Agree(published, what);
 }
 
 absl::Status KeepMetricsUpTo(const std::string& path, int64_t step) {

@@ -11,20 +11,21 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/dtype.h"
+#include "base/human.h"
 #include "base/status.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
+#include "optim/optimizer.h"
 #include "optim/param_groups.h"
+#include "parallel/device_mesh.h"
 #include "sched/schedule_builder.h"
 #include "trainer/plan.h"
-#include "trainer/rules.h"
+#include "wrap/rules.h"
+#include "wrap/strategies.h"
 
 namespace plait::trainer {
 namespace {
-
-// DdpConfig.bucket_cap_mb's default (wrap.proto, PyTorch's).
-constexpr double kDdpDefaultBucketMb = 25.0;
 
 constexpr double kBytesPerFloat = 4.0;  // optimizer state, and fp32 parameters
 
@@ -42,42 +43,6 @@ std::string ShortName(torch::ScalarType dtype) {
     default:
       return "fp32";
   }
-}
-
-std::string Count(double n) {
-  if (n >= 1e9) return absl::StrFormat("%.1fB", n / 1e9);
-  if (n >= 1e6) return absl::StrFormat("%.1fM", n / 1e6);
-  if (n >= 1e3) return absl::StrFormat("%.1fK", n / 1e3);
-  return absl::StrCat(static_cast<int64_t>(n));
-}
-
-std::string Bytes(double n) {
-  if (n >= 1 << 30) return absl::StrFormat("%.2f GiB", n / (1 << 30));
-  return absl::StrFormat("%.1f MiB", n / (1 << 20));
-}
-
-// Optimizer state slots per parameter element (optimizer.h): AdamW and Adam keep two moments,
-// Lion one, SGD one only with momentum.
-int StateSlots(const optim::OptimizerConfig& config) {
-  switch (config.algorithm_case()) {
-    case optim::OptimizerConfig::kAdamw:
-    case optim::OptimizerConfig::kAdam:
-      return 2;
-    case optim::OptimizerConfig::kLion:
-      return 1;
-    case optim::OptimizerConfig::kSgd:
-      return config.sgd().momentum() > 0 ? 1 : 0;
-    case optim::OptimizerConfig::ALGORITHM_NOT_SET:
-      break;
-  }
-  return 0;
-}
-
-int DimSize(const Plan& plan, const std::string& name) {
-  for (const auto& dim : plan.mesh().dims()) {
-    if (dim.name() == name) return dim.size();
-  }
-  return 1;
 }
 
 // Activation memory of one micro-batch's forward kept for backward, from Korthikanti et al.,
@@ -98,7 +63,7 @@ double ActivationBytes(const models::ModelConfig& config, int64_t b, int64_t s,
 absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   PLAIT_ASSIGN_OR_RETURN(models::ModelConfig config,
                          models::ResolveModelSpec(plan.model(), "plan.model"));
-  PLAIT_ASSIGN_OR_RETURN(const PreparationRules* rules, BuiltinRules());
+  PLAIT_ASSIGN_OR_RETURN(const wrap::PreparationRules* rules, wrap::BuiltinRules());
   const TrainingConfig& training = plan.training();
   const double parameters = static_cast<double>(models::NumParameters(config));
   std::vector<std::string> lines;
@@ -107,7 +72,7 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
       "model: %s %s, %d layers, hidden %d, vocab %d, %s: %s parameters", config.model_type(),
       plan.model().has_preset() ? absl::StrCat("(preset \"", plan.model().preset(), "\")") : "",
       config.num_hidden_layers(), config.hidden_size(), config.vocab_size(),
-      ShortName(ParameterDtype(plan.model())), Count(parameters)));
+      ShortName(ParameterDtype(plan.model())), base::HumanCount(parameters)));
 
   lines.push_back(
       plan.hf_weights_dir().empty()
@@ -121,35 +86,39 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
                                world_size, world_size == 1 ? " rank)" : " ranks)"));
 
   // What each step does, and the per-rank share of the parameters after it.
+  PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout layout,
+                         parallel::MeshLayout::Create(plan.mesh(), world_size));
+  wrap::ModelShape shape;
+  shape.parameters = parameters;
+  shape.num_blocks = config.num_hidden_layers();
+  shape.block_parameters = static_cast<double>(models::NumParameters(config) -
+                                               config.vocab_size() * config.hidden_size() *
+                                                   (config.tie_word_embeddings() ? 1 : 2)) /
+                           config.num_hidden_layers();
+  shape.root_parameters = parameters - shape.block_parameters * config.num_hidden_layers();
+  shape.parameter_bytes = static_cast<double>(c10::elementSize(ParameterDtype(plan.model())));
   double shard_fraction = 1.0;
-  bool reshards_after_forward = true;
+  double gathered = 0.0;
+  double bytes_sent_per_step = 0.0;
+  double bytes_sent_per_micro_batch = 0.0;
+  int data_parallel_ranks = 1;
   int last_changing = -1;
-  const int units = static_cast<int>(config.num_hidden_layers()) + 1;  // blocks + root
   for (int i = 0; i < plan.prepare_size(); ++i) {
-    const PrepareStep& step = plan.prepare(i);
-    std::string what;
-    if (step.has_fsdp()) {
-      const int n = DimSize(plan, step.fsdp().mesh_dim());
-      shard_fraction /= n;
-      reshards_after_forward =
-          !step.fsdp().has_reshard_after_forward() || step.fsdp().reshard_after_forward();
-      what = absl::StrFormat(
-          "fsdp over %s (%d ranks): %d units (%d blocks and the root), each rank keeps 1/%d of %s "
-          "parameters and gathers one unit at a time (prefetching the next)%s",
-          step.fsdp().mesh_dim(), n, units, units - 1, n, Count(parameters),
-          reshards_after_forward ? "" : ", keeping it until its backward");
-    } else if (step.has_ddp()) {
-      const int n = DimSize(plan, step.ddp().mesh_dim());
-      what = absl::StrFormat(
-          "ddp over %s (%d ranks): parameters stay whole on every rank (broadcast from rank 0); "
-          "gradients averaged in buckets of %.0f MiB during backward",
-          step.ddp().mesh_dim(), n,
-          step.ddp().has_bucket_cap_mb() ? step.ddp().bucket_cap_mb() : kDdpDefaultBucketMb);
-    }
-    const StrategyRule* rule = FindStrategy(*rules, StrategyName(step));
-    if (rule != nullptr && rule->effect() != KEEPS) last_changing = i;
-    lines.push_back(absl::StrCat("prepare[", i, "]: ", what, " [",
-                                 rule == nullptr ? "" : ParameterEffect_Name(rule->effect()), "]"));
+    const wrap::PrepareStep& step = plan.prepare(i);
+    PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
+    PLAIT_ASSIGN_OR_RETURN(const int dim, layout.DimIndex(strategy->mesh_dim()));
+    const int n = layout.dim_size(dim);
+    const wrap::StepEstimate estimate = strategy->Estimate(shape, n);
+    shard_fraction *= estimate.parameter_fraction;
+    gathered = std::max(gathered, estimate.gathered_bytes);
+    bytes_sent_per_step += estimate.bytes_sent_per_step;
+    bytes_sent_per_micro_batch += estimate.bytes_sent_per_micro_batch;
+    if (strategy->splits_batch()) data_parallel_ranks *= n;
+    const wrap::StrategyRule* rule = wrap::FindStrategy(*rules, strategy->name());
+    if (rule != nullptr && rule->effect() != wrap::KEEPS) last_changing = i;
+    lines.push_back(absl::StrCat("prepare[", i, "]: ", estimate.description, " [",
+                                 rule == nullptr ? "" : wrap::ParameterEffect_Name(rule->effect()),
+                                 "]"));
   }
   lines.push_back(absl::StrCat(
       "optimizer: built after ",
@@ -179,8 +148,8 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
     for (int member : group.members) count += sizes[member];
     lines.push_back(absl::StrFormat(
         "  group %s: %d tensors, %s parameters (%s per rank), lr x %g, weight decay %g", group.name,
-        group.members.size(), Count(count), Count(count * shard_fraction), group.lr_scale,
-        group.weight_decay));
+        group.members.size(), base::HumanCount(count), base::HumanCount(count * shard_fraction),
+        group.lr_scale, group.weight_decay));
   }
 
   const sched::ScheduleConfig schedule_config = ResolvedSchedule(plan);
@@ -202,38 +171,31 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   lines.push_back(absl::StrFormat(
       "training: %d steps of %d sequences x %d tokens (micro-batch %d x %d ranks x %d "
       "accumulation), %d tokens per step",
-      steps, training.micro_batch() * world_size * accumulation, training.seq_len(),
-      training.micro_batch(), world_size, accumulation,
-      training.micro_batch() * world_size * accumulation * training.seq_len()));
+      steps, training.micro_batch() * data_parallel_ranks * accumulation, training.seq_len(),
+      training.micro_batch(), data_parallel_ranks, accumulation,
+      training.micro_batch() * data_parallel_ranks * accumulation * training.seq_len()));
 
   // Memory per rank: shards of parameters and gradients in the model's dtype and fp32
-  // optimizer state (with fp32 masters of 16-bit parameters), plus FSDP's gathered units or
-  // DDP's full replica, plus activations of one micro-batch.
-  const double element_bytes = static_cast<double>(c10::elementSize(ParameterDtype(plan.model())));
+  // optimizer state (with fp32 masters of 16-bit parameters), plus what the strategies hold
+  // whole (FSDP's gathered units), plus activations of one micro-batch.
+  const double element_bytes = shape.parameter_bytes;
   const double owned = parameters * shard_fraction;
-  const double slots = StateSlots(plan.optimizer());
+  const double slots = optim::StateBuffersPerElement(plan.optimizer());
   const double masters = element_bytes < kBytesPerFloat ? 1.0 : 0.0;
-  double gathered = 0.0;
-  if (shard_fraction < 1.0) {
-    const double block = static_cast<double>(models::NumParameters(config) -
-                                             config.vocab_size() * config.hidden_size() *
-                                                 (config.tie_word_embeddings() ? 1 : 2)) /
-                         config.num_hidden_layers();
-    const double root = parameters - block * config.num_hidden_layers();
-    // The two largest units (the one computing and the one prefetched); without resharding
-    // after forward, every unit by the end of the forward.
-    gathered =
-        (reshards_after_forward ? block + std::max(root, block) : parameters) * element_bytes;
-  }
   const double states = owned * (2.0 * element_bytes + kBytesPerFloat * (slots + masters));
   const double activations =
       ActivationBytes(config, training.micro_batch(), training.seq_len(), element_bytes);
   lines.push_back(absl::StrFormat(
       "memory per rank (estimate): %s parameters + gradients + optimizer state (%d slots%s)%s, "
       "%s activations; about %s",
-      Bytes(states), static_cast<int>(slots), masters > 0 ? " and fp32 masters" : "",
-      gathered > 0 ? absl::StrCat(", ", Bytes(gathered), " gathered units") : "",
-      Bytes(activations), Bytes(states + gathered + activations)));
+      base::HumanBytes(states), static_cast<int>(slots), masters > 0 ? " and fp32 masters" : "",
+      gathered > 0 ? absl::StrCat(", ", base::HumanBytes(gathered), " gathered units") : "",
+      base::HumanBytes(activations), base::HumanBytes(states + gathered + activations)));
+  if (bytes_sent_per_step + bytes_sent_per_micro_batch > 0) {
+    lines.push_back(absl::StrFormat(
+        "communication per rank (estimate, ring collectives): %s sent per step",
+        base::HumanBytes(bytes_sent_per_step + accumulation * bytes_sent_per_micro_batch)));
+  }
   for (int i = 0; i < plan.frozen_size(); ++i) {
     lines.push_back(absl::StrCat("frozen[", i, "] \"", plan.frozen(i).name(), "\": prepared with ",
                                  plan.frozen(i).prepare_size(),

@@ -1,13 +1,18 @@
 #include "trainer/plan.h"
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/file.h"
+#include "base/status.h"
 #include "base/text_proto.h"
 #include "google/protobuf/descriptor.h"
 
@@ -83,18 +88,48 @@ absl::Status ApplyOverride(absl::string_view assignment, Plan& plan) {
   return MergeText(absl::StrCat(prefix, suffix), where, plan);
 }
 
-std::string StrategyName(const PrepareStep& step) {
-  const google::protobuf::OneofDescriptor* oneof =
-      PrepareStep::descriptor()->FindOneofByName("strategy");
-  const google::protobuf::FieldDescriptor* field =
-      step.GetReflection()->GetOneofFieldDescriptor(step, oneof);
-  return field == nullptr ? "" : field->name();
+absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, bool allow_world_size) {
+  PlanArguments arguments;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    int world_size = 0;
+    if (absl::ConsumePrefix(&arg, "--set=")) {
+      arguments.overrides.emplace_back(arg);
+    } else if (allow_world_size && absl::ConsumePrefix(&arg, "--world_size=") &&
+               absl::SimpleAtoi(arg, &world_size)) {
+      arguments.world_size = world_size;
+    } else if ((absl::ConsumePrefix(&arg, "--plan=") || !absl::StartsWith(arg, "--")) &&
+               arguments.plan_path.empty()) {
+      arguments.plan_path = std::string(arg);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", argv[i], "\""));
+    }
+  }
+  return arguments;
 }
 
-int MeshRanks(const Plan& plan) {
-  int ranks = 1;
-  for (const auto& dim : plan.mesh().dims()) ranks *= dim.size();
-  return ranks;
+absl::StatusOr<Plan> LoadPlanFromArguments(const PlanArguments& arguments,
+                                           absl::string_view embedded_text,
+                                           absl::string_view embedded_name) {
+  absl::StatusOr<Plan> plan;
+  if (!arguments.plan_path.empty()) {
+    plan = LoadPlan(UserPath(arguments.plan_path));
+  } else if (!embedded_text.empty()) {
+    plan = ParsePlan(embedded_text, embedded_name);
+  } else {
+    return absl::InvalidArgumentError("no plan: give --plan=FILE");
+  }
+  for (const std::string& assignment : arguments.overrides) {
+    if (!plan.ok()) break;
+    PLAIT_RETURN_IF_ERROR(ApplyOverride(assignment, *plan));
+  }
+  return plan;
+}
+
+std::string UserPath(const std::string& path) {
+  const char* dir = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (path.empty() || path[0] == '/' || dir == nullptr) return path;
+  return absl::StrCat(dir, "/", path);
 }
 
 int64_t GradAccumulation(const TrainingConfig& training) {

@@ -11,7 +11,9 @@
 #define PLAIT_TRAINER_PLAN_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,12 +33,29 @@ absl::StatusOr<Plan> LoadPlan(const std::string& path);
 // does not exist, is repeated, or is a message.
 absl::Status ApplyOverride(absl::string_view assignment, Plan& plan);
 
-// The name of a step's strategy, its PrepareStep oneof field ("fsdp", "ddp"), as the rules
-// name it; "" when none is set.
-std::string StrategyName(const PrepareStep& step);
+// The command line of the binaries that take a plan (the training jobs, //tools:plan_check):
+// the plan file (--plan=FILE, or one positional FILE), --set=path=value overrides in order,
+// and --world_size=N where the binary allows it. Hand-parsed because --set repeats, and
+// Abseil's flags keep only the last value of a repeated flag.
+struct PlanArguments {
+  std::string plan_path;  // as given; empty: none
+  std::vector<std::string> overrides;
+  std::optional<int> world_size;
+};
 
-// The number of ranks the plan's mesh describes (1 without a mesh).
-int MeshRanks(const Plan& plan);
+// Parses argv[1..argc); InvalidArgument naming the first argument it does not take.
+absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, bool allow_world_size);
+
+// The plan `arguments` name, with their overrides applied: the file (a path relative to where
+// the user ran `bazel run`; UserPath), else `embedded_text` (compiled into the binary and
+// named `embedded_name` in errors). InvalidArgument when there is neither.
+absl::StatusOr<Plan> LoadPlanFromArguments(const PlanArguments& arguments,
+                                           absl::string_view embedded_text,
+                                           absl::string_view embedded_name);
+
+// A path the user gave: under `bazel run` the working directory is the runfiles tree, so a
+// relative path is taken from BUILD_WORKING_DIRECTORY, where they ran bazel.
+std::string UserPath(const std::string& path);
 
 // training.grad_accumulation, with 0 read as 1.
 int64_t GradAccumulation(const TrainingConfig& training);

@@ -86,8 +86,29 @@ TEST(ResolvedTest, ScheduleTakesTheStepsAndDataDefaultsToSynthetic) {
   EXPECT_EQ(data.synthetic().num_states(), kDefaultNumStates);
   EXPECT_EQ(data.synthetic().branching(), kDefaultBranching);
   EXPECT_EQ(data.synthetic().peak(), kDefaultPeak);
-  EXPECT_EQ(MeshRanks(plan), 1);
   EXPECT_EQ(GradAccumulation(plan.training()), 1);
+}
+
+TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
+  const char* argv[] = {"plan_check", "plan.textproto", "--set=training.steps=5", "--world_size=4",
+                        "--set=training.steps=6"};
+  absl::StatusOr<PlanArguments> arguments =
+      ParsePlanArguments(5, const_cast<char**>(argv), /*allow_world_size=*/true);
+  ASSERT_THAT(arguments, IsOk());
+  EXPECT_EQ(arguments->plan_path, "plan.textproto");
+  EXPECT_THAT(arguments->overrides, ::testing::ElementsAre("training.steps=5", "training.steps=6"));
+  EXPECT_EQ(arguments->world_size, 4);
+  EXPECT_THAT(
+      ParsePlanArguments(4, const_cast<char**>(argv), /*allow_world_size=*/false),
+      StatusIs(absl::StatusCode::kInvalidArgument, "unexpected argument \"--world_size=4\""));
+
+  // The later override wins, and the embedded plan serves when no file is named.
+  arguments->plan_path.clear();
+  absl::StatusOr<Plan> plan = LoadPlanFromArguments(*arguments, kPlan, "embedded");
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_EQ(plan->training().steps(), 6);
+  EXPECT_THAT(LoadPlanFromArguments(PlanArguments(), "", "embedded"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no plan")));
 }
 
 }  // namespace

@@ -12,69 +12,44 @@
 #include "models/safetensors.h"
 
 namespace plait::trainer {
-namespace {
-
-absl::Status Prefixed(const absl::Status& status, const std::string& field) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(field, ": ", status.message()));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
     const models::ModelSpec& spec, const std::string& hf_weights_dir,
-    const google::protobuf::RepeatedPtrField<PrepareStep>& steps, const parallel::DeviceMesh& mesh,
-    Role role, const std::string& field_path) {
+    const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
+    const parallel::DeviceMesh& mesh, Role role, const std::string& field_path) {
   PLAIT_ASSIGN_OR_RETURN(models::ModelConfig config,
                          models::ResolveModelSpec(spec, field_path + ".model"));
-  absl::StatusOr<std::shared_ptr<models::CausalLM>> model =
-      models::CausalLM::Create(config, spec.init());
-  PLAIT_RETURN_IF_ERROR(Prefixed(model.status(), field_path + ".model"));
+  PLAIT_ASSIGN_OR_RETURN(
+      std::shared_ptr<models::CausalLM> model,
+      base::Annotate(models::CausalLM::Create(config, spec.init()), field_path + ".model"));
   if (!hf_weights_dir.empty()) {
     const std::string field = field_path + ".hf_weights_dir";
-    absl::StatusOr<models::SafetensorsCheckpoint> checkpoint =
-        models::SafetensorsCheckpoint::Open(hf_weights_dir);
-    PLAIT_RETURN_IF_ERROR(Prefixed(checkpoint.status(), field));
-    PLAIT_RETURN_IF_ERROR(Prefixed(models::LoadHfWeights(*checkpoint, **model), field));
+    PLAIT_ASSIGN_OR_RETURN(
+        models::SafetensorsCheckpoint checkpoint,
+        base::Annotate(models::SafetensorsCheckpoint::Open(hf_weights_dir), field));
+    PLAIT_RETURN_IF_ERROR(base::Annotate(models::LoadHfWeights(checkpoint, *model), field));
   }
-  (*model)->to(base::ToScalarType(spec.dtype(), torch::kFloat32));
-  std::unique_ptr<PreparedModel> prepared(new PreparedModel(*std::move(model), role));
-  PLAIT_ASSIGN_OR_RETURN(prepared->preparation_, wrap::Preparation::Begin(*prepared->model_, mesh));
-  for (int i = 0; i < steps.size(); ++i) {
-    const std::string field = absl::StrCat(field_path, ".prepare[", i, "]");
-    switch (steps[i].strategy_case()) {
-      case PrepareStep::kFsdp:
-        PLAIT_RETURN_IF_ERROR(Prefixed(prepared->preparation_->ApplyFsdp(steps[i].fsdp()), field));
-        break;
-      case PrepareStep::kDdp:
-        PLAIT_RETURN_IF_ERROR(Prefixed(prepared->preparation_->ApplyDdp(steps[i].ddp()), field));
-        break;
-      case PrepareStep::STRATEGY_NOT_SET:
-        return absl::InvalidArgumentError(absl::StrCat(field, ": names no strategy"));
-    }
+  model->to(base::ToScalarType(spec.dtype(), torch::kFloat32));
+  std::unique_ptr<PreparedModel> prepared(new PreparedModel(std::move(model), role));
+  PLAIT_ASSIGN_OR_RETURN(prepared->preparation_, wrap::Preparation::Begin(*prepared->model_, mesh,
+                                                                          field_path + ".prepare"));
+  for (const wrap::PrepareStep& step : steps) {
+    PLAIT_RETURN_IF_ERROR(prepared->preparation_->Apply(step));
   }
-  PLAIT_ASSIGN_OR_RETURN(std::vector<optim::TrainableParameter> parameters,
+  PLAIT_ASSIGN_OR_RETURN(std::vector<parallel::TrainableParameter> parameters,
                          prepared->preparation_->TakeTrainableParameters());
   if (role == Role::kTrained) {
     prepared->trainable_ = std::move(parameters);
   } else {
-    for (optim::TrainableParameter& parameter : parameters) parameter.tensor.requires_grad_(false);
+    for (parallel::TrainableParameter& parameter : parameters)
+      parameter.tensor.requires_grad_(false);
     for (auto& named : prepared->model_->NamedParameters()) named.parameter.requires_grad_(false);
   }
   return prepared;
 }
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> PreparedModel::FullParameters() {
-  if (preparation_->fsdp() != nullptr) return preparation_->fsdp()->FullStateDict();
-  std::map<std::string, torch::Tensor> parameters;
-  for (const auto& named : model_->NamedParameters()) {
-    parameters[named.name] = named.parameter.detach().clone();
-  }
-  return parameters;
-}
-
 absl::Status PreparedModel::SaveHf(const std::string& dir, int rank, int writer) {
-  PLAIT_ASSIGN_OR_RETURN(auto full, FullParameters());
+  PLAIT_ASSIGN_OR_RETURN(auto full, preparation_->FullParameters());
   if (rank != writer) return absl::OkStatus();
   // A fresh, unwrapped model to hold the whole parameters: SaveHfModel reads a CausalLM.
   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> copy,

@@ -1,6 +1,6 @@
 // A model after the plan's preparation steps, and the only way to its trainable parameters:
-// PreparedModel builds the model itself, applies each step (FSDP, DDP) in the plan's order
-// through a wrap::Preparation, and keeps both, so no code holds an unprepared model from
+// PreparedModel builds the model itself, applies each step in the plan's order through a
+// wrap::Preparation, and keeps both, so no code holds an unprepared model from
 // which an optimizer could be built. A frozen model (a reference model that is prepared but
 // never trained) gets the same steps and no trainable parameters:
 //
@@ -21,8 +21,8 @@
 #include "models/causal_lm.h"
 #include "models/model.pb.h"
 #include "optim/optimizer.h"
-#include "optim/trainable_parameter.h"
 #include "parallel/device_mesh.h"
+#include "parallel/trainable_parameter.h"
 #include "trainer/plan.pb.h"
 #include "wrap/preparation.h"
 
@@ -39,7 +39,7 @@ class PreparedModel {
   // validation catches the rule violations first).
   static absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(
       const models::ModelSpec& spec, const std::string& hf_weights_dir,
-      const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+      const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
       const parallel::DeviceMesh& mesh, Role role, const std::string& field_path);
 
   PreparedModel(const PreparedModel&) = delete;
@@ -50,21 +50,13 @@ class PreparedModel {
 
   // What the optimizer must own: FSDP's local shards, or the whole parameters. Empty for a
   // frozen model, whose parameters do not require gradients.
-  const std::vector<optim::TrainableParameter>& trainable_parameters() const { return trainable_; }
-
-  // While the returned scope lives (when `skip_sync`; else it is null), backward passes
-  // accumulate gradients without synchronising: DDP's no-sync, for all but the last
-  // micro-batch of a step. FSDP reduces every micro-batch and needs none.
-  std::unique_ptr<wrap::Preparation::NoSyncScope> NoSyncIf(bool skip_sync) {
-    if (!skip_sync) return nullptr;
-    return std::make_unique<wrap::Preparation::NoSyncScope>(preparation_->ddp());
+  const std::vector<parallel::TrainableParameter>& trainable_parameters() const {
+    return trainable_;
   }
 
-  // The wrappers' communication errors of the last forward and backward.
-  absl::Status BackwardStatus() const { return preparation_->BackwardStatus(); }
-
-  // The whole parameters by name, on every rank (FSDP gathers them; every rank must call).
-  absl::StatusOr<std::map<std::string, torch::Tensor>> FullParameters();
+  // The preparation: its no-sync scope for gradient accumulation, the wrappers'
+  // communication errors, the data-parallel dimensions and the whole parameters.
+  wrap::Preparation& preparation() { return *preparation_; }
 
   // Writes the whole model to `dir` (created if missing) as a Hugging Face folder. Every
   // rank must call it; rank `writer` writes.
@@ -78,7 +70,7 @@ class PreparedModel {
   std::shared_ptr<models::CausalLM> model_;
   std::unique_ptr<wrap::Preparation> preparation_;
   Role role_;
-  std::vector<optim::TrainableParameter> trainable_;
+  std::vector<parallel::TrainableParameter> trainable_;
 };
 
 // The optimizer over `prepared`'s trainable parameters. FailedPrecondition for a frozen model.

@@ -11,13 +11,9 @@ using ::plait::base::testing::IsOk;
 
 void WithMesh(const Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body) {
-  parallel::MeshConfig config = plan.mesh();
-  if (config.dims().empty()) {
-    auto* dim = config.add_dims();
-    dim->set_name("world");
-    dim->set_size(1);
-  }
-  parallel::testing::RunOnGlooMesh(*parallel::MeshLayout::Create(config, ranks), body);
+  absl::StatusOr<parallel::MeshLayout> layout = parallel::MeshLayout::Create(plan.mesh(), ranks);
+  ASSERT_THAT(layout, IsOk());
+  parallel::testing::RunOnGlooMesh(*layout, body);
 }
 
 TrainReport TrainOnRanks(const Plan& plan, int ranks, TrainOptions options) {

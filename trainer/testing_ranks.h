@@ -10,8 +10,7 @@
 
 namespace plait::trainer::testing {
 
-// Runs `body(rank, mesh)` on `ranks` threads, each with the plan's mesh (one "world"
-// dimension of size 1 when the plan has none).
+// Runs `body(rank, mesh)` on `ranks` threads, each with the plan's mesh.
 void WithMesh(const Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body);
 

@@ -27,18 +27,10 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// The mean of `value` over every rank of the mesh: the average along each dimension in turn.
+// The mean of `value` over every rank of the mesh.
 absl::StatusOr<double> MeshMean(double value, const parallel::DeviceMesh& mesh) {
   torch::Tensor tensor = torch::full({1}, value, torch::kFloat32);
-  for (const std::string& name : mesh.layout().dim_names()) {
-    if (mesh.layout().dim_size(*mesh.layout().DimIndex(name)) == 1) continue;
-    PLAIT_ASSIGN_OR_RETURN(parallel::Communicator * communicator, mesh.communicator(name));
-    absl::Status status = communicator->AllReduce(tensor, parallel::ReduceOp::kAverage)->Wait();
-    if (!status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrCat("averaging over \"", name, "\": ", status.message()));
-    }
-  }
+  PLAIT_RETURN_IF_ERROR(mesh.AllReduce(tensor, parallel::ReduceOp::kAverage));
   return tensor.item<double>();
 }
 
@@ -52,7 +44,7 @@ absl::StatusOr<double> Evaluate(PreparedModel& prepared, DataLoader& eval, int64
     const Batch batch = eval.Next();
     sum += prepared.model().Loss(batch.inputs, batch.targets).item<double>();
   }
-  PLAIT_RETURN_IF_ERROR(prepared.BackwardStatus());
+  PLAIT_RETURN_IF_ERROR(prepared.preparation().BackwardStatus());
   return MeshMean(sum / batches, mesh);
 }
 
@@ -153,12 +145,12 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
     double loss_sum = 0.0;
     for (int64_t micro = 0; micro < accumulation; ++micro) {
       const Batch batch = train.Next();
-      const auto no_sync = prepared->NoSyncIf(micro + 1 < accumulation);
+      const auto no_sync = prepared->preparation().NoSyncIf(micro + 1 < accumulation);
       torch::Tensor loss = prepared->model().Loss(batch.inputs, batch.targets) / accumulation;
       loss.backward();
       loss_sum += loss.item<double>();
     }
-    absl::Status backward = prepared->BackwardStatus();
+    absl::Status backward = prepared->preparation().BackwardStatus();
     if (!backward.ok()) {
       return absl::Status(backward.code(),
                           absl::StrCat("step ", step + 1, ": ", backward.message()));

@@ -78,7 +78,7 @@ TEST(PreparedModelTest, FrozenModelIsPreparedWithoutOptimizerOrGradients) {
     torch::Tensor loss = (*frozen)->model().Loss(tokens, tokens);
     EXPECT_TRUE(std::isfinite(loss.item<double>()));
     EXPECT_FALSE(loss.requires_grad());
-    ASSERT_THAT((*frozen)->BackwardStatus(), IsOk());
+    ASSERT_THAT((*frozen)->preparation().BackwardStatus(), IsOk());
     for (const auto& named : (*frozen)->model().NamedParameters()) {
       EXPECT_FALSE(named.parameter.requires_grad()) << named.name;
       EXPECT_FALSE(named.parameter.grad().defined()) << named.name;
@@ -95,7 +95,7 @@ TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
         PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
     ASSERT_THAT(prepared, IsOk());
     ASSERT_THAT((*prepared)->SaveHf(dir, rank, 0), IsOk());
-    auto full = (*prepared)->FullParameters();
+    auto full = (*prepared)->preparation().FullParameters();
     ASSERT_THAT(full, IsOk());
     if (rank == 0) saved = *full;
   });
@@ -167,7 +167,7 @@ TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
     for (const auto& named : (*prepared)->model().NamedParameters()) {
       EXPECT_EQ(named.parameter.scalar_type(), torch::kBFloat16) << named.name;
     }
-    for (const optim::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
+    for (const parallel::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
       EXPECT_EQ(parameter.tensor.scalar_type(), torch::kFloat32) << parameter.name;
     }
   });

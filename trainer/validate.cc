@@ -12,27 +12,18 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
 #include "optim/optimizer.h"
+#include "parallel/device_mesh.h"
 #include "sched/schedule_builder.h"
 #include "trainer/plan.h"
-#include "trainer/rules.h"
+#include "wrap/rules.h"
+#include "wrap/strategies.h"
 
 namespace plait::trainer {
 namespace {
-
-std::string MeshDim(const PrepareStep& step) {
-  switch (step.strategy_case()) {
-    case PrepareStep::kFsdp:
-      return step.fsdp().mesh_dim();
-    case PrepareStep::kDdp:
-      return step.ddp().mesh_dim();
-    case PrepareStep::STRATEGY_NOT_SET:
-      break;
-  }
-  return "";
-}
 
 bool DirectoryExists(const std::string& path) {
   struct stat info;
@@ -46,7 +37,7 @@ bool FileExists(const std::string& path) {
 
 class Checker {
  public:
-  Checker(const Plan& plan, int world_size, const PreparationRules& rules)
+  Checker(const Plan& plan, int world_size, const wrap::PreparationRules& rules)
       : plan_(plan), world_size_(world_size), rules_(rules) {}
 
   std::vector<Violation> Run() {
@@ -54,6 +45,7 @@ class Checker {
     CheckWeights(plan_.hf_weights_dir(), "plan.hf_weights_dir");
     CheckMesh();
     CheckSteps(plan_.prepare(), "plan.prepare");
+    CollectDimUse();
     CheckMeshUse();
     CheckOptimizer(config);
     CheckTraining(config);
@@ -114,81 +106,32 @@ class Checker {
       shape.push_back(absl::StrCat(dim.name(), "=", dim.size()));
       dims_.insert(dim.name());
     }
-    if (MeshRanks(plan_) != world_size_) {
+    if (parallel::MeshRanks(plan_.mesh()) != world_size_) {
       Add("plan.mesh",
           absl::StrCat(shape.empty() ? "no dimensions (one rank)" : absl::StrJoin(shape, " x "),
-                       " makes ", MeshRanks(plan_), " ranks, but the world has ", world_size_,
-                       "; the mesh's sizes must multiply to the world size"));
+                       " makes ", parallel::MeshRanks(plan_.mesh()), " ranks, but the world has ",
+                       world_size_, "; the mesh's sizes must multiply to the world size"));
     }
   }
 
-  void CheckSteps(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+  void CheckSteps(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
                   const std::string& field) {
-    std::map<std::string, int> count;
-    std::map<std::string, std::vector<std::pair<std::string, int>>> dim_users;
-    for (int i = 0; i < steps.size(); ++i) {
-      const std::string name = StrategyName(steps[i]);
-      const std::string step_field = absl::StrCat(field, "[", i, "]");
-      if (name.empty()) {
-        Add(step_field, "names no strategy; set one of fsdp, ddp");
-        continue;
-      }
-      const StrategyRule* rule = FindStrategy(rules_, name);
-      if (rule == nullptr) {
-        Add(absl::StrCat(step_field, ".", name), "has no preparation rule in the rules file");
-        continue;
-      }
-      const std::string dim = MeshDim(steps[i]);
-      const std::string dim_field = absl::StrCat(step_field, ".", name, ".mesh_dim");
-      if (dim.empty()) {
-        Add(dim_field, "is empty; name a mesh dimension");
-      } else if (dims_.count(dim) == 0) {
-        Add(dim_field,
-            absl::StrCat("\"", dim, "\" is not a dimension of plan.mesh (",
-                         dims_.empty() ? "which has none" : absl::StrJoin(dims_, ", "), ")"));
-      }
-      if (++count[name] > rule->max_count()) {
-        Add(absl::StrCat(step_field, ".", name),
-            absl::StrCat(name, " is applied ", count[name], " times; at most ", rule->max_count(),
-                         " per model"),
-            rule->max_count_rule());
-      }
-      for (const Relation& relation : rule->must_follow()) {
-        for (int j = i + 1; j < steps.size(); ++j) {
-          if (StrategyName(steps[j]) == relation.strategy()) {
-            Add(absl::StrCat(step_field, ".", name),
-                absl::StrCat(relation.strategy(), " (", field, "[", j, "]) must come before ", name,
-                             ": ", relation.why()),
-                relation.rule());
-            break;
-          }
-        }
-      }
-      for (const Relation& relation : rule->exclusive()) {
-        for (int j = 0; j < i; ++j) {
-          if (StrategyName(steps[j]) == relation.strategy()) {
-            Add(absl::StrCat(step_field, ".", name),
-                absl::StrCat(name, " cannot be applied with ", relation.strategy(), " (", field,
-                             "[", j, "]): ", relation.why()),
-                relation.rule());
-            break;
-          }
-        }
-      }
-      if (!dim.empty()) {
-        for (const auto& [other, other_index] : dim_users[dim]) {
-          for (const Relation& relation : rule->separate_dim()) {
-            if (relation.strategy() != other) continue;
-            Add(dim_field,
-                absl::StrCat("\"", dim, "\" is already used by ", other, " (", field, "[",
-                             other_index, "]); ", name,
-                             " needs its own dimension: ", relation.why()),
-                relation.rule());
-          }
-        }
-        dim_users[dim].push_back({name, i});
-        if (&steps == &plan_.prepare()) used_dims_.insert(dim);
-      }
+    for (base::Violation& violation : wrap::CheckSteps(rules_, steps, field, dims_, "plan.mesh")) {
+      violations_.push_back(std::move(violation));
+    }
+  }
+
+  // The dimensions the plan's own steps use, and the product of the sizes of those whose
+  // ranks read different data (FSDP's, DDP's): the data-parallel width.
+  void CollectDimUse() {
+    for (const wrap::PrepareStep& step : plan_.prepare()) {
+      absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
+      if (!strategy.ok()) continue;  // reported by CheckSteps
+      used_dims_.insert((*strategy)->mesh_dim());
+      if ((*strategy)->splits_batch()) data_parallel_dims_.insert((*strategy)->mesh_dim());
+    }
+    for (const auto& dim : plan_.mesh().dims()) {
+      if (data_parallel_dims_.count(dim.name()) > 0) data_parallel_size_ *= dim.size();
     }
   }
 
@@ -254,13 +197,13 @@ class Checker {
                        config->max_position_embeddings(), ")"));
     }
     if (t.global_batch() > 0 && t.micro_batch() > 0 && t.grad_accumulation() >= 0) {
-      const int64_t per_step = t.micro_batch() * world_size_ * GradAccumulation(t);
+      const int64_t per_step = t.micro_batch() * data_parallel_size_ * GradAccumulation(t);
       if (per_step != t.global_batch()) {
         Add("plan.training.global_batch",
             absl::StrCat(t.global_batch(), " is not micro_batch (", t.micro_batch(),
-                         ") x data-parallel ranks (", world_size_, ") x grad_accumulation (",
-                         GradAccumulation(t), ") = ", per_step,
-                         t.global_batch() % (t.micro_batch() * world_size_) == 0
+                         ") x data-parallel ranks (", data_parallel_size_,
+                         ") x grad_accumulation (", GradAccumulation(t), ") = ", per_step,
+                         t.global_batch() % (t.micro_batch() * data_parallel_size_) == 0
                              ? ""
                              : "; micro_batch x ranks does not divide it"));
       }
@@ -363,31 +306,24 @@ class Checker {
 
   const Plan& plan_;
   const int world_size_;
-  const PreparationRules& rules_;
+  const wrap::PreparationRules& rules_;
   std::set<std::string> dims_;
   std::set<std::string> used_dims_;
+  std::set<std::string> data_parallel_dims_;
+  int64_t data_parallel_size_ = 1;
   std::vector<Violation> violations_;
 };
 
 }  // namespace
 
-std::string Violation::ToString() const {
-  return rule.empty() ? absl::StrCat(field, ": ", message)
-                      : absl::StrCat(field, ": ", message, " (rule ", rule, ")");
-}
-
-std::vector<Violation> CheckPlan(const Plan& plan, int world_size, const PreparationRules& rules) {
+std::vector<Violation> CheckPlan(const Plan& plan, int world_size,
+                                 const wrap::PreparationRules& rules) {
   return Checker(plan, world_size, rules).Run();
 }
 
 absl::Status ValidatePlan(const Plan& plan, int world_size) {
-  absl::StatusOr<const PreparationRules*> rules = BuiltinRules();
-  if (!rules.ok()) return rules.status();
-  const std::vector<Violation> violations = CheckPlan(plan, world_size, **rules);
-  if (violations.empty()) return absl::OkStatus();
-  std::vector<std::string> lines;
-  for (const Violation& violation : violations) lines.push_back(violation.ToString());
-  return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
+  PLAIT_ASSIGN_OR_RETURN(const wrap::PreparationRules* rules, wrap::BuiltinRules());
+  return base::ViolationsToStatus(CheckPlan(plan, world_size, *rules));
 }
 
 }  // namespace plait::trainer

@@ -1,5 +1,5 @@
 // The check of a whole plan before anything runs: the preparation steps against the rules
-// (rules.h), and the plan's own consistency (world size equal to the mesh, mesh dimensions
+// (wrap/rules.h), and the plan's own consistency (world size equal to the mesh, mesh dimensions
 // that exist, positive steps, a batch that divides, a known preset, data files that exist).
 // Every violation is reported, each naming the plan field and, for a rule, the rule:
 //
@@ -13,23 +13,18 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "base/violation.h"
 #include "trainer/plan.pb.h"
-#include "trainer/rules.pb.h"
+#include "wrap/rules.pb.h"
 
 namespace plait::trainer {
 
-struct Violation {
-  std::string field;    // e.g. "plan.prepare[1].fsdp.mesh_dim"
-  std::string message;  // what is wrong and what would be right
-  std::string rule;     // the preparation rule broken; empty for the plan's own checks
-
-  // "field: message (rule name)".
-  std::string ToString() const;
-};
+using base::Violation;
 
 // Every violation of `plan` on a world of `world_size` ranks under `rules`; empty when the
 // plan is valid. Reads only the plan and the file system (data files exist).
-std::vector<Violation> CheckPlan(const Plan& plan, int world_size, const PreparationRules& rules);
+std::vector<Violation> CheckPlan(const Plan& plan, int world_size,
+                                 const wrap::PreparationRules& rules);
 
 // CheckPlan under the built-in rules, as one InvalidArgument error listing every violation,
 // one per line.

@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "trainer/plan.h"
-#include "trainer/rules.h"
+#include "wrap/rules.h"
 
 namespace plait::trainer {
 namespace {
@@ -67,7 +67,7 @@ TEST(ValidatePlanTest, ReportsEveryViolation) {
                 )pb",
                 "plan");
   ASSERT_THAT(plan, IsOk());
-  const std::vector<Violation> violations = CheckPlan(*plan, 4, **BuiltinRules());
+  const std::vector<Violation> violations = CheckPlan(*plan, 4, **wrap::BuiltinRules());
   std::vector<std::string> fields;
   for (const Violation& v : violations) fields.push_back(v.field);
   EXPECT_THAT(fields, ::testing::IsSupersetOf(

@@ -90,7 +90,7 @@ double LearningRate(int step) { return 1e-3 * (step + 1) / kSteps; }
 TrainingRun SingleProcess(Variant variant = Variant::kPlain) {
   TrainingRun run;
   std::shared_ptr<models::CausalLM> model = MakeModel(variant);
-  std::vector<optim::TrainableParameter> parameters;
+  std::vector<parallel::TrainableParameter> parameters;
   for (const auto& named : model->NamedParameters()) {
     parameters.push_back({named.name, named.parameter, {}});
   }
@@ -125,21 +125,21 @@ TrainingRun Distributed(const Scenario& scenario) {
     std::shared_ptr<models::CausalLM> model = MakeModel(scenario.variant);
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
+    PrepareStep step;
     if (scenario.strategy == Strategy::kDdp) {
-      DdpConfig config;
+      DdpConfig& config = *step.mutable_ddp();
       config.set_mesh_dim("dp");
       config.set_bucket_cap_mb(1.0);  // several buckets even for the tiny model
-      ASSERT_THAT((*preparation)->ApplyDdp(config), IsOk());
     } else {
-      FsdpConfig config;
+      FsdpConfig& config = *step.mutable_fsdp();
       config.set_mesh_dim("dp");
       config.set_reshard_after_forward(scenario.strategy != Strategy::kFsdpNoReshard);
       if (scenario.strategy == Strategy::kFsdpBf16) {
         config.set_param_dtype(base::DTYPE_BFLOAT16);
         config.set_reduce_dtype(base::DTYPE_FLOAT32);
       }
-      ASSERT_THAT((*preparation)->ApplyFsdp(config), IsOk());
     }
+    ASSERT_THAT((*preparation)->Apply(step), IsOk());
     auto parameters = (*preparation)->TakeTrainableParameters();
     ASSERT_THAT(parameters, IsOk());
     auto optimizer = optim::Optimizer::Create(*parameters, AdamWWithClipping());
@@ -153,8 +153,7 @@ TrainingRun Distributed(const Scenario& scenario) {
       for (int m = 0; m < scenario.micro_steps; ++m) {
         const int64_t first = rank * per_rank + m * micro;
         const bool last = m + 1 == scenario.micro_steps;
-        auto no_sync = last ? std::unique_ptr<Preparation::NoSyncScope>()
-                            : std::make_unique<Preparation::NoSyncScope>((*preparation)->ddp());
+        const auto no_sync = (*preparation)->NoSyncIf(!last);
         torch::Tensor loss =
             model->Loss(tokens.narrow(0, first, micro), targets.narrow(0, first, micro)) /
             scenario.micro_steps;
@@ -170,17 +169,9 @@ TrainingRun Distributed(const Scenario& scenario) {
       ASSERT_THAT(dp->AllReduce(global_loss, parallel::ReduceOp::kAverage)->Wait(), IsOk());
       if (rank == 0) result.losses.push_back(global_loss.item<double>());
     }
-    if (scenario.strategy == Strategy::kDdp) {
-      if (rank == 0) {
-        for (const auto& named : model->NamedParameters()) {
-          result.parameters[named.name] = named.parameter.detach().clone();
-        }
-      }
-    } else {
-      auto full = (*preparation)->fsdp()->FullStateDict();
-      ASSERT_THAT(full, IsOk());
-      if (rank == 0) result.parameters = *std::move(full);
-    }
+    auto full = (*preparation)->FullParameters();
+    ASSERT_THAT(full, IsOk());
+    if (rank == 0) result.parameters = *std::move(full);
   });
   return result;
 }

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
+#include "base/violation.h"
+#include "wrap/rules.h"
 
 namespace plait::wrap {
 namespace {
@@ -21,93 +23,121 @@ std::set<const torch::nn::Module*>& Prepared() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reg
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Preparation>> Preparation::Begin(Wrappable& model,
-                                                                const parallel::DeviceMesh& mesh) {
+                                                                const parallel::DeviceMesh& mesh,
+                                                                std::string field) {
   absl::MutexLock lock(&registry_mutex);
   if (!Prepared().insert(&model.RootModule()).second) {
     return absl::FailedPreconditionError(
-        "this model is already being prepared: apply every wrapper through its one "
-        "Preparation");
+        "this model is already being prepared: apply every step through its one Preparation");
   }
-  return std::unique_ptr<Preparation>(new Preparation(model, mesh));
+  return std::unique_ptr<Preparation>(new Preparation(model, mesh, std::move(field)));
 }
 
-Preparation::Preparation(Wrappable& model, const parallel::DeviceMesh& mesh)
-    : model_(model), mesh_(mesh) {}
+Preparation::Preparation(Wrappable& model, const parallel::DeviceMesh& mesh, std::string field)
+    : model_(model), mesh_(mesh), field_(std::move(field)) {}
 
 Preparation::~Preparation() {
-  fsdp_.reset();
-  ddp_.reset();
+  // The later strategies wrap the earlier ones' parameters: undone in reverse.
+  while (!strategies_.empty()) strategies_.pop_back();
   absl::MutexLock lock(&registry_mutex);
   Prepared().erase(&model_.RootModule());
 }
 
-absl::StatusOr<parallel::Communicator*> Preparation::Dimension(const std::string& strategy,
-                                                               const std::string& mesh_dim) {
+absl::Status Preparation::Apply(const PrepareStep& step) {
+  const std::string step_field = absl::StrCat(field_, "[", steps_.size(), "]");
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> strategy,
+                         base::Annotate(MakeStrategy(step), step_field));
   if (parameters_taken_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(strategy,
-                     ": the model's parameters were already handed to an optimizer; apply every "
-                     "wrapper before TakeTrainableParameters()"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        step_field, ".", strategy->name(),
+        ": the model's parameters were already handed to an optimizer; apply every step "
+        "before TakeTrainableParameters()"));
   }
-  if ((strategy == "ddp" && ddp_ != nullptr) || (strategy == "fsdp" && fsdp_ != nullptr)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(strategy, " is already applied to this model (over mesh dimension \"",
-                     strategy == "ddp" ? ddp_dim_ : fsdp_dim_, "\"); a wrapper applies once"));
-  }
-  absl::StatusOr<parallel::Communicator*> communicator = mesh_.communicator(mesh_dim);
-  if (!communicator.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(strategy, ".mesh_dim: ", communicator.status().message()));
-  }
-  const std::string& other_dim = strategy == "ddp" ? fsdp_dim_ : ddp_dim_;
-  const std::string other = strategy == "ddp" ? "fsdp" : "ddp";
-  if (!other_dim.empty() && other_dim == mesh_dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(strategy, ".mesh_dim: \"", mesh_dim, "\" is already used by ", other,
-                     "; DDP and FSDP need mesh dimensions of their own"));
-  }
-  if (!other_dim.empty()) {
-    return absl::UnimplementedError(absl::StrCat(strategy, " over \"", mesh_dim, "\" with ", other,
-                                                 " over \"", other_dim,
-                                                 "\" (hybrid sharding) is not supported yet"));
-  }
-  return *communicator;
-}
-
-absl::Status Preparation::ApplyDdp(const DdpConfig& config) {
+  PLAIT_ASSIGN_OR_RETURN(const PreparationRules* rules, BuiltinRules());
+  const std::vector<std::string>& names = mesh_.layout().dim_names();
+  google::protobuf::RepeatedPtrField<PrepareStep> steps = steps_;
+  *steps.Add() = step;
+  // The steps applied so far passed: every violation is this step's.
+  PLAIT_RETURN_IF_ERROR(base::ViolationsToStatus(CheckSteps(
+      *rules, steps, field_, std::set<std::string>(names.begin(), names.end()), "the mesh")));
   PLAIT_ASSIGN_OR_RETURN(parallel::Communicator * communicator,
-                         Dimension("ddp", config.mesh_dim()));
-  PLAIT_ASSIGN_OR_RETURN(ddp_, ddp::Ddp::Create(model_, *communicator, config));
-  ddp_dim_ = config.mesh_dim();
+                         mesh_.communicator(strategy->mesh_dim()));
+  PLAIT_RETURN_IF_ERROR(base::Annotate(strategy->Apply(model_, *communicator), step_field));
+  steps_ = std::move(steps);
+  strategies_.push_back(std::move(strategy));
   return absl::OkStatus();
 }
 
-absl::Status Preparation::ApplyFsdp(const FsdpConfig& config) {
-  PLAIT_ASSIGN_OR_RETURN(parallel::Communicator * communicator,
-                         Dimension("fsdp", config.mesh_dim()));
-  PLAIT_ASSIGN_OR_RETURN(fsdp_, fsdp::Fsdp::Create(model_, *communicator, config));
-  fsdp_dim_ = config.mesh_dim();
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<optim::TrainableParameter>> Preparation::TakeTrainableParameters() {
+absl::StatusOr<std::vector<parallel::TrainableParameter>> Preparation::TakeTrainableParameters() {
   if (parameters_taken_) {
     return absl::FailedPreconditionError(
         "the model's parameters were already taken: build one optimizer per model");
   }
   parameters_taken_ = true;
-  if (fsdp_ != nullptr) return fsdp_->TrainableParameters();
-  std::vector<optim::TrainableParameter> parameters;
+  std::vector<parallel::TrainableParameter> parameters;
   for (const Wrappable::NamedParameter& named : model_.NamedParameters()) {
     parameters.push_back({named.name, named.parameter, {}});
   }
+  for (const auto& strategy : strategies_) strategy->UpdateTrainableParameters(parameters);
   return parameters;
 }
 
+std::vector<std::string> Preparation::DataParallelDims() const {
+  std::set<std::string> splitting;
+  for (const auto& strategy : strategies_) {
+    if (strategy->splits_batch()) splitting.insert(strategy->mesh_dim());
+  }
+  std::vector<std::string> dims;
+  for (const std::string& name : mesh_.layout().dim_names()) {
+    if (splitting.count(name) > 0) dims.push_back(name);
+  }
+  return dims;
+}
+
+Preparation::NoSyncScope::NoSyncScope(const std::vector<std::unique_ptr<Strategy>>& strategies,
+                                      bool skip_sync)
+    : strategies_(strategies), skip_sync_(skip_sync) {
+  if (!skip_sync_) return;
+  for (const auto& strategy : strategies_) strategy->SetGradientSync(false);
+}
+
+Preparation::NoSyncScope::~NoSyncScope() {
+  if (!skip_sync_) return;
+  for (const auto& strategy : strategies_) strategy->SetGradientSync(true);
+}
+
 absl::Status Preparation::BackwardStatus() const {
-  if (fsdp_ != nullptr) PLAIT_RETURN_IF_ERROR(fsdp_->last_status());
-  if (ddp_ != nullptr) PLAIT_RETURN_IF_ERROR(ddp_->last_sync_status());
+  for (const auto& strategy : strategies_) PLAIT_RETURN_IF_ERROR(strategy->BackwardStatus());
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> Preparation::FullParameters() {
+  std::map<std::string, torch::Tensor> parameters;
+  for (const Wrappable::NamedParameter& named : model_.NamedParameters()) {
+    parameters[named.name] = named.parameter;
+  }
+  // The last strategy splits what the earlier ones left: gathered in reverse.
+  for (auto it = strategies_.rbegin(); it != strategies_.rend(); ++it) {
+    PLAIT_RETURN_IF_ERROR((*it)->GatherFullParameters(parameters));
+  }
+  for (auto& [name, tensor] : parameters) tensor = tensor.detach().clone();
+  return parameters;
+}
+
+int64_t Preparation::gathered_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& strategy : strategies_) bytes += strategy->gathered_bytes();
+  return bytes;
+}
+
+int64_t Preparation::peak_gathered_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& strategy : strategies_) bytes += strategy->peak_gathered_bytes();
+  return bytes;
+}
+
+void Preparation::ResetPeak() {
+  for (const auto& strategy : strategies_) strategy->ResetPeak();
 }
 
 }  // namespace plait::wrap

@@ -1,30 +1,38 @@
-// The preparation of one model for parallel training: the wrappers applied to it, each on
-// one dimension of the device mesh, and then the parameters the optimizer must own. The
-// optimizer can only be built from TakeTrainableParameters(), after the last wrapper:
+// The preparation of one model for parallel training: the plan's steps (wrap.proto's
+// PrepareStep: FSDP, DDP, ...) applied in order, each a Strategy (strategy.h) on one
+// dimension of the device mesh, and then the parameters the optimizer must own. The optimizer
+// can only be built from TakeTrainableParameters(), after the last step:
 //
-//   PLAIT_ASSIGN_OR_RETURN(auto preparation, Preparation::Begin(*model, mesh));
-//   PLAIT_RETURN_IF_ERROR(preparation->ApplyFsdp(fsdp_config));   // or ApplyDdp
+//   PLAIT_ASSIGN_OR_RETURN(auto preparation, Preparation::Begin(*model, mesh, "plan.prepare"));
+//   for (const PrepareStep& step : plan.prepare()) {
+//     PLAIT_RETURN_IF_ERROR(preparation->Apply(step));
+//   }
 //   PLAIT_ASSIGN_OR_RETURN(auto parameters, preparation->TakeTrainableParameters());
 //   PLAIT_ASSIGN_OR_RETURN(auto optimizer, optim::Optimizer::Create(parameters, config));
 //   ... loss.backward(); PLAIT_RETURN_IF_ERROR(preparation->BackwardStatus()); ...
 //
-// Guard rails, each an error naming what was wrong: a second Preparation of a model that has
-// one; the same wrapper twice; DDP and FSDP on one mesh dimension; any wrapper after the
-// parameters were taken; a mesh dimension the mesh does not have. The Preparation must live
-// as long as the model trains: the wrappers' hooks belong to it.
+// Every step is checked against the preparation rules (rules.textproto, the same ones the
+// plan validator reads) before it is applied, so a wrong order, a step applied twice, two
+// strategies sharing a mesh dimension or a dimension the mesh lacks is an error naming the
+// step and the rule. Further guard rails: a second Preparation of a model that has one, and
+// any step after the parameters were taken. The Preparation must live as long as the model
+// trains: the strategies' hooks belong to it.
 #ifndef PLAIT_WRAP_PREPARATION_H_
 #define PLAIT_WRAP_PREPARATION_H_
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "optim/trainable_parameter.h"
+#include "google/protobuf/repeated_ptr_field.h"
 #include "parallel/device_mesh.h"
-#include "wrap/ddp/ddp.h"
-#include "wrap/fsdp/fsdp.h"
+#include "parallel/trainable_parameter.h"
+#include "torch/torch.h"
+#include "wrap/strategies.h"
 #include "wrap/wrap.pb.h"
 #include "wrap/wrappable.h"
 
@@ -32,59 +40,70 @@ namespace plait::wrap {
 
 class Preparation {
  public:
+  // Starts preparing `model` on `mesh` (both must outlive the result). Errors of Apply name
+  // steps from `field` ("plan.prepare" gives "plan.prepare[1].fsdp.mesh_dim: ...").
   static absl::StatusOr<std::unique_ptr<Preparation>> Begin(Wrappable& model,
-                                                            const parallel::DeviceMesh& mesh);
+                                                            const parallel::DeviceMesh& mesh,
+                                                            std::string field = "prepare");
   ~Preparation();
   Preparation(const Preparation&) = delete;
   Preparation& operator=(const Preparation&) = delete;
 
-  absl::Status ApplyDdp(const DdpConfig& config);
-  absl::Status ApplyFsdp(const FsdpConfig& config);
+  // Applies the next step, after checking the steps so far, this one included, against the
+  // preparation rules.
+  absl::Status Apply(const PrepareStep& step);
 
   // Ends the preparation: the parameters the optimizer must own (FSDP's shards, or the
   // model's whole parameters), with the groups they are sharded over.
-  absl::StatusOr<std::vector<optim::TrainableParameter>> TakeTrainableParameters();
+  absl::StatusOr<std::vector<parallel::TrainableParameter>> TakeTrainableParameters();
 
-  // While the returned object lives, backward passes accumulate gradients without
-  // communicating (DDP); the backward after it synchronises the accumulated gradients.
-  // FSDP reduces every micro-step into its sharded gradients, so it needs no such scope.
+  // The mesh dimensions whose ranks train on different data: those of the steps that split
+  // the batch (FSDP, DDP), in mesh order.
+  std::vector<std::string> DataParallelDims() const;
+
+  // While the returned object lives (if `skip_sync`; else it does nothing), backward passes
+  // accumulate gradients without synchronising (DDP's no-sync); the backward after it
+  // synchronises what was accumulated. Strategies that reduce every micro-batch (FSDP) need no
+  // such scope. Gradient accumulation skips the sync for all micro-batches but the last:
+  //
+  //   const auto no_sync = preparation->NoSyncIf(micro + 1 < accumulation);
   class NoSyncScope {
    public:
-    explicit NoSyncScope(ddp::Ddp* ddp) : ddp_(ddp) {
-      if (ddp_ != nullptr) ddp_->set_sync(false);
-    }
-    ~NoSyncScope() {
-      if (ddp_ != nullptr) ddp_->set_sync(true);
-    }
+    NoSyncScope(const std::vector<std::unique_ptr<Strategy>>& strategies, bool skip_sync);
+    ~NoSyncScope();
     NoSyncScope(const NoSyncScope&) = delete;
     NoSyncScope& operator=(const NoSyncScope&) = delete;
 
    private:
-    ddp::Ddp* ddp_;
+    const std::vector<std::unique_ptr<Strategy>>& strategies_;
+    const bool skip_sync_;
   };
-  NoSyncScope NoSync() { return NoSyncScope(ddp_.get()); }
+  NoSyncScope NoSyncIf(bool skip_sync) const { return NoSyncScope(strategies_, skip_sync); }
 
-  // The first communication error of the wrappers' hooks, which cannot return one (a failed
-  // collective, a backward that never finished); it stays, since the ranks are out of step
-  // after it. Check after backward, before the optimizer step.
+  // The first communication error of the strategies' hooks, which cannot return one (a
+  // failed collective, a backward that never finished); it stays, since the ranks are out of
+  // step after it. Check after backward, before the optimizer step.
   absl::Status BackwardStatus() const;
 
-  ddp::Ddp* ddp() { return ddp_.get(); }
-  fsdp::Fsdp* fsdp() { return fsdp_.get(); }
+  // The whole parameters by name, on every rank: the strategies that split them gather them
+  // (every rank of the mesh must call it). Fresh tensors, in the parameters' dtype (fp32 for
+  // FSDP's shards).
+  absl::StatusOr<std::map<std::string, torch::Tensor>> FullParameters();
+
+  // Bytes of whole parameters the strategies hold beyond their shares now, and the most at
+  // once since ResetPeak (FSDP's gathered units).
+  int64_t gathered_bytes() const;
+  int64_t peak_gathered_bytes() const;
+  void ResetPeak();
 
  private:
-  Preparation(Wrappable& model, const parallel::DeviceMesh& mesh);
-
-  // The communicator of `field`'s mesh dimension, after the checks every wrapper shares.
-  absl::StatusOr<parallel::Communicator*> Dimension(const std::string& strategy,
-                                                    const std::string& mesh_dim);
+  Preparation(Wrappable& model, const parallel::DeviceMesh& mesh, std::string field);
 
   Wrappable& model_;
   const parallel::DeviceMesh& mesh_;
-  std::unique_ptr<ddp::Ddp> ddp_;
-  std::string ddp_dim_;
-  std::unique_ptr<fsdp::Fsdp> fsdp_;
-  std::string fsdp_dim_;
+  const std::string field_;
+  google::protobuf::RepeatedPtrField<PrepareStep> steps_;  // applied so far
+  std::vector<std::unique_ptr<Strategy>> strategies_;      // one per step
   bool parameters_taken_ = false;
 };
 

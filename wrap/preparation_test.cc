@@ -16,6 +16,7 @@
 #include "parallel/gloo_communicator.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
+#include "wrap/fsdp/fsdp.h"
 
 namespace plait::wrap {
 namespace {
@@ -46,15 +47,16 @@ class PreparationTest : public ::testing::Test {
                  .value();
   }
 
-  static DdpConfig Ddp(const std::string& dim) {
-    DdpConfig config;
-    config.set_mesh_dim(dim);
-    return config;
+  static PrepareStep Ddp(const std::string& dim) {
+    PrepareStep step;
+    step.mutable_ddp()->set_mesh_dim(dim);
+    return step;
   }
-  static FsdpConfig Fsdp(const std::string& dim) {
-    FsdpConfig config;
-    config.set_mesh_dim(dim);
-    return config;
+  static PrepareStep Fsdp(const std::string& dim, bool reshard_after_forward = true) {
+    PrepareStep step;
+    step.mutable_fsdp()->set_mesh_dim(dim);
+    step.mutable_fsdp()->set_reshard_after_forward(reshard_after_forward);
+    return step;
   }
 
   c10::intrusive_ptr<c10d::Store> store_ = c10::make_intrusive<c10d::HashStore>();
@@ -62,36 +64,40 @@ class PreparationTest : public ::testing::Test {
   std::shared_ptr<models::CausalLM> model_;
 };
 
+// The preparation reads the same rules as the plan validator (rules.textproto).
 TEST_F(PreparationTest, EachWrapperAppliesOnce) {
-  auto preparation = Preparation::Begin(*model_, *mesh_);
+  auto preparation = Preparation::Begin(*model_, *mesh_, "plan.prepare");
   ASSERT_THAT(preparation, IsOk());
-  ASSERT_THAT((*preparation)->ApplyFsdp(Fsdp("shard")), IsOk());
-  EXPECT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       "fsdp is already applied to this model (over mesh dimension \"shard\"); "
-                       "a wrapper applies once"));
+  ASSERT_THAT((*preparation)->Apply(Fsdp("shard")), IsOk());
+  EXPECT_THAT((*preparation)->Apply(Fsdp("dp")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "plan.prepare[1].fsdp: fsdp is applied 2 times; at most 1 per model (rule "
+                       "fsdp_at_most_once)"));
 }
 
 TEST_F(PreparationTest, DdpAndFsdpNeedDimensionsOfTheirOwn) {
   auto preparation = Preparation::Begin(*model_, *mesh_);
   ASSERT_THAT(preparation, IsOk());
-  ASSERT_THAT((*preparation)->ApplyDdp(Ddp("dp")), IsOk());
-  EXPECT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")),
+  ASSERT_THAT((*preparation)->Apply(Ddp("dp")), IsOk());
+  EXPECT_THAT((*preparation)->Apply(Fsdp("dp")),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "fsdp.mesh_dim: \"dp\" is already used by ddp; DDP and FSDP need mesh "
-                       "dimensions of their own"));
-  EXPECT_THAT((*preparation)->ApplyFsdp(Fsdp("shard")),
-              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("hybrid sharding")));
+                       HasSubstr("prepare[1].fsdp.mesh_dim: \"dp\" is already used by ddp "
+                                 "(prepare[0]); fsdp needs its own dimension")));
+  EXPECT_THAT((*preparation)->Apply(Fsdp("shard")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("(rule hybrid_sharding_unsupported)")));
+  // The failed steps left the preparation as it was: DDP alone.
+  EXPECT_EQ((*preparation)->DataParallelDims(), std::vector<std::string>{"dp"});
 }
 
 TEST_F(PreparationTest, NoWrapperAfterTheParametersWereTaken) {
   auto preparation = Preparation::Begin(*model_, *mesh_);
   ASSERT_THAT(preparation, IsOk());
   ASSERT_THAT((*preparation)->TakeTrainableParameters(), IsOk());
-  EXPECT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")),
+  EXPECT_THAT((*preparation)->Apply(Fsdp("dp")),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("fsdp: the model's parameters were already handed to an "
-                                 "optimizer; apply every wrapper before "
+                       HasSubstr("prepare[0].fsdp: the model's parameters were already handed to "
+                                 "an optimizer; apply every step before "
                                  "TakeTrainableParameters()")));
   EXPECT_THAT((*preparation)->TakeTrainableParameters(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already taken")));
@@ -100,10 +106,13 @@ TEST_F(PreparationTest, NoWrapperAfterTheParametersWereTaken) {
 TEST_F(PreparationTest, UnknownMeshDimension) {
   auto preparation = Preparation::Begin(*model_, *mesh_);
   ASSERT_THAT(preparation, IsOk());
-  EXPECT_THAT((*preparation)->ApplyDdp(Ddp("tp")),
+  EXPECT_THAT((*preparation)->Apply(Ddp("tp")),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "ddp.mesh_dim: the mesh has no dimension \"tp\"; its dimensions are dp, "
-                       "shard"));
+                       "prepare[0].ddp.mesh_dim: \"tp\" is not a dimension of the mesh (dp, "
+                       "shard)"));
+  EXPECT_THAT((*preparation)->Apply(PrepareStep()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "prepare[0]: names no strategy; set one of fsdp, ddp"));
 }
 
 TEST_F(PreparationTest, OnePreparationPerModel) {
@@ -117,13 +126,13 @@ TEST_F(PreparationTest, OnePreparationPerModel) {
 
 // The motivating bug: an optimizer over the full (pre-wrap) parameters of an FSDP model.
 TEST_F(PreparationTest, OptimizerOverTheOriginalParametersOfAnFsdpModelIsRefused) {
-  std::vector<optim::TrainableParameter> originals;
+  std::vector<parallel::TrainableParameter> originals;
   for (const auto& named : model_->NamedParameters()) {
     originals.push_back({named.name, named.parameter, {}});
   }
   auto preparation = Preparation::Begin(*model_, *mesh_);
   ASSERT_THAT(preparation, IsOk());
-  ASSERT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")), IsOk());
+  ASSERT_THAT((*preparation)->Apply(Fsdp("dp")), IsOk());
   optim::OptimizerConfig config;
   config.mutable_adamw();
   EXPECT_THAT(optim::Optimizer::Create(originals, config),
@@ -136,6 +145,26 @@ TEST_F(PreparationTest, OptimizerOverTheOriginalParametersOfAnFsdpModelIsRefused
   EXPECT_THAT(optim::Optimizer::Create(*shards, config), IsOk());
 }
 
+// The whole parameters of a prepared model, with and without a strategy that shards them.
+TEST_F(PreparationTest, FullParametersAreTheModelsWholeParameters) {
+  std::map<std::string, torch::Tensor> initial;
+  for (const auto& named : model_->NamedParameters()) {
+    initial[named.name] = named.parameter.detach().clone();
+  }
+  for (const bool sharded : {false, true}) {
+    auto preparation = Preparation::Begin(*model_, *mesh_);
+    ASSERT_THAT(preparation, IsOk());
+    ASSERT_THAT((*preparation)->Apply(sharded ? Fsdp("dp") : Ddp("dp")), IsOk());
+    EXPECT_EQ((*preparation)->gathered_bytes(), 0);
+    auto full = (*preparation)->FullParameters();
+    ASSERT_THAT(full, IsOk());
+    ASSERT_EQ(full->size(), initial.size());
+    for (const auto& [name, tensor] : initial) {
+      EXPECT_TRUE(torch::equal(full->at(name), tensor)) << name;
+    }
+  }
+}
+
 // FSDP's full state dict round trip, and the memory it keeps between steps: only the
 // shards, every full parameter freed.
 TEST_F(PreparationTest, FsdpFullStateDictAndFreedParameters) {
@@ -143,10 +172,11 @@ TEST_F(PreparationTest, FsdpFullStateDictAndFreedParameters) {
   for (const auto& named : model_->NamedParameters()) {
     initial[named.name] = named.parameter.detach().clone();
   }
-  auto preparation = Preparation::Begin(*model_, *mesh_);
-  ASSERT_THAT(preparation, IsOk());
-  ASSERT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")), IsOk());
-  fsdp::Fsdp& fsdp = *(*preparation)->fsdp();
+  FsdpConfig config;
+  config.set_mesh_dim("dp");
+  auto created = fsdp::Fsdp::Create(*model_, **mesh_->communicator("dp"), config);
+  ASSERT_THAT(created, IsOk());
+  fsdp::Fsdp& fsdp = **created;
   EXPECT_EQ(fsdp.unsharded_bytes(), 0);
   auto full = fsdp.FullStateDict();
   ASSERT_THAT(full, IsOk());
@@ -168,7 +198,7 @@ TEST_F(PreparationTest, FsdpFullStateDictAndFreedParameters) {
   // A training step gathers and frees: afterwards nothing full is alive.
   const torch::Tensor tokens = torch::randint(100, {2, 8});
   model_->Loss(tokens, tokens).backward();
-  ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+  ASSERT_THAT(fsdp.last_status(), IsOk());
   EXPECT_EQ(fsdp.unsharded_bytes(), 0);
 }
 
@@ -206,22 +236,19 @@ TEST_F(PreparationTest, FsdpGathersAtMostTheTwoLargestUnits) {
       ASSERT_GT(bytes.root, bytes.block);
       auto preparation = Preparation::Begin(*model, *mesh_);
       ASSERT_THAT(preparation, IsOk());
-      FsdpConfig fsdp_config = Fsdp("dp");
-      fsdp_config.set_reshard_after_forward(reshard);
-      ASSERT_THAT((*preparation)->ApplyFsdp(fsdp_config), IsOk());
-      fsdp::Fsdp& fsdp = *(*preparation)->fsdp();
+      ASSERT_THAT((*preparation)->Apply(Fsdp("dp", reshard)), IsOk());
       const torch::Tensor tokens = torch::randint(100, {2, 8});
       for (int step = 0; step < 3; ++step) {
         model->Loss(tokens, tokens).backward();
         ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
-        EXPECT_EQ(fsdp.unsharded_bytes(), 0);
+        EXPECT_EQ((*preparation)->gathered_bytes(), 0);
       }
       if (reshard) {
-        EXPECT_EQ(fsdp.peak_unsharded_bytes(), bytes.root + bytes.block);
+        EXPECT_EQ((*preparation)->peak_gathered_bytes(), bytes.root + bytes.block);
       } else {
         int64_t all = 0;
         for (const auto& named : model->NamedParameters()) all += named.parameter.nbytes();
-        EXPECT_EQ(fsdp.peak_unsharded_bytes(), all);
+        EXPECT_EQ((*preparation)->peak_gathered_bytes(), all);
       }
     }
   }
@@ -235,7 +262,7 @@ TEST_F(PreparationTest, FsdpLeavesFrozenParametersOutOfTraining) {
   }
   auto preparation = Preparation::Begin(*model_, *mesh_);
   ASSERT_THAT(preparation, IsOk());
-  ASSERT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")), IsOk());
+  ASSERT_THAT((*preparation)->Apply(Fsdp("dp")), IsOk());
   auto parameters = (*preparation)->TakeTrainableParameters();
   ASSERT_THAT(parameters, IsOk());
   EXPECT_EQ(parameters->size(), model_->NamedParameters().size() - 1);
@@ -257,12 +284,12 @@ TEST_F(PreparationTest, FsdpRunsAFrozenModel) {
   for (const auto& named : model_->NamedParameters()) named.parameter.requires_grad_(false);
   auto preparation = Preparation::Begin(*model_, *mesh_);
   ASSERT_THAT(preparation, IsOk());
-  ASSERT_THAT((*preparation)->ApplyFsdp(Fsdp("dp")), IsOk());
+  ASSERT_THAT((*preparation)->Apply(Fsdp("dp")), IsOk());
   auto parameters = (*preparation)->TakeTrainableParameters();
   ASSERT_THAT(parameters, IsOk());
   EXPECT_TRUE(parameters->empty());
   EXPECT_TRUE(torch::allclose(model_->SequenceLogProbs(tokens, tokens), expected));
-  EXPECT_EQ((*preparation)->fsdp()->unsharded_bytes(), 0);
+  EXPECT_EQ((*preparation)->gathered_bytes(), 0);
 }
 
 }  // namespace

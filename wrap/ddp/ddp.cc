@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status.h"
 
 namespace plait::wrap::ddp {
@@ -13,6 +14,10 @@ namespace {
 constexpr double kDefaultBucketCapMb = 25.0;
 constexpr double kDefaultFirstBucketCapMb = 1.0;
 constexpr double kBytesPerMb = 1024.0 * 1024.0;
+
+double BucketCapMb(const DdpConfig& config) {
+  return config.has_bucket_cap_mb() ? config.bucket_cap_mb() : kDefaultBucketCapMb;
+}
 
 }  // namespace
 
@@ -28,7 +33,7 @@ struct Ddp::Bucket {
 absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
                                                  parallel::Communicator& communicator,
                                                  const DdpConfig& config) {
-  const double cap_mb = config.has_bucket_cap_mb() ? config.bucket_cap_mb() : kDefaultBucketCapMb;
+  const double cap_mb = BucketCapMb(config);
   const double first_cap_mb =
       config.has_first_bucket_cap_mb() ? config.first_bucket_cap_mb() : kDefaultFirstBucketCapMb;
   for (auto [field, value] :
@@ -189,6 +194,23 @@ void Ddp::FinishBackward() {
           bucket.buffer.narrow(0, bucket.offsets[i], parameter.numel()).view(parameter.sizes());
     }
   }
+}
+
+StepEstimate DdpStrategy::Estimate(const ModelShape& shape, int dim_size) const {
+  StepEstimate estimate;
+  estimate.description = absl::StrFormat(
+      "ddp over %s (%d ranks): parameters stay whole on every rank (broadcast from rank 0); "
+      "gradients averaged in buckets of %.0f MiB during backward",
+      config_.mesh_dim(), dim_size, BucketCapMb(config_));
+  // One ring all-reduce of every gradient per optimizer step (no-sync micro-batches send none).
+  estimate.bytes_sent_per_step =
+      2.0 * (dim_size - 1) / dim_size * shape.parameters * shape.parameter_bytes;
+  return estimate;
+}
+
+absl::Status DdpStrategy::Apply(Wrappable& model, parallel::Communicator& communicator) {
+  PLAIT_ASSIGN_OR_RETURN(ddp_, Ddp::Create(model, communicator, config_));
+  return absl::OkStatus();
 }
 
 }  // namespace plait::wrap::ddp

@@ -5,9 +5,9 @@
 // accumulated, in bucket order on every rank, and all are waited for when backward ends.
 // A parameter that no rank produced a gradient for gets none, so the optimizer skips it as
 // it would in one process. Parameters are broadcast from the group's rank 0 when wrapping.
-// Applied through
-// wrap::Preparation (preparation.h); a NoSyncScope skips synchronisation for the micro-steps
-// of gradient accumulation.
+// DdpStrategy is
+// its preparation strategy (strategy.h), applied through wrap::Preparation (preparation.h);
+// SetGradientSync(false) skips synchronisation for the micro-steps of gradient accumulation.
 #ifndef PLAIT_WRAP_DDP_DDP_H_
 #define PLAIT_WRAP_DDP_DDP_H_
 
@@ -20,6 +20,7 @@
 #include "parallel/communicator.h"
 #include "torch/torch.h"
 #include "wrap/internal/torch_internals.h"
+#include "wrap/strategy.h"
 #include "wrap/wrap.pb.h"
 #include "wrap/wrappable.h"
 
@@ -68,6 +69,24 @@ class Ddp {
   // that bucket runs anyway sums them over the ranks, with no collective of its own.
   torch::Tensor used_;
   absl::Status last_sync_status_;
+};
+
+// DDP as a preparation strategy: "ddp" in plans and rules.
+class DdpStrategy final : public Strategy {
+ public:
+  explicit DdpStrategy(DdpConfig config) : config_(std::move(config)) {}
+
+  absl::string_view name() const override { return "ddp"; }
+  const std::string& mesh_dim() const override { return config_.mesh_dim(); }
+  bool splits_batch() const override { return true; }
+  StepEstimate Estimate(const ModelShape& shape, int dim_size) const override;
+  absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) override;
+  void SetGradientSync(bool sync) override { ddp_->set_sync(sync); }
+  absl::Status BackwardStatus() const override { return ddp_->last_sync_status(); }
+
+ private:
+  DdpConfig config_;
+  std::unique_ptr<Ddp> ddp_;
 };
 
 }  // namespace plait::wrap::ddp

@@ -4,7 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/dtype.h"
+#include "base/human.h"
 #include "base/math.h"
 #include "base/status.h"
 
@@ -25,6 +27,40 @@ RankRows RowsOfRank(int64_t full_rows, int64_t rows_per_rank, int rank) {
 // Dim 0 of a parameter (a scalar counts as one row).
 int64_t FullRows(const torch::Tensor& parameter) {
   return parameter.dim() == 0 ? 1 : parameter.size(0);
+}
+
+// Copies `rank`'s rows of `full` into `shard` ([rows_per_rank, ...]); padding rows are left
+// as they are.
+void CopyRowsOfRank(const torch::Tensor& full, const torch::Tensor& shard, int64_t rows_per_rank,
+                    int rank) {
+  const int64_t full_rows = FullRows(full);
+  const RankRows mine = RowsOfRank(full_rows, rows_per_rank, rank);
+  shard.view({rows_per_rank, -1})
+      .narrow(0, 0, mine.count)
+      .copy_(full.reshape({full_rows, -1}).narrow(0, mine.first, mine.count));
+}
+
+// Copies between a parameter's full rows (`full`, contiguous) and its rows in every rank's
+// chunk of `by_rank` ([n, chunk], the parameter's rows of rank r at `offset` of chunk r,
+// `rows_per_rank` to a rank): into `full` (a gather) or out of it (a reduce-scatter's input).
+enum class Direction { kIntoFull, kOutOfFull };
+void CopyBetweenFullAndRanks(const torch::Tensor& full, const torch::Tensor& by_rank,
+                             int64_t offset, int64_t rows_per_rank, Direction direction) {
+  const int64_t full_rows = FullRows(full);
+  const torch::Tensor rows_view = full.view({full_rows, -1});
+  const int64_t row_numel = rows_view.size(1);
+  for (int r = 0; r < by_rank.size(0); ++r) {
+    const RankRows part = RowsOfRank(full_rows, rows_per_rank, r);
+    if (part.count == 0) break;
+    const torch::Tensor full_part = rows_view.narrow(0, part.first, part.count);
+    const torch::Tensor rank_part =
+        by_rank[r].narrow(0, offset, part.count * row_numel).view({part.count, row_numel});
+    if (direction == Direction::kIntoFull) {
+      full_part.copy_(rank_part);
+    } else {
+      rank_part.copy_(full_part);
+    }
+  }
 }
 
 }  // namespace
@@ -54,6 +90,16 @@ struct Fsdp::Unit {
   torch::Tensor reduce_output;
   std::shared_ptr<parallel::Work> reduce;
 
+  // This rank's shards one after the other, in `dtype`: its chunk of a gather.
+  torch::Tensor PackShards(torch::ScalarType dtype) const {
+    torch::Tensor flat =
+        torch::empty({shard_numel}, shards[0].options().dtype(dtype).requires_grad(false));
+    for (size_t i = 0; i < shards.size(); ++i) {
+      flat.narrow(0, offsets[i], shards[i].numel()).copy_(shards[i].reshape({-1}));
+    }
+    return flat;
+  }
+
   int64_t ParameterBytes() const {
     int64_t bytes = 0;
     for (const torch::Tensor& parameter : parameters) bytes += parameter.nbytes();
@@ -79,12 +125,9 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
       if (shard_shape.empty()) shard_shape.push_back(1);
       shard_shape[0] = rows;
       torch::Tensor shard = torch::zeros(shard_shape, full.options().dtype(torch::kFloat32));
-      const RankRows mine = RowsOfRank(full_rows, rows, rank);
       {
         torch::NoGradGuard no_grad;
-        shard.view({rows, -1})
-            .narrow(0, 0, mine.count)
-            .copy_(full.reshape({full_rows, -1}).narrow(0, mine.first, mine.count));
+        CopyRowsOfRank(full, shard, rows, rank);
       }
       // A frozen parameter (a reference model's) stays frozen: no gradient, no optimizer.
       shard.requires_grad_(full.requires_grad());
@@ -155,8 +198,8 @@ Fsdp::Fsdp(Wrappable& model, parallel::Communicator& communicator, const FsdpCon
 
 Fsdp::~Fsdp() { model_.SetUnitHooks({}); }
 
-std::vector<optim::TrainableParameter> Fsdp::TrainableParameters() {
-  std::vector<optim::TrainableParameter> parameters;
+std::vector<parallel::TrainableParameter> Fsdp::TrainableParameters() {
+  std::vector<parallel::TrainableParameter> parameters;
   for (const Unit& unit : units_) {
     for (size_t i = 0; i < unit.shards.size(); ++i) {
       if (!unit.shards[i].requires_grad()) continue;  // frozen
@@ -177,12 +220,7 @@ void Fsdp::Fail(const absl::Status& status) {
 void Fsdp::StartGather(Unit& unit) {
   if (unit.state != Unit::State::kSharded) return;
   torch::NoGradGuard no_grad;
-  unit.gather_input =
-      torch::empty({unit.shard_numel}, unit.shards[0].options().dtype(param_dtype_));
-  for (size_t i = 0; i < unit.shards.size(); ++i) {
-    unit.gather_input.narrow(0, unit.offsets[i], unit.shards[i].numel())
-        .copy_(unit.shards[i].reshape({-1}));
-  }
+  unit.gather_input = unit.PackShards(param_dtype_);
   unit.gather_output =
       torch::empty({unit.shard_numel * communicator_.size()}, unit.gather_input.options());
   unit.gather = communicator_.AllGather(unit.gather_input, unit.gather_output);
@@ -201,19 +239,8 @@ void Fsdp::Unshard(Unit& unit) {
   const int n = communicator_.size();
   const torch::Tensor by_rank = unit.gather_output.view({n, unit.shard_numel});
   for (size_t i = 0; i < unit.parameters.size(); ++i) {
-    const torch::Tensor& parameter = unit.parameters[i];
-    const torch::Tensor destination = internal::RestoreStorage(parameter);
-    const int64_t full_rows = FullRows(parameter);
-    const torch::Tensor rows_view = destination.view({full_rows, -1});
-    const int64_t row_numel = unit.shards[i].numel() / unit.rows[i];
-    for (int r = 0; r < n; ++r) {
-      const RankRows part = RowsOfRank(full_rows, unit.rows[i], r);
-      if (part.count == 0) break;
-      rows_view.narrow(0, part.first, part.count)
-          .copy_(by_rank[r]
-                     .narrow(0, unit.offsets[i], part.count * row_numel)
-                     .view({part.count, row_numel}));
-    }
+    CopyBetweenFullAndRanks(internal::RestoreStorage(unit.parameters[i]), by_rank, unit.offsets[i],
+                            unit.rows[i], Direction::kIntoFull);
   }
   unit.gather_input = torch::Tensor();
   unit.gather_output = torch::Tensor();
@@ -321,16 +348,8 @@ void Fsdp::StartReduceScatter(Unit& unit) {
     const torch::Tensor grad = parameter.grad();
     if (!grad.defined()) continue;
     input.select(1, unit.shard_numel + static_cast<int64_t>(i)).fill_(1);
-    const int64_t full_rows = FullRows(parameter);
-    const torch::Tensor rows_view = grad.reshape({full_rows, -1});
-    const int64_t row_numel = unit.shards[i].numel() / unit.rows[i];
-    for (int r = 0; r < n; ++r) {
-      const RankRows part = RowsOfRank(full_rows, unit.rows[i], r);
-      if (part.count == 0) break;
-      input[r]
-          .narrow(0, unit.offsets[i], part.count * row_numel)
-          .copy_(rows_view.narrow(0, part.first, part.count).reshape({-1}));
-    }
+    CopyBetweenFullAndRanks(grad.contiguous(), input, unit.offsets[i], unit.rows[i],
+                            Direction::kOutOfFull);
     parameter.mutable_grad().reset();  // the full gradient is not needed any more
   }
   unit.reduce_output = torch::empty({unit.shard_numel + flags}, input.options());
@@ -385,21 +404,14 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> Fsdp::FullStateDict() {
   const int n = communicator_.size();
   torch::NoGradGuard no_grad;
   for (Unit& unit : units_) {
-    const auto options = unit.shards[0].options().dtype(torch::kFloat32).requires_grad(false);
-    torch::Tensor input = torch::empty({unit.shard_numel}, options);
-    for (size_t i = 0; i < unit.shards.size(); ++i) {
-      input.narrow(0, unit.offsets[i], unit.shards[i].numel()).copy_(unit.shards[i].reshape({-1}));
-    }
-    torch::Tensor output = torch::empty({unit.shard_numel * n}, options);
+    const torch::Tensor input = unit.PackShards(torch::kFloat32);
+    torch::Tensor output = torch::empty({unit.shard_numel * n}, input.options());
     PLAIT_RETURN_IF_ERROR(communicator_.AllGather(input, output)->Wait());
     const torch::Tensor by_rank = output.view({n, unit.shard_numel});
     for (size_t i = 0; i < unit.parameters.size(); ++i) {
-      const torch::Tensor& parameter = unit.parameters[i];
-      const int64_t row_numel = unit.shards[i].numel() / unit.rows[i];
-      torch::Tensor rows = by_rank.narrow(1, unit.offsets[i], unit.shards[i].numel())
-                               .reshape({n * unit.rows[i], row_numel});
-      const int64_t full_rows = FullRows(parameter);
-      state[unit.names[i]] = rows.narrow(0, 0, full_rows).reshape(parameter.sizes()).clone();
+      torch::Tensor full = torch::empty(unit.parameters[i].sizes(), input.options());
+      CopyBetweenFullAndRanks(full, by_rank, unit.offsets[i], unit.rows[i], Direction::kIntoFull);
+      state[unit.names[i]] = std::move(full);
     }
   }
   return state;
@@ -426,16 +438,68 @@ absl::Status Fsdp::LoadFullStateDict(const std::map<std::string, torch::Tensor>&
   for (Unit& unit : units_) {
     Reshard(unit);  // a gathered unit would keep computing with the old values
     for (size_t i = 0; i < unit.parameters.size(); ++i) {
-      const int64_t full_rows = FullRows(unit.parameters[i]);
-      const RankRows mine = RowsOfRank(full_rows, unit.rows[i], rank);
-      torch::Tensor& shard = unit.shards[i];
-      shard.zero_();
-      shard.view({unit.rows[i], -1})
-          .narrow(0, 0, mine.count)
-          .copy_(
-              state.at(unit.names[i]).reshape({full_rows, -1}).narrow(0, mine.first, mine.count));
+      unit.shards[i].zero_();
+      CopyRowsOfRank(state.at(unit.names[i]), unit.shards[i], unit.rows[i], rank);
     }
   }
+  return absl::OkStatus();
+}
+
+StepEstimate FsdpStrategy::Estimate(const ModelShape& shape, int dim_size) const {
+  const bool reshard = !config_.has_reshard_after_forward() || config_.reshard_after_forward();
+  const int64_t units = shape.num_blocks + 1;  // the blocks and the root
+  StepEstimate estimate;
+  estimate.description = absl::StrFormat(
+      "fsdp over %s (%d ranks): %d units (%d blocks and the root), each rank keeps 1/%d of %s "
+      "parameters and gathers one unit at a time (prefetching the next)%s",
+      config_.mesh_dim(), dim_size, units, units - 1, dim_size, base::HumanCount(shape.parameters),
+      reshard ? "" : ", keeping it until its backward");
+  estimate.parameter_fraction = 1.0 / dim_size;
+  const double gathered_bytes_per_element =
+      config_.param_dtype() == base::DTYPE_UNSPECIFIED
+          ? shape.parameter_bytes
+          : c10::elementSize(base::ToScalarType(config_.param_dtype(), torch::kFloat32));
+  // The two largest units (the one computing and the one prefetched); without resharding
+  // after forward, every unit by the end of the forward.
+  estimate.gathered_bytes =
+      (reshard ? shape.block_parameters + std::max(shape.root_parameters, shape.block_parameters)
+               : shape.parameters) *
+      gathered_bytes_per_element;
+  // Every micro-batch gathers each unit for its forward (and again for its backward when
+  // resharded after forward) and reduce-scatters its gradients.
+  const double ring = static_cast<double>(dim_size - 1) / dim_size;
+  const double reduce_bytes_per_element =
+      c10::elementSize(base::ToScalarType(config_.reduce_dtype(), torch::kFloat32));
+  estimate.bytes_sent_per_micro_batch =
+      ring * shape.parameters *
+      ((reshard ? 2 : 1) * gathered_bytes_per_element + reduce_bytes_per_element);
+  return estimate;
+}
+
+absl::Status FsdpStrategy::Apply(Wrappable& model, parallel::Communicator& communicator) {
+  PLAIT_ASSIGN_OR_RETURN(fsdp_, Fsdp::Create(model, communicator, config_));
+  return absl::OkStatus();
+}
+
+void FsdpStrategy::UpdateTrainableParameters(
+    std::vector<parallel::TrainableParameter>& parameters) {
+  // FSDP's shards in its unit order; each keeps the groups earlier strategies split it over.
+  std::map<std::string, std::vector<parallel::Communicator*>> earlier;
+  for (parallel::TrainableParameter& parameter : parameters) {
+    earlier[parameter.name] = std::move(parameter.sharded_over);
+  }
+  parameters = fsdp_->TrainableParameters();
+  for (parallel::TrainableParameter& parameter : parameters) {
+    std::vector<parallel::Communicator*> groups = earlier[parameter.name];
+    groups.insert(groups.end(), parameter.sharded_over.begin(), parameter.sharded_over.end());
+    parameter.sharded_over = std::move(groups);
+  }
+}
+
+absl::Status FsdpStrategy::GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) {
+  using FullStateDict = std::map<std::string, torch::Tensor>;
+  PLAIT_ASSIGN_OR_RETURN(FullStateDict full, fsdp_->FullStateDict());
+  for (auto& [name, tensor] : full) parameters[name] = std::move(tensor);
   return absl::OkStatus();
 }
 

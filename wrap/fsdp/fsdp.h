@@ -17,8 +17,8 @@
 // gradients and the optimizer state stay fp32. Frozen parameters (requires_grad false) are
 // sharded and gathered but get no gradient and are not trained; so does a parameter that no
 // rank used in the step's backward (a flag per parameter rides on each unit's
-// reduce-scatter), as in one process, where AdamW would otherwise decay it. Applied through
-// wrap::Preparation (preparation.h).
+// reduce-scatter), as in one process, where AdamW would otherwise decay it. FsdpStrategy is
+// its preparation strategy (strategy.h), applied through wrap::Preparation (preparation.h).
 #ifndef PLAIT_WRAP_FSDP_FSDP_H_
 #define PLAIT_WRAP_FSDP_FSDP_H_
 
@@ -29,10 +29,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "optim/trainable_parameter.h"
 #include "parallel/communicator.h"
+#include "parallel/trainable_parameter.h"
 #include "torch/torch.h"
 #include "wrap/internal/torch_internals.h"
+#include "wrap/strategy.h"
 #include "wrap/wrap.pb.h"
 #include "wrap/wrappable.h"
 
@@ -49,7 +50,7 @@ class Fsdp {
 
   // The shards the optimizer trains, named as the full parameters, sharded over the
   // communicator's group.
-  std::vector<optim::TrainableParameter> TrainableParameters();
+  std::vector<parallel::TrainableParameter> TrainableParameters();
 
   // The first communication error since wrapping (a hook cannot return one). It stays: after
   // a failed collective the group is unusable (see Communicator).
@@ -102,6 +103,28 @@ class Fsdp {
   absl::Status status_;
   int64_t unsharded_bytes_ = 0;
   int64_t peak_unsharded_bytes_ = 0;
+};
+
+// FSDP as a preparation strategy: "fsdp" in plans and rules.
+class FsdpStrategy final : public Strategy {
+ public:
+  explicit FsdpStrategy(FsdpConfig config) : config_(std::move(config)) {}
+
+  absl::string_view name() const override { return "fsdp"; }
+  const std::string& mesh_dim() const override { return config_.mesh_dim(); }
+  bool splits_batch() const override { return true; }
+  StepEstimate Estimate(const ModelShape& shape, int dim_size) const override;
+  absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) override;
+  void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) override;
+  absl::Status BackwardStatus() const override { return fsdp_->last_status(); }
+  absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override;
+  int64_t gathered_bytes() const override { return fsdp_->unsharded_bytes(); }
+  int64_t peak_gathered_bytes() const override { return fsdp_->peak_unsharded_bytes(); }
+  void ResetPeak() override { fsdp_->ResetPeak(); }
+
+ private:
+  FsdpConfig config_;
+  std::unique_ptr<Fsdp> fsdp_;
 };
 
 }  // namespace plait::wrap::fsdp

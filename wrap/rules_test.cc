@@ -1,11 +1,11 @@
-#include "trainer/rules.h"
+#include "wrap/rules.h"
 
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainer/plan.pb.h"
+#include "wrap/wrap.pb.h"
 
-namespace plait::trainer {
+namespace plait::wrap {
 namespace {
 
 using ::plait::base::testing::IsOk;
@@ -49,4 +49,4 @@ TEST(ParseRulesTest, RejectsInconsistentRules) {
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::wrap

@@ -1,0 +1,30 @@
+// Numbers as a person reads them in explanations and logs: counts with a K/M/B suffix and
+// byte sizes in MiB or GiB.
+//
+//   HumanCount(1.2e6) == "1.2M";  HumanBytes(3 << 20) == "3.0 MiB"
+#ifndef PLAIT_BASE_HUMAN_H_
+#define PLAIT_BASE_HUMAN_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace plait::base {
+
+inline std::string HumanCount(double n) {
+  if (n >= 1e9) return absl::StrFormat("%.1fB", n / 1e9);
+  if (n >= 1e6) return absl::StrFormat("%.1fM", n / 1e6);
+  if (n >= 1e3) return absl::StrFormat("%.1fK", n / 1e3);
+  return absl::StrCat(static_cast<int64_t>(n));
+}
+
+inline std::string HumanBytes(double n) {
+  if (n >= 1 << 30) return absl::StrFormat("%.2f GiB", n / (1 << 30));
+  return absl::StrFormat("%.1f MiB", n / (1 << 20));
+}
+
+}  // namespace plait::base
+
+#endif  // PLAIT_BASE_HUMAN_H_

@@ -1,0 +1,29 @@
+// What an optimizer trains: a named tensor this rank updates, and the groups across which the
+// full parameter is split, so that a global gradient norm counts every element exactly once.
+// Wrappers (FSDP, tensor parallel) produce these for the parameters of a prepared model and
+// optim/ consumes them; the record lives here, below both. Without a wrapper every parameter
+// is whole and `sharded_over` is empty.
+//
+//   TrainableParameter{"model.layers.0.mlp.up_proj.weight", shard, {fsdp_group, tp_group}}
+#ifndef PLAIT_PARALLEL_TRAINABLE_PARAMETER_H_
+#define PLAIT_PARALLEL_TRAINABLE_PARAMETER_H_
+
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.h"
+#include "torch/torch.h"
+
+namespace plait::parallel {
+
+struct TrainableParameter {
+  std::string name;      // the full parameter's name, the same on every rank
+  torch::Tensor tensor;  // this rank's part: the whole parameter, or a shard of it
+  // The groups over which the parameter is split into disjoint parts; the caller keeps them
+  // alive. Across the ranks of any other group, this rank's part is replicated.
+  std::vector<parallel::Communicator*> sharded_over;
+};
+
+}  // namespace plait::parallel
+
+#endif  // PLAIT_PARALLEL_TRAINABLE_PARAMETER_H_

@@ -1,0 +1,108 @@
+// A preparation strategy (FSDP, DDP, next tensor parallel) as one named object: built from a
+// plan's step (MakeStrategy, strategies.h), it says which mesh dimension it uses and what it would
+// cost before any model exists, then is applied once to a model and answers what the rest of the
+// stack asks of a prepared model: the parameters the optimizer must own, whether gradients
+// synchronise in this backward, the wrappers' communication errors, and the whole
+// parameters. wrap::Preparation (preparation.h) applies strategies in a plan's order under
+// the rules of rules.textproto; nothing outside wrap/ names a concrete strategy:
+//
+//   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> fsdp, MakeStrategy(step));
+//   StepEstimate estimate = fsdp->Estimate(shape, /*dim_size=*/8);  // for plan_check
+//   PLAIT_RETURN_IF_ERROR(fsdp->Apply(model, *mesh.communicator(fsdp->mesh_dim())));
+//
+// Adding a strategy: a class implementing this interface in wrap/, a field in PrepareStep
+// (wrap.proto), its case in MakeStrategy (strategies.h) and an entry in rules.textproto.
+#ifndef PLAIT_WRAP_STRATEGY_H_
+#define PLAIT_WRAP_STRATEGY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "parallel/communicator.h"
+#include "parallel/trainable_parameter.h"
+#include "torch/torch.h"
+#include "wrap/wrap.pb.h"
+#include "wrap/wrappable.h"
+
+namespace plait::wrap {
+
+// The sizes of a model that a strategy's estimate needs, in parameters (elements).
+struct ModelShape {
+  double parameters = 0;        // all of them
+  double block_parameters = 0;  // one repeated block's
+  double root_parameters = 0;   // outside the blocks (embeddings, final norm, output head)
+  int64_t num_blocks = 0;
+  double parameter_bytes = 4;  // bytes per element of the model's parameters
+};
+
+// What a strategy would do to one rank, estimated from the model's shape and the size of its
+// mesh dimension.
+struct StepEstimate {
+  std::string description;          // one line for plan explanations
+  double parameter_fraction = 1.0;  // the share of each parameter a rank keeps (1/n when sharded)
+  // Parameter bytes a rank holds whole, beyond its share, at the peak of a step (FSDP's
+  // gathered units).
+  double gathered_bytes = 0.0;
+  // Bytes a rank sends once per optimizer step, and again for every micro-batch (ring
+  // algorithms: (n-1)/n of the data per all-gather or reduce-scatter, twice that per
+  // all-reduce).
+  double bytes_sent_per_step = 0.0;
+  double bytes_sent_per_micro_batch = 0.0;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  // The name plans and rules use: the PrepareStep field ("fsdp").
+  virtual absl::string_view name() const = 0;
+
+  // The mesh dimension it runs on.
+  virtual const std::string& mesh_dim() const = 0;
+
+  // Whether the ranks of its dimension train on different data (FSDP, DDP) rather than on the
+  // same batch (tensor parallelism): the data-parallel width is the product of such dimensions.
+  virtual bool splits_batch() const = 0;
+
+  // Its cost on a model of `shape` over a dimension of `dim_size` ranks.
+  virtual StepEstimate Estimate(const ModelShape& shape, int dim_size) const = 0;
+
+  // Applies it to `model` over `communicator`, the group of its mesh dimension; both must
+  // outlive it. Called once, by Preparation.
+  virtual absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) = 0;
+
+  // After Apply: rewrites `parameters` (the optimizer's, as earlier strategies left them) into
+  // what this rank trains after this strategy (FSDP: its shards). Default: unchanged.
+  virtual void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) {}
+
+  // After Apply: whether the next backward passes synchronise gradients. Gradient
+  // accumulation turns it off for all micro-batches but the last. Default: nothing to skip.
+  virtual void SetGradientSync(bool sync) {}
+
+  // After Apply: the first communication error of its hooks, which cannot return one; it
+  // stays, since the ranks are out of step after it.
+  virtual absl::Status BackwardStatus() const { return absl::OkStatus(); }
+
+  // After Apply, on every rank of its group together: replaces the entries of `parameters`
+  // (every parameter by name, as the strategies applied after it left them) with the whole
+  // tensors this strategy splits. Default: nothing to gather.
+  virtual absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) {
+    return absl::OkStatus();
+  }
+
+  // After Apply: bytes of whole parameters it holds beyond its share now, and the most at once
+  // since ResetPeak (FSDP's gathered units). Default: none.
+  virtual int64_t gathered_bytes() const { return 0; }
+  virtual int64_t peak_gathered_bytes() const { return 0; }
+  virtual void ResetPeak() {}
+};
+
+}  // namespace plait::wrap
+
+#endif  // PLAIT_WRAP_STRATEGY_H_
