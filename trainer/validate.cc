@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "data/data_config.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
 #include "optim/optimizer.h"
@@ -313,9 +314,9 @@ class Checker {
   }
 
   void CheckData(const std::optional<models::ModelConfig>& config) {
-    const DataConfig data = ResolvedData(plan_);
+    const data::DataConfig data = data::ResolvedDataConfig(plan_.data());
     if (data.has_synthetic()) {
-      const SyntheticData& s = data.synthetic();
+      const data::SyntheticData& s = data.synthetic();
       if (s.num_states() < 2 || (config.has_value() && s.num_states() > config->vocab_size())) {
         Add("plan.data.synthetic.num_states",
             absl::StrCat(s.num_states(), "; must be in [2, vocab_size",
@@ -330,8 +331,8 @@ class Checker {
       }
       return;
     }
-    const TokenFiles& files = data.token_files();
-    if (files.format() == TOKEN_FORMAT_UNSPECIFIED) {
+    const data::TokenFiles& files = data.token_files();
+    if (files.format() == data::TOKEN_FORMAT_UNSPECIFIED) {
       Add("plan.data.token_files.format",
           "is not set; set TOKEN_FORMAT_LLMC, TOKEN_FORMAT_UINT16 or TOKEN_FORMAT_UINT32");
     }

@@ -1,21 +1,21 @@
-#include "trainer/data_loader.h"
+#include "data/data_loader.h"
 
 #include <cstdint>
 #include <vector>
 
 #include "base/status_matchers.h"
+#include "data/data_config.h"
+#include "data/testing_token_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainer/plan.h"
-#include "trainer/testing_token_files.h"
 
-namespace plait::trainer {
+namespace plait::data {
 namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
-using ::plait::trainer::testing::Iota;
-using ::plait::trainer::testing::WriteLlmc;
+using ::plait::data::testing::Iota;
+using ::plait::data::testing::WriteLlmc;
 using ::testing::HasSubstr;
 
 DataConfig Files(const std::string& train, const std::string& eval) {
@@ -108,8 +108,7 @@ TEST(DataLoaderTest, TooShortForOneBatchNamesTheFile) {
 }
 
 TEST(DataLoaderTest, SyntheticRanksTogetherEqualOneRankAndEvalIsHeldOut) {
-  Plan plan;
-  const DataConfig data = ResolvedData(plan);
+  const DataConfig data = ResolvedDataConfig(DataConfig());
   DataLoader rank0 = *DataLoader::Create(data, Split::kTrain, 4096, 2, 8, 0, 2);
   DataLoader rank1 = *DataLoader::Create(data, Split::kTrain, 4096, 2, 8, 1, 2);
   DataLoader single = *DataLoader::Create(data, Split::kTrain, 4096, 4, 8, 0, 1);
@@ -136,7 +135,9 @@ TEST(DataLoaderTest, SeekContinuesWhereThatManyBatchesWouldHaveLeftOff) {
   shuffled.mutable_token_files()->set_shuffle(true);
   shuffled.mutable_token_files()->set_shuffle_seed(5);
   const std::vector<std::pair<const char*, DataConfig>> sources = {
-      {"sequential", Files(path, path)}, {"shuffled", shuffled}, {"synthetic", ResolvedData({})}};
+      {"sequential", Files(path, path)},
+      {"shuffled", shuffled},
+      {"synthetic", ResolvedDataConfig({})}};
   for (const auto& [name, data] : sources) {
     for (const int world : {1, 2}) {
       const int rank = world - 1;
@@ -157,4 +158,4 @@ TEST(DataLoaderTest, SeekContinuesWhereThatManyBatchesWouldHaveLeftOff) {
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::data

@@ -1,4 +1,4 @@
-#include "trainer/data_loader.h"
+#include "data/data_loader.h"
 
 #include <algorithm>
 #include <numeric>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
-namespace plait::trainer {
+namespace plait::data {
 
 absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split split,
                                               int64_t vocab_size, int64_t micro_batch,
@@ -112,4 +112,4 @@ std::optional<double> DataLoader::EntropyFloor() const {
   return synthetic_->EntropyRate();
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::data

@@ -1,4 +1,4 @@
-#include "trainer/markov_source.h"
+#include "data/markov_source.h"
 
 #include <cmath>
 #include <map>
@@ -8,9 +8,8 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainer/plan.h"
 
-namespace plait::trainer {
+namespace plait::data {
 namespace {
 
 using ::plait::base::testing::IsOk;
@@ -75,4 +74,4 @@ TEST(MarkovSourceTest, OutOfRangeValuesNameTheField) {
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::data

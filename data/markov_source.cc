@@ -1,4 +1,4 @@
-#include "trainer/markov_source.h"
+#include "data/markov_source.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/hash.h"
 
-namespace plait::trainer {
+namespace plait::data {
 namespace {
 
 int Sample(const std::vector<double>& cumulative, double u) {
@@ -91,4 +91,4 @@ torch::Tensor MarkovSource::Sequences(uint64_t stream, int64_t first, int64_t co
   return out;
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::data

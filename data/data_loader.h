@@ -1,17 +1,18 @@
-// The batches one data-parallel rank trains and evaluates on, from the plan's data source
-// (ResolvedData in plan.h): the synthetic Markov source (markov_source.h) or token files
-// (token_file.h). Both follow llm.c's convention: the k-th micro-batch of rank r of W reads
-// the B*T+1 tokens (or B sequences) at position (k*W + r)*B*T, so W ranks with micro-batch B
-// see together exactly what one rank with micro-batch W*B sees. Token files start over at
-// r*B*T when the world's next batch would pass the end (as llm.c, but measured from rank
-// 0's position on every rank, so the ranks start over together). With TokenFiles.shuffle the
-// training file's windows of one world batch come in a seeded random order, new each pass.
+// The batches one data-parallel rank trains and evaluates on, from a data source
+// (ResolvedDataConfig in data_config.h): the synthetic Markov source (markov_source.h) or
+// token files (token_file.h). Both follow llm.c's convention: the k-th micro-batch of rank r
+// of W reads the B*T+1 tokens (or B sequences) at position (k*W + r)*B*T, so W ranks with
+// micro-batch B see together exactly what one rank with micro-batch W*B sees. Token files
+// start over at r*B*T when the world's next batch would pass the end (as llm.c, but measured
+// from rank 0's position on every rank, so the ranks start over together). With
+// TokenFiles.shuffle the training file's windows of one world batch come in a seeded random
+// order, new each pass.
 //
 //   PLAIT_ASSIGN_OR_RETURN(DataLoader train, DataLoader::Create(data, Split::kTrain, vocab,
 //                                                               B, T, rank, world));
 //   PLAIT_ASSIGN_OR_RETURN(Batch batch, train.Next());  // inputs, targets: int64 [B, T]
-#ifndef PLAIT_TRAINER_DATA_LOADER_H_
-#define PLAIT_TRAINER_DATA_LOADER_H_
+#ifndef PLAIT_DATA_DATA_LOADER_H_
+#define PLAIT_DATA_DATA_LOADER_H_
 
 #include <cstdint>
 #include <memory>
@@ -19,12 +20,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "data/data.pb.h"
+#include "data/markov_source.h"
+#include "data/token_file.h"
 #include "torch/torch.h"
-#include "trainer/markov_source.h"
-#include "trainer/plan.pb.h"
-#include "trainer/token_file.h"
 
-namespace plait::trainer {
+namespace plait::data {
 
 struct Batch {
   torch::Tensor inputs;   // int64 [B, T]
@@ -86,6 +87,6 @@ class DataLoader {
   std::vector<int64_t> window_order_;
 };
 
-}  // namespace plait::trainer
+}  // namespace plait::data
 
-#endif  // PLAIT_TRAINER_DATA_LOADER_H_
+#endif  // PLAIT_DATA_DATA_LOADER_H_
