@@ -8,9 +8,10 @@
 // TokenFiles.shuffle the training file's windows of one world batch come in a seeded random
 // order, new each pass.
 //
-//   PLAIT_ASSIGN_OR_RETURN(DataLoader train, DataLoader::Create(data, Split::kTrain, vocab,
-//                                                               B, T, rank, world));
-//   PLAIT_ASSIGN_OR_RETURN(Batch batch, train.Next());  // inputs, targets: int64 [B, T]
+//   PLAIT_ASSIGN_OR_RETURN(
+//       DataLoader train,
+//       DataLoader::Create(data, Split::kTrain, vocab, B, T, dp_rank, dp_size, "plan.data"));
+//   Batch batch = train.Next();  // inputs, targets: int64 [B, T]
 #ifndef PLAIT_DATA_DATA_LOADER_H_
 #define PLAIT_DATA_DATA_LOADER_H_
 
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "data/data.pb.h"
 #include "data/markov_source.h"
 #include "data/token_file.h"
@@ -38,11 +40,18 @@ enum class Split { kTrain, kEval };
 
 class DataLoader {
  public:
-  // Errors name the file or field: a bad token file (TokenFile::Open), or one too short for
-  // one step of W ranks (W*B*T+1 tokens).
+  // The loader of data-parallel rank `dp_rank` of `dp_size` for `data` (as
+  // ResolvedDataConfig returns it). These are the rank's coordinate in, and the width of, the
+  // data-parallel dimensions only: ranks that split one model (tensor parallelism) share a
+  // coordinate and read the same batches. The trainer passes the world's rank and size, its
+  // every mesh dimension being data-parallel today. `field_path` is where `data` sits in the
+  // caller's config ("plan.data"); errors start with the field they concern:
+  // "<field_path>.synthetic.num_states: ..." for an out-of-range synthetic value, and
+  // "<field_path>.token_files.train_path: <file>: ..." for a bad token file (TokenFile::Open)
+  // or one too short for one batch of every data-parallel rank (W*B*T+1 tokens).
   static absl::StatusOr<DataLoader> Create(const DataConfig& data, Split split, int64_t vocab_size,
-                                           int64_t micro_batch, int64_t seq_len, int rank,
-                                           int world_size);
+                                           int64_t micro_batch, int64_t seq_len, int dp_rank,
+                                           int dp_size, absl::string_view field_path);
 
   // The next micro-batch of this rank.
   Batch Next();
@@ -76,8 +85,8 @@ class DataLoader {
   uint64_t stream_ = 0;
   int64_t micro_batch_ = 0;
   int64_t seq_len_ = 0;
-  int rank_ = 0;
-  int world_size_ = 1;
+  int dp_rank_ = 0;
+  int dp_size_ = 1;
   int64_t position_ = 0;  // tokens for files, sequences for the synthetic source
   // Shuffled token files: the window order of the current pass and the next window's index.
   bool shuffle_ = false;

@@ -3,7 +3,8 @@
 // learn it quickly and the best achievable loss is known. Sequences are pure functions of
 // (stream, index), so any rank can draw any sequence of the global batch:
 //
-//   PLAIT_ASSIGN_OR_RETURN(MarkovSource source, MarkovSource::Create(config, vocab_size));
+//   PLAIT_ASSIGN_OR_RETURN(MarkovSource source,
+//                          MarkovSource::Create(config, vocab_size, "plan.data.synthetic"));
 //   torch::Tensor tokens = source.Sequences(/*stream=*/0, /*first=*/0, /*count=*/8, 65);
 //   double floor = source.EntropyRate();  // nats per token
 #ifndef PLAIT_DATA_MARKOV_SOURCE_H_
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "data/data.pb.h"
 #include "torch/torch.h"
 
@@ -21,8 +23,10 @@ namespace plait::data {
 class MarkovSource {
  public:
   // The chain `config` describes (defaults filled as ResolvedDataConfig does) over ids below
-  // `vocab_size`; InvalidArgument naming plan.data.synthetic.<field> for a value out of range.
-  static absl::StatusOr<MarkovSource> Create(const SyntheticData& config, int64_t vocab_size);
+  // `vocab_size`; InvalidArgument naming `field_path`.<field> (`field_path` is where
+  // `config` sits in the caller's config, "plan.data.synthetic") for a value out of range.
+  static absl::StatusOr<MarkovSource> Create(const SyntheticData& config, int64_t vocab_size,
+                                             absl::string_view field_path);
 
   // The entropy of the next token given the current one, in nats, the same for every state:
   // the expected loss of the true chain at every position, so the loss floor of a model

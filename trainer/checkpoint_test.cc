@@ -254,7 +254,8 @@ std::vector<absl::Status> ResumeStatuses(Plan plan, int ranks) {
     }
     auto loader = data::DataLoader::Create(data::ResolvedDataConfig(plan.data()),
                                            data::Split::kTrain, 4096, plan.training().micro_batch(),
-                                           plan.training().seq_len(), rank, ranks);
+                                           plan.training().seq_len(), /*dp_rank=*/rank,
+                                           /*dp_size=*/ranks, "plan.data");
     ASSERT_THAT(loader, IsOk());
     statuses[rank] = checkpointer->Restore(**optimizer, *loader);
   });

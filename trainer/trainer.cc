@@ -79,14 +79,17 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
   const data::DataConfig data_config = data::ResolvedDataConfig(plan.data());
   // Every mesh dimension is a data-parallel one (ValidatePlan: each is used by FSDP or DDP),
   // so the data-parallel rank and width are the world's.
+  const int dp_rank = rank, dp_size = world_size;
   PLAIT_ASSIGN_OR_RETURN(
       data::DataLoader train,
       data::DataLoader::Create(data_config, data::Split::kTrain, config.vocab_size(),
-                               training.micro_batch(), training.seq_len(), rank, world_size));
+                               training.micro_batch(), training.seq_len(), dp_rank, dp_size,
+                               "plan.data"));
   PLAIT_ASSIGN_OR_RETURN(
       data::DataLoader eval,
       data::DataLoader::Create(data_config, data::Split::kEval, config.vocab_size(),
-                               training.micro_batch(), training.seq_len(), rank, world_size));
+                               training.micro_batch(), training.seq_len(), dp_rank, dp_size,
+                               "plan.data"));
   PLAIT_ASSIGN_OR_RETURN(Checkpointer checkpointer,
                          Checkpointer::Open(plan, options.checkpoint_dir, mesh));
   std::ofstream metrics;
