@@ -18,6 +18,7 @@
 #include "base/file.h"
 #include "base/hash.h"
 #include "base/status.h"
+#include "data/data_config.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -77,7 +78,7 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan)
       {"plan.training.micro_batch", absl::StrCat(training.micro_batch())},
       {"plan.training.grad_accumulation", absl::StrCat(GradAccumulation(training))},
       {"plan.training.seq_len", absl::StrCat(training.seq_len())},
-      {"plan.data", ResolvedData(plan).ShortDebugString()},
+      {"plan.data", data::ResolvedDataConfig(plan.data()).ShortDebugString()},
   };
 }
 
@@ -314,7 +315,7 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const Plan& plan, const std::str
   return checkpointer;
 }
 
-absl::Status Checkpointer::Restore(optim::Optimizer& optimizer, DataLoader& train) const {
+absl::Status Checkpointer::Restore(optim::Optimizer& optimizer, data::DataLoader& train) const {
   if (resume_step_ == 0) return absl::OkStatus();
   const int rank = mesh_->rank();
   const int world_size = mesh_->layout().world_size();

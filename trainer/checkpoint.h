@@ -38,9 +38,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "data/data_loader.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
-#include "trainer/data_loader.h"
 #include "trainer/plan.pb.h"
 
 namespace plait::trainer {
@@ -73,7 +73,7 @@ class Checkpointer {
   // micro-batches the checkpointed run had read; nothing for a fresh run. Every rank must
   // call it; when any rank fails, every rank returns an error (its own, or one naming the
   // rank that failed).
-  absl::Status Restore(optim::Optimizer& optimizer, DataLoader& train) const;
+  absl::Status Restore(optim::Optimizer& optimizer, data::DataLoader& train) const;
 
   // Saves after optimizer step `step` (1-based) when it is a multiple of `every` or the
   // plan's last step. Every rank must call it; when any rank fails, every rank returns an

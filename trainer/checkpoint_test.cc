@@ -15,6 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
+#include "data/data_config.h"
+#include "data/data_loader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/safetensors.h"
@@ -250,9 +252,10 @@ std::vector<absl::Status> ResumeStatuses(Plan plan, int ranks) {
       statuses[rank] = checkpointer.status();
       return;
     }
-    auto loader =
-        DataLoader::Create(ResolvedData(plan), Split::kTrain, 4096, plan.training().micro_batch(),
-                           plan.training().seq_len(), rank, ranks);
+    auto loader = data::DataLoader::Create(data::ResolvedDataConfig(plan.data()),
+                                           data::Split::kTrain, 4096, plan.training().micro_batch(),
+                                           plan.training().seq_len(), /*dp_rank=*/rank,
+                                           /*dp_size=*/ranks, "plan.data");
     ASSERT_THAT(loader, IsOk());
     statuses[rank] = checkpointer->Restore(**optimizer, *loader);
   });

@@ -13,6 +13,7 @@
 #include "base/dtype.h"
 #include "base/human.h"
 #include "base/status.h"
+#include "data/data_config.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
@@ -162,7 +163,7 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
       schedule.LearningRate(steps / 4), steps / 2, schedule.LearningRate(steps / 2), steps - 1,
       schedule.LearningRate(steps - 1)));
 
-  const DataConfig data = ResolvedData(plan);
+  const data::DataConfig data = data::ResolvedDataConfig(plan.data());
   lines.push_back(absl::StrCat(
       "data: ", data.has_synthetic()
                     ? absl::StrCat("synthetic Markov source, ", data.synthetic().ShortDebugString())

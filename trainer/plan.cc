@@ -146,16 +146,4 @@ sched::ScheduleConfig ResolvedSchedule(const Plan& plan) {
   return schedule;
 }
 
-DataConfig ResolvedData(const Plan& plan) {
-  DataConfig data = plan.data();
-  if (data.source_case() == DataConfig::SOURCE_NOT_SET) data.mutable_synthetic();
-  if (data.has_synthetic()) {
-    SyntheticData& synthetic = *data.mutable_synthetic();
-    if (!synthetic.has_num_states()) synthetic.set_num_states(kDefaultNumStates);
-    if (!synthetic.has_branching()) synthetic.set_branching(kDefaultBranching);
-    if (!synthetic.has_peak()) synthetic.set_peak(kDefaultPeak);
-  }
-  return data;
-}
-
 }  // namespace plait::trainer

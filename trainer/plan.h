@@ -66,15 +66,6 @@ int64_t LogEvery(const TrainingConfig& training);
 // The schedule with total_steps = training.steps.
 sched::ScheduleConfig ResolvedSchedule(const Plan& plan);
 
-// The defaults of SyntheticData's optional fields (plan.proto).
-inline constexpr int64_t kDefaultNumStates = 64;
-inline constexpr int64_t kDefaultBranching = 4;
-inline constexpr double kDefaultPeak = 2.0;
-
-// The plan's data source: its own, or the default synthetic source when it names none,
-// with SyntheticData's defaults filled in.
-DataConfig ResolvedData(const Plan& plan);
-
 }  // namespace plait::trainer
 
 #endif  // PLAIT_TRAINER_PLAN_H_

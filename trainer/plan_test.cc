@@ -78,14 +78,9 @@ TEST(ApplyOverrideTest, ErrorsNameTheOverrideAndTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected path=value")));
 }
 
-TEST(ResolvedTest, ScheduleTakesTheStepsAndDataDefaultsToSynthetic) {
+TEST(ResolvedTest, ScheduleTakesTheSteps) {
   Plan plan = *ParsePlan(kPlan, "plan.textproto");
   EXPECT_EQ(ResolvedSchedule(plan).total_steps(), 10);
-  const DataConfig data = ResolvedData(plan);
-  ASSERT_TRUE(data.has_synthetic());
-  EXPECT_EQ(data.synthetic().num_states(), kDefaultNumStates);
-  EXPECT_EQ(data.synthetic().branching(), kDefaultBranching);
-  EXPECT_EQ(data.synthetic().peak(), kDefaultPeak);
   EXPECT_EQ(GradAccumulation(plan.training()), 1);
 }
 

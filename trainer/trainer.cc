@@ -9,13 +9,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status.h"
+#include "data/data_config.h"
+#include "data/data_loader.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "nlohmann/json.hpp"
 #include "optim/optimizer.h"
 #include "sched/schedule_builder.h"
 #include "trainer/checkpoint.h"
-#include "trainer/data_loader.h"
 #include "trainer/plan.h"
 #include "trainer/prepared_model.h"
 #include "trainer/progress.h"
@@ -35,13 +36,13 @@ absl::StatusOr<double> MeshMean(double value, const parallel::DeviceMesh& mesh) 
 }
 
 // The mean loss over `batches` held-out micro-batches of every rank.
-absl::StatusOr<double> Evaluate(PreparedModel& prepared, DataLoader& eval, int64_t batches,
+absl::StatusOr<double> Evaluate(PreparedModel& prepared, data::DataLoader& eval, int64_t batches,
                                 const parallel::DeviceMesh& mesh) {
   torch::NoGradGuard no_grad;
   eval.Reset();
   double sum = 0.0;
   for (int64_t i = 0; i < batches; ++i) {
-    const Batch batch = eval.Next();
+    const data::Batch batch = eval.Next();
     sum += prepared.model().Loss(batch.inputs, batch.targets).item<double>();
   }
   PLAIT_RETURN_IF_ERROR(prepared.preparation().BackwardStatus());
@@ -67,17 +68,20 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
                          models::ResolveModelSpec(plan.model(), "plan.model"));
   PLAIT_ASSIGN_OR_RETURN(sched::Schedule schedule,
                          sched::BuildSchedule(ResolvedSchedule(plan), "plan.schedule"));
-  const DataConfig data = ResolvedData(plan);
+  const data::DataConfig data_config = data::ResolvedDataConfig(plan.data());
   // Every mesh dimension is a data-parallel one (ValidatePlan: each is used by FSDP or DDP),
   // so the data-parallel rank and width are the world's.
+  const int dp_rank = rank, dp_size = world_size;
   PLAIT_ASSIGN_OR_RETURN(
-      DataLoader train,
-      DataLoader::Create(data, Split::kTrain, config.vocab_size(), training.micro_batch(),
-                         training.seq_len(), rank, world_size));
+      data::DataLoader train,
+      data::DataLoader::Create(data_config, data::Split::kTrain, config.vocab_size(),
+                               training.micro_batch(), training.seq_len(), dp_rank, dp_size,
+                               "plan.data"));
   PLAIT_ASSIGN_OR_RETURN(
-      DataLoader eval,
-      DataLoader::Create(data, Split::kEval, config.vocab_size(), training.micro_batch(),
-                         training.seq_len(), rank, world_size));
+      data::DataLoader eval,
+      data::DataLoader::Create(data_config, data::Split::kEval, config.vocab_size(),
+                               training.micro_batch(), training.seq_len(), dp_rank, dp_size,
+                               "plan.data"));
   PLAIT_ASSIGN_OR_RETURN(Checkpointer checkpointer,
                          Checkpointer::Open(plan, options.checkpoint_dir, mesh));
   std::ofstream metrics;
@@ -144,7 +148,7 @@ absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& 
     const double lr = schedule.LearningRate(step);
     double loss_sum = 0.0;
     for (int64_t micro = 0; micro < accumulation; ++micro) {
-      const Batch batch = train.Next();
+      const data::Batch batch = train.Next();
       const auto no_sync = prepared->preparation().NoSyncIf(micro + 1 < accumulation);
       torch::Tensor loss = prepared->model().Loss(batch.inputs, batch.targets) / accumulation;
       loss.backward();

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "data/data_config.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
 #include "optim/optimizer.h"
@@ -28,11 +29,6 @@ namespace {
 bool DirectoryExists(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
-}
-
-bool FileExists(const std::string& path) {
-  struct stat info;
-  return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
 }
 
 class Checker {
@@ -256,36 +252,11 @@ class Checker {
   }
 
   void CheckData(const std::optional<models::ModelConfig>& config) {
-    const DataConfig data = ResolvedData(plan_);
-    if (data.has_synthetic()) {
-      const SyntheticData& s = data.synthetic();
-      if (s.num_states() < 2 || (config.has_value() && s.num_states() > config->vocab_size())) {
-        Add("plan.data.synthetic.num_states",
-            absl::StrCat(s.num_states(), "; must be in [2, vocab_size",
-                         config.has_value() ? absl::StrCat(" = ", config->vocab_size()) : "", "]"));
-      }
-      if (s.branching() < 1 || s.branching() > s.num_states()) {
-        Add("plan.data.synthetic.branching",
-            absl::StrCat(s.branching(), "; must be in [1, num_states = ", s.num_states(), "]"));
-      }
-      if (!(s.peak() >= 1.0)) {
-        Add("plan.data.synthetic.peak", absl::StrCat(s.peak(), "; must be >= 1"));
-      }
-      return;
-    }
-    const TokenFiles& files = data.token_files();
-    if (files.format() == TOKEN_FORMAT_UNSPECIFIED) {
-      Add("plan.data.token_files.format",
-          "is not set; set TOKEN_FORMAT_LLMC, TOKEN_FORMAT_UINT16 or TOKEN_FORMAT_UINT32");
-    }
-    for (const auto& [name, path] :
-         {std::pair<std::string, std::string>{"train_path", files.train_path()},
-          {"eval_path", files.eval_path()}}) {
-      if (path.empty()) {
-        Add("plan.data.token_files." + name, "is empty; name a token file");
-      } else if (!FileExists(path)) {
-        Add("plan.data.token_files." + name, absl::StrCat("\"", path, "\" does not exist"));
-      }
+    const std::optional<int64_t> vocab_size =
+        config.has_value() ? std::optional<int64_t>(config->vocab_size()) : std::nullopt;
+    for (data::FieldProblem& problem :
+         data::ValidateDataConfig(plan_.data(), vocab_size, "plan.data")) {
+      Add(std::move(problem.field), std::move(problem.message));
     }
   }
 

@@ -5,17 +5,17 @@
 //
 //   PLAIT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::Open(path, TOKEN_FORMAT_LLMC, 50257));
 //   torch::Tensor window = file.Read(/*offset=*/0, /*count=*/B * T + 1);  // int64
-#ifndef PLAIT_TRAINER_TOKEN_FILE_H_
-#define PLAIT_TRAINER_TOKEN_FILE_H_
+#ifndef PLAIT_DATA_TOKEN_FILE_H_
+#define PLAIT_DATA_TOKEN_FILE_H_
 
 #include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "data/data.pb.h"
 #include "torch/torch.h"
-#include "trainer/plan.pb.h"
 
-namespace plait::trainer {
+namespace plait::data {
 
 // llm.c's token file header (llm.c, dev/data/data_common.py: write_datafile).
 inline constexpr int32_t kLlmcMagic = 20240520;
@@ -52,6 +52,6 @@ class TokenFile {
   int64_t size_ = 0;
 };
 
-}  // namespace plait::trainer
+}  // namespace plait::data
 
-#endif  // PLAIT_TRAINER_TOKEN_FILE_H_
+#endif  // PLAIT_DATA_TOKEN_FILE_H_

@@ -1,4 +1,4 @@
-#include "trainer/markov_source.h"
+#include "data/markov_source.h"
 
 #include <cmath>
 #include <map>
@@ -8,9 +8,8 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainer/plan.h"
 
-namespace plait::trainer {
+namespace plait::data {
 namespace {
 
 using ::plait::base::testing::IsOk;
@@ -27,15 +26,18 @@ SyntheticData Config(int64_t states, int64_t branching, double peak) {
 }
 
 TEST(MarkovSourceTest, EntropyRateHasItsClosedForm) {
-  EXPECT_NEAR(MarkovSource::Create(Config(16, 1, 2.0), 100)->EntropyRate(), 0.0, 1e-12);
-  EXPECT_NEAR(MarkovSource::Create(Config(16, 4, 1.0), 100)->EntropyRate(), std::log(4.0), 1e-12);
+  EXPECT_NEAR(MarkovSource::Create(Config(16, 1, 2.0), 100, "data.synthetic")->EntropyRate(), 0.0,
+              1e-12);
+  EXPECT_NEAR(MarkovSource::Create(Config(16, 4, 1.0), 100, "data.synthetic")->EntropyRate(),
+              std::log(4.0), 1e-12);
   // Weights 1, 1/2: p = 2/3, 1/3.
-  EXPECT_NEAR(MarkovSource::Create(Config(16, 2, 2.0), 100)->EntropyRate(),
+  EXPECT_NEAR(MarkovSource::Create(Config(16, 2, 2.0), 100, "data.synthetic")->EntropyRate(),
               -(2.0 / 3) * std::log(2.0 / 3) - (1.0 / 3) * std::log(1.0 / 3), 1e-12);
 }
 
 TEST(MarkovSourceTest, SequencesAreDeterministicAndFollowTheChain) {
-  absl::StatusOr<MarkovSource> source = MarkovSource::Create(Config(8, 2, 3.0), 1000);
+  absl::StatusOr<MarkovSource> source =
+      MarkovSource::Create(Config(8, 2, 3.0), 1000, "data.synthetic");
   ASSERT_THAT(source, IsOk());
   const torch::Tensor a = source->Sequences(0, 10, 4, 5000);
   EXPECT_TRUE(a.equal(source->Sequences(0, 10, 4, 5000)));
@@ -63,16 +65,15 @@ TEST(MarkovSourceTest, SequencesAreDeterministicAndFollowTheChain) {
 }
 
 TEST(MarkovSourceTest, OutOfRangeValuesNameTheField) {
-  EXPECT_THAT(MarkovSource::Create(Config(300, 2, 2.0), 256),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("plan.data.synthetic.num_states: 300")));
   EXPECT_THAT(
-      MarkovSource::Create(Config(8, 9, 2.0), 256),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("plan.data.synthetic.branching: 9")));
+      MarkovSource::Create(Config(300, 2, 2.0), 256, "data.synthetic"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data.synthetic.num_states: 300")));
   EXPECT_THAT(
-      MarkovSource::Create(Config(8, 2, 0.5), 256),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("plan.data.synthetic.peak: 0.5")));
+      MarkovSource::Create(Config(8, 9, 2.0), 256, "data.synthetic"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data.synthetic.branching: 9")));
+  EXPECT_THAT(MarkovSource::Create(Config(8, 2, 0.5), 256, "data.synthetic"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data.synthetic.peak: 0.5")));
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::data

@@ -1,4 +1,4 @@
-#include "trainer/token_file.h"
+#include "data/token_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace plait::trainer {
+namespace plait::data {
 
 TokenFile::TokenFile(std::string path, void* map, size_t map_bytes, const void* tokens, int width,
                      int64_t size)
@@ -129,4 +129,4 @@ torch::Tensor TokenFile::Read(int64_t offset, int64_t count) const {
   return out;
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::data

@@ -1,21 +1,21 @@
-#include "trainer/data_loader.h"
+#include "data/data_loader.h"
 
 #include <cstdint>
 #include <vector>
 
 #include "base/status_matchers.h"
+#include "data/data_config.h"
+#include "data/testing_token_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainer/plan.h"
-#include "trainer/testing_token_files.h"
 
-namespace plait::trainer {
+namespace plait::data {
 namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
-using ::plait::trainer::testing::Iota;
-using ::plait::trainer::testing::WriteLlmc;
+using ::plait::data::testing::Iota;
+using ::plait::data::testing::WriteLlmc;
 using ::testing::HasSubstr;
 
 DataConfig Files(const std::string& train, const std::string& eval) {
@@ -37,7 +37,7 @@ TEST(DataLoaderTest, OneRankFollowsLlmc) {
   // 40 tokens, B=2, T=3: batches at 0, 6, ..., 30; after 30, 36 + 7 > 40 starts over.
   const std::string path = WriteLlmc("one.bin", Iota(40));
   absl::StatusOr<DataLoader> loader =
-      DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 1);
+      DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 1, "data");
   ASSERT_THAT(loader, IsOk());
   const Batch first = loader->Next();
   EXPECT_TRUE(first.inputs.equal(torch::tensor({{0, 1, 2}, {3, 4, 5}}, torch::kInt64)));
@@ -48,9 +48,10 @@ TEST(DataLoaderTest, OneRankFollowsLlmc) {
 
 TEST(DataLoaderTest, TwoRanksInterleaveAndTogetherEqualOneRankOfTwiceTheBatch) {
   const std::string path = WriteLlmc("two.bin", Iota(40));
-  DataLoader rank0 = *DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 2);
-  DataLoader rank1 = *DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 1, 2);
-  DataLoader single = *DataLoader::Create(Files(path, path), Split::kTrain, 100, 4, 3, 0, 1);
+  DataLoader rank0 = *DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 2, "data");
+  DataLoader rank1 = *DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 1, 2, "data");
+  DataLoader single =
+      *DataLoader::Create(Files(path, path), Split::kTrain, 100, 4, 3, 0, 1, "data");
   // Rank r starts at r*B*T and advances by B*T*W = 12; after 24, 36 + 13 > 40 starts over.
   EXPECT_THAT(Starts(rank0, 4), ::testing::ElementsAre(0, 12, 24, 0));
   EXPECT_THAT(Starts(rank1, 4), ::testing::ElementsAre(6, 18, 30, 6));  // together with rank 0
@@ -69,9 +70,9 @@ TEST(DataLoaderTest, ShuffledWindowsAreASeededPermutationPerPassAndRanksStayToge
   DataConfig data = Files(path, path);
   data.mutable_token_files()->set_shuffle(true);
   data.mutable_token_files()->set_shuffle_seed(3);
-  DataLoader rank0 = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 0, 2);
-  DataLoader rank1 = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 1, 2);
-  DataLoader single = *DataLoader::Create(data, Split::kTrain, 100, 4, 3, 0, 1);
+  DataLoader rank0 = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 0, 2, "data");
+  DataLoader rank1 = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 1, 2, "data");
+  DataLoader single = *DataLoader::Create(data, Split::kTrain, 100, 4, 3, 0, 1, "data");
   const std::vector<int64_t> starts = Starts(rank0, 6);
   std::vector<int64_t> first_pass(starts.begin(), starts.begin() + 3);
   std::vector<int64_t> second_pass(starts.begin() + 3, starts.end());
@@ -90,30 +91,37 @@ TEST(DataLoaderTest, ShuffledWindowsAreASeededPermutationPerPassAndRanksStayToge
   }
   // Another seed, another order (for these three windows, over two passes).
   data.mutable_token_files()->set_shuffle_seed(4);
-  DataLoader other = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 0, 2);
-  DataLoader eval = *DataLoader::Create(data, Split::kEval, 100, 2, 3, 0, 2);
+  DataLoader other = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, 0, 2, "data");
+  DataLoader eval = *DataLoader::Create(data, Split::kEval, 100, 2, 3, 0, 2, "data");
   EXPECT_NE(Starts(other, 6), starts);
   EXPECT_THAT(Starts(eval, 3), ::testing::ElementsAre(0, 12, 24));  // held out: in order
 }
 
-TEST(DataLoaderTest, TooShortForOneBatchNamesTheFile) {
+TEST(DataLoaderTest, ErrorsNameTheCallersFieldAndTheFile) {
   const std::string path = WriteLlmc("short.bin", Iota(12));
-  EXPECT_THAT(DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 2),
+  EXPECT_THAT(DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 2, "cfg.data"),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr(path + ": too short for one batch: 12 tokens; 2 ranks x "
-                                        "micro_batch 2 x seq_len 3 need 13")));
+                       "cfg.data.token_files.train_path: " + path +
+                           ": too short for one batch: 12 tokens; 2 ranks x micro_batch 2 x "
+                           "seq_len 3 need 13"));
   const std::string bad = WriteLlmc("bad_eval.bin", Iota(40), 1234);
-  EXPECT_THAT(DataLoader::Create(Files(path, bad), Split::kEval, 100, 1, 3, 0, 1),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(bad + ": bad magic")));
+  EXPECT_THAT(DataLoader::Create(Files(path, bad), Split::kEval, 100, 1, 3, 0, 1, "cfg.data"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cfg.data.token_files.eval_path: " + bad + ": bad magic")));
+  DataConfig synthetic = ResolvedDataConfig(DataConfig());
+  synthetic.mutable_synthetic()->set_num_states(300);
+  EXPECT_THAT(DataLoader::Create(synthetic, Split::kTrain, 256, 1, 3, 0, 1, "cfg.data"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cfg.data.synthetic.num_states: 300; must be in [2, "
+                                 "vocab_size = 256]")));
 }
 
 TEST(DataLoaderTest, SyntheticRanksTogetherEqualOneRankAndEvalIsHeldOut) {
-  Plan plan;
-  const DataConfig data = ResolvedData(plan);
-  DataLoader rank0 = *DataLoader::Create(data, Split::kTrain, 4096, 2, 8, 0, 2);
-  DataLoader rank1 = *DataLoader::Create(data, Split::kTrain, 4096, 2, 8, 1, 2);
-  DataLoader single = *DataLoader::Create(data, Split::kTrain, 4096, 4, 8, 0, 1);
-  DataLoader eval = *DataLoader::Create(data, Split::kEval, 4096, 4, 8, 0, 1);
+  const DataConfig data = ResolvedDataConfig(DataConfig());
+  DataLoader rank0 = *DataLoader::Create(data, Split::kTrain, 4096, 2, 8, 0, 2, "data");
+  DataLoader rank1 = *DataLoader::Create(data, Split::kTrain, 4096, 2, 8, 1, 2, "data");
+  DataLoader single = *DataLoader::Create(data, Split::kTrain, 4096, 4, 8, 0, 1, "data");
+  DataLoader eval = *DataLoader::Create(data, Split::kEval, 4096, 4, 8, 0, 1, "data");
   for (int i = 0; i < 3; ++i) {
     const Batch a = rank0.Next(), b = rank1.Next(), whole = single.Next();
     EXPECT_TRUE(torch::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
@@ -136,15 +144,19 @@ TEST(DataLoaderTest, SeekContinuesWhereThatManyBatchesWouldHaveLeftOff) {
   shuffled.mutable_token_files()->set_shuffle(true);
   shuffled.mutable_token_files()->set_shuffle_seed(5);
   const std::vector<std::pair<const char*, DataConfig>> sources = {
-      {"sequential", Files(path, path)}, {"shuffled", shuffled}, {"synthetic", ResolvedData({})}};
+      {"sequential", Files(path, path)},
+      {"shuffled", shuffled},
+      {"synthetic", ResolvedDataConfig({})}};
   for (const auto& [name, data] : sources) {
     for (const int world : {1, 2}) {
       const int rank = world - 1;
-      DataLoader straight = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, rank, world);
+      DataLoader straight =
+          *DataLoader::Create(data, Split::kTrain, 100, 2, 3, rank, world, "data");
       std::vector<torch::Tensor> inputs;
       for (int i = 0; i < 12; ++i) inputs.push_back(straight.Next().inputs);
       for (int skip = 0; skip < 9; ++skip) {
-        DataLoader resumed = *DataLoader::Create(data, Split::kTrain, 100, 2, 3, rank, world);
+        DataLoader resumed =
+            *DataLoader::Create(data, Split::kTrain, 100, 2, 3, rank, world, "data");
         resumed.Next();  // Seek starts from the beginning whatever was read before
         resumed.Seek(skip);
         for (int i = skip; i < 12; ++i) {
@@ -157,4 +169,4 @@ TEST(DataLoaderTest, SeekContinuesWhereThatManyBatchesWouldHaveLeftOff) {
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::data

@@ -1,4 +1,4 @@
-#include "trainer/markov_source.h"
+#include "data/markov_source.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/hash.h"
 
-namespace plait::trainer {
+namespace plait::data {
 namespace {
 
 int Sample(const std::vector<double>& cumulative, double u) {
@@ -18,19 +18,20 @@ int Sample(const std::vector<double>& cumulative, double u) {
 
 }  // namespace
 
-absl::StatusOr<MarkovSource> MarkovSource::Create(const SyntheticData& config, int64_t vocab_size) {
+absl::StatusOr<MarkovSource> MarkovSource::Create(const SyntheticData& config, int64_t vocab_size,
+                                                  absl::string_view field_path) {
   const int64_t n = config.num_states();
   if (n < 2 || n > vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "plan.data.synthetic.num_states: ", n, "; must be in [2, vocab_size = ", vocab_size, "]"));
+        field_path, ".num_states: ", n, "; must be in [2, vocab_size = ", vocab_size, "]"));
   }
   if (config.branching() < 1 || config.branching() > n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan.data.synthetic.branching: ", config.branching(), "; must be in [1, ", n, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field_path, ".branching: ", config.branching(), "; must be in [1, ", n, "]"));
   }
   if (!(config.peak() >= 1.0)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("plan.data.synthetic.peak: ", config.peak(), "; must be >= 1"));
+        absl::StrCat(field_path, ".peak: ", config.peak(), "; must be >= 1"));
   }
   MarkovSource source;
   source.seed_ = config.seed();
@@ -91,4 +92,4 @@ torch::Tensor MarkovSource::Sequences(uint64_t stream, int64_t first, int64_t co
   return out;
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::data

@@ -1,4 +1,4 @@
-#include "trainer/data_loader.h"
+#include "data/data_loader.h"
 
 #include <algorithm>
 #include <numeric>
@@ -8,30 +8,38 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
-namespace plait::trainer {
+namespace plait::data {
 
 absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split split,
                                               int64_t vocab_size, int64_t micro_batch,
-                                              int64_t seq_len, int rank, int world_size) {
+                                              int64_t seq_len, int dp_rank, int dp_size,
+                                              absl::string_view field_path) {
   DataLoader loader;
   loader.micro_batch_ = micro_batch;
   loader.seq_len_ = seq_len;
-  loader.rank_ = rank;
-  loader.world_size_ = world_size;
+  loader.dp_rank_ = dp_rank;
+  loader.dp_size_ = dp_size;
   if (data.has_synthetic()) {
-    PLAIT_ASSIGN_OR_RETURN(MarkovSource source, MarkovSource::Create(data.synthetic(), vocab_size));
+    PLAIT_ASSIGN_OR_RETURN(
+        MarkovSource source,
+        MarkovSource::Create(data.synthetic(), vocab_size, absl::StrCat(field_path, ".synthetic")));
     loader.synthetic_ = std::make_shared<const MarkovSource>(std::move(source));
     loader.stream_ = split == Split::kTrain ? 0 : 1;
   } else {
     const std::string& path =
         split == Split::kTrain ? data.token_files().train_path() : data.token_files().eval_path();
-    PLAIT_ASSIGN_OR_RETURN(TokenFile file,
-                           TokenFile::Open(path, data.token_files().format(), vocab_size));
-    const int64_t needed = world_size * micro_batch * seq_len + 1;
+    const std::string path_field = absl::StrCat(
+        field_path, ".token_files.", split == Split::kTrain ? "train_path" : "eval_path");
+    PLAIT_ASSIGN_OR_RETURN(
+        TokenFile file,
+        base::Annotate(TokenFile::Open(path, data.token_files().format(), vocab_size), path_field));
+    const int64_t needed = dp_size * micro_batch * seq_len + 1;
     if (file.size() < needed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": too short for one batch: ", file.size(), " tokens; ", world_size,
-          " ranks x micro_batch ", micro_batch, " x seq_len ", seq_len, " need ", needed));
+      return base::Annotate(
+          absl::InvalidArgumentError(absl::StrCat(
+              path, ": too short for one batch: ", file.size(), " tokens; ", dp_size,
+              " ranks x micro_batch ", micro_batch, " x seq_len ", seq_len, " need ", needed)),
+          path_field);
     }
     loader.file_ = std::make_shared<const TokenFile>(std::move(file));
     loader.shuffle_ = split == Split::kTrain && data.token_files().shuffle();
@@ -42,7 +50,7 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split spli
 }
 
 void DataLoader::Reset() {
-  position_ = file_ != nullptr ? rank_ * micro_batch_ * seq_len_ : rank_ * micro_batch_;
+  position_ = file_ != nullptr ? dp_rank_ * micro_batch_ * seq_len_ : dp_rank_ * micro_batch_;
   pass_ = 0;
   next_window_ = 0;
   window_order_.clear();
@@ -51,7 +59,7 @@ void DataLoader::Reset() {
 int64_t DataLoader::BatchesPerPass() const {
   // Whole world batches whose read (W*B*T + 1 tokens) fits in the file: sequential reading
   // starts over, and shuffled reading reshuffles, after this many.
-  return (file_->size() - 1) / (micro_batch_ * seq_len_ * world_size_);
+  return (file_->size() - 1) / (micro_batch_ * seq_len_ * dp_size_);
 }
 
 void DataLoader::ShuffleNextPass() {
@@ -65,14 +73,14 @@ void DataLoader::ShuffleNextPass() {
 
 int64_t DataLoader::NextShuffledPosition() {
   if (next_window_ == static_cast<int64_t>(window_order_.size())) ShuffleNextPass();
-  const int64_t window = micro_batch_ * seq_len_ * world_size_;
-  return window_order_[next_window_++] * window + rank_ * micro_batch_ * seq_len_;
+  const int64_t window = micro_batch_ * seq_len_ * dp_size_;
+  return window_order_[next_window_++] * window + dp_rank_ * micro_batch_ * seq_len_;
 }
 
 void DataLoader::Seek(int64_t micro_batches) {
   Reset();
   if (synthetic_ != nullptr) {
-    position_ += micro_batches * micro_batch_ * world_size_;
+    position_ += micro_batches * micro_batch_ * dp_size_;
     return;
   }
   const int64_t per_pass = BatchesPerPass();
@@ -83,11 +91,11 @@ void DataLoader::Seek(int64_t micro_batches) {
     next_window_ = micro_batches % per_pass;
     return;
   }
-  position_ += (micro_batches % per_pass) * micro_batch_ * seq_len_ * world_size_;
+  position_ += (micro_batches % per_pass) * micro_batch_ * seq_len_ * dp_size_;
 }
 
 Batch DataLoader::Next() {
-  const int64_t B = micro_batch_, T = seq_len_, W = world_size_;
+  const int64_t B = micro_batch_, T = seq_len_, W = dp_size_;
   if (synthetic_ != nullptr) {
     const torch::Tensor sequences = synthetic_->Sequences(stream_, position_, B, T + 1);
     position_ += B * W;
@@ -103,7 +111,7 @@ Batch DataLoader::Next() {
   // higher ranks start over a batch early; here every rank measures from rank 0's, so the
   // ranks start over together and W ranks still read what one rank of W*B reads.
   position_ += B * T * W;
-  if (position_ - rank_ * B * T + B * T * W + 1 > file_->size()) Reset();
+  if (position_ - dp_rank_ * B * T + B * T * W + 1 > file_->size()) Reset();
   return {window.narrow(0, 0, B * T).view({B, T}), window.narrow(0, 1, B * T).view({B, T})};
 }
 
@@ -112,4 +120,4 @@ std::optional<double> DataLoader::EntropyFloor() const {
   return synthetic_->EntropyRate();
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::data

@@ -1,7 +1,7 @@
 // Test helpers: writes token files in llm.c's format or raw, for token_file_test and
 // data_loader_test.
-#ifndef PLAIT_TRAINER_TESTING_TOKEN_FILES_H_
-#define PLAIT_TRAINER_TESTING_TOKEN_FILES_H_
+#ifndef PLAIT_DATA_TESTING_TOKEN_FILES_H_
+#define PLAIT_DATA_TESTING_TOKEN_FILES_H_
 
 #include <cstdint>
 #include <cstdlib>
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "trainer/token_file.h"
+#include "data/token_file.h"
 
-namespace plait::trainer::testing {
+namespace plait::data::testing {
 
 // A path in the test's temporary folder.
 inline std::string TempPath(const std::string& name) {
@@ -49,6 +49,6 @@ inline std::vector<uint16_t> Iota(int n) {
   return tokens;
 }
 
-}  // namespace plait::trainer::testing
+}  // namespace plait::data::testing
 
-#endif  // PLAIT_TRAINER_TESTING_TOKEN_FILES_H_
+#endif  // PLAIT_DATA_TESTING_TOKEN_FILES_H_

@@ -1,22 +1,22 @@
-#include "trainer/token_file.h"
+#include "data/token_file.h"
 
 #include <cstdint>
 #include <vector>
 
 #include "base/status_matchers.h"
+#include "data/testing_token_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainer/testing_token_files.h"
 
-namespace plait::trainer {
+namespace plait::data {
 namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
-using ::plait::trainer::testing::Iota;
-using ::plait::trainer::testing::TempPath;
-using ::plait::trainer::testing::WriteLlmc;
-using ::plait::trainer::testing::WriteRaw;
+using ::plait::data::testing::Iota;
+using ::plait::data::testing::TempPath;
+using ::plait::data::testing::WriteLlmc;
+using ::plait::data::testing::WriteRaw;
 using ::testing::HasSubstr;
 
 TEST(TokenFileTest, ReadsLlmcAndRawFiles) {
@@ -66,4 +66,4 @@ TEST(TokenFileTest, BadFilesAreErrorsNamingTheFileAndTheProblem) {
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::data

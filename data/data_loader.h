@@ -1,0 +1,101 @@
+// The batches one data-parallel rank trains and evaluates on, from a data source
+// (ResolvedDataConfig in data_config.h): the synthetic Markov source (markov_source.h) or
+// token files (token_file.h). Both follow llm.c's convention: the k-th micro-batch of rank r
+// of W reads the B*T+1 tokens (or B sequences) at position (k*W + r)*B*T, so W ranks with
+// micro-batch B see together exactly what one rank with micro-batch W*B sees. Token files
+// start over at r*B*T when the world's next batch would pass the end (as llm.c, but measured
+// from rank 0's position on every rank, so the ranks start over together). With
+// TokenFiles.shuffle the training file's windows of one world batch come in a seeded random
+// order, new each pass.
+//
+//   PLAIT_ASSIGN_OR_RETURN(
+//       DataLoader train,
+//       DataLoader::Create(data, Split::kTrain, vocab, B, T, dp_rank, dp_size, "plan.data"));
+//   Batch batch = train.Next();  // inputs, targets: int64 [B, T]
+#ifndef PLAIT_DATA_DATA_LOADER_H_
+#define PLAIT_DATA_DATA_LOADER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "data/data.pb.h"
+#include "data/markov_source.h"
+#include "data/token_file.h"
+#include "torch/torch.h"
+
+namespace plait::data {
+
+struct Batch {
+  torch::Tensor inputs;   // int64 [B, T]
+  torch::Tensor targets;  // int64 [B, T]: inputs shifted by one token
+};
+
+// The training stream, or the held-out one (the eval file, or the synthetic source's
+// second stream).
+enum class Split { kTrain, kEval };
+
+class DataLoader {
+ public:
+  // The loader of data-parallel rank `dp_rank` of `dp_size` for `data` (as
+  // ResolvedDataConfig returns it). These are the rank's coordinate in, and the width of, the
+  // data-parallel dimensions only: ranks that split one model (tensor parallelism) share a
+  // coordinate and read the same batches. The trainer passes the world's rank and size, its
+  // every mesh dimension being data-parallel today. `field_path` is where `data` sits in the
+  // caller's config ("plan.data"); errors start with the field they concern:
+  // "<field_path>.synthetic.num_states: ..." for an out-of-range synthetic value, and
+  // "<field_path>.token_files.train_path: <file>: ..." for a bad token file (TokenFile::Open)
+  // or one too short for one batch of every data-parallel rank (W*B*T+1 tokens).
+  static absl::StatusOr<DataLoader> Create(const DataConfig& data, Split split, int64_t vocab_size,
+                                           int64_t micro_batch, int64_t seq_len, int dp_rank,
+                                           int dp_size, absl::string_view field_path);
+
+  // The next micro-batch of this rank.
+  Batch Next();
+
+  // Back to this rank's first micro-batch (evaluation reads the same held-out batches each
+  // time).
+  void Reset();
+
+  // Positions the loader as if Next had been called `micro_batches` times since Reset, in
+  // time independent of `micro_batches`: how a resumed run skips the batches it trained on
+  // (also in a shuffled file, whose window order of each pass depends only on the seed).
+  void Seek(int64_t micro_batches);
+
+  // The synthetic source's entropy rate (the loss floor); nullopt for token files.
+  std::optional<double> EntropyFloor() const;
+
+ private:
+  DataLoader() = default;
+
+  // The token offset of this rank's next read in shuffled order.
+  int64_t NextShuffledPosition();
+
+  // Orders the windows of pass `pass_` and moves to the next pass.
+  void ShuffleNextPass();
+
+  // How many world batches one pass over the token file reads.
+  int64_t BatchesPerPass() const;
+
+  std::shared_ptr<const MarkovSource> synthetic_;
+  std::shared_ptr<const TokenFile> file_;
+  uint64_t stream_ = 0;
+  int64_t micro_batch_ = 0;
+  int64_t seq_len_ = 0;
+  int dp_rank_ = 0;
+  int dp_size_ = 1;
+  int64_t position_ = 0;  // tokens for files, sequences for the synthetic source
+  // Shuffled token files: the window order of the current pass and the next window's index.
+  bool shuffle_ = false;
+  uint64_t shuffle_seed_ = 0;
+  int64_t pass_ = 0;
+  int64_t next_window_ = 0;
+  std::vector<int64_t> window_order_;
+};
+
+}  // namespace plait::data
+
+#endif  // PLAIT_DATA_DATA_LOADER_H_
