@@ -11,8 +11,17 @@ _LIBRARY_DIRS = ["lib/x86_64-linux-gnu", "lib64", "lib"]
 
 def _system_repository_impl(rctx):
     root = rctx.attr.root
-    if rctx.attr.root_env:
-        root = rctx.os.environ.get(rctx.attr.root_env, root)
+    if rctx.attr.root_env and rctx.attr.root_env in rctx.os.environ:
+        root = rctx.os.environ[rctx.attr.root_env]
+    elif rctx.attr.library_probe:
+        # The first of root and the fallbacks that holds the probed library.
+        for candidate_root in [root] + rctx.attr.fallback_roots:
+            if any([
+                rctx.path("%s/%s/%s" % (candidate_root, d, rctx.attr.library_probe)).exists
+                for d in _LIBRARY_DIRS
+            ]):
+                root = candidate_root
+                break
     if not rctx.path(root).exists:
         hint = " (set %s to its root)" % rctx.attr.root_env if rctx.attr.root_env else ""
         fail("%s: %s does not exist%s; run tools/setup.sh to install the Debian packages" %
@@ -47,6 +56,9 @@ system_repository = repository_rule(
     attrs = {
         "root": attr.string(default = "/usr", doc = "Root of the installed tree."),
         "root_env": attr.string(doc = "Environment variable that overrides `root`, if any."),
+        "fallback_roots": attr.string_list(
+            doc = "Roots tried after `root` (when root_env is unset) for the library_probe.",
+        ),
         "entries": attr.string_list(
             default = ["include"],
             doc = "Entries of the root linked into the repository (those that exist).",
@@ -59,7 +71,7 @@ system_repository = repository_rule(
         ),
         "build_file": attr.label(mandatory = True, allow_single_file = True),
     },
-    environ = ["LIBTORCH_HOME", "CUDA_HOME"],
+    environ = ["LIBTORCH_HOME", "CUDA_HOME", "NCCL_HOME"],
     local = True,
 )
 
@@ -140,7 +152,7 @@ def plait_dependencies():
         build_file = Label("//third_party:nlohmann_json.BUILD"),
     )
 
-    # CUDA runtime and NCCL, used only under --config=gpu (the repository is fetched only
+    # The CUDA runtime, used only under --config=gpu (the repository is fetched only
     # when a GPU target is built).
     _maybe(
         system_repository,
@@ -149,4 +161,16 @@ def plait_dependencies():
         root_env = "CUDA_HOME",
         library_probe = "libcudart.so",
         build_file = Label("//third_party:cuda.BUILD"),
+    )
+
+    # NCCL: in the CUDA tree where it was installed there, else where tools/setup.sh puts
+    # the one from PyPI (/opt/nccl).
+    _maybe(
+        system_repository,
+        name = "local_nccl",
+        root = "/usr/local/cuda",
+        root_env = "NCCL_HOME",
+        fallback_roots = ["/opt/nccl"],
+        library_probe = "libnccl.so",
+        build_file = Label("//third_party:nccl.BUILD"),
     )

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package that building and testing plait needs.
+# Installs every Debian 12 package that building and testing plait needs, and NCCL's headers
+# and library for the GPU build when the machine's CUDA has none.
 # Idempotent: when everything is installed it only checks, and returns in seconds.
 set -euo pipefail
 
@@ -36,6 +37,42 @@ link_pinned_bazel() {
   ln -s bazel-4 "/usr/bin/bazel-${pinned}"
 }
 
+# NCCL for `bazel build --config=gpu` (third_party/nccl.BUILD): compiling and linking the NCCL
+# code needs nccl.h and libnccl.so. Some machines carry the CUDA toolkit without NCCL; there
+# NVIDIA's PyPI wheel (headers and library, no toolkit) is unpacked into /opt/nccl.
+nccl_wheel="nvidia-nccl-cu13==2.32.3"  # CUDA 13, as /usr/local/cuda on the build machines
+nccl_dir=/opt/nccl
+install_nccl() {
+  local cuda="${CUDA_HOME:-/usr/local/cuda}"
+  [ -n "${NCCL_HOME:-}" ] && return 0
+  [ -f "${cuda}/include/cuda_runtime.h" ] || return 0  # no CUDA: no GPU build to serve
+  [ -f "${cuda}/include/nccl.h" ] && return 0
+  [ -f "${nccl_dir}/include/nccl.h" ] && [ -e "${nccl_dir}/lib/libnccl.so" ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: run as root to install NCCL into ${nccl_dir} (or set NCCL_HOME)" >&2
+    return 1
+  fi
+  echo "setup: installing NCCL (${nccl_wheel}) into ${nccl_dir}"
+  local download
+  download="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "${download}" "${nccl_wheel}"
+  python3 - "${download}" "${nccl_dir}" <<'EOF'
+import glob, os, shutil, sys, zipfile
+download, target = sys.argv[1], sys.argv[2]
+staging = target + ".tmp"
+shutil.rmtree(staging, ignore_errors=True)
+with zipfile.ZipFile(glob.glob(os.path.join(download, "*.whl"))[0]) as wheel:
+    for name in wheel.namelist():
+        if name.startswith("nvidia/nccl/include/") or name.startswith("nvidia/nccl/lib/"):
+            wheel.extract(name, staging)
+os.symlink("libnccl.so.2", os.path.join(staging, "nvidia/nccl/lib/libnccl.so"))
+shutil.rmtree(target, ignore_errors=True)
+os.rename(os.path.join(staging, "nvidia/nccl"), target)
+shutil.rmtree(staging)
+EOF
+  rm -rf "${download}"
+}
+
 missing=()
 for pkg in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
@@ -45,6 +82,7 @@ done
 
 if [ "${#missing[@]}" -eq 0 ]; then
   link_pinned_bazel
+  install_nccl
   echo "setup: all ${#packages[@]} packages are installed"
   exit 0
 fi
@@ -60,4 +98,5 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
 link_pinned_bazel
+install_nccl
 echo "setup: done"
