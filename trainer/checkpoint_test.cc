@@ -98,8 +98,8 @@ void ExpectResumeReproducesTheStraightRun(const std::string& plan_name, int rank
   const TrainReport resumed = TrainOnRanks(plan, ranks);
   ASSERT_EQ(resumed.steps.size(), 5u);
   for (size_t i = 0; i < resumed.steps.size(); ++i) {
-    const StepMetrics& want = straight.steps[i + 3];
-    const StepMetrics& have = resumed.steps[i];
+    const auto& want = straight.steps[i + 3];
+    const auto& have = resumed.steps[i];
     EXPECT_EQ(have.step, want.step);
     EXPECT_EQ(have.loss, want.loss) << "step " << want.step;
     EXPECT_EQ(have.lr, want.lr) << "step " << want.step;

@@ -3,14 +3,16 @@
 // then runs the steps: micro-batches with gradient accumulation (DDP's no-sync scope on all
 // but the last), loss scaled by 1/accumulation, clipping and the update at the scheduled
 // learning rate, periodic evaluation on the held-out split, and a summary. Rank 0 prints
-// its progress (progress.h) and writes the JSONL metrics:
+// its progress (metrics/progress.h) and writes the JSONL metrics (metrics/metrics_log.h).
+// The data-parallel rank and width, which choose the batches a rank reads, are those of the
+// mesh dimensions whose strategies split the batch (wrap::Preparation::DataParallelDims):
 //
 //   PLAIT_RETURN_IF_ERROR(ValidatePlan(plan, world.world_size));
-//   PLAIT_ASSIGN_OR_RETURN(DeviceMesh mesh, ...);   // the plan's mesh (run.h builds it)
+//   PLAIT_ASSIGN_OR_RETURN(auto group, parallel::ProcessGroup::Start(world, plan.mesh(), ...));
 //   TrainOptions options;
 //   options.log = &std::cout;
 //   options.log_is_terminal = parallel::StdoutIsTerminal();
-//   PLAIT_ASSIGN_OR_RETURN(TrainReport report, Train(plan, mesh, options));
+//   PLAIT_ASSIGN_OR_RETURN(TrainReport report, Train(plan, group->mesh(), options));
 #ifndef PLAIT_TRAINER_TRAINER_H_
 #define PLAIT_TRAINER_TRAINER_H_
 
@@ -21,41 +23,41 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "metrics/step_metrics.h"
 #include "parallel/device_mesh.h"
 #include "trainer/plan.pb.h"
-#include "trainer/step_metrics.h"
 
-namespace plait::trainer {
+    namespace plait::trainer {
 
-struct TrainReport {
-  std::vector<StepMetrics> steps;
-  std::optional<double> entropy_floor;  // the synthetic source's
-  std::optional<double> best_eval_loss;
-  double seconds = 0.0;
-  double tokens_per_s = 0.0;
-  std::optional<double> mfu;
-};
+  struct TrainReport {
+    std::vector<metrics::StepMetrics> steps;
+    std::optional<double> entropy_floor;  // the synthetic source's
+    std::optional<double> best_eval_loss;
+    double seconds = 0.0;
+    double tokens_per_s = 0.0;
+    std::optional<double> mfu;
+  };
 
-struct TrainOptions {
-  // Where rank 0 prints progress; nullptr prints nothing (other ranks never print).
-  std::ostream* log = nullptr;
-  // Whether `log` reaches a terminal, where the progress is a status line redrawn in place
-  // (parallel::StdoutIsTerminal tells for stdout).
-  bool log_is_terminal = false;
-  // The metrics file rank 0 writes; empty writes none. Run resolves training.metrics_file.
-  std::string metrics_path;
-  // Where rank 0 saves the trained model; empty saves none. Run resolves
-  // training.save_hf_dir.
-  std::string save_hf_dir;
-  // Where checkpoints go (checkpoint.h); empty: none. Run resolves training.checkpoint.dir.
-  std::string checkpoint_dir;
-};
+  struct TrainOptions {
+    // Where rank 0 prints progress; nullptr prints nothing (other ranks never print).
+    std::ostream* log = nullptr;
+    // Whether `log` reaches a terminal, where the progress is a status line redrawn in place
+    // (parallel::StdoutIsTerminal tells for stdout).
+    bool log_is_terminal = false;
+    // The metrics file rank 0 writes; empty writes none. Run resolves training.metrics_file.
+    std::string metrics_path;
+    // Where rank 0 saves the trained model; empty saves none. Run resolves
+    // training.save_hf_dir.
+    std::string save_hf_dir;
+    // Where checkpoints go (checkpoint.h); empty: none. Run resolves training.checkpoint.dir.
+    std::string checkpoint_dir;
+  };
 
-// Trains `plan` (which must pass ValidatePlan for the mesh's world size) as rank
-// mesh.rank(). Every rank of the mesh must call it. Errors name the plan field, file or
-// step; communication errors name the rank.
-absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& mesh,
-                                  const TrainOptions& options);
+  // Trains `plan` (which must pass ValidatePlan for the mesh's world size) as rank
+  // mesh.rank(). Every rank of the mesh must call it. Errors name the plan field, file or
+  // step; communication errors name the rank.
+  absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& mesh,
+                                    const TrainOptions& options);
 
 }  // namespace plait::trainer
 

@@ -1,12 +1,12 @@
 // What one optimizer step of a training run measured: the row of the JSONL metrics file and
 // of the progress output (progress.h).
-#ifndef PLAIT_TRAINER_STEP_METRICS_H_
-#define PLAIT_TRAINER_STEP_METRICS_H_
+#ifndef PLAIT_METRICS_STEP_METRICS_H_
+#define PLAIT_METRICS_STEP_METRICS_H_
 
 #include <cstdint>
 #include <optional>
 
-namespace plait::trainer {
+namespace plait::metrics {
 
 struct StepMetrics {
   int64_t step = 0;   // 1 for the first optimizer step
@@ -19,6 +19,6 @@ struct StepMetrics {
   std::optional<double> eval_loss;  // when evaluated after this step
 };
 
-}  // namespace plait::trainer
+}  // namespace plait::metrics
 
-#endif  // PLAIT_TRAINER_STEP_METRICS_H_
+#endif  // PLAIT_METRICS_STEP_METRICS_H_

@@ -1,10 +1,10 @@
-#include "trainer/progress.h"
+#include "metrics/progress.h"
 
 #include <sstream>
 
 #include "gtest/gtest.h"
 
-namespace plait::trainer {
+namespace plait::metrics {
 namespace {
 
 StepMetrics Metrics(int64_t step) {
@@ -53,4 +53,4 @@ TEST(ProgressLogTest, PrintsPlainLinesEveryLogEveryStepsAndNotableSteps) {
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::metrics

@@ -1,11 +1,11 @@
-#include "trainer/progress.h"
+#include "metrics/progress.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace plait::trainer {
+namespace plait::metrics {
 namespace {
 
 // ANSI "erase to the end of the line": what a shorter line leaves of a longer one.
@@ -52,4 +52,4 @@ void ProgressLog::Step(const StepMetrics& metrics, double tokens_per_s, double e
   }
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::metrics

@@ -11,16 +11,16 @@
 //                        /*total_steps=*/100, /*log_every=*/10);
 //   progress.Print("training 5.0M parameters on 2 ranks");
 //   progress.Step(metrics, /*tokens_per_s=*/3421, /*eta_seconds=*/19);
-#ifndef PLAIT_TRAINER_PROGRESS_H_
-#define PLAIT_TRAINER_PROGRESS_H_
+#ifndef PLAIT_METRICS_PROGRESS_H_
+#define PLAIT_METRICS_PROGRESS_H_
 
 #include <cstdint>
 #include <ostream>
 #include <string>
 
-#include "trainer/step_metrics.h"
+#include "metrics/step_metrics.h"
 
-namespace plait::trainer {
+namespace plait::metrics {
 
 class ProgressLog {
  public:
@@ -44,6 +44,6 @@ class ProgressLog {
   int64_t log_every_;
 };
 
-}  // namespace plait::trainer
+}  // namespace plait::metrics
 
-#endif  // PLAIT_TRAINER_PROGRESS_H_
+#endif  // PLAIT_METRICS_PROGRESS_H_

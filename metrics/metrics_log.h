@@ -1,0 +1,45 @@
+// The metrics file of a training run: one JSON object per optimizer step (JSONL), written by
+// rank 0 and flushed after every row, so a run that is killed leaves every finished step in
+// it. A resumed run opens the file at the step it resumes from: the rows after that step
+// (logged after the checkpoint, before the kill) are dropped, since the run writes them again.
+//
+//   PLAIT_ASSIGN_OR_RETURN(MetricsLog log, MetricsLog::Open("metrics.jsonl", resume_step));
+//   PLAIT_RETURN_IF_ERROR(log.Append(metrics));  // {"step":1,"loss":2.31,"lr":0.001,...}
+#ifndef PLAIT_METRICS_METRICS_LOG_H_
+#define PLAIT_METRICS_METRICS_LOG_H_
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "metrics/step_metrics.h"
+
+namespace plait::metrics {
+
+class MetricsLog {
+ public:
+  // Opens `path` for appending after keeping its rows of steps up to `resume_step` (all
+  // others, and a row cut short by a kill, are dropped; 0 empties it). A missing file is
+  // created. Errors name the file.
+  static absl::StatusOr<MetricsLog> Open(const std::string& path, int64_t resume_step);
+
+  // Writes one row and flushes it. Optional fields appear only when set.
+  absl::Status Append(const StepMetrics& metrics);
+
+ private:
+  MetricsLog(std::string path, std::unique_ptr<std::ofstream> out)
+      : path_(std::move(path)), out_(std::move(out)) {}
+
+  std::string path_;
+  std::unique_ptr<std::ofstream> out_;
+};
+
+// The rows of `path` of steps up to `step`, the rest dropped; a missing file stays missing.
+absl::Status KeepRowsUpTo(const std::string& path, int64_t step);
+
+}  // namespace plait::metrics
+
+#endif  // PLAIT_METRICS_METRICS_LOG_H_

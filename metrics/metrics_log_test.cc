@@ -1,0 +1,58 @@
+#include "metrics/metrics_log.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "base/file.h"
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plait::metrics {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::IsOkAndHolds;
+using ::plait::base::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string TempPath(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+TEST(KeepRowsUpToTest, KeepsRowsUpToTheStepAndLeavesAMissingFileMissing) {
+  const std::string path = TempPath("keep.jsonl");
+  EXPECT_THAT(KeepRowsUpTo(path, 3), IsOk());
+  EXPECT_FALSE(std::filesystem::exists(path));
+  std::ofstream(path) << "{\"step\":1}\n{\"step\":2}\nnot json\n{\"step\":3}\n{\"step\":4}";
+  ASSERT_THAT(KeepRowsUpTo(path, 2), IsOk());
+  EXPECT_THAT(base::ReadFile(path), IsOkAndHolds(std::string("{\"step\":1}\n{\"step\":2}\n")));
+}
+
+TEST(MetricsLogTest, AppendsOneRowPerStepAfterTheResumedOnes) {
+  const std::string path = TempPath("run.jsonl");
+  std::ofstream(path) << "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.0}\n";
+  absl::StatusOr<MetricsLog> log = MetricsLog::Open(path, /*resume_step=*/1);
+  ASSERT_THAT(log, IsOk());
+  StepMetrics metrics;
+  metrics.step = 2;
+  metrics.loss = 2.5;
+  metrics.lr = 0.5;
+  metrics.tokens_per_s = 100;
+  metrics.eval_loss = 2.25;
+  ASSERT_THAT(log->Append(metrics), IsOk());
+  EXPECT_THAT(base::ReadFile(path),
+              IsOkAndHolds(std::string("{\"step\":1,\"loss\":3.0}\n"
+                                       "{\"eval_loss\":2.25,\"loss\":2.5,\"lr\":0.5,\"step\":2,"
+                                       "\"tokens_per_s\":100.0}\n")));
+}
+
+TEST(MetricsLogTest, AnUnwritableFileIsNamed) {
+  EXPECT_THAT(MetricsLog::Open(TempPath("no/such/folder/run.jsonl"), 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no/such/folder/run.jsonl")));
+}
+
+}  // namespace
+}  // namespace plait::metrics
