@@ -36,5 +36,22 @@ TEST(TextProtoTest, ErrorsGiveSourceLineAndColumn) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("config.textproto:1:")));
 }
 
+TEST(TextProtoTest, FieldAssignmentsGoThroughTheParser) {
+  TextProtoTestMessage message;
+  ASSERT_THAT(MergeFieldAssignment("name=a b", "--set", "config", message), IsOk());
+  ASSERT_THAT(MergeFieldAssignment("dtype=DTYPE_BFLOAT16", "--set", "config", message), IsOk());
+  EXPECT_EQ(message.name(), "a b");
+  EXPECT_EQ(message.dtype(), DTYPE_BFLOAT16);
+  EXPECT_THAT(
+      MergeFieldAssignment("cuont=2", "--set=cuont=2", "config", message),
+      StatusIs(absl::StatusCode::kInvalidArgument, "--set=cuont=2: config has no field \"cuont\""));
+  EXPECT_THAT(MergeFieldAssignment("count.x=2", "--set", "config", message),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--set: config.count is not a message"));
+  EXPECT_THAT(MergeFieldAssignment("count=two", "--set", "config", message),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--set:1:")));
+  EXPECT_THAT(MergeFieldAssignment("count", "--set", "config", message),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected path=value")));
+}
+
 }  // namespace
 }  // namespace plait::base

@@ -4,31 +4,19 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/file.h"
 #include "base/status.h"
 #include "base/text_proto.h"
-#include "google/protobuf/descriptor.h"
 
 namespace plait::trainer {
-namespace {
-
-// Parses (or merges, keeping what `plan` holds) `text` into `plan`.
-absl::Status MergeText(absl::string_view text, absl::string_view source, Plan& plan) {
-  return base::MergeTextProto(text, source, plan);
-}
-
-}  // namespace
 
 absl::StatusOr<Plan> ParsePlan(absl::string_view text, absl::string_view source) {
   Plan plan;
-  absl::Status status = MergeText(text, source, plan);
+  absl::Status status = base::MergeTextProto(text, source, plan);
   if (!status.ok()) return status;
   return plan;
 }
@@ -42,50 +30,7 @@ absl::StatusOr<Plan> LoadPlan(const std::string& path) {
 }
 
 absl::Status ApplyOverride(absl::string_view assignment, Plan& plan) {
-  const std::string where = absl::StrCat("--set=", assignment);
-  const size_t equals = assignment.find('=');
-  if (equals == absl::string_view::npos || equals == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": expected path=value, e.g. --set=training.steps=50"));
-  }
-  const std::vector<std::string> path = absl::StrSplit(assignment.substr(0, equals), '.');
-  const std::string value(assignment.substr(equals + 1));
-
-  // Walk the descriptors so errors name the component, and strings can be quoted here.
-  const google::protobuf::Descriptor* message = Plan::descriptor();
-  std::string walked = "plan";
-  std::string prefix, suffix;
-  for (size_t i = 0; i < path.size(); ++i) {
-    const google::protobuf::FieldDescriptor* field = message->FindFieldByName(path[i]);
-    if (field == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", walked, " has no field \"", path[i], "\""));
-    }
-    if (field->is_repeated()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": ", walked, ".", path[i], " is repeated; overrides set singular fields"));
-    }
-    const bool last = i + 1 == path.size();
-    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
-      if (last) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": ", walked, ".", path[i],
-                                                       " is a message; name one of its fields"));
-      }
-      absl::StrAppend(&prefix, path[i], " { ");
-      suffix = absl::StrCat(" }", suffix);
-      message = field->message_type();
-    } else {
-      if (!last) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": ", walked, ".", path[i], " is not a message"));
-      }
-      const bool quote = field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_STRING;
-      absl::StrAppend(&prefix, path[i], ": ",
-                      quote ? absl::StrCat("\"", absl::CEscape(value), "\"") : value);
-    }
-    absl::StrAppend(&walked, ".", path[i]);
-  }
-  return MergeText(absl::StrCat(prefix, suffix), where, plan);
+  return base::MergeFieldAssignment(assignment, absl::StrCat("--set=", assignment), "plan", plan);
 }
 
 absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, bool allow_world_size) {
