@@ -44,6 +44,17 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
   return 6.0 * matmul_params + 12.0 * layers * static_cast<double>(seq_len) * hidden;
 }
 
+double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                       double element_bytes) {
+  const double b = static_cast<double>(batch);
+  const double s = static_cast<double>(seq_len);
+  const double h = static_cast<double>(config.hidden_size());
+  const double a = static_cast<double>(config.num_attention_heads());
+  const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) * element_bytes / 2.0;
+  return per_layer * static_cast<double>(config.num_hidden_layers()) +
+         2.0 * element_bytes * b * s * static_cast<double>(config.vocab_size());
+}
+
 int64_t NumParameters(const ModelConfig& config) {
   int64_t count = 0;
   for (const ParameterShape& shape : ParameterShapes(config)) count += shape.numel();

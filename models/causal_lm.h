@@ -56,6 +56,14 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len);
 // The number of parameters of the model `config` describes (tied embeddings counted once).
 int64_t NumParameters(const ModelConfig& config);
 
+// Bytes of activations one micro-batch of `batch` sequences of `seq_len` tokens keeps from
+// its forward for its backward, in elements of `element_bytes`, estimated as Korthikanti et
+// al., "Reducing Activation Recomputation in Large Transformer Models" (2022), eq. 1:
+// s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit; plus the logits and their softmax,
+// [b, s, vocab] each. For memory estimates.
+double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                       double element_bytes);
+
 // x * rsqrt(mean(x^2) + eps) * weight over the last dimension.
 class RmsNorm : public torch::nn::Module {
  public:

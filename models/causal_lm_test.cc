@@ -340,5 +340,15 @@ TEST(FlopsTest, CountsMatmulsAndAttention) {
   EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(config, 16), expected);
 }
 
+TEST(ActivationBytesTest, FollowsKorthikantisEquationPlusTheLogits) {
+  ModelConfig config = PresetConfig("tiny").value();
+  const double h = config.hidden_size(), a = config.num_attention_heads();
+  const double layers = config.num_hidden_layers(), vocab = config.vocab_size();
+  // b = 2, s = 16, in 16-bit: s*b*h*(34 + 5*a*s/h) per layer, and 2 [b, s, vocab] tensors.
+  const double expected = 16 * 2 * h * (34 + 5 * a * 16 / h) * layers + 2 * 2 * 2 * 16 * vocab;
+  EXPECT_DOUBLE_EQ(ActivationBytes(config, 2, 16, 2.0), expected);
+  EXPECT_DOUBLE_EQ(ActivationBytes(config, 2, 16, 4.0), 2 * expected);
+}
+
 }  // namespace
 }  // namespace plait::models

@@ -46,19 +46,6 @@ std::string ShortName(torch::ScalarType dtype) {
   }
 }
 
-// Activation memory of one micro-batch's forward kept for backward, from Korthikanti et al.,
-// "Reducing Activation Recomputation in Large Transformer Models" (2022), eq. 1:
-// s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit, scaled here to `element_bytes`; plus the
-// logits and their softmax, [b, s, vocab] each.
-double ActivationBytes(const models::ModelConfig& config, int64_t b, int64_t s,
-                       double element_bytes) {
-  const double h = config.hidden_size();
-  const double a = config.num_attention_heads();
-  const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) * element_bytes / 2.0;
-  return per_layer * config.num_hidden_layers() +
-         2.0 * element_bytes * b * s * static_cast<double>(config.vocab_size());
-}
-
 }  // namespace
 
 absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
@@ -185,7 +172,7 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   const double masters = element_bytes < kBytesPerFloat ? 1.0 : 0.0;
   const double states = owned * (2.0 * element_bytes + kBytesPerFloat * (slots + masters));
   const double activations =
-      ActivationBytes(config, training.micro_batch(), training.seq_len(), element_bytes);
+      models::ActivationBytes(config, training.micro_batch(), training.seq_len(), element_bytes);
   lines.push_back(absl::StrFormat(
       "memory per rank (estimate): %s parameters + gradients + optimizer state (%d slots%s)%s, "
       "%s activations; about %s",
