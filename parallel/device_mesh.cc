@@ -7,42 +7,45 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "base/violation.h"
 
 namespace plait::parallel {
 
-absl::StatusOr<MeshLayout> MeshLayout::Create(const MeshConfig& config, int world_size) {
-  if (config.dims().empty()) {
-    if (world_size != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mesh.dims: no dimensions describe one rank, but the world has ", world_size));
-    }
-    return MeshLayout({"world"}, {1}, 1);
-  }
-  std::vector<std::string> names;
-  std::vector<int> sizes;
-  absl::flat_hash_set<std::string> seen;
-  int64_t product = 1;
+std::vector<base::Violation> CheckMeshConfig(const MeshConfig& config, int world_size,
+                                             const std::string& field) {
+  std::vector<base::Violation> violations;
+  auto add = [&](std::string where, std::string message) {
+    violations.push_back({std::move(where), std::move(message), ""});
+  };
+  absl::flat_hash_set<std::string> names;
+  std::vector<std::string> shape;
   for (int i = 0; i < config.dims_size(); ++i) {
     const MeshConfig::Dimension& dim = config.dims(i);
-    if (dim.name().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("mesh.dims[", i, "].name: is empty"));
+    const std::string dim_field = absl::StrCat(field, ".dims[", i, "]");
+    if (dim.name().empty()) add(dim_field + ".name", "is empty; name every mesh dimension");
+    if (!names.insert(dim.name()).second) {
+      add(dim_field + ".name", absl::StrCat("\"", dim.name(), "\" appears twice"));
     }
-    if (!seen.insert(dim.name()).second) {
-      return absl::InvalidArgumentError(absl::StrCat("mesh.dims[", i, "].name: \"", dim.name(),
-                                                     "\" names an earlier dimension too"));
-    }
-    if (dim.size() < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mesh.dims[", i, "].size: ", dim.size(), " must be >= 1"));
-    }
+    if (dim.size() < 1) add(dim_field + ".size", absl::StrCat(dim.size(), "; must be >= 1"));
+    shape.push_back(absl::StrCat(dim.name(), "=", dim.size()));
+  }
+  if (MeshRanks(config) != world_size) {
+    add(field,
+        absl::StrCat(shape.empty() ? "no dimensions (one rank)" : absl::StrJoin(shape, " x "),
+                     " makes ", MeshRanks(config), " ranks, but the world has ", world_size,
+                     "; the mesh's sizes must multiply to the world size"));
+  }
+  return violations;
+}
+
+absl::StatusOr<MeshLayout> MeshLayout::Create(const MeshConfig& config, int world_size) {
+  PLAIT_RETURN_IF_ERROR(base::ViolationsToStatus(CheckMeshConfig(config, world_size, "mesh")));
+  if (config.dims().empty()) return MeshLayout({"world"}, {1}, 1);
+  std::vector<std::string> names;
+  std::vector<int> sizes;
+  for (const MeshConfig::Dimension& dim : config.dims()) {
     names.push_back(dim.name());
     sizes.push_back(dim.size());
-    product *= dim.size();
-  }
-  if (product != world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("mesh.dims: sizes ", absl::StrJoin(sizes, " x "),
-                                                   " = ", product, " do not match the world size ",
-                                                   world_size));
   }
   return MeshLayout(std::move(names), std::move(sizes), world_size);
 }

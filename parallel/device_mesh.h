@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/violation.h"
 #include "parallel/communicator.h"
 #include "parallel/mesh.pb.h"
 
@@ -31,11 +32,18 @@ namespace plait::parallel {
 // The number of ranks `config` describes: the product of its sizes, 1 without dimensions.
 int MeshRanks(const MeshConfig& config);
 
+// Every problem of `config` on a world of `world_size` ranks (a dimension without a name, a
+// name twice, a size below 1, sizes that do not multiply to the world size), fields named
+// from `field` ("plan.mesh"); empty when it is valid.
+std::vector<base::Violation> CheckMeshConfig(const MeshConfig& config, int world_size,
+                                             const std::string& field);
+
 // The shape of a mesh: which ranks share a group along each dimension. Pure arithmetic,
 // no communication.
 class MeshLayout {
  public:
-  // Checks `config` against the world size; errors name the field (mesh.dims[i].size, ...).
+  // Checks `config` against the world size (CheckMeshConfig); errors name the field
+  // (mesh.dims[i].size, ...).
   // Without dimensions, a one-rank world gets one dimension "world" of size 1, so that
   // wrappers find a dimension all the same.
   static absl::StatusOr<MeshLayout> Create(const MeshConfig& config, int world_size);

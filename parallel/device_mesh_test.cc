@@ -71,17 +71,18 @@ TEST(MeshLayoutTest, InvalidConfigsNameTheField) {
     return StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message));
   };
   EXPECT_THAT(MeshLayout::Create(ParseMesh(kDpTp), 8),
-              invalid("mesh.dims: sizes 2 x 2 = 4 do not match the world size 8"));
+              invalid("mesh: dp=2 x tp=2 makes 4 ranks, but the world has 8; the mesh's sizes "
+                      "must multiply to the world size"));
   EXPECT_THAT(MeshLayout::Create(ParseMesh(""), 4),
-              invalid("mesh.dims: no dimensions describe one rank, but the world has 4"));
+              invalid("mesh: no dimensions (one rank) makes 1 ranks, but the world has 4"));
   EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { name: "dp" size: 0 })pb"), 1),
-              invalid("mesh.dims[0].size: 0 must be >= 1"));
+              invalid("mesh.dims[0].size: 0; must be >= 1"));
   EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { size: 1 })pb"), 1),
-              invalid("mesh.dims[0].name: is empty"));
+              invalid("mesh.dims[0].name: is empty; name every mesh dimension"));
   EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { name: "dp" size: 1 }
                                                 dims { name: "dp" size: 2 })pb"),
                                  2),
-              invalid("mesh.dims[1].name: \"dp\" names an earlier dimension too"));
+              invalid("mesh.dims[1].name: \"dp\" appears twice"));
 }
 
 TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {

@@ -89,25 +89,11 @@ class Checker {
   }
 
   void CheckMesh() {
-    std::set<std::string> names;
-    std::vector<std::string> shape;
-    for (int i = 0; i < plan_.mesh().dims_size(); ++i) {
-      const auto& dim = plan_.mesh().dims(i);
-      const std::string field = absl::StrCat("plan.mesh.dims[", i, "]");
-      if (dim.name().empty()) Add(field + ".name", "is empty; name every mesh dimension");
-      if (!names.insert(dim.name()).second) {
-        Add(field + ".name", absl::StrCat("\"", dim.name(), "\" appears twice"));
-      }
-      if (dim.size() < 1) Add(field + ".size", absl::StrCat(dim.size(), "; must be >= 1"));
-      shape.push_back(absl::StrCat(dim.name(), "=", dim.size()));
-      dims_.insert(dim.name());
+    for (base::Violation& violation :
+         parallel::CheckMeshConfig(plan_.mesh(), world_size_, "plan.mesh")) {
+      violations_.push_back(std::move(violation));
     }
-    if (parallel::MeshRanks(plan_.mesh()) != world_size_) {
-      Add("plan.mesh",
-          absl::StrCat(shape.empty() ? "no dimensions (one rank)" : absl::StrJoin(shape, " x "),
-                       " makes ", parallel::MeshRanks(plan_.mesh()), " ranks, but the world has ",
-                       world_size_, "; the mesh's sizes must multiply to the world size"));
-    }
+    for (const auto& dim : plan_.mesh().dims()) dims_.insert(dim.name());
   }
 
   void CheckSteps(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
