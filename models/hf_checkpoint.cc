@@ -1,8 +1,9 @@
 #include "models/hf_checkpoint.h"
 
-#include <fstream>
+#include <filesystem>
 #include <set>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/file.h"
 #include "base/status.h"
 #include "models/model_config.h"
 
@@ -71,22 +73,33 @@ absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir,
 
 absl::Status SaveHfModel(CausalLM& model, const std::string& dir, torch::ScalarType dtype,
                          uint64_t max_shard_bytes) {
+  std::vector<std::pair<std::string, torch::Tensor>> parameters;
+  for (const auto& item : model.named_parameters())
+    parameters.emplace_back(item.key(), item.value());
+  return SaveHfParameters(model.config(), parameters, dir, dtype, max_shard_bytes);
+}
+
+absl::Status SaveHfParameters(const ModelConfig& config,
+                              const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
+                              const std::string& dir, torch::ScalarType dtype,
+                              uint64_t max_shard_bytes) {
   if (dtype != torch::kFloat32 && dtype != torch::kBFloat16) {
     return absl::InvalidArgumentError(absl::StrCat("SaveHfModel(", dir, "): dtype ",
                                                    c10::toString(dtype),
                                                    " is not supported; use float32 or bfloat16"));
   }
-  const std::string config_path = absl::StrCat(dir, "/config.json");
-  {
-    std::ofstream out(config_path, std::ios::trunc);
-    out << ToHfConfigJson(model.config(), dtype == torch::kFloat32 ? "float32" : "bfloat16")
-        << "\n";
-    out.close();
-    if (!out) return absl::PermissionDeniedError(absl::StrCat(config_path, ": write failed"));
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create \"", dir, "\": ", error.message()));
   }
+  PLAIT_RETURN_IF_ERROR(base::WriteFileAtomically(
+      absl::StrCat(dir, "/config.json"),
+      ToHfConfigJson(config, dtype == torch::kFloat32 ? "float32" : "bfloat16") + "\n"));
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  for (const auto& item : model.named_parameters()) {
-    tensors.emplace_back(item.key(), item.value().detach().to(torch::kCPU, dtype));
+  for (const auto& [name, tensor] : parameters) {
+    tensors.emplace_back(name, tensor.detach().to(torch::kCPU, dtype));
   }
   return WriteSafetensorsCheckpoint(dir, tensors, max_shard_bytes);
 }

@@ -40,6 +40,14 @@ absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir,
 absl::Status SaveHfModel(CausalLM& model, const std::string& dir,
                          torch::ScalarType dtype = torch::kFloat32, uint64_t max_shard_bytes = 0);
 
+// As SaveHfModel, for a model held elsewhere as whole tensors (a sharded model's, gathered):
+// `config` and `parameters` (every parameter by its Hugging Face name, in the file's order).
+// Creates `dir` when it is missing.
+absl::Status SaveHfParameters(const ModelConfig& config,
+                              const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
+                              const std::string& dir, torch::ScalarType dtype = torch::kFloat32,
+                              uint64_t max_shard_bytes = 0);
+
 }  // namespace plait::models
 
 #endif  // PLAIT_MODELS_HF_CHECKPOINT_H_

@@ -1,7 +1,5 @@
 #include "trainer/prepared_model.h"
 
-#include <filesystem>
-#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -51,26 +49,15 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
 absl::Status PreparedModel::SaveHf(const std::string& dir, int rank, int writer) {
   PLAIT_ASSIGN_OR_RETURN(auto full, preparation_->FullParameters());
   if (rank != writer) return absl::OkStatus();
-  // A fresh, unwrapped model to hold the whole parameters: SaveHfModel reads a CausalLM.
-  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> copy,
-                         models::CausalLM::Create(model_->config(), models::InitConfig()));
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& named : copy->NamedParameters()) {
-      const auto it = full.find(named.name);
-      if (it == full.end()) {
-        return absl::InternalError(absl::StrCat("saving ", dir, ": no gathered ", named.name));
-      }
-      named.parameter.copy_(it->second);
+  std::vector<std::pair<std::string, torch::Tensor>> parameters;  // in the model's order
+  for (const auto& item : model_->named_parameters()) {
+    const auto it = full.find(item.key());
+    if (it == full.end()) {
+      return absl::InternalError(absl::StrCat("saving ", dir, ": no gathered ", item.key()));
     }
+    parameters.emplace_back(item.key(), it->second);
   }
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot create \"", dir, "\": ", error.message()));
-  }
-  return models::SaveHfModel(*copy, dir);
+  return models::SaveHfParameters(model_->config(), parameters, dir);
 }
 
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> BuildOptimizer(
