@@ -1,6 +1,6 @@
 // Checkpoints: saving a run every few steps and resuming it exactly (plan.training.checkpoint,
-// CheckpointConfig in plan.proto). A run resumed from step k continues at step k+1 with the
-// same parameters, optimizer state, schedule position (the schedule is a function of the
+// CheckpointConfig in checkpoint/checkpoint.proto). A run resumed from step k continues at step k+1
+// with the same parameters, optimizer state, schedule position (the schedule is a function of the
 // step) and data (the loader skips the micro-batches consumed), so k steps, a resume and N-k
 // more give the losses and parameters of N steps straight.
 //
@@ -88,7 +88,7 @@ class Checkpointer {
 
   const parallel::DeviceMesh* mesh_;
   std::string dir_;  // empty: checkpoints are off
-  CheckpointConfig config_;
+  checkpoint::CheckpointConfig config_;
   int64_t steps_ = 0;         // plan.training.steps
   int64_t accumulation_ = 1;  // micro-batches per step
   std::string mesh_shape_;    // "dp=2"
