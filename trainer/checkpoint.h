@@ -1,26 +1,17 @@
-// Checkpoints: saving a run every few steps and resuming it exactly (plan.training.checkpoint,
-// CheckpointConfig in plan.proto). A run resumed from step k continues at step k+1 with the
-// same parameters, optimizer state, schedule position (the schedule is a function of the
-// step) and data (the loader skips the micro-batches consumed), so k steps, a resume and N-k
-// more give the losses and parameters of N steps straight.
+// Checkpoints of a training run (plan.training.checkpoint): what the trainer saves through
+// checkpoint::Checkpointer (checkpoint/checkpointer.h, which owns the layout, the crash-safe
+// save and the checks on resume) and how it puts it back. A run resumed from step k continues
+// at step k+1 with the same parameters, optimizer state, schedule position (the schedule is a
+// function of the step) and data (the loader skips the micro-batches consumed), so k steps, a
+// resume and N-k more give the losses and parameters of N steps straight.
 //
-// Layout: one folder per checkpoint, `dir/step-00000100/`, holding
-//   - checkpoint.json (written by rank 0): the step, the world size and mesh, the data position
-//     (micro-batches each rank has read), and a fingerprint of what a resume must not change
-//     (model config, preparation steps, optimizer algorithm, micro_batch, grad_accumulation,
-//     seq_len, data source), each under its plan field;
-//   - rank-00001-of-00002.safetensors (one per rank): the rank's trainable parameters
-//     ("param/<name>": FSDP shards are per rank) and its optimizer state ("optim/<key>",
-//     fp32), with the rank, world size, step, the optimizer's update count and a checksum of
-//     the tensor bytes in __metadata__.
-// A save writes into `dir/.tmp-step-00000100/` and rank 0 renames it into place only after
-// every rank has written and flushed its file (the ranks agree through the mesh's
-// communicators), so a run killed mid-save never leaves a folder that looks complete; a
-// stale temporary folder is removed by the next save. No random state is consumed while
-// training (synthetic data are positional, shuffles are seeded per pass), so none is saved. A
-// checkpoint that does not fit the run (another world size or mesh, a changed fingerprint, a
-// missing, extra or mis-shaped tensor, a truncated, corrupt or missing rank file) is an error
-// naming the file, the field and both values, on every rank.
+// Each rank saves its trainable parameters ("param/<name>": FSDP shards are per rank) and its
+// optimizer state ("optim/<key>", fp32) with the optimizer's update count ("optimizer_step"
+// in the file's metadata); the manifest's data position is the micro-batches each rank has
+// read, and its fingerprint what a resume must not change (model config, preparation steps,
+// optimizer algorithm, micro_batch, grad_accumulation, seq_len, data source), each under its
+// plan field. No random state is consumed while training (synthetic data are positional,
+// shuffles are seeded per pass), so none is saved.
 //
 //   PLAIT_ASSIGN_OR_RETURN(Checkpointer checkpointer, Checkpointer::Open(plan, dir, mesh));
 //   PLAIT_ASSIGN_OR_RETURN(auto optimizer, BuildOptimizer(*prepared, plan.optimizer()));
@@ -33,26 +24,18 @@
 #define PLAIT_TRAINER_CHECKPOINT_H_
 
 #include <cstdint>
-#include <map>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/checkpointer.h"
 #include "data/data_loader.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "trainer/plan.pb.h"
 
 namespace plait::trainer {
-
-// The name of the checkpoint folder of `step` ("step-00000100").
-std::string CheckpointName(int64_t step);
-
-// The file each rank writes into a checkpoint folder ("rank-00001-of-00002.safetensors").
-std::string RankFileName(int rank, int world_size);
-
-// The manifest rank 0 writes into a checkpoint folder.
-inline constexpr char kCheckpointManifest[] = "checkpoint.json";
 
 class Checkpointer {
  public:
@@ -66,7 +49,7 @@ class Checkpointer {
 
   // The step of the checkpoint Restore loads: the run continues at resume_step() + 1.
   // 0 for a fresh run.
-  int64_t resume_step() const { return resume_step_; }
+  int64_t resume_step() const { return checkpointer_.resume_step(); }
 
   // Loads the calling rank's parameters and optimizer state into `optimizer` (whose
   // parameters are the prepared model's trainable ones) and positions `train` after the
@@ -84,17 +67,11 @@ class Checkpointer {
   absl::Status Save(int64_t step, const optim::Optimizer& optimizer) const;
 
  private:
-  explicit Checkpointer(const parallel::DeviceMesh& mesh) : mesh_(&mesh) {}
+  Checkpointer(checkpoint::Checkpointer checkpointer, int64_t accumulation)
+      : checkpointer_(std::move(checkpointer)), accumulation_(accumulation) {}
 
-  const parallel::DeviceMesh* mesh_;
-  std::string dir_;  // empty: checkpoints are off
-  CheckpointConfig config_;
-  int64_t steps_ = 0;         // plan.training.steps
-  int64_t accumulation_ = 1;  // micro-batches per step
-  std::string mesh_shape_;    // "dp=2"
-  std::map<std::string, std::string> fingerprint_;
-  int64_t resume_step_ = 0;
-  int64_t resume_data_position_ = 0;
+  checkpoint::Checkpointer checkpointer_;
+  int64_t accumulation_;  // micro-batches per step: each rank has read step * accumulation_
 };
 
 // Rank 0's metrics file of a resumed run: keeps the rows (JSONL objects) of steps up to

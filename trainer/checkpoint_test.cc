@@ -1,7 +1,8 @@
-// Checkpoints on ranks as threads over Gloo: a run resumed from step k reproduces the
-// straight run's losses, parameters and optimizer state (single process and FSDP on 2
-// ranks), keep_last and interrupted saves, the metrics file of a resumed run, and every way a
-// checkpoint can fail to fit, each built here by damaging a real checkpoint.
+// The trainer's checkpoints on ranks as threads over Gloo: a run resumed from step k
+// reproduces the straight run's losses, parameters and optimizer state (single process and
+// FSDP on 2 ranks), the metrics file of a resumed run, and the errors that name what the
+// trainer stores: the plan fields of its fingerprint, its parameters and optimizer state. The
+// layout and the protocol are checkpoint/checkpointer_test.cc's.
 #include "trainer/checkpoint.h"
 
 #include <filesystem>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
+#include "checkpoint/checkpointer.h"
 #include "data/data_config.h"
 #include "data/data_loader.h"
 #include "gmock/gmock.h"
@@ -107,7 +109,7 @@ void ExpectResumeReproducesTheStraightRun(const std::string& plan_name, int rank
     EXPECT_EQ(have.eval_loss, want.eval_loss) << "step " << want.step;
   }
   for (int rank = 0; rank < ranks; ++rank) {
-    const std::string file = "/step-00000008/" + RankFileName(rank, ranks);
+    const std::string file = "/step-00000008/" + checkpoint::RankFileName(rank, ranks);
     const auto want = ReadAll(straight_dir + file);
     const auto have = ReadAll(resumed_dir + file);
     ASSERT_EQ(have.size(), want.size());
@@ -126,27 +128,7 @@ TEST(CheckpointTest, FsdpOnTwoRanksResumeReproducesTheStraightRun) {
   ExpectResumeReproducesTheStraightRun("llama_fsdp", 2);
 }
 
-TEST(CheckpointTest, KeepsTheNewestAndIgnoresAnInterruptedSave) {
-  const std::string dir = TempDir("keep_last");
-  Plan plan = ShortPlan("llama_single", dir);
-  ASSERT_THAT(ApplyOverride("training.checkpoint.every=2", plan), IsOk());
-  ASSERT_THAT(ApplyOverride("training.checkpoint.keep_last=2", plan), IsOk());
-  ASSERT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
-  ASSERT_THAT(ApplyOverride("training.steps=6", plan), IsOk());
-  // resume with no checkpoint (no dir yet) starts fresh.
-  EXPECT_EQ(TrainOnRanks(plan, 1).steps.size(), 6u);
-  EXPECT_THAT(Entries(dir), ::testing::ElementsAre("step-00000004", "step-00000006"));
-
-  // A run killed while saving step 8 left its temporary folder with part of a file.
-  fs::create_directories(dir + "/.tmp-step-00000008");
-  std::ofstream(dir + "/.tmp-step-00000008/" + RankFileName(0, 1)) << "partial";
-  ASSERT_THAT(ApplyOverride("training.steps=8", plan), IsOk());
-  const TrainReport resumed = TrainOnRanks(plan, 1);
-  ASSERT_EQ(resumed.steps.size(), 2u);
-  EXPECT_EQ(resumed.steps[0].step, 7);
-  EXPECT_THAT(Entries(dir), ::testing::ElementsAre("step-00000006", "step-00000008"));
-}
-
+// The library's refusal (checkpoint/checkpointer.h) under the plan's field names.
 TEST(CheckpointTest, AFreshRunNeverOverwritesCheckpoints) {
   const std::string dir = TempDir("fresh");
   const Plan plan = ShortPlan("llama_single", dir);
@@ -271,7 +253,7 @@ struct SavedCheckpoint {
 SavedCheckpoint SaveSingle(const std::string& name) {
   const std::string dir = TempDir(name);
   SavedCheckpoint saved{ShortPlan("llama_single", dir), dir + "/step-00000001/checkpoint.json",
-                        dir + "/step-00000001/" + RankFileName(0, 1)};
+                        dir + "/step-00000001/" + checkpoint::RankFileName(0, 1)};
   SaveStepOne(saved.plan, 1);
   return saved;
 }
@@ -309,18 +291,6 @@ TEST(CheckpointErrorsTest, AChangedFingerprintNamesTheFieldAndBothValues) {
                                        "checkpoint, \"sgd\" in this plan"))));
 }
 
-TEST(CheckpointErrorsTest, AnotherWorldSizeAndMeshNameBothValues) {
-  const SavedCheckpoint saved = SaveSingle("world");
-  Plan fsdp = ShortPlan("llama_fsdp", fs::path(saved.manifest).parent_path().parent_path());
-  for (const absl::Status& status : ResumeStatuses(fsdp, 2)) {
-    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
-                                 AllOf(HasSubstr(saved.manifest),
-                                       HasSubstr("world_size: 1 in the checkpoint, 2 in this run"),
-                                       HasSubstr("mesh: \"world=1\" in the checkpoint, \"dp=2\" "
-                                                 "in this run"))));
-  }
-}
-
 TEST(CheckpointErrorsTest, MissingExtraAndMisshapedTensorsNameTheFileAndTensor) {
   const SavedCheckpoint saved = SaveSingle("tensors");
   const std::string weight = "param/model.layers.0.self_attn.q_proj.weight";
@@ -339,77 +309,6 @@ TEST(CheckpointErrorsTest, MissingExtraAndMisshapedTensorsNameTheFileAndTensor) 
                                "trainable parameter"),
                      HasSubstr("optim/model.norm.weight:exp_avg: shape [3] in the file, "
                                "[256] here"))));
-}
-
-TEST(CheckpointErrorsTest, TruncatedOrCorruptRankFilesNameTheFile) {
-  const SavedCheckpoint saved = SaveSingle("corrupt");
-  const std::string backup = saved.rank_file + ".good";
-  fs::copy_file(saved.rank_file, backup);
-  const auto size = fs::file_size(saved.rank_file);
-
-  fs::resize_file(saved.rank_file, size / 2);
-  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(saved.rank_file)));
-
-  // One flipped byte in the data section, which the header cannot notice.
-  fs::copy_file(backup, saved.rank_file, fs::copy_options::overwrite_existing);
-  {
-    std::fstream file(saved.rank_file, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekp(size - 5);
-    file.put('\x7f');
-  }
-  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr(saved.rank_file + ": __metadata__.checksum: "),
-                             HasSubstr("the file is corrupt"))));
-
-  // A damaged header.
-  fs::copy_file(backup, saved.rank_file, fs::copy_options::overwrite_existing);
-  {
-    std::fstream file(saved.rank_file, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekp(8);
-    file.write("garbage!", 8);
-  }
-  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(saved.rank_file)));
-
-  // A rank file moved into another rank's place.
-  fs::copy_file(backup, saved.rank_file, fs::copy_options::overwrite_existing);
-  {
-    auto file = models::SafetensorsFile::Open(saved.rank_file);
-    ASSERT_THAT(file, IsOk());
-    std::map<std::string, std::string> metadata = (*file)->metadata();
-    metadata["rank"] = "3";
-    std::map<std::string, torch::Tensor> tensors = ReadAll(saved.rank_file);
-    file->reset();
-    ASSERT_THAT(
-        models::WriteSafetensors(saved.rank_file, {tensors.begin(), tensors.end()}, metadata),
-        IsOk());
-  }
-  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr(saved.rank_file + ": __metadata__.rank: 3 in the file, 0 "
-                                                   "expected here")));
-
-  std::ofstream(saved.manifest) << "{";
-  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
-              StatusIs(absl::StatusCode::kDataLoss,
-                       HasSubstr(saved.manifest + ": not a JSON object; the file is corrupt")));
-}
-
-TEST(CheckpointErrorsTest, AMissingRankFileFailsEveryRank) {
-  const std::string dir = TempDir("missing_rank");
-  const Plan plan = ShortPlan("llama_fsdp", dir);
-  SaveStepOne(plan, 2);
-  const std::string missing = dir + "/step-00000001/" + RankFileName(1, 2);
-  ASSERT_TRUE(fs::remove(missing));
-  const std::vector<absl::Status> statuses = ResumeStatuses(plan, 2);
-  EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kNotFound,
-                                    HasSubstr(missing + ": missing; the checkpoint of step 1 was "
-                                                        "written by 2 ranks")));
-  EXPECT_THAT(statuses[0],
-              StatusIs(absl::StatusCode::kAborted,
-                       HasSubstr("resuming from " + dir + "/step-00000001: rank 1 failed")));
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "trainer/validate.h"
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <map>
 #include <optional>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "checkpoint/checkpoint_config.h"
 #include "data/data_config.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
@@ -193,33 +193,9 @@ class Checker {
   }
 
   void CheckCheckpoint() {
-    const CheckpointConfig& c = plan_.training().checkpoint();
-    const std::string field = "plan.training.checkpoint.";
-    if (c.every() < 0) Add(field + "every", absl::StrCat(c.every(), "; must be >= 0"));
-    if (c.keep_last() < 0) Add(field + "keep_last", absl::StrCat(c.keep_last(), "; must be >= 0"));
-    if (c.dir().empty()) {
-      if (c.every() != 0 || c.keep_last() != 0 || c.resume()) {
-        Add(field + "dir", "is empty, but other checkpoint fields are set; name a folder");
-      }
-      return;
-    }
-    // The folder, or the nearest ancestor that exists, must be a writable folder.
-    std::string existing = c.dir();
-    struct stat info;
-    while (stat(existing.c_str(), &info) != 0) {
-      if (existing == "/" || existing == ".") {
-        Add(field + "dir", absl::StrCat("\"", c.dir(), "\" cannot be created"));
-        return;
-      }
-      const size_t slash = existing.find_last_of('/', existing.size() - 1);
-      existing = slash == std::string::npos ? "." : slash == 0 ? "/" : existing.substr(0, slash);
-    }
-    if (!S_ISDIR(info.st_mode)) {
-      Add(field + "dir",
-          absl::StrCat("\"", c.dir(), "\" cannot be created: \"", existing, "\" is not a folder"));
-    } else if (access(existing.c_str(), W_OK | X_OK) != 0) {
-      Add(field + "dir",
-          absl::StrCat("\"", c.dir(), "\" cannot be written: \"", existing, "\" is not writable"));
+    for (Violation& violation :
+         checkpoint::CheckConfig(plan_.training().checkpoint(), "plan.training.checkpoint")) {
+      Add(std::move(violation.field), std::move(violation.message));
     }
   }
 

@@ -1,0 +1,134 @@
+// Checkpoints of a run on a device mesh: every rank saves its state, a set of named tensors
+// and string metadata, after a step, crash-safely, and a resumed run gets each rank's state
+// back once the checkpoint has been checked against the run. What the tensors are is the
+// caller's business (the trainer's adapter, trainer/checkpoint.h, stores parameters and
+// optimizer state); this library owns the files and the protocol between the ranks.
+//
+// Layout: one folder per checkpoint, `dir/step-00000100/`, holding
+//   - checkpoint.json (written by rank 0): the step, the world size and mesh, the caller's
+//     position ("data_position", e.g. the micro-batches each rank has read), and the
+//     fingerprint of what a resume must not change, each value under its config field;
+//   - rank-00001-of-00002.safetensors (one per rank): the rank's tensors, with the rank, world
+//     size, step, the caller's metadata and a checksum of the tensor bytes in __metadata__.
+// A save writes into `dir/.tmp-step-00000100/` and rank 0 renames it into place only after
+// every rank has written and flushed its file (the ranks agree through the mesh's
+// communicators), so a run killed mid-save never leaves a folder that looks complete; a stale
+// temporary folder is removed by the next save. A checkpoint that does not fit the run
+// (another world size or mesh, a changed fingerprint, a missing, extra or mis-shaped tensor,
+// a truncated, corrupt or missing rank file) is an error naming the file, the field and both
+// values, on every rank.
+//
+//   PLAIT_ASSIGN_OR_RETURN(Checkpointer checkpointer, Checkpointer::Open(config, dir, run, mesh));
+//   PLAIT_RETURN_IF_ERROR(checkpointer.Restore(State().tensors, [&](RankState saved) {
+//     return Load(saved);
+//   }));
+//   for (int64_t step = checkpointer.resume_step(); step < run.steps; ++step) {
+//     ...  // one step
+//     if (checkpointer.IsDue(step + 1)) {
+//       PLAIT_RETURN_IF_ERROR(checkpointer.Save(step + 1, position, State()));
+//     }
+//   }
+#ifndef PLAIT_CHECKPOINT_CHECKPOINTER_H_
+#define PLAIT_CHECKPOINT_CHECKPOINTER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/checkpoint.pb.h"
+#include "parallel/device_mesh.h"
+#include "torch/torch.h"
+
+namespace plait::checkpoint {
+
+// The name of the checkpoint folder of `step` ("step-00000100").
+std::string CheckpointName(int64_t step);
+
+// The file each rank writes into a checkpoint folder ("rank-00001-of-00002.safetensors").
+std::string RankFileName(int rank, int world_size);
+
+// The manifest rank 0 writes into a checkpoint folder.
+inline constexpr char kManifest[] = "checkpoint.json";
+
+// One rank's part of a checkpoint. The metadata keys format, rank, world_size, step and
+// checksum are the checkpoint's own.
+struct RankState {
+  std::map<std::string, torch::Tensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// What a Checkpointer knows of the run beyond its CheckpointConfig.
+struct RunInfo {
+  // Where the CheckpointConfig sits in the caller's config ("plan.training.checkpoint"):
+  // errors about its fields name them under it.
+  std::string config_field;
+  // The run's steps, and the field that sets them ("plan.training.steps"): the last step is
+  // always saved, and a checkpoint past it cannot be resumed.
+  int64_t steps = 0;
+  std::string steps_field;
+  // What a resume must not change, value by field path of the caller's config: a checkpoint
+  // whose saved value differs for any entry is refused, naming the field and both values.
+  std::map<std::string, std::string> fingerprint;
+  // What a rank's tensors are, for a file that does not fit them: all of them ("model and
+  // optimizer": "does not fit this rank's model and optimizer"), and one by its name's
+  // longest matching prefix, "" matching every name ({"param/", "trainable parameter"}:
+  // "param/w: in the file, but this rank has no such trainable parameter"); "tensor" when
+  // none matches.
+  std::string contents = "tensors";
+  std::map<std::string, std::string> kind_by_prefix;
+};
+
+// One rank's view of the checkpoints of a run in one folder.
+class Checkpointer {
+ public:
+  // Reads `config` for the calling rank of `mesh`, which must outlive the result; `dir` is
+  // config.dir as the caller resolved it (empty: checkpoints are off). With resume, finds
+  // the newest checkpoint in `dir` and checks its manifest against `run` and `mesh`; without,
+  // FailedPrecondition when `dir` already holds checkpoints (they are never overwritten).
+  // Reads only the file system.
+  static absl::StatusOr<Checkpointer> Open(const CheckpointConfig& config, const std::string& dir,
+                                           RunInfo run, const parallel::DeviceMesh& mesh);
+
+  // The step of the checkpoint Restore loads: the run continues at resume_step() + 1.
+  // 0 for a fresh run.
+  int64_t resume_step() const { return resume_step_; }
+
+  // The position saved with that checkpoint ("data_position"); 0 for a fresh run.
+  int64_t resume_position() const { return resume_position_; }
+
+  // Reads the calling rank's file of the checkpoint at resume_step(), checks it against
+  // `expected` (the names, shapes and dtypes of the tensors this rank would save) and its
+  // checksum, and passes its tensors and the caller's metadata to `load`, whose error is
+  // reported under the file's path. Nothing for a fresh run. Every rank must call it; when
+  // any rank fails, every rank returns an error (its own, or one naming the rank that failed).
+  absl::Status Restore(const std::map<std::string, torch::Tensor>& expected,
+                       const std::function<absl::Status(RankState)>& load) const;
+
+  // Whether step `step` (1-based) is saved: a multiple of `every`, or the run's last step.
+  // Never when checkpoints are off.
+  bool IsDue(int64_t step) const;
+
+  // Saves `state`, the calling rank's, after step `step` with the caller's `position`, due or
+  // not, then removes all but the newest keep_last checkpoints. Every rank must call it; when
+  // any rank fails, every rank returns an error and no folder named step-* is left for the
+  // step.
+  absl::Status Save(int64_t step, int64_t position, const RankState& state) const;
+
+ private:
+  explicit Checkpointer(const parallel::DeviceMesh& mesh) : mesh_(&mesh) {}
+
+  const parallel::DeviceMesh* mesh_;
+  std::string dir_;  // empty: checkpoints are off
+  CheckpointConfig config_;
+  RunInfo run_;
+  std::string mesh_shape_;  // "dp=2"
+  int64_t resume_step_ = 0;
+  int64_t resume_position_ = 0;
+};
+
+}  // namespace plait::checkpoint
+
+#endif  // PLAIT_CHECKPOINT_CHECKPOINTER_H_

@@ -1,0 +1,453 @@
+// The checkpoint layout and protocol on ranks as threads over Gloo, with plain tensors: a
+// round trip on 2 ranks, the files' exact contents, when a step is due, keep_last and
+// interrupted saves, and every way a checkpoint can fail to fit the run, each built here by
+// damaging a real checkpoint.
+#include "checkpoint/checkpointer.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/safetensors.h"
+#include "parallel/device_mesh.h"
+#include "parallel/test_ranks.h"
+
+namespace plait::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  fs::remove_all(dir);
+  return dir;
+}
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// `ranks` ranks along one dimension "dp"; one rank is the mesh without dimensions ("world=1").
+parallel::MeshLayout Layout(int ranks) {
+  parallel::MeshConfig config;
+  if (ranks > 1) {
+    parallel::MeshConfig::Dimension* dim = config.add_dims();
+    dim->set_name("dp");
+    dim->set_size(ranks);
+  }
+  return parallel::MeshLayout::Create(config, ranks).value();
+}
+
+CheckpointConfig Config(const std::string& dir, bool resume = false) {
+  CheckpointConfig config;
+  config.set_dir(dir);
+  config.set_every(3);
+  config.set_resume(resume);
+  return config;
+}
+
+RunInfo TestRun(int64_t steps = 8) {
+  RunInfo run;
+  run.config_field = "run.checkpoint";
+  run.steps = steps;
+  run.steps_field = "run.steps";
+  run.fingerprint = {{"run.model", "tiny"}, {"run.batch", "4"}};
+  return run;
+}
+
+// A rank's state: a weight and a moment that differ by rank, and a counter.
+RankState State(int rank) {
+  RankState state;
+  state.tensors["w/a"] = torch::arange(6, torch::kFloat32).reshape({2, 3}) + rank;
+  state.tensors["m/a"] = torch::full({4}, rank + 1, torch::kInt64);
+  state.metadata["counter"] = absl::StrCat(10 + rank);
+  return state;
+}
+
+// Saves State(rank) of every one of `ranks` ranks after `step` into `dir`.
+void SaveOnRanks(const std::string& dir, int ranks, int64_t step,
+                 const CheckpointConfig& config = {}) {
+  CheckpointConfig with_dir = config;
+  with_dir.set_dir(dir);
+  parallel::testing::RunOnGlooMesh(Layout(ranks), [&](int rank, parallel::DeviceMesh& mesh) {
+    absl::StatusOr<Checkpointer> checkpointer = Checkpointer::Open(with_dir, dir, TestRun(), mesh);
+    ASSERT_THAT(checkpointer, IsOk());
+    ASSERT_THAT(checkpointer->Save(step, /*position=*/2 * step, State(rank)), IsOk());
+  });
+}
+
+// What Open and then Restore (expecting State(rank)'s tensors) return on each of `ranks`
+// ranks resuming from `dir` with `run`.
+std::vector<absl::Status> ResumeStatuses(const std::string& dir, int ranks,
+                                         RunInfo run = TestRun()) {
+  std::vector<absl::Status> statuses(ranks);
+  parallel::testing::RunOnGlooMesh(Layout(ranks), [&](int rank, parallel::DeviceMesh& mesh) {
+    absl::StatusOr<Checkpointer> checkpointer =
+        Checkpointer::Open(Config(dir, /*resume=*/true), dir, run, mesh);
+    if (!checkpointer.ok()) {
+      statuses[rank] = checkpointer.status();
+      return;
+    }
+    statuses[rank] =
+        checkpointer->Restore(State(rank).tensors, [](RankState) { return absl::OkStatus(); });
+  });
+  return statuses;
+}
+
+TEST(CheckpointerTest, EveryRankGetsBackItsTensorsMetadataAndThePosition) {
+  const std::string dir = TempDir("round_trip");
+  SaveOnRanks(dir, 2, 3);
+  EXPECT_THAT(Entries(dir), ElementsAre("step-00000003"));
+  EXPECT_THAT(Entries(dir + "/step-00000003"),
+              ElementsAre("checkpoint.json", "rank-00000-of-00002.safetensors",
+                          "rank-00001-of-00002.safetensors"));
+  parallel::testing::RunOnGlooMesh(Layout(2), [&](int rank, parallel::DeviceMesh& mesh) {
+    absl::StatusOr<Checkpointer> checkpointer =
+        Checkpointer::Open(Config(dir, /*resume=*/true), dir, TestRun(), mesh);
+    ASSERT_THAT(checkpointer, IsOk());
+    EXPECT_EQ(checkpointer->resume_step(), 3);
+    EXPECT_EQ(checkpointer->resume_position(), 6);
+    RankState restored;
+    ASSERT_THAT(checkpointer->Restore(State(rank).tensors,
+                                      [&](RankState saved) {
+                                        restored = std::move(saved);
+                                        return absl::OkStatus();
+                                      }),
+                IsOk());
+    const RankState want = State(rank);
+    EXPECT_EQ(restored.metadata, want.metadata);
+    ASSERT_EQ(restored.tensors.size(), want.tensors.size());
+    for (const auto& [name, tensor] : want.tensors) {
+      EXPECT_TRUE(restored.tensors.at(name).equal(tensor)) << name;
+    }
+  });
+}
+
+// The bytes that make the format: names, manifest keys, metadata keys and the checksum,
+// which earlier checkpoints were written with and must still resume from.
+TEST(CheckpointerTest, TheFilesHoldTheManifestMetadataAndChecksumOfTheFormat) {
+  const std::string dir = TempDir("format");
+  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+    RunInfo run = TestRun();
+    run.fingerprint = {{"run.model", "tiny"}};
+    absl::StatusOr<Checkpointer> checkpointer = Checkpointer::Open(Config(dir), dir, run, mesh);
+    ASSERT_THAT(checkpointer, IsOk());
+    RankState state;
+    state.tensors["a"] = torch::tensor({1.0f, 2.0f, 3.0f});
+    state.tensors["b"] = torch::tensor({int64_t{7}});
+    state.metadata["optimizer_step"] = "5";
+    ASSERT_THAT(checkpointer->Save(3, /*position=*/6, state), IsOk());
+  });
+  EXPECT_EQ(ReadText(dir + "/step-00000003/" + kManifest),
+            "{\n"
+            "  \"data_position\": 6,\n"
+            "  \"fingerprint\": {\n"
+            "    \"run.model\": \"tiny\"\n"
+            "  },\n"
+            "  \"format\": \"plait-checkpoint-1\",\n"
+            "  \"mesh\": \"world=1\",\n"
+            "  \"step\": 3,\n"
+            "  \"world_size\": 1\n"
+            "}\n");
+  auto file = models::SafetensorsFile::Open(dir + "/step-00000003/" + RankFileName(0, 1));
+  ASSERT_THAT(file, IsOk());
+  EXPECT_EQ((*file)->metadata(),
+            (std::map<std::string, std::string>{{"checksum", "cdb32074bfd5da58"},
+                                                {"format", "plait-checkpoint-1"},
+                                                {"optimizer_step", "5"},
+                                                {"rank", "0"},
+                                                {"step", "3"},
+                                                {"world_size", "1"}}));
+  EXPECT_THAT((*file)->entries(), ElementsAre(::testing::Key("a"), ::testing::Key("b")));
+}
+
+TEST(CheckpointerTest, MetadataKeysOfTheCheckpointItselfAreRefused) {
+  const std::string dir = TempDir("own_metadata");
+  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+    absl::StatusOr<Checkpointer> checkpointer =
+        Checkpointer::Open(Config(dir), dir, TestRun(), mesh);
+    ASSERT_THAT(checkpointer, IsOk());
+    RankState state = State(0);
+    state.metadata["step"] = "1";
+    EXPECT_THAT(checkpointer->Save(1, 0, state),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("__metadata__.step: the checkpoint's own key")));
+  });
+  EXPECT_THAT(Entries(dir), Not(::testing::Contains(::testing::StartsWith("step-"))));
+}
+
+TEST(CheckpointerTest, EveryMultipleOfEveryAndTheLastStepAreDue) {
+  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+    const std::string dir = TempDir("due");
+    Checkpointer every_three = Checkpointer::Open(Config(dir), dir, TestRun(8), mesh).value();
+    std::vector<int64_t> due;
+    for (int64_t step = 1; step <= 8; ++step) {
+      if (every_three.IsDue(step)) due.push_back(step);
+    }
+    EXPECT_THAT(due, ElementsAre(3, 6, 8));
+
+    CheckpointConfig last_only = Config(dir);
+    last_only.set_every(0);
+    Checkpointer last = Checkpointer::Open(last_only, dir, TestRun(8), mesh).value();
+    EXPECT_FALSE(last.IsDue(3));
+    EXPECT_TRUE(last.IsDue(8));
+
+    Checkpointer off = Checkpointer::Open(CheckpointConfig(), "", TestRun(8), mesh).value();
+    EXPECT_FALSE(off.IsDue(3));
+    EXPECT_FALSE(off.IsDue(8));
+  });
+}
+
+TEST(CheckpointerTest, KeepsTheNewestAndRemovesAnInterruptedSave) {
+  const std::string dir = TempDir("keep_last");
+  CheckpointConfig config;
+  config.set_keep_last(2);
+  config.set_resume(true);  // each save is a run resumed from the one before
+  for (int64_t step : {2, 4, 6}) SaveOnRanks(dir, 1, step, config);
+  EXPECT_THAT(Entries(dir), ElementsAre("step-00000004", "step-00000006"));
+
+  // A run killed while saving step 8 left its temporary folder with part of a file.
+  fs::create_directories(dir + "/.tmp-step-00000008");
+  std::ofstream(dir + "/.tmp-step-00000008/" + RankFileName(0, 1)) << "partial";
+  SaveOnRanks(dir, 1, 8, config);
+  EXPECT_THAT(Entries(dir), ElementsAre("step-00000006", "step-00000008"));
+}
+
+TEST(CheckpointerTest, ResumingWithoutACheckpointStartsFresh) {
+  const std::string dir = TempDir("nothing_yet");
+  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+    absl::StatusOr<Checkpointer> checkpointer =
+        Checkpointer::Open(Config(dir, /*resume=*/true), dir, TestRun(), mesh);
+    ASSERT_THAT(checkpointer, IsOk());
+    EXPECT_EQ(checkpointer->resume_step(), 0);
+    EXPECT_EQ(checkpointer->resume_position(), 0);
+    bool loaded = false;
+    EXPECT_THAT(checkpointer->Restore({},
+                                      [&](RankState) {
+                                        loaded = true;
+                                        return absl::OkStatus();
+                                      }),
+                IsOk());
+    EXPECT_FALSE(loaded);
+  });
+}
+
+TEST(CheckpointerTest, AFreshRunNeverOverwritesCheckpoints) {
+  const std::string dir = TempDir("fresh");
+  fs::create_directories(dir + "/step-00000003");
+  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+    EXPECT_THAT(
+        Checkpointer::Open(Config(dir), dir, TestRun(), mesh),
+        StatusIs(absl::StatusCode::kFailedPrecondition,
+                 "run.checkpoint.dir: \"" + dir + "\" already holds checkpoints (newest " + dir +
+                     "/step-00000003); set run.checkpoint.resume to continue from it, "
+                     "or choose another dir"));
+  });
+}
+
+TEST(CheckpointErrorsTest, AChangedFingerprintNamesTheFieldAndBothValues) {
+  const std::string dir = TempDir("fingerprint");
+  SaveOnRanks(dir, 1, 1);
+  RunInfo run = TestRun();
+  run.fingerprint["run.batch"] = "8";
+  run.fingerprint["run.data"] = "tokens";
+  EXPECT_THAT(ResumeStatuses(dir, 1, run)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(dir + "/step-00000001/checkpoint.json: cannot resume"),
+                             HasSubstr("fingerprint.run.batch: \"4\" in the checkpoint, \"8\" in "
+                                       "this plan; a resume must not change it"),
+                             HasSubstr("fingerprint.run.data: \"(none)\" in the checkpoint, "
+                                       "\"tokens\" in this plan"),
+                             Not(HasSubstr("run.model")))));
+}
+
+TEST(CheckpointErrorsTest, ACheckpointPastTheRunsStepsIsRefused) {
+  const std::string dir = TempDir("past_steps");
+  SaveOnRanks(dir, 1, 5);
+  EXPECT_THAT(ResumeStatuses(dir, 1, TestRun(/*steps=*/4))[0],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("step: 5 in the checkpoint, past run.steps (4)")));
+  EXPECT_THAT(ResumeStatuses(dir, 1, TestRun(/*steps=*/5))[0], IsOk());
+}
+
+TEST(CheckpointErrorsTest, AnotherWorldSizeAndMeshNameBothValues) {
+  const std::string dir = TempDir("world");
+  SaveOnRanks(dir, 1, 1);
+  for (const absl::Status& status : ResumeStatuses(dir, 2)) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 AllOf(HasSubstr(dir + "/step-00000001/checkpoint.json"),
+                                       HasSubstr("world_size: 1 in the checkpoint, 2 in this run"),
+                                       HasSubstr("mesh: \"world=1\" in the checkpoint, \"dp=2\" "
+                                                 "in this run"))));
+  }
+}
+
+// Rewrites the rank file `path` with its tensors and metadata passed through `edit`.
+void RewriteRankFile(const std::string& path,
+                     const std::function<void(std::map<std::string, torch::Tensor>&,
+                                              std::map<std::string, std::string>&)>& edit) {
+  auto file = models::SafetensorsFile::Open(path);
+  ASSERT_THAT(file, IsOk());
+  std::map<std::string, std::string> metadata = (*file)->metadata();
+  std::map<std::string, torch::Tensor> tensors;
+  for (const auto& [name, entry] : (*file)->entries()) tensors[name] = *(*file)->Read(name);
+  file->reset();
+  edit(tensors, metadata);
+  ASSERT_THAT(models::WriteSafetensors(path, {tensors.begin(), tensors.end()}, metadata), IsOk());
+}
+
+TEST(CheckpointErrorsTest, MissingExtraAndMisfitTensorsNameTheFileTheTensorAndWhatItIs) {
+  const std::string dir = TempDir("tensors");
+  SaveOnRanks(dir, 1, 1);
+  const std::string path = dir + "/step-00000001/" + RankFileName(0, 1);
+  RewriteRankFile(
+      path, [](std::map<std::string, torch::Tensor>& tensors, std::map<std::string, std::string>&) {
+        tensors.erase("w/a");
+        tensors["w/bogus"] = torch::zeros({2});
+        tensors["bogus"] = torch::zeros({2});
+        tensors["m/a"] = torch::zeros({3}, torch::kInt64);
+      });
+  EXPECT_THAT(ResumeStatuses(dir, 1)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(path + ": does not fit this rank's tensors:"),
+                             HasSubstr("w/a: missing; this rank has it with shape [2, 3]"),
+                             HasSubstr("w/bogus: in the file, but this rank has no such tensor"),
+                             HasSubstr("m/a: shape [3] in the file, [4] here"))));
+
+  RunInfo run = TestRun();
+  run.contents = "weights and moments";
+  run.kind_by_prefix = {{"", "moment"}, {"w/", "weight"}};
+  EXPECT_THAT(ResumeStatuses(dir, 1, run)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(path + ": does not fit this rank's weights and moments:"),
+                             HasSubstr("w/bogus: in the file, but this rank has no such weight"),
+                             HasSubstr("bogus: in the file, but this rank has no such moment"))));
+
+  RewriteRankFile(
+      path, [](std::map<std::string, torch::Tensor>& tensors, std::map<std::string, std::string>&) {
+        tensors.erase("w/bogus");
+        tensors.erase("bogus");
+        tensors["w/a"] = torch::zeros({2, 3}, torch::kInt64);
+        tensors["m/a"] = torch::zeros({4}, torch::kInt64);
+      });
+  EXPECT_THAT(ResumeStatuses(dir, 1)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("w/a: dtype Long in the file, Float here")));
+}
+
+TEST(CheckpointErrorsTest, TruncatedOrCorruptRankFilesNameTheFile) {
+  const std::string dir = TempDir("corrupt");
+  SaveOnRanks(dir, 1, 1);
+  const std::string path = dir + "/step-00000001/" + RankFileName(0, 1);
+  const std::string manifest = dir + "/step-00000001/" + kManifest;
+  const std::string backup = path + ".good";
+  fs::copy_file(path, backup);
+  const auto size = fs::file_size(path);
+
+  fs::resize_file(path, size / 2);
+  EXPECT_THAT(ResumeStatuses(dir, 1)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(path)));
+
+  // One flipped byte in the data section, which the header cannot notice.
+  fs::copy_file(backup, path, fs::copy_options::overwrite_existing);
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(size - 5);
+    file.put('\x7f');
+  }
+  EXPECT_THAT(
+      ResumeStatuses(dir, 1)[0],
+      StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(path + ": __metadata__.checksum: "),
+                                                  HasSubstr("the file is corrupt"))));
+
+  // A damaged header.
+  fs::copy_file(backup, path, fs::copy_options::overwrite_existing);
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(8);
+    file.write("garbage!", 8);
+  }
+  EXPECT_THAT(ResumeStatuses(dir, 1)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(path)));
+
+  // A rank file moved into another rank's place.
+  fs::copy_file(backup, path, fs::copy_options::overwrite_existing);
+  RewriteRankFile(path,
+                  [](std::map<std::string, torch::Tensor>&,
+                     std::map<std::string, std::string>& metadata) { metadata["rank"] = "3"; });
+  EXPECT_THAT(ResumeStatuses(dir, 1)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(path + ": __metadata__.rank: 3 in the file, 0 expected here")));
+
+  std::ofstream(manifest) << "{";
+  EXPECT_THAT(ResumeStatuses(dir, 1)[0],
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(manifest + ": not a JSON object; the file is corrupt")));
+}
+
+TEST(CheckpointErrorsTest, AMissingRankFileFailsEveryRank) {
+  const std::string dir = TempDir("missing_rank");
+  SaveOnRanks(dir, 2, 1);
+  const std::string missing = dir + "/step-00000001/" + RankFileName(1, 2);
+  ASSERT_TRUE(fs::remove(missing));
+  const std::vector<absl::Status> statuses = ResumeStatuses(dir, 2);
+  EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kNotFound,
+                                    HasSubstr(missing + ": missing; the checkpoint of step 1 was "
+                                                        "written by 2 ranks")));
+  EXPECT_THAT(statuses[0],
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("resuming from " + dir + "/step-00000001: rank 1 failed")));
+}
+
+TEST(CheckpointErrorsTest, ALoadErrorNamesTheFileAndFailsEveryRank) {
+  const std::string dir = TempDir("load_error");
+  SaveOnRanks(dir, 2, 1);
+  std::vector<absl::Status> statuses(2);
+  parallel::testing::RunOnGlooMesh(Layout(2), [&](int rank, parallel::DeviceMesh& mesh) {
+    absl::StatusOr<Checkpointer> checkpointer =
+        Checkpointer::Open(Config(dir, /*resume=*/true), dir, TestRun(), mesh);
+    ASSERT_THAT(checkpointer, IsOk());
+    statuses[rank] = checkpointer->Restore(State(rank).tensors, [&](RankState) {
+      return rank == 1 ? absl::DataLossError("counter: not what this rank counts")
+                       : absl::OkStatus();
+    });
+  });
+  EXPECT_THAT(statuses[1],
+              StatusIs(absl::StatusCode::kDataLoss, dir + "/step-00000001/" + RankFileName(1, 2) +
+                                                        ": counter: not what this rank counts"));
+  EXPECT_THAT(statuses[0],
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("resuming from " + dir + "/step-00000001: rank 1 failed")));
+}
+
+}  // namespace
+}  // namespace plait::checkpoint
