@@ -1,9 +1,6 @@
 #include "trainer/checkpoint.h"
 
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -12,18 +9,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "base/dtype.pb.h"
-#include "base/file.h"
 #include "base/status.h"
 #include "data/data_config.h"
 #include "models/model_config.h"
-#include "nlohmann/json.hpp"
 #include "trainer/plan.h"
 
 namespace plait::trainer {
 namespace {
-
-namespace fs = std::filesystem;
-using Json = nlohmann::json;
 
 constexpr char kParamPrefix[] = "param/";
 constexpr char kOptimPrefix[] = "optim/";
@@ -123,25 +115,6 @@ absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer)
   return checkpointer_.Save(
       step, step * accumulation_,
       {RankTensors(optimizer, state), {{kOptimizerStep, absl::StrCat(state.step)}}});
-}
-
-absl::Status KeepMetricsUpTo(const std::string& path, int64_t step) {
-  std::error_code error;
-  if (!fs::exists(path, error)) return absl::OkStatus();
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot read"));
-  std::string kept;
-  for (std::string line; std::getline(in, line);) {
-    const Json row = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    // A row cut short by a kill is not valid JSON: dropped with the steps after the resume.
-    if (row.is_discarded() || !row.is_object()) continue;
-    const auto it = row.find("step");
-    if (it != row.end() && it->is_number_integer() && it->get<int64_t>() <= step) {
-      absl::StrAppend(&kept, line, "\n");
-    }
-  }
-  in.close();
-  return base::WriteFileAtomically(path, kept);
 }
 
 }  // namespace plait::trainer

@@ -74,12 +74,6 @@ class Checkpointer {
   int64_t accumulation_;  // micro-batches per step: each rank has read step * accumulation_
 };
 
-// Rank 0's metrics file of a resumed run: keeps the rows (JSONL objects) of steps up to
-// `step` and drops the rest, which the resumed run writes again (a run killed after its
-// checkpoint had logged further). With `step` 0 the file ends up empty; a missing file is
-// left missing. Errors name the file.
-absl::Status KeepMetricsUpTo(const std::string& path, int64_t step);
-
 }  // namespace plait::trainer
 
 #endif  // PLAIT_TRAINER_CHECKPOINT_H_

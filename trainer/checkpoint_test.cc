@@ -189,18 +189,6 @@ TEST(CheckpointTest, MetricsOfAResumedRunContinueTheFile) {
   }
 }
 
-TEST(KeepMetricsUpToTest, KeepsRowsUpToTheStepAndLeavesAMissingFileMissing) {
-  const std::string path = TempDir("keep.jsonl");
-  EXPECT_THAT(KeepMetricsUpTo(path, 3), IsOk());
-  EXPECT_FALSE(fs::exists(path));
-  std::ofstream(path) << "{\"step\":1}\n{\"step\":2}\nnot json\n{\"step\":3}\n{\"step\":4}\n";
-  ASSERT_THAT(KeepMetricsUpTo(path, 2), IsOk());
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  EXPECT_EQ(text.str(), "{\"step\":1}\n{\"step\":2}\n");
-}
-
 // Saves a checkpoint of step 1 of `plan` on `ranks` ranks into its checkpoint dir: one
 // optimizer step on one batch, so parameters and state are those of a trained step.
 void SaveStepOne(const Plan& plan, int ranks) {
