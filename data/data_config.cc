@@ -28,12 +28,12 @@ DataConfig ResolvedDataConfig(const DataConfig& data) {
   return resolved;
 }
 
-std::vector<FieldProblem> ValidateDataConfig(const DataConfig& data,
-                                             std::optional<int64_t> vocab_size,
-                                             absl::string_view field_path) {
-  std::vector<FieldProblem> problems;
+std::vector<base::Violation> ValidateDataConfig(const DataConfig& data,
+                                                std::optional<int64_t> vocab_size,
+                                                absl::string_view field_path) {
+  std::vector<base::Violation> problems;
   auto add = [&](absl::string_view field, std::string message) {
-    problems.push_back({absl::StrCat(field_path, ".", field), std::move(message)});
+    problems.push_back({absl::StrCat(field_path, ".", field), std::move(message), ""});
   };
   const DataConfig resolved = ResolvedDataConfig(data);
   if (resolved.has_synthetic()) {

@@ -4,7 +4,7 @@
 // ValidateDataConfig lists every problem, each under its field, before any file is opened:
 //
 //   const DataConfig data = ResolvedDataConfig(plan.data());
-//   for (const FieldProblem& p : ValidateDataConfig(plan.data(), vocab_size, "plan.data")) {
+//   for (const base::Violation& p : ValidateDataConfig(plan.data(), vocab_size, "plan.data")) {
 //     // p.field: "plan.data.token_files.train_path", p.message: "\"a.bin\" does not exist"
 //   }
 #ifndef PLAIT_DATA_DATA_CONFIG_H_
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "base/violation.h"
 #include "data/data.pb.h"
 
 namespace plait::data {
@@ -29,19 +30,13 @@ inline constexpr double kDefaultPeak = 2.0;
 // filled in.
 DataConfig ResolvedDataConfig(const DataConfig& data);
 
-// One problem of a config: the field, and what is wrong and what would be right.
-struct FieldProblem {
-  std::string field;    // e.g. "plan.data.synthetic.num_states"
-  std::string message;  // e.g. "1; must be in [2, vocab_size = 4096]"
-};
-
 // Every problem of `data` (with ResolvedDataConfig's defaults) where it sits at `field_path`
 // in the caller's config: synthetic values out of range (num_states checked against
 // `vocab_size` when it is known), an unset token format, and token files unnamed or
 // missing. Empty when `data` is valid. Reads only `data` and the file system.
-std::vector<FieldProblem> ValidateDataConfig(const DataConfig& data,
-                                             std::optional<int64_t> vocab_size,
-                                             absl::string_view field_path);
+std::vector<base::Violation> ValidateDataConfig(const DataConfig& data,
+                                                std::optional<int64_t> vocab_size,
+                                                absl::string_view field_path);
 
 }  // namespace plait::data
 

@@ -15,9 +15,9 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::Field;
 
-// Matches a FieldProblem.
+// Matches a violation of the data config.
 auto Problem(const std::string& field, const std::string& message) {
-  return AllOf(Field(&FieldProblem::field, field), Field(&FieldProblem::message, message));
+  return AllOf(Field(&base::Violation::field, field), Field(&base::Violation::message, message));
 }
 
 TEST(ResolvedDataConfigTest, NoSourceIsTheDefaultSyntheticSource) {

@@ -268,6 +268,7 @@ absl::StatusOr<ModelConfig> ResolveModelSpec(const ModelSpec& spec, absl::string
     case ModelSpec::kPreset: {
       absl::StatusOr<ModelConfig> config = PresetConfig(spec.preset());
       if (!config.ok()) {
+        // An unknown preset is a bad plan field here, not a missing thing.
         return absl::InvalidArgumentError(
             absl::StrCat(field_path, ".preset: ", config.status().message()));
       }
@@ -278,13 +279,8 @@ absl::StatusOr<ModelConfig> ResolveModelSpec(const ModelSpec& spec, absl::string
           ValidateModelConfig(spec.config(), absl::StrCat(field_path, ".config")));
       return spec.config();
     case ModelSpec::kHfConfigPath: {
-      absl::StatusOr<ModelConfig> config = ReadHfConfig(spec.hf_config_path());
-      if (!config.ok()) {
-        return absl::Status(
-            config.status().code(),
-            absl::StrCat(field_path, ".hf_config_path: ", config.status().message()));
-      }
-      return config;
+      return base::Annotate(ReadHfConfig(spec.hf_config_path()),
+                            absl::StrCat(field_path, ".hf_config_path"));
     }
     case ModelSpec::ARCHITECTURE_NOT_SET:
       break;

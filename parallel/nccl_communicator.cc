@@ -58,11 +58,6 @@ absl::Status GpuStatus(ncclResult_t result, absl::string_view expression) {
 // of the error, when a CUDA runtime or NCCL call fails.
 #define PLAIT_GPU_RETURN_IF_ERROR(call) PLAIT_RETURN_IF_ERROR(GpuStatus((call), #call))
 
-absl::Status Annotate(const absl::Status& status, absl::string_view context) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
-}
-
 // Destructors cannot return a status, so theirs goes to stderr.
 void Report(const absl::Status& status) {
   if (!status.ok()) std::cerr << "plait: " << status.message() << std::endl;
@@ -216,7 +211,7 @@ class NcclCommunicator::Connection {
         compute_stream_(compute_stream),
         timeout_(timeout) {}
 
-  ~Connection() { Report(Annotate(Close(), absl::StrCat("closing ", group_))); }
+  ~Connection() { Report(base::Annotate(Close(), absl::StrCat("closing ", group_))); }
 
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -236,7 +231,7 @@ class NcclCommunicator::Connection {
       return Settle(deadline);
     }();
     if (status.ok()) return status;
-    return Fail(Annotate(status, absl::StrCat("connecting ", group_)));
+    return Fail(base::Annotate(status, absl::StrCat("connecting ", group_)));
   }
 
   int device() const { return device_; }
@@ -266,7 +261,7 @@ class NcclCommunicator::Connection {
     }();
     // A rank that skipped a collective has left the group out of step, so any failure here
     // ends the communicator.
-    if (!done.ok()) return FailLocked(Annotate(done.status(), description));
+    if (!done.ok()) return FailLocked(base::Annotate(done.status(), description));
     return done;
   }
 
@@ -303,7 +298,7 @@ class NcclCommunicator::Connection {
   absl::Status Await(cudaEvent_t done, absl::Time deadline, absl::string_view description) {
     absl::Status status = Poll([done] { return cudaEventQuery(done); }, "cudaEventQuery", deadline);
     if (status.ok()) return status;
-    return Fail(Annotate(status, description));
+    return Fail(base::Annotate(status, description));
   }
 
   // Records `status` as the communicator's failure, unless it already has one, and aborts the
@@ -410,14 +405,14 @@ class NcclCommunicator::NcclWork final : public Work {
 
   ~NcclWork() override {
     absl::MutexLock lock(&mu_);
-    if (!outcome_.has_value()) Report(Annotate(OrderComputeStream(), description_));
+    if (!outcome_.has_value()) Report(base::Annotate(OrderComputeStream(), description_));
   }
 
   absl::Status Wait() override {
     absl::MutexLock lock(&mu_);
     if (!outcome_.has_value()) {
       absl::Status status = connection_->Await(done_.get(), deadline_, description_);
-      if (status.ok()) status = Annotate(OrderComputeStream(), description_);
+      if (status.ok()) status = base::Annotate(OrderComputeStream(), description_);
       tensors_.clear();
       outcome_ = std::move(status);
     }
@@ -466,7 +461,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   }
   absl::StatusOr<ncclUniqueId> id = ExchangeUniqueId(
       *store, absl::StrCat("plait/nccl/", name, "/unique_id"), rank, deadline, options.timeout);
-  if (!id.ok()) return Annotate(id.status(), absl::StrCat("connecting ", group));
+  if (!id.ok()) return base::Annotate(id.status(), absl::StrCat("connecting ", group));
   auto connection =
       std::make_shared<Connection>(std::move(group), cuda_device, compute_stream, options.timeout);
   PLAIT_RETURN_IF_ERROR(connection->Connect(*id, rank, size, deadline));

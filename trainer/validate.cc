@@ -58,9 +58,10 @@ class Checker {
   }
 
   // A library's error for the subtree at `field`, whose message starts with the full field
-  // path ("plan.model.preset: ..."): recorded under that path.
-  void AddStatus(const std::string& field, const absl::Status& status) {
-    std::string message(status.message());
+  // path ("plan.model.preset: ...", as every plait library names its fields): recorded under
+  // that path.
+  void AddError(const std::string& field, absl::string_view error) {
+    std::string message(error);
     std::string where = field;
     const size_t colon = message.find(": ");
     if (absl::StartsWith(message, field) && colon != std::string::npos) {
@@ -78,7 +79,7 @@ class Checker {
     }
     absl::StatusOr<models::ModelConfig> config = models::ResolveModelSpec(spec, field);
     if (config.ok()) return *config;
-    AddStatus(field, config.status());
+    AddError(field, config.status().message());
     return std::nullopt;
   }
 
@@ -145,8 +146,7 @@ class Checker {
     const absl::Status status = optim::ValidateOptimizerConfig(plan_.optimizer(), names);
     if (!status.ok()) {
       // The optimizer names its fields from "optimizer".
-      AddStatus("plan.optimizer",
-                absl::Status(status.code(), absl::StrCat("plan.", status.message())));
+      AddError("plan.optimizer", absl::StrCat("plan.", status.message()));
     }
   }
 
@@ -210,15 +210,15 @@ class Checker {
     if (plan_.training().steps() <= 0) return;  // reported above
     absl::StatusOr<sched::Schedule> schedule =
         sched::BuildSchedule(ResolvedSchedule(plan_), "plan.schedule");
-    if (!schedule.ok()) AddStatus("plan.schedule", schedule.status());
+    if (!schedule.ok()) AddError("plan.schedule", schedule.status().message());
   }
 
   void CheckData(const std::optional<models::ModelConfig>& config) {
     const std::optional<int64_t> vocab_size =
         config.has_value() ? std::optional<int64_t>(config->vocab_size()) : std::nullopt;
-    for (data::FieldProblem& problem :
+    for (base::Violation& violation :
          data::ValidateDataConfig(plan_.data(), vocab_size, "plan.data")) {
-      Add(std::move(problem.field), std::move(problem.message));
+      violations_.push_back(std::move(violation));
     }
   }
 
