@@ -1,6 +1,6 @@
 // What the benchmarks share: a main() that pins LibTorch's two thread pools to one thread
-// each (tools/threads) and sets up the heap as the training jobs do (huge pages, freed memory
-// kept; tools/heap) before running; and the medium model shape the models and wrap issues
+// each (base/threads.h) and sets up the heap as the training jobs do (huge pages, freed memory
+// kept; base/heap.h) before running; and the medium model shape the models and wrap issues
 // measure.
 //
 //   int main(int argc, char** argv) { return plait::benchmarks::BenchmarkMain(argc, argv); }

@@ -21,7 +21,7 @@ struct EmbeddedPlan {
   const char* name = "";  // for errors, e.g. "trainer/plans/llama_fsdp.textproto"
 };
 
-// Keeps freed memory in the heap for the next step (tools/heap/heap.h), then runs. Returns
+// Keeps freed memory in the heap for the next step (base/heap.h), then runs. Returns
 // the process's exit code: 0 after training, 1 for an invalid plan or a failed run
 // (the error printed to stderr, prefixed with the rank), 2 for a usage error.
 int RunMain(int argc, char** argv, const EmbeddedPlan& embedded);
