@@ -5,6 +5,7 @@
 #include <string>
 
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -14,14 +15,11 @@ namespace {
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::IsOkAndHolds;
 using ::plait::base::testing::StatusIs;
+using ::plait::base::testing::TestPath;
 using ::testing::HasSubstr;
 
-std::string TempPath(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
-
 TEST(FileTest, WriteAtomicallyThenReadRoundTripsBytes) {
-  const std::string path = TempPath("roundtrip");
+  const std::string path = TestPath("roundtrip");
   const std::string bytes("a\0b\nc", 5);
   ASSERT_THAT(WriteFileAtomically(path, bytes), IsOk());
   EXPECT_THAT(ReadFile(path), IsOkAndHolds(bytes));
@@ -31,11 +29,11 @@ TEST(FileTest, WriteAtomicallyThenReadRoundTripsBytes) {
 }
 
 TEST(FileTest, ErrorsNameThePath) {
-  EXPECT_THAT(ReadFile(TempPath("missing")),
+  EXPECT_THAT(ReadFile(TestPath("missing")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing: cannot open")));
-  EXPECT_THAT(WriteFileAtomically(TempPath("no/such/folder/file"), "x"),
+  EXPECT_THAT(WriteFileAtomically(TestPath("no/such/folder/file"), "x"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no/such/folder/file")));
-  EXPECT_THAT(SyncToDisk(TempPath("missing")),
+  EXPECT_THAT(SyncToDisk(TestPath("missing")),
               StatusIs(absl::StatusCode::kInternal, HasSubstr("missing")));
 }
 

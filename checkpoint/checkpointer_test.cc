@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/safetensors.h"
@@ -27,18 +28,13 @@ namespace plait::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
+using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::string TempDir(const std::string& name) {
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
-  fs::remove_all(dir);
-  return dir;
-}
 
 std::vector<std::string> Entries(const std::string& dir) {
   std::vector<std::string> names;
@@ -124,7 +120,7 @@ std::vector<absl::Status> ResumeStatuses(const std::string& dir, int ranks,
 }
 
 TEST(CheckpointerTest, EveryRankGetsBackItsTensorsMetadataAndThePosition) {
-  const std::string dir = TempDir("round_trip");
+  const std::string dir = FreshTestDir("round_trip");
   SaveOnRanks(dir, 2, 3);
   EXPECT_THAT(Entries(dir), ElementsAre("step-00000003"));
   EXPECT_THAT(Entries(dir + "/step-00000003"),
@@ -155,7 +151,7 @@ TEST(CheckpointerTest, EveryRankGetsBackItsTensorsMetadataAndThePosition) {
 // The bytes that make the format: names, manifest keys, metadata keys and the checksum,
 // which earlier checkpoints were written with and must still resume from.
 TEST(CheckpointerTest, TheFilesHoldTheManifestMetadataAndChecksumOfTheFormat) {
-  const std::string dir = TempDir("format");
+  const std::string dir = FreshTestDir("format");
   parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
     RunInfo run = TestRun();
     run.fingerprint = {{"run.model", "tiny"}};
@@ -191,7 +187,7 @@ TEST(CheckpointerTest, TheFilesHoldTheManifestMetadataAndChecksumOfTheFormat) {
 }
 
 TEST(CheckpointerTest, MetadataKeysOfTheCheckpointItselfAreRefused) {
-  const std::string dir = TempDir("own_metadata");
+  const std::string dir = FreshTestDir("own_metadata");
   parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
     absl::StatusOr<Checkpointer> checkpointer =
         Checkpointer::Open(Config(dir), dir, TestRun(), mesh);
@@ -207,7 +203,7 @@ TEST(CheckpointerTest, MetadataKeysOfTheCheckpointItselfAreRefused) {
 
 TEST(CheckpointerTest, EveryMultipleOfEveryAndTheLastStepAreDue) {
   parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
-    const std::string dir = TempDir("due");
+    const std::string dir = FreshTestDir("due");
     Checkpointer every_three = Checkpointer::Open(Config(dir), dir, TestRun(8), mesh).value();
     std::vector<int64_t> due;
     for (int64_t step = 1; step <= 8; ++step) {
@@ -228,7 +224,7 @@ TEST(CheckpointerTest, EveryMultipleOfEveryAndTheLastStepAreDue) {
 }
 
 TEST(CheckpointerTest, KeepsTheNewestAndRemovesAnInterruptedSave) {
-  const std::string dir = TempDir("keep_last");
+  const std::string dir = FreshTestDir("keep_last");
   CheckpointConfig config;
   config.set_keep_last(2);
   config.set_resume(true);  // each save is a run resumed from the one before
@@ -243,7 +239,7 @@ TEST(CheckpointerTest, KeepsTheNewestAndRemovesAnInterruptedSave) {
 }
 
 TEST(CheckpointerTest, ResumingWithoutACheckpointStartsFresh) {
-  const std::string dir = TempDir("nothing_yet");
+  const std::string dir = FreshTestDir("nothing_yet");
   parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
     absl::StatusOr<Checkpointer> checkpointer =
         Checkpointer::Open(Config(dir, /*resume=*/true), dir, TestRun(), mesh);
@@ -262,7 +258,7 @@ TEST(CheckpointerTest, ResumingWithoutACheckpointStartsFresh) {
 }
 
 TEST(CheckpointerTest, AFreshRunNeverOverwritesCheckpoints) {
-  const std::string dir = TempDir("fresh");
+  const std::string dir = FreshTestDir("fresh");
   fs::create_directories(dir + "/step-00000003");
   parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
     EXPECT_THAT(
@@ -275,7 +271,7 @@ TEST(CheckpointerTest, AFreshRunNeverOverwritesCheckpoints) {
 }
 
 TEST(CheckpointErrorsTest, AChangedFingerprintNamesTheFieldAndBothValues) {
-  const std::string dir = TempDir("fingerprint");
+  const std::string dir = FreshTestDir("fingerprint");
   SaveOnRanks(dir, 1, 1);
   RunInfo run = TestRun();
   run.fingerprint["run.batch"] = "8";
@@ -291,7 +287,7 @@ TEST(CheckpointErrorsTest, AChangedFingerprintNamesTheFieldAndBothValues) {
 }
 
 TEST(CheckpointErrorsTest, ACheckpointPastTheRunsStepsIsRefused) {
-  const std::string dir = TempDir("past_steps");
+  const std::string dir = FreshTestDir("past_steps");
   SaveOnRanks(dir, 1, 5);
   EXPECT_THAT(ResumeStatuses(dir, 1, TestRun(/*steps=*/4))[0],
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -300,7 +296,7 @@ TEST(CheckpointErrorsTest, ACheckpointPastTheRunsStepsIsRefused) {
 }
 
 TEST(CheckpointErrorsTest, AnotherWorldSizeAndMeshNameBothValues) {
-  const std::string dir = TempDir("world");
+  const std::string dir = FreshTestDir("world");
   SaveOnRanks(dir, 1, 1);
   for (const absl::Status& status : ResumeStatuses(dir, 2)) {
     EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
@@ -326,7 +322,7 @@ void RewriteRankFile(const std::string& path,
 }
 
 TEST(CheckpointErrorsTest, MissingExtraAndMisfitTensorsNameTheFileTheTensorAndWhatItIs) {
-  const std::string dir = TempDir("tensors");
+  const std::string dir = FreshTestDir("tensors");
   SaveOnRanks(dir, 1, 1);
   const std::string path = dir + "/step-00000001/" + RankFileName(0, 1);
   RewriteRankFile(
@@ -365,7 +361,7 @@ TEST(CheckpointErrorsTest, MissingExtraAndMisfitTensorsNameTheFileTheTensorAndWh
 }
 
 TEST(CheckpointErrorsTest, TruncatedOrCorruptRankFilesNameTheFile) {
-  const std::string dir = TempDir("corrupt");
+  const std::string dir = FreshTestDir("corrupt");
   SaveOnRanks(dir, 1, 1);
   const std::string path = dir + "/step-00000001/" + RankFileName(0, 1);
   const std::string manifest = dir + "/step-00000001/" + kManifest;
@@ -415,7 +411,7 @@ TEST(CheckpointErrorsTest, TruncatedOrCorruptRankFilesNameTheFile) {
 }
 
 TEST(CheckpointErrorsTest, AMissingRankFileFailsEveryRank) {
-  const std::string dir = TempDir("missing_rank");
+  const std::string dir = FreshTestDir("missing_rank");
   SaveOnRanks(dir, 2, 1);
   const std::string missing = dir + "/step-00000001/" + RankFileName(1, 2);
   ASSERT_TRUE(fs::remove(missing));
@@ -429,7 +425,7 @@ TEST(CheckpointErrorsTest, AMissingRankFileFailsEveryRank) {
 }
 
 TEST(CheckpointErrorsTest, ALoadErrorNamesTheFileAndFailsEveryRank) {
-  const std::string dir = TempDir("load_error");
+  const std::string dir = FreshTestDir("load_error");
   SaveOnRanks(dir, 2, 1);
   std::vector<absl::Status> statuses(2);
   parallel::testing::RunOnGlooMesh(Layout(2), [&](int rank, parallel::DeviceMesh& mesh) {

@@ -9,20 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "base/test_paths.h"
 #include "data/token_file.h"
 
 namespace plait::data::testing {
-
-// A path in the test's temporary folder.
-inline std::string TempPath(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
 
 // Writes an llm.c token file; `magic`, `version` and `count` override the header's values.
 inline std::string WriteLlmc(const std::string& name, const std::vector<uint16_t>& tokens,
                              int32_t magic = kLlmcMagic, int32_t version = kLlmcVersion,
                              int32_t count = -1) {
-  const std::string path = TempPath(name);
+  const std::string path = base::testing::TestPath(name);
   std::vector<int32_t> header(kLlmcHeaderInts, 0);
   header[0] = magic;
   header[1] = version;
@@ -36,7 +32,7 @@ inline std::string WriteLlmc(const std::string& name, const std::vector<uint16_t
 // Writes raw tokens of type T.
 template <typename T>
 std::string WriteRaw(const std::string& name, const std::vector<T>& tokens) {
-  const std::string path = TempPath(name);
+  const std::string path = base::testing::TestPath(name);
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(T));
   return path;

@@ -13,8 +13,8 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::base::testing::TestPath;
 using ::plait::data::testing::Iota;
-using ::plait::data::testing::TempPath;
 using ::plait::data::testing::WriteLlmc;
 using ::plait::data::testing::WriteRaw;
 using ::testing::HasSubstr;
@@ -56,12 +56,12 @@ TEST(TokenFileTest, BadFilesAreErrorsNamingTheFileAndTheProblem) {
   EXPECT_THAT(TokenFile::Open(big, TOKEN_FORMAT_LLMC, 256),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr(big + ": token 2 is 300, not below the model's vocab_size 256")));
-  const std::string odd = TempPath("odd.bin");
+  const std::string odd = TestPath("odd.bin");
   { std::ofstream(odd, std::ios::binary) << "abc"; }
   EXPECT_THAT(TokenFile::Open(odd, TOKEN_FORMAT_UINT16, 100),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("3 bytes is not a whole number of 2-byte tokens")));
-  EXPECT_THAT(TokenFile::Open(TempPath("missing.bin"), TOKEN_FORMAT_UINT16, 100),
+  EXPECT_THAT(TokenFile::Open(TestPath("missing.bin"), TOKEN_FORMAT_UINT16, 100),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing.bin: cannot open")));
 }
 

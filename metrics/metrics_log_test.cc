@@ -7,6 +7,7 @@
 
 #include "base/file.h"
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -16,14 +17,11 @@ namespace {
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::IsOkAndHolds;
 using ::plait::base::testing::StatusIs;
+using ::plait::base::testing::TestPath;
 using ::testing::HasSubstr;
 
-std::string TempPath(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
-
 TEST(KeepRowsUpToTest, KeepsRowsUpToTheStepAndLeavesAMissingFileMissing) {
-  const std::string path = TempPath("keep.jsonl");
+  const std::string path = TestPath("keep.jsonl");
   EXPECT_THAT(KeepRowsUpTo(path, 3), IsOk());
   EXPECT_FALSE(std::filesystem::exists(path));
   std::ofstream(path) << "{\"step\":1}\n{\"step\":2}\nnot json\n{\"step\":3}\n{\"step\":4}";
@@ -32,7 +30,7 @@ TEST(KeepRowsUpToTest, KeepsRowsUpToTheStepAndLeavesAMissingFileMissing) {
 }
 
 TEST(MetricsLogTest, AppendsOneRowPerStepAfterTheResumedOnes) {
-  const std::string path = TempPath("run.jsonl");
+  const std::string path = TestPath("run.jsonl");
   std::ofstream(path) << "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.0}\n";
   absl::StatusOr<MetricsLog> log = MetricsLog::Open(path, /*resume_step=*/1);
   ASSERT_THAT(log, IsOk());
@@ -50,7 +48,7 @@ TEST(MetricsLogTest, AppendsOneRowPerStepAfterTheResumedOnes) {
 }
 
 TEST(MetricsLogTest, AnUnwritableFileIsNamed) {
-  EXPECT_THAT(MetricsLog::Open(TempPath("no/such/folder/run.jsonl"), 0),
+  EXPECT_THAT(MetricsLog::Open(TestPath("no/such/folder/run.jsonl"), 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no/such/folder/run.jsonl")));
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -18,12 +19,9 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::base::testing::TestPath;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-std::string TempPath(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
 
 std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -43,7 +41,7 @@ std::string Handmade(const std::string& name, const std::string& header, size_t 
   for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
   bytes += header;
   bytes.append(data_size, '\0');
-  const std::string path = TempPath(name);
+  const std::string path = TestPath(name);
   WriteBytes(path, bytes);
   return path;
 }
@@ -60,7 +58,7 @@ TEST(SafetensorsTest, WriteThenReadIsBitExactForEveryDtype) {
       {"scalar", torch::tensor(2.5f)},
       {"empty", torch::empty({0, 4})},
   };
-  const std::string path = TempPath("round_trip.safetensors");
+  const std::string path = TestPath("round_trip.safetensors");
   ASSERT_THAT(WriteSafetensors(path, tensors, {{"format", "pt"}, {"step", "12"}}), IsOk());
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
   ASSERT_THAT(file, IsOk());
@@ -85,7 +83,7 @@ TEST(SafetensorsTest, WriteThenReadIsBitExactForEveryDtype) {
 }
 
 TEST(SafetensorsTest, WriteRejectsUnsupportedDtypeAndRepeatedNames) {
-  const std::string path = TempPath("bad_write.safetensors");
+  const std::string path = TestPath("bad_write.safetensors");
   EXPECT_THAT(WriteSafetensors(path, {{"x", torch::zeros({2}, torch::kInt32)}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"x\" has dtype Int")));
   EXPECT_THAT(WriteSafetensors(path, {{"x", torch::zeros({2})}, {"x", torch::zeros({2})}}),
@@ -155,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<CorruptCase>& info) { return info.param.name; });
 
 TEST(SafetensorsTest, ShortFile) {
-  const std::string path = TempPath("short.safetensors");
+  const std::string path = TestPath("short.safetensors");
   WriteBytes(path, "abc");
   EXPECT_THAT(SafetensorsFile::Open(path),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -167,11 +165,11 @@ TEST(SafetensorsTest, ShortFile) {
 // Every truncation and many single-byte corruptions of a valid file are errors or valid
 // files, never crashes or out-of-bounds reads (run under --config=asan to check the latter).
 TEST(SafetensorsTest, TruncatedAndFlippedFilesNeverCrash) {
-  const std::string path = TempPath("valid.safetensors");
+  const std::string path = TestPath("valid.safetensors");
   ASSERT_THAT(WriteSafetensors(path, {{"a", torch::ones({3})}, {"b", torch::ones({2, 2})}}),
               IsOk());
   const std::string bytes = ReadBytes(path);
-  const std::string damaged = TempPath("damaged.safetensors");
+  const std::string damaged = TestPath("damaged.safetensors");
   for (size_t size = 0; size < bytes.size(); ++size) {
     WriteBytes(damaged, bytes.substr(0, size));
     EXPECT_FALSE(SafetensorsFile::Open(damaged).ok()) << "truncated to " << size;
@@ -188,7 +186,7 @@ TEST(SafetensorsTest, TruncatedAndFlippedFilesNeverCrash) {
 }
 
 std::string FreshDir(const std::string& name) {
-  const std::string dir = TempPath(name);
+  const std::string dir = TestPath(name);
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   return dir;
 }

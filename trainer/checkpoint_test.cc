@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
 #include "checkpoint/checkpointer.h"
 #include "data/data_config.h"
 #include "data/data_loader.h"
@@ -35,18 +36,13 @@ namespace plait::trainer {
 namespace {
 
 namespace fs = std::filesystem;
+using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-std::string TempDir(const std::string& name) {
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
-  fs::remove_all(dir);
-  return dir;
-}
 
 // A shipped plan shortened to 8 steps (warmup 2, evaluation after steps 4 and 8), with
 // checkpoints every 3 steps into `dir`.
@@ -85,8 +81,8 @@ std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
 // same losses, gradient norms and evaluation, and the same final parameters and optimizer
 // state (bitwise: the same operations on the same numbers).
 void ExpectResumeReproducesTheStraightRun(const std::string& plan_name, int ranks) {
-  const std::string straight_dir = TempDir(plan_name + "_straight");
-  const std::string resumed_dir = TempDir(plan_name + "_resumed");
+  const std::string straight_dir = FreshTestDir(plan_name + "_straight");
+  const std::string resumed_dir = FreshTestDir(plan_name + "_resumed");
   const TrainReport straight = TrainOnRanks(ShortPlan(plan_name, straight_dir), ranks);
   ASSERT_EQ(straight.steps.size(), 8u);
   EXPECT_THAT(Entries(straight_dir),
@@ -130,7 +126,7 @@ TEST(CheckpointTest, FsdpOnTwoRanksResumeReproducesTheStraightRun) {
 
 // The library's refusal (checkpoint/checkpointer.h) under the plan's field names.
 TEST(CheckpointTest, AFreshRunNeverOverwritesCheckpoints) {
-  const std::string dir = TempDir("fresh");
+  const std::string dir = FreshTestDir("fresh");
   const Plan plan = ShortPlan("llama_single", dir);
   fs::create_directories(dir + "/step-00000003");
   WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
@@ -151,8 +147,8 @@ TrainOptions WithMetrics(const std::string& path) {
 }
 
 TEST(CheckpointTest, MetricsOfAResumedRunContinueTheFile) {
-  const std::string straight_dir = TempDir("metrics_straight");
-  const std::string resumed_dir = TempDir("metrics_resumed");
+  const std::string straight_dir = FreshTestDir("metrics_straight");
+  const std::string resumed_dir = FreshTestDir("metrics_resumed");
   const std::string straight_metrics = straight_dir + ".jsonl";
   const std::string resumed_metrics = resumed_dir + ".jsonl";
   TrainOnRanks(ShortPlan("llama_single", straight_dir), 1, WithMetrics(straight_metrics));
@@ -239,7 +235,7 @@ struct SavedCheckpoint {
   std::string rank_file;
 };
 SavedCheckpoint SaveSingle(const std::string& name) {
-  const std::string dir = TempDir(name);
+  const std::string dir = FreshTestDir(name);
   SavedCheckpoint saved{ShortPlan("llama_single", dir), dir + "/step-00000001/checkpoint.json",
                         dir + "/step-00000001/" + checkpoint::RankFileName(0, 1)};
   SaveStepOne(saved.plan, 1);
