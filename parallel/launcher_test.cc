@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/file.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,7 +28,6 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
-using ::plait::parallel::testdata::ReadFile;
 using ::plait::parallel::testdata::StartSubprocess;
 using ::plait::parallel::testdata::SubprocessOptions;
 using ::plait::parallel::testdata::WaitForFiles;
@@ -343,8 +343,8 @@ class LaunchSelfIfNoWorldTest : public ::testing::Test {
     if (!pid.ok()) return -1;
     absl::StatusOr<int> wait_status = WaitForSubprocess(*pid, absl::Seconds(30));
     EXPECT_THAT(wait_status, IsOk());
-    stdout_ = ReadFile(options.stdout_path).value_or("<unreadable>");
-    stderr_ = ReadFile(options.stderr_path).value_or("<unreadable>");
+    stdout_ = base::ReadFile(options.stdout_path).value_or("<unreadable>");
+    stderr_ = base::ReadFile(options.stderr_path).value_or("<unreadable>");
     return wait_status.value_or(-1);
   }
 

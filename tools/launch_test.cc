@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/file.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -18,7 +19,6 @@ namespace plait::tools {
 namespace {
 
 using ::plait::base::testing::IsOk;
-using ::plait::parallel::testdata::ReadFile;
 using ::plait::parallel::testdata::StartSubprocess;
 using ::plait::parallel::testdata::SubprocessOptions;
 using ::plait::parallel::testdata::WaitForFiles;
@@ -58,8 +58,8 @@ class LaunchTest : public ::testing::Test {
   int Wait(pid_t pid) {
     absl::StatusOr<int> wait_status = WaitForSubprocess(pid, kTimeout);
     EXPECT_THAT(wait_status, IsOk());
-    stdout_ = ReadFile(dir_ + "/stdout").value_or("<unreadable>");
-    stderr_ = ReadFile(dir_ + "/stderr").value_or("<unreadable>");
+    stdout_ = base::ReadFile(dir_ + "/stdout").value_or("<unreadable>");
+    stderr_ = base::ReadFile(dir_ + "/stderr").value_or("<unreadable>");
     if (!wait_status.ok() || !WIFEXITED(*wait_status)) return -1;
     return WEXITSTATUS(*wait_status);
   }

@@ -8,8 +8,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -104,14 +102,6 @@ absl::Status WaitForFiles(const std::vector<std::string>& paths, absl::Duration 
     }
     absl::SleepFor(kPollInterval);
   }
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  return contents.str();
 }
 
 }  // namespace plait::parallel::testdata

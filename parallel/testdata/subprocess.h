@@ -43,9 +43,6 @@ absl::StatusOr<int> WaitForSubprocess(pid_t pid, absl::Duration timeout);
 // `timeout`.
 absl::Status WaitForFiles(const std::vector<std::string>& paths, absl::Duration timeout);
 
-// The contents of the file at `path`.
-absl::StatusOr<std::string> ReadFile(const std::string& path);
-
 }  // namespace plait::parallel::testdata
 
 #endif  // PLAIT_PARALLEL_TESTDATA_SUBPROCESS_H_
