@@ -57,6 +57,11 @@ class Checker {
     violations_.push_back({std::move(field), std::move(message), std::move(rule)});
   }
 
+  // Violations a library found.
+  void AddAll(std::vector<Violation> violations) {
+    for (Violation& violation : violations) violations_.push_back(std::move(violation));
+  }
+
   // A library's error for the subtree at `field`, whose message starts with the full field
   // path ("plan.model.preset: ...", as every plait library names its fields): recorded under
   // that path.
@@ -90,31 +95,27 @@ class Checker {
   }
 
   void CheckMesh() {
-    for (base::Violation& violation :
-         parallel::CheckMeshConfig(plan_.mesh(), world_size_, "plan.mesh")) {
-      violations_.push_back(std::move(violation));
-    }
+    AddAll(parallel::CheckMeshConfig(plan_.mesh(), world_size_, "plan.mesh"));
     for (const auto& dim : plan_.mesh().dims()) dims_.insert(dim.name());
   }
 
   void CheckSteps(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
                   const std::string& field) {
-    for (base::Violation& violation : wrap::CheckSteps(rules_, steps, field, dims_, "plan.mesh")) {
-      violations_.push_back(std::move(violation));
-    }
+    AddAll(wrap::CheckSteps(rules_, steps, field, dims_, "plan.mesh"));
   }
 
   // The dimensions the plan's own steps use, and the product of the sizes of those whose
   // ranks read different data (FSDP's, DDP's): the data-parallel width.
   void CollectDimUse() {
+    std::set<std::string> data_parallel_dims;
     for (const wrap::PrepareStep& step : plan_.prepare()) {
       absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
       if (!strategy.ok()) continue;  // reported by CheckSteps
       used_dims_.insert((*strategy)->mesh_dim());
-      if ((*strategy)->splits_batch()) data_parallel_dims_.insert((*strategy)->mesh_dim());
+      if ((*strategy)->splits_batch()) data_parallel_dims.insert((*strategy)->mesh_dim());
     }
     for (const auto& dim : plan_.mesh().dims()) {
-      if (data_parallel_dims_.count(dim.name()) > 0) data_parallel_size_ *= dim.size();
+      if (data_parallel_dims.count(dim.name()) > 0) data_parallel_size_ *= dim.size();
     }
   }
 
@@ -193,10 +194,7 @@ class Checker {
   }
 
   void CheckCheckpoint() {
-    for (Violation& violation :
-         checkpoint::CheckConfig(plan_.training().checkpoint(), "plan.training.checkpoint")) {
-      Add(std::move(violation.field), std::move(violation.message));
-    }
+    AddAll(checkpoint::CheckConfig(plan_.training().checkpoint(), "plan.training.checkpoint"));
   }
 
   void CheckSchedule() {
@@ -216,10 +214,7 @@ class Checker {
   void CheckData(const std::optional<models::ModelConfig>& config) {
     const std::optional<int64_t> vocab_size =
         config.has_value() ? std::optional<int64_t>(config->vocab_size()) : std::nullopt;
-    for (base::Violation& violation :
-         data::ValidateDataConfig(plan_.data(), vocab_size, "plan.data")) {
-      violations_.push_back(std::move(violation));
-    }
+    AddAll(data::ValidateDataConfig(plan_.data(), vocab_size, "plan.data"));
   }
 
   void CheckFrozen() {
@@ -242,7 +237,6 @@ class Checker {
   const wrap::PreparationRules& rules_;
   std::set<std::string> dims_;
   std::set<std::string> used_dims_;
-  std::set<std::string> data_parallel_dims_;
   int64_t data_parallel_size_ = 1;
   std::vector<Violation> violations_;
 };

@@ -1,5 +1,11 @@
 #include "wrap/strategies.h"
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
 #include "wrap/ddp/ddp.h"
 #include "wrap/fsdp/fsdp.h"
 
@@ -14,7 +20,11 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
     case PrepareStep::STRATEGY_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError("names no strategy; set one of fsdp, ddp");
+  std::vector<std::string> names;  // every strategy PrepareStep offers
+  const google::protobuf::OneofDescriptor* oneof = PrepareStep::descriptor()->oneof_decl(0);
+  for (int i = 0; i < oneof->field_count(); ++i) names.push_back(oneof->field(i)->name());
+  return absl::InvalidArgumentError(
+      absl::StrCat("names no strategy; set one of ", absl::StrJoin(names, ", ")));
 }
 
 }  // namespace plait::wrap
