@@ -1,6 +1,7 @@
 #include "base/file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -48,6 +49,27 @@ absl::Status SyncToDisk(const std::string& path) {
     return absl::InternalError(absl::StrCat(path, ": cannot flush to disk: ", reason));
   }
   close(fd);
+  return absl::OkStatus();
+}
+
+absl::Status CheckFolderIsWritable(const std::string& dir) {
+  std::string existing = dir;
+  struct stat info;
+  while (stat(existing.c_str(), &info) != 0) {
+    if (existing == "/" || existing == ".") {
+      return absl::FailedPreconditionError(absl::StrCat("\"", dir, "\" cannot be created"));
+    }
+    const size_t slash = existing.find_last_of('/', existing.size() - 1);
+    existing = slash == std::string::npos ? "." : slash == 0 ? "/" : existing.substr(0, slash);
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("\"", dir, "\" cannot be created: \"", existing, "\" is not a folder"));
+  }
+  if (access(existing.c_str(), W_OK | X_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("\"", dir, "\" cannot be written: \"", existing, "\" is not writable"));
+  }
   return absl::OkStatus();
 }
 

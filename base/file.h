@@ -25,6 +25,11 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 // rename that publishes it cannot survive a machine crash while its contents do not.
 absl::Status SyncToDisk(const std::string& path);
 
+// OK when the folder `dir` can be written into: it, or the nearest of its ancestors that
+// exists, is a folder this process may write. FailedPrecondition otherwise, naming `dir` and
+// what stands in the way ("\"out/model\" cannot be created: \"out\" is not a folder").
+absl::Status CheckFolderIsWritable(const std::string& dir);
+
 }  // namespace plait::base
 
 #endif  // PLAIT_BASE_FILE_H_

@@ -37,5 +37,15 @@ TEST(FileTest, ErrorsNameThePath) {
               StatusIs(absl::StatusCode::kInternal, HasSubstr("missing")));
 }
 
+TEST(FileTest, AFolderIsWritableWhenItOrItsNearestExistingAncestorIs) {
+  EXPECT_THAT(CheckFolderIsWritable(TestPath("")), IsOk());
+  EXPECT_THAT(CheckFolderIsWritable(TestPath("not/yet/there")), IsOk());
+  ASSERT_THAT(WriteFileAtomically(TestPath("a_file"), "x"), IsOk());
+  EXPECT_THAT(
+      CheckFolderIsWritable(TestPath("a_file/sub")),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("cannot be created: \"" + TestPath("a_file") + "\" is not a folder")));
+}
+
 }  // namespace
 }  // namespace plait::base

@@ -1,11 +1,9 @@
 #include "checkpoint/checkpoint_config.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 
 namespace plait::checkpoint {
 
@@ -22,23 +20,8 @@ std::vector<base::Violation> CheckConfig(const CheckpointConfig& config, const s
     }
     return violations;
   }
-  // The folder, or the nearest ancestor that exists, must be a writable folder.
-  std::string existing = config.dir();
-  struct stat info;
-  while (stat(existing.c_str(), &info) != 0) {
-    if (existing == "/" || existing == ".") {
-      add("dir", absl::StrCat("\"", config.dir(), "\" cannot be created"));
-      return violations;
-    }
-    const size_t slash = existing.find_last_of('/', existing.size() - 1);
-    existing = slash == std::string::npos ? "." : slash == 0 ? "/" : existing.substr(0, slash);
-  }
-  if (!S_ISDIR(info.st_mode)) {
-    add("dir", absl::StrCat("\"", config.dir(), "\" cannot be created: \"", existing,
-                            "\" is not a folder"));
-  } else if (access(existing.c_str(), W_OK | X_OK) != 0) {
-    add("dir", absl::StrCat("\"", config.dir(), "\" cannot be written: \"", existing,
-                            "\" is not writable"));
+  if (absl::Status writable = base::CheckFolderIsWritable(config.dir()); !writable.ok()) {
+    add("dir", std::string(writable.message()));
   }
   return violations;
 }

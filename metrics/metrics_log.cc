@@ -1,5 +1,11 @@
 #include "metrics/metrics_log.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -35,10 +41,72 @@ absl::Status KeepRowsUpTo(const std::string& path, int64_t step) {
   return base::WriteFileAtomically(path, kept);
 }
 
+namespace {
+
+// What a file that is not a regular one is, for errors.
+std::string KindOf(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// OK when every row of `path` is a JSON object with an integer "step" (the last one may be
+// cut short, without its newline, by a killed run): a metrics file this class wrote.
+absl::Status CheckIsMetricsFile(const std::string& path) {
+  PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
+  size_t start = 0;
+  for (int64_t line_number = 1; start < text.size(); ++line_number) {
+    const size_t end = text.find('\n', start);
+    if (end == std::string::npos) break;  // a row cut short
+    const Json row = Json::parse(text.substr(start, end - start), nullptr,
+                                 /*allow_exceptions=*/false);
+    const bool is_row = row.is_object() && row.contains("step") && row["step"].is_number_integer();
+    if (!is_row) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "\"", path, "\" exists and is not a metrics file (line ", line_number,
+          " is not a row with a step); a run never overwrites it: choose another path"));
+    }
+    start = end + 1;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t resume_step) {
-  PLAIT_RETURN_IF_ERROR(KeepRowsUpTo(path, resume_step));
+  struct stat info;
+  if (lstat(path.c_str(), &info) == 0) {
+    if (!S_ISREG(info.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("\"", path, "\" is ", KindOf(info.st_mode),
+                       "; a metrics file is a regular file the run creates: choose another path"));
+    }
+    if (resume_step == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "\"", path,
+          "\" already exists; a fresh run creates its metrics file and never "
+          "overwrites one (only a run resumed from a checkpoint continues it): remove it or "
+          "choose another path"));
+    }
+    PLAIT_RETURN_IF_ERROR(CheckIsMetricsFile(path));
+    PLAIT_RETURN_IF_ERROR(KeepRowsUpTo(path, resume_step));
+  } else {
+    // Created here, exclusively: a file that appeared since the check is not overwritten.
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot create \"", path, "\": ", std::strerror(errno)));
+    }
+    close(fd);
+  }
   auto out = std::make_unique<std::ofstream>(path, std::ios::app);
-  if (!*out) return absl::InvalidArgumentError(absl::StrCat("cannot write \"", path, "\""));
+  if (!*out) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write \"", path, "\": ", std::strerror(errno)));
+  }
   return MetricsLog(path, std::move(out));
 }
 
@@ -53,7 +121,10 @@ absl::Status MetricsLog::Append(const StepMetrics& metrics) {
   if (metrics.eval_loss) row["eval_loss"] = *metrics.eval_loss;
   *out_ << row.dump() << "\n";
   out_->flush();
-  if (!*out_) return absl::DataLossError(absl::StrCat(path_, ": cannot write step ", metrics.step));
+  if (!*out_) {
+    return absl::DataLossError(
+        absl::StrCat(path_, ": cannot write step ", metrics.step, ": ", std::strerror(errno)));
+  }
   return absl::OkStatus();
 }
 

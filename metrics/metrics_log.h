@@ -1,7 +1,9 @@
 // The metrics file of a training run: one JSON object per optimizer step (JSONL), written by
 // rank 0 and flushed after every row, so a run that is killed leaves every finished step in
-// it. A resumed run opens the file at the step it resumes from: the rows after that step
-// (logged after the checkpoint, before the kill) are dropped, since the run writes them again.
+// it. A fresh run creates the file and refuses a path that exists, so a misnamed path never
+// destroys a user's file. A resumed run continues its metrics file at the step it resumes
+// from: the rows after that step (logged after the checkpoint, before the kill) are dropped,
+// since the run writes them again.
 //
 //   PLAIT_ASSIGN_OR_RETURN(MetricsLog log, MetricsLog::Open("metrics.jsonl", resume_step));
 //   PLAIT_RETURN_IF_ERROR(log.Append(metrics));  // {"step":1,"loss":2.31,"lr":0.001,...}
@@ -21,9 +23,10 @@ namespace plait::metrics {
 
 class MetricsLog {
  public:
-  // Opens `path` for appending after keeping its rows of steps up to `resume_step` (all
-  // others, and a row cut short by a kill, are dropped; 0 empties it). A missing file is
-  // created. Errors name the file.
+  // Creates `path`, or with `resume_step` > 0 continues it after keeping its rows of steps up
+  // to `resume_step` (the others, and a row cut short by a kill, are dropped). Refused,
+  // naming the path and why, before anything is written: a path that exists for a fresh run,
+  // or that is not a regular file (a directory, link, FIFO, device), or not a metrics file.
   static absl::StatusOr<MetricsLog> Open(const std::string& path, int64_t resume_step);
 
   // Writes one row and flushes it. Optional fields appear only when set.

@@ -14,6 +14,7 @@
 namespace plait::metrics {
 namespace {
 
+using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::IsOkAndHolds;
 using ::plait::base::testing::StatusIs;
@@ -45,6 +46,38 @@ TEST(MetricsLogTest, AppendsOneRowPerStepAfterTheResumedOnes) {
               IsOkAndHolds(std::string("{\"step\":1,\"loss\":3.0}\n"
                                        "{\"eval_loss\":2.25,\"loss\":2.5,\"lr\":0.5,\"step\":2,"
                                        "\"tokens_per_s\":100.0}\n")));
+}
+
+// A fresh run never writes over a file it did not create: the path it was given may name a
+// token file, a model or someone's notes.
+TEST(MetricsLogTest, AFreshRunRefusesAnExistingPathAndLeavesItAsItWas) {
+  const std::string path = TestPath("notes.txt");
+  const std::string notes = "my notes\n";
+  ASSERT_THAT(base::WriteFileAtomically(path, notes), IsOk());
+  EXPECT_THAT(MetricsLog::Open(path, /*resume_step=*/0),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("\"" + path + "\" already exists; a fresh run creates")));
+  EXPECT_THAT(base::ReadFile(path), IsOkAndHolds(notes));
+  // A resumed run continues only a metrics file.
+  EXPECT_THAT(MetricsLog::Open(path, /*resume_step=*/3),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("is not a metrics file (line 1 is not a row with a step)")));
+  EXPECT_THAT(base::ReadFile(path), IsOkAndHolds(notes));
+}
+
+TEST(MetricsLogTest, RefusesWhatIsNotARegularFile) {
+  const std::string dir = FreshTestDir("a_folder");
+  std::filesystem::create_directories(dir);
+  EXPECT_THAT(MetricsLog::Open(dir, 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is a directory")));
+  EXPECT_THAT(MetricsLog::Open("/dev/null", 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is a device")));
+  const std::string link = TestPath("link.jsonl");
+  std::filesystem::remove(link);
+  std::filesystem::create_symlink(TestPath("elsewhere"), link);
+  EXPECT_THAT(MetricsLog::Open(link, 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is a symbolic link")));
+  EXPECT_FALSE(std::filesystem::exists(TestPath("elsewhere")));
 }
 
 TEST(MetricsLogTest, AnUnwritableFileIsNamed) {

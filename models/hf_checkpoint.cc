@@ -104,4 +104,45 @@ absl::Status SaveHfParameters(const ModelConfig& config,
   return WriteSafetensorsCheckpoint(dir, tensors, max_shard_bytes);
 }
 
+std::vector<base::Violation> CheckHfExportFolder(const std::string& dir,
+                                                 const std::vector<std::string>& input_dirs,
+                                                 const std::string& field) {
+  std::vector<base::Violation> violations;
+  if (dir.empty()) return violations;
+  auto add = [&](std::string message) { violations.push_back({field, std::move(message), ""}); };
+  namespace fs = std::filesystem;
+  std::error_code error;
+  for (const std::string& input : input_dirs) {
+    if (!input.empty() && fs::weakly_canonical(input, error) == fs::weakly_canonical(dir, error)) {
+      add(absl::StrCat("\"", dir,
+                       "\" is the folder the weights are loaded from; the export "
+                       "would overwrite them: choose another folder"));
+      return violations;
+    }
+  }
+  const fs::file_status status = fs::symlink_status(dir, error);
+  if (fs::exists(status) && !fs::is_directory(status)) {
+    add(absl::StrCat("\"", dir, "\" exists and is not a folder"));
+    return violations;
+  }
+  if (fs::is_directory(status)) {
+    for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+      const std::string name = it->path().filename().string();
+      const bool exported =
+          name == "config.json" || name == kSafetensorsIndexName || name == "model.safetensors" ||
+          (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"));
+      if (!exported || !it->is_regular_file()) {
+        add(absl::StrCat("\"", dir, "\" holds \"", name,
+                         "\", which an export does not write; "
+                         "choose a new or empty folder, or one an earlier export wrote"));
+        return violations;
+      }
+    }
+  }
+  if (absl::Status writable = base::CheckFolderIsWritable(dir); !writable.ok()) {
+    add(std::string(writable.message()));
+  }
+  return violations;
+}
+
 }  // namespace plait::models

@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/violation.h"
 #include "models/causal_lm.h"
 #include "models/safetensors.h"
 #include "torch/torch.h"
@@ -47,6 +49,16 @@ absl::Status SaveHfParameters(const ModelConfig& config,
                               const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
                               const std::string& dir, torch::ScalarType dtype = torch::kFloat32,
                               uint64_t max_shard_bytes = 0);
+
+// Every reason the folder `dir` cannot receive an export of a run whose weights are loaded
+// from `input_dirs`, found before the run trains, so a trained model is never lost at its
+// end and no file is overwritten that the export did not write: `dir` is one of the input
+// folders, exists and is not a folder, holds anything but an earlier export's files
+// (config.json, model.safetensors, model.safetensors.index.json, model-*-of-*.safetensors),
+// or cannot be written. Errors name `field`.
+std::vector<base::Violation> CheckHfExportFolder(const std::string& dir,
+                                                 const std::vector<std::string>& input_dirs,
+                                                 const std::string& field);
 
 }  // namespace plait::models
 

@@ -147,5 +147,30 @@ TEST(HfCheckpointTest, MismatchedCheckpointsAreNamedErrors) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json")));
 }
 
+// An export never overwrites what it did not write: the input weights, a file, a folder of
+// other things.
+TEST(HfCheckpointTest, ExportFoldersAreCheckedBeforeTraining) {
+  const std::string dir = FreshDir("export");
+  std::shared_ptr<CausalLM> model =
+      CausalLM::Create(PresetConfig("tiny").value(), InitConfig()).value();
+  ASSERT_THAT(SaveHfModel(*model, dir), IsOk());
+  EXPECT_TRUE(CheckHfExportFolder(dir, {}, "save_hf_dir").empty());  // an earlier export
+  EXPECT_TRUE(CheckHfExportFolder(dir + "/new", {}, "save_hf_dir").empty());
+  EXPECT_TRUE(CheckHfExportFolder("", {dir}, "save_hf_dir").empty());  // no export
+
+  auto message = [](const std::vector<base::Violation>& violations) {
+    return violations.empty() ? std::string("(none)") : violations[0].ToString();
+  };
+  EXPECT_THAT(message(CheckHfExportFolder(dir, {dir + "/."}, "save_hf_dir")),
+              HasSubstr("save_hf_dir: \"" + dir + "\" is the folder the weights are loaded from"));
+  EXPECT_THAT(message(CheckHfExportFolder(dir + "/config.json", {}, "save_hf_dir")),
+              HasSubstr("exists and is not a folder"));
+  std::system(("echo notes > " + dir + "/notes.txt").c_str());
+  EXPECT_THAT(message(CheckHfExportFolder(dir, {}, "save_hf_dir")),
+              HasSubstr("holds \"notes.txt\", which an export does not write"));
+  EXPECT_THAT(message(CheckHfExportFolder(dir + "/config.json/x", {}, "save_hf_dir")),
+              HasSubstr("is not a folder"));
+}
+
 }  // namespace
 }  // namespace plait::models

@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "checkpoint/checkpoint_config.h"
 #include "data/data_config.h"
+#include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
 #include "optim/optimizer.h"
@@ -46,6 +47,7 @@ class Checker {
     CheckOptimizer(config);
     CheckTraining(config);
     CheckCheckpoint();
+    CheckExport();
     CheckSchedule();
     CheckData(config);
     CheckFrozen();
@@ -191,6 +193,14 @@ class Checker {
                              : "; micro_batch x ranks does not divide it"));
       }
     }
+  }
+
+  // The trained model's folder, checked now so that it is never lost at the end of a run.
+  void CheckExport() {
+    std::vector<std::string> inputs = {plan_.hf_weights_dir()};
+    for (const FrozenModel& frozen : plan_.frozen()) inputs.push_back(frozen.hf_weights_dir());
+    AddAll(models::CheckHfExportFolder(plan_.training().save_hf_dir(), inputs,
+                                       "plan.training.save_hf_dir"));
   }
 
   void CheckCheckpoint() {
