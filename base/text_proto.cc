@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -35,26 +35,64 @@ class ErrorCollector : public google::protobuf::io::ErrorCollector {
   std::vector<std::string> errors_;
 };
 
+// "source: path: problem" for enum fields of `message` (and the messages in it) that hold a
+// number the enum does not declare, which proto3's parser lets through as a number.
+void FindUndeclaredEnumValues(const google::protobuf::Message& message, const std::string& path,
+                              absl::string_view source, std::vector<std::string>& errors) {
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    const std::string field_path = absl::StrCat(path, path.empty() ? "" : ".", field->name());
+    const int count = field->is_repeated() ? reflection->FieldSize(message, field) : 1;
+    for (int i = 0; i < count; ++i) {
+      const std::string here =
+          field->is_repeated() ? absl::StrCat(field_path, "[", i, "]") : field_path;
+      if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
+        FindUndeclaredEnumValues(field->is_repeated()
+                                     ? reflection->GetRepeatedMessage(message, field, i)
+                                     : reflection->GetMessage(message, field),
+                                 here, source, errors);
+      } else if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_ENUM) {
+        const int number = field->is_repeated()
+                               ? reflection->GetRepeatedEnumValue(message, field, i)
+                               : reflection->GetEnumValue(message, field);
+        if (field->enum_type()->FindValueByNumber(number) == nullptr) {
+          errors.push_back(absl::StrCat(source, ": ", here, ": ", number, " is not a value of ",
+                                        field->enum_type()->name()));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
-absl::Status MergeTextProto(absl::string_view text, absl::string_view source,
+absl::Status ParseTextProto(absl::string_view text, absl::string_view source,
                             google::protobuf::Message& message) {
   ErrorCollector errors(source);
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
-  // Unknown fields are errors (the parser's default); this keeps it explicit.
+  // Unknown fields are errors (the parser's default); this keeps it explicit. Parsing (not
+  // merging) makes a singular field given twice, and two members of one oneof, errors too.
   parser.AllowUnknownField(false);
   parser.AllowUnknownExtension(false);
-  if (parser.MergeFromString(std::string(text), &message)) return absl::OkStatus();
-  std::string joined = errors.Joined();
-  if (joined.empty()) {
-    joined = absl::StrCat(source, ": not a valid ", message.GetDescriptor()->full_name());
+  if (!parser.ParseFromString(std::string(text), &message)) {
+    std::string joined = errors.Joined();
+    if (joined.empty()) {
+      joined = absl::StrCat(source, ": not a valid ", message.GetDescriptor()->full_name());
+    }
+    return absl::InvalidArgumentError(joined);
   }
-  return absl::InvalidArgumentError(joined);
+  std::vector<std::string> undeclared;
+  FindUndeclaredEnumValues(message, "", source, undeclared);
+  if (!undeclared.empty()) return absl::InvalidArgumentError(absl::StrJoin(undeclared, "\n"));
+  return absl::OkStatus();
 }
 
 absl::Status MergeFieldAssignment(absl::string_view assignment, absl::string_view source,
                                   absl::string_view root_name, google::protobuf::Message& message) {
+  using google::protobuf::FieldDescriptor;
   const size_t equals = assignment.find('=');
   if (equals == absl::string_view::npos || equals == 0) {
     return absl::InvalidArgumentError(
@@ -63,12 +101,12 @@ absl::Status MergeFieldAssignment(absl::string_view assignment, absl::string_vie
   const std::vector<std::string> path = absl::StrSplit(assignment.substr(0, equals), '.');
   const std::string value(assignment.substr(equals + 1));
 
-  // Walk the descriptors so errors name the component, and strings can be quoted here.
-  const google::protobuf::Descriptor* descriptor = message.GetDescriptor();
+  // Walk down to the field, naming the component that is wrong.
+  google::protobuf::Message* target = &message;
+  const FieldDescriptor* field = nullptr;
   std::string walked(root_name);
-  std::string prefix, suffix;
   for (size_t i = 0; i < path.size(); ++i) {
-    const google::protobuf::FieldDescriptor* field = descriptor->FindFieldByName(path[i]);
+    field = target->GetDescriptor()->FindFieldByName(path[i]);
     const std::string here = absl::StrCat(walked, ".", path[i]);
     if (field == nullptr) {
       return absl::InvalidArgumentError(
@@ -79,25 +117,81 @@ absl::Status MergeFieldAssignment(absl::string_view assignment, absl::string_vie
           absl::StrCat(source, ": ", here, " is repeated; overrides set singular fields"));
     }
     const bool last = i + 1 == path.size();
-    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
-      if (last) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(source, ": ", here, " is a message; name one of its fields"));
-      }
-      absl::StrAppend(&prefix, path[i], " { ");
-      suffix = absl::StrCat(" }", suffix);
-      descriptor = field->message_type();
-    } else {
-      if (!last) {
-        return absl::InvalidArgumentError(absl::StrCat(source, ": ", here, " is not a message"));
-      }
-      const bool quote = field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_STRING;
-      absl::StrAppend(&prefix, path[i], ": ",
-                      quote ? absl::StrCat("\"", absl::CEscape(value), "\"") : value);
+    const bool is_message = field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE;
+    if (last && is_message) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": ", here, " is a message; name one of its fields"));
     }
+    if (!last && !is_message) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", here, " is not a message"));
+    }
+    if (!last) target = target->GetReflection()->MutableMessage(target, field);
     walked = here;
   }
-  return MergeTextProto(absl::StrCat(prefix, suffix), source, message);
+
+  // The value, parsed as the field's type: exactly one value, never more text.
+  const google::protobuf::Reflection* reflection = target->GetReflection();
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", walked, ": \"", value, "\" is not ", what));
+  };
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+    case FieldDescriptor::CPPTYPE_INT64: {
+      int64_t number = 0;
+      if (!absl::SimpleAtoi(value, &number)) return bad("an integer");
+      if (field->cpp_type() == FieldDescriptor::CPPTYPE_INT32) {
+        if (number != static_cast<int32_t>(number)) return bad("a 32-bit integer");
+        reflection->SetInt32(target, field, static_cast<int32_t>(number));
+      } else {
+        reflection->SetInt64(target, field, number);
+      }
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_UINT32:
+    case FieldDescriptor::CPPTYPE_UINT64: {
+      uint64_t number = 0;
+      if (!absl::SimpleAtoi(value, &number)) return bad("an unsigned integer");
+      if (field->cpp_type() == FieldDescriptor::CPPTYPE_UINT32) {
+        if (number != static_cast<uint32_t>(number)) return bad("a 32-bit unsigned integer");
+        reflection->SetUInt32(target, field, static_cast<uint32_t>(number));
+      } else {
+        reflection->SetUInt64(target, field, number);
+      }
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+    case FieldDescriptor::CPPTYPE_FLOAT: {
+      double number = 0;
+      if (!absl::SimpleAtod(value, &number)) return bad("a number");
+      if (field->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT) {
+        reflection->SetFloat(target, field, static_cast<float>(number));
+      } else {
+        reflection->SetDouble(target, field, number);
+      }
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_BOOL: {
+      bool flag = false;
+      if (!absl::SimpleAtob(value, &flag)) return bad("true or false");
+      reflection->SetBool(target, field, flag);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_ENUM: {
+      const google::protobuf::EnumValueDescriptor* enum_value =
+          field->enum_type()->FindValueByName(value);
+      if (enum_value == nullptr)
+        return bad(absl::StrCat("a value of ", field->enum_type()->name()));
+      reflection->SetEnum(target, field, enum_value);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_STRING:
+      reflection->SetString(target, field, value);
+      break;
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      break;  // refused above
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace plait::base

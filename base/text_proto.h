@@ -1,10 +1,11 @@
-// Strict text-proto parsing for configs: unknown fields, bad enum values and malformed text
-// are InvalidArgument errors that give `source:line:col` (1-based, as editors count), every
-// problem the parser found on its own line. Merging parses into a message that already holds
-// values, which is how command-line overrides go through the same checks as the file:
+// Strict text-proto parsing for configs: unknown fields, a field given twice, two members of
+// one oneof, enum values the enum does not declare and malformed text are InvalidArgument
+// errors that give `source:line:col` (1-based, as editors count), every problem on its own
+// line. A command-line override sets exactly one field of a parsed config, its value parsed
+// as that field's type:
 //
 //   Plan plan;
-//   PLAIT_RETURN_IF_ERROR(MergeTextProto(text, "plans/llama_fsdp.textproto", plan));
+//   PLAIT_RETURN_IF_ERROR(ParseTextProto(text, "plans/llama_fsdp.textproto", plan));
 //   // "plans/llama_fsdp.textproto:3:5: Message type "plait.trainer.Plan" has no field ..."
 //   PLAIT_RETURN_IF_ERROR(MergeFieldAssignment("training.steps=50", "--set", "plan", plan));
 #ifndef PLAIT_BASE_TEXT_PROTO_H_
@@ -16,16 +17,17 @@
 
 namespace plait::base {
 
-// Parses `text` into `message`, keeping the fields it already has unless `text` sets them.
-// `source` (a file name, or "--set=...") starts every error line.
-absl::Status MergeTextProto(absl::string_view text, absl::string_view source,
+// Parses `text` into `message` (cleared first); `source` (a file name) starts every error
+// line.
+absl::Status ParseTextProto(absl::string_view text, absl::string_view source,
                             google::protobuf::Message& message);
 
-// Sets one singular scalar field of `message` from "a.b.c=value" (value as in a text proto;
-// strings need no quotes), through MergeTextProto: a command-line override checked like the
-// file it overrides. InvalidArgument starting with `source` (e.g. "--set=a.b=1") and naming
-// the path component that does not exist, is repeated, or is a message, from `root_name`
-// ("plan.training has no field \"stepz\"").
+// Sets one singular scalar field of `message` from "a.b.c=value": the value is the field's
+// whole value, parsed as its type (an integer in range, a number, true or false, an enum
+// value's name; a string as it is, without quotes). InvalidArgument starting with `source`
+// (e.g. "--set=a.b=1") and naming, from `root_name`, the path component that does not exist,
+// is repeated or is a message, or the value that is not of the field's type
+// ("plan.training has no field \"stepz\"", "plan.training.steps: \"5 x\" is not an integer").
 absl::Status MergeFieldAssignment(absl::string_view assignment, absl::string_view source,
                                   absl::string_view root_name, google::protobuf::Message& message);
 

@@ -16,7 +16,7 @@ namespace plait::trainer {
 
 absl::StatusOr<Plan> ParsePlan(absl::string_view text, absl::string_view source) {
   Plan plan;
-  absl::Status status = base::MergeTextProto(text, source, plan);
+  absl::Status status = base::ParseTextProto(text, source, plan);
   if (!status.ok()) return status;
   return plan;
 }

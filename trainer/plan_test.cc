@@ -42,6 +42,17 @@ TEST(ParsePlanTest, BadEnumValueIsAnError) {
                                  "\"TOKEN_FORMAT_CSV\"")));
 }
 
+// The last value does not silently win: `adamw {} sgd {}` would train with SGD.
+TEST(ParsePlanTest, TwoOptimizersOrAFieldTwiceAreErrors) {
+  EXPECT_THAT(ParsePlan("optimizer { adamw {} sgd {} }", "p.textproto"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("p.textproto:1:26: Field \"sgd\" is specified along with field "
+                                 "\"adamw\", another member of oneof \"algorithm\"")));
+  EXPECT_THAT(ParsePlan("training { steps: 10 steps: 20 }", "p.textproto"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Non-repeated field \"steps\" is specified multiple times")));
+}
+
 TEST(LoadPlanTest, MissingFileIsNotFound) {
   EXPECT_THAT(LoadPlan("/nonexistent/plan.textproto"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/plan.textproto")));
@@ -69,7 +80,8 @@ TEST(ApplyOverrideTest, ErrorsNameTheOverrideAndTheField) {
                        HasSubstr("--set=training.stepz=5: plan.training has no field \"stepz\"")));
   EXPECT_THAT(
       ApplyOverride("training.steps=many", plan),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--set=training.steps=many:1:")));
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               "--set=training.steps=many: plan.training.steps: \"many\" is not an integer"));
   EXPECT_THAT(ApplyOverride("prepare.fsdp.mesh_dim=dp", plan),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("plan.prepare is repeated")));
   EXPECT_THAT(ApplyOverride("training=5", plan), StatusIs(absl::StatusCode::kInvalidArgument,

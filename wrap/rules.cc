@@ -26,7 +26,7 @@ constexpr const char kBuiltinRulesText[] =
 
 absl::StatusOr<PreparationRules> ParseRules(absl::string_view text, absl::string_view source) {
   PreparationRules rules;
-  PLAIT_RETURN_IF_ERROR(base::MergeTextProto(text, source, rules));
+  PLAIT_RETURN_IF_ERROR(base::ParseTextProto(text, source, rules));
   std::vector<std::string> problems;
   std::set<std::string> names;
   for (int i = 0; i < rules.strategies_size(); ++i) {
