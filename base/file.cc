@@ -8,20 +8,55 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
 namespace plait::base {
 
+std::string FileKind(unsigned int mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+absl::StatusOr<int> OpenForReading(const std::string& path) {
+  // Non-blocking, so that opening a FIFO does not wait for a writer; reads block again below.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  struct stat info;
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    const std::string kind = fstat(fd, &info) == 0 ? FileKind(info.st_mode) : "unreadable";
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(path, ": is ", kind, ", not a regular file"));
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream text;
-  text << file.rdbuf();
-  if (file.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  return text.str();
+  PLAIT_ASSIGN_OR_RETURN(const int fd, OpenForReading(path));
+  std::string bytes;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t count = read(fd, buffer, sizeof(buffer));
+    if (count == 0) break;
+    if (count < 0) {
+      if (errno == EINTR) continue;
+      const std::string reason = std::strerror(errno);
+      close(fd);
+      return absl::DataLossError(absl::StrCat(path, ": read failed: ", reason));
+    }
+    bytes.append(buffer, static_cast<size_t>(count));
+  }
+  close(fd);
+  return bytes;
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {

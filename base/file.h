@@ -15,8 +15,18 @@
 
 namespace plait::base {
 
-// The bytes of `path`; NotFound when it cannot be opened, DataLoss when reading fails.
+// The bytes of `path`; NotFound when it cannot be opened, FailedPrecondition when it is not a
+// regular file (OpenForReading), DataLoss when reading fails.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// Opens `path` for reading and returns the descriptor (the caller closes it), refusing what
+// is not a regular file before reading anything from it: a directory, FIFO, device or socket
+// given where a file belongs fails at once, naming what it is, rather than blocking on a
+// FIFO or reading a device forever. NotFound when it cannot be opened.
+absl::StatusOr<int> OpenForReading(const std::string& path);
+
+// What a file of mode `mode` (stat's st_mode) is, for errors: "a directory", "a FIFO", ...
+std::string FileKind(unsigned int mode);
 
 // Writes `contents` to `path` + ".tmp", flushes it to the disk and renames it over `path`.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);

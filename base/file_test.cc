@@ -1,5 +1,8 @@
 #include "base/file.h"
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -45,6 +48,21 @@ TEST(FileTest, AFolderIsWritableWhenItOrItsNearestExistingAncestorIs) {
       CheckFolderIsWritable(TestPath("a_file/sub")),
       StatusIs(absl::StatusCode::kFailedPrecondition,
                HasSubstr("cannot be created: \"" + TestPath("a_file") + "\" is not a folder")));
+}
+
+// A path given where a file belongs that names a FIFO, a folder or a device fails at once,
+// saying what it is, rather than blocking for a writer or reading forever.
+TEST(FileTest, ReadingRefusesWhatIsNotARegularFile) {
+  const std::string fifo = TestPath("a_fifo");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(ReadFile(fifo), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                       fifo + ": is a FIFO, not a regular file"));
+  EXPECT_THAT(ReadFile(TestPath("")), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                               HasSubstr("is a directory, not a regular file")));
+  EXPECT_THAT(ReadFile("/dev/zero"), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                              "/dev/zero: is a device, not a regular file"));
+  EXPECT_EQ(FileKind(S_IFSOCK), "a socket");
 }
 
 }  // namespace

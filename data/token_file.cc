@@ -10,6 +10,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
+#include "base/status.h"
 
 namespace plait::data {
 
@@ -51,10 +53,7 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFormat f
   if (format == TOKEN_FORMAT_UNSPECIFIED) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no token format given"));
   }
-  const int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  }
+  PLAIT_ASSIGN_OR_RETURN(const int fd, base::OpenForReading(path));
   struct stat info;
   if (fstat(fd, &info) != 0) {
     close(fd);

@@ -43,16 +43,6 @@ absl::Status KeepRowsUpTo(const std::string& path, int64_t step) {
 
 namespace {
 
-// What a file that is not a regular one is, for errors.
-std::string KindOf(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
 // OK when every row of `path` is a JSON object with an integer "step" (the last one may be
 // cut short, without its newline, by a killed run): a metrics file this class wrote.
 absl::Status CheckIsMetricsFile(const std::string& path) {
@@ -81,7 +71,7 @@ absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t res
   if (lstat(path.c_str(), &info) == 0) {
     if (!S_ISREG(info.st_mode)) {
       return absl::FailedPreconditionError(
-          absl::StrCat("\"", path, "\" is ", KindOf(info.st_mode),
+          absl::StrCat("\"", path, "\" is ", base::FileKind(info.st_mode),
                        "; a metrics file is a regular file the run creates: choose another path"));
     }
     if (resume_step == 0) {

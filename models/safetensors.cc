@@ -139,10 +139,7 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  }
+  PLAIT_ASSIGN_OR_RETURN(const int fd, base::OpenForReading(path));
   struct stat info;
   if (::fstat(fd, &info) != 0) {
     const int error = errno;

@@ -22,11 +22,9 @@ absl::StatusOr<Plan> ParsePlan(absl::string_view text, absl::string_view source)
 }
 
 absl::StatusOr<Plan> LoadPlan(const std::string& path) {
-  absl::StatusOr<std::string> text = base::ReadFile(path);
-  if (!text.ok()) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot read the plan file"));
-  }
-  return ParsePlan(*text, path);
+  PLAIT_ASSIGN_OR_RETURN(const std::string text,
+                         base::Annotate(base::ReadFile(path), "reading the plan"));
+  return ParsePlan(text, path);
 }
 
 absl::Status ApplyOverride(absl::string_view assignment, Plan& plan) {
