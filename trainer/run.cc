@@ -15,6 +15,7 @@
 #include "parallel/launcher.h"
 #include "parallel/process_group.h"
 #include "parallel/world.h"
+#include "torch/torch.h"
 #include "trainer/plan.h"
 #include "trainer/trainer.h"
 #include "trainer/validate.h"
@@ -40,11 +41,8 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
   return Train(plan, group->mesh(), options).status();
 }
 
-}  // namespace
-
-int RunMain(int argc, char** argv, const EmbeddedPlan& embedded) {
-  base::UseHugePagesForHeap(argv);
-  base::RetainFreedHeapMemory();
+// RunMain without its guard against exceptions.
+int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
   absl::StatusOr<PlanArguments> arguments =
       ParsePlanArguments(argc, argv, /*allow_world_size=*/false);
   if (!arguments.ok()) {
@@ -91,6 +89,26 @@ int RunMain(int argc, char** argv, const EmbeddedPlan& embedded) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int RunMain(int argc, char** argv, const EmbeddedPlan& embedded) {
+  base::UseHugePagesForHeap(argv);
+  base::RetainFreedHeapMemory();
+  // What LibTorch or the C++ library throw (an allocation that cannot be met, a kernel's
+  // check) ends the run with its message and a non-zero exit, not an abort.
+  try {
+    return RunGuarded(argc, argv, embedded);
+  } catch (const c10::Error& error) {
+    std::cerr << "stopped by an error in LibTorch: " << error.what_without_backtrace() << "\n";
+  } catch (const std::bad_alloc&) {
+    std::cerr << "stopped: out of memory (a micro-batch, sequence or model too large for this "
+                 "machine?)\n";
+  } catch (const std::exception& error) {
+    std::cerr << "stopped by an unexpected error: " << error.what() << "\n";
+  }
+  return 1;
 }
 
 }  // namespace plait::trainer

@@ -23,7 +23,8 @@ struct EmbeddedPlan {
 
 // Keeps freed memory in the heap for the next step (base/heap.h), then runs. Returns
 // the process's exit code: 0 after training, 1 for an invalid plan or a failed run
-// (the error printed to stderr, prefixed with the rank), 2 for a usage error.
+// (the error printed to stderr, prefixed with the rank; an exception, such as an allocation
+// the machine cannot meet, is printed too and never aborts), 2 for a usage error.
 int RunMain(int argc, char** argv, const EmbeddedPlan& embedded);
 
 }  // namespace plait::trainer
