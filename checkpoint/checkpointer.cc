@@ -260,6 +260,13 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const CheckpointConfig& config,
                                       "\" in this plan; a resume must not change it"));
     }
   }
+  if (step < 1) problems.push_back(absl::StrCat("step: ", step, " in the file; must be >= 1"));
+  const int64_t position = checkpointer.resume_position_;
+  if (r.position_per_step > 0 && position != step * r.position_per_step) {
+    problems.push_back(absl::StrCat("data_position: ", position, " in the file, ",
+                                    step * r.position_per_step, " expected after step ", step, " (",
+                                    r.position_per_step, " per step)"));
+  }
   if (step > r.steps) {
     problems.push_back(absl::StrCat("step: ", step, " in the checkpoint, past ", r.steps_field,
                                     " (", r.steps, ")"));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
 #include "gmock/gmock.h"
@@ -76,6 +77,7 @@ RunInfo TestRun(int64_t steps = 8) {
   run.config_field = "run.checkpoint";
   run.steps = steps;
   run.steps_field = "run.steps";
+  run.position_per_step = 2;
   run.fingerprint = {{"run.model", "tiny"}, {"run.batch", "4"}};
   return run;
 }
@@ -293,6 +295,22 @@ TEST(CheckpointErrorsTest, ACheckpointPastTheRunsStepsIsRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("step: 5 in the checkpoint, past run.steps (4)")));
   EXPECT_THAT(ResumeStatuses(dir, 1, TestRun(/*steps=*/5))[0], IsOk());
+}
+
+// A resume trusts the manifest's position only where it is what the step implies.
+TEST(CheckpointErrorsTest, AnImpossiblePositionOrStepIsRefused) {
+  const std::string dir = FreshTestDir("position");
+  SaveOnRanks(dir, 1, 3);
+  const std::string manifest = dir + "/step-00000003/" + kManifest;
+  const std::string text = ReadText(manifest);
+  std::ofstream(manifest) << absl::StrReplaceAll(
+      text, {{"\"data_position\": 6", "\"data_position\": -4"}});
+  EXPECT_THAT(ResumeStatuses(dir, 1)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data_position: -4 in the file, 6 expected after step 3 (2 per "
+                                 "step)")));
+  std::ofstream(manifest) << text;
+  EXPECT_THAT(ResumeStatuses(dir, 1)[0], IsOk());
 }
 
 TEST(CheckpointErrorsTest, AnotherWorldSizeAndMeshNameBothValues) {

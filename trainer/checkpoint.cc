@@ -85,6 +85,7 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const Plan& plan, const std::str
   run.config_field = "plan.training.checkpoint";
   run.steps = plan.training().steps();
   run.steps_field = "plan.training.steps";
+  run.position_per_step = GradAccumulation(plan.training());  // micro-batches each rank reads
   if (!dir.empty()) {  // only checkpoints use it: a run without them need not resolve the model
     PLAIT_ASSIGN_OR_RETURN(run.fingerprint, Fingerprint(plan));
   }
