@@ -79,6 +79,10 @@ int64_t GradAccumulation(const TrainingConfig& training) {
   return training.grad_accumulation() == 0 ? 1 : training.grad_accumulation();
 }
 
+int64_t MaxSkippedSteps(const TrainingConfig& training) {
+  return training.max_skipped_steps() == 0 ? 5 : training.max_skipped_steps();
+}
+
 int64_t LogEvery(const TrainingConfig& training) {
   return training.log_every() == 0 ? 10 : training.log_every();
 }

@@ -63,6 +63,9 @@ int64_t GradAccumulation(const TrainingConfig& training);
 // training.log_every, with 0 read as 10.
 int64_t LogEvery(const TrainingConfig& training);
 
+// training.max_skipped_steps, with 0 read as 5.
+int64_t MaxSkippedSteps(const TrainingConfig& training);
+
 // The schedule with total_steps = training.steps.
 sched::ScheduleConfig ResolvedSchedule(const Plan& plan);
 

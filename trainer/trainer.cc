@@ -177,8 +177,10 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   const int64_t steps = training_.steps();
   const int64_t first_step = checkpointer_->resume_step();
   const Clock::time_point start = Clock::now();
+  int64_t skipped_in_a_row = 0;
   for (int64_t step = first_step; step < steps; ++step) {
     PLAIT_ASSIGN_OR_RETURN(const metrics::StepMetrics metrics, Step(step));
+    skipped_in_a_row = metrics.skipped ? skipped_in_a_row + 1 : 0;
     if (metrics.eval_loss &&
         (!report.best_eval_loss || *metrics.eval_loss < *report.best_eval_loss)) {
       report.best_eval_loss = metrics.eval_loss;
@@ -189,6 +191,12 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
       const int64_t done = step + 1 - first_step;
       progress_->Step(metrics, tokens_per_step_ * done / training_seconds_,
                       Seconds(Clock::now() - start) / done * (steps - step - 1));
+    }
+    if (skipped_in_a_row >= MaxSkippedSteps(training_)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "step %d: the last %d updates were skipped for a non-finite gradient norm (loss %g); "
+          "the run trains nothing (plan.training.max_skipped_steps = %d)",
+          metrics.step, skipped_in_a_row, metrics.loss, MaxSkippedSteps(training_)));
     }
     PLAIT_RETURN_IF_ERROR(checkpointer_->SaveIfDue(step + 1, *optimizer_));
   }

@@ -27,37 +27,37 @@
 #include "parallel/device_mesh.h"
 #include "trainer/plan.pb.h"
 
-    namespace plait::trainer {
+namespace plait::trainer {
 
-  struct TrainReport {
-    std::vector<metrics::StepMetrics> steps;
-    std::optional<double> entropy_floor;  // the synthetic source's
-    std::optional<double> best_eval_loss;
-    double seconds = 0.0;
-    double tokens_per_s = 0.0;
-    std::optional<double> mfu;
-  };
+struct TrainReport {
+  std::vector<metrics::StepMetrics> steps;
+  std::optional<double> entropy_floor;  // the synthetic source's
+  std::optional<double> best_eval_loss;
+  double seconds = 0.0;
+  double tokens_per_s = 0.0;
+  std::optional<double> mfu;
+};
 
-  struct TrainOptions {
-    // Where rank 0 prints progress; nullptr prints nothing (other ranks never print).
-    std::ostream* log = nullptr;
-    // Whether `log` reaches a terminal, where the progress is a status line redrawn in place
-    // (parallel::StdoutIsTerminal tells for stdout).
-    bool log_is_terminal = false;
-    // The metrics file rank 0 writes; empty writes none. Run resolves training.metrics_file.
-    std::string metrics_path;
-    // Where rank 0 saves the trained model; empty saves none. Run resolves
-    // training.save_hf_dir.
-    std::string save_hf_dir;
-    // Where checkpoints go (checkpoint.h); empty: none. Run resolves training.checkpoint.dir.
-    std::string checkpoint_dir;
-  };
+struct TrainOptions {
+  // Where rank 0 prints progress; nullptr prints nothing (other ranks never print).
+  std::ostream* log = nullptr;
+  // Whether `log` reaches a terminal, where the progress is a status line redrawn in place
+  // (parallel::StdoutIsTerminal tells for stdout).
+  bool log_is_terminal = false;
+  // The metrics file rank 0 writes; empty writes none. Run resolves training.metrics_file.
+  std::string metrics_path;
+  // Where rank 0 saves the trained model; empty saves none. Run resolves
+  // training.save_hf_dir.
+  std::string save_hf_dir;
+  // Where checkpoints go (checkpoint.h); empty: none. Run resolves training.checkpoint.dir.
+  std::string checkpoint_dir;
+};
 
-  // Trains `plan` (which must pass ValidatePlan for the mesh's world size) as rank
-  // mesh.rank(). Every rank of the mesh must call it. Errors name the plan field, file or
-  // step; communication errors name the rank.
-  absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& mesh,
-                                    const TrainOptions& options);
+// Trains `plan` (which must pass ValidatePlan for the mesh's world size) as rank
+// mesh.rank(). Every rank of the mesh must call it. Errors name the plan field, file or
+// step; communication errors name the rank.
+absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& mesh,
+                                  const TrainOptions& options);
 
 }  // namespace plait::trainer
 

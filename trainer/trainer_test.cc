@@ -180,5 +180,22 @@ TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
   EXPECT_LT(bf16.steps.back().loss, bf16.steps.front().loss - 1.0);
 }
 
+// A run whose every update is skipped (here a learning rate that sends the weights to
+// infinity after the first step) stops with an error instead of succeeding.
+TEST(TrainTest, ARunThatSkipsEveryUpdateStops) {
+  Plan plan = LoadShippedPlan("llama_single");
+  ASSERT_THAT(ApplyOverride("schedule.lr=1e30", plan), IsOk());
+  ASSERT_THAT(ApplyOverride("training.steps=8", plan), IsOk());
+  ASSERT_THAT(ApplyOverride("training.max_skipped_steps=3", plan), IsOk());
+  plan.mutable_schedule()->clear_warmup();
+  ASSERT_THAT(ValidatePlan(plan, 1), IsOk());
+  WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
+    EXPECT_THAT(Train(plan, mesh, TrainOptions()),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("the last 3 updates were skipped for a non-finite gradient "
+                                   "norm")));
+  });
+}
+
 }  // namespace
 }  // namespace plait::trainer

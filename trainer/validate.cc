@@ -172,6 +172,7 @@ class Checker {
     non_negative("global_batch", t.global_batch());
     non_negative("eval_every", t.eval_every());
     non_negative("log_every", t.log_every());
+    non_negative("max_skipped_steps", t.max_skipped_steps());
     if (!(t.peak_flops_per_rank() >= 0.0)) {
       Add("plan.training.peak_flops_per_rank",
           absl::StrCat(t.peak_flops_per_rank(), "; must be >= 0"));
