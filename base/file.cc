@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -13,6 +14,12 @@
 #include "base/status.h"
 
 namespace plait::base {
+
+std::string UserPath(const std::string& path) {
+  const char* dir = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (path.empty() || path[0] == '/' || dir == nullptr) return path;
+  return absl::StrCat(dir, "/", path);
+}
 
 std::string FileKind(unsigned int mode) {
   if (S_ISREG(mode)) return "a regular file";

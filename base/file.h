@@ -25,6 +25,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // FIFO or reading a device forever. NotFound when it cannot be opened.
 absl::StatusOr<int> OpenForReading(const std::string& path);
 
+// A path the user gave on a command line: under `bazel run` the working directory is the
+// runfiles tree, so a relative path is taken from BUILD_WORKING_DIRECTORY, where they ran it.
+std::string UserPath(const std::string& path);
+
 // What a file of mode `mode` (stat's st_mode) is, for errors: "a directory", "a FIFO", ...
 std::string FileKind(unsigned int mode);
 

@@ -34,6 +34,32 @@ void ProgressLog::Print(const std::string& line) {
   out_ << "\n" << std::flush;
 }
 
+void ProgressLog::Header(int64_t parameters, int ranks, int64_t tokens_per_step,
+                         std::optional<double> entropy_floor, int64_t resume_step) {
+  std::string header = absl::StrCat("training ", parameters, " parameters on ", ranks,
+                                    ranks == 1 ? " rank" : " ranks", ", ", total_steps_,
+                                    " steps of ", tokens_per_step, " tokens");
+  if (entropy_floor) {
+    absl::StrAppendFormat(&header, "; synthetic data, entropy floor %.4f nats", *entropy_floor);
+  }
+  Print(header);
+  if (resume_step > 0) Print(absl::StrCat("resumed after step ", resume_step));
+}
+
+void ProgressLog::Summary(const RunMetrics& run) {
+  std::string summary = absl::StrFormat("done: %d steps in %.1f s, %.0f tokens/s", total_steps_,
+                                        run.seconds, run.tokens_per_s);
+  if (run.mfu) absl::StrAppendFormat(&summary, ", MFU %.2f%%", 100.0 * *run.mfu);
+  if (run.best_eval_loss) {
+    absl::StrAppendFormat(&summary, ", best eval loss %.4f", *run.best_eval_loss);
+  }
+  if (run.entropy_floor && run.best_eval_loss) {
+    absl::StrAppendFormat(&summary, " (entropy floor %.4f, gap %.4f nats)", *run.entropy_floor,
+                          *run.best_eval_loss - *run.entropy_floor);
+  }
+  Print(summary);
+}
+
 void ProgressLog::Step(const StepMetrics& metrics, double tokens_per_s, double eta_seconds) {
   std::string fields = absl::StrFormat("loss %.4f | lr %.2e | %.0f tok/s | ETA %s", metrics.loss,
                                        metrics.lr, tokens_per_s, Duration(eta_seconds));

@@ -9,12 +9,13 @@
 //                        parallel::StdoutIsTerminal() ? ProgressLog::Style::kStatusLine
 //                                                     : ProgressLog::Style::kPlainLines,
 //                        /*total_steps=*/100, /*log_every=*/10);
-//   progress.Print("training 5.0M parameters on 2 ranks");
+//   progress.Header(/*parameters=*/4999424, /*ranks=*/2, /*tokens_per_step=*/1024, 1.1369, 0);
 //   progress.Step(metrics, /*tokens_per_s=*/3421, /*eta_seconds=*/19);
 #ifndef PLAIT_METRICS_PROGRESS_H_
 #define PLAIT_METRICS_PROGRESS_H_
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -32,6 +33,14 @@ class ProgressLog {
 
   // A line that stays.
   void Print(const std::string& line);
+
+  // The run's first lines: what trains on how many ranks, with the data's loss floor when it
+  // is known, and the step a resumed run continues after (0: a fresh run).
+  void Header(int64_t parameters, int ranks, int64_t tokens_per_step,
+              std::optional<double> entropy_floor, int64_t resume_step);
+
+  // The run's last line: time, speed, MFU, the best evaluation and its gap to the floor.
+  void Summary(const RunMetrics& run);
 
   // The progress after `metrics.step`: `tokens_per_s` averaged since the start, and the
   // estimated seconds left.

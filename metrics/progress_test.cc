@@ -52,5 +52,24 @@ TEST(ProgressLogTest, PrintsPlainLinesEveryLogEveryStepsAndNotableSteps) {
             "done\n");
 }
 
+TEST(ProgressLogTest, HeaderAndSummaryFrameTheRun) {
+  std::ostringstream out;
+  ProgressLog progress(out, ProgressLog::Style::kPlainLines, /*total_steps=*/100, /*log_every=*/10);
+  progress.Header(/*parameters=*/4999424, /*ranks=*/2, /*tokens_per_step=*/1024, 1.1369, 40);
+  RunMetrics run;
+  run.seconds = 16.1;
+  run.tokens_per_s = 6523;
+  run.mfu = 0.481;
+  run.best_eval_loss = 1.1914;
+  run.entropy_floor = 1.1369;
+  progress.Summary(run);
+  EXPECT_EQ(out.str(),
+            "training 4999424 parameters on 2 ranks, 100 steps of 1024 tokens; synthetic data, "
+            "entropy floor 1.1369 nats\n"
+            "resumed after step 40\n"
+            "done: 100 steps in 16.1 s, 6523 tokens/s, MFU 48.10%, best eval loss 1.1914 "
+            "(entropy floor 1.1369, gap 0.0545 nats)\n");
+}
+
 }  // namespace
 }  // namespace plait::metrics

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace plait::metrics {
 
@@ -17,6 +18,16 @@ struct StepMetrics {
   double tokens_per_s = 0.0;        // global batch tokens / step time
   std::optional<double> mfu;        // when training.peak_flops_per_rank is set
   std::optional<double> eval_loss;  // when evaluated after this step
+};
+
+// What a whole run measured: its steps, and what its summary reports.
+struct RunMetrics {
+  std::vector<StepMetrics> steps;
+  std::optional<double> entropy_floor;  // the data's loss floor, when known (synthetic data)
+  std::optional<double> best_eval_loss;
+  double seconds = 0.0;
+  double tokens_per_s = 0.0;  // over the steps trained
+  std::optional<double> mfu;
 };
 
 }  // namespace plait::metrics

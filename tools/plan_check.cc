@@ -7,6 +7,7 @@
 #include <iostream>
 #include <string>
 
+#include "base/file.h"
 #include "parallel/device_mesh.h"
 #include "trainer/explain.h"
 #include "trainer/plan.h"
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
     std::cerr << kUsage << "\n";
     return 2;
   }
-  const std::string path = plait::trainer::UserPath(arguments->plan_path);
+  const std::string path = plait::base::UserPath(arguments->plan_path);
   absl::StatusOr<plait::trainer::Plan> plan =
       plait::trainer::LoadPlanFromArguments(*arguments, "", "");
   if (!plan.ok()) {

@@ -1,6 +1,5 @@
 #include "trainer/plan.h"
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -56,7 +55,7 @@ absl::StatusOr<Plan> LoadPlanFromArguments(const PlanArguments& arguments,
                                            absl::string_view embedded_name) {
   absl::StatusOr<Plan> plan;
   if (!arguments.plan_path.empty()) {
-    plan = LoadPlan(UserPath(arguments.plan_path));
+    plan = LoadPlan(base::UserPath(arguments.plan_path));
   } else if (!embedded_text.empty()) {
     plan = ParsePlan(embedded_text, embedded_name);
   } else {
@@ -67,12 +66,6 @@ absl::StatusOr<Plan> LoadPlanFromArguments(const PlanArguments& arguments,
     PLAIT_RETURN_IF_ERROR(ApplyOverride(assignment, *plan));
   }
   return plan;
-}
-
-std::string UserPath(const std::string& path) {
-  const char* dir = std::getenv("BUILD_WORKING_DIRECTORY");
-  if (path.empty() || path[0] == '/' || dir == nullptr) return path;
-  return absl::StrCat(dir, "/", path);
 }
 
 int64_t GradAccumulation(const TrainingConfig& training) {

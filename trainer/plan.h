@@ -47,15 +47,11 @@ struct PlanArguments {
 absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, bool allow_world_size);
 
 // The plan `arguments` name, with their overrides applied: the file (a path relative to where
-// the user ran `bazel run`; UserPath), else `embedded_text` (compiled into the binary and
-// named `embedded_name` in errors). InvalidArgument when there is neither.
+// the user ran `bazel run`, base::UserPath), else `embedded_text` (compiled into the binary
+// and named `embedded_name` in errors). InvalidArgument when there is neither.
 absl::StatusOr<Plan> LoadPlanFromArguments(const PlanArguments& arguments,
                                            absl::string_view embedded_text,
                                            absl::string_view embedded_name);
-
-// A path the user gave: under `bazel run` the working directory is the runfiles tree, so a
-// relative path is taken from BUILD_WORKING_DIRECTORY, where they ran bazel.
-std::string UserPath(const std::string& path);
 
 // training.grad_accumulation, with 0 read as 1.
 int64_t GradAccumulation(const TrainingConfig& training);

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/file.h"
 #include "base/heap.h"
 #include "base/status.h"
 #include "base/threads.h"
@@ -35,9 +36,9 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
   TrainOptions options;
   options.log = &std::cout;
   options.log_is_terminal = parallel::StdoutIsTerminal();
-  options.metrics_path = UserPath(plan.training().metrics_file());
-  options.save_hf_dir = UserPath(plan.training().save_hf_dir());
-  options.checkpoint_dir = UserPath(plan.training().checkpoint().dir());
+  options.metrics_path = base::UserPath(plan.training().metrics_file());
+  options.save_hf_dir = base::UserPath(plan.training().save_hf_dir());
+  options.checkpoint_dir = base::UserPath(plan.training().checkpoint().dir());
   return Train(plan, group->mesh(), options).status();
 }
 

@@ -58,8 +58,6 @@ class TrainingRun {
   // The mean loss over the held-out batches of every rank.
   absl::StatusOr<double> Evaluate();
 
-  void PrintHeader();
-  void PrintSummary(const TrainReport& report);
   std::optional<double> Mfu(double tokens_per_s) const;
 
   const Plan& plan_;
@@ -173,7 +171,11 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
 absl::StatusOr<TrainReport> TrainingRun::Run() {
   TrainReport report;
   report.entropy_floor = train_->EntropyFloor();
-  PrintHeader();
+  if (progress_) {
+    progress_->Header(NumParameters(config_), mesh_.layout().world_size(),
+                      static_cast<int64_t>(tokens_per_step_), report.entropy_floor,
+                      checkpointer_->resume_step());
+  }
   const int64_t steps = training_.steps();
   const int64_t first_step = checkpointer_->resume_step();
   const Clock::time_point start = Clock::now();
@@ -211,7 +213,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   report.tokens_per_s =
       first_step < steps ? tokens_per_step_ * (steps - first_step) / training_seconds_ : 0.0;
   report.mfu = Mfu(report.tokens_per_s);
-  PrintSummary(report);
+  if (progress_) progress_->Summary(report);
   return report;
 }
 
@@ -231,37 +233,6 @@ std::optional<double> TrainingRun::Mfu(double tokens_per_s) const {
   const double peak = training_.peak_flops_per_rank() * mesh_.layout().world_size();
   if (peak <= 0.0) return std::nullopt;
   return tokens_per_s * models::TrainingFlopsPerToken(config_, training_.seq_len()) / peak;
-}
-
-void TrainingRun::PrintHeader() {
-  if (!progress_) return;
-  const int world_size = mesh_.layout().world_size();
-  std::string header =
-      absl::StrCat("training ", NumParameters(config_), " parameters on ", world_size,
-                   world_size == 1 ? " rank" : " ranks", ", ", training_.steps(), " steps of ",
-                   static_cast<int64_t>(tokens_per_step_), " tokens");
-  if (const std::optional<double> floor = train_->EntropyFloor()) {
-    absl::StrAppendFormat(&header, "; synthetic data, entropy floor %.4f nats", *floor);
-  }
-  progress_->Print(header);
-  if (checkpointer_->resume_step() > 0) {
-    progress_->Print(absl::StrCat("resumed after step ", checkpointer_->resume_step()));
-  }
-}
-
-void TrainingRun::PrintSummary(const TrainReport& report) {
-  if (!progress_) return;
-  std::string summary = absl::StrFormat("done: %d steps in %.1f s, %.0f tokens/s",
-                                        training_.steps(), report.seconds, report.tokens_per_s);
-  if (report.mfu) absl::StrAppendFormat(&summary, ", MFU %.2f%%", 100.0 * *report.mfu);
-  if (report.best_eval_loss) {
-    absl::StrAppendFormat(&summary, ", best eval loss %.4f", *report.best_eval_loss);
-  }
-  if (report.entropy_floor && report.best_eval_loss) {
-    absl::StrAppendFormat(&summary, " (entropy floor %.4f, gap %.4f nats)", *report.entropy_floor,
-                          *report.best_eval_loss - *report.entropy_floor);
-  }
-  progress_->Print(summary);
 }
 
 }  // namespace

@@ -16,11 +16,8 @@
 #ifndef PLAIT_TRAINER_TRAINER_H_
 #define PLAIT_TRAINER_TRAINER_H_
 
-#include <cstdint>
-#include <optional>
 #include <ostream>
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "metrics/step_metrics.h"
@@ -29,14 +26,8 @@
 
 namespace plait::trainer {
 
-struct TrainReport {
-  std::vector<metrics::StepMetrics> steps;
-  std::optional<double> entropy_floor;  // the synthetic source's
-  std::optional<double> best_eval_loss;
-  double seconds = 0.0;
-  double tokens_per_s = 0.0;
-  std::optional<double> mfu;
-};
+// What a run measured: its steps and their summary.
+using TrainReport = metrics::RunMetrics;
 
 struct TrainOptions {
   // Where rank 0 prints progress; nullptr prints nothing (other ranks never print).
