@@ -29,10 +29,14 @@ std::vector<base::Violation> CheckMeshConfig(const MeshConfig& config, int world
     if (dim.size() < 1) add(dim_field + ".size", absl::StrCat(dim.size(), "; must be >= 1"));
     shape.push_back(absl::StrCat(dim.name(), "=", dim.size()));
   }
-  if (MeshRanks(config) != world_size) {
+  const int64_t ranks = MeshRanks(config);
+  if (ranks > kMaxMeshRanks) {
+    add(field,
+        absl::StrCat(absl::StrJoin(shape, " x "), " makes more than ", kMaxMeshRanks, " ranks"));
+  } else if (ranks != world_size) {
     add(field,
         absl::StrCat(shape.empty() ? "no dimensions (one rank)" : absl::StrJoin(shape, " x "),
-                     " makes ", MeshRanks(config), " ranks, but the world has ", world_size,
+                     " makes ", ranks, " ranks, but the world has ", world_size,
                      "; the mesh's sizes must multiply to the world size"));
   }
   return violations;
@@ -116,9 +120,13 @@ absl::StatusOr<int> DeviceMesh::coordinate(absl::string_view name) const {
   return layout_.Coordinate(rank_, dim);
 }
 
-int MeshRanks(const MeshConfig& config) {
-  int ranks = 1;
-  for (const MeshConfig::Dimension& dim : config.dims()) ranks *= dim.size();
+int64_t MeshRanks(const MeshConfig& config) {
+  int64_t ranks = 1;
+  for (const MeshConfig::Dimension& dim : config.dims()) {
+    if (dim.size() < 1) return 0;  // an invalid size; CheckMeshConfig names it
+    ranks *= dim.size();
+    if (ranks > kMaxMeshRanks) return kMaxMeshRanks + 1;
+  }
   return ranks;
 }
 

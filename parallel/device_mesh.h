@@ -15,6 +15,7 @@
 #ifndef PLAIT_PARALLEL_DEVICE_MESH_H_
 #define PLAIT_PARALLEL_DEVICE_MESH_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,8 +30,13 @@
 
 namespace plait::parallel {
 
-// The number of ranks `config` describes: the product of its sizes, 1 without dimensions.
-int MeshRanks(const MeshConfig& config);
+// The most ranks a mesh may have: far beyond any job, and small enough that rank arithmetic
+// in `int` never overflows.
+inline constexpr int64_t kMaxMeshRanks = int64_t{1} << 24;
+
+// The number of ranks `config` describes: the product of its sizes, 1 without dimensions;
+// kMaxMeshRanks + 1 for any product above kMaxMeshRanks (so it never overflows).
+int64_t MeshRanks(const MeshConfig& config);
 
 // Every problem of `config` on a world of `world_size` ranks (a dimension without a name, a
 // name twice, a size below 1, sizes that do not multiply to the world size), fields named

@@ -75,6 +75,12 @@ TEST(MeshLayoutTest, InvalidConfigsNameTheField) {
                       "must multiply to the world size"));
   EXPECT_THAT(MeshLayout::Create(ParseMesh(""), 4),
               invalid("mesh: no dimensions (one rank) makes 1 ranks, but the world has 4"));
+  EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { name: "a" size: 2147483647 }
+                                                dims { name: "b" size: 2147483647 }
+                                                dims { name: "c" size: 2147483647 })pb"),
+                                 8),
+              invalid("mesh: a=2147483647 x b=2147483647 x c=2147483647 makes more than 16777216 "
+                      "ranks"));
   EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { name: "dp" size: 0 })pb"), 1),
               invalid("mesh.dims[0].size: 0; must be >= 1"));
   EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(dims { size: 1 })pb"), 1),

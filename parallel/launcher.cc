@@ -18,6 +18,7 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -726,6 +727,17 @@ std::optional<int> LaunchSelfIfNoWorld(int argc, char** argv, int num_ranks) {
   options.command.emplace_back(self, static_cast<size_t>(length));
   for (int i = 1; i < argc; ++i) options.command.emplace_back(argv[i]);
   return LaunchAndReport(options);
+}
+
+absl::Status CheckLocalRanks(int num_ranks, std::optional<int> max_local_ranks) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int limit = max_local_ranks.value_or(kLocalRanksPerCore * cores);
+  if (num_ranks <= limit) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      num_ranks, " local ranks are more than this machine runs (", limit,
+      max_local_ranks ? " by --max_local_ranks"
+                      : absl::StrCat(": ", kLocalRanksPerCore, " per core on ", cores, " cores"),
+      "); use a smaller mesh, launch across machines, or pass --max_local_ranks=N"));
 }
 
 }  // namespace plait::parallel

@@ -136,6 +136,15 @@ int LaunchAndReport(const LaunchOptions& options);
 // kLaunchErrorExitCode.
 std::optional<int> LaunchSelfIfNoWorld(int argc, char** argv, int num_ranks);
 
+// Local ranks a job may start per core, unless the caller says otherwise: each is a process
+// with its own copy of the model and one compute thread, so more only oversubscribe the
+// machine (and a mesh of thousands would fork thousands of processes).
+inline constexpr int kLocalRanksPerCore = 4;
+
+// OK when this machine can run `num_ranks` local ranks: at most `max_local_ranks`, or
+// kLocalRanksPerCore per core when that is unset. FailedPrecondition naming both otherwise.
+absl::Status CheckLocalRanks(int num_ranks, std::optional<int> max_local_ranks);
+
 }  // namespace plait::parallel
 
 #endif  // PLAIT_PARALLEL_LAUNCHER_H_

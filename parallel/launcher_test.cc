@@ -69,6 +69,17 @@ LaunchOptions ChildOptions(int num_ranks, std::vector<std::string> args, Output*
   return options;
 }
 
+TEST(CheckLocalRanksTest, BoundsLocalRanksByTheCoresUnlessTold) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_THAT(CheckLocalRanks(kLocalRanksPerCore * cores, std::nullopt), IsOk());
+  EXPECT_THAT(CheckLocalRanks(100000, std::nullopt),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("100000 local ranks are more than this machine runs")));
+  EXPECT_THAT(CheckLocalRanks(100000, 100000), IsOk());
+  EXPECT_THAT(CheckLocalRanks(3, 2), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                              HasSubstr("(2 by --max_local_ranks)")));
+}
+
 TEST(LaunchTest, AllRanksSucceedWithTheirWorldAndPrefixedOutput) {
   Output output;
   absl::StatusOr<LaunchResult> result = Launch(ChildOptions(3, {"print_env"}, &output));

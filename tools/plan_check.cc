@@ -19,7 +19,7 @@ constexpr char kUsage[] = "usage: plan_check PLAN.textproto [--set=path=value]..
 
 int main(int argc, char** argv) {
   absl::StatusOr<plait::trainer::PlanArguments> arguments =
-      plait::trainer::ParsePlanArguments(argc, argv, /*allow_world_size=*/true);
+      plait::trainer::ParsePlanArguments(argc, argv, plait::trainer::PlanCommand::kCheck);
   if (!arguments.ok() || arguments->plan_path.empty()) {
     if (!arguments.ok()) std::cerr << "plan_check: " << arguments.status().message() << "\n";
     std::cerr << kUsage << "\n";
@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
     std::cerr << plan.status().message() << "\n";
     return 1;
   }
-  const int ranks = arguments->world_size.value_or(plait::parallel::MeshRanks(plan->mesh()));
+  const int ranks =
+      arguments->world_size.value_or(static_cast<int>(plait::parallel::MeshRanks(plan->mesh())));
   if (absl::Status status = plait::trainer::ValidatePlan(*plan, ranks); !status.ok()) {
     std::cerr << path << ": invalid plan for " << ranks << " ranks:\n" << status.message() << "\n";
     return 1;

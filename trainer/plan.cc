@@ -30,16 +30,19 @@ absl::Status ApplyOverride(absl::string_view assignment, Plan& plan) {
   return base::MergeFieldAssignment(assignment, absl::StrCat("--set=", assignment), "plan", plan);
 }
 
-absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, bool allow_world_size) {
+absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanCommand command) {
   PlanArguments arguments;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
-    int world_size = 0;
+    int number = 0;
     if (absl::ConsumePrefix(&arg, "--set=")) {
       arguments.overrides.emplace_back(arg);
-    } else if (allow_world_size && absl::ConsumePrefix(&arg, "--world_size=") &&
-               absl::SimpleAtoi(arg, &world_size)) {
-      arguments.world_size = world_size;
+    } else if (command == PlanCommand::kCheck && absl::ConsumePrefix(&arg, "--world_size=") &&
+               absl::SimpleAtoi(arg, &number)) {
+      arguments.world_size = number;
+    } else if (command == PlanCommand::kTrain && absl::ConsumePrefix(&arg, "--max_local_ranks=") &&
+               absl::SimpleAtoi(arg, &number)) {
+      arguments.max_local_ranks = number;
     } else if ((absl::ConsumePrefix(&arg, "--plan=") || !absl::StartsWith(arg, "--")) &&
                arguments.plan_path.empty()) {
       arguments.plan_path = std::string(arg);

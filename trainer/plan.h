@@ -33,18 +33,21 @@ absl::StatusOr<Plan> LoadPlan(const std::string& path);
 // does not exist, is repeated, or is a message.
 absl::Status ApplyOverride(absl::string_view assignment, Plan& plan);
 
-// The command line of the binaries that take a plan (the training jobs, //tools:plan_check):
-// the plan file (--plan=FILE, or one positional FILE), --set=path=value overrides in order,
-// and --world_size=N where the binary allows it. Hand-parsed because --set repeats, and
-// Abseil's flags keep only the last value of a repeated flag.
+// The command line of the binaries that take a plan: the plan file (--plan=FILE, or one
+// positional FILE) and --set=path=value overrides in order, for both; --max_local_ranks=N
+// for the training jobs (how many ranks they may start on this machine) and --world_size=N
+// for //tools:plan_check (the world to check the plan for). Hand-parsed because --set
+// repeats, and Abseil's flags keep only the last value of a repeated flag.
+enum class PlanCommand { kTrain, kCheck };
 struct PlanArguments {
   std::string plan_path;  // as given; empty: none
   std::vector<std::string> overrides;
-  std::optional<int> world_size;
+  std::optional<int> max_local_ranks;  // kTrain
+  std::optional<int> world_size;       // kCheck
 };
 
-// Parses argv[1..argc); InvalidArgument naming the first argument it does not take.
-absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, bool allow_world_size);
+// Parses argv[1..argc); InvalidArgument naming the first argument `command` does not take.
+absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanCommand command);
 
 // The plan `arguments` name, with their overrides applied: the file (a path relative to where
 // the user ran `bazel run`, base::UserPath), else `embedded_text` (compiled into the binary

@@ -100,13 +100,13 @@ TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
   const char* argv[] = {"plan_check", "plan.textproto", "--set=training.steps=5", "--world_size=4",
                         "--set=training.steps=6"};
   absl::StatusOr<PlanArguments> arguments =
-      ParsePlanArguments(5, const_cast<char**>(argv), /*allow_world_size=*/true);
+      ParsePlanArguments(5, const_cast<char**>(argv), PlanCommand::kCheck);
   ASSERT_THAT(arguments, IsOk());
   EXPECT_EQ(arguments->plan_path, "plan.textproto");
   EXPECT_THAT(arguments->overrides, ::testing::ElementsAre("training.steps=5", "training.steps=6"));
   EXPECT_EQ(arguments->world_size, 4);
   EXPECT_THAT(
-      ParsePlanArguments(4, const_cast<char**>(argv), /*allow_world_size=*/false),
+      ParsePlanArguments(4, const_cast<char**>(argv), PlanCommand::kTrain),
       StatusIs(absl::StatusCode::kInvalidArgument, "unexpected argument \"--world_size=4\""));
 
   // The later override wins, and the embedded plan serves when no file is named.

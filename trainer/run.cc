@@ -24,7 +24,8 @@
 namespace plait::trainer {
 namespace {
 
-constexpr char kUsage[] = "usage: [--plan=PLAN.textproto] [--set=path=value]...";
+constexpr char kUsage[] =
+    "usage: [--plan=PLAN.textproto] [--set=path=value]... [--max_local_ranks=N]";
 
 // How long rank 0 waits for the others at start.
 constexpr absl::Duration kRendezvousTimeout = absl::Minutes(5);
@@ -44,8 +45,7 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
 
 // RunMain without its guard against exceptions.
 int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
-  absl::StatusOr<PlanArguments> arguments =
-      ParsePlanArguments(argc, argv, /*allow_world_size=*/false);
+  absl::StatusOr<PlanArguments> arguments = ParsePlanArguments(argc, argv, PlanCommand::kTrain);
   if (!arguments.ok()) {
     std::cerr << arguments.status().message() << "\n" << kUsage << "\n";
     return 2;
@@ -63,9 +63,14 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
   absl::StatusOr<parallel::World> world =
       parallel::WorldFromEnvironment(parallel::ProcessEnvironment());
   if (absl::IsNotFound(world.status())) {
-    const int ranks = parallel::MeshRanks(plan->mesh());
+    const int ranks = static_cast<int>(parallel::MeshRanks(plan->mesh()));
     if (absl::Status status = ValidatePlan(*plan, ranks); !status.ok()) {
       std::cerr << "invalid plan:\n" << status.message() << "\n";
+      return 1;
+    }
+    if (absl::Status status = parallel::CheckLocalRanks(ranks, arguments->max_local_ranks);
+        !status.ok()) {
+      std::cerr << "plan.mesh: " << status.message() << "\n";
       return 1;
     }
     if (ranks > 1) {

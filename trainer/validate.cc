@@ -2,7 +2,6 @@
 
 #include <sys/stat.h>
 
-#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -10,7 +9,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "checkpoint/checkpoint_config.h"
 #include "data/data_config.h"
