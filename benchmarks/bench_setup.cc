@@ -20,8 +20,8 @@ int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter)
     return 1;
   }
   benchmark::Initialize(&argc, argv);
-  benchmark::AddCustomContext("heap", heap_retained ? "freed memory retained (base/heap.h)"
-                                                    : "the C library's default");
+  benchmark::AddCustomContext(
+      "heap", heap_retained ? "freed memory retained (base/heap.h)" : "the C library's default");
   benchmark::AddCustomContext("heap pages", huge_pages ? "2 MiB (base/heap.h)" : "4 KiB");
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks(reporter);

@@ -49,7 +49,7 @@ class TrainingRun {
 
  private:
   TrainingRun(const Plan& plan, const parallel::DeviceMesh& mesh, const TrainOptions& options)
-      : plan_(plan), training_(plan.training()), mesh_(mesh), options_(options) {}
+      : training_(plan.training()), mesh_(mesh), options_(options) {}
 
   // Optimizer step `step` (0-based): micro-batches with gradient accumulation (no-sync on
   // all but the last), the update at the scheduled rate, and the evaluation when it is due.
@@ -60,14 +60,13 @@ class TrainingRun {
 
   std::optional<double> Mfu(double tokens_per_s) const;
 
-  const Plan& plan_;
   const TrainingConfig& training_;
   const parallel::DeviceMesh& mesh_;
   const TrainOptions& options_;
   models::ModelConfig config_;
   std::unique_ptr<sched::Schedule> schedule_;
   std::unique_ptr<PreparedModel> prepared_;
-  std::vector<std::unique_ptr<PreparedModel>> frozen_;
+  std::vector<std::unique_ptr<PreparedModel>> frozen_;  // prepared, kept for the run
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::optional<data::DataLoader> train_, eval_;
   std::optional<Checkpointer> checkpointer_;
