@@ -5,16 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 
 namespace plait::data {
-namespace {
-
-bool FileExists(const std::string& path) {
-  struct stat info;
-  return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
-}
-
-}  // namespace
 
 DataConfig ResolvedDataConfig(const DataConfig& data) {
   DataConfig resolved = data;
@@ -60,8 +53,11 @@ std::vector<base::Violation> ValidateDataConfig(const DataConfig& data,
         {"eval_path", files.eval_path()}}) {
     if (path.empty()) {
       add("token_files." + name, "is empty; name a token file");
-    } else if (!FileExists(path)) {
+    } else if (struct stat info; stat(path.c_str(), &info) != 0) {
       add("token_files." + name, absl::StrCat("\"", path, "\" does not exist"));
+    } else if (!S_ISREG(info.st_mode)) {
+      add("token_files." + name,
+          absl::StrCat("\"", path, "\" is ", base::FileKind(info.st_mode), ", not a token file"));
     }
   }
   return problems;

@@ -85,6 +85,15 @@ TEST(ValidateDataConfigTest, TokenFilesNeedAFormatAndFilesThatExist) {
                   Problem("plan.data.token_files.train_path", "is empty; name a token file"),
                   Problem("plan.data.token_files.eval_path",
                           "\"/nonexistent/plait/val.bin\" does not exist")));
+  // A folder or device where a file belongs is named for what it is, not "does not exist".
+  data.mutable_token_files()->set_format(TOKEN_FORMAT_LLMC);
+  data.mutable_token_files()->set_train_path("/tmp");
+  data.mutable_token_files()->set_eval_path("/dev/null");
+  EXPECT_THAT(ValidateDataConfig(data, 4096, "plan.data"),
+              ElementsAre(Problem("plan.data.token_files.train_path",
+                                  "\"/tmp\" is a directory, not a token file"),
+                          Problem("plan.data.token_files.eval_path",
+                                  "\"/dev/null\" is a device, not a token file")));
 }
 
 }  // namespace
