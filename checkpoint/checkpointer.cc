@@ -1,6 +1,12 @@
 #include "checkpoint/checkpointer.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -8,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -88,6 +95,44 @@ absl::Status FileError(const std::string& field, const std::string& action, cons
                        const std::error_code& error) {
   return absl::InvalidArgumentError(
       absl::StrCat(field, ".dir: cannot ", action, " \"", path, "\": ", error.message()));
+}
+
+// The lock file that marks a checkpoint folder as in use by a run.
+constexpr char kLockName[] = ".lock";
+
+// Rank 0's exclusive hold on `dir` (created if missing) for as long as the result lives:
+// a second run on the same folder would overwrite and prune the first one's checkpoints.
+// The holder's pid and host are written into the lock file for the other run's error; the
+// kernel releases the lock when the process ends, however it ends.
+absl::StatusOr<std::shared_ptr<const int>> LockFolder(const std::string& dir,
+                                                      const std::string& field) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return FileError(field, "create", dir, error);
+  const std::string path = absl::StrCat(dir, "/", kLockName);
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".dir: cannot open \"", path, "\": ", std::strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    close(fd);
+    const std::string holder(absl::StripAsciiWhitespace(base::ReadFile(path).value_or("")));
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".dir: \"", dir, "\" is in use by another run (",
+        holder.empty() ? "its lock names no holder" : holder,
+        "); two runs on one folder would overwrite each other's checkpoints: wait for it to end, "
+        "or choose another dir"));
+  }
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string holder = absl::StrCat("pid ", getpid(), " on ", host, "\n");
+  // Without the note the lock still holds; another run's error then names no holder.
+  if (ftruncate(fd, 0) == 0) (void)!write(fd, holder.data(), holder.size());
+  return std::shared_ptr<const int>(new int(fd), [](const int* held) {
+    close(*held);
+    delete held;
+  });
 }
 
 // The steps of the checkpoint folders in `dir`, ascending; none when `dir` does not exist.
@@ -213,6 +258,9 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const CheckpointConfig& config,
   checkpointer.run_ = std::move(run);
   checkpointer.mesh_shape_ = MeshShape(mesh.layout());
   const RunInfo& r = checkpointer.run_;
+  if (mesh.rank() == 0) {
+    PLAIT_ASSIGN_OR_RETURN(checkpointer.lock_, LockFolder(dir, r.config_field));
+  }
 
   PLAIT_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, ListCheckpoints(dir, r.config_field));
   if (steps.empty()) return checkpointer;
@@ -360,7 +408,12 @@ absl::Status Checkpointer::Save(int64_t step, int64_t position, const RankState&
     const std::string path = absl::StrCat(temporary, "/", kManifest);
     return base::WriteFileAtomically(path, manifest.dump(2) + "\n");
   }();
-  PLAIT_RETURN_IF_ERROR(mesh_->Agree(written, what));
+  if (absl::Status agreed = mesh_->Agree(written, what); !agreed.ok()) {
+    // A failed save leaves nothing behind: its partial files go with the temporary folder.
+    std::error_code ignored;
+    if (rank == 0) fs::remove_all(temporary, ignored);
+    return agreed;
+  }
 
   // Every file is there: rank 0 publishes the folder and drops the oldest.
   absl::Status published;

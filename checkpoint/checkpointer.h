@@ -16,7 +16,9 @@
 // temporary folder is removed by the next save. A checkpoint that does not fit the run
 // (another world size or mesh, a changed fingerprint, a missing, extra or mis-shaped tensor,
 // a truncated, corrupt or missing rank file) is an error naming the file, the field and both
-// values, on every rank.
+// values, on every rank. A save that fails removes what it wrote. Rank 0 holds a lock on the
+// folder (its `.lock` file) while the Checkpointer lives, so a second run on the same folder
+// fails at its start, naming the pid and host of the run that holds it.
 //
 //   PLAIT_ASSIGN_OR_RETURN(Checkpointer checkpointer, Checkpointer::Open(config, dir, run, mesh));
 //   PLAIT_RETURN_IF_ERROR(checkpointer.Restore(State().tensors, [&](RankState saved) {
@@ -34,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -130,6 +133,7 @@ class Checkpointer {
   std::string mesh_shape_;  // "dp=2"
   int64_t resume_step_ = 0;
   int64_t resume_position_ = 0;
+  std::shared_ptr<const int> lock_;  // rank 0's hold on the folder's lock file, while it lives
 };
 
 }  // namespace plait::checkpoint

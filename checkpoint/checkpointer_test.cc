@@ -4,6 +4,8 @@
 // damaging a real checkpoint.
 #include "checkpoint/checkpointer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,6 +32,7 @@ namespace plait::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
+using ::plait::base::testing::FolderEntries;
 using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
@@ -36,15 +40,6 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::vector<std::string> Entries(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 std::string ReadText(const std::string& path) {
   std::ifstream in(path);
@@ -124,8 +119,8 @@ std::vector<absl::Status> ResumeStatuses(const std::string& dir, int ranks,
 TEST(CheckpointerTest, EveryRankGetsBackItsTensorsMetadataAndThePosition) {
   const std::string dir = FreshTestDir("round_trip");
   SaveOnRanks(dir, 2, 3);
-  EXPECT_THAT(Entries(dir), ElementsAre("step-00000003"));
-  EXPECT_THAT(Entries(dir + "/step-00000003"),
+  EXPECT_THAT(FolderEntries(dir), ElementsAre(".lock", "step-00000003"));
+  EXPECT_THAT(FolderEntries(dir + "/step-00000003"),
               ElementsAre("checkpoint.json", "rank-00000-of-00002.safetensors",
                           "rank-00001-of-00002.safetensors"));
   parallel::testing::RunOnGlooMesh(Layout(2), [&](int rank, parallel::DeviceMesh& mesh) {
@@ -200,19 +195,21 @@ TEST(CheckpointerTest, MetadataKeysOfTheCheckpointItselfAreRefused) {
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr("__metadata__.step: the checkpoint's own key")));
   });
-  EXPECT_THAT(Entries(dir), Not(::testing::Contains(::testing::StartsWith("step-"))));
+  // Nothing of the failed save is left, not even its temporary folder.
+  EXPECT_THAT(FolderEntries(dir), ElementsAre(".lock"));
 }
 
 TEST(CheckpointerTest, EveryMultipleOfEveryAndTheLastStepAreDue) {
   parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
     const std::string dir = FreshTestDir("due");
-    Checkpointer every_three = Checkpointer::Open(Config(dir), dir, TestRun(8), mesh).value();
-    std::vector<int64_t> due;
-    for (int64_t step = 1; step <= 8; ++step) {
-      if (every_three.IsDue(step)) due.push_back(step);
+    {
+      Checkpointer every_three = Checkpointer::Open(Config(dir), dir, TestRun(8), mesh).value();
+      std::vector<int64_t> due;
+      for (int64_t step = 1; step <= 8; ++step) {
+        if (every_three.IsDue(step)) due.push_back(step);
+      }
+      EXPECT_THAT(due, ElementsAre(3, 6, 8));
     }
-    EXPECT_THAT(due, ElementsAre(3, 6, 8));
-
     CheckpointConfig last_only = Config(dir);
     last_only.set_every(0);
     Checkpointer last = Checkpointer::Open(last_only, dir, TestRun(8), mesh).value();
@@ -225,19 +222,37 @@ TEST(CheckpointerTest, EveryMultipleOfEveryAndTheLastStepAreDue) {
   });
 }
 
+// A second run on a folder in use fails at its start, naming the run that holds it; the
+// folder is free again once that run ends.
+TEST(CheckpointerTest, AFolderInUseByAnotherRunIsRefused) {
+  const std::string dir = FreshTestDir("in_use");
+  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+    std::optional<Checkpointer> first =
+        Checkpointer::Open(Config(dir), dir, TestRun(), mesh).value();
+    EXPECT_THAT(Checkpointer::Open(Config(dir), dir, TestRun(), mesh),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr("run.checkpoint.dir: \"" + dir +
+                                         "\" is in use by another run (pid " +
+                                         std::to_string(getpid()) + " on "),
+                               HasSubstr("choose another dir"))));
+    first.reset();
+    EXPECT_THAT(Checkpointer::Open(Config(dir), dir, TestRun(), mesh), IsOk());
+  });
+}
+
 TEST(CheckpointerTest, KeepsTheNewestAndRemovesAnInterruptedSave) {
   const std::string dir = FreshTestDir("keep_last");
   CheckpointConfig config;
   config.set_keep_last(2);
   config.set_resume(true);  // each save is a run resumed from the one before
   for (int64_t step : {2, 4, 6}) SaveOnRanks(dir, 1, step, config);
-  EXPECT_THAT(Entries(dir), ElementsAre("step-00000004", "step-00000006"));
+  EXPECT_THAT(FolderEntries(dir), ElementsAre(".lock", "step-00000004", "step-00000006"));
 
   // A run killed while saving step 8 left its temporary folder with part of a file.
   fs::create_directories(dir + "/.tmp-step-00000008");
   std::ofstream(dir + "/.tmp-step-00000008/" + RankFileName(0, 1)) << "partial";
   SaveOnRanks(dir, 1, 8, config);
-  EXPECT_THAT(Entries(dir), ElementsAre("step-00000006", "step-00000008"));
+  EXPECT_THAT(FolderEntries(dir), ElementsAre(".lock", "step-00000006", "step-00000008"));
 }
 
 TEST(CheckpointerTest, ResumingWithoutACheckpointStartsFresh) {

@@ -280,7 +280,11 @@ absl::Status WriteSafetensors(const std::string& path,
                 static_cast<std::streamsize>(tensor.nbytes()));
     }
     out.close();
-    if (!out) return absl::DataLossError(absl::StrCat(temporary, ": write failed"));
+    if (!out) {
+      const std::string reason = std::strerror(errno);  // e.g. "No space left on device"
+      std::remove(temporary.c_str());
+      return absl::DataLossError(absl::StrCat(temporary, ": write failed: ", reason));
+    }
   }
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
     return absl::InternalError(

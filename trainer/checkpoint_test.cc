@@ -36,6 +36,7 @@ namespace plait::trainer {
 namespace {
 
 namespace fs = std::filesystem;
+using ::plait::base::testing::FolderEntries;
 using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
@@ -59,15 +60,6 @@ Plan ShortPlan(const std::string& name, const std::string& dir) {
   return *plan;
 }
 
-std::vector<std::string> Entries(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
   absl::StatusOr<std::unique_ptr<models::SafetensorsFile>> file =
       models::SafetensorsFile::Open(path);
@@ -85,8 +77,8 @@ void ExpectResumeReproducesTheStraightRun(const std::string& plan_name, int rank
   const std::string resumed_dir = FreshTestDir(plan_name + "_resumed");
   const TrainReport straight = TrainOnRanks(ShortPlan(plan_name, straight_dir), ranks);
   ASSERT_EQ(straight.steps.size(), 8u);
-  EXPECT_THAT(Entries(straight_dir),
-              ::testing::ElementsAre("step-00000003", "step-00000006", "step-00000008"));
+  EXPECT_THAT(FolderEntries(straight_dir),
+              ::testing::ElementsAre(".lock", "step-00000003", "step-00000006", "step-00000008"));
 
   fs::create_directories(resumed_dir);
   fs::copy(straight_dir + "/step-00000003", resumed_dir + "/step-00000003",
