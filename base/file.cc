@@ -72,7 +72,11 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
     std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
     file.write(contents.data(), static_cast<std::streamsize>(contents.size()));
     file.close();
-    if (!file) return absl::InvalidArgumentError(absl::StrCat(temporary, ": cannot write"));
+    if (!file) {
+      const std::string reason = std::strerror(errno);  // e.g. "No space left on device"
+      std::remove(temporary.c_str());
+      return absl::InvalidArgumentError(absl::StrCat(temporary, ": cannot write: ", reason));
+    }
   }
   PLAIT_RETURN_IF_ERROR(SyncToDisk(temporary));
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
