@@ -65,5 +65,17 @@ TEST(FileTest, ReadingRefusesWhatIsNotARegularFile) {
   EXPECT_EQ(FileKind(S_IFSOCK), "a socket");
 }
 
+// A full disk is named as such, and the half-written temporary file does not stay.
+TEST(FileTest, AFailedWriteSaysWhyAndLeavesNoTemporaryFile) {
+  const std::string path = TestPath("full");
+  std::filesystem::remove(path + ".tmp");
+  std::filesystem::create_symlink("/dev/full", path + ".tmp");  // every write: ENOSPC
+  EXPECT_THAT(WriteFileAtomically(path, std::string(1 << 16, 'x')),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cannot write: No space left on device")));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(path + ".tmp")));
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
 }  // namespace
 }  // namespace plait::base
