@@ -16,8 +16,10 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -142,8 +144,10 @@ absl::StatusOr<std::string> ResolveProgram(const std::string& program) {
 }
 
 // The environment of one rank: this process's, with the world variables replaced.
-std::vector<std::string> RankEnvironment(int rank, const LaunchOptions& options, int port) {
+std::vector<std::string> RankEnvironment(int rank, const LaunchOptions& options, int port,
+                                         const std::string& store_file) {
   const std::vector<std::pair<std::string, std::string>> world = {
+      {kStoreFileVariable, store_file},
       {"RANK", absl::StrCat(rank)},
       {"WORLD_SIZE", absl::StrCat(options.num_ranks)},
       {"LOCAL_RANK", absl::StrCat(rank)},
@@ -419,8 +423,9 @@ RankStatus StatusFromWait(int rank, int wait_status) {
 // so an error part-way through leaves no process behind.
 class Job {
  public:
-  Job(const LaunchOptions& options, const SignalHandlers& handlers, int port)
-      : options_(options), handlers_(handlers), port_(port) {
+  Job(const LaunchOptions& options, const SignalHandlers& handlers, int port,
+      std::string store_file)
+      : options_(options), handlers_(handlers), port_(port), store_file_(std::move(store_file)) {
     ranks_.reserve(options.num_ranks);
   }
   Job(const Job&) = delete;
@@ -456,6 +461,7 @@ class Job {
   const LaunchOptions& options_;
   const SignalHandlers& handlers_;
   const int port_;
+  const std::string store_file_;
   std::vector<Rank> ranks_;
   std::optional<RankStatus> first_failure_;
   std::optional<Clock::time_point> kill_deadline_;  // set while waiting out the grace period
@@ -467,7 +473,7 @@ class Job {
 
 absl::Status Job::StartRank(int r, const std::string& path) {
   std::vector<std::string> argv_strings = options_.command;
-  std::vector<std::string> env_strings = RankEnvironment(r, options_, port_);
+  std::vector<std::string> env_strings = RankEnvironment(r, options_, port_, store_file_);
   const std::vector<char*> argv = NullTerminated(argv_strings);
   const std::vector<char*> envp = NullTerminated(env_strings);
   PLAIT_ASSIGN_OR_RETURN(Pipe out, MakePipe(absl::StrCat("rank ", r, " stdout"), O_NONBLOCK));
@@ -684,7 +690,18 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
   }
   absl::Cleanup release = [] { launch_running.store(false); };
   PLAIT_ASSIGN_OR_RETURN(SignalHandlers handlers, SignalHandlers::Install());
-  Job job(options, handlers, port);
+  // The ranks meet through a file in a folder only this user can enter, removed after the
+  // job: a local job opens no port for its rendezvous (World::store_file).
+  char store_dir[] = "/tmp/plait-launch-XXXXXX";
+  if (mkdtemp(store_dir) == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("cannot create the job's store folder: ", std::strerror(errno)));
+  }
+  absl::Cleanup remove_store = [&store_dir] {
+    std::error_code ignored;
+    std::filesystem::remove_all(store_dir, ignored);
+  };
+  Job job(options, handlers, port, absl::StrCat(store_dir, "/store"));
   PLAIT_RETURN_IF_ERROR(job.Start(path));
   return job.Run();
 }

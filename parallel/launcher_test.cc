@@ -109,6 +109,28 @@ TEST(LaunchTest, AllRanksSucceedWithTheirWorldAndPrefixedOutput) {
   EXPECT_THAT(output.err, UnorderedElementsAreArray(expected_err));
 }
 
+// A local job's ranks meet through a file in a folder only this user can enter, removed
+// after the job: its rendezvous opens no network port.
+TEST(LaunchTest, RanksShareAPrivateStoreFileThatIsRemovedAfterTheJob) {
+  Output output;
+  absl::StatusOr<LaunchResult> result = Launch(ChildOptions(2, {"print_store_file"}, &output));
+  ASSERT_THAT(result, IsOk());
+  ASSERT_TRUE(result->ok()) << result->summary;
+  ASSERT_EQ(output.out.size(), 2u);
+  std::string store_file;
+  for (const std::string& line : output.out) {
+    const size_t space = line.find(' ', line.find(']') + 2);
+    const std::string file = line.substr(line.find(']') + 2, space - line.find(']') - 2);
+    EXPECT_THAT(line, HasSubstr("/tmp/plait-launch-"));
+    EXPECT_THAT(line, HasSubstr(" in a private folder"));
+    if (store_file.empty()) store_file = file;
+    EXPECT_EQ(file, store_file) << "every rank gets the same store";
+  }
+  struct stat info;
+  EXPECT_NE(stat(store_file.substr(0, store_file.rfind('/')).c_str(), &info), 0)
+      << "the folder outlived the job";
+}
+
 TEST(LaunchTest, PassesOnTheGivenMasterAddressAndPort) {
   Output output;
   LaunchOptions options = ChildOptions(2, {"print_env"}, &output);

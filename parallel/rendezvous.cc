@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "torch/csrc/distributed/c10d/FileStore.hpp"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
 
 namespace plait::parallel {
@@ -19,32 +20,49 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
 
 std::string ArrivalKey(int rank) { return absl::StrCat("plait/rendezvous/arrived/", rank); }
 
+// The store of `world`: a file its ranks share (World::store_file), which opens no port,
+// or else the TCP store rank 0 hosts.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> OpenStore(const World& world,
+                                                          absl::Duration timeout,
+                                                          const std::string& store_address) {
+  const auto timeout_ms = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
+  try {
+    if (!world.store_file.empty()) {
+      auto store = c10::make_intrusive<c10d::FileStore>(world.store_file, world.world_size);
+      store->setTimeout(timeout_ms);
+      return c10::intrusive_ptr<c10d::Store>(store);
+    }
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<uint16_t>(world.master_port);
+    options.isServer = world.rank == 0;
+    options.numWorkers = world.world_size;
+    options.waitWorkers = false;  // arrivals are checked below, to name the missing ranks
+    options.timeout = timeout_ms;
+    return c10::intrusive_ptr<c10d::Store>(
+        c10::make_intrusive<c10d::TCPStore>(world.master_addr, options));
+  } catch (const std::exception& error) {
+    if (world.rank == 0 || !world.store_file.empty()) {
+      return absl::UnavailableError(absl::StrCat("rendezvous: rank ", world.rank,
+                                                 " could not open the store at ", store_address,
+                                                 ": ", error.what()));
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous: rank ", world.rank, " could not reach rank 0's store at ",
+                     store_address, " within ", absl::FormatDuration(timeout), ": ", error.what()));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
                                                            absl::Duration timeout) {
   PLAIT_RETURN_IF_ERROR(ValidateWorld(world));
   const absl::Time deadline = absl::Now() + timeout;
-  const std::string store_address = absl::StrCat(world.master_addr, ":", world.master_port);
-
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    c10d::TCPStoreOptions options;
-    options.port = static_cast<uint16_t>(world.master_port);
-    options.isServer = world.rank == 0;
-    options.numWorkers = world.world_size;
-    options.waitWorkers = false;  // arrivals are checked below, to name the missing ranks
-    options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
-    store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
-  } catch (const std::exception& error) {
-    if (world.rank == 0) {
-      return absl::UnavailableError(absl::StrCat("rendezvous: rank 0 could not host the store at ",
-                                                 store_address, ": ", error.what()));
-    }
-    return absl::DeadlineExceededError(
-        absl::StrCat("rendezvous: rank ", world.rank, " could not reach rank 0's store at ",
-                     store_address, " within ", absl::FormatDuration(timeout), ": ", error.what()));
-  }
+  const std::string store_address = world.store_file.empty()
+                                        ? absl::StrCat(world.master_addr, ":", world.master_port)
+                                        : absl::StrCat("file ", world.store_file);
+  PLAIT_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
+                         OpenStore(world, timeout, store_address));
 
   // The ranks still missing at the last look, for the errors below.
   std::vector<int> missing;

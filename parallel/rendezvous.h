@@ -1,6 +1,7 @@
-// Rendezvous: connects the processes of a job through a key-value store hosted by rank 0
-// (c10d's TCPStore at MASTER_ADDR:MASTER_PORT) and waits until every rank has arrived.
-// Communicators are then created over the store:
+// Rendezvous: connects the processes of a job through a key-value store and waits until
+// every rank has arrived. The store is a file the ranks share when the world names one (the
+// local launcher's jobs: nothing listens on the network), else rank 0's c10d TCPStore at
+// MASTER_ADDR:MASTER_PORT. Communicators are then created over the store:
 //
 //   PLAIT_ASSIGN_OR_RETURN(World world, WorldFromEnvironment(ProcessEnvironment()));
 //   PLAIT_ASSIGN_OR_RETURN(auto store, Rendezvous(world, absl::Minutes(5)));

@@ -1,8 +1,11 @@
 #include "parallel/rendezvous.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "base/status_matchers.h"
@@ -49,6 +52,24 @@ TEST(RendezvousTest, AllRanksMeetAndShareTheStore) {
     // Rank 0 hosts the store: it must outlive the others' reads.
     reading.DecrementCount();
     if (rank == 0) reading.Wait();
+  });
+}
+
+// A one-machine job's ranks meet through a file: no TCP server, so no port to reach.
+TEST(RendezvousTest, RanksWithAStoreFileMeetThroughIt) {
+  const std::string store_file = absl::StrCat(std::getenv("TEST_TMPDIR"), "/store");
+  std::remove(store_file.c_str());
+  RunRanks(3, [&](int rank) {
+    World world = RankOf(rank, 3, /*port=*/1);  // a port nobody listens on
+    world.store_file = store_file;
+    auto store = Rendezvous(world, absl::Seconds(20));
+    ASSERT_THAT(store, IsOk());
+    (*store)->set("greeting/" + std::to_string(rank), std::vector<uint8_t>{uint8_t(rank)});
+    for (int other = 0; other < 3; ++other) {
+      (*store)->wait({"greeting/" + std::to_string(other)});
+      EXPECT_EQ((*store)->get("greeting/" + std::to_string(other)),
+                std::vector<uint8_t>{uint8_t(other)});
+    }
   });
 }
 

@@ -114,6 +114,7 @@ absl::StatusOr<World> ReadWorld(const Environment& env, const Convention& conven
   }
   PLAIT_ASSIGN_OR_RETURN(world.master_addr, Required(env, convention, "MASTER_ADDR"));
   PLAIT_ASSIGN_OR_RETURN(world.master_port, RequiredInt(env, convention, "MASTER_PORT"));
+  world.store_file = env(kStoreFileVariable).value_or("");
 
   PLAIT_RETURN_IF_ERROR(Check(world, {convention.rank, convention.world_size, convention.local_rank,
                                       convention.local_world_size, "MASTER_ADDR", "MASTER_PORT"}));

@@ -28,8 +28,15 @@ struct World {
   int local_world_size = 1;               // processes on this node
   std::string master_addr = "127.0.0.1";  // where rank 0 hosts the rendezvous store
   int master_port = 0;
+  // A file the ranks of a one-machine job meet through instead of rank 0's TCP store, so the
+  // job listens on no network port for its rendezvous: set (kStoreFileVariable) by the local
+  // launcher; empty otherwise.
+  std::string store_file;
   std::string source;  // the convention the values came from, for messages
 };
+
+// The environment variable that carries World::store_file.
+inline constexpr char kStoreFileVariable[] = "PLAIT_STORE_FILE";
 
 // Reads one environment variable; nullopt when it is not set.
 using Environment = std::function<std::optional<std::string>(const std::string& name)>;

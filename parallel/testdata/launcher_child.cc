@@ -4,6 +4,8 @@
 //   print_env                   prints "RANK=.. WORLD_SIZE=.. LOCAL_RANK=.. LOCAL_WORLD_SIZE=..
 //                               MASTER_ADDR=.. MASTER_PORT=..", then "to stderr" on stderr,
 //                               then "no newline" without a '\n'
+//   print_store_file            prints PLAIT_STORE_FILE and whether its folder is private
+//                               (mode 0700)
 //   exit_on_rank R S            rank R exits with status S after 100 ms; the others sleep 60 s
 //   kill_self_on_rank R SIG     rank R kills itself with signal SIG after 100 ms; the others
 //                               sleep 60 s
@@ -17,6 +19,7 @@
 //
 // Exit status 64 means the arguments were wrong, 65 that a wait timed out.
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,6 +36,7 @@
 #include "absl/time/time.h"
 #include "parallel/launcher.h"
 #include "parallel/testdata/subprocess.h"
+#include "parallel/world.h"
 
 namespace plait::parallel::testdata {
 namespace {
@@ -105,6 +109,16 @@ int Run(int argc, char** argv) {
   }
 
   const int rank = IntVariable("RANK");
+  if (mode == "print_store_file") {
+    const std::string store_file = Variable(plait::parallel::kStoreFileVariable);
+    const std::string folder = store_file.substr(0, store_file.rfind('/'));
+    struct stat info;
+    const bool private_folder =
+        stat(folder.c_str(), &info) == 0 && S_ISDIR(info.st_mode) && (info.st_mode & 0777) == 0700;
+    std::cout << store_file << (private_folder ? " in a private folder" : " elsewhere")
+              << std::endl;
+    return 0;
+  }
   if (mode == "print_env") {
     PrintWorld();
     std::cerr << "to stderr" << std::endl;
