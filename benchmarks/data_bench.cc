@@ -15,7 +15,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,7 +24,7 @@
 #include "data/data.pb.h"
 #include "data/data_config.h"
 #include "data/data_loader.h"
-#include "data/token_file.h"
+#include "data/testing_token_files.h"
 #include "models/model_config.h"
 #include "torch/torch.h"
 
@@ -55,19 +54,13 @@ DataLoader Loader(const DataConfig& data, int64_t vocab_size) {
       .value();
 }
 
-// Writes an llm.c token file of kFileTokens random ids below `vocab_size`.
-void WriteLlmcFile(const std::string& path, int64_t vocab_size) {
-  std::vector<int32_t> header(kLlmcHeaderInts, 0);
-  header[0] = kLlmcMagic;
-  header[1] = kLlmcVersion;
-  header[2] = static_cast<int32_t>(kFileTokens);
+// kFileTokens random ids below `vocab_size`.
+std::vector<uint16_t> RandomTokens(int64_t vocab_size) {
   std::vector<uint16_t> tokens(kFileTokens);
   std::mt19937 random(1);
   std::uniform_int_distribution<int> id(0, static_cast<int>(vocab_size) - 1);
   for (uint16_t& token : tokens) token = static_cast<uint16_t>(id(random));
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
-  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
+  return tokens;
 }
 
 // The CPU time this thread has used: the loader runs on the training thread, so what it
@@ -108,7 +101,7 @@ void BM_LlmcFile(benchmark::State& state) {
       std::filesystem::temp_directory_path() / ("plait_data_bench_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "train.bin").string();
-  WriteLlmcFile(path, vocab_size);
+  testing::WriteLlmcFile(path, RandomTokens(vocab_size));
   DataConfig data;
   TokenFiles& files = *data.mutable_token_files();
   files.set_train_path(path);

@@ -1,5 +1,5 @@
-// Test helpers: writes token files in llm.c's format or raw, for token_file_test and
-// data_loader_test.
+// Test helpers: writes token files in llm.c's format or raw, for the data tests and
+// data_bench.
 #ifndef PLAIT_DATA_TESTING_TOKEN_FILES_H_
 #define PLAIT_DATA_TESTING_TOKEN_FILES_H_
 
@@ -14,11 +14,11 @@
 
 namespace plait::data::testing {
 
-// Writes an llm.c token file; `magic`, `version` and `count` override the header's values.
-inline std::string WriteLlmc(const std::string& name, const std::vector<uint16_t>& tokens,
-                             int32_t magic = kLlmcMagic, int32_t version = kLlmcVersion,
-                             int32_t count = -1) {
-  const std::string path = base::testing::TestPath(name);
+// Writes an llm.c token file at `path`; `magic`, `version` and `count` override the header's
+// values.
+inline void WriteLlmcFile(const std::string& path, const std::vector<uint16_t>& tokens,
+                          int32_t magic = kLlmcMagic, int32_t version = kLlmcVersion,
+                          int32_t count = -1) {
   std::vector<int32_t> header(kLlmcHeaderInts, 0);
   header[0] = magic;
   header[1] = version;
@@ -26,6 +26,14 @@ inline std::string WriteLlmc(const std::string& name, const std::vector<uint16_t
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
   out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
+}
+
+// WriteLlmcFile into the test's temporary folder, as `name`; its path.
+inline std::string WriteLlmc(const std::string& name, const std::vector<uint16_t>& tokens,
+                             int32_t magic = kLlmcMagic, int32_t version = kLlmcVersion,
+                             int32_t count = -1) {
+  const std::string path = base::testing::TestPath(name);
+  WriteLlmcFile(path, tokens, magic, version, count);
   return path;
 }
 
