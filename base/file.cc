@@ -38,8 +38,9 @@ absl::StatusOr<int> OpenForReading(const std::string& path) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   }
   struct stat info;
-  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    const std::string kind = fstat(fd, &info) == 0 ? FileKind(info.st_mode) : "unreadable";
+  const bool stat_ok = fstat(fd, &info) == 0;
+  if (!stat_ok || !S_ISREG(info.st_mode)) {
+    const std::string kind = stat_ok ? FileKind(info.st_mode) : "unreadable";
     close(fd);
     return absl::FailedPreconditionError(absl::StrCat(path, ": is ", kind, ", not a regular file"));
   }
