@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "base/file.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
@@ -19,38 +21,31 @@ namespace plait::metrics {
 
 using Json = nlohmann::json;
 
-absl::Status KeepRowsUpTo(const std::string& path, int64_t step) {
-  std::error_code error;
-  if (!std::filesystem::exists(path, error)) return absl::OkStatus();
-  PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
+namespace {
+
+// The rows of `text` of steps up to `step`. A row cut short by a kill is not valid JSON: it is
+// dropped with the steps after the resume.
+std::string RowsUpTo(absl::string_view text, int64_t step) {
   std::string kept;
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string line = text.substr(start, end - start);
-    start = end + 1;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     const Json row = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    // A row cut short by a kill is not valid JSON: dropped with the steps after the resume.
     if (row.is_discarded() || !row.is_object()) continue;
     const auto it = row.find("step");
     if (it != row.end() && it->is_number_integer() && it->get<int64_t>() <= step) {
       absl::StrAppend(&kept, line, "\n");
     }
   }
-  return base::WriteFileAtomically(path, kept);
+  return kept;
 }
 
-namespace {
-
-// OK when every row of `path` is a JSON object with an integer "step" (the last one may be
-// cut short, without its newline, by a killed run): a metrics file this class wrote.
-absl::Status CheckIsMetricsFile(const std::string& path) {
-  PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
+// OK when every row of `text`, the contents of `path`, is a JSON object with an integer
+// "step" (the last one may be cut short, without its newline, by a killed run): a metrics
+// file this class wrote.
+absl::Status CheckIsMetricsFile(absl::string_view text, const std::string& path) {
   size_t start = 0;
   for (int64_t line_number = 1; start < text.size(); ++line_number) {
     const size_t end = text.find('\n', start);
-    if (end == std::string::npos) break;  // a row cut short
+    if (end == absl::string_view::npos) break;  // a row cut short
     const Json row = Json::parse(text.substr(start, end - start), nullptr,
                                  /*allow_exceptions=*/false);
     const bool is_row = row.is_object() && row.contains("step") && row["step"].is_number_integer();
@@ -65,6 +60,13 @@ absl::Status CheckIsMetricsFile(const std::string& path) {
 }
 
 }  // namespace
+
+absl::Status KeepRowsUpTo(const std::string& path, int64_t step) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) return absl::OkStatus();
+  PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
+  return base::WriteFileAtomically(path, RowsUpTo(text, step));
+}
 
 absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t resume_step) {
   struct stat info;
@@ -81,8 +83,9 @@ absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t res
           "overwrites one (only a run resumed from a checkpoint continues it): remove it or "
           "choose another path"));
     }
-    PLAIT_RETURN_IF_ERROR(CheckIsMetricsFile(path));
-    PLAIT_RETURN_IF_ERROR(KeepRowsUpTo(path, resume_step));
+    PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
+    PLAIT_RETURN_IF_ERROR(CheckIsMetricsFile(text, path));
+    PLAIT_RETURN_IF_ERROR(base::WriteFileAtomically(path, RowsUpTo(text, resume_step)));
   } else {
     // Created here, exclusively: a file that appeared since the check is not overwritten.
     const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
