@@ -130,6 +130,14 @@ int64_t MeshRanks(const MeshConfig& config) {
   return ranks;
 }
 
+int64_t SubmeshRanks(const MeshConfig& config, const std::set<std::string>& dims) {
+  int64_t ranks = 1;
+  for (const MeshConfig::Dimension& dim : config.dims()) {
+    if (dims.count(dim.name()) > 0) ranks *= dim.size();
+  }
+  return ranks;
+}
+
 absl::StatusOr<std::pair<int, int>> DeviceMesh::SubgridRankAndSize(
     const std::vector<std::string>& names) const {
   int rank = 0;

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ inline constexpr int64_t kMaxMeshRanks = int64_t{1} << 24;
 // The number of ranks `config` describes: the product of its sizes, 1 without dimensions;
 // kMaxMeshRanks + 1 for any product above kMaxMeshRanks (so it never overflows).
 int64_t MeshRanks(const MeshConfig& config);
+
+// The number of ranks in the sub-grid of `config` spanned by the dimensions named `dims`
+// (those `config` has): the product of their sizes, 1 for none.
+int64_t SubmeshRanks(const MeshConfig& config, const std::set<std::string>& dims);
 
 // Every problem of `config` on a world of `world_size` ranks (a dimension without a name, a
 // name twice, a size below 1, sizes that do not multiply to the world size), fields named

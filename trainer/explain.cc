@@ -88,7 +88,6 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   double gathered = 0.0;
   double bytes_sent_per_step = 0.0;
   double bytes_sent_per_micro_batch = 0.0;
-  int data_parallel_ranks = 1;
   int last_changing = -1;
   for (int i = 0; i < plan.prepare_size(); ++i) {
     const wrap::PrepareStep& step = plan.prepare(i);
@@ -100,7 +99,6 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
     gathered = std::max(gathered, estimate.gathered_bytes);
     bytes_sent_per_step += estimate.bytes_sent_per_step;
     bytes_sent_per_micro_batch += estimate.bytes_sent_per_micro_batch;
-    if (strategy->splits_batch()) data_parallel_ranks *= n;
     const wrap::StrategyRule* rule = wrap::FindStrategy(*rules, strategy->name());
     if (rule != nullptr && rule->effect() != wrap::KEEPS) last_changing = i;
     lines.push_back(absl::StrCat("prepare[", i, "]: ", estimate.description, " [",
@@ -155,6 +153,8 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
                     ? absl::StrCat("synthetic Markov source, ", data.synthetic().ShortDebugString())
                     : data.token_files().ShortDebugString()));
   const int64_t accumulation = GradAccumulation(training);
+  const int64_t data_parallel_ranks =
+      parallel::SubmeshRanks(plan.mesh(), wrap::DataParallelDimsOf(plan.prepare()));
   lines.push_back(absl::StrFormat(
       "training: %d steps of %d sequences x %d tokens (micro-batch %d x %d ranks x %d "
       "accumulation), %d tokens per step",

@@ -104,19 +104,15 @@ class Checker {
     AddAll(wrap::CheckSteps(rules_, steps, field, dims_, "plan.mesh"));
   }
 
-  // The dimensions the plan's own steps use, and the product of the sizes of those whose
-  // ranks read different data (FSDP's, DDP's): the data-parallel width.
+  // The dimensions the plan's own steps use, and the data-parallel width: the ranks of the
+  // dimensions whose strategies split the batch.
   void CollectDimUse() {
-    std::set<std::string> data_parallel_dims;
     for (const wrap::PrepareStep& step : plan_.prepare()) {
       absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
-      if (!strategy.ok()) continue;  // reported by CheckSteps
-      used_dims_.insert((*strategy)->mesh_dim());
-      if ((*strategy)->splits_batch()) data_parallel_dims.insert((*strategy)->mesh_dim());
+      if (strategy.ok()) used_dims_.insert((*strategy)->mesh_dim());  // else CheckSteps says
     }
-    for (const auto& dim : plan_.mesh().dims()) {
-      if (data_parallel_dims.count(dim.name()) > 0) data_parallel_size_ *= dim.size();
-    }
+    data_parallel_size_ =
+        parallel::SubmeshRanks(plan_.mesh(), wrap::DataParallelDimsOf(plan_.prepare()));
   }
 
   // A mesh dimension of several ranks that no step uses would give its ranks the same data

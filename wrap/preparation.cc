@@ -83,10 +83,7 @@ absl::StatusOr<std::vector<parallel::TrainableParameter>> Preparation::TakeTrain
 }
 
 std::vector<std::string> Preparation::DataParallelDims() const {
-  std::set<std::string> splitting;
-  for (const auto& strategy : strategies_) {
-    if (strategy->splits_batch()) splitting.insert(strategy->mesh_dim());
-  }
+  const std::set<std::string> splitting = DataParallelDimsOf(steps_);
   std::vector<std::string> dims;
   for (const std::string& name : mesh_.layout().dim_names()) {
     if (splitting.count(name) > 0) dims.push_back(name);

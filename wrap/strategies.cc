@@ -27,4 +27,14 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
       absl::StrCat("names no strategy; set one of ", absl::StrJoin(names, ", ")));
 }
 
+std::set<std::string> DataParallelDimsOf(
+    const google::protobuf::RepeatedPtrField<PrepareStep>& steps) {
+  std::set<std::string> dims;
+  for (const PrepareStep& step : steps) {
+    absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(step);
+    if (strategy.ok() && (*strategy)->splits_batch()) dims.insert((*strategy)->mesh_dim());
+  }
+  return dims;
+}
+
 }  // namespace plait::wrap

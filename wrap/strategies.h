@@ -5,8 +5,11 @@
 #define PLAIT_WRAP_STRATEGIES_H_
 
 #include <memory>
+#include <set>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "google/protobuf/repeated_ptr_field.h"
 #include "wrap/strategy.h"
 #include "wrap/wrap.pb.h"
 
@@ -14,6 +17,12 @@ namespace plait::wrap {
 
 // The strategy `step` names, configured and not applied. InvalidArgument when it names none.
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step);
+
+// The mesh dimensions whose ranks read different data under `steps`: those of the steps whose
+// strategy splits the batch (FSDP, DDP). A step that names no strategy is left out (the rules
+// report it).
+std::set<std::string> DataParallelDimsOf(
+    const google::protobuf::RepeatedPtrField<PrepareStep>& steps);
 
 }  // namespace plait::wrap
 
