@@ -112,8 +112,9 @@ std::vector<base::Violation> CheckHfExportFolder(const std::string& dir,
   auto add = [&](std::string message) { violations.push_back({field, std::move(message), ""}); };
   namespace fs = std::filesystem;
   std::error_code error;
+  const fs::path canonical_dir = fs::weakly_canonical(dir, error);
   for (const std::string& input : input_dirs) {
-    if (!input.empty() && fs::weakly_canonical(input, error) == fs::weakly_canonical(dir, error)) {
+    if (!input.empty() && fs::weakly_canonical(input, error) == canonical_dir) {
       add(absl::StrCat("\"", dir,
                        "\" is the folder the weights are loaded from; the export "
                        "would overwrite them: choose another folder"));
