@@ -29,6 +29,13 @@ std::vector<base::Violation> CheckMeshConfig(const MeshConfig& config, int world
     if (dim.size() < 1) add(dim_field + ".size", absl::StrCat(dim.size(), "; must be >= 1"));
     shape.push_back(absl::StrCat(dim.name(), "=", dim.size()));
   }
+  if (config.collective_timeout_seconds() < 0 ||
+      config.collective_timeout_seconds() > kMaxCollectiveTimeoutSeconds) {
+    add(field + ".collective_timeout_seconds",
+        absl::StrCat(config.collective_timeout_seconds(), "; must be between 0 (the default, ",
+                     absl::FormatDuration(kDefaultCollectiveTimeout), ") and ",
+                     kMaxCollectiveTimeoutSeconds, " (a day)"));
+  }
   const int64_t ranks = MeshRanks(config);
   if (ranks > kMaxMeshRanks) {
     add(field,
@@ -40,6 +47,12 @@ std::vector<base::Violation> CheckMeshConfig(const MeshConfig& config, int world
                      "; the mesh's sizes must multiply to the world size"));
   }
   return violations;
+}
+
+absl::Duration CollectiveTimeout(const MeshConfig& config) {
+  return config.collective_timeout_seconds() > 0
+             ? absl::Seconds(config.collective_timeout_seconds())
+             : kDefaultCollectiveTimeout;
 }
 
 absl::StatusOr<MeshLayout> MeshLayout::Create(const MeshConfig& config, int world_size) {

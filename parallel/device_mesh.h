@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "base/violation.h"
 #include "parallel/communicator.h"
 #include "parallel/mesh.pb.h"
@@ -35,6 +36,14 @@ namespace plait::parallel {
 // in `int` never overflows.
 inline constexpr int64_t kMaxMeshRanks = int64_t{1} << 24;
 
+// How long a collective waits for the other ranks unless MeshConfig says otherwise, and the
+// longest it may say.
+inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
+inline constexpr int kMaxCollectiveTimeoutSeconds = 24 * 60 * 60;
+
+// MeshConfig::collective_timeout_seconds, with 0 read as kDefaultCollectiveTimeout.
+absl::Duration CollectiveTimeout(const MeshConfig& config);
+
 // The number of ranks `config` describes: the product of its sizes, 1 without dimensions;
 // kMaxMeshRanks + 1 for any product above kMaxMeshRanks (so it never overflows).
 int64_t MeshRanks(const MeshConfig& config);
@@ -44,7 +53,8 @@ int64_t MeshRanks(const MeshConfig& config);
 int64_t SubmeshRanks(const MeshConfig& config, const std::set<std::string>& dims);
 
 // Every problem of `config` on a world of `world_size` ranks (a dimension without a name, a
-// name twice, a size below 1, sizes that do not multiply to the world size), fields named
+// name twice, a size below 1, sizes that do not multiply to the world size, a collective
+// timeout out of range), fields named
 // from `field` ("plan.mesh"); empty when it is valid.
 std::vector<base::Violation> CheckMeshConfig(const MeshConfig& config, int world_size,
                                              const std::string& field);

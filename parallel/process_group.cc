@@ -2,9 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <exception>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "base/status.h"
 #include "parallel/gloo_communicator.h"
 #include "parallel/rendezvous.h"
@@ -23,6 +29,13 @@ std::string OwnAddress(const World& world) {
   return host;
 }
 
+// After a failed collective, how long a rank waits for the others to report in, and how often
+// it looks.
+constexpr absl::Duration kMaxReportingWait = absl::Seconds(30);
+constexpr absl::Duration kReportPollInterval = absl::Milliseconds(20);
+
+std::string ReportKey(int rank) { return absl::StrCat("plait/failed/", rank); }
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Start(
@@ -34,10 +47,43 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Start(
     store = c10::make_intrusive<c10d::HashStore>();
   }
   PLAIT_ASSIGN_OR_RETURN(MeshLayout layout, MeshLayout::Create(config, world.world_size));
-  PLAIT_ASSIGN_OR_RETURN(
-      DeviceMesh mesh,
-      DeviceMesh::Create(layout, world.rank, GlooCommunicatorFactory(*store, OwnAddress(world))));
-  return std::unique_ptr<ProcessGroup>(new ProcessGroup(std::move(store), std::move(mesh)));
+  const absl::Duration timeout = CollectiveTimeout(config);
+  PLAIT_ASSIGN_OR_RETURN(DeviceMesh mesh,
+                         DeviceMesh::Create(layout, world.rank,
+                                            GlooCommunicatorFactory(*store, OwnAddress(world),
+                                                                    CommunicatorOptions{timeout})));
+  return std::unique_ptr<ProcessGroup>(
+      new ProcessGroup(world, timeout, std::move(store), std::move(mesh)));
+}
+
+absl::Status ProcessGroup::ExplainFailure(absl::Status failure) const {
+  if (world_.world_size == 1 ||
+      !(absl::IsDeadlineExceeded(failure) || absl::IsUnavailable(failure))) {
+    return failure;
+  }
+  const absl::Duration grace = std::min(collective_timeout_, kMaxReportingWait);
+  auto with = [&failure](absl::string_view finding) {
+    return absl::Status(failure.code(), absl::StrCat(failure.message(), "; ", finding));
+  };
+  std::vector<int> silent;
+  try {
+    store_->set(ReportKey(world_.rank), std::vector<uint8_t>{1});
+    const absl::Time deadline = absl::Now() + grace;
+    do {
+      silent.clear();
+      for (int rank = 0; rank < world_.world_size; ++rank) {
+        if (!store_->check({ReportKey(rank)})) silent.push_back(rank);
+      }
+      if (silent.empty()) return failure;  // every rank is alive and failed the same way
+      absl::SleepFor(kReportPollInterval);
+    } while (absl::Now() < deadline);
+  } catch (const std::exception& error) {
+    return with(absl::StrCat("the rendezvous store did not answer either (", error.what(),
+                             "): rank 0, which hosts it, may have stopped"));
+  }
+  return with(absl::StrCat(silent.size() > 1 ? "ranks " : "rank ", absl::StrJoin(silent, ", "),
+                           " of ", world_.world_size, " did not answer within ",
+                           absl::FormatDuration(grace), ": stopped, hung or dead"));
 }
 
 }  // namespace plait::parallel

@@ -1,11 +1,13 @@
 // A rank's start in a training job: it meets the world's other ranks (Rendezvous: through a
 // file store for a local job, rank 0's TCPStore otherwise; an in-process store when it is
 // alone) and builds the device mesh of Gloo communicators that everything after communicates
-// through. The result owns the store and the mesh:
+// through, whose collectives fail after the mesh's collective timeout. The result owns the
+// store and the mesh, and after a failed collective names the ranks that stopped answering:
 //
 //   PLAIT_ASSIGN_OR_RETURN(parallel::World world, WorldFromEnvironment(ProcessEnvironment()));
 //   PLAIT_ASSIGN_OR_RETURN(auto group, ProcessGroup::Start(world, plan.mesh(), absl::Minutes(5)));
-//   Train(plan, group->mesh(), options);
+//   absl::Status status = Train(plan, group->mesh(), options);
+//   if (!status.ok()) status = group->ExplainFailure(status);  // "...; rank 3 of 4 did not answer"
 #ifndef PLAIT_PARALLEL_PROCESS_GROUP_H_
 #define PLAIT_PARALLEL_PROCESS_GROUP_H_
 
@@ -31,10 +33,22 @@ class ProcessGroup {
 
   const DeviceMesh& mesh() const { return mesh_; }
 
- private:
-  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, DeviceMesh mesh)
-      : store_(std::move(store)), mesh_(std::move(mesh)) {}
+  // `failure` with the ranks to blame when it is a collective that timed out or lost a peer
+  // (DeadlineExceeded, Unavailable): this rank reports in through the store and waits a short
+  // while (the collective timeout, at most 30 s) for the others to do the same, and the ranks
+  // that do not are named as stopped, hung or dead. Every rank whose work fails calls it.
+  absl::Status ExplainFailure(absl::Status failure) const;
 
+ private:
+  ProcessGroup(World world, absl::Duration collective_timeout,
+               c10::intrusive_ptr<c10d::Store> store, DeviceMesh mesh)
+      : world_(std::move(world)),
+        collective_timeout_(collective_timeout),
+        store_(std::move(store)),
+        mesh_(std::move(mesh)) {}
+
+  World world_;
+  absl::Duration collective_timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
   DeviceMesh mesh_;
 };

@@ -3,7 +3,8 @@
 //   bazel run //tools:plan_check -- trainer/plans/llama_fsdp.textproto [--set=training.steps=50]
 //
 // The world size is the plan's mesh size unless --world_size=N says otherwise (to check the
-// plan for another launch). Exits 1 listing every violation, 2 on a usage error.
+// plan for another launch). The plan must also fit in this machine's memory with all its ranks
+// here, unless --skip_memory_check. Exits 1 listing every violation, 2 on a usage error.
 #include <iostream>
 #include <string>
 
@@ -14,7 +15,9 @@
 #include "trainer/validate.h"
 
 namespace {
-constexpr char kUsage[] = "usage: plan_check PLAN.textproto [--set=path=value]... [--world_size=N]";
+constexpr char kUsage[] =
+    "usage: plan_check PLAN.textproto [--set=path=value]... [--world_size=N] "
+    "[--skip_memory_check]";
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -34,8 +37,14 @@ int main(int argc, char** argv) {
   }
   const int ranks =
       arguments->world_size.value_or(static_cast<int>(plait::parallel::MeshRanks(plan->mesh())));
-  if (absl::Status status = plait::trainer::ValidatePlan(*plan, ranks); !status.ok()) {
-    std::cerr << path << ": invalid plan for " << ranks << " ranks:\n" << status.message() << "\n";
+  // Checked as if every rank ran on this machine.
+  if (absl::Status status =
+          plait::trainer::ValidatePlanForMachine(*plan, ranks, ranks, arguments->skip_memory_check);
+      !status.ok()) {
+    std::cerr << path
+              << (absl::IsInvalidArgument(status) ? ": invalid plan for " : ": refused for ")
+              << ranks << " ranks:\n"
+              << status.message() << "\n";
     return 1;
   }
   absl::StatusOr<std::string> text = plait::trainer::ExplainPlan(*plan, ranks);

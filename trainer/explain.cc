@@ -1,8 +1,6 @@
 #include "trainer/explain.h"
 
-#include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,18 +14,16 @@
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
-#include "optim/optimizer.h"
 #include "optim/param_groups.h"
 #include "parallel/device_mesh.h"
 #include "sched/schedule_builder.h"
+#include "trainer/memory_estimate.h"
 #include "trainer/plan.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
 
 namespace plait::trainer {
 namespace {
-
-constexpr double kBytesPerFloat = 4.0;  // optimizer state, and fp32 parameters
 
 // The dtype of the model's parameters, gradients and activations (plan.model.dtype).
 torch::ScalarType ParameterDtype(const models::ModelSpec& spec) {
@@ -73,33 +69,16 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
                                world_size, world_size == 1 ? " rank)" : " ranks)"));
 
   // What each step does, and the per-rank share of the parameters after it.
-  PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout layout,
-                         parallel::MeshLayout::Create(plan.mesh(), world_size));
-  wrap::ModelShape shape;
-  shape.parameters = parameters;
-  shape.num_blocks = config.num_hidden_layers();
-  shape.block_parameters = static_cast<double>(models::NumParameters(config) -
-                                               config.vocab_size() * config.hidden_size() *
-                                                   (config.tie_word_embeddings() ? 1 : 2)) /
-                           config.num_hidden_layers();
-  shape.root_parameters = parameters - shape.block_parameters * config.num_hidden_layers();
-  shape.parameter_bytes = static_cast<double>(c10::elementSize(ParameterDtype(plan.model())));
-  double shard_fraction = 1.0;
-  double gathered = 0.0;
+  PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate memory, EstimateMemory(plan, world_size));
   double bytes_sent_per_step = 0.0;
   double bytes_sent_per_micro_batch = 0.0;
   int last_changing = -1;
   for (int i = 0; i < plan.prepare_size(); ++i) {
-    const wrap::PrepareStep& step = plan.prepare(i);
-    PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
-    PLAIT_ASSIGN_OR_RETURN(const int dim, layout.DimIndex(strategy->mesh_dim()));
-    const int n = layout.dim_size(dim);
-    const wrap::StepEstimate estimate = strategy->Estimate(shape, n);
-    shard_fraction *= estimate.parameter_fraction;
-    gathered = std::max(gathered, estimate.gathered_bytes);
+    const wrap::StepEstimate& estimate = memory.preparation.steps[i];
     bytes_sent_per_step += estimate.bytes_sent_per_step;
     bytes_sent_per_micro_batch += estimate.bytes_sent_per_micro_batch;
-    const wrap::StrategyRule* rule = wrap::FindStrategy(*rules, strategy->name());
+    const wrap::StrategyRule* rule =
+        wrap::FindStrategy(*rules, wrap::StrategyName(plan.prepare(i)));
     if (rule != nullptr && rule->effect() != wrap::KEEPS) last_changing = i;
     lines.push_back(absl::StrCat("prepare[", i, "]: ", estimate.description, " [",
                                  rule == nullptr ? "" : wrap::ParameterEffect_Name(rule->effect()),
@@ -133,8 +112,9 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
     for (int member : group.members) count += sizes[member];
     lines.push_back(absl::StrFormat(
         "  group %s: %d tensors, %s parameters (%s per rank), lr x %g, weight decay %g", group.name,
-        group.members.size(), base::HumanCount(count), base::HumanCount(count * shard_fraction),
-        group.lr_scale, group.weight_decay));
+        group.members.size(), base::HumanCount(count),
+        base::HumanCount(count * memory.preparation.parameter_fraction), group.lr_scale,
+        group.weight_decay));
   }
 
   const sched::ScheduleConfig schedule_config = ResolvedSchedule(plan);
@@ -162,22 +142,7 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
       training.micro_batch(), data_parallel_ranks, accumulation,
       training.micro_batch() * data_parallel_ranks * accumulation * training.seq_len()));
 
-  // Memory per rank: shards of parameters and gradients in the model's dtype and fp32
-  // optimizer state (with fp32 masters of 16-bit parameters), plus what the strategies hold
-  // whole (FSDP's gathered units), plus activations of one micro-batch.
-  const double element_bytes = shape.parameter_bytes;
-  const double owned = parameters * shard_fraction;
-  const double slots = optim::StateBuffersPerElement(plan.optimizer());
-  const double masters = element_bytes < kBytesPerFloat ? 1.0 : 0.0;
-  const double states = owned * (2.0 * element_bytes + kBytesPerFloat * (slots + masters));
-  const double activations =
-      models::ActivationBytes(config, training.micro_batch(), training.seq_len(), element_bytes);
-  lines.push_back(absl::StrFormat(
-      "memory per rank (estimate): %s parameters + gradients + optimizer state (%d slots%s)%s, "
-      "%s activations; about %s",
-      base::HumanBytes(states), static_cast<int>(slots), masters > 0 ? " and fp32 masters" : "",
-      gathered > 0 ? absl::StrCat(", ", base::HumanBytes(gathered), " gathered units") : "",
-      base::HumanBytes(activations), base::HumanBytes(states + gathered + activations)));
+  lines.push_back(absl::StrCat("memory per rank (estimate): ", DescribeMemory(memory)));
   if (bytes_sent_per_step + bytes_sent_per_micro_batch > 0) {
     lines.push_back(absl::StrFormat(
         "communication per rank (estimate, ring collectives): %s sent per step",

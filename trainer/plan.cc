@@ -43,6 +43,8 @@ absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanComm
     } else if (command == PlanCommand::kTrain && absl::ConsumePrefix(&arg, "--max_local_ranks=") &&
                absl::SimpleAtoi(arg, &number)) {
       arguments.max_local_ranks = number;
+    } else if (arg == "--skip_memory_check") {
+      arguments.skip_memory_check = true;
     } else if ((absl::ConsumePrefix(&arg, "--plan=") || !absl::StartsWith(arg, "--")) &&
                arguments.plan_path.empty()) {
       arguments.plan_path = std::string(arg);

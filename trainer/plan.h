@@ -35,8 +35,9 @@ absl::Status ApplyOverride(absl::string_view assignment, Plan& plan);
 
 // The command line of the binaries that take a plan: the plan file (--plan=FILE, or one
 // positional FILE) and --set=path=value overrides in order, for both; --max_local_ranks=N
-// for the training jobs (how many ranks they may start on this machine) and --world_size=N
-// for //tools:plan_check (the world to check the plan for). Hand-parsed because --set
+// for the training jobs (how many ranks they may start on this machine), --world_size=N
+// for //tools:plan_check (the world to check the plan for), and --skip_memory_check for both
+// (run a plan whose memory estimate exceeds what the machine has). Hand-parsed because --set
 // repeats, and Abseil's flags keep only the last value of a repeated flag.
 enum class PlanCommand { kTrain, kCheck };
 struct PlanArguments {
@@ -44,6 +45,7 @@ struct PlanArguments {
   std::vector<std::string> overrides;
   std::optional<int> max_local_ranks;  // kTrain
   std::optional<int> world_size;       // kCheck
+  bool skip_memory_check = false;
 };
 
 // Parses argv[1..argc); InvalidArgument naming the first argument `command` does not take.

@@ -105,6 +105,7 @@ TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
   EXPECT_EQ(arguments->plan_path, "plan.textproto");
   EXPECT_THAT(arguments->overrides, ::testing::ElementsAre("training.steps=5", "training.steps=6"));
   EXPECT_EQ(arguments->world_size, 4);
+  EXPECT_FALSE(arguments->skip_memory_check);
   EXPECT_THAT(
       ParsePlanArguments(4, const_cast<char**>(argv), PlanCommand::kTrain),
       StatusIs(absl::StatusCode::kInvalidArgument, "unexpected argument \"--world_size=4\""));
@@ -116,6 +117,16 @@ TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
   EXPECT_EQ(plan->training().steps(), 6);
   EXPECT_THAT(LoadPlanFromArguments(PlanArguments(), "", "embedded"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no plan")));
+}
+
+TEST(PlanArgumentsTest, TakesTheMemoryCheckOverrideForBothCommands) {
+  const char* argv[] = {"llama_fsdp", "--skip_memory_check"};
+  for (PlanCommand command : {PlanCommand::kTrain, PlanCommand::kCheck}) {
+    absl::StatusOr<PlanArguments> arguments =
+        ParsePlanArguments(2, const_cast<char**>(argv), command);
+    ASSERT_THAT(arguments, IsOk());
+    EXPECT_TRUE(arguments->skip_memory_check);
+  }
 }
 
 }  // namespace

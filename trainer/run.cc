@@ -25,9 +25,11 @@ namespace plait::trainer {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: [--plan=PLAN.textproto] [--set=path=value]... [--max_local_ranks=N]";
+    "usage: [--plan=PLAN.textproto] [--set=path=value]... [--max_local_ranks=N] "
+    "[--skip_memory_check]";
 
-// How long rank 0 waits for the others at start.
+// How long rank 0 waits for the others at start (collectives wait
+// plan.mesh.collective_timeout_seconds).
 constexpr absl::Duration kRendezvousTimeout = absl::Minutes(5);
 
 absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
@@ -40,7 +42,13 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
   options.metrics_path = base::UserPath(plan.training().metrics_file());
   options.save_hf_dir = base::UserPath(plan.training().save_hf_dir());
   options.checkpoint_dir = base::UserPath(plan.training().checkpoint().dir());
-  return Train(plan, group->mesh(), options).status();
+  return group->ExplainFailure(Train(plan, group->mesh(), options).status());
+}
+
+// Why ValidatePlanForMachine refused the plan: its violations, or that it does not fit.
+void PrintRefusal(const absl::Status& status) {
+  std::cerr << (absl::IsInvalidArgument(status) ? "invalid plan:\n" : "plan refused: ")
+            << status.message() << "\n";
 }
 
 // RunMain without its guard against exceptions.
@@ -64,8 +72,10 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
       parallel::WorldFromEnvironment(parallel::ProcessEnvironment());
   if (absl::IsNotFound(world.status())) {
     const int ranks = static_cast<int>(parallel::MeshRanks(plan->mesh()));
-    if (absl::Status status = ValidatePlan(*plan, ranks); !status.ok()) {
-      std::cerr << "invalid plan:\n" << status.message() << "\n";
+    if (absl::Status status =
+            ValidatePlanForMachine(*plan, ranks, ranks, arguments->skip_memory_check);
+        !status.ok()) {
+      PrintRefusal(status);
       return 1;
     }
     if (absl::Status status = parallel::CheckLocalRanks(ranks, arguments->max_local_ranks);
@@ -86,8 +96,10 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
     std::cerr << world.status().message() << "\n";
     return 2;
   }
-  if (absl::Status status = ValidatePlan(*plan, world->world_size); !status.ok()) {
-    if (world->rank == 0) std::cerr << "invalid plan:\n" << status.message() << "\n";
+  if (absl::Status status = ValidatePlanForMachine(
+          *plan, world->world_size, world->local_world_size, arguments->skip_memory_check);
+      !status.ok()) {
+    if (world->local_rank == 0) PrintRefusal(status);
     return 1;
   }
   if (absl::Status status = TrainAsRank(*plan, *world); !status.ok()) {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/memory.h"
 #include "base/status.h"
 #include "checkpoint/checkpoint_config.h"
 #include "data/data_config.h"
@@ -18,6 +19,7 @@
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "sched/schedule_builder.h"
+#include "trainer/memory_estimate.h"
 #include "trainer/plan.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
@@ -256,6 +258,15 @@ std::vector<Violation> CheckPlan(const Plan& plan, int world_size,
 absl::Status ValidatePlan(const Plan& plan, int world_size) {
   PLAIT_ASSIGN_OR_RETURN(const wrap::PreparationRules* rules, wrap::BuiltinRules());
   return base::ViolationsToStatus(CheckPlan(plan, world_size, *rules));
+}
+
+absl::Status ValidatePlanForMachine(const Plan& plan, int world_size, int local_ranks,
+                                    bool skip_memory_check) {
+  PLAIT_RETURN_IF_ERROR(ValidatePlan(plan, world_size));
+  if (skip_memory_check) return absl::OkStatus();
+  PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate estimate, EstimateMemory(plan, world_size));
+  PLAIT_ASSIGN_OR_RETURN(const int64_t available, base::AvailableMemoryBytes());
+  return CheckMemoryFits(estimate, local_ranks, available);
 }
 
 }  // namespace plait::trainer

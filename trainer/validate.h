@@ -30,6 +30,12 @@ std::vector<Violation> CheckPlan(const Plan& plan, int world_size,
 // one per line.
 absl::Status ValidatePlan(const Plan& plan, int world_size);
 
+// ValidatePlan, then, unless `skip_memory_check`, that the `local_ranks` ranks of the plan on
+// this machine fit in the memory it has now (memory_estimate.h, base/memory.h): a plan that
+// would run out of memory mid-run is refused before anything starts, with ResourceExhausted.
+absl::Status ValidatePlanForMachine(const Plan& plan, int world_size, int local_ranks,
+                                    bool skip_memory_check);
+
 }  // namespace plait::trainer
 
 #endif  // PLAIT_TRAINER_VALIDATE_H_

@@ -1,0 +1,117 @@
+#include "trainer/memory_estimate.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/dtype.h"
+#include "base/human.h"
+#include "base/status.h"
+#include "models/causal_lm.h"
+#include "models/model_config.h"
+#include "optim/optimizer.h"
+#include "parallel/device_mesh.h"
+#include "wrap/strategies.h"
+
+namespace plait::trainer {
+namespace {
+
+constexpr double kBytesPerFloat = 4.0;  // optimizer state, and fp32 parameters
+
+double ElementBytes(const models::ModelSpec& spec) {
+  return static_cast<double>(c10::elementSize(base::ToScalarType(spec.dtype(), torch::kFloat32)));
+}
+
+// The model as the strategies' estimates see it: its blocks, what lies outside them (the
+// embeddings, the final norm, an untied output head), and its element size.
+wrap::ModelShape ShapeOf(const models::ModelConfig& config, double element_bytes) {
+  wrap::ModelShape shape;
+  shape.parameters = static_cast<double>(models::NumParameters(config));
+  shape.num_blocks = config.num_hidden_layers();
+  const double embeddings = static_cast<double>(config.vocab_size()) * config.hidden_size() *
+                            (config.tie_word_embeddings() ? 1 : 2);
+  shape.block_parameters = (shape.parameters - embeddings) / config.num_hidden_layers();
+  shape.root_parameters = shape.parameters - shape.block_parameters * shape.num_blocks;
+  shape.parameter_bytes = element_bytes;
+  return shape;
+}
+
+absl::StatusOr<PreparationEstimate> EstimatePreparation(
+    const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
+    const wrap::ModelShape& shape, const parallel::MeshLayout& layout) {
+  PreparationEstimate estimate;
+  for (const wrap::PrepareStep& step : steps) {
+    PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
+    PLAIT_ASSIGN_OR_RETURN(const int dim, layout.DimIndex(strategy->mesh_dim()));
+    estimate.steps.push_back(strategy->Estimate(shape, layout.dim_size(dim)));
+    estimate.parameter_fraction *= estimate.steps.back().parameter_fraction;
+    estimate.gathered_bytes =
+        std::max(estimate.gathered_bytes, estimate.steps.back().gathered_bytes);
+  }
+  return estimate;
+}
+
+}  // namespace
+
+absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) {
+  PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout layout,
+                         parallel::MeshLayout::Create(plan.mesh(), world_size));
+  PLAIT_ASSIGN_OR_RETURN(const models::ModelConfig config,
+                         models::ResolveModelSpec(plan.model(), "plan.model"));
+  const double element_bytes = ElementBytes(plan.model());
+  const wrap::ModelShape shape = ShapeOf(config, element_bytes);
+  MemoryEstimate estimate;
+  PLAIT_ASSIGN_OR_RETURN(estimate.preparation, EstimatePreparation(plan.prepare(), shape, layout));
+  estimate.optimizer_slots = optim::StateBuffersPerElement(plan.optimizer());
+  estimate.fp32_masters = element_bytes < kBytesPerFloat;
+  const double owned = shape.parameters * estimate.preparation.parameter_fraction;
+  estimate.trained_state_bytes =
+      owned * (2.0 * element_bytes +
+               kBytesPerFloat * (estimate.optimizer_slots + (estimate.fp32_masters ? 1 : 0)));
+  estimate.activation_bytes = models::ActivationBytes(config, plan.training().micro_batch(),
+                                                      plan.training().seq_len(), element_bytes);
+  for (int i = 0; i < plan.frozen_size(); ++i) {
+    const FrozenModel& frozen = plan.frozen(i);
+    PLAIT_ASSIGN_OR_RETURN(
+        const models::ModelConfig frozen_config,
+        models::ResolveModelSpec(frozen.model(), absl::StrCat("plan.frozen[", i, "].model")));
+    const wrap::ModelShape frozen_shape = ShapeOf(frozen_config, ElementBytes(frozen.model()));
+    PLAIT_ASSIGN_OR_RETURN(const PreparationEstimate preparation,
+                           EstimatePreparation(frozen.prepare(), frozen_shape, layout));
+    estimate.frozen_bytes +=
+        frozen_shape.parameters * preparation.parameter_fraction * frozen_shape.parameter_bytes +
+        preparation.gathered_bytes;
+  }
+  return estimate;
+}
+
+std::string DescribeMemory(const MemoryEstimate& estimate) {
+  const double gathered = estimate.preparation.gathered_bytes;
+  return absl::StrFormat(
+      "%s parameters + gradients + optimizer state (%d slots%s)%s, %s activations%s; about %s",
+      base::HumanBytes(estimate.trained_state_bytes), static_cast<int>(estimate.optimizer_slots),
+      estimate.fp32_masters ? " and fp32 masters" : "",
+      gathered > 0 ? absl::StrCat(", ", base::HumanBytes(gathered), " gathered units") : "",
+      base::HumanBytes(estimate.activation_bytes),
+      estimate.frozen_bytes > 0
+          ? absl::StrCat(", ", base::HumanBytes(estimate.frozen_bytes), " frozen models")
+          : "",
+      base::HumanBytes(estimate.total_bytes()));
+}
+
+absl::Status CheckMemoryFits(const MemoryEstimate& estimate, int local_ranks,
+                             int64_t available_bytes) {
+  const double needed = estimate.total_bytes() * local_ranks;
+  if (needed <= static_cast<double>(available_bytes)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the plan needs about ", base::HumanBytes(needed), local_ranks > 1 ? " for the " : "",
+      local_ranks > 1 ? absl::StrCat(local_ranks, " ranks on this machine") : "",
+      " but this machine has ", base::HumanBytes(static_cast<double>(available_bytes)),
+      " available. Per rank: ", DescribeMemory(estimate),
+      ". Use a smaller model, micro_batch or seq_len, shard over more ranks or machines, or "
+      "give --skip_memory_check to run anyway (the estimate may be high for your machine)"));
+}
+
+}  // namespace plait::trainer

@@ -1,0 +1,125 @@
+#include "trainer/memory_estimate.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/model_config.h"
+#include "trainer/plan.h"
+#include "trainer/validate.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::DoubleNear;
+using ::testing::HasSubstr;
+
+constexpr double kGiB = 1 << 30;
+
+Plan ParseOrDie(const std::string& text) {
+  absl::StatusOr<Plan> plan = ParsePlan(text, "plan");
+  EXPECT_THAT(plan, IsOk());
+  return plan.value_or(Plan());
+}
+
+// The 8B model in fp32 with AdamW on one rank: 16 bytes per parameter before activations.
+Plan EightBillionOnOneRank() {
+  return ParseOrDie(R"pb(
+    model { preset: "llama3.1-8b" }
+    optimizer { adamw {} }
+    schedule {
+      lr: 1e-4
+      constant {}
+    }
+    training { steps: 10 micro_batch: 1 seq_len: 128 eval_batches: 1 }
+  )pb");
+}
+
+double TinyParameters() {
+  return static_cast<double>(models::NumParameters(*models::PresetConfig("tiny")));
+}
+
+TEST(EstimateMemoryTest, CountsParametersGradientsAndAdamStateOfTheShard) {
+  const Plan plan = ParseOrDie(R"pb(
+    model { preset: "tiny" }
+    mesh { dims { name: "dp" size: 2 } }
+    prepare { fsdp { mesh_dim: "dp" } }
+    optimizer { adamw {} }
+    schedule {
+      lr: 1e-3
+      constant {}
+    }
+    training { steps: 10 micro_batch: 4 seq_len: 64 eval_batches: 1 }
+  )pb");
+  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 2);
+  ASSERT_THAT(estimate, IsOk());
+  EXPECT_EQ(estimate->preparation.parameter_fraction, 0.5);
+  EXPECT_EQ(estimate->optimizer_slots, 2);
+  EXPECT_FALSE(estimate->fp32_masters);
+  // Half the parameters, each with an fp32 value, gradient and two Adam moments.
+  EXPECT_THAT(estimate->trained_state_bytes, DoubleNear(TinyParameters() / 2 * 16, 1));
+  EXPECT_GT(estimate->preparation.gathered_bytes, 0);
+  EXPECT_GT(estimate->activation_bytes, 0);
+  EXPECT_EQ(estimate->frozen_bytes, 0);
+}
+
+// The frozen reference model of preference training takes memory too: its parameters, sharded
+// as its own steps say, and the units FSDP gathers for its forward.
+TEST(EstimateMemoryTest, CountsFrozenModels) {
+  const Plan plan = ParseOrDie(R"pb(
+    model { preset: "tiny" }
+    mesh { dims { name: "dp" size: 2 } }
+    prepare { fsdp { mesh_dim: "dp" } }
+    optimizer { adamw {} }
+    schedule {
+      lr: 1e-3
+      constant {}
+    }
+    training { steps: 10 micro_batch: 4 seq_len: 64 eval_batches: 1 }
+    frozen {
+      name: "reference"
+      model { preset: "tiny" dtype: DTYPE_BFLOAT16 }
+      prepare { fsdp { mesh_dim: "dp" } }
+    }
+  )pb");
+  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 2);
+  ASSERT_THAT(estimate, IsOk());
+  const double frozen_shard = TinyParameters() / 2 * 2;  // bf16
+  EXPECT_GT(estimate->frozen_bytes, frozen_shard);
+  EXPECT_LT(estimate->frozen_bytes, frozen_shard + TinyParameters() * 2);  // + gathered units
+  EXPECT_THAT(DescribeMemory(*estimate), HasSubstr("frozen models"));
+}
+
+TEST(CheckMemoryFitsTest, RefusesWhatTheLocalRanksCannotHoldGivingEstimateAndLimit) {
+  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(EightBillionOnOneRank(), 1);
+  ASSERT_THAT(estimate, IsOk());
+  EXPECT_GT(estimate->total_bytes(), 8e9 * 16);
+  EXPECT_THAT(CheckMemoryFits(*estimate, 1, 1024 * kGiB), IsOk());
+  EXPECT_THAT(
+      CheckMemoryFits(*estimate, 1, 24 * kGiB),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("needs about 1"), HasSubstr("24.00 GiB available"),
+                     HasSubstr("optimizer state (2 slots)"), HasSubstr("--skip_memory_check"))));
+  EXPECT_THAT(CheckMemoryFits(*estimate, 8, 512 * kGiB),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("for the 8 ranks")));
+}
+
+// Against this machine: no machine holds 64 ranks of an unsharded 8B model (8 TB); the flag
+// lets it through, and the tiny plan fits anywhere.
+TEST(ValidatePlanForMachineTest, RefusesAPlanLargerThanTheMachineUnlessTold) {
+  EXPECT_THAT(ValidatePlanForMachine(EightBillionOnOneRank(), 1, 64, false),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("available")));
+  EXPECT_THAT(ValidatePlanForMachine(EightBillionOnOneRank(), 1, 64, true), IsOk());
+  Plan tiny = EightBillionOnOneRank();
+  tiny.mutable_model()->set_preset("tiny");
+  EXPECT_THAT(ValidatePlanForMachine(tiny, 1, 1, false), IsOk());
+}
+
+}  // namespace
+}  // namespace plait::trainer
