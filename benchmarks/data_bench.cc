@@ -1,7 +1,7 @@
 // How fast the DataLoader hands out micro-batches, on one thread, at the tiny plan's shape
 // (trainer/plans/llama_fsdp.textproto: micro-batch 8 x seq_len 64, rank 0 of 2 data-parallel
 // ranks), for the synthetic Markov source (seed 7, the defaults) and for an llm.c token file
-// of 8M tokens written into a temporary folder (removed once the file is mapped), read in
+// of 8M tokens written into a temporary folder (removed once the file is opened), read in
 // order and shuffled:
 //   tokens/s: input tokens of the micro-batches Next returns per second of this thread's CPU
 //     time;
@@ -75,9 +75,13 @@ double ThreadCpuSeconds() {
 void RunLoader(benchmark::State& state, DataLoader& loader) {
   const double start = ThreadCpuSeconds();
   for (auto _ : state) {
-    const Batch batch = loader.Next();
-    benchmark::DoNotOptimize(batch.inputs.data_ptr());
-    benchmark::DoNotOptimize(batch.targets.data_ptr());
+    const absl::StatusOr<Batch> batch = loader.Next();
+    if (!batch.ok()) {
+      state.SkipWithError(batch.status().ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(batch->inputs.data_ptr());
+    benchmark::DoNotOptimize(batch->targets.data_ptr());
   }
   const double tokens_per_second = static_cast<double>(state.iterations() * kMicroBatch * kSeqLen) /
                                    (ThreadCpuSeconds() - start);
@@ -96,7 +100,8 @@ BENCHMARK(BM_Synthetic);
 // range(0): 0 = read in order, 1 = shuffled windows.
 void BM_LlmcFile(benchmark::State& state) {
   const int64_t vocab_size = VocabSize();
-  // The loader maps the file when it is created, so the folder can go before the timing.
+  // The loader opens the file when it is created, and reads it through its descriptor, so
+  // the folder can go before the timing.
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("plait_data_bench_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);

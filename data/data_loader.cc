@@ -42,6 +42,7 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split spli
           path_field);
     }
     loader.file_ = std::make_shared<const TokenFile>(std::move(file));
+    loader.file_field_ = path_field;
     loader.shuffle_ = split == Split::kTrain && data.token_files().shuffle();
     loader.shuffle_seed_ = data.token_files().shuffle_seed();
   }
@@ -94,25 +95,25 @@ void DataLoader::Seek(int64_t micro_batches) {
   position_ += (micro_batches % per_pass) * micro_batch_ * seq_len_ * dp_size_;
 }
 
-Batch DataLoader::Next() {
+absl::StatusOr<Batch> DataLoader::Next() {
   const int64_t B = micro_batch_, T = seq_len_, W = dp_size_;
   if (synthetic_ != nullptr) {
     const torch::Tensor sequences = synthetic_->Sequences(stream_, position_, B, T + 1);
     position_ += B * W;
-    return {sequences.narrow(1, 0, T).contiguous(), sequences.narrow(1, 1, T).contiguous()};
+    return Batch{sequences.narrow(1, 0, T).contiguous(), sequences.narrow(1, 1, T).contiguous()};
   }
-  if (shuffle_) {
-    const torch::Tensor window = file_->Read(NextShuffledPosition(), B * T + 1);
-    return {window.narrow(0, 0, B * T).view({B, T}), window.narrow(0, 1, B * T).view({B, T})};
+  const int64_t start = shuffle_ ? NextShuffledPosition() : position_;
+  PLAIT_ASSIGN_OR_RETURN(const torch::Tensor window,
+                         base::Annotate(file_->Read(start, B * T + 1), file_field_));
+  if (!shuffle_) {
+    // llm.c's dataloader_next_batch: advance by the whole world's batch, and start over when
+    // the next one would pass the end. llm.c measures that from each rank's own position, so
+    // higher ranks start over a batch early; here every rank measures from rank 0's, so the
+    // ranks start over together and W ranks still read what one rank of W*B reads.
+    position_ += B * T * W;
+    if (position_ - dp_rank_ * B * T + B * T * W + 1 > file_->size()) Reset();
   }
-  const torch::Tensor window = file_->Read(position_, B * T + 1);
-  // llm.c's dataloader_next_batch: advance by the whole world's batch, and start over when
-  // the next one would pass the end. llm.c measures that from each rank's own position, so
-  // higher ranks start over a batch early; here every rank measures from rank 0's, so the
-  // ranks start over together and W ranks still read what one rank of W*B reads.
-  position_ += B * T * W;
-  if (position_ - dp_rank_ * B * T + B * T * W + 1 > file_->size()) Reset();
-  return {window.narrow(0, 0, B * T).view({B, T}), window.narrow(0, 1, B * T).view({B, T})};
+  return Batch{window.narrow(0, 0, B * T).view({B, T}), window.narrow(0, 1, B * T).view({B, T})};
 }
 
 std::optional<double> DataLoader::EntropyFloor() const {

@@ -11,13 +11,14 @@
 //   PLAIT_ASSIGN_OR_RETURN(
 //       DataLoader train,
 //       DataLoader::Create(data, Split::kTrain, vocab, B, T, dp_rank, dp_size, "plan.data"));
-//   Batch batch = train.Next();  // inputs, targets: int64 [B, T]
+//   PLAIT_ASSIGN_OR_RETURN(Batch batch, train.Next());  // inputs, targets: int64 [B, T]
 #ifndef PLAIT_DATA_DATA_LOADER_H_
 #define PLAIT_DATA_DATA_LOADER_H_
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -53,8 +54,10 @@ class DataLoader {
                                            int64_t micro_batch, int64_t seq_len, int dp_rank,
                                            int dp_size, absl::string_view field_path);
 
-  // The next micro-batch of this rank.
-  Batch Next();
+  // The next micro-batch of this rank. A token file that changed since Create opened it
+  // is a DataLoss error (TokenFile::Read) starting with the file's field:
+  // "<field_path>.token_files.train_path: <file>: the file changed after it was opened: ...".
+  absl::StatusOr<Batch> Next();
 
   // Back to this rank's first micro-batch (evaluation reads the same held-out batches each
   // time).
@@ -82,6 +85,7 @@ class DataLoader {
 
   std::shared_ptr<const MarkovSource> synthetic_;
   std::shared_ptr<const TokenFile> file_;
+  std::string file_field_;  // where file_'s path sits in the config, for errors
   uint64_t stream_ = 0;
   int64_t micro_batch_ = 0;
   int64_t seq_len_ = 0;

@@ -1,5 +1,7 @@
 #include "data/data_loader.h"
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -29,7 +31,7 @@ DataConfig Files(const std::string& train, const std::string& eval) {
 // The first input token of each of the next `n` batches.
 std::vector<int64_t> Starts(DataLoader& loader, int n) {
   std::vector<int64_t> starts;
-  for (int i = 0; i < n; ++i) starts.push_back(loader.Next().inputs[0][0].item<int64_t>());
+  for (int i = 0; i < n; ++i) starts.push_back(loader.Next().value().inputs[0][0].item<int64_t>());
   return starts;
 }
 
@@ -39,7 +41,7 @@ TEST(DataLoaderTest, OneRankFollowsLlmc) {
   absl::StatusOr<DataLoader> loader =
       DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 1, "data");
   ASSERT_THAT(loader, IsOk());
-  const Batch first = loader->Next();
+  const Batch first = loader->Next().value();
   EXPECT_TRUE(first.inputs.equal(torch::tensor({{0, 1, 2}, {3, 4, 5}}, torch::kInt64)));
   EXPECT_TRUE(first.targets.equal(torch::tensor({{1, 2, 3}, {4, 5, 6}}, torch::kInt64)));
   EXPECT_THAT(Starts(*loader, 6), ::testing::ElementsAre(6, 12, 18, 24, 30, 0));
@@ -58,7 +60,7 @@ TEST(DataLoaderTest, TwoRanksInterleaveAndTogetherEqualOneRankOfTwiceTheBatch) {
   rank0.Reset();
   rank1.Reset();
   for (int i = 0; i < 3; ++i) {
-    const Batch a = rank0.Next(), b = rank1.Next(), whole = single.Next();
+    const Batch a = rank0.Next().value(), b = rank1.Next().value(), whole = single.Next().value();
     EXPECT_TRUE(torch::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
     EXPECT_TRUE(torch::cat({a.targets, b.targets}).equal(whole.targets)) << i;
   }
@@ -86,7 +88,7 @@ TEST(DataLoaderTest, ShuffledWindowsAreASeededPermutationPerPassAndRanksStayToge
   rank0.Reset();
   rank1.Reset();
   for (int i = 0; i < 4; ++i) {
-    const Batch a = rank0.Next(), b = rank1.Next(), whole = single.Next();
+    const Batch a = rank0.Next().value(), b = rank1.Next().value(), whole = single.Next().value();
     EXPECT_TRUE(torch::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
   }
   // Another seed, another order (for these three windows, over two passes).
@@ -116,6 +118,26 @@ TEST(DataLoaderTest, ErrorsNameTheCallersFieldAndTheFile) {
                                  "vocab_size = 256]")));
 }
 
+// A token file truncated under a running job: Next says which field's file changed and how.
+TEST(DataLoaderTest, NextNamesTheFieldAndTheFileWhenTheFileChanged) {
+  for (const bool shuffle : {false, true}) {
+    const std::string path = WriteLlmc("changing.bin", Iota(40));
+    DataConfig data = Files(path, path);
+    data.mutable_token_files()->set_shuffle(shuffle);
+    absl::StatusOr<DataLoader> loader =
+        DataLoader::Create(data, Split::kTrain, 100, 2, 3, 0, 1, "cfg.data");
+    ASSERT_THAT(loader, IsOk());
+    ASSERT_THAT(loader->Next(), IsOk());
+    ASSERT_EQ(truncate(path.c_str(), 1024 + 2 * 10), 0);
+    EXPECT_THAT(loader->Next(),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         HasSubstr("cfg.data.token_files.train_path: " + path +
+                                   ": the file changed after it was opened: it held 40 tokens "
+                                   "(1104 bytes) when opened and now has 1044 bytes")))
+        << (shuffle ? "shuffled" : "in order");
+  }
+}
+
 TEST(DataLoaderTest, SyntheticRanksTogetherEqualOneRankAndEvalIsHeldOut) {
   const DataConfig data = ResolvedDataConfig(DataConfig());
   DataLoader rank0 = *DataLoader::Create(data, Split::kTrain, 4096, 2, 8, 0, 2, "data");
@@ -123,15 +145,15 @@ TEST(DataLoaderTest, SyntheticRanksTogetherEqualOneRankAndEvalIsHeldOut) {
   DataLoader single = *DataLoader::Create(data, Split::kTrain, 4096, 4, 8, 0, 1, "data");
   DataLoader eval = *DataLoader::Create(data, Split::kEval, 4096, 4, 8, 0, 1, "data");
   for (int i = 0; i < 3; ++i) {
-    const Batch a = rank0.Next(), b = rank1.Next(), whole = single.Next();
+    const Batch a = rank0.Next().value(), b = rank1.Next().value(), whole = single.Next().value();
     EXPECT_TRUE(torch::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
     EXPECT_TRUE(whole.inputs.narrow(1, 1, 7).equal(whole.targets.narrow(1, 0, 7)));
   }
   single.Reset();
-  const Batch held_out = eval.Next();
-  EXPECT_FALSE(held_out.inputs.equal(single.Next().inputs));
+  const Batch held_out = eval.Next().value();
+  EXPECT_FALSE(held_out.inputs.equal(single.Next().value().inputs));
   eval.Reset();
-  EXPECT_TRUE(eval.Next().inputs.equal(held_out.inputs));
+  EXPECT_TRUE(eval.Next().value().inputs.equal(held_out.inputs));
   ASSERT_TRUE(eval.EntropyFloor().has_value());
   EXPECT_GT(*eval.EntropyFloor(), 0.0);
 }
@@ -153,14 +175,15 @@ TEST(DataLoaderTest, SeekContinuesWhereThatManyBatchesWouldHaveLeftOff) {
       DataLoader straight =
           *DataLoader::Create(data, Split::kTrain, 100, 2, 3, rank, world, "data");
       std::vector<torch::Tensor> inputs;
-      for (int i = 0; i < 12; ++i) inputs.push_back(straight.Next().inputs);
+      for (int i = 0; i < 12; ++i) inputs.push_back(straight.Next().value().inputs);
       for (int skip = 0; skip < 9; ++skip) {
         DataLoader resumed =
             *DataLoader::Create(data, Split::kTrain, 100, 2, 3, rank, world, "data");
-        resumed.Next();  // Seek starts from the beginning whatever was read before
+        // Seek starts from the beginning whatever was read before.
+        ASSERT_THAT(resumed.Next(), IsOk());
         resumed.Seek(skip);
         for (int i = skip; i < 12; ++i) {
-          EXPECT_TRUE(resumed.Next().inputs.equal(inputs[i]))
+          EXPECT_TRUE(resumed.Next().value().inputs.equal(inputs[i]))
               << name << ", " << world << " ranks, seek " << skip << ", batch " << i;
         }
       }

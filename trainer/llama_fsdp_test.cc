@@ -1,14 +1,22 @@
 // End to end: //trainer:llama_fsdp's compiled-in plan, shortened to 3 steps, run as 2 rank
 // processes through parallel::Launch (as //tools:launch and torchrun start it), and its
-// metrics file checked.
+// metrics file checked; and the same job on a token file truncated under it, which stops
+// with an error naming the file.
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
+#include "data/testing_token_files.h"
+#include "data/token_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -18,7 +26,13 @@ namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::base::testing::TestPath;
 using ::testing::HasSubstr;
+
+// The job's binary, in the test's runfiles.
+std::string LlamaFsdp() {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/llama_fsdp");
+}
 
 TEST(LlamaFsdpTest, TwoRanksTrainAndWriteTheMetrics) {
   const std::string metrics = absl::StrCat(std::getenv("TEST_TMPDIR"), "/metrics.jsonl");
@@ -31,7 +45,7 @@ TEST(LlamaFsdpTest, TwoRanksTrainAndWriteTheMetrics) {
   };
   parallel::LaunchOptions options;
   options.num_ranks = 2;
-  options.command = {absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/llama_fsdp"),
+  options.command = {LlamaFsdp(),
                      "--set=training.steps=3",
                      "--set=schedule.warmup.steps=1",
                      "--set=training.eval_batches=1",
@@ -69,6 +83,56 @@ TEST(LlamaFsdpTest, TwoRanksTrainAndWriteTheMetrics) {
   // A one-step warmup from 0, then the peak.
   EXPECT_EQ(rows[0]["lr"].get<double>(), 0.0);
   EXPECT_DOUBLE_EQ(rows[1]["lr"].get<double>(), 3e-3);
+}
+
+// Truncating the training file while the job runs (once rank 0 reports its first step) used
+// to kill the ranks with SIGBUS, the file being memory-mapped; now the next read is an error
+// naming the file, and the job exits with status 1.
+TEST(LlamaFsdpTest, ATokenFileTruncatedDuringTheRunStopsItWithANamedError) {
+  // 16 world batches of 2 ranks x 8 x 64 tokens; ids below the tiny model's vocabulary.
+  constexpr int kTokens = 1 << 14;
+  std::vector<uint16_t> tokens(kTokens);
+  for (int i = 0; i < kTokens; ++i) tokens[i] = static_cast<uint16_t>(i * 7 % 4096);
+  const int64_t header_bytes = data::kLlmcHeaderInts * 4;
+  const std::string train = TestPath("train.bin");
+  const std::string eval = TestPath("eval.bin");
+  data::testing::WriteLlmcFile(train, tokens);
+  data::testing::WriteLlmcFile(eval, tokens);
+  absl::Mutex mutex;
+  std::string output;
+  bool truncated = false;
+  auto sink = [&](std::string_view line) {
+    absl::MutexLock lock(&mutex);
+    output.append(line);
+    if (!truncated && line.find("[rank 0] step 1/") != std::string_view::npos) {
+      ASSERT_EQ(truncate(train.c_str(), header_bytes), 0) << train;
+      truncated = true;
+    }
+  };
+  parallel::LaunchOptions options;
+  options.num_ranks = 2;
+  // Far more steps than the run gets through before the truncation stops it.
+  options.command = {LlamaFsdp(),
+                     "--set=training.steps=1000",
+                     "--set=training.log_every=1",
+                     "--set=training.metrics_file=",
+                     absl::StrCat("--set=data.token_files.train_path=", train),
+                     absl::StrCat("--set=data.token_files.eval_path=", eval),
+                     "--set=data.token_files.format=TOKEN_FORMAT_LLMC"};
+  options.stdout_sink = sink;
+  options.stderr_sink = sink;
+  absl::StatusOr<parallel::LaunchResult> result = parallel::Launch(options);
+  ASSERT_THAT(result, IsOk());
+  ASSERT_TRUE(truncated) << output;
+  ASSERT_FALSE(result->ok()) << output;
+  EXPECT_EQ(result->first_failure->term_signal, 0) << result->summary << "\n" << output;
+  EXPECT_EQ(result->first_failure->exit_status, 1) << result->summary << "\n" << output;
+  EXPECT_THAT(output,
+              HasSubstr(absl::StrCat(": plan.data.token_files.train_path: ", train,
+                                     ": the file changed after it was opened: it held ", kTokens,
+                                     " tokens (", header_bytes + 2 * kTokens,
+                                     " bytes) when opened and now has ", header_bytes, " bytes")));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("done:")));
 }
 
 }  // namespace

@@ -143,7 +143,7 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics.lr = schedule_->LearningRate(step);
   double loss_sum = 0.0;
   for (int64_t micro = 0; micro < accumulation_; ++micro) {
-    const data::Batch batch = train_->Next();
+    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, train_->Next());
     const auto no_sync = prepared_->preparation().NoSyncIf(micro + 1 < accumulation_);
     torch::Tensor loss = prepared_->model().Loss(batch.inputs, batch.targets) / accumulation_;
     loss.backward();
@@ -221,7 +221,7 @@ absl::StatusOr<double> TrainingRun::Evaluate() {
   eval_->Reset();
   double sum = 0.0;
   for (int64_t i = 0; i < training_.eval_batches(); ++i) {
-    const data::Batch batch = eval_->Next();
+    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, eval_->Next());
     sum += prepared_->model().Loss(batch.inputs, batch.targets).item<double>();
   }
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());
