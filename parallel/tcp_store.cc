@@ -599,6 +599,14 @@ std::string TcpStoreServer::BoundAddress() const {
   return DescribeAddress(reinterpret_cast<const sockaddr*>(&address));
 }
 
+bool TcpStoreServer::ListensOnLoopback() const {
+  const sockaddr_storage address = LocalAddress(listener_);
+  if (address.ss_family == AF_INET6) {
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&address)->sin6_addr);
+  }
+  return (ntohl(reinterpret_cast<const sockaddr_in*>(&address)->sin_addr.s_addr) >> 24) == 127;
+}
+
 // --- TcpStore ------------------------------------------------------------------------------
 
 struct TcpStore::Reply {

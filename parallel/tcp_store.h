@@ -63,6 +63,8 @@ class TcpStoreServer {
   int port() const;
   // Where the listening socket is bound, "127.0.0.1:29500" (getsockname).
   std::string BoundAddress() const;
+  // Whether that is a loopback address, which no other machine reaches.
+  bool ListensOnLoopback() const;
 
  private:
   TcpStoreServer(int listener, int wake, std::string token, int max_connections);
@@ -92,6 +94,9 @@ class TcpStore final : public c10d::Store {
                                                            absl::Duration timeout);
 
   ~TcpStore() override;
+
+  // The server a store made by Host owns; null for one made by Connect.
+  const TcpStoreServer* server() const { return server_.get(); }
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   // Sets `key` to `desired` when it holds `expected` (or is missing and `expected` is empty);

@@ -239,6 +239,7 @@ TEST(TcpStoreTest, ListensOnlyOnTheAddressItIsGiven) {
   std::unique_ptr<TcpStoreServer> server = StartServer();
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(server->BoundAddress(), absl::StrCat("127.0.0.1:", server->port()));
+  EXPECT_TRUE(server->ListensOnLoopback());
   const std::vector<in_addr> others = NonLoopbackAddresses();
   if (others.empty()) GTEST_LOG_(INFO) << "no non-loopback address to try connecting from";
   for (const in_addr& other : others) {
@@ -311,6 +312,9 @@ TEST(TcpStoreTest, LeavesNoThreadOrDescriptorBehind) {
     absl::StatusOr<c10::intrusive_ptr<TcpStore>> host =
         TcpStore::Host("127.0.0.1", 0, kToken, 4, absl::Seconds(10));
     ASSERT_THAT(host, IsOk());
+    ASSERT_NE((*host)->server(), nullptr);
+    EXPECT_EQ((*host)->server()->BoundAddress(),
+              absl::StrCat("127.0.0.1:", (*host)->server()->port()));
     (*host)->set("key", Bytes("value"));
     client->set("key", Bytes("value"));
   }
