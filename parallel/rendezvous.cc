@@ -3,6 +3,7 @@
 #include <chrono>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -88,7 +89,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
   PLAIT_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
                          OpenStore(world, timeout, store_address));
 
-  // The ranks still missing at the last look, for the errors below.
+  // The ranks still missing at the last whole look, for the errors below: a look cut short by
+  // the store going down leaves the one before it.
   std::vector<int> missing;
   auto never_arrived = [&] {
     return absl::StrCat("rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
@@ -97,10 +99,11 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
   try {
     store->set(ArrivalKey(world.rank), std::vector<uint8_t>{1});
     do {
-      missing.clear();
+      std::vector<int> absent;
       for (int rank = 0; rank < world.world_size; ++rank) {
-        if (!store->check({ArrivalKey(rank)})) missing.push_back(rank);
+        if (!store->check({ArrivalKey(rank)})) absent.push_back(rank);
       }
+      missing = std::move(absent);
       if (missing.empty()) return store;
       absl::SleepFor(kPollInterval);
     } while (absl::Now() < deadline);
