@@ -325,12 +325,11 @@ bool ServerLoop::Service(Connection& connection, short events) {
 bool ServerLoop::Receive(Connection& connection) {
   // Before the hello is complete, nothing past it is read.
   const size_t want = connection.authenticated ? kReadChunk : kHelloBytes - connection.in.size();
-  const size_t old_size = connection.in.size();
-  connection.in.resize(old_size + want);
-  const ssize_t n = recv(connection.fd.get(), connection.in.data() + old_size, want, 0);
-  connection.in.resize(old_size + std::max<ssize_t>(n, 0));
+  char buffer[kReadChunk];
+  const ssize_t n = recv(connection.fd.get(), buffer, want, 0);
   if (n == 0) return false;
   if (n < 0) return errno == EAGAIN || errno == EINTR;
+  connection.in.append(buffer, static_cast<size_t>(n));
   return connection.authenticated || CheckHello(connection);
 }
 
