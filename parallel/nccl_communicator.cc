@@ -139,8 +139,8 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(c10d::Store& store, const std::str
     store.wait({key}, wait);
     bytes = store.get(key);
   } catch (const std::exception& error) {
-    // Stores report a timeout each in their own way (HashStore a std::system_error, TCPStore a
-    // c10::Error), so a failure after the whole wait, on the steady clock they time out by, is
+    // Stores report a timeout each in their own way (HashStore a std::system_error, TcpStore a
+    // std::runtime_error), so a failure after the whole wait, on the steady clock they time out by, is
     // taken as the timeout.
     if (std::chrono::steady_clock::now() - wait_start >= wait) {
       return absl::DeadlineExceededError(

@@ -4,7 +4,7 @@
 // own; Work::Wait() orders the compute stream after the collective and blocks the host until
 // it has finished, failed or run past CommunicatorOptions::timeout.
 //
-//   auto store = c10::make_intrusive<c10d::TCPStore>(...);  // shared by every rank
+//   PLAIT_ASSIGN_OR_RETURN(auto store, Rendezvous(world, absl::Minutes(5)));  // rendezvous.h
 //   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> dp,
 //                          NcclCommunicator::Create(store, "dp", rank, size, local_rank,
 //                                                   CommunicatorOptions{}));

@@ -1,8 +1,9 @@
 // A rank's start in a training job: it meets the world's other ranks (Rendezvous: through a
-// file store for a local job, rank 0's TCPStore otherwise; an in-process store when it is
-// alone) and builds the device mesh of Gloo communicators that everything after communicates
-// through, whose collectives fail after the mesh's collective timeout. The result owns the
-// store and the mesh, and after a failed collective names the ranks that stopped answering:
+// file store for a local job, rank 0's TcpStore, which checks PLAIT_STORE_TOKEN, otherwise;
+// an in-process store when it is alone) and builds the device mesh of Gloo communicators that
+// everything after communicates through, whose collectives fail after the mesh's collective
+// timeout. The result owns the store and the mesh, and after a failed collective names the
+// ranks that stopped answering:
 //
 //   PLAIT_ASSIGN_OR_RETURN(parallel::World world, WorldFromEnvironment(ProcessEnvironment()));
 //   PLAIT_ASSIGN_OR_RETURN(auto group, ProcessGroup::Start(world, plan.mesh(), absl::Minutes(5)));

@@ -3,14 +3,15 @@
 #include <chrono>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "parallel/tcp_store.h"
 #include "torch/csrc/distributed/c10d/FileStore.hpp"
-#include "torch/csrc/distributed/c10d/TCPStore.hpp"
 
 namespace plait::parallel {
 namespace {
@@ -20,36 +21,60 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
 
 std::string ArrivalKey(int rank) { return absl::StrCat("plait/rendezvous/arrived/", rank); }
 
+// Connections rank 0's store admits at once: every rank's, as many again for attempts still
+// closing and strays waiting out their hello timeout, and a margin for small jobs.
+constexpr int kConnectionsPerRank = 2;
+constexpr int kSpareConnections = 16;
+
 // The store of `world`: a file its ranks share (World::store_file), which opens no port,
-// or else the TCP store rank 0 hosts.
+// or else the TCP store rank 0 hosts, which admits only ranks with the job's token.
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> OpenStore(const World& world,
                                                           absl::Duration timeout,
                                                           const std::string& store_address) {
-  const auto timeout_ms = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
-  try {
-    if (!world.store_file.empty()) {
+  if (!world.store_file.empty()) {
+    try {
       auto store = c10::make_intrusive<c10d::FileStore>(world.store_file, world.world_size);
-      store->setTimeout(timeout_ms);
+      store->setTimeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)));
       return c10::intrusive_ptr<c10d::Store>(store);
-    }
-    c10d::TCPStoreOptions options;
-    options.port = static_cast<uint16_t>(world.master_port);
-    options.isServer = world.rank == 0;
-    options.numWorkers = world.world_size;
-    options.waitWorkers = false;  // arrivals are checked below, to name the missing ranks
-    options.timeout = timeout_ms;
-    return c10::intrusive_ptr<c10d::Store>(
-        c10::make_intrusive<c10d::TCPStore>(world.master_addr, options));
-  } catch (const std::exception& error) {
-    if (world.rank == 0 || !world.store_file.empty()) {
+    } catch (const std::exception& error) {
       return absl::UnavailableError(absl::StrCat("rendezvous: rank ", world.rank,
                                                  " could not open the store at ", store_address,
                                                  ": ", error.what()));
     }
-    return absl::DeadlineExceededError(
-        absl::StrCat("rendezvous: rank ", world.rank, " could not reach rank 0's store at ",
-                     store_address, " within ", absl::FormatDuration(timeout), ": ", error.what()));
   }
+  if (world.store_token.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rendezvous: ", kStoreTokenVariable,
+                     " is not set; the ranks meet through rank 0's TCP store at ", store_address,
+                     ", which admits only ranks that show the job's token: ", kStoreTokenHowTo));
+  }
+  if (world.rank != 0) {
+    absl::StatusOr<c10::intrusive_ptr<TcpStore>> store =
+        TcpStore::Connect(world.master_addr, world.master_port, world.store_token, timeout);
+    if (store.ok()) return c10::intrusive_ptr<c10d::Store>(*store);
+    const std::string hint =
+        absl::IsPermissionDenied(store.status())
+            ? absl::StrCat(" (every rank needs the same ", kStoreTokenVariable, ")")
+            : "";
+    return absl::Status(store.status().code(), absl::StrCat("rendezvous: rank ", world.rank,
+                                                            " could not reach rank 0's store: ",
+                                                            store.status().message(), hint));
+  }
+  PLAIT_ASSIGN_OR_RETURN(
+      c10::intrusive_ptr<TcpStore> store,
+      base::Annotate(
+          TcpStore::Host(world.master_addr, world.master_port, world.store_token,
+                         kConnectionsPerRank * world.world_size + kSpareConnections, timeout),
+          "rendezvous: rank 0 could not open the store"));
+  if (world.world_size > world.local_world_size && store->server()->ListensOnLoopback()) {
+    // Debian, for one, maps a machine's own host name to 127.0.1.1.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rendezvous: MASTER_ADDR=", world.master_addr,
+        " is a loopback address on rank 0 (the store listens on ", store->server()->BoundAddress(),
+        "), which the ranks on other nodes cannot reach; set MASTER_ADDR to an address of rank 0's "
+        "node that they reach"));
+  }
+  return c10::intrusive_ptr<c10d::Store>(store);
 }
 
 }  // namespace
@@ -64,7 +89,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
   PLAIT_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
                          OpenStore(world, timeout, store_address));
 
-  // The ranks still missing at the last look, for the errors below.
+  // The ranks still missing at the last whole look, for the errors below: a look cut short by
+  // the store going down leaves the one before it.
   std::vector<int> missing;
   auto never_arrived = [&] {
     return absl::StrCat("rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
@@ -73,10 +99,11 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
   try {
     store->set(ArrivalKey(world.rank), std::vector<uint8_t>{1});
     do {
-      missing.clear();
+      std::vector<int> absent;
       for (int rank = 0; rank < world.world_size; ++rank) {
-        if (!store->check({ArrivalKey(rank)})) missing.push_back(rank);
+        if (!store->check({ArrivalKey(rank)})) absent.push_back(rank);
       }
+      missing = std::move(absent);
       if (missing.empty()) return store;
       absl::SleepFor(kPollInterval);
     } while (absl::Now() < deadline);

@@ -1,13 +1,19 @@
 // Rendezvous: connects the processes of a job through a key-value store and waits until
 // every rank has arrived. The store is a file the ranks share when the world names one (the
-// local launcher's jobs: nothing listens on the network), else rank 0's c10d TCPStore at
-// MASTER_ADDR:MASTER_PORT. Communicators are then created over the store:
+// local launcher's jobs: nothing listens on the network), else rank 0's TcpStore
+// (tcp_store.h), which listens on MASTER_ADDR:MASTER_PORT only and admits only ranks that
+// show the job's PLAIT_STORE_TOKEN: a job launched by torchrun, SLURM or mpirun needs
+//
+//   export PLAIT_STORE_TOKEN=$(openssl rand -hex 16)  # the same value on every node
+//
+// (without one Rendezvous fails, saying so). Communicators are then created over the store:
 //
 //   PLAIT_ASSIGN_OR_RETURN(World world, WorldFromEnvironment(ProcessEnvironment()));
 //   PLAIT_ASSIGN_OR_RETURN(auto store, Rendezvous(world, absl::Minutes(5)));
 //   PLAIT_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "world", ...));
 //
-// When the timeout passes first, the error names the ranks that never arrived.
+// When the timeout passes first, the error names the ranks that never arrived. A multi-node
+// job whose MASTER_ADDR is a loopback address on rank 0 fails at once, naming it.
 #ifndef PLAIT_PARALLEL_RENDEZVOUS_H_
 #define PLAIT_PARALLEL_RENDEZVOUS_H_
 

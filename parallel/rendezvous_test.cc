@@ -1,5 +1,10 @@
 #include "parallel/rendezvous.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -7,12 +12,16 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/free_port.h"
+#include "parallel/gloo_communicator.h"
+#include "parallel/tcp_store.h"
 #include "parallel/test_ranks.h"
+#include "torch/torch.h"
 
 namespace plait::parallel {
 namespace {
@@ -29,13 +38,33 @@ int FreeLoopbackPort() {
   return port.value_or(0);
 }
 
+constexpr char kToken[] = "0123456789abcdef-a-test-token";
+
 World RankOf(int rank, int world_size, int port) {
   return World{.rank = rank,
                .world_size = world_size,
                .local_rank = rank,
                .local_world_size = world_size,
                .master_addr = "127.0.0.1",
-               .master_port = port};
+               .master_port = port,
+               .store_token = kToken};
+}
+
+// A socket connected to 127.0.0.1:`port` once something listens there, within 10 s.
+int ConnectWhenListening(int port) {
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) return fd;
+    close(fd);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ADD_FAILURE() << "nothing listened on port " << port;
+  return -1;
 }
 
 TEST(RendezvousTest, AllRanksMeetAndShareTheStore) {
@@ -62,6 +91,7 @@ TEST(RendezvousTest, RanksWithAStoreFileMeetThroughIt) {
   RunRanks(3, [&](int rank) {
     World world = RankOf(rank, 3, /*port=*/1);  // a port nobody listens on
     world.store_file = store_file;
+    world.store_token = "";  // a file store needs none
     auto store = Rendezvous(world, absl::Seconds(20));
     ASSERT_THAT(store, IsOk());
     (*store)->set("greeting/" + std::to_string(rank), std::vector<uint8_t>{uint8_t(rank)});
@@ -92,8 +122,119 @@ TEST(RendezvousTest, NamesTheRanksThatNeverArrive) {
 TEST(RendezvousTest, UnreachableStoreIsReportedByTheRank) {
   EXPECT_THAT(Rendezvous(RankOf(1, 2, FreeLoopbackPort()), absl::Seconds(1)),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       HasSubstr("rendezvous: rank 1 could not reach rank 0's store at "
-                                 "127.0.0.1:")));
+                       HasSubstr("rendezvous: rank 1 could not reach rank 0's store: no store "
+                                 "answered at 127.0.0.1:")));
+}
+
+TEST(RendezvousTest, RanksMeetOverTheTcpStoreAndCreateAGlooGroupOverIt) {
+  const int port = FreeLoopbackPort();
+  absl::BlockingCounter connected(3);
+  RunRanks(3, [&](int rank) {
+    auto store = Rendezvous(RankOf(rank, 3, port), absl::Seconds(20));
+    ASSERT_THAT(store, IsOk());
+    auto comm = GlooCommunicator::Create(**store, "world", rank, 3, GlooCommunicator::kLoopback,
+                                         {absl::Seconds(20)});
+    // Rank 0 hosts the store: it must outlive the others' use of it.
+    connected.DecrementCount();
+    if (rank == 0) connected.Wait();
+    ASSERT_THAT(comm, IsOk());
+    torch::Tensor tensor = torch::full({4}, rank + 1.0);
+    ASSERT_THAT((*comm)->AllReduce(tensor, ReduceOp::kSum)->Wait(), IsOk());
+    EXPECT_TRUE(torch::equal(tensor, torch::full({4}, 6.0)));
+  });
+}
+
+// A local job's store listens on loopback only: tcp_store_test checks that no other address
+// of the machine reaches such a store.
+TEST(RendezvousTest, ALocalJobsStoreListensOnLoopbackOnly) {
+  const int port = FreeLoopbackPort();
+  absl::BlockingCounter checked(2);
+  RunRanks(2, [&](int rank) {
+    auto store = Rendezvous(RankOf(rank, 2, port), absl::Seconds(20));
+    ASSERT_THAT(store, IsOk());
+    if (rank == 0) {
+      const auto* tcp_store = dynamic_cast<const TcpStore*>(store->get());
+      ASSERT_NE(tcp_store, nullptr);
+      ASSERT_NE(tcp_store->server(), nullptr);
+      EXPECT_EQ(tcp_store->server()->BoundAddress(), absl::StrCat("127.0.0.1:", port));
+    }
+    checked.DecrementCount();
+    if (rank == 0) checked.Wait();
+  });
+}
+
+TEST(RendezvousTest, ARankWithTheWrongTokenIsRefusedAndTheOthersMeet) {
+  const int port = FreeLoopbackPort();
+  absl::Notification impostor_refused;
+  absl::BlockingCounter met(2);
+  RunRanks(3, [&](int thread) {
+    if (thread == 2) {
+      World impostor = RankOf(1, 2, port);
+      impostor.store_token = "not-the-token-of-this-job";
+      EXPECT_THAT(Rendezvous(impostor, absl::Seconds(20)),
+                  StatusIs(absl::StatusCode::kPermissionDenied,
+                           AllOf(HasSubstr("rendezvous: rank 1 could not reach rank 0's store"),
+                                 HasSubstr("refused this client: wrong token"),
+                                 HasSubstr("every rank needs the same PLAIT_STORE_TOKEN"))));
+      impostor_refused.Notify();
+      return;
+    }
+    if (thread == 1) impostor_refused.WaitForNotification();
+    auto store = Rendezvous(RankOf(thread, 2, port), absl::Seconds(20));
+    EXPECT_THAT(store, IsOk());
+    met.DecrementCount();
+    if (thread == 0) met.Wait();
+  });
+}
+
+TEST(RendezvousTest, AStrayConnectionThatSendsOneByteDoesNotStallIt) {
+  const int port = FreeLoopbackPort();
+  absl::Notification stray_connected;
+  absl::BlockingCounter met(2);
+  absl::Notification done;  // rank 0 hosts the store: it leaves last
+  absl::Time stray_time;
+  RunRanks(3, [&](int thread) {
+    if (thread == 2) {
+      const int stray = ConnectWhenListening(port);
+      ASSERT_EQ(send(stray, "p", 1, MSG_NOSIGNAL), 1);  // a hello's first byte, then silence
+      stray_time = absl::Now();
+      stray_connected.Notify();
+      met.Wait();  // held open until both ranks have met
+      close(stray);
+      done.Notify();
+      return;
+    }
+    if (thread == 1) stray_connected.WaitForNotification();
+    auto store = Rendezvous(RankOf(thread, 2, port), absl::Seconds(20));
+    EXPECT_THAT(store, IsOk());
+    if (thread == 1) {
+      // Sooner than the server would drop the stray: nothing waited for it.
+      EXPECT_LT(absl::Now() - stray_time, kHelloTimeout);
+    }
+    met.DecrementCount();
+    if (thread == 0) done.WaitForNotification();
+  });
+}
+
+TEST(RendezvousTest, TheTcpStoreNeedsAToken) {
+  World world = RankOf(1, 2, FreeLoopbackPort());
+  world.store_token = "";
+  EXPECT_THAT(Rendezvous(world, absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("PLAIT_STORE_TOKEN is not set"),
+                             HasSubstr("export PLAIT_STORE_TOKEN=$(openssl rand -hex 16)"))));
+  world.store_token = "too-short";
+  EXPECT_THAT(Rendezvous(world, absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("world.store_token has 9 characters; it needs 16 to 256")));
+}
+
+TEST(RendezvousTest, AMultiNodeJobCannotMeetOnLoopback) {
+  World world = RankOf(0, 4, FreeLoopbackPort());
+  world.local_world_size = 2;  // two nodes
+  EXPECT_THAT(Rendezvous(world, absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("MASTER_ADDR=127.0.0.1 is a loopback address on rank 0")));
 }
 
 TEST(RendezvousTest, RejectsAnInvalidWorld) {

@@ -34,6 +34,7 @@ struct FieldNames {
   const char* local_world_size;
   const char* master_addr;
   const char* master_port;
+  const char* store_token;
 };
 
 absl::Status Check(const World& world, const FieldNames& names) {
@@ -57,6 +58,14 @@ absl::Status Check(const World& world, const FieldNames& names) {
   if (world.master_addr.empty()) return error(names.master_addr, "\"\"", "must not be empty");
   if (world.master_port < 1 || world.master_port > 65535) {
     return error(names.master_port, world.master_port, "must be in [1, 65535]");
+  }
+  const size_t token_bytes = world.store_token.size();
+  if (token_bytes != 0 &&
+      (token_bytes < kMinStoreTokenBytes || token_bytes > kMaxStoreTokenBytes)) {
+    // The token is a secret: its length is named, never its value.
+    return absl::InvalidArgumentError(absl::StrCat(
+        names.store_token, " has ", token_bytes, " characters; it needs ", kMinStoreTokenBytes,
+        " to ", kMaxStoreTokenBytes, " (", kStoreTokenHowTo, ")"));
   }
   return absl::OkStatus();
 }
@@ -115,9 +124,11 @@ absl::StatusOr<World> ReadWorld(const Environment& env, const Convention& conven
   PLAIT_ASSIGN_OR_RETURN(world.master_addr, Required(env, convention, "MASTER_ADDR"));
   PLAIT_ASSIGN_OR_RETURN(world.master_port, RequiredInt(env, convention, "MASTER_PORT"));
   world.store_file = env(kStoreFileVariable).value_or("");
+  world.store_token = env(kStoreTokenVariable).value_or("");
 
-  PLAIT_RETURN_IF_ERROR(Check(world, {convention.rank, convention.world_size, convention.local_rank,
-                                      convention.local_world_size, "MASTER_ADDR", "MASTER_PORT"}));
+  PLAIT_RETURN_IF_ERROR(Check(
+      world, {convention.rank, convention.world_size, convention.local_rank,
+              convention.local_world_size, "MASTER_ADDR", "MASTER_PORT", kStoreTokenVariable}));
   return world;
 }
 
@@ -141,8 +152,9 @@ absl::StatusOr<World> WorldFromEnvironment(const Environment& env) {
 }
 
 absl::Status ValidateWorld(const World& world) {
-  return Check(world, {"world.rank", "world.world_size", "world.local_rank",
-                       "world.local_world_size", "world.master_addr", "world.master_port"});
+  return Check(world,
+               {"world.rank", "world.world_size", "world.local_rank", "world.local_world_size",
+                "world.master_addr", "world.master_port", "world.store_token"});
 }
 
 }  // namespace plait::parallel

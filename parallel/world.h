@@ -1,5 +1,6 @@
 // Where this process sits in a distributed job: its rank, the world size, its place on its
-// node, and the address of the rendezvous store (hosted by rank 0).
+// node, and how its ranks meet: a file they share, or rank 0's TCP store, which admits only
+// clients that show the job's token (PLAIT_STORE_TOKEN).
 //
 // WorldFromEnvironment reads the conventions launchers already use, so a plait binary runs
 // unchanged under torchrun, `tools/launch`, SLURM's srun or Open MPI's mpirun:
@@ -12,6 +13,7 @@
 #ifndef PLAIT_PARALLEL_WORLD_H_
 #define PLAIT_PARALLEL_WORLD_H_
 
+#include <cstddef>
 #include <functional>
 #include <optional>
 #include <string>
@@ -32,11 +34,24 @@ struct World {
   // job listens on no network port for its rendezvous: set (kStoreFileVariable) by the local
   // launcher; empty otherwise.
   std::string store_file;
+  // The secret every rank shows rank 0's TCP store before it may use it (kStoreTokenVariable),
+  // the same on every node; a job that meets through store_file needs none. Empty when unset.
+  std::string store_token;
   std::string source;  // the convention the values came from, for messages
 };
 
 // The environment variable that carries World::store_file.
 inline constexpr char kStoreFileVariable[] = "PLAIT_STORE_FILE";
+
+// The environment variable that carries World::store_token, and its bounds: long enough not
+// to be guessed, short enough for the store's fixed-size hello.
+inline constexpr char kStoreTokenVariable[] = "PLAIT_STORE_TOKEN";
+inline constexpr size_t kMinStoreTokenBytes = 16;
+inline constexpr size_t kMaxStoreTokenBytes = 256;
+
+// How to set kStoreTokenVariable, for errors: the same random value on every node.
+inline constexpr char kStoreTokenHowTo[] =
+    "export PLAIT_STORE_TOKEN=$(openssl rand -hex 16) with the same value on every node";
 
 // Reads one environment variable; nullopt when it is not set.
 using Environment = std::function<std::optional<std::string>(const std::string& name)>;
@@ -50,12 +65,14 @@ Environment ProcessEnvironment();
 //   SLURM: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (or
 //     SLURM_TASKS_PER_NODE), with MASTER_ADDR and MASTER_PORT from the environment;
 //   Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
-//     OMPI_COMM_WORLD_LOCAL_SIZE, with MASTER_ADDR and MASTER_PORT from the environment.
+//     OMPI_COMM_WORLD_LOCAL_SIZE, with MASTER_ADDR and MASTER_PORT from the environment;
+// and, whatever the convention, PLAIT_STORE_FILE and PLAIT_STORE_TOKEN when they are set.
 // NotFound when none is present (the process was not launched as part of a job).
 absl::StatusOr<World> WorldFromEnvironment(const Environment& env);
 
 // Checks explicit values: 0 <= rank < world_size, 0 <= local_rank < local_world_size <=
-// world_size, a non-empty master_addr and 1 <= master_port <= 65535. Errors name the field.
+// world_size, a non-empty master_addr, 1 <= master_port <= 65535 and a store_token that is
+// empty or kMinStoreTokenBytes to kMaxStoreTokenBytes long. Errors name the field.
 absl::Status ValidateWorld(const World& world);
 
 }  // namespace plait::parallel

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -13,7 +14,9 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 using Variables = std::map<std::string, std::string>;
 
@@ -81,6 +84,41 @@ TEST(WorldFromEnvironmentTest, TorchrunTakesPrecedence) {
   absl::StatusOr<World> world = WorldFromEnvironment(FakeEnvironment(variables));
   ASSERT_THAT(world, IsOk());
   EXPECT_EQ(world->source, "torchrun");
+}
+
+TEST(WorldFromEnvironmentTest, StoreFileAndTokenWhateverTheConvention) {
+  absl::StatusOr<World> world = WorldFromEnvironment(
+      FakeEnvironment({{"OMPI_COMM_WORLD_RANK", "0"},
+                       {"OMPI_COMM_WORLD_SIZE", "2"},
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                       {"MASTER_ADDR", "127.0.0.1"},
+                       {"MASTER_PORT", "29501"},
+                       {"PLAIT_STORE_FILE", "/tmp/job/store"},
+                       {"PLAIT_STORE_TOKEN", "0123456789abcdef0123456789abcdef"}}));
+  ASSERT_THAT(world, IsOk());
+  EXPECT_EQ(world->store_file, "/tmp/job/store");
+  EXPECT_EQ(world->store_token, "0123456789abcdef0123456789abcdef");
+}
+
+TEST(WorldFromEnvironmentTest, NoTokenIsEmpty) {
+  absl::StatusOr<World> world = WorldFromEnvironment(FakeEnvironment(Torchrun()));
+  ASSERT_THAT(world, IsOk());
+  EXPECT_EQ(world->store_token, "");
+}
+
+TEST(WorldFromEnvironmentTest, ShortOrLongTokenIsNamedButNotShown) {
+  for (const std::string token : {std::string("hunter2"), std::string(257, 'x')}) {
+    Variables variables = Torchrun();
+    variables["PLAIT_STORE_TOKEN"] = token;
+    absl::StatusOr<World> world = WorldFromEnvironment(FakeEnvironment(variables));
+    EXPECT_THAT(world, StatusIs(absl::StatusCode::kInvalidArgument,
+                                AllOf(HasSubstr(absl::StrCat("PLAIT_STORE_TOKEN has ", token.size(),
+                                                             " characters; it "
+                                                             "needs 16 to 256")),
+                                      HasSubstr("openssl rand -hex 16"))));
+    EXPECT_THAT(world.status().message(), Not(HasSubstr(token)));
+  }
 }
 
 TEST(WorldFromEnvironmentTest, NoWorldIsNotFound) {
@@ -168,6 +206,11 @@ TEST(ValidateWorldTest, ExplicitValues) {
   world.master_addr = "";
   EXPECT_THAT(ValidateWorld(world),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world.master_addr")));
+  world.master_addr = "127.0.0.1";
+  world.store_token = "short";
+  EXPECT_THAT(ValidateWorld(world),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("world.store_token has 5 characters; it needs 16 to 256")));
 }
 
 }  // namespace

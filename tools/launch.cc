@@ -25,7 +25,9 @@
 
 ABSL_FLAG(int, nproc_per_node, 1, "How many ranks to start on this machine.");
 ABSL_FLAG(std::string, master_addr, "127.0.0.1",
-          "MASTER_ADDR given to the ranks: where rank 0 hosts the rendezvous store.");
+          "MASTER_ADDR given to the ranks. They meet through a file store, so nothing listens "
+          "on it for the rendezvous; Gloo uses loopback when it is 127.0.0.1 or localhost, "
+          "this host's name otherwise.");
 ABSL_FLAG(int, master_port, 0,
           "MASTER_PORT given to the ranks; 0 picks a free TCP port on loopback.");
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(5),
