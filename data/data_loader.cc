@@ -57,6 +57,11 @@ void DataLoader::Reset() {
   window_order_.clear();
 }
 
+std::optional<int64_t> DataLoader::DistinctBatches() const {
+  if (file_ == nullptr) return std::nullopt;
+  return BatchesPerPass();
+}
+
 int64_t DataLoader::BatchesPerPass() const {
   // Whole world batches whose read (W*B*T + 1 tokens) fits in the file: sequential reading
   // starts over, and shuffled reading reshuffles, after this many.

@@ -68,6 +68,10 @@ class DataLoader {
   // (also in a shuffled file, whose window order of each pass depends only on the seed).
   void Seek(int64_t micro_batches);
 
+  // How many micro-batches this rank reads before the data repeats: those of one pass over
+  // the token file; nullopt for the synthetic source, which never repeats.
+  std::optional<int64_t> DistinctBatches() const;
+
   // The synthetic source's entropy rate (the loss floor); nullopt for token files.
   std::optional<double> EntropyFloor() const;
 

@@ -45,6 +45,7 @@ TEST(DataLoaderTest, OneRankFollowsLlmc) {
   EXPECT_TRUE(first.inputs.equal(torch::tensor({{0, 1, 2}, {3, 4, 5}}, torch::kInt64)));
   EXPECT_TRUE(first.targets.equal(torch::tensor({{1, 2, 3}, {4, 5, 6}}, torch::kInt64)));
   EXPECT_THAT(Starts(*loader, 6), ::testing::ElementsAre(6, 12, 18, 24, 30, 0));
+  EXPECT_EQ(loader->DistinctBatches(), 6);
   EXPECT_FALSE(loader->EntropyFloor().has_value());
 }
 
@@ -57,6 +58,7 @@ TEST(DataLoaderTest, TwoRanksInterleaveAndTogetherEqualOneRankOfTwiceTheBatch) {
   // Rank r starts at r*B*T and advances by B*T*W = 12; after 24, 36 + 13 > 40 starts over.
   EXPECT_THAT(Starts(rank0, 4), ::testing::ElementsAre(0, 12, 24, 0));
   EXPECT_THAT(Starts(rank1, 4), ::testing::ElementsAre(6, 18, 30, 6));  // together with rank 0
+  EXPECT_EQ(rank1.DistinctBatches(), 3);
   rank0.Reset();
   rank1.Reset();
   for (int i = 0; i < 3; ++i) {
@@ -156,6 +158,7 @@ TEST(DataLoaderTest, SyntheticRanksTogetherEqualOneRankAndEvalIsHeldOut) {
   EXPECT_TRUE(eval.Next().value().inputs.equal(held_out.inputs));
   ASSERT_TRUE(eval.EntropyFloor().has_value());
   EXPECT_GT(*eval.EntropyFloor(), 0.0);
+  EXPECT_EQ(eval.DistinctBatches(), std::nullopt);
 }
 
 // Seek(n) reads what n calls of Next would have left next: sequential and shuffled files

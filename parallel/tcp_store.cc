@@ -42,6 +42,8 @@ enum : uint32_t { kOk = 0, kMissing = 1, kFailed = 2, kRefused = 3 };
 // How much the server reads from one connection at a time.
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr int kListenBacklog = 128;
+// How long the server stops accepting after the process ran out of file descriptors.
+constexpr std::chrono::milliseconds kAcceptPause(100);
 // A client waiting for a key asks again after 1 ms, then twice as long each time up to this.
 constexpr std::chrono::milliseconds kMaxPollInterval(32);
 
@@ -251,13 +253,18 @@ class ServerLoop {
   const size_t max_connections_;
   std::vector<std::unique_ptr<Connection>> connections_;
   std::unordered_map<std::string, std::string> keys_;
+  Clock::time_point accept_resumes_;  // accepting pauses until then after running out of fds
 };
 
 void ServerLoop::Run() {
   std::vector<pollfd> fds;
   for (;;) {
-    fds.assign({{wake_, POLLIN, 0}, {listener_, POLLIN, 0}});
+    // While the process is out of descriptors, the listener stays readable but accepts
+    // nothing: it is left out of the poll until the pause ends, rather than spun on.
+    const bool accepting = Clock::now() >= accept_resumes_;
+    fds.assign({{wake_, POLLIN, 0}, {listener_, static_cast<short>(accepting ? POLLIN : 0), 0}});
     std::optional<Clock::time_point> next_hello_deadline;
+    if (!accepting) next_hello_deadline = accept_resumes_;
     for (const auto& connection : connections_) {
       const short events = connection->out.empty() ? POLLIN : POLLOUT;
       fds.push_back({connection->fd.get(), events, 0});
@@ -296,7 +303,12 @@ void ServerLoop::Run() {
 void ServerLoop::Accept() {
   for (;;) {
     Fd fd(accept4(listener_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (fd.get() < 0) return;  // none left, or one that failed: the next poll says
+    if (fd.get() < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        accept_resumes_ = Clock::now() + kAcceptPause;
+      }
+      return;  // none left, or one that failed: the next poll says
+    }
     if (connections_.size() >= max_connections_) continue;  // closed as it arrived
     SetNoDelay(fd.get());
     connections_.push_back(std::make_unique<Connection>(fd.release()));

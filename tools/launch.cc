@@ -21,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
+#include "base/guarded_main.h"
 #include "parallel/launcher.h"
 
 ABSL_FLAG(int, nproc_per_node, 1, "How many ranks to start on this machine.");
@@ -34,7 +35,7 @@ ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(5),
           "After the first rank fails, how long the others have to exit after SIGTERM "
           "before they get SIGKILL.");
 
-int main(int argc, char** argv) {
+int LaunchRanks(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "runs a program as N ranks on this machine.\n"
       "usage: launch --nproc_per_node=N [--master_port=P] [--grace_period=5s] -- program "
@@ -66,4 +67,8 @@ int main(int argc, char** argv) {
   options.master_port = absl::GetFlag(FLAGS_master_port);
   options.grace_period = absl::GetFlag(FLAGS_grace_period);
   return plait::parallel::LaunchAndReport(options);
+}
+
+int main(int argc, char** argv) {
+  return plait::base::RunCatchingExceptions("launch", [&] { return LaunchRanks(argc, argv); });
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/file.h"
+#include "base/guarded_main.h"
 #include "parallel/device_mesh.h"
 #include "trainer/explain.h"
 #include "trainer/plan.h"
@@ -20,7 +21,7 @@ constexpr char kUsage[] =
     "[--skip_memory_check]";
 }  // namespace
 
-int main(int argc, char** argv) {
+int CheckPlan(int argc, char** argv) {
   absl::StatusOr<plait::trainer::PlanArguments> arguments =
       plait::trainer::ParsePlanArguments(argc, argv, plait::trainer::PlanCommand::kCheck);
   if (!arguments.ok() || arguments->plan_path.empty()) {
@@ -54,4 +55,8 @@ int main(int argc, char** argv) {
   }
   std::cout << path << ": valid\n" << *text << "\n";
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return plait::base::RunCatchingExceptions("plan_check", [&] { return CheckPlan(argc, argv); });
 }

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/file.h"
+#include "base/guarded_main.h"
 #include "base/heap.h"
 #include "base/status.h"
 #include "base/threads.h"
@@ -51,7 +52,7 @@ void PrintRefusal(const absl::Status& status) {
             << status.message() << "\n";
 }
 
-// RunMain without its guard against exceptions.
+// RunMain without its guards against exceptions.
 int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
   absl::StatusOr<PlanArguments> arguments = ParsePlanArguments(argc, argv, PlanCommand::kTrain);
   if (!arguments.ok()) {
@@ -114,19 +115,15 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
 int RunMain(int argc, char** argv, const EmbeddedPlan& embedded) {
   base::UseHugePagesForHeap(argv);
   base::RetainFreedHeapMemory();
-  // What LibTorch or the C++ library throw (an allocation that cannot be met, a kernel's
-  // check) ends the run with its message and a non-zero exit, not an abort.
-  try {
-    return RunGuarded(argc, argv, embedded);
-  } catch (const c10::Error& error) {
-    std::cerr << "stopped by an error in LibTorch: " << error.what_without_backtrace() << "\n";
-  } catch (const std::bad_alloc&) {
-    std::cerr << "stopped: out of memory (a micro-batch, sequence or model too large for this "
-                 "machine?)\n";
-  } catch (const std::exception& error) {
-    std::cerr << "stopped by an unexpected error: " << error.what() << "\n";
-  }
-  return 1;
+  return base::RunCatchingExceptions(argv[0], [&] {
+    // A LibTorch error's what() carries a backtrace; its message alone names the problem.
+    try {
+      return RunGuarded(argc, argv, embedded);
+    } catch (const c10::Error& error) {
+      std::cerr << "stopped by an error in LibTorch: " << error.what_without_backtrace() << "\n";
+      return 1;
+    }
+  });
 }
 
 }  // namespace plait::trainer

@@ -129,6 +129,12 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan
         data::DataLoader::Create(data, split, run->config_.vocab_size(), training.micro_batch(),
                                  training.seq_len(), dp_rank, dp_size, "plan.data"));
   }
+  const std::optional<int64_t> held_out = run->eval_->DistinctBatches();
+  if (held_out.has_value() && training.eval_batches() > *held_out) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan.training.eval_batches: ", training.eval_batches(), " exceeds the ", *held_out,
+        " micro-batches per rank that plan.data.token_files.eval_path holds"));
+  }
   PLAIT_RETURN_IF_ERROR(run->checkpointer_->Restore(*run->optimizer_, *run->train_));
   run->accumulation_ = GradAccumulation(training);
   run->tokens_per_step_ = static_cast<double>(training.micro_batch()) * dp_size *

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
+#include "data/testing_token_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/device_mesh.h"
@@ -194,6 +195,26 @@ TEST(TrainTest, ARunThatSkipsEveryUpdateStops) {
                 StatusIs(absl::StatusCode::kFailedPrecondition,
                          HasSubstr("the last 3 updates were skipped for a non-finite gradient "
                                    "norm")));
+  });
+}
+
+// An evaluation never reads the held-out file's batches twice: more eval_batches than the file
+// holds is refused before the first step, naming the field and the file's count.
+TEST(TrainTest, EvalBatchesBeyondTheHeldOutFileAreRefused) {
+  Plan plan = LoadShippedPlan("llama_single");
+  // 16 sequences of 64 tokens and one more token: exactly one micro-batch of 16.
+  const std::string path = data::testing::WriteLlmc("eval.bin", data::testing::Iota(16 * 64 + 1));
+  data::TokenFiles* files = plan.mutable_data()->mutable_token_files();
+  files->set_train_path(path);
+  files->set_eval_path(path);
+  files->set_format(data::TOKEN_FORMAT_LLMC);
+  ASSERT_THAT(ApplyOverride("training.eval_batches=2", plan), IsOk());
+  ASSERT_THAT(ValidatePlan(plan, 1), IsOk());
+  WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
+    EXPECT_THAT(Train(plan, mesh, TrainOptions()),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         "plan.training.eval_batches: 2 exceeds the 1 micro-batches per rank "
+                         "that plan.data.token_files.eval_path holds"));
   });
 }
 
