@@ -1,12 +1,15 @@
 // End to end: //trainer:llama_fsdp's compiled-in plan, shortened to 3 steps, run as 2 rank
 // processes through parallel::Launch (as //tools:launch and torchrun start it), and its
-// metrics file checked; and the same job on a token file truncated under it, which stops
-// with an error naming the file.
+// metrics file checked; the same job on a token file truncated under it, which stops with an
+// error naming the file; and one whose rank 1 stops, which rank 0 names.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -132,6 +135,60 @@ TEST(LlamaFsdpTest, ATokenFileTruncatedDuringTheRunStopsItWithANamedError) {
                                      ": the file changed after it was opened: it held ", kTokens,
                                      " tokens (", header_bytes + 2 * kTokens,
                                      " bytes) when opened and now has ", header_bytes, " bytes")));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("done:")));
+}
+
+// A process this test started whose environment holds RANK=`rank` (the launcher's children);
+// -1 when there is none.
+pid_t ChildWithRank(int rank) {
+  const std::string wanted = absl::StrCat("RANK=", rank);
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string fields;
+    std::getline(stat, fields);
+    // "pid (comm) state ppid ...": comm may hold spaces, so read after the last ')'.
+    std::istringstream after_comm(fields.substr(fields.rfind(')') + 2));
+    std::string state;
+    pid_t parent = 0;
+    after_comm >> state >> parent;
+    if (parent != getpid()) continue;
+    std::ifstream environ(entry.path() / "environ");
+    for (std::string variable; std::getline(environ, variable, '\0');) {
+      if (variable == wanted) return static_cast<pid_t>(std::stol(pid));
+    }
+  }
+  return -1;
+}
+
+// A rank that stops (SIGSTOP) mid-run is found within the plan's collective timeout: the
+// other rank's collective fails, and its error names the rank that did not answer.
+TEST(LlamaFsdpTest, ARankThatStopsIsNamedAfterTheCollectiveTimeout) {
+  absl::Mutex mutex;
+  std::string output;
+  pid_t stopped = -1;
+  auto sink = [&](std::string_view line) {
+    absl::MutexLock lock(&mutex);
+    output.append(line);
+    if (stopped < 0 && line.find("[rank 0] step 1/") != std::string_view::npos) {
+      stopped = ChildWithRank(1);
+      ASSERT_GT(stopped, 0) << "no child process with RANK=1";
+      ASSERT_EQ(kill(stopped, SIGSTOP), 0);
+    }
+  };
+  parallel::LaunchOptions options;
+  options.num_ranks = 2;
+  options.grace_period = absl::Seconds(1);  // a stopped rank ignores SIGTERM until SIGKILL
+  options.command = {LlamaFsdp(), "--set=training.steps=1000", "--set=training.log_every=1",
+                     "--set=training.metrics_file=", "--set=mesh.collective_timeout_seconds=2"};
+  options.stdout_sink = sink;
+  options.stderr_sink = sink;
+  absl::StatusOr<parallel::LaunchResult> result = parallel::Launch(options);
+  ASSERT_THAT(result, IsOk());
+  ASSERT_GT(stopped, 0) << output;
+  ASSERT_FALSE(result->ok()) << output;
+  EXPECT_THAT(output, HasSubstr("rank 1 of 2 did not answer within 2s: stopped, hung or dead"));
   EXPECT_THAT(output, ::testing::Not(HasSubstr("done:")));
 }
 
