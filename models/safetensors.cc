@@ -63,6 +63,12 @@ absl::Status Corrupt(const std::string& path, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", problem));
 }
 
+// A header value for an error: a scalar as written, a container by its type only, since
+// one can be nested arbitrarily deep (writing it out would recurse as deep) and large.
+std::string Describe(const Json& value) {
+  return value.is_structured() ? absl::StrCat("an ", value.type_name()) : value.dump();
+}
+
 bool ToUint64(const Json& value, uint64_t& out) {
   if (value.is_number_unsigned()) {
     out = value.get<uint64_t>();
@@ -102,11 +108,12 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
   }
   uint64_t numel = 1;
   bool overflow = false;
-  for (const Json& dim : *shape) {
+  for (size_t i = 0; i < shape->size(); ++i) {
+    const Json& dim = (*shape)[i];
     uint64_t size = 0;
     if (!ToUint64(dim, size) || size > static_cast<uint64_t>(INT64_MAX)) {
-      return Corrupt(path, absl::StrCat(where, "shape ", shape->dump(),
-                                        " is not a list of non-negative integers"));
+      return Corrupt(path, absl::StrCat(where, "shape[", i, "] is ", Describe(dim),
+                                        "; a dimension is an integer in [0, 2^63)"));
     }
     entry.shape.push_back(static_cast<int64_t>(size));
     overflow = overflow || __builtin_mul_overflow(numel, size, &numel);
