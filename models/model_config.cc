@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/file.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
 
@@ -139,28 +140,28 @@ class JsonFields {
     auto it = object_.find(field);
     if (it == object_.end() || it->is_null()) return Missing(field, fallback);
     if (it->is_number_integer()) return it->get<int64_t>();
-    return Error(field, absl::StrCat("expected an integer, got ", it->dump()));
+    return Error(field, absl::StrCat("expected an integer, got ", base::DescribeJson(*it)));
   }
 
   absl::StatusOr<double> Double(const char* field, std::optional<double> fallback) const {
     auto it = object_.find(field);
     if (it == object_.end() || it->is_null()) return Missing(field, fallback);
     if (it->is_number()) return it->get<double>();
-    return Error(field, absl::StrCat("expected a number, got ", it->dump()));
+    return Error(field, absl::StrCat("expected a number, got ", base::DescribeJson(*it)));
   }
 
   absl::StatusOr<bool> Bool(const char* field, bool fallback) const {
     auto it = object_.find(field);
     if (it == object_.end() || it->is_null()) return fallback;
     if (it->is_boolean()) return it->get<bool>();
-    return Error(field, absl::StrCat("expected true or false, got ", it->dump()));
+    return Error(field, absl::StrCat("expected true or false, got ", base::DescribeJson(*it)));
   }
 
   absl::StatusOr<std::string> String(const char* field, std::optional<std::string> fallback) const {
     auto it = object_.find(field);
     if (it == object_.end() || it->is_null()) return Missing(field, fallback);
     if (it->is_string()) return it->get<std::string>();
-    return Error(field, absl::StrCat("expected a string, got ", it->dump()));
+    return Error(field, absl::StrCat("expected a string, got ", base::DescribeJson(*it)));
   }
 
  private:
@@ -176,8 +177,8 @@ class JsonFields {
 
 absl::Status ParseRopeScaling(const Json& json, const std::string& source, RopeScaling& scaling) {
   if (!json.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": rope_scaling: expected an object or null, got ", json.dump()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": rope_scaling: expected an object or null, got ", base::DescribeJson(json)));
   }
   const JsonFields fields(json, absl::StrCat(source, ": rope_scaling"));
   // Older checkpoints name the type "type"; HF reads either.

@@ -168,6 +168,14 @@ TEST(ParseHfConfigJsonTest, ErrorsNameTheSourceAndField) {
   EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("c.json: hidden_size: expected an integer, got \"2048\"")));
+  // Nested far deeper than a real config: named by its type; writing it out overflowed the
+  // stack.
+  text = kLlama32Json;
+  text.replace(text.find("\"hidden_size\": 2048"), 19,
+               "\"hidden_size\": " + std::string(100000, '[') + std::string(100000, ']'));
+  EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: hidden_size: expected an integer, got an array")));
   text = kLlama32Json;
   text.replace(text.find("\"llama3\""), 8, "\"dynamic\"");
   EXPECT_THAT(ParseHfConfigJson(text, "c.json"),

@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/file.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
 
@@ -61,12 +62,6 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 absl::Status Corrupt(const std::string& path, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", problem));
-}
-
-// A header value for an error: a scalar as written, a container by its type only, since
-// one can be nested arbitrarily deep (writing it out would recurse as deep) and large.
-std::string Describe(const Json& value) {
-  return value.is_structured() ? absl::StrCat("an ", value.type_name()) : value.dump();
 }
 
 bool ToUint64(const Json& value, uint64_t& out) {
@@ -112,7 +107,7 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
     const Json& dim = (*shape)[i];
     uint64_t size = 0;
     if (!ToUint64(dim, size) || size > static_cast<uint64_t>(INT64_MAX)) {
-      return Corrupt(path, absl::StrCat(where, "shape[", i, "] is ", Describe(dim),
+      return Corrupt(path, absl::StrCat(where, "shape[", i, "] is ", base::DescribeJson(dim),
                                         "; a dimension is an integer in [0, 2^63)"));
     }
     entry.shape.push_back(static_cast<int64_t>(size));
