@@ -272,7 +272,8 @@ std::string Mutator::DuplicateLine(std::string& text) {
 std::string Mutator::SwapLines(std::string& text) {
   std::vector<std::string> lines = absl::StrSplit(text, '\n');
   const size_t a = Below(lines.size());
-  const size_t b = Below(lines.size());
+  // Another line than `a` where there is one.
+  const size_t b = lines.size() < 2 ? a : (a + 1 + Below(lines.size() - 1)) % lines.size();
   std::swap(lines[a], lines[b]);
   text = absl::StrJoin(lines, "\n");
   return absl::StrCat("swap lines ", a + 1, " and ", b + 1);
