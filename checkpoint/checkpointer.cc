@@ -129,8 +129,13 @@ absl::StatusOr<std::shared_ptr<const int>> LockFolder(const std::string& dir,
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   const std::string holder = absl::StrCat("pid ", getpid(), " on ", host, "\n");
-  // Without the note the lock still holds; another run's error then names no holder.
-  if (ftruncate(fd, 0) == 0) (void)!write(fd, holder.data(), holder.size());
+  // Without the note the lock still holds; another run's error then names no holder. The note
+  // is written over the old one and the file cut to it, never truncated to 0 first: ext4
+  // flushes a file truncated to 0 when it is closed, and the next Open's truncation then
+  // waits for that flush (a millisecond or more per Open).
+  if (pwrite(fd, holder.data(), holder.size(), 0) == static_cast<ssize_t>(holder.size())) {
+    (void)!ftruncate(fd, static_cast<off_t>(holder.size()));
+  }
   return std::shared_ptr<const int>(new int(fd), [](const int* held) {
     close(*held);
     delete held;
