@@ -7,8 +7,10 @@
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <limits>
 #include <utility>
@@ -355,6 +357,14 @@ std::string Mutator::MutateJson(Json& json) {
       return absl::StrCat(where, ": swapped with a sibling");
     }
   }
+}
+
+void WriteCaseFile(const std::string& path, absl::string_view bytes) {
+  std::remove(path.c_str());
+  std::ofstream file(path, std::ios::binary);
+  file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  file.close();
+  ASSERT_TRUE(file) << path << ": cannot write";
 }
 
 MutationCases::MutationCases(absl::Duration per_case_limit) : per_case_limit_(per_case_limit) {

@@ -7,7 +7,6 @@
 // the saved step and position or an error naming the manifest and the field; a crash, an
 // abort, an escaping exception or a hang fails the test (naming the case).
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -20,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "base/file.h"
 #include "base/status.h"
 #include "base/test_paths.h"
 #include "base/testing_mutations.h"
@@ -36,6 +36,7 @@ namespace {
 using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::MutationCases;
 using ::plait::base::testing::Mutator;
+using ::plait::base::testing::WriteCaseFile;
 using Json = nlohmann::json;
 
 constexpr uint32_t kSeed = 20240612;
@@ -45,15 +46,6 @@ constexpr int64_t kPositionPerStep = 2;
 constexpr int64_t kPosition = kStep * kPositionPerStep;
 // Deep enough to overflow the stack of code that walks the manifest recursively.
 constexpr int kDeepNesting = 100000;
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 // One rank, no mesh dimensions ("world=1").
 parallel::MeshLayout OneRank() { return parallel::MeshLayout::Create({}, 1).value(); }
@@ -125,7 +117,7 @@ TEST(CheckpointerMutationTest, EveryManifestMutationResumesOrIsANamedError) {
       ASSERT_TRUE(checkpointer->Save(kStep, kPosition, {Tensors(), {}}).ok());
     }
     const std::string path = absl::StrCat(dir, "/", CheckpointName(kStep), "/", kManifest);
-    const std::string valid = ReadBytes(path);
+    const std::string valid = base::ReadFile(path).value();
     const Json manifest = Json::parse(valid);
     std::vector<std::string> fields;
     for (auto it = manifest.begin(); it != manifest.end(); ++it) fields.push_back(it.key());
@@ -267,7 +259,7 @@ TEST(CheckpointerMutationTest, EveryManifestMutationResumesOrIsANamedError) {
       for (int i = 0; i < kind.count; ++i) {
         std::string text = valid;
         const std::string what = absl::StrCat(kind.name, " #", i, ": ", kind.mutate(text));
-        WriteBytes(path, text);
+        WriteCaseFile(path, text);
         // Half the runs check the position (as the trainer's do), half leave it unchecked.
         const RunInfo run = TestRun(i % 2 == 0 ? kPositionPerStep : 0);
         const absl::Status status =

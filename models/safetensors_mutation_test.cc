@@ -5,7 +5,6 @@
 // problem; a crash, an abort, an escaping exception or a hang fails the test (naming the
 // case). Run under --config=asan too, for reads out of bounds.
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -19,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "base/file.h"
 #include "base/status.h"
 #include "base/test_paths.h"
 #include "base/testing_mutations.h"
@@ -33,20 +33,12 @@ namespace {
 using ::plait::base::testing::MutationCases;
 using ::plait::base::testing::Mutator;
 using ::plait::base::testing::TestPath;
+using ::plait::base::testing::WriteCaseFile;
 using Json = nlohmann::json;
 
 constexpr uint32_t kSeed = 20240611;
 // Deep enough to overflow the stack of code that walks the parsed header recursively.
 constexpr int kDeepNesting = 100000;
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 std::string LengthPrefix(uint64_t length) {
   std::string bytes;
@@ -101,7 +93,7 @@ TEST(SafetensorsMutationTest, EveryMutationIsReadOrANamedError) {
                                 {"empty", torch::empty({0, 4})}},
                                {{"format", "pt"}})
                   .ok());
-  const std::string valid = ReadBytes(valid_path);
+  const std::string valid = base::ReadFile(valid_path).value();
   const Parts parts = Split(valid);
   const Json header = Json::parse(parts.header);
   std::vector<std::string> names;
@@ -268,7 +260,7 @@ TEST(SafetensorsMutationTest, EveryMutationIsReadOrANamedError) {
     for (int i = 0; i < kind.count; ++i) {
       std::string file = valid;
       const std::string what = absl::StrCat(kind.name, " #", i, ": ", kind.mutate(file));
-      WriteBytes(path, file);
+      WriteCaseFile(path, file);
       const absl::Status status =
           cases.Run(kind.name, what, [&] { return OpenAndReadAll(path, file.size()); });
       if (status.ok()) continue;
