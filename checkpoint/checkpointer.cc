@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <system_error>
@@ -23,6 +24,7 @@
 #include "absl/strings/strip.h"
 #include "base/file.h"
 #include "base/hash.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -127,8 +129,13 @@ absl::StatusOr<std::shared_ptr<const int>> LockFolder(const std::string& dir,
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   const std::string holder = absl::StrCat("pid ", getpid(), " on ", host, "\n");
-  // Without the note the lock still holds; another run's error then names no holder.
-  if (ftruncate(fd, 0) == 0) (void)!write(fd, holder.data(), holder.size());
+  // Without the note the lock still holds; another run's error then names no holder. The note
+  // is written over the old one and the file cut to it, never truncated to 0 first: ext4
+  // flushes a file truncated to 0 when it is closed, and the next Open's truncation then
+  // waits for that flush (a millisecond or more per Open).
+  if (pwrite(fd, holder.data(), holder.size(), 0) == static_cast<ssize_t>(holder.size())) {
+    (void)!ftruncate(fd, static_cast<off_t>(holder.size()));
+  }
   return std::shared_ptr<const int>(new int(fd), [](const int* held) {
     close(*held);
     delete held;
@@ -167,6 +174,12 @@ absl::StatusOr<int64_t> IntField(const Json& json, const char* field, const std:
   if (it == json.end() || !it->is_number_integer()) {
     return absl::DataLossError(
         absl::StrCat(path, ": ", field, ": missing or not an integer; the file is corrupt"));
+  }
+  // nlohmann reads integers past INT64_MAX as unsigned; get<int64_t> would wrap them.
+  if (it->is_number_unsigned() &&
+      it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::DataLossError(absl::StrCat(path, ": ", field, ": ", it->get<uint64_t>(),
+                                            " is past 2^63 - 1; the file is corrupt"));
   }
   return it->get<int64_t>();
 }
@@ -274,9 +287,9 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const CheckpointConfig& config,
   PLAIT_ASSIGN_OR_RETURN(const Json manifest, ReadJson(path));
   const auto format = manifest.find("format");
   if (format == manifest.end() || *format != kFormat) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": format: ", format == manifest.end() ? "(none)" : format->dump(),
-                     " in the file, \"", kFormat, "\" expected"));
+    return absl::DataLossError(absl::StrCat(
+        path, ": format: ", format == manifest.end() ? "(none)" : base::DescribeJson(*format),
+        " in the file, \"", kFormat, "\" expected"));
   }
   PLAIT_ASSIGN_OR_RETURN(const int64_t step, IntField(manifest, "step", path));
   PLAIT_ASSIGN_OR_RETURN(const int64_t world_size, IntField(manifest, "world_size", path));
@@ -292,16 +305,24 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const CheckpointConfig& config,
                                     " in this run; a checkpoint resumes on the world that "
                                     "wrote it"));
   }
-  const std::string mesh_shape = manifest.value("mesh", std::string("(none)"));
-  if (mesh_shape != checkpointer.mesh_shape_) {
-    problems.push_back(absl::StrCat("mesh: \"", mesh_shape, "\" in the checkpoint, \"",
-                                    checkpointer.mesh_shape_, "\" in this run"));
+  // The manifest's values are read where they are, never copied or written out whole: a
+  // corrupt one can be nested deep enough that either would overflow the stack.
+  const auto mesh_shape = manifest.find("mesh");
+  if (mesh_shape == manifest.end() || *mesh_shape != checkpointer.mesh_shape_) {
+    problems.push_back(absl::StrCat(
+        "mesh: ", mesh_shape == manifest.end() ? "(none)" : base::DescribeJson(*mesh_shape),
+        " in the checkpoint, \"", checkpointer.mesh_shape_, "\" in this run"));
   }
-  const Json fingerprint = manifest.value("fingerprint", Json::object());
+  const auto fingerprint = manifest.find("fingerprint");
   for (const auto& [field, value] : r.fingerprint) {
-    const auto it = fingerprint.find(field);
-    const std::string saved =
-        it != fingerprint.end() && it->is_string() ? it->get<std::string>() : "(none)";
+    const Json* saved_value = nullptr;
+    if (fingerprint != manifest.end() && fingerprint->is_object()) {
+      const auto it = fingerprint->find(field);
+      if (it != fingerprint->end()) saved_value = &*it;
+    }
+    const std::string saved = saved_value != nullptr && saved_value->is_string()
+                                  ? saved_value->get<std::string>()
+                                  : "(none)";
     if (saved != value) {
       problems.push_back(absl::StrCat("fingerprint.", field, ": \"", saved,
                                       "\" in the checkpoint, \"", value,
@@ -310,10 +331,18 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const CheckpointConfig& config,
   }
   if (step < 1) problems.push_back(absl::StrCat("step: ", step, " in the file; must be >= 1"));
   const int64_t position = checkpointer.resume_position_;
-  if (r.position_per_step > 0 && position != step * r.position_per_step) {
-    problems.push_back(absl::StrCat("data_position: ", position, " in the file, ",
-                                    step * r.position_per_step, " expected after step ", step, " (",
-                                    r.position_per_step, " per step)"));
+  if (r.position_per_step > 0 && step >= 1) {
+    int64_t expected = 0;
+    const bool overflow = __builtin_mul_overflow(step, r.position_per_step, &expected);
+    if (overflow || position != expected) {
+      problems.push_back(absl::StrCat("data_position: ", position, " in the file, ",
+                                      overflow ? "more than 2^63 - 1" : absl::StrCat(expected),
+                                      " expected after step ", step, " (", r.position_per_step,
+                                      " per step)"));
+    }
+  } else if (position < 0) {
+    // A count of what the caller has read, even where the run does not check it.
+    problems.push_back(absl::StrCat("data_position: ", position, " in the file; must be >= 0"));
   }
   if (step > r.steps) {
     problems.push_back(absl::StrCat("step: ", step, " in the checkpoint, past ", r.steps_field,

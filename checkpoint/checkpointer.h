@@ -73,7 +73,8 @@ struct RunInfo {
   int64_t steps = 0;
   std::string steps_field;
   // How far the caller's position advances per step (micro-batches read per step), so that a
-  // resumed position is checked as step x this; 0 leaves the position unchecked.
+  // resumed position is checked as step x this; 0 leaves it unchecked against the step
+  // (a negative position is refused either way).
   int64_t position_per_step = 0;
   // What a resume must not change, value by field path of the caller's config: a checkpoint
   // whose saved value differs for any entry is refused, naming the field and both values.

@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
 
@@ -326,6 +327,56 @@ TEST(CheckpointErrorsTest, AnImpossiblePositionOrStepIsRefused) {
                                  "step)")));
   std::ofstream(manifest) << text;
   EXPECT_THAT(ResumeStatuses(dir, 1)[0], IsOk());
+}
+
+// Without position_per_step the position goes unchecked against the step, but it is a count.
+TEST(CheckpointErrorsTest, ANegativePositionIsRefusedWhereThePositionIsUnchecked) {
+  const std::string dir = FreshTestDir("negative_position");
+  SaveOnRanks(dir, 1, 3);
+  const std::string manifest = dir + "/step-00000003/" + kManifest;
+  const std::string text = ReadText(manifest);
+  std::ofstream(manifest) << absl::StrReplaceAll(
+      text, {{"\"data_position\": 6", "\"data_position\": -4"}});
+  RunInfo run = TestRun();
+  run.position_per_step = 0;
+  EXPECT_THAT(ResumeStatuses(dir, 1, run)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data_position: -4 in the file; must be >= 0")));
+  std::ofstream(manifest) << absl::StrReplaceAll(
+      text, {{"\"step\": 3", "\"step\": 18446744073709551615"}});
+  EXPECT_THAT(ResumeStatuses(dir, 1, run)[0],
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("checkpoint.json: step: 18446744073709551615 is past 2^63 - 1")));
+}
+
+// A manifest value of another type, or nested deeper than any real one, is named by its
+// type: a mesh that was not a string threw out of Open, and a format or fingerprint nested
+// 100000 deep overflowed the stack when written out or copied.
+TEST(CheckpointErrorsTest, ManifestValuesOfAnotherTypeOrNestedDeepNameTheField) {
+  const std::string dir = FreshTestDir("manifest_types");
+  SaveOnRanks(dir, 1, 3);
+  const std::string manifest = dir + "/step-00000003/" + kManifest;
+  const nlohmann::json valid = nlohmann::json::parse(ReadText(manifest));
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  // The manifest with `field` set to `value`, given as JSON text.
+  auto resume_with = [&](const std::string& field, const std::string& value) {
+    nlohmann::json json = valid;
+    json[field] = "@value@";
+    std::ofstream(manifest) << absl::StrReplaceAll(json.dump(2), {{"\"@value@\"", value}});
+    return ResumeStatuses(dir, 1)[0];
+  };
+  EXPECT_THAT(resume_with("mesh", "1"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("mesh: 1 in the checkpoint, \"world=1\" in this run")));
+  EXPECT_THAT(resume_with("mesh", deep),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("mesh: an array in the checkpoint, \"world=1\" in this run")));
+  EXPECT_THAT(resume_with("fingerprint", deep),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("fingerprint.run.batch: \"(none)\" in the checkpoint")));
+  EXPECT_THAT(resume_with("format", deep),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("checkpoint.json: format: an array in the file")));
 }
 
 TEST(CheckpointErrorsTest, AnotherWorldSizeAndMeshNameBothValues) {

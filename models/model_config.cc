@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/file.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
 
@@ -93,10 +94,18 @@ absl::Status FieldError(absl::string_view path, absl::string_view field,
   return absl::InvalidArgumentError(absl::StrCat(path, ".", field, ": ", problem));
 }
 
-template <typename T>
-absl::Status Positive(absl::string_view path, absl::string_view field, T value) {
-  if (value > 0) return absl::OkStatus();  // false for NaN too
-  return FieldError(path, field, absl::StrCat(value, " must be > 0"));
+// Positive and finite: an infinite epsilon, theta, factor or init std makes the model NaN.
+absl::Status Positive(absl::string_view path, absl::string_view field, double value) {
+  if (!(value > 0)) return FieldError(path, field, absl::StrCat(value, " must be > 0"));  // NaN too
+  if (!std::isfinite(value)) return FieldError(path, field, absl::StrCat(value, " must be finite"));
+  return absl::OkStatus();
+}
+
+// A size in [1, limit].
+absl::Status Size(absl::string_view path, absl::string_view field, int64_t value, int64_t limit) {
+  if (value < 1) return FieldError(path, field, absl::StrCat(value, " must be > 0"));
+  if (value > limit) return FieldError(path, field, absl::StrCat(value, " must be <= ", limit));
+  return absl::OkStatus();
 }
 
 absl::Status ValidateRopeScaling(const RopeScaling& scaling, absl::string_view path) {
@@ -112,8 +121,9 @@ absl::Status ValidateRopeScaling(const RopeScaling& scaling, absl::string_view p
                       absl::StrCat(scaling.high_freq_factor(), " must be > low_freq_factor (",
                                    scaling.low_freq_factor(), ")"));
   }
-  return Positive(path, "original_max_position_embeddings",
-                  scaling.original_max_position_embeddings());
+  PLAIT_RETURN_IF_ERROR(Positive(path, "high_freq_factor", scaling.high_freq_factor()));
+  return Size(path, "original_max_position_embeddings", scaling.original_max_position_embeddings(),
+              kMaxVocabOrPositions);
 }
 
 // ---- config.json ----
@@ -139,28 +149,28 @@ class JsonFields {
     auto it = object_.find(field);
     if (it == object_.end() || it->is_null()) return Missing(field, fallback);
     if (it->is_number_integer()) return it->get<int64_t>();
-    return Error(field, absl::StrCat("expected an integer, got ", it->dump()));
+    return Error(field, absl::StrCat("expected an integer, got ", base::DescribeJson(*it)));
   }
 
   absl::StatusOr<double> Double(const char* field, std::optional<double> fallback) const {
     auto it = object_.find(field);
     if (it == object_.end() || it->is_null()) return Missing(field, fallback);
     if (it->is_number()) return it->get<double>();
-    return Error(field, absl::StrCat("expected a number, got ", it->dump()));
+    return Error(field, absl::StrCat("expected a number, got ", base::DescribeJson(*it)));
   }
 
   absl::StatusOr<bool> Bool(const char* field, bool fallback) const {
     auto it = object_.find(field);
     if (it == object_.end() || it->is_null()) return fallback;
     if (it->is_boolean()) return it->get<bool>();
-    return Error(field, absl::StrCat("expected true or false, got ", it->dump()));
+    return Error(field, absl::StrCat("expected true or false, got ", base::DescribeJson(*it)));
   }
 
   absl::StatusOr<std::string> String(const char* field, std::optional<std::string> fallback) const {
     auto it = object_.find(field);
     if (it == object_.end() || it->is_null()) return Missing(field, fallback);
     if (it->is_string()) return it->get<std::string>();
-    return Error(field, absl::StrCat("expected a string, got ", it->dump()));
+    return Error(field, absl::StrCat("expected a string, got ", base::DescribeJson(*it)));
   }
 
  private:
@@ -176,8 +186,8 @@ class JsonFields {
 
 absl::Status ParseRopeScaling(const Json& json, const std::string& source, RopeScaling& scaling) {
   if (!json.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": rope_scaling: expected an object or null, got ", json.dump()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": rope_scaling: expected an object or null, got ", base::DescribeJson(json)));
   }
   const JsonFields fields(json, absl::StrCat(source, ": rope_scaling"));
   // Older checkpoints name the type "type"; HF reads either.
@@ -220,14 +230,15 @@ absl::Status ValidateModelConfig(const ModelConfig& config, absl::string_view fi
     return FieldError(path, "model_type",
                       absl::StrCat("\"", type, "\" is not supported; use \"llama\" or \"qwen2\""));
   }
-  PLAIT_RETURN_IF_ERROR(Positive(path, "hidden_size", config.hidden_size()));
-  PLAIT_RETURN_IF_ERROR(Positive(path, "intermediate_size", config.intermediate_size()));
-  PLAIT_RETURN_IF_ERROR(Positive(path, "num_hidden_layers", config.num_hidden_layers()));
-  PLAIT_RETURN_IF_ERROR(Positive(path, "num_attention_heads", config.num_attention_heads()));
-  PLAIT_RETURN_IF_ERROR(Positive(path, "num_key_value_heads", config.num_key_value_heads()));
-  PLAIT_RETURN_IF_ERROR(Positive(path, "vocab_size", config.vocab_size()));
+  PLAIT_RETURN_IF_ERROR(Size(path, "hidden_size", config.hidden_size(), kMaxWidth));
+  PLAIT_RETURN_IF_ERROR(Size(path, "intermediate_size", config.intermediate_size(), kMaxWidth));
   PLAIT_RETURN_IF_ERROR(
-      Positive(path, "max_position_embeddings", config.max_position_embeddings()));
+      Size(path, "num_hidden_layers", config.num_hidden_layers(), kMaxHiddenLayers));
+  PLAIT_RETURN_IF_ERROR(Size(path, "num_attention_heads", config.num_attention_heads(), kMaxWidth));
+  PLAIT_RETURN_IF_ERROR(Size(path, "num_key_value_heads", config.num_key_value_heads(), kMaxWidth));
+  PLAIT_RETURN_IF_ERROR(Size(path, "vocab_size", config.vocab_size(), kMaxVocabOrPositions));
+  PLAIT_RETURN_IF_ERROR(Size(path, "max_position_embeddings", config.max_position_embeddings(),
+                             kMaxVocabOrPositions));
   PLAIT_RETURN_IF_ERROR(Positive(path, "rms_norm_eps", config.rms_norm_eps()));
   PLAIT_RETURN_IF_ERROR(Positive(path, "rope_theta", config.rope_theta()));
   if (config.hidden_size() % config.num_attention_heads() != 0) {

@@ -32,15 +32,25 @@ std::vector<std::string> PresetNames();
 // published shapes of Llama 3.2 1B, Llama 3.1 8B, Qwen2.5 0.5B and Qwen2.5 7B.
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
 
-// InvalidArgument naming `field_path.<field>` and its value when a size is not positive,
-// num_attention_heads does not divide hidden_size, num_key_value_heads does not divide
-// num_attention_heads, model_type is unknown, rope_scaling is not "llama3" or its factors
-// are out of range, rms_norm_eps or rope_theta is not positive, or a qwen2 config sets
-// attention_bias.
+// The largest sizes ValidateModelConfig accepts: far beyond any published decoder (Llama 3.1
+// 405B: 126 layers, hidden 16384, intermediate 53248, vocab 128256, 131072 positions), and
+// small enough that every shape product and parameter count fits in int64_t
+// (2^20 x 2^20 x 7 x 2^10 < 2^63) and that listing the parameters (ParameterShapes) is quick.
+inline constexpr int64_t kMaxHiddenLayers = int64_t{1} << 10;
+// hidden_size, intermediate_size and the head counts.
+inline constexpr int64_t kMaxWidth = int64_t{1} << 20;
+// vocab_size and max_position_embeddings.
+inline constexpr int64_t kMaxVocabOrPositions = int64_t{1} << 24;
+
+// InvalidArgument naming `field_path.<field>` and its value when a size is not positive or
+// is above its limit (above), num_attention_heads does not divide hidden_size, num_key_value_heads
+// does not divide num_attention_heads, model_type is unknown, rope_scaling is not "llama3" or its
+// factors are out of range, rms_norm_eps or rope_theta is not positive and finite, or a qwen2
+// config sets attention_bias.
 absl::Status ValidateModelConfig(const ModelConfig& config,
                                  absl::string_view field_path = "model_config");
 
-// InvalidArgument naming the field when std is set and not positive.
+// InvalidArgument naming the field when std is set and not positive and finite.
 absl::Status ValidateInitConfig(const InitConfig& config, absl::string_view field_path = "init");
 
 // The checked architecture a spec names (preset, explicit config or config.json path), and

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "base/status_matchers.h"
@@ -66,12 +67,27 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"intermediate_size: -3", "plan.model.intermediate_size: -3 must be > 0"},
         BadCase{"num_hidden_layers: 0", "plan.model.num_hidden_layers"},
         BadCase{"vocab_size: 0", "plan.model.vocab_size"},
+        // Sizes past the limits: a plan check listing 2^31 layers' parameters never ended,
+        // and shape products overflowed.
+        BadCase{"num_hidden_layers: 2147483647",
+                "plan.model.num_hidden_layers: 2147483647 must be <= 1024"},
+        BadCase{"hidden_size: 4611686018427387904 num_attention_heads: 1 num_key_value_heads: 1",
+                "plan.model.hidden_size: 4611686018427387904 must be <= 1048576"},
+        BadCase{"intermediate_size: 1048577", "plan.model.intermediate_size: 1048577 must be <="},
+        BadCase{"vocab_size: 16777217", "plan.model.vocab_size: 16777217 must be <= 16777216"},
+        BadCase{"max_position_embeddings: 9223372036854775807",
+                "plan.model.max_position_embeddings: 9223372036854775807 must be <= 16777216"},
         BadCase{"num_attention_heads: 3",
                 "plan.model.num_attention_heads: 3 does not divide hidden_size (256)"},
         BadCase{"num_key_value_heads: 3",
                 "plan.model.num_key_value_heads: 3 does not divide num_attention_heads (4)"},
         BadCase{"rms_norm_eps: 0", "plan.model.rms_norm_eps"},
         BadCase{"rope_theta: -1", "plan.model.rope_theta"},
+        // Infinite values made the model NaN; the plan check let them through.
+        BadCase{"rms_norm_eps: inf", "plan.model.rms_norm_eps: inf must be finite"},
+        BadCase{"rope_scaling { rope_type: 'llama3' factor: 8 low_freq_factor: 1 "
+                "high_freq_factor: inf original_max_position_embeddings: 8192 }",
+                "plan.model.rope_scaling.high_freq_factor: inf must be finite"},
         BadCase{"rope_scaling { rope_type: 'yarn' factor: 4 }",
                 "plan.model.rope_scaling.rope_type: \"yarn\" is not supported"},
         BadCase{"rope_scaling { rope_type: 'llama3' factor: 8 low_freq_factor: 4 "
@@ -79,11 +95,14 @@ INSTANTIATE_TEST_SUITE_P(
                 "plan.model.rope_scaling.high_freq_factor"},
         BadCase{"model_type: 'qwen2' attention_bias: true", "plan.model.attention_bias"}));
 
-TEST(ValidateInitConfigTest, NonPositiveStd) {
+TEST(ValidateInitConfigTest, NonPositiveOrInfiniteStd) {
   InitConfig init;
   init.set_std(0.0);
   EXPECT_THAT(ValidateInitConfig(init, "plan.init"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("plan.init.std")));
+  init.set_std(std::numeric_limits<double>::infinity());
+  EXPECT_THAT(ValidateInitConfig(init, "plan.init"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "plan.init.std: inf must be finite"));
 }
 
 TEST(ResolveModelSpecTest, PresetConfigAndErrors) {
@@ -168,6 +187,14 @@ TEST(ParseHfConfigJsonTest, ErrorsNameTheSourceAndField) {
   EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("c.json: hidden_size: expected an integer, got \"2048\"")));
+  // Nested far deeper than a real config: named by its type; writing it out overflowed the
+  // stack.
+  text = kLlama32Json;
+  text.replace(text.find("\"hidden_size\": 2048"), 19,
+               "\"hidden_size\": " + std::string(100000, '[') + std::string(100000, ']'));
+  EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: hidden_size: expected an integer, got an array")));
   text = kLlama32Json;
   text.replace(text.find("\"llama3\""), 8, "\"dynamic\"");
   EXPECT_THAT(ParseHfConfigJson(text, "c.json"),

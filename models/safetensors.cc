@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/file.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
 
@@ -102,11 +103,12 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
   }
   uint64_t numel = 1;
   bool overflow = false;
-  for (const Json& dim : *shape) {
+  for (size_t i = 0; i < shape->size(); ++i) {
+    const Json& dim = (*shape)[i];
     uint64_t size = 0;
     if (!ToUint64(dim, size) || size > static_cast<uint64_t>(INT64_MAX)) {
-      return Corrupt(path, absl::StrCat(where, "shape ", shape->dump(),
-                                        " is not a list of non-negative integers"));
+      return Corrupt(path, absl::StrCat(where, "shape[", i, "] is ", base::DescribeJson(dim),
+                                        "; a dimension is an integer in [0, 2^63)"));
     }
     entry.shape.push_back(static_cast<int64_t>(size));
     overflow = overflow || __builtin_mul_overflow(numel, size, &numel);

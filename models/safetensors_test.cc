@@ -141,7 +141,7 @@ INSTANTIATE_TEST_SUITE_P(
                     "dtype \"F8_E4M3\" is not supported"},
         CorruptCase{"negative_shape",
                     R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", 4, -1,
-                    "is not a list of non-negative integers"},
+                    "shape[0] is -1; a dimension is an integer in [0, 2^63)"},
         CorruptCase{"missing_offsets", R"({"a": {"dtype": "F32", "shape": [1]}})", 4, -1,
                     "data_offsets must be [begin, end]"},
         CorruptCase{"hole", R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8,
@@ -151,6 +151,19 @@ INSTANTIATE_TEST_SUITE_P(
         CorruptCase{"bad_metadata", R"({"__metadata__": {"step": 3}})", 0, -1,
                     "__metadata__ value of \"step\" is not a string"}),
     [](const ::testing::TestParamInfo<CorruptCase>& info) { return info.param.name; });
+
+// A header value nested far deeper than any real header is named by its type, not written
+// out: writing it out recursed once per level and overflowed the stack.
+TEST(SafetensorsTest, DeeplyNestedShapeIsAnErrorNotAStackOverflow) {
+  constexpr int kDepth = 100000;
+  const std::string header =
+      absl::StrCat(R"({"a": {"dtype": "F32", "shape": [)", std::string(kDepth, '['),
+                   std::string(kDepth, ']'), R"(], "data_offsets": [0, 0]}})");
+  const std::string path = Handmade("deep.safetensors", header, 0);
+  EXPECT_THAT(SafetensorsFile::Open(path),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tensor \"a\": shape[0] is an array; a dimension is an integer")));
+}
 
 TEST(SafetensorsTest, ShortFile) {
   const std::string path = TestPath("short.safetensors");

@@ -51,6 +51,8 @@ absl::StatusOr<Hyperparameters> AdamHyperparameters(const AdamConfig& config,
   PLAIT_RETURN_IF_ERROR(CheckBeta(name + ".beta1", h.beta1));
   PLAIT_RETURN_IF_ERROR(CheckBeta(name + ".beta2", h.beta2));
   PLAIT_RETURN_IF_ERROR(Require(h.eps > 0.0, name + ".eps", h.eps, "> 0"));
+  // An infinite eps silently makes every update 0.
+  PLAIT_RETURN_IF_ERROR(Require(std::isfinite(h.eps), name + ".eps", h.eps, "finite"));
   return h;
 }
 

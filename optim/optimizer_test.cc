@@ -343,6 +343,10 @@ INSTANTIATE_TEST_SUITE_P(
         InvalidCase{"beta2", "adam { beta2: -0.1 }",
                     "optimizer.adam.beta2: -0.1 must be in [0, 1)"},
         InvalidCase{"eps", "adamw { eps: 0 }", "optimizer.adamw.eps: 0 must be > 0"},
+        // An infinite eps made every update 0, an infinite weight decay the parameters NaN.
+        InvalidCase{"eps_infinite", "adam { eps: inf }", "optimizer.adam.eps: inf must be finite"},
+        InvalidCase{"weight_decay_infinite", "sgd {} weight_decay: inf",
+                    "optimizer.weight_decay: inf must be finite"},
         InvalidCase{"lion_beta", "lion { beta2: 1.5 }",
                     "optimizer.lion.beta2: 1.5 must be in [0, 1)"},
         InvalidCase{"momentum", "sgd { momentum: 1 }",

@@ -2,6 +2,7 @@
 
 #include <fnmatch.h>
 
+#include <cmath>
 #include <functional>
 #include <regex>
 
@@ -39,9 +40,15 @@ absl::StatusOr<NameMatcher> MakeMatcher(const ParamGroupRule& rule, const std::s
   return absl::InvalidArgumentError(absl::StrCat(field, ": set glob or regex"));
 }
 
+// >= 0 and finite: an infinite weight decay or lr scale makes the parameters NaN.
 absl::Status CheckNonNegative(const std::string& field, double value) {
-  if (value >= 0.0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " must be >= 0"));
+  if (!(value >= 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " must be >= 0"));
+  }
+  if (!std::isfinite(value)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " must be finite"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace

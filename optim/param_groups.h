@@ -24,8 +24,8 @@ struct ParamGroup {
 
 // The groups of `names`, rules first in order, then the default group if it has members.
 // InvalidArgument naming the field (optimizer.param_groups[i]...) for a rule without a
-// pattern, an invalid regex, a negative lr_scale or weight_decay, or a rule that matches no
-// parameter.
+// pattern, an invalid regex, a negative or infinite lr_scale or weight_decay, or a rule that
+// matches no parameter.
 absl::StatusOr<std::vector<ParamGroup>> AssignParamGroups(const std::vector<std::string>& names,
                                                           const OptimizerConfig& config);
 

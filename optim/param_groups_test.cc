@@ -104,6 +104,8 @@ TEST(AssignParamGroupsTest, InvalidRulesNameTheField) {
       invalid("optimizer.param_groups[0].weight_decay: -0.5 must be >= 0"));
   EXPECT_THAT(AssignParamGroups(kNames, Parse("weight_decay: -1")),
               invalid("optimizer.weight_decay: -1 must be >= 0"));
+  EXPECT_THAT(AssignParamGroups(kNames, Parse(R"pb(param_groups { glob: "*" lr_scale: inf })pb")),
+              invalid("optimizer.param_groups[0].lr_scale: inf must be finite"));
 }
 
 }  // namespace

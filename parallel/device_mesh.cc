@@ -146,7 +146,10 @@ int64_t MeshRanks(const MeshConfig& config) {
 int64_t SubmeshRanks(const MeshConfig& config, const std::set<std::string>& dims) {
   int64_t ranks = 1;
   for (const MeshConfig::Dimension& dim : config.dims()) {
-    if (dims.count(dim.name()) > 0) ranks *= dim.size();
+    // An invalid size counts as 1; CheckMeshConfig names it.
+    if (dims.count(dim.name()) == 0 || dim.size() < 1) continue;
+    ranks *= dim.size();
+    if (ranks > kMaxMeshRanks) return kMaxMeshRanks + 1;
   }
   return ranks;
 }

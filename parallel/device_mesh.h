@@ -45,11 +45,14 @@ inline constexpr int kMaxCollectiveTimeoutSeconds = 24 * 60 * 60;
 absl::Duration CollectiveTimeout(const MeshConfig& config);
 
 // The number of ranks `config` describes: the product of its sizes, 1 without dimensions;
-// kMaxMeshRanks + 1 for any product above kMaxMeshRanks (so it never overflows).
+// kMaxMeshRanks + 1 for any product above kMaxMeshRanks (so it never overflows), 0 when a
+// size is below 1.
 int64_t MeshRanks(const MeshConfig& config);
 
 // The number of ranks in the sub-grid of `config` spanned by the dimensions named `dims`
-// (those `config` has): the product of their sizes, 1 for none.
+// (those `config` has): the product of their sizes, 1 for none. Always in
+// [1, kMaxMeshRanks + 1], so callers may divide by it and multiply it: a size below 1 counts
+// as 1 and a product above kMaxMeshRanks is kMaxMeshRanks + 1 (CheckMeshConfig names both).
 int64_t SubmeshRanks(const MeshConfig& config, const std::set<std::string>& dims);
 
 // Every problem of `config` on a world of `world_size` ranks (a dimension without a name, a

@@ -66,6 +66,23 @@ TEST(MeshLayoutTest, NoDimensionsIsOneRank) {
   EXPECT_EQ(MeshRanks(ParseMesh(kDpTp)), 4);
 }
 
+// A validator divides by the data-parallel ranks before it knows the mesh is valid: a size
+// of 0 made the plan check divide by zero, and huge sizes overflowed the product.
+TEST(MeshLayoutTest, SubmeshRanksIsAtLeastOneAndNeverOverflows) {
+  EXPECT_EQ(SubmeshRanks(ParseMesh(kDpTp), {"dp"}), 2);
+  EXPECT_EQ(SubmeshRanks(ParseMesh(kDpTp), {"dp", "tp"}), 4);
+  EXPECT_EQ(SubmeshRanks(ParseMesh(kDpTp), {}), 1);
+  EXPECT_EQ(SubmeshRanks(ParseMesh(R"pb(dims { name: "dp" size: 0 }
+                                        dims { name: "tp" size: -3 })pb"),
+                         {"dp", "tp"}),
+            1);
+  EXPECT_EQ(SubmeshRanks(ParseMesh(R"pb(dims { name: "a" size: 2147483647 }
+                                        dims { name: "b" size: 2147483647 }
+                                        dims { name: "c" size: 2147483647 })pb"),
+                         {"a", "b", "c"}),
+            kMaxMeshRanks + 1);
+}
+
 TEST(MeshLayoutTest, InvalidConfigsNameTheField) {
   const auto invalid = [](const std::string& message) {
     return StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message));

@@ -34,10 +34,12 @@ class FieldChecker {
     return absl::InvalidArgumentError(absl::StrCat(Name(field), ": ", value, " ", problem));
   }
 
+  // Positive and finite: an infinite lr, num_cycles or power makes every rate NaN or 0.
   template <typename T>
   absl::Status Positive(absl::string_view field, T value) const {
-    if (value > 0) return absl::OkStatus();  // false for NaN too
-    return Error(field, value, "must be > 0");
+    if (!(value > 0)) return Error(field, value, "must be > 0");  // NaN too
+    if (!std::isfinite(static_cast<double>(value))) return Error(field, value, "must be finite");
+    return absl::OkStatus();
   }
 
   absl::Status NonNegative(absl::string_view field, int64_t value) const {
@@ -287,7 +289,6 @@ absl::StatusOr<Decay> BuildDecay(const ScheduleConfig& config, const FieldChecke
 absl::StatusOr<Schedule> BuildSchedule(const ScheduleConfig& config, absl::string_view field_path) {
   const FieldChecker fields{std::string(field_path)};
   PLAIT_RETURN_IF_ERROR(fields.Positive("lr", config.lr()));
-  if (!std::isfinite(config.lr())) return fields.Error("lr", config.lr(), "must be finite");
   PLAIT_RETURN_IF_ERROR(fields.Positive("total_steps", config.total_steps()));
   const Run run{config.total_steps(), fields.Name("total_steps")};
   PLAIT_ASSIGN_OR_RETURN(Warmup warmup, BuildWarmup(config.warmup(), fields.Sub("warmup"), run));

@@ -241,6 +241,11 @@ INSTANTIATE_TEST_SUITE_P(
                     "take"},
         InvalidCase{"cosine_cycles", "lr: 1 total_steps: 10 cosine { num_cycles: 0 }",
                     "plan.schedule.cosine.num_cycles: 0 must be > 0"},
+        // Infinite cycles or power made every rate NaN; the plan check let them through.
+        InvalidCase{"cosine_cycles_infinite", "lr: 1 total_steps: 10 cosine { num_cycles: inf }",
+                    "plan.schedule.cosine.num_cycles: inf must be finite"},
+        InvalidCase{"polynomial_power_infinite", "lr: 1 total_steps: 10 polynomial { power: inf }",
+                    "plan.schedule.polynomial.power: inf must be finite"},
         InvalidCase{"restarts_cycles",
                     "lr: 1 total_steps: 10 cosine_with_restarts { num_cycles: -2 }",
                     "plan.schedule.cosine_with_restarts.num_cycles: -2 must be > 0"},

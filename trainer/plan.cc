@@ -1,5 +1,6 @@
 #include "trainer/plan.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,15 +35,23 @@ absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanComm
   PlanArguments arguments;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
+    // The count the command takes, --world_size or --max_local_ranks.
+    std::optional<int>* count = nullptr;
+    if (command == PlanCommand::kCheck && absl::ConsumePrefix(&arg, "--world_size=")) {
+      count = &arguments.world_size;
+    } else if (command == PlanCommand::kTrain && absl::ConsumePrefix(&arg, "--max_local_ranks=")) {
+      count = &arguments.max_local_ranks;
+    }
     int number = 0;
-    if (absl::ConsumePrefix(&arg, "--set=")) {
+    if (count != nullptr) {
+      // Not taken for the plan's path, as "--world_size=x" once was.
+      if (!absl::SimpleAtoi(arg, &number) || number < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(argv[i], ": \"", arg, "\" is not a positive integer"));
+      }
+      *count = number;
+    } else if (absl::ConsumePrefix(&arg, "--set=")) {
       arguments.overrides.emplace_back(arg);
-    } else if (command == PlanCommand::kCheck && absl::ConsumePrefix(&arg, "--world_size=") &&
-               absl::SimpleAtoi(arg, &number)) {
-      arguments.world_size = number;
-    } else if (command == PlanCommand::kTrain && absl::ConsumePrefix(&arg, "--max_local_ranks=") &&
-               absl::SimpleAtoi(arg, &number)) {
-      arguments.max_local_ranks = number;
     } else if (arg == "--skip_memory_check") {
       arguments.skip_memory_check = true;
     } else if ((absl::ConsumePrefix(&arg, "--plan=") || !absl::StartsWith(arg, "--")) &&

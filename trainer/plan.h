@@ -48,7 +48,8 @@ struct PlanArguments {
   bool skip_memory_check = false;
 };
 
-// Parses argv[1..argc); InvalidArgument naming the first argument `command` does not take.
+// Parses argv[1..argc); InvalidArgument naming the first argument `command` does not take,
+// or whose count (--world_size, --max_local_ranks) is not a positive integer.
 absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanCommand command);
 
 // The plan `arguments` name, with their overrides applied: the file (a path relative to where

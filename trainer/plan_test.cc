@@ -1,5 +1,7 @@
 #include "trainer/plan.h"
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -109,6 +111,19 @@ TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
   EXPECT_THAT(
       ParsePlanArguments(4, const_cast<char**>(argv), PlanCommand::kTrain),
       StatusIs(absl::StatusCode::kInvalidArgument, "unexpected argument \"--world_size=4\""));
+  // A count that is not a positive integer is named, not taken for the plan's path (which
+  // "--world_size=nan" was, found by the plan mutation test).
+  for (const char* bad : {"--world_size=nan", "--world_size=0", "--world_size=2147483648"}) {
+    const char* bad_argv[] = {"plan_check", bad};
+    EXPECT_THAT(ParsePlanArguments(2, const_cast<char**>(bad_argv), PlanCommand::kCheck),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat(bad, ": \"", absl::string_view(bad).substr(13),
+                                                "\" is not a positive integer"))));
+  }
+  const char* bad_ranks[] = {"train", "--max_local_ranks=-2"};
+  EXPECT_THAT(ParsePlanArguments(2, const_cast<char**>(bad_ranks), PlanCommand::kTrain),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--max_local_ranks=-2: \"-2\" is not a positive integer"));
 
   // The later override wins, and the embedded plan serves when no file is named.
   arguments->plan_path.clear();

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <optional>
 #include <set>
 #include <string>
@@ -169,9 +170,9 @@ class Checker {
     non_negative("eval_every", t.eval_every());
     non_negative("log_every", t.log_every());
     non_negative("max_skipped_steps", t.max_skipped_steps());
-    if (!(t.peak_flops_per_rank() >= 0.0)) {
+    if (!(t.peak_flops_per_rank() >= 0.0 && std::isfinite(t.peak_flops_per_rank()))) {
       Add("plan.training.peak_flops_per_rank",
-          absl::StrCat(t.peak_flops_per_rank(), "; must be >= 0"));
+          absl::StrCat(t.peak_flops_per_rank(), "; must be >= 0 and finite"));
     }
     if (config.has_value() && t.seq_len() > config->max_position_embeddings()) {
       Add("plan.training.seq_len",
@@ -179,13 +180,19 @@ class Checker {
                        config->max_position_embeddings(), ")"));
     }
     if (t.global_batch() > 0 && t.micro_batch() > 0 && t.grad_accumulation() >= 0) {
-      const int64_t per_step = t.micro_batch() * data_parallel_size_ * GradAccumulation(t);
-      if (per_step != t.global_batch()) {
+      // Checked products: a huge micro_batch could wrap them to any value, 0 included.
+      int64_t across_ranks = 0, per_step = 0;
+      const bool ranks_overflow =
+          __builtin_mul_overflow(t.micro_batch(), data_parallel_size_, &across_ranks);
+      const bool overflow =
+          ranks_overflow || __builtin_mul_overflow(across_ranks, GradAccumulation(t), &per_step);
+      if (overflow || per_step != t.global_batch()) {
         Add("plan.training.global_batch",
             absl::StrCat(t.global_batch(), " is not micro_batch (", t.micro_batch(),
                          ") x data-parallel ranks (", data_parallel_size_,
-                         ") x grad_accumulation (", GradAccumulation(t), ") = ", per_step,
-                         t.global_batch() % (t.micro_batch() * data_parallel_size_) == 0
+                         ") x grad_accumulation (", GradAccumulation(t),
+                         ") = ", overflow ? "more than 2^63 - 1" : absl::StrCat(per_step),
+                         !ranks_overflow && t.global_batch() % across_ranks == 0
                              ? ""
                              : "; micro_batch x ranks does not divide it"));
       }

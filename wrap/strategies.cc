@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status.h"
 #include "google/protobuf/descriptor.h"
 #include "wrap/ddp/ddp.h"
 #include "wrap/fsdp/fsdp.h"
@@ -16,6 +17,7 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
     case PrepareStep::kFsdp:
       return std::make_unique<fsdp::FsdpStrategy>(step.fsdp());
     case PrepareStep::kDdp:
+      PLAIT_RETURN_IF_ERROR(ddp::CheckDdpConfig(step.ddp()));
       return std::make_unique<ddp::DdpStrategy>(step.ddp());
     case PrepareStep::STRATEGY_NOT_SET:
       break;

@@ -15,7 +15,8 @@
 
 namespace plait::wrap {
 
-// The strategy `step` names, configured and not applied. InvalidArgument when it names none.
+// The strategy `step` names, configured and not applied. InvalidArgument when it names none or
+// its config is invalid, naming the field ("ddp.bucket_cap_mb: ...").
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step);
 
 // The mesh dimensions whose ranks read different data under `steps`: those of the steps whose

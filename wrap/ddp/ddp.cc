@@ -1,5 +1,6 @@
 #include "wrap/ddp/ddp.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,7 +20,22 @@ double BucketCapMb(const DdpConfig& config) {
   return config.has_bucket_cap_mb() ? config.bucket_cap_mb() : kDefaultBucketCapMb;
 }
 
+double FirstBucketCapMb(const DdpConfig& config) {
+  return config.has_first_bucket_cap_mb() ? config.first_bucket_cap_mb() : kDefaultFirstBucketCapMb;
+}
+
 }  // namespace
+
+absl::Status CheckDdpConfig(const DdpConfig& config) {
+  for (auto [field, value] : {std::pair{"bucket_cap_mb", BucketCapMb(config)},
+                              std::pair{"first_bucket_cap_mb", FirstBucketCapMb(config)}}) {
+    if (!(value > 0.0 && std::isfinite(value))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ddp.", field, ": ", value, " must be > 0 and finite"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 struct Ddp::Bucket {
   std::vector<int> members;
@@ -33,15 +49,9 @@ struct Ddp::Bucket {
 absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
                                                  parallel::Communicator& communicator,
                                                  const DdpConfig& config) {
+  PLAIT_RETURN_IF_ERROR(CheckDdpConfig(config));
   const double cap_mb = BucketCapMb(config);
-  const double first_cap_mb =
-      config.has_first_bucket_cap_mb() ? config.first_bucket_cap_mb() : kDefaultFirstBucketCapMb;
-  for (auto [field, value] :
-       {std::pair{"bucket_cap_mb", cap_mb}, std::pair{"first_bucket_cap_mb", first_cap_mb}}) {
-    if (!(value > 0.0)) {
-      return absl::InvalidArgumentError(absl::StrCat("ddp.", field, ": ", value, " must be > 0"));
-    }
-  }
+  const double first_cap_mb = FirstBucketCapMb(config);
 
   std::vector<torch::Tensor> parameters;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
