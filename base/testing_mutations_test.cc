@@ -119,7 +119,7 @@ TEST(MutationCasesDeathTest, AHangAbortsNamingTheCase) {
   EXPECT_DEATH(
       {
         MutationCases cases(absl::Milliseconds(100));
-        cases.Run("a", "the slow case", [] {
+        (void)cases.Run("a", "the slow case", [] {
           absl::SleepFor(absl::Seconds(10));
           return absl::OkStatus();
         });
@@ -131,7 +131,7 @@ TEST(MutationCasesDeathTest, ACrashNamesTheCase) {
   EXPECT_DEATH(
       {
         MutationCases cases(absl::Seconds(5));
-        cases.Run("a", "the crashing case", []() -> absl::Status { std::abort(); });
+        (void)cases.Run("a", "the crashing case", []() -> absl::Status { std::abort(); });
       },
       "in mutation case: the crashing case");
 }
@@ -147,8 +147,8 @@ TEST(MutationCasesDeathTest, AStackOverflowNamesTheCase) {
   EXPECT_DEATH(
       {
         MutationCases cases(absl::Seconds(5));
-        cases.Run("a", "the deep case",
-                  [] { return absl::InternalError(absl::StrCat(Recurse(1 << 30))); });
+        (void)cases.Run("a", "the deep case",
+                        [] { return absl::InternalError(absl::StrCat(Recurse(1 << 30))); });
       },
       "in mutation case: the deep case");
 }

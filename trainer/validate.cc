@@ -28,6 +28,10 @@
 namespace plait::trainer {
 namespace {
 
+// LibTorch's CPU kernels (1.13) have no fp16 matmul; the trainer runs on CPU.
+constexpr char kNoCpuFp16[] =
+    "DTYPE_FLOAT16 has no CPU matmul; use DTYPE_BFLOAT16 or DTYPE_FLOAT32";
+
 bool DirectoryExists(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
@@ -82,8 +86,7 @@ class Checker {
   std::optional<models::ModelConfig> CheckModel(const models::ModelSpec& spec,
                                                 const std::string& field) {
     if (spec.dtype() == base::DTYPE_FLOAT16) {
-      // LibTorch's CPU kernels (1.13) have no fp16 matmul; the trainer runs on CPU.
-      Add(field + ".dtype", "DTYPE_FLOAT16 has no CPU matmul; use DTYPE_BFLOAT16 or DTYPE_FLOAT32");
+      Add(field + ".dtype", kNoCpuFp16);
     }
     absl::StatusOr<models::ModelConfig> config = models::ResolveModelSpec(spec, field);
     if (config.ok()) return *config;
@@ -105,6 +108,11 @@ class Checker {
   void CheckSteps(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
                   const std::string& field) {
     AddAll(wrap::CheckSteps(rules_, steps, field, dims_, "plan.mesh"));
+    for (int i = 0; i < steps.size(); ++i) {
+      if (steps[i].has_fsdp() && steps[i].fsdp().param_dtype() == base::DTYPE_FLOAT16) {
+        Add(absl::StrCat(field, "[", i, "].fsdp.param_dtype"), kNoCpuFp16);
+      }
+    }
   }
 
   // The dimensions the plan's own steps use, and the data-parallel width: the ranks of the
