@@ -240,13 +240,17 @@ TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
     ASSERT_THAT(reference, IsOk());
     auto optimizer = BuildOptimizer(**policy, plan.optimizer());
     ASSERT_THAT(optimizer, IsOk());
-    // A checksum of the reference's whole (gathered) parameters.
+    // A checksum of the reference's parameters: its log-probabilities of a fixed batch, which
+    // change with any of them.
+    const data::Batch probe{torch::arange(64, torch::kInt64).view({2, 32}),
+                            torch::arange(1, 65, torch::kInt64).view({2, 32})};
     const auto checksum = [&] {
-      double sum = 0.0;
-      for (const auto& [name, tensor] : (*reference)->preparation().FullParameters().value()) {
-        sum += tensor.to(torch::kFloat64).abs().sum().item<double>();
-      }
-      return sum;
+      torch::NoGradGuard no_grad;
+      return (*reference)
+          ->model()
+          .SequenceLogProbs(probe.inputs, probe.targets)
+          .sum()
+          .item<double>();
     };
     const double before = checksum();
     std::set<const void*> reference_tensors;
@@ -304,7 +308,9 @@ TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
   // The policy starts as its reference: z = 0, so the sigmoid loss is ln 2 and rewards are 0.
   EXPECT_FLOAT_EQ(single.steps[0].loss, std::log(2.0));
   for (const auto& [name, value] : single.steps[0].named) {
-    if (name.rfind("rewards/", 0) == 0) EXPECT_EQ(value, 0.0) << name;
+    if (name.rfind("rewards/", 0) == 0) {
+      EXPECT_EQ(value, 0.0) << name;
+    }
   }
   EXPECT_LT(single.steps.back().loss, single.steps.front().loss);
   for (const std::string layout : {"fsdp", "ddp"}) {
