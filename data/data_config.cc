@@ -9,15 +9,22 @@
 
 namespace plait::data {
 
+namespace {
+
+void FillDefaults(SyntheticData& synthetic) {
+  if (!synthetic.has_num_states()) synthetic.set_num_states(kDefaultNumStates);
+  if (!synthetic.has_branching()) synthetic.set_branching(kDefaultBranching);
+  if (!synthetic.has_peak()) synthetic.set_peak(kDefaultPeak);
+}
+
+}  // namespace
+
 DataConfig ResolvedDataConfig(const DataConfig& data) {
   DataConfig resolved = data;
   if (resolved.source_case() == DataConfig::SOURCE_NOT_SET) resolved.mutable_synthetic();
-  if (resolved.has_synthetic()) {
-    SyntheticData& synthetic = *resolved.mutable_synthetic();
-    if (!synthetic.has_num_states()) synthetic.set_num_states(kDefaultNumStates);
-    if (!synthetic.has_branching()) synthetic.set_branching(kDefaultBranching);
-    if (!synthetic.has_peak()) synthetic.set_peak(kDefaultPeak);
-  }
+  if (resolved.has_synthetic()) FillDefaults(*resolved.mutable_synthetic());
+  if (resolved.has_synthetic_pairs())
+    FillDefaults(*resolved.mutable_synthetic_pairs()->mutable_chain());
   return resolved;
 }
 
@@ -28,36 +35,63 @@ std::vector<base::Violation> ValidateDataConfig(const DataConfig& data,
   auto add = [&](absl::string_view field, std::string message) {
     problems.push_back({absl::StrCat(field_path, ".", field), std::move(message), ""});
   };
-  const DataConfig resolved = ResolvedDataConfig(data);
-  if (resolved.has_synthetic()) {
-    const SyntheticData& s = resolved.synthetic();
+  auto check_chain = [&](const SyntheticData& s, const std::string& field) {
     if (s.num_states() < 2 || (vocab_size.has_value() && s.num_states() > *vocab_size)) {
-      add("synthetic.num_states",
+      add(field + ".num_states",
           absl::StrCat(s.num_states(), "; must be in [2, vocab_size",
                        vocab_size.has_value() ? absl::StrCat(" = ", *vocab_size) : "", "]"));
     }
     if (s.branching() < 1 || s.branching() > s.num_states()) {
-      add("synthetic.branching",
+      add(field + ".branching",
           absl::StrCat(s.branching(), "; must be in [1, num_states = ", s.num_states(), "]"));
     }
-    if (!(s.peak() >= 1.0)) add("synthetic.peak", absl::StrCat(s.peak(), "; must be >= 1"));
-    return problems;
-  }
-  const TokenFiles& files = resolved.token_files();
-  if (files.format() == TOKEN_FORMAT_UNSPECIFIED) {
-    add("token_files.format",
-        "is not set; set TOKEN_FORMAT_LLMC, TOKEN_FORMAT_UINT16 or TOKEN_FORMAT_UINT32");
-  }
-  for (const auto& [name, path] :
-       {std::pair<std::string, std::string>{"train_path", files.train_path()},
-        {"eval_path", files.eval_path()}}) {
-    if (path.empty()) {
-      add("token_files." + name, "is empty; name a token file");
-    } else if (struct stat info; stat(path.c_str(), &info) != 0) {
-      add("token_files." + name, absl::StrCat("\"", path, "\" does not exist"));
-    } else if (!S_ISREG(info.st_mode)) {
-      add("token_files." + name,
-          absl::StrCat("\"", path, "\" is ", base::FileKind(info.st_mode), ", not a token file"));
+    if (!(s.peak() >= 1.0)) add(field + ".peak", absl::StrCat(s.peak(), "; must be >= 1"));
+  };
+  auto check_files = [&](const std::string& field, const std::string& train,
+                         const std::string& eval, absl::string_view kind) {
+    for (const auto& [name, path] :
+         {std::pair<std::string, std::string>{"train_path", train}, {"eval_path", eval}}) {
+      if (path.empty()) {
+        add(field + name, absl::StrCat("is empty; name a ", kind));
+      } else if (struct stat info; stat(path.c_str(), &info) != 0) {
+        add(field + name, absl::StrCat("\"", path, "\" does not exist"));
+      } else if (!S_ISREG(info.st_mode)) {
+        add(field + name,
+            absl::StrCat("\"", path, "\" is ", base::FileKind(info.st_mode), ", not a ", kind));
+      }
+    }
+  };
+  const DataConfig resolved = ResolvedDataConfig(data);
+  switch (resolved.source_case()) {
+    case DataConfig::kSynthetic:
+      check_chain(resolved.synthetic(), "synthetic");
+      break;
+    case DataConfig::kSyntheticPairs:
+      check_chain(resolved.synthetic_pairs().chain(), "synthetic_pairs.chain");
+      if (resolved.synthetic_pairs().prompt_length() < 1) {
+        add("synthetic_pairs.prompt_length",
+            absl::StrCat(resolved.synthetic_pairs().prompt_length(), "; must be >= 1"));
+      }
+      break;
+    case DataConfig::kPreferenceFiles:
+    case DataConfig::kSftFiles: {
+      const bool sft = resolved.has_sft_files();
+      const PairFiles& files = sft ? resolved.sft_files() : resolved.preference_files();
+      const std::string field = sft ? "sft_files." : "preference_files.";
+      check_files(field, files.train_path(), files.eval_path(), "JSONL file of examples");
+      if (files.max_prompt_length() < 0) {
+        add(field + "max_prompt_length",
+            absl::StrCat(files.max_prompt_length(), "; must be >= 0 (0: not cut)"));
+      }
+      break;
+    }
+    default: {
+      const TokenFiles& files = resolved.token_files();
+      if (files.format() == TOKEN_FORMAT_UNSPECIFIED) {
+        add("token_files.format",
+            "is not set; set TOKEN_FORMAT_LLMC, TOKEN_FORMAT_UINT16 or TOKEN_FORMAT_UINT32");
+      }
+      check_files("token_files.", files.train_path(), files.eval_path(), "token file");
     }
   }
   return problems;

@@ -19,7 +19,9 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split spli
   loader.seq_len_ = seq_len;
   loader.dp_rank_ = dp_rank;
   loader.dp_size_ = dp_size;
-  if (data.has_synthetic()) {
+  if (data.has_preference_files() || data.has_sft_files() || data.has_synthetic_pairs()) {
+    PLAIT_RETURN_IF_ERROR(loader.CreatePairs(data, split, vocab_size, field_path));
+  } else if (data.has_synthetic()) {
     PLAIT_ASSIGN_OR_RETURN(
         MarkovSource source,
         MarkovSource::Create(data.synthetic(), vocab_size, absl::StrCat(field_path, ".synthetic")));
@@ -50,6 +52,50 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split spli
   return loader;
 }
 
+absl::Status DataLoader::CreatePairs(const DataConfig& data, Split split, int64_t vocab_size,
+                                     absl::string_view field_path) {
+  stream_ = split == Split::kTrain ? 0 : 1;
+  if (data.has_synthetic_pairs()) {
+    const SyntheticPairs& pairs = data.synthetic_pairs();
+    const std::string field = absl::StrCat(field_path, ".synthetic_pairs");
+    if (pairs.prompt_length() < 1 || pairs.prompt_length() >= seq_len_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".prompt_length: ", pairs.prompt_length(), "; must be in [1, ",
+                       seq_len_ - 1, "] (seq_len - 1)"));
+    }
+    SyntheticData rejected = pairs.chain();
+    rejected.set_seed(pairs.rejected_seed());
+    for (auto [config, source] :
+         {std::pair{&pairs.chain(), &synthetic_}, {&rejected, &rejected_}}) {
+      PLAIT_ASSIGN_OR_RETURN(MarkovSource chain,
+                             MarkovSource::Create(*config, vocab_size, field + ".chain"));
+      *source = std::make_shared<const MarkovSource>(std::move(chain));
+    }
+    prompt_length_ = pairs.prompt_length();
+    return absl::OkStatus();
+  }
+  const bool sft = data.has_sft_files();
+  pair_kind_ = sft ? PairKind::kSft : PairKind::kPreference;
+  cut_ = sft ? data.sft_files() : data.preference_files();
+  const std::string path = split == Split::kTrain ? cut_.train_path() : cut_.eval_path();
+  const std::string path_field =
+      absl::StrCat(field_path, sft ? ".sft_files." : ".preference_files.",
+                   split == Split::kTrain ? "train_path" : "eval_path");
+  PLAIT_ASSIGN_OR_RETURN(
+      PairExamples examples,
+      base::Annotate(ReadPairFile(path, pair_kind_, cut_, vocab_size, seq_len_), path_field));
+  const int64_t needed = micro_batch_ * dp_size_;
+  if (static_cast<int64_t>(examples.examples.size()) < needed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_field, ": ", path, ": too few examples for one batch: ", examples.examples.size(),
+        "; ", dp_size_, " ranks x micro_batch ", micro_batch_, " need ", needed));
+  }
+  pairs_ = std::make_shared<const PairExamples>(std::move(examples));
+  shuffle_ = split == Split::kTrain && cut_.shuffle();
+  shuffle_seed_ = cut_.shuffle_seed();
+  return absl::OkStatus();
+}
+
 void DataLoader::Reset() {
   position_ = file_ != nullptr ? dp_rank_ * micro_batch_ * seq_len_ : dp_rank_ * micro_batch_;
   pass_ = 0;
@@ -58,18 +104,22 @@ void DataLoader::Reset() {
 }
 
 std::optional<int64_t> DataLoader::DistinctBatches() const {
-  if (file_ == nullptr) return std::nullopt;
+  if (file_ == nullptr && pairs_ == nullptr) return std::nullopt;
   return BatchesPerPass();
 }
 
 int64_t DataLoader::BatchesPerPass() const {
+  if (pairs_ != nullptr) {
+    return static_cast<int64_t>(pairs_->examples.size()) / (micro_batch_ * dp_size_);
+  }
   // Whole world batches whose read (W*B*T + 1 tokens) fits in the file: sequential reading
   // starts over, and shuffled reading reshuffles, after this many.
   return (file_->size() - 1) / (micro_batch_ * seq_len_ * dp_size_);
 }
 
 void DataLoader::ShuffleNextPass() {
-  window_order_.resize(BatchesPerPass());
+  // Pair files shuffle their examples; token files their windows of one world batch.
+  window_order_.resize(pairs_ != nullptr ? pairs_->examples.size() : BatchesPerPass());
   std::iota(window_order_.begin(), window_order_.end(), 0);
   std::mt19937_64 random(shuffle_seed_ * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(pass_));
   std::shuffle(window_order_.begin(), window_order_.end(), random);
@@ -90,6 +140,12 @@ void DataLoader::Seek(int64_t micro_batches) {
     return;
   }
   const int64_t per_pass = BatchesPerPass();
+  if (pairs_ != nullptr) {
+    // The next read orders pass `pass_` when shuffling.
+    pass_ = micro_batches / per_pass;
+    position_ += (micro_batches % per_pass) * micro_batch_ * dp_size_;
+    return;
+  }
   if (shuffle_) {
     pass_ = micro_batches / per_pass;
     if (micro_batches % per_pass == 0) return;  // the next read orders pass `pass_`
@@ -100,8 +156,45 @@ void DataLoader::Seek(int64_t micro_batches) {
   position_ += (micro_batches % per_pass) * micro_batch_ * seq_len_ * dp_size_;
 }
 
+Batch DataLoader::NextPairs() {
+  const int64_t B = micro_batch_, W = dp_size_;
+  std::vector<PairExample> drawn;
+  std::vector<const PairExample*> examples;
+  if (rejected_ != nullptr) {
+    const int64_t P = prompt_length_;
+    const torch::Tensor chosen = synthetic_->Sequences(stream_, position_, B, seq_len_);
+    const torch::Tensor rejected = rejected_->Sequences(stream_, position_, B, seq_len_ - P);
+    const auto ids = [](const torch::Tensor& row) {
+      return std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+    };
+    drawn.resize(B);
+    for (int64_t b = 0; b < B; ++b) {
+      drawn[b].prompt = ids(chosen[b].narrow(0, 0, P).contiguous());
+      drawn[b].chosen = ids(chosen[b].narrow(0, P, seq_len_ - P).contiguous());
+      drawn[b].rejected = ids(rejected[b].contiguous());
+      examples.push_back(&drawn[b]);
+    }
+    position_ += B * W;
+    return PairRows(examples, PairKind::kPreference, cut_, seq_len_);
+  }
+  if (shuffle_ && window_order_.empty()) ShuffleNextPass();
+  for (int64_t i = 0; i < B; ++i) {
+    const int64_t index = position_ + i;
+    examples.push_back(&pairs_->examples[shuffle_ ? window_order_[index] : index]);
+  }
+  // As token files: every rank starts the next pass when the world's next batch would pass
+  // the end, measured from rank 0's position.
+  position_ += B * W;
+  if (position_ - dp_rank_ * B + B * W > BatchesPerPass() * B * W) {
+    position_ = dp_rank_ * B;
+    window_order_.clear();
+  }
+  return PairRows(examples, pair_kind_, cut_, seq_len_);
+}
+
 absl::StatusOr<Batch> DataLoader::Next() {
   const int64_t B = micro_batch_, T = seq_len_, W = dp_size_;
+  if (pairs_ != nullptr || rejected_ != nullptr) return NextPairs();
   if (synthetic_ != nullptr) {
     const torch::Tensor sequences = synthetic_->Sequences(stream_, position_, B, T + 1);
     position_ += B * W;
@@ -122,7 +215,7 @@ absl::StatusOr<Batch> DataLoader::Next() {
 }
 
 std::optional<double> DataLoader::EntropyFloor() const {
-  if (synthetic_ == nullptr) return std::nullopt;
+  if (synthetic_ == nullptr || rejected_ != nullptr) return std::nullopt;
   return synthetic_->EntropyRate();
 }
 

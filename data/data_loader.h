@@ -1,12 +1,13 @@
 // The batches one data-parallel rank trains and evaluates on, from a data source
-// (ResolvedDataConfig in data_config.h): the synthetic Markov source (markov_source.h) or
-// token files (token_file.h). Both follow llm.c's convention: the k-th micro-batch of rank r
-// of W reads the B*T+1 tokens (or B sequences) at position (k*W + r)*B*T, so W ranks with
-// micro-batch B see together exactly what one rank with micro-batch W*B sees. Token files
-// start over at r*B*T when the world's next batch would pass the end (as llm.c, but measured
-// from rank 0's position on every rank, so the ranks start over together). With
-// TokenFiles.shuffle the training file's windows of one world batch come in a seeded random
-// order, new each pass.
+// (ResolvedDataConfig in data_config.h): the synthetic Markov source (markov_source.h), token
+// files (token_file.h), or preference and SFT examples (pairs.h: files, or synthetic pairs,
+// read like the synthetic source with B examples in place of B sequences). Both follow llm.c's
+// convention: the k-th micro-batch of rank r of W reads the B*T+1 tokens (or B sequences) at
+// position (k*W + r)*B*T, so W ranks with micro-batch B see together exactly what one rank with
+// micro-batch W*B sees. Token files start over at r*B*T when the world's next batch would pass the
+// end (as llm.c, but measured from rank 0's position on every rank, so the ranks start over
+// together). With TokenFiles.shuffle the training file's windows of one world batch come in a
+// seeded random order, new each pass.
 //
 //   PLAIT_ASSIGN_OR_RETURN(
 //       DataLoader train,
@@ -23,17 +24,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "data/batch.h"
 #include "data/data.pb.h"
 #include "data/markov_source.h"
+#include "data/pairs.h"
 #include "data/token_file.h"
 #include "torch/torch.h"
 
 namespace plait::data {
-
-struct Batch {
-  torch::Tensor inputs;   // int64 [B, T]
-  torch::Tensor targets;  // int64 [B, T]: inputs shifted by one token
-};
 
 // The training stream, or the held-out one (the eval file, or the synthetic source's
 // second stream).
@@ -49,7 +47,9 @@ class DataLoader {
   // caller's config ("plan.data"); errors start with the field they concern:
   // "<field_path>.synthetic.num_states: ..." for an out-of-range synthetic value, and
   // "<field_path>.token_files.train_path: <file>: ..." for a bad token file (TokenFile::Open)
-  // or one too short for one batch of every data-parallel rank (W*B*T+1 tokens).
+  // or one too short for one batch of every data-parallel rank (W*B*T+1 tokens);
+  // "<field_path>.preference_files.train_path: <file>:<line>: <key>: ..." for a bad example
+  // (ReadPairFile), or a file of fewer than W*B examples.
   static absl::StatusOr<DataLoader> Create(const DataConfig& data, Split split, int64_t vocab_size,
                                            int64_t micro_batch, int64_t seq_len, int dp_rank,
                                            int dp_size, absl::string_view field_path);
@@ -69,14 +69,25 @@ class DataLoader {
   void Seek(int64_t micro_batches);
 
   // How many micro-batches this rank reads before the data repeats: those of one pass over
-  // the token file; nullopt for the synthetic source, which never repeats.
+  // the file; nullopt for the synthetic sources, which never repeat.
   std::optional<int64_t> DistinctBatches() const;
 
-  // The synthetic source's entropy rate (the loss floor); nullopt for token files.
+  // The synthetic source's entropy rate (the loss floor); nullopt for the others.
   std::optional<double> EntropyFloor() const;
+
+  // Examples of a pair file skipped for a prompt that left no completion token
+  // (PairFiles.skip_long_prompts); 0 for the other sources.
+  int64_t SkippedExamples() const { return pairs_ != nullptr ? pairs_->skipped : 0; }
 
  private:
   DataLoader() = default;
+
+  // Creates the loader of a pair source.
+  absl::Status CreatePairs(const DataConfig& data, Split split, int64_t vocab_size,
+                           absl::string_view field_path);
+
+  // The next micro-batch of a pair source.
+  Batch NextPairs();
 
   // The token offset of this rank's next read in shuffled order.
   int64_t NextShuffledPosition();
@@ -84,19 +95,27 @@ class DataLoader {
   // Orders the windows of pass `pass_` and moves to the next pass.
   void ShuffleNextPass();
 
-  // How many world batches one pass over the token file reads.
+  // How many world batches one pass over the file reads.
   int64_t BatchesPerPass() const;
 
   std::shared_ptr<const MarkovSource> synthetic_;
   std::shared_ptr<const TokenFile> file_;
   std::string file_field_;  // where file_'s path sits in the config, for errors
+  // Pair sources: the file's examples, or the rejected chain of synthetic pairs (whose
+  // chosen chain is synthetic_), and how their rows are cut.
+  std::shared_ptr<const PairExamples> pairs_;
+  std::shared_ptr<const MarkovSource> rejected_;
+  PairKind pair_kind_ = PairKind::kPreference;
+  PairFiles cut_;
+  int64_t prompt_length_ = 0;
   uint64_t stream_ = 0;
   int64_t micro_batch_ = 0;
   int64_t seq_len_ = 0;
   int dp_rank_ = 0;
   int dp_size_ = 1;
-  int64_t position_ = 0;  // tokens for files, sequences for the synthetic source
+  int64_t position_ = 0;  // tokens for token files, sequences or examples for the others
   // Shuffled token files: the window order of the current pass and the next window's index.
+  // Shuffled pair files: the example order of the current pass.
   bool shuffle_ = false;
   uint64_t shuffle_seed_ = 0;
   int64_t pass_ = 0;

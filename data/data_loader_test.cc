@@ -2,10 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "base/file.h"
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
 #include "data/data_config.h"
 #include "data/testing_token_files.h"
 #include "gmock/gmock.h"
@@ -192,6 +196,83 @@ TEST(DataLoaderTest, SeekContinuesWhereThatManyBatchesWouldHaveLeftOff) {
       }
     }
   }
+}
+
+// A preference file of `n` pairs whose prompt is [i] for pair i.
+std::string PairFile(int n) {
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    text += "{\"prompt\": [" + std::to_string(i) + "], \"chosen\": [1], \"rejected\": [2]}\n";
+  }
+  const std::string path = base::testing::TestPath("pairs.jsonl");
+  EXPECT_THAT(base::WriteFileAtomically(path, text), IsOk());
+  return path;
+}
+
+// The prompts of the next micro-batch's chosen rows.
+std::vector<int64_t> Prompts(DataLoader& loader) {
+  const Batch batch = loader.Next().value();
+  EXPECT_EQ(batch.inputs.size(0) % 2, 0);
+  std::vector<int64_t> prompts;
+  for (int64_t r = 0; r < batch.inputs.size(0) / 2; ++r) {
+    prompts.push_back(batch.inputs[r][0].item<int64_t>());
+  }
+  return prompts;
+}
+
+// Rank r of W takes the r-th B pairs of each W*B window, and the world starts over together.
+TEST(DataLoaderTest, PreferenceFilesFollowLlmcsRankPattern) {
+  DataConfig data;
+  data.mutable_preference_files()->set_train_path(PairFile(10));
+  data.mutable_preference_files()->set_eval_path(PairFile(10));
+  auto rank1 = DataLoader::Create(data, Split::kTrain, 100, 2, 4, 1, 2, "plan.data");
+  ASSERT_THAT(rank1, IsOk());
+  EXPECT_EQ(rank1->DistinctBatches(), 2);
+  EXPECT_THAT(Prompts(*rank1), ::testing::ElementsAre(2, 3));
+  EXPECT_THAT(Prompts(*rank1), ::testing::ElementsAre(6, 7));
+  EXPECT_THAT(Prompts(*rank1), ::testing::ElementsAre(2, 3));
+  rank1->Seek(3);
+  EXPECT_THAT(Prompts(*rank1), ::testing::ElementsAre(6, 7));
+  // Shuffled: each pass a permutation of the file, resumable by Seek.
+  data.mutable_preference_files()->set_shuffle(true);
+  auto shuffled = DataLoader::Create(data, Split::kTrain, 100, 5, 4, 0, 1, "plan.data");
+  ASSERT_THAT(shuffled, IsOk());
+  std::vector<int64_t> pass = Prompts(*shuffled);
+  const std::vector<int64_t> second_half = Prompts(*shuffled);
+  pass.insert(pass.end(), second_half.begin(), second_half.end());
+  const std::vector<int64_t> third = Prompts(*shuffled);
+  std::sort(pass.begin(), pass.end());
+  EXPECT_THAT(pass, ::testing::ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
+  shuffled->Seek(2);
+  EXPECT_EQ(Prompts(*shuffled), third);
+}
+
+TEST(DataLoaderTest, PairFileErrorsNameTheField) {
+  DataConfig data;
+  data.mutable_preference_files()->set_train_path(PairFile(3));
+  EXPECT_THAT(DataLoader::Create(data, Split::kTrain, 100, 2, 4, 0, 2, "plan.data"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.data.preference_files.train_path: ")));
+  EXPECT_THAT(DataLoader::Create(data, Split::kTrain, 1, 1, 4, 0, 1, "plan.data"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.data.preference_files.train_path: ")));
+}
+
+TEST(DataLoaderTest, SyntheticPairsMaskTheirPromptsAndDifferInTheirCompletions) {
+  DataConfig data;
+  data.mutable_synthetic_pairs()->set_prompt_length(3);
+  data.mutable_synthetic_pairs()->set_rejected_seed(1);
+  auto loader =
+      DataLoader::Create(ResolvedDataConfig(data), Split::kTrain, 256, 2, 8, 0, 1, "plan.data");
+  ASSERT_THAT(loader, IsOk());
+  const Batch batch = loader->Next().value();
+  ASSERT_EQ(batch.inputs.size(0), 4);
+  // Same prompts, different completions; prompt targets are not scored.
+  EXPECT_TRUE(batch.inputs[0].narrow(0, 0, 3).equal(batch.inputs[2].narrow(0, 0, 3)));
+  EXPECT_FALSE(batch.inputs[0].equal(batch.inputs[2]));
+  EXPECT_EQ(batch.targets[0][1].item<int64_t>(), kIgnoreTarget);
+  EXPECT_EQ(batch.targets[0][2].item<int64_t>(), batch.inputs[0][3].item<int64_t>());
+  EXPECT_FALSE(loader->EntropyFloor().has_value());
 }
 
 }  // namespace

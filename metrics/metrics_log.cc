@@ -112,6 +112,8 @@ absl::Status MetricsLog::Append(const StepMetrics& metrics) {
   if (metrics.skipped) row["skipped"] = true;
   if (metrics.mfu) row["mfu"] = *metrics.mfu;
   if (metrics.eval_loss) row["eval_loss"] = *metrics.eval_loss;
+  for (const auto& [name, value] : metrics.named) row[name] = value;
+  for (const auto& [name, value] : metrics.eval_named) row["eval_" + name] = value;
   *out_ << row.dump() << "\n";
   out_->flush();
   if (!*out_) {

@@ -57,13 +57,27 @@ void ProgressLog::Summary(const RunMetrics& run) {
     absl::StrAppendFormat(&summary, " (entropy floor %.4f, gap %.4f nats)", *run.entropy_floor,
                           *run.best_eval_loss - *run.entropy_floor);
   }
+  // The objective's final evaluation (DPO's reward accuracy and margin).
+  if (!run.steps.empty()) {
+    for (const auto& [name, value] : run.steps.back().eval_named) {
+      if (name == "rewards/accuracies" || name == "rewards/margins") {
+        absl::StrAppendFormat(&summary, ", final eval_%s %.4f", name, value);
+      }
+    }
+  }
   Print(summary);
 }
 
 void ProgressLog::Step(const StepMetrics& metrics, double tokens_per_s, double eta_seconds) {
   std::string fields = absl::StrFormat("loss %.4f | lr %.2e | %.0f tok/s | ETA %s", metrics.loss,
                                        metrics.lr, tokens_per_s, Duration(eta_seconds));
+  for (const auto& [name, value] : metrics.named) {
+    absl::StrAppendFormat(&fields, " | %s %.4f", name, value);
+  }
   if (metrics.eval_loss) absl::StrAppendFormat(&fields, " | eval %.4f", *metrics.eval_loss);
+  for (const auto& [name, value] : metrics.eval_named) {
+    absl::StrAppendFormat(&fields, " | eval_%s %.4f", name, value);
+  }
   if (metrics.skipped) fields += " | update skipped: non-finite gradient norm";
   const std::string step = absl::StrFormat("step %d/%d", metrics.step, total_steps_);
   const bool stays = metrics.step == total_steps_ || metrics.eval_loss || metrics.skipped;

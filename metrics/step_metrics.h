@@ -5,9 +5,15 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace plait::metrics {
+
+// An objective's metrics besides the loss, by TRL's names ("rewards/margins", ...), in the
+// order it reports them.
+using NamedMetrics = std::vector<std::pair<std::string, double>>;
 
 struct StepMetrics {
   int64_t step = 0;   // 1 for the first optimizer step
@@ -18,6 +24,8 @@ struct StepMetrics {
   double tokens_per_s = 0.0;        // global batch tokens / step time
   std::optional<double> mfu;        // when training.peak_flops_per_rank is set
   std::optional<double> eval_loss;  // when evaluated after this step
+  NamedMetrics named;               // the objective's, over the global batch
+  NamedMetrics eval_named;          // the same at the evaluation, when evaluated
 };
 
 // What a whole run measured: its steps, and what its summary reports.

@@ -85,6 +85,9 @@ const Preset kPresets[] = {
        SetLlama3RopeScaling(8.0, config);
        return config;
      }},
+    // Qwen2.5-0.5B's shape (tied embeddings, q/k/v biases, 7:1 query to key/value heads,
+    // intermediate 5.4x hidden) scaled down to train in seconds on a CPU.
+    {"qwen2-tiny", [] { return Qwen2(112, 608, 4, 7, 1, 4096, true); }},
     {"qwen2.5-0.5b", [] { return Qwen2(896, 4864, 24, 14, 2, 151936, true); }},
     {"qwen2.5-7b", [] { return Qwen2(3584, 18944, 28, 28, 4, 152064, false); }},
 };

@@ -28,6 +28,14 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan)
                          models::ResolveModelSpec(plan.model(), "plan.model"));
   std::vector<std::string> steps;
   for (const wrap::PrepareStep& step : plan.prepare()) steps.push_back(step.ShortDebugString());
+  // Frozen models are not saved: each is rebuilt from its seed or its (fixed) Hugging Face
+  // folder, which the manifest records so that a resume rebuilds the same one.
+  std::vector<std::string> frozen;
+  for (const FrozenModel& model : plan.frozen()) {
+    frozen.push_back(
+        absl::StrCat(model.name(), ": ", model.model().ShortDebugString(), " from ",
+                     model.hf_weights_dir().empty() ? "its seed" : model.hf_weights_dir()));
+  }
   const optim::OptimizerConfig& optimizer = plan.optimizer();
   const auto* algorithm = optimizer.GetReflection()->GetOneofFieldDescriptor(
       optimizer, optim::OptimizerConfig::descriptor()->FindOneofByName("algorithm"));
@@ -41,6 +49,8 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan)
       {"plan.training.grad_accumulation", absl::StrCat(GradAccumulation(training))},
       {"plan.training.seq_len", absl::StrCat(training.seq_len())},
       {"plan.data", data::ResolvedDataConfig(plan.data()).ShortDebugString()},
+      {"plan.objective", plan.objective().ShortDebugString()},
+      {"plan.frozen", absl::StrJoin(frozen, "; ")},
   };
 }
 

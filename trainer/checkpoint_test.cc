@@ -117,6 +117,11 @@ TEST(CheckpointTest, FsdpOnTwoRanksResumeReproducesTheStraightRun) {
 }
 
 // The library's refusal (checkpoint/checkpointer.h) under the plan's field names.
+// DPO: the policy and its optimizer are saved; the reference is rebuilt from its seed.
+TEST(CheckpointTest, DpoOnTwoFsdpRanksResumeReproducesTheStraightRun) {
+  ExpectResumeReproducesTheStraightRun("qwen_dpo_fsdp", 2);
+}
+
 TEST(CheckpointTest, AFreshRunNeverOverwritesCheckpoints) {
   const std::string dir = FreshTestDir("fresh");
   const Plan plan = ShortPlan("llama_single", dir);

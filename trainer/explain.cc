@@ -131,7 +131,9 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   lines.push_back(absl::StrCat(
       "data: ", data.has_synthetic()
                     ? absl::StrCat("synthetic Markov source, ", data.synthetic().ShortDebugString())
-                    : data.token_files().ShortDebugString()));
+                    : data.ShortDebugString()));
+  lines.push_back(absl::StrCat(
+      "objective: ", plan.has_objective() ? plan.objective().ShortDebugString() : "causal_lm {}"));
   const int64_t accumulation = GradAccumulation(training);
   const int64_t data_parallel_ranks =
       parallel::SubmeshRanks(plan.mesh(), wrap::DataParallelDimsOf(plan.prepare()));

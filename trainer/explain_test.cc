@@ -62,5 +62,21 @@ TEST(ExplainPlanTest, CountsTheGroupsOfALargeBf16ModelWithoutBuildingIt) {
   EXPECT_THAT(*text, HasSubstr("optimizer state (2 slots and fp32 masters)"));
 }
 
+// A DPO plan: the policy and its reference, each with its preparation, and the reference's
+// memory in the estimate per rank.
+TEST(ExplainPlanTest, DescribesBothModelsOfADpoPlan) {
+  absl::StatusOr<Plan> plan = LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/qwen_dpo_fsdp.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(*plan, 2);
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("model: qwen2 (preset \"qwen2-tiny\")"));
+  EXPECT_THAT(*text, HasSubstr("prepare[0]: fsdp over dp (2 ranks)"));
+  EXPECT_THAT(*text, HasSubstr("objective: dpo { reference: \"reference\" beta: 0.1 }"));
+  EXPECT_THAT(*text, HasSubstr("data: synthetic_pairs {"));
+  EXPECT_THAT(*text, HasSubstr("frozen models"));
+  EXPECT_THAT(*text, HasSubstr("frozen[0] \"reference\": prepared with 1 steps, no optimizer"));
+}
+
 }  // namespace
 }  // namespace plait::trainer

@@ -1,6 +1,7 @@
 #include "trainer/trainer.h"
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -15,6 +16,8 @@
 #include "metrics/progress.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "objectives/metric_means.h"
+#include "objectives/objective.h"
 #include "optim/optimizer.h"
 #include "sched/schedule_builder.h"
 #include "trainer/checkpoint.h"
@@ -28,15 +31,9 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// The mean of `value` over every rank of the mesh.
-absl::StatusOr<double> MeshMean(double value, const parallel::DeviceMesh& mesh) {
-  torch::Tensor tensor = torch::full({1}, value, torch::kFloat32);
-  PLAIT_RETURN_IF_ERROR(mesh.AllReduce(tensor, parallel::ReduceOp::kAverage));
-  return tensor.item<double>();
-}
-
 // One rank's training run of a validated plan: what Start sets up (the prepared models, the
-// optimizer built from the trained one, the data, the checkpoints and the logs), then Step
+// objective, the optimizer built from the trained model, the data, the checkpoints and the
+// logs), then Step
 // after Step, each a full optimizer step with its evaluation when one is due.
 class TrainingRun {
  public:
@@ -55,8 +52,8 @@ class TrainingRun {
   // all but the last), the update at the scheduled rate, and the evaluation when it is due.
   absl::StatusOr<metrics::StepMetrics> Step(int64_t step);
 
-  // The mean loss over the held-out batches of every rank.
-  absl::StatusOr<double> Evaluate();
+  // The objective's means over the held-out batches of every rank.
+  absl::StatusOr<objectives::MeanMetrics> Evaluate();
 
   std::optional<double> Mfu(double tokens_per_s) const;
 
@@ -67,6 +64,7 @@ class TrainingRun {
   std::unique_ptr<sched::Schedule> schedule_;
   std::unique_ptr<PreparedModel> prepared_;
   std::vector<std::unique_ptr<PreparedModel>> frozen_;  // prepared, kept for the run
+  std::unique_ptr<objectives::Objective> objective_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::optional<data::DataLoader> train_, eval_;
   std::optional<Checkpointer> checkpointer_;
@@ -105,16 +103,20 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan
   PLAIT_ASSIGN_OR_RETURN(run->prepared_,
                          PreparedModel::Prepare(plan.model(), plan.hf_weights_dir(), plan.prepare(),
                                                 mesh, Role::kTrained, "plan"));
-  // Frozen models live for the run, prepared like the trained one; the language-model loss
-  // does not read them (a preference loss would).
+  // Frozen models live for the run, prepared like the trained one, after it; the objective
+  // reads the ones it names (DPO's reference).
+  std::map<std::string, models::CausalLM*> frozen;
   for (int i = 0; i < plan.frozen_size(); ++i) {
     PLAIT_ASSIGN_OR_RETURN(
         std::unique_ptr<PreparedModel> model,
         PreparedModel::Prepare(plan.frozen(i).model(), plan.frozen(i).hf_weights_dir(),
                                plan.frozen(i).prepare(), mesh, Role::kFrozen,
                                absl::StrCat("plan.frozen[", i, "]")));
+    frozen[plan.frozen(i).name()] = &model->model();
     run->frozen_.push_back(std::move(model));
   }
+  PLAIT_ASSIGN_OR_RETURN(run->objective_,
+                         objectives::MakeObjective(plan.objective(), frozen, "plan.objective"));
   PLAIT_ASSIGN_OR_RETURN(run->optimizer_, BuildOptimizer(*run->prepared_, plan.optimizer()));
 
   // The ranks of the dimensions that split the batch (FSDP's, DDP's) read different data.
@@ -147,19 +149,21 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics::StepMetrics metrics;
   metrics.step = step + 1;
   metrics.lr = schedule_->LearningRate(step);
-  double loss_sum = 0.0;
+  objectives::MetricMeans means;
   for (int64_t micro = 0; micro < accumulation_; ++micro) {
     PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, train_->Next());
     const auto no_sync = prepared_->preparation().NoSyncIf(micro + 1 < accumulation_);
-    torch::Tensor loss = prepared_->model().Loss(batch.inputs, batch.targets) / accumulation_;
-    loss.backward();
-    loss_sum += loss.item<double>();
+    const objectives::ObjectiveOutput output = objective_->Compute(prepared_->model(), batch);
+    (output.loss / accumulation_).backward();
+    means.Add(output);
   }
   PLAIT_RETURN_IF_ERROR(base::Annotate(prepared_->preparation().BackwardStatus(),
                                        absl::StrCat("step ", metrics.step)));
   PLAIT_ASSIGN_OR_RETURN(const optim::StepReport update, optimizer_->Step(metrics.lr));
   optimizer_->ZeroGrad();
-  PLAIT_ASSIGN_OR_RETURN(metrics.loss, MeshMean(loss_sum, mesh_));
+  PLAIT_ASSIGN_OR_RETURN(const objectives::MeanMetrics mean, means.Mean(mesh_));
+  metrics.loss = mean.loss;
+  metrics.named = mean.metrics;
   metrics.grad_norm = update.grad_norm;
   metrics.skipped = update.skipped;
   const double seconds = Seconds(Clock::now() - start);
@@ -168,7 +172,9 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics.mfu = Mfu(metrics.tokens_per_s);
   const bool eval_due = training_.eval_every() > 0 && metrics.step % training_.eval_every() == 0;
   if (eval_due || metrics.step == training_.steps()) {
-    PLAIT_ASSIGN_OR_RETURN(metrics.eval_loss, Evaluate());
+    PLAIT_ASSIGN_OR_RETURN(const objectives::MeanMetrics eval, Evaluate());
+    metrics.eval_loss = eval.loss;
+    metrics.eval_named = eval.metrics;
   }
   return metrics;
 }
@@ -222,16 +228,16 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   return report;
 }
 
-absl::StatusOr<double> TrainingRun::Evaluate() {
+absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   torch::NoGradGuard no_grad;
   eval_->Reset();
-  double sum = 0.0;
+  objectives::MetricMeans means;
   for (int64_t i = 0; i < training_.eval_batches(); ++i) {
     PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, eval_->Next());
-    sum += prepared_->model().Loss(batch.inputs, batch.targets).item<double>();
+    means.Add(objective_->Compute(prepared_->model(), batch));
   }
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());
-  return MeshMean(sum / training_.eval_batches(), mesh_);
+  return means.Mean(mesh_);
 }
 
 std::optional<double> TrainingRun::Mfu(double tokens_per_s) const {

@@ -3,16 +3,22 @@
 // plan's losses, and a frozen model is prepared without optimizer or gradient state.
 #include "trainer/trainer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
+#include "data/data_config.h"
+#include "data/data_loader.h"
 #include "data/testing_token_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "objectives/objective.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
 #include "trainer/plan.h"
@@ -216,6 +222,117 @@ TEST(TrainTest, EvalBatchesBeyondTheHeldOutFileAreRefused) {
                          "plan.training.eval_batches: 2 exceeds the 1 micro-batches per rank "
                          "that plan.data.token_files.eval_path holds"));
   });
+}
+
+// The regression behind DPO under FSDP: the policy and its reference are prepared by their own
+// steps in plan order (policy first), the optimizer owns exactly the policy's shards and
+// nothing of the reference, and DPO steps leave the reference's parameters bit for bit as
+// they were, without gradients.
+TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
+  const Plan plan = LoadShippedPlan("qwen_dpo_fsdp");
+  WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto policy =
+        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(policy, IsOk());
+    const FrozenModel& frozen = plan.frozen(0);
+    auto reference = PreparedModel::Prepare(frozen.model(), "", frozen.prepare(), mesh,
+                                            Role::kFrozen, "plan.frozen[0]");
+    ASSERT_THAT(reference, IsOk());
+    auto optimizer = BuildOptimizer(**policy, plan.optimizer());
+    ASSERT_THAT(optimizer, IsOk());
+    // A checksum of the reference's parameters: its log-probabilities of a fixed batch, which
+    // change with any of them.
+    const data::Batch probe{torch::arange(64, torch::kInt64).view({2, 32}),
+                            torch::arange(1, 65, torch::kInt64).view({2, 32})};
+    const auto checksum = [&] {
+      torch::NoGradGuard no_grad;
+      return (*reference)
+          ->model()
+          .SequenceLogProbs(probe.inputs, probe.targets)
+          .sum()
+          .item<double>();
+    };
+    const double before = checksum();
+    std::set<const void*> reference_tensors;
+    for (const auto& named : (*reference)->model().NamedParameters()) {
+      reference_tensors.insert(named.parameter.unsafeGetTensorImpl());
+    }
+    ASSERT_EQ((*optimizer)->parameters().size(), (*policy)->trainable_parameters().size());
+    for (const auto& owned : (*optimizer)->parameters()) {
+      EXPECT_EQ(reference_tensors.count(owned.tensor.unsafeGetTensorImpl()), 0u) << owned.name;
+    }
+    auto objective = objectives::MakeObjective(
+        plan.objective(), {{frozen.name(), &(*reference)->model()}}, "plan.objective");
+    ASSERT_THAT(objective, IsOk());
+    auto data = data::DataLoader::Create(data::ResolvedDataConfig(plan.data()), data::Split::kTrain,
+                                         4096, plan.training().micro_batch(),
+                                         plan.training().seq_len(), rank, 2, "plan.data");
+    ASSERT_THAT(data, IsOk());
+    for (int step = 0; step < 3; ++step) {
+      (*objective)->Compute((*policy)->model(), data->Next().value()).loss.backward();
+      ASSERT_THAT((*policy)->preparation().BackwardStatus(), IsOk());
+      ASSERT_THAT((*optimizer)->Step(1e-3), IsOk());
+      (*optimizer)->ZeroGrad();
+    }
+    for (const auto& named : (*reference)->model().NamedParameters()) {
+      EXPECT_FALSE(named.parameter.grad().defined()) << named.name;
+    }
+    EXPECT_EQ(checksum(), before) << "rank " << rank;
+  });
+}
+
+// The DPO plan on one process, or its policy under DDP (the reference replicated), or as
+// shipped: policy and reference both FSDP-sharded on 2 ranks.
+Plan DpoPlan(const std::string& layout) {
+  Plan plan = LoadShippedPlan("qwen_dpo_fsdp");
+  if (layout == "fsdp") return plan;
+  plan.clear_prepare();
+  plan.mutable_frozen(0)->clear_prepare();
+  if (layout == "ddp") {
+    plan.add_prepare()->mutable_ddp()->set_mesh_dim("dp");
+  } else {
+    plan.clear_mesh();
+    EXPECT_THAT(ApplyOverride("training.micro_batch=16", plan), IsOk());
+  }
+  return plan;
+}
+
+void ExpectNearRelative(double actual, double expected, const std::string& what) {
+  // Rewards start at exactly 0: below 1e-2 the tolerance is absolute.
+  EXPECT_NEAR(actual, expected, 1e-5 * std::max(std::abs(expected), 1e-2)) << what;
+}
+
+TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
+  const TrainReport single = TrainOnRanks(DpoPlan("single"), 1);
+  ASSERT_EQ(single.steps.size(), 10u);
+  // The policy starts as its reference: z = 0, so the sigmoid loss is ln 2 and rewards are 0.
+  EXPECT_FLOAT_EQ(single.steps[0].loss, std::log(2.0));
+  for (const auto& [name, value] : single.steps[0].named) {
+    if (name.rfind("rewards/", 0) == 0) {
+      EXPECT_EQ(value, 0.0) << name;
+    }
+  }
+  EXPECT_LT(single.steps.back().loss, single.steps.front().loss);
+  for (const std::string layout : {"fsdp", "ddp"}) {
+    const TrainReport run = TrainOnRanks(DpoPlan(layout), 2);
+    ASSERT_EQ(run.steps.size(), single.steps.size());
+    for (size_t i = 0; i < single.steps.size(); ++i) {
+      const metrics::StepMetrics& a = run.steps[i];
+      const metrics::StepMetrics& e = single.steps[i];
+      const std::string step = absl::StrCat(layout, " step ", e.step, " ");
+      ExpectNearRelative(a.loss, e.loss, step + "loss");
+      ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm");
+      ASSERT_EQ(a.named.size(), e.named.size());
+      for (size_t m = 0; m < e.named.size(); ++m) {
+        ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first);
+      }
+      ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
+      for (size_t m = 0; m < e.eval_named.size(); ++m) {
+        ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
+                           step + "eval_" + e.eval_named[m].first);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -17,6 +18,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
+#include "objectives/objective_check.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "sched/schedule_builder.h"
@@ -56,6 +58,8 @@ class Checker {
     CheckSchedule();
     CheckData(config);
     CheckFrozen();
+    AddAll(objectives::CheckObjective(plan_.objective(), config, frozen_configs_, plan_.data(),
+                                      "plan.objective"));
     return std::move(violations_);
   }
 
@@ -248,7 +252,7 @@ class Checker {
       if (!names.insert(frozen.name()).second) {
         Add(field + ".name", absl::StrCat("\"", frozen.name(), "\" appears twice"));
       }
-      CheckModel(frozen.model(), field + ".model");
+      frozen_configs_[frozen.name()] = CheckModel(frozen.model(), field + ".model");
       CheckWeights(frozen.hf_weights_dir(), field + ".hf_weights_dir");
       CheckSteps(frozen.prepare(), field + ".prepare");
     }
@@ -260,6 +264,7 @@ class Checker {
   std::set<std::string> dims_;
   std::set<std::string> used_dims_;
   int64_t data_parallel_size_ = 1;
+  std::map<std::string, std::optional<models::ModelConfig>> frozen_configs_;  // by name
   std::vector<Violation> violations_;
 };
 

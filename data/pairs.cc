@@ -1,0 +1,160 @@
+#include "data/pairs.h"
+
+#include <algorithm>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace plait::data {
+namespace {
+
+using Json = nlohmann::json;
+
+// A sequence cut to seq_len tokens, and where its completion starts.
+struct Cut {
+  std::vector<int64_t> tokens;
+  int64_t completion_start = 0;
+};
+
+Cut CutSequence(const std::vector<int64_t>& prompt, const std::vector<int64_t>& completion,
+                const PairFiles& files, int64_t seq_len) {
+  const int64_t prompt_size = static_cast<int64_t>(prompt.size());
+  const int64_t kept_prompt = files.max_prompt_length() > 0
+                                  ? std::min(prompt_size, files.max_prompt_length())
+                                  : prompt_size;
+  Cut cut;
+  cut.tokens.assign(prompt.end() - kept_prompt, prompt.end());
+  cut.tokens.insert(cut.tokens.end(), completion.begin(), completion.end());
+  cut.completion_start = kept_prompt;
+  const int64_t excess = static_cast<int64_t>(cut.tokens.size()) - seq_len;
+  if (excess > 0) {
+    if (files.truncation() == TRUNCATION_KEEP_END) {
+      cut.tokens.erase(cut.tokens.begin(), cut.tokens.begin() + excess);
+      cut.completion_start = std::max<int64_t>(0, cut.completion_start - excess);
+    } else {
+      cut.tokens.resize(seq_len);
+    }
+  }
+  return cut;
+}
+
+// The token ids of `line`'s key `key`, each below `vocab_size`.
+absl::StatusOr<std::vector<int64_t>> TokenIds(const Json& line, const char* key, int64_t vocab_size,
+                                              const std::string& where) {
+  const auto it = line.find(key);
+  if (it == line.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, ": is missing"));
+  }
+  if (!it->is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", key, ": ", it->dump(), " is not a list of token ids"));
+  }
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const Json& id = (*it)[i];
+    if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", key, "[", i, "]: ", id.dump(), " is not a token id"));
+    }
+    if (id.get<int64_t>() >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, "[", i, "]: ", id.dump(),
+                                                     " is not below the vocabulary size ",
+                                                     vocab_size));
+    }
+    ids.push_back(id.get<int64_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
+int64_t ScoredTokens(const std::vector<int64_t>& prompt, const std::vector<int64_t>& completion,
+                     const PairFiles& files, int64_t seq_len) {
+  const Cut cut = CutSequence(prompt, completion, files, seq_len);
+  // Position t predicts token t + 1: the first token of a sequence is never scored.
+  return std::max<int64_t>(
+      0, static_cast<int64_t>(cut.tokens.size()) - std::max<int64_t>(cut.completion_start, 1));
+}
+
+absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind,
+                                          const PairFiles& files, int64_t vocab_size,
+                                          int64_t seq_len) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read \"", path, "\""));
+  std::vector<const char*> completions = {"chosen", "rejected"};
+  if (kind == PairKind::kSft) completions = {"completion"};
+  PairExamples pairs;
+  std::string text;
+  for (int64_t line_number = 1; std::getline(in, text); ++line_number) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = absl::StrCat(path, ":", line_number);
+    const Json line = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (line.is_discarded() || !line.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": not a JSON object (malformed JSON)"));
+    }
+    PairExample example;
+    auto prompt = TokenIds(line, "prompt", vocab_size, where);
+    if (!prompt.ok()) return prompt.status();
+    example.prompt = *std::move(prompt);
+    bool long_prompt = false;
+    for (const char* key : completions) {
+      auto completion = TokenIds(line, key, vocab_size, where);
+      if (!completion.ok()) return completion.status();
+      if (completion->empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": ", key, ": is empty; every completion needs a token"));
+      }
+      if (ScoredTokens(example.prompt, *completion, files, seq_len) == 0) {
+        if (!files.skip_long_prompts()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": prompt: its ", example.prompt.size(), " tokens leave no ", key,
+              " token within seq_len ", seq_len,
+              "; shorten it, set max_prompt_length, or set skip_long_prompts to skip such "
+              "examples"));
+        }
+        long_prompt = true;
+      }
+      (example.chosen.empty() ? example.chosen : example.rejected) = *std::move(completion);
+    }
+    if (long_prompt) {
+      ++pairs.skipped;
+    } else {
+      pairs.examples.push_back(std::move(example));
+    }
+  }
+  if (pairs.examples.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": holds no example", pairs.skipped > 0 ? " that fits seq_len" : ""));
+  }
+  return pairs;
+}
+
+Batch PairRows(const std::vector<const PairExample*>& examples, PairKind kind,
+               const PairFiles& files, int64_t seq_len) {
+  std::vector<std::pair<const std::vector<int64_t>*, const std::vector<int64_t>*>> rows;
+  for (const PairExample* example : examples) rows.push_back({&example->prompt, &example->chosen});
+  if (kind == PairKind::kPreference) {
+    for (const PairExample* example : examples) {
+      rows.push_back({&example->prompt, &example->rejected});
+    }
+  }
+  const int64_t count = static_cast<int64_t>(rows.size());
+  Batch batch{torch::zeros({count, seq_len}, torch::kInt64),
+              torch::full({count, seq_len}, kIgnoreTarget, torch::kInt64)};
+  auto inputs = batch.inputs.accessor<int64_t, 2>();
+  auto targets = batch.targets.accessor<int64_t, 2>();
+  for (int64_t r = 0; r < count; ++r) {
+    const Cut cut = CutSequence(*rows[r].first, *rows[r].second, files, seq_len);
+    const int64_t size = static_cast<int64_t>(cut.tokens.size());
+    for (int64_t t = 0; t < size; ++t) {
+      inputs[r][t] = cut.tokens[t];
+      if (t + 1 < size && t + 1 >= cut.completion_start) targets[r][t] = cut.tokens[t + 1];
+    }
+  }
+  return batch;
+}
+
+}  // namespace plait::data

@@ -1,0 +1,62 @@
+// Preference pairs and SFT examples (data.proto's PairFiles, SyntheticPairs) as batches: a
+// file of JSONL token ids read and checked line by line, and the rows a micro-batch of them
+// becomes. A sequence is the prompt (cut to its last max_prompt_length ids) followed by one
+// completion, cut to seq_len tokens (keeping the start or the end) and right-padded; its
+// targets score the completion tokens only (TRL's DPOTrainer and SFTTrainer labels):
+//
+//   PLAIT_ASSIGN_OR_RETURN(PairExamples pairs,
+//                          ReadPairFile(path, PairKind::kPreference, files, vocab, T));
+//   Batch batch = PairRows({&pairs.examples[0], &pairs.examples[1]}, PairKind::kPreference,
+//                          files, T);  // 4 rows: 2 chosen, then 2 rejected
+#ifndef PLAIT_DATA_PAIRS_H_
+#define PLAIT_DATA_PAIRS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/batch.h"
+#include "data/data.pb.h"
+
+namespace plait::data {
+
+// Preference pairs (prompt, chosen, rejected) or SFT examples (prompt, completion).
+enum class PairKind { kPreference, kSft };
+
+struct PairExample {
+  std::vector<int64_t> prompt;
+  std::vector<int64_t> chosen;    // the completion of an SFT example
+  std::vector<int64_t> rejected;  // empty for SFT
+};
+
+struct PairExamples {
+  std::vector<PairExample> examples;
+  // Examples dropped because the prompt left no completion token within seq_len (only with
+  // PairFiles.skip_long_prompts; otherwise such an example is an error).
+  int64_t skipped = 0;
+};
+
+// The examples of the JSONL file `path` (blank lines ignored). An error names the file, the
+// line and the field, and nothing is returned: "<path>:3: chosen[2]: 5000 is not below the
+// vocabulary size 4096", for malformed JSON, a missing key, an entry that is not a token id
+// below `vocab_size`, an empty completion, a prompt that leaves no completion token within
+// `seq_len` (unless `files.skip_long_prompts`), or a file without examples.
+absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind,
+                                          const PairFiles& files, int64_t vocab_size,
+                                          int64_t seq_len);
+
+// How many tokens of `completion` the sequence after `prompt` scores once cut as `files`
+// says to `seq_len` tokens (0: none, the example teaches nothing).
+int64_t ScoredTokens(const std::vector<int64_t>& prompt, const std::vector<int64_t>& completion,
+                     const PairFiles& files, int64_t seq_len);
+
+// The rows of `examples`: for kSft one row each (prompt + completion); for kPreference the
+// chosen rows of all examples, then their rejected rows. Padding is token 0 with target
+// kIgnoreTarget. Truncation and max_prompt_length are read from `files`.
+Batch PairRows(const std::vector<const PairExample*>& examples, PairKind kind,
+               const PairFiles& files, int64_t seq_len);
+
+}  // namespace plait::data
+
+#endif  // PLAIT_DATA_PAIRS_H_

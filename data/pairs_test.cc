@@ -1,0 +1,106 @@
+#include "data/pairs.h"
+
+#include <string>
+
+#include "base/file.h"
+#include "base/status_matchers.h"
+#include "base/test_paths.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plait::data {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string WriteJsonl(const std::string& name, const std::string& text) {
+  const std::string path = base::testing::TestPath(name);
+  EXPECT_THAT(base::WriteFileAtomically(path, text), IsOk());
+  return path;
+}
+
+std::vector<int64_t> Row(const torch::Tensor& tensor, int64_t row) {
+  const torch::Tensor r = tensor[row].contiguous();
+  return std::vector<int64_t>(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel());
+}
+
+TEST(PairsTest, ReadsPreferencePairsAndScoresOnlyTheirCompletions) {
+  const std::string path =
+      WriteJsonl("pairs.jsonl",
+                 "{\"prompt\": [1, 2], \"chosen\": [3, 4], \"rejected\": [5]}\n\n"
+                 "{\"prompt\": [6], \"chosen\": [7, 8, 9, 10, 11], \"rejected\": [12, 13]}\n");
+  auto pairs = ReadPairFile(path, PairKind::kPreference, PairFiles(), 100, 4);
+  ASSERT_THAT(pairs, IsOk());
+  ASSERT_EQ(pairs->examples.size(), 2u);
+  const Batch batch =
+      PairRows({&pairs->examples[0], &pairs->examples[1]}, PairKind::kPreference, PairFiles(), 4);
+  ASSERT_EQ(batch.inputs.size(0), 4);
+  // Chosen rows first, right-padded with 0; the last is cut to 4 tokens keeping the start.
+  EXPECT_THAT(Row(batch.inputs, 0), ElementsAre(1, 2, 3, 4));
+  EXPECT_THAT(Row(batch.targets, 0), ElementsAre(-100, 3, 4, -100));
+  EXPECT_THAT(Row(batch.inputs, 1), ElementsAre(6, 7, 8, 9));
+  EXPECT_THAT(Row(batch.targets, 1), ElementsAre(7, 8, 9, -100));
+  EXPECT_THAT(Row(batch.inputs, 2), ElementsAre(1, 2, 5, 0));
+  EXPECT_THAT(Row(batch.targets, 2), ElementsAre(-100, 5, -100, -100));
+  EXPECT_THAT(Row(batch.inputs, 3), ElementsAre(6, 12, 13, 0));
+  EXPECT_THAT(Row(batch.targets, 3), ElementsAre(12, 13, -100, -100));
+}
+
+TEST(PairsTest, KeepEndAndMaxPromptLengthCutFromTheLeft) {
+  PairFiles files;
+  files.set_max_prompt_length(2);
+  PairExample example{{1, 2, 3, 4}, {5, 6}, {}};
+  Batch batch = PairRows({&example}, PairKind::kSft, files, 8);
+  EXPECT_THAT(Row(batch.inputs, 0), ElementsAre(3, 4, 5, 6, 0, 0, 0, 0));
+  EXPECT_THAT(Row(batch.targets, 0), ElementsAre(-100, 5, 6, -100, -100, -100, -100, -100));
+  files.set_max_prompt_length(0);
+  files.set_truncation(TRUNCATION_KEEP_END);
+  batch = PairRows({&example}, PairKind::kSft, files, 3);
+  EXPECT_THAT(Row(batch.inputs, 0), ElementsAre(4, 5, 6));
+  EXPECT_THAT(Row(batch.targets, 0), ElementsAre(5, 6, -100));
+  EXPECT_EQ(ScoredTokens(example.prompt, example.chosen, files, 3), 2);
+}
+
+TEST(PairsTest, BadLinesAreNamedByFileLineAndField) {
+  const auto error = [](const std::string& line, PairKind kind = PairKind::kPreference) {
+    const std::string path = WriteJsonl("bad.jsonl",
+                                        "{\"prompt\": [1], \"chosen\": [2], "
+                                        "\"rejected\": [3], \"completion\": [4]}\n" +
+                                            line + "\n");
+    return ReadPairFile(path, kind, PairFiles(), 100, 4).status();
+  };
+  EXPECT_THAT(error("{\"prompt\": [1], \"chosen\": "),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad.jsonl:2: not a JSON")));
+  EXPECT_THAT(
+      error("{\"prompt\": [1], \"chosen\": [2]}"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad.jsonl:2: rejected: is missing")));
+  EXPECT_THAT(error("{\"prompt\": [1], \"chosen\": [2, 100], \"rejected\": [3]}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bad.jsonl:2: chosen[1]: 100 is not below the vocabulary size "
+                                 "100")));
+  EXPECT_THAT(
+      error("{\"prompt\": [1], \"completion\": []}", PairKind::kSft),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad.jsonl:2: completion: is empty")));
+  EXPECT_THAT(error("{\"prompt\": [1, 2, 3, 4], \"chosen\": [2], \"rejected\": [3]}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bad.jsonl:2: prompt: its 4 tokens leave no chosen token within "
+                                 "seq_len 4")));
+}
+
+TEST(PairsTest, LongPromptsAreSkippedAndCountedWhenAsked) {
+  const std::string path = WriteJsonl("long.jsonl",
+                                      "{\"prompt\": [1, 2, 3, 4], \"completion\": [5]}\n"
+                                      "{\"prompt\": [1], \"completion\": [5]}\n");
+  PairFiles files;
+  files.set_skip_long_prompts(true);
+  auto pairs = ReadPairFile(path, PairKind::kSft, files, 100, 4);
+  ASSERT_THAT(pairs, IsOk());
+  EXPECT_EQ(pairs->examples.size(), 1u);
+  EXPECT_EQ(pairs->skipped, 1);
+}
+
+}  // namespace
+}  // namespace plait::data

@@ -1,0 +1,57 @@
+// A training objective: one micro-batch in, its loss and named metrics out. The plan's
+// `objective` (objective.proto) chooses one and the trainer calls it where it computes the
+// loss, for training and for evaluation alike; the trainer knows nothing of what it computes.
+// Causal-LM and SFT are the model's cross-entropy over the batch's scored targets (the data
+// decides which: every token, or completion tokens only); DPO scores preference pairs against
+// a frozen reference model, which it runs under no-grad in eval mode:
+//
+//   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<Objective> objective,
+//                          MakeObjective(plan.objective(), {{"ref", &reference}},
+//                                        "plan.objective"));
+//   ObjectiveOutput out = objective->Compute(policy, batch);
+//   out.loss.backward();  // out.metrics: {"rewards/chosen", ...} for DPO
+#ifndef PLAIT_OBJECTIVES_OBJECTIVE_H_
+#define PLAIT_OBJECTIVES_OBJECTIVE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "data/batch.h"
+#include "models/causal_lm.h"
+#include "objectives/objective.pb.h"
+
+namespace plait::objectives {
+
+// Named values in the order an objective reports them, by TRL's names.
+using Metrics = std::vector<std::pair<std::string, double>>;
+
+struct ObjectiveOutput {
+  torch::Tensor loss;  // fp32 scalar, the mean over the micro-batch
+  Metrics metrics;     // besides the loss; empty for the cross-entropy objectives
+};
+
+class Objective {
+ public:
+  virtual ~Objective() = default;
+
+  // The loss of the trained model `policy` on `batch` (data/batch.h; for DPO its 2B rows of
+  // chosen then rejected sequences go through the policy in one forward).
+  virtual ObjectiveOutput Compute(models::CausalLM& policy, const data::Batch& batch) = 0;
+};
+
+// The objective `config` chooses (causal_lm when none). `frozen` holds the plan's frozen
+// models by name; DPO keeps the one it names as its reference (it must outlive the
+// objective). An unknown reference is an InvalidArgument error naming
+// `field_path`.dpo.reference (ValidatePlan reports it first).
+absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(
+    const ObjectiveConfig& config, const std::map<std::string, models::CausalLM*>& frozen,
+    absl::string_view field_path);
+
+}  // namespace plait::objectives
+
+#endif  // PLAIT_OBJECTIVES_OBJECTIVE_H_

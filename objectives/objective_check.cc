@@ -1,0 +1,88 @@
+#include "objectives/objective_check.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace plait::objectives {
+namespace {
+
+// What the data source is, for messages.
+const char* SourceName(const data::DataConfig& data) {
+  switch (data.source_case()) {
+    case data::DataConfig::kTokenFiles:
+      return "token_files";
+    case data::DataConfig::kPreferenceFiles:
+      return "preference_files";
+    case data::DataConfig::kSftFiles:
+      return "sft_files";
+    case data::DataConfig::kSyntheticPairs:
+      return "synthetic_pairs";
+    default:
+      return "synthetic";
+  }
+}
+
+}  // namespace
+
+std::vector<base::Violation> CheckObjective(
+    const ObjectiveConfig& config, const std::optional<models::ModelConfig>& policy,
+    const std::map<std::string, std::optional<models::ModelConfig>>& frozen,
+    const data::DataConfig& data, absl::string_view field_path) {
+  std::vector<base::Violation> problems;
+  auto add = [&](absl::string_view field, std::string message, std::string rule = "") {
+    problems.push_back({absl::StrCat(field_path, field), std::move(message), std::move(rule)});
+  };
+  const std::string source = SourceName(data);
+  const char* needs = "synthetic or token_files";
+  bool fits = source == "synthetic" || source == "token_files";
+  if (config.has_sft()) {
+    needs = "sft_files";
+    fits = source == "sft_files";
+  } else if (config.has_dpo()) {
+    needs = "preference_files or synthetic_pairs";
+    fits = source == "preference_files" || source == "synthetic_pairs";
+  }
+  if (!fits) {
+    add(config.kind_case() == ObjectiveConfig::KIND_NOT_SET ? "" : ".kind",
+        absl::StrCat("trains on ", needs, ", but plan.data is ", source), "objective_data");
+  }
+  if (!config.has_dpo()) return problems;
+  const Dpo& dpo = config.dpo();
+  const auto it = frozen.find(dpo.reference());
+  if (it == frozen.end()) {
+    std::vector<std::string> names;
+    for (const auto& [name, model] : frozen) names.push_back(absl::StrCat("\"", name, "\""));
+    add(".dpo.reference",
+        absl::StrCat("\"", dpo.reference(), "\" names no frozen model of the plan (",
+                     names.empty() ? "it has none" : absl::StrJoin(names, ", "),
+                     "); DPO needs a frozen reference model in plan.frozen"),
+        "dpo_reference_frozen");
+  } else if (policy.has_value() && it->second.has_value() &&
+             it->second->vocab_size() != policy->vocab_size()) {
+    add(".dpo.reference",
+        absl::StrCat("\"", dpo.reference(), "\" has vocab_size ", it->second->vocab_size(),
+                     ", the policy ", policy->vocab_size(),
+                     "; the reference must score the same token ids"),
+        "dpo_reference_vocab");
+  }
+  if (dpo.has_beta() && !(dpo.beta() > 0.0)) {
+    add(".dpo.beta", absl::StrCat(dpo.beta(), "; must be > 0"));
+  }
+  const bool smoothed = dpo.loss_type() == DPO_LOSS_SIGMOID || dpo.loss_type() == DPO_LOSS_ROBUST;
+  if (smoothed ? !(dpo.label_smoothing() >= 0.0 && dpo.label_smoothing() < 0.5)
+               : dpo.label_smoothing() != 0.0) {
+    add(".dpo.label_smoothing",
+        absl::StrCat(dpo.label_smoothing(), smoothed ? "; must be in [0, 0.5)"
+                                                     : "; only the sigmoid and robust losses "
+                                                       "smooth labels: leave it 0"));
+  }
+  if (dpo.precompute_reference()) {
+    add(".dpo.precompute_reference",
+        "is not supported yet; the reference model runs beside the policy at every step");
+  }
+  return problems;
+}
+
+}  // namespace plait::objectives

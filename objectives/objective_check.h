@@ -1,0 +1,36 @@
+// The check of a plan's objective before anything runs, beside the model and data it trains
+// on: the data source matches the objective (rule objective_data), DPO's reference names a
+// frozen model of the plan (rule dpo_reference_frozen) with the policy's vocabulary (rule
+// dpo_reference_vocab), and its hyperparameters are in range:
+//
+//   for (const base::Violation& v : CheckObjective(plan.objective(), policy, frozen,
+//                                                  plan.data(), "plan.objective")) {
+//     // plan.objective.dpo.reference: "ref" has vocab_size 512, the policy 4096; ...
+//   }
+#ifndef PLAIT_OBJECTIVES_OBJECTIVE_CHECK_H_
+#define PLAIT_OBJECTIVES_OBJECTIVE_CHECK_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "base/violation.h"
+#include "data/data.pb.h"
+#include "models/model.pb.h"
+#include "objectives/objective.pb.h"
+
+namespace plait::objectives {
+
+// Every problem of `config` at `field_path`, for the trained model's config `policy` and the
+// frozen models' configs by name (nullopt where a config is invalid and reported
+// elsewhere), trained on `data` (the plan's, unresolved: unset means synthetic).
+std::vector<base::Violation> CheckObjective(
+    const ObjectiveConfig& config, const std::optional<models::ModelConfig>& policy,
+    const std::map<std::string, std::optional<models::ModelConfig>>& frozen,
+    const data::DataConfig& data, absl::string_view field_path);
+
+}  // namespace plait::objectives
+
+#endif  // PLAIT_OBJECTIVES_OBJECTIVE_CHECK_H_

@@ -1,0 +1,89 @@
+#include "objectives/objective.h"
+
+#include <cmath>
+#include <memory>
+
+#include "base/status_matchers.h"
+#include "data/pairs.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/model_config.h"
+
+namespace plait::objectives {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::shared_ptr<models::CausalLM> TinyModel(uint64_t seed) {
+  absl::StatusOr<models::ModelConfig> config = models::PresetConfig("tiny");
+  EXPECT_THAT(config, IsOk());
+  models::InitConfig init;
+  init.set_seed(seed);
+  absl::StatusOr<std::shared_ptr<models::CausalLM>> model = models::CausalLM::Create(*config, init);
+  EXPECT_THAT(model, IsOk());
+  return *model;
+}
+
+data::Batch TwoPairs() {
+  static const data::PairExample first{{1, 2, 3}, {4, 5}, {6, 7, 8}};
+  static const data::PairExample second{{9}, {10, 11, 12}, {13}};
+  return data::PairRows({&first, &second}, data::PairKind::kPreference, data::PairFiles(), 6);
+}
+
+ObjectiveConfig DpoAgainst(const std::string& reference) {
+  ObjectiveConfig config;
+  config.mutable_dpo()->set_reference(reference);
+  return config;
+}
+
+// At step 0 the policy is the reference: z = 0 for every pair, so the sigmoid loss is
+// exactly -log sigmoid(0) = ln 2 and every reward is 0.
+TEST(ObjectiveTest, DpoWithThePolicyAsItsReferenceLosesExactlyLn2) {
+  auto policy = TinyModel(1);
+  auto reference = TinyModel(1);
+  auto objective = MakeObjective(DpoAgainst("ref"), {{"ref", reference.get()}}, "plan.objective");
+  ASSERT_THAT(objective, IsOk());
+  const ObjectiveOutput out = (*objective)->Compute(*policy, TwoPairs());
+  EXPECT_EQ(out.loss.item<float>(), static_cast<float>(std::log(2.0)));
+  ASSERT_EQ(out.metrics.size(), 6u);
+  for (const auto& [name, value] : out.metrics) {
+    if (name.rfind("rewards/", 0) == 0) {
+      EXPECT_EQ(value, 0.0) << name;
+    } else {
+      EXPECT_LT(value, 0.0) << name;  // logps/
+    }
+  }
+  // The policy gets gradients, the reference none.
+  out.loss.backward();
+  EXPECT_TRUE(policy->OutputWeight().grad().defined());
+  for (const auto& named : reference->NamedParameters()) {
+    EXPECT_FALSE(named.parameter.grad().defined()) << named.name;
+  }
+}
+
+TEST(ObjectiveTest, DpoNeedsAKnownReference) {
+  EXPECT_THAT(MakeObjective(DpoAgainst("ref"), {}, "plan.objective"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.objective.dpo.reference: \"ref\" names no frozen model")));
+}
+
+// SFT scores the completion tokens only: its loss is the model's cross-entropy over them.
+TEST(ObjectiveTest, SftIsTheCrossEntropyOfTheCompletionTokens) {
+  auto policy = TinyModel(1);
+  ObjectiveConfig config;
+  config.mutable_sft();
+  auto objective = MakeObjective(config, {}, "plan.objective");
+  ASSERT_THAT(objective, IsOk());
+  const data::PairExample example{{1, 2, 3}, {4, 5}, {}};
+  const data::Batch batch = data::PairRows({&example}, data::PairKind::kSft, data::PairFiles(), 6);
+  const torch::Tensor loss = (*objective)->Compute(*policy, batch).loss;
+  const torch::Tensor log_probs = torch::log_softmax(policy->Forward(batch.inputs)[0], -1);
+  const double expected = -(log_probs[2][4].item<double>() + log_probs[3][5].item<double>()) / 2;
+  EXPECT_NEAR(loss.item<double>(), expected, 1e-5);
+}
+
+}  // namespace
+}  // namespace plait::objectives
