@@ -1,6 +1,7 @@
 #include "wrap/preparation.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "parallel/gloo_communicator.h"
+#include "parallel/test_ranks.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
 #include "wrap/fsdp/fsdp.h"
@@ -290,6 +292,79 @@ TEST_F(PreparationTest, FsdpRunsAFrozenModel) {
   EXPECT_TRUE(parameters->empty());
   EXPECT_TRUE(torch::allclose(model_->SequenceLogProbs(tokens, tokens), expected));
   EXPECT_EQ((*preparation)->gathered_bytes(), 0);
+}
+
+std::map<std::string, torch::Tensor> ClonedParameters(Wrappable& model) {
+  std::map<std::string, torch::Tensor> parameters;
+  for (const auto& named : model.NamedParameters()) {
+    parameters[named.name] = named.parameter.detach().clone();
+  }
+  return parameters;
+}
+
+// A frozen model beside a trained one, as preference training prepares its reference: both
+// FSDP-sharded on the same 2 ranks (threads over Gloo), the frozen one's parameters frozen
+// after its preparation (as trainer::PreparedModel does for Role::kFrozen). Each Preparation
+// gathers its own model's whole parameters on every rank: the unsharded model's values, bit
+// for bit.
+TEST(PreparationOnRanksTest, FullParametersOfAFrozenFsdpModelBesideATrainedOne) {
+  const auto make_model = [](uint64_t seed) {
+    models::InitConfig init;
+    init.set_seed(seed);
+    return models::CausalLM::Create(models::PresetConfig("tiny").value(), init).value();
+  };
+  // Different seeds, so that one model's values in the other's result would show.
+  const std::map<std::string, torch::Tensor> trained_values = ClonedParameters(*make_model(1));
+  const std::map<std::string, torch::Tensor> frozen_values = ClonedParameters(*make_model(2));
+  parallel::MeshConfig config;
+  auto* dim = config.add_dims();
+  dim->set_name("dp");
+  dim->set_size(2);
+  const parallel::MeshLayout layout = parallel::MeshLayout::Create(config, 2).value();
+  PrepareStep fsdp;
+  fsdp.mutable_fsdp()->set_mesh_dim("dp");
+  const torch::Tensor tokens = torch::arange(32, torch::kInt64).view({2, 16});
+  parallel::testing::RunOnGlooMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
+    std::shared_ptr<models::CausalLM> trained = make_model(1);
+    std::shared_ptr<models::CausalLM> frozen = make_model(2);
+    auto trained_preparation = Preparation::Begin(*trained, mesh);
+    ASSERT_THAT(trained_preparation, IsOk());
+    ASSERT_THAT((*trained_preparation)->Apply(fsdp), IsOk());
+    ASSERT_THAT((*trained_preparation)->TakeTrainableParameters(), IsOk());
+    auto frozen_preparation = Preparation::Begin(*frozen, mesh);
+    ASSERT_THAT(frozen_preparation, IsOk());
+    ASSERT_THAT((*frozen_preparation)->Apply(fsdp), IsOk());
+    auto shards = (*frozen_preparation)->TakeTrainableParameters();
+    ASSERT_THAT(shards, IsOk());
+    for (parallel::TrainableParameter& shard : *shards) shard.tensor.requires_grad_(false);
+    for (const auto& named : frozen->NamedParameters()) named.parameter.requires_grad_(false);
+    // Both models compute first, so that their units were gathered and freed again.
+    {
+      torch::NoGradGuard no_grad;
+      frozen->SequenceLogProbs(tokens, tokens);
+    }
+    trained->Loss(tokens, tokens).backward();
+    ASSERT_THAT((*trained_preparation)->BackwardStatus(), IsOk());
+    const struct {
+      const char* role;
+      Preparation* preparation;
+      const std::map<std::string, torch::Tensor>& expected;
+    } cases[] = {{"frozen", frozen_preparation->get(), frozen_values},
+                 {"trained", trained_preparation->get(), trained_values}};
+    for (const auto& model : cases) {
+      SCOPED_TRACE(absl::StrCat(model.role, " model, rank ", rank));
+      // Held in a variable: a range-for over FullParameters().value() would iterate a map
+      // destroyed with its temporary StatusOr.
+      absl::StatusOr<std::map<std::string, torch::Tensor>> full =
+          model.preparation->FullParameters();
+      ASSERT_THAT(full, IsOk());
+      ASSERT_EQ(full->size(), model.expected.size());
+      for (const auto& [name, tensor] : model.expected) {
+        ASSERT_EQ(full->count(name), 1u) << name;
+        EXPECT_TRUE(torch::equal(full->at(name), tensor)) << name;
+      }
+    }
+  });
 }
 
 }  // namespace
