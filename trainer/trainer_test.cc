@@ -240,8 +240,13 @@ TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
     ASSERT_THAT(reference, IsOk());
     auto optimizer = BuildOptimizer(**policy, plan.optimizer());
     ASSERT_THAT(optimizer, IsOk());
-    // A checksum of the reference's parameters: its log-probabilities of a fixed batch, which
-    // change with any of them.
+    // The reference's whole parameters, gathered from its shards, and what it computes: its
+    // log-probabilities of a fixed batch. The gathered map is held in a variable: a range-for
+    // over FullParameters().value() iterates a map destroyed with its temporary StatusOr
+    // (the heap corruption this test once hit).
+    const absl::StatusOr<std::map<std::string, torch::Tensor>> parameters_before =
+        (*reference)->preparation().FullParameters();
+    ASSERT_THAT(parameters_before, IsOk());
     const data::Batch probe{torch::arange(64, torch::kInt64).view({2, 32}),
                             torch::arange(1, 65, torch::kInt64).view({2, 32})};
     const auto checksum = [&] {
@@ -278,6 +283,14 @@ TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
       EXPECT_FALSE(named.parameter.grad().defined()) << named.name;
     }
     EXPECT_EQ(checksum(), before) << "rank " << rank;
+    const absl::StatusOr<std::map<std::string, torch::Tensor>> parameters_after =
+        (*reference)->preparation().FullParameters();
+    ASSERT_THAT(parameters_after, IsOk());
+    ASSERT_EQ(parameters_after->size(), parameters_before->size());
+    for (const auto& [name, tensor] : *parameters_before) {
+      ASSERT_EQ(parameters_after->count(name), 1u) << name;
+      EXPECT_TRUE(torch::equal(parameters_after->at(name), tensor)) << name << " on rank " << rank;
+    }
   });
 }
 
