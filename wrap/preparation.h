@@ -87,7 +87,8 @@ class Preparation {
 
   // The whole parameters by name, on every rank: the strategies that split them gather them
   // (every rank of the mesh must call it). Fresh tensors, in the parameters' dtype (fp32 for
-  // FSDP's shards).
+  // FSDP's shards). Hold the result in a variable before iterating it: a range-for over
+  // `FullParameters().value()` runs over a map already destroyed with its temporary StatusOr.
   absl::StatusOr<std::map<std::string, torch::Tensor>> FullParameters();
 
   // Bytes of whole parameters the strategies hold beyond their shares now, and the most at
