@@ -143,11 +143,6 @@ def plait_dependencies():
     )
     _maybe(
         system_repository,
-        name = "gloo",
-        build_file = Label("//third_party:gloo.BUILD"),
-    )
-    _maybe(
-        system_repository,
         name = "com_github_nlohmann_json",
         build_file = Label("//third_party:nlohmann_json.BUILD"),
     )

@@ -16,7 +16,6 @@ packages=(
   libgtest-dev             # GoogleTest
   libgmock-dev             # GoogleMock
   libbenchmark-dev         # Google Benchmark
-  libgloo-dev              # Gloo collectives used by parallel/ on CPU
   nlohmann-json3-dev       # JSON for safetensors headers and HF config.json
 )
 
