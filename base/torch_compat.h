@@ -10,8 +10,10 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 #include "ATen/CPUGeneratorImpl.h"
+#include "torch/csrc/autograd/variable.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
 #include "torch/torch.h"
 #include "torch/version.h"
@@ -51,6 +53,11 @@ inline std::optional<torch::Tensor> CausalSdpa(const torch::Tensor& q, const tor
   return std::nullopt;
 #endif
 }
+
+// The owning pointer autograd gives out for a node of the graph (a leaf's gradient
+// accumulator): std::shared_ptr in 1.13, c10::intrusive_ptr in 2.13.
+using AutogradNodePtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
 
 // A CPU random generator seeded with `seed`, for seeded initialisation independent of the
 // global generator. at::detail::createCPUGenerator is an ATen detail API (1.13 and 2.x alike).
