@@ -67,6 +67,14 @@ std::vector<std::string> StrongDefinitions(const std::string& path) {
   return names;
 }
 
+// The C++ runtime. PyTorch's manylinux wheels carry the parts of a newer libstdc++ they use
+// (std::filesystem, the debug-mode iterators, ...) inside their own libraries, as the
+// manylinux policy requires; those are the standard library's own definitions, under its
+// stable ABI, not a second copy of a library plait builds against.
+bool IsCxxRuntime(const std::string& path) {
+  return path.find("/libstdc++.so") != std::string::npos;
+}
+
 int AddLoadedObject(dl_phdr_info* info, size_t /*size*/, void* paths) {
   // The main program has an empty name, the vDSO one that is not a file.
   if (info->dlpi_name != nullptr && info->dlpi_name[0] == '/') {
@@ -89,7 +97,9 @@ std::map<std::string, std::vector<std::string>> Collisions() {
   }
   std::map<std::string, std::vector<std::string>> collisions;
   for (auto& [name, where] : definers) {
-    if (where.size() > 1) collisions.emplace(name, std::move(where));
+    if (where.size() > 1 && !std::any_of(where.begin(), where.end(), IsCxxRuntime)) {
+      collisions.emplace(name, std::move(where));
+    }
   }
   return collisions;
 }
