@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include "ATen/Context.h"
 #include "ATen/Parallel.h"
 
 namespace plait::base {
@@ -13,7 +14,7 @@ bool SetComputeThreads(int count) {
   using SetThreads = void (*)(int);
   auto set_openblas_threads =
       reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (set_openblas_threads == nullptr) return false;
+  if (set_openblas_threads == nullptr) return at::hasMKL();
   set_openblas_threads(count);
   return true;
 }

@@ -6,6 +6,7 @@
 
 #include "base/heap.h"
 #include "base/threads.h"
+#include "base/torch_compat.h"
 #include "models/model_config.h"
 
 namespace plait::benchmarks {
@@ -15,11 +16,12 @@ int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter)
   const bool heap_retained = base::RetainFreedHeapMemory();
   if (!base::SetComputeThreads(1)) {
     std::fprintf(stderr,
-                 "openblas_set_num_threads not found: LibTorch is not using OpenBLAS (run "
-                 "tools/setup.sh), so the figures would not be comparable\n");
+                 "LibTorch runs on neither OpenBLAS nor MKL (run tools/setup.sh), so the "
+                 "figures would not be comparable\n");
     return 1;
   }
   benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("libtorch", base::kTorchVersion);
   benchmark::AddCustomContext(
       "heap", heap_retained ? "freed memory retained (base/heap.h)" : "the C library's default");
   benchmark::AddCustomContext("heap pages", huge_pages ? "2 MiB (base/heap.h)" : "4 KiB");

@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/hash.h"
 #include "base/status.h"
+#include "base/torch_compat.h"
 #include "models/internal/ops.h"
-#include "models/internal/torch_compat.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
 #include "models/rotary.h"
@@ -184,7 +184,7 @@ absl::Status CausalLM::ResetParameters(const InitConfig& init) {
       parameter.zero_();
     } else {
       at::Generator generator =
-          internal::MakeCpuGenerator(base::SplitMix64(init.seed() ^ base::Fnv1a64(name)));
+          base::MakeCpuGenerator(base::SplitMix64(init.seed() ^ base::Fnv1a64(name)));
       torch::Tensor values = torch::empty(parameter.sizes(), torch::kFloat32);
       values.normal_(0.0, IsResidualProjection(name) ? residual_std : std, generator);
       parameter.copy_(values);

@@ -1,57 +1,17 @@
 #include "parallel/gloo_communicator.h"
 
-#include <algorithm>
-#include <chrono>
-#include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "gloo/common/error.h"
-#include "gloo/rendezvous/context.h"
-#include "gloo/rendezvous/store.h"
-#include "gloo/transport/tcp/device.h"
-#include "gloo/transport/unbound_buffer.h"
+#include "base/status.h"
 
 namespace plait::parallel {
 namespace {
 
-// Slots (Gloo's message tags) are numbered per collective: collective i uses slots
+// Transfers are tagged per collective: collective i uses tags
 // [i * kSlotsPerCollective, (i + 1) * kSlotsPerCollective), one per ring step, which is
 // more than any group here has.
 constexpr uint64_t kSlotsPerCollective = uint64_t{1} << 20;
-
-// Gloo's rendezvous on a c10d store, every key under `prefix`.
-class GlooStore final : public gloo::rendezvous::Store {
- public:
-  GlooStore(c10d::Store& store, std::string prefix) : store_(store), prefix_(std::move(prefix)) {}
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_.set(prefix_ + key, std::vector<uint8_t>(data.begin(), data.end()));
-  }
-
-  std::vector<char> get(const std::string& key) override {
-    const std::vector<uint8_t> data = store_.get(prefix_ + key);
-    return std::vector<char>(data.begin(), data.end());
-  }
-
-  void wait(const std::vector<std::string>& keys) override { store_.wait(Prefixed(keys)); }
-
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
-    store_.wait(Prefixed(keys), timeout);
-  }
-
- private:
-  std::vector<std::string> Prefixed(const std::vector<std::string>& keys) const {
-    std::vector<std::string> prefixed;
-    prefixed.reserve(keys.size());
-    for (const std::string& key : keys) prefixed.push_back(prefix_ + key);
-    return prefixed;
-  }
-
-  c10d::Store& store_;
-  const std::string prefix_;
-};
 
 int Mod(int value, int modulus) { return ((value % modulus) + modulus) % modulus; }
 
@@ -68,11 +28,6 @@ void Combine(ReduceOp op, const torch::Tensor& a, const torch::Tensor& b, torch:
   }
 }
 
-std::chrono::milliseconds Remaining(absl::Time deadline) {
-  return std::chrono::milliseconds(
-      std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
@@ -83,26 +38,19 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": rank must be in [0, size)"));
   }
-  try {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = address;
-    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(options.timeout)));
-    GlooStore gloo_store(store, absl::StrCat("plait/gloo/", name, "/"));
-    context->connectFullMesh(gloo_store, device);
-    return std::unique_ptr<GlooCommunicator>(
-        new GlooCommunicator(std::move(name), rank, size, options, std::move(context)));
-  } catch (const std::exception& error) {
-    // c10d's store and Gloo both report problems (timeouts, unreachable peers) as exceptions.
-    return absl::UnavailableError(absl::StrCat(where, " at ", address, ": ", error.what()));
-  }
+  PLAIT_ASSIGN_OR_RETURN(
+      std::unique_ptr<internal::TcpMesh> mesh,
+      base::Annotate(internal::TcpMesh::Connect(store, absl::StrCat("plait/gloo/", name, "/"), rank,
+                                                size, address, options.timeout),
+                     absl::StrCat(where, " at ", address)));
+  return std::unique_ptr<GlooCommunicator>(
+      new GlooCommunicator(std::move(name), rank, size, options, std::move(mesh)));
 }
 
 GlooCommunicator::GlooCommunicator(std::string name, int rank, int size,
                                    CommunicatorOptions options,
-                                   std::shared_ptr<gloo::Context> context)
-    : Communicator(std::move(name), rank, size, options), context_(std::move(context)) {
+                                   std::unique_ptr<internal::TcpMesh> mesh)
+    : Communicator(std::move(name), rank, size, options), mesh_(std::move(mesh)) {
   worker_ = std::thread([this] { RunTasks(); });
 }
 
@@ -153,40 +101,23 @@ void GlooCommunicator::RunTasks() {
 absl::Status GlooCommunicator::Exchange(Collective collective, uint64_t slot,
                                         const std::vector<Transfer>& sends,
                                         const std::optional<Transfer>& recv, absl::Time deadline) {
-  int waiting_for = recv.has_value() ? recv->peer : -1;
-  try {
-    std::unique_ptr<gloo::transport::UnboundBuffer> recv_buffer;
-    if (recv.has_value() && recv->tensor.numel() > 0) {
-      recv_buffer = context_->createUnboundBuffer(recv->tensor.data_ptr(), recv->tensor.nbytes());
-      recv_buffer->recv(recv->peer, slot);
-    }
-    std::vector<std::pair<int, std::unique_ptr<gloo::transport::UnboundBuffer>>> send_buffers;
-    for (const Transfer& send : sends) {
-      if (send.tensor.numel() == 0) continue;
-      send_buffers.emplace_back(
-          send.peer, context_->createUnboundBuffer(send.tensor.data_ptr(), send.tensor.nbytes()));
-      send_buffers.back().second->send(send.peer, slot);
-    }
-    // waitRecv/waitSend return false only when aborted, which nothing here does; a timeout
-    // or a broken connection is thrown.
-    if (recv_buffer != nullptr && recv_buffer->waitRecv(Remaining(deadline))) {
-      CountTraffic(collective, 0, static_cast<int64_t>(recv_buffer->size));
-    }
-    for (const auto& [peer, send_buffer] : send_buffers) {
-      waiting_for = peer;
-      if (send_buffer->waitSend(Remaining(deadline))) {
-        CountTraffic(collective, static_cast<int64_t>(send_buffer->size), 0);
-      }
-    }
-  } catch (const gloo::Exception& error) {
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          Describe(collective), ": timed out after ", absl::FormatDuration(options().timeout),
-          " waiting for rank ", waiting_for, " (did every rank of the group call it?)"));
-    }
-    return absl::UnavailableError(absl::StrCat(Describe(collective), ": transfer with rank ",
-                                               waiting_for, " failed: ", error.what()));
+  std::vector<internal::TcpMesh::Transfer> mesh_sends;
+  mesh_sends.reserve(sends.size());
+  int64_t sent_bytes = 0;
+  for (const Transfer& send : sends) {
+    mesh_sends.push_back({send.tensor.data_ptr(), send.tensor.nbytes(), send.peer});
+    sent_bytes += static_cast<int64_t>(send.tensor.nbytes());
   }
+  std::optional<internal::TcpMesh::Transfer> mesh_recv;
+  if (recv.has_value()) mesh_recv = {recv->tensor.data_ptr(), recv->tensor.nbytes(), recv->peer};
+  const absl::Status status = mesh_->Exchange(slot, mesh_sends, mesh_recv, deadline);
+  if (absl::IsDeadlineExceeded(status)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        Describe(collective), ": timed out after ", absl::FormatDuration(options().timeout), " ",
+        status.message(), " (did every rank of the group call it?)"));
+  }
+  PLAIT_RETURN_IF_ERROR(base::Annotate(status, Describe(collective)));
+  CountTraffic(collective, sent_bytes, recv.has_value() ? recv->tensor.nbytes() : 0);
   return absl::OkStatus();
 }
 

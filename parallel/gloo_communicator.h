@@ -1,19 +1,21 @@
-// A Communicator for CPU tensors over Gloo's TCP transport (libgloo, the library c10d's Gloo
-// backend is built on). Every member of a group creates it with the same name and a store
-// they share; collectives then run on one communication thread per communicator, in the
-// order they were issued:
+// A Communicator for CPU tensors: ring collectives over plait's own TCP connections between
+// the members of a group (internal/tcp_mesh.h). It is named for Gloo, the library whose TCP
+// transport it first ran on; plait no longer links Gloo, because the LibTorch of PyTorch's
+// wheels carries a copy of its own (see third_party/symbol_collision_test.cc). Every member
+// of a group creates it with the same name and a store they share; collectives then run on
+// one communication thread per communicator, in the order they were issued:
 //
 //   auto store = Rendezvous(world, absl::Seconds(60));            // rendezvous.h
 //   auto world_comm = GlooCommunicator::Create(*store, "world", world.rank, world.world_size,
 //                                              GlooCommunicator::kLoopback);
 //   (*world_comm)->AllReduce(gradients, ReduceOp::kAverage)->Wait();
 //
-// The collectives are ring algorithms written on Gloo's point-to-point transfers: c10d's Gloo
-// group in LibTorch 1.13 has no reduce_scatter and no flat all_gather, and owning every
-// transfer lets traffic() count real bytes. Each rank sends and receives (N-1)/N of the
-// buffer in all_gather and reduce_scatter, 2(N-1)/N in all_reduce (reduce-scatter then
-// all-gather), the bandwidth-optimal volumes. A failed or timed-out collective leaves the
-// transport in an unknown state, so every later collective fails with the first error.
+// The collectives are ring algorithms written on point-to-point transfers: c10d's Gloo group
+// in LibTorch 1.13 has no reduce_scatter and no flat all_gather, and owning every transfer
+// lets traffic() count real bytes. Each rank sends and receives (N-1)/N of the buffer in
+// all_gather and reduce_scatter, 2(N-1)/N in all_reduce (reduce-scatter then all-gather),
+// the bandwidth-optimal volumes. A failed or timed-out collective leaves the connections in
+// an unknown state, so every later collective fails with the first error.
 #ifndef PLAIT_PARALLEL_GLOO_COMMUNICATOR_H_
 #define PLAIT_PARALLEL_GLOO_COMMUNICATOR_H_
 
@@ -31,9 +33,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "gloo/context.h"
 #include "parallel/communicator.h"
 #include "parallel/device_mesh.h"
+#include "parallel/internal/tcp_mesh.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
 #include "torch/torch.h"
 
@@ -80,14 +82,14 @@ class GlooCommunicator final : public Communicator {
   };
 
   GlooCommunicator(std::string name, int rank, int size, CommunicatorOptions options,
-                   std::shared_ptr<gloo::Context> context);
+                   std::unique_ptr<internal::TcpMesh> mesh);
 
   std::shared_ptr<Work> Enqueue(
       Collective collective,
       std::function<absl::Status(uint64_t slot_base, absl::Time deadline)> run);
   void RunTasks();
 
-  // Posts `recv` (if any) and every send on `slot`, then waits for all of them.
+  // Runs `recv` (if any) and every send as transfer `slot`, and waits for all of them.
   absl::Status Exchange(Collective collective, uint64_t slot, const std::vector<Transfer>& sends,
                         const std::optional<Transfer>& recv, absl::Time deadline);
 
@@ -98,7 +100,7 @@ class GlooCommunicator final : public Communicator {
   absl::Status AllGatherRing(Collective collective, const torch::Tensor& buffer, uint64_t slot_base,
                              absl::Time deadline);
 
-  const std::shared_ptr<gloo::Context> context_;
+  const std::unique_ptr<internal::TcpMesh> mesh_;
   absl::Status broken_;           // the first failure; touched only by the worker thread
   uint64_t next_collective_ = 0;  // touched only by the worker thread
 

@@ -680,7 +680,7 @@ absl::StatusOr<c10::intrusive_ptr<TcpStore>> TcpStore::Connect(const std::string
       if (last.ok()) {
         // make_intrusive cannot reach the private constructor.
         return c10::intrusive_ptr<TcpStore>::unsafe_steal_from_new(
-            new TcpStore(fd->release(), server, ToMilliseconds(timeout)));
+            new TcpStore(fd->release(), address, port, token, ToMilliseconds(timeout)));
       }
       if (absl::IsPermissionDenied(last)) return last;
     } else {
@@ -710,11 +710,27 @@ absl::StatusOr<c10::intrusive_ptr<TcpStore>> TcpStore::Host(const std::string& a
   return store;
 }
 
-TcpStore::TcpStore(int socket, std::string server, std::chrono::milliseconds timeout)
-    : c10d::Store(timeout), socket_(socket), server_address_(std::move(server)) {}
+TcpStore::TcpStore(int socket, std::string address, int port, std::string token,
+                   std::chrono::milliseconds timeout)
+    : base::CompatStore(timeout),
+      socket_(socket),
+      address_(std::move(address)),
+      port_(port),
+      token_(std::move(token)),
+      server_address_(absl::StrCat(address_, ":", port_)) {}
 
 TcpStore::~TcpStore() {
   if (socket_ >= 0) close(socket_);
+}
+
+c10::intrusive_ptr<c10d::Store> TcpStore::Clone() {
+  absl::StatusOr<c10::intrusive_ptr<TcpStore>> clone =
+      Connect(address_, port_, token_, absl::FromChrono(timeout_));
+  if (!clone.ok()) {
+    throw std::runtime_error(
+        absl::StrCat("cloning the store at ", server_address_, ": ", clone.status().message()));
+  }
+  return *std::move(clone);
 }
 
 TcpStore::Reply TcpStore::Call(uint32_t op, absl::string_view key, absl::string_view value,

@@ -31,8 +31,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/torch_compat.h"
 #include "parallel/world.h"
-#include "torch/csrc/distributed/c10d/Store.hpp"
 
 namespace plait::parallel {
 
@@ -77,7 +77,7 @@ class TcpStoreServer {
 // A client of a TcpStoreServer. Its calls throw std::runtime_error, as c10d::Store's
 // interface requires, when the server is lost or the store's timeout passes; errors name the
 // key and the server. Safe to share between threads.
-class TcpStore final : public c10d::Store {
+class TcpStore final : public base::CompatStore {
  public:
   // Connects to the server at `address`:`port` and says hello with `token`, retrying until
   // the server is up or `timeout` passes (DeadlineExceeded). A server that refuses the token
@@ -97,6 +97,10 @@ class TcpStore final : public c10d::Store {
 
   // The server a store made by Host owns; null for one made by Connect.
   const TcpStoreServer* server() const { return server_.get(); }
+
+  // A new connection to the same server, with the same token and timeout (c10d's clone()).
+  // Throws std::runtime_error when the server cannot be reached.
+  c10::intrusive_ptr<c10d::Store> Clone() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   // Sets `key` to `desired` when it holds `expected` (or is missing and `expected` is empty);
@@ -118,7 +122,8 @@ class TcpStore final : public c10d::Store {
  private:
   struct Reply;
 
-  TcpStore(int socket, std::string server, std::chrono::milliseconds timeout);
+  TcpStore(int socket, std::string address, int port, std::string token,
+           std::chrono::milliseconds timeout);
 
   // Sends one request and returns the server's reply, or throws.
   Reply Call(uint32_t op, absl::string_view key, absl::string_view value = {},
@@ -132,7 +137,10 @@ class TcpStore final : public c10d::Store {
   std::mutex mutex_;                        // one request at a time on the socket
   int socket_;                              // -1 once the connection is lost
   std::string lost_;                        // why it was lost
-  const std::string server_address_;        // "host:port", for errors
+  const std::string address_;               // the server's, as given to Connect
+  const int port_;
+  const std::string token_;
+  const std::string server_address_;  // "host:port", for errors
 };
 
 // The wire format, for tests that speak it by hand. A client sends a hello of kHelloBytes

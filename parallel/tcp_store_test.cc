@@ -133,6 +133,22 @@ TEST(TcpStoreTest, ClientsShareEveryOperation) {
   EXPECT_EQ(a->getNumKeys(), 3);  // the connection is still good
 }
 
+TEST(TcpStoreTest, ACloneIsAnotherClientOfTheSameServer) {
+  std::unique_ptr<TcpStoreServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  c10::intrusive_ptr<TcpStore> store = ConnectTo(*server, absl::Seconds(7));
+  ASSERT_TRUE(store);
+  const c10::intrusive_ptr<c10d::Store> clone = store->Clone();
+  ASSERT_NE(clone.get(), store.get());
+  clone->set("from clone", Bytes("hello"));
+  EXPECT_EQ(store->get("from clone"), Bytes("hello"));
+  EXPECT_EQ(clone->getTimeout(), std::chrono::milliseconds(7000));
+  server.reset();
+  store->setTimeout(std::chrono::milliseconds(100));
+  EXPECT_THAT([&] { store->Clone(); },
+              ThrowsMessage<std::runtime_error>(HasSubstr("cloning the store at 127.0.0.1:")));
+}
+
 TEST(TcpStoreTest, WaitReturnsOnceAnotherClientSetsTheKeys) {
   std::unique_ptr<TcpStoreServer> server = StartServer();
   ASSERT_NE(server, nullptr);

@@ -14,8 +14,14 @@ def _system_repository_impl(rctx):
     if rctx.attr.root_env and rctx.attr.root_env in rctx.os.environ:
         root = rctx.os.environ[rctx.attr.root_env]
     elif rctx.attr.library_probe:
-        # The first of root and the fallbacks that holds the probed library.
-        for candidate_root in [root] + rctx.attr.fallback_roots:
+        # The first of the roots next to an environment variable's, root and the fallbacks
+        # that holds the probed library.
+        beside = [
+            "%s/%s" % (rctx.os.environ[variable], relative)
+            for variable, relative in rctx.attr.beside_env_roots.items()
+            if variable in rctx.os.environ
+        ]
+        for candidate_root in beside + [root] + rctx.attr.fallback_roots:
             if any([
                 rctx.path("%s/%s/%s" % (candidate_root, d, rctx.attr.library_probe)).exists
                 for d in _LIBRARY_DIRS
@@ -58,6 +64,10 @@ system_repository = repository_rule(
         "root_env": attr.string(doc = "Environment variable that overrides `root`, if any."),
         "fallback_roots": attr.string_list(
             doc = "Roots tried after `root` (when root_env is unset) for the library_probe.",
+        ),
+        "beside_env_roots": attr.string_dict(
+            doc = "Environment variable -> path relative to its value, tried before `root` " +
+                  "(when root_env is unset) for the library_probe.",
         ),
         "entries": attr.string_list(
             default = ["include"],
@@ -106,17 +116,22 @@ def plait_dependencies():
             build_file = Label("//third_party/%s:BUILD.bazel" % shim),
         )
 
-    # LibTorch: Debian's libtorch-dev by default; LIBTORCH_HOME may name an unpacked LibTorch
-    # (1.13 or 2.x, CPU or CUDA): both layouts have include/ and lib/ under one root.
+    # LibTorch: Debian's libtorch-dev by default; LIBTORCH_HOME may name another: an unpacked
+    # LibTorch archive or the torch/ folder of PyTorch's wheel (1.13 or 2.x, CPU or CUDA), all
+    # with include/ and lib/ under one root. Only LibTorch's own headers are exposed: the
+    # wheel's include/ also carries the libraries it bundles (protobuf 3.13, fmt, oneDNN, ...),
+    # which must not stand in for Debian's.
     _maybe(
         system_repository,
         name = "libtorch",
         root_env = "LIBTORCH_HOME",
+        entries = ["include/ATen", "include/c10", "include/caffe2", "include/torch"],
         library_probe = "libtorch.so",
         optional_libraries = {
             # A CUDA build's kernels register themselves at load time, so the library must be
             # linked even though no symbol of it is referenced directly.
             "libtorch_cuda.so": "-Wl,--no-as-needed,-ltorch_cuda,--as-needed",
+            "libc10_cuda.so": "-Wl,--no-as-needed,-lc10_cuda,--as-needed",
         },
         build_file = Label("//third_party:libtorch.BUILD"),
     )
@@ -143,11 +158,6 @@ def plait_dependencies():
     )
     _maybe(
         system_repository,
-        name = "gloo",
-        build_file = Label("//third_party:gloo.BUILD"),
-    )
-    _maybe(
-        system_repository,
         name = "com_github_nlohmann_json",
         build_file = Label("//third_party:nlohmann_json.BUILD"),
     )
@@ -163,14 +173,16 @@ def plait_dependencies():
         build_file = Label("//third_party:cuda.BUILD"),
     )
 
-    # NCCL: in the CUDA tree where it was installed there, else where tools/setup.sh puts
-    # the one from PyPI (/opt/nccl).
+    # NCCL: beside a CUDA wheel's LibTorch, the nvidia-nccl wheel's (site-packages/nvidia/nccl,
+    # the copy that LibTorch loads itself: one NCCL per process); else the CUDA tree's where it
+    # was installed there; else where tools/setup.sh puts the one from PyPI (/opt/nccl).
     _maybe(
         system_repository,
         name = "local_nccl",
         root = "/usr/local/cuda",
         root_env = "NCCL_HOME",
+        beside_env_roots = {"LIBTORCH_HOME": "../nvidia/nccl"},
         fallback_roots = ["/opt/nccl"],
-        library_probe = "libnccl.so",
+        library_probe = "libnccl.so.2",
         build_file = Label("//third_party:nccl.BUILD"),
     )

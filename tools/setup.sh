@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package that building and testing plait needs, and NCCL's headers
-# and library for the GPU build when the machine's CUDA has none.
+# Installs every Debian 12 package that building and testing plait needs, NCCL's headers and
+# library for the GPU build when the machine's CUDA has none, and the Python environment
+# whose PyTorch wheel carries the LibTorch 2.x that plait is also built against (tools/torch2).
 # Idempotent: when everything is installed it only checks, and returns in seconds.
 set -euo pipefail
 
@@ -8,6 +9,7 @@ set -euo pipefail
 packages=(
   bazel-bootstrap          # Bazel 4.2.3, the only Bazel in Debian 12
   g++                      # the C++ toolchain Bazel autodetects
+  python3-venv             # the venv of tools/torch2's PyTorch wheel (install_venv below)
   libtorch-dev             # LibTorch 1.13 (CPU), headers and libraries
   libopenblas0-pthread     # fast BLAS for LibTorch: without it matmuls run ~25x slower
   libabsl-dev              # Abseil: status, flags, strings, time
@@ -16,7 +18,6 @@ packages=(
   libgtest-dev             # GoogleTest
   libgmock-dev             # GoogleMock
   libbenchmark-dev         # Google Benchmark
-  libgloo-dev              # Gloo collectives used by parallel/ on CPU
   nlohmann-json3-dev       # JSON for safetensors headers and HF config.json
 )
 
@@ -73,6 +74,35 @@ EOF
   rm -rf "${download}"
 }
 
+# The Python environment of plait's tools, and PyTorch's wheel in it: its torch/ folder
+# (headers in include/, libraries in lib/) is the LibTorch 2.x of tools/torch2, linked as
+# /opt/plait/libtorch2. install_venv takes a requirements file, so that each tool adds its own
+# packages to this one environment; a file already installed as it is now is skipped quietly.
+venv_dir=/opt/plait/venv
+libtorch2_link=/opt/plait/libtorch2
+install_venv() {
+  local requirements="$1"
+  local installed="${venv_dir}/installed-$(basename "${requirements}")"
+  cmp -s "${requirements}" "${installed}" && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: run as root to install ${requirements} into ${venv_dir}" >&2
+    return 1
+  fi
+  echo "setup: installing ${requirements} into ${venv_dir}"
+  [ -x "${venv_dir}/bin/python" ] || python3 -m venv "${venv_dir}"
+  "${venv_dir}/bin/python" -m pip install --quiet --disable-pip-version-check -r "${requirements}"
+  cp "${requirements}" "${installed}"
+}
+install_python_tools() {
+  install_venv "$(dirname "$0")/requirements-torch2.txt"
+  [ -e "${libtorch2_link}/lib/libtorch.so" ] && return 0
+  # PyTorch's documented way to find its LibTorch: torch.utils.cmake_prefix_path is
+  # <site-packages>/torch/share/cmake.
+  ln -sfn "$("${venv_dir}/bin/python" -c 'import os, torch.utils
+print(os.path.dirname(os.path.dirname(torch.utils.cmake_prefix_path)))' 2>/dev/null)" \
+    "${libtorch2_link}"
+}
+
 missing=()
 for pkg in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
@@ -83,6 +113,7 @@ done
 if [ "${#missing[@]}" -eq 0 ]; then
   link_pinned_bazel
   install_nccl
+  install_python_tools
   echo "setup: all ${#packages[@]} packages are installed"
   exit 0
 fi
@@ -99,4 +130,5 @@ apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
 link_pinned_bazel
 install_nccl
+install_python_tools
 echo "setup: done"

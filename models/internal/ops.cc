@@ -3,8 +3,11 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
+#include <utility>
 
 #include "ATen/record_function.h"
+#include "base/torch_compat.h"
 #include "models/internal/fused_kernels.h"
 #include "models/rotary.h"
 
@@ -282,8 +285,9 @@ torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Te
 
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask) {
-  return Fusable({q, k, v}) ? FusedCausalAttention(q, k, v)
-                            : CompositeCausalAttention(q, k, v, mask);
+  if (Fusable({q, k, v})) return FusedCausalAttention(q, k, v);
+  if (std::optional<torch::Tensor> out = base::CausalSdpa(q, k, v)) return *std::move(out);
+  return CompositeCausalAttention(q, k, v, mask);
 }
 
 torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& k,

@@ -44,6 +44,8 @@ torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Te
 
 // Causal grouped-query attention with scale 1 / sqrt(d): q [B, T, H, d], k and v
 // [B, T, KV, d] with KV dividing H (query head h reads kv head h / (H / KV)) -> [B, T, H, d].
+// Where the fused form does not apply (bf16, GPU), CausalAttention takes LibTorch's own fused
+// kernel when the LibTorch has one (2.x, base/torch_compat.h's CausalSdpa), else the composite.
 // The composite form takes the additive causal mask [H / KV * T, T] (0 on and below the
 // diagonal, -inf above; row g * T + t for query position t) that CausalLM caches.
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,

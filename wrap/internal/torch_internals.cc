@@ -30,8 +30,7 @@ class LambdaPostHook final : public torch::autograd::FunctionPostHook {
 
 HookHandle AddPostAccumulateHook(const torch::Tensor& parameter, std::function<void()> hook) {
   // The variable holds its accumulator weakly: the handle keeps it, and so the hook, alive.
-  std::shared_ptr<torch::autograd::Node> accumulator =
-      torch::autograd::impl::grad_accumulator(parameter);
+  base::AutogradNodePtr accumulator = torch::autograd::impl::grad_accumulator(parameter);
   accumulator->add_post_hook(std::make_unique<LambdaPostHook>(std::move(hook)));
   return accumulator;
 }

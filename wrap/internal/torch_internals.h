@@ -2,23 +2,21 @@
 // touches only this file: hooks that run after a leaf's gradient was accumulated and at the
 // end of a backward pass (what PyTorch's own DDP reducer uses), and freeing and refilling a
 // tensor's storage in place (what PyTorch's FSDP2 does with untyped_storage().resize_()).
-// Checked against LibTorch 1.13; the same calls exist in 2.x.
+// Checked against LibTorch 1.13 and 2.13 (the pointer type of a node differs between them:
+// base/torch_compat.h).
 #ifndef PLAIT_WRAP_INTERNAL_TORCH_INTERNALS_H_
 #define PLAIT_WRAP_INTERNAL_TORCH_INTERNALS_H_
 
 #include <functional>
 #include <memory>
 
+#include "base/torch_compat.h"
 #include "torch/torch.h"
-
-namespace torch::autograd {
-struct Node;
-}  // namespace torch::autograd
 
 namespace plait::wrap::internal {
 
 // Keeps the hook of AddPostAccumulateHook registered; the hook lives as long as this.
-using HookHandle = std::shared_ptr<torch::autograd::Node>;
+using HookHandle = base::AutogradNodePtr;
 
 // Runs `hook` each time autograd has accumulated a gradient into leaf `parameter`'s .grad.
 HookHandle AddPostAccumulateHook(const torch::Tensor& parameter, std::function<void()> hook);

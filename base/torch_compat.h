@@ -1,0 +1,70 @@
+// Everything that differs between the LibTorch versions plait builds against (Debian's 1.13 and
+// 2.x, such as the one in PyTorch's wheels; README.md, "LibTorch and GPUs"), in one place: the
+// rest of plait calls these and never tests TORCH_VERSION_MAJOR itself. Each entry says what
+// changed and in which version.
+//
+//   class MyStore final : public base::CompatStore { ... c10::intrusive_ptr<c10d::Store> Clone()
+//   override; }; if (std::optional<torch::Tensor> out = base::CausalSdpa(q, k, v)) return *out;
+#ifndef PLAIT_BASE_TORCH_COMPAT_H_
+#define PLAIT_BASE_TORCH_COMPAT_H_
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "ATen/CPUGeneratorImpl.h"
+#include "torch/csrc/autograd/variable.h"
+#include "torch/csrc/distributed/c10d/Store.hpp"
+#include "torch/torch.h"
+#include "torch/version.h"
+
+namespace plait::base {
+
+// The LibTorch plait was compiled against, "1.13.1" or "2.13.0" (the process's must match).
+inline constexpr const char* kTorchVersion = TORCH_VERSION;
+
+// c10d::Store as every version sees it. LibTorch 2.x made clone() pure ("a new client of the
+// same store, for another thread"); a store of plait's derives from CompatStore and implements
+// Clone(), which c10d's clone() calls where it exists.
+class CompatStore : public c10d::Store {
+ public:
+  using c10d::Store::Store;
+
+  virtual c10::intrusive_ptr<c10d::Store> Clone() = 0;
+
+#if TORCH_VERSION_MAJOR >= 2
+  c10::intrusive_ptr<c10d::Store> clone() final { return Clone(); }
+#endif
+};
+
+// Causal scaled dot-product attention with scale 1 / sqrt(d) on q [B, T, H, d], k and v
+// [B, T, KV, d] (KV dividing H) -> [B, T, H, d], by LibTorch's fused kernel
+// (at::scaled_dot_product_attention, new in 2.0; grouped-query heads since 2.5, which CPU
+// flash attention serves in bf16 without materialising the [T, T] scores). nullopt on 1.13.
+inline std::optional<torch::Tensor> CausalSdpa(const torch::Tensor& q, const torch::Tensor& k,
+                                               const torch::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                          /*is_causal=*/true, /*scale=*/{},
+                                          /*enable_gqa=*/k.size(2) != q.size(2))
+      .transpose(1, 2);
+#else
+  return std::nullopt;
+#endif
+}
+
+// The owning pointer autograd gives out for a node of the graph (a leaf's gradient
+// accumulator): std::shared_ptr in 1.13, c10::intrusive_ptr in 2.13.
+using AutogradNodePtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+
+// A CPU random generator seeded with `seed`, for seeded initialisation independent of the
+// global generator. at::detail::createCPUGenerator is an ATen detail API (1.13 and 2.x alike).
+inline at::Generator MakeCpuGenerator(uint64_t seed) {
+  return at::detail::createCPUGenerator(seed);
+}
+
+}  // namespace plait::base
+
+#endif  // PLAIT_BASE_TORCH_COMPAT_H_
