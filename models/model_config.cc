@@ -343,6 +343,12 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
       fields.Int("max_position_embeddings", qwen2 ? kHfQwen2MaxPositions : kHfLlamaMaxPositions));
   PLAIT_ASSIGN_OR_RETURN(bool tie, fields.Bool("tie_word_embeddings", false));
   PLAIT_ASSIGN_OR_RETURN(bool bias, fields.Bool("attention_bias", false));
+  PLAIT_ASSIGN_OR_RETURN(std::string activation, fields.String("hidden_act", "silu"));
+  if (activation != "silu") {
+    return fields.Error("hidden_act", absl::StrCat("\"", activation,
+                                                   "\" is not supported; plait's MLP is SwiGLU "
+                                                   "(\"silu\")"));
+  }
   PLAIT_ASSIGN_OR_RETURN(bool sliding, fields.Bool("use_sliding_window", false));
   if (sliding)
     return fields.Error("use_sliding_window", "sliding-window attention is not supported");

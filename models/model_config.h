@@ -54,8 +54,8 @@ absl::StatusOr<ModelConfig> ResolveModelSpec(const ModelSpec& spec,
 // vocab_size are required. The rotary embedding is read as transformers reads it: from
 // `rope_scaling` and `rope_theta` (before transformers 5) or from `rope_parameters` (which
 // transformers 5 writes, rope_theta inside), a non-empty rope_scaling first. Sliding-window
-// attention and a head_dim other than hidden_size / num_attention_heads are rejected as
-// unsupported.
+// attention, a head_dim other than hidden_size / num_attention_heads and a hidden_act other
+// than "silu" are rejected as unsupported.
 absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::string_view source);
 
 // Reads and parses a config.json file; errors name the file.

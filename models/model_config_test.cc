@@ -249,6 +249,12 @@ TEST(ParseHfConfigJsonTest, ErrorsNameTheSourceAndField) {
   EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("c.json.num_key_value_heads: 5 does not divide")));
+  // Another activation would load and compute SwiGLU all the same.
+  text = kLlama32Json;
+  text.replace(text.find("\"silu\""), 6, "\"gelu\"");
+  EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: hidden_act: \"gelu\" is not supported")));
   text = kQwen25Json;
   text.replace(text.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
   EXPECT_THAT(ParseHfConfigJson(text, "c.json"), StatusIs(absl::StatusCode::kInvalidArgument,
