@@ -22,4 +22,5 @@ export HF_HOME="${TEST_TMPDIR}/huggingface"
 export PYTHONDONTWRITEBYTECODE=1
 export PLAIT_REFERENCE="${PWD}/${here}/plait_reference"
 exec "${venv}/bin/python" -m pytest -q -p no:cacheprovider \
-  --basetemp="${TEST_TMPDIR}/pytest" --junitxml="${XML_OUTPUT_FILE}" "${here}"
+  --basetemp="${TEST_TMPDIR}/pytest" ${XML_OUTPUT_FILE:+--junitxml="${XML_OUTPUT_FILE}"} \
+  "${here}"
