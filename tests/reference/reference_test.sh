@@ -6,7 +6,7 @@
 set -euo pipefail
 
 here="tests/reference"  # the test starts in the runfiles root of the workspace
-home="$(getent passwd "$(id -u)" | cut -d: -f6)"  # Bazel points HOME at the sandbox
+home="$(getent passwd "$(id -u)" | cut -d: -f6)"  # Bazel runs tests without HOME
 venv="${PLAIT_PYTHON_VENV:-${home}/.cache/plait/python-venv}"
 wanted="$(sha256sum "${here}/requirements.txt" | cut -d' ' -f1)"
 if [ ! -x "${venv}/bin/python" ] || \
