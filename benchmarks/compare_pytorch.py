@@ -252,6 +252,9 @@ def main():
         subprocess.run(["bazel", "build", "--config=opt", "//trainer:train"],
                        check=True)
         binary = os.path.join("bazel-bin", "trainer", "train")
+    if not os.access(binary, os.X_OK):
+        sys.exit(f"compare_pytorch: no plait trainer at {binary}; build it "
+                 "with bazel build --config=opt //trainer:train")
 
     rows = []  # (name, dtype, result or None)
     for dtype in args.dtypes.split(","):
