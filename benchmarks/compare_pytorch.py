@@ -26,14 +26,13 @@ compile or fault memory in, are not timed) and plait's ratio to each, by wall
 time and by CPU time. On a machine other jobs share, wall time measures the
 share of the cores each run got as much as its speed; CPU time (of all the
 processes of a run, Gloo's threads included) is disturbed less. With the
-default 1 + 3 steps a run needs about 5 CPU-minutes (10 minutes of a busy
-2-core machine), more the first time, while torch.compile fills its cache.
+default 1 + 3 steps a run takes about 3 minutes on 2 quiet cores; longer on
+a busy machine, and the first time, while torch.compile fills its cache.
 """
 
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -82,42 +81,64 @@ training {{
 """
 
 
-def run_trainer(binary, dtype, ranks, steps):
-    """Runs plait's trainer for `steps` steps; returns its per-step metrics
-    and the CPU seconds it and its ranks used."""
+def run_plait(binary, dtype, ranks, warmup, steps):
+    """plait's trainer: the median wall time of the timed steps (from its
+    metrics file), and the CPU seconds of all its processes per timed step,
+    read from /proc when the metrics file shows the warmup and the timed
+    steps done."""
     with tempfile.TemporaryDirectory() as folder:
         metrics = os.path.join(folder, "metrics.jsonl")
         plan = os.path.join(folder, "plan.textproto")
         with open(plan, "w") as f:
-            f.write(plait_plan(dtype, ranks, steps, metrics))
-        before = children_cpu_seconds()
-        result = subprocess.run([binary, f"--plan={plan}"],
-                                capture_output=True, text=True)
-        cpu = children_cpu_seconds() - before
-        if result.returncode != 0:
-            raise RuntimeError(f"plait's trainer failed:\n{result.stderr}")
+            f.write(plait_plan(dtype, ranks, warmup + steps, metrics))
+        trainer = subprocess.Popen([binary, f"--plan={plan}"],
+                                   stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, text=True)
+        cpu_at = {}  # steps done -> CPU seconds then
+        while trainer.poll() is None:
+            done = count_lines(metrics)
+            if done in (warmup, warmup + steps) and done not in cpu_at:
+                cpu_at[done] = process_tree_cpu_seconds(trainer.pid)
+            time.sleep(0.02)
+        if trainer.returncode != 0:
+            raise RuntimeError(f"plait's trainer failed:\n"
+                               f"{trainer.stderr.read()}")
+        if len(cpu_at) != 2:
+            raise RuntimeError("plait's trainer: missed a step boundary")
         with open(metrics) as f:
-            return [json.loads(line) for line in f], cpu
-
-
-def run_plait(binary, dtype, ranks, warmup, steps):
-    """plait's trainer: the median step time of the timed steps (from its
-    metrics), and their CPU seconds per step, the difference between a run
-    with them and one without."""
-    rows, cpu = run_trainer(binary, dtype, ranks, warmup + steps)
-    _, cpu_warmup = run_trainer(binary, dtype, ranks, warmup)
+            rows = [json.loads(line) for line in f]
     tokens = MICRO_BATCH * SEQ_LEN * ranks
     return {"tokens_per_step": tokens,
             "wall_s": statistics.median(tokens / row["tokens_per_s"]
                                         for row in rows[warmup:]),
-            "cpu_s": (cpu - cpu_warmup) / steps}
+            "cpu_s": (cpu_at[warmup + steps] - cpu_at[warmup]) / steps}
 
 
-def children_cpu_seconds():
-    """User and system CPU seconds of every finished child process (and
-    theirs, when they waited for them)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def count_lines(path):
+    try:
+        with open(path) as f:
+            return sum(1 for line in f if line.endswith("\n"))
+    except FileNotFoundError:
+        return 0
+
+
+def process_tree_cpu_seconds(pid):
+    """User and system CPU seconds so far of pid and its descendants (every
+    thread), from /proc."""
+    total = 0
+    pending = [pid]
+    while pending:
+        pid = pending.pop()
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    pending += [int(child) for child in f.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # exited meanwhile
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 # ---- PyTorch, in worker processes (one per configuration) ----
