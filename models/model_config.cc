@@ -187,15 +187,14 @@ class JsonFields {
   std::string source_;
 };
 
-absl::Status ParseRopeScaling(const Json& json, const std::string& source, RopeScaling& scaling) {
-  if (!json.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": rope_scaling: expected an object or null, got ", base::DescribeJson(json)));
-  }
-  const JsonFields fields(json, absl::StrCat(source, ": rope_scaling"));
+// Reads the rotary embedding's type and scaling from `json`, the object config.json names
+// `field` (rope_scaling or rope_parameters). A missing type is "default", as in transformers.
+absl::Status ParseRopeScaling(const Json& json, const std::string& source, const char* field,
+                              RopeScaling& scaling) {
+  const JsonFields fields(json, absl::StrCat(source, ": ", field));
   // Older checkpoints name the type "type"; HF reads either.
   const char* type_field = fields.Has("rope_type") ? "rope_type" : "type";
-  PLAIT_ASSIGN_OR_RETURN(std::string type, fields.String(type_field, std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(std::string type, fields.String(type_field, "default"));
   scaling.set_rope_type(type);
   if (type != "llama3") return absl::OkStatus();  // rejected by validation, naming the type
   PLAIT_ASSIGN_OR_RETURN(double factor, fields.Double("factor", std::nullopt));
@@ -208,6 +207,23 @@ absl::Status ParseRopeScaling(const Json& json, const std::string& source, RopeS
   scaling.set_high_freq_factor(high);
   scaling.set_original_max_position_embeddings(original);
   return absl::OkStatus();
+}
+
+// The config.json field that describes the rotary embedding, or null when none does.
+// transformers >= 5 writes `rope_parameters` (the type, the scaling fields and rope_theta in
+// one object); older versions write `rope_scaling` (null without scaling) and a top-level
+// `rope_theta`. transformers reads a non-empty rope_scaling first, then rope_parameters.
+absl::StatusOr<const char*> RopeField(const Json& json, const std::string& source) {
+  for (const char* field : {"rope_scaling", "rope_parameters"}) {
+    auto it = json.find(field);
+    if (it == json.end() || it->is_null()) continue;
+    if (!it->is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": ", field, ": expected an object or null, got ", base::DescribeJson(*it)));
+    }
+    if (!it->empty()) return field;
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -329,12 +345,24 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   PLAIT_ASSIGN_OR_RETURN(int64_t kv_heads, fields.Int("num_key_value_heads", heads));
   PLAIT_ASSIGN_OR_RETURN(int64_t vocab, fields.Int("vocab_size", std::nullopt));
   PLAIT_ASSIGN_OR_RETURN(double eps, fields.Double("rms_norm_eps", kHfLlamaRmsNormEps));
+  PLAIT_ASSIGN_OR_RETURN(const char* rope_field, RopeField(json, name));
+  // rope_theta inside the rope object wins over the top-level field, as in transformers.
   PLAIT_ASSIGN_OR_RETURN(double theta, fields.Double("rope_theta", kHfRopeTheta));
+  if (rope_field != nullptr) {
+    const JsonFields rope_fields(json[rope_field], absl::StrCat(name, ": ", rope_field));
+    PLAIT_ASSIGN_OR_RETURN(theta, rope_fields.Double("rope_theta", theta));
+  }
   PLAIT_ASSIGN_OR_RETURN(
       int64_t max_positions,
       fields.Int("max_position_embeddings", qwen2 ? kHfQwen2MaxPositions : kHfLlamaMaxPositions));
   PLAIT_ASSIGN_OR_RETURN(bool tie, fields.Bool("tie_word_embeddings", false));
   PLAIT_ASSIGN_OR_RETURN(bool bias, fields.Bool("attention_bias", false));
+  PLAIT_ASSIGN_OR_RETURN(std::string activation, fields.String("hidden_act", "silu"));
+  if (activation != "silu") {
+    return fields.Error("hidden_act", absl::StrCat("\"", activation,
+                                                   "\" is not supported; plait's MLP is SwiGLU "
+                                                   "(\"silu\")"));
+  }
   PLAIT_ASSIGN_OR_RETURN(bool sliding, fields.Bool("use_sliding_window", false));
   if (sliding)
     return fields.Error("use_sliding_window", "sliding-window attention is not supported");
@@ -358,9 +386,9 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   config.set_tie_word_embeddings(tie);
   // Qwen2's q/k/v biases are implied by its model type.
   if (!qwen2) config.set_attention_bias(bias);
-  if (fields.Has("rope_scaling")) {
+  if (rope_field != nullptr) {
     PLAIT_RETURN_IF_ERROR(
-        ParseRopeScaling(json["rope_scaling"], name, *config.mutable_rope_scaling()));
+        ParseRopeScaling(json[rope_field], name, rope_field, *config.mutable_rope_scaling()));
     if (config.rope_scaling().rope_type() == "default") config.clear_rope_scaling();
   }
   PLAIT_RETURN_IF_ERROR(ValidateModelConfig(config, name));

@@ -61,8 +61,11 @@ absl::StatusOr<ModelConfig> ResolveModelSpec(const ModelSpec& spec,
 // Parses the text of a Hugging Face config.json (`source` names it in errors) and validates
 // the result. Fields missing from the file take Hugging Face's defaults for the model type;
 // model_type, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and
-// vocab_size are required. Sliding-window attention and a head_dim other than
-// hidden_size / num_attention_heads are rejected as unsupported.
+// vocab_size are required. The rotary embedding is read as transformers reads it: from
+// `rope_scaling` and `rope_theta` (before transformers 5) or from `rope_parameters` (which
+// transformers 5 writes, rope_theta inside), a non-empty rope_scaling first. Sliding-window
+// attention, a head_dim other than hidden_size / num_attention_heads and a hidden_act other
+// than "silu" are rejected as unsupported.
 absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::string_view source);
 
 // Reads and parses a config.json file; errors name the file.

@@ -161,6 +161,77 @@ TEST(ParseHfConfigJsonTest, PublishedConfigsEqualThePresets) {
       << qwen->DebugString();
 }
 
+// The same two configs as transformers 5.17 writes them (save_pretrained): rope_theta and
+// the rope scaling moved into one `rope_parameters` object, no top-level rope_theta.
+constexpr char kLlama32Transformers5Json[] = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "dtype": "bfloat16", "eos_token_id": 128001, "head_dim": 64,
+  "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+  "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false,
+  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16,
+  "num_key_value_heads": 8, "pad_token_id": null, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_parameters": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                      "original_max_position_embeddings": 8192, "rope_theta": 500000.0,
+                      "rope_type": "llama3"},
+  "tie_word_embeddings": true, "transformers_version": "5.17.0", "use_cache": true,
+  "vocab_size": 128256
+})";
+
+constexpr char kQwen25Transformers5Json[] = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "dtype": "bfloat16", "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+  "initializer_range": 0.02, "intermediate_size": 4864,
+  "layer_types": ["full_attention", "full_attention"], "max_position_embeddings": 32768,
+  "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+  "num_hidden_layers": 24, "num_key_value_heads": 2, "pad_token_id": null,
+  "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+  "sliding_window": null, "tie_word_embeddings": true, "transformers_version": "5.17.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936
+})";
+
+TEST(ParseHfConfigJsonTest, ReadsTheRopeParametersOfTransformers5) {
+  absl::StatusOr<ModelConfig> llama = ParseHfConfigJson(kLlama32Transformers5Json, "config.json");
+  ASSERT_THAT(llama, IsOk());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      *llama, PresetConfig("llama3.2-1b").value()))
+      << llama->DebugString();
+  absl::StatusOr<ModelConfig> qwen = ParseHfConfigJson(kQwen25Transformers5Json, "config.json");
+  ASSERT_THAT(qwen, IsOk());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      *qwen, PresetConfig("qwen2.5-0.5b").value()))
+      << qwen->DebugString();
+}
+
+TEST(ParseHfConfigJsonTest, RopeScalingComesBeforeRopeParametersAsInTransformers) {
+  const std::string base = R"({"model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "vocab_size": 10, "rope_theta": 1000.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 2000.0}, )";
+  // A non-empty rope_scaling is read instead of rope_parameters, with the top-level theta.
+  absl::StatusOr<ModelConfig> config = ParseHfConfigJson(
+      base + R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})",
+      "c.json");
+  ASSERT_THAT(config, IsOk());
+  EXPECT_EQ(config->rope_theta(), 1000.0);
+  EXPECT_EQ(config->rope_scaling().rope_type(), "llama3");
+  // A null or empty rope_scaling is not.
+  for (const std::string scaling : {"null", "{}"}) {
+    config = ParseHfConfigJson(base + R"("rope_scaling": )" + scaling + "}", "c.json");
+    ASSERT_THAT(config, IsOk()) << scaling;
+    EXPECT_EQ(config->rope_theta(), 2000.0) << scaling;
+    EXPECT_FALSE(config->has_rope_scaling()) << scaling;
+  }
+  EXPECT_THAT(ParseHfConfigJson(base + R"("rope_scaling": 3})", "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: rope_scaling: expected an object or null, got 3")));
+  std::string text = kLlama32Transformers5Json;
+  text.replace(text.find("\"factor\": 32.0"), 14, "\"factor\": \"32\"");
+  EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: rope_parameters: factor: expected a number")));
+}
+
 TEST(ParseHfConfigJsonTest, RoundTripsThroughToHfConfigJson) {
   for (const std::string& name : PresetNames()) {
     const ModelConfig config = PresetConfig(name).value();
@@ -205,6 +276,12 @@ TEST(ParseHfConfigJsonTest, ErrorsNameTheSourceAndField) {
   EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("c.json.num_key_value_heads: 5 does not divide")));
+  // Another activation would load and compute SwiGLU all the same.
+  text = kLlama32Json;
+  text.replace(text.find("\"silu\""), 6, "\"gelu\"");
+  EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: hidden_act: \"gelu\" is not supported")));
   text = kQwen25Json;
   text.replace(text.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
   EXPECT_THAT(ParseHfConfigJson(text, "c.json"), StatusIs(absl::StatusCode::kInvalidArgument,

@@ -1,0 +1,147 @@
+"""What the reference tests share: running plait's side (plait_reference),
+the small random Hugging Face models both sides compute with, and the error
+measure.
+
+Every comparison uses one measure per tensor, the error relative to the
+tensor's scale: max|plait - reference| / max|reference|. The largest error
+each check sees is printed at the end of the run (conftest.py).
+"""
+
+import os
+import subprocess
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+# The issue's tolerance: fp32 within 1e-5 relative.
+FP32_TOLERANCE = 1e-5
+
+BINARY = os.environ["PLAIT_REFERENCE"]
+
+# The largest relative error each check has seen, for the summary.
+max_errors = {}
+
+
+def relative_error(actual, expected):
+    """max|actual - expected| / max|expected|, computed in float64."""
+    actual = actual.double()
+    expected = expected.double()
+    assert actual.shape == expected.shape, (
+        f"shape {tuple(actual.shape)} != {tuple(expected.shape)}")
+    scale = expected.abs().max().item()
+    error = (actual - expected).abs().max().item()
+    return error / scale if scale > 0 else error
+
+
+def record(check, error):
+    max_errors[check] = max(max_errors.get(check, 0.0), error)
+
+
+def expect_close(check, what, actual, expected, tolerance=FP32_TOLERANCE):
+    """Asserts that relative_error(actual, expected) <= tolerance, and
+    records the error under check."""
+    error = relative_error(actual, expected)
+    record(check, error)
+    assert error <= tolerance, (
+        f"{check}: {what}: relative error {error:.3g} > {tolerance:g}")
+
+
+def run_plait(command, **flags):
+    """Runs `plait_reference command --flag=value...`; a failure fails the
+    test with plait's message."""
+    args = [BINARY, command] + [f"--{k}={v}" for k, v in flags.items()]
+    result = subprocess.run(args, capture_output=True, text=True)
+    assert result.returncode == 0, (
+        f"plait_reference {command} exited with {result.returncode}:\n"
+        f"{result.stderr}")
+
+
+# Small architectures that between them cover what plait supports:
+# grouped-query attention, tied and untied embeddings, Llama's attention_bias,
+# Llama 3's rope scaling and Qwen2's q/k/v biases. head_dim 16 and
+# original_max_position_embeddings 64 put the llama3 rope's frequencies in all
+# three of its bands (kept, smoothed, divided by the factor).
+SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, vocab_size=128,
+             max_position_embeddings=128, rms_norm_eps=1e-5)
+LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=64)
+CONFIGS = {
+    "llama_gqa": ("llama", dict(num_key_value_heads=2,
+                                tie_word_embeddings=False)),
+    "llama_tied_bias": ("llama", dict(num_key_value_heads=4,
+                                      tie_word_embeddings=True,
+                                      attention_bias=True)),
+    "llama3_rope": ("llama", dict(num_key_value_heads=2,
+                                  tie_word_embeddings=True,
+                                  rope_theta=500000.0,
+                                  rope_scaling=LLAMA3_ROPE)),
+    "qwen2_gqa": ("qwen2", dict(num_key_value_heads=2,
+                                tie_word_embeddings=False)),
+    "qwen2_tied": ("qwen2", dict(num_key_value_heads=1,
+                                 tie_word_embeddings=True)),
+}
+CONFIG_CLASSES = {"llama": transformers.LlamaConfig,
+                  "qwen2": transformers.Qwen2Config}
+MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM,
+                 "qwen2": transformers.Qwen2ForCausalLM}
+
+
+def hf_config(name):
+    """The transformers config of CONFIGS[name], with eager attention."""
+    model_type, fields = CONFIGS[name]
+    config = CONFIG_CLASSES[model_type](**SMALL, **fields)
+    config._attn_implementation = "eager"
+    return config
+
+
+def hf_model(name, seed=0):
+    """A transformers model of CONFIGS[name] in fp32, with weights large
+    enough that attention is far from uniform (so that rope matters), and
+    biases and norm weights that are not constant."""
+    config = hf_config(name)
+    model = MODEL_CLASSES[config.model_type](config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if param_name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.1 * noise)
+            elif param.dim() == 1:
+                param.copy_(0.1 * noise)
+            else:
+                param.copy_(0.15 * noise)
+    return model.float().eval()
+
+
+def make_batch(path, vocab_size, seed=0, batch=2, length=24):
+    """Writes random input_ids and labels (Hugging Face's convention, some
+    ignored with -100) to path, and returns them."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(vocab_size, (batch, length), generator=generator)
+    labels = input_ids.clone()
+    labels[0, 3:6] = -100
+    labels[1, -4:] = -100
+    save_file({"input_ids": input_ids, "labels": labels}, str(path))
+    return input_ids, labels
+
+
+def compare_forward_backward(check, plait_file, model, input_ids, labels):
+    """Checks the logits, loss and every gradient plait wrote to plait_file
+    against transformers' model on the same batch."""
+    plait = load_file(str(plait_file))
+    model.zero_grad(set_to_none=True)
+    output = model(input_ids=input_ids, labels=labels)
+    output.loss.backward()
+    expect_close(f"{check}: logits", "logits", plait["logits"],
+                 output.logits.detach())
+    expect_close(f"{check}: loss", "loss", plait["loss"],
+                 output.loss.detach().reshape(1))
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    plait_grads = {key[len("grad."):]: value for key, value in plait.items()
+                   if key.startswith("grad.")}
+    assert sorted(plait_grads) == sorted(grads), (
+        "plait's parameters are not transformers' parameters")
+    for name, grad in grads.items():
+        expect_close(f"{check}: gradients", name, plait_grads[name], grad)

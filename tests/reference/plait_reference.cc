@@ -1,0 +1,315 @@
+// plait_reference: plait's side of the reference tests (tests/reference/), which check
+// plait's models, Hugging Face folders, schedules and optimizers against the Python stack
+// (transformers, torch.optim) the way llm.c checks its C against PyTorch. Each command reads
+// what the Python test wrote, computes with plait's own libraries, and writes what it
+// computed for the test to compare:
+//
+//   plait_reference forward_backward --hf_dir=DIR --batch=BATCH --out=OUT
+//   plait_reference save_hf --config=CONFIG_JSON --seed=S --hf_dir=DIR [--max_shard_bytes=N]
+//                           --batch=BATCH --out=OUT
+//   plait_reference train --hf_dir=DIR --batch=BATCH --optimizer=TEXT --schedule=TEXT
+//                         --out=OUT [--save_dir=DIR]
+//   plait_reference schedules --configs=CONFIGS --out=OUT
+//   plait_reference optimizers --configs=CONFIGS --params=PARAMS --grads=GRADS --out=OUT
+//
+// BATCH is a safetensors file of int64 `input_ids` and `labels` [B, T], with labels in
+// Hugging Face's convention: aligned with the inputs, shifted inside the loss, -100 ignored.
+// --optimizer and --schedule are text protos of optim.OptimizerConfig and
+// sched.ScheduleConfig; CONFIGS is a text file of several such configs, one per line, each
+// run in turn (one process for all: LibTorch takes a second to load). Everything runs in
+// fp32 on the CPU. Outputs:
+//   forward_backward, save_hf: `logits` [B, T, V], `loss` [1] and `grad.<name>` for every
+//     parameter, by its Hugging Face name (save_hf: of the model it saved, before saving);
+//   train: `loss` [steps], the loss before each update, and `param.<name>` after the last;
+//   schedules: a text file with a line per config: the learning rates of steps
+//     0 .. total_steps;
+//   optimizers: `<i>.<name>` [steps, ...], each parameter after every step under config i
+//     (from 0). PARAMS holds the initial parameters; GRADS holds `<name>` [steps, ...], the
+//     gradient of every step, and `lr` [steps], the learning rate of every step.
+// Exits 0 on success, 1 with a message on stderr otherwise, 2 on a usage error.
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "base/file.h"
+#include "base/status.h"
+#include "base/text_proto.h"
+#include "models/causal_lm.h"
+#include "models/hf_checkpoint.h"
+#include "models/model_config.h"
+#include "models/safetensors.h"
+#include "optim/optimizer.h"
+#include "sched/schedule_builder.h"
+#include "torch/torch.h"
+
+ABSL_FLAG(std::string, hf_dir, "", "A Hugging Face model folder to read (or, for save_hf, write).");
+ABSL_FLAG(std::string, config, "", "save_hf: the config.json of the model to initialise.");
+ABSL_FLAG(uint64_t, seed, 1, "save_hf: the seed of plait's initialisation.");
+ABSL_FLAG(uint64_t, max_shard_bytes, 0, "save_hf: shard the weights into files of this size.");
+ABSL_FLAG(std::string, batch, "", "A safetensors file of int64 input_ids and labels [B, T].");
+ABSL_FLAG(std::string, optimizer, "", "train: an optim.OptimizerConfig text proto.");
+ABSL_FLAG(std::string, schedule, "", "train: a sched.ScheduleConfig text proto.");
+ABSL_FLAG(std::string, configs, "", "A text file of configs, one text proto per line.");
+ABSL_FLAG(std::string, params, "", "optimizers: a safetensors file of the initial parameters.");
+ABSL_FLAG(std::string, grads, "", "optimizers: a safetensors file of the gradients and lr.");
+ABSL_FLAG(std::string, save_dir, "",
+          "train: save the trained model here as a Hugging Face folder.");
+ABSL_FLAG(std::string, out, "", "Where to write the results.");
+
+namespace plait::reference {
+namespace {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+absl::StatusOr<std::string> RequiredFlag(const absl::Flag<std::string>& flag, const char* name) {
+  std::string value = absl::GetFlag(flag);
+  if (value.empty()) return absl::InvalidArgumentError(absl::StrCat("--", name, " is required"));
+  return value;
+}
+
+struct Batch {
+  torch::Tensor input_ids;  // [B, T]
+  torch::Tensor targets;    // [B, T]: labels shifted left by one, the last position ignored
+};
+
+absl::StatusOr<Batch> ReadBatch(const std::string& path) {
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> file,
+                         models::SafetensorsFile::Open(path));
+  Batch batch;
+  PLAIT_ASSIGN_OR_RETURN(batch.input_ids, file->Read("input_ids"));
+  PLAIT_ASSIGN_OR_RETURN(torch::Tensor labels, file->Read("labels"));
+  if (batch.input_ids.dim() != 2 || !labels.sizes().equals(batch.input_ids.sizes())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": input_ids and labels must both be [B, T]"));
+  }
+  // Hugging Face's causal-LM loss predicts labels[:, t + 1] at position t; CausalLM::Loss
+  // takes the targets of each position.
+  const int64_t length = labels.size(1);
+  batch.targets =
+      torch::cat({labels.narrow(1, 1, length - 1),
+                  torch::full({labels.size(0), 1}, models::kIgnoreIndex, labels.options())},
+                 /*dim=*/1);
+  return batch;
+}
+
+// The logits, the loss and every parameter's gradient of `model` on `batch`.
+NamedTensors ForwardBackward(models::CausalLM& model, const Batch& batch) {
+  NamedTensors results;
+  {
+    torch::NoGradGuard no_grad;
+    results.emplace_back("logits", model.Forward(batch.input_ids));
+  }
+  model.zero_grad(/*set_to_none=*/true);
+  torch::Tensor loss = model.Loss(batch.input_ids, batch.targets);
+  loss.backward();
+  results.emplace_back("loss", loss.detach().reshape({1}));
+  for (const auto& parameter : model.NamedParameters()) {
+    results.emplace_back(absl::StrCat("grad.", parameter.name), parameter.parameter.grad());
+  }
+  return results;
+}
+
+absl::Status RunForwardBackward() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string hf_dir, RequiredFlag(FLAGS_hf_dir, "hf_dir"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string batch_path, RequiredFlag(FLAGS_batch, "batch"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model, models::LoadHfModel(hf_dir));
+  PLAIT_ASSIGN_OR_RETURN(const Batch batch, ReadBatch(batch_path));
+  return models::WriteSafetensors(out, ForwardBackward(*model, batch));
+}
+
+absl::Status RunSaveHf() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string config_path, RequiredFlag(FLAGS_config, "config"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string hf_dir, RequiredFlag(FLAGS_hf_dir, "hf_dir"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string batch_path, RequiredFlag(FLAGS_batch, "batch"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  PLAIT_ASSIGN_OR_RETURN(const models::ModelConfig config, models::ReadHfConfig(config_path));
+  models::InitConfig init;
+  init.set_seed(absl::GetFlag(FLAGS_seed));
+  // As large as the Python side's weights (harness.py), so that attention is far from
+  // uniform and a wrong rotary embedding shows.
+  init.set_std(0.15);
+  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model,
+                         models::CausalLM::Create(config, init));
+  // The initialisation makes biases zero and norm weights one; the export of those must be
+  // checked with values that tell the tensors apart.
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(absl::GetFlag(FLAGS_seed));
+    for (const auto& parameter : model->NamedParameters()) {
+      if (parameter.parameter.dim() == 1) {
+        parameter.parameter.add_(torch::randn_like(parameter.parameter), /*alpha=*/0.1);
+      }
+    }
+  }
+  PLAIT_RETURN_IF_ERROR(
+      models::SaveHfModel(*model, hf_dir, torch::kFloat32, absl::GetFlag(FLAGS_max_shard_bytes)));
+  PLAIT_ASSIGN_OR_RETURN(const Batch batch, ReadBatch(batch_path));
+  return models::WriteSafetensors(out, ForwardBackward(*model, batch));
+}
+
+template <typename Message>
+absl::StatusOr<Message> ParseFlagProto(const absl::Flag<std::string>& flag, const char* name) {
+  PLAIT_ASSIGN_OR_RETURN(const std::string text, RequiredFlag(flag, name));
+  Message message;
+  PLAIT_RETURN_IF_ERROR(base::ParseTextProto(text, absl::StrCat("--", name), message));
+  return message;
+}
+
+absl::Status RunTrain() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string hf_dir, RequiredFlag(FLAGS_hf_dir, "hf_dir"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string batch_path, RequiredFlag(FLAGS_batch, "batch"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  PLAIT_ASSIGN_OR_RETURN(const auto optimizer_config,
+                         ParseFlagProto<optim::OptimizerConfig>(FLAGS_optimizer, "optimizer"));
+  PLAIT_ASSIGN_OR_RETURN(const auto schedule_config,
+                         ParseFlagProto<sched::ScheduleConfig>(FLAGS_schedule, "schedule"));
+  PLAIT_ASSIGN_OR_RETURN(const sched::Schedule schedule,
+                         sched::BuildSchedule(schedule_config, "--schedule"));
+  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model, models::LoadHfModel(hf_dir));
+  PLAIT_ASSIGN_OR_RETURN(const Batch batch, ReadBatch(batch_path));
+  std::vector<parallel::TrainableParameter> trainable;
+  for (const auto& parameter : model->NamedParameters()) {
+    trainable.push_back({parameter.name, parameter.parameter, {}});
+  }
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<optim::Optimizer> optimizer,
+                         optim::Optimizer::Create(trainable, optimizer_config));
+  const int64_t steps = schedule_config.total_steps();
+  torch::Tensor losses = torch::empty({steps});
+  for (int64_t step = 0; step < steps; ++step) {
+    optimizer->ZeroGrad();
+    torch::Tensor loss = model->Loss(batch.input_ids, batch.targets);
+    loss.backward();
+    losses[step] = loss.detach();
+    PLAIT_RETURN_IF_ERROR(optimizer->Step(schedule.LearningRate(step)).status());
+  }
+  NamedTensors results = {{"loss", losses}};
+  for (const auto& parameter : model->NamedParameters()) {
+    results.emplace_back(absl::StrCat("param.", parameter.name), parameter.parameter.detach());
+  }
+  if (const std::string save_dir = absl::GetFlag(FLAGS_save_dir); !save_dir.empty()) {
+    PLAIT_RETURN_IF_ERROR(models::SaveHfModel(*model, save_dir));
+  }
+  return models::WriteSafetensors(out, results);
+}
+
+// The messages of the file --configs names, one text proto per line.
+template <typename Message>
+absl::StatusOr<std::vector<Message>> ReadConfigs() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string path, RequiredFlag(FLAGS_configs, "configs"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
+  std::vector<Message> messages;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {
+    Message& message = messages.emplace_back();
+    PLAIT_RETURN_IF_ERROR(
+        base::ParseTextProto(line, absl::StrCat(path, ":", messages.size()), message));
+  }
+  return messages;
+}
+
+absl::Status RunSchedules() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  PLAIT_ASSIGN_OR_RETURN(const auto configs, ReadConfigs<sched::ScheduleConfig>());
+  std::string text;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    PLAIT_ASSIGN_OR_RETURN(const sched::Schedule schedule,
+                           sched::BuildSchedule(configs[i], absl::StrCat("configs[", i, "]")));
+    for (int64_t step = 0; step <= configs[i].total_steps(); ++step) {
+      char value[32];
+      std::snprintf(value, sizeof(value), "%.17g ", schedule.LearningRate(step));
+      text += value;
+    }
+    text += "\n";
+  }
+  return base::WriteFileAtomically(out, text);
+}
+
+absl::Status RunOptimizers() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string params_path, RequiredFlag(FLAGS_params, "params"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string grads_path, RequiredFlag(FLAGS_grads, "grads"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  PLAIT_ASSIGN_OR_RETURN(const auto configs, ReadConfigs<optim::OptimizerConfig>());
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> params,
+                         models::SafetensorsFile::Open(params_path));
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> grads,
+                         models::SafetensorsFile::Open(grads_path));
+  PLAIT_ASSIGN_OR_RETURN(const torch::Tensor lrs, grads->Read("lr"));
+  const int64_t steps = lrs.size(0);
+  NamedTensors results;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    std::vector<parallel::TrainableParameter> trainable;
+    std::vector<torch::Tensor> gradients;   // [steps, ...] per parameter
+    std::vector<torch::Tensor> trajectory;  // [steps, ...] per parameter
+    for (const auto& [name, entry] : params->entries()) {
+      PLAIT_ASSIGN_OR_RETURN(torch::Tensor tensor, params->Read(name));
+      PLAIT_ASSIGN_OR_RETURN(torch::Tensor gradient, grads->Read(name));
+      trainable.push_back({name, tensor, {}});
+      gradients.push_back(gradient);
+      std::vector<int64_t> shape = {steps};
+      shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
+      trajectory.push_back(torch::empty(shape));
+    }
+    PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<optim::Optimizer> optimizer,
+                           base::Annotate(optim::Optimizer::Create(trainable, configs[c]),
+                                          absl::StrCat("configs[", c, "]")));
+    for (int64_t step = 0; step < steps; ++step) {
+      for (size_t i = 0; i < trainable.size(); ++i) {
+        trainable[i].tensor.mutable_grad() = gradients[i][step].clone();
+      }
+      PLAIT_RETURN_IF_ERROR(optimizer->Step(lrs[step].item<double>()).status());
+      for (size_t i = 0; i < trainable.size(); ++i) trajectory[i][step] = trainable[i].tensor;
+    }
+    for (size_t i = 0; i < trainable.size(); ++i) {
+      results.emplace_back(absl::StrCat(c, ".", trainable[i].name), trajectory[i]);
+    }
+  }
+  return models::WriteSafetensors(out, results);
+}
+
+}  // namespace
+}  // namespace plait::reference
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "plait's side of the reference tests; see tests/reference/plait_reference.cc.\n"
+      "usage: plait_reference forward_backward|save_hf|train|schedules|optimizers --flags...");
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() != 2) {
+    std::cerr << "plait_reference: give one command: forward_backward, save_hf, train, "
+                 "schedules or optimizers\n";
+    return 2;
+  }
+  const std::string command = positional[1];
+  absl::Status status;
+  if (command == "forward_backward") {
+    status = plait::reference::RunForwardBackward();
+  } else if (command == "save_hf") {
+    status = plait::reference::RunSaveHf();
+  } else if (command == "train") {
+    status = plait::reference::RunTrain();
+  } else if (command == "schedules") {
+    status = plait::reference::RunSchedules();
+  } else if (command == "optimizers") {
+    status = plait::reference::RunOptimizers();
+  } else {
+    std::cerr << "plait_reference: unknown command \"" << command << "\"\n";
+    return 2;
+  }
+  if (!status.ok()) {
+    std::cerr << "plait_reference " << command << ": " << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
