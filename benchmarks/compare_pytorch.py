@@ -15,10 +15,10 @@ thread per process (as plait's trainer runs: one core per rank). bf16 means
 plait's model in bf16 with fp32 masters in its optimizer; for PyTorch,
 autocast to bf16 around fp32 parameters (eager and compile) and FSDP2's
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), which is plait's
-FSDP in bf16. Not part of the test suite; run it in the reference tests' venv
-(tests/reference/make_venv.sh) from the repository root:
+FSDP in bf16. Not part of the test suite; run it in the venv tools/setup.sh
+builds, from the repository root:
 
-  ~/.cache/plait/python-venv/bin/python benchmarks/compare_pytorch.py
+  /opt/plait/venv/bin/python benchmarks/compare_pytorch.py
 
 It builds //trainer:train with --config=opt first (or takes --plait_train),
 and prints tokens/s (median over the timed steps; the first steps, which

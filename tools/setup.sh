@@ -95,6 +95,9 @@ install_venv() {
 }
 install_python_tools() {
   install_venv "$(dirname "$0")/requirements-torch2.txt"
+  # transformers, torch.optim and pytest for //tests/reference:reference_test and
+  # benchmarks/compare_pytorch.py.
+  install_venv "$(dirname "$0")/../tests/reference/requirements.txt"
   [ -e "${libtorch2_link}/lib/libtorch.so" ] && return 0
   # PyTorch's documented way to find its LibTorch: torch.utils.cmake_prefix_path is
   # <site-packages>/torch/share/cmake.

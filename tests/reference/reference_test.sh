@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
 # //tests/reference:reference_test: runs the Python reference tests (test_*.py beside this
-# script) with pytest in the venv tests/reference/make_venv.sh builds, offline, against
+# script) with pytest in the venv tools/setup.sh builds, offline, against
 # plait_reference from the runfiles. Fails, saying how to make it, when the venv is
 # missing or was built from another requirements.txt.
 set -euo pipefail
 
 here="tests/reference"  # the test starts in the runfiles root of the workspace
-home="$(getent passwd "$(id -u)" | cut -d: -f6)"  # Bazel runs tests without HOME
-venv="${PLAIT_PYTHON_VENV:-${home}/.cache/plait/python-venv}"
-wanted="$(sha256sum "${here}/requirements.txt" | cut -d' ' -f1)"
+venv="${PLAIT_PYTHON_VENV:-/opt/plait/venv}"
 if [ ! -x "${venv}/bin/python" ] || \
-   [ "$(cat "${venv}/plait-requirements.sha256" 2>/dev/null)" != "${wanted}" ]; then
-  echo "reference_test: no Python venv built from tests/reference/requirements.txt at" \
-       "${venv}; run tools/setup.sh (or tests/reference/make_venv.sh ${venv})." >&2
+   ! cmp -s "${here}/requirements.txt" "${venv}/installed-requirements.txt"; then
+  echo "reference_test: no Python venv with tests/reference/requirements.txt installed at" \
+       "${venv}; run tools/setup.sh." >&2
   exit 1
 fi
 
