@@ -30,12 +30,15 @@
 #include "absl/strings/string_view.h"
 #include "base/status.h"
 #include "parallel/free_port.h"
+#include "parallel/internal/fd.h"
 #include "parallel/world.h"
 
 extern char** environ;
 
 namespace plait::parallel {
 namespace {
+
+using internal::Fd;
 
 // A line longer than this is passed on in pieces, so a rank that never writes '\n' (a
 // progress bar redrawn with '\r') cannot grow the launcher's memory without bound.
@@ -54,30 +57,6 @@ std::string ErrnoText(int error) { return std::strerror(error); }
 absl::Status SystemError(absl::string_view call, int error) {
   return absl::InternalError(absl::StrCat(call, " failed: ", ErrnoText(error)));
 }
-
-// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    Reset();
-    fd_ = std::exchange(other.fd_, -1);
-    return *this;
-  }
-  ~Fd() { Reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void Reset() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 struct Pipe {
   Fd read;

@@ -21,11 +21,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "parallel/internal/fd.h"
 
 namespace plait::parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using internal::AppendLittleEndian;
+using internal::ErrnoText;
+using internal::Fd;
+using internal::GetLittleEndian;
 using tcp_store_wire::kHeaderBytes;
 using tcp_store_wire::kHelloBytes;
 
@@ -47,29 +52,6 @@ constexpr std::chrono::milliseconds kAcceptPause(100);
 // A client waiting for a key asks again after 1 ms, then twice as long each time up to this.
 constexpr std::chrono::milliseconds kMaxPollInterval(32);
 
-// An owned file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    std::swap(fd_, other.fd_);
-    return *this;
-  }
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
-std::string ErrnoText(absl::string_view call) {
-  return absl::StrCat(call, ": ", std::strerror(errno));
-}
-
 // A point on the steady clock `timeout` after `since`; never, for c10d's kNoTimeout.
 class Deadline {
  public:
@@ -88,16 +70,6 @@ class Deadline {
   bool never_;
   Clock::time_point at_;
 };
-
-void PutLittleEndian(std::string& out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>(value >> (8 * i)));
-}
-
-uint64_t GetLittleEndian(const char* in, int bytes) {
-  uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) value |= uint64_t{static_cast<unsigned char>(in[i])} << (8 * i);
-  return value;
-}
 
 struct Header {
   uint32_t kind;
@@ -126,7 +98,7 @@ std::string Frame(uint32_t kind, absl::string_view key = {}, absl::string_view v
 
 std::string Int64Bytes(int64_t value) {
   std::string bytes;
-  PutLittleEndian(bytes, static_cast<uint64_t>(value), 8);
+  AppendLittleEndian(bytes, static_cast<uint64_t>(value), 8);
   return bytes;
 }
 
@@ -148,7 +120,7 @@ std::vector<uint8_t> ToVector(absl::string_view bytes) { return {bytes.begin(), 
 // The token as a hello carries it: its length, then the token padded with zeros.
 std::string TokenField(absl::string_view token) {
   std::string field;
-  PutLittleEndian(field, token.size(), 4);
+  AppendLittleEndian(field, token.size(), 4);
   absl::StrAppend(&field, token, std::string(kMaxStoreTokenBytes - token.size(), '\0'));
   return field;
 }
@@ -527,16 +499,16 @@ namespace tcp_store_wire {
 
 std::string Hello(absl::string_view token) {
   std::string hello(kHelloMagic, sizeof(kHelloMagic));
-  PutLittleEndian(hello, kProtocolVersion, 4);
+  AppendLittleEndian(hello, kProtocolVersion, 4);
   return hello + TokenField(token);
 }
 
 std::string Header(uint32_t kind, uint64_t key_bytes, uint64_t value_bytes, uint64_t second_bytes) {
   std::string header;
-  PutLittleEndian(header, kind, 4);
-  PutLittleEndian(header, key_bytes, 4);
-  PutLittleEndian(header, value_bytes, 8);
-  PutLittleEndian(header, second_bytes, 8);
+  AppendLittleEndian(header, kind, 4);
+  AppendLittleEndian(header, key_bytes, 4);
+  AppendLittleEndian(header, value_bytes, 8);
+  AppendLittleEndian(header, second_bytes, 8);
   return header;
 }
 

@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/status.h"
+#include "parallel/internal/fd.h"
 
 namespace plait::parallel::internal {
 namespace {
@@ -37,44 +38,11 @@ constexpr absl::Duration kHelloTimeout = absl::Seconds(3);
 // Every transfer starts with its tag and its size in bytes (8 bytes each, little-endian).
 constexpr size_t kFrameHeaderBytes = 16;
 
-// An owned file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    std::swap(fd_, other.fd_);
-    return *this;
-  }
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
-std::string ErrnoText(absl::string_view call) {
-  return absl::StrCat(call, ": ", std::strerror(errno));
-}
-
 // For poll: the milliseconds left until `deadline`, rounded up; 0 once it has passed.
 int PollMs(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
   return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
-}
-
-void PutLittleEndian(char* out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>(value >> (8 * i));
-}
-
-uint64_t GetLittleEndian(const char* in, int bytes) {
-  uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) value |= uint64_t{static_cast<unsigned char>(in[i])} << (8 * i);
-  return value;
 }
 
 absl::Status SetNonBlocking(int fd) {
