@@ -103,6 +103,10 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
   }
   uint64_t numel = 1;
   bool overflow = false;
+  // A zero dimension makes numel 0 whatever the others are, but a tensor's strides multiply
+  // every other dimension (as at least 1): they must fit in int64 too.
+  uint64_t stride_span = 1;
+  bool strides_overflow = false;
   for (size_t i = 0; i < shape->size(); ++i) {
     const Json& dim = (*shape)[i];
     uint64_t size = 0;
@@ -112,6 +116,14 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
     }
     entry.shape.push_back(static_cast<int64_t>(size));
     overflow = overflow || __builtin_mul_overflow(numel, size, &numel);
+    strides_overflow =
+        strides_overflow ||
+        __builtin_mul_overflow(stride_span, std::max<uint64_t>(size, 1), &stride_span) ||
+        stride_span > static_cast<uint64_t>(INT64_MAX);
+  }
+  if (strides_overflow) {
+    return Corrupt(path, absl::StrCat(where, "shape ", ShapeString(entry.shape),
+                                      " is too large: its strides overflow 64 bits"));
   }
   auto offsets = value.find("data_offsets");
   if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2 ||
@@ -126,14 +138,14 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
   }
   const uint64_t element = torch::elementSize(entry.dtype);
   uint64_t bytes = 0;
-  if (overflow || __builtin_mul_overflow(numel, element, &bytes) ||
-      bytes != entry.end - entry.begin) {
+  overflow = overflow || __builtin_mul_overflow(numel, element, &bytes);
+  if (overflow || bytes != entry.end - entry.begin) {
     return Corrupt(path,
                    absl::StrFormat("%sdtype %s and shape %s need %s bytes, data_offsets [%d, %d] "
                                    "hold %d",
                                    where, dtype_name, ShapeString(entry.shape),
-                                   overflow ? "more than 2^64" : std::to_string(numel * element),
-                                   entry.begin, entry.end, entry.end - entry.begin));
+                                   overflow ? "more than 2^64" : std::to_string(bytes), entry.begin,
+                                   entry.end, entry.end - entry.begin));
   }
   return entry;
 }
