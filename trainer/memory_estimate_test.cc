@@ -41,22 +41,25 @@ Plan EightBillionOnOneRank() {
   )pb");
 }
 
+// The tiny Llama trained with AdamW, FSDP-sharded over 2 ranks.
+constexpr char kTinyOnTwoFsdpRanks[] = R"pb(
+  model { preset: "tiny" }
+  mesh { dims { name: "dp" size: 2 } }
+  prepare { fsdp { mesh_dim: "dp" } }
+  optimizer { adamw {} }
+  schedule {
+    lr: 1e-3
+    constant {}
+  }
+  training { steps: 10 micro_batch: 4 seq_len: 64 eval_batches: 1 }
+)pb";
+
 double TinyParameters() {
   return static_cast<double>(models::NumParameters(*models::PresetConfig("tiny")));
 }
 
 TEST(EstimateMemoryTest, CountsParametersGradientsAndAdamStateOfTheShard) {
-  const Plan plan = ParseOrDie(R"pb(
-    model { preset: "tiny" }
-    mesh { dims { name: "dp" size: 2 } }
-    prepare { fsdp { mesh_dim: "dp" } }
-    optimizer { adamw {} }
-    schedule {
-      lr: 1e-3
-      constant {}
-    }
-    training { steps: 10 micro_batch: 4 seq_len: 64 eval_batches: 1 }
-  )pb");
+  const Plan plan = ParseOrDie(kTinyOnTwoFsdpRanks);
   absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 2);
   ASSERT_THAT(estimate, IsOk());
   EXPECT_EQ(estimate->preparation.parameter_fraction, 0.5);
@@ -72,22 +75,13 @@ TEST(EstimateMemoryTest, CountsParametersGradientsAndAdamStateOfTheShard) {
 // The frozen reference model of preference training takes memory too: its parameters, sharded
 // as its own steps say, and the units FSDP gathers for its forward.
 TEST(EstimateMemoryTest, CountsFrozenModels) {
-  const Plan plan = ParseOrDie(R"pb(
-    model { preset: "tiny" }
-    mesh { dims { name: "dp" size: 2 } }
-    prepare { fsdp { mesh_dim: "dp" } }
-    optimizer { adamw {} }
-    schedule {
-      lr: 1e-3
-      constant {}
-    }
-    training { steps: 10 micro_batch: 4 seq_len: 64 eval_batches: 1 }
+  const Plan plan = ParseOrDie(absl::StrCat(kTinyOnTwoFsdpRanks, R"pb(
     frozen {
       name: "reference"
       model { preset: "tiny" dtype: DTYPE_BFLOAT16 }
       prepare { fsdp { mesh_dim: "dp" } }
     }
-  )pb");
+  )pb"));
   absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 2);
   ASSERT_THAT(estimate, IsOk());
   const double frozen_shard = TinyParameters() / 2 * 2;  // bf16
