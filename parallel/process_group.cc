@@ -29,12 +29,8 @@ std::string OwnAddress(const World& world) {
   return host;
 }
 
-// After a failed collective, how long a rank waits for the others to report in, and how often
-// it looks.
+// After a failed collective, how long at most a rank waits for the others to report in.
 constexpr absl::Duration kMaxReportingWait = absl::Seconds(30);
-constexpr absl::Duration kReportPollInterval = absl::Milliseconds(20);
-
-std::string ReportKey(int rank) { return absl::StrCat("plait/failed/", rank); }
 
 }  // namespace
 
@@ -67,16 +63,10 @@ absl::Status ProcessGroup::ExplainFailure(absl::Status failure) const {
   };
   std::vector<int> silent;
   try {
-    store_->set(ReportKey(world_.rank), std::vector<uint8_t>{1});
-    const absl::Time deadline = absl::Now() + grace;
-    do {
-      silent.clear();
-      for (int rank = 0; rank < world_.world_size; ++rank) {
-        if (!store_->check({ReportKey(rank)})) silent.push_back(rank);
-      }
-      if (silent.empty()) return failure;  // every rank is alive and failed the same way
-      absl::SleepFor(kReportPollInterval);
-    } while (absl::Now() < deadline);
+    if (AwaitAllRanks(*store_, "plait/failed/", world_.rank, world_.world_size, absl::Now() + grace,
+                      silent)) {
+      return failure;  // every rank is alive and failed the same way
+    }
   } catch (const std::exception& error) {
     return with(absl::StrCat("the rendezvous store did not answer either (", error.what(),
                              "): rank 0, which hosts it, may have stopped"));

@@ -19,8 +19,6 @@ namespace {
 // How often a waiting rank looks for the ranks still missing.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
 
-std::string ArrivalKey(int rank) { return absl::StrCat("plait/rendezvous/arrived/", rank); }
-
 // Connections rank 0's store admits at once: every rank's, as many again for attempts still
 // closing and strays waiting out their hello timeout, and a margin for small jobs.
 constexpr int kConnectionsPerRank = 2;
@@ -97,16 +95,10 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
                         " of ", world.world_size, " never arrived");
   };
   try {
-    store->set(ArrivalKey(world.rank), std::vector<uint8_t>{1});
-    do {
-      std::vector<int> absent;
-      for (int rank = 0; rank < world.world_size; ++rank) {
-        if (!store->check({ArrivalKey(rank)})) absent.push_back(rank);
-      }
-      missing = std::move(absent);
-      if (missing.empty()) return store;
-      absl::SleepFor(kPollInterval);
-    } while (absl::Now() < deadline);
+    if (AwaitAllRanks(*store, "plait/rendezvous/arrived/", world.rank, world.world_size, deadline,
+                      missing)) {
+      return store;
+    }
     return absl::DeadlineExceededError(
         absl::StrCat("rendezvous at ", store_address, " timed out after ",
                      absl::FormatDuration(timeout), ": ", never_arrived()));
@@ -121,6 +113,22 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
     return absl::UnavailableError(absl::StrCat(
         "rendezvous: rank ", world.rank, " lost the store at ", store_address, ": ", error.what()));
   }
+}
+
+bool AwaitAllRanks(c10d::Store& store, absl::string_view key_prefix, int rank, int world_size,
+                   absl::Time deadline, std::vector<int>& missing) {
+  auto key = [key_prefix](int of) { return absl::StrCat(key_prefix, of); };
+  store.set(key(rank), std::vector<uint8_t>{1});
+  do {
+    std::vector<int> absent;
+    for (int other = 0; other < world_size; ++other) {
+      if (!store.check({key(other)})) absent.push_back(other);
+    }
+    missing = std::move(absent);
+    if (missing.empty()) return true;
+    absl::SleepFor(kPollInterval);
+  } while (absl::Now() < deadline);
+  return false;
 }
 
 }  // namespace plait::parallel

@@ -17,7 +17,10 @@
 #ifndef PLAIT_PARALLEL_RENDEZVOUS_H_
 #define PLAIT_PARALLEL_RENDEZVOUS_H_
 
+#include <vector>
+
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "parallel/world.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
@@ -26,6 +29,13 @@ namespace plait::parallel {
 
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
                                                            absl::Duration timeout);
+
+// Marks `rank` present under `key_prefix` in `store`, then looks every few milliseconds until
+// each of the `world_size` ranks has marked itself or `deadline` passes. Returns whether all
+// did; `missing` holds the ranks absent at the last whole look. Throws what the store throws
+// (a rank that lost the store), leaving `missing` as the look before found it.
+bool AwaitAllRanks(c10d::Store& store, absl::string_view key_prefix, int rank, int world_size,
+                   absl::Time deadline, std::vector<int>& missing);
 
 }  // namespace plait::parallel
 
