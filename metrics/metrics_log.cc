@@ -104,16 +104,9 @@ absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t res
 }
 
 absl::Status MetricsLog::Append(const StepMetrics& metrics) {
-  Json row = {{"step", metrics.step},
-              {"loss", metrics.loss},
-              {"lr", metrics.lr},
-              {"tokens_per_s", metrics.tokens_per_s}};
-  if (metrics.grad_norm) row["grad_norm"] = *metrics.grad_norm;
+  Json row = {{"step", metrics.step}};
+  for (const auto& [name, value] : Scalars(metrics)) row[name] = value;
   if (metrics.skipped) row["skipped"] = true;
-  if (metrics.mfu) row["mfu"] = *metrics.mfu;
-  if (metrics.eval_loss) row["eval_loss"] = *metrics.eval_loss;
-  for (const auto& [name, value] : metrics.named) row[name] = value;
-  for (const auto& [name, value] : metrics.eval_named) row["eval_" + name] = value;
   *out_ << row.dump() << "\n";
   out_->flush();
   if (!*out_) {
