@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "base/file.h"
 #include "base/status.h"
+#include "metrics/run_summary.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::metrics {
@@ -70,6 +71,13 @@ absl::Status KeepRowsUpTo(const std::string& path, int64_t step) {
 
 absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t resume_step) {
   struct stat info;
+  const std::string summary = RunSummaryPath(path);
+  if (lstat(summary.c_str(), &info) == 0 && (resume_step == 0 || !S_ISREG(info.st_mode))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "\"", summary, "\" already exists; the summary of the run whose metrics file is \"", path,
+        "\" goes there, and a fresh run never overwrites a file: remove it or choose "
+        "another metrics file"));
+  }
   if (lstat(path.c_str(), &info) == 0) {
     if (!S_ISREG(info.st_mode)) {
       return absl::FailedPreconditionError(
@@ -114,6 +122,10 @@ absl::Status MetricsLog::Append(const StepMetrics& metrics) {
         absl::StrCat(path_, ": cannot write step ", metrics.step, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+absl::Status MetricsLog::WriteSummary(const RunMetrics& run) const {
+  return base::WriteFileAtomically(RunSummaryPath(path_), RunSummaryJson(run));
 }
 
 }  // namespace plait::metrics
