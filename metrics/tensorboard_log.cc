@@ -67,9 +67,10 @@ absl::StatusOr<TensorBoardLog> TensorBoardLog::Open(const std::string& dir, int6
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND, 0644);
   std::unique_ptr<std::FILE, CloseFile> file(fd < 0 ? nullptr : fdopen(fd, "ab"));
   if (file == nullptr) {
+    const int failure = errno;
     if (fd >= 0) close(fd);
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot create \"", path, "\": ", std::strerror(errno)));
+        absl::StrCat("cannot create \"", path, "\": ", std::strerror(failure)));
   }
   TensorBoardLog log(path, std::move(file));
   tensorboard::Event version;
