@@ -1,5 +1,7 @@
 #include "base/memory.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -28,6 +30,12 @@ std::vector<std::string> LimitFiles(const CgroupPath& cgroup) {
 }
 
 }  // namespace
+
+int64_t PeakResidentBytes() {
+  struct rusage usage = {};
+  getrusage(RUSAGE_SELF, &usage);          // fails only for a bad argument
+  return int64_t{usage.ru_maxrss} * 1024;  // Linux counts it in KiB
+}
 
 std::optional<int64_t> MemAvailableBytes(absl::string_view meminfo) {
   for (absl::string_view line : absl::StrSplit(meminfo, '\n')) {

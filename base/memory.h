@@ -1,8 +1,10 @@
 // How much memory this machine can still give the processes of a job: the kernel's
 // MemAvailable, lowered to the memory limit of the cgroup the process runs in (a container's
-// or a scheduler's), so that a plan that cannot fit is refused before training starts:
+// or a scheduler's), so that a plan that cannot fit is refused before training starts; and
+// how much a process has used at most, for a run's summary:
 //
 //   PLAIT_ASSIGN_OR_RETURN(int64_t bytes, AvailableMemoryBytes());
+//   int64_t peak = PeakResidentBytes();
 #ifndef PLAIT_BASE_MEMORY_H_
 #define PLAIT_BASE_MEMORY_H_
 
@@ -20,6 +22,9 @@ namespace plait::base {
 // The cgroup's own usage is not subtracted: it counts page cache the kernel would reclaim.
 // An error naming /proc/meminfo when that cannot be read or has no MemAvailable.
 absl::StatusOr<int64_t> AvailableMemoryBytes();
+
+// The most memory this process has held resident so far (getrusage's ru_maxrss).
+int64_t PeakResidentBytes();
 
 // MemAvailable of /proc/meminfo's text, in bytes; nullopt when there is no such line.
 std::optional<int64_t> MemAvailableBytes(absl::string_view meminfo);

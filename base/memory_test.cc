@@ -1,5 +1,7 @@
 #include "base/memory.h"
 
+#include <vector>
+
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -9,6 +11,15 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::testing::Optional;
+
+TEST(PeakResidentBytesTest, GrowsWithMemoryTheProcessTouches) {
+  const int64_t before = PeakResidentBytes();
+  EXPECT_GT(before, 0);
+  constexpr size_t kBytes = size_t{256} << 20;  // more than a test process holds before
+  std::vector<char> touched(kBytes, 1);
+  EXPECT_GE(PeakResidentBytes(), static_cast<int64_t>(kBytes));
+  EXPECT_GE(PeakResidentBytes(), before);
+}
 
 TEST(MemAvailableBytesTest, ReadsTheLineInKibibytes) {
   EXPECT_THAT(MemAvailableBytes("MemTotal:       24683652 kB\n"

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "base/file.h"
 #include "base/status.h"
+#include "metrics/run_summary.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::metrics {
@@ -70,6 +71,13 @@ absl::Status KeepRowsUpTo(const std::string& path, int64_t step) {
 
 absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t resume_step) {
   struct stat info;
+  const std::string summary = RunSummaryPath(path);
+  if (lstat(summary.c_str(), &info) == 0 && (resume_step == 0 || !S_ISREG(info.st_mode))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "\"", summary, "\" already exists; the summary of the run whose metrics file is \"", path,
+        "\" goes there, and a fresh run never overwrites a file: remove it or choose "
+        "another metrics file"));
+  }
   if (lstat(path.c_str(), &info) == 0) {
     if (!S_ISREG(info.st_mode)) {
       return absl::FailedPreconditionError(
@@ -104,16 +112,9 @@ absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t res
 }
 
 absl::Status MetricsLog::Append(const StepMetrics& metrics) {
-  Json row = {{"step", metrics.step},
-              {"loss", metrics.loss},
-              {"lr", metrics.lr},
-              {"tokens_per_s", metrics.tokens_per_s}};
-  if (metrics.grad_norm) row["grad_norm"] = *metrics.grad_norm;
+  Json row = {{"step", metrics.step}};
+  for (const auto& [name, value] : Scalars(metrics)) row[name] = value;
   if (metrics.skipped) row["skipped"] = true;
-  if (metrics.mfu) row["mfu"] = *metrics.mfu;
-  if (metrics.eval_loss) row["eval_loss"] = *metrics.eval_loss;
-  for (const auto& [name, value] : metrics.named) row[name] = value;
-  for (const auto& [name, value] : metrics.eval_named) row["eval_" + name] = value;
   *out_ << row.dump() << "\n";
   out_->flush();
   if (!*out_) {
@@ -121,6 +122,10 @@ absl::Status MetricsLog::Append(const StepMetrics& metrics) {
         absl::StrCat(path_, ": cannot write step ", metrics.step, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+absl::Status MetricsLog::WriteSummary(const RunMetrics& run) const {
+  return base::WriteFileAtomically(RunSummaryPath(path_), RunSummaryJson(run));
 }
 
 }  // namespace plait::metrics

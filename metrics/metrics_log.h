@@ -3,10 +3,13 @@
 // it. A fresh run creates the file and refuses a path that exists, so a misnamed path never
 // destroys a user's file. A resumed run continues its metrics file at the step it resumes
 // from: the rows after that step (logged after the checkpoint, before the kill) are dropped,
-// since the run writes them again.
+// since the run writes them again. At the end of the run its summary goes beside it
+// (run_summary.h: "metrics.jsonl" -> "metrics.run_summary.json"), which a fresh run
+// refuses to find there as it refuses its metrics file.
 //
 //   PLAIT_ASSIGN_OR_RETURN(MetricsLog log, MetricsLog::Open("metrics.jsonl", resume_step));
 //   PLAIT_RETURN_IF_ERROR(log.Append(metrics));  // {"step":1,"loss":2.31,"lr":0.001,...}
+//   PLAIT_RETURN_IF_ERROR(log.WriteSummary(run));
 #ifndef PLAIT_METRICS_METRICS_LOG_H_
 #define PLAIT_METRICS_METRICS_LOG_H_
 
@@ -26,11 +29,16 @@ class MetricsLog {
   // Creates `path`, or with `resume_step` > 0 continues it after keeping its rows of steps up
   // to `resume_step` (the others, and a row cut short by a kill, are dropped). Refused,
   // naming the path and why, before anything is written: a path that exists for a fresh run,
-  // or that is not a regular file (a directory, link, FIFO, device), or not a metrics file.
+  // or that is not a regular file (a directory, link, FIFO, device), or not a metrics file;
+  // its summary's path when it exists for a fresh run or is not a regular file.
   static absl::StatusOr<MetricsLog> Open(const std::string& path, int64_t resume_step);
 
   // Writes one row and flushes it. Optional fields appear only when set.
   absl::Status Append(const StepMetrics& metrics);
+
+  // Writes the run's summary (RunSummaryJson) beside the metrics file, replacing a resumed
+  // run's earlier one.
+  absl::Status WriteSummary(const RunMetrics& run) const;
 
  private:
   MetricsLog(std::string path, std::unique_ptr<std::ofstream> out)

@@ -80,6 +80,37 @@ TEST(MetricsLogTest, RefusesWhatIsNotARegularFile) {
   EXPECT_FALSE(std::filesystem::exists(TestPath("elsewhere")));
 }
 
+TEST(MetricsLogTest, WritesTheSummaryBesideTheMetricsFile) {
+  const std::string dir = FreshTestDir("summary");
+  std::filesystem::create_directories(dir);
+  absl::StatusOr<MetricsLog> log = MetricsLog::Open(dir + "/metrics.jsonl", 0);
+  ASSERT_THAT(log, IsOk());
+  RunMetrics run;
+  run.checkpoints_written = 2;
+  ASSERT_THAT(log->WriteSummary(run), IsOk());
+  absl::StatusOr<std::string> summary = base::ReadFile(dir + "/metrics.run_summary.json");
+  ASSERT_THAT(summary, IsOk());
+  EXPECT_THAT(*summary, HasSubstr("\"checkpoints_written\": 2"));
+}
+
+// The summary of another run with the same metrics file name: a fresh run refuses it before
+// it trains, as it refuses an existing metrics file; a resumed run replaces it at its end.
+TEST(MetricsLogTest, AFreshRunRefusesAnExistingSummaryAndAResumedOneReplacesIt) {
+  const std::string dir = FreshTestDir("old_summary");
+  std::filesystem::create_directories(dir);
+  const std::string summary = dir + "/run.run_summary.json";
+  ASSERT_THAT(base::WriteFileAtomically(summary, "{}\n"), IsOk());
+  EXPECT_THAT(MetricsLog::Open(dir + "/run.jsonl", 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("\"" + summary + "\" already exists; the summary of the run")));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run.jsonl"));
+  std::ofstream(dir + "/run.jsonl") << "{\"step\":1}\n";
+  absl::StatusOr<MetricsLog> log = MetricsLog::Open(dir + "/run.jsonl", /*resume_step=*/1);
+  ASSERT_THAT(log, IsOk());
+  ASSERT_THAT(log->WriteSummary(RunMetrics()), IsOk());
+  EXPECT_THAT(base::ReadFile(summary), IsOkAndHolds(HasSubstr("\"steps_trained\": 0")));
+}
+
 TEST(MetricsLogTest, AnUnwritableFileIsNamed) {
   EXPECT_THAT(MetricsLog::Open(TestPath("no/such/folder/run.jsonl"), 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no/such/folder/run.jsonl")));

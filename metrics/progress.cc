@@ -1,9 +1,11 @@
 #include "metrics/progress.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/human.h"
 
 namespace plait::metrics {
 namespace {
@@ -64,6 +66,20 @@ void ProgressLog::Summary(const RunMetrics& run) {
         absl::StrAppendFormat(&summary, ", final eval_%s %.4f", name, value);
       }
     }
+  }
+  if (!run.peak_memory_bytes.empty()) {
+    const auto peak = std::max_element(run.peak_memory_bytes.begin(), run.peak_memory_bytes.end());
+    absl::StrAppend(&summary, "; peak memory ", base::HumanBytes(*peak), " (rank ",
+                    peak - run.peak_memory_bytes.begin(), ")");
+  }
+  const int64_t skipped = std::count_if(run.steps.begin(), run.steps.end(),
+                                        [](const StepMetrics& step) { return step.skipped; });
+  if (skipped > 0) {
+    absl::StrAppend(&summary, ", ", skipped, skipped == 1 ? " update" : " updates", " skipped");
+  }
+  if (run.checkpoints_written > 0) {
+    absl::StrAppend(&summary, ", ", run.checkpoints_written,
+                    run.checkpoints_written == 1 ? " checkpoint" : " checkpoints", " written");
   }
   Print(summary);
 }

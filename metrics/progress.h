@@ -39,7 +39,8 @@ class ProgressLog {
   void Header(int64_t parameters, int ranks, int64_t tokens_per_step,
               std::optional<double> entropy_floor, int64_t resume_step);
 
-  // The run's last line: time, speed, MFU, the best evaluation and its gap to the floor.
+  // The run's last line: time, speed, MFU, the best evaluation and its gap to the floor, the
+  // largest rank's peak memory, and the skipped updates and checkpoints when there were any.
   void Summary(const RunMetrics& run);
 
   // The progress after `metrics.step`: `tokens_per_s` averaged since the start, and the

@@ -62,13 +62,18 @@ TEST(ProgressLogTest, HeaderAndSummaryFrameTheRun) {
   run.mfu = 0.481;
   run.best_eval_loss = 1.1914;
   run.entropy_floor = 1.1369;
+  run.peak_memory_bytes = {300 << 20, 700 << 20};
+  run.checkpoints_written = 2;
+  run.steps.resize(3);
+  run.steps[1].skipped = true;
   progress.Summary(run);
   EXPECT_EQ(out.str(),
             "training 4999424 parameters on 2 ranks, 100 steps of 1024 tokens; synthetic data, "
             "entropy floor 1.1369 nats\n"
             "resumed after step 40\n"
             "done: 100 steps in 16.1 s, 6523 tokens/s, MFU 48.10%, best eval loss 1.1914 "
-            "(entropy floor 1.1369, gap 0.0545 nats)\n");
+            "(entropy floor 1.1369, gap 0.0545 nats); peak memory 700.0 MiB (rank 1), "
+            "1 update skipped, 2 checkpoints written\n");
 }
 
 }  // namespace

@@ -28,7 +28,13 @@ struct StepMetrics {
   NamedMetrics eval_named;          // the same at the evaluation, when evaluated
 };
 
-// What a whole run measured: its steps, and what its summary reports.
+// The step's numbers under the names of the metrics file's keys, which TensorBoard's scalars
+// take too: loss, lr, tokens_per_s, then those set of grad_norm, mfu and eval_loss, the
+// objective's metrics and its evaluation's ("eval_" + name). Without `skipped`, a flag.
+NamedMetrics Scalars(const StepMetrics& metrics);
+
+// What a whole run measured: its steps, and what its summary reports. A resumed run's are
+// those of the steps it trained.
 struct RunMetrics {
   std::vector<StepMetrics> steps;
   std::optional<double> entropy_floor;  // the data's loss floor, when known (synthetic data)
@@ -36,6 +42,8 @@ struct RunMetrics {
   double seconds = 0.0;
   double tokens_per_s = 0.0;  // over the steps trained
   std::optional<double> mfu;
+  std::vector<int64_t> peak_memory_bytes;  // per rank: the process's peak resident memory
+  int64_t checkpoints_written = 0;
 };
 
 }  // namespace plait::metrics

@@ -63,6 +63,9 @@ class Checkpointer {
   // error and no folder named step-* is left for the step.
   absl::Status SaveIfDue(int64_t step, const optim::Optimizer& optimizer) const;
 
+  // Whether SaveIfDue saves after optimizer step `step` (1-based).
+  bool IsDue(int64_t step) const { return checkpointer_.IsDue(step); }
+
   // Saves after optimizer step `step`, due or not (as SaveIfDue).
   absl::Status Save(int64_t step, const optim::Optimizer& optimizer) const;
 

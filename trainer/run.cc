@@ -43,6 +43,7 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
   options.metrics_path = base::UserPath(plan.training().metrics_file());
   options.save_hf_dir = base::UserPath(plan.training().save_hf_dir());
   options.checkpoint_dir = base::UserPath(plan.training().checkpoint().dir());
+  options.tensorboard_dir = base::UserPath(plan.training().tensorboard_dir());
   return group->ExplainFailure(Train(plan, group->mesh(), options).status());
 }
 

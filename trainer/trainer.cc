@@ -9,11 +9,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/memory.h"
 #include "base/status.h"
 #include "data/data_config.h"
 #include "data/data_loader.h"
+#include "google/protobuf/text_format.h"
 #include "metrics/metrics_log.h"
 #include "metrics/progress.h"
+#include "metrics/tensorboard_log.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "objectives/metric_means.h"
@@ -30,6 +33,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The peak resident memory of each rank of `mesh`, on every rank.
+absl::StatusOr<std::vector<int64_t>> PeakMemoryPerRank(const parallel::DeviceMesh& mesh) {
+  torch::Tensor peaks = torch::zeros({mesh.layout().world_size()}, torch::kInt64);
+  peaks[mesh.rank()] = base::PeakResidentBytes();
+  PLAIT_RETURN_IF_ERROR(mesh.AllReduce(peaks, parallel::ReduceOp::kSum));
+  const auto values = peaks.accessor<int64_t, 1>();
+  std::vector<int64_t> bytes(values.size(0));
+  for (size_t rank = 0; rank < bytes.size(); ++rank) bytes[rank] = values[rank];
+  return bytes;
+}
 
 // One rank's training run of a validated plan: what Start sets up (the prepared models, the
 // objective, the optimizer built from the trained model, the data, the checkpoints and the
@@ -69,6 +83,7 @@ class TrainingRun {
   std::optional<data::DataLoader> train_, eval_;
   std::optional<Checkpointer> checkpointer_;
   std::optional<metrics::MetricsLog> metrics_log_;
+  std::optional<metrics::TensorBoardLog> tensorboard_;
   std::optional<metrics::ProgressLog> progress_;
   int64_t accumulation_ = 1;
   double tokens_per_step_ = 0.0;   // over the data-parallel ranks
@@ -98,6 +113,16 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan
         base::Annotate(
             metrics::MetricsLog::Open(options.metrics_path, run->checkpointer_->resume_step()),
             "plan.training.metrics_file"));
+  }
+  if (mesh.rank() == 0 && !options.tensorboard_dir.empty()) {
+    const int64_t resume_step = run->checkpointer_->resume_step();
+    PLAIT_ASSIGN_OR_RETURN(
+        run->tensorboard_,
+        base::Annotate(metrics::TensorBoardLog::Open(options.tensorboard_dir, resume_step),
+                       "plan.training.tensorboard_dir"));
+    std::string plan_text;
+    google::protobuf::TextFormat::PrintToString(plan, &plan_text);
+    PLAIT_RETURN_IF_ERROR(run->tensorboard_->AppendText("plan", plan_text, resume_step + 1));
   }
 
   PLAIT_ASSIGN_OR_RETURN(run->prepared_,
@@ -200,6 +225,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
     }
     report.steps.push_back(metrics);
     if (metrics_log_) PLAIT_RETURN_IF_ERROR(metrics_log_->Append(metrics));
+    if (tensorboard_) PLAIT_RETURN_IF_ERROR(tensorboard_->Append(metrics));
     if (progress_) {
       const int64_t done = step + 1 - first_step;
       progress_->Step(metrics, tokens_per_step_ * done / training_seconds_,
@@ -212,6 +238,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
           metrics.step, skipped_in_a_row, metrics.loss, MaxSkippedSteps(training_)));
     }
     PLAIT_RETURN_IF_ERROR(checkpointer_->SaveIfDue(step + 1, *optimizer_));
+    if (checkpointer_->IsDue(step + 1)) ++report.checkpoints_written;
   }
   if (!options_.save_hf_dir.empty()) {
     PLAIT_RETURN_IF_ERROR(
@@ -224,6 +251,8 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   report.tokens_per_s =
       first_step < steps ? tokens_per_step_ * (steps - first_step) / training_seconds_ : 0.0;
   report.mfu = Mfu(report.tokens_per_s);
+  PLAIT_ASSIGN_OR_RETURN(report.peak_memory_bytes, PeakMemoryPerRank(mesh_));
+  if (metrics_log_) PLAIT_RETURN_IF_ERROR(metrics_log_->WriteSummary(report));
   if (progress_) progress_->Summary(report);
   return report;
 }

@@ -3,7 +3,8 @@
 // then runs the steps: micro-batches with gradient accumulation (DDP's no-sync scope on all
 // but the last), loss scaled by 1/accumulation, clipping and the update at the scheduled
 // learning rate, periodic evaluation on the held-out split, and a summary. Rank 0 prints
-// its progress (metrics/progress.h) and writes the JSONL metrics (metrics/metrics_log.h).
+// its progress (metrics/progress.h), writes the JSONL metrics and the run's summary
+// (metrics/metrics_log.h) and TensorBoard's event files (metrics/tensorboard_log.h).
 // The data-parallel rank and width, which choose the batches a rank reads, are those of the
 // mesh dimensions whose strategies split the batch (wrap::Preparation::DataParallelDims):
 //
@@ -42,6 +43,9 @@ struct TrainOptions {
   std::string save_hf_dir;
   // Where checkpoints go (checkpoint.h); empty: none. Run resolves training.checkpoint.dir.
   std::string checkpoint_dir;
+  // Where rank 0 writes TensorBoard's event files; empty: none. Run resolves
+  // training.tensorboard_dir.
+  std::string tensorboard_dir;
 };
 
 // Trains `plan` (which must pass ValidatePlan for the mesh's world size) as rank

@@ -1,0 +1,66 @@
+// Draws the training curves of one or more metrics files (training.metrics_file) as one SVG,
+// for a quick look at runs without TensorBoard: loss and evaluation loss against the step
+// with the entropy floor when the run summary beside a file gives it, the learning rate, the
+// gradient norm and tokens/s, each run in its own colour:
+//
+//   bazel run //tools:plot -- --out=curves.svg llama_fsdp_metrics.jsonl llama_ddp_metrics.jsonl
+//
+// Never writes over a file: an existing --out is refused. Exits 1 when a metrics file cannot
+// be read or the picture cannot be written, 2 on a usage error.
+#include <sys/stat.h>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/strip.h"
+#include "base/file.h"
+#include "base/guarded_main.h"
+#include "metrics/curves_svg.h"
+
+ABSL_FLAG(std::string, out, "", "the SVG file to create");
+
+namespace {
+
+constexpr char kUsage[] = "usage: plot --out=CURVES.svg METRICS.jsonl...";
+
+int Plot(int argc, char** argv) {
+  const std::vector<char*> files = absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_out).empty() || files.size() < 2) {
+    std::cerr << kUsage << "\n";
+    return 2;
+  }
+  const std::string out = plait::base::UserPath(absl::GetFlag(FLAGS_out));
+  struct stat info;
+  if (lstat(out.c_str(), &info) == 0) {
+    std::cerr << "plot: \"" << out << "\" already exists; plot never writes over a file: "
+              << "remove it or choose another --out\n";
+    return 1;
+  }
+  std::vector<plait::metrics::RunCurves> runs;
+  for (size_t i = 1; i < files.size(); ++i) {
+    // Named as the user named the file, not by its path under bazel run.
+    absl::StatusOr<plait::metrics::RunCurves> run = plait::metrics::ReadRunCurves(
+        plait::base::UserPath(files[i]), std::string(absl::StripSuffix(files[i], ".jsonl")));
+    if (!run.ok()) {
+      std::cerr << "plot: " << run.status().message() << "\n";
+      return 1;
+    }
+    runs.push_back(*std::move(run));
+  }
+  if (absl::Status status = plait::base::WriteFileAtomically(out, plait::metrics::CurvesSvg(runs));
+      !status.ok()) {
+    std::cerr << "plot: " << status.message() << "\n";
+    return 1;
+  }
+  std::cout << "wrote " << out << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return plait::base::RunCatchingExceptions("plot", [&] { return Plot(argc, argv); });
+}

@@ -1,0 +1,108 @@
+// What a run leaves for a person to look at, on 2 FSDP ranks as threads: TensorBoard's event
+// file holds every number of the metrics file under the same name, and the plan as text; the
+// run summary beside the metrics file tells the run's steps, evaluations, checkpoints and
+// each rank's peak memory.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "base/file.h"
+#include "base/status_matchers.h"
+#include "base/test_paths.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "metrics/record_file.h"
+#include "metrics/tensorboard_event.pb.h"
+#include "nlohmann/json.hpp"
+#include "trainer/plan.h"
+#include "trainer/testing_ranks.h"
+#include "trainer/trainer.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::base::testing::FolderEntries;
+using ::plait::base::testing::FreshTestDir;
+using ::plait::base::testing::IsOk;
+using ::plait::trainer::testing::TrainOnRanks;
+using ::testing::SizeIs;
+
+TEST(RunOutputsTest, TensorBoardHoldsTheMetricsFileAndTheSummaryTellsTheRun) {
+  const std::string dir = FreshTestDir("outputs");
+  absl::StatusOr<Plan> plan = LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/llama_fsdp.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  for (const std::string& assignment : std::vector<std::string>{
+           "training.steps=6", "schedule.warmup.steps=2", "training.eval_every=3",
+           "training.eval_batches=1", "training.checkpoint.every=4",
+           absl::StrCat("training.checkpoint.dir=", dir, "/checkpoints")}) {
+    ASSERT_THAT(ApplyOverride(assignment, *plan), IsOk()) << assignment;
+  }
+  TrainOptions options;
+  options.metrics_path = dir + "/metrics.jsonl";
+  options.tensorboard_dir = dir + "/tensorboard";
+  TrainOnRanks(*plan, 2, options);
+
+  std::vector<nlohmann::json> rows;
+  std::ifstream metrics(options.metrics_path);
+  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_THAT(rows, SizeIs(6));
+
+  // One event file: its version, the start, the plan, then a step per event.
+  const std::vector<std::string> files = FolderEntries(options.tensorboard_dir);
+  ASSERT_THAT(files, SizeIs(1));
+  const std::string events_path = options.tensorboard_dir + "/" + files[0];
+  absl::StatusOr<std::string> bytes = base::ReadFile(events_path);
+  ASSERT_THAT(bytes, IsOk());
+  absl::StatusOr<metrics::Records> records = metrics::ParseRecords(*bytes, events_path);
+  ASSERT_THAT(records, IsOk());
+  ASSERT_THAT(records->records, SizeIs(3 + rows.size()));
+  std::vector<metrics::tensorboard::Event> events(records->records.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    ASSERT_TRUE(events[i].ParseFromString(records->records[i])) << i;
+  }
+
+  absl::string_view plan_text = events[2].summary().value(0).tensor().string_val(0);
+  ASSERT_TRUE(absl::ConsumePrefix(&plan_text, "```\n"));
+  ASSERT_TRUE(absl::ConsumeSuffix(&plan_text, "```\n"));
+  Plan logged;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(std::string(plan_text), &logged));
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(logged, *plan));
+
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const metrics::tensorboard::Event& event = events[3 + i];
+    EXPECT_EQ(event.step(), rows[i]["step"]);
+    // Every number of the row but its step, none missing, none added.
+    EXPECT_EQ(event.summary().value_size() + 1, rows[i].size()) << rows[i];
+    for (const auto& value : event.summary().value()) {
+      ASSERT_TRUE(rows[i].contains(value.tag())) << value.tag();
+      EXPECT_EQ(value.simple_value(), static_cast<float>(rows[i][value.tag()].get<double>()))
+          << value.tag() << " at step " << event.step();
+    }
+  }
+
+  absl::StatusOr<std::string> summary_text = base::ReadFile(dir + "/metrics.run_summary.json");
+  ASSERT_THAT(summary_text, IsOk());
+  const nlohmann::json summary = nlohmann::json::parse(*summary_text);
+  EXPECT_EQ(summary["last_step"], 6);
+  EXPECT_EQ(summary["steps_trained"], 6);
+  EXPECT_EQ(summary["checkpoints_written"], 2);  // steps 4 and 6
+  EXPECT_EQ(summary["skipped_steps"], 0);
+  EXPECT_EQ(summary["last_eval_loss"], rows[5]["eval_loss"]);
+  EXPECT_EQ(summary["best_eval_loss"],
+            std::min(rows[2]["eval_loss"].get<double>(), rows[5]["eval_loss"].get<double>()));
+  EXPECT_TRUE(summary.contains("entropy_floor"));  // synthetic data
+  ASSERT_THAT(summary["peak_memory_bytes"], SizeIs(2));
+  for (const nlohmann::json& bytes : summary["peak_memory_bytes"]) {
+    EXPECT_GT(bytes.get<int64_t>(), 1 << 20);
+  }
+}
+
+}  // namespace
+}  // namespace plait::trainer
