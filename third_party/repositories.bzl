@@ -163,8 +163,8 @@ def plait_dependencies():
     )
 
     # Tokenizers (data/tokenizer): PCRE2 for the split regexes, utf8proc for Unicode
-    # normalization, SentencePiece for tokenizer.model files.
-    for name in ["pcre2", "utf8proc", "sentencepiece"]:
+    # normalization.
+    for name in ["pcre2", "utf8proc"]:
         _maybe(
             system_repository,
             name = name,

@@ -21,7 +21,6 @@ packages=(
   nlohmann-json3-dev       # JSON for safetensors headers and HF config.json
   libpcre2-dev             # PCRE2 with JIT: tokenizer.json's pre-tokenizer split regexes
   libutf8proc-dev          # Unicode normalization (NFC) of tokenizer.json's normalizers
-  libsentencepiece-dev     # SentencePiece tokenizer.model files (Llama 2 family)
 )
 
 # Debian's /usr/bin/bazel wrapper runs /usr/bin/bazel-<version in .bazelversion>, but

@@ -141,8 +141,8 @@ class SplitRegex {
     int error_code;
     PCRE2_SIZE error_offset;
     pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                     PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP),
-                                     &error_code, &error_offset, nullptr);
+                                     PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP), &error_code,
+                                     &error_offset, nullptr);
     if (code == nullptr) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(error_code, message, sizeof(message));
