@@ -19,6 +19,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 export HF_HOME="${TEST_TMPDIR}/huggingface"
 export PYTHONDONTWRITEBYTECODE=1
 export PLAIT_REFERENCE="${PWD}/${here}/plait_reference"
+export PLAIT_TOKENIZE="${PWD}/tools/tokenize"
 exec "${venv}/bin/python" -m pytest -q -p no:cacheprovider \
   --basetemp="${TEST_TMPDIR}/pytest" ${XML_OUTPUT_FILE:+--junitxml="${XML_OUTPUT_FILE}"} \
   "${here}"
