@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "data/tokenizer/internal/parse_json.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data::tokenizer {
@@ -845,25 +846,17 @@ class BpeLoader {
   BpeTokenizer& tokenizer_;
 };
 
-absl::StatusOr<json> ParseJson(absl::string_view source, absl::string_view text) {
-  try {
-    return json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& error) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": not valid JSON at byte ", error.byte, ": ", error.what()));
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> ParseBpeTokenizer(
     absl::string_view source, absl::string_view tokenizer_json,
     absl::string_view tokenizer_config_json) {
-  PLAIT_ASSIGN_OR_RETURN(const json file, ParseJson(source, tokenizer_json));
+  PLAIT_ASSIGN_OR_RETURN(const json file, internal::ParseJson(source, tokenizer_json));
   json config;
   if (!tokenizer_config_json.empty()) {
-    PLAIT_ASSIGN_OR_RETURN(
-        config, ParseJson(absl::StrCat(source, " (tokenizer_config.json)"), tokenizer_config_json));
+    PLAIT_ASSIGN_OR_RETURN(config,
+                           internal::ParseJson(absl::StrCat(source, " (tokenizer_config.json)"),
+                                               tokenizer_config_json));
   }
   auto tokenizer = std::make_unique<BpeTokenizer>(tokenizer_json, tokenizer_config_json);
   PLAIT_RETURN_IF_ERROR(BpeLoader(source, *tokenizer).Load(file, config));

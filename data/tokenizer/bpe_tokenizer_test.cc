@@ -2,11 +2,10 @@
 // (testdata/tiny/tokenizer.json) that must fail with an error naming the field.
 #include "data/tokenizer/bpe_tokenizer.h"
 
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <string>
 
+#include "base/file.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,16 +21,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
-std::string TinyTokenizerJson() {
-  std::ifstream file("data/tokenizer/testdata/tiny/tokenizer.json");
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
 absl::StatusOr<std::unique_ptr<Tokenizer>> ParseChanged(const std::function<void(json&)>& change,
                                                         const std::string& config = "") {
-  json file = json::parse(TinyTokenizerJson());
+  json file = json::parse(base::ReadFile("data/tokenizer/testdata/tiny/tokenizer.json").value());
   change(file);
   return ParseBpeTokenizer("tokenizer.json", file.dump(), config);
 }

@@ -18,6 +18,7 @@
 #include "base/json.h"
 #include "base/status.h"
 #include "data/token_file.h"
+#include "data/tokenizer/internal/parse_json.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data::tokenizer {
@@ -245,13 +246,7 @@ class CorpusTokenizer {
     absl::string_view text = raw;
     if (document.line > 0) {
       const std::string where = absl::StrCat(options_.inputs[document.input], ":", document.line);
-      nlohmann::json line;
-      try {
-        line = nlohmann::json::parse(raw.begin(), raw.end());
-      } catch (const nlohmann::json::parse_error& error) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": not valid JSON at byte ", error.byte, ": ", error.what()));
-      }
+      PLAIT_ASSIGN_OR_RETURN(const nlohmann::json line, internal::ParseJson(where, raw));
       const auto field = line.is_object() ? line.find(options_.jsonl_field) : line.end();
       if (field == line.end() || !field->is_string()) {
         return absl::InvalidArgumentError(

@@ -3,11 +3,10 @@
 // the unchanged model are checked against Google's sentencepiece in tokenizer_golden_test.
 #include "data/tokenizer/sentencepiece_tokenizer.h"
 
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <string>
 
+#include "base/file.h"
 #include "base/status_matchers.h"
 #include "data/tokenizer/sentencepiece_model.pb.h"
 #include "gmock/gmock.h"
@@ -23,11 +22,9 @@ using ModelProto = sentencepiece::ModelProto;
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> ParseChanged(
     const std::function<void(ModelProto&)>& change) {
-  std::ifstream file("data/tokenizer/testdata/mistral/tokenizer.model", std::ios::binary);
-  std::stringstream bytes;
-  bytes << file.rdbuf();
   ModelProto model;
-  EXPECT_TRUE(model.ParseFromString(bytes.str()));
+  EXPECT_TRUE(model.ParseFromString(
+      base::ReadFile("data/tokenizer/testdata/mistral/tokenizer.model").value()));
   change(model);
   return ParseSentencePieceTokenizer("tokenizer.model", model.SerializeAsString());
 }

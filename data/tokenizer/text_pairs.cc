@@ -11,6 +11,7 @@
 #include "base/hash.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "data/tokenizer/internal/parse_json.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data::tokenizer {
@@ -20,13 +21,7 @@ using json = nlohmann::json;
 
 absl::StatusOr<json> TokenizeLine(absl::string_view line, const std::string& where, PairKind kind,
                                   const Tokenizer& tokenizer) {
-  json example;
-  try {
-    example = json::parse(line.begin(), line.end());
-  } catch (const json::parse_error& error) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": not valid JSON at byte ", error.byte, ": ", error.what()));
-  }
+  PLAIT_ASSIGN_OR_RETURN(const json example, internal::ParseJson(where, line));
   if (!example.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": expected a JSON object"));
   }

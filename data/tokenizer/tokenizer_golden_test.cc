@@ -8,16 +8,15 @@
 //   qwen3/   Qwen3's tokenizer.json (Apache-2.0);
 //   tiny/    a small BPE trained here with Llama 3's pre-tokenizer and BOS template;
 //   mistral/ Mistral 7B v0.1's SentencePiece tokenizer.model (Apache-2.0), Llama 2's format.
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "base/file.h"
 #include "base/status_matchers.h"
 #include "data/tokenizer/load_tokenizer.h"
 #include "data/tokenizer/tokenizer.h"
@@ -38,10 +37,7 @@ using ::testing::Optional;
 constexpr char kTestdata[] = "data/tokenizer/testdata/";
 
 nlohmann::json ReadJson(const std::string& path) {
-  std::ifstream file(path);
-  std::stringstream text;
-  text << file.rdbuf();
-  return nlohmann::json::parse(text.str());
+  return nlohmann::json::parse(base::ReadFile(path).value());
 }
 
 struct Case {
