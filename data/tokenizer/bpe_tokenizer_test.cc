@@ -153,5 +153,25 @@ TEST(BpeTokenizerTest, StringPatternsAreLiteral) {
                                        *(*tokenizer)->TokenToId("b"))));
 }
 
+// With ignore_merges (Llama 3's files), a piece that is itself a token is that token, even
+// where the merges would not build it.
+TEST(BpeTokenizerTest, IgnoreMergesTakesWholePiecesFromTheVocabulary) {
+  const auto with_token = [](bool ignore_merges) {
+    return ParseChanged([=](json& f) {
+      f["model"]["vocab"]["zqzq"] = 5000;  // no merge makes it
+      f["model"]["ignore_merges"] = ignore_merges;
+    });
+  };
+  absl::StatusOr<std::unique_ptr<Tokenizer>> ignoring = with_token(true);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> merging = with_token(false);
+  ASSERT_THAT(ignoring, IsOk());
+  ASSERT_THAT(merging, IsOk());
+  EXPECT_THAT((*ignoring)->Encode("zqzq"), IsOkAndHolds(ElementsAre(5000)));
+  absl::StatusOr<std::vector<int32_t>> merged = (*merging)->Encode("zqzq");
+  ASSERT_THAT(merged, IsOk());
+  EXPECT_GT(merged->size(), 1u);
+  EXPECT_THAT((*merging)->Decode(*merged), IsOkAndHolds("zqzq"));
+}
+
 }  // namespace
 }  // namespace plait::data::tokenizer

@@ -76,6 +76,8 @@ struct Expected {
   std::optional<int32_t> eos;
 };
 
+void PrintTo(const Expected& expected, std::ostream* out) { *out << expected.name; }
+
 class GoldenTest : public ::testing::TestWithParam<Expected> {
  protected:
   // Each file is loaded once for all of its tests (Qwen3's takes seconds unoptimised).
