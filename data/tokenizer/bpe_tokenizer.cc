@@ -156,17 +156,31 @@ class SplitRegex {
     return SplitRegex(std::shared_ptr<pcre2_code>(code, pcre2_code_free));
   }
 
-  // Calls emit(piece) for each non-empty piece of `text`, in order. `text` is valid UTF-8.
+  // Calls emit(piece), which returns a status, for each non-empty piece of `text`, in
+  // order. `text` is valid UTF-8. A search that PCRE2 cannot complete (its JIT stack, then
+  // its interpreter's heap, exhausted: a pathological text) is an error, never a piece left
+  // unsplit.
   template <typename Emit>
-  void ForEachPiece(absl::string_view text, Emit&& emit) const {
+  absl::Status ForEachPiece(absl::string_view text, Emit&& emit) const {
     thread_local MatchScratch scratch;
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t done = 0;   // text before this is emitted
     size_t start = 0;  // where the next search starts
     while (start < text.size()) {
-      const int found = pcre2_match(code_.get(), subject, text.size(), start, PCRE2_NO_UTF_CHECK,
-                                    scratch.data(), scratch.context());
-      if (found < 0) break;  // no further match (a matching error ends the search alike)
+      int found = pcre2_match(code_.get(), subject, text.size(), start, PCRE2_NO_UTF_CHECK,
+                              scratch.data(), scratch.context());
+      if (found < 0 && found != PCRE2_ERROR_NOMATCH) {
+        found = pcre2_match(code_.get(), subject, text.size(), start,
+                            PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, scratch.data(), scratch.context());
+      }
+      if (found == PCRE2_ERROR_NOMATCH) break;
+      if (found < 0) {
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(found, message, sizeof(message));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("pre-tokenizer: the split regex failed at byte ", start, ": ",
+                         reinterpret_cast<const char*>(message)));
+      }
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(scratch.data());
       const size_t match_start = ovector[0], match_end = ovector[1];
       if (match_end == match_start) {  // an empty match splits nothing: step one character
@@ -176,11 +190,12 @@ class SplitRegex {
         }
         continue;
       }
-      if (match_start > done) emit(text.substr(done, match_start - done));
-      emit(text.substr(match_start, match_end - match_start));
+      if (match_start > done) PLAIT_RETURN_IF_ERROR(emit(text.substr(done, match_start - done)));
+      PLAIT_RETURN_IF_ERROR(emit(text.substr(match_start, match_end - match_start)));
       done = start = match_end;
     }
-    if (done < text.size()) emit(text.substr(done));
+    if (done < text.size()) PLAIT_RETURN_IF_ERROR(emit(text.substr(done)));
+    return absl::OkStatus();
   }
 
  private:
@@ -285,7 +300,8 @@ class BpeTokenizer : public Tokenizer {
   // Applies the normalizers to `text`, into `storage` when they change it.
   absl::string_view Normalize(absl::string_view text, std::string& storage) const;
   // Runs the pre-tokenizer's splits from `level` on, and BPE on each final piece.
-  void PreTokenizeAndMerge(absl::string_view text, size_t level, std::vector<int32_t>& ids) const;
+  absl::Status PreTokenizeAndMerge(absl::string_view text, size_t level,
+                                   std::vector<int32_t>& ids) const;
   // BPE of one piece (its bytes), appended to `ids`.
   void Merge(absl::string_view piece, std::vector<int32_t>& ids) const;
   void MergeUncached(absl::string_view piece, std::vector<int32_t>& ids) const;
@@ -324,6 +340,7 @@ absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(absl::string_view text
   if (add_special_tokens) ids = prefix_ids_;
   const auto add_token = [&](int32_t id) { ids.push_back(id); };
   std::string storage;
+  absl::Status status;
   raw_added_.Split(
       text,
       [&](absl::string_view run) {
@@ -332,11 +349,12 @@ absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(absl::string_view text
         normalized_added_.Split(
             normalized,
             [&](absl::string_view part) {
-              if (!part.empty()) PreTokenizeAndMerge(part, 0, ids);
+              if (!part.empty() && status.ok()) status = PreTokenizeAndMerge(part, 0, ids);
             },
             add_token);
       },
       add_token);
+  PLAIT_RETURN_IF_ERROR(status);
   if (add_special_tokens) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
   return ids;
 }
@@ -358,14 +376,14 @@ absl::string_view BpeTokenizer::Normalize(absl::string_view text, std::string& s
   return text;
 }
 
-void BpeTokenizer::PreTokenizeAndMerge(absl::string_view text, size_t level,
-                                       std::vector<int32_t>& ids) const {
+absl::Status BpeTokenizer::PreTokenizeAndMerge(absl::string_view text, size_t level,
+                                               std::vector<int32_t>& ids) const {
   if (level == splits_.size()) {
     Merge(text, ids);
-    return;
+    return absl::OkStatus();
   }
-  splits_[level].ForEachPiece(
-      text, [&](absl::string_view piece) { PreTokenizeAndMerge(piece, level + 1, ids); });
+  return splits_[level].ForEachPiece(
+      text, [&](absl::string_view piece) { return PreTokenizeAndMerge(piece, level + 1, ids); });
 }
 
 void BpeTokenizer::Merge(absl::string_view piece, std::vector<int32_t>& ids) const {

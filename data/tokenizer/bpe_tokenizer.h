@@ -13,7 +13,8 @@
 //   - decoder: ByteLevel.
 // Anything else (another model type, BPE dropout or byte fallback, a Split behavior other
 // than Isolated, truncation, added tokens with lstrip / rstrip / single_word, ...) is an
-// Unimplemented error naming the field, never a silent difference from Hugging Face.
+// Unimplemented error naming the field, never a silent difference from Hugging Face; so is a
+// text whose split PCRE2 cannot complete (a ResourceExhausted error from Encode).
 #ifndef PLAIT_DATA_TOKENIZER_BPE_TOKENIZER_H_
 #define PLAIT_DATA_TOKENIZER_BPE_TOKENIZER_H_
 
