@@ -249,12 +249,14 @@ class AddedTokenMatcher {
 // merges. Sharded so that threads encoding documents in parallel rarely wait on each other.
 class PieceCache {
  public:
-  std::optional<std::vector<int32_t>> Find(absl::string_view piece) const {
+  // Appends the ids of `piece` to `ids` when they are cached; whether they were.
+  bool Append(absl::string_view piece, std::vector<int32_t>& ids) const {
     Shard& shard = ShardOf(piece);
     absl::MutexLock lock(&shard.mutex);
     const auto it = shard.ids.find(piece);
-    if (it == shard.ids.end()) return std::nullopt;
-    return it->second;
+    if (it == shard.ids.end()) return false;
+    ids.insert(ids.end(), it->second.begin(), it->second.end());
+    return true;
   }
   void Insert(absl::string_view piece, const std::vector<int32_t>& ids) const {
     Shard& shard = ShardOf(piece);
@@ -395,10 +397,7 @@ void BpeTokenizer::Merge(absl::string_view piece, std::vector<int32_t>& ids) con
     MergeUncached(piece, ids);
     return;
   }
-  if (std::optional<std::vector<int32_t>> cached = cache_.Find(piece)) {
-    ids.insert(ids.end(), cached->begin(), cached->end());
-    return;
-  }
+  if (cache_.Append(piece, ids)) return;
   const size_t first = ids.size();
   MergeUncached(piece, ids);
   cache_.Insert(piece, std::vector<int32_t>(ids.begin() + first, ids.end()));
