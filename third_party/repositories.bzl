@@ -162,6 +162,15 @@ def plait_dependencies():
         build_file = Label("//third_party:nlohmann_json.BUILD"),
     )
 
+    # Tokenizers (data/tokenizer): PCRE2 for the split regexes, utf8proc for Unicode
+    # normalization.
+    for name in ["pcre2", "utf8proc"]:
+        _maybe(
+            system_repository,
+            name = name,
+            build_file = Label("//third_party:%s.BUILD" % name),
+        )
+
     # The CUDA runtime, used only under --config=gpu (the repository is fetched only
     # when a GPU target is built).
     _maybe(

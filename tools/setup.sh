@@ -19,6 +19,8 @@ packages=(
   libgmock-dev             # GoogleMock
   libbenchmark-dev         # Google Benchmark
   nlohmann-json3-dev       # JSON for safetensors headers and HF config.json
+  libpcre2-dev             # PCRE2 with JIT: tokenizer.json's pre-tokenizer split regexes
+  libutf8proc-dev          # Unicode normalization (NFC) of tokenizer.json's normalizers
 )
 
 # Debian's /usr/bin/bazel wrapper runs /usr/bin/bazel-<version in .bazelversion>, but

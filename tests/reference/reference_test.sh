@@ -20,6 +20,7 @@ export HF_HOME="${TEST_TMPDIR}/huggingface"
 export PYTHONDONTWRITEBYTECODE=1
 export PLAIT_REFERENCE="${PWD}/${here}/plait_reference"
 export PLAIT_TRAIN="${PWD}/trainer/llama_single" PLAIT_PLOT="${PWD}/tools/plot"
+export PLAIT_TOKENIZE="${PWD}/tools/tokenize"
 exec "${venv}/bin/python" -m pytest -q -p no:cacheprovider \
   --basetemp="${TEST_TMPDIR}/pytest" ${XML_OUTPUT_FILE:+--junitxml="${XML_OUTPUT_FILE}"} \
   "${here}"

@@ -1,0 +1,883 @@
+#include "data/tokenizer/bpe_tokenizer.h"
+
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <queue>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "data/tokenizer/internal/parse_json.h"
+#include "nlohmann/json.hpp"
+
+namespace plait::data::tokenizer {
+namespace {
+
+using json = nlohmann::json;
+
+// GPT-2's pre-tokenizer regex (openai/gpt-2, encoder.py), which Hugging Face's ByteLevel
+// pre-tokenizer applies when use_regex is true.
+constexpr absl::string_view kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// Ids above this are refused, so that a corrupt file cannot make the id tables huge; the
+// largest vocabularies released are ~260k tokens.
+constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
+
+// Pieces longer than this are not cached (they are rare, and would crowd the cache).
+constexpr size_t kMaxCachedPiece = 64;
+
+// Errors about one tokenizer file, as "SOURCE: FIELD: PROBLEM".
+class FileErrors {
+ public:
+  explicit FileErrors(absl::string_view source) : source_(source) {}
+  absl::Status Invalid(absl::string_view field, absl::string_view problem) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": ", field, ": ", problem));
+  }
+  absl::Status Unsupported(absl::string_view field, absl::string_view problem) const {
+    return absl::UnimplementedError(absl::StrCat(source_, ": ", field, ": ", problem));
+  }
+
+ private:
+  std::string source_;
+};
+
+// GPT-2's map from bytes to printable characters (bytes_to_unicode in openai/gpt-2's
+// encoder.py): printable Latin-1 bytes map to themselves, the others to U+0100 onwards.
+struct ByteLevelAlphabet {
+  std::array<std::string, 256> byte_to_char;           // UTF-8 of each byte's character
+  absl::flat_hash_map<int32_t, uint8_t> char_to_byte;  // code point -> byte
+};
+
+const ByteLevelAlphabet& Alphabet() {
+  static const ByteLevelAlphabet* const alphabet = [] {
+    auto* a = new ByteLevelAlphabet;
+    int next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+      const int32_t code_point = printable ? b : next++;
+      utf8proc_uint8_t buffer[4];
+      const utf8proc_ssize_t length = utf8proc_encode_char(code_point, buffer);
+      a->byte_to_char[b].assign(reinterpret_cast<const char*>(buffer), length);
+      a->char_to_byte[code_point] = static_cast<uint8_t>(b);
+    }
+    return a;
+  }();
+  return *alphabet;
+}
+
+// The bytes a token decodes to, by the rule of Hugging Face's ByteLevel decoder: each
+// character mapped back to its byte when all of them are byte-level characters, else the
+// token's own UTF-8 (added tokens such as "<tool call>").
+std::string TokenBytes(absl::string_view token) {
+  const ByteLevelAlphabet& alphabet = Alphabet();
+  std::string bytes;
+  const auto* data = reinterpret_cast<const utf8proc_uint8_t*>(token.data());
+  for (size_t i = 0; i < token.size();) {
+    utf8proc_int32_t code_point;
+    const utf8proc_ssize_t length = utf8proc_iterate(data + i, token.size() - i, &code_point);
+    if (length <= 0) return std::string(token);
+    const auto it = alphabet.char_to_byte.find(code_point);
+    if (it == alphabet.char_to_byte.end()) return std::string(token);
+    bytes.push_back(static_cast<char>(it->second));
+    i += length;
+  }
+  return bytes;
+}
+
+// The byte-level characters of `bytes`: the form in which vocab and merges write tokens.
+std::string ByteLevelForm(absl::string_view bytes) {
+  const ByteLevelAlphabet& alphabet = Alphabet();
+  std::string text;
+  text.reserve(bytes.size() * 2);
+  for (const unsigned char b : bytes) text += alphabet.byte_to_char[b];
+  return text;
+}
+
+// Per-thread PCRE2 match state: match data for one match and a JIT stack large enough for
+// the look-aheads of the split regexes over long whitespace runs.
+class MatchScratch {
+ public:
+  MatchScratch()
+      : data_(pcre2_match_data_create(1, nullptr)),
+        context_(pcre2_match_context_create(nullptr)),
+        stack_(pcre2_jit_stack_create(32 << 10, 8 << 20, nullptr)) {
+    pcre2_jit_stack_assign(context_, nullptr, stack_);
+  }
+  ~MatchScratch() {
+    pcre2_jit_stack_free(stack_);
+    pcre2_match_context_free(context_);
+    pcre2_match_data_free(data_);
+  }
+  MatchScratch(const MatchScratch&) = delete;
+  MatchScratch& operator=(const MatchScratch&) = delete;
+
+  pcre2_match_data* data() { return data_; }
+  pcre2_match_context* context() { return context_; }
+
+ private:
+  pcre2_match_data* data_;
+  pcre2_match_context* context_;
+  pcre2_jit_stack* stack_;
+};
+
+// A Split pre-tokenizer with behavior Isolated: the text becomes the regex's matches and the
+// runs of text between them, each its own piece.
+class SplitRegex {
+ public:
+  static absl::StatusOr<SplitRegex> Compile(absl::string_view pattern, bool literal,
+                                            const FileErrors& errors, absl::string_view field) {
+    int error_code;
+    PCRE2_SIZE error_offset;
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                     PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP), &error_code,
+                                     &error_offset, nullptr);
+    if (code == nullptr) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error_code, message, sizeof(message));
+      return errors.Invalid(
+          field, absl::StrCat("the regex does not compile at offset ", error_offset, ": ",
+                              reinterpret_cast<const char*>(message)));
+    }
+    // Without JIT (a platform PCRE2 has none for) pcre2_match interprets: slower, same result.
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+    return SplitRegex(std::shared_ptr<pcre2_code>(code, pcre2_code_free));
+  }
+
+  // Calls emit(piece), which returns a status, for each non-empty piece of `text`, in
+  // order. `text` is valid UTF-8. A search that PCRE2 cannot complete (its JIT stack, then
+  // its interpreter's heap, exhausted: a pathological text) is an error, never a piece left
+  // unsplit.
+  template <typename Emit>
+  absl::Status ForEachPiece(absl::string_view text, Emit&& emit) const {
+    thread_local MatchScratch scratch;
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    size_t done = 0;   // text before this is emitted
+    size_t start = 0;  // where the next search starts
+    while (start < text.size()) {
+      int found = pcre2_match(code_.get(), subject, text.size(), start, PCRE2_NO_UTF_CHECK,
+                              scratch.data(), scratch.context());
+      if (found < 0 && found != PCRE2_ERROR_NOMATCH) {
+        found = pcre2_match(code_.get(), subject, text.size(), start,
+                            PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, scratch.data(), scratch.context());
+      }
+      if (found == PCRE2_ERROR_NOMATCH) break;
+      if (found < 0) {
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(found, message, sizeof(message));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("pre-tokenizer: the split regex failed at byte ", start, ": ",
+                         reinterpret_cast<const char*>(message)));
+      }
+      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(scratch.data());
+      const size_t match_start = ovector[0], match_end = ovector[1];
+      if (match_end == match_start) {  // an empty match splits nothing: step one character
+        start = match_start + 1;
+        while (start < text.size() && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) {
+          ++start;
+        }
+        continue;
+      }
+      if (match_start > done) PLAIT_RETURN_IF_ERROR(emit(text.substr(done, match_start - done)));
+      PLAIT_RETURN_IF_ERROR(emit(text.substr(match_start, match_end - match_start)));
+      done = start = match_end;
+    }
+    if (done < text.size()) PLAIT_RETURN_IF_ERROR(emit(text.substr(done)));
+    return absl::OkStatus();
+  }
+
+ private:
+  explicit SplitRegex(std::shared_ptr<pcre2_code> code) : code_(std::move(code)) {}
+  std::shared_ptr<pcre2_code> code_;
+};
+
+struct AddedToken {
+  std::string content;
+  int32_t id;
+};
+
+// Finds added tokens in text, as Hugging Face's added vocabulary does: the leftmost match,
+// and of those starting there the longest.
+class AddedTokenMatcher {
+ public:
+  void Add(const AddedToken& token) {
+    auto& candidates = by_first_byte_[static_cast<unsigned char>(token.content[0])];
+    candidates.push_back(token);
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [](const AddedToken& a, const AddedToken& b) {
+                       return a.content.size() > b.content.size();
+                     });
+    empty_ = false;
+  }
+
+  // Calls on_text(run) for each run of text between tokens (possibly empty) and
+  // on_token(id) for each token, in order.
+  template <typename OnText, typename OnToken>
+  void Split(absl::string_view text, OnText&& on_text, OnToken&& on_token) const {
+    size_t done = 0;
+    for (size_t i = 0; !empty_ && i < text.size(); ++i) {
+      for (const AddedToken& token : by_first_byte_[static_cast<unsigned char>(text[i])]) {
+        if (text.compare(i, token.content.size(), token.content) != 0) continue;
+        on_text(text.substr(done, i - done));
+        on_token(token.id);
+        done = i + token.content.size();
+        i = done - 1;
+        break;
+      }
+    }
+    on_text(text.substr(done));
+  }
+
+ private:
+  std::array<std::vector<AddedToken>, 256> by_first_byte_;
+  bool empty_ = true;
+};
+
+// The ids of recently seen pieces: most words recur, and a lookup is much cheaper than the
+// merges. Sharded so that threads encoding documents in parallel rarely wait on each other.
+class PieceCache {
+ public:
+  // Appends the ids of `piece` to `ids` when they are cached; whether they were.
+  bool Append(absl::string_view piece, std::vector<int32_t>& ids) const {
+    Shard& shard = ShardOf(piece);
+    absl::MutexLock lock(&shard.mutex);
+    const auto it = shard.ids.find(piece);
+    if (it == shard.ids.end()) return false;
+    ids.insert(ids.end(), it->second.begin(), it->second.end());
+    return true;
+  }
+  void Insert(absl::string_view piece, const std::vector<int32_t>& ids) const {
+    Shard& shard = ShardOf(piece);
+    absl::MutexLock lock(&shard.mutex);
+    if (shard.ids.size() >= kShardCapacity) shard.ids.clear();
+    shard.ids.emplace(piece, ids);
+  }
+
+ private:
+  static constexpr int kShards = 64;
+  static constexpr size_t kShardCapacity = 4096;
+  struct Shard {
+    absl::Mutex mutex;
+    absl::flat_hash_map<std::string, std::vector<int32_t>> ids;
+  };
+  Shard& ShardOf(absl::string_view piece) const {
+    return shards_[absl::Hash<absl::string_view>()(piece) % kShards];
+  }
+  mutable std::array<Shard, kShards> shards_;
+};
+
+using NormalizationForm = utf8proc_option_t;
+
+class BpeTokenizer : public Tokenizer {
+ public:
+  // An empty tokenizer, to be filled by BpeLoader, whose hash is that of these files.
+  BpeTokenizer(absl::string_view tokenizer_json, absl::string_view tokenizer_config_json) {
+    set_hash_of({tokenizer_json, tokenizer_config_json});
+  }
+
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
+                                              bool add_special_tokens) const override;
+  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(token_bytes_.size()); }
+  std::optional<int32_t> TokenToId(absl::string_view token) const override;
+  bool IsSpecial(int32_t id) const override {
+    return id >= 0 && id < static_cast<int64_t>(special_.size()) && special_[id];
+  }
+
+ private:
+  friend class BpeLoader;
+
+  // Applies the normalizers to `text`, into `storage` when they change it.
+  absl::string_view Normalize(absl::string_view text, std::string& storage) const;
+  // Runs the pre-tokenizer's splits from `level` on, and BPE on each final piece.
+  absl::Status PreTokenizeAndMerge(absl::string_view text, size_t level,
+                                   std::vector<int32_t>& ids) const;
+  // BPE of one piece (its bytes), appended to `ids`.
+  void Merge(absl::string_view piece, std::vector<int32_t>& ids) const;
+  void MergeUncached(absl::string_view piece, std::vector<int32_t>& ids) const;
+
+  struct MergeResult {
+    int32_t rank;
+    int32_t id;
+  };
+  static uint64_t PairKey(int32_t left, int32_t right) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
+  }
+
+  std::vector<NormalizationForm> normalizers_;
+  std::vector<SplitRegex> splits_;
+  AddedTokenMatcher raw_added_;                      // added tokens with normalized=false
+  AddedTokenMatcher normalized_added_;               // the others
+  absl::flat_hash_map<std::string, int32_t> vocab_;  // byte-level form -> id
+  absl::flat_hash_map<std::string, int32_t> added_;  // added token content -> id
+  absl::flat_hash_map<uint64_t, MergeResult> merges_;
+  std::array<int32_t, 256> byte_ids_{};
+  bool ignore_merges_ = false;
+  std::vector<int32_t> prefix_ids_;       // what the post-processor adds before the text
+  std::vector<int32_t> suffix_ids_;       // and after it
+  std::vector<std::string> token_bytes_;  // id -> bytes
+  std::vector<bool> is_token_;            // id -> whether any token has it
+  std::vector<bool> special_;
+  PieceCache cache_;
+};
+
+absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(absl::string_view text,
+                                                          bool add_special_tokens) const {
+  PLAIT_RETURN_IF_ERROR(CheckUtf8(text));
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3);
+  if (add_special_tokens) ids = prefix_ids_;
+  const auto add_token = [&](int32_t id) { ids.push_back(id); };
+  std::string storage;
+  absl::Status status;
+  raw_added_.Split(
+      text,
+      [&](absl::string_view run) {
+        if (run.empty()) return;
+        const absl::string_view normalized = Normalize(run, storage);
+        normalized_added_.Split(
+            normalized,
+            [&](absl::string_view part) {
+              if (!part.empty() && status.ok()) status = PreTokenizeAndMerge(part, 0, ids);
+            },
+            add_token);
+      },
+      add_token);
+  PLAIT_RETURN_IF_ERROR(status);
+  if (add_special_tokens) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
+  return ids;
+}
+
+absl::string_view BpeTokenizer::Normalize(absl::string_view text, std::string& storage) const {
+  if (normalizers_.empty()) return text;
+  // ASCII is the same in every normalization form.
+  if (std::none_of(text.begin(), text.end(), [](char c) { return c & 0x80; })) return text;
+  for (const NormalizationForm form : normalizers_) {
+    utf8proc_uint8_t* normalized = nullptr;
+    const utf8proc_ssize_t length = utf8proc_map(
+        reinterpret_cast<const utf8proc_uint8_t*>(text.data()), text.size(), &normalized, form);
+    // utf8proc fails only on invalid UTF-8 or out of memory; Encode checked the former.
+    if (length < 0) continue;
+    storage.assign(reinterpret_cast<const char*>(normalized), length);
+    std::free(normalized);
+    text = storage;
+  }
+  return text;
+}
+
+absl::Status BpeTokenizer::PreTokenizeAndMerge(absl::string_view text, size_t level,
+                                               std::vector<int32_t>& ids) const {
+  if (level == splits_.size()) {
+    Merge(text, ids);
+    return absl::OkStatus();
+  }
+  return splits_[level].ForEachPiece(
+      text, [&](absl::string_view piece) { return PreTokenizeAndMerge(piece, level + 1, ids); });
+}
+
+void BpeTokenizer::Merge(absl::string_view piece, std::vector<int32_t>& ids) const {
+  if (piece.size() == 1) {
+    ids.push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
+    return;
+  }
+  if (piece.size() > kMaxCachedPiece) {
+    MergeUncached(piece, ids);
+    return;
+  }
+  if (cache_.Append(piece, ids)) return;
+  const size_t first = ids.size();
+  MergeUncached(piece, ids);
+  cache_.Insert(piece, std::vector<int32_t>(ids.begin() + first, ids.end()));
+}
+
+void BpeTokenizer::MergeUncached(absl::string_view piece, std::vector<int32_t>& ids) const {
+  if (ignore_merges_) {
+    const auto it = vocab_.find(ByteLevelForm(piece));
+    if (it != vocab_.end()) {
+      ids.push_back(it->second);
+      return;
+    }
+  }
+  // The symbols of the piece as a linked list; merged-away symbols get id -1.
+  struct Symbol {
+    int32_t id;
+    int32_t prev;
+    int32_t next;
+  };
+  const int32_t n = static_cast<int32_t>(piece.size());
+  std::vector<Symbol> symbols(n);
+  for (int32_t i = 0; i < n; ++i) {
+    symbols[i] = {byte_ids_[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
+  }
+  // Candidate merges, lowest rank first and, among equal ranks, leftmost first (as in
+  // Hugging Face's BPE); an entry whose symbols have changed since it was pushed is skipped.
+  struct Candidate {
+    int32_t rank;
+    int32_t left;
+    int32_t left_id;
+    int32_t right_id;
+    bool operator>(const Candidate& other) const {
+      return rank != other.rank ? rank > other.rank : left > other.left;
+    }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+  const auto push = [&](int32_t left) {
+    if (left < 0) return;
+    const int32_t right = symbols[left].next;
+    if (right < 0) return;
+    const auto it = merges_.find(PairKey(symbols[left].id, symbols[right].id));
+    if (it != merges_.end()) {
+      queue.push({it->second.rank, left, symbols[left].id, symbols[right].id});
+    }
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) push(i);
+  while (!queue.empty()) {
+    const Candidate top = queue.top();
+    queue.pop();
+    Symbol& left = symbols[top.left];
+    if (left.id != top.left_id || left.next < 0) continue;
+    Symbol& right = symbols[left.next];
+    if (right.id != top.right_id) continue;
+    left.id = merges_.find(PairKey(top.left_id, top.right_id))->second.id;
+    right.id = -1;
+    left.next = right.next;
+    if (left.next >= 0) symbols[left.next].prev = top.left;
+    push(left.prev);
+    push(top.left);
+  }
+  for (int32_t i = 0; i >= 0; i = symbols[i].next) ids.push_back(symbols[i].id);
+}
+
+absl::StatusOr<std::string> BpeTokenizer::Decode(absl::Span<const int32_t> ids) const {
+  std::string bytes;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (id < 0 || id >= vocab_size() || !is_token_[id]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ids[", i, "]: ", id, " is not a token of this tokenizer (", vocab_size(), " ids)"));
+    }
+    bytes += token_bytes_[id];
+  }
+  return bytes;
+}
+
+std::optional<int32_t> BpeTokenizer::TokenToId(absl::string_view token) const {
+  if (const auto it = added_.find(token); it != added_.end()) return it->second;
+  if (const auto it = vocab_.find(token); it != vocab_.end()) return it->second;
+  return std::nullopt;
+}
+
+// Reads a tokenizer.json into a BpeTokenizer, one section at a time.
+class BpeLoader {
+ public:
+  BpeLoader(absl::string_view source, BpeTokenizer& tokenizer)
+      : errors_(source), tokenizer_(tokenizer) {}
+
+  absl::Status Load(const json& file, const json& config) {
+    if (!file.is_object()) return errors_.Invalid("(top level)", "expected a JSON object");
+    for (const char* unsupported : {"truncation", "padding"}) {
+      if (file.contains(unsupported) && !file[unsupported].is_null()) {
+        return errors_.Unsupported(unsupported,
+                                   "is set; plait tokenizes whole texts (set it to null)");
+      }
+    }
+    PLAIT_RETURN_IF_ERROR(LoadModel(Get(file, "model")));
+    PLAIT_RETURN_IF_ERROR(LoadAddedTokens(Get(file, "added_tokens")));
+    PLAIT_RETURN_IF_ERROR(LoadNormalizer(Get(file, "normalizer"), "normalizer"));
+    PLAIT_RETURN_IF_ERROR(LoadPreTokenizer(Get(file, "pre_tokenizer")));
+    PLAIT_RETURN_IF_ERROR(LoadPostProcessor(Get(file, "post_processor"), "post_processor"));
+    PLAIT_RETURN_IF_ERROR(LoadDecoder(Get(file, "decoder")));
+    return LoadConfig(config);
+  }
+
+ private:
+  static const json& Get(const json& object, const char* key) {
+    static const json* const null_value = new json(nullptr);
+    if (!object.is_object()) return *null_value;
+    const auto it = object.find(key);
+    return it == object.end() ? *null_value : *it;
+  }
+  static std::string Field(absl::string_view parent, absl::string_view key) {
+    return absl::StrCat(parent, ".", key);
+  }
+
+  absl::StatusOr<std::string> GetString(const json& object, const char* key,
+                                        absl::string_view parent) const {
+    const json& value = Get(object, key);
+    if (!value.is_string()) {
+      return errors_.Invalid(Field(parent, key),
+                             absl::StrCat("expected a string, got ", base::DescribeJson(value)));
+    }
+    return value.get<std::string>();
+  }
+  // A flag that must be false (or absent) because plait does not implement it.
+  absl::Status RequireFalse(const json& object, const char* key, absl::string_view parent,
+                            absl::string_view why) const {
+    const json& value = Get(object, key);
+    if (value.is_null() || value == false) return absl::OkStatus();
+    return errors_.Unsupported(Field(parent, key),
+                               absl::StrCat(base::DescribeJson(value), " is not supported; ", why));
+  }
+  absl::Status RequireEmpty(const json& object, const char* key, absl::string_view parent) const {
+    const json& value = Get(object, key);
+    if (value.is_null() || value == "") return absl::OkStatus();
+    return errors_.Unsupported(
+        Field(parent, key),
+        absl::StrCat(base::DescribeJson(value), " is not supported (byte-level BPE has none)"));
+  }
+  absl::Status UnsupportedType(absl::string_view field, const json& value,
+                               absl::string_view supported) const {
+    return errors_.Unsupported(Field(field, "type"),
+                               absl::StrCat(base::DescribeJson(Get(value, "type")),
+                                            " is not supported (supported: ", supported, ")"));
+  }
+  // Records `bytes` as what `id` decodes to.
+  absl::Status AddId(int64_t id, std::string bytes, absl::string_view field) {
+    if (id < 0 || id > kMaxId) {
+      return errors_.Invalid(field, absl::StrCat("id ", id, " is out of range 0..", kMaxId));
+    }
+    if (id >= static_cast<int64_t>(tokenizer_.token_bytes_.size())) {
+      tokenizer_.token_bytes_.resize(id + 1);
+      tokenizer_.is_token_.resize(id + 1, false);
+      tokenizer_.special_.resize(id + 1, false);
+    }
+    tokenizer_.token_bytes_[id] = std::move(bytes);
+    tokenizer_.is_token_[id] = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadModel(const json& model) {
+    const std::string type =
+        Get(model, "type").is_string() ? Get(model, "type").get<std::string>() : "";
+    if (type != "BPE") {
+      return UnsupportedType("model", model,
+                             "BPE; load a SentencePiece model from its tokenizer.model");
+    }
+    PLAIT_RETURN_IF_ERROR(RequireFalse(model, "byte_fallback", "model",
+                                       "this is a SentencePiece-style BPE (Llama 2's "
+                                       "tokenizer.json): load the model's tokenizer.model"));
+    if (!Get(model, "dropout").is_null()) {
+      return errors_.Unsupported("model.dropout",
+                                 absl::StrCat(base::DescribeJson(Get(model, "dropout")),
+                                              " is not supported (BPE dropout is for training)"));
+    }
+    PLAIT_RETURN_IF_ERROR(RequireEmpty(model, "continuing_subword_prefix", "model"));
+    PLAIT_RETURN_IF_ERROR(RequireEmpty(model, "end_of_word_suffix", "model"));
+    const json& ignore_merges = Get(model, "ignore_merges");
+    tokenizer_.ignore_merges_ = ignore_merges.is_boolean() && ignore_merges.get<bool>();
+
+    const json& vocab = Get(model, "vocab");
+    if (!vocab.is_object()) {
+      return errors_.Invalid("model.vocab", absl::StrCat("expected an object of token: id, got ",
+                                                         base::DescribeJson(vocab)));
+    }
+    tokenizer_.vocab_.reserve(vocab.size());
+    absl::flat_hash_map<int64_t, std::string> token_of_id;
+    for (const auto& [token, id] : vocab.items()) {
+      const std::string field = absl::StrCat("model.vocab[\"", token, "\"]");
+      if (!id.is_number_integer()) {
+        return errors_.Invalid(
+            field, absl::StrCat("expected an integer id, got ", base::DescribeJson(id)));
+      }
+      const auto [previous, inserted] = token_of_id.emplace(id.get<int64_t>(), token);
+      if (!inserted) {
+        return errors_.Invalid(
+            field, absl::StrCat("id ", id.get<int64_t>(), " is also the id of \"", previous->second,
+                                "\""));
+      }
+      PLAIT_RETURN_IF_ERROR(AddId(id.get<int64_t>(), TokenBytes(token), field));
+      tokenizer_.vocab_.emplace(token, id.get<int32_t>());
+    }
+    for (int b = 0; b < 256; ++b) {
+      const std::string& character = Alphabet().byte_to_char[b];
+      const auto it = tokenizer_.vocab_.find(character);
+      if (it == tokenizer_.vocab_.end()) {
+        return errors_.Invalid("model.vocab",
+                               absl::StrFormat("has no token \"%s\" for byte 0x%02x; a byte-level "
+                                               "BPE vocabulary has one for each of the 256 bytes",
+                                               character, b));
+      }
+      tokenizer_.byte_ids_[b] = it->second;
+    }
+    return LoadMerges(Get(model, "merges"));
+  }
+
+  absl::Status LoadMerges(const json& merges) {
+    if (!merges.is_array()) {
+      return errors_.Invalid("model.merges",
+                             absl::StrCat("expected an array, got ", base::DescribeJson(merges)));
+    }
+    tokenizer_.merges_.reserve(merges.size());
+    for (size_t rank = 0; rank < merges.size(); ++rank) {
+      const json& merge = merges[rank];
+      const std::string field = absl::StrCat("model.merges[", rank, "]");
+      std::string left, right;
+      if (merge.is_string()) {  // "a b"
+        const std::vector<std::string> parts = absl::StrSplit(merge.get<std::string>(), ' ');
+        if (parts.size() != 2) {
+          return errors_.Invalid(field, absl::StrCat(merge.dump(),
+                                                     " is not two tokens "
+                                                     "separated by a space"));
+        }
+        left = parts[0];
+        right = parts[1];
+      } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+                 merge[1].is_string()) {  // ["a", "b"]
+        left = merge[0].get<std::string>();
+        right = merge[1].get<std::string>();
+      } else {
+        return errors_.Invalid(field, absl::StrCat("expected \"a b\" or [\"a\", \"b\"], got ",
+                                                   base::DescribeJson(merge)));
+      }
+      int32_t ids[3];
+      const std::string names[3] = {left, right, left + right};
+      for (int k = 0; k < 3; ++k) {
+        const auto it = tokenizer_.vocab_.find(names[k]);
+        if (it == tokenizer_.vocab_.end()) {
+          return errors_.Invalid(
+              field, absl::StrCat("names \"", names[k], "\", which is not in model.vocab"));
+        }
+        ids[k] = it->second;
+      }
+      // A pair listed twice keeps its first (lowest) rank, as in Hugging Face's BPE.
+      tokenizer_.merges_.emplace(BpeTokenizer::PairKey(ids[0], ids[1]),
+                                 BpeTokenizer::MergeResult{static_cast<int32_t>(rank), ids[2]});
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadAddedTokens(const json& added_tokens) {
+    if (added_tokens.is_null()) return absl::OkStatus();
+    if (!added_tokens.is_array()) {
+      return errors_.Invalid("added_tokens", absl::StrCat("expected an array, got ",
+                                                          base::DescribeJson(added_tokens)));
+    }
+    for (size_t i = 0; i < added_tokens.size(); ++i) {
+      const json& token = added_tokens[i];
+      const std::string field = absl::StrCat("added_tokens[", i, "]");
+      PLAIT_ASSIGN_OR_RETURN(std::string content, GetString(token, "content", field));
+      if (content.empty()) return errors_.Invalid(Field(field, "content"), "is empty");
+      const json& id = Get(token, "id");
+      if (!id.is_number_integer()) {
+        return errors_.Invalid(Field(field, "id"),
+                               absl::StrCat("expected an integer, got ", base::DescribeJson(id)));
+      }
+      for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
+        PLAIT_RETURN_IF_ERROR(
+            RequireFalse(token, flag, field, "added tokens are matched exactly as written"));
+      }
+      PLAIT_RETURN_IF_ERROR(AddId(id.get<int64_t>(), TokenBytes(content), Field(field, "id")));
+      const AddedToken added{content, id.get<int32_t>()};
+      tokenizer_.added_[content] = added.id;
+      tokenizer_.special_[added.id] = Get(token, "special") == true;
+      // Hugging Face matches tokens with normalized=false on the raw text.
+      (Get(token, "normalized") == true ? tokenizer_.normalized_added_ : tokenizer_.raw_added_)
+          .Add(added);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadNormalizer(const json& normalizer, const std::string& field) {
+    if (normalizer.is_null()) return absl::OkStatus();
+    const json& type = Get(normalizer, "type");
+    if (type == "Sequence") {
+      const json& list = Get(normalizer, "normalizers");
+      if (!list.is_array()) {
+        return errors_.Invalid(Field(field, "normalizers"), "expected an array");
+      }
+      for (size_t i = 0; i < list.size(); ++i) {
+        PLAIT_RETURN_IF_ERROR(
+            LoadNormalizer(list[i], absl::StrCat(field, ".normalizers[", i, "]")));
+      }
+      return absl::OkStatus();
+    }
+    // utf8proc's options for each of Unicode's normalization forms (utf8proc.h: utf8proc_NFC
+    // and its siblings).
+    static const auto* const forms = new std::vector<std::pair<std::string, NormalizationForm>>{
+        {"NFC", static_cast<NormalizationForm>(UTF8PROC_STABLE | UTF8PROC_COMPOSE)},
+        {"NFD", static_cast<NormalizationForm>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE)},
+        {"NFKC",
+         static_cast<NormalizationForm>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT)},
+        {"NFKD",
+         static_cast<NormalizationForm>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT)},
+    };
+    for (const auto& [name, form] : *forms) {
+      if (type == name) {
+        tokenizer_.normalizers_.push_back(form);
+        return absl::OkStatus();
+      }
+    }
+    return UnsupportedType(field, normalizer, "NFC, NFD, NFKC, NFKD, Sequence");
+  }
+
+  absl::Status LoadPreTokenizer(const json& pre_tokenizer) {
+    const json& type = Get(pre_tokenizer, "type");
+    if (type == "ByteLevel") return LoadByteLevel(pre_tokenizer, "pre_tokenizer");
+    if (type != "Sequence") {
+      return UnsupportedType("pre_tokenizer", pre_tokenizer,
+                             "ByteLevel, or a Sequence of Split ending in ByteLevel");
+    }
+    const json& list = Get(pre_tokenizer, "pretokenizers");
+    if (!list.is_array() || list.empty()) {
+      return errors_.Invalid("pre_tokenizer.pretokenizers", "expected a non-empty array");
+    }
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string field = absl::StrCat("pre_tokenizer.pretokenizers[", i, "]");
+      const json& step = list[i];
+      const bool last = i + 1 == list.size();
+      if (last && Get(step, "type") == "ByteLevel") return LoadByteLevel(step, field);
+      if (Get(step, "type") != "Split") {
+        return UnsupportedType(field, step,
+                               last ? "ByteLevel as the last step" : "Split before ByteLevel");
+      }
+      PLAIT_RETURN_IF_ERROR(LoadSplit(step, field));
+    }
+    return errors_.Unsupported("pre_tokenizer.pretokenizers",
+                               "does not end in ByteLevel: plait supports byte-level BPE only");
+  }
+
+  absl::Status LoadSplit(const json& split, const std::string& field) {
+    if (Get(split, "behavior") != "Isolated") {
+      return errors_.Unsupported(Field(field, "behavior"),
+                                 absl::StrCat(base::DescribeJson(Get(split, "behavior")),
+                                              " is not supported (supported: \"Isolated\")"));
+    }
+    PLAIT_RETURN_IF_ERROR(RequireFalse(split, "invert", field, "only matches are split off"));
+    const json& pattern = Get(split, "pattern");
+    const bool literal = Get(pattern, "String").is_string();
+    const std::string key = literal ? "String" : "Regex";
+    PLAIT_ASSIGN_OR_RETURN(std::string text,
+                           GetString(pattern, key.c_str(), Field(field, "pattern")));
+    PLAIT_ASSIGN_OR_RETURN(
+        SplitRegex regex,
+        SplitRegex::Compile(text, literal, errors_, Field(Field(field, "pattern"), key)));
+    tokenizer_.splits_.push_back(std::move(regex));
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadByteLevel(const json& byte_level, const std::string& field) {
+    PLAIT_RETURN_IF_ERROR(RequireFalse(byte_level, "add_prefix_space", field,
+                                       "no released byte-level tokenizer adds one"));
+    const json& use_regex = Get(byte_level, "use_regex");
+    if (use_regex.is_null() || use_regex == true) {  // Hugging Face's default is true
+      PLAIT_ASSIGN_OR_RETURN(SplitRegex regex,
+                             SplitRegex::Compile(kGpt2Pattern, false, errors_, field));
+      tokenizer_.splits_.push_back(std::move(regex));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadPostProcessor(const json& processor, const std::string& field) {
+    if (processor.is_null()) return absl::OkStatus();
+    const json& type = Get(processor, "type");
+    if (type == "ByteLevel") return absl::OkStatus();  // it changes offsets only
+    if (type == "Sequence") {
+      const json& list = Get(processor, "processors");
+      if (!list.is_array()) return errors_.Invalid(Field(field, "processors"), "expected an array");
+      for (size_t i = 0; i < list.size(); ++i) {
+        PLAIT_RETURN_IF_ERROR(
+            LoadPostProcessor(list[i], absl::StrCat(field, ".processors[", i, "]")));
+      }
+      return absl::OkStatus();
+    }
+    if (type != "TemplateProcessing") {
+      return UnsupportedType(field, processor, "ByteLevel, TemplateProcessing, Sequence");
+    }
+    const json& single = Get(processor, "single");
+    const json& special_tokens = Get(processor, "special_tokens");
+    if (!single.is_array()) return errors_.Invalid(Field(field, "single"), "expected an array");
+    bool after_text = false;
+    for (size_t i = 0; i < single.size(); ++i) {
+      const std::string piece_field = absl::StrCat(field, ".single[", i, "]");
+      if (Get(single[i], "Sequence").is_object()) {
+        after_text = true;
+        continue;
+      }
+      PLAIT_ASSIGN_OR_RETURN(std::string name, GetString(Get(single[i], "SpecialToken"), "id",
+                                                         Field(piece_field, "SpecialToken")));
+      const json& ids = Get(Get(special_tokens, name.c_str()), "ids");
+      if (!ids.is_array()) {
+        return errors_.Invalid(piece_field, absl::StrCat("names \"", name, "\", which ", field,
+                                                         ".special_tokens does not list"));
+      }
+      for (const json& id : ids) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= static_cast<int64_t>(tokenizer_.token_bytes_.size()) ||
+            !tokenizer_.is_token_[id.get<int64_t>()]) {
+          return errors_.Invalid(
+              Field(Field(Field(field, "special_tokens"), name), "ids"),
+              absl::StrCat(base::DescribeJson(id), " is not a token of this tokenizer"));
+        }
+        (after_text ? tokenizer_.suffix_ids_ : tokenizer_.prefix_ids_).push_back(id.get<int32_t>());
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadDecoder(const json& decoder) {
+    if (Get(decoder, "type") == "ByteLevel") return absl::OkStatus();
+    return UnsupportedType("decoder", decoder, "ByteLevel");
+  }
+
+  absl::Status LoadConfig(const json& config) {
+    PLAIT_ASSIGN_OR_RETURN(const std::optional<int32_t> bos, ConfigToken(config, "bos_token"));
+    PLAIT_ASSIGN_OR_RETURN(const std::optional<int32_t> eos, ConfigToken(config, "eos_token"));
+    tokenizer_.set_bos_id(bos);
+    tokenizer_.set_eos_id(eos);
+    return absl::OkStatus();
+  }
+
+  // The id of tokenizer_config.json's `key` (bos_token, eos_token): a token's content, an
+  // object with a "content", or null.
+  absl::StatusOr<std::optional<int32_t>> ConfigToken(const json& config, const char* key) const {
+    const json& value = Get(config, key);
+    if (value.is_null()) return std::nullopt;
+    const json& content = value.is_object() ? Get(value, "content") : value;
+    const std::string field = absl::StrCat("tokenizer_config.json: ", key);
+    if (!content.is_string()) {
+      return errors_.Invalid(field,
+                             absl::StrCat("expected a token, got ", base::DescribeJson(content)));
+    }
+    const std::optional<int32_t> id = tokenizer_.TokenToId(content.get<std::string>());
+    if (!id) {
+      return errors_.Invalid(field,
+                             absl::StrCat(content.dump(), " is not a token of the tokenizer"));
+    }
+    return id;
+  }
+
+  FileErrors errors_;
+  BpeTokenizer& tokenizer_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> ParseBpeTokenizer(
+    absl::string_view source, absl::string_view tokenizer_json,
+    absl::string_view tokenizer_config_json) {
+  PLAIT_ASSIGN_OR_RETURN(const json file, internal::ParseJson(source, tokenizer_json));
+  json config;
+  if (!tokenizer_config_json.empty()) {
+    PLAIT_ASSIGN_OR_RETURN(config,
+                           internal::ParseJson(absl::StrCat(source, " (tokenizer_config.json)"),
+                                               tokenizer_config_json));
+  }
+  auto tokenizer = std::make_unique<BpeTokenizer>(tokenizer_json, tokenizer_config_json);
+  PLAIT_RETURN_IF_ERROR(BpeLoader(source, *tokenizer).Load(file, config));
+  return tokenizer;
+}
+
+}  // namespace plait::data::tokenizer

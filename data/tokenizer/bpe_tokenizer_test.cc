@@ -1,0 +1,177 @@
+// Malformed and unsupported tokenizer.json files: each a change to a valid file
+// (testdata/tiny/tokenizer.json) that must fail with an error naming the field.
+#include "data/tokenizer/bpe_tokenizer.h"
+
+#include <functional>
+#include <string>
+
+#include "base/file.h"
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace plait::data::tokenizer {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::IsOkAndHolds;
+using ::plait::base::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> ParseChanged(const std::function<void(json&)>& change,
+                                                        const std::string& config = "") {
+  json file = json::parse(base::ReadFile("data/tokenizer/testdata/tiny/tokenizer.json").value());
+  change(file);
+  return ParseBpeTokenizer("tokenizer.json", file.dump(), config);
+}
+
+TEST(BpeTokenizerTest, TheUnchangedFileLoads) {
+  EXPECT_THAT(ParseChanged([](json&) {}), IsOk());
+}
+
+TEST(BpeTokenizerTest, NotJsonNamesTheByte) {
+  EXPECT_THAT(ParseBpeTokenizer("tokenizer.json", "{\"model\": [1, 2", ""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tokenizer.json: not valid JSON at byte")));
+}
+
+TEST(BpeTokenizerTest, AnotherModelTypeIsUnsupported) {
+  EXPECT_THAT(ParseChanged([](json& f) { f["model"]["type"] = "Unigram"; }),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       HasSubstr("tokenizer.json: model.type: \"Unigram\" is not supported")));
+}
+
+TEST(BpeTokenizerTest, AMergeNamingAnUnknownTokenIsNamed) {
+  EXPECT_THAT(ParseChanged([](json& f) {
+                f["model"]["merges"][3] = json::array({"a", "zzqq"});
+              }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.merges[3]: names \"zzqq\", which is not in model.vocab")));
+  EXPECT_THAT(ParseChanged([](json& f) { f["model"]["merges"][0] = "a b c"; }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.merges[0]: \"a b c\" is not two tokens")));
+}
+
+TEST(BpeTokenizerTest, AVocabularyWithoutEveryByteIsNamed) {
+  EXPECT_THAT(ParseChanged([](json& f) { f["model"]["vocab"].erase("A"); }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.vocab: has no token \"A\" for byte 0x41")));
+}
+
+TEST(BpeTokenizerTest, IdsOutOfRangeOrRepeatedAreNamed) {
+  EXPECT_THAT(ParseChanged([](json& f) { f["model"]["vocab"]["A"] = int64_t{1} << 40; }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.vocab[\"A\"]: id 1099511627776 is out of range")));
+  EXPECT_THAT(ParseChanged([](json& f) { f["model"]["vocab"]["A"] = f["model"]["vocab"]["B"]; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is also the id of")));
+}
+
+TEST(BpeTokenizerTest, UnsupportedComponentsAreNamed) {
+  const struct {
+    std::function<void(json&)> change;
+    const char* message;
+  } cases[] = {
+      {[](json& f) { f["model"]["byte_fallback"] = true; }, "model.byte_fallback: true"},
+      {[](json& f) { f["model"]["dropout"] = 0.1; }, "model.dropout: 0.1"},
+      {[](json& f) { f["model"]["continuing_subword_prefix"] = "##"; },
+       "model.continuing_subword_prefix: \"##\""},
+      {[](json& f) {
+         f["normalizer"] = {{"type", "Lowercase"}};
+       },
+       "normalizer.type"},
+      {[](json& f) { f["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; },
+       "pre_tokenizer.pretokenizers[0].behavior: \"Removed\""},
+      {[](json& f) { f["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; },
+       "pre_tokenizer.pretokenizers[1].add_prefix_space: true"},
+      {[](json& f) {
+         f["pre_tokenizer"] = {{"type", "Whitespace"}};
+       },
+       "pre_tokenizer.type"},
+      {[](json& f) { f["added_tokens"][0]["lstrip"] = true; }, "added_tokens[0].lstrip: true"},
+      {[](json& f) {
+         f["post_processor"] = {{"type", "BertProcessing"}};
+       },
+       "post_processor.type: \"BertProcessing\""},
+      {[](json& f) {
+         f["decoder"] = {{"type", "Metaspace"}};
+       },
+       "decoder.type: \"Metaspace\""},
+      {[](json& f) {
+         f["truncation"] = {{"max_length", 512}};
+       },
+       "truncation: is set"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.message);
+    EXPECT_THAT(ParseChanged(c.change),
+                StatusIs(absl::StatusCode::kUnimplemented, HasSubstr(c.message)));
+  }
+}
+
+TEST(BpeTokenizerTest, ARegexThatDoesNotCompileIsNamed) {
+  EXPECT_THAT(ParseChanged([](json& f) {
+                f["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a";
+              }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("pre_tokenizer.pretokenizers[0].pattern.Regex: the regex does not "
+                                 "compile at offset 2")));
+}
+
+TEST(BpeTokenizerTest, TemplateNamingAnUnlistedTokenIsNamed) {
+  EXPECT_THAT(ParseChanged([](json& f) { f["post_processor"]["special_tokens"] = json::object(); }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("post_processor.single[0]: names \"<|begin_of_text|>\"")));
+}
+
+TEST(BpeTokenizerTest, ConfigTokensMustBeTokens) {
+  EXPECT_THAT(ParseChanged([](json&) {}, R"({"eos_token": "<|not a token|>"})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tokenizer_config.json: eos_token: \"<|not a token|>\" is not "
+                                 "a token")));
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = ParseChanged(
+      [](json&) {}, R"({"bos_token": null, "eos_token": {"content": "<|end_of_text|>"}})");
+  ASSERT_THAT(tokenizer, IsOk());
+  EXPECT_EQ((*tokenizer)->bos_id(), std::nullopt);
+  EXPECT_EQ((*tokenizer)->eos_id(), 1);
+}
+
+// A Split with a String pattern splits on the literal text, regex characters included.
+TEST(BpeTokenizerTest, StringPatternsAreLiteral) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = ParseChanged([](json& f) {
+    f["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"String", "."}};
+    f["model"]["ignore_merges"] = false;
+  });
+  ASSERT_THAT(tokenizer, IsOk());
+  absl::StatusOr<std::vector<int32_t>> dotted = (*tokenizer)->Encode("a.b");
+  ASSERT_THAT(dotted, IsOk());
+  // "a", ".", "b" are pieces of their own: three byte tokens.
+  EXPECT_THAT((*tokenizer)->Encode("a.b"),
+              IsOkAndHolds(ElementsAre(*(*tokenizer)->TokenToId("a"), *(*tokenizer)->TokenToId("."),
+                                       *(*tokenizer)->TokenToId("b"))));
+}
+
+// With ignore_merges (Llama 3's files), a piece that is itself a token is that token, even
+// where the merges would not build it.
+TEST(BpeTokenizerTest, IgnoreMergesTakesWholePiecesFromTheVocabulary) {
+  const auto with_token = [](bool ignore_merges) {
+    return ParseChanged([=](json& f) {
+      f["model"]["vocab"]["zqzq"] = 5000;  // no merge makes it
+      f["model"]["ignore_merges"] = ignore_merges;
+    });
+  };
+  absl::StatusOr<std::unique_ptr<Tokenizer>> ignoring = with_token(true);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> merging = with_token(false);
+  ASSERT_THAT(ignoring, IsOk());
+  ASSERT_THAT(merging, IsOk());
+  EXPECT_THAT((*ignoring)->Encode("zqzq"), IsOkAndHolds(ElementsAre(5000)));
+  absl::StatusOr<std::vector<int32_t>> merged = (*merging)->Encode("zqzq");
+  ASSERT_THAT(merged, IsOk());
+  EXPECT_GT(merged->size(), 1u);
+  EXPECT_THAT((*merging)->Decode(*merged), IsOkAndHolds("zqzq"));
+}
+
+}  // namespace
+}  // namespace plait::data::tokenizer

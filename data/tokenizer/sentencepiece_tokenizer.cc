@@ -1,0 +1,293 @@
+#include "data/tokenizer/sentencepiece_tokenizer.h"
+
+#include <array>
+#include <optional>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "base/status.h"
+#include "data/tokenizer/sentencepiece_model.pb.h"
+
+namespace plait::data::tokenizer {
+namespace {
+
+using ModelProto = sentencepiece::ModelProto;
+using Piece = sentencepiece::ModelProto::SentencePiece;
+
+// SentencePiece's whitespace symbol, U+2581 (src/normalizer.h: kSpaceSymbol).
+constexpr absl::string_view kSpaceSymbol = "\xE2\x96\x81";
+
+// The byte of a byte-fallback piece, written "<0x41>".
+std::optional<uint8_t> BytePieceValue(absl::string_view piece) {
+  int value;
+  if (!absl::ConsumePrefix(&piece, "<0x") || !absl::ConsumeSuffix(&piece, ">") ||
+      piece.size() != 2 || !absl::SimpleHexAtoi(piece, &value)) {
+    return std::nullopt;
+  }
+  return static_cast<uint8_t>(value);
+}
+
+// The length of the UTF-8 character that starts with `lead` (in valid UTF-8).
+int CharLength(unsigned char lead) {
+  return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+}
+
+class SentencePieceTokenizer : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(absl::string_view model_bytes) { set_hash_of({model_bytes}); }
+
+  absl::Status Load(absl::string_view source, absl::string_view model_bytes) {
+    const auto unsupported = [&](absl::string_view field, absl::string_view problem) {
+      return absl::UnimplementedError(absl::StrCat(source, ": ", field, ": ", problem));
+    };
+    ModelProto model;
+    if (!model.ParseFromArray(model_bytes.data(), static_cast<int>(model_bytes.size())) ||
+        model.pieces_size() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": not a SentencePiece model (no pieces could be read)"));
+    }
+    const auto& trainer = model.trainer_spec();
+    const auto& normalizer = model.normalizer_spec();
+    if (trainer.model_type() != sentencepiece::TrainerSpec::BPE) {
+      return unsupported(
+          "trainer_spec.model_type",
+          absl::StrCat(sentencepiece::TrainerSpec::ModelType_Name(trainer.model_type()),
+                       " is not supported (BPE, as Llama 2's)"));
+    }
+    if (!trainer.byte_fallback()) {
+      return unsupported("trainer_spec.byte_fallback",
+                         "false is not supported (Llama 2's is true)");
+    }
+    if (trainer.treat_whitespace_as_suffix()) {
+      return unsupported("trainer_spec.treat_whitespace_as_suffix", "true is not supported");
+    }
+    if (!normalizer.precompiled_charsmap().empty()) {
+      return unsupported("normalizer_spec.precompiled_charsmap",
+                         absl::StrCat("normalization rules (\"", normalizer.name(),
+                                      "\") are not supported; Llama 2's normalizer is "
+                                      "\"identity\""));
+    }
+    if (normalizer.remove_extra_whitespaces()) {
+      return unsupported("normalizer_spec.remove_extra_whitespaces",
+                         "true is not supported (Llama 2's is false)");
+    }
+    add_dummy_prefix_ = normalizer.add_dummy_prefix();
+    escape_whitespaces_ = normalizer.escape_whitespaces();
+    unk_surface_ = trainer.unk_surface();
+
+    types_.reserve(model.pieces_size());
+    for (int id = 0; id < model.pieces_size(); ++id) {
+      const Piece& piece = model.pieces(id);
+      const std::string field = absl::StrCat("pieces[", id, "]");
+      types_.push_back(piece.type());
+      pieces_.push_back(piece.piece());
+      ids_.emplace(piece.piece(), id);
+      switch (piece.type()) {
+        case Piece::NORMAL:
+          scored_.emplace(piece.piece(), std::make_pair(id, piece.score()));
+          break;
+        case Piece::BYTE: {
+          const std::optional<uint8_t> byte = BytePieceValue(piece.piece());
+          if (!byte) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(source, ": ", field, ": \"", piece.piece(),
+                             "\" is a BYTE piece not written <0xNN>"));
+          }
+          byte_ids_[*byte] = id;
+          break;
+        }
+        case Piece::CONTROL:
+          break;
+        case Piece::UNKNOWN:
+          break;
+        default:
+          return unsupported(
+              absl::StrCat(field, ".type"),
+              absl::StrCat(Piece::Type_Name(piece.type()), " pieces are not supported"));
+      }
+    }
+    for (int b = 0; b < 256; ++b) {
+      if (byte_ids_[b] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: pieces: no <0x%02X> piece, which byte fallback needs", source, b));
+      }
+    }
+    if (IsControlId(trainer.bos_id())) set_bos_id(trainer.bos_id());
+    if (IsControlId(trainer.eos_id())) set_eos_id(trainer.eos_id());
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
+                                              bool add_special_tokens) const override {
+    PLAIT_RETURN_IF_ERROR(CheckUtf8(text));
+    std::vector<int32_t> ids;
+    if (add_special_tokens && bos_id()) ids.push_back(*bos_id());
+    if (text.empty()) return ids;
+    const std::string normalized = Normalize(text);
+    Merge(normalized, ids);
+    return ids;
+  }
+
+  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const override {
+    std::string text;
+    bool at_start = true;  // a dummy prefix's space is still to be dropped
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int32_t id = ids[i];
+      if (id < 0 || id >= vocab_size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ids[", i, "]: ", id, " is not a token of this tokenizer (", vocab_size(), " ids)"));
+      }
+      absl::string_view piece = pieces_[id];
+      switch (types_[id]) {
+        case Piece::CONTROL:
+          break;
+        case Piece::UNKNOWN:
+          text += unk_surface_;
+          at_start = false;
+          break;
+        case Piece::BYTE:
+          text.push_back(static_cast<char>(*BytePieceValue(piece)));
+          at_start = false;
+          break;
+        default: {
+          // SentencePiece's Decode drops the space of the dummy prefix: the one that begins
+          // the first piece with text.
+          const bool consumed =
+              at_start && add_dummy_prefix_ && absl::ConsumePrefix(&piece, kSpaceSymbol);
+          if (consumed || !piece.empty()) at_start = false;
+          absl::StrAppend(&text, absl::StrReplaceAll(piece, {{kSpaceSymbol, " "}}));
+        }
+      }
+    }
+    return text;
+  }
+
+  int64_t vocab_size() const override { return static_cast<int64_t>(pieces_.size()); }
+
+  std::optional<int32_t> TokenToId(absl::string_view token) const override {
+    const auto it = ids_.find(token);
+    if (it == ids_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  bool IsSpecial(int32_t id) const override {
+    return id >= 0 && id < vocab_size() &&
+           (types_[id] == Piece::CONTROL || types_[id] == Piece::UNKNOWN);
+  }
+
+ private:
+  bool IsControlId(int32_t id) const {
+    return id >= 0 && id < vocab_size() && types_[id] == Piece::CONTROL;
+  }
+
+  // SentencePiece's identity normalizer: a dummy-prefix space, and each space as U+2581.
+  std::string Normalize(absl::string_view text) const {
+    const absl::string_view space = escape_whitespaces_ ? kSpaceSymbol : " ";
+    std::string normalized;
+    normalized.reserve(text.size() + 8);
+    if (add_dummy_prefix_) absl::StrAppend(&normalized, space);
+    for (const char c : text) {
+      if (c == ' ') {
+        absl::StrAppend(&normalized, space);
+      } else {
+        normalized.push_back(c);
+      }
+    }
+    return normalized;
+  }
+
+  // SentencePiece's BPE (src/bpe_model.cc): start from the characters, and merge the adjacent
+  // pair whose concatenation is the piece of highest score (the leftmost of equal scores)
+  // until no pair is a piece. A character that is no piece becomes its bytes' pieces.
+  void Merge(absl::string_view text, std::vector<int32_t>& ids) const {
+    struct Symbol {
+      absl::string_view text;  // empty once merged into its left neighbour
+      int32_t prev;
+      int32_t next;
+    };
+    std::vector<Symbol> symbols;
+    for (size_t i = 0; i < text.size();) {
+      const size_t length =
+          std::min<size_t>(CharLength(static_cast<unsigned char>(text[i])), text.size() - i);
+      const int32_t index = static_cast<int32_t>(symbols.size());
+      symbols.push_back({text.substr(i, length), index - 1, -1});
+      if (index > 0) symbols[index - 1].next = index;
+      i += length;
+    }
+    struct Candidate {
+      float score;
+      int32_t left;
+      int32_t right;
+      size_t size;  // of the merged text: a candidate whose symbols changed since is stale
+      bool operator<(const Candidate& other) const {
+        return score != other.score ? score < other.score : left > other.left;
+      }
+    };
+    std::priority_queue<Candidate> queue;
+    const auto push = [&](int32_t left, int32_t right) {
+      if (left < 0 || right < 0) return;
+      const absl::string_view merged(symbols[left].text.data(),
+                                     symbols[left].text.size() + symbols[right].text.size());
+      const auto it = scored_.find(merged);
+      if (it != scored_.end()) queue.push({it->second.second, left, right, merged.size()});
+    };
+    for (int32_t i = 1; i < static_cast<int32_t>(symbols.size()); ++i) push(i - 1, i);
+    while (!queue.empty()) {
+      const Candidate top = queue.top();
+      queue.pop();
+      Symbol& left = symbols[top.left];
+      Symbol& right = symbols[top.right];
+      if (left.text.empty() || right.text.empty() ||
+          left.text.size() + right.text.size() != top.size) {
+        continue;
+      }
+      left.text = absl::string_view(left.text.data(), top.size);
+      left.next = right.next;
+      if (right.next >= 0) symbols[right.next].prev = top.left;
+      right.text = absl::string_view();
+      push(left.prev, top.left);
+      push(top.left, left.next);
+    }
+    for (int32_t i = 0; i >= 0; i = symbols[i].next) {
+      const auto it = scored_.find(symbols[i].text);
+      if (it != scored_.end()) {
+        ids.push_back(it->second.first);
+        continue;
+      }
+      for (const unsigned char b : symbols[i].text) ids.push_back(byte_ids_[b]);
+    }
+  }
+
+  bool add_dummy_prefix_ = true;
+  bool escape_whitespaces_ = true;
+  std::string unk_surface_;
+  std::vector<Piece::Type> types_;                                      // id -> type
+  std::vector<std::string> pieces_;                                     // id -> piece
+  absl::flat_hash_map<std::string, int32_t> ids_;                       // piece -> id
+  absl::flat_hash_map<std::string, std::pair<int32_t, float>> scored_;  // NORMAL: id, score
+  std::array<int32_t, 256> byte_ids_ = MinusOnes();
+
+  static std::array<int32_t, 256> MinusOnes() {
+    std::array<int32_t, 256> values;
+    values.fill(-1);
+    return values;
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> ParseSentencePieceTokenizer(absl::string_view source,
+                                                                       absl::string_view model) {
+  auto tokenizer = std::make_unique<SentencePieceTokenizer>(model);
+  PLAIT_RETURN_IF_ERROR(tokenizer->Load(source, model));
+  return tokenizer;
+}
+
+}  // namespace plait::data::tokenizer

@@ -1,0 +1,79 @@
+// Malformed and unsupported SentencePiece models: each a change to Mistral 7B v0.1's
+// tokenizer.model (testdata/mistral) that must fail with an error naming the field. The ids of
+// the unchanged model are checked against Google's sentencepiece in tokenizer_golden_test.
+#include "data/tokenizer/sentencepiece_tokenizer.h"
+
+#include <functional>
+#include <string>
+
+#include "base/file.h"
+#include "base/status_matchers.h"
+#include "data/tokenizer/sentencepiece_model.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plait::data::tokenizer {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::testing::HasSubstr;
+using ModelProto = sentencepiece::ModelProto;
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> ParseChanged(
+    const std::function<void(ModelProto&)>& change) {
+  ModelProto model;
+  EXPECT_TRUE(model.ParseFromString(
+      base::ReadFile("data/tokenizer/testdata/mistral/tokenizer.model").value()));
+  change(model);
+  return ParseSentencePieceTokenizer("tokenizer.model", model.SerializeAsString());
+}
+
+TEST(SentencePieceTokenizerTest, TheUnchangedModelLoads) {
+  EXPECT_THAT(ParseChanged([](ModelProto&) {}), IsOk());
+}
+
+TEST(SentencePieceTokenizerTest, NotAModelIsNamed) {
+  EXPECT_THAT(ParseSentencePieceTokenizer("tokenizer.model", "{\"model\": {}}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tokenizer.model: not a SentencePiece model")));
+}
+
+TEST(SentencePieceTokenizerTest, UnsupportedSettingsAreNamed) {
+  const struct {
+    std::function<void(ModelProto&)> change;
+    const char* message;
+  } cases[] = {
+      {[](ModelProto& m) {
+         m.mutable_trainer_spec()->set_model_type(sentencepiece::TrainerSpec::UNIGRAM);
+       },
+       "trainer_spec.model_type: UNIGRAM is not supported"},
+      {[](ModelProto& m) { m.mutable_trainer_spec()->set_byte_fallback(false); },
+       "trainer_spec.byte_fallback: false"},
+      {[](ModelProto& m) { m.mutable_normalizer_spec()->set_precompiled_charsmap("rules"); },
+       "normalizer_spec.precompiled_charsmap"},
+      {[](ModelProto& m) { m.mutable_normalizer_spec()->set_remove_extra_whitespaces(true); },
+       "normalizer_spec.remove_extra_whitespaces: true"},
+      {[](ModelProto& m) {
+         m.mutable_pieces(500)->set_type(ModelProto::SentencePiece::USER_DEFINED);
+       },
+       "pieces[500].type: USER_DEFINED pieces are not supported"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.message);
+    EXPECT_THAT(ParseChanged(c.change),
+                StatusIs(absl::StatusCode::kUnimplemented, HasSubstr(c.message)));
+  }
+}
+
+TEST(SentencePieceTokenizerTest, ByteFallbackNeedsEveryByte) {
+  EXPECT_THAT(ParseChanged([](ModelProto& m) {
+                // Mistral's byte pieces are ids 3..258: <0x00> .. <0xFF>.
+                m.mutable_pieces(3 + 0x41)->set_piece("<0x4G>");
+              }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("pieces[68]: \"<0x4G>\" is a BYTE piece not written <0xNN>")));
+}
+
+}  // namespace
+}  // namespace plait::data::tokenizer

@@ -1,0 +1,76 @@
+"""plait's tokenizers against Hugging Face's `tokenizers` (the Rust implementation) and
+Google's `sentencepiece`, live: //tools:tokenize writes the test corpus
+(data/tokenizer/testdata/corpus.json, and the testdata README's paragraphs) to token shards
+with each test tokenizer, and every document's ids must be the reference's, after the EOS
+that separates documents. The committed goldens of data/tokenizer's C++ tests come from the
+same implementations (data/tokenizer/testdata/make_goldens.py); this re-checks them against
+the installed versions."""
+
+import gzip
+import json
+import os
+import subprocess
+
+import numpy
+import pytest
+import sentencepiece
+import tokenizers
+
+TOKENIZE = os.environ["PLAIT_TOKENIZE"]
+TESTDATA = "data/tokenizer/testdata"
+
+
+def documents():
+    with open(os.path.join(TESTDATA, "corpus.json"), encoding="utf-8") as f:
+        corpus = json.load(f)
+    texts = [case["text"] if "text" in case else
+             bytes.fromhex(case["hex"]).decode("utf-8", errors="replace")
+             for case in corpus]
+    with open(os.path.join(TESTDATA, "README.md"), encoding="utf-8") as f:
+        texts += f.read().split("\n\n")
+    return texts
+
+
+def reference(name):
+    """(encode with the file's special tokens, EOS id) of the reference implementation."""
+    folder = os.path.join(TESTDATA, name)
+    if name == "mistral":
+        sp = sentencepiece.SentencePieceProcessor(
+            model_file=os.path.join(folder, "tokenizer.model"))
+        return (lambda text: [sp.bos_id()] + sp.encode(text)), sp.eos_id()
+    path = os.path.join(folder, "tokenizer.json")
+    if os.path.exists(path):
+        tok = tokenizers.Tokenizer.from_file(path)
+    else:
+        with gzip.open(path + ".gz", "rt", encoding="utf-8") as f:
+            tok = tokenizers.Tokenizer.from_str(f.read())
+    with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
+        eos = json.load(f)["eos_token"]
+    return (lambda text: tok.encode(text, add_special_tokens=True).ids), tok.token_to_id(eos)
+
+
+def read_shard(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".bin") and numpy.frombuffer(data[:4], "<i4")[0] == 20240520:
+        count = numpy.frombuffer(data[:12], "<i4")[2]
+        return numpy.frombuffer(data[1024:], "<u2")[:count].tolist()
+    return numpy.frombuffer(data, "<u4").tolist()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen3", "tiny", "mistral"])
+def test_tokenize_gives_the_reference_ids(name, tmp_path):
+    texts = documents()
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n"
+                              for t in texts), encoding="utf-8")
+    result = subprocess.run(
+        [TOKENIZE, f"--tokenizer={TESTDATA}/{name}", f"--input={corpus}",
+         f"--output={tmp_path}/out", "--threads=2"],
+        capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    encode, eos = reference(name)
+    expected = []
+    for text in texts:
+        expected += [eos] + encode(text)
+    assert read_shard(f"{tmp_path}/out_train_000000.bin") == expected
