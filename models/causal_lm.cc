@@ -33,7 +33,7 @@ bool IsResidualProjection(const std::string& name) {
 
 // `linear` applied to `x` [B, T, in] as a row-parallel projection: under tensor parallelism
 // (`tp`) the ranks' partial products are summed before the bias is added, once.
-torch::Tensor RowParallel(const torch::nn::Linear& linear, const torch::Tensor& x,
+torch::Tensor RowParallel(torch::nn::Linear linear, const torch::Tensor& x,
                           wrap::TensorParallelOps* tp) {
   if (tp == nullptr) return linear(x);
   const torch::Tensor sum = tp->ExitRowParallel(F::linear(x, linear->weight));
