@@ -140,13 +140,12 @@ class Checker {
       if (config.has_value()) {
         problems = wrap::tp::HeadSplitProblems(config->num_attention_heads(),
                                                config->num_key_value_heads(), size);
-        for (const auto& [name, count] : {std::pair<const char*, int64_t>{
-                                              "intermediate_size", config->intermediate_size()},
-                                          {"vocab_size", config->vocab_size()}}) {
+        for (const auto& [name, count] :
+             {std::pair<const char*, int64_t>{"intermediate_size", config->intermediate_size()},
+              {"vocab_size", config->vocab_size()}}) {
           if (count % size != 0) {
-            problems.push_back(absl::StrCat(name, " (", count,
-                                            ") does not divide by the tensor-parallel size ",
-                                            size));
+            problems.push_back(absl::StrCat(
+                name, " (", count, ") does not divide by the tensor-parallel size ", size));
           }
         }
       }
