@@ -70,6 +70,22 @@ int64_t NumParameters(const ModelConfig& config) {
   return count;
 }
 
+wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name) {
+  using Split = wrap::Wrappable::Split;
+  for (const char* column :
+       {"q_proj.weight", "q_proj.bias", "gate_proj.weight", "up_proj.weight"}) {
+    if (absl::EndsWith(name, column)) return Split::kColumn;
+  }
+  for (const char* kv : {"k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"}) {
+    if (absl::EndsWith(name, kv)) return Split::kKeyValueColumn;
+  }
+  if (absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight")) {
+    return Split::kRow;
+  }
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return Split::kVocabulary;
+  return Split::kReplicated;
+}
+
 RmsNorm::RmsNorm(int64_t size, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({size}));
 }
@@ -287,18 +303,7 @@ torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torc
 }
 
 wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) const {
-  for (const char* column :
-       {"q_proj.weight", "q_proj.bias", "gate_proj.weight", "up_proj.weight"}) {
-    if (absl::EndsWith(name, column)) return Split::kColumn;
-  }
-  for (const char* kv : {"k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"}) {
-    if (absl::EndsWith(name, kv)) return Split::kKeyValueColumn;
-  }
-  if (absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight")) {
-    return Split::kRow;
-  }
-  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return Split::kVocabulary;
-  return Split::kReplicated;
+  return TensorParallelSplitOf(name);
 }
 
 std::vector<wrap::Wrappable::Unit> CausalLM::Blocks() {

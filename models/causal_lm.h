@@ -64,6 +64,11 @@ int64_t NumParameters(const ModelConfig& config);
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
                        double element_bytes);
 
+// How tensor parallelism splits the parameter `name` of a CausalLM (wrap::Wrappable::Split,
+// Megatron's layout): q/gate/up column-parallel, k/v by key/value heads, o/down
+// row-parallel, the embedding and lm_head by vocabulary rows, the rest replicated.
+wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name);
+
 // x * rsqrt(mean(x^2) + eps) * weight over the last dimension.
 class RmsNorm : public torch::nn::Module {
  public:

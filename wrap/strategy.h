@@ -39,6 +39,10 @@ struct ModelShape {
   double root_parameters = 0;   // outside the blocks (embeddings, final norm, output head)
   int64_t num_blocks = 0;
   double parameter_bytes = 4;  // bytes per element of the model's parameters
+  // For the activations tensor parallelism communicates: their width, and the tokens
+  // (sequences x sequence length) of one micro-batch.
+  double hidden_size = 0;
+  double micro_batch_tokens = 0;
 };
 
 // What a strategy would do to one rank, estimated from the model's shape and the size of its

@@ -180,15 +180,29 @@ absl::Status TensorParallel::GatherFull(std::map<std::string, torch::Tensor>& pa
 }
 
 StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape, int dim_size) const {
+  // Ring all-reduces of the [tokens, hidden] activations in the parameters' dtype: per block
+  // two forward (after o_proj and down_proj) and two backward (into the q/k/v and gate/up
+  // inputs), plus the embedding's forward and the output projection's input backward; with
+  // sequence parallelism each is an all-gather and a reduce-scatter, the same bytes. The
+  // loss all-reduces three fp32 numbers per token.
+  const double ring = static_cast<double>(dim_size - 1) / dim_size;
+  const double activation_bytes =
+      shape.micro_batch_tokens * shape.hidden_size * shape.parameter_bytes;
+  const double per_collective = 2.0 * ring * activation_bytes;
   StepEstimate estimate;
   estimate.description = absl::StrFormat(
-      "tensor_parallel over %s (%d ranks%s): attention heads, MLP columns and the vocabulary "
-      "split, each rank keeps about 1/%d of %s parameters; per block two all-reduces of the "
-      "activations forward and two backward%s",
+      "tensor_parallel over %s (%d ranks%s): heads, MLP columns and the vocabulary split, each "
+      "rank keeps about 1/%d of %s parameters; per block 2 %s of %s activations forward and 2 "
+      "backward (%s sent each), 1 more each way for the embedding and output projection, and "
+      "the loss on vocabulary-sharded logits",
       config_.mesh_dim(), dim_size, config_.sequence_parallel() ? ", sequence parallel" : "",
       dim_size, base::HumanCount(shape.parameters),
-      config_.sequence_parallel() ? " (as all-gathers and reduce-scatters)" : "");
+      config_.sequence_parallel() ? "all-gather + reduce-scatter pairs" : "all-reduces",
+      base::HumanBytes(activation_bytes), base::HumanBytes(per_collective));
   estimate.parameter_fraction = 1.0 / dim_size;
+  estimate.bytes_sent_per_micro_batch =
+      (4.0 * static_cast<double>(shape.num_blocks) + 2.0) * per_collective +
+      2.0 * ring * 3.0 * shape.micro_batch_tokens * sizeof(float);
   return estimate;
 }
 
