@@ -278,12 +278,12 @@ torch::Tensor CausalLM::TensorParallelTokenLosses(const torch::Tensor& tokens,
 
 torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                              int64_t ignore_index) {
-  // 16-bit logits are scored in fp32, as Hugging Face's models do: the loss of a 32K-way
-  // softmax needs more than bf16's 8 bits of mantissa.
   if (context_.tp != nullptr) {
     const torch::Tensor scored = (targets != ignore_index).sum().to(torch::kFloat32);
     return TensorParallelTokenLosses(tokens, targets, ignore_index).sum() / scored;
   }
+  // 16-bit logits are scored in fp32, as Hugging Face's models do: the loss of a 32K-way
+  // softmax needs more than bf16's 8 bits of mantissa.
   const torch::Tensor logits = Forward(tokens).to(torch::kFloat32);
   return internal::CrossEntropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
                                 ignore_index);
