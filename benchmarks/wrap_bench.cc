@@ -15,6 +15,16 @@
 //   peak_unsharded_blocks: FSDP's most gathered parameter bytes alive at once (a unit
 //     counted from the start of its gather), in blocks (the root unit is ~1.33 of them);
 //   peak_vs_two_largest_units: the same over the two largest units' bytes (goal <= 1).
+// Tensor parallelism (BM_Tp, tp=2: both ranks compute the same batch of the given size) and
+// FSDP over dp=2 x tensor parallelism over tp=2 (BM_FsdpTp, 4 ranks, each dp pair on its own
+// batch) report:
+//   vs_single: the step time / the single process's on the same per-rank batch (TP's
+//     ideal on 2 idle cores is 1/2);
+//   sent_vs_theory: rank 0's bytes sent per step over every group / the algorithm's volume:
+//     TP's 4 all-reduces per block and 2 more of the [batch x 256, hidden] activations and
+//     the loss's 3 floats per token (2(N-1)/N each), plus FSDP's as above on the TP slices
+//     (goal 1.00);
+//   persistent_vs_single: as above (goal <= 1/2 + 0.05 for TP, 1/4 + 0.05 for both).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
@@ -47,7 +57,12 @@ constexpr int64_t kSeqLen = 256;
 // machine during one step does not move.
 constexpr int kTimedSteps = 5;
 
-enum class Mode { kSingle, kDdp, kFsdp };
+enum class Mode { kSingle, kDdp, kFsdp, kTp, kFsdpTp };
+
+bool TensorParallel(Mode mode) { return mode == Mode::kTp || mode == Mode::kFsdpTp; }
+bool DataParallel(Mode mode) {
+  return mode == Mode::kDdp || mode == Mode::kFsdp || mode == Mode::kFsdpTp;
+}
 
 struct Measurement {
   double step_seconds = 0.0;
@@ -89,28 +104,36 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
 
   std::unique_ptr<Preparation> preparation;
   std::vector<parallel::TrainableParameter> parameters;
-  parallel::Communicator* dp = nullptr;
+  std::vector<parallel::Communicator*> groups;
   if (mode == Mode::kSingle) {
     for (const auto& named : model->NamedParameters()) {
       parameters.push_back({named.name, named.parameter, {}});
     }
   } else {
-    dp = mesh->communicator("dp").value();
     preparation = Preparation::Begin(*model, *mesh).value();
-    PrepareStep step;
-    if (mode == Mode::kDdp) {
-      step.mutable_ddp()->set_mesh_dim("dp");
-    } else {
-      step.mutable_fsdp()->set_mesh_dim("dp");
+    std::vector<PrepareStep> steps;
+    if (TensorParallel(mode)) {
+      groups.push_back(mesh->communicator("tp").value());
+      steps.emplace_back().mutable_tensor_parallel()->set_mesh_dim("tp");
     }
-    preparation->Apply(step).IgnoreError();
+    if (DataParallel(mode)) {
+      groups.push_back(mesh->communicator("dp").value());
+      PrepareStep& step = steps.emplace_back();
+      if (mode == Mode::kDdp) {
+        step.mutable_ddp()->set_mesh_dim("dp");
+      } else {
+        step.mutable_fsdp()->set_mesh_dim("dp");
+      }
+    }
+    for (const PrepareStep& step : steps) preparation->Apply(step).IgnoreError();
     parameters = preparation->TakeTrainableParameters().value();
   }
   optim::OptimizerConfig optimizer_config;
   optimizer_config.mutable_adamw();
   auto optimizer = optim::Optimizer::Create(parameters, optimizer_config).value();
 
-  torch::manual_seed(rank);
+  // The ranks of a tensor-parallel group compute the same batch.
+  torch::manual_seed(DataParallel(mode) ? mesh->coordinate("dp").value() : 0);
   const torch::Tensor tokens = torch::randint(4096, {batch, kSeqLen + 1});
   auto step = [&] {
     model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
@@ -118,11 +141,12 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     optimizer->ZeroGrad();
   };
   auto bytes_sent = [&] {
-    if (dp == nullptr) return int64_t{0};
     int64_t sent = 0;
-    for (auto collective : {parallel::Collective::kAllReduce, parallel::Collective::kAllGather,
-                            parallel::Collective::kReduceScatter}) {
-      sent += dp->traffic(collective).bytes_sent;
+    for (parallel::Communicator* group : groups) {
+      for (auto collective : {parallel::Collective::kAllReduce, parallel::Collective::kAllGather,
+                              parallel::Collective::kReduceScatter}) {
+        sent += group->traffic(collective).bytes_sent;
+      }
     }
     return sent;
   };
@@ -156,11 +180,20 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   const double one_way = static_cast<double>(kRanks - 1) / kRanks;
   if (mode == Mode::kDdp) {
     m.theoretical_bytes_per_step = 2 * one_way * parameter_bytes;
-  } else if (mode == Mode::kFsdp) {
+  }
+  if (mode == Mode::kFsdp || mode == Mode::kFsdpTp) {
     int64_t padded = 0;
     for (const auto& parameter : parameters) padded += Bytes(parameter.tensor) * kRanks;
     m.theoretical_bytes_per_step = 3 * one_way * padded;
     m.peak_unsharded_bytes = preparation->peak_gathered_bytes();
+  }
+  if (TensorParallel(mode)) {
+    const models::ModelConfig config = benchmarks::MediumModel();
+    const double tokens = static_cast<double>(batch * kSeqLen);
+    const double activations = tokens * config.hidden_size();
+    m.theoretical_bytes_per_step +=
+        2 * one_way * sizeof(float) *
+        ((4.0 * config.num_hidden_layers() + 2) * activations + 3 * tokens);
   }
   return m;
 }
@@ -168,14 +201,20 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
 Measurement Run(Mode mode, int64_t batch) {
   if (mode == Mode::kSingle) return RunRank(mode, batch, 0, nullptr);
   parallel::MeshConfig config;
-  auto* dim = config.add_dims();
-  dim->set_name("dp");
-  dim->set_size(kRanks);
-  const parallel::MeshLayout layout = parallel::MeshLayout::Create(config, kRanks).value();
+  int world = 1;
+  for (const auto& [name, used] :
+       {std::pair{"dp", DataParallel(mode)}, {"tp", TensorParallel(mode)}}) {
+    if (!used) continue;
+    auto* dim = config.add_dims();
+    dim->set_name(name);
+    dim->set_size(kRanks);
+    world *= kRanks;
+  }
+  const parallel::MeshLayout layout = parallel::MeshLayout::Create(config, world).value();
   auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<Measurement> results(kRanks);
+  std::vector<Measurement> results(world);
   std::vector<std::thread> threads;
-  for (int rank = 0; rank < kRanks; ++rank) {
+  for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       parallel::DeviceMesh mesh =
           parallel::DeviceMesh::Create(
@@ -203,10 +242,15 @@ void Report(benchmark::State& state, Mode mode) {
   const Measurement& m = Measured(mode, batch);
   const Measurement& single = Measured(Mode::kSingle, batch);
   state.SetIterationTime(m.step_seconds);
-  state.counters["tokens_per_s"] =
-      static_cast<double>(batch * kSeqLen * (mode == Mode::kSingle ? 1 : kRanks)) / m.step_seconds;
+  const int batches = DataParallel(mode) ? kRanks : 1;  // different batches per step
+  state.counters["tokens_per_s"] = static_cast<double>(batch * kSeqLen * batches) / m.step_seconds;
   state.counters["persistent_vs_single"] =
       static_cast<double>(m.persistent_bytes) / single.persistent_bytes;
+  if (TensorParallel(mode)) {
+    state.counters["vs_single"] = m.step_seconds / single.step_seconds;
+    state.counters["sent_vs_theory"] = m.bytes_sent_per_step / m.theoretical_bytes_per_step;
+    return;
+  }
   if (mode == Mode::kSingle) return;
   state.counters["scaling_efficiency"] = single.step_seconds / m.step_seconds;
   state.counters["cpu_scaling_efficiency"] =
@@ -230,12 +274,20 @@ void BM_Ddp(benchmark::State& state) {
 void BM_Fsdp(benchmark::State& state) {
   for (auto _ : state) Report(state, Mode::kFsdp);
 }
+void BM_Tp(benchmark::State& state) {
+  for (auto _ : state) Report(state, Mode::kTp);
+}
+void BM_FsdpTp(benchmark::State& state) {
+  for (auto _ : state) Report(state, Mode::kFsdpTp);
+}
 // Per-rank batches: 8 (the medium shape's) first, then 2.
 #define PLAIT_WRAP_BENCHMARK(name) \
   BENCHMARK(name)->Arg(8)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond)
 PLAIT_WRAP_BENCHMARK(BM_SingleProcess);
 PLAIT_WRAP_BENCHMARK(BM_Ddp);
 PLAIT_WRAP_BENCHMARK(BM_Fsdp);
+PLAIT_WRAP_BENCHMARK(BM_Tp);
+PLAIT_WRAP_BENCHMARK(BM_FsdpTp);
 
 }  // namespace
 }  // namespace plait::wrap

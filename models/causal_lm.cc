@@ -31,6 +31,15 @@ bool IsResidualProjection(const std::string& name) {
   return absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight");
 }
 
+// `linear` applied to `x` [B, T, in] as a row-parallel projection: under tensor parallelism
+// (`tp`) the ranks' partial products are summed before the bias is added, once.
+torch::Tensor RowParallel(torch::nn::Linear linear, const torch::Tensor& x,
+                          wrap::TensorParallelOps* tp) {
+  if (tp == nullptr) return linear(x);
+  const torch::Tensor sum = tp->ExitRowParallel(F::linear(x, linear->weight));
+  return linear->bias.defined() ? sum + linear->bias : sum;
+}
+
 }  // namespace
 
 double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
@@ -59,6 +68,22 @@ int64_t NumParameters(const ModelConfig& config) {
   int64_t count = 0;
   for (const ParameterShape& shape : ParameterShapes(config)) count += shape.numel();
   return count;
+}
+
+wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name) {
+  using Split = wrap::Wrappable::Split;
+  for (const char* column :
+       {"q_proj.weight", "q_proj.bias", "gate_proj.weight", "up_proj.weight"}) {
+    if (absl::EndsWith(name, column)) return Split::kColumn;
+  }
+  for (const char* kv : {"k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"}) {
+    if (absl::EndsWith(name, kv)) return Split::kKeyValueColumn;
+  }
+  if (absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight")) {
+    return Split::kRow;
+  }
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return Split::kVocabulary;
+  return Split::kReplicated;
 }
 
 RmsNorm::RmsNorm(int64_t size, double eps) : eps_(eps) {
@@ -94,10 +119,11 @@ absl::Status Attention::SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) {
 }
 
 torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext& context) {
-  const int64_t batch = x.size(0);
-  const int64_t seq = x.size(1);
+  const torch::Tensor input = context.tp == nullptr ? x : context.tp->EnterColumnParallel(x);
+  const int64_t batch = input.size(0);
+  const int64_t seq = input.size(1);
   const int64_t d = head_dim_;
-  const torch::Tensor flat = x.reshape({batch * seq, x.size(2)});
+  const torch::Tensor flat = input.reshape({batch * seq, input.size(2)});
   // [B, T, heads, D], rotated in place of HF's [B, heads, T, D] (the same values).
   const torch::Tensor q = internal::Rotary(q_proj(flat).view({batch, seq, num_heads_, d}),
                                            context.rope.cos, context.rope.sin);
@@ -105,8 +131,8 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
                                            context.rope.cos, context.rope.sin);
   const torch::Tensor v = v_proj(flat).view({batch, seq, num_kv_heads_, d});
   const torch::Tensor out =
-      internal::CausalAttention(q, k, v, context.mask).reshape({batch * seq, num_heads_ * d});
-  return o_proj(out).view({batch, seq, -1});
+      internal::CausalAttention(q, k, v, context.mask).reshape({batch, seq, num_heads_ * d});
+  return RowParallel(o_proj, out, context.tp);
 }
 
 Mlp::Mlp(const ModelConfig& config) {
@@ -117,8 +143,9 @@ Mlp::Mlp(const ModelConfig& config) {
   down_proj = register_module("down_proj", MakeLinear(inner, hidden, false));
 }
 
-torch::Tensor Mlp::forward(const torch::Tensor& x) {
-  return down_proj(internal::SwiGlu(gate_proj(x), up_proj(x)));
+torch::Tensor Mlp::forward(const torch::Tensor& x, wrap::TensorParallelOps* tp) {
+  const torch::Tensor input = tp == nullptr ? x : tp->EnterColumnParallel(x);
+  return RowParallel(down_proj, internal::SwiGlu(gate_proj(input), up_proj(input)), tp);
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig& config) {
@@ -133,7 +160,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& config) {
 
 torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const AttentionContext& context) {
   const torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x), context);
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+  return h + mlp->forward(post_attention_layernorm->forward(h), context.tp);
 }
 
 Decoder::Decoder(const ModelConfig& config) {
@@ -228,17 +255,33 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
   before(kRootUnit);
   const AttentionContext& context =
       Context(tokens.size(1), tokens.device(), model_->embed_tokens->weight.scalar_type());
-  torch::Tensor h = model_->embed_tokens(tokens);
+  wrap::TensorParallelOps* tp = context.tp;
+  torch::Tensor h = tp == nullptr ? model_->embed_tokens(tokens)
+                                  : tp->Embed(tokens, model_->embed_tokens->weight);
   for (size_t i = 0; i < model_->layers.size(); ++i) {
     before(static_cast<int>(i));
     h = after(static_cast<int>(i), model_->layers[i]->forward(h, context));
   }
   h = model_->norm->forward(h);
+  if (tp != nullptr) h = tp->EnterColumnParallel(h);  // the output projection splits the vocabulary
   return after(kRootUnit, torch::matmul(h, OutputWeight().t()));
+}
+
+torch::Tensor CausalLM::TensorParallelTokenLosses(const torch::Tensor& tokens,
+                                                  const torch::Tensor& targets,
+                                                  int64_t ignore_index) {
+  const torch::Tensor logits = Forward(tokens).to(torch::kFloat32);
+  return context_.tp
+      ->TokenCrossEntropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}), ignore_index)
+      .view(targets.sizes());
 }
 
 torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                              int64_t ignore_index) {
+  if (context_.tp != nullptr) {
+    const torch::Tensor scored = (targets != ignore_index).sum().to(torch::kFloat32);
+    return TensorParallelTokenLosses(tokens, targets, ignore_index).sum() / scored;
+  }
   // 16-bit logits are scored in fp32, as Hugging Face's models do: the loss of a 32K-way
   // softmax needs more than bf16's 8 bits of mantissa.
   const torch::Tensor logits = Forward(tokens).to(torch::kFloat32);
@@ -248,12 +291,19 @@ torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& t
 
 torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
                                          int64_t ignore_index) {
+  if (context_.tp != nullptr) {
+    return -TensorParallelTokenLosses(tokens, targets, ignore_index).sum(-1);
+  }
   const torch::Tensor log_probs =
       torch::log_softmax(Forward(tokens).to(torch::kFloat32), /*dim=*/-1);
   const torch::Tensor keep = targets != ignore_index;
   const torch::Tensor safe_targets = torch::where(keep, targets, torch::zeros_like(targets));
   const torch::Tensor picked = log_probs.gather(-1, safe_targets.unsqueeze(-1)).squeeze(-1);
   return (picked * keep.to(picked.scalar_type())).sum(-1);
+}
+
+wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) const {
+  return TensorParallelSplitOf(name);
 }
 
 std::vector<wrap::Wrappable::Unit> CausalLM::Blocks() {
@@ -279,13 +329,17 @@ std::vector<wrap::Wrappable::NamedParameter> CausalLM::NamedParameters() {
 }
 
 absl::Status CausalLM::SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) {
-  if (num_heads <= 0 || num_kv_heads <= 0 || NumHeads() % num_heads != 0 ||
-      NumKeyValueHeads() % num_kv_heads != 0 || num_heads % num_kv_heads != 0 ||
-      NumHeads() / num_heads != NumKeyValueHeads() / num_kv_heads) {
+  const int64_t shards = num_heads > 0 && NumHeads() % num_heads == 0 ? NumHeads() / num_heads : 0;
+  // With more shards than kv heads, each shard holds one kv head, shared with others.
+  const bool kv_ok = shards > 0 && (NumKeyValueHeads() % shards == 0
+                                        ? num_kv_heads == NumKeyValueHeads() / shards
+                                        : shards % NumKeyValueHeads() == 0 && num_kv_heads == 1);
+  if (!kv_ok) {
     return absl::InvalidArgumentError(absl::StrCat(
         "SetLocalHeads(", num_heads, ", ", num_kv_heads, "): the model has ", NumHeads(),
         " heads and ", NumKeyValueHeads(),
-        " kv heads; local counts must be the global ones divided by the same shard count"));
+        " kv heads; local counts must be the global ones divided by the same shard count (kv "
+        "heads: 1 when the shard count is a multiple of them)"));
   }
   for (const std::shared_ptr<DecoderLayer>& layer : model_->layers) {
     PLAIT_RETURN_IF_ERROR(layer->self_attn->SetLocalHeads(num_heads, num_kv_heads));

@@ -64,6 +64,11 @@ int64_t NumParameters(const ModelConfig& config);
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
                        double element_bytes);
 
+// How tensor parallelism splits the parameter `name` of a CausalLM (wrap::Wrappable::Split,
+// Megatron's layout): q/gate/up column-parallel, k/v by key/value heads, o/down
+// row-parallel, the embedding and lm_head by vocabulary rows, the rest replicated.
+wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name);
+
 // x * rsqrt(mean(x^2) + eps) * weight over the last dimension.
 class RmsNorm : public torch::nn::Module {
  public:
@@ -83,6 +88,8 @@ struct AttentionContext {
   // groups = local heads / local kv heads: row g * T + t belongs to query position t. Read
   // by the composite attention only (other than CPU float/double; models/internal/ops.h).
   torch::Tensor mask;
+  // Tensor parallelism's communication, or nullptr in one process.
+  wrap::TensorParallelOps* tp = nullptr;
 };
 
 // Causal self-attention with rotary embeddings and grouped-query attention.
@@ -90,7 +97,8 @@ class Attention : public torch::nn::Module {
  public:
   explicit Attention(const ModelConfig& config);
 
-  // x [B, T, hidden] -> [B, T, hidden].
+  // x [B, T, hidden] -> [B, T, hidden] (under tensor parallelism with sequence parallelism,
+  // this rank's slice of the sequence in and out).
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
 
   // The head counts q_proj and k_proj/v_proj hold (after tensor-parallel sharding).
@@ -111,7 +119,8 @@ class Attention : public torch::nn::Module {
 class Mlp : public torch::nn::Module {
  public:
   explicit Mlp(const ModelConfig& config);
-  torch::Tensor forward(const torch::Tensor& x);
+  // As Attention::forward; `tp` is tensor parallelism's communication, or nullptr.
+  torch::Tensor forward(const torch::Tensor& x, wrap::TensorParallelOps* tp = nullptr);
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
@@ -145,7 +154,8 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   static absl::StatusOr<std::shared_ptr<CausalLM>> Create(const ModelConfig& config,
                                                           const InitConfig& init);
 
-  // Logits [B, T, vocab_size] for int64 tokens [B, T] (positions 0 .. T-1).
+  // Logits [B, T, vocab_size] for int64 tokens [B, T] (positions 0 .. T-1); under tensor
+  // parallelism this rank's vocabulary slice of them, [B, T, vocab_size / tp].
   torch::Tensor Forward(const torch::Tensor& tokens);
 
   // Mean cross-entropy of targets[b, t] (the token that follows tokens[b, t]) over the
@@ -176,15 +186,22 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   int64_t NumKeyValueHeads() const override { return config_.num_key_value_heads(); }
   absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) override;
   void SetUnitHooks(UnitHooks hooks) override { hooks_ = std::move(hooks); }
+  Split TensorParallelSplit(const std::string& name) const override;
+  void SetTensorParallelOps(wrap::TensorParallelOps* ops) override { context_.tp = ops; }
 
  private:
   explicit CausalLM(const ModelConfig& config);
 
   // The rotary tables and mask for sequence length `seq_len` on `device` in `dtype` (the
   // parameters'), built once and reused while the length, device, dtype and head grouping
-  // stay the same.
+  // stay the same; and the tensor-parallel ops.
   const AttentionContext& Context(int64_t seq_len, const torch::Device& device,
                                   torch::ScalarType dtype);
+
+  // Under tensor parallelism, per position -log p(targets[b, t] | tokens[b, 0..t]) from the
+  // vocabulary-sharded logits, 0 where the target is `ignore_index`: [B, T], fp32.
+  torch::Tensor TensorParallelTokenLosses(const torch::Tensor& tokens, const torch::Tensor& targets,
+                                          int64_t ignore_index);
 
   ModelConfig config_;
   std::shared_ptr<Decoder> model_;

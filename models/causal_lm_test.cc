@@ -307,6 +307,9 @@ TEST(CausalLMTest, WrappableView) {
   EXPECT_EQ(&wrappable.RootModule(), static_cast<torch::nn::Module*>(model.get()));
   EXPECT_THAT(wrappable.SetLocalHeads(2, 1), IsOk());
   EXPECT_EQ(model->decoder().layers[1]->self_attn->local_heads(), 2);
+  // More shards than kv heads: one kv head per shard, shared.
+  EXPECT_THAT(wrappable.SetLocalHeads(1, 1), IsOk());
+  EXPECT_EQ(model->decoder().layers[1]->self_attn->local_kv_heads(), 1);
   EXPECT_THAT(wrappable.SetLocalHeads(2, 2),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("same shard count")));
   EXPECT_THAT(wrappable.SetLocalHeads(3, 1),

@@ -29,7 +29,7 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParam
     if (!grad.defined()) continue;
     const double norm =
         torch::linalg_vector_norm(grad, 2, c10::nullopt, false, torch::kFloat64).item<double>();
-    partial->sum_of_squares += norm * norm;
+    partial->sum_of_squares += norm * norm / static_cast<double>(parameter.replicas);
   }
 
   double total = 0.0;

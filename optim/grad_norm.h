@@ -2,7 +2,8 @@
 // tensor parallel) or whole, computed so that every element counts exactly once: each
 // parameter's squared norm is summed over the groups it is split across (its
 // parallel::TrainableParameter::sharded_over) and over nothing else, so a part replicated on
-// several ranks counts once. Every rank of the world calls it with its own parameters, listed in
+// several ranks counts once (a part that several ranks of those groups share is divided by
+// its `replicas`). Every rank of the world calls it with its own parameters, listed in
 // the same order of names; each group takes part in one all-reduce per call.
 //
 //   PLAIT_ASSIGN_OR_RETURN(double norm, GlobalGradNorm(parameters));

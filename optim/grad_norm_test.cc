@@ -83,6 +83,24 @@ TEST(GlobalGradNormTest, TwoRanksShardedAndReplicatedEqualTheFullModel) {
   });
 }
 
+// A part that every rank of its group holds (tensor parallelism's key/value head shared by
+// more ranks than there are heads) counts once, by its `replicas`.
+TEST(GlobalGradNormTest, APartSharedByTheRanksOfItsGroupCountsOnce) {
+  const FullGradients full;
+  const double expected =
+      std::sqrt(full.a.pow(2).sum().item<double>() + full.c.pow(2).sum().item<double>());
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  RunRanks(2, [&](int rank) {
+    auto world = GlooCommunicator::Create(*store, "world", rank, 2, GlooCommunicator::kLoopback);
+    ASSERT_THAT(world, IsOk());
+    parallel::TrainableParameter shared = WithGradient("c", full.c, {world->get()});
+    shared.replicas = 2;
+    EXPECT_THAT(GlobalGradNorm({WithGradient("a", full.a.chunk(2, 0)[rank], {world->get()}),
+                                std::move(shared)}),
+                IsOkAndHolds(::testing::DoubleNear(expected, 1e-6 * expected)));
+  });
+}
+
 // Four ranks on a dp x tp mesh: `a` sharded on both (FSDP over dp of a TP shard), `b` on tp
 // only (replicated across dp), `c` whole on every rank.
 TEST(GlobalGradNormTest, FourRanksOnAMeshEqualTheFullModel) {

@@ -8,6 +8,7 @@
 #ifndef PLAIT_PARALLEL_TRAINABLE_PARAMETER_H_
 #define PLAIT_PARALLEL_TRAINABLE_PARAMETER_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,9 @@ struct TrainableParameter {
   // The groups over which the parameter is split into disjoint parts; the caller keeps them
   // alive. Across the ranks of any other group, this rank's part is replicated.
   std::vector<parallel::Communicator*> sharded_over;
+  // How many ranks of those groups hold this same part (tensor parallelism's key/value heads
+  // shared by several ranks), so that it counts once.
+  int64_t replicas = 1;
 };
 
 }  // namespace plait::parallel

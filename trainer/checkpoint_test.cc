@@ -116,6 +116,16 @@ TEST(CheckpointTest, FsdpOnTwoRanksResumeReproducesTheStraightRun) {
   ExpectResumeReproducesTheStraightRun("llama_fsdp", 2);
 }
 
+// Each rank saves its tensor-parallel slices and their optimizer state.
+TEST(CheckpointTest, TensorParallelOnTwoRanksResumeReproducesTheStraightRun) {
+  ExpectResumeReproducesTheStraightRun("llama_tp", 2);
+}
+
+// FSDP's shards of the tensor-parallel slices, on a dp x tp mesh of 4 ranks.
+TEST(CheckpointTest, FsdpTimesTensorParallelOnFourRanksResumeReproducesTheStraightRun) {
+  ExpectResumeReproducesTheStraightRun("llama_2d", 4);
+}
+
 // The library's refusal (checkpoint/checkpointer.h) under the plan's field names.
 // DPO: the policy and its optimizer are saved; the reference is rebuilt from its seed.
 TEST(CheckpointTest, DpoOnTwoFsdpRanksResumeReproducesTheStraightRun) {

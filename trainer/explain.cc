@@ -1,9 +1,11 @@
 #include "trainer/explain.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -39,6 +41,46 @@ std::string ShortName(torch::ScalarType dtype) {
     default:
       return "fp32";
   }
+}
+
+// Under tensor parallelism over `tp` ranks, the shape on a rank of each kind of parameter,
+// shown for the first block's and the root's parameters.
+std::vector<std::string> TensorParallelShapes(const models::ModelConfig& config, int64_t tp) {
+  using Split = wrap::Wrappable::Split;
+  std::vector<std::string> lines;
+  for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
+    if (absl::StartsWith(parameter.name, "model.layers.") &&
+        !absl::StartsWith(parameter.name, "model.layers.0.")) {
+      continue;
+    }
+    std::vector<int64_t> local = parameter.shape;
+    const Split split = models::TensorParallelSplitOf(parameter.name);
+    const char* kind = "replicated";
+    switch (split) {
+      case Split::kReplicated:
+        break;
+      case Split::kColumn:
+        local[0] /= tp;
+        kind = "column-parallel";
+        break;
+      case Split::kKeyValueColumn:
+        local[0] /= std::min(config.num_key_value_heads(), tp);
+        kind = config.num_key_value_heads() < tp ? "key/value heads, shared" : "key/value heads";
+        break;
+      case Split::kRow:
+        local[1] /= tp;
+        kind = "row-parallel";
+        break;
+      case Split::kVocabulary:
+        local[0] /= tp;
+        kind = "vocabulary-parallel";
+        break;
+    }
+    lines.push_back(absl::StrFormat("  %s [%s] -> [%s] per rank (%s)", parameter.name,
+                                    absl::StrJoin(parameter.shape, ", "),
+                                    absl::StrJoin(local, ", "), kind));
+  }
+  return lines;
 }
 
 }  // namespace
@@ -83,6 +125,14 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
     lines.push_back(absl::StrCat("prepare[", i, "]: ", estimate.description, " [",
                                  rule == nullptr ? "" : wrap::ParameterEffect_Name(rule->effect()),
                                  "]"));
+    if (plan.prepare(i).has_tensor_parallel()) {
+      for (const auto& dim : plan.mesh().dims()) {
+        if (dim.name() != plan.prepare(i).tensor_parallel().mesh_dim()) continue;
+        for (std::string& line : TensorParallelShapes(config, dim.size())) {
+          lines.push_back(std::move(line));
+        }
+      }
+    }
   }
   lines.push_back(absl::StrCat(
       "optimizer: built after ",

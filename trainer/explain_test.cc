@@ -32,6 +32,34 @@ TEST(ExplainPlanTest, DescribesTheFsdpPipelineInOrder) {
   EXPECT_LT(text->find("prepare[0]"), text->find("optimizer:"));
 }
 
+// A tensor-parallel step inside FSDP: the per-rank shape of each kind of parameter, and the
+// activations it communicates per block.
+TEST(ExplainPlanTest, ExplainsTheTwoDimensionalTensorParallelPlan) {
+  absl::StatusOr<Plan> plan =
+      LoadPlan(absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/llama_2d.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(*plan, 4);
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("mesh: dp=2 x tp=2 (4 ranks)"));
+  // 8 sequences x 64 tokens x 256 hidden x 4 bytes = 0.5 MiB, sent once by a ring all-reduce
+  // over 2 ranks.
+  EXPECT_THAT(*text, HasSubstr("prepare[0]: tensor_parallel over tp (2 ranks): heads, MLP "
+                               "columns and the vocabulary split, each rank keeps about 1/2 of "
+                               "5.0M parameters; per block 2 all-reduces of 0.5 MiB "
+                               "activations forward and 2 backward (0.5 MiB sent each)"));
+  EXPECT_THAT(*text, HasSubstr("  model.layers.0.self_attn.q_proj.weight [256, 256] -> [128, 256] "
+                               "per rank (column-parallel)"));
+  EXPECT_THAT(*text, HasSubstr("  model.layers.0.self_attn.k_proj.weight [128, 256] -> [64, 256] "
+                               "per rank (key/value heads)"));
+  EXPECT_THAT(*text, HasSubstr("  model.layers.0.mlp.down_proj.weight [256, 688] -> [256, 344] "
+                               "per rank (row-parallel)"));
+  EXPECT_THAT(*text, HasSubstr("  lm_head.weight [4096, 256] -> [2048, 256] per rank "
+                               "(vocabulary-parallel)"));
+  EXPECT_THAT(*text, HasSubstr("  model.norm.weight [256] -> [256] per rank (replicated)"));
+  EXPECT_THAT(*text, HasSubstr("prepare[1]: fsdp over dp (2 ranks)"));
+  EXPECT_THAT(*text, HasSubstr("communication per rank (estimate, ring collectives):"));
+}
+
 // Groups are counted from the parameter shapes, so an 8B model is explained without being
 // built; a bf16 model's memory counts its fp32 optimizer masters.
 TEST(ExplainPlanTest, CountsTheGroupsOfALargeBf16ModelWithoutBuildingIt) {

@@ -25,9 +25,13 @@ double ElementBytes(const models::ModelSpec& spec) {
 }
 
 // The model as the strategies' estimates see it: its blocks, what lies outside them (the
-// embeddings, the final norm, an untied output head), and its element size.
-wrap::ModelShape ShapeOf(const models::ModelConfig& config, double element_bytes) {
+// embeddings, the final norm, an untied output head), its element size, and the activations
+// of one micro-batch.
+wrap::ModelShape ShapeOf(const models::ModelConfig& config, double element_bytes,
+                         const TrainingConfig& training) {
   wrap::ModelShape shape;
+  shape.hidden_size = static_cast<double>(config.hidden_size());
+  shape.micro_batch_tokens = static_cast<double>(training.micro_batch()) * training.seq_len();
   shape.parameters = static_cast<double>(models::NumParameters(config));
   shape.num_blocks = config.num_hidden_layers();
   const double embeddings = static_cast<double>(config.vocab_size()) * config.hidden_size() *
@@ -61,7 +65,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
   PLAIT_ASSIGN_OR_RETURN(const models::ModelConfig config,
                          models::ResolveModelSpec(plan.model(), "plan.model"));
   const double element_bytes = ElementBytes(plan.model());
-  const wrap::ModelShape shape = ShapeOf(config, element_bytes);
+  const wrap::ModelShape shape = ShapeOf(config, element_bytes, plan.training());
   MemoryEstimate estimate;
   PLAIT_ASSIGN_OR_RETURN(estimate.preparation, EstimatePreparation(plan.prepare(), shape, layout));
   estimate.optimizer_slots = optim::StateBuffersPerElement(plan.optimizer());
@@ -77,7 +81,8 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
     PLAIT_ASSIGN_OR_RETURN(
         const models::ModelConfig frozen_config,
         models::ResolveModelSpec(frozen.model(), absl::StrCat("plan.frozen[", i, "].model")));
-    const wrap::ModelShape frozen_shape = ShapeOf(frozen_config, ElementBytes(frozen.model()));
+    const wrap::ModelShape frozen_shape =
+        ShapeOf(frozen_config, ElementBytes(frozen.model()), plan.training());
     PLAIT_ASSIGN_OR_RETURN(const PreparationEstimate preparation,
                            EstimatePreparation(frozen.prepare(), frozen_shape, layout));
     estimate.frozen_bytes +=

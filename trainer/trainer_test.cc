@@ -18,6 +18,7 @@
 #include "data/testing_token_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/model_config.h"
 #include "objectives/objective.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
@@ -162,6 +163,16 @@ TEST(TrainTest, DdpWithAccumulationTrainsToTheSingleProcessLosses) {
   ExpectSameRun(TrainOnRanks(plan, 2), SingleProcessRun());
 }
 
+// A bf16 run's losses follow the fp32 single process's at bf16's precision, and it trained.
+void ExpectTracksTheFp32Run(const TrainReport& bf16) {
+  const TrainReport& fp32 = SingleProcessRun();
+  ASSERT_EQ(bf16.steps.size(), fp32.steps.size());
+  for (size_t i = 0; i < fp32.steps.size(); ++i) {
+    EXPECT_NEAR(bf16.steps[i].loss, fp32.steps[i].loss, 0.03 * fp32.steps[i].loss) << i;
+  }
+  EXPECT_LT(bf16.steps.back().loss, bf16.steps.front().loss - 1.0);
+}
+
 // plan.model.dtype: a bf16 model computes in bf16 while FSDP keeps its shards, and so the
 // optimizer, in fp32; it tracks the fp32 run at bf16's precision.
 TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
@@ -178,13 +189,22 @@ TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
       EXPECT_EQ(parameter.tensor.scalar_type(), torch::kFloat32) << parameter.name;
     }
   });
-  const TrainReport bf16 = TrainOnRanks(plan, 2);
-  const TrainReport& fp32 = SingleProcessRun();
-  ASSERT_EQ(bf16.steps.size(), fp32.steps.size());
-  for (size_t i = 0; i < fp32.steps.size(); ++i) {
-    EXPECT_NEAR(bf16.steps[i].loss, fp32.steps[i].loss, 0.03 * fp32.steps[i].loss) << i;
-  }
-  EXPECT_LT(bf16.steps.back().loss, bf16.steps.front().loss - 1.0);
+  ExpectTracksTheFp32Run(TrainOnRanks(plan, 2));
+}
+
+// Tensor parallelism over 2 ranks (both read the 16 sequences of a step), and FSDP over
+// dp=2 x tensor parallelism over tp=2 (each dp pair reads 8): the single process's losses.
+TEST(TrainTest, TensorParallelAndTwoDimensionalRunsTrainToTheSingleProcessLosses) {
+  ExpectSameRun(TrainOnRanks(LoadShippedPlan("llama_tp"), 2), SingleProcessRun());
+  ExpectSameRun(TrainOnRanks(LoadShippedPlan("llama_2d"), 4), SingleProcessRun());
+}
+
+// A bf16 model under tensor parallelism: its slices compute and communicate in bf16, the
+// optimizer keeps fp32 masters; it tracks the fp32 run at bf16's precision.
+TEST(TrainTest, Bf16ModelOnTwoTensorParallelRanksTracksTheFp32Run) {
+  Plan plan = LoadShippedPlan("llama_tp");
+  ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
+  ExpectTracksTheFp32Run(TrainOnRanks(plan, 2));
 }
 
 // A run whose every update is skipped (here a learning rate that sends the weights to
@@ -315,6 +335,29 @@ void ExpectNearRelative(double actual, double expected, const std::string& what)
   EXPECT_NEAR(actual, expected, 1e-5 * std::max(std::abs(expected), 1e-2)) << what;
 }
 
+// Each step's loss, gradient norm and named metrics (training and evaluation) of `run` are
+// those of `single`.
+void ExpectSameDpoRun(const TrainReport& run, const TrainReport& single,
+                      const std::string& layout) {
+  ASSERT_EQ(run.steps.size(), single.steps.size());
+  for (size_t i = 0; i < single.steps.size(); ++i) {
+    const metrics::StepMetrics& a = run.steps[i];
+    const metrics::StepMetrics& e = single.steps[i];
+    const std::string step = absl::StrCat(layout, " step ", e.step, " ");
+    ExpectNearRelative(a.loss, e.loss, step + "loss");
+    ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm");
+    ASSERT_EQ(a.named.size(), e.named.size());
+    for (size_t m = 0; m < e.named.size(); ++m) {
+      ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first);
+    }
+    ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
+    for (size_t m = 0; m < e.eval_named.size(); ++m) {
+      ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
+                         step + "eval_" + e.eval_named[m].first);
+    }
+  }
+}
+
 TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
   const TrainReport single = TrainOnRanks(DpoPlan("single"), 1);
   ASSERT_EQ(single.steps.size(), 10u);
@@ -327,25 +370,29 @@ TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
   }
   EXPECT_LT(single.steps.back().loss, single.steps.front().loss);
   for (const std::string layout : {"fsdp", "ddp"}) {
-    const TrainReport run = TrainOnRanks(DpoPlan(layout), 2);
-    ASSERT_EQ(run.steps.size(), single.steps.size());
-    for (size_t i = 0; i < single.steps.size(); ++i) {
-      const metrics::StepMetrics& a = run.steps[i];
-      const metrics::StepMetrics& e = single.steps[i];
-      const std::string step = absl::StrCat(layout, " step ", e.step, " ");
-      ExpectNearRelative(a.loss, e.loss, step + "loss");
-      ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm");
-      ASSERT_EQ(a.named.size(), e.named.size());
-      for (size_t m = 0; m < e.named.size(); ++m) {
-        ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first);
-      }
-      ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
-      for (size_t m = 0; m < e.eval_named.size(); ++m) {
-        ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
-                           step + "eval_" + e.eval_named[m].first);
-      }
-    }
+    ExpectSameDpoRun(TrainOnRanks(DpoPlan(layout), 2), single, layout);
   }
+}
+
+// The policy and its frozen reference both tensor-parallel over 2 ranks, each scoring its
+// sequences from vocabulary-sharded logits. Qwen2-tiny's 7 heads do not split in 2: both
+// models get 4 heads sharing 1 key/value head (one per rank, shared), in both runs.
+TEST(DpoTest, TensorParallelOnTwoRanksTrainsToTheSingleProcessRun) {
+  models::ModelConfig config = models::PresetConfig("qwen2-tiny").value();
+  config.set_num_attention_heads(4);
+  config.set_num_key_value_heads(1);
+  auto with_four_heads = [&](Plan plan) {
+    *plan.mutable_model()->mutable_config() = config;
+    *plan.mutable_frozen(0)->mutable_model()->mutable_config() = config;
+    return plan;
+  };
+  Plan tp = with_four_heads(DpoPlan("single"));
+  auto* dim = tp.mutable_mesh()->add_dims();
+  dim->set_name("tp");
+  dim->set_size(2);
+  tp.add_prepare()->mutable_tensor_parallel()->set_mesh_dim("tp");
+  tp.mutable_frozen(0)->add_prepare()->mutable_tensor_parallel()->set_mesh_dim("tp");
+  ExpectSameDpoRun(TrainOnRanks(tp, 2), TrainOnRanks(with_four_heads(DpoPlan("single")), 1), "tp");
 }
 
 }  // namespace

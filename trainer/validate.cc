@@ -26,6 +26,7 @@
 #include "trainer/plan.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
+#include "wrap/tp/tensor_parallel.h"
 
 namespace plait::trainer {
 namespace {
@@ -49,6 +50,7 @@ class Checker {
     CheckWeights(plan_.hf_weights_dir(), "plan.hf_weights_dir");
     CheckMesh();
     CheckSteps(plan_.prepare(), "plan.prepare");
+    CheckTensorParallel(plan_.prepare(), "plan.prepare", config);
     CollectDimUse();
     CheckMeshUse();
     CheckOptimizer(config);
@@ -116,6 +118,43 @@ class Checker {
       if (steps[i].has_fsdp() && steps[i].fsdp().param_dtype() == base::DTYPE_FLOAT16) {
         Add(absl::StrCat(field, "[", i, "].fsdp.param_dtype"), kNoCpuFp16);
       }
+    }
+  }
+
+  // A tensor-parallel step splits the model's heads, MLP columns and vocabulary (and, with
+  // sequence parallelism, the sequence) into as many equal parts as its dimension has ranks.
+  void CheckTensorParallel(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
+                           const std::string& field,
+                           const std::optional<models::ModelConfig>& config) {
+    for (int i = 0; i < steps.size(); ++i) {
+      if (!steps[i].has_tensor_parallel()) continue;
+      const wrap::TensorParallelConfig& tp = steps[i].tensor_parallel();
+      int64_t size = 0;
+      for (const auto& dim : plan_.mesh().dims()) {
+        if (dim.name() == tp.mesh_dim()) size = dim.size();
+      }
+      if (size <= 0) continue;  // an unknown dimension is reported by the rules
+      const std::string where = absl::StrCat(field, "[", i, "].tensor_parallel.mesh_dim");
+      const std::string what = absl::StrCat("\"", tp.mesh_dim(), "\" (", size, " ranks): ");
+      std::vector<std::string> problems;
+      if (config.has_value()) {
+        problems = wrap::tp::HeadSplitProblems(config->num_attention_heads(),
+                                               config->num_key_value_heads(), size);
+        for (const auto& [name, count] :
+             {std::pair<const char*, int64_t>{"intermediate_size", config->intermediate_size()},
+              {"vocab_size", config->vocab_size()}}) {
+          if (count % size != 0) {
+            problems.push_back(absl::StrCat(
+                name, " (", count, ") does not divide by the tensor-parallel size ", size));
+          }
+        }
+      }
+      if (tp.sequence_parallel() && plan_.training().seq_len() % size != 0) {
+        problems.push_back(absl::StrCat("sequence_parallel needs plan.training.seq_len (",
+                                        plan_.training().seq_len(),
+                                        ") to divide by the tensor-parallel size ", size));
+      }
+      for (const std::string& problem : problems) Add(where, what + problem);
     }
   }
 
@@ -255,6 +294,7 @@ class Checker {
       frozen_configs_[frozen.name()] = CheckModel(frozen.model(), field + ".model");
       CheckWeights(frozen.hf_weights_dir(), field + ".hf_weights_dir");
       CheckSteps(frozen.prepare(), field + ".prepare");
+      CheckTensorParallel(frozen.prepare(), field + ".prepare", frozen_configs_[frozen.name()]);
     }
   }
 

@@ -76,8 +76,11 @@ TEST(ValidatePlanTest, ReportsEveryViolation) {
 }
 
 TEST(ValidatePlanTest, ShippedPlansAreValid) {
-  for (const auto& [name, ranks] : std::vector<std::pair<std::string, int>>{
-           {"llama_fsdp", 2}, {"llama_ddp", 2}, {"llama_single", 1}}) {
+  for (const auto& [name, ranks] : std::vector<std::pair<std::string, int>>{{"llama_fsdp", 2},
+                                                                            {"llama_ddp", 2},
+                                                                            {"llama_single", 1},
+                                                                            {"llama_tp", 2},
+                                                                            {"llama_2d", 4}}) {
     absl::StatusOr<Plan> plan = LoadPlan(Runfile("trainer/plans/" + name + ".textproto"));
     ASSERT_THAT(plan, IsOk()) << name;
     EXPECT_THAT(ValidatePlan(*plan, ranks), IsOk()) << name;

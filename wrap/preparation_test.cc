@@ -114,7 +114,7 @@ TEST_F(PreparationTest, UnknownMeshDimension) {
                        "shard)"));
   EXPECT_THAT((*preparation)->Apply(PrepareStep()),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "prepare[0]: names no strategy; set one of fsdp, ddp"));
+                       "prepare[0]: names no strategy; set one of fsdp, ddp, tensor_parallel"));
 }
 
 TEST_F(PreparationTest, OnePreparationPerModel) {

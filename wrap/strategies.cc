@@ -9,6 +9,7 @@
 #include "google/protobuf/descriptor.h"
 #include "wrap/ddp/ddp.h"
 #include "wrap/fsdp/fsdp.h"
+#include "wrap/tp/tensor_parallel.h"
 
 namespace plait::wrap {
 
@@ -19,6 +20,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
     case PrepareStep::kDdp:
       PLAIT_RETURN_IF_ERROR(ddp::CheckDdpConfig(step.ddp()));
       return std::make_unique<ddp::DdpStrategy>(step.ddp());
+    case PrepareStep::kTensorParallel:
+      return std::make_unique<tp::TensorParallelStrategy>(step.tensor_parallel());
     case PrepareStep::STRATEGY_NOT_SET:
       break;
   }

@@ -1,4 +1,4 @@
-// A preparation strategy (FSDP, DDP, next tensor parallel) as one named object: built from a
+// A preparation strategy (FSDP, DDP, tensor parallel) as one named object: built from a
 // plan's step (MakeStrategy, strategies.h), it says which mesh dimension it uses and what it would
 // cost before any model exists, then is applied once to a model and answers what the rest of the
 // stack asks of a prepared model: the parameters the optimizer must own, whether gradients
@@ -39,6 +39,10 @@ struct ModelShape {
   double root_parameters = 0;   // outside the blocks (embeddings, final norm, output head)
   int64_t num_blocks = 0;
   double parameter_bytes = 4;  // bytes per element of the model's parameters
+  // For the activations tensor parallelism communicates: their width, and the tokens
+  // (sequences x sequence length) of one micro-batch.
+  double hidden_size = 0;
+  double micro_batch_tokens = 0;
 };
 
 // What a strategy would do to one rank, estimated from the model's shape and the size of its

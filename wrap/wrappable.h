@@ -1,9 +1,10 @@
 // Wrappable is what a parallelism wrapper (FSDP, tensor parallel, DDP) sees of a model: its
 // ordered repeated blocks, which are the natural FSDP units; the parameters outside those
 // blocks (embeddings, final norm, output head), which form the root unit; every parameter's
-// fully qualified name; and the one model-specific change tensor parallelism needs, telling
-// attention how many heads its sharded projections now hold. Wrappers depend on this
-// interface only, never on a concrete model.
+// fully qualified name; and what tensor parallelism needs of a model: how each parameter is
+// split (Megatron's layout), telling attention how many heads its sharded projections now
+// hold, and the TensorParallelOps the model's forward calls where Megatron communicates.
+// Wrappers depend on this interface only, never on a concrete model.
 //
 //   Wrappable& model = ...;  // e.g. a plait::models::CausalLM
 //   for (const Wrappable::Unit& block : model.Blocks()) {
@@ -11,6 +12,7 @@
 //   }
 //   // Tensor parallel over 4 ranks: shard q/k/v column-wise, then
 //   model.SetLocalHeads(model.NumHeads() / 4, model.NumKeyValueHeads() / 4);
+//   model.SetTensorParallelOps(&ops);  // the forward now calls ops at Megatron's points
 //
 // Names are the ones checkpoints use (Hugging Face names for plait's models), so wrapper
 // plans keyed by name patterns and checkpoint files agree.
@@ -27,6 +29,37 @@
 #include "torch/torch.h"
 
 namespace plait::wrap {
+
+// The communication tensor parallelism adds to a model's forward pass, called by the model
+// at the points of Megatron's layout (each an autograd function with its conjugate in the
+// backward). Activations between the blocks' matmuls are [B, T, hidden], or, with sequence
+// parallelism, this rank's slice of the sequence [B, T / tp, hidden]. Implemented by
+// wrap/tp; a model without it set runs as one process.
+class TensorParallelOps {
+ public:
+  virtual ~TensorParallelOps() = default;
+
+  // The input of column-parallel projections (q/k/v, gate/up, the output projection): the
+  // full activations [B, T, hidden] (all-gathered along the sequence with sequence
+  // parallelism); backward sums the gradient over the group (or reduce-scatters it).
+  virtual torch::Tensor EnterColumnParallel(const torch::Tensor& x) = 0;
+
+  // The output of a row-parallel projection (o/down, before any bias): this rank's partial
+  // products [B, T, hidden], summed over the group (reduce-scattered along the sequence with
+  // sequence parallelism); backward passes the gradient on (all-gathers it).
+  virtual torch::Tensor ExitRowParallel(const torch::Tensor& partial) = 0;
+
+  // The embedding of int64 `tokens` [B, T] with this rank's vocabulary rows `weight`:
+  // tokens outside them give zeros, and the ranks' lookups are summed (reduce-scattered
+  // along the sequence with sequence parallelism).
+  virtual torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& weight) = 0;
+
+  // Per position, -log p(targets[i]) from this rank's vocabulary slice of fp32 `logits`
+  // [N, vocab / tp] and global `targets` [N], without gathering the logits; 0 where the
+  // target is `ignore_index`. Differentiable in `logits`.
+  virtual torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                          int64_t ignore_index) = 0;
+};
 
 class Wrappable {
  public:
@@ -79,12 +112,28 @@ class Wrappable {
   virtual int64_t NumKeyValueHeads() const = 0;
 
   // Tells every block's attention the head counts its (sharded) projections hold after
-  // tensor-parallel sharding. InvalidArgument when the counts are not positive, do not divide
-  // the global counts, or `num_heads` is not a multiple of `num_kv_heads`.
+  // tensor-parallel sharding over s = NumHeads() / num_heads ranks: num_kv_heads is
+  // NumKeyValueHeads() / s, or 1 when s is a multiple of NumKeyValueHeads() (replicated
+  // key/value heads). InvalidArgument for any other counts.
   virtual absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) = 0;
 
   // Installs `hooks`, replacing any installed before.
   virtual void SetUnitHooks(UnitHooks hooks) = 0;
+
+  // How tensor parallelism splits a parameter, Megatron's layout:
+  //   kColumn: dim 0 (output features) into equal parts, one per rank (q_proj, gate/up);
+  //   kKeyValueColumn: dim 0 into the key/value heads (k_proj, v_proj), a rank holding
+  //     NumKeyValueHeads() / tp of them, or, when there are fewer heads than ranks, one
+  //     head shared by tp / NumKeyValueHeads() ranks;
+  //   kRow: dim 1 (input features) into equal parts (o_proj, down_proj weights);
+  //   kVocabulary: dim 0 (vocabulary rows) into equal parts (embedding, output projection);
+  //   kReplicated: whole on every rank (norms, the bias of a row-parallel projection).
+  // The model's forward must then call TensorParallelOps where the layout communicates.
+  enum class Split { kReplicated, kColumn, kKeyValueColumn, kRow, kVocabulary };
+  virtual Split TensorParallelSplit(const std::string& name) const = 0;
+
+  // Makes the forward pass call `ops` (nullptr: none; it must outlive its use).
+  virtual void SetTensorParallelOps(TensorParallelOps* ops) = 0;
 };
 
 }  // namespace plait::wrap

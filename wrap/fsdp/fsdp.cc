@@ -483,16 +483,19 @@ absl::Status FsdpStrategy::Apply(Wrappable& model, parallel::Communicator& commu
 
 void FsdpStrategy::UpdateTrainableParameters(
     std::vector<parallel::TrainableParameter>& parameters) {
-  // FSDP's shards in its unit order; each keeps the groups earlier strategies split it over.
-  std::map<std::string, std::vector<parallel::Communicator*>> earlier;
+  // FSDP's shards in its unit order; each keeps the groups earlier strategies split it over
+  // and how many ranks of those share it.
+  std::map<std::string, parallel::TrainableParameter> earlier;
   for (parallel::TrainableParameter& parameter : parameters) {
-    earlier[parameter.name] = std::move(parameter.sharded_over);
+    earlier[parameter.name] = std::move(parameter);
   }
   parameters = fsdp_->TrainableParameters();
   for (parallel::TrainableParameter& parameter : parameters) {
-    std::vector<parallel::Communicator*> groups = earlier[parameter.name];
+    const parallel::TrainableParameter& before = earlier[parameter.name];
+    std::vector<parallel::Communicator*> groups = before.sharded_over;
     groups.insert(groups.end(), parameter.sharded_over.begin(), parameter.sharded_over.end());
     parameter.sharded_over = std::move(groups);
+    parameter.replicas = before.replicas;
   }
 }
 

@@ -1,0 +1,114 @@
+// Tensor parallelism's autograd operators on 2 ranks (threads over Gloo): each forward and
+// backward against what one process computes on the whole tensors, and the
+// vocabulary-parallel cross-entropy and its gradient against torch's cross_entropy on the
+// gathered logits.
+#include "wrap/tp/collective_ops.h"
+
+#include <vector>
+
+#include "base/status_matchers.h"
+#include "gtest/gtest.h"
+#include "parallel/device_mesh.h"
+#include "parallel/test_ranks.h"
+#include "torch/torch.h"
+
+namespace plait::wrap::tp {
+namespace {
+
+using ::plait::base::testing::IsOk;
+
+constexpr int kRanks = 2;
+
+parallel::MeshLayout Layout() {
+  parallel::MeshConfig config;
+  auto* dim = config.add_dims();
+  dim->set_name("tp");
+  dim->set_size(kRanks);
+  return parallel::MeshLayout::Create(config, kRanks).value();
+}
+
+// Runs `body(rank, group)` on every rank.
+void OnRanks(const std::function<void(int, TpGroup&)>& body) {
+  parallel::testing::RunOnGlooMesh(Layout(), [&](int rank, parallel::DeviceMesh& mesh) {
+    TpGroup group(**mesh.communicator("tp"));
+    body(rank, group);
+    EXPECT_THAT(group.status(), IsOk());
+  });
+}
+
+// Per rank, a distinct input and output gradient of shape [2, 4, 3].
+torch::Tensor Input(int rank) {
+  return torch::arange(24, torch::kFloat32).view({2, 4, 3}) * (rank + 1);
+}
+torch::Tensor OutputGrad(int rank) { return torch::full({2, 4, 3}, 0.5f + rank); }
+
+TEST(CollectiveOpsTest, CopyToRegionSumsTheGradient) {
+  OnRanks([](int rank, TpGroup& group) {
+    const torch::Tensor x = Input(rank).requires_grad_();
+    const torch::Tensor y = CopyToRegion(x, group);
+    EXPECT_TRUE(torch::equal(y, x));
+    y.backward(OutputGrad(rank));
+    EXPECT_TRUE(torch::allclose(x.grad(), OutputGrad(0) + OutputGrad(1)));
+  });
+}
+
+TEST(CollectiveOpsTest, ReduceFromRegionSumsTheForward) {
+  OnRanks([](int rank, TpGroup& group) {
+    const torch::Tensor x = Input(rank).requires_grad_();
+    const torch::Tensor y = ReduceFromRegion(x, group);
+    EXPECT_TRUE(torch::allclose(y, Input(0) + Input(1)));
+    y.backward(OutputGrad(rank));
+    EXPECT_TRUE(torch::equal(x.grad(), OutputGrad(rank)));
+  });
+}
+
+TEST(CollectiveOpsTest, SequenceGatherAndReduceScatterAreConjugate) {
+  OnRanks([](int rank, TpGroup& group) {
+    // Gather: rank r's slice [2, 2, 3] lands at positions 2r, 2r + 1.
+    const torch::Tensor full = Input(0);
+    const torch::Tensor slice = full.narrow(1, 2 * rank, 2).clone().requires_grad_();
+    const torch::Tensor gathered = GatherSequence(slice, group);
+    EXPECT_TRUE(torch::equal(gathered, full));
+    gathered.backward(OutputGrad(rank));
+    EXPECT_TRUE(
+        torch::allclose(slice.grad(), (OutputGrad(0) + OutputGrad(1)).narrow(1, 2 * rank, 2)));
+
+    const torch::Tensor x = Input(rank).requires_grad_();
+    const torch::Tensor scattered = ReduceScatterSequence(x, group);
+    EXPECT_TRUE(torch::allclose(scattered, (Input(0) + Input(1)).narrow(1, 2 * rank, 2)));
+    const torch::Tensor grads =
+        torch::randn({2, 4, 3}, torch::Generator(at::detail::createCPUGenerator(7)));
+    scattered.backward(grads.narrow(1, 2 * rank, 2));
+    EXPECT_TRUE(torch::equal(x.grad(), grads));
+  });
+}
+
+TEST(CollectiveOpsTest, VocabParallelCrossEntropyEqualsCrossEntropyOnGatheredLogits) {
+  constexpr int64_t kRows = 6;
+  constexpr int64_t kVocab = 10;
+  const torch::Generator generator = at::detail::createCPUGenerator(3);
+  const torch::Tensor logits = torch::randn({kRows, kVocab}, generator) * 3;
+  // Targets in both ranks' halves, and one ignored.
+  const torch::Tensor targets = torch::tensor({0, 9, 4, 5, -100, 7}, torch::kInt64);
+  const torch::Tensor weights = torch::tensor({1.0f, 0.5f, 2.0f, -1.0f, 3.0f, 0.25f});
+
+  const torch::Tensor whole = logits.clone().requires_grad_();
+  const torch::Tensor expected = torch::nn::functional::cross_entropy(
+      whole, targets,
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone).ignore_index(-100));
+  (expected * weights).sum().backward();
+
+  OnRanks([&](int rank, TpGroup& group) {
+    constexpr int64_t kColumns = kVocab / kRanks;
+    const torch::Tensor mine = logits.narrow(1, rank * kColumns, kColumns).clone().requires_grad_();
+    const torch::Tensor loss =
+        VocabParallelCrossEntropy(mine, targets, rank * kColumns, -100, group);
+    EXPECT_TRUE(torch::allclose(loss, expected.detach(), 1e-5, 1e-6)) << loss << expected;
+    (loss * weights).sum().backward();
+    EXPECT_TRUE(torch::allclose(mine.grad(), whole.grad().narrow(1, rank * kColumns, kColumns),
+                                1e-5, 1e-6));
+  });
+}
+
+}  // namespace
+}  // namespace plait::wrap::tp

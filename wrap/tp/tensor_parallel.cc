@@ -1,0 +1,214 @@
+#include "wrap/tp/tensor_parallel.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/human.h"
+#include "base/status.h"
+
+namespace plait::wrap::tp {
+
+std::vector<std::string> HeadSplitProblems(int64_t num_heads, int64_t num_kv_heads, int tp) {
+  std::vector<std::string> problems;
+  if (num_heads % tp != 0) {
+    problems.push_back(absl::StrCat("num_attention_heads (", num_heads,
+                                    ") does not divide by the tensor-parallel size ", tp));
+  }
+  if (num_kv_heads % tp != 0 && tp % num_kv_heads != 0) {
+    problems.push_back(absl::StrCat("num_key_value_heads (", num_kv_heads,
+                                    ") neither divides by nor divides the tensor-parallel size ",
+                                    tp));
+  }
+  return problems;
+}
+
+absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
+    Wrappable& model, parallel::Communicator& communicator, const TensorParallelConfig& config) {
+  const int n = communicator.size();
+  const int rank = communicator.rank();
+  const std::vector<std::string> head_problems =
+      HeadSplitProblems(model.NumHeads(), model.NumKeyValueHeads(), n);
+  if (!head_problems.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor_parallel: ", head_problems.front()));
+  }
+  // Key/value heads: one slice per head group when they divide, else one head per
+  // n / kv ranks.
+  const int64_t kv_parts = std::min<int64_t>(model.NumKeyValueHeads(), n);
+  auto tp = std::unique_ptr<TensorParallel>(
+      new TensorParallel(model, communicator, config.sequence_parallel()));
+  std::vector<Slice> slices;
+  for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
+    Slice slice{named.name, named.parameter, 0, n, rank, 1};
+    switch (model.TensorParallelSplit(named.name)) {
+      case Wrappable::Split::kReplicated:
+        continue;
+      case Wrappable::Split::kColumn:
+      case Wrappable::Split::kVocabulary:
+        break;
+      case Wrappable::Split::kRow:
+        slice.dim = 1;
+        break;
+      case Wrappable::Split::kKeyValueColumn:
+        slice.parts = kv_parts;
+        slice.replicas = n / kv_parts;
+        slice.part = rank / slice.replicas;
+        break;
+    }
+    const torch::Tensor& full = named.parameter;
+    if (full.dim() <= slice.dim || full.size(slice.dim) % slice.parts != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor_parallel: ", named.name, " of shape ", c10::str(full.sizes()),
+                       " does not split into ", slice.parts, " equal parts along dim ", slice.dim,
+                       " over the tensor-parallel size ", n));
+    }
+    slices.push_back(std::move(slice));
+  }
+  PLAIT_RETURN_IF_ERROR(
+      model.SetLocalHeads(model.NumHeads() / n, model.NumKeyValueHeads() / kv_parts));
+  {
+    torch::NoGradGuard no_grad;
+    for (Slice& slice : slices) {
+      const int64_t length = slice.parameter.size(slice.dim) / slice.parts;
+      // A fresh tensor, so that the full one's memory goes with its last reference.
+      slice.parameter.set_data(
+          slice.parameter.narrow(slice.dim, slice.part * length, length).clone());
+    }
+  }
+  TensorParallel* self = tp.get();
+  for (const Slice& slice : slices) {
+    if (slice.replicas == 1 || !slice.parameter.requires_grad()) continue;
+    // The ranks sharing this slice each hold part of its gradient: each puts its own at its
+    // slice's place in a buffer of every slice, and the group sums the buffers.
+    tp->AddGradientHook(slice.parameter, [self, parts = slice.parts,
+                                          part = slice.part](torch::Tensor grad) {
+      std::vector<int64_t> sizes = grad.sizes().vec();
+      sizes.insert(sizes.begin(), parts);
+      torch::Tensor buffer = torch::zeros(sizes, grad.options());
+      buffer[part].copy_(grad);
+      self->group_.Wait(self->group_.communicator().AllReduce(buffer, parallel::ReduceOp::kSum));
+      return buffer[part];
+    });
+  }
+  if (tp->sequence_parallel_) {
+    // Each rank computed a replicated parameter's gradient from its slice of the sequence.
+    for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
+      if (model.TensorParallelSplit(named.name) != Wrappable::Split::kReplicated ||
+          !named.parameter.requires_grad()) {
+        continue;
+      }
+      tp->AddGradientHook(named.parameter, [self](torch::Tensor grad) {
+        torch::Tensor sum = grad.contiguous().clone();
+        self->group_.Wait(self->group_.communicator().AllReduce(sum, parallel::ReduceOp::kSum));
+        return sum;
+      });
+    }
+  }
+  tp->slices_ = std::move(slices);
+  model.SetTensorParallelOps(tp.get());
+  return tp;
+}
+
+TensorParallel::TensorParallel(Wrappable& model, parallel::Communicator& communicator,
+                               bool sequence_parallel)
+    : model_(model), group_(communicator), sequence_parallel_(sequence_parallel) {}
+
+TensorParallel::~TensorParallel() {
+  model_.SetTensorParallelOps(nullptr);
+  for (auto& [parameter, position] : hooks_) parameter.remove_hook(position);
+}
+
+void TensorParallel::AddGradientHook(torch::Tensor parameter,
+                                     std::function<torch::Tensor(torch::Tensor)> hook) {
+  const unsigned position = parameter.register_hook(std::move(hook));
+  hooks_.emplace_back(std::move(parameter), position);
+}
+
+torch::Tensor TensorParallel::EnterColumnParallel(const torch::Tensor& x) {
+  return sequence_parallel_ ? GatherSequence(x, group_) : CopyToRegion(x, group_);
+}
+
+torch::Tensor TensorParallel::ExitRowParallel(const torch::Tensor& partial) {
+  return sequence_parallel_ ? ReduceScatterSequence(partial, group_)
+                            : ReduceFromRegion(partial, group_);
+}
+
+torch::Tensor TensorParallel::Embed(const torch::Tensor& tokens, const torch::Tensor& weight) {
+  const int64_t rows = weight.size(0);
+  const torch::Tensor local = tokens - group_.rank() * rows;
+  const torch::Tensor mine = (local >= 0) & (local < rows);
+  const torch::Tensor looked_up =
+      torch::embedding(weight, torch::where(mine, local, torch::zeros_like(local)));
+  return ExitRowParallel(looked_up.masked_fill(~mine.unsqueeze(-1), 0));
+}
+
+torch::Tensor TensorParallel::TokenCrossEntropy(const torch::Tensor& logits,
+                                                const torch::Tensor& targets,
+                                                int64_t ignore_index) {
+  return VocabParallelCrossEntropy(logits, targets, group_.rank() * logits.size(1), ignore_index,
+                                   group_);
+}
+
+void TensorParallel::MarkSharded(std::vector<parallel::TrainableParameter>& parameters) const {
+  for (parallel::TrainableParameter& parameter : parameters) {
+    const auto slice = std::find_if(slices_.begin(), slices_.end(),
+                                    [&](const Slice& s) { return s.name == parameter.name; });
+    if (slice == slices_.end()) continue;
+    parameter.sharded_over.push_back(&group_.communicator());
+    parameter.replicas *= slice->replicas;
+  }
+}
+
+absl::Status TensorParallel::GatherFull(std::map<std::string, torch::Tensor>& parameters) {
+  const int n = group_.size();
+  torch::NoGradGuard no_grad;
+  for (const Slice& slice : slices_) {
+    auto it = parameters.find(slice.name);
+    if (it == parameters.end()) continue;
+    const torch::Tensor mine = it->second.detach().contiguous();
+    torch::Tensor gathered = torch::empty({n * mine.numel()}, mine.options());
+    PLAIT_RETURN_IF_ERROR(group_.communicator().AllGather(mine.view({-1}), gathered)->Wait());
+    std::vector<int64_t> sizes = mine.sizes().vec();
+    sizes.insert(sizes.begin(), n);
+    // [n, slice...]: one slice per rank; ranks that share a slice hold it once.
+    torch::Tensor by_rank = gathered.view(sizes).slice(0, 0, n, slice.replicas);
+    // The parts next to each other along the split dimension.
+    it->second = by_rank.movedim(0, slice.dim).flatten(slice.dim, slice.dim + 1).contiguous();
+  }
+  return absl::OkStatus();
+}
+
+StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape, int dim_size) const {
+  // Ring all-reduces of the [tokens, hidden] activations in the parameters' dtype: per block
+  // two forward (after o_proj and down_proj) and two backward (into the q/k/v and gate/up
+  // inputs), plus the embedding's forward and the output projection's input backward; with
+  // sequence parallelism each is an all-gather and a reduce-scatter, the same bytes. The
+  // loss all-reduces three fp32 numbers per token.
+  const double ring = static_cast<double>(dim_size - 1) / dim_size;
+  const double activation_bytes =
+      shape.micro_batch_tokens * shape.hidden_size * shape.parameter_bytes;
+  const double per_collective = 2.0 * ring * activation_bytes;
+  StepEstimate estimate;
+  estimate.description = absl::StrFormat(
+      "tensor_parallel over %s (%d ranks%s): heads, MLP columns and the vocabulary split, each "
+      "rank keeps about 1/%d of %s parameters; per block 2 %s of %s activations forward and 2 "
+      "backward (%s sent each), 1 more each way for the embedding and output projection, and "
+      "the loss on vocabulary-sharded logits",
+      config_.mesh_dim(), dim_size, config_.sequence_parallel() ? ", sequence parallel" : "",
+      dim_size, base::HumanCount(shape.parameters),
+      config_.sequence_parallel() ? "all-gather + reduce-scatter pairs" : "all-reduces",
+      base::HumanBytes(activation_bytes), base::HumanBytes(per_collective));
+  estimate.parameter_fraction = 1.0 / dim_size;
+  estimate.bytes_sent_per_micro_batch =
+      (4.0 * static_cast<double>(shape.num_blocks) + 2.0) * per_collective +
+      2.0 * ring * 3.0 * shape.micro_batch_tokens * sizeof(float);
+  return estimate;
+}
+
+absl::Status TensorParallelStrategy::Apply(Wrappable& model, parallel::Communicator& communicator) {
+  PLAIT_ASSIGN_OR_RETURN(tp_, TensorParallel::Create(model, communicator, config_));
+  return absl::OkStatus();
+}
+
+}  // namespace plait::wrap::tp

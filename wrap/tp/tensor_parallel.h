@@ -1,0 +1,118 @@
+// Tensor parallelism on one mesh dimension, Megatron's layout (Shoeybi et al. 2019; with
+// Korthikanti et al. 2022's sequence parallelism): every parameter the model's
+// Wrappable::TensorParallelSplit names as split is replaced, in place, by this rank's slice
+// (the parameter keeps its identity; the full tensor's memory is released), attention runs
+// with the local head counts, and the model's forward calls this object (TensorParallelOps)
+// where the layout communicates: the conjugate all-reduces around column- and row-parallel
+// projections (or, with sequence_parallel, all-gathers and reduce-scatters along the
+// sequence), the vocabulary-parallel embedding, and the cross-entropy of vocabulary-sharded
+// logits. Gradients that the layout leaves partial are summed over the group in backward,
+// before they are accumulated: those of key/value heads shared by several ranks (fewer
+// heads than ranks) among those ranks, and with sequence parallelism those of the replicated
+// parameters (norms, row-parallel biases). The optimizer trains the slices
+// (UpdateTrainableParameters); FSDP on another dimension shards them further.
+// TensorParallelStrategy is its preparation strategy (strategy.h), applied through
+// wrap::Preparation (preparation.h) before FSDP or DDP.
+#ifndef PLAIT_WRAP_TP_TENSOR_PARALLEL_H_
+#define PLAIT_WRAP_TP_TENSOR_PARALLEL_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "parallel/communicator.h"
+#include "parallel/trainable_parameter.h"
+#include "torch/torch.h"
+#include "wrap/strategy.h"
+#include "wrap/tp/collective_ops.h"
+#include "wrap/wrap.pb.h"
+#include "wrap/wrappable.h"
+
+namespace plait::wrap::tp {
+
+// The problems of splitting a model's `num_heads` attention heads and `num_kv_heads`
+// key/value heads over `tp` ranks, one sentence each naming the count ("num_attention_heads
+// (6) does not divide by the tensor-parallel size 4"); empty when they split: heads divide by
+// tp, and kv heads divide by tp or tp by them (then shared).
+std::vector<std::string> HeadSplitProblems(int64_t num_heads, int64_t num_kv_heads, int tp);
+
+class TensorParallel final : public TensorParallelOps {
+ public:
+  // Replaces the model's split parameters by this rank's slices (the model must be the
+  // same on every rank, e.g. initialised from one seed) and installs the ops and hooks.
+  // InvalidArgument naming the count or parameter that does not divide by the group's size.
+  static absl::StatusOr<std::unique_ptr<TensorParallel>> Create(
+      Wrappable& model, parallel::Communicator& communicator, const TensorParallelConfig& config);
+  ~TensorParallel() override;
+
+  // TensorParallelOps.
+  torch::Tensor EnterColumnParallel(const torch::Tensor& x) override;
+  torch::Tensor ExitRowParallel(const torch::Tensor& partial) override;
+  torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& weight) override;
+  torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                  int64_t ignore_index) override;
+
+  // Marks the split parameters among `parameters` as sharded over this group (and shared
+  // key/value heads as replicated `replicas` times in it).
+  void MarkSharded(std::vector<parallel::TrainableParameter>& parameters) const;
+
+  // Replaces the split parameters' entries of `parameters` (this rank's slices) by the
+  // whole tensors, gathered from the group; every rank of the group must call it.
+  absl::Status GatherFull(std::map<std::string, torch::Tensor>& parameters);
+
+  // The first error of a collective since wrapping.
+  absl::Status status() const { return group_.status(); }
+
+ private:
+  // A split parameter: its slice `part` of `parts` along `dim`, held by `replicas` ranks.
+  struct Slice {
+    std::string name;
+    torch::Tensor parameter;
+    int64_t dim;
+    int64_t parts;
+    int64_t part;
+    int64_t replicas;
+  };
+
+  TensorParallel(Wrappable& model, parallel::Communicator& communicator, bool sequence_parallel);
+
+  // Registers `hook` on `parameter`'s gradient, removed when this object goes.
+  void AddGradientHook(torch::Tensor parameter, std::function<torch::Tensor(torch::Tensor)> hook);
+
+  Wrappable& model_;
+  TpGroup group_;
+  const bool sequence_parallel_;
+  std::vector<Slice> slices_;
+  std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // parameter and hook position
+};
+
+// Tensor parallelism as a preparation strategy: "tensor_parallel" in plans and rules.
+class TensorParallelStrategy final : public Strategy {
+ public:
+  explicit TensorParallelStrategy(TensorParallelConfig config) : config_(std::move(config)) {}
+
+  absl::string_view name() const override { return "tensor_parallel"; }
+  const std::string& mesh_dim() const override { return config_.mesh_dim(); }
+  bool splits_batch() const override { return false; }
+  StepEstimate Estimate(const ModelShape& shape, int dim_size) const override;
+  absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) override;
+  void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) override {
+    tp_->MarkSharded(parameters);
+  }
+  absl::Status BackwardStatus() const override { return tp_->status(); }
+  absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override {
+    return tp_->GatherFull(parameters);
+  }
+
+ private:
+  TensorParallelConfig config_;
+  std::unique_ptr<TensorParallel> tp_;
+};
+
+}  // namespace plait::wrap::tp
+
+#endif  // PLAIT_WRAP_TP_TENSOR_PARALLEL_H_

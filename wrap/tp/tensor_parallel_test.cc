@@ -1,0 +1,243 @@
+// Tensor parallelism on the tiny Llama over 2 and 4 ranks (threads over Gloo), beside the
+// training parity of wrap/parity_test.cc: the forward logits equal one process's, the
+// optimizer owns the model's tensor-parallel slices and nothing holds the full tensors any
+// more, TP after FSDP is refused, and the bytes each rank sends per step are the theory's.
+#include "wrap/tp/tensor_parallel.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
+#include "c10/util/accumulate.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/model_config.h"
+#include "optim/optimizer.h"
+#include "parallel/device_mesh.h"
+#include "parallel/test_ranks.h"
+#include "torch/torch.h"
+#include "wrap/preparation.h"
+
+namespace plait::wrap::tp {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int64_t kBatch = 4;
+constexpr int64_t kSeqLen = 16;
+
+models::ModelConfig Tiny() { return models::PresetConfig("tiny").value(); }
+
+std::shared_ptr<models::CausalLM> MakeModel() {
+  models::InitConfig init;
+  init.set_seed(5);
+  return models::CausalLM::Create(Tiny(), init).value();
+}
+
+torch::Tensor Tokens(int64_t seq_len = kSeqLen) {
+  return torch::randint(Tiny().vocab_size(), {kBatch, seq_len + 1},
+                        torch::Generator(at::detail::createCPUGenerator(11)));
+}
+
+parallel::MeshLayout Layout(std::vector<std::pair<std::string, int>> dims) {
+  parallel::MeshConfig config;
+  int world = 1;
+  for (const auto& [name, size] : dims) {
+    auto* dim = config.add_dims();
+    dim->set_name(name);
+    dim->set_size(size);
+    world *= size;
+  }
+  return parallel::MeshLayout::Create(config, world).value();
+}
+
+PrepareStep TensorParallelStep(bool sequence_parallel) {
+  PrepareStep step;
+  step.mutable_tensor_parallel()->set_mesh_dim("tp");
+  step.mutable_tensor_parallel()->set_sequence_parallel(sequence_parallel);
+  return step;
+}
+
+class TensorParallelTest : public ::testing::TestWithParam<bool> {};  // sequence parallel
+
+TEST_P(TensorParallelTest, LogitsAreTheSingleProcessLogitsVocabularySlice) {
+  const torch::Tensor tokens = Tokens().narrow(1, 0, kSeqLen);
+  torch::Tensor expected;
+  {
+    torch::NoGradGuard no_grad;
+    expected = MakeModel()->Forward(tokens);
+  }
+  parallel::testing::RunOnGlooMesh(Layout({{"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    auto preparation = Preparation::Begin(*model, mesh);
+    ASSERT_THAT(preparation, IsOk());
+    ASSERT_THAT((*preparation)->Apply(TensorParallelStep(GetParam())), IsOk());
+    torch::NoGradGuard no_grad;
+    const torch::Tensor logits = model->Forward(tokens);
+    const int64_t columns = Tiny().vocab_size() / 2;
+    ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{kBatch, kSeqLen, columns}));
+    EXPECT_TRUE(torch::allclose(logits, expected.narrow(2, rank * columns, columns), 1e-4, 1e-5));
+    EXPECT_THAT((*preparation)->BackwardStatus(), IsOk());
+  });
+}
+
+// The regression the strategy order exists for: the optimizer trains the very tensors the
+// prepared model computes with, its slices, and no full-size tensor of a split parameter
+// stays alive to be trained or read by mistake.
+TEST_P(TensorParallelTest, OptimizerOwnsTheSlicesAndNoFullTensorStaysAlive) {
+  parallel::testing::RunOnGlooMesh(Layout({{"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    std::map<std::string, c10::weak_intrusive_ptr<c10::StorageImpl>> full_storage;
+    std::map<std::string, std::vector<int64_t>> full_shape;
+    for (const auto& named : model->NamedParameters()) {
+      full_storage.emplace(named.name, named.parameter.storage().getWeakStorageImpl());
+      full_shape[named.name] = named.parameter.sizes().vec();
+    }
+    auto preparation = Preparation::Begin(*model, mesh);
+    ASSERT_THAT(preparation, IsOk());
+    ASSERT_THAT((*preparation)->Apply(TensorParallelStep(GetParam())), IsOk());
+    auto parameters = (*preparation)->TakeTrainableParameters();
+    ASSERT_THAT(parameters, IsOk());
+    optim::OptimizerConfig config;
+    config.mutable_adamw();
+    auto optimizer = optim::Optimizer::Create(*parameters, config);
+    ASSERT_THAT(optimizer, IsOk());
+    const auto tokens = Tokens();
+    model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
+    ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+    ASSERT_THAT((*optimizer)->Step(1e-3), IsOk());
+
+    const auto named = model->NamedParameters();
+    ASSERT_EQ((*optimizer)->parameters().size(), named.size());
+    int split = 0;
+    for (size_t i = 0; i < named.size(); ++i) {
+      const parallel::TrainableParameter& trained = (*optimizer)->parameters()[i];
+      ASSERT_EQ(trained.name, named[i].name);
+      EXPECT_TRUE(trained.tensor.is_same(named[i].parameter)) << trained.name;
+      if (model->TensorParallelSplit(trained.name) == Wrappable::Split::kReplicated) {
+        EXPECT_TRUE(trained.sharded_over.empty()) << trained.name;
+        continue;
+      }
+      ++split;
+      EXPECT_EQ(trained.tensor.numel() * 2, c10::multiply_integers(full_shape.at(trained.name)))
+          << trained.name;
+      EXPECT_THAT(trained.sharded_over, ::testing::ElementsAre(*mesh.communicator("tp")));
+      // The full tensor's memory went with its last reference.
+      EXPECT_TRUE(full_storage.at(trained.name).expired()) << trained.name;
+    }
+    EXPECT_EQ(split, 1 + 7 * Tiny().num_hidden_layers() + 1);  // embedding, block matmuls, head
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(SequenceParallel, TensorParallelTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "sequence_parallel" : "plain";
+                         });
+
+TEST(TensorParallelRulesTest, TensorParallelAfterFsdpIsRefused) {
+  parallel::testing::RunOnGlooMesh(
+      Layout({{"dp", 1}, {"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
+        std::shared_ptr<models::CausalLM> model = MakeModel();
+        auto preparation = Preparation::Begin(*model, mesh, "plan.prepare");
+        ASSERT_THAT(preparation, IsOk());
+        PrepareStep fsdp;
+        fsdp.mutable_fsdp()->set_mesh_dim("dp");
+        ASSERT_THAT((*preparation)->Apply(fsdp), IsOk());
+        EXPECT_THAT((*preparation)->Apply(TensorParallelStep(false)),
+                    StatusIs(absl::StatusCode::kInvalidArgument,
+                             AllOf(HasSubstr("plan.prepare[0].fsdp: tensor_parallel "
+                                             "(plan.prepare[1]) must come before fsdp"),
+                                   HasSubstr("rule tp_before_fsdp"))));
+      });
+}
+
+TEST(TensorParallelRulesTest, HeadsThatDoNotSplitAreRefused) {
+  EXPECT_THAT(HeadSplitProblems(4, 2, 4), ::testing::IsEmpty());  // kv heads shared
+  EXPECT_THAT(HeadSplitProblems(8, 8, 4), ::testing::IsEmpty());
+  EXPECT_THAT(HeadSplitProblems(6, 3, 4),
+              ::testing::ElementsAre(
+                  "num_attention_heads (6) does not divide by the tensor-parallel size 4",
+                  "num_key_value_heads (3) neither divides by nor divides the tensor-parallel "
+                  "size 4"));
+  parallel::testing::RunOnGlooMesh(Layout({{"tp", 3}}), [&](int rank, parallel::DeviceMesh& mesh) {
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    auto preparation = Preparation::Begin(*model, mesh, "plan.prepare");
+    ASSERT_THAT(preparation, IsOk());
+    EXPECT_THAT((*preparation)->Apply(TensorParallelStep(false)),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("plan.prepare[0]: tensor_parallel: num_attention_heads (4) "
+                                   "does not divide by the tensor-parallel size 3")));
+  });
+}
+
+// Bytes a rank sends for an all-reduce (ring: reduce-scatter then all-gather) of `elements`
+// fp32 values over `n` ranks; an all-gather and a reduce-scatter send half that each.
+double AllReduceBytes(double elements, int n) { return 2.0 * (n - 1) / n * elements * 4; }
+
+struct BytesCase {
+  int tp;
+  bool sequence_parallel;
+};
+
+class TensorParallelBytesTest : public ::testing::TestWithParam<BytesCase> {};
+
+TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
+  const int n = GetParam().tp;
+  const bool sp = GetParam().sequence_parallel;
+  const models::ModelConfig config = Tiny();
+  const double activations = kBatch * kSeqLen * config.hidden_size();
+  const double layers = config.num_hidden_layers();
+  const double positions = kBatch * kSeqLen;
+  // Per block two all-reduces of the activations forward (after o_proj and down_proj) and
+  // two backward (into the q/k/v and gate/up inputs); one forward for the embedding and one
+  // backward for the output projection's input. With sequence parallelism each becomes an
+  // all-gather and a reduce-scatter, the same bytes; the replicated norm weights' gradients
+  // are then summed (2 per block and the final norm).
+  double expected = (4 * layers + 2) * AllReduceBytes(activations, n);
+  if (sp) expected += AllReduceBytes((2 * layers + 1) * config.hidden_size(), n);
+  // The loss: the row maxima, then the sums of exponentials and the target logits.
+  expected += AllReduceBytes(positions, n) + AllReduceBytes(2 * positions, n);
+  // Key/value heads shared by n / kv ranks: their weight gradients summed, one buffer of
+  // every head each (k_proj and v_proj per block).
+  const int64_t kv = config.num_key_value_heads();
+  const int64_t head_dim = config.hidden_size() / config.num_attention_heads();
+  if (kv < n) {
+    expected += 2 * layers * AllReduceBytes(kv * head_dim * config.hidden_size(), n);
+  }
+  parallel::testing::RunOnGlooMesh(Layout({{"tp", n}}), [&](int rank, parallel::DeviceMesh& mesh) {
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    auto preparation = Preparation::Begin(*model, mesh);
+    ASSERT_THAT(preparation, IsOk());
+    ASSERT_THAT((*preparation)->Apply(TensorParallelStep(sp)), IsOk());
+    parallel::Communicator& group = **mesh.communicator("tp");
+    auto sent = [&] {
+      int64_t bytes = 0;
+      for (auto collective : {parallel::Collective::kAllReduce, parallel::Collective::kAllGather,
+                              parallel::Collective::kReduceScatter}) {
+        bytes += group.traffic(collective).bytes_sent;
+      }
+      return bytes;
+    };
+    const int64_t before = sent();
+    const auto tokens = Tokens();
+    model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
+    ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+    EXPECT_DOUBLE_EQ(static_cast<double>(sent() - before), expected) << "rank " << rank;
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelBytesTest,
+                         ::testing::Values(BytesCase{2, false}, BytesCase{2, true},
+                                           BytesCase{4, false}),
+                         [](const ::testing::TestParamInfo<BytesCase>& info) {
+                           return absl::StrCat("tp_", info.param.tp,
+                                               info.param.sequence_parallel ? "_sp" : "");
+                         });
+
+}  // namespace
+}  // namespace plait::wrap::tp
