@@ -29,20 +29,24 @@ class DirectPreference : public Objective {
       torch::NoGradGuard no_grad;
       reference = reference_.SequenceLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget);
     }
-    torch::Tensor policy_logps =
+    const torch::Tensor policy_logps =
         policy.SequenceLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget);
-    if (config_.loss_type() == DPO_LOSS_IPO) {
-      // TRL averages the log-probabilities over the completion tokens for IPO.
-      const torch::Tensor lengths =
-          (batch.targets != data::kIgnoreTarget).sum(-1).to(torch::kFloat32);
-      policy_logps = policy_logps / lengths;
-      reference = reference / lengths;
-    }
     const int64_t pairs = batch.inputs.size(0) / 2;
     const auto chosen = [&](const torch::Tensor& t) { return t.narrow(0, 0, pairs); };
     const auto rejected = [&](const torch::Tensor& t) { return t.narrow(0, pairs, pairs); };
-    const DpoTerms terms = DpoLoss(config_, chosen(policy_logps), rejected(policy_logps),
-                                   chosen(reference), rejected(reference));
+    const auto loss_of = [&](const torch::Tensor& policy, const torch::Tensor& reference) {
+      return DpoLoss(config_, chosen(policy), rejected(policy), chosen(reference),
+                     rejected(reference));
+    };
+    // The rewards and log-probabilities reported are of whole sequences for every loss type,
+    // as TRL (1.x) reports them.
+    DpoTerms terms = loss_of(policy_logps, reference);
+    if (config_.loss_type() == DPO_LOSS_IPO) {
+      // TRL averages the log-probabilities over the completion tokens for the IPO loss.
+      const torch::Tensor lengths =
+          (batch.targets != data::kIgnoreTarget).sum(-1).to(torch::kFloat32);
+      terms.losses = loss_of(policy_logps / lengths, reference / lengths).losses;
+    }
     const auto mean = [](const torch::Tensor& t) { return t.mean().item<double>(); };
     return {terms.losses.mean(),
             {{"rewards/chosen", mean(terms.chosen_rewards)},

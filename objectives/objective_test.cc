@@ -64,6 +64,25 @@ TEST(ObjectiveTest, DpoWithThePolicyAsItsReferenceLosesExactlyLn2) {
   }
 }
 
+// IPO's loss reads length-averaged log-probabilities, but its rewards and log-probabilities
+// are reported of whole sequences, as for the other losses (TRL 1.x's metrics).
+TEST(ObjectiveTest, IpoReportsTheRewardsOfWholeSequences) {
+  auto policy = TinyModel(1);
+  auto reference = TinyModel(2);
+  ObjectiveConfig sigmoid = DpoAgainst("ref");
+  ObjectiveConfig ipo = sigmoid;
+  ipo.mutable_dpo()->set_loss_type(DPO_LOSS_IPO);
+  auto sigmoid_objective = MakeObjective(sigmoid, {{"ref", reference.get()}}, "plan.objective");
+  auto ipo_objective = MakeObjective(ipo, {{"ref", reference.get()}}, "plan.objective");
+  ASSERT_THAT(sigmoid_objective, IsOk());
+  ASSERT_THAT(ipo_objective, IsOk());
+  const ObjectiveOutput sigmoid_out = (*sigmoid_objective)->Compute(*policy, TwoPairs());
+  const ObjectiveOutput ipo_out = (*ipo_objective)->Compute(*policy, TwoPairs());
+  EXPECT_EQ(ipo_out.metrics, sigmoid_out.metrics);
+  EXPECT_NE(sigmoid_out.metrics[0].second, 0.0);  // rewards/chosen: the models differ
+  EXPECT_NE(ipo_out.loss.item<float>(), sigmoid_out.loss.item<float>());
+}
+
 TEST(ObjectiveTest, DpoNeedsAKnownReference) {
   EXPECT_THAT(MakeObjective(DpoAgainst("ref"), {}, "plan.objective"),
               StatusIs(absl::StatusCode::kInvalidArgument,
