@@ -78,10 +78,6 @@ std::vector<base::Violation> CheckObjective(
                                                      : "; only the sigmoid and robust losses "
                                                        "smooth labels: leave it 0"));
   }
-  if (dpo.precompute_reference()) {
-    add(".dpo.precompute_reference",
-        "is not supported yet; the reference model runs beside the policy at every step");
-  }
   return problems;
 }
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -274,7 +275,7 @@ TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
                                          plan.training().seq_len(), rank, 2, "plan.data");
     ASSERT_THAT(data, IsOk());
     for (int step = 0; step < 3; ++step) {
-      (*objective)->Compute((*policy)->model(), data->Next().value()).loss.backward();
+      (*objective)->Compute((*policy)->model(), data->Next().value())->loss.backward();
       ASSERT_THAT((*policy)->preparation().BackwardStatus(), IsOk());
       ASSERT_THAT((*optimizer)->Step(1e-3), IsOk());
       (*optimizer)->ZeroGrad();
@@ -310,9 +311,33 @@ Plan DpoPlan(const std::string& layout) {
   return plan;
 }
 
-void ExpectNearRelative(double actual, double expected, const std::string& what) {
+void ExpectNearRelative(double actual, double expected, const std::string& what,
+                        double tolerance = 1e-5) {
   // Rewards start at exactly 0: below 1e-2 the tolerance is absolute.
-  EXPECT_NEAR(actual, expected, 1e-5 * std::max(std::abs(expected), 1e-2)) << what;
+  EXPECT_NEAR(actual, expected, tolerance * std::max(std::abs(expected), 1e-2)) << what;
+}
+
+// Every step's loss, gradient norm and training and evaluation metrics of `run` are those of
+// `expected` within `tolerance`, relative.
+void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const std::string& layout,
+                     double tolerance = 1e-5) {
+  ASSERT_EQ(run.steps.size(), expected.steps.size());
+  for (size_t i = 0; i < expected.steps.size(); ++i) {
+    const metrics::StepMetrics& a = run.steps[i];
+    const metrics::StepMetrics& e = expected.steps[i];
+    const std::string step = absl::StrCat(layout, " step ", e.step, " ");
+    ExpectNearRelative(a.loss, e.loss, step + "loss", tolerance);
+    ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm", tolerance);
+    ASSERT_EQ(a.named.size(), e.named.size());
+    for (size_t m = 0; m < e.named.size(); ++m) {
+      ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first, tolerance);
+    }
+    ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
+    for (size_t m = 0; m < e.eval_named.size(); ++m) {
+      ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
+                         step + "eval_" + e.eval_named[m].first, tolerance);
+    }
+  }
 }
 
 TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
@@ -327,25 +352,31 @@ TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
   }
   EXPECT_LT(single.steps.back().loss, single.steps.front().loss);
   for (const std::string layout : {"fsdp", "ddp"}) {
-    const TrainReport run = TrainOnRanks(DpoPlan(layout), 2);
-    ASSERT_EQ(run.steps.size(), single.steps.size());
-    for (size_t i = 0; i < single.steps.size(); ++i) {
-      const metrics::StepMetrics& a = run.steps[i];
-      const metrics::StepMetrics& e = single.steps[i];
-      const std::string step = absl::StrCat(layout, " step ", e.step, " ");
-      ExpectNearRelative(a.loss, e.loss, step + "loss");
-      ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm");
-      ASSERT_EQ(a.named.size(), e.named.size());
-      for (size_t m = 0; m < e.named.size(); ++m) {
-        ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first);
-      }
-      ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
-      for (size_t m = 0; m < e.eval_named.size(); ++m) {
-        ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
-                           step + "eval_" + e.eval_named[m].first);
-      }
-    }
+    ExpectSameSteps(TrainOnRanks(DpoPlan(layout), 2), single, layout);
   }
+}
+
+// precompute_reference: the FSDP-sharded reference's log-probabilities computed before the
+// first step, and the reference released, train as the live reference does, step by step
+// (training and evaluation metrics) to 1e-6. The reference is another network than the
+// policy's start, so that the rewards are not 0 from the start.
+TEST(DpoTest, APrecomputedReferenceTrainsAsTheLiveOne) {
+  Plan live = DpoPlan("fsdp");
+  live.mutable_frozen(0)->mutable_model()->mutable_init()->set_seed(2);
+  Plan precomputed = live;
+  precomputed.mutable_objective()->mutable_dpo()->set_precompute_reference(true);
+  const TrainReport expected = TrainOnRanks(live, 2);
+  std::ostringstream log;
+  TrainOptions options;
+  options.log = &log;
+  ExpectSameSteps(TrainOnRanks(precomputed, 2, options), expected, "precomputed", 1e-6);
+  EXPECT_NE(expected.steps[0].named[0].second, 0.0);  // rewards/chosen
+  // 8 pairs, 16 rows, in each micro-batch of rank 0.
+  EXPECT_THAT(log.str(),
+              HasSubstr("precomputed the reference log-probabilities of 176 rows on rank 0 (10 "
+                        "training and 1 eval micro-batches per rank)"));
+  EXPECT_THAT(log.str(), HasSubstr("released the reference model \"reference\": the heap in use "
+                                   "fell by"));
 }
 
 }  // namespace

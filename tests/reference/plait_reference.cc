@@ -321,7 +321,8 @@ absl::Status RunDpo() {
         objectives::MakeObjective(configs[c], {{configs[c].dpo().reference(), reference.get()}},
                                   absl::StrCat("configs[", c, "]")));
     policy->zero_grad(/*set_to_none=*/true);
-    const objectives::ObjectiveOutput output = objective->Compute(*policy, batch);
+    PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
+                           objective->Compute(*policy, batch));
     output.loss.backward();
     results.emplace_back(absl::StrCat(c, ".loss"), output.loss.detach().reshape({1}));
     for (const auto& [name, value] : output.metrics) {
