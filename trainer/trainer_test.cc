@@ -19,6 +19,8 @@
 #include "data/testing_token_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/model_config.h"
 #include "objectives/objective.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
@@ -225,6 +227,75 @@ TEST(TrainTest, EvalBatchesBeyondTheHeldOutFileAreRefused) {
   });
 }
 
+void ExpectNearRelative(double actual, double expected, const std::string& what,
+                        double tolerance = 1e-5) {
+  // Rewards start at exactly 0: below 1e-2 the tolerance is absolute.
+  EXPECT_NEAR(actual, expected, tolerance * std::max(std::abs(expected), 1e-2)) << what;
+}
+
+// Every step's loss, gradient norm and training and evaluation metrics of `run` are those of
+// `expected` within `tolerance`, relative.
+void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const std::string& layout,
+                     double tolerance = 1e-5) {
+  ASSERT_EQ(run.steps.size(), expected.steps.size());
+  for (size_t i = 0; i < expected.steps.size(); ++i) {
+    const metrics::StepMetrics& a = run.steps[i];
+    const metrics::StepMetrics& e = expected.steps[i];
+    const std::string step = absl::StrCat(layout, " step ", e.step, " ");
+    ExpectNearRelative(a.loss, e.loss, step + "loss", tolerance);
+    ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm", tolerance);
+    ASSERT_EQ(a.named.size(), e.named.size());
+    for (size_t m = 0; m < e.named.size(); ++m) {
+      ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first, tolerance);
+    }
+    ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
+    for (size_t m = 0; m < e.eval_named.size(); ++m) {
+      ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
+                         step + "eval_" + e.eval_named[m].first, tolerance);
+    }
+  }
+}
+
+// //trainer:llama_sft's plan: its first step's loss is the initial model's cross-entropy of
+// the completion tokens alone (a prompt's tokens carry no loss: with them scored the loss
+// would differ), and FSDP on 2 ranks trains it as one process does.
+TEST(SftTest, PromptTokensCarryNoLossAndFsdpTrainsAsOneProcess) {
+  Plan plan = LoadShippedPlan("llama_sft");
+  Plan single = plan;
+  single.clear_mesh();
+  single.clear_prepare();
+  ASSERT_THAT(ApplyOverride("training.micro_batch=16", single), IsOk());
+  const TrainReport expected = TrainOnRanks(single, 1);
+  ASSERT_EQ(expected.steps.size(), 10u);
+  EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss);
+
+  const data::DataConfig data = data::ResolvedDataConfig(single.data());
+  auto loader = data::DataLoader::Create(data, data::Split::kTrain, 4096, 16,
+                                         single.training().seq_len(), 0, 1, "plan.data");
+  ASSERT_THAT(loader, IsOk());
+  const data::Batch batch = loader->Next().value();
+  auto config = models::ResolveModelSpec(single.model(), "plan.model");
+  ASSERT_THAT(config, IsOk());
+  auto model = models::CausalLM::Create(*config, single.model().init());
+  ASSERT_THAT(model, IsOk());
+  torch::NoGradGuard no_grad;
+  // Every position's cross-entropy of the next input token; the last has none.
+  const int64_t T = single.training().seq_len();
+  const torch::Tensor logits = (*model)->Forward(batch.inputs).narrow(1, 0, T - 1);
+  const torch::Tensor next = batch.inputs.narrow(1, 1, T - 1);
+  const torch::Tensor losses = -torch::log_softmax(logits.to(torch::kFloat64), -1)
+                                    .gather(-1, next.unsqueeze(-1))
+                                    .squeeze(-1);
+  // The first completion token is input P, predicted at position P - 1.
+  const int64_t P = data.synthetic_sft().prompt_length();
+  const double completion = losses.narrow(1, P - 1, T - P).mean().item<double>();
+  const double all = losses.mean().item<double>();
+  EXPECT_NEAR(expected.steps[0].loss, completion, 1e-5 * completion);
+  EXPECT_GT(std::abs(all - completion), 1e-3);
+
+  ExpectSameSteps(TrainOnRanks(plan, 2), expected, "fsdp");
+}
+
 // The regression behind DPO under FSDP: the policy and its reference are prepared by their own
 // steps in plan order (policy first), the optimizer owns exactly the policy's shards and
 // nothing of the reference, and DPO steps leave the reference's parameters bit for bit as
@@ -309,35 +380,6 @@ Plan DpoPlan(const std::string& layout) {
     EXPECT_THAT(ApplyOverride("training.micro_batch=16", plan), IsOk());
   }
   return plan;
-}
-
-void ExpectNearRelative(double actual, double expected, const std::string& what,
-                        double tolerance = 1e-5) {
-  // Rewards start at exactly 0: below 1e-2 the tolerance is absolute.
-  EXPECT_NEAR(actual, expected, tolerance * std::max(std::abs(expected), 1e-2)) << what;
-}
-
-// Every step's loss, gradient norm and training and evaluation metrics of `run` are those of
-// `expected` within `tolerance`, relative.
-void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const std::string& layout,
-                     double tolerance = 1e-5) {
-  ASSERT_EQ(run.steps.size(), expected.steps.size());
-  for (size_t i = 0; i < expected.steps.size(); ++i) {
-    const metrics::StepMetrics& a = run.steps[i];
-    const metrics::StepMetrics& e = expected.steps[i];
-    const std::string step = absl::StrCat(layout, " step ", e.step, " ");
-    ExpectNearRelative(a.loss, e.loss, step + "loss", tolerance);
-    ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm", tolerance);
-    ASSERT_EQ(a.named.size(), e.named.size());
-    for (size_t m = 0; m < e.named.size(); ++m) {
-      ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first, tolerance);
-    }
-    ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
-    for (size_t m = 0; m < e.eval_named.size(); ++m) {
-      ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
-                         step + "eval_" + e.eval_named[m].first, tolerance);
-    }
-  }
 }
 
 TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
