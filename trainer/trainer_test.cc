@@ -3,8 +3,11 @@
 // plan's losses, and a frozen model is prepared without optimizer or gradient state.
 #include "trainer/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -20,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
+#include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "objectives/objective.h"
 #include "parallel/device_mesh.h"
@@ -396,6 +400,32 @@ TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
   for (const std::string layout : {"fsdp", "ddp"}) {
     ExpectSameSteps(TrainOnRanks(DpoPlan(layout), 2), single, layout);
   }
+}
+
+// qwen_dpo_fsdp_hf: the policy and the reference both start from the Hugging Face folder the
+// plan names (written here first, as a pretraining run's save_hf_dir would), and train as
+// the same plan whose models start from the seed that made the folder's weights.
+TEST(DpoTest, APlanFromAHuggingFaceFolderStartsBothModelsFromIt) {
+  Plan seeded = LoadShippedPlan("qwen_dpo_fsdp");
+  for (models::ModelSpec* spec :
+       {seeded.mutable_model(), seeded.mutable_frozen(0)->mutable_model()}) {
+    spec->mutable_init()->set_seed(5);
+  }
+  const std::string folder = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf_pipeline");
+  std::filesystem::create_directories(folder);
+  ASSERT_EQ(chdir(folder.c_str()), 0);
+  auto config = models::ResolveModelSpec(seeded.model(), "plan.model");
+  ASSERT_THAT(config, IsOk());
+  auto pretrained = models::CausalLM::Create(*config, seeded.model().init());
+  ASSERT_THAT(pretrained, IsOk());
+  ASSERT_THAT(models::SaveHfModel(**pretrained, "qwen2_tiny_pretrained"), IsOk());
+
+  const Plan from_folder = LoadShippedPlan("qwen_dpo_fsdp_hf");
+  const TrainReport expected = TrainOnRanks(seeded, 2);
+  const TrainReport run = TrainOnRanks(from_folder, 2);
+  // The policy starts as its reference.
+  EXPECT_FLOAT_EQ(run.steps[0].loss, std::log(2.0));
+  ExpectSameSteps(run, expected, "from the folder", 1e-6);
 }
 
 // precompute_reference: the FSDP-sharded reference's log-probabilities computed before the
