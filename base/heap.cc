@@ -44,6 +44,15 @@ bool RetainFreedHeapMemory() {
 #endif
 }
 
+std::optional<int64_t> HeapBytesInUse() {
+#if defined(__GLIBC__)
+  const struct mallinfo2 info = mallinfo2();
+  return static_cast<int64_t>(info.uordblks + info.hblkhd);
+#else
+  return std::nullopt;
+#endif
+}
+
 bool UseHugePagesForHeap([[maybe_unused]] char** argv) {
 #if defined(__GLIBC__)
   const std::string mode = TransparentHugePageMode();

@@ -19,6 +19,9 @@
 #ifndef PLAIT_BASE_HEAP_H_
 #define PLAIT_BASE_HEAP_H_
 
+#include <cstdint>
+#include <optional>
+
 namespace plait::base {
 
 // Keeps freed blocks below 1 GiB in the heap for reuse and never trims its top, so the
@@ -38,6 +41,11 @@ bool RetainFreedHeapMemory();
 // kernel has them off ("never"), the tunable is 0, the C library is not glibc, or the
 // re-execution failed (then nothing changed).
 bool UseHugePagesForHeap(char** argv);
+
+// The bytes this process's heap has handed out and not had back (glibc's mallinfo2: the
+// arenas' blocks in use and the blocks mapped for themselves); nullopt on a C library other
+// than glibc. Ranks that run as threads share one heap.
+std::optional<int64_t> HeapBytesInUse();
 
 }  // namespace plait::base
 

@@ -54,5 +54,21 @@ TEST(RetainFreedHeapMemoryTest, ABlockFreedByOneThreadIsReusedByAnother) {
 }
 #endif
 
+TEST(HeapBytesInUseTest, CountsALiveBlockAndNotAFreedOne) {
+#if !defined(__GLIBC__) || defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "glibc's heap only";
+#endif
+  constexpr size_t kBytes = 64 << 20;
+  const std::optional<int64_t> before = HeapBytesInUse();
+  ASSERT_TRUE(before.has_value());
+  char* block = static_cast<char*>(std::malloc(kBytes));
+  ASSERT_NE(block, nullptr);
+  const int64_t held = *HeapBytesInUse();
+  std::free(block);
+  const int64_t after = *HeapBytesInUse();
+  EXPECT_GE(held - *before, static_cast<int64_t>(kBytes));
+  EXPECT_GE(held - after, static_cast<int64_t>(kBytes));
+}
+
 }  // namespace
 }  // namespace plait::base

@@ -25,6 +25,8 @@ DataConfig ResolvedDataConfig(const DataConfig& data) {
   if (resolved.has_synthetic()) FillDefaults(*resolved.mutable_synthetic());
   if (resolved.has_synthetic_pairs())
     FillDefaults(*resolved.mutable_synthetic_pairs()->mutable_chain());
+  if (resolved.has_synthetic_sft())
+    FillDefaults(*resolved.mutable_synthetic_sft()->mutable_chain());
   return resolved;
 }
 
@@ -67,12 +69,16 @@ std::vector<base::Violation> ValidateDataConfig(const DataConfig& data,
       check_chain(resolved.synthetic(), "synthetic");
       break;
     case DataConfig::kSyntheticPairs:
-      check_chain(resolved.synthetic_pairs().chain(), "synthetic_pairs.chain");
-      if (resolved.synthetic_pairs().prompt_length() < 1) {
-        add("synthetic_pairs.prompt_length",
-            absl::StrCat(resolved.synthetic_pairs().prompt_length(), "; must be >= 1"));
+    case DataConfig::kSyntheticSft: {
+      const bool sft = resolved.has_synthetic_sft();
+      const SyntheticPairs& pairs = sft ? resolved.synthetic_sft() : resolved.synthetic_pairs();
+      const std::string field = sft ? "synthetic_sft." : "synthetic_pairs.";
+      check_chain(pairs.chain(), field + "chain");
+      if (pairs.prompt_length() < 1) {
+        add(field + "prompt_length", absl::StrCat(pairs.prompt_length(), "; must be >= 1"));
       }
       break;
+    }
     case DataConfig::kPreferenceFiles:
     case DataConfig::kSftFiles: {
       const bool sft = resolved.has_sft_files();

@@ -19,7 +19,8 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split spli
   loader.seq_len_ = seq_len;
   loader.dp_rank_ = dp_rank;
   loader.dp_size_ = dp_size;
-  if (data.has_preference_files() || data.has_sft_files() || data.has_synthetic_pairs()) {
+  if (data.has_preference_files() || data.has_sft_files() || data.has_synthetic_pairs() ||
+      data.has_synthetic_sft()) {
     PLAIT_RETURN_IF_ERROR(loader.CreatePairs(data, split, vocab_size, field_path));
   } else if (data.has_synthetic()) {
     PLAIT_ASSIGN_OR_RETURN(
@@ -55,9 +56,10 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split spli
 absl::Status DataLoader::CreatePairs(const DataConfig& data, Split split, int64_t vocab_size,
                                      absl::string_view field_path) {
   stream_ = split == Split::kTrain ? 0 : 1;
-  if (data.has_synthetic_pairs()) {
-    const SyntheticPairs& pairs = data.synthetic_pairs();
-    const std::string field = absl::StrCat(field_path, ".synthetic_pairs");
+  if (data.has_synthetic_pairs() || data.has_synthetic_sft()) {
+    const bool sft = data.has_synthetic_sft();
+    const SyntheticPairs& pairs = sft ? data.synthetic_sft() : data.synthetic_pairs();
+    const std::string field = absl::StrCat(field_path, sft ? ".synthetic_sft" : ".synthetic_pairs");
     if (pairs.prompt_length() < 1 || pairs.prompt_length() >= seq_len_) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".prompt_length: ", pairs.prompt_length(), "; must be in [1, ",
@@ -65,12 +67,15 @@ absl::Status DataLoader::CreatePairs(const DataConfig& data, Split split, int64_
     }
     SyntheticData rejected = pairs.chain();
     rejected.set_seed(pairs.rejected_seed());
-    for (auto [config, source] :
-         {std::pair{&pairs.chain(), &synthetic_}, {&rejected, &rejected_}}) {
+    std::vector<std::pair<const SyntheticData*, std::shared_ptr<const MarkovSource>*>> chains = {
+        {&pairs.chain(), &synthetic_}};
+    if (!sft) chains.push_back({&rejected, &rejected_});
+    for (auto [config, source] : chains) {
       PLAIT_ASSIGN_OR_RETURN(MarkovSource chain,
                              MarkovSource::Create(*config, vocab_size, field + ".chain"));
       *source = std::make_shared<const MarkovSource>(std::move(chain));
     }
+    pair_kind_ = sft ? PairKind::kSft : PairKind::kPreference;
     prompt_length_ = pairs.prompt_length();
     return absl::OkStatus();
   }
@@ -160,10 +165,13 @@ Batch DataLoader::NextPairs() {
   const int64_t B = micro_batch_, W = dp_size_;
   std::vector<PairExample> drawn;
   std::vector<const PairExample*> examples;
-  if (rejected_ != nullptr) {
+  if (prompt_length_ > 0) {
     const int64_t P = prompt_length_;
     const torch::Tensor chosen = synthetic_->Sequences(stream_, position_, B, seq_len_);
-    const torch::Tensor rejected = rejected_->Sequences(stream_, position_, B, seq_len_ - P);
+    // SFT examples have no rejected completion.
+    const torch::Tensor rejected = rejected_ != nullptr
+                                       ? rejected_->Sequences(stream_, position_, B, seq_len_ - P)
+                                       : torch::Tensor();
     const auto ids = [](const torch::Tensor& row) {
       return std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
     };
@@ -171,11 +179,11 @@ Batch DataLoader::NextPairs() {
     for (int64_t b = 0; b < B; ++b) {
       drawn[b].prompt = ids(chosen[b].narrow(0, 0, P).contiguous());
       drawn[b].chosen = ids(chosen[b].narrow(0, P, seq_len_ - P).contiguous());
-      drawn[b].rejected = ids(rejected[b].contiguous());
+      if (rejected.defined()) drawn[b].rejected = ids(rejected[b].contiguous());
       examples.push_back(&drawn[b]);
     }
     position_ += B * W;
-    return PairRows(examples, PairKind::kPreference, cut_, seq_len_);
+    return PairRows(examples, pair_kind_, cut_, seq_len_);
   }
   if (shuffle_ && window_order_.empty()) ShuffleNextPass();
   for (int64_t i = 0; i < B; ++i) {
@@ -194,7 +202,7 @@ Batch DataLoader::NextPairs() {
 
 absl::StatusOr<Batch> DataLoader::Next() {
   const int64_t B = micro_batch_, T = seq_len_, W = dp_size_;
-  if (pairs_ != nullptr || rejected_ != nullptr) return NextPairs();
+  if (pairs_ != nullptr || prompt_length_ > 0) return NextPairs();
   if (synthetic_ != nullptr) {
     const torch::Tensor sequences = synthetic_->Sequences(stream_, position_, B, T + 1);
     position_ += B * W;

@@ -275,5 +275,35 @@ TEST(DataLoaderTest, SyntheticPairsMaskTheirPromptsAndDifferInTheirCompletions) 
   EXPECT_FALSE(loader->EntropyFloor().has_value());
 }
 
+// Synthetic SFT examples: a prompt and its chain's continuation, one row each; the prompt's
+// targets (all positions before the first completion token) carry no loss, every completion
+// token does, and the loss floor is the chain's entropy rate.
+TEST(DataLoaderTest, SyntheticSftScoresTheCompletionOfEachPromptOnly) {
+  DataConfig data;
+  data.mutable_synthetic_sft()->set_prompt_length(3);
+  const DataConfig resolved = ResolvedDataConfig(data);
+  auto loader = DataLoader::Create(resolved, Split::kTrain, 256, 2, 8, 0, 1, "plan.data");
+  ASSERT_THAT(loader, IsOk());
+  const Batch batch = loader->Next().value();
+  ASSERT_EQ(batch.inputs.size(0), 2);
+  for (int64_t row = 0; row < 2; ++row) {
+    for (int64_t t = 0; t < 2; ++t) {
+      EXPECT_EQ(batch.targets[row][t].item<int64_t>(), kIgnoreTarget) << row << ", " << t;
+    }
+    for (int64_t t = 2; t < 7; ++t) {
+      EXPECT_EQ(batch.targets[row][t].item<int64_t>(), batch.inputs[row][t + 1].item<int64_t>())
+          << row << ", " << t;
+    }
+    EXPECT_EQ(batch.targets[row][7].item<int64_t>(), kIgnoreTarget);
+  }
+  // The loss floor of the completions is the chain's, as for the synthetic source.
+  DataConfig plain;
+  *plain.mutable_synthetic() = resolved.synthetic_sft().chain();
+  auto chain = DataLoader::Create(plain, Split::kTrain, 256, 2, 7, 0, 1, "plan.data");
+  ASSERT_THAT(chain, IsOk());
+  ASSERT_TRUE(chain->EntropyFloor().has_value());
+  EXPECT_EQ(loader->EntropyFloor(), chain->EntropyFloor());
+}
+
 }  // namespace
 }  // namespace plait::data

@@ -3,7 +3,10 @@
 // the mesh in one all-reduce, so every rank reports the global batch's means:
 //
 //   MetricMeans means;
-//   for (...) means.Add(objective->Compute(policy, batch));
+//   for (...) {
+//     PLAIT_ASSIGN_OR_RETURN(ObjectiveOutput out, objective->Compute(policy, batch));
+//     means.Add(out);
+//   }
 //   PLAIT_ASSIGN_OR_RETURN(MeanMetrics step, means.Mean(mesh));
 #ifndef PLAIT_OBJECTIVES_METRIC_MEANS_H_
 #define PLAIT_OBJECTIVES_METRIC_MEANS_H_

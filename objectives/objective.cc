@@ -1,6 +1,10 @@
 #include "objectives/objective.h"
 
+#include <functional>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "data/batch.h"
 #include "objectives/dpo_loss.h"
 
@@ -10,53 +14,57 @@ namespace {
 // Causal-LM and SFT: the mean cross-entropy of the scored targets.
 class CrossEntropy : public Objective {
  public:
-  ObjectiveOutput Compute(models::CausalLM& policy, const data::Batch& batch) override {
-    return {policy.Loss(batch.inputs, batch.targets, data::kIgnoreTarget), {}};
+  absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
+                                          const data::Batch& batch) override {
+    return ObjectiveOutput{policy.Loss(batch.inputs, batch.targets, data::kIgnoreTarget), {}};
   }
 };
 
+// The reference's log-probabilities of a batch's rows: computed by the model, or looked up.
+using ReferenceSource = std::function<absl::StatusOr<torch::Tensor>(const data::Batch&)>;
+
 class DirectPreference : public Objective {
  public:
-  DirectPreference(const Dpo& config, models::CausalLM& reference)
-      : config_(config), reference_(reference) {
-    reference_.eval();
-  }
+  DirectPreference(const Dpo& config, ReferenceSource reference)
+      : config_(config), reference_(std::move(reference)) {}
 
-  ObjectiveOutput Compute(models::CausalLM& policy, const data::Batch& batch) override {
-    torch::Tensor reference;
-    {
-      // First, so that no policy activations are held while it runs.
-      torch::NoGradGuard no_grad;
-      reference = reference_.SequenceLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget);
-    }
-    torch::Tensor policy_logps =
+  absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
+                                          const data::Batch& batch) override {
+    // First, so that no policy activations are held while a live reference runs.
+    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor reference, reference_(batch));
+    const torch::Tensor policy_logps =
         policy.SequenceLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget);
-    if (config_.loss_type() == DPO_LOSS_IPO) {
-      // TRL averages the log-probabilities over the completion tokens for IPO.
-      const torch::Tensor lengths =
-          (batch.targets != data::kIgnoreTarget).sum(-1).to(torch::kFloat32);
-      policy_logps = policy_logps / lengths;
-      reference = reference / lengths;
-    }
     const int64_t pairs = batch.inputs.size(0) / 2;
     const auto chosen = [&](const torch::Tensor& t) { return t.narrow(0, 0, pairs); };
     const auto rejected = [&](const torch::Tensor& t) { return t.narrow(0, pairs, pairs); };
-    const DpoTerms terms = DpoLoss(config_, chosen(policy_logps), rejected(policy_logps),
-                                   chosen(reference), rejected(reference));
+    const auto loss_of = [&](const torch::Tensor& of_policy, const torch::Tensor& of_reference) {
+      return DpoLoss(config_, chosen(of_policy), rejected(of_policy), chosen(of_reference),
+                     rejected(of_reference));
+    };
+    // The rewards and log-probabilities reported are of whole sequences for every loss type,
+    // as TRL (1.x) reports them.
+    DpoTerms terms = loss_of(policy_logps, reference);
+    if (config_.loss_type() == DPO_LOSS_IPO) {
+      // TRL averages the log-probabilities over the completion tokens for the IPO loss.
+      const torch::Tensor lengths =
+          (batch.targets != data::kIgnoreTarget).sum(-1).to(torch::kFloat32);
+      terms.losses = loss_of(policy_logps / lengths, reference / lengths).losses;
+    }
     const auto mean = [](const torch::Tensor& t) { return t.mean().item<double>(); };
-    return {terms.losses.mean(),
-            {{"rewards/chosen", mean(terms.chosen_rewards)},
-             {"rewards/rejected", mean(terms.rejected_rewards)},
-             {"rewards/accuracies",
-              mean((terms.chosen_rewards > terms.rejected_rewards).to(torch::kFloat32))},
-             {"rewards/margins", mean(terms.chosen_rewards - terms.rejected_rewards)},
-             {"logps/chosen", mean(chosen(policy_logps).detach())},
-             {"logps/rejected", mean(rejected(policy_logps).detach())}}};
+    return ObjectiveOutput{
+        terms.losses.mean(),
+        {{"rewards/chosen", mean(terms.chosen_rewards)},
+         {"rewards/rejected", mean(terms.rejected_rewards)},
+         {"rewards/accuracies",
+          mean((terms.chosen_rewards > terms.rejected_rewards).to(torch::kFloat32))},
+         {"rewards/margins", mean(terms.chosen_rewards - terms.rejected_rewards)},
+         {"logps/chosen", mean(chosen(policy_logps).detach())},
+         {"logps/rejected", mean(rejected(policy_logps).detach())}}};
   }
 
  private:
   const Dpo config_;
-  models::CausalLM& reference_;
+  const ReferenceSource reference_;
 };
 
 }  // namespace
@@ -71,7 +79,20 @@ absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(
                                                    config.dpo().reference(),
                                                    "\" names no frozen model of the plan"));
   }
-  return std::make_unique<DirectPreference>(config.dpo(), *it->second);
+  models::CausalLM& reference = *it->second;
+  reference.eval();
+  return std::make_unique<DirectPreference>(
+      config.dpo(), [&reference](const data::Batch& batch) -> absl::StatusOr<torch::Tensor> {
+        return ReferenceLogProbs::Compute(reference, batch);
+      });
+}
+
+std::unique_ptr<Objective> MakePrecomputedDpo(const Dpo& config,
+                                              std::shared_ptr<const ReferenceLogProbs> reference) {
+  return std::make_unique<DirectPreference>(
+      config, [reference = std::move(reference)](const data::Batch& batch) {
+        return reference->Find(batch);
+      });
 }
 
 }  // namespace plait::objectives

@@ -3,12 +3,13 @@
 // loss, for training and for evaluation alike; the trainer knows nothing of what it computes.
 // Causal-LM and SFT are the model's cross-entropy over the batch's scored targets (the data
 // decides which: every token, or completion tokens only); DPO scores preference pairs against
-// a frozen reference model, which it runs under no-grad in eval mode:
+// a frozen reference model, which it runs under no-grad in eval mode, or against the
+// reference's log-probabilities precomputed once (reference_log_probs.h):
 //
 //   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<Objective> objective,
 //                          MakeObjective(plan.objective(), {{"ref", &reference}},
 //                                        "plan.objective"));
-//   ObjectiveOutput out = objective->Compute(policy, batch);
+//   PLAIT_ASSIGN_OR_RETURN(ObjectiveOutput out, objective->Compute(policy, batch));
 //   out.loss.backward();  // out.metrics: {"rewards/chosen", ...} for DPO
 #ifndef PLAIT_OBJECTIVES_OBJECTIVE_H_
 #define PLAIT_OBJECTIVES_OBJECTIVE_H_
@@ -24,6 +25,7 @@
 #include "data/batch.h"
 #include "models/causal_lm.h"
 #include "objectives/objective.pb.h"
+#include "objectives/reference_log_probs.h"
 
 namespace plait::objectives {
 
@@ -40,8 +42,10 @@ class Objective {
   virtual ~Objective() = default;
 
   // The loss of the trained model `policy` on `batch` (data/batch.h; for DPO its 2B rows of
-  // chosen then rejected sequences go through the policy in one forward).
-  virtual ObjectiveOutput Compute(models::CausalLM& policy, const data::Batch& batch) = 0;
+  // chosen then rejected sequences go through the policy in one forward). An error only
+  // for a precomputed reference that lacks a row of `batch`.
+  virtual absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
+                                                  const data::Batch& batch) = 0;
 };
 
 // The objective `config` chooses (causal_lm when none). `frozen` holds the plan's frozen
@@ -51,6 +55,11 @@ class Objective {
 absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(
     const ObjectiveConfig& config, const std::map<std::string, models::CausalLM*>& frozen,
     absl::string_view field_path);
+
+// DPO as `config` says, against the reference log-probabilities of `reference`, which must
+// hold every row the objective is given (Dpo.precompute_reference).
+std::unique_ptr<Objective> MakePrecomputedDpo(const Dpo& config,
+                                              std::shared_ptr<const ReferenceLogProbs> reference);
 
 }  // namespace plait::objectives
 

@@ -19,6 +19,8 @@ const char* SourceName(const data::DataConfig& data) {
       return "sft_files";
     case data::DataConfig::kSyntheticPairs:
       return "synthetic_pairs";
+    case data::DataConfig::kSyntheticSft:
+      return "synthetic_sft";
     default:
       return "synthetic";
   }
@@ -38,8 +40,8 @@ std::vector<base::Violation> CheckObjective(
   const char* needs = "synthetic or token_files";
   bool fits = source == "synthetic" || source == "token_files";
   if (config.has_sft()) {
-    needs = "sft_files";
-    fits = source == "sft_files";
+    needs = "sft_files or synthetic_sft";
+    fits = source == "sft_files" || source == "synthetic_sft";
   } else if (config.has_dpo()) {
     needs = "preference_files or synthetic_pairs";
     fits = source == "preference_files" || source == "synthetic_pairs";
@@ -77,10 +79,6 @@ std::vector<base::Violation> CheckObjective(
         absl::StrCat(dpo.label_smoothing(), smoothed ? "; must be in [0, 0.5)"
                                                      : "; only the sigmoid and robust losses "
                                                        "smooth labels: leave it 0"));
-  }
-  if (dpo.precompute_reference()) {
-    add(".dpo.precompute_reference",
-        "is not supported yet; the reference model runs beside the policy at every step");
   }
   return problems;
 }

@@ -46,7 +46,7 @@ TEST(ObjectiveTest, DpoWithThePolicyAsItsReferenceLosesExactlyLn2) {
   auto reference = TinyModel(1);
   auto objective = MakeObjective(DpoAgainst("ref"), {{"ref", reference.get()}}, "plan.objective");
   ASSERT_THAT(objective, IsOk());
-  const ObjectiveOutput out = (*objective)->Compute(*policy, TwoPairs());
+  const ObjectiveOutput out = (*objective)->Compute(*policy, TwoPairs()).value();
   EXPECT_EQ(out.loss.item<float>(), static_cast<float>(std::log(2.0)));
   ASSERT_EQ(out.metrics.size(), 6u);
   for (const auto& [name, value] : out.metrics) {
@@ -64,6 +64,47 @@ TEST(ObjectiveTest, DpoWithThePolicyAsItsReferenceLosesExactlyLn2) {
   }
 }
 
+// IPO's loss reads length-averaged log-probabilities, but its rewards and log-probabilities
+// are reported of whole sequences, as for the other losses (TRL 1.x's metrics).
+TEST(ObjectiveTest, IpoReportsTheRewardsOfWholeSequences) {
+  auto policy = TinyModel(1);
+  auto reference = TinyModel(2);
+  ObjectiveConfig sigmoid = DpoAgainst("ref");
+  ObjectiveConfig ipo = sigmoid;
+  ipo.mutable_dpo()->set_loss_type(DPO_LOSS_IPO);
+  auto sigmoid_objective = MakeObjective(sigmoid, {{"ref", reference.get()}}, "plan.objective");
+  auto ipo_objective = MakeObjective(ipo, {{"ref", reference.get()}}, "plan.objective");
+  ASSERT_THAT(sigmoid_objective, IsOk());
+  ASSERT_THAT(ipo_objective, IsOk());
+  const ObjectiveOutput sigmoid_out = (*sigmoid_objective)->Compute(*policy, TwoPairs()).value();
+  const ObjectiveOutput ipo_out = (*ipo_objective)->Compute(*policy, TwoPairs()).value();
+  EXPECT_EQ(ipo_out.metrics, sigmoid_out.metrics);
+  EXPECT_NE(sigmoid_out.metrics[0].second, 0.0);  // rewards/chosen: the models differ
+  EXPECT_NE(ipo_out.loss.item<float>(), sigmoid_out.loss.item<float>());
+}
+
+// Against a precomputed reference, DPO computes what it computes against the live model, bit
+// for bit, and a row never precomputed is an error, not a guess.
+TEST(ObjectiveTest, PrecomputedDpoEqualsDpoAgainstTheLiveReference) {
+  auto policy = TinyModel(1);
+  auto reference = TinyModel(2);
+  const ObjectiveConfig config = DpoAgainst("ref");
+  auto live = MakeObjective(config, {{"ref", reference.get()}}, "plan.objective");
+  ASSERT_THAT(live, IsOk());
+  auto table = std::make_shared<ReferenceLogProbs>();
+  table->Add(*reference, TwoPairs());
+  auto precomputed = MakePrecomputedDpo(config.dpo(), table);
+  const ObjectiveOutput expected = (*live)->Compute(*policy, TwoPairs()).value();
+  const ObjectiveOutput actual = precomputed->Compute(*policy, TwoPairs()).value();
+  EXPECT_EQ(actual.loss.item<float>(), expected.loss.item<float>());
+  EXPECT_EQ(actual.metrics, expected.metrics);
+  static const data::PairExample other{{1, 2}, {3}, {4}};
+  const data::Batch unknown =
+      data::PairRows({&other}, data::PairKind::kPreference, data::PairFiles(), 6);
+  EXPECT_THAT(precomputed->Compute(*policy, unknown),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no precomputed reference")));
+}
+
 TEST(ObjectiveTest, DpoNeedsAKnownReference) {
   EXPECT_THAT(MakeObjective(DpoAgainst("ref"), {}, "plan.objective"),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -79,7 +120,7 @@ TEST(ObjectiveTest, SftIsTheCrossEntropyOfTheCompletionTokens) {
   ASSERT_THAT(objective, IsOk());
   const data::PairExample example{{1, 2, 3}, {4, 5}, {}};
   const data::Batch batch = data::PairRows({&example}, data::PairKind::kSft, data::PairFiles(), 6);
-  const torch::Tensor loss = (*objective)->Compute(*policy, batch).loss;
+  const torch::Tensor loss = (*objective)->Compute(*policy, batch)->loss;
   const torch::Tensor log_probs = torch::log_softmax(policy->Forward(batch.inputs)[0], -1);
   const double expected = -(log_probs[2][4].item<double>() + log_probs[3][5].item<double>()) / 2;
   EXPECT_NEAR(loss.item<double>(), expected, 1e-5);

@@ -46,8 +46,9 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // A shipped plan shortened to 8 steps (warmup 2, evaluation after steps 4 and 8), with
-// checkpoints every 3 steps into `dir`.
-Plan ShortPlan(const std::string& name, const std::string& dir) {
+// checkpoints every 3 steps into `dir`, and `overrides` applied.
+Plan ShortPlan(const std::string& name, const std::string& dir,
+               const std::vector<std::string>& overrides = {}) {
   absl::StatusOr<Plan> plan = LoadPlan(
       absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/", name, ".textproto"));
   EXPECT_THAT(plan, IsOk());
@@ -55,6 +56,9 @@ Plan ShortPlan(const std::string& name, const std::string& dir) {
            "training.steps=8", "schedule.warmup.steps=2", "training.eval_every=4",
            "training.eval_batches=1", "training.metrics_file=", "training.checkpoint.every=3",
            absl::StrCat("training.checkpoint.dir=", dir)}) {
+    EXPECT_THAT(ApplyOverride(assignment, *plan), IsOk()) << assignment;
+  }
+  for (const std::string& assignment : overrides) {
     EXPECT_THAT(ApplyOverride(assignment, *plan), IsOk()) << assignment;
   }
   return *plan;
@@ -72,10 +76,12 @@ std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
 // Runs 8 steps straight, then resumes a copy of the step-3 checkpoint for steps 4..8: the
 // same losses, gradient norms and evaluation, and the same final parameters and optimizer
 // state (bitwise: the same operations on the same numbers).
-void ExpectResumeReproducesTheStraightRun(const std::string& plan_name, int ranks) {
-  const std::string straight_dir = FreshTestDir(plan_name + "_straight");
-  const std::string resumed_dir = FreshTestDir(plan_name + "_resumed");
-  const TrainReport straight = TrainOnRanks(ShortPlan(plan_name, straight_dir), ranks);
+void ExpectResumeReproducesTheStraightRun(const std::string& plan_name, int ranks,
+                                          const std::vector<std::string>& overrides = {}) {
+  const std::string name = absl::StrCat(plan_name, overrides.empty() ? "" : "_overridden");
+  const std::string straight_dir = FreshTestDir(name + "_straight");
+  const std::string resumed_dir = FreshTestDir(name + "_resumed");
+  const TrainReport straight = TrainOnRanks(ShortPlan(plan_name, straight_dir, overrides), ranks);
   ASSERT_EQ(straight.steps.size(), 8u);
   EXPECT_THAT(FolderEntries(straight_dir),
               ::testing::ElementsAre(".lock", "step-00000003", "step-00000006", "step-00000008"));
@@ -83,7 +89,7 @@ void ExpectResumeReproducesTheStraightRun(const std::string& plan_name, int rank
   fs::create_directories(resumed_dir);
   fs::copy(straight_dir + "/step-00000003", resumed_dir + "/step-00000003",
            fs::copy_options::recursive);
-  Plan plan = ShortPlan(plan_name, resumed_dir);
+  Plan plan = ShortPlan(plan_name, resumed_dir, overrides);
   ASSERT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
   const TrainReport resumed = TrainOnRanks(plan, ranks);
   ASSERT_EQ(resumed.steps.size(), 5u);
@@ -130,6 +136,12 @@ TEST(CheckpointTest, FsdpTimesTensorParallelOnFourRanksResumeReproducesTheStraig
 // DPO: the policy and its optimizer are saved; the reference is rebuilt from its seed.
 TEST(CheckpointTest, DpoOnTwoFsdpRanksResumeReproducesTheStraightRun) {
   ExpectResumeReproducesTheStraightRun("qwen_dpo_fsdp", 2);
+}
+
+// With precompute_reference the resumed run precomputes the batches from its checkpoint on.
+TEST(CheckpointTest, DpoWithAPrecomputedReferenceResumeReproducesTheStraightRun) {
+  ExpectResumeReproducesTheStraightRun("qwen_dpo_fsdp", 2,
+                                       {"objective.dpo.precompute_reference=true"});
 }
 
 TEST(CheckpointTest, AFreshRunNeverOverwritesCheckpoints) {

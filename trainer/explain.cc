@@ -83,6 +83,42 @@ std::vector<std::string> TensorParallelShapes(const models::ModelConfig& config,
   return lines;
 }
 
+// "qwen2 (preset "qwen2-tiny"), 4 layers, ...: 1.4M parameters".
+std::string DescribeModel(const models::ModelSpec& spec, const models::ModelConfig& config) {
+  return absl::StrFormat("%s %s, %d layers, hidden %d, vocab %d, %s: %s parameters",
+                         config.model_type(),
+                         spec.has_preset() ? absl::StrCat("(preset \"", spec.preset(), "\")") : "",
+                         config.num_hidden_layers(), config.hidden_size(), config.vocab_size(),
+                         ShortName(ParameterDtype(spec)),
+                         base::HumanCount(static_cast<double>(models::NumParameters(config))));
+}
+
+std::string DescribeWeights(const models::ModelSpec& spec, const std::string& hf_weights_dir) {
+  return hf_weights_dir.empty()
+             ? absl::StrCat("seeded initialisation (seed ", spec.init().seed(), ")")
+             : absl::StrCat("loaded from ", hf_weights_dir, " before the preparation");
+}
+
+// A line per preparation step, "<indent>prepare[i]: <what it does> [<effect>]"; the index of
+// the last step that replaces or re-shards parameters (-1: none) in `last_changing` unless
+// it is null.
+std::vector<std::string> DescribeSteps(
+    const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
+    const PreparationEstimate& estimate, const wrap::PreparationRules& rules,
+    absl::string_view indent, int* last_changing) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < steps.size(); ++i) {
+    const wrap::StrategyRule* rule = wrap::FindStrategy(rules, wrap::StrategyName(steps[i]));
+    if (last_changing != nullptr && rule != nullptr && rule->effect() != wrap::KEEPS) {
+      *last_changing = i;
+    }
+    lines.push_back(absl::StrCat(indent, "prepare[", i, "]: ", estimate.steps[i].description, " [",
+                                 rule == nullptr ? "" : wrap::ParameterEffect_Name(rule->effect()),
+                                 "]"));
+  }
+  return lines;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
@@ -90,20 +126,10 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
                          models::ResolveModelSpec(plan.model(), "plan.model"));
   PLAIT_ASSIGN_OR_RETURN(const wrap::PreparationRules* rules, wrap::BuiltinRules());
   const TrainingConfig& training = plan.training();
-  const double parameters = static_cast<double>(models::NumParameters(config));
   std::vector<std::string> lines;
 
-  lines.push_back(absl::StrFormat(
-      "model: %s %s, %d layers, hidden %d, vocab %d, %s: %s parameters", config.model_type(),
-      plan.model().has_preset() ? absl::StrCat("(preset \"", plan.model().preset(), "\")") : "",
-      config.num_hidden_layers(), config.hidden_size(), config.vocab_size(),
-      ShortName(ParameterDtype(plan.model())), base::HumanCount(parameters)));
-
-  lines.push_back(
-      plan.hf_weights_dir().empty()
-          ? absl::StrCat("weights: seeded initialisation (seed ", plan.model().init().seed(), ")")
-          : absl::StrCat("weights: loaded from ", plan.hf_weights_dir(),
-                         " before the preparation"));
+  lines.push_back(absl::StrCat("model: ", DescribeModel(plan.model(), config)));
+  lines.push_back(absl::StrCat("weights: ", DescribeWeights(plan.model(), plan.hf_weights_dir())));
   std::vector<std::string> dims;
   for (const auto& dim : plan.mesh().dims())
     dims.push_back(absl::StrCat(dim.name(), "=", dim.size()));
@@ -115,22 +141,19 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   double bytes_sent_per_step = 0.0;
   double bytes_sent_per_micro_batch = 0.0;
   int last_changing = -1;
-  for (int i = 0; i < plan.prepare_size(); ++i) {
-    const wrap::StepEstimate& estimate = memory.preparation.steps[i];
+  for (const wrap::StepEstimate& estimate : memory.preparation.steps) {
     bytes_sent_per_step += estimate.bytes_sent_per_step;
     bytes_sent_per_micro_batch += estimate.bytes_sent_per_micro_batch;
-    const wrap::StrategyRule* rule =
-        wrap::FindStrategy(*rules, wrap::StrategyName(plan.prepare(i)));
-    if (rule != nullptr && rule->effect() != wrap::KEEPS) last_changing = i;
-    lines.push_back(absl::StrCat("prepare[", i, "]: ", estimate.description, " [",
-                                 rule == nullptr ? "" : wrap::ParameterEffect_Name(rule->effect()),
-                                 "]"));
-    if (plan.prepare(i).has_tensor_parallel()) {
-      for (const auto& dim : plan.mesh().dims()) {
-        if (dim.name() != plan.prepare(i).tensor_parallel().mesh_dim()) continue;
-        for (std::string& line : TensorParallelShapes(config, dim.size())) {
-          lines.push_back(std::move(line));
-        }
+  }
+  const std::vector<std::string> step_lines =
+      DescribeSteps(plan.prepare(), memory.preparation, *rules, "", &last_changing);
+  for (int i = 0; i < plan.prepare_size(); ++i) {
+    lines.push_back(step_lines[i]);
+    if (!plan.prepare(i).has_tensor_parallel()) continue;
+    for (const auto& dim : plan.mesh().dims()) {
+      if (dim.name() != plan.prepare(i).tensor_parallel().mesh_dim()) continue;
+      for (std::string& line : TensorParallelShapes(config, dim.size())) {
+        lines.push_back(std::move(line));
       }
     }
   }
@@ -201,9 +224,40 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
         base::HumanBytes(bytes_sent_per_step + accumulation * bytes_sent_per_micro_batch)));
   }
   for (int i = 0; i < plan.frozen_size(); ++i) {
-    lines.push_back(absl::StrCat("frozen[", i, "] \"", plan.frozen(i).name(), "\": prepared with ",
-                                 plan.frozen(i).prepare_size(),
-                                 " steps, no optimizer, no gradients"));
+    const FrozenModel& frozen = plan.frozen(i);
+    PLAIT_ASSIGN_OR_RETURN(
+        const models::ModelConfig frozen_config,
+        models::ResolveModelSpec(frozen.model(), absl::StrCat("plan.frozen[", i, "].model")));
+    const FrozenEstimate& estimate = memory.frozen[i];
+    std::string role = "not read by the objective";
+    if (plan.objective().has_dpo() && plan.objective().dpo().reference() == frozen.name()) {
+      role = plan.objective().dpo().precompute_reference()
+                 ? "the DPO reference: before the first step it scores every batch the run "
+                   "will read (under no-grad, in eval mode), then it is released and the run "
+                   "holds only its log-probabilities, 4 bytes per sequence"
+                 : "the DPO reference: it scores the 2 x micro-batch chosen and rejected "
+                   "sequences of every micro-batch in one forward, under no-grad, in eval mode";
+    }
+    lines.push_back(absl::StrCat("frozen[", i, "] \"", frozen.name(),
+                                 "\": ", DescribeModel(frozen.model(), frozen_config)));
+    lines.push_back(
+        absl::StrCat("  weights: ", DescribeWeights(frozen.model(), frozen.hf_weights_dir())));
+    lines.push_back(
+        "  prepared after the trained model, by its own steps below; no optimizer, no "
+        "gradients");
+    for (std::string& line :
+         DescribeSteps(frozen.prepare(), estimate.preparation, *rules, "  ", nullptr)) {
+      lines.push_back(std::move(line));
+    }
+    lines.push_back(absl::StrFormat(
+        "  memory per rank (estimate): %s parameters%s; about %s",
+        base::HumanBytes(estimate.parameter_bytes),
+        estimate.preparation.gathered_bytes > 0
+            ? absl::StrCat(", ", base::HumanBytes(estimate.preparation.gathered_bytes),
+                           " gathered units")
+            : "",
+        base::HumanBytes(estimate.total_bytes())));
+    lines.push_back(absl::StrCat("  role: ", role));
   }
   return absl::StrJoin(lines, "\n");
 }

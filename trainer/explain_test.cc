@@ -90,8 +90,8 @@ TEST(ExplainPlanTest, CountsTheGroupsOfALargeBf16ModelWithoutBuildingIt) {
   EXPECT_THAT(*text, HasSubstr("optimizer state (2 slots and fp32 masters)"));
 }
 
-// A DPO plan: the policy and its reference, each with its preparation, and the reference's
-// memory in the estimate per rank.
+// A DPO plan: the policy and its reference, each with its weights, preparation and memory per
+// rank, and what the objective does with the reference.
 TEST(ExplainPlanTest, DescribesBothModelsOfADpoPlan) {
   absl::StatusOr<Plan> plan = LoadPlan(
       absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/qwen_dpo_fsdp.textproto"));
@@ -103,7 +103,22 @@ TEST(ExplainPlanTest, DescribesBothModelsOfADpoPlan) {
   EXPECT_THAT(*text, HasSubstr("objective: dpo { reference: \"reference\" beta: 0.1 }"));
   EXPECT_THAT(*text, HasSubstr("data: synthetic_pairs {"));
   EXPECT_THAT(*text, HasSubstr("frozen models"));
-  EXPECT_THAT(*text, HasSubstr("frozen[0] \"reference\": prepared with 1 steps, no optimizer"));
+  EXPECT_THAT(*text,
+              HasSubstr("frozen[0] \"reference\": qwen2 (preset \"qwen2-tiny\"), 4 layers, hidden "
+                        "112, vocab 4096, fp32: 1.4M parameters\n"
+                        "  weights: seeded initialisation (seed 1)\n"
+                        "  prepared after the trained model, by its own steps below; no optimizer, "
+                        "no gradients\n"
+                        "  prepare[0]: fsdp over dp (2 ranks): 5 units"));
+  // Half of the 1.4M fp32 parameters on each rank, and one gathered unit at a time.
+  EXPECT_THAT(*text, HasSubstr("  memory per rank (estimate): 2.7 MiB parameters, "));
+  EXPECT_THAT(*text, HasSubstr("  role: the DPO reference: it scores the 2 x micro-batch"));
+
+  plan->mutable_objective()->mutable_dpo()->set_precompute_reference(true);
+  text = ExplainPlan(*plan, 2);
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("  role: the DPO reference: before the first step it scores every "
+                               "batch the run will read"));
 }
 
 }  // namespace

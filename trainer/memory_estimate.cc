@@ -83,11 +83,13 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
         models::ResolveModelSpec(frozen.model(), absl::StrCat("plan.frozen[", i, "].model")));
     const wrap::ModelShape frozen_shape =
         ShapeOf(frozen_config, ElementBytes(frozen.model()), plan.training());
-    PLAIT_ASSIGN_OR_RETURN(const PreparationEstimate preparation,
+    FrozenEstimate& frozen_estimate = estimate.frozen.emplace_back();
+    PLAIT_ASSIGN_OR_RETURN(frozen_estimate.preparation,
                            EstimatePreparation(frozen.prepare(), frozen_shape, layout));
-    estimate.frozen_bytes +=
-        frozen_shape.parameters * preparation.parameter_fraction * frozen_shape.parameter_bytes +
-        preparation.gathered_bytes;
+    frozen_estimate.parameter_bytes = frozen_shape.parameters *
+                                      frozen_estimate.preparation.parameter_fraction *
+                                      frozen_shape.parameter_bytes;
+    estimate.frozen_bytes += frozen_estimate.total_bytes();
   }
   return estimate;
 }

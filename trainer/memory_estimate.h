@@ -27,13 +27,21 @@ struct PreparationEstimate {
   double gathered_bytes = 0.0;
 };
 
+// A frozen model's share on each rank: its parameters and the units it gathers at once.
+struct FrozenEstimate {
+  PreparationEstimate preparation;
+  double parameter_bytes = 0;
+  double total_bytes() const { return parameter_bytes + preparation.gathered_bytes; }
+};
+
 struct MemoryEstimate {
   PreparationEstimate preparation;  // of the trained model
   double optimizer_slots = 0;       // fp32 state buffers per parameter
   bool fp32_masters = false;        // a 16-bit model's optimizer keeps fp32 copies
   double trained_state_bytes = 0;   // parameters, gradients, optimizer state (and masters)
   double activation_bytes = 0;
-  double frozen_bytes = 0;  // the frozen models' parameters and gathered units
+  double frozen_bytes = 0;             // the frozen models' parameters and gathered units
+  std::vector<FrozenEstimate> frozen;  // each frozen model's, in plan order
   double total_bytes() const {
     return trained_state_bytes + preparation.gathered_bytes + activation_bytes + frozen_bytes;
   }

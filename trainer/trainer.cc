@@ -1,5 +1,6 @@
 #include "trainer/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -9,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/heap.h"
+#include "base/human.h"
 #include "base/memory.h"
 #include "base/status.h"
 #include "data/data_config.h"
@@ -21,6 +24,7 @@
 #include "models/model_config.h"
 #include "objectives/metric_means.h"
 #include "objectives/objective.h"
+#include "objectives/reference_log_probs.h"
 #include "optim/optimizer.h"
 #include "sched/schedule_builder.h"
 #include "trainer/checkpoint.h"
@@ -69,6 +73,10 @@ class TrainingRun {
   // The objective's means over the held-out batches of every rank.
   absl::StatusOr<objectives::MeanMetrics> Evaluate();
 
+  // DPO's precompute_reference: the reference's log-probabilities of every batch the run
+  // reads from here on, computed now, and the reference model released.
+  absl::Status PrecomputeReference(const objectives::Dpo& dpo, bool training_data_repeats);
+
   std::optional<double> Mfu(double tokens_per_s) const;
 
   const TrainingConfig& training_;
@@ -77,7 +85,8 @@ class TrainingRun {
   models::ModelConfig config_;
   std::unique_ptr<sched::Schedule> schedule_;
   std::unique_ptr<PreparedModel> prepared_;
-  std::vector<std::unique_ptr<PreparedModel>> frozen_;  // prepared, kept for the run
+  // Prepared, kept for the run (or until precompute_reference releases the reference).
+  std::map<std::string, std::unique_ptr<PreparedModel>> frozen_;
   std::unique_ptr<objectives::Objective> objective_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::optional<data::DataLoader> train_, eval_;
@@ -138,7 +147,7 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan
                                plan.frozen(i).prepare(), mesh, Role::kFrozen,
                                absl::StrCat("plan.frozen[", i, "]")));
     frozen[plan.frozen(i).name()] = &model->model();
-    run->frozen_.push_back(std::move(model));
+    run->frozen_[plan.frozen(i).name()] = std::move(model);
   }
   PLAIT_ASSIGN_OR_RETURN(run->objective_,
                          objectives::MakeObjective(plan.objective(), frozen, "plan.objective"));
@@ -164,6 +173,11 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan
   }
   PLAIT_RETURN_IF_ERROR(run->checkpointer_->Restore(*run->optimizer_, *run->train_));
   run->accumulation_ = GradAccumulation(training);
+  if (plan.objective().dpo().precompute_reference()) {
+    // Unshuffled pair files repeat their batches after one pass; the others do not.
+    PLAIT_RETURN_IF_ERROR(run->PrecomputeReference(
+        plan.objective().dpo(), data.has_preference_files() && !data.preference_files().shuffle()));
+  }
   run->tokens_per_step_ = static_cast<double>(training.micro_batch()) * dp_size *
                           run->accumulation_ * training.seq_len();
   return run;
@@ -178,7 +192,8 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   for (int64_t micro = 0; micro < accumulation_; ++micro) {
     PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, train_->Next());
     const auto no_sync = prepared_->preparation().NoSyncIf(micro + 1 < accumulation_);
-    const objectives::ObjectiveOutput output = objective_->Compute(prepared_->model(), batch);
+    PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
+                           objective_->Compute(prepared_->model(), batch));
     (output.loss / accumulation_).backward();
     means.Add(output);
   }
@@ -263,10 +278,53 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   objectives::MetricMeans means;
   for (int64_t i = 0; i < training_.eval_batches(); ++i) {
     PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, eval_->Next());
-    means.Add(objective_->Compute(prepared_->model(), batch));
+    PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
+                           objective_->Compute(prepared_->model(), batch));
+    means.Add(output);
   }
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());
   return means.Mean(mesh_);
+}
+
+absl::Status TrainingRun::PrecomputeReference(const objectives::Dpo& dpo,
+                                              bool training_data_repeats) {
+  const Clock::time_point start = Clock::now();
+  PreparedModel& reference = *frozen_.at(dpo.reference());
+  auto table = std::make_shared<objectives::ReferenceLogProbs>();
+  // The batches the rest of the run trains on, read by a copy of the training loader from
+  // where the run (or the checkpoint it resumes) stands; one pass when that repeats them.
+  data::DataLoader replay = *train_;
+  int64_t batches = (training_.steps() - checkpointer_->resume_step()) * accumulation_;
+  if (const std::optional<int64_t> pass = replay.DistinctBatches();
+      pass.has_value() && training_data_repeats) {
+    batches = std::min(batches, *pass);
+  }
+  for (int64_t i = 0; i < batches; ++i) {
+    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, replay.Next());
+    table->Add(reference.model(), batch);
+  }
+  eval_->Reset();
+  for (int64_t i = 0; i < training_.eval_batches(); ++i) {
+    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, eval_->Next());
+    table->Add(reference.model(), batch);
+  }
+  PLAIT_RETURN_IF_ERROR(base::Annotate(reference.preparation().BackwardStatus(),
+                                       "plan.objective.dpo.precompute_reference"));
+  objective_ = objectives::MakePrecomputedDpo(dpo, table);
+  const std::optional<int64_t> held = base::HeapBytesInUse();
+  frozen_.erase(dpo.reference());
+  const std::optional<int64_t> released = base::HeapBytesInUse();
+  if (progress_) {
+    progress_->Print(absl::StrFormat(
+        "precomputed the reference log-probabilities of %d rows on rank 0 (%d training and %d eval "
+        "micro-batches per rank) in %.1f s; released the reference model \"%s\"%s",
+        table->rows(), batches, training_.eval_batches(), Seconds(Clock::now() - start),
+        dpo.reference(),
+        held && released
+            ? absl::StrCat(": the heap in use fell by ", base::HumanBytes(*held - *released))
+            : ""));
+  }
+  return absl::OkStatus();
 }
 
 std::optional<double> TrainingRun::Mfu(double tokens_per_s) const {

@@ -3,11 +3,15 @@
 // plan's losses, and a frozen model is prepared without optimizer or gradient state.
 #include "trainer/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +22,8 @@
 #include "data/testing_token_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "objectives/objective.h"
 #include "parallel/device_mesh.h"
@@ -244,6 +250,75 @@ TEST(TrainTest, EvalBatchesBeyondTheHeldOutFileAreRefused) {
   });
 }
 
+void ExpectNearRelative(double actual, double expected, const std::string& what,
+                        double tolerance = 1e-5) {
+  // Rewards start at exactly 0: below 1e-2 the tolerance is absolute.
+  EXPECT_NEAR(actual, expected, tolerance * std::max(std::abs(expected), 1e-2)) << what;
+}
+
+// Every step's loss, gradient norm and training and evaluation metrics of `run` are those of
+// `expected` within `tolerance`, relative.
+void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const std::string& layout,
+                     double tolerance = 1e-5) {
+  ASSERT_EQ(run.steps.size(), expected.steps.size());
+  for (size_t i = 0; i < expected.steps.size(); ++i) {
+    const metrics::StepMetrics& a = run.steps[i];
+    const metrics::StepMetrics& e = expected.steps[i];
+    const std::string step = absl::StrCat(layout, " step ", e.step, " ");
+    ExpectNearRelative(a.loss, e.loss, step + "loss", tolerance);
+    ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm", tolerance);
+    ASSERT_EQ(a.named.size(), e.named.size());
+    for (size_t m = 0; m < e.named.size(); ++m) {
+      ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first, tolerance);
+    }
+    ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
+    for (size_t m = 0; m < e.eval_named.size(); ++m) {
+      ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
+                         step + "eval_" + e.eval_named[m].first, tolerance);
+    }
+  }
+}
+
+// //trainer:llama_sft's plan: its first step's loss is the initial model's cross-entropy of
+// the completion tokens alone (a prompt's tokens carry no loss: with them scored the loss
+// would differ), and FSDP on 2 ranks trains it as one process does.
+TEST(SftTest, PromptTokensCarryNoLossAndFsdpTrainsAsOneProcess) {
+  Plan plan = LoadShippedPlan("llama_sft");
+  Plan single = plan;
+  single.clear_mesh();
+  single.clear_prepare();
+  ASSERT_THAT(ApplyOverride("training.micro_batch=16", single), IsOk());
+  const TrainReport expected = TrainOnRanks(single, 1);
+  ASSERT_EQ(expected.steps.size(), 10u);
+  EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss);
+
+  const data::DataConfig data = data::ResolvedDataConfig(single.data());
+  auto loader = data::DataLoader::Create(data, data::Split::kTrain, 4096, 16,
+                                         single.training().seq_len(), 0, 1, "plan.data");
+  ASSERT_THAT(loader, IsOk());
+  const data::Batch batch = loader->Next().value();
+  auto config = models::ResolveModelSpec(single.model(), "plan.model");
+  ASSERT_THAT(config, IsOk());
+  auto model = models::CausalLM::Create(*config, single.model().init());
+  ASSERT_THAT(model, IsOk());
+  torch::NoGradGuard no_grad;
+  // Every position's cross-entropy of the next input token; the last has none.
+  const int64_t T = single.training().seq_len();
+  const torch::Tensor logits = (*model)->Forward(batch.inputs).narrow(1, 0, T - 1);
+  const torch::Tensor next = batch.inputs.narrow(1, 1, T - 1);
+  const torch::Tensor losses = -torch::log_softmax(logits.to(torch::kFloat64), -1)
+                                    .gather(-1, next.unsqueeze(-1))
+                                    .squeeze(-1);
+  // The first completion token is input P, predicted at position P - 1.
+  const int64_t P = data.synthetic_sft().prompt_length();
+  const double completion = losses.narrow(1, P - 1, T - P).mean().item<double>();
+  const double all = losses.mean().item<double>();
+  EXPECT_NEAR(expected.steps[0].loss, completion, 1e-5 * completion);
+  EXPECT_GT(std::abs(all - completion), 1e-3);
+
+  ExpectSameSteps(TrainOnRanks(plan, 2), expected, "fsdp");
+}
+
 // The regression behind DPO under FSDP: the policy and its reference are prepared by their own
 // steps in plan order (policy first), the optimizer owns exactly the policy's shards and
 // nothing of the reference, and DPO steps leave the reference's parameters bit for bit as
@@ -294,7 +369,7 @@ TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
                                          plan.training().seq_len(), rank, 2, "plan.data");
     ASSERT_THAT(data, IsOk());
     for (int step = 0; step < 3; ++step) {
-      (*objective)->Compute((*policy)->model(), data->Next().value()).loss.backward();
+      (*objective)->Compute((*policy)->model(), data->Next().value())->loss.backward();
       ASSERT_THAT((*policy)->preparation().BackwardStatus(), IsOk());
       ASSERT_THAT((*optimizer)->Step(1e-3), IsOk());
       (*optimizer)->ZeroGrad();
@@ -330,34 +405,6 @@ Plan DpoPlan(const std::string& layout) {
   return plan;
 }
 
-void ExpectNearRelative(double actual, double expected, const std::string& what) {
-  // Rewards start at exactly 0: below 1e-2 the tolerance is absolute.
-  EXPECT_NEAR(actual, expected, 1e-5 * std::max(std::abs(expected), 1e-2)) << what;
-}
-
-// Each step's loss, gradient norm and named metrics (training and evaluation) of `run` are
-// those of `single`.
-void ExpectSameDpoRun(const TrainReport& run, const TrainReport& single,
-                      const std::string& layout) {
-  ASSERT_EQ(run.steps.size(), single.steps.size());
-  for (size_t i = 0; i < single.steps.size(); ++i) {
-    const metrics::StepMetrics& a = run.steps[i];
-    const metrics::StepMetrics& e = single.steps[i];
-    const std::string step = absl::StrCat(layout, " step ", e.step, " ");
-    ExpectNearRelative(a.loss, e.loss, step + "loss");
-    ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm");
-    ASSERT_EQ(a.named.size(), e.named.size());
-    for (size_t m = 0; m < e.named.size(); ++m) {
-      ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first);
-    }
-    ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
-    for (size_t m = 0; m < e.eval_named.size(); ++m) {
-      ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
-                         step + "eval_" + e.eval_named[m].first);
-    }
-  }
-}
-
 TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
   const TrainReport single = TrainOnRanks(DpoPlan("single"), 1);
   ASSERT_EQ(single.steps.size(), 10u);
@@ -370,7 +417,7 @@ TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
   }
   EXPECT_LT(single.steps.back().loss, single.steps.front().loss);
   for (const std::string layout : {"fsdp", "ddp"}) {
-    ExpectSameDpoRun(TrainOnRanks(DpoPlan(layout), 2), single, layout);
+    ExpectSameSteps(TrainOnRanks(DpoPlan(layout), 2), single, layout);
   }
 }
 
@@ -392,7 +439,56 @@ TEST(DpoTest, TensorParallelOnTwoRanksTrainsToTheSingleProcessRun) {
   dim->set_size(2);
   tp.add_prepare()->mutable_tensor_parallel()->set_mesh_dim("tp");
   tp.mutable_frozen(0)->add_prepare()->mutable_tensor_parallel()->set_mesh_dim("tp");
-  ExpectSameDpoRun(TrainOnRanks(tp, 2), TrainOnRanks(with_four_heads(DpoPlan("single")), 1), "tp");
+  ExpectSameSteps(TrainOnRanks(tp, 2), TrainOnRanks(with_four_heads(DpoPlan("single")), 1), "tp");
+}
+
+// qwen_dpo_fsdp_hf: the policy and the reference both start from the Hugging Face folder the
+// plan names (written here first, as a pretraining run's save_hf_dir would), and train as
+// the same plan whose models start from the seed that made the folder's weights.
+TEST(DpoTest, APlanFromAHuggingFaceFolderStartsBothModelsFromIt) {
+  Plan seeded = LoadShippedPlan("qwen_dpo_fsdp");
+  for (models::ModelSpec* spec :
+       {seeded.mutable_model(), seeded.mutable_frozen(0)->mutable_model()}) {
+    spec->mutable_init()->set_seed(5);
+  }
+  const std::string folder = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf_pipeline");
+  std::filesystem::create_directories(folder);
+  ASSERT_EQ(chdir(folder.c_str()), 0);
+  auto config = models::ResolveModelSpec(seeded.model(), "plan.model");
+  ASSERT_THAT(config, IsOk());
+  auto pretrained = models::CausalLM::Create(*config, seeded.model().init());
+  ASSERT_THAT(pretrained, IsOk());
+  ASSERT_THAT(models::SaveHfModel(**pretrained, "qwen2_tiny_pretrained"), IsOk());
+
+  const Plan from_folder = LoadShippedPlan("qwen_dpo_fsdp_hf");
+  const TrainReport expected = TrainOnRanks(seeded, 2);
+  const TrainReport run = TrainOnRanks(from_folder, 2);
+  // The policy starts as its reference.
+  EXPECT_FLOAT_EQ(run.steps[0].loss, std::log(2.0));
+  ExpectSameSteps(run, expected, "from the folder", 1e-6);
+}
+
+// precompute_reference: the FSDP-sharded reference's log-probabilities computed before the
+// first step, and the reference released, train as the live reference does, step by step
+// (training and evaluation metrics) to 1e-6. The reference is another network than the
+// policy's start, so that the rewards are not 0 from the start.
+TEST(DpoTest, APrecomputedReferenceTrainsAsTheLiveOne) {
+  Plan live = DpoPlan("fsdp");
+  live.mutable_frozen(0)->mutable_model()->mutable_init()->set_seed(2);
+  Plan precomputed = live;
+  precomputed.mutable_objective()->mutable_dpo()->set_precompute_reference(true);
+  const TrainReport expected = TrainOnRanks(live, 2);
+  std::ostringstream log;
+  TrainOptions options;
+  options.log = &log;
+  ExpectSameSteps(TrainOnRanks(precomputed, 2, options), expected, "precomputed", 1e-6);
+  EXPECT_NE(expected.steps[0].named[0].second, 0.0);  // rewards/chosen
+  // 8 pairs, 16 rows, in each micro-batch of rank 0.
+  EXPECT_THAT(log.str(),
+              HasSubstr("precomputed the reference log-probabilities of 176 rows on rank 0 (10 "
+                        "training and 1 eval micro-batches per rank)"));
+  EXPECT_THAT(log.str(), HasSubstr("released the reference model \"reference\": the heap in use "
+                                   "fell by"));
 }
 
 }  // namespace

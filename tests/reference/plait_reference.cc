@@ -11,13 +11,15 @@
 //                         --out=OUT [--save_dir=DIR]
 //   plait_reference schedules --configs=CONFIGS --out=OUT
 //   plait_reference optimizers --configs=CONFIGS --params=PARAMS --grads=GRADS --out=OUT
+//   plait_reference dpo --hf_dir=POLICY --reference_dir=REFERENCE --pairs=JSONL --configs=CONFIGS
+//                       --out=OUT
 //
 // BATCH is a safetensors file of int64 `input_ids` and `labels` [B, T], with labels in
 // Hugging Face's convention: aligned with the inputs, shifted inside the loss, -100 ignored.
 // --optimizer and --schedule are text protos of optim.OptimizerConfig and
-// sched.ScheduleConfig; CONFIGS is a text file of several such configs, one per line, each
-// run in turn (one process for all: LibTorch takes a second to load). Everything runs in
-// fp32 on the CPU. Outputs:
+// sched.ScheduleConfig (for dpo: objectives.ObjectiveConfig); CONFIGS is a text file of several
+// such configs, one per line, each run in turn (one process for all: LibTorch takes a second to
+// load). Everything runs in fp32 on the CPU. Outputs:
 //   forward_backward, save_hf: `logits` [B, T, V], `loss` [1] and `grad.<name>` for every
 //     parameter, by its Hugging Face name (save_hf: of the model it saved, before saving);
 //   train: `loss` [steps], the loss before each update, and `param.<name>` after the last;
@@ -25,8 +27,13 @@
 //     0 .. total_steps;
 //   optimizers: `<i>.<name>` [steps, ...], each parameter after every step under config i
 //     (from 0). PARAMS holds the initial parameters; GRADS holds `<name>` [steps, ...], the
-//     gradient of every step, and `lr` [steps], the learning rate of every step.
+//     gradient of every step, and `lr` [steps], the learning rate of every step;
+//   dpo: for config i, `<i>.loss` [1], `<i>.<metric>` [1] for every metric the objective
+//     reports (TRL's names: `<i>.rewards/chosen`, ...) and `<i>.grad.<name>` for every policy
+//     parameter, of all the preference pairs of JSONL (data/pairs.h's format, read with
+//     plait's own reader) in one micro-batch, right-padded to the longest sequence.
 // Exits 0 on success, 1 with a message on stderr otherwise, 2 on a usage error.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -46,10 +53,12 @@
 #include "base/file.h"
 #include "base/status.h"
 #include "base/text_proto.h"
+#include "data/pairs.h"
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
+#include "objectives/objective.h"
 #include "optim/optimizer.h"
 #include "sched/schedule_builder.h"
 #include "torch/torch.h"
@@ -66,6 +75,8 @@ ABSL_FLAG(std::string, params, "", "optimizers: a safetensors file of the initia
 ABSL_FLAG(std::string, grads, "", "optimizers: a safetensors file of the gradients and lr.");
 ABSL_FLAG(std::string, save_dir, "",
           "train: save the trained model here as a Hugging Face folder.");
+ABSL_FLAG(std::string, reference_dir, "", "dpo: the reference model's Hugging Face folder.");
+ABSL_FLAG(std::string, pairs, "", "dpo: a JSONL file of preference pairs (token ids).");
 ABSL_FLAG(std::string, out, "", "Where to write the results.");
 
 namespace plait::reference {
@@ -278,17 +289,65 @@ absl::Status RunOptimizers() {
   return models::WriteSafetensors(out, results);
 }
 
+absl::Status RunDpo() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string policy_dir, RequiredFlag(FLAGS_hf_dir, "hf_dir"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string reference_dir,
+                         RequiredFlag(FLAGS_reference_dir, "reference_dir"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string pairs_path, RequiredFlag(FLAGS_pairs, "pairs"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  PLAIT_ASSIGN_OR_RETURN(const auto configs, ReadConfigs<objectives::ObjectiveConfig>());
+  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> policy, models::LoadHfModel(policy_dir));
+  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> reference,
+                         models::LoadHfModel(reference_dir));
+  // Long enough for every pair, so nothing is cut: the batch is padded to the longest.
+  const int64_t seq_len = policy->config().max_position_embeddings();
+  const data::PairFiles files;
+  PLAIT_ASSIGN_OR_RETURN(const data::PairExamples pairs,
+                         data::ReadPairFile(pairs_path, data::PairKind::kPreference, files,
+                                            policy->config().vocab_size(), seq_len));
+  std::vector<const data::PairExample*> examples;
+  int64_t longest = 0;
+  for (const data::PairExample& pair : pairs.examples) {
+    examples.push_back(&pair);
+    longest =
+        std::max(longest, static_cast<int64_t>(pair.prompt.size() +
+                                               std::max(pair.chosen.size(), pair.rejected.size())));
+  }
+  const data::Batch batch = data::PairRows(examples, data::PairKind::kPreference, files, longest);
+  NamedTensors results;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    PLAIT_ASSIGN_OR_RETURN(
+        std::unique_ptr<objectives::Objective> objective,
+        objectives::MakeObjective(configs[c], {{configs[c].dpo().reference(), reference.get()}},
+                                  absl::StrCat("configs[", c, "]")));
+    policy->zero_grad(/*set_to_none=*/true);
+    PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
+                           objective->Compute(*policy, batch));
+    output.loss.backward();
+    results.emplace_back(absl::StrCat(c, ".loss"), output.loss.detach().reshape({1}));
+    for (const auto& [name, value] : output.metrics) {
+      results.emplace_back(absl::StrCat(c, ".", name), torch::tensor({static_cast<float>(value)}));
+    }
+    for (const auto& parameter : policy->NamedParameters()) {
+      results.emplace_back(absl::StrCat(c, ".grad.", parameter.name),
+                           parameter.parameter.grad().clone());
+    }
+  }
+  return models::WriteSafetensors(out, results);
+}
+
 }  // namespace
 }  // namespace plait::reference
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "plait's side of the reference tests; see tests/reference/plait_reference.cc.\n"
-      "usage: plait_reference forward_backward|save_hf|train|schedules|optimizers --flags...");
+      "usage: plait_reference forward_backward|save_hf|train|schedules|optimizers|dpo "
+      "--flags...");
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() != 2) {
     std::cerr << "plait_reference: give one command: forward_backward, save_hf, train, "
-                 "schedules or optimizers\n";
+                 "schedules, optimizers or dpo\n";
     return 2;
   }
   const std::string command = positional[1];
@@ -303,6 +362,8 @@ int main(int argc, char** argv) {
     status = plait::reference::RunSchedules();
   } else if (command == "optimizers") {
     status = plait::reference::RunOptimizers();
+  } else if (command == "dpo") {
+    status = plait::reference::RunDpo();
   } else {
     std::cerr << "plait_reference: unknown command \"" << command << "\"\n";
     return 2;

@@ -1,0 +1,47 @@
+#include "objectives/reference_log_probs.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/hash.h"
+
+namespace plait::objectives {
+
+torch::Tensor ReferenceLogProbs::Compute(models::CausalLM& reference, const data::Batch& batch) {
+  torch::NoGradGuard no_grad;
+  return reference.SequenceLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget);
+}
+
+ReferenceLogProbs::Key ReferenceLogProbs::RowKey(const data::Batch& batch, int64_t row) {
+  const torch::Tensor inputs = batch.inputs[row].contiguous();
+  const torch::Tensor targets = batch.targets[row].contiguous();
+  const size_t bytes = inputs.numel() * sizeof(int64_t);
+  const uint64_t tokens =
+      base::Fnv1a64Words(base::kFnv1a64OffsetBasis, inputs.data_ptr<int64_t>(), bytes);
+  // The second hash starts from the first, mixed, so the two are not the same function.
+  return {tokens, base::Fnv1a64Words(base::SplitMix64(tokens), targets.data_ptr<int64_t>(), bytes)};
+}
+
+void ReferenceLogProbs::Add(models::CausalLM& reference, const data::Batch& batch) {
+  const torch::Tensor log_probs = Compute(reference, batch).to(torch::kFloat32).contiguous();
+  const float* values = log_probs.data_ptr<float>();
+  for (int64_t row = 0; row < batch.inputs.size(0); ++row) {
+    log_probs_.emplace(RowKey(batch, row), values[row]);
+  }
+}
+
+absl::StatusOr<torch::Tensor> ReferenceLogProbs::Find(const data::Batch& batch) const {
+  const int64_t rows = batch.inputs.size(0);
+  torch::Tensor found = torch::empty({rows}, torch::kFloat32);
+  float* values = found.data_ptr<float>();
+  for (int64_t row = 0; row < rows; ++row) {
+    const auto it = log_probs_.find(RowKey(batch, row));
+    if (it == log_probs_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("row ", row, " of the batch has no precomputed reference log-probability (",
+                       this->rows(), " rows were precomputed)"));
+    }
+    values[row] = it->second;
+  }
+  return found;
+}
+
+}  // namespace plait::objectives

@@ -1,0 +1,51 @@
+// The reference model's log-probabilities of preference rows, computed once and kept, for
+// DPO's precompute_reference: before the first step the trainer runs the reference over every
+// batch the run will read (training and evaluation), keeps each row's sequence
+// log-probability here, and releases the model; DPO then looks its batches' rows up by their
+// tokens instead of running the reference:
+//
+//   auto table = std::make_shared<ReferenceLogProbs>();
+//   for (...) table->Add(reference, loader.Next().value());
+//   std::unique_ptr<Objective> dpo = MakePrecomputedDpo(config, table);
+#ifndef PLAIT_OBJECTIVES_REFERENCE_LOG_PROBS_H_
+#define PLAIT_OBJECTIVES_REFERENCE_LOG_PROBS_H_
+
+#include <cstdint>
+#include <map>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "data/batch.h"
+#include "models/causal_lm.h"
+
+namespace plait::objectives {
+
+class ReferenceLogProbs {
+ public:
+  // `reference`'s sequence log-probabilities (fp32 [rows]) of `batch`'s rows, summed over the
+  // scored targets, computed under no-grad; how DPO scores its reference, precomputed or not.
+  static torch::Tensor Compute(models::CausalLM& reference, const data::Batch& batch);
+
+  // Computes and keeps the log-probabilities of `batch`'s rows (a row kept already is kept
+  // once). Every rank of a sharded reference must call it for the same number of batches.
+  void Add(models::CausalLM& reference, const data::Batch& batch);
+
+  // The kept log-probabilities of `batch`'s rows, bit for bit as Compute gave them; NotFound
+  // naming the first row never added.
+  absl::StatusOr<torch::Tensor> Find(const data::Batch& batch) const;
+
+  // How many distinct rows are kept.
+  int64_t rows() const { return static_cast<int64_t>(log_probs_.size()); }
+
+ private:
+  // A row by its tokens and scored targets: two 64-bit hashes (a collision among a million
+  // rows has a probability of about 3e-8 for each, and both would have to collide).
+  using Key = std::pair<uint64_t, uint64_t>;
+  static Key RowKey(const data::Batch& batch, int64_t row);
+
+  std::map<Key, float> log_probs_;
+};
+
+}  // namespace plait::objectives
+
+#endif  // PLAIT_OBJECTIVES_REFERENCE_LOG_PROBS_H_
