@@ -111,6 +111,7 @@ absl::Status MetricsLog::Append(const StepMetrics& metrics) {
   if (metrics.grad_norm) row["grad_norm"] = *metrics.grad_norm;
   if (metrics.skipped) row["skipped"] = true;
   if (metrics.mfu) row["mfu"] = *metrics.mfu;
+  if (metrics.peak_memory_bytes) row["peak_memory_bytes"] = *metrics.peak_memory_bytes;
   if (metrics.eval_loss) row["eval_loss"] = *metrics.eval_loss;
   for (const auto& [name, value] : metrics.named) row[name] = value;
   for (const auto& [name, value] : metrics.eval_named) row["eval_" + name] = value;

@@ -26,6 +26,8 @@ struct StepMetrics {
   std::optional<double> eval_loss;  // when evaluated after this step
   NamedMetrics named;               // the objective's, over the global batch
   NamedMetrics eval_named;          // the same at the evaluation, when evaluated
+  // The most device memory this rank's tensors held at once in the step; on CUDA only.
+  std::optional<int64_t> peak_memory_bytes;
 };
 
 // What a whole run measured: its steps, and what its summary reports.
@@ -36,6 +38,8 @@ struct RunMetrics {
   double seconds = 0.0;
   double tokens_per_s = 0.0;  // over the steps trained
   std::optional<double> mfu;
+  // The most device memory any rank's tensors held at once in the run; on CUDA only.
+  std::optional<int64_t> peak_memory_bytes;
 };
 
 }  // namespace plait::metrics
