@@ -1,5 +1,6 @@
 #include "trainer/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "objectives/metric_means.h"
 #include "objectives/objective.h"
 #include "optim/optimizer.h"
+#include "parallel/device.h"
 #include "sched/schedule_builder.h"
 #include "trainer/checkpoint.h"
 #include "trainer/plan.h"
@@ -30,6 +32,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// `batch` on `device`. To a GPU it goes from pinned host memory without blocking the host,
+// so the copy queues behind the work already queued instead of waiting for it.
+data::Batch OnDevice(data::Batch batch, const torch::Device& device) {
+  if (device.is_cpu()) return batch;
+  return {batch.inputs.pin_memory().to(device, /*non_blocking=*/true),
+          batch.targets.pin_memory().to(device, /*non_blocking=*/true)};
+}
 
 // One rank's training run of a validated plan: what Start sets up (the prepared models, the
 // objective, the optimizer built from the trained model, the data, the checkpoints and the
@@ -56,6 +66,9 @@ class TrainingRun {
   absl::StatusOr<objectives::MeanMetrics> Evaluate();
 
   std::optional<double> Mfu(double tokens_per_s) const;
+
+  // `bytes` becomes the largest over the ranks of the mesh (every rank must call it).
+  absl::Status MaxOverRanks(std::optional<int64_t>& bytes) const;
 
   const TrainingConfig& training_;
   const parallel::DeviceMesh& mesh_;
@@ -146,12 +159,14 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan
 
 absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   const Clock::time_point start = Clock::now();
+  parallel::ResetPeakMemory(mesh_.device());
   metrics::StepMetrics metrics;
   metrics.step = step + 1;
   metrics.lr = schedule_->LearningRate(step);
   objectives::MetricMeans means;
   for (int64_t micro = 0; micro < accumulation_; ++micro) {
-    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, train_->Next());
+    PLAIT_ASSIGN_OR_RETURN(data::Batch batch, train_->Next());
+    batch = OnDevice(std::move(batch), mesh_.device());
     const auto no_sync = prepared_->preparation().NoSyncIf(micro + 1 < accumulation_);
     const objectives::ObjectiveOutput output = objective_->Compute(prepared_->model(), batch);
     (output.loss / accumulation_).backward();
@@ -166,6 +181,7 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics.named = mean.metrics;
   metrics.grad_norm = update.grad_norm;
   metrics.skipped = update.skipped;
+  metrics.peak_memory_bytes = parallel::PeakMemory(mesh_.device());
   const double seconds = Seconds(Clock::now() - start);
   training_seconds_ += seconds;
   metrics.tokens_per_s = tokens_per_step_ / seconds;
@@ -198,6 +214,10 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
         (!report.best_eval_loss || *metrics.eval_loss < *report.best_eval_loss)) {
       report.best_eval_loss = metrics.eval_loss;
     }
+    if (metrics.peak_memory_bytes) {
+      report.peak_memory_bytes =
+          std::max(report.peak_memory_bytes.value_or(0), *metrics.peak_memory_bytes);
+    }
     report.steps.push_back(metrics);
     if (metrics_log_) PLAIT_RETURN_IF_ERROR(metrics_log_->Append(metrics));
     if (progress_) {
@@ -224,6 +244,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   report.tokens_per_s =
       first_step < steps ? tokens_per_step_ * (steps - first_step) / training_seconds_ : 0.0;
   report.mfu = Mfu(report.tokens_per_s);
+  PLAIT_RETURN_IF_ERROR(MaxOverRanks(report.peak_memory_bytes));
   if (progress_) progress_->Summary(report);
   return report;
 }
@@ -233,7 +254,8 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   eval_->Reset();
   objectives::MetricMeans means;
   for (int64_t i = 0; i < training_.eval_batches(); ++i) {
-    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, eval_->Next());
+    PLAIT_ASSIGN_OR_RETURN(data::Batch batch, eval_->Next());
+    batch = OnDevice(std::move(batch), mesh_.device());
     means.Add(objective_->Compute(prepared_->model(), batch));
   }
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());
@@ -244,6 +266,16 @@ std::optional<double> TrainingRun::Mfu(double tokens_per_s) const {
   const double peak = training_.peak_flops_per_rank() * mesh_.layout().world_size();
   if (peak <= 0.0) return std::nullopt;
   return tokens_per_s * models::TrainingFlopsPerToken(config_, training_.seq_len()) / peak;
+}
+
+absl::Status TrainingRun::MaxOverRanks(std::optional<int64_t>& bytes) const {
+  if (!bytes) return absl::OkStatus();  // the same on every rank: all on CUDA, or none
+  // fp32 holds byte counts to 2^-24 relative, far below what the summary prints.
+  torch::Tensor value = torch::full({1}, static_cast<double>(*bytes),
+                                    torch::TensorOptions(torch::kFloat32).device(mesh_.device()));
+  PLAIT_RETURN_IF_ERROR(mesh_.AllReduce(value, parallel::ReduceOp::kMax));
+  bytes = static_cast<int64_t>(value.item<double>());
+  return absl::OkStatus();
 }
 
 }  // namespace
