@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package that building and testing plait needs, NCCL's headers and
-# library for the GPU build when the machine's CUDA has none, and the Python environment
-# whose PyTorch wheel carries the LibTorch 2.x that plait is also built against (tools/torch2).
+# library for the GPU build when the machine's CUDA has none, the LibTorch of PyTorch's CUDA
+# wheel that the GPU build links (tools/torch_cuda) on machines with CUDA, and the Python
+# environment whose PyTorch wheel carries the LibTorch 2.x that plait is also built against
+# (tools/torch2).
 # Idempotent: when everything is installed it only checks, and returns in seconds.
 set -euo pipefail
 
@@ -74,6 +76,41 @@ EOF
   rm -rf "${download}"
 }
 
+# A CUDA LibTorch for `tools/torch_cuda` (--config=gpu): the torch/ folder of PyPI's CUDA wheel
+# of PyTorch, unpacked alone (its CUDA libraries come from other wheels, which a machine that
+# only compiles and links needs not have: third_party/repositories.bzl), linked as
+# /opt/plait/libtorch-cuda. Only where CUDA is installed: without it there is no GPU build.
+torch_cuda_wheel="torch==2.14.1"  # a CUDA 13 build, as /usr/local/cuda on the build machines
+torch_cuda_dir=/opt/plait/libtorch-cuda-2.14.1
+torch_cuda_link=/opt/plait/libtorch-cuda
+install_libtorch_cuda() {
+  [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ] || return 0
+  [ -e "${torch_cuda_link}/lib/libtorch_cuda.so" ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: run as root to unpack ${torch_cuda_wheel}'s LibTorch into ${torch_cuda_dir}" >&2
+    return 1
+  fi
+  echo "setup: unpacking the LibTorch of ${torch_cuda_wheel} (CUDA) into ${torch_cuda_dir}"
+  local download
+  download="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "${download}" \
+    "${torch_cuda_wheel}"
+  python3 - "${download}" "${torch_cuda_dir}" <<'EOF'
+import glob, os, shutil, sys, zipfile
+download, target = sys.argv[1], sys.argv[2]
+staging = target + ".tmp"
+shutil.rmtree(staging, ignore_errors=True)
+with zipfile.ZipFile(glob.glob(os.path.join(download, "torch-*.whl"))[0]) as wheel:
+    for name in wheel.namelist():
+        if name.startswith("torch/include/") or name.startswith("torch/lib/"):
+            wheel.extract(name, staging)
+shutil.rmtree(target, ignore_errors=True)
+os.rename(staging, target)
+EOF
+  rm -rf "${download}"
+  ln -sfn "${torch_cuda_dir}/torch" "${torch_cuda_link}"
+}
+
 # The Python environment of plait's tools, and PyTorch's wheel in it: its torch/ folder
 # (headers in include/, libraries in lib/) is the LibTorch 2.x of tools/torch2, linked as
 # /opt/plait/libtorch2. install_venv takes a requirements file, so that each tool adds its own
@@ -116,6 +153,7 @@ done
 if [ "${#missing[@]}" -eq 0 ]; then
   link_pinned_bazel
   install_nccl
+  install_libtorch_cuda
   install_python_tools
   echo "setup: all ${#packages[@]} packages are installed"
   exit 0
@@ -133,5 +171,6 @@ apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
 link_pinned_bazel
 install_nccl
+install_libtorch_cuda
 install_python_tools
 echo "setup: done"
