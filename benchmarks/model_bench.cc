@@ -19,8 +19,7 @@
 // and output projection, and its MFU against the GPU's dense bf16 peak from NVIDIA's
 // datasheet (kGpuPeaks; no MFU for a GPU not listed), with the step's peak memory:
 //
-//   bazel run --config=gpu --config=opt //benchmarks:model_bench -- \
-//     --benchmark_filter=Cuda
+//   tools/torch_cuda run --config=opt //benchmarks:model_bench -- --benchmark_filter=Cuda
 #include <chrono>
 #include <cstdint>
 #include <memory>

@@ -71,5 +71,17 @@ TEST(ProgressLogTest, HeaderAndSummaryFrameTheRun) {
             "(entropy floor 1.1369, gap 0.0545 nats)\n");
 }
 
+// A CUDA run's summary gives the most GPU memory a rank held.
+TEST(ProgressLogTest, SummaryGivesThePeakDeviceMemory) {
+  std::ostringstream out;
+  ProgressLog progress(out, ProgressLog::Style::kPlainLines, /*total_steps=*/10, /*log_every=*/10);
+  RunMetrics run;
+  run.seconds = 2.0;
+  run.tokens_per_s = 1000;
+  run.peak_memory_bytes = int64_t{3} << 30;
+  progress.Summary(run);
+  EXPECT_EQ(out.str(), "done: 10 steps in 2.0 s, 1000 tokens/s, peak memory 3.00 GiB per rank\n");
+}
+
 }  // namespace
 }  // namespace plait::metrics
