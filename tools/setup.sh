@@ -40,6 +40,29 @@ link_pinned_bazel() {
   ln -s bazel-4 "/usr/bin/bazel-${pinned}"
 }
 
+# Unpacks the include/ and lib/ folders under FOLDER of the wheel pip finds for REQUIREMENT
+# (no dependencies) into TARGET/include and TARGET/lib, replacing TARGET.
+unpack_wheel() {
+  local requirement="$1" folder="$2" target="$3"
+  local download
+  download="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "${download}" "${requirement}"
+  python3 - "${download}" "${folder}" "${target}" <<'EOF'
+import glob, os, shutil, sys, zipfile
+download, folder, target = sys.argv[1], sys.argv[2], sys.argv[3]
+staging = target + ".tmp"
+shutil.rmtree(staging, ignore_errors=True)
+with zipfile.ZipFile(glob.glob(os.path.join(download, "*.whl"))[0]) as wheel:
+    for name in wheel.namelist():
+        if name.startswith(folder + "/include/") or name.startswith(folder + "/lib/"):
+            wheel.extract(name, staging)
+shutil.rmtree(target, ignore_errors=True)
+os.rename(os.path.join(staging, folder), target)
+shutil.rmtree(staging)
+EOF
+  rm -rf "${download}"
+}
+
 # NCCL for `bazel build --config=gpu` (third_party/nccl.BUILD): compiling and linking the NCCL
 # code needs nccl.h and libnccl.so. Some machines carry the CUDA toolkit without NCCL; there
 # NVIDIA's PyPI wheel (headers and library, no toolkit) is unpacked into /opt/nccl.
@@ -56,24 +79,8 @@ install_nccl() {
     return 1
   fi
   echo "setup: installing NCCL (${nccl_wheel}) into ${nccl_dir}"
-  local download
-  download="$(mktemp -d)"
-  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "${download}" "${nccl_wheel}"
-  python3 - "${download}" "${nccl_dir}" <<'EOF'
-import glob, os, shutil, sys, zipfile
-download, target = sys.argv[1], sys.argv[2]
-staging = target + ".tmp"
-shutil.rmtree(staging, ignore_errors=True)
-with zipfile.ZipFile(glob.glob(os.path.join(download, "*.whl"))[0]) as wheel:
-    for name in wheel.namelist():
-        if name.startswith("nvidia/nccl/include/") or name.startswith("nvidia/nccl/lib/"):
-            wheel.extract(name, staging)
-os.symlink("libnccl.so.2", os.path.join(staging, "nvidia/nccl/lib/libnccl.so"))
-shutil.rmtree(target, ignore_errors=True)
-os.rename(os.path.join(staging, "nvidia/nccl"), target)
-shutil.rmtree(staging)
-EOF
-  rm -rf "${download}"
+  unpack_wheel "${nccl_wheel}" nvidia/nccl "${nccl_dir}"
+  ln -s libnccl.so.2 "${nccl_dir}/lib/libnccl.so"
 }
 
 # A CUDA LibTorch for `tools/torch_cuda` (--config=gpu): the torch/ folder of PyPI's CUDA wheel
@@ -91,24 +98,8 @@ install_libtorch_cuda() {
     return 1
   fi
   echo "setup: unpacking the LibTorch of ${torch_cuda_wheel} (CUDA) into ${torch_cuda_dir}"
-  local download
-  download="$(mktemp -d)"
-  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "${download}" \
-    "${torch_cuda_wheel}"
-  python3 - "${download}" "${torch_cuda_dir}" <<'EOF'
-import glob, os, shutil, sys, zipfile
-download, target = sys.argv[1], sys.argv[2]
-staging = target + ".tmp"
-shutil.rmtree(staging, ignore_errors=True)
-with zipfile.ZipFile(glob.glob(os.path.join(download, "torch-*.whl"))[0]) as wheel:
-    for name in wheel.namelist():
-        if name.startswith("torch/include/") or name.startswith("torch/lib/"):
-            wheel.extract(name, staging)
-shutil.rmtree(target, ignore_errors=True)
-os.rename(staging, target)
-EOF
-  rm -rf "${download}"
-  ln -sfn "${torch_cuda_dir}/torch" "${torch_cuda_link}"
+  unpack_wheel "${torch_cuda_wheel}" torch "${torch_cuda_dir}"
+  ln -sfn "${torch_cuda_dir}" "${torch_cuda_link}"
 }
 
 # The Python environment of plait's tools, and PyTorch's wheel in it: its torch/ folder
