@@ -1,7 +1,8 @@
 // The model on CUDA against the same model on the CPU: the generic LibTorch path the GPU takes
 // (cuBLAS matmuls, the composite ops, LibTorch's fused attention where the version has it)
 // gives the CPU's fused kernels' loss and gradients, in fp32 with TF32 off to fp32 rounding
-// (1e-4; TF32 would show as ~1e-3) and in bf16 to bf16's precision, for Llama and for Qwen2 (biases) with grouped-query heads.
+// (1e-4; TF32 would show as ~1e-3) and in bf16 to bf16's precision, for Llama and for Qwen2
+// (biases) with grouped-query heads.
 #include <map>
 #include <memory>
 #include <string>
@@ -35,7 +36,8 @@ struct LossAndGradients {
   std::map<std::string, torch::Tensor> gradients;  // on the CPU, fp32
 };
 
-LossAndGradients Run(const ModelConfig& config, torch::Device device, torch::ScalarType dtype) {
+LossAndGradients ForwardBackward(const ModelConfig& config, torch::Device device,
+                                 torch::ScalarType dtype) {
   InitConfig init;
   init.set_seed(11);
   absl::StatusOr<std::shared_ptr<CausalLM>> model = CausalLM::Create(config, init);
@@ -73,15 +75,15 @@ void ExpectClose(const LossAndGradients& got, const LossAndGradients& want, doub
 
 TEST_P(CudaAgainstCpuTest, Fp32LossAndGradientsMatch) {
   const ModelConfig config = Small(GetParam());
-  ExpectClose(Run(config, torch::Device(torch::kCUDA, 0), torch::kFloat32),
-              Run(config, torch::kCPU, torch::kFloat32), 1e-4);
+  ExpectClose(ForwardBackward(config, torch::Device(torch::kCUDA, 0), torch::kFloat32),
+              ForwardBackward(config, torch::kCPU, torch::kFloat32), 1e-4);
 }
 
 // bf16 on CUDA against fp32 on the CPU: to bf16's 8-bit mantissa, summed over the layers.
 TEST_P(CudaAgainstCpuTest, Bf16LossAndGradientsMatch) {
   const ModelConfig config = Small(GetParam());
-  ExpectClose(Run(config, torch::Device(torch::kCUDA, 0), torch::kBFloat16),
-              Run(config, torch::kCPU, torch::kFloat32), 5e-2);
+  ExpectClose(ForwardBackward(config, torch::Device(torch::kCUDA, 0), torch::kBFloat16),
+              ForwardBackward(config, torch::kCPU, torch::kFloat32), 5e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaAgainstCpuTest, ::testing::Values("llama", "qwen2"));
