@@ -52,6 +52,11 @@ void ProgressLog::Summary(const RunMetrics& run) {
   std::string summary = absl::StrFormat("done: %d steps in %.1f s, %.0f tokens/s", total_steps_,
                                         run.seconds, run.tokens_per_s);
   if (run.mfu) absl::StrAppendFormat(&summary, ", MFU %.2f%%", 100.0 * *run.mfu);
+  if (run.peak_device_memory_bytes) {
+    absl::StrAppend(&summary, ", peak device memory ",
+                    base::HumanBytes(static_cast<double>(*run.peak_device_memory_bytes)),
+                    " per rank");
+  }
   if (run.best_eval_loss) {
     absl::StrAppendFormat(&summary, ", best eval loss %.4f", *run.best_eval_loss);
   }

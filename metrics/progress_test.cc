@@ -76,5 +76,18 @@ TEST(ProgressLogTest, HeaderAndSummaryFrameTheRun) {
             "1 update skipped, 2 checkpoints written\n");
 }
 
+// A CUDA run's summary gives the most GPU memory a rank held.
+TEST(ProgressLogTest, SummaryGivesThePeakDeviceMemory) {
+  std::ostringstream out;
+  ProgressLog progress(out, ProgressLog::Style::kPlainLines, /*total_steps=*/10, /*log_every=*/10);
+  RunMetrics run;
+  run.seconds = 2.0;
+  run.tokens_per_s = 1000;
+  run.peak_device_memory_bytes = int64_t{3} << 30;
+  progress.Summary(run);
+  EXPECT_EQ(out.str(),
+            "done: 10 steps in 2.0 s, 1000 tokens/s, peak device memory 3.00 GiB per rank\n");
+}
+
 }  // namespace
 }  // namespace plait::metrics

@@ -29,6 +29,9 @@ std::string RunSummaryJson(const RunMetrics& run) {
   if (last_eval != run.steps.rend()) summary["last_eval_loss"] = *last_eval->eval_loss;
   if (run.entropy_floor) summary["entropy_floor"] = *run.entropy_floor;
   summary["peak_memory_bytes"] = run.peak_memory_bytes;
+  if (run.peak_device_memory_bytes) {
+    summary["peak_device_memory_bytes"] = *run.peak_device_memory_bytes;
+  }
   summary["skipped_steps"] = std::count_if(run.steps.begin(), run.steps.end(),
                                            [](const StepMetrics& step) { return step.skipped; });
   summary["checkpoints_written"] = run.checkpoints_written;

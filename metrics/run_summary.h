@@ -24,8 +24,8 @@ std::string RunSummaryPath(absl::string_view metrics_path);
 
 // The summary's JSON object, indented, one field a line: last_step and steps_trained,
 // seconds, tokens_per_s, peak_memory_bytes (one number per rank), skipped_steps,
-// checkpoints_written, and those known of mfu, best_eval_loss, last_eval_loss and
-// entropy_floor.
+// checkpoints_written, and those known of mfu, best_eval_loss, last_eval_loss,
+// entropy_floor and peak_device_memory_bytes (CUDA: the largest over the ranks).
 std::string RunSummaryJson(const RunMetrics& run);
 
 }  // namespace plait::metrics

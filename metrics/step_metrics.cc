@@ -10,6 +10,10 @@ NamedMetrics Scalars(const StepMetrics& metrics) {
         std::pair{"eval_loss", metrics.eval_loss}}) {
     if (value) scalars.emplace_back(name, *value);
   }
+  if (metrics.peak_device_memory_bytes) {
+    scalars.emplace_back("peak_device_memory_bytes",
+                         static_cast<double>(*metrics.peak_device_memory_bytes));
+  }
   scalars.insert(scalars.end(), metrics.named.begin(), metrics.named.end());
   for (const auto& [name, value] : metrics.eval_named) scalars.emplace_back("eval_" + name, value);
   return scalars;

@@ -26,10 +26,13 @@ struct StepMetrics {
   std::optional<double> eval_loss;  // when evaluated after this step
   NamedMetrics named;               // the objective's, over the global batch
   NamedMetrics eval_named;          // the same at the evaluation, when evaluated
+  // The most device memory this rank's tensors held at once in the step; on CUDA only.
+  std::optional<int64_t> peak_device_memory_bytes;
 };
 
 // The step's numbers under the names of the metrics file's keys, which TensorBoard's scalars
-// take too: loss, lr, tokens_per_s, then those set of grad_norm, mfu and eval_loss, the
+// take too: loss, lr, tokens_per_s, then those set of grad_norm, mfu, eval_loss and
+// peak_device_memory_bytes, the
 // objective's metrics and its evaluation's ("eval_" + name). Without `skipped`, a flag.
 NamedMetrics Scalars(const StepMetrics& metrics);
 
@@ -44,6 +47,8 @@ struct RunMetrics {
   std::optional<double> mfu;
   std::vector<int64_t> peak_memory_bytes;  // per rank: the process's peak resident memory
   int64_t checkpoints_written = 0;
+  // The most device memory any rank's tensors held at once in the run; on CUDA only.
+  std::optional<int64_t> peak_device_memory_bytes;
 };
 
 }  // namespace plait::metrics

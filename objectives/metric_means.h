@@ -33,7 +33,7 @@ class MetricMeans {
   absl::StatusOr<MeanMetrics> Mean(const parallel::DeviceMesh& mesh) const;
 
  private:
-  double loss_sum_ = 0.0;
+  torch::Tensor loss_sum_;  // fp64, on the loss's device; undefined before the first Add
   Metrics sums_;
   int64_t count_ = 0;
 };

@@ -12,7 +12,9 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParam
   // order on every rank, since every rank lists the same names.
   struct Partial {
     std::vector<parallel::Communicator*> groups;
-    double sum_of_squares = 0.0;
+    // fp64, on the gradients' device (read on the host once, after the reduction); zero while
+    // undefined.
+    torch::Tensor sum_of_squares;
   };
   std::vector<Partial> partials;
   for (const parallel::TrainableParameter& parameter : parameters) {
@@ -22,21 +24,26 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParam
       return p.groups == parameter.sharded_over;
     });
     if (partial == partials.end()) {
-      partials.push_back({parameter.sharded_over, 0.0});
+      partials.push_back({parameter.sharded_over, torch::Tensor()});
       partial = partials.end() - 1;
     }
     const torch::Tensor& grad = parameter.tensor.grad();
     if (!grad.defined()) continue;
-    const double norm =
-        torch::linalg_vector_norm(grad, 2, c10::nullopt, false, torch::kFloat64).item<double>();
-    partial->sum_of_squares += norm * norm / static_cast<double>(parameter.replicas);
+    const torch::Tensor squares =
+        torch::linalg_vector_norm(grad, 2, c10::nullopt, false, torch::kFloat64).square() /
+        static_cast<double>(parameter.replicas);
+    partial->sum_of_squares =
+        partial->sum_of_squares.defined() ? partial->sum_of_squares + squares : squares;
   }
 
   double total = 0.0;
   for (const Partial& partial : partials) {
     // fp32 is the widest floating type every backend reduces.
-    torch::Tensor sum = torch::full({1}, partial.sum_of_squares,
-                                    parameters.front().tensor.options().dtype(torch::kFloat32));
+    const auto options =
+        torch::TensorOptions(torch::kFloat32).device(parameters.front().tensor.device());
+    torch::Tensor sum = partial.sum_of_squares.defined()
+                            ? partial.sum_of_squares.to(options).reshape({1})
+                            : torch::zeros({1}, options);
     for (parallel::Communicator* group : partial.groups) {
       if (absl::Status status = group->AllReduce(sum, parallel::ReduceOp::kSum)->Wait();
           !status.ok()) {

@@ -10,6 +10,7 @@
 #include "base/status.h"
 #include "optim/grad_norm.h"
 #include "optim/internal/fused_kernels.h"
+#include "optim/internal/tensor_updates.h"
 
 namespace plait::optim {
 namespace {
@@ -276,6 +277,8 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
   const int64_t step = ++slot.steps;
   const torch::Tensor& parameter = parameters_[&slot - slots_.data()].tensor;
   const torch::Tensor grad = parameter.grad().to(torch::kFloat32).contiguous();
+  // The fused loops read CPU memory; a GPU's parameters take LibTorch's kernels.
+  const bool fused = slot.master.is_cpu();
   float* p = slot.master.data_ptr<float>();
   const float* g = grad.data_ptr<float>();
   const int64_t n = slot.master.numel();
@@ -297,6 +300,10 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
           .eps = static_cast<float>(h.eps),
           .neg_step_size = static_cast<float>(-lr / bias_correction1),
       };
+      if (!fused) {
+        return internal::AdamUpdate(scalars, slot.master, grad, slot.buffers.at("exp_avg"),
+                                    slot.buffers.at("exp_avg_sq"));
+      }
       float* m = slot.buffers.at("exp_avg").data_ptr<float>();
       float* v = slot.buffers.at("exp_avg_sq").data_ptr<float>();
       at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
@@ -313,7 +320,10 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
           .first_step = step == 1,
           .neg_lr = static_cast<float>(-lr),
       };
-      float* b = h.momentum != 0.0 ? slot.buffers.at("momentum_buffer").data_ptr<float>() : nullptr;
+      torch::Tensor no_buffer;
+      torch::Tensor& buffer = h.momentum != 0.0 ? slot.buffers.at("momentum_buffer") : no_buffer;
+      if (!fused) return internal::SgdUpdate(scalars, slot.master, grad, buffer);
+      float* b = buffer.defined() ? buffer.data_ptr<float>() : nullptr;
       at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
         internal::SgdUpdate(scalars, end - begin, p + begin, g + begin,
                             b != nullptr ? b + begin : nullptr);
@@ -329,6 +339,8 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
           .beta2 = static_cast<float>(h.beta2),
           .one_minus_beta2 = static_cast<float>(1.0 - h.beta2),
       };
+      if (!fused)
+        return internal::LionUpdate(scalars, slot.master, grad, slot.buffers.at("exp_avg"));
       float* m = slot.buffers.at("exp_avg").data_ptr<float>();
       at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
         internal::LionUpdate(scalars, end - begin, p + begin, g + begin, m + begin);

@@ -12,8 +12,9 @@
 //     optimizer->ZeroGrad();
 //   }
 //
-// Each update is one fused pass over a parameter's memory (internal/fused_kernels.h) that
-// matches torch::optim's arithmetic. Optimizer state is fp32 whatever the parameter dtype;
+// Each update is one fused pass over a CPU parameter's memory (internal/fused_kernels.h) that
+// matches torch::optim's arithmetic; a CUDA parameter's is the same arithmetic in LibTorch's
+// elementwise kernels (internal/tensor_updates.h), and clipping's norm is reduced on the device. Optimizer state is fp32 whatever the parameter dtype;
 // bf16 and fp16 parameters are updated through fp32 master copies kept here.
 #ifndef PLAIT_OPTIM_OPTIMIZER_H_
 #define PLAIT_OPTIM_OPTIMIZER_H_

@@ -91,6 +91,9 @@ class Communicator {
   int size() const { return size_; }
   const CommunicatorOptions& options() const { return options_; }
 
+  // Where the tensors of its collectives must live: the CPU, or one CUDA device.
+  virtual torch::Device device() const = 0;
+
   // In place: `tensor` becomes the reduction of every rank's `tensor`.
   std::shared_ptr<Work> AllReduce(torch::Tensor tensor, ReduceOp op);
 

@@ -181,10 +181,12 @@ absl::Status DeviceMesh::AllReduce(torch::Tensor& tensor, ReduceOp op) const {
 
 absl::Status DeviceMesh::Agree(const absl::Status& own, absl::string_view what) const {
   // A one-hot vector of the failed ranks, summed over the mesh.
-  torch::Tensor failed = torch::zeros({layout_.world_size()}, torch::kFloat32);
+  torch::Tensor failed =
+      torch::zeros({layout_.world_size()}, torch::TensorOptions(torch::kFloat32).device(device()));
   if (!own.ok()) failed[rank_] = 1.0f;
   PLAIT_RETURN_IF_ERROR(base::Annotate(AllReduce(failed, ReduceOp::kSum), what));
   if (!own.ok()) return own;
+  failed = failed.cpu();
   std::vector<int> ranks;
   for (int r = 0; r < layout_.world_size(); ++r) {
     if (failed[r].item<float>() != 0.0f) ranks.push_back(r);

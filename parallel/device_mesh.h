@@ -115,6 +115,9 @@ class DeviceMesh {
   const MeshLayout& layout() const { return layout_; }
   int rank() const { return rank_; }
 
+  // The device its communicators reach: where this rank computes.
+  torch::Device device() const { return groups_.front()->device(); }
+
   // The calling rank's communicator along dimension `name`; NotFound if there is none.
   absl::StatusOr<Communicator*> communicator(absl::string_view name) const;
 

@@ -58,6 +58,8 @@ class GlooCommunicator final : public Communicator {
 
   ~GlooCommunicator() override;
 
+  torch::Device device() const override { return torch::kCPU; }
+
  protected:
   std::shared_ptr<Work> StartAllReduce(torch::Tensor tensor, ReduceOp op) override;
   std::shared_ptr<Work> StartAllGather(torch::Tensor input, torch::Tensor output) override;

@@ -57,6 +57,9 @@ class NcclCommunicator final : public Communicator {
 
   // The CUDA device this rank runs on.
   int cuda_device() const;
+  torch::Device device() const override {
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(cuda_device()));
+  }
 
  private:
   // The NCCL communicator, its stream and its failure state, shared with the Works in flight.

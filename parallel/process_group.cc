@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "parallel/device.h"
 #include "parallel/gloo_communicator.h"
 #include "parallel/rendezvous.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
@@ -35,7 +36,8 @@ constexpr absl::Duration kMaxReportingWait = absl::Seconds(30);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Start(
-    const World& world, const MeshConfig& config, absl::Duration rendezvous_timeout) {
+    const World& world, const MeshConfig& config, const torch::Device& device,
+    absl::Duration rendezvous_timeout) {
   c10::intrusive_ptr<c10d::Store> store;
   if (world.world_size > 1) {
     PLAIT_ASSIGN_OR_RETURN(store, Rendezvous(world, rendezvous_timeout));
@@ -44,10 +46,10 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Start(
   }
   PLAIT_ASSIGN_OR_RETURN(MeshLayout layout, MeshLayout::Create(config, world.world_size));
   const absl::Duration timeout = CollectiveTimeout(config);
-  PLAIT_ASSIGN_OR_RETURN(DeviceMesh mesh,
-                         DeviceMesh::Create(layout, world.rank,
-                                            GlooCommunicatorFactory(*store, OwnAddress(world),
-                                                                    CommunicatorOptions{timeout})));
+  PLAIT_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(layout, world.rank,
+                                                             DeviceCommunicatorFactory(
+                                                                 device, *store, OwnAddress(world),
+                                                                 CommunicatorOptions{timeout})));
   return std::unique_ptr<ProcessGroup>(
       new ProcessGroup(world, timeout, std::move(store), std::move(mesh)));
 }

@@ -1,12 +1,13 @@
 // A rank's start in a training job: it meets the world's other ranks (Rendezvous: through a
 // file store for a local job, rank 0's TcpStore, which checks PLAIT_STORE_TOKEN, otherwise;
-// an in-process store when it is alone) and builds the device mesh of Gloo communicators that
-// everything after communicates through, whose collectives fail after the mesh's collective
-// timeout. The result owns the store and the mesh, and after a failed collective names the
-// ranks that stopped answering:
+// an in-process store when it is alone) and builds the device mesh that everything after
+// communicates through (NCCL communicators on CUDA, Gloo ones on the CPU: device.h), whose
+// collectives fail after the mesh's collective timeout. The result owns the store and the mesh, and
+// after a failed collective names the ranks that stopped answering:
 //
 //   PLAIT_ASSIGN_OR_RETURN(parallel::World world, WorldFromEnvironment(ProcessEnvironment()));
-//   PLAIT_ASSIGN_OR_RETURN(auto group, ProcessGroup::Start(world, plan.mesh(), absl::Minutes(5)));
+//   PLAIT_ASSIGN_OR_RETURN(auto group,
+//                          ProcessGroup::Start(world, plan.mesh(), device, absl::Minutes(5)));
 //   absl::Status status = Train(plan, group->mesh(), options);
 //   if (!status.ok()) status = group->ExplainFailure(status);  // "...; rank 3 of 4 did not answer"
 #ifndef PLAIT_PARALLEL_PROCESS_GROUP_H_
@@ -20,16 +21,19 @@
 #include "parallel/mesh.pb.h"
 #include "parallel/world.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
+#include "torch/torch.h"
 
 namespace plait::parallel {
 
 class ProcessGroup {
  public:
   // Joins `world` (rank 0 waits up to `rendezvous_timeout` for the others) and creates the mesh
-  // `config` describes on it (one rank without dimensions). Every rank of the world must call
-  // it. Errors name the rendezvous address or the mesh field.
+  // `config` describes on it (one rank without dimensions), with communicators for `device`
+  // (ResolveDevice's, bound by the caller). Every rank of the world must call it. Errors name
+  // the rendezvous address or the mesh field.
   static absl::StatusOr<std::unique_ptr<ProcessGroup>> Start(const World& world,
                                                              const MeshConfig& config,
+                                                             const torch::Device& device,
                                                              absl::Duration rendezvous_timeout);
 
   const DeviceMesh& mesh() const { return mesh_; }

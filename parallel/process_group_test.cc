@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> StartRank(int rank, const std::str
   dim->set_name("dp");
   dim->set_size(kRanks);
   config.set_collective_timeout_seconds(1);
-  return ProcessGroup::Start(world, config, absl::Seconds(30));
+  return ProcessGroup::Start(world, config, torch::kCPU, absl::Seconds(30));
 }
 
 TEST(ProcessGroupTest, AFailedCollectiveNamesTheRankThatStoppedAnswering) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "parallel/device.h"
 #include "parallel/gloo_communicator.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 
@@ -23,13 +24,30 @@ void RunRanks(int num_ranks, const std::function<void(int rank)>& body) {
 
 void RunOnGlooMesh(const MeshLayout& layout,
                    const std::function<void(int rank, DeviceMesh& mesh)>& body) {
+  RunOnMesh(layout, torch::kCPU, body);
+}
+
+void RunOnMesh(const MeshLayout& layout, torch::DeviceType device_type,
+               const std::function<void(int rank, DeviceMesh& mesh)>& body) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   RunRanks(layout.world_size(), [&](int rank) {
+    const torch::Device device = RankDevice(device_type, rank);
+    const absl::Status bound = BindDevice(device);
+    ASSERT_TRUE(bound.ok()) << bound;
     absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(
-        layout, rank, GlooCommunicatorFactory(*store, GlooCommunicator::kLoopback));
+        layout, rank, DeviceCommunicatorFactory(device, *store, GlooCommunicator::kLoopback));
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     body(rank, *mesh);
   });
+}
+
+bool EnoughDevices(torch::DeviceType device_type, int ranks) {
+  return device_type == torch::kCPU || CudaDeviceCount() >= ranks;
+}
+
+torch::Device RankDevice(torch::DeviceType device_type, int rank) {
+  if (device_type == torch::kCPU) return torch::kCPU;
+  return torch::Device(device_type, static_cast<c10::DeviceIndex>(rank));
 }
 
 }  // namespace plait::parallel::testing

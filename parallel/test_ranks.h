@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "parallel/device_mesh.h"
+#include "torch/torch.h"
 
 namespace plait::parallel::testing {
 
@@ -16,6 +17,17 @@ void RunRanks(int num_ranks, const std::function<void(int rank)>& body);
 // DeviceMesh over Gloo on loopback (a store shared in memory).
 void RunOnGlooMesh(const MeshLayout& layout,
                    const std::function<void(int rank, DeviceMesh& mesh)>& body);
+
+// The same on `device_type`: on CUDA, rank r computes on cuda:r (bound on its thread) over
+// NCCL (device.h); a test checks EnoughDevices first.
+void RunOnMesh(const MeshLayout& layout, torch::DeviceType device_type,
+               const std::function<void(int rank, DeviceMesh& mesh)>& body);
+
+// Whether `ranks` ranks on `device_type` have a device each; on CUDA, that many GPUs.
+bool EnoughDevices(torch::DeviceType device_type, int ranks);
+
+// Where rank `rank` computes on `device_type`: the CPU, or cuda:rank.
+torch::Device RankDevice(torch::DeviceType device_type, int rank);
 
 }  // namespace plait::parallel::testing
 

@@ -129,8 +129,11 @@ def plait_dependencies():
         library_probe = "libtorch.so",
         optional_libraries = {
             # A CUDA build's kernels register themselves at load time, so the library must be
-            # linked even though no symbol of it is referenced directly.
-            "libtorch_cuda.so": "-Wl,--no-as-needed,-ltorch_cuda,--as-needed",
+            # linked even though no symbol of it is referenced directly. It needs CUDA's math
+            # libraries (cuBLAS, cuDNN, cuSPARSELt, ... from their own wheels or the toolkit),
+            # which a machine that only builds need not have: its undefined symbols are left
+            # to the dynamic loader of the machine that runs the binary.
+            "libtorch_cuda.so": "-Wl,--no-as-needed,-ltorch_cuda,--as-needed,--allow-shlib-undefined",
             "libc10_cuda.so": "-Wl,--no-as-needed,-lc10_cuda,--as-needed",
         },
         build_file = Label("//third_party:libtorch.BUILD"),

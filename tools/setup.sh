@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package that building and testing plait needs, NCCL's headers and
-# library for the GPU build when the machine's CUDA has none, and the Python environment
-# whose PyTorch wheel carries the LibTorch 2.x that plait is also built against (tools/torch2).
+# library for the GPU build when the machine's CUDA has none, the LibTorch of PyTorch's CUDA
+# wheel that the GPU build links (tools/torch_cuda) on machines with CUDA, and the Python
+# environment whose PyTorch wheel carries the LibTorch 2.x that plait is also built against
+# (tools/torch2).
 # Idempotent: when everything is installed it only checks, and returns in seconds.
 set -euo pipefail
 
@@ -40,6 +42,29 @@ link_pinned_bazel() {
   ln -s bazel-4 "/usr/bin/bazel-${pinned}"
 }
 
+# Unpacks the include/ and lib/ folders under FOLDER of the wheel pip finds for REQUIREMENT
+# (no dependencies) into TARGET/include and TARGET/lib, replacing TARGET.
+unpack_wheel() {
+  local requirement="$1" folder="$2" target="$3"
+  local download
+  download="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "${download}" "${requirement}"
+  python3 - "${download}" "${folder}" "${target}" <<'EOF'
+import glob, os, shutil, sys, zipfile
+download, folder, target = sys.argv[1], sys.argv[2], sys.argv[3]
+staging = target + ".tmp"
+shutil.rmtree(staging, ignore_errors=True)
+with zipfile.ZipFile(glob.glob(os.path.join(download, "*.whl"))[0]) as wheel:
+    for name in wheel.namelist():
+        if name.startswith(folder + "/include/") or name.startswith(folder + "/lib/"):
+            wheel.extract(name, staging)
+shutil.rmtree(target, ignore_errors=True)
+os.rename(os.path.join(staging, folder), target)
+shutil.rmtree(staging)
+EOF
+  rm -rf "${download}"
+}
+
 # NCCL for `bazel build --config=gpu` (third_party/nccl.BUILD): compiling and linking the NCCL
 # code needs nccl.h and libnccl.so. Some machines carry the CUDA toolkit without NCCL; there
 # NVIDIA's PyPI wheel (headers and library, no toolkit) is unpacked into /opt/nccl.
@@ -56,24 +81,27 @@ install_nccl() {
     return 1
   fi
   echo "setup: installing NCCL (${nccl_wheel}) into ${nccl_dir}"
-  local download
-  download="$(mktemp -d)"
-  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "${download}" "${nccl_wheel}"
-  python3 - "${download}" "${nccl_dir}" <<'EOF'
-import glob, os, shutil, sys, zipfile
-download, target = sys.argv[1], sys.argv[2]
-staging = target + ".tmp"
-shutil.rmtree(staging, ignore_errors=True)
-with zipfile.ZipFile(glob.glob(os.path.join(download, "*.whl"))[0]) as wheel:
-    for name in wheel.namelist():
-        if name.startswith("nvidia/nccl/include/") or name.startswith("nvidia/nccl/lib/"):
-            wheel.extract(name, staging)
-os.symlink("libnccl.so.2", os.path.join(staging, "nvidia/nccl/lib/libnccl.so"))
-shutil.rmtree(target, ignore_errors=True)
-os.rename(os.path.join(staging, "nvidia/nccl"), target)
-shutil.rmtree(staging)
-EOF
-  rm -rf "${download}"
+  unpack_wheel "${nccl_wheel}" nvidia/nccl "${nccl_dir}"
+  ln -s libnccl.so.2 "${nccl_dir}/lib/libnccl.so"
+}
+
+# A CUDA LibTorch for `tools/torch_cuda` (--config=gpu): the torch/ folder of PyPI's CUDA wheel
+# of PyTorch, unpacked alone (its CUDA libraries come from other wheels, which a machine that
+# only compiles and links needs not have: third_party/repositories.bzl), linked as
+# /opt/plait/libtorch-cuda. Only where CUDA is installed: without it there is no GPU build.
+torch_cuda_wheel="torch==2.14.1"  # a CUDA 13 build, as /usr/local/cuda on the build machines
+torch_cuda_dir=/opt/plait/libtorch-cuda-2.14.1
+torch_cuda_link=/opt/plait/libtorch-cuda
+install_libtorch_cuda() {
+  [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ] || return 0
+  [ -e "${torch_cuda_link}/lib/libtorch_cuda.so" ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: run as root to unpack ${torch_cuda_wheel}'s LibTorch into ${torch_cuda_dir}" >&2
+    return 1
+  fi
+  echo "setup: unpacking the LibTorch of ${torch_cuda_wheel} (CUDA) into ${torch_cuda_dir}"
+  unpack_wheel "${torch_cuda_wheel}" torch "${torch_cuda_dir}"
+  ln -sfn "${torch_cuda_dir}" "${torch_cuda_link}"
 }
 
 # The Python environment of plait's tools, and PyTorch's wheel in it: its torch/ folder
@@ -118,6 +146,7 @@ done
 if [ "${#missing[@]}" -eq 0 ]; then
   link_pinned_bazel
   install_nccl
+  install_libtorch_cuda
   install_python_tools
   echo "setup: all ${#packages[@]} packages are installed"
   exit 0
@@ -135,5 +164,6 @@ apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
 link_pinned_bazel
 install_nccl
+install_libtorch_cuda
 install_python_tools
 echo "setup: done"

@@ -54,14 +54,15 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan)
   };
 }
 
-// The tensors of one rank's file: its trainable parameters and its optimizer state `state`.
+// The tensors of one rank's file: its trainable parameters and its optimizer state `state`,
+// in host memory (a GPU run's are copied there once, here).
 std::map<std::string, torch::Tensor> RankTensors(const optim::Optimizer& optimizer,
                                                  const optim::OptimizerState& state) {
   std::map<std::string, torch::Tensor> tensors;
   for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
-    tensors[kParamPrefix + parameter.name] = parameter.tensor.detach();
+    tensors[kParamPrefix + parameter.name] = parameter.tensor.detach().cpu();
   }
-  for (const auto& [key, tensor] : state.tensors) tensors[kOptimPrefix + key] = tensor;
+  for (const auto& [key, tensor] : state.tensors) tensors[kOptimPrefix + key] = tensor.cpu();
   return tensors;
 }
 

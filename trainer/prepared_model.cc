@@ -27,7 +27,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
         base::Annotate(models::SafetensorsCheckpoint::Open(hf_weights_dir), field));
     PLAIT_RETURN_IF_ERROR(base::Annotate(models::LoadHfWeights(checkpoint, *model), field));
   }
-  model->to(base::ToScalarType(spec.dtype(), torch::kFloat32));
+  model->to(mesh.device(), base::ToScalarType(spec.dtype(), torch::kFloat32));
   std::unique_ptr<PreparedModel> prepared(new PreparedModel(std::move(model), role));
   PLAIT_ASSIGN_OR_RETURN(prepared->preparation_, wrap::Preparation::Begin(*prepared->model_, mesh,
                                                                           field_path + ".prepare"));

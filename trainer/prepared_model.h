@@ -33,10 +33,10 @@ enum class Role { kTrained, kFrozen };
 class PreparedModel {
  public:
   // Builds the model `spec` names, loads the weights of the Hugging Face folder
-  // `hf_weights_dir` when it is not empty, and applies `steps` in order on `mesh` (which
-  // must outlive the result). Errors name `field_path`.model, .hf_weights_dir or
-  // .prepare[i] and come from the model's config, the checkpoint or the wrapper (the plan's
-  // validation catches the rule violations first).
+  // `hf_weights_dir` when it is not empty, moves it to the mesh's device and applies `steps`
+  // in order on `mesh` (which must outlive the result). Errors name `field_path`.model,
+  // .hf_weights_dir or .prepare[i] and come from the model's config, the checkpoint or the wrapper
+  // (the plan's validation catches the rule violations first).
   static absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(
       const models::ModelSpec& spec, const std::string& hf_weights_dir,
       const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,

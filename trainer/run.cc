@@ -13,6 +13,7 @@
 #include "base/heap.h"
 #include "base/status.h"
 #include "base/threads.h"
+#include "parallel/device.h"
 #include "parallel/device_mesh.h"
 #include "parallel/launcher.h"
 #include "parallel/process_group.h"
@@ -35,8 +36,19 @@ constexpr absl::Duration kRendezvousTimeout = absl::Minutes(5);
 
 absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
   base::SetComputeThreads(1);  // one core per rank; ranks share the machine
-  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<parallel::ProcessGroup> group,
-                         parallel::ProcessGroup::Start(world, plan.mesh(), kRendezvousTimeout));
+  PLAIT_ASSIGN_OR_RETURN(const torch::Device device,
+                         parallel::ResolveDevice(plan.device(), world.local_rank,
+                                                 world.local_world_size, "plan.device"));
+  PLAIT_RETURN_IF_ERROR(parallel::BindDevice(device));
+  if (world.rank == 0) {
+    std::cout << "device: " << parallel::DescribeDevice(device)
+              << (device.is_cuda() && world.local_world_size > 1 ? ", cuda:<local rank> per rank"
+                                                                 : "")
+              << std::endl;
+  }
+  PLAIT_ASSIGN_OR_RETURN(
+      std::unique_ptr<parallel::ProcessGroup> group,
+      parallel::ProcessGroup::Start(world, plan.mesh(), device, kRendezvousTimeout));
   TrainOptions options;
   options.log = &std::cout;
   options.log_is_terminal = parallel::StdoutIsTerminal();

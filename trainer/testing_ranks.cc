@@ -13,7 +13,8 @@ void WithMesh(const Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body) {
   absl::StatusOr<parallel::MeshLayout> layout = parallel::MeshLayout::Create(plan.mesh(), ranks);
   ASSERT_THAT(layout, IsOk());
-  parallel::testing::RunOnGlooMesh(*layout, body);
+  parallel::testing::RunOnMesh(
+      *layout, plan.device() == parallel::DEVICE_CUDA ? torch::kCUDA : torch::kCPU, body);
 }
 
 TrainReport TrainOnRanks(const Plan& plan, int ranks, TrainOptions options) {

@@ -1,4 +1,6 @@
-// Test helpers that run a plan's ranks as threads of one process over Gloo.
+// Test helpers that run a plan's ranks as threads of one process: over Gloo on the CPU, or,
+// for a plan with device: DEVICE_CUDA, over NCCL with rank r on cuda:r (a plan that leaves the
+// device to its default runs on the CPU here, wherever the test runs).
 #ifndef PLAIT_TRAINER_TESTING_RANKS_H_
 #define PLAIT_TRAINER_TESTING_RANKS_H_
 
@@ -10,7 +12,7 @@
 
 namespace plait::trainer::testing {
 
-// Runs `body(rank, mesh)` on `ranks` threads, each with the plan's mesh.
+// Runs `body(rank, mesh)` on `ranks` threads, each with the plan's mesh on the plan's device.
 void WithMesh(const Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body);
 

@@ -26,6 +26,7 @@
 #include "objectives/objective.h"
 #include "objectives/reference_log_probs.h"
 #include "optim/optimizer.h"
+#include "parallel/device.h"
 #include "sched/schedule_builder.h"
 #include "trainer/checkpoint.h"
 #include "trainer/plan.h"
@@ -38,15 +39,25 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// The peak resident memory of each rank of `mesh`, on every rank.
+// The peak resident (host) memory of each rank of `mesh`, on every rank.
 absl::StatusOr<std::vector<int64_t>> PeakMemoryPerRank(const parallel::DeviceMesh& mesh) {
-  torch::Tensor peaks = torch::zeros({mesh.layout().world_size()}, torch::kInt64);
+  torch::Tensor peaks = torch::zeros({mesh.layout().world_size()},
+                                     torch::TensorOptions(torch::kInt64).device(mesh.device()));
   peaks[mesh.rank()] = base::PeakResidentBytes();
   PLAIT_RETURN_IF_ERROR(mesh.AllReduce(peaks, parallel::ReduceOp::kSum));
+  peaks = peaks.cpu();
   const auto values = peaks.accessor<int64_t, 1>();
   std::vector<int64_t> bytes(values.size(0));
   for (size_t rank = 0; rank < bytes.size(); ++rank) bytes[rank] = values[rank];
   return bytes;
+}
+
+// `batch` on `device`. To a GPU it goes from pinned host memory without blocking the host,
+// so the copy queues behind the work already queued instead of waiting for it.
+data::Batch OnDevice(data::Batch batch, const torch::Device& device) {
+  if (device.is_cpu()) return batch;
+  return {batch.inputs.pin_memory().to(device, /*non_blocking=*/true),
+          batch.targets.pin_memory().to(device, /*non_blocking=*/true)};
 }
 
 // One rank's training run of a validated plan: what Start sets up (the prepared models, the
@@ -78,6 +89,9 @@ class TrainingRun {
   absl::Status PrecomputeReference(const objectives::Dpo& dpo, bool training_data_repeats);
 
   std::optional<double> Mfu(double tokens_per_s) const;
+
+  // `bytes` becomes the largest over the ranks of the mesh (every rank must call it).
+  absl::Status MaxOverRanks(std::optional<int64_t>& bytes) const;
 
   const TrainingConfig& training_;
   const parallel::DeviceMesh& mesh_;
@@ -185,12 +199,14 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan
 
 absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   const Clock::time_point start = Clock::now();
+  parallel::ResetPeakMemory(mesh_.device());
   metrics::StepMetrics metrics;
   metrics.step = step + 1;
   metrics.lr = schedule_->LearningRate(step);
   objectives::MetricMeans means;
   for (int64_t micro = 0; micro < accumulation_; ++micro) {
-    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, train_->Next());
+    PLAIT_ASSIGN_OR_RETURN(data::Batch batch, train_->Next());
+    batch = OnDevice(std::move(batch), mesh_.device());
     const auto no_sync = prepared_->preparation().NoSyncIf(micro + 1 < accumulation_);
     PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
                            objective_->Compute(prepared_->model(), batch));
@@ -206,6 +222,7 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics.named = mean.metrics;
   metrics.grad_norm = update.grad_norm;
   metrics.skipped = update.skipped;
+  metrics.peak_device_memory_bytes = parallel::PeakMemory(mesh_.device());
   const double seconds = Seconds(Clock::now() - start);
   training_seconds_ += seconds;
   metrics.tokens_per_s = tokens_per_step_ / seconds;
@@ -238,6 +255,10 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
         (!report.best_eval_loss || *metrics.eval_loss < *report.best_eval_loss)) {
       report.best_eval_loss = metrics.eval_loss;
     }
+    if (metrics.peak_device_memory_bytes) {
+      report.peak_device_memory_bytes =
+          std::max(report.peak_device_memory_bytes.value_or(0), *metrics.peak_device_memory_bytes);
+    }
     report.steps.push_back(metrics);
     if (metrics_log_) PLAIT_RETURN_IF_ERROR(metrics_log_->Append(metrics));
     if (tensorboard_) PLAIT_RETURN_IF_ERROR(tensorboard_->Append(metrics));
@@ -267,6 +288,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
       first_step < steps ? tokens_per_step_ * (steps - first_step) / training_seconds_ : 0.0;
   report.mfu = Mfu(report.tokens_per_s);
   PLAIT_ASSIGN_OR_RETURN(report.peak_memory_bytes, PeakMemoryPerRank(mesh_));
+  PLAIT_RETURN_IF_ERROR(MaxOverRanks(report.peak_device_memory_bytes));
   if (metrics_log_) PLAIT_RETURN_IF_ERROR(metrics_log_->WriteSummary(report));
   if (progress_) progress_->Summary(report);
   return report;
@@ -277,7 +299,8 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   eval_->Reset();
   objectives::MetricMeans means;
   for (int64_t i = 0; i < training_.eval_batches(); ++i) {
-    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, eval_->Next());
+    PLAIT_ASSIGN_OR_RETURN(data::Batch batch, eval_->Next());
+    batch = OnDevice(std::move(batch), mesh_.device());
     PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
                            objective_->Compute(prepared_->model(), batch));
     means.Add(output);
@@ -331,6 +354,16 @@ std::optional<double> TrainingRun::Mfu(double tokens_per_s) const {
   const double peak = training_.peak_flops_per_rank() * mesh_.layout().world_size();
   if (peak <= 0.0) return std::nullopt;
   return tokens_per_s * models::TrainingFlopsPerToken(config_, training_.seq_len()) / peak;
+}
+
+absl::Status TrainingRun::MaxOverRanks(std::optional<int64_t>& bytes) const {
+  if (!bytes) return absl::OkStatus();  // the same on every rank: all on CUDA, or none
+  // fp32 holds byte counts to 2^-24 relative, far below what the summary prints.
+  torch::Tensor value = torch::full({1}, static_cast<double>(*bytes),
+                                    torch::TensorOptions(torch::kFloat32).device(mesh_.device()));
+  PLAIT_RETURN_IF_ERROR(mesh_.AllReduce(value, parallel::ReduceOp::kMax));
+  bytes = static_cast<int64_t>(value.item<double>());
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "models/parameter_shapes.h"
 #include "objectives/objective_check.h"
 #include "optim/optimizer.h"
+#include "parallel/device.h"
 #include "parallel/device_mesh.h"
 #include "sched/schedule_builder.h"
 #include "trainer/memory_estimate.h"
@@ -323,8 +324,15 @@ absl::Status ValidatePlan(const Plan& plan, int world_size) {
 absl::Status ValidatePlanForMachine(const Plan& plan, int world_size, int local_ranks,
                                     bool skip_memory_check) {
   PLAIT_RETURN_IF_ERROR(ValidatePlan(plan, world_size));
+  PLAIT_ASSIGN_OR_RETURN(
+      const torch::Device device,
+      parallel::ResolveDevice(plan.device(), /*local_rank=*/0, local_ranks, "plan.device"));
   if (skip_memory_check) return absl::OkStatus();
   PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate estimate, EstimateMemory(plan, world_size));
+  // On CUDA each rank computes in a GPU of its own.
+  if (const std::optional<int64_t> device_bytes = parallel::DeviceMemoryBytes(device)) {
+    return CheckMemoryFits(estimate, /*local_ranks=*/1, *device_bytes);
+  }
   PLAIT_ASSIGN_OR_RETURN(const int64_t available, base::AvailableMemoryBytes());
   return CheckMemoryFits(estimate, local_ranks, available);
 }

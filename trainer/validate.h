@@ -30,9 +30,12 @@ std::vector<Violation> CheckPlan(const Plan& plan, int world_size,
 // one per line.
 absl::Status ValidatePlan(const Plan& plan, int world_size);
 
-// ValidatePlan, then, unless `skip_memory_check`, that the `local_ranks` ranks of the plan on
-// this machine fit in the memory it has now (memory_estimate.h, base/memory.h): a plan that
-// would run out of memory mid-run is refused before anything starts, with ResourceExhausted.
+// ValidatePlan, then that plan.device can be had for `local_ranks` ranks on this machine
+// (FailedPrecondition: CUDA without --config=gpu, without a GPU or with too few), then, unless
+// `skip_memory_check`, that the ranks fit in the memory they compute in: the memory the
+// machine has now for `local_ranks` CPU ranks (memory_estimate.h, base/memory.h), a GPU's for
+// each CUDA rank. A plan that would run out of memory mid-run is refused before anything
+// starts, with ResourceExhausted.
 absl::Status ValidatePlanForMachine(const Plan& plan, int world_size, int local_ranks,
                                     bool skip_memory_check);
 

@@ -13,6 +13,7 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/device.h"
 #include "trainer/plan.h"
 #include "wrap/rules.h"
 
@@ -85,6 +86,29 @@ TEST(ValidatePlanTest, ShippedPlansAreValid) {
     ASSERT_THAT(plan, IsOk()) << name;
     EXPECT_THAT(ValidatePlan(*plan, ranks), IsOk()) << name;
   }
+}
+
+// A plan asks for CUDA where this binary or machine cannot give it: refused before anything
+// starts, naming plan.device and what is missing.
+TEST(ValidatePlanForMachineTest, CudaIsRefusedWhereItCannotRun) {
+  absl::StatusOr<Plan> plan = LoadPlan(Runfile("trainer/plans/llama_single.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  ASSERT_THAT(ApplyOverride("device=DEVICE_CUDA", *plan), IsOk());
+  const int devices = parallel::CudaDeviceCount();
+  if (!parallel::BuiltForCuda()) {
+    EXPECT_THAT(ValidatePlanForMachine(*plan, 1, 1, /*skip_memory_check=*/true),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("plan.device: DEVICE_CUDA needs a binary built with "
+                                   "--config=gpu")));
+  } else if (devices == 0) {
+    EXPECT_THAT(ValidatePlanForMachine(*plan, 1, 1, /*skip_memory_check=*/true),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("sees no GPU")));
+  }
+  // More ranks on this machine than it has GPUs.
+  EXPECT_THAT(ValidatePlanForMachine(*plan, 1, devices + 1, /*skip_memory_check=*/true),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("plan.device: ")));
+  ASSERT_THAT(ApplyOverride("device=DEVICE_CPU", *plan), IsOk());
+  EXPECT_THAT(ValidatePlanForMachine(*plan, 1, 1, /*skip_memory_check=*/true), IsOk());
 }
 
 // Every plan under trainer/testdata/ is invalid; its `# expect: ` lines are substrings of

@@ -3,6 +3,11 @@
 // (threads, Gloo) gives the same per-step losses, gradient norms and final parameters as one
 // process on the same global batch, within 1e-5 relative in fp32 (losses each, parameters as
 // the norm of the difference over the norm of the tensor).
+//
+// Built with PLAIT_TEST_ON_CUDA (the gpu-tagged parity_gpu_test), the same scenarios run on
+// CUDA over NCCL, rank r on cuda:r, against the single-device CUDA run (TF32 off, as
+// LibTorch's default is); a scenario with more ranks than GPUs skips. The single-device CUDA
+// run itself is held to the CPU's.
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +21,7 @@
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "optim/optimizer.h"
+#include "parallel/device.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
 #include "torch/torch.h"
@@ -27,6 +33,12 @@ namespace {
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
+
+#ifdef PLAIT_TEST_ON_CUDA
+constexpr torch::DeviceType kDevice = torch::kCUDA;
+#else
+constexpr torch::DeviceType kDevice = torch::kCPU;
+#endif
 
 constexpr int kSteps = 10;
 constexpr int64_t kGlobalBatch = 8;
@@ -58,7 +70,9 @@ struct TrainingRun {
 
 models::ModelConfig Tiny() { return models::PresetConfig("tiny").value(); }
 
-std::shared_ptr<models::CausalLM> MakeModel(Variant variant = Variant::kPlain) {
+// On `device` when given, else on the CPU.
+std::shared_ptr<models::CausalLM> MakeModel(Variant variant = Variant::kPlain,
+                                            torch::Device device = torch::kCPU) {
   models::ModelConfig config = Tiny();
   config.set_tie_word_embeddings(variant == Variant::kTied);
   if (variant == Variant::kQwen2) {
@@ -70,6 +84,7 @@ std::shared_ptr<models::CausalLM> MakeModel(Variant variant = Variant::kPlain) {
   init.set_seed(3);
   std::shared_ptr<models::CausalLM> model = models::CausalLM::Create(config, init).value();
   if (variant == Variant::kUnusedParameter) model->register_parameter("unused", torch::ones({16}));
+  model->to(device);
   return model;
 }
 
@@ -98,9 +113,12 @@ std::pair<torch::Tensor, torch::Tensor> Batch(int step) {
 
 double LearningRate(int step) { return 1e-3 * (step + 1) / kSteps; }
 
-TrainingRun SingleProcess(Variant variant = Variant::kPlain) {
+// The final parameters are copied to the CPU.
+TrainingRun SingleProcess(Variant variant = Variant::kPlain,
+                          torch::DeviceType device_type = kDevice) {
+  const torch::Device device = parallel::testing::RankDevice(device_type, 0);
   TrainingRun run;
-  std::shared_ptr<models::CausalLM> model = MakeModel(variant);
+  std::shared_ptr<models::CausalLM> model = MakeModel(variant, device);
   std::vector<parallel::TrainableParameter> parameters;
   for (const auto& named : model->NamedParameters()) {
     parameters.push_back({named.name, named.parameter, {}});
@@ -108,7 +126,7 @@ TrainingRun SingleProcess(Variant variant = Variant::kPlain) {
   auto optimizer = optim::Optimizer::Create(parameters, AdamWWithClipping()).value();
   for (int step = 0; step < kSteps; ++step) {
     auto [tokens, targets] = Batch(step);
-    torch::Tensor loss = model->Loss(tokens, targets);
+    torch::Tensor loss = model->Loss(tokens.to(device), targets.to(device));
     loss.backward();
     absl::StatusOr<optim::StepReport> report = optimizer->Step(LearningRate(step));
     EXPECT_THAT(report, IsOk());
@@ -117,7 +135,7 @@ TrainingRun SingleProcess(Variant variant = Variant::kPlain) {
     run.grad_norms.push_back(report->grad_norm.value_or(0.0));
   }
   for (const auto& named : model->NamedParameters()) {
-    run.parameters[named.name] = named.parameter.detach().clone();
+    run.parameters[named.name] = named.parameter.detach().cpu().clone();
   }
   return run;
 }
@@ -139,8 +157,9 @@ TrainingRun Distributed(const Scenario& scenario) {
   const parallel::MeshLayout layout =
       parallel::MeshLayout::Create(mesh_config, scenario.ranks * scenario.tp).value();
   TrainingRun result;
-  parallel::testing::RunOnGlooMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
-    std::shared_ptr<models::CausalLM> model = MakeModel(scenario.variant);
+  parallel::testing::RunOnMesh(layout, kDevice, [&](int rank, parallel::DeviceMesh& mesh) {
+    const torch::Device device = mesh.device();
+    std::shared_ptr<models::CausalLM> model = MakeModel(scenario.variant, device);
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
     if (scenario.tp > 1) {
@@ -182,9 +201,9 @@ TrainingRun Distributed(const Scenario& scenario) {
         const int64_t first = dp_rank * per_rank + m * micro;
         const bool last = m + 1 == scenario.micro_steps;
         const auto no_sync = (*preparation)->NoSyncIf(!last);
-        torch::Tensor loss =
-            model->Loss(tokens.narrow(0, first, micro), targets.narrow(0, first, micro)) /
-            scenario.micro_steps;
+        torch::Tensor loss = model->Loss(tokens.narrow(0, first, micro).to(device),
+                                         targets.narrow(0, first, micro).to(device)) /
+                             scenario.micro_steps;
         loss.backward();
         step_loss += loss.item<double>();
       }
@@ -193,7 +212,8 @@ TrainingRun Distributed(const Scenario& scenario) {
       ASSERT_THAT(report, IsOk());
       (*optimizer)->ZeroGrad();
       if (rank == 0) result.grad_norms.push_back(report->grad_norm.value_or(0.0));
-      torch::Tensor global_loss = torch::full({1}, step_loss, torch::kFloat32);
+      torch::Tensor global_loss =
+          torch::full({1}, step_loss, torch::TensorOptions(torch::kFloat32).device(device));
       if (data_parallel) {
         ASSERT_THAT((*mesh.communicator("dp"))
                         ->AllReduce(global_loss, parallel::ReduceOp::kAverage)
@@ -204,7 +224,9 @@ TrainingRun Distributed(const Scenario& scenario) {
     }
     auto full = (*preparation)->FullParameters();
     ASSERT_THAT(full, IsOk());
-    if (rank == 0) result.parameters = *std::move(full);
+    if (rank == 0) {
+      for (const auto& [name, tensor] : *full) result.parameters[name] = tensor.cpu();
+    }
   });
   return result;
 }
@@ -221,6 +243,10 @@ class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
 };
 
 TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
+  if (!parallel::testing::EnoughDevices(kDevice, GetParam().ranks)) {
+    GTEST_SKIP() << GetParam().name << " needs " << GetParam().ranks << " GPUs; this machine has "
+                 << parallel::CudaDeviceCount();
+  }
   const TrainingRun& expected = Reference(GetParam().variant);
   const TrainingRun actual = Distributed(GetParam());
   ASSERT_EQ(actual.losses.size(), expected.losses.size());
@@ -263,6 +289,9 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
 INSTANTIATE_TEST_SUITE_P(
     Strategies, DataParallelParityTest,
     ::testing::Values(
+        // One rank: the wrappers' collectives over a group of one (NCCL's too on CUDA).
+        Scenario{"ddp_1_rank", Strategy::kDdp, 1, 1},
+        Scenario{"fsdp_1_rank_accumulating", Strategy::kFsdp, 1, 2},
         Scenario{"ddp_2_ranks", Strategy::kDdp, 2, 1},
         Scenario{"ddp_4_ranks", Strategy::kDdp, 4, 1},
         Scenario{"ddp_2_ranks_accumulating", Strategy::kDdp, 2, 2},
@@ -293,6 +322,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Mixed precision: parameters gathered and computed in bf16, gradients reduced in fp32,
 // shards and optimizer state fp32. The run follows the fp32 one to bf16's precision.
 TEST(FsdpMixedPrecisionTest, Bf16ComputeTracksTheFp32Run) {
+  if (!parallel::testing::EnoughDevices(kDevice, 2)) GTEST_SKIP() << "needs 2 GPUs";
   const TrainingRun expected = SingleProcess();
   const TrainingRun actual = Distributed({"fsdp_bf16", Strategy::kFsdpBf16, 2, 1});
   ASSERT_EQ(actual.losses.size(), expected.losses.size());
@@ -306,6 +336,26 @@ TEST(FsdpMixedPrecisionTest, Bf16ComputeTracksTheFp32Run) {
     EXPECT_LE((got - want).norm().item<double>() / want.norm().item<double>(), 1e-2) << name;
   }
 }
+
+#ifdef PLAIT_TEST_ON_CUDA
+// The single-device CUDA run, every parity scenario's reference, against the CPU's: cuBLAS
+// and LibTorch's CUDA kernels sum in other orders than the CPU's, so the two differ by fp32
+// rounding, which ten steps of AdamW amplify a little; TF32 would show as ~1e-3.
+TEST(CudaSingleDeviceTest, TracksTheCpuRun) {
+  ASSERT_FALSE(at::globalContext().allowTF32CuBLAS()) << "the fp32 parity tests need TF32 off";
+  const TrainingRun cpu = SingleProcess(Variant::kPlain, torch::kCPU);
+  const TrainingRun cuda = SingleProcess(Variant::kPlain, torch::kCUDA);
+  for (size_t step = 0; step < cpu.losses.size(); ++step) {
+    EXPECT_NEAR(cuda.losses[step], cpu.losses[step], 1e-5 * cpu.losses[step]) << "step " << step;
+    EXPECT_NEAR(cuda.grad_norms[step], cpu.grad_norms[step], 1e-4 * cpu.grad_norms[step])
+        << "step " << step;
+  }
+  for (const auto& [name, want] : cpu.parameters) {
+    const torch::Tensor& got = cuda.parameters.at(name);
+    EXPECT_LE((got - want).norm().item<double>() / want.norm().item<double>(), 1e-4) << name;
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace plait::wrap

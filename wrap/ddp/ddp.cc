@@ -194,7 +194,7 @@ void Ddp::FinishBackward() {
   // accumulates into them in place or, after ZeroGrad, into fresh tensors. A parameter no
   // rank produced a gradient for gets none, as in one process, so the optimizer skips it
   // rather than decaying it (PyTorch's DDP with find_unused_parameters).
-  const torch::Tensor used = used_.to(torch::kFloat32);
+  const torch::Tensor used = used_.to(torch::kCPU, torch::kFloat32);
   const float* used_by_any = used.data_ptr<float>();
   for (Bucket& bucket : buckets_) {
     for (size_t i = 0; i < bucket.members.size(); ++i) {

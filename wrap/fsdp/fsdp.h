@@ -19,6 +19,13 @@
 // rank used in the step's backward (a flag per parameter rides on each unit's
 // reduce-scatter), as in one process, where AdamW would otherwise decay it. FsdpStrategy is
 // its preparation strategy (strategy.h), applied through wrap::Preparation (preparation.h).
+// On CUDA (an NcclCommunicator) the gathers and reduce-scatters run on the communicator's
+// stream, after the work queued on the compute stream and overlapping what is queued next;
+// waiting for one makes the compute stream wait for it (nccl_communicator.h). Freed parameter
+// memory goes back to LibTorch's caching allocator from the compute stream, the only stream
+// that touches a parameter's storage (gathered values are copied in on it after the wait);
+// a collective's own buffers stay in its Work until it has been waited for, which returns
+// once the collective has ended, so the allocator never hands out memory NCCL still uses.
 #ifndef PLAIT_WRAP_FSDP_FSDP_H_
 #define PLAIT_WRAP_FSDP_FSDP_H_
 

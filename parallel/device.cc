@@ -1,0 +1,131 @@
+#include "parallel/device.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "parallel/gloo_communicator.h"
+
+#ifdef PLAIT_GPU
+#include <cuda_runtime.h>
+
+#include "c10/cuda/CUDACachingAllocator.h"
+#include "parallel/nccl_communicator.h"
+#endif
+
+namespace plait::parallel {
+
+bool BuiltForCuda() {
+#ifdef PLAIT_GPU
+  return true;
+#else
+  return false;
+#endif
+}
+
+int CudaDeviceCount() { return BuiltForCuda() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+
+absl::StatusOr<torch::Device> ResolveDevice(Device requested, int local_rank, int local_ranks,
+                                            const std::string& field) {
+  const int devices = CudaDeviceCount();
+  if (requested == DEVICE_CPU || (requested == DEVICE_DEFAULT && devices == 0)) {
+    return torch::Device(torch::kCPU);
+  }
+  const std::string chosen = requested == DEVICE_CUDA ? "DEVICE_CUDA" : "the default, CUDA,";
+  if (!BuiltForCuda()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": ", chosen,
+                     " needs a binary built with --config=gpu; this one has no CUDA code paths "
+                     "(rebuild with --config=gpu, or set device: DEVICE_CPU)"));
+  }
+  if (devices == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": ", chosen,
+                     " but LibTorch sees no GPU here (check CUDA_VISIBLE_DEVICES and the driver, "
+                     "or set device: DEVICE_CPU)"));
+  }
+  if (local_ranks > devices) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": ", chosen, " with ", local_ranks, " ranks on this machine, but it has ", devices,
+        " GPU", devices == 1 ? "" : "s", "; each rank needs its own (use at most ", devices,
+        " ranks per machine, or set device: DEVICE_CPU)"));
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+#ifdef PLAIT_GPU
+
+namespace {
+
+absl::Status CudaStatus(cudaError_t error, const char* call) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(call, " failed: ", cudaGetErrorString(error)));
+}
+
+// cudaGetDeviceProperties creates no CUDA context, so a launcher that checks a plan leaves
+// the GPUs' memory to its ranks.
+std::optional<cudaDeviceProp> Properties(const torch::Device& device) {
+  cudaDeviceProp properties;
+  if (!device.is_cuda() || cudaGetDeviceProperties(&properties, device.index()) != cudaSuccess) {
+    return std::nullopt;
+  }
+  return properties;
+}
+
+}  // namespace
+
+std::string DescribeDevice(const torch::Device& device) {
+  const std::optional<cudaDeviceProp> properties = Properties(device);
+  if (!properties) return device.str();
+  return absl::StrFormat("%s (%s, %.0f GiB)", device.str(), properties->name,
+                         static_cast<double>(properties->totalGlobalMem) / (1 << 30));
+}
+
+std::optional<int64_t> DeviceMemoryBytes(const torch::Device& device) {
+  const std::optional<cudaDeviceProp> properties = Properties(device);
+  if (!properties) return std::nullopt;
+  return static_cast<int64_t>(properties->totalGlobalMem);
+}
+
+absl::Status BindDevice(const torch::Device& device) {
+  if (!device.is_cuda()) return absl::OkStatus();
+  return CudaStatus(cudaSetDevice(device.index()), "cudaSetDevice");
+}
+
+// The caching allocator's statistics are those of the LibTorch the binary runs with: index 0
+// of a StatArray is the aggregate over pool kinds in every LibTorch version plait supports.
+std::optional<int64_t> PeakMemory(const torch::Device& device) {
+  if (!device.is_cuda()) return std::nullopt;
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak;
+}
+
+void ResetPeakMemory(const torch::Device& device) {
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+}
+
+#else  // !PLAIT_GPU: no device but the CPU can be resolved.
+
+std::string DescribeDevice(const torch::Device& device) { return device.str(); }
+std::optional<int64_t> DeviceMemoryBytes(const torch::Device&) { return std::nullopt; }
+absl::Status BindDevice(const torch::Device&) { return absl::OkStatus(); }
+std::optional<int64_t> PeakMemory(const torch::Device&) { return std::nullopt; }
+void ResetPeakMemory(const torch::Device&) {}
+
+#endif  // PLAIT_GPU
+
+CommunicatorFactory DeviceCommunicatorFactory(const torch::Device& device, c10d::Store& store,
+                                              std::string address, CommunicatorOptions options) {
+#ifdef PLAIT_GPU
+  if (device.is_cuda()) {
+    return [&store, index = device.index(), options](
+               const std::string& name, int rank,
+               int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+      return NcclCommunicator::Create(c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store), name,
+                                      rank, size, index, options);
+    };
+  }
+#endif
+  return GlooCommunicatorFactory(store, std::move(address), options);
+}
+
+}  // namespace plait::parallel

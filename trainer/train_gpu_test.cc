@@ -1,0 +1,141 @@
+// Whole plans trained on CUDA, through the trainer, against the same plans on the CPU: the
+// single-device run (TF32 off), FSDP and DDP over NCCL on a mesh of one rank and, with 2 GPUs,
+// of two, and DPO against its frozen reference. The CUDA runs report their peak memory.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
+#include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/model_config.h"
+#include "parallel/device.h"
+#include "trainer/plan.h"
+#include "trainer/testing_ranks.h"
+#include "trainer/trainer.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::trainer::testing::TrainOnRanks;
+
+// A shipped plan for 10 steps on `ranks` ranks of one "dp" dimension (none for one rank
+// without a wrapper), with `micro_batch` sequences per rank, evaluated at steps 5 and 10.
+Plan ShippedPlan(const std::string& name, int ranks, int64_t micro_batch) {
+  absl::StatusOr<Plan> plan = LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/", name, ".textproto"));
+  EXPECT_THAT(plan, IsOk());
+  for (const std::string& setting :
+       {std::string("training.steps=10"), std::string("training.eval_every=5"),
+        std::string("training.eval_batches=1"), std::string("training.metrics_file="),
+        absl::StrCat("training.micro_batch=", micro_batch)}) {
+    EXPECT_THAT(ApplyOverride(setting, *plan), IsOk()) << setting;
+  }
+  if (plan->mesh().dims_size() > 0) plan->mutable_mesh()->mutable_dims(0)->set_size(ranks);
+  return *plan;
+}
+
+Plan OnCuda(Plan plan) {
+  plan.set_device(parallel::DEVICE_CUDA);
+  return plan;
+}
+
+// Per step: loss, gradient norm, the objective's metrics; the evaluations. Each within
+// `tolerance` of the expected value or of `floor`, whichever is larger: DPO's rewards are
+// differences of log-probabilities near -100, which start at exactly 0. A reward accuracy, a
+// fraction of pairs, may differ by one pair whose rewards are within rounding of each other.
+void ExpectSameRun(const TrainReport& actual, const TrainReport& expected, double tolerance,
+                   double floor, int pairs_per_step = 0) {
+  ASSERT_EQ(actual.steps.size(), expected.steps.size());
+  const auto near = [&](double a, double e) {
+    return std::abs(a - e) <= tolerance * std::max(std::abs(e), floor);
+  };
+  for (size_t i = 0; i < expected.steps.size(); ++i) {
+    const metrics::StepMetrics& a = actual.steps[i];
+    const metrics::StepMetrics& e = expected.steps[i];
+    EXPECT_TRUE(near(a.loss, e.loss))
+        << "step " << e.step << " loss " << a.loss << " vs " << e.loss;
+    EXPECT_TRUE(near(*a.grad_norm, *e.grad_norm))
+        << "step " << e.step << " grad_norm " << *a.grad_norm << " vs " << *e.grad_norm;
+    ASSERT_EQ(a.named.size(), e.named.size());
+    for (size_t m = 0; m < e.named.size(); ++m) {
+      const auto& [name, value] = e.named[m];
+      const bool ok = name == "rewards/accuracies"
+                          ? std::abs(a.named[m].second - value) <= 1.0 / pairs_per_step + 1e-9
+                          : near(a.named[m].second, value);
+      EXPECT_TRUE(ok) << "step " << e.step << " " << name << " " << a.named[m].second << " vs "
+                      << value;
+    }
+    ASSERT_EQ(a.eval_loss.has_value(), e.eval_loss.has_value());
+    if (e.eval_loss) {
+      EXPECT_TRUE(near(*a.eval_loss, *e.eval_loss)) << "step " << e.step << " eval";
+    }
+  }
+  EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss);  // it trained
+}
+
+// fp32 on CUDA (cuBLAS, TF32 off) against the CPU's fused kernels, over 10 steps of AdamW.
+constexpr double kCudaTolerance = 1e-4;
+
+class TrainOnCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (parallel::CudaDeviceCount() == 0) GTEST_SKIP() << "no GPU here";
+    ASSERT_FALSE(at::globalContext().allowTF32CuBLAS()) << "fp32 parity needs TF32 off";
+  }
+
+  static const TrainReport& CpuSingle() {
+    static const auto* report =
+        new TrainReport(TrainOnRanks(ShippedPlan("llama_single", 1, 16), 1));
+    return *report;
+  }
+};
+
+TEST_F(TrainOnCudaTest, SingleDeviceTracksTheCpuAndReportsPeakMemory) {
+  const TrainReport cuda = TrainOnRanks(OnCuda(ShippedPlan("llama_single", 1, 16)), 1);
+  ExpectSameRun(cuda, CpuSingle(), kCudaTolerance, /*floor=*/1e-2);
+  EXPECT_FALSE(CpuSingle().peak_device_memory_bytes.has_value());
+  ASSERT_TRUE(cuda.peak_device_memory_bytes.has_value());
+  // At least the parameters, their gradients and AdamW's two buffers, fp32.
+  const int64_t state_bytes = 4 * 4 * models::NumParameters(models::PresetConfig("tiny").value());
+  EXPECT_GT(*cuda.peak_device_memory_bytes, state_bytes);
+  for (const metrics::StepMetrics& step : cuda.steps) {
+    ASSERT_TRUE(step.peak_device_memory_bytes.has_value());
+    EXPECT_GT(*step.peak_device_memory_bytes, 0);
+  }
+}
+
+// FSDP and DDP over NCCL: one rank with the whole batch, or two with half each.
+TEST_F(TrainOnCudaTest, FsdpAndDdpTrackTheCpuSingleProcessRun) {
+  for (const int ranks : {1, 2}) {
+    if (parallel::CudaDeviceCount() < ranks) {
+      std::cout << "skipping the " << ranks << "-rank runs: " << parallel::CudaDeviceCount()
+                << " GPU(s) here\n";
+      continue;
+    }
+    for (const std::string name : {"llama_fsdp", "llama_ddp"}) {
+      SCOPED_TRACE(absl::StrCat(name, " on ", ranks, " rank(s)"));
+      ExpectSameRun(TrainOnRanks(OnCuda(ShippedPlan(name, ranks, 16 / ranks)), ranks), CpuSingle(),
+                    kCudaTolerance, /*floor=*/1e-2);
+    }
+  }
+}
+
+// DPO with FSDP (its plan's layout) on CUDA against the same plan on the CPU, both on the
+// same number of ranks, Gloo against NCCL.
+TEST_F(TrainOnCudaTest, DpoTracksTheCpuRun) {
+  const int ranks = std::min(parallel::CudaDeviceCount(), 2);
+  const Plan plan = ShippedPlan("qwen_dpo_fsdp", ranks, 16 / ranks);
+  const TrainReport cpu = TrainOnRanks(plan, ranks);
+  const TrainReport cuda = TrainOnRanks(OnCuda(plan), ranks);
+  EXPECT_FLOAT_EQ(cuda.steps[0].loss, std::log(2.0));  // the policy starts as its reference
+  // 16 sequences a step: 8 pairs.
+  ExpectSameRun(cuda, cpu, kCudaTolerance, /*floor=*/1.0, /*pairs_per_step=*/8);
+}
+
+}  // namespace
+}  // namespace plait::trainer
