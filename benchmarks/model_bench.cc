@@ -1,6 +1,7 @@
 // Training throughput of plait's CausalLM on one CPU thread: forward + backward tokens/s
-// for the tiny preset and a medium shape, and model FLOPs utilisation (MFU) against the
-// matmul ceiling (a 1024^3 fp32 torch::mm on the same thread).
+// for the tiny preset and a medium shape, with fp32 and with bf16 parameters, and model
+// FLOPs utilisation (MFU) against the matmul ceiling of the same dtype (a 1024^3 torch::mm
+// on the same thread: OpenBLAS or MKL in fp32, oneDNN in bf16).
 //
 //   bazel run --config=opt //benchmarks:model_bench
 //
@@ -27,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "benchmarks/bench_setup.h"
 #include "models/causal_lm.h"
@@ -37,13 +39,13 @@
 namespace plait::models {
 namespace {
 
-// The matmul ceiling: the FLOP/s of a 1024^3 fp32 torch::mm on this thread.
+// The matmul ceiling: the FLOP/s of a 1024^3 torch::mm of `dtype` on this thread.
 class MatmulCeiling {
  public:
-  MatmulCeiling()
-      : a_(torch::randn({kSize, kSize})),
-        b_(torch::randn({kSize, kSize})),
-        c_(torch::empty({kSize, kSize})) {}
+  explicit MatmulCeiling(torch::ScalarType dtype)
+      : a_(torch::randn({kSize, kSize}, dtype)),
+        b_(torch::randn({kSize, kSize}, dtype)),
+        c_(torch::empty({kSize, kSize}, dtype)) {}
 
   // Runs one untimed product (it brings the operands back into cache), then times kReps.
   double Measure() {
@@ -63,23 +65,28 @@ class MatmulCeiling {
   torch::Tensor a_, b_, c_;
 };
 
-// range(0): 0 = tiny preset, 1 = medium; range(1): batch; range(2): sequence length.
+// range(0): 0 = tiny preset, 1 = medium; range(1): batch; range(2): sequence length;
+// range(3): 0 = fp32, 1 = bf16 parameters (the model's own bf16 path: fp32 softmax, norms
+// and loss).
 void BM_TrainStep(benchmark::State& state) {
   const ModelConfig config =
       state.range(0) == 0 ? PresetConfig("tiny").value() : benchmarks::MediumModel();
   const int64_t batch = state.range(1);
   const int64_t seq = state.range(2);
-  state.SetLabel(state.range(0) == 0 ? "tiny" : "medium");
+  const torch::ScalarType dtype = state.range(3) == 0 ? torch::kFloat32 : torch::kBFloat16;
+  state.SetLabel(absl::StrCat(state.range(0) == 0 ? "tiny " : "medium ",
+                              state.range(3) == 0 ? "fp32" : "bf16"));
   InitConfig init;
   init.set_seed(1);
   std::shared_ptr<CausalLM> model = CausalLM::Create(config, init).value();
+  model->to(dtype);
   torch::manual_seed(2);
   const torch::Tensor tokens = torch::randint(config.vocab_size(), {batch, seq + 1});
   const torch::Tensor inputs = tokens.narrow(1, 0, seq);
   const torch::Tensor targets = tokens.narrow(1, 1, seq);
   const double flops_per_step =
       static_cast<double>(batch * seq) * TrainingFlopsPerToken(config, seq);
-  MatmulCeiling ceiling;
+  MatmulCeiling ceiling(dtype);
   // One untimed step first: it faults the step's memory in, which a training run pays once,
   // not every step.
   model->Loss(inputs, targets).backward();
@@ -104,12 +111,14 @@ void BM_TrainStep(benchmark::State& state) {
 
 // Fixed step counts, so that each shape is set up and warmed up once.
 BENCHMARK(BM_TrainStep)
-    ->Args({0, 8, 256})
+    ->Args({0, 8, 256, 0})
+    ->Args({0, 8, 256, 1})
     ->Iterations(10)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TrainStep)
-    ->Args({1, 8, 256})
+    ->Args({1, 8, 256, 0})
+    ->Args({1, 8, 256, 1})
     ->Iterations(7)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -89,12 +89,16 @@ install_nccl() {
 # of PyTorch, unpacked alone (its CUDA libraries come from other wheels, which a machine that
 # only compiles and links needs not have: third_party/repositories.bzl), linked as
 # /opt/plait/libtorch-cuda. Only where CUDA is installed: without it there is no GPU build.
-torch_cuda_wheel="torch==2.14.1"  # a CUDA 13 build, as /usr/local/cuda on the build machines
-torch_cuda_dir=/opt/plait/libtorch-cuda-2.14.1
+# 2.11.0, a CUDA 13 build as /usr/local/cuda on the build machines: the LibTorch of the GPU
+# machines plait's GPU tests run on, so what this build links runs there; and LibTorch 2.14
+# and newer require C++20, where plait is C++17.
+torch_cuda_wheel="torch==2.11.0"
+torch_cuda_dir=/opt/plait/libtorch-cuda-2.11.0
 torch_cuda_link=/opt/plait/libtorch-cuda
 install_libtorch_cuda() {
   [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ] || return 0
-  [ -e "${torch_cuda_link}/lib/libtorch_cuda.so" ] && return 0
+  [ "$(readlink "${torch_cuda_link}")" = "${torch_cuda_dir}" ] &&
+    [ -e "${torch_cuda_link}/lib/libtorch_cuda.so" ] && return 0
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: run as root to unpack ${torch_cuda_wheel}'s LibTorch into ${torch_cuda_dir}" >&2
     return 1
