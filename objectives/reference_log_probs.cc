@@ -4,6 +4,12 @@
 #include "base/hash.h"
 
 namespace plait::objectives {
+namespace {
+
+// `batch` in host memory, where its rows are hashed (a no-op for a batch on the CPU).
+data::Batch OnHost(const data::Batch& batch) { return {batch.inputs.cpu(), batch.targets.cpu()}; }
+
+}  // namespace
 
 torch::Tensor ReferenceLogProbs::Compute(models::CausalLM& reference, const data::Batch& batch) {
   torch::NoGradGuard no_grad;
@@ -21,19 +27,22 @@ ReferenceLogProbs::Key ReferenceLogProbs::RowKey(const data::Batch& batch, int64
 }
 
 void ReferenceLogProbs::Add(models::CausalLM& reference, const data::Batch& batch) {
-  const torch::Tensor log_probs = Compute(reference, batch).to(torch::kFloat32).contiguous();
+  const torch::Tensor log_probs =
+      Compute(reference, batch).to(torch::kCPU, torch::kFloat32).contiguous();
   const float* values = log_probs.data_ptr<float>();
-  for (int64_t row = 0; row < batch.inputs.size(0); ++row) {
-    log_probs_.emplace(RowKey(batch, row), values[row]);
+  const data::Batch host = OnHost(batch);
+  for (int64_t row = 0; row < host.inputs.size(0); ++row) {
+    log_probs_.emplace(RowKey(host, row), values[row]);
   }
 }
 
 absl::StatusOr<torch::Tensor> ReferenceLogProbs::Find(const data::Batch& batch) const {
-  const int64_t rows = batch.inputs.size(0);
+  const data::Batch host = OnHost(batch);
+  const int64_t rows = host.inputs.size(0);
   torch::Tensor found = torch::empty({rows}, torch::kFloat32);
   float* values = found.data_ptr<float>();
   for (int64_t row = 0; row < rows; ++row) {
-    const auto it = log_probs_.find(RowKey(batch, row));
+    const auto it = log_probs_.find(RowKey(host, row));
     if (it == log_probs_.end()) {
       return absl::NotFoundError(
           absl::StrCat("row ", row, " of the batch has no precomputed reference log-probability (",
@@ -41,7 +50,7 @@ absl::StatusOr<torch::Tensor> ReferenceLogProbs::Find(const data::Batch& batch) 
     }
     values[row] = it->second;
   }
-  return found;
+  return found.to(batch.inputs.device());
 }
 
 }  // namespace plait::objectives

@@ -39,7 +39,8 @@ class ReferenceLogProbs {
 
  private:
   // A row by its tokens and scored targets: two 64-bit hashes (a collision among a million
-  // rows has a probability of about 3e-8 for each, and both would have to collide).
+  // rows has a probability of about 3e-8 for each, and both would have to collide). RowKey
+  // reads `batch` in host memory.
   using Key = std::pair<uint64_t, uint64_t>;
   static Key RowKey(const data::Batch& batch, int64_t row);
 

@@ -52,12 +52,14 @@ absl::StatusOr<std::vector<int64_t>> PeakMemoryPerRank(const parallel::DeviceMes
   return bytes;
 }
 
-// `batch` on `device`. To a GPU it goes from pinned host memory without blocking the host,
-// so the copy queues behind the work already queued instead of waiting for it.
-data::Batch OnDevice(data::Batch batch, const torch::Device& device) {
+// The next batch of `loader` on `device`. To a GPU it goes from pinned host memory without
+// blocking the host, so the copy queues behind the work already queued instead of waiting
+// for it.
+absl::StatusOr<data::Batch> NextOnDevice(data::DataLoader& loader, const torch::Device& device) {
+  PLAIT_ASSIGN_OR_RETURN(data::Batch batch, loader.Next());
   if (device.is_cpu()) return batch;
-  return {batch.inputs.pin_memory().to(device, /*non_blocking=*/true),
-          batch.targets.pin_memory().to(device, /*non_blocking=*/true)};
+  return data::Batch{batch.inputs.pin_memory().to(device, /*non_blocking=*/true),
+                     batch.targets.pin_memory().to(device, /*non_blocking=*/true)};
 }
 
 // One rank's training run of a validated plan: what Start sets up (the prepared models, the
@@ -205,8 +207,7 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics.lr = schedule_->LearningRate(step);
   objectives::MetricMeans means;
   for (int64_t micro = 0; micro < accumulation_; ++micro) {
-    PLAIT_ASSIGN_OR_RETURN(data::Batch batch, train_->Next());
-    batch = OnDevice(std::move(batch), mesh_.device());
+    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, NextOnDevice(*train_, mesh_.device()));
     const auto no_sync = prepared_->preparation().NoSyncIf(micro + 1 < accumulation_);
     PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
                            objective_->Compute(prepared_->model(), batch));
@@ -299,8 +300,7 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   eval_->Reset();
   objectives::MetricMeans means;
   for (int64_t i = 0; i < training_.eval_batches(); ++i) {
-    PLAIT_ASSIGN_OR_RETURN(data::Batch batch, eval_->Next());
-    batch = OnDevice(std::move(batch), mesh_.device());
+    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, NextOnDevice(*eval_, mesh_.device()));
     PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
                            objective_->Compute(prepared_->model(), batch));
     means.Add(output);
@@ -323,12 +323,12 @@ absl::Status TrainingRun::PrecomputeReference(const objectives::Dpo& dpo,
     batches = std::min(batches, *pass);
   }
   for (int64_t i = 0; i < batches; ++i) {
-    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, replay.Next());
+    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, NextOnDevice(replay, mesh_.device()));
     table->Add(reference.model(), batch);
   }
   eval_->Reset();
   for (int64_t i = 0; i < training_.eval_batches(); ++i) {
-    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, eval_->Next());
+    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, NextOnDevice(*eval_, mesh_.device()));
     table->Add(reference.model(), batch);
   }
   PLAIT_RETURN_IF_ERROR(base::Annotate(reference.preparation().BackwardStatus(),
