@@ -54,6 +54,10 @@ def _system_repository_impl(rctx):
     rctx.template("BUILD.bazel", rctx.attr.build_file, substitutions = {
         "%{library_dir}": library_dir,
         "%{extra_linkopts}": repr(extra_linkopts),
+        "%{optional_libraries_found}": repr(
+            bool(rctx.attr.optional_libraries) and
+            len(extra_linkopts) == len(rctx.attr.optional_libraries),
+        ),
     })
 
 system_repository = repository_rule(
