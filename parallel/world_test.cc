@@ -108,7 +108,7 @@ TEST(WorldFromEnvironmentTest, NoTokenIsEmpty) {
 }
 
 TEST(WorldFromEnvironmentTest, ShortOrLongTokenIsNamedButNotShown) {
-  for (const std::string token : {std::string("hunter2"), std::string(257, 'x')}) {
+  for (const std::string& token : {std::string("hunter2"), std::string(257, 'x')}) {
     Variables variables = Torchrun();
     variables["PLAIT_STORE_TOKEN"] = token;
     absl::StatusOr<World> world = WorldFromEnvironment(FakeEnvironment(variables));

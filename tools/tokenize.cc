@@ -1,6 +1,6 @@
 // Tokenizes text with a model's own tokenizer into token shards for training:
 //
-//   bazel run //tools:tokenize -- --tokenizer=path/to/hf_model --input=a.jsonl,b.txt \
+//   bazel run //tools:tokenize -- --tokenizer=path/to/hf_model --input=a.jsonl,b.txt
 //       --output=data/corpus [--jsonl_field=text] [--val_fraction=0.005]
 //
 // writes data/corpus_train_000000.bin, ... and data/corpus_val_000000.bin (llm.c's format for

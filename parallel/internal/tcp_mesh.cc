@@ -1,6 +1,5 @@
 #include "parallel/internal/tcp_mesh.h"
 
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -43,14 +42,6 @@ int PollMs(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
   return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
-}
-
-absl::Status SetNonBlocking(int fd) {
-  const int flags = fcntl(fd, F_GETFL);
-  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    return absl::InternalError(ErrnoText("fcntl(O_NONBLOCK)"));
-  }
-  return absl::OkStatus();
 }
 
 // Waits for `events` on `fd` until `deadline`; false when it passed first.
