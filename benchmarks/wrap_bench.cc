@@ -25,6 +25,10 @@
 //     the loss's 3 floats per token (2(N-1)/N each), plus FSDP's as above on the TP slices
 //     (goal 1.00);
 //   persistent_vs_single: as above (goal <= 1/2 + 0.05 for TP, 1/4 + 0.05 for both).
+// The bf16 rows (BM_SingleProcessBf16, BM_FsdpBf16) train bf16 parameters with fp32 master
+// weights (the optimizer's, or FSDP's fp32 shards; FSDP gathers bf16 and reduce-scatters
+// fp32), each against the bf16 single process, and report vs_fp32: the step time / the
+// same row's in fp32.
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
@@ -57,12 +61,21 @@ constexpr int64_t kSeqLen = 256;
 // machine during one step does not move.
 constexpr int kTimedSteps = 5;
 
-enum class Mode { kSingle, kDdp, kFsdp, kTp, kFsdpTp };
+enum class Mode { kSingle, kDdp, kFsdp, kTp, kFsdpTp, kSingleBf16, kFsdpBf16 };
 
 bool TensorParallel(Mode mode) { return mode == Mode::kTp || mode == Mode::kFsdpTp; }
 bool DataParallel(Mode mode) {
-  return mode == Mode::kDdp || mode == Mode::kFsdp || mode == Mode::kFsdpTp;
+  return mode == Mode::kDdp || mode == Mode::kFsdp || mode == Mode::kFsdpTp ||
+         mode == Mode::kFsdpBf16;
 }
+bool Fsdp(Mode mode) {
+  return mode == Mode::kFsdp || mode == Mode::kFsdpTp || mode == Mode::kFsdpBf16;
+}
+// bf16 parameters with fp32 masters (the optimizer's, or FSDP's fp32 shards); FSDP gathers
+// bf16 and reduce-scatters fp32 gradients.
+bool Bf16(Mode mode) { return mode == Mode::kSingleBf16 || mode == Mode::kFsdpBf16; }
+// The single-process run a mode is measured against: the same dtype.
+Mode SingleOf(Mode mode) { return Bf16(mode) ? Mode::kSingleBf16 : Mode::kSingle; }
 
 struct Measurement {
   double step_seconds = 0.0;
@@ -93,6 +106,7 @@ int64_t Bytes(const torch::Tensor& tensor) {
 Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* mesh) {
   Measurement m;
   std::shared_ptr<models::CausalLM> model = MakeModel();
+  if (Bf16(mode)) model->to(torch::kBFloat16);
   for (const auto& parameter : model->Blocks()[0].module->parameters()) {
     m.block_bytes += Bytes(parameter);
   }
@@ -105,7 +119,7 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   std::unique_ptr<Preparation> preparation;
   std::vector<parallel::TrainableParameter> parameters;
   std::vector<parallel::Communicator*> groups;
-  if (mode == Mode::kSingle) {
+  if (mode == SingleOf(mode)) {
     for (const auto& named : model->NamedParameters()) {
       parameters.push_back({named.name, named.parameter, {}});
     }
@@ -181,10 +195,12 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   if (mode == Mode::kDdp) {
     m.theoretical_bytes_per_step = 2 * one_way * parameter_bytes;
   }
-  if (mode == Mode::kFsdp || mode == Mode::kFsdpTp) {
+  if (Fsdp(mode)) {
+    // The fp32 shards' bytes over the ranks: each of 2 gathers sends them in the gather
+    // dtype (half of them in bf16), the reduce-scatter in fp32.
     int64_t padded = 0;
     for (const auto& parameter : parameters) padded += Bytes(parameter.tensor) * kRanks;
-    m.theoretical_bytes_per_step = 3 * one_way * padded;
+    m.theoretical_bytes_per_step = (Bf16(mode) ? 2 : 3) * one_way * padded;
     m.peak_unsharded_bytes = preparation->peak_gathered_bytes();
   }
   if (TensorParallel(mode)) {
@@ -199,7 +215,7 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
 }
 
 Measurement Run(Mode mode, int64_t batch) {
-  if (mode == Mode::kSingle) return RunRank(mode, batch, 0, nullptr);
+  if (mode == SingleOf(mode)) return RunRank(mode, batch, 0, nullptr);
   parallel::MeshConfig config;
   int world = 1;
   for (const auto& [name, used] :
@@ -240,7 +256,7 @@ const Measurement& Measured(Mode mode, int64_t batch) {
 void Report(benchmark::State& state, Mode mode) {
   const int64_t batch = state.range(0);
   const Measurement& m = Measured(mode, batch);
-  const Measurement& single = Measured(Mode::kSingle, batch);
+  const Measurement& single = Measured(SingleOf(mode), batch);
   state.SetIterationTime(m.step_seconds);
   const int batches = DataParallel(mode) ? kRanks : 1;  // different batches per step
   state.counters["tokens_per_s"] = static_cast<double>(batch * kSeqLen * batches) / m.step_seconds;
@@ -251,13 +267,19 @@ void Report(benchmark::State& state, Mode mode) {
     state.counters["sent_vs_theory"] = m.bytes_sent_per_step / m.theoretical_bytes_per_step;
     return;
   }
-  if (mode == Mode::kSingle) return;
+  if (Bf16(mode)) {
+    const Mode fp32 = mode == Mode::kFsdpBf16 ? Mode::kFsdp : Mode::kSingle;
+    state.counters["vs_fp32"] = m.step_seconds / Measured(fp32, batch).step_seconds;
+  }
+  if (mode == SingleOf(mode)) return;
   state.counters["scaling_efficiency"] = single.step_seconds / m.step_seconds;
   state.counters["cpu_scaling_efficiency"] =
       kRanks * single.process_cpu_seconds_per_step / m.process_cpu_seconds_per_step;
   state.counters["sent_vs_theory"] = m.bytes_sent_per_step / m.theoretical_bytes_per_step;
   if (mode == Mode::kFsdp) {
     state.counters["vs_ddp"] = m.step_seconds / Measured(Mode::kDdp, batch).step_seconds;
+  }
+  if (Fsdp(mode)) {
     state.counters["peak_unsharded_blocks"] =
         static_cast<double>(m.peak_unsharded_bytes) / m.block_bytes;
     state.counters["peak_vs_two_largest_units"] =
@@ -280,6 +302,12 @@ void BM_Tp(benchmark::State& state) {
 void BM_FsdpTp(benchmark::State& state) {
   for (auto _ : state) Report(state, Mode::kFsdpTp);
 }
+void BM_SingleProcessBf16(benchmark::State& state) {
+  for (auto _ : state) Report(state, Mode::kSingleBf16);
+}
+void BM_FsdpBf16(benchmark::State& state) {
+  for (auto _ : state) Report(state, Mode::kFsdpBf16);
+}
 // Per-rank batches: 8 (the medium shape's) first, then 2.
 #define PLAIT_WRAP_BENCHMARK(name) \
   BENCHMARK(name)->Arg(8)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond)
@@ -288,6 +316,8 @@ PLAIT_WRAP_BENCHMARK(BM_Ddp);
 PLAIT_WRAP_BENCHMARK(BM_Fsdp);
 PLAIT_WRAP_BENCHMARK(BM_Tp);
 PLAIT_WRAP_BENCHMARK(BM_FsdpTp);
+PLAIT_WRAP_BENCHMARK(BM_SingleProcessBf16);
+PLAIT_WRAP_BENCHMARK(BM_FsdpBf16);
 
 }  // namespace
 }  // namespace plait::wrap

@@ -53,6 +53,17 @@ absl::StatusOr<torch::Device> ResolveDevice(Device requested, int local_rank, in
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 
+namespace {
+
+std::optional<std::string> CpuNativeBf16() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("amx-bf16")) return "AMX";
+  if (__builtin_cpu_supports("avx512bf16")) return "AVX512_BF16";
+  return std::nullopt;
+}
+
+}  // namespace
+
 #ifdef PLAIT_GPU
 
 namespace {
@@ -87,6 +98,13 @@ std::optional<int64_t> DeviceMemoryBytes(const torch::Device& device) {
   return static_cast<int64_t>(properties->totalGlobalMem);
 }
 
+std::optional<std::string> NativeBf16(const torch::Device& device) {
+  if (!device.is_cuda()) return CpuNativeBf16();
+  const std::optional<cudaDeviceProp> properties = Properties(device);
+  if (!properties || properties->major < 8) return std::nullopt;
+  return absl::StrCat("compute capability ", properties->major, ".", properties->minor);
+}
+
 absl::Status BindDevice(const torch::Device& device) {
   if (!device.is_cuda()) return absl::OkStatus();
   return CudaStatus(cudaSetDevice(device.index()), "cudaSetDevice");
@@ -106,6 +124,7 @@ void ResetPeakMemory(const torch::Device& device) {
 #else  // !PLAIT_GPU: no device but the CPU can be resolved.
 
 std::string DescribeDevice(const torch::Device& device) { return device.str(); }
+std::optional<std::string> NativeBf16(const torch::Device&) { return CpuNativeBf16(); }
 std::optional<int64_t> DeviceMemoryBytes(const torch::Device&) { return std::nullopt; }
 absl::Status BindDevice(const torch::Device&) { return absl::OkStatus(); }
 std::optional<int64_t> PeakMemory(const torch::Device&) { return std::nullopt; }

@@ -44,6 +44,11 @@ absl::StatusOr<torch::Device> ResolveDevice(Device requested, int local_rank, in
 // "cpu", or "cuda:0 (NVIDIA H200, 140 GiB)": for the first line of a run.
 std::string DescribeDevice(const torch::Device& device);
 
+// What computes bf16 natively on `device`: "AMX" or "AVX512_BF16" on a CPU with either,
+// "compute capability 9.0" on a GPU of 8.0 or newer (bf16 tensor cores); nullopt where bf16
+// matmuls are emulated (correct, but slower than fp32).
+std::optional<std::string> NativeBf16(const torch::Device& device);
+
 // Makes `device` the calling thread's current CUDA device (nothing for the CPU).
 absl::Status BindDevice(const torch::Device& device);
 

@@ -1,5 +1,9 @@
 #include "parallel/device.h"
 
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_split.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -48,6 +52,30 @@ TEST(ResolveDeviceTest, CudaNamesWhatIsMissing) {
 TEST(DeviceTest, TheCpuHasNoMemoryStatistics) {
   EXPECT_EQ(PeakMemory(torch::Device(torch::kCPU)), std::nullopt);
   EXPECT_EQ(DescribeDevice(torch::Device(torch::kCPU)), "cpu");
+}
+
+// The kernel's view of the CPU (the flags of /proc/cpuinfo) agrees with NativeBf16's.
+TEST(DeviceTest, NativeBf16OfTheCpuIsWhatTheKernelReports) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  ASSERT_TRUE(cpuinfo) << "/proc/cpuinfo";
+  bool amx = false;
+  bool avx512 = false;
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("flags", 0) != 0) continue;
+    for (absl::string_view flag : absl::StrSplit(line, ' ')) {
+      amx |= flag == "amx_bf16";
+      avx512 |= flag == "avx512_bf16";
+    }
+    break;
+  }
+  const std::optional<std::string> native = NativeBf16(torch::Device(torch::kCPU));
+  if (amx) {
+    EXPECT_EQ(native, "AMX");
+  } else if (avx512) {
+    EXPECT_EQ(native, "AVX512_BF16");
+  } else {
+    EXPECT_EQ(native, std::nullopt);
+  }
 }
 
 }  // namespace

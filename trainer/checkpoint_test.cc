@@ -40,6 +40,7 @@ using ::plait::base::testing::FolderEntries;
 using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::trainer::testing::LoadShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
 using ::testing::AllOf;
@@ -49,19 +50,17 @@ using ::testing::HasSubstr;
 // checkpoints every 3 steps into `dir`, and `overrides` applied.
 Plan ShortPlan(const std::string& name, const std::string& dir,
                const std::vector<std::string>& overrides = {}) {
-  absl::StatusOr<Plan> plan = LoadPlan(
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/", name, ".textproto"));
-  EXPECT_THAT(plan, IsOk());
+  Plan plan = LoadShippedPlan(name);
   for (const std::string& assignment : std::vector<std::string>{
            "training.steps=8", "schedule.warmup.steps=2", "training.eval_every=4",
            "training.eval_batches=1", "training.metrics_file=", "training.checkpoint.every=3",
            absl::StrCat("training.checkpoint.dir=", dir)}) {
-    EXPECT_THAT(ApplyOverride(assignment, *plan), IsOk()) << assignment;
+    EXPECT_THAT(ApplyOverride(assignment, plan), IsOk()) << assignment;
   }
   for (const std::string& assignment : overrides) {
-    EXPECT_THAT(ApplyOverride(assignment, *plan), IsOk()) << assignment;
+    EXPECT_THAT(ApplyOverride(assignment, plan), IsOk()) << assignment;
   }
-  return *plan;
+  return plan;
 }
 
 std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
@@ -286,7 +285,7 @@ TEST(CheckpointErrorsTest, AChangedFingerprintNamesTheFieldAndBothValues) {
   EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr(saved.manifest + ": cannot resume from it"),
-                             HasSubstr("fingerprint.plan.model.dtype: \"DTYPE_UNSPECIFIED\" in "
+                             HasSubstr("fingerprint.plan.model.dtype: \"DTYPE_FLOAT32\" in "
                                        "the checkpoint, \"DTYPE_BFLOAT16\" in this plan"),
                              HasSubstr("fingerprint.plan.training.seq_len: \"64\" in the "
                                        "checkpoint, \"32\" in this plan"),

@@ -89,7 +89,9 @@ std::string DescribeModel(const models::ModelSpec& spec, const models::ModelConf
                          config.model_type(),
                          spec.has_preset() ? absl::StrCat("(preset \"", spec.preset(), "\")") : "",
                          config.num_hidden_layers(), config.hidden_size(), config.vocab_size(),
-                         ShortName(ParameterDtype(spec)),
+                         spec.dtype() == base::DTYPE_AUTO
+                             ? "auto (bf16 where the device computes it natively, else fp32)"
+                             : ShortName(ParameterDtype(spec)),
                          base::HumanCount(static_cast<double>(models::NumParameters(config))));
 }
 

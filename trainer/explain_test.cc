@@ -105,7 +105,8 @@ TEST(ExplainPlanTest, DescribesBothModelsOfADpoPlan) {
   EXPECT_THAT(*text, HasSubstr("frozen models"));
   EXPECT_THAT(*text,
               HasSubstr("frozen[0] \"reference\": qwen2 (preset \"qwen2-tiny\"), 4 layers, hidden "
-                        "112, vocab 4096, fp32: 1.4M parameters\n"
+                        "112, vocab 4096, auto (bf16 where the device computes it natively, "
+                        "else fp32): 1.4M parameters\n"
                         "  weights: seeded initialisation (seed 1)\n"
                         "  prepared after the trained model, by its own steps below; no optimizer, "
                         "no gradients\n"

@@ -19,6 +19,7 @@
 #include "parallel/process_group.h"
 #include "parallel/world.h"
 #include "torch/torch.h"
+#include "trainer/compute_dtype.h"
 #include "trainer/plan.h"
 #include "trainer/trainer.h"
 #include "trainer/validate.h"
@@ -44,7 +45,7 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
     std::cout << "device: " << parallel::DescribeDevice(device)
               << (device.is_cuda() && world.local_world_size > 1 ? ", cuda:<local rank> per rank"
                                                                  : "")
-              << std::endl;
+              << "; compute: " << DescribeComputeDtype(plan, device) << std::endl;
   }
   PLAIT_ASSIGN_OR_RETURN(
       std::unique_ptr<parallel::ProcessGroup> group,

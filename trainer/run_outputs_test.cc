@@ -20,6 +20,7 @@
 #include "metrics/record_file.h"
 #include "metrics/tensorboard_event.pb.h"
 #include "nlohmann/json.hpp"
+#include "trainer/compute_dtype.h"
 #include "trainer/plan.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
@@ -73,7 +74,10 @@ TEST(RunOutputsTest, TensorBoardHoldsTheMetricsFileAndTheSummaryTellsTheRun) {
   ASSERT_TRUE(absl::ConsumeSuffix(&plan_text, "```\n"));
   Plan logged;
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(std::string(plan_text), &logged));
-  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(logged, *plan));
+  // The plan as it ran: its DTYPE_AUTO resolved for the CPU.
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      logged, ResolveAutoDtypes(*plan, torch::Device(torch::kCPU))));
+  EXPECT_NE(logged.model().dtype(), base::DTYPE_AUTO);
 
   for (size_t i = 0; i < rows.size(); ++i) {
     const metrics::tensorboard::Event& event = events[3 + i];

@@ -1,13 +1,29 @@
 #include "trainer/testing_ranks.h"
 
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
+#include "trainer/plan.h"
 #include "trainer/validate.h"
 
 namespace plait::trainer::testing {
 
 using ::plait::base::testing::IsOk;
+
+Plan LoadShippedPlan(const std::string& name) {
+  absl::StatusOr<Plan> plan = LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/", name, ".textproto"));
+  EXPECT_THAT(plan, IsOk());
+  if (!plan.ok()) return Plan();
+  plan->mutable_model()->set_dtype(base::DTYPE_FLOAT32);
+  for (FrozenModel& frozen : *plan->mutable_frozen()) {
+    frozen.mutable_model()->set_dtype(base::DTYPE_FLOAT32);
+  }
+  return *std::move(plan);
+}
 
 void WithMesh(const Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body) {

@@ -5,12 +5,18 @@
 #define PLAIT_TRAINER_TESTING_RANKS_H_
 
 #include <functional>
+#include <string>
 
 #include "parallel/device_mesh.h"
 #include "trainer/plan.pb.h"
 #include "trainer/trainer.h"
 
 namespace plait::trainer::testing {
+
+// The shipped plan trainer/plans/<name>.textproto (a data dependency of the test) as the
+// parity tests run it: every model in fp32, where the shipped jobs compute in bf16 on devices
+// that have it natively (DTYPE_AUTO). Failures are test failures.
+Plan LoadShippedPlan(const std::string& name);
 
 // Runs `body(rank, mesh)` on `ranks` threads, each with the plan's mesh on the plan's device.
 void WithMesh(const Plan& plan, int ranks,

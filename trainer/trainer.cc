@@ -29,6 +29,7 @@
 #include "parallel/device.h"
 #include "sched/schedule_builder.h"
 #include "trainer/checkpoint.h"
+#include "trainer/compute_dtype.h"
 #include "trainer/plan.h"
 #include "trainer/prepared_model.h"
 
@@ -62,6 +63,16 @@ absl::StatusOr<data::Batch> NextOnDevice(data::DataLoader& loader, const torch::
                      batch.targets.pin_memory().to(device, /*non_blocking=*/true)};
 }
 
+// The peak FLOP/s of one rank in the dtype the plan's model computes in (DTYPE_AUTO
+// resolved), MFU's denominator.
+double PeakFlopsPerRank(const Plan& plan) {
+  const TrainingConfig& training = plan.training();
+  if (plan.model().dtype() == base::DTYPE_BFLOAT16 && training.peak_bf16_flops_per_rank() > 0) {
+    return training.peak_bf16_flops_per_rank();
+  }
+  return training.peak_flops_per_rank();
+}
+
 // One rank's training run of a validated plan: what Start sets up (the prepared models, the
 // objective, the optimizer built from the trained model, the data, the checkpoints and the
 // logs), then Step
@@ -77,7 +88,10 @@ class TrainingRun {
 
  private:
   TrainingRun(const Plan& plan, const parallel::DeviceMesh& mesh, const TrainOptions& options)
-      : training_(plan.training()), mesh_(mesh), options_(options) {}
+      : training_(plan.training()),
+        mesh_(mesh),
+        options_(options),
+        peak_flops_per_rank_(PeakFlopsPerRank(plan)) {}
 
   // Optimizer step `step` (0-based): micro-batches with gradient accumulation (no-sync on
   // all but the last), the update at the scheduled rate, and the evaluation when it is due.
@@ -98,6 +112,7 @@ class TrainingRun {
   const TrainingConfig& training_;
   const parallel::DeviceMesh& mesh_;
   const TrainOptions& options_;
+  const double peak_flops_per_rank_;  // in the model's dtype; 0: no MFU
   models::ModelConfig config_;
   std::unique_ptr<sched::Schedule> schedule_;
   std::unique_ptr<PreparedModel> prepared_;
@@ -351,7 +366,7 @@ absl::Status TrainingRun::PrecomputeReference(const objectives::Dpo& dpo,
 }
 
 std::optional<double> TrainingRun::Mfu(double tokens_per_s) const {
-  const double peak = training_.peak_flops_per_rank() * mesh_.layout().world_size();
+  const double peak = peak_flops_per_rank_ * mesh_.layout().world_size();
   if (peak <= 0.0) return std::nullopt;
   return tokens_per_s * models::TrainingFlopsPerToken(config_, training_.seq_len()) / peak;
 }
@@ -370,7 +385,9 @@ absl::Status TrainingRun::MaxOverRanks(std::optional<int64_t>& bytes) const {
 
 absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& mesh,
                                   const TrainOptions& options) {
-  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<TrainingRun> run, TrainingRun::Start(plan, mesh, options));
+  const Plan resolved = ResolveAutoDtypes(plan, mesh.device());  // outlives the run
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<TrainingRun> run,
+                         TrainingRun::Start(resolved, mesh, options));
   return run->Run();
 }
 

@@ -38,23 +38,23 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::trainer::testing::LoadShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
 
-Plan LoadShippedPlan(const std::string& name) {
-  absl::StatusOr<Plan> plan = LoadPlan(
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/", name, ".textproto"));
-  EXPECT_THAT(plan, IsOk());
-  EXPECT_THAT(ApplyOverride("training.steps=10", *plan), IsOk());
-  EXPECT_THAT(ApplyOverride("training.eval_every=5", *plan), IsOk());
-  EXPECT_THAT(ApplyOverride("training.eval_batches=1", *plan), IsOk());
-  EXPECT_THAT(ApplyOverride("training.metrics_file=", *plan), IsOk());
-  return *plan;
+// A shipped plan in fp32, shortened to 10 steps with an evaluation after steps 5 and 10.
+Plan ShortShippedPlan(const std::string& name) {
+  Plan plan = LoadShippedPlan(name);
+  EXPECT_THAT(ApplyOverride("training.steps=10", plan), IsOk());
+  EXPECT_THAT(ApplyOverride("training.eval_every=5", plan), IsOk());
+  EXPECT_THAT(ApplyOverride("training.eval_batches=1", plan), IsOk());
+  EXPECT_THAT(ApplyOverride("training.metrics_file=", plan), IsOk());
+  return plan;
 }
 
 TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
-  const Plan plan = LoadShippedPlan("llama_fsdp");
+  const Plan plan = ShortShippedPlan("llama_fsdp");
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
     auto prepared =
         PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
@@ -79,7 +79,7 @@ TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
 }
 
 TEST(PreparedModelTest, FrozenModelIsPreparedWithoutOptimizerOrGradients) {
-  const Plan plan = LoadShippedPlan("llama_fsdp");
+  const Plan plan = ShortShippedPlan("llama_fsdp");
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
     auto frozen = PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kFrozen,
                                          "plan.frozen[0]");
@@ -101,7 +101,7 @@ TEST(PreparedModelTest, FrozenModelIsPreparedWithoutOptimizerOrGradients) {
 }
 
 TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
-  const Plan plan = LoadShippedPlan("llama_fsdp");
+  const Plan plan = ShortShippedPlan("llama_fsdp");
   const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/out");
   std::map<std::string, torch::Tensor> saved;
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
@@ -114,7 +114,7 @@ TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
     if (rank == 0) saved = *full;
   });
   // Loaded on one rank with another seed: the folder's weights replace the initialisation.
-  const Plan single = LoadShippedPlan("llama_single");
+  const Plan single = ShortShippedPlan("llama_single");
   models::ModelSpec other_seed = single.model();
   other_seed.mutable_init()->set_seed(99);
   WithMesh(single, 1, [&](int, const parallel::DeviceMesh& mesh) {
@@ -149,18 +149,18 @@ void ExpectSameRun(const TrainReport& actual, const TrainReport& expected) {
 
 const TrainReport& SingleProcessRun() {
   static const TrainReport* report =
-      new TrainReport(TrainOnRanks(LoadShippedPlan("llama_single"), 1));
+      new TrainReport(TrainOnRanks(ShortShippedPlan("llama_single"), 1));
   return *report;
 }
 
 TEST(TrainTest, FsdpOnTwoRanksTrainsToTheSingleProcessLosses) {
-  ExpectSameRun(TrainOnRanks(LoadShippedPlan("llama_fsdp"), 2), SingleProcessRun());
+  ExpectSameRun(TrainOnRanks(ShortShippedPlan("llama_fsdp"), 2), SingleProcessRun());
 }
 
 // Micro-batches of 4 with 2 accumulation steps on each of 2 ranks: the same 16 sequences per
 // step as the single process, through DDP's no-sync scope.
 TEST(TrainTest, DdpWithAccumulationTrainsToTheSingleProcessLosses) {
-  Plan plan = LoadShippedPlan("llama_ddp");
+  Plan plan = ShortShippedPlan("llama_ddp");
   ASSERT_THAT(ApplyOverride("training.micro_batch=4", plan), IsOk());
   ASSERT_THAT(ApplyOverride("training.grad_accumulation=2", plan), IsOk());
   // Evaluation reads eval_batches micro-batches per rank: 2 x 4 x 2 ranks are the single
@@ -182,7 +182,7 @@ void ExpectTracksTheFp32Run(const TrainReport& bf16) {
 // plan.model.dtype: a bf16 model computes in bf16 while FSDP keeps its shards, and so the
 // optimizer, in fp32; it tracks the fp32 run at bf16's precision.
 TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
-  Plan plan = LoadShippedPlan("llama_fsdp");
+  Plan plan = ShortShippedPlan("llama_fsdp");
   ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
     auto prepared =
@@ -201,14 +201,14 @@ TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
 // Tensor parallelism over 2 ranks (both read the 16 sequences of a step), and FSDP over
 // dp=2 x tensor parallelism over tp=2 (each dp pair reads 8): the single process's losses.
 TEST(TrainTest, TensorParallelAndTwoDimensionalRunsTrainToTheSingleProcessLosses) {
-  ExpectSameRun(TrainOnRanks(LoadShippedPlan("llama_tp"), 2), SingleProcessRun());
-  ExpectSameRun(TrainOnRanks(LoadShippedPlan("llama_2d"), 4), SingleProcessRun());
+  ExpectSameRun(TrainOnRanks(ShortShippedPlan("llama_tp"), 2), SingleProcessRun());
+  ExpectSameRun(TrainOnRanks(ShortShippedPlan("llama_2d"), 4), SingleProcessRun());
 }
 
 // A bf16 model under tensor parallelism: its slices compute and communicate in bf16, the
 // optimizer keeps fp32 masters; it tracks the fp32 run at bf16's precision.
 TEST(TrainTest, Bf16ModelOnTwoTensorParallelRanksTracksTheFp32Run) {
-  Plan plan = LoadShippedPlan("llama_tp");
+  Plan plan = ShortShippedPlan("llama_tp");
   ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
   ExpectTracksTheFp32Run(TrainOnRanks(plan, 2));
 }
@@ -216,7 +216,7 @@ TEST(TrainTest, Bf16ModelOnTwoTensorParallelRanksTracksTheFp32Run) {
 // A run whose every update is skipped (here a learning rate that sends the weights to
 // infinity after the first step) stops with an error instead of succeeding.
 TEST(TrainTest, ARunThatSkipsEveryUpdateStops) {
-  Plan plan = LoadShippedPlan("llama_single");
+  Plan plan = ShortShippedPlan("llama_single");
   ASSERT_THAT(ApplyOverride("schedule.lr=1e30", plan), IsOk());
   ASSERT_THAT(ApplyOverride("training.steps=8", plan), IsOk());
   ASSERT_THAT(ApplyOverride("training.max_skipped_steps=3", plan), IsOk());
@@ -233,7 +233,7 @@ TEST(TrainTest, ARunThatSkipsEveryUpdateStops) {
 // An evaluation never reads the held-out file's batches twice: more eval_batches than the file
 // holds is refused before the first step, naming the field and the file's count.
 TEST(TrainTest, EvalBatchesBeyondTheHeldOutFileAreRefused) {
-  Plan plan = LoadShippedPlan("llama_single");
+  Plan plan = ShortShippedPlan("llama_single");
   // 16 sequences of 64 tokens and one more token: exactly one micro-batch of 16.
   const std::string path = data::testing::WriteLlmc("eval.bin", data::testing::Iota(16 * 64 + 1));
   data::TokenFiles* files = plan.mutable_data()->mutable_token_files();
@@ -283,7 +283,7 @@ void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const 
 // the completion tokens alone (a prompt's tokens carry no loss: with them scored the loss
 // would differ), and FSDP on 2 ranks trains it as one process does.
 TEST(SftTest, PromptTokensCarryNoLossAndFsdpTrainsAsOneProcess) {
-  Plan plan = LoadShippedPlan("llama_sft");
+  Plan plan = ShortShippedPlan("llama_sft");
   Plan single = plan;
   single.clear_mesh();
   single.clear_prepare();
@@ -324,7 +324,7 @@ TEST(SftTest, PromptTokensCarryNoLossAndFsdpTrainsAsOneProcess) {
 // nothing of the reference, and DPO steps leave the reference's parameters bit for bit as
 // they were, without gradients.
 TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
-  const Plan plan = LoadShippedPlan("qwen_dpo_fsdp");
+  const Plan plan = ShortShippedPlan("qwen_dpo_fsdp");
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
     auto policy =
         PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
@@ -392,7 +392,7 @@ TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
 // The DPO plan on one process, or its policy under DDP (the reference replicated), or as
 // shipped: policy and reference both FSDP-sharded on 2 ranks.
 Plan DpoPlan(const std::string& layout) {
-  Plan plan = LoadShippedPlan("qwen_dpo_fsdp");
+  Plan plan = ShortShippedPlan("qwen_dpo_fsdp");
   if (layout == "fsdp") return plan;
   plan.clear_prepare();
   plan.mutable_frozen(0)->clear_prepare();
@@ -446,7 +446,7 @@ TEST(DpoTest, TensorParallelOnTwoRanksTrainsToTheSingleProcessRun) {
 // plan names (written here first, as a pretraining run's save_hf_dir would), and train as
 // the same plan whose models start from the seed that made the folder's weights.
 TEST(DpoTest, APlanFromAHuggingFaceFolderStartsBothModelsFromIt) {
-  Plan seeded = LoadShippedPlan("qwen_dpo_fsdp");
+  Plan seeded = ShortShippedPlan("qwen_dpo_fsdp");
   for (models::ModelSpec* spec :
        {seeded.mutable_model(), seeded.mutable_frozen(0)->mutable_model()}) {
     spec->mutable_init()->set_seed(5);
@@ -460,7 +460,7 @@ TEST(DpoTest, APlanFromAHuggingFaceFolderStartsBothModelsFromIt) {
   ASSERT_THAT(pretrained, IsOk());
   ASSERT_THAT(models::SaveHfModel(**pretrained, "qwen2_tiny_pretrained"), IsOk());
 
-  const Plan from_folder = LoadShippedPlan("qwen_dpo_fsdp_hf");
+  const Plan from_folder = ShortShippedPlan("qwen_dpo_fsdp_hf");
   const TrainReport expected = TrainOnRanks(seeded, 2);
   const TrainReport run = TrainOnRanks(from_folder, 2);
   // The policy starts as its reference.

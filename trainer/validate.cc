@@ -36,6 +36,10 @@ namespace {
 constexpr char kNoCpuFp16[] =
     "DTYPE_FLOAT16 has no CPU matmul; use DTYPE_BFLOAT16 or DTYPE_FLOAT32";
 
+// DTYPE_AUTO chooses a model's dtype for its device; FSDP's dtypes follow the model's.
+constexpr char kAutoIsForModels[] =
+    "DTYPE_AUTO is for model.dtype only; leave this unset to follow the model's dtype";
+
 bool DirectoryExists(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
@@ -116,8 +120,16 @@ class Checker {
                   const std::string& field) {
     AddAll(wrap::CheckSteps(rules_, steps, field, dims_, "plan.mesh"));
     for (int i = 0; i < steps.size(); ++i) {
-      if (steps[i].has_fsdp() && steps[i].fsdp().param_dtype() == base::DTYPE_FLOAT16) {
-        Add(absl::StrCat(field, "[", i, "].fsdp.param_dtype"), kNoCpuFp16);
+      if (!steps[i].has_fsdp()) continue;
+      const std::string fsdp = absl::StrCat(field, "[", i, "].fsdp");
+      if (steps[i].fsdp().param_dtype() == base::DTYPE_FLOAT16) {
+        Add(fsdp + ".param_dtype", kNoCpuFp16);
+      }
+      if (steps[i].fsdp().param_dtype() == base::DTYPE_AUTO) {
+        Add(fsdp + ".param_dtype", kAutoIsForModels);
+      }
+      if (steps[i].fsdp().reduce_dtype() == base::DTYPE_AUTO) {
+        Add(fsdp + ".reduce_dtype", kAutoIsForModels);
       }
     }
   }
@@ -222,9 +234,12 @@ class Checker {
     non_negative("eval_every", t.eval_every());
     non_negative("log_every", t.log_every());
     non_negative("max_skipped_steps", t.max_skipped_steps());
-    if (!(t.peak_flops_per_rank() >= 0.0 && std::isfinite(t.peak_flops_per_rank()))) {
-      Add("plan.training.peak_flops_per_rank",
-          absl::StrCat(t.peak_flops_per_rank(), "; must be >= 0 and finite"));
+    for (const auto& [name, peak] :
+         {std::pair{"peak_flops_per_rank", t.peak_flops_per_rank()},
+          std::pair{"peak_bf16_flops_per_rank", t.peak_bf16_flops_per_rank()}}) {
+      if (!(peak >= 0.0 && std::isfinite(peak))) {
+        Add(absl::StrCat("plan.training.", name), absl::StrCat(peak, "; must be >= 0 and finite"));
+      }
     }
     if (config.has_value() && t.seq_len() > config->max_position_embeddings()) {
       Add("plan.training.seq_len",
