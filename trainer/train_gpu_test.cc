@@ -3,7 +3,6 @@
 // of two, and DPO against its frozen reference. The CUDA runs report their peak memory.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -21,22 +20,21 @@ namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::trainer::testing::LoadShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 
-// A shipped plan for 10 steps on `ranks` ranks of one "dp" dimension (none for one rank
-// without a wrapper), with `micro_batch` sequences per rank, evaluated at steps 5 and 10.
+// A shipped plan in fp32 for 10 steps on `ranks` ranks of one "dp" dimension (none for one
+// rank without a wrapper), with `micro_batch` sequences per rank, evaluated at steps 5 and 10.
 Plan ShippedPlan(const std::string& name, int ranks, int64_t micro_batch) {
-  absl::StatusOr<Plan> plan = LoadPlan(
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/", name, ".textproto"));
-  EXPECT_THAT(plan, IsOk());
+  Plan plan = LoadShippedPlan(name);
   for (const std::string& setting :
        {std::string("training.steps=10"), std::string("training.eval_every=5"),
         std::string("training.eval_batches=1"), std::string("training.metrics_file="),
         absl::StrCat("training.micro_batch=", micro_batch)}) {
-    EXPECT_THAT(ApplyOverride(setting, *plan), IsOk()) << setting;
+    EXPECT_THAT(ApplyOverride(setting, plan), IsOk()) << setting;
   }
-  if (plan->mesh().dims_size() > 0) plan->mutable_mesh()->mutable_dims(0)->set_size(ranks);
-  return *plan;
+  if (plan.mesh().dims_size() > 0) plan.mutable_mesh()->mutable_dims(0)->set_size(ranks);
+  return plan;
 }
 
 Plan OnCuda(Plan plan) {
