@@ -1,5 +1,6 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <utility>
@@ -17,6 +18,58 @@ namespace {
 
 // Elements per task when a parameter's update is split across LibTorch's intra-op threads.
 constexpr int64_t kGrainSize = 1 << 16;
+// Elements per pass of a fused update: 8 KiB of fp32, so that a chunk's master, gradient and
+// state are still in the core's cache when a 16-bit parameter gets its rounded copy.
+constexpr int64_t kChunk = 2048;
+
+template <typename Low>
+void Widen(const Low* in, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]);
+}
+
+template <typename Low>
+void Narrow(const float* in, int64_t n, Low* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<Low>(in[i]);
+}
+
+// Runs `kernel(begin, count, grad)` over a CPU parameter's fp32 master in chunks, on
+// LibTorch's intra-op threads, `grad` the chunk's gradient in fp32 (the gradient itself, or a
+// 16-bit one widened into the thread's buffer); after each chunk a 16-bit parameter gets the
+// chunk's new master values, rounded as Tensor::copy_ rounds them. One pass over memory, with
+// no separate passes to cast the gradient or the parameter.
+template <typename Kernel>
+void ForEachChunk(const torch::Tensor& master, const torch::Tensor& grad,
+                  const torch::Tensor& parameter, const Kernel& kernel) {
+  const float* p = master.data_ptr<float>();
+  at::parallel_for(0, master.numel(), kGrainSize, [&](int64_t begin, int64_t end) {
+    float widened[kChunk];
+    for (int64_t chunk = begin; chunk < end; chunk += kChunk) {
+      const int64_t count = std::min(kChunk, end - chunk);
+      const float* g = widened;
+      switch (grad.scalar_type()) {
+        case torch::kBFloat16:
+          Widen(grad.data_ptr<at::BFloat16>() + chunk, count, widened);
+          break;
+        case torch::kFloat16:
+          Widen(grad.data_ptr<at::Half>() + chunk, count, widened);
+          break;
+        default:
+          g = grad.data_ptr<float>() + chunk;
+      }
+      kernel(chunk, count, g);
+      switch (parameter.scalar_type()) {
+        case torch::kBFloat16:
+          Narrow(p + chunk, count, parameter.data_ptr<at::BFloat16>() + chunk);
+          break;
+        case torch::kFloat16:
+          Narrow(p + chunk, count, parameter.data_ptr<at::Half>() + chunk);
+          break;
+        default:
+          break;  // the master is the parameter
+      }
+    }
+  });
+}
 // torch.nn.utils.clip_grad_norm_'s guard against dividing by a zero norm.
 constexpr double kClipEpsilon = 1e-6;
 
@@ -261,10 +314,6 @@ absl::StatusOr<StepReport> Optimizer::Step(double lr) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (!parameters_[i].tensor.grad().defined()) continue;
     Update(slots_[i], groups_[slots_[i].group], lr);
-    if (parameters_[i].tensor.scalar_type() != torch::kFloat32) {
-      torch::NoGradGuard no_grad;
-      parameters_[i].tensor.copy_(slots_[i].master);
-    }
   }
   report.step = ++step_;
   return report;
@@ -276,12 +325,17 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
   const double weight_decay = group.weight_decay;
   const int64_t step = ++slot.steps;
   const torch::Tensor& parameter = parameters_[&slot - slots_.data()].tensor;
-  const torch::Tensor grad = parameter.grad().to(torch::kFloat32).contiguous();
-  // The fused loops read CPU memory; a GPU's parameters take LibTorch's kernels.
+  // The fused loops read CPU memory; a GPU's parameters take LibTorch's kernels on an fp32
+  // gradient, and a 16-bit parameter is then copied from its master.
   const bool fused = slot.master.is_cpu();
+  const torch::Tensor grad =
+      fused ? parameter.grad().contiguous() : parameter.grad().to(torch::kFloat32);
+  auto copy_to_parameter = [&] {
+    if (parameter.scalar_type() == torch::kFloat32) return;
+    torch::NoGradGuard no_grad;
+    parameter.copy_(slot.master);
+  };
   float* p = slot.master.data_ptr<float>();
-  const float* g = grad.data_ptr<float>();
-  const int64_t n = slot.master.numel();
 
   switch (h.algorithm) {
     case OptimizerConfig::kAdamw:
@@ -301,13 +355,14 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
           .neg_step_size = static_cast<float>(-lr / bias_correction1),
       };
       if (!fused) {
-        return internal::AdamUpdate(scalars, slot.master, grad, slot.buffers.at("exp_avg"),
-                                    slot.buffers.at("exp_avg_sq"));
+        internal::AdamUpdate(scalars, slot.master, grad, slot.buffers.at("exp_avg"),
+                             slot.buffers.at("exp_avg_sq"));
+        return copy_to_parameter();
       }
       float* m = slot.buffers.at("exp_avg").data_ptr<float>();
       float* v = slot.buffers.at("exp_avg_sq").data_ptr<float>();
-      at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
-        internal::AdamUpdate(scalars, end - begin, p + begin, g + begin, m + begin, v + begin);
+      ForEachChunk(slot.master, grad, parameter, [&](int64_t begin, int64_t n, const float* g) {
+        internal::AdamUpdate(scalars, n, p + begin, g, m + begin, v + begin);
       });
       return;
     }
@@ -322,11 +377,13 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
       };
       torch::Tensor no_buffer;
       torch::Tensor& buffer = h.momentum != 0.0 ? slot.buffers.at("momentum_buffer") : no_buffer;
-      if (!fused) return internal::SgdUpdate(scalars, slot.master, grad, buffer);
+      if (!fused) {
+        internal::SgdUpdate(scalars, slot.master, grad, buffer);
+        return copy_to_parameter();
+      }
       float* b = buffer.defined() ? buffer.data_ptr<float>() : nullptr;
-      at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
-        internal::SgdUpdate(scalars, end - begin, p + begin, g + begin,
-                            b != nullptr ? b + begin : nullptr);
+      ForEachChunk(slot.master, grad, parameter, [&](int64_t begin, int64_t n, const float* g) {
+        internal::SgdUpdate(scalars, n, p + begin, g, b != nullptr ? b + begin : nullptr);
       });
       return;
     }
@@ -339,11 +396,13 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
           .beta2 = static_cast<float>(h.beta2),
           .one_minus_beta2 = static_cast<float>(1.0 - h.beta2),
       };
-      if (!fused)
-        return internal::LionUpdate(scalars, slot.master, grad, slot.buffers.at("exp_avg"));
+      if (!fused) {
+        internal::LionUpdate(scalars, slot.master, grad, slot.buffers.at("exp_avg"));
+        return copy_to_parameter();
+      }
       float* m = slot.buffers.at("exp_avg").data_ptr<float>();
-      at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
-        internal::LionUpdate(scalars, end - begin, p + begin, g + begin, m + begin);
+      ForEachChunk(slot.master, grad, parameter, [&](int64_t begin, int64_t n, const float* g) {
+        internal::LionUpdate(scalars, n, p + begin, g, m + begin);
       });
       return;
     }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -181,34 +182,41 @@ TEST(OptimizerTest, GroupsScaleTheLearningRateAndSetTheDecay) {
                               initial[2] - 0.1 * (Gradient(0, 2, initial[2]) + 0.5 * initial[2])));
 }
 
-// bf16 parameters train through fp32 master weights: the masters follow exactly the fp32
-// run fed the same gradients, and the parameters are the masters rounded to bf16.
+// 16-bit parameters train through fp32 master weights, with every algorithm: the masters
+// follow exactly the fp32 run fed the same gradients, and the parameters are the masters
+// rounded (the update writes them chunk by chunk; p0's 2,112 elements span two chunks).
 TEST(OptimizerTest, LowPrecisionParametersKeepFp32MastersAndState) {
-  std::vector<torch::Tensor> low;
-  for (const torch::Tensor& tensor : InitialTensors()) low.push_back(tensor.to(torch::kBFloat16));
-  std::vector<torch::Tensor> full;
-  for (const torch::Tensor& tensor : low) full.push_back(tensor.to(torch::kFloat32));
-  const OptimizerConfig config = Parse("adamw {} weight_decay: 0.1");
-  auto low_optimizer = Optimizer::Create(Trainable(low), config);
-  auto full_optimizer = Optimizer::Create(Trainable(full), config);
-  ASSERT_THAT(low_optimizer, IsOk());
-  ASSERT_THAT(full_optimizer, IsOk());
-  for (int step = 0; step < 10; ++step) {
-    SetGradients(low, step);
-    for (size_t i = 0; i < full.size(); ++i) {
-      full[i].mutable_grad() = low[i].grad().to(torch::kFloat32);
+  for (const char* config_text :
+       {"adamw {} weight_decay: 0.1", "sgd { momentum: 0.9 } weight_decay: 0.01", "lion {}"}) {
+    for (torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat16}) {
+      SCOPED_TRACE(absl::StrCat(config_text, ", ", c10::toString(dtype)));
+      std::vector<torch::Tensor> low;
+      for (const torch::Tensor& tensor : InitialTensors()) low.push_back(tensor.to(dtype));
+      std::vector<torch::Tensor> full;
+      for (const torch::Tensor& tensor : low) full.push_back(tensor.to(torch::kFloat32));
+      const OptimizerConfig config = Parse(config_text);
+      auto low_optimizer = Optimizer::Create(Trainable(low), config);
+      auto full_optimizer = Optimizer::Create(Trainable(full), config);
+      ASSERT_THAT(low_optimizer, IsOk());
+      ASSERT_THAT(full_optimizer, IsOk());
+      for (int step = 0; step < 10; ++step) {
+        SetGradients(low, step);
+        for (size_t i = 0; i < full.size(); ++i) {
+          full[i].mutable_grad() = low[i].grad().to(torch::kFloat32);
+        }
+        ASSERT_THAT((*low_optimizer)->Step(1e-2), IsOk());
+        ASSERT_THAT((*full_optimizer)->Step(1e-2), IsOk());
+      }
+      const OptimizerState state = (*low_optimizer)->SaveState();
+      for (size_t i = 0; i < low.size(); ++i) {
+        const std::string name = "p" + std::to_string(i);
+        const torch::Tensor& master = state.tensors.at(name + ":master");
+        EXPECT_EQ(master.scalar_type(), torch::kFloat32);
+        EXPECT_TRUE(torch::equal(master, full[i])) << name;
+        EXPECT_EQ(low[i].scalar_type(), dtype);
+        EXPECT_TRUE(torch::equal(low[i], master.to(dtype))) << name;
+      }
     }
-    ASSERT_THAT((*low_optimizer)->Step(1e-2), IsOk());
-    ASSERT_THAT((*full_optimizer)->Step(1e-2), IsOk());
-  }
-  const OptimizerState state = (*low_optimizer)->SaveState();
-  for (size_t i = 0; i < low.size(); ++i) {
-    const std::string name = "p" + std::to_string(i);
-    const torch::Tensor& master = state.tensors.at(name + ":master");
-    EXPECT_EQ(master.scalar_type(), torch::kFloat32);
-    EXPECT_EQ(state.tensors.at(name + ":exp_avg_sq").scalar_type(), torch::kFloat32);
-    EXPECT_TRUE(torch::equal(master, full[i])) << name;
-    EXPECT_TRUE(torch::equal(low[i], master.to(torch::kBFloat16))) << name;
   }
 }
 
