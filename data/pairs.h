@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "data/batch.h"
 #include "data/data.pb.h"
 
@@ -45,6 +47,16 @@ struct PairExamples {
 absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind,
                                           const PairFiles& files, int64_t vocab_size,
                                           int64_t seq_len);
+
+// Checks `example`, read at `where` ("<file>:<line>"), as ReadPairFile checks each example (an
+// empty completion, a prompt that leaves no completion token within `seq_len` unless
+// `files.skip_long_prompts`), and adds it to `pairs`, or counts it in pairs.skipped. The error
+// names `where` and the field: "<where>: rejected: is empty; ...". kSft reads no `rejected`.
+absl::Status AddPairExample(PairExample example, PairKind kind, const PairFiles& files,
+                            int64_t seq_len, absl::string_view where, PairExamples& pairs);
+
+// OK when `pairs`, read from the file `path`, holds an example; else InvalidArgument naming it.
+absl::Status CheckHasExamples(absl::string_view path, const PairExamples& pairs);
 
 // How many tokens of `completion` the sequence after `prompt` scores once cut as `files`
 // says to `seq_len` tokens (0: none, the example teaches nothing).
