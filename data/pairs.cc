@@ -48,6 +48,12 @@ absl::StatusOr<std::vector<int64_t>> TokenIds(const Json& line, const char* key,
   if (it == line.end()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, ": is missing"));
   }
+  if (it->is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", key,
+                     ": is text, not a list of token ids; set format: "
+                     "PAIR_FORMAT_TEXT to tokenize it with the model's tokenizer"));
+  }
   if (!it->is_array()) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": ", key, ": ", it->dump(), " is not a list of token ids"));
