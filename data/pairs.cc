@@ -87,11 +87,8 @@ int64_t ScoredTokens(const std::vector<int64_t>& prompt, const std::vector<int64
 
 absl::Status AddPairExample(PairExample example, PairKind kind, const PairFiles& files,
                             int64_t seq_len, absl::string_view where, PairExamples& pairs) {
-  std::vector<std::pair<const char*, const std::vector<int64_t>*>> completions = {
-      {"chosen", &example.chosen}, {"rejected", &example.rejected}};
-  if (kind == PairKind::kSft) completions = {{"completion", &example.chosen}};
   bool long_prompt = false;
-  for (const auto& [key, completion] : completions) {
+  for (const auto& [key, completion] : Completions(kind, std::as_const(example))) {
     if (completion->empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": ", key, ": is empty; every completion needs a token"));
@@ -137,11 +134,8 @@ absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind
           absl::StrCat(where, ": not a JSON object (malformed JSON)"));
     }
     PairExample example;
-    std::vector<std::pair<const char*, std::vector<int64_t>*>> fields = {
-        {"prompt", &example.prompt}, {"chosen", &example.chosen}, {"rejected", &example.rejected}};
-    if (kind == PairKind::kSft)
-      fields = {{"prompt", &example.prompt}, {"completion", &example.chosen}};
-    for (const auto& [key, ids] : fields) {
+    PLAIT_ASSIGN_OR_RETURN(example.prompt, TokenIds(line, "prompt", vocab_size, where));
+    for (const auto& [key, ids] : Completions(kind, example)) {
       PLAIT_ASSIGN_OR_RETURN(*ids, TokenIds(line, key, vocab_size, where));
     }
     PLAIT_RETURN_IF_ERROR(AddPairExample(std::move(example), kind, files, seq_len, where, pairs));

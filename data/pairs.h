@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,6 +48,15 @@ struct PairExamples {
 absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind,
                                           const PairFiles& files, int64_t vocab_size,
                                           int64_t seq_len);
+
+// The completions of `example` (a PairExample, const or not) under their JSONL keys:
+// {"completion"} for kSft, {"chosen", "rejected"} for kPreference.
+template <typename Example>
+std::vector<std::pair<const char*, decltype(&std::declval<Example&>().chosen)>> Completions(
+    PairKind kind, Example& example) {
+  if (kind == PairKind::kSft) return {{"completion", &example.chosen}};
+  return {{"chosen", &example.chosen}, {"rejected", &example.rejected}};
+}
 
 // Checks `example`, read at `where` ("<file>:<line>"), as ReadPairFile checks each example (an
 // empty completion, a prompt that leaves no completion token within `seq_len` unless

@@ -35,17 +35,6 @@ struct LineExample {
   PairExample example;
 };
 
-std::vector<const char*> CompletionFields(PairKind kind) {
-  if (kind == PairKind::kSft) return {"completion"};
-  return {"chosen", "rejected"};
-}
-
-// The completions of `example` in CompletionFields order.
-std::vector<std::vector<int64_t>*> Completions(PairKind kind, PairExample& example) {
-  if (kind == PairKind::kSft) return {&example.chosen};
-  return {&example.chosen, &example.rejected};
-}
-
 absl::StatusOr<std::string> StringField(const json& object, const char* field,
                                         const std::string& where) {
   const auto it = object.find(field);
@@ -79,10 +68,11 @@ absl::StatusOr<PairExample> TokenizeLine(absl::string_view line, const std::stri
   PLAIT_ASSIGN_OR_RETURN(const std::string prompt, StringField(object, "prompt", where));
   PLAIT_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt_ids,
                          EncodeField(tokenizer, prompt, "prompt", where));
-  const std::vector<const char*> fields = CompletionFields(kind);
-  std::vector<std::vector<int32_t>> sequences;
+  PairExample example;
+  const auto completions = Completions(kind, example);
+  std::vector<std::vector<int32_t>> sequences;  // prompt + each completion
   size_t completion_start = prompt_ids.size();
-  for (const char* field : fields) {
+  for (const auto& [field, ids] : completions) {
     PLAIT_ASSIGN_OR_RETURN(std::string completion, StringField(object, field, where));
     if (completion.empty()) {
       return absl::InvalidArgumentError(
@@ -98,11 +88,9 @@ absl::StatusOr<PairExample> TokenizeLine(absl::string_view line, const std::stri
     completion_start = std::min(completion_start, common);
     sequences.push_back(std::move(sequence));
   }
-  PairExample example;
   example.prompt.assign(prompt_ids.begin(), prompt_ids.begin() + completion_start);
-  const std::vector<std::vector<int64_t>*> completions = Completions(kind, example);
-  for (size_t i = 0; i < sequences.size(); ++i) {
-    completions[i]->assign(sequences[i].begin() + completion_start, sequences[i].end());
+  for (size_t i = 0; i < completions.size(); ++i) {
+    completions[i].second->assign(sequences[i].begin() + completion_start, sequences[i].end());
   }
   return example;
 }
@@ -141,12 +129,10 @@ std::string CacheHeader(PairKind kind, const Tokenizer& tokenizer, uint64_t text
 }
 
 std::string CacheBody(const std::vector<LineExample>& examples, PairKind kind) {
-  const std::vector<const char*> fields = CompletionFields(kind);
   std::string body;
-  for (LineExample line : examples) {
+  for (const LineExample& line : examples) {
     json object = {{"line", line.line}, {"prompt", line.example.prompt}};
-    const std::vector<std::vector<int64_t>*> completions = Completions(kind, line.example);
-    for (size_t i = 0; i < fields.size(); ++i) object[fields[i]] = *completions[i];
+    for (const auto& [field, ids] : Completions(kind, line.example)) object[field] = *ids;
     absl::StrAppend(&body, object.dump(), "\n");
   }
   return body;
@@ -179,7 +165,6 @@ std::optional<std::vector<LineExample>> ReadCache(const std::string& cache_path,
       CacheHeader(kind, tokenizer, text_hash, body)) {
     return std::nullopt;
   }
-  const std::vector<const char*> fields = CompletionFields(kind);
   std::vector<LineExample> examples;
   for (const absl::string_view line : absl::StrSplit(body, '\n', absl::SkipEmpty())) {
     const json object = json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -191,12 +176,11 @@ std::optional<std::vector<LineExample>> ReadCache(const std::string& cache_path,
         CachedIds(object.value("prompt", json()), tokenizer);
     if (!prompt.has_value()) return std::nullopt;
     example.example.prompt = *std::move(prompt);
-    const std::vector<std::vector<int64_t>*> completions = Completions(kind, example.example);
-    for (size_t i = 0; i < fields.size(); ++i) {
-      std::optional<std::vector<int64_t>> ids =
-          CachedIds(object.value(fields[i], json()), tokenizer);
-      if (!ids.has_value()) return std::nullopt;
-      *completions[i] = *std::move(ids);
+    for (const auto& [field, ids] : Completions(kind, example.example)) {
+      std::optional<std::vector<int64_t>> cached =
+          CachedIds(object.value(field, json()), tokenizer);
+      if (!cached.has_value()) return std::nullopt;
+      *ids = *std::move(cached);
     }
     examples.push_back(std::move(example));
   }
