@@ -1,13 +1,28 @@
 #include "trainer/testing_ranks.h"
 
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
+#include "trainer/plan.h"
 #include "trainer/validate.h"
 
 namespace plait::trainer::testing {
 
 using ::plait::base::testing::IsOk;
+
+Plan LoadShippedPlan(const std::string& name) {
+  absl::StatusOr<Plan> plan = LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/", name, ".textproto"));
+  EXPECT_THAT(plan, IsOk());
+  for (const char* override : {"training.steps=10", "training.eval_every=5",
+                               "training.eval_batches=1", "training.metrics_file="}) {
+    EXPECT_THAT(ApplyOverride(override, *plan), IsOk());
+  }
+  return *plan;
+}
 
 void WithMesh(const Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body) {

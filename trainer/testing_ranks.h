@@ -5,6 +5,7 @@
 #define PLAIT_TRAINER_TESTING_RANKS_H_
 
 #include <functional>
+#include <string>
 
 #include "parallel/device_mesh.h"
 #include "trainer/plan.pb.h"
@@ -15,6 +16,10 @@ namespace plait::trainer::testing {
 // Runs `body(rank, mesh)` on `ranks` threads, each with the plan's mesh on the plan's device.
 void WithMesh(const Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body);
+
+// plans/<name>.textproto as shipped, shortened for a test: 10 steps, evaluated every 5 on one
+// batch, no metrics file. Read from the test's runfiles, so a test may change directory first.
+Plan LoadShippedPlan(const std::string& name);
 
 // Validates `plan` for `ranks` and trains it on that many threads with `options` (the
 // checkpoint folder taken from the plan); rank 0's report. Failures are test failures.

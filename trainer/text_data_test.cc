@@ -25,30 +25,21 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::trainer::testing::LoadShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
 
-Plan ShortPlan(const std::string& name) {
-  absl::StatusOr<Plan> plan = LoadPlan(absl::StrCat("trainer/plans/", name, ".textproto"));
-  EXPECT_THAT(plan, IsOk());
-  for (const char* override :
-       {"training.steps=10", "training.eval_every=5", "training.metrics_file="}) {
-    EXPECT_THAT(ApplyOverride(override, *plan), IsOk());
-  }
-  return *plan;
-}
-
 // The shipped example trains on 2 FSDP ranks: the loss falls well below its start.
 TEST(TextDataTest, TheTextSftExampleTrains) {
-  const TrainReport run = TrainOnRanks(ShortPlan("llama_sft_text"), 2);
+  const TrainReport run = TrainOnRanks(LoadShippedPlan("llama_sft_text"), 2);
   ASSERT_EQ(run.steps.size(), 10u);
   EXPECT_LT(run.steps.back().loss, 0.5 * run.steps.front().loss);
   EXPECT_LT(*run.steps.back().eval_loss, *run.steps[4].eval_loss);
 }
 
 TEST(TextDataTest, TextWithoutATokenizerIsAPlanError) {
-  Plan plan = ShortPlan("llama_sft_text");
+  Plan plan = LoadShippedPlan("llama_sft_text");
   plan.mutable_data()->mutable_sft_files()->clear_tokenizer();
   EXPECT_THAT(ValidatePlan(plan, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -67,8 +58,8 @@ class TextDpoFromHfFolderTest : public ::testing::Test {
                                  absl::StrCat(folder_, "/", file),
                                  std::filesystem::copy_options::overwrite_existing);
     }
-    plan_ = ShortPlan("qwen_dpo_fsdp_hf");
-    auto config = models::ResolveModelSpec(ShortPlan("qwen_dpo_fsdp").model(), "plan.model");
+    plan_ = LoadShippedPlan("qwen_dpo_fsdp_hf");
+    auto config = models::ResolveModelSpec(LoadShippedPlan("qwen_dpo_fsdp").model(), "plan.model");
     ASSERT_THAT(config, IsOk());
     auto model = models::CausalLM::Create(*config, plan_.model().init());
     ASSERT_THAT(model, IsOk());
@@ -82,7 +73,6 @@ class TextDpoFromHfFolderTest : public ::testing::Test {
     files.set_train_path(Copied("dpo_train.jsonl"));
     files.set_eval_path(Copied("dpo_eval.jsonl"));
     files.set_format(data::PAIR_FORMAT_TEXT);
-    ASSERT_THAT(ApplyOverride("training.eval_batches=1", plan_), IsOk());
   }
 
   // The example file `name` in the test's folder, where its cache is written.

@@ -38,20 +38,10 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::trainer::testing::LoadShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
-
-Plan LoadShippedPlan(const std::string& name) {
-  absl::StatusOr<Plan> plan = LoadPlan(
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/", name, ".textproto"));
-  EXPECT_THAT(plan, IsOk());
-  EXPECT_THAT(ApplyOverride("training.steps=10", *plan), IsOk());
-  EXPECT_THAT(ApplyOverride("training.eval_every=5", *plan), IsOk());
-  EXPECT_THAT(ApplyOverride("training.eval_batches=1", *plan), IsOk());
-  EXPECT_THAT(ApplyOverride("training.metrics_file=", *plan), IsOk());
-  return *plan;
-}
 
 TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
   const Plan plan = LoadShippedPlan("llama_fsdp");
