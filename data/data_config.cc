@@ -85,6 +85,21 @@ std::vector<base::Violation> ValidateDataConfig(const DataConfig& data,
       const PairFiles& files = sft ? resolved.sft_files() : resolved.preference_files();
       const std::string field = sft ? "sft_files." : "preference_files.";
       check_files(field, files.train_path(), files.eval_path(), "JSONL file of examples");
+      if (files.format() == PAIR_FORMAT_TEXT && files.tokenizer().empty()) {
+        add(field + "tokenizer",
+            "is empty; text examples need the model's tokenizer: name its folder (with "
+            "tokenizer.json or tokenizer.model) or file, or read the model from a Hugging Face "
+            "folder, whose tokenizer is then used");
+      } else if (files.format() == PAIR_FORMAT_TEXT) {
+        if (struct stat info; stat(files.tokenizer().c_str(), &info) != 0) {
+          add(field + "tokenizer", absl::StrCat("\"", files.tokenizer(), "\" does not exist"));
+        }
+      } else if (!files.tokenizer().empty()) {
+        add(field + "tokenizer",
+            absl::StrCat("\"", files.tokenizer(),
+                         "\" is named, but format is PAIR_FORMAT_IDS, which reads token ids; set "
+                         "format: PAIR_FORMAT_TEXT for text examples"));
+      }
       if (files.max_prompt_length() < 0) {
         add(field + "max_prompt_length",
             absl::StrCat(files.max_prompt_length(), "; must be >= 0 (0: not cut)"));

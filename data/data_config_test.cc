@@ -96,5 +96,31 @@ TEST(ValidateDataConfigTest, TokenFilesNeedAFormatAndFilesThatExist) {
                                   "\"/dev/null\" is a device, not a token file")));
 }
 
+TEST(ValidateDataConfigTest, TextExamplesNeedATokenizerThatExists) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/sft.jsonl";
+  std::ofstream(path) << "{}";
+  DataConfig data;
+  PairFiles& files = *data.mutable_sft_files();
+  files.set_train_path(path);
+  files.set_eval_path(path);
+  files.set_format(PAIR_FORMAT_TEXT);
+  EXPECT_THAT(ValidateDataConfig(data, 4096, "plan.data"),
+              ElementsAre(Problem("plan.data.sft_files.tokenizer",
+                                  "is empty; text examples need the model's tokenizer: name its "
+                                  "folder (with tokenizer.json or tokenizer.model) or file, or "
+                                  "read the model from a Hugging Face folder, whose tokenizer is "
+                                  "then used")));
+  files.set_tokenizer("no/such/folder");
+  EXPECT_THAT(
+      ValidateDataConfig(data, 4096, "plan.data"),
+      ElementsAre(Problem("plan.data.sft_files.tokenizer", "\"no/such/folder\" does not exist")));
+  files.set_tokenizer(std::getenv("TEST_TMPDIR"));
+  EXPECT_TRUE(ValidateDataConfig(data, 4096, "plan.data").empty());
+  // A tokenizer for id examples is a plan that forgot the text format.
+  files.set_format(PAIR_FORMAT_IDS);
+  EXPECT_THAT(ValidateDataConfig(data, 4096, "plan.data"),
+              ElementsAre(Field(&base::Violation::field, "plan.data.sft_files.tokenizer")));
+}
+
 }  // namespace
 }  // namespace plait::data

@@ -1,14 +1,42 @@
 #include "data/data_loader.h"
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "data/tokenizer/load_tokenizer.h"
+#include "data/tokenizer/text_pairs.h"
 
 namespace plait::data {
+namespace {
+
+// The examples of the pair file `path` (at `path_field`): token ids, or text tokenized with the
+// model's tokenizer (`files.tokenizer`, at `files_field`.tokenizer), whose ids must all be
+// below the model's `vocab_size`.
+absl::StatusOr<PairExamples> ReadExamples(const std::string& path, const std::string& path_field,
+                                          PairKind kind, const PairFiles& files, int64_t vocab_size,
+                                          int64_t seq_len, const std::string& files_field) {
+  if (files.format() != PAIR_FORMAT_TEXT) {
+    return base::Annotate(ReadPairFile(path, kind, files, vocab_size, seq_len), path_field);
+  }
+  const std::string tokenizer_field = absl::StrCat(files_field, ".tokenizer");
+  PLAIT_ASSIGN_OR_RETURN(
+      const std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+      base::Annotate(tokenizer::LoadTokenizer(files.tokenizer()), tokenizer_field));
+  if (tokenizer->vocab_size() > vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        tokenizer_field, ": ", files.tokenizer(), ": its ids reach ", tokenizer->vocab_size() - 1,
+        ", beyond the model's vocab_size ", vocab_size, "; is it the model's own tokenizer?"));
+  }
+  return base::Annotate(tokenizer::ReadTextPairFile(path, kind, files, *tokenizer, seq_len),
+                        path_field);
+}
+
+}  // namespace
 
 absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split split,
                                               int64_t vocab_size, int64_t micro_batch,
@@ -88,7 +116,8 @@ absl::Status DataLoader::CreatePairs(const DataConfig& data, Split split, int64_
                    split == Split::kTrain ? "train_path" : "eval_path");
   PLAIT_ASSIGN_OR_RETURN(
       PairExamples examples,
-      base::Annotate(ReadPairFile(path, pair_kind_, cut_, vocab_size, seq_len_), path_field));
+      ReadExamples(path, path_field, pair_kind_, cut_, vocab_size, seq_len_,
+                   absl::StrCat(field_path, sft ? ".sft_files" : ".preference_files")));
   const int64_t needed = micro_batch_ * dp_size_;
   if (static_cast<int64_t>(examples.examples.size()) < needed) {
     return absl::InvalidArgumentError(absl::StrCat(

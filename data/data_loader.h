@@ -1,6 +1,7 @@
 // The batches one data-parallel rank trains and evaluates on, from a data source
 // (ResolvedDataConfig in data_config.h): the synthetic Markov source (markov_source.h), token
-// files (token_file.h), or preference and SFT examples (pairs.h: files, or synthetic pairs,
+// files (token_file.h), or preference and SFT examples (pairs.h: files of ids or of text
+// (tokenizer/text_pairs.h), or synthetic pairs,
 // read like the synthetic source with B examples in place of B sequences). Both follow llm.c's
 // convention: the k-th micro-batch of rank r of W reads the B*T+1 tokens (or B sequences) at
 // position (k*W + r)*B*T, so W ranks with micro-batch B see together exactly what one rank with
@@ -49,7 +50,9 @@ class DataLoader {
   // "<field_path>.token_files.train_path: <file>: ..." for a bad token file (TokenFile::Open)
   // or one too short for one batch of every data-parallel rank (W*B*T+1 tokens);
   // "<field_path>.preference_files.train_path: <file>:<line>: <key>: ..." for a bad example
-  // (ReadPairFile), or a file of fewer than W*B examples.
+  // (ReadPairFile, or ReadTextPairFile for text examples), or a file of fewer than W*B
+  // examples; "<field_path>.sft_files.tokenizer: ..." for a tokenizer of text examples that
+  // cannot be loaded or whose ids do not fit `vocab_size`.
   static absl::StatusOr<DataLoader> Create(const DataConfig& data, Split split, int64_t vocab_size,
                                            int64_t micro_batch, int64_t seq_len, int dp_rank,
                                            int dp_size, absl::string_view field_path);

@@ -258,6 +258,42 @@ TEST(DataLoaderTest, PairFileErrorsNameTheField) {
                        HasSubstr("plan.data.preference_files.train_path: ")));
 }
 
+// Text examples are tokenized with the tokenizer the config names (text_pairs_test.cc checks
+// the ids); one whose ids do not fit the model's vocabulary is an error at its field.
+TEST(DataLoaderTest, TextSftFilesAreTokenizedWithTheNamedTokenizer) {
+  const std::string path = base::testing::TestPath("sft_text.jsonl");
+  ASSERT_THAT(base::WriteFileAtomically(path,
+                                        "{\"prompt\": \"2 + 2 =\", \"completion\": \" 4\"}\n"
+                                        "{\"prompt\": \"Hello\", \"completion\": \" world\"}\n"),
+              IsOk());
+  DataConfig data;
+  PairFiles& files = *data.mutable_sft_files();
+  files.set_train_path(path);
+  files.set_format(PAIR_FORMAT_TEXT);
+  files.set_tokenizer("data/tokenizer/testdata/tiny");
+  auto loader = DataLoader::Create(data, Split::kTrain, 1000, 2, 16, 0, 1, "plan.data");
+  ASSERT_THAT(loader, IsOk());
+  const Batch batch = loader->Next().value();
+  // The tiny tokenizer's BOS (0) starts each row; the completions end with its EOS (1).
+  EXPECT_EQ(batch.inputs[0][0].item<int64_t>(), 0);
+  EXPECT_EQ(batch.inputs[1][0].item<int64_t>(), 0);
+  EXPECT_EQ((batch.targets == 1).sum().item<int64_t>(), 2);
+  EXPECT_THAT(DataLoader::Create(data, Split::kTrain, 999, 2, 16, 0, 1, "plan.data"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.data.sft_files.tokenizer: data/tokenizer/testdata/tiny: "
+                                 "its ids reach 999, beyond the model's vocab_size 999")));
+  files.set_tokenizer(base::testing::TestPath("none"));
+  EXPECT_THAT(DataLoader::Create(data, Split::kTrain, 1000, 2, 16, 0, 1, "plan.data"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("plan.data.sft_files.tokenizer: ")));
+  files.set_tokenizer("data/tokenizer/testdata/tiny");
+  ASSERT_THAT(base::WriteFileAtomically(path, "{\"prompt\": \"a\", \"completion\": \"\"}\n"),
+              IsOk());
+  EXPECT_THAT(
+      DataLoader::Create(data, Split::kTrain, 1000, 1, 16, 0, 1, "plan.data"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("plan.data.sft_files.train_path: " + path + ":1: completion: is empty")));
+}
+
 TEST(DataLoaderTest, SyntheticPairsMaskTheirPromptsAndDifferInTheirCompletions) {
   DataConfig data;
   data.mutable_synthetic_pairs()->set_prompt_length(3);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data {
@@ -47,6 +48,12 @@ absl::StatusOr<std::vector<int64_t>> TokenIds(const Json& line, const char* key,
   if (it == line.end()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, ": is missing"));
   }
+  if (it->is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", key,
+                     ": is text, not a list of token ids; set format: "
+                     "PAIR_FORMAT_TEXT to tokenize it with the model's tokenizer"));
+  }
   if (!it->is_array()) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": ", key, ": ", it->dump(), " is not a list of token ids"));
@@ -78,13 +85,44 @@ int64_t ScoredTokens(const std::vector<int64_t>& prompt, const std::vector<int64
       0, static_cast<int64_t>(cut.tokens.size()) - std::max<int64_t>(cut.completion_start, 1));
 }
 
+absl::Status AddPairExample(PairExample example, PairKind kind, const PairFiles& files,
+                            int64_t seq_len, absl::string_view where, PairExamples& pairs) {
+  bool long_prompt = false;
+  for (const auto& [key, completion] : Completions(kind, std::as_const(example))) {
+    if (completion->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", key, ": is empty; every completion needs a token"));
+    }
+    if (ScoredTokens(example.prompt, *completion, files, seq_len) == 0) {
+      if (!files.skip_long_prompts()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": prompt: its ", example.prompt.size(), " tokens leave no ", key,
+            " token within seq_len ", seq_len,
+            "; shorten it, set max_prompt_length, or set skip_long_prompts to skip such "
+            "examples"));
+      }
+      long_prompt = true;
+    }
+  }
+  if (long_prompt) {
+    ++pairs.skipped;
+  } else {
+    pairs.examples.push_back(std::move(example));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckHasExamples(absl::string_view path, const PairExamples& pairs) {
+  if (!pairs.examples.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": holds no example", pairs.skipped > 0 ? " that fits seq_len" : ""));
+}
+
 absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind,
                                           const PairFiles& files, int64_t vocab_size,
                                           int64_t seq_len) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read \"", path, "\""));
-  std::vector<const char*> completions = {"chosen", "rejected"};
-  if (kind == PairKind::kSft) completions = {"completion"};
   PairExamples pairs;
   std::string text;
   for (int64_t line_number = 1; std::getline(in, text); ++line_number) {
@@ -96,39 +134,13 @@ absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind
           absl::StrCat(where, ": not a JSON object (malformed JSON)"));
     }
     PairExample example;
-    auto prompt = TokenIds(line, "prompt", vocab_size, where);
-    if (!prompt.ok()) return prompt.status();
-    example.prompt = *std::move(prompt);
-    bool long_prompt = false;
-    for (const char* key : completions) {
-      auto completion = TokenIds(line, key, vocab_size, where);
-      if (!completion.ok()) return completion.status();
-      if (completion->empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": ", key, ": is empty; every completion needs a token"));
-      }
-      if (ScoredTokens(example.prompt, *completion, files, seq_len) == 0) {
-        if (!files.skip_long_prompts()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": prompt: its ", example.prompt.size(), " tokens leave no ", key,
-              " token within seq_len ", seq_len,
-              "; shorten it, set max_prompt_length, or set skip_long_prompts to skip such "
-              "examples"));
-        }
-        long_prompt = true;
-      }
-      (example.chosen.empty() ? example.chosen : example.rejected) = *std::move(completion);
+    PLAIT_ASSIGN_OR_RETURN(example.prompt, TokenIds(line, "prompt", vocab_size, where));
+    for (const auto& [key, ids] : Completions(kind, example)) {
+      PLAIT_ASSIGN_OR_RETURN(*ids, TokenIds(line, key, vocab_size, where));
     }
-    if (long_prompt) {
-      ++pairs.skipped;
-    } else {
-      pairs.examples.push_back(std::move(example));
-    }
+    PLAIT_RETURN_IF_ERROR(AddPairExample(std::move(example), kind, files, seq_len, where, pairs));
   }
-  if (pairs.examples.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": holds no example", pairs.skipped > 0 ? " that fits seq_len" : ""));
-  }
+  PLAIT_RETURN_IF_ERROR(CheckHasExamples(path, pairs));
   return pairs;
 }
 

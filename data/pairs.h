@@ -13,9 +13,12 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "data/batch.h"
 #include "data/data.pb.h"
 
@@ -45,6 +48,25 @@ struct PairExamples {
 absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind,
                                           const PairFiles& files, int64_t vocab_size,
                                           int64_t seq_len);
+
+// The completions of `example` (a PairExample, const or not) under their JSONL keys:
+// {"completion"} for kSft, {"chosen", "rejected"} for kPreference.
+template <typename Example>
+std::vector<std::pair<const char*, decltype(&std::declval<Example&>().chosen)>> Completions(
+    PairKind kind, Example& example) {
+  if (kind == PairKind::kSft) return {{"completion", &example.chosen}};
+  return {{"chosen", &example.chosen}, {"rejected", &example.rejected}};
+}
+
+// Checks `example`, read at `where` ("<file>:<line>"), as ReadPairFile checks each example (an
+// empty completion, a prompt that leaves no completion token within `seq_len` unless
+// `files.skip_long_prompts`), and adds it to `pairs`, or counts it in pairs.skipped. The error
+// names `where` and the field: "<where>: rejected: is empty; ...". kSft reads no `rejected`.
+absl::Status AddPairExample(PairExample example, PairKind kind, const PairFiles& files,
+                            int64_t seq_len, absl::string_view where, PairExamples& pairs);
+
+// OK when `pairs`, read from the file `path`, holds an example; else InvalidArgument naming it.
+absl::Status CheckHasExamples(absl::string_view path, const PairExamples& pairs);
 
 // How many tokens of `completion` the sequence after `prompt` scores once cut as `files`
 // says to `seq_len` tokens (0: none, the example teaches nothing).

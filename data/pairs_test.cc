@@ -88,6 +88,11 @@ TEST(PairsTest, BadLinesAreNamedByFileLineAndField) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("bad.jsonl:2: prompt: its 4 tokens leave no chosen token within "
                                  "seq_len 4")));
+  // Text where ids belong: a plan that forgot PAIR_FORMAT_TEXT.
+  EXPECT_THAT(error("{\"prompt\": \"Hi\", \"chosen\": [2], \"rejected\": [3]}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bad.jsonl:2: prompt: is text, not a list of token ids; set "
+                                 "format: PAIR_FORMAT_TEXT")));
 }
 
 TEST(PairsTest, LongPromptsAreSkippedAndCountedWhenAsked) {

@@ -10,7 +10,6 @@
 #include "absl/strings/strip.h"
 #include "base/dtype.pb.h"
 #include "base/status.h"
-#include "data/data_config.h"
 #include "models/model_config.h"
 #include "trainer/plan.h"
 
@@ -48,7 +47,7 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan)
       {"plan.training.micro_batch", absl::StrCat(training.micro_batch())},
       {"plan.training.grad_accumulation", absl::StrCat(GradAccumulation(training))},
       {"plan.training.seq_len", absl::StrCat(training.seq_len())},
-      {"plan.data", data::ResolvedDataConfig(plan.data()).ShortDebugString()},
+      {"plan.data", ResolvedData(plan).ShortDebugString()},
       {"plan.objective", plan.objective().ShortDebugString()},
       {"plan.frozen", absl::StrJoin(frozen, "; ")},
   };

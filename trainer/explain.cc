@@ -12,7 +12,6 @@
 #include "base/dtype.h"
 #include "base/human.h"
 #include "base/status.h"
-#include "data/data_config.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
@@ -202,7 +201,7 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
       schedule.LearningRate(steps / 4), steps / 2, schedule.LearningRate(steps / 2), steps - 1,
       schedule.LearningRate(steps - 1)));
 
-  const data::DataConfig data = data::ResolvedDataConfig(plan.data());
+  const data::DataConfig data = ResolvedData(plan);
   lines.push_back(absl::StrCat(
       "data: ", data.has_synthetic()
                     ? absl::StrCat("synthetic Markov source, ", data.synthetic().ShortDebugString())

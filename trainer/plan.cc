@@ -1,5 +1,6 @@
 #include "trainer/plan.h"
 
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "base/file.h"
 #include "base/status.h"
 #include "base/text_proto.h"
+#include "data/data_config.h"
 
 namespace plait::trainer {
 
@@ -98,6 +100,20 @@ sched::ScheduleConfig ResolvedSchedule(const Plan& plan) {
   sched::ScheduleConfig schedule = plan.schedule();
   schedule.set_total_steps(plan.training().steps());
   return schedule;
+}
+
+data::DataConfig ResolvedData(const Plan& plan) {
+  data::DataConfig data = data::ResolvedDataConfig(plan.data());
+  data::PairFiles* files = data.has_sft_files()          ? data.mutable_sft_files()
+                           : data.has_preference_files() ? data.mutable_preference_files()
+                                                         : nullptr;
+  const std::string& config_path = plan.model().hf_config_path();
+  if (files != nullptr && files->format() == data::PAIR_FORMAT_TEXT && files->tokenizer().empty() &&
+      !config_path.empty()) {
+    const std::filesystem::path folder = std::filesystem::path(config_path).parent_path();
+    files->set_tokenizer(folder.empty() ? "." : folder.string());
+  }
+  return data;
 }
 
 }  // namespace plait::trainer

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "data/data.pb.h"
 #include "trainer/plan.pb.h"
 
 namespace plait::trainer {
@@ -70,6 +71,11 @@ int64_t MaxSkippedSteps(const TrainingConfig& training);
 
 // The schedule with total_steps = training.steps.
 sched::ScheduleConfig ResolvedSchedule(const Plan& plan);
+
+// plan.data as the run reads it: data::ResolvedDataConfig's defaults, and text pair files that
+// name no tokenizer read the model's own, beside plan.model.hf_config_path (the Hugging Face
+// folder the model is read from), when there is one.
+data::DataConfig ResolvedData(const Plan& plan);
 
 }  // namespace plait::trainer
 

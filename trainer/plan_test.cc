@@ -98,6 +98,26 @@ TEST(ResolvedTest, ScheduleTakesTheSteps) {
   EXPECT_EQ(GradAccumulation(plan.training()), 1);
 }
 
+// Text pair files without a tokenizer read the one of the model's Hugging Face folder.
+TEST(ResolvedTest, TextPairsReadTheTokenizerBesideTheModelsConfig) {
+  Plan plan = *ParsePlan(
+      "model { hf_config_path: \"models/qwen/config.json\" }\n"
+      "data { sft_files { train_path: \"a.jsonl\" format: PAIR_FORMAT_TEXT } }",
+      "plan.textproto");
+  EXPECT_EQ(ResolvedData(plan).sft_files().tokenizer(), "models/qwen");
+  plan.mutable_model()->set_hf_config_path("config.json");
+  EXPECT_EQ(ResolvedData(plan).sft_files().tokenizer(), ".");
+  data::PairFiles& files = *plan.mutable_data()->mutable_sft_files();
+  files.set_tokenizer("named");
+  EXPECT_EQ(ResolvedData(plan).sft_files().tokenizer(), "named");
+  files.clear_tokenizer();
+  files.set_format(data::PAIR_FORMAT_IDS);
+  EXPECT_EQ(ResolvedData(plan).sft_files().tokenizer(), "");
+  files.set_format(data::PAIR_FORMAT_TEXT);
+  plan.mutable_model()->set_preset("tiny");
+  EXPECT_EQ(ResolvedData(plan).sft_files().tokenizer(), "");
+}
+
 TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
   const char* argv[] = {"plan_check", "plan.textproto", "--set=training.steps=5", "--world_size=4",
                         "--set=training.steps=6"};

@@ -25,6 +25,15 @@ Plan LoadShippedPlan(const std::string& name) {
   return *std::move(plan);
 }
 
+Plan ShortShippedPlan(const std::string& name) {
+  Plan plan = LoadShippedPlan(name);
+  for (const char* override : {"training.steps=10", "training.eval_every=5",
+                               "training.eval_batches=1", "training.metrics_file="}) {
+    EXPECT_THAT(ApplyOverride(override, plan), IsOk());
+  }
+  return plan;
+}
+
 void WithMesh(const Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body) {
   absl::StatusOr<parallel::MeshLayout> layout = parallel::MeshLayout::Create(plan.mesh(), ranks);

@@ -22,6 +22,10 @@ Plan LoadShippedPlan(const std::string& name);
 void WithMesh(const Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body);
 
+// LoadShippedPlan's plan shortened for a test: 10 steps, evaluated every 5 on one batch, no
+// metrics file. Read from the test's runfiles, so a test may change directory first.
+Plan ShortShippedPlan(const std::string& name);
+
 // Validates `plan` for `ranks` and trains it on that many threads with `options` (the
 // checkpoint folder taken from the plan); rank 0's report. Failures are test failures.
 TrainReport TrainOnRanks(const Plan& plan, int ranks, TrainOptions options = {});

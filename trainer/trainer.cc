@@ -14,7 +14,6 @@
 #include "base/human.h"
 #include "base/memory.h"
 #include "base/status.h"
-#include "data/data_config.h"
 #include "data/data_loader.h"
 #include "google/protobuf/text_format.h"
 #include "metrics/metrics_log.h"
@@ -188,7 +187,7 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan
   PLAIT_ASSIGN_OR_RETURN(const auto data_parallel,
                          mesh.SubgridRankAndSize(run->prepared_->preparation().DataParallelDims()));
   const auto [dp_rank, dp_size] = data_parallel;
-  const data::DataConfig data = data::ResolvedDataConfig(plan.data());
+  const data::DataConfig data = ResolvedData(plan);
   for (const auto& [split, loader] :
        {std::pair{data::Split::kTrain, &run->train_}, std::pair{data::Split::kEval, &run->eval_}}) {
     PLAIT_ASSIGN_OR_RETURN(

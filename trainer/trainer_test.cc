@@ -38,20 +38,10 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
-using ::plait::trainer::testing::LoadShippedPlan;
+using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
-
-// A shipped plan in fp32, shortened to 10 steps with an evaluation after steps 5 and 10.
-Plan ShortShippedPlan(const std::string& name) {
-  Plan plan = LoadShippedPlan(name);
-  EXPECT_THAT(ApplyOverride("training.steps=10", plan), IsOk());
-  EXPECT_THAT(ApplyOverride("training.eval_every=5", plan), IsOk());
-  EXPECT_THAT(ApplyOverride("training.eval_batches=1", plan), IsOk());
-  EXPECT_THAT(ApplyOverride("training.metrics_file=", plan), IsOk());
-  return plan;
-}
 
 TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
   const Plan plan = ShortShippedPlan("llama_fsdp");

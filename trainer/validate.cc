@@ -295,7 +295,7 @@ class Checker {
   void CheckData(const std::optional<models::ModelConfig>& config) {
     const std::optional<int64_t> vocab_size =
         config.has_value() ? std::optional<int64_t>(config->vocab_size()) : std::nullopt;
-    AddAll(data::ValidateDataConfig(plan_.data(), vocab_size, "plan.data"));
+    AddAll(data::ValidateDataConfig(ResolvedData(plan_), vocab_size, "plan.data"));
   }
 
   void CheckFrozen() {

@@ -1,0 +1,119 @@
+// Training from text examples end to end: //trainer:llama_sft_text's plan (SFT examples in
+// text, the tokenizer named in the plan) and a DPO plan whose models and tokenizer come from
+// one Hugging Face folder, through the trainer on CPU ranks. data/tokenizer/text_pairs_test.cc
+// checks the ids against TRL's.
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/hf_checkpoint.h"
+#include "models/model_config.h"
+#include "parallel/device_mesh.h"
+#include "trainer/plan.h"
+#include "trainer/testing_ranks.h"
+#include "trainer/trainer.h"
+#include "trainer/validate.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::plait::trainer::testing::ShortShippedPlan;
+using ::plait::trainer::testing::TrainOnRanks;
+using ::plait::trainer::testing::WithMesh;
+using ::testing::HasSubstr;
+
+// The shipped example trains on 2 FSDP ranks: the loss falls well below its start.
+TEST(TextDataTest, TheTextSftExampleTrains) {
+  const TrainReport run = TrainOnRanks(ShortShippedPlan("llama_sft_text"), 2);
+  ASSERT_EQ(run.steps.size(), 10u);
+  EXPECT_LT(run.steps.back().loss, 0.5 * run.steps.front().loss);
+  EXPECT_LT(*run.steps.back().eval_loss, *run.steps[4].eval_loss);
+}
+
+TEST(TextDataTest, TextWithoutATokenizerIsAPlanError) {
+  Plan plan = ShortShippedPlan("llama_sft_text");
+  plan.mutable_data()->mutable_sft_files()->clear_tokenizer();
+  EXPECT_THAT(ValidatePlan(plan, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.data.sft_files.tokenizer: is empty; text examples need "
+                                 "the model's tokenizer")));
+}
+
+// A Hugging Face folder (here written from a seeded model, with the tiny test tokenizer as its
+// own) gives the DPO policy, its reference and the tokenizer of the text pairs.
+class TextDpoFromHfFolderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::filesystem::create_directories(folder_);
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+      std::filesystem::copy_file(absl::StrCat("data/tokenizer/testdata/tiny/", file),
+                                 absl::StrCat(folder_, "/", file),
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+    plan_ = ShortShippedPlan("qwen_dpo_fsdp_hf");
+    auto config = models::ResolveModelSpec(ShortShippedPlan("qwen_dpo_fsdp").model(), "plan.model");
+    ASSERT_THAT(config, IsOk());
+    auto model = models::CausalLM::Create(*config, plan_.model().init());
+    ASSERT_THAT(model, IsOk());
+    ASSERT_THAT(models::SaveHfModel(**model, folder_), IsOk());
+    const std::string config_path = absl::StrCat(folder_, "/config.json");
+    plan_.mutable_model()->set_hf_config_path(config_path);
+    plan_.set_hf_weights_dir(folder_);
+    plan_.mutable_frozen(0)->mutable_model()->set_hf_config_path(config_path);
+    plan_.mutable_frozen(0)->set_hf_weights_dir(folder_);
+    data::PairFiles& files = *plan_.mutable_data()->mutable_preference_files();
+    files.set_train_path(Copied("dpo_train.jsonl"));
+    files.set_eval_path(Copied("dpo_eval.jsonl"));
+    files.set_format(data::PAIR_FORMAT_TEXT);
+  }
+
+  // The example file `name` in the test's folder, where its cache is written.
+  static std::string Copied(const std::string& name) {
+    const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+    std::filesystem::copy_file(absl::StrCat("trainer/testdata/text/", name), path,
+                               std::filesystem::copy_options::overwrite_existing);
+    return path;
+  }
+
+  const std::string folder_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/qwen2_text_dpo");
+  Plan plan_;
+};
+
+TEST_F(TextDpoFromHfFolderTest, TrainsWithTheTokenizerBesideConfigJson) {
+  EXPECT_EQ(ResolvedData(plan_).preference_files().tokenizer(), folder_);
+  const TrainReport run = TrainOnRanks(plan_, 2);
+  ASSERT_EQ(run.steps.size(), 10u);
+  // The policy starts as its reference. The 80 training pairs are 5 steps of 16: steps 6 to
+  // 10 read the pairs of steps 1 to 5 again, now preferring their right sums.
+  EXPECT_FLOAT_EQ(run.steps[0].loss, std::log(2.0));
+  double second_pass = 0.0;
+  std::string losses;
+  for (size_t i = 0; i < run.steps.size(); ++i) {
+    if (i >= 5) second_pass += run.steps[i].loss / 5;
+    absl::StrAppend(&losses, " ", run.steps[i].loss);
+  }
+  EXPECT_LT(second_pass, std::log(2.0)) << "losses:" << losses;
+}
+
+TEST_F(TextDpoFromHfFolderTest, AFolderWithoutATokenizerNamesTheField) {
+  std::filesystem::remove(absl::StrCat(folder_, "/tokenizer.json"));
+  ASSERT_THAT(ValidatePlan(plan_, 2), IsOk());
+  WithMesh(plan_, 2, [&](int, const parallel::DeviceMesh& mesh) {
+    EXPECT_THAT(Train(plan_, mesh, TrainOptions()),
+                StatusIs(absl::StatusCode::kNotFound,
+                         HasSubstr(absl::StrCat("plan.data.preference_files.tokenizer: ", folder_,
+                                                ": has neither tokenizer.json nor "
+                                                "tokenizer.model"))));
+  });
+}
+
+}  // namespace
+}  // namespace plait::trainer
