@@ -81,7 +81,8 @@ TEST(ValidatePlanTest, ShippedPlansAreValid) {
                                                                             {"llama_ddp", 2},
                                                                             {"llama_single", 1},
                                                                             {"llama_tp", 2},
-                                                                            {"llama_2d", 4}}) {
+                                                                            {"llama_2d", 4},
+                                                                            {"llama_hsdp", 4}}) {
     absl::StatusOr<Plan> plan = LoadPlan(Runfile("trainer/plans/" + name + ".textproto"));
     ASSERT_THAT(plan, IsOk()) << name;
     EXPECT_THAT(ValidatePlan(*plan, ranks), IsOk()) << name;
