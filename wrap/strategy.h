@@ -1,5 +1,5 @@
 // A preparation strategy (FSDP, DDP, tensor parallel) as one named object: built from a
-// plan's step (MakeStrategy, strategies.h), it says which mesh dimension it uses and what it would
+// plan's step (MakeStrategy, strategies.h), it says which mesh dimensions it uses and what it would
 // cost before any model exists, then is applied once to a model and answers what the rest of the
 // stack asks of a prepared model: the parameters the optimizer must own, whether gradients
 // synchronise in this backward, the wrappers' communication errors, and the whole

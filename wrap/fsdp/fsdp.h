@@ -19,17 +19,18 @@
 // reduced gradient shards are averaged across it by an all-reduce, started once that unit's
 // reduce-scatter has had the next unit's backward to finish in (as PyTorch's HSDP), so it too
 // overlaps the backward; the optimizer and clipping see the shards. Frozen parameters
-// (requires_grad false) are sharded and gathered but get no gradient and are not trained; so does a
-// parameter that no rank used in the step's backward (a flag per parameter rides on each unit's
-// reduce-scatter), as in one process, where AdamW would otherwise decay it. FsdpStrategy is
-// its preparation strategy (strategy.h), applied through wrap::Preparation (preparation.h).
-// On CUDA (an NcclCommunicator) the gathers and reduce-scatters run on the communicator's
-// stream, after the work queued on the compute stream and overlapping what is queued next;
-// waiting for one makes the compute stream wait for it (nccl_communicator.h). Freed parameter
-// memory goes back to LibTorch's caching allocator from the compute stream, the only stream
-// that touches a parameter's storage (gathered values are copied in on it after the wait);
-// a collective's own buffers stay in its Work until it has been waited for, which returns
-// once the collective has ended, so the allocator never hands out memory NCCL still uses.
+// (requires_grad false) are sharded and gathered but get no gradient and are not trained; so
+// does a parameter that no rank used in the step's backward (a flag per parameter rides on
+// each unit's reduce-scatter), as in one process, where AdamW would otherwise decay it.
+// FsdpStrategy is its preparation strategy (strategy.h), applied through wrap::Preparation
+// (preparation.h). On CUDA (an NcclCommunicator) the gathers, reduce-scatters and all-reduces
+// across replicas run on their communicator's stream, after the work queued on the compute
+// stream and overlapping what is queued next; waiting for one makes the compute stream wait
+// for it (nccl_communicator.h). Freed parameter memory goes back to LibTorch's caching
+// allocator from the compute stream, the only stream that touches a parameter's storage
+// (gathered values are copied in on it after the wait); a collective's own buffers stay in
+// its Work until it has been waited for, which returns once the collective has ended, so the
+// allocator never hands out memory NCCL still uses.
 #ifndef PLAIT_WRAP_FSDP_FSDP_H_
 #define PLAIT_WRAP_FSDP_FSDP_H_
 
