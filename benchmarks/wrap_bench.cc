@@ -29,6 +29,12 @@
 // weights (the optimizer's, or FSDP's fp32 shards; FSDP gathers bf16 and reduce-scatters
 // fp32), each against the bf16 single process, and report vs_fp32: the step time / the
 // same row's in fp32.
+// Hybrid sharding (BM_Hsdp: FSDP over dp=2, its shards replicated across replicate=2; 4
+// ranks, each on its own batch) reports scaling_efficiency and cpu_scaling_efficiency as
+// above against 4 x the single process (4 ranks share the 2 cores, so wall time can reach
+// 1/2 at best), sent_vs_theory (FSDP's volume over dp plus an all-reduce of the gradient
+// shards across replicate, 2(N-1)/N x shard bytes; goal 1.00) and persistent_vs_single
+// (goal <= 1/2 + 0.05).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
@@ -61,15 +67,21 @@ constexpr int64_t kSeqLen = 256;
 // machine during one step does not move.
 constexpr int kTimedSteps = 5;
 
-enum class Mode { kSingle, kDdp, kFsdp, kTp, kFsdpTp, kSingleBf16, kFsdpBf16 };
+enum class Mode { kSingle, kDdp, kFsdp, kTp, kFsdpTp, kHsdp, kSingleBf16, kFsdpBf16 };
 
 bool TensorParallel(Mode mode) { return mode == Mode::kTp || mode == Mode::kFsdpTp; }
+bool Replicated(Mode mode) { return mode == Mode::kHsdp; }
 bool DataParallel(Mode mode) {
   return mode == Mode::kDdp || mode == Mode::kFsdp || mode == Mode::kFsdpTp ||
-         mode == Mode::kFsdpBf16;
+         mode == Mode::kFsdpBf16 || Replicated(mode);
+}
+// The ranks that read different batches.
+int DataParallelRanks(Mode mode) {
+  return (DataParallel(mode) ? kRanks : 1) * (Replicated(mode) ? kRanks : 1);
 }
 bool Fsdp(Mode mode) {
-  return mode == Mode::kFsdp || mode == Mode::kFsdpTp || mode == Mode::kFsdpBf16;
+  return mode == Mode::kFsdp || mode == Mode::kFsdpTp || mode == Mode::kFsdpBf16 ||
+         mode == Mode::kHsdp;
 }
 // bf16 parameters with fp32 masters (the optimizer's, or FSDP's fp32 shards); FSDP gathers
 // bf16 and reduce-scatters fp32 gradients.
@@ -138,6 +150,10 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
       } else {
         step.mutable_fsdp()->set_mesh_dim("dp");
       }
+      if (Replicated(mode)) {
+        groups.push_back(mesh->communicator("replicate").value());
+        step.mutable_fsdp()->set_replicate_mesh_dim("replicate");
+      }
     }
     for (const PrepareStep& step : steps) preparation->Apply(step).IgnoreError();
     parameters = preparation->TakeTrainableParameters().value();
@@ -147,7 +163,9 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   auto optimizer = optim::Optimizer::Create(parameters, optimizer_config).value();
 
   // The ranks of a tensor-parallel group compute the same batch.
-  torch::manual_seed(DataParallel(mode) ? mesh->coordinate("dp").value() : 0);
+  torch::manual_seed(preparation == nullptr
+                         ? 0
+                         : mesh->SubgridRankAndSize(preparation->DataParallelDims()).value().first);
   const torch::Tensor tokens = torch::randint(4096, {batch, kSeqLen + 1});
   auto step = [&] {
     model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
@@ -196,11 +214,13 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     m.theoretical_bytes_per_step = 2 * one_way * parameter_bytes;
   }
   if (Fsdp(mode)) {
-    // The fp32 shards' bytes over the ranks: each of 2 gathers sends them in the gather
+    // The padded shards' bytes over the ranks: each of 2 gathers sends them in the gather
     // dtype (half of them in bf16), the reduce-scatter in fp32.
-    int64_t padded = 0;
-    for (const auto& parameter : parameters) padded += Bytes(parameter.tensor) * kRanks;
-    m.theoretical_bytes_per_step = (Bf16(mode) ? 2 : 3) * one_way * padded;
+    int64_t shard_bytes = 0;
+    for (const auto& parameter : parameters) shard_bytes += Bytes(parameter.tensor);
+    m.theoretical_bytes_per_step = (Bf16(mode) ? 2 : 3) * one_way * shard_bytes * kRanks;
+    // Hybrid sharding: one all-reduce of the gradient shards across the replicas.
+    if (Replicated(mode)) m.theoretical_bytes_per_step += 2 * one_way * shard_bytes;
     m.peak_unsharded_bytes = preparation->peak_gathered_bytes();
   }
   if (TensorParallel(mode)) {
@@ -218,8 +238,9 @@ Measurement Run(Mode mode, int64_t batch) {
   if (mode == SingleOf(mode)) return RunRank(mode, batch, 0, nullptr);
   parallel::MeshConfig config;
   int world = 1;
-  for (const auto& [name, used] :
-       {std::pair{"dp", DataParallel(mode)}, {"tp", TensorParallel(mode)}}) {
+  for (const auto& [name, used] : {std::pair{"replicate", Replicated(mode)},
+                                   {"dp", DataParallel(mode)},
+                                   {"tp", TensorParallel(mode)}}) {
     if (!used) continue;
     auto* dim = config.add_dims();
     dim->set_name(name);
@@ -258,7 +279,7 @@ void Report(benchmark::State& state, Mode mode) {
   const Measurement& m = Measured(mode, batch);
   const Measurement& single = Measured(SingleOf(mode), batch);
   state.SetIterationTime(m.step_seconds);
-  const int batches = DataParallel(mode) ? kRanks : 1;  // different batches per step
+  const int batches = DataParallelRanks(mode);  // different batches per step
   state.counters["tokens_per_s"] = static_cast<double>(batch * kSeqLen * batches) / m.step_seconds;
   state.counters["persistent_vs_single"] =
       static_cast<double>(m.persistent_bytes) / single.persistent_bytes;
@@ -274,7 +295,7 @@ void Report(benchmark::State& state, Mode mode) {
   if (mode == SingleOf(mode)) return;
   state.counters["scaling_efficiency"] = single.step_seconds / m.step_seconds;
   state.counters["cpu_scaling_efficiency"] =
-      kRanks * single.process_cpu_seconds_per_step / m.process_cpu_seconds_per_step;
+      batches * single.process_cpu_seconds_per_step / m.process_cpu_seconds_per_step;
   state.counters["sent_vs_theory"] = m.bytes_sent_per_step / m.theoretical_bytes_per_step;
   if (mode == Mode::kFsdp) {
     state.counters["vs_ddp"] = m.step_seconds / Measured(Mode::kDdp, batch).step_seconds;
@@ -308,6 +329,9 @@ void BM_SingleProcessBf16(benchmark::State& state) {
 void BM_FsdpBf16(benchmark::State& state) {
   for (auto _ : state) Report(state, Mode::kFsdpBf16);
 }
+void BM_Hsdp(benchmark::State& state) {
+  for (auto _ : state) Report(state, Mode::kHsdp);
+}
 // Per-rank batches: 8 (the medium shape's) first, then 2.
 #define PLAIT_WRAP_BENCHMARK(name) \
   BENCHMARK(name)->Arg(8)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond)
@@ -318,6 +342,7 @@ PLAIT_WRAP_BENCHMARK(BM_Tp);
 PLAIT_WRAP_BENCHMARK(BM_FsdpTp);
 PLAIT_WRAP_BENCHMARK(BM_SingleProcessBf16);
 PLAIT_WRAP_BENCHMARK(BM_FsdpBf16);
+PLAIT_WRAP_BENCHMARK(BM_Hsdp);
 
 }  // namespace
 }  // namespace plait::wrap

@@ -60,6 +60,33 @@ TEST(ExplainPlanTest, ExplainsTheTwoDimensionalTensorParallelPlan) {
   EXPECT_THAT(*text, HasSubstr("communication per rank (estimate, ring collectives):"));
 }
 
+// Hybrid sharding: FSDP over dp_shard, the shards replicated across dp_replicate. A rank keeps
+// and trains 1/2 of the 5.0M parameters (fp32 parameters, gradients and 2 Adam slots: 16
+// bytes each, 38.1 MiB), reads its own 4 of the 16 sequences, and sends per step the FSDP
+// ring volume over 2 ranks (1/2 x 4 bytes x 5.0M for each of 2 gathers and 1 reduce-scatter)
+// plus an all-reduce of its gradient shard (2 x 1/2 x 4 bytes x 2.5M): 8 bytes a parameter.
+TEST(ExplainPlanTest, DescribesHybridSharding) {
+  absl::StatusOr<Plan> plan = LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/llama_hsdp.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(*plan, 4);
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("mesh: dp_replicate=2 x dp_shard=2 (4 ranks)"));
+  EXPECT_THAT(*text, HasSubstr("prepare[0]: fsdp over dp_shard (2 ranks): 5 units (4 blocks and "
+                               "the root), each rank keeps 1/2 of 5.0M parameters and gathers one "
+                               "unit at a time (prefetching the next); hybrid sharding: the shards "
+                               "replicated over dp_replicate (2 ranks), each unit's gradient "
+                               "shards all-reduced across it after their reduce-scatter "
+                               "[RESHARDS]"));
+  EXPECT_THAT(*text, HasSubstr("group default: 39 tensors, 5.0M parameters (2.5M per rank)"));
+  EXPECT_THAT(*text, HasSubstr("training: 100 steps of 16 sequences x 64 tokens (micro-batch 4 x "
+                               "4 ranks x 1 accumulation)"));
+  EXPECT_THAT(*text, HasSubstr("memory per rank (estimate): 38.1 MiB parameters + gradients + "
+                               "optimizer state (2 slots)"));
+  EXPECT_THAT(*text, HasSubstr("communication per rank (estimate, ring collectives): 38.1 MiB "
+                               "sent per step"));
+}
+
 // Groups are counted from the parameter shapes, so an 8B model is explained without being
 // built; a bf16 model's memory counts its fp32 optimizer masters.
 TEST(ExplainPlanTest, CountsTheGroupsOfALargeBf16ModelWithoutBuildingIt) {

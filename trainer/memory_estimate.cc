@@ -44,12 +44,11 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, double element_bytes
 
 absl::StatusOr<PreparationEstimate> EstimatePreparation(
     const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
-    const wrap::ModelShape& shape, const parallel::MeshLayout& layout) {
+    const wrap::ModelShape& shape, const parallel::MeshConfig& mesh) {
   PreparationEstimate estimate;
   for (const wrap::PrepareStep& step : steps) {
     PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
-    PLAIT_ASSIGN_OR_RETURN(const int dim, layout.DimIndex(strategy->mesh_dim()));
-    estimate.steps.push_back(strategy->Estimate(shape, layout.dim_size(dim)));
+    estimate.steps.push_back(strategy->Estimate(shape, mesh));
     estimate.parameter_fraction *= estimate.steps.back().parameter_fraction;
     estimate.gathered_bytes =
         std::max(estimate.gathered_bytes, estimate.steps.back().gathered_bytes);
@@ -60,14 +59,14 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
 }  // namespace
 
 absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) {
-  PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout layout,
-                         parallel::MeshLayout::Create(plan.mesh(), world_size));
+  PLAIT_RETURN_IF_ERROR(parallel::MeshLayout::Create(plan.mesh(), world_size).status());
   PLAIT_ASSIGN_OR_RETURN(const models::ModelConfig config,
                          models::ResolveModelSpec(plan.model(), "plan.model"));
   const double element_bytes = ElementBytes(plan.model());
   const wrap::ModelShape shape = ShapeOf(config, element_bytes, plan.training());
   MemoryEstimate estimate;
-  PLAIT_ASSIGN_OR_RETURN(estimate.preparation, EstimatePreparation(plan.prepare(), shape, layout));
+  PLAIT_ASSIGN_OR_RETURN(estimate.preparation,
+                         EstimatePreparation(plan.prepare(), shape, plan.mesh()));
   estimate.optimizer_slots = optim::StateBuffersPerElement(plan.optimizer());
   estimate.fp32_masters = element_bytes < kBytesPerFloat;
   const double owned = shape.parameters * estimate.preparation.parameter_fraction;
@@ -85,7 +84,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
         ShapeOf(frozen_config, ElementBytes(frozen.model()), plan.training());
     FrozenEstimate& frozen_estimate = estimate.frozen.emplace_back();
     PLAIT_ASSIGN_OR_RETURN(frozen_estimate.preparation,
-                           EstimatePreparation(frozen.prepare(), frozen_shape, layout));
+                           EstimatePreparation(frozen.prepare(), frozen_shape, plan.mesh()));
     frozen_estimate.parameter_bytes = frozen_shape.parameters *
                                       frozen_estimate.preparation.parameter_fraction *
                                       frozen_shape.parameter_bytes;

@@ -72,6 +72,35 @@ TEST(EstimateMemoryTest, CountsParametersGradientsAndAdamStateOfTheShard) {
   EXPECT_EQ(estimate->frozen_bytes, 0);
 }
 
+// Hybrid sharding over dp_replicate=2 x dp_shard=4: a rank keeps 1/4 of the parameters (the
+// shard group's share), not 1/8; the replicas hold the same shard.
+TEST(EstimateMemoryTest, HybridShardingKeepsTheShardGroupsShare) {
+  const Plan plan = ParseOrDie(R"pb(
+    model { preset: "tiny" }
+    mesh {
+      dims { name: "dp_replicate" size: 2 }
+      dims { name: "dp_shard" size: 4 }
+    }
+    prepare { fsdp { mesh_dim: "dp_shard" replicate_mesh_dim: "dp_replicate" } }
+    optimizer { adamw {} }
+    schedule {
+      lr: 1e-3
+      constant {}
+    }
+    training { steps: 10 micro_batch: 2 seq_len: 64 eval_batches: 1 }
+  )pb");
+  ASSERT_THAT(ValidatePlan(plan, 8), IsOk());
+  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 8);
+  ASSERT_THAT(estimate, IsOk());
+  EXPECT_EQ(estimate->preparation.parameter_fraction, 0.25);
+  EXPECT_THAT(estimate->trained_state_bytes, DoubleNear(TinyParameters() / 4 * 16, 1));
+  // Per micro-batch: the ring volume over 4 ranks (3/4 x 4 bytes for each of 2 gathers and 1
+  // reduce-scatter) and an all-reduce of the quarter shard across 2 (2 x 1/2 x 4 bytes).
+  ASSERT_EQ(estimate->preparation.steps.size(), 1u);
+  EXPECT_THAT(estimate->preparation.steps[0].bytes_sent_per_micro_batch,
+              DoubleNear(TinyParameters() * (0.75 * 12 + 4.0 / 4), 1));
+}
+
 // The frozen reference model of preference training takes memory too: its parameters, sharded
 // as its own steps say, and the units FSDP gathers for its forward.
 TEST(EstimateMemoryTest, CountsFrozenModels) {

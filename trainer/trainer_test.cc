@@ -195,6 +195,12 @@ TEST(TrainTest, TensorParallelAndTwoDimensionalRunsTrainToTheSingleProcessLosses
   ExpectSameRun(TrainOnRanks(ShortShippedPlan("llama_2d"), 4), SingleProcessRun());
 }
 
+// Hybrid sharding over dp_replicate=2 x dp_shard=2 (each rank reads 4 of the 16 sequences):
+// the single process's losses.
+TEST(TrainTest, HybridShardingTrainsToTheSingleProcessLosses) {
+  ExpectSameRun(TrainOnRanks(ShortShippedPlan("llama_hsdp"), 4), SingleProcessRun());
+}
+
 // A bf16 model under tensor parallelism: its slices compute and communicate in bf16, the
 // optimizer keeps fp32 masters; it tracks the fp32 run at bf16's precision.
 TEST(TrainTest, Bf16ModelOnTwoTensorParallelRanksTracksTheFp32Run) {

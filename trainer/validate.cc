@@ -176,7 +176,9 @@ class Checker {
   void CollectDimUse() {
     for (const wrap::PrepareStep& step : plan_.prepare()) {
       absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
-      if (strategy.ok()) used_dims_.insert((*strategy)->mesh_dim());  // else CheckSteps says
+      if (!strategy.ok()) continue;  // CheckSteps says why
+      used_dims_.insert((*strategy)->mesh_dim());
+      used_dims_.insert((*strategy)->replicate_dim());
     }
     data_parallel_size_ =
         parallel::SubmeshRanks(plan_.mesh(), wrap::DataParallelDimsOf(plan_.prepare()));

@@ -76,12 +76,38 @@ TEST(ValidatePlanTest, ReportsEveryViolation) {
                            "plan.optimizer", "plan.training.steps", "plan.training.micro_batch"}));
 }
 
+// Hybrid sharding inside tensor parallelism: three dimensions, each used, the batch split over
+// the two of hybrid sharding (8 sequences: 2 on each of 4 data-parallel ranks).
+TEST(ValidatePlanTest, HybridShardingComposesWithTensorParallelism) {
+  absl::StatusOr<Plan> plan = ParsePlan(
+      R"pb(
+        model { preset: "tiny" }
+        mesh {
+          dims { name: "dp_replicate" size: 2 }
+          dims { name: "dp_shard" size: 2 }
+          dims { name: "tp" size: 2 }
+        }
+        prepare { tensor_parallel { mesh_dim: "tp" } }
+        prepare { fsdp { mesh_dim: "dp_shard" replicate_mesh_dim: "dp_replicate" } }
+        optimizer { adamw {} }
+        schedule {
+          lr: 1e-3
+          constant {}
+        }
+        training { steps: 10 micro_batch: 2 global_batch: 8 seq_len: 16 eval_batches: 1 }
+      )pb",
+      "plan");
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_THAT(ValidatePlan(*plan, 8), IsOk());
+}
+
 TEST(ValidatePlanTest, ShippedPlansAreValid) {
   for (const auto& [name, ranks] : std::vector<std::pair<std::string, int>>{{"llama_fsdp", 2},
                                                                             {"llama_ddp", 2},
                                                                             {"llama_single", 1},
                                                                             {"llama_tp", 2},
-                                                                            {"llama_2d", 4}}) {
+                                                                            {"llama_2d", 4},
+                                                                            {"llama_hsdp", 4}}) {
     absl::StatusOr<Plan> plan = LoadPlan(Runfile("trainer/plans/" + name + ".textproto"));
     ASSERT_THAT(plan, IsOk()) << name;
     EXPECT_THAT(ValidatePlan(*plan, ranks), IsOk()) << name;

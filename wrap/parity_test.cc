@@ -1,4 +1,5 @@
-// The correctness anchor for DDP, FSDP, tensor parallelism and their 2-D combinations: the
+// The correctness anchor for DDP, FSDP, hybrid sharding (FSDP replicated across a second
+// dimension), tensor parallelism and their 2-D combinations: the
 // tiny Llama (and a tiny Qwen2) trained for 10 AdamW steps with clipping on several ranks
 // (threads, Gloo) gives the same per-step losses, gradient norms and final parameters as one
 // process on the same global batch, within 1e-5 relative in fp32 (losses each, parameters as
@@ -60,13 +61,35 @@ struct Scenario {
   Variant variant = Variant::kPlain;
   int tp = 1;  // ranks of the "tp" dimension, tensor parallel first when above 1
   bool sequence_parallel = false;
+  // Ranks of the "replicate" dimension: above 1, FSDP's hybrid sharding, the shards over "dp"
+  // replicated across it (its ranks read different data too).
+  int replicate = 1;
 };
 
 struct TrainingRun {
   std::vector<double> losses;                       // per step, averaged over the global batch
   std::vector<double> grad_norms;                   // per step, before clipping
   std::map<std::string, torch::Tensor> parameters;  // final, full
+  // Rank 0's bytes sent over all steps' forward and backward passes (the wrappers'
+  // collectives, not the optimizer's or the loss's), by "<mesh dimension>.<collective>".
+  std::map<std::string, int64_t> bytes_sent;
+  std::vector<int64_t> trainable_bytes;  // by rank: the tensors its optimizer trains
+  std::vector<int64_t> gathered_bytes;   // by rank: whole parameters held after the run
 };
+
+// Bytes `mesh`'s rank sent so far over each of its groups, by "<dimension>.<collective>".
+std::map<std::string, int64_t> BytesSent(const parallel::DeviceMesh& mesh) {
+  std::map<std::string, int64_t> sent;
+  for (const std::string& dim : mesh.layout().dim_names()) {
+    const parallel::Communicator& group = **mesh.communicator(dim);
+    for (int c = 0; c < parallel::kNumCollectives; ++c) {
+      const auto collective = static_cast<parallel::Collective>(c);
+      sent[absl::StrCat(dim, ".", parallel::CollectiveName(collective))] =
+          group.traffic(collective).bytes_sent;
+    }
+  }
+  return sent;
+}
 
 models::ModelConfig Tiny() { return models::PresetConfig("tiny").value(); }
 
@@ -144,6 +167,11 @@ TrainingRun Distributed(const Scenario& scenario) {
   Batch(0);  // drawn here, on one thread
   parallel::MeshConfig mesh_config;
   const bool data_parallel = scenario.strategy != Strategy::kNone;
+  if (scenario.replicate > 1) {
+    auto* dim = mesh_config.add_dims();
+    dim->set_name("replicate");
+    dim->set_size(scenario.replicate);
+  }
   if (data_parallel) {
     auto* dim = mesh_config.add_dims();
     dim->set_name("dp");
@@ -154,9 +182,11 @@ TrainingRun Distributed(const Scenario& scenario) {
     dim->set_name("tp");
     dim->set_size(scenario.tp);
   }
-  const parallel::MeshLayout layout =
-      parallel::MeshLayout::Create(mesh_config, scenario.ranks * scenario.tp).value();
+  const int world = scenario.replicate * scenario.ranks * scenario.tp;
+  const parallel::MeshLayout layout = parallel::MeshLayout::Create(mesh_config, world).value();
   TrainingRun result;
+  result.trainable_bytes.resize(world);
+  result.gathered_bytes.resize(world);
   parallel::testing::RunOnMesh(layout, kDevice, [&](int rank, parallel::DeviceMesh& mesh) {
     const torch::Device device = mesh.device();
     std::shared_ptr<models::CausalLM> model = MakeModel(scenario.variant, device);
@@ -176,6 +206,7 @@ TrainingRun Distributed(const Scenario& scenario) {
     } else if (data_parallel) {
       FsdpConfig& config = *step.mutable_fsdp();
       config.set_mesh_dim("dp");
+      if (scenario.replicate > 1) config.set_replicate_mesh_dim("replicate");
       config.set_reshard_after_forward(scenario.strategy != Strategy::kFsdpNoReshard);
       if (scenario.strategy == Strategy::kFsdpBf16) {
         config.set_param_dtype(base::DTYPE_BFLOAT16);
@@ -187,15 +218,22 @@ TrainingRun Distributed(const Scenario& scenario) {
     }
     auto parameters = (*preparation)->TakeTrainableParameters();
     ASSERT_THAT(parameters, IsOk());
+    for (const parallel::TrainableParameter& parameter : *parameters) {
+      result.trainable_bytes[rank] += static_cast<int64_t>(parameter.tensor.nbytes());
+    }
     auto optimizer = optim::Optimizer::Create(*parameters, AdamWWithClipping());
     ASSERT_THAT(optimizer, IsOk());
 
     // The ranks of one tensor-parallel group read the same part of the batch.
-    const int dp_rank = data_parallel ? *mesh.coordinate("dp") : 0;
-    const int64_t per_rank = kGlobalBatch / scenario.ranks;
+    const std::vector<std::string> data_dims =
+        data_parallel ? (*preparation)->DataParallelDims() : std::vector<std::string>{};
+    const auto [dp_rank, dp_size] = *mesh.SubgridRankAndSize(data_dims);
+    const int64_t per_rank = kGlobalBatch / dp_size;
     const int64_t micro = per_rank / scenario.micro_steps;
+    std::map<std::string, int64_t> bytes_sent;
     for (int step = 0; step < kSteps; ++step) {
       auto [tokens, targets] = Batch(step);
+      const std::map<std::string, int64_t> sent_before = BytesSent(mesh);
       double step_loss = 0.0;
       for (int m = 0; m < scenario.micro_steps; ++m) {
         const int64_t first = dp_rank * per_rank + m * micro;
@@ -208,20 +246,22 @@ TrainingRun Distributed(const Scenario& scenario) {
         step_loss += loss.item<double>();
       }
       ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+      for (const auto& [key, sent] : BytesSent(mesh)) bytes_sent[key] += sent - sent_before.at(key);
       absl::StatusOr<optim::StepReport> report = (*optimizer)->Step(LearningRate(step));
       ASSERT_THAT(report, IsOk());
       (*optimizer)->ZeroGrad();
       if (rank == 0) result.grad_norms.push_back(report->grad_norm.value_or(0.0));
       torch::Tensor global_loss =
           torch::full({1}, step_loss, torch::TensorOptions(torch::kFloat32).device(device));
-      if (data_parallel) {
-        ASSERT_THAT((*mesh.communicator("dp"))
-                        ->AllReduce(global_loss, parallel::ReduceOp::kAverage)
-                        ->Wait(),
-                    IsOk());
+      for (const std::string& dim : data_dims) {
+        ASSERT_THAT(
+            (*mesh.communicator(dim))->AllReduce(global_loss, parallel::ReduceOp::kAverage)->Wait(),
+            IsOk());
       }
       if (rank == 0) result.losses.push_back(global_loss.item<double>());
     }
+    result.gathered_bytes[rank] = (*preparation)->gathered_bytes();
+    if (rank == 0) result.bytes_sent = bytes_sent;
     auto full = (*preparation)->FullParameters();
     ASSERT_THAT(full, IsOk());
     if (rank == 0) {
@@ -229,6 +269,35 @@ TrainingRun Distributed(const Scenario& scenario) {
     }
   });
   return result;
+}
+
+// Hybrid sharding over 2 x 2 ranks sends what the algorithm needs, no more: per micro-batch,
+// each unit gathered twice over "dp" (forward and backward) and its gradients (and one usage
+// flag per parameter) reduce-scattered there, then all-reduced across "replicate". Each rank
+// keeps 1/2 of the parameters, and none whole once a step is over.
+void ExpectHybridShardingCosts(const Scenario& scenario, const TrainingRun& run) {
+  ASSERT_EQ(scenario.ranks, 2);
+  ASSERT_EQ(scenario.replicate, 2);
+  std::shared_ptr<models::CausalLM> model = MakeModel(scenario.variant);
+  int64_t full_bytes = 0;
+  for (const auto& named : model->NamedParameters()) full_bytes += named.parameter.nbytes();
+  // The tiny model's dim 0s are even: its shards need no padding.
+  for (size_t rank = 0; rank < run.trainable_bytes.size(); ++rank) {
+    EXPECT_EQ(run.trainable_bytes[rank] * scenario.ranks, full_bytes) << "rank " << rank;
+    EXPECT_EQ(run.gathered_bytes[rank], 0) << "rank " << rank;
+  }
+  // Ring collectives over 2 ranks: a rank sends 1/2 of an all-gather's or a reduce-scatter's
+  // buffer of 2 shards, and 2 x 1/2 of an all-reduce's of 1 shard.
+  const int64_t shard = run.trainable_bytes[0];
+  const int64_t flags =
+      static_cast<int64_t>(model->NamedParameters().size()) * static_cast<int64_t>(sizeof(float));
+  const int64_t micro_batches = kSteps * scenario.micro_steps;
+  std::map<std::string, int64_t> expected;
+  for (const auto& [key, bytes] : run.bytes_sent) expected[key] = 0;
+  expected["dp.all_gather"] = micro_batches * 2 * shard;
+  expected["dp.reduce_scatter"] = micro_batches * (shard + flags);
+  expected["replicate.all_reduce"] = micro_batches * (shard + flags);
+  EXPECT_EQ(run.bytes_sent, expected);
 }
 
 class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
@@ -278,6 +347,7 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
     EXPECT_LE(error, tolerance) << name << ": max element error "
                                 << (got - want).abs().max().item<double>();
   }
+  if (GetParam().replicate > 1) ExpectHybridShardingCosts(GetParam(), actual);
   // The run trained: the parameters moved away from their initial values.
   const torch::Tensor initial =
       MakeModel(GetParam().variant)->named_parameters()["model.embed_tokens.weight"];
@@ -316,7 +386,11 @@ INSTANTIATE_TEST_SUITE_P(
         Scenario{"fsdp_2_x_tp_2", Strategy::kFsdp, 2, 1, Variant::kPlain, 2},
         Scenario{"ddp_2_x_tp_2", Strategy::kDdp, 2, 1, Variant::kPlain, 2},
         Scenario{"fsdp_2_x_tp_2_qwen2_sequence_parallel", Strategy::kFsdp, 2, 2, Variant::kQwen2, 2,
-                 true}),
+                 true},
+        // Hybrid sharding: FSDP over dp=2, replicated across replicate=2.
+        Scenario{"hsdp_2_x_2", Strategy::kFsdp, 2, 1, Variant::kPlain, 1, false, 2},
+        Scenario{"hsdp_2_x_2_tied_accumulating", Strategy::kFsdp, 2, 2, Variant::kTied, 1, false,
+                 2}),
     [](const ::testing::TestParamInfo<Scenario>& info) { return info.param.name; });
 
 // Mixed precision: parameters gathered and computed in bf16, gradients reduced in fp32,

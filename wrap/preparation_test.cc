@@ -25,6 +25,7 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // A one-rank mesh with two dimensions, enough for every guard rail.
@@ -87,9 +88,41 @@ TEST_F(PreparationTest, DdpAndFsdpNeedDimensionsOfTheirOwn) {
                                  "(prepare[0]); fsdp needs its own dimension")));
   EXPECT_THAT((*preparation)->Apply(Fsdp("shard")),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("(rule hybrid_sharding_unsupported)")));
+                       HasSubstr("prepare[1].fsdp: fsdp cannot be applied with ddp (prepare[0]): "
+                                 "FSDP replicates its own shards: for hybrid sharding set "
+                                 "fsdp.replicate_mesh_dim to the dimension DDP would use, and drop "
+                                 "DDP (rule hybrid_sharding_is_fsdp)")));
   // The failed steps left the preparation as it was: DDP alone.
   EXPECT_EQ((*preparation)->DataParallelDims(), std::vector<std::string>{"dp"});
+}
+
+// Hybrid sharding is one FSDP step over two dimensions, both of which split the batch.
+TEST_F(PreparationTest, HybridShardingReplicatesAcrossADimensionOfItsOwn) {
+  auto preparation = Preparation::Begin(*model_, *mesh_);
+  ASSERT_THAT(preparation, IsOk());
+  PrepareStep same = Fsdp("shard");
+  same.mutable_fsdp()->set_replicate_mesh_dim("shard");
+  EXPECT_THAT((*preparation)->Apply(same),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("prepare[0].fsdp.replicate_mesh_dim: \"shard\" is this step's "
+                                 "mesh_dim too: hybrid sharding replicates the shards across "
+                                 "another dimension than the one that splits them (rule "
+                                 "hsdp_separate_dims)")));
+  PrepareStep unknown = Fsdp("shard");
+  unknown.mutable_fsdp()->set_replicate_mesh_dim("replicate");
+  EXPECT_THAT((*preparation)->Apply(unknown),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "prepare[0].fsdp.replicate_mesh_dim: \"replicate\" is not a dimension of "
+                       "the mesh (dp, shard)"));
+  PrepareStep hybrid = Fsdp("shard");
+  hybrid.mutable_fsdp()->set_replicate_mesh_dim("dp");
+  ASSERT_THAT((*preparation)->Apply(hybrid), IsOk());
+  EXPECT_EQ((*preparation)->DataParallelDims(), (std::vector<std::string>{"dp", "shard"}));
+  EXPECT_THAT((*preparation)->Apply(Ddp("dp")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("(rule hybrid_sharding_is_fsdp)"),
+                             HasSubstr("prepare[1].ddp.mesh_dim: \"dp\" is already used by fsdp "
+                                       "(prepare[0]); ddp needs its own dimension"))));
 }
 
 TEST_F(PreparationTest, NoWrapperAfterTheParametersWereTaken) {
@@ -176,7 +209,7 @@ TEST_F(PreparationTest, FsdpFullStateDictAndFreedParameters) {
   }
   FsdpConfig config;
   config.set_mesh_dim("dp");
-  auto created = fsdp::Fsdp::Create(*model_, **mesh_->communicator("dp"), config);
+  auto created = fsdp::Fsdp::Create(*model_, **mesh_->communicator("dp"), nullptr, config);
   ASSERT_THAT(created, IsOk());
   fsdp::Fsdp& fsdp = **created;
   EXPECT_EQ(fsdp.unsharded_bytes(), 0);

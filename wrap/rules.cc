@@ -100,15 +100,6 @@ std::vector<base::Violation> CheckSteps(
       add(absl::StrCat(step_field, ".", name), "has no preparation rule in the rules file");
       continue;
     }
-    const std::string& dim = (*strategy)->mesh_dim();
-    const std::string dim_field = absl::StrCat(step_field, ".", name, ".mesh_dim");
-    if (dim.empty()) {
-      add(dim_field, "is empty; name a mesh dimension");
-    } else if (mesh_dims.count(dim) == 0) {
-      add(dim_field,
-          absl::StrCat("\"", dim, "\" is not a dimension of ", mesh_field, " (",
-                       mesh_dims.empty() ? "which has none" : absl::StrJoin(mesh_dims, ", "), ")"));
-    }
     if (++count[name] > rule->max_count()) {
       add(absl::StrCat(step_field, ".", name),
           absl::StrCat(name, " is applied ", count[name], " times; at most ", rule->max_count(),
@@ -137,17 +128,41 @@ std::vector<base::Violation> CheckSteps(
         }
       }
     }
-    if (dim.empty()) continue;
-    for (const auto& [other, other_index] : dim_users[dim]) {
-      for (const Relation& relation : rule->separate_dim()) {
-        if (relation.strategy() != other) continue;
-        add(dim_field,
-            absl::StrCat("\"", dim, "\" is already used by ", other, " (", field, "[", other_index,
-                         "]); ", name, " needs its own dimension: ", relation.why()),
-            relation.rule());
+    // The dimension it runs on, then the one it replicates across (hybrid sharding), each
+    // checked against the dimensions the steps so far use, its own first one included.
+    struct DimUse {
+      std::string dim;
+      const char* field;
+      bool required;
+    };
+    for (const DimUse& use : {DimUse{(*strategy)->mesh_dim(), "mesh_dim", true},
+                              DimUse{(*strategy)->replicate_dim(), "replicate_mesh_dim", false}}) {
+      const std::string& dim = use.dim;
+      const std::string dim_field = absl::StrCat(step_field, ".", name, ".", use.field);
+      if (dim.empty()) {
+        if (use.required) add(dim_field, "is empty; name a mesh dimension");
+        continue;
       }
+      if (mesh_dims.count(dim) == 0) {
+        add(dim_field,
+            absl::StrCat("\"", dim, "\" is not a dimension of ", mesh_field, " (",
+                         mesh_dims.empty() ? "which has none" : absl::StrJoin(mesh_dims, ", "),
+                         ")"));
+      }
+      for (const auto& [other, other_index] : dim_users[dim]) {
+        for (const Relation& relation : rule->separate_dim()) {
+          if (relation.strategy() != other) continue;
+          add(dim_field,
+              other_index == i
+                  ? absl::StrCat("\"", dim, "\" is this step's mesh_dim too: ", relation.why())
+                  : absl::StrCat("\"", dim, "\" is already used by ", other, " (", field, "[",
+                                 other_index, "]); ", name,
+                                 " needs its own dimension: ", relation.why()),
+              relation.rule());
+        }
+      }
+      dim_users[dim].push_back({name, i});
     }
-    dim_users[dim].push_back({name, i});
   }
   return violations;
 }

@@ -37,7 +37,9 @@ std::set<std::string> DataParallelDimsOf(
   std::set<std::string> dims;
   for (const PrepareStep& step : steps) {
     absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(step);
-    if (strategy.ok() && (*strategy)->splits_batch()) dims.insert((*strategy)->mesh_dim());
+    if (!strategy.ok() || !(*strategy)->splits_batch()) continue;
+    dims.insert((*strategy)->mesh_dim());
+    if (!(*strategy)->replicate_dim().empty()) dims.insert((*strategy)->replicate_dim());
   }
   return dims;
 }

@@ -20,8 +20,8 @@ namespace plait::wrap {
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step);
 
 // The mesh dimensions whose ranks read different data under `steps`: those of the steps whose
-// strategy splits the batch (FSDP, DDP). A step that names no strategy is left out (the rules
-// report it).
+// strategy splits the batch (FSDP, DDP), replicate dimensions included. A step that names no
+// strategy is left out (the rules report it).
 std::set<std::string> DataParallelDimsOf(
     const google::protobuf::RepeatedPtrField<PrepareStep>& steps);
 

@@ -1,5 +1,5 @@
 // A preparation strategy (FSDP, DDP, tensor parallel) as one named object: built from a
-// plan's step (MakeStrategy, strategies.h), it says which mesh dimension it uses and what it would
+// plan's step (MakeStrategy, strategies.h), it says which mesh dimensions it uses and what it would
 // cost before any model exists, then is applied once to a model and answers what the rest of the
 // stack asks of a prepared model: the parameters the optimizer must own, whether gradients
 // synchronise in this backward, the wrappers' communication errors, and the whole
@@ -7,8 +7,8 @@
 // the rules of rules.textproto; nothing outside wrap/ names a concrete strategy:
 //
 //   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> fsdp, MakeStrategy(step));
-//   StepEstimate estimate = fsdp->Estimate(shape, /*dim_size=*/8);  // for plan_check
-//   PLAIT_RETURN_IF_ERROR(fsdp->Apply(model, *mesh.communicator(fsdp->mesh_dim())));
+//   StepEstimate estimate = fsdp->Estimate(shape, plan.mesh());  // for plan_check
+//   PLAIT_RETURN_IF_ERROR(fsdp->Apply(model, mesh));
 //
 // Adding a strategy: a class implementing this interface in wrap/, a field in PrepareStep
 // (wrap.proto), its case in MakeStrategy (strategies.h) and an entry in rules.textproto.
@@ -25,6 +25,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "parallel/communicator.h"
+#include "parallel/device_mesh.h"
+#include "parallel/mesh.pb.h"
 #include "parallel/trainable_parameter.h"
 #include "torch/torch.h"
 #include "wrap/wrap.pb.h"
@@ -70,16 +72,22 @@ class Strategy {
   // The mesh dimension it runs on.
   virtual const std::string& mesh_dim() const = 0;
 
+  // A second mesh dimension, across which it replicates what it holds over mesh_dim(): FSDP's
+  // hybrid sharding (FsdpConfig.replicate_mesh_dim, the field the rules name). Its ranks
+  // train on different data too. Default: none ("").
+  virtual std::string replicate_dim() const { return ""; }
+
   // Whether the ranks of its dimension train on different data (FSDP, DDP) rather than on the
   // same batch (tensor parallelism): the data-parallel width is the product of such dimensions.
   virtual bool splits_batch() const = 0;
 
-  // Its cost on a model of `shape` over a dimension of `dim_size` ranks.
-  virtual StepEstimate Estimate(const ModelShape& shape, int dim_size) const = 0;
+  // Its cost on a model of `shape` on a mesh of `mesh`'s dimensions.
+  virtual StepEstimate Estimate(const ModelShape& shape,
+                                const parallel::MeshConfig& mesh) const = 0;
 
-  // Applies it to `model` over `communicator`, the group of its mesh dimension; both must
-  // outlive it. Called once, by Preparation.
-  virtual absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) = 0;
+  // Applies it to `model` over `mesh`'s groups along its dimensions; both must outlive it.
+  // Called once, by Preparation.
+  virtual absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) = 0;
 
   // After Apply: rewrites `parameters` (the optimizer's, as earlier strategies left them) into
   // what this rank trains after this strategy (FSDP: its shards). Default: unchanged.

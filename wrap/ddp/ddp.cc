@@ -206,7 +206,9 @@ void Ddp::FinishBackward() {
   }
 }
 
-StepEstimate DdpStrategy::Estimate(const ModelShape& shape, int dim_size) const {
+StepEstimate DdpStrategy::Estimate(const ModelShape& shape,
+                                   const parallel::MeshConfig& mesh) const {
+  const int dim_size = static_cast<int>(parallel::SubmeshRanks(mesh, {config_.mesh_dim()}));
   StepEstimate estimate;
   estimate.description = absl::StrFormat(
       "ddp over %s (%d ranks): parameters stay whole on every rank (broadcast from rank 0); "
@@ -218,8 +220,10 @@ StepEstimate DdpStrategy::Estimate(const ModelShape& shape, int dim_size) const 
   return estimate;
 }
 
-absl::Status DdpStrategy::Apply(Wrappable& model, parallel::Communicator& communicator) {
-  PLAIT_ASSIGN_OR_RETURN(ddp_, Ddp::Create(model, communicator, config_));
+absl::Status DdpStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& mesh) {
+  PLAIT_ASSIGN_OR_RETURN(parallel::Communicator * communicator,
+                         mesh.communicator(config_.mesh_dim()));
+  PLAIT_ASSIGN_OR_RETURN(ddp_, Ddp::Create(model, *communicator, config_));
   return absl::OkStatus();
 }
 

@@ -84,8 +84,8 @@ class DdpStrategy final : public Strategy {
   absl::string_view name() const override { return "ddp"; }
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
   bool splits_batch() const override { return true; }
-  StepEstimate Estimate(const ModelShape& shape, int dim_size) const override;
-  absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) override;
+  StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
+  absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
   void SetGradientSync(bool sync) override { ddp_->set_sync(sync); }
   absl::Status BackwardStatus() const override { return ddp_->last_sync_status(); }
 

@@ -109,8 +109,9 @@ struct Fsdp::Unit {
 
 absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
                                                    parallel::Communicator& communicator,
+                                                   parallel::Communicator* replicate,
                                                    const FsdpConfig& config) {
-  auto fsdp = std::unique_ptr<Fsdp>(new Fsdp(model, communicator, config));
+  auto fsdp = std::unique_ptr<Fsdp>(new Fsdp(model, communicator, replicate, config));
   const int n = communicator.size();
   const int rank = communicator.rank();
 
@@ -184,9 +185,11 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
   return fsdp;
 }
 
-Fsdp::Fsdp(Wrappable& model, parallel::Communicator& communicator, const FsdpConfig& config)
+Fsdp::Fsdp(Wrappable& model, parallel::Communicator& communicator,
+           parallel::Communicator* replicate, const FsdpConfig& config)
     : model_(model),
       communicator_(communicator),
+      replicate_(replicate),
       reshard_after_forward_(!config.has_reshard_after_forward() ||
                              config.reshard_after_forward()) {
   const auto named = model.NamedParameters();
@@ -276,6 +279,7 @@ void Fsdp::BeforeForward(int hook_unit) {
         unit.reduce_output = torch::Tensor();
         Reshard(unit);
       }
+      awaiting_replicas_.clear();
       backward_started_ = false;
       Fail(absl::AbortedError(
           "fsdp: the previous backward pass did not finish; its gradients were dropped"));
@@ -355,6 +359,26 @@ void Fsdp::StartReduceScatter(Unit& unit) {
   unit.reduce_output = torch::empty({unit.shard_numel + flags}, input.options());
   unit.reduce = communicator_.ReduceScatter(input.view({-1}), unit.reduce_output,
                                             parallel::ReduceOp::kAverage);
+  if (replicate_ == nullptr) return;
+  // The units whose reduce-scatters started before this one's have had a block's backward to
+  // finish them: their all-reduces across the replicas start now, overlapping what is left
+  // of the backward.
+  StartReplicaReduces();
+  awaiting_replicas_.push_back(&unit);
+}
+
+// Each awaiting unit's reduce-scatter result (its averaged gradient shards and usage flags)
+// is averaged across the replicas in place; its `reduce` becomes that all-reduce. Every
+// replica starts them in the same order, that of the reduce-scatters.
+void Fsdp::StartReplicaReduces() {
+  for (Unit* unit : awaiting_replicas_) {
+    if (absl::Status status = unit->reduce->Wait(); !status.ok()) {
+      Fail(status);  // its `reduce` keeps the failure, which FinishBackward finds
+      continue;
+    }
+    unit->reduce = replicate_->AllReduce(unit->reduce_output, parallel::ReduceOp::kAverage);
+  }
+  awaiting_replicas_.clear();
 }
 
 void Fsdp::FinishBackward() {
@@ -364,6 +388,7 @@ void Fsdp::FinishBackward() {
     // has the same model, so every rank starts the same reductions here, in unit order.
     if (unit.trainable > 0 && unit.reduce == nullptr) StartReduceScatter(unit);
   }
+  StartReplicaReduces();  // with a replicate group: the last units' all-reduces
   for (Unit& unit : units_) {
     if (unit.reduce != nullptr) {
       absl::Status status = unit.reduce->Wait();
@@ -445,15 +470,25 @@ absl::Status Fsdp::LoadFullStateDict(const std::map<std::string, torch::Tensor>&
   return absl::OkStatus();
 }
 
-StepEstimate FsdpStrategy::Estimate(const ModelShape& shape, int dim_size) const {
+StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
+                                    const parallel::MeshConfig& mesh) const {
   const bool reshard = !config_.has_reshard_after_forward() || config_.reshard_after_forward();
+  const int dim_size = static_cast<int>(parallel::SubmeshRanks(mesh, {config_.mesh_dim()}));
+  const bool hybrid = !config_.replicate_mesh_dim().empty();
+  const int replicas =
+      hybrid ? static_cast<int>(parallel::SubmeshRanks(mesh, {config_.replicate_mesh_dim()})) : 1;
   const int64_t units = shape.num_blocks + 1;  // the blocks and the root
   StepEstimate estimate;
   estimate.description = absl::StrFormat(
       "fsdp over %s (%d ranks): %d units (%d blocks and the root), each rank keeps 1/%d of %s "
-      "parameters and gathers one unit at a time (prefetching the next)%s",
+      "parameters and gathers one unit at a time (prefetching the next)%s%s",
       config_.mesh_dim(), dim_size, units, units - 1, dim_size, base::HumanCount(shape.parameters),
-      reshard ? "" : ", keeping it until its backward");
+      reshard ? "" : ", keeping it until its backward",
+      hybrid ? absl::StrFormat("; hybrid sharding: the shards replicated over %s (%d ranks), "
+                               "each unit's gradient shards all-reduced across it after their "
+                               "reduce-scatter",
+                               config_.replicate_mesh_dim(), replicas)
+             : "");
   estimate.parameter_fraction = 1.0 / dim_size;
   const double gathered_bytes_per_element =
       config_.param_dtype() == base::DTYPE_UNSPECIFIED
@@ -466,18 +501,27 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape, int dim_size) const
                : shape.parameters) *
       gathered_bytes_per_element;
   // Every micro-batch gathers each unit for its forward (and again for its backward when
-  // resharded after forward) and reduce-scatters its gradients.
+  // resharded after forward) and reduce-scatters its gradients, then all-reduces the
+  // gradient shards across the replicas.
   const double ring = static_cast<double>(dim_size - 1) / dim_size;
+  const double replica_ring = static_cast<double>(replicas - 1) / replicas;
   const double reduce_bytes_per_element =
       c10::elementSize(base::ToScalarType(config_.reduce_dtype(), torch::kFloat32));
   estimate.bytes_sent_per_micro_batch =
       ring * shape.parameters *
-      ((reshard ? 2 : 1) * gathered_bytes_per_element + reduce_bytes_per_element);
+          ((reshard ? 2 : 1) * gathered_bytes_per_element + reduce_bytes_per_element) +
+      2.0 * replica_ring * shape.parameters / dim_size * reduce_bytes_per_element;
   return estimate;
 }
 
-absl::Status FsdpStrategy::Apply(Wrappable& model, parallel::Communicator& communicator) {
-  PLAIT_ASSIGN_OR_RETURN(fsdp_, Fsdp::Create(model, communicator, config_));
+absl::Status FsdpStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& mesh) {
+  PLAIT_ASSIGN_OR_RETURN(parallel::Communicator * communicator,
+                         mesh.communicator(config_.mesh_dim()));
+  parallel::Communicator* replicate = nullptr;
+  if (!config_.replicate_mesh_dim().empty()) {
+    PLAIT_ASSIGN_OR_RETURN(replicate, mesh.communicator(config_.replicate_mesh_dim()));
+  }
+  PLAIT_ASSIGN_OR_RETURN(fsdp_, Fsdp::Create(model, *communicator, replicate, config_));
   return absl::OkStatus();
 }
 

@@ -14,18 +14,23 @@
 // Freeing keeps each parameter's identity for autograd (internal/torch_internals.h), so no
 // forward is recomputed. With FsdpConfig.param_dtype the full parameters are gathered and
 // computed in that dtype (bf16), gradients are reduced in reduce_dtype, and shards, their
-// gradients and the optimizer state stay fp32. Frozen parameters (requires_grad false) are
-// sharded and gathered but get no gradient and are not trained; so does a parameter that no
-// rank used in the step's backward (a flag per parameter rides on each unit's
-// reduce-scatter), as in one process, where AdamW would otherwise decay it. FsdpStrategy is
-// its preparation strategy (strategy.h), applied through wrap::Preparation (preparation.h).
-// On CUDA (an NcclCommunicator) the gathers and reduce-scatters run on the communicator's
-// stream, after the work queued on the compute stream and overlapping what is queued next;
-// waiting for one makes the compute stream wait for it (nccl_communicator.h). Freed parameter
-// memory goes back to LibTorch's caching allocator from the compute stream, the only stream
-// that touches a parameter's storage (gathered values are copied in on it after the wait);
-// a collective's own buffers stay in its Work until it has been waited for, which returns
-// once the collective has ended, so the allocator never hands out memory NCCL still uses.
+// gradients and the optimizer state stay fp32. With a replicate group (hybrid sharding,
+// FsdpConfig.replicate_mesh_dim) every rank of it holds the same shards, and each unit's
+// reduced gradient shards are averaged across it by an all-reduce, started once that unit's
+// reduce-scatter has had the next unit's backward to finish in (as PyTorch's HSDP), so it too
+// overlaps the backward; the optimizer and clipping see the shards. Frozen parameters
+// (requires_grad false) are sharded and gathered but get no gradient and are not trained; so
+// does a parameter that no rank used in the step's backward (a flag per parameter rides on
+// each unit's reduce-scatter), as in one process, where AdamW would otherwise decay it.
+// FsdpStrategy is its preparation strategy (strategy.h), applied through wrap::Preparation
+// (preparation.h). On CUDA (an NcclCommunicator) the gathers, reduce-scatters and all-reduces
+// across replicas run on their communicator's stream, after the work queued on the compute
+// stream and overlapping what is queued next; waiting for one makes the compute stream wait
+// for it (nccl_communicator.h). Freed parameter memory goes back to LibTorch's caching
+// allocator from the compute stream, the only stream that touches a parameter's storage
+// (gathered values are copied in on it after the wait); a collective's own buffers stay in
+// its Work until it has been waited for, which returns once the collective has ended, so the
+// allocator never hands out memory NCCL still uses.
 #ifndef PLAIT_WRAP_FSDP_FSDP_H_
 #define PLAIT_WRAP_FSDP_FSDP_H_
 
@@ -49,9 +54,11 @@ namespace plait::wrap::fsdp {
 class Fsdp {
  public:
   // Shards the model's parameters (which must be the same on every rank, e.g. initialised
-  // from one seed), frees the full ones, and installs the unit hooks.
+  // from one seed) over `communicator`, frees the full ones, and installs the unit hooks.
+  // `replicate`, when not null, is the group across which the shards are replicated.
   static absl::StatusOr<std::unique_ptr<Fsdp>> Create(Wrappable& model,
                                                       parallel::Communicator& communicator,
+                                                      parallel::Communicator* replicate,
                                                       const FsdpConfig& config);
   ~Fsdp();
 
@@ -81,7 +88,8 @@ class Fsdp {
  private:
   struct Unit;
 
-  Fsdp(Wrappable& model, parallel::Communicator& communicator, const FsdpConfig& config);
+  Fsdp(Wrappable& model, parallel::Communicator& communicator, parallel::Communicator* replicate,
+       const FsdpConfig& config);
 
   void BeforeForward(int unit);
   torch::Tensor AfterForward(int unit, torch::Tensor output);
@@ -93,6 +101,7 @@ class Fsdp {
   void Unshard(Unit& unit);
   void Reshard(Unit& unit);
   void StartReduceScatter(Unit& unit);
+  void StartReplicaReduces();
   void AccumulateShardGradients(Unit& unit);
   void Fail(const absl::Status& status);
 
@@ -101,11 +110,15 @@ class Fsdp {
 
   Wrappable& model_;
   parallel::Communicator& communicator_;
+  parallel::Communicator* replicate_;  // null without hybrid sharding
   bool reshard_after_forward_;
   torch::ScalarType param_dtype_ = torch::kFloat32;  // set per model in Create
   torch::ScalarType reduce_dtype_ = torch::kFloat32;
   std::vector<Unit> units_;  // the blocks in order, then the root
   std::vector<internal::HookHandle> hooks_;
+  // With a replicate group: the units whose reduce-scatter has started and whose all-reduce
+  // across the replicas has not, in the order they started.
+  std::vector<Unit*> awaiting_replicas_;
   bool backward_started_ = false;
   absl::Status status_;
   int64_t unsharded_bytes_ = 0;
@@ -119,9 +132,10 @@ class FsdpStrategy final : public Strategy {
 
   absl::string_view name() const override { return "fsdp"; }
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
+  std::string replicate_dim() const override { return config_.replicate_mesh_dim(); }
   bool splits_batch() const override { return true; }
-  StepEstimate Estimate(const ModelShape& shape, int dim_size) const override;
-  absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) override;
+  StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
+  absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
   void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) override;
   absl::Status BackwardStatus() const override { return fsdp_->last_status(); }
   absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override;

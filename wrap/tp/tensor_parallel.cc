@@ -179,7 +179,9 @@ absl::Status TensorParallel::GatherFull(std::map<std::string, torch::Tensor>& pa
   return absl::OkStatus();
 }
 
-StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape, int dim_size) const {
+StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape,
+                                              const parallel::MeshConfig& mesh) const {
+  const int dim_size = static_cast<int>(parallel::SubmeshRanks(mesh, {config_.mesh_dim()}));
   // Ring all-reduces of the [tokens, hidden] activations in the parameters' dtype: per block
   // two forward (after o_proj and down_proj) and two backward (into the q/k/v and gate/up
   // inputs), plus the embedding's forward and the output projection's input backward; with
@@ -206,8 +208,10 @@ StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape, int dim_s
   return estimate;
 }
 
-absl::Status TensorParallelStrategy::Apply(Wrappable& model, parallel::Communicator& communicator) {
-  PLAIT_ASSIGN_OR_RETURN(tp_, TensorParallel::Create(model, communicator, config_));
+absl::Status TensorParallelStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& mesh) {
+  PLAIT_ASSIGN_OR_RETURN(parallel::Communicator * communicator,
+                         mesh.communicator(config_.mesh_dim()));
+  PLAIT_ASSIGN_OR_RETURN(tp_, TensorParallel::Create(model, *communicator, config_));
   return absl::OkStatus();
 }
 

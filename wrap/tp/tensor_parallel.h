@@ -98,8 +98,8 @@ class TensorParallelStrategy final : public Strategy {
   absl::string_view name() const override { return "tensor_parallel"; }
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
   bool splits_batch() const override { return false; }
-  StepEstimate Estimate(const ModelShape& shape, int dim_size) const override;
-  absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) override;
+  StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
+  absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
   void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) override {
     tp_->MarkSharded(parameters);
   }
