@@ -566,6 +566,9 @@ void Job::OnFailure(const RankStatus& failure) {
 }
 
 absl::Status Job::ReapExited() {
+  // Of several ranks found ended in one pass, one killed by a signal is the likelier cause:
+  // the others typically failed because it vanished from their collectives.
+  std::optional<RankStatus> failure;
   for (Rank& rank : ranks_) {
     if (!rank.running) continue;
     int wait_status = 0;
@@ -580,8 +583,12 @@ absl::Status Job::ReapExited() {
     }
     rank.running = false;
     rank.status = StatusFromWait(rank.rank, wait_status);
-    if (!rank.status.ok() && !first_failure_.has_value()) OnFailure(rank.status);
+    if (!rank.status.ok() &&
+        (!failure.has_value() || (failure->term_signal == 0 && rank.status.term_signal != 0))) {
+      failure = rank.status;
+    }
   }
+  if (failure.has_value() && !first_failure_.has_value()) OnFailure(*failure);
   return absl::OkStatus();
 }
 

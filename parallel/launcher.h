@@ -95,7 +95,8 @@ struct RankStatus {
 // How the last start of a job ended (see LaunchOptions::max_restarts for the others).
 struct LaunchResult {
   std::vector<RankStatus> ranks;  // indexed by local rank
-  // The first rank seen to exit non-zero or be killed; nullopt when every rank exited 0.
+  // The first rank seen to exit non-zero or be killed (of ranks seen ended at once, one
+  // killed by a signal, the likelier cause); nullopt when every rank exited 0.
   std::optional<RankStatus> first_failure;
   // The failure that ended each earlier start, in order: one per restart.
   std::vector<RankStatus> restarted_after;
