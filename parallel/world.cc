@@ -135,6 +135,15 @@ absl::StatusOr<World> ReadWorld(const Environment& env, const Convention& conven
   }
   PLAIT_ASSIGN_OR_RETURN(world.master_addr, Required(env, convention, "MASTER_ADDR"));
   PLAIT_ASSIGN_OR_RETURN(world.master_port, RequiredInt(env, convention, "MASTER_PORT"));
+  const char* port_name = "MASTER_PORT";
+  if (env(kStorePortVariable).value_or("") != "") {
+    port_name = kStorePortVariable;
+    PLAIT_ASSIGN_OR_RETURN(world.master_port, RequiredInt(env, convention, kStorePortVariable));
+  } else if (env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+    // torchrun's agent hosts its own store on MASTER_PORT for the job's lifetime.
+    port_name = "MASTER_PORT (+ 1, beside torchrun's own store)";
+    ++world.master_port;
+  }
   world.store_file = env(kStoreFileVariable).value_or("");
   world.store_token = env(kStoreTokenVariable).value_or("");
   PLAIT_ASSIGN_OR_RETURN(world.restart_count, OptionalCount(env, kRestartCountVariable));
@@ -144,9 +153,9 @@ absl::StatusOr<World> ReadWorld(const Environment& env, const Convention& conven
   PLAIT_ASSIGN_OR_RETURN(world.max_restarts, OptionalCount(env, kMaxRestartsVariable));
   world.restart_cause = env(kRestartCauseVariable).value_or("");
 
-  PLAIT_RETURN_IF_ERROR(Check(
-      world, {convention.rank, convention.world_size, convention.local_rank,
-              convention.local_world_size, "MASTER_ADDR", "MASTER_PORT", kStoreTokenVariable}));
+  PLAIT_RETURN_IF_ERROR(
+      Check(world, {convention.rank, convention.world_size, convention.local_rank,
+                    convention.local_world_size, "MASTER_ADDR", port_name, kStoreTokenVariable}));
   return world;
 }
 

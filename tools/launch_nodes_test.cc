@@ -1,15 +1,16 @@
 // A job of several machines, played on this one: the tiny 4-rank FSDP plan
 // (trainer/testdata/llama_fsdp_4ranks.textproto) trained by two //tools:launch processes
-// acting as two nodes of two ranks, and by four tasks with SLURM's variables as srun starts
-// them, each matching the same plan's one-node run; and a node that never arrives, named in
-// the rendezvous timeout. The nodes meet at rank 0's TCP store on an address of this machine
-// other than loopback: a job of several nodes refuses loopback, which other machines cannot
-// reach (parallel/rendezvous.h).
+// acting as two nodes of two ranks, by four tasks with SLURM's variables as srun starts
+// them, and by torchrun --no-python, each matching the same plan's one-node run; and a node
+// that never arrives, named in the rendezvous timeout. The nodes meet at rank 0's TCP store on an
+// address of this machine other than loopback: a job of several nodes refuses loopback, which other
+// machines cannot reach (parallel/rendezvous.h).
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -191,6 +192,24 @@ TEST_F(LaunchNodesTest, SlurmTasksOnTwoNodesMatchOneNodeOfFour) {
   }
   ASSERT_TRUE(all_ok) << outputs;
   EXPECT_EQ(Losses(metrics), OneNodeLosses());
+}
+
+// torchrun starts the ranks of the job's binary itself (--no-python) and keeps its own store
+// on MASTER_PORT; rank 0's goes beside it (parallel/world.h). Needs the PyTorch of the
+// LibTorch 2.x build's venv (tools/setup.sh).
+TEST_F(LaunchNodesTest, TorchrunNoPythonMatchesOneNodeOfFour) {
+  const std::string torchrun = "/opt/plait/venv/bin/torchrun";
+  if (access(torchrun.c_str(), X_OK) != 0) GTEST_SKIP() << "no " << torchrun;
+  std::vector<std::string> argv = {torchrun,
+                                   "--no-python",
+                                   "--nnodes=1",
+                                   "--nproc_per_node=4",
+                                   "--master_addr=127.0.0.1",
+                                   absl::StrCat("--master_port=", port_)};
+  for (std::string& arg : JobCommand(TestFile("torchrun.jsonl"))) argv.push_back(std::move(arg));
+  const auto [code, output] = Wait(Start("torchrun", argv, {{"PLAIT_STORE_TOKEN", kToken}}));
+  ASSERT_EQ(code, 0) << output;
+  EXPECT_EQ(Losses(TestFile("torchrun.jsonl")), OneNodeLosses());
 }
 
 TEST_F(LaunchNodesTest, ANodeThatNeverArrivesIsNamedInTheTimeout) {
