@@ -1,5 +1,5 @@
 // A job of several machines, played on this one: the tiny 4-rank FSDP plan
-// (trainer/testdata/llama_fsdp_4ranks.textproto) trained by two //tools:launch processes
+// (trainer/testdata/runs/llama_fsdp_4ranks.textproto) trained by two //tools:launch processes
 // acting as two nodes of two ranks, by four tasks with SLURM's variables as srun starts
 // them, and by torchrun --no-python, each matching the same plan's one-node run; and a node
 // that never arrives, named in the rendezvous timeout. The nodes meet at rank 0's TCP store on an
@@ -71,7 +71,7 @@ std::optional<std::string> NonLoopbackAddress() {
 // The job's binary, with the 4-rank plan for kSteps steps, writing `metrics` (rank 0).
 std::vector<std::string> JobCommand(const std::string& metrics) {
   return {Runfile("trainer/llama_fsdp"),
-          absl::StrCat("--plan=", Runfile("trainer/testdata/llama_fsdp_4ranks.textproto")),
+          absl::StrCat("--plan=", Runfile("trainer/testdata/runs/llama_fsdp_4ranks.textproto")),
           absl::StrCat("--set=training.steps=", kSteps),
           absl::StrCat("--set=training.metrics_file=", metrics)};
 }

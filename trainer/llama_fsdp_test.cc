@@ -224,7 +224,7 @@ int64_t LastStep(const std::string& output) {
 // (bitwise: the same layout computes the same numbers).
 TEST(LlamaFsdpTest, ARankKilledMidRunIsRestartedFromTheLastCheckpoint) {
   const std::string plan = absl::StrCat("--plan=", std::getenv("TEST_SRCDIR"),
-                                        "/plait/trainer/testdata/llama_fsdp_4ranks.textproto");
+                                        "/plait/trainer/testdata/runs/llama_fsdp_4ranks.textproto");
   const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/restart");
   std::filesystem::create_directories(dir);
   auto run = [&](const std::string& name, bool kill_a_rank) {
