@@ -157,7 +157,7 @@ struct Attempt {
 // replaced (those without a value removed, so a launcher started by another passes on none of
 // its own launcher's).
 std::vector<std::string> RankEnvironment(int local_rank, const LaunchOptions& options, int port,
-                                         const std::string& store_file, const Attempt& start) {
+                                         const std::string& store_file, const Attempt& attempt) {
   const int rank = options.node_rank * options.num_ranks + local_rank;
   const int world_size = options.num_nodes * options.num_ranks;
   auto unless_empty = [](const std::string& value) {
@@ -176,9 +176,9 @@ std::vector<std::string> RankEnvironment(int local_rank, const LaunchOptions& op
       {"ROLE_WORLD_SIZE", absl::StrCat(world_size)},
       {"MASTER_ADDR", options.master_addr},
       {"MASTER_PORT", absl::StrCat(port)},
-      {kRestartCountVariable, absl::StrCat(start.restart)},
+      {kRestartCountVariable, absl::StrCat(attempt.restart)},
       {kMaxRestartsVariable, absl::StrCat(options.max_restarts)},
-      {kRestartCauseVariable, unless_empty(start.cause)},
+      {kRestartCauseVariable, unless_empty(attempt.cause)},
       {kStdoutIsTerminalVariable, options.stdout_is_terminal ? "1" : "0"},
   };
   std::vector<std::string> environment;
@@ -452,12 +452,12 @@ RankStatus StatusFromWait(int rank, int wait_status) {
 class Job {
  public:
   Job(const LaunchOptions& options, const SignalHandlers& handlers, int port,
-      std::string store_file, Attempt start)
+      std::string store_file, Attempt attempt)
       : options_(options),
         handlers_(handlers),
         port_(port),
         store_file_(std::move(store_file)),
-        start_(std::move(start)) {
+        attempt_(std::move(attempt)) {
     ranks_.reserve(options.num_ranks);
   }
   Job(const Job&) = delete;
@@ -498,7 +498,7 @@ class Job {
   const SignalHandlers& handlers_;
   const int port_;
   const std::string store_file_;
-  const Attempt start_;
+  const Attempt attempt_;
   std::vector<Rank> ranks_;
   std::optional<RankStatus> first_failure_;
   std::optional<Clock::time_point> kill_deadline_;  // set while waiting out the grace period
@@ -511,7 +511,7 @@ class Job {
 
 absl::Status Job::StartRank(int r, const std::string& path) {
   std::vector<std::string> argv_strings = options_.command;
-  std::vector<std::string> env_strings = RankEnvironment(r, options_, port_, store_file_, start_);
+  std::vector<std::string> env_strings = RankEnvironment(r, options_, port_, store_file_, attempt_);
   const std::vector<char*> argv = NullTerminated(argv_strings);
   const std::vector<char*> envp = NullTerminated(env_strings);
   PLAIT_ASSIGN_OR_RETURN(Pipe out, MakePipe(absl::StrCat("rank ", r, " stdout"), O_NONBLOCK));
@@ -750,17 +750,17 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
     std::error_code ignored;
     std::filesystem::remove_all(store_dir, ignored);
   };
-  Attempt start;
+  Attempt attempt;
   std::vector<RankStatus> restarted_after;
   for (;;) {
     // A store file of its own for each start (a file store keeps the keys of the last one);
     // none for a job of several nodes, whose ranks meet at rank 0's store.
     const std::string store_file =
-        options.num_nodes == 1 ? absl::StrCat(store_dir, "/store-", start.restart) : "";
-    Job job(options, handlers, port, store_file, start);
+        options.num_nodes == 1 ? absl::StrCat(store_dir, "/store-", attempt.restart) : "";
+    Job job(options, handlers, port, store_file, attempt);
     PLAIT_RETURN_IF_ERROR(job.Start(path));
     PLAIT_ASSIGN_OR_RETURN(LaunchResult result, job.Run());
-    if (result.ok() || start.restart == options.max_restarts || job.interrupted()) {
+    if (result.ok() || attempt.restart == options.max_restarts || job.interrupted()) {
       result.restarted_after = std::move(restarted_after);
       if (!result.restarted_after.empty()) {
         absl::StrAppend(&result.summary, " (after ", result.restarted_after.size(), " restart",
@@ -769,11 +769,11 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
       return result;
     }
     restarted_after.push_back(*result.first_failure);
-    start.cause = result.first_failure->Describe();
-    ++start.restart;
+    attempt.cause = result.first_failure->Describe();
+    ++attempt.restart;
     options.stderr_sink(absl::StrCat("launch: ", result.summary, "; starting the ",
                                      options.num_ranks, " rank", options.num_ranks == 1 ? "" : "s",
-                                     " again (restart ", start.restart, " of ",
+                                     " again (restart ", attempt.restart, " of ",
                                      options.max_restarts, ")\n"));
   }
 }

@@ -64,8 +64,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> OpenStore(const World& world,
       base::Annotate(
           TcpStore::Host(world.master_addr, world.master_port, world.store_token,
                          kConnectionsPerRank * world.world_size + kSpareConnections, timeout),
-          absl::StrCat("rendezvous: rank 0 could not open the store (", kStorePortVariable,
-                       " chooses another port than ", world.master_port, ")")));
+          absl::StrCat("rendezvous: rank 0 could not open the store on port ", world.master_port,
+                       " (", kStorePortVariable, " chooses another)")));
   if (world.world_size > world.local_world_size && store->server()->ListensOnLoopback()) {
     // Debian, for one, maps a machine's own host name to 127.0.1.1.
     return absl::FailedPreconditionError(absl::StrCat(

@@ -1,27 +1,19 @@
 // End to end: //trainer:llama_fsdp's compiled-in plan, shortened to 3 steps, run as 2 rank
 // processes through parallel::Launch (as //tools:launch and torchrun start it), and its
 // metrics file checked; the same job on a token file truncated under it, which stops with an
-// error naming the file; one whose rank 1 stops, which rank 0 names; and one launching
-// itself with --max_restarts=1 whose rank is killed, which resumes from its checkpoint.
+// error naming the file; and one whose rank 1 stops, which rank 0 names.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <fstream>
-#include <random>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
-#include "base/file.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
 #include "data/testing_token_files.h"
@@ -36,7 +28,6 @@ namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::IsOk;
-using ::plait::base::testing::IsOkAndHolds;
 using ::plait::base::testing::TestPath;
 using ::testing::HasSubstr;
 
@@ -146,30 +137,6 @@ TEST(LlamaFsdpTest, ATokenFileTruncatedDuringTheRunStopsItWithANamedError) {
   EXPECT_THAT(output, ::testing::Not(HasSubstr("done:")));
 }
 
-// A child of `parent` whose environment holds RANK=`rank` (a launcher's rank); -1 when there
-// is none.
-pid_t ChildWithRank(pid_t parent, int rank) {
-  const std::string wanted = absl::StrCat("RANK=", rank);
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string pid = entry.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string fields;
-    std::getline(stat, fields);
-    // "pid (comm) state ppid ...": comm may hold spaces, so read after the last ')'.
-    std::istringstream after_comm(fields.substr(fields.rfind(')') + 2));
-    std::string state;
-    pid_t parent_pid = 0;
-    after_comm >> state >> parent_pid;
-    if (parent_pid != parent) continue;
-    std::ifstream environ(entry.path() / "environ");
-    for (std::string variable; std::getline(environ, variable, '\0');) {
-      if (variable == wanted) return static_cast<pid_t>(std::stol(pid));
-    }
-  }
-  return -1;
-}
-
 // A rank that stops (SIGSTOP) mid-run is found within the plan's collective timeout: the
 // other rank's collective fails, and its error names the rank that did not answer.
 TEST(LlamaFsdpTest, ARankThatStopsIsNamedAfterTheCollectiveTimeout) {
@@ -180,7 +147,7 @@ TEST(LlamaFsdpTest, ARankThatStopsIsNamedAfterTheCollectiveTimeout) {
     absl::MutexLock lock(&mutex);
     output.append(line);
     if (stopped < 0 && line.find("[rank 0] step 1/") != std::string_view::npos) {
-      stopped = ChildWithRank(getpid(), 1);
+      stopped = parallel::testdata::ChildWithRank(getpid(), 1);
       ASSERT_GT(stopped, 0) << "no child process with RANK=1";
       ASSERT_EQ(kill(stopped, SIGSTOP), 0);
     }
@@ -198,90 +165,6 @@ TEST(LlamaFsdpTest, ARankThatStopsIsNamedAfterTheCollectiveTimeout) {
   ASSERT_FALSE(result->ok()) << output;
   EXPECT_THAT(output, HasSubstr("rank 1 of 2 did not answer within 2s: stopped, hung or dead"));
   EXPECT_THAT(output, ::testing::Not(HasSubstr("done:")));
-}
-
-// The metrics file's rows, each parsed.
-std::vector<nlohmann::json> MetricsRows(const std::string& path) {
-  std::ifstream file(path);
-  EXPECT_TRUE(file) << path;
-  std::vector<nlohmann::json> rows;
-  for (std::string line; std::getline(file, line);) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
-
-// The last "[rank 0] step N/" in `output`; 0 when there is none.
-int64_t LastStep(const std::string& output) {
-  const size_t at = output.rfind("[rank 0] step ");
-  if (at == std::string::npos) return 0;
-  return std::strtoll(output.c_str() + at + std::strlen("[rank 0] step "), nullptr, 10);
-}
-
-// A 40-step job (plans/llama_fsdp's plan on 4 ranks) saving a checkpoint every 10 steps
-// launches itself with --max_restarts=1; once its first checkpoint is complete, a random rank
-// is killed with SIGKILL at a random later step. The launcher stops the other ranks and
-// starts all of them again, saying why; they resume from the last complete checkpoint, and
-// the metrics file holds steps 1..40 once each with the losses of the run never interrupted
-// (bitwise: the same layout computes the same numbers).
-TEST(LlamaFsdpTest, ARankKilledMidRunIsRestartedFromTheLastCheckpoint) {
-  const std::string plan = absl::StrCat("--plan=", std::getenv("TEST_SRCDIR"),
-                                        "/plait/trainer/testdata/runs/llama_fsdp_4ranks.textproto");
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/restart");
-  std::filesystem::create_directories(dir);
-  auto run = [&](const std::string& name, bool kill_a_rank) {
-    parallel::testdata::SubprocessOptions options;
-    options.argv = {LlamaFsdp(),
-                    plan,
-                    "--max_restarts=1",
-                    absl::StrCat("--set=training.metrics_file=", dir, "/", name, ".jsonl"),
-                    absl::StrCat("--set=training.checkpoint.dir=", dir, "/", name),
-                    "--set=training.checkpoint.every=10",
-                    "--set=training.checkpoint.resume=true"};
-    options.stdout_path = absl::StrCat(dir, "/", name, ".out");
-    options.stderr_path = absl::StrCat(dir, "/", name, ".err");
-    absl::StatusOr<pid_t> launcher = parallel::testdata::StartSubprocess(options);
-    EXPECT_THAT(launcher, IsOk());
-    if (kill_a_rank) {
-      std::mt19937 random(std::random_device{}());
-      const int rank = std::uniform_int_distribution<int>(0, 3)(random);
-      const int64_t step = std::uniform_int_distribution<int64_t>(11, 38)(random);
-      SCOPED_TRACE(absl::StrCat("rank ", rank, " killed at step ", step));
-      EXPECT_THAT(parallel::testdata::WaitForFiles({absl::StrCat(dir, "/", name, "/step-00000010")},
-                                                   absl::Minutes(3)),
-                  IsOk());
-      const absl::Time deadline = absl::Now() + absl::Minutes(3);
-      while (LastStep(base::ReadFile(options.stdout_path).value_or("")) < step &&
-             absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-      const pid_t victim = ChildWithRank(launcher.value_or(-1), rank);
-      EXPECT_GT(victim, 0);
-      if (victim > 0) EXPECT_EQ(kill(victim, SIGKILL), 0);
-    }
-    EXPECT_THAT(parallel::testdata::WaitForSubprocess(launcher.value_or(-1), absl::Minutes(5)),
-                IsOkAndHolds(0));
-    return base::ReadFile(options.stdout_path).value_or("") +
-           base::ReadFile(options.stderr_path).value_or("");
-  };
-  const std::string straight_output = run("straight", false);
-  const std::string output = run("restarted", true);
-  EXPECT_THAT(output, ::testing::ContainsRegex(
-                          "launch: rank [0-3] was killed by signal 9 \\(Killed\\); stopped the 3 "
-                          "other running ranks with SIGTERM; starting the 4 ranks again "
-                          "\\(restart 1 of 1\\)"));
-  EXPECT_THAT(output, ::testing::ContainsRegex(
-                          "\\[rank 0\\] restart 1 after rank [0-3] was killed by signal 9 "
-                          "\\(Killed\\): resumed after step [1-3]0\n"));
-  EXPECT_THAT(straight_output, ::testing::Not(HasSubstr("restart")));
-
-  const std::vector<nlohmann::json> straight = MetricsRows(dir + "/straight.jsonl");
-  const std::vector<nlohmann::json> restarted = MetricsRows(dir + "/restarted.jsonl");
-  ASSERT_EQ(straight.size(), 40u) << straight_output;
-  ASSERT_EQ(restarted.size(), 40u) << output;
-  for (int i = 0; i < 40; ++i) {
-    EXPECT_EQ(restarted[i]["step"], i + 1) << output;
-    EXPECT_EQ(restarted[i]["loss"].get<double>(), straight[i]["loss"].get<double>())
-        << "step " << i + 1;
-  }
 }
 
 }  // namespace
