@@ -3,7 +3,8 @@
 // it. A fresh run creates the file and refuses a path that exists, so a misnamed path never
 // destroys a user's file. A resumed run continues its metrics file at the step it resumes
 // from: the rows after that step (logged after the checkpoint, before the kill) are dropped,
-// since the run writes them again. At the end of the run its summary goes beside it
+// since the run writes them again; so does a run its launcher restarted, even one that found
+// no checkpoint and starts over (Continue). At the end of the run its summary goes beside it
 // (run_summary.h: "metrics.jsonl" -> "metrics.run_summary.json"), which a fresh run
 // refuses to find there as it refuses its metrics file.
 //

@@ -87,8 +87,7 @@ Environment ProcessEnvironment();
 //   Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
 //     OMPI_COMM_WORLD_LOCAL_SIZE, with MASTER_ADDR and MASTER_PORT from the environment;
 // and, whatever the convention, PLAIT_STORE_FILE, PLAIT_STORE_TOKEN, PLAIT_STORE_PORT and the
-// restart variables
-// above when they are set.
+// restart variables above when they are set.
 // NotFound when none is present (the process was not launched as part of a job).
 absl::StatusOr<World> WorldFromEnvironment(const Environment& env);
 
