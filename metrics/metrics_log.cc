@@ -70,9 +70,18 @@ absl::Status KeepRowsUpTo(const std::string& path, int64_t step) {
 }
 
 absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t resume_step) {
+  return OpenFile(path, /*continues=*/resume_step > 0, resume_step);
+}
+
+absl::StatusOr<MetricsLog> MetricsLog::Continue(const std::string& path, int64_t after_step) {
+  return OpenFile(path, /*continues=*/true, after_step);
+}
+
+absl::StatusOr<MetricsLog> MetricsLog::OpenFile(const std::string& path, bool continues,
+                                                int64_t after_step) {
   struct stat info;
   const std::string summary = RunSummaryPath(path);
-  if (lstat(summary.c_str(), &info) == 0 && (resume_step == 0 || !S_ISREG(info.st_mode))) {
+  if (lstat(summary.c_str(), &info) == 0 && (!continues || !S_ISREG(info.st_mode))) {
     return absl::FailedPreconditionError(absl::StrCat(
         "\"", summary, "\" already exists; the summary of the run whose metrics file is \"", path,
         "\" goes there, and a fresh run never overwrites a file: remove it or choose "
@@ -84,7 +93,7 @@ absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t res
           absl::StrCat("\"", path, "\" is ", base::FileKind(info.st_mode),
                        "; a metrics file is a regular file the run creates: choose another path"));
     }
-    if (resume_step == 0) {
+    if (!continues) {
       return absl::FailedPreconditionError(absl::StrCat(
           "\"", path,
           "\" already exists; a fresh run creates its metrics file and never "
@@ -93,7 +102,7 @@ absl::StatusOr<MetricsLog> MetricsLog::Open(const std::string& path, int64_t res
     }
     PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
     PLAIT_RETURN_IF_ERROR(CheckIsMetricsFile(text, path));
-    PLAIT_RETURN_IF_ERROR(base::WriteFileAtomically(path, RowsUpTo(text, resume_step)));
+    PLAIT_RETURN_IF_ERROR(base::WriteFileAtomically(path, RowsUpTo(text, after_step)));
   } else {
     // Created here, exclusively: a file that appeared since the check is not overwritten.
     const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);

@@ -3,7 +3,8 @@
 // it. A fresh run creates the file and refuses a path that exists, so a misnamed path never
 // destroys a user's file. A resumed run continues its metrics file at the step it resumes
 // from: the rows after that step (logged after the checkpoint, before the kill) are dropped,
-// since the run writes them again. At the end of the run its summary goes beside it
+// since the run writes them again; so does a run its launcher restarted, even one that found
+// no checkpoint and starts over (Continue). At the end of the run its summary goes beside it
 // (run_summary.h: "metrics.jsonl" -> "metrics.run_summary.json"), which a fresh run
 // refuses to find there as it refuses its metrics file.
 //
@@ -33,6 +34,11 @@ class MetricsLog {
   // its summary's path when it exists for a fresh run or is not a regular file.
   static absl::StatusOr<MetricsLog> Open(const std::string& path, int64_t resume_step);
 
+  // Open for a run that an earlier start of the same job began (a launcher restarted its
+  // ranks): as with `resume_step` = `after_step`, but also for 0, where a restart found no
+  // checkpoint and starts over, and the earlier start's rows are all dropped.
+  static absl::StatusOr<MetricsLog> Continue(const std::string& path, int64_t after_step);
+
   // Writes one row and flushes it. Optional fields appear only when set.
   absl::Status Append(const StepMetrics& metrics);
 
@@ -41,6 +47,10 @@ class MetricsLog {
   absl::Status WriteSummary(const RunMetrics& run) const;
 
  private:
+  // Open, and Continue when `continues`.
+  static absl::StatusOr<MetricsLog> OpenFile(const std::string& path, bool continues,
+                                             int64_t after_step);
+
   MetricsLog(std::string path, std::unique_ptr<std::ofstream> out)
       : path_(std::move(path)), out_(std::move(out)) {}
 

@@ -48,6 +48,31 @@ TEST(MetricsLogTest, AppendsOneRowPerStepAfterTheResumedOnes) {
                                        "\"tokens_per_s\":100.0}\n")));
 }
 
+// A restarted run that found no checkpoint starts over: the rows of the start before it go,
+// and a file it never got to create is created.
+TEST(MetricsLogTest, ARestartContinuesTheFileOfTheStartBeforeItEvenFromStepZero) {
+  const std::string path = TestPath("restarted.jsonl");
+  std::ofstream(path) << "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.0}\n{\"st";
+  absl::StatusOr<MetricsLog> log = MetricsLog::Continue(path, /*after_step=*/0);
+  ASSERT_THAT(log, IsOk());
+  StepMetrics metrics;
+  metrics.step = 1;
+  metrics.loss = 3.0;
+  ASSERT_THAT(log->Append(metrics), IsOk());
+  EXPECT_THAT(
+      base::ReadFile(path),
+      IsOkAndHolds(std::string("{\"loss\":3.0,\"lr\":0.0,\"step\":1,\"tokens_per_s\":0.0}\n")));
+
+  const std::string missing = TestPath("never_created.jsonl");
+  ASSERT_THAT(MetricsLog::Continue(missing, /*after_step=*/0), IsOk());
+  EXPECT_THAT(base::ReadFile(missing), IsOkAndHolds(std::string()));
+
+  const std::string notes = TestPath("restart_notes.txt");
+  ASSERT_THAT(base::WriteFileAtomically(notes, "my notes\n"), IsOk());
+  EXPECT_THAT(MetricsLog::Continue(notes, /*after_step=*/0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is not a metrics file")));
+}
+
 // A fresh run never writes over a file it did not create: the path it was given may name a
 // token file, a model or someone's notes.
 TEST(MetricsLogTest, AFreshRunRefusesAnExistingPathAndLeavesItAsItWas) {

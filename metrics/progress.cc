@@ -37,7 +37,8 @@ void ProgressLog::Print(const std::string& line) {
 }
 
 void ProgressLog::Header(int64_t parameters, int ranks, int64_t tokens_per_step,
-                         std::optional<double> entropy_floor, int64_t resume_step) {
+                         std::optional<double> entropy_floor, int64_t resume_step,
+                         const std::string& restart) {
   std::string header = absl::StrCat("training ", parameters, " parameters on ", ranks,
                                     ranks == 1 ? " rank" : " ranks", ", ", total_steps_,
                                     " steps of ", tokens_per_step, " tokens");
@@ -45,7 +46,13 @@ void ProgressLog::Header(int64_t parameters, int ranks, int64_t tokens_per_step,
     absl::StrAppendFormat(&header, "; synthetic data, entropy floor %.4f nats", *entropy_floor);
   }
   Print(header);
-  if (resume_step > 0) Print(absl::StrCat("resumed after step ", resume_step));
+  if (!restart.empty()) {
+    Print(absl::StrCat(restart, ": ",
+                       resume_step > 0 ? absl::StrCat("resumed after step ", resume_step)
+                                       : "no checkpoint to resume from, starting over"));
+  } else if (resume_step > 0) {
+    Print(absl::StrCat("resumed after step ", resume_step));
+  }
 }
 
 void ProgressLog::Summary(const RunMetrics& run) {

@@ -35,9 +35,12 @@ class ProgressLog {
   void Print(const std::string& line);
 
   // The run's first lines: what trains on how many ranks, with the data's loss floor when it
-  // is known, and the step a resumed run continues after (0: a fresh run).
+  // is known, and the step a resumed run continues after (0: a fresh run). `restart` says
+  // which start of a restarted job this is and why ("restart 1 after rank 1 was killed by
+  // signal 9 (Killed)"), "" for a first start; the resume line then begins with it, and says
+  // so when the restart starts over for want of a checkpoint.
   void Header(int64_t parameters, int ranks, int64_t tokens_per_step,
-              std::optional<double> entropy_floor, int64_t resume_step);
+              std::optional<double> entropy_floor, int64_t resume_step, const std::string& restart);
 
   // The run's last line: time, speed, MFU, the best evaluation and its gap to the floor, the
   // largest rank's peak memory, and the skipped updates and checkpoints when there were any.

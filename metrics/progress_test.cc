@@ -1,7 +1,9 @@
 #include "metrics/progress.h"
 
 #include <sstream>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace plait::metrics {
@@ -55,7 +57,8 @@ TEST(ProgressLogTest, PrintsPlainLinesEveryLogEveryStepsAndNotableSteps) {
 TEST(ProgressLogTest, HeaderAndSummaryFrameTheRun) {
   std::ostringstream out;
   ProgressLog progress(out, ProgressLog::Style::kPlainLines, /*total_steps=*/100, /*log_every=*/10);
-  progress.Header(/*parameters=*/4999424, /*ranks=*/2, /*tokens_per_step=*/1024, 1.1369, 40);
+  progress.Header(/*parameters=*/4999424, /*ranks=*/2, /*tokens_per_step=*/1024, 1.1369, 40,
+                  /*restart=*/"");
   RunMetrics run;
   run.seconds = 16.1;
   run.tokens_per_s = 6523;
@@ -74,6 +77,23 @@ TEST(ProgressLogTest, HeaderAndSummaryFrameTheRun) {
             "done: 100 steps in 16.1 s, 6523 tokens/s, MFU 48.10%, best eval loss 1.1914 "
             "(entropy floor 1.1369, gap 0.0545 nats); peak memory 700.0 MiB (rank 1), "
             "1 update skipped, 2 checkpoints written\n");
+}
+
+// A restarted job's first line says which restart, why, and where it resumes.
+TEST(ProgressLogTest, HeaderNamesARestartAndWhereItResumes) {
+  for (const int64_t resume_step : {20, 0}) {
+    std::ostringstream out;
+    ProgressLog progress(out, ProgressLog::Style::kPlainLines, /*total_steps=*/40,
+                         /*log_every=*/10);
+    progress.Header(/*parameters=*/100, /*ranks=*/1, /*tokens_per_step=*/64, std::nullopt,
+                    resume_step, "restart 1 after rank 1 was killed by signal 9 (Killed)");
+    EXPECT_EQ(out.str(),
+              absl::StrCat("training 100 parameters on 1 rank, 40 steps of 64 tokens\n"
+                           "restart 1 after rank 1 was killed by signal 9 (Killed): ",
+                           resume_step > 0 ? "resumed after step 20"
+                                           : "no checkpoint to resume from, starting over",
+                           "\n"));
+  }
 }
 
 // A CUDA run's summary gives the most GPU memory a rank held.

@@ -1,6 +1,7 @@
 #include "parallel/device_mesh.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -29,12 +30,17 @@ std::vector<base::Violation> CheckMeshConfig(const MeshConfig& config, int world
     if (dim.size() < 1) add(dim_field + ".size", absl::StrCat(dim.size(), "; must be >= 1"));
     shape.push_back(absl::StrCat(dim.name(), "=", dim.size()));
   }
-  if (config.collective_timeout_seconds() < 0 ||
-      config.collective_timeout_seconds() > kMaxCollectiveTimeoutSeconds) {
-    add(field + ".collective_timeout_seconds",
-        absl::StrCat(config.collective_timeout_seconds(), "; must be between 0 (the default, ",
-                     absl::FormatDuration(kDefaultCollectiveTimeout), ") and ",
-                     kMaxCollectiveTimeoutSeconds, " (a day)"));
+  for (const auto& [name, seconds, default_timeout] :
+       {std::tuple{"collective_timeout_seconds", config.collective_timeout_seconds(),
+                   kDefaultCollectiveTimeout},
+        std::tuple{"rendezvous_timeout_seconds", config.rendezvous_timeout_seconds(),
+                   kDefaultRendezvousTimeout}}) {
+    if (seconds < 0 || seconds > kMaxCollectiveTimeoutSeconds) {
+      add(absl::StrCat(field, ".", name),
+          absl::StrCat(seconds, "; must be between 0 (the default, ",
+                       absl::FormatDuration(default_timeout), ") and ",
+                       kMaxCollectiveTimeoutSeconds, " (a day)"));
+    }
   }
   const int64_t ranks = MeshRanks(config);
   if (ranks > kMaxMeshRanks) {
@@ -53,6 +59,12 @@ absl::Duration CollectiveTimeout(const MeshConfig& config) {
   return config.collective_timeout_seconds() > 0
              ? absl::Seconds(config.collective_timeout_seconds())
              : kDefaultCollectiveTimeout;
+}
+
+absl::Duration RendezvousTimeout(const MeshConfig& config) {
+  return config.rendezvous_timeout_seconds() > 0
+             ? absl::Seconds(config.rendezvous_timeout_seconds())
+             : kDefaultRendezvousTimeout;
 }
 
 absl::StatusOr<MeshLayout> MeshLayout::Create(const MeshConfig& config, int world_size) {

@@ -36,13 +36,17 @@ namespace plait::parallel {
 // in `int` never overflows.
 inline constexpr int64_t kMaxMeshRanks = int64_t{1} << 24;
 
-// How long a collective waits for the other ranks unless MeshConfig says otherwise, and the
-// longest it may say.
+// How long a collective, and the rendezvous at start-up, wait for the other ranks unless
+// MeshConfig says otherwise, and the longest either may say.
 inline constexpr absl::Duration kDefaultCollectiveTimeout = absl::Minutes(5);
+inline constexpr absl::Duration kDefaultRendezvousTimeout = absl::Minutes(5);
 inline constexpr int kMaxCollectiveTimeoutSeconds = 24 * 60 * 60;
 
 // MeshConfig::collective_timeout_seconds, with 0 read as kDefaultCollectiveTimeout.
 absl::Duration CollectiveTimeout(const MeshConfig& config);
+
+// MeshConfig::rendezvous_timeout_seconds, with 0 read as kDefaultRendezvousTimeout.
+absl::Duration RendezvousTimeout(const MeshConfig& config);
 
 // The number of ranks `config` describes: the product of its sizes, 1 without dimensions;
 // kMaxMeshRanks + 1 for any product above kMaxMeshRanks (so it never overflows), 0 when a

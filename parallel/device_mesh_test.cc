@@ -106,6 +106,17 @@ TEST(MeshLayoutTest, InvalidConfigsNameTheField) {
                                                 dims { name: "dp" size: 2 })pb"),
                                  2),
               invalid("mesh.dims[1].name: \"dp\" appears twice"));
+  EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(rendezvous_timeout_seconds: -1)pb"), 1),
+              invalid("mesh.rendezvous_timeout_seconds: -1; must be between 0 (the default, "
+                      "5m) and 86400 (a day)"));
+  EXPECT_THAT(MeshLayout::Create(ParseMesh(R"pb(collective_timeout_seconds: 86401)pb"), 1),
+              invalid("mesh.collective_timeout_seconds: 86401; must be between 0"));
+}
+
+TEST(MeshLayoutTest, TimeoutsDefaultToFiveMinutes) {
+  EXPECT_EQ(RendezvousTimeout(ParseMesh("")), absl::Minutes(5));
+  EXPECT_EQ(RendezvousTimeout(ParseMesh("rendezvous_timeout_seconds: 3")), absl::Seconds(3));
+  EXPECT_EQ(CollectiveTimeout(ParseMesh("")), absl::Minutes(5));
 }
 
 TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {

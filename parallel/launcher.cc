@@ -99,6 +99,31 @@ absl::Status ValidateOptions(const LaunchOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("grace_period=", absl::FormatDuration(options.grace_period), " must be >= 0"));
   }
+  if (options.num_nodes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_nodes=", options.num_nodes, " must be >= 1"));
+  }
+  if (options.node_rank < 0 || options.node_rank >= options.num_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node_rank=", options.node_rank, " must be in [0, num_nodes=", options.num_nodes, ")"));
+  }
+  if (options.num_nodes > 1 && options.master_port == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "master_port=0 with num_nodes=", options.num_nodes,
+        ": the nodes cannot agree on a port picked on one of them; give every node the same "
+        "port, where rank 0 hosts the store"));
+  }
+  if (options.max_restarts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_restarts=", options.max_restarts, " must be >= 0"));
+  }
+  if (options.max_restarts > 0 && options.num_nodes > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_restarts=", options.max_restarts, " with num_nodes=", options.num_nodes,
+        ": this launcher restarts the ranks of its own machine, and the other nodes' launchers "
+        "would not start theirs with them; restart a multi-node job as a whole (SLURM's "
+        "--requeue, or your scheduler's retry) with the plan's checkpoint.resume"));
+  }
   return absl::OkStatus();
 }
 
@@ -122,17 +147,38 @@ absl::StatusOr<std::string> ResolveProgram(const std::string& program) {
       "command[0]=\"", program, "\" is not an executable file on PATH=\"", search_path, "\""));
 }
 
-// The environment of one rank: this process's, with the world variables replaced.
-std::vector<std::string> RankEnvironment(int rank, const LaunchOptions& options, int port,
-                                         const std::string& store_file) {
-  const std::vector<std::pair<std::string, std::string>> world = {
-      {kStoreFileVariable, store_file},
+// Which start of the job a Job is, and why the one before it ended.
+struct Attempt {
+  int restart = 0;    // 0 for the first start
+  std::string cause;  // RankStatus::Describe() of the failure before; "" for the first
+};
+
+// The environment of local rank `local_rank`: this process's, with the world variables
+// replaced (those without a value removed, so a launcher started by another passes on none of
+// its own launcher's).
+std::vector<std::string> RankEnvironment(int local_rank, const LaunchOptions& options, int port,
+                                         const std::string& store_file, const Attempt& attempt) {
+  const int rank = options.node_rank * options.num_ranks + local_rank;
+  const int world_size = options.num_nodes * options.num_ranks;
+  auto unless_empty = [](const std::string& value) {
+    return value.empty() ? std::nullopt : std::optional<std::string>(value);
+  };
+  // torchrun's variables (ROLE_* as for its one role, "default"), and plait's own.
+  const std::vector<std::pair<std::string, std::optional<std::string>>> world = {
+      {kStoreFileVariable, unless_empty(store_file)},
       {"RANK", absl::StrCat(rank)},
-      {"WORLD_SIZE", absl::StrCat(options.num_ranks)},
-      {"LOCAL_RANK", absl::StrCat(rank)},
+      {"WORLD_SIZE", absl::StrCat(world_size)},
+      {"LOCAL_RANK", absl::StrCat(local_rank)},
       {"LOCAL_WORLD_SIZE", absl::StrCat(options.num_ranks)},
+      {"GROUP_RANK", absl::StrCat(options.node_rank)},
+      {"GROUP_WORLD_SIZE", absl::StrCat(options.num_nodes)},
+      {"ROLE_RANK", absl::StrCat(rank)},
+      {"ROLE_WORLD_SIZE", absl::StrCat(world_size)},
       {"MASTER_ADDR", options.master_addr},
       {"MASTER_PORT", absl::StrCat(port)},
+      {kRestartCountVariable, absl::StrCat(attempt.restart)},
+      {kMaxRestartsVariable, absl::StrCat(options.max_restarts)},
+      {kRestartCauseVariable, unless_empty(attempt.cause)},
       {kStdoutIsTerminalVariable, options.stdout_is_terminal ? "1" : "0"},
   };
   std::vector<std::string> environment;
@@ -142,7 +188,9 @@ std::vector<std::string> RankEnvironment(int rank, const LaunchOptions& options,
                                       [&](const auto& variable) { return variable.first == name; });
     if (!replaced) environment.emplace_back(*entry);
   }
-  for (const auto& [name, value] : world) environment.push_back(absl::StrCat(name, "=", value));
+  for (const auto& [name, value] : world) {
+    if (value.has_value()) environment.push_back(absl::StrCat(name, "=", *value));
+  }
   return environment;
 }
 
@@ -373,6 +421,7 @@ std::string DescribeChildError(const ChildError& failure, int rank, const std::s
 }
 
 struct Rank {
+  // `rank` is the global rank, by which messages and output lines name it.
   Rank(int rank, pid_t pid, Fd out, Fd err, const LaunchOptions& options)
       : rank(rank),
         pid(pid),
@@ -403,8 +452,12 @@ RankStatus StatusFromWait(int rank, int wait_status) {
 class Job {
  public:
   Job(const LaunchOptions& options, const SignalHandlers& handlers, int port,
-      std::string store_file)
-      : options_(options), handlers_(handlers), port_(port), store_file_(std::move(store_file)) {
+      std::string store_file, Attempt attempt)
+      : options_(options),
+        handlers_(handlers),
+        port_(port),
+        store_file_(std::move(store_file)),
+        attempt_(std::move(attempt)) {
     ranks_.reserve(options.num_ranks);
   }
   Job(const Job&) = delete;
@@ -426,6 +479,10 @@ class Job {
 
   absl::StatusOr<LaunchResult> Run();
 
+  // Whether this launcher was told to stop (SIGINT or SIGTERM, forwarded to the ranks): a
+  // job stopped so is not restarted.
+  bool interrupted() const { return interrupted_; }
+
  private:
   using Clock = std::chrono::steady_clock;
 
@@ -441,6 +498,7 @@ class Job {
   const SignalHandlers& handlers_;
   const int port_;
   const std::string store_file_;
+  const Attempt attempt_;
   std::vector<Rank> ranks_;
   std::optional<RankStatus> first_failure_;
   std::optional<Clock::time_point> kill_deadline_;  // set while waiting out the grace period
@@ -448,11 +506,12 @@ class Job {
   // grace period.
   int num_stopped_ = 0;
   int num_killed_ = 0;
+  bool interrupted_ = false;
 };
 
 absl::Status Job::StartRank(int r, const std::string& path) {
   std::vector<std::string> argv_strings = options_.command;
-  std::vector<std::string> env_strings = RankEnvironment(r, options_, port_, store_file_);
+  std::vector<std::string> env_strings = RankEnvironment(r, options_, port_, store_file_, attempt_);
   const std::vector<char*> argv = NullTerminated(argv_strings);
   const std::vector<char*> envp = NullTerminated(env_strings);
   PLAIT_ASSIGN_OR_RETURN(Pipe out, MakePipe(absl::StrCat("rank ", r, " stdout"), O_NONBLOCK));
@@ -470,7 +529,8 @@ absl::Status Job::StartRank(int r, const std::string& path) {
   }
   if (pid < 0) return SystemError(absl::StrCat("fork (rank ", r, ")"), errno);
 
-  ranks_.emplace_back(r, pid, std::move(out.read), std::move(err.read), options_);
+  const int rank = options_.node_rank * options_.num_ranks + r;
+  ranks_.emplace_back(rank, pid, std::move(out.read), std::move(err.read), options_);
   out.write.Reset();
   err.write.Reset();
   exec_error.write.Reset();
@@ -487,9 +547,9 @@ absl::Status Job::StartRank(int r, const std::string& path) {
   ranks_.back().running = false;
   if (n != static_cast<ssize_t>(sizeof(failure))) {
     return absl::InternalError(
-        absl::StrCat("rank ", r, " failed before exec and its error report was cut short"));
+        absl::StrCat("rank ", rank, " failed before exec and its error report was cut short"));
   }
-  return absl::InvalidArgumentError(DescribeChildError(failure, r, options_.command[0]));
+  return absl::InvalidArgumentError(DescribeChildError(failure, rank, options_.command[0]));
 }
 
 void Job::Signal(int signal_number) {
@@ -506,6 +566,9 @@ void Job::OnFailure(const RankStatus& failure) {
 }
 
 absl::Status Job::ReapExited() {
+  // Of several ranks found ended in one pass, one killed by a signal is the likelier cause:
+  // the others typically failed because it vanished from their collectives.
+  std::optional<RankStatus> failure;
   for (Rank& rank : ranks_) {
     if (!rank.running) continue;
     int wait_status = 0;
@@ -520,8 +583,12 @@ absl::Status Job::ReapExited() {
     }
     rank.running = false;
     rank.status = StatusFromWait(rank.rank, wait_status);
-    if (!rank.status.ok() && !first_failure_.has_value()) OnFailure(rank.status);
+    if (!rank.status.ok() &&
+        (!failure.has_value() || (failure->term_signal == 0 && rank.status.term_signal != 0))) {
+      failure = rank.status;
+    }
   }
+  if (failure.has_value() && !first_failure_.has_value()) OnFailure(*failure);
   return absl::OkStatus();
 }
 
@@ -533,7 +600,10 @@ absl::Status Job::HandleSignals() {
     if (n == 0 || (n < 0 && errno == EAGAIN)) return absl::OkStatus();
     if (n < 0) return SystemError("read (signal self-pipe)", errno);
     for (ssize_t i = 0; i < n; ++i) {
-      if (signals[i] == SIGINT || signals[i] == SIGTERM) Signal(signals[i]);
+      if (signals[i] == SIGINT || signals[i] == SIGTERM) {
+        interrupted_ = true;
+        Signal(signals[i]);
+      }
     }
   }
 }
@@ -680,9 +750,32 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
     std::error_code ignored;
     std::filesystem::remove_all(store_dir, ignored);
   };
-  Job job(options, handlers, port, absl::StrCat(store_dir, "/store"));
-  PLAIT_RETURN_IF_ERROR(job.Start(path));
-  return job.Run();
+  Attempt attempt;
+  std::vector<RankStatus> restarted_after;
+  for (;;) {
+    // A store file of its own for each start (a file store keeps the keys of the last one);
+    // none for a job of several nodes, whose ranks meet at rank 0's store.
+    const std::string store_file =
+        options.num_nodes == 1 ? absl::StrCat(store_dir, "/store-", attempt.restart) : "";
+    Job job(options, handlers, port, store_file, attempt);
+    PLAIT_RETURN_IF_ERROR(job.Start(path));
+    PLAIT_ASSIGN_OR_RETURN(LaunchResult result, job.Run());
+    if (result.ok() || attempt.restart == options.max_restarts || job.interrupted()) {
+      result.restarted_after = std::move(restarted_after);
+      if (!result.restarted_after.empty()) {
+        absl::StrAppend(&result.summary, " (after ", result.restarted_after.size(), " restart",
+                        result.restarted_after.size() == 1 ? "" : "s", ")");
+      }
+      return result;
+    }
+    restarted_after.push_back(*result.first_failure);
+    attempt.cause = result.first_failure->Describe();
+    ++attempt.restart;
+    options.stderr_sink(absl::StrCat("launch: ", result.summary, "; starting the ",
+                                     options.num_ranks, " rank", options.num_ranks == 1 ? "" : "s",
+                                     " again (restart ", attempt.restart, " of ",
+                                     options.max_restarts, ")\n"));
+  }
 }
 
 int LaunchAndReport(const LaunchOptions& options) {
@@ -703,7 +796,7 @@ bool StdoutIsTerminal() {
   return launcher_says != nullptr && absl::string_view(launcher_says) == "1";
 }
 
-std::optional<int> LaunchSelfIfNoWorld(int argc, char** argv, int num_ranks) {
+std::optional<int> LaunchSelfIfNoWorld(int argc, char** argv, int num_ranks, int max_restarts) {
   const absl::StatusOr<World> world = WorldFromEnvironment(ProcessEnvironment());
   if (world.ok()) return std::nullopt;
   if (!absl::IsNotFound(world.status())) {
@@ -720,6 +813,7 @@ std::optional<int> LaunchSelfIfNoWorld(int argc, char** argv, int num_ranks) {
   }
   LaunchOptions options;
   options.num_ranks = num_ranks;
+  options.max_restarts = max_restarts;
   options.command.emplace_back(self, static_cast<size_t>(length));
   for (int i = 1; i < argc; ++i) options.command.emplace_back(argv[i]);
   return LaunchAndReport(options);

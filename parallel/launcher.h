@@ -1,8 +1,12 @@
-// A local launcher in the spirit of `torchrun --nproc_per_node`: Launch starts N copies of a
-// command on this machine, each with the environment parallel/world.h reads (RANK,
-// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), forwards their output
-// line by line prefixed with `[rank N] `, and fails fast: when one rank fails, the others are
-// stopped and the first failure is reported.
+// A launcher in the spirit of torchrun: Launch starts N copies of a command on this machine,
+// each with the environment torchrun gives and parallel/world.h reads (RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, ...), forwards their
+// output line by line prefixed with `[rank N] `, and fails fast: when one rank fails, the
+// others are stopped and the first failure is reported. With max_restarts it then starts all
+// of them again, up to that many times (a training plan with checkpoint.resume continues from
+// its last checkpoint). A job of several machines runs one launcher per machine, each with
+// the same num_nodes, master_addr and master_port and its own node_rank; their ranks meet
+// through rank 0's TCP store (rendezvous.h), as under torchrun.
 //
 //   LaunchOptions options;
 //   options.num_ranks = 4;
@@ -45,13 +49,26 @@ using LineSink = std::function<void(std::string_view line)>;
 LineSink FileDescriptorSink(int fd);
 
 struct LaunchOptions {
-  // How many ranks to start; all run on this machine, so LOCAL_WORLD_SIZE = WORLD_SIZE.
+  // How many ranks to start on this machine (torchrun's --nproc_per_node): LOCAL_WORLD_SIZE.
   int num_ranks = 1;
+  // How many machines run the job, each with a launcher of its own (torchrun's --nnodes), and
+  // which one this is (--node_rank): this machine's ranks are node_rank * num_ranks onwards,
+  // of a world of num_nodes * num_ranks. With one node the ranks meet through a file in a
+  // private folder and open no port for it (World::store_file); with more, through rank 0's
+  // store on master_addr:master_port, which must then be given.
+  int num_nodes = 1;
+  int node_rank = 0;
+  // How many times the ranks are all started again after one fails (torchrun's
+  // --max_restarts): the others are stopped as below, and once every rank has ended the job
+  // starts anew with TORCHELASTIC_RESTART_COUNT one higher and kRestartCauseVariable naming
+  // the failure. A launcher told to stop (SIGINT, SIGTERM) does not restart. Only with one
+  // node: another node's launcher would not restart its ranks with these.
+  int max_restarts = 0;
   // The program and its arguments; the program is looked up on PATH unless it holds a '/'.
   std::vector<std::string> command;
   std::string master_addr = "127.0.0.1";
-  // 0 picks a free TCP port on loopback. The port is free when picked, not reserved: another
-  // process may take it before rank 0 binds it (torchrun has the same window).
+  // 0 picks a free TCP port on loopback (one node only). The port is free when picked, not
+  // reserved: another process may take it before rank 0 binds it (torchrun has the same window).
   int master_port = 0;
   // After the first failure the other ranks get SIGTERM, then SIGKILL when they are still
   // running this long after.
@@ -66,7 +83,7 @@ struct LaunchOptions {
 
 // How one rank ended.
 struct RankStatus {
-  int rank = 0;
+  int rank = 0;         // the global rank
   int exit_status = 0;  // meaningful when term_signal is 0
   int term_signal = 0;  // the signal that killed the rank; 0 when it exited
 
@@ -75,12 +92,16 @@ struct RankStatus {
   std::string Describe() const;
 };
 
+// How the last start of a job ended (see LaunchOptions::max_restarts for the others).
 struct LaunchResult {
-  std::vector<RankStatus> ranks;  // indexed by rank
-  // The first rank seen to exit non-zero or be killed; nullopt when every rank exited 0.
+  std::vector<RankStatus> ranks;  // indexed by local rank
+  // The first rank seen to exit non-zero or be killed (of ranks seen ended at once, one
+  // killed by a signal, the likelier cause); nullopt when every rank exited 0.
   std::optional<RankStatus> first_failure;
+  // The failure that ended each earlier start, in order: one per restart.
+  std::vector<RankStatus> restarted_after;
   // One line: "all 4 ranks exited with status 0", or the first failure and how the other
-  // ranks were stopped.
+  // ranks were stopped, then "(after 1 restart)" when there were restarts.
   std::string summary;
   int master_port = 0;  // the MASTER_PORT the ranks were given
 
@@ -102,8 +123,11 @@ inline constexpr char kStdoutIsTerminalVariable[] = "PLAIT_STDOUT_IS_TERMINAL";
 bool StdoutIsTerminal();
 
 // Starts `options.num_ranks` processes of `options.command`, each with this process's
-// environment plus RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT and kStdoutIsTerminalVariable, and returns when every one has ended. Their
+// environment plus torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+// GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS, and plait's kStoreFileVariable
+// (one node), kRestartCauseVariable (after a restart) and kStdoutIsTerminalVariable, and
+// returns when every one has ended and no restart is left to make. Their
 // stdout and stderr lines go to the sinks (see LineSink); a final line without an end is
 // passed on with '\n', and a line longer than
 // 64 KiB is passed on in pieces of 64 KiB. While Launch runs, SIGINT and SIGTERM sent to
@@ -130,11 +154,12 @@ int LaunchAndReport(const LaunchOptions& options);
 
 // Makes a binary run as `num_ranks` ranks when it was started alone. When the environment
 // holds no world (WorldFromEnvironment is NotFound), runs this same binary (/proc/self/exe)
-// with argv[1..] as `num_ranks` ranks through LaunchAndReport and returns the exit code the
-// caller should exit with. When it holds a world, returns nullopt: the caller is one rank
+// with argv[1..] as `num_ranks` ranks through LaunchAndReport, restarting them up to
+// `max_restarts` times (LaunchOptions::max_restarts), and returns the exit code the caller
+// should exit with. When it holds a world, returns nullopt: the caller is one rank
 // and proceeds. When it holds an invalid world, prints the error and returns
 // kLaunchErrorExitCode.
-std::optional<int> LaunchSelfIfNoWorld(int argc, char** argv, int num_ranks);
+std::optional<int> LaunchSelfIfNoWorld(int argc, char** argv, int num_ranks, int max_restarts);
 
 // Local ranks a job may start per core, unless the caller says otherwise: each is a process
 // with its own copy of the model and one compute thread, so more only oversubscribe the

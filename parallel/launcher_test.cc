@@ -239,6 +239,64 @@ TEST(LaunchTest, ReportsARankKilledBySignal) {
   EXPECT_EQ(result->ExitCode(), 128 + SIGKILL);
 }
 
+// With max_restarts, a failure stops the other ranks and then starts every rank again,
+// telling them which start this is and why the last one ended.
+TEST(LaunchTest, RestartsEveryRankAfterAFailure) {
+  Output output;
+  LaunchOptions options = ChildOptions(2, {"fail_first_start", "1", "3"}, &output);
+  options.max_restarts = 1;
+  absl::StatusOr<LaunchResult> result = Launch(options);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_TRUE(result->ok()) << result->summary;
+  EXPECT_EQ(result->ExitCode(), 0);
+  ASSERT_EQ(result->restarted_after.size(), 1u);
+  EXPECT_EQ(result->restarted_after[0].rank, 1);
+  EXPECT_EQ(result->restarted_after[0].exit_status, 3);
+  EXPECT_EQ(result->summary, "all 2 ranks exited with status 0 (after 1 restart)");
+  EXPECT_THAT(output.err, ::testing::Contains(
+                              "launch: rank 1 exited with status 3; stopped the 1 other running "
+                              "rank with SIGTERM; starting the 2 ranks again (restart 1 of 1)\n"));
+  EXPECT_THAT(output.out, UnorderedElementsAreArray(
+                              {"[rank 0] restart 1 of 1 after: rank 1 exited with status 3\n",
+                               "[rank 1] restart 1 of 1 after: rank 1 exited with status 3\n"}));
+}
+
+TEST(LaunchTest, GivesUpAfterMaxRestarts) {
+  Output output;
+  LaunchOptions options = ChildOptions(2, {"kill_self_on_rank", "0", "9"}, &output);
+  options.max_restarts = 2;
+  absl::StatusOr<LaunchResult> result = Launch(options);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_FALSE(result->ok());
+  EXPECT_EQ(result->restarted_after.size(), 2u);
+  EXPECT_THAT(result->summary, AllOf(HasSubstr("rank 0 was killed by signal 9 (Killed)"),
+                                     HasSubstr("(after 2 restarts)")));
+  EXPECT_EQ(result->ExitCode(), 128 + SIGKILL);
+  EXPECT_THAT(output.err,
+              ::testing::Contains(HasSubstr("starting the 2 ranks again (restart 2 of 2)")));
+}
+
+// One node of several: the ranks are numbered from node_rank * num_ranks in a world of
+// num_nodes * num_ranks, with torchrun's node (GROUP_*) and role variables, and meet through
+// rank 0's store rather than a local file.
+TEST(LaunchTest, GivesTheRanksOfOneNodeTheirPlaceInTheJob) {
+  Output output;
+  LaunchOptions options = ChildOptions(2, {"print_node_env"}, &output);
+  options.num_nodes = 3;
+  options.node_rank = 1;
+  options.master_port = 29400;
+  absl::StatusOr<LaunchResult> result = Launch(options);
+  ASSERT_THAT(result, IsOk());
+  ASSERT_TRUE(result->ok()) << result->summary;
+  EXPECT_THAT(result->ranks, ElementsAre(Field(&RankStatus::rank, 2), Field(&RankStatus::rank, 3)));
+  EXPECT_THAT(output.out,
+              UnorderedElementsAreArray(
+                  {"[rank 2] RANK=2 GROUP_RANK=1 GROUP_WORLD_SIZE=3 ROLE_RANK=2 ROLE_WORLD_SIZE=6 "
+                   "PLAIT_STORE_FILE=<unset>\n",
+                   "[rank 3] RANK=3 GROUP_RANK=1 GROUP_WORLD_SIZE=3 ROLE_RANK=3 ROLE_WORLD_SIZE=6 "
+                   "PLAIT_STORE_FILE=<unset>\n"}));
+}
+
 TEST(LaunchTest, KillsRanksThatIgnoreSigtermAfterTheGracePeriod) {
   Output output;
   const std::string dir = NewDirectory();
@@ -333,6 +391,23 @@ TEST(LaunchTest, RejectsInvalidOptionsNamingTheField) {
   options.grace_period = absl::Seconds(-1);
   EXPECT_THAT(Launch(options), StatusIs(absl::StatusCode::kInvalidArgument,
                                         HasSubstr("grace_period=-1s must be >= 0")));
+
+  options = ChildOptions(2, {"print_env"}, &output);
+  options.num_nodes = 2;
+  options.node_rank = 2;
+  EXPECT_THAT(Launch(options), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        "node_rank=2 must be in [0, num_nodes=2)"));
+  options.node_rank = 1;
+  EXPECT_THAT(Launch(options), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr("master_port=0 with num_nodes=2")));
+  options.master_port = 29400;
+  options.max_restarts = 1;
+  EXPECT_THAT(Launch(options), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr("max_restarts=1 with num_nodes=2")));
+  options = ChildOptions(2, {"print_env"}, &output);
+  options.max_restarts = -1;
+  EXPECT_THAT(Launch(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_restarts=-1 must be >= 0"));
   EXPECT_THAT(output.out, ::testing::IsEmpty());
 }
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <exception>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,7 +64,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> OpenStore(const World& world,
       base::Annotate(
           TcpStore::Host(world.master_addr, world.master_port, world.store_token,
                          kConnectionsPerRank * world.world_size + kSpareConnections, timeout),
-          "rendezvous: rank 0 could not open the store"));
+          absl::StrCat("rendezvous: rank 0 could not open the store on port ", world.master_port,
+                       " (", kStorePortVariable, " chooses another)")));
   if (world.world_size > world.local_world_size && store->server()->ListensOnLoopback()) {
     // Debian, for one, maps a machine's own host name to 127.0.1.1.
     return absl::FailedPreconditionError(absl::StrCat(
@@ -73,6 +75,36 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> OpenStore(const World& world,
         "node that they reach"));
   }
   return c10::intrusive_ptr<c10d::Store>(store);
+}
+
+// "ranks 2, 3 of 4 never arrived", and in a job of several nodes, which nodes they are on:
+// ": all of node 1 (of 2 nodes; not started, or it cannot reach ADDRESS)". The ranks of a
+// node are numbered together (node_rank x local_world_size onwards), as torchrun, tools/launch
+// and SLURM's default block distribution number them.
+std::string NeverArrived(const std::vector<int>& missing, const World& world,
+                         const std::string& store_address) {
+  std::string text =
+      absl::StrCat("rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "), " of ",
+                   world.world_size, " never arrived");
+  const int per_node = world.local_world_size;
+  if (world.world_size == per_node || world.world_size % per_node != 0) return text;
+  std::map<int, int> missing_by_node;
+  for (int rank : missing) ++missing_by_node[rank / per_node];
+  std::vector<std::string> nodes;
+  bool whole_node = false;
+  for (const auto& [node, count] : missing_by_node) {
+    whole_node = whole_node || count == per_node;
+    nodes.push_back(count == per_node ? absl::StrCat("all of node ", node)
+                                      : absl::StrCat(count, " of node ", node, "'s ", per_node));
+  }
+  absl::StrAppend(&text, ": ", absl::StrJoin(nodes, ", "), " (of ", world.world_size / per_node,
+                  " nodes",
+                  whole_node ? absl::StrCat("; a node that never arrives was not started, "
+                                            "or cannot reach ",
+                                            store_address)
+                             : "",
+                  ")");
+  return text;
 }
 
 }  // namespace
@@ -90,10 +122,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
   // The ranks still missing at the last whole look, for the errors below: a look cut short by
   // the store going down leaves the one before it.
   std::vector<int> missing;
-  auto never_arrived = [&] {
-    return absl::StrCat("rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
-                        " of ", world.world_size, " never arrived");
-  };
+  auto never_arrived = [&] { return NeverArrived(missing, world, store_address); };
   try {
     if (AwaitAllRanks(*store, "plait/rendezvous/arrived/", world.rank, world.world_size, deadline,
                       missing)) {

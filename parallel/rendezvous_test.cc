@@ -119,6 +119,36 @@ TEST(RendezvousTest, NamesTheRanksThatNeverArrive) {
   });
 }
 
+// In a job of several nodes the error says which nodes the missing ranks are on: of 2 nodes
+// of 2 ranks, node 1 (ranks 2, 3) never arrives; of 3 nodes, rank 3 of node 1 and all of
+// node 2.
+TEST(RendezvousTest, NamesTheNodeThatNeverArrives) {
+  const std::string store_file = absl::StrCat(std::getenv("TEST_TMPDIR"), "/nodes_store");
+  RunRanks(2, [&](int rank) {
+    World world = RankOf(rank, 4, FreeLoopbackPort());
+    world.local_world_size = 2;
+    world.local_rank = rank;
+    world.store_file = store_file;
+    EXPECT_THAT(Rendezvous(world, absl::Seconds(2)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr(absl::StrCat(
+                             "ranks 2, 3 of 4 never arrived: all of node 1 (of 2 nodes; a node "
+                             "that never arrives was not started, or cannot reach file ",
+                             store_file, ")"))));
+  });
+  const std::string three_nodes = absl::StrCat(std::getenv("TEST_TMPDIR"), "/three_nodes_store");
+  RunRanks(3, [&](int rank) {
+    World world = RankOf(rank, 6, FreeLoopbackPort());
+    world.local_world_size = 2;
+    world.local_rank = rank % 2;
+    world.store_file = three_nodes;
+    EXPECT_THAT(Rendezvous(world, absl::Seconds(2)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr("ranks 3, 4, 5 of 6 never arrived: 1 of node 1's 2, all of "
+                                   "node 2 (of 3 nodes;")));
+  });
+}
+
 TEST(RendezvousTest, UnreachableStoreIsReportedByTheRank) {
   EXPECT_THAT(Rendezvous(RankOf(1, 2, FreeLoopbackPort()), absl::Seconds(1)),
               StatusIs(absl::StatusCode::kDeadlineExceeded,

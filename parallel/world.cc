@@ -109,6 +109,18 @@ absl::StatusOr<int> SlurmTasksPerNode(const Environment& env) {
       "SLURM_PROCID is set)");
 }
 
+// A count a launcher may set, >= 0; 0 when unset.
+absl::StatusOr<int> OptionalCount(const Environment& env, const char* name) {
+  const std::optional<std::string> text = env(name);
+  if (!text.has_value() || text->empty()) return 0;
+  int value = 0;
+  if (!absl::SimpleAtoi(*text, &value) || value < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "=\"", *text, "\" is not a count (an integer >= 0)"));
+  }
+  return value;
+}
+
 absl::StatusOr<World> ReadWorld(const Environment& env, const Convention& convention) {
   World world;
   world.source = convention.source;
@@ -123,12 +135,27 @@ absl::StatusOr<World> ReadWorld(const Environment& env, const Convention& conven
   }
   PLAIT_ASSIGN_OR_RETURN(world.master_addr, Required(env, convention, "MASTER_ADDR"));
   PLAIT_ASSIGN_OR_RETURN(world.master_port, RequiredInt(env, convention, "MASTER_PORT"));
+  const char* port_name = "MASTER_PORT";
+  if (env(kStorePortVariable).value_or("") != "") {
+    port_name = kStorePortVariable;
+    PLAIT_ASSIGN_OR_RETURN(world.master_port, RequiredInt(env, convention, kStorePortVariable));
+  } else if (env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+    // torchrun's agent hosts its own store on MASTER_PORT for the job's lifetime.
+    port_name = "MASTER_PORT (+ 1, beside torchrun's own store)";
+    ++world.master_port;
+  }
   world.store_file = env(kStoreFileVariable).value_or("");
   world.store_token = env(kStoreTokenVariable).value_or("");
+  PLAIT_ASSIGN_OR_RETURN(world.restart_count, OptionalCount(env, kRestartCountVariable));
+  if (world.restart_count == 0) {
+    PLAIT_ASSIGN_OR_RETURN(world.restart_count, OptionalCount(env, kSlurmRestartCountVariable));
+  }
+  PLAIT_ASSIGN_OR_RETURN(world.max_restarts, OptionalCount(env, kMaxRestartsVariable));
+  world.restart_cause = env(kRestartCauseVariable).value_or("");
 
-  PLAIT_RETURN_IF_ERROR(Check(
-      world, {convention.rank, convention.world_size, convention.local_rank,
-              convention.local_world_size, "MASTER_ADDR", "MASTER_PORT", kStoreTokenVariable}));
+  PLAIT_RETURN_IF_ERROR(
+      Check(world, {convention.rank, convention.world_size, convention.local_rank,
+                    convention.local_world_size, "MASTER_ADDR", port_name, kStoreTokenVariable}));
   return world;
 }
 

@@ -29,6 +29,9 @@ struct World {
   int local_rank = 0;                     // rank among the processes on this node
   int local_world_size = 1;               // processes on this node
   std::string master_addr = "127.0.0.1";  // where rank 0 hosts the rendezvous store
+  // The port of that store: MASTER_PORT, or kStorePortVariable when set. Under torchrun,
+  // whose own store already holds MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True), it is
+  // MASTER_PORT + 1 unless kStorePortVariable says otherwise.
   int master_port = 0;
   // A file the ranks of a one-machine job meet through instead of rank 0's TCP store, so the
   // job listens on no network port for its rendezvous: set (kStoreFileVariable) by the local
@@ -38,6 +41,14 @@ struct World {
   // the same on every node; a job that meets through store_file needs none. Empty when unset.
   std::string store_token;
   std::string source;  // the convention the values came from, for messages
+  // Which start of the job this process belongs to: 0 for the first, k after its launcher
+  // started the ranks again k times (TORCHELASTIC_RESTART_COUNT, which torchrun and
+  // tools/launch set, or SLURM_RESTART_COUNT for a requeued SLURM job); how many restarts
+  // the launcher allows (TORCHELASTIC_MAX_RESTARTS; 0 when unset); and why the previous start
+  // ended, as the launcher saw it (kRestartCauseVariable; tools/launch sets it, "" otherwise).
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::string restart_cause;
 };
 
 // The environment variable that carries World::store_file.
@@ -48,6 +59,15 @@ inline constexpr char kStoreFileVariable[] = "PLAIT_STORE_FILE";
 inline constexpr char kStoreTokenVariable[] = "PLAIT_STORE_TOKEN";
 inline constexpr size_t kMinStoreTokenBytes = 16;
 inline constexpr size_t kMaxStoreTokenBytes = 256;
+
+// The variable that gives the port of rank 0's store when MASTER_PORT is not it (World).
+inline constexpr char kStorePortVariable[] = "PLAIT_STORE_PORT";
+
+// The variables through which a launcher says which start of the job this is (World).
+inline constexpr char kRestartCountVariable[] = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr char kMaxRestartsVariable[] = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr char kSlurmRestartCountVariable[] = "SLURM_RESTART_COUNT";
+inline constexpr char kRestartCauseVariable[] = "PLAIT_RESTART_CAUSE";
 
 // How to set kStoreTokenVariable, for errors: the same random value on every node.
 inline constexpr char kStoreTokenHowTo[] =
@@ -66,7 +86,8 @@ Environment ProcessEnvironment();
 //     SLURM_TASKS_PER_NODE), with MASTER_ADDR and MASTER_PORT from the environment;
 //   Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
 //     OMPI_COMM_WORLD_LOCAL_SIZE, with MASTER_ADDR and MASTER_PORT from the environment;
-// and, whatever the convention, PLAIT_STORE_FILE and PLAIT_STORE_TOKEN when they are set.
+// and, whatever the convention, PLAIT_STORE_FILE, PLAIT_STORE_TOKEN, PLAIT_STORE_PORT and the
+// restart variables above when they are set.
 // NotFound when none is present (the process was not launched as part of a job).
 absl::StatusOr<World> WorldFromEnvironment(const Environment& env);
 

@@ -101,6 +101,60 @@ TEST(WorldFromEnvironmentTest, StoreFileAndTokenWhateverTheConvention) {
   EXPECT_EQ(world->store_token, "0123456789abcdef0123456789abcdef");
 }
 
+TEST(WorldFromEnvironmentTest, WhichStartOfTheJob) {
+  absl::StatusOr<World> world = WorldFromEnvironment(FakeEnvironment(Torchrun()));
+  ASSERT_THAT(world, IsOk());
+  EXPECT_EQ(world->restart_count, 0);
+  EXPECT_EQ(world->max_restarts, 0);
+  EXPECT_EQ(world->restart_cause, "");
+
+  Variables restarted = Torchrun();
+  restarted[kRestartCountVariable] = "2";
+  restarted[kMaxRestartsVariable] = "3";
+  restarted[kRestartCauseVariable] = "rank 1 was killed by signal 9 (Killed)";
+  world = WorldFromEnvironment(FakeEnvironment(restarted));
+  ASSERT_THAT(world, IsOk());
+  EXPECT_EQ(world->restart_count, 2);
+  EXPECT_EQ(world->max_restarts, 3);
+  EXPECT_EQ(world->restart_cause, "rank 1 was killed by signal 9 (Killed)");
+
+  // A requeued SLURM job counts its restarts in SLURM_RESTART_COUNT.
+  Variables requeued = Torchrun();
+  requeued[kSlurmRestartCountVariable] = "1";
+  world = WorldFromEnvironment(FakeEnvironment(requeued));
+  ASSERT_THAT(world, IsOk());
+  EXPECT_EQ(world->restart_count, 1);
+
+  restarted[kRestartCountVariable] = "-1";
+  EXPECT_THAT(WorldFromEnvironment(FakeEnvironment(restarted)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "TORCHELASTIC_RESTART_COUNT=\"-1\" is not a count (an integer >= 0)"));
+}
+
+// torchrun's agent keeps its own store on MASTER_PORT, so rank 0's goes beside it, unless
+// PLAIT_STORE_PORT names the port, under any launcher.
+TEST(WorldFromEnvironmentTest, StorePort) {
+  Variables torchrun = Torchrun();
+  torchrun["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  absl::StatusOr<World> world = WorldFromEnvironment(FakeEnvironment(torchrun));
+  ASSERT_THAT(world, IsOk());
+  EXPECT_EQ(world->master_port, 29501);
+  torchrun[kStorePortVariable] = "30000";
+  world = WorldFromEnvironment(FakeEnvironment(torchrun));
+  ASSERT_THAT(world, IsOk());
+  EXPECT_EQ(world->master_port, 30000);
+  torchrun[kStorePortVariable] = "70000";
+  EXPECT_THAT(
+      WorldFromEnvironment(FakeEnvironment(torchrun)),
+      StatusIs(absl::StatusCode::kInvalidArgument, "PLAIT_STORE_PORT=70000 must be in [1, 65535]"));
+  torchrun = Torchrun();
+  torchrun["MASTER_PORT"] = "65535";
+  torchrun["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  EXPECT_THAT(WorldFromEnvironment(FakeEnvironment(torchrun)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("MASTER_PORT (+ 1, beside torchrun's own store)=65536")));
+}
+
 TEST(WorldFromEnvironmentTest, NoTokenIsEmpty) {
   absl::StatusOr<World> world = WorldFromEnvironment(FakeEnvironment(Torchrun()));
   ASSERT_THAT(world, IsOk());

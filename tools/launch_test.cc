@@ -93,6 +93,24 @@ TEST_F(LaunchTest, ExitsWith128PlusTheSignalThatKilledARank) {
   EXPECT_THAT(stderr_, HasSubstr("launch: rank 0 was killed by signal 9 (Killed)"));
 }
 
+TEST_F(LaunchTest, RestartsTheRanksUpToMaxRestarts) {
+  EXPECT_EQ(Run({"--nproc_per_node=2", "--max_restarts=1"}, {"fail_first_start", "0", "5"}), 0)
+      << stderr_;
+  EXPECT_THAT(stderr_, HasSubstr("launch: rank 0 exited with status 5; stopped the 1 other "
+                                 "running rank with SIGTERM; starting the 2 ranks again "
+                                 "(restart 1 of 1)\n"));
+  EXPECT_THAT(stdout_, HasSubstr("[rank 1] restart 1 of 1 after: rank 0 exited with status 5\n"));
+}
+
+TEST_F(LaunchTest, GivesTheRanksOfOneNodeOfSeveralTheirGlobalRanks) {
+  EXPECT_EQ(Run({"--nproc_per_node=2", "--nnodes=2", "--node_rank=1", "--master_port=29400"},
+                {"print_node_env"}),
+            0)
+      << stderr_;
+  EXPECT_THAT(stdout_, HasSubstr("[rank 3] RANK=3 GROUP_RANK=1 GROUP_WORLD_SIZE=2 ROLE_RANK=3 "
+                                 "ROLE_WORLD_SIZE=4 PLAIT_STORE_FILE=<unset>\n"));
+}
+
 TEST_F(LaunchTest, ForwardsSigtermToTheRanks) {
   const pid_t launch = Start({"--nproc_per_node=2"}, {"wait_for_sigterm", dir_});
   ASSERT_THAT(WaitForFiles({dir_ + "/ready.0", dir_ + "/ready.1"}, kTimeout), IsOk());
@@ -112,6 +130,9 @@ TEST_F(LaunchTest, RejectsBadFlagsWithExitCode2) {
 
   EXPECT_EQ(Run({"--grace_period=-2s"}, {"print_env"}), 2);
   EXPECT_THAT(stderr_, HasSubstr("launch: grace_period=-2s must be >= 0"));
+
+  EXPECT_EQ(Run({"--nnodes=2", "--node_rank=1"}, {"print_env"}), 2);
+  EXPECT_THAT(stderr_, HasSubstr("launch: master_port=0 with num_nodes=2"));
 }
 
 TEST_F(LaunchTest, RunsTheCommandFromBuildWorkingDirectory) {

@@ -7,9 +7,7 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "parallel/launcher.h"
+#include "parallel/testdata/subprocess.h"
 
 namespace plait::trainer {
 namespace {
@@ -138,30 +137,6 @@ TEST(LlamaFsdpTest, ATokenFileTruncatedDuringTheRunStopsItWithANamedError) {
   EXPECT_THAT(output, ::testing::Not(HasSubstr("done:")));
 }
 
-// A process this test started whose environment holds RANK=`rank` (the launcher's children);
-// -1 when there is none.
-pid_t ChildWithRank(int rank) {
-  const std::string wanted = absl::StrCat("RANK=", rank);
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string pid = entry.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string fields;
-    std::getline(stat, fields);
-    // "pid (comm) state ppid ...": comm may hold spaces, so read after the last ')'.
-    std::istringstream after_comm(fields.substr(fields.rfind(')') + 2));
-    std::string state;
-    pid_t parent = 0;
-    after_comm >> state >> parent;
-    if (parent != getpid()) continue;
-    std::ifstream environ(entry.path() / "environ");
-    for (std::string variable; std::getline(environ, variable, '\0');) {
-      if (variable == wanted) return static_cast<pid_t>(std::stol(pid));
-    }
-  }
-  return -1;
-}
-
 // A rank that stops (SIGSTOP) mid-run is found within the plan's collective timeout: the
 // other rank's collective fails, and its error names the rank that did not answer.
 TEST(LlamaFsdpTest, ARankThatStopsIsNamedAfterTheCollectiveTimeout) {
@@ -172,7 +147,7 @@ TEST(LlamaFsdpTest, ARankThatStopsIsNamedAfterTheCollectiveTimeout) {
     absl::MutexLock lock(&mutex);
     output.append(line);
     if (stopped < 0 && line.find("[rank 0] step 1/") != std::string_view::npos) {
-      stopped = ChildWithRank(1);
+      stopped = parallel::testdata::ChildWithRank(getpid(), 1);
       ASSERT_GT(stopped, 0) << "no child process with RANK=1";
       ASSERT_EQ(kill(stopped, SIGSTOP), 0);
     }

@@ -52,6 +52,11 @@ absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanComm
             absl::StrCat(argv[i], ": \"", arg, "\" is not a positive integer"));
       }
       *count = number;
+    } else if (command == PlanCommand::kTrain && absl::ConsumePrefix(&arg, "--max_restarts=")) {
+      if (!absl::SimpleAtoi(arg, &arguments.max_restarts) || arguments.max_restarts < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(argv[i], ": \"", arg, "\" is not an integer >= 0"));
+      }
     } else if (absl::ConsumePrefix(&arg, "--set=")) {
       arguments.overrides.emplace_back(arg);
     } else if (arg == "--skip_memory_check") {

@@ -36,7 +36,9 @@ absl::Status ApplyOverride(absl::string_view assignment, Plan& plan);
 
 // The command line of the binaries that take a plan: the plan file (--plan=FILE, or one
 // positional FILE) and --set=path=value overrides in order, for both; --max_local_ranks=N
-// for the training jobs (how many ranks they may start on this machine), --world_size=N
+// for the training jobs (how many ranks they may start on this machine) and --max_restarts=N
+// (how many times a job that launches itself starts its ranks again after one fails,
+// torchrun's flag), --world_size=N
 // for //tools:plan_check (the world to check the plan for), and --skip_memory_check for both
 // (run a plan whose memory estimate exceeds what the machine has). Hand-parsed because --set
 // repeats, and Abseil's flags keep only the last value of a repeated flag.
@@ -45,12 +47,14 @@ struct PlanArguments {
   std::string plan_path;  // as given; empty: none
   std::vector<std::string> overrides;
   std::optional<int> max_local_ranks;  // kTrain
+  int max_restarts = 0;                // kTrain
   std::optional<int> world_size;       // kCheck
   bool skip_memory_check = false;
 };
 
 // Parses argv[1..argc); InvalidArgument naming the first argument `command` does not take,
-// or whose count (--world_size, --max_local_ranks) is not a positive integer.
+// or whose count (--world_size, --max_local_ranks) is not a positive integer, or
+// --max_restarts not a count >= 0.
 absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanCommand command);
 
 // The plan `arguments` name, with their overrides applied: the file (a path relative to where

@@ -154,6 +154,21 @@ TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no plan")));
 }
 
+TEST(PlanArgumentsTest, TakesMaxRestartsForTraining) {
+  const char* argv[] = {"llama_fsdp", "--max_restarts=2"};
+  absl::StatusOr<PlanArguments> arguments =
+      ParsePlanArguments(2, const_cast<char**>(argv), PlanCommand::kTrain);
+  ASSERT_THAT(arguments, IsOk());
+  EXPECT_EQ(arguments->max_restarts, 2);
+  EXPECT_THAT(
+      ParsePlanArguments(2, const_cast<char**>(argv), PlanCommand::kCheck),
+      StatusIs(absl::StatusCode::kInvalidArgument, "unexpected argument \"--max_restarts=2\""));
+  const char* bad[] = {"llama_fsdp", "--max_restarts=-1"};
+  EXPECT_THAT(ParsePlanArguments(2, const_cast<char**>(bad), PlanCommand::kTrain),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--max_restarts=-1: \"-1\" is not an integer >= 0"));
+}
+
 TEST(PlanArgumentsTest, TakesTheMemoryCheckOverrideForBothCommands) {
   const char* argv[] = {"llama_fsdp", "--skip_memory_check"};
   for (PlanCommand command : {PlanCommand::kTrain, PlanCommand::kCheck}) {

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/file.h"
 #include "base/guarded_main.h"
@@ -29,11 +30,19 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: [--plan=PLAN.textproto] [--set=path=value]... [--max_local_ranks=N] "
-    "[--skip_memory_check]";
+    "[--max_restarts=N] [--skip_memory_check]";
 
-// How long rank 0 waits for the others at start (collectives wait
-// plan.mesh.collective_timeout_seconds).
-constexpr absl::Duration kRendezvousTimeout = absl::Minutes(5);
+// OK unless a launcher restarts this job (`launcher` says which: "--max_restarts=1" or
+// "TORCHELASTIC_MAX_RESTARTS=1") and the plan would not resume from its checkpoint: a
+// restart would then train from step 1 again, over the metrics and checkpoints of the start
+// before it.
+absl::Status CheckRestartable(const Plan& plan, const std::string& launcher) {
+  if (plan.training().checkpoint().resume()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "plan.training.checkpoint.resume is not set, but ", launcher,
+      " restarts this job after a failure; a restart continues from the last checkpoint: set "
+      "training { checkpoint { dir: \"...\" every: N resume: true } }"));
+}
 
 absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
   base::SetComputeThreads(1);  // one core per rank; ranks share the machine
@@ -47,9 +56,9 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
                                                                  : "")
               << "; compute: " << DescribeComputeDtype(plan, device) << std::endl;
   }
-  PLAIT_ASSIGN_OR_RETURN(
-      std::unique_ptr<parallel::ProcessGroup> group,
-      parallel::ProcessGroup::Start(world, plan.mesh(), device, kRendezvousTimeout));
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<parallel::ProcessGroup> group,
+                         parallel::ProcessGroup::Start(world, plan.mesh(), device,
+                                                       parallel::RendezvousTimeout(plan.mesh())));
   TrainOptions options;
   options.log = &std::cout;
   options.log_is_terminal = parallel::StdoutIsTerminal();
@@ -57,6 +66,8 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
   options.save_hf_dir = base::UserPath(plan.training().save_hf_dir());
   options.checkpoint_dir = base::UserPath(plan.training().checkpoint().dir());
   options.tensorboard_dir = base::UserPath(plan.training().tensorboard_dir());
+  options.restart_count = world.restart_count;
+  options.restart_cause = world.restart_cause;
   return group->ExplainFailure(Train(plan, group->mesh(), options).status());
 }
 
@@ -98,8 +109,18 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
       std::cerr << "plan.mesh: " << status.message() << "\n";
       return 1;
     }
-    if (ranks > 1) {
-      if (std::optional<int> code = parallel::LaunchSelfIfNoWorld(argc, argv, ranks)) {
+    if (arguments->max_restarts > 0) {
+      if (absl::Status status =
+              CheckRestartable(*plan, absl::StrCat("--max_restarts=", arguments->max_restarts));
+          !status.ok()) {
+        std::cerr << "plan refused: " << status.message() << "\n";
+        return 1;
+      }
+    }
+    // A job that restarts runs under a launcher even with one rank, which starts it again.
+    if (ranks > 1 || arguments->max_restarts > 0) {
+      if (std::optional<int> code =
+              parallel::LaunchSelfIfNoWorld(argc, argv, ranks, arguments->max_restarts)) {
         return *code;
       }
       world = parallel::WorldFromEnvironment(parallel::ProcessEnvironment());
@@ -116,6 +137,16 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
       !status.ok()) {
     if (world->local_rank == 0) PrintRefusal(status);
     return 1;
+  }
+  if (world->max_restarts > 0 || world->restart_count > 0) {
+    if (absl::Status status = CheckRestartable(
+            *plan, world->max_restarts > 0
+                       ? absl::StrCat(parallel::kMaxRestartsVariable, "=", world->max_restarts)
+                       : absl::StrCat("the launcher (restart ", world->restart_count, ")"));
+        !status.ok()) {
+      if (world->local_rank == 0) std::cerr << "plan refused: " << status.message() << "\n";
+      return 1;
+    }
   }
   if (absl::Status status = TrainAsRank(*plan, *world); !status.ok()) {
     std::cerr << "rank " << world->rank << ": " << status.message() << "\n";

@@ -39,6 +39,14 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// "restart 1 after rank 1 was killed by signal 9 (Killed)" for a restarted job, "" for its
+// first start.
+std::string RestartLine(const TrainOptions& options) {
+  if (options.restart_count == 0) return "";
+  return absl::StrCat("restart ", options.restart_count,
+                      options.restart_cause.empty() ? "" : " after ", options.restart_cause);
+}
+
 // The peak resident (host) memory of each rank of `mesh`, on every rank.
 absl::StatusOr<std::vector<int64_t>> PeakMemoryPerRank(const parallel::DeviceMesh& mesh) {
   torch::Tensor peaks = torch::zeros({mesh.layout().world_size()},
@@ -147,11 +155,13 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan
   PLAIT_ASSIGN_OR_RETURN(run->checkpointer_,
                          Checkpointer::Open(plan, options.checkpoint_dir, mesh));
   if (mesh.rank() == 0 && !options.metrics_path.empty()) {
+    const int64_t resume_step = run->checkpointer_->resume_step();
     PLAIT_ASSIGN_OR_RETURN(
         run->metrics_log_,
-        base::Annotate(
-            metrics::MetricsLog::Open(options.metrics_path, run->checkpointer_->resume_step()),
-            "plan.training.metrics_file"));
+        base::Annotate(options.restart_count > 0
+                           ? metrics::MetricsLog::Continue(options.metrics_path, resume_step)
+                           : metrics::MetricsLog::Open(options.metrics_path, resume_step),
+                       "plan.training.metrics_file"));
   }
   if (mesh.rank() == 0 && !options.tensorboard_dir.empty()) {
     const int64_t resume_step = run->checkpointer_->resume_step();
@@ -257,7 +267,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   if (progress_) {
     progress_->Header(NumParameters(config_), mesh_.layout().world_size(),
                       static_cast<int64_t>(tokens_per_step_), report.entropy_floor,
-                      checkpointer_->resume_step());
+                      checkpointer_->resume_step(), RestartLine(options_));
   }
   const int64_t steps = training_.steps();
   const int64_t first_step = checkpointer_->resume_step();

@@ -46,6 +46,12 @@ struct TrainOptions {
   // Where rank 0 writes TensorBoard's event files; empty: none. Run resolves
   // training.tensorboard_dir.
   std::string tensorboard_dir;
+  // Which start of the job this is (parallel::World::restart_count; 0: the first) and why the
+  // one before ended (World::restart_cause; may be empty). A restart continues the metrics
+  // file after the step it resumes from, even when it found no checkpoint and starts over,
+  // and rank 0 prints which restart it is, why, and the step it resumed after.
+  int restart_count = 0;
+  std::string restart_cause;
 };
 
 // Trains `plan` (which must pass ValidatePlan for the mesh's world size) as rank

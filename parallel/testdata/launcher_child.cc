@@ -6,6 +6,11 @@
 //                               then "no newline" without a '\n'
 //   print_store_file            prints PLAIT_STORE_FILE and whether its folder is private
 //                               (mode 0700)
+//   print_node_env              prints "RANK=.. GROUP_RANK=.. GROUP_WORLD_SIZE=.. ROLE_RANK=..
+//                               ROLE_WORLD_SIZE=.. PLAIT_STORE_FILE=.."
+//   fail_first_start R S        on the job's first start (TORCHELASTIC_RESTART_COUNT=0) as
+//                               exit_on_rank R S; on a restart, prints "restart N of M after:
+//                               CAUSE" and exits 0
 //   exit_on_rank R S            rank R exits with status S after 100 ms; the others sleep 60 s
 //   kill_self_on_rank R SIG     rank R kills itself with signal SIG after 100 ms; the others
 //                               sleep 60 s
@@ -101,7 +106,8 @@ int Run(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   const std::string mode = StringArgument(args, 0);
   if (mode == "launch_self") {
-    if (std::optional<int> code = LaunchSelfIfNoWorld(argc, argv, IntArgument(args, 1))) {
+    if (std::optional<int> code =
+            LaunchSelfIfNoWorld(argc, argv, IntArgument(args, 1), /*max_restarts=*/0)) {
       return *code;
     }
     PrintWorld();
@@ -125,7 +131,22 @@ int Run(int argc, char** argv) {
     std::cout << "no newline" << std::flush;
     return 0;
   }
-  if (mode == "exit_on_rank" || mode == "kill_self_on_rank") {
+  if (mode == "print_node_env") {
+    std::cout << "RANK=" << rank;
+    for (const char* name : {"GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                             plait::parallel::kStoreFileVariable}) {
+      std::cout << " " << name << "=" << Variable(name);
+    }
+    std::cout << std::endl;
+    return 0;
+  }
+  if (mode == "fail_first_start" && IntVariable(plait::parallel::kRestartCountVariable) > 0) {
+    std::cout << "restart " << Variable(plait::parallel::kRestartCountVariable) << " of "
+              << Variable(plait::parallel::kMaxRestartsVariable)
+              << " after: " << Variable(plait::parallel::kRestartCauseVariable) << std::endl;
+    return 0;
+  }
+  if (mode == "exit_on_rank" || mode == "kill_self_on_rank" || mode == "fail_first_start") {
     if (rank != IntArgument(args, 1)) {
       sleep(kLongSleepSeconds);
       return 0;

@@ -8,6 +8,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -102,6 +106,28 @@ absl::Status WaitForFiles(const std::vector<std::string>& paths, absl::Duration 
     }
     absl::SleepFor(kPollInterval);
   }
+}
+
+pid_t ChildWithRank(pid_t parent, int rank) {
+  const std::string wanted = absl::StrCat("RANK=", rank);
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string fields;
+    std::getline(stat, fields);
+    // "pid (comm) state ppid ...": comm may hold spaces, so read after the last ')'.
+    std::istringstream after_comm(fields.substr(fields.rfind(')') + 2));
+    std::string state;
+    pid_t parent_pid = 0;
+    after_comm >> state >> parent_pid;
+    if (parent_pid != parent) continue;
+    std::ifstream environ(entry.path() / "environ");
+    for (std::string variable; std::getline(environ, variable, '\0');) {
+      if (variable == wanted) return static_cast<pid_t>(std::stol(pid));
+    }
+  }
+  return -1;
 }
 
 }  // namespace plait::parallel::testdata

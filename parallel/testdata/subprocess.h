@@ -39,6 +39,10 @@ absl::StatusOr<pid_t> StartSubprocess(const SubprocessOptions& options);
 // the process and returns DeadlineExceeded.
 absl::StatusOr<int> WaitForSubprocess(pid_t pid, absl::Duration timeout);
 
+// A child of `parent` whose environment holds RANK=`rank` (a rank a launcher started); -1
+// when there is none.
+pid_t ChildWithRank(pid_t parent, int rank);
+
 // Waits until every one of `paths` exists; DeadlineExceeded naming the missing ones after
 // `timeout`.
 absl::Status WaitForFiles(const std::vector<std::string>& paths, absl::Duration timeout);
