@@ -220,7 +220,15 @@ StepEstimate DdpStrategy::Estimate(const ModelShape& shape, int dim_size) const 
 
 absl::Status DdpStrategy::Apply(Wrappable& model, parallel::Communicator& communicator) {
   PLAIT_ASSIGN_OR_RETURN(ddp_, Ddp::Create(model, communicator, config_));
+  communicator_ = &communicator;
   return absl::OkStatus();
+}
+
+void DdpStrategy::UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) {
+  for (parallel::TrainableParameter& parameter : parameters) {
+    parameter.slice.replica =
+        parameter.slice.replica * communicator_->size() + communicator_->rank();
+  }
 }
 
 }  // namespace plait::wrap::ddp

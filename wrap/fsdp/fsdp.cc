@@ -200,10 +200,20 @@ Fsdp::~Fsdp() { model_.SetUnitHooks({}); }
 
 std::vector<parallel::TrainableParameter> Fsdp::TrainableParameters() {
   std::vector<parallel::TrainableParameter> parameters;
+  const int rank = communicator_.rank();
   for (const Unit& unit : units_) {
     for (size_t i = 0; i < unit.shards.size(); ++i) {
       if (!unit.shards[i].requires_grad()) continue;  // frozen
-      parameters.push_back({unit.names[i], unit.shards[i], {&communicator_}});
+      const torch::Tensor& full = unit.parameters[i];
+      parallel::TensorSlice slice = parallel::TensorSlice::Whole(full.sizes());
+      if (full.dim() == 0) {
+        // A scalar is rank 0's one row; the others' rows are padding and hold a copy.
+        slice.replica = rank;
+      } else {
+        const RankRows mine = RowsOfRank(FullRows(full), unit.rows[i], rank);
+        slice = slice.Narrow(0, mine.first, mine.count);
+      }
+      parameters.push_back({unit.names[i], unit.shards[i], {&communicator_}, 1, slice});
     }
   }
   return parameters;
@@ -492,10 +502,17 @@ void FsdpStrategy::UpdateTrainableParameters(
   parameters = fsdp_->TrainableParameters();
   for (parallel::TrainableParameter& parameter : parameters) {
     const parallel::TrainableParameter& before = earlier[parameter.name];
+    const int fsdp_size = parameter.sharded_over.front()->size();
     std::vector<parallel::Communicator*> groups = before.sharded_over;
     groups.insert(groups.end(), parameter.sharded_over.begin(), parameter.sharded_over.end());
     parameter.sharded_over = std::move(groups);
     parameter.replicas = before.replicas;
+    // The shard's rows, counted in what the earlier strategies left this rank.
+    const parallel::TensorSlice rows = parameter.slice;
+    parameter.slice = rows.box.offsets.empty()
+                          ? before.slice
+                          : before.slice.Narrow(0, rows.box.offsets[0], rows.box.lengths[0]);
+    parameter.slice.replica = before.slice.replica * fsdp_size + rows.replica;
   }
 }
 

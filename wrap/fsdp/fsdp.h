@@ -56,7 +56,8 @@ class Fsdp {
   ~Fsdp();
 
   // The shards the optimizer trains, named as the full parameters, sharded over the
-  // communicator's group.
+  // communicator's group, each with the rows of the full parameter it holds (its padding
+  // left out; a scalar is rank 0's, the other ranks holding replicas).
   std::vector<parallel::TrainableParameter> TrainableParameters();
 
   // The first communication error since wrapping (a hook cannot return one). It stays: after
