@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <system_error>
@@ -23,8 +22,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "base/file.h"
-#include "base/hash.h"
-#include "base/json.h"
 #include "base/status.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"

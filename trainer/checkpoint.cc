@@ -20,8 +20,6 @@
 namespace plait::trainer {
 namespace {
 
-constexpr char kParamPrefix[] = "param/";
-constexpr char kOptimPrefix[] = "optim/";
 constexpr char kOptimizerStep[] = "optimizer_step";
 
 // Sequences per optimizer step over the data-parallel ranks of `plan` on `mesh`: the global
@@ -57,7 +55,7 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan,
       optimizer, optim::OptimizerConfig::descriptor()->FindOneofByName("algorithm"));
   const TrainingConfig& training = plan.training();
   std::map<std::string, std::string> fingerprint = {
-      {"plan.model", config.ShortDebugString()},
+      {kModelField, config.ShortDebugString()},
       {"plan.model.dtype", base::Dtype_Name(plan.model().dtype())},
       {"plan.optimizer", algorithm == nullptr ? "" : algorithm->name()},
       {"plan.training.global_batch", absl::StrCat(global_batch)},
@@ -102,7 +100,7 @@ absl::StatusOr<std::map<std::string, checkpoint::SlicedTensor>> RankTensors(
   std::map<std::string, checkpoint::SlicedTensor> tensors;
   std::map<std::string, const parallel::TrainableParameter*> by_name;
   for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
-    tensors[kParamPrefix + parameter.name] = {parameter.tensor.detach().cpu(), parameter.slice};
+    tensors[kParameterPrefix + parameter.name] = {parameter.tensor.detach().cpu(), parameter.slice};
     by_name[parameter.name] = &parameter;
   }
   for (const auto& [key, tensor] : state.tensors) {
@@ -113,7 +111,7 @@ absl::StatusOr<std::map<std::string, checkpoint::SlicedTensor>> RankTensors(
     }
     PLAIT_ASSIGN_OR_RETURN(parallel::TensorSlice slice,
                            StateSlice(key, tensor, *parameter->second));
-    tensors[kOptimPrefix + key] = {tensor.cpu(), std::move(slice)};
+    tensors[kOptimizerPrefix + key] = {tensor.cpu(), std::move(slice)};
   }
   return tensors;
 }
@@ -130,12 +128,13 @@ absl::Status LoadInto(const checkpoint::RankState& saved, optim::Optimizer& opti
   {
     torch::NoGradGuard no_grad;
     for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
-      parameter.tensor.copy_(saved.tensors.at(kParamPrefix + parameter.name).tensor);
+      parameter.tensor.copy_(saved.tensors.at(kParameterPrefix + parameter.name).tensor);
     }
   }
   for (const auto& [name, tensor] : saved.tensors) {
     absl::string_view key = name;
-    if (absl::ConsumePrefix(&key, kOptimPrefix)) state.tensors[std::string(key)] = tensor.tensor;
+    if (absl::ConsumePrefix(&key, kOptimizerPrefix))
+      state.tensors[std::string(key)] = tensor.tensor;
   }
   return optimizer.LoadState(state);
 }
@@ -157,7 +156,7 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const Plan& plan, const std::str
   for (const wrap::PrepareStep& step : plan.prepare()) steps.push_back(step.ShortDebugString());
   run.layout = steps.empty() ? "one process per model copy" : absl::StrJoin(steps, "; ");
   run.contents = "model and optimizer";
-  run.kind_by_prefix = {{"", "optimizer state"}, {kParamPrefix, "trainable parameter"}};
+  run.kind_by_prefix = {{"", "optimizer state"}, {kParameterPrefix, "trainable parameter"}};
   PLAIT_ASSIGN_OR_RETURN(
       checkpoint::Checkpointer checkpointer,
       checkpoint::Checkpointer::Open(plan.training().checkpoint(), dir, std::move(run), mesh));

@@ -41,6 +41,13 @@
 
 namespace plait::trainer {
 
+// The names a checkpoint stores a trainable parameter and an optimizer state tensor under:
+// "param/" + the parameter's (Hugging Face) name, "optim/" + the optimizer's state key.
+inline constexpr char kParameterPrefix[] = "param/";
+inline constexpr char kOptimizerPrefix[] = "optim/";
+// The fingerprint entry that holds the model's config (a ModelConfig in text format).
+inline constexpr char kModelField[] = "plan.model";
+
 class Checkpointer {
  public:
   // Reads the checkpoint settings of `plan` (which passed ValidatePlan) for the calling rank
