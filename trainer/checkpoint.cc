@@ -154,7 +154,7 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const Plan& plan, const std::str
   }
   std::vector<std::string> steps;
   for (const wrap::PrepareStep& step : plan.prepare()) steps.push_back(step.ShortDebugString());
-  run.layout = steps.empty() ? "one process per model copy" : absl::StrJoin(steps, "; ");
+  run.layout = steps.empty() ? "no preparation steps" : absl::StrJoin(steps, "; ");
   run.contents = "model and optimizer";
   run.kind_by_prefix = {{"", "optimizer state"}, {kParameterPrefix, "trainable parameter"}};
   PLAIT_ASSIGN_OR_RETURN(

@@ -75,6 +75,16 @@ std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
   return tensors;
 }
 
+// Copies the checkpoint folder `checkpoint` into `plan`'s checkpoint dir and trains `plan`
+// resuming from it on `ranks` ranks.
+TrainReport ResumeFrom(const std::string& checkpoint, Plan plan, int ranks) {
+  const fs::path dir = plan.training().checkpoint().dir();
+  fs::create_directories(dir);
+  fs::copy(checkpoint, dir / fs::path(checkpoint).filename(), fs::copy_options::recursive);
+  EXPECT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
+  return TrainOnRanks(plan, ranks);
+}
+
 // Runs 8 steps straight, then resumes a copy of the step-3 checkpoint for steps 4..8: the
 // same losses, gradient norms and evaluation, and the same final parameters and optimizer
 // state (bitwise: the same operations on the same numbers).
@@ -88,12 +98,8 @@ void ExpectResumeReproducesTheStraightRun(const std::string& plan_name, int rank
   EXPECT_THAT(FolderEntries(straight_dir),
               ::testing::ElementsAre(".lock", "step-00000003", "step-00000006", "step-00000008"));
 
-  fs::create_directories(resumed_dir);
-  fs::copy(straight_dir + "/step-00000003", resumed_dir + "/step-00000003",
-           fs::copy_options::recursive);
-  Plan plan = ShortPlan(plan_name, resumed_dir, overrides);
-  ASSERT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
-  const TrainReport resumed = TrainOnRanks(plan, ranks);
+  const TrainReport resumed = ResumeFrom(straight_dir + "/step-00000003",
+                                         ShortPlan(plan_name, resumed_dir, overrides), ranks);
   ASSERT_EQ(resumed.steps.size(), 5u);
   for (size_t i = 0; i < resumed.steps.size(); ++i) {
     const auto& want = straight.steps[i + 3];
@@ -189,10 +195,7 @@ std::map<std::string, torch::Tensor> ReadCheckpoint(const std::string& folder) {
 void ExpectResumeMatches(const std::string& saved_dir, Plan plan, int ranks,
                          const TrainReport& straight, const std::string& straight_dir) {
   const std::string dir = plan.training().checkpoint().dir();
-  fs::create_directories(dir);
-  fs::copy(saved_dir + "/step-00000008", dir + "/step-00000008", fs::copy_options::recursive);
-  ASSERT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
-  const TrainReport resumed = TrainOnRanks(plan, ranks);
+  const TrainReport resumed = ResumeFrom(saved_dir + "/step-00000008", plan, ranks);
   ASSERT_EQ(resumed.steps.size(), 8u);
   for (size_t i = 0; i < resumed.steps.size(); ++i) {
     const auto& want = straight.steps[i + 8];
