@@ -207,7 +207,8 @@ std::vector<parallel::TrainableParameter> Fsdp::TrainableParameters() {
       const torch::Tensor& full = unit.parameters[i];
       parallel::TensorSlice slice = parallel::TensorSlice::Whole(full.sizes());
       if (full.dim() == 0) {
-        // A scalar is rank 0's one row; the others' rows are padding and hold a copy.
+        // A scalar is rank 0's one row; the other ranks' row is padding: marked as replicas,
+        // they never save it.
         slice.replica = rank;
       } else {
         const RankRows mine = RowsOfRank(FullRows(full), unit.rows[i], rank);

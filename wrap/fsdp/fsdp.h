@@ -57,7 +57,7 @@ class Fsdp {
 
   // The shards the optimizer trains, named as the full parameters, sharded over the
   // communicator's group, each with the rows of the full parameter it holds (its padding
-  // left out; a scalar is rank 0's, the other ranks holding replicas).
+  // left out; a scalar is rank 0's, the other ranks' padding marked as replicas).
   std::vector<parallel::TrainableParameter> TrainableParameters();
 
   // The first communication error since wrapping (a hook cannot return one). It stays: after
