@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <system_error>
@@ -23,8 +22,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "base/file.h"
-#include "base/hash.h"
-#include "base/json.h"
 #include "base/status.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -35,29 +32,12 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-// Written into every manifest and rank file, so a future layout can tell this one apart.
-constexpr char kFormat[] = "plait-checkpoint-1";
 constexpr char kTemporaryPrefix[] = ".tmp-";
-// The metadata keys of a rank file that are the checkpoint's own, not the caller's.
-constexpr const char* kOwnMetadata[] = {"format", "rank", "world_size", "step", "checksum"};
+// The rank files' __metadata__ key for the global shape, offsets and checksum of each slice.
+constexpr char kSlicesKey[] = "slices";
 
-bool IsOwnMetadata(const std::string& key) {
-  return std::find(std::begin(kOwnMetadata), std::end(kOwnMetadata), key) != std::end(kOwnMetadata);
-}
-
-std::string Shape(const torch::Tensor& tensor) {
-  return absl::StrCat("[", absl::StrJoin(tensor.sizes(), ", "), "]");
-}
-
-// A 64-bit FNV-1a over the bytes of `tensors` in name order, 8 bytes at a time: cheap next
-// to writing the file, and it catches bytes changed after the header was checked.
-std::string Checksum(const std::map<std::string, torch::Tensor>& tensors) {
-  uint64_t hash = base::kFnv1a64OffsetBasis;
-  for (const auto& [name, tensor] : tensors) {
-    const torch::Tensor bytes = tensor.contiguous();
-    hash = base::Fnv1a64Words(hash, bytes.data_ptr(), bytes.numel() * bytes.element_size());
-  }
-  return absl::StrFormat("%016x", hash);
+std::string Shape(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 std::string MeshShape(const parallel::MeshLayout& layout) {
@@ -159,101 +139,63 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpoints(const std::string& dir,
   return steps;
 }
 
-absl::StatusOr<Json> ReadJson(const std::string& path) {
-  absl::StatusOr<std::string> text = base::ReadFile(path);
-  if (!text.ok()) return absl::NotFoundError(absl::StrCat(path, ": missing or unreadable"));
-  Json json = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) {
-    return absl::DataLossError(absl::StrCat(path, ": not a JSON object; the file is corrupt"));
+// Checks that `slice` fits `tensor` (a local tensor holding at least the box's elements) and
+// returns the box's data, contiguous in host memory.
+absl::StatusOr<torch::Tensor> SavedData(const std::string& name, const SlicedTensor& tensor) {
+  const parallel::TensorSlice& slice = tensor.slice;
+  bool fits = slice.box.offsets.size() == slice.global_shape.size() &&
+              slice.box.lengths.size() == slice.global_shape.size() &&
+              slice.box.numel() <= tensor.tensor.numel();
+  for (size_t d = 0; fits && d < slice.global_shape.size(); ++d) {
+    fits = slice.box.offsets[d] >= 0 && slice.box.lengths[d] >= 0 &&
+           slice.box.offsets[d] + slice.box.lengths[d] <= slice.global_shape[d];
   }
-  return json;
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": the slice ", slice.DebugString(),
+                                                   " does not fit its local tensor of shape ",
+                                                   Shape(tensor.tensor.sizes().vec())));
+  }
+  return slice.DataOf(tensor.tensor.detach()).cpu().contiguous();
 }
 
-absl::StatusOr<int64_t> IntField(const Json& json, const char* field, const std::string& path) {
-  const auto it = json.find(field);
-  if (it == json.end() || !it->is_number_integer()) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": ", field, ": missing or not an integer; the file is corrupt"));
+// Rank 0's manifest of a saved checkpoint in `folder`: the tensors' dtypes and global shapes
+// from rank 0's `state`, their slices from every rank file's header.
+absl::StatusOr<Manifest> CollectManifest(const std::string& folder, int world_size,
+                                         const RankState& state) {
+  Manifest manifest;
+  for (const auto& [name, tensor] : state.tensors) {
+    manifest.tensors[name] = {tensor.tensor.scalar_type(), tensor.slice.global_shape, {}};
   }
-  // nlohmann reads integers past INT64_MAX as unsigned; get<int64_t> would wrap them.
-  if (it->is_number_unsigned() &&
-      it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return absl::DataLossError(absl::StrCat(path, ": ", field, ": ", it->get<uint64_t>(),
-                                            " is past 2^63 - 1; the file is corrupt"));
-  }
-  return it->get<int64_t>();
-}
-
-// Checks one rank's file against the tensors this rank would save and reads it.
-absl::StatusOr<RankState> ReadRankFile(const std::string& path, int rank, int world_size,
-                                       int64_t step,
-                                       const std::map<std::string, torch::Tensor>& expected,
-                                       const RunInfo& run) {
-  std::error_code error;
-  if (!fs::exists(path, error)) {
-    return absl::NotFoundError(absl::StrCat(path, ": missing; the checkpoint of step ", step,
-                                            " was written by ", world_size,
-                                            " ranks, each into its own file"));
-  }
-  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> file,
-                         models::SafetensorsFile::Open(path));
-  const std::map<std::string, std::string> expected_metadata = {
-      {"format", kFormat},
-      {"rank", absl::StrCat(rank)},
-      {"world_size", absl::StrCat(world_size)},
-      {"step", absl::StrCat(step)}};
-  for (const auto& [field, want] : expected_metadata) {
-    const auto it = file->metadata().find(field);
-    const std::string have = it == file->metadata().end() ? "(none)" : it->second;
-    if (have != want) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": __metadata__.", field, ": ", have,
-                                                     " in the file, ", want, " expected here"));
+  for (int rank = 0; rank < world_size; ++rank) {
+    const std::string file = RankFileName(rank, world_size);
+    const std::string path = absl::StrCat(folder, "/", file);
+    PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> opened,
+                           models::SafetensorsFile::Open(path));
+    const auto slices = opened->metadata().find(kSlicesKey);
+    const Json json = slices == opened->metadata().end()
+                          ? Json()
+                          : Json::parse(slices->second, nullptr, /*allow_exceptions=*/false);
+    for (const auto& [name, entry] : opened->entries()) {
+      const auto it = manifest.tensors.find(name);
+      const auto saved = json.is_object() ? json.find(name) : json.end();
+      if (it == manifest.tensors.end() || saved == json.end() || !saved->is_object()) {
+        return absl::InternalError(absl::StrCat(path, ": ", name, ": saved by rank ", rank,
+                                                " but not described by it or rank 0"));
+      }
+      it->second.slices.push_back({file,
+                                   {saved->value("offsets", std::vector<int64_t>{}), entry.shape},
+                                   saved->value("checksum", "")});
     }
   }
-  std::vector<std::string> problems;
-  for (const auto& [name, tensor] : expected) {
-    const auto it = file->entries().find(name);
-    if (it == file->entries().end()) {
-      problems.push_back(
-          absl::StrCat(name, ": missing; this rank has it with shape ", Shape(tensor)));
-    } else if (it->second.shape != tensor.sizes().vec()) {
-      problems.push_back(absl::StrCat(name, ": shape [", absl::StrJoin(it->second.shape, ", "),
-                                      "] in the file, ", Shape(tensor), " here"));
-    } else if (it->second.dtype != tensor.scalar_type()) {
-      problems.push_back(absl::StrCat(name, ": dtype ", c10::toString(it->second.dtype),
-                                      " in the file, ", c10::toString(tensor.scalar_type()),
-                                      " here"));
-    }
-  }
-  for (const auto& [name, entry] : file->entries()) {
-    if (expected.count(name) == 0) {
-      problems.push_back(
-          absl::StrCat(name, ": in the file, but this rank has no such ", Kind(run, name)));
-    }
-  }
-  if (!problems.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": does not fit this rank's ",
-                                                   run.contents, ":\n  ",
-                                                   absl::StrJoin(problems, "\n  ")));
-  }
-  RankState state;
-  for (const auto& [name, entry] : file->entries()) {
-    PLAIT_ASSIGN_OR_RETURN(state.tensors[name], file->Read(name));
-  }
-  const auto checksum = file->metadata().find("checksum");
-  const std::string have = checksum == file->metadata().end() ? "(none)" : checksum->second;
-  if (const std::string want = Checksum(state.tensors); have != want) {
-    return absl::DataLossError(absl::StrCat(path, ": __metadata__.checksum: ", have,
-                                            " in the file, ", want,
-                                            " computed from its tensors; the file is corrupt"));
-  }
-  for (const auto& [key, value] : file->metadata()) {
-    if (!IsOwnMetadata(key)) state.metadata[key] = value;
-  }
-  return state;
+  return manifest;
 }
 
 }  // namespace
+
+SlicedTensor Whole(torch::Tensor tensor) {
+  parallel::TensorSlice slice = parallel::TensorSlice::Whole(tensor.sizes());
+  return {std::move(tensor), std::move(slice)};
+}
 
 std::string CheckpointName(int64_t step) { return absl::StrFormat("step-%08d", step); }
 
@@ -284,45 +226,17 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const CheckpointConfig& config,
         r.config_field, ".resume to continue from it, or choose another dir"));
   }
   const std::string path = absl::StrCat(newest, "/", kManifest);
-  PLAIT_ASSIGN_OR_RETURN(const Json manifest, ReadJson(path));
-  const auto format = manifest.find("format");
-  if (format == manifest.end() || *format != kFormat) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": format: ", format == manifest.end() ? "(none)" : base::DescribeJson(*format),
-        " in the file, \"", kFormat, "\" expected"));
-  }
-  PLAIT_ASSIGN_OR_RETURN(const int64_t step, IntField(manifest, "step", path));
-  PLAIT_ASSIGN_OR_RETURN(const int64_t world_size, IntField(manifest, "world_size", path));
-  PLAIT_ASSIGN_OR_RETURN(checkpointer.resume_position_, IntField(manifest, "data_position", path));
+  PLAIT_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(path));
+  const int64_t step = manifest.step;
+  checkpointer.resume_position_ = manifest.data_position;
   std::vector<std::string> problems;
   if (step != steps.back()) {
     problems.push_back(
         absl::StrCat("step: ", step, " in the file, ", steps.back(), " in the folder's name"));
   }
-  if (world_size != mesh.layout().world_size()) {
-    problems.push_back(absl::StrCat("world_size: ", world_size, " in the checkpoint, ",
-                                    mesh.layout().world_size(),
-                                    " in this run; a checkpoint resumes on the world that "
-                                    "wrote it"));
-  }
-  // The manifest's values are read where they are, never copied or written out whole: a
-  // corrupt one can be nested deep enough that either would overflow the stack.
-  const auto mesh_shape = manifest.find("mesh");
-  if (mesh_shape == manifest.end() || *mesh_shape != checkpointer.mesh_shape_) {
-    problems.push_back(absl::StrCat(
-        "mesh: ", mesh_shape == manifest.end() ? "(none)" : base::DescribeJson(*mesh_shape),
-        " in the checkpoint, \"", checkpointer.mesh_shape_, "\" in this run"));
-  }
-  const auto fingerprint = manifest.find("fingerprint");
   for (const auto& [field, value] : r.fingerprint) {
-    const Json* saved_value = nullptr;
-    if (fingerprint != manifest.end() && fingerprint->is_object()) {
-      const auto it = fingerprint->find(field);
-      if (it != fingerprint->end()) saved_value = &*it;
-    }
-    const std::string saved = saved_value != nullptr && saved_value->is_string()
-                                  ? saved_value->get<std::string>()
-                                  : "(none)";
+    const auto it = manifest.fingerprint.find(field);
+    const std::string saved = it == manifest.fingerprint.end() ? "(none)" : it->second;
     if (saved != value) {
       problems.push_back(absl::StrCat("fingerprint.", field, ": \"", saved,
                                       "\" in the checkpoint, \"", value,
@@ -353,20 +267,54 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const CheckpointConfig& config,
         absl::StrCat(path, ": cannot resume from it:\n  ", absl::StrJoin(problems, "\n  ")));
   }
   checkpointer.resume_step_ = step;
+  checkpointer.manifest_ = std::make_shared<const Manifest>(std::move(manifest));
   return checkpointer;
 }
 
-absl::Status Checkpointer::Restore(const std::map<std::string, torch::Tensor>& expected,
+absl::Status Checkpointer::Restore(const std::map<std::string, SlicedTensor>& expected,
                                    const std::function<absl::Status(RankState)>& load) const {
   if (resume_step_ == 0) return absl::OkStatus();
-  const int rank = mesh_->rank();
-  const int world_size = mesh_->layout().world_size();
   const std::string folder = absl::StrCat(dir_, "/", CheckpointName(resume_step_));
-  const std::string path = absl::StrCat(folder, "/", RankFileName(rank, world_size));
-  absl::StatusOr<RankState> state =
-      ReadRankFile(path, rank, world_size, resume_step_, expected, run_);
-  const absl::Status loaded =
-      state.ok() ? base::Annotate(load(*std::move(state)), path) : state.status();
+  absl::Status loaded = [&]() -> absl::Status {
+    const Manifest& manifest = *manifest_;
+    std::vector<std::string> problems;
+    for (const auto& [name, tensor] : expected) {
+      const auto it = manifest.tensors.find(name);
+      const std::vector<int64_t>& shape = tensor.slice.global_shape;
+      if (it == manifest.tensors.end()) {
+        problems.push_back(
+            absl::StrCat(name, ": missing; this rank has it with shape ", Shape(shape)));
+      } else if (it->second.shape != shape) {
+        problems.push_back(absl::StrCat(name, ": shape ", Shape(it->second.shape),
+                                        " in the checkpoint, ", Shape(shape), " here"));
+      } else if (it->second.dtype != tensor.tensor.scalar_type()) {
+        problems.push_back(absl::StrCat(name, ": dtype ", c10::toString(it->second.dtype),
+                                        " in the checkpoint, ",
+                                        c10::toString(tensor.tensor.scalar_type()), " here"));
+      }
+    }
+    for (const auto& [name, stored] : manifest.tensors) {
+      if (expected.count(name) == 0) {
+        problems.push_back(absl::StrCat(name, ": in the checkpoint, but this rank has no such ",
+                                        Kind(run_, name)));
+      }
+    }
+    if (!problems.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(manifest.path, ": does not fit this rank's ",
+                                                     run_.contents, ":\n  ",
+                                                     absl::StrJoin(problems, "\n  ")));
+    }
+    RankState state;
+    state.metadata = manifest.metadata;
+    SliceReader reader(folder, manifest);
+    for (const auto& [name, tensor] : expected) {
+      torch::Tensor filled = torch::zeros(
+          tensor.tensor.sizes(), torch::TensorOptions().dtype(tensor.tensor.scalar_type()));
+      PLAIT_RETURN_IF_ERROR(reader.Read(name, tensor.slice.box, tensor.slice.DataOf(filled)));
+      state.tensors[name] = {std::move(filled), tensor.slice};
+    }
+    return base::Annotate(load(std::move(state)), folder);
+  }();
   return mesh_->Agree(loaded, absl::StrCat("resuming from ", folder));
 }
 
@@ -409,33 +357,27 @@ absl::Status Checkpointer::Save(int64_t step, int64_t position, const RankState&
   }
   PLAIT_RETURN_IF_ERROR(mesh_->Agree(prepared, what));
 
-  // Every rank writes its file; rank 0 the manifest too.
+  // Every rank writes its file: the slices it is the first holder of.
   absl::Status written = [&]() -> absl::Status {
-    std::map<std::string, std::string> metadata = {{"format", kFormat},
-                                                   {"rank", absl::StrCat(rank)},
-                                                   {"world_size", absl::StrCat(world_size)},
-                                                   {"step", absl::StrCat(step)},
-                                                   {"checksum", Checksum(state.tensors)}};
-    for (const auto& [key, value] : state.metadata) {
-      if (IsOwnMetadata(key)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("__metadata__.", key, ": the checkpoint's own key; name it otherwise"));
-      }
-      metadata[key] = value;
+    std::vector<std::pair<std::string, torch::Tensor>> entries;
+    Json slices = Json::object();
+    for (const auto& [name, tensor] : state.tensors) {
+      PLAIT_ASSIGN_OR_RETURN(torch::Tensor data, SavedData(name, tensor));
+      if (tensor.slice.replica != 0 || data.numel() == 0) continue;
+      const absl::string_view bytes(static_cast<const char*>(data.data_ptr()), data.nbytes());
+      slices[name] = {{"shape", tensor.slice.global_shape},
+                      {"offsets", tensor.slice.box.offsets},
+                      {"checksum", Checksum(bytes)}};
+      entries.emplace_back(name, std::move(data));
     }
+    const std::map<std::string, std::string> metadata = {{"format", kFormat},
+                                                         {"rank", absl::StrCat(rank)},
+                                                         {"world_size", absl::StrCat(world_size)},
+                                                         {"step", absl::StrCat(step)},
+                                                         {kSlicesKey, slices.dump()}};
     const std::string file = absl::StrCat(temporary, "/", RankFileName(rank, world_size));
-    PLAIT_RETURN_IF_ERROR(
-        models::WriteSafetensors(file,
-                                 std::vector<std::pair<std::string, torch::Tensor>>(
-                                     state.tensors.begin(), state.tensors.end()),
-                                 metadata));
-    PLAIT_RETURN_IF_ERROR(base::SyncToDisk(file));
-    if (rank != 0) return absl::OkStatus();
-    const Json manifest = {{"format", kFormat},         {"step", step},
-                           {"world_size", world_size},  {"mesh", mesh_shape_},
-                           {"data_position", position}, {"fingerprint", run_.fingerprint}};
-    const std::string path = absl::StrCat(temporary, "/", kManifest);
-    return base::WriteFileAtomically(path, manifest.dump(2) + "\n");
+    PLAIT_RETURN_IF_ERROR(models::WriteSafetensors(file, entries, metadata));
+    return base::SyncToDisk(file);
   }();
   if (absl::Status agreed = mesh_->Agree(written, what); !agreed.ok()) {
     // A failed save leaves nothing behind: its partial files go with the temporary folder.
@@ -444,10 +386,24 @@ absl::Status Checkpointer::Save(int64_t step, int64_t position, const RankState&
     return agreed;
   }
 
-  // Every file is there: rank 0 publishes the folder and drops the oldest.
+  // Every file is there: rank 0 writes the manifest, publishes the folder and drops the
+  // oldest.
   absl::Status published;
   if (rank == 0) {
     published = [&]() -> absl::Status {
+      PLAIT_ASSIGN_OR_RETURN(Manifest manifest, CollectManifest(temporary, world_size, state));
+      manifest.step = step;
+      manifest.world_size = world_size;
+      manifest.mesh = mesh_shape_;
+      manifest.layout = run_.layout;
+      manifest.data_position = position;
+      manifest.fingerprint = run_.fingerprint;
+      manifest.metadata = state.metadata;
+      const std::string path = absl::StrCat(temporary, "/", kManifest);
+      PLAIT_RETURN_IF_ERROR(base::WriteFileAtomically(path, ManifestJson(manifest).dump(2) + "\n"));
+      // Read back as a resume would: the ranks' slices must tile every tensor.
+      PLAIT_RETURN_IF_ERROR(base::Annotate(ReadManifest(path).status(),
+                                           "the slices the ranks saved do not tile the tensors"));
       PLAIT_RETURN_IF_ERROR(base::SyncToDisk(temporary));
       std::error_code error;
       fs::rename(temporary, folder, error);
@@ -462,6 +418,8 @@ absl::Status Checkpointer::Save(int64_t step, int64_t position, const RankState&
       }
       return absl::OkStatus();
     }();
+    std::error_code ignored;
+    if (!published.ok()) fs::remove_all(temporary, ignored);
   }
   return mesh_->Agree(published, what);
 }

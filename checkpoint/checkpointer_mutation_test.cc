@@ -61,9 +61,9 @@ RunInfo TestRun(int64_t position_per_step) {
   return run;
 }
 
-std::map<std::string, torch::Tensor> Tensors() {
-  return {{"w", torch::arange(6, torch::kFloat32).reshape({2, 3})},
-          {"m", torch::full({4}, 3, torch::kInt64)}};
+std::map<std::string, SlicedTensor> Tensors() {
+  return {{"w", Whole(torch::arange(6, torch::kFloat32).reshape({2, 3}))},
+          {"m", Whole(torch::full({4}, 3, torch::kInt64))}};
 }
 
 CheckpointConfig Config(const std::string& dir, bool resume) {
@@ -85,7 +85,7 @@ absl::Status Resume(const std::string& dir, const RunInfo& run, const parallel::
     EXPECT_EQ(checkpointer.resume_position(), kPosition);
   }
   return checkpointer.Restore(Tensors(), [](RankState saved) {
-    EXPECT_TRUE(torch::equal(saved.tensors.at("w"), Tensors().at("w")));
+    EXPECT_TRUE(torch::equal(saved.tensors.at("w").tensor, Tensors().at("w").tensor));
     return absl::OkStatus();
   });
 }
@@ -210,9 +210,26 @@ TEST(CheckpointerMutationTest, EveryManifestMutationResumesOrIsANamedError) {
          [&](std::string& text) {
            return set_field("format",
                             mutator.Pick(std::vector<Json>{
-                                Json::value_t::discarded, "", "plait-checkpoint-2", 1, nullptr,
+                                Json::value_t::discarded, "", "plait-checkpoint-3", 1, nullptr,
                                 Json::array({"plait-checkpoint-1"}), Json::object()}),
                             text);
+         }},
+        {"tensors", 400,
+         [&](std::string& text) {
+           Json tensors = manifest["tensors"];
+           Json& tensor = tensors[mutator.Pick(std::vector<std::string>{"w", "m"})];
+           Json& slice = tensor["slices"][0];
+           const std::string key = mutator.Pick(std::vector<std::string>{
+               "file", "offsets", "lengths", "checksum", "shape", "dtype", "slices"});
+           Json& target =
+               key == "shape" || key == "dtype" || key == "slices" ? tensor[key] : slice[key];
+           target = mutator.Pick(std::vector<Json>{
+               nullptr, "", "..", "../rank-00000-of-00001.safetensors", "/etc/passwd", "F16", "I64",
+               Json::array(), Json::array({0}), Json::array({1, 3}), Json::array({0, 0}),
+               Json::array({2, 3}), Json::array({-1, 3}), Json::array({extreme(), 3}),
+               Json::array({slice, slice}), Json::object(), 4, "0000000000000000"});
+           set_field("tensors", tensors, text);
+           return absl::StrCat("tensors.", key, " = ", target.dump());
          }},
         {"fingerprint", 200,
          [&](std::string& text) {
@@ -251,9 +268,9 @@ TEST(CheckpointerMutationTest, EveryManifestMutationResumesOrIsANamedError) {
     };
 
     // The fields an error about the manifest may name.
-    const std::vector<std::string> named = {"format: ",         "step: ", "world_size: ",
-                                            "data_position: ",  "mesh: ", "fingerprint.",
-                                            "not a JSON object"};
+    const std::vector<std::string> named = {
+        "format: ", "step: ",   "world_size: ", "data_position: ", "mesh: ",
+        "layout: ", "metadata", "tensors",      "fingerprint.",    "not a JSON object"};
     MutationCases cases(absl::Seconds(10));
     for (const Kind& kind : kinds) {
       for (int i = 0; i < kind.count; ++i) {

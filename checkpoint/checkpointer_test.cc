@@ -1,7 +1,7 @@
 // The checkpoint layout and protocol on ranks as threads over Gloo, with plain tensors: a
-// round trip on 2 ranks, the files' exact contents, when a step is due, keep_last and
-// interrupted saves, and every way a checkpoint can fail to fit the run, each built here by
-// damaging a real checkpoint.
+// round trip on 2 ranks, resuming on 1 and 3 ranks (padding and an empty slice), the files'
+// exact contents, when a step is due, keep_last and interrupted saves, and every way a
+// checkpoint can fail to fit the run, each built here by damaging a real checkpoint.
 #include "checkpoint/checkpointer.h"
 
 #include <unistd.h>
@@ -78,14 +78,24 @@ RunInfo TestRun(int64_t steps = 8) {
   return run;
 }
 
-// A rank's state: a weight and a moment that differ by rank, and a counter.
-RankState State(int rank) {
+// A rank's state on `ranks` ranks: its rows of a weight of 4 rows sharded as FSDP does (2
+// rows to a rank, the last ranks' padded or empty), a moment every rank holds whole (rank 0
+// saves it), and a counter.
+RankState State(int rank, int ranks) {
+  const torch::Tensor weight = torch::arange(12, torch::kFloat32).reshape({4, 3});
+  const int64_t rows = (4 + ranks - 1) / ranks;
+  const int64_t first = std::min<int64_t>(4, rank * rows);
+  const int64_t count = std::min<int64_t>(4, first + rows) - first;
+  torch::Tensor shard = torch::zeros({rows, 3});
+  shard.narrow(0, 0, count).copy_(weight.narrow(0, first, count));
   RankState state;
-  state.tensors["w/a"] = torch::arange(6, torch::kFloat32).reshape({2, 3}) + rank;
-  state.tensors["m/a"] = torch::full({4}, rank + 1, torch::kInt64);
-  state.metadata["counter"] = absl::StrCat(10 + rank);
+  state.tensors["w/a"] = {shard, parallel::TensorSlice::Whole({4, 3}).Narrow(0, first, count)};
+  state.tensors["m/a"] = Whole(torch::full({4}, 7, torch::kInt64));
+  state.tensors["m/a"].slice.replica = rank;
+  state.metadata["counter"] = "10";
   return state;
 }
+RankState State(int rank) { return State(rank, 2); }
 
 // Saves State(rank) of every one of `ranks` ranks after `step` into `dir`.
 void SaveOnRanks(const std::string& dir, int ranks, int64_t step,
@@ -95,7 +105,7 @@ void SaveOnRanks(const std::string& dir, int ranks, int64_t step,
   parallel::testing::RunOnGlooMesh(Layout(ranks), [&](int rank, parallel::DeviceMesh& mesh) {
     absl::StatusOr<Checkpointer> checkpointer = Checkpointer::Open(with_dir, dir, TestRun(), mesh);
     ASSERT_THAT(checkpointer, IsOk());
-    ASSERT_THAT(checkpointer->Save(step, /*position=*/2 * step, State(rank)), IsOk());
+    ASSERT_THAT(checkpointer->Save(step, /*position=*/2 * step, State(rank, ranks)), IsOk());
   });
 }
 
@@ -111,90 +121,159 @@ std::vector<absl::Status> ResumeStatuses(const std::string& dir, int ranks,
       statuses[rank] = checkpointer.status();
       return;
     }
-    statuses[rank] =
-        checkpointer->Restore(State(rank).tensors, [](RankState) { return absl::OkStatus(); });
+    statuses[rank] = checkpointer->Restore(State(rank, ranks).tensors,
+                                           [](RankState) { return absl::OkStatus(); });
   });
   return statuses;
 }
 
-TEST(CheckpointerTest, EveryRankGetsBackItsTensorsMetadataAndThePosition) {
+// Saved on 2 ranks, resumed on 1, 2 and 3: every rank gets back the rows it holds (zero
+// padding after them), the moment and the metadata.
+TEST(CheckpointerTest, EveryRankOfAnyWorldSizeGetsBackItsPartsMetadataAndThePosition) {
   const std::string dir = FreshTestDir("round_trip");
   SaveOnRanks(dir, 2, 3);
   EXPECT_THAT(FolderEntries(dir), ElementsAre(".lock", "step-00000003"));
   EXPECT_THAT(FolderEntries(dir + "/step-00000003"),
               ElementsAre("checkpoint.json", "rank-00000-of-00002.safetensors",
                           "rank-00001-of-00002.safetensors"));
-  parallel::testing::RunOnGlooMesh(Layout(2), [&](int rank, parallel::DeviceMesh& mesh) {
-    absl::StatusOr<Checkpointer> checkpointer =
-        Checkpointer::Open(Config(dir, /*resume=*/true), dir, TestRun(), mesh);
-    ASSERT_THAT(checkpointer, IsOk());
-    EXPECT_EQ(checkpointer->resume_step(), 3);
-    EXPECT_EQ(checkpointer->resume_position(), 6);
-    RankState restored;
-    ASSERT_THAT(checkpointer->Restore(State(rank).tensors,
-                                      [&](RankState saved) {
-                                        restored = std::move(saved);
-                                        return absl::OkStatus();
-                                      }),
-                IsOk());
-    const RankState want = State(rank);
-    EXPECT_EQ(restored.metadata, want.metadata);
-    ASSERT_EQ(restored.tensors.size(), want.tensors.size());
-    for (const auto& [name, tensor] : want.tensors) {
-      EXPECT_TRUE(restored.tensors.at(name).equal(tensor)) << name;
-    }
-  });
+  for (int ranks : {2, 1, 3}) {
+    SCOPED_TRACE(absl::StrCat(ranks, " ranks"));
+    parallel::testing::RunOnGlooMesh(Layout(ranks), [&](int rank, parallel::DeviceMesh& mesh) {
+      absl::StatusOr<Checkpointer> checkpointer =
+          Checkpointer::Open(Config(dir, /*resume=*/true), dir, TestRun(), mesh);
+      ASSERT_THAT(checkpointer, IsOk());
+      EXPECT_EQ(checkpointer->resume_step(), 3);
+      EXPECT_EQ(checkpointer->resume_position(), 6);
+      RankState restored;
+      const RankState want = State(rank, ranks);
+      ASSERT_THAT(checkpointer->Restore(want.tensors,
+                                        [&](RankState saved) {
+                                          restored = std::move(saved);
+                                          return absl::OkStatus();
+                                        }),
+                  IsOk());
+      EXPECT_EQ(restored.metadata, want.metadata);
+      ASSERT_EQ(restored.tensors.size(), want.tensors.size());
+      for (const auto& [name, tensor] : want.tensors) {
+        EXPECT_TRUE(restored.tensors.at(name).tensor.equal(tensor.tensor)) << name;
+      }
+    });
+  }
 }
 
-// The bytes that make the format: names, manifest keys, metadata keys and the checksum,
-// which earlier checkpoints were written with and must still resume from.
-TEST(CheckpointerTest, TheFilesHoldTheManifestMetadataAndChecksumOfTheFormat) {
+// What TheFilesHoldTheManifestMetadataAndChecksumsOfTheFormat saves: the manifest, and rank
+// 1's description of its one slice.
+constexpr char kExpectedManifest[] = R"json({
+  "data_position": 6,
+  "fingerprint": {
+    "run.model": "tiny"
+  },
+  "format": "plait-checkpoint-2",
+  "layout": "fsdp over dp",
+  "mesh": "dp=2",
+  "metadata": {
+    "optimizer_step": "5"
+  },
+  "step": 3,
+  "tensors": {
+    "m/a": {
+      "dtype": "I64",
+      "shape": [
+        4
+      ],
+      "slices": [
+        {
+          "checksum": "41e9706682a7c661",
+          "file": "rank-00000-of-00002.safetensors",
+          "lengths": [
+            4
+          ],
+          "offsets": [
+            0
+          ]
+        }
+      ]
+    },
+    "w/a": {
+      "dtype": "F32",
+      "shape": [
+        4,
+        3
+      ],
+      "slices": [
+        {
+          "checksum": "0cadca75128f2fb7",
+          "file": "rank-00000-of-00002.safetensors",
+          "lengths": [
+            2,
+            3
+          ],
+          "offsets": [
+            0,
+            0
+          ]
+        },
+        {
+          "checksum": "c50b7b0451ef2fb7",
+          "file": "rank-00001-of-00002.safetensors",
+          "lengths": [
+            2,
+            3
+          ],
+          "offsets": [
+            2,
+            0
+          ]
+        }
+      ]
+    }
+  },
+  "world_size": 2
+}
+)json";
+constexpr char kExpectedSlicesOfRank1[] =
+    R"json({"w/a":{"checksum":"c50b7b0451ef2fb7","offsets":[2,0],"shape":[4,3]}})json";
+
+// The bytes that make the format: names, manifest keys, metadata keys and checksums. Rank 1
+// saves its rows only: the moment is rank 0's, and padding is never saved.
+TEST(CheckpointerTest, TheFilesHoldTheManifestMetadataAndChecksumsOfTheFormat) {
   const std::string dir = FreshTestDir("format");
-  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnGlooMesh(Layout(2), [&](int rank, parallel::DeviceMesh& mesh) {
     RunInfo run = TestRun();
     run.fingerprint = {{"run.model", "tiny"}};
+    run.layout = "fsdp over dp";
     absl::StatusOr<Checkpointer> checkpointer = Checkpointer::Open(Config(dir), dir, run, mesh);
     ASSERT_THAT(checkpointer, IsOk());
-    RankState state;
-    state.tensors["a"] = torch::tensor({1.0f, 2.0f, 3.0f});
-    state.tensors["b"] = torch::tensor({int64_t{7}});
-    state.metadata["optimizer_step"] = "5";
+    RankState state = State(rank, 2);
+    state.metadata = {{"optimizer_step", "5"}};
     ASSERT_THAT(checkpointer->Save(3, /*position=*/6, state), IsOk());
   });
-  EXPECT_EQ(ReadText(dir + "/step-00000003/" + kManifest),
-            "{\n"
-            "  \"data_position\": 6,\n"
-            "  \"fingerprint\": {\n"
-            "    \"run.model\": \"tiny\"\n"
-            "  },\n"
-            "  \"format\": \"plait-checkpoint-1\",\n"
-            "  \"mesh\": \"world=1\",\n"
-            "  \"step\": 3,\n"
-            "  \"world_size\": 1\n"
-            "}\n");
-  auto file = models::SafetensorsFile::Open(dir + "/step-00000003/" + RankFileName(0, 1));
+  EXPECT_EQ(ReadText(dir + "/step-00000003/" + kManifest), kExpectedManifest);
+  auto file = models::SafetensorsFile::Open(dir + "/step-00000003/" + RankFileName(1, 2));
   ASSERT_THAT(file, IsOk());
+  EXPECT_THAT((*file)->entries(), ElementsAre(::testing::Key("w/a")));
+  EXPECT_EQ((*file)->entries().at("w/a").shape, (std::vector<int64_t>{2, 3}));
   EXPECT_EQ((*file)->metadata(),
-            (std::map<std::string, std::string>{{"checksum", "cdb32074bfd5da58"},
-                                                {"format", "plait-checkpoint-1"},
-                                                {"optimizer_step", "5"},
-                                                {"rank", "0"},
+            (std::map<std::string, std::string>{{"format", "plait-checkpoint-2"},
+                                                {"rank", "1"},
+                                                {"slices", kExpectedSlicesOfRank1},
                                                 {"step", "3"},
-                                                {"world_size", "1"}}));
-  EXPECT_THAT((*file)->entries(), ElementsAre(::testing::Key("a"), ::testing::Key("b")));
+                                                {"world_size", "2"}}));
 }
 
-TEST(CheckpointerTest, MetadataKeysOfTheCheckpointItselfAreRefused) {
-  const std::string dir = FreshTestDir("own_metadata");
+// A slice that its local tensor cannot hold is refused before anything is written.
+TEST(CheckpointerTest, ASliceThatDoesNotFitItsTensorIsRefused) {
+  const std::string dir = FreshTestDir("misfit_slice");
   parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
     absl::StatusOr<Checkpointer> checkpointer =
         Checkpointer::Open(Config(dir), dir, TestRun(), mesh);
     ASSERT_THAT(checkpointer, IsOk());
-    RankState state = State(0);
-    state.metadata["step"] = "1";
+    RankState state = State(0, 1);
+    state.tensors["w/a"].slice = parallel::TensorSlice::Whole({8, 3});
     EXPECT_THAT(checkpointer->Save(1, 0, state),
                 StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr("__metadata__.step: the checkpoint's own key")));
+                         HasSubstr("w/a: the slice [0:8, 0:3] of [8, 3] does not fit its local "
+                                   "tensor of shape [4, 3]")));
   });
   // Nothing of the failed save is left, not even its temporary folder.
   EXPECT_THAT(FolderEntries(dir), ElementsAre(".lock"));
@@ -366,11 +445,13 @@ TEST(CheckpointErrorsTest, ManifestValuesOfAnotherTypeOrNestedDeepNameTheField) 
     return ResumeStatuses(dir, 1)[0];
   };
   EXPECT_THAT(resume_with("mesh", "1"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("mesh: 1 in the checkpoint, \"world=1\" in this run")));
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checkpoint.json: mesh: 1 is not a "
+                                                              "string; the file is corrupt")));
   EXPECT_THAT(resume_with("mesh", deep),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("mesh: an array in the checkpoint, \"world=1\" in this run")));
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("mesh: an array is not a string")));
+  EXPECT_THAT(resume_with("tensors", deep),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("checkpoint.json: tensors: missing or not an object")));
   EXPECT_THAT(resume_with("fingerprint", deep),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("fingerprint.run.batch: \"(none)\" in the checkpoint")));
@@ -379,69 +460,74 @@ TEST(CheckpointErrorsTest, ManifestValuesOfAnotherTypeOrNestedDeepNameTheField) 
                        HasSubstr("checkpoint.json: format: an array in the file")));
 }
 
-TEST(CheckpointErrorsTest, AnotherWorldSizeAndMeshNameBothValues) {
-  const std::string dir = FreshTestDir("world");
-  SaveOnRanks(dir, 1, 1);
-  for (const absl::Status& status : ResumeStatuses(dir, 2)) {
-    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
-                                 AllOf(HasSubstr(dir + "/step-00000001/checkpoint.json"),
-                                       HasSubstr("world_size: 1 in the checkpoint, 2 in this run"),
-                                       HasSubstr("mesh: \"world=1\" in the checkpoint, \"dp=2\" "
-                                                 "in this run"))));
-  }
-}
-
 // Rewrites the rank file `path` with its tensors and metadata passed through `edit`.
 void RewriteRankFile(const std::string& path,
-                     const std::function<void(std::map<std::string, torch::Tensor>&,
-                                              std::map<std::string, std::string>&)>& edit) {
+                     const std::function<void(std::map<std::string, torch::Tensor>&)>& edit) {
   auto file = models::SafetensorsFile::Open(path);
   ASSERT_THAT(file, IsOk());
-  std::map<std::string, std::string> metadata = (*file)->metadata();
+  const std::map<std::string, std::string> metadata = (*file)->metadata();
   std::map<std::string, torch::Tensor> tensors;
   for (const auto& [name, entry] : (*file)->entries()) tensors[name] = *(*file)->Read(name);
   file->reset();
-  edit(tensors, metadata);
+  edit(tensors);
   ASSERT_THAT(models::WriteSafetensors(path, {tensors.begin(), tensors.end()}, metadata), IsOk());
 }
 
-TEST(CheckpointErrorsTest, MissingExtraAndMisfitTensorsNameTheFileTheTensorAndWhatItIs) {
+// Rewrites the manifest `path` passed through `edit`.
+void RewriteManifest(const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json manifest = nlohmann::json::parse(ReadText(path));
+  edit(manifest);
+  std::ofstream(path) << manifest.dump(2);
+}
+
+TEST(CheckpointErrorsTest, MissingExtraAndMisfitTensorsNameTheManifestTheTensorAndWhatItIs) {
   const std::string dir = FreshTestDir("tensors");
   SaveOnRanks(dir, 1, 1);
-  const std::string path = dir + "/step-00000001/" + RankFileName(0, 1);
-  RewriteRankFile(
-      path, [](std::map<std::string, torch::Tensor>& tensors, std::map<std::string, std::string>&) {
-        tensors.erase("w/a");
-        tensors["w/bogus"] = torch::zeros({2});
-        tensors["bogus"] = torch::zeros({2});
-        tensors["m/a"] = torch::zeros({3}, torch::kInt64);
-      });
+  const std::string manifest = dir + "/step-00000001/" + kManifest;
+  const std::string valid = ReadText(manifest);
+  RewriteManifest(manifest, [](nlohmann::json& json) {
+    nlohmann::json& tensors = json["tensors"];
+    tensors.erase("w/a");
+    const nlohmann::json empty = {
+        {"dtype", "F32"}, {"shape", {0}}, {"slices", nlohmann::json::array()}};
+    tensors["w/bogus"] = empty;
+    tensors["bogus"] = empty;
+    tensors["m/a"]["shape"] = {3};
+    tensors["m/a"]["slices"][0]["lengths"] = {3};
+  });
   EXPECT_THAT(ResumeStatuses(dir, 1)[0],
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr(path + ": does not fit this rank's tensors:"),
-                             HasSubstr("w/a: missing; this rank has it with shape [2, 3]"),
-                             HasSubstr("w/bogus: in the file, but this rank has no such tensor"),
-                             HasSubstr("m/a: shape [3] in the file, [4] here"))));
+                       AllOf(HasSubstr(manifest + ": does not fit this rank's tensors:"),
+                             HasSubstr("w/a: missing; this rank has it with shape [4, 3]"),
+                             HasSubstr("w/bogus: in the checkpoint, but this rank has no such "
+                                       "tensor"),
+                             HasSubstr("m/a: shape [3] in the checkpoint, [4] here"))));
 
   RunInfo run = TestRun();
   run.contents = "weights and moments";
   run.kind_by_prefix = {{"", "moment"}, {"w/", "weight"}};
-  EXPECT_THAT(ResumeStatuses(dir, 1, run)[0],
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr(path + ": does not fit this rank's weights and moments:"),
-                             HasSubstr("w/bogus: in the file, but this rank has no such weight"),
-                             HasSubstr("bogus: in the file, but this rank has no such moment"))));
+  EXPECT_THAT(
+      ResumeStatuses(dir, 1, run)[0],
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr(manifest + ": does not fit this rank's weights and moments:"),
+                     HasSubstr("w/bogus: in the checkpoint, but this rank has no such weight"),
+                     HasSubstr("bogus: in the checkpoint, but this rank has no such moment"))));
 
-  RewriteRankFile(
-      path, [](std::map<std::string, torch::Tensor>& tensors, std::map<std::string, std::string>&) {
-        tensors.erase("w/bogus");
-        tensors.erase("bogus");
-        tensors["w/a"] = torch::zeros({2, 3}, torch::kInt64);
-        tensors["m/a"] = torch::zeros({4}, torch::kInt64);
-      });
+  std::ofstream(manifest) << valid;
+  RewriteManifest(manifest, [](nlohmann::json& json) { json["tensors"]["w/a"]["dtype"] = "I64"; });
   EXPECT_THAT(ResumeStatuses(dir, 1)[0],
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("w/a: dtype Long in the file, Float here")));
+                       HasSubstr("w/a: dtype Long in the checkpoint, Float here")));
+
+  // Slices that do not tile their tensor: a manifest no save writes.
+  std::ofstream(manifest) << valid;
+  RewriteManifest(manifest, [](nlohmann::json& json) {
+    json["tensors"]["w/a"]["slices"][0]["lengths"] = {2, 3};
+  });
+  EXPECT_THAT(ResumeStatuses(dir, 1)[0],
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(manifest + ": tensors.w/a.slices: they hold 6 of the tensor's "
+                                            "12 elements; the file is corrupt")));
 }
 
 TEST(CheckpointErrorsTest, TruncatedOrCorruptRankFilesNameTheFile) {
@@ -464,10 +550,10 @@ TEST(CheckpointErrorsTest, TruncatedOrCorruptRankFilesNameTheFile) {
     file.seekp(size - 5);
     file.put('\x7f');
   }
-  EXPECT_THAT(
-      ResumeStatuses(dir, 1)[0],
-      StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(path + ": __metadata__.checksum: "),
-                                                  HasSubstr("the file is corrupt"))));
+  EXPECT_THAT(ResumeStatuses(dir, 1)[0],
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(manifest + ": tensors.w/a.slices[0].checksum: "),
+                             HasSubstr("computed from " + path + "; the checkpoint is corrupt"))));
 
   // A damaged header.
   fs::copy_file(backup, path, fs::copy_options::overwrite_existing);
@@ -479,14 +565,15 @@ TEST(CheckpointErrorsTest, TruncatedOrCorruptRankFilesNameTheFile) {
   EXPECT_THAT(ResumeStatuses(dir, 1)[0],
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(path)));
 
-  // A rank file moved into another rank's place.
+  // A file whose tensor is not the slice the manifest lists.
   fs::copy_file(backup, path, fs::copy_options::overwrite_existing);
-  RewriteRankFile(path,
-                  [](std::map<std::string, torch::Tensor>&,
-                     std::map<std::string, std::string>& metadata) { metadata["rank"] = "3"; });
+  RewriteRankFile(path, [](std::map<std::string, torch::Tensor>& tensors) {
+    tensors["w/a"] = torch::zeros({3, 4});
+  });
   EXPECT_THAT(ResumeStatuses(dir, 1)[0],
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr(path + ": __metadata__.rank: 3 in the file, 0 expected here")));
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(path + " holds it as Float [3, 4], the manifest says Float [4, "
+                                        "3]; the checkpoint is corrupt")));
 
   std::ofstream(manifest) << "{";
   EXPECT_THAT(ResumeStatuses(dir, 1)[0],
@@ -494,6 +581,7 @@ TEST(CheckpointErrorsTest, TruncatedOrCorruptRankFilesNameTheFile) {
                        HasSubstr(manifest + ": not a JSON object; the file is corrupt")));
 }
 
+// Rank 1 reads its rows from rank 1's file of the checkpoint, which is gone.
 TEST(CheckpointErrorsTest, AMissingRankFileFailsEveryRank) {
   const std::string dir = FreshTestDir("missing_rank");
   SaveOnRanks(dir, 2, 1);
@@ -501,14 +589,14 @@ TEST(CheckpointErrorsTest, AMissingRankFileFailsEveryRank) {
   ASSERT_TRUE(fs::remove(missing));
   const std::vector<absl::Status> statuses = ResumeStatuses(dir, 2);
   EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kNotFound,
-                                    HasSubstr(missing + ": missing; the checkpoint of step 1 was "
-                                                        "written by 2 ranks")));
+                                    AllOf(HasSubstr("checkpoint.json: tensors.w/a.slices[1].file"),
+                                          HasSubstr(missing))));
   EXPECT_THAT(statuses[0],
               StatusIs(absl::StatusCode::kAborted,
                        HasSubstr("resuming from " + dir + "/step-00000001: rank 1 failed")));
 }
 
-TEST(CheckpointErrorsTest, ALoadErrorNamesTheFileAndFailsEveryRank) {
+TEST(CheckpointErrorsTest, ALoadErrorNamesTheCheckpointAndFailsEveryRank) {
   const std::string dir = FreshTestDir("load_error");
   SaveOnRanks(dir, 2, 1);
   std::vector<absl::Status> statuses(2);
@@ -521,9 +609,8 @@ TEST(CheckpointErrorsTest, ALoadErrorNamesTheFileAndFailsEveryRank) {
                        : absl::OkStatus();
     });
   });
-  EXPECT_THAT(statuses[1],
-              StatusIs(absl::StatusCode::kDataLoss, dir + "/step-00000001/" + RankFileName(1, 2) +
-                                                        ": counter: not what this rank counts"));
+  EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kDataLoss,
+                                    dir + "/step-00000001: counter: not what this rank counts"));
   EXPECT_THAT(statuses[0],
               StatusIs(absl::StatusCode::kAborted,
                        HasSubstr("resuming from " + dir + "/step-00000001: rank 1 failed")));

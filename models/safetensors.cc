@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -49,13 +50,6 @@ constexpr DtypeName kDtypes[] = {
     {"I64", torch::kInt64},
 };
 
-const char* NameOf(torch::ScalarType dtype) {
-  for (const DtypeName& d : kDtypes) {
-    if (d.dtype == dtype) return d.name;
-  }
-  return nullptr;
-}
-
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
@@ -86,14 +80,9 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
     return Corrupt(path, absl::StrCat(where, "missing or non-string dtype"));
   }
   const std::string dtype_name = dtype->get<std::string>();
-  bool known = false;
-  for (const DtypeName& d : kDtypes) {
-    if (dtype_name == d.name) {
-      entry.dtype = d.dtype;
-      known = true;
-    }
-  }
-  if (!known) {
+  const std::optional<torch::ScalarType> known = SafetensorsDtypeOfName(dtype_name);
+  if (known.has_value()) entry.dtype = *known;
+  if (!known.has_value()) {
     return Corrupt(path, absl::StrCat(where, "dtype \"", dtype_name,
                                       "\" is not supported (F32, BF16, F16, I64)"));
   }
@@ -241,6 +230,28 @@ absl::Status SafetensorsFile::ParseHeader() {
   return absl::OkStatus();
 }
 
+const char* SafetensorsDtypeName(torch::ScalarType dtype) {
+  for (const DtypeName& d : kDtypes) {
+    if (d.dtype == dtype) return d.name;
+  }
+  return nullptr;
+}
+
+std::optional<torch::ScalarType> SafetensorsDtypeOfName(absl::string_view name) {
+  for (const DtypeName& d : kDtypes) {
+    if (name == d.name) return d.dtype;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<absl::string_view> SafetensorsFile::Bytes(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor \"", name, "\""));
+  }
+  return absl::string_view(data_ + it->second.begin, it->second.end - it->second.begin);
+}
+
 absl::StatusOr<torch::Tensor> SafetensorsFile::Read(const std::string& name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) {
@@ -260,7 +271,7 @@ absl::Status WriteSafetensors(const std::string& path,
   std::vector<torch::Tensor> contiguous;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
-    const char* dtype = NameOf(tensor.scalar_type());
+    const char* dtype = SafetensorsDtypeName(tensor.scalar_type());
     if (dtype == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", name, "\" has dtype ",
                                                      c10::toString(tensor.scalar_type()),

@@ -18,12 +18,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "torch/torch.h"
 
 namespace plait::models {
@@ -32,6 +34,11 @@ namespace plait::models {
 inline constexpr char kSafetensorsIndexName[] = "model.safetensors.index.json";
 // The single-file checkpoint name Hugging Face uses.
 inline constexpr char kSafetensorsFileName[] = "model.safetensors";
+
+// The header's name of `dtype` ("F32"); nullptr for a dtype the format does not support.
+const char* SafetensorsDtypeName(torch::ScalarType dtype);
+// The dtype of a header's name ("BF16"); nullopt for any other name.
+std::optional<torch::ScalarType> SafetensorsDtypeOfName(absl::string_view name);
 
 // One tensor's entry in a safetensors header.
 struct SafetensorsEntry {
@@ -63,6 +70,11 @@ class SafetensorsFile {
   // A copy of the tensor `name` in a new CPU tensor of its dtype; NotFound naming the file
   // when there is no such tensor.
   absl::StatusOr<torch::Tensor> Read(const std::string& name) const;
+
+  // The bytes of the tensor `name` in the mapped file (row-major, its entry's dtype and
+  // shape), valid while this object lives: a reader of part of a tensor touches only the
+  // pages it reads. NotFound naming the file when there is no such tensor.
+  absl::StatusOr<absl::string_view> Bytes(const std::string& name) const;
 
  private:
   SafetensorsFile(std::string path, const char* data, size_t size)

@@ -4,7 +4,8 @@
 // optim/ consumes them; the record lives here, below both. Without a wrapper every parameter
 // is whole and `sharded_over` is empty.
 //
-//   TrainableParameter{"model.layers.0.mlp.up_proj.weight", shard, {fsdp_group, tp_group}}
+//   TrainableParameter{"model.layers.0.mlp.up_proj.weight", shard, {fsdp_group, tp_group},
+//                      /*replicas=*/1, slice}
 #ifndef PLAIT_PARALLEL_TRAINABLE_PARAMETER_H_
 #define PLAIT_PARALLEL_TRAINABLE_PARAMETER_H_
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "parallel/communicator.h"
+#include "parallel/tensor_slice.h"
 #include "torch/torch.h"
 
 namespace plait::parallel {
@@ -26,6 +28,10 @@ struct TrainableParameter {
   // How many ranks of those groups hold this same part (tensor parallelism's key/value heads
   // shared by several ranks), so that it counts once.
   int64_t replicas = 1;
+  // The part of the full parameter `tensor` holds, and which of its holders this rank is:
+  // whole for a parameter no wrapper split; each wrapper that splits or replicates it
+  // narrows or numbers it (checkpoints save and load by it).
+  TensorSlice slice;
 };
 
 }  // namespace plait::parallel

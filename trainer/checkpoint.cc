@@ -1,6 +1,8 @@
 #include "trainer/checkpoint.h"
 
+#include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -12,21 +14,33 @@
 #include "base/status.h"
 #include "models/model_config.h"
 #include "trainer/plan.h"
+#include "wrap/strategies.h"
 
 namespace plait::trainer {
 namespace {
 
-constexpr char kParamPrefix[] = "param/";
-constexpr char kOptimPrefix[] = "optim/";
 constexpr char kOptimizerStep[] = "optimizer_step";
 
+// Sequences per optimizer step over the data-parallel ranks of `plan` on `mesh`: the global
+// batch, which a resume on another world size keeps (with micro_batch or grad_accumulation
+// changed to fit).
+int64_t GlobalBatch(const Plan& plan, const parallel::DeviceMesh& mesh) {
+  const std::set<std::string> dims = wrap::DataParallelDimsOf(plan.prepare());
+  int64_t ranks = 1;
+  const parallel::MeshLayout& layout = mesh.layout();
+  for (int i = 0; i < layout.num_dims(); ++i) {
+    if (dims.count(layout.dim_names()[i]) > 0) ranks *= layout.dim_size(i);
+  }
+  return plan.training().micro_batch() * GradAccumulation(plan.training()) * ranks;
+}
+
 // What a resume must not change, by plan field. The rest of the plan (steps, schedule,
-// evaluation, logging) may change between a run and its resume.
-absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan) {
+// evaluation, logging, the mesh, the preparation steps, how the global batch is split into
+// micro-batches) may change between a run and its resume.
+absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan,
+                                                               int64_t global_batch) {
   PLAIT_ASSIGN_OR_RETURN(models::ModelConfig config,
                          models::ResolveModelSpec(plan.model(), "plan.model"));
-  std::vector<std::string> steps;
-  for (const wrap::PrepareStep& step : plan.prepare()) steps.push_back(step.ShortDebugString());
   // Frozen models are not saved: each is rebuilt from its seed or its (fixed) Hugging Face
   // folder, which the manifest records so that a resume rebuilds the same one.
   std::vector<std::string> frozen;
@@ -39,29 +53,65 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan)
   const auto* algorithm = optimizer.GetReflection()->GetOneofFieldDescriptor(
       optimizer, optim::OptimizerConfig::descriptor()->FindOneofByName("algorithm"));
   const TrainingConfig& training = plan.training();
-  return std::map<std::string, std::string>{
-      {"plan.model", config.ShortDebugString()},
+  std::map<std::string, std::string> fingerprint = {
+      {kModelField, config.ShortDebugString()},
       {"plan.model.dtype", base::Dtype_Name(plan.model().dtype())},
-      {"plan.prepare", absl::StrJoin(steps, "; ")},
       {"plan.optimizer", algorithm == nullptr ? "" : algorithm->name()},
-      {"plan.training.micro_batch", absl::StrCat(training.micro_batch())},
-      {"plan.training.grad_accumulation", absl::StrCat(GradAccumulation(training))},
+      {"plan.training.global_batch", absl::StrCat(global_batch)},
       {"plan.training.seq_len", absl::StrCat(training.seq_len())},
       {"plan.data", ResolvedData(plan).ShortDebugString()},
       {"plan.objective", plan.objective().ShortDebugString()},
       {"plan.frozen", absl::StrJoin(frozen, "; ")},
   };
+  if (algorithm != nullptr) {
+    // Its betas, eps or momentum: what the saved moments mean.
+    fingerprint[absl::StrCat("plan.optimizer.", algorithm->name())] =
+        optimizer.GetReflection()->GetMessage(optimizer, algorithm).ShortDebugString();
+  }
+  return fingerprint;
 }
 
-// The tensors of one rank's file: its trainable parameters and its optimizer state `state`,
-// in host memory (a GPU run's are copied there once, here).
-std::map<std::string, torch::Tensor> RankTensors(const optim::Optimizer& optimizer,
-                                                 const optim::OptimizerState& state) {
-  std::map<std::string, torch::Tensor> tensors;
-  for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
-    tensors[kParamPrefix + parameter.name] = parameter.tensor.detach().cpu();
+// The part of its parameter an optimizer state tensor holds: a buffer or master copy shaped
+// as the local parameter, that parameter's part; a scalar (the parameter's update count, the
+// same on every rank), the whole, saved by the rank holding the parameter's first element.
+absl::StatusOr<parallel::TensorSlice> StateSlice(const std::string& key,
+                                                 const torch::Tensor& tensor,
+                                                 const parallel::TrainableParameter& parameter) {
+  if (tensor.sizes() == parameter.tensor.sizes()) return parameter.slice;
+  if (tensor.dim() == 0) {
+    const parallel::Box& box = parameter.slice.box;
+    const bool first = parameter.slice.replica == 0 && box.numel() > 0 &&
+                       std::all_of(box.offsets.begin(), box.offsets.end(),
+                                   [](int64_t offset) { return offset == 0; });
+    parallel::TensorSlice slice = parallel::TensorSlice::Whole({});
+    slice.replica = first ? 0 : 1;
+    return slice;
   }
-  for (const auto& [key, tensor] : state.tensors) tensors[kOptimPrefix + key] = tensor.cpu();
+  return absl::InternalError(absl::StrCat("optimizer state ", key, " of shape ",
+                                          c10::str(tensor.sizes()), " is neither a scalar nor ",
+                                          "shaped as its parameter"));
+}
+
+// The tensors of one rank: its trainable parameters and its optimizer state `state`, in
+// host memory (a GPU run's are copied there once, here), each with the part it holds.
+absl::StatusOr<std::map<std::string, checkpoint::SlicedTensor>> RankTensors(
+    const optim::Optimizer& optimizer, const optim::OptimizerState& state) {
+  std::map<std::string, checkpoint::SlicedTensor> tensors;
+  std::map<std::string, const parallel::TrainableParameter*> by_name;
+  for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
+    tensors[kParameterPrefix + parameter.name] = {parameter.tensor.detach().cpu(), parameter.slice};
+    by_name[parameter.name] = &parameter;
+  }
+  for (const auto& [key, tensor] : state.tensors) {
+    // Keys are "<parameter name>:<slot>" (optim/optimizer.h).
+    const auto parameter = by_name.find(key.substr(0, key.rfind(':')));
+    if (parameter == by_name.end()) {
+      return absl::InternalError(absl::StrCat("optimizer state ", key, " names no parameter"));
+    }
+    PLAIT_ASSIGN_OR_RETURN(parallel::TensorSlice slice,
+                           StateSlice(key, tensor, *parameter->second));
+    tensors[kOptimizerPrefix + key] = {tensor.cpu(), std::move(slice)};
+  }
   return tensors;
 }
 
@@ -72,17 +122,18 @@ absl::Status LoadInto(const checkpoint::RankState& saved, optim::Optimizer& opti
   if (optimizer_step == saved.metadata.end() ||
       !absl::SimpleAtoi(optimizer_step->second, &state.step)) {
     return absl::DataLossError(
-        absl::StrCat("__metadata__.", kOptimizerStep, ": missing or not an integer"));
+        absl::StrCat("metadata.", kOptimizerStep, ": missing or not an integer"));
   }
   {
     torch::NoGradGuard no_grad;
     for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
-      parameter.tensor.copy_(saved.tensors.at(kParamPrefix + parameter.name));
+      parameter.tensor.copy_(saved.tensors.at(kParameterPrefix + parameter.name).tensor);
     }
   }
   for (const auto& [name, tensor] : saved.tensors) {
     absl::string_view key = name;
-    if (absl::ConsumePrefix(&key, kOptimPrefix)) state.tensors[std::string(key)] = tensor;
+    if (absl::ConsumePrefix(&key, kOptimizerPrefix))
+      state.tensors[std::string(key)] = tensor.tensor;
   }
   return optimizer.LoadState(state);
 }
@@ -91,29 +142,35 @@ absl::Status LoadInto(const checkpoint::RankState& saved, optim::Optimizer& opti
 
 absl::StatusOr<Checkpointer> Checkpointer::Open(const Plan& plan, const std::string& dir,
                                                 const parallel::DeviceMesh& mesh) {
+  const int64_t global_batch = GlobalBatch(plan, mesh);
   checkpoint::RunInfo run;
   run.config_field = "plan.training.checkpoint";
   run.steps = plan.training().steps();
   run.steps_field = "plan.training.steps";
-  run.position_per_step = GradAccumulation(plan.training());  // micro-batches each rank reads
+  run.position_per_step = global_batch;  // sequences consumed over the data-parallel ranks
   if (!dir.empty()) {  // only checkpoints use it: a run without them need not resolve the model
-    PLAIT_ASSIGN_OR_RETURN(run.fingerprint, Fingerprint(plan));
+    PLAIT_ASSIGN_OR_RETURN(run.fingerprint, Fingerprint(plan, global_batch));
   }
+  std::vector<std::string> steps;
+  for (const wrap::PrepareStep& step : plan.prepare()) steps.push_back(step.ShortDebugString());
+  run.layout = steps.empty() ? "no preparation steps" : absl::StrJoin(steps, "; ");
   run.contents = "model and optimizer";
-  run.kind_by_prefix = {{"", "optimizer state"}, {kParamPrefix, "trainable parameter"}};
+  run.kind_by_prefix = {{"", "optimizer state"}, {kParameterPrefix, "trainable parameter"}};
   PLAIT_ASSIGN_OR_RETURN(
       checkpoint::Checkpointer checkpointer,
       checkpoint::Checkpointer::Open(plan.training().checkpoint(), dir, std::move(run), mesh));
-  return Checkpointer(std::move(checkpointer), GradAccumulation(plan.training()));
+  return Checkpointer(std::move(checkpointer), global_batch,
+                      global_batch / GradAccumulation(plan.training()));
 }
 
 absl::Status Checkpointer::Restore(optim::Optimizer& optimizer, data::DataLoader& train) const {
   if (checkpointer_.resume_step() == 0) return absl::OkStatus();
-  // What this rank would save: the names, shapes and dtypes the file must have.
+  // What this rank would save: the names, parts, shapes and dtypes to fill.
+  PLAIT_ASSIGN_OR_RETURN(auto expected, RankTensors(optimizer, optimizer.SaveState()));
   PLAIT_RETURN_IF_ERROR(checkpointer_.Restore(
-      RankTensors(optimizer, optimizer.SaveState()),
-      [&](checkpoint::RankState saved) { return LoadInto(saved, optimizer); }));
-  train.Seek(checkpointer_.resume_position());
+      expected, [&](checkpoint::RankState saved) { return LoadInto(saved, optimizer); }));
+  // The sequences consumed, in this run's micro-batches of every data-parallel rank.
+  train.Seek(checkpointer_.resume_position() / sequences_per_micro_batch_);
   return absl::OkStatus();
 }
 
@@ -123,9 +180,9 @@ absl::Status Checkpointer::SaveIfDue(int64_t step, const optim::Optimizer& optim
 
 absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer) const {
   const optim::OptimizerState state = optimizer.SaveState();
-  return checkpointer_.Save(
-      step, step * accumulation_,
-      {RankTensors(optimizer, state), {{kOptimizerStep, absl::StrCat(state.step)}}});
+  PLAIT_ASSIGN_OR_RETURN(auto tensors, RankTensors(optimizer, state));
+  return checkpointer_.Save(step, step * global_batch_,
+                            {std::move(tensors), {{kOptimizerStep, absl::StrCat(state.step)}}});
 }
 
 }  // namespace plait::trainer

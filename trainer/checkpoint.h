@@ -5,13 +5,17 @@
 // function of the step) and data (the loader skips the micro-batches consumed), so k steps, a
 // resume and N-k more give the losses and parameters of N steps straight.
 //
-// Each rank saves its trainable parameters ("param/<name>": FSDP shards are per rank) and its
-// optimizer state ("optim/<key>", fp32) with the optimizer's update count ("optimizer_step"
-// in the file's metadata); the manifest's data position is the micro-batches each rank has
-// read, and its fingerprint what a resume must not change (model config, preparation steps,
-// optimizer algorithm, micro_batch, grad_accumulation, seq_len, data source), each under its
-// plan field. No random state is consumed while training (synthetic data are positional,
-// shuffles are seeded per pass), so none is saved.
+// Each rank saves its part of the trainable parameters ("param/<name>") and of their
+// optimizer state ("optim/<key>", fp32), each under the global name with the slice the
+// wrapper that made it names (parallel::TrainableParameter::slice), and the optimizer's
+// update count ("optimizer_step" in the manifest's metadata); the manifest's data position is
+// the sequences consumed over all data-parallel ranks, and its fingerprint what a resume must
+// not change (model config and dtype, optimizer algorithm and its betas/eps/momentum, global
+// batch in sequences, seq_len, data source, objective, frozen models), each under its plan
+// field. The world size, mesh and preparation steps may change: a run resumes on any layout
+// (one process, DDP, FSDP at any width, tensor parallel, 2-D), each rank reading only the
+// slices it needs, and reads the same next global batch. No random state is consumed while
+// training (synthetic data are positional, shuffles are seeded per pass), so none is saved.
 //
 //   PLAIT_ASSIGN_OR_RETURN(Checkpointer checkpointer, Checkpointer::Open(plan, dir, mesh));
 //   PLAIT_ASSIGN_OR_RETURN(auto optimizer, BuildOptimizer(*prepared, plan.optimizer()));
@@ -37,6 +41,13 @@
 
 namespace plait::trainer {
 
+// The names a checkpoint stores a trainable parameter and an optimizer state tensor under:
+// "param/" + the parameter's (Hugging Face) name, "optim/" + the optimizer's state key.
+inline constexpr char kParameterPrefix[] = "param/";
+inline constexpr char kOptimizerPrefix[] = "optim/";
+// The fingerprint entry that holds the model's config (a ModelConfig in text format).
+inline constexpr char kModelField[] = "plan.model";
+
 class Checkpointer {
  public:
   // Reads the checkpoint settings of `plan` (which passed ValidatePlan) for the calling rank
@@ -51,9 +62,10 @@ class Checkpointer {
   // 0 for a fresh run.
   int64_t resume_step() const { return checkpointer_.resume_step(); }
 
-  // Loads the calling rank's parameters and optimizer state into `optimizer` (whose
-  // parameters are the prepared model's trainable ones) and positions `train` after the
-  // micro-batches the checkpointed run had read; nothing for a fresh run. Every rank must
+  // Loads the calling rank's parts of the parameters and optimizer state into `optimizer`
+  // (whose parameters are the prepared model's trainable ones, however they are laid out)
+  // and positions `train` after the sequences the checkpointed run had read; nothing for a
+  // fresh run. Every rank must
   // call it; when any rank fails, every rank returns an error (its own, or one naming the
   // rank that failed).
   absl::Status Restore(optim::Optimizer& optimizer, data::DataLoader& train) const;
@@ -70,11 +82,15 @@ class Checkpointer {
   absl::Status Save(int64_t step, const optim::Optimizer& optimizer) const;
 
  private:
-  Checkpointer(checkpoint::Checkpointer checkpointer, int64_t accumulation)
-      : checkpointer_(std::move(checkpointer)), accumulation_(accumulation) {}
+  Checkpointer(checkpoint::Checkpointer checkpointer, int64_t global_batch,
+               int64_t sequences_per_micro_batch)
+      : checkpointer_(std::move(checkpointer)),
+        global_batch_(global_batch),
+        sequences_per_micro_batch_(sequences_per_micro_batch) {}
 
   checkpoint::Checkpointer checkpointer_;
-  int64_t accumulation_;  // micro-batches per step: each rank has read step * accumulation_
+  int64_t global_batch_;               // sequences per step over the data-parallel ranks
+  int64_t sequences_per_micro_batch_;  // over the data-parallel ranks
 };
 
 }  // namespace plait::trainer

@@ -14,10 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/manifest.h"
 #include "data/data_config.h"
 #include "data/data_loader.h"
 #include "gmock/gmock.h"
@@ -72,6 +74,16 @@ std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
   return tensors;
 }
 
+// Copies the checkpoint folder `checkpoint` into `plan`'s checkpoint dir and trains `plan`
+// resuming from it on `ranks` ranks.
+TrainReport ResumeFrom(const std::string& checkpoint, Plan plan, int ranks) {
+  const fs::path dir = plan.training().checkpoint().dir();
+  fs::create_directories(dir);
+  fs::copy(checkpoint, dir / fs::path(checkpoint).filename(), fs::copy_options::recursive);
+  EXPECT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
+  return TrainOnRanks(plan, ranks);
+}
+
 // Runs 8 steps straight, then resumes a copy of the step-3 checkpoint for steps 4..8: the
 // same losses, gradient norms and evaluation, and the same final parameters and optimizer
 // state (bitwise: the same operations on the same numbers).
@@ -85,12 +97,8 @@ void ExpectResumeReproducesTheStraightRun(const std::string& plan_name, int rank
   EXPECT_THAT(FolderEntries(straight_dir),
               ::testing::ElementsAre(".lock", "step-00000003", "step-00000006", "step-00000008"));
 
-  fs::create_directories(resumed_dir);
-  fs::copy(straight_dir + "/step-00000003", resumed_dir + "/step-00000003",
-           fs::copy_options::recursive);
-  Plan plan = ShortPlan(plan_name, resumed_dir, overrides);
-  ASSERT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
-  const TrainReport resumed = TrainOnRanks(plan, ranks);
+  const TrainReport resumed = ResumeFrom(straight_dir + "/step-00000003",
+                                         ShortPlan(plan_name, resumed_dir, overrides), ranks);
   ASSERT_EQ(resumed.steps.size(), 5u);
   for (size_t i = 0; i < resumed.steps.size(); ++i) {
     const auto& want = straight.steps[i + 3];
@@ -141,6 +149,110 @@ TEST(CheckpointTest, DpoOnTwoFsdpRanksResumeReproducesTheStraightRun) {
 TEST(CheckpointTest, DpoWithAPrecomputedReferenceResumeReproducesTheStraightRun) {
   ExpectResumeReproducesTheStraightRun("qwen_dpo_fsdp", 2,
                                        {"objective.dpo.precompute_reference=true"});
+}
+
+// The resharding plans: `name` (a shipped plan) with a global batch of 4 sequences of 32
+// tokens over its data-parallel ranks, 16 steps (or `steps`) at a constant learning rate
+// after 2 steps of warmup (so that a run of 8 steps has the rates of the first 8 of 16), and a
+// checkpoint every 8 steps into `dir`; `dp_ranks` (when set) is the size of its mesh's one
+// dimension.
+Plan ReshardPlan(const std::string& name, const std::string& dir, int64_t micro_batch,
+                 int dp_ranks = 0, int64_t steps = 16) {
+  Plan plan =
+      ShortPlan(name, dir,
+                {absl::StrCat("training.steps=", steps), "training.checkpoint.every=8",
+                 "training.seq_len=32", "training.global_batch=4",
+                 absl::StrCat("training.micro_batch=", micro_batch), "training.eval_every=0"});
+  plan.mutable_schedule()->mutable_constant_with_warmup();
+  if (dp_ranks > 0) plan.mutable_mesh()->mutable_dims(0)->set_size(dp_ranks);
+  return plan;
+}
+
+// Every tensor of the checkpoint folder `folder`, whole.
+std::map<std::string, torch::Tensor> ReadCheckpoint(const std::string& folder) {
+  absl::StatusOr<checkpoint::Manifest> manifest =
+      checkpoint::ReadManifest(folder + "/" + checkpoint::kManifest);
+  EXPECT_THAT(manifest, IsOk());
+  std::map<std::string, torch::Tensor> tensors;
+  if (!manifest.ok()) return tensors;
+  checkpoint::SliceReader reader(folder, *manifest);
+  for (const auto& [name, stored] : manifest->tensors) {
+    absl::StatusOr<torch::Tensor> tensor = reader.ReadWhole(name);
+    EXPECT_THAT(tensor, IsOk()) << name;
+    if (tensor.ok()) tensors[name] = *tensor;
+  }
+  return tensors;
+}
+
+// Resumes the checkpoint of step 8 in `saved_dir` with `plan` (16 steps) on `ranks` ranks and
+// checks steps 9..16 and the final parameters and optimizer state against `straight`, the
+// straight 16-step run whose checkpoints are in `straight_dir`: losses, gradient norms and
+// parameters within 1e-5 relative (the reduction order differs between layouts; tensors
+// relative to their norm, as in wrap/parity_test.cc), and the optimizer's moments within
+// 1e-4 (they average gradients, whose reduction-order noise is relatively larger where the
+// gradient is small: a key projection's, whose gradient is near zero by construction).
+void ExpectResumeMatches(const std::string& saved_dir, Plan plan, int ranks,
+                         const TrainReport& straight, const std::string& straight_dir) {
+  const std::string dir = plan.training().checkpoint().dir();
+  const TrainReport resumed = ResumeFrom(saved_dir + "/step-00000008", plan, ranks);
+  ASSERT_EQ(resumed.steps.size(), 8u);
+  for (size_t i = 0; i < resumed.steps.size(); ++i) {
+    const auto& want = straight.steps[i + 8];
+    const auto& have = resumed.steps[i];
+    EXPECT_EQ(have.step, want.step);
+    EXPECT_NEAR(have.loss, want.loss, 1e-5 * want.loss) << "step " << want.step;
+    ASSERT_TRUE(have.grad_norm.has_value() && want.grad_norm.has_value());
+    EXPECT_NEAR(*have.grad_norm, *want.grad_norm, 1e-5 * *want.grad_norm) << "step " << want.step;
+  }
+  const auto want = ReadCheckpoint(straight_dir + "/step-00000016");
+  const auto have = ReadCheckpoint(dir + "/step-00000016");
+  ASSERT_EQ(have.size(), want.size());
+  for (const auto& [name, tensor] : want) {
+    ASSERT_EQ(have.count(name), 1u) << name;
+    if (tensor.dim() == 0) {
+      EXPECT_TRUE(have.at(name).equal(tensor)) << name;  // update counts
+      continue;
+    }
+    const double error =
+        (have.at(name).to(torch::kFloat64) - tensor.to(torch::kFloat64)).norm().item<double>() /
+        tensor.to(torch::kFloat64).norm().item<double>();
+    EXPECT_LE(error, absl::StartsWith(name, "param/") ? 1e-5 : 1e-4) << name;
+  }
+}
+
+// A run of 8 steps on 2 FSDP ranks resumes on 1 rank and on 4 FSDP ranks, one on 2 DDP
+// ranks on 2 FSDP ranks, and one on a 2-D mesh (tensor parallel inside FSDP, 4 ranks) on 2
+// tensor-parallel ranks, each for 8 more steps, as the straight 16-step run on 2 FSDP ranks:
+// each new rank reads its parts of the old ranks' slices.
+TEST(CheckpointReshardTest, ACheckpointResumesOnAnotherWorldSizeAndLayout) {
+  const std::string straight_dir = FreshTestDir("reshard_straight");
+  const TrainReport straight =
+      TrainOnRanks(ReshardPlan("llama_fsdp", straight_dir, /*micro_batch=*/2, /*dp_ranks=*/2), 2);
+  ASSERT_EQ(straight.steps.size(), 16u);
+  {
+    SCOPED_TRACE("2 FSDP ranks -> 1 rank");
+    ExpectResumeMatches(straight_dir, ReshardPlan("llama_single", FreshTestDir("reshard_1"), 4), 1,
+                        straight, straight_dir);
+  }
+  {
+    SCOPED_TRACE("2 FSDP ranks -> 4 FSDP ranks");
+    ExpectResumeMatches(straight_dir, ReshardPlan("llama_fsdp", FreshTestDir("reshard_4"), 1, 4), 4,
+                        straight, straight_dir);
+  }
+  {
+    SCOPED_TRACE("2 DDP ranks -> 2 FSDP ranks");
+    const std::string ddp_dir = FreshTestDir("reshard_ddp");
+    TrainOnRanks(ReshardPlan("llama_ddp", ddp_dir, 2, 2, /*steps=*/8), 2);
+    ExpectResumeMatches(ddp_dir, ReshardPlan("llama_fsdp", FreshTestDir("reshard_ddp_fsdp"), 2, 2),
+                        2, straight, straight_dir);
+  }
+  {
+    SCOPED_TRACE("2 FSDP x 2 tensor-parallel ranks -> 2 tensor-parallel ranks");
+    const std::string two_d_dir = FreshTestDir("reshard_2d");
+    TrainOnRanks(ReshardPlan("llama_2d", two_d_dir, 2, 0, /*steps=*/8), 4);
+    ExpectResumeMatches(two_d_dir, ReshardPlan("llama_tp", FreshTestDir("reshard_2d_tp"), 4), 2,
+                        straight, straight_dir);
+  }
 }
 
 TEST(CheckpointTest, AFreshRunNeverOverwritesCheckpoints) {
@@ -246,30 +358,24 @@ std::vector<absl::Status> ResumeStatuses(Plan plan, int ranks) {
   return statuses;
 }
 
-// A single-process checkpoint of step 1 in a fresh dir; its rank file's path.
+// A single-process checkpoint of step 1 in a fresh dir; its manifest's path.
 struct SavedCheckpoint {
   Plan plan;
   std::string manifest;
-  std::string rank_file;
 };
 SavedCheckpoint SaveSingle(const std::string& name) {
   const std::string dir = FreshTestDir(name);
-  SavedCheckpoint saved{ShortPlan("llama_single", dir), dir + "/step-00000001/checkpoint.json",
-                        dir + "/step-00000001/" + checkpoint::RankFileName(0, 1)};
+  SavedCheckpoint saved{ShortPlan("llama_single", dir), dir + "/step-00000001/checkpoint.json"};
   SaveStepOne(saved.plan, 1);
   return saved;
 }
 
-// Rewrites `path` with its tensors and metadata passed through `edit`.
-void RewriteRankFile(const std::string& path,
-                     const std::function<void(std::map<std::string, torch::Tensor>&)>& edit) {
-  auto file = models::SafetensorsFile::Open(path);
-  ASSERT_THAT(file, IsOk());
-  const std::map<std::string, std::string> metadata = (*file)->metadata();
-  std::map<std::string, torch::Tensor> tensors = ReadAll(path);
-  file->reset();
-  edit(tensors);
-  ASSERT_THAT(models::WriteSafetensors(path, {tensors.begin(), tensors.end()}, metadata), IsOk());
+// Rewrites the manifest `path` passed through `edit`.
+void RewriteManifest(const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
+  std::ifstream in(path);
+  nlohmann::json manifest = nlohmann::json::parse(in);
+  edit(manifest);
+  std::ofstream(path) << manifest.dump(2);
 }
 
 TEST(CheckpointErrorsTest, AnUndamagedCheckpointLoads) {
@@ -282,6 +388,7 @@ TEST(CheckpointErrorsTest, AChangedFingerprintNamesTheFieldAndBothValues) {
   ASSERT_THAT(ApplyOverride("training.seq_len=32", saved.plan), IsOk());
   ASSERT_THAT(ApplyOverride("optimizer.sgd.momentum=0.9", saved.plan), IsOk());
   ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", saved.plan), IsOk());
+  ASSERT_THAT(ApplyOverride("training.micro_batch=8", saved.plan), IsOk());
   EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr(saved.manifest + ": cannot resume from it"),
@@ -290,27 +397,32 @@ TEST(CheckpointErrorsTest, AChangedFingerprintNamesTheFieldAndBothValues) {
                              HasSubstr("fingerprint.plan.training.seq_len: \"64\" in the "
                                        "checkpoint, \"32\" in this plan"),
                              HasSubstr("fingerprint.plan.optimizer: \"adamw\" in the "
-                                       "checkpoint, \"sgd\" in this plan"))));
+                                       "checkpoint, \"sgd\" in this plan"),
+                             HasSubstr("fingerprint.plan.training.global_batch: \"16\" in the "
+                                       "checkpoint, \"8\" in this plan"))));
 }
 
 TEST(CheckpointErrorsTest, MissingExtraAndMisshapedTensorsNameTheFileAndTensor) {
   const SavedCheckpoint saved = SaveSingle("tensors");
   const std::string weight = "param/model.layers.0.self_attn.q_proj.weight";
-  RewriteRankFile(saved.rank_file, [&](std::map<std::string, torch::Tensor>& tensors) {
+  const std::string moment = "optim/model.norm.weight:exp_avg";
+  RewriteManifest(saved.manifest, [&](nlohmann::json& manifest) {
+    nlohmann::json& tensors = manifest["tensors"];
     ASSERT_EQ(tensors.count(weight), 1u) << "the tiny model's names changed";
     tensors.erase(weight);
-    tensors["param/bogus"] = torch::zeros({2});
-    tensors["optim/model.norm.weight:exp_avg"] = torch::zeros({3});
+    tensors["param/bogus"] = {
+        {"dtype", "F32"}, {"shape", {0}}, {"slices", nlohmann::json::array()}};
+    tensors[moment]["shape"] = {3};
+    tensors[moment]["slices"][0]["lengths"] = {3};
   });
   EXPECT_THAT(
       ResumeStatuses(saved.plan, 1)[0],
       StatusIs(absl::StatusCode::kInvalidArgument,
-               AllOf(HasSubstr(saved.rank_file + ": does not fit"),
+               AllOf(HasSubstr(saved.manifest + ": does not fit this rank's model and optimizer"),
                      HasSubstr(weight + ": missing; this rank has it with shape [256, 256]"),
-                     HasSubstr("param/bogus: in the file, but this rank has no such "
+                     HasSubstr("param/bogus: in the checkpoint, but this rank has no such "
                                "trainable parameter"),
-                     HasSubstr("optim/model.norm.weight:exp_avg: shape [3] in the file, "
-                               "[256] here"))));
+                     HasSubstr(moment + ": shape [3] in the checkpoint, [256] here"))));
 }
 
 }  // namespace

@@ -74,7 +74,11 @@ absl::StatusOr<std::vector<parallel::TrainableParameter>> Preparation::TakeTrain
   parameters_taken_ = true;
   std::vector<parallel::TrainableParameter> parameters;
   for (const Wrappable::NamedParameter& named : model_.NamedParameters()) {
-    parameters.push_back({named.name, named.parameter, {}});
+    parameters.push_back({named.name,
+                          named.parameter,
+                          {},
+                          1,
+                          parallel::TensorSlice::Whole(named.parameter.sizes())});
   }
   for (const auto& strategy : strategies_) strategy->UpdateTrainableParameters(parameters);
   return parameters;

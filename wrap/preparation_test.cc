@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -398,6 +400,76 @@ TEST(PreparationOnRanksTest, FullParametersOfAFrozenFsdpModelBesideATrainedOne) 
       }
     }
   });
+}
+
+// Each layout's trainable parameters name the part of the whole parameter they hold: over
+// every rank, the boxes that replica 0 holds cover each parameter once, and each rank's
+// data (its padding left out) is the unsharded model's values in its box. FSDP over 3 ranks
+// pads; tensor parallelism over 4 ranks shares the tiny model's 2 key/value heads.
+TEST(PreparationOnRanksTest, TrainableParametersNameTheirSliceOfTheWholeParameter) {
+  const std::map<std::string, torch::Tensor> whole = ClonedParameters(
+      *models::CausalLM::Create(models::PresetConfig("tiny").value(), models::InitConfig())
+           .value());
+  const auto step = [](const std::string& kind, const std::string& dim) {
+    PrepareStep step;
+    if (kind == "fsdp") step.mutable_fsdp()->set_mesh_dim(dim);
+    if (kind == "ddp") step.mutable_ddp()->set_mesh_dim(dim);
+    if (kind == "tp") step.mutable_tensor_parallel()->set_mesh_dim(dim);
+    return step;
+  };
+  const struct {
+    std::vector<std::pair<std::string, int>> dims;
+    std::vector<PrepareStep> steps;
+  } layouts[] = {
+      {{{"dp", 3}}, {step("fsdp", "dp")}},
+      {{{"dp", 2}}, {step("ddp", "dp")}},
+      {{{"tp", 4}}, {step("tp", "tp")}},
+      {{{"dp", 2}, {"tp", 2}}, {step("tp", "tp"), step("fsdp", "dp")}},
+      {{{"dp", 2}, {"tp", 2}}, {step("tp", "tp"), step("ddp", "dp")}},
+  };
+  for (const auto& layout : layouts) {
+    parallel::MeshConfig config;
+    int ranks = 1;
+    std::string name;
+    for (const auto& [dim_name, size] : layout.dims) {
+      auto* dim = config.add_dims();
+      dim->set_name(dim_name);
+      dim->set_size(size);
+      ranks *= size;
+    }
+    for (const PrepareStep& s : layout.steps) absl::StrAppend(&name, s.ShortDebugString(), "; ");
+    SCOPED_TRACE(name);
+    std::mutex mutex;
+    std::map<std::string, int64_t> saved_elements;
+    parallel::testing::RunOnGlooMesh(
+        parallel::MeshLayout::Create(config, ranks).value(),
+        [&](int rank, parallel::DeviceMesh& mesh) {
+          std::shared_ptr<models::CausalLM> model =
+              models::CausalLM::Create(models::PresetConfig("tiny").value(), models::InitConfig())
+                  .value();
+          auto preparation = Preparation::Begin(*model, mesh);
+          ASSERT_THAT(preparation, IsOk());
+          for (const PrepareStep& s : layout.steps) ASSERT_THAT((*preparation)->Apply(s), IsOk());
+          auto parameters = (*preparation)->TakeTrainableParameters();
+          ASSERT_THAT(parameters, IsOk());
+          for (const parallel::TrainableParameter& parameter : *parameters) {
+            const parallel::TensorSlice& slice = parameter.slice;
+            const torch::Tensor& full = whole.at(parameter.name);
+            ASSERT_EQ(slice.global_shape, full.sizes().vec()) << parameter.name;
+            const parallel::Box all = parallel::TensorSlice::Whole(full.sizes()).box;
+            EXPECT_TRUE(parallel::NarrowTo(full, all, slice.box)
+                            .equal(slice.DataOf(parameter.tensor.detach())))
+                << "rank " << rank << ": " << parameter.name << " " << slice.DebugString();
+            if (slice.replica == 0) {
+              std::lock_guard<std::mutex> lock(mutex);
+              saved_elements[parameter.name] += slice.box.numel();
+            }
+          }
+        });
+    for (const auto& [parameter, tensor] : whole) {
+      EXPECT_EQ(saved_elements[parameter], tensor.numel()) << parameter;
+    }
+  }
 }
 
 }  // namespace

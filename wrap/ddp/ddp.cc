@@ -224,7 +224,15 @@ absl::Status DdpStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& me
   PLAIT_ASSIGN_OR_RETURN(parallel::Communicator * communicator,
                          mesh.communicator(config_.mesh_dim()));
   PLAIT_ASSIGN_OR_RETURN(ddp_, Ddp::Create(model, *communicator, config_));
+  communicator_ = communicator;
   return absl::OkStatus();
+}
+
+void DdpStrategy::UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) {
+  for (parallel::TrainableParameter& parameter : parameters) {
+    parameter.slice.replica =
+        parameter.slice.replica * communicator_->size() + communicator_->rank();
+  }
 }
 
 }  // namespace plait::wrap::ddp

@@ -203,13 +203,31 @@ Fsdp::~Fsdp() { model_.SetUnitHooks({}); }
 
 std::vector<parallel::TrainableParameter> Fsdp::TrainableParameters() {
   std::vector<parallel::TrainableParameter> parameters;
+  const int rank = communicator_.rank();
   for (const Unit& unit : units_) {
     for (size_t i = 0; i < unit.shards.size(); ++i) {
       if (!unit.shards[i].requires_grad()) continue;  // frozen
-      parameters.push_back({unit.names[i], unit.shards[i], {&communicator_}});
+      const torch::Tensor& full = unit.parameters[i];
+      parallel::TensorSlice slice = parallel::TensorSlice::Whole(full.sizes());
+      if (full.dim() == 0) {
+        // A scalar is rank 0's one row; the other ranks' row is padding: marked as replicas,
+        // they never save it.
+        slice.replica = rank;
+      } else {
+        const RankRows mine = RowsOfRank(FullRows(full), unit.rows[i], rank);
+        slice = slice.Narrow(0, mine.first, mine.count);
+      }
+      if (replicate_ != nullptr) {
+        slice.replica = slice.replica * replicate_->size() + replicate_->rank();
+      }
+      parameters.push_back({unit.names[i], unit.shards[i], {&communicator_}, 1, slice});
     }
   }
   return parameters;
+}
+
+int64_t Fsdp::replica_count() const {
+  return int64_t{communicator_.size()} * (replicate_ != nullptr ? replicate_->size() : 1);
 }
 
 int Fsdp::num_blocks() const { return static_cast<int>(units_.size()) - 1; }
@@ -540,6 +558,12 @@ void FsdpStrategy::UpdateTrainableParameters(
     groups.insert(groups.end(), parameter.sharded_over.begin(), parameter.sharded_over.end());
     parameter.sharded_over = std::move(groups);
     parameter.replicas = before.replicas;
+    // The shard's rows, counted in what the earlier strategies left this rank.
+    const parallel::TensorSlice rows = parameter.slice;
+    parameter.slice = rows.box.offsets.empty()
+                          ? before.slice
+                          : before.slice.Narrow(0, rows.box.offsets[0], rows.box.lengths[0]);
+    parameter.slice.replica = before.slice.replica * fsdp_->replica_count() + rows.replica;
   }
 }
 

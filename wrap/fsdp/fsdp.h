@@ -63,8 +63,14 @@ class Fsdp {
   ~Fsdp();
 
   // The shards the optimizer trains, named as the full parameters, sharded over the
-  // communicator's group.
+  // communicator's group, each with the rows of the full parameter it holds (its padding
+  // left out; a scalar is rank 0's, the other ranks' padding marked as replicas) and, under
+  // hybrid sharding, numbered among the replicate group's copies of the same rows.
   std::vector<parallel::TrainableParameter> TrainableParameters();
+
+  // How many ranks hold each box of TrainableParameters' slices, at most: the shard group's
+  // size (a scalar's copies) times the replicate group's.
+  int64_t replica_count() const;
 
   // The first communication error since wrapping (a hook cannot return one). It stays: after
   // a failed collective the group is unusable (see Communicator).

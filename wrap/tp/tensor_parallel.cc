@@ -151,12 +151,24 @@ torch::Tensor TensorParallel::TokenCrossEntropy(const torch::Tensor& logits,
 }
 
 void TensorParallel::MarkSharded(std::vector<parallel::TrainableParameter>& parameters) const {
+  const int64_t n = group_.size();
   for (parallel::TrainableParameter& parameter : parameters) {
+    parallel::TensorSlice& held = parameter.slice;
     const auto slice = std::find_if(slices_.begin(), slices_.end(),
                                     [&](const Slice& s) { return s.name == parameter.name; });
-    if (slice == slices_.end()) continue;
+    if (slice == slices_.end()) {
+      // Whole on every rank of the group.
+      held.replica = held.replica * n + group_.rank();
+      continue;
+    }
     parameter.sharded_over.push_back(&group_.communicator());
     parameter.replicas *= slice->replicas;
+    // The parameter is this rank's part already (Create replaced it), and tensor
+    // parallelism comes first: the whole tensor is `parts` such parts along `dim`.
+    const int64_t length = held.box.lengths[slice->dim];
+    held.global_shape[slice->dim] = length * slice->parts;
+    held.box.offsets[slice->dim] = slice->part * length;
+    held.replica = held.replica * slice->replicas + group_.rank() % slice->replicas;
   }
 }
 

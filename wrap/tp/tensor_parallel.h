@@ -57,7 +57,9 @@ class TensorParallel final : public TensorParallelOps {
                                   int64_t ignore_index) override;
 
   // Marks the split parameters among `parameters` as sharded over this group (and shared
-  // key/value heads as replicated `replicas` times in it).
+  // key/value heads as replicated `replicas` times in it), narrowing each one's slice to
+  // this rank's part; the others are whole on every rank of the group, replicas of one
+  // another.
   void MarkSharded(std::vector<parallel::TrainableParameter>& parameters) const;
 
   // Replaces the split parameters' entries of `parameters` (this rank's slices) by the

@@ -1,0 +1,42 @@
+#include "parallel/tensor_slice.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plait::parallel {
+namespace {
+
+using ::testing::ElementsAre;
+
+TEST(TensorSliceTest, NarrowingComposesInGlobalCoordinates) {
+  // Tensor parallelism's second half of the columns, then FSDP's second row of three.
+  const TensorSlice slice = TensorSlice::Whole({4, 6}).Narrow(1, 3, 3).Narrow(0, 2, 2);
+  EXPECT_THAT(slice.global_shape, ElementsAre(4, 6));
+  EXPECT_THAT(slice.box.offsets, ElementsAre(2, 3));
+  EXPECT_THAT(slice.box.lengths, ElementsAre(2, 3));
+  EXPECT_EQ(slice.box.numel(), 6);
+  EXPECT_EQ(slice.DebugString(), "[2:4, 3:6] of [4, 6]");
+}
+
+TEST(TensorSliceTest, DataOfLeavesThePaddingOut) {
+  // A shard of 3 rows holding 2 rows of data and a padding row.
+  const TensorSlice slice = TensorSlice::Whole({5, 2}).Narrow(0, 3, 2);
+  const torch::Tensor local = torch::arange(6, torch::kFloat32).reshape({3, 2});
+  EXPECT_TRUE(slice.DataOf(local).equal(torch::arange(4, torch::kFloat32).reshape({2, 2})));
+  // A scalar's box has no dimensions and one element.
+  EXPECT_EQ(TensorSlice::Whole({}).box.numel(), 1);
+}
+
+TEST(TensorSliceTest, IntersectionsAndNarrowingToThem) {
+  const Box stored{{0, 0}, {2, 4}};
+  const Box wanted{{1, 2}, {3, 2}};
+  const std::optional<Box> common = Intersect(stored, wanted);
+  ASSERT_TRUE(common.has_value());
+  EXPECT_EQ(*common, (Box{{1, 2}, {1, 2}}));
+  const torch::Tensor data = torch::arange(8).reshape({2, 4});
+  EXPECT_TRUE(NarrowTo(data, stored, *common).equal(torch::tensor({{6, 7}})));
+  EXPECT_FALSE(Intersect(stored, Box{{2, 0}, {1, 4}}).has_value());
+}
+
+}  // namespace
+}  // namespace plait::parallel

@@ -1,0 +1,134 @@
+// Looks into a training run's checkpoint (one step-NNNNNNNN folder) without starting a run:
+//
+//   bazel run //tools:checkpoint -- info /ckpt/run1/step-00000100
+//   bazel run //tools:checkpoint -- verify /ckpt/run1/step-00000100
+//   bazel run //tools:checkpoint -- export-hf /ckpt/run1/step-00000100 /models/run1-100
+//
+// info prints the step, the world size, mesh and preparation that saved it, the data position,
+// the fingerprint, and every tensor with its dtype, global shape, size and slices; verify reads
+// every slice and checks its checksum; export-hf writes the trained parameters as a Hugging Face
+// folder (config.json + model.safetensors, fp32) of the model config the checkpoint records.
+// Exits 1 naming what is wrong with the checkpoint, 2 on a usage error.
+#include "trainer/checkpoint.h"
+
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/file.h"
+#include "base/guarded_main.h"
+#include "base/human.h"
+#include "base/status.h"
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/manifest.h"
+#include "google/protobuf/text_format.h"
+#include "models/hf_checkpoint.h"
+#include "models/model_config.h"
+#include "models/parameter_shapes.h"
+
+namespace plait::tools {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: checkpoint info CHECKPOINT | verify CHECKPOINT | export-hf CHECKPOINT OUT_DIR\n"
+    "  CHECKPOINT: one checkpoint folder, e.g. /ckpt/run1/step-00000100";
+
+absl::Status Info(const checkpoint::Manifest& manifest) {
+  std::cout << "step " << manifest.step << ", saved by " << manifest.world_size << " ranks (mesh "
+            << (manifest.mesh.empty() ? "none" : manifest.mesh) << ")\n"
+            << "layout: " << manifest.layout << "\n"
+            << "data position: " << manifest.data_position << "\n";
+  for (const auto& [field, value] : manifest.fingerprint) {
+    std::cout << "fingerprint " << field << ": " << value << "\n";
+  }
+  for (const auto& [key, value] : manifest.metadata) {
+    std::cout << "metadata " << key << ": " << value << "\n";
+  }
+  int64_t total_bytes = 0;
+  for (const auto& [name, tensor] : manifest.tensors) {
+    int64_t elements = 1;
+    for (const int64_t extent : tensor.shape) elements *= extent;
+    const int64_t bytes = elements * c10::elementSize(tensor.dtype);
+    total_bytes += bytes;
+    std::vector<std::string> files;
+    for (const checkpoint::StoredSlice& slice : tensor.slices) files.push_back(slice.file);
+    std::cout << name << " " << c10::toString(tensor.dtype) << " ["
+              << absl::StrJoin(tensor.shape, ", ") << "] " << base::HumanBytes(bytes) << " in "
+              << tensor.slices.size() << " slice" << (tensor.slices.size() == 1 ? "" : "s") << " ("
+              << absl::StrJoin(files, ", ") << ")\n";
+  }
+  std::cout << manifest.tensors.size() << " tensors, " << base::HumanBytes(total_bytes) << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status ExportHf(const std::string& folder, const checkpoint::Manifest& manifest,
+                      const std::string& out_dir) {
+  const auto model = manifest.fingerprint.find(trainer::kModelField);
+  models::ModelConfig config;
+  if (model == manifest.fingerprint.end() ||
+      !google::protobuf::TextFormat::ParseFromString(model->second, &config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(manifest.path, ": fingerprint.", trainer::kModelField,
+                     ": missing or not a model config; not a checkpoint of a training run"));
+  }
+  PLAIT_RETURN_IF_ERROR(models::ValidateModelConfig(
+      config, absl::StrCat(manifest.path, ": fingerprint.", trainer::kModelField)));
+  checkpoint::SliceReader reader(folder, manifest);
+  std::vector<std::pair<std::string, torch::Tensor>> parameters;
+  for (const models::ParameterShape& expected : models::ParameterShapes(config)) {
+    const std::string name = trainer::kParameterPrefix + expected.name;
+    const auto stored = manifest.tensors.find(name);
+    if (stored == manifest.tensors.end() || stored->second.shape != expected.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(manifest.path, ": tensors.", name, ": ",
+                       stored == manifest.tensors.end() ? "missing" : "of another shape",
+                       "; the model has it with shape [", absl::StrJoin(expected.shape, ", "),
+                       "] (a frozen parameter is not saved)"));
+    }
+    PLAIT_ASSIGN_OR_RETURN(torch::Tensor tensor, reader.ReadWhole(name));
+    parameters.emplace_back(expected.name, std::move(tensor));
+  }
+  PLAIT_RETURN_IF_ERROR(models::SaveHfParameters(config, parameters, out_dir));
+  std::cout << "wrote " << parameters.size() << " parameters of step " << manifest.step << " to "
+            << out_dir << "\n";
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  const bool export_hf = !args.empty() && args[0] == "export-hf";
+  if (args.size() != (export_hf ? 3u : 2u) ||
+      !(export_hf || args[0] == "info" || args[0] == "verify")) {
+    std::cerr << kUsage << "\n";
+    return 2;
+  }
+  const std::string folder = base::UserPath(args[1]);
+  const absl::Status status = [&]() -> absl::Status {
+    PLAIT_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest,
+                           checkpoint::ReadManifest(folder + "/" + checkpoint::kManifest));
+    if (args[0] == "info") return Info(manifest);
+    if (export_hf) return ExportHf(folder, manifest, base::UserPath(args[2]));
+    checkpoint::SliceReader reader(folder, manifest);
+    PLAIT_RETURN_IF_ERROR(reader.VerifyAll());
+    std::cout << folder << ": every checksum matches (" << manifest.tensors.size() << " tensors)\n";
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    std::cerr << "checkpoint " << args[0] << ": " << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace plait::tools
+
+int main(int argc, char** argv) {
+  return plait::base::RunCatchingExceptions("checkpoint",
+                                            [&] { return plait::tools::Main(argc, argv); });
+}

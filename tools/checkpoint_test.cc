@@ -1,0 +1,126 @@
+// Runs //tools:checkpoint on the checkpoint of a 2-step run on 2 FSDP ranks (threads over
+// Gloo): info names the step, layout and tensors; verify passes, then names the slice whose
+// bytes changed; export-hf writes the parameters the run's own Hugging Face export holds.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "base/file.h"
+#include "base/status_matchers.h"
+#include "base/test_paths.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/safetensors.h"
+#include "parallel/testdata/subprocess.h"
+#include "trainer/plan.h"
+#include "trainer/testing_ranks.h"
+#include "trainer/trainer.h"
+
+namespace plait::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using ::plait::base::testing::FreshTestDir;
+using ::plait::base::testing::IsOk;
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/", path);
+}
+
+class CheckpointToolTest : public ::testing::Test {
+ protected:
+  // Runs the tool with `args`; its exit status, with its output in stdout_ and stderr_.
+  int Run(const std::vector<std::string>& args) {
+    const std::string out = dir_ + "/tool.out", err = dir_ + "/tool.err";
+    parallel::testdata::SubprocessOptions options;
+    options.argv = {Runfile("tools/checkpoint")};
+    options.argv.insert(options.argv.end(), args.begin(), args.end());
+    options.stdout_path = out;
+    options.stderr_path = err;
+    absl::StatusOr<pid_t> pid = parallel::testdata::StartSubprocess(options);
+    EXPECT_THAT(pid, IsOk());
+    absl::StatusOr<int> status = parallel::testdata::WaitForSubprocess(*pid, absl::Seconds(120));
+    EXPECT_THAT(status, IsOk());
+    stdout_ = base::ReadFile(out).value_or("");
+    stderr_ = base::ReadFile(err).value_or("");
+    return WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+  }
+
+  std::string dir_ = FreshTestDir("tool");
+  std::string stdout_, stderr_;
+};
+
+std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
+  auto file = models::SafetensorsFile::Open(path);
+  EXPECT_THAT(file, IsOk());
+  std::map<std::string, torch::Tensor> tensors;
+  for (const auto& [name, entry] : (*file)->entries()) tensors[name] = *(*file)->Read(name);
+  return tensors;
+}
+
+TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
+  absl::StatusOr<trainer::Plan> plan =
+      trainer::LoadPlan(Runfile("trainer/plans/llama_fsdp.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  for (const std::string& assignment :
+       {std::string("training.steps=2"), std::string("training.eval_every=0"),
+        std::string("training.eval_batches=1"), std::string("training.metrics_file="),
+        std::string("schedule.warmup.steps=1"),
+        absl::StrCat("training.checkpoint.dir=", dir_, "/ckpt")}) {
+    ASSERT_THAT(trainer::ApplyOverride(assignment, *plan), IsOk()) << assignment;
+  }
+  trainer::TrainOptions options;
+  options.save_hf_dir = dir_ + "/run_hf";
+  trainer::testing::TrainOnRanks(*plan, 2, options);
+  const std::string checkpoint = dir_ + "/ckpt/step-00000002";
+
+  ASSERT_EQ(Run({"info", checkpoint}), 0) << stderr_;
+  EXPECT_THAT(stdout_, HasSubstr("step 2, saved by 2 ranks (mesh dp=2)"));
+  EXPECT_THAT(stdout_, HasSubstr("layout: fsdp { mesh_dim: \"dp\" }"));
+  EXPECT_THAT(stdout_, HasSubstr("data position: 32"));  // 2 steps of 16 sequences
+  EXPECT_THAT(stdout_,
+              HasSubstr("param/model.embed_tokens.weight Float [4096, 256] 4.0 MiB in 2 slices "
+                        "(rank-00000-of-00002.safetensors, rank-00001-of-00002.safetensors)"));
+  EXPECT_THAT(stdout_, HasSubstr("optim/model.norm.weight:step Long [] 0.0 MiB in 1 slice "
+                                 "(rank-00000-of-00002.safetensors)"));
+
+  ASSERT_EQ(Run({"verify", checkpoint}), 0) << stderr_;
+  EXPECT_THAT(stdout_, HasSubstr("every checksum matches"));
+
+  ASSERT_EQ(Run({"export-hf", checkpoint, dir_ + "/exported"}), 0) << stderr_;
+  const auto want = ReadAll(dir_ + "/run_hf/model.safetensors");
+  const auto have = ReadAll(dir_ + "/exported/model.safetensors");
+  ASSERT_EQ(have.size(), want.size());
+  for (const auto& [name, tensor] : want) {
+    ASSERT_EQ(have.count(name), 1u) << name;
+    EXPECT_TRUE(have.at(name).equal(tensor)) << name;
+  }
+  EXPECT_EQ(base::ReadFile(dir_ + "/exported/config.json").value_or("exported"),
+            base::ReadFile(dir_ + "/run_hf/config.json").value_or("run"));
+
+  // One changed byte at the end of rank 1's data.
+  const std::string file = checkpoint + "/rank-00001-of-00002.safetensors";
+  {
+    std::fstream stream(file, std::ios::in | std::ios::out | std::ios::binary);
+    stream.seekp(static_cast<std::streamoff>(fs::file_size(file)) - 3);
+    stream.put('\x7f');
+  }
+  EXPECT_EQ(Run({"verify", checkpoint}), 1);
+  EXPECT_THAT(stderr_, HasSubstr(".checksum: "));
+  EXPECT_THAT(stderr_, HasSubstr("computed from " + file + "; the checkpoint is corrupt"));
+
+  EXPECT_EQ(Run({"info"}), 2);
+  EXPECT_THAT(stderr_, HasSubstr("usage: checkpoint info CHECKPOINT"));
+  EXPECT_EQ(Run({"info", dir_ + "/none"}), 1);
+  EXPECT_THAT(stderr_, HasSubstr(dir_ + "/none/checkpoint.json: missing or unreadable"));
+}
+
+}  // namespace
+}  // namespace plait::tools
