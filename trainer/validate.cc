@@ -164,7 +164,8 @@ class Checker {
   void CollectDimUse() {
     for (const wrap::PrepareStep& step : plan_.prepare()) {
       absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
-      if (strategy.ok()) used_dims_.insert((*strategy)->mesh_dim());  // else CheckSteps says
+      // A failed one is reported by CheckSteps.
+      if (strategy.ok() && (*strategy)->uses_mesh_dim()) used_dims_.insert((*strategy)->mesh_dim());
     }
     data_parallel_size_ =
         parallel::SubmeshRanks(plan_.mesh(), wrap::DataParallelDimsOf(plan_.prepare()));

@@ -60,9 +60,11 @@ absl::Status Preparation::Apply(const PrepareStep& step) {
   // The steps applied so far passed: every violation is this step's.
   PLAIT_RETURN_IF_ERROR(base::ViolationsToStatus(CheckSteps(
       *rules, steps, field_, std::set<std::string>(names.begin(), names.end()), "the mesh")));
-  PLAIT_ASSIGN_OR_RETURN(parallel::Communicator * communicator,
-                         mesh_.communicator(strategy->mesh_dim()));
-  PLAIT_RETURN_IF_ERROR(base::Annotate(strategy->Apply(model_, *communicator), step_field));
+  parallel::Communicator* communicator = nullptr;
+  if (strategy->uses_mesh_dim()) {
+    PLAIT_ASSIGN_OR_RETURN(communicator, mesh_.communicator(strategy->mesh_dim()));
+  }
+  PLAIT_RETURN_IF_ERROR(base::Annotate(strategy->Apply(model_, communicator), step_field));
   steps_ = std::move(steps);
   strategies_.push_back(std::move(strategy));
   return absl::OkStatus();

@@ -100,11 +100,12 @@ std::vector<base::Violation> CheckSteps(
       add(absl::StrCat(step_field, ".", name), "has no preparation rule in the rules file");
       continue;
     }
+    const bool uses_dim = (*strategy)->uses_mesh_dim();
     const std::string& dim = (*strategy)->mesh_dim();
     const std::string dim_field = absl::StrCat(step_field, ".", name, ".mesh_dim");
-    if (dim.empty()) {
+    if (uses_dim && dim.empty()) {
       add(dim_field, "is empty; name a mesh dimension");
-    } else if (mesh_dims.count(dim) == 0) {
+    } else if (uses_dim && mesh_dims.count(dim) == 0) {
       add(dim_field,
           absl::StrCat("\"", dim, "\" is not a dimension of ", mesh_field, " (",
                        mesh_dims.empty() ? "which has none" : absl::StrJoin(mesh_dims, ", "), ")"));
@@ -137,7 +138,7 @@ std::vector<base::Violation> CheckSteps(
         }
       }
     }
-    if (dim.empty()) continue;
+    if (!uses_dim || dim.empty()) continue;
     for (const auto& [other, other_index] : dim_users[dim]) {
       for (const Relation& relation : rule->separate_dim()) {
         if (relation.strategy() != other) continue;

@@ -10,6 +10,9 @@
 //   StepEstimate estimate = fsdp->Estimate(shape, /*dim_size=*/8);  // for plan_check
 //   PLAIT_RETURN_IF_ERROR(fsdp->Apply(model, *mesh.communicator(fsdp->mesh_dim())));
 //
+// A strategy that only changes how each rank computes (activation checkpointing) uses no mesh
+// dimension: uses_mesh_dim() is false, it names none, and Apply gets no communicator.
+//
 // Adding a strategy: a class implementing this interface in wrap/, a field in PrepareStep
 // (wrap.proto), its case in MakeStrategy (strategies.h) and an entry in rules.textproto.
 #ifndef PLAIT_WRAP_STRATEGY_H_
@@ -43,6 +46,11 @@ struct ModelShape {
   // (sequences x sequence length) of one micro-batch.
   double hidden_size = 0;
   double micro_batch_tokens = 0;
+  // Bytes of the activations one block keeps for its backward in one micro-batch (without
+  // activation checkpointing), and of the outputs of its projections (its matmuls: q/k/v/o,
+  // gate/up/down).
+  double block_activation_bytes = 0;
+  double block_projection_output_bytes = 0;
 };
 
 // What a strategy would do to one rank, estimated from the model's shape and the size of its
@@ -58,6 +66,9 @@ struct StepEstimate {
   // all-reduce).
   double bytes_sent_per_step = 0.0;
   double bytes_sent_per_micro_batch = 0.0;
+  // Activation bytes of a micro-batch it saves at the peak of a step, by keeping less of the
+  // forward for the backward (activation checkpointing).
+  double activation_bytes_saved = 0.0;
 };
 
 class Strategy {
@@ -67,8 +78,9 @@ class Strategy {
   // The name plans and rules use: the PrepareStep field ("fsdp").
   virtual absl::string_view name() const = 0;
 
-  // The mesh dimension it runs on.
+  // The mesh dimension it runs on, when it uses one.
   virtual const std::string& mesh_dim() const = 0;
+  virtual bool uses_mesh_dim() const { return true; }
 
   // Whether the ranks of its dimension train on different data (FSDP, DDP) rather than on the
   // same batch (tensor parallelism): the data-parallel width is the product of such dimensions.
@@ -77,9 +89,9 @@ class Strategy {
   // Its cost on a model of `shape` over a dimension of `dim_size` ranks.
   virtual StepEstimate Estimate(const ModelShape& shape, int dim_size) const = 0;
 
-  // Applies it to `model` over `communicator`, the group of its mesh dimension; both must
-  // outlive it. Called once, by Preparation.
-  virtual absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) = 0;
+  // Applies it to `model` over `communicator`, the group of its mesh dimension (nullptr when
+  // it uses none); both must outlive it. Called once, by Preparation.
+  virtual absl::Status Apply(Wrappable& model, parallel::Communicator* communicator) = 0;
 
   // After Apply: rewrites `parameters` (the optimizer's, as earlier strategies left them) into
   // what this rank trains after this strategy (FSDP: its shards). Default: unchanged.

@@ -218,8 +218,8 @@ StepEstimate DdpStrategy::Estimate(const ModelShape& shape, int dim_size) const 
   return estimate;
 }
 
-absl::Status DdpStrategy::Apply(Wrappable& model, parallel::Communicator& communicator) {
-  PLAIT_ASSIGN_OR_RETURN(ddp_, Ddp::Create(model, communicator, config_));
+absl::Status DdpStrategy::Apply(Wrappable& model, parallel::Communicator* communicator) {
+  PLAIT_ASSIGN_OR_RETURN(ddp_, Ddp::Create(model, *communicator, config_));
   return absl::OkStatus();
 }
 

@@ -85,7 +85,7 @@ class DdpStrategy final : public Strategy {
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
   bool splits_batch() const override { return true; }
   StepEstimate Estimate(const ModelShape& shape, int dim_size) const override;
-  absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) override;
+  absl::Status Apply(Wrappable& model, parallel::Communicator* communicator) override;
   void SetGradientSync(bool sync) override { ddp_->set_sync(sync); }
   absl::Status BackwardStatus() const override { return ddp_->last_sync_status(); }
 

@@ -476,8 +476,8 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape, int dim_size) const
   return estimate;
 }
 
-absl::Status FsdpStrategy::Apply(Wrappable& model, parallel::Communicator& communicator) {
-  PLAIT_ASSIGN_OR_RETURN(fsdp_, Fsdp::Create(model, communicator, config_));
+absl::Status FsdpStrategy::Apply(Wrappable& model, parallel::Communicator* communicator) {
+  PLAIT_ASSIGN_OR_RETURN(fsdp_, Fsdp::Create(model, *communicator, config_));
   return absl::OkStatus();
 }
 

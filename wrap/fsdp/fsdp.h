@@ -121,7 +121,7 @@ class FsdpStrategy final : public Strategy {
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
   bool splits_batch() const override { return true; }
   StepEstimate Estimate(const ModelShape& shape, int dim_size) const override;
-  absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) override;
+  absl::Status Apply(Wrappable& model, parallel::Communicator* communicator) override;
   void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) override;
   absl::Status BackwardStatus() const override { return fsdp_->last_status(); }
   absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override;

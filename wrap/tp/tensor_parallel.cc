@@ -206,8 +206,8 @@ StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape, int dim_s
   return estimate;
 }
 
-absl::Status TensorParallelStrategy::Apply(Wrappable& model, parallel::Communicator& communicator) {
-  PLAIT_ASSIGN_OR_RETURN(tp_, TensorParallel::Create(model, communicator, config_));
+absl::Status TensorParallelStrategy::Apply(Wrappable& model, parallel::Communicator* communicator) {
+  PLAIT_ASSIGN_OR_RETURN(tp_, TensorParallel::Create(model, *communicator, config_));
   return absl::OkStatus();
 }
 

@@ -99,7 +99,7 @@ class TensorParallelStrategy final : public Strategy {
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
   bool splits_batch() const override { return false; }
   StepEstimate Estimate(const ModelShape& shape, int dim_size) const override;
-  absl::Status Apply(Wrappable& model, parallel::Communicator& communicator) override;
+  absl::Status Apply(Wrappable& model, parallel::Communicator* communicator) override;
   void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) override {
     tp_->MarkSharded(parameters);
   }
