@@ -132,7 +132,8 @@ TEST_F(PreparationTest, UnknownMeshDimension) {
                        "shard)"));
   EXPECT_THAT((*preparation)->Apply(PrepareStep()),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "prepare[0]: names no strategy; set one of fsdp, ddp, tensor_parallel"));
+                       "prepare[0]: names no strategy; set one of fsdp, ddp, tensor_parallel, "
+                       "activation_checkpointing"));
 }
 
 TEST_F(PreparationTest, OnePreparationPerModel) {
