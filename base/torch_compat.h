@@ -9,8 +9,10 @@
 #define PLAIT_BASE_TORCH_COMPAT_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "ATen/CPUGeneratorImpl.h"
 #include "c10/core/Allocator.h"
@@ -82,6 +84,19 @@ class CompatMemoryReporter : public c10::MemoryReportingInfoBase {
   }
 #endif
 };
+
+// The tensor hooks (Tensor::register_hook) that torch::autograd::grad runs on the gradient
+// it captures for leaf `leaf`, or nullptr where it runs none: LibTorch 2.x's engine passes a
+// captured leaf's gradient through the leaf's tensor hooks, 1.13's did not.
+#if TORCH_VERSION_MAJOR >= 2
+using TensorPreHooks = std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>>;
+inline TensorPreHooks* CapturedLeafHooks(const torch::Tensor& leaf) {
+  return &torch::autograd::impl::hooks(leaf);
+}
+#else
+using TensorPreHooks = std::vector<std::shared_ptr<torch::autograd::FunctionPreHook>>;
+inline TensorPreHooks* CapturedLeafHooks(const torch::Tensor& /*leaf*/) { return nullptr; }
+#endif
 
 // A CPU random generator seeded with `seed`, for seeded initialisation independent of the
 // global generator. at::detail::createCPUGenerator is an ATen detail API (1.13 and 2.x alike).

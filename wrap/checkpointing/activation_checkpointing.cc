@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "base/human.h"
 #include "base/status.h"
+#include "wrap/internal/torch_internals.h"
 
 namespace plait::wrap::checkpointing {
 
@@ -119,9 +120,13 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
                                           owner.selective() ? recomputation.get() : nullptr);
       output = recomputation->forward(input);
     }
-    const variable_list leaf_grads =
-        torch::autograd::grad({output}, leaves, {grads[0]}, /*retain_graph=*/false,
-                              /*create_graph=*/false, /*allow_unused=*/true);
+    variable_list leaf_grads;
+    {
+      // The parameters' hooks run when their gradients reach them through this node's outputs.
+      internal::SuspendedTensorHooks suspended(recomputation->parameters);
+      leaf_grads = torch::autograd::grad({output}, leaves, {grads[0]}, /*retain_graph=*/false,
+                                         /*create_graph=*/false, /*allow_unused=*/true);
+    }
     // The kept outputs went into the recomputed graph, which is gone: a second backward
     // through this block (retain_graph) finds none and says so.
     recomputation->kept.clear();

@@ -94,23 +94,31 @@ TEST_P(CheckpointingParityTest, SelectiveEqualsNoCheckpointing) {
 INSTANTIATE_TEST_SUITE_P(Models, CheckpointingParityTest, ::testing::Values("tiny", "qwen2-tiny"),
                          [](const auto& info) { return info.param == "tiny" ? "llama" : "qwen2"; });
 
-// DDP and FSDP act on each parameter's accumulated gradient: every parameter's must arrive
-// once per backward, through its own accumulator, as without checkpointing.
+// DDP and FSDP act on each parameter's accumulated gradient, tensor parallelism on its
+// gradient through a tensor hook: every parameter's must pass each once per backward, as
+// without checkpointing (LibTorch 2.x would also run the tensor hooks on the gradients the
+// recomputation captures).
 TEST(ActivationCheckpointingTest, EveryGradientIsAccumulatedOnce) {
   for (Policy policy :
        {ActivationCheckpointingConfig::FULL, ActivationCheckpointingConfig::SELECTIVE}) {
     std::shared_ptr<models::CausalLM> model = MakeModel("tiny");
     ActivationCheckpointing checkpointing(*model, policy);
     std::map<std::string, int> accumulated;
+    std::map<std::string, int> hooked;
     std::vector<internal::HookHandle> hooks;
     for (const auto& named : model->NamedParameters()) {
       hooks.push_back(internal::AddPostAccumulateHook(
           named.parameter, [&accumulated, name = named.name] { ++accumulated[name]; }));
+      named.parameter.register_hook([&hooked, name = named.name](torch::Tensor grad) {
+        ++hooked[name];
+        return grad;
+      });
     }
     auto [tokens, targets] = Batch(0, model->config().vocab_size());
     model->Loss(tokens, targets).backward();
     for (const auto& named : model->NamedParameters()) {
       EXPECT_EQ(accumulated[named.name], 1) << named.name;
+      EXPECT_EQ(hooked[named.name], 1) << named.name;
     }
   }
 }
