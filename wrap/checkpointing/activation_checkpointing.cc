@@ -106,7 +106,6 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     const bool input_grad = ctx->needs_input_grad(0);
     const torch::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(input_grad);
     std::vector<torch::Tensor> leaves;
-    std::vector<size_t> leaf_of;  // index in `leaves` of the input (0) and each parameter + 1
     if (input_grad) leaves.push_back(input);
     for (size_t i = 0; i < count; ++i) {
       if (ctx->needs_input_grad(i + 1)) leaves.push_back(recomputation->parameters[i]);
