@@ -9,10 +9,14 @@
 #define PLAIT_BASE_TORCH_COMPAT_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "ATen/CPUGeneratorImpl.h"
+#include "c10/core/Allocator.h"
+#include "c10/util/ThreadLocalDebugInfo.h"
 #include "torch/csrc/autograd/variable.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
 #include "torch/torch.h"
@@ -58,6 +62,41 @@ inline std::optional<torch::Tensor> CausalSdpa(const torch::Tensor& q, const tor
 // accumulator): std::shared_ptr in 1.13, c10::intrusive_ptr in 2.13.
 using AutogradNodePtr =
     decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+
+// Receives the allocations and frees of LibTorch's CPU allocator made on the threads where it
+// is installed as c10::DebugInfoKind::PROFILER_STATE (c10's memory-profiling hook, what the
+// profiler's profile_memory uses): OnMemoryUsage(bytes), negative for a free. The hook's
+// totals changed from int64_t (1.13) to size_t (2.x); they are not passed on.
+class CompatMemoryReporter : public c10::MemoryReportingInfoBase {
+ public:
+  virtual void OnMemoryUsage(int64_t bytes) = 0;
+
+  bool memoryProfilingEnabled() const override { return true; }
+#if TORCH_VERSION_MAJOR >= 2
+  void reportMemoryUsage(void* /*ptr*/, int64_t bytes, size_t /*total_allocated*/,
+                         size_t /*total_reserved*/, c10::Device /*device*/) override {
+    OnMemoryUsage(bytes);
+  }
+#else
+  void reportMemoryUsage(void* /*ptr*/, int64_t bytes, int64_t /*total_allocated*/,
+                         int64_t /*total_reserved*/, c10::Device /*device*/) override {
+    OnMemoryUsage(bytes);
+  }
+#endif
+};
+
+// The tensor hooks (Tensor::register_hook) that torch::autograd::grad runs on the gradient
+// it captures for leaf `leaf`, or nullptr where it runs none: LibTorch 2.x's engine passes a
+// captured leaf's gradient through the leaf's tensor hooks, 1.13's did not.
+#if TORCH_VERSION_MAJOR >= 2
+using TensorPreHooks = std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>>;
+inline TensorPreHooks* CapturedLeafHooks(const torch::Tensor& leaf) {
+  return &torch::autograd::impl::hooks(leaf);
+}
+#else
+using TensorPreHooks = std::vector<std::shared_ptr<torch::autograd::FunctionPreHook>>;
+inline TensorPreHooks* CapturedLeafHooks(const torch::Tensor& /*leaf*/) { return nullptr; }
+#endif
 
 // A CPU random generator seeded with `seed`, for seeded initialisation independent of the
 // global generator. at::detail::createCPUGenerator is an ATen detail API (1.13 and 2.x alike).

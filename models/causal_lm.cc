@@ -31,12 +31,22 @@ bool IsResidualProjection(const std::string& name) {
   return absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight");
 }
 
+// `linear` applied to `x`, through activation checkpointing's ops when there are some.
+torch::Tensor Project(torch::nn::Linear linear, const torch::Tensor& x,
+                      wrap::CheckpointingOps* checkpointing) {
+  return checkpointing == nullptr ? linear(x)
+                                  : checkpointing->Linear(x, linear->weight, linear->bias);
+}
+
 // `linear` applied to `x` [B, T, in] as a row-parallel projection: under tensor parallelism
 // (`tp`) the ranks' partial products are summed before the bias is added, once.
 torch::Tensor RowParallel(torch::nn::Linear linear, const torch::Tensor& x,
-                          wrap::TensorParallelOps* tp) {
-  if (tp == nullptr) return linear(x);
-  const torch::Tensor sum = tp->ExitRowParallel(F::linear(x, linear->weight));
+                          wrap::TensorParallelOps* tp, wrap::CheckpointingOps* checkpointing) {
+  if (tp == nullptr) return Project(linear, x, checkpointing);
+  const torch::Tensor partial = checkpointing == nullptr
+                                    ? F::linear(x, linear->weight)
+                                    : checkpointing->Linear(x, linear->weight, torch::Tensor());
+  const torch::Tensor sum = tp->ExitRowParallel(partial);
   return linear->bias.defined() ? sum + linear->bias : sum;
 }
 
@@ -53,15 +63,33 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
   return 6.0 * matmul_params + 12.0 * layers * static_cast<double>(seq_len) * hidden;
 }
 
-double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                       double element_bytes) {
+double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                            double element_bytes) {
   const double b = static_cast<double>(batch);
   const double s = static_cast<double>(seq_len);
   const double h = static_cast<double>(config.hidden_size());
   const double a = static_cast<double>(config.num_attention_heads());
-  const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) * element_bytes / 2.0;
-  return per_layer * static_cast<double>(config.num_hidden_layers()) +
+  return s * b * h * (34.0 + 5.0 * a * s / h) * element_bytes / 2.0;
+}
+
+double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                       double element_bytes) {
+  const double b = static_cast<double>(batch);
+  const double s = static_cast<double>(seq_len);
+  return BlockActivationBytes(config, batch, seq_len, element_bytes) *
+             static_cast<double>(config.num_hidden_layers()) +
          2.0 * element_bytes * b * s * static_cast<double>(config.vocab_size());
+}
+
+double BlockProjectionOutputBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                                  double element_bytes) {
+  const double hidden = static_cast<double>(config.hidden_size());
+  const double q_width = static_cast<double>(config.num_attention_heads() * HeadDim(config));
+  const double kv_width = static_cast<double>(config.num_key_value_heads() * HeadDim(config));
+  // q, k, v and o; gate, up and down.
+  const double width = q_width + 2.0 * kv_width + hidden +
+                       2.0 * static_cast<double>(config.intermediate_size()) + hidden;
+  return static_cast<double>(batch) * static_cast<double>(seq_len) * width * element_bytes;
 }
 
 int64_t NumParameters(const ModelConfig& config) {
@@ -125,14 +153,17 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
   const int64_t d = head_dim_;
   const torch::Tensor flat = input.reshape({batch * seq, input.size(2)});
   // [B, T, heads, D], rotated in place of HF's [B, heads, T, D] (the same values).
-  const torch::Tensor q = internal::Rotary(q_proj(flat).view({batch, seq, num_heads_, d}),
-                                           context.rope.cos, context.rope.sin);
-  const torch::Tensor k = internal::Rotary(k_proj(flat).view({batch, seq, num_kv_heads_, d}),
-                                           context.rope.cos, context.rope.sin);
-  const torch::Tensor v = v_proj(flat).view({batch, seq, num_kv_heads_, d});
+  wrap::CheckpointingOps* checkpointing = context.checkpointing;
+  const torch::Tensor q =
+      internal::Rotary(Project(q_proj, flat, checkpointing).view({batch, seq, num_heads_, d}),
+                       context.rope.cos, context.rope.sin);
+  const torch::Tensor k =
+      internal::Rotary(Project(k_proj, flat, checkpointing).view({batch, seq, num_kv_heads_, d}),
+                       context.rope.cos, context.rope.sin);
+  const torch::Tensor v = Project(v_proj, flat, checkpointing).view({batch, seq, num_kv_heads_, d});
   const torch::Tensor out =
       internal::CausalAttention(q, k, v, context.mask).reshape({batch, seq, num_heads_ * d});
-  return RowParallel(o_proj, out, context.tp);
+  return RowParallel(o_proj, out, context.tp, checkpointing);
 }
 
 Mlp::Mlp(const ModelConfig& config) {
@@ -143,9 +174,13 @@ Mlp::Mlp(const ModelConfig& config) {
   down_proj = register_module("down_proj", MakeLinear(inner, hidden, false));
 }
 
-torch::Tensor Mlp::forward(const torch::Tensor& x, wrap::TensorParallelOps* tp) {
+torch::Tensor Mlp::forward(const torch::Tensor& x, wrap::TensorParallelOps* tp,
+                           wrap::CheckpointingOps* checkpointing) {
   const torch::Tensor input = tp == nullptr ? x : tp->EnterColumnParallel(x);
-  return RowParallel(down_proj, internal::SwiGlu(gate_proj(input), up_proj(input)), tp);
+  return RowParallel(down_proj,
+                     internal::SwiGlu(Project(gate_proj, input, checkpointing),
+                                      Project(up_proj, input, checkpointing)),
+                     tp, checkpointing);
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig& config) {
@@ -160,7 +195,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& config) {
 
 torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const AttentionContext& context) {
   const torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x), context);
-  return h + mlp->forward(post_attention_layernorm->forward(h), context.tp);
+  return h + mlp->forward(post_attention_layernorm->forward(h), context.tp, context.checkpointing);
 }
 
 Decoder::Decoder(const ModelConfig& config) {
@@ -259,8 +294,19 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
   torch::Tensor h = tp == nullptr ? model_->embed_tokens(tokens)
                                   : tp->Embed(tokens, model_->embed_tokens->weight);
   for (size_t i = 0; i < model_->layers.size(); ++i) {
-    before(static_cast<int>(i));
-    h = after(static_cast<int>(i), model_->layers[i]->forward(h, context));
+    const int unit = static_cast<int>(i);
+    before(unit);
+    if (context.checkpointing == nullptr) {
+      h = model_->layers[i]->forward(h, context);
+    } else {
+      // Checkpointing may run the block again in backward, after this forward has returned
+      // and maybe after another forward has changed context_: the forward holds its own.
+      h = context.checkpointing->RunBlock(
+          unit, h, [layer = model_->layers[i], context](const torch::Tensor& x) {
+            return layer->forward(x, context);
+          });
+    }
+    h = after(unit, std::move(h));
   }
   h = model_->norm->forward(h);
   if (tp != nullptr) h = tp->EnterColumnParallel(h);  // the output projection splits the vocabulary

@@ -64,6 +64,15 @@ int64_t NumParameters(const ModelConfig& config);
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
                        double element_bytes);
 
+// One block's part of ActivationBytes (eq. 1 for one layer).
+double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                            double element_bytes);
+
+// Bytes of the outputs of one block's projections (q/k/v/o, gate/up/down) for a micro-batch:
+// what selective activation checkpointing keeps besides the block's input.
+double BlockProjectionOutputBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                                  double element_bytes);
+
 // How tensor parallelism splits the parameter `name` of a CausalLM (wrap::Wrappable::Split,
 // Megatron's layout): q/gate/up column-parallel, k/v by key/value heads, o/down
 // row-parallel, the embedding and lm_head by vocabulary rows, the rest replicated.
@@ -90,6 +99,8 @@ struct AttentionContext {
   torch::Tensor mask;
   // Tensor parallelism's communication, or nullptr in one process.
   wrap::TensorParallelOps* tp = nullptr;
+  // Activation checkpointing's ops, through which the blocks' projections run, or nullptr.
+  wrap::CheckpointingOps* checkpointing = nullptr;
 };
 
 // Causal self-attention with rotary embeddings and grouped-query attention.
@@ -119,8 +130,10 @@ class Attention : public torch::nn::Module {
 class Mlp : public torch::nn::Module {
  public:
   explicit Mlp(const ModelConfig& config);
-  // As Attention::forward; `tp` is tensor parallelism's communication, or nullptr.
-  torch::Tensor forward(const torch::Tensor& x, wrap::TensorParallelOps* tp = nullptr);
+  // As Attention::forward; `tp` is tensor parallelism's communication and `checkpointing`
+  // activation checkpointing's ops, or nullptr.
+  torch::Tensor forward(const torch::Tensor& x, wrap::TensorParallelOps* tp = nullptr,
+                        wrap::CheckpointingOps* checkpointing = nullptr);
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
@@ -188,6 +201,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   void SetUnitHooks(UnitHooks hooks) override { hooks_ = std::move(hooks); }
   Split TensorParallelSplit(const std::string& name) const override;
   void SetTensorParallelOps(wrap::TensorParallelOps* ops) override { context_.tp = ops; }
+  void SetCheckpointingOps(wrap::CheckpointingOps* ops) override { context_.checkpointing = ops; }
 
  private:
   explicit CausalLM(const ModelConfig& config);

@@ -117,6 +117,30 @@ TEST(ExplainPlanTest, CountsTheGroupsOfALargeBf16ModelWithoutBuildingIt) {
   EXPECT_THAT(*text, HasSubstr("optimizer state (2 slots and fp32 masters)"));
 }
 
+// Activation checkpointing is a step of its own, on no mesh dimension, keeping the parameters.
+TEST(ExplainPlanTest, DescribesActivationCheckpointing) {
+  absl::StatusOr<Plan> plan =
+      ParsePlan(R"pb(
+                  model { preset: "tiny" }
+                  mesh { dims { name: "dp" size: 2 } }
+                  prepare { activation_checkpointing { policy: SELECTIVE } }
+                  prepare { fsdp { mesh_dim: "dp" } }
+                  optimizer { adamw {} }
+                  schedule {
+                    lr: 1e-3
+                    constant {}
+                  }
+                  training { steps: 10 micro_batch: 4 seq_len: 64 eval_batches: 1 }
+                )pb",
+                "plan");
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(*plan, 2);
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("prepare[0]: activation checkpointing (SELECTIVE): each of 4 "
+                               "blocks keeps"));
+  EXPECT_THAT(*text, HasSubstr("recomputes the rest in backward [KEEPS]"));
+}
+
 // A DPO plan: the policy and its reference, each with its weights, preparation and memory per
 // rank, and what the objective does with the reference.
 TEST(ExplainPlanTest, DescribesBothModelsOfADpoPlan) {

@@ -39,6 +39,10 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, double element_bytes
   shape.block_parameters = (shape.parameters - embeddings) / config.num_hidden_layers();
   shape.root_parameters = shape.parameters - shape.block_parameters * shape.num_blocks;
   shape.parameter_bytes = element_bytes;
+  shape.block_activation_bytes = models::BlockActivationBytes(config, training.micro_batch(),
+                                                              training.seq_len(), element_bytes);
+  shape.block_projection_output_bytes = models::BlockProjectionOutputBytes(
+      config, training.micro_batch(), training.seq_len(), element_bytes);
   return shape;
 }
 
@@ -49,6 +53,7 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
   for (const wrap::PrepareStep& step : steps) {
     PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
     estimate.steps.push_back(strategy->Estimate(shape, mesh));
+    estimate.activation_bytes_saved += estimate.steps.back().activation_bytes_saved;
     estimate.parameter_fraction *= estimate.steps.back().parameter_fraction;
     estimate.gathered_bytes =
         std::max(estimate.gathered_bytes, estimate.steps.back().gathered_bytes);
@@ -74,7 +79,8 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
       owned * (2.0 * element_bytes +
                kBytesPerFloat * (estimate.optimizer_slots + (estimate.fp32_masters ? 1 : 0)));
   estimate.activation_bytes = models::ActivationBytes(config, plan.training().micro_batch(),
-                                                      plan.training().seq_len(), element_bytes);
+                                                      plan.training().seq_len(), element_bytes) -
+                              estimate.preparation.activation_bytes_saved;
   for (int i = 0; i < plan.frozen_size(); ++i) {
     const FrozenModel& frozen = plan.frozen(i);
     PLAIT_ASSIGN_OR_RETURN(

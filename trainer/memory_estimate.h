@@ -2,7 +2,8 @@
 // the check that the ranks a machine runs fit in the memory it has. The estimate counts the
 // trained model's share of parameters and gradients in its dtype and of fp32 optimizer state
 // (with fp32 masters of 16-bit parameters), what its preparation steps hold whole at once
-// (FSDP's gathered units), the activations of one micro-batch, and the frozen models' shares:
+// (FSDP's gathered units), the activations of one micro-batch (less what activation
+// checkpointing recomputes), and the frozen models' shares:
 //
 //   PLAIT_ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(plan, world_size));
 //   PLAIT_RETURN_IF_ERROR(CheckMemoryFits(estimate, local_ranks, available_bytes));
@@ -20,11 +21,13 @@
 namespace plait::trainer {
 
 // What a model's preparation steps leave on each rank: each step's own estimate, the share of
-// the parameters a rank owns after all of them, and the most it holds whole at once.
+// the parameters a rank owns after all of them, the most it holds whole at once, and the
+// activation bytes they save (activation checkpointing).
 struct PreparationEstimate {
   std::vector<wrap::StepEstimate> steps;
   double parameter_fraction = 1.0;
   double gathered_bytes = 0.0;
+  double activation_bytes_saved = 0.0;
 };
 
 // A frozen model's share on each rank: its parameters and the units it gathers at once.

@@ -101,6 +101,24 @@ TEST(EstimateMemoryTest, HybridShardingKeepsTheShardGroupsShare) {
               DoubleNear(TinyParameters() * (0.75 * 12 + 4.0 / 4), 1));
 }
 
+// Activation checkpointing (before FSDP) keeps less of each block's forward: full keeps a
+// block's input, selective its projections' outputs too, so its estimate lies in between.
+TEST(EstimateMemoryTest, ActivationCheckpointingLowersTheActivations) {
+  auto activations = [](const std::string& checkpointing) {
+    const Plan plan = ParseOrDie(absl::StrCat(checkpointing, kTinyOnTwoFsdpRanks));
+    absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 2);
+    EXPECT_THAT(estimate, IsOk());
+    return estimate->activation_bytes;
+  };
+  const double none = activations("");
+  const double full = activations("prepare { activation_checkpointing { policy: FULL } }");
+  const double selective =
+      activations("prepare { activation_checkpointing { policy: SELECTIVE } }");
+  EXPECT_GT(full, 0);
+  EXPECT_LT(full, selective);
+  EXPECT_LT(selective, none);
+}
+
 // The frozen reference model of preference training takes memory too: its parameters, sharded
 // as its own steps say, and the units FSDP gathers for its forward.
 TEST(EstimateMemoryTest, CountsFrozenModels) {

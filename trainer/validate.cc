@@ -177,7 +177,7 @@ class Checker {
     for (const wrap::PrepareStep& step : plan_.prepare()) {
       absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
       if (!strategy.ok()) continue;  // CheckSteps says why
-      used_dims_.insert((*strategy)->mesh_dim());
+      if ((*strategy)->uses_mesh_dim()) used_dims_.insert((*strategy)->mesh_dim());
       used_dims_.insert((*strategy)->replicate_dim());
     }
     data_parallel_size_ =

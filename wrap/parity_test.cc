@@ -1,20 +1,23 @@
 // The correctness anchor for DDP, FSDP, hybrid sharding (FSDP replicated across a second
-// dimension), tensor parallelism and their 2-D combinations: the
-// tiny Llama (and a tiny Qwen2) trained for 10 AdamW steps with clipping on several ranks
+// dimension), tensor parallelism, activation checkpointing and their combinations: the tiny
+// Llama (and a tiny Qwen2) trained for 10 AdamW steps with clipping on several ranks
 // (threads, Gloo) gives the same per-step losses, gradient norms and final parameters as one
 // process on the same global batch, within 1e-5 relative in fp32 (losses each, parameters as
-// the norm of the difference over the norm of the tensor).
+// the norm of the difference over the norm of the tensor); and activation checkpointing gives
+// the same run as without it.
 //
 // Built with PLAIT_TEST_ON_CUDA (the gpu-tagged parity_gpu_test), the same scenarios run on
 // CUDA over NCCL, rank r on cuda:r, against the single-device CUDA run (TF32 off, as
 // LibTorch's default is); a scenario with more ranks than GPUs skips. The single-device CUDA
 // run itself is held to the CPU's.
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -64,6 +67,9 @@ struct Scenario {
   // Ranks of the "replicate" dimension: above 1, FSDP's hybrid sharding, the shards over "dp"
   // replicated across it (its ranks read different data too).
   int replicate = 1;
+  // Activation checkpointing, applied first, unless POLICY_UNSPECIFIED.
+  ActivationCheckpointingConfig::Policy checkpointing =
+      ActivationCheckpointingConfig::POLICY_UNSPECIFIED;
 };
 
 struct TrainingRun {
@@ -192,6 +198,11 @@ TrainingRun Distributed(const Scenario& scenario) {
     std::shared_ptr<models::CausalLM> model = MakeModel(scenario.variant, device);
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
+    if (scenario.checkpointing != ActivationCheckpointingConfig::POLICY_UNSPECIFIED) {
+      PrepareStep step;
+      step.mutable_activation_checkpointing()->set_policy(scenario.checkpointing);
+      ASSERT_THAT((*preparation)->Apply(step), IsOk());
+    }
     if (scenario.tp > 1) {
       PrepareStep step;
       step.mutable_tensor_parallel()->set_mesh_dim("tp");
@@ -390,7 +401,70 @@ INSTANTIATE_TEST_SUITE_P(
         // Hybrid sharding: FSDP over dp=2, replicated across replicate=2.
         Scenario{"hsdp_2_x_2", Strategy::kFsdp, 2, 1, Variant::kPlain, 1, false, 2},
         Scenario{"hsdp_2_x_2_tied_accumulating", Strategy::kFsdp, 2, 2, Variant::kTied, 1, false,
-                 2}),
+                 2},
+        Scenario{"fsdp_2_ranks_full_checkpointing", Strategy::kFsdp, 2, 1, Variant::kPlain, 1,
+                 false, 1, ActivationCheckpointingConfig::FULL},
+        Scenario{"ddp_2_ranks_selective_checkpointing", Strategy::kDdp, 2, 1, Variant::kPlain, 1,
+                 false, 1, ActivationCheckpointingConfig::SELECTIVE},
+        Scenario{"fsdp_2_x_tp_2_qwen2_selective_checkpointing", Strategy::kFsdp, 2, 1,
+                 Variant::kQwen2, 2, true, 1, ActivationCheckpointingConfig::SELECTIVE}),
+    [](const ::testing::TestParamInfo<Scenario>& info) { return info.param.name; });
+
+// Activation checkpointing against the same run without it: FULL recomputes exactly what the
+// forward computed, so losses, gradient norms and parameters are equal bit for bit; SELECTIVE
+// back-propagates through its kept projections with products of its own, within 1e-6.
+class CheckpointingParityTest : public ::testing::TestWithParam<Scenario> {};
+
+TEST_P(CheckpointingParityTest, EqualsTheRunWithoutCheckpointing) {
+  const int ranks = GetParam().ranks * GetParam().tp;
+  if (!parallel::testing::EnoughDevices(kDevice, ranks))
+    GTEST_SKIP() << "needs " << ranks << " GPUs";
+  Scenario without = GetParam();
+  without.checkpointing = ActivationCheckpointingConfig::POLICY_UNSPECIFIED;
+  const TrainingRun expected = Distributed(without);
+  const TrainingRun actual = Distributed(GetParam());
+  const bool bitwise = GetParam().checkpointing == ActivationCheckpointingConfig::FULL;
+  auto expect_equal = [&](double got, double want, const std::string& what) {
+    if (bitwise) {
+      EXPECT_EQ(got, want) << what;
+    } else {
+      EXPECT_NEAR(got, want, 1e-6 * std::abs(want)) << what;
+    }
+  };
+  ASSERT_EQ(actual.losses.size(), expected.losses.size());
+  for (size_t step = 0; step < expected.losses.size(); ++step) {
+    expect_equal(actual.losses[step], expected.losses[step], absl::StrCat("loss ", step));
+    expect_equal(actual.grad_norms[step], expected.grad_norms[step],
+                 absl::StrCat("gradient norm ", step));
+  }
+  for (const auto& [name, want] : expected.parameters) {
+    const double error = (actual.parameters.at(name) - want).norm().item<double>();
+    EXPECT_LE(error, bitwise ? 0.0 : 1e-6 * want.norm().item<double>()) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, CheckpointingParityTest,
+    ::testing::Values(Scenario{"full_1_rank", Strategy::kNone, 1, 1, Variant::kPlain, 1, false, 1,
+                               ActivationCheckpointingConfig::FULL},
+                      Scenario{"selective_1_rank", Strategy::kNone, 1, 1, Variant::kPlain, 1, false,
+                               1, ActivationCheckpointingConfig::SELECTIVE},
+                      Scenario{"fsdp_2_ranks_full", Strategy::kFsdp, 2, 1, Variant::kPlain, 1,
+                               false, 1, ActivationCheckpointingConfig::FULL},
+                      Scenario{"fsdp_2_ranks_accumulating_selective", Strategy::kFsdp, 2, 2,
+                               Variant::kPlain, 1, false, 1,
+                               ActivationCheckpointingConfig::SELECTIVE},
+                      Scenario{"fsdp_2_ranks_no_reshard_full", Strategy::kFsdpNoReshard, 2, 1,
+                               Variant::kPlain, 1, false, 1, ActivationCheckpointingConfig::FULL},
+                      Scenario{"ddp_2_ranks_full", Strategy::kDdp, 2, 1, Variant::kPlain, 1, false,
+                               1, ActivationCheckpointingConfig::FULL},
+                      Scenario{"ddp_2_ranks_accumulating_selective", Strategy::kDdp, 2, 2,
+                               Variant::kPlain, 1, false, 1,
+                               ActivationCheckpointingConfig::SELECTIVE},
+                      Scenario{"tp_2_ranks_sequence_parallel_full", Strategy::kNone, 1, 1,
+                               Variant::kPlain, 2, true, 1, ActivationCheckpointingConfig::FULL},
+                      Scenario{"tp_2_ranks_selective", Strategy::kNone, 1, 1, Variant::kPlain, 2,
+                               false, 1, ActivationCheckpointingConfig::SELECTIVE}),
     [](const ::testing::TestParamInfo<Scenario>& info) { return info.param.name; });
 
 // Mixed precision: parameters gathered and computed in bf16, gradients reduced in fp32,

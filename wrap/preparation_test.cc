@@ -80,6 +80,24 @@ TEST_F(PreparationTest, EachWrapperAppliesOnce) {
                        "fsdp_at_most_once)"));
 }
 
+// Activation checkpointing names no mesh dimension and needs a policy; it wraps the blocks
+// FSDP gathers, so it comes first.
+TEST_F(PreparationTest, ActivationCheckpointingNeedsAPolicyAndComesBeforeFsdp) {
+  PrepareStep checkpointing;
+  checkpointing.mutable_activation_checkpointing();
+  auto preparation = Preparation::Begin(*model_, *mesh_, "plan.prepare");
+  ASSERT_THAT(preparation, IsOk());
+  EXPECT_THAT((*preparation)->Apply(checkpointing),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "plan.prepare[0]: activation_checkpointing.policy is not set; set FULL or "
+                       "SELECTIVE"));
+  ASSERT_THAT((*preparation)->Apply(Fsdp("dp")), IsOk());
+  checkpointing.mutable_activation_checkpointing()->set_policy(ActivationCheckpointingConfig::FULL);
+  EXPECT_THAT(
+      (*preparation)->Apply(checkpointing),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(rule checkpointing_before_fsdp)")));
+}
+
 TEST_F(PreparationTest, DdpAndFsdpNeedDimensionsOfTheirOwn) {
   auto preparation = Preparation::Begin(*model_, *mesh_);
   ASSERT_THAT(preparation, IsOk());
@@ -149,7 +167,8 @@ TEST_F(PreparationTest, UnknownMeshDimension) {
                        "shard)"));
   EXPECT_THAT((*preparation)->Apply(PrepareStep()),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "prepare[0]: names no strategy; set one of fsdp, ddp, tensor_parallel"));
+                       "prepare[0]: names no strategy; set one of fsdp, ddp, tensor_parallel, "
+                       "activation_checkpointing"));
 }
 
 TEST_F(PreparationTest, OnePreparationPerModel) {

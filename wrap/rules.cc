@@ -135,8 +135,10 @@ std::vector<base::Violation> CheckSteps(
       const char* field;
       bool required;
     };
-    for (const DimUse& use : {DimUse{(*strategy)->mesh_dim(), "mesh_dim", true},
-                              DimUse{(*strategy)->replicate_dim(), "replicate_mesh_dim", false}}) {
+    // A strategy that uses no dimension (activation checkpointing) names none.
+    for (const DimUse& use :
+         {DimUse{(*strategy)->mesh_dim(), "mesh_dim", (*strategy)->uses_mesh_dim()},
+          DimUse{(*strategy)->replicate_dim(), "replicate_mesh_dim", false}}) {
       const std::string& dim = use.dim;
       const std::string dim_field = absl::StrCat(step_field, ".", name, ".", use.field);
       if (dim.empty()) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "google/protobuf/descriptor.h"
+#include "wrap/checkpointing/activation_checkpointing.h"
 #include "wrap/ddp/ddp.h"
 #include "wrap/fsdp/fsdp.h"
 #include "wrap/tp/tensor_parallel.h"
@@ -22,6 +23,11 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
       return std::make_unique<ddp::DdpStrategy>(step.ddp());
     case PrepareStep::kTensorParallel:
       return std::make_unique<tp::TensorParallelStrategy>(step.tensor_parallel());
+    case PrepareStep::kActivationCheckpointing:
+      PLAIT_RETURN_IF_ERROR(
+          checkpointing::CheckActivationCheckpointingConfig(step.activation_checkpointing()));
+      return std::make_unique<checkpointing::ActivationCheckpointingStrategy>(
+          step.activation_checkpointing());
     case PrepareStep::STRATEGY_NOT_SET:
       break;
   }

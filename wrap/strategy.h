@@ -10,6 +10,9 @@
 //   StepEstimate estimate = fsdp->Estimate(shape, plan.mesh());  // for plan_check
 //   PLAIT_RETURN_IF_ERROR(fsdp->Apply(model, mesh));
 //
+// A strategy that only changes how each rank computes (activation checkpointing) uses no mesh
+// dimension: uses_mesh_dim() is false, it names none, and its Apply uses no group of the mesh.
+//
 // Adding a strategy: a class implementing this interface in wrap/, a field in PrepareStep
 // (wrap.proto), its case in MakeStrategy (strategies.h) and an entry in rules.textproto.
 #ifndef PLAIT_WRAP_STRATEGY_H_
@@ -45,6 +48,11 @@ struct ModelShape {
   // (sequences x sequence length) of one micro-batch.
   double hidden_size = 0;
   double micro_batch_tokens = 0;
+  // Bytes of the activations one block keeps for its backward in one micro-batch (without
+  // activation checkpointing), and of the outputs of its projections (its matmuls: q/k/v/o,
+  // gate/up/down).
+  double block_activation_bytes = 0;
+  double block_projection_output_bytes = 0;
 };
 
 // What a strategy would do to one rank, estimated from the model's shape and the size of its
@@ -60,6 +68,9 @@ struct StepEstimate {
   // all-reduce).
   double bytes_sent_per_step = 0.0;
   double bytes_sent_per_micro_batch = 0.0;
+  // Activation bytes of a micro-batch it saves at the peak of a step, by keeping less of the
+  // forward for the backward (activation checkpointing).
+  double activation_bytes_saved = 0.0;
 };
 
 class Strategy {
@@ -69,8 +80,9 @@ class Strategy {
   // The name plans and rules use: the PrepareStep field ("fsdp").
   virtual absl::string_view name() const = 0;
 
-  // The mesh dimension it runs on.
+  // The mesh dimension it runs on, when it uses one.
   virtual const std::string& mesh_dim() const = 0;
+  virtual bool uses_mesh_dim() const { return true; }
 
   // A second mesh dimension, across which it replicates what it holds over mesh_dim(): FSDP's
   // hybrid sharding (FsdpConfig.replicate_mesh_dim, the field the rules name). Its ranks

@@ -3,7 +3,8 @@
 // blocks (embeddings, final norm, output head), which form the root unit; every parameter's
 // fully qualified name; and what tensor parallelism needs of a model: how each parameter is
 // split (Megatron's layout), telling attention how many heads its sharded projections now
-// hold, and the TensorParallelOps the model's forward calls where Megatron communicates.
+// hold, and the TensorParallelOps the model's forward calls where Megatron communicates; and
+// the CheckpointingOps its forward calls to run each block and each of a block's projections.
 // Wrappers depend on this interface only, never on a concrete model.
 //
 //   Wrappable& model = ...;  // e.g. a plait::models::CausalLM
@@ -59,6 +60,27 @@ class TensorParallelOps {
   // target is `ignore_index`. Differentiable in `logits`.
   virtual torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                           int64_t ignore_index) = 0;
+};
+
+// How a model's blocks run, for activation checkpointing (wrap/checkpointing): the model
+// calls RunBlock for each block and Linear for each projection inside a block. Implemented by
+// wrap/checkpointing; a model without it set calls the block's forward and
+// torch::nn::functional::linear directly.
+class CheckpointingOps {
+ public:
+  virtual ~CheckpointingOps() = default;
+
+  // Block `unit`'s output for `input`, which `forward` computes (the block's forward on its
+  // current parameters). `forward` may be called again later, in the backward pass, and must
+  // then give the same values: it holds what it reads by value, not state a later forward
+  // changes. Units are numbered as Blocks().
+  using BlockForward = std::function<torch::Tensor(const torch::Tensor& input)>;
+  virtual torch::Tensor RunBlock(int unit, const torch::Tensor& input, BlockForward forward) = 0;
+
+  // x weight^T (+ bias, when defined), as torch::nn::functional::linear: a block's projection,
+  // whose output selective checkpointing keeps rather than recomputes.
+  virtual torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& bias) = 0;
 };
 
 class Wrappable {
@@ -134,6 +156,10 @@ class Wrappable {
 
   // Makes the forward pass call `ops` (nullptr: none; it must outlive its use).
   virtual void SetTensorParallelOps(TensorParallelOps* ops) = 0;
+
+  // Makes the forward pass run its blocks and their projections through `ops` (nullptr:
+  // directly; it must outlive its use, backward passes included).
+  virtual void SetCheckpointingOps(CheckpointingOps* ops) = 0;
 };
 
 }  // namespace plait::wrap

@@ -57,4 +57,17 @@ torch::Tensor RestoreStorage(const torch::Tensor& tensor) {
                           tensor.options().requires_grad(false));
 }
 
+SuspendedTensorHooks::SuspendedTensorHooks(const std::vector<torch::Tensor>& leaves) {
+  for (const torch::Tensor& leaf : leaves) {
+    base::TensorPreHooks* hooks = base::CapturedLeafHooks(leaf);
+    if (hooks == nullptr || hooks->empty()) continue;
+    suspended_.emplace_back(hooks, std::move(*hooks));
+    hooks->clear();
+  }
+}
+
+SuspendedTensorHooks::~SuspendedTensorHooks() {
+  for (auto& [hooks, suspended] : suspended_) *hooks = std::move(suspended);
+}
+
 }  // namespace plait::wrap::internal

@@ -1,7 +1,8 @@
-// The few LibTorch internals FSDP and DDP need, in one place so that a LibTorch upgrade
-// touches only this file: hooks that run after a leaf's gradient was accumulated and at the
-// end of a backward pass (what PyTorch's own DDP reducer uses), and freeing and refilling a
-// tensor's storage in place (what PyTorch's FSDP2 does with untyped_storage().resize_()).
+// The few LibTorch internals FSDP, DDP and activation checkpointing need, in one place so
+// that a LibTorch upgrade touches only this file: hooks that run after a leaf's gradient was
+// accumulated and at the end of a backward pass (what PyTorch's own DDP reducer uses),
+// freeing and refilling a tensor's storage in place (what PyTorch's FSDP2 does with
+// untyped_storage().resize_()), and suspending a leaf's tensor hooks.
 // Checked against LibTorch 1.13 and 2.13 (the pointer type of a node differs between them:
 // base/torch_compat.h).
 #ifndef PLAIT_WRAP_INTERNAL_TORCH_INTERNALS_H_
@@ -9,6 +10,8 @@
 
 #include <functional>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "base/torch_compat.h"
 #include "torch/torch.h"
@@ -34,6 +37,22 @@ void FreeStorage(const torch::Tensor& tensor);
 // autograd version counter alone, so tensors autograd saved before the storage was freed
 // read the new values as if nothing had happened.
 torch::Tensor RestoreStorage(const torch::Tensor& tensor);
+
+// While it lives, the tensor hooks (Tensor::register_hook) of `leaves` do not run. For
+// gradients torch::autograd::grad captures at leaves, which LibTorch 2.x passes through their
+// tensor hooks (1.13 does not): activation checkpointing captures a block's parameters'
+// gradients from its recomputation and hands them on to the parameters' accumulators, where
+// the hooks (tensor parallelism's) must run once, as without checkpointing.
+class SuspendedTensorHooks {
+ public:
+  explicit SuspendedTensorHooks(const std::vector<torch::Tensor>& leaves);
+  ~SuspendedTensorHooks();
+  SuspendedTensorHooks(const SuspendedTensorHooks&) = delete;
+  SuspendedTensorHooks& operator=(const SuspendedTensorHooks&) = delete;
+
+ private:
+  std::vector<std::pair<base::TensorPreHooks*, base::TensorPreHooks>> suspended_;
+};
 
 }  // namespace plait::wrap::internal
 

@@ -1,0 +1,211 @@
+#include "wrap/checkpointing/activation_checkpointing.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/human.h"
+#include "base/status.h"
+#include "wrap/internal/torch_internals.h"
+
+namespace plait::wrap::checkpointing {
+
+namespace F = torch::nn::functional;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What a checkpointed block's backward needs besides its input: the block's forward and, with
+// SELECTIVE, its projections' outputs in the order the forward computed them. Held by the
+// autograd node (as a capsule in its context), so it lives exactly as long as the graph.
+struct ActivationCheckpointing::Recomputation : torch::CustomClassHolder {
+  ActivationCheckpointing* owner;
+  BlockForward forward;
+  std::vector<torch::Tensor> parameters;
+  std::vector<torch::Tensor> kept;  // SELECTIVE: the projections' outputs
+  size_t next_kept = 0;             // the next one the recomputation reads
+};
+
+bool ActivationCheckpointing::selective() const {
+  return policy_ == ActivationCheckpointingConfig::SELECTIVE;
+}
+
+namespace {
+
+// Sets `slot` to `value` while it lives.
+template <typename T>
+class ScopedSet {
+ public:
+  ScopedSet(T& slot, T value) : slot_(slot), old_(slot) { slot_ = value; }
+  ~ScopedSet() { slot_ = old_; }
+  ScopedSet(const ScopedSet&) = delete;
+  ScopedSet& operator=(const ScopedSet&) = delete;
+
+ private:
+  T& slot_;
+  const T old_;
+};
+
+// A projection whose output the forward kept: returns it without computing the matmul again,
+// and back-propagates as LibTorch's linear does (the same products on the same operands, so
+// the same gradients bit for bit: mm's backward computes grad.mm(weight) for the input and,
+// weight being transposed in x.mm(weight.t()), grad^T.mm(x) for the weight).
+struct KeptLinearFunction : torch::autograd::Function<KeptLinearFunction> {
+  // `bias` is optional rather than undefined: autograd takes an undefined tensor argument
+  // for an input and fails on its missing device.
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight,
+                               const c10::optional<torch::Tensor>& bias, torch::Tensor* kept) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["has_bias"] = bias.has_value();
+    return std::move(*kept);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& weight = saved[1];
+    const torch::Tensor grad = grads[0].reshape({-1, weight.size(0)});
+    torch::Tensor grad_x, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) grad_x = grad.mm(weight).view(x.sizes());
+    if (ctx->needs_input_grad(1)) grad_weight = grad.t().mm(x.reshape({-1, weight.size(1)}));
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = grad.sum(0);
+    return {grad_x, grad_weight, grad_bias, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+// The node standing for a whole checkpointed block: inputs the block's input and parameters,
+// forward without autograd, backward by recomputation.
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  using Recomputation = ActivationCheckpointing::Recomputation;
+
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input,
+                               torch::TensorList parameters,
+                               c10::intrusive_ptr<Recomputation> recomputation) {
+    ActivationCheckpointing& owner = *recomputation->owner;
+    torch::Tensor output;
+    {
+      ScopedSet<Recomputation*> recording(owner.recording_,
+                                          owner.selective() ? recomputation.get() : nullptr);
+      output = recomputation->forward(input);
+    }
+    ctx->save_for_backward({input});
+    ctx->saved_data["recomputation"] = c10::IValue::make_capsule(std::move(recomputation));
+    return output;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto recomputation = c10::static_intrusive_pointer_cast<Recomputation>(
+        ctx->saved_data["recomputation"].toCapsule());
+    ActivationCheckpointing& owner = *recomputation->owner;
+    const size_t count = recomputation->parameters.size();
+    // The recomputed block's own leaves: its input, and the parameters as they are now (FSDP
+    // gathered them again before this backward).
+    const bool input_grad = ctx->needs_input_grad(0);
+    const torch::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(input_grad);
+    std::vector<torch::Tensor> leaves;
+    if (input_grad) leaves.push_back(input);
+    for (size_t i = 0; i < count; ++i) {
+      if (ctx->needs_input_grad(i + 1)) leaves.push_back(recomputation->parameters[i]);
+    }
+    variable_list result(count + 2);
+    if (leaves.empty()) return result;
+    torch::Tensor output;
+    {
+      torch::AutoGradMode grad_mode(true);
+      ScopedSet<Recomputation*> replaying(owner.replaying_,
+                                          owner.selective() ? recomputation.get() : nullptr);
+      output = recomputation->forward(input);
+    }
+    variable_list leaf_grads;
+    {
+      // The parameters' hooks run when their gradients reach them through this node's outputs.
+      internal::SuspendedTensorHooks suspended(recomputation->parameters);
+      leaf_grads = torch::autograd::grad({output}, leaves, {grads[0]}, /*retain_graph=*/false,
+                                         /*create_graph=*/false, /*allow_unused=*/true);
+    }
+    // The kept outputs went into the recomputed graph, which is gone: a second backward
+    // through this block (retain_graph) finds none and says so.
+    recomputation->kept.clear();
+    size_t next = 0;
+    if (input_grad) result[0] = leaf_grads[next++];
+    for (size_t i = 0; i < count; ++i) {
+      if (ctx->needs_input_grad(i + 1)) result[i + 1] = leaf_grads[next++];
+    }
+    return result;
+  }
+};
+
+ActivationCheckpointing::ActivationCheckpointing(Wrappable& model, Policy policy)
+    : model_(model), policy_(policy) {
+  for (const Wrappable::Unit& block : model.Blocks()) blocks_.push_back(block.module);
+  model_.SetCheckpointingOps(this);
+}
+
+ActivationCheckpointing::~ActivationCheckpointing() { model_.SetCheckpointingOps(nullptr); }
+
+torch::Tensor ActivationCheckpointing::RunBlock(int unit, const torch::Tensor& input,
+                                                BlockForward forward) {
+  if (!torch::GradMode::is_enabled()) return forward(input);  // nothing to keep
+  auto recomputation = c10::make_intrusive<Recomputation>();
+  recomputation->owner = this;
+  recomputation->forward = std::move(forward);
+  // Read at every forward: tensor parallelism may have replaced the parameters since.
+  recomputation->parameters = blocks_[unit]->parameters();
+  const std::vector<torch::Tensor> parameters = recomputation->parameters;
+  return CheckpointFunction::apply(input, torch::TensorList(parameters), std::move(recomputation));
+}
+
+torch::Tensor ActivationCheckpointing::Linear(const torch::Tensor& x, const torch::Tensor& weight,
+                                              const torch::Tensor& bias) {
+  if (replaying_ != nullptr) {
+    // A recomputation that finds no kept output left is a second backward through the block
+    // (kept outputs serve one backward) or a forward that did not repeat itself.
+    TORCH_CHECK(replaying_->next_kept < replaying_->kept.size(),
+                "selective activation checkpointing: a block's recomputation asked for more "
+                "projection outputs than its forward kept (a second backward through the same "
+                "forward is not supported)");
+    return KeptLinearFunction::apply(
+        x, weight, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt,
+        &replaying_->kept[replaying_->next_kept++]);
+  }
+  torch::Tensor output = F::linear(x, weight, bias);
+  if (recording_ != nullptr) recording_->kept.push_back(output);
+  return output;
+}
+
+absl::Status CheckActivationCheckpointingConfig(const ActivationCheckpointingConfig& config) {
+  if (config.policy() == ActivationCheckpointingConfig::POLICY_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        "activation_checkpointing.policy is not set; set FULL or SELECTIVE");
+  }
+  return absl::OkStatus();
+}
+
+StepEstimate ActivationCheckpointingStrategy::Estimate(const ModelShape& shape,
+                                                       const parallel::MeshConfig& /*mesh*/) const {
+  const bool selective = config_.policy() == ActivationCheckpointingConfig::SELECTIVE;
+  const double input_bytes = shape.micro_batch_tokens * shape.hidden_size * shape.parameter_bytes;
+  const double kept = input_bytes + (selective ? shape.block_projection_output_bytes : 0.0);
+  StepEstimate estimate;
+  estimate.description = absl::StrFormat(
+      "activation checkpointing (%s): each of %d blocks keeps %s of activations instead of %s, "
+      "and one block at a time recomputes the rest in backward",
+      ActivationCheckpointingConfig::Policy_Name(config_.policy()), shape.num_blocks,
+      base::HumanBytes(kept), base::HumanBytes(shape.block_activation_bytes));
+  // At the peak of backward, every block holds what it kept and one block its recomputed rest.
+  estimate.activation_bytes_saved =
+      std::max(0.0, (shape.num_blocks - 1) * (shape.block_activation_bytes - kept));
+  return estimate;
+}
+
+absl::Status ActivationCheckpointingStrategy::Apply(Wrappable& model,
+                                                    const parallel::DeviceMesh& /*mesh*/) {
+  PLAIT_RETURN_IF_ERROR(CheckActivationCheckpointingConfig(config_));
+  checkpointing_ = std::make_unique<ActivationCheckpointing>(model, config_.policy());
+  return absl::OkStatus();
+}
+
+}  // namespace plait::wrap::checkpointing
