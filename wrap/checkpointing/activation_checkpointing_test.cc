@@ -171,13 +171,15 @@ TEST(ActivationCheckpointingStrategyTest, EstimatesTheActivationsItSaves) {
   shape.block_projection_output_bytes = 1000;
   ActivationCheckpointingConfig config;
   config.set_policy(ActivationCheckpointingConfig::FULL);
-  EXPECT_DOUBLE_EQ(
-      ActivationCheckpointingStrategy(config).Estimate(shape, 1).activation_bytes_saved,
-      3 * (5000 - 320));
+  EXPECT_DOUBLE_EQ(ActivationCheckpointingStrategy(config)
+                       .Estimate(shape, parallel::MeshConfig())
+                       .activation_bytes_saved,
+                   3 * (5000 - 320));
   config.set_policy(ActivationCheckpointingConfig::SELECTIVE);
-  EXPECT_DOUBLE_EQ(
-      ActivationCheckpointingStrategy(config).Estimate(shape, 1).activation_bytes_saved,
-      3 * (5000 - 320 - 1000));
+  EXPECT_DOUBLE_EQ(ActivationCheckpointingStrategy(config)
+                       .Estimate(shape, parallel::MeshConfig())
+                       .activation_bytes_saved,
+                   3 * (5000 - 320 - 1000));
 }
 
 }  // namespace
