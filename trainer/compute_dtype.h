@@ -3,7 +3,7 @@
 // device computes bf16 natively and in fp32 elsewhere. A run resolves its plan before it
 // builds anything, and its first line says what its model computes in and why:
 //
-//   std::cout << "device: cpu, " << DescribeComputeDtype(plan, device) << "\n";
+//   std::cout << "compute: " << DescribeComputeDtype(plan, device) << "\n";
 //   Plan resolved = ResolveAutoDtypes(plan, device);
 #ifndef PLAIT_TRAINER_COMPUTE_DTYPE_H_
 #define PLAIT_TRAINER_COMPUTE_DTYPE_H_
