@@ -67,54 +67,67 @@ __attribute__((always_inline)) inline T Sigmoid(T x) {
 
 template <typename T>
 PLAIT_VECTOR_CLONES void RmsNormForward(int64_t rows, int64_t n, const T* __restrict x,
-                                        const T* __restrict w, T eps, T* __restrict y,
-                                        T* __restrict rstd) {
+                                        const T* __restrict w, Arithmetic<T> eps, T* __restrict y,
+                                        Arithmetic<T>* __restrict rstd) {
+  using A = Arithmetic<T>;
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
     T* yr = y + r * n;
-    const T inv = T(1) / std::sqrt(SumOfProducts(n, xr, xr) / static_cast<T>(n) + eps);
+    A sum_of_squares = 0;
+#pragma omp simd reduction(+ : sum_of_squares)
+    for (int64_t i = 0; i < n; ++i) sum_of_squares += A(xr[i]) * A(xr[i]);
+    const A inv = A(1) / std::sqrt(sum_of_squares / static_cast<A>(n) + eps);
     rstd[r] = inv;
-    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * w[i];
+    for (int64_t i = 0; i < n; ++i) yr[i] = T(A(xr[i]) * inv * A(w[i]));
   }
 }
 
 template <typename T>
 PLAIT_VECTOR_CLONES void RmsNormBackward(int64_t rows, int64_t n, const T* __restrict x,
-                                         const T* __restrict w, const T* __restrict rstd,
+                                         const T* __restrict w,
+                                         const Arithmetic<T>* __restrict rstd,
                                          const T* __restrict dy, T* __restrict dx,
                                          T* __restrict dw) {
-  std::fill(dw, dw + n, T(0));
+  using A = Arithmetic<T>;
+  std::vector<A> dw_sum(static_cast<size_t>(n), A(0));
+  A* __restrict dw_acc = dw_sum.data();
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
     const T* dyr = dy + r * n;
     T* dxr = dx + r * n;
-    const T inv = rstd[r];
-    T dot = 0;  // sum(dy * w * x)
+    const A inv = rstd[r];
+    A dot = 0;  // sum(dy * w * x)
 #pragma omp simd reduction(+ : dot)
-    for (int64_t i = 0; i < n; ++i) dot += dyr[i] * w[i] * xr[i];
-    const T coef = dot * inv * inv * inv / static_cast<T>(n);
+    for (int64_t i = 0; i < n; ++i) dot += A(dyr[i]) * A(w[i]) * A(xr[i]);
+    const A coef = dot * inv * inv * inv / static_cast<A>(n);
     for (int64_t i = 0; i < n; ++i) {
-      dxr[i] = dyr[i] * w[i] * inv - xr[i] * coef;
-      dw[i] += dyr[i] * xr[i] * inv;
+      dxr[i] = T(A(dyr[i]) * A(w[i]) * inv - A(xr[i]) * coef);
+      dw_acc[i] += A(dyr[i]) * A(xr[i]) * inv;
     }
   }
+  for (int64_t i = 0; i < n; ++i) dw[i] = T(dw_acc[i]);
 }
 
 template <typename T>
 PLAIT_VECTOR_CLONES void SwiGluForward(int64_t n, const T* __restrict gate, const T* __restrict up,
                                        T* __restrict h) {
-  for (int64_t i = 0; i < n; ++i) h[i] = gate[i] * Sigmoid(gate[i]) * up[i];
+  using A = Arithmetic<T>;
+  for (int64_t i = 0; i < n; ++i) {
+    const A g = A(gate[i]);
+    h[i] = T(g * Sigmoid(g) * A(up[i]));
+  }
 }
 
 template <typename T>
 PLAIT_VECTOR_CLONES void SwiGluBackward(int64_t n, const T* __restrict gate, const T* __restrict up,
                                         const T* __restrict dh, T* __restrict dgate,
                                         T* __restrict dup) {
+  using A = Arithmetic<T>;
   for (int64_t i = 0; i < n; ++i) {
-    const T s = Sigmoid(gate[i]);
-    const T silu = gate[i] * s;
-    dgate[i] = dh[i] * up[i] * s * (T(1) + gate[i] * (T(1) - s));
-    dup[i] = dh[i] * silu;
+    const A g = A(gate[i]);
+    const A s = Sigmoid(g);
+    dgate[i] = T(A(dh[i]) * A(up[i]) * s * (A(1) + g * (A(1) - s)));
+    dup[i] = T(A(dh[i]) * g * s);
   }
 }
 
@@ -122,6 +135,7 @@ template <typename T>
 PLAIT_VECTOR_CLONES void RotaryForward(int64_t outer, int64_t seq, int64_t heads, int64_t d,
                                        const T* __restrict x, const T* __restrict cos,
                                        const T* __restrict sin, T* __restrict y) {
+  using A = Arithmetic<T>;
   const int64_t half = d / 2;
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t t = 0; t < seq; ++t) {
@@ -131,8 +145,12 @@ PLAIT_VECTOR_CLONES void RotaryForward(int64_t outer, int64_t seq, int64_t heads
         const int64_t base = ((o * seq + t) * heads + h) * d;
         const T* xr = x + base;
         T* yr = y + base;
-        for (int64_t i = 0; i < half; ++i) yr[i] = xr[i] * c[i] - xr[i + half] * s[i];
-        for (int64_t i = half; i < d; ++i) yr[i] = xr[i] * c[i] + xr[i - half] * s[i];
+        for (int64_t i = 0; i < half; ++i) {
+          yr[i] = T(A(xr[i]) * A(c[i]) - A(xr[i + half]) * A(s[i]));
+        }
+        for (int64_t i = half; i < d; ++i) {
+          yr[i] = T(A(xr[i]) * A(c[i]) + A(xr[i - half]) * A(s[i]));
+        }
       }
     }
   }
@@ -324,14 +342,17 @@ void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, c
   });
 }
 
-#define PLAIT_INSTANTIATE_FUSED_KERNELS(T)                                                         \
-  template void RmsNormForward<T>(int64_t, int64_t, const T*, const T*, T, T*, T*);                \
-  template void RmsNormBackward<T>(int64_t, int64_t, const T*, const T*, const T*, const T*, T*,   \
-                                   T*);                                                            \
+#define PLAIT_INSTANTIATE_ELEMENTWISE_KERNELS(T)                                                   \
+  template void RmsNormForward<T>(int64_t, int64_t, const T*, const T*, Arithmetic<T>, T*,         \
+                                  Arithmetic<T>*);                                                 \
+  template void RmsNormBackward<T>(int64_t, int64_t, const T*, const T*, const Arithmetic<T>*,     \
+                                   const T*, T*, T*);                                              \
   template void SwiGluForward<T>(int64_t, const T*, const T*, T*);                                 \
   template void SwiGluBackward<T>(int64_t, const T*, const T*, const T*, T*, T*);                  \
   template void RotaryForward<T>(int64_t, int64_t, int64_t, int64_t, const T*, const T*, const T*, \
-                                 T*);                                                              \
+                                 T*);
+#define PLAIT_INSTANTIATE_FUSED_KERNELS(T)                                                         \
+  PLAIT_INSTANTIATE_ELEMENTWISE_KERNELS(T)                                                         \
   template void CrossEntropyForward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t, T*,    \
                                        T*);                                                        \
   template void CrossEntropyBackward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t,       \
@@ -342,6 +363,8 @@ void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, c
                                            const T*, const T*, const T*, T*, T*, T*);
 PLAIT_INSTANTIATE_FUSED_KERNELS(float)
 PLAIT_INSTANTIATE_FUSED_KERNELS(double)
+PLAIT_INSTANTIATE_ELEMENTWISE_KERNELS(c10::BFloat16)
+#undef PLAIT_INSTANTIATE_ELEMENTWISE_KERNELS
 #undef PLAIT_INSTANTIATE_FUSED_KERNELS
 
 }  // namespace plait::models::internal

@@ -1,6 +1,8 @@
 // The decoder's elementwise, normalisation and attention steps as single passes over
-// contiguous CPU arrays (float or double), forward and backward, where the composite ATen
-// path runs one tensor operation (one pass over memory) per term. Internal to
+// contiguous CPU arrays, forward and backward, where the composite ATen path runs one tensor
+// operation (one pass over memory) per term. Every kernel takes float and double; RMSNorm,
+// SwiGLU and rotary also take bf16, which they load into float, compute in float and round
+// once when they store it (Arithmetic<T> below). Internal to
 // //models:fused_ops, which wraps them as autograd functions; the composite ops are the
 // reference they are tested against.
 #ifndef PLAIT_MODELS_INTERNAL_FUSED_KERNELS_H_
@@ -8,17 +10,32 @@
 
 #include <cstdint>
 
+#include "c10/util/BFloat16.h"
+
 namespace plait::models::internal {
+
+// The type a kernel computes in for arrays of T: T itself, float for bf16.
+template <typename T>
+struct ArithmeticOf {
+  using type = T;
+};
+template <>
+struct ArithmeticOf<c10::BFloat16> {
+  using type = float;
+};
+template <typename T>
+using Arithmetic = typename ArithmeticOf<T>::type;
 
 // RMSNorm over rows of length n: rstd[r] = 1 / sqrt(mean(x[r]^2) + eps),
 // y[r] = x[r] * rstd[r] * w.
 template <typename T>
-void RmsNormForward(int64_t rows, int64_t n, const T* x, const T* w, T eps, T* y, T* rstd);
+void RmsNormForward(int64_t rows, int64_t n, const T* x, const T* w, Arithmetic<T> eps, T* y,
+                    Arithmetic<T>* rstd);
 // Its backward, with g = dy * w: dx[r] = rstd * g - x[r] * rstd^3 / n * sum(g * x[r]);
 // dw = sum over rows of dy * x * rstd (overwritten).
 template <typename T>
-void RmsNormBackward(int64_t rows, int64_t n, const T* x, const T* w, const T* rstd, const T* dy,
-                     T* dx, T* dw);
+void RmsNormBackward(int64_t rows, int64_t n, const T* x, const T* w, const Arithmetic<T>* rstd,
+                     const T* dy, T* dx, T* dw);
 
 // SwiGLU's product h = silu(gate) * up = gate * s * up with s = sigmoid(gate), and its
 // backward: dgate = dh * up * s * (1 + gate * (1 - s)), dup = dh * gate * s. In float, exp

@@ -21,10 +21,12 @@ using torch::autograd::tensor_list;
 // which otherwise charges it to no event; the backward shows as the function's CppNode.
 
 // Whether the fused kernels can run on these tensors: all on the CPU, strided, and of one
-// floating dtype they are built for (float or double).
+// floating dtype they are built for (float, double, or bf16: fused_kernels.h).
 bool Fusable(std::initializer_list<torch::Tensor> tensors) {
   const torch::ScalarType dtype = tensors.begin()->scalar_type();
-  if (dtype != torch::kFloat32 && dtype != torch::kFloat64) return false;
+  if (dtype != torch::kFloat32 && dtype != torch::kFloat64 && dtype != torch::kBFloat16) {
+    return false;
+  }
   for (const torch::Tensor& tensor : tensors) {
     if (!tensor.device().is_cpu() || tensor.layout() != torch::kStrided ||
         tensor.scalar_type() != dtype) {
@@ -32,6 +34,17 @@ bool Fusable(std::initializer_list<torch::Tensor> tensors) {
     }
   }
   return true;
+}
+
+// The dtype the kernels compute in for tensors of `dtype` (fused_kernels.h's Arithmetic).
+torch::ScalarType ArithmeticDtype(torch::ScalarType dtype) {
+  return dtype == torch::kBFloat16 ? torch::kFloat32 : dtype;
+}
+
+// The float copy of a bf16 tensor, for the kernels that take float and double only (cross
+// entropy, attention); other tensors as they are. Contiguous either way.
+torch::Tensor Widened(const torch::Tensor& tensor) {
+  return tensor.to(ArithmeticDtype(tensor.scalar_type())).contiguous();
 }
 
 struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
@@ -43,11 +56,12 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const int64_t n = input.size(-1);
     const int64_t rows = n == 0 ? 0 : input.numel() / n;
     torch::Tensor y = torch::empty_like(input);
-    torch::Tensor rstd = torch::empty({rows}, input.options());
-    AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "RmsNormForward", [&] {
+    torch::Tensor rstd =
+        torch::empty({rows}, input.options().dtype(ArithmeticDtype(input.scalar_type())));
+    AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, input.scalar_type(), "RmsNormForward", [&] {
+      using A = Arithmetic<scalar_t>;
       RmsNormForward<scalar_t>(rows, n, input.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
-                               static_cast<scalar_t>(eps), y.data_ptr<scalar_t>(),
-                               rstd.data_ptr<scalar_t>());
+                               static_cast<A>(eps), y.data_ptr<scalar_t>(), rstd.data_ptr<A>());
     });
     ctx->save_for_backward({input, w, rstd});
     return y;
@@ -62,9 +76,9 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const int64_t rows = n == 0 ? 0 : input.numel() / n;
     torch::Tensor dx = torch::empty_like(input);
     torch::Tensor dw = torch::empty_like(w);
-    AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "RmsNormBackward", [&] {
+    AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, input.scalar_type(), "RmsNormBackward", [&] {
       RmsNormBackward<scalar_t>(rows, n, input.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
-                                saved[2].data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                                saved[2].data_ptr<Arithmetic<scalar_t>>(), dy.data_ptr<scalar_t>(),
                                 dx.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>());
     });
     return {dx, dw, torch::Tensor()};
@@ -78,7 +92,7 @@ struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
     const torch::Tensor g = gate.contiguous();
     const torch::Tensor u = up.contiguous();
     torch::Tensor h = torch::empty_like(g);
-    AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "SwiGluForward", [&] {
+    AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, g.scalar_type(), "SwiGluForward", [&] {
       SwiGluForward<scalar_t>(g.numel(), g.data_ptr<scalar_t>(), u.data_ptr<scalar_t>(),
                               h.data_ptr<scalar_t>());
     });
@@ -93,7 +107,7 @@ struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
     const torch::Tensor dh = grads[0].contiguous();
     torch::Tensor dgate = torch::empty_like(g);
     torch::Tensor dup = torch::empty_like(u);
-    AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "SwiGluBackward", [&] {
+    AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, g.scalar_type(), "SwiGluBackward", [&] {
       SwiGluBackward<scalar_t>(g.numel(), g.data_ptr<scalar_t>(), u.data_ptr<scalar_t>(),
                                dh.data_ptr<scalar_t>(), dgate.data_ptr<scalar_t>(),
                                dup.data_ptr<scalar_t>());
@@ -110,7 +124,7 @@ struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     const torch::Tensor c = cos.contiguous();
     const torch::Tensor s = sin.contiguous();
     torch::Tensor y = torch::empty_like(input);
-    AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "RotaryForward", [&] {
+    AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, input.scalar_type(), "RotaryForward", [&] {
       RotaryForward<scalar_t>(input.size(0), input.size(1), input.size(2), input.size(3),
                               input.data_ptr<scalar_t>(), c.data_ptr<scalar_t>(),
                               s.data_ptr<scalar_t>(), y.data_ptr<scalar_t>());
@@ -127,7 +141,7 @@ struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     const torch::Tensor transposed_sin =
         torch::roll(saved[1], dy.size(3) / 2, /*dims=*/-1).neg_().contiguous();
     torch::Tensor dx = torch::empty_like(dy);
-    AT_DISPATCH_FLOATING_TYPES(dy.scalar_type(), "RotaryBackward", [&] {
+    AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, dy.scalar_type(), "RotaryBackward", [&] {
       RotaryForward<scalar_t>(dy.size(0), dy.size(1), dy.size(2), dy.size(3),
                               dy.data_ptr<scalar_t>(), saved[0].data_ptr<scalar_t>(),
                               transposed_sin.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>());
@@ -188,13 +202,17 @@ double AttentionScale(const torch::Tensor& q) {
   return 1.0 / std::sqrt(static_cast<double>(q.size(3)));
 }
 
+// bf16 attention runs the float kernels on widened copies of q, k and v: the scores and their
+// softmax are computed in float either way, and the float kernel skips the blocks above the
+// diagonal in one pass where bf16 takes a full bmm, a mask and a softmax over [T, T]. It
+// keeps the bf16 inputs and output for backward and widens them again there.
 struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& query,
                                const torch::Tensor& key, const torch::Tensor& value) {
     RECORD_FUNCTION("plait::CausalAttention", {});
-    const torch::Tensor q = query.contiguous();
-    const torch::Tensor k = key.contiguous();
-    const torch::Tensor v = value.contiguous();
+    const torch::Tensor q = Widened(query);
+    const torch::Tensor k = Widened(key);
+    const torch::Tensor v = Widened(value);
     const AttentionShape shape = ShapeOf(q, k);
     torch::Tensor out = torch::empty_like(q);
     torch::Tensor lse = torch::empty({shape.batch, shape.heads, shape.seq}, q.options());
@@ -204,15 +222,20 @@ struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentio
                                        v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                                        lse.data_ptr<scalar_t>());
     });
-    ctx->save_for_backward({q, k, v, out, lse});
+    out = out.to(query.scalar_type());
+    const bool widened = query.scalar_type() != q.scalar_type();
+    ctx->save_for_backward({widened ? query : q, widened ? key : k, widened ? value : v, out, lse});
     return out;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const tensor_list saved = ctx->get_saved_variables();
-    const torch::Tensor& q = saved[0];
-    const torch::Tensor& k = saved[1];
-    const torch::Tensor dout = grads[0].contiguous();
+    const torch::ScalarType dtype = saved[0].scalar_type();
+    const torch::Tensor q = Widened(saved[0]);
+    const torch::Tensor k = Widened(saved[1]);
+    const torch::Tensor v = Widened(saved[2]);
+    const torch::Tensor out = Widened(saved[3]);
+    const torch::Tensor dout = Widened(grads[0]);
     const AttentionShape shape = ShapeOf(q, k);
     torch::Tensor dq = torch::empty_like(q);
     torch::Tensor dk = torch::empty_like(k);
@@ -220,11 +243,11 @@ struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentio
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "CausalAttentionBackward", [&] {
       CausalAttentionBackward<scalar_t>(
           shape, static_cast<scalar_t>(AttentionScale(q)), q.data_ptr<scalar_t>(),
-          k.data_ptr<scalar_t>(), saved[2].data_ptr<scalar_t>(), saved[3].data_ptr<scalar_t>(),
+          k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
           saved[4].data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(),
           dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>());
     });
-    return {dq, dk, dv};
+    return {dq.to(dtype), dk.to(dtype), dv.to(dtype)};
   }
 };
 
@@ -266,8 +289,9 @@ torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
 
 torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                            int64_t ignore_index) {
-  const bool fusable =
-      Fusable({logits}) && targets.device().is_cpu() && targets.scalar_type() == torch::kInt64;
+  // The model scores 16-bit logits in float (causal_lm.cc): no bf16 cross-entropy kernel.
+  const bool fusable = Fusable({logits}) && logits.scalar_type() != torch::kBFloat16 &&
+                       targets.device().is_cpu() && targets.scalar_type() == torch::kInt64;
   return fusable ? FusedCrossEntropy(logits, targets, ignore_index)
                  : CompositeCrossEntropy(logits, targets, ignore_index);
 }

@@ -1,11 +1,12 @@
 // The decoder's steps that CausalLM runs between its matmuls, each in two forms with the same
 // values and gradients: Fused* (one pass over memory per direction, models/internal/
-// fused_kernels.h, as custom autograd functions with hand-written backward; CPU float and
-// double only) and Composite* (the ATen composite, for every device and dtype, and the
-// reference the fused forms are tested against). The unprefixed functions pick the fused form
-// when every input is a CPU float or double tensor of one dtype, else the composite one:
+// fused_kernels.h, as custom autograd functions with hand-written backward; CPU float, double
+// and bf16, computed in float for bf16) and Composite* (the ATen composite, for every device
+// and dtype, and the reference the fused forms are tested against). The unprefixed functions
+// pick the fused form when every input is a CPU tensor of one of those dtypes (float or
+// double for the cross-entropy), else the composite one:
 //
-//   torch::Tensor y = RmsNorm(x, weight, eps);  // fused for fp32 CPU, composite for bf16
+//   torch::Tensor y = RmsNorm(x, weight, eps);  // fused on the CPU, composite on a GPU
 #ifndef PLAIT_MODELS_INTERNAL_OPS_H_
 #define PLAIT_MODELS_INTERNAL_OPS_H_
 
@@ -44,8 +45,9 @@ torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Te
 
 // Causal grouped-query attention with scale 1 / sqrt(d): q [B, T, H, d], k and v
 // [B, T, KV, d] with KV dividing H (query head h reads kv head h / (H / KV)) -> [B, T, H, d].
-// Where the fused form does not apply (bf16, GPU), CausalAttention takes LibTorch's own fused
-// kernel when the LibTorch has one (2.x, base/torch_compat.h's CausalSdpa), else the composite.
+// The fused form computes bf16 in float, on widened copies. Where it does not apply (a GPU),
+// CausalAttention takes LibTorch's own fused kernel when the LibTorch has one (2.x,
+// base/torch_compat.h's CausalSdpa), else the composite.
 // The composite form takes the additive causal mask [H / KV * T, T] (0 on and below the
 // diagonal, -inf above; row g * T + t for query position t) that CausalLM caches.
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
