@@ -2,7 +2,7 @@
 // contiguous CPU arrays, forward and backward, where the composite ATen path runs one tensor
 // operation (one pass over memory) per term. Every kernel takes float and double; RMSNorm,
 // SwiGLU and rotary also take bf16, which they load into float, compute in float and round
-// once when they store it (Arithmetic<T> below). Internal to
+// once when they store it (gemm.h's Arithmetic<T>). Internal to
 // //models:fused_ops, which wraps them as autograd functions; the composite ops are the
 // reference they are tested against.
 #ifndef PLAIT_MODELS_INTERNAL_FUSED_KERNELS_H_
@@ -10,21 +10,9 @@
 
 #include <cstdint>
 
-#include "c10/util/BFloat16.h"
+#include "models/internal/gemm.h"  // Arithmetic<T>
 
 namespace plait::models::internal {
-
-// The type a kernel computes in for arrays of T: T itself, float for bf16.
-template <typename T>
-struct ArithmeticOf {
-  using type = T;
-};
-template <>
-struct ArithmeticOf<c10::BFloat16> {
-  using type = float;
-};
-template <typename T>
-using Arithmetic = typename ArithmeticOf<T>::type;
 
 // RMSNorm over rows of length n: rstd[r] = 1 / sqrt(mean(x[r]^2) + eps),
 // y[r] = x[r] * rstd[r] * w.

@@ -1,6 +1,8 @@
 #include "models/internal/gemm.h"
 
-#include <functional>
+#include <cmath>
+#include <cstdio>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "torch/torch.h"
@@ -8,12 +10,18 @@
 namespace plait::models::internal {
 namespace {
 
-using GemmFn = std::function<void(bool, bool, int64_t, int64_t, int64_t, double, const double*,
-                                  int64_t, const double*, int64_t, double, double*, int64_t)>;
+template <typename T>
+using GemmFn = void (*)(bool, bool, int64_t, int64_t, int64_t, Arithmetic<T>, const T*, int64_t,
+                        const T*, int64_t, Arithmetic<T>, Arithmetic<T>*, int64_t);
 
 // fn on blocks of larger row-major buffers (leading dimensions wider than the blocks), for
-// every transpose pair and beta 0 and 1, against torch::mm.
-void ExpectMatchesMm(const GemmFn& fn) {
+// every transpose pair and beta 0 and 1 (C starts as NaN for beta 0, which must ignore it),
+// against torch::mm in double on the same values.
+template <typename T>
+void ExpectMatchesMm(GemmFn<T> fn, double tolerance) {
+  using A = Arithmetic<T>;
+  const auto operand = torch::TensorOptions().dtype(torch::CppTypeToScalarType<T>::value);
+  const auto result = torch::TensorOptions().dtype(torch::CppTypeToScalarType<A>::value);
   const int64_t m = 5, n = 7, k = 3, ld = 11;
   torch::manual_seed(1);
   for (const bool trans_a : {false, true}) {
@@ -21,27 +29,48 @@ void ExpectMatchesMm(const GemmFn& fn) {
       for (const double beta : {0.0, 1.0}) {
         SCOPED_TRACE(::testing::Message()
                      << "trans_a " << trans_a << " trans_b " << trans_b << " beta " << beta);
-        const torch::Tensor a = torch::randn({trans_a ? k : m, ld}, torch::kFloat64);
-        const torch::Tensor b = torch::randn({trans_b ? n : k, ld}, torch::kFloat64);
-        const torch::Tensor c = torch::randn({m, ld}, torch::kFloat64);
-        const torch::Tensor a_block = a.narrow(1, 0, trans_a ? m : k);
-        const torch::Tensor b_block = b.narrow(1, 0, trans_b ? k : n);
-        const torch::Tensor want =
-            beta * c.narrow(1, 0, n) +
+        const torch::Tensor a = torch::randn({trans_a ? k : m, ld}, operand);
+        const torch::Tensor b = torch::randn({trans_b ? n : k, ld}, operand);
+        const torch::Tensor c =
+            beta == 0 ? torch::full({m, ld}, NAN, result) : torch::randn({m, ld}, result);
+        const torch::Tensor a_block = a.narrow(1, 0, trans_a ? m : k).to(torch::kFloat64);
+        const torch::Tensor b_block = b.narrow(1, 0, trans_b ? k : n).to(torch::kFloat64);
+        const torch::Tensor product =
             0.5 * torch::mm(trans_a ? a_block.t() : a_block, trans_b ? b_block.t() : b_block);
+        const torch::Tensor want =
+            beta == 0 ? product : c.narrow(1, 0, n).to(torch::kFloat64) + product;
         const torch::Tensor untouched = c.narrow(1, n, ld - n).clone();
-        fn(trans_a, trans_b, m, n, k, 0.5, a.data_ptr<double>(), ld, b.data_ptr<double>(), ld, beta,
-           c.data_ptr<double>(), ld);
-        EXPECT_TRUE(torch::allclose(c.narrow(1, 0, n), want, 1e-12, 1e-12));
-        EXPECT_TRUE(torch::equal(c.narrow(1, n, ld - n), untouched));
+        fn(trans_a, trans_b, m, n, k, A(0.5), a.data_ptr<T>(), ld, b.data_ptr<T>(), ld, A(beta),
+           c.data_ptr<A>(), ld);
+        EXPECT_TRUE(
+            torch::allclose(c.narrow(1, 0, n).to(torch::kFloat64), want, tolerance, tolerance));
+        EXPECT_TRUE(torch::allclose(c.narrow(1, n, ld - n), untouched, 0, 0, /*equal_nan=*/true));
       }
     }
   }
 }
 
-TEST(GemmTest, MatchesMm) { ExpectMatchesMm(Gemm<double>); }
+TEST(GemmTest, MatchesMm) {
+  ExpectMatchesMm<double>(Gemm<double>, 1e-12);
+  ExpectMatchesMm<float>(Gemm<float>, 1e-5);
+  ExpectMatchesMm<c10::BFloat16>(Gemm<c10::BFloat16>, 1e-5);
+}
 
-TEST(GemmTest, AtenFallbackMatchesMm) { ExpectMatchesMm(AtenGemm<double>); }
+TEST(GemmTest, AtenFallbackMatchesMm) {
+  ExpectMatchesMm<double>(AtenGemm<double>, 1e-12);
+  ExpectMatchesMm<float>(AtenGemm<float>, 1e-5);
+  ExpectMatchesMm<c10::BFloat16>(AtenGemm<c10::BFloat16>, 1e-5);
+}
+
+// Both LibTorch builds plait supports load a BLAS for every type: falling back to ATen would
+// cost the attention kernels their speed (~10 us of dispatch per block).
+TEST(GemmTest, EveryTypeFindsALibrary) {
+  EXPECT_NE(GemmLibrary<float>(), "ATen");
+  EXPECT_NE(GemmLibrary<double>(), "ATen");
+  EXPECT_NE(GemmLibrary<c10::BFloat16>(), "ATen");
+  std::printf("float: %s, double: %s, bf16: %s\n", GemmLibrary<float>().c_str(),
+              GemmLibrary<double>().c_str(), GemmLibrary<c10::BFloat16>().c_str());
+}
 
 }  // namespace
 }  // namespace plait::models::internal
