@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "ATen/Parallel.h"
@@ -24,10 +25,11 @@ namespace {
 // Row maxima below are written `x > max ? x : max`: std::max's reduction does not vectorise.
 
 template <typename T>
-T SumOfProducts(int64_t n, const T* __restrict a, const T* __restrict b) {
-  T sum = 0;
+Arithmetic<T> SumOfProducts(int64_t n, const T* __restrict a, const T* __restrict b) {
+  using A = Arithmetic<T>;
+  A sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  for (int64_t i = 0; i < n; ++i) sum += A(a[i]) * A(b[i]);
   return sum;
 }
 
@@ -257,6 +259,58 @@ PLAIT_VECTOR_CLONES void SoftmaxBackward(int64_t m, int64_t n, const T* __restri
   }
 }
 
+// `count` values as GEMM operands of type T: the values themselves where T is their type,
+// else rounded into `storage`.
+template <typename T>
+PLAIT_VECTOR_CLONES const T* AsOperand(const Arithmetic<T>* __restrict values, int64_t count,
+                                       std::vector<T>& storage) {
+  if constexpr (std::is_same_v<T, Arithmetic<T>>) {
+    return values;
+  } else {
+    T* __restrict rounded = storage.data();
+    for (int64_t i = 0; i < count; ++i) rounded[i] = T(values[i]);
+    return rounded;
+  }
+}
+
+// Rounds the rows x cols values of `from` (row stride ld_from) into `to` (row stride ld_to).
+template <typename T>
+PLAIT_VECTOR_CLONES void StoreRows(int64_t rows, int64_t cols, const Arithmetic<T>* __restrict from,
+                                   int64_t ld_from, T* __restrict to, int64_t ld_to) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < cols; ++i) to[r * ld_to + i] = T(from[r * ld_from + i]);
+  }
+}
+
+// Where a GEMM writes rows bound for `destination` (row stride ld), of type T: there itself
+// where T is the arithmetic type, else a float scratch of the same rows (row stride `cols`),
+// which Store() then rounds into place.
+template <typename T>
+class GemmTarget {
+ public:
+  using A = Arithmetic<T>;
+  static constexpr bool kDirect = std::is_same_v<T, A>;
+
+  GemmTarget(int64_t rows, int64_t cols) : cols_(cols) {
+    if constexpr (!kDirect) scratch_.resize(static_cast<size_t>(rows * cols));
+  }
+  A* Rows(T* destination) {
+    if constexpr (kDirect) {
+      return destination;
+    } else {
+      return scratch_.data();
+    }
+  }
+  int64_t Stride(int64_t ld) const { return kDirect ? ld : cols_; }
+  void Store(int64_t rows, T* destination, int64_t ld) const {
+    if constexpr (!kDirect) StoreRows<T>(rows, cols_, scratch_.data(), cols_, destination, ld);
+  }
+
+ private:
+  int64_t cols_;
+  std::vector<A> scratch_;
+};
+
 // The offsets and strides of one (batch, kv head) pair and the query heads that share it.
 struct HeadGroup {
   HeadGroup(const AttentionShape& shape, int64_t index)
@@ -273,26 +327,31 @@ struct HeadGroup {
 }  // namespace
 
 template <typename T>
-void CausalAttentionForward(const AttentionShape& shape, T scale, const T* q, const T* k,
-                            const T* v, T* out, T* lse) {
+void CausalAttentionForward(const AttentionShape& shape, Arithmetic<T> scale, const T* q,
+                            const T* k, const T* v, T* out, Arithmetic<T>* lse) {
+  using A = Arithmetic<T>;
   const int64_t seq = shape.seq;
   const int64_t d = shape.head_dim;
   at::parallel_for(0, shape.batch * shape.kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> scores(static_cast<size_t>(kAttentionBlock * seq));
+    std::vector<A> scores(static_cast<size_t>(kAttentionBlock * seq));
+    std::vector<T> probs(GemmTarget<T>::kDirect ? 0 : scores.size());
+    GemmTarget<T> out_rows(kAttentionBlock, d);
     for (int64_t index = begin; index < end; ++index) {
       const HeadGroup g(shape, index);
       const T* kb = k + g.k_offset;
       const T* vb = v + g.k_offset;
       for (int64_t j = 0; j < g.groups; ++j) {
         const int64_t h = g.kv * g.groups + j;
-        T* lse_h = lse + (g.b * shape.heads + h) * seq;
+        A* lse_h = lse + (g.b * shape.heads + h) * seq;
         for (int64_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
           const int64_t m = std::min(kAttentionBlock, seq - i0);
           const int64_t n = i0 + m;
           const int64_t row = g.q_offset + i0 * g.ldq + j * d;
-          Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb, g.ldk, T(0), scores.data(), n);
-          CausalSoftmax<T>(i0, m, scores.data(), lse_h + i0);
-          Gemm<T>(false, false, m, d, n, T(1), scores.data(), n, vb, g.ldk, T(0), out + row, g.ldq);
+          Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb, g.ldk, A(0), scores.data(), n);
+          CausalSoftmax<A>(i0, m, scores.data(), lse_h + i0);
+          Gemm<T>(false, false, m, d, n, A(1), AsOperand<T>(scores.data(), m * n, probs), n, vb,
+                  g.ldk, A(0), out_rows.Rows(out + row), out_rows.Stride(g.ldq));
+          out_rows.Store(m, out + row, g.ldq);
         }
       }
     }
@@ -300,28 +359,36 @@ void CausalAttentionForward(const AttentionShape& shape, T scale, const T* q, co
 }
 
 template <typename T>
-void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, const T* k,
-                             const T* v, const T* out, const T* lse, const T* dout, T* dq, T* dk,
-                             T* dv) {
+void CausalAttentionBackward(const AttentionShape& shape, Arithmetic<T> scale, const T* q,
+                             const T* k, const T* v, const T* out, const Arithmetic<T>* lse,
+                             const T* dout, T* dq, T* dk, T* dv) {
+  using A = Arithmetic<T>;
   const int64_t seq = shape.seq;
   const int64_t d = shape.head_dim;
   at::parallel_for(0, shape.batch * shape.kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> probs(static_cast<size_t>(kAttentionBlock * seq));
-    std::vector<T> grad(static_cast<size_t>(kAttentionBlock * seq));
-    std::vector<T> delta(static_cast<size_t>(kAttentionBlock));
+    std::vector<A> probs(static_cast<size_t>(kAttentionBlock * seq));
+    std::vector<A> grad(static_cast<size_t>(kAttentionBlock * seq));
+    std::vector<T> probs_operand(GemmTarget<T>::kDirect ? 0 : probs.size());
+    std::vector<T> grad_operand(GemmTarget<T>::kDirect ? 0 : grad.size());
+    std::vector<A> delta(static_cast<size_t>(kAttentionBlock));
+    GemmTarget<T> dq_rows(kAttentionBlock, d);
+    // dk and dv sum over every query block and head of the group: in float for bf16.
+    GemmTarget<T> dk_rows(seq, d);
+    GemmTarget<T> dv_rows(seq, d);
     for (int64_t index = begin; index < end; ++index) {
       const HeadGroup g(shape, index);
       const T* kb = k + g.k_offset;
       const T* vb = v + g.k_offset;
-      T* dkb = dk + g.k_offset;
-      T* dvb = dv + g.k_offset;
+      A* dk_sum = dk_rows.Rows(dk + g.k_offset);
+      A* dv_sum = dv_rows.Rows(dv + g.k_offset);
+      const int64_t ld_sum = dk_rows.Stride(g.ldk);
       for (int64_t i = 0; i < seq; ++i) {
-        std::fill(dkb + i * g.ldk, dkb + i * g.ldk + d, T(0));
-        std::fill(dvb + i * g.ldk, dvb + i * g.ldk + d, T(0));
+        std::fill(dk_sum + i * ld_sum, dk_sum + i * ld_sum + d, A(0));
+        std::fill(dv_sum + i * ld_sum, dv_sum + i * ld_sum + d, A(0));
       }
       for (int64_t j = 0; j < g.groups; ++j) {
         const int64_t h = g.kv * g.groups + j;
-        const T* lse_h = lse + (g.b * shape.heads + h) * seq;
+        const A* lse_h = lse + (g.b * shape.heads + h) * seq;
         for (int64_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
           const int64_t m = std::min(kAttentionBlock, seq - i0);
           const int64_t n = i0 + m;
@@ -329,20 +396,26 @@ void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, c
           for (int64_t r = 0; r < m; ++r) {
             delta[r] = SumOfProducts(d, dout + row + r * g.ldq, out + row + r * g.ldq);
           }
-          Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb, g.ldk, T(0), probs.data(), n);
-          CausalProbabilities<T>(i0, m, probs.data(), lse_h + i0);
-          Gemm<T>(false, true, m, n, d, T(1), dout + row, g.ldq, vb, g.ldk, T(0), grad.data(), n);
-          SoftmaxBackward<T>(m, n, probs.data(), delta.data(), grad.data());
-          Gemm<T>(false, false, m, d, n, scale, grad.data(), n, kb, g.ldk, T(0), dq + row, g.ldq);
-          Gemm<T>(true, false, n, d, m, scale, grad.data(), n, q + row, g.ldq, T(1), dkb, g.ldk);
-          Gemm<T>(true, false, n, d, m, T(1), probs.data(), n, dout + row, g.ldq, T(1), dvb, g.ldk);
+          Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb, g.ldk, A(0), probs.data(), n);
+          CausalProbabilities<A>(i0, m, probs.data(), lse_h + i0);
+          Gemm<T>(false, true, m, n, d, A(1), dout + row, g.ldq, vb, g.ldk, A(0), grad.data(), n);
+          SoftmaxBackward<A>(m, n, probs.data(), delta.data(), grad.data());
+          const T* ds = AsOperand<T>(grad.data(), m * n, grad_operand);
+          const T* p = AsOperand<T>(probs.data(), m * n, probs_operand);
+          Gemm<T>(false, false, m, d, n, scale, ds, n, kb, g.ldk, A(0), dq_rows.Rows(dq + row),
+                  dq_rows.Stride(g.ldq));
+          dq_rows.Store(m, dq + row, g.ldq);
+          Gemm<T>(true, false, n, d, m, scale, ds, n, q + row, g.ldq, A(1), dk_sum, ld_sum);
+          Gemm<T>(true, false, n, d, m, A(1), p, n, dout + row, g.ldq, A(1), dv_sum, ld_sum);
         }
       }
+      dk_rows.Store(seq, dk + g.k_offset, g.ldk);
+      dv_rows.Store(seq, dv + g.k_offset, g.ldk);
     }
   });
 }
 
-#define PLAIT_INSTANTIATE_ELEMENTWISE_KERNELS(T)                                                   \
+#define PLAIT_INSTANTIATE_KERNELS(T)                                                               \
   template void RmsNormForward<T>(int64_t, int64_t, const T*, const T*, Arithmetic<T>, T*,         \
                                   Arithmetic<T>*);                                                 \
   template void RmsNormBackward<T>(int64_t, int64_t, const T*, const T*, const Arithmetic<T>*,     \
@@ -350,21 +423,23 @@ void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, c
   template void SwiGluForward<T>(int64_t, const T*, const T*, T*);                                 \
   template void SwiGluBackward<T>(int64_t, const T*, const T*, const T*, T*, T*);                  \
   template void RotaryForward<T>(int64_t, int64_t, int64_t, int64_t, const T*, const T*, const T*, \
-                                 T*);
-#define PLAIT_INSTANTIATE_FUSED_KERNELS(T)                                                         \
-  PLAIT_INSTANTIATE_ELEMENTWISE_KERNELS(T)                                                         \
-  template void CrossEntropyForward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t, T*,    \
-                                       T*);                                                        \
-  template void CrossEntropyBackward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t,       \
-                                        const T*, T, T*);                                          \
-  template void CausalAttentionForward<T>(const AttentionShape&, T, const T*, const T*, const T*,  \
-                                          T*, T*);                                                 \
-  template void CausalAttentionBackward<T>(const AttentionShape&, T, const T*, const T*, const T*, \
-                                           const T*, const T*, const T*, T*, T*, T*);
-PLAIT_INSTANTIATE_FUSED_KERNELS(float)
-PLAIT_INSTANTIATE_FUSED_KERNELS(double)
-PLAIT_INSTANTIATE_ELEMENTWISE_KERNELS(c10::BFloat16)
-#undef PLAIT_INSTANTIATE_ELEMENTWISE_KERNELS
-#undef PLAIT_INSTANTIATE_FUSED_KERNELS
+                                 T*);                                                              \
+  template void CausalAttentionForward<T>(const AttentionShape&, Arithmetic<T>, const T*,          \
+                                          const T*, const T*, T*, Arithmetic<T>*);                 \
+  template void CausalAttentionBackward<T>(const AttentionShape&, Arithmetic<T>, const T*,         \
+                                           const T*, const T*, const T*, const Arithmetic<T>*,     \
+                                           const T*, T*, T*, T*);
+#define PLAIT_INSTANTIATE_CROSS_ENTROPY(T)                                                      \
+  template void CrossEntropyForward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t, T*, \
+                                       T*);                                                     \
+  template void CrossEntropyBackward<T>(int64_t, int64_t, const T*, const int64_t*, int64_t,    \
+                                        const T*, T, T*);
+PLAIT_INSTANTIATE_KERNELS(float)
+PLAIT_INSTANTIATE_KERNELS(double)
+PLAIT_INSTANTIATE_KERNELS(c10::BFloat16)
+PLAIT_INSTANTIATE_CROSS_ENTROPY(float)
+PLAIT_INSTANTIATE_CROSS_ENTROPY(double)
+#undef PLAIT_INSTANTIATE_KERNELS
+#undef PLAIT_INSTANTIATE_CROSS_ENTROPY
 
 }  // namespace plait::models::internal

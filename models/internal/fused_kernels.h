@@ -1,8 +1,10 @@
 // The decoder's elementwise, normalisation and attention steps as single passes over
 // contiguous CPU arrays, forward and backward, where the composite ATen path runs one tensor
-// operation (one pass over memory) per term. Every kernel takes float and double; RMSNorm,
-// SwiGLU and rotary also take bf16, which they load into float, compute in float and round
-// once when they store it (gemm.h's Arithmetic<T>). Internal to
+// operation (one pass over memory) per term. Every kernel takes float and double, and all but
+// the cross-entropy take bf16, which they load into float, compute in float and round once
+// when they store it (gemm.h's Arithmetic<T>); bf16 attention multiplies bf16 operands into
+// float (gemm.h), rounding the probabilities to bf16 for the product with v as flash
+// attention does. Internal to
 // //models:fused_ops, which wraps them as autograd functions; the composite ops are the
 // reference they are tested against.
 #ifndef PLAIT_MODELS_INTERNAL_FUSED_KERNELS_H_
@@ -70,16 +72,16 @@ struct AttentionShape {
   int64_t head_dim;
 };
 template <typename T>
-void CausalAttentionForward(const AttentionShape& shape, T scale, const T* q, const T* k,
-                            const T* v, T* out, T* lse);
+void CausalAttentionForward(const AttentionShape& shape, Arithmetic<T> scale, const T* q,
+                            const T* k, const T* v, T* out, Arithmetic<T>* lse);
 // Its backward from the forward's out and lse, recomputing the probabilities block by
 // block: dq = scale * dS k, dk = scale * dS^T q, dv = P^T dout with
 // dS = P * (dout v^T - rowsum(dout * out)). dk and dv are overwritten (summed over the
 // query heads that share each kv head).
 template <typename T>
-void CausalAttentionBackward(const AttentionShape& shape, T scale, const T* q, const T* k,
-                             const T* v, const T* out, const T* lse, const T* dout, T* dq, T* dk,
-                             T* dv);
+void CausalAttentionBackward(const AttentionShape& shape, Arithmetic<T> scale, const T* q,
+                             const T* k, const T* v, const T* out, const Arithmetic<T>* lse,
+                             const T* dout, T* dq, T* dk, T* dv);
 
 }  // namespace plait::models::internal
 

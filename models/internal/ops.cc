@@ -41,12 +41,6 @@ torch::ScalarType ArithmeticDtype(torch::ScalarType dtype) {
   return dtype == torch::kBFloat16 ? torch::kFloat32 : dtype;
 }
 
-// The float copy of a bf16 tensor, for the kernels that take float and double only (cross
-// entropy, attention); other tensors as they are. Contiguous either way.
-torch::Tensor Widened(const torch::Tensor& tensor) {
-  return tensor.to(ArithmeticDtype(tensor.scalar_type())).contiguous();
-}
-
 struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, double eps) {
@@ -202,52 +196,48 @@ double AttentionScale(const torch::Tensor& q) {
   return 1.0 / std::sqrt(static_cast<double>(q.size(3)));
 }
 
-// bf16 attention runs the float kernels on widened copies of q, k and v: the scores and their
-// softmax are computed in float either way, and the float kernel skips the blocks above the
-// diagonal in one pass where bf16 takes a full bmm, a mask and a softmax over [T, T]. It
-// keeps the bf16 inputs and output for backward and widens them again there.
 struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& query,
                                const torch::Tensor& key, const torch::Tensor& value) {
     RECORD_FUNCTION("plait::CausalAttention", {});
-    const torch::Tensor q = Widened(query);
-    const torch::Tensor k = Widened(key);
-    const torch::Tensor v = Widened(value);
+    const torch::Tensor q = query.contiguous();
+    const torch::Tensor k = key.contiguous();
+    const torch::Tensor v = value.contiguous();
     const AttentionShape shape = ShapeOf(q, k);
     torch::Tensor out = torch::empty_like(q);
-    torch::Tensor lse = torch::empty({shape.batch, shape.heads, shape.seq}, q.options());
-    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "CausalAttentionForward", [&] {
-      CausalAttentionForward<scalar_t>(shape, static_cast<scalar_t>(AttentionScale(q)),
-                                       q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
-                                       v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                                       lse.data_ptr<scalar_t>());
-    });
-    out = out.to(query.scalar_type());
-    const bool widened = query.scalar_type() != q.scalar_type();
-    ctx->save_for_backward({widened ? query : q, widened ? key : k, widened ? value : v, out, lse});
+    torch::Tensor lse = torch::empty({shape.batch, shape.heads, shape.seq},
+                                     q.options().dtype(ArithmeticDtype(q.scalar_type())));
+    AT_DISPATCH_FLOATING_TYPES_AND(
+        torch::kBFloat16, q.scalar_type(), "CausalAttentionForward", [&] {
+          using A = Arithmetic<scalar_t>;
+          CausalAttentionForward<scalar_t>(shape, static_cast<A>(AttentionScale(q)),
+                                           q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+                                           v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                           lse.data_ptr<A>());
+        });
+    ctx->save_for_backward({q, k, v, out, lse});
     return out;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const tensor_list saved = ctx->get_saved_variables();
-    const torch::ScalarType dtype = saved[0].scalar_type();
-    const torch::Tensor q = Widened(saved[0]);
-    const torch::Tensor k = Widened(saved[1]);
-    const torch::Tensor v = Widened(saved[2]);
-    const torch::Tensor out = Widened(saved[3]);
-    const torch::Tensor dout = Widened(grads[0]);
+    const torch::Tensor& q = saved[0];
+    const torch::Tensor& k = saved[1];
+    const torch::Tensor dout = grads[0].contiguous();
     const AttentionShape shape = ShapeOf(q, k);
     torch::Tensor dq = torch::empty_like(q);
     torch::Tensor dk = torch::empty_like(k);
     torch::Tensor dv = torch::empty_like(k);
-    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "CausalAttentionBackward", [&] {
-      CausalAttentionBackward<scalar_t>(
-          shape, static_cast<scalar_t>(AttentionScale(q)), q.data_ptr<scalar_t>(),
-          k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-          saved[4].data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(),
-          dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>());
-    });
-    return {dq.to(dtype), dk.to(dtype), dv.to(dtype)};
+    AT_DISPATCH_FLOATING_TYPES_AND(
+        torch::kBFloat16, q.scalar_type(), "CausalAttentionBackward", [&] {
+          using A = Arithmetic<scalar_t>;
+          CausalAttentionBackward<scalar_t>(
+              shape, static_cast<A>(AttentionScale(q)), q.data_ptr<scalar_t>(),
+              k.data_ptr<scalar_t>(), saved[2].data_ptr<scalar_t>(), saved[3].data_ptr<scalar_t>(),
+              saved[4].data_ptr<A>(), dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(),
+              dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>());
+        });
+    return {dq, dk, dv};
   }
 };
 

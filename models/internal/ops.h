@@ -45,7 +45,8 @@ torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Te
 
 // Causal grouped-query attention with scale 1 / sqrt(d): q [B, T, H, d], k and v
 // [B, T, KV, d] with KV dividing H (query head h reads kv head h / (H / KV)) -> [B, T, H, d].
-// The fused form computes bf16 in float, on widened copies. Where it does not apply (a GPU),
+// The fused form multiplies bf16 operands into float and computes the softmax in float. Where
+// it does not apply (a GPU),
 // CausalAttention takes LibTorch's own fused kernel when the LibTorch has one (2.x,
 // base/torch_compat.h's CausalSdpa), else the composite.
 // The composite form takes the additive causal mask [H / KV * T, T] (0 on and below the
