@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <vector>
 
 #include "base/heap.h"
@@ -29,6 +30,12 @@ int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter)
   benchmark::RunSpecifiedBenchmarks(reporter);
   benchmark::Shutdown();
   return 0;
+}
+
+double ThreadCpuSeconds() {
+  timespec now;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
 double Median(std::vector<double> values) {

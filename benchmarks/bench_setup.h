@@ -23,6 +23,10 @@ namespace plait::benchmarks {
 // it), since the figures would not be comparable.
 int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter = nullptr);
 
+// The CPU time this thread has used, in seconds: what a single-threaded step costs, whatever
+// else the machine runs meanwhile (wall time on a shared 2-core machine doubles under load).
+double ThreadCpuSeconds();
+
 // The median of `values` (the mean of the middle two for an even count), for per-step figures
 // that one step disturbed by the shared machine should not move. `values` is not empty.
 double Median(std::vector<double> values);

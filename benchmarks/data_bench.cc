@@ -10,7 +10,6 @@
 //     share of a training step the loader takes on the training thread.
 //
 //   bazel run --config=opt //benchmarks:data_bench
-#include <time.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -63,17 +62,10 @@ std::vector<uint16_t> RandomTokens(int64_t vocab_size) {
   return tokens;
 }
 
-// The CPU time this thread has used: the loader runs on the training thread, so what it
-// costs a training step is its CPU time, whatever else the machine runs meanwhile.
-double ThreadCpuSeconds() {
-  timespec now;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
-}
-
-// Times Next on `loader`.
+// Times Next on `loader` in CPU time: the loader runs on the training thread, so what it
+// costs a training step is its CPU time.
 void RunLoader(benchmark::State& state, DataLoader& loader) {
-  const double start = ThreadCpuSeconds();
+  const double start = benchmarks::ThreadCpuSeconds();
   for (auto _ : state) {
     const absl::StatusOr<Batch> batch = loader.Next();
     if (!batch.ok()) {
@@ -84,7 +76,7 @@ void RunLoader(benchmark::State& state, DataLoader& loader) {
     benchmark::DoNotOptimize(batch->targets.data_ptr());
   }
   const double tokens_per_second = static_cast<double>(state.iterations() * kMicroBatch * kSeqLen) /
-                                   (ThreadCpuSeconds() - start);
+                                   (benchmarks::ThreadCpuSeconds() - start);
   state.counters["tokens/s"] = tokens_per_second;
   state.counters["x_training"] = tokens_per_second / (kJobTokensPerSecond / kDpSize);
 }

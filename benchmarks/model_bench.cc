@@ -7,9 +7,11 @@
 //
 // The ceiling is measured right after every timed step, and a step's MFU is
 // TrainingFlopsPerToken (causal_lm.h) * tokens / step time / that ceiling; the reported MFU
-// is the median over the steps. On a shared machine both rates drift by 5-10% within a
-// minute, and a ratio of two rates measured seconds apart carries that drift, one measured
-// side by side does not.
+// is the median over the steps. Both are timed in the thread's CPU time (bench_setup.h), which
+// on a quiet machine equals wall time: on a shared 2-core machine wall time counts the
+// other processes' turns too. Both rates still drift by 5-10% within a minute there (caches
+// and memory bandwidth are shared), and a ratio of two rates measured seconds apart carries
+// that drift, one measured side by side does not.
 //
 // Both of LibTorch's thread pools are pinned to one thread before anything runs: its
 // intra-op pool (at::set_num_threads) and OpenBLAS's, which does its matmuls and ignores
@@ -50,10 +52,9 @@ class MatmulCeiling {
   // Runs one untimed product (it brings the operands back into cache), then times kReps.
   double Measure() {
     torch::mm_out(c_, a_, b_);
-    const auto start = std::chrono::steady_clock::now();
+    const double start = benchmarks::ThreadCpuSeconds();
     for (int i = 0; i < kReps; ++i) torch::mm_out(c_, a_, b_);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds = benchmarks::ThreadCpuSeconds() - start;
     benchmark::DoNotOptimize(c_.data_ptr());
     return 2.0 * kSize * kSize * kSize * kReps / seconds;
   }
@@ -93,11 +94,10 @@ void BM_TrainStep(benchmark::State& state) {
   std::vector<double> mfu;
   std::vector<double> ceilings;
   for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
+    const double start = benchmarks::ThreadCpuSeconds();
     model->zero_grad(/*set_to_none=*/true);
     model->Loss(inputs, targets).backward();
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds = benchmarks::ThreadCpuSeconds() - start;
     state.SetIterationTime(seconds);
     ceilings.push_back(ceiling.Measure());
     mfu.push_back(flops_per_step / seconds / ceilings.back());
