@@ -57,8 +57,8 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   std::vector<MemoryCheckPlan> plans;
   plans.push_back({"llama_fsdp", Shortened(LoadShippedPlan("llama_fsdp")), 2});
   plans.push_back({"llama_ddp", Shortened(LoadShippedPlan("llama_ddp")), 2});
-  absl::StatusOr<Plan> medium = LoadPlan(
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/testdata/medium_single.textproto"));
+  absl::StatusOr<Plan> medium = LoadPlan(absl::StrCat(
+      std::getenv("TEST_SRCDIR"), "/plait/trainer/testdata/runs/medium_single.textproto"));
   EXPECT_THAT(medium, IsOk());
   plans.push_back({"medium", Shortened(medium.value_or(Plan())), 1});
   Plan bf16 = LoadShippedPlan("llama_fsdp");

@@ -40,7 +40,7 @@ struct MemoryCheckPlan {
 };
 
 // The shipped jobs llama_fsdp and llama_ddp in fp32, the medium shape
-// (testdata/medium_single.textproto: the models and wrap benchmarks' model, batch 4 x 256
+// (testdata/runs/medium_single.textproto: the models and wrap benchmarks' model, batch 4 x 256
 // tokens, one rank) in fp32, and llama_fsdp in bf16 (with fp32 shards and optimizer state).
 std::vector<MemoryCheckPlan> MemoryCheckPlans();
 
