@@ -97,6 +97,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
       models::ActivationBytes(config, plan.training().micro_batch(), plan.training().seq_len(),
                               dtype, device_type) -
       estimate.preparation.activation_bytes_saved;
+  estimate.block_activation_bytes = shape.block_activation_bytes;
   for (int i = 0; i < plan.frozen_size(); ++i) {
     const FrozenModel& frozen = plan.frozen(i);
     PLAIT_ASSIGN_OR_RETURN(

@@ -4,9 +4,9 @@
 // keeps), fp32 optimizer state (with fp32 masters of 16-bit parameters) and what its
 // preparation keeps (DDP's gradient buckets); at the peak of a step, also the units FSDP
 // holds whole and either the activations of one micro-batch at the start of its backward
-// (less what activation checkpointing recomputes) or, where they are larger, the gradients
-// at its end; and the frozen models' shares. trainer/memory_measured_test.cc checks it
-// against what the trainer's ranks hold:
+// (less what activation checkpointing recomputes) or, where that is larger, the gradients
+// and one block's activations at its end; and the frozen models' shares.
+// trainer/memory_measured_test.cc checks it against what the trainer's ranks hold:
 //
 //   PLAIT_ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(plan, world_size));
 //   PLAIT_RETURN_IF_ERROR(CheckMemoryFits(estimate, local_ranks, available_bytes));
@@ -51,10 +51,13 @@ struct MemoryEstimate {
   double parameter_bytes = 0;
   double optimizer_state_bytes = 0;
   double gradient_buffer_bytes = 0;
-  // In a step: the gradients of the parameters a rank keeps (ZeroGrad frees them), and the
-  // activations at the peak of one micro-batch's backward.
+  // In a step: the gradients of the parameters a rank keeps (ZeroGrad frees them), the
+  // activations of one micro-batch when its backward starts, and one block's, which the last
+  // block backward holds (recomputed, under activation checkpointing) when the other
+  // gradients are done.
   double gradient_bytes = 0;
   double activation_bytes = 0;
+  double block_activation_bytes = 0;
   double frozen_bytes = 0;             // the frozen models' parameters and gathered units
   std::vector<FrozenEstimate> frozen;  // each frozen model's, in plan order
 
@@ -62,10 +65,11 @@ struct MemoryEstimate {
     return parameter_bytes + optimizer_state_bytes + gradient_buffer_bytes + frozen_bytes;
   }
   // What a step adds at its peak: the gathered units, and the activations when its backward
-  // starts or the gradients when it ends (a backward frees a block's activations as it makes
-  // that block's gradients).
+  // starts or the gradients with one block's activations when it ends, whichever is larger
+  // (a backward frees a block's activations as it makes that block's gradients).
   double step_bytes() const {
-    return preparation.gathered_bytes + std::max(activation_bytes, gradient_bytes);
+    return preparation.gathered_bytes +
+           std::max(activation_bytes, gradient_bytes + block_activation_bytes);
   }
   double total_bytes() const { return between_steps_bytes() + step_bytes(); }
 };

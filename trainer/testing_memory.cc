@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,19 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   Plan bf16 = LoadShippedPlan("llama_fsdp");
   bf16.mutable_model()->set_dtype(base::DTYPE_BFLOAT16);
   plans.push_back({"llama_fsdp_bf16", Shortened(std::move(bf16)), 2});
+  // Activation checkpointing before the plans' own steps: FULL on the medium shape (where
+  // the gradients outgrow the activations kept), SELECTIVE under FSDP.
+  for (const auto& [name, checkpointed, policy] :
+       {std::tuple{"medium_full", plans[2], wrap::ActivationCheckpointingConfig::FULL},
+        std::tuple{"llama_fsdp_selective", plans[0],
+                   wrap::ActivationCheckpointingConfig::SELECTIVE}}) {
+    MemoryCheckPlan check = checkpointed;
+    check.name = name;
+    check.plan.clear_prepare();
+    check.plan.add_prepare()->mutable_activation_checkpointing()->set_policy(policy);
+    check.plan.mutable_prepare()->MergeFrom(checkpointed.plan.prepare());
+    plans.push_back(std::move(check));
+  }
   return plans;
 }
 

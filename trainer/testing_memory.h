@@ -41,7 +41,8 @@ struct MemoryCheckPlan {
 
 // The shipped jobs llama_fsdp and llama_ddp in fp32, the medium shape
 // (testdata/runs/medium_single.textproto: the models and wrap benchmarks' model, batch 4 x 256
-// tokens, one rank) in fp32, and llama_fsdp in bf16 (with fp32 shards and optimizer state).
+// tokens, one rank) in fp32, llama_fsdp in bf16 (with fp32 shards and optimizer state), and
+// with activation checkpointing: the medium shape with FULL, llama_fsdp with SELECTIVE.
 std::vector<MemoryCheckPlan> MemoryCheckPlans();
 
 }  // namespace plait::trainer::testing
