@@ -45,6 +45,13 @@ class CompatStore : public c10d::Store {
 // [B, T, KV, d] (KV dividing H) -> [B, T, H, d], by LibTorch's fused kernel
 // (at::scaled_dot_product_attention, new in 2.0; grouped-query heads since 2.5, which CPU
 // flash attention serves in bf16 without materialising the [T, T] scores). nullopt on 1.13.
+// Whether autograd's mean keeps its input for its backward (LibTorch 1.13's does; 2.x keeps
+// only the input's sizes): a composite op that averages a temporary keeps the temporary.
+inline constexpr bool kMeanKeepsItsInput = TORCH_VERSION_MAJOR < 2;
+
+// Whether CausalSdpa has a kernel to call (LibTorch 2.x).
+inline constexpr bool kHasCausalSdpa = TORCH_VERSION_MAJOR >= 2;
+
 inline std::optional<torch::Tensor> CausalSdpa(const torch::Tensor& q, const torch::Tensor& k,
                                                const torch::Tensor& v) {
 #if TORCH_VERSION_MAJOR >= 2

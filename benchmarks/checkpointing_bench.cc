@@ -2,8 +2,8 @@
 // thread, batch 4 x 256 tokens: a training step (forward and backward) with the plan step
 // `activation_checkpointing { policy: FULL | SELECTIVE }` against the same step without it,
 // the two run side by side in every iteration. Memory is what LibTorch's CPU allocator hands
-// out during the step (counted through c10's memory-profiling hook, base/torch_compat.h), the
-// parameters and their gradients' first allocation excluded:
+// out during the step (base/allocation_counter.h), the parameters and their gradients' first
+// allocation excluded:
 //   saved_MiB: bytes the forward leaves allocated for the backward (the saved activations,
 //     the logits and the loss), at the end of the forward;
 //   peak_MiB: the most allocated at once during the step, over what was allocated before it;
@@ -17,14 +17,14 @@
 // L block inputs (plus what lies outside the blocks: logits, loss).
 //
 //   bazel run --config=opt //benchmarks:checkpointing_bench
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "base/torch_compat.h"
+#include "base/allocation_counter.h"
 #include "benchmark/benchmark.h"
 #include "benchmarks/bench_setup.h"
 #include "models/causal_lm.h"
@@ -41,22 +41,7 @@ constexpr int64_t kBatch = 4;
 constexpr int64_t kSeqLen = 256;
 constexpr double kMiB = 1024.0 * 1024.0;
 
-// Counts the bytes LibTorch's CPU allocator has handed out on this thread since Reset, now
-// and at most.
-class AllocationCounter final : public base::CompatMemoryReporter {
- public:
-  void OnMemoryUsage(int64_t bytes) override {
-    current_ += bytes;
-    peak_ = std::max(peak_, current_);
-  }
-  void Reset() { current_ = peak_ = 0; }
-  int64_t current() const { return current_; }
-  int64_t peak() const { return peak_; }
-
- private:
-  int64_t current_ = 0;
-  int64_t peak_ = 0;
-};
+using base::AllocationCounter;
 
 struct StepMemory {
   double seconds = 0;
@@ -96,12 +81,10 @@ class Trainer {
     StepMemory memory;
     const auto start = std::chrono::steady_clock::now();
     {
-      std::unique_ptr<c10::DebugInfoGuard> counting;
+      std::optional<AllocationCounter::Scope> counting;
       if (counter != nullptr) {
         counter->Reset();
-        counting = std::make_unique<c10::DebugInfoGuard>(
-            c10::DebugInfoKind::PROFILER_STATE,
-            std::shared_ptr<c10::DebugInfoBase>(counter, [](c10::DebugInfoBase*) {}));
+        counting.emplace(*counter);
       }
       torch::Tensor loss = model_->Loss(inputs_, targets_);
       if (counter != nullptr) memory.saved_bytes = counter->current();

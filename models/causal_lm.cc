@@ -50,6 +50,19 @@ torch::Tensor RowParallel(torch::nn::Linear linear, const torch::Tensor& x,
   return linear->bias.defined() ? sum + linear->bias : sum;
 }
 
+// Elements the composite RmsNorm of `tokens` rows of `width` keeps, with its output (which
+// the projections after it keep): its input, rstd [tokens], the normalised input before the
+// weight, and the squared input where mean keeps its input (base/torch_compat.h).
+double CompositeRmsNormElements(double tokens, double width) {
+  return tokens * ((base::kMeanKeepsItsInput ? 4.0 : 3.0) * width + 1.0);
+}
+
+// The bytes of an element of the fused kernels' arithmetic dtype for tensors of `dtype`
+// (models/internal/fused_kernels.h: float for bf16).
+double ArithmeticElementBytes(torch::ScalarType dtype) {
+  return dtype == torch::kBFloat16 ? sizeof(float) : static_cast<double>(c10::elementSize(dtype));
+}
+
 }  // namespace
 
 double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
@@ -64,21 +77,54 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
 }
 
 double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                            double element_bytes) {
-  const double b = static_cast<double>(batch);
-  const double s = static_cast<double>(seq_len);
+                            torch::ScalarType dtype, torch::DeviceType device_type) {
+  const double tokens = static_cast<double>(batch) * static_cast<double>(seq_len);
   const double h = static_cast<double>(config.hidden_size());
-  const double a = static_cast<double>(config.num_attention_heads());
-  return s * b * h * (34.0 + 5.0 * a * s / h) * element_bytes / 2.0;
+  const double heads = static_cast<double>(config.num_attention_heads());
+  const double q_width = heads * static_cast<double>(HeadDim(config));
+  const double kv_width =
+      static_cast<double>(config.num_key_value_heads()) * static_cast<double>(HeadDim(config));
+  const double inner = static_cast<double>(config.intermediate_size());
+  const double element = static_cast<double>(c10::elementSize(dtype));
+  if (internal::FusedFormsServe(dtype, device_type)) {
+    // Each RmsNorm its input and rstd [tokens] (the input is the block's, then the
+    // attention's residual sum), and its output for the projections after it; the rotated q
+    // and k, v; the attention's output (o_proj's input) and its log-sum-exp [tokens, heads];
+    // SwiGLU its gate and up, down_proj its output. rstd and the log-sum-exp are in the
+    // kernels' arithmetic dtype (float for bf16).
+    return tokens * element * (4.0 * h + 2.0 * q_width + 2.0 * kv_width + 3.0 * inner) +
+           tokens * ArithmeticElementBytes(dtype) * (2.0 + heads);
+  }
+  // The composite SwiGLU keeps gate, up and silu(gate), down_proj their product.
+  const double norms_and_mlp =
+      2.0 * CompositeRmsNormElements(tokens, h) * element + tokens * element * 4.0 * inner;
+  if (base::kHasCausalSdpa) {
+    // The fused attention keeps the rotated q and k, v, its output and its fp32 log-sum-exp
+    // [batch, heads, seq_len]; o_proj keeps the output's copy in [tokens, heads * d].
+    return norms_and_mlp + tokens * element * (3.0 * q_width + 2.0 * kv_width) +
+           tokens * heads * sizeof(float);
+  }
+  // The composite attention keeps its copies of q, k and v in its matmuls' layouts, the
+  // softmax's probabilities [batch, heads, seq_len, seq_len], and o_proj the output's copy.
+  return norms_and_mlp + tokens * element * (2.0 * q_width + 2.0 * kv_width) +
+         tokens * heads * static_cast<double>(seq_len) * element;
 }
 
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                       double element_bytes) {
-  const double b = static_cast<double>(batch);
-  const double s = static_cast<double>(seq_len);
-  return BlockActivationBytes(config, batch, seq_len, element_bytes) *
+                       torch::ScalarType dtype, torch::DeviceType device_type) {
+  const double tokens = static_cast<double>(batch) * static_cast<double>(seq_len);
+  const double h = static_cast<double>(config.hidden_size());
+  const double element = static_cast<double>(c10::elementSize(dtype));
+  // The final norm as a block's: input, rstd and output (saved by the output projection).
+  const double final_norm = internal::FusedFormsServe(dtype, device_type)
+                                ? tokens * (2.0 * h * element + ArithmeticElementBytes(dtype))
+                                : element * CompositeRmsNormElements(tokens, h);
+  // The loss scores fp32 logits [tokens, vocab] and keeps them (and a log-sum-exp per token);
+  // its backward makes their gradient before it frees them.
+  const double logits = tokens * static_cast<double>(config.vocab_size()) * sizeof(float);
+  return BlockActivationBytes(config, batch, seq_len, dtype, device_type) *
              static_cast<double>(config.num_hidden_layers()) +
-         2.0 * element_bytes * b * s * static_cast<double>(config.vocab_size());
+         final_norm + 2.0 * logits + tokens * sizeof(float);
 }
 
 double BlockProjectionOutputBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,

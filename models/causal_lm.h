@@ -56,17 +56,21 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len);
 // The number of parameters of the model `config` describes (tied embeddings counted once).
 int64_t NumParameters(const ModelConfig& config);
 
-// Bytes of activations one micro-batch of `batch` sequences of `seq_len` tokens keeps from
-// its forward for its backward, in elements of `element_bytes`, estimated as Korthikanti et
-// al., "Reducing Activation Recomputation in Large Transformer Models" (2022), eq. 1:
-// s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit; plus the logits and their softmax,
-// [b, s, vocab] each. For memory estimates.
+// Bytes of activations a micro-batch of `batch` sequences of `seq_len` tokens holds at the
+// peak of its backward, for a model computing in `dtype` on `device_type`: what CausalLM's
+// ops save in the forward for the backward (models/internal/ops.h), which depends on whether
+// the fused forms serve the dtype (on the CPU: fp32, fp64, bf16) and, where they do not, on whether
+// the LibTorch has a fused attention (base/torch_compat.h); plus, outside the blocks, the final
+// norm's and the loss's: the fp32 logits the loss keeps and their gradient, both alive when
+// the loss's backward runs, which is the peak (every later backward frees more activations
+// than the gradients it makes). For memory estimates.
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                       double element_bytes);
+                       torch::ScalarType dtype, torch::DeviceType device_type);
 
-// One block's part of ActivationBytes (eq. 1 for one layer).
+// One block's part of ActivationBytes: what one block saves in its forward (its input
+// included).
 double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                            double element_bytes);
+                            torch::ScalarType dtype, torch::DeviceType device_type);
 
 // Bytes of the outputs of one block's projections (q/k/v/o, gate/up/down) for a micro-batch:
 // what selective activation checkpointing keeps besides the block's input.

@@ -67,7 +67,7 @@ std::shared_ptr<Work> GlooCommunicator::Enqueue(
     std::function<absl::Status(uint64_t slot_base, absl::Time deadline)> run) {
   auto work = std::make_shared<NotifiedWork>();
   absl::MutexLock lock(&mutex_);
-  tasks_.push_back(Task{collective, std::move(run), work});
+  tasks_.push_back(Task{collective, std::move(run), work, c10::ThreadLocalDebugInfo::current()});
   return work;
 }
 
@@ -92,7 +92,12 @@ void GlooCommunicator::RunTasks() {
                                        ": the group failed earlier: ", broken_.message())));
       continue;
     }
-    absl::Status status = task.run(slot_base, absl::Now() + options().timeout);
+    absl::Status status;
+    {
+      c10::DebugInfoGuard debug_info(std::move(task.debug_info));
+      status = task.run(slot_base, absl::Now() + options().timeout);
+      task.run = nullptr;  // what it holds is freed where it was allocated
+    }
     if (!status.ok()) broken_ = status;
     task.work->Complete(std::move(status));
   }

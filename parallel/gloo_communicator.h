@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "c10/util/ThreadLocalDebugInfo.h"
 #include "parallel/communicator.h"
 #include "parallel/device_mesh.h"
 #include "parallel/internal/tcp_mesh.h"
@@ -75,6 +76,9 @@ class GlooCommunicator final : public Communicator {
     Collective collective;
     std::function<absl::Status(uint64_t slot_base, absl::Time deadline)> run;
     std::shared_ptr<NotifiedWork> work;
+    // The enqueuing thread's c10 debug info, under which the task runs, so that its
+    // allocations are reported where that thread's are (base/allocation_counter.h).
+    std::shared_ptr<c10::ThreadLocalDebugInfo> debug_info;
   };
 
   // A tensor sent to, or received from, one peer.

@@ -20,15 +20,16 @@ namespace {
 
 constexpr double kBytesPerFloat = 4.0;  // optimizer state, and fp32 parameters
 
-double ElementBytes(const models::ModelSpec& spec) {
-  return static_cast<double>(c10::elementSize(base::ToScalarType(spec.dtype(), torch::kFloat32)));
+torch::ScalarType DtypeOf(const models::ModelSpec& spec) {
+  return base::ToScalarType(spec.dtype(), torch::kFloat32);
 }
 
 // The model as the strategies' estimates see it: its blocks, what lies outside them (the
 // embeddings, the final norm, an untied output head), its element size, and the activations
-// of one micro-batch.
-wrap::ModelShape ShapeOf(const models::ModelConfig& config, double element_bytes,
-                         const TrainingConfig& training) {
+// of one micro-batch computed in `dtype` on `device_type`.
+wrap::ModelShape ShapeOf(const models::ModelConfig& config, torch::ScalarType dtype,
+                         torch::DeviceType device_type, const TrainingConfig& training) {
+  const double element_bytes = static_cast<double>(c10::elementSize(dtype));
   wrap::ModelShape shape;
   shape.hidden_size = static_cast<double>(config.hidden_size());
   shape.micro_batch_tokens = static_cast<double>(training.micro_batch()) * training.seq_len();
@@ -39,8 +40,8 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, double element_bytes
   shape.block_parameters = (shape.parameters - embeddings) / config.num_hidden_layers();
   shape.root_parameters = shape.parameters - shape.block_parameters * shape.num_blocks;
   shape.parameter_bytes = element_bytes;
-  shape.block_activation_bytes = models::BlockActivationBytes(config, training.micro_batch(),
-                                                              training.seq_len(), element_bytes);
+  shape.block_activation_bytes = models::BlockActivationBytes(
+      config, training.micro_batch(), training.seq_len(), dtype, device_type);
   shape.block_projection_output_bytes = models::BlockProjectionOutputBytes(
       config, training.micro_batch(), training.seq_len(), element_bytes);
   return shape;
@@ -67,27 +68,43 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
   PLAIT_RETURN_IF_ERROR(parallel::MeshLayout::Create(plan.mesh(), world_size).status());
   PLAIT_ASSIGN_OR_RETURN(const models::ModelConfig config,
                          models::ResolveModelSpec(plan.model(), "plan.model"));
-  const double element_bytes = ElementBytes(plan.model());
-  const wrap::ModelShape shape = ShapeOf(config, element_bytes, plan.training());
+  const torch::DeviceType device_type =
+      plan.device() == parallel::DEVICE_CUDA ? torch::kCUDA : torch::kCPU;
+  const torch::ScalarType dtype = DtypeOf(plan.model());
+  const wrap::ModelShape shape = ShapeOf(config, dtype, device_type, plan.training());
   MemoryEstimate estimate;
   PLAIT_ASSIGN_OR_RETURN(estimate.preparation,
                          EstimatePreparation(plan.prepare(), shape, plan.mesh()));
+  // The parameters and gradients a rank keeps: in the model's dtype unless a step stores
+  // them in its own (FSDP's fp32 shards).
+  double parameter_element = shape.parameter_bytes;
+  double gradient_element = shape.parameter_bytes;
+  double gradient_copies = 0.0;
+  for (const wrap::StepEstimate& step : estimate.preparation.steps) {
+    if (step.kept_parameter_bytes > 0) parameter_element = step.kept_parameter_bytes;
+    if (step.kept_gradient_bytes > 0) gradient_element = step.kept_gradient_bytes;
+    gradient_copies += step.gradient_copies;
+  }
   estimate.optimizer_slots = optim::StateBuffersPerElement(plan.optimizer());
-  estimate.fp32_masters = element_bytes < kBytesPerFloat;
-  const double owned = shape.parameters * estimate.preparation.parameter_fraction;
-  estimate.trained_state_bytes =
-      owned * (2.0 * element_bytes +
-               kBytesPerFloat * (estimate.optimizer_slots + (estimate.fp32_masters ? 1 : 0)));
-  estimate.activation_bytes = models::ActivationBytes(config, plan.training().micro_batch(),
-                                                      plan.training().seq_len(), element_bytes) -
-                              estimate.preparation.activation_bytes_saved;
+  estimate.fp32_masters = parameter_element < kBytesPerFloat;
+  const double kept = shape.parameters * estimate.preparation.parameter_fraction;
+  estimate.parameter_bytes = kept * parameter_element;
+  estimate.optimizer_state_bytes =
+      kept * kBytesPerFloat * (estimate.optimizer_slots + (estimate.fp32_masters ? 1 : 0));
+  estimate.gradient_bytes = kept * gradient_element;
+  estimate.gradient_buffer_bytes = estimate.gradient_bytes * gradient_copies;
+  estimate.activation_bytes =
+      models::ActivationBytes(config, plan.training().micro_batch(), plan.training().seq_len(),
+                              dtype, device_type) -
+      estimate.preparation.activation_bytes_saved;
+  estimate.block_activation_bytes = shape.block_activation_bytes;
   for (int i = 0; i < plan.frozen_size(); ++i) {
     const FrozenModel& frozen = plan.frozen(i);
     PLAIT_ASSIGN_OR_RETURN(
         const models::ModelConfig frozen_config,
         models::ResolveModelSpec(frozen.model(), absl::StrCat("plan.frozen[", i, "].model")));
     const wrap::ModelShape frozen_shape =
-        ShapeOf(frozen_config, ElementBytes(frozen.model()), plan.training());
+        ShapeOf(frozen_config, DtypeOf(frozen.model()), device_type, plan.training());
     FrozenEstimate& frozen_estimate = estimate.frozen.emplace_back();
     PLAIT_ASSIGN_OR_RETURN(frozen_estimate.preparation,
                            EstimatePreparation(frozen.prepare(), frozen_shape, plan.mesh()));
@@ -102,11 +119,16 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
 std::string DescribeMemory(const MemoryEstimate& estimate) {
   const double gathered = estimate.preparation.gathered_bytes;
   return absl::StrFormat(
-      "%s parameters + gradients + optimizer state (%d slots%s)%s, %s activations%s; about %s",
-      base::HumanBytes(estimate.trained_state_bytes), static_cast<int>(estimate.optimizer_slots),
-      estimate.fp32_masters ? " and fp32 masters" : "",
+      "%s parameters, %s optimizer state (%d slots%s)%s, %s gradients, %s activations%s%s; "
+      "about %s",
+      base::HumanBytes(estimate.parameter_bytes), base::HumanBytes(estimate.optimizer_state_bytes),
+      static_cast<int>(estimate.optimizer_slots), estimate.fp32_masters ? " and fp32 masters" : "",
+      estimate.gradient_buffer_bytes > 0
+          ? absl::StrCat(", ", base::HumanBytes(estimate.gradient_buffer_bytes),
+                         " gradient buckets")
+          : "",
+      base::HumanBytes(estimate.gradient_bytes), base::HumanBytes(estimate.activation_bytes),
       gathered > 0 ? absl::StrCat(", ", base::HumanBytes(gathered), " gathered units") : "",
-      base::HumanBytes(estimate.activation_bytes),
       estimate.frozen_bytes > 0
           ? absl::StrCat(", ", base::HumanBytes(estimate.frozen_bytes), " frozen models")
           : "",

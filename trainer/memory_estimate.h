@@ -1,16 +1,21 @@
 // The memory one rank of a plan needs, estimated from the plan alone (nothing is built), and
-// the check that the ranks a machine runs fit in the memory it has. The estimate counts the
-// trained model's share of parameters and gradients in its dtype and of fp32 optimizer state
-// (with fp32 masters of 16-bit parameters), what its preparation steps hold whole at once
-// (FSDP's gathered units), the activations of one micro-batch (less what activation
-// checkpointing recomputes), and the frozen models' shares:
+// the check that the ranks a machine runs fit in the memory it has. Between steps a rank
+// holds the trained model's share of parameters (in its dtype, or the fp32 shards FSDP
+// keeps), fp32 optimizer state (with fp32 masters of 16-bit parameters) and what its
+// preparation keeps (DDP's gradient buckets); at the peak of a step, also the units FSDP
+// holds whole and either the activations of one micro-batch at the start of its backward
+// (less what activation checkpointing recomputes) or, where that is larger, the gradients
+// and one block's activations at its end; and the frozen models' shares.
+// trainer/memory_measured_test.cc checks it against what the trainer's ranks hold:
 //
 //   PLAIT_ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(plan, world_size));
 //   PLAIT_RETURN_IF_ERROR(CheckMemoryFits(estimate, local_ranks, available_bytes));
 #ifndef PLAIT_TRAINER_MEMORY_ESTIMATE_H_
 #define PLAIT_TRAINER_MEMORY_ESTIMATE_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,14 +45,33 @@ struct FrozenEstimate {
 struct MemoryEstimate {
   PreparationEstimate preparation;  // of the trained model
   double optimizer_slots = 0;       // fp32 state buffers per parameter
-  bool fp32_masters = false;        // a 16-bit model's optimizer keeps fp32 copies
-  double trained_state_bytes = 0;   // parameters, gradients, optimizer state (and masters)
+  bool fp32_masters = false;        // the optimizer keeps fp32 copies of 16-bit parameters
+  // Between steps: the parameters a rank keeps, the optimizer's state (and masters), and the
+  // copies of the gradients its preparation keeps (DDP's buckets).
+  double parameter_bytes = 0;
+  double optimizer_state_bytes = 0;
+  double gradient_buffer_bytes = 0;
+  // In a step: the gradients of the parameters a rank keeps (ZeroGrad frees them), the
+  // activations of one micro-batch when its backward starts, and one block's, which the last
+  // block backward holds (recomputed, under activation checkpointing) when the other
+  // gradients are done.
+  double gradient_bytes = 0;
   double activation_bytes = 0;
+  double block_activation_bytes = 0;
   double frozen_bytes = 0;             // the frozen models' parameters and gathered units
   std::vector<FrozenEstimate> frozen;  // each frozen model's, in plan order
-  double total_bytes() const {
-    return trained_state_bytes + preparation.gathered_bytes + activation_bytes + frozen_bytes;
+
+  double between_steps_bytes() const {
+    return parameter_bytes + optimizer_state_bytes + gradient_buffer_bytes + frozen_bytes;
   }
+  // What a step adds at its peak: the gathered units, and the activations when its backward
+  // starts or the gradients with one block's activations when it ends, whichever is larger
+  // (a backward frees a block's activations as it makes that block's gradients).
+  double step_bytes() const {
+    return preparation.gathered_bytes +
+           std::max(activation_bytes, gradient_bytes + block_activation_bytes);
+  }
+  double total_bytes() const { return between_steps_bytes() + step_bytes(); }
 };
 
 // The estimate for one rank of `plan` on a world of `world_size` ranks; `plan` must pass
@@ -59,7 +83,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size);
 absl::Status CheckMemoryFits(const MemoryEstimate& estimate, int local_ranks,
                              int64_t available_bytes);
 
-// One line on the estimate: "… parameters + gradients + optimizer state (2 slots), …".
+// One line on the estimate: "… parameters, … optimizer state (2 slots), … gradients, …".
 std::string DescribeMemory(const MemoryEstimate& estimate);
 
 }  // namespace plait::trainer

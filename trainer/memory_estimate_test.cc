@@ -66,7 +66,10 @@ TEST(EstimateMemoryTest, CountsParametersGradientsAndAdamStateOfTheShard) {
   EXPECT_EQ(estimate->optimizer_slots, 2);
   EXPECT_FALSE(estimate->fp32_masters);
   // Half the parameters, each with an fp32 value, gradient and two Adam moments.
-  EXPECT_THAT(estimate->trained_state_bytes, DoubleNear(TinyParameters() / 2 * 16, 1));
+  EXPECT_THAT(estimate->parameter_bytes, DoubleNear(TinyParameters() / 2 * 4, 1));
+  EXPECT_THAT(estimate->optimizer_state_bytes, DoubleNear(TinyParameters() / 2 * 8, 1));
+  EXPECT_THAT(estimate->gradient_bytes, DoubleNear(TinyParameters() / 2 * 4, 1));
+  EXPECT_EQ(estimate->gradient_buffer_bytes, 0);
   EXPECT_GT(estimate->preparation.gathered_bytes, 0);
   EXPECT_GT(estimate->activation_bytes, 0);
   EXPECT_EQ(estimate->frozen_bytes, 0);
@@ -93,12 +96,41 @@ TEST(EstimateMemoryTest, HybridShardingKeepsTheShardGroupsShare) {
   absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 8);
   ASSERT_THAT(estimate, IsOk());
   EXPECT_EQ(estimate->preparation.parameter_fraction, 0.25);
-  EXPECT_THAT(estimate->trained_state_bytes, DoubleNear(TinyParameters() / 4 * 16, 1));
+  EXPECT_THAT(
+      estimate->parameter_bytes + estimate->optimizer_state_bytes + estimate->gradient_bytes,
+      DoubleNear(TinyParameters() / 4 * 16, 1));
   // Per micro-batch: the ring volume over 4 ranks (3/4 x 4 bytes for each of 2 gathers and 1
   // reduce-scatter) and an all-reduce of the quarter shard across 2 (2 x 1/2 x 4 bytes).
   ASSERT_EQ(estimate->preparation.steps.size(), 1u);
   EXPECT_THAT(estimate->preparation.steps[0].bytes_sent_per_micro_batch,
               DoubleNear(TinyParameters() * (0.75 * 12 + 4.0 / 4), 1));
+}
+
+// A bf16 model keeps fp32 masters in its optimizer, unless FSDP keeps its shards in fp32
+// (they are the masters); FSDP's gradient shards are fp32 (reduce_dtype), DDP's gradients are
+// the model's and its buckets hold a second copy of them.
+TEST(EstimateMemoryTest, CountsMastersShardsAndBucketsInTheirDtypes) {
+  auto estimate = [](const std::string& step) {
+    Plan plan = ParseOrDie(kTinyOnTwoFsdpRanks);
+    plan.mutable_model()->set_dtype(base::DTYPE_BFLOAT16);
+    *plan.mutable_prepare() = ParseOrDie(step).prepare();
+    absl::StatusOr<MemoryEstimate> result = EstimateMemory(plan, 2);
+    EXPECT_THAT(result, IsOk());
+    return result.value_or(MemoryEstimate());
+  };
+  const double p = TinyParameters();
+  const MemoryEstimate fsdp = estimate(R"pb(prepare { fsdp { mesh_dim: "dp" } })pb");
+  EXPECT_FALSE(fsdp.fp32_masters);
+  EXPECT_THAT(fsdp.parameter_bytes, DoubleNear(p / 2 * 4, 1));
+  EXPECT_THAT(fsdp.optimizer_state_bytes, DoubleNear(p / 2 * 8, 1));
+  EXPECT_THAT(fsdp.gradient_bytes, DoubleNear(p / 2 * 4, 1));
+  const MemoryEstimate ddp = estimate(R"pb(prepare { ddp { mesh_dim: "dp" } })pb");
+  EXPECT_TRUE(ddp.fp32_masters);
+  EXPECT_THAT(ddp.parameter_bytes, DoubleNear(p * 2, 1));
+  EXPECT_THAT(ddp.optimizer_state_bytes, DoubleNear(p * 12, 1));
+  EXPECT_THAT(ddp.gradient_bytes, DoubleNear(p * 2, 1));
+  EXPECT_THAT(ddp.gradient_buffer_bytes, DoubleNear(p * 2, 1));
+  EXPECT_THAT(DescribeMemory(ddp), HasSubstr("gradient buckets"));
 }
 
 // Activation checkpointing (before FSDP) keeps less of each block's forward: full keeps a

@@ -224,6 +224,7 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan
 }
 
 absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
+  if (options_.before_step) options_.before_step(step);
   const Clock::time_point start = Clock::now();
   parallel::ResetPeakMemory(mesh_.device());
   metrics::StepMetrics metrics;

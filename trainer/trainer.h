@@ -17,6 +17,8 @@
 #ifndef PLAIT_TRAINER_TRAINER_H_
 #define PLAIT_TRAINER_TRAINER_H_
 
+#include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 
@@ -52,6 +54,9 @@ struct TrainOptions {
   // and rank 0 prints which restart it is, why, and the step it resumed after.
   int restart_count = 0;
   std::string restart_cause;
+  // Called on the rank's thread before each optimizer step, with its 0-based index (e.g. to
+  // measure each step's memory, testing_memory.h); none when empty.
+  std::function<void(int64_t step)> before_step;
 };
 
 // Trains `plan` (which must pass ValidatePlan for the mesh's world size) as rank

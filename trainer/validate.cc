@@ -23,6 +23,7 @@
 #include "parallel/device.h"
 #include "parallel/device_mesh.h"
 #include "sched/schedule_builder.h"
+#include "trainer/compute_dtype.h"
 #include "trainer/memory_estimate.h"
 #include "trainer/plan.h"
 #include "wrap/rules.h"
@@ -345,7 +346,9 @@ absl::Status ValidatePlanForMachine(const Plan& plan, int world_size, int local_
       const torch::Device device,
       parallel::ResolveDevice(plan.device(), /*local_rank=*/0, local_ranks, "plan.device"));
   if (skip_memory_check) return absl::OkStatus();
-  PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate estimate, EstimateMemory(plan, world_size));
+  // For the dtypes the run computes in (DTYPE_AUTO resolved as the run resolves it).
+  PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate estimate,
+                         EstimateMemory(ResolveAutoDtypes(plan, device), world_size));
   // On CUDA each rank computes in a GPU of its own.
   if (const std::optional<int64_t> device_bytes = parallel::DeviceMemoryBytes(device)) {
     return CheckMemoryFits(estimate, /*local_ranks=*/1, *device_bytes);

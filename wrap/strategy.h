@@ -71,6 +71,14 @@ struct StepEstimate {
   // Activation bytes of a micro-batch it saves at the peak of a step, by keeping less of the
   // forward for the backward (activation checkpointing).
   double activation_bytes_saved = 0.0;
+  // Bytes per element of the parameters a rank keeps (those the optimizer trains) and of
+  // their gradients, where the strategy stores them in a dtype of its own (FSDP: fp32 shards,
+  // gradients in reduce_dtype); 0: the model's dtype.
+  double kept_parameter_bytes = 0.0;
+  double kept_gradient_bytes = 0.0;
+  // Copies of the gradients of the parameters a rank keeps that it holds between steps
+  // (DDP's buckets: one).
+  double gradient_copies = 0.0;
 };
 
 class Strategy {

@@ -24,12 +24,9 @@ using torch::autograd::tensor_list;
 // floating dtype they are built for (float, double, or bf16: fused_kernels.h).
 bool Fusable(std::initializer_list<torch::Tensor> tensors) {
   const torch::ScalarType dtype = tensors.begin()->scalar_type();
-  if (dtype != torch::kFloat32 && dtype != torch::kFloat64 && dtype != torch::kBFloat16) {
-    return false;
-  }
   for (const torch::Tensor& tensor : tensors) {
-    if (!tensor.device().is_cpu() || tensor.layout() != torch::kStrided ||
-        tensor.scalar_type() != dtype) {
+    if (!FusedFormsServe(tensor.scalar_type(), tensor.device().type()) ||
+        tensor.layout() != torch::kStrided || tensor.scalar_type() != dtype) {
       return false;
     }
   }
@@ -242,6 +239,11 @@ struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentio
 };
 
 }  // namespace
+
+bool FusedFormsServe(torch::ScalarType dtype, torch::DeviceType device_type) {
+  return device_type == torch::kCPU &&
+         (dtype == torch::kFloat32 || dtype == torch::kFloat64 || dtype == torch::kBFloat16);
+}
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   return Fusable({x, weight}) ? FusedRmsNorm(x, weight, eps) : CompositeRmsNorm(x, weight, eps);

@@ -16,6 +16,10 @@
 
 namespace plait::models::internal {
 
+// Whether the fused forms serve tensors of `dtype` on `device_type`: CPU float, double and
+// bf16 (the cross-entropy: float and double only).
+bool FusedFormsServe(torch::ScalarType dtype, torch::DeviceType device_type);
+
 // x * rsqrt(mean(x^2, -1) + eps) * weight, x [..., n], weight [n].
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);

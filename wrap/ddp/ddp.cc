@@ -214,6 +214,8 @@ StepEstimate DdpStrategy::Estimate(const ModelShape& shape,
       "ddp over %s (%d ranks): parameters stay whole on every rank (broadcast from rank 0); "
       "gradients averaged in buckets of %.0f MiB during backward",
       config_.mesh_dim(), dim_size, BucketCapMb(config_));
+  // The buckets hold every gradient, averaged, from the first backward on.
+  estimate.gradient_copies = 1.0;
   // One ring all-reduce of every gradient per optimizer step (no-sync micro-batches send none).
   estimate.bytes_sent_per_step =
       2.0 * (dim_size - 1) / dim_size * shape.parameters * shape.parameter_bytes;

@@ -525,6 +525,8 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
   const double replica_ring = static_cast<double>(replicas - 1) / replicas;
   const double reduce_bytes_per_element =
       c10::elementSize(base::ToScalarType(config_.reduce_dtype(), torch::kFloat32));
+  estimate.kept_parameter_bytes = sizeof(float);  // the shards, whatever the model's dtype
+  estimate.kept_gradient_bytes = reduce_bytes_per_element;
   estimate.bytes_sent_per_micro_batch =
       ring * shape.parameters *
           ((reshard ? 2 : 1) * gathered_bytes_per_element + reduce_bytes_per_element) +
