@@ -10,6 +10,7 @@ each check sees is printed at the end of the run (conftest.py).
 import os
 import subprocess
 
+import tokenizers
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
@@ -145,3 +146,31 @@ def compare_forward_backward(check, plait_file, model, input_ids, labels):
         "plait's parameters are not transformers' parameters")
     for name, grad in grads.items():
         expect_close(f"{check}: gradients", name, plait_grads[name], grad)
+
+
+# The word-level tokenizer of the TRL comparisons: word "t<i>" is token id i
+# (TRL tokenizes text and appends EOS).
+EOS, PAD = 1, 0
+
+
+def tokenizer():
+    vocab = {"<pad>": PAD, "</s>": EOS}
+    vocab.update({f"t{i}": i for i in range(2, SMALL["vocab_size"])})
+    words = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, eos_token="</s>", pad_token="<pad>")
+
+
+def random_words(seed):
+    """A function of a length that returns that many random words of
+    tokenizer(), drawn in turn from one generator seeded `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def text(length):
+        ids = torch.randint(2, SMALL["vocab_size"], (length,),
+                            generator=generator)
+        return " ".join(f"t{i}" for i in ids.tolist())
+
+    return text

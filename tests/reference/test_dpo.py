@@ -20,7 +20,6 @@ import logging
 
 import datasets
 import pytest
-import tokenizers
 import torch
 import transformers
 import trl
@@ -46,30 +45,12 @@ CASES = {
                dict(beta=0.2, loss_type=["robust"], label_smoothing=0.15)),
 }
 
-# Preference pairs of different lengths, as text of a word-level tokenizer
-# whose words are token ids (TRL tokenizes text and appends EOS).
+# Preference pairs of different lengths, as text of harness.tokenizer().
 PAIR_LENGTHS = [(3, 4, 6), (5, 2, 3), (1, 7, 5), (4, 3, 3)]
-EOS, PAD = 1, 0
-
-
-def tokenizer():
-    vocab = {"<pad>": PAD, "</s>": EOS}
-    vocab.update({f"t{i}": i for i in range(2, harness.SMALL["vocab_size"])})
-    words = tokenizers.Tokenizer(
-        tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
-    words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=words, eos_token="</s>", pad_token="<pad>")
 
 
 def pair_texts():
-    generator = torch.Generator().manual_seed(7)
-
-    def text(length):
-        ids = torch.randint(2, harness.SMALL["vocab_size"], (length,),
-                            generator=generator)
-        return " ".join(f"t{i}" for i in ids.tolist())
-
+    text = harness.random_words(seed=7)
     columns = {"prompt": [], "chosen": [], "rejected": []}
     for lengths in PAIR_LENGTHS:
         for column, length in zip(columns, lengths):
@@ -91,7 +72,7 @@ def trl_trainer(folder, case, out):
                          bf16=False, **CASES[case][1])
     return trl.DPOTrainer(model=policy, ref_model=reference, args=args,
                           train_dataset=pair_texts(),
-                          processing_class=tokenizer())
+                          processing_class=harness.tokenizer())
 
 
 def trl_step(trainer, swap=False):
