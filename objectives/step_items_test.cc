@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/status_matchers.h"
+#include "base/text_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "objectives/metric_means.h"
@@ -25,12 +26,10 @@ using ::testing::HasSubstr;
 // dp 2 x tp 2: ranks 0 and 1 are dp rank 0, ranks 2 and 3 dp rank 1.
 parallel::MeshLayout DpTp() {
   parallel::MeshConfig config;
-  auto* dp = config.add_dims();
-  dp->set_name("dp");
-  dp->set_size(2);
-  auto* tp = config.add_dims();
-  tp->set_name("tp");
-  tp->set_size(2);
+  EXPECT_THAT(base::ParseTextProto(R"pb(dims { name: "dp" size: 2 }
+                                        dims { name: "tp" size: 2 })pb",
+                                   "DpTp", config),
+              IsOk());
   return parallel::MeshLayout::Create(config, 4).value();
 }
 

@@ -139,13 +139,26 @@ def compare_forward_backward(check, plait_file, model, input_ids, labels):
                  output.logits.detach())
     expect_close(f"{check}: loss", "loss", plait["loss"],
                  output.loss.detach().reshape(1))
-    grads = {name: p.grad for name, p in model.named_parameters()}
-    plait_grads = {key[len("grad."):]: value for key, value in plait.items()
-                   if key.startswith("grad.")}
-    assert sorted(plait_grads) == sorted(grads), (
+    expect_close_gradients(
+        check, plait_gradients(plait),
+        {name: p.grad for name, p in model.named_parameters()})
+
+
+def plait_gradients(results, prefix=""):
+    """The gradients plait_reference wrote as `<prefix>grad.<name>`, by
+    name."""
+    start = prefix + "grad."
+    return {key[len(start):]: value for key, value in results.items()
+            if key.startswith(start)}
+
+
+def expect_close_gradients(check, actual, expected):
+    """Checks plait's gradients (`actual`, by Hugging Face name) against
+    transformers' (`expected`): the same parameters, each close."""
+    assert sorted(actual) == sorted(expected), (
         "plait's parameters are not transformers' parameters")
-    for name, grad in grads.items():
-        expect_close(f"{check}: gradients", name, plait_grads[name], grad)
+    for name, grad in expected.items():
+        expect_close(f"{check}: gradients", name, actual[name], grad)
 
 
 # The word-level tokenizer of the TRL comparisons: word "t<i>" is token id i
