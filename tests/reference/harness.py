@@ -7,9 +7,11 @@ tensor's scale: max|plait - reference| / max|reference|. The largest error
 each check sees is printed at the end of the run (conftest.py).
 """
 
+import logging
 import os
 import subprocess
 
+import datasets
 import tokenizers
 import torch
 import transformers
@@ -187,3 +189,11 @@ def random_words(seed):
         return " ".join(f"t{i}" for i in ids.tolist())
 
     return text
+
+
+def quiet_trl():
+    """Leaves TRL's, transformers' and datasets' progress and warnings out of
+    the test's output."""
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("trl").setLevel(logging.ERROR)

@@ -16,7 +16,6 @@ chosen and rejected swapped (which negates z), weighted so.
 """
 
 import json
-import logging
 
 import datasets
 import pytest
@@ -93,9 +92,7 @@ def trl_step(trainer, swap=False):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """TRL's and plait's loss, metrics and policy gradients per case."""
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    logging.getLogger("trl").setLevel(logging.ERROR)
+    harness.quiet_trl()
     folder = tmp_path_factory.mktemp("dpo")
     # The reference is the policy moved a little, as after a few steps of
     # training, so that the rewards are of a realistic size.

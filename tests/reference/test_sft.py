@@ -12,8 +12,6 @@ micro-batches' means. plait's side reads the same micro-batches and
 accumulates them as its trainer does (objectives/step_items.h).
 """
 
-import logging
-
 import datasets
 import pytest
 import torch
@@ -42,9 +40,7 @@ def sft_texts():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """TRL's and plait's step loss and gradients, and the micro-batches."""
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    logging.getLogger("trl").setLevel(logging.ERROR)
+    harness.quiet_trl()
     folder = tmp_path_factory.mktemp("sft")
     harness.hf_model(MODEL, seed=0).save_pretrained(folder / "model")
 
