@@ -5,7 +5,6 @@
 // weigh each micro-batch by its items.
 #include "objectives/step_items.h"
 
-#include <cmath>
 #include <vector>
 
 #include "base/status_matchers.h"
