@@ -371,14 +371,19 @@ torch::Tensor CausalLM::TensorParallelTokenLosses(const torch::Tensor& tokens,
 torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                              int64_t ignore_index) {
   if (context_.tp != nullptr) {
-    const torch::Tensor scored = (targets != ignore_index).sum().to(torch::kFloat32);
+    // The token losses are 0 where the target is ignored: with none scored, 0 / 1.
+    const torch::Tensor scored = (targets != ignore_index).sum().clamp_min(1).to(torch::kFloat32);
     return TensorParallelTokenLosses(tokens, targets, ignore_index).sum() / scored;
   }
   // 16-bit logits are scored in fp32, as Hugging Face's models do: the loss of a 32K-way
   // softmax needs more than bf16's 8 bits of mantissa.
   const torch::Tensor logits = Forward(tokens).to(torch::kFloat32);
-  return internal::CrossEntropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
-                                ignore_index);
+  const torch::Tensor mean = internal::CrossEntropy(logits.view({-1, logits.size(-1)}),
+                                                    targets.reshape({-1}), ignore_index);
+  // With nothing scored the mean is NaN, but its backward writes only the scored rows: the
+  // zero gradient `where` hands it gives zero logit gradients. Where something is scored,
+  // `where` passes the mean and its gradient through bit for bit.
+  return torch::where((targets != ignore_index).any(), mean, torch::zeros_like(mean));
 }
 
 torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,

@@ -176,8 +176,10 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   torch::Tensor Forward(const torch::Tensor& tokens);
 
   // Mean cross-entropy of targets[b, t] (the token that follows tokens[b, t]) over the
-  // positions whose target is not `ignore_index`. NaN when every target is ignored, as in
-  // PyTorch. fp32 whatever the model's dtype (16-bit logits are scored in fp32).
+  // positions whose target is not `ignore_index`. 0, with a zero gradient, when every target
+  // is ignored (PyTorch's mean is NaN there): a micro-batch that scores nothing still runs
+  // its backward, which data-parallel wrappers need on every rank, and adds nothing. fp32
+  // whatever the model's dtype (16-bit logits are scored in fp32).
   torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                      int64_t ignore_index = kIgnoreIndex);
 

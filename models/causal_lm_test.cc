@@ -244,6 +244,20 @@ TEST(CausalLMTest, LossIgnoresIgnoreIndexAndMatchesSequenceLogProbs) {
               log_probs[0].item<double>(), 1e-5);
 }
 
+// A micro-batch that scores nothing (an SFT batch of prompts alone) adds nothing to a step:
+// its loss is 0, not PyTorch's NaN, and its backward leaves every gradient 0.
+TEST(CausalLMTest, LossOfABatchWithNothingScoredIsZeroWithZeroGradients) {
+  std::shared_ptr<CausalLM> model = Make(Small());
+  const torch::Tensor loss =
+      model->Loss(Tokens(2, 8, 97, 9), torch::full({2, 8}, kIgnoreIndex, torch::kInt64));
+  EXPECT_EQ(loss.item<float>(), 0.0f);
+  loss.backward();
+  for (const torch::Tensor& parameter : model->parameters()) {
+    ASSERT_TRUE(parameter.grad().defined());
+    EXPECT_EQ(parameter.grad().abs().max().item<float>(), 0.0f);
+  }
+}
+
 TEST(CausalLMTest, InitialisationDependsOnSeedAndNameOnly) {
   const ModelConfig config = Small();
   ModelConfig deeper = config;

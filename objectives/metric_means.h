@@ -1,16 +1,19 @@
 // The loss and metrics of one optimizer step (or one evaluation): what Objective::Compute
-// returned for each micro-batch, averaged over the micro-batches and then over every rank of
-// the mesh in one all-reduce, so every rank reports the global batch's means:
+// returned for each micro-batch, weighted by the micro-batch's items (Objective::ScoredItems)
+// and averaged over the micro-batches and every rank of the mesh in one all-reduce, so every
+// rank reports the global batch's means over its items: for SFT the summed loss of every
+// completion token over their count, the loss the step trained on (step_items.h).
 //
 //   MetricMeans means;
 //   for (...) {
 //     PLAIT_ASSIGN_OR_RETURN(ObjectiveOutput out, objective->Compute(policy, batch));
-//     means.Add(out);
+//     means.Add(out, objective->ScoredItems(batch));
 //   }
 //   PLAIT_ASSIGN_OR_RETURN(MeanMetrics step, means.Mean(mesh));
 #ifndef PLAIT_OBJECTIVES_METRIC_MEANS_H_
 #define PLAIT_OBJECTIVES_METRIC_MEANS_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,16 +29,19 @@ struct MeanMetrics {
 
 class MetricMeans {
  public:
-  // Every output of one step carries the same metric names (one objective computed them).
-  void Add(const ObjectiveOutput& output);
+  // `output` is the mean over `items` items. Every output of one step carries the same metric
+  // names (one objective computed them).
+  void Add(const ObjectiveOutput& output, int64_t items);
 
-  // The means over the outputs added and over the ranks of `mesh` (every rank must call it).
+  // The means over the items of the outputs added on every rank of `mesh` (every rank must
+  // call it; ranks that read the same batch, as tensor-parallel ones do, weigh alike, which
+  // leaves the means as they are). FailedPrecondition when no rank added an item.
   absl::StatusOr<MeanMetrics> Mean(const parallel::DeviceMesh& mesh) const;
 
  private:
-  torch::Tensor loss_sum_;  // fp64, on the loss's device; undefined before the first Add
-  Metrics sums_;
-  int64_t count_ = 0;
+  torch::Tensor loss_sum_;  // fp64, on the loss's device, weighted; undefined before any Add
+  Metrics sums_;            // weighted
+  int64_t items_ = 0;
 };
 
 }  // namespace plait::objectives

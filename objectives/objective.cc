@@ -18,6 +18,10 @@ class CrossEntropy : public Objective {
                                           const data::Batch& batch) override {
     return ObjectiveOutput{policy.Loss(batch.inputs, batch.targets, data::kIgnoreTarget), {}};
   }
+
+  int64_t ScoredItems(const data::Batch& batch) const override {
+    return (batch.targets != data::kIgnoreTarget).sum().item<int64_t>();
+  }
 };
 
 // The reference's log-probabilities of a batch's rows: computed by the model, or looked up.
@@ -61,6 +65,9 @@ class DirectPreference : public Objective {
          {"logps/chosen", mean(chosen(policy_logps).detach())},
          {"logps/rejected", mean(rejected(policy_logps).detach())}}};
   }
+
+  // The loss is the mean of the pairs' losses.
+  int64_t ScoredItems(const data::Batch& batch) const override { return batch.inputs.size(0) / 2; }
 
  private:
   const Dpo config_;

@@ -11,6 +11,11 @@
 //                                        "plan.objective"));
 //   PLAIT_ASSIGN_OR_RETURN(ObjectiveOutput out, objective->Compute(policy, batch));
 //   out.loss.backward();  // out.metrics: {"rewards/chosen", ...} for DPO
+//
+// A loss is a mean over the batch's items (ScoredItems): its scored tokens for the
+// cross-entropy objectives, its pairs for DPO. A step of several micro-batches and ranks
+// weighs each micro-batch by its items (step_items.h), so that the step's loss is the mean
+// over all of the step's items, as in one process.
 #ifndef PLAIT_OBJECTIVES_OBJECTIVE_H_
 #define PLAIT_OBJECTIVES_OBJECTIVE_H_
 
@@ -33,8 +38,10 @@ namespace plait::objectives {
 using Metrics = std::vector<std::pair<std::string, double>>;
 
 struct ObjectiveOutput {
-  torch::Tensor loss;  // fp32 scalar, the mean over the micro-batch
-  Metrics metrics;     // besides the loss; empty for the cross-entropy objectives
+  // fp32 scalar, the mean over the micro-batch's items; 0, with a zero gradient, when it has
+  // none
+  torch::Tensor loss;
+  Metrics metrics;  // besides the loss; empty for the cross-entropy objectives
 };
 
 class Objective {
@@ -46,6 +53,12 @@ class Objective {
   // for a precomputed reference that lacks a row of `batch`.
   virtual absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
                                                   const data::Batch& batch) = 0;
+
+  // How many items Compute's loss of `batch` is a mean over, read from the batch alone (no
+  // model runs), so that a step can count its items before any backward: the targets that
+  // are not data::kIgnoreTarget for causal LM and SFT (TRL's num_items_in_batch), the pairs
+  // for DPO. On the host for a batch on the CPU.
+  virtual int64_t ScoredItems(const data::Batch& batch) const = 0;
 };
 
 // The objective `config` chooses (causal_lm when none). `frozen` holds the plan's frozen

@@ -24,6 +24,7 @@
 #include "objectives/metric_means.h"
 #include "objectives/objective.h"
 #include "objectives/reference_log_probs.h"
+#include "objectives/step_items.h"
 #include "optim/optimizer.h"
 #include "parallel/device.h"
 #include "sched/schedule_builder.h"
@@ -60,14 +61,32 @@ absl::StatusOr<std::vector<int64_t>> PeakMemoryPerRank(const parallel::DeviceMes
   return bytes;
 }
 
-// The next batch of `loader` on `device`. To a GPU it goes from pinned host memory without
-// blocking the host, so the copy queues behind the work already queued instead of waiting
-// for it.
-absl::StatusOr<data::Batch> NextOnDevice(data::DataLoader& loader, const torch::Device& device) {
-  PLAIT_ASSIGN_OR_RETURN(data::Batch batch, loader.Next());
+// `batch` on `device`. To a GPU it goes from pinned host memory without blocking the host,
+// so the copy queues behind the work already queued instead of waiting for it.
+data::Batch OnDevice(data::Batch batch, const torch::Device& device) {
   if (device.is_cpu()) return batch;
   return data::Batch{batch.inputs.pin_memory().to(device, /*non_blocking=*/true),
                      batch.targets.pin_memory().to(device, /*non_blocking=*/true)};
+}
+
+// The next batch of `loader` on `device`.
+absl::StatusOr<data::Batch> NextOnDevice(data::DataLoader& loader, const torch::Device& device) {
+  PLAIT_ASSIGN_OR_RETURN(data::Batch batch, loader.Next());
+  return OnDevice(std::move(batch), device);
+}
+
+// The next batch of `loader` on `device`, and the items `objective` scores in it, counted
+// on the host before the batch moves.
+struct CountedBatch {
+  data::Batch batch;
+  int64_t items;
+};
+absl::StatusOr<CountedBatch> NextCounted(data::DataLoader& loader,
+                                         const objectives::Objective& objective,
+                                         const torch::Device& device) {
+  PLAIT_ASSIGN_OR_RETURN(data::Batch batch, loader.Next());
+  const int64_t items = objective.ScoredItems(batch);
+  return CountedBatch{OnDevice(std::move(batch), device), items};
 }
 
 // The peak FLOP/s of one rank in the dtype the plan's model computes in (DTYPE_AUTO
@@ -101,10 +120,11 @@ class TrainingRun {
         peak_flops_per_rank_(PeakFlopsPerRank(plan)) {}
 
   // Optimizer step `step` (0-based): micro-batches with gradient accumulation (no-sync on
-  // all but the last), the update at the scheduled rate, and the evaluation when it is due.
+  // all but the last), each weighted by its share of the step's scored items, the update at
+  // the scheduled rate, and the evaluation when it is due.
   absl::StatusOr<metrics::StepMetrics> Step(int64_t step);
 
-  // The objective's means over the held-out batches of every rank.
+  // The objective's means over the items of the held-out batches of every rank.
   absl::StatusOr<objectives::MeanMetrics> Evaluate();
 
   // DPO's precompute_reference: the reference's log-probabilities of every batch the run
@@ -230,20 +250,34 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics::StepMetrics metrics;
   metrics.step = step + 1;
   metrics.lr = schedule_->LearningRate(step);
+  // The step's items are counted over its micro-batches and data-parallel ranks before any
+  // backward, which scales each micro-batch's mean by its share of them (step_items.h).
+  std::vector<CountedBatch> batches;
+  std::vector<int64_t> items;
+  for (int64_t micro = 0; micro < accumulation_; ++micro) {
+    PLAIT_ASSIGN_OR_RETURN(CountedBatch batch, NextCounted(*train_, *objective_, mesh_.device()));
+    items.push_back(batch.items);
+    batches.push_back(std::move(batch));
+  }
+  PLAIT_ASSIGN_OR_RETURN(
+      const objectives::StepItems step_items,
+      base::Annotate(objectives::StepItems::Count(std::move(items), mesh_,
+                                                  prepared_->preparation().DataParallelDims()),
+                     absl::StrCat("step ", metrics.step)));
   objectives::MetricMeans means;
   for (int64_t micro = 0; micro < accumulation_; ++micro) {
-    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, NextOnDevice(*train_, mesh_.device()));
     const auto no_sync = prepared_->preparation().NoSyncIf(micro + 1 < accumulation_);
     PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
-                           objective_->Compute(prepared_->model(), batch));
-    (output.loss / accumulation_).backward();
-    means.Add(output);
+                           objective_->Compute(prepared_->model(), batches[micro].batch));
+    step_items.ScaledForBackward(output.loss, static_cast<int>(micro)).backward();
+    means.Add(output, batches[micro].items);
   }
   PLAIT_RETURN_IF_ERROR(base::Annotate(prepared_->preparation().BackwardStatus(),
                                        absl::StrCat("step ", metrics.step)));
   PLAIT_ASSIGN_OR_RETURN(const optim::StepReport update, optimizer_->Step(metrics.lr));
   optimizer_->ZeroGrad();
-  PLAIT_ASSIGN_OR_RETURN(const objectives::MeanMetrics mean, means.Mean(mesh_));
+  PLAIT_ASSIGN_OR_RETURN(const objectives::MeanMetrics mean,
+                         base::Annotate(means.Mean(mesh_), absl::StrCat("step ", metrics.step)));
   metrics.loss = mean.loss;
   metrics.named = mean.metrics;
   metrics.grad_norm = update.grad_norm;
@@ -255,7 +289,9 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics.mfu = Mfu(metrics.tokens_per_s);
   const bool eval_due = training_.eval_every() > 0 && metrics.step % training_.eval_every() == 0;
   if (eval_due || metrics.step == training_.steps()) {
-    PLAIT_ASSIGN_OR_RETURN(const objectives::MeanMetrics eval, Evaluate());
+    PLAIT_ASSIGN_OR_RETURN(
+        const objectives::MeanMetrics eval,
+        base::Annotate(Evaluate(), absl::StrCat("evaluation after step ", metrics.step)));
     metrics.eval_loss = eval.loss;
     metrics.eval_named = eval.metrics;
   }
@@ -325,10 +361,11 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   eval_->Reset();
   objectives::MetricMeans means;
   for (int64_t i = 0; i < training_.eval_batches(); ++i) {
-    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, NextOnDevice(*eval_, mesh_.device()));
+    PLAIT_ASSIGN_OR_RETURN(const CountedBatch batch,
+                           NextCounted(*eval_, *objective_, mesh_.device()));
     PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
-                           objective_->Compute(prepared_->model(), batch));
-    means.Add(output);
+                           objective_->Compute(prepared_->model(), batch.batch));
+    means.Add(output, batch.items);
   }
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());
   return means.Mean(mesh_);

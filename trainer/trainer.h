@@ -1,8 +1,11 @@
 // The training loop of a validated plan, on one rank of its mesh: prepares the model (and
 // any frozen models) in the plan's order, builds the optimizer from the prepared model,
 // then runs the steps: micro-batches with gradient accumulation (DDP's no-sync scope on all
-// but the last), loss scaled by 1/accumulation, clipping and the update at the scheduled
-// learning rate, periodic evaluation on the held-out split, and a summary. Rank 0 prints
+// but the last), each micro-batch's loss weighted by its share of the step's scored items
+// (tokens for causal LM and SFT, pairs for DPO) over all micro-batches and data-parallel
+// ranks, so the step's loss is the mean over every item of the step as in one process
+// (objectives/step_items.h), clipping and the update at the scheduled learning rate,
+// periodic evaluation on the held-out split, and a summary. Rank 0 prints
 // its progress (metrics/progress.h), writes the JSONL metrics and the run's summary
 // (metrics/metrics_log.h) and TensorBoard's event files (metrics/tensorboard_log.h).
 // The data-parallel rank and width, which choose the batches a rank reads, are those of the

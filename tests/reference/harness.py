@@ -7,9 +7,12 @@ tensor's scale: max|plait - reference| / max|reference|. The largest error
 each check sees is printed at the end of the run (conftest.py).
 """
 
+import logging
 import os
 import subprocess
 
+import datasets
+import tokenizers
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
@@ -138,10 +141,59 @@ def compare_forward_backward(check, plait_file, model, input_ids, labels):
                  output.logits.detach())
     expect_close(f"{check}: loss", "loss", plait["loss"],
                  output.loss.detach().reshape(1))
-    grads = {name: p.grad for name, p in model.named_parameters()}
-    plait_grads = {key[len("grad."):]: value for key, value in plait.items()
-                   if key.startswith("grad.")}
-    assert sorted(plait_grads) == sorted(grads), (
+    expect_close_gradients(
+        check, plait_gradients(plait),
+        {name: p.grad for name, p in model.named_parameters()})
+
+
+def plait_gradients(results, prefix=""):
+    """The gradients plait_reference wrote as `<prefix>grad.<name>`, by
+    name."""
+    start = prefix + "grad."
+    return {key[len(start):]: value for key, value in results.items()
+            if key.startswith(start)}
+
+
+def expect_close_gradients(check, actual, expected):
+    """Checks plait's gradients (`actual`, by Hugging Face name) against
+    transformers' (`expected`): the same parameters, each close."""
+    assert sorted(actual) == sorted(expected), (
         "plait's parameters are not transformers' parameters")
-    for name, grad in grads.items():
-        expect_close(f"{check}: gradients", name, plait_grads[name], grad)
+    for name, grad in expected.items():
+        expect_close(f"{check}: gradients", name, actual[name], grad)
+
+
+# The word-level tokenizer of the TRL comparisons: word "t<i>" is token id i
+# (TRL tokenizes text and appends EOS).
+EOS, PAD = 1, 0
+
+
+def tokenizer():
+    vocab = {"<pad>": PAD, "</s>": EOS}
+    vocab.update({f"t{i}": i for i in range(2, SMALL["vocab_size"])})
+    words = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, eos_token="</s>", pad_token="<pad>")
+
+
+def random_words(seed):
+    """A function of a length that returns that many random words of
+    tokenizer(), drawn in turn from one generator seeded `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def text(length):
+        ids = torch.randint(2, SMALL["vocab_size"], (length,),
+                            generator=generator)
+        return " ".join(f"t{i}" for i in ids.tolist())
+
+    return text
+
+
+def quiet_trl():
+    """Leaves TRL's, transformers' and datasets' progress and warnings out of
+    the test's output."""
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("trl").setLevel(logging.ERROR)

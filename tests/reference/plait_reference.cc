@@ -13,6 +13,7 @@
 //   plait_reference optimizers --configs=CONFIGS --params=PARAMS --grads=GRADS --out=OUT
 //   plait_reference dpo --hf_dir=POLICY --reference_dir=REFERENCE --pairs=JSONL --configs=CONFIGS
 //                       --out=OUT
+//   plait_reference sft_step --hf_dir=DIR --batch=BATCH,BATCH... --out=OUT
 //
 // BATCH is a safetensors file of int64 `input_ids` and `labels` [B, T], with labels in
 // Hugging Face's convention: aligned with the inputs, shifted inside the loss, -100 ignored.
@@ -31,7 +32,10 @@
 //   dpo: for config i, `<i>.loss` [1], `<i>.<metric>` [1] for every metric the objective
 //     reports (TRL's names: `<i>.rewards/chosen`, ...) and `<i>.grad.<name>` for every policy
 //     parameter, of all the preference pairs of JSONL (data/pairs.h's format, read with
-//     plait's own reader) in one micro-batch, right-padded to the longest sequence.
+//     plait's own reader) in one micro-batch, right-padded to the longest sequence;
+//   sft_step: `loss` [1] and `grad.<name>` for every parameter of one optimizer step of the
+//     sft objective over the micro-batches BATCH,BATCH..., accumulated as the trainer does
+//     (objectives/step_items.h, on a one-rank mesh); the loss as the trainer logs it.
 // Exits 0 on success, 1 with a message on stderr otherwise, 2 on a usage error.
 #include <algorithm>
 #include <cstdint>
@@ -53,13 +57,18 @@
 #include "base/file.h"
 #include "base/status.h"
 #include "base/text_proto.h"
+#include "data/batch.h"
 #include "data/pairs.h"
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
+#include "objectives/metric_means.h"
 #include "objectives/objective.h"
+#include "objectives/step_items.h"
 #include "optim/optimizer.h"
+#include "parallel/device_mesh.h"
+#include "parallel/test_ranks.h"
 #include "sched/schedule_builder.h"
 #include "torch/torch.h"
 
@@ -67,7 +76,9 @@ ABSL_FLAG(std::string, hf_dir, "", "A Hugging Face model folder to read (or, for
 ABSL_FLAG(std::string, config, "", "save_hf: the config.json of the model to initialise.");
 ABSL_FLAG(uint64_t, seed, 1, "save_hf: the seed of plait's initialisation.");
 ABSL_FLAG(uint64_t, max_shard_bytes, 0, "save_hf: shard the weights into files of this size.");
-ABSL_FLAG(std::string, batch, "", "A safetensors file of int64 input_ids and labels [B, T].");
+ABSL_FLAG(
+    std::string, batch, "",
+    "A safetensors file of int64 input_ids and labels [B, T] (sft_step: several, with commas).");
 ABSL_FLAG(std::string, optimizer, "", "train: an optim.OptimizerConfig text proto.");
 ABSL_FLAG(std::string, schedule, "", "train: a sched.ScheduleConfig text proto.");
 ABSL_FLAG(std::string, configs, "", "A text file of configs, one text proto per line.");
@@ -336,18 +347,59 @@ absl::Status RunDpo() {
   return models::WriteSafetensors(out, results);
 }
 
+absl::Status RunSftStep() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string hf_dir, RequiredFlag(FLAGS_hf_dir, "hf_dir"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string batch_paths, RequiredFlag(FLAGS_batch, "batch"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model, models::LoadHfModel(hf_dir));
+  objectives::ObjectiveConfig config;
+  config.mutable_sft();
+  PLAIT_ASSIGN_OR_RETURN(const std::unique_ptr<objectives::Objective> objective,
+                         objectives::MakeObjective(config, {}, "sft"));
+  std::vector<data::Batch> batches;
+  std::vector<int64_t> items;
+  for (absl::string_view path : absl::StrSplit(batch_paths, ',')) {
+    PLAIT_ASSIGN_OR_RETURN(const Batch batch, ReadBatch(std::string(path)));
+    batches.push_back({batch.input_ids, batch.targets});
+    items.push_back(objective->ScoredItems(batches.back()));
+  }
+  PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout one_rank,
+                         parallel::MeshLayout::Create(parallel::MeshConfig(), 1));
+  absl::StatusOr<objectives::MeanMetrics> step_loss;
+  parallel::testing::RunOnGlooMesh(one_rank, [&](int, parallel::DeviceMesh& mesh) {
+    step_loss = [&]() -> absl::StatusOr<objectives::MeanMetrics> {
+      PLAIT_ASSIGN_OR_RETURN(const objectives::StepItems step,
+                             objectives::StepItems::Count(items, mesh, {}));
+      objectives::MetricMeans means;
+      for (size_t micro = 0; micro < batches.size(); ++micro) {
+        PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
+                               objective->Compute(*model, batches[micro]));
+        step.ScaledForBackward(output.loss, static_cast<int>(micro)).backward();
+        means.Add(output, items[micro]);
+      }
+      return means.Mean(mesh);
+    }();
+  });
+  PLAIT_RETURN_IF_ERROR(step_loss.status());
+  NamedTensors results = {{"loss", torch::tensor({static_cast<float>(step_loss->loss)})}};
+  for (const auto& parameter : model->NamedParameters()) {
+    results.emplace_back(absl::StrCat("grad.", parameter.name), parameter.parameter.grad());
+  }
+  return models::WriteSafetensors(out, results);
+}
+
 }  // namespace
 }  // namespace plait::reference
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "plait's side of the reference tests; see tests/reference/plait_reference.cc.\n"
-      "usage: plait_reference forward_backward|save_hf|train|schedules|optimizers|dpo "
+      "usage: plait_reference forward_backward|save_hf|train|schedules|optimizers|dpo|sft_step "
       "--flags...");
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() != 2) {
     std::cerr << "plait_reference: give one command: forward_backward, save_hf, train, "
-                 "schedules, optimizers or dpo\n";
+                 "schedules, optimizers, dpo or sft_step\n";
     return 2;
   }
   const std::string command = positional[1];
@@ -364,6 +416,8 @@ int main(int argc, char** argv) {
     status = plait::reference::RunOptimizers();
   } else if (command == "dpo") {
     status = plait::reference::RunDpo();
+  } else if (command == "sft_step") {
+    status = plait::reference::RunSftStep();
   } else {
     std::cerr << "plait_reference: unknown command \"" << command << "\"\n";
     return 2;

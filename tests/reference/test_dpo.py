@@ -16,11 +16,9 @@ chosen and rejected swapped (which negates z), weighted so.
 """
 
 import json
-import logging
 
 import datasets
 import pytest
-import tokenizers
 import torch
 import transformers
 import trl
@@ -46,30 +44,12 @@ CASES = {
                dict(beta=0.2, loss_type=["robust"], label_smoothing=0.15)),
 }
 
-# Preference pairs of different lengths, as text of a word-level tokenizer
-# whose words are token ids (TRL tokenizes text and appends EOS).
+# Preference pairs of different lengths, as text of harness.tokenizer().
 PAIR_LENGTHS = [(3, 4, 6), (5, 2, 3), (1, 7, 5), (4, 3, 3)]
-EOS, PAD = 1, 0
-
-
-def tokenizer():
-    vocab = {"<pad>": PAD, "</s>": EOS}
-    vocab.update({f"t{i}": i for i in range(2, harness.SMALL["vocab_size"])})
-    words = tokenizers.Tokenizer(
-        tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
-    words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=words, eos_token="</s>", pad_token="<pad>")
 
 
 def pair_texts():
-    generator = torch.Generator().manual_seed(7)
-
-    def text(length):
-        ids = torch.randint(2, harness.SMALL["vocab_size"], (length,),
-                            generator=generator)
-        return " ".join(f"t{i}" for i in ids.tolist())
-
+    text = harness.random_words(seed=7)
     columns = {"prompt": [], "chosen": [], "rejected": []}
     for lengths in PAIR_LENGTHS:
         for column, length in zip(columns, lengths):
@@ -91,7 +71,7 @@ def trl_trainer(folder, case, out):
                          bf16=False, **CASES[case][1])
     return trl.DPOTrainer(model=policy, ref_model=reference, args=args,
                           train_dataset=pair_texts(),
-                          processing_class=tokenizer())
+                          processing_class=harness.tokenizer())
 
 
 def trl_step(trainer, swap=False):
@@ -112,9 +92,7 @@ def trl_step(trainer, swap=False):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """TRL's and plait's loss, metrics and policy gradients per case."""
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    logging.getLogger("trl").setLevel(logging.ERROR)
+    harness.quiet_trl()
     folder = tmp_path_factory.mktemp("dpo")
     # The reference is the policy moved a little, as after a few steps of
     # training, so that the rewards are of a realistic size.
@@ -163,9 +141,7 @@ def runs(tmp_path_factory):
         actual[case] = dict(
             loss=plait[prefix + "loss"],
             metrics={name: plait[prefix + name].item() for name in METRICS},
-            grads={key[len(prefix + "grad."):]: value
-                   for key, value in plait.items()
-                   if key.startswith(prefix + "grad.")})
+            grads=harness.plait_gradients(plait, prefix))
     return actual, expected
 
 
@@ -192,11 +168,7 @@ def test_dpo_matches_trl(case, runs):
         else:
             harness.expect_close(f"{check}: metrics", name,
                                  metrics["plait"][name], metrics["trl"][name])
-    assert sorted(actual["grads"]) == sorted(expected["grads"]), (
-        "plait's parameters are not transformers' parameters")
-    for name, grad in expected["grads"].items():
-        harness.expect_close(f"{check}: gradients", name,
-                             actual["grads"][name], grad)
+    harness.expect_close_gradients(check, actual["grads"], expected["grads"])
 
 
 def test_pairs_are_neither_all_won_nor_all_lost(runs):

@@ -1,7 +1,8 @@
 // Tensor parallelism on the tiny Llama over 2 and 4 ranks (threads over Gloo), beside the
 // training parity of wrap/parity_test.cc: the forward logits equal one process's, the
 // optimizer owns the model's tensor-parallel slices and nothing holds the full tensors any
-// more, TP after FSDP is refused, and the bytes each rank sends per step are the theory's.
+// more, a batch that scores nothing has loss 0 and zero gradients, TP after FSDP is refused,
+// and the bytes each rank sends per step are the theory's.
 #include "wrap/tp/tensor_parallel.h"
 
 #include <memory>
@@ -83,6 +84,27 @@ TEST_P(TensorParallelTest, LogitsAreTheSingleProcessLogitsVocabularySlice) {
     ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{kBatch, kSeqLen, columns}));
     EXPECT_TRUE(torch::allclose(logits, expected.narrow(2, rank * columns, columns), 1e-4, 1e-5));
     EXPECT_THAT((*preparation)->BackwardStatus(), IsOk());
+  });
+}
+
+// A micro-batch that scores nothing (an SFT batch of prompts alone) through the
+// vocabulary-parallel loss: 0, not 0 / 0, and every gradient 0, on every rank.
+TEST_P(TensorParallelTest, ABatchWithNothingScoredHasLossZeroAndZeroGradients) {
+  parallel::testing::RunOnGlooMesh(Layout({{"tp", 2}}), [&](int, parallel::DeviceMesh& mesh) {
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    auto preparation = Preparation::Begin(*model, mesh);
+    ASSERT_THAT(preparation, IsOk());
+    ASSERT_THAT((*preparation)->Apply(TensorParallelStep(GetParam())), IsOk());
+    const torch::Tensor loss =
+        model->Loss(Tokens().narrow(1, 0, kSeqLen),
+                    torch::full({kBatch, kSeqLen}, models::kIgnoreIndex, torch::kInt64));
+    EXPECT_EQ(loss.item<float>(), 0.0f);
+    loss.backward();
+    ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+    for (const auto& named : model->NamedParameters()) {
+      ASSERT_TRUE(named.parameter.grad().defined()) << named.name;
+      EXPECT_EQ(named.parameter.grad().abs().max().item<float>(), 0.0f) << named.name;
+    }
   });
 }
 

@@ -1,0 +1,42 @@
+#include "objectives/step_items.h"
+
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+namespace plait::objectives {
+
+absl::StatusOr<StepItems> StepItems::Count(std::vector<int64_t> items,
+                                           const parallel::DeviceMesh& mesh,
+                                           const std::vector<std::string>& data_parallel_dims) {
+  torch::Tensor total = torch::full({1}, std::accumulate(items.begin(), items.end(), int64_t{0}),
+                                    torch::TensorOptions(torch::kInt64).device(mesh.device()));
+  for (const std::string& dim : data_parallel_dims) {
+    PLAIT_ASSIGN_OR_RETURN(parallel::Communicator* const group, mesh.communicator(dim));
+    if (group->size() == 1) continue;
+    PLAIT_RETURN_IF_ERROR(
+        base::Annotate(group->AllReduce(total, parallel::ReduceOp::kSum)->Wait(),
+                       absl::StrCat("counting the step's scored items over \"", dim, "\"")));
+  }
+  PLAIT_ASSIGN_OR_RETURN(const auto data_parallel, mesh.SubgridRankAndSize(data_parallel_dims));
+  const int64_t n = total.cpu().item<int64_t>();
+  if (n == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "none of the step's ", items.size(), " micro-batches on ", data_parallel.second,
+        " data-parallel rank(s) scores an item (every target is the ignore index): its loss "
+        "would be 0 / 0; check that the data's completions are not all cut off by seq_len"));
+  }
+  return StepItems(std::move(items), n, data_parallel.second);
+}
+
+torch::Tensor StepItems::ScaledForBackward(const torch::Tensor& loss, int micro) const {
+  const int64_t own = items_.at(micro);
+  if (own == 0) return loss * 0.0;
+  // Both counts are exact in a double (below 2^53), and so is the quotient when it is a whole
+  // number: then this is the division by the accumulation count it always was.
+  return loss / (static_cast<double>(total_) / (static_cast<double>(own) * data_parallel_size_));
+}
+
+}  // namespace plait::objectives

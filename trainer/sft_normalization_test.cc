@@ -1,0 +1,204 @@
+// SFT on examples whose completions differ a lot in length (1 to 30 tokens): the step's loss
+// is the summed loss of all its completion tokens over their count, so DDP and FSDP on 2
+// ranks, 2 accumulated micro-batches on 1 rank, and both together train as one process on the
+// whole batch does: the same losses, gradient norms, evaluation losses and final parameters.
+// Averaging each micro-batch's mean instead (as plait did) is measurably another loss here.
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_matchers.h"
+#include "data/data_config.h"
+#include "data/data_loader.h"
+#include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/hf_checkpoint.h"
+#include "models/model_config.h"
+#include "trainer/plan.h"
+#include "trainer/testing_ranks.h"
+#include "trainer/trainer.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::trainer::testing::ShortShippedPlan;
+using ::plait::trainer::testing::TrainOnRanks;
+
+constexpr int kSteps = 6;
+constexpr int kGlobalBatch = 16;
+constexpr int64_t kVocab = 4096;  // the tiny preset's
+
+// An SFT file of `examples` token-id examples. In every 16 examples, the first 8 complete
+// their prompt with 1 to 3 tokens and the last 8 with 20 to 30: micro-batches of 8 or 4 score
+// very different numbers of tokens. Each sequence counts up by a stride of its own, so the
+// model has something to learn.
+std::string WriteSftFile(const std::string& name, int examples) {
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  std::ofstream out(path);
+  for (int i = 0; i < examples; ++i) {
+    const int prompt_length = 1 + (i * 7) % 20;
+    const int completion_length = i % 16 < 8 ? 1 + i % 3 : 20 + (i * 5) % 11;
+    const int64_t start = (i * 131) % kVocab;
+    const int64_t stride = 1 + i % 5;
+    std::vector<int64_t> prompt, completion;
+    for (int t = 0; t < prompt_length + completion_length; ++t) {
+      (t < prompt_length ? prompt : completion).push_back((start + t * stride) % kVocab);
+    }
+    out << "{\"prompt\": [" << absl::StrJoin(prompt, ", ") << "], \"completion\": ["
+        << absl::StrJoin(completion, ", ") << "]}\n";
+  }
+  return path;
+}
+
+// //trainer:llama_sft's model on the variable-length file, trained by SGD with momentum:
+// AdamW turns reduction-order noise in a near-zero gradient component into a step of up to
+// the learning rate either way, which moved a few embedding elements by 2e-4 (9e-6 of the
+// tensor's norm) where the gradients agreed to 1e-6; SGD keeps the parameters as close as
+// the gradients. `ranks` data-parallel ranks under `strategy` ("fsdp", "ddp", or "" for one
+// process), each accumulating `accumulation` micro-batches, kGlobalBatch examples per step;
+// evaluated at the last step on the 16 held-out examples.
+Plan SftPlan(const std::string& strategy, int ranks, int accumulation) {
+  static const std::string train = WriteSftFile("train.jsonl", kSteps * kGlobalBatch);
+  static const std::string eval = WriteSftFile("eval.jsonl", kGlobalBatch);
+  Plan plan = ShortShippedPlan("llama_sft");
+  plan.clear_mesh();
+  plan.clear_prepare();
+  if (!strategy.empty()) {
+    parallel::MeshConfig::Dimension* dim = plan.mutable_mesh()->add_dims();
+    dim->set_name("dp");
+    dim->set_size(ranks);
+    wrap::PrepareStep* step = plan.add_prepare();
+    if (strategy == "fsdp") step->mutable_fsdp()->set_mesh_dim("dp");
+    if (strategy == "ddp") step->mutable_ddp()->set_mesh_dim("dp");
+  }
+  plan.mutable_optimizer()->mutable_sgd()->set_momentum(0.9);
+  plan.mutable_schedule()->set_lr(0.3);
+  data::PairFiles* files = plan.mutable_data()->mutable_sft_files();
+  files->set_train_path(train);
+  files->set_eval_path(eval);
+  TrainingConfig* training = plan.mutable_training();
+  training->set_steps(kSteps);
+  training->set_eval_every(kSteps);
+  const int micro_batch = kGlobalBatch / ranks / accumulation;
+  training->set_micro_batch(micro_batch);
+  training->set_grad_accumulation(accumulation);
+  training->set_global_batch(kGlobalBatch);
+  training->set_eval_batches(kGlobalBatch / ranks / micro_batch);
+  return plan;
+}
+
+struct SftRun {
+  TrainReport report;
+  std::map<std::string, torch::Tensor> parameters;  // at the end, by Hugging Face name
+};
+
+SftRun Train(const Plan& plan, int ranks, const std::string& name) {
+  TrainOptions options;
+  options.save_hf_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  SftRun run{TrainOnRanks(plan, ranks, options), {}};
+  absl::StatusOr<std::shared_ptr<models::CausalLM>> model =
+      models::LoadHfModel(options.save_hf_dir, plan.model().init());
+  EXPECT_THAT(model, IsOk());
+  if (model.ok()) {
+    for (const auto& named : (*model)->NamedParameters()) {
+      run.parameters[named.name] = named.parameter.detach().clone();
+    }
+  }
+  return run;
+}
+
+const SftRun& SingleProcess() {
+  static const SftRun* run = new SftRun(Train(SftPlan("", 1, 1), 1, "single"));
+  return *run;
+}
+
+void ExpectNearRelative(double actual, double expected, const std::string& what) {
+  EXPECT_NEAR(actual, expected, 1e-5 * std::abs(expected)) << what;
+}
+
+void ExpectSameRun(const SftRun& run, const std::string& layout) {
+  const SftRun& expected = SingleProcess();
+  ASSERT_EQ(run.report.steps.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(expected.report.steps.size(), static_cast<size_t>(kSteps));
+  for (int i = 0; i < kSteps; ++i) {
+    const metrics::StepMetrics& a = run.report.steps[i];
+    const metrics::StepMetrics& e = expected.report.steps[i];
+    const std::string step = absl::StrCat(layout, " step ", e.step, " ");
+    ExpectNearRelative(a.loss, e.loss, step + "loss");
+    ASSERT_TRUE(a.grad_norm.has_value() && e.grad_norm.has_value());
+    ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm");
+  }
+  ASSERT_TRUE(expected.report.steps.back().eval_loss.has_value());
+  ASSERT_TRUE(run.report.steps.back().eval_loss.has_value());
+  ExpectNearRelative(*run.report.steps.back().eval_loss, *expected.report.steps.back().eval_loss,
+                     layout + " eval_loss");
+  ASSERT_EQ(run.parameters.size(), expected.parameters.size());
+  for (const auto& [name, value] : expected.parameters) {
+    const torch::Tensor& actual = run.parameters.at(name);
+    EXPECT_LE((actual - value).norm().item<double>(), 1e-5 * value.norm().item<double>())
+        << layout << " " << name;
+  }
+}
+
+// The data makes the test able to fail: on the first batch, the mean of the two half-batches'
+// means (what averaging micro-batch losses computes) is far from the mean over all tokens.
+TEST(SftNormalizationTest, TheDataMakesMicroBatchMeansDiffer) {
+  const Plan plan = SftPlan("", 1, 1);
+  auto loader =
+      data::DataLoader::Create(data::ResolvedDataConfig(plan.data()), data::Split::kTrain, kVocab,
+                               kGlobalBatch, plan.training().seq_len(), 0, 1, "plan.data");
+  ASSERT_THAT(loader, IsOk());
+  const data::Batch batch = loader->Next().value();
+  auto config = models::ResolveModelSpec(plan.model(), "plan.model");
+  ASSERT_THAT(config, IsOk());
+  auto model = models::CausalLM::Create(*config, plan.model().init());
+  ASSERT_THAT(model, IsOk());
+  torch::NoGradGuard no_grad;
+  const auto loss = [&](int64_t first, int64_t rows) {
+    return (*model)
+        ->Loss(batch.inputs.narrow(0, first, rows), batch.targets.narrow(0, first, rows))
+        .item<double>();
+  };
+  const torch::Tensor scored = (batch.targets != data::kIgnoreTarget).sum(1);
+  const int64_t short_half = scored.narrow(0, 0, 8).sum().item<int64_t>();
+  const int64_t long_half = scored.narrow(0, 8, 8).sum().item<int64_t>();
+  EXPECT_LT(short_half * 5, long_half);
+  const double token_mean = loss(0, kGlobalBatch);
+  EXPECT_NEAR(token_mean,
+              (loss(0, 8) * short_half + loss(8, 8) * long_half) / (short_half + long_half),
+              1e-5 * token_mean);
+  EXPECT_GT(std::abs((loss(0, 8) + loss(8, 8)) / 2 - token_mean), 1e-3 * token_mean);
+  // The first step of the single process scores that batch.
+  EXPECT_NEAR(SingleProcess().report.steps[0].loss, token_mean, 1e-5 * token_mean);
+  EXPECT_LT(SingleProcess().report.steps.back().loss, SingleProcess().report.steps[0].loss);
+}
+
+TEST(SftNormalizationTest, DdpOnTwoRanksTrainsAsOneProcess) {
+  ExpectSameRun(Train(SftPlan("ddp", 2, 1), 2, "ddp"), "ddp");
+}
+
+TEST(SftNormalizationTest, FsdpOnTwoRanksTrainsAsOneProcess) {
+  ExpectSameRun(Train(SftPlan("fsdp", 2, 1), 2, "fsdp"), "fsdp");
+}
+
+TEST(SftNormalizationTest, TwoAccumulatedMicroBatchesTrainAsOneProcess) {
+  ExpectSameRun(Train(SftPlan("", 1, 2), 1, "accumulation"), "accumulation");
+}
+
+TEST(SftNormalizationTest, DdpOnTwoRanksWithTwoAccumulatedMicroBatchesTrainsAsOneProcess) {
+  ExpectSameRun(Train(SftPlan("ddp", 2, 2), 2, "ddp_accumulation"), "ddp x accumulation");
+}
+
+TEST(SftNormalizationTest, FsdpOnTwoRanksWithTwoAccumulatedMicroBatchesTrainsAsOneProcess) {
+  ExpectSameRun(Train(SftPlan("fsdp", 2, 2), 2, "fsdp_accumulation"), "fsdp x accumulation");
+}
+
+}  // namespace
+}  // namespace plait::trainer
