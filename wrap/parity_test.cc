@@ -53,8 +53,10 @@ enum class Strategy { kNone, kDdp, kFsdp, kFsdpNoReshard, kFsdpBf16 };
 
 // The tiny Llama as it is; with tied embeddings (the embedding is the output projection
 // too); with a parameter the forward never uses, which one process leaves untouched; the
-// tiny Qwen2 (tied embeddings, q/k/v biases) with 4 heads sharing 1 key/value head.
-enum class Variant { kPlain, kTied, kUnusedParameter, kQwen2 };
+// tiny Qwen2 (tied embeddings, q/k/v biases) with 4 heads sharing 1 key/value head; the tiny
+// Llama with a vocabulary of 4097 (one more than its data's ids), which tensor parallelism
+// pads (pad_vocab_to_multiple).
+enum class Variant { kPlain, kTied, kUnusedParameter, kQwen2, kOddVocabulary };
 
 struct Scenario {
   std::string name;
@@ -109,6 +111,7 @@ std::shared_ptr<models::CausalLM> MakeModel(Variant variant = Variant::kPlain,
     config.set_num_attention_heads(4);
     config.set_num_key_value_heads(1);
   }
+  if (variant == Variant::kOddVocabulary) config.set_vocab_size(config.vocab_size() + 1);
   models::InitConfig init;
   init.set_seed(3);
   std::shared_ptr<models::CausalLM> model = models::CausalLM::Create(config, init).value();
@@ -207,6 +210,8 @@ TrainingRun Distributed(const Scenario& scenario) {
       PrepareStep step;
       step.mutable_tensor_parallel()->set_mesh_dim("tp");
       step.mutable_tensor_parallel()->set_sequence_parallel(scenario.sequence_parallel);
+      step.mutable_tensor_parallel()->set_pad_vocab_to_multiple(scenario.variant ==
+                                                                Variant::kOddVocabulary);
       ASSERT_THAT((*preparation)->Apply(step), IsOk());
     }
     PrepareStep step;
@@ -395,6 +400,12 @@ INSTANTIATE_TEST_SUITE_P(
         Scenario{"tp_2_ranks_qwen2_sequence_parallel", Strategy::kNone, 1, 1, Variant::kQwen2, 2,
                  true},
         Scenario{"fsdp_2_x_tp_2", Strategy::kFsdp, 2, 1, Variant::kPlain, 2},
+        // 4097 rows padded to 4098 (2 ranks: rank 1's last row is padding, in its second
+        // FSDP shard) and to 4100 (4 ranks: 3 padding rows).
+        Scenario{"tp_2_ranks_padded_vocabulary", Strategy::kNone, 1, 1, Variant::kOddVocabulary, 2},
+        Scenario{"tp_4_ranks_padded_vocabulary", Strategy::kNone, 1, 1, Variant::kOddVocabulary, 4},
+        Scenario{"fsdp_2_x_tp_2_padded_vocabulary", Strategy::kFsdp, 2, 1, Variant::kOddVocabulary,
+                 2},
         Scenario{"ddp_2_x_tp_2", Strategy::kDdp, 2, 1, Variant::kPlain, 2},
         Scenario{"fsdp_2_x_tp_2_qwen2_sequence_parallel", Strategy::kFsdp, 2, 2, Variant::kQwen2, 2,
                  true},

@@ -1,6 +1,7 @@
 #include "wrap/tp/tensor_parallel.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,8 +41,9 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
       new TensorParallel(model, communicator, config.sequence_parallel()));
   std::vector<Slice> slices;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
-    Slice slice{named.name, named.parameter, 0, n, rank, 1};
-    switch (model.TensorParallelSplit(named.name)) {
+    const Wrappable::Split split = model.TensorParallelSplit(named.name);
+    Slice slice{named.name, named.parameter, 0, n, rank, 1, 0};
+    switch (split) {
       case Wrappable::Split::kReplicated:
         continue;
       case Wrappable::Split::kColumn:
@@ -57,12 +59,16 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
         break;
     }
     const torch::Tensor& full = named.parameter;
-    if (full.dim() <= slice.dim || full.size(slice.dim) % slice.parts != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor_parallel: ", named.name, " of shape ", c10::str(full.sizes()),
-                       " does not split into ", slice.parts, " equal parts along dim ", slice.dim,
-                       " over the tensor-parallel size ", n));
+    const bool padded = split == Wrappable::Split::kVocabulary && config.pad_vocab_to_multiple();
+    if (full.dim() <= slice.dim || (full.size(slice.dim) % slice.parts != 0 && !padded)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor_parallel: ", named.name, " of shape ", c10::str(full.sizes()),
+          " does not split into ", slice.parts, " equal parts along dim ", slice.dim,
+          " over the tensor-parallel size ", n,
+          split == Wrappable::Split::kVocabulary ? " (pad_vocab_to_multiple pads it)" : ""));
     }
+    slice.length = full.size(slice.dim);
+    if (padded && slice.length % n != 0) tp->vocab_size_ = slice.length;
     slices.push_back(std::move(slice));
   }
   PLAIT_RETURN_IF_ERROR(
@@ -70,10 +76,16 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
   {
     torch::NoGradGuard no_grad;
     for (Slice& slice : slices) {
-      const int64_t length = slice.parameter.size(slice.dim) / slice.parts;
-      // A fresh tensor, so that the full one's memory goes with its last reference.
-      slice.parameter.set_data(
-          slice.parameter.narrow(slice.dim, slice.part * length, length).clone());
+      const int64_t length = (slice.length + slice.parts - 1) / slice.parts;
+      const int64_t start = std::min(slice.part * length, slice.length);
+      const int64_t kept = std::min(length, slice.length - start);
+      // A fresh tensor, so that the full one's memory goes with its last reference; a
+      // padded vocabulary's last slices end in zero rows.
+      std::vector<int64_t> sizes = slice.parameter.sizes().vec();
+      sizes[slice.dim] = length;
+      torch::Tensor part = torch::zeros(sizes, slice.parameter.options());
+      part.narrow(slice.dim, 0, kept).copy_(slice.parameter.narrow(slice.dim, start, kept));
+      slice.parameter.set_data(part);
     }
   }
   TensorParallel* self = tp.get();
@@ -143,11 +155,24 @@ torch::Tensor TensorParallel::Embed(const torch::Tensor& tokens, const torch::Te
   return ExitRowParallel(looked_up.masked_fill(~mine.unsqueeze(-1), 0));
 }
 
+int64_t TensorParallel::PaddedColumns(int64_t columns) const {
+  if (vocab_size_ == 0) return 0;
+  return std::clamp<int64_t>((group_.rank() + 1) * columns - vocab_size_, 0, columns);
+}
+
 torch::Tensor TensorParallel::TokenCrossEntropy(const torch::Tensor& logits,
                                                 const torch::Tensor& targets,
                                                 int64_t ignore_index) {
-  return VocabParallelCrossEntropy(logits, targets, group_.rank() * logits.size(1), ignore_index,
-                                   group_);
+  const int64_t columns = logits.size(1);
+  const int64_t padded = PaddedColumns(columns);
+  torch::Tensor scored = logits;
+  if (padded > 0) {
+    // No probability for the padding rows, and so no gradient for them.
+    const torch::Tensor padding =
+        torch::arange(columns, torch::TensorOptions().device(logits.device())) >= columns - padded;
+    scored = logits.masked_fill(padding, -std::numeric_limits<float>::infinity());
+  }
+  return VocabParallelCrossEntropy(scored, targets, group_.rank() * columns, ignore_index, group_);
 }
 
 void TensorParallel::MarkSharded(std::vector<parallel::TrainableParameter>& parameters) const {
@@ -164,10 +189,13 @@ void TensorParallel::MarkSharded(std::vector<parallel::TrainableParameter>& para
     parameter.sharded_over.push_back(&group_.communicator());
     parameter.replicas *= slice->replicas;
     // The parameter is this rank's part already (Create replaced it), and tensor
-    // parallelism comes first: the whole tensor is `parts` such parts along `dim`.
+    // parallelism comes first: the whole tensor is `parts` such parts along `dim`, less
+    // any padding at its end.
     const int64_t length = held.box.lengths[slice->dim];
-    held.global_shape[slice->dim] = length * slice->parts;
-    held.box.offsets[slice->dim] = slice->part * length;
+    const int64_t start = std::min(slice->part * length, slice->length);
+    held.global_shape[slice->dim] = slice->length;
+    held.box.offsets[slice->dim] = start;
+    held.box.lengths[slice->dim] = std::min(length, slice->length - start);
     held.replica = held.replica * slice->replicas + group_.rank() % slice->replicas;
   }
 }
@@ -185,8 +213,11 @@ absl::Status TensorParallel::GatherFull(std::map<std::string, torch::Tensor>& pa
     sizes.insert(sizes.begin(), n);
     // [n, slice...]: one slice per rank; ranks that share a slice hold it once.
     torch::Tensor by_rank = gathered.view(sizes).slice(0, 0, n, slice.replicas);
-    // The parts next to each other along the split dimension.
-    it->second = by_rank.movedim(0, slice.dim).flatten(slice.dim, slice.dim + 1).contiguous();
+    // The parts next to each other along the split dimension, without padding.
+    it->second = by_rank.movedim(0, slice.dim)
+                     .flatten(slice.dim, slice.dim + 1)
+                     .narrow(slice.dim, 0, slice.length)
+                     .contiguous();
   }
   return absl::OkStatus();
 }
