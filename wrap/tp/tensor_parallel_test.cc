@@ -275,6 +275,23 @@ TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
   if (kv < n) {
     expected += 2 * layers * AllReduceBytes(kv * head_dim * config.hidden_size(), n);
   }
+  // The strategy's estimate, which plan_check prints, is the same count.
+  ModelShape shape;
+  shape.hidden_size = config.hidden_size();
+  shape.micro_batch_tokens = positions;
+  shape.num_blocks = config.num_hidden_layers();
+  shape.num_key_value_heads = kv;
+  shape.block_key_value_parameters = 2 * kv * head_dim * config.hidden_size();
+  shape.block_replicated_parameters = 2 * config.hidden_size();
+  shape.root_replicated_parameters = config.hidden_size();
+  TensorParallelConfig tp_config = TensorParallelStep(sp).tensor_parallel();
+  parallel::MeshConfig mesh_config;
+  auto* tp_dim = mesh_config.add_dims();
+  tp_dim->set_name("tp");
+  tp_dim->set_size(n);
+  EXPECT_DOUBLE_EQ(
+      TensorParallelStrategy(tp_config).Estimate(shape, mesh_config).bytes_sent_per_micro_batch,
+      expected);
   parallel::testing::RunOnGlooMesh(Layout({{"tp", n}}), [&](int rank, parallel::DeviceMesh& mesh) {
     std::shared_ptr<models::CausalLM> model = MakeModel();
     auto preparation = Preparation::Begin(*model, mesh);
