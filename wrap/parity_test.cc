@@ -72,6 +72,9 @@ struct Scenario {
   // Activation checkpointing, applied first, unless POLICY_UNSPECIFIED.
   ActivationCheckpointingConfig::Policy checkpointing =
       ActivationCheckpointingConfig::POLICY_UNSPECIFIED;
+
+  // The ranks of every dimension: the GPUs a run on CUDA needs.
+  int world() const { return replicate * ranks * tp; }
 };
 
 struct TrainingRun {
@@ -191,7 +194,7 @@ TrainingRun Distributed(const Scenario& scenario) {
     dim->set_name("tp");
     dim->set_size(scenario.tp);
   }
-  const int world = scenario.replicate * scenario.ranks * scenario.tp;
+  const int world = scenario.world();
   const parallel::MeshLayout layout = parallel::MeshLayout::Create(mesh_config, world).value();
   TrainingRun result;
   result.trainable_bytes.resize(world);
@@ -328,8 +331,8 @@ class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
 };
 
 TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
-  if (!parallel::testing::EnoughDevices(kDevice, GetParam().ranks)) {
-    GTEST_SKIP() << GetParam().name << " needs " << GetParam().ranks << " GPUs; this machine has "
+  if (!parallel::testing::EnoughDevices(kDevice, GetParam().world())) {
+    GTEST_SKIP() << GetParam().name << " needs " << GetParam().world() << " GPUs; this machine has "
                  << parallel::CudaDeviceCount();
   }
   const TrainingRun& expected = Reference(GetParam().variant);
@@ -427,9 +430,10 @@ INSTANTIATE_TEST_SUITE_P(
 class CheckpointingParityTest : public ::testing::TestWithParam<Scenario> {};
 
 TEST_P(CheckpointingParityTest, EqualsTheRunWithoutCheckpointing) {
-  const int ranks = GetParam().ranks * GetParam().tp;
-  if (!parallel::testing::EnoughDevices(kDevice, ranks))
-    GTEST_SKIP() << "needs " << ranks << " GPUs";
+  if (!parallel::testing::EnoughDevices(kDevice, GetParam().world())) {
+    GTEST_SKIP() << GetParam().name << " needs " << GetParam().world() << " GPUs; this machine has "
+                 << parallel::CudaDeviceCount();
+  }
   Scenario without = GetParam();
   without.checkpointing = ActivationCheckpointingConfig::POLICY_UNSPECIFIED;
   const TrainingRun expected = Distributed(without);
