@@ -435,14 +435,6 @@ absl::StatusOr<torch::Tensor> SafetensorsCheckpoint::Read(const std::string& nam
   return found.second->Read(name);
 }
 
-absl::Status SafetensorsCheckpoint::ReadBox(const std::string& name,
-                                            absl::Span<const int64_t> offsets,
-                                            absl::Span<const int64_t> lengths,
-                                            torch::Tensor destination) const {
-  PLAIT_ASSIGN_OR_RETURN(auto found, Find(name));
-  return found.second->ReadBox(name, offsets, lengths, std::move(destination));
-}
-
 absl::Status WriteSafetensorsCheckpoint(
     const std::string& dir, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
     uint64_t max_shard_bytes) {

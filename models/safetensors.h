@@ -122,9 +122,6 @@ class SafetensorsCheckpoint {
   absl::StatusOr<std::pair<const SafetensorsEntry*, const SafetensorsFile*>> Find(
       const std::string& name) const;
   absl::StatusOr<torch::Tensor> Read(const std::string& name) const;
-  // SafetensorsFile::ReadBox in the file holding `name`.
-  absl::Status ReadBox(const std::string& name, absl::Span<const int64_t> offsets,
-                       absl::Span<const int64_t> lengths, torch::Tensor destination) const;
 
  private:
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
