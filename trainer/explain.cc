@@ -163,7 +163,7 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   }
   const std::vector<std::string> step_lines =
       DescribeSteps(plan.prepare(), memory.preparation, *rules, "", &last_changing);
-  for (std::string line : step_lines) lines.push_back(std::move(line));
+  lines.insert(lines.end(), step_lines.begin(), step_lines.end());
   for (int i = 0; i < plan.prepare_size(); ++i) {
     if (!plan.prepare(i).has_tensor_parallel()) continue;
     for (const auto& dim : plan.mesh().dims()) {
