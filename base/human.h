@@ -2,6 +2,7 @@
 // byte sizes in MiB or GiB.
 //
 //   HumanCount(1.2e6) == "1.2M";  HumanBytes(3 << 20) == "3.0 MiB"
+//   HumanBytesAnySize(3072) == "3.0 KiB"
 #ifndef PLAIT_BASE_HUMAN_H_
 #define PLAIT_BASE_HUMAN_H_
 
@@ -23,6 +24,15 @@ inline std::string HumanCount(double n) {
 inline std::string HumanBytes(double n) {
   if (n >= 1 << 30) return absl::StrFormat("%.2f GiB", n / (1 << 30));
   return absl::StrFormat("%.1f MiB", n / (1 << 20));
+}
+
+// As HumanBytes, with sizes under a MiB in KiB, and under a KiB in bytes: for lists whose
+// small entries matter (a collective of a few norm weights' gradients), where HumanBytes
+// would show 0.0 MiB.
+inline std::string HumanBytesAnySize(double n) {
+  if (n >= 1 << 20) return HumanBytes(n);
+  if (n >= 1 << 10) return absl::StrFormat("%.1f KiB", n / (1 << 10));
+  return absl::StrFormat("%.0f bytes", n);
 }
 
 }  // namespace plait::base

@@ -172,7 +172,9 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
                                                           const InitConfig& init);
 
   // Logits [B, T, vocab_size] for int64 tokens [B, T] (positions 0 .. T-1); under tensor
-  // parallelism this rank's vocabulary slice of them, [B, T, vocab_size / tp].
+  // parallelism this rank's vocabulary slice of them, [B, T, vocab_size / tp] (the
+  // vocabulary rounded up to a multiple of tp when tensor parallelism pads it; the padding
+  // columns are not logits of any token).
   torch::Tensor Forward(const torch::Tensor& tokens);
 
   // Mean cross-entropy of targets[b, t] (the token that follows tokens[b, t]) over the

@@ -23,43 +23,50 @@ std::string ShapeString(torch::IntArrayRef shape) {
 }
 
 // Tensors Hugging Face writes that are not parameters of the model (see the header).
-bool IsSkippable(const std::string& name, const CausalLM& model) {
-  return (name == "lm_head.weight" && model.config().tie_word_embeddings()) ||
+bool IsSkippable(const std::string& name, const ModelConfig& config) {
+  return (name == "lm_head.weight" && config.tie_word_embeddings()) ||
          absl::EndsWith(name, ".rotary_emb.inv_freq");
 }
 
 }  // namespace
 
-absl::Status LoadHfWeights(const SafetensorsCheckpoint& checkpoint, CausalLM& model) {
+absl::Status LoadHfParts(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config,
+                         const std::vector<HfParameterPart>& parts) {
   std::set<std::string> expected;
-  torch::NoGradGuard no_grad;
-  for (const auto& item : model.named_parameters()) {
-    const std::string& name = item.key();
-    expected.insert(name);
-    PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(name));
+  for (const HfParameterPart& part : parts) {
+    expected.insert(part.name);
+    PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(part.name));
     const auto& [entry, file] = found;
-    torch::Tensor parameter = item.value();
-    if (torch::IntArrayRef(entry->shape) != parameter.sizes()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file->path(), ": tensor \"", name, "\" has shape ", ShapeString(entry->shape),
-          ", the model expects ", ShapeString(parameter.sizes())));
+    if (entry->shape != part.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file->path(), ": tensor \"", part.name, "\" has shape ",
+                       ShapeString(entry->shape), ", the model expects ", ShapeString(part.shape)));
     }
     if (!torch::isFloatingType(entry->dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", name,
+      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", part.name,
                                                      "\" has dtype ", c10::toString(entry->dtype),
                                                      ", expected a floating-point dtype"));
     }
-    PLAIT_ASSIGN_OR_RETURN(torch::Tensor value, file->Read(name));
-    parameter.copy_(value);
+    PLAIT_RETURN_IF_ERROR(file->ReadBox(part.name, part.offsets, part.lengths, part.destination));
   }
   for (const std::string& name : checkpoint.Names()) {
-    if (expected.count(name) == 0 && !IsSkippable(name, model)) {
+    if (expected.count(name) == 0 && !IsSkippable(name, config)) {
       PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(name));
       return absl::InvalidArgumentError(absl::StrCat(found.second->path(), ": unexpected tensor \"",
                                                      name, "\": the model has no such parameter"));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status LoadHfWeights(const SafetensorsCheckpoint& checkpoint, CausalLM& model) {
+  std::vector<HfParameterPart> parts;
+  for (const auto& item : model.named_parameters()) {
+    const std::vector<int64_t> shape = item.value().sizes().vec();
+    parts.push_back(
+        {item.key(), shape, std::vector<int64_t>(shape.size(), 0), shape, item.value().detach()});
+  }
+  return LoadHfParts(checkpoint, model.config(), parts);
 }
 
 absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir,

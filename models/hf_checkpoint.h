@@ -23,13 +23,31 @@
 
 namespace plait::models {
 
-// Copies every parameter of `model` from `checkpoint`, converting the stored dtype (F32,
-// BF16, F16) to the parameter's. Errors name the file (or folder) and the tensor: NotFound
-// when a parameter is missing; InvalidArgument when one has another shape or a non-float
-// dtype, or the checkpoint holds a tensor the model does not have.
+// The part of one parameter that a rank holds, to be loaded from a checkpoint: the box at
+// `offsets` spanning `lengths` (one of each per dimension) of the whole parameter `name` of
+// shape `shape`, copied into `destination` (a tensor of the box's shape, or a view into this
+// rank's parameter). A rank that holds a whole parameter asks for the whole box; a
+// tensor-parallel or FSDP rank asks for its slice (parallel/tensor_slice.h's box).
+struct HfParameterPart {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> lengths;
+  torch::Tensor destination;
+};
+
+// Copies each of `parts` (every parameter of a model of `config`, each once) from
+// `checkpoint`, reading only each part's bytes and converting the stored dtype (F32, BF16,
+// F16) to the destination's. Errors name the file (or folder) and the tensor: NotFound when a
+// parameter is missing; InvalidArgument when one has another shape or a non-float dtype, or
+// the checkpoint holds a tensor that is not among `parts`.
 // Two tensors are accepted and skipped because Hugging Face writes them without them being
 // parameters: `lm_head.weight` in a tied model (it equals the embedding), and the
 // precomputed `*.rotary_emb.inv_freq` buffers of older Llama checkpoints.
+absl::Status LoadHfParts(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config,
+                         const std::vector<HfParameterPart>& parts);
+
+// LoadHfParts with every parameter of `model`, whole.
 absl::Status LoadHfWeights(const SafetensorsCheckpoint& checkpoint, CausalLM& model);
 
 // Reads `dir`/config.json, builds the model (initialised from `init`, then overwritten) and

@@ -263,6 +263,47 @@ absl::StatusOr<torch::Tensor> SafetensorsFile::Read(const std::string& name) con
   return tensor;
 }
 
+absl::Status SafetensorsFile::ReadBox(const std::string& name, absl::Span<const int64_t> offsets,
+                                      absl::Span<const int64_t> lengths,
+                                      torch::Tensor destination) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor \"", name, "\""));
+  }
+  const SafetensorsEntry& entry = it->second;
+  const auto box_string = [&] {
+    std::vector<std::string> ranges;
+    for (size_t d = 0; d < offsets.size() && d < lengths.size(); ++d) {
+      ranges.push_back(absl::StrCat(offsets[d], ":", offsets[d] + lengths[d]));
+    }
+    return absl::StrCat("[", absl::StrJoin(ranges, ", "), "]");
+  };
+  bool inside = offsets.size() == entry.shape.size() && lengths.size() == entry.shape.size();
+  for (size_t d = 0; inside && d < entry.shape.size(); ++d) {
+    inside = offsets[d] >= 0 && lengths[d] >= 0 && offsets[d] + lengths[d] <= entry.shape[d];
+  }
+  if (!inside) {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor \"", name, "\" of shape [",
+                                                   absl::StrJoin(entry.shape, ", "),
+                                                   "] has no box ", box_string()));
+  }
+  if (destination.sizes() != torch::IntArrayRef(lengths.data(), lengths.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": the box ", box_string(), " of tensor \"", name,
+                     "\" cannot be read into a tensor of shape ", c10::str(destination.sizes())));
+  }
+  // A view of the mapping, never written: copying its narrowed box reads only the box's
+  // elements.
+  torch::Tensor box = torch::from_blob(const_cast<char*>(data_ + entry.begin), entry.shape,
+                                       torch::TensorOptions().dtype(entry.dtype));
+  for (size_t d = 0; d < entry.shape.size(); ++d) {
+    box = box.narrow(static_cast<int64_t>(d), offsets[d], lengths[d]);
+  }
+  torch::NoGradGuard no_grad;
+  destination.copy_(box);
+  return absl::OkStatus();
+}
+
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                               const std::map<std::string, std::string>& metadata) {

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "torch/torch.h"
 
 namespace plait::models {
@@ -70,6 +71,16 @@ class SafetensorsFile {
   // A copy of the tensor `name` in a new CPU tensor of its dtype; NotFound naming the file
   // when there is no such tensor.
   absl::StatusOr<torch::Tensor> Read(const std::string& name) const;
+
+  // Copies the box of the tensor `name` that starts at `offsets` and spans `lengths` (one of
+  // each per dimension) into `destination`, a tensor of the box's shape of any float dtype
+  // and device, converting the dtype. Only the box's elements are read from the mapped file,
+  // so a rank that holds a slice of a parameter (tensor parallelism, FSDP) touches only the
+  // pages of its slice. NotFound naming the file when there is no such tensor;
+  // InvalidArgument naming the file and the tensor when the box leaves the tensor or
+  // `destination` is shaped otherwise.
+  absl::Status ReadBox(const std::string& name, absl::Span<const int64_t> offsets,
+                       absl::Span<const int64_t> lengths, torch::Tensor destination) const;
 
   // The bytes of the tensor `name` in the mapped file (row-major, its entry's dtype and
   // shape), valid while this object lives: a reader of part of a tensor touches only the

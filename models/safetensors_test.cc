@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -205,6 +207,66 @@ TEST(SafetensorsTest, TruncatedAndFlippedFilesNeverCrash) {
       for (const auto& entry : (*file)->entries()) EXPECT_THAT((*file)->Read(entry.first), IsOk());
     }
   }
+}
+
+// Bytes of the file `path` that this process's mappings of it hold in memory (the Rss lines
+// of /proc/self/smaps): pages become resident only when something reads them.
+int64_t ResidentBytesOfMapping(const std::string& path) {
+  std::ifstream smaps("/proc/self/smaps");
+  int64_t kib = 0;
+  bool in_mapping = false;
+  for (std::string line; std::getline(smaps, line);) {
+    const size_t colon = line.find(':');
+    const bool is_field = colon != std::string::npos && line.find(' ') > colon;
+    if (!is_field) {
+      in_mapping = line.size() >= path.size() &&
+                   line.compare(line.size() - path.size(), path.size(), path) == 0;
+    } else if (in_mapping && line.rfind("Rss:", 0) == 0) {
+      kib += std::stoll(line.substr(4));
+    }
+  }
+  return kib * 1024;
+}
+
+// A tensor-parallel rank's slice of a tensor: the box's elements are read, converted to the
+// destination's dtype, and nothing else is: the other rows may hold anything (NaN here), and
+// of a 32 MiB tensor, reading an eighth of its rows leaves little more than an eighth of it
+// resident in this process (the kernel maps a file's pages in runs of up to 2 MiB).
+TEST(SafetensorsTest, ReadBoxReadsOnlyTheBox) {
+  const std::string path = TestPath("box.safetensors");
+  const torch::Tensor full = torch::randn({4096, 2048});
+  torch::Tensor stored = full.clone();
+  stored.narrow(0, 512, 3584).fill_(std::numeric_limits<float>::quiet_NaN());
+  ASSERT_THAT(WriteSafetensors(path, {{"w", stored}}), IsOk());
+  const int64_t file_bytes = stored.numel() * 4;
+  {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
+    ASSERT_THAT(file, IsOk());
+    torch::Tensor rows = torch::empty({512, 2048});
+    ASSERT_THAT((*file)->ReadBox("w", {0, 0}, {512, 2048}, rows), IsOk());
+    EXPECT_TRUE(torch::equal(rows, full.narrow(0, 0, 512)));
+    const int64_t resident = ResidentBytesOfMapping(path);
+    EXPECT_GE(resident, file_bytes / 8);
+    EXPECT_LE(resident, file_bytes / 8 + (4 << 20)) << "of " << file_bytes;
+
+    torch::Tensor box = torch::empty({3, 5}, torch::kBFloat16);
+    ASSERT_THAT((*file)->ReadBox("w", {509, 100}, {3, 5}, box), IsOk());
+    EXPECT_TRUE(torch::equal(box, full.narrow(0, 509, 3).narrow(1, 100, 5).to(torch::kBFloat16)));
+
+    EXPECT_THAT((*file)->ReadBox("w", {4000, 0}, {100, 2048}, torch::empty({100, 2048})),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("box.safetensors: tensor \"w\" of shape [4096, 2048] has no "
+                                   "box [4000:4100, 0:2048]")));
+    EXPECT_THAT((*file)->ReadBox("w", {0}, {4}, torch::empty({4})),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has no box [0:4]")));
+    EXPECT_THAT((*file)->ReadBox("w", {0, 0}, {2, 2}, torch::empty({4})),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("the box [0:2, 0:2] of tensor \"w\" cannot be read into a "
+                                   "tensor of shape [4]")));
+    EXPECT_THAT((*file)->ReadBox("v", {0}, {1}, torch::empty({1})),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("no tensor \"v\"")));
+  }
+  EXPECT_EQ(ResidentBytesOfMapping(path), 0);  // unmapped with the file
 }
 
 std::string FreshDir(const std::string& name) {

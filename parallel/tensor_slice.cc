@@ -44,8 +44,10 @@ TensorSlice TensorSlice::Whole(c10::IntArrayRef shape) {
 
 TensorSlice TensorSlice::Narrow(int64_t dim, int64_t start, int64_t length) const {
   TensorSlice narrowed = *this;
-  narrowed.box.offsets[dim] += start;
-  narrowed.box.lengths[dim] = length;
+  const int64_t held = box.lengths[dim];
+  const int64_t clipped_start = std::min(start, held);
+  narrowed.box.offsets[dim] += clipped_start;
+  narrowed.box.lengths[dim] = std::min(length, held - clipped_start);
   return narrowed;
 }
 

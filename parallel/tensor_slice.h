@@ -52,7 +52,8 @@ struct TensorSlice {
   // All of a tensor of `shape`.
   static TensorSlice Whole(c10::IntArrayRef shape);
 
-  // The sub-box of `length` entries from `start` along `dim`, counted inside this box.
+  // The sub-box of `length` entries from `start` along `dim`, counted inside this box; what
+  // of them lies past this box's end is padding of the rank's tensor, left out.
   TensorSlice Narrow(int64_t dim, int64_t start, int64_t length) const;
 
   // The box's elements in `local` (this rank's tensor, padding after them), shaped as the box.

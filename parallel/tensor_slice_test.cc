@@ -27,6 +27,16 @@ TEST(TensorSliceTest, DataOfLeavesThePaddingOut) {
   EXPECT_EQ(TensorSlice::Whole({}).box.numel(), 1);
 }
 
+TEST(TensorSliceTest, NarrowingPastTheBoxLeavesThePaddingOut) {
+  // A vocabulary of 5 rows padded to 6 for 2 tensor-parallel ranks: the second holds rows 3
+  // and 4 and a padding row. FSDP over 2 ranks shards its 3 rows as 2 and 1: the second
+  // shard is padding alone.
+  const TensorSlice second = TensorSlice::Whole({5, 2}).Narrow(0, 3, 3);
+  EXPECT_EQ(second.DebugString(), "[3:5, 0:2] of [5, 2]");
+  EXPECT_EQ(second.Narrow(0, 0, 2).DebugString(), "[3:5, 0:2] of [5, 2]");
+  EXPECT_EQ(second.Narrow(0, 2, 1).box.numel(), 0);
+}
+
 TEST(TensorSliceTest, IntersectionsAndNarrowingToThem) {
   const Box stored{{0, 0}, {2, 4}};
   const Box wanted{{1, 2}, {3, 2}};

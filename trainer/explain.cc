@@ -12,6 +12,7 @@
 #include "base/dtype.h"
 #include "base/human.h"
 #include "base/status.h"
+#include "c10/util/accumulate.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
@@ -43,15 +44,17 @@ std::string ShortName(torch::ScalarType dtype) {
 }
 
 // Under tensor parallelism over `tp` ranks, the shape on a rank of each kind of parameter,
-// shown for the first block's and the root's parameters.
-std::vector<std::string> TensorParallelShapes(const models::ModelConfig& config, int64_t tp) {
+// shown for the first block's and the root's parameters, then what a rank holds of all of
+// them in `element_bytes`-byte elements.
+std::vector<std::string> TensorParallelShapes(const models::ModelConfig& config, int64_t tp,
+                                              size_t element_bytes) {
   using Split = wrap::Wrappable::Split;
   std::vector<std::string> lines;
+  int64_t total = 0;
+  int64_t per_rank = 0;
   for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
-    if (absl::StartsWith(parameter.name, "model.layers.") &&
-        !absl::StartsWith(parameter.name, "model.layers.0.")) {
-      continue;
-    }
+    const bool shown = !absl::StartsWith(parameter.name, "model.layers.") ||
+                       absl::StartsWith(parameter.name, "model.layers.0.");
     std::vector<int64_t> local = parameter.shape;
     const Split split = models::TensorParallelSplitOf(parameter.name);
     const char* kind = "replicated";
@@ -71,22 +74,30 @@ std::vector<std::string> TensorParallelShapes(const models::ModelConfig& config,
         kind = "row-parallel";
         break;
       case Split::kVocabulary:
-        local[0] /= tp;
-        kind = "vocabulary-parallel";
+        local[0] = (local[0] + tp - 1) / tp;
+        kind = local[0] * tp == parameter.shape[0] ? "vocabulary-parallel"
+                                                   : "vocabulary-parallel, padded";
         break;
     }
+    total += parameter.numel();
+    per_rank += c10::multiply_integers(local);
+    if (!shown) continue;
     lines.push_back(absl::StrFormat("  %s [%s] -> [%s] per rank (%s)", parameter.name,
                                     absl::StrJoin(parameter.shape, ", "),
                                     absl::StrJoin(local, ", "), kind));
   }
+  lines.push_back(absl::StrFormat(
+      "  tensor parallelism leaves each rank %s of the %s parameters (%.3f of them), %s",
+      base::HumanCount(per_rank), base::HumanCount(total), static_cast<double>(per_rank) / total,
+      base::HumanBytes(static_cast<double>(per_rank * element_bytes))));
   return lines;
 }
 
 // "qwen2 (preset "qwen2-tiny"), 4 layers, ...: 1.4M parameters".
 std::string DescribeModel(const models::ModelSpec& spec, const models::ModelConfig& config) {
-  return absl::StrFormat("%s %s, %d layers, hidden %d, vocab %d, %s: %s parameters",
+  return absl::StrFormat("%s%s, %d layers, hidden %d, vocab %d, %s: %s parameters",
                          config.model_type(),
-                         spec.has_preset() ? absl::StrCat("(preset \"", spec.preset(), "\")") : "",
+                         spec.has_preset() ? absl::StrCat(" (preset \"", spec.preset(), "\")") : "",
                          config.num_hidden_layers(), config.hidden_size(), config.vocab_size(),
                          spec.dtype() == base::DTYPE_AUTO
                              ? "auto (bf16 where the device computes it natively, else fp32)"
@@ -97,7 +108,8 @@ std::string DescribeModel(const models::ModelSpec& spec, const models::ModelConf
 std::string DescribeWeights(const models::ModelSpec& spec, const std::string& hf_weights_dir) {
   return hf_weights_dir.empty()
              ? absl::StrCat("seeded initialisation (seed ", spec.init().seed(), ")")
-             : absl::StrCat("loaded from ", hf_weights_dir, " before the preparation");
+             : absl::StrCat("loaded from ", hf_weights_dir,
+                            " after the preparation, each rank reading only its slices");
 }
 
 // A line per preparation step, "<indent>prepare[i]: <what it does> [<effect>]"; the index of
@@ -116,6 +128,9 @@ std::vector<std::string> DescribeSteps(
     lines.push_back(absl::StrCat(indent, "prepare[", i, "]: ", estimate.steps[i].description, " [",
                                  rule == nullptr ? "" : wrap::ParameterEffect_Name(rule->effect()),
                                  "]"));
+    for (const std::string& detail : estimate.steps[i].details) {
+      lines.push_back(absl::StrCat(indent, "  ", detail));
+    }
   }
   return lines;
 }
@@ -148,12 +163,15 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   }
   const std::vector<std::string> step_lines =
       DescribeSteps(plan.prepare(), memory.preparation, *rules, "", &last_changing);
+  lines.insert(lines.end(), step_lines.begin(), step_lines.end());
   for (int i = 0; i < plan.prepare_size(); ++i) {
-    lines.push_back(step_lines[i]);
     if (!plan.prepare(i).has_tensor_parallel()) continue;
     for (const auto& dim : plan.mesh().dims()) {
       if (dim.name() != plan.prepare(i).tensor_parallel().mesh_dim()) continue;
-      for (std::string& line : TensorParallelShapes(config, dim.size())) {
+      lines.push_back(absl::StrCat("prepare[", i, "]'s parameter shapes per rank (",
+                                   ShortName(ParameterDtype(plan.model())), "):"));
+      for (std::string& line : TensorParallelShapes(
+               config, dim.size(), c10::elementSize(ParameterDtype(plan.model())))) {
         lines.push_back(std::move(line));
       }
     }

@@ -141,6 +141,77 @@ TEST(ExplainPlanTest, DescribesActivationCheckpointing) {
   EXPECT_THAT(*text, HasSubstr("recomputes the rest in backward [KEEPS]"));
 }
 
+// Tensor parallelism over 4 ranks with sequence parallelism on the tiny Llama (hidden 256, 4
+// layers, 4 heads of 64, 2 key/value heads, vocabulary 4097 padded to 4100), 4 x 64 tokens
+// per micro-batch in fp32: every collective of a block and outside the blocks with its
+// bytes, the per-rank shapes and what a rank holds.
+TEST(ExplainPlanTest, ExplainsEveryCollectiveOfATensorParallelPlan) {
+  absl::StatusOr<Plan> plan = ParsePlan(
+      R"pb(
+        model {
+          config {
+            model_type: "llama"
+            hidden_size: 256
+            intermediate_size: 688
+            num_hidden_layers: 4
+            num_attention_heads: 4
+            num_key_value_heads: 2
+            rms_norm_eps: 1e-5
+            rope_theta: 10000
+            vocab_size: 4097
+            max_position_embeddings: 2048
+          }
+        }
+        mesh { dims { name: "tp" size: 4 } }
+        prepare {
+          tensor_parallel { mesh_dim: "tp" sequence_parallel: true pad_vocab_to_multiple: true }
+        }
+        optimizer { adamw {} }
+        schedule {
+          lr: 1e-3
+          constant {}
+        }
+        training { steps: 10 micro_batch: 4 seq_len: 64 eval_batches: 1 }
+      )pb",
+      "plan");
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(*plan, 4);
+  ASSERT_THAT(text, IsOk());
+  // 4 x 64 tokens x 256 x 4 bytes of activations, 256 KiB: a ring all-gather or
+  // reduce-scatter over 4 ranks sends 3/4 of it, an all-reduce twice that.
+  EXPECT_THAT(*text,
+              HasSubstr("\n  per block, forward: all-gathers of the 256.0 KiB activations along "
+                        "the sequence into q/k/v and into gate/up, reduce-scatters of the partial "
+                        "outputs of o_proj and of down_proj (192.0 KiB sent each)\n"));
+  EXPECT_THAT(*text, HasSubstr("\n  per block, backward: their conjugates, reduce-scatters of the "
+                               "input gradients of q/k/v and of gate/up, all-gathers of the output "
+                               "gradients of o_proj and of down_proj (192.0 KiB sent each)\n"));
+  // k_proj and v_proj, [128, 256] each: 256 KiB.
+  EXPECT_THAT(*text, HasSubstr("\n  per block, backward: the k_proj and v_proj gradients of the 2 "
+                               "key/value heads, each held by 2 ranks, summed: an all-reduce of "
+                               "256.0 KiB (384.0 KiB sent)\n"));
+  // Two norm weights of 256.
+  EXPECT_THAT(*text, HasSubstr("\n  per block, backward: the gradients of the parameters every "
+                               "rank holds whole (norm weights), computed from each rank's slice "
+                               "of the sequence, summed: an all-reduce of 2.0 KiB (3.0 KiB "
+                               "sent)\n"));
+  EXPECT_THAT(*text, HasSubstr("\n  outside the blocks: the embedding's output forward and the "
+                               "output projection's input gradient backward (384.0 KiB sent "
+                               "each), the final norm's weight gradient summed (1.5 KiB sent); the "
+                               "loss's all-reduces of each token's maximum logit, sum of "
+                               "exponentials and target logit (4.5 KiB sent)\n"));
+  // (4 x 4 + 2) x 384 KiB + 4 x (384 + 3) KiB + 1.5 KiB + 4.5 KiB = 8466 KiB.
+  EXPECT_THAT(*text, HasSubstr("\n  per micro-batch: 8.3 MiB sent\n"));
+  EXPECT_THAT(*text, HasSubstr("\n  model.layers.0.self_attn.k_proj.weight [128, 256] -> [64, 256] "
+                               "per rank (key/value heads, shared)\n"));
+  EXPECT_THAT(*text, HasSubstr("\n  lm_head.weight [4097, 256] -> [1025, 256] per rank "
+                               "(vocabulary-parallel, padded)\n"));
+  EXPECT_THAT(*text, HasSubstr("\n  tensor parallelism leaves each rank 1.3M of the 5.0M "
+                               "parameters (0.264 of them), 5.0 MiB\n"));
+  EXPECT_THAT(*text, HasSubstr("communication per rank (estimate, ring collectives): 8.3 MiB "
+                               "sent per step"));
+}
+
 // A DPO plan: the policy and its reference, each with its weights, preparation and memory per
 // rank, and what the objective does with the reference.
 TEST(ExplainPlanTest, DescribesBothModelsOfADpoPlan) {

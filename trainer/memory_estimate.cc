@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/dtype.h"
@@ -11,6 +12,7 @@
 #include "base/status.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "models/parameter_shapes.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "wrap/strategies.h"
@@ -44,6 +46,22 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, torch::ScalarType dt
       config, training.micro_batch(), training.seq_len(), dtype, device_type);
   shape.block_projection_output_bytes = models::BlockProjectionOutputBytes(
       config, training.micro_batch(), training.seq_len(), element_bytes);
+  shape.num_key_value_heads = config.num_key_value_heads();
+  for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
+    const bool in_blocks = absl::StartsWith(parameter.name, "model.layers.");
+    if (in_blocks && !absl::StartsWith(parameter.name, "model.layers.0.")) continue;
+    const double count = static_cast<double>(parameter.numel());
+    switch (models::TensorParallelSplitOf(parameter.name)) {
+      case wrap::Wrappable::Split::kKeyValueColumn:
+        shape.block_key_value_parameters += count;
+        break;
+      case wrap::Wrappable::Split::kReplicated:
+        (in_blocks ? shape.block_replicated_parameters : shape.root_replicated_parameters) += count;
+        break;
+      default:
+        break;
+    }
+  }
   return shape;
 }
 

@@ -11,6 +11,30 @@
 
 namespace plait::trainer {
 
+namespace {
+
+// Loads each of `parameters`' slices from the Hugging Face folder `dir`.
+absl::Status LoadHfSlices(const std::string& dir, const models::ModelConfig& config,
+                          const std::vector<parallel::TrainableParameter>& parameters) {
+  PLAIT_ASSIGN_OR_RETURN(models::SafetensorsCheckpoint checkpoint,
+                         models::SafetensorsCheckpoint::Open(dir));
+  std::vector<models::HfParameterPart> parts;
+  for (const parallel::TrainableParameter& parameter : parameters) {
+    const parallel::TensorSlice& slice = parameter.slice;
+    // Written through a view of the rank's tensor, whose first elements are the slice's
+    // (padding after them); only a contiguous tensor's reshape is a view.
+    if (!parameter.tensor.is_contiguous()) {
+      return absl::InternalError(absl::StrCat("the prepared parameter ", parameter.name,
+                                              " is not contiguous; its slice cannot be loaded"));
+    }
+    parts.push_back({parameter.name, slice.global_shape, slice.box.offsets, slice.box.lengths,
+                     slice.DataOf(parameter.tensor.detach())});
+  }
+  return models::LoadHfParts(checkpoint, config, parts);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
     const models::ModelSpec& spec, const std::string& hf_weights_dir,
     const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
@@ -20,13 +44,6 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
   PLAIT_ASSIGN_OR_RETURN(
       std::shared_ptr<models::CausalLM> model,
       base::Annotate(models::CausalLM::Create(config, spec.init()), field_path + ".model"));
-  if (!hf_weights_dir.empty()) {
-    const std::string field = field_path + ".hf_weights_dir";
-    PLAIT_ASSIGN_OR_RETURN(
-        models::SafetensorsCheckpoint checkpoint,
-        base::Annotate(models::SafetensorsCheckpoint::Open(hf_weights_dir), field));
-    PLAIT_RETURN_IF_ERROR(base::Annotate(models::LoadHfWeights(checkpoint, *model), field));
-  }
   model->to(mesh.device(), base::ToScalarType(spec.dtype(), torch::kFloat32));
   std::unique_ptr<PreparedModel> prepared(new PreparedModel(std::move(model), role));
   PLAIT_ASSIGN_OR_RETURN(prepared->preparation_, wrap::Preparation::Begin(*prepared->model_, mesh,
@@ -36,6 +53,12 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
   }
   PLAIT_ASSIGN_OR_RETURN(std::vector<parallel::TrainableParameter> parameters,
                          prepared->preparation_->TakeTrainableParameters());
+  if (!hf_weights_dir.empty()) {
+    // Loaded into the prepared parameters, so that each rank reads only the slice of each
+    // tensor it holds (tensor parallelism's, FSDP's shard).
+    PLAIT_RETURN_IF_ERROR(base::Annotate(LoadHfSlices(hf_weights_dir, config, parameters),
+                                         field_path + ".hf_weights_dir"));
+  }
   if (role == Role::kTrained) {
     prepared->trainable_ = std::move(parameters);
   } else {

@@ -32,9 +32,10 @@ enum class Role { kTrained, kFrozen };
 
 class PreparedModel {
  public:
-  // Builds the model `spec` names, loads the weights of the Hugging Face folder
-  // `hf_weights_dir` when it is not empty, moves it to the mesh's device and applies `steps`
-  // in order on `mesh` (which must outlive the result). Errors name `field_path`.model,
+  // Builds the model `spec` names, moves it to the mesh's device, applies `steps` in order on
+  // `mesh` (which must outlive the result) and, when `hf_weights_dir` is not empty, loads
+  // into each prepared parameter the slice of its tensor in that Hugging Face folder that
+  // this rank holds, reading no other bytes of it. Errors name `field_path`.model,
   // .hf_weights_dir or .prepare[i] and come from the model's config, the checkpoint or the wrapper
   // (the plan's validation catches the rule violations first).
   static absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(

@@ -27,6 +27,7 @@
 #include "models/model_config.h"
 #include "objectives/objective.h"
 #include "parallel/device_mesh.h"
+#include "parallel/tensor_slice.h"
 #include "parallel/test_ranks.h"
 #include "trainer/plan.h"
 #include "trainer/prepared_model.h"
@@ -193,6 +194,53 @@ TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
 TEST(TrainTest, TensorParallelAndTwoDimensionalRunsTrainToTheSingleProcessLosses) {
   ExpectSameRun(TrainOnRanks(ShortShippedPlan("llama_tp"), 2), SingleProcessRun());
   ExpectSameRun(TrainOnRanks(ShortShippedPlan("llama_2d"), 4), SingleProcessRun());
+}
+
+// A tensor-parallel run from a Hugging Face folder: each rank loads only its slice of each
+// tensor (llama_2d: tensor parallelism's slices, sharded further by FSDP), which together
+// are the folder's weights, and llama_tp trains from the folder as one process does from it.
+// The folder's weights are another seed's than the plans', so a run that ignored them would
+// differ.
+TEST(TrainTest, TensorParallelRanksLoadTheirSlicesOfAHuggingFaceFolder) {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/seed5");
+  Plan single = ShortShippedPlan("llama_single");
+  models::ModelSpec seeded = single.model();
+  seeded.mutable_init()->set_seed(5);
+  auto config = models::ResolveModelSpec(seeded, "plan.model");
+  ASSERT_THAT(config, IsOk());
+  auto pretrained = models::CausalLM::Create(*config, seeded.init());
+  ASSERT_THAT(pretrained, IsOk());
+  ASSERT_THAT(models::SaveHfModel(**pretrained, dir), IsOk());
+
+  const Plan two_d = ShortShippedPlan("llama_2d");
+  WithMesh(two_d, 4, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto prepared =
+        PreparedModel::Prepare(two_d.model(), dir, two_d.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    for (const parallel::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
+      if (parameter.name != "model.layers.0.mlp.up_proj.weight") continue;
+      // A quarter of it: half the columns' rows, then half of those.
+      EXPECT_EQ(parameter.slice.box.numel() * 4,
+                parallel::TensorSlice::Whole(parameter.slice.global_shape).box.numel());
+      EXPECT_TRUE(parameter.slice.DataOf(parameter.tensor)
+                      .equal(parallel::NarrowTo(
+                          (*pretrained)->named_parameters()[parameter.name],
+                          parallel::TensorSlice::Whole(parameter.slice.global_shape).box,
+                          parameter.slice.box)));
+    }
+    auto full = (*prepared)->preparation().FullParameters();
+    ASSERT_THAT(full, IsOk());
+    for (const auto& item : (*pretrained)->named_parameters()) {
+      EXPECT_TRUE(full->at(item.key()).equal(item.value())) << rank << " " << item.key();
+    }
+  });
+
+  Plan tp = ShortShippedPlan("llama_tp");
+  tp.set_hf_weights_dir(dir);
+  single.set_hf_weights_dir(dir);
+  const TrainReport expected = TrainOnRanks(single, 1);
+  ExpectSameRun(TrainOnRanks(tp, 2), expected);
+  EXPECT_NE(expected.steps[0].loss, SingleProcessRun().steps[0].loss);
 }
 
 // Hybrid sharding over dp_replicate=2 x dp_shard=2 (each rank reads 4 of the 16 sequences):

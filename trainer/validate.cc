@@ -154,13 +154,15 @@ class Checker {
       if (config.has_value()) {
         problems = wrap::tp::HeadSplitProblems(config->num_attention_heads(),
                                                config->num_key_value_heads(), size);
-        for (const auto& [name, count] :
-             {std::pair<const char*, int64_t>{"intermediate_size", config->intermediate_size()},
-              {"vocab_size", config->vocab_size()}}) {
-          if (count % size != 0) {
-            problems.push_back(absl::StrCat(
-                name, " (", count, ") does not divide by the tensor-parallel size ", size));
-          }
+        if (config->intermediate_size() % size != 0) {
+          problems.push_back(absl::StrCat("intermediate_size (", config->intermediate_size(),
+                                          ") does not divide by the tensor-parallel size ", size));
+        }
+        if (config->vocab_size() % size != 0 && !tp.pad_vocab_to_multiple()) {
+          problems.push_back(absl::StrCat(
+              "vocab_size (", config->vocab_size(),
+              ") does not divide by the tensor-parallel size ", size, "; set ", field, "[", i,
+              "].tensor_parallel.pad_vocab_to_multiple to pad it with rows never predicted"));
         }
       }
       if (tp.sequence_parallel() && plan_.training().seq_len() % size != 0) {

@@ -101,6 +101,15 @@ TEST(ValidatePlanTest, HybridShardingComposesWithTensorParallelism) {
   EXPECT_THAT(ValidatePlan(*plan, 8), IsOk());
 }
 
+// testdata/tp_vocab_not_dividing.textproto's vocabulary of 257 over 2 tensor-parallel ranks,
+// refused there, is valid padded to 258.
+TEST(ValidatePlanTest, APaddedVocabularyNeedNotDivide) {
+  absl::StatusOr<Plan> plan = LoadPlan(Runfile("trainer/testdata/tp_vocab_not_dividing.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  plan->mutable_prepare(0)->mutable_tensor_parallel()->set_pad_vocab_to_multiple(true);
+  EXPECT_THAT(ValidatePlan(*plan, 2), IsOk());
+}
+
 TEST(ValidatePlanTest, ShippedPlansAreValid) {
   for (const auto& [name, ranks] : std::vector<std::pair<std::string, int>>{{"llama_fsdp", 2},
                                                                             {"llama_ddp", 2},

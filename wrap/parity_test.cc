@@ -53,8 +53,10 @@ enum class Strategy { kNone, kDdp, kFsdp, kFsdpNoReshard, kFsdpBf16 };
 
 // The tiny Llama as it is; with tied embeddings (the embedding is the output projection
 // too); with a parameter the forward never uses, which one process leaves untouched; the
-// tiny Qwen2 (tied embeddings, q/k/v biases) with 4 heads sharing 1 key/value head.
-enum class Variant { kPlain, kTied, kUnusedParameter, kQwen2 };
+// tiny Qwen2 (tied embeddings, q/k/v biases) with 4 heads sharing 1 key/value head; the tiny
+// Llama with a vocabulary of 4097 (one more than its data's ids), which tensor parallelism
+// pads (pad_vocab_to_multiple).
+enum class Variant { kPlain, kTied, kUnusedParameter, kQwen2, kOddVocabulary };
 
 struct Scenario {
   std::string name;
@@ -70,6 +72,9 @@ struct Scenario {
   // Activation checkpointing, applied first, unless POLICY_UNSPECIFIED.
   ActivationCheckpointingConfig::Policy checkpointing =
       ActivationCheckpointingConfig::POLICY_UNSPECIFIED;
+
+  // The ranks of every dimension: the GPUs a run on CUDA needs.
+  int world() const { return replicate * ranks * tp; }
 };
 
 struct TrainingRun {
@@ -109,6 +114,7 @@ std::shared_ptr<models::CausalLM> MakeModel(Variant variant = Variant::kPlain,
     config.set_num_attention_heads(4);
     config.set_num_key_value_heads(1);
   }
+  if (variant == Variant::kOddVocabulary) config.set_vocab_size(config.vocab_size() + 1);
   models::InitConfig init;
   init.set_seed(3);
   std::shared_ptr<models::CausalLM> model = models::CausalLM::Create(config, init).value();
@@ -188,7 +194,7 @@ TrainingRun Distributed(const Scenario& scenario) {
     dim->set_name("tp");
     dim->set_size(scenario.tp);
   }
-  const int world = scenario.replicate * scenario.ranks * scenario.tp;
+  const int world = scenario.world();
   const parallel::MeshLayout layout = parallel::MeshLayout::Create(mesh_config, world).value();
   TrainingRun result;
   result.trainable_bytes.resize(world);
@@ -207,6 +213,8 @@ TrainingRun Distributed(const Scenario& scenario) {
       PrepareStep step;
       step.mutable_tensor_parallel()->set_mesh_dim("tp");
       step.mutable_tensor_parallel()->set_sequence_parallel(scenario.sequence_parallel);
+      step.mutable_tensor_parallel()->set_pad_vocab_to_multiple(scenario.variant ==
+                                                                Variant::kOddVocabulary);
       ASSERT_THAT((*preparation)->Apply(step), IsOk());
     }
     PrepareStep step;
@@ -323,8 +331,8 @@ class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
 };
 
 TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
-  if (!parallel::testing::EnoughDevices(kDevice, GetParam().ranks)) {
-    GTEST_SKIP() << GetParam().name << " needs " << GetParam().ranks << " GPUs; this machine has "
+  if (!parallel::testing::EnoughDevices(kDevice, GetParam().world())) {
+    GTEST_SKIP() << GetParam().name << " needs " << GetParam().world() << " GPUs; this machine has "
                  << parallel::CudaDeviceCount();
   }
   const TrainingRun& expected = Reference(GetParam().variant);
@@ -395,6 +403,12 @@ INSTANTIATE_TEST_SUITE_P(
         Scenario{"tp_2_ranks_qwen2_sequence_parallel", Strategy::kNone, 1, 1, Variant::kQwen2, 2,
                  true},
         Scenario{"fsdp_2_x_tp_2", Strategy::kFsdp, 2, 1, Variant::kPlain, 2},
+        // 4097 rows padded to 4098 (2 ranks: rank 1's last row is padding, in its second
+        // FSDP shard) and to 4100 (4 ranks: 3 padding rows).
+        Scenario{"tp_2_ranks_padded_vocabulary", Strategy::kNone, 1, 1, Variant::kOddVocabulary, 2},
+        Scenario{"tp_4_ranks_padded_vocabulary", Strategy::kNone, 1, 1, Variant::kOddVocabulary, 4},
+        Scenario{"fsdp_2_x_tp_2_padded_vocabulary", Strategy::kFsdp, 2, 1, Variant::kOddVocabulary,
+                 2},
         Scenario{"ddp_2_x_tp_2", Strategy::kDdp, 2, 1, Variant::kPlain, 2},
         Scenario{"fsdp_2_x_tp_2_qwen2_sequence_parallel", Strategy::kFsdp, 2, 2, Variant::kQwen2, 2,
                  true},
@@ -416,9 +430,10 @@ INSTANTIATE_TEST_SUITE_P(
 class CheckpointingParityTest : public ::testing::TestWithParam<Scenario> {};
 
 TEST_P(CheckpointingParityTest, EqualsTheRunWithoutCheckpointing) {
-  const int ranks = GetParam().ranks * GetParam().tp;
-  if (!parallel::testing::EnoughDevices(kDevice, ranks))
-    GTEST_SKIP() << "needs " << ranks << " GPUs";
+  if (!parallel::testing::EnoughDevices(kDevice, GetParam().world())) {
+    GTEST_SKIP() << GetParam().name << " needs " << GetParam().world() << " GPUs; this machine has "
+                 << parallel::CudaDeviceCount();
+  }
   Scenario without = GetParam();
   without.checkpointing = ActivationCheckpointingConfig::POLICY_UNSPECIFIED;
   const TrainingRun expected = Distributed(without);

@@ -53,13 +53,23 @@ struct ModelShape {
   // gate/up/down).
   double block_activation_bytes = 0;
   double block_projection_output_bytes = 0;
+  // What tensor parallelism's gradient reductions carry: the key/value head count, one
+  // block's key/value projections (k_proj and v_proj, weights and biases), whose gradients
+  // are summed when fewer heads than ranks share them, and the parameters it keeps whole
+  // on every rank (norm weights) in one block and outside the blocks, whose gradients are
+  // summed under sequence parallelism.
+  int64_t num_key_value_heads = 0;
+  double block_key_value_parameters = 0;
+  double block_replicated_parameters = 0;
+  double root_replicated_parameters = 0;
 };
 
 // What a strategy would do to one rank, estimated from the model's shape and the size of its
 // mesh dimension.
 struct StepEstimate {
-  std::string description;          // one line for plan explanations
-  double parameter_fraction = 1.0;  // the share of each parameter a rank keeps (1/n when sharded)
+  std::string description;           // one line for plan explanations
+  std::vector<std::string> details;  // lines below it there (each collective, with its bytes)
+  double parameter_fraction = 1.0;   // the share of each parameter a rank keeps (1/n when sharded)
   // Parameter bytes a rank holds whole, beyond its share, at the peak of a step (FSDP's
   // gathered units).
   double gathered_bytes = 0.0;

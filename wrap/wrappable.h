@@ -57,7 +57,8 @@ class TensorParallelOps {
 
   // Per position, -log p(targets[i]) from this rank's vocabulary slice of fp32 `logits`
   // [N, vocab / tp] and global `targets` [N], without gathering the logits; 0 where the
-  // target is `ignore_index`. Differentiable in `logits`.
+  // target is `ignore_index`. Differentiable in `logits`. A vocabulary padded to a multiple
+  // of tp has padding columns at its end, which get no probability.
   virtual torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                           int64_t ignore_index) = 0;
 };

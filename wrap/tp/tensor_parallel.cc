@@ -1,6 +1,7 @@
 #include "wrap/tp/tensor_parallel.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,8 +41,9 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
       new TensorParallel(model, communicator, config.sequence_parallel()));
   std::vector<Slice> slices;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
-    Slice slice{named.name, named.parameter, 0, n, rank, 1};
-    switch (model.TensorParallelSplit(named.name)) {
+    const Wrappable::Split split = model.TensorParallelSplit(named.name);
+    Slice slice{named.name, named.parameter, 0, n, rank, 1, 0};
+    switch (split) {
       case Wrappable::Split::kReplicated:
         continue;
       case Wrappable::Split::kColumn:
@@ -57,12 +59,16 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
         break;
     }
     const torch::Tensor& full = named.parameter;
-    if (full.dim() <= slice.dim || full.size(slice.dim) % slice.parts != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor_parallel: ", named.name, " of shape ", c10::str(full.sizes()),
-                       " does not split into ", slice.parts, " equal parts along dim ", slice.dim,
-                       " over the tensor-parallel size ", n));
+    const bool padded = split == Wrappable::Split::kVocabulary && config.pad_vocab_to_multiple();
+    if (full.dim() <= slice.dim || (full.size(slice.dim) % slice.parts != 0 && !padded)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor_parallel: ", named.name, " of shape ", c10::str(full.sizes()),
+          " does not split into ", slice.parts, " equal parts along dim ", slice.dim,
+          " over the tensor-parallel size ", n,
+          split == Wrappable::Split::kVocabulary ? " (pad_vocab_to_multiple pads it)" : ""));
     }
+    slice.length = full.size(slice.dim);
+    if (padded && slice.length % n != 0) tp->vocab_size_ = slice.length;
     slices.push_back(std::move(slice));
   }
   PLAIT_RETURN_IF_ERROR(
@@ -70,10 +76,16 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
   {
     torch::NoGradGuard no_grad;
     for (Slice& slice : slices) {
-      const int64_t length = slice.parameter.size(slice.dim) / slice.parts;
-      // A fresh tensor, so that the full one's memory goes with its last reference.
-      slice.parameter.set_data(
-          slice.parameter.narrow(slice.dim, slice.part * length, length).clone());
+      const int64_t length = (slice.length + slice.parts - 1) / slice.parts;
+      const int64_t start = std::min(slice.part * length, slice.length);
+      const int64_t kept = std::min(length, slice.length - start);
+      // A fresh tensor, so that the full one's memory goes with its last reference; a
+      // padded vocabulary's last slices end in zero rows.
+      std::vector<int64_t> sizes = slice.parameter.sizes().vec();
+      sizes[slice.dim] = length;
+      torch::Tensor part = torch::zeros(sizes, slice.parameter.options());
+      part.narrow(slice.dim, 0, kept).copy_(slice.parameter.narrow(slice.dim, start, kept));
+      slice.parameter.set_data(part);
     }
   }
   TensorParallel* self = tp.get();
@@ -143,11 +155,24 @@ torch::Tensor TensorParallel::Embed(const torch::Tensor& tokens, const torch::Te
   return ExitRowParallel(looked_up.masked_fill(~mine.unsqueeze(-1), 0));
 }
 
+int64_t TensorParallel::PaddedColumns(int64_t columns) const {
+  if (vocab_size_ == 0) return 0;
+  return std::clamp<int64_t>((group_.rank() + 1) * columns - vocab_size_, 0, columns);
+}
+
 torch::Tensor TensorParallel::TokenCrossEntropy(const torch::Tensor& logits,
                                                 const torch::Tensor& targets,
                                                 int64_t ignore_index) {
-  return VocabParallelCrossEntropy(logits, targets, group_.rank() * logits.size(1), ignore_index,
-                                   group_);
+  const int64_t columns = logits.size(1);
+  const int64_t padded = PaddedColumns(columns);
+  torch::Tensor scored = logits;
+  if (padded > 0) {
+    // No probability for the padding rows, and so no gradient for them.
+    const torch::Tensor padding =
+        torch::arange(columns, torch::TensorOptions().device(logits.device())) >= columns - padded;
+    scored = logits.masked_fill(padding, -std::numeric_limits<float>::infinity());
+  }
+  return VocabParallelCrossEntropy(scored, targets, group_.rank() * columns, ignore_index, group_);
 }
 
 void TensorParallel::MarkSharded(std::vector<parallel::TrainableParameter>& parameters) const {
@@ -164,10 +189,13 @@ void TensorParallel::MarkSharded(std::vector<parallel::TrainableParameter>& para
     parameter.sharded_over.push_back(&group_.communicator());
     parameter.replicas *= slice->replicas;
     // The parameter is this rank's part already (Create replaced it), and tensor
-    // parallelism comes first: the whole tensor is `parts` such parts along `dim`.
+    // parallelism comes first: the whole tensor is `parts` such parts along `dim`, less
+    // any padding at its end.
     const int64_t length = held.box.lengths[slice->dim];
-    held.global_shape[slice->dim] = length * slice->parts;
-    held.box.offsets[slice->dim] = slice->part * length;
+    const int64_t start = std::min(slice->part * length, slice->length);
+    held.global_shape[slice->dim] = slice->length;
+    held.box.offsets[slice->dim] = start;
+    held.box.lengths[slice->dim] = std::min(length, slice->length - start);
     held.replica = held.replica * slice->replicas + group_.rank() % slice->replicas;
   }
 }
@@ -185,8 +213,11 @@ absl::Status TensorParallel::GatherFull(std::map<std::string, torch::Tensor>& pa
     sizes.insert(sizes.begin(), n);
     // [n, slice...]: one slice per rank; ranks that share a slice hold it once.
     torch::Tensor by_rank = gathered.view(sizes).slice(0, 0, n, slice.replicas);
-    // The parts next to each other along the split dimension.
-    it->second = by_rank.movedim(0, slice.dim).flatten(slice.dim, slice.dim + 1).contiguous();
+    // The parts next to each other along the split dimension, without padding.
+    it->second = by_rank.movedim(0, slice.dim)
+                     .flatten(slice.dim, slice.dim + 1)
+                     .narrow(slice.dim, 0, slice.length)
+                     .contiguous();
   }
   return absl::OkStatus();
 }
@@ -194,29 +225,95 @@ absl::Status TensorParallel::GatherFull(std::map<std::string, torch::Tensor>& pa
 StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape,
                                               const parallel::MeshConfig& mesh) const {
   const int dim_size = static_cast<int>(parallel::SubmeshRanks(mesh, {config_.mesh_dim()}));
-  // Ring all-reduces of the [tokens, hidden] activations in the parameters' dtype: per block
-  // two forward (after o_proj and down_proj) and two backward (into the q/k/v and gate/up
-  // inputs), plus the embedding's forward and the output projection's input backward; with
-  // sequence parallelism each is an all-gather and a reduce-scatter, the same bytes. The
-  // loss all-reduces three fp32 numbers per token.
+  const bool sp = config_.sequence_parallel();
+  // Ring collectives: an all-gather or a reduce-scatter sends (n-1)/n of the whole buffer,
+  // an all-reduce twice that.
   const double ring = static_cast<double>(dim_size - 1) / dim_size;
+  const auto all_reduce = [ring](double bytes) { return 2.0 * ring * bytes; };
+  // The [tokens, hidden] activations in the parameters' dtype: per block two all-reduces
+  // forward (after o_proj and down_proj) and two backward (into the q/k/v and gate/up
+  // inputs), plus the embedding's forward and the output projection's input backward; with
+  // sequence parallelism each is an all-gather and a reduce-scatter, the same bytes.
   const double activation_bytes =
       shape.micro_batch_tokens * shape.hidden_size * shape.parameter_bytes;
-  const double per_collective = 2.0 * ring * activation_bytes;
+  const double per_collective = all_reduce(activation_bytes);
+  // Key/value heads shared by several ranks (fewer heads than ranks): each rank puts its
+  // head's gradient in a buffer of every head's, and the group sums the buffers.
+  const bool shared_kv = shape.num_key_value_heads > 0 && shape.num_key_value_heads < dim_size;
+  const double kv_bytes =
+      shared_kv ? all_reduce(shape.block_key_value_parameters * shape.parameter_bytes) : 0.0;
+  // Under sequence parallelism each rank computes the replicated parameters' gradients from
+  // its slice of the sequence: they are summed.
+  const double block_replicated_bytes =
+      sp ? all_reduce(shape.block_replicated_parameters * shape.parameter_bytes) : 0.0;
+  const double root_replicated_bytes =
+      sp ? all_reduce(shape.root_replicated_parameters * shape.parameter_bytes) : 0.0;
+  // The loss: each token's maximum logit, then its sum of exponentials and target logit.
+  const double loss_bytes = all_reduce(3.0 * shape.micro_batch_tokens * sizeof(float));
   StepEstimate estimate;
   estimate.description = absl::StrFormat(
       "tensor_parallel over %s (%d ranks%s): heads, MLP columns and the vocabulary split, each "
       "rank keeps about 1/%d of %s parameters; per block 2 %s of %s activations forward and 2 "
       "backward (%s sent each), 1 more each way for the embedding and output projection, and "
       "the loss on vocabulary-sharded logits",
-      config_.mesh_dim(), dim_size, config_.sequence_parallel() ? ", sequence parallel" : "",
-      dim_size, base::HumanCount(shape.parameters),
-      config_.sequence_parallel() ? "all-gather + reduce-scatter pairs" : "all-reduces",
+      config_.mesh_dim(), dim_size, sp ? ", sequence parallel" : "", dim_size,
+      base::HumanCount(shape.parameters), sp ? "all-gather + reduce-scatter pairs" : "all-reduces",
       base::HumanBytes(activation_bytes), base::HumanBytes(per_collective));
+  const std::string activations = base::HumanBytesAnySize(activation_bytes);
+  if (sp) {
+    const std::string half = base::HumanBytesAnySize(ring * activation_bytes);
+    estimate.details.push_back(absl::StrFormat(
+        "per block, forward: all-gathers of the %s activations along the sequence into q/k/v "
+        "and into gate/up, reduce-scatters of the partial outputs of o_proj and of down_proj "
+        "(%s sent each)",
+        activations, half));
+    estimate.details.push_back(absl::StrFormat(
+        "per block, backward: their conjugates, reduce-scatters of the input gradients of "
+        "q/k/v and of gate/up, all-gathers of the output gradients of o_proj and of down_proj "
+        "(%s sent each)",
+        half));
+  } else {
+    estimate.details.push_back(absl::StrFormat(
+        "per block, forward: all-reduces of the %s partial outputs of o_proj and of down_proj "
+        "(%s sent each)",
+        activations, base::HumanBytesAnySize(per_collective)));
+    estimate.details.push_back(absl::StrFormat(
+        "per block, backward: all-reduces of the %s input gradients of q/k/v and of gate/up "
+        "(%s sent each)",
+        activations, base::HumanBytesAnySize(per_collective)));
+  }
+  if (shared_kv) {
+    estimate.details.push_back(absl::StrFormat(
+        "per block, backward: the k_proj and v_proj gradients of the %d key/value heads, each "
+        "held by %d ranks, summed: an all-reduce of %s (%s sent)",
+        shape.num_key_value_heads, dim_size / shape.num_key_value_heads,
+        base::HumanBytesAnySize(shape.block_key_value_parameters * shape.parameter_bytes),
+        base::HumanBytesAnySize(kv_bytes)));
+  }
+  if (sp) {
+    estimate.details.push_back(absl::StrFormat(
+        "per block, backward: the gradients of the parameters every rank holds whole (norm "
+        "weights), computed from each rank's slice of the sequence, summed: an all-reduce of "
+        "%s (%s sent)",
+        base::HumanBytesAnySize(shape.block_replicated_parameters * shape.parameter_bytes),
+        base::HumanBytesAnySize(block_replicated_bytes)));
+  }
+  estimate.details.push_back(absl::StrFormat(
+      "outside the blocks: the embedding's output forward and the output projection's input "
+      "gradient backward (%s sent each)%s; the loss's all-reduces of each token's maximum "
+      "logit, sum of exponentials and target logit (%s sent)",
+      base::HumanBytesAnySize(per_collective),
+      sp ? absl::StrCat(", the final norm's weight gradient summed (",
+                        base::HumanBytesAnySize(root_replicated_bytes), " sent)")
+         : "",
+      base::HumanBytesAnySize(loss_bytes)));
   estimate.parameter_fraction = 1.0 / dim_size;
   estimate.bytes_sent_per_micro_batch =
       (4.0 * static_cast<double>(shape.num_blocks) + 2.0) * per_collective +
-      2.0 * ring * 3.0 * shape.micro_batch_tokens * sizeof(float);
+      static_cast<double>(shape.num_blocks) * (kv_bytes + block_replicated_bytes) +
+      root_replicated_bytes + loss_bytes;
+  estimate.details.push_back(absl::StrFormat(
+      "per micro-batch: %s sent", base::HumanBytesAnySize(estimate.bytes_sent_per_micro_batch)));
   return estimate;
 }
 

@@ -43,8 +43,9 @@ std::vector<std::string> HeadSplitProblems(int64_t num_heads, int64_t num_kv_hea
 class TensorParallel final : public TensorParallelOps {
  public:
   // Replaces the model's split parameters by this rank's slices (the model must be the
-  // same on every rank, e.g. initialised from one seed) and installs the ops and hooks.
-  // InvalidArgument naming the count or parameter that does not divide by the group's size.
+  // same on every rank, e.g. initialised from one seed; a padded vocabulary's slices end in
+  // zero rows) and installs the ops and hooks. InvalidArgument naming the count or parameter
+  // that does not divide by the group's size.
   static absl::StatusOr<std::unique_ptr<TensorParallel>> Create(
       Wrappable& model, parallel::Communicator& communicator, const TensorParallelConfig& config);
   ~TensorParallel() override;
@@ -58,19 +59,22 @@ class TensorParallel final : public TensorParallelOps {
 
   // Marks the split parameters among `parameters` as sharded over this group (and shared
   // key/value heads as replicated `replicas` times in it), narrowing each one's slice to
-  // this rank's part; the others are whole on every rank of the group, replicas of one
-  // another.
+  // this rank's part of the whole parameter (a padded vocabulary's padding rows are in no
+  // slice); the others are whole on every rank of the group, replicas of one another.
   void MarkSharded(std::vector<parallel::TrainableParameter>& parameters) const;
 
   // Replaces the split parameters' entries of `parameters` (this rank's slices) by the
-  // whole tensors, gathered from the group; every rank of the group must call it.
+  // whole tensors, gathered from the group, without vocabulary padding; every rank of the
+  // group must call it.
   absl::Status GatherFull(std::map<std::string, torch::Tensor>& parameters);
 
   // The first error of a collective since wrapping.
   absl::Status status() const { return group_.status(); }
 
  private:
-  // A split parameter: its slice `part` of `parts` along `dim`, held by `replicas` ranks.
+  // A split parameter: its slice `part` of `parts` along `dim`, held by `replicas` ranks;
+  // the whole parameter has `length` entries along `dim`, followed by padding (a
+  // vocabulary padded to a multiple of the parts) up to `parts` slices' worth.
   struct Slice {
     std::string name;
     torch::Tensor parameter;
@@ -78,9 +82,13 @@ class TensorParallel final : public TensorParallelOps {
     int64_t parts;
     int64_t part;
     int64_t replicas;
+    int64_t length;
   };
 
   TensorParallel(Wrappable& model, parallel::Communicator& communicator, bool sequence_parallel);
+
+  // The vocabulary columns of this rank's `columns`-wide logits slice that are padding.
+  int64_t PaddedColumns(int64_t columns) const;
 
   // Registers `hook` on `parameter`'s gradient, removed when this object goes.
   void AddGradientHook(torch::Tensor parameter, std::function<torch::Tensor(torch::Tensor)> hook);
@@ -88,6 +96,9 @@ class TensorParallel final : public TensorParallelOps {
   Wrappable& model_;
   TpGroup group_;
   const bool sequence_parallel_;
+  // The vocabulary's size (its rows before padding) when pad_vocab_to_multiple padded it,
+  // else 0.
+  int64_t vocab_size_ = 0;
   std::vector<Slice> slices_;
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // parameter and hook position
 };

@@ -34,10 +34,10 @@ constexpr int64_t kSeqLen = 16;
 
 models::ModelConfig Tiny() { return models::PresetConfig("tiny").value(); }
 
-std::shared_ptr<models::CausalLM> MakeModel() {
+std::shared_ptr<models::CausalLM> MakeModel(const models::ModelConfig& config = Tiny()) {
   models::InitConfig init;
   init.set_seed(5);
-  return models::CausalLM::Create(Tiny(), init).value();
+  return models::CausalLM::Create(config, init).value();
 }
 
 torch::Tensor Tokens(int64_t seq_len = kSeqLen) {
@@ -197,6 +197,72 @@ TEST(TensorParallelRulesTest, HeadsThatDoNotSplitAreRefused) {
   });
 }
 
+// A vocabulary of 4097 rows over 2 ranks: a named error unless pad_vocab_to_multiple pads it
+// to 4098. Then each rank holds 2049 rows, rank 1's last a zero padding row, and its slice
+// records the rows of the true vocabulary it holds; the padding column gets no probability,
+// so the loss and the true rows' gradients are one process's and the padding row's gradient
+// is zero; the whole parameters gathered back have the true 4097 rows.
+TEST(TensorParallelPaddingTest, AVocabularyThatDoesNotDivideIsPadded) {
+  models::ModelConfig config = Tiny();
+  config.set_vocab_size(4097);
+  const torch::Tensor tokens = Tokens();
+  std::shared_ptr<models::CausalLM> single = MakeModel(config);
+  const torch::Tensor expected_loss =
+      single->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen));
+  expected_loss.backward();
+  const torch::Tensor expected_grad = single->named_parameters()["lm_head.weight"].grad();
+  ASSERT_TRUE(expected_grad.defined());
+
+  parallel::testing::RunOnGlooMesh(Layout({{"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
+    {
+      std::shared_ptr<models::CausalLM> model = MakeModel(config);
+      auto preparation = Preparation::Begin(*model, mesh, "plan.prepare");
+      ASSERT_THAT(preparation, IsOk());
+      EXPECT_THAT((*preparation)->Apply(TensorParallelStep(false)),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr("model.embed_tokens.weight of shape [4097, 256] does not "
+                                     "split into 2 equal parts along dim 0 over the "
+                                     "tensor-parallel size 2 (pad_vocab_to_multiple pads it)")));
+    }
+    std::shared_ptr<models::CausalLM> model = MakeModel(config);
+    auto preparation = Preparation::Begin(*model, mesh);
+    ASSERT_THAT(preparation, IsOk());
+    PrepareStep step = TensorParallelStep(false);
+    step.mutable_tensor_parallel()->set_pad_vocab_to_multiple(true);
+    ASSERT_THAT((*preparation)->Apply(step), IsOk());
+    auto parameters = (*preparation)->TakeTrainableParameters();
+    ASSERT_THAT(parameters, IsOk());
+    for (const parallel::TrainableParameter& parameter : *parameters) {
+      if (parameter.name != "lm_head.weight" && parameter.name != "model.embed_tokens.weight") {
+        continue;
+      }
+      EXPECT_EQ(parameter.tensor.size(0), 2049) << parameter.name;
+      EXPECT_EQ(parameter.slice.DebugString(),
+                rank == 0 ? "[0:2049, 0:256] of [4097, 256]" : "[2049:4097, 0:256] of [4097, 256]")
+          << parameter.name;
+      if (rank == 1) EXPECT_EQ(parameter.tensor[2048].abs().max().item<float>(), 0.0f);
+    }
+
+    const torch::Tensor loss =
+        model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen));
+    loss.backward();
+    ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+    EXPECT_NEAR(loss.item<double>(), expected_loss.item<double>(),
+                1e-5 * expected_loss.item<double>());
+    const torch::Tensor grad = model->named_parameters()["lm_head.weight"].grad();
+    const int64_t rows = rank == 0 ? 2049 : 2048;
+    EXPECT_TRUE(torch::allclose(grad.narrow(0, 0, rows), expected_grad.narrow(0, rank * 2049, rows),
+                                1e-4, 1e-7));
+    if (rank == 1) EXPECT_EQ(grad[2048].abs().max().item<float>(), 0.0f);
+
+    auto full = (*preparation)->FullParameters();
+    ASSERT_THAT(full, IsOk());
+    for (const auto& item : single->named_parameters()) {
+      EXPECT_TRUE(full->at(item.key()).equal(item.value())) << item.key();
+    }
+  });
+}
+
 // Bytes a rank sends for an all-reduce (ring: reduce-scatter then all-gather) of `elements`
 // fp32 values over `n` ranks; an all-gather and a reduce-scatter send half that each.
 double AllReduceBytes(double elements, int n) { return 2.0 * (n - 1) / n * elements * 4; }
@@ -231,6 +297,23 @@ TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
   if (kv < n) {
     expected += 2 * layers * AllReduceBytes(kv * head_dim * config.hidden_size(), n);
   }
+  // The strategy's estimate, which plan_check prints, is the same count.
+  ModelShape shape;
+  shape.hidden_size = config.hidden_size();
+  shape.micro_batch_tokens = positions;
+  shape.num_blocks = config.num_hidden_layers();
+  shape.num_key_value_heads = kv;
+  shape.block_key_value_parameters = 2 * kv * head_dim * config.hidden_size();
+  shape.block_replicated_parameters = 2 * config.hidden_size();
+  shape.root_replicated_parameters = config.hidden_size();
+  TensorParallelConfig tp_config = TensorParallelStep(sp).tensor_parallel();
+  parallel::MeshConfig mesh_config;
+  auto* tp_dim = mesh_config.add_dims();
+  tp_dim->set_name("tp");
+  tp_dim->set_size(n);
+  EXPECT_DOUBLE_EQ(
+      TensorParallelStrategy(tp_config).Estimate(shape, mesh_config).bytes_sent_per_micro_batch,
+      expected);
   parallel::testing::RunOnGlooMesh(Layout({{"tp", n}}), [&](int rank, parallel::DeviceMesh& mesh) {
     std::shared_ptr<models::CausalLM> model = MakeModel();
     auto preparation = Preparation::Begin(*model, mesh);
