@@ -88,7 +88,9 @@ TEST(RestartTest, ARankKilledMidRunIsRestartedFromTheLastCheckpoint) {
       }
       const pid_t victim = parallel::testdata::ChildWithRank(launcher.value_or(-1), rank);
       EXPECT_GT(victim, 0);
-      if (victim > 0) EXPECT_EQ(kill(victim, SIGKILL), 0);
+      if (victim > 0) {
+        EXPECT_EQ(kill(victim, SIGKILL), 0);
+      }
     }
     EXPECT_THAT(parallel::testdata::WaitForSubprocess(launcher.value_or(-1), absl::Minutes(5)),
                 IsOkAndHolds(0));
