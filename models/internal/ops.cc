@@ -20,8 +20,8 @@ using torch::autograd::tensor_list;
 // Each fused forward is recorded under its own name (plait::RmsNorm, ...) for the profiler,
 // which otherwise charges it to no event; the backward shows as the function's CppNode.
 
-// Whether the fused kernels can run on these tensors: all on the CPU, strided, and of one
-// floating dtype they are built for (float, double, or bf16: fused_kernels.h).
+// Whether the fused kernels can run on these tensors: strided, of one dtype, and served by the
+// fused forms on their device (FusedFormsServe).
 bool Fusable(std::initializer_list<torch::Tensor> tensors) {
   const torch::ScalarType dtype = tensors.begin()->scalar_type();
   for (const torch::Tensor& tensor : tensors) {
