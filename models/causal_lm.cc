@@ -57,12 +57,6 @@ double CompositeRmsNormElements(double tokens, double width) {
   return tokens * ((base::kMeanKeepsItsInput ? 4.0 : 3.0) * width + 1.0);
 }
 
-// The bytes of an element of the fused kernels' arithmetic dtype for tensors of `dtype`
-// (models/internal/fused_kernels.h: float for bf16).
-double ArithmeticElementBytes(torch::ScalarType dtype) {
-  return dtype == torch::kBFloat16 ? sizeof(float) : static_cast<double>(c10::elementSize(dtype));
-}
-
 }  // namespace
 
 double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
@@ -93,7 +87,8 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
     // SwiGLU its gate and up, down_proj its output. rstd and the log-sum-exp are in the
     // kernels' arithmetic dtype (float for bf16).
     return tokens * element * (4.0 * h + 2.0 * q_width + 2.0 * kv_width + 3.0 * inner) +
-           tokens * ArithmeticElementBytes(dtype) * (2.0 + heads);
+           tokens * static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype))) *
+               (2.0 + heads);
   }
   // The composite SwiGLU keeps gate, up and silu(gate), down_proj their product.
   const double norms_and_mlp =
@@ -116,9 +111,11 @@ double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len
   const double h = static_cast<double>(config.hidden_size());
   const double element = static_cast<double>(c10::elementSize(dtype));
   // The final norm as a block's: input, rstd and output (saved by the output projection).
-  const double final_norm = internal::FusedFormsServe(dtype, device_type)
-                                ? tokens * (2.0 * h * element + ArithmeticElementBytes(dtype))
-                                : element * CompositeRmsNormElements(tokens, h);
+  const double final_norm =
+      internal::FusedFormsServe(dtype, device_type)
+          ? tokens * (2.0 * h * element +
+                      static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype))))
+          : element * CompositeRmsNormElements(tokens, h);
   // The loss scores fp32 logits [tokens, vocab] and keeps them (and a log-sum-exp per token);
   // its backward makes their gradient before it frees them.
   const double logits = tokens * static_cast<double>(config.vocab_size()) * sizeof(float);

@@ -75,10 +75,7 @@ PLAIT_VECTOR_CLONES void RmsNormForward(int64_t rows, int64_t n, const T* __rest
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
     T* yr = y + r * n;
-    A sum_of_squares = 0;
-#pragma omp simd reduction(+ : sum_of_squares)
-    for (int64_t i = 0; i < n; ++i) sum_of_squares += A(xr[i]) * A(xr[i]);
-    const A inv = A(1) / std::sqrt(sum_of_squares / static_cast<A>(n) + eps);
+    const A inv = A(1) / std::sqrt(SumOfProducts(n, xr, xr) / static_cast<A>(n) + eps);
     rstd[r] = inv;
     for (int64_t i = 0; i < n; ++i) yr[i] = T(A(xr[i]) * inv * A(w[i]));
   }

@@ -33,11 +33,6 @@ bool Fusable(std::initializer_list<torch::Tensor> tensors) {
   return true;
 }
 
-// The dtype the kernels compute in for tensors of `dtype` (fused_kernels.h's Arithmetic).
-torch::ScalarType ArithmeticDtype(torch::ScalarType dtype) {
-  return dtype == torch::kBFloat16 ? torch::kFloat32 : dtype;
-}
-
 struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, double eps) {
@@ -239,6 +234,10 @@ struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentio
 };
 
 }  // namespace
+
+torch::ScalarType ArithmeticDtype(torch::ScalarType dtype) {
+  return dtype == torch::kBFloat16 ? torch::kFloat32 : dtype;
+}
 
 bool FusedFormsServe(torch::ScalarType dtype, torch::DeviceType device_type) {
   return device_type == torch::kCPU &&

@@ -20,6 +20,11 @@ namespace plait::models::internal {
 // bf16 (the cross-entropy: float and double only).
 bool FusedFormsServe(torch::ScalarType dtype, torch::DeviceType device_type);
 
+// The dtype the fused kernels compute in, and keep their saved statistics in (rstd, the
+// attention's log-sum-exp), for tensors of `dtype`: float for bf16, else `dtype` itself
+// (fused_kernels.h's Arithmetic<T>).
+torch::ScalarType ArithmeticDtype(torch::ScalarType dtype);
+
 // x * rsqrt(mean(x^2, -1) + eps) * weight, x [..., n], weight [n].
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
