@@ -89,6 +89,9 @@ struct Fsdp::Unit {
   // produced its gradient.
   torch::Tensor reduce_output;
   std::shared_ptr<parallel::Work> reduce;
+  // Whether this rank had a gradient for every trainable parameter in its reduce-scatter:
+  // then every flag is above zero and need not be read back from the device.
+  bool every_gradient_here = true;
 
   // This rank's shards one after the other, in `dtype`: its chunk of a gather.
   torch::Tensor PackShards(torch::ScalarType dtype) const {
@@ -297,7 +300,7 @@ void Fsdp::BeforeForward(int hook_unit) {
         unit.reduce_output = torch::Tensor();
         Reshard(unit);
       }
-      awaiting_replicas_.clear();
+      reducing_.clear();
       backward_started_ = false;
       Fail(absl::AbortedError(
           "fsdp: the previous backward pass did not finish; its gradients were dropped"));
@@ -365,10 +368,14 @@ void Fsdp::StartReduceScatter(Unit& unit) {
   const int64_t flags = static_cast<int64_t>(unit.parameters.size());
   torch::Tensor input =
       torch::zeros({n, unit.shard_numel + flags}, unit.shards[0].options().dtype(reduce_dtype_));
+  unit.every_gradient_here = true;
   for (size_t i = 0; i < unit.parameters.size(); ++i) {
     torch::Tensor& parameter = unit.parameters[i];
     const torch::Tensor grad = parameter.grad();
-    if (!grad.defined()) continue;
+    if (!grad.defined()) {
+      if (unit.shards[i].requires_grad()) unit.every_gradient_here = false;
+      continue;
+    }
     input.select(1, unit.shard_numel + static_cast<int64_t>(i)).fill_(1);
     CopyBetweenFullAndRanks(grad.contiguous(), input, unit.offsets[i], unit.rows[i],
                             Direction::kOutOfFull);
@@ -377,26 +384,31 @@ void Fsdp::StartReduceScatter(Unit& unit) {
   unit.reduce_output = torch::empty({unit.shard_numel + flags}, input.options());
   unit.reduce = communicator_.ReduceScatter(input.view({-1}), unit.reduce_output,
                                             parallel::ReduceOp::kAverage);
-  if (replicate_ == nullptr) return;
   // The units whose reduce-scatters started before this one's have had a block's backward to
-  // finish them: their all-reduces across the replicas start now, overlapping what is left
-  // of the backward.
-  StartReplicaReduces();
-  awaiting_replicas_.push_back(&unit);
+  // finish them in.
+  SettleEarlierReduces();
+  reducing_.push_back(&unit);
 }
 
-// Each awaiting unit's reduce-scatter result (its averaged gradient shards and usage flags)
-// is averaged across the replicas in place; its `reduce` becomes that all-reduce. Every
-// replica starts them in the same order, that of the reduce-scatters.
-void Fsdp::StartReplicaReduces() {
-  for (Unit* unit : awaiting_replicas_) {
+// Waits for each reducing unit's reduce-scatter, so that its input, the unit's whole gradient
+// in reduce_dtype, is freed now: a Work holds its tensors until it is waited for (an
+// NcclWork, so that the caching allocator cannot hand out memory NCCL still reads), and
+// waiting for all of them only at the end of the backward would keep every unit's whole
+// gradient alive at once. With a replicate group, each result (the averaged gradient shards
+// and usage flags) is then averaged across the replicas in place, overlapping what is left of
+// the backward; its `reduce` becomes that all-reduce. Every rank waits and starts them in the
+// same order, that of the reduce-scatters.
+void Fsdp::SettleEarlierReduces() {
+  for (Unit* unit : reducing_) {
     if (absl::Status status = unit->reduce->Wait(); !status.ok()) {
       Fail(status);  // its `reduce` keeps the failure, which FinishBackward finds
       continue;
     }
-    unit->reduce = replicate_->AllReduce(unit->reduce_output, parallel::ReduceOp::kAverage);
+    if (replicate_ != nullptr) {
+      unit->reduce = replicate_->AllReduce(unit->reduce_output, parallel::ReduceOp::kAverage);
+    }
   }
-  awaiting_replicas_.clear();
+  reducing_.clear();
 }
 
 void Fsdp::FinishBackward() {
@@ -406,7 +418,7 @@ void Fsdp::FinishBackward() {
     // has the same model, so every rank starts the same reductions here, in unit order.
     if (unit.trainable > 0 && unit.reduce == nullptr) StartReduceScatter(unit);
   }
-  StartReplicaReduces();  // with a replicate group: the last units' all-reduces
+  SettleEarlierReduces();  // with a replicate group, the last units' all-reduces start
   for (Unit& unit : units_) {
     if (unit.reduce != nullptr) {
       absl::Status status = unit.reduce->Wait();
@@ -424,20 +436,27 @@ void Fsdp::FinishBackward() {
 }
 
 void Fsdp::AccumulateShardGradients(Unit& unit) {
+  // Reading the flags waits for the device, so they are read only when some rank may lack a
+  // gradient this rank has none of (a parameter unused here); in a usual step every rank has
+  // every gradient.
   const torch::Tensor used_by_any =
-      unit.reduce_output.narrow(0, unit.shard_numel, static_cast<int64_t>(unit.shards.size()))
-          .to(torch::kCPU, torch::kFloat32);
+      unit.every_gradient_here
+          ? torch::Tensor()
+          : unit.reduce_output.narrow(0, unit.shard_numel, static_cast<int64_t>(unit.shards.size()))
+                .to(torch::kCPU, torch::kFloat32);
   for (size_t i = 0; i < unit.shards.size(); ++i) {
     torch::Tensor& shard = unit.shards[i];
     if (!shard.requires_grad()) continue;
-    if (used_by_any[static_cast<int64_t>(i)].item<float>() == 0.0f) continue;
-    const torch::Tensor grad = unit.reduce_output.narrow(0, unit.offsets[i], shard.numel())
-                                   .view(shard.sizes())
-                                   .to(torch::kFloat32);
+    if (used_by_any.defined() && used_by_any[static_cast<int64_t>(i)].item<float>() == 0.0f) {
+      continue;
+    }
+    const torch::Tensor grad =
+        unit.reduce_output.narrow(0, unit.offsets[i], shard.numel()).view(shard.sizes());
     if (shard.grad().defined()) {
       shard.mutable_grad().add_(grad);  // gradient accumulation over micro-steps
     } else {
-      shard.mutable_grad() = grad.clone();
+      // A copy of its own: reduce_output is freed, and may be of another dtype.
+      shard.mutable_grad() = grad.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
     }
   }
 }

@@ -29,8 +29,11 @@
 // for it (nccl_communicator.h). Freed parameter memory goes back to LibTorch's caching
 // allocator from the compute stream, the only stream that touches a parameter's storage
 // (gathered values are copied in on it after the wait); a collective's own buffers stay in
-// its Work until it has been waited for, which returns once the collective has ended, so the
-// allocator never hands out memory NCCL still uses.
+// its Work until it has been waited for, which returns once the collective has ended and
+// makes the compute stream wait for it, so the allocator never hands out memory NCCL still
+// uses. Hence each unit's reduce-scatter is waited for when the next unit's starts: its input
+// (the unit's whole gradient) lives one unit longer than its backward, not until the end of
+// the backward pass.
 #ifndef PLAIT_WRAP_FSDP_FSDP_H_
 #define PLAIT_WRAP_FSDP_FSDP_H_
 
@@ -107,7 +110,7 @@ class Fsdp {
   void Unshard(Unit& unit);
   void Reshard(Unit& unit);
   void StartReduceScatter(Unit& unit);
-  void StartReplicaReduces();
+  void SettleEarlierReduces();
   void AccumulateShardGradients(Unit& unit);
   void Fail(const absl::Status& status);
 
@@ -122,9 +125,9 @@ class Fsdp {
   torch::ScalarType reduce_dtype_ = torch::kFloat32;
   std::vector<Unit> units_;  // the blocks in order, then the root
   std::vector<internal::HookHandle> hooks_;
-  // With a replicate group: the units whose reduce-scatter has started and whose all-reduce
-  // across the replicas has not, in the order they started.
-  std::vector<Unit*> awaiting_replicas_;
+  // The units whose reduce-scatter has started and has not been waited for (nor, with a
+  // replicate group, their all-reduce across the replicas started), in the order they started.
+  std::vector<Unit*> reducing_;
   bool backward_started_ = false;
   absl::Status status_;
   int64_t unsharded_bytes_ = 0;
