@@ -148,6 +148,7 @@ void Ddp::OnGradientReady(int bucket) {
     for (Bucket& b : buckets_) b.pending = static_cast<int>(b.members.size());
     next_to_launch_ = 0;
     used_.zero_();
+    every_gradient_here_ = true;
     internal::QueueEndOfBackwardCallback([this] { FinishBackward(); });
   }
   if (--buckets_[bucket].pending == 0) LaunchReadyBuckets();
@@ -172,6 +173,7 @@ void Ddp::LaunchReadyBuckets() {
         used_.narrow(0, bucket.first_flag + static_cast<int64_t>(i), 1).fill_(1);
       } else {
         slot.zero_();  // a parameter unused in this step contributes zero
+        every_gradient_here_ = false;
       }
     }
     bucket.work = communicator_.AllReduce(bucket.buffer, parallel::ReduceOp::kSum);
@@ -193,12 +195,14 @@ void Ddp::FinishBackward() {
   // The gradients become views of the averaged buffer: no copy, and the next backward
   // accumulates into them in place or, after ZeroGrad, into fresh tensors. A parameter no
   // rank produced a gradient for gets none, as in one process, so the optimizer skips it
-  // rather than decaying it (PyTorch's DDP with find_unused_parameters).
-  const torch::Tensor used = used_.to(torch::kCPU, torch::kFloat32);
-  const float* used_by_any = used.data_ptr<float>();
+  // rather than decaying it (PyTorch's DDP with find_unused_parameters). Reading the flags
+  // waits for the device, so they are read only when this rank lacks a gradient; in a usual
+  // step every rank has every gradient.
+  const torch::Tensor used =
+      every_gradient_here_ ? torch::Tensor() : used_.to(torch::kCPU, torch::kFloat32);
   for (Bucket& bucket : buckets_) {
     for (size_t i = 0; i < bucket.members.size(); ++i) {
-      if (used_by_any[bucket.first_flag + i] == 0.0f) continue;
+      if (used.defined() && used.data_ptr<float>()[bucket.first_flag + i] == 0.0f) continue;
       torch::Tensor& parameter = parameters_[bucket.members[i]];
       parameter.mutable_grad() =
           bucket.buffer.narrow(0, bucket.offsets[i], parameter.numel()).view(parameter.sizes());

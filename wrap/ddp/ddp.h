@@ -73,6 +73,9 @@ class Ddp {
   // gradient in this backward: the tail of the last bucket's buffer, so that the all-reduce
   // that bucket runs anyway sums them over the ranks, with no collective of its own.
   torch::Tensor used_;
+  // Whether this rank produced every bucketed gradient in this backward: then every flag of
+  // used_ is set and need not be read back from the device.
+  bool every_gradient_here_ = true;
   absl::Status last_sync_status_;
 };
 
