@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "c10/core/DeviceGuard.h"
 #include "c10/core/StorageImpl.h"
 #include "torch/csrc/autograd/engine.h"
 #include "torch/csrc/autograd/function.h"
@@ -49,6 +50,9 @@ torch::Tensor RestoreStorage(const torch::Tensor& tensor) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   const size_t nbytes = (tensor.storage_offset() + tensor.numel()) * tensor.element_size();
   if (storage->nbytes() < nbytes) {
+    // The allocator allocates on the calling thread's current device (CUDA's caching
+    // allocator does), which ATen's own ops set for each call and this one must set too.
+    const c10::DeviceGuard on_device(tensor.device());
     storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
     storage->set_nbytes(nbytes);
   }
