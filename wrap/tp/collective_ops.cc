@@ -95,9 +95,10 @@ struct VocabParallelCrossEntropyFunction
     const torch::Tensor local = targets - vocab_start;
     const torch::Tensor mine = (local >= 0) & (local < columns);
     const torch::Tensor column = torch::where(mine, local, torch::zeros_like(local));
-    // Of the shifted logits: this rank's sum of exponentials and its target's value, if any.
-    const torch::Tensor picked =
-        (logits.gather(1, column.unsqueeze(1)).squeeze(1) - max) * mine.to(logits.scalar_type());
+    // Of the shifted logits: this rank's sum of exponentials and its target's value, if any
+    // (selected, not multiplied by `mine`: a padding column's -inf times 0 would be NaN).
+    const torch::Tensor picked = torch::where(
+        mine, logits.gather(1, column.unsqueeze(1)).squeeze(1) - max, torch::zeros_like(max));
     torch::Tensor sums = torch::stack({exp.sum(1), picked});
     group->Wait(group->communicator().AllReduce(sums, parallel::ReduceOp::kSum));
     const torch::Tensor kept = (targets != ignore_index).to(logits.scalar_type());

@@ -4,6 +4,7 @@
 // gathered logits.
 #include "wrap/tp/collective_ops.h"
 
+#include <limits>
 #include <vector>
 
 #include "base/status_matchers.h"
@@ -107,6 +108,29 @@ TEST(CollectiveOpsTest, VocabParallelCrossEntropyEqualsCrossEntropyOnGatheredLog
     (loss * weights).sum().backward();
     EXPECT_TRUE(torch::allclose(mine.grad(), whole.grad().narrow(1, rank * kColumns, kColumns),
                                 1e-5, 1e-6));
+  });
+}
+
+// With a padded vocabulary a rank's columns may all be padding, filled with -inf: that rank
+// adds nothing, and the loss is the cross-entropy over the real columns.
+TEST(CollectiveOpsTest, VocabParallelCrossEntropyOfARankOfPaddingOnly) {
+  constexpr int64_t kColumns = 2;  // rank 0's are the vocabulary, rank 1's padding
+  const torch::Tensor logits =
+      torch::randn({3, kColumns}, torch::Generator(at::detail::createCPUGenerator(5)));
+  const torch::Tensor targets = torch::tensor({1, -100, 0}, torch::kInt64);
+  const torch::Tensor expected = torch::nn::functional::cross_entropy(
+      logits, targets,
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone).ignore_index(-100));
+  OnRanks([&](int rank, TpGroup& group) {
+    const torch::Tensor mine =
+        (rank == 0 ? logits.clone()
+                   : torch::full({3, kColumns}, -std::numeric_limits<float>::infinity()))
+            .requires_grad_();
+    const torch::Tensor loss =
+        VocabParallelCrossEntropy(mine, targets, rank * kColumns, -100, group);
+    EXPECT_TRUE(torch::allclose(loss, expected, 1e-5, 1e-6)) << loss << expected;
+    loss.sum().backward();
+    EXPECT_TRUE(torch::isfinite(mine.grad()).all().item<bool>()) << mine.grad();
   });
 }
 
