@@ -240,7 +240,9 @@ TEST(TensorParallelPaddingTest, AVocabularyThatDoesNotDivideIsPadded) {
       EXPECT_EQ(parameter.slice.DebugString(),
                 rank == 0 ? "[0:2049, 0:256] of [4097, 256]" : "[2049:4097, 0:256] of [4097, 256]")
           << parameter.name;
-      if (rank == 1) EXPECT_EQ(parameter.tensor[2048].abs().max().item<float>(), 0.0f);
+      if (rank == 1) {
+        EXPECT_EQ(parameter.tensor[2048].abs().max().item<float>(), 0.0f);
+      }
     }
 
     const torch::Tensor loss =
@@ -253,7 +255,9 @@ TEST(TensorParallelPaddingTest, AVocabularyThatDoesNotDivideIsPadded) {
     const int64_t rows = rank == 0 ? 2049 : 2048;
     EXPECT_TRUE(torch::allclose(grad.narrow(0, 0, rows), expected_grad.narrow(0, rank * 2049, rows),
                                 1e-4, 1e-7));
-    if (rank == 1) EXPECT_EQ(grad[2048].abs().max().item<float>(), 0.0f);
+    if (rank == 1) {
+      EXPECT_EQ(grad[2048].abs().max().item<float>(), 0.0f);
+    }
 
     auto full = (*preparation)->FullParameters();
     ASSERT_THAT(full, IsOk());
