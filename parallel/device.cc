@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "parallel/gloo_communicator.h"
+#include "parallel/internal/device_choice.h"
 
 #ifdef PLAIT_GPU
 #include <cuda_runtime.h>
@@ -27,30 +28,8 @@ int CudaDeviceCount() { return BuiltForCuda() ? static_cast<int>(torch::cuda::de
 
 absl::StatusOr<torch::Device> ResolveDevice(Device requested, int local_rank, int local_ranks,
                                             const std::string& field) {
-  const int devices = CudaDeviceCount();
-  if (requested == DEVICE_CPU || (requested == DEVICE_DEFAULT && devices == 0)) {
-    return torch::Device(torch::kCPU);
-  }
-  const std::string chosen = requested == DEVICE_CUDA ? "DEVICE_CUDA" : "the default, CUDA,";
-  if (!BuiltForCuda()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(field, ": ", chosen,
-                     " needs a binary built with --config=gpu; this one has no CUDA code paths "
-                     "(rebuild with --config=gpu, or set device: DEVICE_CPU)"));
-  }
-  if (devices == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(field, ": ", chosen,
-                     " but LibTorch sees no GPU here (check CUDA_VISIBLE_DEVICES and the driver, "
-                     "or set device: DEVICE_CPU)"));
-  }
-  if (local_ranks > devices) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        field, ": ", chosen, " with ", local_ranks, " ranks on this machine, but it has ", devices,
-        " GPU", devices == 1 ? "" : "s", "; each rank needs its own (use at most ", devices,
-        " ranks per machine, or set device: DEVICE_CPU)"));
-  }
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  return internal::ChooseDevice(requested, local_rank, local_ranks, field, BuiltForCuda(),
+                                CudaDeviceCount());
 }
 
 namespace {

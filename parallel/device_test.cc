@@ -7,6 +7,7 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/internal/device_choice.h"
 #include "torch/torch.h"
 
 namespace plait::parallel {
@@ -16,6 +17,7 @@ using ::plait::base::testing::IsOkAndHolds;
 using ::plait::base::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(ResolveDeviceTest, CpuIsAlwaysTheCpu) {
   EXPECT_THAT(ResolveDevice(DEVICE_CPU, 1, 2, "plan.device"),
@@ -47,6 +49,50 @@ TEST(ResolveDeviceTest, CudaNamesWhatIsMissing) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("plan.device: the default, CUDA,"),
                              HasSubstr("each rank needs its own"))));
+}
+
+// The rule itself, for builds and machines this one may not be.
+using internal::ChooseDevice;
+
+TEST(ChooseDeviceTest, EachLocalRankGetsTheGpuOfItsIndex) {
+  EXPECT_THAT(ChooseDevice(DEVICE_CUDA, 3, 4, "plan.device", /*built_for_cuda=*/true, 4),
+              IsOkAndHolds(torch::Device(torch::kCUDA, 3)));
+  EXPECT_THAT(ChooseDevice(DEVICE_DEFAULT, 1, 2, "plan.device", /*built_for_cuda=*/true, 8),
+              IsOkAndHolds(torch::Device(torch::kCUDA, 1)));
+}
+
+TEST(ChooseDeviceTest, DefaultIsTheCpuWithoutAGpu) {
+  EXPECT_THAT(ChooseDevice(DEVICE_DEFAULT, 1, 2, "plan.device", /*built_for_cuda=*/true, 0),
+              IsOkAndHolds(torch::Device(torch::kCPU)));
+  EXPECT_THAT(ChooseDevice(DEVICE_DEFAULT, 1, 2, "plan.device", /*built_for_cuda=*/false, 0),
+              IsOkAndHolds(torch::Device(torch::kCPU)));
+  EXPECT_THAT(ChooseDevice(DEVICE_CPU, 1, 2, "plan.device", /*built_for_cuda=*/true, 2),
+              IsOkAndHolds(torch::Device(torch::kCPU)));
+}
+
+TEST(ChooseDeviceTest, CudaWithoutTheCudaBuildOrAGpuSaysWhich) {
+  EXPECT_THAT(ChooseDevice(DEVICE_CUDA, 0, 1, "plan.device", /*built_for_cuda=*/false, 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("plan.device: DEVICE_CUDA"), HasSubstr("--config=gpu"))));
+  EXPECT_THAT(ChooseDevice(DEVICE_CUDA, 0, 1, "plan.device", /*built_for_cuda=*/true, 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("sees no GPU")));
+}
+
+// More ranks on a machine than GPUs fails on every rank before any of them touches a GPU (the
+// launcher's plan check calls it too), naming the ranks left without one.
+TEST(ChooseDeviceTest, MoreLocalRanksThanGpusNamesTheRanksWithoutOne) {
+  EXPECT_THAT(ChooseDevice(DEVICE_CUDA, 3, 4, "plan.device", /*built_for_cuda=*/true, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("plan.device: DEVICE_CUDA with 4 ranks on this machine, "
+                                       "but it has 2 GPUs: local ranks 2 to 3 have none"),
+                             HasSubstr("use at most 2 ranks per machine"),
+                             HasSubstr("this is local rank 3"))));
+  // A rank that has a GPU fails all the same (its peers could not start), without the tail.
+  EXPECT_THAT(ChooseDevice(DEVICE_DEFAULT, 0, 2, "plan.device", /*built_for_cuda=*/true, 1),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("plan.device: the default, CUDA, with 2 ranks on this "
+                                       "machine, but it has 1 GPU: local rank 1 has none"),
+                             Not(HasSubstr("this is local rank")))));
 }
 
 TEST(DeviceTest, TheCpuHasNoMemoryStatistics) {
