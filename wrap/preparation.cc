@@ -25,6 +25,18 @@ std::set<const torch::nn::Module*>& Prepared() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reg
 absl::StatusOr<std::unique_ptr<Preparation>> Preparation::Begin(Wrappable& model,
                                                                 const parallel::DeviceMesh& mesh,
                                                                 std::string field) {
+  // The wrappers allocate on their parameters' device and communicate on the mesh's: a model
+  // left elsewhere would fail at its first collective, or inside a hook, where the error
+  // surfaces only after the pass.
+  const torch::Device device = mesh.device();
+  for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
+    if (named.parameter.device() != device) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": parameter ", named.name, " is on ", named.parameter.device().str(),
+                       ", but the mesh's communicators run on ", device.str(),
+                       "; move the model there before preparing it"));
+    }
+  }
   absl::MutexLock lock(&registry_mutex);
   if (!Prepared().insert(&model.RootModule()).second) {
     return absl::FailedPreconditionError(

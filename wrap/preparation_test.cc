@@ -69,6 +69,16 @@ class PreparationTest : public ::testing::Test {
   std::shared_ptr<models::CausalLM> model_;
 };
 
+// A model must be on the mesh's device (a CUDA mesh's, for a model left on the CPU); a meta
+// tensor stands for a device this machine may not have.
+TEST_F(PreparationTest, TheModelMustBeOnTheMeshDevice) {
+  model_->register_parameter("elsewhere", torch::empty({2}, torch::Device(torch::kMeta)));
+  EXPECT_THAT(Preparation::Begin(*model_, *mesh_, "plan.prepare"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "plan.prepare: parameter elsewhere is on meta, but the mesh's "
+                       "communicators run on cpu; move the model there before preparing it"));
+}
+
 // The preparation reads the same rules as the plan validator (rules.textproto).
 TEST_F(PreparationTest, EachWrapperAppliesOnce) {
   auto preparation = Preparation::Begin(*model_, *mesh_, "plan.prepare");
