@@ -7,9 +7,9 @@
 // the same run as without it.
 //
 // Built with PLAIT_TEST_ON_CUDA (the gpu-tagged parity_gpu_test), the same scenarios run on
-// CUDA over NCCL, rank r on cuda:r, against the single-device CUDA run (TF32 off, as
-// LibTorch's default is); a scenario with more ranks than GPUs skips. The single-device CUDA
-// run itself is held to the CPU's.
+// CUDA over NCCL, rank r on cuda:r, against the single-device CUDA run (TF32 off); a
+// scenario with more ranks than GPUs skips. The single-device CUDA run itself is held to the
+// CPU's.
 #include <cmath>
 #include <map>
 #include <memory>
@@ -40,6 +40,20 @@ using ::testing::HasSubstr;
 
 #ifdef PLAIT_TEST_ON_CUDA
 constexpr torch::DeviceType kDevice = torch::kCUDA;
+
+// The fp32 bounds need fp32 products: TF32 off for cuBLAS and cuDNN, for the whole process.
+// Off is LibTorch's default unless TORCH_ALLOW_TF32_CUBLAS_OVERRIDE is set, and
+// at::NoTF32Guard would not do: it holds for its own thread only, while backward runs on
+// autograd's device threads.
+class Fp32ProductsEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    at::globalContext().setAllowTF32CuBLAS(false);
+    at::globalContext().setAllowTF32CuDNN(false);
+  }
+};
+::testing::Environment* const kFp32Products =
+    ::testing::AddGlobalTestEnvironment(new Fp32ProductsEnvironment);
 #else
 constexpr torch::DeviceType kDevice = torch::kCPU;
 #endif
