@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -43,23 +44,34 @@ void CopyRowsOfRank(const torch::Tensor& full, const torch::Tensor& shard, int64
 // Copies between a parameter's full rows (`full`, contiguous) and its rows in every rank's
 // chunk of `by_rank` ([n, chunk], the parameter's rows of rank r at `offset` of chunk r,
 // `rows_per_rank` to a rank): into `full` (a gather) or out of it (a reduce-scatter's input).
+// Two copies whatever the number of ranks (on a GPU, two kernels): one strided copy for the
+// ranks that hold rows_per_rank rows of the parameter, one for the rank holding its last,
+// fewer rows (the ranks after it hold only padding).
 enum class Direction { kIntoFull, kOutOfFull };
 void CopyBetweenFullAndRanks(const torch::Tensor& full, const torch::Tensor& by_rank,
                              int64_t offset, int64_t rows_per_rank, Direction direction) {
   const int64_t full_rows = FullRows(full);
   const torch::Tensor rows_view = full.view({full_rows, -1});
   const int64_t row_numel = rows_view.size(1);
-  for (int r = 0; r < by_rank.size(0); ++r) {
-    const RankRows part = RowsOfRank(full_rows, rows_per_rank, r);
-    if (part.count == 0) break;
-    const torch::Tensor full_part = rows_view.narrow(0, part.first, part.count);
-    const torch::Tensor rank_part =
-        by_rank[r].narrow(0, offset, part.count * row_numel).view({part.count, row_numel});
+  const auto copy = [direction](const torch::Tensor& full_part, const torch::Tensor& rank_part) {
     if (direction == Direction::kIntoFull) {
       full_part.copy_(rank_part);
     } else {
       rank_part.copy_(full_part);
     }
+  };
+  const int64_t whole_ranks = std::min(full_rows / rows_per_rank, by_rank.size(0));
+  if (whole_ranks > 0) {
+    const std::vector<int64_t> ranks_rows = {whole_ranks, rows_per_rank, row_numel};
+    copy(rows_view.narrow(0, 0, whole_ranks * rows_per_rank).view(ranks_rows),
+         by_rank.narrow(0, 0, whole_ranks)
+             .narrow(1, offset, rows_per_rank * row_numel)
+             .view(ranks_rows));
+  }
+  const int64_t rest = full_rows - whole_ranks * rows_per_rank;
+  if (rest > 0) {
+    copy(rows_view.narrow(0, whole_ranks * rows_per_rank, rest),
+         by_rank[whole_ranks].narrow(0, offset, rest * row_numel).view({rest, row_numel}));
   }
 }
 
