@@ -448,9 +448,9 @@ void Fsdp::FinishBackward() {
 }
 
 void Fsdp::AccumulateShardGradients(Unit& unit) {
-  // Reading the flags waits for the device, so they are read only when some rank may lack a
-  // gradient this rank has none of (a parameter unused here); in a usual step every rank has
-  // every gradient.
+  // Reading the flags waits for the device, so they are read only when this rank lacks a
+  // gradient (a parameter unused here), which another rank may have; in a usual step every
+  // rank has every gradient.
   const torch::Tensor used_by_any =
       unit.every_gradient_here
           ? torch::Tensor()
