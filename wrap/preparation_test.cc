@@ -320,6 +320,81 @@ TEST_F(PreparationTest, FsdpGathersAtMostTheTwoLargestUnits) {
   }
 }
 
+// A Communicator over another that counts the reduce-scatters started and not yet waited
+// for: the ones whose buffers an NcclWork still holds (a Work holds its tensors until it is
+// waited for, so that CUDA's caching allocator cannot reuse memory NCCL still reads).
+class UnwaitedReduceScatters final : public parallel::Communicator {
+ public:
+  explicit UnwaitedReduceScatters(std::unique_ptr<parallel::Communicator> inner)
+      : Communicator(inner->name(), inner->rank(), inner->size(), inner->options()),
+        inner_(std::move(inner)) {}
+
+  torch::Device device() const override { return inner_->device(); }
+  int most() const { return most_; }
+
+ private:
+  class CountedWork final : public parallel::Work {
+   public:
+    CountedWork(std::shared_ptr<parallel::Work> inner, int& unwaited)
+        : inner_(std::move(inner)), unwaited_(unwaited) {}
+    ~CountedWork() override {
+      if (!waited_) --unwaited_;
+    }
+    absl::Status Wait() override {
+      if (!waited_) --unwaited_;
+      waited_ = true;
+      return inner_->Wait();
+    }
+
+   private:
+    std::shared_ptr<parallel::Work> inner_;
+    int& unwaited_;
+    bool waited_ = false;
+  };
+
+  std::shared_ptr<parallel::Work> StartAllReduce(torch::Tensor tensor,
+                                                 parallel::ReduceOp op) override {
+    return inner_->AllReduce(tensor, op);
+  }
+  std::shared_ptr<parallel::Work> StartAllGather(torch::Tensor input,
+                                                 torch::Tensor output) override {
+    return inner_->AllGather(input, output);
+  }
+  std::shared_ptr<parallel::Work> StartReduceScatter(torch::Tensor input, torch::Tensor output,
+                                                     parallel::ReduceOp op) override {
+    most_ = std::max(most_, ++unwaited_);
+    return std::make_shared<CountedWork>(inner_->ReduceScatter(input, output, op), unwaited_);
+  }
+  std::shared_ptr<parallel::Work> StartBroadcast(torch::Tensor tensor, int root) override {
+    return inner_->Broadcast(tensor, root);
+  }
+  std::shared_ptr<parallel::Work> StartBarrier() override { return inner_->Barrier(); }
+
+  std::unique_ptr<parallel::Communicator> inner_;
+  int unwaited_ = 0;
+  int most_ = 0;
+};
+
+// Each unit's reduce-scatter is waited for when the next unit's starts, so that its input,
+// the unit's whole gradient, is freed then rather than at the end of the backward pass, when
+// every unit's would have been alive at once.
+TEST_F(PreparationTest, FsdpWaitsForEachReduceScatterWhenTheNextStarts) {
+  auto gloo = parallel::GlooCommunicatorFactory(*store_, parallel::GlooCommunicator::kLoopback)(
+      "counted", 0, 1);
+  ASSERT_THAT(gloo, IsOk());
+  UnwaitedReduceScatters communicator(*std::move(gloo));
+  FsdpConfig config;
+  config.set_mesh_dim("dp");
+  auto fsdp = fsdp::Fsdp::Create(*model_, communicator, nullptr, config);
+  ASSERT_THAT(fsdp, IsOk());
+  const torch::Tensor tokens = torch::randint(100, {2, 8});
+  model_->Loss(tokens, tokens).backward();
+  ASSERT_THAT((*fsdp)->last_status(), IsOk());
+  // The tiny model's 4 blocks and the root.
+  EXPECT_EQ(communicator.traffic(parallel::Collective::kReduceScatter).calls, 5);
+  EXPECT_EQ(communicator.most(), 2);
+}
+
 // A frozen parameter (a reference model's, or a frozen embedding) is sharded and gathered
 // like the others but gets no gradient and is not handed to the optimizer.
 TEST_F(PreparationTest, FsdpLeavesFrozenParametersOutOfTraining) {
