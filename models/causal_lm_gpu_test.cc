@@ -4,7 +4,6 @@
 // (1e-4; TF32 would show as ~1e-3) and in bf16 to bf16's precision, for Llama and for Qwen2
 // (biases) with grouped-query heads and some targets ignored. Hugging Face weights load into
 // CUDA parameters, converted to their dtype. Skips without a GPU.
-#include <map>
 #include <memory>
 #include <string>
 
@@ -15,12 +14,16 @@
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
+#include "models/testing_gradients.h"
 #include "torch/torch.h"
 
 namespace plait::models {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::models::testing::BackwardOf;
+using ::plait::models::testing::ExpectClose;
+using ::plait::models::testing::LossAndGradients;
 
 // 2 layers, hidden 128, 8 heads of 16 sharing 2 kv heads: grouped-query attention on every path.
 ModelConfig Small(const std::string& type) {
@@ -43,11 +46,6 @@ std::shared_ptr<CausalLM> Make(const ModelConfig& config, uint64_t seed) {
   return *model;
 }
 
-struct LossAndGradients {
-  double loss;
-  std::map<std::string, torch::Tensor> gradients;  // on the CPU, fp32
-};
-
 LossAndGradients ForwardBackward(const ModelConfig& config, torch::Device device,
                                  torch::ScalarType dtype) {
   std::shared_ptr<CausalLM> model = Make(config, 11);
@@ -56,13 +54,7 @@ LossAndGradients ForwardBackward(const ModelConfig& config, torch::Device device
   const torch::Tensor sequence = torch::randint(config.vocab_size(), {4, 65}, torch::kInt64);
   torch::Tensor targets = sequence.narrow(1, 1, 64).clone();
   targets.narrow(1, 0, 5).fill_(kIgnoreIndex);  // a prompt, say
-  const torch::Tensor loss = model->Loss(sequence.narrow(1, 0, 64).to(device), targets.to(device));
-  loss.backward();
-  LossAndGradients result{loss.item<double>(), {}};
-  for (const auto& item : model->named_parameters()) {
-    result.gradients[item.key()] = item.value().grad().to(torch::kCPU, torch::kFloat32);
-  }
-  return result;
+  return BackwardOf(*model, model->Loss(sequence.narrow(1, 0, 64).to(device), targets.to(device)));
 }
 
 class CudaTest : public ::testing::Test {
@@ -78,16 +70,6 @@ class CudaTest : public ::testing::Test {
 };
 
 class CudaAgainstCpuTest : public CudaTest, public ::testing::WithParamInterface<std::string> {};
-
-void ExpectClose(const LossAndGradients& got, const LossAndGradients& want, double tolerance) {
-  EXPECT_NEAR(got.loss, want.loss, tolerance * want.loss);
-  ASSERT_EQ(got.gradients.size(), want.gradients.size());
-  for (const auto& [name, gradient] : want.gradients) {
-    const double error =
-        (got.gradients.at(name) - gradient).norm().item<double>() / gradient.norm().item<double>();
-    EXPECT_LE(error, tolerance) << name;
-  }
-}
 
 TEST_P(CudaAgainstCpuTest, Fp32LossAndGradientsMatch) {
   const ModelConfig config = Small(GetParam());

@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <limits>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -13,12 +12,16 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/model_config.h"
+#include "models/testing_gradients.h"
 
 namespace plait::models {
 namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::models::testing::BackwardOf;
+using ::plait::models::testing::ExpectClose;
+using ::plait::models::testing::LossAndGradients;
 using ::testing::DoubleNear;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -192,34 +195,11 @@ TEST(CausalLMTest, LossAtInitialisationIsNearLogVocab) {
 }
 
 // The loss and every gradient of `model` for one batch with a few targets ignored.
-struct LossAndGradients {
-  double loss;
-  std::map<std::string, torch::Tensor> gradients;  // fp32
-};
-
 LossAndGradients ForwardBackward(CausalLM& model) {
   const torch::Tensor tokens = Tokens(2, 24, 97, 9);
   torch::Tensor targets = Tokens(2, 24, 97, 10);
   targets.index_put_({0, torch::indexing::Slice(0, 3)}, kIgnoreIndex);
-  const torch::Tensor loss = model.Loss(tokens, targets);
-  loss.backward();
-  LossAndGradients result{loss.item<double>(), {}};
-  for (const auto& item : model.named_parameters()) {
-    result.gradients[item.key()] = item.value().grad().to(torch::kFloat32);
-  }
-  return result;
-}
-
-// `got` against `want`: the loss and each gradient within `tolerance`, relative (a gradient's
-// by the norm of its difference over its norm).
-void ExpectClose(const LossAndGradients& got, const LossAndGradients& want, double tolerance) {
-  EXPECT_NEAR(got.loss, want.loss, tolerance * want.loss);
-  ASSERT_EQ(got.gradients.size(), want.gradients.size());
-  for (const auto& [name, gradient] : want.gradients) {
-    const double error =
-        (got.gradients.at(name) - gradient).norm().item<double>() / gradient.norm().item<double>();
-    EXPECT_LE(error, tolerance) << name;
-  }
+  return BackwardOf(model, model.Loss(tokens, targets));
 }
 
 // The generic ops (models/internal/ops.h), the path a GPU takes, run here on the CPU against
