@@ -18,12 +18,17 @@
 // the former.
 //
 // BM_TrainStepCuda measures the same step on cuda:0 in bf16 (a binary built with
-// --config=gpu; it skips elsewhere) for a stack of Llama-3.1-8B's blocks with its embedding
-// and output projection, and its MFU against the GPU's dense bf16 peak from NVIDIA's
-// datasheet (kGpuPeaks; no MFU for a GPU not listed), with the step's peak memory:
+// --config=gpu; it skips elsewhere) for Llama-3.1-8B's shape at 8192 tokens a step: its
+// embedding and output projection and as many of its 32 decoder layers as the GPU's free
+// memory holds with the step's gradients and activations (models::ActivationBytes, the
+// estimate of the generic ops a GPU runs). It reports tokens/s, TFLOP/s, the MFU against the
+// GPU's dense bf16 peak from NVIDIA's datasheet (kGpuPeaks; "no bf16 peak known" and no MFU
+// for a GPU not listed) and the step's peak memory from the CUDA caching allocator:
 //
 //   tools/torch_cuda run --config=opt //benchmarks:model_bench -- --benchmark_filter=Cuda
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -37,6 +42,10 @@
 #include "models/model_config.h"
 #include "parallel/device.h"
 #include "torch/torch.h"
+
+#ifdef PLAIT_GPU
+#include <cuda_runtime.h>
+#endif
 
 namespace plait::models {
 namespace {
@@ -130,8 +139,8 @@ struct GpuPeak {
   double bf16_flops;
 };
 constexpr GpuPeak kGpuPeaks[] = {
-    {"H100 PCIe", 756e12}, {"H100 NVL", 835e12}, {"H100", 989e12}, {"H200", 989e12},
-    {"B200", 2250e12},     {"A100", 312e12},     {"L40S", 362e12},
+    {"H100 PCIe", 756e12}, {"H100 NVL", 835e12}, {"H100", 989e12}, {"H200 NVL", 835e12},
+    {"H200", 989e12},      {"B200", 2250e12},    {"A100", 312e12}, {"L40S", 362e12},
 };
 
 std::optional<double> Bf16Peak(const std::string& device_description) {
@@ -141,19 +150,74 @@ std::optional<double> Bf16Peak(const std::string& device_description) {
   return std::nullopt;
 }
 
-// range(0): decoder layers of Llama-3.1-8B's shape; range(1): batch; range(2): sequence length.
+// The bytes free on `device` now (cudaMemGetInfo: what neither this process nor any other
+// holds); nullopt without CUDA.
+std::optional<int64_t> FreeDeviceMemory(const torch::Device& device) {
+#ifdef PLAIT_GPU
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  if (cudaSetDevice(device.index()) != cudaSuccess ||
+      cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(free_bytes);
+#else
+  return std::nullopt;
+#endif
+}
+
+// The bytes a training step of `config` holds on the GPU at its peak for `batch` sequences of
+// `seq_len` tokens: bf16 parameters and their gradients, and the activations.
+double StepBytes(const ModelConfig& config, int64_t batch, int64_t seq_len) {
+  return 4.0 * static_cast<double>(NumParameters(config)) +
+         ActivationBytes(config, batch, seq_len, torch::kBFloat16, torch::kCUDA);
+}
+
+// How many of `config`'s decoder layers (at most its own count) a step of `batch` x `seq_len`
+// tokens fits in `free_bytes`, less a tenth for the allocator's rounding and fragmentation and
+// the libraries' workspaces; 0 when not even one does.
+int64_t LayersThatFit(ModelConfig config, int64_t batch, int64_t seq_len, double free_bytes) {
+  const int64_t layers = config.num_hidden_layers();
+  config.set_num_hidden_layers(0);
+  const double root = StepBytes(config, batch, seq_len);
+  config.set_num_hidden_layers(1);
+  const double per_layer = StepBytes(config, batch, seq_len) - root;
+  const double fit = std::floor((0.9 * free_bytes - root) / per_layer);
+  return std::clamp<int64_t>(static_cast<int64_t>(fit), 0, layers);
+}
+
+// range(0): batch; range(1): sequence length.
 void BM_TrainStepCuda(benchmark::State& state) {
   if (parallel::CudaDeviceCount() == 0) {
     state.SkipWithError("no GPU (or a binary built without --config=gpu)");
     return;
   }
   const torch::Device device(torch::kCUDA, 0);
+  const int64_t batch = state.range(0);
+  const int64_t seq = state.range(1);
   ModelConfig config = PresetConfig("llama3.1-8b").value();
-  config.set_num_hidden_layers(state.range(0));
-  const int64_t batch = state.range(1);
-  const int64_t seq = state.range(2);
+  const int64_t all_layers = config.num_hidden_layers();
+  const std::optional<int64_t> free_bytes = FreeDeviceMemory(device);
+  if (!free_bytes.has_value()) {
+    state.SkipWithError("cudaMemGetInfo failed on cuda:0");
+    return;
+  }
+  const int64_t layers = LayersThatFit(config, batch, seq, static_cast<double>(*free_bytes));
+  if (layers == 0) {
+    state.SkipWithError(absl::StrCat("not one layer of Llama-3.1-8B fits ", *free_bytes >> 20,
+                                     " MiB free at ", batch, " x ", seq, " tokens")
+                            .c_str());
+    return;
+  }
+  config.set_num_hidden_layers(layers);
   const std::string description = parallel::DescribeDevice(device);
-  state.SetLabel(description);
+  const std::optional<double> peak = Bf16Peak(description);
+  // FLOPs as TrainingFlopsPerToken counts them (PaLM's convention): attention over the whole
+  // T x T score matrix, though the causal kernel computes about half of it.
+  state.SetLabel(absl::StrCat(description, ", Llama-3.1-8B ", layers, "/", all_layers,
+                              " layers, bf16 fwd+bwd, B", batch, " x T", seq,
+                              ", PaLM FLOPs (full TxT attention)",
+                              peak.has_value() ? "" : ", no bf16 peak known"));
   InitConfig init;
   init.set_seed(1);
   std::shared_ptr<CausalLM> model = CausalLM::Create(config, init).value();
@@ -164,7 +228,7 @@ void BM_TrainStepCuda(benchmark::State& state) {
   const torch::Tensor targets = tokens.narrow(1, 1, seq);
   const double flops_per_step =
       static_cast<double>(batch * seq) * TrainingFlopsPerToken(config, seq);
-  // Untimed steps first: cuBLAS and the caching allocator warm up on the first ones.
+  // Untimed steps first: cuBLAS, the attention kernels and the caching allocator warm up.
   for (int i = 0; i < 2; ++i) {
     model->zero_grad(/*set_to_none=*/true);
     model->Loss(inputs, targets).backward();
@@ -173,6 +237,8 @@ void BM_TrainStepCuda(benchmark::State& state) {
   parallel::ResetPeakMemory(device);
   std::vector<double> flops;
   for (auto _ : state) {
+    // The device is idle here (synchronized after the last step): the step's kernels are all
+    // timed, from their launch to the last one's end.
     const auto start = std::chrono::steady_clock::now();
     model->zero_grad(/*set_to_none=*/true);
     model->Loss(inputs, targets).backward();
@@ -184,20 +250,18 @@ void BM_TrainStepCuda(benchmark::State& state) {
   }
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(batch * seq),
                                                   benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["layers"] = static_cast<double>(layers);
   state.counters["params_M"] = static_cast<double>(NumParameters(config)) / 1e6;
   state.counters["TFLOP/s"] = benchmarks::Median(flops) / 1e12;
-  if (const std::optional<double> peak = Bf16Peak(description)) {
-    state.counters["MFU"] = benchmarks::Median(flops) / *peak;
-  }
+  if (peak.has_value()) state.counters["MFU"] = benchmarks::Median(flops) / *peak;
   state.counters["peak_memory_GiB"] =
       static_cast<double>(parallel::PeakMemory(device).value_or(0)) / (1 << 30);
 }
 
-// 16 of the model's 32 layers, so that their bf16 parameters, gradients and activations at
-// 8192 tokens a step fit an 80 GB GPU; the embedding and output projection are the whole
-// model's.
+// One sequence of 8192 tokens, Llama 3.1's pre-training length: with all 32 layers about
+// 100 GB, which an H200 (141 GB) holds; an 80 GB GPU runs fewer layers.
 BENCHMARK(BM_TrainStepCuda)
-    ->Args({16, 2, 4096})
+    ->Args({1, 8192})
     ->Iterations(10)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -50,11 +50,15 @@ torch::Tensor RowParallel(torch::nn::Linear linear, const torch::Tensor& x,
   return linear->bias.defined() ? sum + linear->bias : sum;
 }
 
-// Elements the composite RmsNorm of `tokens` rows of `width` keeps, with its output (which
-// the projections after it keep): its input, rstd [tokens], the normalised input before the
-// weight, and the squared input where mean keeps its input (base/torch_compat.h).
-double CompositeRmsNormElements(double tokens, double width) {
-  return tokens * ((base::kMeanKeepsItsInput ? 4.0 : 3.0) * width + 1.0);
+// Bytes the composite RmsNorm of `tokens` rows of `width` in `dtype` keeps, with its output
+// (which the projections after it keep): its input in the arithmetic dtype (a float copy of a
+// bf16 input), the square of that where mean keeps its input (base/torch_compat.h), rstd
+// [tokens] in the arithmetic dtype, and the normalised input before the weight.
+double CompositeRmsNormBytes(double tokens, double width, torch::ScalarType dtype) {
+  const double element = static_cast<double>(c10::elementSize(dtype));
+  const double arithmetic = static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype)));
+  return tokens * (arithmetic * width * (base::kMeanKeepsItsInput ? 2.0 : 1.0) +
+                   2.0 * element * width + arithmetic);
 }
 
 }  // namespace
@@ -92,11 +96,13 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
   }
   // The composite SwiGLU keeps gate, up and silu(gate), down_proj their product.
   const double norms_and_mlp =
-      2.0 * CompositeRmsNormElements(tokens, h) * element + tokens * element * 4.0 * inner;
+      2.0 * CompositeRmsNormBytes(tokens, h, dtype) + tokens * element * 4.0 * inner;
   if (base::kHasCausalSdpa) {
     // The fused attention keeps the rotated q and k, v, its output and its fp32 log-sum-exp
-    // [batch, heads, seq_len]; o_proj keeps the output's copy in [tokens, heads * d].
-    return norms_and_mlp + tokens * element * (3.0 * q_width + 2.0 * kv_width) +
+    // [batch, heads, seq_len]; o_proj keeps the output's copy in [tokens, heads * d]. Wider
+    // than 16 bits, k and v reach it repeated to every query head (internal::CausalAttention).
+    const double kv_kept = element > 2.0 ? q_width : kv_width;
+    return norms_and_mlp + tokens * element * (3.0 * q_width + 2.0 * kv_kept) +
            tokens * heads * sizeof(float);
   }
   // The composite attention keeps its copies of q, k and v in its matmuls' layouts, the
@@ -115,13 +121,18 @@ double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len
       internal::FusedFormsServe(dtype, device_type)
           ? tokens * (2.0 * h * element +
                       static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype))))
-          : element * CompositeRmsNormElements(tokens, h);
-  // The loss scores fp32 logits [tokens, vocab] and keeps them (and a log-sum-exp per token);
-  // its backward makes their gradient before it frees them.
+          : CompositeRmsNormBytes(tokens, h, dtype);
+  // The loss scores fp32 logits [tokens, vocab]. The fused cross-entropy keeps them and a
+  // log-sum-exp per token, and its backward makes their gradient before it frees them. The
+  // composite one (log_softmax, then nll_loss: the GPU's) keeps log_softmax's output instead,
+  // and its backward holds that, its gradient and the logits' gradient at once.
   const double logits = tokens * static_cast<double>(config.vocab_size()) * sizeof(float);
+  const double loss = internal::FusedFormsServe(torch::kFloat32, device_type)
+                          ? 2.0 * logits + tokens * sizeof(float)
+                          : 3.0 * logits;
   return BlockActivationBytes(config, batch, seq_len, dtype, device_type) *
              static_cast<double>(config.num_hidden_layers()) +
-         final_norm + 2.0 * logits + tokens * sizeof(float);
+         final_norm + loss;
 }
 
 double BlockProjectionOutputBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
@@ -161,8 +172,8 @@ RmsNorm::RmsNorm(int64_t size, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({size}));
 }
 
-torch::Tensor RmsNorm::forward(const torch::Tensor& x) {
-  return internal::RmsNorm(x, weight, eps_);
+torch::Tensor RmsNorm::forward(const torch::Tensor& x, bool generic_ops) {
+  return internal::RmsNorm(x, weight, eps_, generic_ops);
 }
 
 Attention::Attention(const ModelConfig& config)
@@ -197,15 +208,16 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
   const torch::Tensor flat = input.reshape({batch * seq, input.size(2)});
   // [B, T, heads, D], rotated in place of HF's [B, heads, T, D] (the same values).
   wrap::CheckpointingOps* checkpointing = context.checkpointing;
+  const bool generic = context.generic_ops;
   const torch::Tensor q =
       internal::Rotary(Project(q_proj, flat, checkpointing).view({batch, seq, num_heads_, d}),
-                       context.rope.cos, context.rope.sin);
+                       context.rope.cos, context.rope.sin, generic);
   const torch::Tensor k =
       internal::Rotary(Project(k_proj, flat, checkpointing).view({batch, seq, num_kv_heads_, d}),
-                       context.rope.cos, context.rope.sin);
+                       context.rope.cos, context.rope.sin, generic);
   const torch::Tensor v = Project(v_proj, flat, checkpointing).view({batch, seq, num_kv_heads_, d});
-  const torch::Tensor out =
-      internal::CausalAttention(q, k, v, context.mask).reshape({batch, seq, num_heads_ * d});
+  const torch::Tensor out = internal::CausalAttention(q, k, v, context.mask, generic)
+                                .reshape({batch, seq, num_heads_ * d});
   return RowParallel(o_proj, out, context.tp, checkpointing);
 }
 
@@ -217,12 +229,13 @@ Mlp::Mlp(const ModelConfig& config) {
   down_proj = register_module("down_proj", MakeLinear(inner, hidden, false));
 }
 
-torch::Tensor Mlp::forward(const torch::Tensor& x, wrap::TensorParallelOps* tp,
-                           wrap::CheckpointingOps* checkpointing) {
+torch::Tensor Mlp::forward(const torch::Tensor& x, const AttentionContext& context) {
+  wrap::TensorParallelOps* tp = context.tp;
+  wrap::CheckpointingOps* checkpointing = context.checkpointing;
   const torch::Tensor input = tp == nullptr ? x : tp->EnterColumnParallel(x);
   return RowParallel(down_proj,
                      internal::SwiGlu(Project(gate_proj, input, checkpointing),
-                                      Project(up_proj, input, checkpointing)),
+                                      Project(up_proj, input, checkpointing), context.generic_ops),
                      tp, checkpointing);
 }
 
@@ -237,8 +250,9 @@ DecoderLayer::DecoderLayer(const ModelConfig& config) {
 }
 
 torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const AttentionContext& context) {
-  const torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x), context);
-  return h + mlp->forward(post_attention_layernorm->forward(h), context.tp, context.checkpointing);
+  const torch::Tensor h =
+      x + self_attn->forward(input_layernorm->forward(x, context.generic_ops), context);
+  return h + mlp->forward(post_attention_layernorm->forward(h, context.generic_ops), context);
 }
 
 Decoder::Decoder(const ModelConfig& config) {
@@ -303,16 +317,21 @@ const AttentionContext& CausalLM::Context(int64_t seq_len, const torch::Device& 
   const Attention& attention = *model_->layers.front()->self_attn;
   const int64_t groups = attention.local_heads() / attention.local_kv_heads();
   if (seq_len != context_seq_len_ || groups != context_groups_ ||
-      context_.mask.device() != device || context_.mask.scalar_type() != dtype) {
+      generic_ops_ != context_.generic_ops || context_.rope.cos.device() != device ||
+      context_.rope.cos.scalar_type() != dtype) {
     // Computed in fp32, then held in the compute dtype so that no op mixes dtypes.
     const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
     context_.rope = MakeRotaryTables(inv_freq_.to(device), torch::arange(seq_len, options));
     context_.rope.cos = context_.rope.cos.to(dtype);
     context_.rope.sin = context_.rope.sin.to(dtype);
-    const torch::Tensor mask =
-        torch::full({seq_len, seq_len}, -std::numeric_limits<float>::infinity(), options)
-            .triu(/*diagonal=*/1);
-    context_.mask = mask.repeat({groups, 1}).to(dtype);
+    context_.mask = torch::Tensor();
+    if (internal::CausalAttentionReadsMask(dtype, device.type(), generic_ops_)) {
+      const torch::Tensor mask =
+          torch::full({seq_len, seq_len}, -std::numeric_limits<float>::infinity(), options)
+              .triu(/*diagonal=*/1);
+      context_.mask = mask.repeat({groups, 1}).to(dtype);
+    }
+    context_.generic_ops = generic_ops_;
     context_seq_len_ = seq_len;
     context_groups_ = groups;
   }
@@ -351,7 +370,7 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
     }
     h = after(unit, std::move(h));
   }
-  h = model_->norm->forward(h);
+  h = model_->norm->forward(h, context.generic_ops);
   if (tp != nullptr) h = tp->EnterColumnParallel(h);  // the output projection splits the vocabulary
   return after(kRootUnit, torch::matmul(h, OutputWeight().t()));
 }
@@ -375,8 +394,8 @@ torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& t
   // 16-bit logits are scored in fp32, as Hugging Face's models do: the loss of a 32K-way
   // softmax needs more than bf16's 8 bits of mantissa.
   const torch::Tensor logits = Forward(tokens).to(torch::kFloat32);
-  const torch::Tensor mean = internal::CrossEntropy(logits.view({-1, logits.size(-1)}),
-                                                    targets.reshape({-1}), ignore_index);
+  const torch::Tensor mean = internal::CrossEntropy(
+      logits.view({-1, logits.size(-1)}), targets.reshape({-1}), ignore_index, generic_ops_);
   // With nothing scored the mean is NaN, but its backward writes only the scored rows: the
   // zero gradient `where` hands it gives zero logit gradients. Where something is scored,
   // `where` passes the mean and its gradient through bit for bit.
@@ -421,6 +440,8 @@ std::vector<wrap::Wrappable::NamedParameter> CausalLM::NamedParameters() {
   for (const auto& item : named_parameters()) all.push_back({item.key(), item.value()});
   return all;
 }
+
+void internal::UseGenericOps(CausalLM& model, bool generic) { model.generic_ops_ = generic; }
 
 absl::Status CausalLM::SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) {
   const int64_t shards = num_heads > 0 && NumHeads() % num_heads == 0 ? NumHeads() / num_heads : 0;

@@ -61,9 +61,10 @@ int64_t NumParameters(const ModelConfig& config);
 // ops save in the forward for the backward (models/internal/ops.h), which depends on whether
 // the fused forms serve the dtype (on the CPU: fp32, fp64, bf16) and, where they do not, on whether
 // the LibTorch has a fused attention (base/torch_compat.h); plus, outside the blocks, the final
-// norm's and the loss's: the fp32 logits the loss keeps and their gradient, both alive when
-// the loss's backward runs, which is the peak (every later backward frees more activations
-// than the gradients it makes). For memory estimates.
+// norm's and the loss's: the fp32 logits the loss keeps and their gradient (and, on a GPU,
+// the composite loss's gradient of its log-softmax), all alive when the loss's backward runs,
+// which is the peak (every later backward frees more activations than the gradients it
+// makes). For memory estimates; a GPU's is tested on the CPU through the generic ops.
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
                        torch::ScalarType dtype, torch::DeviceType device_type);
 
@@ -82,11 +83,12 @@ double BlockProjectionOutputBytes(const ModelConfig& config, int64_t batch, int6
 // row-parallel, the embedding and lm_head by vocabulary rows, the rest replicated.
 wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name);
 
-// x * rsqrt(mean(x^2) + eps) * weight over the last dimension.
+// x * rsqrt(mean(x^2) + eps) * weight over the last dimension; `generic_ops` as
+// AttentionContext's.
 class RmsNorm : public torch::nn::Module {
  public:
   RmsNorm(int64_t size, double eps);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, bool generic_ops = false);
 
   torch::Tensor weight;
 
@@ -94,13 +96,17 @@ class RmsNorm : public torch::nn::Module {
   double eps_;
 };
 
-// What every layer's attention shares for one sequence length, computed once per forward.
+// What every layer shares for one sequence length, computed once per forward.
 struct AttentionContext {
   RotaryTables rope;  // cos, sin [T, head_dim]
   // Additive causal mask (0 on and below the diagonal, -inf above), [groups * T, T] with
   // groups = local heads / local kv heads: row g * T + t belongs to query position t. Read
-  // by the composite attention only (other than CPU float/double; models/internal/ops.h).
+  // by the composite attention only, and undefined where it does not run
+  // (models/internal/ops.h's CausalAttentionReadsMask): at 8192 tokens it would take 512 MiB.
   torch::Tensor mask;
+  // Whether the ops take their generic forms (models/internal/ops.h) even where the fused CPU
+  // kernels serve the tensors: what a GPU runs, chosen on the CPU by tests of that path.
+  bool generic_ops = false;
   // Tensor parallelism's communication, or nullptr in one process.
   wrap::TensorParallelOps* tp = nullptr;
   // Activation checkpointing's ops, through which the blocks' projections run, or nullptr.
@@ -134,10 +140,9 @@ class Attention : public torch::nn::Module {
 class Mlp : public torch::nn::Module {
  public:
   explicit Mlp(const ModelConfig& config);
-  // As Attention::forward; `tp` is tensor parallelism's communication and `checkpointing`
-  // activation checkpointing's ops, or nullptr.
-  torch::Tensor forward(const torch::Tensor& x, wrap::TensorParallelOps* tp = nullptr,
-                        wrap::CheckpointingOps* checkpointing = nullptr);
+  // As Attention::forward (of the context, it reads the tensor-parallel and checkpointing ops
+  // and generic_ops).
+  torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
@@ -163,6 +168,14 @@ class Decoder : public torch::nn::Module {
   std::vector<std::shared_ptr<DecoderLayer>> layers;
   std::shared_ptr<RmsNorm> norm;
 };
+
+class CausalLM;
+
+namespace internal {
+// The seam through which tests run `model`'s ops in their generic forms (AttentionContext's
+// generic_ops) on the CPU, the path a GPU takes; models/causal_lm_test.cc.
+void UseGenericOps(CausalLM& model, bool generic);
+}  // namespace internal
 
 class CausalLM : public torch::nn::Module, public wrap::Wrappable {
  public:
@@ -213,10 +226,11 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
 
  private:
   explicit CausalLM(const ModelConfig& config);
+  friend void internal::UseGenericOps(CausalLM& model, bool generic);
 
   // The rotary tables and mask for sequence length `seq_len` on `device` in `dtype` (the
-  // parameters'), built once and reused while the length, device, dtype and head grouping
-  // stay the same; and the tensor-parallel ops.
+  // parameters'), built once and reused while the length, device, dtype, head grouping and
+  // choice of ops stay the same; and the tensor-parallel ops.
   const AttentionContext& Context(int64_t seq_len, const torch::Device& device,
                                   torch::ScalarType dtype);
 
@@ -232,6 +246,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   AttentionContext context_;
   int64_t context_seq_len_ = -1;
   int64_t context_groups_ = -1;
+  bool generic_ops_ = false;
   UnitHooks hooks_;
 };
 

@@ -2,21 +2,28 @@
 // (cuBLAS matmuls, the composite ops, LibTorch's fused attention where the version has it)
 // gives the CPU's fused kernels' loss and gradients, in fp32 with TF32 off to fp32 rounding
 // (1e-4; TF32 would show as ~1e-3) and in bf16 to bf16's precision, for Llama and for Qwen2
-// (biases) with grouped-query heads.
-#include <map>
+// (biases) with grouped-query heads and some targets ignored. Hugging Face weights load into
+// CUDA parameters, converted to their dtype. Skips without a GPU.
 #include <memory>
 #include <string>
 
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
+#include "models/hf_checkpoint.h"
 #include "models/model_config.h"
+#include "models/safetensors.h"
+#include "models/testing_gradients.h"
 #include "torch/torch.h"
 
 namespace plait::models {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::models::testing::BackwardOf;
+using ::plait::models::testing::ExpectClose;
+using ::plait::models::testing::LossAndGradients;
 
 // 2 layers, hidden 128, 8 heads of 16 sharing 2 kv heads: grouped-query attention on every path.
 ModelConfig Small(const std::string& type) {
@@ -31,47 +38,38 @@ ModelConfig Small(const std::string& type) {
   return config;
 }
 
-struct LossAndGradients {
-  double loss;
-  std::map<std::string, torch::Tensor> gradients;  // on the CPU, fp32
-};
+std::shared_ptr<CausalLM> Make(const ModelConfig& config, uint64_t seed) {
+  InitConfig init;
+  init.set_seed(seed);
+  absl::StatusOr<std::shared_ptr<CausalLM>> model = CausalLM::Create(config, init);
+  EXPECT_THAT(model, IsOk());
+  return *model;
+}
 
 LossAndGradients ForwardBackward(const ModelConfig& config, torch::Device device,
                                  torch::ScalarType dtype) {
-  InitConfig init;
-  init.set_seed(11);
-  absl::StatusOr<std::shared_ptr<CausalLM>> model = CausalLM::Create(config, init);
-  EXPECT_THAT(model, IsOk());
-  (*model)->to(device, dtype);
+  std::shared_ptr<CausalLM> model = Make(config, 11);
+  model->to(device, dtype);
   torch::manual_seed(5);
   const torch::Tensor sequence = torch::randint(config.vocab_size(), {4, 65}, torch::kInt64);
-  const torch::Tensor loss =
-      (*model)->Loss(sequence.narrow(1, 0, 64).to(device), sequence.narrow(1, 1, 64).to(device));
-  loss.backward();
-  LossAndGradients result{loss.item<double>(), {}};
-  for (const auto& item : (*model)->named_parameters()) {
-    result.gradients[item.key()] = item.value().grad().to(torch::kCPU, torch::kFloat32);
-  }
-  return result;
+  torch::Tensor targets = sequence.narrow(1, 1, 64).clone();
+  targets.narrow(1, 0, 5).fill_(kIgnoreIndex);  // a prompt, say
+  return BackwardOf(*model, model->Loss(sequence.narrow(1, 0, 64).to(device), targets.to(device)));
 }
 
-class CudaAgainstCpuTest : public ::testing::TestWithParam<std::string> {
+class CudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here";
-    ASSERT_FALSE(at::globalContext().allowTF32CuBLAS()) << "fp32 comparisons need TF32 off";
+    // TF32 matmuls round fp32 operands to 10 bits of mantissa: the fp32 comparisons need it
+    // off, whatever TORCH_ALLOW_TF32_CUBLAS_OVERRIDE says.
+    at::globalContext().setAllowTF32CuBLAS(false);
+    at::globalContext().setAllowTF32CuDNN(false);
+    ASSERT_FALSE(at::globalContext().allowTF32CuBLAS());
   }
 };
 
-void ExpectClose(const LossAndGradients& got, const LossAndGradients& want, double tolerance) {
-  EXPECT_NEAR(got.loss, want.loss, tolerance * want.loss);
-  ASSERT_EQ(got.gradients.size(), want.gradients.size());
-  for (const auto& [name, gradient] : want.gradients) {
-    const double error =
-        (got.gradients.at(name) - gradient).norm().item<double>() / gradient.norm().item<double>();
-    EXPECT_LE(error, tolerance) << name;
-  }
-}
+class CudaAgainstCpuTest : public CudaTest, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(CudaAgainstCpuTest, Fp32LossAndGradientsMatch) {
   const ModelConfig config = Small(GetParam());
@@ -87,6 +85,50 @@ TEST_P(CudaAgainstCpuTest, Bf16LossAndGradientsMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaAgainstCpuTest, ::testing::Values("llama", "qwen2"));
+
+// A micro-batch that scores nothing: 0, with zero gradients, computed on the device.
+TEST_F(CudaTest, LossOfABatchWithNothingScoredIsZero) {
+  const torch::Device device(torch::kCUDA, 0);
+  std::shared_ptr<CausalLM> model = Make(Small("llama"), 3);
+  model->to(device);
+  const torch::Tensor loss = model->Loss(
+      torch::zeros({2, 8}, torch::TensorOptions(torch::kInt64).device(device)),
+      torch::full({2, 8}, kIgnoreIndex, torch::TensorOptions(torch::kInt64).device(device)));
+  EXPECT_TRUE(loss.is_cuda());
+  loss.backward();
+  EXPECT_EQ(loss.item<float>(), 0.0f);
+  for (const torch::Tensor& parameter : model->parameters()) {
+    EXPECT_EQ(parameter.grad().abs().max().item<float>(), 0.0f);
+  }
+}
+
+// Hugging Face weights (fp32 on disk) read into bf16 CUDA parameters, whole and as a
+// tensor-parallel rank's column slice (a strided view of a CUDA tensor).
+TEST_F(CudaTest, HfWeightsLoadIntoCudaParameters) {
+  const ModelConfig config = Small("qwen2");
+  std::shared_ptr<CausalLM> saved = Make(config, 1);
+  const std::string dir = base::testing::FreshTestDir("hf");
+  ASSERT_THAT(SaveHfModel(*saved, dir), IsOk());
+  std::shared_ptr<CausalLM> loaded = Make(config, 2);
+  loaded->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
+  absl::StatusOr<SafetensorsCheckpoint> checkpoint = SafetensorsCheckpoint::Open(dir);
+  ASSERT_THAT(checkpoint, IsOk());
+  ASSERT_THAT(LoadHfWeights(*checkpoint, *loaded), IsOk());
+  auto want = saved->named_parameters();
+  for (const auto& item : loaded->named_parameters()) {
+    ASSERT_TRUE(item.value().is_cuda()) << item.key();
+    EXPECT_TRUE(torch::equal(item.value().cpu(), want[item.key()].to(torch::kBFloat16)))
+        << item.key();
+  }
+  const std::string name = "model.layers.0.mlp.down_proj.weight";  // [128, 192]
+  auto found = checkpoint->Find(name);
+  ASSERT_THAT(found, IsOk());
+  torch::Tensor parameter =
+      torch::zeros({128, 100}, torch::TensorOptions(torch::kFloat32).device(torch::kCUDA, 0));
+  ASSERT_THAT(found->second->ReadBox(name, {0, 96}, {128, 96}, parameter.narrow(1, 2, 96)), IsOk());
+  EXPECT_TRUE(torch::equal(parameter.narrow(1, 2, 96).cpu(), want[name].narrow(1, 96, 96)));
+  EXPECT_EQ(parameter.narrow(1, 0, 2).abs().max().item<float>(), 0.0f);
+}
 
 }  // namespace
 }  // namespace plait::models

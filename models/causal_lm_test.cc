@@ -4,6 +4,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/allocation_counter.h"
@@ -11,12 +12,16 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/model_config.h"
+#include "models/testing_gradients.h"
 
 namespace plait::models {
 namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::models::testing::BackwardOf;
+using ::plait::models::testing::ExpectClose;
+using ::plait::models::testing::LossAndGradients;
 using ::testing::DoubleNear;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -189,23 +194,47 @@ TEST(CausalLMTest, LossAtInitialisationIsNearLogVocab) {
   EXPECT_NEAR(loss, std::log(1000.0), 0.1);
 }
 
-// bfloat16 (FSDP's mixed precision) takes the composite ATen path, fp32 the fused kernels:
-// the two give the same loss and gradients up to bfloat16's precision.
-TEST(CausalLMTest, Bf16CompositePathTracksTheFp32FusedPath) {
-  std::shared_ptr<CausalLM> fp32 = Make(Small());
-  std::shared_ptr<CausalLM> bf16 = Make(Small());
-  bf16->to(torch::kBFloat16);
+// The loss and every gradient of `model` for one batch with a few targets ignored.
+LossAndGradients ForwardBackward(CausalLM& model) {
   const torch::Tensor tokens = Tokens(2, 24, 97, 9);
-  const torch::Tensor targets = Tokens(2, 24, 97, 10);
-  const torch::Tensor loss32 = fp32->Loss(tokens, targets);
-  const torch::Tensor loss16 = bf16->Loss(tokens, targets);
-  EXPECT_NEAR(loss16.item<double>(), loss32.item<double>(), 0.02 * loss32.item<double>());
-  loss32.backward();
-  loss16.backward();
-  const torch::Tensor grad32 = fp32->decoder().layers[0]->self_attn->q_proj->weight.grad();
-  const torch::Tensor grad16 = bf16->decoder().layers[0]->self_attn->q_proj->weight.grad();
-  const double scale = grad32.abs().max().item<double>();
-  EXPECT_LT((grad16.to(torch::kFloat32) - grad32).abs().max().item<double>(), 0.05 * scale);
+  torch::Tensor targets = Tokens(2, 24, 97, 10);
+  targets.index_put_({0, torch::indexing::Slice(0, 3)}, kIgnoreIndex);
+  return BackwardOf(model, model.Loss(tokens, targets));
+}
+
+// The generic ops (models/internal/ops.h), the path a GPU takes, run here on the CPU against
+// the fused CPU kernels: the same loss and gradients for Llama and Qwen2 (biases) with
+// grouped-query heads and rotary embeddings, in fp32 to fp32's rounding and in bf16 to bf16's.
+TEST(CausalLMTest, GenericOpsMatchTheFusedKernels) {
+  for (const std::string type : {"llama", "qwen2"}) {
+    for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+      SCOPED_TRACE(type + " " + c10::toString(dtype));
+      std::shared_ptr<CausalLM> fused = Make(Small(type));
+      std::shared_ptr<CausalLM> generic = Make(Small(type));
+      fused->to(dtype);
+      generic->to(dtype);
+      internal::UseGenericOps(*generic, true);
+      const LossAndGradients want = ForwardBackward(*fused);
+      const LossAndGradients got = ForwardBackward(*generic);
+      ExpectClose(got, want, dtype == torch::kFloat32 ? 1e-5 : 2e-2);
+      // Two paths ran: their roundings differ.
+      const std::string q_proj = "model.layers.0.self_attn.q_proj.weight";
+      EXPECT_FALSE(torch::equal(got.gradients.at(q_proj), want.gradients.at(q_proj)));
+    }
+  }
+}
+
+// bf16 (FSDP's mixed precision) on either path tracks the fp32 fused one to bf16's precision.
+TEST(CausalLMTest, Bf16TracksFp32) {
+  std::shared_ptr<CausalLM> fp32 = Make(Small());
+  const LossAndGradients want = ForwardBackward(*fp32);
+  for (const bool generic : {false, true}) {
+    SCOPED_TRACE(generic ? "generic" : "fused");
+    std::shared_ptr<CausalLM> bf16 = Make(Small());
+    bf16->to(torch::kBFloat16);
+    internal::UseGenericOps(*bf16, generic);
+    ExpectClose(ForwardBackward(*bf16), want, 5e-2);
+  }
 }
 
 TEST(CausalLMTest, OverfitsOneBatch) {
@@ -360,20 +389,26 @@ TEST(FlopsTest, CountsMatmulsAndAttention) {
 }
 
 // The activations a step holds at its peak, measured as LibTorch's CPU allocator hands them
-// out, against the estimate derived from what the ops save: in fp32 (the fused forms) and in
-// bf16 (the composite ones; LibTorch 2.x's fused attention where it has one). The parameters'
-// gradients exist before the measured step, so only the step's own allocations count.
+// out, against the estimate derived from what the ops save: in fp32 and bf16, with the fused
+// CPU kernels and with the generic ops a GPU runs (the composite forms, and LibTorch 2.x's
+// fused attention where it has one), whose estimate is the GPU's. The parameters' gradients
+// exist before the measured step, so only the step's own allocations count.
 TEST(ActivationBytesTest, IsWhatAStepHoldsAtItsPeak) {
   constexpr int64_t kBatch = 4;
   constexpr int64_t kSeqLen = 64;
-  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
-    SCOPED_TRACE(c10::toString(dtype));
+  for (const auto& [dtype, generic] :
+       std::vector<std::pair<torch::ScalarType, bool>>{{torch::kFloat32, false},
+                                                       {torch::kBFloat16, false},
+                                                       {torch::kFloat32, true},
+                                                       {torch::kBFloat16, true}}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)) + (generic ? " generic" : " fused"));
     const ModelConfig config = PresetConfig("tiny").value();
     InitConfig init;
     init.set_seed(1);
     absl::StatusOr<std::shared_ptr<CausalLM>> model = CausalLM::Create(config, init);
     ASSERT_THAT(model, IsOk());
     (*model)->to(dtype);
+    internal::UseGenericOps(**model, generic);
     torch::manual_seed(2);
     const torch::Tensor tokens = torch::randint(config.vocab_size(), {kBatch, kSeqLen + 1});
     const torch::Tensor inputs = tokens.narrow(1, 0, kSeqLen);
@@ -384,7 +419,8 @@ TEST(ActivationBytesTest, IsWhatAStepHoldsAtItsPeak) {
       base::AllocationCounter::Scope counting(counter);
       (*model)->Loss(inputs, targets).backward();
     }
-    const double estimate = ActivationBytes(config, kBatch, kSeqLen, dtype, torch::kCPU);
+    const double estimate =
+        ActivationBytes(config, kBatch, kSeqLen, dtype, generic ? torch::kCUDA : torch::kCPU);
     EXPECT_THAT(static_cast<double>(counter.peak()) / estimate, DoubleNear(1.0, 0.03))
         << counter.peak() << " bytes measured, " << estimate << " estimated";
   }

@@ -300,7 +300,10 @@ absl::Status SafetensorsFile::ReadBox(const std::string& name, absl::Span<const 
     box = box.narrow(static_cast<int64_t>(d), offsets[d], lengths[d]);
   }
   torch::NoGradGuard no_grad;
-  destination.copy_(box);
+  // Staged in host memory, converted and contiguous, so that a device destination (a slice of
+  // a CUDA parameter) takes one blocking host-to-device copy of exactly its bytes, done before
+  // the staging tensor and the mapping can go, and every destination takes the same path.
+  destination.copy_(box.to(destination.scalar_type()).contiguous());
   return absl::OkStatus();
 }
 

@@ -252,6 +252,13 @@ TEST(SafetensorsTest, ReadBoxReadsOnlyTheBox) {
     torch::Tensor box = torch::empty({3, 5}, torch::kBFloat16);
     ASSERT_THAT((*file)->ReadBox("w", {509, 100}, {3, 5}, box), IsOk());
     EXPECT_TRUE(torch::equal(box, full.narrow(0, 509, 3).narrow(1, 100, 5).to(torch::kBFloat16)));
+    // Into a strided view of a larger tensor (a rank's slice of its parameter), touching
+    // nothing else.
+    torch::Tensor parameter = torch::zeros({3, 9}, torch::kBFloat16);
+    ASSERT_THAT((*file)->ReadBox("w", {509, 100}, {3, 5}, parameter.narrow(1, 2, 5)), IsOk());
+    EXPECT_TRUE(torch::equal(parameter.narrow(1, 2, 5), box));
+    EXPECT_EQ(parameter.narrow(1, 0, 2).abs().max().item<float>(), 0.0f);
+    EXPECT_EQ(parameter.narrow(1, 7, 2).abs().max().item<float>(), 0.0f);
 
     EXPECT_THAT((*file)->ReadBox("w", {4000, 0}, {100, 2048}, torch::empty({100, 2048})),
                 StatusIs(absl::StatusCode::kInvalidArgument,

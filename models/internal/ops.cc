@@ -184,6 +184,15 @@ AttentionShape ShapeOf(const torch::Tensor& q, const torch::Tensor& k) {
   return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
 }
 
+// x [B, T, KV, d] with each head repeated `groups` times in place, [B, T, KV * groups, d]:
+// query head h of grouped-query attention meets kv head h / groups. An expand and one copy:
+// no index tensor, nothing read back to the host (LibTorch 1.13's repeat_interleave did both).
+torch::Tensor RepeatHeads(const torch::Tensor& x, int64_t groups) {
+  return x.unsqueeze(3)
+      .expand({x.size(0), x.size(1), x.size(2), groups, x.size(3)})
+      .reshape({x.size(0), x.size(1), x.size(2) * groups, x.size(3)});
+}
+
 double AttentionScale(const torch::Tensor& q) {
   return 1.0 / std::sqrt(static_cast<double>(q.size(3)));
 }
@@ -244,8 +253,10 @@ bool FusedFormsServe(torch::ScalarType dtype, torch::DeviceType device_type) {
          (dtype == torch::kFloat32 || dtype == torch::kFloat64 || dtype == torch::kBFloat16);
 }
 
-torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  return Fusable({x, weight}) ? FusedRmsNorm(x, weight, eps) : CompositeRmsNorm(x, weight, eps);
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                      bool generic) {
+  return !generic && Fusable({x, weight}) ? FusedRmsNorm(x, weight, eps)
+                                          : CompositeRmsNorm(x, weight, eps);
 }
 
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -253,12 +264,15 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
 }
 
 torch::Tensor CompositeRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  const torch::Tensor rstd = torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
-  return x * rstd * weight;
+  // Normalised in the fused kernels' arithmetic (float for bf16), as Hugging Face's models do:
+  // a bf16 rstd alone would be off by up to 2^-9.
+  const torch::Tensor wide = x.to(ArithmeticDtype(x.scalar_type()));
+  const torch::Tensor rstd = torch::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
+  return (wide * rstd).to(x.scalar_type()) * weight;
 }
 
-torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
-  return Fusable({gate, up}) ? FusedSwiGlu(gate, up) : CompositeSwiGlu(gate, up);
+torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up, bool generic) {
+  return !generic && Fusable({gate, up}) ? FusedSwiGlu(gate, up) : CompositeSwiGlu(gate, up);
 }
 
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
@@ -269,8 +283,9 @@ torch::Tensor CompositeSwiGlu(const torch::Tensor& gate, const torch::Tensor& up
   return torch::nn::functional::silu(gate) * up;
 }
 
-torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  return Fusable({x, cos, sin}) ? FusedRotary(x, cos, sin) : ApplyRotary(x, cos, sin);
+torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                     bool generic) {
+  return !generic && Fusable({x, cos, sin}) ? FusedRotary(x, cos, sin) : ApplyRotary(x, cos, sin);
 }
 
 torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
@@ -279,9 +294,9 @@ torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
 }
 
 torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                           int64_t ignore_index) {
+                           int64_t ignore_index, bool generic) {
   // The model scores 16-bit logits in float (causal_lm.cc): no bf16 cross-entropy kernel.
-  const bool fusable = Fusable({logits}) && logits.scalar_type() != torch::kBFloat16 &&
+  const bool fusable = !generic && Fusable({logits}) && logits.scalar_type() != torch::kBFloat16 &&
                        targets.device().is_cpu() && targets.scalar_type() == torch::kInt64;
   return fusable ? FusedCrossEntropy(logits, targets, ignore_index)
                  : CompositeCrossEntropy(logits, targets, ignore_index);
@@ -299,10 +314,26 @@ torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Te
 }
 
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v, const torch::Tensor& mask) {
-  if (Fusable({q, k, v})) return FusedCausalAttention(q, k, v);
-  if (std::optional<torch::Tensor> out = base::CausalSdpa(q, k, v)) return *std::move(out);
+                              const torch::Tensor& v, const torch::Tensor& mask, bool generic) {
+  if (!generic && Fusable({q, k, v})) return FusedCausalAttention(q, k, v);
+  if (base::kHasCausalSdpa) {
+    // LibTorch's CUDA kernel for grouped kv heads (flash attention) is 16-bit only, and its
+    // fp32 kernel (memory-efficient attention) takes as many kv heads as query heads: given
+    // fewer, fp32 falls back to the math form, which keeps every head's [T, T] probabilities.
+    // Repeating the kv heads keeps fp32 on the fused kernel.
+    const int64_t groups = q.size(2) / k.size(2);
+    std::optional<torch::Tensor> out =
+        groups > 1 && c10::elementSize(q.scalar_type()) > 2
+            ? base::CausalSdpa(q, RepeatHeads(k, groups), RepeatHeads(v, groups))
+            : base::CausalSdpa(q, k, v);
+    return *std::move(out);
+  }
   return CompositeCausalAttention(q, k, v, mask);
+}
+
+bool CausalAttentionReadsMask(torch::ScalarType dtype, torch::DeviceType device_type,
+                              bool generic) {
+  return !base::kHasCausalSdpa && (generic || !FusedFormsServe(dtype, device_type));
 }
 
 torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
@@ -318,6 +349,7 @@ torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tens
   const int64_t kv_heads = k.size(2);
   const int64_t groups = heads / kv_heads;
   const int64_t d = q.size(3);
+  TORCH_CHECK(mask.defined(), "CompositeCausalAttention: no mask (CausalAttentionReadsMask)");
   // The query heads of one kv head stacked along the rows, [B * kv, groups * T, D], so each
   // kv head meets all its query heads in one matmul without copying k and v per head.
   const torch::Tensor q3 = q.reshape({batch, seq, kv_heads, groups, d})

@@ -4,9 +4,11 @@
 // and bf16, computed in float for bf16) and Composite* (the ATen composite, for every device
 // and dtype, and the reference the fused forms are tested against). The unprefixed functions
 // pick the fused form when every input is a CPU tensor of one of those dtypes (float or
-// double for the cross-entropy), else the composite one:
+// double for the cross-entropy), else the generic one (the composite, or LibTorch's own fused
+// attention), which is what a GPU runs. `generic` takes the generic forms on the CPU too, so
+// that the GPU's path runs, and is tested, where there is no GPU:
 //
-//   torch::Tensor y = RmsNorm(x, weight, eps);  // fused on the CPU, composite on a GPU
+//   torch::Tensor y = RmsNorm(x, weight, eps, /*generic=*/false);  // fused on the CPU
 #ifndef PLAIT_MODELS_INTERNAL_OPS_H_
 #define PLAIT_MODELS_INTERNAL_OPS_H_
 
@@ -26,18 +28,20 @@ bool FusedFormsServe(torch::ScalarType dtype, torch::DeviceType device_type);
 torch::ScalarType ArithmeticDtype(torch::ScalarType dtype);
 
 // x * rsqrt(mean(x^2, -1) + eps) * weight, x [..., n], weight [n].
-torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                      bool generic);
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor CompositeRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 // silu(gate) * up, elementwise over tensors of one shape.
-torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up, bool generic);
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
 torch::Tensor CompositeSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
 
 // Rotary embedding (rotary.h's ApplyRotary) of x [B, T, heads, d] by tables [T, d]; the
 // tables are constants (no gradient flows to them).
-torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                     bool generic);
 torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
                           const torch::Tensor& sin);
 
@@ -46,7 +50,7 @@ torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
 // Throws c10::Error, as the composite does, for a target outside [0, vocab) other than
 // ignore_index.
 torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                           int64_t ignore_index);
+                           int64_t ignore_index, bool generic);
 torch::Tensor FusedCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                 int64_t ignore_index);
 torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
@@ -55,13 +59,16 @@ torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Te
 // Causal grouped-query attention with scale 1 / sqrt(d): q [B, T, H, d], k and v
 // [B, T, KV, d] with KV dividing H (query head h reads kv head h / (H / KV)) -> [B, T, H, d].
 // The fused form multiplies bf16 operands into float and computes the softmax in float. Where
-// it does not apply (a GPU),
-// CausalAttention takes LibTorch's own fused kernel when the LibTorch has one (2.x,
-// base/torch_compat.h's CausalSdpa), else the composite.
+// it does not apply (a GPU, or `generic`), CausalAttention takes LibTorch's own fused kernel
+// when the LibTorch has one (2.x, base/torch_compat.h's CausalSdpa), else the composite.
 // The composite form takes the additive causal mask [H / KV * T, T] (0 on and below the
-// diagonal, -inf above; row g * T + t for query position t) that CausalLM caches.
+// diagonal, -inf above; row g * T + t for query position t) that CausalLM caches; `mask` may
+// be undefined where CausalAttentionReadsMask says it is not read.
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v, const torch::Tensor& mask);
+                              const torch::Tensor& v, const torch::Tensor& mask, bool generic);
+// Whether CausalAttention reads its mask for tensors of `dtype` on `device_type`: only where it
+// takes the composite form (LibTorch 1.13, other than the CPU's fused dtypes).
+bool CausalAttentionReadsMask(torch::ScalarType dtype, torch::DeviceType device_type, bool generic);
 torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                    const torch::Tensor& v);
 torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tensor& k,

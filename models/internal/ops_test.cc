@@ -238,26 +238,54 @@ std::string GradFnName(const torch::Tensor& t) { return t.grad_fn()->name(); }
 TEST(DispatchTest, FusedForCpuFloatCompositeOtherwise) {
   const torch::Tensor x = Random({2, 3, 8}, torch::kFloat32, 12);
   const torch::Tensor w = Random({8}, torch::kFloat32, 13);
-  EXPECT_NE(GradFnName(RmsNorm(x, w, 1e-6)).find("RmsNormFunction"), std::string::npos);
-  EXPECT_NE(GradFnName(SwiGlu(x, x)).find("SwiGluFunction"), std::string::npos);
-  EXPECT_NE(GradFnName(CrossEntropy(x[0], torch::zeros({3}, torch::kInt64), -100))
-                .find("CrossEntropyFunction"),
+  const torch::Tensor targets = torch::zeros({3}, torch::kInt64);
+  EXPECT_NE(GradFnName(RmsNorm(x, w, 1e-6, false)).find("RmsNormFunction"), std::string::npos);
+  EXPECT_NE(GradFnName(SwiGlu(x, x, false)).find("SwiGluFunction"), std::string::npos);
+  EXPECT_NE(GradFnName(CrossEntropy(x[0], targets, -100, false)).find("CrossEntropyFunction"),
             std::string::npos);
 
   // bf16 on the CPU is fused too (computed in float), except the cross-entropy.
   const torch::Tensor xb = x.detach().to(torch::kBFloat16).requires_grad_();
   const torch::Tensor wb = w.detach().to(torch::kBFloat16).requires_grad_();
-  EXPECT_NE(GradFnName(RmsNorm(xb, wb, 1e-6)).find("RmsNormFunction"), std::string::npos);
-  EXPECT_NE(GradFnName(SwiGlu(xb, xb)).find("SwiGluFunction"), std::string::npos);
-  EXPECT_EQ(GradFnName(CrossEntropy(xb[0], torch::zeros({3}, torch::kInt64), -100))
-                .find("CrossEntropyFunction"),
+  EXPECT_NE(GradFnName(RmsNorm(xb, wb, 1e-6, false)).find("RmsNormFunction"), std::string::npos);
+  EXPECT_NE(GradFnName(SwiGlu(xb, xb, false)).find("SwiGluFunction"), std::string::npos);
+  EXPECT_EQ(GradFnName(CrossEntropy(xb[0], targets, -100, false)).find("CrossEntropyFunction"),
             std::string::npos);
   const torch::Tensor qb = Random({1, 4, 2, 8}, torch::kBFloat16, 14);
-  const torch::Tensor attention = CausalAttention(qb, qb, qb, torch::Tensor());
+  const torch::Tensor attention = CausalAttention(qb, qb, qb, torch::Tensor(), false);
   EXPECT_EQ(attention.scalar_type(), torch::kBFloat16);
   EXPECT_NE(GradFnName(attention).find("CausalAttentionFunction"), std::string::npos);
   // Mixed dtypes take the composite.
-  EXPECT_EQ(GradFnName(RmsNorm(xb, w, 1e-6)).find("RmsNormFunction"), std::string::npos);
+  EXPECT_EQ(GradFnName(RmsNorm(xb, w, 1e-6, false)).find("RmsNormFunction"), std::string::npos);
+}
+
+// `generic` takes the forms a GPU runs on CPU tensors the fused kernels serve; the composite
+// attention's mask is needed only where LibTorch has no fused attention of its own.
+TEST(DispatchTest, GenericTakesTheGpuFormsOnTheCpu) {
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    SCOPED_TRACE(torch::toString(dtype));
+    const torch::Tensor x = Random({2, 3, 8}, dtype, 12);
+    const torch::Tensor w = Random({8}, dtype, 13);
+    EXPECT_EQ(GradFnName(RmsNorm(x, w, 1e-6, true)).find("RmsNormFunction"), std::string::npos);
+    EXPECT_EQ(GradFnName(SwiGlu(x, x, true)).find("SwiGluFunction"), std::string::npos);
+    const torch::Tensor table = torch::ones({3, 8}, dtype);
+    EXPECT_EQ(GradFnName(Rotary(x.view({2, 3, 1, 8}), table, table, true)).find("RotaryFunction"),
+              std::string::npos);
+    const torch::Tensor q = Random({1, 4, 4, 8}, dtype, 14);
+    const torch::Tensor kv = Random({1, 4, 2, 8}, dtype, 15);
+    EXPECT_EQ(CausalAttentionReadsMask(dtype, torch::kCPU, true), !base::kHasCausalSdpa);
+    EXPECT_FALSE(CausalAttentionReadsMask(dtype, torch::kCPU, false));
+    EXPECT_EQ(CausalAttentionReadsMask(dtype, torch::kCUDA, false), !base::kHasCausalSdpa);
+    const torch::Tensor mask =
+        base::kHasCausalSdpa ? torch::Tensor() : CausalMask(4, 2, dtype).to(dtype);
+    const torch::Tensor attention = CausalAttention(q, kv, kv, mask, true);
+    EXPECT_EQ(GradFnName(attention).find("CausalAttentionFunction"), std::string::npos);
+    EXPECT_TRUE(torch::allclose(attention, FusedCausalAttention(q, kv, kv), 1e-2, 1e-2));
+  }
+  const torch::Tensor logits = Random({3, 5}, torch::kFloat32, 16);
+  EXPECT_EQ(GradFnName(CrossEntropy(logits, torch::zeros({3}, torch::kInt64), -100, true))
+                .find("CrossEntropyFunction"),
+            std::string::npos);
 }
 
 }  // namespace
