@@ -468,6 +468,12 @@ TEST(OptimizerTest, RejectsBadParametersAndLearningRates) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has dtype Long")));
   EXPECT_THAT(Optimizer::Create({{"w", torch::ones({3, 2}).t(), {}}}, config),
               StatusIs(absl::StatusCode::kInvalidArgument, "parameter \"w\" is not contiguous"));
+  EXPECT_THAT(Optimizer::Create({{"w", torch::ones({2}), {}},
+                                 {"m", torch::empty({2}, torch::Device(torch::kMeta)), {}}},
+                                config),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "parameter \"m\" is on meta, parameter \"w\" on cpu; an optimizer's "
+                       "parameters share one device"));
   auto optimizer = Optimizer::Create({{"w", torch::ones({2}), {}}}, config);
   ASSERT_THAT(optimizer, IsOk());
   EXPECT_THAT((*optimizer)->Step(-0.1),
