@@ -36,13 +36,19 @@ namespace plait::objectives {
 
 // Named values in the order an objective reports them, by TRL's names.
 using Metrics = std::vector<std::pair<std::string, double>>;
+// The same as fp32 scalars on the loss's device, detached: a step reads them on the host
+// once, with its loss (metric_means.h), not once per micro-batch.
+using TensorMetrics = std::vector<std::pair<std::string, torch::Tensor>>;
 
 struct ObjectiveOutput {
   // fp32 scalar, the mean over the micro-batch's items; 0, with a zero gradient, when it has
   // none
   torch::Tensor loss;
-  Metrics metrics;  // besides the loss; empty for the cross-entropy objectives
+  TensorMetrics metrics;  // besides the loss; empty for the cross-entropy objectives
 };
+
+// `metrics` read on the host (one synchronisation with the device per call).
+Metrics OnHost(const TensorMetrics& metrics);
 
 class Objective {
  public:
