@@ -55,10 +55,18 @@ class Objective {
   virtual ~Objective() = default;
 
   // The loss of the trained model `policy` on `batch` (data/batch.h; for DPO its 2B rows of
-  // chosen then rejected sequences go through the policy in one forward). An error only
-  // for a precomputed reference that lacks a row of `batch`.
+  // chosen then rejected sequences go through the policy in one forward). `host` is the same
+  // batch in host memory (what the trainer copied to the device), where an objective reads
+  // what it looks up on the host (a precomputed reference's rows) without a transfer back
+  // from the device. An error only for a precomputed reference that lacks a row of `batch`.
   virtual absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
-                                                  const data::Batch& batch) = 0;
+                                                  const data::Batch& batch,
+                                                  const data::Batch& host) = 0;
+
+  // The same for a batch in host memory.
+  absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch) {
+    return Compute(policy, batch, batch);
+  }
 
   // How many items Compute's loss of `batch` is a mean over, read from the batch alone (no
   // model runs), so that a step can count its items before any backward: the targets that
