@@ -39,8 +39,9 @@ absl::StatusOr<MeanMetrics> MetricMeans::Mean(const parallel::DeviceMesh& mesh) 
         "would be 0 / 0");
   }
   MeanMetrics mean{values[1] / items, {}};
-  for (size_t i = 0; i < names_.size(); ++i)
+  for (size_t i = 0; i < names_.size(); ++i) {
     mean.metrics.emplace_back(names_[i], values[i + 2] / items);
+  }
   return mean;
 }
 

@@ -78,18 +78,6 @@ class DirectPreference : public Objective {
 
 }  // namespace
 
-Metrics OnHost(const TensorMetrics& metrics) {
-  if (metrics.empty()) return {};
-  std::vector<torch::Tensor> values;
-  for (const auto& [name, value] : metrics) values.push_back(value.reshape({1}));
-  const torch::Tensor host = torch::cat(values).to(torch::kCPU, torch::kFloat64).contiguous();
-  Metrics result;
-  for (size_t i = 0; i < metrics.size(); ++i) {
-    result.emplace_back(metrics[i].first, host.data_ptr<double>()[i]);
-  }
-  return result;
-}
-
 absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(
     const ObjectiveConfig& config, const std::map<std::string, models::CausalLM*>& frozen,
     absl::string_view field_path) {

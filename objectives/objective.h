@@ -47,9 +47,6 @@ struct ObjectiveOutput {
   TensorMetrics metrics;  // besides the loss; empty for the cross-entropy objectives
 };
 
-// `metrics` read on the host (one synchronisation with the device per call).
-Metrics OnHost(const TensorMetrics& metrics);
-
 class Objective {
  public:
   virtual ~Objective() = default;

@@ -27,6 +27,13 @@ std::shared_ptr<models::CausalLM> TinyModel(uint64_t seed) {
   return *model;
 }
 
+// The metrics' values, read on the host.
+Metrics OnHost(const TensorMetrics& metrics) {
+  Metrics values;
+  for (const auto& [name, value] : metrics) values.emplace_back(name, value.item<double>());
+  return values;
+}
+
 data::Batch TwoPairs() {
   static const data::PairExample first{{1, 2, 3}, {4, 5}, {6, 7, 8}};
   static const data::PairExample second{{9}, {10, 11, 12}, {13}};
