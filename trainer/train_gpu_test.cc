@@ -84,6 +84,14 @@ void ExpectSameRun(const TrainReport& actual, const TrainReport& expected, doubl
   EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss);  // it trained
 }
 
+// Whether the machine has `ranks` GPUs; says why not when it lacks them.
+bool EnoughGpus(int ranks, const std::string& what) {
+  if (parallel::CudaDeviceCount() >= ranks) return true;
+  std::cout << "skipping " << what << ": it needs " << ranks << " GPUs, "
+            << parallel::CudaDeviceCount() << " here\n";
+  return false;
+}
+
 // fp32 on CUDA (cuBLAS, TF32 off) against the CPU's fused kernels, over 10 steps of AdamW.
 constexpr double kCudaTolerance = 1e-4;
 
@@ -118,25 +126,13 @@ TEST_F(TrainOnCudaTest, SingleDeviceTracksTheCpuAndReportsPeakMemory) {
 // FSDP and DDP over NCCL: one rank with the whole batch, or two with half each.
 TEST_F(TrainOnCudaTest, FsdpAndDdpTrackTheCpuSingleProcessRun) {
   for (const int ranks : {1, 2}) {
-    if (parallel::CudaDeviceCount() < ranks) {
-      std::cout << "skipping the " << ranks << "-rank runs: " << parallel::CudaDeviceCount()
-                << " GPU(s) here\n";
-      continue;
-    }
+    if (!EnoughGpus(ranks, absl::StrCat("the ", ranks, "-rank FSDP and DDP runs"))) continue;
     for (const std::string name : {"llama_fsdp", "llama_ddp"}) {
       SCOPED_TRACE(absl::StrCat(name, " on ", ranks, " rank(s)"));
       ExpectSameRun(TrainOnRanks(OnCuda(ShippedPlan(name, ranks, 16 / ranks)), ranks), CpuSingle(),
                     kCudaTolerance, /*floor=*/1e-2);
     }
   }
-}
-
-// Whether the machine has `ranks` GPUs; says why not when it lacks them.
-bool EnoughGpus(int ranks, const std::string& what) {
-  if (parallel::CudaDeviceCount() >= ranks) return true;
-  std::cout << "skipping " << what << ": it needs " << ranks << " GPUs, "
-            << parallel::CudaDeviceCount() << " here\n";
-  return false;
 }
 
 // Tensor parallelism (both ranks read the 16 sequences of a step), FSDP over dp=2 x tensor
