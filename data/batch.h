@@ -21,6 +21,20 @@ struct Batch {
   torch::Tensor targets;  // int64 [rows, T]: inputs shifted by one token, or kIgnoreTarget
 };
 
+// `tensor`, in host memory, on `device` (itself for the CPU). To a GPU it goes from pinned
+// memory without blocking the host, so the copy queues behind the work already queued instead
+// of waiting for it; LibTorch's pinned allocator keeps the pinned copy until the transfer has
+// run, so `tensor` and the copy may be dropped at once.
+inline torch::Tensor ToDevice(const torch::Tensor& tensor, const torch::Device& device) {
+  if (device.is_cpu()) return tensor;
+  return tensor.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+// Both tensors of `batch`, in host memory, on `device` (ToDevice).
+inline Batch ToDevice(const Batch& batch, const torch::Device& device) {
+  return Batch{ToDevice(batch.inputs, device), ToDevice(batch.targets, device)};
+}
+
 }  // namespace plait::data
 
 #endif  // PLAIT_DATA_BATCH_H_

@@ -5,43 +5,42 @@
 namespace plait::objectives {
 
 void MetricMeans::Add(const ObjectiveOutput& output, int64_t items) {
-  // Summed where the loss was computed, so that a GPU run reads it on the host once, in Mean.
-  // A batch with no item has the loss 0 (Objective's contract) and adds nothing.
-  const torch::Tensor loss = output.loss.detach().to(torch::kFloat64) * static_cast<double>(items);
-  loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss : loss;
-  if (sums_.empty()) {
-    sums_ = output.metrics;
-    for (auto& [name, sum] : sums_) sum = 0.0;
-  }
-  for (size_t i = 0; i < sums_.size(); ++i) {
-    sums_[i].second += output.metrics[i].second * static_cast<double>(items);
+  // Summed where the loss was computed, so that a GPU run reads them on the host once, in
+  // Mean. A batch with no item has the loss 0 (Objective's contract) and adds nothing.
+  std::vector<torch::Tensor> values = {output.loss.detach().reshape({1})};
+  for (const auto& [name, value] : output.metrics) values.push_back(value.reshape({1}));
+  const torch::Tensor weighted =
+      torch::cat(values).to(torch::kFloat64) * static_cast<double>(items);
+  sums_ = sums_.defined() ? sums_ + weighted : weighted;
+  if (names_.empty()) {
+    for (const auto& [name, value] : output.metrics) names_.push_back(name);
   }
   items_ += items;
 }
 
 absl::StatusOr<MeanMetrics> MetricMeans::Mean(const parallel::DeviceMesh& mesh) const {
-  // One fp32 sum over the mesh (the communicators reduce no fp64): the weighted loss, the
-  // items, then the weighted metrics, on the mesh's device. fp32 holds the counts exactly up to
+  // One fp32 sum over the mesh (the communicators reduce no fp64): the items, the weighted
+  // loss, then the weighted metrics, on the mesh's device. fp32 holds the counts exactly up to
   // 2^24 items on the mesh and to 2^-24 relative beyond, far below what the logs print.
-  std::vector<float> values = {static_cast<float>(items_)};
-  for (const auto& [name, sum] : sums_) values.push_back(static_cast<float>(sum));
-  const torch::Tensor loss_sum =
-      loss_sum_.defined()
-          ? loss_sum_
-          : torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(mesh.device()));
-  torch::Tensor tensor = torch::cat({loss_sum.to(torch::kFloat32).reshape({1}),
-                                     torch::tensor(values, torch::kFloat32).to(loss_sum.device())});
+  const torch::Tensor sums =
+      sums_.defined()
+          ? sums_
+          : torch::zeros({1}, torch::TensorOptions(torch::kFloat64).device(mesh.device()));
+  torch::Tensor tensor =
+      torch::cat({torch::full({1}, static_cast<double>(items_), sums.options()), sums})
+          .to(torch::kFloat32);
   PLAIT_RETURN_IF_ERROR(mesh.AllReduce(tensor, parallel::ReduceOp::kSum));
-  tensor = tensor.cpu().to(torch::kFloat64);
-  const double items = tensor[1].item<double>();
+  tensor = tensor.to(torch::kCPU, torch::kFloat64).contiguous();
+  const double* values = tensor.data_ptr<double>();
+  const double items = values[0];
   if (items == 0.0) {
     return absl::FailedPreconditionError(
         "no rank's batches score an item (every target is the ignore index): the mean loss "
         "would be 0 / 0");
   }
-  MeanMetrics mean{tensor[0].item<double>() / items, sums_};
-  for (size_t i = 0; i < sums_.size(); ++i) {
-    mean.metrics[i].second = tensor[i + 2].item<double>() / items;
+  MeanMetrics mean{values[1] / items, {}};
+  for (size_t i = 0; i < names_.size(); ++i) {
+    mean.metrics.emplace_back(names_[i], values[i + 2] / items);
   }
   return mean;
 }

@@ -14,6 +14,7 @@
 #define PLAIT_OBJECTIVES_METRIC_MEANS_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,8 +40,10 @@ class MetricMeans {
   absl::StatusOr<MeanMetrics> Mean(const parallel::DeviceMesh& mesh) const;
 
  private:
-  torch::Tensor loss_sum_;  // fp64, on the loss's device, weighted; undefined before any Add
-  Metrics sums_;            // weighted
+  // The weighted sums of the loss and then of each metric, fp64 on the loss's device;
+  // undefined before any Add.
+  torch::Tensor sums_;
+  std::vector<std::string> names_;  // of the metrics
   int64_t items_ = 0;
 };
 

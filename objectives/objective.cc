@@ -14,8 +14,8 @@ namespace {
 // Causal-LM and SFT: the mean cross-entropy of the scored targets.
 class CrossEntropy : public Objective {
  public:
-  absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
-                                          const data::Batch& batch) override {
+  absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch,
+                                          const data::Batch& /*host*/) override {
     return ObjectiveOutput{policy.Loss(batch.inputs, batch.targets, data::kIgnoreTarget), {}};
   }
 
@@ -24,18 +24,20 @@ class CrossEntropy : public Objective {
   }
 };
 
-// The reference's log-probabilities of a batch's rows: computed by the model, or looked up.
-using ReferenceSource = std::function<absl::StatusOr<torch::Tensor>(const data::Batch&)>;
+// The reference's log-probabilities of a batch's rows, on the batch's device: computed by
+// the model from the batch, or looked up from its copy in host memory (the second argument).
+using ReferenceSource =
+    std::function<absl::StatusOr<torch::Tensor>(const data::Batch&, const data::Batch&)>;
 
 class DirectPreference : public Objective {
  public:
   DirectPreference(const Dpo& config, ReferenceSource reference)
       : config_(config), reference_(std::move(reference)) {}
 
-  absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
-                                          const data::Batch& batch) override {
+  absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch,
+                                          const data::Batch& host) override {
     // First, so that no policy activations are held while a live reference runs.
-    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor reference, reference_(batch));
+    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor reference, reference_(batch, host));
     const torch::Tensor policy_logps =
         policy.SequenceLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget);
     const int64_t pairs = batch.inputs.size(0) / 2;
@@ -54,7 +56,7 @@ class DirectPreference : public Objective {
           (batch.targets != data::kIgnoreTarget).sum(-1).to(torch::kFloat32);
       terms.losses = loss_of(policy_logps / lengths, reference / lengths).losses;
     }
-    const auto mean = [](const torch::Tensor& t) { return t.mean().item<double>(); };
+    const auto mean = [](const torch::Tensor& t) { return t.mean().to(torch::kFloat32); };
     return ObjectiveOutput{
         terms.losses.mean(),
         {{"rewards/chosen", mean(terms.chosen_rewards)},
@@ -89,7 +91,8 @@ absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(
   models::CausalLM& reference = *it->second;
   reference.eval();
   return std::make_unique<DirectPreference>(
-      config.dpo(), [&reference](const data::Batch& batch) -> absl::StatusOr<torch::Tensor> {
+      config.dpo(),
+      [&reference](const data::Batch& batch, const data::Batch&) -> absl::StatusOr<torch::Tensor> {
         return ReferenceLogProbs::Compute(reference, batch);
       });
 }
@@ -97,8 +100,11 @@ absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(
 std::unique_ptr<Objective> MakePrecomputedDpo(const Dpo& config,
                                               std::shared_ptr<const ReferenceLogProbs> reference) {
   return std::make_unique<DirectPreference>(
-      config, [reference = std::move(reference)](const data::Batch& batch) {
-        return reference->Find(batch);
+      config,
+      [reference = std::move(reference)](const data::Batch& batch,
+                                         const data::Batch& host) -> absl::StatusOr<torch::Tensor> {
+        PLAIT_ASSIGN_OR_RETURN(const torch::Tensor found, reference->Find(host));
+        return data::ToDevice(found, batch.inputs.device());
       });
 }
 

@@ -36,12 +36,15 @@ namespace plait::objectives {
 
 // Named values in the order an objective reports them, by TRL's names.
 using Metrics = std::vector<std::pair<std::string, double>>;
+// The same as fp32 scalars on the loss's device, detached: a step reads them on the host
+// once, with its loss (metric_means.h), not once per micro-batch.
+using TensorMetrics = std::vector<std::pair<std::string, torch::Tensor>>;
 
 struct ObjectiveOutput {
   // fp32 scalar, the mean over the micro-batch's items; 0, with a zero gradient, when it has
   // none
   torch::Tensor loss;
-  Metrics metrics;  // besides the loss; empty for the cross-entropy objectives
+  TensorMetrics metrics;  // besides the loss; empty for the cross-entropy objectives
 };
 
 class Objective {
@@ -49,10 +52,18 @@ class Objective {
   virtual ~Objective() = default;
 
   // The loss of the trained model `policy` on `batch` (data/batch.h; for DPO its 2B rows of
-  // chosen then rejected sequences go through the policy in one forward). An error only
-  // for a precomputed reference that lacks a row of `batch`.
+  // chosen then rejected sequences go through the policy in one forward). `host` is the same
+  // batch in host memory (what the trainer copied to the device), where an objective reads
+  // what it looks up on the host (a precomputed reference's rows) without a transfer back
+  // from the device. An error only for a precomputed reference that lacks a row of `batch`.
   virtual absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
-                                                  const data::Batch& batch) = 0;
+                                                  const data::Batch& batch,
+                                                  const data::Batch& host) = 0;
+
+  // The same for a batch in host memory.
+  absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch) {
+    return Compute(policy, batch, batch);
+  }
 
   // How many items Compute's loss of `batch` is a mean over, read from the batch alone (no
   // model runs), so that a step can count its items before any backward: the targets that

@@ -30,8 +30,9 @@ class ReferenceLogProbs {
   // once). Every rank of a sharded reference must call it for the same number of batches.
   void Add(models::CausalLM& reference, const data::Batch& batch);
 
-  // The kept log-probabilities of `batch`'s rows, bit for bit as Compute gave them; NotFound
-  // naming the first row never added.
+  // The kept log-probabilities of `batch`'s rows, bit for bit as Compute gave them, on
+  // `batch`'s device (read on the host: give a batch in host memory where there is one);
+  // NotFound naming the first row never added.
   absl::StatusOr<torch::Tensor> Find(const data::Batch& batch) const;
 
   // How many distinct rows are kept.

@@ -84,10 +84,10 @@ TEST(MetricMeansTest, WeighsEachMicroBatchByItsItems) {
     MetricMeans means;
     // dp rank 0: a mean of 1 over 3 items and an empty batch; dp rank 1: 2 over 1 item.
     if (DpRank(rank) == 0) {
-      means.Add({torch::tensor(1.0f), {{"m", 10.0}}}, 3);
-      means.Add({torch::tensor(0.0f), {{"m", 0.0}}}, 0);
+      means.Add({torch::tensor(1.0f), {{"m", torch::tensor(10.0f)}}}, 3);
+      means.Add({torch::tensor(0.0f), {{"m", torch::tensor(0.0f)}}}, 0);
     } else {
-      means.Add({torch::tensor(2.0f), {{"m", 30.0}}}, 1);
+      means.Add({torch::tensor(2.0f), {{"m", torch::tensor(30.0f)}}}, 1);
     }
     absl::StatusOr<MeanMetrics> mean = means.Mean(mesh);
     ASSERT_THAT(mean, IsOk());

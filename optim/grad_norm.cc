@@ -36,7 +36,8 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParam
         partial->sum_of_squares.defined() ? partial->sum_of_squares + squares : squares;
   }
 
-  double total = 0.0;
+  // Summed on the device in fp64 and read on the host once, whatever the number of partials.
+  torch::Tensor total;
   for (const Partial& partial : partials) {
     // fp32 is the widest floating type every backend reduces.
     const auto options =
@@ -50,9 +51,10 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParam
         return status;
       }
     }
-    total += sum.item<double>();
+    sum = sum.to(torch::kFloat64);
+    total = total.defined() ? total + sum : sum;
   }
-  return std::sqrt(total);
+  return total.defined() ? std::sqrt(total.item<double>()) : 0.0;
 }
 
 void ScaleGradients(const std::vector<parallel::TrainableParameter>& parameters, double factor) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "optim/grad_norm.h"
+#include "optim/internal/cpu_updates.h"
 #include "optim/internal/fused_kernels.h"
 #include "optim/internal/tensor_updates.h"
 
@@ -193,10 +194,12 @@ absl::Status CheckParameters(const std::vector<parallel::TrainableParameter>& pa
     if (!tensor.is_contiguous()) {
       return absl::InvalidArgumentError(where + " is not contiguous");
     }
-    if (!tensor.device().is_cpu()) {
+    // The clipping norm is reduced on one device (grad_norm.h).
+    const torch::Device device = parameters.front().tensor.device();
+    if (tensor.device() != device) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, " is on ", tensor.device().str(),
-          "; the fused update loops run on CPU tensors only (a CUDA path is not written yet)"));
+          where, " is on ", tensor.device().str(), ", parameter \"", parameters.front().name,
+          "\" on ", device.str(), "; an optimizer's parameters share one device"));
     }
     // The full parameters of an FSDP-wrapped model have no memory between uses: an
     // optimizer over them would train nothing the model computes with (the motivating bug).
@@ -209,6 +212,11 @@ absl::Status CheckParameters(const std::vector<parallel::TrainableParameter>& pa
     }
   }
   return absl::OkStatus();
+}
+
+// A copy of `tensor` in host memory, made directly from wherever it is.
+torch::Tensor HostCopy(const torch::Tensor& tensor) {
+  return tensor.to(tensor.options().device(torch::kCPU), /*non_blocking=*/false, /*copy=*/true);
 }
 
 std::string StateKey(const std::string& parameter, const std::string& slot) {
@@ -239,6 +247,9 @@ absl::StatusOr<ResolvedConfig> Resolve(const OptimizerConfig& config,
 struct Optimizer::Slot {
   Hyperparameters hyperparameters;
   int group = 0;
+  // The fused loops over the memory of a CPU parameter; otherwise LibTorch's tensor
+  // operations, on any device.
+  bool fused = false;
   torch::Tensor master;  // fp32; the parameter itself when the parameter is fp32
   std::map<std::string, torch::Tensor> buffers;
   int64_t steps = 0;  // updates this parameter received
@@ -251,6 +262,13 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config,
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
     std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config) {
+  return internal::CreateOptimizer(std::move(parameters), config,
+                                   internal::CpuUpdates::kFusedLoops);
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> internal::CreateOptimizer(
+    std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config,
+    CpuUpdates cpu_updates) {
   PLAIT_RETURN_IF_ERROR(CheckParameters(parameters));
   std::vector<std::string> names;
   for (const parallel::TrainableParameter& parameter : parameters) names.push_back(parameter.name);
@@ -258,14 +276,15 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
   const Hyperparameters& hyperparameters = resolved.hyperparameters;
   std::vector<ParamGroup>& groups = resolved.groups;
 
-  std::vector<Slot> slots(parameters.size());
+  std::vector<Optimizer::Slot> slots(parameters.size());
   for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
     for (int member : groups[g].members) slots[member].group = g;
   }
   for (size_t i = 0; i < parameters.size(); ++i) {
     const torch::Tensor& tensor = parameters[i].tensor;
-    Slot& slot = slots[i];
+    Optimizer::Slot& slot = slots[i];
     slot.hyperparameters = hyperparameters;
+    slot.fused = tensor.is_cpu() && cpu_updates == CpuUpdates::kFusedLoops;
     slot.master = tensor.scalar_type() == torch::kFloat32
                       ? tensor.detach()
                       : tensor.detach().to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
@@ -325,9 +344,9 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
   const double weight_decay = group.weight_decay;
   const int64_t step = ++slot.steps;
   const torch::Tensor& parameter = parameters_[&slot - slots_.data()].tensor;
-  // The fused loops read CPU memory; a GPU's parameters take LibTorch's kernels on an fp32
-  // gradient, and a 16-bit parameter is then copied from its master.
-  const bool fused = slot.master.is_cpu();
+  // The fused loops read CPU memory; the tensor operations take an fp32 gradient, and a
+  // 16-bit parameter is then copied from its master.
+  const bool fused = slot.fused;
   const torch::Tensor grad =
       fused ? parameter.grad().contiguous() : parameter.grad().to(torch::kFloat32);
   auto copy_to_parameter = [&] {
@@ -335,7 +354,7 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
     torch::NoGradGuard no_grad;
     parameter.copy_(slot.master);
   };
-  float* p = slot.master.data_ptr<float>();
+  float* p = fused ? slot.master.data_ptr<float>() : nullptr;
 
   switch (h.algorithm) {
     case OptimizerConfig::kAdamw:
@@ -423,11 +442,11 @@ OptimizerState Optimizer::SaveState() const {
     const std::string& name = parameters_[i].name;
     const Slot& slot = slots_[i];
     for (const auto& [buffer, tensor] : slot.buffers) {
-      state.tensors[StateKey(name, buffer)] = tensor.clone();
+      state.tensors[StateKey(name, buffer)] = HostCopy(tensor);
     }
     state.tensors[StateKey(name, "step")] = torch::tensor(slot.steps, torch::kInt64);
     if (parameters_[i].tensor.scalar_type() != torch::kFloat32) {
-      state.tensors[StateKey(name, "master")] = slot.master.clone();
+      state.tensors[StateKey(name, "master")] = HostCopy(slot.master);
     }
   }
   return state;

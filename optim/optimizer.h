@@ -14,8 +14,10 @@
 //
 // Each update is one fused pass over a CPU parameter's memory (internal/fused_kernels.h) that
 // matches torch::optim's arithmetic; a CUDA parameter's is the same arithmetic in LibTorch's
-// elementwise kernels (internal/tensor_updates.h), and clipping's norm is reduced on the device. Optimizer state is fp32 whatever the parameter dtype;
-// bf16 and fp16 parameters are updated through fp32 master copies kept here.
+// elementwise kernels (internal/tensor_updates.h), and clipping's norm is reduced on the
+// device, whose one read on the host is the norm itself. Optimizer state is fp32 whatever the
+// parameter dtype, on the parameter's device; bf16 and fp16 parameters are updated through
+// fp32 master copies kept here.
 #ifndef PLAIT_OPTIM_OPTIMIZER_H_
 #define PLAIT_OPTIM_OPTIMIZER_H_
 
@@ -34,6 +36,16 @@
 #include "torch/torch.h"
 
 namespace plait::optim {
+
+class Optimizer;
+
+// The seam internal/cpu_updates.h defines.
+namespace internal {
+enum class CpuUpdates;
+absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(
+    std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config,
+    CpuUpdates cpu_updates);
+}  // namespace internal
 
 struct StepReport {
   int64_t step = 0;                 // updates applied so far, this one included
@@ -66,7 +78,8 @@ class Optimizer {
  public:
   // InvalidArgument naming the field for an invalid config (optimizer.adamw.beta1: 1 must be
   // in [0, 1), ...) or parameter (duplicate or empty name, non-floating or non-contiguous
-  // tensor), and for a parameter-group rule that matches nothing.
+  // tensor, parameters on different devices), and for a parameter-group rule that matches
+  // nothing.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
       std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config);
 
@@ -87,15 +100,20 @@ class Optimizer {
   const std::vector<ParamGroup>& groups() const { return groups_; }
   const std::vector<parallel::TrainableParameter>& parameters() const { return parameters_; }
 
-  // A copy of the state.
+  // A copy of the state in host memory: a GPU's state is copied there once, here, and never
+  // duplicated on the device.
   OptimizerState SaveState() const;
 
-  // Replaces the state. InvalidArgument naming the parameters the state lacks or has in
-  // excess, or an entry whose shape differs from the parameter's.
+  // Replaces the state, whose tensors may be on any device: each is copied onto its
+  // parameter's. InvalidArgument naming the parameters the state lacks or has in excess, or
+  // an entry whose shape differs from the parameter's.
   absl::Status LoadState(const OptimizerState& state);
 
  private:
   struct Slot;
+  friend absl::StatusOr<std::unique_ptr<Optimizer>> internal::CreateOptimizer(
+      std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config,
+      internal::CpuUpdates cpu_updates);
 
   Optimizer(std::vector<parallel::TrainableParameter> parameters, OptimizerConfig config,
             std::vector<ParamGroup> groups, std::vector<Slot> slots);

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "optim/internal/cpu_updates.h"
 #include "torch/torch.h"
 
 namespace plait::optim {
@@ -305,6 +306,92 @@ TEST(OptimizerTest, StateRoundTripContinuesTheRunExactly) {
   }
 }
 
+// The tensor operations a CUDA parameter's update takes, run here through the whole
+// optimizer on CPU tensors (internal/cpu_updates.h), against the fused loops: every
+// algorithm, fp32 and bf16 parameters, with and without clipping, and state saved by one
+// path and loaded by the other. Both see the same gradients, so their fp32 masters differ
+// only by the rounding of their arithmetic (ATen's kernels contract multiply-adds; the
+// fused loops do not); a 16-bit parameter is its master rounded on either path.
+TEST(OptimizerTest, TensorOperationsMatchTheFusedLoops) {
+  using internal::CpuUpdates;
+  for (const char* config_text :
+       {"adamw { beta2: 0.95 } weight_decay: 0.1 clipping { max_norm: 1 }",
+        "adam {} weight_decay: 0.01", "sgd { momentum: 0.9 nesterov: true } weight_decay: 0.01",
+        "sgd { momentum: 0.9 dampening: 0.1 } clipping { max_norm: 5 }",
+        "lion {} weight_decay: 0.1 clipping { max_norm: 1 }"}) {
+    for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+      SCOPED_TRACE(absl::StrCat(config_text, ", ", c10::toString(dtype)));
+      const OptimizerConfig config = Parse(config_text);
+      // Runs `steps` steps from `first` on `path`'s optimizer over `tensors`, loading `state`
+      // first when it has any; returns the optimizer's state.
+      std::vector<double> norms[2];
+      const auto run = [&](CpuUpdates path, std::vector<torch::Tensor>& tensors, int first,
+                           int steps, const OptimizerState* state) {
+        auto optimizer = internal::CreateOptimizer(Trainable(tensors), config, path);
+        EXPECT_THAT(optimizer, IsOk());
+        if (!optimizer.ok()) return OptimizerState();
+        if (state != nullptr) {
+          EXPECT_THAT((*optimizer)->LoadState(*state), IsOk());
+        }
+        for (int step = first; step < first + steps; ++step) {
+          SetGradients(tensors, step);
+          const absl::StatusOr<StepReport> report = (*optimizer)->Step(LearningRate(step));
+          EXPECT_THAT(report, IsOk());
+          if (report.ok() && report->grad_norm) {
+            norms[static_cast<int>(path)].push_back(*report->grad_norm);
+          }
+        }
+        return (*optimizer)->SaveState();
+      };
+      // The masters: the parameters themselves for fp32.
+      const auto masters = [&](const std::vector<torch::Tensor>& tensors,
+                               const OptimizerState& state) {
+        std::vector<torch::Tensor> result;
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          const torch::Tensor& master = dtype == torch::kFloat32
+                                            ? tensors[i]
+                                            : state.tensors.at(absl::StrCat("p", i, ":master"));
+          EXPECT_EQ(tensors[i].scalar_type(), dtype);
+          EXPECT_TRUE(torch::equal(tensors[i], master.to(dtype))) << "p" << i;
+          result.push_back(master.to(torch::kFloat32));
+        }
+        return result;
+      };
+      std::vector<torch::Tensor> initial;
+      for (const torch::Tensor& tensor : InitialTensors()) initial.push_back(tensor.to(dtype));
+      std::vector<torch::Tensor> fused = Copies(initial);
+      std::vector<torch::Tensor> tensor_ops = Copies(initial);
+      const OptimizerState fused_state = run(CpuUpdates::kFusedLoops, fused, 0, 10, nullptr);
+      const OptimizerState tensor_ops_state =
+          run(CpuUpdates::kTensorOps, tensor_ops, 0, 10, nullptr);
+      ExpectClose(masters(tensor_ops, tensor_ops_state), masters(fused, fused_state), 1e-5);
+      for (const auto& [key, tensor] : fused_state.tensors) {
+        ExpectClose({tensor_ops_state.tensors.at(key).to(torch::kFloat64)},
+                    {tensor.to(torch::kFloat64)}, 1e-5);
+      }
+      EXPECT_EQ(norms[0].size(), norms[1].size());
+      for (size_t i = 0; i < std::min(norms[0].size(), norms[1].size()); ++i) {
+        EXPECT_NEAR(norms[1][i], norms[0][i], 1e-5 * norms[0][i]) << "step " << i;
+      }
+      // Each path continues from the other's state as it would from its own.
+      std::vector<torch::Tensor> fused_from_tensor_ops = Copies(tensor_ops);
+      std::vector<torch::Tensor> tensor_ops_from_fused = Copies(fused);
+      const OptimizerState a = run(CpuUpdates::kFusedLoops, fused, 10, 5, &fused_state);
+      const OptimizerState b =
+          run(CpuUpdates::kTensorOps, tensor_ops_from_fused, 10, 5, &fused_state);
+      const OptimizerState c = run(CpuUpdates::kTensorOps, tensor_ops, 10, 5, &tensor_ops_state);
+      const OptimizerState d =
+          run(CpuUpdates::kFusedLoops, fused_from_tensor_ops, 10, 5, &tensor_ops_state);
+      ExpectClose(masters(tensor_ops_from_fused, b), masters(fused, a), 1e-5);
+      ExpectClose(masters(fused_from_tensor_ops, d), masters(tensor_ops, c), 1e-5);
+      ExpectClose(masters(tensor_ops, c), masters(fused, a), 1e-5);
+      // The runs moved the parameters, so that their agreement means something.
+      EXPECT_GT((masters(fused, a)[0] - initial[0].to(torch::kFloat32)).abs().max().item<double>(),
+                1e-3);
+    }
+  }
+}
+
 TEST(OptimizerTest, LoadingStateOfOtherParametersNamesThem) {
   std::vector<torch::Tensor> tensors = InitialTensors();
   auto optimizer = Optimizer::Create(Trainable(tensors), Parse("adamw {}"));
@@ -381,6 +468,12 @@ TEST(OptimizerTest, RejectsBadParametersAndLearningRates) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has dtype Long")));
   EXPECT_THAT(Optimizer::Create({{"w", torch::ones({3, 2}).t(), {}}}, config),
               StatusIs(absl::StatusCode::kInvalidArgument, "parameter \"w\" is not contiguous"));
+  EXPECT_THAT(Optimizer::Create({{"w", torch::ones({2}), {}},
+                                 {"m", torch::empty({2}, torch::Device(torch::kMeta)), {}}},
+                                config),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "parameter \"m\" is on meta, parameter \"w\" on cpu; an optimizer's "
+                       "parameters share one device"));
   auto optimizer = Optimizer::Create({{"w", torch::ones({2}), {}}}, config);
   ASSERT_THAT(optimizer, IsOk());
   EXPECT_THAT((*optimizer)->Step(-0.1),

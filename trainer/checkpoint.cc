@@ -92,8 +92,9 @@ absl::StatusOr<parallel::TensorSlice> StateSlice(const std::string& key,
                                           "shaped as its parameter"));
 }
 
-// The tensors of one rank: its trainable parameters and its optimizer state `state`, in
-// host memory (a GPU run's are copied there once, here), each with the part it holds.
+// The tensors of one rank, in host memory, each with the part it holds: its trainable
+// parameters (a GPU run's copied there once, here) and its optimizer state `state`
+// (Optimizer::SaveState's, copied there once by it).
 absl::StatusOr<std::map<std::string, checkpoint::SlicedTensor>> RankTensors(
     const optim::Optimizer& optimizer, const optim::OptimizerState& state) {
   std::map<std::string, checkpoint::SlicedTensor> tensors;
@@ -110,7 +111,7 @@ absl::StatusOr<std::map<std::string, checkpoint::SlicedTensor>> RankTensors(
     }
     PLAIT_ASSIGN_OR_RETURN(parallel::TensorSlice slice,
                            StateSlice(key, tensor, *parameter->second));
-    tensors[kOptimizerPrefix + key] = {tensor.cpu(), std::move(slice)};
+    tensors[kOptimizerPrefix + key] = {tensor, std::move(slice)};
   }
   return tensors;
 }

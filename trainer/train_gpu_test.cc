@@ -1,12 +1,19 @@
 // Whole plans trained on CUDA, through the trainer, against the same plans on the CPU: the
-// single-device run (TF32 off), FSDP and DDP over NCCL on a mesh of one rank and, with 2 GPUs,
-// of two, and DPO against its frozen reference. The CUDA runs report their peak memory.
+// single-device run (TF32 off) in fp32 and in bf16, FSDP and DDP over NCCL on a mesh of one
+// rank and, with 2 GPUs, of two, tensor parallelism (2 GPUs), 2-D and hybrid sharding (4),
+// DPO against its frozen reference, live or precomputed, and a checkpoint written on the GPU
+// resumed on the GPU and on the CPU. The CUDA runs report their peak memory. A test that needs
+// more GPUs than the machine has says so and skips.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/dtype.pb.h"
 #include "base/status_matchers.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
@@ -21,6 +28,7 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::trainer::testing::LoadShippedPlan;
+using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 
 // A shipped plan in fp32 for 10 steps on `ranks` ranks of one "dp" dimension (none for one
@@ -76,6 +84,14 @@ void ExpectSameRun(const TrainReport& actual, const TrainReport& expected, doubl
   EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss);  // it trained
 }
 
+// Whether the machine has `ranks` GPUs; says why not when it lacks them.
+bool EnoughGpus(int ranks, const std::string& what) {
+  if (parallel::CudaDeviceCount() >= ranks) return true;
+  std::cout << "skipping " << what << ": it needs " << ranks << " GPUs, "
+            << parallel::CudaDeviceCount() << " here\n";
+  return false;
+}
+
 // fp32 on CUDA (cuBLAS, TF32 off) against the CPU's fused kernels, over 10 steps of AdamW.
 constexpr double kCudaTolerance = 1e-4;
 
@@ -110,11 +126,7 @@ TEST_F(TrainOnCudaTest, SingleDeviceTracksTheCpuAndReportsPeakMemory) {
 // FSDP and DDP over NCCL: one rank with the whole batch, or two with half each.
 TEST_F(TrainOnCudaTest, FsdpAndDdpTrackTheCpuSingleProcessRun) {
   for (const int ranks : {1, 2}) {
-    if (parallel::CudaDeviceCount() < ranks) {
-      std::cout << "skipping the " << ranks << "-rank runs: " << parallel::CudaDeviceCount()
-                << " GPU(s) here\n";
-      continue;
-    }
+    if (!EnoughGpus(ranks, absl::StrCat("the ", ranks, "-rank FSDP and DDP runs"))) continue;
     for (const std::string name : {"llama_fsdp", "llama_ddp"}) {
       SCOPED_TRACE(absl::StrCat(name, " on ", ranks, " rank(s)"));
       ExpectSameRun(TrainOnRanks(OnCuda(ShippedPlan(name, ranks, 16 / ranks)), ranks), CpuSingle(),
@@ -123,8 +135,38 @@ TEST_F(TrainOnCudaTest, FsdpAndDdpTrackTheCpuSingleProcessRun) {
   }
 }
 
+// Tensor parallelism (both ranks read the 16 sequences of a step), FSDP over dp=2 x tensor
+// parallelism over tp=2, and hybrid sharding over 2 x 2: the CPU single process's run, as
+// their CPU twins in trainer_test.
+TEST_F(TrainOnCudaTest, TensorParallelTwoDimensionalAndHybridRunsTrackTheCpuSingleProcessRun) {
+  for (const auto& [name, ranks] :
+       {std::pair<std::string, int>{"llama_tp", 2}, std::pair<std::string, int>{"llama_2d", 4},
+        std::pair<std::string, int>{"llama_hsdp", 4}}) {
+    if (!EnoughGpus(ranks, name)) continue;
+    SCOPED_TRACE(name);
+    ExpectSameRun(TrainOnRanks(OnCuda(ShortShippedPlan(name)), ranks), CpuSingle(), kCudaTolerance,
+                  /*floor=*/1e-2);
+  }
+}
+
+// A bf16 model on the GPU (bf16 compute and parameters, fp32 masters in the optimizer)
+// follows the fp32 CPU run at bf16's precision, as the CPU's bf16 runs do (trainer_test), and
+// trains.
+TEST_F(TrainOnCudaTest, Bf16TracksTheFp32CpuRun) {
+  Plan plan = OnCuda(ShippedPlan("llama_single", 1, 16));
+  plan.mutable_model()->set_dtype(base::DTYPE_BFLOAT16);
+  const TrainReport bf16 = TrainOnRanks(plan, 1);
+  const TrainReport& fp32 = CpuSingle();
+  ASSERT_EQ(bf16.steps.size(), fp32.steps.size());
+  for (size_t i = 0; i < fp32.steps.size(); ++i) {
+    EXPECT_NEAR(bf16.steps[i].loss, fp32.steps[i].loss, 0.03 * fp32.steps[i].loss) << i;
+  }
+  EXPECT_LT(bf16.steps.back().loss, bf16.steps.front().loss - 1.0);
+}
+
 // DPO with FSDP (its plan's layout) on CUDA against the same plan on the CPU, both on the
-// same number of ranks, Gloo against NCCL.
+// same number of ranks, Gloo against NCCL; and with the reference's log-probabilities
+// precomputed on the GPU, as the live reference.
 TEST_F(TrainOnCudaTest, DpoTracksTheCpuRun) {
   const int ranks = std::min(parallel::CudaDeviceCount(), 2);
   const Plan plan = ShippedPlan("qwen_dpo_fsdp", ranks, 16 / ranks);
@@ -133,6 +175,37 @@ TEST_F(TrainOnCudaTest, DpoTracksTheCpuRun) {
   EXPECT_FLOAT_EQ(cuda.steps[0].loss, std::log(2.0));  // the policy starts as its reference
   // 16 sequences a step: 8 pairs.
   ExpectSameRun(cuda, cpu, kCudaTolerance, /*floor=*/1.0, /*pairs_per_step=*/8);
+  Plan precomputed = OnCuda(plan);
+  precomputed.mutable_objective()->mutable_dpo()->set_precompute_reference(true);
+  ExpectSameRun(TrainOnRanks(precomputed, ranks), cuda, kCudaTolerance, /*floor=*/1.0,
+                /*pairs_per_step=*/8);
+}
+
+// A checkpoint of step 5 written by a GPU run (its device tensors copied to host memory)
+// resumes on the GPU and on the CPU (read back onto each device) to the uninterrupted GPU
+// run's steps 6 to 10.
+TEST_F(TrainOnCudaTest, ACheckpointResumesOnTheGpuAndOnTheCpu) {
+  const std::string root = std::getenv("TEST_TMPDIR");
+  Plan plan = OnCuda(ShippedPlan("llama_fsdp", 1, 16));
+  for (const std::string& setting : {std::string("training.checkpoint.every=5"),
+                                     absl::StrCat("training.checkpoint.dir=", root, "/straight")}) {
+    ASSERT_THAT(ApplyOverride(setting, plan), IsOk()) << setting;
+  }
+  const TrainReport straight = TrainOnRanks(plan, 1);
+  TrainReport after_five = straight;
+  after_five.steps.erase(after_five.steps.begin(), after_five.steps.begin() + 5);
+  for (const parallel::Device device : {parallel::DEVICE_CUDA, parallel::DEVICE_CPU}) {
+    SCOPED_TRACE(parallel::Device_Name(device));
+    const std::string dir = absl::StrCat(root, "/resumed_", parallel::Device_Name(device));
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy(root + "/straight/step-00000005", dir + "/step-00000005",
+                          std::filesystem::copy_options::recursive);
+    Plan resumed = plan;
+    resumed.set_device(device);
+    resumed.mutable_training()->mutable_checkpoint()->set_dir(dir);
+    resumed.mutable_training()->mutable_checkpoint()->set_resume(true);
+    ExpectSameRun(TrainOnRanks(resumed, 1), after_five, kCudaTolerance, /*floor=*/1e-2);
+  }
 }
 
 }  // namespace

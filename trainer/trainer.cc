@@ -61,32 +61,26 @@ absl::StatusOr<std::vector<int64_t>> PeakMemoryPerRank(const parallel::DeviceMes
   return bytes;
 }
 
-// `batch` on `device`. To a GPU it goes from pinned host memory without blocking the host,
-// so the copy queues behind the work already queued instead of waiting for it.
-data::Batch OnDevice(data::Batch batch, const torch::Device& device) {
-  if (device.is_cpu()) return batch;
-  return data::Batch{batch.inputs.pin_memory().to(device, /*non_blocking=*/true),
-                     batch.targets.pin_memory().to(device, /*non_blocking=*/true)};
-}
-
 // The next batch of `loader` on `device`.
 absl::StatusOr<data::Batch> NextOnDevice(data::DataLoader& loader, const torch::Device& device) {
-  PLAIT_ASSIGN_OR_RETURN(data::Batch batch, loader.Next());
-  return OnDevice(std::move(batch), device);
+  PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, loader.Next());
+  return data::ToDevice(batch, device);
 }
 
-// The next batch of `loader` on `device`, and the items `objective` scores in it, counted
-// on the host before the batch moves.
+// The next batch of `loader` on `device`, its copy in host memory, and the items
+// `objective` scores in it, counted on the host before the batch moves.
 struct CountedBatch {
   data::Batch batch;
+  data::Batch host;
   int64_t items;
 };
 absl::StatusOr<CountedBatch> NextCounted(data::DataLoader& loader,
                                          const objectives::Objective& objective,
                                          const torch::Device& device) {
-  PLAIT_ASSIGN_OR_RETURN(data::Batch batch, loader.Next());
-  const int64_t items = objective.ScoredItems(batch);
-  return CountedBatch{OnDevice(std::move(batch), device), items};
+  PLAIT_ASSIGN_OR_RETURN(data::Batch host, loader.Next());
+  const int64_t items = objective.ScoredItems(host);
+  data::Batch batch = data::ToDevice(host, device);
+  return CountedBatch{std::move(batch), std::move(host), items};
 }
 
 // The peak FLOP/s of one rank in the dtype the plan's model computes in (DTYPE_AUTO
@@ -267,8 +261,9 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   objectives::MetricMeans means;
   for (int64_t micro = 0; micro < accumulation_; ++micro) {
     const auto no_sync = prepared_->preparation().NoSyncIf(micro + 1 < accumulation_);
-    PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
-                           objective_->Compute(prepared_->model(), batches[micro].batch));
+    PLAIT_ASSIGN_OR_RETURN(
+        const objectives::ObjectiveOutput output,
+        objective_->Compute(prepared_->model(), batches[micro].batch, batches[micro].host));
     step_items.ScaledForBackward(output.loss, static_cast<int>(micro)).backward();
     means.Add(output, batches[micro].items);
   }
@@ -364,7 +359,7 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
     PLAIT_ASSIGN_OR_RETURN(const CountedBatch batch,
                            NextCounted(*eval_, *objective_, mesh_.device()));
     PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
-                           objective_->Compute(prepared_->model(), batch.batch));
+                           objective_->Compute(prepared_->model(), batch.batch, batch.host));
     means.Add(output, batch.items);
   }
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());

@@ -337,7 +337,7 @@ absl::Status RunDpo() {
     output.loss.backward();
     results.emplace_back(absl::StrCat(c, ".loss"), output.loss.detach().reshape({1}));
     for (const auto& [name, value] : output.metrics) {
-      results.emplace_back(absl::StrCat(c, ".", name), torch::tensor({static_cast<float>(value)}));
+      results.emplace_back(absl::StrCat(c, ".", name), value.reshape({1}));
     }
     for (const auto& parameter : policy->NamedParameters()) {
       results.emplace_back(absl::StrCat(c, ".grad.", parameter.name),
