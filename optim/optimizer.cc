@@ -339,7 +339,7 @@ absl::StatusOr<StepReport> Optimizer::Step(double lr) {
   // The other slots, by what their update shares: the group (lr, decay), the update's count
   // (bias corrections, SGD's first step; it differs for a parameter that missed a gradient)
   // and the parameter dtype (one multi-tensor copy writes the 16-bit ones).
-  std::map<std::tuple<int, int64_t, torch::ScalarType>, std::vector<size_t>> shared;
+  std::map<std::tuple<int, int64_t, torch::ScalarType>, std::vector<size_t>> by_scalars;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const torch::Tensor& parameter = parameters_[i].tensor;
     if (!parameter.grad().defined()) continue;
@@ -348,10 +348,10 @@ absl::StatusOr<StepReport> Optimizer::Step(double lr) {
     if (slot.fused) {
       UpdateFused(i, lr);
     } else {
-      shared[{slot.group, slot.steps, parameter.scalar_type()}].push_back(i);
+      by_scalars[{slot.group, slot.steps, parameter.scalar_type()}].push_back(i);
     }
   }
-  for (const auto& [key, members] : shared) {
+  for (const auto& [scalars, members] : by_scalars) {
     // Buckets of at most bucket_elements_ elements (one larger parameter is a bucket alone).
     std::vector<size_t> bucket;
     int64_t elements = 0;
