@@ -107,9 +107,9 @@ inline TensorPreHooks* CapturedLeafHooks(const torch::Tensor& /*leaf*/) { return
 
 // ATen's multi-tensor optimizer kernels, which PyTorch's optimizers call with fused=True:
 // at::_fused_adam_, at::_fused_adamw_ and at::_fused_sgd_ update a list of parameters in one
-// pass over each element (on CUDA, one launch per chunk of the list). CUDA got them in 2.0-2.2,
-// the CPU in 2.4; 1.13 has none. at::_foreach_copy_ (casting) and at::_foreach_sign_ came in
-// 2.1.
+// pass over each element (on CUDA, a launch per group of chunks of the list). CUDA got them in
+// 2.0-2.2, the CPU in 2.4; 1.13 has none. at::_foreach_copy_ (casting) and at::_foreach_sign_
+// came in 2.1; the one version test (2.4) covers all five.
 #define PLAIT_TORCH_HAS_FUSED_OPTIMIZERS \
   (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 inline constexpr bool kHasFusedOptimizers = PLAIT_TORCH_HAS_FUSED_OPTIMIZERS;

@@ -3,8 +3,10 @@
 // and SGD go through ATen's fused kernels where base::kHasFusedOptimizers (one pass over each
 // element, torch.optim's arithmetic); Lion, and everything on LibTorch 1.13, through
 // at::_foreach_* operations with the fused loops' scalars and order of operations (a few
-// passes over memory, each a kernel per bucket rather than per tensor). Internal to
-// //optim:optimizer, which groups parameters into buckets that share every scalar.
+// passes over memory, each a kernel per bucket rather than per tensor; only Lion's sign and
+// SGD's first momentum copy are a kernel per tensor on 1.13, which has no foreach form of
+// them). Internal to //optim:optimizer, which groups parameters into buckets that share
+// every scalar.
 #ifndef PLAIT_OPTIM_INTERNAL_MULTI_TENSOR_UPDATES_H_
 #define PLAIT_OPTIM_INTERNAL_MULTI_TENSOR_UPDATES_H_
 
