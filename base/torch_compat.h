@@ -105,6 +105,83 @@ using TensorPreHooks = std::vector<std::shared_ptr<torch::autograd::FunctionPreH
 inline TensorPreHooks* CapturedLeafHooks(const torch::Tensor& /*leaf*/) { return nullptr; }
 #endif
 
+// ATen's multi-tensor optimizer kernels, which PyTorch's optimizers call with fused=True:
+// at::_fused_adam_, at::_fused_adamw_ and at::_fused_sgd_ update a list of parameters in one
+// pass over each element (on CUDA, a launch per group of chunks of the list). CUDA got them in
+// 2.0-2.2, the CPU in 2.4; 1.13 has none. at::_foreach_copy_ (casting) and at::_foreach_sign_
+// came in 2.1; the one version test (2.4) covers all five.
+#define PLAIT_TORCH_HAS_FUSED_OPTIMIZERS \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+inline constexpr bool kHasFusedOptimizers = PLAIT_TORCH_HAS_FUSED_OPTIMIZERS;
+
+// One Adam (AdamW when `decoupled`) update of fp32 `params` from fp32 `grads`, with moments
+// `exp_avgs` and `exp_avg_sqs`, `step` being this update's count (1 for the first), by
+// at::_fused_adam(w)_; torch.optim.Adam(W)'s arithmetic (bias corrections from `step`, eps
+// added to sqrt(v) / sqrt(bias_correction2), decay p *= 1 - lr * weight_decay for AdamW,
+// g += weight_decay * p for Adam). false, and nothing done, where the kernel does not exist.
+inline bool FusedAdam(bool decoupled, at::TensorList params, at::TensorList grads,
+                      at::TensorList exp_avgs, at::TensorList exp_avg_sqs, int64_t step,
+                      double lr, double beta1, double beta2, double weight_decay, double eps) {
+#if PLAIT_TORCH_HAS_FUSED_OPTIMIZERS
+  // The kernel reads each parameter's count from a float32 scalar on its device (it does not
+  // advance it); one serves a list whose counts are equal.
+  const torch::Tensor count =
+      torch::full({}, static_cast<double>(step), params.front().options().dtype(torch::kFloat32));
+  const std::vector<torch::Tensor> counts(params.size(), count);
+  if (decoupled) {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, counts, lr,
+                      beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+  } else {
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, counts, lr,
+                     beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+  return true;
+#else
+  (void)decoupled, (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)step;
+  (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  return false;
+#endif
+}
+
+// One SGD update of fp32 `params` from fp32 `grads` by at::_fused_sgd_, torch.optim.SGD's
+// arithmetic: d = g + weight_decay * p; with momentum, b = d on the `first_step`, else
+// b = momentum * b + (1 - dampening) * d, and d = nesterov ? d + momentum * b : b; then
+// p -= lr * d. `momentum_buffers` is empty when momentum is 0. false, and nothing done, where
+// the kernel does not exist.
+inline bool FusedSgd(at::TensorList params, at::TensorList grads,
+                     at::TensorList momentum_buffers, double lr, double weight_decay,
+                     double momentum, double dampening, bool nesterov, bool first_step) {
+#if PLAIT_TORCH_HAS_FUSED_OPTIMIZERS
+  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening,
+                  nesterov, /*maximize=*/false, /*is_first_step=*/first_step);
+  return true;
+#else
+  (void)params, (void)grads, (void)momentum_buffers, (void)lr, (void)weight_decay;
+  (void)momentum, (void)dampening, (void)nesterov, (void)first_step;
+  return false;
+#endif
+}
+
+// dst[i].copy_(src[i]) for every i, casting: one multi-tensor kernel where at::_foreach_copy_
+// exists, else a copy per tensor.
+inline void ForeachCopy_(at::TensorList dst, at::TensorList src) {
+#if PLAIT_TORCH_HAS_FUSED_OPTIMIZERS
+  at::_foreach_copy_(dst, src);
+#else
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+#endif
+}
+
+// tensors[i].sign_() for every i: one multi-tensor kernel where at::_foreach_sign_ exists,
+// else one per tensor (1.13 has no foreach sign).
+inline void ForeachSign_(at::TensorList tensors) {
+#if PLAIT_TORCH_HAS_FUSED_OPTIMIZERS
+  at::_foreach_sign_(tensors);
+#else
+  for (const torch::Tensor& tensor : tensors) tensor.sign_();
+#endif
+}
+
 // A CPU random generator seeded with `seed`, for seeded initialisation independent of the
 // global generator. at::detail::createCPUGenerator is an ATen detail API (1.13 and 2.x alike).
 inline at::Generator MakeCpuGenerator(uint64_t seed) {

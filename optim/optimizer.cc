@@ -2,17 +2,22 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <set>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "base/torch_compat.h"
 #include "optim/grad_norm.h"
 #include "optim/internal/cpu_updates.h"
 #include "optim/internal/fused_kernels.h"
-#include "optim/internal/tensor_updates.h"
+#include "optim/internal/multi_tensor_updates.h"
 
 namespace plait::optim {
 namespace {
@@ -247,8 +252,8 @@ absl::StatusOr<ResolvedConfig> Resolve(const OptimizerConfig& config,
 struct Optimizer::Slot {
   Hyperparameters hyperparameters;
   int group = 0;
-  // The fused loops over the memory of a CPU parameter; otherwise LibTorch's tensor
-  // operations, on any device.
+  // The fused loops over the memory of a CPU parameter; otherwise the multi-tensor updates
+  // of its bucket, on any device.
   bool fused = false;
   torch::Tensor master;  // fp32; the parameter itself when the parameter is fp32
   std::map<std::string, torch::Tensor> buffers;
@@ -262,13 +267,12 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config,
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
     std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config) {
-  return internal::CreateOptimizer(std::move(parameters), config,
-                                   internal::CpuUpdates::kFusedLoops);
+  return internal::CreateOptimizer(std::move(parameters), config, internal::UpdatePaths());
 }
 
 absl::StatusOr<std::unique_ptr<Optimizer>> internal::CreateOptimizer(
     std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config,
-    CpuUpdates cpu_updates) {
+    const UpdatePaths& paths) {
   PLAIT_RETURN_IF_ERROR(CheckParameters(parameters));
   std::vector<std::string> names;
   for (const parallel::TrainableParameter& parameter : parameters) names.push_back(parameter.name);
@@ -284,7 +288,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> internal::CreateOptimizer(
     const torch::Tensor& tensor = parameters[i].tensor;
     Optimizer::Slot& slot = slots[i];
     slot.hyperparameters = hyperparameters;
-    slot.fused = tensor.is_cpu() && cpu_updates == CpuUpdates::kFusedLoops;
+    slot.fused = tensor.is_cpu() && paths.cpu_updates == CpuUpdates::kFusedLoops;
     slot.master = tensor.scalar_type() == torch::kFloat32
                       ? tensor.detach()
                       : tensor.detach().to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
@@ -292,16 +296,18 @@ absl::StatusOr<std::unique_ptr<Optimizer>> internal::CreateOptimizer(
       slot.buffers[buffer] = torch::zeros_like(slot.master);
     }
   }
-  return std::unique_ptr<Optimizer>(
-      new Optimizer(std::move(parameters), config, std::move(groups), std::move(slots)));
+  return std::unique_ptr<Optimizer>(new Optimizer(std::move(parameters), config, std::move(groups),
+                                                  std::move(slots), paths.bucket_elements));
 }
 
 Optimizer::Optimizer(std::vector<parallel::TrainableParameter> parameters, OptimizerConfig config,
-                     std::vector<ParamGroup> groups, std::vector<Slot> slots)
+                     std::vector<ParamGroup> groups, std::vector<Slot> slots,
+                     int64_t bucket_elements)
     : parameters_(std::move(parameters)),
       config_(std::move(config)),
       groups_(std::move(groups)),
-      slots_(std::move(slots)) {}
+      slots_(std::move(slots)),
+      bucket_elements_(bucket_elements) {}
 
 Optimizer::~Optimizer() = default;
 
@@ -330,54 +336,86 @@ absl::StatusOr<StepReport> Optimizer::Step(double lr) {
       ScaleGradients(parameters_, report.clip_factor);
     }
   }
+  // The other slots, by what their update shares: the group (lr, decay), the update's count
+  // (bias corrections, SGD's first step; it differs for a parameter that missed a gradient)
+  // and the parameter dtype (one multi-tensor copy writes the 16-bit ones).
+  std::map<std::tuple<int, int64_t, torch::ScalarType>, std::vector<size_t>> by_scalars;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!parameters_[i].tensor.grad().defined()) continue;
-    Update(slots_[i], groups_[slots_[i].group], lr);
+    const torch::Tensor& parameter = parameters_[i].tensor;
+    if (!parameter.grad().defined()) continue;
+    Slot& slot = slots_[i];
+    ++slot.steps;
+    if (slot.fused) {
+      UpdateFused(i, lr);
+    } else {
+      by_scalars[{slot.group, slot.steps, parameter.scalar_type()}].push_back(i);
+    }
+  }
+  for (const auto& [scalars, members] : by_scalars) {
+    // Buckets of at most bucket_elements_ elements (one larger parameter is a bucket alone).
+    std::vector<size_t> bucket;
+    int64_t elements = 0;
+    for (const size_t i : members) {
+      const int64_t numel = parameters_[i].tensor.numel();
+      if (!bucket.empty() && elements + numel > bucket_elements_) {
+        UpdateBucket(bucket, lr);
+        bucket.clear();
+        elements = 0;
+      }
+      bucket.push_back(i);
+      elements += numel;
+    }
+    UpdateBucket(bucket, lr);
   }
   report.step = ++step_;
   return report;
 }
 
-void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
+namespace {
+
+internal::AdamStep AdamStepOf(const Hyperparameters& h, const ParamGroup& group, double base_lr,
+                              int64_t step) {
+  return {.decoupled = h.algorithm == OptimizerConfig::kAdamw,
+          .lr = base_lr * group.lr_scale,
+          .weight_decay = group.weight_decay,
+          .beta1 = h.beta1,
+          .beta2 = h.beta2,
+          .eps = h.eps,
+          .step = step};
+}
+
+internal::SgdStep SgdStepOf(const Hyperparameters& h, const ParamGroup& group, double base_lr,
+                            int64_t step) {
+  return {.lr = base_lr * group.lr_scale,
+          .weight_decay = group.weight_decay,
+          .momentum = h.momentum,
+          .dampening = h.dampening,
+          .nesterov = h.nesterov,
+          .first_step = step == 1};
+}
+
+internal::LionStep LionStepOf(const Hyperparameters& h, const ParamGroup& group, double base_lr) {
+  return {.lr = base_lr * group.lr_scale,
+          .weight_decay = group.weight_decay,
+          .beta1 = h.beta1,
+          .beta2 = h.beta2};
+}
+
+}  // namespace
+
+void Optimizer::UpdateFused(size_t index, double base_lr) {
+  Slot& slot = slots_[index];
   const Hyperparameters& h = slot.hyperparameters;
-  const double lr = base_lr * group.lr_scale;
-  const double weight_decay = group.weight_decay;
-  const int64_t step = ++slot.steps;
-  const torch::Tensor& parameter = parameters_[&slot - slots_.data()].tensor;
-  // The fused loops read CPU memory; the tensor operations take an fp32 gradient, and a
-  // 16-bit parameter is then copied from its master.
-  const bool fused = slot.fused;
-  const torch::Tensor grad =
-      fused ? parameter.grad().contiguous() : parameter.grad().to(torch::kFloat32);
-  auto copy_to_parameter = [&] {
-    if (parameter.scalar_type() == torch::kFloat32) return;
-    torch::NoGradGuard no_grad;
-    parameter.copy_(slot.master);
-  };
-  float* p = fused ? slot.master.data_ptr<float>() : nullptr;
+  const ParamGroup& group = groups_[slot.group];
+  const torch::Tensor& parameter = parameters_[index].tensor;
+  const torch::Tensor grad = parameter.grad().contiguous();
+  float* p = slot.master.data_ptr<float>();
 
   switch (h.algorithm) {
     case OptimizerConfig::kAdamw:
     case OptimizerConfig::kAdam: {
-      const bool adamw = h.algorithm == OptimizerConfig::kAdamw;
-      const double bias_correction1 = 1.0 - std::pow(h.beta1, step);
-      const double bias_correction2 = 1.0 - std::pow(h.beta2, step);
-      const internal::AdamScalars scalars{
-          .decay_factor = static_cast<float>(adamw ? 1.0 - lr * weight_decay : 1.0),
-          .l2 = static_cast<float>(adamw ? 0.0 : weight_decay),
-          .beta1 = static_cast<float>(h.beta1),
-          .one_minus_beta1 = static_cast<float>(1.0 - h.beta1),
-          .beta2 = static_cast<float>(h.beta2),
-          .one_minus_beta2 = static_cast<float>(1.0 - h.beta2),
-          .sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2)),
-          .eps = static_cast<float>(h.eps),
-          .neg_step_size = static_cast<float>(-lr / bias_correction1),
-      };
-      if (!fused) {
-        internal::AdamUpdate(scalars, slot.master, grad, slot.buffers.at("exp_avg"),
-                             slot.buffers.at("exp_avg_sq"));
-        return copy_to_parameter();
-      }
+      const internal::AdamScalars scalars =
+          internal::ScalarsOf(AdamStepOf(h, group, base_lr, slot.steps));
       float* m = slot.buffers.at("exp_avg").data_ptr<float>();
       float* v = slot.buffers.at("exp_avg_sq").data_ptr<float>();
       ForEachChunk(slot.master, grad, parameter, [&](int64_t begin, int64_t n, const float* g) {
@@ -386,39 +424,16 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
       return;
     }
     case OptimizerConfig::kSgd: {
-      const internal::SgdScalars scalars{
-          .weight_decay = static_cast<float>(weight_decay),
-          .momentum = static_cast<float>(h.momentum),
-          .one_minus_dampening = static_cast<float>(1.0 - h.dampening),
-          .nesterov = h.nesterov,
-          .first_step = step == 1,
-          .neg_lr = static_cast<float>(-lr),
-      };
-      torch::Tensor no_buffer;
-      torch::Tensor& buffer = h.momentum != 0.0 ? slot.buffers.at("momentum_buffer") : no_buffer;
-      if (!fused) {
-        internal::SgdUpdate(scalars, slot.master, grad, buffer);
-        return copy_to_parameter();
-      }
-      float* b = buffer.defined() ? buffer.data_ptr<float>() : nullptr;
+      const internal::SgdScalars scalars =
+          internal::ScalarsOf(SgdStepOf(h, group, base_lr, slot.steps));
+      float* b = h.momentum != 0.0 ? slot.buffers.at("momentum_buffer").data_ptr<float>() : nullptr;
       ForEachChunk(slot.master, grad, parameter, [&](int64_t begin, int64_t n, const float* g) {
         internal::SgdUpdate(scalars, n, p + begin, g, b != nullptr ? b + begin : nullptr);
       });
       return;
     }
     case OptimizerConfig::kLion: {
-      const internal::LionScalars scalars{
-          .decay_factor = static_cast<float>(1.0 - lr * weight_decay),
-          .lr = static_cast<float>(lr),
-          .beta1 = static_cast<float>(h.beta1),
-          .one_minus_beta1 = static_cast<float>(1.0 - h.beta1),
-          .beta2 = static_cast<float>(h.beta2),
-          .one_minus_beta2 = static_cast<float>(1.0 - h.beta2),
-      };
-      if (!fused) {
-        internal::LionUpdate(scalars, slot.master, grad, slot.buffers.at("exp_avg"));
-        return copy_to_parameter();
-      }
+      const internal::LionScalars scalars = internal::ScalarsOf(LionStepOf(h, group, base_lr));
       float* m = slot.buffers.at("exp_avg").data_ptr<float>();
       ForEachChunk(slot.master, grad, parameter, [&](int64_t begin, int64_t n, const float* g) {
         internal::LionUpdate(scalars, n, p + begin, g, m + begin);
@@ -430,23 +445,79 @@ void Optimizer::Update(Slot& slot, const ParamGroup& group, double base_lr) {
   }
 }
 
+void Optimizer::UpdateBucket(const std::vector<size_t>& bucket, double base_lr) {
+  const Slot& first = slots_[bucket.front()];
+  const Hyperparameters& h = first.hyperparameters;
+  const ParamGroup& group = groups_[first.group];
+  const bool low_precision = parameters_[bucket.front()].tensor.scalar_type() != torch::kFloat32;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> masters;
+  std::vector<torch::Tensor> grads;
+  for (const size_t i : bucket) {
+    masters.push_back(slots_[i].master);
+    grads.push_back(parameters_[i].tensor.grad().contiguous());
+  }
+  if (low_precision) {  // the update reads fp32 gradients: widened once, here
+    std::vector<torch::Tensor> widened;
+    for (const torch::Tensor& master : masters) widened.push_back(torch::empty_like(master));
+    base::ForeachCopy_(widened, grads);
+    grads = std::move(widened);
+  }
+  const auto buffers = [&](const char* name) {
+    std::vector<torch::Tensor> result;
+    for (const size_t i : bucket) result.push_back(slots_[i].buffers.at(name));
+    return result;
+  };
+  switch (h.algorithm) {
+    case OptimizerConfig::kAdamw:
+    case OptimizerConfig::kAdam:
+      internal::AdamUpdate(AdamStepOf(h, group, base_lr, first.steps), masters, grads,
+                           buffers("exp_avg"), buffers("exp_avg_sq"));
+      break;
+    case OptimizerConfig::kSgd:
+      internal::SgdUpdate(SgdStepOf(h, group, base_lr, first.steps), masters, grads,
+                          h.momentum != 0.0 ? buffers("momentum_buffer")
+                                            : std::vector<torch::Tensor>());
+      break;
+    case OptimizerConfig::kLion:
+      internal::LionUpdate(LionStepOf(h, group, base_lr), masters, grads, buffers("exp_avg"));
+      break;
+    case OptimizerConfig::ALGORITHM_NOT_SET:
+      return;  // rejected by Create
+  }
+  if (low_precision) {
+    std::vector<torch::Tensor> parameters;
+    for (const size_t i : bucket) parameters.push_back(parameters_[i].tensor);
+    base::ForeachCopy_(parameters, masters);
+  }
+}
+
 void Optimizer::ZeroGrad() {
   for (parallel::TrainableParameter& parameter : parameters_)
     parameter.tensor.mutable_grad().reset();
 }
 
-OptimizerState Optimizer::SaveState() const {
+OptimizerState Optimizer::SaveState() const { return DescribeState(HostCopy); }
+
+OptimizerState Optimizer::StateLayout() const {
+  return DescribeState([](const torch::Tensor& tensor) {
+    return torch::empty(tensor.sizes(), tensor.options().device(torch::kMeta));
+  });
+}
+
+OptimizerState Optimizer::DescribeState(
+    const std::function<torch::Tensor(const torch::Tensor&)>& take) const {
   OptimizerState state;
   state.step = step_;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const std::string& name = parameters_[i].name;
     const Slot& slot = slots_[i];
     for (const auto& [buffer, tensor] : slot.buffers) {
-      state.tensors[StateKey(name, buffer)] = HostCopy(tensor);
+      state.tensors[StateKey(name, buffer)] = take(tensor);
     }
-    state.tensors[StateKey(name, "step")] = torch::tensor(slot.steps, torch::kInt64);
+    state.tensors[StateKey(name, "step")] = take(torch::tensor(slot.steps, torch::kInt64));
     if (parameters_[i].tensor.scalar_type() != torch::kFloat32) {
-      state.tensors[StateKey(name, "master")] = HostCopy(slot.master);
+      state.tensors[StateKey(name, "master")] = take(slot.master);
     }
   }
   return state;

@@ -13,15 +13,18 @@
 //   }
 //
 // Each update is one fused pass over a CPU parameter's memory (internal/fused_kernels.h) that
-// matches torch::optim's arithmetic; a CUDA parameter's is the same arithmetic in LibTorch's
-// elementwise kernels (internal/tensor_updates.h), and clipping's norm is reduced on the
-// device, whose one read on the host is the norm itself. Optimizer state is fp32 whatever the
-// parameter dtype, on the parameter's device; bf16 and fp16 parameters are updated through
-// fp32 master copies kept here.
+// matches torch::optim's arithmetic. CUDA parameters are updated in buckets that share every
+// scalar (group, update count, dtype), each by LibTorch's multi-tensor kernels
+// (internal/multi_tensor_updates.h): ATen's fused Adam, AdamW and SGD on LibTorch 2.x, one
+// pass over memory; foreach operations for Lion and on 1.13; kernels per bucket, not per
+// parameter. Clipping's norm is reduced on the device, whose one read on the host is the norm
+// itself. Optimizer state is fp32 whatever the parameter dtype, on the parameter's device;
+// bf16 and fp16 parameters are updated through fp32 master copies kept here.
 #ifndef PLAIT_OPTIM_OPTIMIZER_H_
 #define PLAIT_OPTIM_OPTIMIZER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,10 +44,10 @@ class Optimizer;
 
 // The seam internal/cpu_updates.h defines.
 namespace internal {
-enum class CpuUpdates;
+struct UpdatePaths;
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(
     std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config,
-    CpuUpdates cpu_updates);
+    const UpdatePaths& paths);
 }  // namespace internal
 
 struct StepReport {
@@ -104,6 +107,11 @@ class Optimizer {
   // duplicated on the device.
   OptimizerState SaveState() const;
 
+  // SaveState's keys, step and tensor shapes and dtypes, without its data: each tensor is on
+  // the meta device (no memory, no copy), so that a resume learns what to read without
+  // copying a GPU's state to the host.
+  OptimizerState StateLayout() const;
+
   // Replaces the state, whose tensors may be on any device: each is copied onto its
   // parameter's. InvalidArgument naming the parameters the state lacks or has in excess, or
   // an entry whose shape differs from the parameter's.
@@ -113,17 +121,25 @@ class Optimizer {
   struct Slot;
   friend absl::StatusOr<std::unique_ptr<Optimizer>> internal::CreateOptimizer(
       std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config,
-      internal::CpuUpdates cpu_updates);
+      const internal::UpdatePaths& paths);
 
   Optimizer(std::vector<parallel::TrainableParameter> parameters, OptimizerConfig config,
-            std::vector<ParamGroup> groups, std::vector<Slot> slots);
+            std::vector<ParamGroup> groups, std::vector<Slot> slots, int64_t bucket_elements);
 
-  void Update(Slot& slot, const ParamGroup& group, double lr);
+  // Updates parameter `index` (a fused slot) by the fused loops.
+  void UpdateFused(size_t index, double lr);
+  // Updates the parameters `bucket` (of one group, update count and dtype; not fused) by the
+  // multi-tensor updates.
+  void UpdateBucket(const std::vector<size_t>& bucket, double lr);
+  // SaveState's entries, each tensor passed through `take`.
+  OptimizerState DescribeState(
+      const std::function<torch::Tensor(const torch::Tensor&)>& take) const;
 
   std::vector<parallel::TrainableParameter> parameters_;
   OptimizerConfig config_;
   std::vector<ParamGroup> groups_;
   std::vector<Slot> slots_;  // one per parameter, same order
+  int64_t bucket_elements_;  // internal/cpu_updates.h
   int64_t step_ = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -306,88 +307,137 @@ TEST(OptimizerTest, StateRoundTripContinuesTheRunExactly) {
   }
 }
 
-// The tensor operations a CUDA parameter's update takes, run here through the whole
+// The multi-tensor updates a CUDA parameter's update takes, run here through the whole
 // optimizer on CPU tensors (internal/cpu_updates.h), against the fused loops: every
-// algorithm, fp32 and bf16 parameters, with and without clipping, and state saved by one
-// path and loaded by the other. Both see the same gradients, so their fp32 masters differ
-// only by the rounding of their arithmetic (ATen's kernels contract multiply-adds; the
-// fused loops do not); a 16-bit parameter is its master rounded on either path.
-TEST(OptimizerTest, TensorOperationsMatchTheFusedLoops) {
+// algorithm; fp32, bf16 and mixed fp32 / bf16 parameters in one group; a parameter that has
+// no gradient every third step, so that the parameters' update counts, and with them their
+// buckets, differ; buckets as large as they come and buckets of one or two parameters; with
+// and without clipping; and state saved by one path and loaded by the other. On LibTorch 2.x
+// the buckets run ATen's fused Adam(W) and SGD kernels, on 1.13 foreach operations. All see
+// the same gradients, so their fp32 masters differ only by the rounding of their arithmetic
+// (ATen's kernels contract multiply-adds; the fused loops do not); a 16-bit parameter is its
+// master rounded on either path.
+TEST(OptimizerTest, MultiTensorUpdatesMatchTheFusedLoops) {
   using internal::CpuUpdates;
+  using internal::UpdatePaths;
+  constexpr size_t kSometimesWithoutGradient = 2;
+  const UpdatePaths fused_loops{CpuUpdates::kFusedLoops};
   for (const char* config_text :
        {"adamw { beta2: 0.95 } weight_decay: 0.1 clipping { max_norm: 1 }",
         "adam {} weight_decay: 0.01", "sgd { momentum: 0.9 nesterov: true } weight_decay: 0.01",
-        "sgd { momentum: 0.9 dampening: 0.1 } clipping { max_norm: 5 }",
+        "sgd { momentum: 0.9 dampening: 0.1 } clipping { max_norm: 5 }", "sgd {}",
         "lion {} weight_decay: 0.1 clipping { max_norm: 1 }"}) {
-    for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
-      SCOPED_TRACE(absl::StrCat(config_text, ", ", c10::toString(dtype)));
-      const OptimizerConfig config = Parse(config_text);
-      // Runs `steps` steps from `first` on `path`'s optimizer over `tensors`, loading `state`
-      // first when it has any; returns the optimizer's state.
-      std::vector<double> norms[2];
-      const auto run = [&](CpuUpdates path, std::vector<torch::Tensor>& tensors, int first,
-                           int steps, const OptimizerState* state) {
-        auto optimizer = internal::CreateOptimizer(Trainable(tensors), config, path);
-        EXPECT_THAT(optimizer, IsOk());
-        if (!optimizer.ok()) return OptimizerState();
-        if (state != nullptr) {
-          EXPECT_THAT((*optimizer)->LoadState(*state), IsOk());
-        }
-        for (int step = first; step < first + steps; ++step) {
-          SetGradients(tensors, step);
-          const absl::StatusOr<StepReport> report = (*optimizer)->Step(LearningRate(step));
-          EXPECT_THAT(report, IsOk());
-          if (report.ok() && report->grad_norm) {
-            norms[static_cast<int>(path)].push_back(*report->grad_norm);
+    for (const char* dtypes : {"fp32", "bf16", "mixed"}) {
+      // The parameters' elements are 2112, 33, 105 and 1: at most 40 per bucket puts the first
+      // and third alone, and the last two together when their update counts agree.
+      for (const int64_t bucket_elements : {internal::kBucketElements, int64_t{40}}) {
+        SCOPED_TRACE(absl::StrCat(config_text, ", ", dtypes, ", buckets of ", bucket_elements));
+        const OptimizerConfig config = Parse(config_text);
+        const UpdatePaths multi_tensor{CpuUpdates::kMultiTensor, bucket_elements};
+        // Runs `steps` steps from `first` on `paths`'s optimizer over `tensors`, loading
+        // `state` first when it has any, and appending the gradient norms to `norms`; returns
+        // the optimizer's state.
+        const auto run = [&](const UpdatePaths& paths, std::vector<torch::Tensor>& tensors,
+                             int first, int steps, const OptimizerState* state,
+                             std::vector<double>* norms) {
+          auto optimizer = internal::CreateOptimizer(Trainable(tensors), config, paths);
+          EXPECT_THAT(optimizer, IsOk());
+          if (!optimizer.ok()) return OptimizerState();
+          if (state != nullptr) {
+            EXPECT_THAT((*optimizer)->LoadState(*state), IsOk());
           }
+          for (int step = first; step < first + steps; ++step) {
+            SetGradients(tensors, step);
+            if (step % 3 == 1) tensors[kSometimesWithoutGradient].mutable_grad().reset();
+            const absl::StatusOr<StepReport> report = (*optimizer)->Step(LearningRate(step));
+            EXPECT_THAT(report, IsOk());
+            if (norms != nullptr && report.ok() && report->grad_norm) {
+              norms->push_back(*report->grad_norm);
+            }
+          }
+          return (*optimizer)->SaveState();
+        };
+        // The masters: the parameters themselves for fp32.
+        const auto masters = [&](const std::vector<torch::Tensor>& tensors,
+                                 const OptimizerState& state) {
+          std::vector<torch::Tensor> result;
+          for (size_t i = 0; i < tensors.size(); ++i) {
+            const torch::ScalarType dtype = tensors[i].scalar_type();
+            const torch::Tensor& master =
+                dtype == torch::kFloat32 ? tensors[i]
+                                         : state.tensors.at(absl::StrCat("p", i, ":master"));
+            EXPECT_TRUE(torch::equal(tensors[i], master.to(dtype))) << "p" << i;
+            result.push_back(master.to(torch::kFloat32));
+          }
+          return result;
+        };
+        std::vector<torch::Tensor> initial = InitialTensors();
+        for (size_t i = 0; i < initial.size(); ++i) {
+          const bool bf16 =
+              std::string(dtypes) == "bf16" || (std::string(dtypes) == "mixed" && i % 2 == 1);
+          initial[i] = initial[i].to(bf16 ? torch::kBFloat16 : torch::kFloat32);
         }
-        return (*optimizer)->SaveState();
-      };
-      // The masters: the parameters themselves for fp32.
-      const auto masters = [&](const std::vector<torch::Tensor>& tensors,
-                               const OptimizerState& state) {
-        std::vector<torch::Tensor> result;
-        for (size_t i = 0; i < tensors.size(); ++i) {
-          const torch::Tensor& master = dtype == torch::kFloat32
-                                            ? tensors[i]
-                                            : state.tensors.at(absl::StrCat("p", i, ":master"));
-          EXPECT_EQ(tensors[i].scalar_type(), dtype);
-          EXPECT_TRUE(torch::equal(tensors[i], master.to(dtype))) << "p" << i;
-          result.push_back(master.to(torch::kFloat32));
+        std::vector<torch::Tensor> fused = Copies(initial);
+        std::vector<torch::Tensor> buckets = Copies(initial);
+        std::vector<double> fused_norms;
+        std::vector<double> bucket_norms;
+        const OptimizerState fused_state = run(fused_loops, fused, 0, 10, nullptr, &fused_norms);
+        const OptimizerState bucket_state =
+            run(multi_tensor, buckets, 0, 10, nullptr, &bucket_norms);
+        // The parameters' update counts differ, as the test means them to.
+        EXPECT_EQ(bucket_state.tensors.at("p0:step").item<int64_t>(), 10);
+        EXPECT_EQ(bucket_state.tensors.at("p2:step").item<int64_t>(), 7);
+        ExpectClose(masters(buckets, bucket_state), masters(fused, fused_state), 1e-5);
+        for (const auto& [key, tensor] : fused_state.tensors) {
+          ExpectClose({bucket_state.tensors.at(key).to(torch::kFloat64)},
+                      {tensor.to(torch::kFloat64)}, 1e-5);
         }
-        return result;
-      };
-      std::vector<torch::Tensor> initial;
-      for (const torch::Tensor& tensor : InitialTensors()) initial.push_back(tensor.to(dtype));
-      std::vector<torch::Tensor> fused = Copies(initial);
-      std::vector<torch::Tensor> tensor_ops = Copies(initial);
-      const OptimizerState fused_state = run(CpuUpdates::kFusedLoops, fused, 0, 10, nullptr);
-      const OptimizerState tensor_ops_state =
-          run(CpuUpdates::kTensorOps, tensor_ops, 0, 10, nullptr);
-      ExpectClose(masters(tensor_ops, tensor_ops_state), masters(fused, fused_state), 1e-5);
-      for (const auto& [key, tensor] : fused_state.tensors) {
-        ExpectClose({tensor_ops_state.tensors.at(key).to(torch::kFloat64)},
-                    {tensor.to(torch::kFloat64)}, 1e-5);
+        EXPECT_EQ(fused_norms.size(), bucket_norms.size());
+        for (size_t i = 0; i < std::min(fused_norms.size(), bucket_norms.size()); ++i) {
+          EXPECT_NEAR(bucket_norms[i], fused_norms[i], 1e-5 * fused_norms[i]) << "step " << i;
+        }
+        // Each path continues from the other's state as it would from its own.
+        std::vector<torch::Tensor> fused_from_buckets = Copies(buckets);
+        std::vector<torch::Tensor> buckets_from_fused = Copies(fused);
+        const OptimizerState a = run(fused_loops, fused, 10, 5, &fused_state, nullptr);
+        const OptimizerState b = run(multi_tensor, buckets_from_fused, 10, 5, &fused_state, nullptr);
+        const OptimizerState c = run(multi_tensor, buckets, 10, 5, &bucket_state, nullptr);
+        const OptimizerState d =
+            run(fused_loops, fused_from_buckets, 10, 5, &bucket_state, nullptr);
+        ExpectClose(masters(buckets_from_fused, b), masters(fused, a), 1e-5);
+        ExpectClose(masters(fused_from_buckets, d), masters(buckets, c), 1e-5);
+        ExpectClose(masters(buckets, c), masters(fused, a), 1e-5);
+        // The runs moved every parameter, so that their agreement means something.
+        const std::vector<torch::Tensor> moved = masters(fused, a);
+        for (size_t i = 0; i < moved.size(); ++i) {
+          EXPECT_GT((moved[i] - initial[i].to(torch::kFloat32)).abs().max().item<double>(), 1e-4)
+              << "p" << i;
+        }
       }
-      EXPECT_EQ(norms[0].size(), norms[1].size());
-      for (size_t i = 0; i < std::min(norms[0].size(), norms[1].size()); ++i) {
-        EXPECT_NEAR(norms[1][i], norms[0][i], 1e-5 * norms[0][i]) << "step " << i;
-      }
-      // Each path continues from the other's state as it would from its own.
-      std::vector<torch::Tensor> fused_from_tensor_ops = Copies(tensor_ops);
-      std::vector<torch::Tensor> tensor_ops_from_fused = Copies(fused);
-      const OptimizerState a = run(CpuUpdates::kFusedLoops, fused, 10, 5, &fused_state);
-      const OptimizerState b =
-          run(CpuUpdates::kTensorOps, tensor_ops_from_fused, 10, 5, &fused_state);
-      const OptimizerState c = run(CpuUpdates::kTensorOps, tensor_ops, 10, 5, &tensor_ops_state);
-      const OptimizerState d =
-          run(CpuUpdates::kFusedLoops, fused_from_tensor_ops, 10, 5, &tensor_ops_state);
-      ExpectClose(masters(tensor_ops_from_fused, b), masters(fused, a), 1e-5);
-      ExpectClose(masters(fused_from_tensor_ops, d), masters(tensor_ops, c), 1e-5);
-      ExpectClose(masters(tensor_ops, c), masters(fused, a), 1e-5);
-      // The runs moved the parameters, so that their agreement means something.
-      EXPECT_GT((masters(fused, a)[0] - initial[0].to(torch::kFloat32)).abs().max().item<double>(),
-                1e-3);
+    }
+  }
+}
+
+// StateLayout names what SaveState saves, with the same shapes and dtypes, and holds no data.
+TEST(OptimizerTest, StateLayoutDescribesSaveStateWithoutCopying) {
+  for (const char* config_text : {"adamw {}", "sgd {}", "lion {}"}) {
+    SCOPED_TRACE(config_text);
+    std::vector<torch::Tensor> tensors = InitialTensors();
+    tensors[1] = tensors[1].to(torch::kBFloat16);
+    auto optimizer = Optimizer::Create(Trainable(tensors), Parse(config_text));
+    ASSERT_THAT(optimizer, IsOk());
+    SetGradients(tensors, 0);
+    ASSERT_THAT((*optimizer)->Step(LearningRate(0)), IsOk());
+    const OptimizerState saved = (*optimizer)->SaveState();
+    const OptimizerState layout = (*optimizer)->StateLayout();
+    EXPECT_EQ(layout.step, saved.step);
+    ASSERT_EQ(layout.tensors.size(), saved.tensors.size());
+    for (const auto& [key, tensor] : saved.tensors) {
+      ASSERT_EQ(layout.tensors.count(key), 1) << key;
+      const torch::Tensor& described = layout.tensors.at(key);
+      EXPECT_EQ(described.sizes(), tensor.sizes()) << key;
+      EXPECT_EQ(described.scalar_type(), tensor.scalar_type()) << key;
+      EXPECT_TRUE(described.is_meta()) << key;
     }
   }
 }

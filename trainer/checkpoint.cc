@@ -92,15 +92,25 @@ absl::StatusOr<parallel::TensorSlice> StateSlice(const std::string& key,
                                           "shaped as its parameter"));
 }
 
-// The tensors of one rank, in host memory, each with the part it holds: its trainable
-// parameters (a GPU run's copied there once, here) and its optimizer state `state`
-// (Optimizer::SaveState's, copied there once by it).
+// What RankTensors gives: the tensors' data, to save, or only their shapes and dtypes, to
+// learn what a resume reads.
+enum class Contents { kData, kLayout };
+
+// The tensors of one rank, each with the part it holds: its trainable parameters and its
+// optimizer state `state`. For kData in host memory (a GPU run's parameters copied there once,
+// here; `state` is Optimizer::SaveState's, copied there once by it); for kLayout on the meta
+// device, without memory (`state` is Optimizer::StateLayout's).
 absl::StatusOr<std::map<std::string, checkpoint::SlicedTensor>> RankTensors(
-    const optim::Optimizer& optimizer, const optim::OptimizerState& state) {
+    const optim::Optimizer& optimizer, const optim::OptimizerState& state, Contents contents) {
   std::map<std::string, checkpoint::SlicedTensor> tensors;
   std::map<std::string, const parallel::TrainableParameter*> by_name;
   for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
-    tensors[kParameterPrefix + parameter.name] = {parameter.tensor.detach().cpu(), parameter.slice};
+    const torch::Tensor& tensor = parameter.tensor;
+    tensors[kParameterPrefix + parameter.name] = {
+        contents == Contents::kData
+            ? tensor.detach().cpu()
+            : torch::empty(tensor.sizes(), tensor.options().device(torch::kMeta)),
+        parameter.slice};
     by_name[parameter.name] = &parameter;
   }
   for (const auto& [key, tensor] : state.tensors) {
@@ -166,8 +176,10 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const Plan& plan, const std::str
 
 absl::Status Checkpointer::Restore(optim::Optimizer& optimizer, data::DataLoader& train) const {
   if (checkpointer_.resume_step() == 0) return absl::OkStatus();
-  // What this rank would save: the names, parts, shapes and dtypes to fill.
-  PLAIT_ASSIGN_OR_RETURN(auto expected, RankTensors(optimizer, optimizer.SaveState()));
+  // What this rank would save: the names, parts, shapes and dtypes to fill, without copying
+  // the parameters or the optimizer state anywhere.
+  PLAIT_ASSIGN_OR_RETURN(auto expected,
+                         RankTensors(optimizer, optimizer.StateLayout(), Contents::kLayout));
   PLAIT_RETURN_IF_ERROR(checkpointer_.Restore(
       expected, [&](checkpoint::RankState saved) { return LoadInto(saved, optimizer); }));
   // The sequences consumed, in this run's micro-batches of every data-parallel rank.
@@ -181,7 +193,7 @@ absl::Status Checkpointer::SaveIfDue(int64_t step, const optim::Optimizer& optim
 
 absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer) const {
   const optim::OptimizerState state = optimizer.SaveState();
-  PLAIT_ASSIGN_OR_RETURN(auto tensors, RankTensors(optimizer, state));
+  PLAIT_ASSIGN_OR_RETURN(auto tensors, RankTensors(optimizer, state, Contents::kData));
   return checkpointer_.Save(step, step * global_batch_,
                             {std::move(tensors), {{kOptimizerStep, absl::StrCat(state.step)}}});
 }

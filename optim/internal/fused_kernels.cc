@@ -13,6 +13,44 @@
 
 namespace plait::optim::internal {
 
+AdamScalars ScalarsOf(const AdamStep& s) {
+  const double bias_correction1 = 1.0 - std::pow(s.beta1, s.step);
+  const double bias_correction2 = 1.0 - std::pow(s.beta2, s.step);
+  return {
+      .decay_factor = static_cast<float>(s.decoupled ? 1.0 - s.lr * s.weight_decay : 1.0),
+      .l2 = static_cast<float>(s.decoupled ? 0.0 : s.weight_decay),
+      .beta1 = static_cast<float>(s.beta1),
+      .one_minus_beta1 = static_cast<float>(1.0 - s.beta1),
+      .beta2 = static_cast<float>(s.beta2),
+      .one_minus_beta2 = static_cast<float>(1.0 - s.beta2),
+      .sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2)),
+      .eps = static_cast<float>(s.eps),
+      .neg_step_size = static_cast<float>(-s.lr / bias_correction1),
+  };
+}
+
+SgdScalars ScalarsOf(const SgdStep& s) {
+  return {
+      .weight_decay = static_cast<float>(s.weight_decay),
+      .momentum = static_cast<float>(s.momentum),
+      .one_minus_dampening = static_cast<float>(1.0 - s.dampening),
+      .nesterov = s.nesterov,
+      .first_step = s.first_step,
+      .neg_lr = static_cast<float>(-s.lr),
+  };
+}
+
+LionScalars ScalarsOf(const LionStep& s) {
+  return {
+      .decay_factor = static_cast<float>(1.0 - s.lr * s.weight_decay),
+      .lr = static_cast<float>(s.lr),
+      .beta1 = static_cast<float>(s.beta1),
+      .one_minus_beta1 = static_cast<float>(1.0 - s.beta1),
+      .beta2 = static_cast<float>(s.beta2),
+      .one_minus_beta2 = static_cast<float>(1.0 - s.beta2),
+  };
+}
+
 PLAIT_VECTOR_CLONES
 void AdamUpdate(const AdamScalars& s, int64_t n, float* __restrict p, const float* __restrict g,
                 float* __restrict m, float* __restrict v) {

@@ -28,6 +28,19 @@ struct AdamScalars {
 };
 void AdamUpdate(const AdamScalars& s, int64_t n, float* p, const float* g, float* m, float* v);
 
+// One Adam or AdamW update as configured: the hyperparameters and the update's count, from
+// which AdamScalars derive (and which ATen's fused kernels take as they are).
+struct AdamStep {
+  bool decoupled;  // AdamW
+  double lr;
+  double weight_decay;
+  double beta1;
+  double beta2;
+  double eps;
+  int64_t step;  // 1 for the parameter's first update
+};
+AdamScalars ScalarsOf(const AdamStep& s);
+
 // SGD, as torch::optim::SGD computes it (momentum buffer `b`):
 //   d = g + weight_decay * p
 //   b = first ? d : b * momentum + (1 - dampening) * d
@@ -43,6 +56,16 @@ struct SgdScalars {
 };
 void SgdUpdate(const SgdScalars& s, int64_t n, float* p, const float* g, float* b);
 
+struct SgdStep {
+  double lr;
+  double weight_decay;
+  double momentum;
+  double dampening;
+  bool nesterov;
+  bool first_step;  // the parameter's first update: the momentum buffer starts as d
+};
+SgdScalars ScalarsOf(const SgdStep& s);
+
 // Lion (Chen et al., 2023, Algorithm 2):
 //   p = p * (1 - lr * weight_decay) - lr * sign(beta1 * m + (1 - beta1) * g)
 //   m = beta2 * m + (1 - beta2) * g
@@ -55,6 +78,14 @@ struct LionScalars {
   float one_minus_beta2;
 };
 void LionUpdate(const LionScalars& s, int64_t n, float* p, const float* g, float* m);
+
+struct LionStep {
+  double lr;
+  double weight_decay;
+  double beta1;
+  double beta2;
+};
+LionScalars ScalarsOf(const LionStep& s);
 
 }  // namespace plait::optim::internal
 

@@ -1,0 +1,62 @@
+#include "optim/internal/multi_tensor_updates.h"
+
+#include <vector>
+
+#include "base/torch_compat.h"
+
+namespace plait::optim::internal {
+
+void AdamUpdate(const AdamStep& s, at::TensorList p, at::TensorList g, at::TensorList m,
+                at::TensorList v) {
+  torch::NoGradGuard no_grad;
+  if (base::FusedAdam(s.decoupled, p, g, m, v, s.step, s.lr, s.beta1, s.beta2, s.weight_decay,
+                      s.eps)) {
+    return;
+  }
+  const AdamScalars c = ScalarsOf(s);
+  if (c.decay_factor != 1.0f) at::_foreach_mul_(p, c.decay_factor);
+  const std::vector<torch::Tensor> grad = c.l2 != 0.0f ? at::_foreach_add(g, p, c.l2) : g.vec();
+  at::_foreach_mul_(m, c.beta1);
+  at::_foreach_add_(m, grad, c.one_minus_beta1);
+  at::_foreach_mul_(v, c.beta2);
+  at::_foreach_addcmul_(v, grad, grad, c.one_minus_beta2);
+  std::vector<torch::Tensor> denominator = at::_foreach_sqrt(v);
+  at::_foreach_div_(denominator, c.sqrt_bias_correction2);
+  at::_foreach_add_(denominator, c.eps);
+  at::_foreach_addcdiv_(p, m, denominator, c.neg_step_size);
+}
+
+void SgdUpdate(const SgdStep& s, at::TensorList p, at::TensorList g, at::TensorList b) {
+  torch::NoGradGuard no_grad;
+  if (base::FusedSgd(p, g, b, s.lr, s.weight_decay, s.momentum, s.dampening, s.nesterov,
+                     s.first_step)) {
+    return;
+  }
+  const SgdScalars c = ScalarsOf(s);
+  std::vector<torch::Tensor> d =
+      c.weight_decay != 0.0f ? at::_foreach_add(g, p, c.weight_decay) : g.vec();
+  if (c.momentum != 0.0f) {
+    if (c.first_step) {
+      base::ForeachCopy_(b, d);
+    } else {
+      at::_foreach_mul_(b, c.momentum);
+      at::_foreach_add_(b, d, c.one_minus_dampening);
+    }
+    d = c.nesterov ? at::_foreach_add(d, b, c.momentum) : b.vec();
+  }
+  at::_foreach_add_(p, d, c.neg_lr);
+}
+
+void LionUpdate(const LionStep& s, at::TensorList p, at::TensorList g, at::TensorList m) {
+  torch::NoGradGuard no_grad;
+  const LionScalars c = ScalarsOf(s);
+  std::vector<torch::Tensor> direction = at::_foreach_mul(m, c.beta1);
+  at::_foreach_add_(direction, g, c.one_minus_beta1);
+  base::ForeachSign_(direction);
+  if (c.decay_factor != 1.0f) at::_foreach_mul_(p, c.decay_factor);
+  at::_foreach_add_(p, direction, -c.lr);
+  at::_foreach_mul_(m, c.beta2);
+  at::_foreach_add_(m, g, c.one_minus_beta2);
+}
+
+}  // namespace plait::optim::internal
