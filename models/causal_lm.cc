@@ -133,8 +133,8 @@ double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len
   const double wide_element = static_cast<double>(c10::elementSize(wide));
   double loss = 2.0 * tokens * vocab * element + tokens * wide_element;
   if (!internal::FusedCrossEntropyServes(dtype, device_type) && wide != dtype) {
-    const double chunk_rows = static_cast<double>(
-        internal::CrossEntropyChunkRows(config.vocab_size(), dtype));
+    const double chunk_rows =
+        static_cast<double>(internal::CrossEntropyChunkRows(config.vocab_size(), dtype));
     loss += std::min(tokens, chunk_rows) * vocab * wide_element;
   }
   return BlockActivationBytes(config, batch, seq_len, dtype, device_type) *

@@ -277,10 +277,8 @@ TEST(CausalLMTest, LossIgnoresIgnoreIndexAndMatchesSequenceLogProbs) {
 // its loss is 0, not PyTorch's NaN, and its backward leaves every gradient 0, with the fused
 // cross-entropy and with the chunked one (bf16, or the generic ops).
 TEST(CausalLMTest, LossOfABatchWithNothingScoredIsZeroWithZeroGradients) {
-  for (const auto& [dtype, generic] :
-       std::vector<std::pair<torch::ScalarType, bool>>{{torch::kFloat32, false},
-                                                       {torch::kBFloat16, false},
-                                                       {torch::kFloat32, true}}) {
+  for (const auto& [dtype, generic] : std::vector<std::pair<torch::ScalarType, bool>>{
+           {torch::kFloat32, false}, {torch::kBFloat16, false}, {torch::kFloat32, true}}) {
     SCOPED_TRACE(std::string(c10::toString(dtype)) + (generic ? " generic" : " fused"));
     std::shared_ptr<CausalLM> model = Make(Small());
     model->to(dtype);

@@ -404,8 +404,8 @@ torch::ScalarType CrossEntropyDtype(torch::ScalarType dtype) {
 }
 
 int64_t CrossEntropyChunkRows(int64_t vocab, torch::ScalarType dtype) {
-  const int64_t row_bytes =
-      std::max<int64_t>(vocab, 1) * static_cast<int64_t>(c10::elementSize(CrossEntropyDtype(dtype)));
+  const int64_t row_bytes = std::max<int64_t>(vocab, 1) *
+                            static_cast<int64_t>(c10::elementSize(CrossEntropyDtype(dtype)));
   return std::max<int64_t>(kCrossEntropyChunkBytes / row_bytes, 1);
 }
 

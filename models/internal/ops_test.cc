@@ -194,8 +194,8 @@ TEST(TokenCrossEntropyTest, MatchesTheComposite) {
           what + " mean");
       const torch::Tensor losses = TokenCrossEntropy(inputs[0], targets, -100, chunk_rows);
       EXPECT_EQ(losses.scalar_type(), torch::kFloat32) << what;
-      EXPECT_TRUE(torch::equal(losses.masked_select(targets == -100),
-                               torch::zeros({4}, torch::kFloat32)))
+      EXPECT_TRUE(
+          torch::equal(losses.masked_select(targets == -100), torch::zeros({4}, torch::kFloat32)))
           << what;
     }
   }
@@ -226,7 +226,8 @@ TEST(TokenCrossEntropyTest, ABadTargetThrowsOnTheCpu) {
 }
 
 TEST(TokenCrossEntropyTest, ChunkRowsFillTheByteBudget) {
-  EXPECT_EQ(CrossEntropyChunkRows(128256, torch::kBFloat16), kCrossEntropyChunkBytes / (128256 * 4));
+  EXPECT_EQ(CrossEntropyChunkRows(128256, torch::kBFloat16),
+            kCrossEntropyChunkBytes / (128256 * 4));
   EXPECT_EQ(CrossEntropyChunkRows(1024, torch::kFloat32), kCrossEntropyChunkBytes / 4096);
   EXPECT_EQ(CrossEntropyChunkRows(1024, torch::kFloat64), kCrossEntropyChunkBytes / 8192);
   EXPECT_EQ(CrossEntropyChunkRows(kCrossEntropyChunkBytes, torch::kFloat32), 1);
