@@ -37,22 +37,24 @@ Result Run(const Op& op, const std::vector<torch::Tensor>& inputs, const torch::
   return result;
 }
 
-// bf16 results are compared with the float reference: a few of bf16's 2^-8 rounding steps.
+// 16-bit results are compared with the float reference: a few of bf16's 2^-8 rounding steps,
+// or of fp16's 2^-11.
 double Tolerance(torch::ScalarType dtype) {
   if (dtype == torch::kBFloat16) return 1e-2;
+  if (dtype == torch::kHalf) return 2e-3;
   return dtype == torch::kFloat64 ? 1e-12 : 1e-5;
 }
 
 // fused and reference agree on the output and on every gradient, relative to each tensor's
-// largest magnitude. For bf16 inputs the reference runs on their float values: fused bf16
-// must be as close to the exact result as bf16 storage allows.
+// largest magnitude. For 16-bit inputs the reference runs on their float values: fused bf16
+// (or fp16) must be as close to the exact result as its storage allows.
 void ExpectSame(const Op& fused, const Op& reference, const std::vector<torch::Tensor>& inputs,
                 const std::string& what) {
   SCOPED_TRACE(what);
   std::vector<torch::Tensor> reference_inputs;
   for (const torch::Tensor& input : inputs) {
     reference_inputs.push_back(
-        input.scalar_type() == torch::kBFloat16
+        c10::elementSize(input.scalar_type()) == 2
             ? input.detach().to(torch::kFloat32).requires_grad_(input.requires_grad())
             : input);
   }
@@ -169,13 +171,13 @@ torch::Tensor ReferenceTokenLosses(const torch::Tensor& logits, const torch::Ten
 }
 
 // Per-token values and logit gradients against log_softmax + gather, and their mean against
-// the composite cross-entropy; bf16 logits against the reference on their float values. Chunks
-// of 1 row, of rows that do not divide the 13 rows, and one chunk of them all.
+// the composite cross-entropy; 16-bit logits against the reference on their float values.
+// Chunks of 1 row, of rows that do not divide the 13 rows, and one chunk of them all.
 TEST(TokenCrossEntropyTest, MatchesTheComposite) {
   const int64_t rows = 13;
   const int64_t vocab = 37;
   const torch::Tensor targets = TargetsWithIgnored(rows, vocab);
-  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
     for (const int64_t chunk_rows : {int64_t{1}, int64_t{4}, int64_t{5}, rows, int64_t{100}}) {
       const std::string what =
           std::string(torch::toString(dtype)) + " chunk_rows " + std::to_string(chunk_rows);
