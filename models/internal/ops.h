@@ -50,7 +50,8 @@ torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
 // is not ignore_index (NaN when there are none), as torch::nn::functional::cross_entropy:
 // FusedCrossEntropy where FusedCrossEntropyServes the logits and not `generic`, else the mean
 // of TokenCrossEntropy's values, in CrossEntropyDtype. For a target outside [0, vocab) other
-// than ignore_index the fused form throws c10::Error, and TokenCrossEntropy does what it says.
+// than ignore_index the fused form throws c10::Error (it reads the targets on the host);
+// TokenCrossEntropy's behaviour is described below.
 torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                            int64_t ignore_index, bool generic);
 // Whether FusedCrossEntropy serves logits of `dtype` on `device_type`: CPU float and double.
@@ -76,8 +77,8 @@ torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Te
 // on the CPU and fails a device-side assertion on CUDA (which poisons the CUDA context).
 torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                 int64_t ignore_index);
-// As above with `chunk_rows` (> 0) rows per chunk in place of CrossEntropyChunkRows(vocab):
-// for tests that cross chunk boundaries with small tensors.
+// As above with `chunk_rows` (> 0) rows per chunk in place of CrossEntropyChunkRows(vocab,
+// dtype): for tests that cross chunk boundaries with small tensors.
 torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                 int64_t ignore_index, int64_t chunk_rows);
 // The dtype TokenCrossEntropy computes and returns in for logits of `dtype`: float for 16-bit
