@@ -1,5 +1,6 @@
 #include "models/causal_lm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -122,14 +123,20 @@ double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len
           ? tokens * (2.0 * h * element +
                       static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype))))
           : CompositeRmsNormBytes(tokens, h, dtype);
-  // The loss scores fp32 logits [tokens, vocab]. The fused cross-entropy keeps them and a
-  // log-sum-exp per token, and its backward makes their gradient before it frees them. The
-  // composite one (log_softmax, then nll_loss: the GPU's) keeps log_softmax's output instead,
-  // and its backward holds that, its gradient and the logits' gradient at once.
-  const double logits = tokens * static_cast<double>(config.vocab_size()) * sizeof(float);
-  const double loss = internal::FusedFormsServe(torch::kFloat32, device_type)
-                          ? 2.0 * logits + tokens * sizeof(float)
-                          : 3.0 * logits;
+  // The loss keeps the logits [tokens, vocab] in `dtype` and a log-sum-exp per token in
+  // CrossEntropyDtype, and its backward makes the logits' gradient, in `dtype`, before it frees
+  // them. The chunked cross-entropy (internal::TokenCrossEntropy: every case but the fused
+  // kernel's) computes 16-bit logits' softmax a chunk of rows at a time in fp32 beside that
+  // gradient; it writes wider logits' softmax into the gradient itself.
+  const double vocab = static_cast<double>(config.vocab_size());
+  const torch::ScalarType wide = internal::CrossEntropyDtype(dtype);
+  const double wide_element = static_cast<double>(c10::elementSize(wide));
+  double loss = 2.0 * tokens * vocab * element + tokens * wide_element;
+  if (!internal::FusedCrossEntropyServes(dtype, device_type) && wide != dtype) {
+    const double chunk_rows =
+        static_cast<double>(internal::CrossEntropyChunkRows(config.vocab_size(), dtype));
+    loss += std::min(tokens, chunk_rows) * vocab * wide_element;
+  }
   return BlockActivationBytes(config, batch, seq_len, dtype, device_type) *
              static_cast<double>(config.num_hidden_layers()) +
          final_norm + loss;
@@ -391,9 +398,10 @@ torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& t
     const torch::Tensor scored = (targets != ignore_index).sum().clamp_min(1).to(torch::kFloat32);
     return TensorParallelTokenLosses(tokens, targets, ignore_index).sum() / scored;
   }
-  // 16-bit logits are scored in fp32, as Hugging Face's models do: the loss of a 32K-way
-  // softmax needs more than bf16's 8 bits of mantissa.
-  const torch::Tensor logits = Forward(tokens).to(torch::kFloat32);
+  // 16-bit logits are scored in fp32, as Hugging Face's models do (the loss of a 32K-way
+  // softmax needs more than bf16's 8 bits of mantissa), a chunk of rows at a time
+  // (internal::TokenCrossEntropy): no fp32 copy of the whole logits.
+  const torch::Tensor logits = Forward(tokens);
   const torch::Tensor mean = internal::CrossEntropy(
       logits.view({-1, logits.size(-1)}), targets.reshape({-1}), ignore_index, generic_ops_);
   // With nothing scored the mean is NaN, but its backward writes only the scored rows: the
@@ -407,12 +415,13 @@ torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torc
   if (context_.tp != nullptr) {
     return -TensorParallelTokenLosses(tokens, targets, ignore_index).sum(-1);
   }
-  const torch::Tensor log_probs =
-      torch::log_softmax(Forward(tokens).to(torch::kFloat32), /*dim=*/-1);
-  const torch::Tensor keep = targets != ignore_index;
-  const torch::Tensor safe_targets = torch::where(keep, targets, torch::zeros_like(targets));
-  const torch::Tensor picked = log_probs.gather(-1, safe_targets.unsqueeze(-1)).squeeze(-1);
-  return (picked * keep.to(picked.scalar_type())).sum(-1);
+  // The token losses are 0 where the target is ignored; fp32 (for 16-bit logits too) and
+  // computed a chunk of rows at a time, whatever the path.
+  const torch::Tensor logits = Forward(tokens);
+  return -internal::TokenCrossEntropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
+                                      ignore_index)
+              .view(targets.sizes())
+              .sum(-1);
 }
 
 wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) const {

@@ -61,10 +61,11 @@ int64_t NumParameters(const ModelConfig& config);
 // ops save in the forward for the backward (models/internal/ops.h), which depends on whether
 // the fused forms serve the dtype (on the CPU: fp32, fp64, bf16) and, where they do not, on whether
 // the LibTorch has a fused attention (base/torch_compat.h); plus, outside the blocks, the final
-// norm's and the loss's: the fp32 logits the loss keeps and their gradient (and, on a GPU,
-// the composite loss's gradient of its log-softmax), all alive when the loss's backward runs,
-// which is the peak (every later backward frees more activations than the gradients it
-// makes). For memory estimates; a GPU's is tested on the CPU through the generic ops.
+// norm's and the loss's: the logits the loss keeps (in `dtype`), a log-sum-exp per token and
+// the logits' gradient (and, for 16-bit logits, the chunked cross-entropy's one fp32 chunk of
+// rows), all alive when the loss's backward runs, which is the peak (every later backward
+// frees more activations than the gradients it makes). For memory estimates; a GPU's is
+// tested on the CPU through the generic ops.
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
                        torch::ScalarType dtype, torch::DeviceType device_type);
 

@@ -274,16 +274,23 @@ TEST(CausalLMTest, LossIgnoresIgnoreIndexAndMatchesSequenceLogProbs) {
 }
 
 // A micro-batch that scores nothing (an SFT batch of prompts alone) adds nothing to a step:
-// its loss is 0, not PyTorch's NaN, and its backward leaves every gradient 0.
+// its loss is 0, not PyTorch's NaN, and its backward leaves every gradient 0, with the fused
+// cross-entropy and with the chunked one (bf16, or the generic ops).
 TEST(CausalLMTest, LossOfABatchWithNothingScoredIsZeroWithZeroGradients) {
-  std::shared_ptr<CausalLM> model = Make(Small());
-  const torch::Tensor loss =
-      model->Loss(Tokens(2, 8, 97, 9), torch::full({2, 8}, kIgnoreIndex, torch::kInt64));
-  EXPECT_EQ(loss.item<float>(), 0.0f);
-  loss.backward();
-  for (const torch::Tensor& parameter : model->parameters()) {
-    ASSERT_TRUE(parameter.grad().defined());
-    EXPECT_EQ(parameter.grad().abs().max().item<float>(), 0.0f);
+  for (const auto& [dtype, generic] : std::vector<std::pair<torch::ScalarType, bool>>{
+           {torch::kFloat32, false}, {torch::kBFloat16, false}, {torch::kFloat32, true}}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)) + (generic ? " generic" : " fused"));
+    std::shared_ptr<CausalLM> model = Make(Small());
+    model->to(dtype);
+    internal::UseGenericOps(*model, generic);
+    const torch::Tensor loss =
+        model->Loss(Tokens(2, 8, 97, 9), torch::full({2, 8}, kIgnoreIndex, torch::kInt64));
+    EXPECT_EQ(loss.item<float>(), 0.0f);
+    loss.backward();
+    for (const torch::Tensor& parameter : model->parameters()) {
+      ASSERT_TRUE(parameter.grad().defined());
+      EXPECT_EQ(parameter.grad().abs().max().item<float>(), 0.0f);
+    }
   }
 }
 

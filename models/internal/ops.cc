@@ -1,5 +1,6 @@
 #include "models/internal/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -180,6 +181,75 @@ struct CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunct
   }
 };
 
+struct TokenCrossEntropyFunction : public torch::autograd::Function<TokenCrossEntropyFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, int64_t ignore_index,
+                               int64_t chunk_rows) {
+    RECORD_FUNCTION("plait::TokenCrossEntropy", {});
+    TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
+                "TokenCrossEntropy: targets ", targets.sizes(), " do not match logits ",
+                logits.sizes());
+    TORCH_CHECK(chunk_rows > 0, "TokenCrossEntropy: chunk_rows ", chunk_rows, " must be > 0");
+    const int64_t rows = logits.size(0);
+    const torch::ScalarType wide = CrossEntropyDtype(logits.scalar_type());
+    torch::Tensor losses = torch::empty({rows}, logits.options().dtype(wide));
+    torch::Tensor lse = torch::empty({rows}, logits.options().dtype(wide));
+    for (int64_t begin = 0; begin < rows; begin += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - begin);
+      const torch::Tensor chunk = logits.narrow(0, begin, n);
+      const torch::Tensor target = targets.narrow(0, begin, n);
+      const torch::Tensor ignored = target == ignore_index;
+      // The log-sum-exp shifted by each row's maximum (by 0 where that is infinite, as
+      // torch::logsumexp does), exponentiated in place in the chunk's one wide copy.
+      torch::Tensor shifted = chunk.to(wide, /*non_blocking=*/false, /*copy=*/true);
+      torch::Tensor max = torch::amax(shifted, {1}, /*keepdim=*/true);
+      max.masked_fill_(max.isinf(), 0.0);
+      torch::Tensor chunk_lse = lse.narrow(0, begin, n);
+      chunk_lse.copy_(shifted.sub_(max).exp_().sum(1)).log_().add_(max.squeeze(1));
+      const torch::Tensor picked =
+          chunk.gather(1, target.masked_fill(ignored, 0).unsqueeze(1)).squeeze(1);
+      losses.narrow(0, begin, n).copy_(chunk_lse - picked).masked_fill_(ignored, 0.0);
+    }
+    ctx->save_for_backward({logits, targets, lse});
+    ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->saved_data["chunk_rows"] = chunk_rows;
+    return losses;
+  }
+
+  // d loss[i] / d logits[i] = softmax(logits[i]) - onehot(target[i]), times the incoming
+  // gradient of row i, 0 for ignored rows; the softmax recomputed per chunk from the saved
+  // log-sum-exp, in the wide dtype: in the gradient itself when that is wide, else in one wide
+  // chunk then rounded into it.
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const tensor_list saved = ctx->get_saved_variables();
+    const torch::Tensor& logits = saved[0];
+    const torch::Tensor& targets = saved[1];
+    const torch::Tensor& lse = saved[2];
+    const int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
+    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    const int64_t rows = logits.size(0);
+    const torch::ScalarType wide = lse.scalar_type();
+    torch::Tensor dlogits = torch::empty(logits.sizes(), logits.options());
+    for (int64_t begin = 0; begin < rows; begin += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - begin);
+      const torch::Tensor target = targets.narrow(0, begin, n);
+      const torch::Tensor ignored = target == ignore_index;
+      const torch::Tensor scale =
+          grads[0].narrow(0, begin, n).masked_fill(ignored, 0.0).unsqueeze(1);
+      torch::Tensor dchunk = dlogits.narrow(0, begin, n);
+      torch::Tensor probs =
+          dlogits.scalar_type() == wide ? dchunk : torch::empty(dchunk.sizes(), lse.options());
+      probs.copy_(logits.narrow(0, begin, n))
+          .sub_(lse.narrow(0, begin, n).unsqueeze(1))
+          .exp_()
+          .mul_(scale);
+      probs.scatter_add_(1, target.masked_fill(ignored, 0).unsqueeze(1), -scale);
+      if (!probs.is_same(dchunk)) dchunk.copy_(probs);
+    }
+    return {dlogits, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 AttentionShape ShapeOf(const torch::Tensor& q, const torch::Tensor& k) {
   return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
 }
@@ -295,11 +365,16 @@ torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
 
 torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                            int64_t ignore_index, bool generic) {
-  // The model scores 16-bit logits in float (causal_lm.cc): no bf16 cross-entropy kernel.
-  const bool fusable = !generic && Fusable({logits}) && logits.scalar_type() != torch::kBFloat16 &&
-                       targets.device().is_cpu() && targets.scalar_type() == torch::kInt64;
-  return fusable ? FusedCrossEntropy(logits, targets, ignore_index)
-                 : CompositeCrossEntropy(logits, targets, ignore_index);
+  const bool fusable = !generic &&
+                       FusedCrossEntropyServes(logits.scalar_type(), logits.device().type()) &&
+                       logits.layout() == torch::kStrided && targets.device().is_cpu() &&
+                       targets.scalar_type() == torch::kInt64;
+  if (fusable) return FusedCrossEntropy(logits, targets, ignore_index);
+  return TokenCrossEntropy(logits, targets, ignore_index).sum() / (targets != ignore_index).sum();
+}
+
+bool FusedCrossEntropyServes(torch::ScalarType dtype, torch::DeviceType device_type) {
+  return device_type == torch::kCPU && (dtype == torch::kFloat32 || dtype == torch::kFloat64);
 }
 
 torch::Tensor FusedCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
@@ -311,6 +386,27 @@ torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Te
                                     int64_t ignore_index) {
   return torch::nn::functional::cross_entropy(
       logits, targets, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(ignore_index));
+}
+
+torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                int64_t ignore_index) {
+  return TokenCrossEntropy(logits, targets, ignore_index,
+                           CrossEntropyChunkRows(logits.size(-1), logits.scalar_type()));
+}
+
+torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                int64_t ignore_index, int64_t chunk_rows) {
+  return TokenCrossEntropyFunction::apply(logits, targets, ignore_index, chunk_rows);
+}
+
+torch::ScalarType CrossEntropyDtype(torch::ScalarType dtype) {
+  return c10::promoteTypes(dtype, torch::kFloat32);
+}
+
+int64_t CrossEntropyChunkRows(int64_t vocab, torch::ScalarType dtype) {
+  const int64_t row_bytes = std::max<int64_t>(vocab, 1) *
+                            static_cast<int64_t>(c10::elementSize(CrossEntropyDtype(dtype)));
+  return std::max<int64_t>(kCrossEntropyChunkBytes / row_bytes, 1);
 }
 
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,

@@ -4,8 +4,9 @@
 // and bf16, computed in float for bf16) and Composite* (the ATen composite, for every device
 // and dtype, and the reference the fused forms are tested against). The unprefixed functions
 // pick the fused form when every input is a CPU tensor of one of those dtypes (float or
-// double for the cross-entropy), else the generic one (the composite, or LibTorch's own fused
-// attention), which is what a GPU runs. `generic` takes the generic forms on the CPU too, so
+// double for the cross-entropy), else the generic one (the composite, LibTorch's own fused
+// attention, or for the cross-entropy TokenCrossEntropy, which keeps no [N, vocab] tensor of
+// its own), which is what a GPU runs. `generic` takes the generic forms on the CPU too, so
 // that the GPU's path runs, and is tested, where there is no GPU:
 //
 //   torch::Tensor y = RmsNorm(x, weight, eps, /*generic=*/false);  // fused on the CPU
@@ -46,15 +47,50 @@ torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
                           const torch::Tensor& sin);
 
 // Mean cross-entropy of logits [N, vocab] against int64 targets [N] over the rows whose target
-// is not ignore_index (NaN when there are none), as torch::nn::functional::cross_entropy.
-// Throws c10::Error, as the composite does, for a target outside [0, vocab) other than
-// ignore_index.
+// is not ignore_index (NaN when there are none), as torch::nn::functional::cross_entropy:
+// FusedCrossEntropy where FusedCrossEntropyServes the logits and not `generic`, else the mean
+// of TokenCrossEntropy's values, in CrossEntropyDtype. For a target outside [0, vocab) other
+// than ignore_index the fused form throws c10::Error (it reads the targets on the host);
+// TokenCrossEntropy's behaviour is described below.
 torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                            int64_t ignore_index, bool generic);
+// Whether FusedCrossEntropy serves logits of `dtype` on `device_type`: CPU float and double.
+bool FusedCrossEntropyServes(torch::ScalarType dtype, torch::DeviceType device_type);
 torch::Tensor FusedCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                 int64_t ignore_index);
 torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                     int64_t ignore_index);
+
+// The cross-entropy of each row of logits [N, vocab] (float, double, bf16 or fp16, on any
+// device) against int64 targets [N]: logsumexp(row) - row[target], 0 where the target is
+// ignore_index, [N] in CrossEntropyDtype. A custom autograd function of LibTorch ops that keeps
+// the logits themselves (no copy) and the log-sum-exp [N] for its backward, and takes
+// `chunk_rows` rows at a time in CrossEntropyDtype, so that beside the logits it never holds
+// more than one such chunk [chunk_rows, vocab] and, in backward, the logits' gradient (in
+// their dtype). Per-token values serve both a mean loss and per-sequence sums (DPO):
+//
+//   const torch::Tensor losses = TokenCrossEntropy(logits, targets, -100);
+//   const torch::Tensor mean = losses.sum() / (targets != -100).sum();
+//
+// Nothing is read back to the host: a target outside [0, vocab) other than ignore_index is
+// not checked as such; it reaches the gather of the target's logit, which throws c10::Error
+// on the CPU and fails a device-side assertion on CUDA (which poisons the CUDA context).
+torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                int64_t ignore_index);
+// As above with `chunk_rows` (> 0) rows per chunk in place of CrossEntropyChunkRows(vocab,
+// dtype): for tests that cross chunk boundaries with small tensors.
+torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                int64_t ignore_index, int64_t chunk_rows);
+// The dtype TokenCrossEntropy computes and returns in for logits of `dtype`: float for 16-bit
+// logits and float, double for double.
+torch::ScalarType CrossEntropyDtype(torch::ScalarType dtype);
+// TokenCrossEntropy's rows per chunk for `vocab` columns of logits of `dtype`: as many as
+// kCrossEntropyChunkBytes of CrossEntropyDtype(dtype) hold, at least 1.
+int64_t CrossEntropyChunkRows(int64_t vocab, torch::ScalarType dtype);
+// TokenCrossEntropy's bound on one chunk: small beside a GPU's memory and beside the logits it
+// scores (one fp32 copy of Llama-3's 128256-way logits at 8192 tokens is 4.2 GB), yet few
+// enough chunks (16 there) that their kernel launches do not matter.
+inline constexpr int64_t kCrossEntropyChunkBytes = int64_t{256} << 20;
 
 // Causal grouped-query attention with scale 1 / sqrt(d): q [B, T, H, d], k and v
 // [B, T, KV, d] with KV dividing H (query head h reads kv head h / (H / KV)) -> [B, T, H, d].

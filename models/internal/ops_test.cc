@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "base/allocation_counter.h"
 #include "base/torch_compat.h"
 #include "gtest/gtest.h"
 #include "models/internal/fused_kernels.h"
@@ -35,22 +37,24 @@ Result Run(const Op& op, const std::vector<torch::Tensor>& inputs, const torch::
   return result;
 }
 
-// bf16 results are compared with the float reference: a few of bf16's 2^-8 rounding steps.
+// 16-bit results are compared with the float reference: a few of bf16's 2^-8 rounding steps,
+// or of fp16's 2^-11.
 double Tolerance(torch::ScalarType dtype) {
   if (dtype == torch::kBFloat16) return 1e-2;
+  if (dtype == torch::kHalf) return 2e-3;
   return dtype == torch::kFloat64 ? 1e-12 : 1e-5;
 }
 
 // fused and reference agree on the output and on every gradient, relative to each tensor's
-// largest magnitude. For bf16 inputs the reference runs on their float values: fused bf16
-// must be as close to the exact result as bf16 storage allows.
+// largest magnitude. For 16-bit inputs the reference runs on their float values: fused bf16
+// (or fp16) must be as close to the exact result as its storage allows.
 void ExpectSame(const Op& fused, const Op& reference, const std::vector<torch::Tensor>& inputs,
                 const std::string& what) {
   SCOPED_TRACE(what);
   std::vector<torch::Tensor> reference_inputs;
   for (const torch::Tensor& input : inputs) {
     reference_inputs.push_back(
-        input.scalar_type() == torch::kBFloat16
+        c10::elementSize(input.scalar_type()) == 2
             ? input.detach().to(torch::kFloat32).requires_grad_(input.requires_grad())
             : input);
   }
@@ -149,6 +153,126 @@ TEST(CrossEntropyTest, AllIgnoredIsNanAndABadTargetThrows) {
                c10::Error);
 }
 
+// Targets for [rows, vocab] logits with rows 1, 2 and every 5th from 7 ignored (-100).
+torch::Tensor TargetsWithIgnored(int64_t rows, int64_t vocab) {
+  torch::manual_seed(23);
+  torch::Tensor targets = torch::randint(vocab, {rows}, torch::kInt64);
+  targets.index_put_({torch::indexing::Slice(1, 3)}, -100);
+  targets.index_put_({torch::indexing::Slice(7, torch::indexing::None, 5)}, -100);
+  return targets;
+}
+
+// The reference per-token loss: -log_softmax gathered at the target, 0 where ignored.
+torch::Tensor ReferenceTokenLosses(const torch::Tensor& logits, const torch::Tensor& targets) {
+  const torch::Tensor kept = targets != -100;
+  const torch::Tensor picked =
+      torch::log_softmax(logits, -1).gather(1, targets.masked_fill(~kept, 0).unsqueeze(1));
+  return -picked.squeeze(1) * kept.to(logits.scalar_type());
+}
+
+// Per-token values and logit gradients against log_softmax + gather, and their mean against
+// the composite cross-entropy; 16-bit logits against the reference on their float values.
+// Chunks of 1 row, of rows that do not divide the 13 rows, and one chunk of them all.
+TEST(TokenCrossEntropyTest, MatchesTheComposite) {
+  const int64_t rows = 13;
+  const int64_t vocab = 37;
+  const torch::Tensor targets = TargetsWithIgnored(rows, vocab);
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+    for (const int64_t chunk_rows : {int64_t{1}, int64_t{4}, int64_t{5}, rows, int64_t{100}}) {
+      const std::string what =
+          std::string(torch::toString(dtype)) + " chunk_rows " + std::to_string(chunk_rows);
+      const std::vector<torch::Tensor> inputs = {
+          (Random({rows, vocab}, dtype, 24, /*requires_grad=*/false) * 3).requires_grad_()};
+      ExpectSame(
+          [&](const auto& in) { return TokenCrossEntropy(in[0], targets, -100, chunk_rows); },
+          [&](const auto& in) { return ReferenceTokenLosses(in[0], targets); }, inputs,
+          what + " per token");
+      ExpectSame(
+          [&](const auto& in) {
+            return TokenCrossEntropy(in[0], targets, -100, chunk_rows).sum() /
+                   (targets != -100).sum();
+          },
+          [&](const auto& in) { return CompositeCrossEntropy(in[0], targets, -100); }, inputs,
+          what + " mean");
+      const torch::Tensor losses = TokenCrossEntropy(inputs[0], targets, -100, chunk_rows);
+      EXPECT_EQ(losses.scalar_type(), torch::kFloat32) << what;
+      EXPECT_TRUE(
+          torch::equal(losses.masked_select(targets == -100), torch::zeros({4}, torch::kFloat32)))
+          << what;
+    }
+  }
+}
+
+TEST(TokenCrossEntropyTest, AllIgnoredGivesZerosAndZeroGradients) {
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    SCOPED_TRACE(torch::toString(dtype));
+    const torch::Tensor logits = Random({6, 11}, dtype, 25);
+    const torch::Tensor targets = torch::full({6}, -100, torch::kInt64);
+    const torch::Tensor losses = TokenCrossEntropy(logits, targets, -100, 4);
+    EXPECT_TRUE(torch::equal(losses, torch::zeros({6}, torch::kFloat32)));
+    (losses * torch::randn({6})).sum().backward();
+    EXPECT_EQ(logits.grad().scalar_type(), dtype);
+    EXPECT_EQ(logits.grad().abs().max().item<float>(), 0.0f);
+    // The mean of nothing is NaN, as the composite's.
+    EXPECT_TRUE(std::isnan(CrossEntropy(logits, targets, -100, /*generic=*/true).item<float>()));
+  }
+}
+
+// On the CPU a target outside [0, vocab) that is not ignore_index fails the gather.
+TEST(TokenCrossEntropyTest, ABadTargetThrowsOnTheCpu) {
+  const torch::Tensor logits = Random({3, 5}, torch::kBFloat16, 26);
+  EXPECT_THROW(TokenCrossEntropy(logits, torch::tensor({0, 5, 1}, torch::kInt64), -100),
+               c10::Error);
+  EXPECT_THROW(TokenCrossEntropy(logits, torch::tensor({0, -1, 1}, torch::kInt64), -100),
+               c10::Error);
+}
+
+TEST(TokenCrossEntropyTest, ChunkRowsFillTheByteBudget) {
+  EXPECT_EQ(CrossEntropyChunkRows(128256, torch::kBFloat16),
+            kCrossEntropyChunkBytes / (128256 * 4));
+  EXPECT_EQ(CrossEntropyChunkRows(1024, torch::kFloat32), kCrossEntropyChunkBytes / 4096);
+  EXPECT_EQ(CrossEntropyChunkRows(1024, torch::kFloat64), kCrossEntropyChunkBytes / 8192);
+  EXPECT_EQ(CrossEntropyChunkRows(kCrossEntropyChunkBytes, torch::kFloat32), 1);
+}
+
+// The bytes LibTorch's CPU allocator holds at most, beyond the logits, while `loss` runs on
+// them and its backward: the logits' gradient included.
+int64_t PeakBytesOfLossAndBackward(const torch::Tensor& logits,
+                                   const std::function<torch::Tensor(const torch::Tensor&)>& loss) {
+  const torch::Tensor leaf = logits.detach().requires_grad_();
+  base::AllocationCounter counter;
+  {
+    base::AllocationCounter::Scope counting(counter);
+    loss(leaf).backward();
+  }
+  return counter.peak();
+}
+
+// For bf16 logits [N, V] the chunked cross-entropy holds, beside them, their bf16 gradient,
+// one fp32 chunk and [N]-sized vectors; the fp32 upcast and the composite (the path a GPU took
+// before) hold 3 to 4 fp32 [N, V] tensors at once.
+TEST(TokenCrossEntropyTest, PeakMemoryIsTheGradientAndOneChunk) {
+  const int64_t rows = 1024;
+  const int64_t vocab = 4096;
+  const int64_t chunk_rows = 64;
+  const torch::Tensor logits = Random({rows, vocab}, torch::kBFloat16, 27, false);
+  const torch::Tensor targets = TargetsWithIgnored(rows, vocab);
+  const int64_t chunked = PeakBytesOfLossAndBackward(logits, [&](const torch::Tensor& l) {
+    return TokenCrossEntropy(l, targets, -100, chunk_rows).sum() / (targets != -100).sum();
+  });
+  const int64_t composite = PeakBytesOfLossAndBackward(logits, [&](const torch::Tensor& l) {
+    return CompositeCrossEntropy(l.to(torch::kFloat32), targets, -100);
+  });
+  const int64_t gradient = rows * vocab * 2;
+  const int64_t chunk = chunk_rows * vocab * 4;
+  const int64_t bound = gradient + chunk + rows * 64;
+  std::cout << "bf16 logits [" << rows << ", " << vocab << "]: peak " << chunked
+            << " bytes chunked (" << chunk_rows << " rows), " << composite
+            << " upcast + composite; bound " << bound << "\n";
+  EXPECT_LE(chunked, bound);
+  EXPECT_GT(composite, bound);
+}
+
 // The composite attention's additive mask for `groups` query heads per kv head, in the dtype
 // ExpectSame's reference runs in for inputs of `dtype`.
 torch::Tensor CausalMask(int64_t seq, int64_t groups, torch::ScalarType dtype) {
@@ -235,6 +359,23 @@ TEST(CausalAttentionTest, NoPositionSeesALaterOne) {
 
 std::string GradFnName(const torch::Tensor& t) { return t.grad_fn()->name(); }
 
+// Whether t's backward graph has a node of the custom autograd function (the struct) `name`:
+// LibTorch names such a node torch::autograd::CppNode<qualified name>.
+bool GraphHas(const torch::Tensor& t, const std::string& name) {
+  const std::string needle = "::" + name + ">";
+  std::vector<torch::autograd::Node*> pending = {t.grad_fn().get()};
+  while (!pending.empty()) {
+    torch::autograd::Node* node = pending.back();
+    pending.pop_back();
+    if (node == nullptr) continue;
+    if (node->name().find(needle) != std::string::npos) return true;
+    for (const torch::autograd::Edge& edge : node->next_edges()) {
+      pending.push_back(edge.function.get());
+    }
+  }
+  return false;
+}
+
 TEST(DispatchTest, FusedForCpuFloatCompositeOtherwise) {
   const torch::Tensor x = Random({2, 3, 8}, torch::kFloat32, 12);
   const torch::Tensor w = Random({8}, torch::kFloat32, 13);
@@ -244,13 +385,14 @@ TEST(DispatchTest, FusedForCpuFloatCompositeOtherwise) {
   EXPECT_NE(GradFnName(CrossEntropy(x[0], targets, -100, false)).find("CrossEntropyFunction"),
             std::string::npos);
 
-  // bf16 on the CPU is fused too (computed in float), except the cross-entropy.
+  // bf16 on the CPU is fused too (computed in float), except the cross-entropy: chunked.
   const torch::Tensor xb = x.detach().to(torch::kBFloat16).requires_grad_();
   const torch::Tensor wb = w.detach().to(torch::kBFloat16).requires_grad_();
   EXPECT_NE(GradFnName(RmsNorm(xb, wb, 1e-6, false)).find("RmsNormFunction"), std::string::npos);
   EXPECT_NE(GradFnName(SwiGlu(xb, xb, false)).find("SwiGluFunction"), std::string::npos);
-  EXPECT_EQ(GradFnName(CrossEntropy(xb[0], targets, -100, false)).find("CrossEntropyFunction"),
-            std::string::npos);
+  const torch::Tensor bf16_loss = CrossEntropy(xb[0], targets, -100, false);
+  EXPECT_FALSE(GraphHas(bf16_loss, "CrossEntropyFunction"));
+  EXPECT_TRUE(GraphHas(bf16_loss, "TokenCrossEntropyFunction"));
   const torch::Tensor qb = Random({1, 4, 2, 8}, torch::kBFloat16, 14);
   const torch::Tensor attention = CausalAttention(qb, qb, qb, torch::Tensor(), false);
   EXPECT_EQ(attention.scalar_type(), torch::kBFloat16);
@@ -283,9 +425,8 @@ TEST(DispatchTest, GenericTakesTheGpuFormsOnTheCpu) {
     EXPECT_TRUE(torch::allclose(attention, FusedCausalAttention(q, kv, kv), 1e-2, 1e-2));
   }
   const torch::Tensor logits = Random({3, 5}, torch::kFloat32, 16);
-  EXPECT_EQ(GradFnName(CrossEntropy(logits, torch::zeros({3}, torch::kInt64), -100, true))
-                .find("CrossEntropyFunction"),
-            std::string::npos);
+  EXPECT_TRUE(GraphHas(CrossEntropy(logits, torch::zeros({3}, torch::kInt64), -100, true),
+                       "TokenCrossEntropyFunction"));
 }
 
 }  // namespace
