@@ -385,7 +385,8 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
 torch::Tensor CausalLM::TensorParallelTokenLosses(const torch::Tensor& tokens,
                                                   const torch::Tensor& targets,
                                                   int64_t ignore_index) {
-  const torch::Tensor logits = Forward(tokens).to(torch::kFloat32);
+  // Scored in the logits' dtype, fp32 a chunk of rows at a time (VocabParallelCrossEntropy).
+  const torch::Tensor logits = Forward(tokens);
   return context_.tp
       ->TokenCrossEntropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}), ignore_index)
       .view(targets.sizes());

@@ -55,10 +55,11 @@ class TensorParallelOps {
   // along the sequence with sequence parallelism).
   virtual torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& weight) = 0;
 
-  // Per position, -log p(targets[i]) from this rank's vocabulary slice of fp32 `logits`
-  // [N, vocab / tp] and global `targets` [N], without gathering the logits; 0 where the
-  // target is `ignore_index`. Differentiable in `logits`. A vocabulary padded to a multiple
-  // of tp has padding columns at its end, which get no probability.
+  // Per position, -log p(targets[i]) from this rank's vocabulary slice of `logits`
+  // [N, vocab / tp] (any floating dtype, kept as it is; scored in fp32 for 16-bit logits)
+  // and global `targets` [N], without gathering the logits; 0 where the target is
+  // `ignore_index`. Differentiable in `logits`. A vocabulary padded to a multiple of tp has
+  // padding columns at its end, which get no probability and a zero gradient.
   virtual torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                           int64_t ignore_index) = 0;
 };

@@ -399,16 +399,6 @@ torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor
   return TokenCrossEntropyFunction::apply(logits, targets, ignore_index, chunk_rows);
 }
 
-torch::ScalarType CrossEntropyDtype(torch::ScalarType dtype) {
-  return c10::promoteTypes(dtype, torch::kFloat32);
-}
-
-int64_t CrossEntropyChunkRows(int64_t vocab, torch::ScalarType dtype) {
-  const int64_t row_bytes = std::max<int64_t>(vocab, 1) *
-                            static_cast<int64_t>(c10::elementSize(CrossEntropyDtype(dtype)));
-  return std::max<int64_t>(kCrossEntropyChunkBytes / row_bytes, 1);
-}
-
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask, bool generic) {
   if (!generic && Fusable({q, k, v})) return FusedCausalAttention(q, k, v);

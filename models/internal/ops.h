@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "base/cross_entropy_chunks.h"
 #include "torch/torch.h"
 
 namespace plait::models::internal {
@@ -81,16 +82,11 @@ torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor
 // dtype): for tests that cross chunk boundaries with small tensors.
 torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                 int64_t ignore_index, int64_t chunk_rows);
-// The dtype TokenCrossEntropy computes and returns in for logits of `dtype`: float for 16-bit
-// logits and float, double for double.
-torch::ScalarType CrossEntropyDtype(torch::ScalarType dtype);
-// TokenCrossEntropy's rows per chunk for `vocab` columns of logits of `dtype`: as many as
-// kCrossEntropyChunkBytes of CrossEntropyDtype(dtype) hold, at least 1.
-int64_t CrossEntropyChunkRows(int64_t vocab, torch::ScalarType dtype);
-// TokenCrossEntropy's bound on one chunk: small beside a GPU's memory and beside the logits it
-// scores (one fp32 copy of Llama-3's 128256-way logits at 8192 tokens is 4.2 GB), yet few
-// enough chunks (16 there) that their kernel launches do not matter.
-inline constexpr int64_t kCrossEntropyChunkBytes = int64_t{256} << 20;
+// The dtype TokenCrossEntropy computes and returns in, its rows per chunk and its bound on
+// one chunk: the chunking it shares with wrap/tp's vocabulary-parallel cross-entropy.
+using base::CrossEntropyChunkRows;
+using base::CrossEntropyDtype;
+using base::kCrossEntropyChunkBytes;
 
 // Causal grouped-query attention with scale 1 / sqrt(d): q [B, T, H, d], k and v
 // [B, T, KV, d] with KV dividing H (query head h reads kv head h / (H / KV)) -> [B, T, H, d].

@@ -1,6 +1,10 @@
 #include "wrap/tp/collective_ops.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
+
+#include "base/cross_entropy_chunks.h"
 
 namespace plait::wrap::tp {
 namespace {
@@ -83,40 +87,106 @@ struct ReduceScatterSequenceFunction : torch::autograd::Function<ReduceScatterSe
   }
 };
 
+// Where each target's column is among this rank's `real` columns of the vocabulary from
+// `vocab_start`: `held` [N] bool, and `column` [N] int64, the column where held, else 0.
+struct HeldTargets {
+  torch::Tensor held;
+  torch::Tensor column;
+};
+HeldTargets HeldTargetsOf(const torch::Tensor& targets, int64_t vocab_start, int64_t real) {
+  const torch::Tensor local = targets - vocab_start;
+  const torch::Tensor held = (local >= 0) & (local < real);
+  return {held, local.masked_fill(~held, 0)};
+}
+
 struct VocabParallelCrossEntropyFunction
     : torch::autograd::Function<VocabParallelCrossEntropyFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
-                               const torch::Tensor& targets, int64_t vocab_start,
-                               int64_t ignore_index, TpGroup* group) {
-    const int64_t columns = logits.size(1);
-    torch::Tensor max = std::get<0>(logits.max(/*dim=*/1)).contiguous();
+                               const torch::Tensor& targets, int64_t vocab_start, int64_t real,
+                               int64_t ignore_index, TpGroup* group, int64_t chunk_rows) {
+    TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
+                "VocabParallelCrossEntropy: targets ", targets.sizes(), " do not match logits ",
+                logits.sizes());
+    TORCH_CHECK(real >= 0 && real <= logits.size(1), "VocabParallelCrossEntropy: real columns ",
+                real, " outside [0, ", logits.size(1), "]");
+    TORCH_CHECK(chunk_rows > 0, "VocabParallelCrossEntropy: chunk_rows ", chunk_rows,
+                " must be > 0");
+    const int64_t rows = logits.size(0);
+    const torch::ScalarType wide = base::CrossEntropyDtype(logits.scalar_type());
+    const torch::TensorOptions wide_options = logits.options().dtype(wide);
+    const torch::Tensor scored = logits.narrow(1, 0, real);
+    // The row maxima are exact in the logits' dtype; a rank of padding only offers -inf.
+    torch::Tensor max =
+        real == 0 ? torch::full({rows}, -std::numeric_limits<double>::infinity(), wide_options)
+                  : torch::amax(scored, {1}).to(wide);
     group->Wait(group->communicator().AllReduce(max, parallel::ReduceOp::kMax));
-    torch::Tensor exp = (logits - max.unsqueeze(1)).exp_();
-    const torch::Tensor local = targets - vocab_start;
-    const torch::Tensor mine = (local >= 0) & (local < columns);
-    const torch::Tensor column = torch::where(mine, local, torch::zeros_like(local));
-    // Of the shifted logits: this rank's sum of exponentials and its target's value, if any
-    // (selected, not multiplied by `mine`: a padding column's -inf times 0 would be NaN).
-    const torch::Tensor picked = torch::where(
-        mine, logits.gather(1, column.unsqueeze(1)).squeeze(1) - max, torch::zeros_like(max));
-    torch::Tensor sums = torch::stack({exp.sum(1), picked});
+    // Shifted by 0 where the maximum is infinite, as torch::logsumexp does.
+    max.masked_fill_(max.isinf(), 0.0);
+    const HeldTargets mine = HeldTargetsOf(targets, vocab_start, real);
+    // Of the shifted logits: this rank's sums of exponentials and its targets' values, if any
+    // (selected, not multiplied by `held`: an infinite logit times 0 would be NaN).
+    torch::Tensor sums = torch::zeros({2, rows}, wide_options);
+    for (int64_t begin = 0; real > 0 && begin < rows; begin += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - begin);
+      const torch::Tensor chunk = scored.narrow(0, begin, n);
+      const torch::Tensor chunk_max = max.narrow(0, begin, n);
+      torch::Tensor shifted = chunk.to(wide, /*non_blocking=*/false, /*copy=*/true);
+      sums[0].narrow(0, begin, n).copy_(shifted.sub_(chunk_max.unsqueeze(1)).exp_().sum(1));
+      const torch::Tensor picked =
+          chunk.gather(1, mine.column.narrow(0, begin, n).unsqueeze(1)).squeeze(1).to(wide);
+      sums[1].narrow(0, begin, n).copy_(torch::where(mine.held.narrow(0, begin, n),
+                                                     picked - chunk_max,
+                                                     torch::zeros_like(chunk_max)));
+    }
     group->Wait(group->communicator().AllReduce(sums, parallel::ReduceOp::kSum));
-    const torch::Tensor kept = (targets != ignore_index).to(logits.scalar_type());
-    const torch::Tensor loss = (sums[0].log() - sums[1]) * kept;
-    exp.div_(sums[0].unsqueeze(1));  // the softmax, this rank's columns
-    ctx->save_for_backward({exp, column, mine, kept});
+    const torch::Tensor log_sum = sums[0].log();
+    const torch::Tensor lse = log_sum + max;
+    const torch::Tensor loss = (log_sum - sums[1]).masked_fill_(targets == ignore_index, 0.0);
+    ctx->save_for_backward({logits, targets, lse});
+    ctx->saved_data["vocab_start"] = vocab_start;
+    ctx->saved_data["real"] = real;
+    ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->saved_data["chunk_rows"] = chunk_rows;
     return loss;
   }
+
+  // d loss[i] / d logits[i] = softmax(full logits[i]) - onehot(target[i]) on this rank's real
+  // columns, times the incoming gradient of row i (0 for ignored rows); 0 on padding columns.
+  // The softmax is recomputed per chunk from the saved log-sum-exp in the wide dtype: in the
+  // gradient itself when that is wide, else in one wide chunk then rounded into it.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& softmax = saved[0];
-    const torch::Tensor& column = saved[1];
-    const torch::Tensor& mine = saved[2];
-    const torch::Tensor& kept = saved[3];
-    torch::Tensor grad = softmax.clone();
-    grad.scatter_add_(1, column.unsqueeze(1), -mine.to(grad.scalar_type()).unsqueeze(1));
-    grad.mul_((grads[0] * kept).unsqueeze(1));
-    return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const torch::Tensor& logits = saved[0];
+    const torch::Tensor& targets = saved[1];
+    const torch::Tensor& lse = saved[2];
+    const int64_t real = ctx->saved_data["real"].toInt();
+    const int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
+    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    const HeldTargets mine = HeldTargetsOf(targets, ctx->saved_data["vocab_start"].toInt(), real);
+    const int64_t rows = logits.size(0);
+    torch::Tensor dlogits = torch::empty(logits.sizes(), logits.options());
+    dlogits.narrow(1, real, logits.size(1) - real).zero_();
+    const torch::Tensor scored = dlogits.narrow(1, 0, real);
+    for (int64_t begin = 0; real > 0 && begin < rows; begin += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - begin);
+      const torch::Tensor scale = grads[0]
+                                      .narrow(0, begin, n)
+                                      .masked_fill(targets.narrow(0, begin, n) == ignore_index, 0.0)
+                                      .unsqueeze(1);
+      torch::Tensor dchunk = scored.narrow(0, begin, n);
+      torch::Tensor probs = dlogits.scalar_type() == lse.scalar_type()
+                                ? dchunk
+                                : torch::empty(dchunk.sizes(), lse.options());
+      probs.copy_(logits.narrow(0, begin, n).narrow(1, 0, real))
+          .sub_(lse.narrow(0, begin, n).unsqueeze(1))
+          .exp_()
+          .mul_(scale);
+      probs.scatter_add_(1, mine.column.narrow(0, begin, n).unsqueeze(1),
+                         -scale * mine.held.narrow(0, begin, n).unsqueeze(1));
+      if (!probs.is_same(dchunk)) dchunk.copy_(probs);
+    }
+    return {dlogits,         torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -151,9 +221,19 @@ torch::Tensor ReduceScatterSequence(const torch::Tensor& x, TpGroup& group) {
 }
 
 torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                        int64_t vocab_start, int64_t ignore_index, TpGroup& group) {
-  return VocabParallelCrossEntropyFunction::apply(logits, targets, vocab_start, ignore_index,
-                                                  &group);
+                                        int64_t vocab_start, int64_t real_columns,
+                                        int64_t ignore_index, TpGroup& group) {
+  return VocabParallelCrossEntropy(
+      logits, targets, vocab_start, real_columns, ignore_index, group,
+      base::CrossEntropyChunkRows(real_columns, logits.scalar_type()));
+}
+
+torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                        int64_t vocab_start, int64_t real_columns,
+                                        int64_t ignore_index, TpGroup& group,
+                                        int64_t chunk_rows) {
+  return VocabParallelCrossEntropyFunction::apply(logits, targets, vocab_start, real_columns,
+                                                  ignore_index, &group, chunk_rows);
 }
 
 }  // namespace plait::wrap::tp

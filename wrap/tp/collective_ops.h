@@ -63,12 +63,25 @@ torch::Tensor GatherSequence(const torch::Tensor& x, TpGroup& group);
 torch::Tensor ReduceScatterSequence(const torch::Tensor& x, TpGroup& group);
 
 // Per row i, -log softmax(full logits)[targets[i]], computed from this rank's columns
-// `logits` [N, V / n] (fp32; the vocabulary ids vocab_start .. vocab_start + V / n - 1) and the
-// global `targets` [N] (int64), without gathering the logits: all-reduces of the row maxima
-// and of the sums of exponentials and target logits. 0 where the target is `ignore_index`.
-// Differentiable in `logits`: softmax minus the one-hot target, this rank's columns.
+// `logits` [N, columns] (the vocabulary ids vocab_start .. vocab_start + columns - 1, of which
+// the first `real_columns` are real and the rest padding, never read) and the global
+// `targets` [N] (int64), without gathering the logits: one all-reduce of the row maxima and
+// one of the sums of exponentials and target logits. 0 where the target is `ignore_index`.
+// The logits stay in their dtype (float, double, bf16, fp16); it computes in
+// base::CrossEntropyDtype (fp32 for 16-bit logits) a chunk of rows at a time and keeps only the
+// logits themselves (no copy) and a log-sum-exp [N] for backward, so that beside them it holds
+// at most one wide chunk and, in backward, the logits' gradient (in their dtype). Returns [N]
+// in that wide dtype. Differentiable in `logits`: softmax minus the one-hot target on this
+// rank's real columns, 0 on its padding columns. Nothing is read back to the host.
 torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                        int64_t vocab_start, int64_t ignore_index, TpGroup& group);
+                                        int64_t vocab_start, int64_t real_columns,
+                                        int64_t ignore_index, TpGroup& group);
+// As above with `chunk_rows` (> 0) rows per chunk in place of
+// base::CrossEntropyChunkRows(real_columns, dtype): for tests that cross chunk boundaries with
+// small tensors.
+torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                        int64_t vocab_start, int64_t real_columns,
+                                        int64_t ignore_index, TpGroup& group, int64_t chunk_rows);
 
 }  // namespace plait::wrap::tp
 

@@ -4,9 +4,11 @@
 // gathered logits.
 #include "wrap/tp/collective_ops.h"
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
+#include "base/allocation_counter.h"
 #include "base/status_matchers.h"
 #include "gtest/gtest.h"
 #include "parallel/device_mesh.h"
@@ -84,6 +86,22 @@ TEST(CollectiveOpsTest, SequenceGatherAndReduceScatterAreConjugate) {
   });
 }
 
+// torch's per-row cross-entropy of whole fp32 `logits` [N, V] (-100 ignored) and the gradient
+// of its sum weighted by `weights` [N].
+struct Reference {
+  torch::Tensor loss;
+  torch::Tensor grad;
+};
+Reference CrossEntropyOf(const torch::Tensor& logits, const torch::Tensor& targets,
+                         const torch::Tensor& weights) {
+  const torch::Tensor whole = logits.clone().requires_grad_();
+  const torch::Tensor loss = torch::nn::functional::cross_entropy(
+      whole, targets,
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone).ignore_index(-100));
+  (loss * weights).sum().backward();
+  return {loss.detach(), whole.grad()};
+}
+
 TEST(CollectiveOpsTest, VocabParallelCrossEntropyEqualsCrossEntropyOnGatheredLogits) {
   constexpr int64_t kRows = 6;
   constexpr int64_t kVocab = 10;
@@ -93,26 +111,22 @@ TEST(CollectiveOpsTest, VocabParallelCrossEntropyEqualsCrossEntropyOnGatheredLog
   const torch::Tensor targets = torch::tensor({0, 9, 4, 5, -100, 7}, torch::kInt64);
   const torch::Tensor weights = torch::tensor({1.0f, 0.5f, 2.0f, -1.0f, 3.0f, 0.25f});
 
-  const torch::Tensor whole = logits.clone().requires_grad_();
-  const torch::Tensor expected = torch::nn::functional::cross_entropy(
-      whole, targets,
-      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone).ignore_index(-100));
-  (expected * weights).sum().backward();
+  const Reference expected = CrossEntropyOf(logits, targets, weights);
 
   OnRanks([&](int rank, TpGroup& group) {
     constexpr int64_t kColumns = kVocab / kRanks;
     const torch::Tensor mine = logits.narrow(1, rank * kColumns, kColumns).clone().requires_grad_();
     const torch::Tensor loss =
-        VocabParallelCrossEntropy(mine, targets, rank * kColumns, -100, group);
-    EXPECT_TRUE(torch::allclose(loss, expected.detach(), 1e-5, 1e-6)) << loss << expected;
+        VocabParallelCrossEntropy(mine, targets, rank * kColumns, kColumns, -100, group);
+    EXPECT_TRUE(torch::allclose(loss, expected.loss, 1e-5, 1e-6)) << loss << expected.loss;
     (loss * weights).sum().backward();
-    EXPECT_TRUE(torch::allclose(mine.grad(), whole.grad().narrow(1, rank * kColumns, kColumns),
+    EXPECT_TRUE(torch::allclose(mine.grad(), expected.grad.narrow(1, rank * kColumns, kColumns),
                                 1e-5, 1e-6));
   });
 }
 
-// With a padded vocabulary a rank's columns may all be padding, filled with -inf: that rank
-// adds nothing, and the loss is the cross-entropy over the real columns.
+// With a padded vocabulary a rank's columns may all be padding (here filled with -inf, never
+// read): that rank adds nothing, and the loss is the cross-entropy over the real columns.
 TEST(CollectiveOpsTest, VocabParallelCrossEntropyOfARankOfPaddingOnly) {
   constexpr int64_t kColumns = 2;  // rank 0's are the vocabulary, rank 1's padding
   const torch::Tensor logits =
@@ -126,11 +140,82 @@ TEST(CollectiveOpsTest, VocabParallelCrossEntropyOfARankOfPaddingOnly) {
         (rank == 0 ? logits.clone()
                    : torch::full({3, kColumns}, -std::numeric_limits<float>::infinity()))
             .requires_grad_();
-    const torch::Tensor loss =
-        VocabParallelCrossEntropy(mine, targets, rank * kColumns, -100, group);
+    const torch::Tensor loss = VocabParallelCrossEntropy(
+        mine, targets, rank * kColumns, rank == 0 ? kColumns : 0, -100, group);
     EXPECT_TRUE(torch::allclose(loss, expected, 1e-5, 1e-6)) << loss << expected;
     loss.sum().backward();
     EXPECT_TRUE(torch::isfinite(mine.grad()).all().item<bool>()) << mine.grad();
+  });
+}
+
+// Logits in their own dtype over several chunks of rows (3, 3 and 1), with rank 1's last two
+// columns padding (NaN: they must never be read): fp32 computed in fp32 from the logits'
+// values, so within rounding of the fp32 reference on those values; 16-bit logits' gradient
+// rounded to their dtype; padding columns' gradient exactly 0.
+TEST(CollectiveOpsTest, VocabParallelCrossEntropyKeepsTheDtypeOverChunksAndSkipsPadding) {
+  constexpr int64_t kRows = 7;
+  constexpr int64_t kColumns = 6;  // per rank; the vocabulary is 10, padded to 12
+  constexpr int64_t kVocab = 10;
+  constexpr int64_t kChunkRows = 3;
+  const torch::Tensor targets = torch::tensor({0, 9, 4, 5, -100, 7, 6}, torch::kInt64);
+  const torch::Tensor weights = torch::tensor({1.0f, 0.5f, 2.0f, -1.0f, 3.0f, 0.25f, 1.5f});
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const torch::Tensor logits =
+        (torch::randn({kRows, kVocab}, torch::Generator(at::detail::createCPUGenerator(11))) * 3)
+            .to(dtype);
+    const Reference expected = CrossEntropyOf(logits.to(torch::kFloat32), targets, weights);
+    const double grad_tolerance = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
+    OnRanks([&](int rank, TpGroup& group) {
+      const int64_t real = std::min(kColumns, kVocab - rank * kColumns);
+      torch::Tensor slice =
+          torch::full({kRows, kColumns}, std::numeric_limits<float>::quiet_NaN(), dtype);
+      slice.narrow(1, 0, real).copy_(logits.narrow(1, rank * kColumns, real));
+      const torch::Tensor mine = slice.requires_grad_();
+      const torch::Tensor loss = VocabParallelCrossEntropy(mine, targets, rank * kColumns, real,
+                                                           -100, group, kChunkRows);
+      EXPECT_EQ(loss.scalar_type(), torch::kFloat32);
+      EXPECT_TRUE(torch::allclose(loss, expected.loss, 1e-5, 1e-6)) << loss << expected.loss;
+      (loss * weights).sum().backward();
+      EXPECT_EQ(mine.grad().scalar_type(), dtype);
+      const torch::Tensor grad = mine.grad().to(torch::kFloat32);
+      EXPECT_TRUE(torch::allclose(grad.narrow(1, 0, real),
+                                  expected.grad.narrow(1, rank * kColumns, real), grad_tolerance,
+                                  grad_tolerance * 0.1))
+          << grad << expected.grad;
+      EXPECT_TRUE(torch::equal(grad.narrow(1, real, kColumns - real),
+                               torch::zeros({kRows, kColumns - real})))
+          << grad;
+    });
+  }
+}
+
+// The memory of forward and backward on bf16 logits: besides the logits, the gradient (bf16)
+// and one fp32 chunk of rows, only tensors of a few values per row. The former form held an
+// fp32 copy of the logits, their exponentials (the saved softmax) and the backward's clone.
+TEST(CollectiveOpsTest, VocabParallelCrossEntropyHoldsTheGradientAndOneChunk) {
+  constexpr int64_t kRows = 512;
+  constexpr int64_t kColumns = 4096;
+  constexpr int64_t kChunkRows = 64;
+  const torch::Tensor targets =
+      torch::randint(2 * kColumns, {kRows}, torch::Generator(at::detail::createCPUGenerator(13)));
+  OnRanks([&](int rank, TpGroup& group) {
+    const torch::Tensor mine =
+        torch::randn({kRows, kColumns}, torch::Generator(at::detail::createCPUGenerator(rank)))
+            .to(torch::kBFloat16)
+            .requires_grad_();
+    base::AllocationCounter counter;
+    {
+      base::AllocationCounter::Scope counting(counter);
+      VocabParallelCrossEntropy(mine, targets, rank * kColumns, kColumns, -100, group, kChunkRows)
+          .sum()
+          .backward();
+    }
+    const int64_t gradient = kRows * kColumns * 2;
+    const int64_t chunk = kChunkRows * kColumns * 4;
+    const int64_t small = 64 * kRows * 8;  // a few [N] tensors
+    EXPECT_LE(counter.peak(), gradient + chunk + small)
+        << "peak " << counter.peak() << ", gradient " << gradient << ", chunk " << chunk;
   });
 }
 

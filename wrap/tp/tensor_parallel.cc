@@ -1,7 +1,6 @@
 #include "wrap/tp/tensor_parallel.h"
 
 #include <algorithm>
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -164,15 +163,9 @@ torch::Tensor TensorParallel::TokenCrossEntropy(const torch::Tensor& logits,
                                                 const torch::Tensor& targets,
                                                 int64_t ignore_index) {
   const int64_t columns = logits.size(1);
-  const int64_t padded = PaddedColumns(columns);
-  torch::Tensor scored = logits;
-  if (padded > 0) {
-    // No probability for the padding rows, and so no gradient for them.
-    const torch::Tensor padding =
-        torch::arange(columns, torch::TensorOptions().device(logits.device())) >= columns - padded;
-    scored = logits.masked_fill(padding, -std::numeric_limits<float>::infinity());
-  }
-  return VocabParallelCrossEntropy(scored, targets, group_.rank() * columns, ignore_index, group_);
+  // The padding rows get no probability, and so no gradient.
+  return VocabParallelCrossEntropy(logits, targets, group_.rank() * columns,
+                                   columns - PaddedColumns(columns), ignore_index, group_);
 }
 
 void TensorParallel::MarkSharded(std::vector<parallel::TrainableParameter>& parameters) const {
