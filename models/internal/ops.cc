@@ -218,8 +218,7 @@ struct TokenCrossEntropyFunction : public torch::autograd::Function<TokenCrossEn
 
   // d loss[i] / d logits[i] = softmax(logits[i]) - onehot(target[i]), times the incoming
   // gradient of row i, 0 for ignored rows; the softmax recomputed per chunk from the saved
-  // log-sum-exp, in the wide dtype: in the gradient itself when that is wide, else in one wide
-  // chunk then rounded into it.
+  // log-sum-exp (base::WriteCrossEntropyGradient).
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const tensor_list saved = ctx->get_saved_variables();
     const torch::Tensor& logits = saved[0];
@@ -228,23 +227,15 @@ struct TokenCrossEntropyFunction : public torch::autograd::Function<TokenCrossEn
     const int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
     const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
     const int64_t rows = logits.size(0);
-    const torch::ScalarType wide = lse.scalar_type();
     torch::Tensor dlogits = torch::empty(logits.sizes(), logits.options());
     for (int64_t begin = 0; begin < rows; begin += chunk_rows) {
       const int64_t n = std::min(chunk_rows, rows - begin);
       const torch::Tensor target = targets.narrow(0, begin, n);
       const torch::Tensor ignored = target == ignore_index;
-      const torch::Tensor scale =
-          grads[0].narrow(0, begin, n).masked_fill(ignored, 0.0).unsqueeze(1);
-      torch::Tensor dchunk = dlogits.narrow(0, begin, n);
-      torch::Tensor probs =
-          dlogits.scalar_type() == wide ? dchunk : torch::empty(dchunk.sizes(), lse.options());
-      probs.copy_(logits.narrow(0, begin, n))
-          .sub_(lse.narrow(0, begin, n).unsqueeze(1))
-          .exp_()
-          .mul_(scale);
-      probs.scatter_add_(1, target.masked_fill(ignored, 0).unsqueeze(1), -scale);
-      if (!probs.is_same(dchunk)) dchunk.copy_(probs);
+      const torch::Tensor scale = grads[0].narrow(0, begin, n).masked_fill(ignored, 0.0);
+      base::WriteCrossEntropyGradient(logits.narrow(0, begin, n), lse.narrow(0, begin, n), scale,
+                                      target.masked_fill(ignored, 0), scale,
+                                      dlogits.narrow(0, begin, n));
     }
     return {dlogits, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }

@@ -152,8 +152,8 @@ struct VocabParallelCrossEntropyFunction
 
   // d loss[i] / d logits[i] = softmax(full logits[i]) - onehot(target[i]) on this rank's real
   // columns, times the incoming gradient of row i (0 for ignored rows); 0 on padding columns.
-  // The softmax is recomputed per chunk from the saved log-sum-exp in the wide dtype: in the
-  // gradient itself when that is wide, else in one wide chunk then rounded into it.
+  // The softmax is recomputed per chunk from the saved log-sum-exp
+  // (base::WriteCrossEntropyGradient).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor& logits = saved[0];
@@ -169,21 +169,13 @@ struct VocabParallelCrossEntropyFunction
     const torch::Tensor scored = dlogits.narrow(1, 0, real);
     for (int64_t begin = 0; real > 0 && begin < rows; begin += chunk_rows) {
       const int64_t n = std::min(chunk_rows, rows - begin);
-      const torch::Tensor scale = grads[0]
-                                      .narrow(0, begin, n)
-                                      .masked_fill(targets.narrow(0, begin, n) == ignore_index, 0.0)
-                                      .unsqueeze(1);
-      torch::Tensor dchunk = scored.narrow(0, begin, n);
-      torch::Tensor probs = dlogits.scalar_type() == lse.scalar_type()
-                                ? dchunk
-                                : torch::empty(dchunk.sizes(), lse.options());
-      probs.copy_(logits.narrow(0, begin, n).narrow(1, 0, real))
-          .sub_(lse.narrow(0, begin, n).unsqueeze(1))
-          .exp_()
-          .mul_(scale);
-      probs.scatter_add_(1, mine.column.narrow(0, begin, n).unsqueeze(1),
-                         -scale * mine.held.narrow(0, begin, n).unsqueeze(1));
-      if (!probs.is_same(dchunk)) dchunk.copy_(probs);
+      const torch::Tensor scale = grads[0].narrow(0, begin, n).masked_fill(
+          targets.narrow(0, begin, n) == ignore_index, 0.0);
+      base::WriteCrossEntropyGradient(logits.narrow(0, begin, n).narrow(1, 0, real),
+                                      lse.narrow(0, begin, n), scale,
+                                      mine.column.narrow(0, begin, n),
+                                      scale * mine.held.narrow(0, begin, n),
+                                      scored.narrow(0, begin, n));
     }
     return {dlogits,         torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor(), torch::Tensor(), torch::Tensor()};
