@@ -1,5 +1,5 @@
 // How the chunked cross-entropies (models' TokenCrossEntropy, wrap/tp's
-// VocabParallelCrossEntropy) split their logits, and the gradient of one chunk: both keep the logits in their own dtype and
+// VocabParallelCrossEntropy) split their logits, and the backward they share: both keep the logits in their own dtype and
 // compute in a wide dtype a chunk of rows at a time, so that beside the logits (and, in
 // backward, their gradient) they hold at most one wide chunk. Shared here because wrap/ may
 // not depend on models/:
@@ -35,21 +35,54 @@ inline int64_t CrossEntropyChunkRows(int64_t columns, torch::ScalarType dtype) {
   return std::max<int64_t>(kCrossEntropyChunkBytes / row_bytes, 1);
 }
 
-// Writes into `gradient` [n, c] (rows of the logits' gradient, in the logits' dtype) the
-// gradient of those rows' cross-entropies: (exp(logits - lse) - onehot(column)) * scale, the
-// one-hot weighted by `target_scale` instead of `scale` (0 where the row's target is not among
-// these columns). `logits` [n, c]; `lse`, `scale` and `target_scale` [n] in the wide dtype
-// (CrossEntropyDtype); `column` [n] int64. Computed in the wide dtype: in `gradient` itself
-// when it is wide, else in one wide chunk then rounded into it.
-inline void WriteCrossEntropyGradient(const torch::Tensor& logits, const torch::Tensor& lse,
-                                      const torch::Tensor& scale, const torch::Tensor& column,
-                                      const torch::Tensor& target_scale, torch::Tensor gradient) {
-  torch::Tensor wide = gradient.scalar_type() == lse.scalar_type()
-                           ? gradient
-                           : torch::empty(gradient.sizes(), lse.options());
-  wide.copy_(logits).sub_(lse.unsqueeze(1)).exp_().mul_(scale.unsqueeze(1));
-  wide.scatter_add_(1, column.unsqueeze(1), -target_scale.unsqueeze(1));
-  if (!wide.is_same(gradient)) gradient.copy_(wide);
+// Where each target's column is among the `real` columns of logits whose first column is
+// vocabulary id `vocab_start` (a rank's slice under tensor parallelism; 0 and the whole
+// vocabulary otherwise): `held` [N] bool, and `column` [N] int64, the column where held, else 0.
+struct HeldTargets {
+  torch::Tensor held;
+  torch::Tensor column;
+};
+inline HeldTargets HeldTargetsOf(const torch::Tensor& targets, int64_t vocab_start, int64_t real) {
+  const torch::Tensor local = targets - vocab_start;
+  const torch::Tensor held = (local >= 0) & (local < real);
+  return {held, local.masked_fill(~held, 0)};
+}
+
+// The backward of both chunked cross-entropies: the gradient, in the logits' dtype, of the
+// per-row losses lse[i] - logits[i][target[i]] with respect to `logits` [N, C], whose first
+// `real` columns are vocabulary ids vocab_start .. vocab_start + real - 1 and the rest padding:
+// (softmax(row) - onehot(target)) * grad_losses[i] on the real columns, the one-hot only where
+// the target is among them; 0 on padding columns and on rows whose target is `ignore_index`.
+// `lse` and `grad_losses` [N] are in CrossEntropyDtype. The softmax is recomputed from `lse`
+// `chunk_rows` rows at a time in that wide dtype: in the gradient itself when it is wide, else
+// in one wide chunk then rounded into it.
+inline torch::Tensor ChunkedCrossEntropyBackward(const torch::Tensor& logits,
+                                                 const torch::Tensor& targets,
+                                                 const torch::Tensor& lse,
+                                                 const torch::Tensor& grad_losses,
+                                                 int64_t ignore_index, int64_t vocab_start,
+                                                 int64_t real, int64_t chunk_rows) {
+  const HeldTargets mine = HeldTargetsOf(targets, vocab_start, real);
+  const int64_t rows = logits.size(0);
+  torch::Tensor gradient = torch::empty(logits.sizes(), logits.options());
+  gradient.narrow(1, real, logits.size(1) - real).zero_();
+  for (int64_t begin = 0; real > 0 && begin < rows; begin += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - begin);
+    const torch::Tensor scale =
+        grad_losses.narrow(0, begin, n).masked_fill(targets.narrow(0, begin, n) == ignore_index, 0.0);
+    torch::Tensor chunk = gradient.narrow(0, begin, n).narrow(1, 0, real);
+    torch::Tensor wide = chunk.scalar_type() == lse.scalar_type()
+                             ? chunk
+                             : torch::empty(chunk.sizes(), lse.options());
+    wide.copy_(logits.narrow(0, begin, n).narrow(1, 0, real))
+        .sub_(lse.narrow(0, begin, n).unsqueeze(1))
+        .exp_()
+        .mul_(scale.unsqueeze(1));
+    wide.scatter_add_(1, mine.column.narrow(0, begin, n).unsqueeze(1),
+                      -(scale * mine.held.narrow(0, begin, n)).unsqueeze(1));
+    if (!wide.is_same(chunk)) chunk.copy_(wide);
+  }
+  return gradient;
 }
 
 }  // namespace plait::base

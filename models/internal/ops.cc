@@ -217,27 +217,15 @@ struct TokenCrossEntropyFunction : public torch::autograd::Function<TokenCrossEn
   }
 
   // d loss[i] / d logits[i] = softmax(logits[i]) - onehot(target[i]), times the incoming
-  // gradient of row i, 0 for ignored rows; the softmax recomputed per chunk from the saved
-  // log-sum-exp (base::WriteCrossEntropyGradient).
+  // gradient of row i, 0 for ignored rows: the whole vocabulary is this function's columns.
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const tensor_list saved = ctx->get_saved_variables();
     const torch::Tensor& logits = saved[0];
-    const torch::Tensor& targets = saved[1];
-    const torch::Tensor& lse = saved[2];
-    const int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
-    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
-    const int64_t rows = logits.size(0);
-    torch::Tensor dlogits = torch::empty(logits.sizes(), logits.options());
-    for (int64_t begin = 0; begin < rows; begin += chunk_rows) {
-      const int64_t n = std::min(chunk_rows, rows - begin);
-      const torch::Tensor target = targets.narrow(0, begin, n);
-      const torch::Tensor ignored = target == ignore_index;
-      const torch::Tensor scale = grads[0].narrow(0, begin, n).masked_fill(ignored, 0.0);
-      base::WriteCrossEntropyGradient(logits.narrow(0, begin, n), lse.narrow(0, begin, n), scale,
-                                      target.masked_fill(ignored, 0), scale,
-                                      dlogits.narrow(0, begin, n));
-    }
-    return {dlogits, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {base::ChunkedCrossEntropyBackward(logits, saved[1], saved[2], grads[0],
+                                              ctx->saved_data["ignore_index"].toInt(),
+                                              /*vocab_start=*/0, /*real=*/logits.size(1),
+                                              ctx->saved_data["chunk_rows"].toInt()),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 

@@ -87,18 +87,6 @@ struct ReduceScatterSequenceFunction : torch::autograd::Function<ReduceScatterSe
   }
 };
 
-// Where each target's column is among this rank's `real` columns of the vocabulary from
-// `vocab_start`: `held` [N] bool, and `column` [N] int64, the column where held, else 0.
-struct HeldTargets {
-  torch::Tensor held;
-  torch::Tensor column;
-};
-HeldTargets HeldTargetsOf(const torch::Tensor& targets, int64_t vocab_start, int64_t real) {
-  const torch::Tensor local = targets - vocab_start;
-  const torch::Tensor held = (local >= 0) & (local < real);
-  return {held, local.masked_fill(~held, 0)};
-}
-
 struct VocabParallelCrossEntropyFunction
     : torch::autograd::Function<VocabParallelCrossEntropyFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
@@ -122,7 +110,7 @@ struct VocabParallelCrossEntropyFunction
     group->Wait(group->communicator().AllReduce(max, parallel::ReduceOp::kMax));
     // Shifted by 0 where the maximum is infinite, as torch::logsumexp does.
     max.masked_fill_(max.isinf(), 0.0);
-    const HeldTargets mine = HeldTargetsOf(targets, vocab_start, real);
+    const base::HeldTargets mine = base::HeldTargetsOf(targets, vocab_start, real);
     // Of the shifted logits: this rank's sums of exponentials and its targets' values, if any
     // (selected, not multiplied by `held`: an infinite logit times 0 would be NaN).
     torch::Tensor sums = torch::zeros({2, rows}, wide_options);
@@ -152,33 +140,14 @@ struct VocabParallelCrossEntropyFunction
 
   // d loss[i] / d logits[i] = softmax(full logits[i]) - onehot(target[i]) on this rank's real
   // columns, times the incoming gradient of row i (0 for ignored rows); 0 on padding columns.
-  // The softmax is recomputed per chunk from the saved log-sum-exp
-  // (base::WriteCrossEntropyGradient).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& logits = saved[0];
-    const torch::Tensor& targets = saved[1];
-    const torch::Tensor& lse = saved[2];
-    const int64_t real = ctx->saved_data["real"].toInt();
-    const int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
-    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
-    const HeldTargets mine = HeldTargetsOf(targets, ctx->saved_data["vocab_start"].toInt(), real);
-    const int64_t rows = logits.size(0);
-    torch::Tensor dlogits = torch::empty(logits.sizes(), logits.options());
-    dlogits.narrow(1, real, logits.size(1) - real).zero_();
-    const torch::Tensor scored = dlogits.narrow(1, 0, real);
-    for (int64_t begin = 0; real > 0 && begin < rows; begin += chunk_rows) {
-      const int64_t n = std::min(chunk_rows, rows - begin);
-      const torch::Tensor scale = grads[0].narrow(0, begin, n).masked_fill(
-          targets.narrow(0, begin, n) == ignore_index, 0.0);
-      base::WriteCrossEntropyGradient(logits.narrow(0, begin, n).narrow(1, 0, real),
-                                      lse.narrow(0, begin, n), scale,
-                                      mine.column.narrow(0, begin, n),
-                                      scale * mine.held.narrow(0, begin, n),
-                                      scored.narrow(0, begin, n));
-    }
-    return {dlogits,         torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {base::ChunkedCrossEntropyBackward(
+                saved[0], saved[1], saved[2], grads[0], ctx->saved_data["ignore_index"].toInt(),
+                ctx->saved_data["vocab_start"].toInt(), ctx->saved_data["real"].toInt(),
+                ctx->saved_data["chunk_rows"].toInt()),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
