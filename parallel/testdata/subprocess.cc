@@ -116,8 +116,11 @@ pid_t ChildWithRank(pid_t parent, int rank) {
     std::ifstream stat(entry.path() / "stat");
     std::string fields;
     std::getline(stat, fields);
-    // "pid (comm) state ppid ...": comm may hold spaces, so read after the last ')'.
-    std::istringstream after_comm(fields.substr(fields.rfind(')') + 2));
+    // "pid (comm) state ppid ...": comm may hold spaces, so read after the last ')'. A process
+    // that ended since the listing leaves nothing to read.
+    const size_t comm_end = fields.rfind(')');
+    if (comm_end == std::string::npos) continue;
+    std::istringstream after_comm(fields.substr(comm_end + 1));
     std::string state;
     pid_t parent_pid = 0;
     after_comm >> state >> parent_pid;
