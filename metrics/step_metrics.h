@@ -26,7 +26,8 @@ struct StepMetrics {
   std::optional<double> eval_loss;  // when evaluated after this step
   NamedMetrics named;               // the objective's, over the global batch
   NamedMetrics eval_named;          // the same at the evaluation, when evaluated
-  // The most device memory this rank's tensors held at once in the step; on CUDA only.
+  // The most device memory this rank's tensors held at once in the step, its evaluation
+  // included; on CUDA only.
   std::optional<int64_t> peak_device_memory_bytes;
 };
 

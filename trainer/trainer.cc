@@ -277,7 +277,6 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics.named = mean.metrics;
   metrics.grad_norm = update.grad_norm;
   metrics.skipped = update.skipped;
-  metrics.peak_device_memory_bytes = parallel::PeakMemory(mesh_.device());
   const double seconds = Seconds(Clock::now() - start);
   training_seconds_ += seconds;
   metrics.tokens_per_s = tokens_per_step_ / seconds;
@@ -290,6 +289,8 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
     metrics.eval_loss = eval.loss;
     metrics.eval_named = eval.metrics;
   }
+  // Read after the evaluation, whose peak is the step's too.
+  metrics.peak_device_memory_bytes = parallel::PeakMemory(mesh_.device());
   return metrics;
 }
 
