@@ -519,6 +519,7 @@ TEST(FsdpMixedPrecisionTest, Bf16ComputeTracksTheFp32Run) {
 // and LibTorch's CUDA kernels sum in other orders than the CPU's, so the two differ by fp32
 // rounding, which ten steps of AdamW amplify a little; TF32 would show as ~1e-3.
 TEST(CudaSingleDeviceTest, TracksTheCpuRun) {
+  if (!parallel::testing::EnoughDevices(kDevice, 1)) GTEST_SKIP() << "no GPU here";
   ASSERT_FALSE(at::globalContext().allowTF32CuBLAS()) << "the fp32 parity tests need TF32 off";
   const TrainingRun cpu = SingleProcess(Variant::kPlain, torch::kCPU);
   const TrainingRun cuda = SingleProcess(Variant::kPlain, torch::kCUDA);
