@@ -1,5 +1,6 @@
 #include "parallel/device.h"
 
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -28,8 +29,10 @@ int CudaDeviceCount() { return BuiltForCuda() ? static_cast<int>(torch::cuda::de
 
 absl::StatusOr<torch::Device> ResolveDevice(Device requested, int local_rank, int local_ranks,
                                             const std::string& field) {
-  return internal::ChooseDevice(requested, local_rank, local_ranks, field, BuiltForCuda(),
-                                CudaDeviceCount());
+  const char* visible_devices = std::getenv("CUDA_VISIBLE_DEVICES");
+  return internal::ChooseDevice(
+      requested, local_rank, local_ranks, field, BuiltForCuda(), CudaDeviceCount(),
+      visible_devices == nullptr ? std::nullopt : std::optional<std::string>(visible_devices));
 }
 
 namespace {

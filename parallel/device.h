@@ -35,9 +35,10 @@ bool BuiltForCuda();
 int CudaDeviceCount();
 
 // The device `requested` means for the rank with local rank `local_rank` of `local_ranks`
-// on its machine: cpu, or cuda:<local_rank>. FailedPrecondition naming `field` when CUDA is
-// asked for in a binary built without --config=gpu, on a machine without a GPU, or with fewer
-// GPUs than local ranks.
+// on its machine: cpu, or cuda:<local_rank>; or cuda:0 in a process that CUDA_VISIBLE_DEVICES
+// gives one GPU of its own (srun --gpus-per-task=1). FailedPrecondition naming `field` when
+// CUDA is asked for in a binary built without --config=gpu, on a machine without a GPU, or
+// with fewer GPUs than local ranks.
 absl::StatusOr<torch::Device> ResolveDevice(Device requested, int local_rank, int local_ranks,
                                             const std::string& field);
 

@@ -4,9 +4,21 @@
 
 namespace plait::parallel::internal {
 
+namespace {
+
+// Whether CUDA_VISIBLE_DEVICES gives this process one GPU of its own, as a launcher does that
+// binds a GPU to each task (SLURM's srun --gpus-per-task=1): it names one device.
+bool OneGpuPerProcess(const std::optional<std::string>& visible_devices) {
+  return visible_devices.has_value() && !visible_devices->empty() &&
+         visible_devices->find(',') == std::string::npos;
+}
+
+}  // namespace
+
 absl::StatusOr<torch::Device> ChooseDevice(Device requested, int local_rank, int local_ranks,
                                            const std::string& field, bool built_for_cuda,
-                                           int cuda_devices) {
+                                           int cuda_devices,
+                                           const std::optional<std::string>& visible_devices) {
   if (requested == DEVICE_CPU || (requested == DEVICE_DEFAULT && cuda_devices == 0)) {
     return torch::Device(torch::kCPU);
   }
@@ -23,6 +35,10 @@ absl::StatusOr<torch::Device> ChooseDevice(Device requested, int local_rank, int
                      " but LibTorch sees no GPU here (check CUDA_VISIBLE_DEVICES and the driver, "
                      "or set device: DEVICE_CPU)"));
   }
+  if (cuda_devices == 1 && OneGpuPerProcess(visible_devices)) {
+    // Each local rank sees its own GPU as cuda:0; NCCL refuses two ranks on one GPU.
+    return torch::Device(torch::kCUDA, 0);
+  }
   if (local_ranks > cuda_devices) {
     // Local rank r computes on cuda:r, so the ranks from cuda_devices on have none.
     const int first_without = cuda_devices;
@@ -33,7 +49,8 @@ absl::StatusOr<torch::Device> ChooseDevice(Device requested, int local_rank, int
             ? absl::StrCat(" ", first_without, " has")
             : absl::StrCat("s ", first_without, " to ", local_ranks - 1, " have"),
         " none, and each rank needs its own (use at most ", cuda_devices,
-        " ranks per machine, or set device: DEVICE_CPU)",
+        " ranks per machine, give each process its own GPU in CUDA_VISIBLE_DEVICES, as srun "
+        "--gpus-per-task=1 does, or set device: DEVICE_CPU)",
         local_rank >= first_without ? absl::StrCat("; this is local rank ", local_rank) : ""));
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));

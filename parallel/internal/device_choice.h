@@ -1,10 +1,12 @@
 // The rule behind ResolveDevice (parallel/device.h), with what it reads from the build and the
-// machine passed in: whether the binary has its CUDA code paths and how many GPUs LibTorch
-// sees. ResolveDevice calls it with this binary's and machine's answers; tests call it with
-// any, so every branch runs on a machine without a GPU too.
+// machine passed in: whether the binary has its CUDA code paths, how many GPUs LibTorch sees
+// and CUDA_VISIBLE_DEVICES (nullopt when unset). ResolveDevice calls it with this binary's and
+// machine's answers; tests call it with any, so every branch runs on a machine without a GPU
+// too.
 #ifndef PLAIT_PARALLEL_INTERNAL_DEVICE_CHOICE_H_
 #define PLAIT_PARALLEL_INTERNAL_DEVICE_CHOICE_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -15,7 +17,8 @@ namespace plait::parallel::internal {
 
 absl::StatusOr<torch::Device> ChooseDevice(Device requested, int local_rank, int local_ranks,
                                            const std::string& field, bool built_for_cuda,
-                                           int cuda_devices);
+                                           int cuda_devices,
+                                           const std::optional<std::string>& visible_devices);
 
 }  // namespace plait::parallel::internal
 
