@@ -206,6 +206,16 @@ absl::Status CheckParameters(const std::vector<parallel::TrainableParameter>& pa
           where, " is on ", tensor.device().str(), ", parameter \"", parameters.front().name,
           "\" on ", device.str(), "; an optimizer's parameters share one device"));
     }
+    const torch::Tensor& master = parameter.master;
+    if (master.defined() && (dtype == torch::kFloat32 || master.scalar_type() != torch::kFloat32 ||
+                             master.sizes() != tensor.sizes() ||
+                             master.device() != tensor.device() || !master.is_contiguous())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " (", c10::toString(dtype), " ", c10::str(tensor.sizes()), " on ",
+          tensor.device().str(), ") was given a master of ", c10::toString(master.scalar_type()),
+          " ", c10::str(master.sizes()), " on ", master.device().str(),
+          "; a master is a 16-bit parameter's fp32 values, contiguous, of its shape and device"));
+    }
     // The full parameters of an FSDP-wrapped model have no memory between uses: an
     // optimizer over them would train nothing the model computes with (the motivating bug).
     if (tensor.storage().nbytes() <
@@ -289,9 +299,13 @@ absl::StatusOr<std::unique_ptr<Optimizer>> internal::CreateOptimizer(
     Optimizer::Slot& slot = slots[i];
     slot.hyperparameters = hyperparameters;
     slot.fused = tensor.is_cpu() && paths.cpu_updates == CpuUpdates::kFusedLoops;
-    slot.master = tensor.scalar_type() == torch::kFloat32
-                      ? tensor.detach()
-                      : tensor.detach().to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+    if (tensor.scalar_type() == torch::kFloat32) {
+      slot.master = tensor.detach();
+    } else if (parameters[i].master.defined()) {
+      slot.master = parameters[i].master.detach();
+    } else {
+      slot.master = tensor.detach().to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+    }
     for (const std::string& buffer : BufferNames(hyperparameters)) {
       slot.buffers[buffer] = torch::zeros_like(slot.master);
     }
@@ -475,9 +489,9 @@ void Optimizer::UpdateBucket(const std::vector<size_t>& bucket, double base_lr) 
                            buffers("exp_avg"), buffers("exp_avg_sq"));
       break;
     case OptimizerConfig::kSgd:
-      internal::SgdUpdate(SgdStepOf(h, group, base_lr, first.steps), masters, grads,
-                          h.momentum != 0.0 ? buffers("momentum_buffer")
-                                            : std::vector<torch::Tensor>());
+      internal::SgdUpdate(
+          SgdStepOf(h, group, base_lr, first.steps), masters, grads,
+          h.momentum != 0.0 ? buffers("momentum_buffer") : std::vector<torch::Tensor>());
       break;
     case OptimizerConfig::kLion:
       internal::LionUpdate(LionStepOf(h, group, base_lr), masters, grads, buffers("exp_avg"));

@@ -19,7 +19,8 @@
 // pass over memory; foreach operations for Lion and on 1.13; kernels per bucket, not per
 // parameter. Clipping's norm is reduced on the device, whose one read on the host is the norm
 // itself. Optimizer state is fp32 whatever the parameter dtype, on the parameter's device;
-// bf16 and fp16 parameters are updated through fp32 master copies kept here.
+// bf16 and fp16 parameters are updated through fp32 master weights kept here: a
+// TrainableParameter's `master` where given, else the parameter widened.
 #ifndef PLAIT_OPTIM_OPTIMIZER_H_
 #define PLAIT_OPTIM_OPTIMIZER_H_
 
@@ -81,8 +82,8 @@ class Optimizer {
  public:
   // InvalidArgument naming the field for an invalid config (optimizer.adamw.beta1: 1 must be
   // in [0, 1), ...) or parameter (duplicate or empty name, non-floating or non-contiguous
-  // tensor, parameters on different devices), and for a parameter-group rule that matches
-  // nothing.
+  // tensor, parameters on different devices, a master that is not a 16-bit parameter's fp32
+  // values), and for a parameter-group rule that matches nothing.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
       std::vector<parallel::TrainableParameter> parameters, const OptimizerConfig& config);
 

@@ -222,6 +222,56 @@ TEST(OptimizerTest, LowPrecisionParametersKeepFp32MastersAndState) {
   }
 }
 
+// A 16-bit parameter given its fp32 values trains from them: its masters follow the fp32 run
+// from those values exactly, not from their rounded copy, on both update paths. A master that
+// is not the parameter's fp32 values is refused, naming the parameter.
+TEST(OptimizerTest, GivenMastersAreTheStartingPoint) {
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused loops" : "multi-tensor updates");
+    internal::UpdatePaths paths;
+    if (!fused) paths.cpu_updates = internal::CpuUpdates::kMultiTensor;
+    std::vector<torch::Tensor> full = InitialTensors();
+    std::vector<parallel::TrainableParameter> low = Trainable(full);
+    for (parallel::TrainableParameter& parameter : low) {
+      parameter.master = parameter.tensor.clone();
+      parameter.tensor = parameter.tensor.to(torch::kBFloat16);
+    }
+    const OptimizerConfig config = Parse("adamw {} weight_decay: 0.1");
+    auto low_optimizer = internal::CreateOptimizer(low, config, paths);
+    auto full_optimizer = Optimizer::Create(Trainable(full), config);
+    ASSERT_THAT(low_optimizer, IsOk());
+    ASSERT_THAT(full_optimizer, IsOk());
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < low.size(); ++i) {
+        low[i].tensor.mutable_grad() = Gradient(step, i, full[i]).to(torch::kBFloat16);
+        full[i].mutable_grad() = low[i].tensor.grad().to(torch::kFloat32);
+      }
+      ASSERT_THAT((*low_optimizer)->Step(1e-2), IsOk());
+      ASSERT_THAT((*full_optimizer)->Step(1e-2), IsOk());
+    }
+    const OptimizerState state = (*low_optimizer)->SaveState();
+    for (size_t i = 0; i < low.size(); ++i) {
+      const torch::Tensor& master = state.tensors.at(low[i].name + ":master");
+      // The fused loops do the fp32 run's arithmetic; the multi-tensor kernels round otherwise.
+      if (fused) {
+        EXPECT_TRUE(torch::equal(master, full[i])) << low[i].name;
+      }
+      ExpectClose({master}, {full[i]}, 1e-5);
+      EXPECT_TRUE(torch::equal(low[i].tensor, master.to(torch::kBFloat16))) << low[i].name;
+    }
+  }
+  std::vector<parallel::TrainableParameter> wrong = Trainable(InitialTensors());
+  wrong[2].tensor = wrong[2].tensor.to(torch::kBFloat16);
+  wrong[2].master = torch::zeros({7, 5});
+  EXPECT_THAT(Optimizer::Create(wrong, Parse("adamw {}")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("parameter \"p2\" (BFloat16 [7, 5, 3] on cpu) was given a master "
+                                 "of Float [7, 5] on cpu")));
+  wrong[2].master = torch::zeros({7, 5, 3}, torch::kBFloat16);
+  EXPECT_THAT(Optimizer::Create(wrong, Parse("adamw {}")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a master of BFloat16")));
+}
+
 // Without shards, clipping equals torch::nn::utils::clip_grad_norm_ followed by the update.
 TEST(OptimizerTest, ClippingMatchesTorchClipGradNorm) {
   std::vector<torch::Tensor> ours = InitialTensors();
@@ -363,9 +413,9 @@ TEST(OptimizerTest, MultiTensorUpdatesMatchTheFusedLoops) {
           std::vector<torch::Tensor> result;
           for (size_t i = 0; i < tensors.size(); ++i) {
             const torch::ScalarType dtype = tensors[i].scalar_type();
-            const torch::Tensor& master =
-                dtype == torch::kFloat32 ? tensors[i]
-                                         : state.tensors.at(absl::StrCat("p", i, ":master"));
+            const torch::Tensor& master = dtype == torch::kFloat32
+                                              ? tensors[i]
+                                              : state.tensors.at(absl::StrCat("p", i, ":master"));
             EXPECT_TRUE(torch::equal(tensors[i], master.to(dtype))) << "p" << i;
             result.push_back(master.to(torch::kFloat32));
           }
@@ -400,7 +450,8 @@ TEST(OptimizerTest, MultiTensorUpdatesMatchTheFusedLoops) {
         std::vector<torch::Tensor> fused_from_buckets = Copies(buckets);
         std::vector<torch::Tensor> buckets_from_fused = Copies(fused);
         const OptimizerState a = run(fused_loops, fused, 10, 5, &fused_state, nullptr);
-        const OptimizerState b = run(multi_tensor, buckets_from_fused, 10, 5, &fused_state, nullptr);
+        const OptimizerState b =
+            run(multi_tensor, buckets_from_fused, 10, 5, &fused_state, nullptr);
         const OptimizerState c = run(multi_tensor, buckets, 10, 5, &bucket_state, nullptr);
         const OptimizerState d =
             run(fused_loops, fused_from_buckets, 10, 5, &bucket_state, nullptr);

@@ -32,6 +32,10 @@ struct TrainableParameter {
   // whole for a parameter no wrapper split; each wrapper that splits or replicates it
   // narrows or numbers it (checkpoints save and load by it).
   TensorSlice slice;
+  // For a 16-bit `tensor`, optionally: the fp32 values, of its shape and device, that the
+  // optimizer's master weights start from, of which `tensor` is the rounded copy (a model
+  // initialised or loaded in fp32 and computing in bf16). Undefined: `tensor` widened.
+  torch::Tensor master;
 };
 
 }  // namespace plait::parallel

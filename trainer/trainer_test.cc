@@ -26,6 +26,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "objectives/objective.h"
+#include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "parallel/tensor_slice.h"
 #include "parallel/test_ranks.h"
@@ -187,6 +188,67 @@ TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
     }
   });
   ExpectTracksTheFp32Run(TrainOnRanks(plan, 2));
+}
+
+// The fp32 master weights of a bf16 model start from the fp32 values it was initialised with
+// (FSDP's fp32 shards, the optimizer's masters of bf16 parameters), in every layout, or from
+// a Hugging Face folder's fp32 values: not from their rounded bf16 copy, which the model
+// computes with.
+TEST(PreparedModelTest, Bf16MastersStartFromTheFp32Values) {
+  const auto expect_masters = [](const Plan& plan, int ranks, const std::string& hf_dir,
+                                 const models::CausalLM& fp32) {
+    WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
+      auto prepared = PreparedModel::Prepare(plan.model(), hf_dir, plan.prepare(), mesh,
+                                             Role::kTrained, "plan");
+      ASSERT_THAT(prepared, IsOk());
+      auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
+      ASSERT_THAT(optimizer, IsOk());
+      const optim::OptimizerState state = (*optimizer)->SaveState();
+      for (const parallel::TrainableParameter& parameter : (*optimizer)->parameters()) {
+        const parallel::TensorSlice& slice = parameter.slice;
+        const torch::Tensor want =
+            parallel::NarrowTo(fp32.named_parameters()[parameter.name],
+                               parallel::TensorSlice::Whole(slice.global_shape).box, slice.box);
+        const bool bf16 = parameter.tensor.scalar_type() == torch::kBFloat16;
+        const torch::Tensor master =
+            bf16 ? state.tensors.at(parameter.name + ":master") : parameter.tensor;
+        EXPECT_TRUE(slice.DataOf(master).equal(want)) << "rank " << rank << " " << parameter.name;
+        if (bf16) {
+          EXPECT_TRUE(slice.DataOf(parameter.tensor).equal(want.to(torch::kBFloat16)))
+              << parameter.name;
+        }
+      }
+    });
+  };
+  const std::map<std::string, int> plans = {
+      {"llama_single", 1}, {"llama_ddp", 2}, {"llama_fsdp", 2}, {"llama_tp", 2}, {"llama_2d", 4}};
+  for (const auto& [name, ranks] : plans) {
+    SCOPED_TRACE(name);
+    Plan plan = ShortShippedPlan(name);
+    ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
+    auto config = models::ResolveModelSpec(plan.model(), "plan.model");
+    ASSERT_THAT(config, IsOk());
+    auto initialised = models::CausalLM::Create(*config, plan.model().init());
+    ASSERT_THAT(initialised, IsOk());
+    expect_masters(plan, ranks, "", **initialised);
+  }
+  // Another seed's fp32 weights, saved in fp32.
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/fp32_masters");
+  Plan single = ShortShippedPlan("llama_single");
+  models::ModelSpec seeded = single.model();
+  seeded.mutable_init()->set_seed(7);
+  auto config = models::ResolveModelSpec(seeded, "plan.model");
+  ASSERT_THAT(config, IsOk());
+  auto pretrained = models::CausalLM::Create(*config, seeded.init());
+  ASSERT_THAT(pretrained, IsOk());
+  ASSERT_THAT(models::SaveHfModel(**pretrained, dir, torch::kFloat32), IsOk());
+  for (const auto& [name, ranks] : {std::pair<std::string, int>{"llama_single", 1},
+                                    std::pair<std::string, int>{"llama_tp", 2}}) {
+    SCOPED_TRACE(name + " from " + dir);
+    Plan plan = ShortShippedPlan(name);
+    ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
+    expect_masters(plan, ranks, dir, **pretrained);
+  }
 }
 
 // Tensor parallelism over 2 ranks (both read the 16 sequences of a step), and FSDP over
