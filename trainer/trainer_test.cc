@@ -190,6 +190,22 @@ TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
   ExpectTracksTheFp32Run(TrainOnRanks(plan, 2));
 }
 
+// llama_single's model initialised from `seed` (weights no shipped plan starts from), saved
+// in fp32 to the Hugging Face folder `dir`; null after a failure, which it reports.
+std::shared_ptr<models::CausalLM> SavedModelOfSeed(int seed, const std::string& dir) {
+  models::ModelSpec seeded = ShortShippedPlan("llama_single").model();
+  seeded.mutable_init()->set_seed(seed);
+  auto config = models::ResolveModelSpec(seeded, "plan.model");
+  EXPECT_THAT(config, IsOk());
+  if (!config.ok()) return nullptr;
+  auto model = models::CausalLM::Create(*config, seeded.init());
+  EXPECT_THAT(model, IsOk());
+  if (!model.ok()) return nullptr;
+  const absl::Status saved = models::SaveHfModel(**model, dir, torch::kFloat32);
+  EXPECT_THAT(saved, IsOk());
+  return saved.ok() ? *model : nullptr;
+}
+
 // The fp32 master weights of a bf16 model start from the fp32 values it was initialised with
 // (FSDP's fp32 shards, the optimizer's masters of bf16 parameters), in every layout, or from
 // a Hugging Face folder's fp32 values: not from their rounded bf16 copy, which the model
@@ -232,22 +248,15 @@ TEST(PreparedModelTest, Bf16MastersStartFromTheFp32Values) {
     ASSERT_THAT(initialised, IsOk());
     expect_masters(plan, ranks, "", **initialised);
   }
-  // Another seed's fp32 weights, saved in fp32.
   const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/fp32_masters");
-  Plan single = ShortShippedPlan("llama_single");
-  models::ModelSpec seeded = single.model();
-  seeded.mutable_init()->set_seed(7);
-  auto config = models::ResolveModelSpec(seeded, "plan.model");
-  ASSERT_THAT(config, IsOk());
-  auto pretrained = models::CausalLM::Create(*config, seeded.init());
-  ASSERT_THAT(pretrained, IsOk());
-  ASSERT_THAT(models::SaveHfModel(**pretrained, dir, torch::kFloat32), IsOk());
+  const std::shared_ptr<models::CausalLM> pretrained = SavedModelOfSeed(7, dir);
+  ASSERT_NE(pretrained, nullptr);
   for (const auto& [name, ranks] : {std::pair<std::string, int>{"llama_single", 1},
                                     std::pair<std::string, int>{"llama_tp", 2}}) {
     SCOPED_TRACE(name + " from " + dir);
     Plan plan = ShortShippedPlan(name);
     ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
-    expect_masters(plan, ranks, dir, **pretrained);
+    expect_masters(plan, ranks, dir, *pretrained);
   }
 }
 
@@ -265,14 +274,8 @@ TEST(TrainTest, TensorParallelAndTwoDimensionalRunsTrainToTheSingleProcessLosses
 // differ.
 TEST(TrainTest, TensorParallelRanksLoadTheirSlicesOfAHuggingFaceFolder) {
   const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/seed5");
-  Plan single = ShortShippedPlan("llama_single");
-  models::ModelSpec seeded = single.model();
-  seeded.mutable_init()->set_seed(5);
-  auto config = models::ResolveModelSpec(seeded, "plan.model");
-  ASSERT_THAT(config, IsOk());
-  auto pretrained = models::CausalLM::Create(*config, seeded.init());
-  ASSERT_THAT(pretrained, IsOk());
-  ASSERT_THAT(models::SaveHfModel(**pretrained, dir), IsOk());
+  const std::shared_ptr<models::CausalLM> pretrained = SavedModelOfSeed(5, dir);
+  ASSERT_NE(pretrained, nullptr);
 
   const Plan two_d = ShortShippedPlan("llama_2d");
   WithMesh(two_d, 4, [&](int rank, const parallel::DeviceMesh& mesh) {
@@ -286,19 +289,20 @@ TEST(TrainTest, TensorParallelRanksLoadTheirSlicesOfAHuggingFaceFolder) {
                 parallel::TensorSlice::Whole(parameter.slice.global_shape).box.numel());
       EXPECT_TRUE(parameter.slice.DataOf(parameter.tensor)
                       .equal(parallel::NarrowTo(
-                          (*pretrained)->named_parameters()[parameter.name],
+                          pretrained->named_parameters()[parameter.name],
                           parallel::TensorSlice::Whole(parameter.slice.global_shape).box,
                           parameter.slice.box)));
     }
     auto full = (*prepared)->preparation().FullParameters();
     ASSERT_THAT(full, IsOk());
-    for (const auto& item : (*pretrained)->named_parameters()) {
+    for (const auto& item : pretrained->named_parameters()) {
       EXPECT_TRUE(full->at(item.key()).equal(item.value())) << rank << " " << item.key();
     }
   });
 
   Plan tp = ShortShippedPlan("llama_tp");
   tp.set_hf_weights_dir(dir);
+  Plan single = ShortShippedPlan("llama_single");
   single.set_hf_weights_dir(dir);
   const TrainReport expected = TrainOnRanks(single, 1);
   ExpectSameRun(TrainOnRanks(tp, 2), expected);
