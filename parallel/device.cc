@@ -50,8 +50,11 @@ std::optional<std::string> CpuNativeBf16() {
 
 namespace {
 
+// Each failed call's error is cleared from the thread's last error, which LibTorch checks
+// after its kernel launches: it is reported here, not as the failure of a later kernel.
 absl::Status CudaStatus(cudaError_t error, const char* call) {
   if (error == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
   return absl::InternalError(absl::StrCat(call, " failed: ", cudaGetErrorString(error)));
 }
 
@@ -59,7 +62,9 @@ absl::Status CudaStatus(cudaError_t error, const char* call) {
 // the GPUs' memory to its ranks.
 std::optional<cudaDeviceProp> Properties(const torch::Device& device) {
   cudaDeviceProp properties;
-  if (!device.is_cuda() || cudaGetDeviceProperties(&properties, device.index()) != cudaSuccess) {
+  if (!device.is_cuda()) return std::nullopt;
+  if (!CudaStatus(cudaGetDeviceProperties(&properties, device.index()), "cudaGetDeviceProperties")
+           .ok()) {
     return std::nullopt;
   }
   return properties;

@@ -33,8 +33,11 @@ absl::string_view CallName(absl::string_view expression) {
   return expression.substr(0, expression.find('('));
 }
 
+// A failed call's error is cleared from the thread's last error, which LibTorch checks after
+// each kernel launch: it is reported here, and must not resurface as the failure of a kernel.
 absl::Status GpuStatus(cudaError_t error, absl::string_view expression) {
   if (error == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
   std::string message = absl::StrCat(CallName(expression), " failed: ", cudaGetErrorString(error),
                                      " (", cudaGetErrorName(error), ")");
   if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
@@ -140,8 +143,8 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(c10d::Store& store, const std::str
     bytes = store.get(key);
   } catch (const std::exception& error) {
     // Stores report a timeout each in their own way (HashStore a std::system_error, TcpStore a
-    // std::runtime_error), so a failure after the whole wait, on the steady clock they time out by, is
-    // taken as the timeout.
+    // std::runtime_error), so a failure after the whole wait, on the steady clock they time out by,
+    // is taken as the timeout.
     if (std::chrono::steady_clock::now() - wait_start >= wait) {
       return absl::DeadlineExceededError(
           absl::StrCat("rank 0 did not publish the NCCL unique id under store key '", key,
@@ -338,6 +341,9 @@ class NcclCommunicator::Connection {
       const cudaError_t result = query();
       if (result == cudaSuccess) return absl::OkStatus();
       if (result != cudaErrorNotReady) return GpuStatus(result, call);
+      // Not a failure, and cleared from the thread's last error as GpuStatus clears failures
+      // (and LibTorch's own event queries, c10/cuda/CUDAEvent.h, clear it).
+      (void)cudaGetLastError();
       if (absl::Now() >= deadline) return TimeoutError(timeout_);
       absl::SleepFor(kPollInterval);
     }
