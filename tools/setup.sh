@@ -85,27 +85,48 @@ install_nccl() {
   ln -s libnccl.so.2 "${nccl_dir}/lib/libnccl.so"
 }
 
-# A CUDA LibTorch for `tools/torch_cuda` (--config=gpu): the torch/ folder of PyPI's CUDA wheel
-# of PyTorch, unpacked alone (its CUDA libraries come from other wheels, which a machine that
-# only compiles and links needs not have: third_party/repositories.bzl), linked as
-# /opt/plait/libtorch-cuda. Only where CUDA is installed: without it there is no GPU build.
-# 2.11.0, a CUDA 13 build as /usr/local/cuda on the build machines: the LibTorch of the GPU
-# machines plait's GPU tests run on, so what this build links runs there; and LibTorch 2.14
-# and newer require C++20, where plait is C++17.
+# A CUDA LibTorch for `tools/torch_cuda` (--config=gpu), linked as /opt/plait/libtorch-cuda.
+# Only where CUDA is installed: without it there is no GPU build. A machine that only compiles
+# and links (CI) needs the torch/ folder of PyPI's CUDA wheel of PyTorch alone, unpacked; its
+# CUDA libraries come from other wheels (third_party/repositories.bzl). A machine with an
+# NVIDIA driver runs what it builds, so there the wheel is installed with those libraries
+# (cuBLAS, cuDNN, NCCL, ... in NVIDIA's wheels, which LibTorch's RPATH finds beside its own
+# folder) into a venv of its own. 2.11.0, a CUDA 13 build as /usr/local/cuda on the build
+# machines: the LibTorch of the GPU machines plait's GPU tests run on, so what this build
+# links runs there; and LibTorch 2.14 and newer require C++20, where plait is C++17.
 torch_cuda_wheel="torch==2.11.0"
 torch_cuda_dir=/opt/plait/libtorch-cuda-2.11.0
+torch_cuda_venv=/opt/plait/venv-cuda-2.11.0
 torch_cuda_link=/opt/plait/libtorch-cuda
+# The torch/ folder of the CUDA venv's wheel, beside NVIDIA's wheels in its site-packages.
+cuda_venv_torch() {
+  "${torch_cuda_venv}/bin/python" -c 'import sysconfig
+print(sysconfig.get_paths()["purelib"] + "/torch")'
+}
 install_libtorch_cuda() {
   [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda_runtime.h" ] || return 0
-  [ "$(readlink "${torch_cuda_link}")" = "${torch_cuda_dir}" ] &&
+  local runs_gpus=false target="${torch_cuda_dir}"
+  if nvidia-smi -L >/dev/null 2>&1; then
+    runs_gpus=true
+    target="$(cuda_venv_torch 2>/dev/null)"
+  fi
+  [ -n "${target}" ] && [ "$(readlink "${torch_cuda_link}")" = "${target}" ] &&
     [ -e "${torch_cuda_link}/lib/libtorch_cuda.so" ] && return 0
   if [ "$(id -u)" -ne 0 ]; then
-    echo "setup: run as root to unpack ${torch_cuda_wheel}'s LibTorch into ${torch_cuda_dir}" >&2
+    echo "setup: run as root to install ${torch_cuda_wheel}'s LibTorch (CUDA) under /opt/plait" >&2
     return 1
   fi
-  echo "setup: unpacking the LibTorch of ${torch_cuda_wheel} (CUDA) into ${torch_cuda_dir}"
-  unpack_wheel "${torch_cuda_wheel}" torch "${torch_cuda_dir}"
-  ln -sfn "${torch_cuda_dir}" "${torch_cuda_link}"
+  if "${runs_gpus}"; then
+    echo "setup: installing ${torch_cuda_wheel} (CUDA) with its CUDA libraries into ${torch_cuda_venv}"
+    [ -x "${torch_cuda_venv}/bin/python" ] || python3 -m venv "${torch_cuda_venv}"
+    "${torch_cuda_venv}/bin/python" -m pip install --quiet --disable-pip-version-check \
+      "${torch_cuda_wheel}"
+    target="$(cuda_venv_torch)"
+  else
+    echo "setup: unpacking the LibTorch of ${torch_cuda_wheel} (CUDA) into ${torch_cuda_dir}"
+    unpack_wheel "${torch_cuda_wheel}" torch "${torch_cuda_dir}"
+  fi
+  ln -sfn "${target}" "${torch_cuda_link}"
 }
 
 # The Python environment of plait's tools, and PyTorch's wheel in it: its torch/ folder
