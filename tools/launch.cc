@@ -2,8 +2,8 @@
 // environment torchrun gives its ranks (see parallel/launcher.h):
 //
 //   bazel run //tools:launch -- --nproc_per_node=4 [--max_restarts=1] -- program args...
-//   # one machine of several, run on each with its own --node_rank:
-//   launch --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=node0 \
+//   # one machine of several, run on each with its own --node_rank (one command line):
+//   launch --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=node0
 //       --master_port=29500 -- program args...
 //
 // Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
