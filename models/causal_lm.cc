@@ -70,8 +70,9 @@ struct LocalActivations {
   double tokens;
   double between_matmuls;
   double heads;
+  double kv_heads;  // one, shared by tp / kv ranks, where there are fewer than ranks
   double q_width;
-  double kv_width;  // a key/value head shared by tp / kv ranks where there are fewer than ranks
+  double kv_width;
   double inner;
   int64_t vocab;  // logit columns
   // The [tokens, hidden] inputs of the column-parallel projections a block keeps, attention's
@@ -91,8 +92,9 @@ LocalActivations LocalActivationsOf(const ModelConfig& config, int64_t batch, in
   local.tokens = static_cast<double>(batch) * static_cast<double>(seq_len);
   local.between_matmuls = tp.sequence_parallel ? local.tokens / size : local.tokens;
   local.heads = static_cast<double>(config.num_attention_heads()) / size;
+  local.kv_heads = static_cast<double>(kv_heads / std::min<int64_t>(kv_heads, tp.size));
   local.q_width = local.heads * head_dim;
-  local.kv_width = static_cast<double>(kv_heads / std::min<int64_t>(kv_heads, tp.size)) * head_dim;
+  local.kv_width = local.kv_heads * head_dim;
   local.inner = static_cast<double>(config.intermediate_size()) / size;
   local.vocab = (config.vocab_size() + tp.size - 1) / tp.size;
   local.column_inputs = tp.sequence_parallel && batch > 1 ? 3.0 : 2.0;
@@ -137,10 +139,11 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
                                column_inputs + tokens * element * 4.0 * local.inner;
   if (base::kHasCausalSdpa) {
     // The fused attention keeps the rotated q and k, v, its output and its fp32 log-sum-exp
-    // [batch, heads, seq_len]; o_proj keeps the output's copy in [tokens, heads * d]. Wider
-    // than 16 bits, k and v reach it repeated to every query head (internal::CausalAttention).
-    const double kv_kept = element > 2.0 ? local.q_width : local.kv_width;
-    return norms_and_mlp + tokens * element * (3.0 * local.q_width + 2.0 * kv_kept) +
+    // [batch, heads, seq_len]; o_proj reads the output where the kernel wrote it, [tokens,
+    // heads * d] already. Wider than 16 bits, k and v reach it repeated to every query head
+    // (internal::CausalAttention): copies, but for a single key/value head views of it.
+    const double kv_kept = element > 2.0 && local.kv_heads > 1.0 ? local.q_width : local.kv_width;
+    return norms_and_mlp + tokens * element * (2.0 * local.q_width + 2.0 * kv_kept) +
            tokens * local.heads * sizeof(float);
   }
   // The composite attention keeps its copies of q, k and v in its matmuls' layouts, the

@@ -166,16 +166,16 @@ TEST(EstimateMemoryTest, ActivationCheckpointingLowersTheActivations) {
 //   the column-parallel projections' inputs, the norms' outputs or under sequence parallelism
 //     the sequence all-gathered (one sequence: no copy of their own): 2 x 4096 x 2 = 16384;
 //   SwiGLU's gate, up, silu(gate) and product: 4 x 1792 x 2 = 14336;
-//   q, the attention's output and o_proj's copy of it, k and v, and the fp32 log-sum-exp:
-//     3 x 512 x 2 + 2 x 128 x 2 + 4 x 4 = 3600 [q, k, v, the output and probabilities
+//   q, k, v, the attention's output (which o_proj reads in place) and its fp32 log-sum-exp:
+//     2 x 512 x 2 + 2 x 128 x 2 + 4 x 4 = 2576 [q, k, v, the output and probabilities
 //     2 x (2 x 512 + 2 x 128) + 4 x 8192 x 2 = 68096].
 // The final norm keeps one norm's share and the output projection's input: 24580 [40964] /
 // 8 under sequence parallelism, + 8192. The loss: the logits and their gradient, 2 x 16032 x 2,
-// a log-sum-exp of 4, and one fp32 chunk of 4185 rows x 16032 (256 MiB). That is 22.9 GB
-// without sequence parallelism and 11.5 GB with it (1.13: 48.6 and 29.5 GB), where the whole
-// model's activations are 59.5 GB (1.13: 203.5 GB): each plan now fits an 80 GB GPU.
+// a log-sum-exp of 4, and one fp32 chunk of 4185 rows x 16032 (256 MiB). That is 22.7 GB
+// without sequence parallelism and 11.2 GB with it (1.13: 48.6 and 29.5 GB), where the whole
+// model's activations are 57.4 GB (1.13: 203.5 GB); with the rest, each plan fits an 80 GB GPU.
 TEST(EstimateMemoryTest, TensorParallelRanksKeepTheirShareOfTheActivations) {
-  const double per_block = base::kHasCausalSdpa ? 16384 + 14336 + 3600 : 16384 + 14336 + 68096;
+  const double per_block = base::kHasCausalSdpa ? 16384 + 14336 + 2576 : 16384 + 14336 + 68096;
   const double norm = base::kMeanKeepsItsInput ? 40964 : 24580;
   const double loss = 8192.0 * (2 * 16032 * 2 + 4) + 4185.0 * 16032 * 4;
   for (const bool sequence_parallel : {false, true}) {
