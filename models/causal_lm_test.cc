@@ -7,11 +7,11 @@
 #include <utility>
 #include <vector>
 
-#include "base/allocation_counter.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/model_config.h"
+#include "models/testing_activations.h"
 #include "models/testing_gradients.h"
 
 namespace plait::models {
@@ -416,20 +416,11 @@ TEST(ActivationBytesTest, IsWhatAStepHoldsAtItsPeak) {
     ASSERT_THAT(model, IsOk());
     (*model)->to(dtype);
     internal::UseGenericOps(**model, generic);
-    torch::manual_seed(2);
-    const torch::Tensor tokens = torch::randint(config.vocab_size(), {kBatch, kSeqLen + 1});
-    const torch::Tensor inputs = tokens.narrow(1, 0, kSeqLen);
-    const torch::Tensor targets = tokens.narrow(1, 1, kSeqLen);
-    (*model)->Loss(inputs, targets).backward();  // allocates the gradients
-    base::AllocationCounter counter;
-    {
-      base::AllocationCounter::Scope counting(counter);
-      (*model)->Loss(inputs, targets).backward();
-    }
+    const int64_t peak = testing::MeasureActivationPeak(**model, kBatch, kSeqLen);
     const double estimate =
         ActivationBytes(config, kBatch, kSeqLen, dtype, generic ? torch::kCUDA : torch::kCPU);
-    EXPECT_THAT(static_cast<double>(counter.peak()) / estimate, DoubleNear(1.0, 0.03))
-        << counter.peak() << " bytes measured, " << estimate << " estimated";
+    EXPECT_THAT(static_cast<double>(peak) / estimate, DoubleNear(1.0, 0.03))
+        << peak << " bytes measured, " << estimate << " estimated";
   }
 }
 

@@ -72,6 +72,10 @@ std::shared_ptr<Work> GlooCommunicator::Enqueue(
 }
 
 void GlooCommunicator::RunTasks() {
+  // The collectives combine their tensors as data: autograd records nothing here, also for an
+  // input that requires grad (tensor parallelism's activations, sent from inside an autograd
+  // function's forward, where grad mode is off on the caller's thread only).
+  torch::NoGradGuard no_grad;
   while (true) {
     Task task;
     {

@@ -189,6 +189,26 @@ TEST_P(GlooCollectivesTest, AsyncCollectivesOverlapWithCompute) {
   });
 }
 
+// Tensor parallelism reduce-scatters activations that require grad from inside an autograd
+// function (whose forward turns grad mode off on its own thread only): the collective reads
+// them as data, records nothing, and leaves its output without a gradient.
+TEST_P(GlooCollectivesTest, ReduceScatterOfATensorThatRequiresGrad) {
+  const int size = GetParam();
+  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
+    const torch::Tensor input = Contribution(1001, rank, torch::kFloat32).requires_grad_();
+    const Chunk own = ChunkOf(input.numel(), size, rank);
+    torch::Tensor scattered = torch::empty({own.numel});
+    {
+      torch::NoGradGuard no_grad;
+      ASSERT_THAT(comm.ReduceScatter(input, scattered, ReduceOp::kSum)->Wait(), IsOk());
+    }
+    EXPECT_FALSE(scattered.requires_grad());
+    EXPECT_TRUE(
+        torch::equal(scattered, Expected(input.numel(), size, ReduceOp::kSum, torch::kFloat32)
+                                    .narrow(0, own.offset, own.numel)));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCollectivesTest, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return std::to_string(info.param) + "_ranks";

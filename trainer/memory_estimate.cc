@@ -26,11 +26,26 @@ torch::ScalarType DtypeOf(const models::ModelSpec& spec) {
   return base::ToScalarType(spec.dtype(), torch::kFloat32);
 }
 
+// How `steps`' tensor_parallel step, if there is one, splits the model's activations over
+// its dimension of `mesh`.
+models::TensorParallelism TensorParallelismOf(
+    const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
+    const parallel::MeshConfig& mesh) {
+  models::TensorParallelism tp;
+  for (const wrap::PrepareStep& step : steps) {
+    if (!step.has_tensor_parallel()) continue;
+    tp.size = parallel::SubmeshRanks(mesh, {step.tensor_parallel().mesh_dim()});
+    tp.sequence_parallel = step.tensor_parallel().sequence_parallel();
+  }
+  return tp;
+}
+
 // The model as the strategies' estimates see it: its blocks, what lies outside them (the
 // embeddings, the final norm, an untied output head), its element size, and the activations
-// of one micro-batch computed in `dtype` on `device_type`.
+// of one micro-batch computed in `dtype` on `device_type`, on one rank of `tp`.
 wrap::ModelShape ShapeOf(const models::ModelConfig& config, torch::ScalarType dtype,
-                         torch::DeviceType device_type, const TrainingConfig& training) {
+                         torch::DeviceType device_type, const TrainingConfig& training,
+                         const models::TensorParallelism& tp) {
   const double element_bytes = static_cast<double>(c10::elementSize(dtype));
   wrap::ModelShape shape;
   shape.hidden_size = static_cast<double>(config.hidden_size());
@@ -43,9 +58,13 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, torch::ScalarType dt
   shape.root_parameters = shape.parameters - shape.block_parameters * shape.num_blocks;
   shape.parameter_bytes = element_bytes;
   shape.block_activation_bytes = models::BlockActivationBytes(
-      config, training.micro_batch(), training.seq_len(), dtype, device_type);
+      config, training.micro_batch(), training.seq_len(), dtype, device_type, tp);
+  // A block's input is [tokens, hidden], this rank's slice of the sequence under sequence
+  // parallelism.
+  shape.block_input_bytes = shape.micro_batch_tokens / (tp.sequence_parallel ? tp.size : 1) *
+                            shape.hidden_size * element_bytes;
   shape.block_projection_output_bytes = models::BlockProjectionOutputBytes(
-      config, training.micro_batch(), training.seq_len(), element_bytes);
+      config, training.micro_batch(), training.seq_len(), element_bytes, tp);
   shape.num_key_value_heads = config.num_key_value_heads();
   for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
     const bool in_blocks = absl::StartsWith(parameter.name, "model.layers.");
@@ -69,13 +88,19 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
     const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
     const wrap::ModelShape& shape, const parallel::MeshConfig& mesh) {
   PreparationEstimate estimate;
+  // Each step sees the parameters as the steps before it left them on a rank: FSDP after
+  // tensor parallelism shards, and gathers, the tensor-parallel slices.
+  wrap::ModelShape seen = shape;
   for (const wrap::PrepareStep& step : steps) {
     PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
-    estimate.steps.push_back(strategy->Estimate(shape, mesh));
-    estimate.activation_bytes_saved += estimate.steps.back().activation_bytes_saved;
-    estimate.parameter_fraction *= estimate.steps.back().parameter_fraction;
-    estimate.gathered_bytes =
-        std::max(estimate.gathered_bytes, estimate.steps.back().gathered_bytes);
+    const wrap::StepEstimate& step_estimate =
+        estimate.steps.emplace_back(strategy->Estimate(seen, mesh));
+    estimate.activation_bytes_saved += step_estimate.activation_bytes_saved;
+    estimate.parameter_fraction *= step_estimate.parameter_fraction;
+    estimate.gathered_bytes = std::max(estimate.gathered_bytes, step_estimate.gathered_bytes);
+    for (double* parameters : {&seen.parameters, &seen.block_parameters, &seen.root_parameters}) {
+      *parameters *= step_estimate.parameter_fraction;
+    }
   }
   return estimate;
 }
@@ -89,7 +114,8 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
   const torch::DeviceType device_type =
       plan.device() == parallel::DEVICE_CUDA ? torch::kCUDA : torch::kCPU;
   const torch::ScalarType dtype = DtypeOf(plan.model());
-  const wrap::ModelShape shape = ShapeOf(config, dtype, device_type, plan.training());
+  const models::TensorParallelism tp = TensorParallelismOf(plan.prepare(), plan.mesh());
+  const wrap::ModelShape shape = ShapeOf(config, dtype, device_type, plan.training(), tp);
   MemoryEstimate estimate;
   PLAIT_ASSIGN_OR_RETURN(estimate.preparation,
                          EstimatePreparation(plan.prepare(), shape, plan.mesh()));
@@ -113,7 +139,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
   estimate.gradient_buffer_bytes = estimate.gradient_bytes * gradient_copies;
   estimate.activation_bytes =
       models::ActivationBytes(config, plan.training().micro_batch(), plan.training().seq_len(),
-                              dtype, device_type) -
+                              dtype, device_type, tp) -
       estimate.preparation.activation_bytes_saved;
   estimate.block_activation_bytes = shape.block_activation_bytes;
   for (int i = 0; i < plan.frozen_size(); ++i) {
@@ -122,7 +148,8 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
         const models::ModelConfig frozen_config,
         models::ResolveModelSpec(frozen.model(), absl::StrCat("plan.frozen[", i, "].model")));
     const wrap::ModelShape frozen_shape =
-        ShapeOf(frozen_config, DtypeOf(frozen.model()), device_type, plan.training());
+        ShapeOf(frozen_config, DtypeOf(frozen.model()), device_type, plan.training(),
+                TensorParallelismOf(frozen.prepare(), plan.mesh()));
     FrozenEstimate& frozen_estimate = estimate.frozen.emplace_back();
     PLAIT_ASSIGN_OR_RETURN(frozen_estimate.preparation,
                            EstimatePreparation(frozen.prepare(), frozen_shape, plan.mesh()));

@@ -3,10 +3,11 @@
 // holds the trained model's share of parameters (in its dtype, or the fp32 shards FSDP
 // keeps), fp32 optimizer state (with fp32 masters of 16-bit parameters) and what its
 // preparation keeps (DDP's gradient buckets); at the peak of a step, also the units FSDP
-// holds whole and either the activations of one micro-batch at the start of its backward
-// (less what activation checkpointing recomputes) or, where that is larger, the gradients
-// and one block's activations at its end; and the frozen models' shares.
-// trainer/memory_measured_test.cc checks it against what the trainer's ranks hold:
+// holds whole (of the tensor-parallel slices, after tensor parallelism) and either the activations
+// of one micro-batch at the start of its backward (less what activation checkpointing recomputes)
+// or, where that is larger, the gradients and one block's activations at its end (under tensor
+// parallelism, the rank's share of the activations: models::ActivationBytes); and the frozen
+// models' shares. trainer/memory_measured_test.cc checks it against what the trainer's ranks hold:
 //
 //   PLAIT_ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(plan, world_size));
 //   PLAIT_RETURN_IF_ERROR(CheckMemoryFits(estimate, local_ranks, available_bytes));

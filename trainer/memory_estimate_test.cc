@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
+#include "base/torch_compat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
@@ -149,6 +150,61 @@ TEST(EstimateMemoryTest, ActivationCheckpointingLowersTheActivations) {
   EXPECT_GT(full, 0);
   EXPECT_LT(full, selective);
   EXPECT_LT(selective, none);
+}
+
+// Llama-3.1-8B (hidden 4096, 32 layers of 32 heads of 128 and 8 key/value heads, MLP 14336,
+// vocabulary 128256) over 8 GPUs of tensor parallelism, one sequence of 8192 tokens in bf16
+// with AdamW. A rank keeps 1/8 of the 8.03B parameters at 16 bytes each (bf16 value and
+// gradient, fp32 master and two moments): 16.1 GB. Of the activations it keeps what the GPU's
+// generic ops save for its 4 heads (512 query columns, one key/value head of 128), its 1792 of
+// the MLP's columns and its 16032 of the vocabulary; per token and block, in bytes, with
+// LibTorch 2.x's fused attention (1.13's composite attention, in brackets, keeps its [T, T]
+// probabilities, and 1.13's mean its input's square):
+//   the 2 norms' fp32 copies of their input (and squares), normalised inputs and rstd:
+//     2 x (4 x 4096 [x 2] + 2 x 4096 + 4) = 49160 [81928], which every rank computes whole
+//     unless sequence parallelism splits them 8 ways: 6145 [10241];
+//   the column-parallel projections' inputs, the norms' outputs or under sequence parallelism
+//     the sequence all-gathered (one sequence: no copy of their own): 2 x 4096 x 2 = 16384;
+//   SwiGLU's gate, up, silu(gate) and product: 4 x 1792 x 2 = 14336;
+//   q, k, v, the attention's output (which o_proj reads in place) and its fp32 log-sum-exp:
+//     2 x 512 x 2 + 2 x 128 x 2 + 4 x 4 = 2576 [q, k, v, the output and probabilities
+//     2 x (2 x 512 + 2 x 128) + 4 x 8192 x 2 = 68096].
+// The final norm keeps one norm's share and the output projection's input: 24580 [40964] /
+// 8 under sequence parallelism, + 8192. The loss: the logits and their gradient, 2 x 16032 x 2,
+// a log-sum-exp of 4, and one fp32 chunk of 4185 rows x 16032 (256 MiB). That is 22.7 GB
+// without sequence parallelism and 11.2 GB with it (1.13: 48.6 and 29.5 GB), where the whole
+// model's activations are 57.4 GB (1.13: 203.5 GB); with the rest, each plan fits an 80 GB GPU.
+TEST(EstimateMemoryTest, TensorParallelRanksKeepTheirShareOfTheActivations) {
+  const double per_block = base::kHasCausalSdpa ? 16384 + 14336 + 2576 : 16384 + 14336 + 68096;
+  const double norm = base::kMeanKeepsItsInput ? 40964 : 24580;
+  const double loss = 8192.0 * (2 * 16032 * 2 + 4) + 4185.0 * 16032 * 4;
+  for (const bool sequence_parallel : {false, true}) {
+    SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "tensor parallel");
+    Plan plan = ParseOrDie(R"pb(
+      model { preset: "llama3.1-8b" dtype: DTYPE_BFLOAT16 }
+      device: DEVICE_CUDA
+      mesh { dims { name: "tp" size: 8 } }
+      prepare { tensor_parallel { mesh_dim: "tp" } }
+      optimizer { adamw {} }
+      schedule {
+        lr: 1e-4
+        constant {}
+      }
+      training { steps: 10 micro_batch: 1 seq_len: 8192 eval_batches: 1 }
+    )pb");
+    plan.mutable_prepare(0)->mutable_tensor_parallel()->set_sequence_parallel(sequence_parallel);
+    ASSERT_THAT(ValidatePlan(plan, 8), IsOk());
+    absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 8);
+    ASSERT_THAT(estimate, IsOk());
+    const double parameters =
+        static_cast<double>(models::NumParameters(*models::PresetConfig("llama3.1-8b")));
+    EXPECT_THAT(estimate->between_steps_bytes() + estimate->gradient_bytes,
+                DoubleNear(parameters / 8 * 16, 1));
+    const double norms = sequence_parallel ? norm / 8 : norm;
+    EXPECT_DOUBLE_EQ(estimate->activation_bytes,
+                     8192.0 * (32 * (2 * norms + per_block) + norms + 8192) + loss);
+    EXPECT_THAT(CheckMemoryFits(*estimate, 1, int64_t{80'000'000'000}), IsOk());
+  }
 }
 
 // The frozen reference model of preference training takes memory too: its parameters, sharded

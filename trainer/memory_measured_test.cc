@@ -1,7 +1,8 @@
 // The memory estimate (memory_estimate.h) against what the trainer's ranks hold, measured
-// (testing_memory.h), for the shipped jobs llama_fsdp and llama_ddp, the medium shape, a bf16
-// plan and two with activation checkpointing. Memory is deterministic for a plan, so the goal
-// is an assertion: every rank's estimate within 15% of what it holds.
+// (testing_memory.h), for the shipped jobs llama_fsdp, llama_ddp, llama_tp and llama_2d, the
+// medium shape, a bf16 plan, sequence parallelism and activation checkpointing. Memory is
+// deterministic for a plan, so the goal is an assertion: every rank's estimate within 15% of
+// what it holds.
 #include <cstdio>
 #include <string>
 #include <vector>

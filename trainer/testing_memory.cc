@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <tuple>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -52,32 +52,58 @@ Plan Shortened(Plan plan) {
   return plan;
 }
 
+// `check` with activation checkpointing by `policy` before its own steps.
+MemoryCheckPlan Checkpointed(MemoryCheckPlan check, std::string name,
+                             wrap::ActivationCheckpointingConfig::Policy policy) {
+  check.name = std::move(name);
+  const auto steps = check.plan.prepare();
+  check.plan.clear_prepare();
+  check.plan.add_prepare()->mutable_activation_checkpointing()->set_policy(policy);
+  check.plan.mutable_prepare()->MergeFrom(steps);
+  return check;
+}
+
 }  // namespace
 
 std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   std::vector<MemoryCheckPlan> plans;
-  plans.push_back({"llama_fsdp", Shortened(LoadShippedPlan("llama_fsdp")), 2});
+  const MemoryCheckPlan fsdp{"llama_fsdp", Shortened(LoadShippedPlan("llama_fsdp")), 2};
+  plans.push_back(fsdp);
   plans.push_back({"llama_ddp", Shortened(LoadShippedPlan("llama_ddp")), 2});
   absl::StatusOr<Plan> medium = LoadPlan(absl::StrCat(
       std::getenv("TEST_SRCDIR"), "/plait/trainer/testdata/runs/medium_single.textproto"));
   EXPECT_THAT(medium, IsOk());
-  plans.push_back({"medium", Shortened(medium.value_or(Plan())), 1});
+  const MemoryCheckPlan medium_check{"medium", Shortened(medium.value_or(Plan())), 1};
+  plans.push_back(medium_check);
   Plan bf16 = LoadShippedPlan("llama_fsdp");
   bf16.mutable_model()->set_dtype(base::DTYPE_BFLOAT16);
   plans.push_back({"llama_fsdp_bf16", Shortened(std::move(bf16)), 2});
-  // Activation checkpointing before the plans' own steps: FULL on the medium shape (where
-  // the gradients outgrow the activations kept), SELECTIVE under FSDP.
-  for (const auto& [name, checkpointed, policy] :
-       {std::tuple{"medium_full", plans[2], wrap::ActivationCheckpointingConfig::FULL},
-        std::tuple{"llama_fsdp_selective", plans[0],
-                   wrap::ActivationCheckpointingConfig::SELECTIVE}}) {
-    MemoryCheckPlan check = checkpointed;
-    check.name = name;
-    check.plan.clear_prepare();
-    check.plan.add_prepare()->mutable_activation_checkpointing()->set_policy(policy);
-    check.plan.mutable_prepare()->MergeFrom(checkpointed.plan.prepare());
-    plans.push_back(std::move(check));
+  // Activation checkpointing: FULL on the medium shape (where the gradients outgrow the
+  // activations kept), SELECTIVE under FSDP.
+  plans.push_back(
+      Checkpointed(medium_check, "medium_full", wrap::ActivationCheckpointingConfig::FULL));
+  plans.push_back(
+      Checkpointed(fsdp, "llama_fsdp_selective", wrap::ActivationCheckpointingConfig::SELECTIVE));
+  // Tensor parallelism: llama_tp (16 x 64 tokens); with sequence parallelism on that batch
+  // and on one sequence of 1024 tokens (which the column-parallel matmuls keep gathered
+  // without a copy of their own), and with SELECTIVE checkpointing too; and llama_2d (FSDP
+  // over TP slices).
+  const MemoryCheckPlan tp{"llama_tp", Shortened(LoadShippedPlan("llama_tp")), 2};
+  plans.push_back(tp);
+  MemoryCheckPlan sp = tp;
+  sp.name = "llama_tp_sp";
+  sp.plan.mutable_prepare(0)->mutable_tensor_parallel()->set_sequence_parallel(true);
+  plans.push_back(sp);
+  MemoryCheckPlan one_sequence = sp;
+  one_sequence.name = "llama_tp_sp_1x1024";
+  for (const char* override :
+       {"training.micro_batch=1", "training.seq_len=1024", "training.global_batch=1"}) {
+    EXPECT_THAT(ApplyOverride(override, one_sequence.plan), IsOk());
   }
+  plans.push_back(one_sequence);
+  plans.push_back(
+      Checkpointed(sp, "llama_tp_sp_selective", wrap::ActivationCheckpointingConfig::SELECTIVE));
+  plans.push_back({"llama_2d", Shortened(LoadShippedPlan("llama_2d")), 4});
   return plans;
 }
 

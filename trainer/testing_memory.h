@@ -42,7 +42,10 @@ struct MemoryCheckPlan {
 // The shipped jobs llama_fsdp and llama_ddp in fp32, the medium shape
 // (testdata/runs/medium_single.textproto: the models and wrap benchmarks' model, batch 4 x 256
 // tokens, one rank) in fp32, llama_fsdp in bf16 (with fp32 shards and optimizer state), and
-// with activation checkpointing: the medium shape with FULL, llama_fsdp with SELECTIVE.
+// with activation checkpointing: the medium shape with FULL, llama_fsdp with SELECTIVE; and
+// tensor parallelism in fp32: llama_tp, with sequence parallelism on its batch (16 x 64
+// tokens), on one sequence of 1024 tokens and with SELECTIVE checkpointing, and llama_2d (FSDP
+// over tensor-parallel slices, 4 ranks).
 std::vector<MemoryCheckPlan> MemoryCheckPlans();
 
 }  // namespace plait::trainer::testing

@@ -49,9 +49,10 @@ struct ModelShape {
   double hidden_size = 0;
   double micro_batch_tokens = 0;
   // Bytes of the activations one block keeps for its backward in one micro-batch (without
-  // activation checkpointing), and of the outputs of its projections (its matmuls: q/k/v/o,
-  // gate/up/down).
+  // activation checkpointing), of its input, and of the outputs of its projections (its
+  // matmuls: q/k/v/o, gate/up/down), on one rank: tensor parallelism's share of them.
   double block_activation_bytes = 0;
+  double block_input_bytes = 0;
   double block_projection_output_bytes = 0;
   // What tensor parallelism's gradient reductions carry: the key/value head count, one
   // block's key/value projections (k_proj and v_proj, weights and biases), whose gradients

@@ -187,8 +187,8 @@ absl::Status CheckActivationCheckpointingConfig(const ActivationCheckpointingCon
 StepEstimate ActivationCheckpointingStrategy::Estimate(const ModelShape& shape,
                                                        const parallel::MeshConfig& /*mesh*/) const {
   const bool selective = config_.policy() == ActivationCheckpointingConfig::SELECTIVE;
-  const double input_bytes = shape.micro_batch_tokens * shape.hidden_size * shape.parameter_bytes;
-  const double kept = input_bytes + (selective ? shape.block_projection_output_bytes : 0.0);
+  const double kept =
+      shape.block_input_bytes + (selective ? shape.block_projection_output_bytes : 0.0);
   StepEstimate estimate;
   estimate.description = absl::StrFormat(
       "activation checkpointing (%s): each of %d blocks keeps %s of activations instead of %s, "

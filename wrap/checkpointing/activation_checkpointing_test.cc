@@ -164,9 +164,7 @@ TEST(ActivationCheckpointingStrategyTest, NeedsAPolicy) {
 TEST(ActivationCheckpointingStrategyTest, EstimatesTheActivationsItSaves) {
   ModelShape shape;
   shape.num_blocks = 4;
-  shape.hidden_size = 8;
-  shape.micro_batch_tokens = 10;
-  shape.parameter_bytes = 4;  // a block's input: 320 bytes
+  shape.block_input_bytes = 320;
   shape.block_activation_bytes = 5000;
   shape.block_projection_output_bytes = 1000;
   ActivationCheckpointingConfig config;
