@@ -75,12 +75,6 @@ struct LocalActivations {
   double kv_width;
   double inner;
   int64_t vocab;  // logit columns
-  // The [tokens, hidden] inputs of the column-parallel projections a block keeps, attention's
-  // and the MLP's: the norms' outputs, or under sequence parallelism the sequence all-gathered
-  // (the norms' own outputs then go). With more than one sequence that is a transposed view of
-  // the sequence-first buffer the collective fills, which each matmul that flattens it into
-  // rows copies: q/k/v share attention's reshape, but gate_proj and up_proj keep a copy each.
-  double column_inputs;
 };
 
 LocalActivations LocalActivationsOf(const ModelConfig& config, int64_t batch, int64_t seq_len,
@@ -97,7 +91,6 @@ LocalActivations LocalActivationsOf(const ModelConfig& config, int64_t batch, in
   local.kv_width = local.kv_heads * head_dim;
   local.inner = static_cast<double>(config.intermediate_size()) / size;
   local.vocab = (config.vocab_size() + tp.size - 1) / tp.size;
-  local.column_inputs = tp.sequence_parallel && batch > 1 ? 3.0 : 2.0;
   return local;
 }
 
@@ -121,7 +114,10 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
   const double tokens = local.tokens;
   const double h = static_cast<double>(config.hidden_size());
   const double element = static_cast<double>(c10::elementSize(dtype));
-  const double column_inputs = local.column_inputs * tokens * h * element;
+  // The [tokens, hidden] inputs of the column-parallel projections, attention's and the
+  // MLP's: the norms' outputs, or under sequence parallelism the sequence all-gathered (the
+  // norms' own outputs then go).
+  const double column_inputs = 2.0 * tokens * h * element;
   if (internal::FusedFormsServe(dtype, device_type)) {
     // Each RmsNorm its input and rstd (the input is the block's, then the attention's residual
     // sum), and the projections after it their inputs; the rotated q and k, v; the attention's

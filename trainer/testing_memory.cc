@@ -85,8 +85,7 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   plans.push_back(
       Checkpointed(fsdp, "llama_fsdp_selective", wrap::ActivationCheckpointingConfig::SELECTIVE));
   // Tensor parallelism: llama_tp (16 x 64 tokens); with sequence parallelism on that batch
-  // and on one sequence of 1024 tokens (which the column-parallel matmuls keep gathered
-  // without a copy of their own), and with SELECTIVE checkpointing too; and llama_2d (FSDP
+  // and on one sequence of 1024 tokens, and with SELECTIVE checkpointing too; and llama_2d (FSDP
   // over TP slices).
   const MemoryCheckPlan tp{"llama_tp", Shortened(LoadShippedPlan("llama_tp")), 2};
   plans.push_back(tp);

@@ -30,13 +30,15 @@ torch::Tensor AllReduced(const torch::Tensor& x, TpGroup& group) {
 // [B, T, ...]) goes first for them.
 torch::Tensor SequenceFirst(const torch::Tensor& x) { return x.transpose(0, 1).contiguous(); }
 
+// Batch-first again, and contiguous: the column-parallel projections after it flatten it
+// into rows, which of a transposed view each would copy (and keep for its backward).
 torch::Tensor AllGatheredSequence(const torch::Tensor& x, TpGroup& group) {
   const torch::Tensor input = SequenceFirst(x);
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes[0] *= group.size();
   torch::Tensor output = torch::empty(sizes, input.options());
   group.Wait(group.communicator().AllGather(input, output));
-  return output.transpose(0, 1);
+  return output.transpose(0, 1).contiguous();
 }
 
 torch::Tensor ReduceScatteredSequence(const torch::Tensor& x, TpGroup& group) {

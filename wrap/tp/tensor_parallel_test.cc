@@ -161,8 +161,7 @@ TEST_P(TensorParallelTest, OptimizerOwnsTheSlicesAndNoFullTensorStaysAlive) {
 // What a rank's training step holds at its peak beyond the parameters and their gradients,
 // against the estimate of its share (models/causal_lm_test.cc checks one process's): in fp32
 // and bf16, with the fused CPU kernels and with the generic ops a GPU runs, over 2 ranks and
-// over 4 (which share each key/value head between 2), for one sequence and for several (whose
-// all-gathered sequence, under sequence parallelism, each projection that flattens it copies).
+// over 4 (which share each key/value head between 2), for one sequence and for several.
 // 512 tokens, more than the hidden size: with fewer, the peak would come later than the
 // estimate says, when the output projection's weight gradient [vocab / tp, hidden] is made.
 TEST_P(TensorParallelTest, ActivationBytesAreWhatARankHoldsAtItsPeak) {
