@@ -21,7 +21,9 @@ libtorch="${LIBTORCH_HOME:-/opt/plait/libtorch-cuda}"
 build_flags=(--config=opt --dynamic_mode=off --strip=always)
 
 # The LibTorch's version from its version.h (include/torch/headeronly/ from 2.9 on).
-version_h="$(grep -rl --include=version.h 'define TORCH_VERSION_MAJOR' "${libtorch}/include/torch" | head -1)"
+version_h="$(grep -rl --include=version.h 'define TORCH_VERSION_MAJOR' "${libtorch}/include/torch" ||
+  true)"
+version_h="${version_h%%$'\n'*}"  # the first
 torch_version="$(awk '/define TORCH_VERSION_(MAJOR|MINOR|PATCH) / { v = v (v == "" ? "" : ".") $3 }
   END { print v }' "${version_h:-/dev/null}")"
 if [ -z "${torch_version}" ]; then
