@@ -19,24 +19,25 @@
 # the summary, when a build, a test, the training run or the benchmark fails or prints no
 # result.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 
+# Paths as the caller gives them, made absolute before the script moves to the repository
+# (and `bazel run` to the runfiles).
 bundle_archive=""
 log_dir=""
 for arg in "$@"; do
   case "${arg}" in
-    --bundle=*) bundle_archive="${arg#--bundle=}" ;;
-    --logs=*) log_dir="${arg#--logs=}" ;;
+    --bundle=*) bundle_archive="$(realpath -m "${arg#--bundle=}")" ;;
+    --logs=*) log_dir="$(realpath -m "${arg#--logs=}")" ;;
     *)
       echo "usage: tools/gpu_check.sh [--bundle=ARCHIVE] [--logs=DIR]" >&2
       exit 2
       ;;
   esac
 done
+cd "$(dirname "$0")/.."
 scratch="$(mktemp -d)"
 trap 'rm -rf "${scratch}"' EXIT
-log_dir="${log_dir:-${scratch}/logs}"
-mkdir -p "${log_dir}"
+mkdir -p "${log_dir:=${scratch}/logs}"
 start=$(date +%s)
 status=0
 fail() {
@@ -131,7 +132,7 @@ else
     fail "trainer/plans/llama_fsdp.textproto no longer has the mesh and micro_batch this script rewrites for one GPU"
 fi
 # The plan's peaks are a CPU core's: no MFU for the tiny model (model_bench gives the GPU's).
-"${train[@]}" --plan="$(cd "$(dirname "${plan}")" && pwd)/$(basename "${plan}")" \
+"${train[@]}" --plan="${plan}" \
   --set=device=DEVICE_CUDA --set=training.steps=100 --set=training.metrics_file= \
   --set=training.peak_flops_per_rank=0 --set=training.peak_bf16_flops_per_rank=0 2>&1 |
   tee "${log_dir}/train.log"
@@ -142,13 +143,12 @@ grep -q 'peak device memory' <<<"${train_summary}" ||
   fail "llama_fsdp's summary has no peak device memory: it did not train on a GPU"
 
 echo "--- model_bench on CUDA"
-bench_json="$(cd "${log_dir}" && pwd)/bench.json"
-"${model_bench[@]}" --benchmark_filter=Cuda --benchmark_out="${bench_json}" \
+"${model_bench[@]}" --benchmark_filter=Cuda --benchmark_out="${log_dir}/bench.json" \
   --benchmark_out_format=json 2>&1 | tee "${log_dir}/bench.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail "model_bench failed"
 # Exits non-zero for a benchmark that reported an error or no run.
 bench_summary=$(
-  "${python}" - "${bench_json}" <<'PY'
+  "${python}" - "${log_dir}/bench.json" <<'PY'
 import json, sys
 try:
     runs = json.load(open(sys.argv[1]))["benchmarks"]
