@@ -2,19 +2,30 @@
 // single-device run (TF32 off) in fp32 and in bf16, FSDP and DDP over NCCL on a mesh of one
 // rank and, with 2 GPUs, of two, tensor parallelism (2 GPUs), 2-D and hybrid sharding (4),
 // DPO against its frozen reference, live or precomputed, and a checkpoint written on the GPU
-// resumed on the GPU and on the CPU. The CUDA runs report their peak memory. A test that needs
-// more GPUs than the machine has says so and skips.
+// resumed on the GPU and on the CPU. The CUDA runs report their peak memory, and a step waits
+// for the device only to read what the host needs. A test that needs more GPUs than the
+// machine has says so and skips.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/dtype.pb.h"
 #include "base/status_matchers.h"
+#include "c10/cuda/CUDAFunctions.h"
+#include "c10/util/Backtrace.h"
+#include "c10/util/Exception.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
@@ -205,6 +216,108 @@ TEST_F(TrainOnCudaTest, ACheckpointResumesOnTheGpuAndOnTheCpu) {
     resumed.mutable_training()->mutable_checkpoint()->set_dir(dir);
     resumed.mutable_training()->mutable_checkpoint()->set_resume(true);
     ExpectSameRun(TrainOnRanks(resumed, 1), after_five, kCudaTolerance, /*floor=*/1e-2);
+  }
+}
+
+// The host's waits for the device through LibTorch's synchronising operations (a blocking
+// copy to the host, .item(), a stream or device synchronisation), which c10's sync debug mode
+// reports as warnings, per rank (thread) and training step, each with the backtrace of where
+// it was made (a backward pass's are replayed on the rank's thread after it, without theirs).
+// The NCCL communicator's waits for a collective query its event, and are not among them.
+class DeviceSyncLog {
+ public:
+  DeviceSyncLog() {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+  }
+  ~DeviceSyncLog() {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+
+  // Installs the log on the calling thread, a rank's (TrainOptions::before_step); what it
+  // synchronises from now on counts towards `step` (0-based).
+  void BeginStep(int64_t step) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<Rank>& rank = ranks_[std::this_thread::get_id()];
+    if (rank == nullptr) rank = std::make_unique<Rank>();
+    rank->step = step;
+    c10::WarningUtils::set_warning_handler(rank.get());
+  }
+
+  // For each rank (in no particular order), the backtraces of each step's synchronisations.
+  std::vector<std::map<int64_t, std::vector<std::string>>> PerRank() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::map<int64_t, std::vector<std::string>>> result;
+    for (const auto& [thread, rank] : ranks_) result.push_back(rank->syncs);
+    return result;
+  }
+
+ private:
+  struct Rank final : public c10::WarningHandler {
+    void process(const c10::Warning& warning) override {
+      if (absl::StrContains(warning.msg(), "synchronizing CUDA operation")) {
+        syncs[step].push_back(c10::get_backtrace(/*frames_to_skip=*/1,
+                                                 /*maximum_number_of_frames=*/24));
+      } else {
+        c10::WarningHandler().process(warning);
+      }
+    }
+    int64_t step = 0;
+    std::map<int64_t, std::vector<std::string>> syncs;
+  };
+
+  absl::Mutex mu_;
+  std::map<std::thread::id, std::unique_ptr<Rank>> ranks_;
+};
+
+// The loss is read on the host once a step, after the update; the gradient norm once, for
+// clipping's decision; and, with more than one data-parallel rank, the step's item count
+// once, before the first micro-batch. Nothing else waits for the device, micro-batches
+// (gradient accumulation), FSDP and bf16 masters included. The first step may make one-time
+// waits and the last evaluates, so the steps between are counted.
+TEST_F(TrainOnCudaTest, AStepWaitsForTheDeviceOnlyForWhatTheHostReads) {
+  for (const auto& [name, ranks, dtype, accumulation] :
+       {std::tuple<std::string, int, base::Dtype, int>{"llama_single", 1, base::DTYPE_FLOAT32, 1},
+        {"llama_single", 1, base::DTYPE_BFLOAT16, 2},
+        {"llama_fsdp", 1, base::DTYPE_BFLOAT16, 2},
+        {"llama_fsdp", 2, base::DTYPE_BFLOAT16, 2}}) {
+    const std::string run =
+        absl::StrCat(name, " in ", base::Dtype_Name(dtype), " with ", accumulation,
+                     " micro-batch(es) a step on ", ranks, " GPU(s)");
+    if (!EnoughGpus(ranks, run)) continue;
+    SCOPED_TRACE(run);
+    Plan plan = OnCuda(LoadShippedPlan(name));
+    plan.mutable_model()->set_dtype(dtype);
+    for (const std::string& setting :
+         {std::string("training.steps=5"), std::string("training.eval_every=0"),
+          std::string("training.eval_batches=1"), std::string("training.metrics_file="),
+          absl::StrCat("training.micro_batch=", 16 / (ranks * accumulation)),
+          absl::StrCat("training.grad_accumulation=", accumulation)}) {
+      ASSERT_THAT(ApplyOverride(setting, plan), IsOk()) << setting;
+    }
+    if (plan.mesh().dims_size() > 0) plan.mutable_mesh()->mutable_dims(0)->set_size(ranks);
+    DeviceSyncLog log;
+    TrainOptions options;
+    options.before_step = [&log](int64_t step) { log.BeginStep(step); };
+    TrainOnRanks(plan, ranks, options);
+    const size_t expected = ranks > 1 ? 3 : 2;
+    const std::vector<std::map<int64_t, std::vector<std::string>>> per_rank = log.PerRank();
+    ASSERT_EQ(per_rank.size(), static_cast<size_t>(ranks));
+    for (const auto& steps : per_rank) {
+      const auto count = [&](int64_t step) {
+        const auto it = steps.find(step);
+        return it == steps.end() ? size_t{0} : it->second.size();
+      };
+      std::cout << run << ": step 1 waited " << count(0) << " time(s), steps 2 to 4 " << count(1)
+                << ", " << count(2) << ", " << count(3) << "\n";
+      for (int64_t step = 1; step < 4; ++step) {
+        if (count(step) == expected) continue;
+        std::string where;
+        for (const std::string& backtrace : steps.at(step))
+          absl::StrAppend(&where, "\n", backtrace);
+        ADD_FAILURE() << "step " << step + 1 << " waited for the device " << count(step)
+                      << " times, not " << expected << ":" << where;
+      }
+    }
   }
 }
 
