@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,16 @@ torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
 
 bool IsResidualProjection(const std::string& name) {
   return absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight");
+}
+
+// With `deferred`: every parameter of `module` gives up the memory it was built with and
+// becomes a view, of its shape, of one zero element of its own with those options.
+void Defer(torch::nn::Module& module, const std::optional<torch::TensorOptions>& deferred) {
+  if (!deferred.has_value()) return;
+  torch::NoGradGuard no_grad;
+  for (torch::Tensor& parameter : module.parameters()) {
+    parameter.set_data(torch::zeros({}, *deferred).expand(parameter.sizes()));
+  }
 }
 
 // `linear` applied to `x`, through activation checkpointing's ops when there are some.
@@ -301,24 +312,29 @@ torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const AttentionConte
   return h + mlp->forward(post_attention_layernorm->forward(h, context.generic_ops), context);
 }
 
-Decoder::Decoder(const ModelConfig& config) {
+Decoder::Decoder(const ModelConfig& config, const std::optional<torch::TensorOptions>& deferred) {
   embed_tokens = register_module("embed_tokens",
                                  torch::nn::Embedding(config.vocab_size(), config.hidden_size()));
+  Defer(*embed_tokens, deferred);
   torch::nn::ModuleList list;
   for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
     layers.push_back(std::make_shared<DecoderLayer>(config));
+    Defer(*layers.back(), deferred);
     list->push_back(layers.back());
   }
   register_module("layers", list);
   norm = register_module("norm",
                          std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+  Defer(*norm, deferred);
 }
 
-CausalLM::CausalLM(const ModelConfig& config) : config_(config) {
-  model_ = register_module("model", std::make_shared<Decoder>(config));
+CausalLM::CausalLM(const ModelConfig& config, const std::optional<torch::TensorOptions>& deferred)
+    : config_(config) {
+  model_ = register_module("model", std::make_shared<Decoder>(config, deferred));
   if (!config.tie_word_embeddings()) {
     lm_head_ =
         register_module("lm_head", MakeLinear(config.hidden_size(), config.vocab_size(), false));
+    Defer(*lm_head_, deferred);
   }
   inv_freq_ = RotaryInverseFrequencies(config);
 }
@@ -327,33 +343,38 @@ absl::StatusOr<std::shared_ptr<CausalLM>> CausalLM::Create(const ModelConfig& co
                                                            const InitConfig& init) {
   PLAIT_RETURN_IF_ERROR(ValidateModelConfig(config));
   PLAIT_RETURN_IF_ERROR(ValidateInitConfig(init));
-  std::shared_ptr<CausalLM> model(new CausalLM(config));
+  std::shared_ptr<CausalLM> model(new CausalLM(config, std::nullopt));
   PLAIT_RETURN_IF_ERROR(model->ResetParameters(init));
   return model;
 }
 
-absl::Status CausalLM::ResetParameters(const InitConfig& init) {
-  PLAIT_RETURN_IF_ERROR(ValidateInitConfig(init));
+absl::StatusOr<std::shared_ptr<CausalLM>> CausalLM::CreateDeferred(
+    const ModelConfig& config, const torch::TensorOptions& options) {
+  PLAIT_RETURN_IF_ERROR(ValidateModelConfig(config));
+  return std::shared_ptr<CausalLM>(new CausalLM(config, options));
+}
+
+torch::Tensor CausalLM::InitialValues(const ModelConfig& config, const InitConfig& init,
+                                      const std::string& name, c10::IntArrayRef shape) {
+  if (absl::EndsWith(name, "norm.weight")) return torch::ones(shape, torch::kFloat32);
+  if (absl::EndsWith(name, ".bias")) return torch::zeros(shape, torch::kFloat32);
   const double std = init.has_std() ? init.std() : kDefaultInitStd;
   const double residual_std =
       init.scaled_residual_init()
-          ? std / std::sqrt(2.0 * static_cast<double>(config_.num_hidden_layers()))
+          ? std / std::sqrt(2.0 * static_cast<double>(config.num_hidden_layers()))
           : std;
+  at::Generator generator =
+      base::MakeCpuGenerator(base::SplitMix64(init.seed() ^ base::Fnv1a64(name)));
+  torch::Tensor values = torch::empty(shape, torch::kFloat32);
+  values.normal_(0.0, IsResidualProjection(name) ? residual_std : std, generator);
+  return values;
+}
+
+absl::Status CausalLM::ResetParameters(const InitConfig& init) {
+  PLAIT_RETURN_IF_ERROR(ValidateInitConfig(init));
   torch::NoGradGuard no_grad;
   for (const auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    torch::Tensor parameter = item.value();
-    if (absl::EndsWith(name, "norm.weight")) {
-      parameter.fill_(1.0);
-    } else if (absl::EndsWith(name, ".bias")) {
-      parameter.zero_();
-    } else {
-      at::Generator generator =
-          base::MakeCpuGenerator(base::SplitMix64(init.seed() ^ base::Fnv1a64(name)));
-      torch::Tensor values = torch::empty(parameter.sizes(), torch::kFloat32);
-      values.normal_(0.0, IsResidualProjection(name) ? residual_std : std, generator);
-      parameter.copy_(values);
-    }
+    item.value().copy_(InitialValues(config_, init, item.key(), item.value().sizes()));
   }
   return absl::OkStatus();
 }

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -178,7 +179,9 @@ class DecoderLayer : public torch::nn::Module {
 // The decoder stack without the output projection (HF's LlamaModel / Qwen2Model).
 class Decoder : public torch::nn::Module {
  public:
-  explicit Decoder(const ModelConfig& config);
+  // With `deferred`, its parameters hold no memory (CausalLM::CreateDeferred).
+  explicit Decoder(const ModelConfig& config,
+                   const std::optional<torch::TensorOptions>& deferred = std::nullopt);
 
   torch::nn::Embedding embed_tokens{nullptr};
   std::vector<std::shared_ptr<DecoderLayer>> layers;
@@ -199,6 +202,21 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // initialised as the header describes; InvalidArgument for an invalid init config.
   static absl::StatusOr<std::shared_ptr<CausalLM>> Create(const ModelConfig& config,
                                                           const InitConfig& init);
+
+  // Deferred initialisation: a model for `config` whose parameters have their names, shapes
+  // and `options` (dtype, device) but no memory, each a view of one zero element of its own.
+  // Parallelism wrappers shard or slice them (wrap's strategies give each rank's part memory of
+  // its own), so that no rank ever holds the whole model; InitialValues or a checkpoint then
+  // gives the parts their values. A parameter no wrapper replaced needs memory first (its
+  // contiguous() copy). Building it allocates and frees one block's fp32 parameters at a time.
+  static absl::StatusOr<std::shared_ptr<CausalLM>> CreateDeferred(
+      const ModelConfig& config, const torch::TensorOptions& options);
+
+  // The values Create gives parameter `name` of `config`'s model, whole (of `shape`, its
+  // global shape), for a valid `init` (ValidateInitConfig): fp32, on the host. One
+  // parameter's, so that a rank writing its slice of it holds no other whole.
+  static torch::Tensor InitialValues(const ModelConfig& config, const InitConfig& init,
+                                     const std::string& name, c10::IntArrayRef shape);
 
   // Logits [B, T, vocab_size] for int64 tokens [B, T] (positions 0 .. T-1); under tensor
   // parallelism this rank's vocabulary slice of them, [B, T, vocab_size / tp] (the
@@ -241,7 +259,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   void SetCheckpointingOps(wrap::CheckpointingOps* ops) override { context_.checkpointing = ops; }
 
  private:
-  explicit CausalLM(const ModelConfig& config);
+  CausalLM(const ModelConfig& config, const std::optional<torch::TensorOptions>& deferred);
   friend void internal::UseGenericOps(CausalLM& model, bool generic);
 
   // The rotary tables and mask for sequence length `seq_len` on `device` in `dtype` (the

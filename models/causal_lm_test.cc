@@ -316,6 +316,37 @@ TEST(CausalLMTest, InitialisationDependsOnSeedAndNameOnly) {
   EXPECT_NEAR(embed.mean().item<double>(), 0.0, 0.002);
 }
 
+// Deferred initialisation: the same parameters as Create's, by name, shape and the requested
+// dtype, each holding one element of memory; InitialValues gives each the values Create gives
+// it; an invalid config is refused.
+TEST(CausalLMTest, DeferredParametersHoldNoMemoryAndInitialValuesAreCreates) {
+  const ModelConfig config = Small("qwen2");  // biases too
+  InitConfig init;
+  init.set_seed(5);
+  init.set_scaled_residual_init(true);
+  std::shared_ptr<CausalLM> created = CausalLM::Create(config, init).value();
+  absl::StatusOr<std::shared_ptr<CausalLM>> deferred =
+      CausalLM::CreateDeferred(config, torch::TensorOptions().dtype(torch::kBFloat16));
+  ASSERT_THAT(deferred, IsOk());
+  const auto parameters = (*deferred)->named_parameters();
+  ASSERT_EQ(parameters.size(), created->named_parameters().size());
+  for (const auto& item : created->named_parameters()) {
+    const torch::Tensor* parameter = parameters.find(item.key());
+    ASSERT_NE(parameter, nullptr) << item.key();
+    EXPECT_EQ(parameter->sizes(), item.value().sizes()) << item.key();
+    EXPECT_EQ(parameter->scalar_type(), torch::kBFloat16) << item.key();
+    EXPECT_TRUE(parameter->requires_grad()) << item.key();
+    EXPECT_EQ(parameter->storage().nbytes(), 2u) << item.key();
+    EXPECT_TRUE(
+        CausalLM::InitialValues(config, init, item.key(), item.value().sizes()).equal(item.value()))
+        << item.key();
+  }
+  ModelConfig invalid = config;
+  invalid.set_num_key_value_heads(3);
+  EXPECT_THAT(CausalLM::CreateDeferred(invalid, torch::TensorOptions()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_key_value_heads")));
+}
+
 TEST(CausalLMTest, ScaledResidualInit) {
   InitConfig init;
   init.set_std(0.05);

@@ -1,6 +1,5 @@
 #include "trainer/prepared_model.h"
 
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,8 +21,7 @@ torch::Tensor LoadTarget(const parallel::TrainableParameter& parameter) {
   return (parameter.master.defined() ? parameter.master : parameter.tensor).detach();
 }
 
-// Loads each of `parameters`' slices from the Hugging Face folder `dir`; a parameter with a
-// master gets the values there, and their rounded copy.
+// Loads each of `parameters`' slices from the Hugging Face folder `dir` into `LoadTarget`.
 absl::Status LoadHfSlices(const std::string& dir, const models::ModelConfig& config,
                           const std::vector<parallel::TrainableParameter>& parameters) {
   PLAIT_ASSIGN_OR_RETURN(models::SafetensorsCheckpoint checkpoint,
@@ -31,40 +29,24 @@ absl::Status LoadHfSlices(const std::string& dir, const models::ModelConfig& con
   std::vector<models::HfParameterPart> parts;
   for (const parallel::TrainableParameter& parameter : parameters) {
     const parallel::TensorSlice& slice = parameter.slice;
-    // Written through a view of the rank's tensor, whose first elements are the slice's
-    // (padding after them); only a contiguous tensor's reshape is a view.
-    if (!parameter.tensor.is_contiguous()) {
-      return absl::InternalError(absl::StrCat("the prepared parameter ", parameter.name,
-                                              " is not contiguous; its slice cannot be loaded"));
-    }
     parts.push_back({parameter.name, slice.global_shape, slice.box.offsets, slice.box.lengths,
                      slice.DataOf(LoadTarget(parameter))});
   }
-  PLAIT_RETURN_IF_ERROR(models::LoadHfParts(checkpoint, config, parts));
-  torch::NoGradGuard no_grad;
-  for (const parallel::TrainableParameter& parameter : parameters) {
-    if (parameter.master.defined()) parameter.tensor.copy_(parameter.master);
-  }
-  return absl::OkStatus();
+  return models::LoadHfParts(checkpoint, config, parts);
 }
 
-// Writes into each of `parameters` the values of its slice in `initial`, the model's fp32
-// parameters by name before the preparation.
-absl::Status CopyInitialSlices(const std::map<std::string, torch::Tensor>& initial,
-                               const std::vector<parallel::TrainableParameter>& parameters) {
+// Writes into each of `parameters`' `LoadTarget` its slice of the values the model is
+// initialised with, computed one whole parameter at a time.
+void WriteInitialSlices(const models::ModelConfig& config, const models::InitConfig& init,
+                        const std::vector<parallel::TrainableParameter>& parameters) {
   torch::NoGradGuard no_grad;
   for (const parallel::TrainableParameter& parameter : parameters) {
-    const auto it = initial.find(parameter.name);
-    if (it == initial.end()) {
-      return absl::InternalError(
-          absl::StrCat("the prepared parameter ", parameter.name, " is not one of the model's"));
-    }
     const parallel::TensorSlice& slice = parameter.slice;
     slice.DataOf(LoadTarget(parameter))
-        .copy_(parallel::NarrowTo(it->second, parallel::TensorSlice::Whole(slice.global_shape).box,
-                                  slice.box));
+        .copy_(parallel::NarrowTo(
+            models::CausalLM::InitialValues(config, init, parameter.name, slice.global_shape),
+            parallel::TensorSlice::Whole(slice.global_shape).box, slice.box));
   }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -75,22 +57,16 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
     const parallel::DeviceMesh& mesh, Role role, const std::string& field_path) {
   PLAIT_ASSIGN_OR_RETURN(models::ModelConfig config,
                          models::ResolveModelSpec(spec, field_path + ".model"));
+  const torch::ScalarType dtype = base::ToScalarType(spec.dtype(), torch::kFloat32);
+  // Deferred initialisation: the preparation shards and slices parameters that hold no
+  // memory yet, on the mesh's device in the compute dtype, and only then does each rank give
+  // the parts it holds their values. A rank holds the whole model only when its preparation
+  // keeps it whole; otherwise its shards and, while they are written, one whole parameter.
   PLAIT_ASSIGN_OR_RETURN(
       std::shared_ptr<models::CausalLM> model,
-      base::Annotate(models::CausalLM::Create(config, spec.init()), field_path + ".model"));
-  const torch::ScalarType dtype = base::ToScalarType(spec.dtype(), torch::kFloat32);
-  // A trained model that computes in 16 bits trains through fp32 masters (the optimizer's,
-  // or FSDP's fp32 shards), which start from the fp32 values it was initialised with or reads
-  // from hf_weights_dir, not from their rounded copy. The initial values are those the model
-  // was created with, on the host, kept (not copied) until the preparation is done.
-  const bool fp32_masters = role == Role::kTrained && dtype != torch::kFloat32;
-  std::map<std::string, torch::Tensor> initial;
-  if (fp32_masters && hf_weights_dir.empty()) {
-    for (const auto& item : model->named_parameters()) {
-      initial.emplace(item.key(), item.value().detach());
-    }
-  }
-  model->to(mesh.device(), dtype);
+      base::Annotate(models::CausalLM::CreateDeferred(
+                         config, torch::TensorOptions().dtype(dtype).device(mesh.device())),
+                     field_path + ".model"));
   std::unique_ptr<PreparedModel> prepared(new PreparedModel(std::move(model), role));
   PLAIT_ASSIGN_OR_RETURN(prepared->preparation_, wrap::Preparation::Begin(*prepared->model_, mesh,
                                                                           field_path + ".prepare"));
@@ -99,21 +75,44 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
   }
   PLAIT_ASSIGN_OR_RETURN(std::vector<parallel::TrainableParameter> parameters,
                          prepared->preparation_->TakeTrainableParameters());
-  if (fp32_masters) {
+  {
+    // The parameters no step replaced (all of them without a step; the ones tensor
+    // parallelism keeps whole) get memory of their own.
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& parameter : prepared->model_->parameters()) {
+      if (!parameter.is_contiguous()) parameter.set_data(parameter.contiguous());
+    }
+  }
+  // A trained model that computes in 16 bits trains through fp32 masters (the optimizer's,
+  // or FSDP's fp32 shards), which get the fp32 values, and the parameters their rounded copy.
+  if (role == Role::kTrained && dtype != torch::kFloat32) {
     for (parallel::TrainableParameter& parameter : parameters) {
       if (parameter.tensor.scalar_type() != torch::kFloat32) {
-        parameter.master = parameter.tensor.detach().to(torch::kFloat32, /*non_blocking=*/false,
-                                                        /*copy=*/true);
+        parameter.master = torch::zeros_like(parameter.tensor, torch::kFloat32);
       }
     }
   }
+  for (const parallel::TrainableParameter& parameter : parameters) {
+    // Written through a view of the rank's tensor, whose first elements are the slice's
+    // (padding after them); only a contiguous tensor's reshape is a view.
+    if (!parameter.tensor.is_contiguous()) {
+      return absl::InternalError(absl::StrCat("the prepared parameter ", parameter.name,
+                                              " is not contiguous; its slice cannot be written"));
+    }
+  }
   if (!hf_weights_dir.empty()) {
-    // Loaded into the prepared parameters, so that each rank reads only the slice of each
-    // tensor it holds (tensor parallelism's, FSDP's shard).
+    // Each rank reads only the slice of each tensor it holds (tensor parallelism's, FSDP's
+    // shard).
     PLAIT_RETURN_IF_ERROR(base::Annotate(LoadHfSlices(hf_weights_dir, config, parameters),
                                          field_path + ".hf_weights_dir"));
-  } else if (fp32_masters) {
-    PLAIT_RETURN_IF_ERROR(CopyInitialSlices(initial, parameters));
+  } else {
+    WriteInitialSlices(config, spec.init(), parameters);
+  }
+  {
+    torch::NoGradGuard no_grad;
+    for (const parallel::TrainableParameter& parameter : parameters) {
+      if (parameter.master.defined()) parameter.tensor.copy_(parameter.master);
+    }
   }
   if (role == Role::kTrained) {
     prepared->trainable_ = std::move(parameters);

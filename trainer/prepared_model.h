@@ -32,10 +32,13 @@ enum class Role { kTrained, kFrozen };
 
 class PreparedModel {
  public:
-  // Builds the model `spec` names, moves it to the mesh's device, applies `steps` in order on
-  // `mesh` (which must outlive the result) and, when `hf_weights_dir` is not empty, loads
-  // into each prepared parameter the slice of its tensor in that Hugging Face folder that
-  // this rank holds, reading no other bytes of it. Errors name `field_path`.model,
+  // Builds the model `spec` names on the mesh's device for deferred initialisation
+  // (CausalLM::CreateDeferred), applies `steps` in order on `mesh` (which must outlive the
+  // result), and then gives each prepared parameter the values of the slice of it this rank
+  // holds: those of the model's initialisation or, when `hf_weights_dir` is not empty, those
+  // of its tensor in that Hugging Face folder, reading no other bytes of it. So a rank never
+  // holds more of the model than its preparation leaves it, and one whole parameter while its
+  // slice is written. Errors name `field_path`.model,
   // .hf_weights_dir or .prepare[i] and come from the model's config, the checkpoint or the wrapper
   // (the plan's validation catches the rule violations first).
   static absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(

@@ -8,14 +8,18 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/allocation_counter.h"
+#include "base/dtype.pb.h"
 #include "base/status_matchers.h"
 #include "data/data_config.h"
 #include "data/data_loader.h"
@@ -120,6 +124,90 @@ TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
                                        Role::kTrained, "plan"),
                 StatusIs(absl::StatusCode::kNotFound, HasSubstr("plan.hf_weights_dir: ")));
   });
+}
+
+// Deferred initialisation: whatever the layout, the prepared model holds the values
+// CausalLM::Create gives the same spec, exactly in fp32 and rounded in bf16, and what the
+// optimizer trains (FSDP's fp32 shards, the fp32 masters of bf16 parameters) their fp32 values.
+TEST(PreparedModelTest, EveryLayoutHoldsTheModelsInitialisation) {
+  for (const auto& [name, ranks] : {std::pair<std::string, int>{"llama_single", 1},
+                                    {"llama_fsdp", 2},
+                                    {"llama_ddp", 2},
+                                    {"llama_tp", 2},
+                                    {"llama_2d", 4},
+                                    {"llama_hsdp", 4}}) {
+    for (const base::Dtype dtype : {base::DTYPE_FLOAT32, base::DTYPE_BFLOAT16}) {
+      SCOPED_TRACE(absl::StrCat(name, " in ", base::Dtype_Name(dtype)));
+      Plan plan = ShortShippedPlan(name);
+      plan.mutable_model()->set_dtype(dtype);
+      absl::StatusOr<models::ModelConfig> config =
+          models::ResolveModelSpec(plan.model(), "plan.model");
+      ASSERT_THAT(config, IsOk());
+      absl::StatusOr<std::shared_ptr<models::CausalLM>> created =
+          models::CausalLM::Create(*config, plan.model().init());
+      ASSERT_THAT(created, IsOk());
+      std::map<std::string, torch::Tensor> initial;
+      for (const auto& item : (*created)->named_parameters()) initial[item.key()] = item.value();
+      WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
+        auto prepared =
+            PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+        ASSERT_THAT(prepared, IsOk());
+        for (const parallel::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
+          const torch::Tensor& trained =
+              parameter.master.defined() ? parameter.master : parameter.tensor;
+          ASSERT_EQ(trained.scalar_type(), torch::kFloat32) << parameter.name;
+          const parallel::TensorSlice& slice = parameter.slice;
+          EXPECT_TRUE(slice.DataOf(trained.detach())
+                          .equal(parallel::NarrowTo(
+                              initial.at(parameter.name),
+                              parallel::TensorSlice::Whole(slice.global_shape).box, slice.box)))
+              << parameter.name << " on rank " << rank;
+        }
+        auto full = (*prepared)->preparation().FullParameters();
+        ASSERT_THAT(full, IsOk());
+        ASSERT_EQ(full->size(), initial.size());
+        for (const auto& [parameter, values] : initial) {
+          const torch::Tensor& held = full->at(parameter);
+          EXPECT_TRUE(held.equal(values.to(held.scalar_type())))
+              << parameter << " on rank " << rank;
+        }
+      });
+    }
+  }
+}
+
+// Deferred initialisation: a rank that holds half of the model, under FSDP or tensor
+// parallelism, allocates while the model is prepared its half and one whole parameter or
+// block at a time, never the whole model, which the single process holds. The model: 16 of
+// tiny's blocks, 55 MB in fp32, whose largest parameter is 4 MB.
+TEST(PreparedModelTest, NoRankHoldsTheWholeModelWhenItsPreparationSplitsIt) {
+  models::ModelConfig config = models::PresetConfig("tiny").value();
+  config.set_num_hidden_layers(16);
+  const double model_bytes = 4.0 * static_cast<double>(models::NumParameters(config));
+  for (const auto& [name, ranks] :
+       {std::pair<std::string, int>{"llama_single", 1}, {"llama_fsdp", 2}, {"llama_tp", 2}}) {
+    SCOPED_TRACE(name);
+    Plan plan = ShortShippedPlan(name);
+    *plan.mutable_model()->mutable_config() = config;
+    WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
+      base::AllocationCounter counter;
+      {
+        base::AllocationCounter::Scope counting(counter);
+        ASSERT_THAT(
+            PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan"),
+            IsOk());
+      }
+      const double peak = static_cast<double>(counter.peak());
+      std::cout << name << " rank " << rank << ": preparing allocated at most "
+                << peak / model_bytes << " of the model's fp32 bytes\n";
+      if (ranks == 1) {
+        EXPECT_GE(peak, model_bytes);
+      } else {
+        EXPECT_GT(peak, 0.5 * model_bytes);
+        EXPECT_LT(peak, 0.7 * model_bytes);
+      }
+    });
+  }
 }
 
 void ExpectSameRun(const TrainReport& actual, const TrainReport& expected) {

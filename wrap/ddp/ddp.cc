@@ -59,7 +59,10 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
   }
   {
     torch::NoGradGuard no_grad;
-    for (const torch::Tensor& parameter : parameters) {
+    for (torch::Tensor& parameter : parameters) {
+      // DDP keeps each parameter whole, in memory of its own: a view without it (a model
+      // built for deferred initialisation) becomes its contiguous copy.
+      if (!parameter.is_contiguous()) parameter.set_data(parameter.contiguous());
       PLAIT_RETURN_IF_ERROR(communicator.Broadcast(parameter, 0)->Wait());
     }
   }

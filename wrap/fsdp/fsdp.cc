@@ -176,10 +176,11 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
   }
 
   // The full parameters give up their memory (and take the compute dtype); the hooks bring
-  // it back when a unit computes.
+  // it back, contiguous, when a unit computes. A parameter that is a view without memory of
+  // its own (a model built for deferred initialisation) gets a contiguous layout first.
   for (Unit& unit : fsdp->units_) {
     for (torch::Tensor& parameter : unit.parameters) {
-      if (parameter.scalar_type() != fsdp->param_dtype_) {
+      if (parameter.scalar_type() != fsdp->param_dtype_ || !parameter.is_contiguous()) {
         parameter.set_data(
             torch::empty(parameter.sizes(), parameter.options().dtype(fsdp->param_dtype_)));
       }
