@@ -38,9 +38,9 @@ class PreparedModel {
   // holds: those of the model's initialisation or, when `hf_weights_dir` is not empty, those
   // of its tensor in that Hugging Face folder, reading no other bytes of it. So a rank never
   // holds more of the model than its preparation leaves it, and one whole parameter while its
-  // slice is written. Errors name `field_path`.model,
-  // .hf_weights_dir or .prepare[i] and come from the model's config, the checkpoint or the wrapper
-  // (the plan's validation catches the rule violations first).
+  // slice is written. Errors name `field_path`.model, .hf_weights_dir or .prepare[i] and come
+  // from the model's config, the checkpoint or the wrapper (the plan's validation catches the
+  // rule violations first).
   static absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(
       const models::ModelSpec& spec, const std::string& hf_weights_dir,
       const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
