@@ -2,9 +2,9 @@
 // single-device run (TF32 off) in fp32 and in bf16, FSDP and DDP over NCCL on a mesh of one
 // rank and, with 2 GPUs, of two, tensor parallelism (2 GPUs), 2-D and hybrid sharding (4),
 // DPO against its frozen reference, live or precomputed, and a checkpoint written on the GPU
-// resumed on the GPU and on the CPU. The CUDA runs report their peak memory, and a step waits
-// for the device only to read what the host needs. A test that needs more GPUs than the
-// machine has says so and skips.
+// resumed on the GPU and on the CPU. The CUDA runs report their peak memory, a sharded model
+// is never whole on a GPU, and a step waits for the device only to read what the host needs.
+// A test that needs more GPUs than the machine has says so and skips.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -12,6 +12,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -31,6 +32,7 @@
 #include "models/model_config.h"
 #include "parallel/device.h"
 #include "trainer/plan.h"
+#include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -41,6 +43,7 @@ using ::plait::base::testing::IsOk;
 using ::plait::trainer::testing::LoadShippedPlan;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
+using ::plait::trainer::testing::WithMesh;
 
 // A shipped plan in fp32 for 10 steps on `ranks` ranks of one "dp" dimension (none for one
 // rank without a wrapper), with `micro_batch` sequences per rank, evaluated at steps 5 and 10.
@@ -217,6 +220,31 @@ TEST_F(TrainOnCudaTest, ACheckpointResumesOnTheGpuAndOnTheCpu) {
     resumed.mutable_training()->mutable_checkpoint()->set_resume(true);
     ExpectSameRun(TrainOnRanks(resumed, 1), after_five, kCudaTolerance, /*floor=*/1e-2);
   }
+}
+
+// Deferred initialisation on GPUs: a rank of a model FSDP shards over 2 GPUs allocates on its
+// device, while the model is prepared, its fp32 shards and one whole parameter at a time,
+// never the whole model. The model: 16 of tiny's blocks, 55 MB in fp32, whose largest
+// parameter is 4 MB.
+TEST_F(TrainOnCudaTest, PreparingAnFsdpModelPutsOnlyItsShardsOnEachGpu) {
+  if (!EnoughGpus(2, "preparing a model FSDP shards over 2 GPUs")) return;
+  models::ModelConfig config = models::PresetConfig("tiny").value();
+  config.set_num_hidden_layers(16);
+  const double model_bytes = 4.0 * static_cast<double>(models::NumParameters(config));
+  Plan plan = OnCuda(LoadShippedPlan("llama_fsdp"));
+  *plan.mutable_model()->mutable_config() = config;
+  WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    parallel::ResetPeakMemory(mesh.device());
+    ASSERT_THAT(
+        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan"),
+        IsOk());
+    const std::optional<int64_t> peak = parallel::PeakMemory(mesh.device());
+    ASSERT_TRUE(peak.has_value());
+    std::cout << "rank " << rank << " allocated at most " << *peak / model_bytes
+              << " of the model's fp32 bytes on " << mesh.device() << "\n";
+    EXPECT_GT(*peak, 0.5 * model_bytes) << "rank " << rank;
+    EXPECT_LT(*peak, 0.7 * model_bytes) << "rank " << rank;
+  });
 }
 
 // The host's waits for the device through LibTorch's synchronising operations (a blocking
