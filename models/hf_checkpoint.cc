@@ -69,11 +69,18 @@ absl::Status LoadHfWeights(const SafetensorsCheckpoint& checkpoint, CausalLM& mo
   return LoadHfParts(checkpoint, model.config(), parts);
 }
 
-absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir,
-                                                      const InitConfig& init) {
+absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir) {
   PLAIT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(absl::StrCat(dir, "/config.json")));
   PLAIT_ASSIGN_OR_RETURN(SafetensorsCheckpoint checkpoint, SafetensorsCheckpoint::Open(dir));
-  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<CausalLM> model, CausalLM::Create(config, init));
+  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<CausalLM> model,
+                         CausalLM::CreateDeferred(config, torch::TensorOptions()));
+  {
+    torch::NoGradGuard no_grad;
+    // Every parameter is then read whole (LoadHfParts fails on a missing one).
+    for (torch::Tensor& parameter : model->parameters()) {
+      parameter.set_data(torch::empty(parameter.sizes(), parameter.options()));
+    }
+  }
   PLAIT_RETURN_IF_ERROR(LoadHfWeights(checkpoint, *model));
   return model;
 }

@@ -50,10 +50,9 @@ absl::Status LoadHfParts(const SafetensorsCheckpoint& checkpoint, const ModelCon
 // LoadHfParts with every parameter of `model`, whole.
 absl::Status LoadHfWeights(const SafetensorsCheckpoint& checkpoint, CausalLM& model);
 
-// Reads `dir`/config.json, builds the model (initialised from `init`, then overwritten) and
-// loads its weights.
-absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir,
-                                                      const InitConfig& init = InitConfig());
+// Reads `dir`/config.json, builds the model in fp32 on the host without initialising it
+// (CausalLM::CreateDeferred, each parameter given its memory) and loads its weights.
+absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir);
 
 // Writes config.json and the weights into the existing folder `dir`, in `dtype` (kFloat32
 // or kBFloat16), sharded as WriteSafetensorsCheckpoint does when `max_shard_bytes` > 0.

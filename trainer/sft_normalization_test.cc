@@ -104,7 +104,7 @@ SftRun Train(const Plan& plan, int ranks, const std::string& name) {
   options.save_hf_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
   SftRun run{TrainOnRanks(plan, ranks, options), {}};
   absl::StatusOr<std::shared_ptr<models::CausalLM>> model =
-      models::LoadHfModel(options.save_hf_dir, plan.model().init());
+      models::LoadHfModel(options.save_hf_dir);
   EXPECT_THAT(model, IsOk());
   if (model.ok()) {
     for (const auto& named : (*model)->NamedParameters()) {
