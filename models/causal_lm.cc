@@ -379,6 +379,14 @@ absl::Status CausalLM::ResetParameters(const InitConfig& init) {
   return absl::OkStatus();
 }
 
+void CausalLM::MaterializeParameters() {
+  torch::NoGradGuard no_grad;
+  for (torch::Tensor& parameter : parameters()) {
+    // A deferred parameter is a view of one element; its contiguous copy has its own memory.
+    if (!parameter.is_contiguous()) parameter.set_data(parameter.contiguous());
+  }
+}
+
 const AttentionContext& CausalLM::Context(int64_t seq_len, const torch::Device& device,
                                           torch::ScalarType dtype) {
   const Attention& attention = *model_->layers.front()->self_attn;

@@ -207,8 +207,9 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // and `options` (dtype, device) but no memory, each a view of one zero element of its own.
   // Parallelism wrappers shard or slice them (wrap's strategies give each rank's part memory of
   // its own), so that no rank ever holds the whole model; InitialValues or a checkpoint then
-  // gives the parts their values. A parameter no wrapper replaced needs memory first (its
-  // contiguous() copy). Building it allocates and frees one block's fp32 parameters at a time.
+  // gives the parts their values. A parameter no wrapper replaced needs memory first
+  // (MaterializeParameters). Building it allocates and frees one block's fp32 parameters at a
+  // time.
   static absl::StatusOr<std::shared_ptr<CausalLM>> CreateDeferred(
       const ModelConfig& config, const torch::TensorOptions& options);
 
@@ -239,6 +240,10 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
 
   // Re-draws every parameter as the header describes.
   absl::Status ResetParameters(const InitConfig& init);
+
+  // Gives every parameter that still has no memory of its own (CreateDeferred's, where no
+  // wrapper replaced it) memory of its own, zero; leaves the others as they are.
+  void MaterializeParameters();
 
   const ModelConfig& config() const { return config_; }
   Decoder& decoder() { return *model_; }

@@ -317,8 +317,8 @@ TEST(CausalLMTest, InitialisationDependsOnSeedAndNameOnly) {
 }
 
 // Deferred initialisation: the same parameters as Create's, by name, shape and the requested
-// dtype, each holding one element of memory; InitialValues gives each the values Create gives
-// it; an invalid config is refused.
+// dtype, each holding one element of memory until MaterializeParameters gives it its own;
+// InitialValues gives each the values Create gives it; an invalid config is refused.
 TEST(CausalLMTest, DeferredParametersHoldNoMemoryAndInitialValuesAreCreates) {
   const ModelConfig config = Small("qwen2");  // biases too
   InitConfig init;
@@ -340,6 +340,11 @@ TEST(CausalLMTest, DeferredParametersHoldNoMemoryAndInitialValuesAreCreates) {
     EXPECT_TRUE(
         CausalLM::InitialValues(config, init, item.key(), item.value().sizes()).equal(item.value()))
         << item.key();
+  }
+  (*deferred)->MaterializeParameters();
+  for (const auto& item : (*deferred)->named_parameters()) {
+    EXPECT_EQ(item.value().storage().nbytes(), 2u * item.value().numel()) << item.key();
+    EXPECT_TRUE(item.value().eq(0).all().item<bool>()) << item.key();
   }
   ModelConfig invalid = config;
   invalid.set_num_key_value_heads(3);

@@ -74,13 +74,7 @@ absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir) {
   PLAIT_ASSIGN_OR_RETURN(SafetensorsCheckpoint checkpoint, SafetensorsCheckpoint::Open(dir));
   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<CausalLM> model,
                          CausalLM::CreateDeferred(config, torch::TensorOptions()));
-  {
-    torch::NoGradGuard no_grad;
-    // Every parameter is then read whole (LoadHfParts fails on a missing one).
-    for (torch::Tensor& parameter : model->parameters()) {
-      parameter.set_data(torch::empty(parameter.sizes(), parameter.options()));
-    }
-  }
+  model->MaterializeParameters();  // each then read whole (LoadHfParts fails on a missing one)
   PLAIT_RETURN_IF_ERROR(LoadHfWeights(checkpoint, *model));
   return model;
 }

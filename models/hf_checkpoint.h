@@ -51,7 +51,7 @@ absl::Status LoadHfParts(const SafetensorsCheckpoint& checkpoint, const ModelCon
 absl::Status LoadHfWeights(const SafetensorsCheckpoint& checkpoint, CausalLM& model);
 
 // Reads `dir`/config.json, builds the model in fp32 on the host without initialising it
-// (CausalLM::CreateDeferred, each parameter given its memory) and loads its weights.
+// (CausalLM::CreateDeferred, then MaterializeParameters) and loads its weights.
 absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir);
 
 // Writes config.json and the weights into the existing folder `dir`, in `dtype` (kFloat32

@@ -75,14 +75,9 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
   }
   PLAIT_ASSIGN_OR_RETURN(std::vector<parallel::TrainableParameter> parameters,
                          prepared->preparation_->TakeTrainableParameters());
-  {
-    // The parameters no step replaced (all of them without a step; the ones tensor
-    // parallelism keeps whole) get memory of their own.
-    torch::NoGradGuard no_grad;
-    for (torch::Tensor& parameter : prepared->model_->parameters()) {
-      if (!parameter.is_contiguous()) parameter.set_data(parameter.contiguous());
-    }
-  }
+  // The parameters no step replaced (all of them without a step; the ones tensor parallelism
+  // keeps whole) get memory of their own.
+  prepared->model_->MaterializeParameters();
   // A trained model that computes in 16 bits trains through fp32 masters (the optimizer's,
   // or FSDP's fp32 shards), which get the fp32 values, and the parameters their rounded copy.
   if (role == Role::kTrained && dtype != torch::kFloat32) {
