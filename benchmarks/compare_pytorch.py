@@ -50,7 +50,7 @@ LR = 3e-4
 
 
 def plait_plan(dtype, ranks, steps, metrics_file):
-    """The trainer plan of one plait run (trainer/plan.proto)."""
+    """The trainer plan of one plait run (plan/plan.proto)."""
     config = " ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}"
                       for k, v in MEDIUM.items())
     dtype_field = {"fp32": "DTYPE_FLOAT32", "bf16": "DTYPE_BFLOAT16"}[dtype]

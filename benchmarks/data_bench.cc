@@ -1,5 +1,5 @@
 // How fast the DataLoader hands out micro-batches, on one thread, at the tiny plan's shape
-// (trainer/plans/llama_fsdp.textproto: micro-batch 8 x seq_len 64, rank 0 of 2 data-parallel
+// (plan/examples/llama_fsdp.textproto: micro-batch 8 x seq_len 64, rank 0 of 2 data-parallel
 // ranks), for the synthetic Markov source (seed 7, the defaults) and for an llm.c token file
 // of 8M tokens written into a temporary folder (removed once the file is opened), read in
 // order and shuffled:

@@ -2,7 +2,7 @@
 // tensors, plus string metadata, after a step, crash-safely, and a resumed run, on the same
 // layout or any other (another world size, mesh or sharding), gets back exactly the parts
 // each of its ranks holds, once the checkpoint has been checked against the run. What the
-// tensors are is the caller's business (the trainer's adapter, trainer/checkpoint.h, stores
+// tensors are is the caller's business (the trainer's adapter, trainer/run_checkpoints.h, stores
 // parameters and optimizer state); this library owns the files and the protocol between the
 // ranks.
 //

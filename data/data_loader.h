@@ -75,6 +75,10 @@ class DataLoader {
   // the file; nullopt for the synthetic sources, which never repeat.
   std::optional<int64_t> DistinctBatches() const;
 
+  // Whether every pass reads the same micro-batches in the same order (a file read in order,
+  // not shuffled): then the first DistinctBatches() are all a run ever reads.
+  bool RepeatsEachPass() const { return DistinctBatches().has_value() && !shuffle_; }
+
   // The synthetic source's entropy rate (the loss floor); nullopt for the others.
   std::optional<double> EntropyFloor() const;
 

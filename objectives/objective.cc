@@ -1,9 +1,13 @@
 #include "objectives/objective.h"
 
+#include <algorithm>
 #include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/status.h"
 #include "data/batch.h"
 #include "objectives/dpo_loss.h"
@@ -29,10 +33,49 @@ class CrossEntropy : public Objective {
 using ReferenceSource =
     std::function<absl::StatusOr<torch::Tensor>(const data::Batch&, const data::Batch&)>;
 
+// The log-probabilities of `table`'s rows, looked up by the host copy of a batch and moved
+// to the batch's device.
+ReferenceSource LookedUpIn(std::shared_ptr<const ReferenceLogProbs> table) {
+  return [table = std::move(table)](const data::Batch& batch,
+                                    const data::Batch& host) -> absl::StatusOr<torch::Tensor> {
+    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor found, table->Find(host));
+    return data::ToDevice(found, batch.inputs.device());
+  };
+}
+
 class DirectPreference : public Objective {
  public:
-  DirectPreference(const Dpo& config, ReferenceSource reference)
-      : config_(config), reference_(std::move(reference)) {}
+  // `live` is the reference model `reference` computes with, for Start to precompute from;
+  // nullptr when `reference` already looks its rows up.
+  DirectPreference(const Dpo& config, ReferenceSource reference, models::CausalLM* live)
+      : config_(config), reference_(std::move(reference)), live_(live) {}
+
+  absl::Status Start(RunStart& run) override {
+    if (!config_.precompute_reference() || live_ == nullptr) return absl::OkStatus();
+    const absl::Time start = absl::Now();
+    auto table = std::make_shared<ReferenceLogProbs>();
+    // Unshuffled pair files repeat their batches after one pass: one pass is all there is.
+    int64_t train_batches = run.train_batches;
+    if (run.train.RepeatsEachPass()) {
+      train_batches = std::min(train_batches, *run.train.DistinctBatches());
+    }
+    for (auto [loader, batches] :
+         {std::pair{&run.train, train_batches}, std::pair{&run.eval, run.eval_batches}}) {
+      for (int64_t i = 0; i < batches; ++i) {
+        PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, loader->Next());
+        table->Add(*live_, data::ToDevice(batch, run.device));
+      }
+    }
+    run.print(absl::StrFormat(
+        "precomputed the reference log-probabilities of %d rows on rank 0 (%d training and %d "
+        "eval micro-batches per rank) in %.1f s",
+        table->rows(), train_batches, run.eval_batches,
+        absl::ToDoubleSeconds(absl::Now() - start)));
+    reference_ = LookedUpIn(std::move(table));
+    live_ = nullptr;
+    return base::Annotate(run.release_frozen(config_.reference()),
+                          "plan.objective.dpo.precompute_reference");
+  }
 
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch,
                                           const data::Batch& host) override {
@@ -73,7 +116,8 @@ class DirectPreference : public Objective {
 
  private:
   const Dpo config_;
-  const ReferenceSource reference_;
+  ReferenceSource reference_;
+  models::CausalLM* live_;
 };
 
 }  // namespace
@@ -94,18 +138,13 @@ absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(
       config.dpo(),
       [&reference](const data::Batch& batch, const data::Batch&) -> absl::StatusOr<torch::Tensor> {
         return ReferenceLogProbs::Compute(reference, batch);
-      });
+      },
+      &reference);
 }
 
 std::unique_ptr<Objective> MakePrecomputedDpo(const Dpo& config,
                                               std::shared_ptr<const ReferenceLogProbs> reference) {
-  return std::make_unique<DirectPreference>(
-      config,
-      [reference = std::move(reference)](const data::Batch& batch,
-                                         const data::Batch& host) -> absl::StatusOr<torch::Tensor> {
-        PLAIT_ASSIGN_OR_RETURN(const torch::Tensor found, reference->Find(host));
-        return data::ToDevice(found, batch.inputs.device());
-      });
+  return std::make_unique<DirectPreference>(config, LookedUpIn(std::move(reference)), nullptr);
 }
 
 }  // namespace plait::objectives

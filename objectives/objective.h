@@ -19,15 +19,18 @@
 #ifndef PLAIT_OBJECTIVES_OBJECTIVE_H_
 #define PLAIT_OBJECTIVES_OBJECTIVE_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "data/batch.h"
+#include "data/data_loader.h"
 #include "models/causal_lm.h"
 #include "objectives/objective.pb.h"
 #include "objectives/reference_log_probs.h"
@@ -47,9 +50,30 @@ struct ObjectiveOutput {
   TensorMetrics metrics;  // besides the loss; empty for the cross-entropy objectives
 };
 
+// What a run offers an objective once, before its first step (Objective::Start): the batches
+// it will train on from where it stands and its held-out batches, to read ahead, and the
+// means to release a frozen model the objective no longer needs and to report what it did.
+struct RunStart {
+  data::DataLoader train;              // a copy of the run's training loader, where the run stands
+  int64_t train_batches = 0;           // the micro-batches this rank will read from it
+  data::DataLoader eval;               // a copy of its held-out loader, reset
+  int64_t eval_batches = 0;            // the micro-batches this rank reads in each evaluation
+  torch::Device device = torch::kCPU;  // where the run computes
+  // Frees the frozen model of that name, after checking that its wrappers' communication did
+  // not fail (an error names it); the objective must not touch it afterwards.
+  std::function<absl::Status(const std::string& frozen_name)> release_frozen;
+  // Prints a line of the run's progress (on rank 0; nothing elsewhere).
+  std::function<void(const std::string& line)> print;
+};
+
 class Objective {
  public:
   virtual ~Objective() = default;
+
+  // Called once before the first step (of a fresh or a resumed run), on every rank. Default:
+  // nothing. DPO with precompute_reference computes its reference's log-probabilities of
+  // every batch `run` offers, then releases the reference.
+  virtual absl::Status Start(RunStart& run) { return absl::OkStatus(); }
 
   // The loss of the trained model `policy` on `batch` (data/batch.h; for DPO its 2B rows of
   // chosen then rejected sequences go through the policy in one forward). `host` is the same

@@ -83,4 +83,15 @@ std::vector<base::Violation> CheckObjective(
   return problems;
 }
 
+std::map<std::string, std::string> DescribeFrozenRoles(const ObjectiveConfig& config) {
+  if (!config.has_dpo()) return {};
+  return {{config.dpo().reference(),
+           config.dpo().precompute_reference()
+               ? "the DPO reference: before the first step it scores every batch the run will "
+                 "read (under no-grad, in eval mode), then it is released and the run holds "
+                 "only its log-probabilities, 4 bytes per sequence"
+               : "the DPO reference: it scores the 2 x micro-batch chosen and rejected "
+                 "sequences of every micro-batch in one forward, under no-grad, in eval mode"}};
+}
+
 }  // namespace plait::objectives

@@ -1,7 +1,7 @@
-// The check of a plan's objective before anything runs, beside the model and data it trains
-// on: the data source matches the objective (rule objective_data), DPO's reference names a
-// frozen model of the plan (rule dpo_reference_frozen) with the policy's vocabulary (rule
-// dpo_reference_vocab), and its hyperparameters are in range:
+// The check of a plan's objective before anything runs, and its description for a plan's
+// explanation, beside the model and data it trains on: the data source matches the objective (rule
+// objective_data), DPO's reference names a frozen model of the plan (rule dpo_reference_frozen)
+// with the policy's vocabulary (rule dpo_reference_vocab), and its hyperparameters are in range:
 //
 //   for (const base::Violation& v : CheckObjective(plan.objective(), policy, frozen,
 //                                                  plan.data(), "plan.objective")) {
@@ -30,6 +30,10 @@ std::vector<base::Violation> CheckObjective(
     const ObjectiveConfig& config, const std::optional<models::ModelConfig>& policy,
     const std::map<std::string, std::optional<models::ModelConfig>>& frozen,
     const data::DataConfig& data, absl::string_view field_path);
+
+// What the objective `config` does with the frozen models it reads, by name (DPO: its
+// reference), in a sentence each, for a plan's explanation.
+std::map<std::string, std::string> DescribeFrozenRoles(const ObjectiveConfig& config);
 
 }  // namespace plait::objectives
 

@@ -9,8 +9,6 @@
 // every slice and checks its checksum; export-hf writes the trained parameters as a Hugging Face
 // folder (config.json + model.safetensors, fp32) of the model config the checkpoint records.
 // Exits 1 naming what is wrong with the checkpoint, 2 on a usage error.
-#include "trainer/checkpoint.h"
-
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -30,6 +28,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
+#include "trainer/run_checkpoints.h"
 
 namespace plait::tools {
 namespace {

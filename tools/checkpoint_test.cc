@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "models/safetensors.h"
 #include "parallel/testdata/subprocess.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -66,19 +66,17 @@ std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
 }
 
 TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
-  absl::StatusOr<trainer::Plan> plan =
-      trainer::LoadPlan(Runfile("trainer/plans/llama_fsdp.textproto"));
+  absl::StatusOr<plan::Plan> plan = plan::LoadPlan(Runfile("plan/examples/llama_fsdp.textproto"));
   ASSERT_THAT(plan, IsOk());
   for (const std::string& assignment :
        {std::string("training.steps=2"), std::string("training.eval_every=0"),
         std::string("training.eval_batches=1"), std::string("training.metrics_file="),
         std::string("schedule.warmup.steps=1"),
-        absl::StrCat("training.checkpoint.dir=", dir_, "/ckpt")}) {
-    ASSERT_THAT(trainer::ApplyOverride(assignment, *plan), IsOk()) << assignment;
+        absl::StrCat("training.checkpoint.dir=", dir_, "/ckpt"),
+        absl::StrCat("training.save_hf_dir=", dir_, "/run_hf")}) {
+    ASSERT_THAT(plan::ApplyOverride(assignment, *plan), IsOk()) << assignment;
   }
-  trainer::TrainOptions options;
-  options.save_hf_dir = dir_ + "/run_hf";
-  trainer::testing::TrainOnRanks(*plan, 2, options);
+  trainer::testing::TrainOnRanks(*plan, 2);
   const std::string checkpoint = dir_ + "/ckpt/step-00000002";
 
   ASSERT_EQ(Run({"info", checkpoint}), 0) << stderr_;

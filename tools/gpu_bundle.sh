@@ -49,7 +49,7 @@ for target in "${targets[@]}"; do
   path="${path/://}"  # //trainer:train -> trainer/train
   install -D -m 0755 "${bin}/${path}" "${bundle}/bin/${path}"
   executables+=("${bin}/${path}")
-  # The data files, as the runfiles manifest maps them ("plait/trainer/plans/x.textproto /abs").
+  # The data files, as the runfiles manifest maps them ("plait/plan/examples/x.textproto /abs").
   manifest="${bin}/${path}.runfiles_manifest"
   if [ ! -f "${manifest}" ]; then continue; fi
   while read -r runfile source; do

@@ -123,13 +123,13 @@ echo "--- llama_fsdp on the GPUs, 100 steps"
 gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
 plan="${log_dir}/llama_fsdp.textproto"
 if [ "${gpus}" -ge 2 ]; then
-  cp trainer/plans/llama_fsdp.textproto "${plan}"
+  cp plan/examples/llama_fsdp.textproto "${plan}"
 else
   # One rank with the two ranks' batch: the same global batch of 16 sequences.
   sed -e 's/dims { name: "dp" size: 2 }/dims { name: "dp" size: 1 }/' \
-    -e 's/micro_batch: 8$/micro_batch: 16/' trainer/plans/llama_fsdp.textproto >"${plan}"
+    -e 's/micro_batch: 8$/micro_batch: 16/' plan/examples/llama_fsdp.textproto >"${plan}"
   grep -q 'size: 1 }' "${plan}" && grep -q 'micro_batch: 16$' "${plan}" ||
-    fail "trainer/plans/llama_fsdp.textproto no longer has the mesh and micro_batch this script rewrites for one GPU"
+    fail "plan/examples/llama_fsdp.textproto no longer has the mesh and micro_batch this script rewrites for one GPU"
 fi
 # The plan's peaks are a CPU core's: no MFU for the tiny model (model_bench gives the GPU's).
 "${train[@]}" --plan="${plan}" \

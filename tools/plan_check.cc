@@ -1,6 +1,6 @@
 // Validates a training plan and prints what it will do, before anything runs:
 //
-//   bazel run //tools:plan_check -- trainer/plans/llama_fsdp.textproto [--set=training.steps=50]
+//   bazel run //tools:plan_check -- plan/examples/llama_fsdp.textproto [--set=training.steps=50]
 //
 // The world size is the plan's mesh size unless --world_size=N says otherwise (to check the
 // plan for another launch). The plan must also fit in this machine's memory with all its ranks
@@ -11,9 +11,9 @@
 #include "base/file.h"
 #include "base/guarded_main.h"
 #include "parallel/device_mesh.h"
-#include "trainer/explain.h"
-#include "trainer/plan.h"
-#include "trainer/validate.h"
+#include "plan/explain.h"
+#include "plan/plan.h"
+#include "plan/validate.h"
 
 namespace {
 constexpr char kUsage[] =
@@ -21,17 +21,16 @@ constexpr char kUsage[] =
     "[--skip_memory_check]";
 }  // namespace
 
-int CheckPlan(int argc, char** argv) {
-  absl::StatusOr<plait::trainer::PlanArguments> arguments =
-      plait::trainer::ParsePlanArguments(argc, argv, plait::trainer::PlanCommand::kCheck);
+int RunPlanCheck(int argc, char** argv) {
+  absl::StatusOr<plait::plan::PlanArguments> arguments =
+      plait::plan::ParsePlanArguments(argc, argv, plait::plan::PlanCommand::kCheck);
   if (!arguments.ok() || arguments->plan_path.empty()) {
     if (!arguments.ok()) std::cerr << "plan_check: " << arguments.status().message() << "\n";
     std::cerr << kUsage << "\n";
     return 2;
   }
   const std::string path = plait::base::UserPath(arguments->plan_path);
-  absl::StatusOr<plait::trainer::Plan> plan =
-      plait::trainer::LoadPlanFromArguments(*arguments, "", "");
+  absl::StatusOr<plait::plan::Plan> plan = plait::plan::LoadPlanFromArguments(*arguments, "", "");
   if (!plan.ok()) {
     std::cerr << plan.status().message() << "\n";
     return 1;
@@ -39,16 +38,17 @@ int CheckPlan(int argc, char** argv) {
   const int ranks =
       arguments->world_size.value_or(static_cast<int>(plait::parallel::MeshRanks(plan->mesh())));
   // Checked as if every rank ran on this machine.
-  if (absl::Status status =
-          plait::trainer::ValidatePlanForMachine(*plan, ranks, ranks, arguments->skip_memory_check);
-      !status.ok()) {
+  const absl::StatusOr<plait::plan::ResolvedPlan> resolved =
+      plait::plan::ResolveForMachine(*plan, ranks, ranks, arguments->skip_memory_check);
+  if (!resolved.ok()) {
+    const absl::Status& status = resolved.status();
     std::cerr << path
               << (absl::IsInvalidArgument(status) ? ": invalid plan for " : ": refused for ")
               << ranks << " ranks:\n"
               << status.message() << "\n";
     return 1;
   }
-  absl::StatusOr<std::string> text = plait::trainer::ExplainPlan(*plan, ranks);
+  absl::StatusOr<std::string> text = plait::plan::ExplainPlan(*resolved);
   if (!text.ok()) {
     std::cerr << text.status().message() << "\n";
     return 1;
@@ -58,5 +58,5 @@ int CheckPlan(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  return plait::base::RunCatchingExceptions("plan_check", [&] { return CheckPlan(argc, argv); });
+  return plait::base::RunCatchingExceptions("plan_check", [&] { return RunPlanCheck(argc, argv); });
 }

@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "gtest/gtest.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -16,9 +16,9 @@ using ::plait::trainer::testing::LoadShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 
 TEST(Bf16TrainingTest, Bf16WithFp32MastersEndsWithinTwoHundredthsOfANatOfFp32) {
-  Plan fp32 = LoadShippedPlan("llama_fsdp");
-  ASSERT_TRUE(ApplyOverride("training.metrics_file=", fp32).ok());
-  Plan bf16 = fp32;
+  plan::Plan fp32 = LoadShippedPlan("llama_fsdp");
+  ASSERT_TRUE(plan::ApplyOverride("training.metrics_file=", fp32).ok());
+  plan::Plan bf16 = fp32;
   bf16.mutable_model()->set_dtype(base::DTYPE_BFLOAT16);
 
   const TrainReport fp32_run = TrainOnRanks(fp32, 2);

@@ -12,13 +12,15 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainer/memory_estimate.h"
+#include "plan/memory_estimate.h"
+#include "plan/testing_resolved.h"
 #include "trainer/testing_memory.h"
 
 namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::plan::testing::Resolved;
 using ::testing::DoubleNear;
 
 constexpr double kMiB = 1 << 20;
@@ -36,7 +38,8 @@ TEST(MemoryEstimateMeasuredTest, EstimatesEveryRankWithin15Percent) {
       absl::StrFormat("  %-32s %9s %9s %7s\n", "MiB per rank", "estimate", "measured", "ratio");
   for (const testing::MemoryCheckPlan& check : testing::MemoryCheckPlans()) {
     SCOPED_TRACE(check.name);
-    absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(check.plan, check.ranks);
+    absl::StatusOr<plan::MemoryEstimate> estimate =
+        plan::EstimateMemory(Resolved(check.plan, check.ranks));
     ASSERT_THAT(estimate, IsOk());
     const std::vector<testing::MeasuredMemory> measured =
         testing::MeasureTrainingMemory(check.plan, check.ranks);
@@ -51,7 +54,7 @@ TEST(MemoryEstimateMeasuredTest, EstimatesEveryRankWithin15Percent) {
                       Row("a step's peak over that", estimate->step_bytes(), peak - between),
                       Row("peak", estimate->total_bytes(), peak));
     }
-    absl::StrAppend(&table, "  estimate: ", DescribeMemory(*estimate), "\n");
+    absl::StrAppend(&table, "  estimate: ", plan::DescribeMemory(*estimate), "\n");
   }
   std::printf("%s", table.c_str());
 }

@@ -52,11 +52,10 @@ void WriteInitialSlices(const models::ModelConfig& config, const models::InitCon
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
-    const models::ModelSpec& spec, const std::string& hf_weights_dir,
+    const models::ModelSpec& spec, const models::ModelConfig& config,
+    const std::string& hf_weights_dir,
     const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
     const parallel::DeviceMesh& mesh, Role role, const std::string& field_path) {
-  PLAIT_ASSIGN_OR_RETURN(models::ModelConfig config,
-                         models::ResolveModelSpec(spec, field_path + ".model"));
   const torch::ScalarType dtype = base::ToScalarType(spec.dtype(), torch::kFloat32);
   // Deferred initialisation: the preparation shards and slices parameters that hold no
   // memory yet, on the mesh's device in the compute dtype, and only then does each rank give

@@ -4,8 +4,9 @@
 // which an optimizer could be built. A frozen model (a reference model that is prepared but
 // never trained) gets the same steps and no trainable parameters:
 //
-//   PLAIT_ASSIGN_OR_RETURN(auto prepared, PreparedModel::Prepare(plan.model(), plan.prepare(),
-//                                                                mesh, Role::kTrained, "plan"));
+//   PLAIT_ASSIGN_OR_RETURN(auto prepared,
+//                          PreparedModel::Prepare(plan.model(), resolved.model, "", plan.prepare(),
+//                                                 mesh, Role::kTrained, "plan"));
 //   PLAIT_ASSIGN_OR_RETURN(auto optimizer, BuildOptimizer(*prepared, plan.optimizer()));
 //   torch::Tensor loss = prepared->model().Loss(inputs, targets);
 #ifndef PLAIT_TRAINER_PREPARED_MODEL_H_
@@ -23,7 +24,6 @@
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "parallel/trainable_parameter.h"
-#include "trainer/plan.pb.h"
 #include "wrap/preparation.h"
 
 namespace plait::trainer {
@@ -32,17 +32,18 @@ enum class Role { kTrained, kFrozen };
 
 class PreparedModel {
  public:
-  // Builds the model `spec` names on the mesh's device for deferred initialisation
-  // (CausalLM::CreateDeferred), applies `steps` in order on `mesh` (which must outlive the
-  // result), and then gives each prepared parameter the values of the slice of it this rank
-  // holds: those of the model's initialisation or, when `hf_weights_dir` is not empty, those
-  // of its tensor in that Hugging Face folder, reading no other bytes of it. So a rank never
-  // holds more of the model than its preparation leaves it, and one whole parameter while its
-  // slice is written. Errors name `field_path`.model, .hf_weights_dir or .prepare[i] and come
-  // from the model's config, the checkpoint or the wrapper (the plan's validation catches the
-  // rule violations first).
+  // Builds the model `spec` names, whose resolved config is `config`, on the mesh's device
+  // for deferred initialisation (CausalLM::CreateDeferred), applies `steps` in order on
+  // `mesh` (which must outlive the result), and then gives each prepared parameter the values
+  // of the slice of it this rank holds: those of the model's initialisation or, when
+  // `hf_weights_dir` is not empty, those of its tensor in that Hugging Face folder, reading no
+  // other bytes of it. So a rank never holds more of the model than its preparation leaves
+  // it, and one whole parameter while its slice is written. Errors name `field_path`.model,
+  // .hf_weights_dir or .prepare[i] and come from the model, the checkpoint or the wrapper
+  // (the plan's validation catches the rule violations first).
   static absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(
-      const models::ModelSpec& spec, const std::string& hf_weights_dir,
+      const models::ModelSpec& spec, const models::ModelConfig& config,
+      const std::string& hf_weights_dir,
       const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
       const parallel::DeviceMesh& mesh, Role role, const std::string& field_path);
 

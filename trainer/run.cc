@@ -9,7 +9,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "base/file.h"
 #include "base/guarded_main.h"
 #include "base/heap.h"
 #include "base/status.h"
@@ -19,11 +18,11 @@
 #include "parallel/launcher.h"
 #include "parallel/process_group.h"
 #include "parallel/world.h"
+#include "plan/compute_dtype.h"
+#include "plan/plan.h"
+#include "plan/validate.h"
 #include "torch/torch.h"
-#include "trainer/compute_dtype.h"
-#include "trainer/plan.h"
 #include "trainer/trainer.h"
-#include "trainer/validate.h"
 
 namespace plait::trainer {
 namespace {
@@ -36,7 +35,7 @@ constexpr char kUsage[] =
 // "TORCHELASTIC_MAX_RESTARTS=1") and the plan would not resume from its checkpoint: a
 // restart would then train from step 1 again, over the metrics and checkpoints of the start
 // before it.
-absl::Status CheckRestartable(const Plan& plan, const std::string& launcher) {
+absl::Status CheckRestartable(const plan::Plan& plan, const std::string& launcher) {
   if (plan.training().checkpoint().resume()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "plan.training.checkpoint.resume is not set, but ", launcher,
@@ -44,7 +43,8 @@ absl::Status CheckRestartable(const Plan& plan, const std::string& launcher) {
       "training { checkpoint { dir: \"...\" every: N resume: true } }"));
 }
 
-absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
+absl::Status TrainAsRank(const plan::ResolvedPlan& resolved, const parallel::World& world) {
+  const plan::Plan& plan = resolved.plan;
   base::SetComputeThreads(1);  // one core per rank; ranks share the machine
   PLAIT_ASSIGN_OR_RETURN(const torch::Device device,
                          parallel::ResolveDevice(plan.device(), world.local_rank,
@@ -54,7 +54,7 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
     std::cout << "device: " << parallel::DescribeDevice(device)
               << (device.is_cuda() && world.local_world_size > 1 ? ", cuda:<local rank> per rank"
                                                                  : "")
-              << "; compute: " << DescribeComputeDtype(plan, device) << std::endl;
+              << "; compute: " << plan::DescribeComputeDtype(plan, device) << std::endl;
   }
   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<parallel::ProcessGroup> group,
                          parallel::ProcessGroup::Start(world, plan.mesh(), device,
@@ -62,16 +62,12 @@ absl::Status TrainAsRank(const Plan& plan, const parallel::World& world) {
   TrainOptions options;
   options.log = &std::cout;
   options.log_is_terminal = parallel::StdoutIsTerminal();
-  options.metrics_path = base::UserPath(plan.training().metrics_file());
-  options.save_hf_dir = base::UserPath(plan.training().save_hf_dir());
-  options.checkpoint_dir = base::UserPath(plan.training().checkpoint().dir());
-  options.tensorboard_dir = base::UserPath(plan.training().tensorboard_dir());
   options.restart_count = world.restart_count;
   options.restart_cause = world.restart_cause;
-  return group->ExplainFailure(Train(plan, group->mesh(), options).status());
+  return group->ExplainFailure(Train(resolved, group->mesh(), options).status());
 }
 
-// Why ValidatePlanForMachine refused the plan: its violations, or that it does not fit.
+// Why ResolveForMachine refused the plan: its violations, or that it does not fit.
 void PrintRefusal(const absl::Status& status) {
   std::cerr << (absl::IsInvalidArgument(status) ? "invalid plan:\n" : "plan refused: ")
             << status.message() << "\n";
@@ -79,7 +75,8 @@ void PrintRefusal(const absl::Status& status) {
 
 // RunMain without its guards against exceptions.
 int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
-  absl::StatusOr<PlanArguments> arguments = ParsePlanArguments(argc, argv, PlanCommand::kTrain);
+  absl::StatusOr<plan::PlanArguments> arguments =
+      plan::ParsePlanArguments(argc, argv, plan::PlanCommand::kTrain);
   if (!arguments.ok()) {
     std::cerr << arguments.status().message() << "\n" << kUsage << "\n";
     return 2;
@@ -88,7 +85,8 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
     std::cerr << "no plan: give --plan=FILE\n" << kUsage << "\n";
     return 2;
   }
-  absl::StatusOr<Plan> plan = LoadPlanFromArguments(*arguments, embedded.text, embedded.name);
+  absl::StatusOr<plan::Plan> plan =
+      plan::LoadPlanFromArguments(*arguments, embedded.text, embedded.name);
   if (!plan.ok()) {
     std::cerr << plan.status().message() << "\n";
     return 1;
@@ -96,12 +94,13 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
 
   absl::StatusOr<parallel::World> world =
       parallel::WorldFromEnvironment(parallel::ProcessEnvironment());
+  std::optional<plan::ResolvedPlan> resolved;  // for `world`, once it is known
   if (absl::IsNotFound(world.status())) {
     const int ranks = static_cast<int>(parallel::MeshRanks(plan->mesh()));
-    if (absl::Status status =
-            ValidatePlanForMachine(*plan, ranks, ranks, arguments->skip_memory_check);
-        !status.ok()) {
-      PrintRefusal(status);
+    absl::StatusOr<plan::ResolvedPlan> on_this_machine =
+        plan::ResolveForMachine(*plan, ranks, ranks, arguments->skip_memory_check);
+    if (!on_this_machine.ok()) {
+      PrintRefusal(on_this_machine.status());
       return 1;
     }
     if (absl::Status status = parallel::CheckLocalRanks(ranks, arguments->max_local_ranks);
@@ -126,17 +125,21 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
       world = parallel::WorldFromEnvironment(parallel::ProcessEnvironment());
     } else {
       world = parallel::World();
+      resolved = *std::move(on_this_machine);
     }
   }
   if (!world.ok()) {
     std::cerr << world.status().message() << "\n";
     return 2;
   }
-  if (absl::Status status = ValidatePlanForMachine(
-          *plan, world->world_size, world->local_world_size, arguments->skip_memory_check);
-      !status.ok()) {
-    if (world->local_rank == 0) PrintRefusal(status);
-    return 1;
+  if (!resolved.has_value()) {
+    absl::StatusOr<plan::ResolvedPlan> for_world = plan::ResolveForMachine(
+        *plan, world->world_size, world->local_world_size, arguments->skip_memory_check);
+    if (!for_world.ok()) {
+      if (world->local_rank == 0) PrintRefusal(for_world.status());
+      return 1;
+    }
+    resolved = *std::move(for_world);
   }
   if (world->max_restarts > 0 || world->restart_count > 0) {
     if (absl::Status status = CheckRestartable(
@@ -148,7 +151,7 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
       return 1;
     }
   }
-  if (absl::Status status = TrainAsRank(*plan, *world); !status.ok()) {
+  if (absl::Status status = TrainAsRank(*resolved, *world); !status.ok()) {
     std::cerr << "rank " << world->rank << ": " << status.message() << "\n";
     return 1;
   }

@@ -9,7 +9,7 @@
 //
 //   int main(int argc, char** argv) {
 //     return plait::trainer::RunMain(argc, argv, {kPlanText,
-//     "trainer/plans/llama_fsdp.textproto"});
+//     "plan/examples/llama_fsdp.textproto"});
 //   }
 #ifndef PLAIT_TRAINER_RUN_H_
 #define PLAIT_TRAINER_RUN_H_
@@ -21,7 +21,7 @@ namespace plait::trainer {
 // A plan compiled into the binary; empty text means the binary needs --plan=FILE.
 struct EmbeddedPlan {
   const char* text = "";
-  const char* name = "";  // for errors, e.g. "trainer/plans/llama_fsdp.textproto"
+  const char* name = "";  // for errors, e.g. "plan/examples/llama_fsdp.textproto"
 };
 
 // Keeps freed memory in the heap for the next step (base/heap.h), then runs. Returns

@@ -20,8 +20,8 @@
 #include "metrics/record_file.h"
 #include "metrics/tensorboard_event.pb.h"
 #include "nlohmann/json.hpp"
-#include "trainer/compute_dtype.h"
-#include "trainer/plan.h"
+#include "plan/compute_dtype.h"
+#include "plan/plan.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -36,29 +36,28 @@ using ::testing::SizeIs;
 
 TEST(RunOutputsTest, TensorBoardHoldsTheMetricsFileAndTheSummaryTellsTheRun) {
   const std::string dir = FreshTestDir("outputs");
-  absl::StatusOr<Plan> plan = LoadPlan(
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/llama_fsdp.textproto"));
+  absl::StatusOr<plan::Plan> plan = plan::LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/plan/examples/llama_fsdp.textproto"));
   ASSERT_THAT(plan, IsOk());
   for (const std::string& assignment : std::vector<std::string>{
            "training.steps=6", "schedule.warmup.steps=2", "training.eval_every=3",
            "training.eval_batches=1", "training.checkpoint.every=4",
-           absl::StrCat("training.checkpoint.dir=", dir, "/checkpoints")}) {
-    ASSERT_THAT(ApplyOverride(assignment, *plan), IsOk()) << assignment;
+           absl::StrCat("training.checkpoint.dir=", dir, "/checkpoints"),
+           absl::StrCat("training.metrics_file=", dir, "/metrics.jsonl"),
+           absl::StrCat("training.tensorboard_dir=", dir, "/tensorboard")}) {
+    ASSERT_THAT(plan::ApplyOverride(assignment, *plan), IsOk()) << assignment;
   }
-  TrainOptions options;
-  options.metrics_path = dir + "/metrics.jsonl";
-  options.tensorboard_dir = dir + "/tensorboard";
-  TrainOnRanks(*plan, 2, options);
+  TrainOnRanks(*plan, 2);
 
   std::vector<nlohmann::json> rows;
-  std::ifstream metrics(options.metrics_path);
+  std::ifstream metrics(dir + "/metrics.jsonl");
   for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
   ASSERT_THAT(rows, SizeIs(6));
 
   // One event file: its version, the start, the plan, then a step per event.
-  const std::vector<std::string> files = FolderEntries(options.tensorboard_dir);
+  const std::vector<std::string> files = FolderEntries(dir + "/tensorboard");
   ASSERT_THAT(files, SizeIs(1));
-  const std::string events_path = options.tensorboard_dir + "/" + files[0];
+  const std::string events_path = dir + "/tensorboard/" + files[0];
   absl::StatusOr<std::string> bytes = base::ReadFile(events_path);
   ASSERT_THAT(bytes, IsOk());
   absl::StatusOr<metrics::Records> records = metrics::ParseRecords(*bytes, events_path);
@@ -72,11 +71,11 @@ TEST(RunOutputsTest, TensorBoardHoldsTheMetricsFileAndTheSummaryTellsTheRun) {
   absl::string_view plan_text = events[2].summary().value(0).tensor().string_val(0);
   ASSERT_TRUE(absl::ConsumePrefix(&plan_text, "```\n"));
   ASSERT_TRUE(absl::ConsumeSuffix(&plan_text, "```\n"));
-  Plan logged;
+  plan::Plan logged;
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(std::string(plan_text), &logged));
   // The plan as it ran: its DTYPE_AUTO resolved for the CPU.
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
-      logged, ResolveAutoDtypes(*plan, torch::Device(torch::kCPU))));
+      logged, plan::ResolveAutoDtypes(*plan, torch::Device(torch::kCPU))));
   EXPECT_NE(logged.model().dtype(), base::DTYPE_AUTO);
 
   for (size_t i = 0; i < rows.size(); ++i) {

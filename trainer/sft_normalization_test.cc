@@ -20,7 +20,7 @@
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -64,10 +64,10 @@ std::string WriteSftFile(const std::string& name, int examples) {
 // the gradients. `ranks` data-parallel ranks under `strategy` ("fsdp", "ddp", or "" for one
 // process), each accumulating `accumulation` micro-batches, kGlobalBatch examples per step;
 // evaluated at the last step on the 16 held-out examples.
-Plan SftPlan(const std::string& strategy, int ranks, int accumulation) {
+plan::Plan SftPlan(const std::string& strategy, int ranks, int accumulation) {
   static const std::string train = WriteSftFile("train.jsonl", kSteps * kGlobalBatch);
   static const std::string eval = WriteSftFile("eval.jsonl", kGlobalBatch);
-  Plan plan = ShortShippedPlan("llama_sft");
+  plan::Plan plan = ShortShippedPlan("llama_sft");
   plan.clear_mesh();
   plan.clear_prepare();
   if (!strategy.empty()) {
@@ -83,14 +83,14 @@ Plan SftPlan(const std::string& strategy, int ranks, int accumulation) {
   data::PairFiles* files = plan.mutable_data()->mutable_sft_files();
   files->set_train_path(train);
   files->set_eval_path(eval);
-  TrainingConfig* training = plan.mutable_training();
+  plan::TrainingConfig* training = plan.mutable_training();
   training->set_steps(kSteps);
   training->set_eval_every(kSteps);
   const int micro_batch = kGlobalBatch / ranks / accumulation;
   training->set_micro_batch(micro_batch);
   training->set_grad_accumulation(accumulation);
   training->set_global_batch(kGlobalBatch);
-  training->set_eval_batches(kGlobalBatch / ranks / micro_batch);
+  training->set_eval_batches(1);  // the held-out file's one global batch, on every layout
   return plan;
 }
 
@@ -99,12 +99,11 @@ struct SftRun {
   std::map<std::string, torch::Tensor> parameters;  // at the end, by Hugging Face name
 };
 
-SftRun Train(const Plan& plan, int ranks, const std::string& name) {
-  TrainOptions options;
-  options.save_hf_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
-  SftRun run{TrainOnRanks(plan, ranks, options), {}};
-  absl::StatusOr<std::shared_ptr<models::CausalLM>> model =
-      models::LoadHfModel(options.save_hf_dir);
+SftRun Train(plan::Plan plan, int ranks, const std::string& name) {
+  const std::string saved = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  plan.mutable_training()->set_save_hf_dir(saved);
+  SftRun run{TrainOnRanks(plan, ranks), {}};
+  absl::StatusOr<std::shared_ptr<models::CausalLM>> model = models::LoadHfModel(saved);
   EXPECT_THAT(model, IsOk());
   if (model.ok()) {
     for (const auto& named : (*model)->NamedParameters()) {
@@ -150,7 +149,7 @@ void ExpectSameRun(const SftRun& run, const std::string& layout) {
 // The data makes the test able to fail: on the first batch, the mean of the two half-batches'
 // means (what averaging micro-batch losses computes) is far from the mean over all tokens.
 TEST(SftNormalizationTest, TheDataMakesMicroBatchMeansDiffer) {
-  const Plan plan = SftPlan("", 1, 1);
+  const plan::Plan plan = SftPlan("", 1, 1);
   auto loader =
       data::DataLoader::Create(data::ResolvedDataConfig(plan.data()), data::Split::kTrain, kVocab,
                                kGlobalBatch, plan.training().seq_len(), 0, 1, "plan.data");

@@ -9,18 +9,19 @@
 #include "base/allocation_counter.h"
 #include "base/status_matchers.h"
 #include "gtest/gtest.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
+#include "plan/testing_resolved.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
-#include "trainer/validate.h"
 
 namespace plait::trainer::testing {
 
 using ::plait::base::testing::IsOk;
+using ::plait::plan::testing::Resolved;
 
-std::vector<MeasuredMemory> MeasureTrainingMemory(const Plan& plan, int ranks) {
+std::vector<MeasuredMemory> MeasureTrainingMemory(const plan::Plan& plan, int ranks) {
   EXPECT_GE(plan.training().steps(), 2) << "the first step is not measured";
-  EXPECT_THAT(ValidatePlan(plan, ranks), IsOk());
+  const plan::ResolvedPlan resolved = Resolved(plan, ranks);
   std::vector<MeasuredMemory> measured(ranks);
   WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
     base::AllocationCounter counter;
@@ -34,7 +35,7 @@ std::vector<MeasuredMemory> MeasureTrainingMemory(const Plan& plan, int ranks) {
     };
     {
       base::AllocationCounter::Scope counting(counter);
-      ASSERT_THAT(Train(plan, mesh, options), IsOk());
+      ASSERT_THAT(Train(resolved, mesh, options), IsOk());
     }
     memory.peak_bytes = std::max(memory.peak_bytes, counter.peak());  // the last step's
   });
@@ -43,11 +44,11 @@ std::vector<MeasuredMemory> MeasureTrainingMemory(const Plan& plan, int ranks) {
 
 namespace {
 
-Plan Shortened(Plan plan) {
+plan::Plan Shortened(plan::Plan plan) {
   for (const char* override :
        {"training.steps=3", "schedule.warmup.steps=1", "training.eval_every=0",
         "training.eval_batches=1", "training.metrics_file="}) {
-    EXPECT_THAT(ApplyOverride(override, plan), IsOk());
+    EXPECT_THAT(plan::ApplyOverride(override, plan), IsOk());
   }
   return plan;
 }
@@ -70,12 +71,12 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   const MemoryCheckPlan fsdp{"llama_fsdp", Shortened(LoadShippedPlan("llama_fsdp")), 2};
   plans.push_back(fsdp);
   plans.push_back({"llama_ddp", Shortened(LoadShippedPlan("llama_ddp")), 2});
-  absl::StatusOr<Plan> medium = LoadPlan(absl::StrCat(
+  absl::StatusOr<plan::Plan> medium = plan::LoadPlan(absl::StrCat(
       std::getenv("TEST_SRCDIR"), "/plait/trainer/testdata/runs/medium_single.textproto"));
   EXPECT_THAT(medium, IsOk());
-  const MemoryCheckPlan medium_check{"medium", Shortened(medium.value_or(Plan())), 1};
+  const MemoryCheckPlan medium_check{"medium", Shortened(medium.value_or(plan::Plan())), 1};
   plans.push_back(medium_check);
-  Plan bf16 = LoadShippedPlan("llama_fsdp");
+  plan::Plan bf16 = LoadShippedPlan("llama_fsdp");
   bf16.mutable_model()->set_dtype(base::DTYPE_BFLOAT16);
   plans.push_back({"llama_fsdp_bf16", Shortened(std::move(bf16)), 2});
   // Activation checkpointing: FULL on the medium shape (where the gradients outgrow the
@@ -97,7 +98,7 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   one_sequence.name = "llama_tp_sp_1x1024";
   for (const char* override :
        {"training.micro_batch=1", "training.seq_len=1024", "training.global_batch=1"}) {
-    EXPECT_THAT(ApplyOverride(override, one_sequence.plan), IsOk());
+    EXPECT_THAT(plan::ApplyOverride(override, one_sequence.plan), IsOk());
   }
   plans.push_back(one_sequence);
   plans.push_back(

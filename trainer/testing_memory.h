@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/plan.pb.h"
+#include "plan/plan.pb.h"
 
 namespace plait::trainer::testing {
 
@@ -29,13 +29,13 @@ struct MeasuredMemory {
 
 // Trains `plan` (at least 2 steps) on `ranks` threads and measures each rank, in rank order.
 // Failures are test failures.
-std::vector<MeasuredMemory> MeasureTrainingMemory(const Plan& plan, int ranks);
+std::vector<MeasuredMemory> MeasureTrainingMemory(const plan::Plan& plan, int ranks);
 
 // A plan the estimate is checked against, shortened to 3 steps (memory does not change after
 // the second) and one evaluation batch, with the ranks it runs on.
 struct MemoryCheckPlan {
   std::string name;
-  Plan plan;
+  plan::Plan plan;
   int ranks = 1;
 };
 

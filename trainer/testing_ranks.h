@@ -7,28 +7,33 @@
 #include <functional>
 #include <string>
 
+#include "models/model.pb.h"
 #include "parallel/device_mesh.h"
-#include "trainer/plan.pb.h"
+#include "plan/plan.pb.h"
 #include "trainer/trainer.h"
 
 namespace plait::trainer::testing {
 
-// The shipped plan trainer/plans/<name>.textproto (a data dependency of the test) as the
+// The shipped plan plan/examples/<name>.textproto (a data dependency of the test) as the
 // parity tests run it: every model in fp32, where the shipped jobs compute in bf16 on devices
 // that have it natively (DTYPE_AUTO). Failures are test failures.
-Plan LoadShippedPlan(const std::string& name);
+plan::Plan LoadShippedPlan(const std::string& name);
 
 // Runs `body(rank, mesh)` on `ranks` threads, each with the plan's mesh on the plan's device.
-void WithMesh(const Plan& plan, int ranks,
+void WithMesh(const plan::Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body);
 
 // LoadShippedPlan's plan shortened for a test: 10 steps, evaluated every 5 on one batch, no
 // metrics file. Read from the test's runfiles, so a test may change directory first.
-Plan ShortShippedPlan(const std::string& name);
+plan::Plan ShortShippedPlan(const std::string& name);
 
-// Validates `plan` for `ranks` and trains it on that many threads with `options` (the
-// checkpoint folder taken from the plan); rank 0's report. Failures are test failures.
-TrainReport TrainOnRanks(const Plan& plan, int ranks, TrainOptions options = {});
+// Resolves `plan` for `ranks` and trains it on that many threads with `options`; rank 0's
+// report. Failures are test failures.
+TrainReport TrainOnRanks(const plan::Plan& plan, int ranks, const TrainOptions& options = {});
+
+// The config `spec` resolves to (models::ResolveModelSpec), for PreparedModel::Prepare.
+// Failures are test failures.
+models::ModelConfig ConfigOf(const models::ModelSpec& spec);
 
 }  // namespace plait::trainer::testing
 

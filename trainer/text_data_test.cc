@@ -15,16 +15,18 @@
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "parallel/device_mesh.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
+#include "plan/testing_resolved.h"
+#include "plan/validate.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
-#include "trainer/validate.h"
 
 namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::plan::testing::Resolved;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
@@ -39,9 +41,9 @@ TEST(TextDataTest, TheTextSftExampleTrains) {
 }
 
 TEST(TextDataTest, TextWithoutATokenizerIsAPlanError) {
-  Plan plan = ShortShippedPlan("llama_sft_text");
+  plan::Plan plan = ShortShippedPlan("llama_sft_text");
   plan.mutable_data()->mutable_sft_files()->clear_tokenizer();
-  EXPECT_THAT(ValidatePlan(plan, 2),
+  EXPECT_THAT(plan::Resolve(plan, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("plan.data.sft_files.tokenizer: is empty; text examples need "
                                  "the model's tokenizer")));
@@ -78,17 +80,17 @@ class TextDpoFromHfFolderTest : public ::testing::Test {
   // The example file `name` in the test's folder, where its cache is written.
   static std::string Copied(const std::string& name) {
     const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
-    std::filesystem::copy_file(absl::StrCat("trainer/testdata/text/", name), path,
+    std::filesystem::copy_file(absl::StrCat("plan/examples/text/", name), path,
                                std::filesystem::copy_options::overwrite_existing);
     return path;
   }
 
   const std::string folder_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/qwen2_text_dpo");
-  Plan plan_;
+  plan::Plan plan_;
 };
 
 TEST_F(TextDpoFromHfFolderTest, TrainsWithTheTokenizerBesideConfigJson) {
-  EXPECT_EQ(ResolvedData(plan_).preference_files().tokenizer(), folder_);
+  EXPECT_EQ(plan::ResolveData(plan_).preference_files().tokenizer(), folder_);
   const TrainReport run = TrainOnRanks(plan_, 2);
   ASSERT_EQ(run.steps.size(), 10u);
   // The policy starts as its reference. The 80 training pairs are 5 steps of 16: steps 6 to
@@ -105,9 +107,9 @@ TEST_F(TextDpoFromHfFolderTest, TrainsWithTheTokenizerBesideConfigJson) {
 
 TEST_F(TextDpoFromHfFolderTest, AFolderWithoutATokenizerNamesTheField) {
   std::filesystem::remove(absl::StrCat(folder_, "/tokenizer.json"));
-  ASSERT_THAT(ValidatePlan(plan_, 2), IsOk());
+  const plan::ResolvedPlan resolved = Resolved(plan_, 2);
   WithMesh(plan_, 2, [&](int, const parallel::DeviceMesh& mesh) {
-    EXPECT_THAT(Train(plan_, mesh, TrainOptions()),
+    EXPECT_THAT(Train(resolved, mesh, TrainOptions()),
                 StatusIs(absl::StatusCode::kNotFound,
                          HasSubstr(absl::StrCat("plan.data.preference_files.tokenizer: ", folder_,
                                                 ": has neither tokenizer.json nor "

@@ -31,7 +31,7 @@
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "parallel/device.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
 #include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
@@ -40,6 +40,7 @@ namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::LoadShippedPlan;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
@@ -47,19 +48,19 @@ using ::plait::trainer::testing::WithMesh;
 
 // A shipped plan in fp32 for 10 steps on `ranks` ranks of one "dp" dimension (none for one
 // rank without a wrapper), with `micro_batch` sequences per rank, evaluated at steps 5 and 10.
-Plan ShippedPlan(const std::string& name, int ranks, int64_t micro_batch) {
-  Plan plan = LoadShippedPlan(name);
+plan::Plan ShippedPlan(const std::string& name, int ranks, int64_t micro_batch) {
+  plan::Plan plan = LoadShippedPlan(name);
   for (const std::string& setting :
        {std::string("training.steps=10"), std::string("training.eval_every=5"),
         std::string("training.eval_batches=1"), std::string("training.metrics_file="),
         absl::StrCat("training.micro_batch=", micro_batch)}) {
-    EXPECT_THAT(ApplyOverride(setting, plan), IsOk()) << setting;
+    EXPECT_THAT(plan::ApplyOverride(setting, plan), IsOk()) << setting;
   }
   if (plan.mesh().dims_size() > 0) plan.mutable_mesh()->mutable_dims(0)->set_size(ranks);
   return plan;
 }
 
-Plan OnCuda(Plan plan) {
+plan::Plan OnCuda(plan::Plan plan) {
   plan.set_device(parallel::DEVICE_CUDA);
   return plan;
 }
@@ -167,7 +168,7 @@ TEST_F(TrainOnCudaTest, TensorParallelTwoDimensionalAndHybridRunsTrackTheCpuSing
 // follows the fp32 CPU run at bf16's precision, as the CPU's bf16 runs do (trainer_test), and
 // trains.
 TEST_F(TrainOnCudaTest, Bf16TracksTheFp32CpuRun) {
-  Plan plan = OnCuda(ShippedPlan("llama_single", 1, 16));
+  plan::Plan plan = OnCuda(ShippedPlan("llama_single", 1, 16));
   plan.mutable_model()->set_dtype(base::DTYPE_BFLOAT16);
   const TrainReport bf16 = TrainOnRanks(plan, 1);
   const TrainReport& fp32 = CpuSingle();
@@ -183,14 +184,14 @@ TEST_F(TrainOnCudaTest, Bf16TracksTheFp32CpuRun) {
 // precomputed on the GPU, as the live reference.
 TEST_F(TrainOnCudaTest, DpoTracksTheCpuRun) {
   const int ranks = std::min(parallel::CudaDeviceCount(), 2);
-  const Plan plan = ShippedPlan("qwen_dpo_fsdp", ranks, 16 / ranks);
+  const plan::Plan plan = ShippedPlan("qwen_dpo_fsdp", ranks, 16 / ranks);
   const TrainReport cpu = TrainOnRanks(plan, ranks);
   const TrainReport cuda = TrainOnRanks(OnCuda(plan), ranks);
   EXPECT_FLOAT_EQ(cuda.steps[0].loss, std::log(2.0));  // the policy starts as its reference
   // 16 sequences a step: 8 pairs.
   ExpectSameRun(cuda, cpu, kCudaTolerance, /*floor=*/1.0, /*pairs_per_step=*/8);
-  Plan precomputed = OnCuda(plan);
-  precomputed.mutable_objective()->mutable_dpo()->set_precompute_reference(true);
+  plan::Plan precomputed = OnCuda(plan);
+  ASSERT_THAT(plan::ApplyOverride("objective.dpo.precompute_reference=true", precomputed), IsOk());
   ExpectSameRun(TrainOnRanks(precomputed, ranks), cuda, kCudaTolerance, /*floor=*/1.0,
                 /*pairs_per_step=*/8);
 }
@@ -200,10 +201,10 @@ TEST_F(TrainOnCudaTest, DpoTracksTheCpuRun) {
 // run's steps 6 to 10.
 TEST_F(TrainOnCudaTest, ACheckpointResumesOnTheGpuAndOnTheCpu) {
   const std::string root = std::getenv("TEST_TMPDIR");
-  Plan plan = OnCuda(ShippedPlan("llama_fsdp", 1, 16));
+  plan::Plan plan = OnCuda(ShippedPlan("llama_fsdp", 1, 16));
   for (const std::string& setting : {std::string("training.checkpoint.every=5"),
                                      absl::StrCat("training.checkpoint.dir=", root, "/straight")}) {
-    ASSERT_THAT(ApplyOverride(setting, plan), IsOk()) << setting;
+    ASSERT_THAT(plan::ApplyOverride(setting, plan), IsOk()) << setting;
   }
   const TrainReport straight = TrainOnRanks(plan, 1);
   TrainReport after_five = straight;
@@ -214,7 +215,7 @@ TEST_F(TrainOnCudaTest, ACheckpointResumesOnTheGpuAndOnTheCpu) {
     std::filesystem::create_directories(dir);
     std::filesystem::copy(root + "/straight/step-00000005", dir + "/step-00000005",
                           std::filesystem::copy_options::recursive);
-    Plan resumed = plan;
+    plan::Plan resumed = plan;
     resumed.set_device(device);
     resumed.mutable_training()->mutable_checkpoint()->set_dir(dir);
     resumed.mutable_training()->mutable_checkpoint()->set_resume(true);
@@ -231,13 +232,13 @@ TEST_F(TrainOnCudaTest, PreparingAnFsdpModelPutsOnlyItsShardsOnEachGpu) {
   models::ModelConfig config = models::PresetConfig("tiny").value();
   config.set_num_hidden_layers(16);
   const double model_bytes = 4.0 * static_cast<double>(models::NumParameters(config));
-  Plan plan = OnCuda(LoadShippedPlan("llama_fsdp"));
+  plan::Plan plan = OnCuda(LoadShippedPlan("llama_fsdp"));
   *plan.mutable_model()->mutable_config() = config;
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
     parallel::ResetPeakMemory(mesh.device());
-    ASSERT_THAT(
-        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan"),
-        IsOk());
+    ASSERT_THAT(PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                       mesh, Role::kTrained, "plan"),
+                IsOk());
     const std::optional<int64_t> peak = parallel::PeakMemory(mesh.device());
     ASSERT_TRUE(peak.has_value());
     std::cout << "rank " << rank << " allocated at most " << *peak / model_bytes
@@ -313,14 +314,14 @@ TEST_F(TrainOnCudaTest, AStepWaitsForTheDeviceOnlyForWhatTheHostReads) {
                      " micro-batch(es) a step on ", ranks, " GPU(s)");
     if (!EnoughGpus(ranks, run)) continue;
     SCOPED_TRACE(run);
-    Plan plan = OnCuda(LoadShippedPlan(name));
+    plan::Plan plan = OnCuda(LoadShippedPlan(name));
     plan.mutable_model()->set_dtype(dtype);
     for (const std::string& setting :
          {std::string("training.steps=5"), std::string("training.eval_every=0"),
           std::string("training.eval_batches=1"), std::string("training.metrics_file="),
           absl::StrCat("training.micro_batch=", 16 / (ranks * accumulation)),
           absl::StrCat("training.grad_accumulation=", accumulation)}) {
-      ASSERT_THAT(ApplyOverride(setting, plan), IsOk()) << setting;
+      ASSERT_THAT(plan::ApplyOverride(setting, plan), IsOk()) << setting;
     }
     if (plan.mesh().dims_size() > 0) plan.mutable_mesh()->mutable_dims(0)->set_size(ranks);
     DeviceSyncLog log;

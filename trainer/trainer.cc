@@ -23,15 +23,13 @@
 #include "models/model_config.h"
 #include "objectives/metric_means.h"
 #include "objectives/objective.h"
-#include "objectives/reference_log_probs.h"
 #include "objectives/step_items.h"
 #include "optim/optimizer.h"
 #include "parallel/device.h"
+#include "plan/compute_dtype.h"
 #include "sched/schedule_builder.h"
-#include "trainer/checkpoint.h"
-#include "trainer/compute_dtype.h"
-#include "trainer/plan.h"
 #include "trainer/prepared_model.h"
+#include "trainer/run_checkpoints.h"
 
 namespace plait::trainer {
 namespace {
@@ -61,12 +59,6 @@ absl::StatusOr<std::vector<int64_t>> PeakMemoryPerRank(const parallel::DeviceMes
   return bytes;
 }
 
-// The next batch of `loader` on `device`.
-absl::StatusOr<data::Batch> NextOnDevice(data::DataLoader& loader, const torch::Device& device) {
-  PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, loader.Next());
-  return data::ToDevice(batch, device);
-}
-
 // The next batch of `loader` on `device`, its copy in host memory, and the items
 // `objective` scores in it, counted on the host before the batch moves.
 struct CountedBatch {
@@ -85,21 +77,21 @@ absl::StatusOr<CountedBatch> NextCounted(data::DataLoader& loader,
 
 // The peak FLOP/s of one rank in the dtype the plan's model computes in (DTYPE_AUTO
 // resolved), MFU's denominator.
-double PeakFlopsPerRank(const Plan& plan) {
-  const TrainingConfig& training = plan.training();
+double PeakFlopsPerRank(const plan::Plan& plan) {
+  const plan::TrainingConfig& training = plan.training();
   if (plan.model().dtype() == base::DTYPE_BFLOAT16 && training.peak_bf16_flops_per_rank() > 0) {
     return training.peak_bf16_flops_per_rank();
   }
   return training.peak_flops_per_rank();
 }
 
-// One rank's training run of a validated plan: what Start sets up (the prepared models, the
+// One rank's training run of a resolved plan: what Start sets up (the prepared models, the
 // objective, the optimizer built from the trained model, the data, the checkpoints and the
-// logs), then Step
-// after Step, each a full optimizer step with its evaluation when one is due.
+// logs), then Step after Step, each a full optimizer step with its evaluation when one is due.
 class TrainingRun {
  public:
-  static absl::StatusOr<std::unique_ptr<TrainingRun>> Start(const Plan& plan,
+  // `resolved` must outlive the run.
+  static absl::StatusOr<std::unique_ptr<TrainingRun>> Start(const plan::ResolvedPlan& resolved,
                                                             const parallel::DeviceMesh& mesh,
                                                             const TrainOptions& options);
 
@@ -107,11 +99,19 @@ class TrainingRun {
   absl::StatusOr<TrainReport> Run();
 
  private:
-  TrainingRun(const Plan& plan, const parallel::DeviceMesh& mesh, const TrainOptions& options)
-      : training_(plan.training()),
+  TrainingRun(const plan::ResolvedPlan& resolved, const parallel::DeviceMesh& mesh,
+              const TrainOptions& options)
+      : resolved_(resolved),
+        training_(resolved.training()),
         mesh_(mesh),
         options_(options),
-        peak_flops_per_rank_(PeakFlopsPerRank(plan)) {}
+        peak_flops_per_rank_(PeakFlopsPerRank(resolved.plan)) {}
+
+  // Sets up the logs rank 0 writes, continuing them after `resume_step`.
+  absl::Status OpenLogs(int64_t resume_step);
+
+  // The objective's start (Objective::Start), offered the batches the run will read.
+  absl::Status StartObjective();
 
   // Optimizer step `step` (0-based): micro-batches with gradient accumulation (no-sync on
   // all but the last), each weighted by its share of the step's scored items, the update at
@@ -121,85 +121,55 @@ class TrainingRun {
   // The objective's means over the items of the held-out batches of every rank.
   absl::StatusOr<objectives::MeanMetrics> Evaluate();
 
-  // DPO's precompute_reference: the reference's log-probabilities of every batch the run
-  // reads from here on, computed now, and the reference model released.
-  absl::Status PrecomputeReference(const objectives::Dpo& dpo, bool training_data_repeats);
-
   std::optional<double> Mfu(double tokens_per_s) const;
 
   // `bytes` becomes the largest over the ranks of the mesh (every rank must call it).
   absl::Status MaxOverRanks(std::optional<int64_t>& bytes) const;
 
-  const TrainingConfig& training_;
+  const plan::ResolvedPlan& resolved_;
+  const plan::TrainingConfig& training_;
   const parallel::DeviceMesh& mesh_;
   const TrainOptions& options_;
   const double peak_flops_per_rank_;  // in the model's dtype; 0: no MFU
-  models::ModelConfig config_;
   std::unique_ptr<sched::Schedule> schedule_;
   std::unique_ptr<PreparedModel> prepared_;
-  // Prepared, kept for the run (or until precompute_reference releases the reference).
+  // Prepared, kept for the run (or until the objective releases one).
   std::map<std::string, std::unique_ptr<PreparedModel>> frozen_;
   std::unique_ptr<objectives::Objective> objective_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::optional<data::DataLoader> train_, eval_;
-  std::optional<Checkpointer> checkpointer_;
+  std::optional<RunCheckpoints> checkpoints_;
   std::optional<metrics::MetricsLog> metrics_log_;
   std::optional<metrics::TensorBoardLog> tensorboard_;
   std::optional<metrics::ProgressLog> progress_;
-  int64_t accumulation_ = 1;
   double tokens_per_step_ = 0.0;   // over the data-parallel ranks
   double training_seconds_ = 0.0;  // in steps, without evaluation
 };
 
-absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan,
+absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const plan::ResolvedPlan& resolved,
                                                                 const parallel::DeviceMesh& mesh,
                                                                 const TrainOptions& options) {
-  std::unique_ptr<TrainingRun> run(new TrainingRun(plan, mesh, options));
-  const TrainingConfig& training = plan.training();
-  if (mesh.rank() == 0 && options.log != nullptr) {
-    run->progress_.emplace(*options.log,
-                           options.log_is_terminal ? metrics::ProgressLog::Style::kStatusLine
-                                                   : metrics::ProgressLog::Style::kPlainLines,
-                           training.steps(), LogEvery(training));
-  }
-  PLAIT_ASSIGN_OR_RETURN(run->config_, models::ResolveModelSpec(plan.model(), "plan.model"));
+  std::unique_ptr<TrainingRun> run(new TrainingRun(resolved, mesh, options));
+  const plan::Plan& plan = resolved.plan;
+  const plan::TrainingConfig& training = plan.training();
   PLAIT_ASSIGN_OR_RETURN(sched::Schedule schedule,
-                         sched::BuildSchedule(ResolvedSchedule(plan), "plan.schedule"));
+                         sched::BuildSchedule(resolved.schedule, "plan.schedule"));
   run->schedule_ = std::make_unique<sched::Schedule>(std::move(schedule));
-  PLAIT_ASSIGN_OR_RETURN(run->checkpointer_,
-                         Checkpointer::Open(plan, options.checkpoint_dir, mesh));
-  if (mesh.rank() == 0 && !options.metrics_path.empty()) {
-    const int64_t resume_step = run->checkpointer_->resume_step();
-    PLAIT_ASSIGN_OR_RETURN(
-        run->metrics_log_,
-        base::Annotate(options.restart_count > 0
-                           ? metrics::MetricsLog::Continue(options.metrics_path, resume_step)
-                           : metrics::MetricsLog::Open(options.metrics_path, resume_step),
-                       "plan.training.metrics_file"));
-  }
-  if (mesh.rank() == 0 && !options.tensorboard_dir.empty()) {
-    const int64_t resume_step = run->checkpointer_->resume_step();
-    PLAIT_ASSIGN_OR_RETURN(
-        run->tensorboard_,
-        base::Annotate(metrics::TensorBoardLog::Open(options.tensorboard_dir, resume_step),
-                       "plan.training.tensorboard_dir"));
-    std::string plan_text;
-    google::protobuf::TextFormat::PrintToString(plan, &plan_text);
-    PLAIT_RETURN_IF_ERROR(run->tensorboard_->AppendText("plan", plan_text, resume_step + 1));
-  }
+  PLAIT_ASSIGN_OR_RETURN(run->checkpoints_, RunCheckpoints::Open(resolved, mesh));
+  PLAIT_RETURN_IF_ERROR(run->OpenLogs(run->checkpoints_->resume_step()));
 
   PLAIT_ASSIGN_OR_RETURN(run->prepared_,
-                         PreparedModel::Prepare(plan.model(), plan.hf_weights_dir(), plan.prepare(),
-                                                mesh, Role::kTrained, "plan"));
+                         PreparedModel::Prepare(plan.model(), resolved.model, plan.hf_weights_dir(),
+                                                plan.prepare(), mesh, Role::kTrained, "plan"));
   // Frozen models live for the run, prepared like the trained one, after it; the objective
   // reads the ones it names (DPO's reference).
   std::map<std::string, models::CausalLM*> frozen;
   for (int i = 0; i < plan.frozen_size(); ++i) {
     PLAIT_ASSIGN_OR_RETURN(
         std::unique_ptr<PreparedModel> model,
-        PreparedModel::Prepare(plan.frozen(i).model(), plan.frozen(i).hf_weights_dir(),
-                               plan.frozen(i).prepare(), mesh, Role::kFrozen,
-                               absl::StrCat("plan.frozen[", i, "]")));
+        PreparedModel::Prepare(plan.frozen(i).model(), resolved.frozen[i],
+                               plan.frozen(i).hf_weights_dir(), plan.frozen(i).prepare(), mesh,
+                               Role::kFrozen, absl::StrCat("plan.frozen[", i, "]")));
     frozen[plan.frozen(i).name()] = &model->model();
     run->frozen_[plan.frozen(i).name()] = std::move(model);
   }
@@ -209,32 +179,82 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const Plan& plan
 
   // The ranks of the dimensions that split the batch (FSDP's, DDP's) read different data.
   PLAIT_ASSIGN_OR_RETURN(const auto data_parallel,
-                         mesh.SubgridRankAndSize(run->prepared_->preparation().DataParallelDims()));
+                         mesh.SubgridRankAndSize(resolved.data_parallel_dims));
   const auto [dp_rank, dp_size] = data_parallel;
-  const data::DataConfig data = ResolvedData(plan);
   for (const auto& [split, loader] :
        {std::pair{data::Split::kTrain, &run->train_}, std::pair{data::Split::kEval, &run->eval_}}) {
     PLAIT_ASSIGN_OR_RETURN(
-        *loader,
-        data::DataLoader::Create(data, split, run->config_.vocab_size(), training.micro_batch(),
-                                 training.seq_len(), dp_rank, dp_size, "plan.data"));
+        *loader, data::DataLoader::Create(resolved.data, split, resolved.model.vocab_size(),
+                                          training.micro_batch(), training.seq_len(), dp_rank,
+                                          dp_size, "plan.data"));
   }
   const std::optional<int64_t> held_out = run->eval_->DistinctBatches();
-  if (held_out.has_value() && training.eval_batches() > *held_out) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan.training.eval_batches: ", training.eval_batches(), " exceeds the ", *held_out,
-        " micro-batches per rank that plan.data.token_files.eval_path holds"));
+  if (held_out.has_value() && resolved.eval_micro_batches > *held_out) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan.training.eval_batches: ", training.eval_batches(), " global batches (",
+                     resolved.eval_micro_batches, " micro-batches per rank) exceed the ", *held_out,
+                     " micro-batches per rank that plan.data.token_files.eval_path holds"));
   }
-  PLAIT_RETURN_IF_ERROR(run->checkpointer_->Restore(*run->optimizer_, *run->train_));
-  run->accumulation_ = GradAccumulation(training);
-  if (plan.objective().dpo().precompute_reference()) {
-    // Unshuffled pair files repeat their batches after one pass; the others do not.
-    PLAIT_RETURN_IF_ERROR(run->PrecomputeReference(
-        plan.objective().dpo(), data.has_preference_files() && !data.preference_files().shuffle()));
-  }
-  run->tokens_per_step_ = static_cast<double>(training.micro_batch()) * dp_size *
-                          run->accumulation_ * training.seq_len();
+  PLAIT_RETURN_IF_ERROR(run->checkpoints_->Restore(*run->optimizer_, *run->train_));
+  PLAIT_RETURN_IF_ERROR(run->StartObjective());
+  run->tokens_per_step_ = static_cast<double>(resolved.global_batch) * training.seq_len();
   return run;
+}
+
+absl::Status TrainingRun::OpenLogs(int64_t resume_step) {
+  if (mesh_.rank() != 0) return absl::OkStatus();
+  if (options_.log != nullptr) {
+    progress_.emplace(*options_.log,
+                      options_.log_is_terminal ? metrics::ProgressLog::Style::kStatusLine
+                                               : metrics::ProgressLog::Style::kPlainLines,
+                      training_.steps(), resolved_.log_every);
+  }
+  if (!resolved_.metrics_path.empty()) {
+    PLAIT_ASSIGN_OR_RETURN(
+        metrics_log_,
+        base::Annotate(options_.restart_count > 0
+                           ? metrics::MetricsLog::Continue(resolved_.metrics_path, resume_step)
+                           : metrics::MetricsLog::Open(resolved_.metrics_path, resume_step),
+                       "plan.training.metrics_file"));
+  }
+  if (!resolved_.tensorboard_dir.empty()) {
+    PLAIT_ASSIGN_OR_RETURN(tensorboard_, base::Annotate(metrics::TensorBoardLog::Open(
+                                                            resolved_.tensorboard_dir, resume_step),
+                                                        "plan.training.tensorboard_dir"));
+    std::string plan_text;
+    google::protobuf::TextFormat::PrintToString(resolved_.plan, &plan_text);
+    PLAIT_RETURN_IF_ERROR(tensorboard_->AppendText("plan", plan_text, resume_step + 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingRun::StartObjective() {
+  objectives::RunStart start{
+      *train_, (training_.steps() - checkpoints_->resume_step()) * resolved_.grad_accumulation,
+      *eval_, resolved_.eval_micro_batches, mesh_.device()};
+  start.eval.Reset();
+  start.release_frozen = [this](const std::string& name) -> absl::Status {
+    const auto model = frozen_.find(name);
+    if (model == frozen_.end()) {
+      return absl::InternalError(absl::StrCat("no frozen model \"", name, "\" to release"));
+    }
+    PLAIT_RETURN_IF_ERROR(model->second->preparation().BackwardStatus());
+    const std::optional<int64_t> held = base::HeapBytesInUse();
+    frozen_.erase(model);
+    const std::optional<int64_t> released = base::HeapBytesInUse();
+    if (progress_) {
+      progress_->Print(absl::StrCat(
+          "released the frozen model \"", name, "\"",
+          held && released
+              ? absl::StrCat(": the heap in use fell by ", base::HumanBytes(*held - *released))
+              : ""));
+    }
+    return absl::OkStatus();
+  };
+  start.print = [this](const std::string& line) {
+    if (progress_) progress_->Print(line);
+  };
+  return objective_->Start(start);
 }
 
 absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
@@ -248,19 +268,18 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   // backward, which scales each micro-batch's mean by its share of them (step_items.h).
   std::vector<CountedBatch> batches;
   std::vector<int64_t> items;
-  for (int64_t micro = 0; micro < accumulation_; ++micro) {
+  for (int64_t micro = 0; micro < resolved_.grad_accumulation; ++micro) {
     PLAIT_ASSIGN_OR_RETURN(CountedBatch batch, NextCounted(*train_, *objective_, mesh_.device()));
     items.push_back(batch.items);
     batches.push_back(std::move(batch));
   }
-  PLAIT_ASSIGN_OR_RETURN(
-      const objectives::StepItems step_items,
-      base::Annotate(objectives::StepItems::Count(std::move(items), mesh_,
-                                                  prepared_->preparation().DataParallelDims()),
-                     absl::StrCat("step ", metrics.step)));
+  PLAIT_ASSIGN_OR_RETURN(const objectives::StepItems step_items,
+                         base::Annotate(objectives::StepItems::Count(std::move(items), mesh_,
+                                                                     resolved_.data_parallel_dims),
+                                        absl::StrCat("step ", metrics.step)));
   objectives::MetricMeans means;
-  for (int64_t micro = 0; micro < accumulation_; ++micro) {
-    const auto no_sync = prepared_->preparation().NoSyncIf(micro + 1 < accumulation_);
+  for (int64_t micro = 0; micro < resolved_.grad_accumulation; ++micro) {
+    const auto no_sync = prepared_->preparation().NoSyncIf(micro + 1 < resolved_.grad_accumulation);
     PLAIT_ASSIGN_OR_RETURN(
         const objectives::ObjectiveOutput output,
         objective_->Compute(prepared_->model(), batches[micro].batch, batches[micro].host));
@@ -282,7 +301,7 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics.tokens_per_s = tokens_per_step_ / seconds;
   metrics.mfu = Mfu(metrics.tokens_per_s);
   const bool eval_due = training_.eval_every() > 0 && metrics.step % training_.eval_every() == 0;
-  if (eval_due || metrics.step == training_.steps()) {
+  if (resolved_.eval_micro_batches > 0 && (eval_due || metrics.step == training_.steps())) {
     PLAIT_ASSIGN_OR_RETURN(
         const objectives::MeanMetrics eval,
         base::Annotate(Evaluate(), absl::StrCat("evaluation after step ", metrics.step)));
@@ -298,12 +317,12 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   TrainReport report;
   report.entropy_floor = train_->EntropyFloor();
   if (progress_) {
-    progress_->Header(NumParameters(config_), mesh_.layout().world_size(),
+    progress_->Header(NumParameters(resolved_.model), mesh_.layout().world_size(),
                       static_cast<int64_t>(tokens_per_step_), report.entropy_floor,
-                      checkpointer_->resume_step(), RestartLine(options_));
+                      checkpoints_->resume_step(), RestartLine(options_));
   }
   const int64_t steps = training_.steps();
-  const int64_t first_step = checkpointer_->resume_step();
+  const int64_t first_step = checkpoints_->resume_step();
   const Clock::time_point start = Clock::now();
   int64_t skipped_in_a_row = 0;
   for (int64_t step = first_step; step < steps; ++step) {
@@ -325,20 +344,20 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
       progress_->Step(metrics, tokens_per_step_ * done / training_seconds_,
                       Seconds(Clock::now() - start) / done * (steps - step - 1));
     }
-    if (skipped_in_a_row >= MaxSkippedSteps(training_)) {
+    if (skipped_in_a_row >= resolved_.max_skipped_steps) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "step %d: the last %d updates were skipped for a non-finite gradient norm (loss %g); "
           "the run trains nothing (plan.training.max_skipped_steps = %d)",
-          metrics.step, skipped_in_a_row, metrics.loss, MaxSkippedSteps(training_)));
+          metrics.step, skipped_in_a_row, metrics.loss, resolved_.max_skipped_steps));
     }
-    PLAIT_RETURN_IF_ERROR(checkpointer_->SaveIfDue(step + 1, *optimizer_));
-    if (checkpointer_->IsDue(step + 1)) ++report.checkpoints_written;
+    PLAIT_RETURN_IF_ERROR(checkpoints_->SaveIfDue(step + 1, *optimizer_));
+    if (checkpoints_->IsDue(step + 1)) ++report.checkpoints_written;
   }
-  if (!options_.save_hf_dir.empty()) {
+  if (!resolved_.save_hf_dir.empty()) {
     PLAIT_RETURN_IF_ERROR(
-        base::Annotate(prepared_->SaveHf(options_.save_hf_dir, mesh_.rank(), /*writer=*/0),
+        base::Annotate(prepared_->SaveHf(resolved_.save_hf_dir, mesh_.rank(), /*writer=*/0),
                        "plan.training.save_hf_dir"));
-    if (progress_) progress_->Print(absl::StrCat("saved the model to ", options_.save_hf_dir));
+    if (progress_) progress_->Print(absl::StrCat("saved the model to ", resolved_.save_hf_dir));
   }
   report.seconds = Seconds(Clock::now() - start);
   // A run resumed from its last step trains no step.
@@ -356,7 +375,7 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   torch::NoGradGuard no_grad;
   eval_->Reset();
   objectives::MetricMeans means;
-  for (int64_t i = 0; i < training_.eval_batches(); ++i) {
+  for (int64_t i = 0; i < resolved_.eval_micro_batches; ++i) {
     PLAIT_ASSIGN_OR_RETURN(const CountedBatch batch,
                            NextCounted(*eval_, *objective_, mesh_.device()));
     PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
@@ -367,51 +386,10 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   return means.Mean(mesh_);
 }
 
-absl::Status TrainingRun::PrecomputeReference(const objectives::Dpo& dpo,
-                                              bool training_data_repeats) {
-  const Clock::time_point start = Clock::now();
-  PreparedModel& reference = *frozen_.at(dpo.reference());
-  auto table = std::make_shared<objectives::ReferenceLogProbs>();
-  // The batches the rest of the run trains on, read by a copy of the training loader from
-  // where the run (or the checkpoint it resumes) stands; one pass when that repeats them.
-  data::DataLoader replay = *train_;
-  int64_t batches = (training_.steps() - checkpointer_->resume_step()) * accumulation_;
-  if (const std::optional<int64_t> pass = replay.DistinctBatches();
-      pass.has_value() && training_data_repeats) {
-    batches = std::min(batches, *pass);
-  }
-  for (int64_t i = 0; i < batches; ++i) {
-    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, NextOnDevice(replay, mesh_.device()));
-    table->Add(reference.model(), batch);
-  }
-  eval_->Reset();
-  for (int64_t i = 0; i < training_.eval_batches(); ++i) {
-    PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, NextOnDevice(*eval_, mesh_.device()));
-    table->Add(reference.model(), batch);
-  }
-  PLAIT_RETURN_IF_ERROR(base::Annotate(reference.preparation().BackwardStatus(),
-                                       "plan.objective.dpo.precompute_reference"));
-  objective_ = objectives::MakePrecomputedDpo(dpo, table);
-  const std::optional<int64_t> held = base::HeapBytesInUse();
-  frozen_.erase(dpo.reference());
-  const std::optional<int64_t> released = base::HeapBytesInUse();
-  if (progress_) {
-    progress_->Print(absl::StrFormat(
-        "precomputed the reference log-probabilities of %d rows on rank 0 (%d training and %d eval "
-        "micro-batches per rank) in %.1f s; released the reference model \"%s\"%s",
-        table->rows(), batches, training_.eval_batches(), Seconds(Clock::now() - start),
-        dpo.reference(),
-        held && released
-            ? absl::StrCat(": the heap in use fell by ", base::HumanBytes(*held - *released))
-            : ""));
-  }
-  return absl::OkStatus();
-}
-
 std::optional<double> TrainingRun::Mfu(double tokens_per_s) const {
   const double peak = peak_flops_per_rank_ * mesh_.layout().world_size();
   if (peak <= 0.0) return std::nullopt;
-  return tokens_per_s * models::TrainingFlopsPerToken(config_, training_.seq_len()) / peak;
+  return tokens_per_s * models::TrainingFlopsPerToken(resolved_.model, training_.seq_len()) / peak;
 }
 
 absl::Status TrainingRun::MaxOverRanks(std::optional<int64_t>& bytes) const {
@@ -426,11 +404,12 @@ absl::Status TrainingRun::MaxOverRanks(std::optional<int64_t>& bytes) const {
 
 }  // namespace
 
-absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& mesh,
-                                  const TrainOptions& options) {
-  const Plan resolved = ResolveAutoDtypes(plan, mesh.device());  // outlives the run
+absl::StatusOr<TrainReport> Train(const plan::ResolvedPlan& resolved,
+                                  const parallel::DeviceMesh& mesh, const TrainOptions& options) {
+  plan::ResolvedPlan on_device = resolved;  // outlives the run
+  on_device.plan = plan::ResolveAutoDtypes(resolved.plan, mesh.device());
   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<TrainingRun> run,
-                         TrainingRun::Start(resolved, mesh, options));
+                         TrainingRun::Start(on_device, mesh, options));
   return run->Run();
 }
 

@@ -1,22 +1,23 @@
-// The training loop of a validated plan, on one rank of its mesh: prepares the model (and
-// any frozen models) in the plan's order, builds the optimizer from the prepared model,
-// then runs the steps: micro-batches with gradient accumulation (DDP's no-sync scope on all
-// but the last), each micro-batch's loss weighted by its share of the step's scored items
-// (tokens for causal LM and SFT, pairs for DPO) over all micro-batches and data-parallel
-// ranks, so the step's loss is the mean over every item of the step as in one process
-// (objectives/step_items.h), clipping and the update at the scheduled learning rate,
-// periodic evaluation on the held-out split, and a summary. Rank 0 prints
-// its progress (metrics/progress.h), writes the JSONL metrics and the run's summary
-// (metrics/metrics_log.h) and TensorBoard's event files (metrics/tensorboard_log.h).
-// The data-parallel rank and width, which choose the batches a rank reads, are those of the
-// mesh dimensions whose strategies split the batch (wrap::Preparation::DataParallelDims):
+// The training loop of a resolved plan (plan/resolved_plan.h), on one rank of its mesh:
+// prepares the model (and any frozen models) in the plan's order, builds the optimizer from
+// the prepared model, starts the objective (Objective::Start: DPO's reference
+// precomputation), then runs the steps: micro-batches with gradient accumulation (DDP's
+// no-sync scope on all but the last), each micro-batch's loss weighted by its share of the
+// step's scored items (tokens for causal LM and SFT, pairs for DPO) over all micro-batches
+// and data-parallel ranks, so the step's loss is the mean over every item of the step as in
+// one process (objectives/step_items.h), clipping and the update at the scheduled learning
+// rate, periodic evaluation on the held-out split, and a summary. Rank 0 prints its progress
+// (metrics/progress.h), writes the JSONL metrics and the run's summary (metrics/metrics_log.h)
+// and TensorBoard's event files (metrics/tensorboard_log.h). The data-parallel rank and
+// width, which choose the batches a rank reads, are those of the mesh dimensions whose
+// strategies split the batch (ResolvedPlan::data_parallel_dims):
 //
-//   PLAIT_RETURN_IF_ERROR(ValidatePlan(plan, world.world_size));
+//   PLAIT_ASSIGN_OR_RETURN(const plan::ResolvedPlan resolved, plan::Resolve(plan, world_size));
 //   PLAIT_ASSIGN_OR_RETURN(auto group, parallel::ProcessGroup::Start(world, plan.mesh(), ...));
 //   TrainOptions options;
 //   options.log = &std::cout;
 //   options.log_is_terminal = parallel::StdoutIsTerminal();
-//   PLAIT_ASSIGN_OR_RETURN(TrainReport report, Train(plan, group->mesh(), options));
+//   PLAIT_ASSIGN_OR_RETURN(TrainReport report, Train(resolved, group->mesh(), options));
 #ifndef PLAIT_TRAINER_TRAINER_H_
 #define PLAIT_TRAINER_TRAINER_H_
 
@@ -28,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "metrics/step_metrics.h"
 #include "parallel/device_mesh.h"
-#include "trainer/plan.pb.h"
+#include "plan/resolved_plan.h"
 
 namespace plait::trainer {
 
@@ -41,16 +42,6 @@ struct TrainOptions {
   // Whether `log` reaches a terminal, where the progress is a status line redrawn in place
   // (parallel::StdoutIsTerminal tells for stdout).
   bool log_is_terminal = false;
-  // The metrics file rank 0 writes; empty writes none. Run resolves training.metrics_file.
-  std::string metrics_path;
-  // Where rank 0 saves the trained model; empty saves none. Run resolves
-  // training.save_hf_dir.
-  std::string save_hf_dir;
-  // Where checkpoints go (checkpoint.h); empty: none. Run resolves training.checkpoint.dir.
-  std::string checkpoint_dir;
-  // Where rank 0 writes TensorBoard's event files; empty: none. Run resolves
-  // training.tensorboard_dir.
-  std::string tensorboard_dir;
   // Which start of the job this is (parallel::World::restart_count; 0: the first) and why the
   // one before ended (World::restart_cause; may be empty). A restart continues the metrics
   // file after the step it resumes from, even when it found no checkpoint and starts over,
@@ -62,11 +53,11 @@ struct TrainOptions {
   std::function<void(int64_t step)> before_step;
 };
 
-// Trains `plan` (which must pass ValidatePlan for the mesh's world size) as rank
-// mesh.rank(). Every rank of the mesh must call it. Errors name the plan field, file or
+// Trains `resolved` (resolved for the mesh's world size) as rank mesh.rank(), writing the
+// files it names. Every rank of the mesh must call it. Errors name the plan field, file or
 // step; communication errors name the rank.
-absl::StatusOr<TrainReport> Train(const Plan& plan, const parallel::DeviceMesh& mesh,
-                                  const TrainOptions& options);
+absl::StatusOr<TrainReport> Train(const plan::ResolvedPlan& resolved,
+                                  const parallel::DeviceMesh& mesh, const TrainOptions& options);
 
 }  // namespace plait::trainer
 

@@ -34,26 +34,28 @@
 #include "parallel/device_mesh.h"
 #include "parallel/tensor_slice.h"
 #include "parallel/test_ranks.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
+#include "plan/testing_resolved.h"
 #include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
-#include "trainer/validate.h"
 
 namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::plan::testing::Resolved;
+using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
 
 TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
-  const Plan plan = ShortShippedPlan("llama_fsdp");
+  const plan::Plan plan = ShortShippedPlan("llama_fsdp");
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
-    auto prepared =
-        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                           mesh, Role::kTrained, "plan");
     ASSERT_THAT(prepared, IsOk());
     auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
     ASSERT_THAT(optimizer, IsOk());
@@ -75,10 +77,10 @@ TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
 }
 
 TEST(PreparedModelTest, FrozenModelIsPreparedWithoutOptimizerOrGradients) {
-  const Plan plan = ShortShippedPlan("llama_fsdp");
+  const plan::Plan plan = ShortShippedPlan("llama_fsdp");
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
-    auto frozen = PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kFrozen,
-                                         "plan.frozen[0]");
+    auto frozen = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                         mesh, Role::kFrozen, "plan.frozen[0]");
     ASSERT_THAT(frozen, IsOk());
     EXPECT_TRUE((*frozen)->trainable_parameters().empty());
     EXPECT_THAT(BuildOptimizer(**frozen, plan.optimizer()),
@@ -97,12 +99,12 @@ TEST(PreparedModelTest, FrozenModelIsPreparedWithoutOptimizerOrGradients) {
 }
 
 TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
-  const Plan plan = ShortShippedPlan("llama_fsdp");
+  const plan::Plan plan = ShortShippedPlan("llama_fsdp");
   const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/out");
   std::map<std::string, torch::Tensor> saved;
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
-    auto prepared =
-        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                           mesh, Role::kTrained, "plan");
     ASSERT_THAT(prepared, IsOk());
     ASSERT_THAT((*prepared)->SaveHf(dir, rank, 0), IsOk());
     auto full = (*prepared)->preparation().FullParameters();
@@ -110,18 +112,18 @@ TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
     if (rank == 0) saved = *full;
   });
   // Loaded on one rank with another seed: the folder's weights replace the initialisation.
-  const Plan single = ShortShippedPlan("llama_single");
+  const plan::Plan single = ShortShippedPlan("llama_single");
   models::ModelSpec other_seed = single.model();
   other_seed.mutable_init()->set_seed(99);
   WithMesh(single, 1, [&](int, const parallel::DeviceMesh& mesh) {
-    auto loaded =
-        PreparedModel::Prepare(other_seed, dir, single.prepare(), mesh, Role::kTrained, "plan");
+    auto loaded = PreparedModel::Prepare(other_seed, ConfigOf(other_seed), dir, single.prepare(),
+                                         mesh, Role::kTrained, "plan");
     ASSERT_THAT(loaded, IsOk());
     for (const auto& named : (*loaded)->model().NamedParameters()) {
       EXPECT_TRUE(named.parameter.equal(saved.at(named.name))) << named.name;
     }
-    EXPECT_THAT(PreparedModel::Prepare(other_seed, dir + "/missing", single.prepare(), mesh,
-                                       Role::kTrained, "plan"),
+    EXPECT_THAT(PreparedModel::Prepare(other_seed, ConfigOf(other_seed), dir + "/missing",
+                                       single.prepare(), mesh, Role::kTrained, "plan"),
                 StatusIs(absl::StatusCode::kNotFound, HasSubstr("plan.hf_weights_dir: ")));
   });
 }
@@ -138,7 +140,7 @@ TEST(PreparedModelTest, EveryLayoutHoldsTheModelsInitialisation) {
                                     {"llama_hsdp", 4}}) {
     for (const base::Dtype dtype : {base::DTYPE_FLOAT32, base::DTYPE_BFLOAT16}) {
       SCOPED_TRACE(absl::StrCat(name, " in ", base::Dtype_Name(dtype)));
-      Plan plan = ShortShippedPlan(name);
+      plan::Plan plan = ShortShippedPlan(name);
       plan.mutable_model()->set_dtype(dtype);
       absl::StatusOr<models::ModelConfig> config =
           models::ResolveModelSpec(plan.model(), "plan.model");
@@ -149,8 +151,8 @@ TEST(PreparedModelTest, EveryLayoutHoldsTheModelsInitialisation) {
       std::map<std::string, torch::Tensor> initial;
       for (const auto& item : (*created)->named_parameters()) initial[item.key()] = item.value();
       WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
-        auto prepared =
-            PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+        auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "",
+                                               plan.prepare(), mesh, Role::kTrained, "plan");
         ASSERT_THAT(prepared, IsOk());
         for (const parallel::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
           const torch::Tensor& trained =
@@ -187,15 +189,15 @@ TEST(PreparedModelTest, NoRankHoldsTheWholeModelWhenItsPreparationSplitsIt) {
   for (const auto& [name, ranks] :
        {std::pair<std::string, int>{"llama_single", 1}, {"llama_fsdp", 2}, {"llama_tp", 2}}) {
     SCOPED_TRACE(name);
-    Plan plan = ShortShippedPlan(name);
+    plan::Plan plan = ShortShippedPlan(name);
     *plan.mutable_model()->mutable_config() = config;
     WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
       base::AllocationCounter counter;
       {
         base::AllocationCounter::Scope counting(counter);
-        ASSERT_THAT(
-            PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan"),
-            IsOk());
+        ASSERT_THAT(PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                           mesh, Role::kTrained, "plan"),
+                    IsOk());
       }
       const double peak = static_cast<double>(counter.peak());
       std::cout << name << " rank " << rank << ": preparing allocated at most "
@@ -240,12 +242,11 @@ TEST(TrainTest, FsdpOnTwoRanksTrainsToTheSingleProcessLosses) {
 // Micro-batches of 4 with 2 accumulation steps on each of 2 ranks: the same 16 sequences per
 // step as the single process, through DDP's no-sync scope.
 TEST(TrainTest, DdpWithAccumulationTrainsToTheSingleProcessLosses) {
-  Plan plan = ShortShippedPlan("llama_ddp");
-  ASSERT_THAT(ApplyOverride("training.micro_batch=4", plan), IsOk());
-  ASSERT_THAT(ApplyOverride("training.grad_accumulation=2", plan), IsOk());
-  // Evaluation reads eval_batches micro-batches per rank: 2 x 4 x 2 ranks are the single
-  // process's 16 held-out sequences.
-  ASSERT_THAT(ApplyOverride("training.eval_batches=2", plan), IsOk());
+  plan::Plan plan = ShortShippedPlan("llama_ddp");
+  ASSERT_THAT(plan::ApplyOverride("training.micro_batch=4", plan), IsOk());
+  ASSERT_THAT(plan::ApplyOverride("training.grad_accumulation=2", plan), IsOk());
+  // Evaluation reads eval_batches global batches whatever the layout: 2 micro-batches of 4 on
+  // each of 2 ranks are the single process's 16 held-out sequences.
   ExpectSameRun(TrainOnRanks(plan, 2), SingleProcessRun());
 }
 
@@ -262,11 +263,11 @@ void ExpectTracksTheFp32Run(const TrainReport& bf16) {
 // plan.model.dtype: a bf16 model computes in bf16 while FSDP keeps its shards, and so the
 // optimizer, in fp32; it tracks the fp32 run at bf16's precision.
 TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
-  Plan plan = ShortShippedPlan("llama_fsdp");
-  ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
+  plan::Plan plan = ShortShippedPlan("llama_fsdp");
+  ASSERT_THAT(plan::ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
-    auto prepared =
-        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                           mesh, Role::kTrained, "plan");
     ASSERT_THAT(prepared, IsOk());
     for (const auto& named : (*prepared)->model().NamedParameters()) {
       EXPECT_EQ(named.parameter.scalar_type(), torch::kBFloat16) << named.name;
@@ -299,11 +300,11 @@ std::shared_ptr<models::CausalLM> SavedModelOfSeed(int seed, const std::string& 
 // a Hugging Face folder's fp32 values: not from their rounded bf16 copy, which the model
 // computes with.
 TEST(PreparedModelTest, Bf16MastersStartFromTheFp32Values) {
-  const auto expect_masters = [](const Plan& plan, int ranks, const std::string& hf_dir,
+  const auto expect_masters = [](const plan::Plan& plan, int ranks, const std::string& hf_dir,
                                  const models::CausalLM& fp32) {
     WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
-      auto prepared = PreparedModel::Prepare(plan.model(), hf_dir, plan.prepare(), mesh,
-                                             Role::kTrained, "plan");
+      auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), hf_dir,
+                                             plan.prepare(), mesh, Role::kTrained, "plan");
       ASSERT_THAT(prepared, IsOk());
       auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
       ASSERT_THAT(optimizer, IsOk());
@@ -328,8 +329,8 @@ TEST(PreparedModelTest, Bf16MastersStartFromTheFp32Values) {
       {"llama_single", 1}, {"llama_ddp", 2}, {"llama_fsdp", 2}, {"llama_tp", 2}, {"llama_2d", 4}};
   for (const auto& [name, ranks] : plans) {
     SCOPED_TRACE(name);
-    Plan plan = ShortShippedPlan(name);
-    ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
+    plan::Plan plan = ShortShippedPlan(name);
+    ASSERT_THAT(plan::ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
     auto config = models::ResolveModelSpec(plan.model(), "plan.model");
     ASSERT_THAT(config, IsOk());
     auto initialised = models::CausalLM::Create(*config, plan.model().init());
@@ -342,8 +343,8 @@ TEST(PreparedModelTest, Bf16MastersStartFromTheFp32Values) {
   for (const auto& [name, ranks] : {std::pair<std::string, int>{"llama_single", 1},
                                     std::pair<std::string, int>{"llama_tp", 2}}) {
     SCOPED_TRACE(name + " from " + dir);
-    Plan plan = ShortShippedPlan(name);
-    ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
+    plan::Plan plan = ShortShippedPlan(name);
+    ASSERT_THAT(plan::ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
     expect_masters(plan, ranks, dir, *pretrained);
   }
 }
@@ -365,10 +366,10 @@ TEST(TrainTest, TensorParallelRanksLoadTheirSlicesOfAHuggingFaceFolder) {
   const std::shared_ptr<models::CausalLM> pretrained = SavedModelOfSeed(5, dir);
   ASSERT_NE(pretrained, nullptr);
 
-  const Plan two_d = ShortShippedPlan("llama_2d");
+  const plan::Plan two_d = ShortShippedPlan("llama_2d");
   WithMesh(two_d, 4, [&](int rank, const parallel::DeviceMesh& mesh) {
-    auto prepared =
-        PreparedModel::Prepare(two_d.model(), dir, two_d.prepare(), mesh, Role::kTrained, "plan");
+    auto prepared = PreparedModel::Prepare(two_d.model(), ConfigOf(two_d.model()), dir,
+                                           two_d.prepare(), mesh, Role::kTrained, "plan");
     ASSERT_THAT(prepared, IsOk());
     for (const parallel::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
       if (parameter.name != "model.layers.0.mlp.up_proj.weight") continue;
@@ -388,9 +389,9 @@ TEST(TrainTest, TensorParallelRanksLoadTheirSlicesOfAHuggingFaceFolder) {
     }
   });
 
-  Plan tp = ShortShippedPlan("llama_tp");
+  plan::Plan tp = ShortShippedPlan("llama_tp");
   tp.set_hf_weights_dir(dir);
-  Plan single = ShortShippedPlan("llama_single");
+  plan::Plan single = ShortShippedPlan("llama_single");
   single.set_hf_weights_dir(dir);
   const TrainReport expected = TrainOnRanks(single, 1);
   ExpectSameRun(TrainOnRanks(tp, 2), expected);
@@ -406,22 +407,22 @@ TEST(TrainTest, HybridShardingTrainsToTheSingleProcessLosses) {
 // A bf16 model under tensor parallelism: its slices compute and communicate in bf16, the
 // optimizer keeps fp32 masters; it tracks the fp32 run at bf16's precision.
 TEST(TrainTest, Bf16ModelOnTwoTensorParallelRanksTracksTheFp32Run) {
-  Plan plan = ShortShippedPlan("llama_tp");
-  ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
+  plan::Plan plan = ShortShippedPlan("llama_tp");
+  ASSERT_THAT(plan::ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
   ExpectTracksTheFp32Run(TrainOnRanks(plan, 2));
 }
 
 // A run whose every update is skipped (here a learning rate that sends the weights to
 // infinity after the first step) stops with an error instead of succeeding.
 TEST(TrainTest, ARunThatSkipsEveryUpdateStops) {
-  Plan plan = ShortShippedPlan("llama_single");
-  ASSERT_THAT(ApplyOverride("schedule.lr=1e30", plan), IsOk());
-  ASSERT_THAT(ApplyOverride("training.steps=8", plan), IsOk());
-  ASSERT_THAT(ApplyOverride("training.max_skipped_steps=3", plan), IsOk());
+  plan::Plan plan = ShortShippedPlan("llama_single");
+  ASSERT_THAT(plan::ApplyOverride("schedule.lr=1e30", plan), IsOk());
+  ASSERT_THAT(plan::ApplyOverride("training.steps=8", plan), IsOk());
+  ASSERT_THAT(plan::ApplyOverride("training.max_skipped_steps=3", plan), IsOk());
   plan.mutable_schedule()->clear_warmup();
-  ASSERT_THAT(ValidatePlan(plan, 1), IsOk());
+  const plan::ResolvedPlan resolved = Resolved(plan, 1);
   WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
-    EXPECT_THAT(Train(plan, mesh, TrainOptions()),
+    EXPECT_THAT(Train(resolved, mesh, TrainOptions()),
                 StatusIs(absl::StatusCode::kFailedPrecondition,
                          HasSubstr("the last 3 updates were skipped for a non-finite gradient "
                                    "norm")));
@@ -431,20 +432,21 @@ TEST(TrainTest, ARunThatSkipsEveryUpdateStops) {
 // An evaluation never reads the held-out file's batches twice: more eval_batches than the file
 // holds is refused before the first step, naming the field and the file's count.
 TEST(TrainTest, EvalBatchesBeyondTheHeldOutFileAreRefused) {
-  Plan plan = ShortShippedPlan("llama_single");
+  plan::Plan plan = ShortShippedPlan("llama_single");
   // 16 sequences of 64 tokens and one more token: exactly one micro-batch of 16.
   const std::string path = data::testing::WriteLlmc("eval.bin", data::testing::Iota(16 * 64 + 1));
   data::TokenFiles* files = plan.mutable_data()->mutable_token_files();
   files->set_train_path(path);
   files->set_eval_path(path);
   files->set_format(data::TOKEN_FORMAT_LLMC);
-  ASSERT_THAT(ApplyOverride("training.eval_batches=2", plan), IsOk());
-  ASSERT_THAT(ValidatePlan(plan, 1), IsOk());
+  ASSERT_THAT(plan::ApplyOverride("training.eval_batches=2", plan), IsOk());
+  const plan::ResolvedPlan resolved = Resolved(plan, 1);
   WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
-    EXPECT_THAT(Train(plan, mesh, TrainOptions()),
+    EXPECT_THAT(Train(resolved, mesh, TrainOptions()),
                 StatusIs(absl::StatusCode::kInvalidArgument,
-                         "plan.training.eval_batches: 2 exceeds the 1 micro-batches per rank "
-                         "that plan.data.token_files.eval_path holds"));
+                         "plan.training.eval_batches: 2 global batches (2 micro-batches per "
+                         "rank) exceed the 1 micro-batches per rank that "
+                         "plan.data.token_files.eval_path holds"));
   });
 }
 
@@ -481,11 +483,11 @@ void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const 
 // the completion tokens alone (a prompt's tokens carry no loss: with them scored the loss
 // would differ), and FSDP on 2 ranks trains it as one process does.
 TEST(SftTest, PromptTokensCarryNoLossAndFsdpTrainsAsOneProcess) {
-  Plan plan = ShortShippedPlan("llama_sft");
-  Plan single = plan;
+  plan::Plan plan = ShortShippedPlan("llama_sft");
+  plan::Plan single = plan;
   single.clear_mesh();
   single.clear_prepare();
-  ASSERT_THAT(ApplyOverride("training.micro_batch=16", single), IsOk());
+  ASSERT_THAT(plan::ApplyOverride("training.micro_batch=16", single), IsOk());
   const TrainReport expected = TrainOnRanks(single, 1);
   ASSERT_EQ(expected.steps.size(), 10u);
   EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss);
@@ -522,14 +524,15 @@ TEST(SftTest, PromptTokensCarryNoLossAndFsdpTrainsAsOneProcess) {
 // nothing of the reference, and DPO steps leave the reference's parameters bit for bit as
 // they were, without gradients.
 TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
-  const Plan plan = ShortShippedPlan("qwen_dpo_fsdp");
+  const plan::Plan plan = ShortShippedPlan("qwen_dpo_fsdp");
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
-    auto policy =
-        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    auto policy = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                         mesh, Role::kTrained, "plan");
     ASSERT_THAT(policy, IsOk());
-    const FrozenModel& frozen = plan.frozen(0);
-    auto reference = PreparedModel::Prepare(frozen.model(), "", frozen.prepare(), mesh,
-                                            Role::kFrozen, "plan.frozen[0]");
+    const plan::FrozenModel& frozen = plan.frozen(0);
+    auto reference =
+        PreparedModel::Prepare(frozen.model(), ConfigOf(frozen.model()), "", frozen.prepare(), mesh,
+                               Role::kFrozen, "plan.frozen[0]");
     ASSERT_THAT(reference, IsOk());
     auto optimizer = BuildOptimizer(**policy, plan.optimizer());
     ASSERT_THAT(optimizer, IsOk());
@@ -589,8 +592,8 @@ TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
 
 // The DPO plan on one process, or its policy under DDP (the reference replicated), or as
 // shipped: policy and reference both FSDP-sharded on 2 ranks.
-Plan DpoPlan(const std::string& layout) {
-  Plan plan = ShortShippedPlan("qwen_dpo_fsdp");
+plan::Plan DpoPlan(const std::string& layout) {
+  plan::Plan plan = ShortShippedPlan("qwen_dpo_fsdp");
   if (layout == "fsdp") return plan;
   plan.clear_prepare();
   plan.mutable_frozen(0)->clear_prepare();
@@ -598,7 +601,7 @@ Plan DpoPlan(const std::string& layout) {
     plan.add_prepare()->mutable_ddp()->set_mesh_dim("dp");
   } else {
     plan.clear_mesh();
-    EXPECT_THAT(ApplyOverride("training.micro_batch=16", plan), IsOk());
+    EXPECT_THAT(plan::ApplyOverride("training.micro_batch=16", plan), IsOk());
   }
   return plan;
 }
@@ -626,12 +629,12 @@ TEST(DpoTest, TensorParallelOnTwoRanksTrainsToTheSingleProcessRun) {
   models::ModelConfig config = models::PresetConfig("qwen2-tiny").value();
   config.set_num_attention_heads(4);
   config.set_num_key_value_heads(1);
-  auto with_four_heads = [&](Plan plan) {
+  auto with_four_heads = [&](plan::Plan plan) {
     *plan.mutable_model()->mutable_config() = config;
     *plan.mutable_frozen(0)->mutable_model()->mutable_config() = config;
     return plan;
   };
-  Plan tp = with_four_heads(DpoPlan("single"));
+  plan::Plan tp = with_four_heads(DpoPlan("single"));
   auto* dim = tp.mutable_mesh()->add_dims();
   dim->set_name("tp");
   dim->set_size(2);
@@ -644,7 +647,7 @@ TEST(DpoTest, TensorParallelOnTwoRanksTrainsToTheSingleProcessRun) {
 // plan names (written here first, as a pretraining run's save_hf_dir would), and train as
 // the same plan whose models start from the seed that made the folder's weights.
 TEST(DpoTest, APlanFromAHuggingFaceFolderStartsBothModelsFromIt) {
-  Plan seeded = ShortShippedPlan("qwen_dpo_fsdp");
+  plan::Plan seeded = ShortShippedPlan("qwen_dpo_fsdp");
   for (models::ModelSpec* spec :
        {seeded.mutable_model(), seeded.mutable_frozen(0)->mutable_model()}) {
     spec->mutable_init()->set_seed(5);
@@ -658,7 +661,7 @@ TEST(DpoTest, APlanFromAHuggingFaceFolderStartsBothModelsFromIt) {
   ASSERT_THAT(pretrained, IsOk());
   ASSERT_THAT(models::SaveHfModel(**pretrained, "qwen2_tiny_pretrained"), IsOk());
 
-  const Plan from_folder = ShortShippedPlan("qwen_dpo_fsdp_hf");
+  const plan::Plan from_folder = ShortShippedPlan("qwen_dpo_fsdp_hf");
   const TrainReport expected = TrainOnRanks(seeded, 2);
   const TrainReport run = TrainOnRanks(from_folder, 2);
   // The policy starts as its reference.
@@ -671,10 +674,10 @@ TEST(DpoTest, APlanFromAHuggingFaceFolderStartsBothModelsFromIt) {
 // (training and evaluation metrics) to 1e-6. The reference is another network than the
 // policy's start, so that the rewards are not 0 from the start.
 TEST(DpoTest, APrecomputedReferenceTrainsAsTheLiveOne) {
-  Plan live = DpoPlan("fsdp");
+  plan::Plan live = DpoPlan("fsdp");
   live.mutable_frozen(0)->mutable_model()->mutable_init()->set_seed(2);
-  Plan precomputed = live;
-  precomputed.mutable_objective()->mutable_dpo()->set_precompute_reference(true);
+  plan::Plan precomputed = live;
+  ASSERT_THAT(plan::ApplyOverride("objective.dpo.precompute_reference=true", precomputed), IsOk());
   const TrainReport expected = TrainOnRanks(live, 2);
   std::ostringstream log;
   TrainOptions options;
@@ -685,7 +688,7 @@ TEST(DpoTest, APrecomputedReferenceTrainsAsTheLiveOne) {
   EXPECT_THAT(log.str(),
               HasSubstr("precomputed the reference log-probabilities of 176 rows on rank 0 (10 "
                         "training and 1 eval micro-batches per rank)"));
-  EXPECT_THAT(log.str(), HasSubstr("released the reference model \"reference\": the heap in use "
+  EXPECT_THAT(log.str(), HasSubstr("released the frozen model \"reference\": the heap in use "
                                    "fell by"));
 }
 

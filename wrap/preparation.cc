@@ -97,12 +97,7 @@ absl::StatusOr<std::vector<parallel::TrainableParameter>> Preparation::TakeTrain
 }
 
 std::vector<std::string> Preparation::DataParallelDims() const {
-  const std::set<std::string> splitting = DataParallelDimsOf(steps_);
-  std::vector<std::string> dims;
-  for (const std::string& name : mesh_.layout().dim_names()) {
-    if (splitting.count(name) > 0) dims.push_back(name);
-  }
-  return dims;
+  return DataParallelDimsOf(steps_, mesh_.layout().dim_names());
 }
 
 Preparation::NoSyncScope::NoSyncScope(const std::vector<std::unique_ptr<Strategy>>& strategies,

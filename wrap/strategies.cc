@@ -1,5 +1,6 @@
 #include "wrap/strategies.h"
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,14 +39,19 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
       absl::StrCat("names no strategy; set one of ", absl::StrJoin(names, ", ")));
 }
 
-std::set<std::string> DataParallelDimsOf(
-    const google::protobuf::RepeatedPtrField<PrepareStep>& steps) {
-  std::set<std::string> dims;
+std::vector<std::string> DataParallelDimsOf(
+    const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+    const std::vector<std::string>& mesh_dims) {
+  std::set<std::string> splitting;
   for (const PrepareStep& step : steps) {
     absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(step);
     if (!strategy.ok() || !(*strategy)->splits_batch()) continue;
-    dims.insert((*strategy)->mesh_dim());
-    if (!(*strategy)->replicate_dim().empty()) dims.insert((*strategy)->replicate_dim());
+    splitting.insert((*strategy)->mesh_dim());
+    if (!(*strategy)->replicate_dim().empty()) splitting.insert((*strategy)->replicate_dim());
+  }
+  std::vector<std::string> dims;
+  for (const std::string& name : mesh_dims) {
+    if (splitting.count(name) > 0) dims.push_back(name);
   }
   return dims;
 }

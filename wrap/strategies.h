@@ -5,8 +5,8 @@
 #define PLAIT_WRAP_STRATEGIES_H_
 
 #include <memory>
-#include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "google/protobuf/repeated_ptr_field.h"
@@ -19,11 +19,12 @@ namespace plait::wrap {
 // its config is invalid, naming the field ("ddp.bucket_cap_mb: ...").
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step);
 
-// The mesh dimensions whose ranks read different data under `steps`: those of the steps whose
-// strategy splits the batch (FSDP, DDP), replicate dimensions included. A step that names no
-// strategy is left out (the rules report it).
-std::set<std::string> DataParallelDimsOf(
-    const google::protobuf::RepeatedPtrField<PrepareStep>& steps);
+// The mesh dimensions, of `mesh_dims` in their order, whose ranks read different data under
+// `steps`: those of the steps whose strategy splits the batch (FSDP, DDP), replicate
+// dimensions included. A step that names no strategy is left out (the rules report it).
+std::vector<std::string> DataParallelDimsOf(
+    const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+    const std::vector<std::string>& mesh_dims);
 
 }  // namespace plait::wrap
 

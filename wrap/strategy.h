@@ -1,32 +1,38 @@
 // A preparation strategy (FSDP, DDP, tensor parallel) as one named object: built from a
-// plan's step (MakeStrategy, strategies.h), it says which mesh dimensions it uses and what it would
-// cost before any model exists, then is applied once to a model and answers what the rest of the
-// stack asks of a prepared model: the parameters the optimizer must own, whether gradients
-// synchronise in this backward, the wrappers' communication errors, and the whole
+// plan's step (MakeStrategy, strategies.h), it says which mesh dimensions it uses, checks its
+// options against the model's shape and the mesh, and says what it would cost before any model
+// exists (Check, Estimate, SplitsActivations: what a plan's validation, explanation and memory
+// estimate ask, never naming a strategy), then is applied once to a model and answers what
+// the rest of the stack asks of a prepared model: the parameters the optimizer must own, whether
+// gradients synchronise in this backward, the wrappers' communication errors, and the whole
 // parameters. wrap::Preparation (preparation.h) applies strategies in a plan's order under
 // the rules of rules.textproto; nothing outside wrap/ names a concrete strategy:
 //
 //   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> fsdp, MakeStrategy(step));
+//   std::vector<base::Violation> problems = fsdp->Check(shape, plan.mesh(), "plan.prepare[0]");
 //   StepEstimate estimate = fsdp->Estimate(shape, plan.mesh());  // for plan_check
 //   PLAIT_RETURN_IF_ERROR(fsdp->Apply(model, mesh));
 //
 // A strategy that only changes how each rank computes (activation checkpointing) uses no mesh
 // dimension: uses_mesh_dim() is false, it names none, and its Apply uses no group of the mesh.
 //
-// Adding a strategy: a class implementing this interface in wrap/, a field in PrepareStep
-// (wrap.proto), its case in MakeStrategy (strategies.h) and an entry in rules.textproto.
+// Adding a strategy: a class implementing this interface in its own folder of wrap/, a field
+// in PrepareStep (wrap.proto), its case in MakeStrategy (strategies.h) and an entry in
+// rules.textproto; nothing outside wrap/ changes.
 #ifndef PLAIT_WRAP_STRATEGY_H_
 #define PLAIT_WRAP_STRATEGY_H_
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/violation.h"
 #include "parallel/communicator.h"
 #include "parallel/device_mesh.h"
 #include "parallel/mesh.pb.h"
@@ -37,7 +43,8 @@
 
 namespace plait::wrap {
 
-// The sizes of a model that a strategy's estimate needs, in parameters (elements).
+// The sizes of a model that a strategy's checks and estimate need, in parameters (elements)
+// where not said otherwise.
 struct ModelShape {
   double parameters = 0;        // all of them
   double block_parameters = 0;  // one repeated block's
@@ -63,6 +70,28 @@ struct ModelShape {
   double block_key_value_parameters = 0;
   double block_replicated_parameters = 0;
   double root_replicated_parameters = 0;
+  // What a strategy splits into equal parts, counted whole: attention and key/value heads,
+  // MLP columns, vocabulary rows, and the tokens of one sequence.
+  int64_t num_attention_heads = 0;
+  int64_t intermediate_size = 0;
+  int64_t vocab_size = 0;
+  int64_t seq_len = 0;
+  // Every parameter by its (Hugging Face) name, with its shape and how the model says tensor
+  // parallelism splits it, for a strategy that describes what each rank keeps.
+  struct Parameter {
+    std::string name;
+    std::vector<int64_t> shape;
+    Wrappable::Split split = Wrappable::Split::kReplicated;
+  };
+  std::vector<Parameter> parameter_list;
+};
+
+// How a strategy splits the activations of a micro-batch over the ranks of its dimension:
+// tensor parallelism's heads, MLP columns and vocabulary, and with sequence parallelism the
+// sequence between them. Default: not at all.
+struct ActivationSplit {
+  int64_t ranks = 1;
+  bool sequence = false;
 };
 
 // What a strategy would do to one rank, estimated from the model's shape and the size of its
@@ -112,9 +141,23 @@ class Strategy {
   // same batch (tensor parallelism): the data-parallel width is the product of such dimensions.
   virtual bool splits_batch() const = 0;
 
+  // Every problem of its options for a model of `shape` (nullopt when the model's config is
+  // invalid and reported elsewhere) on a mesh of `mesh`'s dimensions, each under `field` (its
+  // step's path, "plan.prepare[1]") or below it. The rules (rules.textproto) check the order
+  // and the mesh dimensions first; this checks what only the strategy knows (dtypes it can
+  // keep, counts that must divide by its dimension's size). Default: none.
+  virtual std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,
+                                             const parallel::MeshConfig& mesh,
+                                             const std::string& field) const {
+    return {};
+  }
+
   // Its cost on a model of `shape` on a mesh of `mesh`'s dimensions.
   virtual StepEstimate Estimate(const ModelShape& shape,
                                 const parallel::MeshConfig& mesh) const = 0;
+
+  // How it splits a micro-batch's activations over its dimension of `mesh`.
+  virtual ActivationSplit SplitsActivations(const parallel::MeshConfig& mesh) const { return {}; }
 
   // Applies it to `model` over `mesh`'s groups along its dimensions; both must outlive it.
   // Called once, by Preparation.

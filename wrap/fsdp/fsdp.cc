@@ -520,6 +520,22 @@ absl::Status Fsdp::LoadFullStateDict(const std::map<std::string, torch::Tensor>&
   return absl::OkStatus();
 }
 
+std::vector<base::Violation> FsdpStrategy::Check(const std::optional<ModelShape>& shape,
+                                                 const parallel::MeshConfig& mesh,
+                                                 const std::string& field) const {
+  std::vector<base::Violation> violations;
+  if (config_.param_dtype() == base::DTYPE_FLOAT16) {
+    violations.push_back({field + ".fsdp.param_dtype", base::kNoCpuFp16, ""});
+  }
+  if (config_.param_dtype() == base::DTYPE_AUTO) {
+    violations.push_back({field + ".fsdp.param_dtype", base::kAutoIsForModels, ""});
+  }
+  if (config_.reduce_dtype() == base::DTYPE_AUTO) {
+    violations.push_back({field + ".fsdp.reduce_dtype", base::kAutoIsForModels, ""});
+  }
+  return violations;
+}
+
 StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
                                     const parallel::MeshConfig& mesh) const {
   const bool reshard = !config_.has_reshard_after_forward() || config_.reshard_after_forward();

@@ -143,6 +143,10 @@ class FsdpStrategy final : public Strategy {
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
   std::string replicate_dim() const override { return config_.replicate_mesh_dim(); }
   bool splits_batch() const override { return true; }
+  // Its dtypes: fp16 has no CPU matmul, and DTYPE_AUTO is for the model's dtype only.
+  std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,
+                                     const parallel::MeshConfig& mesh,
+                                     const std::string& field) const override;
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
   void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) override;

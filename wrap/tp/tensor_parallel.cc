@@ -3,12 +3,70 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/human.h"
 #include "base/status.h"
 
 namespace plait::wrap::tp {
+namespace {
+
+// The shape on a rank of each kind of parameter of `shape` split over `tp` ranks, shown for
+// the first block's and the root's parameters, then what a rank holds of all of them.
+std::vector<std::string> ShapesPerRank(const ModelShape& shape, int64_t tp) {
+  if (shape.parameter_list.empty()) return {};
+  std::vector<std::string> lines = {"parameter shapes on a rank:"};
+  int64_t total = 0;
+  int64_t per_rank = 0;
+  for (const ModelShape::Parameter& parameter : shape.parameter_list) {
+    const bool shown = !absl::StartsWith(parameter.name, "model.layers.") ||
+                       absl::StartsWith(parameter.name, "model.layers.0.");
+    std::vector<int64_t> local = parameter.shape;
+    const char* kind = "replicated";
+    switch (parameter.split) {
+      case Wrappable::Split::kReplicated:
+        break;
+      case Wrappable::Split::kColumn:
+        local[0] /= tp;
+        kind = "column-parallel";
+        break;
+      case Wrappable::Split::kKeyValueColumn:
+        local[0] /= std::min(shape.num_key_value_heads, tp);
+        kind = shape.num_key_value_heads < tp ? "key/value heads, shared" : "key/value heads";
+        break;
+      case Wrappable::Split::kRow:
+        local[1] /= tp;
+        kind = "row-parallel";
+        break;
+      case Wrappable::Split::kVocabulary:
+        local[0] = (local[0] + tp - 1) / tp;
+        kind = local[0] * tp == parameter.shape[0] ? "vocabulary-parallel"
+                                                   : "vocabulary-parallel, padded";
+        break;
+    }
+    const auto count = [](const std::vector<int64_t>& dims) {
+      int64_t n = 1;
+      for (int64_t d : dims) n *= d;
+      return n;
+    };
+    total += count(parameter.shape);
+    per_rank += count(local);
+    if (!shown) continue;
+    lines.push_back(absl::StrFormat("  %s [%s] -> [%s] (%s)", parameter.name,
+                                    absl::StrJoin(parameter.shape, ", "),
+                                    absl::StrJoin(local, ", "), kind));
+  }
+  lines.push_back(absl::StrFormat(
+      "tensor parallelism leaves each rank %s of the %s parameters (%.3f of them), %s",
+      base::HumanCount(static_cast<double>(per_rank)), base::HumanCount(static_cast<double>(total)),
+      static_cast<double>(per_rank) / total,
+      base::HumanBytes(static_cast<double>(per_rank) * shape.parameter_bytes)));
+  return lines;
+}
+
+}  // namespace
 
 std::vector<std::string> HeadSplitProblems(int64_t num_heads, int64_t num_kv_heads, int tp) {
   std::vector<std::string> problems;
@@ -307,7 +365,48 @@ StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape,
       root_replicated_bytes + loss_bytes;
   estimate.details.push_back(absl::StrFormat(
       "per micro-batch: %s sent", base::HumanBytesAnySize(estimate.bytes_sent_per_micro_batch)));
+  for (std::string& line : ShapesPerRank(shape, dim_size)) {
+    estimate.details.push_back(std::move(line));
+  }
   return estimate;
+}
+
+ActivationSplit TensorParallelStrategy::SplitsActivations(const parallel::MeshConfig& mesh) const {
+  return {parallel::SubmeshRanks(mesh, {config_.mesh_dim()}), config_.sequence_parallel()};
+}
+
+std::vector<base::Violation> TensorParallelStrategy::Check(const std::optional<ModelShape>& shape,
+                                                           const parallel::MeshConfig& mesh,
+                                                           const std::string& field) const {
+  int64_t size = 0;
+  for (const auto& dim : mesh.dims()) {
+    if (dim.name() == config_.mesh_dim()) size = dim.size();
+  }
+  if (size <= 0 || !shape.has_value()) return {};  // an unknown dimension is the rules' to report
+  std::vector<std::string> problems =
+      HeadSplitProblems(shape->num_attention_heads, shape->num_key_value_heads, size);
+  if (shape->intermediate_size % size != 0) {
+    problems.push_back(absl::StrCat("intermediate_size (", shape->intermediate_size,
+                                    ") does not divide by the tensor-parallel size ", size));
+  }
+  if (shape->vocab_size % size != 0 && !config_.pad_vocab_to_multiple()) {
+    problems.push_back(
+        absl::StrCat("vocab_size (", shape->vocab_size,
+                     ") does not divide by the tensor-parallel size ", size, "; set ", field,
+                     ".tensor_parallel.pad_vocab_to_multiple to pad it with rows never "
+                     "predicted"));
+  }
+  if (config_.sequence_parallel() && shape->seq_len % size != 0) {
+    problems.push_back(absl::StrCat("sequence_parallel needs plan.training.seq_len (",
+                                    shape->seq_len, ") to divide by the tensor-parallel size ",
+                                    size));
+  }
+  std::vector<base::Violation> violations;
+  const std::string what = absl::StrCat("\"", config_.mesh_dim(), "\" (", size, " ranks): ");
+  for (const std::string& problem : problems) {
+    violations.push_back({field + ".tensor_parallel.mesh_dim", what + problem, ""});
+  }
+  return violations;
 }
 
 absl::Status TensorParallelStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& mesh) {

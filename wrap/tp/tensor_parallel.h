@@ -111,7 +111,14 @@ class TensorParallelStrategy final : public Strategy {
   absl::string_view name() const override { return "tensor_parallel"; }
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
   bool splits_batch() const override { return false; }
+  // The heads, MLP columns and vocabulary (unless padded) must divide by its dimension's size,
+  // and with sequence parallelism the sequence too.
+  std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,
+                                     const parallel::MeshConfig& mesh,
+                                     const std::string& field) const override;
+  // Its collectives, and the shape of each kind of parameter on a rank.
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
+  ActivationSplit SplitsActivations(const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
   void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) override {
     tp_->MarkSharded(parameters);

@@ -1,30 +1,28 @@
-#include "trainer/explain.h"
+#include "plan/explain.h"
 
-#include <algorithm>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/dtype.h"
 #include "base/human.h"
 #include "base/status.h"
-#include "c10/util/accumulate.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
+#include "objectives/objective_check.h"
 #include "optim/param_groups.h"
-#include "parallel/device_mesh.h"
+#include "plan/memory_estimate.h"
 #include "sched/schedule_builder.h"
-#include "trainer/memory_estimate.h"
-#include "trainer/plan.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 namespace {
 
 // The dtype of the model's parameters, gradients and activations (plan.model.dtype).
@@ -41,56 +39,6 @@ std::string ShortName(torch::ScalarType dtype) {
     default:
       return "fp32";
   }
-}
-
-// Under tensor parallelism over `tp` ranks, the shape on a rank of each kind of parameter,
-// shown for the first block's and the root's parameters, then what a rank holds of all of
-// them in `element_bytes`-byte elements.
-std::vector<std::string> TensorParallelShapes(const models::ModelConfig& config, int64_t tp,
-                                              size_t element_bytes) {
-  using Split = wrap::Wrappable::Split;
-  std::vector<std::string> lines;
-  int64_t total = 0;
-  int64_t per_rank = 0;
-  for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
-    const bool shown = !absl::StartsWith(parameter.name, "model.layers.") ||
-                       absl::StartsWith(parameter.name, "model.layers.0.");
-    std::vector<int64_t> local = parameter.shape;
-    const Split split = models::TensorParallelSplitOf(parameter.name);
-    const char* kind = "replicated";
-    switch (split) {
-      case Split::kReplicated:
-        break;
-      case Split::kColumn:
-        local[0] /= tp;
-        kind = "column-parallel";
-        break;
-      case Split::kKeyValueColumn:
-        local[0] /= std::min(config.num_key_value_heads(), tp);
-        kind = config.num_key_value_heads() < tp ? "key/value heads, shared" : "key/value heads";
-        break;
-      case Split::kRow:
-        local[1] /= tp;
-        kind = "row-parallel";
-        break;
-      case Split::kVocabulary:
-        local[0] = (local[0] + tp - 1) / tp;
-        kind = local[0] * tp == parameter.shape[0] ? "vocabulary-parallel"
-                                                   : "vocabulary-parallel, padded";
-        break;
-    }
-    total += parameter.numel();
-    per_rank += c10::multiply_integers(local);
-    if (!shown) continue;
-    lines.push_back(absl::StrFormat("  %s [%s] -> [%s] per rank (%s)", parameter.name,
-                                    absl::StrJoin(parameter.shape, ", "),
-                                    absl::StrJoin(local, ", "), kind));
-  }
-  lines.push_back(absl::StrFormat(
-      "  tensor parallelism leaves each rank %s of the %s parameters (%.3f of them), %s",
-      base::HumanCount(per_rank), base::HumanCount(total), static_cast<double>(per_rank) / total,
-      base::HumanBytes(static_cast<double>(per_rank * element_bytes))));
-  return lines;
 }
 
 // "qwen2 (preset "qwen2-tiny"), 4 layers, ...: 1.4M parameters".
@@ -135,11 +83,21 @@ std::vector<std::string> DescribeSteps(
   return lines;
 }
 
+// "lr at step 0: 1e-05, step 25: 0.003, ..." at the quarters of `steps`, each step once.
+std::string DescribeLearningRates(const sched::Schedule& schedule, int64_t steps) {
+  std::set<int64_t> shown = {0, steps / 4, steps / 2, steps - 1};
+  std::vector<std::string> rates;
+  for (const int64_t step : shown) {
+    rates.push_back(absl::StrFormat("step %d: %g", step, schedule.LearningRate(step)));
+  }
+  return absl::StrCat("lr at ", absl::StrJoin(rates, ", "));
+}
+
 }  // namespace
 
-absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
-  PLAIT_ASSIGN_OR_RETURN(models::ModelConfig config,
-                         models::ResolveModelSpec(plan.model(), "plan.model"));
+absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved) {
+  const Plan& plan = resolved.plan;
+  const models::ModelConfig& config = resolved.model;
   PLAIT_ASSIGN_OR_RETURN(const wrap::PreparationRules* rules, wrap::BuiltinRules());
   const TrainingConfig& training = plan.training();
   std::vector<std::string> lines;
@@ -150,10 +108,12 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   for (const auto& dim : plan.mesh().dims())
     dims.push_back(absl::StrCat(dim.name(), "=", dim.size()));
   lines.push_back(absl::StrCat("mesh: ", dims.empty() ? "none" : absl::StrJoin(dims, " x "), " (",
-                               world_size, world_size == 1 ? " rank)" : " ranks)"));
+                               resolved.world_size,
+                               resolved.world_size == 1 ? " rank)" : " ranks)"));
 
-  // What each step does, and the per-rank share of the parameters after it.
-  PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate memory, EstimateMemory(plan, world_size));
+  // What each step does (as the strategy describes itself), and the per-rank share of the
+  // parameters after it.
+  PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate memory, EstimateMemory(resolved));
   double bytes_sent_per_step = 0.0;
   double bytes_sent_per_micro_batch = 0.0;
   int last_changing = -1;
@@ -164,18 +124,6 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
   const std::vector<std::string> step_lines =
       DescribeSteps(plan.prepare(), memory.preparation, *rules, "", &last_changing);
   lines.insert(lines.end(), step_lines.begin(), step_lines.end());
-  for (int i = 0; i < plan.prepare_size(); ++i) {
-    if (!plan.prepare(i).has_tensor_parallel()) continue;
-    for (const auto& dim : plan.mesh().dims()) {
-      if (dim.name() != plan.prepare(i).tensor_parallel().mesh_dim()) continue;
-      lines.push_back(absl::StrCat("prepare[", i, "]'s parameter shapes per rank (",
-                                   ShortName(ParameterDtype(plan.model())), "):"));
-      for (std::string& line : TensorParallelShapes(
-               config, dim.size(), c10::elementSize(ParameterDtype(plan.model())))) {
-        lines.push_back(std::move(line));
-      }
-    }
-  }
   lines.push_back(absl::StrCat(
       "optimizer: built after ",
       last_changing < 0 ? "the preparation (no step replaces or re-shards parameters)"
@@ -209,56 +157,42 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
         group.weight_decay));
   }
 
-  const sched::ScheduleConfig schedule_config = ResolvedSchedule(plan);
   PLAIT_ASSIGN_OR_RETURN(sched::Schedule schedule,
-                         sched::BuildSchedule(schedule_config, "plan.schedule"));
+                         sched::BuildSchedule(resolved.schedule, "plan.schedule"));
   const int64_t steps = training.steps();
-  lines.push_back(absl::StrFormat(
-      "schedule: %s over %d steps; lr at step 0: %g, step %d: %g, step %d: %g, step %d: %g",
-      schedule_config.ShortDebugString(), steps, schedule.LearningRate(0), steps / 4,
-      schedule.LearningRate(steps / 4), steps / 2, schedule.LearningRate(steps / 2), steps - 1,
-      schedule.LearningRate(steps - 1)));
+  lines.push_back(absl::StrFormat("schedule: %s over %d steps; %s",
+                                  resolved.schedule.ShortDebugString(), steps,
+                                  DescribeLearningRates(schedule, steps)));
 
-  const data::DataConfig data = ResolvedData(plan);
+  const data::DataConfig& data = resolved.data;
   lines.push_back(absl::StrCat(
       "data: ", data.has_synthetic()
                     ? absl::StrCat("synthetic Markov source, ", data.synthetic().ShortDebugString())
                     : data.ShortDebugString()));
   lines.push_back(absl::StrCat(
       "objective: ", plan.has_objective() ? plan.objective().ShortDebugString() : "causal_lm {}"));
-  const int64_t accumulation = GradAccumulation(training);
-  const int64_t data_parallel_ranks =
-      parallel::SubmeshRanks(plan.mesh(), wrap::DataParallelDimsOf(plan.prepare()));
   lines.push_back(absl::StrFormat(
       "training: %d steps of %d sequences x %d tokens (micro-batch %d x %d ranks x %d "
       "accumulation), %d tokens per step",
-      steps, training.micro_batch() * data_parallel_ranks * accumulation, training.seq_len(),
-      training.micro_batch(), data_parallel_ranks, accumulation,
-      training.micro_batch() * data_parallel_ranks * accumulation * training.seq_len()));
+      steps, resolved.global_batch, training.seq_len(), training.micro_batch(),
+      resolved.data_parallel_size, resolved.grad_accumulation,
+      resolved.global_batch * training.seq_len()));
 
   lines.push_back(absl::StrCat("memory per rank (estimate): ", DescribeMemory(memory)));
   if (bytes_sent_per_step + bytes_sent_per_micro_batch > 0) {
-    lines.push_back(absl::StrFormat(
-        "communication per rank (estimate, ring collectives): %s sent per step",
-        base::HumanBytes(bytes_sent_per_step + accumulation * bytes_sent_per_micro_batch)));
+    lines.push_back(
+        absl::StrFormat("communication per rank (estimate, ring collectives): %s sent per step",
+                        base::HumanBytes(bytes_sent_per_step +
+                                         resolved.grad_accumulation * bytes_sent_per_micro_batch)));
   }
+  const std::map<std::string, std::string> roles =
+      objectives::DescribeFrozenRoles(plan.objective());
   for (int i = 0; i < plan.frozen_size(); ++i) {
     const FrozenModel& frozen = plan.frozen(i);
-    PLAIT_ASSIGN_OR_RETURN(
-        const models::ModelConfig frozen_config,
-        models::ResolveModelSpec(frozen.model(), absl::StrCat("plan.frozen[", i, "].model")));
     const FrozenEstimate& estimate = memory.frozen[i];
-    std::string role = "not read by the objective";
-    if (plan.objective().has_dpo() && plan.objective().dpo().reference() == frozen.name()) {
-      role = plan.objective().dpo().precompute_reference()
-                 ? "the DPO reference: before the first step it scores every batch the run "
-                   "will read (under no-grad, in eval mode), then it is released and the run "
-                   "holds only its log-probabilities, 4 bytes per sequence"
-                 : "the DPO reference: it scores the 2 x micro-batch chosen and rejected "
-                   "sequences of every micro-batch in one forward, under no-grad, in eval mode";
-    }
+    const auto role = roles.find(frozen.name());
     lines.push_back(absl::StrCat("frozen[", i, "] \"", frozen.name(),
-                                 "\": ", DescribeModel(frozen.model(), frozen_config)));
+                                 "\": ", DescribeModel(frozen.model(), resolved.frozen[i])));
     lines.push_back(
         absl::StrCat("  weights: ", DescribeWeights(frozen.model(), frozen.hf_weights_dir())));
     lines.push_back(
@@ -276,9 +210,10 @@ absl::StatusOr<std::string> ExplainPlan(const Plan& plan, int world_size) {
                            " gathered units")
             : "",
         base::HumanBytes(estimate.total_bytes())));
-    lines.push_back(absl::StrCat("  role: ", role));
+    lines.push_back(
+        absl::StrCat("  role: ", role == roles.end() ? "not read by the objective" : role->second));
   }
   return absl::StrJoin(lines, "\n");
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::plan

@@ -1,6 +1,5 @@
-#include "trainer/plan.h"
+#include "plan/plan.h"
 
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,9 +11,8 @@
 #include "base/file.h"
 #include "base/status.h"
 #include "base/text_proto.h"
-#include "data/data_config.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 
 absl::StatusOr<Plan> ParsePlan(absl::string_view text, absl::string_view source) {
   Plan plan;
@@ -89,36 +87,4 @@ absl::StatusOr<Plan> LoadPlanFromArguments(const PlanArguments& arguments,
   return plan;
 }
 
-int64_t GradAccumulation(const TrainingConfig& training) {
-  return training.grad_accumulation() == 0 ? 1 : training.grad_accumulation();
-}
-
-int64_t MaxSkippedSteps(const TrainingConfig& training) {
-  return training.max_skipped_steps() == 0 ? 5 : training.max_skipped_steps();
-}
-
-int64_t LogEvery(const TrainingConfig& training) {
-  return training.log_every() == 0 ? 10 : training.log_every();
-}
-
-sched::ScheduleConfig ResolvedSchedule(const Plan& plan) {
-  sched::ScheduleConfig schedule = plan.schedule();
-  schedule.set_total_steps(plan.training().steps());
-  return schedule;
-}
-
-data::DataConfig ResolvedData(const Plan& plan) {
-  data::DataConfig data = data::ResolvedDataConfig(plan.data());
-  data::PairFiles* files = data.has_sft_files()          ? data.mutable_sft_files()
-                           : data.has_preference_files() ? data.mutable_preference_files()
-                                                         : nullptr;
-  const std::string& config_path = plan.model().hf_config_path();
-  if (files != nullptr && files->format() == data::PAIR_FORMAT_TEXT && files->tokenizer().empty() &&
-      !config_path.empty()) {
-    const std::filesystem::path folder = std::filesystem::path(config_path).parent_path();
-    files->set_tokenizer(folder.empty() ? "." : folder.string());
-  }
-  return data;
-}
-
-}  // namespace plait::trainer
+}  // namespace plait::plan

@@ -1,9 +1,9 @@
-#include "trainer/compute_dtype.h"
+#include "plan/compute_dtype.h"
 
 #include "absl/strings/str_cat.h"
 #include "parallel/device.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 
 base::Dtype ResolveAutoDtype(base::Dtype requested, const std::optional<std::string>& native_bf16) {
   if (requested != base::DTYPE_AUTO) return requested;
@@ -50,4 +50,4 @@ std::string DescribeComputeDtype(const Plan& plan, const torch::Device& device) 
   return DescribeComputeDtype(plan.model().dtype(), device, parallel::NativeBf16(device));
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::plan

@@ -1,8 +1,9 @@
-#include "trainer/validate.h"
+#include "plan/validate.h"
 
 #include <sys/stat.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -11,6 +12,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/dtype.h"
+#include "base/file.h"
 #include "base/memory.h"
 #include "base/status.h"
 #include "checkpoint/checkpoint_config.h"
@@ -22,41 +25,36 @@
 #include "optim/optimizer.h"
 #include "parallel/device.h"
 #include "parallel/device_mesh.h"
+#include "plan/compute_dtype.h"
+#include "plan/memory_estimate.h"
 #include "sched/schedule_builder.h"
-#include "trainer/compute_dtype.h"
-#include "trainer/memory_estimate.h"
-#include "trainer/plan.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
-#include "wrap/tp/tensor_parallel.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 namespace {
-
-// LibTorch's CPU kernels (1.13) have no fp16 matmul; the trainer runs on CPU.
-constexpr char kNoCpuFp16[] =
-    "DTYPE_FLOAT16 has no CPU matmul; use DTYPE_BFLOAT16 or DTYPE_FLOAT32";
-
-// DTYPE_AUTO chooses a model's dtype for its device; FSDP's dtypes follow the model's.
-constexpr char kAutoIsForModels[] =
-    "DTYPE_AUTO is for model.dtype only; leave this unset to follow the model's dtype";
 
 bool DirectoryExists(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
 }
 
+// One pass over a plan: each check records its violations and what it resolved, so that a
+// plan without violations comes out resolved (resolved_plan.h) with each quantity derived once.
 class Checker {
  public:
   Checker(const Plan& plan, int world_size, const wrap::PreparationRules& rules)
-      : plan_(plan), world_size_(world_size), rules_(rules) {}
+      : plan_(plan), rules_(rules) {
+    resolved_.plan = plan;
+    resolved_.world_size = world_size;
+  }
 
   std::vector<Violation> Run() {
-    std::optional<models::ModelConfig> config = CheckModel(plan_.model(), "plan.model");
+    const std::optional<models::ModelConfig> config = CheckModel(plan_.model(), "plan.model");
+    if (config.has_value()) resolved_.model = *config;
     CheckWeights(plan_.hf_weights_dir(), "plan.hf_weights_dir");
     CheckMesh();
-    CheckSteps(plan_.prepare(), "plan.prepare");
-    CheckTensorParallel(plan_.prepare(), "plan.prepare", config);
+    CheckSteps(plan_.prepare(), "plan.prepare", plan_.model(), config);
     CollectDimUse();
     CheckMeshUse();
     CheckOptimizer(config);
@@ -68,8 +66,12 @@ class Checker {
     CheckFrozen();
     AddAll(objectives::CheckObjective(plan_.objective(), config, frozen_configs_, plan_.data(),
                                       "plan.objective"));
+    ResolvePaths();
     return std::move(violations_);
   }
+
+  // What Run resolved; complete when it found no violation.
+  ResolvedPlan TakeResolved() { return std::move(resolved_); }
 
  private:
   void Add(std::string field, std::string message, std::string rule = "") {
@@ -98,7 +100,7 @@ class Checker {
   std::optional<models::ModelConfig> CheckModel(const models::ModelSpec& spec,
                                                 const std::string& field) {
     if (spec.dtype() == base::DTYPE_FLOAT16) {
-      Add(field + ".dtype", kNoCpuFp16);
+      Add(field + ".dtype", base::kNoCpuFp16);
     }
     absl::StatusOr<models::ModelConfig> config = models::ResolveModelSpec(spec, field);
     if (config.ok()) return *config;
@@ -113,69 +115,29 @@ class Checker {
   }
 
   void CheckMesh() {
-    AddAll(parallel::CheckMeshConfig(plan_.mesh(), world_size_, "plan.mesh"));
+    AddAll(parallel::CheckMeshConfig(plan_.mesh(), resolved_.world_size, "plan.mesh"));
     for (const auto& dim : plan_.mesh().dims()) dims_.insert(dim.name());
   }
 
+  // The rules, then each strategy's own checks against the shape of the model `spec` it
+  // prepares (whose `config` is nullopt when invalid).
   void CheckSteps(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
-                  const std::string& field) {
+                  const std::string& field, const models::ModelSpec& spec,
+                  const std::optional<models::ModelConfig>& config) {
     AddAll(wrap::CheckSteps(rules_, steps, field, dims_, "plan.mesh"));
+    std::optional<wrap::ModelShape> shape;
+    if (config.has_value()) {
+      shape = ShapeOf(*config, spec, plan_.device(), plan_.training(), wrap::ActivationSplit());
+    }
     for (int i = 0; i < steps.size(); ++i) {
-      if (!steps[i].has_fsdp()) continue;
-      const std::string fsdp = absl::StrCat(field, "[", i, "].fsdp");
-      if (steps[i].fsdp().param_dtype() == base::DTYPE_FLOAT16) {
-        Add(fsdp + ".param_dtype", kNoCpuFp16);
-      }
-      if (steps[i].fsdp().param_dtype() == base::DTYPE_AUTO) {
-        Add(fsdp + ".param_dtype", kAutoIsForModels);
-      }
-      if (steps[i].fsdp().reduce_dtype() == base::DTYPE_AUTO) {
-        Add(fsdp + ".reduce_dtype", kAutoIsForModels);
-      }
+      absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(steps[i]);
+      if (!strategy.ok()) continue;  // wrap::CheckSteps says why
+      AddAll((*strategy)->Check(shape, plan_.mesh(), absl::StrCat(field, "[", i, "]")));
     }
   }
 
-  // A tensor-parallel step splits the model's heads, MLP columns and vocabulary (and, with
-  // sequence parallelism, the sequence) into as many equal parts as its dimension has ranks.
-  void CheckTensorParallel(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
-                           const std::string& field,
-                           const std::optional<models::ModelConfig>& config) {
-    for (int i = 0; i < steps.size(); ++i) {
-      if (!steps[i].has_tensor_parallel()) continue;
-      const wrap::TensorParallelConfig& tp = steps[i].tensor_parallel();
-      int64_t size = 0;
-      for (const auto& dim : plan_.mesh().dims()) {
-        if (dim.name() == tp.mesh_dim()) size = dim.size();
-      }
-      if (size <= 0) continue;  // an unknown dimension is reported by the rules
-      const std::string where = absl::StrCat(field, "[", i, "].tensor_parallel.mesh_dim");
-      const std::string what = absl::StrCat("\"", tp.mesh_dim(), "\" (", size, " ranks): ");
-      std::vector<std::string> problems;
-      if (config.has_value()) {
-        problems = wrap::tp::HeadSplitProblems(config->num_attention_heads(),
-                                               config->num_key_value_heads(), size);
-        if (config->intermediate_size() % size != 0) {
-          problems.push_back(absl::StrCat("intermediate_size (", config->intermediate_size(),
-                                          ") does not divide by the tensor-parallel size ", size));
-        }
-        if (config->vocab_size() % size != 0 && !tp.pad_vocab_to_multiple()) {
-          problems.push_back(absl::StrCat(
-              "vocab_size (", config->vocab_size(),
-              ") does not divide by the tensor-parallel size ", size, "; set ", field, "[", i,
-              "].tensor_parallel.pad_vocab_to_multiple to pad it with rows never predicted"));
-        }
-      }
-      if (tp.sequence_parallel() && plan_.training().seq_len() % size != 0) {
-        problems.push_back(absl::StrCat("sequence_parallel needs plan.training.seq_len (",
-                                        plan_.training().seq_len(),
-                                        ") to divide by the tensor-parallel size ", size));
-      }
-      for (const std::string& problem : problems) Add(where, what + problem);
-    }
-  }
-
-  // The dimensions the plan's own steps use, and the data-parallel width: the ranks of the
-  // dimensions whose strategies split the batch.
+  // The dimensions the plan's own steps use, and the data-parallel dimensions and width: the
+  // ranks of the dimensions whose strategies split the batch.
   void CollectDimUse() {
     for (const wrap::PrepareStep& step : plan_.prepare()) {
       absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
@@ -183,8 +145,11 @@ class Checker {
       if ((*strategy)->uses_mesh_dim()) used_dims_.insert((*strategy)->mesh_dim());
       used_dims_.insert((*strategy)->replicate_dim());
     }
-    data_parallel_size_ =
-        parallel::SubmeshRanks(plan_.mesh(), wrap::DataParallelDimsOf(plan_.prepare()));
+    std::vector<std::string> mesh_dims;
+    for (const auto& dim : plan_.mesh().dims()) mesh_dims.push_back(dim.name());
+    resolved_.data_parallel_dims = wrap::DataParallelDimsOf(plan_.prepare(), mesh_dims);
+    resolved_.data_parallel_size = parallel::SubmeshRanks(
+        plan_.mesh(), {resolved_.data_parallel_dims.begin(), resolved_.data_parallel_dims.end()});
   }
 
   // A mesh dimension of several ranks that no step uses would give its ranks the same data
@@ -233,12 +198,18 @@ class Checker {
     positive("steps", t.steps());
     positive("micro_batch", t.micro_batch());
     positive("seq_len", t.seq_len());
-    positive("eval_batches", t.eval_batches());
+    non_negative("eval_batches", t.eval_batches());
     non_negative("grad_accumulation", t.grad_accumulation());
     non_negative("global_batch", t.global_batch());
     non_negative("eval_every", t.eval_every());
     non_negative("log_every", t.log_every());
     non_negative("max_skipped_steps", t.max_skipped_steps());
+    if (t.eval_batches() == 0 && t.eval_every() > 0) {
+      Add("plan.training.eval_every",
+          absl::StrCat(t.eval_every(), " asks for an evaluation every ", t.eval_every(),
+                       " steps, but plan.training.eval_batches is 0 (no evaluation); set both "
+                       "or neither"));
+    }
     for (const auto& [name, peak] :
          {std::pair{"peak_flops_per_rank", t.peak_flops_per_rank()},
           std::pair{"peak_bf16_flops_per_rank", t.peak_bf16_flops_per_rank()}}) {
@@ -251,23 +222,33 @@ class Checker {
           absl::StrCat(t.seq_len(), " exceeds the model's ", "max_position_embeddings (",
                        config->max_position_embeddings(), ")"));
     }
-    if (t.global_batch() > 0 && t.micro_batch() > 0 && t.grad_accumulation() >= 0) {
-      // Checked products: a huge micro_batch could wrap them to any value, 0 included.
-      int64_t across_ranks = 0, per_step = 0;
-      const bool ranks_overflow =
-          __builtin_mul_overflow(t.micro_batch(), data_parallel_size_, &across_ranks);
-      const bool overflow =
-          ranks_overflow || __builtin_mul_overflow(across_ranks, GradAccumulation(t), &per_step);
-      if (overflow || per_step != t.global_batch()) {
-        Add("plan.training.global_batch",
-            absl::StrCat(t.global_batch(), " is not micro_batch (", t.micro_batch(),
-                         ") x data-parallel ranks (", data_parallel_size_,
-                         ") x grad_accumulation (", GradAccumulation(t),
-                         ") = ", overflow ? "more than 2^63 - 1" : absl::StrCat(per_step),
-                         !ranks_overflow && t.global_batch() % across_ranks == 0
-                             ? ""
-                             : "; micro_batch x ranks does not divide it"));
-      }
+    resolved_.grad_accumulation = t.grad_accumulation() == 0 ? 1 : t.grad_accumulation();
+    resolved_.log_every = t.log_every() == 0 ? 10 : t.log_every();
+    resolved_.max_skipped_steps = t.max_skipped_steps() == 0 ? 5 : t.max_skipped_steps();
+    if (__builtin_mul_overflow(t.eval_batches(), resolved_.grad_accumulation,
+                               &resolved_.eval_micro_batches)) {
+      Add("plan.training.eval_batches",
+          absl::StrCat(t.eval_batches(), " x grad_accumulation (", resolved_.grad_accumulation,
+                       ") micro-batches per evaluation is more than 2^63 - 1"));
+    }
+    if (t.micro_batch() <= 0 || t.grad_accumulation() < 0) return;  // reported above
+    // Checked products: a huge micro_batch could wrap them to any value, 0 included.
+    int64_t across_ranks = 0, per_step = 0;
+    const bool ranks_overflow =
+        __builtin_mul_overflow(t.micro_batch(), resolved_.data_parallel_size, &across_ranks);
+    const bool overflow =
+        ranks_overflow ||
+        __builtin_mul_overflow(across_ranks, resolved_.grad_accumulation, &per_step);
+    if (!overflow) resolved_.global_batch = per_step;
+    if (t.global_batch() > 0 && (overflow || per_step != t.global_batch())) {
+      Add("plan.training.global_batch",
+          absl::StrCat(t.global_batch(), " is not micro_batch (", t.micro_batch(),
+                       ") x data-parallel ranks (", resolved_.data_parallel_size,
+                       ") x grad_accumulation (", resolved_.grad_accumulation,
+                       ") = ", overflow ? "more than 2^63 - 1" : absl::StrCat(per_step),
+                       !ranks_overflow && t.global_batch() % across_ranks == 0
+                           ? ""
+                           : "; micro_batch x ranks does not divide it"));
     }
   }
 
@@ -284,6 +265,8 @@ class Checker {
   }
 
   void CheckSchedule() {
+    resolved_.schedule = plan_.schedule();
+    resolved_.schedule.set_total_steps(plan_.training().steps());
     const int64_t total = plan_.schedule().total_steps();
     if (total != 0 && total != plan_.training().steps()) {
       Add("plan.schedule.total_steps",
@@ -293,14 +276,15 @@ class Checker {
     }
     if (plan_.training().steps() <= 0) return;  // reported above
     absl::StatusOr<sched::Schedule> schedule =
-        sched::BuildSchedule(ResolvedSchedule(plan_), "plan.schedule");
+        sched::BuildSchedule(resolved_.schedule, "plan.schedule");
     if (!schedule.ok()) AddError("plan.schedule", schedule.status().message());
   }
 
   void CheckData(const std::optional<models::ModelConfig>& config) {
+    resolved_.data = ResolveData(plan_);
     const std::optional<int64_t> vocab_size =
         config.has_value() ? std::optional<int64_t>(config->vocab_size()) : std::nullopt;
-    AddAll(data::ValidateDataConfig(ResolvedData(plan_), vocab_size, "plan.data"));
+    AddAll(data::ValidateDataConfig(resolved_.data, vocab_size, "plan.data"));
   }
 
   void CheckFrozen() {
@@ -312,51 +296,80 @@ class Checker {
       if (!names.insert(frozen.name()).second) {
         Add(field + ".name", absl::StrCat("\"", frozen.name(), "\" appears twice"));
       }
-      frozen_configs_[frozen.name()] = CheckModel(frozen.model(), field + ".model");
+      const std::optional<models::ModelConfig> config =
+          CheckModel(frozen.model(), field + ".model");
+      frozen_configs_[frozen.name()] = config;
+      resolved_.frozen.push_back(config.value_or(models::ModelConfig()));
       CheckWeights(frozen.hf_weights_dir(), field + ".hf_weights_dir");
-      CheckSteps(frozen.prepare(), field + ".prepare");
-      CheckTensorParallel(frozen.prepare(), field + ".prepare", frozen_configs_[frozen.name()]);
+      CheckSteps(frozen.prepare(), field + ".prepare", frozen.model(), config);
     }
   }
 
+  // The files the run writes, where the user meant them.
+  void ResolvePaths() {
+    const TrainingConfig& t = plan_.training();
+    resolved_.metrics_path = base::UserPath(t.metrics_file());
+    resolved_.save_hf_dir = base::UserPath(t.save_hf_dir());
+    resolved_.checkpoint_dir = base::UserPath(t.checkpoint().dir());
+    resolved_.tensorboard_dir = base::UserPath(t.tensorboard_dir());
+  }
+
   const Plan& plan_;
-  const int world_size_;
   const wrap::PreparationRules& rules_;
+  ResolvedPlan resolved_;
   std::set<std::string> dims_;
   std::set<std::string> used_dims_;
-  int64_t data_parallel_size_ = 1;
   std::map<std::string, std::optional<models::ModelConfig>> frozen_configs_;  // by name
   std::vector<Violation> violations_;
 };
 
 }  // namespace
 
+data::DataConfig ResolveData(const Plan& plan) {
+  data::DataConfig data = data::ResolvedDataConfig(plan.data());
+  data::PairFiles* files = data.has_sft_files()          ? data.mutable_sft_files()
+                           : data.has_preference_files() ? data.mutable_preference_files()
+                                                         : nullptr;
+  const std::string& config_path = plan.model().hf_config_path();
+  if (files != nullptr && files->format() == data::PAIR_FORMAT_TEXT && files->tokenizer().empty() &&
+      !config_path.empty()) {
+    const std::filesystem::path folder = std::filesystem::path(config_path).parent_path();
+    files->set_tokenizer(folder.empty() ? "." : folder.string());
+  }
+  return data;
+}
+
 std::vector<Violation> CheckPlan(const Plan& plan, int world_size,
                                  const wrap::PreparationRules& rules) {
   return Checker(plan, world_size, rules).Run();
 }
 
-absl::Status ValidatePlan(const Plan& plan, int world_size) {
+absl::StatusOr<ResolvedPlan> Resolve(const Plan& plan, int world_size) {
   PLAIT_ASSIGN_OR_RETURN(const wrap::PreparationRules* rules, wrap::BuiltinRules());
-  return base::ViolationsToStatus(CheckPlan(plan, world_size, *rules));
+  Checker checker(plan, world_size, *rules);
+  PLAIT_RETURN_IF_ERROR(base::ViolationsToStatus(checker.Run()));
+  return checker.TakeResolved();
 }
 
-absl::Status ValidatePlanForMachine(const Plan& plan, int world_size, int local_ranks,
-                                    bool skip_memory_check) {
-  PLAIT_RETURN_IF_ERROR(ValidatePlan(plan, world_size));
+absl::StatusOr<ResolvedPlan> ResolveForMachine(const Plan& plan, int world_size, int local_ranks,
+                                               bool skip_memory_check) {
+  PLAIT_ASSIGN_OR_RETURN(ResolvedPlan resolved, Resolve(plan, world_size));
   PLAIT_ASSIGN_OR_RETURN(
       const torch::Device device,
       parallel::ResolveDevice(plan.device(), /*local_rank=*/0, local_ranks, "plan.device"));
-  if (skip_memory_check) return absl::OkStatus();
-  // For the dtypes the run computes in (DTYPE_AUTO resolved as the run resolves it).
-  PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate estimate,
-                         EstimateMemory(ResolveAutoDtypes(plan, device), world_size));
+  if (skip_memory_check) return resolved;
+  // For the dtypes the run computes in.
+  ResolvedPlan on_device = resolved;
+  on_device.plan = ResolveAutoDtypes(resolved.plan, device);
+  PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate estimate, EstimateMemory(on_device));
   // On CUDA each rank computes in a GPU of its own.
   if (const std::optional<int64_t> device_bytes = parallel::DeviceMemoryBytes(device)) {
-    return CheckMemoryFits(estimate, /*local_ranks=*/1, *device_bytes);
+    PLAIT_RETURN_IF_ERROR(CheckMemoryFits(estimate, /*local_ranks=*/1, *device_bytes));
+    return resolved;
   }
   PLAIT_ASSIGN_OR_RETURN(const int64_t available, base::AvailableMemoryBytes());
-  return CheckMemoryFits(estimate, local_ranks, available);
+  PLAIT_RETURN_IF_ERROR(CheckMemoryFits(estimate, local_ranks, available));
+  return resolved;
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::plan

@@ -1,8 +1,7 @@
-#include "trainer/checkpoint.h"
+#include "trainer/run_checkpoints.h"
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -12,39 +11,21 @@
 #include "absl/strings/strip.h"
 #include "base/dtype.pb.h"
 #include "base/status.h"
-#include "models/model_config.h"
-#include "trainer/plan.h"
-#include "wrap/strategies.h"
 
 namespace plait::trainer {
 namespace {
 
 constexpr char kOptimizerStep[] = "optimizer_step";
 
-// Sequences per optimizer step over the data-parallel ranks of `plan` on `mesh`: the global
-// batch, which a resume on another world size keeps (with micro_batch or grad_accumulation
-// changed to fit).
-int64_t GlobalBatch(const Plan& plan, const parallel::DeviceMesh& mesh) {
-  const std::set<std::string> dims = wrap::DataParallelDimsOf(plan.prepare());
-  int64_t ranks = 1;
-  const parallel::MeshLayout& layout = mesh.layout();
-  for (int i = 0; i < layout.num_dims(); ++i) {
-    if (dims.count(layout.dim_names()[i]) > 0) ranks *= layout.dim_size(i);
-  }
-  return plan.training().micro_batch() * GradAccumulation(plan.training()) * ranks;
-}
-
 // What a resume must not change, by plan field. The rest of the plan (steps, schedule,
 // evaluation, logging, the mesh, the preparation steps, how the global batch is split into
 // micro-batches) may change between a run and its resume.
-absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan,
-                                                               int64_t global_batch) {
-  PLAIT_ASSIGN_OR_RETURN(models::ModelConfig config,
-                         models::ResolveModelSpec(plan.model(), "plan.model"));
+std::map<std::string, std::string> Fingerprint(const plan::ResolvedPlan& resolved) {
+  const plan::Plan& plan = resolved.plan;
   // Frozen models are not saved: each is rebuilt from its seed or its (fixed) Hugging Face
   // folder, which the manifest records so that a resume rebuilds the same one.
   std::vector<std::string> frozen;
-  for (const FrozenModel& model : plan.frozen()) {
+  for (const plan::FrozenModel& model : plan.frozen()) {
     frozen.push_back(
         absl::StrCat(model.name(), ": ", model.model().ShortDebugString(), " from ",
                      model.hf_weights_dir().empty() ? "its seed" : model.hf_weights_dir()));
@@ -52,14 +33,14 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const Plan& plan,
   const optim::OptimizerConfig& optimizer = plan.optimizer();
   const auto* algorithm = optimizer.GetReflection()->GetOneofFieldDescriptor(
       optimizer, optim::OptimizerConfig::descriptor()->FindOneofByName("algorithm"));
-  const TrainingConfig& training = plan.training();
+  const plan::TrainingConfig& training = plan.training();
   std::map<std::string, std::string> fingerprint = {
-      {kModelField, config.ShortDebugString()},
+      {kModelField, resolved.model.ShortDebugString()},
       {"plan.model.dtype", base::Dtype_Name(plan.model().dtype())},
       {"plan.optimizer", algorithm == nullptr ? "" : algorithm->name()},
-      {"plan.training.global_batch", absl::StrCat(global_batch)},
+      {"plan.training.global_batch", absl::StrCat(resolved.global_batch)},
       {"plan.training.seq_len", absl::StrCat(training.seq_len())},
-      {"plan.data", ResolvedData(plan).ShortDebugString()},
+      {"plan.data", resolved.data.ShortDebugString()},
       {"plan.objective", plan.objective().ShortDebugString()},
       {"plan.frozen", absl::StrJoin(frozen, "; ")},
   };
@@ -151,17 +132,15 @@ absl::Status LoadInto(const checkpoint::RankState& saved, optim::Optimizer& opti
 
 }  // namespace
 
-absl::StatusOr<Checkpointer> Checkpointer::Open(const Plan& plan, const std::string& dir,
-                                                const parallel::DeviceMesh& mesh) {
-  const int64_t global_batch = GlobalBatch(plan, mesh);
+absl::StatusOr<RunCheckpoints> RunCheckpoints::Open(const plan::ResolvedPlan& resolved,
+                                                    const parallel::DeviceMesh& mesh) {
+  const plan::Plan& plan = resolved.plan;
   checkpoint::RunInfo run;
   run.config_field = "plan.training.checkpoint";
   run.steps = plan.training().steps();
   run.steps_field = "plan.training.steps";
-  run.position_per_step = global_batch;  // sequences consumed over the data-parallel ranks
-  if (!dir.empty()) {  // only checkpoints use it: a run without them need not resolve the model
-    PLAIT_ASSIGN_OR_RETURN(run.fingerprint, Fingerprint(plan, global_batch));
-  }
+  run.position_per_step = resolved.global_batch;  // sequences consumed over the data-parallel ranks
+  run.fingerprint = Fingerprint(resolved);
   std::vector<std::string> steps;
   for (const wrap::PrepareStep& step : plan.prepare()) steps.push_back(step.ShortDebugString());
   run.layout = steps.empty() ? "no preparation steps" : absl::StrJoin(steps, "; ");
@@ -169,12 +148,13 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const Plan& plan, const std::str
   run.kind_by_prefix = {{"", "optimizer state"}, {kParameterPrefix, "trainable parameter"}};
   PLAIT_ASSIGN_OR_RETURN(
       checkpoint::Checkpointer checkpointer,
-      checkpoint::Checkpointer::Open(plan.training().checkpoint(), dir, std::move(run), mesh));
-  return Checkpointer(std::move(checkpointer), global_batch,
-                      global_batch / GradAccumulation(plan.training()));
+      checkpoint::Checkpointer::Open(plan.training().checkpoint(), resolved.checkpoint_dir,
+                                     std::move(run), mesh));
+  return RunCheckpoints(std::move(checkpointer), resolved.global_batch,
+                        resolved.global_batch / resolved.grad_accumulation);
 }
 
-absl::Status Checkpointer::Restore(optim::Optimizer& optimizer, data::DataLoader& train) const {
+absl::Status RunCheckpoints::Restore(optim::Optimizer& optimizer, data::DataLoader& train) const {
   if (checkpointer_.resume_step() == 0) return absl::OkStatus();
   // What this rank would save: the names, parts, shapes and dtypes to fill, without copying
   // the parameters or the optimizer state anywhere.
@@ -187,11 +167,11 @@ absl::Status Checkpointer::Restore(optim::Optimizer& optimizer, data::DataLoader
   return absl::OkStatus();
 }
 
-absl::Status Checkpointer::SaveIfDue(int64_t step, const optim::Optimizer& optimizer) const {
+absl::Status RunCheckpoints::SaveIfDue(int64_t step, const optim::Optimizer& optimizer) const {
   return checkpointer_.IsDue(step) ? Save(step, optimizer) : absl::OkStatus();
 }
 
-absl::Status Checkpointer::Save(int64_t step, const optim::Optimizer& optimizer) const {
+absl::Status RunCheckpoints::Save(int64_t step, const optim::Optimizer& optimizer) const {
   const optim::OptimizerState state = optimizer.SaveState();
   PLAIT_ASSIGN_OR_RETURN(auto tensors, RankTensors(optimizer, state, Contents::kData));
   return checkpointer_.Save(step, step * global_batch_,

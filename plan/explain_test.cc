@@ -1,4 +1,4 @@
-#include "trainer/explain.h"
+#include "plan/explain.h"
 
 #include <string>
 
@@ -6,19 +6,21 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
+#include "plan/testing_resolved.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::plan::testing::Resolved;
 using ::testing::HasSubstr;
 
 TEST(ExplainPlanTest, DescribesTheFsdpPipelineInOrder) {
   absl::StatusOr<Plan> plan = LoadPlan(
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/llama_fsdp.textproto"));
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/plan/examples/llama_fsdp.textproto"));
   ASSERT_THAT(plan, IsOk());
-  absl::StatusOr<std::string> text = ExplainPlan(*plan, 2);
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 2));
   ASSERT_THAT(text, IsOk());
   EXPECT_THAT(*text, HasSubstr("model: llama (preset \"tiny\")"));
   EXPECT_THAT(*text, HasSubstr("mesh: dp=2 (2 ranks)"));
@@ -36,9 +38,9 @@ TEST(ExplainPlanTest, DescribesTheFsdpPipelineInOrder) {
 // activations it communicates per block.
 TEST(ExplainPlanTest, ExplainsTheTwoDimensionalTensorParallelPlan) {
   absl::StatusOr<Plan> plan =
-      LoadPlan(absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/llama_2d.textproto"));
+      LoadPlan(absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/plan/examples/llama_2d.textproto"));
   ASSERT_THAT(plan, IsOk());
-  absl::StatusOr<std::string> text = ExplainPlan(*plan, 4);
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 4));
   ASSERT_THAT(text, IsOk());
   EXPECT_THAT(*text, HasSubstr("mesh: dp=2 x tp=2 (4 ranks)"));
   // 8 sequences x 64 tokens x 256 hidden x 4 bytes = 0.5 MiB, sent once by a ring all-reduce
@@ -48,14 +50,14 @@ TEST(ExplainPlanTest, ExplainsTheTwoDimensionalTensorParallelPlan) {
                                "5.0M parameters; per block 2 all-reduces of 0.5 MiB "
                                "activations forward and 2 backward (0.5 MiB sent each)"));
   EXPECT_THAT(*text, HasSubstr("  model.layers.0.self_attn.q_proj.weight [256, 256] -> [128, 256] "
-                               "per rank (column-parallel)"));
+                               "(column-parallel)"));
   EXPECT_THAT(*text, HasSubstr("  model.layers.0.self_attn.k_proj.weight [128, 256] -> [64, 256] "
-                               "per rank (key/value heads)"));
+                               "(key/value heads)"));
   EXPECT_THAT(*text, HasSubstr("  model.layers.0.mlp.down_proj.weight [256, 688] -> [256, 344] "
-                               "per rank (row-parallel)"));
-  EXPECT_THAT(*text, HasSubstr("  lm_head.weight [4096, 256] -> [2048, 256] per rank "
+                               "(row-parallel)"));
+  EXPECT_THAT(*text, HasSubstr("  lm_head.weight [4096, 256] -> [2048, 256] "
                                "(vocabulary-parallel)"));
-  EXPECT_THAT(*text, HasSubstr("  model.norm.weight [256] -> [256] per rank (replicated)"));
+  EXPECT_THAT(*text, HasSubstr("  model.norm.weight [256] -> [256] (replicated)"));
   EXPECT_THAT(*text, HasSubstr("prepare[1]: fsdp over dp (2 ranks)"));
   EXPECT_THAT(*text, HasSubstr("communication per rank (estimate, ring collectives):"));
 }
@@ -67,9 +69,9 @@ TEST(ExplainPlanTest, ExplainsTheTwoDimensionalTensorParallelPlan) {
 // plus an all-reduce of its gradient shard (2 x 1/2 x 4 bytes x 2.5M): 8 bytes a parameter.
 TEST(ExplainPlanTest, DescribesHybridSharding) {
   absl::StatusOr<Plan> plan = LoadPlan(
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/llama_hsdp.textproto"));
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/plan/examples/llama_hsdp.textproto"));
   ASSERT_THAT(plan, IsOk());
-  absl::StatusOr<std::string> text = ExplainPlan(*plan, 4);
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 4));
   ASSERT_THAT(text, IsOk());
   EXPECT_THAT(*text, HasSubstr("mesh: dp_replicate=2 x dp_shard=2 (4 ranks)"));
   EXPECT_THAT(*text, HasSubstr("prepare[0]: fsdp over dp_shard (2 ranks): 5 units (4 blocks and "
@@ -108,13 +110,33 @@ TEST(ExplainPlanTest, CountsTheGroupsOfALargeBf16ModelWithoutBuildingIt) {
                 )pb",
                 "plan");
   ASSERT_THAT(plan, IsOk());
-  absl::StatusOr<std::string> text = ExplainPlan(*plan, 8);
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 8));
   ASSERT_THAT(text, IsOk());
   EXPECT_THAT(*text, HasSubstr("vocab 128256, bf16: 8.0B parameters"));
   // 32 layers x 2 norms + the final norm, 4096 elements each.
   EXPECT_THAT(*text, HasSubstr("group no_decay: 65 tensors, 266.2K parameters"));
   EXPECT_THAT(*text, HasSubstr("group default: 226 tensors, 8.0B parameters (1.0B per rank)"));
   EXPECT_THAT(*text, HasSubstr("3.74 GiB parameters, 7.48 GiB optimizer state (2 slots), "));
+}
+
+// Activation checkpointing is a step of its own, on no mesh dimension, keeping the parameters.
+// The learning rate at the quarters of the run, each step named once however short the run.
+TEST(ExplainPlanTest, NamesEachStepOfTheScheduleOnce) {
+  absl::StatusOr<Plan> plan =
+      ParsePlan(R"pb(
+                  model { preset: "tiny" }
+                  optimizer { adamw {} }
+                  schedule {
+                    lr: 1e-5
+                    constant {}
+                  }
+                  training { steps: 2 micro_batch: 4 seq_len: 64 eval_batches: 1 }
+                )pb",
+                "plan");
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 1));
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("over 2 steps; lr at step 0: 1e-05, step 1: 1e-05\n"));
 }
 
 // Activation checkpointing is a step of its own, on no mesh dimension, keeping the parameters.
@@ -134,7 +156,7 @@ TEST(ExplainPlanTest, DescribesActivationCheckpointing) {
                 )pb",
                 "plan");
   ASSERT_THAT(plan, IsOk());
-  absl::StatusOr<std::string> text = ExplainPlan(*plan, 2);
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 2));
   ASSERT_THAT(text, IsOk());
   EXPECT_THAT(*text, HasSubstr("prepare[0]: activation checkpointing (SELECTIVE): each of 4 "
                                "blocks keeps"));
@@ -175,7 +197,7 @@ TEST(ExplainPlanTest, ExplainsEveryCollectiveOfATensorParallelPlan) {
       )pb",
       "plan");
   ASSERT_THAT(plan, IsOk());
-  absl::StatusOr<std::string> text = ExplainPlan(*plan, 4);
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 4));
   ASSERT_THAT(text, IsOk());
   // 4 x 64 tokens x 256 x 4 bytes of activations, 256 KiB: a ring all-gather or
   // reduce-scatter over 4 ranks sends 3/4 of it, an all-reduce twice that.
@@ -202,9 +224,10 @@ TEST(ExplainPlanTest, ExplainsEveryCollectiveOfATensorParallelPlan) {
                                "exponentials and target logit (4.5 KiB sent)\n"));
   // (4 x 4 + 2) x 384 KiB + 4 x (384 + 3) KiB + 1.5 KiB + 4.5 KiB = 8466 KiB.
   EXPECT_THAT(*text, HasSubstr("\n  per micro-batch: 8.3 MiB sent\n"));
-  EXPECT_THAT(*text, HasSubstr("\n  model.layers.0.self_attn.k_proj.weight [128, 256] -> [64, 256] "
-                               "per rank (key/value heads, shared)\n"));
-  EXPECT_THAT(*text, HasSubstr("\n  lm_head.weight [4097, 256] -> [1025, 256] per rank "
+  EXPECT_THAT(*text,
+              HasSubstr("\n    model.layers.0.self_attn.k_proj.weight [128, 256] -> [64, 256] "
+                        "(key/value heads, shared)\n"));
+  EXPECT_THAT(*text, HasSubstr("\n    lm_head.weight [4097, 256] -> [1025, 256] "
                                "(vocabulary-parallel, padded)\n"));
   EXPECT_THAT(*text, HasSubstr("\n  tensor parallelism leaves each rank 1.3M of the 5.0M "
                                "parameters (0.264 of them), 5.0 MiB\n"));
@@ -216,9 +239,9 @@ TEST(ExplainPlanTest, ExplainsEveryCollectiveOfATensorParallelPlan) {
 // rank, and what the objective does with the reference.
 TEST(ExplainPlanTest, DescribesBothModelsOfADpoPlan) {
   absl::StatusOr<Plan> plan = LoadPlan(
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/plans/qwen_dpo_fsdp.textproto"));
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/plan/examples/qwen_dpo_fsdp.textproto"));
   ASSERT_THAT(plan, IsOk());
-  absl::StatusOr<std::string> text = ExplainPlan(*plan, 2);
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 2));
   ASSERT_THAT(text, IsOk());
   EXPECT_THAT(*text, HasSubstr("model: qwen2 (preset \"qwen2-tiny\")"));
   EXPECT_THAT(*text, HasSubstr("prepare[0]: fsdp over dp (2 ranks)"));
@@ -237,12 +260,12 @@ TEST(ExplainPlanTest, DescribesBothModelsOfADpoPlan) {
   EXPECT_THAT(*text, HasSubstr("  memory per rank (estimate): 2.7 MiB parameters, "));
   EXPECT_THAT(*text, HasSubstr("  role: the DPO reference: it scores the 2 x micro-batch"));
 
-  plan->mutable_objective()->mutable_dpo()->set_precompute_reference(true);
-  text = ExplainPlan(*plan, 2);
+  ASSERT_THAT(ApplyOverride("objective.dpo.precompute_reference=true", *plan), IsOk());
+  text = ExplainPlan(Resolved(*plan, 2));
   ASSERT_THAT(text, IsOk());
   EXPECT_THAT(*text, HasSubstr("  role: the DPO reference: before the first step it scores every "
                                "batch the run will read"));
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::plan

@@ -17,15 +17,15 @@
 // slices it needs, and reads the same next global batch. No random state is consumed while
 // training (synthetic data are positional, shuffles are seeded per pass), so none is saved.
 //
-//   PLAIT_ASSIGN_OR_RETURN(Checkpointer checkpointer, Checkpointer::Open(plan, dir, mesh));
+//   PLAIT_ASSIGN_OR_RETURN(RunCheckpoints checkpoints, RunCheckpoints::Open(resolved, mesh));
 //   PLAIT_ASSIGN_OR_RETURN(auto optimizer, BuildOptimizer(*prepared, plan.optimizer()));
-//   PLAIT_RETURN_IF_ERROR(checkpointer.Restore(*optimizer, train_loader));
-//   for (int64_t step = checkpointer.resume_step(); step < steps; ++step) {
+//   PLAIT_RETURN_IF_ERROR(checkpoints.Restore(*optimizer, train_loader));
+//   for (int64_t step = checkpoints.resume_step(); step < steps; ++step) {
 //     ...  // one optimizer step
-//     PLAIT_RETURN_IF_ERROR(checkpointer.SaveIfDue(step + 1, *optimizer));
+//     PLAIT_RETURN_IF_ERROR(checkpoints.SaveIfDue(step + 1, *optimizer));
 //   }
-#ifndef PLAIT_TRAINER_CHECKPOINT_H_
-#define PLAIT_TRAINER_CHECKPOINT_H_
+#ifndef PLAIT_TRAINER_RUN_CHECKPOINTS_H_
+#define PLAIT_TRAINER_RUN_CHECKPOINTS_H_
 
 #include <cstdint>
 #include <string>
@@ -37,7 +37,7 @@
 #include "data/data_loader.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
-#include "trainer/plan.pb.h"
+#include "plan/resolved_plan.h"
 
 namespace plait::trainer {
 
@@ -48,15 +48,15 @@ inline constexpr char kOptimizerPrefix[] = "optim/";
 // The fingerprint entry that holds the model's config (a ModelConfig in text format).
 inline constexpr char kModelField[] = "plan.model";
 
-class Checkpointer {
+class RunCheckpoints {
  public:
-  // Reads the checkpoint settings of `plan` (which passed ValidatePlan) for the calling rank
-  // of `mesh`, which must outlive the result; `dir` is plan.training.checkpoint.dir as the
-  // caller resolved it. With resume, finds the newest checkpoint in `dir` and checks its
-  // manifest against the plan and mesh; without, FailedPrecondition when `dir` already holds
-  // checkpoints (they are never overwritten). Reads only the file system.
-  static absl::StatusOr<Checkpointer> Open(const Plan& plan, const std::string& dir,
-                                           const parallel::DeviceMesh& mesh);
+  // Reads the checkpoint settings of `resolved` for the calling rank of `mesh`, which must
+  // outlive the result; the folder is resolved.checkpoint_dir. With resume, finds the newest
+  // checkpoint there and checks its manifest against the plan and mesh; without,
+  // FailedPrecondition when the folder already holds checkpoints (they are never
+  // overwritten). Reads only the file system.
+  static absl::StatusOr<RunCheckpoints> Open(const plan::ResolvedPlan& resolved,
+                                             const parallel::DeviceMesh& mesh);
 
   // The step of the checkpoint Restore loads: the run continues at resume_step() + 1.
   // 0 for a fresh run.
@@ -82,8 +82,8 @@ class Checkpointer {
   absl::Status Save(int64_t step, const optim::Optimizer& optimizer) const;
 
  private:
-  Checkpointer(checkpoint::Checkpointer checkpointer, int64_t global_batch,
-               int64_t sequences_per_micro_batch)
+  RunCheckpoints(checkpoint::Checkpointer checkpointer, int64_t global_batch,
+                 int64_t sequences_per_micro_batch)
       : checkpointer_(std::move(checkpointer)),
         global_batch_(global_batch),
         sequences_per_micro_batch_(sequences_per_micro_batch) {}
@@ -95,4 +95,4 @@ class Checkpointer {
 
 }  // namespace plait::trainer
 
-#endif  // PLAIT_TRAINER_CHECKPOINT_H_
+#endif  // PLAIT_TRAINER_RUN_CHECKPOINTS_H_

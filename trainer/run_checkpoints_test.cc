@@ -3,7 +3,7 @@
 // FSDP on 2 ranks), the metrics file of a resumed run, and the errors that name what the
 // trainer stores: the plan fields of its fingerprint, its parameters and optimizer state. The
 // layout and the protocol are checkpoint/checkpointer_test.cc's.
-#include "trainer/checkpoint.h"
+#include "trainer/run_checkpoints.h"
 
 #include <filesystem>
 #include <fstream>
@@ -28,11 +28,11 @@
 #include "nlohmann/json.hpp"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
+#include "plan/testing_resolved.h"
 #include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
-#include "trainer/validate.h"
 
 namespace plait::trainer {
 namespace {
@@ -42,6 +42,8 @@ using ::plait::base::testing::FolderEntries;
 using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::plan::testing::Resolved;
+using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::LoadShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
@@ -50,17 +52,17 @@ using ::testing::HasSubstr;
 
 // A shipped plan shortened to 8 steps (warmup 2, evaluation after steps 4 and 8), with
 // checkpoints every 3 steps into `dir`, and `overrides` applied.
-Plan ShortPlan(const std::string& name, const std::string& dir,
-               const std::vector<std::string>& overrides = {}) {
-  Plan plan = LoadShippedPlan(name);
+plan::Plan ShortPlan(const std::string& name, const std::string& dir,
+                     const std::vector<std::string>& overrides = {}) {
+  plan::Plan plan = LoadShippedPlan(name);
   for (const std::string& assignment : std::vector<std::string>{
            "training.steps=8", "schedule.warmup.steps=2", "training.eval_every=4",
            "training.eval_batches=1", "training.metrics_file=", "training.checkpoint.every=3",
            absl::StrCat("training.checkpoint.dir=", dir)}) {
-    EXPECT_THAT(ApplyOverride(assignment, plan), IsOk()) << assignment;
+    EXPECT_THAT(plan::ApplyOverride(assignment, plan), IsOk()) << assignment;
   }
   for (const std::string& assignment : overrides) {
-    EXPECT_THAT(ApplyOverride(assignment, plan), IsOk()) << assignment;
+    EXPECT_THAT(plan::ApplyOverride(assignment, plan), IsOk()) << assignment;
   }
   return plan;
 }
@@ -76,11 +78,11 @@ std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
 
 // Copies the checkpoint folder `checkpoint` into `plan`'s checkpoint dir and trains `plan`
 // resuming from it on `ranks` ranks.
-TrainReport ResumeFrom(const std::string& checkpoint, Plan plan, int ranks) {
+TrainReport ResumeFrom(const std::string& checkpoint, plan::Plan plan, int ranks) {
   const fs::path dir = plan.training().checkpoint().dir();
   fs::create_directories(dir);
   fs::copy(checkpoint, dir / fs::path(checkpoint).filename(), fs::copy_options::recursive);
-  EXPECT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
+  EXPECT_THAT(plan::ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
   return TrainOnRanks(plan, ranks);
 }
 
@@ -156,9 +158,9 @@ TEST(CheckpointTest, DpoWithAPrecomputedReferenceResumeReproducesTheStraightRun)
 // after 2 steps of warmup (so that a run of 8 steps has the rates of the first 8 of 16), and a
 // checkpoint every 8 steps into `dir`; `dp_ranks` (when set) is the size of its mesh's one
 // dimension.
-Plan ReshardPlan(const std::string& name, const std::string& dir, int64_t micro_batch,
-                 int dp_ranks = 0, int64_t steps = 16) {
-  Plan plan =
+plan::Plan ReshardPlan(const std::string& name, const std::string& dir, int64_t micro_batch,
+                       int dp_ranks = 0, int64_t steps = 16) {
+  plan::Plan plan =
       ShortPlan(name, dir,
                 {absl::StrCat("training.steps=", steps), "training.checkpoint.every=8",
                  "training.seq_len=32", "training.global_batch=4",
@@ -191,7 +193,7 @@ std::map<std::string, torch::Tensor> ReadCheckpoint(const std::string& folder) {
 // relative to their norm, as in wrap/parity_test.cc), and the optimizer's moments within
 // 1e-4 (they average gradients, whose reduction-order noise is relatively larger where the
 // gradient is small: a key projection's, whose gradient is near zero by construction).
-void ExpectResumeMatches(const std::string& saved_dir, Plan plan, int ranks,
+void ExpectResumeMatches(const std::string& saved_dir, plan::Plan plan, int ranks,
                          const TrainReport& straight, const std::string& straight_dir) {
   const std::string dir = plan.training().checkpoint().dir();
   const TrainReport resumed = ResumeFrom(saved_dir + "/step-00000008", plan, ranks);
@@ -257,11 +259,12 @@ TEST(CheckpointReshardTest, ACheckpointResumesOnAnotherWorldSizeAndLayout) {
 
 TEST(CheckpointTest, AFreshRunNeverOverwritesCheckpoints) {
   const std::string dir = FreshTestDir("fresh");
-  const Plan plan = ShortPlan("llama_single", dir);
+  const plan::Plan plan = ShortPlan("llama_single", dir);
   fs::create_directories(dir + "/step-00000003");
+  const plan::ResolvedPlan resolved = Resolved(plan, 1);
   WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
     EXPECT_THAT(
-        Checkpointer::Open(plan, dir, mesh),
+        RunCheckpoints::Open(resolved, mesh),
         StatusIs(absl::StatusCode::kFailedPrecondition,
                  AllOf(HasSubstr("plan.training.checkpoint.dir: \"" + dir +
                                  "\" already holds checkpoints (newest " + dir + "/step-00000003)"),
@@ -269,11 +272,10 @@ TEST(CheckpointTest, AFreshRunNeverOverwritesCheckpoints) {
   });
 }
 
-// Options that write the metrics file `path`.
-TrainOptions WithMetrics(const std::string& path) {
-  TrainOptions options;
-  options.metrics_path = path;
-  return options;
+// `plan` writing the metrics file `path`.
+plan::Plan WithMetrics(plan::Plan plan, const std::string& path) {
+  plan.mutable_training()->set_metrics_file(path);
+  return plan;
 }
 
 TEST(CheckpointTest, MetricsOfAResumedRunContinueTheFile) {
@@ -281,7 +283,7 @@ TEST(CheckpointTest, MetricsOfAResumedRunContinueTheFile) {
   const std::string resumed_dir = FreshTestDir("metrics_resumed");
   const std::string straight_metrics = straight_dir + ".jsonl";
   const std::string resumed_metrics = resumed_dir + ".jsonl";
-  TrainOnRanks(ShortPlan("llama_single", straight_dir), 1, WithMetrics(straight_metrics));
+  TrainOnRanks(WithMetrics(ShortPlan("llama_single", straight_dir), straight_metrics), 1);
   std::vector<std::string> rows;
   std::ifstream in(straight_metrics);
   for (std::string line; std::getline(in, line);) rows.push_back(line);
@@ -296,9 +298,9 @@ TEST(CheckpointTest, MetricsOfAResumedRunContinueTheFile) {
     for (int i = 0; i < 4; ++i) out << rows[i] << "\n";
     out << rows[4].substr(0, rows[4].size() / 2);
   }
-  Plan plan = ShortPlan("llama_single", resumed_dir);
-  ASSERT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
-  TrainOnRanks(plan, 1, WithMetrics(resumed_metrics));
+  plan::Plan plan = ShortPlan("llama_single", resumed_dir);
+  ASSERT_THAT(plan::ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
+  TrainOnRanks(WithMetrics(plan, resumed_metrics), 1);
 
   std::ifstream resumed(resumed_metrics);
   std::vector<std::string> lines;
@@ -317,33 +319,35 @@ TEST(CheckpointTest, MetricsOfAResumedRunContinueTheFile) {
 
 // Saves a checkpoint of step 1 of `plan` on `ranks` ranks into its checkpoint dir: one
 // optimizer step on one batch, so parameters and state are those of a trained step.
-void SaveStepOne(const Plan& plan, int ranks) {
+void SaveStepOne(const plan::Plan& plan, int ranks) {
+  const plan::ResolvedPlan resolved = Resolved(plan, ranks);
   WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
-    auto prepared =
-        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                           mesh, Role::kTrained, "plan");
     ASSERT_THAT(prepared, IsOk());
     auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
     ASSERT_THAT(optimizer, IsOk());
     const torch::Tensor tokens = torch::randint(100, {2, 8}, torch::kInt64);
     (*prepared)->model().Loss(tokens, tokens).backward();
     ASSERT_THAT((*optimizer)->Step(1e-3), IsOk());
-    auto checkpointer = Checkpointer::Open(plan, plan.training().checkpoint().dir(), mesh);
+    auto checkpointer = RunCheckpoints::Open(resolved, mesh);
     ASSERT_THAT(checkpointer, IsOk());
     ASSERT_THAT(checkpointer->Save(1, **optimizer), IsOk());
   });
 }
 
-// What Checkpointer::Open and then Restore return on each of `ranks` ranks resuming `plan`.
-std::vector<absl::Status> ResumeStatuses(Plan plan, int ranks) {
-  EXPECT_THAT(ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
+// What RunCheckpoints::Open and then Restore return on each of `ranks` ranks resuming `plan`.
+std::vector<absl::Status> ResumeStatuses(plan::Plan plan, int ranks) {
+  EXPECT_THAT(plan::ApplyOverride("training.checkpoint.resume=true", plan), IsOk());
+  const plan::ResolvedPlan resolved = Resolved(plan, ranks);
   std::vector<absl::Status> statuses(ranks);
   WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
-    auto prepared =
-        PreparedModel::Prepare(plan.model(), "", plan.prepare(), mesh, Role::kTrained, "plan");
+    auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                           mesh, Role::kTrained, "plan");
     ASSERT_THAT(prepared, IsOk());
     auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
     ASSERT_THAT(optimizer, IsOk());
-    auto checkpointer = Checkpointer::Open(plan, plan.training().checkpoint().dir(), mesh);
+    auto checkpointer = RunCheckpoints::Open(resolved, mesh);
     if (!checkpointer.ok()) {
       statuses[rank] = checkpointer.status();
       return;
@@ -360,7 +364,7 @@ std::vector<absl::Status> ResumeStatuses(Plan plan, int ranks) {
 
 // A single-process checkpoint of step 1 in a fresh dir; its manifest's path.
 struct SavedCheckpoint {
-  Plan plan;
+  plan::Plan plan;
   std::string manifest;
 };
 SavedCheckpoint SaveSingle(const std::string& name) {
@@ -385,10 +389,11 @@ TEST(CheckpointErrorsTest, AnUndamagedCheckpointLoads) {
 
 TEST(CheckpointErrorsTest, AChangedFingerprintNamesTheFieldAndBothValues) {
   SavedCheckpoint saved = SaveSingle("fingerprint");
-  ASSERT_THAT(ApplyOverride("training.seq_len=32", saved.plan), IsOk());
-  ASSERT_THAT(ApplyOverride("optimizer.sgd.momentum=0.9", saved.plan), IsOk());
-  ASSERT_THAT(ApplyOverride("model.dtype=DTYPE_BFLOAT16", saved.plan), IsOk());
-  ASSERT_THAT(ApplyOverride("training.micro_batch=8", saved.plan), IsOk());
+  ASSERT_THAT(plan::ApplyOverride("training.seq_len=32", saved.plan), IsOk());
+  ASSERT_THAT(plan::ApplyOverride("optimizer.sgd.momentum=0.9", saved.plan), IsOk());
+  ASSERT_THAT(plan::ApplyOverride("model.dtype=DTYPE_BFLOAT16", saved.plan), IsOk());
+  ASSERT_THAT(plan::ApplyOverride("training.micro_batch=8", saved.plan), IsOk());
+  ASSERT_THAT(plan::ApplyOverride("training.global_batch=0", saved.plan), IsOk());
   EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0],
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr(saved.manifest + ": cannot resume from it"),

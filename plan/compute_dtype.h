@@ -5,17 +5,17 @@
 //
 //   std::cout << "compute: " << DescribeComputeDtype(plan, device) << "\n";
 //   Plan resolved = ResolveAutoDtypes(plan, device);
-#ifndef PLAIT_TRAINER_COMPUTE_DTYPE_H_
-#define PLAIT_TRAINER_COMPUTE_DTYPE_H_
+#ifndef PLAIT_PLAN_COMPUTE_DTYPE_H_
+#define PLAIT_PLAN_COMPUTE_DTYPE_H_
 
 #include <optional>
 #include <string>
 
 #include "base/dtype.pb.h"
+#include "plan/plan.pb.h"
 #include "torch/torch.h"
-#include "trainer/plan.pb.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 
 // `requested` with DTYPE_AUTO replaced: DTYPE_BFLOAT16 when `native_bf16` names what computes
 // bf16 natively (parallel::NativeBf16), else DTYPE_FLOAT32.
@@ -32,6 +32,6 @@ std::string DescribeComputeDtype(base::Dtype requested, const torch::Device& dev
                                  const std::optional<std::string>& native_bf16);
 std::string DescribeComputeDtype(const Plan& plan, const torch::Device& device);
 
-}  // namespace plait::trainer
+}  // namespace plait::plan
 
-#endif  // PLAIT_TRAINER_COMPUTE_DTYPE_H_
+#endif  // PLAIT_PLAN_COMPUTE_DTYPE_H_

@@ -1,4 +1,4 @@
-#include "trainer/validate.h"
+#include "plan/validate.h"
 
 #include <dirent.h>
 
@@ -14,10 +14,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/device.h"
-#include "trainer/plan.h"
+#include "plan/plan.h"
 #include "wrap/rules.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 namespace {
 
 using ::plait::base::testing::IsOk;
@@ -32,7 +32,7 @@ std::string Runfile(const std::string& path) {
 absl::Status LoadAndValidate(const std::string& path) {
   absl::StatusOr<Plan> plan = LoadPlan(path);
   if (!plan.ok()) return plan.status();
-  return ValidatePlan(*plan, 2);
+  return Resolve(*plan, 2).status();
 }
 
 TEST(ValidatePlanTest, FsdpTwiceIsRejectedNamingTheFieldAndTheRule) {
@@ -51,7 +51,7 @@ TEST(ValidatePlanTest, FsdpTwiceIsRejectedNamingTheFieldAndTheRule) {
                 )pb",
                 "plan");
   ASSERT_THAT(plan, IsOk());
-  EXPECT_THAT(ValidatePlan(*plan, 2),
+  EXPECT_THAT(Resolve(*plan, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("plan.prepare[1].fsdp: fsdp is applied 2 times; at most 1 per "
                                  "model (rule fsdp_at_most_once)")));
@@ -98,16 +98,16 @@ TEST(ValidatePlanTest, HybridShardingComposesWithTensorParallelism) {
       )pb",
       "plan");
   ASSERT_THAT(plan, IsOk());
-  EXPECT_THAT(ValidatePlan(*plan, 8), IsOk());
+  EXPECT_THAT(Resolve(*plan, 8), IsOk());
 }
 
 // testdata/tp_vocab_not_dividing.textproto's vocabulary of 257 over 2 tensor-parallel ranks,
 // refused there, is valid padded to 258.
 TEST(ValidatePlanTest, APaddedVocabularyNeedNotDivide) {
-  absl::StatusOr<Plan> plan = LoadPlan(Runfile("trainer/testdata/tp_vocab_not_dividing.textproto"));
+  absl::StatusOr<Plan> plan = LoadPlan(Runfile("plan/testdata/tp_vocab_not_dividing.textproto"));
   ASSERT_THAT(plan, IsOk());
   plan->mutable_prepare(0)->mutable_tensor_parallel()->set_pad_vocab_to_multiple(true);
-  EXPECT_THAT(ValidatePlan(*plan, 2), IsOk());
+  EXPECT_THAT(Resolve(*plan, 2), IsOk());
 }
 
 TEST(ValidatePlanTest, ShippedPlansAreValid) {
@@ -117,39 +117,39 @@ TEST(ValidatePlanTest, ShippedPlansAreValid) {
                                                                             {"llama_tp", 2},
                                                                             {"llama_2d", 4},
                                                                             {"llama_hsdp", 4}}) {
-    absl::StatusOr<Plan> plan = LoadPlan(Runfile("trainer/plans/" + name + ".textproto"));
+    absl::StatusOr<Plan> plan = LoadPlan(Runfile("plan/examples/" + name + ".textproto"));
     ASSERT_THAT(plan, IsOk()) << name;
-    EXPECT_THAT(ValidatePlan(*plan, ranks), IsOk()) << name;
+    EXPECT_THAT(Resolve(*plan, ranks), IsOk()) << name;
   }
 }
 
 // A plan asks for CUDA where this binary or machine cannot give it: refused before anything
 // starts, naming plan.device and what is missing.
-TEST(ValidatePlanForMachineTest, CudaIsRefusedWhereItCannotRun) {
-  absl::StatusOr<Plan> plan = LoadPlan(Runfile("trainer/plans/llama_single.textproto"));
+TEST(ResolveForMachineTest, CudaIsRefusedWhereItCannotRun) {
+  absl::StatusOr<Plan> plan = LoadPlan(Runfile("plan/examples/llama_single.textproto"));
   ASSERT_THAT(plan, IsOk());
   ASSERT_THAT(ApplyOverride("device=DEVICE_CUDA", *plan), IsOk());
   const int devices = parallel::CudaDeviceCount();
   if (!parallel::BuiltForCuda()) {
-    EXPECT_THAT(ValidatePlanForMachine(*plan, 1, 1, /*skip_memory_check=*/true),
+    EXPECT_THAT(ResolveForMachine(*plan, 1, 1, /*skip_memory_check=*/true),
                 StatusIs(absl::StatusCode::kFailedPrecondition,
                          HasSubstr("plan.device: DEVICE_CUDA needs a binary built with "
                                    "--config=gpu")));
   } else if (devices == 0) {
-    EXPECT_THAT(ValidatePlanForMachine(*plan, 1, 1, /*skip_memory_check=*/true),
+    EXPECT_THAT(ResolveForMachine(*plan, 1, 1, /*skip_memory_check=*/true),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("sees no GPU")));
   }
   // More ranks on this machine than it has GPUs.
-  EXPECT_THAT(ValidatePlanForMachine(*plan, 1, devices + 1, /*skip_memory_check=*/true),
+  EXPECT_THAT(ResolveForMachine(*plan, 1, devices + 1, /*skip_memory_check=*/true),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("plan.device: ")));
   ASSERT_THAT(ApplyOverride("device=DEVICE_CPU", *plan), IsOk());
-  EXPECT_THAT(ValidatePlanForMachine(*plan, 1, 1, /*skip_memory_check=*/true), IsOk());
+  EXPECT_THAT(ResolveForMachine(*plan, 1, 1, /*skip_memory_check=*/true), IsOk());
 }
 
-// Every plan under trainer/testdata/ is invalid; its `# expect: ` lines are substrings of
+// Every plan under plan/testdata/ is invalid; its `# expect: ` lines are substrings of
 // the error it must get (parse error or validation error on 2 ranks).
 TEST(ValidatePlanTest, EveryInvalidTestdataPlanIsRejectedNamingTheField) {
-  const std::string dir = Runfile("trainer/testdata");
+  const std::string dir = Runfile("plan/testdata");
   DIR* listing = opendir(dir.c_str());
   ASSERT_NE(listing, nullptr) << dir;
   int checked = 0;
@@ -174,5 +174,90 @@ TEST(ValidatePlanTest, EveryInvalidTestdataPlanIsRejectedNamingTheField) {
   EXPECT_GE(checked, 10);
 }
 
+// Every quantity a run derives from its plan, derived by Resolve.
+TEST(ResolveTest, FillsInTheDefaultsTheDataParallelWidthAndTheGlobalBatch) {
+  absl::StatusOr<Plan> plan =
+      ParsePlan(R"pb(
+                  model { preset: "tiny" }
+                  mesh {
+                    dims { name: "tp" size: 2 }
+                    dims { name: "dp" size: 2 }
+                  }
+                  prepare { tensor_parallel { mesh_dim: "tp" } }
+                  prepare { ddp { mesh_dim: "dp" } }
+                  optimizer { adamw {} }
+                  schedule {
+                    lr: 1e-3
+                    cosine {}
+                  }
+                  training { steps: 10 micro_batch: 4 seq_len: 16 eval_batches: 3 }
+                )pb",
+                "plan");
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<ResolvedPlan> resolved = Resolve(*plan, 4);
+  ASSERT_THAT(resolved, IsOk());
+  EXPECT_EQ(resolved->model.hidden_size(), 256);
+  EXPECT_EQ(resolved->schedule.total_steps(), 10);
+  EXPECT_EQ(resolved->grad_accumulation, 1);
+  EXPECT_EQ(resolved->log_every, 10);
+  EXPECT_EQ(resolved->max_skipped_steps, 5);
+  EXPECT_EQ(resolved->data_parallel_dims, std::vector<std::string>{"dp"});
+  EXPECT_EQ(resolved->data_parallel_size, 2);
+  EXPECT_EQ(resolved->global_batch, 8);
+  EXPECT_EQ(resolved->eval_micro_batches, 3);
+  EXPECT_TRUE(resolved->data.has_synthetic());
+
+  // Accumulating 2 micro-batches: each evaluation reads 3 global batches, 6 micro-batches a
+  // rank.
+  plan->mutable_training()->set_grad_accumulation(2);
+  resolved = Resolve(*plan, 4);
+  ASSERT_THAT(resolved, IsOk());
+  EXPECT_EQ(resolved->global_batch, 16);
+  EXPECT_EQ(resolved->eval_micro_batches, 6);
+}
+
+// A plan without eval_batches evaluates nothing, and may not ask for periodic evaluations.
+TEST(ResolveTest, NoEvalBatchesIsNoEvaluation) {
+  absl::StatusOr<Plan> plan = ParsePlan(R"pb(
+                                          model { preset: "tiny" }
+                                          optimizer { adamw {} }
+                                          schedule {
+                                            lr: 1e-3
+                                            constant {}
+                                          }
+                                          training { steps: 10 micro_batch: 4 seq_len: 16 }
+                                        )pb",
+                                        "plan");
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<ResolvedPlan> resolved = Resolve(*plan, 1);
+  ASSERT_THAT(resolved, IsOk());
+  EXPECT_EQ(resolved->eval_micro_batches, 0);
+  plan->mutable_training()->set_eval_every(5);
+  EXPECT_THAT(Resolve(*plan, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.training.eval_every: 5 asks for an evaluation every 5 "
+                                 "steps, but plan.training.eval_batches is 0")));
+}
+
+// Text pair files without a tokenizer read the one of the model's Hugging Face folder.
+TEST(ResolveTest, TextPairsReadTheTokenizerBesideTheModelsConfig) {
+  Plan plan = *ParsePlan(
+      "model { hf_config_path: \"models/qwen/config.json\" }\n"
+      "data { sft_files { train_path: \"a.jsonl\" format: PAIR_FORMAT_TEXT } }",
+      "plan.textproto");
+  EXPECT_EQ(ResolveData(plan).sft_files().tokenizer(), "models/qwen");
+  plan.mutable_model()->set_hf_config_path("config.json");
+  EXPECT_EQ(ResolveData(plan).sft_files().tokenizer(), ".");
+  data::PairFiles& files = *plan.mutable_data()->mutable_sft_files();
+  files.set_tokenizer("named");
+  EXPECT_EQ(ResolveData(plan).sft_files().tokenizer(), "named");
+  files.clear_tokenizer();
+  files.set_format(data::PAIR_FORMAT_IDS);
+  EXPECT_EQ(ResolveData(plan).sft_files().tokenizer(), "");
+  files.set_format(data::PAIR_FORMAT_TEXT);
+  plan.mutable_model()->set_preset("tiny");
+  EXPECT_EQ(ResolveData(plan).sft_files().tokenizer(), "");
+}
+
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::plan

@@ -1,11 +1,11 @@
-#include "trainer/compute_dtype.h"
+#include "plan/compute_dtype.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/device.h"
 #include "torch/torch.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 namespace {
 
 using ::testing::HasSubstr;
@@ -56,4 +56,4 @@ TEST(ComputeDtypeTest, TheFirstLineSaysWhatTheModelComputesInAndWhy) {
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::plan

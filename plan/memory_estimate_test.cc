@@ -1,4 +1,4 @@
-#include "trainer/memory_estimate.h"
+#include "plan/memory_estimate.h"
 
 #include <string>
 
@@ -9,14 +9,16 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
-#include "trainer/plan.h"
-#include "trainer/validate.h"
+#include "plan/plan.h"
+#include "plan/testing_resolved.h"
+#include "plan/validate.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::plan::testing::Resolved;
 using ::testing::AllOf;
 using ::testing::DoubleNear;
 using ::testing::HasSubstr;
@@ -61,7 +63,7 @@ double TinyParameters() {
 
 TEST(EstimateMemoryTest, CountsParametersGradientsAndAdamStateOfTheShard) {
   const Plan plan = ParseOrDie(kTinyOnTwoFsdpRanks);
-  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 2);
+  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(plan, 2));
   ASSERT_THAT(estimate, IsOk());
   EXPECT_EQ(estimate->preparation.parameter_fraction, 0.5);
   EXPECT_EQ(estimate->optimizer_slots, 2);
@@ -93,8 +95,7 @@ TEST(EstimateMemoryTest, HybridShardingKeepsTheShardGroupsShare) {
     }
     training { steps: 10 micro_batch: 2 seq_len: 64 eval_batches: 1 }
   )pb");
-  ASSERT_THAT(ValidatePlan(plan, 8), IsOk());
-  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 8);
+  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(plan, 8));
   ASSERT_THAT(estimate, IsOk());
   EXPECT_EQ(estimate->preparation.parameter_fraction, 0.25);
   EXPECT_THAT(
@@ -115,7 +116,7 @@ TEST(EstimateMemoryTest, CountsMastersShardsAndBucketsInTheirDtypes) {
     Plan plan = ParseOrDie(kTinyOnTwoFsdpRanks);
     plan.mutable_model()->set_dtype(base::DTYPE_BFLOAT16);
     *plan.mutable_prepare() = ParseOrDie(step).prepare();
-    absl::StatusOr<MemoryEstimate> result = EstimateMemory(plan, 2);
+    absl::StatusOr<MemoryEstimate> result = EstimateMemory(Resolved(plan, 2));
     EXPECT_THAT(result, IsOk());
     return result.value_or(MemoryEstimate());
   };
@@ -139,7 +140,7 @@ TEST(EstimateMemoryTest, CountsMastersShardsAndBucketsInTheirDtypes) {
 TEST(EstimateMemoryTest, ActivationCheckpointingLowersTheActivations) {
   auto activations = [](const std::string& checkpointing) {
     const Plan plan = ParseOrDie(absl::StrCat(checkpointing, kTinyOnTwoFsdpRanks));
-    absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 2);
+    absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(plan, 2));
     EXPECT_THAT(estimate, IsOk());
     return estimate->activation_bytes;
   };
@@ -193,8 +194,7 @@ TEST(EstimateMemoryTest, TensorParallelRanksKeepTheirShareOfTheActivations) {
       training { steps: 10 micro_batch: 1 seq_len: 8192 eval_batches: 1 }
     )pb");
     plan.mutable_prepare(0)->mutable_tensor_parallel()->set_sequence_parallel(sequence_parallel);
-    ASSERT_THAT(ValidatePlan(plan, 8), IsOk());
-    absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 8);
+    absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(plan, 8));
     ASSERT_THAT(estimate, IsOk());
     const double parameters =
         static_cast<double>(models::NumParameters(*models::PresetConfig("llama3.1-8b")));
@@ -217,7 +217,7 @@ TEST(EstimateMemoryTest, CountsFrozenModels) {
       prepare { fsdp { mesh_dim: "dp" } }
     }
   )pb"));
-  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(plan, 2);
+  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(plan, 2));
   ASSERT_THAT(estimate, IsOk());
   const double frozen_shard = TinyParameters() / 2 * 2;  // bf16
   EXPECT_GT(estimate->frozen_bytes, frozen_shard);
@@ -226,7 +226,7 @@ TEST(EstimateMemoryTest, CountsFrozenModels) {
 }
 
 TEST(CheckMemoryFitsTest, RefusesWhatTheLocalRanksCannotHoldGivingEstimateAndLimit) {
-  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(EightBillionOnOneRank(), 1);
+  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(EightBillionOnOneRank(), 1));
   ASSERT_THAT(estimate, IsOk());
   EXPECT_GT(estimate->total_bytes(), 8e9 * 16);
   EXPECT_THAT(CheckMemoryFits(*estimate, 1, 1024 * kGiB), IsOk());
@@ -242,13 +242,13 @@ TEST(CheckMemoryFitsTest, RefusesWhatTheLocalRanksCannotHoldGivingEstimateAndLim
 // Against this machine: no machine holds 64 ranks of an unsharded 8B model (8 TB); the flag
 // lets it through, and the tiny plan fits anywhere.
 TEST(ValidatePlanForMachineTest, RefusesAPlanLargerThanTheMachineUnlessTold) {
-  EXPECT_THAT(ValidatePlanForMachine(EightBillionOnOneRank(), 1, 64, false),
+  EXPECT_THAT(ResolveForMachine(EightBillionOnOneRank(), 1, 64, false),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("available")));
-  EXPECT_THAT(ValidatePlanForMachine(EightBillionOnOneRank(), 1, 64, true), IsOk());
+  EXPECT_THAT(ResolveForMachine(EightBillionOnOneRank(), 1, 64, true), IsOk());
   Plan tiny = EightBillionOnOneRank();
   tiny.mutable_model()->set_preset("tiny");
-  EXPECT_THAT(ValidatePlanForMachine(tiny, 1, 1, false), IsOk());
+  EXPECT_THAT(ResolveForMachine(tiny, 1, 1, false), IsOk());
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::plan

@@ -9,10 +9,10 @@
 // parallelism, the rank's share of the activations: models::ActivationBytes); and the frozen
 // models' shares. trainer/memory_measured_test.cc checks it against what the trainer's ranks hold:
 //
-//   PLAIT_ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(plan, world_size));
+//   PLAIT_ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(resolved));
 //   PLAIT_RETURN_IF_ERROR(CheckMemoryFits(estimate, local_ranks, available_bytes));
-#ifndef PLAIT_TRAINER_MEMORY_ESTIMATE_H_
-#define PLAIT_TRAINER_MEMORY_ESTIMATE_H_
+#ifndef PLAIT_PLAN_MEMORY_ESTIMATE_H_
+#define PLAIT_PLAN_MEMORY_ESTIMATE_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -21,10 +21,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "trainer/plan.pb.h"
+#include "models/model.pb.h"
+#include "parallel/device.pb.h"
+#include "plan/plan.pb.h"
+#include "plan/resolved_plan.h"
 #include "wrap/strategy.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 
 // What a model's preparation steps leave on each rank: each step's own estimate, the share of
 // the parameters a rank owns after all of them, the most it holds whole at once, and the
@@ -75,9 +78,16 @@ struct MemoryEstimate {
   double total_bytes() const { return between_steps_bytes() + step_bytes(); }
 };
 
-// The estimate for one rank of `plan` on a world of `world_size` ranks; `plan` must pass
-// ValidatePlan for `world_size`.
-absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size);
+// The estimate for one rank of `resolved`.
+absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved);
+
+// The model `config` (whose plan entry is `spec`) as the strategies' checks and estimates see
+// it on `device`: its blocks, what lies outside them (the embeddings, the final norm, an untied
+// output head), every parameter with its tensor-parallel split, its element size, and the
+// activations of one micro-batch of `training` on one rank of `split`.
+wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelSpec& spec,
+                         parallel::Device device, const TrainingConfig& training,
+                         const wrap::ActivationSplit& split);
 
 // OK when `local_ranks` ranks, each needing `estimate`, fit in `available_bytes`; else
 // ResourceExhausted giving the estimate, its parts and the limit, and what to change.
@@ -87,6 +97,6 @@ absl::Status CheckMemoryFits(const MemoryEstimate& estimate, int local_ranks,
 // One line on the estimate: "… parameters, … optimizer state (2 slots), … gradients, …".
 std::string DescribeMemory(const MemoryEstimate& estimate);
 
-}  // namespace plait::trainer
+}  // namespace plait::plan
 
-#endif  // PLAIT_TRAINER_MEMORY_ESTIMATE_H_
+#endif  // PLAIT_PLAN_MEMORY_ESTIMATE_H_

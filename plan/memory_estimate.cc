@@ -1,4 +1,4 @@
-#include "trainer/memory_estimate.h"
+#include "plan/memory_estimate.h"
 
 #include <algorithm>
 #include <memory>
@@ -15,9 +15,10 @@
 #include "models/parameter_shapes.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
+#include "plan/plan.pb.h"
 #include "wrap/strategies.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 namespace {
 
 constexpr double kBytesPerFloat = 4.0;  // optimizer state, and fp32 parameters
@@ -26,62 +27,23 @@ torch::ScalarType DtypeOf(const models::ModelSpec& spec) {
   return base::ToScalarType(spec.dtype(), torch::kFloat32);
 }
 
-// How `steps`' tensor_parallel step, if there is one, splits the model's activations over
-// its dimension of `mesh`.
-models::TensorParallelism TensorParallelismOf(
-    const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
-    const parallel::MeshConfig& mesh) {
-  models::TensorParallelism tp;
-  for (const wrap::PrepareStep& step : steps) {
-    if (!step.has_tensor_parallel()) continue;
-    tp.size = parallel::SubmeshRanks(mesh, {step.tensor_parallel().mesh_dim()});
-    tp.sequence_parallel = step.tensor_parallel().sequence_parallel();
-  }
-  return tp;
+// Where the activations are computed, whose kernels decide what they keep.
+torch::DeviceType DeviceTypeOf(parallel::Device device) {
+  return device == parallel::DEVICE_CUDA ? torch::kCUDA : torch::kCPU;
 }
 
-// The model as the strategies' estimates see it: its blocks, what lies outside them (the
-// embeddings, the final norm, an untied output head), its element size, and the activations
-// of one micro-batch computed in `dtype` on `device_type`, on one rank of `tp`.
-wrap::ModelShape ShapeOf(const models::ModelConfig& config, torch::ScalarType dtype,
-                         torch::DeviceType device_type, const TrainingConfig& training,
-                         const models::TensorParallelism& tp) {
-  const double element_bytes = static_cast<double>(c10::elementSize(dtype));
-  wrap::ModelShape shape;
-  shape.hidden_size = static_cast<double>(config.hidden_size());
-  shape.micro_batch_tokens = static_cast<double>(training.micro_batch()) * training.seq_len();
-  shape.parameters = static_cast<double>(models::NumParameters(config));
-  shape.num_blocks = config.num_hidden_layers();
-  const double embeddings = static_cast<double>(config.vocab_size()) * config.hidden_size() *
-                            (config.tie_word_embeddings() ? 1 : 2);
-  shape.block_parameters = (shape.parameters - embeddings) / config.num_hidden_layers();
-  shape.root_parameters = shape.parameters - shape.block_parameters * shape.num_blocks;
-  shape.parameter_bytes = element_bytes;
-  shape.block_activation_bytes = models::BlockActivationBytes(
-      config, training.micro_batch(), training.seq_len(), dtype, device_type, tp);
-  // A block's input is [tokens, hidden], this rank's slice of the sequence under sequence
-  // parallelism.
-  shape.block_input_bytes = shape.micro_batch_tokens / (tp.sequence_parallel ? tp.size : 1) *
-                            shape.hidden_size * element_bytes;
-  shape.block_projection_output_bytes = models::BlockProjectionOutputBytes(
-      config, training.micro_batch(), training.seq_len(), element_bytes, tp);
-  shape.num_key_value_heads = config.num_key_value_heads();
-  for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
-    const bool in_blocks = absl::StartsWith(parameter.name, "model.layers.");
-    if (in_blocks && !absl::StartsWith(parameter.name, "model.layers.0.")) continue;
-    const double count = static_cast<double>(parameter.numel());
-    switch (models::TensorParallelSplitOf(parameter.name)) {
-      case wrap::Wrappable::Split::kKeyValueColumn:
-        shape.block_key_value_parameters += count;
-        break;
-      case wrap::Wrappable::Split::kReplicated:
-        (in_blocks ? shape.block_replicated_parameters : shape.root_replicated_parameters) += count;
-        break;
-      default:
-        break;
-    }
+// How `steps` split a micro-batch's activations over `mesh`, as the strategies say
+// (tensor parallelism's, when there is one).
+absl::StatusOr<wrap::ActivationSplit> ActivationSplitOf(
+    const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
+    const parallel::MeshConfig& mesh) {
+  wrap::ActivationSplit split;
+  for (const wrap::PrepareStep& step : steps) {
+    PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
+    const wrap::ActivationSplit own = strategy->SplitsActivations(mesh);
+    if (own.ranks > 1) split = own;
   }
-  return shape;
+  return split;
 }
 
 absl::StatusOr<PreparationEstimate> EstimatePreparation(
@@ -107,15 +69,62 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
 
 }  // namespace
 
-absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) {
-  PLAIT_RETURN_IF_ERROR(parallel::MeshLayout::Create(plan.mesh(), world_size).status());
-  PLAIT_ASSIGN_OR_RETURN(const models::ModelConfig config,
-                         models::ResolveModelSpec(plan.model(), "plan.model"));
-  const torch::DeviceType device_type =
-      plan.device() == parallel::DEVICE_CUDA ? torch::kCUDA : torch::kCPU;
-  const torch::ScalarType dtype = DtypeOf(plan.model());
-  const models::TensorParallelism tp = TensorParallelismOf(plan.prepare(), plan.mesh());
-  const wrap::ModelShape shape = ShapeOf(config, dtype, device_type, plan.training(), tp);
+wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelSpec& spec,
+                         parallel::Device device, const TrainingConfig& training,
+                         const wrap::ActivationSplit& split) {
+  const torch::ScalarType dtype = DtypeOf(spec);
+  const torch::DeviceType device_type = DeviceTypeOf(device);
+  const models::TensorParallelism tp{split.ranks, split.sequence};
+  const double element_bytes = static_cast<double>(c10::elementSize(dtype));
+  wrap::ModelShape shape;
+  shape.hidden_size = static_cast<double>(config.hidden_size());
+  shape.micro_batch_tokens = static_cast<double>(training.micro_batch()) * training.seq_len();
+  shape.parameters = static_cast<double>(models::NumParameters(config));
+  shape.num_blocks = config.num_hidden_layers();
+  const double embeddings = static_cast<double>(config.vocab_size()) * config.hidden_size() *
+                            (config.tie_word_embeddings() ? 1 : 2);
+  shape.block_parameters = (shape.parameters - embeddings) / config.num_hidden_layers();
+  shape.root_parameters = shape.parameters - shape.block_parameters * shape.num_blocks;
+  shape.parameter_bytes = element_bytes;
+  shape.block_activation_bytes = models::BlockActivationBytes(
+      config, training.micro_batch(), training.seq_len(), dtype, device_type, tp);
+  // A block's input is [tokens, hidden], this rank's slice of the sequence under sequence
+  // parallelism.
+  shape.block_input_bytes = shape.micro_batch_tokens / (tp.sequence_parallel ? tp.size : 1) *
+                            shape.hidden_size * element_bytes;
+  shape.block_projection_output_bytes = models::BlockProjectionOutputBytes(
+      config, training.micro_batch(), training.seq_len(), element_bytes, tp);
+  shape.num_key_value_heads = config.num_key_value_heads();
+  shape.num_attention_heads = config.num_attention_heads();
+  shape.intermediate_size = config.intermediate_size();
+  shape.vocab_size = config.vocab_size();
+  shape.seq_len = training.seq_len();
+  for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
+    const wrap::Wrappable::Split split_of = models::TensorParallelSplitOf(parameter.name);
+    shape.parameter_list.push_back({parameter.name, parameter.shape, split_of});
+    const bool in_blocks = absl::StartsWith(parameter.name, "model.layers.");
+    if (in_blocks && !absl::StartsWith(parameter.name, "model.layers.0.")) continue;
+    const double count = static_cast<double>(parameter.numel());
+    switch (split_of) {
+      case wrap::Wrappable::Split::kKeyValueColumn:
+        shape.block_key_value_parameters += count;
+        break;
+      case wrap::Wrappable::Split::kReplicated:
+        (in_blocks ? shape.block_replicated_parameters : shape.root_replicated_parameters) += count;
+        break;
+      default:
+        break;
+    }
+  }
+  return shape;
+}
+
+absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved) {
+  const Plan& plan = resolved.plan;
+  PLAIT_ASSIGN_OR_RETURN(const wrap::ActivationSplit split,
+                         ActivationSplitOf(plan.prepare(), plan.mesh()));
+  const wrap::ModelShape shape =
+      ShapeOf(resolved.model, plan.model(), plan.device(), plan.training(), split);
   MemoryEstimate estimate;
   PLAIT_ASSIGN_OR_RETURN(estimate.preparation,
                          EstimatePreparation(plan.prepare(), shape, plan.mesh()));
@@ -138,18 +147,17 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const Plan& plan, int world_size) 
   estimate.gradient_bytes = kept * gradient_element;
   estimate.gradient_buffer_bytes = estimate.gradient_bytes * gradient_copies;
   estimate.activation_bytes =
-      models::ActivationBytes(config, plan.training().micro_batch(), plan.training().seq_len(),
-                              dtype, device_type, tp) -
+      models::ActivationBytes(resolved.model, plan.training().micro_batch(),
+                              plan.training().seq_len(), DtypeOf(plan.model()),
+                              DeviceTypeOf(plan.device()), {split.ranks, split.sequence}) -
       estimate.preparation.activation_bytes_saved;
   estimate.block_activation_bytes = shape.block_activation_bytes;
   for (int i = 0; i < plan.frozen_size(); ++i) {
     const FrozenModel& frozen = plan.frozen(i);
-    PLAIT_ASSIGN_OR_RETURN(
-        const models::ModelConfig frozen_config,
-        models::ResolveModelSpec(frozen.model(), absl::StrCat("plan.frozen[", i, "].model")));
+    PLAIT_ASSIGN_OR_RETURN(const wrap::ActivationSplit frozen_split,
+                           ActivationSplitOf(frozen.prepare(), plan.mesh()));
     const wrap::ModelShape frozen_shape =
-        ShapeOf(frozen_config, DtypeOf(frozen.model()), device_type, plan.training(),
-                TensorParallelismOf(frozen.prepare(), plan.mesh()));
+        ShapeOf(resolved.frozen[i], frozen.model(), plan.device(), plan.training(), frozen_split);
     FrozenEstimate& frozen_estimate = estimate.frozen.emplace_back();
     PLAIT_ASSIGN_OR_RETURN(frozen_estimate.preparation,
                            EstimatePreparation(frozen.prepare(), frozen_shape, plan.mesh()));
@@ -193,4 +201,4 @@ absl::Status CheckMemoryFits(const MemoryEstimate& estimate, int local_ranks,
       "give --skip_memory_check to run anyway (the estimate may be high for your machine)"));
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::plan

@@ -1,7 +1,7 @@
-// Thousands of seeded mutations of valid plans (trainer/plans/*.textproto and a plan that
+// Thousands of seeded mutations of valid plans (plan/examples/*.textproto and a plan that
 // sets nearly every field), each checked the way //tools:plan_check checks a plan, in
 // memory and without training: the command line (ParsePlanArguments, with --set overrides
-// and --world_size), the plan's text (LoadPlanFromArguments), ValidatePlan, and ExplainPlan
+// and --world_size), the plan's text (LoadPlanFromArguments), Resolve, and ExplainPlan
 // for a valid plan. Mutations: the text's bytes, numbers and lines, and fields through
 // reflection (a number set to an extreme, a field cleared, a repeated element deleted or
 // duplicated, an enum value swapped, a oneof member switched, a string replaced by a mesh
@@ -35,11 +35,11 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "parallel/device_mesh.h"
-#include "trainer/explain.h"
-#include "trainer/plan.h"
-#include "trainer/validate.h"
+#include "plan/explain.h"
+#include "plan/plan.h"
+#include "plan/validate.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 namespace {
 
 using ::google::protobuf::FieldDescriptor;
@@ -169,8 +169,8 @@ absl::Status CheckPlan(const std::vector<std::string>& args, const Seed& plan,
                          LoadPlanFromArguments(arguments, plan.text, plan.source));
   const int ranks =
       arguments.world_size.value_or(static_cast<int>(parallel::MeshRanks(parsed.mesh())));
-  PLAIT_RETURN_IF_ERROR(ValidatePlan(parsed, ranks));
-  const absl::StatusOr<std::string> explained = ExplainPlan(parsed, ranks);
+  PLAIT_ASSIGN_OR_RETURN(const ResolvedPlan resolved, Resolve(parsed, ranks));
+  const absl::StatusOr<std::string> explained = ExplainPlan(resolved);
   EXPECT_TRUE(explained.ok()) << what << "\n  validated, but: " << explained.status();
   return explained.status();
 }
@@ -352,7 +352,7 @@ TEST(PlanMutationTest, EveryMutationIsValidOrAnErrorSayingWhere) {
 
   std::vector<Seed> seeds;
   for (const char* name : {"llama_single", "llama_ddp", "llama_fsdp"}) {
-    const std::string path = absl::StrCat("trainer/plans/", name, ".textproto");
+    const std::string path = absl::StrCat("plan/examples/", name, ".textproto");
     seeds.push_back({path, ReadText(absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/", path))});
     ASSERT_FALSE(seeds.back().text.empty()) << path;
   }
@@ -449,4 +449,4 @@ TEST(PlanMutationTest, EveryMutationIsValidOrAnErrorSayingWhere) {
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::plan

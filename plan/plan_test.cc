@@ -1,4 +1,4 @@
-#include "trainer/plan.h"
+#include "plan/plan.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 namespace {
 
 using ::plait::base::testing::IsOk;
@@ -33,7 +33,7 @@ TEST(ParsePlanTest, ReadsTheComposedMessages) {
 TEST(ParsePlanTest, UnknownFieldGivesFileLineAndColumn) {
   EXPECT_THAT(ParsePlan("model { preset: \"tiny\" }\ntraining {\n  stepz: 3\n}\n", "p.textproto"),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("p.textproto:3:8: Message type \"plait.trainer.TrainingConfig\" "
+                       HasSubstr("p.textproto:3:8: Message type \"plait.plan.TrainingConfig\" "
                                  "has no field named \"stepz\"")));
 }
 
@@ -90,32 +90,6 @@ TEST(ApplyOverrideTest, ErrorsNameTheOverrideAndTheField) {
                                                           HasSubstr("plan.training is a message")));
   EXPECT_THAT(ApplyOverride("steps", plan),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected path=value")));
-}
-
-TEST(ResolvedTest, ScheduleTakesTheSteps) {
-  Plan plan = *ParsePlan(kPlan, "plan.textproto");
-  EXPECT_EQ(ResolvedSchedule(plan).total_steps(), 10);
-  EXPECT_EQ(GradAccumulation(plan.training()), 1);
-}
-
-// Text pair files without a tokenizer read the one of the model's Hugging Face folder.
-TEST(ResolvedTest, TextPairsReadTheTokenizerBesideTheModelsConfig) {
-  Plan plan = *ParsePlan(
-      "model { hf_config_path: \"models/qwen/config.json\" }\n"
-      "data { sft_files { train_path: \"a.jsonl\" format: PAIR_FORMAT_TEXT } }",
-      "plan.textproto");
-  EXPECT_EQ(ResolvedData(plan).sft_files().tokenizer(), "models/qwen");
-  plan.mutable_model()->set_hf_config_path("config.json");
-  EXPECT_EQ(ResolvedData(plan).sft_files().tokenizer(), ".");
-  data::PairFiles& files = *plan.mutable_data()->mutable_sft_files();
-  files.set_tokenizer("named");
-  EXPECT_EQ(ResolvedData(plan).sft_files().tokenizer(), "named");
-  files.clear_tokenizer();
-  files.set_format(data::PAIR_FORMAT_IDS);
-  EXPECT_EQ(ResolvedData(plan).sft_files().tokenizer(), "");
-  files.set_format(data::PAIR_FORMAT_TEXT);
-  plan.mutable_model()->set_preset("tiny");
-  EXPECT_EQ(ResolvedData(plan).sft_files().tokenizer(), "");
 }
 
 TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
@@ -180,4 +154,4 @@ TEST(PlanArgumentsTest, TakesTheMemoryCheckOverrideForBothCommands) {
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::plan

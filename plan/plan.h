@@ -2,15 +2,14 @@
 // enum values and malformed text are InvalidArgument errors that give `file:line:col`.
 // Command-line overrides (`--set=training.steps=50`) are merged into a parsed plan through
 // the same parser, so they are checked the same way, and the result still goes through
-// ValidatePlan (validate.h):
+// Resolve (validate.h):
 //
-//   PLAIT_ASSIGN_OR_RETURN(Plan plan, LoadPlan("trainer/plans/llama_fsdp.textproto"));
+//   PLAIT_ASSIGN_OR_RETURN(Plan plan, LoadPlan("plan/examples/llama_fsdp.textproto"));
 //   PLAIT_RETURN_IF_ERROR(ApplyOverride("training.steps=50", plan));
 //   // error: "--set=training.stepz=50: plan.training has no field \"stepz\""
-#ifndef PLAIT_TRAINER_PLAN_H_
-#define PLAIT_TRAINER_PLAN_H_
+#ifndef PLAIT_PLAN_PLAN_H_
+#define PLAIT_PLAN_PLAN_H_
 
-#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,10 +17,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "data/data.pb.h"
-#include "trainer/plan.pb.h"
+#include "plan/plan.pb.h"
 
-namespace plait::trainer {
+namespace plait::plan {
 
 // Parses the text of a plan; `source` names it in errors ("plan.textproto:3:5: ...").
 absl::StatusOr<Plan> ParsePlan(absl::string_view text, absl::string_view source);
@@ -64,23 +62,6 @@ absl::StatusOr<Plan> LoadPlanFromArguments(const PlanArguments& arguments,
                                            absl::string_view embedded_text,
                                            absl::string_view embedded_name);
 
-// training.grad_accumulation, with 0 read as 1.
-int64_t GradAccumulation(const TrainingConfig& training);
+}  // namespace plait::plan
 
-// training.log_every, with 0 read as 10.
-int64_t LogEvery(const TrainingConfig& training);
-
-// training.max_skipped_steps, with 0 read as 5.
-int64_t MaxSkippedSteps(const TrainingConfig& training);
-
-// The schedule with total_steps = training.steps.
-sched::ScheduleConfig ResolvedSchedule(const Plan& plan);
-
-// plan.data as the run reads it: data::ResolvedDataConfig's defaults, and text pair files that
-// name no tokenizer read the model's own, beside plan.model.hf_config_path (the Hugging Face
-// folder the model is read from), when there is one.
-data::DataConfig ResolvedData(const Plan& plan);
-
-}  // namespace plait::trainer
-
-#endif  // PLAIT_TRAINER_PLAN_H_
+#endif  // PLAIT_PLAN_PLAN_H_
