@@ -29,7 +29,7 @@
 #include "benchmarks/bench_setup.h"
 #include "models/causal_lm.h"
 #include "parallel/device_mesh.h"
-#include "parallel/gloo_communicator.h"
+#include "parallel/ring_communicator.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
 #include "wrap/preparation.h"
@@ -56,7 +56,7 @@ class Trainer {
   explicit Trainer(ActivationCheckpointingConfig::Policy policy)
       : mesh_(parallel::DeviceMesh::Create(
                   parallel::MeshLayout::Create(parallel::MeshConfig(), 1).value(), 0,
-                  parallel::GlooCommunicatorFactory(*store_, parallel::GlooCommunicator::kLoopback))
+                  parallel::RingCommunicatorFactory(*store_, parallel::RingCommunicator::kLoopback))
                   .value()) {
     models::InitConfig init;
     init.set_seed(1);

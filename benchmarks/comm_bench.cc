@@ -1,5 +1,5 @@
 // Collectives between 2 ranks over loopback (two threads of this process, each with its own
-// GlooCommunicator and TCP connections; LibTorch on one thread, as each rank of a multi-rank
+// RingCommunicator and TCP connections; LibTorch on one thread, as each rank of a multi-rank
 // run has), 1 KiB to 64 MiB of fp32:
 //   bytes_per_second: algorithm bandwidth, buffer bytes / time;
 //   bus_bw: algorithm bandwidth x 2(N-1)/N for all_reduce, x (N-1)/N for all_gather and
@@ -16,7 +16,7 @@
 #include "benchmark/benchmark.h"
 #include "benchmarks/bench_setup.h"
 #include "parallel/communicator.h"
-#include "parallel/gloo_communicator.h"
+#include "parallel/ring_communicator.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
 
@@ -26,15 +26,15 @@ namespace {
 constexpr int kRanks = 2;
 
 // The two ranks' communicators, connected once for the whole run.
-std::array<std::unique_ptr<GlooCommunicator>, kRanks>& Communicators() {
+std::array<std::unique_ptr<RingCommunicator>, kRanks>& Communicators() {
   static auto* communicators = [] {
-    auto* result = new std::array<std::unique_ptr<GlooCommunicator>, kRanks>();
+    auto* result = new std::array<std::unique_ptr<RingCommunicator>, kRanks>();
     auto store = c10::make_intrusive<c10d::HashStore>();
     std::array<std::thread, kRanks> threads;
     for (int rank = 0; rank < kRanks; ++rank) {
       threads[rank] = std::thread([&, rank] {
         (*result)[rank] =
-            GlooCommunicator::Create(*store, "bench", rank, kRanks, GlooCommunicator::kLoopback)
+            RingCommunicator::Create(*store, "bench", rank, kRanks, RingCommunicator::kLoopback)
                 .value();
       });
     }

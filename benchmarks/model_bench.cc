@@ -6,7 +6,7 @@
 //   bazel run --config=opt //benchmarks:model_bench
 //
 // The ceiling is measured right after every timed step, and a step's MFU is
-// TrainingFlopsPerToken (causal_lm.h) * tokens / step time / that ceiling; the reported MFU
+// TrainingFlopsPerToken (models/estimates.h) * tokens / step time / that ceiling; the reported MFU
 // is the median over the steps. Both are timed in the thread's CPU time (bench_setup.h), which
 // on a quiet machine equals wall time: on a shared 2-core machine wall time counts the
 // other processes' turns too. Both rates still drift by 5-10% within a minute there (caches
@@ -37,10 +37,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "benchmark/benchmark.h"
 #include "base/threads.h"
+#include "benchmark/benchmark.h"
 #include "benchmarks/bench_setup.h"
 #include "models/causal_lm.h"
+#include "models/estimates.h"
 #include "models/model_config.h"
 #include "parallel/device.h"
 #include "torch/torch.h"

@@ -1,5 +1,5 @@
 // DDP and FSDP training steps of the medium model (bench_setup.h) on 2 ranks x 1 thread (two
-// threads of this process, Gloo over loopback) against the single-process step on the same
+// threads of this process, TCP rings over loopback) against the single-process step on the same
 // per-rank batch, AdamW. The argument is the per-rank batch in sequences of 256 tokens: 8,
 // the medium shape's batch (the headline), and 2, where communication weighs 4x more:
 //   scaling_efficiency: the 2-rank job's tokens/s / (2 x the single process's);
@@ -53,7 +53,7 @@
 #include "models/causal_lm.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
-#include "parallel/gloo_communicator.h"
+#include "parallel/ring_communicator.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
 #include "wrap/preparation.h"
@@ -256,7 +256,7 @@ Measurement Run(Mode mode, int64_t batch) {
       parallel::DeviceMesh mesh =
           parallel::DeviceMesh::Create(
               layout, rank,
-              parallel::GlooCommunicatorFactory(*store, parallel::GlooCommunicator::kLoopback))
+              parallel::RingCommunicatorFactory(*store, parallel::RingCommunicator::kLoopback))
               .value();
       results[rank] = RunRank(mode, batch, rank, &mesh);
     });

@@ -109,7 +109,7 @@ std::string WithDeepMember(const Json& json, const std::string& deep, bool array
 
 TEST(CheckpointerMutationTest, EveryManifestMutationResumesOrIsANamedError) {
   const std::string dir = FreshTestDir("checkpoints");
-  parallel::testing::RunOnGlooMesh(OneRank(), [&](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(OneRank(), [&](int, parallel::DeviceMesh& mesh) {
     {
       absl::StatusOr<Checkpointer> checkpointer =
           Checkpointer::Open(Config(dir, /*resume=*/false), dir, TestRun(kPositionPerStep), mesh);

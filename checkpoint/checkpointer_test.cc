@@ -1,4 +1,4 @@
-// The checkpoint layout and protocol on ranks as threads over Gloo, with plain tensors: a
+// The checkpoint layout and protocol on ranks as threads over TCP, with plain tensors: a
 // round trip on 2 ranks, resuming on 1 and 3 ranks (padding and an empty slice), the files'
 // exact contents, when a step is due, keep_last and interrupted saves, and every way a
 // checkpoint can fail to fit the run, each built here by damaging a real checkpoint.
@@ -102,7 +102,7 @@ void SaveOnRanks(const std::string& dir, int ranks, int64_t step,
                  const CheckpointConfig& config = {}) {
   CheckpointConfig with_dir = config;
   with_dir.set_dir(dir);
-  parallel::testing::RunOnGlooMesh(Layout(ranks), [&](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout(ranks), [&](int rank, parallel::DeviceMesh& mesh) {
     absl::StatusOr<Checkpointer> checkpointer = Checkpointer::Open(with_dir, dir, TestRun(), mesh);
     ASSERT_THAT(checkpointer, IsOk());
     ASSERT_THAT(checkpointer->Save(step, /*position=*/2 * step, State(rank, ranks)), IsOk());
@@ -114,7 +114,7 @@ void SaveOnRanks(const std::string& dir, int ranks, int64_t step,
 std::vector<absl::Status> ResumeStatuses(const std::string& dir, int ranks,
                                          RunInfo run = TestRun()) {
   std::vector<absl::Status> statuses(ranks);
-  parallel::testing::RunOnGlooMesh(Layout(ranks), [&](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout(ranks), [&](int rank, parallel::DeviceMesh& mesh) {
     absl::StatusOr<Checkpointer> checkpointer =
         Checkpointer::Open(Config(dir, /*resume=*/true), dir, run, mesh);
     if (!checkpointer.ok()) {
@@ -138,7 +138,7 @@ TEST(CheckpointerTest, EveryRankOfAnyWorldSizeGetsBackItsPartsMetadataAndThePosi
                           "rank-00001-of-00002.safetensors"));
   for (int ranks : {2, 1, 3}) {
     SCOPED_TRACE(absl::StrCat(ranks, " ranks"));
-    parallel::testing::RunOnGlooMesh(Layout(ranks), [&](int rank, parallel::DeviceMesh& mesh) {
+    parallel::testing::RunOnRingMesh(Layout(ranks), [&](int rank, parallel::DeviceMesh& mesh) {
       absl::StatusOr<Checkpointer> checkpointer =
           Checkpointer::Open(Config(dir, /*resume=*/true), dir, TestRun(), mesh);
       ASSERT_THAT(checkpointer, IsOk());
@@ -238,7 +238,7 @@ constexpr char kExpectedSlicesOfRank1[] =
 // saves its rows only: the moment is rank 0's, and padding is never saved.
 TEST(CheckpointerTest, TheFilesHoldTheManifestMetadataAndChecksumsOfTheFormat) {
   const std::string dir = FreshTestDir("format");
-  parallel::testing::RunOnGlooMesh(Layout(2), [&](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout(2), [&](int rank, parallel::DeviceMesh& mesh) {
     RunInfo run = TestRun();
     run.fingerprint = {{"run.model", "tiny"}};
     run.layout = "fsdp over dp";
@@ -264,7 +264,7 @@ TEST(CheckpointerTest, TheFilesHoldTheManifestMetadataAndChecksumsOfTheFormat) {
 // A slice that its local tensor cannot hold is refused before anything is written.
 TEST(CheckpointerTest, ASliceThatDoesNotFitItsTensorIsRefused) {
   const std::string dir = FreshTestDir("misfit_slice");
-  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
     absl::StatusOr<Checkpointer> checkpointer =
         Checkpointer::Open(Config(dir), dir, TestRun(), mesh);
     ASSERT_THAT(checkpointer, IsOk());
@@ -280,7 +280,7 @@ TEST(CheckpointerTest, ASliceThatDoesNotFitItsTensorIsRefused) {
 }
 
 TEST(CheckpointerTest, EveryMultipleOfEveryAndTheLastStepAreDue) {
-  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
     const std::string dir = FreshTestDir("due");
     {
       Checkpointer every_three = Checkpointer::Open(Config(dir), dir, TestRun(8), mesh).value();
@@ -306,7 +306,7 @@ TEST(CheckpointerTest, EveryMultipleOfEveryAndTheLastStepAreDue) {
 // folder is free again once that run ends.
 TEST(CheckpointerTest, AFolderInUseByAnotherRunIsRefused) {
   const std::string dir = FreshTestDir("in_use");
-  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
     std::optional<Checkpointer> first =
         Checkpointer::Open(Config(dir), dir, TestRun(), mesh).value();
     EXPECT_THAT(Checkpointer::Open(Config(dir), dir, TestRun(), mesh),
@@ -337,7 +337,7 @@ TEST(CheckpointerTest, KeepsTheNewestAndRemovesAnInterruptedSave) {
 
 TEST(CheckpointerTest, ResumingWithoutACheckpointStartsFresh) {
   const std::string dir = FreshTestDir("nothing_yet");
-  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
     absl::StatusOr<Checkpointer> checkpointer =
         Checkpointer::Open(Config(dir, /*resume=*/true), dir, TestRun(), mesh);
     ASSERT_THAT(checkpointer, IsOk());
@@ -357,7 +357,7 @@ TEST(CheckpointerTest, ResumingWithoutACheckpointStartsFresh) {
 TEST(CheckpointerTest, AFreshRunNeverOverwritesCheckpoints) {
   const std::string dir = FreshTestDir("fresh");
   fs::create_directories(dir + "/step-00000003");
-  parallel::testing::RunOnGlooMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout(1), [&](int, parallel::DeviceMesh& mesh) {
     EXPECT_THAT(
         Checkpointer::Open(Config(dir), dir, TestRun(), mesh),
         StatusIs(absl::StatusCode::kFailedPrecondition,
@@ -600,7 +600,7 @@ TEST(CheckpointErrorsTest, ALoadErrorNamesTheCheckpointAndFailsEveryRank) {
   const std::string dir = FreshTestDir("load_error");
   SaveOnRanks(dir, 2, 1);
   std::vector<absl::Status> statuses(2);
-  parallel::testing::RunOnGlooMesh(Layout(2), [&](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout(2), [&](int rank, parallel::DeviceMesh& mesh) {
     absl::StatusOr<Checkpointer> checkpointer =
         Checkpointer::Open(Config(dir, /*resume=*/true), dir, TestRun(), mesh);
     ASSERT_THAT(checkpointer, IsOk());

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "metrics/crc32c.h"
+#include "base/crc32c.h"
 
 namespace plait::metrics {
 namespace {
@@ -26,9 +26,9 @@ std::string FrameRecord(absl::string_view data) {
   std::string record;
   record.reserve(kLengthBytes + 2 * kCrcBytes + data.size());
   AppendLittleEndian(data.size(), kLengthBytes, record);
-  AppendLittleEndian(MaskedCrc32c(record), kCrcBytes, record);
+  AppendLittleEndian(base::MaskedCrc32c(record), kCrcBytes, record);
   record.append(data.data(), data.size());
-  AppendLittleEndian(MaskedCrc32c(data), kCrcBytes, record);
+  AppendLittleEndian(base::MaskedCrc32c(data), kCrcBytes, record);
   return record;
 }
 
@@ -44,7 +44,7 @@ absl::StatusOr<Records> ParseRecords(absl::string_view bytes, absl::string_view 
     };
     if (rest.size() < kLengthBytes + kCrcBytes) break;
     const absl::string_view length_bytes = rest.substr(0, kLengthBytes);
-    if (LittleEndian(rest.substr(kLengthBytes, kCrcBytes)) != MaskedCrc32c(length_bytes)) {
+    if (LittleEndian(rest.substr(kLengthBytes, kCrcBytes)) != base::MaskedCrc32c(length_bytes)) {
       return corrupt("length");
     }
     const uint64_t length = LittleEndian(length_bytes);
@@ -54,7 +54,7 @@ absl::StatusOr<Records> ParseRecords(absl::string_view bytes, absl::string_view 
     }
     const absl::string_view data = rest.substr(kLengthBytes + kCrcBytes, length);
     if (LittleEndian(rest.substr(kLengthBytes + kCrcBytes + length, kCrcBytes)) !=
-        MaskedCrc32c(data)) {
+        base::MaskedCrc32c(data)) {
       return corrupt("data");
     }
     records.records.emplace_back(data);

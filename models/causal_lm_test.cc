@@ -10,6 +10,7 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/estimates.h"
 #include "models/model_config.h"
 #include "models/testing_activations.h"
 #include "models/testing_gradients.h"

@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
+#include "models/estimates.h"
 #include "models/model_config.h"
 
 namespace plait::models {

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "models/causal_lm.h"
+#include "models/estimates.h"
 
 namespace plait::models::testing {
 

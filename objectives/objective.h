@@ -99,7 +99,7 @@ class Objective {
 // The objective `config` chooses (causal_lm when none). `frozen` holds the plan's frozen
 // models by name; DPO keeps the one it names as its reference (it must outlive the
 // objective). An unknown reference is an InvalidArgument error naming
-// `field_path`.dpo.reference (ValidatePlan reports it first).
+// `field_path`.dpo.reference (plan::Resolve reports it first).
 absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(
     const ObjectiveConfig& config, const std::map<std::string, models::CausalLM*>& frozen,
     absl::string_view field_path);

@@ -35,7 +35,7 @@ parallel::MeshLayout DpTp() {
 int DpRank(int rank) { return rank / 2; }
 
 TEST(StepItemsTest, CountsOverTheDataParallelRanksAndScalesEachMeanByItsShare) {
-  parallel::testing::RunOnGlooMesh(DpTp(), [](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(DpTp(), [](int rank, parallel::DeviceMesh& mesh) {
     // dp rank 0 scores 3 then 0 items, dp rank 1 scores 5 then 12: the step scores 20.
     const std::vector<int64_t> items =
         DpRank(rank) == 0 ? std::vector<int64_t>{3, 0} : std::vector<int64_t>{5, 12};
@@ -57,7 +57,7 @@ TEST(StepItemsTest, CountsOverTheDataParallelRanksAndScalesEachMeanByItsShare) {
 }
 
 TEST(StepItemsTest, EqualSharesScaleAsTheDivisionByTheAccumulation) {
-  parallel::testing::RunOnGlooMesh(DpTp(), [](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(DpTp(), [](int, parallel::DeviceMesh& mesh) {
     absl::StatusOr<StepItems> step = StepItems::Count({7, 7, 7}, mesh, {"dp"});
     ASSERT_THAT(step, IsOk());
     const torch::Tensor mean = torch::tensor(2.3456789f, torch::requires_grad());
@@ -72,7 +72,7 @@ TEST(StepItemsTest, EqualSharesScaleAsTheDivisionByTheAccumulation) {
 }
 
 TEST(StepItemsTest, AStepThatScoresNothingIsAnErrorOnEveryRank) {
-  parallel::testing::RunOnGlooMesh(DpTp(), [](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(DpTp(), [](int, parallel::DeviceMesh& mesh) {
     EXPECT_THAT(StepItems::Count({0, 0}, mesh, {"dp"}),
                 StatusIs(absl::StatusCode::kFailedPrecondition,
                          HasSubstr("none of the step's 2 micro-batches on 2 data-parallel")));
@@ -80,7 +80,7 @@ TEST(StepItemsTest, AStepThatScoresNothingIsAnErrorOnEveryRank) {
 }
 
 TEST(MetricMeansTest, WeighsEachMicroBatchByItsItems) {
-  parallel::testing::RunOnGlooMesh(DpTp(), [](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(DpTp(), [](int rank, parallel::DeviceMesh& mesh) {
     MetricMeans means;
     // dp rank 0: a mean of 1 over 3 items and an empty batch; dp rank 1: 2 over 1 item.
     if (DpRank(rank) == 0) {
@@ -99,7 +99,7 @@ TEST(MetricMeansTest, WeighsEachMicroBatchByItsItems) {
 }
 
 TEST(MetricMeansTest, NoItemAnywhereIsAnError) {
-  parallel::testing::RunOnGlooMesh(DpTp(), [](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(DpTp(), [](int, parallel::DeviceMesh& mesh) {
     MetricMeans means;
     means.Add({torch::tensor(0.0f), {}}, 0);
     EXPECT_THAT(means.Mean(mesh), StatusIs(absl::StatusCode::kFailedPrecondition,

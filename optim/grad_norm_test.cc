@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/device_mesh.h"
-#include "parallel/gloo_communicator.h"
+#include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
@@ -20,7 +20,7 @@ namespace {
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::IsOkAndHolds;
 using ::plait::parallel::Communicator;
-using ::plait::parallel::GlooCommunicator;
+using ::plait::parallel::RingCommunicator;
 using ::plait::parallel::testing::RunRanks;
 
 // The full gradients of a three-parameter model, the same in every process.
@@ -65,7 +65,7 @@ TEST(GlobalGradNormTest, TwoRanksShardedAndReplicatedEqualTheFullModel) {
   torch::nn::utils::clip_grad_norm_(reference, max_norm);
   auto store = c10::make_intrusive<c10d::HashStore>();
   RunRanks(2, [&](int rank) {
-    auto world = GlooCommunicator::Create(*store, "world", rank, 2, GlooCommunicator::kLoopback);
+    auto world = RingCommunicator::Create(*store, "world", rank, 2, RingCommunicator::kLoopback);
     ASSERT_THAT(world, IsOk());
     const std::vector<parallel::TrainableParameter> parameters = {
         WithGradient("a", full.a.chunk(2, 0)[rank], {world->get()}),
@@ -91,7 +91,7 @@ TEST(GlobalGradNormTest, APartSharedByTheRanksOfItsGroupCountsOnce) {
       std::sqrt(full.a.pow(2).sum().item<double>() + full.c.pow(2).sum().item<double>());
   auto store = c10::make_intrusive<c10d::HashStore>();
   RunRanks(2, [&](int rank) {
-    auto world = GlooCommunicator::Create(*store, "world", rank, 2, GlooCommunicator::kLoopback);
+    auto world = RingCommunicator::Create(*store, "world", rank, 2, RingCommunicator::kLoopback);
     ASSERT_THAT(world, IsOk());
     parallel::TrainableParameter shared = WithGradient("c", full.c, {world->get()});
     shared.replicas = 2;
@@ -118,7 +118,7 @@ TEST(GlobalGradNormTest, FourRanksOnAMeshEqualTheFullModel) {
       }(),
       4);
   ASSERT_THAT(layout, IsOk());
-  parallel::testing::RunOnGlooMesh(*layout, [&](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(*layout, [&](int, parallel::DeviceMesh& mesh) {
     Communicator* dp = *mesh.communicator("dp");
     Communicator* tp = *mesh.communicator("tp");
     const torch::Tensor a_part = full.a.chunk(2, 1)[tp->rank()].chunk(2, 0)[dp->rank()];

@@ -12,7 +12,7 @@
 // Each collective fails, rather than hangs, after the communicator's timeout, with an error
 // naming the operation, the group and the rank. Each communicator counts the bytes it really
 // sent and received per kind of collective (traffic()), so callers can compare against the
-// theoretical volume. Backends: GlooCommunicator (CPU), NcclCommunicator (CUDA).
+// theoretical volume. Backends: RingCommunicator (CPU), NcclCommunicator (CUDA).
 #ifndef PLAIT_PARALLEL_COMMUNICATOR_H_
 #define PLAIT_PARALLEL_COMMUNICATOR_H_
 

@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "parallel/gloo_communicator.h"
 #include "parallel/internal/device_choice.h"
+#include "parallel/ring_communicator.h"
 
 #ifdef PLAIT_GPU
 #include <cuda_runtime.h>
@@ -131,7 +131,7 @@ CommunicatorFactory DeviceCommunicatorFactory(const torch::Device& device, c10d:
     };
   }
 #endif
-  return GlooCommunicatorFactory(store, std::move(address), options);
+  return RingCommunicatorFactory(store, std::move(address), options);
 }
 
 }  // namespace plait::parallel

@@ -1,5 +1,5 @@
 // The device each rank computes on, and what follows from it: the communicators of its mesh
-// (NCCL on CUDA, GlooCommunicator's TCP rings on CPU) and its memory statistics. A plan names
+// (NCCL on CUDA, RingCommunicator's TCP rings on CPU) and its memory statistics. A plan names
 // a Device (device.proto); each rank resolves it once, binds the result and builds its mesh
 // on it:
 //
@@ -62,7 +62,7 @@ std::optional<int64_t> PeakMemory(const torch::Device& device);
 void ResetPeakMemory(const torch::Device& device);
 
 // A DeviceMesh factory for ranks computing on `device`: NcclCommunicators on CUDA (the unique
-// id exchanged through `store`), GlooCommunicators reached at `address` on the CPU. `store`
+// id exchanged through `store`), RingCommunicators reached at `address` on the CPU. `store`
 // must outlive the mesh's creation.
 CommunicatorFactory DeviceCommunicatorFactory(const torch::Device& device, c10d::Store& store,
                                               std::string address,

@@ -6,7 +6,7 @@
 //   PLAIT_ASSIGN_OR_RETURN(MeshLayout layout, MeshLayout::Create(config, world.world_size));
 //   PLAIT_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(layout, world.rank,
 //       [&](const std::string& name, int rank, int size) {
-//         return GlooCommunicator::Create(*store, name, rank, size, address);
+//         return RingCommunicator::Create(*store, name, rank, size, address);
 //       }));
 //   PLAIT_ASSIGN_OR_RETURN(Communicator* dp, mesh.communicator("dp"));
 //   PLAIT_RETURN_IF_ERROR(mesh.AllReduce(loss, ReduceOp::kAverage));  // over every rank

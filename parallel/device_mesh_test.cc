@@ -17,7 +17,7 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
-using ::plait::parallel::testing::RunOnGlooMesh;
+using ::plait::parallel::testing::RunOnRingMesh;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -122,7 +122,7 @@ TEST(MeshLayoutTest, TimeoutsDefaultToFiveMinutes) {
 TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {
   absl::StatusOr<MeshLayout> layout = MeshLayout::Create(ParseMesh(kDpTp), 4);
   ASSERT_THAT(layout, IsOk());
-  RunOnGlooMesh(*layout, [&](int rank, DeviceMesh& mesh) {
+  RunOnRingMesh(*layout, [&](int rank, DeviceMesh& mesh) {
     for (const char* dim : {"dp", "tp"}) {
       absl::StatusOr<Communicator*> comm = mesh.communicator(dim);
       ASSERT_THAT(comm, IsOk());
@@ -145,7 +145,7 @@ TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {
 TEST(DeviceMeshTest, ReductionsSpanTheWholeMesh) {
   absl::StatusOr<MeshLayout> layout = MeshLayout::Create(ParseMesh(kDpTp), 4);
   ASSERT_THAT(layout, IsOk());
-  RunOnGlooMesh(*layout, [&](int rank, DeviceMesh& mesh) {
+  RunOnRingMesh(*layout, [&](int rank, DeviceMesh& mesh) {
     torch::Tensor value = torch::full({1}, static_cast<float>(rank), torch::kFloat32);
     ASSERT_THAT(mesh.AllReduce(value, ReduceOp::kAverage), IsOk());
     EXPECT_EQ(value.item<float>(), 1.5f);  // (0 + 1 + 2 + 3) / 4

@@ -1,5 +1,5 @@
 // The whole CPU stack as a user runs it: the launcher starts real processes, which find the
-// world in their environment, meet through rank 0's TCP store and run Gloo collectives.
+// world in their environment, meet through rank 0's TCP store and run ring collectives.
 #include <cstdlib>
 #include <string>
 #include <string_view>

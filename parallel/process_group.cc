@@ -13,8 +13,8 @@
 #include "absl/time/clock.h"
 #include "base/status.h"
 #include "parallel/device.h"
-#include "parallel/gloo_communicator.h"
 #include "parallel/rendezvous.h"
+#include "parallel/ring_communicator.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 
 namespace plait::parallel {
@@ -23,7 +23,7 @@ namespace {
 // The address other ranks reach this one at.
 std::string OwnAddress(const World& world) {
   if (world.master_addr == "127.0.0.1" || world.master_addr == "localhost") {
-    return GlooCommunicator::kLoopback;
+    return RingCommunicator::kLoopback;
   }
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);

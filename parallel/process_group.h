@@ -1,14 +1,14 @@
 // A rank's start in a training job: it meets the world's other ranks (Rendezvous: through a
 // file store for a local job, rank 0's TcpStore, which checks PLAIT_STORE_TOKEN, otherwise;
 // an in-process store when it is alone) and builds the device mesh that everything after
-// communicates through (NCCL communicators on CUDA, Gloo ones on the CPU: device.h), whose
+// communicates through (NCCL communicators on CUDA, ring ones on the CPU: device.h), whose
 // collectives fail after the mesh's collective timeout. The result owns the store and the mesh, and
 // after a failed collective names the ranks that stopped answering:
 //
 //   PLAIT_ASSIGN_OR_RETURN(parallel::World world, WorldFromEnvironment(ProcessEnvironment()));
 //   PLAIT_ASSIGN_OR_RETURN(auto group,
 //                          ProcessGroup::Start(world, plan.mesh(), device, absl::Minutes(5)));
-//   absl::Status status = Train(plan, group->mesh(), options);
+//   absl::Status status = Train(resolved, group->mesh(), options);
 //   if (!status.ok()) status = group->ExplainFailure(status);  // "...; rank 3 of 4 did not answer"
 #ifndef PLAIT_PARALLEL_PROCESS_GROUP_H_
 #define PLAIT_PARALLEL_PROCESS_GROUP_H_

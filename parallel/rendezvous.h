@@ -10,7 +10,7 @@
 //
 //   PLAIT_ASSIGN_OR_RETURN(World world, WorldFromEnvironment(ProcessEnvironment()));
 //   PLAIT_ASSIGN_OR_RETURN(auto store, Rendezvous(world, absl::Minutes(5)));
-//   PLAIT_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "world", ...));
+//   PLAIT_ASSIGN_OR_RETURN(auto comm, RingCommunicator::Create(*store, "world", ...));
 //
 // When the timeout passes first, the error names the ranks that never arrived. A multi-node
 // job whose MASTER_ADDR is a loopback address on rank 0 fails at once, naming it.

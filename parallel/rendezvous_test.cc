@@ -18,7 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/free_port.h"
-#include "parallel/gloo_communicator.h"
+#include "parallel/ring_communicator.h"
 #include "parallel/tcp_store.h"
 #include "parallel/test_ranks.h"
 #include "torch/torch.h"
@@ -156,13 +156,13 @@ TEST(RendezvousTest, UnreachableStoreIsReportedByTheRank) {
                                  "answered at 127.0.0.1:")));
 }
 
-TEST(RendezvousTest, RanksMeetOverTheTcpStoreAndCreateAGlooGroupOverIt) {
+TEST(RendezvousTest, RanksMeetOverTheTcpStoreAndCreateARingGroupOverIt) {
   const int port = FreeLoopbackPort();
   absl::BlockingCounter connected(3);
   RunRanks(3, [&](int rank) {
     auto store = Rendezvous(RankOf(rank, 3, port), absl::Seconds(20));
     ASSERT_THAT(store, IsOk());
-    auto comm = GlooCommunicator::Create(**store, "world", rank, 3, GlooCommunicator::kLoopback,
+    auto comm = RingCommunicator::Create(**store, "world", rank, 3, RingCommunicator::kLoopback,
                                          {absl::Seconds(20)});
     // Rank 0 hosts the store: it must outlive the others' use of it.
     connected.DecrementCount();

@@ -5,7 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "parallel/device.h"
-#include "parallel/gloo_communicator.h"
+#include "parallel/ring_communicator.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 
 namespace plait::parallel::testing {
@@ -22,7 +22,7 @@ void RunRanks(int num_ranks, const std::function<void(int rank)>& body) {
   for (std::thread& thread : threads) thread.join();
 }
 
-void RunOnGlooMesh(const MeshLayout& layout,
+void RunOnRingMesh(const MeshLayout& layout,
                    const std::function<void(int rank, DeviceMesh& mesh)>& body) {
   RunOnMesh(layout, torch::kCPU, body);
 }
@@ -35,7 +35,7 @@ void RunOnMesh(const MeshLayout& layout, torch::DeviceType device_type,
     const absl::Status bound = BindDevice(device);
     ASSERT_TRUE(bound.ok()) << bound;
     absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(
-        layout, rank, DeviceCommunicatorFactory(device, *store, GlooCommunicator::kLoopback));
+        layout, rank, DeviceCommunicatorFactory(device, *store, RingCommunicator::kLoopback));
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     body(rank, *mesh);
   });

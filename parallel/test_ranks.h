@@ -14,8 +14,8 @@ namespace plait::parallel::testing {
 void RunRanks(int num_ranks, const std::function<void(int rank)>& body);
 
 // Runs `body(rank, mesh)` for every rank of `layout` on its own thread, each with its
-// DeviceMesh over Gloo on loopback (a store shared in memory).
-void RunOnGlooMesh(const MeshLayout& layout,
+// DeviceMesh of ring communicators on loopback (a store shared in memory).
+void RunOnRingMesh(const MeshLayout& layout,
                    const std::function<void(int rank, DeviceMesh& mesh)>& body);
 
 // The same on `device_type`: on CUDA, rank r computes on cuda:r (bound on its thread) over

@@ -13,6 +13,7 @@
 #include "base/human.h"
 #include "base/status.h"
 #include "models/causal_lm.h"
+#include "models/estimates.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
 #include "objectives/objective_check.h"

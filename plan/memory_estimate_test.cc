@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
+#include "models/estimates.h"
 #include "models/model_config.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
@@ -241,7 +242,7 @@ TEST(CheckMemoryFitsTest, RefusesWhatTheLocalRanksCannotHoldGivingEstimateAndLim
 
 // Against this machine: no machine holds 64 ranks of an unsharded 8B model (8 TB); the flag
 // lets it through, and the tiny plan fits anywhere.
-TEST(ValidatePlanForMachineTest, RefusesAPlanLargerThanTheMachineUnlessTold) {
+TEST(ResolveForMachineTest, RefusesAPlanLargerThanTheMachineUnlessTold) {
   EXPECT_THAT(ResolveForMachine(EightBillionOnOneRank(), 1, 64, false),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("available")));
   EXPECT_THAT(ResolveForMachine(EightBillionOnOneRank(), 1, 64, true), IsOk());

@@ -35,7 +35,7 @@ absl::Status LoadAndValidate(const std::string& path) {
   return Resolve(*plan, 2).status();
 }
 
-TEST(ValidatePlanTest, FsdpTwiceIsRejectedNamingTheFieldAndTheRule) {
+TEST(ResolveTest, FsdpTwiceIsRejectedNamingTheFieldAndTheRule) {
   absl::StatusOr<Plan> plan =
       ParsePlan(R"pb(
                   model { preset: "tiny" }
@@ -57,7 +57,7 @@ TEST(ValidatePlanTest, FsdpTwiceIsRejectedNamingTheFieldAndTheRule) {
                                  "model (rule fsdp_at_most_once)")));
 }
 
-TEST(ValidatePlanTest, ReportsEveryViolation) {
+TEST(ResolveTest, ReportsEveryViolation) {
   absl::StatusOr<Plan> plan =
       ParsePlan(R"pb(
                   model { preset: "nope" }
@@ -78,7 +78,7 @@ TEST(ValidatePlanTest, ReportsEveryViolation) {
 
 // Hybrid sharding inside tensor parallelism: three dimensions, each used, the batch split over
 // the two of hybrid sharding (8 sequences: 2 on each of 4 data-parallel ranks).
-TEST(ValidatePlanTest, HybridShardingComposesWithTensorParallelism) {
+TEST(ResolveTest, HybridShardingComposesWithTensorParallelism) {
   absl::StatusOr<Plan> plan = ParsePlan(
       R"pb(
         model { preset: "tiny" }
@@ -103,14 +103,14 @@ TEST(ValidatePlanTest, HybridShardingComposesWithTensorParallelism) {
 
 // testdata/tp_vocab_not_dividing.textproto's vocabulary of 257 over 2 tensor-parallel ranks,
 // refused there, is valid padded to 258.
-TEST(ValidatePlanTest, APaddedVocabularyNeedNotDivide) {
+TEST(ResolveTest, APaddedVocabularyNeedNotDivide) {
   absl::StatusOr<Plan> plan = LoadPlan(Runfile("plan/testdata/tp_vocab_not_dividing.textproto"));
   ASSERT_THAT(plan, IsOk());
   plan->mutable_prepare(0)->mutable_tensor_parallel()->set_pad_vocab_to_multiple(true);
   EXPECT_THAT(Resolve(*plan, 2), IsOk());
 }
 
-TEST(ValidatePlanTest, ShippedPlansAreValid) {
+TEST(ResolveTest, ShippedPlansAreValid) {
   for (const auto& [name, ranks] : std::vector<std::pair<std::string, int>>{{"llama_fsdp", 2},
                                                                             {"llama_ddp", 2},
                                                                             {"llama_single", 1},
@@ -148,7 +148,7 @@ TEST(ResolveForMachineTest, CudaIsRefusedWhereItCannotRun) {
 
 // Every plan under plan/testdata/ is invalid; its `# expect: ` lines are substrings of
 // the error it must get (parse error or validation error on 2 ranks).
-TEST(ValidatePlanTest, EveryInvalidTestdataPlanIsRejectedNamingTheField) {
+TEST(ResolveTest, EveryInvalidTestdataPlanIsRejectedNamingTheField) {
   const std::string dir = Runfile("plan/testdata");
   DIR* listing = opendir(dir.c_str());
   ASSERT_NE(listing, nullptr) << dir;

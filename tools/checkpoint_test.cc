@@ -1,5 +1,5 @@
 // Runs //tools:checkpoint on the checkpoint of a 2-step run on 2 FSDP ranks (threads over
-// Gloo): info names the step, layout and tensors; verify passes, then names the slice whose
+// TCP rings): info names the step, layout and tensors; verify passes, then names the slice whose
 // bytes changed; export-hf writes the parameters the run's own Hugging Face export holds.
 #include <cstdlib>
 #include <filesystem>

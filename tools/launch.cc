@@ -42,7 +42,8 @@ ABSL_FLAG(int, max_restarts, 0,
 ABSL_FLAG(std::string, master_addr, "127.0.0.1",
           "MASTER_ADDR given to the ranks: with nnodes > 1, the address of node 0 that every "
           "node reaches, where rank 0 hosts the store. A one-node job meets through a file "
-          "store, so nothing listens on it for the rendezvous; Gloo uses loopback when it is "
+          "store, so nothing listens on it for the rendezvous; the ring communicators use loopback "
+          "when it is "
           "127.0.0.1 or localhost, this host's name otherwise.");
 ABSL_FLAG(int, master_port, 0,
           "MASTER_PORT given to the ranks, the same on every node; 0 picks a free TCP port on "

@@ -3,9 +3,9 @@
 // alone it launches the plan's number of ranks itself (parallel::LaunchSelfIfNoWorld), and
 // with --max_restarts=N starts them all again after one fails, up to N times; under
 // //tools:launch, torchrun, SLURM or mpirun it is one rank of that world, meeting the others
-// through parallel::Rendezvous and communicating over Gloo. A job that a launcher restarts
-// must resume from its checkpoints (plan.training.checkpoint.resume), or it is refused at its
-// start:
+// through parallel::Rendezvous and communicating over TCP rings (NCCL on GPUs). A job that a
+// launcher restarts must resume from its checkpoints (plan.training.checkpoint.resume), or it is
+// refused at its start:
 //
 //   int main(int argc, char** argv) {
 //     return plait::trainer::RunMain(argc, argv, {kPlanText,

@@ -1,4 +1,4 @@
-// The trainer's checkpoints on ranks as threads over Gloo: a run resumed from step k
+// The trainer's checkpoints on ranks as threads over TCP: a run resumed from step k
 // reproduces the straight run's losses, parameters and optimizer state (single process and
 // FSDP on 2 ranks), the metrics file of a resumed run, and the errors that name what the
 // trainer stores: the plan fields of its fingerprint, its parameters and optimizer state. The

@@ -1,4 +1,4 @@
-// Test helpers that run a plan's ranks as threads of one process: over Gloo on the CPU, or,
+// Test helpers that run a plan's ranks as threads of one process: over TCP rings on the CPU, or,
 // for a plan with device: DEVICE_CUDA, over NCCL with rank r on cuda:r (a plan that leaves the
 // device to its default runs on the CPU here, wherever the test runs).
 #ifndef PLAIT_TRAINER_TESTING_RANKS_H_

@@ -29,6 +29,7 @@
 #include "c10/util/Exception.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
+#include "models/estimates.h"
 #include "models/model_config.h"
 #include "parallel/device.h"
 #include "plan/plan.h"
@@ -180,7 +181,7 @@ TEST_F(TrainOnCudaTest, Bf16TracksTheFp32CpuRun) {
 }
 
 // DPO with FSDP (its plan's layout) on CUDA against the same plan on the CPU, both on the
-// same number of ranks, Gloo against NCCL; and with the reference's log-probabilities
+// same number of ranks, TCP rings against NCCL; and with the reference's log-probabilities
 // precomputed on the GPU, as the live reference.
 TEST_F(TrainOnCudaTest, DpoTracksTheCpuRun) {
   const int ranks = std::min(parallel::CudaDeviceCount(), 2);

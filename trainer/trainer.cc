@@ -20,6 +20,7 @@
 #include "metrics/progress.h"
 #include "metrics/tensorboard_log.h"
 #include "models/causal_lm.h"
+#include "models/estimates.h"
 #include "models/model_config.h"
 #include "objectives/metric_means.h"
 #include "objectives/objective.h"

@@ -1,4 +1,4 @@
-// The trainer's regressions, on ranks as threads over Gloo: the optimizer owns exactly the
+// The trainer's regressions, on ranks as threads over TCP: the optimizer owns exactly the
 // prepared model's trainable shards, an FSDP plan on 2 ranks trains to the single-process
 // plan's losses, and a frozen model is prepared without optimizer or gradient state.
 #include "trainer/trainer.h"
@@ -27,6 +27,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
+#include "models/estimates.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "objectives/objective.h"

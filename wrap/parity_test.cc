@@ -1,7 +1,7 @@
 // The correctness anchor for DDP, FSDP, hybrid sharding (FSDP replicated across a second
 // dimension), tensor parallelism, activation checkpointing and their combinations: the tiny
 // Llama (and a tiny Qwen2) trained for 10 AdamW steps with clipping on several ranks
-// (threads, Gloo) gives the same per-step losses, gradient norms and final parameters as one
+// (threads over TCP) gives the same per-step losses, gradient norms and final parameters as one
 // process on the same global batch, within 1e-5 relative in fp32 (losses each, parameters as
 // the norm of the difference over the norm of the tensor); and activation checkpointing gives
 // the same run as without it.

@@ -16,7 +16,7 @@
 #include "models/model_config.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
-#include "parallel/gloo_communicator.h"
+#include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/torch.h"
@@ -44,7 +44,7 @@ class PreparationTest : public ::testing::Test {
     ASSERT_THAT(layout, IsOk());
     auto mesh = parallel::DeviceMesh::Create(
         *layout, 0,
-        parallel::GlooCommunicatorFactory(*store_, parallel::GlooCommunicator::kLoopback));
+        parallel::RingCommunicatorFactory(*store_, parallel::RingCommunicator::kLoopback));
     ASSERT_THAT(mesh, IsOk());
     mesh_ = std::make_unique<parallel::DeviceMesh>(*std::move(mesh));
     // The tiny preset: 4 blocks, so "two blocks at once" is less than the whole model.
@@ -379,7 +379,7 @@ class UnwaitedReduceScatters final : public parallel::Communicator {
 // the unit's whole gradient, is freed then rather than at the end of the backward pass, when
 // every unit's would have been alive at once.
 TEST_F(PreparationTest, FsdpWaitsForEachReduceScatterWhenTheNextStarts) {
-  auto gloo = parallel::GlooCommunicatorFactory(*store_, parallel::GlooCommunicator::kLoopback)(
+  auto gloo = parallel::RingCommunicatorFactory(*store_, parallel::RingCommunicator::kLoopback)(
       "counted", 0, 1);
   ASSERT_THAT(gloo, IsOk());
   UnwaitedReduceScatters communicator(*std::move(gloo));
@@ -442,7 +442,7 @@ std::map<std::string, torch::Tensor> ClonedParameters(Wrappable& model) {
 }
 
 // A frozen model beside a trained one, as preference training prepares its reference: both
-// FSDP-sharded on the same 2 ranks (threads over Gloo), the frozen one's parameters frozen
+// FSDP-sharded on the same 2 ranks (threads over TCP), the frozen one's parameters frozen
 // after its preparation (as trainer::PreparedModel does for Role::kFrozen). Each Preparation
 // gathers its own model's whole parameters on every rank: the unsharded model's values, bit
 // for bit.
@@ -463,7 +463,7 @@ TEST(PreparationOnRanksTest, FullParametersOfAFrozenFsdpModelBesideATrainedOne) 
   PrepareStep fsdp;
   fsdp.mutable_fsdp()->set_mesh_dim("dp");
   const torch::Tensor tokens = torch::arange(32, torch::kInt64).view({2, 16});
-  parallel::testing::RunOnGlooMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
     std::shared_ptr<models::CausalLM> trained = make_model(1);
     std::shared_ptr<models::CausalLM> frozen = make_model(2);
     auto trained_preparation = Preparation::Begin(*trained, mesh);
@@ -545,7 +545,7 @@ TEST(PreparationOnRanksTest, TrainableParametersNameTheirSliceOfTheWholeParamete
     SCOPED_TRACE(name);
     std::mutex mutex;
     std::map<std::string, int64_t> saved_elements;
-    parallel::testing::RunOnGlooMesh(
+    parallel::testing::RunOnRingMesh(
         parallel::MeshLayout::Create(config, ranks).value(),
         [&](int rank, parallel::DeviceMesh& mesh) {
           std::shared_ptr<models::CausalLM> model =

@@ -1,5 +1,5 @@
 // Point-to-point transfers between the members of one group, over one TCP connection per
-// pair of ranks: the transport GlooCommunicator's ring collectives run on. The members meet
+// pair of ranks: the transport RingCommunicator's ring collectives run on. The members meet
 // through a c10d::Store (each publishes where it listens and a secret a peer must present),
 // then every Exchange moves whole buffers, each framed with the caller's tag and size so that
 // ranks that disagree on what they are doing fail with an error naming both sides:

@@ -1,6 +1,6 @@
 // One rank of a real multi-process job, for //parallel:multiprocess_test: reads the world
 // from the environment the launcher set, meets the others through the TCP store, and runs
-// Gloo collectives whose results it checks.
+// ring collectives whose results it checks.
 //
 //   collective_worker                 all_reduce, all_gather, reduce_scatter; exits 0 if right
 //   collective_worker depart RANK     rank RANK leaves after connecting; the others must fail
@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
-#include "parallel/gloo_communicator.h"
 #include "parallel/rendezvous.h"
+#include "parallel/ring_communicator.h"
 #include "parallel/world.h"
 #include "torch/torch.h"
 
@@ -30,8 +30,8 @@ int Run(int argc, char** argv) {
   if (!world.ok()) return Fail(world.status());
   auto store = Rendezvous(*world, absl::Seconds(30));
   if (!store.ok()) return Fail(store.status());
-  auto comm = GlooCommunicator::Create(**store, "world", world->rank, world->world_size,
-                                       GlooCommunicator::kLoopback, {absl::Seconds(30)});
+  auto comm = RingCommunicator::Create(**store, "world", world->rank, world->world_size,
+                                       RingCommunicator::kLoopback, {absl::Seconds(30)});
   if (!comm.ok()) return Fail(comm.status());
   const int rank = world->rank;
   const int size = world->world_size;

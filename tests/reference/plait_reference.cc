@@ -366,7 +366,7 @@ absl::Status RunSftStep() {
   PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout one_rank,
                          parallel::MeshLayout::Create(parallel::MeshConfig(), 1));
   absl::StatusOr<objectives::MeanMetrics> step_loss;
-  parallel::testing::RunOnGlooMesh(one_rank, [&](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(one_rank, [&](int, parallel::DeviceMesh& mesh) {
     step_loss = [&]() -> absl::StatusOr<objectives::MeanMetrics> {
       PLAIT_ASSIGN_OR_RETURN(const objectives::StepItems step,
                              objectives::StepItems::Count(items, mesh, {}));

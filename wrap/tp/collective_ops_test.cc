@@ -1,4 +1,4 @@
-// Tensor parallelism's autograd operators on 2 ranks (threads over Gloo): each forward and
+// Tensor parallelism's autograd operators on 2 ranks (threads over TCP): each forward and
 // backward against what one process computes on the whole tensors, and the
 // vocabulary-parallel cross-entropy and its gradient against torch's cross_entropy on the
 // gathered logits.
@@ -32,7 +32,7 @@ parallel::MeshLayout Layout() {
 
 // Runs `body(rank, group)` on every rank.
 void OnRanks(const std::function<void(int, TpGroup&)>& body) {
-  parallel::testing::RunOnGlooMesh(Layout(), [&](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout(), [&](int rank, parallel::DeviceMesh& mesh) {
     TpGroup group(**mesh.communicator("tp"));
     body(rank, group);
     EXPECT_THAT(group.status(), IsOk());

@@ -1,4 +1,4 @@
-// Tensor parallelism on the tiny Llama over 2 and 4 ranks (threads over Gloo), beside the
+// Tensor parallelism on the tiny Llama over 2 and 4 ranks (threads over TCP), beside the
 // training parity of wrap/parity_test.cc: the forward logits equal one process's, the
 // optimizer owns the model's tensor-parallel slices and nothing holds the full tensors any
 // more, a batch that scores nothing has loss 0 and zero gradients, TP after FSDP is refused,
@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
+#include "models/estimates.h"
 #include "models/model_config.h"
 #include "models/testing_activations.h"
 #include "optim/optimizer.h"
@@ -75,7 +76,7 @@ TEST_P(TensorParallelTest, LogitsAreTheSingleProcessLogitsVocabularySlice) {
     torch::NoGradGuard no_grad;
     expected = MakeModel()->Forward(tokens);
   }
-  parallel::testing::RunOnGlooMesh(Layout({{"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout({{"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
     std::shared_ptr<models::CausalLM> model = MakeModel();
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
@@ -92,7 +93,7 @@ TEST_P(TensorParallelTest, LogitsAreTheSingleProcessLogitsVocabularySlice) {
 // A micro-batch that scores nothing (an SFT batch of prompts alone) through the
 // vocabulary-parallel loss: 0, not 0 / 0, and every gradient 0, on every rank.
 TEST_P(TensorParallelTest, ABatchWithNothingScoredHasLossZeroAndZeroGradients) {
-  parallel::testing::RunOnGlooMesh(Layout({{"tp", 2}}), [&](int, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout({{"tp", 2}}), [&](int, parallel::DeviceMesh& mesh) {
     std::shared_ptr<models::CausalLM> model = MakeModel();
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
@@ -114,7 +115,7 @@ TEST_P(TensorParallelTest, ABatchWithNothingScoredHasLossZeroAndZeroGradients) {
 // prepared model computes with, its slices, and no full-size tensor of a split parameter
 // stays alive to be trained or read by mistake.
 TEST_P(TensorParallelTest, OptimizerOwnsTheSlicesAndNoFullTensorStaysAlive) {
-  parallel::testing::RunOnGlooMesh(Layout({{"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout({{"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
     std::shared_ptr<models::CausalLM> model = MakeModel();
     std::map<std::string, c10::weak_intrusive_ptr<c10::StorageImpl>> full_storage;
     std::map<std::string, std::vector<int64_t>> full_shape;
@@ -166,7 +167,7 @@ TEST_P(TensorParallelTest, OptimizerOwnsTheSlicesAndNoFullTensorStaysAlive) {
 // estimate says, when the output projection's weight gradient [vocab / tp, hidden] is made.
 TEST_P(TensorParallelTest, ActivationBytesAreWhatARankHoldsAtItsPeak) {
   for (const int tp : {2, 4}) {
-    parallel::testing::RunOnGlooMesh(
+    parallel::testing::RunOnRingMesh(
         Layout({{"tp", tp}}), [&](int rank, parallel::DeviceMesh& mesh) {
           for (const auto& [dtype, generic] :
                std::vector<std::pair<torch::ScalarType, bool>>{{torch::kFloat32, false},
@@ -203,7 +204,7 @@ INSTANTIATE_TEST_SUITE_P(SequenceParallel, TensorParallelTest, ::testing::Bool()
                          });
 
 TEST(TensorParallelRulesTest, TensorParallelAfterFsdpIsRefused) {
-  parallel::testing::RunOnGlooMesh(
+  parallel::testing::RunOnRingMesh(
       Layout({{"dp", 1}, {"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
         std::shared_ptr<models::CausalLM> model = MakeModel();
         auto preparation = Preparation::Begin(*model, mesh, "plan.prepare");
@@ -227,7 +228,7 @@ TEST(TensorParallelRulesTest, HeadsThatDoNotSplitAreRefused) {
                   "num_attention_heads (6) does not divide by the tensor-parallel size 4",
                   "num_key_value_heads (3) neither divides by nor divides the tensor-parallel "
                   "size 4"));
-  parallel::testing::RunOnGlooMesh(Layout({{"tp", 3}}), [&](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout({{"tp", 3}}), [&](int rank, parallel::DeviceMesh& mesh) {
     std::shared_ptr<models::CausalLM> model = MakeModel();
     auto preparation = Preparation::Begin(*model, mesh, "plan.prepare");
     ASSERT_THAT(preparation, IsOk());
@@ -254,7 +255,7 @@ TEST(TensorParallelPaddingTest, AVocabularyThatDoesNotDivideIsPadded) {
   const torch::Tensor expected_grad = single->named_parameters()["lm_head.weight"].grad();
   ASSERT_TRUE(expected_grad.defined());
 
-  parallel::testing::RunOnGlooMesh(Layout({{"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout({{"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
     {
       std::shared_ptr<models::CausalLM> model = MakeModel(config);
       auto preparation = Preparation::Begin(*model, mesh, "plan.prepare");
@@ -359,7 +360,7 @@ TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
   EXPECT_DOUBLE_EQ(
       TensorParallelStrategy(tp_config).Estimate(shape, mesh_config).bytes_sent_per_micro_batch,
       expected);
-  parallel::testing::RunOnGlooMesh(Layout({{"tp", n}}), [&](int rank, parallel::DeviceMesh& mesh) {
+  parallel::testing::RunOnRingMesh(Layout({{"tp", n}}), [&](int rank, parallel::DeviceMesh& mesh) {
     std::shared_ptr<models::CausalLM> model = MakeModel();
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());

@@ -1,4 +1,4 @@
-#include "parallel/gloo_communicator.h"
+#include "parallel/ring_communicator.h"
 
 #include <functional>
 #include <memory>
@@ -48,22 +48,22 @@ torch::Tensor Expected(int64_t numel, int size, ReduceOp op, torch::ScalarType d
 
 // Runs `body` on every rank of a fresh group of `size` ranks, each on its own thread.
 void RunGroup(const std::string& name, int size,
-              const std::function<void(int rank, GlooCommunicator& comm)>& body,
+              const std::function<void(int rank, RingCommunicator& comm)>& body,
               absl::Duration timeout = absl::Seconds(30)) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   RunRanks(size, [&](int rank) {
-    absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
-        GlooCommunicator::Create(*store, name, rank, size, GlooCommunicator::kLoopback, {timeout});
+    absl::StatusOr<std::unique_ptr<RingCommunicator>> comm =
+        RingCommunicator::Create(*store, name, rank, size, RingCommunicator::kLoopback, {timeout});
     ASSERT_THAT(comm, IsOk());
     body(rank, **comm);
   });
 }
 
-class GlooCollectivesTest : public ::testing::TestWithParam<int> {};
+class RingCollectivesTest : public ::testing::TestWithParam<int> {};
 
-TEST_P(GlooCollectivesTest, AllReduceEveryDtypeSizeAndOp) {
+TEST_P(RingCollectivesTest, AllReduceEveryDtypeSizeAndOp) {
   const int size = GetParam();
-  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
+  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
     for (torch::ScalarType dtype : kDtypes) {
       for (int64_t numel : kSizes) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
@@ -79,9 +79,9 @@ TEST_P(GlooCollectivesTest, AllReduceEveryDtypeSizeAndOp) {
   });
 }
 
-TEST_P(GlooCollectivesTest, AllGatherAndReduceScatterUnevenChunks) {
+TEST_P(RingCollectivesTest, AllGatherAndReduceScatterUnevenChunks) {
   const int size = GetParam();
-  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
+  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
     for (torch::ScalarType dtype : kDtypes) {
       for (int64_t numel : kSizes) {
         SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << "[" << numel << "]");
@@ -106,9 +106,9 @@ TEST_P(GlooCollectivesTest, AllGatherAndReduceScatterUnevenChunks) {
   });
 }
 
-TEST_P(GlooCollectivesTest, AllGatherInPlaceAndBroadcast) {
+TEST_P(RingCollectivesTest, AllGatherInPlaceAndBroadcast) {
   const int size = GetParam();
-  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
+  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
     torch::Tensor buffer = torch::zeros({10});
     const Chunk own = ChunkOf(10, size, rank);
     torch::Tensor mine = buffer.narrow(0, own.offset, own.numel);
@@ -128,11 +128,11 @@ TEST_P(GlooCollectivesTest, AllGatherInPlaceAndBroadcast) {
 }
 
 // Bytes really sent per rank against the bandwidth-optimal volume.
-TEST_P(GlooCollectivesTest, TrafficIsTheBandwidthOptimalVolume) {
+TEST_P(RingCollectivesTest, TrafficIsTheBandwidthOptimalVolume) {
   const int size = GetParam();
   constexpr int64_t kNumel = 1 << 16;
   constexpr int64_t kBytes = kNumel * 4;
-  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
+  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
     torch::Tensor full = torch::ones({kNumel});
     const Chunk own = ChunkOf(kNumel, size, rank);
     ASSERT_THAT(comm.AllReduce(full, ReduceOp::kSum)->Wait(), IsOk());
@@ -152,11 +152,11 @@ TEST_P(GlooCollectivesTest, TrafficIsTheBandwidthOptimalVolume) {
   });
 }
 
-TEST_P(GlooCollectivesTest, BarrierWaitsForTheLastRank) {
+TEST_P(RingCollectivesTest, BarrierWaitsForTheLastRank) {
   const int size = GetParam();
   const absl::Time start = absl::Now();
   const absl::Duration last_arrival = absl::Milliseconds(200) * (size - 1);
-  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
+  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
     ASSERT_THAT(comm.Barrier()->Wait(), IsOk());  // everyone connected
     const absl::Time synchronized = absl::Now();
     absl::SleepFor(absl::Milliseconds(200) * rank);
@@ -167,9 +167,9 @@ TEST_P(GlooCollectivesTest, BarrierWaitsForTheLastRank) {
 }
 
 // Two collectives in flight at once while the caller computes; both complete correctly.
-TEST_P(GlooCollectivesTest, AsyncCollectivesOverlapWithCompute) {
+TEST_P(RingCollectivesTest, AsyncCollectivesOverlapWithCompute) {
   const int size = GetParam();
-  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
+  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
     torch::Tensor gradients = torch::full({1 << 18}, static_cast<float>(rank));
     torch::Tensor parameters = torch::zeros({1 << 18});
     const Chunk own = ChunkOf(parameters.numel(), size, rank);
@@ -192,9 +192,9 @@ TEST_P(GlooCollectivesTest, AsyncCollectivesOverlapWithCompute) {
 // Tensor parallelism reduce-scatters activations that require grad from inside an autograd
 // function (whose forward turns grad mode off on its own thread only): the collective reads
 // them as data, records nothing, and leaves its output without a gradient.
-TEST_P(GlooCollectivesTest, ReduceScatterOfATensorThatRequiresGrad) {
+TEST_P(RingCollectivesTest, ReduceScatterOfATensorThatRequiresGrad) {
   const int size = GetParam();
-  RunGroup("world", size, [&](int rank, GlooCommunicator& comm) {
+  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
     const torch::Tensor input = Contribution(1001, rank, torch::kFloat32).requires_grad_();
     const Chunk own = ChunkOf(input.numel(), size, rank);
     torch::Tensor scattered = torch::empty({own.numel});
@@ -209,16 +209,16 @@ TEST_P(GlooCollectivesTest, ReduceScatterOfATensorThatRequiresGrad) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCollectivesTest, ::testing::Values(2, 4),
+INSTANTIATE_TEST_SUITE_P(WorldSizes, RingCollectivesTest, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return std::to_string(info.param) + "_ranks";
                          });
 
-TEST(GlooCommunicatorTest, MissingRankTimesOutWithANamedError) {
+TEST(RingCommunicatorTest, MissingRankTimesOutWithANamedError) {
   absl::Notification rank0_done;
   RunGroup(
       "lonely", 2,
-      [&](int rank, GlooCommunicator& comm) {
+      [&](int rank, RingCommunicator& comm) {
         if (rank == 1) {  // stays connected but never takes part
           rank0_done.WaitForNotification();
           return;
@@ -239,10 +239,10 @@ TEST(GlooCommunicatorTest, MissingRankTimesOutWithANamedError) {
       /*timeout=*/absl::Seconds(1));
 }
 
-TEST(GlooCommunicatorTest, DepartedRankFailsTheCollectiveBeforeTheTimeout) {
+TEST(RingCommunicatorTest, DepartedRankFailsTheCollectiveBeforeTheTimeout) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   RunRanks(2, [&](int rank) {
-    auto comm = GlooCommunicator::Create(*store, "departed", rank, 2, GlooCommunicator::kLoopback,
+    auto comm = RingCommunicator::Create(*store, "departed", rank, 2, RingCommunicator::kLoopback,
                                          {absl::Seconds(60)});
     ASSERT_THAT(comm, IsOk());
     ASSERT_THAT((*comm)->Barrier()->Wait(), IsOk());
@@ -259,8 +259,8 @@ TEST(GlooCommunicatorTest, DepartedRankFailsTheCollectiveBeforeTheTimeout) {
   });
 }
 
-TEST(GlooCommunicatorTest, RejectsBadArgumentsWithNamedErrors) {
-  RunGroup("solo", 1, [](int, GlooCommunicator& comm) {
+TEST(RingCommunicatorTest, RejectsBadArgumentsWithNamedErrors) {
+  RunGroup("solo", 1, [](int, RingCommunicator& comm) {
     const auto invalid = [](const std::string& message) {
       return StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message));
     };
@@ -286,9 +286,9 @@ TEST(GlooCommunicatorTest, RejectsBadArgumentsWithNamedErrors) {
   });
 }
 
-TEST(GlooCommunicatorTest, RejectsAnInvalidRank) {
+TEST(RingCommunicatorTest, RejectsAnInvalidRank) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  EXPECT_THAT(GlooCommunicator::Create(*store, "bad", 2, 2, GlooCommunicator::kLoopback),
+  EXPECT_THAT(RingCommunicator::Create(*store, "bad", 2, 2, RingCommunicator::kLoopback),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("connecting group 'bad' (rank 2 of 2)")));
 }

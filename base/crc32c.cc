@@ -1,8 +1,8 @@
-#include "metrics/crc32c.h"
+#include "base/crc32c.h"
 
 #include <array>
 
-namespace plait::metrics {
+namespace plait::base {
 namespace {
 
 // The Castagnoli polynomial 0x1EDC6F41, bit-reversed (RFC 3720, section 12.1).
@@ -36,4 +36,4 @@ uint32_t MaskedCrc32c(absl::string_view data) {
   return ((crc >> 15) | (crc << 17)) + kMaskDelta;
 }
 
-}  // namespace plait::metrics
+}  // namespace plait::base

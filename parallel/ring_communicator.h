@@ -1,13 +1,13 @@
 // A Communicator for CPU tensors: ring collectives over plait's own TCP connections between
-// the members of a group (internal/tcp_mesh.h). It is named for Gloo, the library whose TCP
-// transport it first ran on; plait no longer links Gloo, because the LibTorch of PyTorch's
-// wheels carries a copy of its own (see third_party/symbol_collision_test.cc). Every member
+// the members of a group (internal/tcp_mesh.h), linking no collective library (Gloo, which
+// it first ran on, is not linked: the LibTorch of PyTorch's wheels carries a copy of its own,
+// see third_party/symbol_collision_test.cc). Every member
 // of a group creates it with the same name and a store they share; collectives then run on
 // one communication thread per communicator, in the order they were issued:
 //
 //   auto store = Rendezvous(world, absl::Seconds(60));            // rendezvous.h
-//   auto world_comm = GlooCommunicator::Create(*store, "world", world.rank, world.world_size,
-//                                              GlooCommunicator::kLoopback);
+//   auto world_comm = RingCommunicator::Create(*store, "world", world.rank, world.world_size,
+//                                              RingCommunicator::kLoopback);
 //   (*world_comm)->AllReduce(gradients, ReduceOp::kAverage)->Wait();
 //
 // The collectives are ring algorithms written on point-to-point transfers: c10d's Gloo group
@@ -16,8 +16,8 @@
 // all_gather and reduce_scatter, 2(N-1)/N in all_reduce (reduce-scatter then all-gather),
 // the bandwidth-optimal volumes. A failed or timed-out collective leaves the connections in
 // an unknown state, so every later collective fails with the first error.
-#ifndef PLAIT_PARALLEL_GLOO_COMMUNICATOR_H_
-#define PLAIT_PARALLEL_GLOO_COMMUNICATOR_H_
+#ifndef PLAIT_PARALLEL_RING_COMMUNICATOR_H_
+#define PLAIT_PARALLEL_RING_COMMUNICATOR_H_
 
 #include <cstdint>
 #include <deque>
@@ -42,7 +42,7 @@
 
 namespace plait::parallel {
 
-class GlooCommunicator final : public Communicator {
+class RingCommunicator final : public Communicator {
  public:
   // The address to use when every member of the group runs on this machine.
   static constexpr const char* kLoopback = "127.0.0.1";
@@ -51,13 +51,13 @@ class GlooCommunicator final : public Communicator {
   // through `store` (keys under "plait/gloo/<name>/"; a name must be used once per store).
   // `address` is where the other members reach this one: kLoopback on one machine, else
   // this machine's hostname or IP address.
-  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(c10d::Store& store,
+  static absl::StatusOr<std::unique_ptr<RingCommunicator>> Create(c10d::Store& store,
                                                                   std::string name, int rank,
                                                                   int size,
                                                                   const std::string& address,
                                                                   CommunicatorOptions options = {});
 
-  ~GlooCommunicator() override;
+  ~RingCommunicator() override;
 
   torch::Device device() const override { return torch::kCPU; }
 
@@ -87,7 +87,7 @@ class GlooCommunicator final : public Communicator {
     int peer;
   };
 
-  GlooCommunicator(std::string name, int rank, int size, CommunicatorOptions options,
+  RingCommunicator(std::string name, int rank, int size, CommunicatorOptions options,
                    std::unique_ptr<internal::TcpMesh> mesh);
 
   std::shared_ptr<Work> Enqueue(
@@ -116,12 +116,12 @@ class GlooCommunicator final : public Communicator {
   std::thread worker_;
 };
 
-// A DeviceMesh factory (device_mesh.h) whose groups are GlooCommunicators over `store`,
-// reached at `address` (see GlooCommunicator::Create). `store` must outlive the mesh's
+// A DeviceMesh factory (device_mesh.h) whose groups are RingCommunicators over `store`,
+// reached at `address` (see RingCommunicator::Create). `store` must outlive the mesh's
 // creation.
-CommunicatorFactory GlooCommunicatorFactory(c10d::Store& store, std::string address,
+CommunicatorFactory RingCommunicatorFactory(c10d::Store& store, std::string address,
                                             CommunicatorOptions options = {});
 
 }  // namespace plait::parallel
 
-#endif  // PLAIT_PARALLEL_GLOO_COMMUNICATOR_H_
+#endif  // PLAIT_PARALLEL_RING_COMMUNICATOR_H_

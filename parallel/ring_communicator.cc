@@ -1,4 +1,4 @@
-#include "parallel/gloo_communicator.h"
+#include "parallel/ring_communicator.h"
 
 #include <utility>
 
@@ -30,7 +30,7 @@ void Combine(ReduceOp op, const torch::Tensor& a, const torch::Tensor& b, torch:
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
+absl::StatusOr<std::unique_ptr<RingCommunicator>> RingCommunicator::Create(
     c10d::Store& store, std::string name, int rank, int size, const std::string& address,
     CommunicatorOptions options) {
   const std::string where =
@@ -43,18 +43,18 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       base::Annotate(internal::TcpMesh::Connect(store, absl::StrCat("plait/gloo/", name, "/"), rank,
                                                 size, address, options.timeout),
                      absl::StrCat(where, " at ", address)));
-  return std::unique_ptr<GlooCommunicator>(
-      new GlooCommunicator(std::move(name), rank, size, options, std::move(mesh)));
+  return std::unique_ptr<RingCommunicator>(
+      new RingCommunicator(std::move(name), rank, size, options, std::move(mesh)));
 }
 
-GlooCommunicator::GlooCommunicator(std::string name, int rank, int size,
+RingCommunicator::RingCommunicator(std::string name, int rank, int size,
                                    CommunicatorOptions options,
                                    std::unique_ptr<internal::TcpMesh> mesh)
     : Communicator(std::move(name), rank, size, options), mesh_(std::move(mesh)) {
   worker_ = std::thread([this] { RunTasks(); });
 }
 
-GlooCommunicator::~GlooCommunicator() {
+RingCommunicator::~RingCommunicator() {
   {
     absl::MutexLock lock(&mutex_);
     stopping_ = true;
@@ -62,7 +62,7 @@ GlooCommunicator::~GlooCommunicator() {
   worker_.join();
 }
 
-std::shared_ptr<Work> GlooCommunicator::Enqueue(
+std::shared_ptr<Work> RingCommunicator::Enqueue(
     Collective collective,
     std::function<absl::Status(uint64_t slot_base, absl::Time deadline)> run) {
   auto work = std::make_shared<NotifiedWork>();
@@ -71,7 +71,7 @@ std::shared_ptr<Work> GlooCommunicator::Enqueue(
   return work;
 }
 
-void GlooCommunicator::RunTasks() {
+void RingCommunicator::RunTasks() {
   // The collectives combine their tensors as data: autograd records nothing here, also for an
   // input that requires grad (tensor parallelism's activations, sent from inside an autograd
   // function's forward, where grad mode is off on the caller's thread only).
@@ -81,7 +81,7 @@ void GlooCommunicator::RunTasks() {
     {
       absl::MutexLock lock(&mutex_);
       mutex_.Await(absl::Condition(
-          +[](GlooCommunicator* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
+          +[](RingCommunicator* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
             return self->stopping_ || !self->tasks_.empty();
           },
           this));
@@ -107,7 +107,7 @@ void GlooCommunicator::RunTasks() {
   }
 }
 
-absl::Status GlooCommunicator::Exchange(Collective collective, uint64_t slot,
+absl::Status RingCommunicator::Exchange(Collective collective, uint64_t slot,
                                         const std::vector<Transfer>& sends,
                                         const std::optional<Transfer>& recv, absl::Time deadline) {
   std::vector<internal::TcpMesh::Transfer> mesh_sends;
@@ -133,7 +133,7 @@ absl::Status GlooCommunicator::Exchange(Collective collective, uint64_t slot,
 // Step k of N-1: send the partial reduction of chunk (r - k - 1) to the right neighbour,
 // receive that of chunk (r - k - 2) from the left one and add this rank's input to it. At
 // the last step the chunk received is chunk r, complete once this rank's part is added.
-absl::Status GlooCommunicator::ReduceScatterRing(Collective collective, const torch::Tensor& input,
+absl::Status RingCommunicator::ReduceScatterRing(Collective collective, const torch::Tensor& input,
                                                  const torch::Tensor& output, ReduceOp op,
                                                  uint64_t slot_base, absl::Time deadline) {
   const int n = size();
@@ -167,7 +167,7 @@ absl::Status GlooCommunicator::ReduceScatterRing(Collective collective, const to
 
 // Step k of N-1: send chunk (r - k) to the right neighbour and receive chunk (r - k - 1)
 // from the left one, straight into place.
-absl::Status GlooCommunicator::AllGatherRing(Collective collective, const torch::Tensor& buffer,
+absl::Status RingCommunicator::AllGatherRing(Collective collective, const torch::Tensor& buffer,
                                              uint64_t slot_base, absl::Time deadline) {
   const int n = size();
   const int r = rank();
@@ -184,7 +184,7 @@ absl::Status GlooCommunicator::AllGatherRing(Collective collective, const torch:
   return absl::OkStatus();
 }
 
-std::shared_ptr<Work> GlooCommunicator::StartAllReduce(torch::Tensor tensor, ReduceOp op) {
+std::shared_ptr<Work> RingCommunicator::StartAllReduce(torch::Tensor tensor, ReduceOp op) {
   return Enqueue(
       Collective::kAllReduce, [this, tensor, op](uint64_t slot_base, absl::Time deadline) {
         const torch::Tensor flat = tensor.view({-1});
@@ -200,7 +200,7 @@ std::shared_ptr<Work> GlooCommunicator::StartAllReduce(torch::Tensor tensor, Red
       });
 }
 
-std::shared_ptr<Work> GlooCommunicator::StartAllGather(torch::Tensor input, torch::Tensor output) {
+std::shared_ptr<Work> RingCommunicator::StartAllGather(torch::Tensor input, torch::Tensor output) {
   return Enqueue(Collective::kAllGather,
                  [this, input, output](uint64_t slot_base, absl::Time deadline) {
                    const torch::Tensor flat = output.view({-1});
@@ -210,7 +210,7 @@ std::shared_ptr<Work> GlooCommunicator::StartAllGather(torch::Tensor input, torc
                  });
 }
 
-std::shared_ptr<Work> GlooCommunicator::StartReduceScatter(torch::Tensor input,
+std::shared_ptr<Work> RingCommunicator::StartReduceScatter(torch::Tensor input,
                                                            torch::Tensor output, ReduceOp op) {
   return Enqueue(Collective::kReduceScatter,
                  [this, input, output, op](uint64_t slot_base, absl::Time deadline) {
@@ -221,7 +221,7 @@ std::shared_ptr<Work> GlooCommunicator::StartReduceScatter(torch::Tensor input,
 
 // The root sends the whole tensor to every other rank: simple, and what the small groups and
 // one-off broadcasts (initial weights) here need.
-std::shared_ptr<Work> GlooCommunicator::StartBroadcast(torch::Tensor tensor, int root) {
+std::shared_ptr<Work> RingCommunicator::StartBroadcast(torch::Tensor tensor, int root) {
   return Enqueue(
       Collective::kBroadcast, [this, tensor, root](uint64_t slot_base, absl::Time deadline) {
         if (rank() != root) {
@@ -237,19 +237,19 @@ std::shared_ptr<Work> GlooCommunicator::StartBroadcast(torch::Tensor tensor, int
 
 // An all-gather of one byte per rank: after it every rank has heard, directly or through
 // its neighbours, from every other.
-std::shared_ptr<Work> GlooCommunicator::StartBarrier() {
+std::shared_ptr<Work> RingCommunicator::StartBarrier() {
   return Enqueue(Collective::kBarrier, [this](uint64_t slot_base, absl::Time deadline) {
     const torch::Tensor tokens = torch::zeros({size()}, torch::kUInt8);
     return AllGatherRing(Collective::kBarrier, tokens, slot_base, deadline);
   });
 }
 
-CommunicatorFactory GlooCommunicatorFactory(c10d::Store& store, std::string address,
+CommunicatorFactory RingCommunicatorFactory(c10d::Store& store, std::string address,
                                             CommunicatorOptions options) {
   return [&store, address = std::move(address), options](
              const std::string& name, int rank,
              int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
-    return GlooCommunicator::Create(store, name, rank, size, address, options);
+    return RingCommunicator::Create(store, name, rank, size, address, options);
   };
 }
 

@@ -1,10 +1,10 @@
-#include "metrics/crc32c.h"
+#include "base/crc32c.h"
 
 #include <string>
 
 #include "gtest/gtest.h"
 
-namespace plait::metrics {
+namespace plait::base {
 namespace {
 
 TEST(Crc32cTest, MatchesTheVectorsOfRfc3720) {
@@ -29,4 +29,4 @@ TEST(Crc32cTest, MasksAsTensorBoard) {
 }
 
 }  // namespace
-}  // namespace plait::metrics
+}  // namespace plait::base

@@ -1,0 +1,160 @@
+#include "models/estimates.h"
+
+#include <algorithm>
+
+#include "base/torch_compat.h"
+#include "models/internal/ops.h"
+#include "models/model_config.h"
+#include "models/parameter_shapes.h"
+
+namespace plait::models {
+namespace {
+
+// Bytes the composite RmsNorm of `tokens` rows of `width` in `dtype` keeps, without its output
+// (which the projections after it keep): its input in the arithmetic dtype (a float copy of a
+// bf16 input), the square of that where mean keeps its input (base/torch_compat.h), rstd
+// [tokens] in the arithmetic dtype, and the normalised input before the weight.
+double CompositeRmsNormBytes(double tokens, double width, torch::ScalarType dtype) {
+  const double element = static_cast<double>(c10::elementSize(dtype));
+  const double arithmetic = static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype)));
+  return tokens * (arithmetic * width * (base::kMeanKeepsItsInput ? 2.0 : 1.0) + element * width +
+                   arithmetic);
+}
+
+// One rank's share of a micro-batch's activations under `tp`, in tokens and widths (elements).
+struct LocalActivations {
+  // Tokens of the micro-batch, on which attention, the MLP and the loss compute; and of the
+  // [tokens, hidden] tensors between the matmuls (the norms' inputs, the residual sums): this
+  // rank's slice of the sequence under sequence parallelism.
+  double tokens;
+  double between_matmuls;
+  double heads;
+  double kv_heads;  // one, shared by tp / kv ranks, where there are fewer than ranks
+  double q_width;
+  double kv_width;
+  double inner;
+  int64_t vocab;  // logit columns
+};
+
+LocalActivations LocalActivationsOf(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                                    const TensorParallelism& tp) {
+  const double size = static_cast<double>(tp.size);
+  const double head_dim = static_cast<double>(HeadDim(config));
+  const int64_t kv_heads = config.num_key_value_heads();
+  LocalActivations local;
+  local.tokens = static_cast<double>(batch) * static_cast<double>(seq_len);
+  local.between_matmuls = tp.sequence_parallel ? local.tokens / size : local.tokens;
+  local.heads = static_cast<double>(config.num_attention_heads()) / size;
+  local.kv_heads = static_cast<double>(kv_heads / std::min<int64_t>(kv_heads, tp.size));
+  local.q_width = local.heads * head_dim;
+  local.kv_width = local.kv_heads * head_dim;
+  local.inner = static_cast<double>(config.intermediate_size()) / size;
+  local.vocab = (config.vocab_size() + tp.size - 1) / tp.size;
+  return local;
+}
+
+}  // namespace
+
+double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
+  const double hidden = static_cast<double>(config.hidden_size());
+  const double kv_width = static_cast<double>(config.num_key_value_heads() * HeadDim(config));
+  const double per_layer = hidden * hidden * 2 + hidden * kv_width * 2 +
+                           3.0 * hidden * static_cast<double>(config.intermediate_size());
+  const double layers = static_cast<double>(config.num_hidden_layers());
+  const double matmul_params =
+      layers * per_layer + hidden * static_cast<double>(config.vocab_size());
+  return 6.0 * matmul_params + 12.0 * layers * static_cast<double>(seq_len) * hidden;
+}
+
+double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                            torch::ScalarType dtype, torch::DeviceType device_type,
+                            const TensorParallelism& tp) {
+  const LocalActivations local = LocalActivationsOf(config, batch, seq_len, tp);
+  const double tokens = local.tokens;
+  const double h = static_cast<double>(config.hidden_size());
+  const double element = static_cast<double>(c10::elementSize(dtype));
+  // The [tokens, hidden] inputs of the column-parallel projections, attention's and the
+  // MLP's: the norms' outputs, or under sequence parallelism the sequence all-gathered (the
+  // norms' own outputs then go).
+  const double column_inputs = 2.0 * tokens * h * element;
+  if (internal::FusedFormsServe(dtype, device_type)) {
+    // Each RmsNorm its input and rstd (the input is the block's, then the attention's residual
+    // sum), and the projections after it their inputs; the rotated q and k, v; the attention's
+    // output (o_proj's input) and its log-sum-exp [tokens, heads]; SwiGLU its gate and up,
+    // down_proj its output. rstd and the log-sum-exp are in the kernels' arithmetic dtype
+    // (float for bf16).
+    const double arithmetic =
+        static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype)));
+    return 2.0 * local.between_matmuls * (h * element + arithmetic) + column_inputs +
+           tokens * element * (2.0 * local.q_width + 2.0 * local.kv_width + 3.0 * local.inner) +
+           tokens * arithmetic * local.heads;
+  }
+  // The composite SwiGLU keeps gate, up and silu(gate), down_proj their product.
+  const double norms_and_mlp = 2.0 * CompositeRmsNormBytes(local.between_matmuls, h, dtype) +
+                               column_inputs + tokens * element * 4.0 * local.inner;
+  if (base::kHasCausalSdpa) {
+    // The fused attention keeps the rotated q and k, v, its output and its fp32 log-sum-exp
+    // [batch, heads, seq_len]; o_proj reads the output where the kernel wrote it, [tokens,
+    // heads * d] already. Wider than 16 bits, k and v reach it repeated to every query head
+    // (internal::CausalAttention): copies, but for a single key/value head views of it.
+    const double kv_kept = element > 2.0 && local.kv_heads > 1.0 ? local.q_width : local.kv_width;
+    return norms_and_mlp + tokens * element * (2.0 * local.q_width + 2.0 * kv_kept) +
+           tokens * local.heads * sizeof(float);
+  }
+  // The composite attention keeps its copies of q, k and v in its matmuls' layouts, the
+  // softmax's probabilities [batch, heads, seq_len, seq_len], and o_proj the output's copy.
+  return norms_and_mlp + tokens * element * (2.0 * local.q_width + 2.0 * local.kv_width) +
+         tokens * local.heads * static_cast<double>(seq_len) * element;
+}
+
+double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                       torch::ScalarType dtype, torch::DeviceType device_type,
+                       const TensorParallelism& tp) {
+  const LocalActivations local = LocalActivationsOf(config, batch, seq_len, tp);
+  const double tokens = local.tokens;
+  const double h = static_cast<double>(config.hidden_size());
+  const double element = static_cast<double>(c10::elementSize(dtype));
+  const double arithmetic = static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype)));
+  // The final norm as a block's: its input and rstd, and the output projection's input (one
+  // copy, gathered or not). Left out, as one process's token ids are: the vocabulary-parallel
+  // embedding's local ids and mask, 9 bytes a token.
+  const double final_norm = (internal::FusedFormsServe(dtype, device_type)
+                                 ? local.between_matmuls * (h * element + arithmetic)
+                                 : CompositeRmsNormBytes(local.between_matmuls, h, dtype)) +
+                            tokens * h * element;
+  // The loss keeps the logits [tokens, vocab] in `dtype` and a log-sum-exp per token in
+  // CrossEntropyDtype, and its backward makes the logits' gradient, in `dtype`, before it frees
+  // them. The chunked cross-entropy (internal::TokenCrossEntropy: every case but the fused
+  // kernel's; under tensor parallelism the vocabulary-parallel one, on this rank's columns, of
+  // which the first rank's are all real) computes 16-bit logits' softmax a chunk of rows at a
+  // time in fp32 beside that gradient; it writes wider logits' softmax into the gradient itself.
+  const double vocab = static_cast<double>(local.vocab);
+  const torch::ScalarType wide = internal::CrossEntropyDtype(dtype);
+  const double wide_element = static_cast<double>(c10::elementSize(wide));
+  double loss = 2.0 * tokens * vocab * element + tokens * wide_element;
+  if (!internal::FusedCrossEntropyServes(dtype, device_type) && wide != dtype) {
+    const double chunk_rows =
+        static_cast<double>(internal::CrossEntropyChunkRows(local.vocab, dtype));
+    loss += std::min(tokens, chunk_rows) * vocab * wide_element;
+  }
+  return BlockActivationBytes(config, batch, seq_len, dtype, device_type, tp) *
+             static_cast<double>(config.num_hidden_layers()) +
+         final_norm + loss;
+}
+
+double BlockProjectionOutputBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                                  double element_bytes, const TensorParallelism& tp) {
+  const LocalActivations local = LocalActivationsOf(config, batch, seq_len, tp);
+  const double hidden = static_cast<double>(config.hidden_size());
+  // q, k, v and o; gate, up and down.
+  const double width = local.q_width + 2.0 * local.kv_width + hidden + 2.0 * local.inner + hidden;
+  return local.tokens * width * element_bytes;
+}
+
+int64_t NumParameters(const ModelConfig& config) {
+  int64_t count = 0;
+  for (const ParameterShape& shape : ParameterShapes(config)) count += shape.numel();
+  return count;
+}
+
+}  // namespace plait::models

@@ -1,0 +1,72 @@
+// Estimates of what a model of a ModelConfig costs, computed from the config alone (nothing
+// is built): its parameter count, its training FLOPs per token (the numerator of MFU), and
+// the activation bytes a micro-batch holds on one rank, beside the model (causal_lm.h) whose
+// ops they count. The plan's memory estimate (plan/memory_estimate.h) and the trainer's MFU
+// read them:
+//
+//   const double flops = TrainingFlopsPerToken(config, /*seq_len=*/2048);
+//   const double bytes = ActivationBytes(config, 8, 2048, torch::kBFloat16, torch::kCUDA);
+#ifndef PLAIT_MODELS_ESTIMATES_H_
+#define PLAIT_MODELS_ESTIMATES_H_
+
+#include <cstdint>
+
+#include "models/model.pb.h"
+#include "torch/torch.h"
+
+namespace plait::models {
+
+// Model FLOPs of one token's forward and backward pass at sequence length `seq_len`, the
+// numerator of model FLOPs utilisation (the convention of the PaLM paper, appendix B):
+//   6 * (matmul parameters) + 12 * num_hidden_layers * seq_len * hidden_size
+// where the matmul parameters are those of q/k/v/o, gate/up/down in every layer plus the
+// output projection (counted once even when tied; the embedding lookup is not a matmul), each
+// used for 2 FLOPs per token forward and 4 backward; and the attention term counts Q K^T and
+// P V (2 * seq_len * hidden_size FLOPs each per token and layer forward, twice that
+// backward) over the full seq_len x seq_len score matrix, which is what is computed.
+double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len);
+
+// The number of parameters of the model `config` describes (tied embeddings counted once).
+int64_t NumParameters(const ModelConfig& config);
+
+// How tensor parallelism (wrap/tp, Megatron's layout) splits a micro-batch's activations over
+// the `size` ranks of its group, for the estimates below: each rank computes its attention
+// heads, its columns of the MLP's intermediate and its slice of the logits (the vocabulary
+// over `size`, rounded up where pad_vocab_to_multiple pads it; a vocabulary that does not
+// divide is otherwise refused), and with `sequence_parallel` holds only its slice of the
+// sequence of the [tokens, hidden] tensors between the matmuls. The default is one process.
+struct TensorParallelism {
+  int64_t size = 1;
+  bool sequence_parallel = false;
+};
+
+// Bytes of activations a micro-batch of `batch` sequences of `seq_len` tokens holds at the
+// peak of its backward on one rank of `tp`, for a model computing in `dtype` on
+// `device_type`: what CausalLM's ops save in the forward for the backward
+// (models/internal/ops.h), which depends on whether the fused forms serve the dtype (on the
+// CPU: fp32, fp64, bf16) and, where they do not, on whether the LibTorch has a fused attention
+// (base/torch_compat.h); plus, outside the blocks, the final norm's and the loss's: the logits
+// the loss keeps (in `dtype`), a log-sum-exp per token and the logits' gradient (and, for
+// 16-bit logits, the chunked cross-entropy's one fp32 chunk of rows), all alive when the
+// loss's backward runs, which is the peak (every later backward frees more activations than
+// the gradients it makes). For memory estimates; a GPU's is tested on the CPU through the
+// generic ops.
+double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                       torch::ScalarType dtype, torch::DeviceType device_type,
+                       const TensorParallelism& tp = {});
+
+// One block's part of ActivationBytes: what one block saves in its forward (its input
+// included).
+double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                            torch::ScalarType dtype, torch::DeviceType device_type,
+                            const TensorParallelism& tp = {});
+
+// Bytes of the outputs of one block's projections (q/k/v/o, gate/up/down) for a micro-batch on
+// one rank of `tp` (o_proj's and down_proj's partial sums whole: they are summed after):
+// what selective activation checkpointing keeps besides the block's input.
+double BlockProjectionOutputBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
+                                  double element_bytes, const TensorParallelism& tp = {});
+
+}  // namespace plait::models
+
+#endif  // PLAIT_MODELS_ESTIMATES_H_
