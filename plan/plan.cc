@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "base/file.h"
 #include "base/status.h"
@@ -59,14 +60,46 @@ absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanComm
       arguments.overrides.emplace_back(arg);
     } else if (arg == "--skip_memory_check") {
       arguments.skip_memory_check = true;
+    } else if (arg == "--help" || arg == "-h") {
+      arguments.help = true;
     } else if ((absl::ConsumePrefix(&arg, "--plan=") || !absl::StartsWith(arg, "--")) &&
                arguments.plan_path.empty()) {
       arguments.plan_path = std::string(arg);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", argv[i], "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument \"", argv[i], "\" (--help lists the flags)"));
     }
   }
   return arguments;
+}
+
+std::string PlanFlagsHelp(PlanCommand command) {
+  struct Flag {
+    const char* name;
+    const char* text;
+    bool train;
+    bool check;
+  };
+  static constexpr Flag kFlags[] = {
+      {"--plan=FILE", "the plan (or FILE alone); a job runs its own plan without it", true, true},
+      {"--set=path=value", "sets one field of the plan, as its text would; repeatable", true, true},
+      {"--world_size=N", "checks the plan for N ranks, not its mesh's size", false, true},
+      {"--max_local_ranks=N", "the most ranks the job may start on this machine", true, false},
+      {"--max_restarts=N",
+       "starts every rank again after one fails, up to N times; the plan must resume from its "
+       "checkpoints",
+       true, false},
+      {"--skip_memory_check", "goes on when the memory estimate exceeds this machine's", true,
+       true},
+      {"--help", "prints this", true, true},
+  };
+  std::string text = "flags:\n";
+  for (const Flag& flag : kFlags) {
+    if (command == PlanCommand::kTrain ? flag.train : flag.check) {
+      absl::StrAppend(&text, "  ", absl::StrFormat("%-22s", flag.name), flag.text, "\n");
+    }
+  }
+  return text;
 }
 
 absl::StatusOr<Plan> LoadPlanFromArguments(const PlanArguments& arguments,

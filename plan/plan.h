@@ -38,8 +38,9 @@ absl::Status ApplyOverride(absl::string_view assignment, Plan& plan);
 // (how many times a job that launches itself starts its ranks again after one fails,
 // torchrun's flag), --world_size=N
 // for //tools:plan_check (the world to check the plan for), and --skip_memory_check for both
-// (run a plan whose memory estimate exceeds what the machine has). Hand-parsed because --set
-// repeats, and Abseil's flags keep only the last value of a repeated flag.
+// (run a plan whose memory estimate exceeds what the machine has), and --help. Hand-parsed
+// because --set repeats, and Abseil's flags (20220623) keep only the last value of a
+// repeated flag.
 enum class PlanCommand { kTrain, kCheck };
 struct PlanArguments {
   std::string plan_path;  // as given; empty: none
@@ -48,12 +49,16 @@ struct PlanArguments {
   int max_restarts = 0;                // kTrain
   std::optional<int> world_size;       // kCheck
   bool skip_memory_check = false;
+  bool help = false;  // --help (or -h): print PlanFlagsHelp and do nothing else
 };
 
 // Parses argv[1..argc); InvalidArgument naming the first argument `command` does not take,
 // or whose count (--world_size, --max_local_ranks) is not a positive integer, or
 // --max_restarts not a count >= 0.
 absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanCommand command);
+
+// The flags `command` takes, one line each with what it does, for --help.
+std::string PlanFlagsHelp(PlanCommand command);
 
 // The plan `arguments` name, with their overrides applied: the file (a path relative to where
 // the user ran `bazel run`, base::UserPath), else `embedded_text` (compiled into the binary

@@ -102,9 +102,9 @@ TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
   EXPECT_THAT(arguments->overrides, ::testing::ElementsAre("training.steps=5", "training.steps=6"));
   EXPECT_EQ(arguments->world_size, 4);
   EXPECT_FALSE(arguments->skip_memory_check);
-  EXPECT_THAT(
-      ParsePlanArguments(4, const_cast<char**>(argv), PlanCommand::kTrain),
-      StatusIs(absl::StatusCode::kInvalidArgument, "unexpected argument \"--world_size=4\""));
+  EXPECT_THAT(ParsePlanArguments(4, const_cast<char**>(argv), PlanCommand::kTrain),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "unexpected argument \"--world_size=4\" (--help lists the flags)"));
   // A count that is not a positive integer is named, not taken for the plan's path (which
   // "--world_size=nan" was, found by the plan mutation test).
   for (const char* bad : {"--world_size=nan", "--world_size=0", "--world_size=2147483648"}) {
@@ -134,9 +134,9 @@ TEST(PlanArgumentsTest, TakesMaxRestartsForTraining) {
       ParsePlanArguments(2, const_cast<char**>(argv), PlanCommand::kTrain);
   ASSERT_THAT(arguments, IsOk());
   EXPECT_EQ(arguments->max_restarts, 2);
-  EXPECT_THAT(
-      ParsePlanArguments(2, const_cast<char**>(argv), PlanCommand::kCheck),
-      StatusIs(absl::StatusCode::kInvalidArgument, "unexpected argument \"--max_restarts=2\""));
+  EXPECT_THAT(ParsePlanArguments(2, const_cast<char**>(argv), PlanCommand::kCheck),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "unexpected argument \"--max_restarts=2\" (--help lists the flags)"));
   const char* bad[] = {"llama_fsdp", "--max_restarts=-1"};
   EXPECT_THAT(ParsePlanArguments(2, const_cast<char**>(bad), PlanCommand::kTrain),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -151,6 +151,22 @@ TEST(PlanArgumentsTest, TakesTheMemoryCheckOverrideForBothCommands) {
     ASSERT_THAT(arguments, IsOk());
     EXPECT_TRUE(arguments->skip_memory_check);
   }
+}
+
+// --help asks for the flags, which are the command's own, one line each.
+TEST(PlanArgumentsTest, HelpListsTheCommandsFlags) {
+  const char* argv[] = {"train", "--help"};
+  absl::StatusOr<PlanArguments> arguments =
+      ParsePlanArguments(2, const_cast<char**>(argv), PlanCommand::kTrain);
+  ASSERT_THAT(arguments, IsOk());
+  EXPECT_TRUE(arguments->help);
+  const std::string train = PlanFlagsHelp(PlanCommand::kTrain);
+  EXPECT_THAT(train, HasSubstr("\n  --set=path=value      sets one field of the plan"));
+  EXPECT_THAT(train, HasSubstr("\n  --max_restarts=N"));
+  EXPECT_THAT(train, ::testing::Not(HasSubstr("--world_size")));
+  const std::string check = PlanFlagsHelp(PlanCommand::kCheck);
+  EXPECT_THAT(check, HasSubstr("\n  --world_size=N        checks the plan for N ranks"));
+  EXPECT_THAT(check, ::testing::Not(HasSubstr("--max_restarts")));
 }
 
 }  // namespace

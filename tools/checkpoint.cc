@@ -100,6 +100,10 @@ absl::Status ExportHf(const std::string& folder, const checkpoint::Manifest& man
 
 int Main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+    std::cout << kUsage << "\n";
+    return 0;
+  }
   const bool export_hf = !args.empty() && args[0] == "export-hf";
   if (args.size() != (export_hf ? 3u : 2u) ||
       !(export_hf || args[0] == "info" || args[0] == "verify")) {

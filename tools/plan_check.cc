@@ -24,6 +24,10 @@ constexpr char kUsage[] =
 int RunPlanCheck(int argc, char** argv) {
   absl::StatusOr<plait::plan::PlanArguments> arguments =
       plait::plan::ParsePlanArguments(argc, argv, plait::plan::PlanCommand::kCheck);
+  if (arguments.ok() && arguments->help) {
+    std::cout << kUsage << "\n" << plait::plan::PlanFlagsHelp(plait::plan::PlanCommand::kCheck);
+    return 0;
+  }
   if (!arguments.ok() || arguments->plan_path.empty()) {
     if (!arguments.ok()) std::cerr << "plan_check: " << arguments.status().message() << "\n";
     std::cerr << kUsage << "\n";

@@ -81,6 +81,10 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
     std::cerr << arguments.status().message() << "\n" << kUsage << "\n";
     return 2;
   }
+  if (arguments->help) {
+    std::cout << kUsage << "\n" << plan::PlanFlagsHelp(plan::PlanCommand::kTrain);
+    return 0;
+  }
   if (arguments->plan_path.empty() && *embedded.text == '\0') {
     std::cerr << "no plan: give --plan=FILE\n" << kUsage << "\n";
     return 2;
