@@ -66,6 +66,10 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
   return 6.0 * matmul_params + 12.0 * layers * static_cast<double>(seq_len) * hidden;
 }
 
+double ForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
+  return TrainingFlopsPerToken(config, seq_len) / 3.0;
+}
+
 double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
                             torch::ScalarType dtype, torch::DeviceType device_type,
                             const TensorParallelism& tp) {

@@ -26,6 +26,11 @@ namespace plait::models {
 // backward) over the full seq_len x seq_len score matrix, which is what is computed.
 double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len);
 
+// Model FLOPs of one token's forward pass alone (a frozen model's), by the same convention:
+// a third of TrainingFlopsPerToken (2 of its 6 FLOPs per matmul parameter, 4 of its 12 for
+// attention).
+double ForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len);
+
 // The number of parameters of the model `config` describes (tied embeddings counted once).
 int64_t NumParameters(const ModelConfig& config);
 

@@ -83,6 +83,16 @@ std::vector<base::Violation> CheckObjective(
   return problems;
 }
 
+WorkPerSequence WorkOf(const ObjectiveConfig& config) {
+  if (!config.has_dpo()) return {};
+  WorkPerSequence work;
+  work.trained_rows = 2.0;  // chosen and rejected
+  if (!config.dpo().precompute_reference()) {
+    work.frozen_forward_rows[config.dpo().reference()] = 2.0;
+  }
+  return work;
+}
+
 std::map<std::string, std::string> DescribeFrozenRoles(const ObjectiveConfig& config) {
   if (!config.has_dpo()) return {};
   return {{config.dpo().reference(),

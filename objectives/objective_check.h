@@ -31,6 +31,17 @@ std::vector<base::Violation> CheckObjective(
     const std::map<std::string, std::optional<models::ModelConfig>>& frozen,
     const data::DataConfig& data, absl::string_view field_path);
 
+// What the objective `config` computes for each sequence of a batch (a DPO pair counts as
+// one), for a run's throughput and MFU: the rows of seq_len tokens the trained model runs
+// forward and backward, and the rows each frozen model it reads runs forward in a step, by
+// name (DPO: chosen and rejected through the policy and, unless precomputed once before the
+// first step, through the reference).
+struct WorkPerSequence {
+  double trained_rows = 1.0;
+  std::map<std::string, double> frozen_forward_rows;
+};
+WorkPerSequence WorkOf(const ObjectiveConfig& config);
+
 // What the objective `config` does with the frozen models it reads, by name (DPO: its
 // reference), in a sentence each, for a plan's explanation.
 std::map<std::string, std::string> DescribeFrozenRoles(const ObjectiveConfig& config);

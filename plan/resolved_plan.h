@@ -61,6 +61,13 @@ struct ResolvedPlan {
   // Sequences per optimizer step over the data-parallel ranks: micro_batch x
   // data_parallel_size x grad_accumulation.
   int64_t global_batch = 0;
+  // What a step computes, for its tokens/s and MFU (objectives::WorkOf): the tokens the trained
+  // model runs forward and backward in a step (global_batch x seq_len x the objective's rows
+  // per sequence, two for DPO's pairs), and the model FLOPs per such token, its own
+  // (models::TrainingFlopsPerToken) plus the forward FLOPs of the frozen models the objective
+  // runs in each step (DPO's live reference) per trained token.
+  double tokens_per_step = 0;
+  double flops_per_token = 0;
 
   const TrainingConfig& training() const { return plan.training(); }
 };

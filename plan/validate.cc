@@ -18,6 +18,7 @@
 #include "base/status.h"
 #include "checkpoint/checkpoint_config.h"
 #include "data/data_config.h"
+#include "models/estimates.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
@@ -66,6 +67,7 @@ class Checker {
     CheckFrozen();
     AddAll(objectives::CheckObjective(plan_.objective(), config, frozen_configs_, plan_.data(),
                                       "plan.objective"));
+    ResolveWork(config);
     ResolvePaths();
     return std::move(violations_);
   }
@@ -302,6 +304,23 @@ class Checker {
       resolved_.frozen.push_back(config.value_or(models::ModelConfig()));
       CheckWeights(frozen.hf_weights_dir(), field + ".hf_weights_dir");
       CheckSteps(frozen.prepare(), field + ".prepare", frozen.model(), config);
+    }
+  }
+
+  // What a step computes, as the objective says (objectives::WorkOf), for the trained model
+  // `config` (nullopt when invalid: no FLOPs to count).
+  void ResolveWork(const std::optional<models::ModelConfig>& config) {
+    const objectives::WorkPerSequence work = objectives::WorkOf(plan_.objective());
+    const int64_t seq_len = plan_.training().seq_len();
+    resolved_.tokens_per_step =
+        static_cast<double>(resolved_.global_batch) * seq_len * work.trained_rows;
+    if (!config.has_value()) return;
+    resolved_.flops_per_token = models::TrainingFlopsPerToken(*config, seq_len);
+    for (const auto& [name, rows] : work.frozen_forward_rows) {
+      const auto frozen = frozen_configs_.find(name);
+      if (frozen == frozen_configs_.end() || !frozen->second.has_value()) continue;
+      resolved_.flops_per_token +=
+          rows / work.trained_rows * models::ForwardFlopsPerToken(*frozen->second, seq_len);
     }
   }
 

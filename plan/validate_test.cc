@@ -13,6 +13,7 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/estimates.h"
 #include "parallel/device.h"
 #include "plan/plan.h"
 #include "wrap/rules.h"
@@ -214,6 +215,31 @@ TEST(ResolveTest, FillsInTheDefaultsTheDataParallelWidthAndTheGlobalBatch) {
   ASSERT_THAT(resolved, IsOk());
   EXPECT_EQ(resolved->global_batch, 16);
   EXPECT_EQ(resolved->eval_micro_batches, 6);
+}
+
+// A DPO step runs each pair's chosen and rejected rows through the policy, and through the
+// reference unless its log-probabilities were precomputed: tokens/s and MFU count them.
+TEST(ResolveTest, CountsTheRowsAndFlopsTheObjectiveRuns) {
+  absl::StatusOr<Plan> plan = LoadPlan(Runfile("plan/examples/qwen_dpo_fsdp.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<ResolvedPlan> live = Resolve(*plan, 2);
+  ASSERT_THAT(live, IsOk());
+  const int64_t seq_len = plan->training().seq_len();
+  const double policy = models::TrainingFlopsPerToken(live->model, seq_len);
+  EXPECT_EQ(live->tokens_per_step, 2.0 * live->global_batch * seq_len);
+  EXPECT_DOUBLE_EQ(live->flops_per_token,
+                   policy + models::ForwardFlopsPerToken(live->frozen[0], seq_len));
+  ASSERT_THAT(ApplyOverride("objective.dpo.precompute_reference=true", *plan), IsOk());
+  absl::StatusOr<ResolvedPlan> precomputed = Resolve(*plan, 2);
+  ASSERT_THAT(precomputed, IsOk());
+  EXPECT_EQ(precomputed->tokens_per_step, live->tokens_per_step);
+  EXPECT_DOUBLE_EQ(precomputed->flops_per_token, policy);
+
+  absl::StatusOr<Plan> causal = LoadPlan(Runfile("plan/examples/llama_fsdp.textproto"));
+  ASSERT_THAT(causal, IsOk());
+  absl::StatusOr<ResolvedPlan> resolved = Resolve(*causal, 2);
+  ASSERT_THAT(resolved, IsOk());
+  EXPECT_EQ(resolved->tokens_per_step, 16.0 * 64);
 }
 
 // A plan without eval_batches evaluates nothing, and may not ask for periodic evaluations.

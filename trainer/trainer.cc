@@ -143,7 +143,6 @@ class TrainingRun {
   std::optional<metrics::MetricsLog> metrics_log_;
   std::optional<metrics::TensorBoardLog> tensorboard_;
   std::optional<metrics::ProgressLog> progress_;
-  double tokens_per_step_ = 0.0;   // over the data-parallel ranks
   double training_seconds_ = 0.0;  // in steps, without evaluation
 };
 
@@ -198,7 +197,6 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const plan::Reso
   }
   PLAIT_RETURN_IF_ERROR(run->checkpoints_->Restore(*run->optimizer_, *run->train_));
   PLAIT_RETURN_IF_ERROR(run->StartObjective());
-  run->tokens_per_step_ = static_cast<double>(resolved.global_batch) * training.seq_len();
   return run;
 }
 
@@ -299,7 +297,7 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics.skipped = update.skipped;
   const double seconds = Seconds(Clock::now() - start);
   training_seconds_ += seconds;
-  metrics.tokens_per_s = tokens_per_step_ / seconds;
+  metrics.tokens_per_s = resolved_.tokens_per_step / seconds;
   metrics.mfu = Mfu(metrics.tokens_per_s);
   const bool eval_due = training_.eval_every() > 0 && metrics.step % training_.eval_every() == 0;
   if (resolved_.eval_micro_batches > 0 && (eval_due || metrics.step == training_.steps())) {
@@ -319,7 +317,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   report.entropy_floor = train_->EntropyFloor();
   if (progress_) {
     progress_->Header(NumParameters(resolved_.model), mesh_.layout().world_size(),
-                      static_cast<int64_t>(tokens_per_step_), report.entropy_floor,
+                      static_cast<int64_t>(resolved_.tokens_per_step), report.entropy_floor,
                       checkpoints_->resume_step(), RestartLine(options_));
   }
   const int64_t steps = training_.steps();
@@ -342,7 +340,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
     if (tensorboard_) PLAIT_RETURN_IF_ERROR(tensorboard_->Append(metrics));
     if (progress_) {
       const int64_t done = step + 1 - first_step;
-      progress_->Step(metrics, tokens_per_step_ * done / training_seconds_,
+      progress_->Step(metrics, resolved_.tokens_per_step * done / training_seconds_,
                       Seconds(Clock::now() - start) / done * (steps - step - 1));
     }
     if (skipped_in_a_row >= resolved_.max_skipped_steps) {
@@ -363,7 +361,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   report.seconds = Seconds(Clock::now() - start);
   // A run resumed from its last step trains no step.
   report.tokens_per_s =
-      first_step < steps ? tokens_per_step_ * (steps - first_step) / training_seconds_ : 0.0;
+      first_step < steps ? resolved_.tokens_per_step * (steps - first_step) / training_seconds_ : 0.0;
   report.mfu = Mfu(report.tokens_per_s);
   PLAIT_ASSIGN_OR_RETURN(report.peak_memory_bytes, PeakMemoryPerRank(mesh_));
   PLAIT_RETURN_IF_ERROR(MaxOverRanks(report.peak_device_memory_bytes));
@@ -390,7 +388,7 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
 std::optional<double> TrainingRun::Mfu(double tokens_per_s) const {
   const double peak = peak_flops_per_rank_ * mesh_.layout().world_size();
   if (peak <= 0.0) return std::nullopt;
-  return tokens_per_s * models::TrainingFlopsPerToken(resolved_.model, training_.seq_len()) / peak;
+  return tokens_per_s * resolved_.flops_per_token / peak;
 }
 
 absl::Status TrainingRun::MaxOverRanks(std::optional<int64_t>& bytes) const {
