@@ -30,7 +30,7 @@ DataConfig ResolvedDataConfig(const DataConfig& data) {
   return resolved;
 }
 
-std::vector<base::Violation> ValidateDataConfig(const DataConfig& data,
+std::vector<base::Violation> CheckDataConfig(const DataConfig& data,
                                                 std::optional<int64_t> vocab_size,
                                                 absl::string_view field_path) {
   std::vector<base::Violation> problems;

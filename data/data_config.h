@@ -1,10 +1,10 @@
 // The data config (data.proto) before anything reads it: ResolvedDataConfig fills in what a
 // config leaves unset (the default synthetic source, SyntheticData's defaults), so that every
 // caller (loaders, checkpoint fingerprints, a plan's explanation) sees the same source, and
-// ValidateDataConfig lists every problem, each under its field, before any file is opened:
+// CheckDataConfig lists every problem, each under its field, before any file is opened:
 //
 //   const DataConfig data = ResolvedDataConfig(plan.data());
-//   for (const base::Violation& p : ValidateDataConfig(plan.data(), vocab_size, "plan.data")) {
+//   for (const base::Violation& p : CheckDataConfig(plan.data(), vocab_size, "plan.data")) {
 //     // p.field: "plan.data.token_files.train_path", p.message: "\"a.bin\" does not exist"
 //   }
 #ifndef PLAIT_DATA_DATA_CONFIG_H_
@@ -34,7 +34,7 @@ DataConfig ResolvedDataConfig(const DataConfig& data);
 // in the caller's config: synthetic values out of range (num_states checked against
 // `vocab_size` when it is known), an unset token format, and token files unnamed or
 // missing. Empty when `data` is valid. Reads only `data` and the file system.
-std::vector<base::Violation> ValidateDataConfig(const DataConfig& data,
+std::vector<base::Violation> CheckDataConfig(const DataConfig& data,
                                                 std::optional<int64_t> vocab_size,
                                                 absl::string_view field_path);
 

@@ -44,24 +44,24 @@ TEST(ResolvedDataConfigTest, SetValuesAndTokenFilesAreKept) {
   EXPECT_EQ(ResolvedDataConfig(files).ShortDebugString(), files.ShortDebugString());
 }
 
-TEST(ValidateDataConfigTest, DefaultsAndExistingFilesAreValid) {
-  EXPECT_TRUE(ValidateDataConfig(DataConfig(), 4096, "plan.data").empty());
+TEST(CheckDataConfigTest, DefaultsAndExistingFilesAreValid) {
+  EXPECT_TRUE(CheckDataConfig(DataConfig(), 4096, "plan.data").empty());
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/tokens.bin";
   std::ofstream(path) << "tokens";
   DataConfig files;
   files.mutable_token_files()->set_train_path(path);
   files.mutable_token_files()->set_eval_path(path);
   files.mutable_token_files()->set_format(TOKEN_FORMAT_UINT16);
-  EXPECT_TRUE(ValidateDataConfig(files, 4096, "plan.data").empty());
+  EXPECT_TRUE(CheckDataConfig(files, 4096, "plan.data").empty());
 }
 
-TEST(ValidateDataConfigTest, SyntheticValuesOutOfRangeNameTheCallersField) {
+TEST(CheckDataConfigTest, SyntheticValuesOutOfRangeNameTheCallersField) {
   DataConfig data;
   data.mutable_synthetic()->set_num_states(300);
   data.mutable_synthetic()->set_branching(301);
   data.mutable_synthetic()->set_peak(0.5);
   EXPECT_THAT(
-      ValidateDataConfig(data, 256, "cfg.data"),
+      CheckDataConfig(data, 256, "cfg.data"),
       ElementsAre(Problem("cfg.data.synthetic.num_states", "300; must be in [2, vocab_size = 256]"),
                   Problem("cfg.data.synthetic.branching", "301; must be in [1, num_states = 300]"),
                   Problem("cfg.data.synthetic.peak", "0.5; must be >= 1")));
@@ -70,15 +70,15 @@ TEST(ValidateDataConfigTest, SyntheticValuesOutOfRangeNameTheCallersField) {
   data.mutable_synthetic()->set_branching(1);
   data.mutable_synthetic()->set_peak(1.0);
   EXPECT_THAT(
-      ValidateDataConfig(data, std::nullopt, "cfg.data"),
+      CheckDataConfig(data, std::nullopt, "cfg.data"),
       ElementsAre(Problem("cfg.data.synthetic.num_states", "1; must be in [2, vocab_size]")));
 }
 
-TEST(ValidateDataConfigTest, TokenFilesNeedAFormatAndFilesThatExist) {
+TEST(CheckDataConfigTest, TokenFilesNeedAFormatAndFilesThatExist) {
   DataConfig data;
   data.mutable_token_files()->set_eval_path("/nonexistent/plait/val.bin");
   EXPECT_THAT(
-      ValidateDataConfig(data, 4096, "plan.data"),
+      CheckDataConfig(data, 4096, "plan.data"),
       ElementsAre(Problem("plan.data.token_files.format",
                           "is not set; set TOKEN_FORMAT_LLMC, TOKEN_FORMAT_UINT16 or "
                           "TOKEN_FORMAT_UINT32"),
@@ -89,14 +89,14 @@ TEST(ValidateDataConfigTest, TokenFilesNeedAFormatAndFilesThatExist) {
   data.mutable_token_files()->set_format(TOKEN_FORMAT_LLMC);
   data.mutable_token_files()->set_train_path("/tmp");
   data.mutable_token_files()->set_eval_path("/dev/null");
-  EXPECT_THAT(ValidateDataConfig(data, 4096, "plan.data"),
+  EXPECT_THAT(CheckDataConfig(data, 4096, "plan.data"),
               ElementsAre(Problem("plan.data.token_files.train_path",
                                   "\"/tmp\" is a directory, not a token file"),
                           Problem("plan.data.token_files.eval_path",
                                   "\"/dev/null\" is a device, not a token file")));
 }
 
-TEST(ValidateDataConfigTest, TextExamplesNeedATokenizerThatExists) {
+TEST(CheckDataConfigTest, TextExamplesNeedATokenizerThatExists) {
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/sft.jsonl";
   std::ofstream(path) << "{}";
   DataConfig data;
@@ -104,7 +104,7 @@ TEST(ValidateDataConfigTest, TextExamplesNeedATokenizerThatExists) {
   files.set_train_path(path);
   files.set_eval_path(path);
   files.set_format(PAIR_FORMAT_TEXT);
-  EXPECT_THAT(ValidateDataConfig(data, 4096, "plan.data"),
+  EXPECT_THAT(CheckDataConfig(data, 4096, "plan.data"),
               ElementsAre(Problem("plan.data.sft_files.tokenizer",
                                   "is empty; text examples need the model's tokenizer: name its "
                                   "folder (with tokenizer.json or tokenizer.model) or file, or "
@@ -112,13 +112,13 @@ TEST(ValidateDataConfigTest, TextExamplesNeedATokenizerThatExists) {
                                   "then used")));
   files.set_tokenizer("no/such/folder");
   EXPECT_THAT(
-      ValidateDataConfig(data, 4096, "plan.data"),
+      CheckDataConfig(data, 4096, "plan.data"),
       ElementsAre(Problem("plan.data.sft_files.tokenizer", "\"no/such/folder\" does not exist")));
   files.set_tokenizer(std::getenv("TEST_TMPDIR"));
-  EXPECT_TRUE(ValidateDataConfig(data, 4096, "plan.data").empty());
+  EXPECT_TRUE(CheckDataConfig(data, 4096, "plan.data").empty());
   // A tokenizer for id examples is a plan that forgot the text format.
   files.set_format(PAIR_FORMAT_IDS);
-  EXPECT_THAT(ValidateDataConfig(data, 4096, "plan.data"),
+  EXPECT_THAT(CheckDataConfig(data, 4096, "plan.data"),
               ElementsAre(Field(&base::Violation::field, "plan.data.sft_files.tokenizer")));
 }
 

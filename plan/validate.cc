@@ -286,7 +286,7 @@ class Checker {
     resolved_.data = ResolveData(plan_);
     const std::optional<int64_t> vocab_size =
         config.has_value() ? std::optional<int64_t>(config->vocab_size()) : std::nullopt;
-    AddAll(data::ValidateDataConfig(resolved_.data, vocab_size, "plan.data"));
+    AddAll(data::CheckDataConfig(resolved_.data, vocab_size, "plan.data"));
   }
 
   void CheckFrozen() {
