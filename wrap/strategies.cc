@@ -20,13 +20,13 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
     case PrepareStep::kFsdp:
       return std::make_unique<fsdp::FsdpStrategy>(step.fsdp());
     case PrepareStep::kDdp:
-      PLAIT_RETURN_IF_ERROR(ddp::CheckDdpConfig(step.ddp()));
+      PLAIT_RETURN_IF_ERROR(ddp::ValidateDdpConfig(step.ddp()));
       return std::make_unique<ddp::DdpStrategy>(step.ddp());
     case PrepareStep::kTensorParallel:
       return std::make_unique<tp::TensorParallelStrategy>(step.tensor_parallel());
     case PrepareStep::kActivationCheckpointing:
       PLAIT_RETURN_IF_ERROR(
-          checkpointing::CheckActivationCheckpointingConfig(step.activation_checkpointing()));
+          checkpointing::ValidateActivationCheckpointingConfig(step.activation_checkpointing()));
       return std::make_unique<checkpointing::ActivationCheckpointingStrategy>(
           step.activation_checkpointing());
     case PrepareStep::STRATEGY_NOT_SET:

@@ -176,7 +176,7 @@ torch::Tensor ActivationCheckpointing::Linear(const torch::Tensor& x, const torc
   return output;
 }
 
-absl::Status CheckActivationCheckpointingConfig(const ActivationCheckpointingConfig& config) {
+absl::Status ValidateActivationCheckpointingConfig(const ActivationCheckpointingConfig& config) {
   if (config.policy() == ActivationCheckpointingConfig::POLICY_UNSPECIFIED) {
     return absl::InvalidArgumentError(
         "activation_checkpointing.policy is not set; set FULL or SELECTIVE");
@@ -203,7 +203,7 @@ StepEstimate ActivationCheckpointingStrategy::Estimate(const ModelShape& shape,
 
 absl::Status ActivationCheckpointingStrategy::Apply(Wrappable& model,
                                                     const parallel::DeviceMesh& /*mesh*/) {
-  PLAIT_RETURN_IF_ERROR(CheckActivationCheckpointingConfig(config_));
+  PLAIT_RETURN_IF_ERROR(ValidateActivationCheckpointingConfig(config_));
   checkpointing_ = std::make_unique<ActivationCheckpointing>(model, config_.policy());
   return absl::OkStatus();
 }

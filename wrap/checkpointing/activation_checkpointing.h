@@ -83,7 +83,7 @@ class ActivationCheckpointingStrategy final : public Strategy {
 };
 
 // InvalidArgument naming `activation_checkpointing.policy` when it is unset.
-absl::Status CheckActivationCheckpointingConfig(const ActivationCheckpointingConfig& config);
+absl::Status ValidateActivationCheckpointingConfig(const ActivationCheckpointingConfig& config);
 
 }  // namespace plait::wrap::checkpointing
 

@@ -154,7 +154,7 @@ TEST(ActivationCheckpointingTest, SelectiveRefusesASecondBackward) {
 }
 
 TEST(ActivationCheckpointingStrategyTest, NeedsAPolicy) {
-  EXPECT_THAT(CheckActivationCheckpointingConfig(ActivationCheckpointingConfig()),
+  EXPECT_THAT(ValidateActivationCheckpointingConfig(ActivationCheckpointingConfig()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("activation_checkpointing.policy is not set")));
 }

@@ -26,7 +26,7 @@ double FirstBucketCapMb(const DdpConfig& config) {
 
 }  // namespace
 
-absl::Status CheckDdpConfig(const DdpConfig& config) {
+absl::Status ValidateDdpConfig(const DdpConfig& config) {
   for (auto [field, value] : {std::pair{"bucket_cap_mb", BucketCapMb(config)},
                               std::pair{"first_bucket_cap_mb", FirstBucketCapMb(config)}}) {
     if (!(value > 0.0 && std::isfinite(value))) {
@@ -49,7 +49,7 @@ struct Ddp::Bucket {
 absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
                                                  parallel::Communicator& communicator,
                                                  const DdpConfig& config) {
-  PLAIT_RETURN_IF_ERROR(CheckDdpConfig(config));
+  PLAIT_RETURN_IF_ERROR(ValidateDdpConfig(config));
   const double cap_mb = BucketCapMb(config);
   const double first_cap_mb = FirstBucketCapMb(config);
 

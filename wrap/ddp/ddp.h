@@ -29,7 +29,7 @@ namespace plait::wrap::ddp {
 // OK when `config`'s bucket caps (bucket_cap_mb, first_bucket_cap_mb, set or default) are
 // positive and finite; else InvalidArgument naming the field ("ddp.bucket_cap_mb: -1 must be
 // > 0 and finite"). Checked by MakeStrategy, so a plan check catches it, and by Ddp::Create.
-absl::Status CheckDdpConfig(const DdpConfig& config);
+absl::Status ValidateDdpConfig(const DdpConfig& config);
 
 class Ddp {
  public:
