@@ -15,6 +15,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/file.h"
 #include "base/guarded_main.h"
@@ -27,6 +29,8 @@ namespace {
 constexpr char kUsage[] = "usage: plot --out=CURVES.svg METRICS.jsonl...";
 
 int Plot(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      absl::StrCat("draws the curves of metrics files as one SVG.\n  ", kUsage));
   const std::vector<char*> files = absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_out).empty() || files.size() < 2) {
     std::cerr << kUsage << "\n";
