@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::base {
 

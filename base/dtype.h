@@ -6,7 +6,7 @@
 #define PLAIT_BASE_DTYPE_H_
 
 #include "base/dtype.pb.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::base {
 

@@ -19,7 +19,7 @@
 #include "c10/util/ThreadLocalDebugInfo.h"
 #include "torch/csrc/autograd/variable.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
-#include "torch/torch.h"
+#include "torch/types.h"
 #include "torch/version.h"
 
 namespace plait::base {

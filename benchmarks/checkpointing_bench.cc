@@ -31,7 +31,8 @@
 #include "parallel/device_mesh.h"
 #include "parallel/ring_communicator.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/torch.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 #include "wrap/preparation.h"
 
 namespace plait::wrap {

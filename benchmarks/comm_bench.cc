@@ -18,7 +18,7 @@
 #include "parallel/communicator.h"
 #include "parallel/ring_communicator.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 namespace {

@@ -25,7 +25,7 @@
 #include "data/data_loader.h"
 #include "data/testing_token_files.h"
 #include "models/model_config.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::data {
 namespace {

@@ -44,7 +44,9 @@
 #include "models/estimates.h"
 #include "models/model_config.h"
 #include "parallel/device.h"
-#include "torch/torch.h"
+#include "torch/cuda.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 
 #ifdef PLAIT_GPU
 #include <cuda_runtime.h>

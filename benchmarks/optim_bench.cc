@@ -16,7 +16,11 @@
 #include "benchmarks/bench_setup.h"
 #include "google/protobuf/text_format.h"
 #include "optim/optimizer.h"
-#include "torch/torch.h"
+#include "torch/optim/adam.h"
+#include "torch/optim/adamw.h"
+#include "torch/optim/sgd.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 
 namespace plait::optim {
 namespace {

@@ -52,7 +52,7 @@
 #include "checkpoint/manifest.h"
 #include "parallel/device_mesh.h"
 #include "parallel/tensor_slice.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::checkpoint {
 

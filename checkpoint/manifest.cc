@@ -12,6 +12,7 @@
 #include "base/hash.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "torch/utils.h"
 
 namespace plait::checkpoint {
 namespace {

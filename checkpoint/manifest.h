@@ -24,7 +24,7 @@
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "parallel/tensor_slice.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::checkpoint {
 

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::data {
 

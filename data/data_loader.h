@@ -30,7 +30,7 @@
 #include "data/markov_source.h"
 #include "data/pairs.h"
 #include "data/token_file.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::data {
 

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "data/data.pb.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::data {
 

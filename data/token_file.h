@@ -25,7 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "data/data.pb.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::data {
 

@@ -18,6 +18,9 @@
 #include "models/internal/ops.h"
 #include "models/model_config.h"
 #include "models/rotary.h"
+#include "torch/nn/functional/linear.h"
+#include "torch/nn/modules/container/modulelist.h"
+#include "torch/utils.h"
 
 namespace plait::models {
 namespace {

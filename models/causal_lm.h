@@ -36,7 +36,10 @@
 #include "absl/status/statusor.h"
 #include "models/model.pb.h"
 #include "models/rotary.h"
-#include "torch/torch.h"
+#include "torch/nn/module.h"
+#include "torch/nn/modules/embedding.h"
+#include "torch/nn/modules/linear.h"
+#include "torch/types.h"
 #include "wrap/wrappable.h"
 
 namespace plait::models {

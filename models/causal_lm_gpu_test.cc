@@ -15,7 +15,9 @@
 #include "models/model_config.h"
 #include "models/safetensors.h"
 #include "models/testing_gradients.h"
-#include "torch/torch.h"
+#include "torch/cuda.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 
 namespace plait::models {
 namespace {

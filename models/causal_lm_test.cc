@@ -14,6 +14,9 @@
 #include "models/model_config.h"
 #include "models/testing_activations.h"
 #include "models/testing_gradients.h"
+#include "torch/nn/module.h"
+#include "torch/optim/adam.h"
+#include "torch/utils.h"
 
 namespace plait::models {
 namespace {

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "models/model.pb.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::models {
 

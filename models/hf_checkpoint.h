@@ -19,7 +19,7 @@
 #include "base/violation.h"
 #include "models/causal_lm.h"
 #include "models/safetensors.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::models {
 

@@ -9,7 +9,7 @@
 #define PLAIT_MODELS_ROTARY_H_
 
 #include "models/model.pb.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::models {
 

@@ -4,6 +4,7 @@
 
 #include "gtest/gtest.h"
 #include "models/model_config.h"
+#include "torch/utils.h"
 
 namespace plait::models {
 namespace {

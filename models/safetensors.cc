@@ -25,6 +25,7 @@
 #include "base/json.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
+#include "torch/utils.h"
 
 namespace plait::models {
 namespace {

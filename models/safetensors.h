@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::models {
 

@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "torch/utils.h"
 
 namespace plait::models {
 namespace {

@@ -15,6 +15,7 @@
 #include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "torch/utils.h"
 
 namespace plait::models {
 namespace {

@@ -1,7 +1,7 @@
 #include "models/testing_activations.h"
 
 #include "base/allocation_counter.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::models::testing {
 

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "models/causal_lm.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::models::testing {
 

@@ -9,7 +9,7 @@
 #define PLAIT_OBJECTIVES_DPO_LOSS_H_
 
 #include "objectives/objective.pb.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::objectives {
 

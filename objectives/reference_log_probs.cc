@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/hash.h"
+#include "torch/utils.h"
 
 namespace plait::objectives {
 namespace {

@@ -34,7 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "parallel/device_mesh.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::objectives {
 

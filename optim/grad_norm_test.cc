@@ -12,7 +12,9 @@
 #include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/torch.h"
+#include "torch/nn/utils/clip_grad.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 
 namespace plait::optim {
 namespace {

@@ -18,6 +18,7 @@
 #include "optim/internal/cpu_updates.h"
 #include "optim/internal/fused_kernels.h"
 #include "optim/internal/multi_tensor_updates.h"
+#include "torch/utils.h"
 
 namespace plait::optim {
 namespace {

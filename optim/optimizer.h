@@ -37,7 +37,7 @@
 #include "optim/optimizer.pb.h"
 #include "optim/param_groups.h"
 #include "parallel/trainable_parameter.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::optim {
 

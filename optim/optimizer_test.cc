@@ -14,7 +14,12 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "optim/internal/cpu_updates.h"
-#include "torch/torch.h"
+#include "torch/nn/utils/clip_grad.h"
+#include "torch/optim/adam.h"
+#include "torch/optim/adamw.h"
+#include "torch/optim/sgd.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 
 namespace plait::optim {
 namespace {

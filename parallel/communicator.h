@@ -26,7 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 

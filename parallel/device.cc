@@ -13,6 +13,7 @@
 
 #include "c10/cuda/CUDACachingAllocator.h"
 #include "parallel/nccl_communicator.h"
+#include "torch/cuda.h"
 #endif
 
 namespace plait::parallel {

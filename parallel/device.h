@@ -24,7 +24,7 @@
 #include "parallel/device.pb.h"
 #include "parallel/device_mesh.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 

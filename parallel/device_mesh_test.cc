@@ -10,7 +10,7 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 namespace {

@@ -28,7 +28,7 @@
 #include "absl/time/time.h"
 #include "parallel/communicator.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 

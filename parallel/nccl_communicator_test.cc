@@ -21,7 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 namespace {

@@ -21,7 +21,7 @@
 #include "parallel/mesh.pb.h"
 #include "parallel/world.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 

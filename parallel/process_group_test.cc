@@ -10,7 +10,7 @@
 #include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 namespace {

@@ -21,7 +21,7 @@
 #include "parallel/ring_communicator.h"
 #include "parallel/tcp_store.h"
 #include "parallel/test_ranks.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 namespace {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "torch/utils.h"
 
 namespace plait::parallel {
 namespace {

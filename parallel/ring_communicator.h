@@ -38,7 +38,7 @@
 #include "parallel/device_mesh.h"
 #include "parallel/internal/tcp_mesh.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 

@@ -14,7 +14,8 @@
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/torch.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 
 namespace plait::parallel {
 namespace {

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 

@@ -6,7 +6,7 @@
 #include <functional>
 
 #include "parallel/device_mesh.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel::testing {
 

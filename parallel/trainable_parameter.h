@@ -15,7 +15,7 @@
 
 #include "parallel/communicator.h"
 #include "parallel/tensor_slice.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 

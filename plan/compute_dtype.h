@@ -13,7 +13,7 @@
 
 #include "base/dtype.pb.h"
 #include "plan/plan.pb.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::plan {
 

@@ -3,7 +3,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/device.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::plan {
 namespace {

@@ -25,7 +25,7 @@
 #include "benchmark/benchmark.h"
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace {
 

@@ -10,7 +10,8 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "torch/torch.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 
 namespace {
 

@@ -11,6 +11,7 @@
 #include "models/model_config.h"
 #include "models/safetensors.h"
 #include "parallel/tensor_slice.h"
+#include "torch/utils.h"
 
 namespace plait::trainer {
 

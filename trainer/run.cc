@@ -21,7 +21,7 @@
 #include "plan/compute_dtype.h"
 #include "plan/plan.h"
 #include "plan/validate.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 #include "trainer/trainer.h"
 
 namespace plait::trainer {

@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "base/dtype.pb.h"
 #include "base/status.h"
+#include "torch/utils.h"
 
 namespace plait::trainer {
 namespace {

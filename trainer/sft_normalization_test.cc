@@ -21,6 +21,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "plan/plan.h"
+#include "torch/utils.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 

@@ -29,6 +29,7 @@
 #include "parallel/device.h"
 #include "plan/compute_dtype.h"
 #include "sched/schedule_builder.h"
+#include "torch/utils.h"
 #include "trainer/prepared_model.h"
 #include "trainer/run_checkpoints.h"
 

@@ -37,6 +37,7 @@
 #include "parallel/test_ranks.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
+#include "torch/utils.h"
 #include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 

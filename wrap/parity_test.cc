@@ -28,7 +28,8 @@
 #include "parallel/device.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
-#include "torch/torch.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 #include "wrap/preparation.h"
 
 namespace plait::wrap {

@@ -31,7 +31,7 @@
 #include "google/protobuf/repeated_ptr_field.h"
 #include "parallel/device_mesh.h"
 #include "parallel/trainable_parameter.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 #include "wrap/strategies.h"
 #include "wrap/wrap.pb.h"
 #include "wrap/wrappable.h"

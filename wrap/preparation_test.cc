@@ -19,7 +19,8 @@
 #include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/torch.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 #include "wrap/fsdp/fsdp.h"
 
 namespace plait::wrap {

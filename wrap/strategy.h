@@ -37,7 +37,7 @@
 #include "parallel/device_mesh.h"
 #include "parallel/mesh.pb.h"
 #include "parallel/trainable_parameter.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 #include "wrap/wrap.pb.h"
 #include "wrap/wrappable.h"
 

@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "torch/torch.h"
+#include "torch/nn/module.h"
+#include "torch/types.h"
 
 namespace plait::wrap {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <type_traits>
 
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::models::internal {
 namespace {

@@ -5,7 +5,8 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "torch/torch.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 
 namespace plait::models::internal {
 namespace {

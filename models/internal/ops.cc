@@ -11,6 +11,8 @@
 #include "base/torch_compat.h"
 #include "models/internal/fused_kernels.h"
 #include "models/rotary.h"
+#include "torch/nn/functional/activation.h"
+#include "torch/nn/functional/loss.h"
 
 namespace plait::models::internal {
 namespace {

@@ -16,7 +16,7 @@
 #include <cstdint>
 
 #include "base/cross_entropy_chunks.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::models::internal {
 

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "base/torch_compat.h"
+#include "torch/utils.h"
 
 namespace plait::optim::internal {
 

@@ -8,7 +8,8 @@
 
 #include "gtest/gtest.h"
 #include "optim/internal/fused_kernels.h"
-#include "torch/torch.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 
 namespace plait::optim::internal {
 namespace {

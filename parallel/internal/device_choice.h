@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "parallel/device.pb.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel::internal {
 

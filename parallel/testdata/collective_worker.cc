@@ -15,7 +15,7 @@
 #include "parallel/rendezvous.h"
 #include "parallel/ring_communicator.h"
 #include "parallel/world.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::parallel {
 namespace {

@@ -70,7 +70,8 @@
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
 #include "sched/schedule_builder.h"
-#include "torch/torch.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 
 ABSL_FLAG(std::string, hf_dir, "", "A Hugging Face model folder to read (or, for save_hf, write).");
 ABSL_FLAG(std::string, config, "", "save_hf: the config.json of the model to initialise.");

@@ -25,7 +25,8 @@
 
 #include "absl/status/status.h"
 #include "parallel/communicator.h"
-#include "torch/torch.h"
+#include "torch/nn/module.h"
+#include "torch/types.h"
 #include "wrap/strategy.h"
 #include "wrap/wrap.pb.h"
 #include "wrap/wrappable.h"

@@ -11,7 +11,8 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
-#include "torch/torch.h"
+#include "torch/types.h"
+#include "torch/utils.h"
 #include "wrap/internal/torch_internals.h"
 
 namespace plait::wrap::checkpointing {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status.h"
+#include "torch/utils.h"
 
 namespace plait::wrap::ddp {
 namespace {

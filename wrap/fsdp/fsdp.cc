@@ -10,6 +10,7 @@
 #include "base/human.h"
 #include "base/math.h"
 #include "base/status.h"
+#include "torch/utils.h"
 
 namespace plait::wrap::fsdp {
 namespace {

@@ -46,7 +46,7 @@
 #include "absl/status/statusor.h"
 #include "parallel/communicator.h"
 #include "parallel/trainable_parameter.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 #include "wrap/internal/torch_internals.h"
 #include "wrap/strategy.h"
 #include "wrap/wrap.pb.h"

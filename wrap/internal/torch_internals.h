@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "base/torch_compat.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::wrap::internal {
 

@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "parallel/communicator.h"
-#include "torch/torch.h"
+#include "torch/types.h"
 
 namespace plait::wrap::tp {
 

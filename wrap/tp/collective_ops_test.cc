@@ -13,7 +13,8 @@
 #include "gtest/gtest.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
-#include "torch/torch.h"
+#include "torch/nn/functional/loss.h"
+#include "torch/types.h"
 
 namespace plait::wrap::tp {
 namespace {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "base/human.h"
 #include "base/status.h"
+#include "torch/utils.h"
 
 namespace plait::wrap::tp {
 namespace {
