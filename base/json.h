@@ -1,4 +1,10 @@
-// JSON values from files in error messages. A file's value is written into an error only
+// JSON read from files, and JSON values in error messages. Every JSON text plait reads is
+// parsed by ParseJson, whose error names the file (or line) and the byte where parsing stopped:
+//
+//   PLAIT_ASSIGN_OR_RETURN(const nlohmann::json config, base::ParseJson(path, text));
+//   // "ckpt/config.json: not valid JSON at byte 17: [json.exception.parse_error.101] ..."
+//
+// A file's value is written into an error only
 // through DescribeJson: a scalar as written, an object or array by its type alone, since a
 // corrupt or hostile file can nest one arbitrarily deep (and nlohmann::json's dump recurses
 // once per level, so writing it out overflows the stack) or make it huge:
@@ -10,10 +16,22 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::base {
+
+// `text` parsed, or InvalidArgument "<where>: not valid JSON at byte N: <parser's reason>".
+inline absl::StatusOr<nlohmann::json> ParseJson(absl::string_view where, absl::string_view text) {
+  try {
+    return nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::parse_error& error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": not valid JSON at byte ", error.byte, ": ", error.what()));
+  }
+}
 
 // `value` for an error: a scalar as JSON text ("-5", "\"F64\"", "null"), else "an object" or
 // "an array".

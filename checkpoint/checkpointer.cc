@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "base/file.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -172,9 +173,11 @@ absl::StatusOr<Manifest> CollectManifest(const std::string& folder, int world_si
     PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> opened,
                            models::SafetensorsFile::Open(path));
     const auto slices = opened->metadata().find(kSlicesKey);
-    const Json json = slices == opened->metadata().end()
-                          ? Json()
-                          : Json::parse(slices->second, nullptr, /*allow_exceptions=*/false);
+    Json json;  // null when the file describes no slices: each tensor below is then refused
+    if (slices != opened->metadata().end()) {
+      PLAIT_ASSIGN_OR_RETURN(
+          json, base::ParseJson(absl::StrCat(path, ": metadata ", kSlicesKey), slices->second));
+    }
     for (const auto& [name, entry] : opened->entries()) {
       const auto it = manifest.tensors.find(name);
       const auto saved = json.is_object() ? json.find(name) : json.end();

@@ -168,10 +168,11 @@ std::string Checksum(absl::string_view bytes) {
 absl::StatusOr<Manifest> ReadManifest(const std::string& path) {
   absl::StatusOr<std::string> text = base::ReadFile(path);
   if (!text.ok()) return absl::NotFoundError(absl::StrCat(path, ": missing or unreadable"));
-  const Json json = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) {
+  const absl::StatusOr<Json> parsed = base::ParseJson(path, *text);
+  if (!parsed.ok() || !parsed->is_object()) {
     return absl::DataLossError(absl::StrCat(path, ": not a JSON object; the file is corrupt"));
   }
+  const Json& json = *parsed;
   // The manifest's values are read where they are, never copied or written out whole: a
   // corrupt one can be nested deep enough that either would overflow the stack.
   const auto format = json.find("format");

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
 
@@ -128,10 +129,9 @@ absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind
   for (int64_t line_number = 1; std::getline(in, text); ++line_number) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = absl::StrCat(path, ":", line_number);
-    const Json line = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (line.is_discarded() || !line.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": not a JSON object (malformed JSON)"));
+    PLAIT_ASSIGN_OR_RETURN(const Json line, base::ParseJson(where, text));
+    if (!line.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
     }
     PairExample example;
     PLAIT_ASSIGN_OR_RETURN(example.prompt, TokenIds(line, "prompt", vocab_size, where));

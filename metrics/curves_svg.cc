@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/file.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "metrics/run_summary.h"
 #include "nlohmann/json.hpp"
@@ -200,7 +201,9 @@ absl::StatusOr<RunCurves> ReadRunCurves(const std::string& path, std::string nam
   RunCurves run;
   run.name = std::move(name);
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    const Json row = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const absl::StatusOr<Json> parsed = base::ParseJson(path, line);
+    if (!parsed.ok()) continue;
+    const Json& row = *parsed;
     if (!row.is_object() || !row.contains("step") || !row["step"].is_number_integer()) continue;
     const int64_t step = row["step"].get<int64_t>();
     for (const auto& [name, value] : row.items()) {
@@ -215,9 +218,10 @@ absl::StatusOr<RunCurves> ReadRunCurves(const std::string& path, std::string nam
   }
   const absl::StatusOr<std::string> summary = base::ReadFile(RunSummaryPath(path));
   if (summary.ok()) {
-    const Json json = Json::parse(*summary, nullptr, /*allow_exceptions=*/false);
-    if (json.is_object() && json.contains("entropy_floor") && json["entropy_floor"].is_number()) {
-      run.entropy_floor = json["entropy_floor"].get<double>();
+    const absl::StatusOr<Json> json = base::ParseJson(RunSummaryPath(path), *summary);
+    if (json.ok() && json->is_object() && json->contains("entropy_floor") &&
+        (*json)["entropy_floor"].is_number()) {
+      run.entropy_floor = (*json)["entropy_floor"].get<double>();
     }
   }
   return run;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "base/file.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "metrics/run_summary.h"
 #include "nlohmann/json.hpp"
@@ -29,10 +30,10 @@ namespace {
 std::string RowsUpTo(absl::string_view text, int64_t step) {
   std::string kept;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    const Json row = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (row.is_discarded() || !row.is_object()) continue;
-    const auto it = row.find("step");
-    if (it != row.end() && it->is_number_integer() && it->get<int64_t>() <= step) {
+    const absl::StatusOr<Json> row = base::ParseJson("a metrics row", line);
+    if (!row.ok() || !row->is_object()) continue;
+    const auto it = row->find("step");
+    if (it != row->end() && it->is_number_integer() && it->get<int64_t>() <= step) {
       absl::StrAppend(&kept, line, "\n");
     }
   }
@@ -47,9 +48,9 @@ absl::Status CheckIsMetricsFile(absl::string_view text, const std::string& path)
   for (int64_t line_number = 1; start < text.size(); ++line_number) {
     const size_t end = text.find('\n', start);
     if (end == absl::string_view::npos) break;  // a row cut short
-    const Json row = Json::parse(text.substr(start, end - start), nullptr,
-                                 /*allow_exceptions=*/false);
-    const bool is_row = row.is_object() && row.contains("step") && row["step"].is_number_integer();
+    const absl::StatusOr<Json> row = base::ParseJson(path, text.substr(start, end - start));
+    const bool is_row = row.ok() && row->is_object() && row->contains("step") &&
+                        (*row)["step"].is_number_integer();
     if (!is_row) {
       return absl::FailedPreconditionError(absl::StrCat(
           "\"", path, "\" exists and is not a metrics file (line ", line_number,

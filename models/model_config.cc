@@ -321,10 +321,7 @@ absl::StatusOr<ModelConfig> ResolveModelSpec(const ModelSpec& spec, absl::string
 
 absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::string_view source) {
   const std::string name(source);
-  const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": not valid JSON"));
-  }
+  PLAIT_ASSIGN_OR_RETURN(const Json json, base::ParseJson(name, text));
   if (!json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": expected a JSON object"));
   }

@@ -183,8 +183,9 @@ absl::Status SafetensorsFile::ParseHeader() {
   const char* header = map_ + kHeaderLengthBytes;
   data_ = header + header_length;
   const uint64_t data_size = map_size_ - kHeaderLengthBytes - header_length;
-  const Json json = Json::parse(header, data_, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) return Corrupt(path_, "the header is not valid JSON");
+  PLAIT_ASSIGN_OR_RETURN(
+      const Json json,
+      base::ParseJson(absl::StrCat(path_, ": the header"), absl::string_view(header, header_length)));
   if (!json.is_object()) return Corrupt(path_, "the header is not a JSON object");
   for (auto it = json.begin(); it != json.end(); ++it) {
     if (it.key() == kMetadataKey) {
@@ -375,8 +376,7 @@ absl::StatusOr<SafetensorsCheckpoint> SafetensorsCheckpoint::Open(const std::str
     return checkpoint;
   }
   PLAIT_ASSIGN_OR_RETURN(std::string text, base::ReadFile(index_path));
-  const Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded()) return Corrupt(index_path, "not valid JSON");
+  PLAIT_ASSIGN_OR_RETURN(const Json index, base::ParseJson(index_path, text));
   auto weight_map = index.is_object() ? index.find("weight_map") : index.end();
   if (!index.is_object() || weight_map == index.end() || !weight_map->is_object()) {
     return Corrupt(index_path, "expected an object with a \"weight_map\" object");

@@ -7,13 +7,13 @@
 #include "absl/strings/str_format.h"
 #include "parallel/internal/device_choice.h"
 #include "parallel/ring_communicator.h"
+#include "torch/cuda.h"
 
 #ifdef PLAIT_GPU
 #include <cuda_runtime.h>
 
 #include "c10/cuda/CUDACachingAllocator.h"
 #include "parallel/nccl_communicator.h"
-#include "torch/cuda.h"
 #endif
 
 namespace plait::parallel {

@@ -19,7 +19,6 @@
 #include "absl/synchronization/mutex.h"
 #include "base/json.h"
 #include "base/status.h"
-#include "data/tokenizer/internal/parse_json.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data::tokenizer {
@@ -868,11 +867,11 @@ class BpeLoader {
 absl::StatusOr<std::unique_ptr<Tokenizer>> ParseBpeTokenizer(
     absl::string_view source, absl::string_view tokenizer_json,
     absl::string_view tokenizer_config_json) {
-  PLAIT_ASSIGN_OR_RETURN(const json file, internal::ParseJson(source, tokenizer_json));
+  PLAIT_ASSIGN_OR_RETURN(const json file, base::ParseJson(source, tokenizer_json));
   json config;
   if (!tokenizer_config_json.empty()) {
     PLAIT_ASSIGN_OR_RETURN(config,
-                           internal::ParseJson(absl::StrCat(source, " (tokenizer_config.json)"),
+                           base::ParseJson(absl::StrCat(source, " (tokenizer_config.json)"),
                                                tokenizer_config_json));
   }
   auto tokenizer = std::make_unique<BpeTokenizer>(tokenizer_json, tokenizer_config_json);

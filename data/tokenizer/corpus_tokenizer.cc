@@ -18,7 +18,6 @@
 #include "base/json.h"
 #include "base/status.h"
 #include "data/token_file.h"
-#include "data/tokenizer/internal/parse_json.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data::tokenizer {
@@ -246,7 +245,7 @@ class CorpusTokenizer {
     absl::string_view text = raw;
     if (document.line > 0) {
       const std::string where = absl::StrCat(options_.inputs[document.input], ":", document.line);
-      PLAIT_ASSIGN_OR_RETURN(const nlohmann::json line, internal::ParseJson(where, raw));
+      PLAIT_ASSIGN_OR_RETURN(const nlohmann::json line, base::ParseJson(where, raw));
       const auto field = line.is_object() ? line.find(options_.jsonl_field) : line.end();
       if (field == line.end() || !field->is_string()) {
         return absl::InvalidArgumentError(

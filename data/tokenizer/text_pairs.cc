@@ -18,7 +18,6 @@
 #include "base/hash.h"
 #include "base/json.h"
 #include "base/status.h"
-#include "data/tokenizer/internal/parse_json.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data::tokenizer {
@@ -61,7 +60,7 @@ absl::StatusOr<std::vector<int32_t>> EncodeField(const Tokenizer& tokenizer, abs
 absl::StatusOr<PairExample> TokenizeLine(absl::string_view line, const std::string& where,
                                          PairKind kind, const Tokenizer& tokenizer,
                                          const std::string& eos) {
-  PLAIT_ASSIGN_OR_RETURN(const json object, internal::ParseJson(where, line));
+  PLAIT_ASSIGN_OR_RETURN(const json object, base::ParseJson(where, line));
   if (!object.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": expected a JSON object"));
   }
@@ -167,7 +166,9 @@ std::optional<std::vector<LineExample>> ReadCache(const std::string& cache_path,
   }
   std::vector<LineExample> examples;
   for (const absl::string_view line : absl::StrSplit(body, '\n', absl::SkipEmpty())) {
-    const json object = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const absl::StatusOr<json> parsed = base::ParseJson(cache_path, line);
+    if (!parsed.ok()) return std::nullopt;
+    const json& object = *parsed;
     if (!object.is_object() || !object.contains("line") || !object["line"].is_number_integer()) {
       return std::nullopt;
     }

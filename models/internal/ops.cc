@@ -11,6 +11,7 @@
 #include "base/torch_compat.h"
 #include "models/internal/fused_kernels.h"
 #include "models/rotary.h"
+#include "torch/csrc/autograd/custom_function.h"
 #include "torch/nn/functional/activation.h"
 #include "torch/nn/functional/loss.h"
 

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "base/cross_entropy_chunks.h"
+#include "torch/csrc/autograd/custom_function.h"
 
 namespace plait::wrap::tp {
 namespace {
