@@ -20,7 +20,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -29,6 +28,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
 #include "benchmark/benchmark.h"
 #include "data/tokenizer/load_tokenizer.h"
@@ -179,24 +181,29 @@ void Register() {
 }  // namespace
 }  // namespace plait::data::tokenizer
 
+ABSL_FLAG(std::string, corpus, "",
+          "the text to encode, documents separated by blank lines (default: a seeded synthetic "
+          "4 MB corpus)");
+ABSL_FLAG(std::string, write_corpus, "",
+          "also write the corpus used to this file, for benchmarks/tokenizer_bench_hf.py");
+
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  std::string corpus_path, write_path;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--corpus=", 9) == 0)
-      corpus_path = argv[i] + 9;
-    else if (std::strncmp(argv[i], "--write_corpus=", 15) == 0)
-      write_path = argv[i] + 15;
-    else {
-      std::cerr << "tokenizer_bench: unknown flag " << argv[i] << "\n";
-      return 1;
-    }
-  }
+  benchmark::Initialize(&argc, argv);  // takes the --benchmark_* flags out of argv
+  absl::SetProgramUsageMessage(
+      "tokenizer throughput of the test tokenizers: tokenizer_bench [--corpus=FILE] "
+      "[--write_corpus=FILE] [--benchmark_* flags]");
+  absl::ParseCommandLine(argc, argv);
+  const std::string corpus_path = absl::GetFlag(FLAGS_corpus);
+  const std::string write_path = absl::GetFlag(FLAGS_write_corpus);
   std::string& corpus = plait::data::tokenizer::Corpus();
   if (corpus_path.empty()) {
     corpus = plait::data::tokenizer::SyntheticCorpus();
   } else {
     std::ifstream file(corpus_path, std::ios::binary);
+    if (!file) {
+      std::cerr << "tokenizer_bench: --corpus: cannot read \"" << corpus_path << "\"\n";
+      return 1;
+    }
     std::stringstream text;
     text << file.rdbuf();
     corpus = plait::data::tokenizer::ReplaceInvalidUtf8(text.str());

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "base/human.h"
 #include "base/status.h"
+#include "torch/csrc/autograd/autograd.h"
 #include "torch/csrc/autograd/custom_function.h"
 #include "torch/nn/functional/linear.h"
 #include "wrap/internal/torch_internals.h"
