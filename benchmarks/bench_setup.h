@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "ATen/Parallel.h"
 #include "benchmark/benchmark.h"
 #include "models/model.pb.h"
 

@@ -49,8 +49,8 @@ absl::Status CheckIsMetricsFile(absl::string_view text, const std::string& path)
     const size_t end = text.find('\n', start);
     if (end == absl::string_view::npos) break;  // a row cut short
     const absl::StatusOr<Json> row = base::ParseJson(path, text.substr(start, end - start));
-    const bool is_row = row.ok() && row->is_object() && row->contains("step") &&
-                        (*row)["step"].is_number_integer();
+    const bool is_row =
+        row.ok() && row->is_object() && row->contains("step") && (*row)["step"].is_number_integer();
     if (!is_row) {
       return absl::FailedPreconditionError(absl::StrCat(
           "\"", path, "\" exists and is not a metrics file (line ", line_number,

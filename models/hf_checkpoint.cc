@@ -1,6 +1,7 @@
 #include "models/hf_checkpoint.h"
 
 #include <filesystem>
+#include <memory>
 #include <set>
 #include <string>
 #include <system_error>
@@ -12,14 +13,54 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/file.h"
+#include "base/json.h"
+#include "base/own_output.h"
 #include "base/status.h"
 #include "models/model_config.h"
+#include "nlohmann/json.hpp"
 
 namespace plait::models {
 namespace {
 
 std::string ShapeString(torch::IntArrayRef shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+bool IsModelSafetensorsName(const std::string& name) {
+  return name == kSafetensorsFileName ||
+         (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"));
+}
+
+// Whether the file `path` carries WriteSafetensorsCheckpoint's mark: a safetensors file's
+// "__metadata__", or the index's "metadata".
+bool IsMarkedByPlait(const std::filesystem::path& path) {
+  if (path.filename() == kSafetensorsIndexName) {
+    const absl::StatusOr<std::string> text = base::ReadFile(path.string());
+    if (!text.ok()) return false;
+    const absl::StatusOr<nlohmann::json> index = base::ParseJson(path.string(), *text);
+    if (!index.ok() || !index->is_object()) return false;
+    const auto metadata = index->find("metadata");
+    return metadata != index->end() && metadata->is_object() &&
+           metadata->value(kWriterKey, "") == kWriterPlait;
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path.string());
+  if (!file.ok()) return false;
+  const auto writer = (*file)->metadata().find(kWriterKey);
+  return writer != (*file)->metadata().end() && writer->second == kWriterPlait;
+}
+
+// Whether `path` is a file an earlier export wrote: a model safetensors file or index that
+// carries plait's mark, or the config.json beside one. A folder a model was downloaded into
+// holds the same names, unmarked.
+bool IsEarlierExportFile(const std::string& path) {
+  const std::filesystem::path file(path);
+  const std::string name = file.filename().string();
+  if (name == "config.json") {
+    const std::filesystem::path dir = file.parent_path();
+    return IsMarkedByPlait(dir / kSafetensorsFileName) ||
+           IsMarkedByPlait(dir / kSafetensorsIndexName);
+  }
+  return (IsModelSafetensorsName(name) || name == kSafetensorsIndexName) && IsMarkedByPlait(file);
 }
 
 // Tensors Hugging Face writes that are not parameters of the model (see the header).
@@ -96,6 +137,9 @@ absl::Status SaveHfParameters(const ModelConfig& config,
                                                    c10::toString(dtype),
                                                    " is not supported; use float32 or bfloat16"));
   }
+  // Checked again when writing: a run lasts long, and its folder may have changed since.
+  PLAIT_RETURN_IF_ERROR(
+      base::CheckOutputFolder(dir, IsEarlierExportFile, "a plait export").status());
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) {
@@ -129,28 +173,9 @@ std::vector<base::Violation> CheckHfExportFolder(const std::string& dir,
       return violations;
     }
   }
-  const fs::file_status status = fs::symlink_status(dir, error);
-  if (fs::exists(status) && !fs::is_directory(status)) {
-    add(absl::StrCat("\"", dir, "\" exists and is not a folder"));
-    return violations;
-  }
-  if (fs::is_directory(status)) {
-    for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
-      const std::string name = it->path().filename().string();
-      const bool exported =
-          name == "config.json" || name == kSafetensorsIndexName || name == "model.safetensors" ||
-          (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"));
-      if (!exported || !it->is_regular_file()) {
-        add(absl::StrCat("\"", dir, "\" holds \"", name,
-                         "\", which an export does not write; "
-                         "choose a new or empty folder, or one an earlier export wrote"));
-        return violations;
-      }
-    }
-  }
-  if (absl::Status writable = base::CheckFolderIsWritable(dir); !writable.ok()) {
-    add(std::string(writable.message()));
-  }
+  const absl::StatusOr<std::vector<std::string>> earlier =
+      base::CheckOutputFolder(dir, IsEarlierExportFile, "a plait export");
+  if (!earlier.ok()) add(std::string(earlier.status().message()));
   return violations;
 }
 

@@ -61,18 +61,20 @@ absl::Status SaveHfModel(CausalLM& model, const std::string& dir,
 
 // As SaveHfModel, for a model held elsewhere as whole tensors (a sharded model's, gathered):
 // `config` and `parameters` (every parameter by its Hugging Face name, in the file's order).
-// Creates `dir` when it is missing.
+// Creates `dir` when it is missing; refuses, before writing anything, a `dir` that holds
+// anything but an earlier export's files (see CheckHfExportFolder).
 absl::Status SaveHfParameters(const ModelConfig& config,
                               const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
                               const std::string& dir, torch::ScalarType dtype = torch::kFloat32,
                               uint64_t max_shard_bytes = 0);
 
 // Every reason the folder `dir` cannot receive an export of a run whose weights are loaded
-// from `input_dirs`, found before the run trains, so a trained model is never lost at its
-// end and no file is overwritten that the export did not write: `dir` is one of the input
-// folders, exists and is not a folder, holds anything but an earlier export's files
-// (config.json, model.safetensors, model.safetensors.index.json, model-*-of-*.safetensors),
-// or cannot be written. Errors name `field`.
+// from `input_dirs`, found before the run trains (or a tool reads anything), so a trained
+// model is never lost at its end and no file is overwritten that the export did not write:
+// `dir` is one of the input folders, exists and is not a folder, holds anything but an
+// earlier export's files (model safetensors files and index carrying plait's mark, see
+// kWriterKey, and the config.json beside them: a downloaded model's folder is refused), or
+// cannot be written (base/own_output.h). Errors name `field`.
 std::vector<base::Violation> CheckHfExportFolder(const std::string& dir,
                                                  const std::vector<std::string>& input_dirs,
                                                  const std::string& field);

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/file.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -167,9 +168,27 @@ TEST(HfCheckpointTest, ExportFoldersAreCheckedBeforeTraining) {
               HasSubstr("exists and is not a folder"));
   std::system(("echo notes > " + dir + "/notes.txt").c_str());
   EXPECT_THAT(message(CheckHfExportFolder(dir, {}, "save_hf_dir")),
-              HasSubstr("holds \"notes.txt\", which an export does not write"));
+              HasSubstr("holds \"notes.txt\", which a plait export did not write"));
   EXPECT_THAT(message(CheckHfExportFolder(dir + "/config.json/x", {}, "save_hf_dir")),
               HasSubstr("is not a folder"));
+}
+
+// A folder a model was downloaded into holds the names an export writes, without plait's
+// mark: neither the check nor the export itself replaces a byte of it.
+TEST(HfCheckpointTest, ADownloadedModelsFolderIsNeverAnEarlierExport) {
+  std::shared_ptr<CausalLM> model =
+      CausalLM::Create(PresetConfig("tiny").value(), InitConfig()).value();
+  const std::string dir = Folder("downloaded", model->config(), Weights(*model));
+  const std::string config = base::ReadFile(dir + "/config.json").value();
+  const std::string weights = base::ReadFile(dir + "/model.safetensors").value();
+
+  const std::vector<base::Violation> violations = CheckHfExportFolder(dir, {}, "save_hf_dir");
+  ASSERT_EQ(violations.size(), 1u);
+  EXPECT_THAT(violations[0].ToString(), HasSubstr("which a plait export did not write"));
+  EXPECT_THAT(SaveHfModel(*model, dir), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                 HasSubstr("which a plait export did not write")));
+  EXPECT_EQ(base::ReadFile(dir + "/config.json").value(), config);
+  EXPECT_EQ(base::ReadFile(dir + "/model.safetensors").value(), weights);
 }
 
 }  // namespace

@@ -183,9 +183,9 @@ absl::Status SafetensorsFile::ParseHeader() {
   const char* header = map_ + kHeaderLengthBytes;
   data_ = header + header_length;
   const uint64_t data_size = map_size_ - kHeaderLengthBytes - header_length;
-  PLAIT_ASSIGN_OR_RETURN(
-      const Json json,
-      base::ParseJson(absl::StrCat(path_, ": the header"), absl::string_view(header, header_length)));
+  PLAIT_ASSIGN_OR_RETURN(const Json json,
+                         base::ParseJson(absl::StrCat(path_, ": the header"),
+                                         absl::string_view(header, header_length)));
   if (!json.is_object()) return Corrupt(path_, "the header is not a JSON object");
   for (auto it = json.begin(); it != json.end(); ++it) {
     if (it.key() == kMetadataKey) {
@@ -442,8 +442,9 @@ absl::StatusOr<torch::Tensor> SafetensorsCheckpoint::Read(const std::string& nam
 absl::Status WriteSafetensorsCheckpoint(
     const std::string& dir, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
     uint64_t max_shard_bytes) {
-  // Hugging Face's writers tag each file with the framework it came from.
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  // Hugging Face's writers tag each file with the framework it came from; plait adds itself.
+  const std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                       {kWriterKey, kWriterPlait}};
   std::vector<std::vector<std::pair<std::string, torch::Tensor>>> shards(1);
   uint64_t shard_bytes = 0, total_bytes = 0;
   for (const auto& item : tensors) {
@@ -476,7 +477,8 @@ absl::Status WriteSafetensorsCheckpoint(
     PLAIT_RETURN_IF_ERROR(WriteSafetensors(absl::StrCat(dir, "/", file_name), shards[i], metadata));
     for (const auto& item : shards[i]) weight_map[item.first] = file_name;
   }
-  const Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+  const Json index = {{"metadata", {{"total_size", total_bytes}, {kWriterKey, kWriterPlait}}},
+                      {"weight_map", weight_map}};
   // Replaced atomically, like the shards, so a crash never leaves a half-written index.
   return base::WriteFileAtomically(index_path, index.dump(2) + "\n");
 }

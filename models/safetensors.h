@@ -35,6 +35,11 @@ namespace plait::models {
 inline constexpr char kSafetensorsIndexName[] = "model.safetensors.index.json";
 // The single-file checkpoint name Hugging Face uses.
 inline constexpr char kSafetensorsFileName[] = "model.safetensors";
+// WriteSafetensorsCheckpoint marks each file it writes with "writer": "plait" in its
+// "__metadata__" (and its index in the index's "metadata"), so that a later export knows
+// them as its own earlier output, never as the files of a model downloaded into that folder.
+inline constexpr char kWriterKey[] = "writer";
+inline constexpr char kWriterPlait[] = "plait";
 
 // The header's name of `dtype` ("F32"); nullptr for a dtype the format does not support.
 const char* SafetensorsDtypeName(torch::ScalarType dtype);

@@ -81,8 +81,8 @@ TEST(ExplainPlanTest, DescribesHybridSharding) {
                                "shards all-reduced across it after their reduce-scatter "
                                "[RESHARDS]"));
   EXPECT_THAT(*text, HasSubstr("group default: 39 tensors, 5.0M parameters (2.5M per rank)"));
-  EXPECT_THAT(*text, HasSubstr("training: 100 steps of 16 sequences x 64 tokens (micro-batch 4 x "
-                               "4 ranks x 1 accumulation)"));
+  EXPECT_THAT(*text, HasSubstr("training: 100 steps of 16 examples x 64 tokens (micro-batch 4 x "
+                               "4 ranks x 1 accumulation), 1024 tokens per step\n"));
   EXPECT_THAT(*text, HasSubstr("memory per rank (estimate): 9.5 MiB parameters, 19.1 MiB "
                                "optimizer state (2 slots), 9.5 MiB gradients"));
   EXPECT_THAT(*text, HasSubstr("communication per rank (estimate, ring collectives): 38.1 MiB "
@@ -247,6 +247,10 @@ TEST(ExplainPlanTest, DescribesBothModelsOfADpoPlan) {
   EXPECT_THAT(*text, HasSubstr("prepare[0]: fsdp over dp (2 ranks)"));
   EXPECT_THAT(*text, HasSubstr("objective: dpo { reference: \"reference\" beta: 0.1 }"));
   EXPECT_THAT(*text, HasSubstr("data: synthetic_pairs {"));
+  // Each pair runs its chosen and its rejected row.
+  EXPECT_THAT(*text, HasSubstr("training: 60 steps of 16 examples x 32 tokens (micro-batch 8 x 2 "
+                               "ranks x 1 accumulation), 1024 tokens per step (2 rows an "
+                               "example)"));
   EXPECT_THAT(*text, HasSubstr("frozen models"));
   EXPECT_THAT(*text,
               HasSubstr("frozen[0] \"reference\": qwen2 (preset \"qwen2-tiny\"), 4 layers, hidden "

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -55,8 +56,7 @@ class Checker {
     if (config.has_value()) resolved_.model = *config;
     CheckWeights(plan_.hf_weights_dir(), "plan.hf_weights_dir");
     CheckMesh();
-    CheckSteps(plan_.prepare(), "plan.prepare", plan_.model(), config);
-    CollectDimUse();
+    CollectDimUse(CheckSteps(plan_.prepare(), "plan.prepare", plan_.model(), config));
     CheckMeshUse();
     CheckOptimizer(config);
     CheckTraining(config);
@@ -122,30 +122,32 @@ class Checker {
   }
 
   // The rules, then each strategy's own checks against the shape of the model `spec` it
-  // prepares (whose `config` is nullopt when invalid).
-  void CheckSteps(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
-                  const std::string& field, const models::ModelSpec& spec,
-                  const std::optional<models::ModelConfig>& config) {
+  // prepares (whose `config` is nullopt when invalid); the strategies of the steps that name
+  // one.
+  std::vector<std::unique_ptr<wrap::Strategy>> CheckSteps(
+      const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps, const std::string& field,
+      const models::ModelSpec& spec, const std::optional<models::ModelConfig>& config) {
     AddAll(wrap::CheckSteps(rules_, steps, field, dims_, "plan.mesh"));
     std::optional<wrap::ModelShape> shape;
     if (config.has_value()) {
       shape = ShapeOf(*config, spec, plan_.device(), plan_.training(), wrap::ActivationSplit());
     }
+    std::vector<std::unique_ptr<wrap::Strategy>> strategies;
     for (int i = 0; i < steps.size(); ++i) {
       absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(steps[i]);
       if (!strategy.ok()) continue;  // wrap::CheckSteps says why
       AddAll((*strategy)->Check(shape, plan_.mesh(), absl::StrCat(field, "[", i, "]")));
+      strategies.push_back(*std::move(strategy));
     }
+    return strategies;
   }
 
-  // The dimensions the plan's own steps use, and the data-parallel dimensions and width: the
-  // ranks of the dimensions whose strategies split the batch.
-  void CollectDimUse() {
-    for (const wrap::PrepareStep& step : plan_.prepare()) {
-      absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
-      if (!strategy.ok()) continue;  // CheckSteps says why
-      if ((*strategy)->uses_mesh_dim()) used_dims_.insert((*strategy)->mesh_dim());
-      used_dims_.insert((*strategy)->replicate_dim());
+  // The dimensions the plan's own `strategies` use, and the data-parallel dimensions and
+  // width: the ranks of the dimensions whose strategies split the batch.
+  void CollectDimUse(const std::vector<std::unique_ptr<wrap::Strategy>>& strategies) {
+    for (const std::unique_ptr<wrap::Strategy>& strategy : strategies) {
+      if (strategy->uses_mesh_dim()) used_dims_.insert(strategy->mesh_dim());
+      used_dims_.insert(strategy->replicate_dim());
     }
     std::vector<std::string> mesh_dims;
     for (const auto& dim : plan_.mesh().dims()) mesh_dims.push_back(dim.name());

@@ -7,7 +7,8 @@
 // info prints the step, the world size, mesh and preparation that saved it, the data position,
 // the fingerprint, and every tensor with its dtype, global shape, size and slices; verify reads
 // every slice and checks its checksum; export-hf writes the trained parameters as a Hugging Face
-// folder (config.json + model.safetensors, fp32) of the model config the checkpoint records.
+// folder (config.json + model.safetensors, fp32) of the model config the checkpoint records,
+// into a new or empty folder or one an earlier export wrote, never over other files.
 // Exits 1 naming what is wrong with the checkpoint, 2 on a usage error.
 #include <cstdint>
 #include <iostream>
@@ -22,6 +23,7 @@
 #include "base/guarded_main.h"
 #include "base/human.h"
 #include "base/status.h"
+#include "base/violation.h"
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
 #include "google/protobuf/text_format.h"
@@ -67,6 +69,11 @@ absl::Status Info(const checkpoint::Manifest& manifest) {
 
 absl::Status ExportHf(const std::string& folder, const checkpoint::Manifest& manifest,
                       const std::string& out_dir) {
+  // Refused before anything is read: the checkpoint's own folder, a folder of other files, a
+  // downloaded model's; an earlier export's files are replaced.
+  const std::vector<base::Violation> refused =
+      models::CheckHfExportFolder(out_dir, {folder}, "OUT_DIR");
+  if (!refused.empty()) return absl::FailedPreconditionError(refused[0].ToString());
   const auto model = manifest.fingerprint.find(trainer::kModelField);
   models::ModelConfig config;
   if (model == manifest.fingerprint.end() ||

@@ -57,6 +57,15 @@ class CheckpointToolTest : public ::testing::Test {
   std::string stdout_, stderr_;
 };
 
+// Every file's bytes under `dir`, by path.
+std::map<std::string, std::string> FolderBytes(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) files[entry.path()] = base::ReadFile(entry.path()).value_or("");
+  }
+  return files;
+}
+
 std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
   auto file = models::SafetensorsFile::Open(path);
   EXPECT_THAT(file, IsOk());
@@ -102,6 +111,28 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
   }
   EXPECT_EQ(base::ReadFile(dir_ + "/exported/config.json").value_or("exported"),
             base::ReadFile(dir_ + "/run_hf/config.json").value_or("run"));
+
+  // An earlier export is replaced; no other folder gets a byte written into it: the
+  // checkpoint's own, one of the user's files, a downloaded model's (names an export writes,
+  // without plait's mark).
+  ASSERT_EQ(Run({"export-hf", checkpoint, dir_ + "/exported"}), 0) << stderr_;
+  ASSERT_EQ(Run({"export-hf", checkpoint, dir_ + "/run_hf"}), 0) << stderr_;
+  const std::string notes = dir_ + "/notes";
+  fs::create_directories(notes);
+  ASSERT_THAT(base::WriteFileAtomically(notes + "/todo.txt", "mine"), IsOk());
+  const std::string downloaded = dir_ + "/downloaded";
+  fs::create_directories(downloaded);
+  fs::copy_file(dir_ + "/run_hf/config.json", downloaded + "/config.json");
+  ASSERT_THAT(
+      models::WriteSafetensors(downloaded + "/model.safetensors",
+                               {{"model.norm.weight", torch::ones({256})}}, {{"format", "pt"}}),
+      IsOk());
+  for (const std::string& refused : {checkpoint, notes, downloaded}) {
+    const std::map<std::string, std::string> before = FolderBytes(refused);
+    EXPECT_EQ(Run({"export-hf", checkpoint, refused}), 1) << refused;
+    EXPECT_THAT(stderr_, HasSubstr("checkpoint export-hf: OUT_DIR: \"" + refused + "\""));
+    EXPECT_EQ(FolderBytes(refused), before) << refused;
+  }
 
   // One changed byte at the end of rank 1's data.
   const std::string file = checkpoint + "/rank-00001-of-00002.safetensors";

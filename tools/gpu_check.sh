@@ -11,7 +11,7 @@
 #   bf16 peak, peak memory 60.1 GiB | 412 s
 #
 # With Bazel it builds only what it runs (the gpu-tagged tests, the trainer and model_bench;
-# CI's `tools/torch_cuda build //...` checks that everything else compiles), so that a machine
+# CI's `tools/torch_cuda build` checks that everything else compiles), so that a machine
 # with a cold Bazel cache finishes within about 10 minutes. With --bundle it builds nothing:
 # the machine needs only PyTorch's CUDA wheel of the LibTorch version the bundle was built
 # against (in python3, or $PLAIT_GPU_PYTHON), whose torch/lib and nvidia/*/lib folders serve

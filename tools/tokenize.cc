@@ -5,7 +5,10 @@
 //
 // writes data/corpus_train_000000.bin, ... and data/corpus_val_000000.bin (llm.c's format for
 // vocabularies of at most 65,536 tokens, else raw uint32), showing a progress bar on stderr
-// and a summary (documents, tokens, bytes per token, the format to give the data plan).
+// and a summary (documents, tokens, bytes per token, the format to give the data plan), and
+// lists them in data/corpus_shards.json. A rerun under the same prefix replaces the shards that
+// list names (and removes those it no longer writes); any other file named as a shard is
+// refused before anything is read.
 #include <unistd.h>
 
 #include <algorithm>
@@ -155,6 +158,11 @@ int Tokenize(int argc, char** argv) {
   std::cout << "tokenizer: " << (*loaded)->hash() << " (vocabulary " << (*loaded)->vocab_size()
             << ")\nformat: " << plait::data::TokenFormat_Name(summary->format) << "\nfiles:\n  "
             << absl::StrJoin(summary->files, "\n  ") << "\n";
+  if (summary->replaced_files > 0) {
+    std::cout << "replaced: " << summary->replaced_files << " shards of an earlier run under "
+              << options.output_prefix << " (listed in " << options.output_prefix
+              << "_shards.json)\n";
+  }
   return 0;
 }
 

@@ -870,9 +870,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> ParseBpeTokenizer(
   PLAIT_ASSIGN_OR_RETURN(const json file, base::ParseJson(source, tokenizer_json));
   json config;
   if (!tokenizer_config_json.empty()) {
-    PLAIT_ASSIGN_OR_RETURN(config,
-                           base::ParseJson(absl::StrCat(source, " (tokenizer_config.json)"),
-                                               tokenizer_config_json));
+    PLAIT_ASSIGN_OR_RETURN(config, base::ParseJson(absl::StrCat(source, " (tokenizer_config.json)"),
+                                                   tokenizer_config_json));
   }
   auto tokenizer = std::make_unique<BpeTokenizer>(tokenizer_json, tokenizer_config_json);
   PLAIT_RETURN_IF_ERROR(BpeLoader(source, *tokenizer).Load(file, config));

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <set>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -16,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "base/file.h"
 #include "base/json.h"
+#include "base/own_output.h"
 #include "base/status.h"
 #include "data/token_file.h"
 #include "nlohmann/json.hpp"
@@ -68,8 +71,11 @@ class ShardWriter {
     return file_ ? absl::OkStatus() : WriteError();
   }
 
-  // Completes the last shard and gives every shard its final name; the names, in order.
-  absl::StatusOr<std::vector<std::string>> Finish() {
+  // The shards' final names, in order.
+  const std::vector<std::string>& Names() const { return names_; }
+
+  // Completes the last shard and gives every shard its final name.
+  absl::Status Finish() {
     PLAIT_RETURN_IF_ERROR(CloseShard());
     for (const std::string& name : names_) {
       std::error_code error;
@@ -79,7 +85,7 @@ class ShardWriter {
             absl::StrCat(name, ".tmp: could not rename to ", name, ": ", error.message()));
       }
     }
-    return names_;
+    return absl::OkStatus();
   }
 
   // Removes the shards written so far (after an error).
@@ -127,13 +133,109 @@ class ShardWriter {
   std::vector<std::string> names_;
 };
 
+// The list of the shards that tokenize wrote under a prefix, PREFIX_shards.json: what makes
+// them recognisably its own output, which a later run under the prefix replaces (and only
+// them: any other file named as a shard is refused before any work).
+class ShardList {
+ public:
+  static constexpr char kWriter[] = "plait tokenize";
+
+  // The shards and the list already under `prefix`, each checked to be this writer's own
+  // (base/own_output.h).
+  static absl::StatusOr<ShardList> CheckEarlier(const std::string& prefix) {
+    ShardList list(prefix);
+    PLAIT_ASSIGN_OR_RETURN(const bool listed,
+                           base::CheckOutputFile(list.path_, IsList, "tokenize"));
+    if (listed) {
+      PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(list.path_));
+      PLAIT_ASSIGN_OR_RETURN(const nlohmann::json json, base::ParseJson(list.path_, text));
+      for (const auto& name : json["files"]) list.names_.insert(name.get<std::string>());
+    }
+    const std::filesystem::path folder = std::filesystem::path(prefix).parent_path();
+    const std::string stem = std::filesystem::path(prefix).filename().string();
+    std::error_code error;
+    for (std::filesystem::directory_iterator it(folder.empty() ? "." : folder, error), end;
+         !error && it != end; it.increment(error)) {
+      const std::string name = it->path().filename().string();
+      if (!absl::EndsWith(name, ".bin") ||
+          !(absl::StartsWith(name, stem + "_train_") || absl::StartsWith(name, stem + "_val_"))) {
+        continue;
+      }
+      PLAIT_RETURN_IF_ERROR(base::CheckOutputFile(
+                                it->path().string(),
+                                [&](const std::string&) { return list.names_.count(name) > 0; },
+                                "tokenize")
+                                .status());
+      list.earlier_.push_back(it->path().string());
+    }
+    return list;
+  }
+
+  // Before the new shards take their names: the list names the earlier ones and the new ones,
+  // so whatever a crash leaves is listed.
+  absl::Status Extend(const std::vector<std::string>& shards) {
+    for (const std::string& shard : shards) {
+      names_.insert(std::filesystem::path(shard).filename().string());
+    }
+    return Write();
+  }
+
+  // After they have: removes the earlier shards the new ones did not replace and lists only
+  // the new ones. The number of earlier shards replaced or removed.
+  absl::StatusOr<int64_t> Settle(const std::vector<std::string>& shards) {
+    names_.clear();
+    for (const std::string& shard : shards) {
+      names_.insert(std::filesystem::path(shard).filename().string());
+    }
+    for (const std::string& earlier : earlier_) {
+      if (names_.count(std::filesystem::path(earlier).filename().string()) > 0) continue;
+      std::error_code error;
+      std::filesystem::remove(earlier, error);
+      if (error) {
+        return absl::InternalError(absl::StrCat(earlier,
+                                                ": a shard of an earlier run under the "
+                                                "prefix could not be removed: ",
+                                                error.message()));
+      }
+    }
+    PLAIT_RETURN_IF_ERROR(Write());
+    return static_cast<int64_t>(earlier_.size());
+  }
+
+ private:
+  explicit ShardList(const std::string& prefix) : path_(prefix + "_shards.json") {}
+
+  static bool IsList(const std::string& path) {
+    const absl::StatusOr<std::string> text = base::ReadFile(path);
+    if (!text.ok()) return false;
+    const absl::StatusOr<nlohmann::json> json = base::ParseJson(path, *text);
+    if (!json.ok() || !json->is_object() || json->value("writer", "") != kWriter) return false;
+    const auto files = json->find("files");
+    if (files == json->end() || !files->is_array()) return false;
+    for (const auto& name : *files) {
+      if (!name.is_string()) return false;
+    }
+    return true;
+  }
+
+  absl::Status Write() const {
+    const nlohmann::json json = {{"writer", kWriter}, {"files", names_}};
+    return base::WriteFileAtomically(path_, json.dump(2) + "\n");
+  }
+
+  std::string path_;
+  std::set<std::string> names_;       // listed, by file name
+  std::vector<std::string> earlier_;  // shards found under the prefix before this run
+};
+
 class CorpusTokenizer {
  public:
   CorpusTokenizer(const Tokenizer& tokenizer, const CorpusOptions& options, int32_t eos,
-                  TokenFormat format)
+                  TokenFormat format, ShardList shard_list)
       : tokenizer_(tokenizer),
         options_(options),
         eos_(eos),
+        shard_list_(std::move(shard_list)),
         train_(options.output_prefix + "_train", format, options.shard_tokens),
         val_(options.output_prefix + "_val", format, options.shard_tokens) {
     summary_.format = format;
@@ -147,9 +249,14 @@ class CorpusTokenizer {
       val_.Abandon();
       return status;
     }
-    PLAIT_ASSIGN_OR_RETURN(summary_.files, train_.Finish());
-    PLAIT_ASSIGN_OR_RETURN(std::vector<std::string> val_files, val_.Finish());
-    summary_.files.insert(summary_.files.end(), val_files.begin(), val_files.end());
+    std::vector<std::string> shards = train_.Names();
+    const std::vector<std::string>& val_shards = val_.Names();
+    shards.insert(shards.end(), val_shards.begin(), val_shards.end());
+    PLAIT_RETURN_IF_ERROR(shard_list_.Extend(shards));
+    PLAIT_RETURN_IF_ERROR(train_.Finish());
+    PLAIT_RETURN_IF_ERROR(val_.Finish());
+    PLAIT_ASSIGN_OR_RETURN(summary_.replaced_files, shard_list_.Settle(shards));
+    summary_.files = std::move(shards);
     return summary_;
   }
 
@@ -288,6 +395,7 @@ class CorpusTokenizer {
   const int32_t eos_;
   ShardWriter train_;
   ShardWriter val_;
+  ShardList shard_list_;
   std::vector<std::vector<Document>> pending_{1};
   size_t batch_bytes_ = 0;
   CorpusProgress progress_;
@@ -328,7 +436,8 @@ absl::StatusOr<CorpusSummary> TokenizeCorpus(
   }
   const TokenFormat format =
       tokenizer.vocab_size() <= kUint16Vocab ? TOKEN_FORMAT_LLMC : TOKEN_FORMAT_UINT32;
-  return CorpusTokenizer(tokenizer, options, *eos, format).Run(on_progress);
+  PLAIT_ASSIGN_OR_RETURN(ShardList shard_list, ShardList::CheckEarlier(options.output_prefix));
+  return CorpusTokenizer(tokenizer, options, *eos, format, std::move(shard_list)).Run(on_progress);
 }
 
 }  // namespace plait::data::tokenizer

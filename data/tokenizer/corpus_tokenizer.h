@@ -51,11 +51,14 @@ struct CorpusSummary {
   int64_t invalid_utf8_documents = 0;             // whose ill-formed bytes became U+FFFD
   TokenFormat format = TOKEN_FORMAT_UNSPECIFIED;  // of the shards: give it in the data plan
   std::vector<std::string> files;                 // the shards written, train then val
+  int64_t replaced_files = 0;  // shards of an earlier run under the prefix, replaced or removed
 };
 
-// Tokenizes options.inputs with `tokenizer` into shards. Errors name the input, its line for
-// JSONL and the problem (not JSON, no such field); on error no shard is left under its final
-// name. `on_progress`, when given, is called from this thread as documents are written.
+// Tokenizes options.inputs with `tokenizer` into shards, listed in PREFIX_shards.json. Errors
+// name the input, its line for JSONL and the problem (not JSON, no such field); on error no
+// shard is left under its final name. Files named as shards of the prefix are replaced (or
+// removed) only when that list names them, as an earlier run's; any other is refused before
+// anything is read. `on_progress`, when given, is called from this thread as documents are written.
 absl::StatusOr<CorpusSummary> TokenizeCorpus(
     const Tokenizer& tokenizer, const CorpusOptions& options,
     const std::function<void(const CorpusProgress&)>& on_progress);

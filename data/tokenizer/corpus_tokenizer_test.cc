@@ -1,5 +1,6 @@
 #include "data/tokenizer/corpus_tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
 #include "data/token_file.h"
@@ -169,6 +171,57 @@ TEST_F(CorpusTokenizerTest, ErrorsNameTheLineAndLeaveNoShard) {
     if (entry.path().filename().string().rfind("out", 0) == 0) left.push_back(entry.path());
   }
   EXPECT_THAT(left, ElementsAre());
+}
+
+// The files under `prefix`'s folder whose names start with its stem, sorted.
+std::vector<std::string> FilesUnder(const std::string& prefix) {
+  const std::filesystem::path path(prefix);
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(path.parent_path())) {
+    if (entry.path().filename().string().rfind(path.filename().string(), 0) == 0) {
+      files.push_back(entry.path());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// A rerun under a prefix replaces the shards its list names and removes those it no longer
+// writes; a file named as a shard that no run of tokenize wrote is refused, before any work.
+TEST_F(CorpusTokenizerTest, RerunsReplaceOnlyTheirOwnShards) {
+  const std::unique_ptr<Tokenizer> tokenizer = Load("tiny");
+  CorpusOptions options = Options(1);
+  const std::string prefix = options.output_prefix;
+  absl::StatusOr<CorpusSummary> first = TokenizeCorpus(*tokenizer, options, nullptr);
+  ASSERT_THAT(first, IsOk());
+  EXPECT_EQ(first->replaced_files, 0);
+  std::vector<std::string> listed = first->files;
+  listed.push_back(prefix + "_shards.json");
+  std::sort(listed.begin(), listed.end());
+  EXPECT_THAT(FilesUnder(prefix), ElementsAreArray(listed));
+
+  options.shard_tokens = 1000;  // one shard a split
+  absl::StatusOr<CorpusSummary> second = TokenizeCorpus(*tokenizer, options, nullptr);
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->replaced_files, static_cast<int64_t>(first->files.size()));
+  EXPECT_THAT(FilesUnder(prefix), ElementsAre(prefix + "_shards.json", prefix + "_train_000000.bin",
+                                              prefix + "_val_000000.bin"));
+  EXPECT_THAT(ReadShards({prefix + "_train_000000.bin"}, TOKEN_FORMAT_LLMC, 1000),
+              ElementsAreArray(Expected(*tokenizer, false)));
+
+  const std::string foreign = Write(dir_, "out1_train_000001.bin", "the user's");
+  const std::string kept = base::ReadFile(prefix + "_train_000000.bin").value();
+  EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("\"" + foreign + "\" exists and tokenize did not write it")));
+  EXPECT_EQ(base::ReadFile(foreign).value(), "the user's");
+  EXPECT_EQ(base::ReadFile(prefix + "_train_000000.bin").value(), kept);
+  std::filesystem::remove(foreign);
+
+  Write(dir_, "out1_shards.json", "{\"files\": []}");  // not a list tokenize wrote
+  EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("out1_shards.json\" exists and tokenize did not write it")));
 }
 
 TEST_F(CorpusTokenizerTest, OptionsAreChecked) {

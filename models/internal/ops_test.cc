@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "models/internal/fused_kernels.h"
 #include "models/rotary.h"
+#include "torch/csrc/autograd/function.h"
 #include "torch/utils.h"
 
 namespace plait::models::internal {

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <string>
 
+#include "ATen/Parallel.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"

@@ -1,0 +1,42 @@
+// Where a tool or a job writes, checked before it does any work: the one rule every plait
+// binary that writes follows. A path is written only when it is new, or when it holds what
+// the same writer wrote there earlier, recognised by the writer's own test (a marker in the
+// file, a list the writer keeps); anything else is refused, naming the path and why, so no
+// file of the user's is ever replaced:
+//
+//   PLAIT_ASSIGN_OR_RETURN(std::vector<std::string> earlier,
+//                          base::CheckOutputFolder(dir, IsEarlierExport, "a plait export"));
+//   // "\"/models/llama\" holds \"tokenizer.json\", which a plait export did not write: choose
+//   //  a new or empty folder"
+#ifndef PLAIT_BASE_OWN_OUTPUT_H_
+#define PLAIT_BASE_OWN_OUTPUT_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace plait::base {
+
+// Whether the existing regular file at `path` is the writer's own earlier output.
+using IsOwnOutput = std::function<bool(const std::string& path)>;
+
+// OK when the folder `dir` is missing (and can be created) or is a writable folder whose
+// every entry is a regular file `is_own` recognises; then the paths of those earlier files,
+// which the writer replaces (and says so). FailedPrecondition otherwise, naming `dir` and
+// the first entry that is not its own, which `writer` ("a plait export") did not write.
+absl::StatusOr<std::vector<std::string>> CheckOutputFolder(const std::string& dir,
+                                                           const IsOwnOutput& is_own,
+                                                           absl::string_view writer);
+
+// OK when the file `path` is missing (and its folder can be written) or is a regular file
+// `is_own` recognises; then whether it exists. FailedPrecondition otherwise, naming `path`
+// and what it is.
+absl::StatusOr<bool> CheckOutputFile(const std::string& path, const IsOwnOutput& is_own,
+                                     absl::string_view writer);
+
+}  // namespace plait::base
+
+#endif  // PLAIT_BASE_OWN_OUTPUT_H_

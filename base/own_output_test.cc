@@ -1,0 +1,89 @@
+#include "base/own_output.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "base/file.h"
+#include "base/status_matchers.h"
+#include "base/test_paths.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plait::base {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::IsOkAndHolds;
+using ::plait::base::testing::StatusIs;
+using ::plait::base::testing::TestPath;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// The writer of these tests marks what it writes with a first line "mine".
+bool IsMine(const std::string& path) {
+  return absl::StartsWith(ReadFile(path).value_or(""), "mine\n");
+}
+
+std::string FreshFolder(const std::string& name) {
+  const std::string dir = TestPath(name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+TEST(OwnOutputTest, AFolderThatIsNewOrHoldsOnlyTheWritersOwnFilesIsWritten) {
+  const std::string dir = FreshFolder("own_folder");
+  EXPECT_THAT(CheckOutputFolder(dir + "/new/deeper", IsMine, "an export"),
+              IsOkAndHolds(std::vector<std::string>{}));
+  EXPECT_THAT(CheckOutputFolder(dir, IsMine, "an export"),
+              IsOkAndHolds(std::vector<std::string>{}));
+  ASSERT_THAT(WriteFileAtomically(dir + "/b.bin", "mine\n2"), IsOk());
+  ASSERT_THAT(WriteFileAtomically(dir + "/a.bin", "mine\n1"), IsOk());
+  EXPECT_THAT(CheckOutputFolder(dir, IsMine, "an export"),
+              IsOkAndHolds(ElementsAre(dir + "/a.bin", dir + "/b.bin")));
+}
+
+TEST(OwnOutputTest, AFolderHoldingAnythingElseIsRefusedNamingIt) {
+  const std::string dir = FreshFolder("foreign_folder");
+  ASSERT_THAT(WriteFileAtomically(dir + "/a.bin", "mine\n1"), IsOk());
+  ASSERT_THAT(WriteFileAtomically(dir + "/notes.txt", "the user's"), IsOk());
+  EXPECT_THAT(CheckOutputFolder(dir, IsMine, "an export"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("\"" + dir +
+                                 "\" holds \"notes.txt\", which an export did not write: choose "
+                                 "a new or empty folder")));
+  std::filesystem::remove(dir + "/notes.txt");
+  std::filesystem::create_directory(dir + "/sub");
+  EXPECT_THAT(CheckOutputFolder(dir, IsMine, "an export"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("holds \"sub\"")));
+  EXPECT_THAT(CheckOutputFolder(dir + "/a.bin", IsMine, "an export"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("a.bin\" exists and is a regular file, not a folder")));
+  EXPECT_THAT(CheckOutputFolder(dir + "/a.bin/x", IsMine, "an export"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is not a folder")));
+}
+
+TEST(OwnOutputTest, AFileIsWrittenWhenNewOrTheWritersOwn) {
+  const std::string dir = FreshFolder("own_file");
+  EXPECT_THAT(CheckOutputFile(dir + "/out.bin", IsMine, "tokenize"), IsOkAndHolds(false));
+  ASSERT_THAT(WriteFileAtomically(dir + "/out.bin", "mine\n"), IsOk());
+  EXPECT_THAT(CheckOutputFile(dir + "/out.bin", IsMine, "tokenize"), IsOkAndHolds(true));
+  ASSERT_THAT(WriteFileAtomically(dir + "/other.bin", "theirs"), IsOk());
+  EXPECT_THAT(CheckOutputFile(dir + "/other.bin", IsMine, "tokenize"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("\"" + dir +
+                                 "/other.bin\" exists and tokenize did not "
+                                 "write it: choose another path")));
+  EXPECT_THAT(CheckOutputFile(dir, IsMine, "tokenize"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("exists and is a directory, not a file")));
+  EXPECT_THAT(CheckOutputFile(dir + "/out.bin/x", IsMine, "tokenize"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is not a folder")));
+}
+
+}  // namespace
+}  // namespace plait::base
