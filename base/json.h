@@ -23,13 +23,16 @@
 
 namespace plait::base {
 
-// `text` parsed, or InvalidArgument "<where>: not valid JSON at byte N: <parser's reason>".
+// `text` parsed, or InvalidArgument "<where>: not valid JSON at byte N: <parser's reason>"
+// (or, for a number too large for a double, "<where>: not valid JSON: <reason>").
 inline absl::StatusOr<nlohmann::json> ParseJson(absl::string_view where, absl::string_view text) {
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& error) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": not valid JSON at byte ", error.byte, ": ", error.what()));
+  } catch (const nlohmann::json::exception& error) {  // e.g. a number beyond a double's range
+    return absl::InvalidArgumentError(absl::StrCat(where, ": not valid JSON: ", error.what()));
   }
 }
 

@@ -26,6 +26,13 @@ TEST(ParseJsonTest, ErrorNamesWhereAndTheByte) {
               HasSubstr("data.jsonl:3: not valid JSON at byte 17: "));
 }
 
+TEST(ParseJsonTest, ANumberBeyondADoubleIsAnError) {
+  const absl::StatusOr<Json> json = ParseJson("config.json", R"({"rope_theta": 1e309})");
+  EXPECT_EQ(json.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(json.status().message()),
+              HasSubstr("config.json: not valid JSON: [json.exception.out_of_range.406]"));
+}
+
 TEST(ParseJsonTest, EmptyTextIsNotJson) {
   EXPECT_THAT(std::string(ParseJson("tokenizer.json", "").status().message()),
               HasSubstr("tokenizer.json: not valid JSON at byte 1"));

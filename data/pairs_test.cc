@@ -73,7 +73,7 @@ TEST(PairsTest, BadLinesAreNamedByFileLineAndField) {
     return ReadPairFile(path, kind, PairFiles(), 100, 4).status();
   };
   EXPECT_THAT(error("{\"prompt\": [1], \"chosen\": "),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad.jsonl:2: not a JSON")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad.jsonl:2: not valid JSON")));
   EXPECT_THAT(
       error("{\"prompt\": [1], \"chosen\": [2]}"),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad.jsonl:2: rejected: is missing")));

@@ -94,7 +94,8 @@ absl::StatusOr<MetricsLog> MetricsLog::OpenFile(const std::string& path, bool co
           absl::StrCat("\"", path, "\" is ", base::FileKind(info.st_mode),
                        "; a metrics file is a regular file the run creates: choose another path"));
     }
-    if (!continues) {
+    // An empty file holds nothing to lose: a run that failed before its first row leaves one.
+    if (!continues && info.st_size > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "\"", path,
           "\" already exists; a fresh run creates its metrics file and never "

@@ -90,6 +90,19 @@ TEST(MetricsLogTest, AFreshRunRefusesAnExistingPathAndLeavesItAsItWas) {
   EXPECT_THAT(base::ReadFile(path), IsOkAndHolds(notes));
 }
 
+// A run that failed before writing a row leaves its metrics file empty: the rerun uses it.
+TEST(MetricsLogTest, AFreshRunTakesAnEmptyFile) {
+  const std::string path = TestPath("empty_metrics.jsonl");
+  ASSERT_THAT(base::WriteFileAtomically(path, ""), IsOk());
+  absl::StatusOr<MetricsLog> log = MetricsLog::Open(path, /*resume_step=*/0);
+  ASSERT_THAT(log, IsOk());
+  StepMetrics metrics;
+  metrics.step = 1;
+  metrics.loss = 2.5;
+  ASSERT_THAT(log->Append(metrics), IsOk());
+  EXPECT_THAT(base::ReadFile(path), IsOkAndHolds(HasSubstr("\"step\":1")));
+}
+
 TEST(MetricsLogTest, RefusesWhatIsNotARegularFile) {
   const std::string dir = FreshTestDir("a_folder");
   std::filesystem::create_directories(dir);

@@ -165,7 +165,7 @@ TEST(HfCheckpointTest, ExportFoldersAreCheckedBeforeTraining) {
   EXPECT_THAT(message(CheckHfExportFolder(dir, {dir + "/."}, "save_hf_dir")),
               HasSubstr("save_hf_dir: \"" + dir + "\" is the folder the weights are loaded from"));
   EXPECT_THAT(message(CheckHfExportFolder(dir + "/config.json", {}, "save_hf_dir")),
-              HasSubstr("exists and is not a folder"));
+              HasSubstr("exists and is a regular file, not a folder"));
   std::system(("echo notes > " + dir + "/notes.txt").c_str());
   EXPECT_THAT(message(CheckHfExportFolder(dir, {}, "save_hf_dir")),
               HasSubstr("holds \"notes.txt\", which a plait export did not write"));

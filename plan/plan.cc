@@ -65,6 +65,11 @@ absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanComm
     } else if ((absl::ConsumePrefix(&arg, "--plan=") || !absl::StartsWith(arg, "--")) &&
                arguments.plan_path.empty()) {
       arguments.plan_path = std::string(arg);
+    } else if (absl::ConsumePrefix(&arg, "--")) {
+      // Worded as Abseil's flags word it in the other binaries.
+      return absl::InvalidArgumentError(
+          absl::StrCat("Unknown command line flag '", arg.substr(0, arg.find('=')),
+                       "' (--help lists the flags)"));
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("unexpected argument \"", argv[i], "\" (--help lists the flags)"));

@@ -178,7 +178,8 @@ absl::Status CheckPlan(const std::vector<std::string>& args, const Seed& plan,
 // Whether `line` of an error says where the problem is.
 bool SaysWhere(absl::string_view line, const std::string& source) {
   return (absl::StartsWith(line, absl::StrCat(source, ":")) || absl::StartsWith(line, "plan.") ||
-          absl::StartsWith(line, "--") || absl::StartsWith(line, "unexpected argument \"")) &&
+          absl::StartsWith(line, "--") || absl::StartsWith(line, "unexpected argument \"") ||
+          absl::StartsWith(line, "Unknown command line flag '")) &&
          absl::StrContains(line, ": ");
 }
 

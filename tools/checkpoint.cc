@@ -111,6 +111,13 @@ int Main(int argc, char** argv) {
     std::cout << kUsage << "\n";
     return 0;
   }
+  for (const std::string& arg : args) {
+    if (absl::StartsWith(arg, "--")) {  // worded as Abseil's flags word it in the other tools
+      std::cerr << "Unknown command line flag '" << arg.substr(2, arg.find('=') - 2)
+                << "' (--help lists the usage)\n";
+      return 2;
+    }
+  }
   const bool export_hf = !args.empty() && args[0] == "export-hf";
   if (args.size() != (export_hf ? 3u : 2u) ||
       !(export_hf || args[0] == "info" || args[0] == "verify")) {

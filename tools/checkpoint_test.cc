@@ -147,6 +147,8 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
 
   EXPECT_EQ(Run({"info"}), 2);
   EXPECT_THAT(stderr_, HasSubstr("usage: checkpoint info CHECKPOINT"));
+  EXPECT_EQ(Run({"info", "--step=2", checkpoint}), 2);
+  EXPECT_THAT(stderr_, HasSubstr("Unknown command line flag 'step'"));
   EXPECT_EQ(Run({"info", dir_ + "/none"}), 1);
   EXPECT_THAT(stderr_, HasSubstr(dir_ + "/none/checkpoint.json: missing or unreadable"));
 }

@@ -53,19 +53,20 @@ TEST(TextDataTest, TextWithoutATokenizerIsAPlanError) {
 // own) gives the DPO policy, its reference and the tokenizer of the text pairs.
 class TextDpoFromHfFolderTest : public ::testing::Test {
  protected:
+  // A model's folder as Hugging Face's save_pretrained leaves it: the export, then the
+  // tokenizer's files beside it.
   void SetUp() override {
-    std::filesystem::create_directories(folder_);
-    for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
-      std::filesystem::copy_file(absl::StrCat("data/tokenizer/testdata/tiny/", file),
-                                 absl::StrCat(folder_, "/", file),
-                                 std::filesystem::copy_options::overwrite_existing);
-    }
+    std::filesystem::remove_all(folder_);
     plan_ = ShortShippedPlan("qwen_dpo_fsdp_hf");
     auto config = models::ResolveModelSpec(ShortShippedPlan("qwen_dpo_fsdp").model(), "plan.model");
     ASSERT_THAT(config, IsOk());
     auto model = models::CausalLM::Create(*config, plan_.model().init());
     ASSERT_THAT(model, IsOk());
     ASSERT_THAT(models::SaveHfModel(**model, folder_), IsOk());
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+      std::filesystem::copy_file(absl::StrCat("data/tokenizer/testdata/tiny/", file),
+                                 absl::StrCat(folder_, "/", file));
+    }
     const std::string config_path = absl::StrCat(folder_, "/config.json");
     plan_.mutable_model()->set_hf_config_path(config_path);
     plan_.set_hf_weights_dir(folder_);
