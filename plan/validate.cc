@@ -36,6 +36,9 @@
 namespace plait::plan {
 namespace {
 
+// The most micro-batches a rank reads in one evaluation of a synthetic source (plan.proto).
+constexpr int64_t kMaxSyntheticEvalMicroBatches = 65536;
+
 bool DirectoryExists(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
@@ -235,6 +238,17 @@ class Checker {
           absl::StrCat(t.eval_batches(), " x grad_accumulation (", resolved_.grad_accumulation,
                        ") micro-batches per evaluation is more than 2^63 - 1"));
     }
+    const data::DataConfig& data = plan_.data();
+    const bool synthetic = data.has_synthetic() || data.has_synthetic_pairs() ||
+                           data.has_synthetic_sft() ||
+                           data.source_case() == data::DataConfig::SOURCE_NOT_SET;
+    if (synthetic && resolved_.eval_micro_batches > kMaxSyntheticEvalMicroBatches) {
+      Add("plan.training.eval_batches",
+          absl::StrCat(t.eval_batches(), " global batches (", resolved_.eval_micro_batches,
+                       " micro-batches per rank) exceed the ", kMaxSyntheticEvalMicroBatches,
+                       " an evaluation of a synthetic source reads: its held-out stream never "
+                       "ends, so an evaluation is bounded as a held-out file's is"));
+    }
     if (t.micro_batch() <= 0 || t.grad_accumulation() < 0) return;  // reported above
     // Checked products: a huge micro_batch could wrap them to any value, 0 included.
     int64_t across_ranks = 0, per_step = 0;
@@ -244,6 +258,16 @@ class Checker {
         ranks_overflow ||
         __builtin_mul_overflow(across_ranks, resolved_.grad_accumulation, &per_step);
     if (!overflow) resolved_.global_batch = per_step;
+    // Every count of tokens the run computes and prints is at most a step's.
+    int64_t tokens_per_step = 0;
+    if (t.seq_len() > 0 &&
+        (overflow || __builtin_mul_overflow(per_step, t.seq_len(), &tokens_per_step))) {
+      Add("plan.training.micro_batch",
+          absl::StrCat("micro_batch (", t.micro_batch(), ") x data-parallel ranks (",
+                       resolved_.data_parallel_size, ") x grad_accumulation (",
+                       resolved_.grad_accumulation, ") x seq_len (", t.seq_len(),
+                       ") tokens a step is more than 2^63 - 1"));
+    }
     if (t.global_batch() > 0 && (overflow || per_step != t.global_batch())) {
       Add("plan.training.global_batch",
           absl::StrCat(t.global_batch(), " is not micro_batch (", t.micro_batch(),

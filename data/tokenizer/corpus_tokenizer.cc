@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/file.h"
 #include "base/json.h"
@@ -244,6 +245,11 @@ class CorpusTokenizer {
   absl::StatusOr<CorpusSummary> Run(const std::function<void(const CorpusProgress&)>& progress) {
     absl::Status status = ReadAll(progress);
     if (status.ok()) status = Flush(progress);
+    if (status.ok() && summary_.documents == 0) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("inputs: ", absl::StrJoin(options_.inputs, ", "),
+                       " hold no document (empty, or blank lines only)"));
+    }
     if (!status.ok()) {
       train_.Abandon();
       val_.Abandon();

@@ -235,6 +235,11 @@ TEST_F(CorpusTokenizerTest, OptionsAreChecked) {
   EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eos_token: \"<|nope|>\"")));
   options = Options(1);
+  options.inputs = {Write(dir_, "empty.jsonl", "\n\n")};
+  EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("empty.jsonl hold no document (empty, or blank lines only)")));
+  options = Options(1);
   options.inputs.push_back(absl::StrCat(dir_, "/missing.txt"));
   EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing.txt")));
