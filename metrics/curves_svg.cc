@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -194,7 +195,14 @@ void DrawPanel(const Panel& panel, const std::vector<RunCurves>& runs, const Ran
   svg += "</g>\n";
 }
 
+// The XML declaration, and the comment that marks a document as CurvesSvg's.
+constexpr char kHead[] =
+    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!-- training curves drawn by plait's tools/plot "
+    "-->\n";
+
 }  // namespace
+
+bool IsCurvesSvg(absl::string_view text) { return absl::StartsWith(text, kHead); }
 
 absl::StatusOr<RunCurves> ReadRunCurves(const std::string& path, std::string name) {
   PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
@@ -240,11 +248,11 @@ std::string CurvesSvg(const std::vector<RunCurves>& runs) {
   const double width = kPanelsPerRow * kPanelWidth;
   const double height = kLegendHeight + rows * kPanelHeight;
   std::string svg = absl::StrFormat(
-      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      "%s"
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
       "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
       "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<g class=\"legend\">\n",
-      width, height, width, height);
+      kHead, width, height, width, height);
   double x = kMarginLeft;
   for (size_t r = 0; r < runs.size(); ++r) {
     absl::StrAppendFormat(&svg,

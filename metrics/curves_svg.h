@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace plait::metrics {
 
@@ -34,8 +35,11 @@ struct RunCurves {
 // value that is not a number. An error naming the path when it cannot be read or holds no row.
 absl::StatusOr<RunCurves> ReadRunCurves(const std::string& path, std::string name);
 
-// The SVG document of `runs`' curves.
+// The SVG document of `runs`' curves; its first two lines mark it as CurvesSvg's.
 std::string CurvesSvg(const std::vector<RunCurves>& runs);
+
+// Whether `text` is a document CurvesSvg wrote: what a rerun of //tools:plot may replace.
+bool IsCurvesSvg(absl::string_view text);
 
 }  // namespace plait::metrics
 

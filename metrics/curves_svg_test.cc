@@ -105,6 +105,13 @@ TEST(CurvesSvgTest, OneStepOrNoRunsStillMakeAPicture) {
   ExpectWellFormed(CurvesSvg({}));
 }
 
+// What a rerun of tools/plot may replace: its own pictures, no other SVG.
+TEST(CurvesSvgTest, KnowsItsOwnPictures) {
+  EXPECT_TRUE(IsCurvesSvg(CurvesSvg({})));
+  EXPECT_FALSE(IsCurvesSvg("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg/>\n"));
+  EXPECT_FALSE(IsCurvesSvg(""));
+}
+
 TEST(ReadRunCurvesTest, ReadsTheRowsAndTheFloorOfTheSummaryBeside) {
   const std::string path = TestPath("curves.jsonl");
   ASSERT_THAT(base::WriteFileAtomically(

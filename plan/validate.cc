@@ -211,6 +211,12 @@ class Checker {
     non_negative("eval_every", t.eval_every());
     non_negative("log_every", t.log_every());
     non_negative("max_skipped_steps", t.max_skipped_steps());
+    if (!t.run_dir().empty()) {
+      if (absl::Status writable = base::CheckFolderIsWritable(base::UserPath(t.run_dir()));
+          !writable.ok()) {
+        Add("plan.training.run_dir", std::string(writable.message()));
+      }
+    }
     if (t.eval_batches() == 0 && t.eval_every() > 0) {
       Add("plan.training.eval_every",
           absl::StrCat(t.eval_every(), " asks for an evaluation every ", t.eval_every(),

@@ -3,12 +3,12 @@
 // with the entropy floor when the run summary beside a file gives it, the learning rate, the
 // gradient norm and tokens/s, each run in its own colour:
 //
-//   bazel run //tools:plot -- --out=curves.svg llama_fsdp_metrics.jsonl llama_ddp_metrics.jsonl
+//   bazel run //tools:plot -- --out=curves.svg runs/llama_fsdp/latest/metrics.jsonl \
+//       runs/llama_ddp/latest/metrics.jsonl
 //
-// Never writes over a file: an existing --out is refused. Exits 1 when a metrics file cannot
-// be read or the picture cannot be written, 2 on a usage error.
-#include <sys/stat.h>
-
+// Writes a new --out, or replaces a picture an earlier plot drew there; any other file is
+// refused. Exits 1 when a metrics file cannot be read or the picture cannot be written, 2 on a
+// usage error.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "base/file.h"
 #include "base/guarded_main.h"
+#include "base/own_output.h"
 #include "metrics/curves_svg.h"
 
 ABSL_FLAG(std::string, out, "", "the SVG file to create");
@@ -37,10 +38,14 @@ int Plot(int argc, char** argv) {
     return 2;
   }
   const std::string out = plait::base::UserPath(absl::GetFlag(FLAGS_out));
-  struct stat info;
-  if (lstat(out.c_str(), &info) == 0) {
-    std::cerr << "plot: \"" << out << "\" already exists; plot never writes over a file: "
-              << "remove it or choose another --out\n";
+  const absl::StatusOr<bool> replaces = plait::base::CheckOutputFile(
+      out,
+      [](const std::string& path) {
+        return plait::metrics::IsCurvesSvg(plait::base::ReadFile(path).value_or(""));
+      },
+      "plot");
+  if (!replaces.ok()) {
+    std::cerr << "plot: --out: " << replaces.status().message() << "\n";
     return 1;
   }
   std::vector<plait::metrics::RunCurves> runs;

@@ -22,6 +22,7 @@
 #include "plan/plan.h"
 #include "plan/validate.h"
 #include "torch/types.h"
+#include "trainer/run_folder.h"
 #include "trainer/trainer.h"
 
 namespace plait::trainer {
@@ -100,6 +101,7 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
       parallel::WorldFromEnvironment(parallel::ProcessEnvironment());
   std::optional<plan::ResolvedPlan> resolved;  // for `world`, once it is known
   if (absl::IsNotFound(world.status())) {
+    const RunFolder folder = TakeRunFolder(*plan, /*starts_run=*/true, /*restart_count=*/0);
     const int ranks = static_cast<int>(parallel::MeshRanks(plan->mesh()));
     absl::StatusOr<plan::ResolvedPlan> on_this_machine =
         plan::ResolveForMachine(*plan, ranks, ranks, arguments->skip_memory_check);
@@ -107,6 +109,11 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
       PrintRefusal(on_this_machine.status());
       return 1;
     }
+    if (absl::Status created = folder.Create(); !created.ok()) {
+      std::cerr << created.message() << "\n";
+      return 1;
+    }
+    if (!folder.path.empty()) std::cout << "outputs: " << folder.path << std::endl;
     if (absl::Status status = parallel::CheckLocalRanks(ranks, arguments->max_local_ranks);
         !status.ok()) {
       std::cerr << "plan.mesh: " << status.message() << "\n";
@@ -137,12 +144,18 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
     return 2;
   }
   if (!resolved.has_value()) {
+    const RunFolder folder = TakeRunFolder(*plan, world->rank == 0, world->restart_count);
     absl::StatusOr<plan::ResolvedPlan> for_world = plan::ResolveForMachine(
         *plan, world->world_size, world->local_world_size, arguments->skip_memory_check);
     if (!for_world.ok()) {
       if (world->local_rank == 0) PrintRefusal(for_world.status());
       return 1;
     }
+    if (absl::Status created = folder.Create(); !created.ok()) {
+      std::cerr << created.message() << "\n";
+      return 1;
+    }
+    if (folder.is_new) std::cout << "outputs: " << folder.path << std::endl;
     resolved = *std::move(for_world);
   }
   if (world->max_restarts > 0 || world->restart_count > 0) {

@@ -95,7 +95,16 @@ def test_plot_draws_a_point_per_step(run, tmp_path):
     assert len(lines["eval_loss"]) == 2  # steps 3 and 6
     # The synthetic data's floor, from the run summary beside the metrics.
     assert any(line.get("class") == "floor" for line in root.iter(f"{svg}line"))
-    # A second run of the same command refuses to write over the picture.
+    # A second run of the same command replaces its own picture; no other file.
+    drawn = picture.read_bytes()
     again = subprocess.run([PLOT, f"--out={picture}", str(metrics)],
                            capture_output=True, text=True)
-    assert again.returncode == 1 and "already exists" in again.stderr
+    assert again.returncode == 0, again.stderr
+    assert picture.read_bytes() == drawn
+    notes = tmp_path / "notes.svg"
+    notes.write_text("<svg>mine</svg>")
+    refused = subprocess.run([PLOT, f"--out={notes}", str(metrics)],
+                             capture_output=True, text=True)
+    assert refused.returncode == 1
+    assert "exists and plot did not write it" in refused.stderr, refused.stderr
+    assert notes.read_text() == "<svg>mine</svg>"
