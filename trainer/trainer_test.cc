@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -398,6 +399,33 @@ TEST(TrainTest, TensorParallelRanksLoadTheirSlicesOfAHuggingFaceFolder) {
   const TrainReport expected = TrainOnRanks(single, 1);
   ExpectSameRun(TrainOnRanks(tp, 2), expected);
   EXPECT_NE(expected.steps[0].loss, SingleProcessRun().steps[0].loss);
+}
+
+// A Hugging Face folder holding a NaN in the rows of one tensor-parallel rank: that rank names
+// the file and the tensor, and the other stops too, naming it.
+TEST(PreparedModelTest, ANonFiniteWeightInOneRanksSliceStopsEveryRank) {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/nan");
+  const std::string name = "model.layers.0.mlp.up_proj.weight";
+  const std::shared_ptr<models::CausalLM> model = SavedModelOfSeed(5, dir);
+  ASSERT_NE(model, nullptr);
+  {
+    torch::NoGradGuard no_grad;
+    model->named_parameters()[name][687][0] = std::numeric_limits<float>::quiet_NaN();
+  }
+  ASSERT_THAT(models::SaveHfModel(*model, dir), IsOk());
+  const plan::Plan tp = ShortShippedPlan("llama_tp");
+  std::vector<absl::Status> statuses(2);
+  WithMesh(tp, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    statuses[rank] = PreparedModel::Prepare(tp.model(), ConfigOf(tp.model()), dir, tp.prepare(),
+                                            mesh, Role::kTrained, "plan")
+                         .status();
+  });
+  EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kInvalidArgument,
+                                    "plan.hf_weights_dir: " + dir + "/model.safetensors: " + name +
+                                        ": holds NaN"));
+  EXPECT_THAT(statuses[0],
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("plan.hf_weights_dir: loading " + dir + ": rank 1 failed")));
 }
 
 // Hybrid sharding over dp_replicate=2 x dp_shard=2 (each rank reads 4 of the 16 sequences):
