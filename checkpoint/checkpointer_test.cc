@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -591,6 +592,27 @@ TEST(CheckpointErrorsTest, AMissingRankFileFailsEveryRank) {
   EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kNotFound,
                                     AllOf(HasSubstr("checkpoint.json: tensors.w/a.slices[1].file"),
                                           HasSubstr(missing))));
+  EXPECT_THAT(statuses[0],
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("resuming from " + dir + "/step-00000001: rank 1 failed")));
+}
+
+// A checkpoint saved by a run that had diverged: rank 1's rows hold a NaN. Rank 1, which
+// reads them, names its file and the tensor; rank 0 stops too, naming rank 1.
+TEST(CheckpointErrorsTest, ANonFiniteValueNamesTheFileAndTensorAndFailsEveryRank) {
+  const std::string dir = FreshTestDir("non_finite");
+  parallel::testing::RunOnRingMesh(Layout(2), [&](int rank, parallel::DeviceMesh& mesh) {
+    absl::StatusOr<Checkpointer> checkpointer =
+        Checkpointer::Open(Config(dir), dir, TestRun(), mesh);
+    ASSERT_THAT(checkpointer, IsOk());
+    RankState state = State(rank);
+    if (rank == 1) state.tensors["w/a"].tensor[1][2] = std::numeric_limits<float>::quiet_NaN();
+    ASSERT_THAT(checkpointer->Save(1, /*position=*/2, state), IsOk());
+  });
+  const std::vector<absl::Status> statuses = ResumeStatuses(dir, 2);
+  EXPECT_THAT(statuses[1],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       dir + "/step-00000001/" + RankFileName(1, 2) + ": w/a: holds NaN"));
   EXPECT_THAT(statuses[0],
               StatusIs(absl::StatusCode::kAborted,
                        HasSubstr("resuming from " + dir + "/step-00000001: rank 1 failed")));

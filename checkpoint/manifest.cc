@@ -256,22 +256,25 @@ absl::StatusOr<torch::Tensor> SliceReader::SliceData(const std::string& name, si
                      "]; the checkpoint is corrupt"));
   }
   PLAIT_ASSIGN_OR_RETURN(const absl::string_view bytes, file->Bytes(name));
-  if (verified_.insert({name, index}).second) {
+  const auto options = torch::TensorOptions().dtype(tensor.dtype);
+  torch::Tensor data =
+      torch::from_blob(const_cast<char*>(bytes.data()), slice.box.lengths, options);
+  // Entries of several dtypes in one file need not be aligned for each one's elements.
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % data.element_size() != 0) {
+    data = torch::empty(slice.box.lengths, options);
+    std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  }
+  if (verified_.count({name, index}) == 0) {
     if (const std::string computed = Checksum(bytes); computed != slice.checksum) {
-      verified_.erase({name, index});
       return absl::DataLossError(absl::StrCat(field, ".checksum: ", slice.checksum,
                                               " in the manifest, ", computed, " computed from ",
                                               path, "; the checkpoint is corrupt"));
     }
+    // Intact, but saved by a run that had diverged.
+    PLAIT_RETURN_IF_ERROR(models::CheckFinite(data, path, name));
+    verified_.insert({name, index});
   }
-  const auto options = torch::TensorOptions().dtype(tensor.dtype);
-  const torch::Tensor view =
-      torch::from_blob(const_cast<char*>(bytes.data()), slice.box.lengths, options);
-  // Entries of several dtypes in one file need not be aligned for each one's elements.
-  if (reinterpret_cast<uintptr_t>(bytes.data()) % view.element_size() == 0) return view;
-  torch::Tensor aligned = torch::empty(slice.box.lengths, options);
-  std::memcpy(aligned.data_ptr(), bytes.data(), bytes.size());
-  return aligned;
+  return data;
 }
 
 absl::Status SliceReader::Read(const std::string& name, const parallel::Box& box,

@@ -73,8 +73,9 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& path);
 nlohmann::json ManifestJson(const Manifest& manifest);
 
 // Reads boxes of a checkpoint's tensors from its rank files, opening (mapping) each file once
-// and checking each slice it reads from (the entry's dtype and shape, and its checksum) once.
-// Errors name the manifest, the tensor's field and the file.
+// and checking each slice it reads from (the entry's dtype and shape, its checksum, and that
+// its values are finite: models::CheckFinite) once. Errors name the manifest, the tensor's
+// field and the file; a NaN or an infinity names the file and the tensor.
 class SliceReader {
  public:
   // `manifest` must outlive the reader.
@@ -88,7 +89,7 @@ class SliceReader {
   // The whole tensor `name`, which must be in the manifest, assembled from its slices.
   absl::StatusOr<torch::Tensor> ReadWhole(const std::string& name);
 
-  // Checks the checksum of every slice of every tensor (reading every byte).
+  // Checks the checksum and the values of every slice of every tensor (reading every byte).
   absl::Status VerifyAll();
 
  private:

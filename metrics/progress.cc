@@ -106,7 +106,8 @@ void ProgressLog::Step(const StepMetrics& metrics, double tokens_per_s, double e
   for (const auto& [name, value] : metrics.eval_named) {
     absl::StrAppendFormat(&fields, " | eval_%s %.4f", name, value);
   }
-  if (metrics.skipped) fields += " | update skipped: non-finite gradient norm";
+  if (metrics.skipped)
+    absl::StrAppend(&fields, " | update skipped: non-finite ", SkipCause(metrics));
   const std::string step = absl::StrFormat("step %d/%d", metrics.step, total_steps_);
   const bool stays = metrics.step == total_steps_ || metrics.eval_loss || metrics.skipped;
   if (stays) {

@@ -1,5 +1,6 @@
 #include "metrics/progress.h"
 
+#include <cmath>
 #include <sstream>
 #include <string>
 
@@ -43,12 +44,21 @@ TEST(ProgressLogTest, PrintsPlainLinesEveryLogEveryStepsAndNotableSteps) {
   StepMetrics skipped = Metrics(1);
   skipped.skipped = true;
   progress.Step(skipped, 10, 4);
-  for (int64_t step = 2; step <= 5; ++step) progress.Step(Metrics(step), 10, 5 - step);
+  for (int64_t step = 2; step <= 5; ++step) {
+    StepMetrics metrics = Metrics(step);
+    if (step == 3) {
+      metrics.loss = std::nan("");
+      metrics.skipped = true;
+    }
+    progress.Step(metrics, 10, 5 - step);
+  }
   progress.Print("done");
   EXPECT_EQ(out.str(),
             "step 1/5 | loss 2.5000 | lr 1.00e-03 | 10 tok/s | ETA 4s | update skipped: "
             "non-finite gradient norm\n"
             "step 2/5 | loss 2.5000 | lr 1.00e-03 | 10 tok/s | ETA 3s\n"
+            "step 3/5 | loss nan | lr 1.00e-03 | 10 tok/s | ETA 2s | update skipped: "
+            "non-finite loss\n"
             "step 4/5 | loss 2.5000 | lr 1.00e-03 | 10 tok/s | ETA 1s\n"
             "step 5/5 | loss 2.5000 | lr 1.00e-03 | 10 tok/s | ETA 0s\n"
             "done\n");

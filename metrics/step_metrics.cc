@@ -1,5 +1,7 @@
 #include "metrics/step_metrics.h"
 
+#include <cmath>
+
 namespace plait::metrics {
 
 NamedMetrics Scalars(const StepMetrics& metrics) {
@@ -17,6 +19,10 @@ NamedMetrics Scalars(const StepMetrics& metrics) {
   scalars.insert(scalars.end(), metrics.named.begin(), metrics.named.end());
   for (const auto& [name, value] : metrics.eval_named) scalars.emplace_back("eval_" + name, value);
   return scalars;
+}
+
+const char* SkipCause(const StepMetrics& metrics) {
+  return std::isfinite(metrics.loss) ? "gradient norm" : "loss";
 }
 
 }  // namespace plait::metrics

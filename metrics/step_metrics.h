@@ -20,7 +20,7 @@ struct StepMetrics {
   double loss = 0.0;  // mean over the global batch
   double lr = 0.0;
   std::optional<double> grad_norm;  // before clipping; when the optimizer clips
-  bool skipped = false;             // non-finite gradient norm under SKIP_STEP: no update
+  bool skipped = false;             // a non-finite loss or gradient norm: no update (SkipCause)
   double tokens_per_s = 0.0;        // global batch tokens / step time
   std::optional<double> mfu;        // when training.peak_flops_per_rank is set
   std::optional<double> eval_loss;  // when evaluated after this step
@@ -36,6 +36,10 @@ struct StepMetrics {
 // peak_device_memory_bytes, the
 // objective's metrics and its evaluation's ("eval_" + name). Without `skipped`, a flag.
 NamedMetrics Scalars(const StepMetrics& metrics);
+
+// What was not finite in a step whose update was skipped: "loss" when its loss is not
+// finite (the trainer then skips the update whatever the gradients), else "gradient norm".
+const char* SkipCause(const StepMetrics& metrics);
 
 // What a whole run measured: its steps, and what its summary reports. A resumed run's are
 // those of the steps it trained.

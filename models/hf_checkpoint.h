@@ -39,8 +39,8 @@ struct HfParameterPart {
 // Copies each of `parts` (every parameter of a model of `config`, each once) from
 // `checkpoint`, reading only each part's bytes and converting the stored dtype (F32, BF16,
 // F16) to the destination's. Errors name the file (or folder) and the tensor: NotFound when a
-// parameter is missing; InvalidArgument when one has another shape or a non-float dtype, or
-// the checkpoint holds a tensor that is not among `parts`.
+// parameter is missing; InvalidArgument when one has another shape or a non-float dtype, a
+// part holds NaN or infinity, or the checkpoint holds a tensor that is not among `parts`.
 // Two tensors are accepted and skipped because Hugging Face writes them without them being
 // parameters: `lm_head.weight` in a tied model (it equals the embedding), and the
 // precomputed `*.rotary_emb.inv_freq` buffers of older Llama checkpoints.

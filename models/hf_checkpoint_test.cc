@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -146,6 +147,22 @@ TEST(HfCheckpointTest, MismatchedCheckpointsAreNamedErrors) {
 
   EXPECT_THAT(LoadHfModel(FreshDir("empty")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json")));
+}
+
+// Weights holding a NaN (saved by a run that diverged) are refused, naming the file and the
+// tensor.
+TEST(HfCheckpointTest, NonFiniteWeightsAreRefusedNamingTheFileAndTensor) {
+  const ModelConfig config = Small("llama", false);
+  auto tensors = Weights(*Make(config, 3));
+  const std::string name = "model.layers.0.mlp.up_proj.weight";
+  for (auto& [tensor_name, tensor] : tensors) {
+    if (tensor_name != name) continue;
+    tensor = tensor.detach().clone();
+    tensor[1][2] = std::numeric_limits<float>::quiet_NaN();
+  }
+  const std::string dir = Folder("nan", config, tensors);
+  EXPECT_THAT(LoadHfModel(dir), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         dir + "/model.safetensors: " + name + ": holds NaN"));
 }
 
 // An export never overwrites what it did not write: the input weights, a file, a folder of

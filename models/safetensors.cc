@@ -301,12 +301,23 @@ absl::Status SafetensorsFile::ReadBox(const std::string& name, absl::Span<const 
   for (size_t d = 0; d < entry.shape.size(); ++d) {
     box = box.narrow(static_cast<int64_t>(d), offsets[d], lengths[d]);
   }
+  // The stored values, before a conversion that could overflow them.
+  PLAIT_RETURN_IF_ERROR(CheckFinite(box, path_, name));
   torch::NoGradGuard no_grad;
   // Staged in host memory, converted and contiguous, so that a device destination (a slice of
   // a CUDA parameter) takes one blocking host-to-device copy of exactly its bytes, done before
   // the staging tensor and the mapping can go, and every destination takes the same path.
   destination.copy_(box.to(destination.scalar_type()).contiguous());
   return absl::OkStatus();
+}
+
+absl::Status CheckFinite(const torch::Tensor& values, absl::string_view path,
+                         absl::string_view name) {
+  if (!torch::isFloatingType(values.scalar_type()) || torch::isfinite(values).all().item<bool>()) {
+    return absl::OkStatus();
+  }
+  const char* held = torch::isnan(values).any().item<bool>() ? "NaN" : "infinity";
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", name, ": holds ", held));
 }
 
 absl::Status WriteSafetensors(const std::string& path,

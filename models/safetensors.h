@@ -83,7 +83,7 @@ class SafetensorsFile {
   // so a rank that holds a slice of a parameter (tensor parallelism, FSDP) touches only the
   // pages of its slice. NotFound naming the file when there is no such tensor;
   // InvalidArgument naming the file and the tensor when the box leaves the tensor or
-  // `destination` is shaped otherwise.
+  // `destination` is shaped otherwise, or when the box holds NaN or infinity (CheckFinite).
   absl::Status ReadBox(const std::string& name, absl::Span<const int64_t> offsets,
                        absl::Span<const int64_t> lengths, torch::Tensor destination) const;
 
@@ -104,6 +104,13 @@ class SafetensorsFile {
   std::map<std::string, SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
 };
+
+// OK when every value of `values`, read from the tensor `name` of the file `path`, is finite
+// (an integer tensor's always are); otherwise InvalidArgument "`path`: `name`: holds NaN" (or
+// "holds infinity"): weights that a diverged run saved are refused where they are loaded, not
+// trained on. One pass over `values` when they are all finite.
+absl::Status CheckFinite(const torch::Tensor& values, absl::string_view path,
+                         absl::string_view name);
 
 // Writes `tensors` (CPU or not, any layout; F32, BF16, F16 or I64) in the given order, with
 // `metadata` as "__metadata__", to `path` through a temporary file renamed into place.

@@ -277,6 +277,26 @@ TEST(SafetensorsTest, ReadBoxReadsOnlyTheBox) {
   EXPECT_EQ(ResidentBytesOfMapping(path), 0);  // unmapped with the file
 }
 
+// Values a diverged run saved are refused where they are read: a box holding a NaN or an
+// infinity, stored in any float dtype, is an error naming the file and the tensor; the rest of
+// the tensor reads as before.
+TEST(SafetensorsTest, ReadBoxRefusesNonFiniteValues) {
+  const std::string path = TestPath("non_finite.safetensors");
+  torch::Tensor w = torch::ones({4, 3});
+  w[2][1] = std::numeric_limits<float>::quiet_NaN();
+  torch::Tensor b = torch::ones({5}, torch::kBFloat16);
+  b[4] = -std::numeric_limits<float>::infinity();
+  ASSERT_THAT(WriteSafetensors(path, {{"w", w}, {"b", b}}), IsOk());
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
+  ASSERT_THAT(file, IsOk());
+  EXPECT_THAT((*file)->ReadBox("w", {2, 0}, {1, 3}, torch::empty({1, 3})),
+              StatusIs(absl::StatusCode::kInvalidArgument, path + ": w: holds NaN"));
+  EXPECT_THAT((*file)->ReadBox("w", {0, 0}, {2, 3}, torch::empty({2, 3})), IsOk());
+  EXPECT_THAT((*file)->ReadBox("b", {0}, {5}, torch::empty({5})),
+              StatusIs(absl::StatusCode::kInvalidArgument, path + ": b: holds infinity"));
+  EXPECT_THAT(CheckFinite(torch::arange(3), path, "i"), IsOk());
+}
+
 std::string FreshDir(const std::string& name) {
   const std::string dir = TestPath(name);
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());

@@ -336,15 +336,7 @@ absl::StatusOr<StepReport> Optimizer::Step(double lr) {
   if (config_.has_clipping()) {
     PLAIT_ASSIGN_OR_RETURN(const double norm, GlobalGradNorm(parameters_));
     report.grad_norm = norm;
-    if (!std::isfinite(norm)) {
-      if (config_.clipping().non_finite() == Clipping::FAIL) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("optimizer step ", step_, ": the gradient norm is ", norm,
-                         " (optimizer.clipping.non_finite is FAIL)"));
-      }
-      report.skipped = true;
-      return report;
-    }
+    if (!std::isfinite(norm)) return SkipNonFinite(std::move(report), "the gradient norm", norm);
     const double max_norm = config_.clipping().max_norm();
     if (max_norm > 0.0 && norm > max_norm) {
       report.clip_factor = max_norm / (norm + kClipEpsilon);
@@ -383,6 +375,27 @@ absl::StatusOr<StepReport> Optimizer::Step(double lr) {
     UpdateBucket(bucket, lr);
   }
   report.step = ++step_;
+  return report;
+}
+
+absl::StatusOr<StepReport> Optimizer::SkipNonFiniteLoss(double loss) const {
+  if (std::isfinite(loss)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step ", step_, ": the loss ", loss, " is finite; not skipped"));
+  }
+  StepReport report;
+  report.step = step_;
+  return SkipNonFinite(std::move(report), "the loss", loss);
+}
+
+absl::StatusOr<StepReport> Optimizer::SkipNonFinite(StepReport report, absl::string_view quantity,
+                                                    double value) const {
+  if (config_.clipping().non_finite() == Clipping::FAIL) {
+    return absl::FailedPreconditionError(absl::StrCat("optimizer step ", step_, ": ", quantity,
+                                                      " is ", value,
+                                                      " (optimizer.clipping.non_finite is FAIL)"));
+  }
+  report.skipped = true;
   return report;
 }
 

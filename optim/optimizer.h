@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "optim/optimizer.pb.h"
 #include "optim/param_groups.h"
 #include "parallel/trainable_parameter.h"
@@ -55,7 +56,7 @@ struct StepReport {
   int64_t step = 0;                 // updates applied so far, this one included
   std::optional<double> grad_norm;  // before clipping; set when clipping is configured
   double clip_factor = 1.0;         // what the gradients were multiplied by
-  bool skipped = false;             // a non-finite norm under SKIP_STEP: nothing changed
+  bool skipped = false;             // a non-finite norm or loss (not FAIL): nothing changed
 };
 
 // Optimizer state keyed by parameter name, so it survives re-wrapping and can be saved per
@@ -97,6 +98,13 @@ class Optimizer {
   // communicators' errors while computing the norm.
   absl::StatusOr<StepReport> Step(double lr);
 
+  // Instead of Step for a step whose loss, `loss`, is not finite: its gradients never reach
+  // the parameters, with clipping or without. The update is skipped as Step skips one whose
+  // gradient norm is not finite (nothing changes; the report says skipped), or under
+  // clipping's FAIL policy FailedPrecondition naming the step. InvalidArgument for a finite
+  // `loss`.
+  absl::StatusOr<StepReport> SkipNonFiniteLoss(double loss) const;
+
   // Drops every parameter's gradient.
   void ZeroGrad();
 
@@ -127,6 +135,10 @@ class Optimizer {
   Optimizer(std::vector<parallel::TrainableParameter> parameters, OptimizerConfig config,
             std::vector<ParamGroup> groups, std::vector<Slot> slots, int64_t bucket_elements);
 
+  // `report` of an update skipped because `quantity` ("the loss") is `value`, not finite;
+  // FailedPrecondition naming the step under clipping's FAIL policy.
+  absl::StatusOr<StepReport> SkipNonFinite(StepReport report, absl::string_view quantity,
+                                           double value) const;
   // Updates parameter `index` (a fused slot) by the fused loops.
   void UpdateFused(size_t index, double lr);
   // Updates the parameters `bucket` (of one group, update count and dtype; not fused) by the

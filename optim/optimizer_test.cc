@@ -321,6 +321,33 @@ TEST(OptimizerTest, NonFiniteNormSkipsTheStepOrFails) {
                                               "(optimizer.clipping.non_finite is FAIL)"));
 }
 
+// A step whose loss is not finite is skipped without clipping too (its gradients, here
+// finite, never reach the parameters), and fails under FAIL.
+TEST(OptimizerTest, NonFiniteLossSkipsTheStepOrFails) {
+  std::vector<torch::Tensor> tensors = InitialTensors();
+  const std::vector<torch::Tensor> initial = Copies(tensors);
+  auto skipping = Optimizer::Create(Trainable(tensors), Parse("adamw {}"));
+  ASSERT_THAT(skipping, IsOk());
+  SetGradients(tensors, 0);
+  absl::StatusOr<StepReport> report = (*skipping)->SkipNonFiniteLoss(std::nan(""));
+  ASSERT_THAT(report, IsOk());
+  EXPECT_TRUE(report->skipped);
+  EXPECT_FALSE(report->grad_norm.has_value());
+  EXPECT_EQ((*skipping)->step(), 0);
+  for (size_t i = 0; i < tensors.size(); ++i) EXPECT_TRUE(torch::equal(tensors[i], initial[i]));
+  EXPECT_THAT((*skipping)->SkipNonFiniteLoss(2.5),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "optimizer step 0: the loss 2.5 is finite; not skipped"));
+
+  auto failing =
+      Optimizer::Create(Trainable(tensors), Parse("adamw {} clipping { non_finite: FAIL }"));
+  ASSERT_THAT(failing, IsOk());
+  EXPECT_THAT(
+      (*failing)->SkipNonFiniteLoss(std::numeric_limits<double>::infinity()),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               "optimizer step 0: the loss is inf (optimizer.clipping.non_finite is FAIL)"));
+}
+
 TEST(OptimizerTest, ParametersWithoutGradientsAreLeftAlone) {
   std::vector<torch::Tensor> tensors = InitialTensors();
   const torch::Tensor initial = tensors[1].clone();

@@ -6,10 +6,11 @@
 //
 // info prints the step, the world size, mesh and preparation that saved it, the data position,
 // the fingerprint, and every tensor with its dtype, global shape, size and slices; verify reads
-// every slice and checks its checksum; export-hf writes the trained parameters as a Hugging Face
-// folder (config.json + model.safetensors, fp32) of the model config the checkpoint records,
-// into a new or empty folder or one an earlier export wrote, never over other files.
-// Exits 1 naming what is wrong with the checkpoint, 2 on a usage error.
+// every slice and checks its checksum and that its values are finite; export-hf writes the
+// trained parameters as a Hugging Face folder (config.json + model.safetensors, fp32) of the
+// model config the checkpoint records, into a new or empty folder or one an earlier export
+// wrote, never over other files. Exits 1 naming what is wrong with the checkpoint, 2 on a
+// usage error.
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -132,7 +133,8 @@ int Main(int argc, char** argv) {
     if (export_hf) return ExportHf(folder, manifest, base::UserPath(args[2]));
     checkpoint::SliceReader reader(folder, manifest);
     PLAIT_RETURN_IF_ERROR(reader.VerifyAll());
-    std::cout << folder << ": every checksum matches (" << manifest.tensors.size() << " tensors)\n";
+    std::cout << folder << ": every checksum matches and every value is finite ("
+              << manifest.tensors.size() << " tensors)\n";
     return absl::OkStatus();
   }();
   if (!status.ok()) {

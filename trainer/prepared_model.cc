@@ -97,9 +97,11 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
   }
   if (!hf_weights_dir.empty()) {
     // Each rank reads only the slice of each tensor it holds (tensor parallelism's, FSDP's
-    // shard).
-    PLAIT_RETURN_IF_ERROR(base::Annotate(LoadHfSlices(hf_weights_dir, config, parameters),
-                                         field_path + ".hf_weights_dir"));
+    // shard), so a NaN in one rank's slice fails that rank alone: every rank stops with it.
+    const std::string field = field_path + ".hf_weights_dir";
+    PLAIT_RETURN_IF_ERROR(
+        mesh.Agree(base::Annotate(LoadHfSlices(hf_weights_dir, config, parameters), field),
+                   absl::StrCat(field, ": loading ", hf_weights_dir)));
   } else {
     WriteInitialSlices(config, spec.init(), parameters);
   }

@@ -39,8 +39,9 @@ class PreparedModel {
   // `hf_weights_dir` is not empty, those of its tensor in that Hugging Face folder, reading no
   // other bytes of it. So a rank never holds more of the model than its preparation leaves
   // it, and one whole parameter while its slice is written. Errors name `field_path`.model,
-  // .hf_weights_dir or .prepare[i] and come from the model, the checkpoint or the wrapper
-  // (the plan's validation catches the rule violations first).
+  // .hf_weights_dir or .prepare[i] and come from the model, the checkpoint (its slices of
+  // NaN or infinity included) or the wrapper (the plan's validation catches the rule
+  // violations first); a rank that fails to load its slices fails every rank.
   static absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(
       const models::ModelSpec& spec, const models::ModelConfig& config,
       const std::string& hf_weights_dir,

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -30,6 +31,7 @@
 #include "parallel/test_ranks.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
+#include "torch/utils.h"
 #include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
@@ -318,8 +320,10 @@ TEST(CheckpointTest, MetricsOfAResumedRunContinueTheFile) {
 }
 
 // Saves a checkpoint of step 1 of `plan` on `ranks` ranks into its checkpoint dir: one
-// optimizer step on one batch, so parameters and state are those of a trained step.
-void SaveStepOne(const plan::Plan& plan, int ranks) {
+// optimizer step on one batch, so parameters and state are those of a trained step, passed
+// to `before_save` when one is given.
+void SaveStepOne(const plan::Plan& plan, int ranks,
+                 const std::function<void(PreparedModel&)>& before_save = {}) {
   const plan::ResolvedPlan resolved = Resolved(plan, ranks);
   WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
     auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
@@ -330,6 +334,7 @@ void SaveStepOne(const plan::Plan& plan, int ranks) {
     const torch::Tensor tokens = torch::randint(100, {2, 8}, torch::kInt64);
     (*prepared)->model().Loss(tokens, tokens).backward();
     ASSERT_THAT((*optimizer)->Step(1e-3), IsOk());
+    if (before_save) before_save(**prepared);
     auto checkpointer = RunCheckpoints::Open(resolved, mesh);
     ASSERT_THAT(checkpointer, IsOk());
     ASSERT_THAT(checkpointer->Save(1, **optimizer), IsOk());
@@ -428,6 +433,24 @@ TEST(CheckpointErrorsTest, MissingExtraAndMisshapedTensorsNameTheFileAndTensor) 
                      HasSubstr("param/bogus: in the checkpoint, but this rank has no such "
                                "trainable parameter"),
                      HasSubstr(moment + ": shape [3] in the checkpoint, [256] here"))));
+}
+
+// A checkpoint whose parameter holds a NaN (saved by a run that had diverged) is refused on
+// resume, naming the rank file and the tensor.
+TEST(CheckpointErrorsTest, ANonFiniteParameterNamesTheFileAndTensor) {
+  const std::string dir = FreshTestDir("non_finite");
+  const plan::Plan plan = ShortPlan("llama_single", dir);
+  const std::string name = "model.layers.0.mlp.up_proj.weight";
+  SaveStepOne(plan, 1, [&](PreparedModel& prepared) {
+    torch::NoGradGuard no_grad;
+    for (const auto& parameter : prepared.trainable_parameters()) {
+      if (parameter.name == name) parameter.tensor[1][2] = std::numeric_limits<float>::quiet_NaN();
+    }
+  });
+  EXPECT_THAT(ResumeStatuses(plan, 1)[0],
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       absl::StrCat(dir, "/step-00000001/", checkpoint::RankFileName(0, 1),
+                                    ": param/", name, ": holds NaN")));
 }
 
 }  // namespace

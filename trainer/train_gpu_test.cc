@@ -299,11 +299,11 @@ class DeviceSyncLog {
   std::map<std::thread::id, std::unique_ptr<Rank>> ranks_;
 };
 
-// The loss is read on the host once a step, after the update; the gradient norm once, for
-// clipping's decision; and, with more than one data-parallel rank, the step's item count
-// once, before the first micro-batch. Nothing else waits for the device, micro-batches
-// (gradient accumulation), FSDP and bf16 masters included. The first step may make one-time
-// waits and the last evaluates, so the steps between are counted.
+// The loss is read on the host once a step, before the update (a step whose loss is not finite
+// skips it); the gradient norm once, for clipping's decision; and, with more than one data-parallel
+// rank, the step's item count once, before the first micro-batch. Nothing else waits for the
+// device, micro-batches (gradient accumulation), FSDP and bf16 masters included. The first step may
+// make one-time waits and the last evaluates, so the steps between are counted.
 TEST_F(TrainOnCudaTest, AStepWaitsForTheDeviceOnlyForWhatTheHostReads) {
   for (const auto& [name, ranks, dtype, accumulation] :
        {std::tuple<std::string, int, base::Dtype, int>{"llama_single", 1, base::DTYPE_FLOAT32, 1},

@@ -2,14 +2,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/heap.h"
 #include "base/human.h"
 #include "base/memory.h"
@@ -86,6 +90,32 @@ double PeakFlopsPerRank(const plan::Plan& plan) {
   }
   return training.peak_flops_per_rank();
 }
+
+// The updates skipped in a row up to the last step counted, and what was not finite in them:
+// the errors that stop a run which trains nothing say it.
+class SkippedUpdates {
+ public:
+  void Count(const metrics::StepMetrics& metrics) {
+    if (!metrics.skipped) {
+      in_a_row_ = 0;
+      causes_.clear();
+      return;
+    }
+    ++in_a_row_;
+    causes_.insert(metrics::SkipCause(metrics));
+  }
+
+  int64_t in_a_row() const { return in_a_row_; }
+
+  // "the loss was not finite", or "the gradient norm or the loss was not finite".
+  std::string Why() const {
+    return absl::StrCat("the ", absl::StrJoin(causes_, " or the "), " was not finite");
+  }
+
+ private:
+  int64_t in_a_row_ = 0;
+  std::set<std::string> causes_;  // metrics::SkipCause's
+};
 
 // One rank's training run of a resolved plan: what Start sets up (the prepared models, the
 // objective, the optimizer built from the trained model, the data, the checkpoints and the
@@ -288,10 +318,14 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   }
   PLAIT_RETURN_IF_ERROR(base::Annotate(prepared_->preparation().BackwardStatus(),
                                        absl::StrCat("step ", metrics.step)));
-  PLAIT_ASSIGN_OR_RETURN(const optim::StepReport update, optimizer_->Step(metrics.lr));
-  optimizer_->ZeroGrad();
+  // The loss over the mesh comes before the update: every rank skips the update of a step
+  // whose loss is not finite, so that its gradients never reach the weights.
   PLAIT_ASSIGN_OR_RETURN(const objectives::MeanMetrics mean,
                          base::Annotate(means.Mean(mesh_), absl::StrCat("step ", metrics.step)));
+  PLAIT_ASSIGN_OR_RETURN(const optim::StepReport update,
+                         std::isfinite(mean.loss) ? optimizer_->Step(metrics.lr)
+                                                  : optimizer_->SkipNonFiniteLoss(mean.loss));
+  optimizer_->ZeroGrad();
   metrics.loss = mean.loss;
   metrics.named = mean.metrics;
   metrics.grad_norm = update.grad_norm;
@@ -324,10 +358,10 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   const int64_t steps = training_.steps();
   const int64_t first_step = checkpoints_->resume_step();
   const Clock::time_point start = Clock::now();
-  int64_t skipped_in_a_row = 0;
+  SkippedUpdates skipped;
   for (int64_t step = first_step; step < steps; ++step) {
     PLAIT_ASSIGN_OR_RETURN(const metrics::StepMetrics metrics, Step(step));
-    skipped_in_a_row = metrics.skipped ? skipped_in_a_row + 1 : 0;
+    skipped.Count(metrics);
     if (metrics.eval_loss &&
         (!report.best_eval_loss || *metrics.eval_loss < *report.best_eval_loss)) {
       report.best_eval_loss = metrics.eval_loss;
@@ -344,14 +378,20 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
       progress_->Step(metrics, resolved_.tokens_per_step * done / training_seconds_,
                       Seconds(Clock::now() - start) / done * (steps - step - 1));
     }
-    if (skipped_in_a_row >= resolved_.max_skipped_steps) {
+    if (skipped.in_a_row() >= resolved_.max_skipped_steps) {
       return absl::FailedPreconditionError(absl::StrFormat(
-          "step %d: the last %d updates were skipped for a non-finite gradient norm (loss %g); "
-          "the run trains nothing (plan.training.max_skipped_steps = %d)",
-          metrics.step, skipped_in_a_row, metrics.loss, resolved_.max_skipped_steps));
+          "step %d: the last %d updates were skipped: %s; the run trains nothing "
+          "(plan.training.max_skipped_steps = %d)",
+          metrics.step, skipped.in_a_row(), skipped.Why(), resolved_.max_skipped_steps));
     }
     PLAIT_RETURN_IF_ERROR(checkpoints_->SaveIfDue(step + 1, *optimizer_));
     if (checkpoints_->IsDue(step + 1)) ++report.checkpoints_written;
+  }
+  // A run shorter than max_skipped_steps that skipped every update.
+  if (first_step < steps && skipped.in_a_row() == steps - first_step) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "every one of the %d steps%s was skipped: %s; the run trained nothing", steps - first_step,
+        first_step > 0 ? absl::StrCat(" after step ", first_step) : "", skipped.Why()));
   }
   if (!resolved_.save_hf_dir.empty()) {
     PLAIT_RETURN_IF_ERROR(

@@ -6,7 +6,10 @@
 // step's scored items (tokens for causal LM and SFT, pairs for DPO) over all micro-batches
 // and data-parallel ranks, so the step's loss is the mean over every item of the step as in
 // one process (objectives/step_items.h), clipping and the update at the scheduled learning
-// rate, periodic evaluation on the held-out split, and a summary. Rank 0 prints its progress
+// rate, periodic evaluation on the held-out split, and a summary. A step whose loss (or,
+// with clipping, gradient norm) is not finite skips its update on every rank; a run that
+// skips plan.training.max_skipped_steps updates in a row, or every update it makes, ends with
+// an error saying what was not finite. Rank 0 prints its progress
 // (metrics/progress.h), writes the JSONL metrics and the run's summary (metrics/metrics_log.h)
 // and TensorBoard's event files (metrics/tensorboard_log.h). The data-parallel rank and
 // width, which choose the batches a rank reads, are those of the mesh dimensions whose

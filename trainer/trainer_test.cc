@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -400,6 +401,33 @@ TEST(TrainTest, TensorParallelRanksLoadTheirSlicesOfAHuggingFaceFolder) {
   EXPECT_NE(expected.steps[0].loss, SingleProcessRun().steps[0].loss);
 }
 
+// A Hugging Face folder holding a NaN in the rows of one tensor-parallel rank: that rank names
+// the file and the tensor, and the other stops too, naming it.
+TEST(PreparedModelTest, ANonFiniteWeightInOneRanksSliceStopsEveryRank) {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/nan");
+  const std::string name = "model.layers.0.mlp.up_proj.weight";
+  const std::shared_ptr<models::CausalLM> model = SavedModelOfSeed(5, dir);
+  ASSERT_NE(model, nullptr);
+  {
+    torch::NoGradGuard no_grad;
+    model->named_parameters()[name][687][0] = std::numeric_limits<float>::quiet_NaN();
+  }
+  ASSERT_THAT(models::SaveHfModel(*model, dir), IsOk());
+  const plan::Plan tp = ShortShippedPlan("llama_tp");
+  std::vector<absl::Status> statuses(2);
+  WithMesh(tp, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    statuses[rank] = PreparedModel::Prepare(tp.model(), ConfigOf(tp.model()), dir, tp.prepare(),
+                                            mesh, Role::kTrained, "plan")
+                         .status();
+  });
+  EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kInvalidArgument,
+                                    "plan.hf_weights_dir: " + dir + "/model.safetensors: " + name +
+                                        ": holds NaN"));
+  EXPECT_THAT(statuses[0],
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("plan.hf_weights_dir: loading " + dir + ": rank 1 failed")));
+}
+
 // Hybrid sharding over dp_replicate=2 x dp_shard=2 (each rank reads 4 of the 16 sequences):
 // the single process's losses.
 TEST(TrainTest, HybridShardingTrainsToTheSingleProcessLosses) {
@@ -414,21 +442,63 @@ TEST(TrainTest, Bf16ModelOnTwoTensorParallelRanksTracksTheFp32Run) {
   ExpectTracksTheFp32Run(TrainOnRanks(plan, 2));
 }
 
-// A run whose every update is skipped (here a learning rate that sends the weights to
-// infinity after the first step) stops with an error instead of succeeding.
-TEST(TrainTest, ARunThatSkipsEveryUpdateStops) {
-  plan::Plan plan = ShortShippedPlan("llama_single");
-  ASSERT_THAT(plan::ApplyOverride("schedule.lr=1e30", plan), IsOk());
-  ASSERT_THAT(plan::ApplyOverride("training.steps=8", plan), IsOk());
-  ASSERT_THAT(plan::ApplyOverride("training.max_skipped_steps=3", plan), IsOk());
-  plan.mutable_schedule()->clear_warmup();
-  const plan::ResolvedPlan resolved = Resolved(plan, 1);
-  WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
-    EXPECT_THAT(Train(resolved, mesh, TrainOptions()),
-                StatusIs(absl::StatusCode::kFailedPrecondition,
-                         HasSubstr("the last 3 updates were skipped for a non-finite gradient "
-                                   "norm")));
+// Every rank's result of training `plan` on `ranks` ranks.
+std::vector<absl::StatusOr<TrainReport>> TrainStatuses(const plan::Plan& plan, int ranks) {
+  const plan::ResolvedPlan resolved = Resolved(plan, ranks);
+  std::vector<absl::StatusOr<TrainReport>> results(ranks, absl::UnknownError("did not run"));
+  WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
+    results[rank] = Train(resolved, mesh, TrainOptions());
   });
+  return results;
+}
+
+// `name` diverging: a learning rate that sends the weights out of range after the first
+// step, for at most 8 steps, of which at most 3 may skip their update in a row.
+plan::Plan Diverging(const std::string& name) {
+  plan::Plan plan = ShortShippedPlan(name);
+  for (const char* assignment :
+       {"schedule.lr=1e30", "training.steps=8", "training.max_skipped_steps=3"}) {
+    EXPECT_THAT(plan::ApplyOverride(assignment, plan), IsOk()) << assignment;
+  }
+  plan.mutable_schedule()->clear_warmup();
+  return plan;
+}
+
+// A run whose every update is skipped stops with an error instead of succeeding: from step 2
+// on, the gradient norm is not finite.
+TEST(TrainTest, ARunThatSkipsEveryUpdateStops) {
+  EXPECT_THAT(TrainStatuses(Diverging("llama_single"), 1)[0],
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "step 4: the last 3 updates were skipped: the gradient norm was not "
+                       "finite; the run trains nothing (plan.training.max_skipped_steps = 3)"));
+}
+
+// Without clipping no gradient norm is measured: step 2's gradients, whose loss is finite,
+// reach the weights, and from step 3 on the loss, reduced over the mesh, is not finite on
+// every rank. Every rank skips those updates and stops at the same step, none waiting for
+// another.
+TEST(TrainTest, ADivergedRunWithoutClippingStopsOnEveryRank) {
+  plan::Plan plan = Diverging("llama_fsdp");
+  plan.mutable_optimizer()->clear_clipping();
+  for (const auto& result : TrainStatuses(plan, 2)) {
+    EXPECT_THAT(result, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                 "step 5: the last 3 updates were skipped: the loss was not "
+                                 "finite; the run trains nothing "
+                                 "(plan.training.max_skipped_steps = 3)"));
+  }
+}
+
+// A run shorter than max_skipped_steps (5) whose every update is skipped (weights so large
+// that the first loss already overflows) fails, naming how many and why.
+TEST(TrainTest, AShortRunThatSkipsEveryUpdateFails) {
+  plan::Plan plan = ShortShippedPlan("llama_single");
+  ASSERT_THAT(plan::ApplyOverride("training.steps=3", plan), IsOk());
+  ASSERT_THAT(plan::ApplyOverride("model.init.std=1e18", plan), IsOk());
+  plan.mutable_schedule()->clear_warmup();  // longer than the run
+  EXPECT_THAT(TrainStatuses(plan, 1)[0],
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "every one of the 3 steps was skipped: the loss was not finite; the run "
+                       "trained nothing"));
 }
 
 // An evaluation never reads the held-out file's batches twice: more eval_batches than the file
