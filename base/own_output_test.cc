@@ -16,10 +16,10 @@
 namespace plait::base {
 namespace {
 
+using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::IsOkAndHolds;
 using ::plait::base::testing::StatusIs;
-using ::plait::base::testing::TestPath;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -29,8 +29,7 @@ bool IsMine(const std::string& path) {
 }
 
 std::string FreshFolder(const std::string& name) {
-  const std::string dir = TestPath(name);
-  std::filesystem::remove_all(dir);
+  const std::string dir = FreshTestDir(name);
   std::filesystem::create_directories(dir);
   return dir;
 }

@@ -62,18 +62,6 @@ std::string Kind(const RunInfo& run, const std::string& name) {
   return kind == nullptr ? "tensor" : *kind;
 }
 
-// The step of a checkpoint folder's name; nullopt for any other name (temporary folders).
-std::optional<int64_t> StepOfName(const std::string& name) {
-  absl::string_view rest = name;
-  int64_t step = 0;
-  if (!absl::ConsumePrefix(&rest, "step-") || rest.empty() ||
-      rest.find_first_not_of("0123456789") != absl::string_view::npos ||
-      !absl::SimpleAtoi(rest, &step)) {
-    return std::nullopt;
-  }
-  return step;
-}
-
 absl::Status FileError(const std::string& field, const std::string& action, const std::string& path,
                        const std::error_code& error) {
   return absl::InvalidArgumentError(
@@ -202,6 +190,43 @@ SlicedTensor Whole(torch::Tensor tensor) {
 
 std::string CheckpointName(int64_t step) { return absl::StrFormat("step-%08d", step); }
 
+std::optional<int64_t> StepOfName(const std::string& name) {
+  absl::string_view rest = name;
+  int64_t step = 0;
+  if (!absl::ConsumePrefix(&rest, "step-") || rest.empty() ||
+      rest.find_first_not_of("0123456789") != absl::string_view::npos ||
+      !absl::SimpleAtoi(rest, &step)) {
+    return std::nullopt;
+  }
+  return step;
+}
+
+std::vector<std::string> SavedStepProblems(const Manifest& manifest, int64_t folder_step,
+                                           int64_t position_per_step) {
+  std::vector<std::string> problems;
+  const int64_t step = manifest.step;
+  if (step != folder_step) {
+    problems.push_back(
+        absl::StrCat("step: ", step, " in the file, ", folder_step, " in the folder's name"));
+  }
+  if (step < 1) problems.push_back(absl::StrCat("step: ", step, " in the file; must be >= 1"));
+  const int64_t position = manifest.data_position;
+  if (position_per_step > 0 && step >= 1) {
+    int64_t expected = 0;
+    const bool overflow = __builtin_mul_overflow(step, position_per_step, &expected);
+    if (overflow || position != expected) {
+      problems.push_back(absl::StrCat("data_position: ", position, " in the file, ",
+                                      overflow ? "more than 2^63 - 1" : absl::StrCat(expected),
+                                      " expected after step ", step, " (", position_per_step,
+                                      " per step)"));
+    }
+  } else if (position < 0) {
+    // A count of what the caller has read, even where the run does not check it.
+    problems.push_back(absl::StrCat("data_position: ", position, " in the file; must be >= 0"));
+  }
+  return problems;
+}
+
 std::string RankFileName(int rank, int world_size) {
   return absl::StrFormat("rank-%05d-of-%05d.safetensors", rank, world_size);
 }
@@ -232,11 +257,8 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const CheckpointConfig& config,
   PLAIT_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(path));
   const int64_t step = manifest.step;
   checkpointer.resume_position_ = manifest.data_position;
-  std::vector<std::string> problems;
-  if (step != steps.back()) {
-    problems.push_back(
-        absl::StrCat("step: ", step, " in the file, ", steps.back(), " in the folder's name"));
-  }
+  std::vector<std::string> problems =
+      SavedStepProblems(manifest, steps.back(), r.position_per_step);
   for (const auto& [field, value] : r.fingerprint) {
     const auto it = manifest.fingerprint.find(field);
     const std::string saved = it == manifest.fingerprint.end() ? "(none)" : it->second;
@@ -245,21 +267,6 @@ absl::StatusOr<Checkpointer> Checkpointer::Open(const CheckpointConfig& config,
                                       "\" in the checkpoint, \"", value,
                                       "\" in this plan; a resume must not change it"));
     }
-  }
-  if (step < 1) problems.push_back(absl::StrCat("step: ", step, " in the file; must be >= 1"));
-  const int64_t position = checkpointer.resume_position_;
-  if (r.position_per_step > 0 && step >= 1) {
-    int64_t expected = 0;
-    const bool overflow = __builtin_mul_overflow(step, r.position_per_step, &expected);
-    if (overflow || position != expected) {
-      problems.push_back(absl::StrCat("data_position: ", position, " in the file, ",
-                                      overflow ? "more than 2^63 - 1" : absl::StrCat(expected),
-                                      " expected after step ", step, " (", r.position_per_step,
-                                      " per step)"));
-    }
-  } else if (position < 0) {
-    // A count of what the caller has read, even where the run does not check it.
-    problems.push_back(absl::StrCat("data_position: ", position, " in the file; must be >= 0"));
   }
   if (step > r.steps) {
     problems.push_back(absl::StrCat("step: ", step, " in the checkpoint, past ", r.steps_field,

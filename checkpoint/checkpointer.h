@@ -44,7 +44,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -58,6 +60,16 @@ namespace plait::checkpoint {
 
 // The name of the checkpoint folder of `step` ("step-00000100").
 std::string CheckpointName(int64_t step);
+
+// The step of a checkpoint folder's name; nullopt for any other name (temporary folders).
+std::optional<int64_t> StepOfName(const std::string& name);
+
+// What a resume finds wrong in `manifest`, read from the folder of step `folder_step`, that
+// needs no plan: the step it records is not the folder's, or is below 1; the data position is
+// not `position_per_step` per step (when that is > 0), or is negative. One line each, as the
+// resume's error lists them.
+std::vector<std::string> SavedStepProblems(const Manifest& manifest, int64_t folder_step,
+                                           int64_t position_per_step);
 
 // The file each rank writes into a checkpoint folder ("rank-00001-of-00002.safetensors").
 std::string RankFileName(int rank, int world_size);

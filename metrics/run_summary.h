@@ -18,8 +18,8 @@ namespace plait::metrics {
 
 // The summary file of the metrics file `metrics_path`: its name with ".jsonl" (or any other
 // extension) replaced by ".run_summary.json". Derived from the metrics file's name, rather
-// than one fixed name in its folder, so runs whose metrics files share a folder (the
-// shipped plans all write theirs where `bazel run` starts) keep their summaries apart.
+// than one fixed name in its folder, so runs whose metrics files share a folder (plans
+// without a run_dir, run from one place) keep their summaries apart.
 std::string RunSummaryPath(absl::string_view metrics_path);
 
 // The summary's JSON object, indented, one field a line: last_step and steps_trained,

@@ -217,6 +217,33 @@ TEST(RendezvousTest, ARankWithTheWrongTokenIsRefusedAndTheOthersMeet) {
   });
 }
 
+// A rank started with another token is refused, and rank 0 says so within seconds, not at the
+// end of its timeout.
+TEST(RendezvousTest, RankZeroNamesTheRankItsStoreRefused) {
+  const int port = FreeLoopbackPort();
+  RunRanks(3, [&](int rank) {
+    World world = RankOf(rank, 3, port);
+    if (rank == 2) {
+      world.store_token = "not-the-token-of-this-job";
+      EXPECT_THAT(Rendezvous(world, absl::Seconds(60)),
+                  StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("wrong token")));
+      return;
+    }
+    const absl::Time start = absl::Now();
+    const auto store = Rendezvous(world, absl::Seconds(60));
+    if (rank == 0) {
+      EXPECT_THAT(store, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                  AllOf(HasSubstr("rank 2 of 3 never arrived; the store refused a "
+                                                  "client (127.0.0.1:"),
+                                        HasSubstr(": wrong token): every rank needs the job's "
+                                                  "PLAIT_STORE_TOKEN"))));
+    } else {
+      EXPECT_FALSE(store.ok());  // rank 0 took the store down
+    }
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  });
+}
+
 TEST(RendezvousTest, AStrayConnectionThatSendsOneByteDoesNotStallIt) {
   const int port = FreeLoopbackPort();
   absl::Notification stray_connected;

@@ -200,11 +200,13 @@ struct Connection {
 // bounded frame in and one reply out.
 class ServerLoop {
  public:
-  ServerLoop(int listener, int wake, std::string token_field, size_t max_connections)
+  ServerLoop(int listener, int wake, std::string token_field, size_t max_connections,
+             std::shared_ptr<TcpStoreServer::RefusalLog> refusals)
       : listener_(listener),
         wake_(wake),
         token_field_(std::move(token_field)),
-        max_connections_(max_connections) {}
+        max_connections_(max_connections),
+        refusals_(std::move(refusals)) {}
 
   void Run();
 
@@ -223,6 +225,7 @@ class ServerLoop {
   const int wake_;
   const std::string token_field_;
   const size_t max_connections_;
+  const std::shared_ptr<TcpStoreServer::RefusalLog> refusals_;
   std::vector<std::unique_ptr<Connection>> connections_;
   std::unordered_map<std::string, std::string> keys_;
   Clock::time_point accept_resumes_;  // accepting pauses until then after running out of fds
@@ -333,6 +336,16 @@ bool ServerLoop::CheckHello(Connection& connection) {
     refusal = "wrong token";
   }
   if (!refusal.empty()) {
+    sockaddr_storage peer{};
+    socklen_t length = sizeof(peer);
+    const std::string who =
+        getpeername(connection.fd.get(), reinterpret_cast<sockaddr*>(&peer), &length) == 0
+            ? DescribeAddress(reinterpret_cast<const sockaddr*>(&peer))
+            : "a client";
+    {
+      std::lock_guard<std::mutex> lock(refusals_->mutex);
+      refusals_->entries.push_back(absl::StrCat(who, ": ", refusal));
+    }
     // Best effort: a fresh socket has room for it, and the connection closes either way.
     const std::string frame = Frame(kRefused, {}, refusal);
     [[maybe_unused]] ssize_t n =
@@ -558,8 +571,13 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std:
 
 TcpStoreServer::TcpStoreServer(int listener, int wake, std::string token, int max_connections)
     : listener_(listener), wake_(wake) {
-  thread_ = std::thread([loop = ServerLoop(listener, wake, TokenField(token),
-                                           max_connections)]() mutable { loop.Run(); });
+  thread_ = std::thread([loop = ServerLoop(listener, wake, TokenField(token), max_connections,
+                                           refusals_)]() mutable { loop.Run(); });
+}
+
+std::vector<std::string> TcpStoreServer::Refusals() const {
+  std::lock_guard<std::mutex> lock(refusals_->mutex);
+  return refusals_->entries;
 }
 
 TcpStoreServer::~TcpStoreServer() {

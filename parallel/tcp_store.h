@@ -66,11 +66,22 @@ class TcpStoreServer {
   // Whether that is a loopback address, which no other machine reaches.
   bool ListensOnLoopback() const;
 
+  // The clients refused so far, in order, each as "ADDRESS: why" ("127.0.0.1:40112: wrong
+  // token"), so that a rendezvous waiting for a rank can say why it never arrived.
+  std::vector<std::string> Refusals() const;
+
+  // What the server thread records and Refusals reads.
+  struct RefusalLog {
+    mutable std::mutex mutex;
+    std::vector<std::string> entries;
+  };
+
  private:
   TcpStoreServer(int listener, int wake, std::string token, int max_connections);
 
   const int listener_;
   const int wake_;  // an eventfd the destructor writes to stop the thread
+  std::shared_ptr<RefusalLog> refusals_ = std::make_shared<RefusalLog>();
   std::thread thread_;
 };
 

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "parallel/testdata/subprocess.h"
 #include "plan/plan.h"
 #include "trainer/testing_ranks.h"
@@ -100,6 +101,24 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
 
   ASSERT_EQ(Run({"verify", checkpoint}), 0) << stderr_;
   EXPECT_THAT(stdout_, HasSubstr("every checksum matches"));
+  EXPECT_THAT(stdout_, HasSubstr("Not checked without the run's plan: the fingerprint"));
+
+  // verify refuses what a resume refuses: a data position that is not the step's, a missing
+  // parameter.
+  const std::string manifest = checkpoint + "/checkpoint.json";
+  const std::string saved = base::ReadFile(manifest).value();
+  nlohmann::json mutated = nlohmann::json::parse(saved);
+  mutated["data_position"] = 33;
+  ASSERT_THAT(base::WriteFileAtomically(manifest, mutated.dump()), IsOk());
+  EXPECT_EQ(Run({"verify", checkpoint}), 1);
+  EXPECT_THAT(stderr_, HasSubstr("cannot resume from it:\n  data_position: 33 in the file, 32 "
+                                 "expected after step 2 (16 per step)"));
+  mutated = nlohmann::json::parse(saved);
+  mutated["tensors"].erase("param/model.norm.weight");
+  ASSERT_THAT(base::WriteFileAtomically(manifest, mutated.dump()), IsOk());
+  EXPECT_EQ(Run({"verify", checkpoint}), 1);
+  EXPECT_THAT(stderr_, HasSubstr("tensors.param/model.norm.weight: missing"));
+  ASSERT_THAT(base::WriteFileAtomically(manifest, saved), IsOk());
 
   ASSERT_EQ(Run({"export-hf", checkpoint, dir_ + "/exported"}), 0) << stderr_;
   const auto want = ReadAll(dir_ + "/run_hf/model.safetensors");

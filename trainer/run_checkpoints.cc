@@ -39,7 +39,7 @@ std::map<std::string, std::string> Fingerprint(const plan::ResolvedPlan& resolve
       {kModelField, resolved.model.ShortDebugString()},
       {"plan.model.dtype", base::Dtype_Name(plan.model().dtype())},
       {"plan.optimizer", algorithm == nullptr ? "" : algorithm->name()},
-      {"plan.training.global_batch", absl::StrCat(resolved.global_batch)},
+      {kGlobalBatchField, absl::StrCat(resolved.global_batch)},
       {"plan.training.seq_len", absl::StrCat(training.seq_len())},
       {"plan.data", resolved.data.ShortDebugString()},
       {"plan.objective", plan.objective().ShortDebugString()},

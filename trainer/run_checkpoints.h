@@ -47,6 +47,8 @@ inline constexpr char kParameterPrefix[] = "param/";
 inline constexpr char kOptimizerPrefix[] = "optim/";
 // The fingerprint entry that holds the model's config (a ModelConfig in text format).
 inline constexpr char kModelField[] = "plan.model";
+// The fingerprint's global batch: the data position advances by it each step.
+inline constexpr char kGlobalBatchField[] = "plan.training.global_batch";
 
 class RunCheckpoints {
  public:
