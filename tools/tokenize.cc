@@ -46,6 +46,10 @@ ABSL_FLAG(int, threads, static_cast<int>(std::max(1u, std::thread::hardware_conc
           "Threads encoding documents (default: every core).");
 ABSL_FLAG(std::string, eos_token, "",
           "The token written before each document; by default the tokenizer's EOS.");
+ABSL_FLAG(std::string, invalid_utf8, "refuse",
+          "Text that is not valid UTF-8: refuse (stop, naming the file, line and byte, as an SFT "
+          "run does) or replace (encode each ill-formed sequence as U+FFFD, as Python's "
+          "errors=\"replace\" does, and count the documents).");
 
 namespace {
 
@@ -129,6 +133,13 @@ int Tokenize(int argc, char** argv) {
   options.shard_tokens = absl::GetFlag(FLAGS_shard_tokens);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.eos_token = absl::GetFlag(FLAGS_eos_token);
+  const std::string invalid_utf8 = absl::GetFlag(FLAGS_invalid_utf8);
+  if (invalid_utf8 != "refuse" && invalid_utf8 != "replace") {
+    std::cerr << "tokenize: --invalid_utf8: \"" << invalid_utf8
+              << "\" is neither refuse nor replace\n";
+    return 1;
+  }
+  options.replace_invalid_utf8 = invalid_utf8 == "replace";
 
   ProgressBar bar;
   const absl::Time start = absl::Now();

@@ -349,7 +349,15 @@ class CorpusTokenizer {
     Encoded encoded;
     std::string replaced;
     absl::string_view raw = document.text;
-    if (FirstInvalidUtf8(raw)) {
+    if (const std::optional<size_t> invalid = FirstInvalidUtf8(raw)) {
+      if (!options_.replace_invalid_utf8) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            options_.inputs[document.input],
+            document.line > 0 ? absl::StrCat(":", document.line) : "",
+            ": not valid UTF-8 at byte ", *invalid,
+            " (replace_invalid_utf8, tokenize's --invalid_utf8=replace, encodes such bytes as "
+            "U+FFFD)"));
+      }
       replaced = ReplaceInvalidUtf8(raw);
       raw = replaced;
       encoded.invalid_utf8 = true;

@@ -33,6 +33,10 @@ struct CorpusOptions {
   int64_t shard_tokens = 100'000'000;  // llm.c's shard size
   int threads = 1;
   std::string eos_token;  // the document separator; empty: the tokenizer's EOS
+  // Text that is not valid UTF-8 is refused, naming the input, its line and the byte, as an
+  // SFT or DPO run refuses it (Tokenizer::Encode); when true, each ill-formed sequence is
+  // encoded as U+FFFD, as Python's errors="replace" decodes it, and counted.
+  bool replace_invalid_utf8 = false;
 };
 
 struct CorpusProgress {
@@ -48,7 +52,7 @@ struct CorpusSummary {
   int64_t tokens = 0;  // written, EOS separators included
   int64_t val_tokens = 0;
   int64_t text_bytes = 0;                         // of the documents' texts
-  int64_t invalid_utf8_documents = 0;             // whose ill-formed bytes became U+FFFD
+  int64_t invalid_utf8_documents = 0;  // whose ill-formed bytes became U+FFFD (when asked)
   TokenFormat format = TOKEN_FORMAT_UNSPECIFIED;  // of the shards: give it in the data plan
   std::vector<std::string> files;                 // the shards written, train then val
   int64_t replaced_files = 0;  // shards of an earlier run under the prefix, replaced or removed

@@ -96,6 +96,7 @@ class CorpusTokenizerTest : public ::testing::Test {
     options.val_fraction = 0.3;
     options.shard_tokens = 20;
     options.threads = threads;
+    options.replace_invalid_utf8 = true;  // document 3 has an ill-formed byte
     return options;
   }
 
@@ -234,6 +235,11 @@ TEST_F(CorpusTokenizerTest, OptionsAreChecked) {
   options.eos_token = "<|nope|>";
   EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eos_token: \"<|nope|>\"")));
+  options = Options(1);
+  options.replace_invalid_utf8 = false;  // as an SFT run reads text: the ill-formed byte named
+  EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a.jsonl:5: not valid UTF-8 at byte 14")));
   options = Options(1);
   options.inputs = {Write(dir_, "empty.jsonl", "\n\n")};
   EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
