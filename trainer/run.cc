@@ -68,6 +68,17 @@ absl::Status TrainAsRank(const plan::ResolvedPlan& resolved, const parallel::Wor
   return group->ExplainFailure(Train(resolved, group->mesh(), options).status());
 }
 
+// Creates the run's folder once the plan is accepted and says where its outputs go; false,
+// having said why, when it cannot be created.
+bool OpenRunFolder(const RunFolder& folder) {
+  if (absl::Status created = folder.Create(); !created.ok()) {
+    std::cerr << created.message() << "\n";
+    return false;
+  }
+  if (folder.is_new) std::cout << "outputs: " << folder.path << std::endl;
+  return true;
+}
+
 // Why ResolveForMachine refused the plan: its violations, or that it does not fit.
 void PrintRefusal(const absl::Status& status) {
   std::cerr << (absl::IsInvalidArgument(status) ? "invalid plan:\n" : "plan refused: ")
@@ -109,11 +120,6 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
       PrintRefusal(on_this_machine.status());
       return 1;
     }
-    if (absl::Status created = folder.Create(); !created.ok()) {
-      std::cerr << created.message() << "\n";
-      return 1;
-    }
-    if (!folder.path.empty()) std::cout << "outputs: " << folder.path << std::endl;
     if (absl::Status status = parallel::CheckLocalRanks(ranks, arguments->max_local_ranks);
         !status.ok()) {
       std::cerr << "plan.mesh: " << status.message() << "\n";
@@ -127,6 +133,7 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
         return 1;
       }
     }
+    if (!OpenRunFolder(folder)) return 1;
     // A job that restarts runs under a launcher even with one rank, which starts it again.
     if (ranks > 1 || arguments->max_restarts > 0) {
       if (std::optional<int> code =
@@ -151,11 +158,7 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
       if (world->local_rank == 0) PrintRefusal(for_world.status());
       return 1;
     }
-    if (absl::Status created = folder.Create(); !created.ok()) {
-      std::cerr << created.message() << "\n";
-      return 1;
-    }
-    if (folder.is_new) std::cout << "outputs: " << folder.path << std::endl;
+    if (!OpenRunFolder(folder)) return 1;
     resolved = *std::move(for_world);
   }
   if (world->max_restarts > 0 || world->restart_count > 0) {
