@@ -1,7 +1,5 @@
 #include "plan/explain.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -175,16 +173,14 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved) {
   lines.push_back(absl::StrCat(
       "objective: ", plan.has_objective() ? plan.objective().ShortDebugString() : "causal_lm {}"));
   // The objective may run several rows an example (DPO: chosen and rejected).
-  const int64_t example_tokens = resolved.global_batch * training.seq_len();
-  const int64_t rows =
-      std::llround(resolved.tokens_per_step / std::max<int64_t>(1, example_tokens));
+  const double rows = objectives::WorkOf(plan.objective()).trained_rows;
   lines.push_back(absl::StrFormat(
       "training: %d steps of %d examples x %d tokens (micro-batch %d x %d ranks x %d "
       "accumulation), %d tokens per step%s",
       steps, resolved.global_batch, training.seq_len(), training.micro_batch(),
       resolved.data_parallel_size, resolved.grad_accumulation,
       static_cast<int64_t>(resolved.tokens_per_step),
-      rows > 1 ? absl::StrFormat(" (%d rows an example)", rows) : ""));
+      rows > 1 ? absl::StrFormat(" (%g rows an example)", rows) : ""));
 
   lines.push_back(absl::StrCat("memory per rank (estimate): ", DescribeMemory(memory)));
   if (bytes_sent_per_step + bytes_sent_per_micro_batch > 0) {

@@ -244,17 +244,6 @@ class Checker {
           absl::StrCat(t.eval_batches(), " x grad_accumulation (", resolved_.grad_accumulation,
                        ") micro-batches per evaluation is more than 2^63 - 1"));
     }
-    const data::DataConfig& data = plan_.data();
-    const bool synthetic = data.has_synthetic() || data.has_synthetic_pairs() ||
-                           data.has_synthetic_sft() ||
-                           data.source_case() == data::DataConfig::SOURCE_NOT_SET;
-    if (synthetic && resolved_.eval_micro_batches > kMaxSyntheticEvalMicroBatches) {
-      Add("plan.training.eval_batches",
-          absl::StrCat(t.eval_batches(), " global batches (", resolved_.eval_micro_batches,
-                       " micro-batches per rank) exceed the ", kMaxSyntheticEvalMicroBatches,
-                       " an evaluation of a synthetic source reads: its held-out stream never "
-                       "ends, so an evaluation is bounded as a held-out file's is"));
-    }
     if (t.micro_batch() <= 0 || t.grad_accumulation() < 0) return;  // reported above
     // Checked products: a huge micro_batch could wrap them to any value, 0 included.
     int64_t across_ranks = 0, per_step = 0;
@@ -314,11 +303,23 @@ class Checker {
     if (!schedule.ok()) AddError("plan.schedule", schedule.status().message());
   }
 
+  // After CheckTraining, which resolves the micro-batches an evaluation reads.
   void CheckData(const std::optional<models::ModelConfig>& config) {
     resolved_.data = ResolveData(plan_);
     const std::optional<int64_t> vocab_size =
         config.has_value() ? std::optional<int64_t>(config->vocab_size()) : std::nullopt;
     AddAll(data::CheckDataConfig(resolved_.data, vocab_size, "plan.data"));
+    const data::DataConfig& data = resolved_.data;
+    const bool synthetic =
+        data.has_synthetic() || data.has_synthetic_pairs() || data.has_synthetic_sft();
+    if (synthetic && resolved_.eval_micro_batches > kMaxSyntheticEvalMicroBatches) {
+      Add("plan.training.eval_batches",
+          absl::StrCat(plan_.training().eval_batches(), " global batches (",
+                       resolved_.eval_micro_batches, " micro-batches per rank) exceed the ",
+                       kMaxSyntheticEvalMicroBatches,
+                       " an evaluation of a synthetic source reads: its held-out stream never "
+                       "ends, so an evaluation is bounded as a held-out file's is"));
+    }
   }
 
   void CheckFrozen() {

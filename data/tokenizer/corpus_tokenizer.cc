@@ -145,13 +145,11 @@ class ShardList {
   // (base/own_output.h).
   static absl::StatusOr<ShardList> CheckEarlier(const std::string& prefix) {
     ShardList list(prefix);
-    PLAIT_ASSIGN_OR_RETURN(const bool listed,
-                           base::CheckOutputFile(list.path_, IsList, "tokenize"));
-    if (listed) {
-      PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(list.path_));
-      PLAIT_ASSIGN_OR_RETURN(const nlohmann::json json, base::ParseJson(list.path_, text));
-      for (const auto& name : json["files"]) list.names_.insert(name.get<std::string>());
-    }
+    PLAIT_RETURN_IF_ERROR(
+        base::CheckOutputFile(
+            list.path_, [&list](const std::string& path) { return list.ReadNames(path); },
+            "tokenize")
+            .status());
     const std::filesystem::path folder = std::filesystem::path(prefix).parent_path();
     const std::string stem = std::filesystem::path(prefix).filename().string();
     std::error_code error;
@@ -175,9 +173,7 @@ class ShardList {
   // Before the new shards take their names: the list names the earlier ones and the new ones,
   // so whatever a crash leaves is listed.
   absl::Status Extend(const std::vector<std::string>& shards) {
-    for (const std::string& shard : shards) {
-      names_.insert(std::filesystem::path(shard).filename().string());
-    }
+    Add(shards);
     return Write();
   }
 
@@ -185,9 +181,7 @@ class ShardList {
   // the new ones. The number of earlier shards replaced or removed.
   absl::StatusOr<int64_t> Settle(const std::vector<std::string>& shards) {
     names_.clear();
-    for (const std::string& shard : shards) {
-      names_.insert(std::filesystem::path(shard).filename().string());
-    }
+    Add(shards);
     for (const std::string& earlier : earlier_) {
       if (names_.count(std::filesystem::path(earlier).filename().string()) > 0) continue;
       std::error_code error;
@@ -206,7 +200,9 @@ class ShardList {
  private:
   explicit ShardList(const std::string& prefix) : path_(prefix + "_shards.json") {}
 
-  static bool IsList(const std::string& path) {
+  // Whether the file `path` is a list this writer wrote; when it is, the names it lists are
+  // now in names_.
+  bool ReadNames(const std::string& path) {
     const absl::StatusOr<std::string> text = base::ReadFile(path);
     if (!text.ok()) return false;
     const absl::StatusOr<nlohmann::json> json = base::ParseJson(path, *text);
@@ -216,7 +212,15 @@ class ShardList {
     for (const auto& name : *files) {
       if (!name.is_string()) return false;
     }
+    for (const auto& name : *files) names_.insert(name.get<std::string>());
     return true;
+  }
+
+  // Lists `shards` by file name.
+  void Add(const std::vector<std::string>& shards) {
+    for (const std::string& shard : shards) {
+      names_.insert(std::filesystem::path(shard).filename().string());
+    }
   }
 
   absl::Status Write() const {
