@@ -84,14 +84,19 @@ void ProgressLog::Summary(const RunMetrics& run) {
     absl::StrAppend(&summary, "; peak memory ", base::HumanBytes(*peak), " (rank ",
                     peak - run.peak_memory_bytes.begin(), ")");
   }
-  const int64_t skipped = std::count_if(run.steps.begin(), run.steps.end(),
-                                        [](const StepMetrics& step) { return step.skipped; });
+  const int64_t skipped = SkippedSteps(run);
   if (skipped > 0) {
     absl::StrAppend(&summary, ", ", skipped, skipped == 1 ? " update" : " updates", " skipped");
   }
   if (run.checkpoints_written > 0) {
     absl::StrAppend(&summary, ", ", run.checkpoints_written,
                     run.checkpoints_written == 1 ? " checkpoint" : " checkpoints", " written");
+  }
+  if (!run.restarts.empty()) {
+    const int64_t repeated = StepsRepeated(run);
+    absl::StrAppend(&summary, ", ", run.restarts.size(),
+                    run.restarts.size() == 1 ? " restart" : " restarts", " (", repeated,
+                    repeated == 1 ? " step" : " steps", " trained again)");
   }
   Print(summary);
 }

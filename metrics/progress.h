@@ -43,7 +43,8 @@ class ProgressLog {
               std::optional<double> entropy_floor, int64_t resume_step, const std::string& restart);
 
   // The run's last line: time, speed, MFU, the best evaluation and its gap to the floor, the
-  // largest rank's peak memory, and the skipped updates and checkpoints when there were any.
+  // largest rank's peak memory, and the skipped updates, checkpoints and restarts (with the
+  // steps they trained again) when there were any.
   void Summary(const RunMetrics& run);
 
   // The progress after `metrics.step`: `tokens_per_s` averaged since the start, and the

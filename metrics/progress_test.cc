@@ -106,6 +106,24 @@ TEST(ProgressLogTest, HeaderNamesARestartAndWhereItResumes) {
   }
 }
 
+// A restarted run's summary says how often, with the steps trained again, which count as
+// skipped updates when they were.
+TEST(ProgressLogTest, SummaryCountsTheRestartsAndTheStepsTheyRepeated) {
+  std::ostringstream out;
+  ProgressLog progress(out, ProgressLog::Style::kPlainLines, /*total_steps=*/10, /*log_every=*/10);
+  RunMetrics run;
+  run.seconds = 2.0;
+  run.tokens_per_s = 1000;
+  run.steps.resize(10);
+  run.restarts.resize(2);
+  run.restarts[0].repeated.resize(3);
+  run.restarts[0].repeated[1].skipped = true;
+  progress.Summary(run);
+  EXPECT_EQ(out.str(),
+            "done: 10 steps in 2.0 s, 1000 tokens/s, 1 update skipped, 2 restarts (3 steps "
+            "trained again)\n");
+}
+
 // A CUDA run's summary gives the most GPU memory a rank held.
 TEST(ProgressLogTest, SummaryGivesThePeakDeviceMemory) {
   std::ostringstream out;

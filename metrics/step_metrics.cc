@@ -1,5 +1,6 @@
 #include "metrics/step_metrics.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace plait::metrics {
@@ -23,6 +24,28 @@ NamedMetrics Scalars(const StepMetrics& metrics) {
 
 const char* SkipCause(const StepMetrics& metrics) {
   return std::isfinite(metrics.loss) ? "gradient norm" : "loss";
+}
+
+int64_t StepsRepeated(const RunMetrics& run) {
+  int64_t steps = 0;
+  for (const Restart& restart : run.restarts) {
+    steps += static_cast<int64_t>(restart.repeated.size());
+  }
+  return steps;
+}
+
+int64_t StepsTrained(const RunMetrics& run) {
+  return static_cast<int64_t>(run.steps.size()) + StepsRepeated(run);
+}
+
+int64_t SkippedSteps(const RunMetrics& run) {
+  const auto skipped = [](const std::vector<StepMetrics>& steps) {
+    return std::count_if(steps.begin(), steps.end(),
+                         [](const StepMetrics& step) { return step.skipped; });
+  };
+  int64_t count = skipped(run.steps);
+  for (const Restart& restart : run.restarts) count += skipped(restart.repeated);
+  return count;
 }
 
 }  // namespace plait::metrics

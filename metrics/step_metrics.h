@@ -41,8 +41,20 @@ NamedMetrics Scalars(const StepMetrics& metrics);
 // finite (the trainer then skips the update whatever the gradients), else "gradient norm".
 const char* SkipCause(const StepMetrics& metrics);
 
+// A restart of a run by its launcher (parallel::World::restart_count): the step of the
+// checkpoint it resumed from, why the start before it ended, and that start's steps after the
+// checkpoint, whose rows the restart dropped from the metrics file and which it trained again.
+struct Restart {
+  int64_t number = 0;      // 1 for the first restart of the run
+  int64_t after_step = 0;  // 0: it found no checkpoint and started over
+  std::string cause;       // parallel::World::restart_cause; empty when the launcher gave none
+  std::vector<StepMetrics> repeated;
+};
+
 // What a whole run measured: its steps, and what its summary reports. A resumed run's are
-// those of the steps it trained.
+// those of the steps it trained. A run its launcher restarted (WholeRun, run_summary.h) holds
+// every step once in `steps`, from its first start to its last, and in `restarts` the steps
+// it trained again.
 struct RunMetrics {
   std::vector<StepMetrics> steps;
   std::optional<double> entropy_floor;  // the data's loss floor, when known (synthetic data)
@@ -54,7 +66,17 @@ struct RunMetrics {
   int64_t checkpoints_written = 0;
   // The most device memory any rank's tensors held at once in the run; on CUDA only.
   std::optional<int64_t> peak_device_memory_bytes;
+  std::vector<Restart> restarts;  // in order; none for a run that was not restarted
 };
+
+// The steps `run`'s restarts trained again.
+int64_t StepsRepeated(const RunMetrics& run);
+
+// The steps `run` trained: those of its steps and those its restarts trained again.
+int64_t StepsTrained(const RunMetrics& run);
+
+// The steps `run` trained (StepsTrained) whose update was skipped.
+int64_t SkippedSteps(const RunMetrics& run);
 
 }  // namespace plait::metrics
 
