@@ -44,6 +44,10 @@ std::string RunSummaryPath(absl::string_view metrics_path) {
   return BesideMetricsFile(metrics_path, ".run_summary.json");
 }
 
+std::string RestartsPath(absl::string_view metrics_path) {
+  return BesideMetricsFile(metrics_path, ".restarts.jsonl");
+}
+
 std::string RunSummaryJson(const RunMetrics& run) {
   nlohmann::ordered_json summary;
   summary["last_step"] = run.steps.empty() ? 0 : run.steps.back().step;

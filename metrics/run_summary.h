@@ -49,6 +49,10 @@ namespace plait::metrics {
 // without a run_dir, run from one place) keep their summaries apart.
 std::string RunSummaryPath(absl::string_view metrics_path);
 
+// The restarts file of the metrics file `metrics_path` (metrics_log.h says what it holds):
+// its name with the extension replaced by ".restarts.jsonl", as RunSummaryPath.
+std::string RestartsPath(absl::string_view metrics_path);
+
 // The summary's JSON object, indented, one field a line, as above.
 std::string RunSummaryJson(const RunMetrics& run);
 

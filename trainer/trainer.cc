@@ -242,10 +242,14 @@ absl::Status TrainingRun::OpenLogs(int64_t resume_step) {
   if (!resolved_.metrics_path.empty()) {
     PLAIT_ASSIGN_OR_RETURN(
         metrics_log_,
-        base::Annotate(options_.restart_count > 0
-                           ? metrics::MetricsLog::Continue(resolved_.metrics_path, resume_step)
-                           : metrics::MetricsLog::Open(resolved_.metrics_path, resume_step),
-                       "plan.training.metrics_file"));
+        base::Annotate(
+            options_.restart_count > 0
+                ? metrics::MetricsLog::Continue(
+                      resolved_.metrics_path,
+                      metrics::Restart{
+                          options_.restart_count, resume_step, options_.restart_cause, {}})
+                : metrics::MetricsLog::Open(resolved_.metrics_path, resume_step),
+            "plan.training.metrics_file"));
   }
   if (!resolved_.tensorboard_dir.empty()) {
     PLAIT_ASSIGN_OR_RETURN(tensorboard_, base::Annotate(metrics::TensorBoardLog::Open(
