@@ -22,6 +22,7 @@
 #include "google/protobuf/text_format.h"
 #include "metrics/metrics_log.h"
 #include "metrics/progress.h"
+#include "metrics/run_summary.h"
 #include "metrics/tensorboard_log.h"
 #include "models/causal_lm.h"
 #include "models/estimates.h"
@@ -157,6 +158,10 @@ class TrainingRun {
 
   // `bytes` becomes the largest over the ranks of the mesh (every rank must call it).
   absl::Status MaxOverRanks(std::optional<int64_t>& bytes) const;
+
+  // `report`, this start's, over every start of the run when its launcher restarted it and
+  // this rank writes its metrics file, from which the earlier starts are read.
+  TrainReport OverAllStarts(TrainReport report) const;
 
   const plan::ResolvedPlan& resolved_;
   const plan::TrainingConfig& training_;
@@ -410,6 +415,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   report.mfu = Mfu(report.tokens_per_s);
   PLAIT_ASSIGN_OR_RETURN(report.peak_memory_bytes, PeakMemoryPerRank(mesh_));
   PLAIT_RETURN_IF_ERROR(MaxOverRanks(report.peak_device_memory_bytes));
+  report = OverAllStarts(std::move(report));
   if (metrics_log_) PLAIT_RETURN_IF_ERROR(metrics_log_->WriteSummary(report));
   if (progress_) progress_->Summary(report);
   return report;
@@ -434,6 +440,20 @@ std::optional<double> TrainingRun::Mfu(double tokens_per_s) const {
   const double peak = peak_flops_per_rank_ * mesh_.layout().world_size();
   if (peak <= 0.0) return std::nullopt;
   return tokens_per_s * resolved_.flops_per_token / peak;
+}
+
+TrainReport TrainingRun::OverAllStarts(TrainReport report) const {
+  if (!metrics_log_ || options_.restart_count == 0) return report;
+  metrics::EarlierStarts earlier = metrics_log_->earlier();
+  // A start saves a due checkpoint after writing its step's row, and a restart resumes from
+  // the newest: each due step among the kept rows of the earlier starts was saved once, and
+  // no step whose row a restart dropped.
+  for (const metrics::StepMetrics& step : earlier.steps) {
+    if (checkpoints_->IsDue(step.step)) ++earlier.checkpoints_written;
+  }
+  report = metrics::WholeRun(std::move(report), std::move(earlier), resolved_.tokens_per_step);
+  report.mfu = Mfu(report.tokens_per_s);
+  return report;
 }
 
 absl::Status TrainingRun::MaxOverRanks(std::optional<int64_t>& bytes) const {

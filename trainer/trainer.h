@@ -36,7 +36,9 @@
 
 namespace plait::trainer {
 
-// What a run measured: its steps and their summary.
+// What a run measured: its steps and their summary. Rank 0's, when it writes a metrics file,
+// covers every start of a run its launcher restarted (metrics::WholeRun); the other ranks'
+// cover their own start.
 using TrainReport = metrics::RunMetrics;
 
 struct TrainOptions {
