@@ -1,8 +1,12 @@
 // JSON read from files, and JSON values in error messages. Every JSON text plait reads is
-// parsed by ParseJson, whose error names the file (or line) and the byte where parsing stopped:
+// parsed by ParseJson, whose error names the file (or line) and the byte where parsing stopped,
+// and its objects' fields are read by JsonFields, whose errors name the file and the field:
 //
 //   PLAIT_ASSIGN_OR_RETURN(const nlohmann::json config, base::ParseJson(path, text));
 //   // "ckpt/config.json: not valid JSON at byte 17: [json.exception.parse_error.101] ..."
+//   const base::JsonFields fields(config, path);
+//   PLAIT_ASSIGN_OR_RETURN(const int64_t hidden, fields.Int("hidden_size"));
+//   // "ckpt/config.json: hidden_size: expected an integer, got \"2048\""
 //
 // A file's value is written into an error only
 // through DescribeJson: a scalar as written, an object or array by its type alone, since a
@@ -14,8 +18,11 @@
 #ifndef PLAIT_BASE_JSON_H_
 #define PLAIT_BASE_JSON_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -41,6 +48,51 @@ inline absl::StatusOr<nlohmann::json> ParseJson(absl::string_view where, absl::s
 inline std::string DescribeJson(const nlohmann::json& value) {
   return value.is_structured() ? absl::StrCat("an ", value.type_name()) : value.dump();
 }
+
+// Who wrote the JSON file a JsonFields reads, which decides what a bad field means.
+enum class JsonAuthor {
+  kPerson,  // a config or data file: a bad field is InvalidArgument
+  kPlait,   // a file plait wrote (a checkpoint's manifest): a bad field is DataLoss, and the
+            // error says "the file is corrupt"
+};
+
+// Reads the fields of one JSON object by type, each error naming "<where>: <field>: <problem>".
+// A field that is absent or null takes the fallback when one is given and is an error when
+// not. `object` is referenced, not copied: it outlives the reader.
+class JsonFields {
+ public:
+  JsonFields(const nlohmann::json& object, std::string where,
+             JsonAuthor author = JsonAuthor::kPerson);
+
+  // The error of `field` having `problem`.
+  absl::Status Error(absl::string_view field, absl::string_view problem) const;
+
+  // Whether `field` is present and not null.
+  bool Has(const char* field) const;
+
+  // An integer that fits an int64_t (a larger one is an error, never wrapped).
+  absl::StatusOr<int64_t> Int(const char* field,
+                              std::optional<int64_t> fallback = std::nullopt) const;
+  // Any number.
+  absl::StatusOr<double> Double(const char* field,
+                                std::optional<double> fallback = std::nullopt) const;
+  absl::StatusOr<bool> Bool(const char* field, std::optional<bool> fallback = std::nullopt) const;
+  absl::StatusOr<std::string> String(const char* field,
+                                     std::optional<std::string> fallback = std::nullopt) const;
+
+  // `value`, read as Int reads a field and named `field` in its error: for the entries of an
+  // array ("shape[2]").
+  absl::StatusOr<int64_t> IntValue(const nlohmann::json& value, absl::string_view field) const;
+
+ private:
+  // The field's value, or null when absent.
+  const nlohmann::json& Find(const char* field) const;
+  absl::Status Missing(const char* field) const;
+
+  const nlohmann::json& object_;
+  std::string where_;
+  JsonAuthor author_;
+};
 
 }  // namespace plait::base
 

@@ -445,11 +445,13 @@ TEST(CheckpointErrorsTest, ManifestValuesOfAnotherTypeOrNestedDeepNameTheField) 
     std::ofstream(manifest) << absl::StrReplaceAll(json.dump(2), {{"\"@value@\"", value}});
     return ResumeStatuses(dir, 1)[0];
   };
-  EXPECT_THAT(resume_with("mesh", "1"),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checkpoint.json: mesh: 1 is not a "
-                                                              "string; the file is corrupt")));
-  EXPECT_THAT(resume_with("mesh", deep),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("mesh: an array is not a string")));
+  EXPECT_THAT(
+      resume_with("mesh", "1"),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checkpoint.json: mesh: expected a string, "
+                                                      "got 1; the file is corrupt")));
+  EXPECT_THAT(
+      resume_with("mesh", deep),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("mesh: expected a string, got an array")));
   EXPECT_THAT(resume_with("tensors", deep),
               StatusIs(absl::StatusCode::kDataLoss,
                        HasSubstr("checkpoint.json: tensors: missing or not an object")));

@@ -28,33 +28,6 @@ absl::Status Corrupt(const std::string& path, const std::string& field,
       absl::StrCat(path, ": ", field, ": ", problem, "; the file is corrupt"));
 }
 
-absl::StatusOr<int64_t> Int(const Json& value, const std::string& path, const std::string& field) {
-  if (!value.is_number_integer()) return Corrupt(path, field, "not an integer");
-  // nlohmann reads integers past INT64_MAX as unsigned; get<int64_t> would wrap them.
-  if (value.is_number_unsigned() &&
-      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return Corrupt(path, field, absl::StrCat(value.get<uint64_t>(), " is past 2^63 - 1"));
-  }
-  return value.get<int64_t>();
-}
-
-absl::StatusOr<int64_t> IntField(const Json& json, const char* field, const std::string& path) {
-  const auto it = json.find(field);
-  if (it == json.end()) return Corrupt(path, field, "missing");
-  return Int(*it, path, field);
-}
-
-absl::StatusOr<std::string> StringField(const Json& json, const char* field,
-                                        const std::string& path, const std::string& prefix = "") {
-  const auto it = json.find(field);
-  if (it == json.end() || !it->is_string()) {
-    return Corrupt(
-        path, prefix + field,
-        it == json.end() ? "missing" : absl::StrCat(base::DescribeJson(*it), " is not a string"));
-  }
-  return it->get<std::string>();
-}
-
 // The entries of the object `field` whose values are strings (all of them when `strict`).
 absl::StatusOr<std::map<std::string, std::string>> StringMap(const Json& json, const char* field,
                                                              const std::string& path, bool strict) {
@@ -69,10 +42,15 @@ absl::StatusOr<std::map<std::string, std::string>> StringMap(const Json& json, c
       values[entry.key()] = entry->get<std::string>();
     } else if (strict) {
       return Corrupt(path, absl::StrCat(field, ".", entry.key()),
-                     absl::StrCat(base::DescribeJson(*entry), " is not a string"));
+                     absl::StrCat("expected a string, got ", base::DescribeJson(*entry)));
     }
   }
   return values;
+}
+
+// The fields of `object`, the value at `field` of the manifest `path`.
+base::JsonFields FieldsOf(const Json& object, const std::string& path, const std::string& field) {
+  return base::JsonFields(object, absl::StrCat(path, ": ", field), base::JsonAuthor::kPlait);
 }
 
 // An array of integers in [min, kMaxExtent] of `size` entries (any size when negative).
@@ -82,13 +60,14 @@ absl::StatusOr<std::vector<int64_t>> Extents(const Json& json, const char* key,
   const std::string where = absl::StrCat(field, ".", key);
   const auto it = json.find(key);
   if (it == json.end() || !it->is_array()) return Corrupt(path, where, "missing or not an array");
+  const base::JsonFields fields(*it, path, base::JsonAuthor::kPlait);
   if (size >= 0 && static_cast<int64_t>(it->size()) != size) {
     return Corrupt(path, where, absl::StrCat(it->size(), " entries, ", size, " expected"));
   }
   std::vector<int64_t> values;
   for (size_t i = 0; i < it->size(); ++i) {
     const std::string at = absl::StrCat(where, "[", i, "]");
-    PLAIT_ASSIGN_OR_RETURN(const int64_t value, Int((*it)[i], path, at));
+    PLAIT_ASSIGN_OR_RETURN(const int64_t value, fields.IntValue((*it)[i], at));
     if (value < min || value > kMaxExtent) {
       return Corrupt(path, at, absl::StrCat(value, " is outside [", min, ", 2^60]"));
     }
@@ -101,7 +80,7 @@ absl::StatusOr<StoredTensor> ParseTensor(const Json& json, const std::string& pa
                                          const std::string& field) {
   if (!json.is_object()) return Corrupt(path, field, "not an object");
   StoredTensor tensor;
-  PLAIT_ASSIGN_OR_RETURN(const std::string dtype, StringField(json, "dtype", path, field + "."));
+  PLAIT_ASSIGN_OR_RETURN(const std::string dtype, FieldsOf(json, path, field).String("dtype"));
   const std::optional<torch::ScalarType> known = models::SafetensorsDtypeOfName(dtype);
   if (!known.has_value()) {
     return Corrupt(path, field + ".dtype",
@@ -126,7 +105,8 @@ absl::StatusOr<StoredTensor> ParseTensor(const Json& json, const std::string& pa
     const Json& value = (*slices)[i];
     if (!value.is_object()) return Corrupt(path, at, "not an object");
     StoredSlice slice;
-    PLAIT_ASSIGN_OR_RETURN(slice.file, StringField(value, "file", path, at + "."));
+    const base::JsonFields slice_fields = FieldsOf(value, path, at);
+    PLAIT_ASSIGN_OR_RETURN(slice.file, slice_fields.String("file"));
     if (slice.file.empty() || slice.file == "." || slice.file == ".." ||
         slice.file.find('/') != std::string::npos) {
       return Corrupt(path, at + ".file",
@@ -142,7 +122,7 @@ absl::StatusOr<StoredTensor> ParseTensor(const Json& json, const std::string& pa
                          ", past the tensor's ", tensor.shape[d]));
       }
     }
-    PLAIT_ASSIGN_OR_RETURN(slice.checksum, StringField(value, "checksum", path, at + "."));
+    PLAIT_ASSIGN_OR_RETURN(slice.checksum, slice_fields.String("checksum"));
     for (size_t j = 0; j < tensor.slices.size(); ++j) {
       if (parallel::Intersect(tensor.slices[j].box, slice.box).has_value()) {
         return Corrupt(path, at, absl::StrCat("overlaps slices[", j, "]"));
@@ -183,11 +163,12 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& path) {
   }
   Manifest manifest;
   manifest.path = path;
-  PLAIT_ASSIGN_OR_RETURN(manifest.step, IntField(json, "step", path));
-  PLAIT_ASSIGN_OR_RETURN(manifest.world_size, IntField(json, "world_size", path));
-  PLAIT_ASSIGN_OR_RETURN(manifest.data_position, IntField(json, "data_position", path));
-  PLAIT_ASSIGN_OR_RETURN(manifest.mesh, StringField(json, "mesh", path));
-  PLAIT_ASSIGN_OR_RETURN(manifest.layout, StringField(json, "layout", path));
+  const base::JsonFields fields(json, path, base::JsonAuthor::kPlait);
+  PLAIT_ASSIGN_OR_RETURN(manifest.step, fields.Int("step"));
+  PLAIT_ASSIGN_OR_RETURN(manifest.world_size, fields.Int("world_size"));
+  PLAIT_ASSIGN_OR_RETURN(manifest.data_position, fields.Int("data_position"));
+  PLAIT_ASSIGN_OR_RETURN(manifest.mesh, fields.String("mesh"));
+  PLAIT_ASSIGN_OR_RETURN(manifest.layout, fields.String("layout"));
   PLAIT_ASSIGN_OR_RETURN(manifest.fingerprint,
                          StringMap(json, "fingerprint", path, /*strict=*/false));
   PLAIT_ASSIGN_OR_RETURN(manifest.metadata, StringMap(json, "metadata", path, /*strict=*/true));

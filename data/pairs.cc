@@ -45,33 +45,28 @@ Cut CutSequence(const std::vector<int64_t>& prompt, const std::vector<int64_t>& 
 // The token ids of `line`'s key `key`, each below `vocab_size`.
 absl::StatusOr<std::vector<int64_t>> TokenIds(const Json& line, const char* key, int64_t vocab_size,
                                               const std::string& where) {
-  const auto it = line.find(key);
-  if (it == line.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, ": is missing"));
+  const base::JsonFields fields(line, where);
+  if (!fields.Has(key)) return fields.Error(key, "is missing");
+  const Json& list = line[key];
+  if (list.is_string()) {
+    return fields.Error(key,
+                        "is text, not a list of token ids; set format: PAIR_FORMAT_TEXT to "
+                        "tokenize it with the model's tokenizer");
   }
-  if (it->is_string()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": ", key,
-                     ": is text, not a list of token ids; set format: "
-                     "PAIR_FORMAT_TEXT to tokenize it with the model's tokenizer"));
-  }
-  if (!it->is_array()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": ", key, ": ", it->dump(), " is not a list of token ids"));
+  if (!list.is_array()) {
+    return fields.Error(key, absl::StrCat(base::DescribeJson(list), " is not a list of token ids"));
   }
   std::vector<int64_t> ids;
-  for (size_t i = 0; i < it->size(); ++i) {
-    const Json& id = (*it)[i];
-    if (!id.is_number_integer() || id.get<int64_t>() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", key, "[", i, "]: ", id.dump(), " is not a token id"));
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string at = absl::StrCat(key, "[", i, "]");
+    const absl::StatusOr<int64_t> id = fields.IntValue(list[i], at);
+    if (!id.ok() || *id < 0) {
+      return fields.Error(at, absl::StrCat(base::DescribeJson(list[i]), " is not a token id"));
     }
-    if (id.get<int64_t>() >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, "[", i, "]: ", id.dump(),
-                                                     " is not below the vocabulary size ",
-                                                     vocab_size));
+    if (*id >= vocab_size) {
+      return fields.Error(at, absl::StrCat(*id, " is not below the vocabulary size ", vocab_size));
     }
-    ids.push_back(id.get<int64_t>());
+    ids.push_back(*id);
   }
   return ids;
 }

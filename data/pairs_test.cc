@@ -93,6 +93,22 @@ TEST(PairsTest, BadLinesAreNamedByFileLineAndField) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("bad.jsonl:2: prompt: is text, not a list of token ids; set "
                                  "format: PAIR_FORMAT_TEXT")));
+  // Values nested far deeper than any real file are described, never written out (which
+  // would recurse once per level and overflow the stack); ids past 2^63 - 1 are not wrapped.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_THAT(error("{\"prompt\": [1], \"chosen\": [" + deep + "], \"rejected\": [3]}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bad.jsonl:2: chosen[0]: an array is not a token id")));
+  std::string deep_object;
+  for (int level = 0; level < 100000; ++level) deep_object += "{\"a\":";
+  deep_object += "1" + std::string(100000, '}');
+  EXPECT_THAT(error("{\"prompt\": [1], \"chosen\": [2], \"rejected\": " + deep_object + "}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bad.jsonl:2: rejected: an object is not a list of token ids")));
+  EXPECT_THAT(
+      error("{\"prompt\": [18446744073709551615], \"chosen\": [2], \"rejected\": [3]}"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("bad.jsonl:2: prompt[0]: 18446744073709551615 is not a token id")));
 }
 
 TEST(PairsTest, LongPromptsAreSkippedAndCountedWhenAsked) {

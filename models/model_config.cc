@@ -133,75 +133,20 @@ absl::Status ValidateRopeScaling(const RopeScaling& scaling, absl::string_view p
 
 using Json = nlohmann::json;
 
-// Reads the fields of one JSON object, naming `source: field` in its errors.
-class JsonFields {
- public:
-  JsonFields(const Json& object, std::string source)
-      : object_(object), source_(std::move(source)) {}
-
-  absl::Status Error(absl::string_view field, absl::string_view problem) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ": ", field, ": ", problem));
-  }
-
-  bool Has(const char* field) const {
-    auto it = object_.find(field);
-    return it != object_.end() && !it->is_null();
-  }
-
-  absl::StatusOr<int64_t> Int(const char* field, std::optional<int64_t> fallback) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return Missing(field, fallback);
-    if (it->is_number_integer()) return it->get<int64_t>();
-    return Error(field, absl::StrCat("expected an integer, got ", base::DescribeJson(*it)));
-  }
-
-  absl::StatusOr<double> Double(const char* field, std::optional<double> fallback) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return Missing(field, fallback);
-    if (it->is_number()) return it->get<double>();
-    return Error(field, absl::StrCat("expected a number, got ", base::DescribeJson(*it)));
-  }
-
-  absl::StatusOr<bool> Bool(const char* field, bool fallback) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return fallback;
-    if (it->is_boolean()) return it->get<bool>();
-    return Error(field, absl::StrCat("expected true or false, got ", base::DescribeJson(*it)));
-  }
-
-  absl::StatusOr<std::string> String(const char* field, std::optional<std::string> fallback) const {
-    auto it = object_.find(field);
-    if (it == object_.end() || it->is_null()) return Missing(field, fallback);
-    if (it->is_string()) return it->get<std::string>();
-    return Error(field, absl::StrCat("expected a string, got ", base::DescribeJson(*it)));
-  }
-
- private:
-  template <typename T>
-  absl::StatusOr<T> Missing(const char* field, const std::optional<T>& fallback) const {
-    if (fallback.has_value()) return *fallback;
-    return Error(field, "is required and missing");
-  }
-
-  const Json& object_;
-  std::string source_;
-};
-
 // Reads the rotary embedding's type and scaling from `json`, the object config.json names
 // `field` (rope_scaling or rope_parameters). A missing type is "default", as in transformers.
 absl::Status ParseRopeScaling(const Json& json, const std::string& source, const char* field,
                               RopeScaling& scaling) {
-  const JsonFields fields(json, absl::StrCat(source, ": ", field));
+  const base::JsonFields fields(json, absl::StrCat(source, ": ", field));
   // Older checkpoints name the type "type"; HF reads either.
   const char* type_field = fields.Has("rope_type") ? "rope_type" : "type";
   PLAIT_ASSIGN_OR_RETURN(std::string type, fields.String(type_field, "default"));
   scaling.set_rope_type(type);
   if (type != "llama3") return absl::OkStatus();  // rejected by validation, naming the type
-  PLAIT_ASSIGN_OR_RETURN(double factor, fields.Double("factor", std::nullopt));
-  PLAIT_ASSIGN_OR_RETURN(double low, fields.Double("low_freq_factor", std::nullopt));
-  PLAIT_ASSIGN_OR_RETURN(double high, fields.Double("high_freq_factor", std::nullopt));
-  PLAIT_ASSIGN_OR_RETURN(int64_t original,
-                         fields.Int("original_max_position_embeddings", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(double factor, fields.Double("factor"));
+  PLAIT_ASSIGN_OR_RETURN(double low, fields.Double("low_freq_factor"));
+  PLAIT_ASSIGN_OR_RETURN(double high, fields.Double("high_freq_factor"));
+  PLAIT_ASSIGN_OR_RETURN(int64_t original, fields.Int("original_max_position_embeddings"));
   scaling.set_factor(factor);
   scaling.set_low_freq_factor(low);
   scaling.set_high_freq_factor(high);
@@ -325,9 +270,9 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   if (!json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": expected a JSON object"));
   }
-  const JsonFields fields(json, name);
+  const base::JsonFields fields(json, name);
   ModelConfig config;
-  PLAIT_ASSIGN_OR_RETURN(std::string type, fields.String("model_type", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(std::string type, fields.String("model_type"));
   if (type != "llama" && type != "qwen2") {
     return fields.Error("model_type", absl::StrCat("\"", type,
                                                    "\" is not supported; use \"llama\" or "
@@ -335,18 +280,18 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   }
   const bool qwen2 = type == "qwen2";
   config.set_model_type(type);
-  PLAIT_ASSIGN_OR_RETURN(int64_t hidden, fields.Int("hidden_size", std::nullopt));
-  PLAIT_ASSIGN_OR_RETURN(int64_t intermediate, fields.Int("intermediate_size", std::nullopt));
-  PLAIT_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
-  PLAIT_ASSIGN_OR_RETURN(int64_t heads, fields.Int("num_attention_heads", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(int64_t hidden, fields.Int("hidden_size"));
+  PLAIT_ASSIGN_OR_RETURN(int64_t intermediate, fields.Int("intermediate_size"));
+  PLAIT_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers"));
+  PLAIT_ASSIGN_OR_RETURN(int64_t heads, fields.Int("num_attention_heads"));
   PLAIT_ASSIGN_OR_RETURN(int64_t kv_heads, fields.Int("num_key_value_heads", heads));
-  PLAIT_ASSIGN_OR_RETURN(int64_t vocab, fields.Int("vocab_size", std::nullopt));
+  PLAIT_ASSIGN_OR_RETURN(int64_t vocab, fields.Int("vocab_size"));
   PLAIT_ASSIGN_OR_RETURN(double eps, fields.Double("rms_norm_eps", kHfLlamaRmsNormEps));
   PLAIT_ASSIGN_OR_RETURN(const char* rope_field, RopeField(json, name));
   // rope_theta inside the rope object wins over the top-level field, as in transformers.
   PLAIT_ASSIGN_OR_RETURN(double theta, fields.Double("rope_theta", kHfRopeTheta));
   if (rope_field != nullptr) {
-    const JsonFields rope_fields(json[rope_field], absl::StrCat(name, ": ", rope_field));
+    const base::JsonFields rope_fields(json[rope_field], absl::StrCat(name, ": ", rope_field));
     PLAIT_ASSIGN_OR_RETURN(theta, rope_fields.Double("rope_theta", theta));
   }
   PLAIT_ASSIGN_OR_RETURN(
@@ -364,7 +309,7 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   if (sliding)
     return fields.Error("use_sliding_window", "sliding-window attention is not supported");
   if (fields.Has("head_dim") && heads > 0) {
-    PLAIT_ASSIGN_OR_RETURN(int64_t head_dim, fields.Int("head_dim", std::nullopt));
+    PLAIT_ASSIGN_OR_RETURN(int64_t head_dim, fields.Int("head_dim"));
     if (head_dim * heads != hidden) {
       return fields.Error(
           "head_dim", absl::StrCat(head_dim, " is not hidden_size / num_attention_heads (", hidden,

@@ -371,13 +371,12 @@ class CorpusTokenizer {
     if (document.line > 0) {
       const std::string where = absl::StrCat(options_.inputs[document.input], ":", document.line);
       PLAIT_ASSIGN_OR_RETURN(const nlohmann::json line, base::ParseJson(where, raw));
-      const auto field = line.is_object() ? line.find(options_.jsonl_field) : line.end();
-      if (field == line.end() || !field->is_string()) {
+      if (!line.is_object()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where, ": ", options_.jsonl_field, ": expected a string, got ",
-                         field == line.end() ? "nothing" : base::DescribeJson(*field)));
+            absl::StrCat(where, ": expected a JSON object, got ", base::DescribeJson(line)));
       }
-      from_json = field->get<std::string>();
+      PLAIT_ASSIGN_OR_RETURN(from_json,
+                             base::JsonFields(line, where).String(options_.jsonl_field.c_str()));
       text = from_json;
     }
     encoded.text_bytes = text.size();

@@ -166,7 +166,7 @@ TEST_F(CorpusTokenizerTest, ErrorsNameTheLineAndLeaveNoShard) {
   options.inputs = {Write(dir_, "other.jsonl", "{\"content\": \"x\"}\n")};
   EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("other.jsonl:1: text: expected a string, got nothing")));
+                       HasSubstr("other.jsonl:1: text: is required and missing")));
   std::vector<std::string> left;
   for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
     if (entry.path().filename().string().rfind("out", 0) == 0) left.push_back(entry.path());

@@ -34,17 +34,6 @@ struct LineExample {
   PairExample example;
 };
 
-absl::StatusOr<std::string> StringField(const json& object, const char* field,
-                                        const std::string& where) {
-  const auto it = object.find(field);
-  if (it == object.end() || !it->is_string()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": ", field, ": expected a string, got ",
-                     it == object.end() ? "nothing" : base::DescribeJson(*it)));
-  }
-  return it->get<std::string>();
-}
-
 absl::StatusOr<std::vector<int32_t>> EncodeField(const Tokenizer& tokenizer, absl::string_view text,
                                                  const char* field, const std::string& where) {
   absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, /*add_special_tokens=*/true);
@@ -64,7 +53,8 @@ absl::StatusOr<PairExample> TokenizeLine(absl::string_view line, const std::stri
   if (!object.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": expected a JSON object"));
   }
-  PLAIT_ASSIGN_OR_RETURN(const std::string prompt, StringField(object, "prompt", where));
+  const base::JsonFields fields(object, where);
+  PLAIT_ASSIGN_OR_RETURN(const std::string prompt, fields.String("prompt"));
   PLAIT_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt_ids,
                          EncodeField(tokenizer, prompt, "prompt", where));
   PairExample example;
@@ -72,7 +62,7 @@ absl::StatusOr<PairExample> TokenizeLine(absl::string_view line, const std::stri
   std::vector<std::vector<int32_t>> sequences;  // prompt + each completion
   size_t completion_start = prompt_ids.size();
   for (const auto& [field, ids] : completions) {
-    PLAIT_ASSIGN_OR_RETURN(std::string completion, StringField(object, field, where));
+    PLAIT_ASSIGN_OR_RETURN(std::string completion, fields.String(field));
     if (completion.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": ", field, ": is empty; every completion needs text"));

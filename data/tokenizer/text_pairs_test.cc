@@ -163,7 +163,7 @@ TEST_F(TextPairsTest, ErrorsNameTheTextFileItsLineAndTheField) {
   EXPECT_THAT(
       error("missing.jsonl", "{\"prompt\": \"a\", \"chosen\": \"b\"}\n", PairKind::kPreference),
       StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("missing.jsonl:1: rejected: expected a string, got nothing")));
+               HasSubstr("missing.jsonl:1: rejected: is required and missing")));
   EXPECT_THAT(error("empty.jsonl", good + good + "{\"prompt\": \"a\", \"completion\": \"\"}\n",
                     PairKind::kSft),
               StatusIs(absl::StatusCode::kInvalidArgument,
