@@ -11,32 +11,23 @@
 // names the checks that need the run's plan; export-hf writes the
 // trained parameters as a Hugging Face folder (config.json + model.safetensors, fp32) of the
 // model config the checkpoint records, into a new or empty folder or one an earlier export
-// wrote, never over other files. Exits 1 naming what is wrong with the checkpoint, 2 on a
-// usage error.
+// wrote, never over other files (verify and export-hf are trainer/saved_checkpoint.h's). Exits
+// 1 naming what is wrong with the checkpoint, 2 on a usage error.
 #include <cstdint>
-#include <filesystem>
 #include <iostream>
-#include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/file.h"
 #include "base/guarded_main.h"
 #include "base/human.h"
 #include "base/status.h"
-#include "base/violation.h"
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
-#include "google/protobuf/text_format.h"
-#include "models/hf_checkpoint.h"
-#include "models/model_config.h"
-#include "models/parameter_shapes.h"
-#include "trainer/run_checkpoints.h"
+#include "trainer/saved_checkpoint.h"
 
 namespace plait::tools {
 namespace {
@@ -73,64 +64,8 @@ absl::Status Info(const checkpoint::Manifest& manifest) {
   return absl::OkStatus();
 }
 
-// The trained model's config the checkpoint's fingerprint records, and its parameters' shapes,
-// each checked to be in the checkpoint with that shape.
-absl::StatusOr<models::ModelConfig> SavedModel(const checkpoint::Manifest& manifest) {
-  const auto model = manifest.fingerprint.find(trainer::kModelField);
-  models::ModelConfig config;
-  if (model == manifest.fingerprint.end() ||
-      !google::protobuf::TextFormat::ParseFromString(model->second, &config)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(manifest.path, ": fingerprint.", trainer::kModelField,
-                     ": missing or not a model config; not a checkpoint of a training run"));
-  }
-  PLAIT_RETURN_IF_ERROR(models::ValidateModelConfig(
-      config, absl::StrCat(manifest.path, ": fingerprint.", trainer::kModelField)));
-  for (const models::ParameterShape& expected : models::ParameterShapes(config)) {
-    const std::string name = trainer::kParameterPrefix + expected.name;
-    const auto stored = manifest.tensors.find(name);
-    if (stored == manifest.tensors.end() || stored->second.shape != expected.shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(manifest.path, ": tensors.", name, ": ",
-                       stored == manifest.tensors.end() ? "missing" : "of another shape",
-                       "; the model has it with shape [", absl::StrJoin(expected.shape, ", "),
-                       "] (a frozen parameter is not saved)"));
-    }
-  }
-  return config;
-}
-
-// What a resume would refuse that shows without the run's plan: the step and data position
-// (at the fingerprint's global batch a step) and the trained model's parameters.
-absl::Status CheckResumable(const std::string& folder, const checkpoint::Manifest& manifest) {
-  const std::filesystem::path path = std::filesystem::path(folder).lexically_normal();
-  const std::optional<int64_t> folder_step = checkpoint::StepOfName(
-      (path.has_filename() ? path : path.parent_path()).filename().string());
-  if (!folder_step.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(folder, ": not named step-NNNNNNNN, so a resume would not find it"));
-  }
-  const auto global_batch = manifest.fingerprint.find(trainer::kGlobalBatchField);
-  int64_t per_step = 0;
-  if (global_batch == manifest.fingerprint.end() ||
-      !absl::SimpleAtoi(global_batch->second, &per_step) || per_step < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(manifest.path, ": fingerprint.", trainer::kGlobalBatchField,
-                     ": missing or not a positive integer"));
-  }
-  const std::vector<std::string> problems =
-      checkpoint::SavedStepProblems(manifest, *folder_step, per_step);
-  if (!problems.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(manifest.path, ": cannot resume from it:\n  ",
-                                                   absl::StrJoin(problems, "\n  ")));
-  }
-  return SavedModel(manifest).status();
-}
-
 absl::Status Verify(const std::string& folder, const checkpoint::Manifest& manifest) {
-  PLAIT_RETURN_IF_ERROR(CheckResumable(folder, manifest));
-  checkpoint::SliceReader reader(folder, manifest);
-  PLAIT_RETURN_IF_ERROR(reader.VerifyAll());
+  PLAIT_RETURN_IF_ERROR(trainer::VerifySavedCheckpoint(folder, manifest));
   std::cout << folder << ": every checksum matches and every value is finite ("
             << manifest.tensors.size()
             << " tensors); the step, the data position and the model's parameters are as a "
@@ -142,22 +77,10 @@ absl::Status Verify(const std::string& folder, const checkpoint::Manifest& manif
 
 absl::Status ExportHf(const std::string& folder, const checkpoint::Manifest& manifest,
                       const std::string& out_dir) {
-  // Refused before anything is read: the checkpoint's own folder, a folder of other files, a
-  // downloaded model's; an earlier export's files are replaced.
-  const std::vector<base::Violation> refused =
-      models::CheckHfExportFolder(out_dir, {folder}, "OUT_DIR");
-  if (!refused.empty()) return absl::FailedPreconditionError(refused[0].ToString());
-  PLAIT_ASSIGN_OR_RETURN(const models::ModelConfig config, SavedModel(manifest));
-  checkpoint::SliceReader reader(folder, manifest);
-  std::vector<std::pair<std::string, torch::Tensor>> parameters;
-  for (const models::ParameterShape& expected : models::ParameterShapes(config)) {
-    PLAIT_ASSIGN_OR_RETURN(torch::Tensor tensor,
-                           reader.ReadWhole(trainer::kParameterPrefix + expected.name));
-    parameters.emplace_back(expected.name, std::move(tensor));
-  }
-  PLAIT_RETURN_IF_ERROR(models::SaveHfParameters(config, parameters, out_dir));
-  std::cout << "wrote " << parameters.size() << " parameters of step " << manifest.step << " to "
-            << out_dir << "\n";
+  PLAIT_ASSIGN_OR_RETURN(const size_t written,
+                         trainer::ExportSavedCheckpoint(folder, manifest, out_dir, "OUT_DIR"));
+  std::cout << "wrote " << written << " parameters of step " << manifest.step << " to " << out_dir
+            << "\n";
   return absl::OkStatus();
 }
 

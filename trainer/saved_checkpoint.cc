@@ -1,0 +1,107 @@
+#include "trainer/saved_checkpoint.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "base/violation.h"
+#include "checkpoint/checkpointer.h"
+#include "google/protobuf/text_format.h"
+#include "models/hf_checkpoint.h"
+#include "models/model_config.h"
+#include "models/parameter_shapes.h"
+#include "trainer/run_checkpoints.h"
+
+namespace plait::trainer {
+namespace {
+
+// The trained model's config the checkpoint's fingerprint records, and its parameters' shapes,
+// each checked to be in the checkpoint with that shape.
+absl::StatusOr<models::ModelConfig> SavedModel(const checkpoint::Manifest& manifest) {
+  const auto model = manifest.fingerprint.find(kModelField);
+  models::ModelConfig config;
+  if (model == manifest.fingerprint.end() ||
+      !google::protobuf::TextFormat::ParseFromString(model->second, &config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(manifest.path, ": fingerprint.", kModelField,
+                     ": missing or not a model config; not a checkpoint of a training run"));
+  }
+  PLAIT_RETURN_IF_ERROR(models::ValidateModelConfig(
+      config, absl::StrCat(manifest.path, ": fingerprint.", kModelField)));
+  for (const models::ParameterShape& expected : models::ParameterShapes(config)) {
+    const std::string name = kParameterPrefix + expected.name;
+    const auto stored = manifest.tensors.find(name);
+    if (stored == manifest.tensors.end() || stored->second.shape != expected.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(manifest.path, ": tensors.", name, ": ",
+                       stored == manifest.tensors.end() ? "missing" : "of another shape",
+                       "; the model has it with shape [", absl::StrJoin(expected.shape, ", "),
+                       "] (a frozen parameter is not saved)"));
+    }
+  }
+  return config;
+}
+
+// What a resume would refuse that shows without the run's plan: the step and data position
+// (at the fingerprint's global batch a step) and the trained model's parameters.
+absl::Status CheckResumable(const std::string& folder, const checkpoint::Manifest& manifest) {
+  const std::filesystem::path path = std::filesystem::path(folder).lexically_normal();
+  const std::optional<int64_t> folder_step =
+      checkpoint::StepOfName((path.has_filename() ? path : path.parent_path()).filename().string());
+  if (!folder_step.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(folder, ": not named step-NNNNNNNN, so a resume would not find it"));
+  }
+  const auto global_batch = manifest.fingerprint.find(kGlobalBatchField);
+  int64_t per_step = 0;
+  if (global_batch == manifest.fingerprint.end() ||
+      !absl::SimpleAtoi(global_batch->second, &per_step) || per_step < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        manifest.path, ": fingerprint.", kGlobalBatchField, ": missing or not a positive integer"));
+  }
+  const std::vector<std::string> problems =
+      checkpoint::SavedStepProblems(manifest, *folder_step, per_step);
+  if (!problems.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(manifest.path, ": cannot resume from it:\n  ",
+                                                   absl::StrJoin(problems, "\n  ")));
+  }
+  return SavedModel(manifest).status();
+}
+
+}  // namespace
+
+absl::Status VerifySavedCheckpoint(const std::string& folder,
+                                   const checkpoint::Manifest& manifest) {
+  PLAIT_RETURN_IF_ERROR(CheckResumable(folder, manifest));
+  checkpoint::SliceReader reader(folder, manifest);
+  return reader.VerifyAll();
+}
+
+absl::StatusOr<size_t> ExportSavedCheckpoint(const std::string& folder,
+                                             const checkpoint::Manifest& manifest,
+                                             const std::string& out_dir,
+                                             const std::string& out_field) {
+  // Refused before anything is read: the checkpoint's own folder, a folder of other files, a
+  // downloaded model's; an earlier export's files are replaced.
+  const std::vector<base::Violation> refused =
+      models::CheckHfExportFolder(out_dir, {folder}, out_field);
+  if (!refused.empty()) return absl::FailedPreconditionError(refused[0].ToString());
+  PLAIT_ASSIGN_OR_RETURN(const models::ModelConfig config, SavedModel(manifest));
+  checkpoint::SliceReader reader(folder, manifest);
+  std::vector<std::pair<std::string, torch::Tensor>> parameters;
+  for (const models::ParameterShape& expected : models::ParameterShapes(config)) {
+    PLAIT_ASSIGN_OR_RETURN(torch::Tensor tensor,
+                           reader.ReadWhole(kParameterPrefix + expected.name));
+    parameters.emplace_back(expected.name, std::move(tensor));
+  }
+  PLAIT_RETURN_IF_ERROR(models::SaveHfParameters(config, parameters, out_dir));
+  return parameters.size();
+}
+
+}  // namespace plait::trainer
