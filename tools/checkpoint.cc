@@ -6,13 +6,13 @@
 //
 // info prints the step, the world size, mesh and preparation that saved it, the data position,
 // the fingerprint, and every tensor with its dtype, global shape, size and slices; verify runs
-// the checks of a resume that need no plan (the step and data position, the model's
-// parameters), reads every slice and checks its checksum and that its values are finite, and
-// names the checks that need the run's plan; export-hf writes the
-// trained parameters as a Hugging Face folder (config.json + model.safetensors, fp32) of the
-// model config the checkpoint records, into a new or empty folder or one an earlier export
-// wrote, never over other files (verify and export-hf are trainer/saved_checkpoint.h's). Exits
-// 1 naming what is wrong with the checkpoint, 2 on a usage error.
+// the checks of a resume that need no plan (the step and data position, the optimizer's update
+// count, the model's parameters), reads every slice and checks its checksum and that its values are
+// finite, and names the checks that need the run's plan; export-hf writes the trained parameters as
+// a Hugging Face folder (config.json + model.safetensors, fp32) of the model config the checkpoint
+// records, into a new or empty folder or one an earlier export wrote, never over other files
+// (verify and export-hf are trainer/saved_checkpoint.h's). Exits 1 naming what is wrong with the
+// checkpoint, 2 on a usage error.
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -68,10 +68,11 @@ absl::Status Verify(const std::string& folder, const checkpoint::Manifest& manif
   PLAIT_RETURN_IF_ERROR(trainer::VerifySavedCheckpoint(folder, manifest));
   std::cout << folder << ": every checksum matches and every value is finite ("
             << manifest.tensors.size()
-            << " tensors); the step, the data position and the model's parameters are as a "
-               "resume needs them.\nNot checked without the run's plan: the fingerprint against "
-               "the plan's, the layout against its preparation, the step against "
-               "plan.training.steps, the optimizer state against its optimizer.\n";
+            << " tensors); the step, the data position, the optimizer's update count and the "
+               "model's parameters are as a resume needs them.\nNot checked without the run's "
+               "plan: the fingerprint against the plan's, the layout against its preparation, "
+               "the step against plan.training.steps, the optimizer state against its "
+               "optimizer.\n";
   return absl::OkStatus();
 }
 

@@ -104,7 +104,7 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
   EXPECT_THAT(stdout_, HasSubstr("Not checked without the run's plan: the fingerprint"));
 
   // verify refuses what a resume refuses: a data position that is not the step's, a missing
-  // parameter.
+  // optimizer update count, a missing parameter.
   const std::string manifest = checkpoint + "/checkpoint.json";
   const std::string saved = base::ReadFile(manifest).value();
   nlohmann::json mutated = nlohmann::json::parse(saved);
@@ -113,6 +113,11 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
   EXPECT_EQ(Run({"verify", checkpoint}), 1);
   EXPECT_THAT(stderr_, HasSubstr("cannot resume from it:\n  data_position: 33 in the file, 32 "
                                  "expected after step 2 (16 per step)"));
+  mutated = nlohmann::json::parse(saved);
+  mutated["metadata"].erase("optimizer_step");
+  ASSERT_THAT(base::WriteFileAtomically(manifest, mutated.dump()), IsOk());
+  EXPECT_EQ(Run({"verify", checkpoint}), 1);
+  EXPECT_THAT(stderr_, HasSubstr(manifest + ": metadata.optimizer_step: missing"));
   mutated = nlohmann::json::parse(saved);
   mutated["tensors"].erase("param/model.norm.weight");
   ASSERT_THAT(base::WriteFileAtomically(manifest, mutated.dump()), IsOk());

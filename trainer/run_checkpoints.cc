@@ -108,15 +108,12 @@ absl::StatusOr<std::map<std::string, checkpoint::SlicedTensor>> RankTensors(
   return tensors;
 }
 
-// Loads a rank's saved state, whose tensors are the ones RankTensors names, into `optimizer`.
-absl::Status LoadInto(const checkpoint::RankState& saved, optim::Optimizer& optimizer) {
+// Loads a rank's saved state of step `step`, whose tensors are the ones RankTensors names, into
+// `optimizer`.
+absl::Status LoadInto(const checkpoint::RankState& saved, int64_t step,
+                      optim::Optimizer& optimizer) {
   optim::OptimizerState state;
-  const auto optimizer_step = saved.metadata.find(kOptimizerStep);
-  if (optimizer_step == saved.metadata.end() ||
-      !absl::SimpleAtoi(optimizer_step->second, &state.step)) {
-    return absl::DataLossError(
-        absl::StrCat("metadata.", kOptimizerStep, ": missing or not an integer"));
-  }
+  PLAIT_ASSIGN_OR_RETURN(state.step, SavedOptimizerStep(saved.metadata, step));
   {
     torch::NoGradGuard no_grad;
     for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
@@ -132,6 +129,21 @@ absl::Status LoadInto(const checkpoint::RankState& saved, optim::Optimizer& opti
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> SavedOptimizerStep(const std::map<std::string, std::string>& metadata,
+                                           int64_t step) {
+  const auto saved = metadata.find(kOptimizerStep);
+  if (saved == metadata.end()) {
+    return absl::DataLossError(absl::StrCat("metadata.", kOptimizerStep, ": missing"));
+  }
+  int64_t updates = 0;
+  if (!absl::SimpleAtoi(saved->second, &updates) || updates < 0 || updates > step) {
+    return absl::DataLossError(absl::StrCat("metadata.", kOptimizerStep, ": \"", saved->second,
+                                            "\" is not an integer from 0 to the step (", step,
+                                            "); a step updates the optimizer once at most"));
+  }
+  return updates;
+}
 
 absl::StatusOr<RunCheckpoints> RunCheckpoints::Open(const plan::ResolvedPlan& resolved,
                                                     const parallel::DeviceMesh& mesh) {
@@ -161,8 +173,9 @@ absl::Status RunCheckpoints::Restore(optim::Optimizer& optimizer, data::DataLoad
   // the parameters or the optimizer state anywhere.
   PLAIT_ASSIGN_OR_RETURN(auto expected,
                          RankTensors(optimizer, optimizer.StateLayout(), Contents::kLayout));
-  PLAIT_RETURN_IF_ERROR(checkpointer_.Restore(
-      expected, [&](checkpoint::RankState saved) { return LoadInto(saved, optimizer); }));
+  PLAIT_RETURN_IF_ERROR(checkpointer_.Restore(expected, [&](checkpoint::RankState saved) {
+    return LoadInto(saved, checkpointer_.resume_step(), optimizer);
+  }));
   // The sequences consumed, in this run's micro-batches of every data-parallel rank.
   train.Seek(checkpointer_.resume_position() / sequences_per_micro_batch_);
   return absl::OkStatus();

@@ -28,6 +28,7 @@
 #define PLAIT_TRAINER_RUN_CHECKPOINTS_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -49,6 +50,13 @@ inline constexpr char kOptimizerPrefix[] = "optim/";
 inline constexpr char kModelField[] = "plan.model";
 // The fingerprint's global batch: the data position advances by it each step.
 inline constexpr char kGlobalBatchField[] = "plan.training.global_batch";
+
+// The optimizer's update count a checkpoint of step `step` records in its manifest's
+// metadata (`metadata`, as saved): an integer from 0 to `step`, since a step updates the
+// optimizer once at most (a skipped step not at all). DataLoss naming the field otherwise. A
+// resume loads it; tools/checkpoint verify checks it the same way.
+absl::StatusOr<int64_t> SavedOptimizerStep(const std::map<std::string, std::string>& metadata,
+                                           int64_t step);
 
 class RunCheckpoints {
  public:

@@ -435,6 +435,35 @@ TEST(CheckpointErrorsTest, MissingExtraAndMisshapedTensorsNameTheFileAndTensor) 
                      HasSubstr(moment + ": shape [3] in the checkpoint, [256] here"))));
 }
 
+// The optimizer's update count must be one a run can have saved, 0 to the step: a resume
+// refuses one that is missing, negative or past the step (an INT64_MAX would overflow at the
+// next update), as tools/checkpoint verify does.
+TEST(CheckpointErrorsTest, AnOptimizerStepARunCannotHaveSavedIsRefused) {
+  const SavedCheckpoint saved = SaveSingle("optimizer_step");
+  const std::string folder = saved.manifest.substr(0, saved.manifest.rfind('/'));
+  for (const std::string& value : {std::string("-1"), std::string("2"), std::string("x"),
+                                   std::string("9223372036854775807"), std::string()}) {
+    RewriteManifest(saved.manifest, [&](nlohmann::json& manifest) {
+      if (value.empty()) {
+        manifest["metadata"].erase("optimizer_step");
+      } else {
+        manifest["metadata"]["optimizer_step"] = value;
+      }
+    });
+    EXPECT_THAT(
+        ResumeStatuses(saved.plan, 1)[0],
+        StatusIs(absl::StatusCode::kDataLoss,
+                 value.empty() ? absl::StrCat(folder, ": metadata.optimizer_step: missing")
+                               : absl::StrCat(folder, ": metadata.optimizer_step: \"", value,
+                                              "\" is not an integer from 0 to the step (1); a "
+                                              "step updates the optimizer once at most")))
+        << value;
+  }
+  RewriteManifest(saved.manifest,
+                  [&](nlohmann::json& manifest) { manifest["metadata"]["optimizer_step"] = "0"; });
+  EXPECT_THAT(ResumeStatuses(saved.plan, 1)[0], IsOk());
+}
+
 // A checkpoint whose parameter holds a NaN (saved by a run that had diverged) is refused on
 // resume, naming the rank file and the tensor.
 TEST(CheckpointErrorsTest, ANonFiniteParameterNamesTheFileAndTensor) {

@@ -49,7 +49,8 @@ absl::StatusOr<models::ModelConfig> SavedModel(const checkpoint::Manifest& manif
 }
 
 // What a resume would refuse that shows without the run's plan: the step and data position
-// (at the fingerprint's global batch a step) and the trained model's parameters.
+// (at the fingerprint's global batch a step), the optimizer's update count and the trained
+// model's parameters.
 absl::Status CheckResumable(const std::string& folder, const checkpoint::Manifest& manifest) {
   const std::filesystem::path path = std::filesystem::path(folder).lexically_normal();
   const std::optional<int64_t> folder_step =
@@ -71,6 +72,8 @@ absl::Status CheckResumable(const std::string& folder, const checkpoint::Manifes
     return absl::InvalidArgumentError(absl::StrCat(manifest.path, ": cannot resume from it:\n  ",
                                                    absl::StrJoin(problems, "\n  ")));
   }
+  PLAIT_RETURN_IF_ERROR(
+      base::Annotate(SavedOptimizerStep(manifest.metadata, manifest.step).status(), manifest.path));
   return SavedModel(manifest).status();
 }
 

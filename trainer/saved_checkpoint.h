@@ -23,8 +23,9 @@ namespace plait::trainer {
 
 // What a resume from `folder` (a step-NNNNNNNN folder, whose manifest is `manifest`) would
 // refuse that shows without the run's plan (the step and the data position at the
-// fingerprint's global batch a step, the model the fingerprint records and its parameters'
-// shapes), then every slice of every tensor: its checksum and that its values are finite.
+// fingerprint's global batch a step, the optimizer's update count, the model the fingerprint
+// records and its parameters' shapes), then every slice of every tensor: its checksum and
+// that its values are finite.
 // Not checked: the fingerprint against a plan's, the layout against its preparation, the step
 // against plan.training.steps, the optimizer state against its optimizer.
 absl::Status VerifySavedCheckpoint(const std::string& folder, const checkpoint::Manifest& manifest);
