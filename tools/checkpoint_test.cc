@@ -30,6 +30,7 @@ namespace fs = std::filesystem;
 using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Runfile(const std::string& path) {
   return absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/", path);
@@ -118,6 +119,13 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
   ASSERT_THAT(base::WriteFileAtomically(manifest, mutated.dump()), IsOk());
   EXPECT_EQ(Run({"verify", checkpoint}), 1);
   EXPECT_THAT(stderr_, HasSubstr(manifest + ": metadata.optimizer_step: missing"));
+  // A model config that does not parse is named with where its text is wrong.
+  mutated = nlohmann::json::parse(saved);
+  mutated["fingerprint"]["plan.model"] = "hidden_size: nan";
+  ASSERT_THAT(base::WriteFileAtomically(manifest, mutated.dump()), IsOk());
+  EXPECT_EQ(Run({"verify", checkpoint}), 1);
+  EXPECT_THAT(stderr_, HasSubstr(manifest + ": fingerprint.plan.model:1:14: Expected integer"));
+  EXPECT_THAT(stderr_, Not(HasSubstr("libprotobuf")));
   mutated = nlohmann::json::parse(saved);
   mutated["tensors"].erase("param/model.norm.weight");
   ASSERT_THAT(base::WriteFileAtomically(manifest, mutated.dump()), IsOk());

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "base/text_proto.h"
 #include "base/violation.h"
 #include "checkpoint/checkpointer.h"
-#include "google/protobuf/text_format.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
@@ -24,16 +24,16 @@ namespace {
 // The trained model's config the checkpoint's fingerprint records, and its parameters' shapes,
 // each checked to be in the checkpoint with that shape.
 absl::StatusOr<models::ModelConfig> SavedModel(const checkpoint::Manifest& manifest) {
+  const std::string field = absl::StrCat(manifest.path, ": fingerprint.", kModelField);
   const auto model = manifest.fingerprint.find(kModelField);
-  models::ModelConfig config;
-  if (model == manifest.fingerprint.end() ||
-      !google::protobuf::TextFormat::ParseFromString(model->second, &config)) {
+  if (model == manifest.fingerprint.end()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(manifest.path, ": fingerprint.", kModelField,
-                     ": missing or not a model config; not a checkpoint of a training run"));
+        absl::StrCat(field, ": missing; not a checkpoint of a training run"));
   }
-  PLAIT_RETURN_IF_ERROR(models::ValidateModelConfig(
-      config, absl::StrCat(manifest.path, ": fingerprint.", kModelField)));
+  // Its parser's errors say where the text is wrong ("...: fingerprint.plan.model:1:24: ...").
+  models::ModelConfig config;
+  PLAIT_RETURN_IF_ERROR(base::ParseTextProto(model->second, field, config));
+  PLAIT_RETURN_IF_ERROR(models::ValidateModelConfig(config, field));
   for (const models::ParameterShape& expected : models::ParameterShapes(config)) {
     const std::string name = kParameterPrefix + expected.name;
     const auto stored = manifest.tensors.find(name);
