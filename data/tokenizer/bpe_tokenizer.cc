@@ -35,6 +35,12 @@ constexpr absl::string_view kGpt2Pattern =
 // largest vocabularies released are ~260k tokens.
 constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
 
+// Normalizer and post-processor Sequences nested deeper than this are refused: the loader walks
+// them recursively, and a corrupt file could nest one deep enough to exhaust the stack.
+// Hugging Face's tokenizers refuse them too: they parse tokenizer.json with serde_json, whose
+// default recursion limit is 128 levels of arrays and objects, two per Sequence.
+constexpr int kMaxSequenceDepth = 64;
+
 // Pieces longer than this are not cached (they are rare, and would crowd the cache).
 constexpr size_t kMaxCachedPiece = 64;
 
@@ -495,9 +501,9 @@ class BpeLoader {
     }
     PLAIT_RETURN_IF_ERROR(LoadModel(Get(file, "model")));
     PLAIT_RETURN_IF_ERROR(LoadAddedTokens(Get(file, "added_tokens")));
-    PLAIT_RETURN_IF_ERROR(LoadNormalizer(Get(file, "normalizer"), "normalizer"));
+    PLAIT_RETURN_IF_ERROR(LoadNormalizer(Get(file, "normalizer"), "normalizer", 0));
     PLAIT_RETURN_IF_ERROR(LoadPreTokenizer(Get(file, "pre_tokenizer")));
-    PLAIT_RETURN_IF_ERROR(LoadPostProcessor(Get(file, "post_processor"), "post_processor"));
+    PLAIT_RETURN_IF_ERROR(LoadPostProcessor(Get(file, "post_processor"), "post_processor", 0));
     PLAIT_RETURN_IF_ERROR(LoadDecoder(Get(file, "decoder")));
     return LoadConfig(config);
   }
@@ -689,17 +695,26 @@ class BpeLoader {
     return absl::OkStatus();
   }
 
-  absl::Status LoadNormalizer(const json& normalizer, const std::string& field) {
+  // The error for a Sequence at `field` inside kMaxSequenceDepth others.
+  absl::Status TooDeep(const std::string& field) const {
+    return errors_.Invalid(field, absl::StrCat("a Sequence nested in ", kMaxSequenceDepth,
+                                               " others; Hugging Face's tokenizers refuse a file "
+                                               "nested this deep too"));
+  }
+
+  // `normalizer` at `field`, inside `depth` Sequences.
+  absl::Status LoadNormalizer(const json& normalizer, const std::string& field, int depth) {
     if (normalizer.is_null()) return absl::OkStatus();
     const json& type = Get(normalizer, "type");
     if (type == "Sequence") {
+      if (depth == kMaxSequenceDepth) return TooDeep(field);
       const json& list = Get(normalizer, "normalizers");
       if (!list.is_array()) {
         return errors_.Invalid(Field(field, "normalizers"), "expected an array");
       }
       for (size_t i = 0; i < list.size(); ++i) {
         PLAIT_RETURN_IF_ERROR(
-            LoadNormalizer(list[i], absl::StrCat(field, ".normalizers[", i, "]")));
+            LoadNormalizer(list[i], absl::StrCat(field, ".normalizers[", i, "]"), depth + 1));
       }
       return absl::OkStatus();
     }
@@ -779,16 +794,18 @@ class BpeLoader {
     return absl::OkStatus();
   }
 
-  absl::Status LoadPostProcessor(const json& processor, const std::string& field) {
+  // `processor` at `field`, inside `depth` Sequences.
+  absl::Status LoadPostProcessor(const json& processor, const std::string& field, int depth) {
     if (processor.is_null()) return absl::OkStatus();
     const json& type = Get(processor, "type");
     if (type == "ByteLevel") return absl::OkStatus();  // it changes offsets only
     if (type == "Sequence") {
+      if (depth == kMaxSequenceDepth) return TooDeep(field);
       const json& list = Get(processor, "processors");
       if (!list.is_array()) return errors_.Invalid(Field(field, "processors"), "expected an array");
       for (size_t i = 0; i < list.size(); ++i) {
         PLAIT_RETURN_IF_ERROR(
-            LoadPostProcessor(list[i], absl::StrCat(field, ".processors[", i, "]")));
+            LoadPostProcessor(list[i], absl::StrCat(field, ".processors[", i, "]"), depth + 1));
       }
       return absl::OkStatus();
     }

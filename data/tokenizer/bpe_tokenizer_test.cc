@@ -17,6 +17,7 @@ namespace {
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::IsOkAndHolds;
 using ::plait::base::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
@@ -151,6 +152,27 @@ TEST(BpeTokenizerTest, StringPatternsAreLiteral) {
   EXPECT_THAT((*tokenizer)->Encode("a.b"),
               IsOkAndHolds(ElementsAre(*(*tokenizer)->TokenToId("a"), *(*tokenizer)->TokenToId("."),
                                        *(*tokenizer)->TokenToId("b"))));
+}
+
+// Normalizer and post-processor Sequences may nest 64 deep; a file nesting them deeper (which
+// Hugging Face's parser refuses too) is an error naming the field, where the loader's recursion
+// used to overflow the stack.
+TEST(BpeTokenizerTest, SequencesNestedDeeperThan64AreRefused) {
+  const auto nested = [](const char* key, const char* list, int depth) {
+    return ParseChanged([=](json& f) {
+      for (int i = 0; i < depth; ++i) f[key] = {{"type", "Sequence"}, {list, {f[key]}}};
+    });
+  };
+  EXPECT_THAT(nested("normalizer", "normalizers", 64), IsOk());
+  EXPECT_THAT(nested("post_processor", "processors", 64), IsOk());
+  EXPECT_THAT(nested("normalizer", "normalizers", 65),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("tokenizer.json: normalizer.normalizers[0].normalizers[0]"),
+                             HasSubstr(": a Sequence nested in 64 others"))));
+  EXPECT_THAT(nested("post_processor", "processors", 65),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("tokenizer.json: post_processor.processors[0]"),
+                             HasSubstr(": a Sequence nested in 64 others"))));
 }
 
 // With ignore_merges (Llama 3's files), a piece that is itself a token is that token, even
