@@ -887,8 +887,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> ParseBpeTokenizer(
   PLAIT_ASSIGN_OR_RETURN(const json file, base::ParseJson(source, tokenizer_json));
   json config;
   if (!tokenizer_config_json.empty()) {
-    PLAIT_ASSIGN_OR_RETURN(config, base::ParseJson(absl::StrCat(source, " (tokenizer_config.json)"),
-                                                   tokenizer_config_json));
+    const std::string config_source = absl::StrCat(source, " (tokenizer_config.json)");
+    PLAIT_ASSIGN_OR_RETURN(config, base::ParseJson(config_source, tokenizer_config_json));
+    // Hugging Face's loader refuses anything else too; taking it for "no BOS or EOS" would
+    // drop the model's end-of-sequence token silently.
+    if (!config.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          config_source, ": expected a JSON object, got ", base::DescribeJson(config)));
+    }
   }
   auto tokenizer = std::make_unique<BpeTokenizer>(tokenizer_json, tokenizer_config_json);
   PLAIT_RETURN_IF_ERROR(BpeLoader(source, *tokenizer).Load(file, config));

@@ -28,9 +28,9 @@
 namespace plait::data::tokenizer {
 
 // The tokenizer of `tokenizer_json` (the text of a tokenizer.json; `source` names it in
-// errors). `tokenizer_config_json`, the text of the tokenizer_config.json beside it or empty
-// when there is none, names the BOS and EOS tokens (bos_token, eos_token). Errors read
-// "SOURCE: model.merges[12]: \"a b\" names \"b\", which is not in model.vocab".
+// errors). `tokenizer_config_json`, the text of the tokenizer_config.json beside it (a JSON
+// object) or empty when there is none, names the BOS and EOS tokens (bos_token, eos_token).
+// Errors read "SOURCE: model.merges[12]: \"a b\" names \"b\", which is not in model.vocab".
 absl::StatusOr<std::unique_ptr<Tokenizer>> ParseBpeTokenizer(
     absl::string_view source, absl::string_view tokenizer_json,
     absl::string_view tokenizer_config_json);

@@ -132,6 +132,14 @@ TEST(BpeTokenizerTest, ConfigTokensMustBeTokens) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("tokenizer_config.json: eos_token: \"<|not a token|>\" is not "
                                  "a token")));
+  // A config that is not an object would be read as naming no BOS or EOS.
+  for (const char* config : {"null", "[]", "4", "\"<|end_of_text|>\""}) {
+    EXPECT_THAT(ParseChanged([](json&) {}, config),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("tokenizer.json (tokenizer_config.json): expected a JSON "
+                                   "object, got ")))
+        << config;
+  }
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = ParseChanged(
       [](json&) {}, R"({"bos_token": null, "eos_token": {"content": "<|end_of_text|>"}})");
   ASSERT_THAT(tokenizer, IsOk());

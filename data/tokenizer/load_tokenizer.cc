@@ -24,6 +24,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpe(const std::filesystem::path& 
   const std::filesystem::path config_path = path.parent_path() / "tokenizer_config.json";
   if (IsFile(config_path)) {
     PLAIT_ASSIGN_OR_RETURN(config, base::ReadFile(config_path.string()));
+    // ParseBpeTokenizer reads empty text as no file: an empty one is a damaged file.
+    if (config.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config_path.string(), ": empty; a tokenizer_config.json is a JSON object"));
+    }
   }
   return ParseBpeTokenizer(path.string(), text, config);
 }

@@ -8,6 +8,8 @@
 //   qwen3/   Qwen3's tokenizer.json (Apache-2.0);
 //   tiny/    a small BPE trained here with Llama 3's pre-tokenizer and BOS template;
 //   mistral/ Mistral 7B v0.1's SentencePiece tokenizer.model (Apache-2.0), Llama 2's format.
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +20,7 @@
 #include "absl/strings/escaping.h"
 #include "base/file.h"
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
 #include "data/tokenizer/load_tokenizer.h"
 #include "data/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
@@ -180,6 +183,17 @@ TEST(LoadTokenizerTest, AFileThatIsNoSentencePieceModelIsNamed) {
   EXPECT_THAT(LoadTokenizer(absl::StrCat(kTestdata, "README.md")),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("README.md: not a SentencePiece model")));
+}
+
+TEST(LoadTokenizerTest, AnEmptyTokenizerConfigIsRefused) {
+  const std::string dir = base::testing::FreshTestDir("empty_config");
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(absl::StrCat(kTestdata, "tiny/tokenizer.json"),
+                             dir + "/tokenizer.json");
+  std::ofstream(dir + "/tokenizer_config.json").close();
+  EXPECT_THAT(LoadTokenizer(dir), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           dir + "/tokenizer_config.json: empty; a "
+                                                 "tokenizer_config.json is a JSON object"));
 }
 
 TEST(LoadTokenizerTest, TheHashChangesWithTheFiles) {
