@@ -528,6 +528,18 @@ class BpeLoader {
     }
     return value.get<std::string>();
   }
+  // A flag: true or false, `absent` when it is missing or null. Anything else is an error,
+  // never read as one of them: Hugging Face refuses such a file.
+  absl::StatusOr<bool> GetBool(const json& object, const char* key, absl::string_view parent,
+                               bool absent) const {
+    const json& value = Get(object, key);
+    if (value.is_null()) return absent;
+    if (!value.is_boolean()) {
+      return errors_.Invalid(Field(parent, key), absl::StrCat("expected true or false, got ",
+                                                              base::DescribeJson(value)));
+    }
+    return value.get<bool>();
+  }
   // A flag that must be false (or absent) because plait does not implement it.
   absl::Status RequireFalse(const json& object, const char* key, absl::string_view parent,
                             absl::string_view why) const {
@@ -581,8 +593,8 @@ class BpeLoader {
     }
     PLAIT_RETURN_IF_ERROR(RequireEmpty(model, "continuing_subword_prefix", "model"));
     PLAIT_RETURN_IF_ERROR(RequireEmpty(model, "end_of_word_suffix", "model"));
-    const json& ignore_merges = Get(model, "ignore_merges");
-    tokenizer_.ignore_merges_ = ignore_merges.is_boolean() && ignore_merges.get<bool>();
+    PLAIT_ASSIGN_OR_RETURN(tokenizer_.ignore_merges_,
+                           GetBool(model, "ignore_merges", "model", /*absent=*/false));
 
     const json& vocab = Get(model, "vocab");
     if (!vocab.is_object()) {
@@ -687,10 +699,13 @@ class BpeLoader {
       PLAIT_RETURN_IF_ERROR(AddId(id.get<int64_t>(), TokenBytes(content), Field(field, "id")));
       const AddedToken added{content, id.get<int32_t>()};
       tokenizer_.added_[content] = added.id;
-      tokenizer_.special_[added.id] = Get(token, "special") == true;
+      PLAIT_ASSIGN_OR_RETURN(const bool special,
+                             GetBool(token, "special", field, /*absent=*/false));
+      PLAIT_ASSIGN_OR_RETURN(const bool normalized,
+                             GetBool(token, "normalized", field, /*absent=*/false));
+      tokenizer_.special_[added.id] = special;
       // Hugging Face matches tokens with normalized=false on the raw text.
-      (Get(token, "normalized") == true ? tokenizer_.normalized_added_ : tokenizer_.raw_added_)
-          .Add(added);
+      (normalized ? tokenizer_.normalized_added_ : tokenizer_.raw_added_).Add(added);
     }
     return absl::OkStatus();
   }
@@ -785,8 +800,10 @@ class BpeLoader {
   absl::Status LoadByteLevel(const json& byte_level, const std::string& field) {
     PLAIT_RETURN_IF_ERROR(RequireFalse(byte_level, "add_prefix_space", field,
                                        "no released byte-level tokenizer adds one"));
-    const json& use_regex = Get(byte_level, "use_regex");
-    if (use_regex.is_null() || use_regex == true) {  // Hugging Face's default is true
+    // Hugging Face's default is true.
+    PLAIT_ASSIGN_OR_RETURN(const bool use_regex,
+                           GetBool(byte_level, "use_regex", field, /*absent=*/true));
+    if (use_regex) {
       PLAIT_ASSIGN_OR_RETURN(SplitRegex regex,
                              SplitRegex::Compile(kGpt2Pattern, false, errors_, field));
       tokenizer_.splits_.push_back(std::move(regex));

@@ -162,6 +162,34 @@ TEST(BpeTokenizerTest, StringPatternsAreLiteral) {
                                        *(*tokenizer)->TokenToId("b"))));
 }
 
+// A flag that is neither true nor false is refused, naming it, not read as false (which
+// changed the ids: ignore_merges, an added token's normalized, use_regex).
+TEST(BpeTokenizerTest, FlagsMustBeBooleans) {
+  EXPECT_THAT(ParseChanged([](json& f) { f["model"]["ignore_merges"] = 1; }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tokenizer.json: model.ignore_merges: expected true or false, "
+                                 "got 1")));
+  EXPECT_THAT(ParseChanged([](json& f) { f["added_tokens"][1]["normalized"] = "false"; }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("added_tokens[1].normalized: expected true or false, got "
+                                 "\"false\"")));
+  EXPECT_THAT(ParseChanged([](json& f) { f["added_tokens"][0]["special"] = json::array(); }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("added_tokens[0].special: expected true or false, got an array")));
+  EXPECT_THAT(
+      ParseChanged([](json& f) { f["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = 0; }),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("pre_tokenizer.pretokenizers[1].use_regex: expected true or "
+                         "false, got 0")));
+  // Absent or null, each is its default.
+  EXPECT_THAT(ParseChanged([](json& f) {
+                f["model"].erase("ignore_merges");
+                f["added_tokens"][1]["normalized"] = nullptr;
+                f["pre_tokenizer"]["pretokenizers"][1].erase("use_regex");
+              }),
+              IsOk());
+}
+
 // Normalizer and post-processor Sequences may nest 64 deep; a file nesting them deeper (which
 // Hugging Face's parser refuses too) is an error naming the field, where the loader's recursion
 // used to overflow the stack.
