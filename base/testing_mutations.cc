@@ -281,6 +281,17 @@ std::string Mutator::SwapLines(std::string& text) {
   return absl::StrCat("swap lines ", a + 1, " and ", b + 1);
 }
 
+std::string Mutator::MutateLines(std::string& text) {
+  switch (Below(3)) {
+    case 0:
+      return DeleteLine(text);
+    case 1:
+      return DuplicateLine(text);
+    default:
+      return SwapLines(text);
+  }
+}
+
 std::string Mutator::MutateJson(Json& json) {
   const std::vector<Json::json_pointer> pointers = AllPointers(json);
   const Json::json_pointer& pointer = Pick(pointers);

@@ -86,6 +86,8 @@ class Mutator {
   std::string DeleteLine(std::string& text);
   std::string DuplicateLine(std::string& text);
   std::string SwapLines(std::string& text);
+  // One of the three, chosen at random.
+  std::string MutateLines(std::string& text);
 
   // Changes one value of `json` (any node, at any depth): replaces it with an extreme number,
   // a string, null, a boolean, an empty or a nested container; deletes it from its parent;

@@ -81,6 +81,12 @@ TEST(MutatorTest, LineEditsWorkOnLines) {
   text = "a\nb\nc";
   mutator.SwapLines(text);
   EXPECT_EQ(text.size(), 5u);
+  for (int i = 0; i < 20; ++i) {
+    text = "a\nb\nc";
+    EXPECT_THAT(mutator.MutateLines(text),
+                ::testing::AnyOf(HasSubstr("delete line"), HasSubstr("duplicate line"),
+                                 HasSubstr("swap lines")));
+  }
 }
 
 TEST(MutatorTest, JsonEditsLeaveValidJsonAndNameTheNode) {

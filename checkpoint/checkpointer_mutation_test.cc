@@ -145,17 +145,7 @@ TEST(CheckpointerMutationTest, EveryManifestMutationResumesOrIsANamedError) {
     const std::vector<Kind> kinds = {
         {"byte edit", 1000, [&](std::string& text) { return mutator.MutateBytes(text); }},
         {"number", 800, [&](std::string& text) { return mutator.ReplaceNumber(text); }},
-        {"line edit", 400,
-         [&](std::string& text) {
-           switch (mutator.Below(3)) {
-             case 0:
-               return mutator.DeleteLine(text);
-             case 1:
-               return mutator.DuplicateLine(text);
-             default:
-               return mutator.SwapLines(text);
-           }
-         }},
+        {"line edit", 400, [&](std::string& text) { return mutator.MutateLines(text); }},
         {"JSON value", 800,
          [&](std::string& text) {
            Json json = manifest;

@@ -385,16 +385,7 @@ TEST(PlanMutationTest, EveryMutationIsValidOrAnErrorSayingWhere) {
       {"number", 1000,
        [&](size_t, Case& mutated) { return mutator.ReplaceNumber(mutated.plan.text); }},
       {"line edit", 500,
-       [&](size_t, Case& mutated) {
-         switch (mutator.Below(3)) {
-           case 0:
-             return mutator.DeleteLine(mutated.plan.text);
-           case 1:
-             return mutator.DuplicateLine(mutated.plan.text);
-           default:
-             return mutator.SwapLines(mutated.plan.text);
-         }
-       }},
+       [&](size_t, Case& mutated) { return mutator.MutateLines(mutated.plan.text); }},
       {"field", 2000,
        [&](size_t seed, Case& mutated) {
          // One to three field changes, each on the plan the last one left.

@@ -123,16 +123,6 @@ TEST(TokenizerFilesMutationTest, EveryMutationIsANamedErrorOrATokenizerThatRound
     int count;
     std::function<std::string(std::string& text)> mutate;
   };
-  auto line_edit = [&](std::string& text) {
-    switch (mutator.Below(3)) {
-      case 0:
-        return mutator.DeleteLine(text);
-      case 1:
-        return mutator.DuplicateLine(text);
-      default:
-        return mutator.SwapLines(text);
-    }
-  };
   // Sections and settings of tokenizer.json, each small next to the vocabulary and merges,
   // which a mutation anywhere in the file mostly lands in.
   const std::vector<std::vector<std::string>> sections = {{"added_tokens"},
@@ -164,7 +154,8 @@ TEST(TokenizerFilesMutationTest, EveryMutationIsANamedErrorOrATokenizerThatRound
        [&](std::string& text) { return mutator.MutateBytes(text); }},
       {"tokenizer.json number", false, 30,
        [&](std::string& text) { return mutator.ReplaceNumber(text); }},
-      {"tokenizer.json line", false, 30, line_edit},
+      {"tokenizer.json line", false, 30,
+       [&](std::string& text) { return mutator.MutateLines(text); }},
       {"tokenizer.json JSON value", false, 40,
        [&](std::string& text) {
          Json json = file;
