@@ -11,7 +11,7 @@
 // finite, and names the checks that need the run's plan; export-hf writes the trained parameters as
 // a Hugging Face folder (config.json + model.safetensors, fp32) of the model config the checkpoint
 // records, into a new or empty folder or one an earlier export wrote, never over other files
-// (verify and export-hf are trainer/saved_checkpoint.h's). Exits 1 naming what is wrong with the
+// (verify and export-hf are tools/saved_checkpoint.h's). Exits 1 naming what is wrong with the
 // checkpoint, 2 on a usage error.
 #include <cstdint>
 #include <iostream>
@@ -27,7 +27,7 @@
 #include "base/status.h"
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
-#include "trainer/saved_checkpoint.h"
+#include "tools/saved_checkpoint.h"
 
 namespace plait::tools {
 namespace {
@@ -65,7 +65,7 @@ absl::Status Info(const checkpoint::Manifest& manifest) {
 }
 
 absl::Status Verify(const std::string& folder, const checkpoint::Manifest& manifest) {
-  PLAIT_RETURN_IF_ERROR(trainer::VerifySavedCheckpoint(folder, manifest));
+  PLAIT_RETURN_IF_ERROR(VerifySavedCheckpoint(folder, manifest));
   std::cout << folder << ": every checksum matches and every value is finite ("
             << manifest.tensors.size()
             << " tensors); the step, the data position, the optimizer's update count and the "
@@ -79,7 +79,7 @@ absl::Status Verify(const std::string& folder, const checkpoint::Manifest& manif
 absl::Status ExportHf(const std::string& folder, const checkpoint::Manifest& manifest,
                       const std::string& out_dir) {
   PLAIT_ASSIGN_OR_RETURN(const size_t written,
-                         trainer::ExportSavedCheckpoint(folder, manifest, out_dir, "OUT_DIR"));
+                         ExportSavedCheckpoint(folder, manifest, out_dir, "OUT_DIR"));
   std::cout << "wrote " << written << " parameters of step " << manifest.step << " to " << out_dir
             << "\n";
   return absl::OkStatus();

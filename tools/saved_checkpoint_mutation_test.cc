@@ -40,12 +40,12 @@
 #include "parallel/device_mesh.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
+#include "tools/saved_checkpoint.h"
 #include "trainer/prepared_model.h"
 #include "trainer/run_checkpoints.h"
-#include "trainer/saved_checkpoint.h"
 #include "trainer/testing_ranks.h"
 
-namespace plait::trainer {
+namespace plait::tools {
 namespace {
 
 namespace fs = std::filesystem;
@@ -54,6 +54,12 @@ using ::plait::base::testing::IsOk;
 using ::plait::base::testing::MutationCases;
 using ::plait::base::testing::Mutator;
 using ::plait::base::testing::WriteCaseFile;
+using ::plait::trainer::kGlobalBatchField;
+using ::plait::trainer::kModelField;
+using ::plait::trainer::kParameterPrefix;
+using ::plait::trainer::PreparedModel;
+using ::plait::trainer::Role;
+using ::plait::trainer::RunCheckpoints;
 using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
@@ -480,4 +486,4 @@ TEST(SavedCheckpointMutationTest, VerifyExportAndResumeAgreeOnEveryMutation) {
 }
 
 }  // namespace
-}  // namespace plait::trainer
+}  // namespace plait::tools

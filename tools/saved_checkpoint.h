@@ -9,8 +9,8 @@
 //   PLAIT_RETURN_IF_ERROR(VerifySavedCheckpoint(folder, manifest));
 //   PLAIT_ASSIGN_OR_RETURN(size_t written,
 //                          ExportSavedCheckpoint(folder, manifest, "/models/run1-100", "OUT_DIR"));
-#ifndef PLAIT_TRAINER_SAVED_CHECKPOINT_H_
-#define PLAIT_TRAINER_SAVED_CHECKPOINT_H_
+#ifndef PLAIT_TOOLS_SAVED_CHECKPOINT_H_
+#define PLAIT_TOOLS_SAVED_CHECKPOINT_H_
 
 #include <cstddef>
 #include <string>
@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "checkpoint/manifest.h"
 
-namespace plait::trainer {
+namespace plait::tools {
 
 // What a resume from `folder` (a step-NNNNNNNN folder, whose manifest is `manifest`) would
 // refuse that shows without the run's plan (the step and the data position at the
@@ -40,6 +40,6 @@ absl::StatusOr<size_t> ExportSavedCheckpoint(const std::string& folder,
                                              const std::string& out_dir,
                                              const std::string& out_field);
 
-}  // namespace plait::trainer
+}  // namespace plait::tools
 
-#endif  // PLAIT_TRAINER_SAVED_CHECKPOINT_H_
+#endif  // PLAIT_TOOLS_SAVED_CHECKPOINT_H_

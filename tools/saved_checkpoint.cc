@@ -1,4 +1,4 @@
-#include "trainer/saved_checkpoint.h"
+#include "tools/saved_checkpoint.h"
 
 #include <cstdint>
 #include <filesystem>
@@ -18,14 +18,14 @@
 #include "models/parameter_shapes.h"
 #include "trainer/run_checkpoints.h"
 
-namespace plait::trainer {
+namespace plait::tools {
 namespace {
 
 // The trained model's config the checkpoint's fingerprint records, and its parameters' shapes,
 // each checked to be in the checkpoint with that shape.
 absl::StatusOr<models::ModelConfig> SavedModel(const checkpoint::Manifest& manifest) {
-  const std::string field = absl::StrCat(manifest.path, ": fingerprint.", kModelField);
-  const auto model = manifest.fingerprint.find(kModelField);
+  const std::string field = absl::StrCat(manifest.path, ": fingerprint.", trainer::kModelField);
+  const auto model = manifest.fingerprint.find(trainer::kModelField);
   if (model == manifest.fingerprint.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": missing; not a checkpoint of a training run"));
@@ -35,7 +35,7 @@ absl::StatusOr<models::ModelConfig> SavedModel(const checkpoint::Manifest& manif
   PLAIT_RETURN_IF_ERROR(base::ParseTextProto(model->second, field, config));
   PLAIT_RETURN_IF_ERROR(models::ValidateModelConfig(config, field));
   for (const models::ParameterShape& expected : models::ParameterShapes(config)) {
-    const std::string name = kParameterPrefix + expected.name;
+    const std::string name = trainer::kParameterPrefix + expected.name;
     const auto stored = manifest.tensors.find(name);
     if (stored == manifest.tensors.end() || stored->second.shape != expected.shape) {
       return absl::InvalidArgumentError(
@@ -59,12 +59,13 @@ absl::Status CheckResumable(const std::string& folder, const checkpoint::Manifes
     return absl::InvalidArgumentError(
         absl::StrCat(folder, ": not named step-NNNNNNNN, so a resume would not find it"));
   }
-  const auto global_batch = manifest.fingerprint.find(kGlobalBatchField);
+  const auto global_batch = manifest.fingerprint.find(trainer::kGlobalBatchField);
   int64_t per_step = 0;
   if (global_batch == manifest.fingerprint.end() ||
       !absl::SimpleAtoi(global_batch->second, &per_step) || per_step < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        manifest.path, ": fingerprint.", kGlobalBatchField, ": missing or not a positive integer"));
+    return absl::InvalidArgumentError(absl::StrCat(manifest.path, ": fingerprint.",
+                                                   trainer::kGlobalBatchField,
+                                                   ": missing or not a positive integer"));
   }
   const std::vector<std::string> problems =
       checkpoint::SavedStepProblems(manifest, *folder_step, per_step);
@@ -72,8 +73,8 @@ absl::Status CheckResumable(const std::string& folder, const checkpoint::Manifes
     return absl::InvalidArgumentError(absl::StrCat(manifest.path, ": cannot resume from it:\n  ",
                                                    absl::StrJoin(problems, "\n  ")));
   }
-  PLAIT_RETURN_IF_ERROR(
-      base::Annotate(SavedOptimizerStep(manifest.metadata, manifest.step).status(), manifest.path));
+  PLAIT_RETURN_IF_ERROR(base::Annotate(
+      trainer::SavedOptimizerStep(manifest.metadata, manifest.step).status(), manifest.path));
   return SavedModel(manifest).status();
 }
 
@@ -100,11 +101,11 @@ absl::StatusOr<size_t> ExportSavedCheckpoint(const std::string& folder,
   std::vector<std::pair<std::string, torch::Tensor>> parameters;
   for (const models::ParameterShape& expected : models::ParameterShapes(config)) {
     PLAIT_ASSIGN_OR_RETURN(torch::Tensor tensor,
-                           reader.ReadWhole(kParameterPrefix + expected.name));
+                           reader.ReadWhole(trainer::kParameterPrefix + expected.name));
     parameters.emplace_back(expected.name, std::move(tensor));
   }
   PLAIT_RETURN_IF_ERROR(models::SaveHfParameters(config, parameters, out_dir));
   return parameters.size();
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::tools
