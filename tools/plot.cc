@@ -3,8 +3,7 @@
 // with the entropy floor when the run summary beside a file gives it, the learning rate, the
 // gradient norm and tokens/s, each run in its own colour:
 //
-//   bazel run //tools:plot -- --out=curves.svg runs/llama_fsdp/latest/metrics.jsonl \
-//       runs/llama_ddp/latest/metrics.jsonl
+//   bazel run //tools:plot -- --out=curves.svg runs/{llama_fsdp,llama_ddp}/latest/metrics.jsonl
 //
 // Writes a new --out, or replaces a picture an earlier plot drew there; any other file is
 // refused. Exits 1 when a metrics file cannot be read or the picture cannot be written, 2 on a

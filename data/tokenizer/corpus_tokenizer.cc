@@ -240,9 +240,9 @@ class CorpusTokenizer {
       : tokenizer_(tokenizer),
         options_(options),
         eos_(eos),
-        shard_list_(std::move(shard_list)),
         train_(options.output_prefix + "_train", format, options.shard_tokens),
-        val_(options.output_prefix + "_val", format, options.shard_tokens) {
+        val_(options.output_prefix + "_val", format, options.shard_tokens),
+        shard_list_(std::move(shard_list)) {
     summary_.format = format;
   }
 
