@@ -51,36 +51,37 @@ absl::StatusOr<int64_t> JsonFields::IntValue(const nlohmann::json& value,
 
 absl::StatusOr<int64_t> JsonFields::Int(const char* field, std::optional<int64_t> fallback) const {
   const nlohmann::json& value = Find(field);
-  if (value.is_null())
-    return fallback.has_value() ? *fallback : absl::StatusOr<int64_t>(Missing(field));
+  if (value.is_null()) {
+    if (fallback.has_value()) return *fallback;
+    return Missing(field);
+  }
   return IntValue(value, field);
 }
 
-absl::StatusOr<double> JsonFields::Double(const char* field, std::optional<double> fallback) const {
+template <typename T>
+absl::StatusOr<T> JsonFields::Typed(const char* field, std::optional<T> fallback,
+                                    bool (nlohmann::json::*is_type)() const noexcept,
+                                    absl::string_view expected) const {
   const nlohmann::json& value = Find(field);
-  if (value.is_null())
-    return fallback.has_value() ? *fallback : absl::StatusOr<double>(Missing(field));
-  if (value.is_number()) return value.get<double>();
-  return Error(field, absl::StrCat("expected a number, got ", DescribeJson(value)));
+  if (value.is_null()) {
+    if (fallback.has_value()) return *std::move(fallback);
+    return Missing(field);
+  }
+  if ((value.*is_type)()) return value.get<T>();
+  return Error(field, absl::StrCat("expected ", expected, ", got ", DescribeJson(value)));
+}
+
+absl::StatusOr<double> JsonFields::Double(const char* field, std::optional<double> fallback) const {
+  return Typed(field, fallback, &nlohmann::json::is_number, "a number");
 }
 
 absl::StatusOr<bool> JsonFields::Bool(const char* field, std::optional<bool> fallback) const {
-  const nlohmann::json& value = Find(field);
-  if (value.is_null())
-    return fallback.has_value() ? *fallback : absl::StatusOr<bool>(Missing(field));
-  if (value.is_boolean()) return value.get<bool>();
-  return Error(field, absl::StrCat("expected true or false, got ", DescribeJson(value)));
+  return Typed(field, fallback, &nlohmann::json::is_boolean, "true or false");
 }
 
 absl::StatusOr<std::string> JsonFields::String(const char* field,
                                                std::optional<std::string> fallback) const {
-  const nlohmann::json& value = Find(field);
-  if (value.is_null()) {
-    return fallback.has_value() ? *std::move(fallback)
-                                : absl::StatusOr<std::string>(Missing(field));
-  }
-  if (value.is_string()) return value.get<std::string>();
-  return Error(field, absl::StrCat("expected a string, got ", DescribeJson(value)));
+  return Typed(field, std::move(fallback), &nlohmann::json::is_string, "a string");
 }
 
 }  // namespace plait::base

@@ -87,6 +87,12 @@ class JsonFields {
  private:
   // The field's value, or null when absent.
   const nlohmann::json& Find(const char* field) const;
+  // The field read as a T where (value.*is_type)() holds, else an error saying it expected
+  // `expected`.
+  template <typename T>
+  absl::StatusOr<T> Typed(const char* field, std::optional<T> fallback,
+                          bool (nlohmann::json::*is_type)() const noexcept,
+                          absl::string_view expected) const;
   absl::Status Missing(const char* field) const;
 
   const nlohmann::json& object_;
