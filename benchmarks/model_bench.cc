@@ -6,7 +6,8 @@
 //   bazel run --config=opt //benchmarks:model_bench
 //
 // The ceiling is measured right after every timed step, and a step's MFU is
-// TrainingFlopsPerToken (models/estimates.h) * tokens / step time / that ceiling; the reported MFU
+// TrainingFlopsPerToken (models/estimates.h: 6N + 6Lsh, the run's and plan_check's count too)
+// * tokens / step time / that ceiling; the reported MFU
 // is the median over the steps. Both are timed in the thread's CPU time (bench_setup.h), which
 // on a quiet machine equals wall time: on a shared 2-core machine wall time counts the
 // other processes' turns too. Both rates still drift by 5-10% within a minute there (caches
@@ -90,7 +91,7 @@ void BM_TrainStep(benchmark::State& state) {
   const int64_t seq = state.range(2);
   const torch::ScalarType dtype = state.range(3) == 0 ? torch::kFloat32 : torch::kBFloat16;
   state.SetLabel(absl::StrCat(state.range(0) == 0 ? "tiny " : "medium ",
-                              state.range(3) == 0 ? "fp32" : "bf16"));
+                              state.range(3) == 0 ? "fp32" : "bf16", ", MFU by ", kFlopConvention));
   InitConfig init;
   init.set_seed(1);
   std::shared_ptr<CausalLM> model = CausalLM::Create(config, init).value();
@@ -218,12 +219,9 @@ void BM_TrainStepCuda(benchmark::State& state) {
   config.set_num_hidden_layers(layers);
   const std::string description = parallel::DescribeDevice(device);
   const std::optional<double> peak = Bf16Peak(description);
-  // FLOPs as TrainingFlopsPerToken counts them (PaLM's convention): attention over the whole
-  // T x T score matrix, though the causal kernel computes about half of it.
   state.SetLabel(absl::StrCat(description, ", Llama-3.1-8B ", layers, "/", all_layers,
-                              " layers, bf16 fwd+bwd, B", batch, " x T", seq,
-                              ", PaLM FLOPs (full TxT attention)",
-                              peak.has_value() ? "" : ", no bf16 peak known"));
+                              " layers, bf16 fwd+bwd, B", batch, " x T", seq, ", MFU by ",
+                              kFlopConvention, peak.has_value() ? "" : ", no bf16 peak known"));
   InitConfig init;
   init.set_seed(1);
   // The host initialises the model in fp32 (32 GB with all 32 layers) and converts it: on

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/human.h"
+#include "models/flop_convention.h"
 
 namespace plait::metrics {
 namespace {
@@ -58,7 +59,9 @@ void ProgressLog::Header(int64_t parameters, int ranks, int64_t tokens_per_step,
 void ProgressLog::Summary(const RunMetrics& run) {
   std::string summary = absl::StrFormat("done: %d steps in %.1f s, %.0f tokens/s", total_steps_,
                                         run.seconds, run.tokens_per_s);
-  if (run.mfu) absl::StrAppendFormat(&summary, ", MFU %.2f%%", 100.0 * *run.mfu);
+  if (run.mfu) {
+    absl::StrAppendFormat(&summary, ", MFU %.2f%% (%s)", 100.0 * *run.mfu, models::kFlopConvention);
+  }
   if (run.peak_device_memory_bytes) {
     absl::StrAppend(&summary, ", peak device memory ",
                     base::HumanBytes(static_cast<double>(*run.peak_device_memory_bytes)),

@@ -84,7 +84,8 @@ TEST(ProgressLogTest, HeaderAndSummaryFrameTheRun) {
             "training 4999424 parameters on 2 ranks, 100 steps of 1024 tokens; synthetic data, "
             "entropy floor 1.1369 nats\n"
             "resumed after step 40\n"
-            "done: 100 steps in 16.1 s, 6523 tokens/s, MFU 48.10%, best eval loss 1.1914 "
+            "done: 100 steps in 16.1 s, 6523 tokens/s, MFU 48.10% (6N + 6Lsh FLOPs a token, causal "
+            "attention halved), best eval loss 1.1914 "
             "(entropy floor 1.1369, gap 0.0545 nats); peak memory 700.0 MiB (rank 1), "
             "1 update skipped, 2 checkpoints written\n");
 }

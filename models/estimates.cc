@@ -14,11 +14,12 @@ namespace {
 // (which the projections after it keep): its input in the arithmetic dtype (a float copy of a
 // bf16 input), the square of that where mean keeps its input (base/torch_compat.h), rstd
 // [tokens] in the arithmetic dtype, and the normalised input before the weight.
-double CompositeRmsNormBytes(double tokens, double width, torch::ScalarType dtype) {
+double CompositeRmsNormBytes(double tokens, double width, torch::ScalarType dtype,
+                             const LibTorchKernels& kernels) {
   const double element = static_cast<double>(c10::elementSize(dtype));
   const double arithmetic = static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype)));
-  return tokens * (arithmetic * width * (base::kMeanKeepsItsInput ? 2.0 : 1.0) + element * width +
-                   arithmetic);
+  return tokens * (arithmetic * width * (kernels.mean_keeps_its_input ? 2.0 : 1.0) +
+                   element * width + arithmetic);
 }
 
 // One rank's share of a micro-batch's activations under `tp`, in tokens and widths (elements).
@@ -63,7 +64,7 @@ double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
   const double layers = static_cast<double>(config.num_hidden_layers());
   const double matmul_params =
       layers * per_layer + hidden * static_cast<double>(config.vocab_size());
-  return 6.0 * matmul_params + 12.0 * layers * static_cast<double>(seq_len) * hidden;
+  return 6.0 * matmul_params + 6.0 * layers * static_cast<double>(seq_len) * hidden;
 }
 
 double ForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
@@ -72,7 +73,7 @@ double ForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
 
 double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
                             torch::ScalarType dtype, torch::DeviceType device_type,
-                            const TensorParallelism& tp) {
+                            const TensorParallelism& tp, const LibTorchKernels& kernels) {
   const LocalActivations local = LocalActivationsOf(config, batch, seq_len, tp);
   const double tokens = local.tokens;
   const double h = static_cast<double>(config.hidden_size());
@@ -94,9 +95,10 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
            tokens * arithmetic * local.heads;
   }
   // The composite SwiGLU keeps gate, up and silu(gate), down_proj their product.
-  const double norms_and_mlp = 2.0 * CompositeRmsNormBytes(local.between_matmuls, h, dtype) +
-                               column_inputs + tokens * element * 4.0 * local.inner;
-  if (base::kHasCausalSdpa) {
+  const double norms_and_mlp =
+      2.0 * CompositeRmsNormBytes(local.between_matmuls, h, dtype, kernels) + column_inputs +
+      tokens * element * 4.0 * local.inner;
+  if (kernels.has_causal_sdpa) {
     // The fused attention keeps the rotated q and k, v, its output and its fp32 log-sum-exp
     // [batch, heads, seq_len]; o_proj reads the output where the kernel wrote it, [tokens,
     // heads * d] already. Wider than 16 bits, k and v reach it repeated to every query head
@@ -113,7 +115,7 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
 
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
                        torch::ScalarType dtype, torch::DeviceType device_type,
-                       const TensorParallelism& tp) {
+                       const TensorParallelism& tp, const LibTorchKernels& kernels) {
   const LocalActivations local = LocalActivationsOf(config, batch, seq_len, tp);
   const double tokens = local.tokens;
   const double h = static_cast<double>(config.hidden_size());
@@ -122,10 +124,11 @@ double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len
   // The final norm as a block's: its input and rstd, and the output projection's input (one
   // copy, gathered or not). Left out, as one process's token ids are: the vocabulary-parallel
   // embedding's local ids and mask, 9 bytes a token.
-  const double final_norm = (internal::FusedFormsServe(dtype, device_type)
-                                 ? local.between_matmuls * (h * element + arithmetic)
-                                 : CompositeRmsNormBytes(local.between_matmuls, h, dtype)) +
-                            tokens * h * element;
+  const double final_norm =
+      (internal::FusedFormsServe(dtype, device_type)
+           ? local.between_matmuls * (h * element + arithmetic)
+           : CompositeRmsNormBytes(local.between_matmuls, h, dtype, kernels)) +
+      tokens * h * element;
   // The loss keeps the logits [tokens, vocab] in `dtype` and a log-sum-exp per token in
   // CrossEntropyDtype, and its backward makes the logits' gradient, in `dtype`, before it frees
   // them. The chunked cross-entropy (internal::TokenCrossEntropy: every case but the fused
@@ -141,7 +144,7 @@ double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len
         static_cast<double>(internal::CrossEntropyChunkRows(local.vocab, dtype));
     loss += std::min(tokens, chunk_rows) * vocab * wide_element;
   }
-  return BlockActivationBytes(config, batch, seq_len, dtype, device_type, tp) *
+  return BlockActivationBytes(config, batch, seq_len, dtype, device_type, tp, kernels) *
              static_cast<double>(config.num_hidden_layers()) +
          final_norm + loss;
 }

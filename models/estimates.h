@@ -11,19 +11,24 @@
 
 #include <cstdint>
 
+#include "base/torch_compat.h"
+#include "models/flop_convention.h"
 #include "models/model.pb.h"
 #include "torch/types.h"
 
 namespace plait::models {
 
 // Model FLOPs of one token's forward and backward pass at sequence length `seq_len`, the
-// numerator of model FLOPs utilisation (the convention of the PaLM paper, appendix B):
-//   6 * (matmul parameters) + 12 * num_hidden_layers * seq_len * hidden_size
+// numerator of model FLOPs utilisation, by the one convention plait states beside every MFU
+// figure (kFlopConvention; Megatron-LM's count):
+//   6 * (matmul parameters) + 6 * num_hidden_layers * seq_len * hidden_size
 // where the matmul parameters are those of q/k/v/o, gate/up/down in every layer plus the
 // output projection (counted once even when tied; the embedding lookup is not a matmul), each
 // used for 2 FLOPs per token forward and 4 backward; and the attention term counts Q K^T and
 // P V (2 * seq_len * hidden_size FLOPs each per token and layer forward, twice that
-// backward) over the full seq_len x seq_len score matrix, which is what is computed.
+// backward) over the causal half of the seq_len x seq_len score matrix, which is all a causal
+// model needs (PaLM's 12 * L * s * h counts the whole matrix). Recomputation under activation
+// checkpointing is not model FLOPs.
 double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len);
 
 // Model FLOPs of one token's forward pass alone (a frozen model's), by the same convention:
@@ -45,26 +50,37 @@ struct TensorParallelism {
   bool sequence_parallel = false;
 };
 
+// What of LibTorch's own kernels the activation estimates below assume where plait's fused
+// forms do not serve: this build's LibTorch (the default), or another's, for a plan checked
+// for a machine whose LibTorch is not this one (a GPU cluster's CUDA build, LibTorch 2.x:
+// kLibTorch2Kernels).
+struct LibTorchKernels {
+  bool mean_keeps_its_input = base::kMeanKeepsItsInput;  // base/torch_compat.h
+  bool has_causal_sdpa = base::kHasCausalSdpa;
+};
+inline constexpr LibTorchKernels kLibTorch2Kernels{/*mean_keeps_its_input=*/false,
+                                                   /*has_causal_sdpa=*/true};
+
 // Bytes of activations a micro-batch of `batch` sequences of `seq_len` tokens holds at the
 // peak of its backward on one rank of `tp`, for a model computing in `dtype` on
 // `device_type`: what CausalLM's ops save in the forward for the backward
 // (models/internal/ops.h), which depends on whether the fused forms serve the dtype (on the
-// CPU: fp32, fp64, bf16) and, where they do not, on whether the LibTorch has a fused attention
-// (base/torch_compat.h); plus, outside the blocks, the final norm's and the loss's: the logits
-// the loss keeps (in `dtype`), a log-sum-exp per token and the logits' gradient (and, for
+// CPU: fp32, fp64, bf16) and, where they do not, on `kernels`: whether the LibTorch has a fused
+// attention and what its mean keeps; plus, outside the blocks, the final norm's and the loss's: the
+// logits the loss keeps (in `dtype`), a log-sum-exp per token and the logits' gradient (and, for
 // 16-bit logits, the chunked cross-entropy's one fp32 chunk of rows), all alive when the
 // loss's backward runs, which is the peak (every later backward frees more activations than
 // the gradients it makes). For memory estimates; a GPU's is tested on the CPU through the
 // generic ops.
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
                        torch::ScalarType dtype, torch::DeviceType device_type,
-                       const TensorParallelism& tp = {});
+                       const TensorParallelism& tp = {}, const LibTorchKernels& kernels = {});
 
 // One block's part of ActivationBytes: what one block saves in its forward (its input
 // included).
 double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
                             torch::ScalarType dtype, torch::DeviceType device_type,
-                            const TensorParallelism& tp = {});
+                            const TensorParallelism& tp = {}, const LibTorchKernels& kernels = {});
 
 // Bytes of the outputs of one block's projections (q/k/v/o, gate/up/down) for a micro-batch on
 // one rank of `tp` (o_proj's and down_proj's partial sums whole: they are summed after):

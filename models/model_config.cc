@@ -85,6 +85,12 @@ const Preset kPresets[] = {
        SetLlama3RopeScaling(8.0, config);
        return config;
      }},
+    {"llama3.1-70b",
+     [] {
+       ModelConfig config = Llama(8192, 28672, 80, 64, 8, 128256, false);
+       SetLlama3RopeScaling(8.0, config);
+       return config;
+     }},
     // Qwen2.5-0.5B's shape (tied embeddings, q/k/v biases, 7:1 query to key/value heads,
     // intermediate 5.4x hidden) scaled down to train in seconds on a CPU.
     {"qwen2-tiny", [] { return Qwen2(112, 608, 4, 7, 1, 4096, true); }},

@@ -11,7 +11,10 @@ base::Dtype ResolveAutoDtype(base::Dtype requested, const std::optional<std::str
 }
 
 Plan ResolveAutoDtypes(const Plan& plan, const torch::Device& device) {
-  const std::optional<std::string> native_bf16 = parallel::NativeBf16(device);
+  return ResolveAutoDtypes(plan, parallel::NativeBf16(device));
+}
+
+Plan ResolveAutoDtypes(const Plan& plan, const std::optional<std::string>& native_bf16) {
   Plan resolved = plan;
   models::ModelSpec* model = resolved.mutable_model();
   model->set_dtype(ResolveAutoDtype(model->dtype(), native_bf16));

@@ -21,8 +21,10 @@ namespace plait::plan {
 // bf16 natively (parallel::NativeBf16), else DTYPE_FLOAT32.
 base::Dtype ResolveAutoDtype(base::Dtype requested, const std::optional<std::string>& native_bf16);
 
-// `plan` with every model's DTYPE_AUTO resolved for `device`.
+// `plan` with every model's DTYPE_AUTO resolved for `device`, or for a device whose native
+// bf16 is `native_bf16` (one the check does not run on: a target's GPU).
 Plan ResolveAutoDtypes(const Plan& plan, const torch::Device& device);
+Plan ResolveAutoDtypes(const Plan& plan, const std::optional<std::string>& native_bf16);
 
 // What the trained model of `plan` computes in on a device whose native bf16 is
 // `native_bf16`: "fp32", "bf16 with fp32 master weights (auto: the CPU has AVX512_BF16)",

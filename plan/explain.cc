@@ -96,7 +96,8 @@ std::string DescribeLearningRates(const sched::Schedule& schedule, int64_t steps
 
 }  // namespace
 
-absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved) {
+absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
+                                        const models::LibTorchKernels& kernels) {
   const Plan& plan = resolved.plan;
   const models::ModelConfig& config = resolved.model;
   PLAIT_ASSIGN_OR_RETURN(const wrap::PreparationRules* rules, wrap::BuiltinRules());
@@ -114,13 +115,13 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved) {
 
   // What each step does (as the strategy describes itself), and the per-rank share of the
   // parameters after it.
-  PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate memory, EstimateMemory(resolved));
-  double bytes_sent_per_step = 0.0;
-  double bytes_sent_per_micro_batch = 0.0;
+  PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate memory, EstimateMemory(resolved, kernels));
+  double bytes_sent = 0.0;
   int last_changing = -1;
   for (const wrap::StepEstimate& estimate : memory.preparation.steps) {
-    bytes_sent_per_step += estimate.bytes_sent_per_step;
-    bytes_sent_per_micro_batch += estimate.bytes_sent_per_micro_batch;
+    for (const wrap::Transfer& transfer : estimate.transfers) {
+      bytes_sent += transfer.BytesPerStep(resolved.grad_accumulation);
+    }
   }
   const std::vector<std::string> step_lines =
       DescribeSteps(plan.prepare(), memory.preparation, *rules, "", &last_changing);
@@ -183,11 +184,10 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved) {
       rows > 1 ? absl::StrFormat(" (%g rows an example)", rows) : ""));
 
   lines.push_back(absl::StrCat("memory per rank (estimate): ", DescribeMemory(memory)));
-  if (bytes_sent_per_step + bytes_sent_per_micro_batch > 0) {
+  if (bytes_sent > 0) {
     lines.push_back(
         absl::StrFormat("communication per rank (estimate, ring collectives): %s sent per step",
-                        base::HumanBytes(bytes_sent_per_step +
-                                         resolved.grad_accumulation * bytes_sent_per_micro_batch)));
+                        base::HumanBytes(bytes_sent)));
   }
   const std::map<std::string, std::string> roles =
       objectives::DescribeFrozenRoles(plan.objective());

@@ -12,13 +12,16 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "models/estimates.h"
 #include "plan/resolved_plan.h"
 
 namespace plait::plan {
 
-// The explanation of `resolved`. Parameter groups are counted from the model's parameter
+// The explanation of `resolved`, its memory estimated for the ops of this build's LibTorch or
+// `kernels`' (memory_estimate.h). Parameter groups are counted from the model's parameter
 // shapes (models/parameter_shapes.h); nothing is built.
-absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved);
+absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
+                                        const models::LibTorchKernels& kernels = {});
 
 }  // namespace plait::plan
 

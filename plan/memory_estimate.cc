@@ -72,7 +72,8 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
 
 wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelSpec& spec,
                          parallel::Device device, const TrainingConfig& training,
-                         const wrap::ActivationSplit& split) {
+                         const wrap::ActivationSplit& split,
+                         const models::LibTorchKernels& kernels) {
   const torch::ScalarType dtype = DtypeOf(spec);
   const torch::DeviceType device_type = DeviceTypeOf(device);
   const models::TensorParallelism tp{split.ranks, split.sequence};
@@ -88,7 +89,7 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   shape.root_parameters = shape.parameters - shape.block_parameters * shape.num_blocks;
   shape.parameter_bytes = element_bytes;
   shape.block_activation_bytes = models::BlockActivationBytes(
-      config, training.micro_batch(), training.seq_len(), dtype, device_type, tp);
+      config, training.micro_batch(), training.seq_len(), dtype, device_type, tp, kernels);
   // A block's input is [tokens, hidden], this rank's slice of the sequence under sequence
   // parallelism.
   shape.block_input_bytes = shape.micro_batch_tokens / (tp.sequence_parallel ? tp.size : 1) *
@@ -120,12 +121,13 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   return shape;
 }
 
-absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved) {
+absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
+                                              const models::LibTorchKernels& kernels) {
   const Plan& plan = resolved.plan;
   PLAIT_ASSIGN_OR_RETURN(const wrap::ActivationSplit split,
                          ActivationSplitOf(plan.prepare(), plan.mesh()));
   const wrap::ModelShape shape =
-      ShapeOf(resolved.model, plan.model(), plan.device(), plan.training(), split);
+      ShapeOf(resolved.model, plan.model(), plan.device(), plan.training(), split, kernels);
   MemoryEstimate estimate;
   PLAIT_ASSIGN_OR_RETURN(estimate.preparation,
                          EstimatePreparation(plan.prepare(), shape, plan.mesh()));
@@ -150,15 +152,15 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved) {
   estimate.activation_bytes =
       models::ActivationBytes(resolved.model, plan.training().micro_batch(),
                               plan.training().seq_len(), DtypeOf(plan.model()),
-                              DeviceTypeOf(plan.device()), {split.ranks, split.sequence}) -
+                              DeviceTypeOf(plan.device()), {split.ranks, split.sequence}, kernels) -
       estimate.preparation.activation_bytes_saved;
   estimate.block_activation_bytes = shape.block_activation_bytes;
   for (int i = 0; i < plan.frozen_size(); ++i) {
     const FrozenModel& frozen = plan.frozen(i);
     PLAIT_ASSIGN_OR_RETURN(const wrap::ActivationSplit frozen_split,
                            ActivationSplitOf(frozen.prepare(), plan.mesh()));
-    const wrap::ModelShape frozen_shape =
-        ShapeOf(resolved.frozen[i], frozen.model(), plan.device(), plan.training(), frozen_split);
+    const wrap::ModelShape frozen_shape = ShapeOf(resolved.frozen[i], frozen.model(), plan.device(),
+                                                  plan.training(), frozen_split, kernels);
     FrozenEstimate& frozen_estimate = estimate.frozen.emplace_back();
     PLAIT_ASSIGN_OR_RETURN(frozen_estimate.preparation,
                            EstimatePreparation(frozen.prepare(), frozen_shape, plan.mesh()));

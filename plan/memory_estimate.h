@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "models/estimates.h"
 #include "models/model.pb.h"
 #include "parallel/device.pb.h"
 #include "plan/plan.pb.h"
@@ -78,16 +79,19 @@ struct MemoryEstimate {
   double total_bytes() const { return between_steps_bytes() + step_bytes(); }
 };
 
-// The estimate for one rank of `resolved`.
-absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved);
+// The estimate for one rank of `resolved`, whose activations are those of the ops this
+// build's LibTorch runs, or `kernels`' (a plan checked for a GPU cluster: its LibTorch 2.x).
+absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
+                                              const models::LibTorchKernels& kernels = {});
 
 // The model `config` (whose plan entry is `spec`) as the strategies' checks and estimates see
 // it on `device`: its blocks, what lies outside them (the embeddings, the final norm, an untied
 // output head), every parameter with its tensor-parallel split, its element size, and the
-// activations of one micro-batch of `training` on one rank of `split`.
+// activations of one micro-batch of `training` on one rank of `split` (with `kernels`).
 wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelSpec& spec,
                          parallel::Device device, const TrainingConfig& training,
-                         const wrap::ActivationSplit& split);
+                         const wrap::ActivationSplit& split,
+                         const models::LibTorchKernels& kernels = {});
 
 // OK when `local_ranks` ranks, each needing `estimate`, fit in `available_bytes`; else
 // ResourceExhausted giving the estimate, its parts and the limit, and what to change.

@@ -105,8 +105,12 @@ TEST(EstimateMemoryTest, HybridShardingKeepsTheShardGroupsShare) {
   // Per micro-batch: the ring volume over 4 ranks (3/4 x 4 bytes for each of 2 gathers and 1
   // reduce-scatter) and an all-reduce of the quarter shard across 2 (2 x 1/2 x 4 bytes).
   ASSERT_EQ(estimate->preparation.steps.size(), 1u);
-  EXPECT_THAT(estimate->preparation.steps[0].bytes_sent_per_micro_batch,
-              DoubleNear(TinyParameters() * (0.75 * 12 + 4.0 / 4), 1));
+  const std::vector<wrap::Transfer>& transfers = estimate->preparation.steps[0].transfers;
+  ASSERT_EQ(transfers.size(), 2u);
+  EXPECT_EQ(transfers[0].mesh_dim, "dp_shard");
+  EXPECT_THAT(transfers[0].bytes_per_micro_batch, DoubleNear(TinyParameters() * 0.75 * 12, 1));
+  EXPECT_EQ(transfers[1].mesh_dim, "dp_replicate");
+  EXPECT_THAT(transfers[1].bytes_per_micro_batch, DoubleNear(TinyParameters() * 4.0 / 4, 1));
 }
 
 // A bf16 model keeps fp32 masters in its optimizer, unless FSDP keeps its shards in fp32

@@ -40,6 +40,8 @@ absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanComm
     std::optional<int>* count = nullptr;
     if (command == PlanCommand::kCheck && absl::ConsumePrefix(&arg, "--world_size=")) {
       count = &arguments.world_size;
+    } else if (command == PlanCommand::kCheck && absl::ConsumePrefix(&arg, "--nodes=")) {
+      count = &arguments.nodes;
     } else if (command == PlanCommand::kTrain && absl::ConsumePrefix(&arg, "--max_local_ranks=")) {
       count = &arguments.max_local_ranks;
     }
@@ -56,6 +58,10 @@ absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanComm
         return absl::InvalidArgumentError(
             absl::StrCat(argv[i], ": \"", arg, "\" is not an integer >= 0"));
       }
+    } else if (command == PlanCommand::kCheck && absl::ConsumePrefix(&arg, "--target=")) {
+      arguments.target = std::string(arg);
+    } else if (command == PlanCommand::kCheck && absl::ConsumePrefix(&arg, "--targets_file=")) {
+      arguments.targets_file = std::string(arg);
     } else if (absl::ConsumePrefix(&arg, "--set=")) {
       arguments.overrides.emplace_back(arg);
     } else if (arg == "--skip_memory_check") {
@@ -75,6 +81,14 @@ absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanComm
           absl::StrCat("unexpected argument \"", argv[i], "\" (--help lists the flags)"));
     }
   }
+  if (arguments.target.empty() && (arguments.nodes || !arguments.targets_file.empty())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(arguments.nodes ? "--nodes" : "--targets_file", " needs --target=NAME"));
+  }
+  if (!arguments.target.empty() && arguments.world_size) {
+    return absl::InvalidArgumentError(
+        "--world_size with --target: the target's nodes (--nodes=N) give the world");
+  }
   return arguments;
 }
 
@@ -89,6 +103,14 @@ std::string PlanFlagsHelp(PlanCommand command) {
       {"--plan=FILE", "the plan (or FILE alone); a job runs its own plan without it", true, true},
       {"--set=path=value", "sets one field of the plan, as its text would; repeatable", true, true},
       {"--world_size=N", "checks the plan for N ranks, not its mesh's size", false, true},
+      {"--target=NAME",
+       "checks the plan for a GPU cluster (h100-sxm, h100-96gb, h200, a100-80gb, mi300x, b200): "
+       "memory per GPU, suggestions, step time",
+       false, true},
+      {"--nodes=N", "with --target: N nodes (default: as many as the plan's mesh fills)", false,
+       true},
+      {"--targets_file=FILE", "with --target: more targets, as plan/targets.textproto", false,
+       true},
       {"--max_local_ranks=N", "the most ranks the job may start on this machine", true, false},
       {"--max_restarts=N",
        "starts every rank again after one fails, up to N times; the plan must resume from its "

@@ -37,7 +37,9 @@ absl::Status ApplyOverride(absl::string_view assignment, Plan& plan);
 // for the training jobs (how many ranks they may start on this machine) and --max_restarts=N
 // (how many times a job that launches itself starts its ranks again after one fails,
 // torchrun's flag), --world_size=N
-// for //tools:plan_check (the world to check the plan for), and --skip_memory_check for both
+// for //tools:plan_check (the world to check the plan for) and --target=NAME, --nodes=N and
+// --targets_file=FILE (the GPU cluster to check it for: target_check.h), and
+// --skip_memory_check for both
 // (run a plan whose memory estimate exceeds what the machine has), and --help. Hand-parsed
 // because --set repeats, and Abseil's flags (20220623) keep only the last value of a
 // repeated flag.
@@ -48,13 +50,17 @@ struct PlanArguments {
   std::optional<int> max_local_ranks;  // kTrain
   int max_restarts = 0;                // kTrain
   std::optional<int> world_size;       // kCheck
+  std::string target;                  // kCheck; empty: this machine
+  std::optional<int> nodes;            // kCheck, with target
+  std::string targets_file;            // kCheck, with target; empty: the built-in catalogue
   bool skip_memory_check = false;
   bool help = false;  // --help (or -h): print PlanFlagsHelp and do nothing else
 };
 
 // Parses argv[1..argc); InvalidArgument naming the first argument `command` does not take,
-// or whose count (--world_size, --max_local_ranks) is not a positive integer, or
-// --max_restarts not a count >= 0.
+// or whose count (--world_size, --max_local_ranks, --nodes) is not a positive integer, or
+// --max_restarts not a count >= 0, or --nodes and --targets_file without --target, or
+// --world_size with it.
 absl::StatusOr<PlanArguments> ParsePlanArguments(int argc, char** argv, PlanCommand command);
 
 // The flags `command` takes, one line each with what it does, for --help.

@@ -94,6 +94,23 @@ struct ActivationSplit {
   bool sequence = false;
 };
 
+// What a strategy's collectives send from one rank over one mesh dimension: bytes once per
+// optimizer step and again for every micro-batch (ring algorithms: (n-1)/n of the data per
+// all-gather or reduce-scatter, twice that per all-reduce), and whether the compute goes on
+// while they run (FSDP's prefetched gathers and its reduce-scatters behind the backward, DDP's
+// bucketed all-reduces) or waits for them (tensor parallelism's, between its matmuls).
+struct Transfer {
+  std::string mesh_dim;
+  double bytes_per_step = 0.0;
+  double bytes_per_micro_batch = 0.0;
+  bool overlaps_compute = true;
+
+  // Bytes sent in an optimizer step of `micro_batches` micro-batches.
+  double BytesPerStep(int64_t micro_batches) const {
+    return bytes_per_step + static_cast<double>(micro_batches) * bytes_per_micro_batch;
+  }
+};
+
 // What a strategy would do to one rank, estimated from the model's shape and the size of its
 // mesh dimension.
 struct StepEstimate {
@@ -103,11 +120,8 @@ struct StepEstimate {
   // Parameter bytes a rank holds whole, beyond its share, at the peak of a step (FSDP's
   // gathered units).
   double gathered_bytes = 0.0;
-  // Bytes a rank sends once per optimizer step, and again for every micro-batch (ring
-  // algorithms: (n-1)/n of the data per all-gather or reduce-scatter, twice that per
-  // all-reduce).
-  double bytes_sent_per_step = 0.0;
-  double bytes_sent_per_micro_batch = 0.0;
+  // What a rank sends, over each mesh dimension it sends over.
+  std::vector<Transfer> transfers;
   // Activation bytes of a micro-batch it saves at the peak of a step, by keeping less of the
   // forward for the backward (activation checkpointing).
   double activation_bytes_saved = 0.0;

@@ -576,10 +576,16 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
       c10::elementSize(base::ToScalarType(config_.reduce_dtype(), torch::kFloat32));
   estimate.kept_parameter_bytes = sizeof(float);  // the shards, whatever the model's dtype
   estimate.kept_gradient_bytes = reduce_bytes_per_element;
-  estimate.bytes_sent_per_micro_batch =
-      ring * shape.parameters *
-          ((reshard ? 2 : 1) * gathered_bytes_per_element + reduce_bytes_per_element) +
-      2.0 * replica_ring * shape.parameters / dim_size * reduce_bytes_per_element;
+  estimate.transfers.push_back(
+      {.mesh_dim = config_.mesh_dim(),
+       .bytes_per_micro_batch =
+           ring * shape.parameters *
+           ((reshard ? 2 : 1) * gathered_bytes_per_element + reduce_bytes_per_element)});
+  if (hybrid) {
+    estimate.transfers.push_back({.mesh_dim = config_.replicate_mesh_dim(),
+                                  .bytes_per_micro_batch = 2.0 * replica_ring * shape.parameters /
+                                                           dim_size * reduce_bytes_per_element});
+  }
   return estimate;
 }
 

@@ -360,12 +360,15 @@ StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape,
          : "",
       base::HumanBytesAnySize(loss_bytes)));
   estimate.parameter_fraction = 1.0 / dim_size;
-  estimate.bytes_sent_per_micro_batch =
-      (4.0 * static_cast<double>(shape.num_blocks) + 2.0) * per_collective +
-      static_cast<double>(shape.num_blocks) * (kv_bytes + block_replicated_bytes) +
-      root_replicated_bytes + loss_bytes;
+  const Transfer& transfer = estimate.transfers.emplace_back(
+      Transfer{.mesh_dim = config_.mesh_dim(),
+               .bytes_per_micro_batch =
+                   (4.0 * static_cast<double>(shape.num_blocks) + 2.0) * per_collective +
+                   static_cast<double>(shape.num_blocks) * (kv_bytes + block_replicated_bytes) +
+                   root_replicated_bytes + loss_bytes,
+               .overlaps_compute = false});
   estimate.details.push_back(absl::StrFormat(
-      "per micro-batch: %s sent", base::HumanBytesAnySize(estimate.bytes_sent_per_micro_batch)));
+      "per micro-batch: %s sent", base::HumanBytesAnySize(transfer.bytes_per_micro_batch)));
   for (std::string& line : ShapesPerRank(shape, dim_size)) {
     estimate.details.push_back(std::move(line));
   }

@@ -358,9 +358,11 @@ TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
   auto* tp_dim = mesh_config.add_dims();
   tp_dim->set_name("tp");
   tp_dim->set_size(n);
-  EXPECT_DOUBLE_EQ(
-      TensorParallelStrategy(tp_config).Estimate(shape, mesh_config).bytes_sent_per_micro_batch,
-      expected);
+  EXPECT_DOUBLE_EQ(TensorParallelStrategy(tp_config)
+                       .Estimate(shape, mesh_config)
+                       .transfers.at(0)
+                       .bytes_per_micro_batch,
+                   expected);
   parallel::testing::RunOnRingMesh(Layout({{"tp", n}}), [&](int rank, parallel::DeviceMesh& mesh) {
     std::shared_ptr<models::CausalLM> model = MakeModel();
     auto preparation = Preparation::Begin(*model, mesh);
