@@ -1,8 +1,9 @@
 // Counts the bytes LibTorch's CPU allocator holds for the threads it is installed on: now
-// and at most since the last reset. A memory measurement (tests, benchmarks) installs it on
-// the thread that runs the work; communicators that run collectives on threads of their own
-// pass it on to them (c10's thread-local debug info, as at::launch does), so a rank's
-// collectives count as the rank's:
+// and at most since the last reset. A memory measurement (tests, benchmarks, the trainer's
+// check of its estimate) installs it on the thread that runs the work; communicators that run
+// collectives on threads of their own pass it on to them (c10's thread-local debug info, as
+// at::launch does), so a rank's collectives count as the rank's. A counter installed inside
+// another's scope counts for both (the trainer's inside a test's):
 //
 //   AllocationCounter counter;
 //   {
@@ -29,15 +30,21 @@ class AllocationCounter final : public CompatMemoryReporter {
   class Scope {
    public:
     explicit Scope(AllocationCounter& counter)
-        : guard_(c10::DebugInfoKind::PROFILER_STATE,
-                 std::shared_ptr<c10::DebugInfoBase>(&counter, [](c10::DebugInfoBase*) {})) {}
+        : outer_(dynamic_cast<AllocationCounter*>(
+              c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE))),
+          guard_(c10::DebugInfoKind::PROFILER_STATE,
+                 std::shared_ptr<c10::DebugInfoBase>(&counter, [](c10::DebugInfoBase*) {})) {
+      if (outer_ != &counter) counter.outer_ = outer_;
+    }
 
    private:
+    AllocationCounter* outer_;  // before guard_, which replaces it as the thread's
     c10::DebugInfoGuard guard_;
   };
 
   // Thread-safe: a communicator's thread reports beside the rank's.
   void OnMemoryUsage(int64_t bytes) override {
+    if (outer_ != nullptr) outer_->OnMemoryUsage(bytes);
     const int64_t now = current_.fetch_add(bytes) + bytes;
     int64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
@@ -59,6 +66,7 @@ class AllocationCounter final : public CompatMemoryReporter {
  private:
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
+  AllocationCounter* outer_ = nullptr;  // the counter whose scope its Scope was opened in
 };
 
 }  // namespace plait::base

@@ -61,6 +61,8 @@ std::string RunSummaryJson(const RunMetrics& run) {
   if (last_eval != run.steps.rend()) summary["last_eval_loss"] = *last_eval->eval_loss;
   if (run.entropy_floor) summary["entropy_floor"] = *run.entropy_floor;
   summary["peak_memory_bytes"] = run.peak_memory_bytes;
+  if (run.memory_estimate_bytes) summary["memory_estimate_bytes"] = *run.memory_estimate_bytes;
+  if (!run.peak_tensor_bytes.empty()) summary["peak_tensor_bytes"] = run.peak_tensor_bytes;
   if (run.peak_device_memory_bytes) {
     summary["peak_device_memory_bytes"] = *run.peak_device_memory_bytes;
   }

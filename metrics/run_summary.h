@@ -10,7 +10,12 @@
 //   mfu                    model FLOPs utilization at tokens_per_s, when the plan gives a peak
 //   best_eval_loss, last_eval_loss   when the run evaluated
 //   entropy_floor          the loss floor of the data, when known (synthetic data)
-//   peak_memory_bytes      each rank's peak resident memory
+//   peak_memory_bytes      each rank's peak resident memory (the process's: its tensors, the
+//                          runtime and libraries, files mapped in)
+//   memory_estimate_bytes  the plan's memory estimate for one rank (plan_check's)
+//   peak_tensor_bytes      each rank's tensors at the peak of the step the trainer compared
+//                          with the estimate (the second; it warns past 15%), as the allocator
+//                          counts them: what the estimate estimates
 //   peak_device_memory_bytes   the largest over the ranks (CUDA only)
 //   skipped_steps          the steps trained whose update was skipped (a non-finite number)
 //   checkpoints_written

@@ -21,6 +21,8 @@ TEST(RunSummaryJsonTest, SummarisesTheRun) {
   run.entropy_floor = 1.125;
   run.best_eval_loss = 1.5;
   run.peak_memory_bytes = {1 << 20, 2 << 20};
+  run.memory_estimate_bytes = 768 << 10;
+  run.peak_tensor_bytes = {700 << 10, 800 << 10};
   run.checkpoints_written = 3;
   for (int64_t step = 11; step <= 14; ++step) {
     StepMetrics metrics;
@@ -34,13 +36,15 @@ TEST(RunSummaryJsonTest, SummarisesTheRun) {
   EXPECT_EQ(summary, nlohmann::json::parse(R"({
     "last_step": 14, "steps_trained": 4, "seconds": 12.5, "tokens_per_s": 8192.0,
     "mfu": 0.25, "best_eval_loss": 1.5, "last_eval_loss": 1.75, "entropy_floor": 1.125,
-    "peak_memory_bytes": [1048576, 2097152], "skipped_steps": 2, "checkpoints_written": 3})"));
+    "peak_memory_bytes": [1048576, 2097152], "memory_estimate_bytes": 786432.0,
+    "peak_tensor_bytes": [716800, 819200], "skipped_steps": 2, "checkpoints_written": 3})"));
 }
 
 TEST(RunSummaryJsonTest, LeavesOutWhatTheRunDidNotMeasure) {
   const nlohmann::json summary = nlohmann::json::parse(RunSummaryJson(RunMetrics()));
   for (const char* absent :
-       {"mfu", "best_eval_loss", "last_eval_loss", "entropy_floor", "steps_repeated", "restarts"}) {
+       {"mfu", "best_eval_loss", "last_eval_loss", "entropy_floor", "memory_estimate_bytes",
+        "peak_tensor_bytes", "steps_repeated", "restarts"}) {
     EXPECT_FALSE(summary.contains(absent)) << absent;
   }
   EXPECT_EQ(summary["last_step"], 0);

@@ -63,6 +63,12 @@ struct RunMetrics {
   double tokens_per_s = 0.0;  // over the steps trained
   std::optional<double> mfu;
   std::vector<int64_t> peak_memory_bytes;  // per rank: the process's peak resident memory
+  // The plan's memory estimate for a rank (plan/memory_estimate.h), and what each rank's
+  // tensors held at the peak of the step the trainer checked it on (the second a start trained,
+  // or its only one): LibTorch's CPU allocator's count, or CUDA's caching allocator's; what the
+  // estimate counts. Unset and empty when no step was trained.
+  std::optional<double> memory_estimate_bytes;
+  std::vector<int64_t> peak_tensor_bytes;
   int64_t checkpoints_written = 0;
   // The most device memory any rank's tensors held at once in the run; on CUDA only.
   std::optional<int64_t> peak_device_memory_bytes;

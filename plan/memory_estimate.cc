@@ -1,12 +1,18 @@
 #include "plan/memory_estimate.h"
 
 #include <algorithm>
+#include <cmath>
+#include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/dtype.h"
 #include "base/human.h"
 #include "base/status.h"
@@ -155,6 +161,12 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
                               DeviceTypeOf(plan.device()), {split.ranks, split.sequence}, kernels) -
       estimate.preparation.activation_bytes_saved;
   estimate.block_activation_bytes = shape.block_activation_bytes;
+  if (resolved.model.tie_word_embeddings()) {
+    const double vocab_rows = std::ceil(static_cast<double>(resolved.model.vocab_size()) /
+                                        static_cast<double>(split.ranks));
+    estimate.tied_embedding_gradient_bytes =
+        2.0 * vocab_rows * shape.hidden_size * shape.parameter_bytes;
+  }
   for (int i = 0; i < plan.frozen_size(); ++i) {
     const FrozenModel& frozen = plan.frozen(i);
     PLAIT_ASSIGN_OR_RETURN(const wrap::ActivationSplit frozen_split,
@@ -175,7 +187,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
 std::string DescribeMemory(const MemoryEstimate& estimate) {
   const double gathered = estimate.preparation.gathered_bytes;
   return absl::StrFormat(
-      "%s parameters, %s optimizer state (%d slots%s)%s, %s gradients, %s activations%s%s; "
+      "%s parameters, %s optimizer state (%d slots%s)%s, %s gradients%s, %s activations%s%s; "
       "about %s",
       base::HumanBytes(estimate.parameter_bytes), base::HumanBytes(estimate.optimizer_state_bytes),
       static_cast<int>(estimate.optimizer_slots), estimate.fp32_masters ? " and fp32 masters" : "",
@@ -183,12 +195,50 @@ std::string DescribeMemory(const MemoryEstimate& estimate) {
           ? absl::StrCat(", ", base::HumanBytes(estimate.gradient_buffer_bytes),
                          " gradient buckets")
           : "",
-      base::HumanBytes(estimate.gradient_bytes), base::HumanBytes(estimate.activation_bytes),
+      base::HumanBytes(estimate.gradient_bytes),
+      estimate.tied_embedding_gradient_bytes > 0
+          ? absl::StrCat(" (and ", base::HumanBytes(estimate.tied_embedding_gradient_bytes),
+                         " as a tied embedding's two are summed)")
+          : "",
+      base::HumanBytes(estimate.activation_bytes),
       gathered > 0 ? absl::StrCat(", ", base::HumanBytes(gathered), " gathered units") : "",
       estimate.frozen_bytes > 0
           ? absl::StrCat(", ", base::HumanBytes(estimate.frozen_bytes), " frozen models")
           : "",
       base::HumanBytes(estimate.total_bytes()));
+}
+
+std::optional<std::string> CompareWithMeasured(const MemoryEstimate& estimate,
+                                               const std::vector<int64_t>& measured,
+                                               double tolerance) {
+  const double estimated = estimate.total_bytes();
+  std::vector<std::string> ranks;
+  for (size_t rank = 0; rank < measured.size(); ++rank) {
+    const double off = static_cast<double>(measured[rank]) / estimated - 1.0;
+    if (std::abs(off) <= tolerance) continue;
+    ranks.push_back(absl::StrFormat("rank %d %s (%+.0f%%)", rank,
+                                    base::HumanBytes(static_cast<double>(measured[rank])),
+                                    100.0 * off));
+  }
+  if (ranks.empty()) return std::nullopt;
+  const std::pair<const char*, double> terms[] = {
+      {"parameters", estimate.parameter_bytes},
+      {"optimizer state", estimate.optimizer_state_bytes},
+      {"gradient buckets", estimate.gradient_buffer_bytes},
+      {"gradients", estimate.gradient_bytes},
+      {"a tied embedding's gradients", estimate.tied_embedding_gradient_bytes},
+      {"activations", estimate.activation_bytes},
+      {"gathered units", estimate.preparation.gathered_bytes},
+      {"frozen models", estimate.frozen_bytes},
+  };
+  const auto* largest =
+      std::max_element(std::begin(terms), std::end(terms),
+                       [](const auto& a, const auto& b) { return a.second < b.second; });
+  return absl::StrFormat(
+      "memory: the estimate of %s a rank (%s) is more than %.0f%% off what %s held at its "
+      "peak; its largest term: %s, %s",
+      base::HumanBytes(estimated), DescribeMemory(estimate), 100.0 * tolerance,
+      absl::StrJoin(ranks, ", "), largest->first, base::HumanBytes(largest->second));
 }
 
 absl::Status CheckMemoryFits(const MemoryEstimate& estimate, int local_ranks,

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,12 @@ struct MemoryEstimate {
   double gradient_bytes = 0;
   double activation_bytes = 0;
   double block_activation_bytes = 0;
+  // A tied embedding's weight gets two gradients, the output projection's and the lookup's,
+  // which autograd holds together with their sum when the backward ends: two [vocab, hidden]
+  // tensors (this rank's rows under tensor parallelism) beyond the weight's gradient. With
+  // Qwen2.5-0.5B's 151,936-token vocabulary that is 1.1 GB in fp32, more than a step's
+  // activations at 512 tokens (memory_measured_test).
+  double tied_embedding_gradient_bytes = 0;
   double frozen_bytes = 0;             // the frozen models' parameters and gathered units
   std::vector<FrozenEstimate> frozen;  // each frozen model's, in plan order
 
@@ -70,11 +77,13 @@ struct MemoryEstimate {
     return parameter_bytes + optimizer_state_bytes + gradient_buffer_bytes + frozen_bytes;
   }
   // What a step adds at its peak: the gathered units, and the activations when its backward
-  // starts or the gradients with one block's activations when it ends, whichever is larger
-  // (a backward frees a block's activations as it makes that block's gradients).
+  // starts or the gradients with one block's activations (and a tied embedding's gradients)
+  // when it ends, whichever is larger (a backward frees a block's activations as it makes that
+  // block's gradients).
   double step_bytes() const {
     return preparation.gathered_bytes +
-           std::max(activation_bytes, gradient_bytes + block_activation_bytes);
+           std::max(activation_bytes,
+                    gradient_bytes + block_activation_bytes + tied_embedding_gradient_bytes);
   }
   double total_bytes() const { return between_steps_bytes() + step_bytes(); }
 };
@@ -100,6 +109,14 @@ absl::Status CheckMemoryFits(const MemoryEstimate& estimate, int local_ranks,
 
 // One line on the estimate: "… parameters, … optimizer state (2 slots), … gradients, …".
 std::string DescribeMemory(const MemoryEstimate& estimate);
+
+// When a rank's measured peak of tensor bytes (`measured`, in rank order: LibTorch's CPU
+// allocator's count or CUDA's caching allocator's, what the estimate counts) differs from the
+// estimate's total by more than `tolerance`, a line naming those ranks, what they held, the
+// estimate and its largest term; nullopt when every rank is within it.
+std::optional<std::string> CompareWithMeasured(const MemoryEstimate& estimate,
+                                               const std::vector<int64_t>& measured,
+                                               double tolerance = 0.15);
 
 }  // namespace plait::plan
 

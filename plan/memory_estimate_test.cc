@@ -23,6 +23,7 @@ using ::plait::plan::testing::Resolved;
 using ::testing::AllOf;
 using ::testing::DoubleNear;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr double kGiB = 1 << 30;
 
@@ -111,6 +112,23 @@ TEST(EstimateMemoryTest, HybridShardingKeepsTheShardGroupsShare) {
   EXPECT_THAT(transfers[0].bytes_per_micro_batch, DoubleNear(TinyParameters() * 0.75 * 12, 1));
   EXPECT_EQ(transfers[1].mesh_dim, "dp_replicate");
   EXPECT_THAT(transfers[1].bytes_per_micro_batch, DoubleNear(TinyParameters() * 4.0 / 4, 1));
+}
+
+// Past 15% off, the warning names the ranks, what they held and the estimate's largest term.
+TEST(CompareWithMeasuredTest, NamesTheRanksOffTheEstimateAndItsLargestTerm) {
+  MemoryEstimate estimate;
+  estimate.parameter_bytes = 100 << 20;
+  estimate.optimizer_state_bytes = 200 << 20;
+  estimate.activation_bytes = 300 << 20;  // the step's peak: the activations
+  const int64_t total = 600 << 20;
+  EXPECT_EQ(CompareWithMeasured(estimate, {total, total * 114 / 100}), std::nullopt);
+  const std::optional<std::string> warning =
+      CompareWithMeasured(estimate, {total, total * 130 / 100, total / 2});
+  ASSERT_TRUE(warning.has_value());
+  EXPECT_THAT(*warning, AllOf(HasSubstr("the estimate of 600.0 MiB a rank"),
+                              HasSubstr("rank 1 780.0 MiB (+30%), rank 2 300.0 MiB (-50%)"),
+                              HasSubstr("its largest term: activations, 300.0 MiB")));
+  EXPECT_THAT(*warning, Not(HasSubstr("rank 0")));
 }
 
 // A bf16 model keeps fp32 masters in its optimizer, unless FSDP keeps its shards in fp32

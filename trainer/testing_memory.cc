@@ -9,6 +9,7 @@
 #include "base/allocation_counter.h"
 #include "base/status_matchers.h"
 #include "gtest/gtest.h"
+#include "models/model_config.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
 #include "trainer/testing_ranks.h"
@@ -104,6 +105,20 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   plans.push_back(
       Checkpointed(sp, "llama_tp_sp_selective", wrap::ActivationCheckpointingConfig::SELECTIVE));
   plans.push_back({"llama_2d", Shortened(LoadShippedPlan("llama_2d")), 4});
+  // A real shape: Qwen2.5-0.5B's widths and its 151,936-token vocabulary (tied embeddings),
+  // 2 of its 24 layers, one sequence of 512 tokens in fp32, where the embeddings, the
+  // logits and their gradient outweigh the blocks.
+  MemoryCheckPlan real_widths = medium_check;
+  real_widths.name = "qwen2.5-0.5b_2_layers_1x512";
+  absl::StatusOr<models::ModelConfig> qwen = models::PresetConfig("qwen2.5-0.5b");
+  EXPECT_THAT(qwen, IsOk());
+  *real_widths.plan.mutable_model()->mutable_config() = qwen.value_or(models::ModelConfig());
+  real_widths.plan.mutable_model()->mutable_config()->set_num_hidden_layers(2);
+  for (const char* override :
+       {"training.micro_batch=1", "training.seq_len=512", "training.global_batch=1"}) {
+    EXPECT_THAT(plan::ApplyOverride(override, real_widths.plan), IsOk());
+  }
+  plans.push_back(real_widths);
   return plans;
 }
 

@@ -45,7 +45,8 @@ struct MemoryCheckPlan {
 // with activation checkpointing: the medium shape with FULL, llama_fsdp with SELECTIVE; and
 // tensor parallelism in fp32: llama_tp, with sequence parallelism on its batch (16 x 64
 // tokens), on one sequence of 1024 tokens and with SELECTIVE checkpointing, and llama_2d (FSDP
-// over tensor-parallel slices, 4 ranks).
+// over tensor-parallel slices, 4 ranks); and a real shape, Qwen2.5-0.5B's widths and
+// vocabulary with 2 of its layers, one sequence of 512 tokens in fp32.
 std::vector<MemoryCheckPlan> MemoryCheckPlans();
 
 }  // namespace plait::trainer::testing

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/allocation_counter.h"
 #include "base/heap.h"
 #include "base/human.h"
 #include "base/memory.h"
@@ -33,6 +34,7 @@
 #include "optim/optimizer.h"
 #include "parallel/device.h"
 #include "plan/compute_dtype.h"
+#include "plan/memory_estimate.h"
 #include "sched/schedule_builder.h"
 #include "torch/utils.h"
 #include "trainer/prepared_model.h"
@@ -53,17 +55,17 @@ std::string RestartLine(const TrainOptions& options) {
                       options.restart_cause.empty() ? "" : " after ", options.restart_cause);
 }
 
-// The peak resident (host) memory of each rank of `mesh`, on every rank.
-absl::StatusOr<std::vector<int64_t>> PeakMemoryPerRank(const parallel::DeviceMesh& mesh) {
-  torch::Tensor peaks = torch::zeros({mesh.layout().world_size()},
-                                     torch::TensorOptions(torch::kInt64).device(mesh.device()));
-  peaks[mesh.rank()] = base::PeakResidentBytes();
-  PLAIT_RETURN_IF_ERROR(mesh.AllReduce(peaks, parallel::ReduceOp::kSum));
-  peaks = peaks.cpu();
-  const auto values = peaks.accessor<int64_t, 1>();
-  std::vector<int64_t> bytes(values.size(0));
-  for (size_t rank = 0; rank < bytes.size(); ++rank) bytes[rank] = values[rank];
-  return bytes;
+// Each rank's `value`, in rank order, on every rank of `mesh`.
+absl::StatusOr<std::vector<int64_t>> PerRank(const parallel::DeviceMesh& mesh, int64_t value) {
+  torch::Tensor gathered = torch::zeros({mesh.layout().world_size()},
+                                        torch::TensorOptions(torch::kInt64).device(mesh.device()));
+  gathered[mesh.rank()] = value;
+  PLAIT_RETURN_IF_ERROR(mesh.AllReduce(gathered, parallel::ReduceOp::kSum));
+  gathered = gathered.cpu();
+  const auto values = gathered.accessor<int64_t, 1>();
+  std::vector<int64_t> per_rank(values.size(0));
+  for (size_t rank = 0; rank < per_rank.size(); ++rank) per_rank[rank] = values[rank];
+  return per_rank;
 }
 
 // The next batch of `loader` on `device`, its copy in host memory, and the items
@@ -123,21 +125,24 @@ class SkippedUpdates {
 // logs), then Step after Step, each a full optimizer step with its evaluation when one is due.
 class TrainingRun {
  public:
-  // `resolved` must outlive the run.
+  // `resolved` must outlive the run, and `tensors`, which counts what this rank's tensors
+  // hold on the CPU from before the run starts.
   static absl::StatusOr<std::unique_ptr<TrainingRun>> Start(const plan::ResolvedPlan& resolved,
                                                             const parallel::DeviceMesh& mesh,
-                                                            const TrainOptions& options);
+                                                            const TrainOptions& options,
+                                                            base::AllocationCounter& tensors);
 
   // Trains from the checkpoint's step (0 for a fresh run) to the plan's last.
   absl::StatusOr<TrainReport> Run();
 
  private:
   TrainingRun(const plan::ResolvedPlan& resolved, const parallel::DeviceMesh& mesh,
-              const TrainOptions& options)
+              const TrainOptions& options, base::AllocationCounter& tensors)
       : resolved_(resolved),
         training_(resolved.training()),
         mesh_(mesh),
         options_(options),
+        tensors_(tensors),
         peak_flops_per_rank_(PeakFlopsPerRank(resolved.plan)) {}
 
   // Sets up the logs rank 0 writes, continuing them after `resume_step`.
@@ -156,6 +161,11 @@ class TrainingRun {
 
   std::optional<double> Mfu(double tokens_per_s) const;
 
+  // After the step the memory is checked on (its peak reset before it): the estimate and
+  // each rank's peak of tensor bytes into `report`, and rank 0's warning when a rank's is more
+  // than 15% off (every rank must call it).
+  absl::Status CompareMemoryWithEstimate(TrainReport& report);
+
   // `bytes` becomes the largest over the ranks of the mesh (every rank must call it).
   absl::Status MaxOverRanks(std::optional<int64_t>& bytes) const;
 
@@ -167,6 +177,7 @@ class TrainingRun {
   const plan::TrainingConfig& training_;
   const parallel::DeviceMesh& mesh_;
   const TrainOptions& options_;
+  base::AllocationCounter& tensors_;
   const double peak_flops_per_rank_;  // in the model's dtype; 0: no MFU
   std::unique_ptr<sched::Schedule> schedule_;
   std::unique_ptr<PreparedModel> prepared_;
@@ -184,8 +195,9 @@ class TrainingRun {
 
 absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const plan::ResolvedPlan& resolved,
                                                                 const parallel::DeviceMesh& mesh,
-                                                                const TrainOptions& options) {
-  std::unique_ptr<TrainingRun> run(new TrainingRun(resolved, mesh, options));
+                                                                const TrainOptions& options,
+                                                                base::AllocationCounter& tensors) {
+  std::unique_ptr<TrainingRun> run(new TrainingRun(resolved, mesh, options, tensors));
   const plan::Plan& plan = resolved.plan;
   const plan::TrainingConfig& training = plan.training();
   PLAIT_ASSIGN_OR_RETURN(sched::Schedule schedule,
@@ -368,8 +380,13 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   const int64_t first_step = checkpoints_->resume_step();
   const Clock::time_point start = Clock::now();
   SkippedUpdates skipped;
+  // The first step allocates the optimizer's state as it goes; the second holds what every
+  // later one does.
+  const int64_t memory_step = std::min(first_step + 1, steps - 1);
   for (int64_t step = first_step; step < steps; ++step) {
+    if (step == memory_step) tensors_.ResetPeak();
     PLAIT_ASSIGN_OR_RETURN(const metrics::StepMetrics metrics, Step(step));
+    if (step == memory_step) PLAIT_RETURN_IF_ERROR(CompareMemoryWithEstimate(report));
     skipped.Count(metrics);
     if (metrics.eval_loss &&
         (!report.best_eval_loss || *metrics.eval_loss < *report.best_eval_loss)) {
@@ -413,7 +430,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   report.tokens_per_s =
       first_step < steps ? resolved_.tokens_per_step * (steps - first_step) / training_seconds_ : 0.0;
   report.mfu = Mfu(report.tokens_per_s);
-  PLAIT_ASSIGN_OR_RETURN(report.peak_memory_bytes, PeakMemoryPerRank(mesh_));
+  PLAIT_ASSIGN_OR_RETURN(report.peak_memory_bytes, PerRank(mesh_, base::PeakResidentBytes()));
   PLAIT_RETURN_IF_ERROR(MaxOverRanks(report.peak_device_memory_bytes));
   report = OverAllStarts(std::move(report));
   if (metrics_log_) PLAIT_RETURN_IF_ERROR(metrics_log_->WriteSummary(report));
@@ -434,6 +451,20 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   }
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());
   return means.Mean(mesh_);
+}
+
+absl::Status TrainingRun::CompareMemoryWithEstimate(TrainReport& report) {
+  // On CUDA the caching allocator's peak since the step reset it, else the CPU allocator's.
+  const int64_t peak = parallel::PeakMemory(mesh_.device()).value_or(tensors_.peak());
+  PLAIT_ASSIGN_OR_RETURN(report.peak_tensor_bytes, PerRank(mesh_, peak));
+  PLAIT_ASSIGN_OR_RETURN(const plan::MemoryEstimate estimate, plan::EstimateMemory(resolved_));
+  report.memory_estimate_bytes = estimate.total_bytes();
+  if (!progress_) return absl::OkStatus();
+  if (const std::optional<std::string> warning =
+          plan::CompareWithMeasured(estimate, report.peak_tensor_bytes)) {
+    progress_->Print(*warning);
+  }
+  return absl::OkStatus();
 }
 
 std::optional<double> TrainingRun::Mfu(double tokens_per_s) const {
@@ -472,8 +503,11 @@ absl::StatusOr<TrainReport> Train(const plan::ResolvedPlan& resolved,
                                   const parallel::DeviceMesh& mesh, const TrainOptions& options) {
   plan::ResolvedPlan on_device = resolved;  // outlives the run
   on_device.plan = plan::ResolveAutoDtypes(resolved.plan, mesh.device());
+  // What this rank's tensors hold on the CPU, from before its models are built.
+  base::AllocationCounter tensors;
+  const base::AllocationCounter::Scope counting(tensors);
   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<TrainingRun> run,
-                         TrainingRun::Start(on_device, mesh, options));
+                         TrainingRun::Start(on_device, mesh, options, tensors));
   return run->Run();
 }
 

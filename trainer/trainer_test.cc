@@ -52,6 +52,7 @@ using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
+using ::testing::DoubleNear;
 using ::testing::HasSubstr;
 
 TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
@@ -238,8 +239,24 @@ const TrainReport& SingleProcessRun() {
   return *report;
 }
 
+// The report holds the plan's memory estimate and what each rank's tensors held at the peak
+// of the second step, within 15% of it (memory_measured_test checks more plans, more closely).
+void ExpectTheMemoryEstimateHeld(const TrainReport& report, int ranks) {
+  ASSERT_TRUE(report.memory_estimate_bytes.has_value());
+  ASSERT_EQ(report.peak_tensor_bytes.size(), static_cast<size_t>(ranks));
+  for (const int64_t peak : report.peak_tensor_bytes) {
+    EXPECT_THAT(*report.memory_estimate_bytes / static_cast<double>(peak), DoubleNear(1.0, 0.15));
+  }
+}
+
+TEST(TrainTest, TheSingleProcessRunReportsItsMemoryAgainstTheEstimate) {
+  ExpectTheMemoryEstimateHeld(SingleProcessRun(), 1);
+}
+
 TEST(TrainTest, FsdpOnTwoRanksTrainsToTheSingleProcessLosses) {
-  ExpectSameRun(TrainOnRanks(ShortShippedPlan("llama_fsdp"), 2), SingleProcessRun());
+  const TrainReport fsdp = TrainOnRanks(ShortShippedPlan("llama_fsdp"), 2);
+  ExpectSameRun(fsdp, SingleProcessRun());
+  ExpectTheMemoryEstimateHeld(fsdp, 2);
 }
 
 // Micro-batches of 4 with 2 accumulation steps on each of 2 ranks: the same 16 sequences per
