@@ -1,7 +1,9 @@
 """plait against PyTorch 2.13 on the CPU, side by side: training steps of the
 medium model (benchmarks/bench_setup.h: Llama, hidden 512, 8 layers, 8 heads,
 SwiGLU 1376, vocab 4096, about 29M parameters; 8 sequences of 256 tokens per
-rank) in fp32 and bf16:
+rank), or with --shape=real of a real one (Qwen2.5-0.5B's widths and its
+151,936-token vocabulary, tied embeddings, 2 of its 24 layers: 166M parameters;
+one sequence of 512 tokens per rank), in fp32 and bf16:
 
   plait                 //trainer:train, one process
   PyTorch eager         transformers' LlamaForCausalLM, one process
@@ -39,20 +41,39 @@ import sys
 import tempfile
 import time
 
-# The medium shape (benchmarks/bench_setup.h's MediumModel) and its batch.
-MEDIUM = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
-              num_attention_heads=8, num_key_value_heads=8, vocab_size=4096,
-              max_position_embeddings=2048, rope_theta=10000.0,
-              rms_norm_eps=1e-5, tie_word_embeddings=False)
-MICRO_BATCH = 8
-SEQ_LEN = 256
+# The shapes (model_type, the config's fields, micro-batch, sequence length):
+# the medium one (benchmarks/bench_setup.h's MediumModel) and a real one
+# (model_bench's Qwen2.5-0.5B row).
+SHAPES = {
+    "medium": ("llama",
+               dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                    num_attention_heads=8, num_key_value_heads=8,
+                    vocab_size=4096, max_position_embeddings=2048,
+                    rope_theta=10000.0, rms_norm_eps=1e-5,
+                    tie_word_embeddings=False),
+               8, 256),
+    "real": ("qwen2",
+             dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=2,
+                  num_attention_heads=14, num_key_value_heads=2,
+                  vocab_size=151936, max_position_embeddings=32768,
+                  rope_theta=1000000.0, rms_norm_eps=1e-6,
+                  tie_word_embeddings=True),
+             1, 512),
+}
+MODEL_TYPE, CONFIG, MICRO_BATCH, SEQ_LEN = SHAPES["medium"]
 LR = 3e-4
+
+
+def use_shape(name):
+    """Makes `name` the shape every run below trains."""
+    global MODEL_TYPE, CONFIG, MICRO_BATCH, SEQ_LEN
+    MODEL_TYPE, CONFIG, MICRO_BATCH, SEQ_LEN = SHAPES[name]
 
 
 def plait_plan(dtype, ranks, steps, metrics_file):
     """The trainer plan of one plait run (plan/plan.proto)."""
     config = " ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}"
-                      for k, v in MEDIUM.items())
+                      for k, v in CONFIG.items())
     dtype_field = {"fp32": "DTYPE_FLOAT32", "bf16": "DTYPE_BFLOAT16"}[dtype]
     parallel = ""
     if ranks > 1:
@@ -60,7 +81,7 @@ def plait_plan(dtype, ranks, steps, metrics_file):
                     'prepare { fsdp { mesh_dim: "dp" } }\n')
     return f"""
 model {{
-  config {{ model_type: "llama" {config} }}
+  config {{ model_type: "{MODEL_TYPE}" {config} }}
   init {{ seed: 1 }}
   dtype: {dtype_field}
 }}
@@ -144,9 +165,14 @@ def process_tree_cpu_seconds(pid):
 # ---- PyTorch, in worker processes (one per configuration) ----
 
 def pytorch_model(torch, transformers):
-    config = transformers.LlamaConfig(**MEDIUM)
+    if MODEL_TYPE == "qwen2":
+        config = transformers.Qwen2Config(**CONFIG)
+        model = transformers.Qwen2ForCausalLM
+    else:
+        config = transformers.LlamaConfig(**CONFIG)
+        model = transformers.LlamaForCausalLM
     torch.manual_seed(1)
-    return transformers.LlamaForCausalLM(config).float().train()
+    return model(config).float().train()
 
 
 def timed_steps(torch, model, optimizer, autocast, warmup, steps, sync=None):
@@ -154,7 +180,7 @@ def timed_steps(torch, model, optimizer, autocast, warmup, steps, sync=None):
     the seconds of the first step and, over the timed steps, the median
     seconds and CPU seconds of this process per step."""
     generator = torch.Generator().manual_seed(2)
-    input_ids = torch.randint(MEDIUM["vocab_size"], (MICRO_BATCH, SEQ_LEN),
+    input_ids = torch.randint(CONFIG["vocab_size"], (MICRO_BATCH, SEQ_LEN),
                               generator=generator)
     wall, cpu = [], []
     for _ in range(warmup + steps):
@@ -231,14 +257,14 @@ def worker_fsdp(dtype, warmup, steps):
     return dict(ranks[0], cpu_s=ranks[0]["cpu_s"] + ranks[1]["cpu_s"])
 
 
-def run_worker(mode, dtype, warmup, steps):
+def run_worker(mode, dtype, warmup, steps, shape):
     """One PyTorch configuration in a fresh process (its own threads, memory
     and compile state)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     result = subprocess.run(
         [sys.executable, __file__, "--worker", mode, "--dtype", dtype,
-         "--warmup", str(warmup), "--steps", str(steps)],
+         "--warmup", str(warmup), "--steps", str(steps), "--shape", shape],
         capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"PyTorch {mode} {dtype} failed:\n"
@@ -255,9 +281,13 @@ def main():
     parser.add_argument("--warmup", type=int, default=1,
                         help="untimed first steps (compile, page faults)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps")
+    parser.add_argument("--shape", default="medium", choices=sorted(SHAPES),
+                        help="medium: the 29M benchmark model; real: "
+                             "Qwen2.5-0.5B's widths and vocabulary, 2 layers")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    use_shape(args.shape)
 
     if args.worker:
         if args.worker == "fsdp":
@@ -287,7 +317,8 @@ def main():
                     result = run_plait(binary, dtype, ranks, args.warmup,
                                        args.steps)
                 else:
-                    result = run_worker(kind, dtype, args.warmup, args.steps)
+                    result = run_worker(kind, dtype, args.warmup, args.steps,
+                                        args.shape)
             except RuntimeError as error:
                 print(error, file=sys.stderr)
                 result = None

@@ -376,7 +376,9 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
     // each, and a key bias's gradient is near zero by construction (it shifts a query's
     // scores almost uniformly, which softmax ignores): the same noise weighs about 1e-3 of
     // that norm, in FSDP's run (fsdp_2_ranks_qwen2) as much as in tensor-parallel ones.
-    const double tolerance = absl::EndsWith(name, ".bias") ? 1e-2 : 1e-5;
+    // Other weights stay within 1e-5 of their norm on AMD EPYC; on an Intel Xeon with AMX,
+    // whose BLAS kernels sum in another order, tp_2_ranks's embedding reached 1.05e-5.
+    const double tolerance = absl::EndsWith(name, ".bias") ? 1e-2 : 3e-5;
     const double error = (got - want).norm().item<double>() / want.norm().item<double>();
     EXPECT_LE(error, tolerance) << name << ": max element error "
                                 << (got - want).abs().max().item<double>();
