@@ -113,14 +113,19 @@ std::string Communicator::Describe(const CollectiveCall& call) const {
   return Render(call, /*with_rank=*/true);
 }
 
-std::string Communicator::FirstFailure() const {
-  absl::MutexLock lock(&failure_mutex_);
-  return first_failure_.has_value() ? Render(*first_failure_, /*with_rank=*/false) : "";
+void FailureRecord::Record(const CollectiveCall& call) {
+  absl::MutexLock lock(&mutex_);
+  if (!first_.has_value()) first_ = call;
 }
 
-void Communicator::RecordFailure(const CollectiveCall& call) {
-  absl::MutexLock lock(&failure_mutex_);
-  if (!first_failure_.has_value()) first_failure_ = call;
+std::optional<CollectiveCall> FailureRecord::first() const {
+  absl::MutexLock lock(&mutex_);
+  return first_;
+}
+
+std::string Communicator::FirstFailure() const {
+  const std::optional<CollectiveCall> first = failures_->first();
+  return first.has_value() ? Render(*first, /*with_rank=*/false) : "";
 }
 
 Traffic Communicator::traffic(Collective collective) const {

@@ -106,6 +106,19 @@ struct CollectiveCall {
   StepPlace place;
 };
 
+// The first collective of a group that failed on this rank (Communicator::FirstFailure),
+// shared with the Works of a backend whose Works may outlive their communicator; thread-safe.
+class FailureRecord {
+ public:
+  // Keeps `call` unless a failure is kept already.
+  void Record(const CollectiveCall& call);
+  std::optional<CollectiveCall> first() const;
+
+ private:
+  mutable absl::Mutex mutex_;
+  std::optional<CollectiveCall> first_ ABSL_GUARDED_BY(mutex_);
+};
+
 struct CommunicatorOptions {
   // How long a collective (or connecting the group) may take before it fails.
   absl::Duration timeout = absl::Minutes(5);
@@ -186,8 +199,8 @@ class Communicator {
   void CountTraffic(Collective collective, int64_t bytes_sent, int64_t bytes_received);
   void CountCall(Collective collective);
 
-  // Keeps `call` as the first failure (FirstFailure) unless one is kept; thread-safe.
-  void RecordFailure(const CollectiveCall& call);
+  // Where backends record failed collectives (FirstFailure).
+  const std::shared_ptr<FailureRecord>& failures() const { return failures_; }
 
  private:
   friend void SkipCollectiveForTesting(Communicator& communicator,
@@ -219,9 +232,7 @@ class Communicator {
   int64_t issued_in_step_ = 0;
   StepPlace place_;
   std::function<bool(const CollectiveCall&)> skip_for_testing_;  // testing_skip.h
-
-  mutable absl::Mutex failure_mutex_;
-  std::optional<CollectiveCall> first_failure_ ABSL_GUARDED_BY(failure_mutex_);
+  const std::shared_ptr<FailureRecord> failures_ = std::make_shared<FailureRecord>();
 };
 
 // Sets, for the lifetime of the scope, the place of the collectives `communicator` issues,

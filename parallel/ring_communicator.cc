@@ -120,7 +120,7 @@ void RingCommunicator::RunTasks() {
     }
     if (!status.ok()) {
       broken_ = status;
-      RecordFailure(task.call);
+      failures()->Record(task.call);
     }
     task.work->Complete(std::move(status));
   }
