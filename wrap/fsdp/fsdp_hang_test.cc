@@ -35,19 +35,13 @@ constexpr int kRanks = 2;
 // "dp", gives up on a collective after a second.
 absl::StatusOr<std::unique_ptr<parallel::ProcessGroup>> StartRank(int rank,
                                                                   const std::string& store_file) {
-  parallel::World world;
-  world.rank = rank;
-  world.world_size = kRanks;
-  world.local_rank = rank;
-  world.local_world_size = kRanks;
-  world.master_port = 1;  // unused: the ranks meet through the file
-  world.store_file = store_file;
   parallel::MeshConfig config;
   parallel::MeshConfig::Dimension* dim = config.add_dims();
   dim->set_name("dp");
   dim->set_size(kRanks);
   config.set_collective_timeout_seconds(1);
-  return parallel::ProcessGroup::Start(world, config, torch::kCPU, absl::Seconds(30));
+  return parallel::ProcessGroup::Start(parallel::testing::LocalWorld(rank, kRanks, store_file),
+                                       config, torch::kCPU, absl::Seconds(30));
 }
 
 TEST(FsdpHangTest, ACollectiveOneRankSkippedIsNamedByItsPlaceInTheStepAndTheRank) {
