@@ -1,10 +1,8 @@
 #include "parallel/communicator.h"
 
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 
 namespace plait::parallel {
 namespace {
@@ -102,10 +100,14 @@ std::string Communicator::Render(const CollectiveCall& call, bool with_rank) con
     if (place.part >= 0) absl::StrAppend(&text, " ", place.part);
   }
   absl::StrAppend(&text, " on group '", name_, "'");
-  std::vector<std::string> notes;
-  if (with_rank) notes.push_back(absl::StrCat("rank ", rank_, " of ", size_));
-  if (call.step > 0) notes.push_back(absl::StrCat("collective #", call.index, " of the step"));
-  if (!notes.empty()) absl::StrAppend(&text, " (", absl::StrJoin(notes, "; "), ")");
+  if (with_rank || call.step > 0) {
+    absl::StrAppend(&text, " (");
+    if (with_rank) absl::StrAppend(&text, "rank ", rank_, " of ", size_);
+    if (call.step > 0) {
+      absl::StrAppend(&text, with_rank ? "; " : "", "collective #", call.index, " of the step");
+    }
+    absl::StrAppend(&text, ")");
+  }
   return text;
 }
 

@@ -14,8 +14,11 @@
 // in LibTorch 1.13 has no reduce_scatter and no flat all_gather, and owning every transfer
 // lets traffic() count real bytes. Each rank sends and receives (N-1)/N of the buffer in
 // all_gather and reduce_scatter, 2(N-1)/N in all_reduce (reduce-scatter then all-gather),
-// the bandwidth-optimal volumes. A failed or timed-out collective leaves the connections in
-// an unknown state, so every later collective fails with the first error.
+// the bandwidth-optimal volumes. Each collective's transfers are tagged from its call (its
+// step, index and place, communicator.h), so ranks that issue different collectives (one
+// skipped one) stop at the first they disagree on instead of mixing their data. A failed or
+// timed-out collective leaves the connections in an unknown state, so every later collective
+// fails with the first error.
 #ifndef PLAIT_PARALLEL_RING_COMMUNICATOR_H_
 #define PLAIT_PARALLEL_RING_COMMUNICATOR_H_
 

@@ -275,6 +275,11 @@ TEST(RingCommunicatorTest, ASkippedCollectiveStopsBothRanksWhereTheyDisagree) {
         EXPECT_EQ(comm.Describe(Collective::kBarrier),
                   absl::StrCat("step 3, barrier on group 'skipping' (rank ", rank,
                                " of 2; collective #", rank == 0 ? 3 : 2, " of the step)"));
+        const ScopedPlace root(comm, {StepPlace::kRoot, Pass::kBackward, "test bucket", 5});
+        EXPECT_EQ(comm.Describe(Collective::kAllReduce),
+                  absl::StrCat("step 3, root backward, all_reduce of test bucket 5 on group "
+                               "'skipping' (rank ",
+                               rank, " of 2; collective #", rank == 0 ? 3 : 2, " of the step)"));
       },
       /*timeout=*/absl::Seconds(1));
 }
