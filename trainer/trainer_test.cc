@@ -22,7 +22,6 @@
 #include "base/allocation_counter.h"
 #include "base/dtype.pb.h"
 #include "base/status_matchers.h"
-#include "base/test_paths.h"
 #include "data/data_config.h"
 #include "data/data_loader.h"
 #include "data/testing_token_files.h"
@@ -35,10 +34,8 @@
 #include "objectives/objective.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
-#include "parallel/process_group.h"
 #include "parallel/tensor_slice.h"
 #include "parallel/test_ranks.h"
-#include "parallel/testing_skip.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
 #include "torch/utils.h"
@@ -55,7 +52,6 @@ using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
-using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(PreparedModelTest, OptimizerOwnsExactlyTheTrainableShards) {
@@ -503,42 +499,6 @@ TEST(TrainTest, AShortRunThatSkipsEveryUpdateFails) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        "every one of the 3 steps was skipped: the loss was not finite; the run "
                        "trained nothing"));
-}
-
-// A hang, as the run's process group reports it: in a 2-rank FSDP run, rank 1 skips step 2's
-// reduce-scatter of block 1 (parallel/testing_skip.h). Rank 0's Train returns the error, and
-// ProcessGroup::ExplainFailure (as trainer/run.cc calls it) adds where rank 1 was instead.
-TEST(TrainTest, ACollectiveOneRankSkippedStopsTheRunNamingItsPlaceAndTheRank) {
-  plan::Plan plan = ShortShippedPlan("llama_fsdp");
-  ASSERT_THAT(plan::ApplyOverride("training.steps=2", plan), IsOk());
-  plan.mutable_schedule()->clear_warmup();  // longer than the run
-  plan.mutable_mesh()->set_collective_timeout_seconds(1);
-  const plan::ResolvedPlan resolved = Resolved(plan, 2);
-  const std::string store_file = base::testing::FreshTestDir("skipped_collective_store");
-  std::vector<absl::Status> results(2);
-  parallel::testing::RunRanks(2, [&](int rank) {
-    absl::StatusOr<std::unique_ptr<parallel::ProcessGroup>> group =
-        parallel::ProcessGroup::Start(parallel::testing::LocalWorld(rank, 2, store_file),
-                                      plan.mesh(), torch::kCPU, absl::Seconds(30));
-    ASSERT_THAT(group, IsOk());
-    if (rank == 1) {
-      parallel::SkipCollectiveForTesting(
-          **(*group)->mesh().communicator("dp"), [](const parallel::CollectiveCall& call) {
-            return call.step == 2 && call.collective == parallel::Collective::kReduceScatter &&
-                   call.place.block == 1;
-          });
-    }
-    results[rank] =
-        (*group)->ExplainFailure(Train(resolved, (*group)->mesh(), TrainOptions()).status());
-  });
-  EXPECT_THAT(std::string(results[0].message()),
-              AllOf(HasSubstr("step 2, block 1 backward, reduce_scatter of FSDP unit on group "
-                              "'dp' (rank 0 of 2; collective #"),
-                    HasSubstr("rank 1"),
-                    HasSubstr("; rank 1 of 2 did not reach it: it failed at step 2, block 0 "
-                              "backward, reduce_scatter of FSDP unit on group 'dp'")))
-      << results[0];
-  EXPECT_FALSE(results[1].ok());
 }
 
 // An evaluation never reads the held-out file's batches twice: more eval_batches than the file
