@@ -56,9 +56,78 @@ Chunk ChunkOf(int64_t total_numel, int num_chunks, int index) {
 Communicator::Communicator(std::string name, int rank, int size, CommunicatorOptions options)
     : name_(std::move(name)), rank_(rank), size_(size), options_(options) {}
 
-std::string Communicator::Describe(Collective collective) const {
-  return absl::StrCat(CollectiveName(collective), " on group '", name_, "' (rank ", rank_, " of ",
-                      size_, ")");
+void Communicator::BeginStep(int64_t step) {
+  step_ = step;
+  issued_in_step_ = 0;
+}
+
+CollectiveCall Communicator::NextCall(Collective collective) const {
+  return CollectiveCall{collective, step_, issued_in_step_, place_};
+}
+
+std::shared_ptr<Work> Communicator::Issue(Collective collective,
+                                          absl::FunctionRef<std::shared_ptr<Work>()> start) {
+  if (skip_for_testing_ && skip_for_testing_(NextCall(collective))) {
+    return FinishedWork(absl::OkStatus());
+  }
+  std::shared_ptr<Work> work = start();
+  ++issued_in_step_;
+  CountCall(collective);
+  return work;
+}
+
+std::string Communicator::Render(const CollectiveCall& call, bool with_rank) const {
+  std::string text;
+  if (call.step > 0) absl::StrAppend(&text, "step ", call.step, ", ");
+  const StepPlace& place = call.place;
+  if (place.block != StepPlace::kNoBlock) {
+    if (place.block == StepPlace::kRoot) {
+      absl::StrAppend(&text, "root");
+    } else {
+      absl::StrAppend(&text, "block ", place.block);
+    }
+  }
+  if (place.pass != Pass::kNone) {
+    absl::StrAppend(&text, place.block != StepPlace::kNoBlock ? " " : "",
+                    place.pass == Pass::kForward ? "forward" : "backward");
+  }
+  if (place.block != StepPlace::kNoBlock || place.pass != Pass::kNone) {
+    absl::StrAppend(&text, ", ");
+  }
+  absl::StrAppend(&text, CollectiveName(call.collective));
+  if (place.purpose != nullptr) {
+    absl::StrAppend(&text, " of ", place.purpose);
+    if (place.part >= 0) absl::StrAppend(&text, " ", place.part);
+  }
+  absl::StrAppend(&text, " on group '", name_, "'");
+  if (with_rank || call.step > 0) {
+    absl::StrAppend(&text, " (");
+    if (with_rank) absl::StrAppend(&text, "rank ", rank_, " of ", size_);
+    if (call.step > 0) {
+      absl::StrAppend(&text, with_rank ? "; " : "", "collective #", call.index, " of the step");
+    }
+    absl::StrAppend(&text, ")");
+  }
+  return text;
+}
+
+std::string Communicator::Describe(const CollectiveCall& call) const {
+  return Render(call, /*with_rank=*/true);
+}
+
+void FailureRecord::Record(const CollectiveCall& call) {
+  absl::MutexLock lock(&mutex_);
+  if (!first_.has_value()) first_ = call;
+}
+
+std::optional<CollectiveCall> FailureRecord::first() const {
+  absl::MutexLock lock(&mutex_);
+  return first_;
+}
+
+std::string Communicator::FirstFailure() const {
+  const std::optional<CollectiveCall> first = failures_->first();
+  return first.has_value() ? Render(*first, /*with_rank=*/false) : "";
 }
 
 Traffic Communicator::traffic(Collective collective) const {
@@ -110,8 +179,7 @@ std::shared_ptr<Work> Communicator::AllReduce(torch::Tensor tensor, ReduceOp op)
     return FinishedWork(status);
   }
   if (absl::Status status = CheckOp(kOp, tensor, op); !status.ok()) return FinishedWork(status);
-  CountCall(kOp);
-  return StartAllReduce(std::move(tensor), op);
+  return Issue(kOp, [&] { return StartAllReduce(std::move(tensor), op); });
 }
 
 std::shared_ptr<Work> Communicator::AllGather(torch::Tensor input, torch::Tensor output) {
@@ -128,8 +196,7 @@ std::shared_ptr<Work> Communicator::AllGather(torch::Tensor input, torch::Tensor
         "], but chunk ", rank_, " of the ", c10::toString(output.scalar_type()), "[",
         output.numel(), "] output has ", chunk.numel, " elements")));
   }
-  CountCall(kOp);
-  return StartAllGather(std::move(input), std::move(output));
+  return Issue(kOp, [&] { return StartAllGather(std::move(input), std::move(output)); });
 }
 
 std::shared_ptr<Work> Communicator::ReduceScatter(torch::Tensor input, torch::Tensor output,
@@ -148,8 +215,7 @@ std::shared_ptr<Work> Communicator::ReduceScatter(torch::Tensor input, torch::Te
         "], but chunk ", rank_, " of the ", c10::toString(input.scalar_type()), "[", input.numel(),
         "] input has ", chunk.numel, " elements")));
   }
-  CountCall(kOp);
-  return StartReduceScatter(std::move(input), std::move(output), op);
+  return Issue(kOp, [&] { return StartReduceScatter(std::move(input), std::move(output), op); });
 }
 
 std::shared_ptr<Work> Communicator::Broadcast(torch::Tensor tensor, int root) {
@@ -161,13 +227,11 @@ std::shared_ptr<Work> Communicator::Broadcast(torch::Tensor tensor, int root) {
     return FinishedWork(absl::InvalidArgumentError(
         absl::StrCat(Describe(kOp), ": root ", root, " is not a rank of the group")));
   }
-  CountCall(kOp);
-  return StartBroadcast(std::move(tensor), root);
+  return Issue(kOp, [&] { return StartBroadcast(std::move(tensor), root); });
 }
 
 std::shared_ptr<Work> Communicator::Barrier() {
-  CountCall(Collective::kBarrier);
-  return StartBarrier();
+  return Issue(Collective::kBarrier, [&] { return StartBarrier(); });
 }
 
 }  // namespace plait::parallel

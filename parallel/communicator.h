@@ -10,7 +10,8 @@
 // Flat layouts follow torch::tensor_split: a buffer of S elements is split into size()
 // contiguous chunks, the first S % size() of them one element longer; rank r owns chunk r.
 // Each collective fails, rather than hangs, after the communicator's timeout, with an error
-// naming the operation, the group and the rank. Each communicator counts the bytes it really
+// naming the operation, the group, the rank and, within a training step, the collective's
+// place in it (StepPlace). Each communicator counts the bytes it really
 // sent and received per kind of collective (traffic()), so callers can compare against the
 // theoretical volume. Backends: RingCommunicator (CPU), NcclCommunicator (CUDA).
 #ifndef PLAIT_PARALLEL_COMMUNICATOR_H_
@@ -19,11 +20,16 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "torch/types.h"
@@ -75,6 +81,44 @@ struct Traffic {
   int64_t bytes_received = 0;
 };
 
+// Which pass over a block a collective belongs to.
+enum class Pass { kNone, kForward, kBackward };
+
+// What a collective is for, in the words its errors use: "block 7 backward, reduce_scatter of
+// FSDP unit". The code that issues collectives says so around them (ScopedPlace); the trainer
+// numbers the steps (Communicator::BeginStep). Nothing here allocates: text is made only for
+// an error.
+struct StepPlace {
+  static constexpr int kNoBlock = -1;
+  static constexpr int kRoot = -2;  // the parameters outside the blocks (embedding, head)
+
+  int block = kNoBlock;           // a block's index, kRoot or kNoBlock
+  Pass pass = Pass::kNone;        // of that block
+  const char* purpose = nullptr;  // "FSDP unit", "DDP bucket": a string literal, or null
+  int part = -1;                  // which of the purpose's parts ("DDP bucket 3"), or -1
+};
+
+// A collective as it was issued: what its errors, and the ring's transfer tags, are made from.
+struct CollectiveCall {
+  Collective collective;
+  int64_t step;   // 0 outside the training steps
+  int64_t index;  // among the group's collectives of the step (or, outside steps, since start)
+  StepPlace place;
+};
+
+// The first collective of a group that failed on this rank (Communicator::FirstFailure),
+// shared with the Works of a backend whose Works may outlive their communicator; thread-safe.
+class FailureRecord {
+ public:
+  // Keeps `call` unless a failure is kept already.
+  void Record(const CollectiveCall& call);
+  std::optional<CollectiveCall> first() const;
+
+ private:
+  mutable absl::Mutex mutex_;
+  std::optional<CollectiveCall> first_ ABSL_GUARDED_BY(mutex_);
+};
+
 struct CommunicatorOptions {
   // How long a collective (or connecting the group) may take before it fails.
   absl::Duration timeout = absl::Minutes(5);
@@ -113,14 +157,37 @@ class Communicator {
   // What this rank has sent and received so far for `collective`.
   Traffic traffic(Collective collective) const;
 
-  // "all_reduce on group 'dp' (rank 1 of 2)": the prefix of every error about `collective`.
-  std::string Describe(Collective collective) const;
+  // Starts training step `step` (from 1): the collectives issued from here on are counted from
+  // 0 and their errors name the step and their index in it, as the same collective on every
+  // rank of the group has the same index. Every rank of the group calls it at the same point.
+  void BeginStep(int64_t step);
+
+  // The place of the collectives issued from now on (use ScopedPlace). Like issuing
+  // collectives, for one thread at a time.
+  const StepPlace& place() const { return place_; }
+  void set_place(const StepPlace& place) { place_ = place; }
+
+  // The collective `collective` would be if it were issued now.
+  CollectiveCall NextCall(Collective collective) const;
+
+  // "step 12, block 7 backward, reduce_scatter of FSDP unit on group 'dp' (rank 0 of 2;
+  // collective #41 of the step)", or outside steps and places "all_reduce on group 'dp'
+  // (rank 1 of 2)": the prefix of every error about `call`.
+  std::string Describe(const CollectiveCall& call) const;
+  // The same for the collective `collective` being issued now.
+  std::string Describe(Collective collective) const { return Describe(NextCall(collective)); }
+
+  // Where this rank's first failed collective of the group was, as Describe says it without
+  // the rank ("step 12, ... on group 'dp' (collective #41 of the step)"), so that ranks can
+  // compare theirs; empty while none has failed.
+  std::string FirstFailure() const;
 
  protected:
   Communicator(std::string name, int rank, int size, CommunicatorOptions options);
 
   // Called after the arguments were checked: tensors are defined, contiguous, of one
   // supported dtype and of matching sizes; `op` is valid for the dtype; `root` is a rank.
+  // While they run, NextCall and Describe(collective) are the call being started.
   virtual std::shared_ptr<Work> StartAllReduce(torch::Tensor tensor, ReduceOp op) = 0;
   virtual std::shared_ptr<Work> StartAllGather(torch::Tensor input, torch::Tensor output) = 0;
   virtual std::shared_ptr<Work> StartReduceScatter(torch::Tensor input, torch::Tensor output,
@@ -132,7 +199,19 @@ class Communicator {
   void CountTraffic(Collective collective, int64_t bytes_sent, int64_t bytes_received);
   void CountCall(Collective collective);
 
+  // Where backends record failed collectives (FirstFailure).
+  const std::shared_ptr<FailureRecord>& failures() const { return failures_; }
+
  private:
+  friend void SkipCollectiveForTesting(Communicator& communicator,
+                                       std::function<bool(const CollectiveCall&)> skip);
+
+  // Runs `start` (which sees the call as NextCall(collective)) and counts it as issued;
+  // unless the test hook skips it, which returns finished work and counts nothing.
+  std::shared_ptr<Work> Issue(Collective collective,
+                              absl::FunctionRef<std::shared_ptr<Work>()> start);
+  std::string Render(const CollectiveCall& call, bool with_rank) const;
+
   absl::Status CheckTensor(Collective collective, absl::string_view role,
                            const torch::Tensor& tensor) const;
   absl::Status CheckOp(Collective collective, const torch::Tensor& tensor, ReduceOp op) const;
@@ -148,6 +227,32 @@ class Communicator {
   const int size_;
   const CommunicatorOptions options_;
   std::array<Counters, kNumCollectives> counters_;
+
+  int64_t step_ = 0;
+  int64_t issued_in_step_ = 0;
+  StepPlace place_;
+  std::function<bool(const CollectiveCall&)> skip_for_testing_;  // testing_skip.h
+  const std::shared_ptr<FailureRecord> failures_ = std::make_shared<FailureRecord>();
+};
+
+// Sets, for the lifetime of the scope, the place of the collectives `communicator` issues,
+// and then restores the one before:
+//
+//   ScopedPlace place(communicator, {block, Pass::kBackward, "FSDP unit"});
+//   std::shared_ptr<Work> reduce = communicator.ReduceScatter(gradients, shard, ReduceOp::kSum);
+class ScopedPlace {
+ public:
+  ScopedPlace(Communicator& communicator, const StepPlace& place)
+      : communicator_(communicator), before_(communicator.place()) {
+    communicator.set_place(place);
+  }
+  ~ScopedPlace() { communicator_.set_place(before_); }
+  ScopedPlace(const ScopedPlace&) = delete;
+  ScopedPlace& operator=(const ScopedPlace&) = delete;
+
+ private:
+  Communicator& communicator_;
+  const StepPlace before_;
 };
 
 }  // namespace plait::parallel

@@ -191,6 +191,10 @@ absl::Status DeviceMesh::AllReduce(torch::Tensor& tensor, ReduceOp op) const {
   return absl::OkStatus();
 }
 
+void DeviceMesh::BeginStep(int64_t step) const {
+  for (const std::unique_ptr<Communicator>& group : groups_) group->BeginStep(step);
+}
+
 absl::Status DeviceMesh::Agree(const absl::Status& own, absl::string_view what) const {
   // A one-hot vector of the failed ranks, summed over the mesh.
   torch::Tensor failed =

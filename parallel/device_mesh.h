@@ -134,6 +134,10 @@ class DeviceMesh {
   absl::StatusOr<std::pair<int, int>> SubgridRankAndSize(
       const std::vector<std::string>& names) const;
 
+  // Starts training step `step` (from 1) on every communicator (Communicator::BeginStep), so
+  // that a collective's error names the step and its index in it. Every rank calls it.
+  void BeginStep(int64_t step) const;
+
   // Reduces `tensor` in place over every rank of the mesh, one dimension after another (for
   // a sum or an average, the same as over the world at once). Every rank must call it.
   absl::Status AllReduce(torch::Tensor& tensor, ReduceOp op) const;

@@ -402,11 +402,14 @@ class NcclCommunicator::Connection {
 class NcclCommunicator::NcclWork final : public Work {
  public:
   NcclWork(std::shared_ptr<Connection> connection, Event done, absl::Time deadline,
-           std::string description, std::vector<torch::Tensor> tensors)
+           std::string description, std::vector<torch::Tensor> tensors, CollectiveCall call,
+           std::shared_ptr<FailureRecord> failures)
       : connection_(std::move(connection)),
         done_(std::move(done)),
         deadline_(deadline),
         description_(std::move(description)),
+        call_(call),
+        failures_(std::move(failures)),
         tensors_(std::move(tensors)) {}
 
   ~NcclWork() override {
@@ -419,6 +422,7 @@ class NcclCommunicator::NcclWork final : public Work {
     if (!outcome_.has_value()) {
       absl::Status status = connection_->Await(done_.get(), deadline_, description_);
       if (status.ok()) status = base::Annotate(OrderComputeStream(), description_);
+      if (!status.ok()) failures_->Record(call_);
       tensors_.clear();
       outcome_ = std::move(status);
     }
@@ -437,6 +441,8 @@ class NcclCommunicator::NcclWork final : public Work {
   const Event done_;
   const absl::Time deadline_;
   const std::string description_;
+  const CollectiveCall call_;
+  const std::shared_ptr<FailureRecord> failures_;
 
   absl::Mutex mu_;
   std::vector<torch::Tensor> tensors_;
@@ -488,13 +494,17 @@ std::shared_ptr<Work> NcclCommunicator::Launch(
     Collective collective, std::vector<torch::Tensor> tensors, int64_t bytes_sent,
     int64_t bytes_received,
     absl::FunctionRef<absl::Status(Connection& connection, absl::Time deadline)> enqueue) {
-  std::string description = Describe(collective);
+  const CollectiveCall call = NextCall(collective);
+  std::string description = Describe(call);
   const absl::Time deadline = absl::Now() + options().timeout;
   absl::StatusOr<Event> done = connection_->Enqueue(description, deadline, enqueue);
-  if (!done.ok()) return FinishedWork(done.status());
+  if (!done.ok()) {
+    failures()->Record(call);
+    return FinishedWork(done.status());
+  }
   CountTraffic(collective, bytes_sent, bytes_received);
   return std::make_shared<NcclWork>(connection_, *std::move(done), deadline, std::move(description),
-                                    std::move(tensors));
+                                    std::move(tensors), call, failures());
 }
 
 // NCCL does not report the bytes it moves, so traffic is counted as its ring algorithms move

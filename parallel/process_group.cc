@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
 #include "parallel/device.h"
@@ -32,6 +34,19 @@ std::string OwnAddress(const World& world) {
 
 // After a failed collective, how long at most a rank waits for the others to report in.
 constexpr absl::Duration kMaxReportingWait = absl::Seconds(30);
+
+// Where a failed rank publishes the places of its groups' first failed collectives.
+constexpr absl::string_view kFailedAtPrefix = "plait/failed_at/";
+
+// Communicator::FirstFailure of each of `mesh`'s groups that has one, one a line.
+std::string FailurePlaces(const DeviceMesh& mesh) {
+  std::vector<std::string> places;
+  for (const std::string& dim : mesh.layout().dim_names()) {
+    std::string place = (*mesh.communicator(dim))->FirstFailure();
+    if (!place.empty()) places.push_back(std::move(place));
+  }
+  return absl::StrJoin(places, "\n");
+}
 
 }  // namespace
 
@@ -63,19 +78,42 @@ absl::Status ProcessGroup::ExplainFailure(absl::Status failure) const {
   auto with = [&failure](absl::string_view finding) {
     return absl::Status(failure.code(), absl::StrCat(failure.message(), "; ", finding));
   };
+  auto ranks = [this](const std::vector<int>& which) {
+    return absl::StrCat(which.size() > 1 ? "ranks " : "rank ", absl::StrJoin(which, ", "), " of ",
+                        world_.world_size);
+  };
+  const std::string own_places = FailurePlaces(mesh_);
   std::vector<int> silent;
+  // The ranks that failed at other collectives than this one, by where they failed.
+  std::map<std::string, std::vector<int>> elsewhere;
   try {
-    if (AwaitAllRanks(*store_, "plait/failed/", world_.rank, world_.world_size, absl::Now() + grace,
-                      silent)) {
-      return failure;  // every rank is alive and failed the same way
+    store_->set(absl::StrCat(kFailedAtPrefix, world_.rank),
+                std::vector<uint8_t>(own_places.begin(), own_places.end()));
+    AwaitAllRanks(*store_, "plait/failed/", world_.rank, world_.world_size, absl::Now() + grace,
+                  silent);
+    for (int rank = 0; rank < world_.world_size; ++rank) {
+      if (rank == world_.rank || std::find(silent.begin(), silent.end(), rank) != silent.end()) {
+        continue;
+      }
+      const std::vector<uint8_t> value = store_->get(absl::StrCat(kFailedAtPrefix, rank));
+      std::string places(value.begin(), value.end());
+      if (!places.empty() && places != own_places) elsewhere[std::move(places)].push_back(rank);
     }
   } catch (const std::exception& error) {
     return with(absl::StrCat("the rendezvous store did not answer either (", error.what(),
                              "): rank 0, which hosts it, may have stopped"));
   }
-  return with(absl::StrCat(silent.size() > 1 ? "ranks " : "rank ", absl::StrJoin(silent, ", "),
-                           " of ", world_.world_size, " did not answer within ",
-                           absl::FormatDuration(grace), ": stopped, hung or dead"));
+  std::vector<std::string> findings;
+  for (const auto& [places, at] : elsewhere) {
+    findings.push_back(absl::StrCat(ranks(at), " did not reach it: ", at.size() > 1 ? "they" : "it",
+                                    " failed at ", absl::StrReplaceAll(places, {{"\n", " and "}})));
+  }
+  if (!silent.empty()) {
+    findings.push_back(absl::StrCat(ranks(silent), " did not answer within ",
+                                    absl::FormatDuration(grace), ": stopped, hung or dead"));
+  }
+  // With no finding, every rank is alive and failed at the same collective.
+  return findings.empty() ? failure : with(absl::StrJoin(findings, "; "));
 }
 
 }  // namespace plait::parallel

@@ -10,6 +10,7 @@
 //                          ProcessGroup::Start(world, plan.mesh(), device, absl::Minutes(5)));
 //   absl::Status status = Train(resolved, group->mesh(), options);
 //   if (!status.ok()) status = group->ExplainFailure(status);  // "...; rank 3 of 4 did not answer"
+//   // or "...; rank 1 of 2 did not reach it: it failed at step 12, block 6 backward, ..."
 #ifndef PLAIT_PARALLEL_PROCESS_GROUP_H_
 #define PLAIT_PARALLEL_PROCESS_GROUP_H_
 
@@ -39,9 +40,12 @@ class ProcessGroup {
   const DeviceMesh& mesh() const { return mesh_; }
 
   // `failure` with the ranks to blame when it is a collective that timed out or lost a peer
-  // (DeadlineExceeded, Unavailable): this rank reports in through the store and waits a short
-  // while (the collective timeout, at most 30 s) for the others to do the same, and the ranks
-  // that do not are named as stopped, hung or dead. Every rank whose work fails calls it.
+  // (DeadlineExceeded, Unavailable): this rank reports in through the store, with where its
+  // groups' first collectives failed (Communicator::FirstFailure), and waits a short while
+  // (the collective timeout, at most 30 s) for the others to do the same. The ranks that do
+  // not are named as stopped, hung or dead; those that failed at another collective (one that
+  // skipped a collective, or is behind) are named with the place where they failed. Every
+  // rank whose work fails calls it.
   absl::Status ExplainFailure(absl::Status failure) const;
 
  private:

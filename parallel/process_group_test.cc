@@ -10,6 +10,7 @@
 #include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/test_ranks.h"
 #include "torch/types.h"
 
 namespace plait::parallel {
@@ -24,19 +25,13 @@ constexpr int kRanks = 3;
 // Rank `rank` of a local job of kRanks ranks meeting through `store_file`, on a mesh whose
 // collectives give up after a second.
 absl::StatusOr<std::unique_ptr<ProcessGroup>> StartRank(int rank, const std::string& store_file) {
-  World world;
-  world.rank = rank;
-  world.world_size = kRanks;
-  world.local_rank = rank;
-  world.local_world_size = kRanks;
-  world.master_port = 1;  // unused: the ranks meet through the file
-  world.store_file = store_file;
   MeshConfig config;
   MeshConfig::Dimension* dim = config.add_dims();
   dim->set_name("dp");
   dim->set_size(kRanks);
   config.set_collective_timeout_seconds(1);
-  return ProcessGroup::Start(world, config, torch::kCPU, absl::Seconds(30));
+  return ProcessGroup::Start(testing::LocalWorld(rank, kRanks, store_file), config, torch::kCPU,
+                             absl::Seconds(30));
 }
 
 TEST(ProcessGroupTest, AFailedCollectiveNamesTheRankThatStoppedAnswering) {

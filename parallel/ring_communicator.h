@@ -14,8 +14,11 @@
 // in LibTorch 1.13 has no reduce_scatter and no flat all_gather, and owning every transfer
 // lets traffic() count real bytes. Each rank sends and receives (N-1)/N of the buffer in
 // all_gather and reduce_scatter, 2(N-1)/N in all_reduce (reduce-scatter then all-gather),
-// the bandwidth-optimal volumes. A failed or timed-out collective leaves the connections in
-// an unknown state, so every later collective fails with the first error.
+// the bandwidth-optimal volumes. Each collective's transfers are tagged from its call (its
+// step, index and place, communicator.h), so ranks that issue different collectives (one
+// skipped one) stop at the first they disagree on instead of mixing their data. A failed or
+// timed-out collective leaves the connections in an unknown state, so every later collective
+// fails with the first error.
 #ifndef PLAIT_PARALLEL_RING_COMMUNICATOR_H_
 #define PLAIT_PARALLEL_RING_COMMUNICATOR_H_
 
@@ -70,11 +73,14 @@ class RingCommunicator final : public Communicator {
   std::shared_ptr<Work> StartBarrier() override;
 
  private:
-  // A collective as run on the communication thread: `run` receives the slot base of its
-  // transfers and the deadline.
+  // A collective's transfers, given its call, the slot base of its transfers and the deadline.
+  using Run = std::function<absl::Status(const CollectiveCall& call, uint64_t slot_base,
+                                         absl::Time deadline)>;
+
+  // A collective as run on the communication thread.
   struct Task {
-    Collective collective;
-    std::function<absl::Status(uint64_t slot_base, absl::Time deadline)> run;
+    CollectiveCall call;
+    Run run;
     std::shared_ptr<NotifiedWork> work;
     // The enqueuing thread's c10 debug info, under which the task runs, so that its
     // allocations are reported where that thread's are (base/allocation_counter.h).
@@ -90,25 +96,23 @@ class RingCommunicator final : public Communicator {
   RingCommunicator(std::string name, int rank, int size, CommunicatorOptions options,
                    std::unique_ptr<internal::TcpMesh> mesh);
 
-  std::shared_ptr<Work> Enqueue(
-      Collective collective,
-      std::function<absl::Status(uint64_t slot_base, absl::Time deadline)> run);
+  std::shared_ptr<Work> Enqueue(Collective collective, Run run);
   void RunTasks();
 
   // Runs `recv` (if any) and every send as transfer `slot`, and waits for all of them.
-  absl::Status Exchange(Collective collective, uint64_t slot, const std::vector<Transfer>& sends,
-                        const std::optional<Transfer>& recv, absl::Time deadline);
+  absl::Status Exchange(const CollectiveCall& call, uint64_t slot,
+                        const std::vector<Transfer>& sends, const std::optional<Transfer>& recv,
+                        absl::Time deadline);
 
   // The ring algorithms, on flat contiguous tensors laid out in ChunkOf chunks.
-  absl::Status ReduceScatterRing(Collective collective, const torch::Tensor& input,
+  absl::Status ReduceScatterRing(const CollectiveCall& call, const torch::Tensor& input,
                                  const torch::Tensor& output, ReduceOp op, uint64_t slot_base,
                                  absl::Time deadline);
-  absl::Status AllGatherRing(Collective collective, const torch::Tensor& buffer, uint64_t slot_base,
-                             absl::Time deadline);
+  absl::Status AllGatherRing(const CollectiveCall& call, const torch::Tensor& buffer,
+                             uint64_t slot_base, absl::Time deadline);
 
   const std::unique_ptr<internal::TcpMesh> mesh_;
-  absl::Status broken_;           // the first failure; touched only by the worker thread
-  uint64_t next_collective_ = 0;  // touched only by the worker thread
+  absl::Status broken_;  // the first failure; touched only by the worker thread
 
   absl::Mutex mutex_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mutex_);

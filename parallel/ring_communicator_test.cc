@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -13,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
+#include "parallel/testing_skip.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/types.h"
 #include "torch/utils.h"
@@ -236,6 +238,48 @@ TEST(RingCommunicatorTest, MissingRankTimesOutWithANamedError) {
                              HasSubstr("barrier on group 'lonely' (rank 0 of 2): the group failed "
                                        "earlier: all_reduce")));
         rank0_done.Notify();
+      },
+      /*timeout=*/absl::Seconds(1));
+}
+
+// Rank 1 skips block 1's gather (testing_skip.h) and issues block 0's, of the same size, in
+// its turn: the ranks stop there, each naming its own collective's place in the step, rather
+// than exchange the two blocks' data.
+TEST(RingCommunicatorTest, ASkippedCollectiveStopsBothRanksWhereTheyDisagree) {
+  RunGroup(
+      "skipping", 2,
+      [&](int rank, RingCommunicator& comm) {
+        comm.BeginStep(3);
+        const torch::Tensor full = torch::zeros({8});
+        ASSERT_THAT(comm.AllReduce(full, ReduceOp::kSum)->Wait(), IsOk());
+        if (rank == 1) {
+          SkipCollectiveForTesting(
+              comm, [](const CollectiveCall& call) { return call.place.block == 1; });
+        }
+        absl::Status first;
+        for (const int block : {1, 0}) {
+          const ScopedPlace place(comm, {block, Pass::kForward, "test unit"});
+          absl::Status status = comm.AllGather(full.narrow(0, 4 * rank, 4), full)->Wait();
+          if (first.ok()) first = status;
+        }
+        EXPECT_TRUE(absl::IsDeadlineExceeded(first) || absl::IsUnavailable(first)) << first;
+        const std::string place =
+            rank == 0 ? "step 3, block 1 forward, all_gather of test unit on group 'skipping'"
+                      : "step 3, block 0 forward, all_gather of test unit on group 'skipping'";
+        EXPECT_THAT(std::string(first.message()),
+                    HasSubstr(absl::StrCat(place, " (rank ", rank,
+                                           " of 2; collective #1 of the "
+                                           "step): ")));
+        EXPECT_EQ(comm.FirstFailure(), absl::StrCat(place, " (collective #1 of the step)"));
+        // Outside a block, the place is the step and the index only; rank 1 issued one less.
+        EXPECT_EQ(comm.Describe(Collective::kBarrier),
+                  absl::StrCat("step 3, barrier on group 'skipping' (rank ", rank,
+                               " of 2; collective #", rank == 0 ? 3 : 2, " of the step)"));
+        const ScopedPlace root(comm, {StepPlace::kRoot, Pass::kBackward, "test bucket", 5});
+        EXPECT_EQ(comm.Describe(Collective::kAllReduce),
+                  absl::StrCat("step 3, root backward, all_reduce of test bucket 5 on group "
+                               "'skipping' (rank ",
+                               rank, " of 2; collective #", rank == 0 ? 3 : 2, " of the step)"));
       },
       /*timeout=*/absl::Seconds(1));
 }

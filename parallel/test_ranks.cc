@@ -41,6 +41,17 @@ void RunOnMesh(const MeshLayout& layout, torch::DeviceType device_type,
   });
 }
 
+World LocalWorld(int rank, int world_size, const std::string& store_file) {
+  World world;
+  world.rank = rank;
+  world.world_size = world_size;
+  world.local_rank = rank;
+  world.local_world_size = world_size;
+  world.master_port = 1;  // unused: the ranks meet through the file
+  world.store_file = store_file;
+  return world;
+}
+
 bool EnoughDevices(torch::DeviceType device_type, int ranks) {
   return device_type == torch::kCPU || CudaDeviceCount() >= ranks;
 }

@@ -4,8 +4,10 @@
 #define PLAIT_PARALLEL_TEST_RANKS_H_
 
 #include <functional>
+#include <string>
 
 #include "parallel/device_mesh.h"
+#include "parallel/world.h"
 #include "torch/types.h"
 
 namespace plait::parallel::testing {
@@ -22,6 +24,10 @@ void RunOnRingMesh(const MeshLayout& layout,
 // NCCL (device.h); a test checks EnoughDevices first.
 void RunOnMesh(const MeshLayout& layout, torch::DeviceType device_type,
                const std::function<void(int rank, DeviceMesh& mesh)>& body);
+
+// Rank `rank` of a local job of `world_size` ranks that meet through the file `store_file`
+// (ProcessGroup::Start, with the ranks as threads of one test).
+World LocalWorld(int rank, int world_size, const std::string& store_file);
 
 // Whether `ranks` ranks on `device_type` have a device each; on CUDA, that many GPUs.
 bool EnoughDevices(torch::DeviceType device_type, int ranks);

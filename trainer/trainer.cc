@@ -315,6 +315,7 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics::StepMetrics metrics;
   metrics.step = step + 1;
   metrics.lr = schedule_->LearningRate(step);
+  mesh_.BeginStep(metrics.step);
   // The step's items are counted over its micro-batches and data-parallel ranks before any
   // backward, which scales each micro-batch's mean by its share of them (step_items.h).
   std::vector<CountedBatch> batches;

@@ -283,11 +283,19 @@ absl::Status ReceiveSome(uint64_t tag, Peer& peer) {
   if (in_header && peer.received == kFrameHeaderBytes) {
     const uint64_t their_tag = GetLittleEndian(peer.recv_header, 8);
     const uint64_t their_bytes = GetLittleEndian(peer.recv_header + 8, 8);
-    if (their_tag != tag || their_bytes != peer.recv_bytes) {
-      return absl::UnavailableError(absl::StrCat(
-          "rank ", peer.rank, " sent ", their_bytes, " bytes as transfer ", their_tag,
-          " where this rank expects ", peer.recv_bytes, " bytes as transfer ", tag,
-          " (the ranks called different collectives, or the same on different sizes)"));
+    // The tags are the callers' (RingCommunicator's are hashes): a mismatch is named, not
+    // printed.
+    if (their_tag != tag) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", peer.rank,
+                       " sent another transfer than this rank expects (the ranks called "
+                       "different collectives, or in another order)"));
+    }
+    if (their_bytes != peer.recv_bytes) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", peer.rank, " sent ", their_bytes, " bytes as transfer ", tag,
+                       " where this rank expects ", peer.recv_bytes,
+                       " bytes (the ranks called the same collective on different sizes)"));
     }
   }
   if (peer.received == kFrameHeaderBytes + peer.recv_bytes) peer.receiving = false;

@@ -59,27 +59,44 @@ TEST(TcpMeshTest, ARingOfExchangesDeliversEveryBuffer) {
   });
 }
 
-TEST(TcpMeshTest, ATransferOfAnotherSizeIsAnErrorNamingBothSides) {
+// Rank 0's status when it exchanges 8 bytes as transfer 7 with rank 1, which only sends,
+// `rank1_bytes` as transfer `rank1_tag` (so it never stops at rank 0's frame before sending).
+absl::Status ExchangeAgainst(uint64_t rank1_tag, size_t rank1_bytes) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   absl::Notification checked;  // rank 1 keeps its connection open until rank 0 has looked
+  absl::Status rank0_status;
   RunRanks(2, [&](int rank) {
     std::unique_ptr<TcpMesh> mesh = Connect(*store, rank, 2);
     ASSERT_NE(mesh, nullptr);
-    std::vector<char> out(rank == 0 ? 8 : 16, 'x');
+    std::vector<char> out(rank == 0 ? 8 : rank1_bytes, 'x');
     std::vector<char> in(8, 0);
-    const absl::Status status = mesh->Exchange(7, {{out.data(), out.size(), 1 - rank}},
-                                               TcpMesh::Transfer{in.data(), in.size(), 1 - rank},
-                                               absl::Now() + absl::Seconds(rank == 0 ? 30 : 1));
     if (rank == 0) {
-      EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable,
-                                   HasSubstr("transfer with rank 1 failed: rank 1 sent 16 bytes "
-                                             "as transfer 7 where this rank expects 8 bytes")));
+      rank0_status = mesh->Exchange(7, {{out.data(), out.size(), 1}},
+                                    TcpMesh::Transfer{in.data(), in.size(), 1},
+                                    absl::Now() + absl::Seconds(30));
       checked.Notify();
     } else {
-      // Rank 0 gives up on the exchange at the bad frame, so rank 1 may wait in vain.
+      EXPECT_THAT(mesh->Exchange(rank1_tag, {{out.data(), out.size(), 0}}, std::nullopt,
+                                 absl::Now() + absl::Seconds(30)),
+                  IsOk());
       checked.WaitForNotification();
     }
   });
+  return rank0_status;
+}
+
+TEST(TcpMeshTest, ATransferOfAnotherSizeIsAnErrorNamingBothSides) {
+  EXPECT_THAT(ExchangeAgainst(7, 16),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("transfer with rank 1 failed: rank 1 sent 16 bytes as transfer 7 "
+                                 "where this rank expects 8 bytes")));
+}
+
+TEST(TcpMeshTest, ATransferWithAnotherTagIsAnErrorNamingThePeer) {
+  EXPECT_THAT(ExchangeAgainst(9, 8),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("transfer with rank 1 failed: rank 1 sent another transfer than "
+                                 "this rank expects (the ranks called different collectives")));
 }
 
 TEST(TcpMeshTest, AStrayConnectionIsDroppedAndTheRanksStillMeet) {

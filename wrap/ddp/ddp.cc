@@ -180,6 +180,9 @@ void Ddp::LaunchReadyBuckets() {
         every_gradient_here_ = false;
       }
     }
+    const parallel::ScopedPlace place(
+        communicator_, {parallel::StepPlace::kNoBlock, parallel::Pass::kBackward, "DDP bucket",
+                        next_to_launch_ - 1});
     bucket.work = communicator_.AllReduce(bucket.buffer, parallel::ReduceOp::kSum);
   }
 }

@@ -15,6 +15,10 @@
 namespace plait::wrap::fsdp {
 namespace {
 
+// What FSDP's collectives are for, as their errors say: "reduce_scatter of FSDP unit".
+constexpr const char* kUnitPurpose = "FSDP unit";
+constexpr const char* kReplicasPurpose = "FSDP unit across replicas";
+
 // The rows of a parameter with `full_rows` rows that `rank` holds, `rows_per_rank` to a rank:
 // fewer (or none) for the last ranks, whose shards are padded.
 struct RankRows {
@@ -255,9 +259,16 @@ void Fsdp::Fail(const absl::Status& status) {
   if (status_.ok()) status_ = status;
 }
 
+parallel::StepPlace Fsdp::PlaceOf(const Unit& unit, const char* purpose) const {
+  const int index = static_cast<int>(&unit - units_.data());
+  return {index == num_blocks() ? parallel::StepPlace::kRoot : index,
+          backward_started_ ? parallel::Pass::kBackward : parallel::Pass::kForward, purpose};
+}
+
 void Fsdp::StartGather(Unit& unit) {
   if (unit.state != Unit::State::kSharded) return;
   torch::NoGradGuard no_grad;
+  const parallel::ScopedPlace place(communicator_, PlaceOf(unit, kUnitPurpose));
   unit.gather_input = unit.PackShards(param_dtype_);
   unit.gather_output =
       torch::empty({unit.shard_numel * communicator_.size()}, unit.gather_input.options());
@@ -396,6 +407,7 @@ void Fsdp::StartReduceScatter(Unit& unit) {
     parameter.mutable_grad().reset();  // the full gradient is not needed any more
   }
   unit.reduce_output = torch::empty({unit.shard_numel + flags}, input.options());
+  const parallel::ScopedPlace place(communicator_, PlaceOf(unit, kUnitPurpose));
   unit.reduce = communicator_.ReduceScatter(input.view({-1}), unit.reduce_output,
                                             parallel::ReduceOp::kAverage);
   // The units whose reduce-scatters started before this one's have had a block's backward to
@@ -419,6 +431,7 @@ void Fsdp::SettleEarlierReduces() {
       continue;
     }
     if (replicate_ != nullptr) {
+      const parallel::ScopedPlace place(*replicate_, PlaceOf(*unit, kReplicasPurpose));
       unit->reduce = replicate_->AllReduce(unit->reduce_output, parallel::ReduceOp::kAverage);
     }
   }

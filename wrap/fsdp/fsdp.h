@@ -106,6 +106,9 @@ class Fsdp {
   void OnGradientAccumulated(int unit);
   void FinishBackward();
 
+  // Where `unit`'s collectives are in the step, for their errors: its block (or the root) in
+  // the pass under way.
+  parallel::StepPlace PlaceOf(const Unit& unit, const char* purpose) const;
   void StartGather(Unit& unit);
   void Unshard(Unit& unit);
   void Reshard(Unit& unit);

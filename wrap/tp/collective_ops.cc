@@ -21,8 +21,23 @@ TpGroup& SavedGroup(AutogradContext* ctx) {
   return *reinterpret_cast<TpGroup*>(ctx->saved_data["group"].toInt());
 }
 
-torch::Tensor AllReduced(const torch::Tensor& x, TpGroup& group) {
+// What the collectives here are for, as their errors say: "step 3, backward, all_reduce of
+// tensor-parallel input gradient (f) on group 'tp' ...".
+constexpr const char* kInputGradient = "tensor-parallel input gradient (f)";
+constexpr const char* kOutputSum = "tensor-parallel output (g)";
+constexpr const char* kSequence = "tensor-parallel sequence";
+constexpr const char* kCrossEntropy = "vocabulary-parallel cross-entropy";
+
+// Says, around one collective on `group`, the pass it belongs to and what it is for.
+parallel::ScopedPlace PlaceIn(TpGroup& group, parallel::Pass pass, const char* purpose) {
+  return parallel::ScopedPlace(group.communicator(),
+                               {parallel::StepPlace::kNoBlock, pass, purpose});
+}
+
+torch::Tensor AllReduced(const torch::Tensor& x, TpGroup& group, parallel::Pass pass,
+                         const char* purpose) {
   torch::Tensor sum = x.contiguous().clone();
+  const parallel::ScopedPlace place = PlaceIn(group, pass, purpose);
   group.Wait(group.communicator().AllReduce(sum, parallel::ReduceOp::kSum));
   return sum;
 }
@@ -33,20 +48,22 @@ torch::Tensor SequenceFirst(const torch::Tensor& x) { return x.transpose(0, 1).c
 
 // Batch-first again, and contiguous: the column-parallel projections after it flatten it
 // into rows, which of a transposed view each would copy (and keep for its backward).
-torch::Tensor AllGatheredSequence(const torch::Tensor& x, TpGroup& group) {
+torch::Tensor AllGatheredSequence(const torch::Tensor& x, TpGroup& group, parallel::Pass pass) {
   const torch::Tensor input = SequenceFirst(x);
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes[0] *= group.size();
   torch::Tensor output = torch::empty(sizes, input.options());
+  const parallel::ScopedPlace place = PlaceIn(group, pass, kSequence);
   group.Wait(group.communicator().AllGather(input, output));
   return output.transpose(0, 1).contiguous();
 }
 
-torch::Tensor ReduceScatteredSequence(const torch::Tensor& x, TpGroup& group) {
+torch::Tensor ReduceScatteredSequence(const torch::Tensor& x, TpGroup& group, parallel::Pass pass) {
   const torch::Tensor input = SequenceFirst(x);
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes[0] /= group.size();
   torch::Tensor output = torch::empty(sizes, input.options());
+  const parallel::ScopedPlace place = PlaceIn(group, pass, kSequence);
   group.Wait(group.communicator().ReduceScatter(input, output, parallel::ReduceOp::kSum));
   return output.transpose(0, 1);
 }
@@ -57,13 +74,14 @@ struct CopyToRegionFunction : torch::autograd::Function<CopyToRegionFunction> {
     return x.view_as(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {AllReduced(grads[0], SavedGroup(ctx)), torch::Tensor()};
+    return {AllReduced(grads[0], SavedGroup(ctx), parallel::Pass::kBackward, kInputGradient),
+            torch::Tensor()};
   }
 };
 
 struct ReduceFromRegionFunction : torch::autograd::Function<ReduceFromRegionFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpGroup* group) {
-    return AllReduced(x, *group);
+    return AllReduced(x, *group, parallel::Pass::kForward, kOutputSum);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {grads[0], torch::Tensor()};
@@ -73,20 +91,22 @@ struct ReduceFromRegionFunction : torch::autograd::Function<ReduceFromRegionFunc
 struct GatherSequenceFunction : torch::autograd::Function<GatherSequenceFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpGroup* group) {
     SaveGroup(ctx, group);
-    return AllGatheredSequence(x, *group);
+    return AllGatheredSequence(x, *group, parallel::Pass::kForward);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {ReduceScatteredSequence(grads[0], SavedGroup(ctx)), torch::Tensor()};
+    return {ReduceScatteredSequence(grads[0], SavedGroup(ctx), parallel::Pass::kBackward),
+            torch::Tensor()};
   }
 };
 
 struct ReduceScatterSequenceFunction : torch::autograd::Function<ReduceScatterSequenceFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpGroup* group) {
     SaveGroup(ctx, group);
-    return ReduceScatteredSequence(x, *group);
+    return ReduceScatteredSequence(x, *group, parallel::Pass::kForward);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {AllGatheredSequence(grads[0], SavedGroup(ctx)), torch::Tensor()};
+    return {AllGatheredSequence(grads[0], SavedGroup(ctx), parallel::Pass::kBackward),
+            torch::Tensor()};
   }
 };
 
@@ -110,6 +130,7 @@ struct VocabParallelCrossEntropyFunction
     torch::Tensor max =
         real == 0 ? torch::full({rows}, -std::numeric_limits<double>::infinity(), wide_options)
                   : torch::amax(scored, {1}).to(wide);
+    const parallel::ScopedPlace place = PlaceIn(*group, parallel::Pass::kForward, kCrossEntropy);
     group->Wait(group->communicator().AllReduce(max, parallel::ReduceOp::kMax));
     // Shifted by 0 where the maximum is infinite, as torch::logsumexp does.
     max.masked_fill_(max.isinf(), 0.0);
