@@ -119,6 +119,26 @@ TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "--max_local_ranks=-2: \"-2\" is not a positive integer"));
 
+  // A GPU cluster to check it for: its nodes and a catalogue of one's own go with --target,
+  // and the world is the target's, not --world_size's.
+  const char* target_argv[] = {"plan_check", "plan.textproto", "--target=h200", "--nodes=2",
+                               "--targets_file=mine.textproto"};
+  absl::StatusOr<PlanArguments> for_target =
+      ParsePlanArguments(5, const_cast<char**>(target_argv), PlanCommand::kCheck);
+  ASSERT_THAT(for_target, IsOk());
+  EXPECT_EQ(for_target->target, "h200");
+  EXPECT_EQ(for_target->nodes, 2);
+  EXPECT_EQ(for_target->targets_file, "mine.textproto");
+  EXPECT_THAT(ParsePlanArguments(3, const_cast<char**>(target_argv), PlanCommand::kTrain),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'target'")));
+  const char* nodes_alone[] = {"plan_check", "--nodes=2"};
+  EXPECT_THAT(ParsePlanArguments(2, const_cast<char**>(nodes_alone), PlanCommand::kCheck),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--nodes needs --target=NAME"));
+  const char* two_worlds[] = {"plan_check", "--target=h200", "--world_size=8"};
+  EXPECT_THAT(
+      ParsePlanArguments(3, const_cast<char**>(two_worlds), PlanCommand::kCheck),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--world_size with --target")));
+
   // The later override wins, and the embedded plan serves when no file is named.
   arguments->plan_path.clear();
   absl::StatusOr<Plan> plan = LoadPlanFromArguments(*arguments, kPlan, "embedded");
