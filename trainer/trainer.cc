@@ -338,8 +338,8 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
     step_items.ScaledForBackward(output.loss, static_cast<int>(micro)).backward();
     means.Add(output, batches[micro].items);
   }
-  PLAIT_RETURN_IF_ERROR(base::Annotate(prepared_->preparation().BackwardStatus(),
-                                       absl::StrCat("step ", metrics.step)));
+  // Its errors are the hooks' collectives', which name the step and their place in it.
+  PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());
   // The loss over the mesh comes before the update: every rank skips the update of a step
   // whose loss is not finite, so that its gradients never reach the weights.
   PLAIT_ASSIGN_OR_RETURN(const objectives::MeanMetrics mean,
