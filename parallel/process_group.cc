@@ -74,7 +74,10 @@ absl::Status ProcessGroup::ExplainFailure(absl::Status failure) const {
       !(absl::IsDeadlineExceeded(failure) || absl::IsUnavailable(failure))) {
     return failure;
   }
-  const absl::Duration grace = std::min(collective_timeout_, kMaxReportingWait);
+  // A rank still inside a collective fails within a timeout of the collective's start; one
+  // more leaves a loaded machine's ranks time to report where (fsdp_hang_test's rank 1, which
+  // fails at once, waits for rank 0's timeout).
+  const absl::Duration grace = std::min(2 * collective_timeout_, kMaxReportingWait);
   auto with = [&failure](absl::string_view finding) {
     return absl::Status(failure.code(), absl::StrCat(failure.message(), "; ", finding));
   };

@@ -57,7 +57,7 @@ TEST(ProcessGroupTest, AFailedCollectiveNamesTheRankThatStoppedAnswering) {
   stopped.join();
   for (const absl::Status& result : results) {
     EXPECT_THAT(result, StatusIs(absl::StatusCode::kDeadlineExceeded,
-                                 HasSubstr("rank 2 of 3 did not answer within 1s")));
+                                 HasSubstr("rank 2 of 3 did not answer within 2s")));
   }
 }
 
