@@ -1,11 +1,11 @@
 #include "base/heap.h"
 
-#include <unistd.h>
-
 #include <climits>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+
+#include "base/exec_again.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -68,14 +68,7 @@ bool UseHugePagesForHeap([[maybe_unused]] char** argv) {
   }
   const std::string updated = previous.empty() ? std::string(kHugePageTunable) + "1"
                                                : previous + ":" + kHugePageTunable + "1";
-  setenv("GLIBC_TUNABLES", updated.c_str(), /*overwrite=*/1);
-  execv("/proc/self/exe", argv);
-  // Only reached when the program could not be executed again: leave everything as it was.
-  if (tunables == nullptr) {
-    unsetenv("GLIBC_TUNABLES");
-  } else {
-    setenv("GLIBC_TUNABLES", previous.c_str(), /*overwrite=*/1);
-  }
+  ExecAgainWith(argv, "GLIBC_TUNABLES", updated);
 #endif
   return false;
 }

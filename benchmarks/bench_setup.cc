@@ -13,6 +13,7 @@
 namespace plait::benchmarks {
 
 int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter) {
+  const bool passive_wait = base::UsePassiveOpenMpWait(argv);
   const bool huge_pages = base::UseHugePagesForHeap(argv);
   const bool heap_retained = base::RetainFreedHeapMemory();
   if (!base::SetComputeThreads(1)) {
@@ -26,6 +27,8 @@ int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter)
   benchmark::AddCustomContext(
       "heap", heap_retained ? "freed memory retained (base/heap.h)" : "the C library's default");
   benchmark::AddCustomContext("heap pages", huge_pages ? "2 MiB (base/heap.h)" : "4 KiB");
+  benchmark::AddCustomContext("OpenMP wait", passive_wait ? "passive (base/threads.h)"
+                                                          : "the runtime's default (spinning)");
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks(reporter);
   benchmark::Shutdown();

@@ -1,7 +1,7 @@
 // What the benchmarks share: a main() that pins LibTorch's two thread pools to one thread
-// each (base/threads.h) and sets up the heap as the training jobs do (huge pages, freed memory
-// kept; base/heap.h) before running; and the medium model shape the models and wrap issues
-// measure.
+// each, with OpenMP's idle threads sleeping (base/threads.h), and sets up the heap as the
+// training jobs do (huge pages, freed memory kept; base/heap.h) before running; and the
+// medium model shape the models and wrap issues measure.
 //
 //   int main(int argc, char** argv) { return plait::benchmarks::BenchmarkMain(argc, argv); }
 #ifndef PLAIT_BENCHMARKS_BENCH_SETUP_H_
@@ -15,7 +15,8 @@
 
 namespace plait::benchmarks {
 
-// Puts the heap on huge pages, which may execute the program again first, and retains freed
+// Makes OpenMP's idle threads sleep and puts the heap on huge pages, either of which may
+// execute the program again first, and retains freed
 // heap memory (reported in the benchmark context as "heap pages" and "heap"), sets LibTorch's
 // intra-op pool (at::set_num_threads) and OpenBLAS's, which does LibTorch's matmuls and
 // ignores the former, to one thread, then runs the

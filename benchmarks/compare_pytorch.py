@@ -13,7 +13,8 @@ one sequence of 512 tokens per rank), in fp32 and bf16:
                         2 processes
 
 A step is forward, backward, clipping to norm 1.0 and AdamW, with one compute
-thread per process (as plait's trainer runs: one core per rank). bf16 means
+thread per process, or --threads=N for the one-process rows (the FSDP rows keep
+one thread per rank: two ranks fill two cores). bf16 means
 plait's model in bf16 with fp32 masters in its optimizer; for PyTorch,
 autocast to bf16 around fp32 parameters (eager and compile) and FSDP2's
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), which is plait's
@@ -70,7 +71,7 @@ def use_shape(name):
     MODEL_TYPE, CONFIG, MICRO_BATCH, SEQ_LEN = SHAPES[name]
 
 
-def plait_plan(dtype, ranks, steps, metrics_file):
+def plait_plan(dtype, ranks, threads, steps, metrics_file):
     """The trainer plan of one plait run (plan/plan.proto)."""
     config = " ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}"
                       for k, v in CONFIG.items())
@@ -98,11 +99,12 @@ training {{
   eval_batches: 1  # after the last step, outside its timing
   log_every: 1000
   metrics_file: "{metrics_file}"
+  compute_threads_per_rank: {threads}
 }}
 """
 
 
-def run_plait(binary, dtype, ranks, warmup, steps):
+def run_plait(binary, dtype, ranks, threads, warmup, steps):
     """plait's trainer: the median wall time of the timed steps (from its
     metrics file), and the CPU seconds of all its processes per timed step,
     read from /proc when the metrics file shows the warmup and the timed
@@ -111,7 +113,7 @@ def run_plait(binary, dtype, ranks, warmup, steps):
         metrics = os.path.join(folder, "metrics.jsonl")
         plan = os.path.join(folder, "plan.textproto")
         with open(plan, "w") as f:
-            f.write(plait_plan(dtype, ranks, warmup + steps, metrics))
+            f.write(plait_plan(dtype, ranks, threads, warmup + steps, metrics))
         trainer = subprocess.Popen([binary, f"--plan={plan}"],
                                    stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, text=True)
@@ -205,10 +207,10 @@ def adamw(torch, params):
                              weight_decay=0.1)
 
 
-def worker_single(mode, dtype, warmup, steps):
+def worker_single(mode, dtype, threads, warmup, steps):
     import torch
     import transformers
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     model = pytorch_model(torch, transformers)
     optimizer = adamw(torch, model.parameters())
     if mode == "compile":
@@ -257,14 +259,16 @@ def worker_fsdp(dtype, warmup, steps):
     return dict(ranks[0], cpu_s=ranks[0]["cpu_s"] + ranks[1]["cpu_s"])
 
 
-def run_worker(mode, dtype, warmup, steps, shape):
+def run_worker(mode, dtype, threads, warmup, steps, shape):
     """One PyTorch configuration in a fresh process (its own threads, memory
     and compile state)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1")
     result = subprocess.run(
         [sys.executable, __file__, "--worker", mode, "--dtype", dtype,
-         "--warmup", str(warmup), "--steps", str(steps), "--shape", shape],
+         "--threads", str(threads), "--warmup", str(warmup), "--steps",
+         str(steps), "--shape", shape],
         capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"PyTorch {mode} {dtype} failed:\n"
@@ -284,6 +288,8 @@ def main():
     parser.add_argument("--shape", default="medium", choices=sorted(SHAPES),
                         help="medium: the 29M benchmark model; real: "
                              "Qwen2.5-0.5B's widths and vocabulary, 2 layers")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="compute threads of the one-process rows")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -293,8 +299,8 @@ def main():
         if args.worker == "fsdp":
             result = worker_fsdp(args.dtype, args.warmup, args.steps)
         else:
-            result = worker_single(args.worker, args.dtype, args.warmup,
-                                   args.steps)
+            result = worker_single(args.worker, args.dtype, args.threads,
+                                   args.warmup, args.steps)
         print(json.dumps(result))
         return
 
@@ -314,11 +320,13 @@ def main():
             try:
                 if kind.startswith("plait"):
                     ranks = 2 if kind == "plait_fsdp" else 1
-                    result = run_plait(binary, dtype, ranks, args.warmup,
-                                       args.steps)
+                    result = run_plait(binary, dtype, ranks,
+                                       1 if ranks > 1 else args.threads,
+                                       args.warmup, args.steps)
                 else:
-                    result = run_worker(kind, dtype, args.warmup, args.steps,
-                                        args.shape)
+                    threads = 1 if kind == "fsdp" else args.threads
+                    result = run_worker(kind, dtype, threads, args.warmup,
+                                        args.steps, args.shape)
             except RuntimeError as error:
                 print(error, file=sys.stderr)
                 result = None

@@ -6,6 +6,11 @@
 //
 //   bazel run --config=opt //benchmarks:model_bench
 //
+// BM_TrainStepThreads times the medium step by the wall clock on 1 and on 2 compute threads
+// (what a one-process run gains from a second core; see it for the load it needs):
+//
+//   bazel run --config=opt //benchmarks:model_bench -- --benchmark_filter=Threads
+//
 // The ceiling is measured right after every timed step, and a step's MFU is
 // TrainingFlopsPerToken (models/estimates.h: 6N + 6Lsh, the run's and plan_check's count too)
 // * tokens / step time / that ceiling; the reported MFU
@@ -154,6 +159,50 @@ BENCHMARK(BM_TrainStep)
     ->Args({2, 1, 512, 0})
     ->Args({2, 1, 512, 1})
     ->Iterations(3)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// The medium step on 1 and on 2 compute threads (base::SetComputeThreads), timed by the wall
+// clock, since CPU time counts every thread's turn: what a one-process run gains from a
+// second core. On a machine other jobs share the second thread gets what they leave, so the
+// ratio of the two rates is only meaningful while the load (reported in the context) is
+// below the core count. range(0): 0 = fp32, 1 = bf16; range(1): threads.
+void BM_TrainStepThreads(benchmark::State& state) {
+  const ModelConfig config = benchmarks::MediumModel();
+  const int64_t batch = 8;
+  const int64_t seq = 256;
+  const torch::ScalarType dtype = state.range(0) == 0 ? torch::kFloat32 : torch::kBFloat16;
+  const int threads = static_cast<int>(state.range(1));
+  state.SetLabel(absl::StrCat("medium ", state.range(0) == 0 ? "fp32" : "bf16", ", ", threads,
+                              threads == 1 ? " thread" : " threads", ", wall time"));
+  base::SetComputeThreads(threads);
+  InitConfig init;
+  init.set_seed(1);
+  std::shared_ptr<CausalLM> model = CausalLM::Create(config, init).value();
+  model->to(dtype);
+  torch::manual_seed(2);
+  const torch::Tensor tokens = torch::randint(config.vocab_size(), {batch, seq + 1});
+  const torch::Tensor inputs = tokens.narrow(1, 0, seq);
+  const torch::Tensor targets = tokens.narrow(1, 1, seq);
+  model->Loss(inputs, targets).backward();  // untimed: faults the step's memory in
+  std::vector<double> rates;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    model->zero_grad(/*set_to_none=*/true);
+    model->Loss(inputs, targets).backward();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    state.SetIterationTime(seconds);
+    rates.push_back(static_cast<double>(batch * seq) / seconds);
+  }
+  base::SetComputeThreads(1);
+  // The median step's rate: one step slowed by another job's burst moves it least.
+  state.counters["tokens/s"] = benchmarks::Median(rates);
+}
+
+BENCHMARK(BM_TrainStepThreads)
+    ->ArgsProduct({{0, 1}, {1, 2}})
+    ->Iterations(5)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -39,6 +39,10 @@ namespace {
 // The most micro-batches a rank reads in one evaluation of a synthetic source (plan.proto).
 constexpr int64_t kMaxSyntheticEvalMicroBatches = 65536;
 
+// The most compute threads a rank may ask for (plan.proto): more than the cores of any one
+// machine plait runs on, and few enough that a typo cannot start a million threads.
+constexpr int32_t kMaxComputeThreadsPerRank = 1024;
+
 bool DirectoryExists(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
@@ -211,6 +215,12 @@ class Checker {
     non_negative("eval_every", t.eval_every());
     non_negative("log_every", t.log_every());
     non_negative("max_skipped_steps", t.max_skipped_steps());
+    non_negative("compute_threads_per_rank", t.compute_threads_per_rank());
+    if (t.compute_threads_per_rank() > kMaxComputeThreadsPerRank) {
+      Add("plan.training.compute_threads_per_rank",
+          absl::StrCat(t.compute_threads_per_rank(), "; must be at most ",
+                       kMaxComputeThreadsPerRank, " (0: from the machine)"));
+    }
     if (!t.run_dir().empty()) {
       if (absl::Status writable = base::CheckFolderIsWritable(base::UserPath(t.run_dir()));
           !writable.ok()) {

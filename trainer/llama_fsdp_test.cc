@@ -49,6 +49,7 @@ TEST(LlamaFsdpTest, TwoRanksTrainAndWriteTheMetrics) {
   options.num_ranks = 2;
   options.command = {LlamaFsdp(),
                      "--set=training.steps=3",
+                     "--set=training.compute_threads_per_rank=1",
                      "--set=schedule.warmup.steps=1",
                      "--set=training.eval_batches=1",
                      "--set=training.log_every=1",
@@ -59,6 +60,10 @@ TEST(LlamaFsdpTest, TwoRanksTrainAndWriteTheMetrics) {
   absl::StatusOr<parallel::LaunchResult> result = parallel::Launch(options);
   ASSERT_THAT(result, IsOk());
   ASSERT_TRUE(result->ok()) << result->summary << "\n" << output;
+  // Local rank 0 says first how many threads each rank computes with, and why.
+  EXPECT_THAT(output, HasSubstr("[rank 0] compute threads: 1 per rank "
+                                "(training.compute_threads_per_rank: 1)\n"));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("[rank 1] compute threads")));
   EXPECT_THAT(output, HasSubstr("[rank 0] step 3/3 | loss "));
   EXPECT_THAT(output, HasSubstr("[rank 0] done: 3 steps in "));
   EXPECT_THAT(output, HasSubstr("entropy floor"));

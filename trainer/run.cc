@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/cpus.h"
 #include "base/guarded_main.h"
 #include "base/heap.h"
 #include "base/status.h"
@@ -44,9 +45,33 @@ absl::Status CheckRestartable(const plan::Plan& plan, const std::string& launche
       "training { checkpoint { dir: \"...\" every: N resume: true } }"));
 }
 
+// Sets this rank's compute threads: the plan's training.compute_threads_per_rank, or the CPUs
+// this process may use shared among the ranks on this machine. Local rank 0 says how many and
+// why, the run's first line from its ranks. False, having said why, when the CPUs cannot be
+// read.
+bool UseComputeThreads(const plan::Plan& plan, const parallel::World& world) {
+  int threads = plan.training().compute_threads_per_rank();
+  std::string why = absl::StrCat("training.compute_threads_per_rank: ", threads);
+  if (threads == 0) {
+    const absl::StatusOr<base::UsableCpus> cpus = base::ReadUsableCpus();
+    if (!cpus.ok()) {
+      std::cerr << "rank " << world.rank << ": " << cpus.status().message()
+                << "; set training.compute_threads_per_rank to choose the thread count\n";
+      return false;
+    }
+    threads = cpus->PerRank(world.local_world_size);
+    why = absl::StrCat(cpus->Describe(), "; ", world.local_world_size,
+                       world.local_world_size == 1 ? " local rank" : " local ranks");
+  }
+  base::SetComputeThreads(threads);
+  if (world.local_rank == 0) {
+    std::cout << "compute threads: " << threads << " per rank (" << why << ")" << std::endl;
+  }
+  return true;
+}
+
 absl::Status TrainAsRank(const plan::ResolvedPlan& resolved, const parallel::World& world) {
   const plan::Plan& plan = resolved.plan;
-  base::SetComputeThreads(1);  // one core per rank; ranks share the machine
   PLAIT_ASSIGN_OR_RETURN(const torch::Device device,
                          parallel::ResolveDevice(plan.device(), world.local_rank,
                                                  world.local_world_size, "plan.device"));
@@ -133,9 +158,11 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
         return 1;
       }
     }
-    if (!OpenRunFolder(folder)) return 1;
     // A job that restarts runs under a launcher even with one rank, which starts it again.
-    if (ranks > 1 || arguments->max_restarts > 0) {
+    const bool launches = ranks > 1 || arguments->max_restarts > 0;
+    if (!launches && !UseComputeThreads(*plan, parallel::World())) return 1;
+    if (!OpenRunFolder(folder)) return 1;
+    if (launches) {
       if (std::optional<int> code =
               parallel::LaunchSelfIfNoWorld(argc, argv, ranks, arguments->max_restarts)) {
         return *code;
@@ -158,6 +185,7 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
       if (world->local_rank == 0) PrintRefusal(for_world.status());
       return 1;
     }
+    if (!UseComputeThreads(*plan, *world)) return 1;
     if (!OpenRunFolder(folder)) return 1;
     resolved = *std::move(for_world);
   }
@@ -181,6 +209,7 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
 }  // namespace
 
 int RunMain(int argc, char** argv, const EmbeddedPlan& embedded) {
+  base::UsePassiveOpenMpWait(argv);
   base::UseHugePagesForHeap(argv);
   base::RetainFreedHeapMemory();
   return base::RunCatchingExceptions(argv[0], [&] {

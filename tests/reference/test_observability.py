@@ -29,7 +29,8 @@ def run(tmp_path_factory):
     settings = {"training.steps": STEPS, "schedule.warmup.steps": 2,
                 "training.eval_every": 3, "training.eval_batches": 1,
                 "training.metrics_file": metrics,
-                "training.tensorboard_dir": tensorboard}
+                "training.tensorboard_dir": tensorboard,
+                "training.compute_threads_per_rank": 1}
     result = subprocess.run(
         [TRAIN] + [f"--set={k}={v}" for k, v in settings.items()],
         capture_output=True, text=True)
