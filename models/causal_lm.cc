@@ -1,6 +1,7 @@
 #include "models/causal_lm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -27,22 +28,36 @@ namespace {
 
 namespace F = torch::nn::functional;
 
-torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+// `parameter` becomes a view, of `shape`, of one zero element of its own with the options
+// `deferred`.
+void Defer(torch::Tensor& parameter, c10::IntArrayRef shape, const torch::TensorOptions& deferred) {
+  torch::NoGradGuard no_grad;
+  parameter.set_data(torch::zeros({}, deferred).expand(shape));
+}
+
+// LibTorch's Linear and Embedding draw their default initialisation over their whole shape as
+// they are built. Deferred, they are built with one element a dimension and only then given
+// their shape, with parameters that hold no memory: building a model fills no parameter and
+// draws one value a module, not one a parameter element.
+torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias, const Deferred& deferred) {
+  if (!deferred.has_value()) return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+  torch::nn::Linear linear(torch::nn::LinearOptions(1, 1).bias(bias));
+  linear->options.in_features(in).out_features(out);
+  Defer(linear->weight, {out, in}, *deferred);
+  if (bias) Defer(linear->bias, {out}, *deferred);
+  return linear;
+}
+
+torch::nn::Embedding MakeEmbedding(int64_t count, int64_t dim, const Deferred& deferred) {
+  if (!deferred.has_value()) return torch::nn::Embedding(count, dim);
+  torch::nn::Embedding embedding(1, 1);
+  embedding->options.num_embeddings(count).embedding_dim(dim);
+  Defer(embedding->weight, {count, dim}, *deferred);
+  return embedding;
 }
 
 bool IsResidualProjection(const std::string& name) {
   return absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight");
-}
-
-// With `deferred`: every parameter of `module` gives up the memory it was built with and
-// becomes a view, of its shape, of one zero element of its own with those options.
-void Defer(torch::nn::Module& module, const std::optional<torch::TensorOptions>& deferred) {
-  if (!deferred.has_value()) return;
-  torch::NoGradGuard no_grad;
-  for (torch::Tensor& parameter : module.parameters()) {
-    parameter.set_data(torch::zeros({}, *deferred).expand(parameter.sizes()));
-  }
 }
 
 // `linear` applied to `x`, through activation checkpointing's ops when there are some.
@@ -64,6 +79,9 @@ torch::Tensor RowParallel(torch::nn::Linear linear, const torch::Tensor& x,
   return linear->bias.defined() ? sum + linear->bias : sum;
 }
 
+// CausalLM::InitialValues's seeded draws (internal::SeededDraws).
+std::atomic<int64_t> seeded_draws{0};
+
 }  // namespace
 
 wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name) {
@@ -82,25 +100,29 @@ wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name) {
   return Split::kReplicated;
 }
 
-RmsNorm::RmsNorm(int64_t size, double eps) : eps_(eps) {
-  weight = register_parameter("weight", torch::ones({size}));
+RmsNorm::RmsNorm(int64_t size, double eps, const Deferred& deferred) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({deferred.has_value() ? 1 : size}));
+  if (deferred.has_value()) Defer(weight, {size}, *deferred);
 }
 
 torch::Tensor RmsNorm::forward(const torch::Tensor& x, bool generic_ops) {
   return internal::RmsNorm(x, weight, eps_, generic_ops);
 }
 
-Attention::Attention(const ModelConfig& config)
+Attention::Attention(const ModelConfig& config, const Deferred& deferred)
     : num_heads_(config.num_attention_heads()),
       num_kv_heads_(config.num_key_value_heads()),
       head_dim_(HeadDim(config)) {
   const int64_t hidden = config.hidden_size();
   const bool qkv_bias = config.model_type() == "qwen2" || config.attention_bias();
-  q_proj = register_module("q_proj", MakeLinear(hidden, num_heads_ * head_dim_, qkv_bias));
-  k_proj = register_module("k_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, qkv_bias));
-  v_proj = register_module("v_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, qkv_bias));
-  o_proj = register_module("o_proj",
-                           MakeLinear(num_heads_ * head_dim_, hidden, config.attention_bias()));
+  q_proj =
+      register_module("q_proj", MakeLinear(hidden, num_heads_ * head_dim_, qkv_bias, deferred));
+  k_proj =
+      register_module("k_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, qkv_bias, deferred));
+  v_proj =
+      register_module("v_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, qkv_bias, deferred));
+  o_proj = register_module(
+      "o_proj", MakeLinear(num_heads_ * head_dim_, hidden, config.attention_bias(), deferred));
 }
 
 absl::Status Attention::SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) {
@@ -135,12 +157,12 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
   return RowParallel(o_proj, out, context.tp, checkpointing);
 }
 
-Mlp::Mlp(const ModelConfig& config) {
+Mlp::Mlp(const ModelConfig& config, const Deferred& deferred) {
   const int64_t hidden = config.hidden_size();
   const int64_t inner = config.intermediate_size();
-  gate_proj = register_module("gate_proj", MakeLinear(hidden, inner, false));
-  up_proj = register_module("up_proj", MakeLinear(hidden, inner, false));
-  down_proj = register_module("down_proj", MakeLinear(inner, hidden, false));
+  gate_proj = register_module("gate_proj", MakeLinear(hidden, inner, false, deferred));
+  up_proj = register_module("up_proj", MakeLinear(hidden, inner, false, deferred));
+  down_proj = register_module("down_proj", MakeLinear(inner, hidden, false, deferred));
 }
 
 torch::Tensor Mlp::forward(const torch::Tensor& x, const AttentionContext& context) {
@@ -153,14 +175,15 @@ torch::Tensor Mlp::forward(const torch::Tensor& x, const AttentionContext& conte
                      tp, checkpointing);
 }
 
-DecoderLayer::DecoderLayer(const ModelConfig& config) {
+DecoderLayer::DecoderLayer(const ModelConfig& config, const Deferred& deferred) {
   input_layernorm = register_module(
-      "input_layernorm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
-  self_attn = register_module("self_attn", std::make_shared<Attention>(config));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm",
-                      std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
-  mlp = register_module("mlp", std::make_shared<Mlp>(config));
+      "input_layernorm",
+      std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(), deferred));
+  self_attn = register_module("self_attn", std::make_shared<Attention>(config, deferred));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm",
+      std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(), deferred));
+  mlp = register_module("mlp", std::make_shared<Mlp>(config, deferred));
 }
 
 torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const AttentionContext& context) {
@@ -169,29 +192,25 @@ torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const AttentionConte
   return h + mlp->forward(post_attention_layernorm->forward(h, context.generic_ops), context);
 }
 
-Decoder::Decoder(const ModelConfig& config, const std::optional<torch::TensorOptions>& deferred) {
-  embed_tokens = register_module("embed_tokens",
-                                 torch::nn::Embedding(config.vocab_size(), config.hidden_size()));
-  Defer(*embed_tokens, deferred);
+Decoder::Decoder(const ModelConfig& config, const Deferred& deferred) {
+  embed_tokens = register_module(
+      "embed_tokens", MakeEmbedding(config.vocab_size(), config.hidden_size(), deferred));
   torch::nn::ModuleList list;
   for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
-    layers.push_back(std::make_shared<DecoderLayer>(config));
-    Defer(*layers.back(), deferred);
+    layers.push_back(std::make_shared<DecoderLayer>(config, deferred));
     list->push_back(layers.back());
   }
   register_module("layers", list);
-  norm = register_module("norm",
-                         std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
-  Defer(*norm, deferred);
+  norm = register_module(
+      "norm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(), deferred));
 }
 
-CausalLM::CausalLM(const ModelConfig& config, const std::optional<torch::TensorOptions>& deferred)
+CausalLM::CausalLM(const ModelConfig& config, const torch::TensorOptions& options)
     : config_(config) {
-  model_ = register_module("model", std::make_shared<Decoder>(config, deferred));
+  model_ = register_module("model", std::make_shared<Decoder>(config, options));
   if (!config.tie_word_embeddings()) {
-    lm_head_ =
-        register_module("lm_head", MakeLinear(config.hidden_size(), config.vocab_size(), false));
-    Defer(*lm_head_, deferred);
+    lm_head_ = register_module(
+        "lm_head", MakeLinear(config.hidden_size(), config.vocab_size(), false, options));
   }
   inv_freq_ = RotaryInverseFrequencies(config);
 }
@@ -200,7 +219,9 @@ absl::StatusOr<std::shared_ptr<CausalLM>> CausalLM::Create(const ModelConfig& co
                                                            const InitConfig& init) {
   PLAIT_RETURN_IF_ERROR(ValidateModelConfig(config));
   PLAIT_RETURN_IF_ERROR(ValidateInitConfig(init));
-  std::shared_ptr<CausalLM> model(new CausalLM(config, std::nullopt));
+  // Built deferred, so that only the seeded draw below writes the values.
+  std::shared_ptr<CausalLM> model(new CausalLM(config, torch::TensorOptions()));
+  model->MaterializeParameters();
   PLAIT_RETURN_IF_ERROR(model->ResetParameters(init));
   return model;
 }
@@ -220,6 +241,7 @@ torch::Tensor CausalLM::InitialValues(const ModelConfig& config, const InitConfi
       init.scaled_residual_init()
           ? std / std::sqrt(2.0 * static_cast<double>(config.num_hidden_layers()))
           : std;
+  seeded_draws.fetch_add(1, std::memory_order_relaxed);
   at::Generator generator =
       base::MakeCpuGenerator(base::SplitMix64(init.seed() ^ base::Fnv1a64(name)));
   torch::Tensor values = torch::empty(shape, torch::kFloat32);
@@ -377,6 +399,8 @@ std::vector<wrap::Wrappable::NamedParameter> CausalLM::NamedParameters() {
 }
 
 void internal::UseGenericOps(CausalLM& model, bool generic) { model.generic_ops_ = generic; }
+
+int64_t internal::SeededDraws() { return seeded_draws.load(std::memory_order_relaxed); }
 
 absl::Status CausalLM::SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) {
   const int64_t shards = num_heads > 0 && NumHeads() % num_heads == 0 ? NumHeads() / num_heads : 0;

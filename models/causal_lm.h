@@ -44,6 +44,11 @@
 
 namespace plait::models {
 
+// The options of the parameters of a model built for deferred initialisation
+// (CausalLM::CreateDeferred), or none for modules built whole, with LibTorch's default
+// initialisation.
+using Deferred = std::optional<torch::TensorOptions>;
+
 // The index CrossEntropy skips by default (PyTorch's and HF's).
 inline constexpr int64_t kIgnoreIndex = -100;
 
@@ -53,10 +58,10 @@ inline constexpr int64_t kIgnoreIndex = -100;
 wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name);
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last dimension; `generic_ops` as
-// AttentionContext's.
+// AttentionContext's. Each module below builds its parameters as `deferred` says.
 class RmsNorm : public torch::nn::Module {
  public:
-  RmsNorm(int64_t size, double eps);
+  RmsNorm(int64_t size, double eps, const Deferred& deferred = std::nullopt);
   torch::Tensor forward(const torch::Tensor& x, bool generic_ops = false);
 
   torch::Tensor weight;
@@ -85,7 +90,7 @@ struct AttentionContext {
 // Causal self-attention with rotary embeddings and grouped-query attention.
 class Attention : public torch::nn::Module {
  public:
-  explicit Attention(const ModelConfig& config);
+  explicit Attention(const ModelConfig& config, const Deferred& deferred = std::nullopt);
 
   // x [B, T, hidden] -> [B, T, hidden] (under tensor parallelism with sequence parallelism,
   // this rank's slice of the sequence in and out).
@@ -108,7 +113,7 @@ class Attention : public torch::nn::Module {
 // The SwiGLU feed-forward: down_proj(silu(gate_proj(x)) * up_proj(x)).
 class Mlp : public torch::nn::Module {
  public:
-  explicit Mlp(const ModelConfig& config);
+  explicit Mlp(const ModelConfig& config, const Deferred& deferred = std::nullopt);
   // As Attention::forward (of the context, it reads the tensor-parallel and checkpointing ops
   // and generic_ops).
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
@@ -119,7 +124,7 @@ class Mlp : public torch::nn::Module {
 // One pre-norm transformer block (HF's LlamaDecoderLayer / Qwen2DecoderLayer).
 class DecoderLayer : public torch::nn::Module {
  public:
-  explicit DecoderLayer(const ModelConfig& config);
+  explicit DecoderLayer(const ModelConfig& config, const Deferred& deferred = std::nullopt);
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
 
   std::shared_ptr<RmsNorm> input_layernorm;
@@ -131,9 +136,7 @@ class DecoderLayer : public torch::nn::Module {
 // The decoder stack without the output projection (HF's LlamaModel / Qwen2Model).
 class Decoder : public torch::nn::Module {
  public:
-  // With `deferred`, its parameters hold no memory (CausalLM::CreateDeferred).
-  explicit Decoder(const ModelConfig& config,
-                   const std::optional<torch::TensorOptions>& deferred = std::nullopt);
+  explicit Decoder(const ModelConfig& config, const Deferred& deferred = std::nullopt);
 
   torch::nn::Embedding embed_tokens{nullptr};
   std::vector<std::shared_ptr<DecoderLayer>> layers;
@@ -146,6 +149,11 @@ namespace internal {
 // The seam through which tests run `model`'s ops in their generic forms (AttentionContext's
 // generic_ops) on the CPU, the path a GPU takes; models/causal_lm_test.cc.
 void UseGenericOps(CausalLM& model, bool generic);
+
+// How many parameters CausalLM::InitialValues has drawn from their seeded generators in this
+// process, on any thread: how tests see that a model whose values are read from a checkpoint
+// draws none.
+int64_t SeededDraws();
 }  // namespace internal
 
 class CausalLM : public torch::nn::Module, public wrap::Wrappable {
@@ -160,8 +168,8 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // Parallelism wrappers shard or slice them (wrap's strategies give each rank's part memory of
   // its own), so that no rank ever holds the whole model; InitialValues or a checkpoint then
   // gives the parts their values. A parameter no wrapper replaced needs memory first
-  // (MaterializeParameters). Building it allocates and frees one block's fp32 parameters at a
-  // time.
+  // (MaterializeParameters). Building it allocates no parameter's memory and draws no value
+  // (not even LibTorch's default initialisation).
   static absl::StatusOr<std::shared_ptr<CausalLM>> CreateDeferred(
       const ModelConfig& config, const torch::TensorOptions& options);
 
@@ -216,7 +224,8 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   void SetCheckpointingOps(wrap::CheckpointingOps* ops) override { context_.checkpointing = ops; }
 
  private:
-  CausalLM(const ModelConfig& config, const std::optional<torch::TensorOptions>& deferred);
+  // Its parameters built deferred, with `options`.
+  CausalLM(const ModelConfig& config, const torch::TensorOptions& options);
   friend void internal::UseGenericOps(CausalLM& model, bool generic);
 
   // The rotary tables and mask for sequence length `seq_len` on `device` in `dtype` (the

@@ -356,6 +356,23 @@ TEST(CausalLMTest, DeferredParametersHoldNoMemoryAndInitialValuesAreCreates) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_key_value_heads")));
 }
 
+// Building a model deferred allocates none of its parameters, not even for a moment to run
+// LibTorch's default initialisation: a model of over 4 TiB in fp32 is built.
+TEST(CausalLMTest, DeferredModelsLargerThanMemoryAreBuilt) {
+  ModelConfig config = Small();
+  config.set_hidden_size(kMaxWidth / 16);
+  config.set_intermediate_size(kMaxWidth);
+  config.set_vocab_size(kMaxVocabOrPositions);
+  config.set_tie_word_embeddings(false);
+  absl::StatusOr<std::shared_ptr<CausalLM>> deferred =
+      CausalLM::CreateDeferred(config, torch::TensorOptions());
+  ASSERT_THAT(deferred, IsOk());
+  EXPECT_EQ((*deferred)->OutputWeight().sizes(),
+            torch::IntArrayRef({kMaxVocabOrPositions, kMaxWidth / 16}));
+  EXPECT_EQ((*deferred)->decoder().layers[0]->mlp->up_proj->weight.sizes(),
+            torch::IntArrayRef({kMaxWidth, kMaxWidth / 16}));
+}
+
 TEST(CausalLMTest, ScaledResidualInit) {
   InitConfig init;
   init.set_std(0.05);

@@ -80,7 +80,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
   prepared->model_->MaterializeParameters();
   // A trained model that computes in 16 bits trains through fp32 masters (the optimizer's,
   // or FSDP's fp32 shards), which get the fp32 values, and the parameters their rounded copy.
-  if (role == Role::kTrained && dtype != torch::kFloat32) {
+  if (role != Role::kFrozen && dtype != torch::kFloat32) {
     for (parallel::TrainableParameter& parameter : parameters) {
       if (parameter.tensor.scalar_type() != torch::kFloat32) {
         parameter.master = torch::zeros_like(parameter.tensor, torch::kFloat32);
@@ -95,7 +95,9 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
                                               " is not contiguous; its slice cannot be written"));
     }
   }
-  if (!hf_weights_dir.empty()) {
+  if (role == Role::kResumed) {
+    // The checkpoint restores them, and their masters, before the first step.
+  } else if (!hf_weights_dir.empty()) {
     // Each rank reads only the slice of each tensor it holds (tensor parallelism's, FSDP's
     // shard), so a NaN in one rank's slice fails that rank alone: every rank stops with it.
     const std::string field = field_path + ".hf_weights_dir";
@@ -111,7 +113,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
       if (parameter.master.defined()) parameter.tensor.copy_(parameter.master);
     }
   }
-  if (role == Role::kTrained) {
+  if (role != Role::kFrozen) {
     prepared->trainable_ = std::move(parameters);
   } else {
     for (parallel::TrainableParameter& parameter : parameters)

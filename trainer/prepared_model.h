@@ -28,7 +28,10 @@
 
 namespace plait::trainer {
 
-enum class Role { kTrained, kFrozen };
+// What the model is prepared for: training; training resumed from a checkpoint, which then
+// restores every trainable parameter (RunCheckpoints::Restore), so Prepare gives them no
+// values (no seeded draw, no Hugging Face read); or use without training.
+enum class Role { kTrained, kResumed, kFrozen };
 
 class PreparedModel {
  public:
@@ -37,8 +40,9 @@ class PreparedModel {
   // `mesh` (which must outlive the result), and then gives each prepared parameter the values
   // of the slice of it this rank holds: those of the model's initialisation or, when
   // `hf_weights_dir` is not empty, those of its tensor in that Hugging Face folder, reading no
-  // other bytes of it. So a rank never holds more of the model than its preparation leaves
-  // it, and one whole parameter while its slice is written. Errors name `field_path`.model,
+  // other bytes of it and drawing no seeded value; none for Role::kResumed. So a rank never
+  // holds more of the model than its preparation leaves it, and one whole parameter while its
+  // slice is written. Errors name `field_path`.model,
   // .hf_weights_dir or .prepare[i] and come from the model, the checkpoint (its slices of
   // NaN or infinity included) or the wrapper (the plan's validation catches the rule
   // violations first); a rank that fails to load its slices fails every rank.

@@ -206,9 +206,12 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const plan::Reso
   PLAIT_ASSIGN_OR_RETURN(run->checkpoints_, RunCheckpoints::Open(resolved, mesh));
   PLAIT_RETURN_IF_ERROR(run->OpenLogs(run->checkpoints_->resume_step()));
 
+  // A resumed run's checkpoint holds every trainable parameter: their values are neither
+  // drawn nor read before it is restored.
+  const Role role = run->checkpoints_->resume_step() > 0 ? Role::kResumed : Role::kTrained;
   PLAIT_ASSIGN_OR_RETURN(run->prepared_,
                          PreparedModel::Prepare(plan.model(), resolved.model, plan.hf_weights_dir(),
-                                                plan.prepare(), mesh, Role::kTrained, "plan"));
+                                                plan.prepare(), mesh, role, "plan"));
   // Frozen models live for the run, prepared like the trained one, after it; the objective
   // reads the ones it names (DPO's reference).
   std::map<std::string, models::CausalLM*> frozen;

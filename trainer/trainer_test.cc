@@ -106,6 +106,7 @@ TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
   const plan::Plan plan = ShortShippedPlan("llama_fsdp");
   const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/out");
   std::map<std::string, torch::Tensor> saved;
+  const int64_t draws_before_seeded = models::internal::SeededDraws();
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
     auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
                                            mesh, Role::kTrained, "plan");
@@ -115,14 +116,18 @@ TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
     ASSERT_THAT(full, IsOk());
     if (rank == 0) saved = *full;
   });
-  // Loaded on one rank with another seed: the folder's weights replace the initialisation.
+  EXPECT_GT(models::internal::SeededDraws(), draws_before_seeded);
+  // Loaded on one rank with another seed: the folder's weights replace the initialisation,
+  // which is not drawn.
   const plan::Plan single = ShortShippedPlan("llama_single");
   models::ModelSpec other_seed = single.model();
   other_seed.mutable_init()->set_seed(99);
   WithMesh(single, 1, [&](int, const parallel::DeviceMesh& mesh) {
+    const int64_t draws = models::internal::SeededDraws();
     auto loaded = PreparedModel::Prepare(other_seed, ConfigOf(other_seed), dir, single.prepare(),
                                          mesh, Role::kTrained, "plan");
     ASSERT_THAT(loaded, IsOk());
+    EXPECT_EQ(models::internal::SeededDraws(), draws);
     for (const auto& named : (*loaded)->model().NamedParameters()) {
       EXPECT_TRUE(named.parameter.equal(saved.at(named.name))) << named.name;
     }
