@@ -100,6 +100,33 @@ std::pair<ModelConfig, std::string> BenchModel(int64_t which) {
   return {qwen, "Qwen2.5-0.5B widths, 2 layers"};
 }
 
+// A training step of a model of `config` in `dtype`, seeded as every row's, on a fixed batch;
+// one untimed step has run (it faults the step's memory in, which a training run pays once,
+// not every step).
+class TrainStep {
+ public:
+  TrainStep(const ModelConfig& config, torch::ScalarType dtype, int64_t batch, int64_t seq) {
+    InitConfig init;
+    init.set_seed(1);
+    model_ = CausalLM::Create(config, init).value();
+    model_->to(dtype);
+    torch::manual_seed(2);
+    const torch::Tensor tokens = torch::randint(config.vocab_size(), {batch, seq + 1});
+    inputs_ = tokens.narrow(1, 0, seq);
+    targets_ = tokens.narrow(1, 1, seq);
+    model_->Loss(inputs_, targets_).backward();
+  }
+
+  void Run() {
+    model_->zero_grad(/*set_to_none=*/true);
+    model_->Loss(inputs_, targets_).backward();
+  }
+
+ private:
+  std::shared_ptr<CausalLM> model_;
+  torch::Tensor inputs_, targets_;
+};
+
 // range(0): BenchModel's; range(1): batch; range(2): sequence length; range(3): 0 = fp32,
 // 1 = bf16 parameters (the model's own bf16 path: fp32 softmax, norms and loss).
 void BM_TrainStep(benchmark::State& state) {
@@ -109,26 +136,15 @@ void BM_TrainStep(benchmark::State& state) {
   const torch::ScalarType dtype = state.range(3) == 0 ? torch::kFloat32 : torch::kBFloat16;
   state.SetLabel(
       absl::StrCat(name, " ", state.range(3) == 0 ? "fp32" : "bf16", ", MFU by ", kFlopConvention));
-  InitConfig init;
-  init.set_seed(1);
-  std::shared_ptr<CausalLM> model = CausalLM::Create(config, init).value();
-  model->to(dtype);
-  torch::manual_seed(2);
-  const torch::Tensor tokens = torch::randint(config.vocab_size(), {batch, seq + 1});
-  const torch::Tensor inputs = tokens.narrow(1, 0, seq);
-  const torch::Tensor targets = tokens.narrow(1, 1, seq);
+  TrainStep step(config, dtype, batch, seq);
   const double flops_per_step =
       static_cast<double>(batch * seq) * TrainingFlopsPerToken(config, seq);
   MatmulCeiling ceiling(dtype);
-  // One untimed step first: it faults the step's memory in, which a training run pays once,
-  // not every step.
-  model->Loss(inputs, targets).backward();
   std::vector<double> mfu;
   std::vector<double> ceilings;
   for (auto _ : state) {
     const double start = benchmarks::ThreadCpuSeconds();
-    model->zero_grad(/*set_to_none=*/true);
-    model->Loss(inputs, targets).backward();
+    step.Run();
     const double seconds = benchmarks::ThreadCpuSeconds() - start;
     state.SetIterationTime(seconds);
     ceilings.push_back(ceiling.Measure());
@@ -176,20 +192,11 @@ void BM_TrainStepThreads(benchmark::State& state) {
   state.SetLabel(absl::StrCat("medium ", state.range(0) == 0 ? "fp32" : "bf16", ", ", threads,
                               threads == 1 ? " thread" : " threads", ", wall time"));
   base::SetComputeThreads(threads);
-  InitConfig init;
-  init.set_seed(1);
-  std::shared_ptr<CausalLM> model = CausalLM::Create(config, init).value();
-  model->to(dtype);
-  torch::manual_seed(2);
-  const torch::Tensor tokens = torch::randint(config.vocab_size(), {batch, seq + 1});
-  const torch::Tensor inputs = tokens.narrow(1, 0, seq);
-  const torch::Tensor targets = tokens.narrow(1, 1, seq);
-  model->Loss(inputs, targets).backward();  // untimed: faults the step's memory in
+  TrainStep step(config, dtype, batch, seq);
   std::vector<double> rates;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
-    model->zero_grad(/*set_to_none=*/true);
-    model->Loss(inputs, targets).backward();
+    step.Run();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     state.SetIterationTime(seconds);
