@@ -220,7 +220,8 @@ def worker_single(mode, dtype, threads, warmup, steps):
     return dict(result, tokens_per_step=MICRO_BATCH * SEQ_LEN)
 
 
-def fsdp_rank(rank, dtype, warmup, steps, port, queue):
+def fsdp_rank(rank, dtype, warmup, steps, shape, port, queue):
+    use_shape(shape)  # a spawned process imports this module afresh
     import torch
     import torch.distributed as dist
     import transformers
@@ -244,7 +245,7 @@ def fsdp_rank(rank, dtype, warmup, steps, port, queue):
     dist.destroy_process_group()
 
 
-def worker_fsdp(dtype, warmup, steps):
+def worker_fsdp(dtype, warmup, steps, shape):
     import socket
     import torch.multiprocessing as mp
     with socket.socket() as s:
@@ -252,7 +253,8 @@ def worker_fsdp(dtype, warmup, steps):
         port = s.getsockname()[1]
     context = mp.get_context("spawn")
     queue = context.SimpleQueue()
-    mp.start_processes(fsdp_rank, args=(dtype, warmup, steps, port, queue),
+    mp.start_processes(fsdp_rank,
+                       args=(dtype, warmup, steps, shape, port, queue),
                        nprocs=2, start_method="spawn")
     ranks = sorted((queue.get() for _ in range(2)), key=lambda r: r["rank"])
     # Rank 0's wall time; both ranks' CPU time.
@@ -297,7 +299,8 @@ def main():
 
     if args.worker:
         if args.worker == "fsdp":
-            result = worker_fsdp(args.dtype, args.warmup, args.steps)
+            result = worker_fsdp(args.dtype, args.warmup, args.steps,
+                                 args.shape)
         else:
             result = worker_single(args.worker, args.dtype, args.threads,
                                    args.warmup, args.steps)
