@@ -60,23 +60,30 @@ bool IsResidualProjection(const std::string& name) {
   return absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight");
 }
 
-// `linear` applied to `x`, through activation checkpointing's ops when there are some.
+// `linear` applied to `x`, through activation checkpointing's ops when there are some, and
+// handed to the projection ops when there are some.
 torch::Tensor Project(torch::nn::Linear linear, const torch::Tensor& x,
-                      wrap::CheckpointingOps* checkpointing) {
-  return checkpointing == nullptr ? linear(x)
-                                  : checkpointing->Linear(x, linear->weight, linear->bias);
+                      const AttentionContext& context) {
+  wrap::CheckpointingOps* checkpointing = context.checkpointing;
+  torch::Tensor output =
+      checkpointing == nullptr ? linear(x) : checkpointing->Linear(x, linear->weight, linear->bias);
+  return context.projections == nullptr ? output
+                                        : context.projections->Adapt(*linear, x, std::move(output));
 }
 
 // `linear` applied to `x` [B, T, in] as a row-parallel projection: under tensor parallelism
-// (`tp`) the ranks' partial products are summed before the bias is added, once.
+// the ranks' partial products are summed before the bias is added, once.
 torch::Tensor RowParallel(torch::nn::Linear linear, const torch::Tensor& x,
-                          wrap::TensorParallelOps* tp, wrap::CheckpointingOps* checkpointing) {
-  if (tp == nullptr) return Project(linear, x, checkpointing);
+                          const AttentionContext& context) {
+  if (context.tp == nullptr) return Project(linear, x, context);
+  wrap::CheckpointingOps* checkpointing = context.checkpointing;
   const torch::Tensor partial = checkpointing == nullptr
                                     ? F::linear(x, linear->weight)
                                     : checkpointing->Linear(x, linear->weight, torch::Tensor());
-  const torch::Tensor sum = tp->ExitRowParallel(partial);
-  return linear->bias.defined() ? sum + linear->bias : sum;
+  const torch::Tensor sum = context.tp->ExitRowParallel(partial);
+  torch::Tensor output = linear->bias.defined() ? sum + linear->bias : sum;
+  return context.projections == nullptr ? output
+                                        : context.projections->Adapt(*linear, x, std::move(output));
 }
 
 // CausalLM::InitialValues's seeded draws (internal::SeededDraws).
@@ -143,18 +150,17 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
   const int64_t d = head_dim_;
   const torch::Tensor flat = input.reshape({batch * seq, input.size(2)});
   // [B, T, heads, D], rotated in place of HF's [B, heads, T, D] (the same values).
-  wrap::CheckpointingOps* checkpointing = context.checkpointing;
   const bool generic = context.generic_ops;
   const torch::Tensor q =
-      internal::Rotary(Project(q_proj, flat, checkpointing).view({batch, seq, num_heads_, d}),
+      internal::Rotary(Project(q_proj, flat, context).view({batch, seq, num_heads_, d}),
                        context.rope.cos, context.rope.sin, generic);
   const torch::Tensor k =
-      internal::Rotary(Project(k_proj, flat, checkpointing).view({batch, seq, num_kv_heads_, d}),
+      internal::Rotary(Project(k_proj, flat, context).view({batch, seq, num_kv_heads_, d}),
                        context.rope.cos, context.rope.sin, generic);
-  const torch::Tensor v = Project(v_proj, flat, checkpointing).view({batch, seq, num_kv_heads_, d});
+  const torch::Tensor v = Project(v_proj, flat, context).view({batch, seq, num_kv_heads_, d});
   const torch::Tensor out = internal::CausalAttention(q, k, v, context.mask, generic)
                                 .reshape({batch, seq, num_heads_ * d});
-  return RowParallel(o_proj, out, context.tp, checkpointing);
+  return RowParallel(o_proj, out, context);
 }
 
 Mlp::Mlp(const ModelConfig& config, const Deferred& deferred) {
@@ -166,13 +172,11 @@ Mlp::Mlp(const ModelConfig& config, const Deferred& deferred) {
 }
 
 torch::Tensor Mlp::forward(const torch::Tensor& x, const AttentionContext& context) {
-  wrap::TensorParallelOps* tp = context.tp;
-  wrap::CheckpointingOps* checkpointing = context.checkpointing;
-  const torch::Tensor input = tp == nullptr ? x : tp->EnterColumnParallel(x);
+  const torch::Tensor input = context.tp == nullptr ? x : context.tp->EnterColumnParallel(x);
   return RowParallel(down_proj,
-                     internal::SwiGlu(Project(gate_proj, input, checkpointing),
-                                      Project(up_proj, input, checkpointing), context.generic_ops),
-                     tp, checkpointing);
+                     internal::SwiGlu(Project(gate_proj, input, context),
+                                      Project(up_proj, input, context), context.generic_ops),
+                     context);
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig& config, const Deferred& deferred) {

@@ -85,6 +85,8 @@ struct AttentionContext {
   wrap::TensorParallelOps* tp = nullptr;
   // Activation checkpointing's ops, through which the blocks' projections run, or nullptr.
   wrap::CheckpointingOps* checkpointing = nullptr;
+  // The ops the blocks' projections hand their outputs to (adapters), or nullptr.
+  wrap::ProjectionOps* projections = nullptr;
 };
 
 // Causal self-attention with rotary embeddings and grouped-query attention.
@@ -222,6 +224,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   Split TensorParallelSplit(const std::string& name) const override;
   void SetTensorParallelOps(wrap::TensorParallelOps* ops) override { context_.tp = ops; }
   void SetCheckpointingOps(wrap::CheckpointingOps* ops) override { context_.checkpointing = ops; }
+  void SetProjectionOps(wrap::ProjectionOps* ops) override { context_.projections = ops; }
 
  private:
   // Its parameters built deferred, with `options`.

@@ -58,17 +58,31 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
     const wrap::ModelShape& shape, const parallel::MeshConfig& mesh) {
   PreparationEstimate estimate;
   // Each step sees the parameters as the steps before it left them on a rank: FSDP after
-  // tensor parallelism shards, and gathers, the tensor-parallel slices.
+  // tensor parallelism shards, and gathers, the tensor-parallel slices; FSDP after LoRA
+  // shards the adapters too and reduces only their gradients.
   wrap::ModelShape seen = shape;
   for (const wrap::PrepareStep& step : steps) {
     PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
     const wrap::StepEstimate& step_estimate =
         estimate.steps.emplace_back(strategy->Estimate(seen, mesh));
     estimate.activation_bytes_saved += step_estimate.activation_bytes_saved;
-    estimate.parameter_fraction *= step_estimate.parameter_fraction;
     estimate.gathered_bytes = std::max(estimate.gathered_bytes, step_estimate.gathered_bytes);
+    // A step counts what it adds whole (from the model's parameter list); on a rank it is
+    // the share the steps before it leave, and the steps after it split it further.
+    estimate.added_parameters += step_estimate.added_block_parameters;
+    const double added_here = step_estimate.added_block_parameters * estimate.parameter_fraction;
+    seen.parameters += added_here;
+    if (seen.num_blocks > 0) seen.block_parameters += added_here / seen.num_blocks;
+    if (step_estimate.trainable_parameters.has_value()) {
+      estimate.trainable_parameters = step_estimate.trainable_parameters;
+      seen.trainable_parameters = *step_estimate.trainable_parameters * estimate.parameter_fraction;
+    }
+    estimate.parameter_fraction *= step_estimate.parameter_fraction;
     for (double* parameters : {&seen.parameters, &seen.block_parameters, &seen.root_parameters}) {
       *parameters *= step_estimate.parameter_fraction;
+    }
+    if (seen.trainable_parameters.has_value()) {
+      *seen.trainable_parameters *= step_estimate.parameter_fraction;
     }
   }
   return estimate;
@@ -149,11 +163,16 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
   }
   estimate.optimizer_slots = optim::StateBuffersPerElement(plan.optimizer());
   estimate.fp32_masters = parameter_element < kBytesPerFloat;
-  const double kept = shape.parameters * estimate.preparation.parameter_fraction;
+  // A step that freezes the model's own parameters (LoRA) leaves the optimizer state and the
+  // gradients to the parameters that train.
+  const double all = shape.parameters + estimate.preparation.added_parameters;
+  const double kept = all * estimate.preparation.parameter_fraction;
+  const double trained = estimate.preparation.trainable_parameters.value_or(all) *
+                         estimate.preparation.parameter_fraction;
   estimate.parameter_bytes = kept * parameter_element;
   estimate.optimizer_state_bytes =
-      kept * kBytesPerFloat * (estimate.optimizer_slots + (estimate.fp32_masters ? 1 : 0));
-  estimate.gradient_bytes = kept * gradient_element;
+      trained * kBytesPerFloat * (estimate.optimizer_slots + (estimate.fp32_masters ? 1 : 0));
+  estimate.gradient_bytes = trained * gradient_element;
   estimate.gradient_buffer_bytes = estimate.gradient_bytes * gradient_copies;
   estimate.activation_bytes =
       models::ActivationBytes(resolved.model, plan.training().micro_batch(),

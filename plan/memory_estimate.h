@@ -33,12 +33,15 @@ namespace plait::plan {
 
 // What a model's preparation steps leave on each rank: each step's own estimate, the share of
 // the parameters a rank owns after all of them, the most it holds whole at once, and the
-// activation bytes they save (activation checkpointing).
+// activation bytes they save (activation checkpointing); the parameters they add (adapters)
+// and, when they change which train, how many do, both counted whole.
 struct PreparationEstimate {
   std::vector<wrap::StepEstimate> steps;
   double parameter_fraction = 1.0;
   double gathered_bytes = 0.0;
   double activation_bytes_saved = 0.0;
+  double added_parameters = 0.0;
+  std::optional<double> trainable_parameters;
 };
 
 // A frozen model's share on each rank: its parameters and the units it gathers at once.

@@ -158,6 +158,30 @@ TEST(EstimateMemoryTest, CountsMastersShardsAndBucketsInTheirDtypes) {
   EXPECT_THAT(DescribeMemory(ddp), HasSubstr("gradient buckets"));
 }
 
+// LoRA before FSDP: a rank keeps half of the base and of the adapters, and gradients and
+// AdamW state for its half of the adapters alone.
+TEST(EstimateMemoryTest, LoraLeavesGradientsAndOptimizerStateToTheAdapters) {
+  Plan plan = ParseOrDie(kTinyOnTwoFsdpRanks);
+  *plan.mutable_prepare() = ParseOrDie(R"pb(
+                              prepare { lora { rank: 8 alpha: 16 target: "*q_proj" } }
+                              prepare { fsdp { mesh_dim: "dp" } }
+                            )pb")
+                                .prepare();
+  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(plan, 2));
+  ASSERT_THAT(estimate, IsOk());
+  const double adapters = 4 * 8 * (256 + 256);  // 4 blocks, q_proj 256 x 256
+  EXPECT_EQ(estimate->preparation.added_parameters, adapters);
+  EXPECT_EQ(estimate->preparation.trainable_parameters, adapters);
+  EXPECT_THAT(estimate->parameter_bytes, DoubleNear((TinyParameters() + adapters) / 2 * 4, 1));
+  EXPECT_THAT(estimate->optimizer_state_bytes, DoubleNear(adapters / 2 * 8, 1));
+  EXPECT_THAT(estimate->gradient_bytes, DoubleNear(adapters / 2 * 4, 1));
+  // FSDP reduce-scatters the adapters' gradients alone: its bytes per micro-batch are those of
+  // two gathers of the model and one reduce-scatter of the adapters.
+  const wrap::Transfer& fsdp = estimate->preparation.steps[1].transfers.at(0);
+  EXPECT_THAT(fsdp.bytes_per_micro_batch,
+              DoubleNear(0.5 * ((TinyParameters() + adapters) * 2 * 4 + adapters * 4), 1));
+}
+
 // Activation checkpointing (before FSDP) keeps less of each block's forward: full keeps a
 // block's input, selective its projections' outputs too, so its estimate lies in between.
 TEST(EstimateMemoryTest, ActivationCheckpointingLowersTheActivations) {

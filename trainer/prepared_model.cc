@@ -75,6 +75,15 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
   }
   PLAIT_ASSIGN_OR_RETURN(std::vector<parallel::TrainableParameter> parameters,
                          prepared->preparation_->TakeTrainableParameters());
+  // The values below go to the parameters that train; a step that froze the model's own
+  // (adapters: LoRA) would leave those without theirs, and its own parameters overwritten.
+  for (const auto& named : prepared->model_->NamedParameters()) {
+    if (named.parameter.requires_grad()) continue;
+    return absl::UnimplementedError(absl::StrCat(
+        field_path, ".prepare: a step froze the model's parameter ", named.name,
+        " (and gave the model trainable parameters of its own); the trainer gives values only "
+        "to the parameters that train, so it cannot train such a preparation yet"));
+  }
   // The parameters no step replaced (all of them without a step; the ones tensor parallelism
   // keeps whole) get memory of their own.
   prepared->model_->MaterializeParameters();

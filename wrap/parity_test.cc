@@ -4,7 +4,8 @@
 // (threads over TCP) gives the same per-step losses, gradient norms and final parameters as one
 // process on the same global batch, within 1e-5 relative in fp32 (losses each, parameters as
 // the norm of the difference over the norm of the tensor); and activation checkpointing gives
-// the same run as without it.
+// the same run as without it. With LoRA adapters (the base frozen) the same holds, and FSDP
+// reduce-scatters the adapters' gradients alone.
 //
 // Built with PLAIT_TEST_ON_CUDA (the gpu-tagged parity_gpu_test), the same scenarios run on
 // CUDA over NCCL, rank r on cuda:r, against the single-device CUDA run (TF32 off); a
@@ -30,6 +31,7 @@
 #include "parallel/test_ranks.h"
 #include "torch/types.h"
 #include "torch/utils.h"
+#include "wrap/lora/lora.h"
 #include "wrap/preparation.h"
 
 namespace plait::wrap {
@@ -87,6 +89,8 @@ struct Scenario {
   // Activation checkpointing, applied first, unless POLICY_UNSPECIFIED.
   ActivationCheckpointingConfig::Policy checkpointing =
       ActivationCheckpointingConfig::POLICY_UNSPECIFIED;
+  // LoRA adapters (LoraStep()), applied after checkpointing, before the data-parallel step.
+  bool lora = false;
 
   // The ranks of every dimension: the GPUs a run on CUDA needs.
   int world() const { return replicate * ranks * tp; }
@@ -163,15 +167,35 @@ std::pair<torch::Tensor, torch::Tensor> Batch(int step) {
 
 double LearningRate(int step) { return 1e-3 * (step + 1) / kSteps; }
 
-// The final parameters are copied to the CPU.
+// Adapters of rank 4 on attention and MLP projections of every shape (q: 256 x 256, v: 128 x
+// 256, down: 256 x 688).
+PrepareStep LoraStep() {
+  PrepareStep step;
+  google::protobuf::TextFormat::ParseFromString(
+      R"pb(lora {
+             rank: 4
+             alpha: 8
+             target: "*q_proj"
+             target: "*v_proj"
+             target: "*down_proj"
+             seed: 1
+           })pb",
+      &step);
+  return step;
+}
+
+// The final parameters are copied to the CPU. With `lora`, the adapters are added (and the
+// base frozen) without a Preparation, as one process needs none.
 TrainingRun SingleProcess(Variant variant = Variant::kPlain,
-                          torch::DeviceType device_type = kDevice) {
+                          torch::DeviceType device_type = kDevice, bool lora = false) {
   const torch::Device device = parallel::testing::RankDevice(device_type, 0);
   TrainingRun run;
   std::shared_ptr<models::CausalLM> model = MakeModel(variant, device);
+  std::unique_ptr<lora::Lora> adapters;
+  if (lora) adapters = lora::Lora::Create(*model, LoraStep().lora()).value();
   std::vector<parallel::TrainableParameter> parameters;
   for (const auto& named : model->NamedParameters()) {
-    parameters.push_back({named.name, named.parameter, {}});
+    if (named.parameter.requires_grad()) parameters.push_back({named.name, named.parameter, {}});
   }
   auto optimizer = optim::Optimizer::Create(parameters, AdamWWithClipping()).value();
   for (int step = 0; step < kSteps; ++step) {
@@ -224,6 +248,7 @@ TrainingRun Distributed(const Scenario& scenario) {
       step.mutable_activation_checkpointing()->set_policy(scenario.checkpointing);
       ASSERT_THAT((*preparation)->Apply(step), IsOk());
     }
+    if (scenario.lora) ASSERT_THAT((*preparation)->Apply(LoraStep()), IsOk());
     if (scenario.tp > 1) {
       PrepareStep step;
       step.mutable_tensor_parallel()->set_mesh_dim("tp");
@@ -334,13 +359,28 @@ void ExpectHybridShardingCosts(const Scenario& scenario, const TrainingRun& run)
   EXPECT_EQ(run.bytes_sent, expected);
 }
 
+// FSDP with LoRA over 2 ranks reduce-scatters the adapters' gradients and nothing of the
+// frozen base: per micro-batch, a rank sends its adapter shards (half of each unit's buffer of
+// 2 shards) and one usage flag per adapter.
+void ExpectLoraFsdpCosts(const Scenario& scenario, const TrainingRun& run) {
+  ASSERT_EQ(scenario.ranks, 2);
+  // A and B of 3 projections in each block.
+  const int64_t adapters = MakeModel(scenario.variant)->config().num_hidden_layers() * 3 * 2;
+  const int64_t micro_batches = kSteps * scenario.micro_steps;
+  EXPECT_EQ(run.bytes_sent.at("dp.reduce_scatter"),
+            micro_batches * (run.trainable_bytes[0] + adapters * int64_t{sizeof(float)}));
+}
+
 class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
  protected:
-  // The single-process run of each variant, run once.
-  static const TrainingRun& Reference(Variant variant) {
-    static auto* references = new std::map<Variant, TrainingRun>();
-    auto it = references->find(variant);
-    if (it == references->end()) it = references->emplace(variant, SingleProcess(variant)).first;
+  // The single-process run of each variant, with and without adapters, run once.
+  static const TrainingRun& Reference(Variant variant, bool lora) {
+    static auto* references = new std::map<std::pair<Variant, bool>, TrainingRun>();
+    auto it = references->find({variant, lora});
+    if (it == references->end()) {
+      it = references->emplace(std::pair{variant, lora}, SingleProcess(variant, kDevice, lora))
+               .first;
+    }
     return it->second;
   }
 };
@@ -350,7 +390,7 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
     GTEST_SKIP() << GetParam().name << " needs " << GetParam().world() << " GPUs; this machine has "
                  << parallel::CudaDeviceCount();
   }
-  const TrainingRun& expected = Reference(GetParam().variant);
+  const TrainingRun& expected = Reference(GetParam().variant, GetParam().lora);
   const TrainingRun actual = Distributed(GetParam());
   ASSERT_EQ(actual.losses.size(), expected.losses.size());
   for (size_t step = 0; step < expected.losses.size(); ++step) {
@@ -378,18 +418,33 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
     // that norm, in FSDP's run (fsdp_2_ranks_qwen2) as much as in tensor-parallel ones.
     // Other weights stay within 1e-5 of their norm on AMD EPYC; on an Intel Xeon with AMX,
     // whose BLAS kernels sum in another order, tp_2_ranks's embedding reached 1.05e-5.
+    // A frozen bias (under adapters) stays zero, in every run.
     const double tolerance = absl::EndsWith(name, ".bias") ? 1e-2 : 3e-5;
-    const double error = (got - want).norm().item<double>() / want.norm().item<double>();
+    const double scale = want.norm().item<double>();
+    const double error = (got - want).norm().item<double>() / (scale > 0 ? scale : 1.0);
     EXPECT_LE(error, tolerance) << name << ": max element error "
                                 << (got - want).abs().max().item<double>();
   }
   if (GetParam().replicate > 1) ExpectHybridShardingCosts(GetParam(), actual);
-  // The run trained: the parameters moved away from their initial values.
+  if (GetParam().lora && GetParam().strategy == Strategy::kFsdp) {
+    ExpectLoraFsdpCosts(GetParam(), actual);
+  }
+  // The run trained: the parameters moved away from their initial values (with adapters, B
+  // from zero, and the frozen base not at all).
   const torch::Tensor initial =
       MakeModel(GetParam().variant)->named_parameters()["model.embed_tokens.weight"];
-  EXPECT_GT(
-      (expected.parameters.at("model.embed_tokens.weight") - initial).abs().max().item<double>(),
-      1e-4);
+  const torch::Tensor embedding_moved =
+      (expected.parameters.at("model.embed_tokens.weight") - initial).abs().max();
+  if (GetParam().lora) {
+    EXPECT_EQ(embedding_moved.item<double>(), 0.0);
+    EXPECT_GT(expected.parameters.at("model.layers.3.mlp.down_proj.lora_B.weight")
+                  .abs()
+                  .max()
+                  .item<double>(),
+              1e-4);
+  } else {
+    EXPECT_GT(embedding_moved.item<double>(), 1e-4);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -438,7 +493,18 @@ INSTANTIATE_TEST_SUITE_P(
         Scenario{"ddp_2_ranks_selective_checkpointing", Strategy::kDdp, 2, 1, Variant::kPlain, 1,
                  false, 1, ActivationCheckpointingConfig::SELECTIVE},
         Scenario{"fsdp_2_x_tp_2_qwen2_selective_checkpointing", Strategy::kFsdp, 2, 1,
-                 Variant::kQwen2, 2, true, 1, ActivationCheckpointingConfig::SELECTIVE}),
+                 Variant::kQwen2, 2, true, 1, ActivationCheckpointingConfig::SELECTIVE},
+        // LoRA adapters on a frozen base.
+        Scenario{"lora_fsdp_2_ranks", Strategy::kFsdp, 2, 1, Variant::kPlain, 1, false, 1,
+                 ActivationCheckpointingConfig::POLICY_UNSPECIFIED, true},
+        Scenario{"lora_fsdp_2_ranks_qwen2_accumulating", Strategy::kFsdp, 2, 2, Variant::kQwen2, 1,
+                 false, 1, ActivationCheckpointingConfig::POLICY_UNSPECIFIED, true},
+        Scenario{"lora_ddp_2_ranks", Strategy::kDdp, 2, 1, Variant::kPlain, 1, false, 1,
+                 ActivationCheckpointingConfig::POLICY_UNSPECIFIED, true},
+        Scenario{"lora_ddp_2_ranks_accumulating", Strategy::kDdp, 2, 2, Variant::kPlain, 1, false,
+                 1, ActivationCheckpointingConfig::POLICY_UNSPECIFIED, true},
+        Scenario{"lora_fsdp_2_ranks_selective_checkpointing", Strategy::kFsdp, 2, 1,
+                 Variant::kPlain, 1, false, 1, ActivationCheckpointingConfig::SELECTIVE, true}),
     [](const ::testing::TestParamInfo<Scenario>& info) { return info.param.name; });
 
 // Activation checkpointing against the same run without it: FULL recomputes exactly what the

@@ -86,6 +86,7 @@ absl::StatusOr<std::vector<parallel::TrainableParameter>> Preparation::TakeTrain
   parameters_taken_ = true;
   std::vector<parallel::TrainableParameter> parameters;
   for (const Wrappable::NamedParameter& named : model_.NamedParameters()) {
+    if (!named.parameter.requires_grad()) continue;  // frozen by a step (LoRA's base)
     parameters.push_back({named.name,
                           named.parameter,
                           {},

@@ -54,7 +54,8 @@ class Preparation {
   absl::Status Apply(const PrepareStep& step);
 
   // Ends the preparation: the parameters the optimizer must own (FSDP's shards, or the
-  // model's whole parameters), with the groups they are sharded over.
+  // model's whole parameters; those a step froze left out), with the groups they are
+  // sharded over.
   absl::StatusOr<std::vector<parallel::TrainableParameter>> TakeTrainableParameters();
 
   // The mesh dimensions whose ranks train on different data: those of the steps that split

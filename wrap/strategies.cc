@@ -11,6 +11,7 @@
 #include "wrap/checkpointing/activation_checkpointing.h"
 #include "wrap/ddp/ddp.h"
 #include "wrap/fsdp/fsdp.h"
+#include "wrap/lora/lora.h"
 #include "wrap/tp/tensor_parallel.h"
 
 namespace plait::wrap {
@@ -29,6 +30,9 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
           checkpointing::ValidateActivationCheckpointingConfig(step.activation_checkpointing()));
       return std::make_unique<checkpointing::ActivationCheckpointingStrategy>(
           step.activation_checkpointing());
+    case PrepareStep::kLora:
+      PLAIT_RETURN_IF_ERROR(lora::ValidateLoraConfig(step.lora()));
+      return std::make_unique<lora::LoraStrategy>(step.lora());
     case PrepareStep::STRATEGY_NOT_SET:
       break;
   }

@@ -16,6 +16,10 @@
 // A strategy that only changes how each rank computes (activation checkpointing) uses no mesh
 // dimension: uses_mesh_dim() is false, it names none, and its Apply uses no group of the mesh.
 //
+// A strategy that adds parameters and freezes the model's own (LoRA) says so in its
+// estimate (added_block_parameters, trainable_parameters), which the later steps' estimates
+// see in ModelShape.
+//
 // Adding a strategy: a class implementing this interface in its own folder of wrap/, a field
 // in PrepareStep (wrap.proto), its case in MakeStrategy (strategies.h) and an entry in
 // rules.textproto; nothing outside wrap/ changes.
@@ -47,6 +51,10 @@ namespace plait::wrap {
 // where not said otherwise.
 struct ModelShape {
   double parameters = 0;        // all of them
+  // Those the optimizer trains, when an earlier step changed which (LoRA: its adapters);
+  // nullopt: all of them.
+  std::optional<double> trainable_parameters;
+  double TrainableParameters() const { return trainable_parameters.value_or(parameters); }
   double block_parameters = 0;  // one repeated block's
   double root_parameters = 0;   // outside the blocks (embeddings, final norm, output head)
   int64_t num_blocks = 0;
@@ -133,6 +141,10 @@ struct StepEstimate {
   // Copies of the gradients of the parameters a rank keeps that it holds between steps
   // (DDP's buckets: one).
   double gradient_copies = 0.0;
+  // Parameters it adds to the blocks, counted whole (LoRA's adapters), and, when it changes
+  // which parameters train, how many do after it, counted whole (nullopt: unchanged).
+  double added_block_parameters = 0.0;
+  std::optional<double> trainable_parameters;
 };
 
 class Strategy {

@@ -4,7 +4,8 @@
 // fully qualified name; and what tensor parallelism needs of a model: how each parameter is
 // split (Megatron's layout), telling attention how many heads its sharded projections now
 // hold, and the TensorParallelOps the model's forward calls where Megatron communicates; and
-// the CheckpointingOps its forward calls to run each block and each of a block's projections.
+// the CheckpointingOps its forward calls to run each block and each of a block's projections;
+// and the ProjectionOps through which a wrapper adds to those projections' outputs (adapters).
 // Wrappers depend on this interface only, never on a concrete model.
 //
 //   Wrappable& model = ...;  // e.g. a plait::models::CausalLM
@@ -86,6 +87,22 @@ class CheckpointingOps {
                                const torch::Tensor& bias) = 0;
 };
 
+// How a wrapper adds to a block's projections (LoRA's adapters, wrap/lora): the model calls
+// Adapt for each projection of a block (q/k/v/o, gate/up/down) once it has its output, with
+// the projection's module (the one RootModule().named_modules() lists, whose `weight` and
+// `bias` it computes with), and continues with what Adapt returns. Under tensor parallelism
+// `input` is what this rank multiplies (a row-parallel projection's slice of the features)
+// and `output` what the projection gives after tensor parallelism's sum. With activation
+// checkpointing the model calls it inside the checkpointed block, so it runs again when the
+// block is recomputed; `output` is then the kept one under SELECTIVE. A model without it set
+// continues with the projection's output.
+class ProjectionOps {
+ public:
+  virtual ~ProjectionOps() = default;
+  virtual torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
+                              torch::Tensor output) = 0;
+};
+
 class Wrappable {
  public:
   // One repeated block: its module and the fully qualified name of that module, so the
@@ -163,6 +180,10 @@ class Wrappable {
   // Makes the forward pass run its blocks and their projections through `ops` (nullptr:
   // directly; it must outlive its use, backward passes included).
   virtual void SetCheckpointingOps(CheckpointingOps* ops) = 0;
+
+  // Makes the forward pass hand each block projection's output to `ops` (nullptr: none; it
+  // must outlive its use, backward passes included).
+  virtual void SetProjectionOps(ProjectionOps* ops) = 0;
 };
 
 }  // namespace plait::wrap

@@ -14,6 +14,7 @@
 //   plait_reference dpo --hf_dir=POLICY --reference_dir=REFERENCE --pairs=JSONL --configs=CONFIGS
 //                       --out=OUT
 //   plait_reference sft_step --hf_dir=DIR --batch=BATCH,BATCH... --out=OUT
+//   plait_reference lora --hf_dir=DIR --lora=TEXT --adapters=ADAPTERS --batch=BATCH --out=OUT
 //
 // BATCH is a safetensors file of int64 `input_ids` and `labels` [B, T], with labels in
 // Hugging Face's convention: aligned with the inputs, shifted inside the loss, -100 ignored.
@@ -35,7 +36,11 @@
 //     plait's own reader) in one micro-batch, right-padded to the longest sequence;
 //   sft_step: `loss` [1] and `grad.<name>` for every parameter of one optimizer step of the
 //     sft objective over the micro-batches BATCH,BATCH..., accumulated as the trainer does
-//     (objectives/step_items.h, on a one-rank mesh); the loss as the trainer logs it.
+//     (objectives/step_items.h, on a one-rank mesh); the loss as the trainer logs it;
+//   lora: the model with the adapters of --lora (a wrap.LoraConfig text proto) added by a
+//     one-rank preparation: `init.<name>` [...] for every trainable parameter as plait drew
+//     it, then, with the adapters set to ADAPTERS' tensors (by plait's names), `logits`,
+//     `loss` and `grad.<name>` for every trainable parameter (those the optimizer owns).
 // Exits 0 on success, 1 with a message on stderr otherwise, 2 on a usage error.
 #include <algorithm>
 #include <cstdint>
@@ -72,6 +77,8 @@
 #include "sched/schedule_builder.h"
 #include "torch/types.h"
 #include "torch/utils.h"
+#include "wrap/preparation.h"
+#include "wrap/wrap.pb.h"
 
 ABSL_FLAG(std::string, hf_dir, "", "A Hugging Face model folder to read (or, for save_hf, write).");
 ABSL_FLAG(std::string, config, "", "save_hf: the config.json of the model to initialise.");
@@ -89,6 +96,8 @@ ABSL_FLAG(std::string, save_dir, "",
           "train: save the trained model here as a Hugging Face folder.");
 ABSL_FLAG(std::string, reference_dir, "", "dpo: the reference model's Hugging Face folder.");
 ABSL_FLAG(std::string, pairs, "", "dpo: a JSONL file of preference pairs (token ids).");
+ABSL_FLAG(std::string, lora, "", "lora: a wrap.LoraConfig text proto.");
+ABSL_FLAG(std::string, adapters, "", "lora: a safetensors file of the adapters' values.");
 ABSL_FLAG(std::string, out, "", "Where to write the results.");
 
 namespace plait::reference {
@@ -127,7 +136,7 @@ absl::StatusOr<Batch> ReadBatch(const std::string& path) {
   return batch;
 }
 
-// The logits, the loss and every parameter's gradient of `model` on `batch`.
+// The logits, the loss and every trainable parameter's gradient of `model` on `batch`.
 NamedTensors ForwardBackward(models::CausalLM& model, const Batch& batch) {
   NamedTensors results;
   {
@@ -139,6 +148,7 @@ NamedTensors ForwardBackward(models::CausalLM& model, const Batch& batch) {
   loss.backward();
   results.emplace_back("loss", loss.detach().reshape({1}));
   for (const auto& parameter : model.NamedParameters()) {
+    if (!parameter.parameter.requires_grad()) continue;  // frozen
     results.emplace_back(absl::StrCat("grad.", parameter.name), parameter.parameter.grad());
   }
   return results;
@@ -389,18 +399,62 @@ absl::Status RunSftStep() {
   return models::WriteSafetensors(out, results);
 }
 
+absl::Status RunLora() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string hf_dir, RequiredFlag(FLAGS_hf_dir, "hf_dir"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string batch_path, RequiredFlag(FLAGS_batch, "batch"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string adapters_path, RequiredFlag(FLAGS_adapters, "adapters"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  wrap::PrepareStep step;
+  PLAIT_ASSIGN_OR_RETURN(*step.mutable_lora(),
+                         ParseFlagProto<wrap::LoraConfig>(FLAGS_lora, "lora"));
+  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model, models::LoadHfModel(hf_dir));
+  PLAIT_ASSIGN_OR_RETURN(const Batch batch, ReadBatch(batch_path));
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> adapters,
+                         models::SafetensorsFile::Open(adapters_path));
+  PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout one_rank,
+                         parallel::MeshLayout::Create(parallel::MeshConfig(), 1));
+  absl::Status status;
+  parallel::testing::RunOnRingMesh(one_rank, [&](int, parallel::DeviceMesh& mesh) {
+    status = [&]() -> absl::Status {
+      // The preparation's hooks compute the adapters: it lives while the model computes.
+      PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Preparation> preparation,
+                             wrap::Preparation::Begin(*model, mesh));
+      PLAIT_RETURN_IF_ERROR(preparation->Apply(step));
+      PLAIT_ASSIGN_OR_RETURN(const std::vector<parallel::TrainableParameter> trainable,
+                             preparation->TakeTrainableParameters());
+      NamedTensors results;
+      torch::NoGradGuard no_grad;
+      for (const parallel::TrainableParameter& parameter : trainable) {
+        results.emplace_back(absl::StrCat("init.", parameter.name), parameter.tensor.clone());
+        PLAIT_ASSIGN_OR_RETURN(const torch::Tensor value, adapters->Read(parameter.name));
+        if (!value.sizes().equals(parameter.tensor.sizes())) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(adapters_path, ": ", parameter.name, " is ", c10::str(value.sizes()),
+                           ", plait's adapter ", c10::str(parameter.tensor.sizes())));
+        }
+        parameter.tensor.copy_(value);
+      }
+      torch::AutoGradMode grad_mode(true);
+      for (auto& result : ForwardBackward(*model, batch)) results.push_back(std::move(result));
+      return models::WriteSafetensors(out, results);
+    }();
+  });
+  return status;
+}
+
 }  // namespace
 }  // namespace plait::reference
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "plait's side of the reference tests; see tests/reference/plait_reference.cc.\n"
-      "usage: plait_reference forward_backward|save_hf|train|schedules|optimizers|dpo|sft_step "
+      "usage: plait_reference "
+      "forward_backward|save_hf|train|schedules|optimizers|dpo|sft_step|lora "
       "--flags...");
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() != 2) {
     std::cerr << "plait_reference: give one command: forward_backward, save_hf, train, "
-                 "schedules, optimizers, dpo or sft_step\n";
+                 "schedules, optimizers, dpo, sft_step or lora\n";
     return 2;
   }
   const std::string command = positional[1];
@@ -419,6 +473,8 @@ int main(int argc, char** argv) {
     status = plait::reference::RunDpo();
   } else if (command == "sft_step") {
     status = plait::reference::RunSftStep();
+  } else if (command == "lora") {
+    status = plait::reference::RunLora();
   } else {
     std::cerr << "plait_reference: unknown command \"" << command << "\"\n";
     return 2;

@@ -1,8 +1,10 @@
 #include "wrap/checkpointing/activation_checkpointing.h"
 
 #include <algorithm>
+#include <mutex>
 #include <utility>
 
+#include "ATen/Context.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/human.h"
@@ -27,6 +29,11 @@ struct ActivationCheckpointing::Recomputation : torch::CustomClassHolder {
   std::vector<torch::Tensor> parameters;
   std::vector<torch::Tensor> kept;  // SELECTIVE: the projections' outputs
   size_t next_kept = 0;             // the next one the recomputation reads
+  // The default random generator of the block's device and its state when the forward
+  // started, which the recomputation starts from: a random op (an adapter's dropout) draws
+  // what the forward drew, as torch.utils.checkpoint's preserve_rng_state does.
+  at::Generator generator;
+  torch::Tensor rng_state;
 };
 
 bool ActivationCheckpointing::selective() const {
@@ -120,7 +127,16 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       torch::AutoGradMode grad_mode(true);
       ScopedSet<Recomputation*> replaying(owner.replaying_,
                                           owner.selective() ? recomputation.get() : nullptr);
+      at::Generator& generator = recomputation->generator;
+      torch::Tensor resume;
+      {
+        std::lock_guard<std::mutex> lock(generator.mutex());
+        resume = generator.get_state();
+        generator.set_state(recomputation->rng_state);
+      }
       output = recomputation->forward(input);
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(resume);
     }
     variable_list leaf_grads;
     {
@@ -155,6 +171,11 @@ torch::Tensor ActivationCheckpointing::RunBlock(int unit, const torch::Tensor& i
   auto recomputation = c10::make_intrusive<Recomputation>();
   recomputation->owner = this;
   recomputation->forward = std::move(forward);
+  recomputation->generator = at::globalContext().defaultGenerator(input.device());
+  {
+    std::lock_guard<std::mutex> lock(recomputation->generator.mutex());
+    recomputation->rng_state = recomputation->generator.get_state();
+  }
   // Read at every forward: tensor parallelism may have replaced the parameters since.
   recomputation->parameters = blocks_[unit]->parameters();
   const std::vector<torch::Tensor> parameters = recomputation->parameters;

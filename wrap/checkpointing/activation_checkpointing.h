@@ -12,8 +12,10 @@
 //   step.mutable_activation_checkpointing()->set_policy(ActivationCheckpointingConfig::FULL);
 //   PLAIT_RETURN_IF_ERROR(preparation->Apply(step));  // before FSDP (rules.textproto)
 //
-// The recomputation must give the forward's values again: plait's blocks are deterministic
-// (no dropout), so gradients equal those without checkpointing bit for bit with FULL; SELECTIVE
+// The recomputation must give the forward's values again: it starts from the state the
+// device's default random generator had when the forward started (as PyTorch's
+// preserve_rng_state), so a random op in a block (an adapter's dropout) draws the same again,
+// and gradients equal those without checkpointing bit for bit with FULL; SELECTIVE
 // replaces each kept projection's matmul by its kept output and computes the same gradient
 // products as LibTorch's linear backward.
 #ifndef PLAIT_WRAP_CHECKPOINTING_ACTIVATION_CHECKPOINTING_H_

@@ -227,10 +227,12 @@ StepEstimate DdpStrategy::Estimate(const ModelShape& shape,
       config_.mesh_dim(), dim_size, BucketCapMb(config_));
   // The buckets hold every gradient, averaged, from the first backward on.
   estimate.gradient_copies = 1.0;
-  // One ring all-reduce of every gradient per optimizer step (no-sync micro-batches send none).
-  estimate.transfers.push_back({.mesh_dim = config_.mesh_dim(),
-                                .bytes_per_step = 2.0 * (dim_size - 1) / dim_size *
-                                                  shape.parameters * shape.parameter_bytes});
+  // One ring all-reduce of every trainable parameter's gradient per optimizer step (no-sync
+  // micro-batches send none).
+  estimate.transfers.push_back(
+      {.mesh_dim = config_.mesh_dim(),
+       .bytes_per_step =
+           2.0 * (dim_size - 1) / dim_size * shape.TrainableParameters() * shape.parameter_bytes});
   return estimate;
 }
 

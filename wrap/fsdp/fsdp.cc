@@ -85,7 +85,8 @@ void CopyBetweenFullAndRanks(const torch::Tensor& full, const torch::Tensor& by_
 // One unit's parameters. Each rank's part of the unit is one flat buffer of shard_numel
 // elements: the shards of its parameters one after the other. Gathering concatenates the
 // ranks' buffers; parameter i's full rows are then, rank after rank, rows_i rows at
-// offsets[i] of each rank's chunk.
+// offsets[i] of each rank's chunk. Its gradients are laid out the same way over its trainable
+// parameters only (grad_offsets, grad_numel): a frozen parameter's never travel.
 struct Fsdp::Unit {
   std::string name;
   std::vector<std::string> names;
@@ -94,6 +95,10 @@ struct Fsdp::Unit {
   std::vector<int64_t> rows;              // rows of parameter i per rank
   std::vector<int64_t> offsets;           // of parameter i's shard in a rank's buffer
   int64_t shard_numel = 0;
+  // Of trainable parameter i's gradient shard in a rank's chunk of a reduce-scatter (-1 for
+  // a frozen one), and the trainable parameters' elements in it.
+  std::vector<int64_t> grad_offsets;
+  int64_t grad_numel = 0;
 
   enum class State { kSharded, kGathering, kUnsharded };
   State state = State::kSharded;
@@ -102,8 +107,18 @@ struct Fsdp::Unit {
 
   int trainable = 0;          // parameters that require a gradient
   int gradients_pending = 0;  // of those, the ones whose gradient has not arrived
-  // A rank's reduced gradient rows, then one flag per parameter: above zero when some rank
-  // produced its gradient.
+  // Whether the gradient of the unit's input is complete in this backward (the hook on the
+  // block before it has fired): then no more of its backward reads its parameters.
+  bool input_gradient_done = false;
+
+  // Whether the gradients of its trainable parameters arriving tells that its backward has
+  // read its parameters for the last time. A parameter's gradient comes from the node that
+  // also computes the gradient of what the parameter multiplied, so when every parameter
+  // trains, the last gradient ends the unit's use of them; a frozen parameter's node (a base
+  // weight under adapters) may run after the unit's trainable gradients are all in.
+  bool gradients_end_backward() const { return trainable == static_cast<int>(parameters.size()); }
+  // A rank's reduced gradient rows, then one flag per trainable parameter: above zero when
+  // some rank produced its gradient.
   torch::Tensor reduce_output;
   std::shared_ptr<parallel::Work> reduce;
   // Whether this rank had a gradient for every trainable parameter in its reduce-scatter:
@@ -157,8 +172,12 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
       unit.shards.push_back(shard);
       unit.rows.push_back(rows);
       unit.offsets.push_back(unit.shard_numel);
-      if (full.requires_grad()) ++unit.trainable;
       unit.shard_numel += shard.numel();
+      unit.grad_offsets.push_back(full.requires_grad() ? unit.grad_numel : -1);
+      if (full.requires_grad()) {
+        ++unit.trainable;
+        unit.grad_numel += shard.numel();
+      }
     }
     fsdp->units_.push_back(std::move(unit));
   };
@@ -360,7 +379,10 @@ torch::Tensor Fsdp::AfterForward(int hook_unit, torch::Tensor output) {
 void Fsdp::BeforeBackward(int hook_unit) {
   if (!backward_started_) {
     backward_started_ = true;
-    for (Unit& unit : units_) unit.gradients_pending = unit.trainable;
+    for (Unit& unit : units_) {
+      unit.gradients_pending = unit.trainable;
+      unit.input_gradient_done = false;
+    }
     internal::QueueEndOfBackwardCallback([this] { FinishBackward(); });
   }
   if (hook_unit == Wrappable::kRootUnit) {
@@ -371,6 +393,14 @@ void Fsdp::BeforeBackward(int hook_unit) {
   // The last block's output gradient is complete: the norm and output projection have run
   // their backward, and nothing left reads the root's parameters.
   if (hook_unit == num_blocks() - 1) Reshard(root());
+  // This block's output is the next block's input: the next block's backward is over, and
+  // once its gradients are in too, it is freed (a block with frozen parameters waits for
+  // this; block 0, whose input comes from the root, for the end of the backward).
+  if (hook_unit + 1 < num_blocks()) {
+    Unit& next = units_[hook_unit + 1];
+    next.input_gradient_done = true;
+    if (next.gradients_pending == 0) Reshard(next);
+  }
   Unshard(units_[hook_unit]);
   // Prefetch: the block that runs backward next is the one before this one.
   if (hook_unit > 0) StartGather(units_[hook_unit - 1]);
@@ -380,33 +410,37 @@ void Fsdp::OnGradientAccumulated(int index) {
   Unit& unit = units_[index];
   if (!backward_started_ || --unit.gradients_pending > 0) return;
   StartReduceScatter(unit);
-  Reshard(unit);
+  if (unit.gradients_end_backward() || unit.input_gradient_done) Reshard(unit);
 }
 
-// Every rank's chunk of the input holds, for each parameter, that rank's rows of the full
-// gradient (zero for padding rows and for parameters without a gradient), then a flag per
-// parameter, 1 where this rank has its gradient: reduced, the flags tell every rank which
-// parameters some rank used, and the others get no gradient, as in one process.
+// Every rank's chunk of the input holds, for each trainable parameter, that rank's rows of
+// the full gradient (zero for padding rows and for parameters without a gradient), then a
+// flag per trainable parameter, 1 where this rank has its gradient: reduced, the flags tell
+// every rank which parameters some rank used, and the others get no gradient, as in one
+// process. Frozen parameters have no place in it.
 void Fsdp::StartReduceScatter(Unit& unit) {
   torch::NoGradGuard no_grad;
   const int n = communicator_.size();
-  const int64_t flags = static_cast<int64_t>(unit.parameters.size());
+  const int64_t flags = unit.trainable;
   torch::Tensor input =
-      torch::zeros({n, unit.shard_numel + flags}, unit.shards[0].options().dtype(reduce_dtype_));
+      torch::zeros({n, unit.grad_numel + flags}, unit.shards[0].options().dtype(reduce_dtype_));
   unit.every_gradient_here = true;
+  int64_t flag = 0;
   for (size_t i = 0; i < unit.parameters.size(); ++i) {
+    if (unit.grad_offsets[i] < 0) continue;  // frozen
     torch::Tensor& parameter = unit.parameters[i];
     const torch::Tensor grad = parameter.grad();
+    const int64_t own_flag = flag++;
     if (!grad.defined()) {
-      if (unit.shards[i].requires_grad()) unit.every_gradient_here = false;
+      unit.every_gradient_here = false;
       continue;
     }
-    input.select(1, unit.shard_numel + static_cast<int64_t>(i)).fill_(1);
-    CopyBetweenFullAndRanks(grad.contiguous(), input, unit.offsets[i], unit.rows[i],
+    input.select(1, unit.grad_numel + own_flag).fill_(1);
+    CopyBetweenFullAndRanks(grad.contiguous(), input, unit.grad_offsets[i], unit.rows[i],
                             Direction::kOutOfFull);
     parameter.mutable_grad().reset();  // the full gradient is not needed any more
   }
-  unit.reduce_output = torch::empty({unit.shard_numel + flags}, input.options());
+  unit.reduce_output = torch::empty({unit.grad_numel + flags}, input.options());
   const parallel::ScopedPlace place(communicator_, PlaceOf(unit, kUnitPurpose));
   unit.reduce = communicator_.ReduceScatter(input.view({-1}), unit.reduce_output,
                                             parallel::ReduceOp::kAverage);
@@ -467,18 +501,17 @@ void Fsdp::AccumulateShardGradients(Unit& unit) {
   // gradient (a parameter unused here), which another rank may have; in a usual step every
   // rank has every gradient.
   const torch::Tensor used_by_any =
-      unit.every_gradient_here
-          ? torch::Tensor()
-          : unit.reduce_output.narrow(0, unit.shard_numel, static_cast<int64_t>(unit.shards.size()))
-                .to(torch::kCPU, torch::kFloat32);
+      unit.every_gradient_here ? torch::Tensor()
+                               : unit.reduce_output.narrow(0, unit.grad_numel, unit.trainable)
+                                     .to(torch::kCPU, torch::kFloat32);
+  int64_t flag = 0;
   for (size_t i = 0; i < unit.shards.size(); ++i) {
     torch::Tensor& shard = unit.shards[i];
-    if (!shard.requires_grad()) continue;
-    if (used_by_any.defined() && used_by_any[static_cast<int64_t>(i)].item<float>() == 0.0f) {
-      continue;
-    }
+    if (unit.grad_offsets[i] < 0) continue;  // frozen
+    const int64_t own_flag = flag++;
+    if (used_by_any.defined() && used_by_any[own_flag].item<float>() == 0.0f) continue;
     const torch::Tensor grad =
-        unit.reduce_output.narrow(0, unit.offsets[i], shard.numel()).view(shard.sizes());
+        unit.reduce_output.narrow(0, unit.grad_offsets[i], shard.numel()).view(shard.sizes());
     if (shard.grad().defined()) {
       shard.mutable_grad().add_(grad);  // gradient accumulation over micro-steps
     } else {
@@ -581,8 +614,8 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
                : shape.parameters) *
       gathered_bytes_per_element;
   // Every micro-batch gathers each unit for its forward (and again for its backward when
-  // resharded after forward) and reduce-scatters its gradients, then all-reduces the
-  // gradient shards across the replicas.
+  // resharded after forward) and reduce-scatters its trainable parameters' gradients, then
+  // all-reduces those gradient shards across the replicas.
   const double ring = static_cast<double>(dim_size - 1) / dim_size;
   const double replica_ring = static_cast<double>(replicas - 1) / replicas;
   const double reduce_bytes_per_element =
@@ -592,12 +625,13 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
   estimate.transfers.push_back(
       {.mesh_dim = config_.mesh_dim(),
        .bytes_per_micro_batch =
-           ring * shape.parameters *
-           ((reshard ? 2 : 1) * gathered_bytes_per_element + reduce_bytes_per_element)});
+           ring * (shape.parameters * (reshard ? 2 : 1) * gathered_bytes_per_element +
+                   shape.TrainableParameters() * reduce_bytes_per_element)});
   if (hybrid) {
-    estimate.transfers.push_back({.mesh_dim = config_.replicate_mesh_dim(),
-                                  .bytes_per_micro_batch = 2.0 * replica_ring * shape.parameters /
-                                                           dim_size * reduce_bytes_per_element});
+    estimate.transfers.push_back(
+        {.mesh_dim = config_.replicate_mesh_dim(),
+         .bytes_per_micro_batch = 2.0 * replica_ring * shape.TrainableParameters() / dim_size *
+                                  reduce_bytes_per_element});
   }
   return estimate;
 }

@@ -19,7 +19,8 @@
 // reduced gradient shards are averaged across it by an all-reduce, started once that unit's
 // reduce-scatter has had the next unit's backward to finish in (as PyTorch's HSDP), so it too
 // overlaps the backward; the optimizer and clipping see the shards. Frozen parameters
-// (requires_grad false) are sharded and gathered but get no gradient and are not trained; so
+// (requires_grad false: a reference model's, or a base under adapters) are sharded and
+// gathered but get no gradient, take no place in the reduce-scatters and are not trained; so
 // does a parameter that no rank used in the step's backward (a flag per parameter rides on
 // each unit's reduce-scatter), as in one process, where AdamW would otherwise decay it.
 // FsdpStrategy is its preparation strategy (strategy.h), applied through wrap::Preparation

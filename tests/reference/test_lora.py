@@ -1,0 +1,94 @@
+"""plait's LoRA against PEFT's: the same base weights (a folder transformers
+saved, which plait loads), PEFT's get_peft_model with the same rank, alpha,
+targets and rsLoRA choice (dropout 0), the same adapter values (PEFT's A and a
+random B, given to plait), and the same batch give the same logits, loss and
+gradient of every adapter, in fp32, within 1e-5 relative. plait's trainable
+parameters are exactly PEFT's, by name, and its initial adapters are PEFT's
+kind: B zero, A uniform within 1/sqrt(in)."""
+
+import math
+
+import peft
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import harness
+
+# name: (model, plait's target globs, PEFT's target_modules, r, alpha, rslora)
+CASES = {
+    "llama_q_v": ("llama_gqa", ["*q_proj", "*v_proj"], ["q_proj", "v_proj"],
+                  4, 8.0, False),
+    "qwen2_mlp_k_o_rslora": ("qwen2_gqa", ["*mlp.*", "*k_proj", "*o_proj"],
+                             ["gate_proj", "up_proj", "down_proj", "k_proj",
+                              "o_proj"], 4, 16.0, True),
+    "llama_tied_bias_all": ("llama_tied_bias", ["*_proj"],
+                            ["q_proj", "k_proj", "v_proj", "o_proj",
+                             "gate_proj", "up_proj", "down_proj"],
+                            2, 3.0, False),
+}
+
+
+def plait_name(peft_name):
+    """PEFT's `base_model.model.<module>.lora_A.default.weight` as plait (and
+    PEFT's saved adapters) name it: `<module>.lora_A.weight`."""
+    name = peft_name.removeprefix("base_model.model.")
+    return name.replace(".lora_A.default.", ".lora_A.").replace(
+        ".lora_B.default.", ".lora_B.")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_lora_matches_peft(case, tmp_path):
+    name, globs, modules, rank, alpha, rslora = CASES[case]
+    model = harness.hf_model(name)
+    model.save_pretrained(tmp_path / "hf")
+    input_ids, labels = harness.make_batch(tmp_path / "batch.safetensors",
+                                           model.config.vocab_size)
+    peft_model = peft.get_peft_model(model, peft.LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=modules, lora_dropout=0.0,
+        use_rslora=rslora))
+    generator = torch.Generator().manual_seed(1)
+    adapters = {}
+    with torch.no_grad():
+        for peft_name, param in peft_model.named_parameters():
+            if not param.requires_grad:
+                continue
+            if ".lora_B." in peft_name:
+                param.copy_(0.1 * torch.randn(param.shape, generator=generator))
+            adapters[plait_name(peft_name)] = param.detach().clone()
+    save_file(adapters, str(tmp_path / "adapters.safetensors"))
+
+    targets = " ".join(f'target: "{glob}"' for glob in globs)
+    harness.run_plait(
+        "lora", hf_dir=tmp_path / "hf",
+        lora=f"rank: {rank} alpha: {alpha} use_rslora: {str(rslora).lower()} "
+             f"{targets}",
+        adapters=tmp_path / "adapters.safetensors",
+        batch=tmp_path / "batch.safetensors",
+        out=tmp_path / "plait.safetensors")
+    plait = load_file(str(tmp_path / "plait.safetensors"))
+
+    initial = {key.removeprefix("init."): value
+               for key, value in plait.items() if key.startswith("init.")}
+    assert sorted(initial) == sorted(adapters), (
+        "plait's trainable parameters are not PEFT's adapters")
+    for adapter, value in initial.items():
+        if ".lora_B." in adapter:
+            assert torch.count_nonzero(value) == 0, f"{adapter} is not zero"
+        else:
+            bound = 1.0 / math.sqrt(value.shape[1])
+            assert 0.5 * bound < value.abs().max() <= bound, (
+                f"{adapter} is not uniform within 1/sqrt(in)")
+
+    peft_model.zero_grad(set_to_none=True)
+    output = peft_model(input_ids=input_ids, labels=labels)
+    output.loss.backward()
+    check = f"lora {case}"
+    harness.expect_close(f"{check}: logits", "logits", plait["logits"],
+                         output.logits.detach())
+    harness.expect_close(f"{check}: loss", "loss", plait["loss"],
+                         output.loss.detach().reshape(1))
+    harness.expect_close_gradients(
+        check, harness.plait_gradients(plait),
+        {plait_name(n): p.grad for n, p in peft_model.named_parameters()
+         if p.requires_grad})

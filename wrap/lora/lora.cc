@@ -1,0 +1,229 @@
+#include "wrap/lora/lora.h"
+
+#include <fnmatch.h>
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/hash.h"
+#include "base/human.h"
+#include "base/status.h"
+#include "base/torch_compat.h"
+#include "torch/nn/functional/dropout.h"
+#include "torch/nn/functional/linear.h"
+
+namespace plait::wrap::lora {
+namespace {
+
+namespace F = torch::nn::functional;
+
+constexpr absl::string_view kWeight = ".weight";
+
+// The module name of a block projection's weight `name` (its dims and tensor-parallel split as
+// given), or "" when it is not one: a projection is a matrix that tensor parallelism splits by
+// columns or rows (q/k/v/o, gate/up/down), never the vocabulary's embedding or output.
+std::string ProjectionOf(const std::string& name, size_t dims, Wrappable::Split split) {
+  using Split = Wrappable::Split;
+  const bool projection_split =
+      split == Split::kColumn || split == Split::kKeyValueColumn || split == Split::kRow;
+  if (dims != 2 || !projection_split || !absl::EndsWith(name, kWeight)) return "";
+  return name.substr(0, name.size() - kWeight.size());
+}
+
+// Whether a target of `config` matches the module `projection`, marking each that does.
+bool Targeted(const LoraConfig& config, const std::string& projection, std::vector<bool>& used) {
+  bool targeted = false;
+  for (int i = 0; i < config.target_size(); ++i) {
+    if (fnmatch(config.target(i).c_str(), projection.c_str(), 0) == 0) {
+      used[i] = true;
+      targeted = true;
+    }
+  }
+  return targeted;
+}
+
+// The message for target `i`, which matched none of the model's projections, the first and
+// last of which are `first` and `last`.
+std::string UnmatchedTarget(const LoraConfig& config, int i, const std::string& first,
+                            const std::string& last) {
+  return absl::StrCat("\"", config.target(i),
+                      "\" matches no projection of the model's blocks (a glob on module names, "
+                      "which run from \"",
+                      first, "\" to \"", last, "\")");
+}
+
+// A module holding one parameter, `weight`: an adapter matrix (PEFT's lora_A / lora_B are
+// nn.Linear without bias, whose only parameter is `weight`).
+class AdapterMatrix : public torch::nn::Module {
+ public:
+  explicit AdapterMatrix(torch::Tensor value) { weight = register_parameter("weight", value); }
+  torch::Tensor weight;
+};
+
+}  // namespace
+
+double Scale(const LoraConfig& config) {
+  return config.use_rslora() ? config.alpha() / std::sqrt(static_cast<double>(config.rank()))
+                             : config.alpha() / config.rank();
+}
+
+torch::Tensor InitialA(uint64_t seed, const std::string& name, int64_t rank, int64_t in) {
+  // PEFT's reset_lora_parameters: nn.init.kaiming_uniform_(a=sqrt(5)) on [rank, in], whose
+  // gain sqrt(2 / (1 + 5)) times sqrt(3 / in) is a bound of 1 / sqrt(in).
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  at::Generator generator = base::MakeCpuGenerator(base::SplitMix64(seed ^ base::Fnv1a64(name)));
+  return torch::empty({rank, in}, torch::kFloat32).uniform_(-bound, bound, generator);
+}
+
+absl::Status ValidateLoraConfig(const LoraConfig& config) {
+  if (config.rank() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora.rank: ", config.rank(), "; the adapters' rank must be above 0"));
+  }
+  if (!(config.alpha() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora.alpha: ", config.alpha(), "; it must be above 0 (PEFT's lora_alpha)"));
+  }
+  if (!(config.dropout() >= 0 && config.dropout() < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora.dropout: ", config.dropout(), "; it must be in [0, 1)"));
+  }
+  if (config.target_size() == 0) {
+    return absl::InvalidArgumentError(
+        "lora.target: none; name the projections to adapt, e.g. target: \"*q_proj\"");
+  }
+  for (int i = 0; i < config.target_size(); ++i) {
+    if (config.target(i).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("lora.target[", i, "]: is empty"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Lora::Lora(Wrappable& model, const LoraConfig& config)
+    : model_(model), scale_(Scale(config)), dropout_(config.dropout()) {}
+
+absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraConfig& config) {
+  PLAIT_RETURN_IF_ERROR(ValidateLoraConfig(config));
+  std::unique_ptr<Lora> lora(new Lora(model, config));
+  // The projections to adapt, found before anything changes: an unmatched target leaves the
+  // model as it was.
+  std::vector<bool> used(config.target_size(), false);
+  std::vector<std::string> projections;
+  for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
+    const std::string projection =
+        ProjectionOf(named.name, named.parameter.dim(), model.TensorParallelSplit(named.name));
+    if (projection.empty()) continue;
+    projections.push_back(projection);
+    if (Targeted(config, projection, used)) lora->adapted_.push_back(projection);
+  }
+  for (int i = 0; i < config.target_size(); ++i) {
+    if (used[i]) continue;
+    if (projections.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lora.target[", i, "]: the model's blocks have no projections to adapt"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora.target[", i,
+                     "]: ", UnmatchedTarget(config, i, projections.front(), projections.back())));
+  }
+  for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
+    named.parameter.requires_grad_(false);
+  }
+  const auto modules = model.RootModule().named_modules();
+  torch::NoGradGuard no_grad;
+  for (const std::string& name : lora->adapted_) {
+    const std::shared_ptr<torch::nn::Module>& projection = modules[name];
+    const torch::Tensor weight = projection->named_parameters(/*recurse=*/false)["weight"];
+    const int64_t out = weight.size(0);
+    const int64_t in = weight.size(1);
+    // In the weight's dtype and on its device (also when the model is built deferred, whose
+    // weights hold no memory yet: the adapters are small and get theirs now).
+    const torch::TensorOptions options = weight.options().requires_grad(false);
+    const torch::Tensor a =
+        InitialA(config.seed(), absl::StrCat(name, ".lora_A.weight"), config.rank(), in)
+            .to(options);
+    const torch::Tensor b = torch::zeros({out, config.rank()}, options);
+    auto a_module = projection->register_module("lora_A", std::make_shared<AdapterMatrix>(a));
+    auto b_module = projection->register_module("lora_B", std::make_shared<AdapterMatrix>(b));
+    lora->adapters_[projection.get()] = {a_module->weight, b_module->weight};
+  }
+  model.SetProjectionOps(lora.get());
+  return lora;
+}
+
+Lora::~Lora() { model_.SetProjectionOps(nullptr); }
+
+torch::Tensor Lora::Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
+                          torch::Tensor output) {
+  const auto it = adapters_.find(&projection);
+  if (it == adapters_.end()) return output;
+  // As PEFT's Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling, with dropout in
+  // training mode only.
+  const torch::Tensor x =
+      dropout_ > 0 && projection.is_training()
+          ? F::dropout(input, F::DropoutFuncOptions().p(dropout_).training(true))
+          : input;
+  return output + F::linear(F::linear(x, it->second.a), it->second.b) * scale_;
+}
+
+std::vector<base::Violation> LoraStrategy::Check(const std::optional<ModelShape>& shape,
+                                                 const parallel::MeshConfig& /*mesh*/,
+                                                 const std::string& field) const {
+  if (!shape.has_value()) return {};
+  std::vector<bool> used(config_.target_size(), false);
+  std::vector<std::string> projections;
+  for (const ModelShape::Parameter& parameter : shape->parameter_list) {
+    const std::string projection =
+        ProjectionOf(parameter.name, parameter.shape.size(), parameter.split);
+    if (projection.empty()) continue;
+    projections.push_back(projection);
+    Targeted(config_, projection, used);
+  }
+  std::vector<base::Violation> violations;
+  for (int i = 0; i < config_.target_size(); ++i) {
+    if (used[i]) continue;
+    violations.push_back(
+        {absl::StrCat(field, ".lora.target[", i, "]"),
+         projections.empty() ? "the model's blocks have no projections to adapt"
+                             : UnmatchedTarget(config_, i, projections.front(), projections.back()),
+         ""});
+  }
+  return violations;
+}
+
+StepEstimate LoraStrategy::Estimate(const ModelShape& shape,
+                                    const parallel::MeshConfig& /*mesh*/) const {
+  std::vector<bool> used(config_.target_size(), false);
+  double adapters = 0;
+  int projections = 0;
+  for (const ModelShape::Parameter& parameter : shape.parameter_list) {
+    const std::string projection =
+        ProjectionOf(parameter.name, parameter.shape.size(), parameter.split);
+    if (projection.empty() || !Targeted(config_, projection, used)) continue;
+    ++projections;
+    adapters += static_cast<double>(config_.rank()) *
+                static_cast<double>(parameter.shape[0] + parameter.shape[1]);
+  }
+  StepEstimate estimate;
+  estimate.description = absl::StrFormat(
+      "lora (rank %d, alpha %g%s: scale %g) on %d projections (%s): %s trainable adapter "
+      "parameters; the %s parameters of the base frozen (no gradients, no optimizer state)",
+      config_.rank(), config_.alpha(), config_.use_rslora() ? ", rsLoRA" : "", Scale(config_),
+      projections, absl::StrJoin(config_.target(), ", "), base::HumanCount(adapters),
+      base::HumanCount(shape.parameters));
+  estimate.added_block_parameters = adapters;
+  estimate.trainable_parameters = adapters;
+  return estimate;
+}
+
+absl::Status LoraStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& /*mesh*/) {
+  PLAIT_ASSIGN_OR_RETURN(lora_, Lora::Create(model, config_));
+  return absl::OkStatus();
+}
+
+}  // namespace plait::wrap::lora

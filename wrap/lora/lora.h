@@ -1,0 +1,112 @@
+// LoRA (low-rank adaptation) with PEFT's semantics, as a preparation strategy: each block
+// projection a target pattern matches gets two adapter matrices, A [rank, in] and B [out, rank],
+// registered as submodules of the projection and so named as PEFT names them
+// (`model.layers.0.self_attn.q_proj.lora_A.weight`, `...lora_B.weight`), and computes
+//   y = W x + b + scale * B A dropout(x),   scale = alpha / rank (alpha / sqrt(rank), rsLoRA),
+// through the model's ProjectionOps (wrappable.h). A is drawn as PEFT's default
+// (kaiming_uniform_ with a = sqrt(5): uniform(-1/sqrt(in), 1/sqrt(in))) from a generator seeded
+// by LoraConfig.seed and the adapter's name, B is zero, so the adapted model computes what the
+// base did. Every other parameter is frozen (requires_grad false): the optimizer owns only the
+// adapters, FSDP shards and gathers the base without reducing gradients for it, DDP buckets
+// only the adapters.
+//
+//   prepare { lora { rank: 8 alpha: 16 target: "*q_proj" target: "*v_proj" } }
+//   prepare { fsdp { mesh_dim: "dp" } }  // after LoRA (rules.textproto: lora_before_fsdp)
+//
+// Dropout draws from the device's default generator (as PEFT's nn.Dropout), in training mode
+// only; activation checkpointing replays that generator's state when it recomputes a block, so
+// its masks are drawn again as they were. Tensor parallelism is not supported: the rules
+// refuse the combination (lora_without_tp).
+#ifndef PLAIT_WRAP_LORA_LORA_H_
+#define PLAIT_WRAP_LORA_LORA_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/violation.h"
+#include "parallel/device_mesh.h"
+#include "parallel/mesh.pb.h"
+#include "torch/nn/module.h"
+#include "torch/types.h"
+#include "wrap/strategy.h"
+#include "wrap/wrap.pb.h"
+#include "wrap/wrappable.h"
+
+namespace plait::wrap::lora {
+
+// The adapters of one model, installed as its ProjectionOps.
+class Lora final : public ProjectionOps {
+ public:
+  // Freezes every parameter of `model`, adds adapters to the block projections `config`'s
+  // targets match and makes the model's forward use them; `model` must outlive the result.
+  // InvalidArgument naming `lora.<field>` for an invalid config or a target that matches no
+  // projection.
+  static absl::StatusOr<std::unique_ptr<Lora>> Create(Wrappable& model, const LoraConfig& config);
+  ~Lora() override;
+  Lora(const Lora&) = delete;
+  Lora& operator=(const Lora&) = delete;
+
+  torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
+                      torch::Tensor output) override;
+
+  // The module names of the adapted projections, in the model's parameter order.
+  const std::vector<std::string>& adapted() const { return adapted_; }
+
+ private:
+  struct Adapter {
+    torch::Tensor a;  // lora_A.weight [rank, in]
+    torch::Tensor b;  // lora_B.weight [out, rank]
+  };
+
+  Lora(Wrappable& model, const LoraConfig& config);
+
+  Wrappable& model_;
+  const double scale_;
+  const double dropout_;
+  std::map<const torch::nn::Module*, Adapter> adapters_;
+  std::vector<std::string> adapted_;
+};
+
+// alpha / rank, or alpha / sqrt(rank) with use_rslora.
+double Scale(const LoraConfig& config);
+
+// The values Lora gives adapter A of a projection whose weight is [out, in]: fp32, [rank, in],
+// drawn from a generator seeded by `seed` and `name` (the adapter's parameter name).
+torch::Tensor InitialA(uint64_t seed, const std::string& name, int64_t rank, int64_t in);
+
+// InvalidArgument naming `lora.<field>` for a rank or alpha not above 0, a dropout outside
+// [0, 1), no target or an empty one.
+absl::Status ValidateLoraConfig(const LoraConfig& config);
+
+// LoRA as a preparation strategy: "lora" in plans and rules. It uses no mesh dimension.
+class LoraStrategy final : public Strategy {
+ public:
+  explicit LoraStrategy(LoraConfig config) : config_(std::move(config)) {}
+
+  absl::string_view name() const override { return "lora"; }
+  const std::string& mesh_dim() const override { return no_dim_; }
+  bool uses_mesh_dim() const override { return false; }
+  bool splits_batch() const override { return false; }
+  // Each target pattern must match a projection of the model's blocks
+  // (`<field>.lora.target[i]`).
+  std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,
+                                     const parallel::MeshConfig& mesh,
+                                     const std::string& field) const override;
+  // The adapters' parameters, which become the only trainable ones.
+  StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
+  absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
+
+ private:
+  LoraConfig config_;
+  const std::string no_dim_;
+  std::unique_ptr<Lora> lora_;
+};
+
+}  // namespace plait::wrap::lora
+
+#endif  // PLAIT_WRAP_LORA_LORA_H_

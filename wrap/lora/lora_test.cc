@@ -1,0 +1,349 @@
+#include "wrap/lora/lora.h"
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/model_config.h"
+#include "optim/optimizer.h"
+#include "parallel/device_mesh.h"
+#include "parallel/test_ranks.h"
+#include "torch/nn/functional/linear.h"
+#include "torch/types.h"
+#include "torch/utils.h"
+#include "wrap/checkpointing/activation_checkpointing.h"
+#include "wrap/preparation.h"
+#include "wrap/rules.h"
+#include "wrap/strategies.h"
+
+namespace plait::wrap::lora {
+namespace {
+
+namespace F = torch::nn::functional;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// The tiny Llama: hidden 256, MLP 688, 4 blocks, 4 heads of 64, 2 key/value heads.
+std::shared_ptr<models::CausalLM> MakeModel(const std::string& preset = "tiny") {
+  models::InitConfig init;
+  init.set_seed(7);
+  return models::CausalLM::Create(models::PresetConfig(preset).value(), init).value();
+}
+
+LoraConfig Config(const std::string& text) {
+  LoraConfig config;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &config)) << text;
+  return config;
+}
+
+PrepareStep LoraStep(const std::string& text) {
+  PrepareStep step;
+  *step.mutable_lora() = Config(text);
+  return step;
+}
+
+torch::Tensor Tokens() {
+  torch::manual_seed(11);
+  return torch::randint(4096, {2, 16});
+}
+
+// Runs `body` with a one-rank mesh whose one dimension is "dp".
+void OnOneRank(const std::function<void(parallel::DeviceMesh& mesh)>& body) {
+  parallel::MeshConfig config;
+  auto* dim = config.add_dims();
+  dim->set_name("dp");
+  dim->set_size(1);
+  parallel::testing::RunOnMesh(parallel::MeshLayout::Create(config, 1).value(), torch::kCPU,
+                               [&](int, parallel::DeviceMesh& mesh) { body(mesh); });
+}
+
+// The model's projection module `name`.
+std::shared_ptr<torch::nn::Module> Module(models::CausalLM& model, const std::string& name) {
+  return model.named_modules()[name];
+}
+
+TEST(LoraTest, StepZeroComputesTheBaseModel) {
+  std::shared_ptr<models::CausalLM> model = MakeModel();
+  const torch::Tensor tokens = Tokens();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor base = model->Forward(tokens);
+  auto lora = Lora::Create(*model, Config(R"pb(rank: 4 alpha: 8 target: "*proj")pb"));
+  ASSERT_THAT(lora, IsOk());
+  EXPECT_EQ((*lora)->adapted().size(), 4u * 7u);  // every projection of the 4 blocks
+  EXPECT_TRUE(torch::equal(model->Forward(tokens), base));
+}
+
+TEST(LoraTest, AdaptersAreNamedAndDrawnAsPeftDoes) {
+  std::shared_ptr<models::CausalLM> model = MakeModel();
+  auto lora = Lora::Create(
+      *model, Config(R"pb(rank: 8 alpha: 16 target: "*q_proj" target: "*v_proj" seed: 3)pb"));
+  ASSERT_THAT(lora, IsOk());
+  std::vector<std::string> adapters;
+  for (const auto& named : model->NamedParameters()) {
+    if (named.name.find("lora_") == std::string::npos) continue;
+    adapters.push_back(named.name);
+  }
+  ASSERT_EQ(adapters.size(), 16u);
+  EXPECT_EQ(adapters[0], "model.layers.0.self_attn.q_proj.lora_A.weight");
+  EXPECT_EQ(adapters[1], "model.layers.0.self_attn.q_proj.lora_B.weight");
+  EXPECT_EQ(adapters[2], "model.layers.0.self_attn.v_proj.lora_A.weight");
+  EXPECT_EQ(adapters[15], "model.layers.3.self_attn.v_proj.lora_B.weight");
+  auto parameters = model->named_parameters();
+  const torch::Tensor a = parameters["model.layers.2.self_attn.v_proj.lora_A.weight"];
+  const torch::Tensor b = parameters["model.layers.2.self_attn.v_proj.lora_B.weight"];
+  EXPECT_EQ(a.sizes(), (std::vector<int64_t>{8, 256}));
+  EXPECT_EQ(b.sizes(), (std::vector<int64_t>{128, 8}));  // 2 key/value heads of 64
+  EXPECT_TRUE(
+      torch::equal(a, InitialA(3, "model.layers.2.self_attn.v_proj.lora_A.weight", 8, 256)));
+  // Kaiming-uniform with a = sqrt(5): uniform within 1 / sqrt(in), spread over it.
+  EXPECT_LE(a.abs().max().item<double>(), 1.0 / 16.0);
+  EXPECT_GT(a.abs().max().item<double>(), 0.9 / 16.0);
+  EXPECT_TRUE(torch::equal(b, torch::zeros_like(b)));
+  // Another A is drawn from its own generator.
+  EXPECT_FALSE(torch::equal(a, parameters["model.layers.2.self_attn.q_proj.lora_A.weight"]));
+}
+
+// y = W x + b + scale * B A x: scale alpha / r, or alpha / sqrt(r) with rsLoRA.
+TEST(LoraTest, ScalesAsPeftDoes) {
+  for (const bool rslora : {false, true}) {
+    std::shared_ptr<models::CausalLM> model = MakeModel("qwen2-tiny");  // q_proj has a bias
+    LoraConfig config = Config(R"pb(rank: 4 alpha: 6 target: "model.layers.1.self_attn.q_proj")pb");
+    config.set_use_rslora(rslora);
+    EXPECT_DOUBLE_EQ(Scale(config), rslora ? 3.0 : 1.5);
+    auto lora = Lora::Create(*model, config);
+    ASSERT_THAT(lora, IsOk());
+    auto parameters = model->named_parameters();
+    const std::string name = "model.layers.1.self_attn.q_proj";
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(1);
+    parameters[name + ".lora_B.weight"].normal_();
+    const torch::Tensor x = torch::randn({3, parameters[name + ".weight"].size(1)});
+    const torch::Tensor base =
+        F::linear(x, parameters[name + ".weight"], parameters[name + ".bias"]);
+    const torch::Tensor expected =
+        base + Scale(config) * x.mm(parameters[name + ".lora_A.weight"].t())
+                                   .mm(parameters[name + ".lora_B.weight"].t());
+    const torch::Tensor got = (*lora)->Adapt(*Module(*model, name), x, base);
+    EXPECT_TRUE(torch::allclose(got, expected, 1e-5, 1e-5)) << "rslora " << rslora;
+    // A projection without adapters passes its output through.
+    const torch::Tensor k = torch::randn({3, 5});
+    EXPECT_TRUE(
+        torch::equal((*lora)->Adapt(*Module(*model, "model.layers.0.self_attn.q_proj"), x, k), k));
+  }
+}
+
+// Dropout 0 is deterministic; dropout acts in training mode only.
+TEST(LoraTest, DropoutOnlyInTraining) {
+  const torch::Tensor tokens = Tokens();
+  std::map<double, torch::Tensor> first, second;
+  for (const double dropout : {0.0, 0.5}) {
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    LoraConfig config = Config(R"pb(rank: 4 alpha: 8 target: "*mlp.*")pb");
+    config.set_dropout(dropout);
+    auto lora = Lora::Create(*model, config);
+    ASSERT_THAT(lora, IsOk());
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(2);
+    for (const auto& named : model->NamedParameters()) {
+      if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
+    }
+    first[dropout] = model->Forward(tokens);
+    second[dropout] = model->Forward(tokens);
+    model->eval();
+    if (dropout > 0) {
+      EXPECT_TRUE(torch::equal(model->Forward(tokens), first[0.0]));
+    }
+  }
+  EXPECT_TRUE(torch::equal(first[0.0], second[0.0]));
+  EXPECT_FALSE(torch::allclose(first[0.5], first[0.0]));
+  EXPECT_FALSE(torch::allclose(first[0.5], second[0.5]));  // new masks each forward
+}
+
+// Full activation checkpointing recomputes a block with the dropout masks its forward drew:
+// the same gradients, bit for bit.
+TEST(LoraTest, CheckpointingRecomputesTheSameDropout) {
+  const torch::Tensor tokens = Tokens();
+  std::map<std::string, torch::Tensor> gradients[2];
+  for (const bool checkpointed : {false, true}) {
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    std::unique_ptr<checkpointing::ActivationCheckpointing> checkpointing;
+    if (checkpointed) {
+      checkpointing = std::make_unique<checkpointing::ActivationCheckpointing>(
+          *model, ActivationCheckpointingConfig::FULL);
+    }
+    auto lora =
+        Lora::Create(*model, Config(R"pb(rank: 4 alpha: 8 dropout: 0.3 target: "*_proj")pb"));
+    ASSERT_THAT(lora, IsOk());
+    {
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(2);
+      for (const auto& named : model->NamedParameters()) {
+        if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
+      }
+    }
+    torch::manual_seed(5);
+    model->Loss(tokens, torch::roll(tokens, -1, 1)).backward();
+    for (const auto& named : model->NamedParameters()) {
+      if (named.parameter.requires_grad()) {
+        gradients[checkpointed][named.name] = named.parameter.grad();
+      }
+    }
+  }
+  ASSERT_EQ(gradients[0].size(), 4u * 7u * 2u);
+  for (const auto& [name, want] : gradients[0]) {
+    EXPECT_TRUE(torch::equal(gradients[1].at(name), want)) << name;
+  }
+}
+
+// The base is frozen: no gradient for it; the optimizer owns exactly the adapters.
+TEST(LoraTest, TheOptimizerOwnsExactlyTheAdapters) {
+  OnOneRank([](parallel::DeviceMesh& mesh) {
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    auto preparation = Preparation::Begin(*model, mesh, "plan.prepare");
+    ASSERT_THAT(preparation, IsOk());
+    ASSERT_THAT((*preparation)->Apply(LoraStep(R"pb(rank: 2 alpha: 2 target: "*.0.*o_proj")pb")),
+                IsOk());
+    PrepareStep ddp;
+    ddp.mutable_ddp()->set_mesh_dim("dp");
+    ASSERT_THAT((*preparation)->Apply(ddp), IsOk());
+    auto parameters = (*preparation)->TakeTrainableParameters();
+    ASSERT_THAT(parameters, IsOk());
+    std::vector<std::string> names;
+    for (const auto& parameter : *parameters) names.push_back(parameter.name);
+    EXPECT_THAT(names, ElementsAre("model.layers.0.self_attn.o_proj.lora_A.weight",
+                                   "model.layers.0.self_attn.o_proj.lora_B.weight"));
+    optim::OptimizerConfig config;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString("adamw {}", &config));
+    auto optimizer = optim::Optimizer::Create(*parameters, config);
+    ASSERT_THAT(optimizer, IsOk());
+    const torch::Tensor tokens = Tokens();
+    model->Loss(tokens, torch::roll(tokens, -1, 1)).backward();
+    ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+    for (const auto& named : model->NamedParameters()) {
+      const bool adapter = named.name.find("lora_") != std::string::npos;
+      EXPECT_EQ(named.parameter.requires_grad(), adapter) << named.name;
+      EXPECT_EQ(named.parameter.grad().defined(), adapter) << named.name;
+    }
+    const torch::Tensor b =
+        model->named_parameters()["model.layers.0.self_attn.o_proj.lora_B.weight"];
+    EXPECT_GT(b.grad().abs().max().item<double>(), 0.0);  // A's is zero while B is
+    ASSERT_THAT((*optimizer)->Step(1e-2), IsOk());
+    EXPECT_GT(b.abs().max().item<double>(), 0.0);
+  });
+}
+
+ModelShape ShapeOf(models::CausalLM& model) {
+  ModelShape shape;
+  for (const auto& named : model.NamedParameters()) {
+    shape.parameters += static_cast<double>(named.parameter.numel());
+    shape.parameter_list.push_back(
+        {named.name, named.parameter.sizes().vec(), model.TensorParallelSplit(named.name)});
+  }
+  shape.num_blocks = 4;
+  return shape;
+}
+
+TEST(LoraTest, ATargetThatMatchesNothingIsAnErrorNamingIt) {
+  std::shared_ptr<models::CausalLM> model = MakeModel();
+  const PrepareStep step =
+      LoraStep(R"pb(rank: 4 alpha: 8 target: "*q_proj" target: "*lm_head" target: "*qproj")pb");
+  auto strategy = MakeStrategy(step);
+  ASSERT_THAT(strategy, IsOk());
+  const std::vector<base::Violation> violations =
+      (*strategy)->Check(ShapeOf(*model), parallel::MeshConfig(), "plan.prepare[0]");
+  ASSERT_EQ(violations.size(), 2u);
+  EXPECT_EQ(violations[0].field, "plan.prepare[0].lora.target[1]");
+  EXPECT_THAT(violations[0].message, HasSubstr("\"*lm_head\" matches no projection"));
+  EXPECT_EQ(violations[1].field, "plan.prepare[0].lora.target[2]");
+  // Applied, the same error, and the model is left as it was.
+  OnOneRank([&](parallel::DeviceMesh& mesh) {
+    auto preparation = Preparation::Begin(*model, mesh, "plan.prepare");
+    ASSERT_THAT(preparation, IsOk());
+    EXPECT_THAT((*preparation)->Apply(step),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("plan.prepare[0]: lora.target[1]: \"*lm_head\""),
+                               HasSubstr("from \"model.layers.0.self_attn.q_proj\" to "
+                                         "\"model.layers.3.mlp.down_proj\""))));
+  });
+  for (const auto& named : model->NamedParameters()) {
+    EXPECT_TRUE(named.parameter.requires_grad()) << named.name;
+    EXPECT_EQ(named.name.find("lora_"), std::string::npos) << named.name;
+  }
+}
+
+TEST(LoraTest, InvalidConfigsNameTheirField) {
+  for (const auto& [text, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"pb(alpha: 8 target: "*q_proj")pb", "lora.rank"},
+           {R"pb(rank: 4 target: "*q_proj")pb", "lora.alpha"},
+           {R"pb(rank: 4 alpha: 8 dropout: 1 target: "*q_proj")pb", "lora.dropout"},
+           {R"pb(rank: 4 alpha: 8)pb", "lora.target"},
+           {R"pb(rank: 4 alpha: 8 target: "")pb", "lora.target[0]"}}) {
+    EXPECT_THAT(MakeStrategy(LoraStep(text)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(field + ":")))
+        << text;
+  }
+}
+
+// The adapters are the trainable parameters the later steps and the memory estimate count.
+TEST(LoraTest, EstimateCountsTheAdapters) {
+  std::shared_ptr<models::CausalLM> model = MakeModel();
+  auto strategy =
+      MakeStrategy(LoraStep(R"pb(rank: 8 alpha: 16 target: "*q_proj" target: "*k_proj")pb"));
+  ASSERT_THAT(strategy, IsOk());
+  const StepEstimate estimate = (*strategy)->Estimate(ShapeOf(*model), parallel::MeshConfig());
+  const double adapters = 4 * 8 * ((256 + 256) + (256 + 128));
+  EXPECT_EQ(estimate.added_block_parameters, adapters);
+  ASSERT_TRUE(estimate.trainable_parameters.has_value());
+  EXPECT_EQ(*estimate.trainable_parameters, adapters);
+  EXPECT_THAT(estimate.description, AllOf(HasSubstr("on 8 projections"), HasSubstr("28.7K")));
+}
+
+// The rule violations of the steps `text` gives, separated by ';', as one status's text.
+std::string Violations(const std::string& text) {
+  google::protobuf::RepeatedPtrField<PrepareStep> steps;
+  for (absl::string_view one : absl::StrSplit(text, ';')) {
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(std::string(one), steps.Add()))
+        << one;
+  }
+  return base::ViolationsToStatus(
+             CheckSteps(**BuiltinRules(), steps, "plan.prepare", {"dp", "tp"}, "plan.mesh"))
+      .ToString();
+}
+
+TEST(LoraRulesTest, LoraComesBeforeFsdpAndDdpOnceAndWithoutTensorParallelism) {
+  const std::string lora = R"pb(lora { rank: 4 alpha: 8 target: "*q_proj" })pb";
+  EXPECT_EQ(Violations(lora + ";fsdp { mesh_dim: \"dp\" }"), "OK");
+  EXPECT_EQ(Violations(lora + ";ddp { mesh_dim: \"dp\" }"), "OK");
+  EXPECT_EQ(Violations("activation_checkpointing { policy: SELECTIVE };" + lora +
+                       ";fsdp { mesh_dim: \"dp\" }"),
+            "OK");
+  EXPECT_THAT(Violations("fsdp { mesh_dim: \"dp\" };" + lora),
+              AllOf(HasSubstr("plan.prepare[0].fsdp: lora (plan.prepare[1]) must come before "
+                              "fsdp"),
+                    HasSubstr("(rule lora_before_fsdp)")));
+  EXPECT_THAT(Violations("ddp { mesh_dim: \"dp\" };" + lora), HasSubstr("(rule lora_before_ddp)"));
+  EXPECT_THAT(Violations(lora + ";" + lora),
+              AllOf(HasSubstr("plan.prepare[1].lora: lora is applied 2 times"),
+                    HasSubstr("(rule lora_at_most_once)")));
+  EXPECT_THAT(Violations("tensor_parallel { mesh_dim: \"tp\" };" + lora),
+              AllOf(HasSubstr("plan.prepare[1].lora: lora cannot be applied with tensor_parallel"),
+                    HasSubstr("(rule lora_without_tp)")));
+  EXPECT_THAT(Violations(lora + ";tensor_parallel { mesh_dim: \"tp\" }"),
+              HasSubstr("(rule lora_without_tp)"));
+}
+
+}  // namespace
+}  // namespace plait::wrap::lora
