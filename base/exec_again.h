@@ -1,21 +1,24 @@
 // Settings some libraries read only as a process starts, before main(): glibc's tunables
-// (GLIBC_TUNABLES) and the OpenMP runtime's wait policy (OMP_WAIT_POLICY, read as LibTorch
-// loads libgomp). A main() that needs one sets it in the environment and executes itself
-// again, first thing, before anything it did could matter:
+// (GLIBC_TUNABLES), the OpenMP runtime's spin before it sleeps (GOMP_SPINCOUNT, read as
+// LibTorch loads libgomp) and OpenBLAS's (OPENBLAS_THREAD_TIMEOUT, read as it loads). A
+// main() that needs one sets it in the environment and executes itself again, first thing,
+// before anything it did could matter:
 //
-//   if (std::getenv("OMP_WAIT_POLICY") == nullptr) ExecAgainWith(argv, "OMP_WAIT_POLICY",
-//   "passive");
+//   if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) {
+//     ExecAgainWith(argv, {{"OPENBLAS_THREAD_TIMEOUT", "4"}});
+//   }
 #ifndef PLAIT_BASE_EXEC_AGAIN_H_
 #define PLAIT_BASE_EXEC_AGAIN_H_
 
+#include <map>
 #include <string>
 
 namespace plait::base {
 
 // Executes this program again (/proc/self/exe) with the same arguments and environment, and
-// `name` set to `value` there; processes it starts inherit the setting. Returns only when the
-// execution failed, having put `name` back as it was.
-void ExecAgainWith(char** argv, const char* name, const std::string& value);
+// each variable of `settings` set to its value there; processes it starts inherit them.
+// Returns only when the execution failed, having put the variables back as they were.
+void ExecAgainWith(char** argv, const std::map<std::string, std::string>& settings);
 
 }  // namespace plait::base
 

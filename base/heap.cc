@@ -68,7 +68,7 @@ bool UseHugePagesForHeap([[maybe_unused]] char** argv) {
   }
   const std::string updated = previous.empty() ? std::string(kHugePageTunable) + "1"
                                                : previous + ":" + kHugePageTunable + "1";
-  ExecAgainWith(argv, "GLIBC_TUNABLES", updated);
+  ExecAgainWith(argv, {{"GLIBC_TUNABLES", updated}});
 #endif
   return false;
 }

@@ -1,35 +1,49 @@
 // The compute thread pools of a LibTorch process. LibTorch runs its CPU kernels on its own
-// intra-op pool (OpenMP), oneDNN's bf16 matmuls included, but Debian's LibTorch hands its
-// fp32 matmuls to OpenBLAS, whose pthread pool ignores at::set_num_threads (PyTorch's wheels
-// link MKL, which runs on LibTorch's OpenMP pool). Two pools that each keep a thread per
-// core spin against each other: OpenBLAS's idle workers in sched_yield, OpenMP's at their
-// barriers. `llama_fsdp` (2 ranks, 2 cores) made 2.2 million context switches in 30 steps,
-// and a bf16 step with both pools at 2 threads on a busy 2-core machine took over ten times
-// its 1-thread time. So a process computes on one pool, LibTorch's, whose idle threads
-// sleep (OMP_WAIT_POLICY=passive) rather than spin through a descheduled partner's turn:
+// intra-op pool (OpenMP), oneDNN's bf16 matmuls included; its fp32 matmuls run on OpenBLAS
+// (both of plait's builds bind LibTorch's BLAS calls to Debian's OpenBLAS,
+// third_party/libtorch.BUILD), whose pthread pool ignores at::set_num_threads. The two pools
+// take turns (LibTorch waits for each matmul), so a process gives both its compute threads,
+// and sets how their idle threads wait, measured on the medium model (2 threads against 1 on
+// 2 quiet cores):
+// - OpenBLAS's sleep at once (OPENBLAS_THREAD_TIMEOUT=4, 2^4 cycles, its least) rather than
+//   spin through the OpenMP pool's turns (about 0.1 s by default). With both pools spinning,
+//   a bf16 step at 2 threads on a busy 2-core machine took over ten times its 1-thread time.
+// - OpenMP's spin about 3 ms before they sleep (GOMP_SPINCOUNT=300000, libgomp's documented
+//   default; left unset, Debian's libgomp spun less here): the next of a step's thousands of
+//   small kernels usually starts within it. bf16 at 2 threads: 1.58-1.65x its 1-thread rate
+//   with it, 0.98x when they sleep at once (OMP_WAIT_POLICY=passive), 1.10-1.33x unset;
+//   fp32: 1.26-1.41x with it, 1.60x passive (OpenMP's spinning thread then holds a core
+//   OpenBLAS's second thread could use).
 //
 //   int main(int argc, char** argv) {
-//     plait::base::UsePassiveOpenMpWait(argv);  // first thing: it may execute main() again
+//     plait::base::SetIdleThreadWaits(argv);  // first thing: it may execute main() again
 //     ...
 //     plait::base::SetComputeThreads(threads);
 //   }
 #ifndef PLAIT_BASE_THREADS_H_
 #define PLAIT_BASE_THREADS_H_
 
+#include <string>
+
 namespace plait::base {
 
 // Sets LibTorch's intra-op pool to `count` threads, and OpenBLAS's pool, where LibTorch's
-// matmuls run on OpenBLAS (Debian's), to one: its fp32 matmuls then run on the calling
-// thread, never beside a busy OpenMP pool. Returns false where LibTorch runs on neither
-// OpenBLAS nor MKL, whose BLAS pool is then left alone.
+// matmuls run on OpenBLAS (Debian's), to `count` too. Returns false where LibTorch runs on
+// neither OpenBLAS nor MKL, whose BLAS pool is then left alone.
 bool SetComputeThreads(int count);
 
-// Makes the OpenMP runtime's idle threads sleep at once instead of spinning
-// (OMP_WAIT_POLICY=passive). libgomp reads the variable once, as LibTorch loads it before
-// main(), so when it is unset this sets it and executes the program again (base/exec_again.h);
-// the processes it starts inherit it. A value already set is kept. Returns whether the
-// policy is passive: false when another policy was set or the re-execution failed.
-bool UsePassiveOpenMpWait(char** argv);
+// What runs LibTorch's CPU matmuls in this process, for benchmarks to report: the library
+// whose BLAS sgemm_ the calls bind to (fp32), and oneDNN or LibTorch's own kernels (bf16):
+// "fp32 libopenblas.so.0 (sgemm_), bf16 oneDNN".
+std::string DescribeMatmulLibraries();
+
+// Sets how the idle threads of both pools wait (OPENBLAS_THREAD_TIMEOUT=4 and
+// GOMP_SPINCOUNT=300000, above). The libraries read the variables once, as LibTorch loads
+// them before main(), so when one is unset this sets it and executes the program again
+// (base/exec_again.h); the processes it starts inherit them. A value already set is kept, as
+// is OpenMP's wait when OMP_WAIT_POLICY is set. Returns whether both are as above: false when
+// another value was set or the re-execution failed.
+bool SetIdleThreadWaits(char** argv);
 
 }  // namespace plait::base
 

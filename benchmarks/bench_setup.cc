@@ -13,7 +13,7 @@
 namespace plait::benchmarks {
 
 int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter) {
-  const bool passive_wait = base::UsePassiveOpenMpWait(argv);
+  const bool thread_waits = base::SetIdleThreadWaits(argv);
   const bool huge_pages = base::UseHugePagesForHeap(argv);
   const bool heap_retained = base::RetainFreedHeapMemory();
   if (!base::SetComputeThreads(1)) {
@@ -27,8 +27,9 @@ int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter)
   benchmark::AddCustomContext(
       "heap", heap_retained ? "freed memory retained (base/heap.h)" : "the C library's default");
   benchmark::AddCustomContext("heap pages", huge_pages ? "2 MiB (base/heap.h)" : "4 KiB");
-  benchmark::AddCustomContext("OpenMP wait", passive_wait ? "passive (base/threads.h)"
-                                                          : "the runtime's default (spinning)");
+  benchmark::AddCustomContext("matmuls", base::DescribeMatmulLibraries());
+  benchmark::AddCustomContext("idle threads", thread_waits ? "plait's waits (base/threads.h)"
+                                                           : "as the environment sets them");
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks(reporter);
   benchmark::Shutdown();

@@ -1,5 +1,5 @@
 // What the benchmarks share: a main() that pins LibTorch's two thread pools to one thread
-// each, with OpenMP's idle threads sleeping (base/threads.h), and sets up the heap as the
+// each, with plait's waits for their idle threads (base/threads.h), and sets up the heap as the
 // training jobs do (huge pages, freed memory kept; base/heap.h) before running; and the
 // medium model shape the models and wrap issues measure.
 //
@@ -15,14 +15,14 @@
 
 namespace plait::benchmarks {
 
-// Makes OpenMP's idle threads sleep and puts the heap on huge pages, either of which may
-// execute the program again first, and retains freed
-// heap memory (reported in the benchmark context as "heap pages" and "heap"), sets LibTorch's
-// intra-op pool (at::set_num_threads) and OpenBLAS's, which does LibTorch's matmuls and
-// ignores the former, to one thread, then runs the
+// Sets how idle threads wait and puts the heap on huge pages, either of which may
+// execute the program again first, and retains freed heap memory (reported in the benchmark
+// context as "idle threads", "heap pages" and "heap", beside the libraries that run
+// the matmuls), sets LibTorch's intra-op pool (at::set_num_threads) and OpenBLAS's, which
+// does LibTorch's fp32 matmuls and ignores the former, to one thread, then runs the
 // benchmarks the command line selects, reported through `reporter` (the console's when
-// null). Fails (returns 1) when LibTorch does not run on OpenBLAS (tools/setup.sh installs
-// it), since the figures would not be comparable.
+// null). Fails (returns 1) when LibTorch does not run on OpenBLAS or MKL (tools/setup.sh
+// installs OpenBLAS), since the figures would not be comparable.
 int BenchmarkMain(int argc, char** argv, benchmark::BenchmarkReporter* reporter = nullptr);
 
 // The CPU time this thread has used, in seconds: what a single-threaded step costs, whatever

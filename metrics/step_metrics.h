@@ -64,9 +64,9 @@ struct RunMetrics {
   std::optional<double> mfu;
   std::vector<int64_t> peak_memory_bytes;  // per rank: the process's peak resident memory
   // The plan's memory estimate for a rank (plan/memory_estimate.h), and what each rank's
-  // tensors held at the peak of the step the trainer checked it on (the second a start trained,
-  // or its only one): LibTorch's CPU allocator's count, or CUDA's caching allocator's; what the
-  // estimate counts. Unset and empty when no step was trained.
+  // tensors held at the peak of the step the trainer checked it on (the second a start
+  // trained): LibTorch's CPU allocator's count, or CUDA's caching allocator's; what the
+  // estimate counts. Unset and empty when no second step was trained.
   std::optional<double> memory_estimate_bytes;
   std::vector<int64_t> peak_tensor_bytes;
   int64_t checkpoints_written = 0;

@@ -267,8 +267,19 @@ struct Optimizer::Slot {
   // of its bucket, on any device.
   bool fused = false;
   torch::Tensor master;  // fp32; the parameter itself when the parameter is fp32
+  // The algorithm's state (BufferNames), empty until this parameter's first update or a
+  // LoadState allocates it, as torch.optim allocates its state: a run's start-up does not
+  // page in the memory that its first step fills (4 bytes an element per buffer).
   std::map<std::string, torch::Tensor> buffers;
   int64_t steps = 0;  // updates this parameter received
+
+  // Allocates the state as zeros unless it is allocated.
+  void AllocateBuffers() {
+    if (!buffers.empty()) return;
+    for (const std::string& buffer : BufferNames(hyperparameters)) {
+      buffers[buffer] = torch::zeros_like(master);
+    }
+  }
 };
 
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config,
@@ -306,9 +317,6 @@ absl::StatusOr<std::unique_ptr<Optimizer>> internal::CreateOptimizer(
       slot.master = parameters[i].master.detach();
     } else {
       slot.master = tensor.detach().to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
-    }
-    for (const std::string& buffer : BufferNames(hyperparameters)) {
-      slot.buffers[buffer] = torch::zeros_like(slot.master);
     }
   }
   return std::unique_ptr<Optimizer>(new Optimizer(std::move(parameters), config, std::move(groups),
@@ -352,6 +360,7 @@ absl::StatusOr<StepReport> Optimizer::Step(double lr) {
     if (!parameter.grad().defined()) continue;
     Slot& slot = slots_[i];
     ++slot.steps;
+    slot.AllocateBuffers();
     if (slot.fused) {
       UpdateFused(i, lr);
     } else {
@@ -540,8 +549,14 @@ OptimizerState Optimizer::DescribeState(
   for (size_t i = 0; i < slots_.size(); ++i) {
     const std::string& name = parameters_[i].name;
     const Slot& slot = slots_[i];
-    for (const auto& [buffer, tensor] : slot.buffers) {
-      state.tensors[StateKey(name, buffer)] = take(tensor);
+    for (const std::string& buffer : BufferNames(slot.hyperparameters)) {
+      // Before the first update: zeros of the master's shape, from one zero element
+      // broadcast, so that describing the state allocates only what `take` makes of it.
+      const auto allocated = slot.buffers.find(buffer);
+      state.tensors[StateKey(name, buffer)] =
+          take(allocated != slot.buffers.end()
+                   ? allocated->second
+                   : torch::zeros({}, slot.master.options()).expand(slot.master.sizes()));
     }
     state.tensors[StateKey(name, "step")] = take(torch::tensor(slot.steps, torch::kInt64));
     if (parameters_[i].tensor.scalar_type() != torch::kFloat32) {
@@ -556,7 +571,9 @@ absl::Status Optimizer::LoadState(const OptimizerState& state) {
   std::map<std::string, size_t> expected;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const std::string& name = parameters_[i].name;
-    for (const auto& [buffer, tensor] : slots_[i].buffers) expected[StateKey(name, buffer)] = i;
+    for (const std::string& buffer : BufferNames(slots_[i].hyperparameters)) {
+      expected[StateKey(name, buffer)] = i;
+    }
     expected[StateKey(name, "step")] = i;
     if (parameters_[i].tensor.scalar_type() != torch::kFloat32) {
       expected[StateKey(name, "master")] = i;
@@ -601,6 +618,7 @@ absl::Status Optimizer::LoadState(const OptimizerState& state) {
       slot.master.copy_(loaded);
       parameters_[index].tensor.copy_(slot.master);
     } else {
+      slot.AllocateBuffers();
       slot.buffers.at(slot_name).copy_(loaded);
     }
   }

@@ -18,7 +18,9 @@
 // (internal/multi_tensor_updates.h): ATen's fused Adam, AdamW and SGD on LibTorch 2.x, one
 // pass over memory; foreach operations for Lion and on 1.13; kernels per bucket, not per
 // parameter. Clipping's norm is reduced on the device, whose one read on the host is the norm
-// itself. Optimizer state is fp32 whatever the parameter dtype, on the parameter's device;
+// itself. Optimizer state is fp32 whatever the parameter dtype, on the parameter's device,
+// allocated by each parameter's first update (as torch.optim's), so building an optimizer
+// costs no memory beyond the masters below;
 // bf16 and fp16 parameters are updated through fp32 master weights kept here: a
 // TrainableParameter's `master` where given, else the parameter widened.
 #ifndef PLAIT_OPTIM_OPTIMIZER_H_
@@ -113,7 +115,7 @@ class Optimizer {
   const std::vector<parallel::TrainableParameter>& parameters() const { return parameters_; }
 
   // A copy of the state in host memory: a GPU's state is copied there once, here, and never
-  // duplicated on the device.
+  // duplicated on the device. State not allocated yet is saved as the zeros it starts from.
   OptimizerState SaveState() const;
 
   // SaveState's keys, step and tensor shapes and dtypes, without its data: each tensor is on

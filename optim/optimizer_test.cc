@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/allocation_counter.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -387,6 +388,49 @@ TEST(OptimizerTest, StateRoundTripContinuesTheRunExactly) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     EXPECT_TRUE(torch::equal(tensors[i], resumed_tensors[i]));
   }
+}
+
+// The state is allocated by a parameter's first update (or a LoadState), not by Create: a
+// run's start-up does not page in what its first step fills. Before that, SaveState
+// describes it as zeros, which a resumed optimizer loads and continues from exactly.
+TEST(OptimizerTest, StateIsAllocatedByTheFirstUpdate) {
+  const OptimizerConfig config = Parse("adamw {}");
+  std::vector<torch::Tensor> tensors = {torch::randn({1 << 20})};
+  const int64_t buffer_bytes = tensors[0].numel() * 4;
+  base::AllocationCounter counter;
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer;
+  {
+    base::AllocationCounter::Scope counting(counter);
+    optimizer = Optimizer::Create(Trainable(tensors), config);
+  }
+  ASSERT_THAT(optimizer, IsOk());
+  EXPECT_LT(counter.peak(), buffer_bytes);
+
+  const OptimizerState before = (*optimizer)->SaveState();
+  for (const char* buffer : {"p0:exp_avg", "p0:exp_avg_sq"}) {
+    ASSERT_EQ(before.tensors.count(buffer), 1) << buffer;
+    const torch::Tensor& zeros = before.tensors.at(buffer);
+    EXPECT_EQ(zeros.sizes(), tensors[0].sizes()) << buffer;
+    EXPECT_TRUE(zeros.is_contiguous()) << buffer;
+    EXPECT_EQ(zeros.count_nonzero().item<int64_t>(), 0) << buffer;
+  }
+
+  std::vector<torch::Tensor> resumed_tensors = Copies(tensors);
+  auto resumed = Optimizer::Create(Trainable(resumed_tensors), config);
+  ASSERT_THAT(resumed, IsOk());
+  ASSERT_THAT((*resumed)->LoadState(before), IsOk());
+  counter.Reset();
+  for (int step = 0; step < 3; ++step) {
+    SetGradients(tensors, step);
+    SetGradients(resumed_tensors, step);
+    {
+      base::AllocationCounter::Scope counting(counter);
+      ASSERT_THAT((*optimizer)->Step(LearningRate(step)), IsOk());
+    }
+    ASSERT_THAT((*resumed)->Step(LearningRate(step)), IsOk());
+  }
+  EXPECT_GE(counter.current(), 2 * buffer_bytes);
+  EXPECT_TRUE(torch::equal(tensors[0], resumed_tensors[0]));
 }
 
 // The multi-tensor updates a CUDA parameter's update takes, run here through the whole

@@ -209,7 +209,7 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
 }  // namespace
 
 int RunMain(int argc, char** argv, const EmbeddedPlan& embedded) {
-  base::UsePassiveOpenMpWait(argv);
+  base::SetIdleThreadWaits(argv);
   base::UseHugePagesForHeap(argv);
   base::RetainFreedHeapMemory();
   return base::RunCatchingExceptions(argv[0], [&] {

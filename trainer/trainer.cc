@@ -384,9 +384,10 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   const int64_t first_step = checkpoints_->resume_step();
   const Clock::time_point start = Clock::now();
   SkippedUpdates skipped;
-  // The first step allocates the optimizer's state as it goes; the second holds what every
-  // later one does.
-  const int64_t memory_step = std::min(first_step + 1, steps - 1);
+  // The first step allocates the gradients and the optimizer's state as it goes (the state
+  // after the backward's peak); the second holds what every later one does, and is compared
+  // with the estimate. A run that ends before it is not compared.
+  const int64_t memory_step = first_step + 1;
   for (int64_t step = first_step; step < steps; ++step) {
     if (step == memory_step) tensors_.ResetPeak();
     PLAIT_ASSIGN_OR_RETURN(const metrics::StepMetrics metrics, Step(step));
