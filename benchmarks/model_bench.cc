@@ -2,7 +2,7 @@
 // for the tiny preset, a medium shape and a real one (Qwen2.5-0.5B's widths and vocabulary,
 // 2 layers), with fp32 and with bf16 parameters, and model
 // FLOPs utilisation (MFU) against the matmul ceiling of the same dtype (a 1024^3 torch::mm
-// on the same thread: OpenBLAS or MKL in fp32, oneDNN in bf16).
+// on the same thread: OpenBLAS in fp32 under both LibTorch builds, oneDNN in bf16).
 //
 //   bazel run --config=opt //benchmarks:model_bench
 //
@@ -19,6 +19,9 @@
 // other processes' turns too. Both rates still drift by 5-10% within a minute there (caches
 // and memory bandwidth are shared), and a ratio of two rates measured seconds apart carries
 // that drift, one measured side by side does not.
+//
+// The context names the libraries that run the matmuls: LibTorch's ("matmuls") and those
+// plait's attention kernels call ("attention's matmuls").
 //
 // Both of LibTorch's thread pools are pinned to one thread before anything runs: its
 // intra-op pool (at::set_num_threads) and OpenBLAS's, which does its matmuls and ignores
@@ -50,6 +53,7 @@
 #include "benchmarks/bench_setup.h"
 #include "models/causal_lm.h"
 #include "models/estimates.h"
+#include "models/internal/gemm.h"
 #include "models/model_config.h"
 #include "parallel/device.h"
 #include "torch/cuda.h"
@@ -352,4 +356,10 @@ BENCHMARK(BM_TrainStepCuda)
 }  // namespace
 }  // namespace plait::models
 
-int main(int argc, char** argv) { return plait::benchmarks::BenchmarkMain(argc, argv); }
+int main(int argc, char** argv) {
+  benchmark::AddCustomContext(
+      "attention's matmuls",
+      absl::StrCat("fp32 ", plait::models::internal::GemmLibrary<float>(), ", bf16 ",
+                   plait::models::internal::GemmLibrary<c10::BFloat16>()));
+  return plait::benchmarks::BenchmarkMain(argc, argv);
+}

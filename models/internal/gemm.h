@@ -3,10 +3,11 @@
 // of a [B, T, heads, D] tensor are a matrix with leading dimension heads * D). It calls the
 // BLAS the process has loaded directly: at::mm_out on the same blocks costs ~10 us of
 // dispatch per call, as much as a 64x64x256 product itself. float and double go to CBLAS
-// (OpenBLAS under Debian's LibTorch) or to Fortran BLAS (the MKL inside PyTorch's wheel
-// exports only that); bf16 operands, with C in float, go to oneDNN's dnnl_gemm_bf16bf16f32
-// (Debian's LibTorch links oneDNN) or MKL's cblas_gemm_bf16bf16f32 (PyTorch's wheel). Where
-// none is loaded it falls back to ATen on views of the same memory.
+// (Debian's OpenBLAS, which both LibTorch builds link) or to Fortran BLAS (the MKL inside
+// PyTorch's wheel exports only that); bf16 operands, with C in float, go to oneDNN's
+// dnnl_gemm_bf16bf16f32 (Debian's, which Debian's LibTorch links and which is opened
+// privately under PyTorch's wheel) or MKL's cblas_gemm_bf16bf16f32. Where none is loaded it
+// falls back to ATen on views of the same memory.
 #ifndef PLAIT_MODELS_INTERNAL_GEMM_H_
 #define PLAIT_MODELS_INTERNAL_GEMM_H_
 
