@@ -9,8 +9,8 @@
 //   spin through the OpenMP pool's turns (about 0.1 s by default). With both pools spinning,
 //   a bf16 step at 2 threads on a busy 2-core machine took over ten times its 1-thread time.
 // - OpenMP's spin about 3 ms before they sleep (GOMP_SPINCOUNT=300000, libgomp's documented
-//   default; left unset, Debian's libgomp spun less here): the next of a step's thousands of
-//   small kernels usually starts within it. bf16 at 2 threads: 1.58-1.65x its 1-thread rate
+//   default, which measured better set than left unset here): the next of a step's thousands
+//   of small kernels usually starts within it. bf16 at 2 threads: 1.58-1.65x its 1-thread rate
 //   with it, 0.98x when they sleep at once (OMP_WAIT_POLICY=passive), 1.10-1.33x unset;
 //   fp32: 1.26-1.41x with it, 1.60x passive (OpenMP's spinning thread then holds a core
 //   OpenBLAS's second thread could use).

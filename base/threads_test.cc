@@ -14,7 +14,7 @@ using ::testing::HasSubstr;
 // Both LibTorch builds run their fp32 matmuls on Debian's OpenBLAS (tools/setup.sh installs
 // it; @libtorch links it first, so its sgemm_ is the one the wheel's LibTorch binds to as
 // well as Debian's), whose pool follows the compute threads as LibTorch's does.
-TEST(SetComputeThreadsTest, SetsLibTorchsPoolAndOpenBlassToTheCount) {
+TEST(SetComputeThreadsTest, SetsLibTorchsPoolAndOpenBlasToTheCount) {
   using GetThreads = int (*)();
   auto blas_threads = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
   ASSERT_NE(blas_threads, nullptr) << "OpenBLAS is not loaded";
