@@ -3,7 +3,9 @@
 #include <fnmatch.h>
 
 #include <cmath>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -34,26 +36,60 @@ std::string ProjectionOf(const std::string& name, size_t dims, Wrappable::Split 
   return name.substr(0, name.size() - kWeight.size());
 }
 
-// Whether a target of `config` matches the module `projection`, marking each that does.
-bool Targeted(const LoraConfig& config, const std::string& projection, std::vector<bool>& used) {
-  bool targeted = false;
-  for (int i = 0; i < config.target_size(); ++i) {
-    if (fnmatch(config.target(i).c_str(), projection.c_str(), 0) == 0) {
-      used[i] = true;
-      targeted = true;
+// A parameter a target may adapt: its name, dimensions and tensor-parallel split.
+struct Candidate {
+  std::string name;
+  size_t dims;
+  Wrappable::Split split;
+};
+
+// What `config`'s targets match among `candidates`: every block projection's module name,
+// the targeted ones (by index into `candidates`, with their module names), and a message for
+// each target that matches none, by its index.
+struct Matches {
+  std::vector<std::string> projections;
+  std::vector<std::pair<size_t, std::string>> targeted;
+  std::vector<std::pair<int, std::string>> unmatched;
+};
+
+Matches Match(const LoraConfig& config, const std::vector<Candidate>& candidates) {
+  Matches matches;
+  std::vector<bool> used(config.target_size(), false);
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    const Candidate& candidate = candidates[c];
+    const std::string projection = ProjectionOf(candidate.name, candidate.dims, candidate.split);
+    if (projection.empty()) continue;
+    matches.projections.push_back(projection);
+    bool targeted = false;
+    for (int i = 0; i < config.target_size(); ++i) {
+      if (fnmatch(config.target(i).c_str(), projection.c_str(), 0) == 0) {
+        used[i] = true;
+        targeted = true;
+      }
     }
+    if (targeted) matches.targeted.push_back({c, projection});
   }
-  return targeted;
+  for (int i = 0; i < config.target_size(); ++i) {
+    if (used[i]) continue;
+    matches.unmatched.push_back(
+        {i, matches.projections.empty()
+                ? "the model's blocks have no projections to adapt"
+                : absl::StrCat("\"", config.target(i),
+                               "\" matches no projection of the model's blocks (a glob on module "
+                               "names, which run from \"",
+                               matches.projections.front(), "\" to \"", matches.projections.back(),
+                               "\")")});
+  }
+  return matches;
 }
 
-// The message for target `i`, which matched none of the model's projections, the first and
-// last of which are `first` and `last`.
-std::string UnmatchedTarget(const LoraConfig& config, int i, const std::string& first,
-                            const std::string& last) {
-  return absl::StrCat("\"", config.target(i),
-                      "\" matches no projection of the model's blocks (a glob on module names, "
-                      "which run from \"",
-                      first, "\" to \"", last, "\")");
+// The candidates of a model's shape, as plans describe it.
+std::vector<Candidate> CandidatesOf(const ModelShape& shape) {
+  std::vector<Candidate> candidates;
+  for (const ModelShape::Parameter& parameter : shape.parameter_list) {
+    candidates.push_back({parameter.name, parameter.shape.size(), parameter.split});
+  }
+  return candidates;
 }
 
 // A module holding one parameter, `weight`: an adapter matrix (PEFT's lora_A / lora_B are
@@ -112,24 +148,18 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
   std::unique_ptr<Lora> lora(new Lora(model, config));
   // The projections to adapt, found before anything changes: an unmatched target leaves the
   // model as it was.
-  std::vector<bool> used(config.target_size(), false);
-  std::vector<std::string> projections;
+  std::vector<Candidate> candidates;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
-    const std::string projection =
-        ProjectionOf(named.name, named.parameter.dim(), model.TensorParallelSplit(named.name));
-    if (projection.empty()) continue;
-    projections.push_back(projection);
-    if (Targeted(config, projection, used)) lora->adapted_.push_back(projection);
+    candidates.push_back(
+        {named.name, named.parameter.sizes().size(), model.TensorParallelSplit(named.name)});
   }
-  for (int i = 0; i < config.target_size(); ++i) {
-    if (used[i]) continue;
-    if (projections.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("lora.target[", i, "]: the model's blocks have no projections to adapt"));
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat("lora.target[", i,
-                     "]: ", UnmatchedTarget(config, i, projections.front(), projections.back())));
+  const Matches matches = Match(config, candidates);
+  if (!matches.unmatched.empty()) {
+    const auto& [i, message] = matches.unmatched.front();
+    return absl::InvalidArgumentError(absl::StrCat("lora.target[", i, "]: ", message));
+  }
+  for (const auto& [candidate, projection] : matches.targeted) {
+    lora->adapted_.push_back(projection);
   }
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
     named.parameter.requires_grad_(false);
@@ -175,40 +205,22 @@ std::vector<base::Violation> LoraStrategy::Check(const std::optional<ModelShape>
                                                  const parallel::MeshConfig& /*mesh*/,
                                                  const std::string& field) const {
   if (!shape.has_value()) return {};
-  std::vector<bool> used(config_.target_size(), false);
-  std::vector<std::string> projections;
-  for (const ModelShape::Parameter& parameter : shape->parameter_list) {
-    const std::string projection =
-        ProjectionOf(parameter.name, parameter.shape.size(), parameter.split);
-    if (projection.empty()) continue;
-    projections.push_back(projection);
-    Targeted(config_, projection, used);
-  }
   std::vector<base::Violation> violations;
-  for (int i = 0; i < config_.target_size(); ++i) {
-    if (used[i]) continue;
-    violations.push_back(
-        {absl::StrCat(field, ".lora.target[", i, "]"),
-         projections.empty() ? "the model's blocks have no projections to adapt"
-                             : UnmatchedTarget(config_, i, projections.front(), projections.back()),
-         ""});
+  for (const auto& [i, message] : Match(config_, CandidatesOf(*shape)).unmatched) {
+    violations.push_back({absl::StrCat(field, ".lora.target[", i, "]"), message, ""});
   }
   return violations;
 }
 
 StepEstimate LoraStrategy::Estimate(const ModelShape& shape,
                                     const parallel::MeshConfig& /*mesh*/) const {
-  std::vector<bool> used(config_.target_size(), false);
+  const Matches matches = Match(config_, CandidatesOf(shape));
   double adapters = 0;
-  int projections = 0;
-  for (const ModelShape::Parameter& parameter : shape.parameter_list) {
-    const std::string projection =
-        ProjectionOf(parameter.name, parameter.shape.size(), parameter.split);
-    if (projection.empty() || !Targeted(config_, projection, used)) continue;
-    ++projections;
-    adapters += static_cast<double>(config_.rank()) *
-                static_cast<double>(parameter.shape[0] + parameter.shape[1]);
+  for (const auto& [candidate, projection] : matches.targeted) {
+    const std::vector<int64_t>& weight = shape.parameter_list[candidate].shape;
+    adapters += static_cast<double>(config_.rank()) * static_cast<double>(weight[0] + weight[1]);
   }
+  const int projections = static_cast<int>(matches.targeted.size());
   StepEstimate estimate;
   estimate.description = absl::StrFormat(
       "lora (rank %d, alpha %g%s: scale %g) on %d projections (%s): %s trainable adapter "
