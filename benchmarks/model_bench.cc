@@ -27,6 +27,10 @@
 // intra-op pool (at::set_num_threads) and OpenBLAS's, which does its matmuls and ignores
 // the former.
 //
+// BM_SeededInit times start-up's seeded draw of one FSDP rank's shards of a real model:
+//
+//   bazel run --config=opt //benchmarks:model_bench -- --benchmark_filter=Seeded
+//
 // BM_TrainStepCuda measures the same step on cuda:0 in bf16 (a binary built with
 // --config=gpu; it skips elsewhere) for Llama-3.1-8B's shape at 8192 tokens a step: its
 // embedding and output projection and as many of its 32 decoder layers as the GPU's free
@@ -56,6 +60,7 @@
 #include "models/internal/gemm.h"
 #include "models/model_config.h"
 #include "parallel/device.h"
+#include "parallel/tensor_slice.h"
 #include "torch/cuda.h"
 #include "torch/types.h"
 #include "torch/utils.h"
@@ -214,6 +219,54 @@ void BM_TrainStepThreads(benchmark::State& state) {
 BENCHMARK(BM_TrainStepThreads)
     ->ArgsProduct({{0, 1}, {1, 2}})
     ->Iterations(5)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Start-up's seeded draw: one rank's part of every parameter of the whole Qwen2.5-0.5B model
+// (24 layers, 494M values), as FSDP over range(0) ranks shards it (rank 0's first rows of
+// each), on range(1) compute threads, by the wall clock. "drawn / model" is the values the
+// tiles it touches cost over the model's (1 / ranks where every shard falls on tile edges;
+// norms are not drawn), and values/s the kept ones a second.
+void BM_SeededInit(benchmark::State& state) {
+  const ModelConfig config = PresetConfig("qwen2.5-0.5b").value();
+  const int64_t ranks = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  state.SetLabel(absl::StrCat("Qwen2.5-0.5B, rank 0 of ", ranks, ", ", threads,
+                              threads == 1 ? " thread" : " threads", ", wall time"));
+  InitConfig init;
+  init.set_seed(1);
+  std::shared_ptr<CausalLM> model =
+      CausalLM::CreateDeferred(config, torch::TensorOptions()).value();
+  std::vector<std::pair<std::string, parallel::TensorSlice>> slices;
+  int64_t held = 0;
+  for (const auto& item : model->named_parameters()) {
+    const parallel::TensorSlice whole = parallel::TensorSlice::Whole(item.value().sizes());
+    const int64_t rows = whole.global_shape[0];
+    slices.emplace_back(item.key(), whole.Narrow(0, 0, (rows + ranks - 1) / ranks));
+    held += slices.back().second.box.numel();
+  }
+  base::SetComputeThreads(threads);
+  const int64_t drawn_before = internal::SeededDraws();
+  double total_seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    for (const auto& [name, slice] : slices) {
+      benchmark::DoNotOptimize(CausalLM::InitialValues(config, init, name, slice).data_ptr());
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    state.SetIterationTime(seconds);
+    total_seconds += seconds;
+  }
+  base::SetComputeThreads(1);
+  state.counters["drawn / model"] = static_cast<double>(internal::SeededDraws() - drawn_before) /
+                                    static_cast<double>(NumParameters(config) * state.iterations());
+  state.counters["values/s"] = static_cast<double>(held * state.iterations()) / total_seconds;
+}
+
+BENCHMARK(BM_SeededInit)
+    ->ArgsProduct({{1, 2, 8}, {1, 2}})
+    ->Iterations(2)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

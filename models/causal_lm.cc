@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Parallel.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -86,8 +87,72 @@ torch::Tensor RowParallel(torch::nn::Linear linear, const torch::Tensor& x,
                                         : context.projections->Adapt(*linear, x, std::move(output));
 }
 
-// CausalLM::InitialValues's seeded draws (internal::SeededDraws).
+// The values CausalLM::InitialValues has drawn (internal::SeededDraws).
 std::atomic<int64_t> seeded_draws{0};
+
+// The tiles a seeded parameter is drawn in (the header's Initialisation): 16 rows of 256
+// columns over its last two dimensions, one along the others, 4,096 of a vector's values.
+// Rows are what FSDP shards finely (dim 0, across up to hundreds of ranks), columns what
+// row-parallel tensor parallelism splits across a few; a tile of 4,096 values keeps a
+// generator's seeding about a tenth of the cost of its draw.
+std::vector<int64_t> TileExtents(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> extents(shape.size(), 1);
+  if (shape.size() == 1) extents[0] = 4096;
+  if (shape.size() >= 2) {
+    extents[shape.size() - 2] = 16;
+    extents[shape.size() - 1] = 256;
+  }
+  return extents;
+}
+
+// N(0, std) values of `slice.box`, drawn tile by tile: tile t of the global shape (row-major
+// among the tiles) from a generator seeded by splitmix64(parameter_seed + t), over the tile's
+// whole extent, so a value depends only on the seed and its place in the global shape. The
+// tiles the box touches are drawn in parallel on LibTorch's pool.
+torch::Tensor SeededNormal(uint64_t parameter_seed, const parallel::TensorSlice& slice,
+                           double std) {
+  const std::vector<int64_t>& shape = slice.global_shape;
+  const parallel::Box& box = slice.box;
+  torch::Tensor values = torch::empty(box.lengths, torch::kFloat32);
+  if (values.numel() == 0) return values;
+  const std::vector<int64_t> extents = TileExtents(shape);
+  // Per dimension: the tiles along it (for the tile index), and the first and the number of
+  // tiles the box touches.
+  std::vector<int64_t> tiles_along(shape.size()), first(shape.size()), touched(shape.size());
+  int64_t touched_tiles = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    tiles_along[d] = (shape[d] + extents[d] - 1) / extents[d];
+    first[d] = box.offsets[d] / extents[d];
+    touched[d] = (box.offsets[d] + box.lengths[d] - 1) / extents[d] - first[d] + 1;
+    touched_tiles *= touched[d];
+  }
+  at::parallel_for(0, touched_tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      // The k-th touched tile's position, its index among all tiles, and its box.
+      parallel::Box tile;
+      int64_t index = 0;
+      int64_t rest = k;
+      std::vector<int64_t> position(shape.size());
+      for (size_t d = shape.size(); d-- > 0;) {
+        position[d] = first[d] + rest % touched[d];
+        rest /= touched[d];
+      }
+      for (size_t d = 0; d < shape.size(); ++d) {
+        index = index * tiles_along[d] + position[d];
+        tile.offsets.push_back(position[d] * extents[d]);
+        tile.lengths.push_back(std::min(extents[d], shape[d] - tile.offsets.back()));
+      }
+      at::Generator generator =
+          base::MakeCpuGenerator(base::SplitMix64(parameter_seed + static_cast<uint64_t>(index)));
+      torch::Tensor drawn = torch::empty(tile.lengths, torch::kFloat32);
+      drawn.normal_(0.0, std, generator);
+      seeded_draws.fetch_add(drawn.numel(), std::memory_order_relaxed);
+      const parallel::Box common = *parallel::Intersect(tile, box);
+      parallel::NarrowTo(values, box, common).copy_(parallel::NarrowTo(drawn, tile, common));
+    }
+  });
+  return values;
+}
 
 }  // namespace
 
@@ -237,27 +302,24 @@ absl::StatusOr<std::shared_ptr<CausalLM>> CausalLM::CreateDeferred(
 }
 
 torch::Tensor CausalLM::InitialValues(const ModelConfig& config, const InitConfig& init,
-                                      const std::string& name, c10::IntArrayRef shape) {
-  if (absl::EndsWith(name, "norm.weight")) return torch::ones(shape, torch::kFloat32);
-  if (absl::EndsWith(name, ".bias")) return torch::zeros(shape, torch::kFloat32);
+                                      const std::string& name, const parallel::TensorSlice& slice) {
+  if (absl::EndsWith(name, "norm.weight")) return torch::ones(slice.box.lengths, torch::kFloat32);
+  if (absl::EndsWith(name, ".bias")) return torch::zeros(slice.box.lengths, torch::kFloat32);
   const double std = init.has_std() ? init.std() : kDefaultInitStd;
   const double residual_std =
       init.scaled_residual_init()
           ? std / std::sqrt(2.0 * static_cast<double>(config.num_hidden_layers()))
           : std;
-  seeded_draws.fetch_add(1, std::memory_order_relaxed);
-  at::Generator generator =
-      base::MakeCpuGenerator(base::SplitMix64(init.seed() ^ base::Fnv1a64(name)));
-  torch::Tensor values = torch::empty(shape, torch::kFloat32);
-  values.normal_(0.0, IsResidualProjection(name) ? residual_std : std, generator);
-  return values;
+  return SeededNormal(base::SplitMix64(init.seed() ^ base::Fnv1a64(name)), slice,
+                      IsResidualProjection(name) ? residual_std : std);
 }
 
 absl::Status CausalLM::ResetParameters(const InitConfig& init) {
   PLAIT_RETURN_IF_ERROR(ValidateInitConfig(init));
   torch::NoGradGuard no_grad;
   for (const auto& item : named_parameters()) {
-    item.value().copy_(InitialValues(config_, init, item.key(), item.value().sizes()));
+    item.value().copy_(InitialValues(config_, init, item.key(),
+                                     parallel::TensorSlice::Whole(item.value().sizes())));
   }
   return absl::OkStatus();
 }

@@ -17,10 +17,11 @@
 //
 // Initialisation (InitConfig): every weight matrix and the embedding ~ N(0, std), o_proj
 // and down_proj ~ N(0, std / sqrt(2 * num_hidden_layers)) with scaled_residual_init, biases
-// zero, RMSNorm weights one. Each parameter is drawn from its own CPU generator seeded by
-// splitmix64(seed ^ fnv1a64(name)) over its full shape, so a parameter's values depend only
-// on the seed, its name and its shape: never on the parameter order, the device, or how
-// many ranks later shard it.
+// zero, RMSNorm weights one. A parameter's values are drawn in tiles of its global shape
+// (16 rows x 256 columns over its last two dimensions, 4,096 values of a vector), each from its own
+// CPU generator seeded by splitmix64(splitmix64(seed ^ fnv1a64(name)) + tile), so they depend only
+// on the seed, the name and the shape: never on the parameter order, the device, the threads, or
+// how many ranks later shard it. A rank that holds a slice draws only the tiles its slice touches.
 #ifndef PLAIT_MODELS_CAUSAL_LM_H_
 #define PLAIT_MODELS_CAUSAL_LM_H_
 
@@ -36,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "models/model.pb.h"
 #include "models/rotary.h"
+#include "parallel/tensor_slice.h"
 #include "torch/nn/module.h"
 #include "torch/nn/modules/embedding.h"
 #include "torch/nn/modules/linear.h"
@@ -152,9 +154,9 @@ namespace internal {
 // generic_ops) on the CPU, the path a GPU takes; models/causal_lm_test.cc.
 void UseGenericOps(CausalLM& model, bool generic);
 
-// How many parameters CausalLM::InitialValues has drawn from their seeded generators in this
-// process, on any thread: how tests see that a model whose values are read from a checkpoint
-// draws none.
+// How many values CausalLM::InitialValues has drawn from seeded generators in this process,
+// on any thread: how tests see that a model whose values are read from a checkpoint draws
+// none, and that a slice costs its tiles.
 int64_t SeededDraws();
 }  // namespace internal
 
@@ -175,11 +177,13 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   static absl::StatusOr<std::shared_ptr<CausalLM>> CreateDeferred(
       const ModelConfig& config, const torch::TensorOptions& options);
 
-  // The values Create gives parameter `name` of `config`'s model, whole (of `shape`, its
-  // global shape), for a valid `init` (ValidateInitConfig): fp32, on the host. One
-  // parameter's, so that a rank writing its slice of it holds no other whole.
+  // The values Create gives the part `slice.box` of parameter `name` of `config`'s model
+  // (whose global shape is `slice.global_shape`), for a valid `init` (ValidateInitConfig):
+  // fp32, on the host, shaped as the box. Only the tiles the box touches are drawn, on this
+  // thread's LibTorch pool, so a rank writing its slice of a parameter holds and draws little
+  // more than the slice.
   static torch::Tensor InitialValues(const ModelConfig& config, const InitConfig& init,
-                                     const std::string& name, c10::IntArrayRef shape);
+                                     const std::string& name, const parallel::TensorSlice& slice);
 
   // Logits [B, T, vocab_size] for int64 tokens [B, T] (positions 0 .. T-1); under tensor
   // parallelism this rank's vocabulary slice of them, [B, T, vocab_size / tp] (the

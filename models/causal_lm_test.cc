@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Parallel.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -14,6 +15,7 @@
 #include "models/model_config.h"
 #include "models/testing_activations.h"
 #include "models/testing_gradients.h"
+#include "parallel/tensor_slice.h"
 #include "torch/nn/module.h"
 #include "torch/optim/adam.h"
 #include "torch/utils.h"
@@ -341,8 +343,9 @@ TEST(CausalLMTest, DeferredParametersHoldNoMemoryAndInitialValuesAreCreates) {
     EXPECT_EQ(parameter->scalar_type(), torch::kBFloat16) << item.key();
     EXPECT_TRUE(parameter->requires_grad()) << item.key();
     EXPECT_EQ(parameter->storage().nbytes(), 2u) << item.key();
-    EXPECT_TRUE(
-        CausalLM::InitialValues(config, init, item.key(), item.value().sizes()).equal(item.value()))
+    EXPECT_TRUE(CausalLM::InitialValues(config, init, item.key(),
+                                        parallel::TensorSlice::Whole(item.value().sizes()))
+                    .equal(item.value()))
         << item.key();
   }
   (*deferred)->MaterializeParameters();
@@ -354,6 +357,47 @@ TEST(CausalLMTest, DeferredParametersHoldNoMemoryAndInitialValuesAreCreates) {
   invalid.set_num_key_value_heads(3);
   EXPECT_THAT(CausalLM::CreateDeferred(invalid, torch::TensorOptions()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_key_value_heads")));
+}
+
+// A slice's initial values are the whole parameter's in the slice's box, however the box
+// lies across the draw's tiles (along rows as FSDP shards, along columns as row-parallel
+// tensor parallelism splits, both, a vector), whatever the threads; drawing it draws the
+// tiles it touches, not the whole.
+TEST(CausalLMTest, InitialValuesOfASliceAreTheWholesAndCostItsTiles) {
+  ModelConfig config = Small();
+  config.set_vocab_size(600);
+  config.set_hidden_size(320);
+  InitConfig init;
+  init.set_seed(3);
+  const std::string name = "model.embed_tokens.weight";
+  const parallel::TensorSlice whole = parallel::TensorSlice::Whole({600, 320});
+  const int64_t before_whole = internal::SeededDraws();
+  const torch::Tensor values = CausalLM::InitialValues(config, init, name, whole);
+  EXPECT_EQ(internal::SeededDraws() - before_whole, 600 * 320);
+  EXPECT_NEAR(values.std().item<double>(), 0.02, 0.001);
+  // Tiles are independent draws, not copies of one another.
+  EXPECT_FALSE(
+      values.slice(0, 0, 16).slice(1, 0, 64).equal(values.slice(0, 16, 32).slice(1, 0, 64)));
+  for (const parallel::TensorSlice& slice :
+       {whole.Narrow(0, 300, 300), whole.Narrow(1, 100, 200),
+        whole.Narrow(0, 15, 3).Narrow(1, 255, 2), whole.Narrow(0, 599, 1)}) {
+    for (const int threads : {1, 2}) {
+      const int previous = at::get_num_threads();
+      at::set_num_threads(threads);
+      const torch::Tensor part = CausalLM::InitialValues(config, init, name, slice);
+      at::set_num_threads(previous);
+      EXPECT_TRUE(part.equal(parallel::NarrowTo(values, whole.box, slice.box)))
+          << slice.DebugString() << " on " << threads << " threads";
+    }
+  }
+  // Rows 300..599 touch the row tiles from rows 288 on, across all columns.
+  const int64_t before_half = internal::SeededDraws();
+  CausalLM::InitialValues(config, init, name, whole.Narrow(0, 300, 300));
+  EXPECT_EQ(internal::SeededDraws() - before_half, (600 - 288) * 320);
+  // A 2 x 2 box across four tiles (rows 0..31, columns 0..319) draws those four.
+  const int64_t before_corner = internal::SeededDraws();
+  CausalLM::InitialValues(config, init, name, whole.Narrow(0, 15, 2).Narrow(1, 255, 2));
+  EXPECT_EQ(internal::SeededDraws() - before_corner, 32 * 320);
 }
 
 // Building a model deferred allocates none of its parameters, not even for a moment to run

@@ -37,16 +37,13 @@ absl::Status LoadHfSlices(const std::string& dir, const models::ModelConfig& con
 }
 
 // Writes into each of `parameters`' `LoadTarget` its slice of the values the model is
-// initialised with, computed one whole parameter at a time.
+// initialised with, drawing only (the tiles of) the slice.
 void WriteInitialSlices(const models::ModelConfig& config, const models::InitConfig& init,
                         const std::vector<parallel::TrainableParameter>& parameters) {
   torch::NoGradGuard no_grad;
   for (const parallel::TrainableParameter& parameter : parameters) {
-    const parallel::TensorSlice& slice = parameter.slice;
-    slice.DataOf(LoadTarget(parameter))
-        .copy_(parallel::NarrowTo(
-            models::CausalLM::InitialValues(config, init, parameter.name, slice.global_shape),
-            parallel::TensorSlice::Whole(slice.global_shape).box, slice.box));
+    parameter.slice.DataOf(LoadTarget(parameter))
+        .copy_(models::CausalLM::InitialValues(config, init, parameter.name, parameter.slice));
   }
 }
 
