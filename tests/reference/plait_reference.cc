@@ -14,7 +14,8 @@
 //   plait_reference dpo --hf_dir=POLICY --reference_dir=REFERENCE --pairs=JSONL --configs=CONFIGS
 //                       --out=OUT
 //   plait_reference sft_step --hf_dir=DIR --batch=BATCH,BATCH... --out=OUT
-//   plait_reference lora --hf_dir=DIR --lora=TEXT --adapters=ADAPTERS --batch=BATCH --out=OUT
+//   plait_reference lora --hf_dir=DIR --lora=TEXT --adapters=ADAPTERS|--peft_dir=DIR
+//                        [--save_peft_dir=DIR] --batch=BATCH --out=OUT
 //
 // BATCH is a safetensors file of int64 `input_ids` and `labels` [B, T], with labels in
 // Hugging Face's convention: aligned with the inputs, shifted inside the loss, -100 ignored.
@@ -39,13 +40,17 @@
 //     (objectives/step_items.h, on a one-rank mesh); the loss as the trainer logs it;
 //   lora: the model with the adapters of --lora (a wrap.LoraConfig text proto) added by a
 //     one-rank preparation: `init.<name>` [...] for every trainable parameter as plait drew
-//     it, then, with the adapters set to ADAPTERS' tensors (by plait's names), `logits`,
-//     `loss` and `grad.<name>` for every trainable parameter (those the optimizer owns).
+//     it, then, with the adapters set to ADAPTERS' tensors (by plait's names) or to those of
+//     the PEFT adapter folder --peft_dir (models/peft_adapter.h), `logits`, `loss` and
+//     `grad.<name>` for every trainable parameter (those the optimizer owns); with
+//     --save_peft_dir, the adapters saved there as a PEFT adapter folder.
 // Exits 0 on success, 1 with a message on stderr otherwise, 2 on a usage error.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -67,6 +72,7 @@
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
+#include "models/peft_adapter.h"
 #include "models/safetensors.h"
 #include "objectives/metric_means.h"
 #include "objectives/objective.h"
@@ -98,6 +104,8 @@ ABSL_FLAG(std::string, reference_dir, "", "dpo: the reference model's Hugging Fa
 ABSL_FLAG(std::string, pairs, "", "dpo: a JSONL file of preference pairs (token ids).");
 ABSL_FLAG(std::string, lora, "", "lora: a wrap.LoraConfig text proto.");
 ABSL_FLAG(std::string, adapters, "", "lora: a safetensors file of the adapters' values.");
+ABSL_FLAG(std::string, peft_dir, "", "lora: a PEFT adapter folder of the adapters' values.");
+ABSL_FLAG(std::string, save_peft_dir, "", "lora: save the adapters here as a PEFT folder.");
 ABSL_FLAG(std::string, out, "", "Where to write the results.");
 
 namespace plait::reference {
@@ -402,15 +410,29 @@ absl::Status RunSftStep() {
 absl::Status RunLora() {
   PLAIT_ASSIGN_OR_RETURN(const std::string hf_dir, RequiredFlag(FLAGS_hf_dir, "hf_dir"));
   PLAIT_ASSIGN_OR_RETURN(const std::string batch_path, RequiredFlag(FLAGS_batch, "batch"));
-  PLAIT_ASSIGN_OR_RETURN(const std::string adapters_path, RequiredFlag(FLAGS_adapters, "adapters"));
   PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  const std::string adapters_path = absl::GetFlag(FLAGS_adapters);
+  const std::string peft_dir = absl::GetFlag(FLAGS_peft_dir);
+  if (adapters_path.empty() == peft_dir.empty()) {
+    return absl::InvalidArgumentError("lora: give one of --adapters and --peft_dir");
+  }
   wrap::PrepareStep step;
   PLAIT_ASSIGN_OR_RETURN(*step.mutable_lora(),
                          ParseFlagProto<wrap::LoraConfig>(FLAGS_lora, "lora"));
   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model, models::LoadHfModel(hf_dir));
   PLAIT_ASSIGN_OR_RETURN(const Batch batch, ReadBatch(batch_path));
-  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> adapters,
-                         models::SafetensorsFile::Open(adapters_path));
+  // The adapters' values by plait's names.
+  std::map<std::string, torch::Tensor> values;
+  if (!peft_dir.empty()) {
+    PLAIT_ASSIGN_OR_RETURN(models::PeftAdapter adapter, models::ReadPeftAdapter(peft_dir));
+    values.insert(adapter.tensors.begin(), adapter.tensors.end());
+  } else {
+    PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> file,
+                           models::SafetensorsFile::Open(adapters_path));
+    for (const auto& entry : file->entries()) {
+      PLAIT_ASSIGN_OR_RETURN(values[entry.first], file->Read(entry.first));
+    }
+  }
   PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout one_rank,
                          parallel::MeshLayout::Create(parallel::MeshConfig(), 1));
   absl::Status status;
@@ -426,13 +448,24 @@ absl::Status RunLora() {
       torch::NoGradGuard no_grad;
       for (const parallel::TrainableParameter& parameter : trainable) {
         results.emplace_back(absl::StrCat("init.", parameter.name), parameter.tensor.clone());
-        PLAIT_ASSIGN_OR_RETURN(const torch::Tensor value, adapters->Read(parameter.name));
-        if (!value.sizes().equals(parameter.tensor.sizes())) {
+        const auto value = values.find(parameter.name);
+        if (value == values.end()) {
+          return absl::NotFoundError(absl::StrCat("the adapters have no ", parameter.name));
+        }
+        if (!value->second.sizes().equals(parameter.tensor.sizes())) {
           return absl::InvalidArgumentError(
-              absl::StrCat(adapters_path, ": ", parameter.name, " is ", c10::str(value.sizes()),
+              absl::StrCat(parameter.name, " is ", c10::str(value->second.sizes()),
                            ", plait's adapter ", c10::str(parameter.tensor.sizes())));
         }
-        parameter.tensor.copy_(value);
+        parameter.tensor.copy_(value->second);
+      }
+      if (const std::string save_dir = absl::GetFlag(FLAGS_save_peft_dir); !save_dir.empty()) {
+        std::vector<std::pair<std::string, torch::Tensor>> adapters;
+        for (const parallel::TrainableParameter& parameter : trainable) {
+          adapters.emplace_back(parameter.name, parameter.tensor);
+        }
+        std::filesystem::create_directories(save_dir);
+        PLAIT_RETURN_IF_ERROR(models::SavePeftAdapter(save_dir, step.lora(), adapters, hf_dir));
       }
       torch::AutoGradMode grad_mode(true);
       for (auto& result : ForwardBackward(*model, batch)) results.push_back(std::move(result));

@@ -11,6 +11,7 @@ import math
 import peft
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 
 import harness
@@ -92,3 +93,46 @@ def test_lora_matches_peft(case, tmp_path):
         check, harness.plait_gradients(plait),
         {plait_name(n): p.grad for n, p in peft_model.named_parameters()
          if p.requires_grad})
+
+
+def test_peft_adapter_folders_load_both_ways(tmp_path):
+    """An adapter folder PEFT saved gives plait PEFT's logits, and the folder
+    plait saves from it loads in PEFT (PeftModel.from_pretrained on the same
+    base folder) with the same logits again."""
+    name, globs, modules, rank, alpha, rslora = CASES["qwen2_mlp_k_o_rslora"]
+    model = harness.hf_model(name)
+    model.save_pretrained(tmp_path / "hf")
+    input_ids, labels = harness.make_batch(tmp_path / "batch.safetensors",
+                                           model.config.vocab_size)
+    peft_model = peft.get_peft_model(model, peft.LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=modules, lora_dropout=0.0,
+        use_rslora=rslora))
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for peft_name, param in peft_model.named_parameters():
+            if ".lora_B." in peft_name:
+                param.copy_(0.1 * torch.randn(param.shape, generator=generator))
+    peft_model.save_pretrained(tmp_path / "peft")
+    peft_model.eval()
+    with torch.no_grad():
+        expected = peft_model(input_ids=input_ids).logits
+
+    targets = " ".join(f'target: "{glob}"' for glob in globs)
+    harness.run_plait(
+        "lora", hf_dir=tmp_path / "hf",
+        lora=f"rank: {rank} alpha: {alpha} use_rslora: {str(rslora).lower()} "
+             f"{targets}",
+        peft_dir=tmp_path / "peft", save_peft_dir=tmp_path / "plait_adapter",
+        batch=tmp_path / "batch.safetensors",
+        out=tmp_path / "plait.safetensors")
+    plait = load_file(str(tmp_path / "plait.safetensors"))
+    harness.expect_close("peft folder into plait: logits", "logits",
+                         plait["logits"], expected)
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    loaded = peft.PeftModel.from_pretrained(base, tmp_path / "plait_adapter")
+    loaded.eval()
+    with torch.no_grad():
+        reloaded = loaded(input_ids=input_ids).logits
+    harness.expect_close("plait's folder into peft: logits", "logits",
+                         reloaded, expected)
