@@ -27,8 +27,10 @@
 #include "parallel/device_mesh.h"
 #include "parallel/trainable_parameter.h"
 #include "plan/plan.h"
+#include "plan/testing_resolved.h"
 #include "torch/utils.h"
 #include "trainer/prepared_model.h"
+#include "trainer/run_checkpoints.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 #include "wrap/lora/lora.h"
@@ -195,7 +197,8 @@ TEST(LoraTrainTest, FromAHuggingFaceFolderFsdpTrainsAsOneProcess) {
 
 // Checkpoints hold the adapters and their optimizer state alone; a run resumed after step 5
 // gives its base its values again and continues bit for bit as the straight run, on FSDP's
-// 2 ranks, from the seed and from a Hugging Face folder.
+// 2 ranks, from the seed and from a Hugging Face folder; a resume from another base is
+// refused.
 TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
   for (const bool from_hf : {false, true}) {
     SCOPED_TRACE(from_hf ? "from a Hugging Face folder" : "from the seed");
@@ -237,6 +240,16 @@ TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
       EXPECT_EQ(resumed.steps[i].loss, want.loss) << "step " << want.step;
       EXPECT_EQ(resumed.steps[i].grad_norm, want.grad_norm) << "step " << want.step;
     }
+
+    // The base the checkpoint's adapters were trained on is part of its fingerprint: a
+    // resume from the other source is refused, naming the field.
+    plan::Plan other_base = resuming;
+    other_base.set_hf_weights_dir(from_hf ? "" : HfFolderOfSeed(5));
+    WithMesh(other_base, 2, [&](int, const parallel::DeviceMesh& mesh) {
+      EXPECT_THAT(RunCheckpoints::Open(plan::testing::Resolved(other_base, 2), mesh),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr("fingerprint.plan.hf_weights_dir: ")));
+    });
   }
 }
 

@@ -163,6 +163,11 @@ class Strategy {
   // train on different data too. Default: none ("").
   virtual std::string replicate_dim() const { return ""; }
 
+  // Whether Apply freezes the model's own parameters (LoRA: only its adapters train), so
+  // that a run's checkpoints hold no values of them and a resume must take them from where
+  // the run did. Default: it freezes none.
+  virtual bool freezes_model_parameters() const { return false; }
+
   // Whether the ranks of its dimension train on different data (FSDP, DDP) rather than on the
   // same batch (tensor parallelism): the data-parallel width is the product of such dimensions.
   virtual bool splits_batch() const = 0;

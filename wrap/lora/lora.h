@@ -97,6 +97,7 @@ class LoraStrategy final : public Strategy {
   const std::string& mesh_dim() const override { return no_dim_; }
   bool uses_mesh_dim() const override { return false; }
   bool splits_batch() const override { return false; }
+  bool freezes_model_parameters() const override { return true; }
   // Each target pattern must match a projection of the model's blocks
   // (`<field>.lora.target[i]`).
   std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,
