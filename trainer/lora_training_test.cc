@@ -83,6 +83,9 @@ std::string HfFolderOfSeed(int seed) {
 // the optimizer's, and two optimizer steps change them and leave the base bitwise as it was.
 void ExpectOnlyTheAdaptersTrain(const plan::Plan& plan, int ranks, const std::string& hf_dir,
                                 const models::CausalLM& base) {
+  torch::manual_seed(4);
+  const torch::Tensor tokens =
+      torch::randint(ConfigOf(plan.model()).vocab_size(), {2, 16}, torch::kInt64);
   WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
     auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), hf_dir,
                                            plan.prepare(), mesh, Role::kTrained, "plan");
@@ -108,9 +111,6 @@ void ExpectOnlyTheAdaptersTrain(const plan::Plan& plan, int ranks, const std::st
     }
     auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
     ASSERT_THAT(optimizer, IsOk());
-    torch::manual_seed(4);
-    const torch::Tensor tokens =
-        torch::randint(ConfigOf(plan.model()).vocab_size(), {2, 16}, torch::kInt64);
     for (int step = 0; step < 2; ++step) {
       (*prepared)->model().Loss(tokens, torch::roll(tokens, -1, 1)).backward();
       ASSERT_THAT((*prepared)->preparation().BackwardStatus(), IsOk());
@@ -294,7 +294,12 @@ TEST(CheckEveryParameterHasGradientTest, NamesTheParametersWithoutOne) {
                        "after step 3, the trainable parameters "
                        "model.layers.0.self_attn.q_proj.lora_A.weight, "
                        "model.layers.1.self_attn.q_proj.lora_A.weight got no gradient: no loss "
-                       "reaches them, so they would never train"));
+                       "reaches them, so the optimizer would never change them"));
+  parameters[0].tensor.sum().backward();
+  EXPECT_THAT(CheckEveryParameterHasGradient(parameters, 1),
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("parameter model.layers.1.self_attn.q_proj.lora_A.weight got no "
+                                 "gradient: no loss reaches it,")));
 }
 
 }  // namespace

@@ -166,10 +166,11 @@ absl::Status CheckEveryParameterHasGradient(
     if (!parameter.tensor.grad().defined()) missing.push_back(parameter.name);
   }
   if (missing.empty()) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("after step ", step, ", the trainable parameter",
-                   missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
-                   " got no gradient: no loss reaches them, so they would never train"));
+  const bool one = missing.size() == 1;
+  return absl::InternalError(absl::StrCat(
+      "after step ", step, ", the trainable parameter", one ? " " : "s ",
+      absl::StrJoin(missing, ", "), " got no gradient: no loss reaches ", one ? "it" : "them",
+      ", so the optimizer would never change ", one ? "it" : "them"));
 }
 
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> BuildOptimizer(
