@@ -1,6 +1,7 @@
 // Runs //tools:checkpoint on the checkpoint of a 2-step run on 2 FSDP ranks (threads over
 // TCP rings): info names the step, layout and tensors; verify passes, then names the slice whose
-// bytes changed; export-hf writes the parameters the run's own Hugging Face export holds.
+// bytes changed; export-hf writes the parameters the run's own Hugging Face export holds, and
+// refuses a LoRA run's checkpoint, which holds the adapters alone.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -22,6 +24,7 @@
 #include "plan/plan.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
+#include "wrap/wrap.pb.h"
 
 namespace plait::tools {
 namespace {
@@ -183,6 +186,34 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
   EXPECT_THAT(stderr_, HasSubstr("Unknown command line flag 'step'"));
   EXPECT_EQ(Run({"info", dir_ + "/none"}), 1);
   EXPECT_THAT(stderr_, HasSubstr(dir_ + "/none/checkpoint.json: missing or unreadable"));
+}
+
+// A LoRA run's checkpoint holds its adapters alone: verify checks them; export-hf refuses it,
+// naming the run's own export, which merges them into the base.
+TEST_F(CheckpointToolTest, ALoraCheckpointVerifiesAndIsNoModelToExport) {
+  absl::StatusOr<plan::Plan> plan = plan::LoadPlan(Runfile("plan/examples/llama_fsdp.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  for (const std::string& assignment :
+       {std::string("training.steps=2"), std::string("training.eval_every=0"),
+        std::string("training.eval_batches=1"), std::string("training.metrics_file="),
+        std::string("schedule.warmup.steps=1"),
+        absl::StrCat("training.checkpoint.dir=", dir_, "/ckpt")}) {
+    ASSERT_THAT(plan::ApplyOverride(assignment, *plan), IsOk()) << assignment;
+  }
+  google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(lora { rank: 2 alpha: 4 target: "*q_proj" })pb", steps.Add()));
+  for (const wrap::PrepareStep& step : plan->prepare()) *steps.Add() = step;
+  *plan->mutable_prepare() = steps;
+  trainer::testing::TrainOnRanks(*plan, 2);
+  const std::string checkpoint = dir_ + "/ckpt/step-00000002";
+
+  ASSERT_EQ(Run({"verify", checkpoint}), 0) << stderr_;
+  EXPECT_THAT(stdout_, HasSubstr("every checksum matches"));
+  EXPECT_EQ(Run({"export-hf", checkpoint, dir_ + "/exported"}), 1);
+  EXPECT_THAT(stderr_, HasSubstr("fingerprint.plan.hf_weights_dir: \"none: plan.model.init {"));
+  EXPECT_THAT(stderr_, HasSubstr("saves its adapters alone"));
+  EXPECT_FALSE(fs::exists(dir_ + "/exported/model.safetensors"));
 }
 
 }  // namespace

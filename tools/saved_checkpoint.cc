@@ -21,8 +21,15 @@
 namespace plait::tools {
 namespace {
 
+// Whether the checkpoint is of a run whose preparation froze the model's parameters (LoRA): it
+// holds the trainable adapters alone, the base being the seed's or Hugging Face folder's the
+// fingerprint names.
+bool HoldsNoBase(const checkpoint::Manifest& manifest) {
+  return manifest.fingerprint.count(trainer::kFrozenBaseField) > 0;
+}
+
 // The trained model's config the checkpoint's fingerprint records, and its parameters' shapes,
-// each checked to be in the checkpoint with that shape.
+// each checked to be in the checkpoint with that shape (unless HoldsNoBase).
 absl::StatusOr<models::ModelConfig> SavedModel(const checkpoint::Manifest& manifest) {
   const std::string field = absl::StrCat(manifest.path, ": fingerprint.", trainer::kModelField);
   const auto model = manifest.fingerprint.find(trainer::kModelField);
@@ -34,6 +41,7 @@ absl::StatusOr<models::ModelConfig> SavedModel(const checkpoint::Manifest& manif
   models::ModelConfig config;
   PLAIT_RETURN_IF_ERROR(base::ParseTextProto(model->second, field, config));
   PLAIT_RETURN_IF_ERROR(models::ValidateModelConfig(config, field));
+  if (HoldsNoBase(manifest)) return config;
   for (const models::ParameterShape& expected : models::ParameterShapes(config)) {
     const std::string name = trainer::kParameterPrefix + expected.name;
     const auto stored = manifest.tensors.find(name);
@@ -97,6 +105,13 @@ absl::StatusOr<size_t> ExportSavedCheckpoint(const std::string& folder,
       models::CheckHfExportFolder(out_dir, {folder}, out_field);
   if (!refused.empty()) return absl::FailedPreconditionError(refused[0].ToString());
   PLAIT_ASSIGN_OR_RETURN(const models::ModelConfig config, SavedModel(manifest));
+  if (HoldsNoBase(manifest)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        manifest.path, ": fingerprint.", trainer::kFrozenBaseField, ": \"",
+        manifest.fingerprint.at(trainer::kFrozenBaseField),
+        "\": a run that froze the model's parameters (LoRA) saves its adapters alone, which are "
+        "no model; its training.save_hf_dir export holds the base with the adapters merged"));
+  }
   checkpoint::SliceReader reader(folder, manifest);
   std::vector<std::pair<std::string, torch::Tensor>> parameters;
   for (const models::ParameterShape& expected : models::ParameterShapes(config)) {

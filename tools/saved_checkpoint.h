@@ -24,8 +24,9 @@ namespace plait::tools {
 // What a resume from `folder` (a step-NNNNNNNN folder, whose manifest is `manifest`) would
 // refuse that shows without the run's plan (the step and the data position at the
 // fingerprint's global batch a step, the optimizer's update count, the model the fingerprint
-// records and its parameters' shapes), then every slice of every tensor: its checksum and
-// that its values are finite.
+// records and its parameters' shapes, unless the run froze them: LoRA's checkpoints hold the
+// adapters alone), then every slice of every tensor: its checksum and that its values are
+// finite.
 // Not checked: the fingerprint against a plan's, the layout against its preparation, the step
 // against plan.training.steps, the optimizer state against its optimizer.
 absl::Status VerifySavedCheckpoint(const std::string& folder, const checkpoint::Manifest& manifest);
@@ -34,7 +35,8 @@ absl::Status VerifySavedCheckpoint(const std::string& folder, const checkpoint::
 // the model its fingerprint records) into `out_dir`: a new or empty folder, or one an earlier
 // export wrote (models::CheckHfExportFolder; its errors name `out_field`). Every parameter is
 // read and checked before anything is written, so a refused checkpoint leaves `out_dir` as it
-// was. The number of parameters written.
+// was. The number of parameters written. FailedPrecondition for a checkpoint of a run that
+// froze the model's parameters (LoRA), which holds its adapters alone.
 absl::StatusOr<size_t> ExportSavedCheckpoint(const std::string& folder,
                                              const checkpoint::Manifest& manifest,
                                              const std::string& out_dir,

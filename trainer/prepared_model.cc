@@ -1,10 +1,12 @@
 #include "trainer/prepared_model.h"
 
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/dtype.h"
 #include "base/status.h"
 #include "models/hf_checkpoint.h"
@@ -65,6 +67,13 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
                          config, torch::TensorOptions().dtype(dtype).device(mesh.device())),
                      field_path + ".model"));
   std::unique_ptr<PreparedModel> prepared(new PreparedModel(std::move(model), role));
+  // The model's own parameters, named before a step adds its own (LoRA's adapters, which keep
+  // the values their step gave them).
+  std::set<std::string> own;
+  for (const auto& named : prepared->model_->NamedParameters()) {
+    prepared->parameter_names_.push_back(named.name);
+    own.insert(named.name);
+  }
   PLAIT_ASSIGN_OR_RETURN(prepared->preparation_, wrap::Preparation::Begin(*prepared->model_, mesh,
                                                                           field_path + ".prepare"));
   for (const wrap::PrepareStep& step : steps) {
@@ -72,46 +81,49 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
   }
   PLAIT_ASSIGN_OR_RETURN(std::vector<parallel::TrainableParameter> parameters,
                          prepared->preparation_->TakeTrainableParameters());
-  // The values below go to the parameters that train; a step that froze the model's own
-  // (adapters: LoRA) would leave those without theirs, and its own parameters overwritten.
-  for (const auto& named : prepared->model_->NamedParameters()) {
-    if (named.parameter.requires_grad()) continue;
-    return absl::UnimplementedError(absl::StrCat(
-        field_path, ".prepare: a step froze the model's parameter ", named.name,
-        " (and gave the model trainable parameters of its own); the trainer gives values only "
-        "to the parameters that train, so it cannot train such a preparation yet"));
-  }
+  // A step's frozen base (LoRA's) gets its values as the trainable parameters do, but no
+  // optimizer ever sees it: it stays here.
+  PLAIT_ASSIGN_OR_RETURN(std::vector<parallel::TrainableParameter> frozen,
+                         prepared->preparation_->FrozenParameters());
   // The parameters no step replaced (all of them without a step; the ones tensor parallelism
   // keeps whole) get memory of their own.
   prepared->model_->MaterializeParameters();
-  // A trained model that computes in 16 bits trains through fp32 masters (the optimizer's,
-  // or FSDP's fp32 shards), which get the fp32 values, and the parameters their rounded copy.
+  // A trained model that computes in 16 bits trains its own parameters through fp32 masters
+  // (the optimizer's, or FSDP's fp32 shards), which get the fp32 values, and the parameters
+  // their rounded copy. A frozen base never updates: it takes its values in the compute dtype.
   if (role != Role::kFrozen && dtype != torch::kFloat32) {
     for (parallel::TrainableParameter& parameter : parameters) {
-      if (parameter.tensor.scalar_type() != torch::kFloat32) {
+      if (parameter.tensor.scalar_type() != torch::kFloat32 && own.count(parameter.name) > 0) {
         parameter.master = torch::zeros_like(parameter.tensor, torch::kFloat32);
       }
     }
   }
-  for (const parallel::TrainableParameter& parameter : parameters) {
-    // Written through a view of the rank's tensor, whose first elements are the slice's
-    // (padding after them); only a contiguous tensor's reshape is a view.
-    if (!parameter.tensor.is_contiguous()) {
-      return absl::InternalError(absl::StrCat("the prepared parameter ", parameter.name,
-                                              " is not contiguous; its slice cannot be written"));
+  // Those that get values here: every part of the model's own parameters, but for a resumed
+  // run only the frozen ones, since the checkpoint holds the trainable ones and their masters.
+  std::vector<parallel::TrainableParameter> valued;
+  for (const std::vector<parallel::TrainableParameter>* parts : {&parameters, &frozen}) {
+    for (const parallel::TrainableParameter& parameter : *parts) {
+      // Written through a view of the rank's tensor, whose first elements are the slice's
+      // (padding after them); only a contiguous tensor's reshape is a view.
+      if (!parameter.tensor.is_contiguous()) {
+        return absl::InternalError(absl::StrCat("the prepared parameter ", parameter.name,
+                                                " is not contiguous; its slice cannot be written"));
+      }
+      const bool restored = role == Role::kResumed && parts == &parameters;
+      if (own.count(parameter.name) > 0 && !restored) valued.push_back(parameter);
     }
   }
-  if (role == Role::kResumed) {
-    // The checkpoint restores them, and their masters, before the first step.
+  if (valued.empty()) {
+    // A resumed run that froze nothing: the checkpoint restores every parameter.
   } else if (!hf_weights_dir.empty()) {
     // Each rank reads only the slice of each tensor it holds (tensor parallelism's, FSDP's
     // shard), so a NaN in one rank's slice fails that rank alone: every rank stops with it.
     const std::string field = field_path + ".hf_weights_dir";
     PLAIT_RETURN_IF_ERROR(
-        mesh.Agree(base::Annotate(LoadHfSlices(hf_weights_dir, config, parameters), field),
+        mesh.Agree(base::Annotate(LoadHfSlices(hf_weights_dir, config, valued), field),
                    absl::StrCat(field, ": loading ", hf_weights_dir)));
   } else {
-    WriteInitialSlices(config, spec.init(), parameters);
+    WriteInitialSlices(config, spec.init(), valued);
   }
   {
     torch::NoGradGuard no_grad;
@@ -130,17 +142,32 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
 }
 
 absl::Status PreparedModel::SaveHf(const std::string& dir, int rank, int writer) {
-  PLAIT_ASSIGN_OR_RETURN(auto full, preparation_->FullParameters());
+  // Adapters are no part of a Hugging Face model: merged into the weights they adapt.
+  PLAIT_ASSIGN_OR_RETURN(auto full, preparation_->MergedParameters());
   if (rank != writer) return absl::OkStatus();
   std::vector<std::pair<std::string, torch::Tensor>> parameters;  // in the model's order
-  for (const auto& item : model_->named_parameters()) {
-    const auto it = full.find(item.key());
+  for (const std::string& name : parameter_names_) {
+    const auto it = full.find(name);
     if (it == full.end()) {
-      return absl::InternalError(absl::StrCat("saving ", dir, ": no gathered ", item.key()));
+      return absl::InternalError(absl::StrCat("saving ", dir, ": no gathered ", name));
     }
-    parameters.emplace_back(item.key(), it->second);
+    parameters.emplace_back(name, it->second);
   }
   return models::SaveHfParameters(model_->config(), parameters, dir);
+}
+
+absl::Status CheckEveryParameterHasGradient(
+    const std::vector<parallel::TrainableParameter>& parameters, int64_t step) {
+  std::vector<std::string> missing;
+  for (const parallel::TrainableParameter& parameter : parameters) {
+    if (!parameter.tensor.grad().defined()) missing.push_back(parameter.name);
+  }
+  if (missing.empty()) return absl::OkStatus();
+  const bool one = missing.size() == 1;
+  return absl::InternalError(absl::StrCat(
+      "after step ", step, ", the trainable parameter", one ? " " : "s ",
+      absl::StrJoin(missing, ", "), " got no gradient: no loss reaches ", one ? "it" : "them",
+      ", so the optimizer would never change ", one ? "it" : "them"));
 }
 
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> BuildOptimizer(

@@ -12,6 +12,7 @@
 #ifndef PLAIT_TRAINER_PREPARED_MODEL_H_
 #define PLAIT_TRAINER_PREPARED_MODEL_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,7 +31,8 @@ namespace plait::trainer {
 
 // What the model is prepared for: training; training resumed from a checkpoint, which then
 // restores every trainable parameter (RunCheckpoints::Restore), so Prepare gives them no
-// values (no seeded draw, no Hugging Face read); or use without training.
+// values (no seeded draw, no Hugging Face read), only to the base a step froze (LoRA's),
+// which the checkpoint does not hold; or use without training.
 enum class Role { kTrained, kResumed, kFrozen };
 
 class PreparedModel {
@@ -40,7 +42,9 @@ class PreparedModel {
   // `mesh` (which must outlive the result), and then gives each prepared parameter the values
   // of the slice of it this rank holds: those of the model's initialisation or, when
   // `hf_weights_dir` is not empty, those of its tensor in that Hugging Face folder, reading no
-  // other bytes of it and drawing no seeded value; none for Role::kResumed. So a rank never
+  // other bytes of it and drawing no seeded value; for Role::kResumed only to the parameters a
+  // step froze. Parameters a step added (LoRA's adapters) keep the values it gave them. The
+  // frozen base computing in 16 bits is held in that dtype, with no fp32 copy. So a rank never
   // holds more of the model than its preparation leaves it, and one whole parameter while its
   // slice is written. Errors name `field_path`.model,
   // .hf_weights_dir or .prepare[i] and come from the model, the checkpoint (its slices of
@@ -68,8 +72,10 @@ class PreparedModel {
   // communication errors, the data-parallel dimensions and the whole parameters.
   wrap::Preparation& preparation() { return *preparation_; }
 
-  // Writes the whole model to `dir` (created if missing) as a Hugging Face folder. Every
-  // rank must call it; rank `writer` writes.
+  // Writes the whole model to `dir` (created if missing) as a Hugging Face folder: the
+  // model's own parameters, with the ones a step added merged into them (LoRA's adapters:
+  // W + scale * B A), so that it loads as a plain model. Every rank must call it; rank
+  // `writer` writes.
   absl::Status SaveHf(const std::string& dir, int rank, int writer);
 
  private:
@@ -80,8 +86,17 @@ class PreparedModel {
   std::shared_ptr<models::CausalLM> model_;
   std::unique_ptr<wrap::Preparation> preparation_;
   Role role_;
+  // The model's own parameters, in its order, without those a step added.
+  std::vector<std::string> parameter_names_;
   std::vector<parallel::TrainableParameter> trainable_;
 };
+
+// OK when each of `parameters` has a gradient after the backward of optimizer step `step`
+// (1-based); otherwise InternalError naming those that have none: a parameter the optimizer
+// owns but no loss reaches would silently stay as it began (an adapter on a projection the
+// forward skips, a parameter a step froze by mistake). The trainer checks its first step.
+absl::Status CheckEveryParameterHasGradient(
+    const std::vector<parallel::TrainableParameter>& parameters, int64_t step);
 
 // The optimizer over `prepared`'s trainable parameters. FailedPrecondition for a frozen model.
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> BuildOptimizer(

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "base/dtype.pb.h"
 #include "base/status.h"
 #include "torch/utils.h"
+#include "wrap/strategies.h"
 
 namespace plait::trainer {
 namespace {
@@ -21,7 +23,7 @@ constexpr char kOptimizerStep[] = "optimizer_step";
 // What a resume must not change, by plan field. The rest of the plan (steps, schedule,
 // evaluation, logging, the mesh, the preparation steps, how the global batch is split into
 // micro-batches) may change between a run and its resume.
-std::map<std::string, std::string> Fingerprint(const plan::ResolvedPlan& resolved) {
+absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const plan::ResolvedPlan& resolved) {
   const plan::Plan& plan = resolved.plan;
   // Frozen models are not saved: each is rebuilt from its seed or its (fixed) Hugging Face
   // folder, which the manifest records so that a resume rebuilds the same one.
@@ -49,6 +51,17 @@ std::map<std::string, std::string> Fingerprint(const plan::ResolvedPlan& resolve
     // Its betas, eps or momentum: what the saved moments mean.
     fingerprint[absl::StrCat("plan.optimizer.", algorithm->name())] =
         optimizer.GetReflection()->GetMessage(optimizer, algorithm).ShortDebugString();
+  }
+  // A step that freezes the model's parameters (LoRA) leaves them out of the checkpoint: a
+  // resume takes them again from the run's seed or Hugging Face folder, which must not change.
+  for (const wrap::PrepareStep& step : plan.prepare()) {
+    PLAIT_ASSIGN_OR_RETURN(const std::unique_ptr<wrap::Strategy> strategy,
+                           wrap::MakeStrategy(step));
+    if (!strategy->freezes_model_parameters()) continue;
+    fingerprint[kFrozenBaseField] =
+        plan.hf_weights_dir().empty()
+            ? absl::StrCat("none: plan.model.init { ", plan.model().init().ShortDebugString(), " }")
+            : plan.hf_weights_dir();
   }
   return fingerprint;
 }
@@ -153,7 +166,7 @@ absl::StatusOr<RunCheckpoints> RunCheckpoints::Open(const plan::ResolvedPlan& re
   run.steps = plan.training().steps();
   run.steps_field = "plan.training.steps";
   run.position_per_step = resolved.global_batch;  // sequences consumed over the data-parallel ranks
-  run.fingerprint = Fingerprint(resolved);
+  PLAIT_ASSIGN_OR_RETURN(run.fingerprint, Fingerprint(resolved));
   std::vector<std::string> steps;
   for (const wrap::PrepareStep& step : plan.prepare()) steps.push_back(step.ShortDebugString());
   run.layout = steps.empty() ? "no preparation steps" : absl::StrJoin(steps, "; ");

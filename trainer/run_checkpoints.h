@@ -11,11 +11,14 @@
 // update count ("optimizer_step" in the manifest's metadata); the manifest's data position is
 // the sequences consumed over all data-parallel ranks, and its fingerprint what a resume must
 // not change (model config and dtype, optimizer algorithm and its betas/eps/momentum, global
-// batch in sequences, seq_len, data source, objective, frozen models), each under its plan
-// field. The world size, mesh and preparation steps may change: a run resumes on any layout
-// (one process, DDP, FSDP at any width, tensor parallel, 2-D), each rank reading only the
-// slices it needs, and reads the same next global batch. No random state is consumed while
-// training (synthetic data are positional, shuffles are seeded per pass), so none is saved.
+// batch in sequences, seq_len, data source, objective, frozen models, and where a base that a
+// step froze comes from), each under its plan field. A run whose preparation froze the model's
+// parameters (LoRA) saves only the trainable ones (the adapters) and their state; a resume
+// gives the base its values again (PreparedModel::Prepare, Role::kResumed). The world size, mesh
+// and preparation steps may change: a run resumes on any layout (one process, DDP, FSDP at any
+// width, tensor parallel, 2-D), each rank reading only the slices it needs, and reads the same next
+// global batch. No random state is consumed while training (synthetic data are positional, shuffles
+// are seeded per pass), so none is saved.
 //
 //   PLAIT_ASSIGN_OR_RETURN(RunCheckpoints checkpoints, RunCheckpoints::Open(resolved, mesh));
 //   PLAIT_ASSIGN_OR_RETURN(auto optimizer, BuildOptimizer(*prepared, plan.optimizer()));
@@ -50,6 +53,10 @@ inline constexpr char kOptimizerPrefix[] = "optim/";
 inline constexpr char kModelField[] = "plan.model";
 // The fingerprint's global batch: the data position advances by it each step.
 inline constexpr char kGlobalBatchField[] = "plan.training.global_batch";
+// The fingerprint entry of a run whose preparation froze the model's parameters (LoRA's
+// base), which its checkpoints do not hold: where they come from, the Hugging Face folder or
+// the seeded initialisation. Absent from other runs' checkpoints.
+inline constexpr char kFrozenBaseField[] = "plan.hf_weights_dir";
 
 // The optimizer's update count a checkpoint of step `step` records in its manifest's
 // metadata (`metadata`, as saved): an integer from 0 to `step`, since a step updates the

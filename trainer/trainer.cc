@@ -343,6 +343,12 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   }
   // Its errors are the hooks' collectives', which name the step and their place in it.
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());
+  if (step == checkpoints_->resume_step()) {
+    // Nothing the optimizer owns is silently left out of the loss (every rank stops).
+    PLAIT_RETURN_IF_ERROR(
+        mesh_.Agree(CheckEveryParameterHasGradient(prepared_->trainable_parameters(), metrics.step),
+                    absl::StrCat("step ", metrics.step)));
+  }
   // The loss over the mesh comes before the update: every rank skips the update of a step
   // whose loss is not finite, so that its gradients never reach the weights.
   PLAIT_ASSIGN_OR_RETURN(const objectives::MeanMetrics mean,

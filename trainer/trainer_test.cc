@@ -103,25 +103,6 @@ TEST(PreparedModelTest, FrozenModelIsPreparedWithoutOptimizerOrGradients) {
   });
 }
 
-// A preparation that freezes the model's own parameters (LoRA, which adds adapters) is
-// refused: the trainer gives values to the parameters that train, so the frozen base would
-// get none and the adapters would lose the ones LoRA gave them.
-TEST(PreparedModelTest, APreparationThatFreezesTheModelIsRefused) {
-  plan::Plan plan = ShortShippedPlan("llama_fsdp");
-  google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps;
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
-      R"pb(lora { rank: 4 alpha: 8 target: "*q_proj" })pb", steps.Add()));
-  for (const wrap::PrepareStep& step : plan.prepare()) *steps.Add() = step;
-  *plan.mutable_prepare() = steps;
-  WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
-    EXPECT_THAT(PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
-                                       mesh, Role::kTrained, "plan"),
-                StatusIs(absl::StatusCode::kUnimplemented,
-                         HasSubstr("plan.prepare: a step froze the model's parameter "
-                                   "model.embed_tokens.weight")));
-  });
-}
-
 TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
   const plan::Plan plan = ShortShippedPlan("llama_fsdp");
   const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/out");

@@ -84,16 +84,30 @@ absl::StatusOr<std::vector<parallel::TrainableParameter>> Preparation::TakeTrain
         "the model's parameters were already taken: build one optimizer per model");
   }
   parameters_taken_ = true;
+  return PartsOf(/*trainable=*/true);
+}
+
+absl::StatusOr<std::vector<parallel::TrainableParameter>> Preparation::FrozenParameters() {
+  if (!parameters_taken_) {
+    return absl::FailedPreconditionError(
+        "the frozen parameters are laid out once every step is applied: take the trainable "
+        "ones first (TakeTrainableParameters)");
+  }
+  return PartsOf(/*trainable=*/false);
+}
+
+std::vector<parallel::TrainableParameter> Preparation::PartsOf(bool trainable) {
   std::vector<parallel::TrainableParameter> parameters;
   for (const Wrappable::NamedParameter& named : model_.NamedParameters()) {
-    if (!named.parameter.requires_grad()) continue;  // frozen by a step (LoRA's base)
+    // A step may have frozen some (LoRA's base).
+    if (named.parameter.requires_grad() != trainable) continue;
     parameters.push_back({named.name,
                           named.parameter,
                           {},
                           1,
                           parallel::TensorSlice::Whole(named.parameter.sizes())});
   }
-  for (const auto& strategy : strategies_) strategy->UpdateTrainableParameters(parameters);
+  for (const auto& strategy : strategies_) strategy->UpdateParameters(parameters);
   return parameters;
 }
 
@@ -128,6 +142,15 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> Preparation::FullParameters
     PLAIT_RETURN_IF_ERROR((*it)->GatherFullParameters(parameters));
   }
   for (auto& [name, tensor] : parameters) tensor = tensor.detach().clone();
+  return parameters;
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> Preparation::MergedParameters() {
+  PLAIT_ASSIGN_OR_RETURN(auto parameters, FullParameters());
+  // Undone in reverse, as the strategies' hooks are.
+  for (auto it = strategies_.rbegin(); it != strategies_.rend(); ++it) {
+    PLAIT_RETURN_IF_ERROR((*it)->MergeAddedParameters(parameters));
+  }
   return parameters;
 }
 

@@ -58,6 +58,13 @@ class Preparation {
   // sharded over.
   absl::StatusOr<std::vector<parallel::TrainableParameter>> TakeTrainableParameters();
 
+  // After TakeTrainableParameters: this rank's parts of the parameters a step froze (LoRA's
+  // base), laid out as the strategies hold them (FSDP's fp32 shards, or the whole
+  // parameters), each with its slice: what the caller gives their values to. They require no
+  // gradient and are never an optimizer's. FailedPrecondition before the trainable ones were
+  // taken, while a step may still change them.
+  absl::StatusOr<std::vector<parallel::TrainableParameter>> FrozenParameters();
+
   // The mesh dimensions whose ranks train on different data: those of the steps that split
   // the batch (FSDP, DDP), in mesh order.
   std::vector<std::string> DataParallelDims() const;
@@ -92,6 +99,11 @@ class Preparation {
   // `FullParameters().value()` runs over a map already destroyed with its temporary StatusOr.
   absl::StatusOr<std::map<std::string, torch::Tensor>> FullParameters();
 
+  // FullParameters with the parameters steps added folded into the model's own and left out
+  // (LoRA's adapters merged: W + scale * B A): the model's parameters alone, as a Hugging Face
+  // export writes them. Every rank of the mesh must call it.
+  absl::StatusOr<std::map<std::string, torch::Tensor>> MergedParameters();
+
   // Bytes of whole parameters the strategies hold beyond their shares now, and the most at
   // once since ResetPeak (FSDP's gathered units).
   int64_t gathered_bytes() const;
@@ -100,6 +112,10 @@ class Preparation {
 
  private:
   Preparation(Wrappable& model, const parallel::DeviceMesh& mesh, std::string field);
+
+  // This rank's parts of the parameters that require a gradient (`trainable`) or of the
+  // others, as the strategies left them.
+  std::vector<parallel::TrainableParameter> PartsOf(bool trainable);
 
   Wrappable& model_;
   const parallel::DeviceMesh& mesh_;

@@ -163,6 +163,11 @@ class Strategy {
   // train on different data too. Default: none ("").
   virtual std::string replicate_dim() const { return ""; }
 
+  // Whether Apply freezes the model's own parameters (LoRA: only its adapters train), so
+  // that a run's checkpoints hold no values of them and a resume must take them from where
+  // the run did. Default: it freezes none.
+  virtual bool freezes_model_parameters() const { return false; }
+
   // Whether the ranks of its dimension train on different data (FSDP, DDP) rather than on the
   // same batch (tensor parallelism): the data-parallel width is the product of such dimensions.
   virtual bool splits_batch() const = 0;
@@ -189,9 +194,11 @@ class Strategy {
   // Called once, by Preparation.
   virtual absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) = 0;
 
-  // After Apply: rewrites `parameters` (the optimizer's, as earlier strategies left them) into
-  // what this rank trains after this strategy (FSDP: its shards). Default: unchanged.
-  virtual void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) {}
+  // After Apply: rewrites `parameters` (this rank's parts of some of the model's parameters,
+  // as earlier strategies left them: the ones the optimizer trains, or the ones a step froze)
+  // into what this rank holds of them after this strategy (FSDP: its shards). Default:
+  // unchanged.
+  virtual void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) {}
 
   // After Apply: whether the next backward passes synchronise gradients. Gradient
   // accumulation turns it off for all micro-batches but the last. Default: nothing to skip.
@@ -205,6 +212,13 @@ class Strategy {
   // (every parameter by name, as the strategies applied after it left them) with the whole
   // tensors this strategy splits. Default: nothing to gather.
   virtual absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) {
+    return absl::OkStatus();
+  }
+
+  // After GatherFullParameters: folds the parameters this strategy added into the model's own
+  // in `parameters` (every parameter by name, whole) and removes them, so that what is left is
+  // a model without the strategy (LoRA: W + scale * B A). Default: it added none.
+  virtual absl::Status MergeAddedParameters(std::map<std::string, torch::Tensor>& parameters) {
     return absl::OkStatus();
   }
 

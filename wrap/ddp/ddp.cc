@@ -244,7 +244,7 @@ absl::Status DdpStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& me
   return absl::OkStatus();
 }
 
-void DdpStrategy::UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) {
+void DdpStrategy::UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) {
   for (parallel::TrainableParameter& parameter : parameters) {
     parameter.slice.replica =
         parameter.slice.replica * communicator_->size() + communicator_->rank();

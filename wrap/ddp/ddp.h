@@ -90,7 +90,7 @@ class DdpStrategy final : public Strategy {
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
   // Every parameter is whole on every rank of the group: replicas of one another.
-  void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) override;
+  void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override;
   void SetGradientSync(bool sync) override { ddp_->set_sync(sync); }
   absl::Status BackwardStatus() const override { return ddp_->last_sync_status(); }
 

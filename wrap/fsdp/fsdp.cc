@@ -242,11 +242,20 @@ Fsdp::Fsdp(Wrappable& model, parallel::Communicator& communicator,
 Fsdp::~Fsdp() { model_.SetUnitHooks({}); }
 
 std::vector<parallel::TrainableParameter> Fsdp::TrainableParameters() {
+  std::vector<parallel::TrainableParameter> parameters = Shards();
+  parameters.erase(std::remove_if(parameters.begin(), parameters.end(),
+                                  [](const parallel::TrainableParameter& parameter) {
+                                    return !parameter.tensor.requires_grad();  // frozen
+                                  }),
+                   parameters.end());
+  return parameters;
+}
+
+std::vector<parallel::TrainableParameter> Fsdp::Shards() {
   std::vector<parallel::TrainableParameter> parameters;
   const int rank = communicator_.rank();
   for (const Unit& unit : units_) {
     for (size_t i = 0; i < unit.shards.size(); ++i) {
-      if (!unit.shards[i].requires_grad()) continue;  // frozen
       const torch::Tensor& full = unit.parameters[i];
       parallel::TensorSlice slice = parallel::TensorSlice::Whole(full.sizes());
       if (full.dim() == 0) {
@@ -647,17 +656,18 @@ absl::Status FsdpStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& m
   return absl::OkStatus();
 }
 
-void FsdpStrategy::UpdateTrainableParameters(
-    std::vector<parallel::TrainableParameter>& parameters) {
-  // FSDP's shards in its unit order; each keeps the groups earlier strategies split it over
-  // and how many ranks of those share it.
+void FsdpStrategy::UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) {
+  // FSDP's shards of the same parameters in its unit order; each keeps the groups earlier
+  // strategies split it over and how many ranks of those share it.
   std::map<std::string, parallel::TrainableParameter> earlier;
   for (parallel::TrainableParameter& parameter : parameters) {
     earlier[parameter.name] = std::move(parameter);
   }
-  parameters = fsdp_->TrainableParameters();
-  for (parallel::TrainableParameter& parameter : parameters) {
-    const parallel::TrainableParameter& before = earlier[parameter.name];
+  parameters.clear();
+  for (parallel::TrainableParameter& parameter : fsdp_->Shards()) {
+    const auto it = earlier.find(parameter.name);
+    if (it == earlier.end()) continue;
+    const parallel::TrainableParameter& before = it->second;
     std::vector<parallel::Communicator*> groups = before.sharded_over;
     groups.insert(groups.end(), parameter.sharded_over.begin(), parameter.sharded_over.end());
     parameter.sharded_over = std::move(groups);
@@ -668,6 +678,7 @@ void FsdpStrategy::UpdateTrainableParameters(
                           ? before.slice
                           : before.slice.Narrow(0, rows.box.offsets[0], rows.box.lengths[0]);
     parameter.slice.replica = before.slice.replica * fsdp_->replica_count() + rows.replica;
+    parameters.push_back(std::move(parameter));
   }
 }
 

@@ -72,6 +72,10 @@ class Fsdp {
   // hybrid sharding, numbered among the replicate group's copies of the same rows.
   std::vector<parallel::TrainableParameter> TrainableParameters();
 
+  // Every parameter's shard as TrainableParameters describes them, the frozen ones' (whose
+  // tensors require no gradient) included: what a caller gives values to.
+  std::vector<parallel::TrainableParameter> Shards();
+
   // How many ranks hold each box of TrainableParameters' slices, at most: the shard group's
   // size (a scalar's copies) times the replicate group's.
   int64_t replica_count() const;
@@ -153,7 +157,7 @@ class FsdpStrategy final : public Strategy {
                                      const std::string& field) const override;
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
-  void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) override;
+  void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override;
   absl::Status BackwardStatus() const override { return fsdp_->last_status(); }
   absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override;
   int64_t gathered_bytes() const override { return fsdp_->unsharded_bytes(); }

@@ -201,6 +201,27 @@ torch::Tensor Lora::Adapt(const torch::nn::Module& projection, const torch::Tens
   return output + F::linear(F::linear(x, it->second.a), it->second.b) * scale_;
 }
 
+absl::Status Lora::Merge(std::map<std::string, torch::Tensor>& parameters) const {
+  torch::NoGradGuard no_grad;
+  for (const std::string& name : adapted_) {
+    const std::string names[] = {absl::StrCat(name, kWeight), absl::StrCat(name, ".lora_A.weight"),
+                                 absl::StrCat(name, ".lora_B.weight")};
+    for (const std::string& tensor : names) {
+      if (parameters.count(tensor) == 0) {
+        return absl::InternalError(absl::StrCat("lora: merging ", name, ": no tensor ", tensor));
+      }
+    }
+    torch::Tensor& weight = parameters[names[0]];
+    const torch::Tensor delta = torch::mm(parameters[names[2]].to(torch::kFloat32),
+                                          parameters[names[1]].to(torch::kFloat32)) *
+                                scale_;
+    weight = (weight.to(torch::kFloat32) + delta).to(weight.scalar_type());
+    parameters.erase(names[1]);
+    parameters.erase(names[2]);
+  }
+  return absl::OkStatus();
+}
+
 std::vector<base::Violation> LoraStrategy::Check(const std::optional<ModelShape>& shape,
                                                  const parallel::MeshConfig& /*mesh*/,
                                                  const std::string& field) const {

@@ -57,6 +57,11 @@ class Lora final : public ProjectionOps {
   // The module names of the adapted projections, in the model's parameter order.
   const std::vector<std::string>& adapted() const { return adapted_; }
 
+  // Folds each adapter pair of `parameters` (whole, by name) into its projection's weight as
+  // PEFT's merge_and_unload does, W + scale * B A (computed in fp32, stored in W's dtype), and
+  // removes the pair. InternalError naming the tensor when one is missing.
+  absl::Status Merge(std::map<std::string, torch::Tensor>& parameters) const;
+
  private:
   struct Adapter {
     torch::Tensor a;  // lora_A.weight [rank, in]
@@ -92,6 +97,7 @@ class LoraStrategy final : public Strategy {
   const std::string& mesh_dim() const override { return no_dim_; }
   bool uses_mesh_dim() const override { return false; }
   bool splits_batch() const override { return false; }
+  bool freezes_model_parameters() const override { return true; }
   // Each target pattern must match a projection of the model's blocks
   // (`<field>.lora.target[i]`).
   std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,
@@ -100,6 +106,10 @@ class LoraStrategy final : public Strategy {
   // The adapters' parameters, which become the only trainable ones.
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
+  // The adapters merged into the base (Lora::Merge).
+  absl::Status MergeAddedParameters(std::map<std::string, torch::Tensor>& parameters) override {
+    return lora_->Merge(parameters);
+  }
 
  private:
   LoraConfig config_;

@@ -245,6 +245,49 @@ TEST(LoraTest, TheOptimizerOwnsExactlyTheAdapters) {
   });
 }
 
+// The frozen base is handed out for its values, apart from the optimizer's parameters; the
+// merged export is a plain model that computes what the adapted one does.
+TEST(LoraTest, FrozenPartsAndTheMergedModel) {
+  OnOneRank([](parallel::DeviceMesh& mesh) {
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    auto preparation = Preparation::Begin(*model, mesh, "plan.prepare");
+    ASSERT_THAT(preparation, IsOk());
+    EXPECT_THAT((*preparation)->FrozenParameters(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("trainable ones first")));
+    ASSERT_THAT((*preparation)->Apply(LoraStep(R"pb(rank: 4
+                                                    alpha: 8
+                                                    target: "*q_proj"
+                                                    target: "*up_proj")pb")),
+                IsOk());
+    ASSERT_THAT((*preparation)->TakeTrainableParameters(), IsOk());
+    auto frozen = (*preparation)->FrozenParameters();
+    ASSERT_THAT(frozen, IsOk());
+    std::set<std::string> frozen_names;
+    for (const auto& parameter : *frozen) {
+      EXPECT_FALSE(parameter.tensor.requires_grad()) << parameter.name;
+      frozen_names.insert(parameter.name);
+    }
+    std::set<std::string> base_names;
+    for (const auto& named : MakeModel()->NamedParameters()) base_names.insert(named.name);
+    EXPECT_EQ(frozen_names, base_names);
+
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(3);
+    for (const auto& named : model->NamedParameters()) {
+      if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
+    }
+    const torch::Tensor tokens = Tokens();
+    const torch::Tensor adapted = model->Forward(tokens);
+    auto merged = (*preparation)->MergedParameters();
+    ASSERT_THAT(merged, IsOk());
+    std::shared_ptr<models::CausalLM> plain = MakeModel();
+    ASSERT_EQ(merged->size(), base_names.size());
+    for (auto& item : plain->named_parameters()) item.value().copy_(merged->at(item.key()));
+    EXPECT_FALSE(torch::allclose(plain->Forward(tokens), MakeModel()->Forward(tokens)));
+    EXPECT_TRUE(torch::allclose(plain->Forward(tokens), adapted, 1e-4, 1e-5));
+  });
+}
+
 ModelShape ShapeOf(models::CausalLM& model) {
   ModelShape shape;
   for (const auto& named : model.NamedParameters()) {

@@ -10,7 +10,7 @@
 // before they are accumulated: those of key/value heads shared by several ranks (fewer
 // heads than ranks) among those ranks, and with sequence parallelism those of the replicated
 // parameters (norms, row-parallel biases). The optimizer trains the slices
-// (UpdateTrainableParameters); FSDP on another dimension shards them further.
+// (UpdateParameters); FSDP on another dimension shards them further.
 // TensorParallelStrategy is its preparation strategy (strategy.h), applied through
 // wrap::Preparation (preparation.h) before FSDP or DDP.
 #ifndef PLAIT_WRAP_TP_TENSOR_PARALLEL_H_
@@ -120,7 +120,7 @@ class TensorParallelStrategy final : public Strategy {
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   ActivationSplit SplitsActivations(const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
-  void UpdateTrainableParameters(std::vector<parallel::TrainableParameter>& parameters) override {
+  void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override {
     tp_->MarkSharded(parameters);
   }
   absl::Status BackwardStatus() const override { return tp_->status(); }

@@ -1,0 +1,306 @@
+// LoRA plans in the trainer, on ranks as threads over TCP: the frozen base gets its values
+// (from the seed or a Hugging Face folder, each rank its slice) while the adapters keep
+// LoRA's; only the adapters train; one process, FSDP and DDP on 2 ranks train to the same
+// losses; a resumed run reproduces the straight one bit for bit; the exported folder is a
+// plain model with the adapters merged; and a trainable parameter without a gradient stops
+// the run.
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
+#include "base/test_paths.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/hf_checkpoint.h"
+#include "models/model_config.h"
+#include "models/safetensors.h"
+#include "optim/optimizer.h"
+#include "parallel/device_mesh.h"
+#include "parallel/trainable_parameter.h"
+#include "plan/plan.h"
+#include "plan/testing_resolved.h"
+#include "torch/utils.h"
+#include "trainer/prepared_model.h"
+#include "trainer/run_checkpoints.h"
+#include "trainer/testing_ranks.h"
+#include "trainer/trainer.h"
+#include "wrap/lora/lora.h"
+
+namespace plait::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using ::plait::base::testing::FreshTestDir;
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::plait::trainer::testing::ConfigOf;
+using ::plait::trainer::testing::ShortShippedPlan;
+using ::plait::trainer::testing::TrainOnRanks;
+using ::plait::trainer::testing::WithMesh;
+using ::testing::HasSubstr;
+
+constexpr char kLora[] = R"pb(lora { rank: 4 alpha: 8 target: "*q_proj" target: "*v_proj" })pb";
+
+bool IsAdapter(const std::string& name) { return absl::StrContains(name, ".lora_"); }
+
+// The shipped plan `name`, shortened (ShortShippedPlan), with LoRA before its steps.
+plan::Plan LoraPlan(const std::string& name) {
+  plan::Plan plan = ShortShippedPlan(name);
+  google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kLora, steps.Add()));
+  for (const wrap::PrepareStep& step : plan.prepare()) *steps.Add() = step;
+  *plan.mutable_prepare() = steps;
+  return plan;
+}
+
+// The model llama_single's spec gives with `seed`, whole, as CausalLM::Create initialises it.
+std::shared_ptr<models::CausalLM> ModelOfSeed(int seed) {
+  models::ModelSpec spec = ShortShippedPlan("llama_single").model();
+  spec.mutable_init()->set_seed(seed);
+  return models::CausalLM::Create(ConfigOf(spec), spec.init()).value();
+}
+
+// A Hugging Face folder holding ModelOfSeed(seed) in fp32, made once per test process.
+std::string HfFolderOfSeed(int seed) {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/seed", seed);
+  if (!fs::exists(dir + "/config.json")) {
+    EXPECT_THAT(models::SaveHfModel(*ModelOfSeed(seed), dir), IsOk());
+  }
+  return dir;
+}
+
+// Every rank's prepared parameters hold the base's values (those of `base`, the seed's or
+// the folder's) and the adapters LoRA's (A drawn by its seed, B zero); only the adapters are
+// the optimizer's, and two optimizer steps change them and leave the base bitwise as it was.
+void ExpectOnlyTheAdaptersTrain(const plan::Plan& plan, int ranks, const std::string& hf_dir,
+                                const models::CausalLM& base) {
+  torch::manual_seed(4);
+  const torch::Tensor tokens =
+      torch::randint(ConfigOf(plan.model()).vocab_size(), {2, 16}, torch::kInt64);
+  WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), hf_dir,
+                                           plan.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    std::set<std::string> trained;
+    for (const parallel::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
+      EXPECT_TRUE(IsAdapter(parameter.name)) << parameter.name;
+      trained.insert(parameter.name);
+    }
+    EXPECT_EQ(trained.size(), 4u * 2u * 2u);  // q and v of 4 blocks, A and B
+    auto before = (*prepared)->preparation().FullParameters();
+    ASSERT_THAT(before, IsOk());
+    const auto base_parameters = base.named_parameters();
+    for (const auto& [name, values] : *before) {
+      if (!IsAdapter(name)) {
+        EXPECT_TRUE(values.equal(base_parameters[name])) << name << " on rank " << rank;
+      } else if (absl::StrContains(name, "lora_A")) {
+        const torch::Tensor want = wrap::lora::InitialA(0, name, 4, values.size(1));
+        EXPECT_TRUE(values.equal(want)) << name << " on rank " << rank;
+      } else {
+        EXPECT_TRUE(values.equal(torch::zeros_like(values))) << name << " on rank " << rank;
+      }
+    }
+    auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
+    ASSERT_THAT(optimizer, IsOk());
+    for (int step = 0; step < 2; ++step) {
+      (*prepared)->model().Loss(tokens, torch::roll(tokens, -1, 1)).backward();
+      ASSERT_THAT((*prepared)->preparation().BackwardStatus(), IsOk());
+      ASSERT_THAT(CheckEveryParameterHasGradient((*prepared)->trainable_parameters(), step + 1),
+                  IsOk());
+      ASSERT_THAT((*optimizer)->Step(1e-2), IsOk());
+      (*optimizer)->ZeroGrad();
+    }
+    auto after = (*prepared)->preparation().FullParameters();
+    ASSERT_THAT(after, IsOk());
+    for (const auto& [name, values] : *after) {
+      EXPECT_EQ(values.equal(before->at(name)), !IsAdapter(name)) << name << " on rank " << rank;
+    }
+  });
+}
+
+TEST(LoraPreparedModelTest, TheBaseGetsItsValuesAndOnlyTheAdaptersTrain) {
+  const std::shared_ptr<models::CausalLM> seeded = ModelOfSeed(1);  // the plans' seed
+  ExpectOnlyTheAdaptersTrain(LoraPlan("llama_single"), 1, "", *seeded);
+  ExpectOnlyTheAdaptersTrain(LoraPlan("llama_fsdp"), 2, "", *seeded);
+  const std::string dir = HfFolderOfSeed(5);
+  const std::shared_ptr<models::CausalLM> pretrained = ModelOfSeed(5);
+  ExpectOnlyTheAdaptersTrain(LoraPlan("llama_single"), 1, dir, *pretrained);
+  ExpectOnlyTheAdaptersTrain(LoraPlan("llama_fsdp"), 2, dir, *pretrained);
+}
+
+// A bf16 model's frozen base is held in bf16 (no fp32 copy: it never updates) with the
+// rounded values; the adapters train through the optimizer's fp32 masters.
+TEST(LoraPreparedModelTest, ABf16BaseIsHeldInBf16) {
+  plan::Plan plan = LoraPlan("llama_single");
+  ASSERT_THAT(plan::ApplyOverride("model.dtype=DTYPE_BFLOAT16", plan), IsOk());
+  const std::shared_ptr<models::CausalLM> seeded = ModelOfSeed(1);
+  WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
+    auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                           mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    const auto base = seeded->named_parameters();
+    for (const auto& named : (*prepared)->model().NamedParameters()) {
+      EXPECT_EQ(named.parameter.scalar_type(), torch::kBFloat16) << named.name;
+      if (IsAdapter(named.name)) continue;
+      EXPECT_TRUE(named.parameter.equal(base[named.name].to(torch::kBFloat16))) << named.name;
+    }
+    for (const parallel::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
+      EXPECT_FALSE(parameter.master.defined()) << parameter.name;  // the optimizer widens it
+    }
+  });
+}
+
+// The losses of two runs, step by step, within `relative` of the second's.
+void ExpectSameLosses(const TrainReport& actual, const TrainReport& expected, double relative) {
+  ASSERT_EQ(actual.steps.size(), 10u);
+  ASSERT_EQ(expected.steps.size(), 10u);
+  for (size_t i = 0; i < expected.steps.size(); ++i) {
+    EXPECT_NEAR(actual.steps[i].loss, expected.steps[i].loss, relative * expected.steps[i].loss)
+        << "step " << i + 1;
+  }
+}
+
+TEST(LoraTrainTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessLosses) {
+  const TrainReport single = TrainOnRanks(LoraPlan("llama_single"), 1);
+  // It trained, through the adapters alone.
+  ASSERT_EQ(single.steps.size(), 10u);
+  EXPECT_LT(single.steps.back().loss, single.steps.front().loss - 0.1);
+  std::cout << "LoRA on one process: loss " << single.steps.front().loss << " at step 1, "
+            << single.steps.back().loss << " at step 10\n";
+  ExpectSameLosses(TrainOnRanks(LoraPlan("llama_fsdp"), 2), single, 1e-5);
+  ExpectSameLosses(TrainOnRanks(LoraPlan("llama_ddp"), 2), single, 1e-5);
+}
+
+// From a Hugging Face folder of another seed's weights: FSDP's ranks each read their shards
+// of the base, and train as one process does from it; the folder's weights were used.
+TEST(LoraTrainTest, FromAHuggingFaceFolderFsdpTrainsAsOneProcess) {
+  plan::Plan single = LoraPlan("llama_single");
+  plan::Plan fsdp = LoraPlan("llama_fsdp");
+  const std::string dir = HfFolderOfSeed(5);
+  single.set_hf_weights_dir(dir);
+  fsdp.set_hf_weights_dir(dir);
+  const TrainReport expected = TrainOnRanks(single, 1);
+  ExpectSameLosses(TrainOnRanks(fsdp, 2), expected, 1e-5);
+  const TrainReport seeded = TrainOnRanks(LoraPlan("llama_single"), 1);
+  ASSERT_FALSE(seeded.steps.empty());
+  EXPECT_NE(expected.steps.front().loss, seeded.steps.front().loss);
+}
+
+// Checkpoints hold the adapters and their optimizer state alone; a run resumed after step 5
+// gives its base its values again and continues bit for bit as the straight run, on FSDP's
+// 2 ranks, from the seed and from a Hugging Face folder; a resume from another base is
+// refused.
+TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
+  for (const bool from_hf : {false, true}) {
+    SCOPED_TRACE(from_hf ? "from a Hugging Face folder" : "from the seed");
+    const std::string name = from_hf ? "hf" : "seed";
+    const auto with_checkpoints = [&](const std::string& dir) {
+      plan::Plan plan = LoraPlan("llama_fsdp");
+      if (from_hf) plan.set_hf_weights_dir(HfFolderOfSeed(5));
+      for (const std::string& assignment : {std::string("training.checkpoint.every=5"),
+                                            absl::StrCat("training.checkpoint.dir=", dir)}) {
+        EXPECT_THAT(plan::ApplyOverride(assignment, plan), IsOk()) << assignment;
+      }
+      return plan;
+    };
+    const std::string straight_dir = FreshTestDir("lora_straight_" + name);
+    const TrainReport straight = TrainOnRanks(with_checkpoints(straight_dir), 2);
+    ASSERT_EQ(straight.steps.size(), 10u);
+    // Only the adapters, and their optimizer state, are saved.
+    for (const fs::directory_entry& file :
+         fs::directory_iterator(straight_dir + "/step-00000005")) {
+      if (file.path().extension() != ".safetensors") continue;
+      auto tensors = models::SafetensorsFile::Open(file.path().string());
+      ASSERT_THAT(tensors, IsOk());
+      for (const auto& [tensor, entry] : (*tensors)->entries()) {
+        EXPECT_TRUE(IsAdapter(tensor)) << file.path() << ": " << tensor;
+      }
+    }
+
+    const std::string resumed_dir = FreshTestDir("lora_resumed_" + name);
+    fs::create_directories(resumed_dir);
+    fs::copy(straight_dir + "/step-00000005", resumed_dir + "/step-00000005",
+             fs::copy_options::recursive);
+    plan::Plan resuming = with_checkpoints(resumed_dir);
+    ASSERT_THAT(plan::ApplyOverride("training.checkpoint.resume=true", resuming), IsOk());
+    const TrainReport resumed = TrainOnRanks(resuming, 2);
+    ASSERT_EQ(resumed.steps.size(), 5u);
+    for (size_t i = 0; i < resumed.steps.size(); ++i) {
+      const auto& want = straight.steps[i + 5];
+      EXPECT_EQ(resumed.steps[i].step, want.step);
+      EXPECT_EQ(resumed.steps[i].loss, want.loss) << "step " << want.step;
+      EXPECT_EQ(resumed.steps[i].grad_norm, want.grad_norm) << "step " << want.step;
+    }
+
+    // The base the checkpoint's adapters were trained on is part of its fingerprint: a
+    // resume from the other source is refused, naming the field.
+    plan::Plan other_base = resuming;
+    other_base.set_hf_weights_dir(from_hf ? "" : HfFolderOfSeed(5));
+    WithMesh(other_base, 2, [&](int, const parallel::DeviceMesh& mesh) {
+      EXPECT_THAT(RunCheckpoints::Open(plan::testing::Resolved(other_base, 2), mesh),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr("fingerprint.plan.hf_weights_dir: ")));
+    });
+  }
+}
+
+// The exported folder is a plain model: no adapter tensors, the adapted projections' weights
+// merged (W + scale * B A, changed by training), the others the base's.
+TEST(LoraTrainTest, TheExportedFolderIsAPlainModelWithTheAdaptersMerged) {
+  const std::string dir = FreshTestDir("lora_export");
+  plan::Plan plan = LoraPlan("llama_fsdp");
+  plan.mutable_training()->set_save_hf_dir(dir);
+  TrainOnRanks(plan, 2);
+  auto loaded = models::LoadHfModel(dir);
+  ASSERT_THAT(loaded, IsOk());
+  const std::shared_ptr<models::CausalLM> base = ModelOfSeed(1);
+  const auto base_parameters = base->named_parameters();
+  ASSERT_EQ((*loaded)->named_parameters().size(), base_parameters.size());
+  for (const auto& item : (*loaded)->named_parameters()) {
+    const bool adapted = absl::StrContains(item.key(), "q_proj.weight") ||
+                         absl::StrContains(item.key(), "v_proj.weight");
+    EXPECT_EQ(item.value().equal(base_parameters[item.key()]), !adapted) << item.key();
+  }
+}
+
+// "Nothing silently frozen": a trainable parameter that got no gradient is named.
+TEST(CheckEveryParameterHasGradientTest, NamesTheParametersWithoutOne) {
+  std::vector<parallel::TrainableParameter> parameters;
+  for (const std::string name : {"model.layers.0.self_attn.q_proj.lora_A.weight",
+                                 "model.layers.0.self_attn.q_proj.lora_B.weight",
+                                 "model.layers.1.self_attn.q_proj.lora_A.weight"}) {
+    parallel::TrainableParameter parameter;
+    parameter.name = name;
+    parameter.tensor = torch::zeros({2, 2}).requires_grad_();
+    parameters.push_back(parameter);
+  }
+  for (const parallel::TrainableParameter& parameter : parameters) {
+    parameter.tensor.sum().backward();
+  }
+  EXPECT_THAT(CheckEveryParameterHasGradient(parameters, 1), IsOk());
+  parameters[0].tensor.mutable_grad() = torch::Tensor();
+  parameters[2].tensor.mutable_grad() = torch::Tensor();
+  EXPECT_THAT(CheckEveryParameterHasGradient(parameters, 3),
+              StatusIs(absl::StatusCode::kInternal,
+                       "after step 3, the trainable parameters "
+                       "model.layers.0.self_attn.q_proj.lora_A.weight, "
+                       "model.layers.1.self_attn.q_proj.lora_A.weight got no gradient: no loss "
+                       "reaches them, so the optimizer would never change them"));
+  parameters[0].tensor.sum().backward();
+  EXPECT_THAT(CheckEveryParameterHasGradient(parameters, 1),
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("parameter model.layers.1.self_attn.q_proj.lora_A.weight got no "
+                                 "gradient: no loss reaches it,")));
+}
+
+}  // namespace
+}  // namespace plait::trainer
