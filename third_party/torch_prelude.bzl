@@ -103,6 +103,15 @@ torch_prelude = rule(
     doc = "A header including `includes`, and its GCC precompiled form beside it.",
 )
 
+# The copts and linkopts of a target whose code calls at::parallel_for (or parallel_reduce).
+# LibTorch's OpenMP build inlines their parallel region into the caller (ATen/ParallelOpenMP.h,
+# under `#ifdef _OPENMP`): compiled without -fopenmp, the loop runs on the calling thread
+# alone, whatever at::set_num_threads said. Linked with -fopenmp, the code calls the libgomp
+# LibTorch itself runs on (Debian's; the wheel's own libgomp.so.1 through its rpath), so
+# there is one OpenMP pool, sized by at::set_num_threads. A precompiled prelude built without
+# the flag is not used for such a target: GCC parses the headers there.
+OPENMP = ["-fopenmp"]
+
 _PRELUDE = Label("//third_party:torch_prelude")
 
 def _with_prelude(kwargs):
