@@ -38,8 +38,10 @@ def plait_name(peft_name):
         ".lora_B.default.", ".lora_B.")
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_lora_matches_peft(case, tmp_path):
+def peft_case(case, tmp_path):
+    """The case's transformers model, saved as tmp_path/hf; a batch for it in
+    tmp_path/batch.safetensors; PEFT's model of it with the case's adapters
+    (dropout 0); and plait's --lora text for the same adapters."""
     name, globs, modules, rank, alpha, rslora = CASES[case]
     model = harness.hf_model(name)
     model.save_pretrained(tmp_path / "hf")
@@ -48,6 +50,15 @@ def test_lora_matches_peft(case, tmp_path):
     peft_model = peft.get_peft_model(model, peft.LoraConfig(
         r=rank, lora_alpha=alpha, target_modules=modules, lora_dropout=0.0,
         use_rslora=rslora))
+    targets = " ".join(f'target: "{glob}"' for glob in globs)
+    lora = (f"rank: {rank} alpha: {alpha} use_rslora: {str(rslora).lower()} "
+            f"{targets}")
+    return peft_model, input_ids, labels, lora
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_lora_matches_peft(case, tmp_path):
+    peft_model, input_ids, labels, lora = peft_case(case, tmp_path)
     generator = torch.Generator().manual_seed(1)
     adapters = {}
     with torch.no_grad():
@@ -59,11 +70,8 @@ def test_lora_matches_peft(case, tmp_path):
             adapters[plait_name(peft_name)] = param.detach().clone()
     save_file(adapters, str(tmp_path / "adapters.safetensors"))
 
-    targets = " ".join(f'target: "{glob}"' for glob in globs)
     harness.run_plait(
-        "lora", hf_dir=tmp_path / "hf",
-        lora=f"rank: {rank} alpha: {alpha} use_rslora: {str(rslora).lower()} "
-             f"{targets}",
+        "lora", hf_dir=tmp_path / "hf", lora=lora,
         adapters=tmp_path / "adapters.safetensors",
         batch=tmp_path / "batch.safetensors",
         out=tmp_path / "plait.safetensors")
@@ -99,14 +107,7 @@ def test_peft_adapter_folders_load_both_ways(tmp_path):
     """An adapter folder PEFT saved gives plait PEFT's logits, and the folder
     plait saves from it loads in PEFT (PeftModel.from_pretrained on the same
     base folder) with the same logits again."""
-    name, globs, modules, rank, alpha, rslora = CASES["qwen2_mlp_k_o_rslora"]
-    model = harness.hf_model(name)
-    model.save_pretrained(tmp_path / "hf")
-    input_ids, labels = harness.make_batch(tmp_path / "batch.safetensors",
-                                           model.config.vocab_size)
-    peft_model = peft.get_peft_model(model, peft.LoraConfig(
-        r=rank, lora_alpha=alpha, target_modules=modules, lora_dropout=0.0,
-        use_rslora=rslora))
+    peft_model, input_ids, _, lora = peft_case("qwen2_mlp_k_o_rslora", tmp_path)
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for peft_name, param in peft_model.named_parameters():
@@ -117,12 +118,8 @@ def test_peft_adapter_folders_load_both_ways(tmp_path):
     with torch.no_grad():
         expected = peft_model(input_ids=input_ids).logits
 
-    targets = " ".join(f'target: "{glob}"' for glob in globs)
     harness.run_plait(
-        "lora", hf_dir=tmp_path / "hf",
-        lora=f"rank: {rank} alpha: {alpha} use_rslora: {str(rslora).lower()} "
-             f"{targets}",
-        peft_dir=tmp_path / "peft", save_peft_dir=tmp_path / "plait_adapter",
+        "lora", hf_dir=tmp_path / "hf", lora=lora, peft_dir=tmp_path / "peft", save_peft_dir=tmp_path / "plait_adapter",
         batch=tmp_path / "batch.safetensors",
         out=tmp_path / "plait.safetensors")
     plait = load_file(str(tmp_path / "plait.safetensors"))
