@@ -1,6 +1,7 @@
 #include "models/peft_adapter.h"
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <optional>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "base/file.h"
 #include "base/json.h"
+#include "base/own_output.h"
 #include "base/status.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -26,6 +28,18 @@ constexpr char kWeightsFile[] = "adapter_model.safetensors";
 constexpr char kPeftPrefix[] = "base_model.model.";
 constexpr char kSuffixA[] = ".lora_A.weight";
 constexpr char kSuffixB[] = ".lora_B.weight";
+
+// Whether `path` is a file SavePeftAdapter wrote: the adapter's safetensors file carrying
+// plait's mark, or the config beside one.
+bool IsEarlierAdapterFile(const std::string& path) {
+  const std::filesystem::path file(path);
+  const std::filesystem::path weights = file.parent_path() / kWeightsFile;
+  if (file.filename() != kWeightsFile && file.filename() != kConfigFile) return false;
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> opened = SafetensorsFile::Open(weights.string());
+  if (!opened.ok()) return false;
+  const auto writer = (*opened)->metadata().find(kWriterKey);
+  return writer != (*opened)->metadata().end() && writer->second == kWriterPlait;
+}
 
 // One adapted module's two matrices.
 struct ModuleAdapters {
@@ -92,6 +106,15 @@ absl::Status SavePeftAdapter(const std::string& dir, const wrap::LoraConfig& con
                              const std::vector<std::pair<std::string, torch::Tensor>>& adapters,
                              const std::string& base_model) {
   PLAIT_ASSIGN_OR_RETURN(const auto modules, GroupByModule(adapters, config.rank(), dir));
+  // Checked again when writing: a run lasts long, and its folder may have changed since.
+  PLAIT_RETURN_IF_ERROR(
+      base::CheckOutputFolder(dir, IsEarlierAdapterFile, "a plait adapter").status());
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create \"", dir, "\": ", error.message()));
+  }
   std::vector<std::string> targets;
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& [module, matrices] : modules) {
@@ -121,7 +144,17 @@ absl::Status SavePeftAdapter(const std::string& dir, const wrap::LoraConfig& con
   };
   PLAIT_RETURN_IF_ERROR(
       base::WriteFileAtomically(absl::StrCat(dir, "/", kConfigFile), json.dump(2) + "\n"));
-  return WriteSafetensors(absl::StrCat(dir, "/", kWeightsFile), tensors, {{"format", "pt"}});
+  return WriteSafetensors(absl::StrCat(dir, "/", kWeightsFile), tensors,
+                          {{"format", "pt"}, {kWriterKey, kWriterPlait}});
+}
+
+std::vector<base::Violation> CheckPeftAdapterFolder(const std::string& dir,
+                                                    const std::string& field) {
+  if (dir.empty()) return {};
+  const absl::Status status =
+      base::CheckOutputFolder(dir, IsEarlierAdapterFile, "a plait adapter").status();
+  if (status.ok()) return {};
+  return {{field, std::string(status.message()), ""}};
 }
 
 absl::StatusOr<PeftAdapter> ReadPeftAdapter(const std::string& dir) {

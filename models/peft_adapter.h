@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/violation.h"
 #include "torch/types.h"
 #include "wrap/wrap.pb.h"
 
@@ -36,13 +37,24 @@ struct PeftAdapter {
 };
 
 // Writes `adapters` (plait's names, `<module>.lora_A.weight` and `<module>.lora_B.weight` of
-// each adapted module, as Lora's trainable parameters are named) into the existing folder
-// `dir` as PEFT does, with `config`'s rank, alpha, dropout and use_rslora, the adapted
-// modules as target_modules and `base_model` as base_model_name_or_path. InvalidArgument
-// naming the tensor for a name that is not an adapter's or a module without both matrices.
+// each adapted module, as Lora's trainable parameters are named) into the folder `dir`
+// (created if missing) as PEFT does, with `config`'s rank, alpha, dropout and use_rslora, the
+// adapted modules as target_modules and `base_model` as base_model_name_or_path; the
+// safetensors file carries plait's mark (safetensors.h's kWriterKey). InvalidArgument naming
+// the tensor for a name that is not an adapter's or a module without both matrices;
+// FailedPrecondition when `dir` holds anything but an earlier adapter plait wrote
+// (CheckPeftAdapterFolder).
 absl::Status SavePeftAdapter(const std::string& dir, const wrap::LoraConfig& config,
                              const std::vector<std::pair<std::string, torch::Tensor>>& adapters,
                              const std::string& base_model);
+
+// Every reason the folder `dir` cannot receive SavePeftAdapter's files, found before a run
+// trains: it exists and is not a folder, cannot be written, or holds anything but an earlier
+// adapter plait wrote (its marked adapter_model.safetensors and the adapter_config.json
+// beside it), so no file of the user's (a downloaded adapter) is replaced. Errors name
+// `field`; none for an empty `dir`.
+std::vector<base::Violation> CheckPeftAdapterFolder(const std::string& dir,
+                                                    const std::string& field);
 
 // Reads the adapter folder `dir`. Errors name the file and the field or tensor: NotFound for
 // a missing file; InvalidArgument for a config plait cannot apply as PEFT would (a peft_type

@@ -68,6 +68,17 @@ TEST(PeftAdapterTest, SavesPeftsFilesAndReadsThemBack) {
   EXPECT_EQ(file->entries().count("base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"),
             1u);
 
+  // Its own earlier adapter is replaced; a folder holding another file is refused.
+  ASSERT_THAT(SavePeftAdapter(dir, Config(), adapters, "/ckpt/base"), IsOk());
+  EXPECT_THAT(CheckPeftAdapterFolder(dir, "field"), ::testing::IsEmpty());
+  const std::string foreign = FreshDir("foreign");
+  ASSERT_THAT(base::WriteFileAtomically(foreign + "/README.md", "mine"), IsOk());
+  EXPECT_THAT(SavePeftAdapter(foreign, Config(), adapters, "base"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("README.md")));
+  ASSERT_EQ(CheckPeftAdapterFolder(foreign, "plan.training.save_adapter_dir").size(), 1u);
+  EXPECT_EQ(CheckPeftAdapterFolder(foreign, "plan.training.save_adapter_dir")[0].field,
+            "plan.training.save_adapter_dir");
+
   absl::StatusOr<PeftAdapter> read = ReadPeftAdapter(dir);
   ASSERT_THAT(read, IsOk());
   EXPECT_EQ(read->config.rank(), 2);

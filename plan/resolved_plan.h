@@ -51,6 +51,7 @@ struct ResolvedPlan {
   // where `bazel run` was started); empty where the plan writes nothing.
   std::string metrics_path;     // training.metrics_file
   std::string save_hf_dir;      // training.save_hf_dir
+  std::string save_adapter_dir;  // training.save_adapter_dir
   std::string checkpoint_dir;   // training.checkpoint.dir
   std::string tensorboard_dir;  // training.tensorboard_dir
 

@@ -23,6 +23,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
+#include "models/peft_adapter.h"
 #include "objectives/objective_check.h"
 #include "optim/optimizer.h"
 #include "parallel/device.h"
@@ -291,6 +292,16 @@ class Checker {
     for (const FrozenModel& frozen : plan_.frozen()) inputs.push_back(frozen.hf_weights_dir());
     AddAll(models::CheckHfExportFolder(plan_.training().save_hf_dir(), inputs,
                                        "plan.training.save_hf_dir"));
+    const std::string& adapter_dir = plan_.training().save_adapter_dir();
+    if (adapter_dir.empty()) return;
+    AddAll(models::CheckPeftAdapterFolder(adapter_dir, "plan.training.save_adapter_dir"));
+    for (const wrap::PrepareStep& step : plan_.prepare()) {
+      const wrap::StrategyRule* rule = wrap::FindStrategy(rules_, wrap::StrategyName(step));
+      if (rule != nullptr && rule->effect() == wrap::ADAPTS) return;
+    }
+    Add("plan.training.save_adapter_dir",
+        "the preparation adds no adapters to save (no step whose rule's effect is ADAPTS, "
+        "such as lora)");
   }
 
   void CheckCheckpoint() {
@@ -372,6 +383,7 @@ class Checker {
     const TrainingConfig& t = plan_.training();
     resolved_.metrics_path = base::UserPath(t.metrics_file());
     resolved_.save_hf_dir = base::UserPath(t.save_hf_dir());
+    resolved_.save_adapter_dir = base::UserPath(t.save_adapter_dir());
     resolved_.checkpoint_dir = base::UserPath(t.checkpoint().dir());
     resolved_.tensorboard_dir = base::UserPath(t.tensorboard_dir());
   }

@@ -22,6 +22,7 @@
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
+#include "models/peft_adapter.h"
 #include "models/safetensors.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
@@ -269,6 +270,38 @@ TEST(LoraTrainTest, TheExportedFolderIsAPlainModelWithTheAdaptersMerged) {
     const bool adapted = absl::StrContains(item.key(), "q_proj.weight") ||
                          absl::StrContains(item.key(), "v_proj.weight");
     EXPECT_EQ(item.value().equal(base_parameters[item.key()]), !adapted) << item.key();
+  }
+}
+
+// The adapters saved in PEFT's format are the trained ones: with the base, they make the
+// exported merged model (W + alpha / rank * B A for each adapted projection), under PEFT's
+// config (rank, alpha, the adapted modules).
+TEST(LoraTrainTest, TheSavedAdapterFolderIsTheTrainedAdapters) {
+  const std::string adapter_dir = FreshTestDir("lora_adapter");
+  const std::string merged_dir = FreshTestDir("lora_merged");
+  plan::Plan plan = LoraPlan("llama_fsdp");
+  plan.mutable_training()->set_save_adapter_dir(adapter_dir);
+  plan.mutable_training()->set_save_hf_dir(merged_dir);
+  TrainOnRanks(plan, 2);
+  absl::StatusOr<models::PeftAdapter> adapter = models::ReadPeftAdapter(adapter_dir);
+  ASSERT_THAT(adapter, IsOk());
+  EXPECT_EQ(adapter->config.rank(), 4);
+  EXPECT_EQ(adapter->config.alpha(), 8.0);
+  auto merged = models::LoadHfModel(merged_dir);
+  ASSERT_THAT(merged, IsOk());
+  const auto merged_parameters = (*merged)->named_parameters();
+  const auto base_parameters = ModelOfSeed(1)->named_parameters();
+  const int64_t layers = (*merged)->config().num_hidden_layers();
+  ASSERT_EQ(adapter->config.target_size(), 2 * layers);
+  std::map<std::string, torch::Tensor> tensors(adapter->tensors.begin(), adapter->tensors.end());
+  for (const std::string& module : adapter->config.target()) {
+    const torch::Tensor a = tensors.at(module + ".lora_A.weight");
+    const torch::Tensor b = tensors.at(module + ".lora_B.weight");
+    EXPECT_GT(b.abs().max().item<float>(), 0.0f) << module << ": B never trained";
+    const std::string weight = module + ".weight";
+    const torch::Tensor expected = base_parameters[weight] + 2.0 * torch::mm(b, a);
+    EXPECT_TRUE(torch::allclose(merged_parameters[weight], expected, 1e-5, 1e-7))
+        << weight << ": " << (merged_parameters[weight] - expected).abs().max().item<float>();
   }
 }
 

@@ -11,6 +11,7 @@
 #include "base/status.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
+#include "models/peft_adapter.h"
 #include "models/safetensors.h"
 #include "parallel/tensor_slice.h"
 #include "torch/utils.h"
@@ -154,6 +155,28 @@ absl::Status PreparedModel::SaveHf(const std::string& dir, int rank, int writer)
     parameters.emplace_back(name, it->second);
   }
   return models::SaveHfParameters(model_->config(), parameters, dir);
+}
+
+absl::Status PreparedModel::SaveAdapters(const std::string& dir, const std::string& base_model,
+                                         int rank, int writer) {
+  const wrap::LoraConfig* adapters = preparation_->Adapters();
+  if (adapters == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("saving adapters to ", dir, ": no preparation step added adapters"));
+  }
+  PLAIT_ASSIGN_OR_RETURN(auto full, preparation_->FullParameters());
+  if (rank != writer) return absl::OkStatus();
+  const std::set<std::string> own(parameter_names_.begin(), parameter_names_.end());
+  std::vector<std::pair<std::string, torch::Tensor>> added;  // in the model's order
+  for (const auto& named : model_->NamedParameters()) {
+    if (own.count(named.name) > 0) continue;
+    const auto it = full.find(named.name);
+    if (it == full.end()) {
+      return absl::InternalError(absl::StrCat("saving ", dir, ": no gathered ", named.name));
+    }
+    added.emplace_back(named.name, it->second.to(torch::kCPU));
+  }
+  return models::SavePeftAdapter(dir, *adapters, added, base_model);
 }
 
 absl::Status CheckEveryParameterHasGradient(

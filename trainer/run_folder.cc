@@ -60,7 +60,7 @@ absl::Status RunFolder::Create() const {
 RunFolder TakeRunFolder(plan::Plan& plan, bool starts_run, int restart_count) {
   plan::TrainingConfig& training = *plan.mutable_training();
   std::string* outputs[] = {training.mutable_metrics_file(), training.mutable_tensorboard_dir(),
-                            training.mutable_save_hf_dir()};
+                            training.mutable_save_hf_dir(), training.mutable_save_adapter_dir()};
   bool relative = false;
   for (const std::string* path : outputs) relative |= !path->empty() && (*path)[0] != '/';
   if (training.run_dir().empty() || !relative) return RunFolder();

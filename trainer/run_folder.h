@@ -1,7 +1,8 @@
 // The folder of one run's outputs under plan.training.run_dir (plan.proto): a new one named
 // for the time the run started, with run_dir/latest pointing at the newest, so that a job
 // can be run any number of times and its outputs are found in one place. The plan's relative
-// output paths (metrics_file, tensorboard_dir, save_hf_dir) are taken inside it:
+// output paths (metrics_file, tensorboard_dir, save_hf_dir, save_adapter_dir) are taken
+// inside it:
 //
 //   const RunFolder folder = TakeRunFolder(plan, /*starts_run=*/true, /*restart_count=*/0);
 //   // plan.training().metrics_file(): "runs/llama_fsdp/20261202-053500/metrics.jsonl"

@@ -436,6 +436,16 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
                        "plan.training.save_hf_dir"));
     if (progress_) progress_->Print(absl::StrCat("saved the model to ", resolved_.save_hf_dir));
   }
+  if (!resolved_.save_adapter_dir.empty()) {
+    PLAIT_RETURN_IF_ERROR(base::Annotate(
+        prepared_->SaveAdapters(resolved_.save_adapter_dir, resolved_.plan.hf_weights_dir(),
+                                mesh_.rank(), /*writer=*/0),
+        "plan.training.save_adapter_dir"));
+    if (progress_) {
+      progress_->Print(
+          absl::StrCat("saved the adapters to ", resolved_.save_adapter_dir, " (PEFT's format)"));
+    }
+  }
   report.seconds = Seconds(Clock::now() - start);
   // A run resumed from its last step trains no step.
   report.tokens_per_s =

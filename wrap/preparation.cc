@@ -154,6 +154,13 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> Preparation::MergedParamete
   return parameters;
 }
 
+const LoraConfig* Preparation::Adapters() const {
+  for (const auto& strategy : strategies_) {
+    if (const LoraConfig* adapters = strategy->adapters(); adapters != nullptr) return adapters;
+  }
+  return nullptr;
+}
+
 int64_t Preparation::gathered_bytes() const {
   int64_t bytes = 0;
   for (const auto& strategy : strategies_) bytes += strategy->gathered_bytes();

@@ -104,6 +104,9 @@ class Preparation {
   // export writes them. Every rank of the mesh must call it.
   absl::StatusOr<std::map<std::string, torch::Tensor>> MergedParameters();
 
+  // The adapters a step added (Strategy::adapters), or none.
+  const LoraConfig* Adapters() const;
+
   // Bytes of whole parameters the strategies hold beyond their shares now, and the most at
   // once since ResetPeak (FSDP's gathered units).
   int64_t gathered_bytes() const;

@@ -222,6 +222,10 @@ class Strategy {
     return absl::OkStatus();
   }
 
+  // After Apply: the adapters it added to the model, as PEFT describes them (rank, alpha,
+  // dropout, targets), for saving them in PEFT's format; none by default.
+  virtual const LoraConfig* adapters() const { return nullptr; }
+
   // After Apply: bytes of whole parameters it holds beyond its share now, and the most at once
   // since ResetPeak (FSDP's gathered units). Default: none.
   virtual int64_t gathered_bytes() const { return 0; }

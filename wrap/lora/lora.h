@@ -106,6 +106,7 @@ class LoraStrategy final : public Strategy {
   // The adapters' parameters, which become the only trainable ones.
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
+  const LoraConfig* adapters() const override { return &config_; }
   // The adapters merged into the base (Lora::Merge).
   absl::Status MergeAddedParameters(std::map<std::string, torch::Tensor>& parameters) override {
     return lora_->Merge(parameters);
