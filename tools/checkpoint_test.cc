@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/file.h"
+#include "base/status.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
 #include "gmock/gmock.h"
@@ -58,6 +59,20 @@ class CheckpointToolTest : public ::testing::Test {
     return WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
   }
 
+  // llama_fsdp's plan, shortened to 2 steps, checkpointing into dir_/ckpt.
+  absl::StatusOr<plan::Plan> CheckpointingFsdpPlan() {
+    PLAIT_ASSIGN_OR_RETURN(plan::Plan plan,
+                           plan::LoadPlan(Runfile("plan/examples/llama_fsdp.textproto")));
+    for (const std::string& assignment :
+         {std::string("training.steps=2"), std::string("training.eval_every=0"),
+          std::string("training.eval_batches=1"), std::string("training.metrics_file="),
+          std::string("schedule.warmup.steps=1"),
+          absl::StrCat("training.checkpoint.dir=", dir_, "/ckpt")}) {
+      PLAIT_RETURN_IF_ERROR(plan::ApplyOverride(assignment, plan));
+    }
+    return plan;
+  }
+
   std::string dir_ = FreshTestDir("tool");
   std::string stdout_, stderr_;
 };
@@ -80,16 +95,9 @@ std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
 }
 
 TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
-  absl::StatusOr<plan::Plan> plan = plan::LoadPlan(Runfile("plan/examples/llama_fsdp.textproto"));
+  absl::StatusOr<plan::Plan> plan = CheckpointingFsdpPlan();
   ASSERT_THAT(plan, IsOk());
-  for (const std::string& assignment :
-       {std::string("training.steps=2"), std::string("training.eval_every=0"),
-        std::string("training.eval_batches=1"), std::string("training.metrics_file="),
-        std::string("schedule.warmup.steps=1"),
-        absl::StrCat("training.checkpoint.dir=", dir_, "/ckpt"),
-        absl::StrCat("training.save_hf_dir=", dir_, "/run_hf")}) {
-    ASSERT_THAT(plan::ApplyOverride(assignment, *plan), IsOk()) << assignment;
-  }
+  plan->mutable_training()->set_save_hf_dir(dir_ + "/run_hf");
   trainer::testing::TrainOnRanks(*plan, 2);
   const std::string checkpoint = dir_ + "/ckpt/step-00000002";
 
@@ -191,15 +199,8 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
 // A LoRA run's checkpoint holds its adapters alone: verify checks them; export-hf refuses it,
 // naming the run's own export, which merges them into the base.
 TEST_F(CheckpointToolTest, ALoraCheckpointVerifiesAndIsNoModelToExport) {
-  absl::StatusOr<plan::Plan> plan = plan::LoadPlan(Runfile("plan/examples/llama_fsdp.textproto"));
+  absl::StatusOr<plan::Plan> plan = CheckpointingFsdpPlan();
   ASSERT_THAT(plan, IsOk());
-  for (const std::string& assignment :
-       {std::string("training.steps=2"), std::string("training.eval_every=0"),
-        std::string("training.eval_batches=1"), std::string("training.metrics_file="),
-        std::string("schedule.warmup.steps=1"),
-        absl::StrCat("training.checkpoint.dir=", dir_, "/ckpt")}) {
-    ASSERT_THAT(plan::ApplyOverride(assignment, *plan), IsOk()) << assignment;
-  }
   google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps;
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
       R"pb(lora { rank: 2 alpha: 4 target: "*q_proj" })pb", steps.Add()));
