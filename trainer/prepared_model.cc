@@ -1,5 +1,6 @@
 #include "trainer/prepared_model.h"
 
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -48,6 +49,22 @@ void WriteInitialSlices(const models::ModelConfig& config, const models::InitCon
     parameter.slice.DataOf(LoadTarget(parameter))
         .copy_(models::CausalLM::InitialValues(config, init, parameter.name, parameter.slice));
   }
+}
+
+// `names`' tensors of `full` (gathered whole parameters), in that order, to be saved to
+// `dir`; InternalError naming one that was not gathered.
+absl::StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> InOrder(
+    const std::map<std::string, torch::Tensor>& full, const std::vector<std::string>& names,
+    const std::string& dir) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const std::string& name : names) {
+    const auto it = full.find(name);
+    if (it == full.end()) {
+      return absl::InternalError(absl::StrCat("saving ", dir, ": no gathered ", name));
+    }
+    tensors.emplace_back(name, it->second);
+  }
+  return tensors;
 }
 
 }  // namespace
@@ -146,14 +163,7 @@ absl::Status PreparedModel::SaveHf(const std::string& dir, int rank, int writer)
   // Adapters are no part of a Hugging Face model: merged into the weights they adapt.
   PLAIT_ASSIGN_OR_RETURN(auto full, preparation_->MergedParameters());
   if (rank != writer) return absl::OkStatus();
-  std::vector<std::pair<std::string, torch::Tensor>> parameters;  // in the model's order
-  for (const std::string& name : parameter_names_) {
-    const auto it = full.find(name);
-    if (it == full.end()) {
-      return absl::InternalError(absl::StrCat("saving ", dir, ": no gathered ", name));
-    }
-    parameters.emplace_back(name, it->second);
-  }
+  PLAIT_ASSIGN_OR_RETURN(auto parameters, InOrder(full, parameter_names_, dir));
   return models::SaveHfParameters(model_->config(), parameters, dir);
 }
 
@@ -166,17 +176,14 @@ absl::Status PreparedModel::SaveAdapters(const std::string& dir, const std::stri
   }
   PLAIT_ASSIGN_OR_RETURN(auto full, preparation_->FullParameters());
   if (rank != writer) return absl::OkStatus();
+  // The parameters a step added: the model's now, less its own.
   const std::set<std::string> own(parameter_names_.begin(), parameter_names_.end());
-  std::vector<std::pair<std::string, torch::Tensor>> added;  // in the model's order
+  std::vector<std::string> added;
   for (const auto& named : model_->NamedParameters()) {
-    if (own.count(named.name) > 0) continue;
-    const auto it = full.find(named.name);
-    if (it == full.end()) {
-      return absl::InternalError(absl::StrCat("saving ", dir, ": no gathered ", named.name));
-    }
-    added.emplace_back(named.name, it->second.to(torch::kCPU));
+    if (own.count(named.name) == 0) added.push_back(named.name);
   }
-  return models::SavePeftAdapter(dir, *adapters, added, base_model);
+  PLAIT_ASSIGN_OR_RETURN(auto tensors, InOrder(full, added, dir));
+  return models::SavePeftAdapter(dir, *adapters, tensors, base_model);
 }
 
 absl::Status CheckEveryParameterHasGradient(
