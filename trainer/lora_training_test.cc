@@ -275,7 +275,7 @@ TEST(LoraTrainTest, TheExportedFolderIsAPlainModelWithTheAdaptersMerged) {
 
 // The adapters saved in PEFT's format are the trained ones: with the base, they make the
 // exported merged model (W + alpha / rank * B A for each adapted projection), under PEFT's
-// config (rank, alpha, the adapted modules).
+// config (rank, alpha, the adapted modules); and a plan that starts from the folder holds them.
 TEST(LoraTrainTest, TheSavedAdapterFolderIsTheTrainedAdapters) {
   const std::string adapter_dir = FreshTestDir("lora_adapter");
   const std::string merged_dir = FreshTestDir("lora_merged");
@@ -303,6 +303,19 @@ TEST(LoraTrainTest, TheSavedAdapterFolderIsTheTrainedAdapters) {
     EXPECT_TRUE(torch::allclose(merged_parameters[weight], expected, 1e-5, 1e-7))
         << weight << ": " << (merged_parameters[weight] - expected).abs().max().item<float>();
   }
+  // A plan continues training from the folder: every rank's adapters start as the saved ones.
+  plan::Plan continued = LoraPlan("llama_fsdp");
+  continued.mutable_prepare(0)->mutable_lora()->set_initial_adapter_dir(adapter_dir);
+  WithMesh(continued, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto prepared = PreparedModel::Prepare(continued.model(), ConfigOf(continued.model()), "",
+                                           continued.prepare(), mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    auto full = (*prepared)->preparation().FullParameters();
+    ASSERT_THAT(full, IsOk());
+    for (const auto& [name, saved] : tensors) {
+      EXPECT_TRUE(full->at(name).equal(saved)) << name << " on rank " << rank;
+    }
+  });
 }
 
 // "Nothing silently frozen": a trainable parameter that got no gradient is named.

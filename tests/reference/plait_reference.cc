@@ -40,8 +40,9 @@
 //     (objectives/step_items.h, on a one-rank mesh); the loss as the trainer logs it;
 //   lora: the model with the adapters of --lora (a wrap.LoraConfig text proto) added by a
 //     one-rank preparation: `init.<name>` [...] for every trainable parameter as plait drew
-//     it, then, with the adapters set to ADAPTERS' tensors (by plait's names) or to those of
-//     the PEFT adapter folder --peft_dir (models/peft_adapter.h), `logits`, `loss` and
+//     it, or as the PEFT adapter folder --peft_dir holds it (the step starts from the folder:
+//     LoraConfig.initial_adapter_dir), then, with the adapters set to ADAPTERS' tensors (by
+//     plait's names) or left as the folder's, `logits`, `loss` and
 //     `grad.<name>` for every trainable parameter (those the optimizer owns); with
 //     --save_peft_dir, the adapters saved there as a PEFT adapter folder.
 // Exits 0 on success, 1 with a message on stderr otherwise, 2 on a usage error.
@@ -421,11 +422,11 @@ absl::Status RunLora() {
                          ParseFlagProto<wrap::LoraConfig>(FLAGS_lora, "lora"));
   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model, models::LoadHfModel(hf_dir));
   PLAIT_ASSIGN_OR_RETURN(const Batch batch, ReadBatch(batch_path));
-  // The adapters' values by plait's names.
+  // The adapters' values by plait's names, from --adapters; a PEFT folder is the step's own
+  // start (LoraConfig.initial_adapter_dir).
   std::map<std::string, torch::Tensor> values;
   if (!peft_dir.empty()) {
-    PLAIT_ASSIGN_OR_RETURN(models::PeftAdapter adapter, models::ReadPeftAdapter(peft_dir));
-    values.insert(adapter.tensors.begin(), adapter.tensors.end());
+    step.mutable_lora()->set_initial_adapter_dir(peft_dir);
   } else {
     PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> file,
                            models::SafetensorsFile::Open(adapters_path));
@@ -448,6 +449,7 @@ absl::Status RunLora() {
       torch::NoGradGuard no_grad;
       for (const parallel::TrainableParameter& parameter : trainable) {
         results.emplace_back(absl::StrCat("init.", parameter.name), parameter.tensor.clone());
+        if (!peft_dir.empty()) continue;
         const auto value = values.find(parameter.name);
         if (value == values.end()) {
           return absl::NotFoundError(absl::StrCat("the adapters have no ", parameter.name));

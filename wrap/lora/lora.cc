@@ -17,6 +17,7 @@
 #include "base/torch_compat.h"
 #include "torch/nn/functional/dropout.h"
 #include "torch/nn/functional/linear.h"
+#include "wrap/lora/starting_adapters.h"
 
 namespace plait::wrap::lora {
 namespace {
@@ -161,10 +162,20 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
   for (const auto& [candidate, projection] : matches.targeted) {
     lora->adapted_.push_back(projection);
   }
+  const auto modules = model.RootModule().named_modules();
+  std::map<std::string, torch::Tensor> starting;
+  if (!config.initial_adapter_dir().empty()) {
+    std::vector<AdaptedProjection> projections;
+    for (const std::string& name : lora->adapted_) {
+      const auto sizes = modules[name]->named_parameters(/*recurse=*/false)["weight"].sizes();
+      projections.push_back({name, sizes[0], sizes[1]});
+    }
+    PLAIT_ASSIGN_OR_RETURN(starting, base::Annotate(ReadStartingAdapters(config, projections),
+                                                    "lora.initial_adapter_dir"));
+  }
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
     named.parameter.requires_grad_(false);
   }
-  const auto modules = model.RootModule().named_modules();
   torch::NoGradGuard no_grad;
   for (const std::string& name : lora->adapted_) {
     const std::shared_ptr<torch::nn::Module>& projection = modules[name];
@@ -174,10 +185,13 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
     // In the weight's dtype and on its device (also when the model is built deferred, whose
     // weights hold no memory yet: the adapters are small and get theirs now).
     const torch::TensorOptions options = weight.options().requires_grad(false);
-    const torch::Tensor a =
-        InitialA(config.seed(), absl::StrCat(name, ".lora_A.weight"), config.rank(), in)
-            .to(options);
-    const torch::Tensor b = torch::zeros({out, config.rank()}, options);
+    const std::string a_name = absl::StrCat(name, ".lora_A.weight");
+    const std::string b_name = absl::StrCat(name, ".lora_B.weight");
+    const torch::Tensor a = starting.empty()
+                                ? InitialA(config.seed(), a_name, config.rank(), in).to(options)
+                                : starting[a_name].to(options);
+    const torch::Tensor b = starting.empty() ? torch::zeros({out, config.rank()}, options)
+                                             : starting[b_name].to(options);
     auto a_module = projection->register_module("lora_A", std::make_shared<AdapterMatrix>(a));
     auto b_module = projection->register_module("lora_B", std::make_shared<AdapterMatrix>(b));
     lora->adapters_[projection.get()] = {a_module->weight, b_module->weight};
@@ -227,8 +241,21 @@ std::vector<base::Violation> LoraStrategy::Check(const std::optional<ModelShape>
                                                  const std::string& field) const {
   if (!shape.has_value()) return {};
   std::vector<base::Violation> violations;
-  for (const auto& [i, message] : Match(config_, CandidatesOf(*shape)).unmatched) {
+  const Matches matches = Match(config_, CandidatesOf(*shape));
+  for (const auto& [i, message] : matches.unmatched) {
     violations.push_back({absl::StrCat(field, ".lora.target[", i, "]"), message, ""});
+  }
+  if (violations.empty() && !config_.initial_adapter_dir().empty()) {
+    std::vector<AdaptedProjection> projections;
+    for (const auto& [candidate, projection] : matches.targeted) {
+      const std::vector<int64_t>& weight = shape->parameter_list[candidate].shape;
+      projections.push_back({projection, weight[0], weight[1]});
+    }
+    const absl::Status read = ReadStartingAdapters(config_, projections).status();
+    if (!read.ok()) {
+      violations.push_back(
+          {absl::StrCat(field, ".lora.initial_adapter_dir"), std::string(read.message()), ""});
+    }
   }
   return violations;
 }

@@ -6,7 +6,8 @@
 // through the model's ProjectionOps (wrappable.h). A is drawn as PEFT's default
 // (kaiming_uniform_ with a = sqrt(5): uniform(-1/sqrt(in), 1/sqrt(in))) from a generator seeded
 // by LoraConfig.seed and the adapter's name, B is zero, so the adapted model computes what the
-// base did. Every other parameter is frozen (requires_grad false): the optimizer owns only the
+// base did; or both start from a PEFT adapter folder (LoraConfig.initial_adapter_dir,
+// starting_adapters.h), to continue training it. Every other parameter is frozen (requires_grad false): the optimizer owns only the
 // adapters, FSDP shards and gathers the base without reducing gradients for it, DDP buckets
 // only the adapters.
 //
@@ -44,8 +45,8 @@ class Lora final : public ProjectionOps {
  public:
   // Freezes every parameter of `model`, adds adapters to the block projections `config`'s
   // targets match and makes the model's forward use them; `model` must outlive the result.
-  // InvalidArgument naming `lora.<field>` for an invalid config or a target that matches no
-  // projection.
+  // InvalidArgument naming `lora.<field>` for an invalid config, a target that matches no
+  // projection or a starting folder that does not fit (ReadStartingAdapters).
   static absl::StatusOr<std::unique_ptr<Lora>> Create(Wrappable& model, const LoraConfig& config);
   ~Lora() override;
   Lora(const Lora&) = delete;
@@ -99,7 +100,8 @@ class LoraStrategy final : public Strategy {
   bool splits_batch() const override { return false; }
   bool freezes_model_parameters() const override { return true; }
   // Each target pattern must match a projection of the model's blocks
-  // (`<field>.lora.target[i]`).
+  // (`<field>.lora.target[i]`), and a starting folder must fit them
+  // (`<field>.lora.initial_adapter_dir`).
   std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,
                                      const parallel::MeshConfig& mesh,
                                      const std::string& field) const override;

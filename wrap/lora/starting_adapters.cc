@@ -1,0 +1,82 @@
+#include "wrap/lora/starting_adapters.h"
+
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "models/peft_adapter.h"
+
+namespace plait::wrap::lora {
+namespace {
+
+// "[2, 3]"
+std::string Shape(const std::vector<int64_t>& sizes) {
+  return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]");
+}
+
+// The first of `names` that `others` lacks, or "".
+std::string FirstMissing(const std::set<std::string>& names, const std::set<std::string>& others) {
+  for (const std::string& name : names) {
+    if (others.count(name) == 0) return name;
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(
+    const LoraConfig& config, const std::vector<AdaptedProjection>& projections) {
+  const std::string& dir = config.initial_adapter_dir();
+  const auto error = [&](const std::string& message) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": ", message));
+  };
+  absl::StatusOr<models::PeftAdapter> adapter = models::ReadPeftAdapter(dir);
+  if (!adapter.ok()) return absl::InvalidArgumentError(adapter.status().message());
+  const LoraConfig& saved = adapter->config;
+  if (saved.rank() != config.rank()) {
+    return error(absl::StrCat("its adapters have rank (r) ", saved.rank(), ", the step's rank is ",
+                              config.rank()));
+  }
+  if (saved.alpha() != config.alpha()) {
+    return error(absl::StrCat("its lora_alpha is ", saved.alpha(), ", the step's alpha is ",
+                              config.alpha()));
+  }
+  if (saved.use_rslora() != config.use_rslora()) {
+    return error(absl::StrCat("its use_rslora is ", saved.use_rslora() ? "true" : "false",
+                              ", the step's ", config.use_rslora() ? "true" : "false"));
+  }
+  const std::set<std::string> in_folder(saved.target().begin(), saved.target().end());
+  std::set<std::string> targeted;
+  for (const AdaptedProjection& projection : projections) targeted.insert(projection.module);
+  if (const std::string extra = FirstMissing(in_folder, targeted); !extra.empty()) {
+    return error(absl::StrCat("it adapts ", extra, ", which the step's targets (",
+                              absl::StrJoin(config.target(), ", "), ") do not match"));
+  }
+  if (const std::string missing = FirstMissing(targeted, in_folder); !missing.empty()) {
+    return error(absl::StrCat("it has no adapters for ", missing, ", which the step's targets (",
+                              absl::StrJoin(config.target(), ", "), ") match"));
+  }
+  std::map<std::string, torch::Tensor> values(std::make_move_iterator(adapter->tensors.begin()),
+                                              std::make_move_iterator(adapter->tensors.end()));
+  for (const AdaptedProjection& projection : projections) {
+    const std::pair<std::string, std::vector<int64_t>> expected[] = {
+        {absl::StrCat(projection.module, ".lora_A.weight"), {config.rank(), projection.in}},
+        {absl::StrCat(projection.module, ".lora_B.weight"), {projection.out, config.rank()}}};
+    for (const auto& [name, shape] : expected) {
+      const torch::Tensor& tensor = values.at(name);
+      if (tensor.sizes().vec() != shape) {
+        return error(absl::StrCat(name, " is ", Shape(tensor.sizes().vec()),
+                                  "; the projection's weight [out, in] = ",
+                                  Shape({projection.out, projection.in}), " needs ", Shape(shape)));
+      }
+    }
+  }
+  return values;
+}
+
+}  // namespace plait::wrap::lora

@@ -1,0 +1,41 @@
+// The adapters a LoRA step starts from when its config names a PEFT adapter folder
+// (LoraConfig.initial_adapter_dir), to continue training an adapter PEFT or plait saved:
+// the folder's rank, alpha and rsLoRA choice must be the step's (they define what the adapters
+// compute; dropout is the step's own), and its modules exactly the projections the step's
+// targets adapt, each with matrices of the projection's shape.
+//
+//   PLAIT_ASSIGN_OR_RETURN(auto values, ReadStartingAdapters(config, projections));
+//   // values["model.layers.0.self_attn.q_proj.lora_A.weight"]: [rank, in]
+#ifndef PLAIT_WRAP_LORA_STARTING_ADAPTERS_H_
+#define PLAIT_WRAP_LORA_STARTING_ADAPTERS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "torch/types.h"
+#include "wrap/wrap.pb.h"
+
+namespace plait::wrap::lora {
+
+// A projection a LoRA step adapts: its module name and its weight's [out, in].
+struct AdaptedProjection {
+  std::string module;
+  int64_t out = 0;
+  int64_t in = 0;
+};
+
+// The A and B of every projection in `projections`, by plait's names
+// (`<module>.lora_A.weight`), read from the folder config.initial_adapter_dir, as stored
+// there. InvalidArgument, naming the folder and the file, field or tensor, for a folder
+// that cannot be read (models::ReadPeftAdapter's errors), that disagrees with `config`'s rank,
+// alpha or use_rslora, that adapts another set of modules (naming the first one either side
+// lacks), or whose matrices do not fit their projection.
+absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(
+    const LoraConfig& config, const std::vector<AdaptedProjection>& projections);
+
+}  // namespace plait::wrap::lora
+
+#endif  // PLAIT_WRAP_LORA_STARTING_ADAPTERS_H_
