@@ -1,6 +1,6 @@
 // The memory estimate (memory_estimate.h) against what the trainer's ranks hold, measured
 // (testing_memory.h), for the shipped jobs llama_fsdp, llama_ddp, llama_tp and llama_2d, the
-// medium shape, a bf16 plan, sequence parallelism and activation checkpointing. Memory is
+// medium shape, a bf16 plan, sequence parallelism, activation checkpointing and LoRA. Memory is
 // deterministic for a plan, so the goal is an assertion: every rank's estimate within 15% of
 // what it holds.
 #include <cstdio>

@@ -119,6 +119,20 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
     EXPECT_THAT(plan::ApplyOverride(override, real_widths.plan), IsOk());
   }
   plans.push_back(real_widths);
+  // LoRA on q/k/v/o and the MLP: a frozen base (no gradients, no optimizer state) whose
+  // projections keep only what their adapters' backward reads, under FSDP and on the medium
+  // shape, where the activations dominate.
+  for (MemoryCheckPlan lora : {fsdp, medium_check}) {
+    lora.name += "_lora";
+    google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps;
+    wrap::LoraConfig& config = *steps.Add()->mutable_lora();
+    config.set_rank(8);
+    config.set_alpha(16);
+    config.add_target("*_proj");
+    for (const wrap::PrepareStep& step : lora.plan.prepare()) *steps.Add() = step;
+    *lora.plan.mutable_prepare() = steps;
+    plans.push_back(std::move(lora));
+  }
   return plans;
 }
 
