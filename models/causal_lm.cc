@@ -73,18 +73,20 @@ torch::Tensor Project(torch::nn::Linear linear, const torch::Tensor& x,
 }
 
 // `linear` applied to `x` [B, T, in] as a row-parallel projection: under tensor parallelism
-// the ranks' partial products are summed before the bias is added, once.
+// the ranks' partial products, with what the projection ops add to them, are summed before
+// the bias is added, once.
 torch::Tensor RowParallel(torch::nn::Linear linear, const torch::Tensor& x,
                           const AttentionContext& context) {
   if (context.tp == nullptr) return Project(linear, x, context);
   wrap::CheckpointingOps* checkpointing = context.checkpointing;
-  const torch::Tensor partial = checkpointing == nullptr
-                                    ? F::linear(x, linear->weight)
-                                    : checkpointing->Linear(x, linear->weight, torch::Tensor());
+  torch::Tensor partial = checkpointing == nullptr
+                              ? F::linear(x, linear->weight)
+                              : checkpointing->Linear(x, linear->weight, torch::Tensor());
+  if (context.projections != nullptr) {
+    partial = context.projections->Adapt(*linear, x, std::move(partial));
+  }
   const torch::Tensor sum = context.tp->ExitRowParallel(partial);
-  torch::Tensor output = linear->bias.defined() ? sum + linear->bias : sum;
-  return context.projections == nullptr ? output
-                                        : context.projections->Adapt(*linear, x, std::move(output));
+  return linear->bias.defined() ? sum + linear->bias : sum;
 }
 
 // The values CausalLM::InitialValues has drawn (internal::SeededDraws).
@@ -439,6 +441,9 @@ torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torc
 }
 
 wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) const {
+  if (context_.projections != nullptr) {
+    if (const auto split = context_.projections->AddedParameterSplit(name)) return *split;
+  }
   return TensorParallelSplitOf(name);
 }
 

@@ -1,9 +1,9 @@
 // LoRA plans in the trainer, on ranks as threads over TCP: the frozen base gets its values
 // (from the seed or a Hugging Face folder, each rank its slice) while the adapters keep
-// LoRA's; only the adapters train; one process, FSDP and DDP on 2 ranks train to the same
-// losses; a resumed run reproduces the straight one bit for bit; the exported folder is a
-// plain model with the adapters merged; and a trainable parameter without a gradient stops
-// the run.
+// LoRA's; only the adapters train; one process, FSDP and DDP on 2 ranks, tensor parallelism
+// and FSDP over it train to the same losses; a resumed run reproduces the straight one bit for bit;
+// the exported folder is a plain model with the adapters merged; and a trainable parameter without
+// a gradient stops the run.
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -53,11 +53,12 @@ constexpr char kLora[] = R"pb(lora { rank: 4 alpha: 8 target: "*q_proj" target: 
 
 bool IsAdapter(const std::string& name) { return absl::StrContains(name, ".lora_"); }
 
-// The shipped plan `name`, shortened (ShortShippedPlan), with LoRA before its steps.
-plan::Plan LoraPlan(const std::string& name) {
+// The shipped plan `name`, shortened (ShortShippedPlan), with the LoRA step `lora` before its
+// steps.
+plan::Plan LoraPlan(const std::string& name, const std::string& lora = kLora) {
   plan::Plan plan = ShortShippedPlan(name);
   google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kLora, steps.Add()));
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(lora, steps.Add()));
   for (const wrap::PrepareStep& step : plan.prepare()) *steps.Add() = step;
   *plan.mutable_prepare() = steps;
   return plan;
@@ -179,6 +180,25 @@ TEST(LoraTrainTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessLosses) {
             << single.steps.back().loss << " at step 10\n";
   ExpectSameLosses(TrainOnRanks(LoraPlan("llama_fsdp"), 2), single, 1e-5);
   ExpectSameLosses(TrainOnRanks(LoraPlan("llama_ddp"), 2), single, 1e-5);
+}
+
+// TP-aware LoRA on every projection: tensor parallelism splits B with a column-parallel
+// projection's outputs and A with a row-parallel one's inputs, and sums the gradients of the
+// matrices it keeps whole. On 2 ranks (llama_tp) and on FSDP over them (llama_2d, 4 ranks),
+// with 2 micro-batches a step, the losses are one process's.
+TEST(LoraTrainTest, TensorParallelAndFsdpOverItTrainToTheSingleProcessLosses) {
+  constexpr char kEveryProjection[] = R"pb(lora { rank: 4 alpha: 8 target: "*_proj" })pb";
+  const auto accumulating = [&](const std::string& name) {
+    plan::Plan plan = LoraPlan(name, kEveryProjection);
+    plan.mutable_training()->set_micro_batch(plan.training().micro_batch() / 2);
+    plan.mutable_training()->set_grad_accumulation(2);
+    return plan;
+  };
+  const TrainReport single = TrainOnRanks(accumulating("llama_single"), 1);
+  ASSERT_EQ(single.steps.size(), 10u);
+  EXPECT_LT(single.steps.back().loss, single.steps.front().loss - 0.1);
+  ExpectSameLosses(TrainOnRanks(accumulating("llama_tp"), 2), single, 1e-5);
+  ExpectSameLosses(TrainOnRanks(accumulating("llama_2d"), 4), single, 1e-5);
 }
 
 // From a Hugging Face folder of another seed's weights: FSDP's ranks each read their shards

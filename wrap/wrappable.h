@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,21 +88,7 @@ class CheckpointingOps {
                                const torch::Tensor& bias) = 0;
 };
 
-// How a wrapper adds to a block's projections (LoRA's adapters, wrap/lora): the model calls
-// Adapt for each projection of a block (q/k/v/o, gate/up/down) once it has its output, with
-// the projection's module (the one RootModule().named_modules() lists, whose `weight` and
-// `bias` it computes with), and continues with what Adapt returns. Under tensor parallelism
-// `input` is what this rank multiplies (a row-parallel projection's slice of the features)
-// and `output` what the projection gives after tensor parallelism's sum. With activation
-// checkpointing the model calls it inside the checkpointed block, so it runs again when the
-// block is recomputed; `output` is then the kept one under SELECTIVE. A model without it set
-// continues with the projection's output.
-class ProjectionOps {
- public:
-  virtual ~ProjectionOps() = default;
-  virtual torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
-                              torch::Tensor output) = 0;
-};
+class ProjectionOps;
 
 class Wrappable {
  public:
@@ -169,9 +156,20 @@ class Wrappable {
   //     head shared by tp / NumKeyValueHeads() ranks;
   //   kRow: dim 1 (input features) into equal parts (o_proj, down_proj weights);
   //   kVocabulary: dim 0 (vocabulary rows) into equal parts (embedding, output projection);
-  //   kReplicated: whole on every rank (norms, the bias of a row-parallel projection).
-  // The model's forward must then call TensorParallelOps where the layout communicates.
-  enum class Split { kReplicated, kColumn, kKeyValueColumn, kRow, kVocabulary };
+  //   kReplicated: whole on every rank (norms, the bias of a row-parallel projection);
+  //   kReplicatedPartialGradient: whole on every rank, where each rank computes only part of
+  //     its gradient, which the group sums in backward (an adapter's matrix beside a split
+  //     projection: A of a column-parallel one, B of a row-parallel one).
+  // The model's forward must then call TensorParallelOps where the layout communicates. A
+  // parameter a wrapper added through ProjectionOps splits as those ops say.
+  enum class Split {
+    kReplicated,
+    kColumn,
+    kKeyValueColumn,
+    kRow,
+    kVocabulary,
+    kReplicatedPartialGradient
+  };
   virtual Split TensorParallelSplit(const std::string& name) const = 0;
 
   // Makes the forward pass call `ops` (nullptr: none; it must outlive its use).
@@ -184,6 +182,27 @@ class Wrappable {
   // Makes the forward pass hand each block projection's output to `ops` (nullptr: none; it
   // must outlive its use, backward passes included).
   virtual void SetProjectionOps(ProjectionOps* ops) = 0;
+};
+
+// How a wrapper adds to a block's projections (LoRA's adapters, wrap/lora): the model calls
+// Adapt for each projection of a block (q/k/v/o, gate/up/down) once it has its output, with
+// the projection's module (the one RootModule().named_modules() lists, whose `weight` and
+// `bias` it computes with), and continues with what Adapt returns. Under tensor parallelism
+// `input` is what this rank multiplies (a row-parallel projection's slice of the features)
+// and `output` what it computed of the projection: a column-parallel projection's slice of
+// the output features, a row-parallel one's partial product before tensor parallelism sums
+// it over the group (and before its bias), so that what Adapt adds to it is summed too.
+// With activation checkpointing the model calls it inside the checkpointed block, so it runs
+// again when the block is recomputed; `output` is then the kept one under SELECTIVE. A model
+// without it set continues with the projection's output.
+class ProjectionOps {
+ public:
+  virtual ~ProjectionOps() = default;
+  virtual torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
+                              torch::Tensor output) = 0;
+  // How tensor parallelism splits the parameter `name` when these ops added it to a
+  // projection (Wrappable::TensorParallelSplit asks them first); nullopt for any other.
+  virtual std::optional<Wrappable::Split> AddedParameterSplit(const std::string& name) const = 0;
 };
 
 }  // namespace plait::wrap

@@ -159,8 +159,14 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
     const auto& [i, message] = matches.unmatched.front();
     return absl::InvalidArgumentError(absl::StrCat("lora.target[", i, "]: ", message));
   }
+  using Split = Wrappable::Split;
   for (const auto& [candidate, projection] : matches.targeted) {
     lora->adapted_.push_back(projection);
+    const Split split = candidates[candidate].split;
+    lora->splits_[absl::StrCat(projection, ".lora_A.weight")] =
+        split == Split::kRow ? Split::kRow : Split::kReplicatedPartialGradient;
+    lora->splits_[absl::StrCat(projection, ".lora_B.weight")] =
+        split == Split::kRow ? Split::kReplicatedPartialGradient : split;
   }
   const auto modules = model.RootModule().named_modules();
   std::map<std::string, torch::Tensor> starting;
@@ -213,6 +219,12 @@ torch::Tensor Lora::Adapt(const torch::nn::Module& projection, const torch::Tens
           ? F::dropout(input, F::DropoutFuncOptions().p(dropout_).training(true))
           : input;
   return output + F::linear(F::linear(x, it->second.a), it->second.b) * scale_;
+}
+
+std::optional<Wrappable::Split> Lora::AddedParameterSplit(const std::string& name) const {
+  const auto it = splits_.find(name);
+  if (it == splits_.end()) return std::nullopt;
+  return it->second;
 }
 
 absl::Status Lora::Merge(std::map<std::string, torch::Tensor>& parameters) const {

@@ -7,17 +7,23 @@
 // (kaiming_uniform_ with a = sqrt(5): uniform(-1/sqrt(in), 1/sqrt(in))) from a generator seeded
 // by LoraConfig.seed and the adapter's name, B is zero, so the adapted model computes what the
 // base did; or both start from a PEFT adapter folder (LoraConfig.initial_adapter_dir,
-// starting_adapters.h), to continue training it. Every other parameter is frozen (requires_grad false): the optimizer owns only the
-// adapters, FSDP shards and gathers the base without reducing gradients for it, DDP buckets
-// only the adapters.
+// starting_adapters.h), to continue training it. Every other parameter is frozen (requires_grad
+// false): the optimizer owns only the adapters, FSDP shards and gathers the base without reducing
+// gradients for it, DDP buckets only the adapters.
 //
 //   prepare { lora { rank: 8 alpha: 16 target: "*q_proj" target: "*v_proj" } }
+//   prepare { tensor_parallel { mesh_dim: "tp" } }  // optional, after LoRA (lora_before_tp)
 //   prepare { fsdp { mesh_dim: "dp" } }  // after LoRA (rules.textproto: lora_before_fsdp)
 //
-// Dropout draws from the device's default generator (as PEFT's nn.Dropout), in training mode
-// only; activation checkpointing replays that generator's state when it recomputes a block, so
-// its masks are drawn again as they were. Tensor parallelism is not supported: the rules
-// refuse the combination (lora_without_tp).
+// Tensor parallelism, a later step, splits each adapter with its projection (TP-aware LoRA):
+// a column-parallel projection's B by its output features, a row-parallel one's A by its input
+// features, while the other matrix stays whole and has its gradient summed over the group;
+// a row-parallel projection's adapter adds its part to the rank's partial product, which
+// tensor parallelism sums. Dropout draws from the device's default generator (as PEFT's
+// nn.Dropout), in training mode only; activation checkpointing replays that generator's state
+// when it recomputes a block, so its masks are drawn again as they were. Under tensor
+// parallelism each rank draws its own masks: the same regularisation as one process, not the
+// same masks.
 #ifndef PLAIT_WRAP_LORA_LORA_H_
 #define PLAIT_WRAP_LORA_LORA_H_
 
@@ -54,6 +60,10 @@ class Lora final : public ProjectionOps {
 
   torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
                       torch::Tensor output) override;
+  // An adapter splits with its projection where their dimensions meet: B with a
+  // column-parallel projection's output features, A with a row-parallel one's input
+  // features; the other matrix is whole on every rank, its gradient summed over the group.
+  std::optional<Wrappable::Split> AddedParameterSplit(const std::string& name) const override;
 
   // The module names of the adapted projections, in the model's parameter order.
   const std::vector<std::string>& adapted() const { return adapted_; }
@@ -76,6 +86,7 @@ class Lora final : public ProjectionOps {
   const double dropout_;
   std::map<const torch::nn::Module*, Adapter> adapters_;
   std::vector<std::string> adapted_;
+  std::map<std::string, Wrappable::Split> splits_;  // AddedParameterSplit's, by adapter name
 };
 
 // alpha / rank, or alpha / sqrt(rank) with use_rslora.

@@ -366,7 +366,7 @@ std::string Violations(const std::string& text) {
       .ToString();
 }
 
-TEST(LoraRulesTest, LoraComesBeforeFsdpAndDdpOnceAndWithoutTensorParallelism) {
+TEST(LoraRulesTest, LoraComesBeforeTensorParallelismFsdpAndDdpOnce) {
   const std::string lora = R"pb(lora { rank: 4 alpha: 8 target: "*q_proj" })pb";
   EXPECT_EQ(Violations(lora + ";fsdp { mesh_dim: \"dp\" }"), "OK");
   EXPECT_EQ(Violations(lora + ";ddp { mesh_dim: \"dp\" }"), "OK");
@@ -381,11 +381,12 @@ TEST(LoraRulesTest, LoraComesBeforeFsdpAndDdpOnceAndWithoutTensorParallelism) {
   EXPECT_THAT(Violations(lora + ";" + lora),
               AllOf(HasSubstr("plan.prepare[1].lora: lora is applied 2 times"),
                     HasSubstr("(rule lora_at_most_once)")));
+  EXPECT_EQ(Violations(lora + ";tensor_parallel { mesh_dim: \"tp\" };fsdp { mesh_dim: \"dp\" }"),
+            "OK");
   EXPECT_THAT(Violations("tensor_parallel { mesh_dim: \"tp\" };" + lora),
-              AllOf(HasSubstr("plan.prepare[1].lora: lora cannot be applied with tensor_parallel"),
-                    HasSubstr("(rule lora_without_tp)")));
-  EXPECT_THAT(Violations(lora + ";tensor_parallel { mesh_dim: \"tp\" }"),
-              HasSubstr("(rule lora_without_tp)"));
+              AllOf(HasSubstr("plan.prepare[0].tensor_parallel: lora (plan.prepare[1]) must come "
+                              "before tensor_parallel"),
+                    HasSubstr("(rule lora_before_tp)")));
 }
 
 }  // namespace

@@ -29,6 +29,9 @@ std::vector<std::string> ShapesPerRank(const ModelShape& shape, int64_t tp) {
     switch (parameter.split) {
       case Wrappable::Split::kReplicated:
         break;
+      case Wrappable::Split::kReplicatedPartialGradient:
+        kind = "replicated, gradient summed";
+        break;
       case Wrappable::Split::kColumn:
         local[0] /= tp;
         kind = "column-parallel";
@@ -103,6 +106,7 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
     Slice slice{named.name, named.parameter, 0, n, rank, 1, 0};
     switch (split) {
       case Wrappable::Split::kReplicated:
+      case Wrappable::Split::kReplicatedPartialGradient:
         continue;
       case Wrappable::Split::kColumn:
       case Wrappable::Split::kVocabulary:
@@ -161,19 +165,19 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
       return buffer[part];
     });
   }
-  if (tp->sequence_parallel_) {
-    // Each rank computed a replicated parameter's gradient from its slice of the sequence.
-    for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
-      if (model.TensorParallelSplit(named.name) != Wrappable::Split::kReplicated ||
-          !named.parameter.requires_grad()) {
-        continue;
-      }
-      tp->AddGradientHook(named.parameter, [self](torch::Tensor grad) {
-        torch::Tensor sum = grad.contiguous().clone();
-        self->group_.Wait(self->group_.communicator().AllReduce(sum, parallel::ReduceOp::kSum));
-        return sum;
-      });
-    }
+  // Replicated parameters whose gradient each rank computes only part of: those the model
+  // says are, and with sequence parallelism every replicated one, each rank's from its slice
+  // of the sequence.
+  for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
+    const Wrappable::Split split = model.TensorParallelSplit(named.name);
+    const bool partial = split == Wrappable::Split::kReplicatedPartialGradient ||
+                         (tp->sequence_parallel_ && split == Wrappable::Split::kReplicated);
+    if (!partial || !named.parameter.requires_grad()) continue;
+    tp->AddGradientHook(named.parameter, [self](torch::Tensor grad) {
+      torch::Tensor sum = grad.contiguous().clone();
+      self->group_.Wait(self->group_.communicator().AllReduce(sum, parallel::ReduceOp::kSum));
+      return sum;
+    });
   }
   tp->slices_ = std::move(slices);
   model.SetTensorParallelOps(tp.get());

@@ -8,8 +8,10 @@
 // sequence), the vocabulary-parallel embedding, and the cross-entropy of vocabulary-sharded
 // logits. Gradients that the layout leaves partial are summed over the group in backward,
 // before they are accumulated: those of key/value heads shared by several ranks (fewer
-// heads than ranks) among those ranks, and with sequence parallelism those of the replicated
-// parameters (norms, row-parallel biases). The optimizer trains the slices
+// heads than ranks) among those ranks, those of the replicated parameters each rank computes
+// only part of (Split::kReplicatedPartialGradient: an adapter's matrix beside a split
+// projection), and with sequence parallelism those of every replicated parameter (norms,
+// row-parallel biases). The optimizer trains the slices
 // (UpdateParameters); FSDP on another dimension shards them further.
 // TensorParallelStrategy is its preparation strategy (strategy.h), applied through
 // wrap::Preparation (preparation.h) before FSDP or DDP.
