@@ -104,7 +104,8 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   plans.push_back(one_sequence);
   plans.push_back(
       Checkpointed(sp, "llama_tp_sp_selective", wrap::ActivationCheckpointingConfig::SELECTIVE));
-  plans.push_back({"llama_2d", Shortened(LoadShippedPlan("llama_2d")), 4});
+  const MemoryCheckPlan two_d{"llama_2d", Shortened(LoadShippedPlan("llama_2d")), 4};
+  plans.push_back(two_d);
   // A real shape: Qwen2.5-0.5B's widths and its 151,936-token vocabulary (tied embeddings),
   // 2 of its 24 layers, one sequence of 512 tokens in fp32, where the embeddings, the
   // logits and their gradient outweigh the blocks.
@@ -120,9 +121,10 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   }
   plans.push_back(real_widths);
   // LoRA on q/k/v/o and the MLP: a frozen base (no gradients, no optimizer state) whose
-  // projections keep only what their adapters' backward reads, under FSDP and on the medium
-  // shape, where the activations dominate.
-  for (MemoryCheckPlan lora : {fsdp, medium_check}) {
+  // projections keep only what their adapters' backward reads, under FSDP, on the medium
+  // shape, where the activations dominate, and under FSDP over tensor parallelism, which
+  // splits the adapters with their projections.
+  for (MemoryCheckPlan lora : {fsdp, medium_check, two_d}) {
     lora.name += "_lora";
     google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps;
     wrap::LoraConfig& config = *steps.Add()->mutable_lora();
