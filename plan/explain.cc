@@ -141,16 +141,24 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
           ? absl::StrCat(", clipping at global norm ", plan.optimizer().clipping().max_norm())
           : ""));
 
+  // The optimizer's parameters: the model's, or those a step made the only trainable ones.
   std::vector<std::string> names;
-  std::vector<int64_t> sizes;
-  for (const models::ParameterShape& shape : models::ParameterShapes(config)) {
-    names.push_back(shape.name);
-    sizes.push_back(shape.numel());
+  std::vector<double> sizes;
+  if (memory.preparation.trainable_parameters.has_value()) {
+    for (const wrap::ModelShape::Parameter& parameter : *memory.preparation.trainable_parameters) {
+      names.push_back(parameter.name);
+      sizes.push_back(parameter.numel());
+    }
+  } else {
+    for (const models::ParameterShape& shape : models::ParameterShapes(config)) {
+      names.push_back(shape.name);
+      sizes.push_back(static_cast<double>(shape.numel()));
+    }
   }
   PLAIT_ASSIGN_OR_RETURN(std::vector<optim::ParamGroup> groups,
                          optim::AssignParamGroups(names, plan.optimizer()));
   for (const optim::ParamGroup& group : groups) {
-    int64_t count = 0;
+    double count = 0;
     for (int member : group.members) count += sizes[member];
     lines.push_back(absl::StrFormat(
         "  group %s: %d tensors, %s parameters (%s per rank), lr x %g, weight decay %g", group.name,

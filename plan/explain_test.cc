@@ -62,6 +62,25 @@ TEST(ExplainPlanTest, ExplainsTheTwoDimensionalTensorParallelPlan) {
   EXPECT_THAT(*text, HasSubstr("communication per rank (estimate, ring collectives):"));
 }
 
+// LoRA on q_proj before FSDP: the optimizer's group holds the adapters alone, A and B of 4
+// blocks, 4 x 8 x (256 + 256) = 16.4K values, half of them on each rank.
+TEST(ExplainPlanTest, TheOptimizerOfALoraPlanHoldsTheAdapters) {
+  absl::StatusOr<Plan> plan = LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/plan/examples/llama_fsdp.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  plan->mutable_prepare()->Add();
+  for (int i = plan->prepare_size() - 1; i > 0; --i) {
+    plan->mutable_prepare()->SwapElements(i, i - 1);
+  }
+  wrap::LoraConfig& lora = *plan->mutable_prepare(0)->mutable_lora();
+  lora.set_rank(8);
+  lora.set_alpha(16);
+  lora.add_target("*q_proj");
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 2));
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("group default: 8 tensors, 16.4K parameters (8.2K per rank)"));
+}
+
 // Hybrid sharding: FSDP over dp_shard, the shards replicated across dp_replicate. A rank keeps
 // and trains 1/2 of the 5.0M parameters (fp32 parameters, gradients and 2 Adam slots: 16
 // bytes each, 38.1 MiB), reads its own 4 of the 16 sequences, and sends per step the FSDP

@@ -39,6 +39,13 @@ torch::DeviceType DeviceTypeOf(parallel::Device device) {
   return device == parallel::DEVICE_CUDA ? torch::kCUDA : torch::kCPU;
 }
 
+// The values of `parameters`, counted whole.
+double CountOf(const std::vector<wrap::ModelShape::Parameter>& parameters) {
+  double count = 0;
+  for (const wrap::ModelShape::Parameter& parameter : parameters) count += parameter.numel();
+  return count;
+}
+
 // How `steps` split a micro-batch's activations over `mesh`, as the strategies say
 // (tensor parallelism's, when there is one).
 absl::StatusOr<wrap::ActivationSplit> ActivationSplitOf(
@@ -75,7 +82,8 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
     if (seen.num_blocks > 0) seen.block_parameters += added_here / seen.num_blocks;
     if (step_estimate.trainable_parameters.has_value()) {
       estimate.trainable_parameters = step_estimate.trainable_parameters;
-      seen.trainable_parameters = *step_estimate.trainable_parameters * estimate.parameter_fraction;
+      seen.trainable_parameters =
+          CountOf(*step_estimate.trainable_parameters) * estimate.parameter_fraction;
     }
     estimate.parameter_fraction *= step_estimate.parameter_fraction;
     for (double* parameters : {&seen.parameters, &seen.block_parameters, &seen.root_parameters}) {
@@ -167,8 +175,9 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
   // gradients to the parameters that train.
   const double all = shape.parameters + estimate.preparation.added_parameters;
   const double kept = all * estimate.preparation.parameter_fraction;
-  const double trained = estimate.preparation.trainable_parameters.value_or(all) *
-                         estimate.preparation.parameter_fraction;
+  const auto& trainable = estimate.preparation.trainable_parameters;
+  const double trained =
+      (trainable.has_value() ? CountOf(*trainable) : all) * estimate.preparation.parameter_fraction;
   estimate.parameter_bytes = kept * parameter_element;
   estimate.optimizer_state_bytes =
       trained * kBytesPerFloat * (estimate.optimizer_slots + (estimate.fp32_masters ? 1 : 0));

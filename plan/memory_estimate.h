@@ -41,7 +41,8 @@ struct PreparationEstimate {
   double gathered_bytes = 0.0;
   double activation_bytes_saved = 0.0;
   double added_parameters = 0.0;
-  std::optional<double> trainable_parameters;
+  // Those the optimizer trains, whole, when a step changed which (nullopt: all of them).
+  std::optional<std::vector<wrap::ModelShape::Parameter>> trainable_parameters;
 };
 
 // A frozen model's share on each rank: its parameters and the units it gathers at once.

@@ -90,6 +90,11 @@ struct ModelShape {
     std::string name;
     std::vector<int64_t> shape;
     Wrappable::Split split = Wrappable::Split::kReplicated;
+    double numel() const {
+      double count = 1;
+      for (int64_t size : shape) count *= static_cast<double>(size);
+      return count;
+    }
   };
   std::vector<Parameter> parameter_list;
 };
@@ -142,9 +147,9 @@ struct StepEstimate {
   // (DDP's buckets: one).
   double gradient_copies = 0.0;
   // Parameters it adds to the blocks, counted whole (LoRA's adapters), and, when it changes
-  // which parameters train, how many do after it, counted whole (nullopt: unchanged).
+  // which parameters train, those that do after it, whole (nullopt: unchanged).
   double added_block_parameters = 0.0;
-  std::optional<double> trainable_parameters;
+  std::optional<std::vector<ModelShape::Parameter>> trainable_parameters;
 };
 
 class Strategy {

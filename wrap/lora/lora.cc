@@ -275,10 +275,16 @@ std::vector<base::Violation> LoraStrategy::Check(const std::optional<ModelShape>
 StepEstimate LoraStrategy::Estimate(const ModelShape& shape,
                                     const parallel::MeshConfig& /*mesh*/) const {
   const Matches matches = Match(config_, CandidatesOf(shape));
+  std::vector<ModelShape::Parameter> trainable;
   double adapters = 0;
   for (const auto& [candidate, projection] : matches.targeted) {
     const std::vector<int64_t>& weight = shape.parameter_list[candidate].shape;
-    adapters += static_cast<double>(config_.rank()) * static_cast<double>(weight[0] + weight[1]);
+    for (ModelShape::Parameter& adapter : std::vector<ModelShape::Parameter>{
+             {absl::StrCat(projection, ".lora_A.weight"), {config_.rank(), weight[1]}},
+             {absl::StrCat(projection, ".lora_B.weight"), {weight[0], config_.rank()}}}) {
+      adapters += adapter.numel();
+      trainable.push_back(std::move(adapter));
+    }
   }
   const int projections = static_cast<int>(matches.targeted.size());
   StepEstimate estimate;
@@ -289,7 +295,7 @@ StepEstimate LoraStrategy::Estimate(const ModelShape& shape,
       projections, absl::StrJoin(config_.target(), ", "), base::HumanCount(adapters),
       base::HumanCount(shape.parameters));
   estimate.added_block_parameters = adapters;
-  estimate.trainable_parameters = adapters;
+  estimate.trainable_parameters = std::move(trainable);
   return estimate;
 }
 

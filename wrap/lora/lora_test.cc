@@ -350,7 +350,13 @@ TEST(LoraTest, EstimateCountsTheAdapters) {
   const double adapters = 4 * 8 * ((256 + 256) + (256 + 128));
   EXPECT_EQ(estimate.added_block_parameters, adapters);
   ASSERT_TRUE(estimate.trainable_parameters.has_value());
-  EXPECT_EQ(*estimate.trainable_parameters, adapters);
+  ASSERT_EQ(estimate.trainable_parameters->size(), 4u * 2u * 2u);
+  EXPECT_EQ((*estimate.trainable_parameters)[3].name,
+            "model.layers.0.self_attn.k_proj.lora_B.weight");
+  EXPECT_EQ((*estimate.trainable_parameters)[3].shape, (std::vector<int64_t>{128, 8}));
+  double trainable = 0;
+  for (const auto& parameter : *estimate.trainable_parameters) trainable += parameter.numel();
+  EXPECT_EQ(trainable, adapters);
   EXPECT_THAT(estimate.description, AllOf(HasSubstr("on 8 projections"), HasSubstr("28.7K")));
 }
 
