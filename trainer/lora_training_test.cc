@@ -35,6 +35,7 @@
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 #include "wrap/lora/lora.h"
+#include "wrap/lora/nf4.h"
 
 namespace plait::trainer {
 namespace {
@@ -50,14 +51,24 @@ using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
 
 constexpr char kLora[] = R"pb(lora { rank: 4 alpha: 8 target: "*q_proj" target: "*v_proj" })pb";
+// The same adapters over an NF4 base with double quantization (QLoRA).
+constexpr char kQLora[] = R"pb(lora {
+                                 rank: 4
+                                 alpha: 8
+                                 target: "*q_proj"
+                                 target: "*v_proj"
+                                 base_quantization: NF4
+                                 double_quant: true
+                               })pb";
 
 bool IsAdapter(const std::string& name) { return absl::StrContains(name, ".lora_"); }
 
-// The shipped plan `name`, shortened (ShortShippedPlan), with LoRA before its steps.
-plan::Plan LoraPlan(const std::string& name) {
+// The shipped plan `name`, shortened (ShortShippedPlan), with the LoRA step `lora` before its
+// steps.
+plan::Plan LoraPlan(const std::string& name, const char* lora = kLora) {
   plan::Plan plan = ShortShippedPlan(name);
   google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kLora, steps.Add()));
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(lora, steps.Add()));
   for (const wrap::PrepareStep& step : plan.prepare()) *steps.Add() = step;
   *plan.mutable_prepare() = steps;
   return plan;
@@ -303,6 +314,46 @@ TEST(LoraTrainTest, TheSavedAdapterFolderIsTheTrainedAdapters) {
     EXPECT_TRUE(torch::allclose(merged_parameters[weight], expected, 1e-5, 1e-7))
         << weight << ": " << (merged_parameters[weight] - expected).abs().max().item<float>();
   }
+}
+
+// QLoRA: the base a prepared model computes with is its values (the seed's, or a Hugging
+// Face folder's, each stored as it is loaded) through NF4 for the targeted projections, and
+// as they are for the rest; it trains, and DDP's 2 ranks train as one process.
+TEST(QLoraTrainTest, TheBaseIsQuantizedAsLoadedAndDdpTrainsAsOneProcess) {
+  const std::string dir = HfFolderOfSeed(5);
+  for (const bool from_hf : {false, true}) {
+    plan::Plan plan = LoraPlan("llama_single", kQLora);
+    const auto base = ModelOfSeed(from_hf ? 5 : 1)->named_parameters();
+    WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
+      auto prepared =
+          PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), from_hf ? dir : "",
+                                 plan.prepare(), mesh, Role::kTrained, "plan");
+      ASSERT_THAT(prepared, IsOk());
+      auto full = (*prepared)->preparation().FullParameters();
+      ASSERT_THAT(full, IsOk());
+      ASSERT_EQ(full->size(), base.size() + 4u * 2u * 2u);
+      for (const auto& [name, values] : *full) {
+        if (IsAdapter(name)) continue;
+        const bool held =
+            absl::StrContains(name, "q_proj.weight") || absl::StrContains(name, "v_proj.weight");
+        const torch::Tensor want =
+            held ? wrap::lora::Nf4Dequantize(wrap::lora::Nf4Quantize(base[name], true),
+                                             torch::kFloat32)
+                 : base[name];
+        EXPECT_TRUE(values.equal(want)) << name << (from_hf ? " from the folder" : "");
+      }
+    });
+  }
+  plan::Plan single = LoraPlan("llama_single", kQLora);
+  plan::Plan ddp = LoraPlan("llama_ddp", kQLora);
+  single.set_hf_weights_dir(dir);
+  ddp.set_hf_weights_dir(dir);
+  const TrainReport expected = TrainOnRanks(single, 1);
+  ASSERT_EQ(expected.steps.size(), 10u);
+  EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss - 0.1);
+  std::cout << "QLoRA on one process: loss " << expected.steps.front().loss << " at step 1, "
+            << expected.steps.back().loss << " at step 10\n";
+  ExpectSameLosses(TrainOnRanks(ddp, 2), expected, 1e-5);
 }
 
 // "Nothing silently frozen": a trainable parameter that got no gradient is named.

@@ -96,9 +96,17 @@ class CheckpointingOps {
 // checkpointing the model calls it inside the checkpointed block, so it runs again when the
 // block is recomputed; `output` is then the kept one under SELECTIVE. A model without it set
 // continues with the projection's output.
+//
+// Before it computes, the model asks Weight for the weight a projection computes with: a
+// wrapper may hold a projection's weight in a form of its own (QLoRA's NF4 base, dequantized
+// here) and take it out of the module's parameters.
 class ProjectionOps {
  public:
   virtual ~ProjectionOps() = default;
+  // The weight [out, in] `projection` computes with: its `weight` parameter as given, or the
+  // one the ops hold for it (requiring no gradient).
+  virtual torch::Tensor Weight(const torch::nn::Module& projection,
+                               const torch::Tensor& weight) = 0;
   virtual torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
                               torch::Tensor output) = 0;
 };

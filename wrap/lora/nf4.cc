@@ -179,6 +179,14 @@ int64_t Nf4Tensor::bytes() const {
   return bytes;
 }
 
+int64_t Nf4Bytes(int64_t numel, bool double_quant) {
+  const int64_t blocks = (numel + kNf4BlockSize - 1) / kNf4BlockSize;
+  const int64_t packed = (numel + 1) / 2;
+  if (!double_quant) return packed + 4 * blocks;
+  const int64_t scales = (blocks + kNf4StatisticsBlockSize - 1) / kNf4StatisticsBlockSize;
+  return packed + blocks + 4 * scales + 4;
+}
+
 Nf4Tensor Nf4Quantize(const torch::Tensor& weight, bool double_quant) {
   torch::NoGradGuard no_grad;
   Nf4Tensor out;

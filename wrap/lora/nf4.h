@@ -53,6 +53,9 @@ struct Nf4Tensor {
 // `weight` (fp32, bf16 or fp16, any shape, at least one element) in NF4.
 Nf4Tensor Nf4Quantize(const torch::Tensor& weight, bool double_quant);
 
+// Nf4Tensor::bytes() of a tensor of `numel` elements, without quantizing one.
+int64_t Nf4Bytes(int64_t numel, bool double_quant);
+
 // The values `tensor` stands for, in `dtype`, shaped as the tensor quantized.
 torch::Tensor Nf4Dequantize(const Nf4Tensor& tensor, torch::ScalarType dtype);
 

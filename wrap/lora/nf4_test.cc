@@ -108,6 +108,10 @@ TEST(Nf4Test, DoubleQuantizationShrinksTheScales) {
   EXPECT_EQ(twice.absmax_scales.numel(), 4);
   EXPECT_EQ(twice.absmax_offset.dim(), 0);
   EXPECT_EQ(twice.bytes(), 512 * 128 / 2 + 1024 + 4 * 4 + 4);
+  EXPECT_EQ(Nf4Bytes(512 * 128, false), single.bytes());
+  EXPECT_EQ(Nf4Bytes(512 * 128, true), twice.bytes());
+  EXPECT_EQ(Nf4Bytes(135, false), Nf4Quantize(torch::zeros({135}), false).bytes());
+  EXPECT_EQ(Nf4Bytes(135, true), Nf4Quantize(torch::zeros({135}), true).bytes());
   EXPECT_TRUE(torch::equal(twice.packed, single.packed));
   EXPECT_NEAR(twice.absmax_offset.item<double>(), single.absmax.mean().item<double>(), 1e-9);
   const torch::Tensor a = Nf4Dequantize(single, torch::kFloat32);
