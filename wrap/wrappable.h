@@ -5,7 +5,8 @@
 // split (Megatron's layout), telling attention how many heads its sharded projections now
 // hold, and the TensorParallelOps the model's forward calls where Megatron communicates; and
 // the CheckpointingOps its forward calls to run each block and each of a block's projections;
-// and the ProjectionOps through which a wrapper adds to those projections' outputs (adapters).
+// and the ProjectionOps through which a wrapper adds to those projections' outputs (adapters)
+// and may supply the weights they compute with (QLoRA's NF4 base).
 // Wrappers depend on this interface only, never on a concrete model.
 //
 //   Wrappable& model = ...;  // e.g. a plait::models::CausalLM
