@@ -208,15 +208,23 @@ TEST(LoraTrainTest, FromAHuggingFaceFolderFsdpTrainsAsOneProcess) {
 }
 
 // Checkpoints hold the adapters and their optimizer state alone; a run resumed after step 5
-// gives its base its values again and continues bit for bit as the straight run, on FSDP's
-// 2 ranks, from the seed and from a Hugging Face folder; a resume from another base is
-// refused.
+// gives its base its values again (QLoRA's quantized again) and continues bit for bit as the
+// straight run, on FSDP's 2 ranks from the seed and from a Hugging Face folder, and QLoRA on
+// DDP's from the folder; a resume from another base is refused.
 TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
-  for (const bool from_hf : {false, true}) {
-    SCOPED_TRACE(from_hf ? "from a Hugging Face folder" : "from the seed");
-    const std::string name = from_hf ? "hf" : "seed";
+  struct Case {
+    const char* plan;
+    const char* lora;
+    bool from_hf;
+  };
+  for (const Case& one : {Case{"llama_fsdp", kLora, false}, Case{"llama_fsdp", kLora, true},
+                          Case{"llama_ddp", kQLora, true}}) {
+    const bool from_hf = one.from_hf;
+    const std::string name =
+        absl::StrCat(one.plan, one.lora == kQLora ? "_qlora_" : "_", from_hf ? "hf" : "seed");
+    SCOPED_TRACE(name);
     const auto with_checkpoints = [&](const std::string& dir) {
-      plan::Plan plan = LoraPlan("llama_fsdp");
+      plan::Plan plan = LoraPlan(one.plan, one.lora);
       if (from_hf) plan.set_hf_weights_dir(HfFolderOfSeed(5));
       for (const std::string& assignment : {std::string("training.checkpoint.every=5"),
                                             absl::StrCat("training.checkpoint.dir=", dir)}) {
