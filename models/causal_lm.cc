@@ -61,13 +61,20 @@ bool IsResidualProjection(const std::string& name) {
   return absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight");
 }
 
+// The weight `linear` computes with: its own, or the one the projection ops hold for it.
+torch::Tensor WeightOf(const torch::nn::Linear& linear, const AttentionContext& context) {
+  return context.projections == nullptr ? linear->weight
+                                        : context.projections->Weight(*linear, linear->weight);
+}
+
 // `linear` applied to `x`, through activation checkpointing's ops when there are some, and
 // handed to the projection ops when there are some.
 torch::Tensor Project(torch::nn::Linear linear, const torch::Tensor& x,
                       const AttentionContext& context) {
   wrap::CheckpointingOps* checkpointing = context.checkpointing;
-  torch::Tensor output =
-      checkpointing == nullptr ? linear(x) : checkpointing->Linear(x, linear->weight, linear->bias);
+  const torch::Tensor weight = WeightOf(linear, context);
+  torch::Tensor output = checkpointing == nullptr ? F::linear(x, weight, linear->bias)
+                                                  : checkpointing->Linear(x, weight, linear->bias);
   return context.projections == nullptr ? output
                                         : context.projections->Adapt(*linear, x, std::move(output));
 }
@@ -79,9 +86,10 @@ torch::Tensor RowParallel(torch::nn::Linear linear, const torch::Tensor& x,
                           const AttentionContext& context) {
   if (context.tp == nullptr) return Project(linear, x, context);
   wrap::CheckpointingOps* checkpointing = context.checkpointing;
+  const torch::Tensor weight = WeightOf(linear, context);
   torch::Tensor partial = checkpointing == nullptr
-                              ? F::linear(x, linear->weight)
-                              : checkpointing->Linear(x, linear->weight, torch::Tensor());
+                              ? F::linear(x, weight)
+                              : checkpointing->Linear(x, weight, torch::Tensor());
   if (context.projections != nullptr) {
     partial = context.projections->Adapt(*linear, x, std::move(partial));
   }

@@ -88,7 +88,10 @@ absl::Status LoadHfParts(const SafetensorsCheckpoint& checkpoint, const ModelCon
                                                      "\" has dtype ", c10::toString(entry->dtype),
                                                      ", expected a floating-point dtype"));
     }
-    PLAIT_RETURN_IF_ERROR(file->ReadBox(part.name, part.offsets, part.lengths, part.destination));
+    const torch::Tensor destination =
+        part.receive ? torch::empty(part.lengths, part.destination.options()) : part.destination;
+    PLAIT_RETURN_IF_ERROR(file->ReadBox(part.name, part.offsets, part.lengths, destination));
+    if (part.receive) part.receive(destination);
   }
   for (const std::string& name : checkpoint.Names()) {
     if (expected.count(name) == 0 && !IsSkippable(name, config)) {

@@ -10,6 +10,7 @@
 #define PLAIT_MODELS_HF_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,13 +28,17 @@ namespace plait::models {
 // `offsets` spanning `lengths` (one of each per dimension) of the whole parameter `name` of
 // shape `shape`, copied into `destination` (a tensor of the box's shape, or a view into this
 // rank's parameter). A rank that holds a whole parameter asks for the whole box; a
-// tensor-parallel or FSDP rank asks for its slice (parallel/tensor_slice.h's box).
+// tensor-parallel or FSDP rank asks for its slice (parallel/tensor_slice.h's box). With
+// `receive` set, `destination` only gives the dtype and device: the part is read into a fresh
+// tensor of the box's shape, handed to `receive` and released before the next part is read
+// (a frozen weight a wrapper stores quantized, so that no more than one is held whole).
 struct HfParameterPart {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<int64_t> offsets;
   std::vector<int64_t> lengths;
   torch::Tensor destination;
+  std::function<void(const torch::Tensor& values)> receive;
 };
 
 // Copies each of `parts` (every parameter of a model of `config`, each once) from

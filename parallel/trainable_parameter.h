@@ -10,6 +10,7 @@
 #define PLAIT_PARALLEL_TRAINABLE_PARAMETER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,11 @@ struct TrainableParameter {
   // optimizer's master weights start from, of which `tensor` is the rounded copy (a model
   // initialised or loaded in fp32 and computing in bf16). Undefined: `tensor` widened.
   torch::Tensor master;
+  // For a frozen part that a step holds in a form of its own rather than as a tensor of the
+  // model (QLoRA's NF4 base): takes the part's values (of `slice.box`'s shape, in `tensor`'s
+  // dtype, on its device) and stores them; `tensor` is then empty and holds no values. Unset
+  // for every other part.
+  std::function<void(const torch::Tensor& values)> store;
 };
 
 }  // namespace plait::parallel

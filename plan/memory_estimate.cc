@@ -179,6 +179,10 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
   const double trained =
       (trainable.has_value() ? CountOf(*trainable) : all) * estimate.preparation.parameter_fraction;
   estimate.parameter_bytes = kept * parameter_element;
+  // Less what a step holds whole in a smaller form of its own (QLoRA's NF4 base).
+  for (const wrap::StepEstimate& step : estimate.preparation.steps) {
+    estimate.parameter_bytes -= step.parameter_bytes_saved;
+  }
   estimate.optimizer_state_bytes =
       trained * kBytesPerFloat * (estimate.optimizer_slots + (estimate.fp32_masters ? 1 : 0));
   estimate.gradient_bytes = trained * gradient_element;

@@ -183,6 +183,25 @@ TEST(EstimateMemoryTest, LoraLeavesGradientsAndOptimizerStateToTheAdapters) {
               DoubleNear(0.5 * ((TinyParameters() + adapters) * 2 * 4 + adapters * 4), 1));
 }
 
+// QLoRA before DDP: the targeted weights take their NF4 bytes (0.5 byte a weight plus a
+// 4-byte maximum per 64) instead of 4 bytes a weight.
+TEST(EstimateMemoryTest, AnNf4BaseTakesItsNf4Bytes) {
+  const auto parameter_bytes = [](const std::string& quantization) {
+    Plan plan = ParseOrDie(kTinyOnTwoFsdpRanks);
+    *plan.mutable_prepare() =
+        ParseOrDie(absl::StrCat(R"pb(prepare { lora { rank: 8 alpha: 16 target: "*q_proj")pb",
+                                quantization, R"pb(}
+                                                   } prepare { ddp { mesh_dim: "dp" } })pb"))
+            .prepare();
+    absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(plan, 2));
+    EXPECT_THAT(estimate, IsOk());
+    return estimate.value_or(MemoryEstimate()).parameter_bytes;
+  };
+  const double weights = 4 * 256 * 256;  // 4 blocks' q_proj
+  EXPECT_THAT(parameter_bytes("") - parameter_bytes("base_quantization: NF4"),
+              DoubleNear(weights * 4 - (weights / 2 + weights / 64 * 4), 1e-6));
+}
+
 // Activation checkpointing (before FSDP) keeps less of each block's forward: full keeps a
 // block's input, selective its projections' outputs too, so its estimate lies in between.
 TEST(EstimateMemoryTest, ActivationCheckpointingLowersTheActivations) {

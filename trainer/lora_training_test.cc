@@ -35,6 +35,7 @@
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 #include "wrap/lora/lora.h"
+#include "wrap/lora/nf4.h"
 
 namespace plait::trainer {
 namespace {
@@ -50,6 +51,15 @@ using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
 
 constexpr char kLora[] = R"pb(lora { rank: 4 alpha: 8 target: "*q_proj" target: "*v_proj" })pb";
+// The same adapters over an NF4 base with double quantization (QLoRA).
+constexpr char kQLora[] = R"pb(lora {
+                                 rank: 4
+                                 alpha: 8
+                                 target: "*q_proj"
+                                 target: "*v_proj"
+                                 base_quantization: NF4
+                                 double_quant: true
+                               })pb";
 
 bool IsAdapter(const std::string& name) { return absl::StrContains(name, ".lora_"); }
 
@@ -217,15 +227,23 @@ TEST(LoraTrainTest, FromAHuggingFaceFolderFsdpTrainsAsOneProcess) {
 }
 
 // Checkpoints hold the adapters and their optimizer state alone; a run resumed after step 5
-// gives its base its values again and continues bit for bit as the straight run, on FSDP's
-// 2 ranks, from the seed and from a Hugging Face folder; a resume from another base is
-// refused.
+// gives its base its values again (QLoRA's quantized again) and continues bit for bit as the
+// straight run, on FSDP's 2 ranks from the seed and from a Hugging Face folder, and QLoRA on
+// DDP's from the folder; a resume from another base is refused.
 TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
-  for (const bool from_hf : {false, true}) {
-    SCOPED_TRACE(from_hf ? "from a Hugging Face folder" : "from the seed");
-    const std::string name = from_hf ? "hf" : "seed";
+  struct Case {
+    const char* plan;
+    const char* lora;
+    bool from_hf;
+  };
+  for (const Case& one : {Case{"llama_fsdp", kLora, false}, Case{"llama_fsdp", kLora, true},
+                          Case{"llama_ddp", kQLora, true}}) {
+    const bool from_hf = one.from_hf;
+    const std::string name =
+        absl::StrCat(one.plan, one.lora == kQLora ? "_qlora_" : "_", from_hf ? "hf" : "seed");
+    SCOPED_TRACE(name);
     const auto with_checkpoints = [&](const std::string& dir) {
-      plan::Plan plan = LoraPlan("llama_fsdp");
+      plan::Plan plan = LoraPlan(one.plan, one.lora);
       if (from_hf) plan.set_hf_weights_dir(HfFolderOfSeed(5));
       for (const std::string& assignment : {std::string("training.checkpoint.every=5"),
                                             absl::StrCat("training.checkpoint.dir=", dir)}) {
@@ -336,6 +354,46 @@ TEST(LoraTrainTest, TheSavedAdapterFolderIsTheTrainedAdapters) {
       EXPECT_TRUE(full->at(name).equal(saved)) << name << " on rank " << rank;
     }
   });
+}
+
+// QLoRA: the base a prepared model computes with is its values (the seed's, or a Hugging
+// Face folder's, each stored as it is loaded) through NF4 for the targeted projections, and
+// as they are for the rest; it trains, and DDP's 2 ranks train as one process.
+TEST(QLoraTrainTest, TheBaseIsQuantizedAsLoadedAndDdpTrainsAsOneProcess) {
+  const std::string dir = HfFolderOfSeed(5);
+  for (const bool from_hf : {false, true}) {
+    plan::Plan plan = LoraPlan("llama_single", kQLora);
+    const auto base = ModelOfSeed(from_hf ? 5 : 1)->named_parameters();
+    WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
+      auto prepared =
+          PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), from_hf ? dir : "",
+                                 plan.prepare(), mesh, Role::kTrained, "plan");
+      ASSERT_THAT(prepared, IsOk());
+      auto full = (*prepared)->preparation().FullParameters();
+      ASSERT_THAT(full, IsOk());
+      ASSERT_EQ(full->size(), base.size() + 4u * 2u * 2u);
+      for (const auto& [name, values] : *full) {
+        if (IsAdapter(name)) continue;
+        const bool held =
+            absl::StrContains(name, "q_proj.weight") || absl::StrContains(name, "v_proj.weight");
+        const torch::Tensor want =
+            held ? wrap::lora::Nf4Dequantize(wrap::lora::Nf4Quantize(base[name], true),
+                                             torch::kFloat32)
+                 : base[name];
+        EXPECT_TRUE(values.equal(want)) << name << (from_hf ? " from the folder" : "");
+      }
+    });
+  }
+  plan::Plan single = LoraPlan("llama_single", kQLora);
+  plan::Plan ddp = LoraPlan("llama_ddp", kQLora);
+  single.set_hf_weights_dir(dir);
+  ddp.set_hf_weights_dir(dir);
+  const TrainReport expected = TrainOnRanks(single, 1);
+  ASSERT_EQ(expected.steps.size(), 10u);
+  EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss - 0.1);
+  std::cout << "QLoRA on one process: loss " << expected.steps.front().loss << " at step 1, "
+            << expected.steps.back().loss << " at step 10\n";
+  ExpectSameLosses(TrainOnRanks(ddp, 2), expected, 1e-5);
 }
 
 // "Nothing silently frozen": a trainable parameter that got no gradient is named.

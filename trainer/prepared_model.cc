@@ -26,7 +26,8 @@ torch::Tensor LoadTarget(const parallel::TrainableParameter& parameter) {
   return (parameter.master.defined() ? parameter.master : parameter.tensor).detach();
 }
 
-// Loads each of `parameters`' slices from the Hugging Face folder `dir` into `LoadTarget`.
+// Loads each of `parameters`' slices from the Hugging Face folder `dir` into `LoadTarget`, or
+// hands it to the part's `store`.
 absl::Status LoadHfSlices(const std::string& dir, const models::ModelConfig& config,
                           const std::vector<parallel::TrainableParameter>& parameters) {
   PLAIT_ASSIGN_OR_RETURN(models::SafetensorsCheckpoint checkpoint,
@@ -34,20 +35,27 @@ absl::Status LoadHfSlices(const std::string& dir, const models::ModelConfig& con
   std::vector<models::HfParameterPart> parts;
   for (const parallel::TrainableParameter& parameter : parameters) {
     const parallel::TensorSlice& slice = parameter.slice;
+    // A part a step stores in its own form (`store`) is read into a tensor of its own.
     parts.push_back({parameter.name, slice.global_shape, slice.box.offsets, slice.box.lengths,
-                     slice.DataOf(LoadTarget(parameter))});
+                     parameter.store ? parameter.tensor : slice.DataOf(LoadTarget(parameter)),
+                     parameter.store});
   }
   return models::LoadHfParts(checkpoint, config, parts);
 }
 
-// Writes into each of `parameters`' `LoadTarget` its slice of the values the model is
-// initialised with, drawing only (the tiles of) the slice.
+// Writes into each of `parameters`' `LoadTarget` (or hands to its `store`, in its dtype) its
+// slice of the values the model is initialised with, drawing only (the tiles of) the slice.
 void WriteInitialSlices(const models::ModelConfig& config, const models::InitConfig& init,
                         const std::vector<parallel::TrainableParameter>& parameters) {
   torch::NoGradGuard no_grad;
   for (const parallel::TrainableParameter& parameter : parameters) {
-    parameter.slice.DataOf(LoadTarget(parameter))
-        .copy_(models::CausalLM::InitialValues(config, init, parameter.name, parameter.slice));
+    const torch::Tensor values =
+        models::CausalLM::InitialValues(config, init, parameter.name, parameter.slice);
+    if (parameter.store) {
+      parameter.store(values.to(parameter.tensor.options()));
+    } else {
+      parameter.slice.DataOf(LoadTarget(parameter)).copy_(values);
+    }
   }
 }
 

@@ -108,6 +108,14 @@ std::vector<parallel::TrainableParameter> Preparation::PartsOf(bool trainable) {
                           parallel::TensorSlice::Whole(named.parameter.sizes())});
   }
   for (const auto& strategy : strategies_) strategy->UpdateParameters(parameters);
+  if (!trainable) {
+    // Whole: no strategy splits what the model no longer lists (rule qlora_without_fsdp).
+    for (const auto& strategy : strategies_) {
+      for (parallel::TrainableParameter& held : strategy->HeldParameters()) {
+        parameters.push_back(std::move(held));
+      }
+    }
+  }
   return parameters;
 }
 

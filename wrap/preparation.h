@@ -60,7 +60,8 @@ class Preparation {
 
   // After TakeTrainableParameters: this rank's parts of the parameters a step froze (LoRA's
   // base), laid out as the strategies hold them (FSDP's fp32 shards, or the whole
-  // parameters), each with its slice: what the caller gives their values to. They require no
+  // parameters), each with its slice, and those a step holds in a form of its own (QLoRA's
+  // NF4 base, each with a `store`): what the caller gives their values to. They require no
   // gradient and are never an optimizer's. FailedPrecondition before the trainable ones were
   // taken, while a step may still change them.
   absl::StatusOr<std::vector<parallel::TrainableParameter>> FrozenParameters();

@@ -86,15 +86,19 @@ std::vector<base::Violation> CheckSteps(
     violations.push_back({std::move(where), std::move(message), std::move(rule)});
   };
   std::map<std::string, int> count;
+  // The names each step so far goes by in the rules: its strategy's, and its aliases.
+  std::vector<std::set<std::string>> step_names;
   std::map<std::string, std::vector<std::pair<std::string, int>>> dim_users;
   for (int i = 0; i < steps.size(); ++i) {
     const std::string step_field = absl::StrCat(field, "[", i, "]");
     absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(steps[i]);
+    const std::string name = StrategyName(steps[i]);
+    std::set<std::string>& names = step_names.emplace_back(std::set<std::string>{name});
     if (!strategy.ok()) {
       add(step_field, std::string(strategy.status().message()));
       continue;
     }
-    const std::string name = StrategyName(steps[i]);
+    for (std::string& alias : (*strategy)->rule_aliases()) names.insert(std::move(alias));
     const StrategyRule* rule = FindStrategy(rules, name);
     if (rule == nullptr) {
       add(absl::StrCat(step_field, ".", name), "has no preparation rule in the rules file");
@@ -119,7 +123,7 @@ std::vector<base::Violation> CheckSteps(
     }
     for (const Relation& relation : rule->exclusive()) {
       for (int j = 0; j < i; ++j) {
-        if (StrategyName(steps[j]) == relation.strategy()) {
+        if (step_names[j].count(relation.strategy()) > 0) {
           add(absl::StrCat(step_field, ".", name),
               absl::StrCat(name, " cannot be applied with ", relation.strategy(), " (", field, "[",
                            j, "]): ", relation.why()),

@@ -150,6 +150,10 @@ struct StepEstimate {
   // which parameters train, those that do after it, whole (nullopt: unchanged).
   double added_block_parameters = 0.0;
   std::optional<std::vector<ModelShape::Parameter>> trainable_parameters;
+  // Bytes the model's parameters take less on every rank because it holds some of them, whole,
+  // in a smaller form of its own (QLoRA's NF4 base: the targeted weights in the model's dtype
+  // less their NF4 bytes).
+  double parameter_bytes_saved = 0.0;
 };
 
 class Strategy {
@@ -172,6 +176,10 @@ class Strategy {
   // that a run's checkpoints hold no values of them and a resume must take them from where
   // the run did. Default: it freezes none.
   virtual bool freezes_model_parameters() const { return false; }
+
+  // Further names the rules (rules.textproto) know it by, for options that change what it may
+  // be combined with (LoRA with an NF4 base: "qlora"). Default: none.
+  virtual std::vector<std::string> rule_aliases() const { return {}; }
 
   // Whether the ranks of its dimension train on different data (FSDP, DDP) rather than on the
   // same batch (tensor parallelism): the data-parallel width is the product of such dimensions.
@@ -204,6 +212,12 @@ class Strategy {
   // into what this rank holds of them after this strategy (FSDP: its shards). Default:
   // unchanged.
   virtual void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) {}
+
+  // After Apply: the parts of the model's parameters it took out of the model and holds in a
+  // form of its own (QLoRA's NF4 base), frozen and whole, each with a `store` that takes its
+  // values: what the model no longer lists, for the caller to give values to as to the other
+  // frozen parameters. Default: none.
+  virtual std::vector<parallel::TrainableParameter> HeldParameters() { return {}; }
 
   // After Apply: whether the next backward passes synchronise gradients. Gradient
   // accumulation turns it off for all micro-batches but the last. Default: nothing to skip.

@@ -5,7 +5,8 @@
 // split (Megatron's layout), telling attention how many heads its sharded projections now
 // hold, and the TensorParallelOps the model's forward calls where Megatron communicates; and
 // the CheckpointingOps its forward calls to run each block and each of a block's projections;
-// and the ProjectionOps through which a wrapper adds to those projections' outputs (adapters).
+// and the ProjectionOps through which a wrapper adds to those projections' outputs (adapters)
+// and may supply the weights they compute with (QLoRA's NF4 base).
 // Wrappers depend on this interface only, never on a concrete model.
 //
 //   Wrappable& model = ...;  // e.g. a plait::models::CausalLM
@@ -195,9 +196,17 @@ class Wrappable {
 // With activation checkpointing the model calls it inside the checkpointed block, so it runs
 // again when the block is recomputed; `output` is then the kept one under SELECTIVE. A model
 // without it set continues with the projection's output.
+//
+// Before it computes, the model asks Weight for the weight a projection computes with: a
+// wrapper may hold a projection's weight in a form of its own (QLoRA's NF4 base, dequantized
+// here) and take it out of the module's parameters.
 class ProjectionOps {
  public:
   virtual ~ProjectionOps() = default;
+  // The weight [out, in] `projection` computes with: its `weight` parameter as given, or the
+  // one the ops hold for it (requiring no gradient).
+  virtual torch::Tensor Weight(const torch::nn::Module& projection,
+                               const torch::Tensor& weight) = 0;
   virtual torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
                               torch::Tensor output) = 0;
   // How tensor parallelism splits the parameter `name` when these ops added it to a

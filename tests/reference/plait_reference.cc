@@ -16,6 +16,7 @@
 //   plait_reference sft_step --hf_dir=DIR --batch=BATCH,BATCH... --out=OUT
 //   plait_reference lora --hf_dir=DIR --lora=TEXT --adapters=ADAPTERS|--peft_dir=DIR
 //                        [--save_peft_dir=DIR] --batch=BATCH --out=OUT
+//   plait_reference nf4 --weights=WEIGHTS --out=OUT
 //
 // BATCH is a safetensors file of int64 `input_ids` and `labels` [B, T], with labels in
 // Hugging Face's convention: aligned with the inputs, shifted inside the loss, -100 ignored.
@@ -44,7 +45,13 @@
 //     LoraConfig.initial_adapter_dir), then, with the adapters set to ADAPTERS' tensors (by
 //     plait's names) or left as the folder's, `logits`, `loss` and
 //     `grad.<name>` for every trainable parameter (those the optimizer owns); with
-//     --save_peft_dir, the adapters saved there as a PEFT adapter folder.
+//     --save_peft_dir, the adapters saved there as a PEFT adapter folder;
+//   nf4: for every tensor <name> of the safetensors file WEIGHTS (fp32 or bf16), its NF4 form
+//     (wrap/lora/nf4.h) without double quantization, `<name>.nf4.packed` and
+//     `<name>.nf4.absmax`, and with it, `<name>.nf4dq.packed`, `<name>.nf4dq.absmax_codes`,
+//     `<name>.nf4dq.absmax_scales` and `<name>.nf4dq.absmax_offset` [1]; and each form
+//     dequantized in the tensor's dtype, `<name>.nf4.dequantized`, `<name>.nf4dq.dequantized`
+//     (the uint8 bytes and codes written as int64: plait's safetensors writer has no U8).
 // Exits 0 on success, 1 with a message on stderr otherwise, 2 on a usage error.
 #include <algorithm>
 #include <cstdint>
@@ -84,6 +91,7 @@
 #include "sched/schedule_builder.h"
 #include "torch/types.h"
 #include "torch/utils.h"
+#include "wrap/lora/nf4.h"
 #include "wrap/preparation.h"
 #include "wrap/wrap.pb.h"
 
@@ -107,6 +115,7 @@ ABSL_FLAG(std::string, lora, "", "lora: a wrap.LoraConfig text proto.");
 ABSL_FLAG(std::string, adapters, "", "lora: a safetensors file of the adapters' values.");
 ABSL_FLAG(std::string, peft_dir, "", "lora: a PEFT adapter folder of the adapters' values.");
 ABSL_FLAG(std::string, save_peft_dir, "", "lora: save the adapters here as a PEFT folder.");
+ABSL_FLAG(std::string, weights, "", "nf4: a safetensors file of the tensors to quantize.");
 ABSL_FLAG(std::string, out, "", "Where to write the results.");
 
 namespace plait::reference {
@@ -477,6 +486,32 @@ absl::Status RunLora() {
   return status;
 }
 
+absl::Status RunNf4() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string weights, RequiredFlag(FLAGS_weights, "weights"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> file,
+                         models::SafetensorsFile::Open(weights));
+  NamedTensors results;
+  for (const auto& entry : file->entries()) {
+    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor weight, file->Read(entry.first));
+    for (const bool double_quant : {false, true}) {
+      const wrap::lora::Nf4Tensor q = wrap::lora::Nf4Quantize(weight, double_quant);
+      const std::string prefix = absl::StrCat(entry.first, double_quant ? ".nf4dq." : ".nf4.");
+      results.emplace_back(prefix + "packed", q.packed.to(torch::kInt64));
+      if (double_quant) {
+        results.emplace_back(prefix + "absmax_codes", q.absmax_codes.to(torch::kInt64));
+        results.emplace_back(prefix + "absmax_scales", q.absmax_scales);
+        results.emplace_back(prefix + "absmax_offset", q.absmax_offset.reshape({1}));
+      } else {
+        results.emplace_back(prefix + "absmax", q.absmax);
+      }
+      results.emplace_back(prefix + "dequantized",
+                           wrap::lora::Nf4Dequantize(q, weight.scalar_type()));
+    }
+  }
+  return models::WriteSafetensors(out, results);
+}
+
 }  // namespace
 }  // namespace plait::reference
 
@@ -484,12 +519,12 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "plait's side of the reference tests; see tests/reference/plait_reference.cc.\n"
       "usage: plait_reference "
-      "forward_backward|save_hf|train|schedules|optimizers|dpo|sft_step|lora "
+      "forward_backward|save_hf|train|schedules|optimizers|dpo|sft_step|lora|nf4 "
       "--flags...");
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() != 2) {
     std::cerr << "plait_reference: give one command: forward_backward, save_hf, train, "
-                 "schedules, optimizers, dpo, sft_step or lora\n";
+                 "schedules, optimizers, dpo, sft_step, lora or nf4\n";
     return 2;
   }
   const std::string command = positional[1];
@@ -510,6 +545,8 @@ int main(int argc, char** argv) {
     status = plait::reference::RunSftStep();
   } else if (command == "lora") {
     status = plait::reference::RunLora();
+  } else if (command == "nf4") {
+    status = plait::reference::RunNf4();
   } else {
     std::cerr << "plait_reference: unknown command \"" << command << "\"\n";
     return 2;

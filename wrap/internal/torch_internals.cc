@@ -46,6 +46,21 @@ void FreeStorage(const torch::Tensor& tensor) {
   storage->set_nbytes(0);
 }
 
+namespace {
+
+// Reaches torch::nn::Module's protected parameter list, which derived classes may name.
+struct ModuleParameters : torch::nn::Module {
+  static torch::OrderedDict<std::string, torch::Tensor>& Of(torch::nn::Module& module) {
+    return module.*(&ModuleParameters::parameters_);
+  }
+};
+
+}  // namespace
+
+void UnregisterParameter(torch::nn::Module& module, const std::string& name) {
+  ModuleParameters::Of(module).erase(name);
+}
+
 torch::Tensor RestoreStorage(const torch::Tensor& tensor) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   const size_t nbytes = (tensor.storage_offset() + tensor.numel()) * tensor.element_size();

@@ -2,7 +2,8 @@
 // that a LibTorch upgrade touches only this file: hooks that run after a leaf's gradient was
 // accumulated and at the end of a backward pass (what PyTorch's own DDP reducer uses),
 // freeing and refilling a tensor's storage in place (what PyTorch's FSDP2 does with
-// untyped_storage().resize_()), and suspending a leaf's tensor hooks.
+// untyped_storage().resize_()), suspending a leaf's tensor hooks, and taking a parameter out
+// of its module (what Python's `del module.weight` does).
 // Checked against LibTorch 1.13 and 2.13 (the pointer type of a node differs between them:
 // base/torch_compat.h).
 #ifndef PLAIT_WRAP_INTERNAL_TORCH_INTERNALS_H_
@@ -10,10 +11,12 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "base/torch_compat.h"
+#include "torch/nn/module.h"
 #include "torch/types.h"
 
 namespace plait::wrap::internal {
@@ -37,6 +40,11 @@ void FreeStorage(const torch::Tensor& tensor);
 // autograd version counter alone, so tensors autograd saved before the storage was freed
 // read the new values as if nothing had happened.
 torch::Tensor RestoreStorage(const torch::Tensor& tensor);
+
+// Removes parameter `name` (registered directly on `module`) from the parameters `module`
+// lists; LibTorch has no public call for it. The module's own member for it, if it keeps one,
+// still refers to the tensor.
+void UnregisterParameter(torch::nn::Module& module, const std::string& name);
 
 // While it lives, the tensor hooks (Tensor::register_hook) of `leaves` do not run. For
 // gradients torch::autograd::grad captures at leaves, which LibTorch 2.x passes through their

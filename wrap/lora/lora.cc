@@ -17,6 +17,7 @@
 #include "base/torch_compat.h"
 #include "torch/nn/functional/dropout.h"
 #include "torch/nn/functional/linear.h"
+#include "wrap/internal/torch_internals.h"
 #include "wrap/lora/starting_adapters.h"
 
 namespace plait::wrap::lora {
@@ -138,11 +139,19 @@ absl::Status ValidateLoraConfig(const LoraConfig& config) {
       return absl::InvalidArgumentError(absl::StrCat("lora.target[", i, "]: is empty"));
     }
   }
+  if (config.double_quant() && config.base_quantization() != LoraConfig::NF4) {
+    return absl::InvalidArgumentError(
+        "lora.double_quant: quantizes the block maxima of an NF4 base; set base_quantization: "
+        "NF4 or drop it");
+  }
   return absl::OkStatus();
 }
 
 Lora::Lora(Wrappable& model, const LoraConfig& config)
-    : model_(model), scale_(Scale(config)), dropout_(config.dropout()) {}
+    : model_(model),
+      scale_(Scale(config)),
+      dropout_(config.dropout()),
+      double_quant_(config.double_quant()) {}
 
 absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraConfig& config) {
   PLAIT_RETURN_IF_ERROR(ValidateLoraConfig(config));
@@ -201,12 +210,69 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
     auto a_module = projection->register_module("lora_A", std::make_shared<AdapterMatrix>(a));
     auto b_module = projection->register_module("lora_B", std::make_shared<AdapterMatrix>(b));
     lora->adapters_[projection.get()] = {a_module->weight, b_module->weight};
+    if (config.base_quantization() != LoraConfig::NF4) continue;
+    // The weight leaves the parameters for buffers in NF4 (of what it holds now; a deferred
+    // weight's zeros give the buffers their shapes until its values are stored) and its
+    // full-precision memory is freed: the module's own member keeps an empty tensor.
+    Held& held = lora->held_[projection.get()];
+    lora->held_order_.push_back(projection.get());
+    held.name = absl::StrCat(name, kWeight);
+    held.options = weight.options();
+    held.nf4 = Nf4Quantize(weight, config.double_quant());
+    const std::pair<const char*, torch::Tensor*> buffers[] = {
+        {"weight_nf4", &held.nf4.packed},
+        {"weight_absmax", &held.nf4.absmax},
+        {"weight_absmax_codes", &held.nf4.absmax_codes},
+        {"weight_absmax_scales", &held.nf4.absmax_scales},
+        {"weight_absmax_offset", &held.nf4.absmax_offset}};
+    for (const auto& [buffer, tensor] : buffers) {
+      if (tensor->defined()) *tensor = projection->register_buffer(buffer, *tensor);
+    }
+    internal::UnregisterParameter(*projection, "weight");
+    weight.set_data(torch::empty({0}, held.options));
   }
   model.SetProjectionOps(lora.get());
   return lora;
 }
 
 Lora::~Lora() { model_.SetProjectionOps(nullptr); }
+
+torch::Tensor Lora::Weight(const torch::nn::Module& projection, const torch::Tensor& weight) {
+  const auto it = held_.find(&projection);
+  if (it == held_.end()) return weight;
+  return Nf4Dequantize(it->second.nf4, it->second.options.dtype().toScalarType());
+}
+
+void Lora::Store(Held& held, const torch::Tensor& values) const {
+  torch::NoGradGuard no_grad;
+  const Nf4Tensor nf4 = Nf4Quantize(values.to(held.options), double_quant_);
+  for (const auto& [to, from] :
+       {std::pair{&held.nf4.packed, &nf4.packed}, std::pair{&held.nf4.absmax, &nf4.absmax},
+        std::pair{&held.nf4.absmax_codes, &nf4.absmax_codes},
+        std::pair{&held.nf4.absmax_scales, &nf4.absmax_scales},
+        std::pair{&held.nf4.absmax_offset, &nf4.absmax_offset}}) {
+    if (to->defined()) to->copy_(*from);
+  }
+}
+
+std::vector<parallel::TrainableParameter> Lora::HeldParameters() {
+  std::vector<parallel::TrainableParameter> parts;
+  for (const torch::nn::Module* projection : held_order_) {
+    Held* held = &held_.at(projection);
+    parallel::TrainableParameter& part = parts.emplace_back();
+    part.name = held->name;
+    part.tensor = torch::empty({0}, held->options);
+    part.slice = parallel::TensorSlice::Whole(held->nf4.shape);
+    part.store = [this, held](const torch::Tensor& values) { Store(*held, values); };
+  }
+  return parts;
+}
+
+void Lora::AddHeldWeights(std::map<std::string, torch::Tensor>& parameters) const {
+  for (const auto& [projection, held] : held_) {
+    parameters[held.name] = Nf4Dequantize(held.nf4, held.options.dtype().toScalarType());
+  }
+}
 
 torch::Tensor Lora::Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
                           torch::Tensor output) {
@@ -277,6 +343,8 @@ StepEstimate LoraStrategy::Estimate(const ModelShape& shape,
   const Matches matches = Match(config_, CandidatesOf(shape));
   std::vector<ModelShape::Parameter> trainable;
   double adapters = 0;
+  double targeted_weights = 0;
+  double nf4_bytes = 0;
   for (const auto& [candidate, projection] : matches.targeted) {
     const std::vector<int64_t>& weight = shape.parameter_list[candidate].shape;
     for (ModelShape::Parameter& adapter : std::vector<ModelShape::Parameter>{
@@ -285,6 +353,8 @@ StepEstimate LoraStrategy::Estimate(const ModelShape& shape,
       adapters += adapter.numel();
       trainable.push_back(std::move(adapter));
     }
+    targeted_weights += static_cast<double>(weight[0] * weight[1]);
+    nf4_bytes += static_cast<double>(Nf4Bytes(weight[0] * weight[1], config_.double_quant()));
   }
   const int projections = static_cast<int>(matches.targeted.size());
   StepEstimate estimate;
@@ -294,9 +364,25 @@ StepEstimate LoraStrategy::Estimate(const ModelShape& shape,
       config_.rank(), config_.alpha(), config_.use_rslora() ? ", rsLoRA" : "", Scale(config_),
       projections, absl::StrJoin(config_.target(), ", "), base::HumanCount(adapters),
       base::HumanCount(shape.parameters));
+  if (config_.base_quantization() == LoraConfig::NF4) {
+    absl::StrAppendFormat(
+        &estimate.description,
+        "; the %s weights of the targeted projections in NF4%s: %s (%.3g bytes a weight) "
+        "instead of %s, whole on every rank, dequantized for each use",
+        base::HumanCount(targeted_weights),
+        config_.double_quant() ? " with double quantization" : "",
+        base::HumanBytesAnySize(nf4_bytes), nf4_bytes / targeted_weights,
+        base::HumanBytesAnySize(targeted_weights * shape.parameter_bytes));
+    estimate.parameter_bytes_saved = targeted_weights * shape.parameter_bytes - nf4_bytes;
+  }
   estimate.added_block_parameters = adapters;
   estimate.trainable_parameters = std::move(trainable);
   return estimate;
+}
+
+std::vector<std::string> LoraStrategy::rule_aliases() const {
+  if (config_.base_quantization() == LoraConfig::NF4) return {"qlora"};
+  return {};
 }
 
 absl::Status LoraStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& /*mesh*/) {

@@ -24,6 +24,19 @@
 // when it recomputes a block, so its masks are drawn again as they were. Under tensor
 // parallelism each rank draws its own masks: the same regularisation as one process, not the
 // same masks.
+//
+// QLoRA (base_quantization NF4): each targeted projection's weight leaves the model's
+// parameters and is held in NF4 (nf4.h) as buffers of the projection (`weight_nf4`,
+// `weight_absmax`, or with double_quant `weight_absmax_codes`, `weight_absmax_scales`,
+// `weight_absmax_offset`), which move with the module; the full-precision weight is freed.
+// ProjectionOps::Weight dequantizes it to the weight's dtype for each use, so autograd keeps
+// the dequantized weight for the input's gradient until the block's backward (with activation
+// checkpointing, only while the block is recomputed). The weight is quantized from what it
+// holds when Create runs, and again each time the preparation's caller stores values in it
+// (HeldParameters' `store`: a run's base loaded from a Hugging Face folder after preparing),
+// one weight at a time. The merged export (Merge) folds the adapters into the dequantized
+// weight. FSDP cannot shard the held weights, nor tensor parallelism split them: the rules refuse
+// both (qlora_without_fsdp, qlora_without_tp).
 #ifndef PLAIT_WRAP_LORA_LORA_H_
 #define PLAIT_WRAP_LORA_LORA_H_
 
@@ -38,8 +51,10 @@
 #include "base/violation.h"
 #include "parallel/device_mesh.h"
 #include "parallel/mesh.pb.h"
+#include "parallel/trainable_parameter.h"
 #include "torch/nn/module.h"
 #include "torch/types.h"
+#include "wrap/lora/nf4.h"
 #include "wrap/strategy.h"
 #include "wrap/wrap.pb.h"
 #include "wrap/wrappable.h"
@@ -58,6 +73,7 @@ class Lora final : public ProjectionOps {
   Lora(const Lora&) = delete;
   Lora& operator=(const Lora&) = delete;
 
+  torch::Tensor Weight(const torch::nn::Module& projection, const torch::Tensor& weight) override;
   torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
                       torch::Tensor output) override;
   // An adapter splits with its projection where their dimensions meet: B with a
@@ -73,18 +89,38 @@ class Lora final : public ProjectionOps {
   // removes the pair. InternalError naming the tensor when one is missing.
   absl::Status Merge(std::map<std::string, torch::Tensor>& parameters) const;
 
+  // With NF4: the weights it holds, whole, each a frozen part whose `store` quantizes the
+  // values given into its buffers (Strategy::HeldParameters); none otherwise.
+  std::vector<parallel::TrainableParameter> HeldParameters();
+
+  // With NF4: adds each weight it holds to `parameters`, by name, dequantized (a whole
+  // model's parameters, as Strategy::GatherFullParameters gives them).
+  void AddHeldWeights(std::map<std::string, torch::Tensor>& parameters) const;
+
  private:
   struct Adapter {
     torch::Tensor a;  // lora_A.weight [rank, in]
     torch::Tensor b;  // lora_B.weight [out, rank]
   };
+  // A projection's weight held in NF4; its tensors are the projection's buffers.
+  struct Held {
+    std::string name;              // the weight's parameter name, "...q_proj.weight"
+    torch::TensorOptions options;  // the weight's dtype and device
+    Nf4Tensor nf4;
+  };
+
+  // Quantizes `values` into `held`'s buffers, in place.
+  void Store(Held& held, const torch::Tensor& values) const;
 
   Lora(Wrappable& model, const LoraConfig& config);
 
   Wrappable& model_;
   const double scale_;
   const double dropout_;
+  const bool double_quant_;
   std::map<const torch::nn::Module*, Adapter> adapters_;
+  std::map<const torch::nn::Module*, Held> held_;
+  std::vector<const torch::nn::Module*> held_order_;  // held_'s keys, as adapted_
   std::vector<std::string> adapted_;
   std::map<std::string, Wrappable::Split> splits_;  // AddedParameterSplit's, by adapter name
 };
@@ -97,7 +133,7 @@ double Scale(const LoraConfig& config);
 torch::Tensor InitialA(uint64_t seed, const std::string& name, int64_t rank, int64_t in);
 
 // InvalidArgument naming `lora.<field>` for a rank or alpha not above 0, a dropout outside
-// [0, 1), no target or an empty one.
+// [0, 1), no target or an empty one, or double_quant without NF4.
 absl::Status ValidateLoraConfig(const LoraConfig& config);
 
 // LoRA as a preparation strategy: "lora" in plans and rules. It uses no mesh dimension.
@@ -110,6 +146,8 @@ class LoraStrategy final : public Strategy {
   bool uses_mesh_dim() const override { return false; }
   bool splits_batch() const override { return false; }
   bool freezes_model_parameters() const override { return true; }
+  // "qlora" with an NF4 base (rules.textproto: qlora_without_fsdp).
+  std::vector<std::string> rule_aliases() const override;
   // Each target pattern must match a projection of the model's blocks
   // (`<field>.lora.target[i]`), and a starting folder must fit them
   // (`<field>.lora.initial_adapter_dir`).
@@ -120,6 +158,14 @@ class LoraStrategy final : public Strategy {
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
   const LoraConfig* adapters() const override { return &config_; }
+  std::vector<parallel::TrainableParameter> HeldParameters() override {
+    return lora_->HeldParameters();
+  }
+  // The NF4 weights it holds, dequantized.
+  absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override {
+    lora_->AddHeldWeights(parameters);
+    return absl::OkStatus();
+  }
   // The adapters merged into the base (Lora::Merge).
   absl::Status MergeAddedParameters(std::map<std::string, torch::Tensor>& parameters) override {
     return lora_->Merge(parameters);

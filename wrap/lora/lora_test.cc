@@ -22,6 +22,7 @@
 #include "torch/types.h"
 #include "torch/utils.h"
 #include "wrap/checkpointing/activation_checkpointing.h"
+#include "wrap/lora/nf4.h"
 #include "wrap/preparation.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
@@ -360,6 +361,205 @@ TEST(LoraTest, EstimateCountsTheAdapters) {
   EXPECT_THAT(estimate.description, AllOf(HasSubstr("on 8 projections"), HasSubstr("28.7K")));
 }
 
+// QLoRA: the targeted projections compute with their NF4-dequantized weights, exactly what
+// a model whose weights were replaced by Nf4Dequantize(Nf4Quantize(w)) computes, with and
+// without double quantization; their weights leave the parameters for buffers of 0.5 byte a
+// weight plus the scales; the adapters train and the base gets no gradient.
+TEST(QLoraTest, ComputesTheDequantizedBaseFromHalfAByteAWeight) {
+  const torch::Tensor tokens = Tokens();
+  for (const bool double_quant : {false, true}) {
+    SCOPED_TRACE(double_quant ? "double quantization" : "fp32 maxima");
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    std::shared_ptr<models::CausalLM> expected = MakeModel();
+    LoraConfig config = Config(R"pb(rank: 4 alpha: 8 target: "*q_proj" target: "*mlp.*")pb");
+    auto plain = Lora::Create(*expected, config);
+    ASSERT_THAT(plain, IsOk());
+    {
+      torch::NoGradGuard no_grad;
+      for (const std::string& name : (*plain)->adapted()) {
+        torch::Tensor weight = expected->named_parameters()[name + ".weight"];
+        weight.copy_(Nf4Dequantize(Nf4Quantize(weight, double_quant), torch::kFloat32));
+      }
+    }
+    config.set_base_quantization(LoraConfig::NF4);
+    config.set_double_quant(double_quant);
+    const std::set<std::string> before = [&] {
+      std::set<std::string> names;
+      for (const auto& named : model->NamedParameters()) names.insert(named.name);
+      return names;
+    }();
+    auto lora = Lora::Create(*model, config);
+    ASSERT_THAT(lora, IsOk());
+    ASSERT_EQ((*lora)->adapted().size(), 4u * 4u);
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::equal(model->Forward(tokens), expected->Forward(tokens)));
+      EXPECT_FALSE(torch::equal(model->Forward(tokens), MakeModel()->Forward(tokens)));
+    }
+    // The weights are buffers now: 0.5 byte a weight, 4 bytes a block of 64 (or 1 byte a
+    // block and 4 per 256 blocks).
+    std::set<std::string> listed;
+    for (const auto& named : model->NamedParameters()) listed.insert(named.name);
+    auto buffers = model->named_buffers();
+    for (const std::string& name : (*lora)->adapted()) {
+      EXPECT_EQ(listed.count(name + ".weight"), 0u) << name;
+      EXPECT_EQ(before.count(name + ".weight"), 1u) << name;
+      const int64_t numel = name.find("q_proj") != std::string::npos ? 256 * 256 : 256 * 688;
+      const torch::Tensor packed = buffers[name + ".weight_nf4"];
+      EXPECT_EQ(packed.scalar_type(), torch::kUInt8);
+      EXPECT_EQ(packed.numel() * packed.element_size(), numel / 2) << name;
+      int64_t scale_bytes = 0;
+      for (const char* scales : {".weight_absmax", ".weight_absmax_codes", ".weight_absmax_scales",
+                                 ".weight_absmax_offset"}) {
+        if (buffers.contains(name + scales)) {
+          const torch::Tensor tensor = buffers[name + scales];
+          scale_bytes += tensor.numel() * tensor.element_size();
+        }
+      }
+      EXPECT_EQ(scale_bytes,
+                double_quant ? numel / 64 + 4 * ((numel / 64 + 255) / 256) + 4 : numel / 64 * 4)
+          << name;
+      EXPECT_EQ(packed.numel() + scale_bytes, Nf4Bytes(numel, double_quant));
+    }
+    // Adapters train; nothing of the base gets a gradient.
+    torch::manual_seed(2);
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& named : model->NamedParameters()) {
+        if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
+      }
+    }
+    model->Loss(tokens, torch::roll(tokens, -1, 1)).backward();
+    for (const auto& named : model->NamedParameters()) {
+      const bool adapter = named.name.find("lora_") != std::string::npos;
+      EXPECT_EQ(named.parameter.grad().defined(), adapter) << named.name;
+    }
+    for (const auto& item : buffers) {
+      EXPECT_FALSE(item.value().requires_grad()) << item.key();
+      EXPECT_FALSE(item.value().grad().defined()) << item.key();
+    }
+    const torch::Tensor a = model->named_parameters()["model.layers.1.mlp.down_proj.lora_A.weight"];
+    EXPECT_GT(a.grad().abs().max().item<double>(), 0.0);
+  }
+}
+
+// Under selective activation checkpointing (the projections' outputs kept) QLoRA's gradients
+// are those without checkpointing, bit for bit.
+TEST(QLoraTest, SelectiveCheckpointingKeepsTheGradients) {
+  const torch::Tensor tokens = Tokens();
+  std::map<std::string, torch::Tensor> gradients[2];
+  for (const bool checkpointed : {false, true}) {
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    std::unique_ptr<checkpointing::ActivationCheckpointing> checkpointing;
+    if (checkpointed) {
+      checkpointing = std::make_unique<checkpointing::ActivationCheckpointing>(
+          *model, ActivationCheckpointingConfig::SELECTIVE);
+    }
+    auto lora = Lora::Create(
+        *model, Config(R"pb(rank: 4 alpha: 8 target: "*_proj" base_quantization: NF4)pb"));
+    ASSERT_THAT(lora, IsOk());
+    {
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(2);
+      for (const auto& named : model->NamedParameters()) {
+        if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
+      }
+    }
+    model->Loss(tokens, torch::roll(tokens, -1, 1)).backward();
+    for (const auto& named : model->NamedParameters()) {
+      if (named.parameter.requires_grad()) {
+        gradients[checkpointed][named.name] = named.parameter.grad();
+      }
+    }
+  }
+  ASSERT_EQ(gradients[0].size(), 4u * 7u * 2u);
+  for (const auto& [name, want] : gradients[0]) {
+    EXPECT_TRUE(torch::equal(gradients[1].at(name), want)) << name;
+  }
+}
+
+// The held weights are frozen parts with a `store`: values stored there are quantized and
+// computed with; the whole parameters hold them dequantized, and the merged export folds the
+// adapters into the dequantized weight.
+TEST(QLoraTest, StoredValuesAreQuantizedAndMergedDequantized) {
+  OnOneRank([](parallel::DeviceMesh& mesh) {
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    auto preparation = Preparation::Begin(*model, mesh, "plan.prepare");
+    ASSERT_THAT(preparation, IsOk());
+    ASSERT_THAT((*preparation)->Apply(LoraStep(R"pb(rank: 4
+                                                    alpha: 8
+                                                    target: "*v_proj"
+                                                    base_quantization: NF4
+                                                    double_quant: true)pb")),
+                IsOk());
+    ASSERT_THAT((*preparation)->TakeTrainableParameters(), IsOk());
+    auto frozen = (*preparation)->FrozenParameters();
+    ASSERT_THAT(frozen, IsOk());
+    std::set<std::string> frozen_names;
+    std::shared_ptr<models::CausalLM> other = MakeModel("tiny");
+    {
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(9);
+      for (auto& item : other->named_parameters()) item.value().normal_(0, 0.05);
+    }
+    const auto other_parameters = other->named_parameters();
+    for (const parallel::TrainableParameter& part : *frozen) {
+      frozen_names.insert(part.name);
+      const bool held = part.name.find("v_proj.weight") != std::string::npos;
+      EXPECT_EQ(static_cast<bool>(part.store), held) << part.name;
+      if (!held) continue;
+      EXPECT_EQ(part.tensor.numel(), 0);
+      EXPECT_EQ(part.slice.global_shape, (std::vector<int64_t>{128, 256}));
+      part.store(other_parameters[part.name]);
+    }
+    std::set<std::string> base_names;
+    for (const auto& named : MakeModel()->NamedParameters()) base_names.insert(named.name);
+    EXPECT_EQ(frozen_names, base_names);
+
+    auto full = (*preparation)->FullParameters();
+    ASSERT_THAT(full, IsOk());
+    const std::string name = "model.layers.2.self_attn.v_proj.weight";
+    const torch::Tensor quantized =
+        Nf4Dequantize(Nf4Quantize(other_parameters[name], true), torch::kFloat32);
+    EXPECT_TRUE(torch::equal(full->at(name), quantized));
+
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(3);
+    for (const auto& named : model->NamedParameters()) {
+      if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
+    }
+    const torch::Tensor tokens = Tokens();
+    const torch::Tensor adapted = model->Forward(tokens);
+    auto merged = (*preparation)->MergedParameters();
+    ASSERT_THAT(merged, IsOk());
+    ASSERT_EQ(merged->size(), base_names.size());
+    auto parameters = model->named_parameters();
+    const torch::Tensor delta =
+        torch::mm(parameters["model.layers.2.self_attn.v_proj.lora_B.weight"],
+                  parameters["model.layers.2.self_attn.v_proj.lora_A.weight"]);
+    EXPECT_TRUE(torch::allclose(merged->at(name), quantized + 2.0 * delta, 1e-5, 1e-7));
+    std::shared_ptr<models::CausalLM> plain = MakeModel();
+    for (auto& item : plain->named_parameters()) item.value().copy_(merged->at(item.key()));
+    EXPECT_TRUE(torch::allclose(plain->Forward(tokens), adapted, 1e-4, 1e-5));
+  });
+}
+
+TEST(QLoraTest, DoubleQuantNeedsNf4AndTheEstimateSaysNf4) {
+  EXPECT_THAT(
+      MakeStrategy(LoraStep(R"pb(rank: 4 alpha: 8 target: "*q_proj" double_quant: true)pb")),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lora.double_quant:")));
+  std::shared_ptr<models::CausalLM> model = MakeModel();
+  auto strategy =
+      MakeStrategy(LoraStep(R"pb(rank: 8 alpha: 16 target: "*q_proj" base_quantization: NF4)pb"));
+  ASSERT_THAT(strategy, IsOk());
+  const StepEstimate estimate = (*strategy)->Estimate(ShapeOf(*model), parallel::MeshConfig());
+  // 4 q_proj of 256 x 256: 128 KiB in NF4 (+ 16 KiB of maxima) instead of 1 MiB in fp32.
+  EXPECT_THAT(estimate.description,
+              AllOf(HasSubstr("the 262.1K weights of the targeted projections in NF4: 144.0 KiB "
+                              "(0.562 bytes a weight) instead of 1.0 MiB"),
+                    HasSubstr("whole on every rank")));
+}
+
 // The rule violations of the steps `text` gives, separated by ';', as one status's text.
 std::string Violations(const std::string& text) {
   google::protobuf::RepeatedPtrField<PrepareStep> steps;
@@ -393,6 +593,19 @@ TEST(LoraRulesTest, LoraComesBeforeTensorParallelismFsdpAndDdpOnce) {
               AllOf(HasSubstr("plan.prepare[0].tensor_parallel: lora (plan.prepare[1]) must come "
                               "before tensor_parallel"),
                     HasSubstr("(rule lora_before_tp)")));
+  // QLoRA's held weights are whole on every rank: DDP only, neither FSDP nor tensor
+  // parallelism.
+  const std::string qlora =
+      R"pb(lora { rank: 4 alpha: 8 target: "*q_proj" base_quantization: NF4 })pb";
+  EXPECT_EQ(Violations(qlora + ";ddp { mesh_dim: \"dp\" }"), "OK");
+  EXPECT_THAT(Violations(qlora + ";fsdp { mesh_dim: \"dp\" }"),
+              AllOf(HasSubstr("plan.prepare[1].fsdp: fsdp cannot be applied with qlora "
+                              "(plan.prepare[0]): lora with base_quantization NF4"),
+                    HasSubstr("(rule qlora_without_fsdp)")));
+  EXPECT_THAT(Violations(qlora + ";tensor_parallel { mesh_dim: \"tp\" }"),
+              AllOf(HasSubstr("plan.prepare[1].tensor_parallel: tensor_parallel cannot be "
+                              "applied with qlora (plan.prepare[0])"),
+                    HasSubstr("(rule qlora_without_tp)")));
 }
 
 }  // namespace
