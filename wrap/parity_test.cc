@@ -248,7 +248,9 @@ TrainingRun Distributed(const Scenario& scenario) {
       step.mutable_activation_checkpointing()->set_policy(scenario.checkpointing);
       ASSERT_THAT((*preparation)->Apply(step), IsOk());
     }
-    if (scenario.lora) ASSERT_THAT((*preparation)->Apply(LoraStep()), IsOk());
+    if (scenario.lora) {
+      ASSERT_THAT((*preparation)->Apply(LoraStep()), IsOk());
+    }
     if (scenario.tp > 1) {
       PrepareStep step;
       step.mutable_tensor_parallel()->set_mesh_dim("tp");
