@@ -5,7 +5,8 @@
 // split (Megatron's layout), telling attention how many heads its sharded projections now
 // hold, and the TensorParallelOps the model's forward calls where Megatron communicates; and
 // the CheckpointingOps its forward calls to run each block and each of a block's projections;
-// and the ProjectionOps through which a wrapper adds to those projections' outputs (adapters).
+// and the ProjectionOps through which a wrapper adds to those projections' outputs (adapters),
+// which WithoutProjectionOps switches off for a scope.
 // Wrappers depend on this interface only, never on a concrete model.
 //
 //   Wrappable& model = ...;  // e.g. a plait::models::CausalLM
@@ -184,6 +185,30 @@ class Wrappable {
   // Makes the forward pass hand each block projection's output to `ops` (nullptr: none; it
   // must outlive its use, backward passes included).
   virtual void SetProjectionOps(ProjectionOps* ops) = 0;
+
+  // The ops SetProjectionOps installed, or nullptr.
+  virtual ProjectionOps* projection_ops() const = 0;
+};
+
+// While it lives, `model`'s forward runs without the ProjectionOps installed on it, so that a
+// model whose preparation added adapters (LoRA) computes as its base model, as PEFT's
+// disable_adapter() does; the ops are back when it ends. For forward passes under no-grad
+// (DPO's reference when it is the policy without its adapters): activation checkpointing
+// recomputes a block in the backward, which would run after the scope ended, with the ops.
+//
+//   { const WithoutProjectionOps base(model); torch::NoGradGuard no_grad; ... }
+class WithoutProjectionOps {
+ public:
+  explicit WithoutProjectionOps(Wrappable& model) : model_(model), ops_(model.projection_ops()) {
+    model_.SetProjectionOps(nullptr);
+  }
+  ~WithoutProjectionOps() { model_.SetProjectionOps(ops_); }
+  WithoutProjectionOps(const WithoutProjectionOps&) = delete;
+  WithoutProjectionOps& operator=(const WithoutProjectionOps&) = delete;
+
+ private:
+  Wrappable& model_;
+  ProjectionOps* const ops_;
 };
 
 }  // namespace plait::wrap
