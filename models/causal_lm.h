@@ -229,6 +229,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   void SetTensorParallelOps(wrap::TensorParallelOps* ops) override { context_.tp = ops; }
   void SetCheckpointingOps(wrap::CheckpointingOps* ops) override { context_.checkpointing = ops; }
   void SetProjectionOps(wrap::ProjectionOps* ops) override { context_.projections = ops; }
+  wrap::ProjectionOps* projection_ops() const override { return context_.projections; }
 
  private:
   // Its parameters built deferred, with `options`.

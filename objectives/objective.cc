@@ -1,7 +1,8 @@
 #include "objectives/objective.h"
 
 #include <algorithm>
-#include <functional>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,7 @@
 #include "base/status.h"
 #include "data/batch.h"
 #include "objectives/dpo_loss.h"
+#include "wrap/wrappable.h"
 
 namespace plait::objectives {
 namespace {
@@ -28,31 +30,45 @@ class CrossEntropy : public Objective {
   }
 };
 
-// The reference's log-probabilities of a batch's rows, on the batch's device: computed by
-// the model from the batch, or looked up from its copy in host memory (the second argument).
-using ReferenceSource =
-    std::function<absl::StatusOr<torch::Tensor>(const data::Batch&, const data::Batch&)>;
+// While it lives, the policy computes as a frozen copy of its base model would for DPO's
+// reference (Dpo.policy_without_adapters): its adapters off (wrap::WithoutAdapters), in
+// eval mode as a frozen reference runs; its mode is restored when it ends.
+class AsFrozenBase {
+ public:
+  explicit AsFrozenBase(models::CausalLM& policy)
+      : policy_(policy), without_adapters_(policy), was_training_(policy.is_training()) {
+    policy_.eval();
+  }
+  ~AsFrozenBase() { policy_.train(was_training_); }
+  AsFrozenBase(const AsFrozenBase&) = delete;
+  AsFrozenBase& operator=(const AsFrozenBase&) = delete;
 
-// The log-probabilities of `table`'s rows, looked up by the host copy of a batch and moved
-// to the batch's device.
-ReferenceSource LookedUpIn(std::shared_ptr<const ReferenceLogProbs> table) {
-  return [table = std::move(table)](const data::Batch& batch,
-                                    const data::Batch& host) -> absl::StatusOr<torch::Tensor> {
-    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor found, table->Find(host));
-    return data::ToDevice(found, batch.inputs.device());
-  };
-}
+ private:
+  models::CausalLM& policy_;
+  const wrap::WithoutAdapters without_adapters_;
+  const bool was_training_;
+};
 
 class DirectPreference : public Objective {
  public:
-  // `live` is the reference model `reference` computes with, for Start to precompute from;
-  // nullptr when `reference` already looks its rows up.
-  DirectPreference(const Dpo& config, ReferenceSource reference, models::CausalLM* live)
-      : config_(config), reference_(std::move(reference)), live_(live) {}
+  // Against the frozen model `reference`, or, where it is nullptr, against the policy without
+  // its adapters; with precompute_reference, against their log-probabilities computed in
+  // Start. Errors name fields under `field_path`.
+  DirectPreference(const Dpo& config, models::CausalLM* reference, absl::string_view field_path)
+      : config_(config), frozen_(reference), field_path_(field_path) {}
+  // Against the log-probabilities `table` holds.
+  DirectPreference(const Dpo& config, std::shared_ptr<const ReferenceLogProbs> table)
+      : config_(config), table_(std::move(table)) {}
 
   absl::Status Start(RunStart& run) override {
-    if (!config_.precompute_reference() || live_ == nullptr) return absl::OkStatus();
+    if (!config_.precompute_reference() || table_ != nullptr) return absl::OkStatus();
     const absl::Time start = absl::Now();
+    models::CausalLM& reference = frozen_ != nullptr ? *frozen_ : *run.policy;
+    std::optional<AsFrozenBase> frozen_base;
+    if (frozen_ == nullptr) {
+      PLAIT_RETURN_IF_ERROR(CheckHasAdapters(reference));
+      frozen_base.emplace(reference);
+    }
     auto table = std::make_shared<ReferenceLogProbs>();
     // Unshuffled pair files repeat their batches after one pass: one pass is all there is.
     int64_t train_batches = run.train_batches;
@@ -63,24 +79,26 @@ class DirectPreference : public Objective {
          {std::pair{&run.train, train_batches}, std::pair{&run.eval, run.eval_batches}}) {
       for (int64_t i = 0; i < batches; ++i) {
         PLAIT_ASSIGN_OR_RETURN(const data::Batch batch, loader->Next());
-        table->Add(*live_, data::ToDevice(batch, run.device));
+        table->Add(reference, data::ToDevice(batch, run.device));
       }
     }
+    frozen_base.reset();
     run.print(absl::StrFormat(
         "precomputed the reference log-probabilities of %d rows on rank 0 (%d training and %d "
-        "eval micro-batches per rank) in %.1f s",
-        table->rows(), train_batches, run.eval_batches,
-        absl::ToDoubleSeconds(absl::Now() - start)));
-    reference_ = LookedUpIn(std::move(table));
-    live_ = nullptr;
+        "eval micro-batches per rank) in %.1f s%s",
+        table->rows(), train_batches, run.eval_batches, absl::ToDoubleSeconds(absl::Now() - start),
+        frozen_ == nullptr ? ", with the policy's adapters off" : ""));
+    table_ = std::move(table);
+    if (frozen_ == nullptr) return absl::OkStatus();
+    frozen_ = nullptr;
     return base::Annotate(run.release_frozen(config_.reference()),
-                          "plan.objective.dpo.precompute_reference");
+                          absl::StrCat(field_path_, ".dpo.precompute_reference"));
   }
 
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch,
                                           const data::Batch& host) override {
     // First, so that no policy activations are held while a live reference runs.
-    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor reference, reference_(batch, host));
+    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor reference, ReferenceOf(policy, batch, host));
     const torch::Tensor policy_logps =
         policy.SequenceLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget);
     const int64_t pairs = batch.inputs.size(0) / 2;
@@ -115,9 +133,36 @@ class DirectPreference : public Objective {
   int64_t ScoredItems(const data::Batch& batch) const override { return batch.inputs.size(0) / 2; }
 
  private:
+  // The reference's log-probabilities of `batch`'s rows (`host` its copy in host memory) for
+  // `policy`, on the batch's device.
+  absl::StatusOr<torch::Tensor> ReferenceOf(models::CausalLM& policy, const data::Batch& batch,
+                                            const data::Batch& host) const {
+    if (table_ != nullptr) {
+      PLAIT_ASSIGN_OR_RETURN(const torch::Tensor found, table_->Find(host));
+      return data::ToDevice(found, batch.inputs.device());
+    }
+    if (frozen_ != nullptr) return ReferenceLogProbs::Compute(*frozen_, batch);
+    PLAIT_RETURN_IF_ERROR(CheckHasAdapters(policy));
+    const AsFrozenBase frozen_base(policy);
+    return ReferenceLogProbs::Compute(policy, batch);
+  }
+
+  // A policy without adapters would be its own reference, and DPO would learn nothing.
+  absl::Status CheckHasAdapters(const models::CausalLM& policy) const {
+    if (policy.projection_ops() != nullptr) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(field_path_,
+                     ".dpo.policy_without_adapters: the policy has no adapters to switch off "
+                     "(no preparation step added any); it would be its own reference"));
+  }
+
   const Dpo config_;
-  ReferenceSource reference_;
-  models::CausalLM* live_;
+  // The frozen reference while it computes live; nullptr for the policy without its adapters
+  // and once precomputed.
+  models::CausalLM* frozen_ = nullptr;
+  // The reference's log-probabilities, once precomputed; then the only source.
+  std::shared_ptr<const ReferenceLogProbs> table_;
+  const std::string field_path_;
 };
 
 }  // namespace
@@ -126,25 +171,22 @@ absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(
     const ObjectiveConfig& config, const std::map<std::string, models::CausalLM*>& frozen,
     absl::string_view field_path) {
   if (!config.has_dpo()) return std::make_unique<CrossEntropy>();
+  if (config.dpo().policy_without_adapters()) {
+    return std::make_unique<DirectPreference>(config.dpo(), nullptr, field_path);
+  }
   const auto it = frozen.find(config.dpo().reference());
   if (it == frozen.end()) {
     return absl::InvalidArgumentError(absl::StrCat(field_path, ".dpo.reference: \"",
                                                    config.dpo().reference(),
                                                    "\" names no frozen model of the plan"));
   }
-  models::CausalLM& reference = *it->second;
-  reference.eval();
-  return std::make_unique<DirectPreference>(
-      config.dpo(),
-      [&reference](const data::Batch& batch, const data::Batch&) -> absl::StatusOr<torch::Tensor> {
-        return ReferenceLogProbs::Compute(reference, batch);
-      },
-      &reference);
+  it->second->eval();
+  return std::make_unique<DirectPreference>(config.dpo(), it->second, field_path);
 }
 
 std::unique_ptr<Objective> MakePrecomputedDpo(const Dpo& config,
                                               std::shared_ptr<const ReferenceLogProbs> reference) {
-  return std::make_unique<DirectPreference>(config, LookedUpIn(std::move(reference)), nullptr);
+  return std::make_unique<DirectPreference>(config, std::move(reference));
 }
 
 }  // namespace plait::objectives

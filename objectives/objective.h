@@ -3,8 +3,9 @@
 // loss, for training and for evaluation alike; the trainer knows nothing of what it computes.
 // Causal-LM and SFT are the model's cross-entropy over the batch's scored targets (the data
 // decides which: every token, or completion tokens only); DPO scores preference pairs against
-// a frozen reference model, which it runs under no-grad in eval mode, or against the
-// reference's log-probabilities precomputed once (reference_log_probs.h):
+// a frozen reference model, or the policy itself with its adapters off (a LoRA policy's
+// base), either run under no-grad in eval mode, or against the reference's log-probabilities
+// precomputed once (reference_log_probs.h):
 //
 //   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<Objective> objective,
 //                          MakeObjective(plan.objective(), {{"ref", &reference}},
@@ -51,14 +52,16 @@ struct ObjectiveOutput {
 };
 
 // What a run offers an objective once, before its first step (Objective::Start): the batches
-// it will train on from where it stands and its held-out batches, to read ahead, and the
-// means to release a frozen model the objective no longer needs and to report what it did.
+// it will train on from where it stands and its held-out batches, to read ahead, the model it
+// trains, and the means to release a frozen model the objective no longer needs and to report
+// what it did.
 struct RunStart {
   data::DataLoader train;              // a copy of the run's training loader, where the run stands
   int64_t train_batches = 0;           // the micro-batches this rank will read from it
   data::DataLoader eval;               // a copy of its held-out loader, reset
   int64_t eval_batches = 0;            // the micro-batches this rank reads in each evaluation
   torch::Device device = torch::kCPU;  // where the run computes
+  models::CausalLM* policy = nullptr;  // the trained model, prepared
   // Frees the frozen model of that name, after checking that its wrappers' communication did
   // not fail (an error names it); the objective must not touch it afterwards.
   std::function<absl::Status(const std::string& frozen_name)> release_frozen;
@@ -72,14 +75,15 @@ class Objective {
 
   // Called once before the first step (of a fresh or a resumed run), on every rank. Default:
   // nothing. DPO with precompute_reference computes its reference's log-probabilities of
-  // every batch `run` offers, then releases the reference.
+  // every batch `run` offers, then releases the reference (a frozen one).
   virtual absl::Status Start(RunStart& run) { return absl::OkStatus(); }
 
   // The loss of the trained model `policy` on `batch` (data/batch.h; for DPO its 2B rows of
   // chosen then rejected sequences go through the policy in one forward). `host` is the same
   // batch in host memory (what the trainer copied to the device), where an objective reads
   // what it looks up on the host (a precomputed reference's rows) without a transfer back
-  // from the device. An error only for a precomputed reference that lacks a row of `batch`.
+  // from the device. An error only for a precomputed reference that lacks a row of `batch`,
+  // and for DPO against the policy without its adapters when it has none.
   virtual absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
                                                   const data::Batch& batch,
                                                   const data::Batch& host) = 0;
@@ -98,7 +102,8 @@ class Objective {
 
 // The objective `config` chooses (causal_lm when none). `frozen` holds the plan's frozen
 // models by name; DPO keeps the one it names as its reference (it must outlive the
-// objective). An unknown reference is an InvalidArgument error naming
+// objective), or, with policy_without_adapters, computes its reference with the policy it is
+// given, its adapters off. An unknown reference is an InvalidArgument error naming
 // `field_path`.dpo.reference (plan::Resolve reports it first).
 absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(
     const ObjectiveConfig& config, const std::map<std::string, models::CausalLM*>& frozen,

@@ -30,7 +30,7 @@ const char* SourceName(const data::DataConfig& data) {
 
 std::vector<base::Violation> CheckObjective(
     const ObjectiveConfig& config, const std::optional<models::ModelConfig>& policy,
-    const std::map<std::string, std::optional<models::ModelConfig>>& frozen,
+    bool policy_adapted, const std::map<std::string, std::optional<models::ModelConfig>>& frozen,
     const data::DataConfig& data, absl::string_view field_path) {
   std::vector<base::Violation> problems;
   auto add = [&](absl::string_view field, std::string message, std::string rule = "") {
@@ -53,7 +53,16 @@ std::vector<base::Violation> CheckObjective(
   if (!config.has_dpo()) return problems;
   const Dpo& dpo = config.dpo();
   const auto it = frozen.find(dpo.reference());
-  if (it == frozen.end()) {
+  if (dpo.policy_without_adapters()) {
+    if (!policy_adapted) {
+      add(".dpo.policy_without_adapters",
+          "the reference is the policy with its adapters off, but no step of the policy's "
+          "preparation adds adapters (a step whose rule's effect is ADAPTS): the policy would "
+          "be its own reference; add such a step, or name a frozen reference model in "
+          "dpo.reference",
+          "dpo_policy_adapters");
+    }
+  } else if (it == frozen.end()) {
     std::vector<std::string> names;
     for (const auto& [name, model] : frozen) names.push_back(absl::StrCat("\"", name, "\""));
     add(".dpo.reference",
@@ -87,14 +96,17 @@ WorkPerSequence WorkOf(const ObjectiveConfig& config) {
   if (!config.has_dpo()) return {};
   WorkPerSequence work;
   work.trained_rows = 2.0;  // chosen and rejected
-  if (!config.dpo().precompute_reference()) {
+  if (config.dpo().precompute_reference()) return work;
+  if (config.dpo().policy_without_adapters()) {
+    work.trained_forward_rows = 2.0;
+  } else {
     work.frozen_forward_rows[config.dpo().reference()] = 2.0;
   }
   return work;
 }
 
 std::map<std::string, std::string> DescribeFrozenRoles(const ObjectiveConfig& config) {
-  if (!config.has_dpo()) return {};
+  if (!config.has_dpo() || config.dpo().policy_without_adapters()) return {};
   return {{config.dpo().reference(),
            config.dpo().precompute_reference()
                ? "the DPO reference: before the first step it scores every batch the run will "
@@ -102,6 +114,19 @@ std::map<std::string, std::string> DescribeFrozenRoles(const ObjectiveConfig& co
                  "only its log-probabilities, 4 bytes per sequence"
                : "the DPO reference: it scores the 2 x micro-batch chosen and rejected "
                  "sequences of every micro-batch in one forward, under no-grad, in eval mode"}};
+}
+
+std::string DescribeTrainedModelRole(const ObjectiveConfig& config) {
+  if (!config.has_dpo() || !config.dpo().policy_without_adapters()) return "";
+  return config.dpo().precompute_reference()
+             ? "the DPO reference is the policy with its adapters off, no frozen copy of the "
+               "model is held: before the first step it scores every batch the run will read "
+               "(under no-grad, in eval mode), and the run keeps only their log-probabilities, "
+               "4 bytes per sequence"
+             : "the DPO reference is the policy with its adapters off, no frozen copy of the "
+               "model is held: before the training forward of every micro-batch, the policy "
+               "scores its 2 x micro-batch chosen and rejected sequences once more, adapters "
+               "off, under no-grad, in eval mode";
 }
 
 }  // namespace plait::objectives

@@ -36,16 +36,16 @@ data::DataConfig Pairs() {
 }
 
 TEST(ObjectiveCheckTest, AcceptsDpoAgainstAFrozenModelOfTheSameVocabulary) {
-  EXPECT_THAT(
-      CheckObjective(Dpo("ref"), Vocab(512), {{"ref", Vocab(512)}}, Pairs(), "plan.objective"),
-      IsEmpty());
-  EXPECT_THAT(
-      CheckObjective(ObjectiveConfig(), Vocab(512), {}, data::DataConfig(), "plan.objective"),
-      IsEmpty());
+  EXPECT_THAT(CheckObjective(Dpo("ref"), Vocab(512), false, {{"ref", Vocab(512)}}, Pairs(),
+                             "plan.objective"),
+              IsEmpty());
+  EXPECT_THAT(CheckObjective(ObjectiveConfig(), Vocab(512), false, {}, data::DataConfig(),
+                             "plan.objective"),
+              IsEmpty());
 }
 
 TEST(ObjectiveCheckTest, RejectsAReferenceThatIsNoFrozenModel) {
-  EXPECT_THAT(Lines(CheckObjective(Dpo("policy"), Vocab(512), {{"ref", Vocab(512)}}, Pairs(),
+  EXPECT_THAT(Lines(CheckObjective(Dpo("policy"), Vocab(512), false, {{"ref", Vocab(512)}}, Pairs(),
                                    "plan.objective")),
               ElementsAre("plan.objective.dpo.reference: \"policy\" names no frozen model of the "
                           "plan (\"ref\"); DPO needs a frozen reference model in plan.frozen "
@@ -53,7 +53,7 @@ TEST(ObjectiveCheckTest, RejectsAReferenceThatIsNoFrozenModel) {
 }
 
 TEST(ObjectiveCheckTest, RejectsAReferenceWithAnotherVocabulary) {
-  EXPECT_THAT(Lines(CheckObjective(Dpo("ref"), Vocab(512), {{"ref", Vocab(4096)}}, Pairs(),
+  EXPECT_THAT(Lines(CheckObjective(Dpo("ref"), Vocab(512), false, {{"ref", Vocab(4096)}}, Pairs(),
                                    "plan.objective")),
               ElementsAre("plan.objective.dpo.reference: \"ref\" has vocab_size 4096, the policy "
                           "512; the reference must score the same token ids (rule "
@@ -61,11 +61,11 @@ TEST(ObjectiveCheckTest, RejectsAReferenceWithAnotherVocabulary) {
 }
 
 TEST(ObjectiveCheckTest, RejectsDataThatDoesNotFitTheObjective) {
-  EXPECT_THAT(Lines(CheckObjective(Dpo("ref"), Vocab(512), {{"ref", Vocab(512)}},
+  EXPECT_THAT(Lines(CheckObjective(Dpo("ref"), Vocab(512), false, {{"ref", Vocab(512)}},
                                    data::DataConfig(), "plan.objective")),
               ElementsAre("plan.objective.kind: trains on preference_files or synthetic_pairs, "
                           "but plan.data is synthetic (rule objective_data)"));
-  EXPECT_THAT(CheckObjective(ObjectiveConfig(), Vocab(512), {}, Pairs(), "plan.objective"),
+  EXPECT_THAT(CheckObjective(ObjectiveConfig(), Vocab(512), false, {}, Pairs(), "plan.objective"),
               ElementsAre(Field(&base::Violation::rule, "objective_data")));
 }
 
@@ -73,10 +73,47 @@ TEST(ObjectiveCheckTest, RejectsHyperparametersOutOfRange) {
   ObjectiveConfig config = Dpo("ref");
   config.mutable_dpo()->set_beta(0.0);
   config.mutable_dpo()->set_label_smoothing(0.5);
-  EXPECT_THAT(
-      Lines(CheckObjective(config, Vocab(512), {{"ref", Vocab(512)}}, Pairs(), "plan.objective")),
-      ElementsAre(HasSubstr("plan.objective.dpo.beta: 0; must be > 0"),
-                  HasSubstr("plan.objective.dpo.label_smoothing: 0.5; must be in")));
+  EXPECT_THAT(Lines(CheckObjective(config, Vocab(512), false, {{"ref", Vocab(512)}}, Pairs(),
+                                   "plan.objective")),
+              ElementsAre(HasSubstr("plan.objective.dpo.beta: 0; must be > 0"),
+                          HasSubstr("plan.objective.dpo.label_smoothing: 0.5; must be in")));
+}
+
+ObjectiveConfig DpoAgainstThePolicyWithoutAdapters() {
+  ObjectiveConfig config;
+  config.mutable_dpo()->set_policy_without_adapters(true);
+  return config;
+}
+
+// The policy without its adapters is the reference: no frozen model is needed or read, and
+// the policy runs forward once more for it, unless precomputed.
+TEST(ObjectiveCheckTest, AcceptsThePolicyWithoutAdaptersWhenAStepAddsThem) {
+  const ObjectiveConfig config = DpoAgainstThePolicyWithoutAdapters();
+  EXPECT_THAT(CheckObjective(config, Vocab(512), true, {}, Pairs(), "plan.objective"), IsEmpty());
+  const WorkPerSequence work = WorkOf(config);
+  EXPECT_EQ(work.trained_rows, 2.0);
+  EXPECT_EQ(work.trained_forward_rows, 2.0);
+  EXPECT_THAT(work.frozen_forward_rows, IsEmpty());
+  EXPECT_THAT(DescribeFrozenRoles(config), IsEmpty());
+  EXPECT_THAT(DescribeTrainedModelRole(config),
+              HasSubstr("the DPO reference is the policy with its adapters off, no frozen copy"));
+
+  ObjectiveConfig precomputed = config;
+  precomputed.mutable_dpo()->set_precompute_reference(true);
+  EXPECT_EQ(WorkOf(precomputed).trained_forward_rows, 0.0);
+  EXPECT_THAT(DescribeTrainedModelRole(precomputed), HasSubstr("before the first step"));
+  EXPECT_EQ(DescribeTrainedModelRole(Dpo("ref")), "");
+  EXPECT_EQ(WorkOf(Dpo("ref")).trained_forward_rows, 0.0);
+}
+
+TEST(ObjectiveCheckTest, RejectsThePolicyWithoutAdaptersWhenNoStepAddsThem) {
+  EXPECT_THAT(Lines(CheckObjective(DpoAgainstThePolicyWithoutAdapters(), Vocab(512), false,
+                                   {{"ref", Vocab(512)}}, Pairs(), "plan.objective")),
+              ElementsAre("plan.objective.dpo.policy_without_adapters: the reference is the "
+                          "policy with its adapters off, but no step of the policy's preparation "
+                          "adds adapters (a step whose rule's effect is ADAPTS): the policy would "
+                          "be its own reference; add such a step, or name a frozen reference "
+                          "model in dpo.reference (rule dpo_policy_adapters)"));
 }
 
 }  // namespace

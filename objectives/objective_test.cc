@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "wrap/wrappable.h"
 
 namespace plait::objectives {
 namespace {
@@ -110,6 +111,55 @@ TEST(ObjectiveTest, PrecomputedDpoEqualsDpoAgainstTheLiveReference) {
       data::PairRows({&other}, data::PairKind::kPreference, data::PairFiles(), 6);
   EXPECT_THAT(precomputed->Compute(*policy, unknown),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no precomputed reference")));
+}
+
+// Adapters for the tests: every block projection's output scaled by 1 + gain, a trained
+// scalar.
+class Gain final : public wrap::ProjectionOps {
+ public:
+  torch::Tensor Weight(const torch::nn::Module&, const torch::Tensor& weight) override {
+    return weight;
+  }
+  torch::Tensor Adapt(const torch::nn::Module&, const torch::Tensor&,
+                      torch::Tensor output) override {
+    return output * (1 + gain);
+  }
+  std::optional<wrap::Wrappable::Split> AddedParameterSplit(const std::string&) const override {
+    return std::nullopt;
+  }
+  torch::Tensor gain = torch::full({}, 0.1).requires_grad_();
+};
+
+// With its adapters off (and only then), the policy is a frozen copy of its base: DPO against
+// it computes bit for bit what DPO against that copy does, gradients reach the adapters, and
+// the policy has its adapters and its training mode back afterwards.
+TEST(ObjectiveTest, DpoAgainstThePolicyWithoutAdaptersIsDpoAgainstAFrozenCopyOfItsBase) {
+  auto policy = TinyModel(1);
+  Gain adapters;
+  policy->SetProjectionOps(&adapters);
+  policy->train();
+  auto base = TinyModel(1);
+  ObjectiveConfig config;
+  config.mutable_dpo()->set_policy_without_adapters(true);
+  auto without_adapters = MakeObjective(config, {}, "plan.objective");
+  ASSERT_THAT(without_adapters, IsOk());
+  auto against_base = MakeObjective(DpoAgainst("base"), {{"base", base.get()}}, "plan.objective");
+  ASSERT_THAT(against_base, IsOk());
+  const ObjectiveOutput expected = (*against_base)->Compute(*policy, TwoPairs()).value();
+  const ObjectiveOutput actual = (*without_adapters)->Compute(*policy, TwoPairs()).value();
+  EXPECT_EQ(actual.loss.item<float>(), expected.loss.item<float>());
+  EXPECT_EQ(OnHost(actual.metrics), OnHost(expected.metrics));
+  EXPECT_NE(OnHost(actual.metrics)[0].second, 0.0);  // rewards/chosen: the adapters count
+  EXPECT_EQ(policy->projection_ops(), &adapters);
+  EXPECT_TRUE(policy->is_training());
+  actual.loss.backward();
+  EXPECT_TRUE(adapters.gain.grad().defined());
+
+  // A policy without adapters would be its own reference.
+  EXPECT_THAT((*without_adapters)->Compute(*base, TwoPairs()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("plan.objective.dpo.policy_without_adapters: the policy has no "
+                                 "adapters to switch off")));
 }
 
 TEST(ObjectiveTest, DpoNeedsAKnownReference) {

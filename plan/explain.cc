@@ -181,6 +181,10 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
                     : data.ShortDebugString()));
   lines.push_back(absl::StrCat(
       "objective: ", plan.has_objective() ? plan.objective().ShortDebugString() : "causal_lm {}"));
+  if (const std::string role = objectives::DescribeTrainedModelRole(plan.objective());
+      !role.empty()) {
+    lines.push_back(absl::StrCat("  ", role));
+  }
   // The objective may run several rows an example (DPO: chosen and rejected).
   const double rows = objectives::WorkOf(plan.objective()).trained_rows;
   lines.push_back(absl::StrFormat(

@@ -15,6 +15,7 @@ namespace {
 using ::plait::base::testing::IsOk;
 using ::plait::plan::testing::Resolved;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(ExplainPlanTest, DescribesTheFsdpPipelineInOrder) {
   absl::StatusOr<Plan> plan = LoadPlan(
@@ -288,6 +289,23 @@ TEST(ExplainPlanTest, DescribesBothModelsOfADpoPlan) {
   ASSERT_THAT(text, IsOk());
   EXPECT_THAT(*text, HasSubstr("  role: the DPO reference: before the first step it scores every "
                                "batch the run will read"));
+}
+
+// A DPO plan whose reference is the policy without its adapters: no frozen model, and what
+// the objective runs the policy for besides training it.
+TEST(ExplainPlanTest, SaysTheReferenceIsThePolicyWithoutItsAdapters) {
+  absl::StatusOr<Plan> plan = LoadPlan(absl::StrCat(
+      std::getenv("TEST_SRCDIR"), "/plait/plan/examples/qwen_lora_dpo_fsdp.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 2));
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("objective: dpo { beta: 0.1 policy_without_adapters: true }\n"
+                               "  the DPO reference is the policy with its adapters off, no frozen "
+                               "copy of the model is held: before the training forward of every "
+                               "micro-batch, the policy scores its 2 x micro-batch chosen and "
+                               "rejected sequences once more"));
+  EXPECT_THAT(*text, Not(HasSubstr("frozen models")));
+  EXPECT_THAT(*text, Not(HasSubstr("frozen[")));
 }
 
 }  // namespace

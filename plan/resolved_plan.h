@@ -66,7 +66,8 @@ struct ResolvedPlan {
   // model runs forward and backward in a step (global_batch x seq_len x the objective's rows
   // per sequence, two for DPO's pairs), and the model FLOPs per such token, its own
   // (models::TrainingFlopsPerToken) plus the forward FLOPs of the frozen models the objective
-  // runs in each step (DPO's live reference) per trained token.
+  // runs in each step (DPO's live reference), and of its forward-only passes of the trained
+  // model (DPO's reference when it is the policy without its adapters), per trained token.
   double tokens_per_step = 0;
   double flops_per_token = 0;
 

@@ -73,8 +73,8 @@ class Checker {
     CheckSchedule();
     CheckData(config);
     CheckFrozen();
-    AddAll(objectives::CheckObjective(plan_.objective(), config, frozen_configs_, plan_.data(),
-                                      "plan.objective"));
+    AddAll(objectives::CheckObjective(plan_.objective(), config, Adapts(plan_.prepare()),
+                                      frozen_configs_, plan_.data(), "plan.objective"));
     ResolveWork(config);
     ResolvePaths();
     return std::move(violations_);
@@ -295,13 +295,19 @@ class Checker {
     const std::string& adapter_dir = plan_.training().save_adapter_dir();
     if (adapter_dir.empty()) return;
     AddAll(models::CheckPeftAdapterFolder(adapter_dir, "plan.training.save_adapter_dir"));
-    for (const wrap::PrepareStep& step : plan_.prepare()) {
-      const wrap::StrategyRule* rule = wrap::FindStrategy(rules_, wrap::StrategyName(step));
-      if (rule != nullptr && rule->effect() == wrap::ADAPTS) return;
-    }
+    if (Adapts(plan_.prepare())) return;
     Add("plan.training.save_adapter_dir",
         "the preparation adds no adapters to save (no step whose rule's effect is ADAPTS, "
         "such as lora)");
+  }
+
+  // Whether a step of `steps` adds adapters to the model: its rule's effect is ADAPTS.
+  bool Adapts(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps) const {
+    for (const wrap::PrepareStep& step : steps) {
+      const wrap::StrategyRule* rule = wrap::FindStrategy(rules_, wrap::StrategyName(step));
+      if (rule != nullptr && rule->effect() == wrap::ADAPTS) return true;
+    }
+    return false;
   }
 
   void CheckCheckpoint() {
@@ -369,7 +375,9 @@ class Checker {
     resolved_.tokens_per_step =
         static_cast<double>(resolved_.global_batch) * seq_len * work.trained_rows;
     if (!config.has_value()) return;
-    resolved_.flops_per_token = models::TrainingFlopsPerToken(*config, seq_len);
+    resolved_.flops_per_token = models::TrainingFlopsPerToken(*config, seq_len) +
+                                work.trained_forward_rows / work.trained_rows *
+                                    models::ForwardFlopsPerToken(*config, seq_len);
     for (const auto& [name, rows] : work.frozen_forward_rows) {
       const auto frozen = frozen_configs_.find(name);
       if (frozen == frozen_configs_.end() || !frozen->second.has_value()) continue;

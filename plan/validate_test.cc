@@ -112,12 +112,15 @@ TEST(ResolveTest, APaddedVocabularyNeedNotDivide) {
 }
 
 TEST(ResolveTest, ShippedPlansAreValid) {
-  for (const auto& [name, ranks] : std::vector<std::pair<std::string, int>>{{"llama_fsdp", 2},
-                                                                            {"llama_ddp", 2},
-                                                                            {"llama_single", 1},
-                                                                            {"llama_tp", 2},
-                                                                            {"llama_2d", 4},
-                                                                            {"llama_hsdp", 4}}) {
+  for (const auto& [name, ranks] :
+       std::vector<std::pair<std::string, int>>{{"llama_fsdp", 2},
+                                                {"llama_ddp", 2},
+                                                {"llama_single", 1},
+                                                {"llama_tp", 2},
+                                                {"llama_2d", 4},
+                                                {"llama_hsdp", 4},
+                                                {"qwen_dpo_fsdp", 2},
+                                                {"qwen_lora_dpo_fsdp", 2}}) {
     absl::StatusOr<Plan> plan = LoadPlan(Runfile("plan/examples/" + name + ".textproto"));
     ASSERT_THAT(plan, IsOk()) << name;
     EXPECT_THAT(Resolve(*plan, ranks), IsOk()) << name;
@@ -234,6 +237,19 @@ TEST(ResolveTest, CountsTheRowsAndFlopsTheObjectiveRuns) {
   ASSERT_THAT(precomputed, IsOk());
   EXPECT_EQ(precomputed->tokens_per_step, live->tokens_per_step);
   EXPECT_DOUBLE_EQ(precomputed->flops_per_token, policy);
+
+  // Against the policy without its adapters, the policy's own forward is counted instead.
+  absl::StatusOr<Plan> lora = LoadPlan(Runfile("plan/examples/qwen_lora_dpo_fsdp.textproto"));
+  ASSERT_THAT(lora, IsOk());
+  absl::StatusOr<ResolvedPlan> without_adapters = Resolve(*lora, 2);
+  ASSERT_THAT(without_adapters, IsOk());
+  EXPECT_EQ(without_adapters->tokens_per_step, live->tokens_per_step);
+  EXPECT_DOUBLE_EQ(without_adapters->flops_per_token,
+                   policy + models::ForwardFlopsPerToken(without_adapters->model, seq_len));
+  ASSERT_THAT(ApplyOverride("objective.dpo.precompute_reference=true", *lora), IsOk());
+  absl::StatusOr<ResolvedPlan> precomputed_without_adapters = Resolve(*lora, 2);
+  ASSERT_THAT(precomputed_without_adapters, IsOk());
+  EXPECT_DOUBLE_EQ(precomputed_without_adapters->flops_per_token, policy);
 
   absl::StatusOr<Plan> causal = LoadPlan(Runfile("plan/examples/llama_fsdp.textproto"));
   ASSERT_THAT(causal, IsOk());

@@ -1,6 +1,9 @@
 #include "trainer/testing_ranks.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
@@ -14,6 +17,15 @@ namespace plait::trainer::testing {
 
 using ::plait::base::testing::IsOk;
 using ::plait::plan::testing::Resolved;
+
+namespace {
+
+void ExpectNearRelative(double actual, double expected, const std::string& what, double tolerance) {
+  // Rewards start at exactly 0: below 1e-2 the tolerance is absolute.
+  EXPECT_NEAR(actual, expected, tolerance * std::max(std::abs(expected), 1e-2)) << what;
+}
+
+}  // namespace
 
 plan::Plan LoadShippedPlan(const std::string& name) {
   absl::StatusOr<plan::Plan> plan = plan::LoadPlan(
@@ -59,6 +71,27 @@ models::ModelConfig ConfigOf(const models::ModelSpec& spec) {
   absl::StatusOr<models::ModelConfig> config = models::ResolveModelSpec(spec, "plan.model");
   EXPECT_THAT(config, IsOk());
   return config.value_or(models::ModelConfig());
+}
+
+void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const std::string& layout,
+                     double tolerance) {
+  ASSERT_EQ(run.steps.size(), expected.steps.size());
+  for (size_t i = 0; i < expected.steps.size(); ++i) {
+    const metrics::StepMetrics& a = run.steps[i];
+    const metrics::StepMetrics& e = expected.steps[i];
+    const std::string step = absl::StrCat(layout, " step ", e.step, " ");
+    ExpectNearRelative(a.loss, e.loss, step + "loss", tolerance);
+    ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm", tolerance);
+    ASSERT_EQ(a.named.size(), e.named.size());
+    for (size_t m = 0; m < e.named.size(); ++m) {
+      ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first, tolerance);
+    }
+    ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
+    for (size_t m = 0; m < e.eval_named.size(); ++m) {
+      ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
+                         step + "eval_" + e.eval_named[m].first, tolerance);
+    }
+  }
 }
 
 }  // namespace plait::trainer::testing

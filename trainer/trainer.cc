@@ -287,6 +287,7 @@ absl::Status TrainingRun::StartObjective() {
       *train_, (training_.steps() - checkpoints_->resume_step()) * resolved_.grad_accumulation,
       *eval_, resolved_.eval_micro_batches, mesh_.device()};
   start.eval.Reset();
+  start.policy = &prepared_->model();
   start.release_frozen = [this](const std::string& name) -> absl::Status {
     const auto model = frozen_.find(name);
     if (model == frozen_.end()) {

@@ -50,6 +50,7 @@ using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
 using ::plait::plan::testing::Resolved;
 using ::plait::trainer::testing::ConfigOf;
+using ::plait::trainer::testing::ExpectSameSteps;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
@@ -543,35 +544,6 @@ TEST(TrainTest, EvalBatchesBeyondTheHeldOutFileAreRefused) {
                          "rank) exceed the 1 micro-batches per rank that "
                          "plan.data.token_files.eval_path holds"));
   });
-}
-
-void ExpectNearRelative(double actual, double expected, const std::string& what,
-                        double tolerance = 1e-5) {
-  // Rewards start at exactly 0: below 1e-2 the tolerance is absolute.
-  EXPECT_NEAR(actual, expected, tolerance * std::max(std::abs(expected), 1e-2)) << what;
-}
-
-// Every step's loss, gradient norm and training and evaluation metrics of `run` are those of
-// `expected` within `tolerance`, relative.
-void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const std::string& layout,
-                     double tolerance = 1e-5) {
-  ASSERT_EQ(run.steps.size(), expected.steps.size());
-  for (size_t i = 0; i < expected.steps.size(); ++i) {
-    const metrics::StepMetrics& a = run.steps[i];
-    const metrics::StepMetrics& e = expected.steps[i];
-    const std::string step = absl::StrCat(layout, " step ", e.step, " ");
-    ExpectNearRelative(a.loss, e.loss, step + "loss", tolerance);
-    ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm", tolerance);
-    ASSERT_EQ(a.named.size(), e.named.size());
-    for (size_t m = 0; m < e.named.size(); ++m) {
-      ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first, tolerance);
-    }
-    ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
-    for (size_t m = 0; m < e.eval_named.size(); ++m) {
-      ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
-                         step + "eval_" + e.eval_named[m].first, tolerance);
-    }
-  }
 }
 
 // //trainer:llama_sft's plan: its first step's loss is the initial model's cross-entropy of

@@ -5,8 +5,9 @@
 // split (Megatron's layout), telling attention how many heads its sharded projections now
 // hold, and the TensorParallelOps the model's forward calls where Megatron communicates; and
 // the CheckpointingOps its forward calls to run each block and each of a block's projections;
-// and the ProjectionOps through which a wrapper adds to those projections' outputs (adapters)
-// and may supply the weights they compute with (QLoRA's NF4 base).
+// and the ProjectionOps through which a wrapper adds to those projections' outputs (adapters),
+// which WithoutAdapters switches off for a scope, and may supply the weights they compute
+// with (QLoRA's NF4 base).
 // Wrappers depend on this interface only, never on a concrete model.
 //
 //   Wrappable& model = ...;  // e.g. a plait::models::CausalLM
@@ -183,6 +184,9 @@ class Wrappable {
   // Makes the forward pass hand each block projection's output to `ops` (nullptr: none; it
   // must outlive its use, backward passes included).
   virtual void SetProjectionOps(ProjectionOps* ops) = 0;
+
+  // The ops SetProjectionOps installed, or nullptr.
+  virtual ProjectionOps* projection_ops() const = 0;
 };
 
 // How a wrapper adds to a block's projections (LoRA's adapters, wrap/lora): the model calls
@@ -212,6 +216,40 @@ class ProjectionOps {
   // How tensor parallelism splits the parameter `name` when these ops added it to a
   // projection (Wrappable::TensorParallelSplit asks them first); nullopt for any other.
   virtual std::optional<Wrappable::Split> AddedParameterSplit(const std::string& name) const = 0;
+};
+
+// While it lives, `model`'s forward runs without what its ProjectionOps add to the
+// projections' outputs, so that a model whose preparation added adapters (LoRA) computes as
+// its base model, as PEFT's disable_adapter() does; the ops still give the weights the
+// projections compute with (a QLoRA base's dequantized ones), and are whole again when it
+// ends. For forward passes under no-grad (DPO's reference when it is the policy without its
+// adapters): activation checkpointing recomputes a block in the backward, which would run
+// after the scope ended, with the adapters.
+//
+//   { const WithoutAdapters base(model); torch::NoGradGuard no_grad; ... }
+class WithoutAdapters final : private ProjectionOps {
+ public:
+  explicit WithoutAdapters(Wrappable& model) : model_(model), ops_(model.projection_ops()) {
+    model_.SetProjectionOps(ops_ == nullptr ? nullptr : this);
+  }
+  ~WithoutAdapters() override { model_.SetProjectionOps(ops_); }
+  WithoutAdapters(const WithoutAdapters&) = delete;
+  WithoutAdapters& operator=(const WithoutAdapters&) = delete;
+
+ private:
+  torch::Tensor Weight(const torch::nn::Module& projection, const torch::Tensor& weight) override {
+    return ops_->Weight(projection, weight);
+  }
+  torch::Tensor Adapt(const torch::nn::Module& /*projection*/, const torch::Tensor& /*input*/,
+                      torch::Tensor output) override {
+    return output;
+  }
+  std::optional<Wrappable::Split> AddedParameterSplit(const std::string& name) const override {
+    return ops_->AddedParameterSplit(name);
+  }
+
+  Wrappable& model_;
+  ProjectionOps* const ops_;
 };
 
 }  // namespace plait::wrap
