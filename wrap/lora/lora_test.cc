@@ -1,8 +1,10 @@
 #include "wrap/lora/lora.h"
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "models/peft_adapter.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
@@ -36,6 +39,7 @@ using ::plait::base::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 // The tiny Llama: hidden 256, MLP 688, 4 blocks, 4 heads of 64, 2 key/value heads.
 std::shared_ptr<models::CausalLM> MakeModel(const std::string& preset = "tiny") {
@@ -173,40 +177,51 @@ TEST(LoraTest, DropoutOnlyInTraining) {
   EXPECT_FALSE(torch::allclose(first[0.5], second[0.5]));  // new masks each forward
 }
 
+// The gradients of every trainable parameter of the model with the adapters of `lora` (their
+// B drawn away from zero), on Tokens(), with activation checkpointing under `policy` or, for
+// nullopt, without.
+std::map<std::string, torch::Tensor> AdapterGradients(
+    const std::string& lora, std::optional<ActivationCheckpointingConfig::Policy> policy) {
+  std::shared_ptr<models::CausalLM> model = MakeModel();
+  std::unique_ptr<checkpointing::ActivationCheckpointing> checkpointing;
+  if (policy.has_value()) {
+    checkpointing = std::make_unique<checkpointing::ActivationCheckpointing>(*model, *policy);
+  }
+  auto adapters = Lora::Create(*model, Config(lora));
+  EXPECT_THAT(adapters, IsOk());
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(2);
+    for (const auto& named : model->NamedParameters()) {
+      if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
+    }
+  }
+  const torch::Tensor tokens = Tokens();
+  torch::manual_seed(5);
+  model->Loss(tokens, torch::roll(tokens, -1, 1)).backward();
+  std::map<std::string, torch::Tensor> gradients;
+  for (const auto& named : model->NamedParameters()) {
+    if (named.parameter.requires_grad()) gradients[named.name] = named.parameter.grad();
+  }
+  return gradients;
+}
+
+// `actual` holds every gradient of `expected`, equal bit for bit.
+void ExpectSameGradients(const std::map<std::string, torch::Tensor>& actual,
+                         const std::map<std::string, torch::Tensor>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (const auto& [name, want] : expected) {
+    EXPECT_TRUE(torch::equal(actual.at(name), want)) << name;
+  }
+}
+
 // Full activation checkpointing recomputes a block with the dropout masks its forward drew:
 // the same gradients, bit for bit.
 TEST(LoraTest, CheckpointingRecomputesTheSameDropout) {
-  const torch::Tensor tokens = Tokens();
-  std::map<std::string, torch::Tensor> gradients[2];
-  for (const bool checkpointed : {false, true}) {
-    std::shared_ptr<models::CausalLM> model = MakeModel();
-    std::unique_ptr<checkpointing::ActivationCheckpointing> checkpointing;
-    if (checkpointed) {
-      checkpointing = std::make_unique<checkpointing::ActivationCheckpointing>(
-          *model, ActivationCheckpointingConfig::FULL);
-    }
-    auto lora =
-        Lora::Create(*model, Config(R"pb(rank: 4 alpha: 8 dropout: 0.3 target: "*_proj")pb"));
-    ASSERT_THAT(lora, IsOk());
-    {
-      torch::NoGradGuard no_grad;
-      torch::manual_seed(2);
-      for (const auto& named : model->NamedParameters()) {
-        if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
-      }
-    }
-    torch::manual_seed(5);
-    model->Loss(tokens, torch::roll(tokens, -1, 1)).backward();
-    for (const auto& named : model->NamedParameters()) {
-      if (named.parameter.requires_grad()) {
-        gradients[checkpointed][named.name] = named.parameter.grad();
-      }
-    }
-  }
-  ASSERT_EQ(gradients[0].size(), 4u * 7u * 2u);
-  for (const auto& [name, want] : gradients[0]) {
-    EXPECT_TRUE(torch::equal(gradients[1].at(name), want)) << name;
-  }
+  constexpr char kLora[] = R"pb(rank: 4 alpha: 8 dropout: 0.3 target: "*_proj")pb";
+  const auto plain = AdapterGradients(kLora, std::nullopt);
+  EXPECT_EQ(plain.size(), 4u * 7u * 2u);
+  ExpectSameGradients(AdapterGradients(kLora, ActivationCheckpointingConfig::FULL), plain);
 }
 
 // The base is frozen: no gradient for it; the optimizer owns exactly the adapters.
@@ -446,36 +461,10 @@ TEST(QLoraTest, ComputesTheDequantizedBaseFromHalfAByteAWeight) {
 // Under selective activation checkpointing (the projections' outputs kept) QLoRA's gradients
 // are those without checkpointing, bit for bit.
 TEST(QLoraTest, SelectiveCheckpointingKeepsTheGradients) {
-  const torch::Tensor tokens = Tokens();
-  std::map<std::string, torch::Tensor> gradients[2];
-  for (const bool checkpointed : {false, true}) {
-    std::shared_ptr<models::CausalLM> model = MakeModel();
-    std::unique_ptr<checkpointing::ActivationCheckpointing> checkpointing;
-    if (checkpointed) {
-      checkpointing = std::make_unique<checkpointing::ActivationCheckpointing>(
-          *model, ActivationCheckpointingConfig::SELECTIVE);
-    }
-    auto lora = Lora::Create(
-        *model, Config(R"pb(rank: 4 alpha: 8 target: "*_proj" base_quantization: NF4)pb"));
-    ASSERT_THAT(lora, IsOk());
-    {
-      torch::NoGradGuard no_grad;
-      torch::manual_seed(2);
-      for (const auto& named : model->NamedParameters()) {
-        if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
-      }
-    }
-    model->Loss(tokens, torch::roll(tokens, -1, 1)).backward();
-    for (const auto& named : model->NamedParameters()) {
-      if (named.parameter.requires_grad()) {
-        gradients[checkpointed][named.name] = named.parameter.grad();
-      }
-    }
-  }
-  ASSERT_EQ(gradients[0].size(), 4u * 7u * 2u);
-  for (const auto& [name, want] : gradients[0]) {
-    EXPECT_TRUE(torch::equal(gradients[1].at(name), want)) << name;
-  }
+  constexpr char kQLora[] = R"pb(rank: 4 alpha: 8 target: "*_proj" base_quantization: NF4)pb";
+  const auto plain = AdapterGradients(kQLora, std::nullopt);
+  EXPECT_EQ(plain.size(), 4u * 7u * 2u);
+  ExpectSameGradients(AdapterGradients(kQLora, ActivationCheckpointingConfig::SELECTIVE), plain);
 }
 
 // The held weights are frozen parts with a `store`: values stored there are quantized and
@@ -558,6 +547,101 @@ TEST(QLoraTest, DoubleQuantNeedsNf4AndTheEstimateSaysNf4) {
               AllOf(HasSubstr("the 262.1K weights of the targeted projections in NF4: 144.0 KiB "
                               "(0.562 bytes a weight) instead of 1.0 MiB"),
                     HasSubstr("whole on every rank")));
+}
+
+// The violations the strategy of `config` finds on the tiny model, one "field: message" each
+// (starting_adapters.h).
+std::vector<std::string> StepViolations(const LoraConfig& config) {
+  PrepareStep step;
+  *step.mutable_lora() = config;
+  auto strategy = MakeStrategy(step);
+  EXPECT_THAT(strategy, IsOk());
+  std::vector<std::string> lines;
+  for (const base::Violation& violation :
+       (*strategy)->Check(ShapeOf(*MakeModel()), parallel::MeshConfig(), "plan.prepare[0]")) {
+    lines.push_back(violation.ToString());
+  }
+  return lines;
+}
+
+constexpr char kSaved[] = R"pb(rank: 4 alpha: 8 target: "*q_proj" target: "*v_proj" seed: 3)pb";
+
+// A folder holding the adapters of kSaved, trained away from their start (B no longer zero),
+// and the logits of the adapted model on `tokens`.
+std::pair<std::string, torch::Tensor> SavedFolder(const torch::Tensor& tokens) {
+  const std::string dir = ::testing::TempDir() + "/starting_adapters";
+  std::filesystem::remove_all(dir);
+  std::shared_ptr<models::CausalLM> model = MakeModel();
+  auto lora = Lora::Create(*model, Config(kSaved));
+  EXPECT_THAT(lora, IsOk());
+  std::vector<std::pair<std::string, torch::Tensor>> adapters;
+  torch::manual_seed(5);
+  torch::NoGradGuard no_grad;
+  for (const auto& named : model->NamedParameters()) {
+    if (named.name.find(".lora_") == std::string::npos) continue;
+    named.parameter.copy_(torch::randn_like(named.parameter) * 0.05);
+    adapters.emplace_back(named.name, named.parameter);
+  }
+  EXPECT_THAT(models::SavePeftAdapter(dir, Config(kSaved), adapters, "base"), IsOk());
+  return {dir, model->Forward(tokens)};
+}
+
+TEST(StartingAdaptersTest, AStepStartsFromTheFolderAndComputesWhatItsModelDid) {
+  torch::manual_seed(11);
+  const torch::Tensor tokens = torch::randint(4096, {2, 16});
+  const auto [dir, saved_logits] = SavedFolder(tokens);
+  LoraConfig config = Config(kSaved);
+  config.set_seed(99);      // the draw is not used
+  config.set_dropout(0.1);  // the step's own
+  config.set_initial_adapter_dir(dir);
+  EXPECT_THAT(StepViolations(config), IsEmpty());
+  std::shared_ptr<models::CausalLM> model = MakeModel();
+  auto lora = Lora::Create(*model, config);
+  ASSERT_THAT(lora, IsOk());
+  model->eval();
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(model->Forward(tokens), saved_logits));
+  auto parameters = model->named_parameters();
+  const torch::Tensor b = parameters["model.layers.3.self_attn.v_proj.lora_B.weight"];
+  EXPECT_TRUE(b.requires_grad());
+  EXPECT_GT(b.abs().max().item<double>(), 0.0);
+}
+
+TEST(StartingAdaptersTest, AFolderThatDoesNotFitTheStepIsAViolationNamingWhy) {
+  torch::manual_seed(11);
+  const std::string dir = SavedFolder(torch::randint(4096, {2, 16})).first;
+  const std::string field = "plan.prepare[0].lora.initial_adapter_dir: " + dir + ": ";
+  for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+           {R"pb(rank: 8 alpha: 8 target: "*q_proj" target: "*v_proj")pb",
+            "its adapters have rank (r) 4, the step's rank is 8"},
+           {R"pb(rank: 4 alpha: 16 target: "*q_proj" target: "*v_proj")pb",
+            "its lora_alpha is 8, the step's alpha is 16"},
+           {R"pb(rank: 4 alpha: 8 use_rslora: true target: "*q_proj" target: "*v_proj")pb",
+            "its use_rslora is false, the step's true"},
+           {R"pb(rank: 4 alpha: 8 target: "*q_proj")pb",
+            "it adapts model.layers.0.self_attn.v_proj, which the step's targets (*q_proj) do "
+            "not match"},
+           {R"pb(rank: 4 alpha: 8 target: "*_proj")pb",
+            "it has no adapters for model.layers.0.mlp.down_proj, which the step's targets "
+            "(*_proj) match"}}) {
+    LoraConfig config = Config(text);
+    config.set_initial_adapter_dir(dir);
+    EXPECT_THAT(StepViolations(config), ElementsAre(field + why)) << text;
+    // Applied, the same error, and the model is left as it was.
+    std::shared_ptr<models::CausalLM> model = MakeModel();
+    EXPECT_THAT(Lora::Create(*model, config),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("lora.initial_adapter_dir: " + dir + ": " + why)));
+    for (const auto& named : model->NamedParameters()) {
+      EXPECT_TRUE(named.parameter.requires_grad()) << named.name;
+    }
+  }
+  LoraConfig missing = Config(kSaved);
+  missing.set_initial_adapter_dir(dir + "/nowhere");
+  const std::vector<std::string> violations = StepViolations(missing);
+  ASSERT_EQ(violations.size(), 1u);
+  EXPECT_THAT(violations[0], HasSubstr("plan.prepare[0].lora.initial_adapter_dir: "));
+  EXPECT_THAT(violations[0], HasSubstr(dir + "/nowhere/adapter_config.json"));
 }
 
 // The rule violations of the steps `text` gives, separated by ';', as one status's text.
