@@ -2,6 +2,7 @@
 
 #include <fnmatch.h>
 
+#include <array>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -94,6 +95,15 @@ std::vector<Candidate> CandidatesOf(const ModelShape& shape) {
   return candidates;
 }
 
+// The buffers a projection holds its NF4 weight in, named for the tensors TensorsOf lists.
+constexpr const char* kHeldBuffers[] = {"weight_nf4", "weight_absmax", "weight_absmax_codes",
+                                        "weight_absmax_scales", "weight_absmax_offset"};
+
+// The tensors of `nf4` (undefined ones too), in kHeldBuffers' order.
+std::array<torch::Tensor*, 5> TensorsOf(Nf4Tensor& nf4) {
+  return {&nf4.packed, &nf4.absmax, &nf4.absmax_codes, &nf4.absmax_scales, &nf4.absmax_offset};
+}
+
 // A module holding one parameter, `weight`: an adapter matrix (PEFT's lora_A / lora_B are
 // nn.Linear without bias, whose only parameter is `weight`).
 class AdapterMatrix : public torch::nn::Module {
@@ -169,22 +179,19 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
     return absl::InvalidArgumentError(absl::StrCat("lora.target[", i, "]: ", message));
   }
   using Split = Wrappable::Split;
+  const auto modules = model.RootModule().named_modules();
+  std::vector<AdaptedProjection> projections;
   for (const auto& [candidate, projection] : matches.targeted) {
     lora->adapted_.push_back(projection);
+    const auto sizes = modules[projection]->named_parameters(/*recurse=*/false)["weight"].sizes();
+    projections.push_back({projection, sizes[0], sizes[1]});
     const Split split = candidates[candidate].split;
-    lora->splits_[absl::StrCat(projection, ".lora_A.weight")] =
-        split == Split::kRow ? Split::kRow : Split::kReplicatedPartialGradient;
-    lora->splits_[absl::StrCat(projection, ".lora_B.weight")] =
-        split == Split::kRow ? Split::kReplicatedPartialGradient : split;
+    const auto [a, b] = AdapterMatricesOf(projections.back(), config.rank());
+    lora->splits_[a.name] = split == Split::kRow ? Split::kRow : Split::kReplicatedPartialGradient;
+    lora->splits_[b.name] = split == Split::kRow ? Split::kReplicatedPartialGradient : split;
   }
-  const auto modules = model.RootModule().named_modules();
   std::map<std::string, torch::Tensor> starting;
   if (!config.initial_adapter_dir().empty()) {
-    std::vector<AdaptedProjection> projections;
-    for (const std::string& name : lora->adapted_) {
-      const auto sizes = modules[name]->named_parameters(/*recurse=*/false)["weight"].sizes();
-      projections.push_back({name, sizes[0], sizes[1]});
-    }
     PLAIT_ASSIGN_OR_RETURN(starting, base::Annotate(ReadStartingAdapters(config, projections),
                                                     "lora.initial_adapter_dir"));
   }
@@ -192,21 +199,20 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
     named.parameter.requires_grad_(false);
   }
   torch::NoGradGuard no_grad;
-  for (const std::string& name : lora->adapted_) {
+  for (const AdaptedProjection& adapted : projections) {
+    const std::string& name = adapted.module;
     const std::shared_ptr<torch::nn::Module>& projection = modules[name];
     const torch::Tensor weight = projection->named_parameters(/*recurse=*/false)["weight"];
-    const int64_t out = weight.size(0);
-    const int64_t in = weight.size(1);
     // In the weight's dtype and on its device (also when the model is built deferred, whose
     // weights hold no memory yet: the adapters are small and get theirs now).
     const torch::TensorOptions options = weight.options().requires_grad(false);
-    const std::string a_name = absl::StrCat(name, ".lora_A.weight");
-    const std::string b_name = absl::StrCat(name, ".lora_B.weight");
-    const torch::Tensor a = starting.empty()
-                                ? InitialA(config.seed(), a_name, config.rank(), in).to(options)
-                                : starting[a_name].to(options);
-    const torch::Tensor b = starting.empty() ? torch::zeros({out, config.rank()}, options)
-                                             : starting[b_name].to(options);
+    const auto [a_matrix, b_matrix] = AdapterMatricesOf(adapted, config.rank());
+    const torch::Tensor a =
+        starting.empty()
+            ? InitialA(config.seed(), a_matrix.name, config.rank(), adapted.in).to(options)
+            : starting[a_matrix.name].to(options);
+    const torch::Tensor b = starting.empty() ? torch::zeros(b_matrix.shape, options)
+                                             : starting[b_matrix.name].to(options);
     auto a_module = projection->register_module("lora_A", std::make_shared<AdapterMatrix>(a));
     auto b_module = projection->register_module("lora_B", std::make_shared<AdapterMatrix>(b));
     lora->adapters_[projection.get()] = {a_module->weight, b_module->weight};
@@ -219,14 +225,11 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
     held.name = absl::StrCat(name, kWeight);
     held.options = weight.options();
     held.nf4 = Nf4Quantize(weight, config.double_quant());
-    const std::pair<const char*, torch::Tensor*> buffers[] = {
-        {"weight_nf4", &held.nf4.packed},
-        {"weight_absmax", &held.nf4.absmax},
-        {"weight_absmax_codes", &held.nf4.absmax_codes},
-        {"weight_absmax_scales", &held.nf4.absmax_scales},
-        {"weight_absmax_offset", &held.nf4.absmax_offset}};
-    for (const auto& [buffer, tensor] : buffers) {
-      if (tensor->defined()) *tensor = projection->register_buffer(buffer, *tensor);
+    const auto tensors = TensorsOf(held.nf4);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i]->defined()) {
+        *tensors[i] = projection->register_buffer(kHeldBuffers[i], *tensors[i]);
+      }
     }
     internal::UnregisterParameter(*projection, "weight");
     weight.set_data(torch::empty({0}, held.options));
@@ -245,13 +248,11 @@ torch::Tensor Lora::Weight(const torch::nn::Module& projection, const torch::Ten
 
 void Lora::Store(Held& held, const torch::Tensor& values) const {
   torch::NoGradGuard no_grad;
-  const Nf4Tensor nf4 = Nf4Quantize(values.to(held.options), double_quant_);
-  for (const auto& [to, from] :
-       {std::pair{&held.nf4.packed, &nf4.packed}, std::pair{&held.nf4.absmax, &nf4.absmax},
-        std::pair{&held.nf4.absmax_codes, &nf4.absmax_codes},
-        std::pair{&held.nf4.absmax_scales, &nf4.absmax_scales},
-        std::pair{&held.nf4.absmax_offset, &nf4.absmax_offset}}) {
-    if (to->defined()) to->copy_(*from);
+  Nf4Tensor nf4 = Nf4Quantize(values.to(held.options), double_quant_);
+  const auto to = TensorsOf(held.nf4);
+  const auto from = TensorsOf(nf4);
+  for (size_t i = 0; i < to.size(); ++i) {
+    if (to[i]->defined()) to[i]->copy_(*from[i]);
   }
 }
 
@@ -296,8 +297,8 @@ std::optional<Wrappable::Split> Lora::AddedParameterSplit(const std::string& nam
 absl::Status Lora::Merge(std::map<std::string, torch::Tensor>& parameters) const {
   torch::NoGradGuard no_grad;
   for (const std::string& name : adapted_) {
-    const std::string names[] = {absl::StrCat(name, kWeight), absl::StrCat(name, ".lora_A.weight"),
-                                 absl::StrCat(name, ".lora_B.weight")};
+    const auto [a, b] = AdapterMatricesOf({name}, 0);  // their names
+    const std::string names[] = {absl::StrCat(name, kWeight), a.name, b.name};
     for (const std::string& tensor : names) {
       if (parameters.count(tensor) == 0) {
         return absl::InternalError(absl::StrCat("lora: merging ", name, ": no tensor ", tensor));
@@ -347,11 +348,10 @@ StepEstimate LoraStrategy::Estimate(const ModelShape& shape,
   double nf4_bytes = 0;
   for (const auto& [candidate, projection] : matches.targeted) {
     const std::vector<int64_t>& weight = shape.parameter_list[candidate].shape;
-    for (ModelShape::Parameter& adapter : std::vector<ModelShape::Parameter>{
-             {absl::StrCat(projection, ".lora_A.weight"), {config_.rank(), weight[1]}},
-             {absl::StrCat(projection, ".lora_B.weight"), {weight[0], config_.rank()}}}) {
-      adapters += adapter.numel();
-      trainable.push_back(std::move(adapter));
+    for (auto& [name, adapter_shape] :
+         AdapterMatricesOf({projection, weight[0], weight[1]}, config_.rank())) {
+      trainable.push_back({std::move(name), std::move(adapter_shape)});
+      adapters += trainable.back().numel();
     }
     targeted_weights += static_cast<double>(weight[0] * weight[1]);
     nf4_bytes += static_cast<double>(Nf4Bytes(weight[0] * weight[1], config_.double_quant()));

@@ -29,6 +29,14 @@ std::string FirstMissing(const std::set<std::string>& names, const std::set<std:
 
 }  // namespace
 
+std::array<AdapterMatrixShape, 2> AdapterMatricesOf(const AdaptedProjection& projection,
+                                                    int64_t rank) {
+  return {
+      AdapterMatrixShape{absl::StrCat(projection.module, ".lora_A.weight"), {rank, projection.in}},
+      AdapterMatrixShape{absl::StrCat(projection.module, ".lora_B.weight"),
+                         {projection.out, rank}}};
+}
+
 absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(
     const LoraConfig& config, const std::vector<AdaptedProjection>& projections) {
   const std::string& dir = config.initial_adapter_dir();
@@ -64,10 +72,7 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(
   std::map<std::string, torch::Tensor> values(std::make_move_iterator(adapter->tensors.begin()),
                                               std::make_move_iterator(adapter->tensors.end()));
   for (const AdaptedProjection& projection : projections) {
-    const std::pair<std::string, std::vector<int64_t>> expected[] = {
-        {absl::StrCat(projection.module, ".lora_A.weight"), {config.rank(), projection.in}},
-        {absl::StrCat(projection.module, ".lora_B.weight"), {projection.out, config.rank()}}};
-    for (const auto& [name, shape] : expected) {
+    for (const auto& [name, shape] : AdapterMatricesOf(projection, config.rank())) {
       const torch::Tensor& tensor = values.at(name);
       if (tensor.sizes().vec() != shape) {
         return error(absl::StrCat(name, " is ", Shape(tensor.sizes().vec()),

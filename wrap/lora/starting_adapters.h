@@ -9,6 +9,7 @@
 #ifndef PLAIT_WRAP_LORA_STARTING_ADAPTERS_H_
 #define PLAIT_WRAP_LORA_STARTING_ADAPTERS_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -26,6 +27,17 @@ struct AdaptedProjection {
   int64_t out = 0;
   int64_t in = 0;
 };
+
+// One adapter matrix of a projection, by plait's (PEFT's) name, and its shape.
+struct AdapterMatrixShape {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// The adapters LoRA gives `projection` at `rank`: A, `<module>.lora_A.weight` [rank, in], then
+// B, `<module>.lora_B.weight` [out, rank].
+std::array<AdapterMatrixShape, 2> AdapterMatricesOf(const AdaptedProjection& projection,
+                                                    int64_t rank);
 
 // The A and B of every projection in `projections`, by plait's names
 // (`<module>.lora_A.weight`), read from the folder config.initial_adapter_dir, as stored
