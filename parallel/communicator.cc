@@ -9,7 +9,7 @@ namespace {
 
 bool SupportedDtype(torch::ScalarType dtype) {
   return dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16 ||
-         dtype == torch::kInt64;
+         dtype == torch::kInt64 || dtype == torch::kByte;
 }
 
 }  // namespace
@@ -154,7 +154,7 @@ absl::Status Communicator::CheckTensor(Collective collective, absl::string_view 
   if (!SupportedDtype(tensor.scalar_type())) {
     return absl::InvalidArgumentError(absl::StrCat(
         Describe(collective), ": ", role, " has dtype ", c10::toString(tensor.scalar_type()),
-        "; supported are Float, BFloat16, Half and Long"));
+        "; supported are Float, BFloat16, Half, Long and Byte"));
   }
   if (!tensor.is_contiguous()) {
     return absl::InvalidArgumentError(

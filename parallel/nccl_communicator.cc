@@ -103,6 +103,8 @@ absl::StatusOr<ncclDataType_t> DeviceTensorType(const std::string& description, 
       return ncclFloat16;
     case torch::kInt64:
       return ncclInt64;
+    case torch::kByte:
+      return ncclUint8;
     default:
       return absl::InvalidArgumentError(absl::StrCat(description, ": ", role, " has dtype ",
                                                      c10::toString(tensor.scalar_type()),

@@ -29,7 +29,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr torch::ScalarType kDtypes[] = {torch::kFloat32, torch::kBFloat16, torch::kFloat16,
-                                         torch::kInt64};
+                                         torch::kInt64, torch::kByte};
 // Sizes below, at and above the world size, divisible by it or not.
 constexpr int64_t kSizes[] = {1, 3, 7, 1001, 4096};
 
@@ -70,7 +70,7 @@ TEST_P(RingCollectivesTest, AllReduceEveryDtypeSizeAndOp) {
     for (torch::ScalarType dtype : kDtypes) {
       for (int64_t numel : kSizes) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
-          if (op == ReduceOp::kAverage && dtype == torch::kInt64) continue;
+          if (op == ReduceOp::kAverage && !c10::isFloatingType(dtype)) continue;
           SCOPED_TRACE(::testing::Message()
                        << c10::toString(dtype) << "[" << numel << "] op " << static_cast<int>(op));
           torch::Tensor tensor = Contribution(numel, rank, dtype).reshape({numel, 1});
