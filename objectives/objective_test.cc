@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <memory>
+#include <vector>
 
 #include "base/status_matchers.h"
 #include "data/pairs.h"
@@ -120,6 +121,7 @@ class Gain final : public wrap::ProjectionOps {
   torch::Tensor Weight(const torch::nn::Module&, const torch::Tensor& weight) override {
     return weight;
   }
+  std::vector<torch::Tensor> HeldTensors(const torch::nn::Module&) const override { return {}; }
   torch::Tensor Adapt(const torch::nn::Module&, const torch::Tensor&,
                       torch::Tensor output) override {
     return output * (1 + gain);

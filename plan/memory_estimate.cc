@@ -174,15 +174,18 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
   // A step that freezes the model's own parameters (LoRA) leaves the optimizer state and the
   // gradients to the parameters that train.
   const double all = shape.parameters + estimate.preparation.added_parameters;
-  const double kept = all * estimate.preparation.parameter_fraction;
+  const double fraction = estimate.preparation.parameter_fraction;
   const auto& trainable = estimate.preparation.trainable_parameters;
-  const double trained =
-      (trainable.has_value() ? CountOf(*trainable) : all) * estimate.preparation.parameter_fraction;
-  estimate.parameter_bytes = kept * parameter_element;
-  // Less what a step holds whole in a smaller form of its own (QLoRA's NF4 base).
+  const double trained = (trainable.has_value() ? CountOf(*trainable) : all) * fraction;
+  // A step may hold some parameters in a form of its own (QLoRA's NF4 base), which the later
+  // steps split as they split the parameters (FSDP shards its bytes).
+  double held = 0.0;
+  double held_bytes = 0.0;
   for (const wrap::StepEstimate& step : estimate.preparation.steps) {
-    estimate.parameter_bytes -= step.parameter_bytes_saved;
+    held += step.held_parameters;
+    held_bytes += step.held_bytes;
   }
+  estimate.parameter_bytes = ((all - held) * parameter_element + held_bytes) * fraction;
   estimate.optimizer_state_bytes =
       trained * kBytesPerFloat * (estimate.optimizer_slots + (estimate.fp32_masters ? 1 : 0));
   estimate.gradient_bytes = trained * gradient_element;

@@ -184,22 +184,25 @@ TEST(EstimateMemoryTest, LoraLeavesGradientsAndOptimizerStateToTheAdapters) {
 }
 
 // QLoRA before DDP: the targeted weights take their NF4 bytes (0.5 byte a weight plus a
-// 4-byte maximum per 64) instead of 4 bytes a weight.
+// 4-byte maximum per 64) instead of 4 bytes a weight; before FSDP over 2 ranks, a rank keeps
+// half of those bytes, as it keeps half of the fp32 shards.
 TEST(EstimateMemoryTest, AnNf4BaseTakesItsNf4Bytes) {
-  const auto parameter_bytes = [](const std::string& quantization) {
+  const auto parameter_bytes = [](const std::string& quantization, const std::string& dp) {
     Plan plan = ParseOrDie(kTinyOnTwoFsdpRanks);
     *plan.mutable_prepare() =
         ParseOrDie(absl::StrCat(R"pb(prepare { lora { rank: 8 alpha: 16 target: "*q_proj")pb",
-                                quantization, R"pb(}
-                                                   } prepare { ddp { mesh_dim: "dp" } })pb"))
+                                quantization, "} } prepare { ", dp, " { mesh_dim: \"dp\" } }"))
             .prepare();
     absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(plan, 2));
     EXPECT_THAT(estimate, IsOk());
     return estimate.value_or(MemoryEstimate()).parameter_bytes;
   };
   const double weights = 4 * 256 * 256;  // 4 blocks' q_proj
-  EXPECT_THAT(parameter_bytes("") - parameter_bytes("base_quantization: NF4"),
-              DoubleNear(weights * 4 - (weights / 2 + weights / 64 * 4), 1e-6));
+  const double saved = weights * 4 - (weights / 2 + weights / 64 * 4);
+  EXPECT_THAT(parameter_bytes("", "ddp") - parameter_bytes("base_quantization: NF4", "ddp"),
+              DoubleNear(saved, 1e-6));
+  EXPECT_THAT(parameter_bytes("", "fsdp") - parameter_bytes("base_quantization: NF4", "fsdp"),
+              DoubleNear(saved / 2, 1e-6));
 }
 
 // Activation checkpointing (before FSDP) keeps less of each block's forward: full keeps a

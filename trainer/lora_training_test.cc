@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -229,7 +230,7 @@ TEST(LoraTrainTest, FromAHuggingFaceFolderFsdpTrainsAsOneProcess) {
 // Checkpoints hold the adapters and their optimizer state alone; a run resumed after step 5
 // gives its base its values again (QLoRA's quantized again) and continues bit for bit as the
 // straight run, on FSDP's 2 ranks from the seed and from a Hugging Face folder, and QLoRA on
-// DDP's from the folder; a resume from another base is refused.
+// them from the folder; a resume from another base is refused.
 TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
   struct Case {
     const char* plan;
@@ -237,7 +238,7 @@ TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
     bool from_hf;
   };
   for (const Case& one : {Case{"llama_fsdp", kLora, false}, Case{"llama_fsdp", kLora, true},
-                          Case{"llama_ddp", kQLora, true}}) {
+                          Case{"llama_fsdp", kQLora, true}}) {
     const bool from_hf = one.from_hf;
     const std::string name =
         absl::StrCat(one.plan, one.lora == kQLora ? "_qlora_" : "_", from_hf ? "hf" : "seed");
@@ -358,13 +359,16 @@ TEST(LoraTrainTest, TheSavedAdapterFolderIsTheTrainedAdapters) {
 
 // QLoRA: the base a prepared model computes with is its values (the seed's, or a Hugging
 // Face folder's, each stored as it is loaded) through NF4 for the targeted projections, and
-// as they are for the rest; it trains, and DDP's 2 ranks train as one process.
-TEST(QLoraTrainTest, TheBaseIsQuantizedAsLoadedAndDdpTrainsAsOneProcess) {
+// as they are for the rest, on one process and on FSDP's 2 ranks, which shard the NF4 bytes;
+// it trains, and DDP's and FSDP's 2 ranks train as one process.
+TEST(QLoraTrainTest, TheBaseIsQuantizedAsLoadedAndDdpAndFsdpTrainAsOneProcess) {
   const std::string dir = HfFolderOfSeed(5);
-  for (const bool from_hf : {false, true}) {
-    plan::Plan plan = LoraPlan("llama_single", kQLora);
+  for (const auto& [name, ranks, from_hf] :
+       {std::tuple{"llama_single", 1, false}, std::tuple{"llama_single", 1, true},
+        std::tuple{"llama_fsdp", 2, true}}) {
+    plan::Plan plan = LoraPlan(name, kQLora);
     const auto base = ModelOfSeed(from_hf ? 5 : 1)->named_parameters();
-    WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
+    WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
       auto prepared =
           PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), from_hf ? dir : "",
                                  plan.prepare(), mesh, Role::kTrained, "plan");
@@ -380,20 +384,23 @@ TEST(QLoraTrainTest, TheBaseIsQuantizedAsLoadedAndDdpTrainsAsOneProcess) {
             held ? wrap::lora::Nf4Dequantize(wrap::lora::Nf4Quantize(base[name], true),
                                              torch::kFloat32)
                  : base[name];
-        EXPECT_TRUE(values.equal(want)) << name << (from_hf ? " from the folder" : "");
+        EXPECT_TRUE(values.equal(want))
+            << name << (from_hf ? " from the folder" : "") << " on rank " << rank;
       }
     });
   }
-  plan::Plan single = LoraPlan("llama_single", kQLora);
-  plan::Plan ddp = LoraPlan("llama_ddp", kQLora);
-  single.set_hf_weights_dir(dir);
-  ddp.set_hf_weights_dir(dir);
-  const TrainReport expected = TrainOnRanks(single, 1);
+  const auto from_folder = [&](const std::string& name) {
+    plan::Plan plan = LoraPlan(name, kQLora);
+    plan.set_hf_weights_dir(dir);
+    return plan;
+  };
+  const TrainReport expected = TrainOnRanks(from_folder("llama_single"), 1);
   ASSERT_EQ(expected.steps.size(), 10u);
   EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss - 0.1);
   std::cout << "QLoRA on one process: loss " << expected.steps.front().loss << " at step 1, "
             << expected.steps.back().loss << " at step 10\n";
-  ExpectSameLosses(TrainOnRanks(ddp, 2), expected, 1e-5);
+  ExpectSameLosses(TrainOnRanks(from_folder("llama_ddp"), 2), expected, 1e-5);
+  ExpectSameLosses(TrainOnRanks(from_folder("llama_fsdp"), 2), expected, 1e-5);
 }
 
 // "Nothing silently frozen": a trainable parameter that got no gradient is named.

@@ -123,14 +123,19 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   // LoRA on q/k/v/o and the MLP: a frozen base (no gradients, no optimizer state) whose
   // projections keep only what their adapters' backward reads, under FSDP, on the medium
   // shape, where the activations dominate, and under FSDP over tensor parallelism, which
-  // splits the adapters with their projections.
-  for (MemoryCheckPlan lora : {fsdp, medium_check, two_d}) {
-    lora.name += "_lora";
+  // splits the adapters with their projections; and QLoRA under FSDP, which shards the NF4
+  // bytes of the base.
+  for (const auto& [base, quantization] :
+       {std::pair{fsdp, wrap::LoraConfig::NONE}, std::pair{medium_check, wrap::LoraConfig::NONE},
+        std::pair{two_d, wrap::LoraConfig::NONE}, std::pair{fsdp, wrap::LoraConfig::NF4}}) {
+    MemoryCheckPlan lora = base;
+    lora.name += quantization == wrap::LoraConfig::NF4 ? "_qlora" : "_lora";
     google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps;
     wrap::LoraConfig& config = *steps.Add()->mutable_lora();
     config.set_rank(8);
     config.set_alpha(16);
     config.add_target("*_proj");
+    config.set_base_quantization(quantization);
     for (const wrap::PrepareStep& step : lora.plan.prepare()) *steps.Add() = step;
     *lora.plan.mutable_prepare() = steps;
     plans.push_back(std::move(lora));

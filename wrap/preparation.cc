@@ -1,5 +1,6 @@
 #include "wrap/preparation.h"
 
+#include <iterator>
 #include <set>
 #include <utility>
 
@@ -109,11 +110,13 @@ std::vector<parallel::TrainableParameter> Preparation::PartsOf(bool trainable) {
   }
   for (const auto& strategy : strategies_) strategy->UpdateParameters(parameters);
   if (!trainable) {
-    // Whole: no strategy splits what the model no longer lists (rule qlora_without_fsdp).
-    for (const auto& strategy : strategies_) {
-      for (parallel::TrainableParameter& held : strategy->HeldParameters()) {
-        parameters.push_back(std::move(held));
+    // What a step holds in a form of its own (QLoRA's NF4 base), as the steps after it left it.
+    for (auto it = strategies_.begin(); it != strategies_.end(); ++it) {
+      std::vector<parallel::TrainableParameter> held = (*it)->HeldParameters();
+      for (auto later = std::next(it); later != strategies_.end(); ++later) {
+        (*later)->UpdateHeldParameters(held);
       }
+      for (parallel::TrainableParameter& part : held) parameters.push_back(std::move(part));
     }
   }
   return parameters;

@@ -150,10 +150,11 @@ struct StepEstimate {
   // which parameters train, those that do after it, whole (nullopt: unchanged).
   double added_block_parameters = 0.0;
   std::optional<std::vector<ModelShape::Parameter>> trainable_parameters;
-  // Bytes the model's parameters take less on every rank because it holds some of them, whole,
-  // in a smaller form of its own (QLoRA's NF4 base: the targeted weights in the model's dtype
-  // less their NF4 bytes).
-  double parameter_bytes_saved = 0.0;
+  // The model's parameters it holds in a form of its own (QLoRA's NF4 base: the targeted
+  // weights), and the bytes they take whole in that form: a rank keeps the preparation's
+  // parameter_fraction of those bytes in place of the parameters'.
+  double held_parameters = 0.0;
+  double held_bytes = 0.0;
 };
 
 class Strategy {
@@ -218,6 +219,11 @@ class Strategy {
   // values: what the model no longer lists, for the caller to give values to as to the other
   // frozen parameters. Default: none.
   virtual std::vector<parallel::TrainableParameter> HeldParameters() { return {}; }
+
+  // After Apply: rewrites `held` (what an earlier strategy's HeldParameters gave) for what this
+  // strategy did to the tensors they are held in: FSDP, which shards them, makes each `store`
+  // keep this rank's share. Default: unchanged.
+  virtual void UpdateHeldParameters(std::vector<parallel::TrainableParameter>& held) {}
 
   // After Apply: whether the next backward passes synchronise gradients. Gradient
   // accumulation turns it off for all micro-batches but the last. Default: nothing to skip.

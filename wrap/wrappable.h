@@ -203,14 +203,20 @@ class Wrappable {
 //
 // Before it computes, the model asks Weight for the weight a projection computes with: a
 // wrapper may hold a projection's weight in a form of its own (QLoRA's NF4 base, dequantized
-// here) and take it out of the module's parameters.
+// here) and take it out of the module's parameters. The tensors it holds it in (HeldTensors)
+// are what a data-parallel wrapper applied later shards and gathers with the projection's
+// block, as it does the block's parameters (FSDP: their bytes as they are).
 class ProjectionOps {
  public:
   virtual ~ProjectionOps() = default;
   // The weight [out, in] `projection` computes with: its `weight` parameter as given, or the
-  // one the ops hold for it (requiring no gradient).
+  // one the ops hold for it (requiring no gradient; `weight` may then be undefined).
   virtual torch::Tensor Weight(const torch::nn::Module& projection,
                                const torch::Tensor& weight) = 0;
+  // The tensors the ops hold `projection`'s weight in, which Weight reads, in place of its
+  // `weight` parameter (named `<projection>.weight` in the model's parameters); none for a
+  // projection that computes with its own.
+  virtual std::vector<torch::Tensor> HeldTensors(const torch::nn::Module& projection) const = 0;
   virtual torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
                               torch::Tensor output) = 0;
   // How tensor parallelism splits the parameter `name` when these ops added it to a
@@ -239,6 +245,9 @@ class WithoutAdapters final : private ProjectionOps {
  private:
   torch::Tensor Weight(const torch::nn::Module& projection, const torch::Tensor& weight) override {
     return ops_->Weight(projection, weight);
+  }
+  std::vector<torch::Tensor> HeldTensors(const torch::nn::Module& projection) const override {
+    return ops_->HeldTensors(projection);
   }
   torch::Tensor Adapt(const torch::nn::Module& /*projection*/, const torch::Tensor& /*input*/,
                       torch::Tensor output) override {

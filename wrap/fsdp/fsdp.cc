@@ -80,6 +80,22 @@ void CopyBetweenFullAndRanks(const torch::Tensor& full, const torch::Tensor& by_
   }
 }
 
+// A contiguous tensor's memory as bytes, flat.
+torch::Tensor BytesOf(const torch::Tensor& tensor) {
+  return tensor.reshape({-1}).view(torch::kByte);
+}
+
+// `shards` one after the other, shard i at offsets[i] of one flat tensor of `numel` elements
+// in `options`: a rank's chunk of a gather.
+torch::Tensor Pack(const std::vector<torch::Tensor>& shards, const std::vector<int64_t>& offsets,
+                   int64_t numel, const torch::TensorOptions& options) {
+  torch::Tensor flat = torch::empty({numel}, options.requires_grad(false));
+  for (size_t i = 0; i < shards.size(); ++i) {
+    flat.narrow(0, offsets[i], shards[i].numel()).copy_(shards[i].reshape({-1}));
+  }
+  return flat;
+}
+
 }  // namespace
 
 // One unit's parameters. Each rank's part of the unit is one flat buffer of shard_numel
@@ -125,19 +141,34 @@ struct Fsdp::Unit {
   // then every flag is above zero and need not be read back from the device.
   bool every_gradient_here = true;
 
+  // The tensors the model's ProjectionOps hold the unit's projections' weights in
+  // (HeldTensors: QLoRA's NF4 codes and scales), kept as they are: their bytes are sharded by
+  // rows as the parameters are, gathered beside them in a collective of their own, freed with
+  // them, and never trained.
+  struct HeldWeight {
+    std::string name;  // the weight's parameter name, "model.layers.0.self_attn.q_proj.weight"
+    const torch::nn::Module* projection;
+    std::vector<size_t> tensors;  // its tensors' indices in `held`
+  };
+  std::vector<HeldWeight> held_weights;
+  std::vector<torch::Tensor> held;         // the ops' tensors, memory freed when sharded
+  std::vector<torch::Tensor> held_shards;  // uint8 [held_rows[i]]: this rank's bytes of held[i]
+  std::vector<int64_t> held_rows;
+  std::vector<int64_t> held_offsets;  // of held_shards[i] in a rank's chunk of bytes
+  int64_t held_numel = 0;
+  torch::Tensor held_gather_input, held_gather_output;
+  std::shared_ptr<parallel::Work> held_gather;
+
   // This rank's shards one after the other, in `dtype`: its chunk of a gather.
   torch::Tensor PackShards(torch::ScalarType dtype) const {
-    torch::Tensor flat =
-        torch::empty({shard_numel}, shards[0].options().dtype(dtype).requires_grad(false));
-    for (size_t i = 0; i < shards.size(); ++i) {
-      flat.narrow(0, offsets[i], shards[i].numel()).copy_(shards[i].reshape({-1}));
-    }
-    return flat;
+    return Pack(shards, offsets, shard_numel, shards[0].options().dtype(dtype));
   }
 
+  // The bytes of its full parameters and held tensors.
   int64_t ParameterBytes() const {
     int64_t bytes = 0;
     for (const torch::Tensor& parameter : parameters) bytes += parameter.nbytes();
+    for (const torch::Tensor& tensor : held) bytes += tensor.nbytes();
     return bytes;
   }
 };
@@ -181,12 +212,39 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
     }
     fsdp->units_.push_back(std::move(unit));
   };
+  // The tensors a block's projections' weights are held in, each in memory of its own.
+  const ProjectionOps* ops = model.projection_ops();
+  auto add_held = [&](Unit& unit, const Wrappable::Unit& block) {
+    for (const auto& item :
+         block.module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+      const std::vector<torch::Tensor> tensors = ops->HeldTensors(*item.value());
+      if (tensors.empty()) continue;
+      Unit::HeldWeight& weight = unit.held_weights.emplace_back();
+      weight.name = absl::StrCat(block.name, ".", item.key(), ".weight");
+      weight.projection = item.value().get();
+      for (const torch::Tensor& tensor : tensors) {
+        torch::NoGradGuard no_grad;
+        tensor.set_data(tensor.clone(at::MemoryFormat::Contiguous));
+        const torch::Tensor bytes = BytesOf(tensor);
+        const int64_t rows = base::CeilDiv(bytes.numel(), n);
+        torch::Tensor shard = torch::zeros({rows}, bytes.options());
+        CopyRowsOfRank(bytes, shard, rows, rank);
+        weight.tensors.push_back(unit.held.size());
+        unit.held.push_back(tensor);
+        unit.held_shards.push_back(shard);
+        unit.held_rows.push_back(rows);
+        unit.held_offsets.push_back(unit.held_numel);
+        unit.held_numel += rows;
+      }
+    }
+  };
   for (const Wrappable::Unit& block : model.Blocks()) {
     std::vector<Wrappable::NamedParameter> named;
     for (const auto& item : block.module->named_parameters()) {
       named.push_back({absl::StrCat(block.name, ".", item.key()), item.value()});
     }
     add_unit(block.name, named);
+    if (ops != nullptr) add_held(fsdp->units_.back(), block);
   }
   add_unit("root", model.RootParameters());
   // Hook unit i is units_[i] and the root is units_.back(), so that every unit has a
@@ -210,6 +268,7 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
       }
       internal::FreeStorage(parameter);
     }
+    for (const torch::Tensor& tensor : unit.held) internal::FreeStorage(tensor);
     const int index = static_cast<int>(&unit - fsdp->units_.data());
     for (const torch::Tensor& parameter : unit.parameters) {
       if (!parameter.requires_grad()) continue;
@@ -301,6 +360,13 @@ void Fsdp::StartGather(Unit& unit) {
   unit.gather_output =
       torch::empty({unit.shard_numel * communicator_.size()}, unit.gather_input.options());
   unit.gather = communicator_.AllGather(unit.gather_input, unit.gather_output);
+  if (unit.held_numel > 0) {
+    unit.held_gather_input =
+        Pack(unit.held_shards, unit.held_offsets, unit.held_numel, unit.held_shards[0].options());
+    unit.held_gather_output =
+        torch::empty({unit.held_numel * communicator_.size()}, unit.held_gather_input.options());
+    unit.held_gather = communicator_.AllGather(unit.held_gather_input, unit.held_gather_output);
+  }
   unit.state = Unit::State::kGathering;
   // Counted from here: a prefetched unit's full parameters are alive from now on.
   unsharded_bytes_ += unit.ParameterBytes();
@@ -322,6 +388,17 @@ void Fsdp::Unshard(Unit& unit) {
   unit.gather_input = torch::Tensor();
   unit.gather_output = torch::Tensor();
   unit.gather.reset();
+  if (unit.held_gather != nullptr) {
+    if (absl::Status status = unit.held_gather->Wait(); !status.ok()) Fail(status);
+    const torch::Tensor bytes_by_rank = unit.held_gather_output.view({n, unit.held_numel});
+    for (size_t i = 0; i < unit.held.size(); ++i) {
+      CopyBetweenFullAndRanks(BytesOf(internal::RestoreStorage(unit.held[i])), bytes_by_rank,
+                              unit.held_offsets[i], unit.held_rows[i], Direction::kIntoFull);
+    }
+    unit.held_gather_input = torch::Tensor();
+    unit.held_gather_output = torch::Tensor();
+    unit.held_gather.reset();
+  }
   unit.state = Unit::State::kUnsharded;
 }
 
@@ -329,6 +406,7 @@ void Fsdp::Reshard(Unit& unit) {
   if (unit.state == Unit::State::kGathering) Unshard(unit);  // settle the collective first
   if (unit.state != Unit::State::kUnsharded) return;
   for (const torch::Tensor& parameter : unit.parameters) internal::FreeStorage(parameter);
+  for (const torch::Tensor& tensor : unit.held) internal::FreeStorage(tensor);
   unit.state = Unit::State::kSharded;
   unsharded_bytes_ -= unit.ParameterBytes();
 }
@@ -544,8 +622,42 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> Fsdp::FullStateDict() {
       CopyBetweenFullAndRanks(full, by_rank, unit.offsets[i], unit.rows[i], Direction::kIntoFull);
       state[unit.names[i]] = std::move(full);
     }
+    if (unit.held_weights.empty()) continue;
+    // The held weights as the ops compute with them, from the unit gathered for a moment.
+    ProjectionOps* ops = model_.projection_ops();
+    if (ops == nullptr) {
+      return absl::InternalError(absl::StrCat("fsdp: unit ", unit.name,
+                                              " holds weights for projection ops, which are gone"));
+    }
+    Unshard(unit);
+    PLAIT_RETURN_IF_ERROR(status_);
+    for (const Unit::HeldWeight& weight : unit.held_weights) {
+      state[weight.name] = ops->Weight(*weight.projection, torch::Tensor()).clone();
+    }
+    Reshard(unit);
   }
   return state;
+}
+
+std::function<void(const torch::Tensor&)> Fsdp::StoreIntoShards(
+    const std::string& name, std::function<void(const torch::Tensor&)> store) {
+  for (Unit& unit : units_) {
+    for (const Unit::HeldWeight& weight : unit.held_weights) {
+      if (weight.name != name) continue;
+      return [this, &unit, &weight, store = std::move(store)](const torch::Tensor& values) {
+        Reshard(unit);  // a gathered unit would keep computing with the old values
+        for (size_t i : weight.tensors) internal::RestoreStorage(unit.held[i]);
+        store(values);
+        torch::NoGradGuard no_grad;
+        for (size_t i : weight.tensors) {
+          CopyRowsOfRank(BytesOf(unit.held[i]), unit.held_shards[i], unit.held_rows[i],
+                         communicator_.rank());
+          internal::FreeStorage(unit.held[i]);
+        }
+      };
+    }
+  }
+  return store;
 }
 
 absl::Status Fsdp::LoadFullStateDict(const std::map<std::string, torch::Tensor>& state) {
@@ -679,6 +791,12 @@ void FsdpStrategy::UpdateParameters(std::vector<parallel::TrainableParameter>& p
                           : before.slice.Narrow(0, rows.box.offsets[0], rows.box.lengths[0]);
     parameter.slice.replica = before.slice.replica * fsdp_->replica_count() + rows.replica;
     parameters.push_back(std::move(parameter));
+  }
+}
+
+void FsdpStrategy::UpdateHeldParameters(std::vector<parallel::TrainableParameter>& held) {
+  for (parallel::TrainableParameter& part : held) {
+    if (part.store) part.store = fsdp_->StoreIntoShards(part.name, std::move(part.store));
   }
 }
 

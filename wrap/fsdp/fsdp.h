@@ -23,6 +23,10 @@
 // gathered but get no gradient, take no place in the reduce-scatters and are not trained; so
 // does a parameter that no rank used in the step's backward (a flag per parameter rides on
 // each unit's reduce-scatter), as in one process, where AdamW would otherwise decay it.
+// The tensors the model's ProjectionOps hold a projection's weight in (ProjectionOps::
+// HeldTensors: QLoRA's NF4 codes and scales) are sharded by rows of their bytes with the
+// projection's block, gathered beside its parameters in a collective of their own and freed
+// with them; they are never cast nor trained.
 // FsdpStrategy is its preparation strategy (strategy.h), applied through wrap::Preparation
 // (preparation.h). On CUDA (an NcclCommunicator) the gathers, reduce-scatters and all-reduces
 // across replicas run on their communicator's stream, after the work queued on the compute
@@ -39,6 +43,7 @@
 #define PLAIT_WRAP_FSDP_FSDP_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -92,8 +97,16 @@ class Fsdp {
   void ResetPeak() { peak_unsharded_bytes_ = unsharded_bytes_; }
 
   // The full parameters, gathered from the shards (every rank takes part; every rank gets
-  // them), in fp32, by name.
+  // them), in fp32, by name; and the weights held for the ProjectionOps, as their Weight
+  // computes with them, by the weights' names.
   absl::StatusOr<std::map<std::string, torch::Tensor>> FullStateDict();
+
+  // `store`, which quantizes (or otherwise writes) the values of the held weight `name` into
+  // the tensors it is held in, made to keep this rank's shards of them: each rank gives the
+  // whole values, which the tensors take for a moment. `store` itself when FSDP holds no
+  // weight of that name.
+  std::function<void(const torch::Tensor&)> StoreIntoShards(
+      const std::string& name, std::function<void(const torch::Tensor&)> store);
 
   // Sets the shards from full parameters by name; InvalidArgument naming a missing or
   // misshapen parameter.
@@ -158,6 +171,8 @@ class FsdpStrategy final : public Strategy {
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
   void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override;
+  // Each held weight's `store` keeps this rank's shards (Fsdp::StoreIntoShards).
+  void UpdateHeldParameters(std::vector<parallel::TrainableParameter>& held) override;
   absl::Status BackwardStatus() const override { return fsdp_->last_status(); }
   absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override;
   int64_t gathered_bytes() const override { return fsdp_->unsharded_bytes(); }

@@ -100,8 +100,10 @@ constexpr const char* kHeldBuffers[] = {"weight_nf4", "weight_absmax", "weight_a
                                         "weight_absmax_scales", "weight_absmax_offset"};
 
 // The tensors of `nf4` (undefined ones too), in kHeldBuffers' order.
-std::array<torch::Tensor*, 5> TensorsOf(Nf4Tensor& nf4) {
-  return {&nf4.packed, &nf4.absmax, &nf4.absmax_codes, &nf4.absmax_scales, &nf4.absmax_offset};
+template <typename Nf4>  // Nf4Tensor or const Nf4Tensor
+auto TensorsOf(Nf4& nf4) {
+  return std::array{&nf4.packed, &nf4.absmax, &nf4.absmax_codes, &nf4.absmax_scales,
+                    &nf4.absmax_offset};
 }
 
 // A module holding one parameter, `weight`: an adapter matrix (PEFT's lora_A / lora_B are
@@ -243,7 +245,33 @@ Lora::~Lora() { model_.SetProjectionOps(nullptr); }
 torch::Tensor Lora::Weight(const torch::nn::Module& projection, const torch::Tensor& weight) {
   const auto it = held_.find(&projection);
   if (it == held_.end()) return weight;
-  return Nf4Dequantize(it->second.nf4, it->second.options.dtype().toScalarType());
+  Held& held = it->second;
+  torch::Tensor dequantized = Nf4Dequantize(held.nf4, held.options.dtype().toScalarType());
+  // Only a forward that builds a graph keeps it for a backward (WithoutAdapters, which never
+  // calls Adapt, runs without one).
+  if (torch::GradMode::is_enabled()) held.dequantized = dequantized;
+  return dequantized;
+}
+
+void Lora::KeepOnlyForBackward(const Held& held, const torch::Tensor& weight,
+                               const torch::Tensor& input, const torch::Tensor& output) {
+  internal::FreeStorage(weight);
+  output.register_hook([&held, weight](const torch::Tensor& /*grad*/) {
+    torch::NoGradGuard no_grad;
+    internal::RestoreStorage(weight).copy_(
+        Nf4Dequantize(held.nf4, held.options.dtype().toScalarType()));
+  });
+  input.register_hook([weight](const torch::Tensor& /*grad*/) { internal::FreeStorage(weight); });
+}
+
+std::vector<torch::Tensor> Lora::HeldTensors(const torch::nn::Module& projection) const {
+  const auto it = held_.find(&projection);
+  if (it == held_.end()) return {};
+  std::vector<torch::Tensor> tensors;
+  for (const torch::Tensor* tensor : TensorsOf(it->second.nf4)) {
+    if (tensor->defined()) tensors.push_back(*tensor);
+  }
+  return tensors;
 }
 
 void Lora::Store(Held& held, const torch::Tensor& values) const {
@@ -271,12 +299,22 @@ std::vector<parallel::TrainableParameter> Lora::HeldParameters() {
 
 void Lora::AddHeldWeights(std::map<std::string, torch::Tensor>& parameters) const {
   for (const auto& [projection, held] : held_) {
+    if (parameters.count(held.name) > 0) continue;
     parameters[held.name] = Nf4Dequantize(held.nf4, held.options.dtype().toScalarType());
   }
 }
 
 torch::Tensor Lora::Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
                           torch::Tensor output) {
+  if (const auto held = held_.find(&projection);
+      held != held_.end() && held->second.dequantized.defined()) {
+    const torch::Tensor weight = std::move(held->second.dequantized);
+    held->second.dequantized = torch::Tensor();
+    // The product needs its weight in backward only for the input's gradient.
+    if (output.requires_grad() && input.requires_grad()) {
+      KeepOnlyForBackward(held->second, weight, input, output);
+    }
+  }
   const auto it = adapters_.find(&projection);
   if (it == adapters_.end()) return output;
   // As PEFT's Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling, with dropout in
@@ -368,12 +406,13 @@ StepEstimate LoraStrategy::Estimate(const ModelShape& shape,
     absl::StrAppendFormat(
         &estimate.description,
         "; the %s weights of the targeted projections in NF4%s: %s (%.3g bytes a weight) "
-        "instead of %s, whole on every rank, dequantized for each use",
+        "instead of %s, dequantized for each use",
         base::HumanCount(targeted_weights),
         config_.double_quant() ? " with double quantization" : "",
         base::HumanBytesAnySize(nf4_bytes), nf4_bytes / targeted_weights,
         base::HumanBytesAnySize(targeted_weights * shape.parameter_bytes));
-    estimate.parameter_bytes_saved = targeted_weights * shape.parameter_bytes - nf4_bytes;
+    estimate.held_parameters = targeted_weights;
+    estimate.held_bytes = nf4_bytes;
   }
   estimate.added_block_parameters = adapters;
   estimate.trainable_parameters = std::move(trainable);

@@ -29,14 +29,19 @@
 // parameters and is held in NF4 (nf4.h) as buffers of the projection (`weight_nf4`,
 // `weight_absmax`, or with double_quant `weight_absmax_codes`, `weight_absmax_scales`,
 // `weight_absmax_offset`), which move with the module; the full-precision weight is freed.
-// ProjectionOps::Weight dequantizes it to the weight's dtype for each use, so autograd keeps
-// the dequantized weight for the input's gradient until the block's backward (with activation
-// checkpointing, only while the block is recomputed). The weight is quantized from what it
+// ProjectionOps::Weight dequantizes it to the weight's dtype for each use. The dequantized
+// weight the input's gradient needs is not kept until the backward, as bitsandbytes'
+// MatMul4Bit does not keep it: once the projection has computed (Adapt), its memory is freed,
+// and it is dequantized again into the same tensor when the projection's output gradient
+// arrives and freed once the input's gradient is complete, so that a step holds one block's
+// few dequantized weights at a time, not the whole base in the compute dtype. The weight is
+// quantized from what it
 // holds when Create runs, and again each time the preparation's caller stores values in it
 // (HeldParameters' `store`: a run's base loaded from a Hugging Face folder after preparing),
 // one weight at a time. The merged export (Merge) folds the adapters into the dequantized
-// weight. FSDP cannot shard the held weights, nor tensor parallelism split them: the rules refuse
-// both (qlora_without_fsdp, qlora_without_tp).
+// weight. FSDP, a later step, shards and gathers the held tensors' bytes with their blocks
+// (HeldTensors), so that a rank keeps its share of the quantized base; tensor parallelism
+// cannot split them: the rules refuse it (qlora_without_tp).
 #ifndef PLAIT_WRAP_LORA_LORA_H_
 #define PLAIT_WRAP_LORA_LORA_H_
 
@@ -74,6 +79,8 @@ class Lora final : public ProjectionOps {
   Lora& operator=(const Lora&) = delete;
 
   torch::Tensor Weight(const torch::nn::Module& projection, const torch::Tensor& weight) override;
+  // With NF4, a targeted projection's NF4 tensors (its buffers).
+  std::vector<torch::Tensor> HeldTensors(const torch::nn::Module& projection) const override;
   torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
                       torch::Tensor output) override;
   // An adapter splits with its projection where their dimensions meet: B with a
@@ -94,7 +101,8 @@ class Lora final : public ProjectionOps {
   std::vector<parallel::TrainableParameter> HeldParameters();
 
   // With NF4: adds each weight it holds to `parameters`, by name, dequantized (a whole
-  // model's parameters, as Strategy::GatherFullParameters gives them).
+  // model's parameters, as Strategy::GatherFullParameters gives them), but for those already
+  // there: a later step that shards the held tensors (FSDP) gathered those.
   void AddHeldWeights(std::map<std::string, torch::Tensor>& parameters) const;
 
  private:
@@ -107,10 +115,18 @@ class Lora final : public ProjectionOps {
     std::string name;              // the weight's parameter name, "...q_proj.weight"
     torch::TensorOptions options;  // the weight's dtype and device
     Nf4Tensor nf4;
+    // Weight's last dequantized values under grad mode, until Adapt takes them.
+    torch::Tensor dequantized;
   };
 
   // Quantizes `values` into `held`'s buffers, in place.
   void Store(Held& held, const torch::Tensor& values) const;
+
+  // Frees `weight` (held's dequantized values, from which `output` was computed from `input`)
+  // until the gradient of `output` arrives, then dequantizes into it again for the backward
+  // of the product, and frees it once the gradient of `input` is complete.
+  static void KeepOnlyForBackward(const Held& held, const torch::Tensor& weight,
+                                  const torch::Tensor& input, const torch::Tensor& output);
 
   Lora(Wrappable& model, const LoraConfig& config);
 
@@ -146,7 +162,7 @@ class LoraStrategy final : public Strategy {
   bool uses_mesh_dim() const override { return false; }
   bool splits_batch() const override { return false; }
   bool freezes_model_parameters() const override { return true; }
-  // "qlora" with an NF4 base (rules.textproto: qlora_without_fsdp).
+  // "qlora" with an NF4 base (rules.textproto: qlora_without_tp).
   std::vector<std::string> rule_aliases() const override;
   // Each target pattern must match a projection of the model's blocks
   // (`<field>.lora.target[i]`), and a starting folder must fit them
@@ -161,7 +177,7 @@ class LoraStrategy final : public Strategy {
   std::vector<parallel::TrainableParameter> HeldParameters() override {
     return lora_->HeldParameters();
   }
-  // The NF4 weights it holds, dequantized.
+  // The NF4 weights it holds that no later step gathered, dequantized.
   absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override {
     lora_->AddHeldWeights(parameters);
     return absl::OkStatus();
