@@ -146,6 +146,14 @@ def compare_forward_backward(check, plait_file, model, input_ids, labels):
         {name: p.grad for name, p in model.named_parameters()})
 
 
+def peft_to_plait_name(peft_name):
+    """PEFT's `base_model.model.<module>.lora_A.default.weight` as plait (and
+    PEFT's saved adapters) name it: `<module>.lora_A.weight`."""
+    name = peft_name.removeprefix("base_model.model.")
+    return name.replace(".lora_A.default.", ".lora_A.").replace(
+        ".lora_B.default.", ".lora_B.")
+
+
 def plait_gradients(results, prefix=""):
     """The gradients plait_reference wrote as `<prefix>grad.<name>`, by
     name."""

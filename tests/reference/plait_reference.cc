@@ -11,8 +11,8 @@
 //                         --out=OUT [--save_dir=DIR]
 //   plait_reference schedules --configs=CONFIGS --out=OUT
 //   plait_reference optimizers --configs=CONFIGS --params=PARAMS --grads=GRADS --out=OUT
-//   plait_reference dpo --hf_dir=POLICY --reference_dir=REFERENCE --pairs=JSONL --configs=CONFIGS
-//                       --out=OUT
+//   plait_reference dpo --hf_dir=POLICY --reference_dir=REFERENCE|--lora=TEXT --peft_dir=DIR
+//                       --pairs=JSONL --configs=CONFIGS --out=OUT
 //   plait_reference sft_step --hf_dir=DIR --batch=BATCH,BATCH... --out=OUT
 //   plait_reference lora --hf_dir=DIR --lora=TEXT --adapters=ADAPTERS|--peft_dir=DIR
 //                        [--save_peft_dir=DIR] --batch=BATCH --out=OUT
@@ -34,8 +34,10 @@
 //     gradient of every step, and `lr` [steps], the learning rate of every step;
 //   dpo: for config i, `<i>.loss` [1], `<i>.<metric>` [1] for every metric the objective
 //     reports (TRL's names: `<i>.rewards/chosen`, ...) and `<i>.grad.<name>` for every policy
-//     parameter, of all the preference pairs of JSONL (data/pairs.h's format, read with
-//     plait's own reader) in one micro-batch, right-padded to the longest sequence;
+//     parameter that trains, of all the preference pairs of JSONL (data/pairs.h's format, read
+//     with plait's own reader) in one micro-batch, right-padded to the longest sequence; with
+//     --peft_dir, the policy trains the adapters of that PEFT folder (--lora's step starting
+//     from it), and its configs may take the policy without them as the reference;
 //   sft_step: `loss` [1] and `grad.<name>` for every parameter of one optimizer step of the
 //     sft objective over the micro-batches BATCH,BATCH..., accumulated as the trainer does
 //     (objectives/step_items.h, on a one-rank mesh); the loss as the trainer logs it;
@@ -57,6 +59,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -329,16 +332,47 @@ absl::Status RunOptimizers() {
   return models::WriteSafetensors(out, results);
 }
 
+// Runs `body` on a one-rank mesh with `model` prepared by `steps`, giving it the parameters
+// that train; the preparation's hooks (LoRA's adapters) live while it runs.
+absl::Status OnOneRankPrepared(
+    models::CausalLM& model, const std::vector<wrap::PrepareStep>& steps,
+    const std::function<absl::Status(const std::vector<parallel::TrainableParameter>&)>& body) {
+  PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout one_rank,
+                         parallel::MeshLayout::Create(parallel::MeshConfig(), 1));
+  absl::Status status;
+  parallel::testing::RunOnRingMesh(one_rank, [&](int, parallel::DeviceMesh& mesh) {
+    status = [&]() -> absl::Status {
+      PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Preparation> preparation,
+                             wrap::Preparation::Begin(model, mesh));
+      for (const wrap::PrepareStep& step : steps) PLAIT_RETURN_IF_ERROR(preparation->Apply(step));
+      PLAIT_ASSIGN_OR_RETURN(const std::vector<parallel::TrainableParameter> trainable,
+                             preparation->TakeTrainableParameters());
+      return body(trainable);
+    }();
+  });
+  return status;
+}
+
 absl::Status RunDpo() {
   PLAIT_ASSIGN_OR_RETURN(const std::string policy_dir, RequiredFlag(FLAGS_hf_dir, "hf_dir"));
-  PLAIT_ASSIGN_OR_RETURN(const std::string reference_dir,
-                         RequiredFlag(FLAGS_reference_dir, "reference_dir"));
+  const std::string reference_dir = absl::GetFlag(FLAGS_reference_dir);
+  const std::string peft_dir = absl::GetFlag(FLAGS_peft_dir);
+  if (reference_dir.empty() == peft_dir.empty()) {
+    return absl::InvalidArgumentError("dpo: give one of --reference_dir and --peft_dir");
+  }
   PLAIT_ASSIGN_OR_RETURN(const std::string pairs_path, RequiredFlag(FLAGS_pairs, "pairs"));
   PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
   PLAIT_ASSIGN_OR_RETURN(const auto configs, ReadConfigs<objectives::ObjectiveConfig>());
   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> policy, models::LoadHfModel(policy_dir));
-  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> reference,
-                         models::LoadHfModel(reference_dir));
+  std::shared_ptr<models::CausalLM> reference;
+  std::vector<wrap::PrepareStep> adapters;
+  if (!reference_dir.empty()) {
+    PLAIT_ASSIGN_OR_RETURN(reference, models::LoadHfModel(reference_dir));
+  } else {
+    PLAIT_ASSIGN_OR_RETURN(*adapters.emplace_back().mutable_lora(),
+                           ParseFlagProto<wrap::LoraConfig>(FLAGS_lora, "lora"));
+    adapters.back().mutable_lora()->set_initial_adapter_dir(peft_dir);
+  }
   // Long enough for every pair, so nothing is cut: the batch is padded to the longest.
   const int64_t seq_len = policy->config().max_position_embeddings();
   const data::PairFiles files;
@@ -354,26 +388,31 @@ absl::Status RunDpo() {
                                                std::max(pair.chosen.size(), pair.rejected.size())));
   }
   const data::Batch batch = data::PairRows(examples, data::PairKind::kPreference, files, longest);
-  NamedTensors results;
-  for (size_t c = 0; c < configs.size(); ++c) {
-    PLAIT_ASSIGN_OR_RETURN(
-        std::unique_ptr<objectives::Objective> objective,
-        objectives::MakeObjective(configs[c], {{configs[c].dpo().reference(), reference.get()}},
-                                  absl::StrCat("configs[", c, "]")));
-    policy->zero_grad(/*set_to_none=*/true);
-    PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
-                           objective->Compute(*policy, batch));
-    output.loss.backward();
-    results.emplace_back(absl::StrCat(c, ".loss"), output.loss.detach().reshape({1}));
-    for (const auto& [name, value] : output.metrics) {
-      results.emplace_back(absl::StrCat(c, ".", name), value.reshape({1}));
-    }
-    for (const auto& parameter : policy->NamedParameters()) {
-      results.emplace_back(absl::StrCat(c, ".grad.", parameter.name),
-                           parameter.parameter.grad().clone());
-    }
-  }
-  return models::WriteSafetensors(out, results);
+  return OnOneRankPrepared(
+      *policy, adapters,
+      [&](const std::vector<parallel::TrainableParameter>& trainable) -> absl::Status {
+        NamedTensors results;
+        for (size_t c = 0; c < configs.size(); ++c) {
+          std::map<std::string, models::CausalLM*> references;
+          if (reference != nullptr) references[configs[c].dpo().reference()] = reference.get();
+          PLAIT_ASSIGN_OR_RETURN(
+              std::unique_ptr<objectives::Objective> objective,
+              objectives::MakeObjective(configs[c], references, absl::StrCat("configs[", c, "]")));
+          policy->zero_grad(/*set_to_none=*/true);
+          PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
+                                 objective->Compute(*policy, batch));
+          output.loss.backward();
+          results.emplace_back(absl::StrCat(c, ".loss"), output.loss.detach().reshape({1}));
+          for (const auto& [name, value] : output.metrics) {
+            results.emplace_back(absl::StrCat(c, ".", name), value.reshape({1}));
+          }
+          for (const parallel::TrainableParameter& parameter : trainable) {
+            results.emplace_back(absl::StrCat(c, ".grad.", parameter.name),
+                                 parameter.tensor.grad().clone());
+          }
+        }
+        return models::WriteSafetensors(out, results);
+      });
 }
 
 absl::Status RunSftStep() {
@@ -443,47 +482,37 @@ absl::Status RunLora() {
       PLAIT_ASSIGN_OR_RETURN(values[entry.first], file->Read(entry.first));
     }
   }
-  PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout one_rank,
-                         parallel::MeshLayout::Create(parallel::MeshConfig(), 1));
-  absl::Status status;
-  parallel::testing::RunOnRingMesh(one_rank, [&](int, parallel::DeviceMesh& mesh) {
-    status = [&]() -> absl::Status {
-      // The preparation's hooks compute the adapters: it lives while the model computes.
-      PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Preparation> preparation,
-                             wrap::Preparation::Begin(*model, mesh));
-      PLAIT_RETURN_IF_ERROR(preparation->Apply(step));
-      PLAIT_ASSIGN_OR_RETURN(const std::vector<parallel::TrainableParameter> trainable,
-                             preparation->TakeTrainableParameters());
-      NamedTensors results;
-      torch::NoGradGuard no_grad;
-      for (const parallel::TrainableParameter& parameter : trainable) {
-        results.emplace_back(absl::StrCat("init.", parameter.name), parameter.tensor.clone());
-        if (!peft_dir.empty()) continue;
-        const auto value = values.find(parameter.name);
-        if (value == values.end()) {
-          return absl::NotFoundError(absl::StrCat("the adapters have no ", parameter.name));
-        }
-        if (!value->second.sizes().equals(parameter.tensor.sizes())) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(parameter.name, " is ", c10::str(value->second.sizes()),
-                           ", plait's adapter ", c10::str(parameter.tensor.sizes())));
-        }
-        parameter.tensor.copy_(value->second);
-      }
-      if (const std::string save_dir = absl::GetFlag(FLAGS_save_peft_dir); !save_dir.empty()) {
-        std::vector<std::pair<std::string, torch::Tensor>> adapters;
+  return OnOneRankPrepared(
+      *model, {step},
+      [&](const std::vector<parallel::TrainableParameter>& trainable) -> absl::Status {
+        NamedTensors results;
+        torch::NoGradGuard no_grad;
         for (const parallel::TrainableParameter& parameter : trainable) {
-          adapters.emplace_back(parameter.name, parameter.tensor);
+          results.emplace_back(absl::StrCat("init.", parameter.name), parameter.tensor.clone());
+          if (!peft_dir.empty()) continue;
+          const auto value = values.find(parameter.name);
+          if (value == values.end()) {
+            return absl::NotFoundError(absl::StrCat("the adapters have no ", parameter.name));
+          }
+          if (!value->second.sizes().equals(parameter.tensor.sizes())) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(parameter.name, " is ", c10::str(value->second.sizes()),
+                             ", plait's adapter ", c10::str(parameter.tensor.sizes())));
+          }
+          parameter.tensor.copy_(value->second);
         }
-        std::filesystem::create_directories(save_dir);
-        PLAIT_RETURN_IF_ERROR(models::SavePeftAdapter(save_dir, step.lora(), adapters, hf_dir));
-      }
-      torch::AutoGradMode grad_mode(true);
-      for (auto& result : ForwardBackward(*model, batch)) results.push_back(std::move(result));
-      return models::WriteSafetensors(out, results);
-    }();
-  });
-  return status;
+        if (const std::string save_dir = absl::GetFlag(FLAGS_save_peft_dir); !save_dir.empty()) {
+          std::vector<std::pair<std::string, torch::Tensor>> adapters;
+          for (const parallel::TrainableParameter& parameter : trainable) {
+            adapters.emplace_back(parameter.name, parameter.tensor);
+          }
+          std::filesystem::create_directories(save_dir);
+          PLAIT_RETURN_IF_ERROR(models::SavePeftAdapter(save_dir, step.lora(), adapters, hf_dir));
+        }
+        torch::AutoGradMode grad_mode(true);
+        for (auto& result : ForwardBackward(*model, batch)) results.push_back(std::move(result));
+        return models::WriteSafetensors(out, results);
+      });
 }
 
 absl::Status RunNf4() {

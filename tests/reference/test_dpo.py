@@ -1,6 +1,8 @@
 """plait's DPO objective (objectives/) against TRL's DPOTrainer: the loss,
 the reward and log-probability metrics and every gradient of the policy, for
-each loss type plait has, on the same models and the same preference pairs.
+each loss type plait has, on the same models and the same preference pairs;
+and DPO of LoRA adapters against the policy with its adapters off, which TRL
+computes for a PEFT model given no reference model.
 
 TRL's side is its own trainer: a DPOTrainer built on the policy and the
 reference (transformers models from the Hugging Face folders plait reads),
@@ -18,6 +20,7 @@ chosen and rejected swapped (which negates z), weighted so.
 import json
 
 import datasets
+import peft
 import pytest
 import torch
 import transformers
@@ -59,19 +62,28 @@ def pair_texts():
     return datasets.Dataset.from_dict(columns)
 
 
+def load_model(folder):
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        folder, attn_implementation="eager").float()
+
+
+def dpo_trainer(policy, reference, out, peft_config=None, **config):
+    """TRL's DPOTrainer of the models on pair_texts(), in fp32 throughout:
+    DPOConfig's default bf16 would run the reference under bf16 autocast."""
+    args = trl.DPOConfig(output_dir=str(out), report_to=[], use_cpu=True,
+                         bf16=False, **config)
+    return trl.DPOTrainer(model=policy, ref_model=reference, args=args,
+                          train_dataset=pair_texts(),
+                          processing_class=harness.tokenizer(),
+                          peft_config=peft_config)
+
+
 def trl_trainer(folder, case, out):
     """A DPOTrainer of CASES[case] on fresh copies of the policy and the
     reference in folder."""
-    load = transformers.AutoModelForCausalLM.from_pretrained
-    policy = load(folder / "policy", attn_implementation="eager").float()
-    reference = load(folder / "reference", attn_implementation="eager").float()
-    # fp32 throughout: DPOConfig's default bf16 would run the reference under
-    # bf16 autocast.
-    args = trl.DPOConfig(output_dir=str(out), report_to=[], use_cpu=True,
-                         bf16=False, **CASES[case][1])
-    return trl.DPOTrainer(model=policy, ref_model=reference, args=args,
-                          train_dataset=pair_texts(),
-                          processing_class=harness.tokenizer())
+    return dpo_trainer(load_model(folder / "policy"),
+                       load_model(folder / "reference"), out,
+                       **CASES[case][1])
 
 
 def trl_step(trainer, swap=False):
@@ -87,6 +99,24 @@ def trl_step(trainer, swap=False):
     loss = trainer.compute_loss(trainer.model, trainer.data_collator(examples))
     return loss, {name: values[-1]
                   for name, values in trainer._metrics["train"].items()}
+
+
+def write_pairs(trainer, path):
+    """The pairs TRL tokenized, in plait's JSONL format."""
+    with open(path, "w") as f:
+        for e in trainer.train_dataset:
+            f.write(json.dumps({"prompt": e["prompt_ids"],
+                                "chosen": e["chosen_ids"],
+                                "rejected": e["rejected_ids"]}) + "\n")
+
+
+def plait_run(results, prefix=""):
+    """The loss, metrics and gradients plait_reference's dpo wrote for one
+    config."""
+    return dict(loss=results[prefix + "loss"],
+                metrics={name: results[prefix + name].item()
+                         for name in METRICS},
+                grads=harness.plait_gradients(results, prefix))
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +136,6 @@ def runs(tmp_path_factory):
     reference.save_pretrained(folder / "reference")
 
     expected = {}
-    pairs = None
     for case in sorted(CASES):
         trainer = trl_trainer(folder, case, folder / f"trl_{case}")
         trainer.model.zero_grad(set_to_none=True)
@@ -120,13 +149,8 @@ def runs(tmp_path_factory):
             loss=loss.detach().reshape(1), metrics=metrics, beta=trainer.beta,
             grads={name: p.grad.clone()
                    for name, p in trainer.model.named_parameters()})
-        pairs = [{"prompt": e["prompt_ids"], "chosen": e["chosen_ids"],
-                  "rejected": e["rejected_ids"]}
-                 for e in trainer.train_dataset]
+        write_pairs(trainer, folder / "pairs.jsonl")
 
-    with open(folder / "pairs.jsonl", "w") as f:
-        for pair in pairs:
-            f.write(json.dumps(pair) + "\n")
     with open(folder / "configs.txt", "w") as f:
         for case in sorted(CASES):
             f.write(f'dpo {{ reference: "ref" {CASES[case][0]} }}\n')
@@ -135,20 +159,14 @@ def runs(tmp_path_factory):
                       pairs=folder / "pairs.jsonl",
                       configs=folder / "configs.txt", out=folder / "plait")
     plait = harness.load_file(str(folder / "plait"))
-    actual = {}
-    for i, case in enumerate(sorted(CASES)):
-        prefix = f"{i}."
-        actual[case] = dict(
-            loss=plait[prefix + "loss"],
-            metrics={name: plait[prefix + name].item() for name in METRICS},
-            grads=harness.plait_gradients(plait, prefix))
+    actual = {case: plait_run(plait, f"{i}.")
+              for i, case in enumerate(sorted(CASES))}
     return actual, expected
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_dpo_matches_trl(case, runs):
-    actual, expected = (run[case] for run in runs)
-    check = f"dpo {case}"
+def expect_dpo_matches(check, actual, expected):
+    """plait's loss, metrics and gradients (`actual`, plait_run's) against
+    TRL's (`expected`)."""
     harness.expect_close(f"{check}: loss", "loss", actual["loss"],
                          expected["loss"])
     metrics = {side: {name: torch.tensor([run["metrics"][name]])
@@ -169,6 +187,60 @@ def test_dpo_matches_trl(case, runs):
             harness.expect_close(f"{check}: metrics", name,
                                  metrics["plait"][name], metrics["trl"][name])
     harness.expect_close_gradients(check, actual["grads"], expected["grads"])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dpo_matches_trl(case, runs):
+    actual, expected = (run[case] for run in runs)
+    expect_dpo_matches(f"dpo {case}", actual, expected)
+
+
+def test_adapters_off_dpo_matches_trl_without_a_reference_model(tmp_path):
+    """DPO of LoRA adapters against the policy with its adapters off: plait's
+    policy_without_adapters against TRL's DPOTrainer given a model, a PEFT
+    config and no ref_model, which adds new adapters and disables them for the
+    reference. Their B is drawn away from zero, as after some training, so
+    that the policy is not its base."""
+    harness.quiet_trl()
+    harness.hf_model(MODEL, seed=0).save_pretrained(tmp_path / "policy")
+    trainer = dpo_trainer(load_model(tmp_path / "policy"), None,
+                          tmp_path / "trl", peft_config=peft.LoraConfig(
+                              r=4, lora_alpha=8, lora_dropout=0.0,
+                              target_modules=["q_proj", "v_proj"]))
+    assert trainer.ref_model is None
+    policy = trainer.model
+    assert list(policy.peft_config) == ["default"], (
+        "TRL keeps a reference adapter: its reference is not the base")
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if ".lora_B." in name:
+                param.copy_(0.5 * torch.randn(param.shape,
+                                              generator=generator))
+    policy.save_pretrained(tmp_path / "adapter")
+    trainer.model.zero_grad(set_to_none=True)
+    loss, metrics = trl_step(trainer)
+    loss.backward()
+    expected = dict(
+        loss=loss.detach().reshape(1), metrics=metrics, beta=trainer.beta,
+        grads={harness.peft_to_plait_name(name): p.grad.clone()
+               for name, p in trainer.model.named_parameters()
+               if p.requires_grad})
+    assert len(expected["grads"]) == 2 * 2 * harness.SMALL["num_hidden_layers"]
+
+    write_pairs(trainer, tmp_path / "pairs.jsonl")
+    (tmp_path / "configs.txt").write_text(
+        "dpo { policy_without_adapters: true }\n")
+    harness.run_plait("dpo", hf_dir=tmp_path / "policy",
+                      lora='rank: 4 alpha: 8 target: "*q_proj" '
+                           'target: "*v_proj"',
+                      peft_dir=tmp_path / "adapter",
+                      pairs=tmp_path / "pairs.jsonl",
+                      configs=tmp_path / "configs.txt", out=tmp_path / "plait")
+    actual = plait_run(harness.load_file(str(tmp_path / "plait")), "0.")
+    expect_dpo_matches("dpo with the adapters off", actual, expected)
+    # The adapters moved the policy off its base: the rewards are not zero.
+    assert abs(expected["metrics"]["rewards/margins"]) > 1e-3
 
 
 def test_pairs_are_neither_all_won_nor_all_lost(runs):

@@ -30,14 +30,6 @@ CASES = {
 }
 
 
-def plait_name(peft_name):
-    """PEFT's `base_model.model.<module>.lora_A.default.weight` as plait (and
-    PEFT's saved adapters) name it: `<module>.lora_A.weight`."""
-    name = peft_name.removeprefix("base_model.model.")
-    return name.replace(".lora_A.default.", ".lora_A.").replace(
-        ".lora_B.default.", ".lora_B.")
-
-
 def peft_case(case, tmp_path):
     """The case's transformers model, saved as tmp_path/hf; a batch for it in
     tmp_path/batch.safetensors; PEFT's model of it with the case's adapters
@@ -67,7 +59,8 @@ def test_lora_matches_peft(case, tmp_path):
                 continue
             if ".lora_B." in peft_name:
                 param.copy_(0.1 * torch.randn(param.shape, generator=generator))
-            adapters[plait_name(peft_name)] = param.detach().clone()
+            adapters[harness.peft_to_plait_name(peft_name)] = (
+                param.detach().clone())
     save_file(adapters, str(tmp_path / "adapters.safetensors"))
 
     harness.run_plait(
@@ -99,8 +92,8 @@ def test_lora_matches_peft(case, tmp_path):
                          output.loss.detach().reshape(1))
     harness.expect_close_gradients(
         check, harness.plait_gradients(plait),
-        {plait_name(n): p.grad for n, p in peft_model.named_parameters()
-         if p.requires_grad})
+        {harness.peft_to_plait_name(n): p.grad
+         for n, p in peft_model.named_parameters() if p.requires_grad})
 
 
 def test_peft_adapter_folders_load_both_ways(tmp_path):
