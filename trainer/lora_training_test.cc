@@ -65,9 +65,10 @@ constexpr char kQLora[] = R"pb(lora {
 bool IsAdapter(const std::string& name) { return absl::StrContains(name, ".lora_"); }
 
 // The shipped plan `name`, shortened (ShortShippedPlan), with the LoRA step `lora` before its
-// steps.
+// steps (none when empty: a plan shipped with adapters).
 plan::Plan LoraPlan(const std::string& name, const std::string& lora = kLora) {
   plan::Plan plan = ShortShippedPlan(name);
+  if (lora.empty()) return plan;
   google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps;
   EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(lora, steps.Add()));
   for (const wrap::PrepareStep& step : plan.prepare()) *steps.Add() = step;
@@ -229,16 +230,18 @@ TEST(LoraTrainTest, FromAHuggingFaceFolderFsdpTrainsAsOneProcess) {
 
 // Checkpoints hold the adapters and their optimizer state alone; a run resumed after step 5
 // gives its base its values again (QLoRA's quantized again) and continues bit for bit as the
-// straight run, on FSDP's 2 ranks from the seed and from a Hugging Face folder, and QLoRA on
-// them from the folder; a resume from another base is refused.
+// straight run, on FSDP's 2 ranks from the seed and from a Hugging Face folder, QLoRA on them
+// from the folder, and DPO of adapters against the policy without them
+// (qwen_lora_dpo_fsdp); a resume from another base is refused.
 TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
   struct Case {
     const char* plan;
     const char* lora;
     bool from_hf;
   };
-  for (const Case& one : {Case{"llama_fsdp", kLora, false}, Case{"llama_fsdp", kLora, true},
-                          Case{"llama_fsdp", kQLora, true}}) {
+  for (const Case& one :
+       {Case{"llama_fsdp", kLora, false}, Case{"llama_fsdp", kLora, true},
+        Case{"llama_fsdp", kQLora, true}, Case{"qwen_lora_dpo_fsdp", "", false}}) {
     const bool from_hf = one.from_hf;
     const std::string name =
         absl::StrCat(one.plan, one.lora == kQLora ? "_qlora_" : "_", from_hf ? "hf" : "seed");
