@@ -24,6 +24,8 @@ CASES = {
     "fp32_matrix": ((640, 96), torch.float32),
     "bf16_matrix": ((128, 64), torch.bfloat16),
     "fp32_tail": ((3, 45), torch.float32),
+    # Over a million elements, which plait dequantizes in chunks; an odd count.
+    "fp32_chunks": ((1025, 1025), torch.float32),
 }
 
 

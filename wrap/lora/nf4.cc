@@ -1,5 +1,7 @@
 #include "wrap/lora/nf4.h"
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 
 namespace plait::wrap::lora {
@@ -90,6 +92,24 @@ constexpr int64_t kLutSize = 65536;
 torch::Tensor Table(const float* values, int64_t size, const torch::Device& device) {
   return torch::tensor(c10::ArrayRef<float>(values, size), torch::kFloat32).to(device);
 }
+
+// The NF4 values of each byte's two codes, [256, 2]: its high nibble's (the even element's),
+// then its low nibble's.
+torch::Tensor CodePairValues(const torch::Device& device) {
+  static const std::array<float, 512> pairs = [] {
+    std::array<float, 512> values;
+    for (int byte = 0; byte < 256; ++byte) {
+      values[2 * byte] = kNf4Values[byte >> 4];
+      values[2 * byte + 1] = kNf4Values[byte & 0xF];
+    }
+    return values;
+  }();
+  return Table(pairs.data(), pairs.size(), device).view({256, 2});
+}
+
+// Elements Nf4Dequantize computes at once, a multiple of the block size: its index and fp32
+// temporaries stay within about 16 MB whatever the tensor's size.
+constexpr int64_t kDequantizeChunk = int64_t{1} << 20;
 
 // The midpoints of sorted `code`'s neighbours, which a value is bucketized on to find its
 // nearest code (a value on a midpoint gets the lower one).
@@ -217,13 +237,21 @@ torch::Tensor Nf4Dequantize(const Nf4Tensor& tensor, torch::ScalarType dtype) {
   }
   int64_t n = 1;
   for (const int64_t size : tensor.shape) n *= size;
-  const torch::Tensor codes =
-      torch::stack({tensor.packed.bitwise_right_shift(4), tensor.packed.bitwise_and(0xF)}, 1)
-          .reshape({-1})
-          .slice(0, 0, n)
-          .to(torch::kInt64);
-  const torch::Tensor scales = absmax.repeat_interleave(kNf4BlockSize).slice(0, 0, n);
-  return (Table(kNf4Values, 16, device).index({codes}) * scales).to(dtype).view(tensor.shape);
+  const torch::Tensor pair_values = CodePairValues(device);
+  torch::Tensor out = torch::empty({n}, tensor.packed.options().dtype(dtype));
+  for (int64_t begin = 0; begin < n; begin += kDequantizeChunk) {
+    const int64_t count = std::min(kDequantizeChunk, n - begin);
+    const torch::Tensor bytes = tensor.packed.narrow(0, begin / 2, (count + 1) / 2);
+    const torch::Tensor values =
+        pair_values.index({bytes.to(torch::kInt64)}).view({-1}).narrow(0, 0, count);
+    const int64_t blocks = (count + kNf4BlockSize - 1) / kNf4BlockSize;
+    const torch::Tensor scales = absmax.narrow(0, begin / kNf4BlockSize, blocks)
+                                     .repeat_interleave(kNf4BlockSize)
+                                     .narrow(0, 0, count);
+    // In fp32, then rounded to `dtype`, as bitsandbytes' dequantize_4bit.
+    out.narrow(0, begin, count).copy_(values * scales);
+  }
+  return out.view(tensor.shape);
 }
 
 }  // namespace plait::wrap::lora

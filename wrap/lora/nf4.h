@@ -7,7 +7,8 @@
 // themselves stored in 8 bits: their mean is subtracted and the rest quantized blockwise (256
 // a block) with bitsandbytes' signed dynamic map, as its CPU kernel does (through a table of
 // 65,536 bins of [-1, 1]). Dequantizing multiplies each code's value by its block's maximum in
-// fp32 and rounds the product to the compute dtype:
+// fp32 and rounds the product to the compute dtype, a million elements at a time, so that its
+// temporaries stay small beside the weight it makes:
 //
 //   const Nf4Tensor q = Nf4Quantize(weight, /*double_quant=*/true);  // 0.5 byte a weight + scales
 //   const torch::Tensor w = Nf4Dequantize(q, torch::kBFloat16);        // weight's shape

@@ -134,6 +134,20 @@ TEST(Nf4Test, DequantizesToTheComputeDtype) {
   EXPECT_TRUE(torch::equal(bf16, fp32.to(torch::kBFloat16)));
 }
 
+// A tensor of more than a million elements (dequantized in chunks) with an odd count and a
+// tail block of one element: every element is its code's value times its block's maximum.
+TEST(Nf4Test, DequantizesEveryElementOfALargeTensor) {
+  torch::manual_seed(4);
+  const torch::Tensor weight = torch::randn({1025, 1025});
+  const Nf4Tensor q = Nf4Quantize(weight, false);
+  const std::vector<int> codes = Codes(q);
+  const torch::Tensor values = torch::tensor(kValues).index(
+      {torch::tensor(std::vector<int64_t>(codes.begin(), codes.end())).narrow(0, 0, 1025 * 1025)});
+  const torch::Tensor expected =
+      values * q.absmax.repeat_interleave(kNf4BlockSize).narrow(0, 0, 1025 * 1025);
+  EXPECT_TRUE(torch::equal(Nf4Dequantize(q, torch::kFloat32), expected.view({1025, 1025})));
+}
+
 // An all-zero tensor (a block whose maximum is 0) quantizes to zeros without NaN, with and
 // without double quantization.
 TEST(Nf4Test, ZeroBlocksStayZero) {
