@@ -293,6 +293,43 @@ TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
   }
 }
 
+// Evaluation computes without dropout (the model in eval mode), and the model trains with it
+// again after: from adapters whose B is not zero, the first evaluation (after a step at the
+// warmup's rate 0, which changes nothing) of a plan with dropout is that of the same plan
+// without, while their training losses differ.
+TEST(LoraDropoutTest, EvaluationComputesWithoutDropout) {
+  const std::string adapter_dir = FreshTestDir("lora_dropout_start");
+  const plan::Plan plan = LoraPlan("llama_single");
+  WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
+    auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                           mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    auto full = (*prepared)->preparation().FullParameters();
+    ASSERT_THAT(full, IsOk());
+    torch::manual_seed(3);
+    std::vector<std::pair<std::string, torch::Tensor>> adapters;
+    for (const auto& [name, values] : *full) {
+      if (!IsAdapter(name)) continue;
+      adapters.emplace_back(
+          name, absl::StrContains(name, "lora_B") ? torch::randn_like(values) * 0.05 : values);
+    }
+    ASSERT_THAT(models::SavePeftAdapter(adapter_dir, plan.prepare(0).lora(), adapters, ""), IsOk());
+  });
+  std::map<double, TrainReport> runs;
+  for (const double dropout : {0.0, 0.5}) {
+    plan::Plan starting = LoraPlan("llama_single");
+    starting.mutable_prepare(0)->mutable_lora()->set_initial_adapter_dir(adapter_dir);
+    starting.mutable_prepare(0)->mutable_lora()->set_dropout(dropout);
+    ASSERT_THAT(plan::ApplyOverride("training.eval_every=1", starting), IsOk());
+    runs[dropout] = TrainOnRanks(starting, 1);
+    ASSERT_EQ(runs[dropout].steps.size(), 10u);
+  }
+  EXPECT_NE(runs[0.5].steps[0].loss, runs[0.0].steps[0].loss);
+  EXPECT_EQ(runs[0.5].steps[0].eval_loss, runs[0.0].steps[0].eval_loss);
+  // Training after the evaluation draws masks again.
+  EXPECT_NE(runs[0.5].steps[1].loss, runs[0.0].steps[1].loss);
+}
+
 // The exported folder is a plain model: no adapter tensors, the adapted projections' weights
 // merged (W + scale * B A, changed by training), the others the base's.
 TEST(LoraTrainTest, TheExportedFolderIsAPlainModelWithTheAdaptersMerged) {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -156,7 +157,9 @@ class TrainingRun {
   // the scheduled rate, and the evaluation when it is due.
   absl::StatusOr<metrics::StepMetrics> Step(int64_t step);
 
-  // The objective's means over the items of the held-out batches of every rank.
+  // The objective's means over the items of the held-out batches of every rank, with the
+  // trained model in eval mode (no dropout), as PyTorch's model.eval(); its mode is restored
+  // after.
   absl::StatusOr<objectives::MeanMetrics> Evaluate();
 
   std::optional<double> Mfu(double tokens_per_s) const;
@@ -462,13 +465,17 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
 
 absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   torch::NoGradGuard no_grad;
+  models::CausalLM& model = prepared_->model();
+  const bool was_training = model.is_training();
+  model.eval();
+  const absl::Cleanup restore_mode = [&model, was_training] { model.train(was_training); };
   eval_->Reset();
   objectives::MetricMeans means;
   for (int64_t i = 0; i < resolved_.eval_micro_batches; ++i) {
     PLAIT_ASSIGN_OR_RETURN(const CountedBatch batch,
                            NextCounted(*eval_, *objective_, mesh_.device()));
     PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
-                           objective_->Compute(prepared_->model(), batch.batch, batch.host));
+                           objective_->Compute(model, batch.batch, batch.host));
     means.Add(output, batch.items);
   }
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());
