@@ -52,6 +52,9 @@ using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
 
 constexpr char kLora[] = R"pb(lora { rank: 4 alpha: 8 target: "*q_proj" target: "*v_proj" })pb";
+// The same adapters with PEFT's lora_dropout.
+constexpr char kLoraDropout[] =
+    R"pb(lora { rank: 4 alpha: 8 dropout: 0.5 target: "*q_proj" target: "*v_proj" })pb";
 // The same adapters over an NF4 base with double quantization (QLoRA).
 constexpr char kQLora[] = R"pb(lora {
                                  rank: 4
@@ -229,19 +232,24 @@ TEST(LoraTrainTest, FromAHuggingFaceFolderFsdpTrainsAsOneProcess) {
 
 // Checkpoints hold the adapters and their optimizer state alone; a run resumed after step 5
 // gives its base its values again (QLoRA's quantized again) and continues bit for bit as the
-// straight run, on FSDP's 2 ranks from the seed and from a Hugging Face folder, and QLoRA on
-// them from the folder; a resume from another base is refused.
+// straight run, on FSDP's 2 ranks from the seed and from a Hugging Face folder, with dropout
+// (its masks drawn as the straight run drew them, each rank its own), and QLoRA on them from
+// the folder; a resume from another base is refused.
 TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
   struct Case {
     const char* plan;
     const char* lora;
     bool from_hf;
   };
-  for (const Case& one : {Case{"llama_fsdp", kLora, false}, Case{"llama_fsdp", kLora, true},
-                          Case{"llama_fsdp", kQLora, true}}) {
+  for (const Case& one :
+       {Case{"llama_fsdp", kLora, false}, Case{"llama_fsdp", kLora, true},
+        Case{"llama_fsdp", kLoraDropout, false}, Case{"llama_fsdp", kQLora, true}}) {
     const bool from_hf = one.from_hf;
-    const std::string name =
-        absl::StrCat(one.plan, one.lora == kQLora ? "_qlora_" : "_", from_hf ? "hf" : "seed");
+    const std::string name = absl::StrCat(one.plan,
+                                          one.lora == kQLora         ? "_qlora_"
+                                          : one.lora == kLoraDropout ? "_dropout_"
+                                                                     : "_",
+                                          from_hf ? "hf" : "seed");
     SCOPED_TRACE(name);
     const auto with_checkpoints = [&](const std::string& dir) {
       plan::Plan plan = LoraPlan(one.plan, one.lora);
@@ -291,6 +299,30 @@ TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
                            HasSubstr("fingerprint.plan.hf_weights_dir: ")));
     });
   }
+}
+
+// LoRA's dropout masks in training are the run's own: two runs that differ only in when they
+// evaluate, each started after other draws of the process's default generator, train to the
+// same losses bit for bit.
+TEST(LoraDropoutTest, TrainingDrawsTheSameMasksWhenEvaluatingOrNot) {
+  std::vector<TrainReport> runs;
+  for (const int eval_every : {2, 0}) {  // 0: once, after the last step
+    plan::Plan plan = LoraPlan("llama_single", kLoraDropout);
+    ASSERT_THAT(plan::ApplyOverride(absl::StrCat("training.eval_every=", eval_every), plan),
+                IsOk());
+    torch::manual_seed(eval_every);
+    torch::rand({eval_every + 3});
+    runs.push_back(TrainOnRanks(plan, 1));
+  }
+  ASSERT_EQ(runs[0].steps.size(), 10u);
+  ASSERT_EQ(runs[1].steps.size(), 10u);
+  for (size_t i = 0; i < runs[0].steps.size(); ++i) {
+    EXPECT_EQ(runs[0].steps[i].loss, runs[1].steps[i].loss) << "step " << i + 1;
+  }
+  EXPECT_EQ(runs[0].steps.back().eval_loss, runs[1].steps.back().eval_loss);
+  // The masks acted: B trained away from zero by step 3 (the warmup's first step has rate 0).
+  const TrainReport without = TrainOnRanks(LoraPlan("llama_single"), 1);
+  EXPECT_NE(runs[1].steps[2].loss, without.steps[2].loss);
 }
 
 // Evaluation computes without dropout (the model in eval mode), and the model trains with it

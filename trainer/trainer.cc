@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -16,10 +17,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/allocation_counter.h"
+#include "base/forward_generator.h"
+#include "base/hash.h"
 #include "base/heap.h"
 #include "base/human.h"
 #include "base/memory.h"
 #include "base/status.h"
+#include "base/torch_compat.h"
 #include "data/data_loader.h"
 #include "google/protobuf/text_format.h"
 #include "metrics/metrics_log.h"
@@ -121,6 +125,14 @@ class SkippedUpdates {
   std::set<std::string> causes_;  // metrics::SkipCause's
 };
 
+// The seed of the random draws of step `step` (0-based) on `rank`: the same whether or when the
+// run evaluated, in a straight run and in one resumed before the step.
+uint64_t StepSeed(uint64_t run_seed, int rank, int64_t step) {
+  return base::SplitMix64(
+      base::SplitMix64(base::SplitMix64(run_seed) ^ static_cast<uint64_t>(rank)) ^
+      static_cast<uint64_t>(step));
+}
+
 // One rank's training run of a resolved plan: what Start sets up (the prepared models, the
 // objective, the optimizer built from the trained model, the data, the checkpoints and the
 // logs), then Step after Step, each a full optimizer step with its evaluation when one is due.
@@ -144,7 +156,9 @@ class TrainingRun {
         mesh_(mesh),
         options_(options),
         tensors_(tensors),
-        peak_flops_per_rank_(PeakFlopsPerRank(resolved.plan)) {}
+        peak_flops_per_rank_(PeakFlopsPerRank(resolved.plan)),
+        draws_(mesh.device().is_cpu() ? base::MakeCpuGenerator(0)
+                                      : at::globalContext().defaultGenerator(mesh.device())) {}
 
   // Sets up the logs rank 0 writes, continuing them after `resume_step`.
   absl::Status OpenLogs(int64_t resume_step);
@@ -182,6 +196,12 @@ class TrainingRun {
   const TrainOptions& options_;
   base::AllocationCounter& tensors_;
   const double peak_flops_per_rank_;  // in the model's dtype; 0: no MFU
+  // What the trained model's random draws in a step (LoRA's dropout masks) come from: the
+  // thread's forward generator (base/forward_generator.h) during each step, seeded by
+  // StepSeed with the model's seed (model.init.seed), so that they depend on neither the
+  // process's other draws nor another rank's thread. On the CPU the run's own generator; on
+  // an accelerator its device's default one, which the rank has to itself.
+  at::Generator draws_;
   std::unique_ptr<sched::Schedule> schedule_;
   std::unique_ptr<PreparedModel> prepared_;
   // Prepared, kept for the run (or until the objective releases one).
@@ -323,6 +343,11 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics.step = step + 1;
   metrics.lr = schedule_->LearningRate(step);
   mesh_.BeginStep(metrics.step);
+  {
+    std::lock_guard<std::mutex> lock(draws_.mutex());
+    draws_.set_current_seed(StepSeed(resolved_.plan.model().init().seed(), mesh_.rank(), step));
+  }
+  const base::ScopedForwardGenerator drawing(draws_);
   // The step's items are counted over its micro-batches and data-parallel ranks before any
   // backward, which scales each micro-batch's mean by its share of them (step_items.h).
   std::vector<CountedBatch> batches;
