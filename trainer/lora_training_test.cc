@@ -52,6 +52,9 @@ using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
 
 constexpr char kLora[] = R"pb(lora { rank: 4 alpha: 8 target: "*q_proj" target: "*v_proj" })pb";
+// The same adapters with PEFT's lora_dropout.
+constexpr char kLoraDropout[] =
+    R"pb(lora { rank: 4 alpha: 8 dropout: 0.5 target: "*q_proj" target: "*v_proj" })pb";
 // The same adapters over an NF4 base with double quantization (QLoRA).
 constexpr char kQLora[] = R"pb(lora {
                                  rank: 4
@@ -230,9 +233,10 @@ TEST(LoraTrainTest, FromAHuggingFaceFolderFsdpTrainsAsOneProcess) {
 
 // Checkpoints hold the adapters and their optimizer state alone; a run resumed after step 5
 // gives its base its values again (QLoRA's quantized again) and continues bit for bit as the
-// straight run, on FSDP's 2 ranks from the seed and from a Hugging Face folder, QLoRA on them
-// from the folder, and DPO of adapters against the policy without them
-// (qwen_lora_dpo_fsdp); a resume from another base is refused.
+// straight run, on FSDP's 2 ranks from the seed and from a Hugging Face folder, with dropout
+// (its masks drawn as the straight run drew them, each rank its own), QLoRA on them from the
+// folder, and DPO of adapters against the policy without them (qwen_lora_dpo_fsdp); a resume
+// from another base is refused.
 TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
   struct Case {
     const char* plan;
@@ -241,10 +245,14 @@ TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
   };
   for (const Case& one :
        {Case{"llama_fsdp", kLora, false}, Case{"llama_fsdp", kLora, true},
-        Case{"llama_fsdp", kQLora, true}, Case{"qwen_lora_dpo_fsdp", "", false}}) {
+        Case{"llama_fsdp", kLoraDropout, false}, Case{"llama_fsdp", kQLora, true},
+        Case{"qwen_lora_dpo_fsdp", "", false}}) {
     const bool from_hf = one.from_hf;
-    const std::string name =
-        absl::StrCat(one.plan, one.lora == kQLora ? "_qlora_" : "_", from_hf ? "hf" : "seed");
+    const std::string name = absl::StrCat(one.plan,
+                                          one.lora == kQLora         ? "_qlora_"
+                                          : one.lora == kLoraDropout ? "_dropout_"
+                                                                     : "_",
+                                          from_hf ? "hf" : "seed");
     SCOPED_TRACE(name);
     const auto with_checkpoints = [&](const std::string& dir) {
       plan::Plan plan = LoraPlan(one.plan, one.lora);
@@ -294,6 +302,67 @@ TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
                            HasSubstr("fingerprint.plan.hf_weights_dir: ")));
     });
   }
+}
+
+// LoRA's dropout masks in training are the run's own: two runs that differ only in when they
+// evaluate, each started after other draws of the process's default generator, train to the
+// same losses bit for bit.
+TEST(LoraDropoutTest, TrainingDrawsTheSameMasksWhenEvaluatingOrNot) {
+  std::vector<TrainReport> runs;
+  for (const int eval_every : {2, 0}) {  // 0: once, after the last step
+    plan::Plan plan = LoraPlan("llama_single", kLoraDropout);
+    ASSERT_THAT(plan::ApplyOverride(absl::StrCat("training.eval_every=", eval_every), plan),
+                IsOk());
+    torch::manual_seed(eval_every);
+    torch::rand({eval_every + 3});
+    runs.push_back(TrainOnRanks(plan, 1));
+  }
+  ASSERT_EQ(runs[0].steps.size(), 10u);
+  ASSERT_EQ(runs[1].steps.size(), 10u);
+  for (size_t i = 0; i < runs[0].steps.size(); ++i) {
+    EXPECT_EQ(runs[0].steps[i].loss, runs[1].steps[i].loss) << "step " << i + 1;
+  }
+  EXPECT_EQ(runs[0].steps.back().eval_loss, runs[1].steps.back().eval_loss);
+  // The masks acted: B trained away from zero by step 3 (the warmup's first step has rate 0).
+  const TrainReport without = TrainOnRanks(LoraPlan("llama_single"), 1);
+  EXPECT_NE(runs[1].steps[2].loss, without.steps[2].loss);
+}
+
+// Evaluation computes without dropout (the model in eval mode), and the model trains with it
+// again after: from adapters whose B is not zero, the first evaluation (after a step at the
+// warmup's rate 0, which changes nothing) of a plan with dropout is that of the same plan
+// without, while their training losses differ.
+TEST(LoraDropoutTest, EvaluationComputesWithoutDropout) {
+  const std::string adapter_dir = FreshTestDir("lora_dropout_start");
+  const plan::Plan plan = LoraPlan("llama_single");
+  WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
+    auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
+                                           mesh, Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    auto full = (*prepared)->preparation().FullParameters();
+    ASSERT_THAT(full, IsOk());
+    torch::manual_seed(3);
+    std::vector<std::pair<std::string, torch::Tensor>> adapters;
+    for (const auto& [name, values] : *full) {
+      if (!IsAdapter(name)) continue;
+      adapters.emplace_back(
+          name, absl::StrContains(name, "lora_B") ? torch::randn_like(values) * 0.05 : values);
+    }
+    ASSERT_THAT(models::SavePeftAdapter(adapter_dir, plan.prepare(0).lora(), adapters, ""), IsOk());
+  });
+  std::map<double, TrainReport> runs;
+  for (const double dropout : {0.0, 0.5}) {
+    plan::Plan starting = LoraPlan("llama_single");
+    starting.mutable_prepare(0)->mutable_lora()->set_initial_adapter_dir(adapter_dir);
+    starting.mutable_prepare(0)->mutable_lora()->set_dropout(dropout);
+    ASSERT_THAT(plan::ApplyOverride("training.eval_every=1", starting), IsOk());
+    runs[dropout] = TrainOnRanks(starting, 1);
+    ASSERT_EQ(runs[dropout].steps.size(), 10u);
+  }
+  EXPECT_NE(runs[0.5].steps[0].loss, runs[0.0].steps[0].loss);
+  EXPECT_EQ(runs[0.5].steps[0].eval_loss, runs[0.0].steps[0].eval_loss);
+  // Training after the evaluation draws masks again.
+  EXPECT_NE(runs[0.5].steps[1].loss, runs[0.0].steps[1].loss);
 }
 
 // The exported folder is a plain model: no adapter tensors, the adapted projections' weights

@@ -5,20 +5,25 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/allocation_counter.h"
+#include "base/forward_generator.h"
+#include "base/hash.h"
 #include "base/heap.h"
 #include "base/human.h"
 #include "base/memory.h"
 #include "base/status.h"
+#include "base/torch_compat.h"
 #include "data/data_loader.h"
 #include "google/protobuf/text_format.h"
 #include "metrics/metrics_log.h"
@@ -120,6 +125,14 @@ class SkippedUpdates {
   std::set<std::string> causes_;  // metrics::SkipCause's
 };
 
+// The seed of the random draws of step `step` (0-based) on `rank`: the same whether or when the
+// run evaluated, in a straight run and in one resumed before the step.
+uint64_t StepSeed(uint64_t run_seed, int rank, int64_t step) {
+  return base::SplitMix64(
+      base::SplitMix64(base::SplitMix64(run_seed) ^ static_cast<uint64_t>(rank)) ^
+      static_cast<uint64_t>(step));
+}
+
 // One rank's training run of a resolved plan: what Start sets up (the prepared models, the
 // objective, the optimizer built from the trained model, the data, the checkpoints and the
 // logs), then Step after Step, each a full optimizer step with its evaluation when one is due.
@@ -143,7 +156,9 @@ class TrainingRun {
         mesh_(mesh),
         options_(options),
         tensors_(tensors),
-        peak_flops_per_rank_(PeakFlopsPerRank(resolved.plan)) {}
+        peak_flops_per_rank_(PeakFlopsPerRank(resolved.plan)),
+        draws_(mesh.device().is_cpu() ? base::MakeCpuGenerator(0)
+                                      : at::globalContext().defaultGenerator(mesh.device())) {}
 
   // Sets up the logs rank 0 writes, continuing them after `resume_step`.
   absl::Status OpenLogs(int64_t resume_step);
@@ -156,7 +171,9 @@ class TrainingRun {
   // the scheduled rate, and the evaluation when it is due.
   absl::StatusOr<metrics::StepMetrics> Step(int64_t step);
 
-  // The objective's means over the items of the held-out batches of every rank.
+  // The objective's means over the items of the held-out batches of every rank, with the
+  // trained model in eval mode (no dropout), as PyTorch's model.eval(); its mode is restored
+  // after.
   absl::StatusOr<objectives::MeanMetrics> Evaluate();
 
   std::optional<double> Mfu(double tokens_per_s) const;
@@ -179,6 +196,12 @@ class TrainingRun {
   const TrainOptions& options_;
   base::AllocationCounter& tensors_;
   const double peak_flops_per_rank_;  // in the model's dtype; 0: no MFU
+  // What the trained model's random draws in a step (LoRA's dropout masks) come from: the
+  // thread's forward generator (base/forward_generator.h) during each step, seeded by
+  // StepSeed with the model's seed (model.init.seed), so that they depend on neither the
+  // process's other draws nor another rank's thread. On the CPU the run's own generator; on
+  // an accelerator its device's default one, which the rank has to itself.
+  at::Generator draws_;
   std::unique_ptr<sched::Schedule> schedule_;
   std::unique_ptr<PreparedModel> prepared_;
   // Prepared, kept for the run (or until the objective releases one).
@@ -320,6 +343,11 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   metrics.step = step + 1;
   metrics.lr = schedule_->LearningRate(step);
   mesh_.BeginStep(metrics.step);
+  {
+    std::lock_guard<std::mutex> lock(draws_.mutex());
+    draws_.set_current_seed(StepSeed(resolved_.plan.model().init().seed(), mesh_.rank(), step));
+  }
+  const base::ScopedForwardGenerator drawing(draws_);
   // The step's items are counted over its micro-batches and data-parallel ranks before any
   // backward, which scales each micro-batch's mean by its share of them (step_items.h).
   std::vector<CountedBatch> batches;
@@ -462,13 +490,17 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
 
 absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   torch::NoGradGuard no_grad;
+  models::CausalLM& model = prepared_->model();
+  const bool was_training = model.is_training();
+  model.eval();
+  const absl::Cleanup restore_mode = [&model, was_training] { model.train(was_training); };
   eval_->Reset();
   objectives::MetricMeans means;
   for (int64_t i = 0; i < resolved_.eval_micro_batches; ++i) {
     PLAIT_ASSIGN_OR_RETURN(const CountedBatch batch,
                            NextCounted(*eval_, *objective_, mesh_.device()));
     PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
-                           objective_->Compute(prepared_->model(), batch.batch, batch.host));
+                           objective_->Compute(model, batch.batch, batch.host));
     means.Add(output, batch.items);
   }
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());

@@ -4,9 +4,9 @@
 #include <mutex>
 #include <utility>
 
-#include "ATen/Context.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/forward_generator.h"
 #include "base/human.h"
 #include "base/status.h"
 #include "torch/csrc/autograd/autograd.h"
@@ -29,9 +29,9 @@ struct ActivationCheckpointing::Recomputation : torch::CustomClassHolder {
   std::vector<torch::Tensor> parameters;
   std::vector<torch::Tensor> kept;  // SELECTIVE: the projections' outputs
   size_t next_kept = 0;             // the next one the recomputation reads
-  // The default random generator of the block's device and its state when the forward
-  // started, which the recomputation starts from: a random op (an adapter's dropout) draws
-  // what the forward drew, as torch.utils.checkpoint's preserve_rng_state does.
+  // The forward generator of the block's device (base::ForwardGenerator) and its state when
+  // the forward started, which the recomputation starts from: a random op (an adapter's
+  // dropout) draws what the forward drew, as torch.utils.checkpoint's preserve_rng_state does.
   at::Generator generator;
   torch::Tensor rng_state;
 };
@@ -128,6 +128,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       ScopedSet<Recomputation*> replaying(owner.replaying_,
                                           owner.selective() ? recomputation.get() : nullptr);
       at::Generator& generator = recomputation->generator;
+      // The backward may run on another thread than the forward (CUDA's autograd threads).
+      const base::ScopedForwardGenerator drawing(generator);
       torch::Tensor resume;
       {
         std::lock_guard<std::mutex> lock(generator.mutex());
@@ -171,7 +173,7 @@ torch::Tensor ActivationCheckpointing::RunBlock(int unit, const torch::Tensor& i
   auto recomputation = c10::make_intrusive<Recomputation>();
   recomputation->owner = this;
   recomputation->forward = std::move(forward);
-  recomputation->generator = at::globalContext().defaultGenerator(input.device());
+  recomputation->generator = base::ForwardGenerator(input.device());
   {
     std::lock_guard<std::mutex> lock(recomputation->generator.mutex());
     recomputation->rng_state = recomputation->generator.get_state();

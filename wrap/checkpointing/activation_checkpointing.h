@@ -13,8 +13,9 @@
 //   PLAIT_RETURN_IF_ERROR(preparation->Apply(step));  // before FSDP (rules.textproto)
 //
 // The recomputation must give the forward's values again: it starts from the state the
-// device's default random generator had when the forward started (as PyTorch's
-// preserve_rng_state), so a random op in a block (an adapter's dropout) draws the same again,
+// forward's random generator (base::ForwardGenerator) had when the forward started (as
+// PyTorch's preserve_rng_state), and draws from it again whatever thread the backward runs on,
+// so a random op in a block (an adapter's dropout) draws the same again,
 // and gradients equal those without checkpointing bit for bit with FULL; SELECTIVE
 // replaces each kept projection's matmul by its kept output and computes the same gradient
 // products as LibTorch's linear backward.

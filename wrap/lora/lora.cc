@@ -12,11 +12,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/forward_generator.h"
 #include "base/hash.h"
 #include "base/human.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
-#include "torch/nn/functional/dropout.h"
 #include "torch/nn/functional/linear.h"
 #include "wrap/internal/torch_internals.h"
 #include "wrap/lora/starting_adapters.h"
@@ -318,11 +318,13 @@ torch::Tensor Lora::Adapt(const torch::nn::Module& projection, const torch::Tens
   const auto it = adapters_.find(&projection);
   if (it == adapters_.end()) return output;
   // As PEFT's Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling, with dropout in
-  // training mode only.
-  const torch::Tensor x =
-      dropout_ > 0 && projection.is_training()
-          ? F::dropout(input, F::DropoutFuncOptions().p(dropout_).training(true))
-          : input;
+  // training mode only. Its mask is drawn as nn.Dropout's, from the thread's forward generator.
+  torch::Tensor x = input;
+  if (dropout_ > 0 && projection.is_training()) {
+    const torch::Tensor keep =
+        torch::empty_like(input).bernoulli_(1 - dropout_, base::ForwardGenerator(input.device()));
+    x = input * keep.div_(1 - dropout_);
+  }
   return output + F::linear(F::linear(x, it->second.a), it->second.b) * scale_;
 }
 
