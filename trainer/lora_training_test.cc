@@ -243,10 +243,9 @@ TEST(LoraTrainTest, AResumedRunReproducesTheStraightRun) {
     const char* lora;
     bool from_hf;
   };
-  for (const Case& one :
-       {Case{"llama_fsdp", kLora, false}, Case{"llama_fsdp", kLora, true},
-        Case{"llama_fsdp", kLoraDropout, false}, Case{"llama_fsdp", kQLora, true},
-        Case{"qwen_lora_dpo_fsdp", "", false}}) {
+  for (const Case& one : {Case{"llama_fsdp", kLora, false}, Case{"llama_fsdp", kLora, true},
+                          Case{"llama_fsdp", kLoraDropout, false}, Case{"llama_fsdp", kQLora, true},
+                          Case{"qwen_lora_dpo_fsdp", "", false}}) {
     const bool from_hf = one.from_hf;
     const std::string name = absl::StrCat(one.plan,
                                           one.lora == kQLora         ? "_qlora_"
