@@ -168,21 +168,25 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFormat f
     if (got < static_cast<int64_t>(sizeof(header))) {
       return Changed(path, absl::StrCat("its header ended at byte ", got, ": it was truncated"));
     }
-    if (header[0] != kLlmcMagic) {
+    if (header[0] != kLlmcMagic && header[0] != kLlmcUint32Magic) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": bad magic ", header[0], "; an llm.c token file starts with ",
+                       kLlmcMagic, " (uint16 tokens) or ", kLlmcUint32Magic, " (uint32 tokens)"));
+    }
+    const bool wide = header[0] == kLlmcUint32Magic;
+    const int32_t version = wide ? kLlmcUint32Version : kLlmcVersion;
+    if (header[1] != version) {
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ": bad magic ", header[0], "; an llm.c token file starts with ", kLlmcMagic));
+          path, ": llm.c version ", header[1], " with magic ", header[0], " is not supported (",
+          version, ": ", wide ? "uint32" : "uint16", " tokens)"));
     }
-    if (header[1] != kLlmcVersion) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": llm.c version ", header[1],
-                                                     " is not supported (", kLlmcVersion,
-                                                     ": uint16 tokens)"));
-    }
+    file.width_ = wide ? 4 : 2;
     const int64_t count = header[2];
     if (count <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": the header says ", count, " tokens; an llm.c file holds some"));
     }
-    const int64_t want = header_bytes + count * 2;
+    const int64_t want = header_bytes + count * file.width_;
     if (bytes < want) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": truncated: the header says ", count,
                                                      " tokens (", want, " bytes), the file has ",

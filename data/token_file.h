@@ -1,5 +1,7 @@
 // A file of token ids, read through its descriptor: llm.c's format (a header of 256 int32:
-// magic 20240520, version 1, token count; then uint16 tokens) or raw uint16 / uint32 tokens.
+// magic, version, token count; then the tokens: magic 20240520 version 1 for uint16 tokens,
+// GPT-2's, or magic 20240801 version 7 for uint32 tokens, llm.c's Llama 3 shards) or raw
+// uint16 / uint32 tokens.
 // Opening checks the whole file, so a bad file fails before training with an error naming
 // the file and the problem (bad magic, unsupported version, truncated, token id >= vocab
 // size). A run may last days, and a token file can change under it; each Read therefore
@@ -29,9 +31,13 @@
 
 namespace plait::data {
 
-// llm.c's token file header (llm.c, dev/data/data_common.py: write_datafile).
+// llm.c's token file headers (llm.c, dev/data/data_common.py: HEADERS_INFO, write_datafile):
+// its magic and version for uint16 tokens (GPT-2's vocabulary) and for uint32 tokens (Llama
+// 3's), then the token count, in 256 int32.
 inline constexpr int32_t kLlmcMagic = 20240520;
 inline constexpr int32_t kLlmcVersion = 1;  // uint16 tokens
+inline constexpr int32_t kLlmcUint32Magic = 20240801;
+inline constexpr int32_t kLlmcUint32Version = 7;  // uint32 tokens
 inline constexpr int kLlmcHeaderInts = 256;
 
 class TokenFile {

@@ -99,13 +99,15 @@ TEST(TokenFileMutationTest, HeaderFieldsThatBreakReadersAreNamedErrors) {
     EXPECT_THAT(open(WithField(valid, 0, magic)),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          absl::StrCat(path, ": bad magic ", magic,
-                                      "; an llm.c token file starts with 20240520")));
+                                      "; an llm.c token file starts with 20240520 (uint16 "
+                                      "tokens) or 20240801 (uint32 tokens)")));
   }
   for (const int32_t version : {0, 2, 3, -1, kMax, kMin}) {
     EXPECT_THAT(open(WithField(valid, 1, version)),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          absl::StrCat(path, ": llm.c version ", version,
-                                      " is not supported (1: uint16 tokens)")));
+                                      " with magic 20240520 is not supported (1: uint16 "
+                                      "tokens)")));
   }
   for (const int32_t count : {0, -1, -kTokens, kMin}) {
     EXPECT_THAT(open(WithField(valid, 2, count)),

@@ -67,6 +67,42 @@ TEST(TokenFileTest, ReadsLlmcAndRawFiles) {
   EXPECT_TRUE(u32->Read(0, 2)->equal(torch::tensor({70000, 1}, torch::kInt64)));
 }
 
+// llm.c's uint32 shards (its Llama 3 header: magic 20240801, version 7) are read as llm.c's
+// format; a header of one kind with the other's version, a count the file does not hold, or an
+// unknown magic is refused, naming the file.
+TEST(TokenFileTest, ReadsLlmcUint32FilesAndChecksTheirHeader) {
+  const auto write = [](const std::string& name, const std::vector<int32_t>& header,
+                        const std::vector<uint32_t>& tokens) {
+    std::vector<uint32_t> words(header.begin(), header.end());
+    words.resize(kLlmcHeaderInts, 0);
+    words.insert(words.end(), tokens.begin(), tokens.end());
+    return WriteRaw<uint32_t>(name, words);
+  };
+  const std::vector<uint32_t> tokens = {70000, 1, 128255};
+  absl::StatusOr<TokenFile> file =
+      TokenFile::Open(write("llama3.bin", {kLlmcUint32Magic, kLlmcUint32Version, 3}, tokens),
+                      TOKEN_FORMAT_LLMC, 128256);
+  ASSERT_THAT(file, IsOk());
+  EXPECT_EQ(file->size(), 3);
+  EXPECT_TRUE(file->Read(0, 3)->equal(torch::tensor({70000, 1, 128255}, torch::kInt64)));
+  const std::string mixed = write("mixed.bin", {kLlmcUint32Magic, kLlmcVersion, 3}, tokens);
+  EXPECT_THAT(TokenFile::Open(mixed, TOKEN_FORMAT_LLMC, 128256),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       mixed + ": llm.c version 1 with magic 20240801 is not supported (7: "
+                               "uint32 tokens)"));
+  const std::string long_count =
+      write("count.bin", {kLlmcUint32Magic, kLlmcUint32Version, 4}, tokens);
+  EXPECT_THAT(TokenFile::Open(long_count, TOKEN_FORMAT_LLMC, 128256),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("truncated: the header says 4 tokens (1040 bytes), the file has "
+                                 "1036 bytes")));
+  const std::string unknown = write("magic.bin", {20240802, kLlmcUint32Version, 3}, tokens);
+  EXPECT_THAT(TokenFile::Open(unknown, TOKEN_FORMAT_LLMC, 128256),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       unknown + ": bad magic 20240802; an llm.c token file starts with 20240520 "
+                                 "(uint16 tokens) or 20240801 (uint32 tokens)"));
+}
+
 TEST(TokenFileTest, ReadsOutsideTheFileAreErrors) {
   const std::string path = WriteLlmc("range.bin", Iota(10));
   absl::StatusOr<TokenFile> file = TokenFile::Open(path, TOKEN_FORMAT_LLMC, 100);

@@ -3,8 +3,9 @@
 //   bazel run //tools:tokenize -- --tokenizer=path/to/hf_model --input=a.jsonl,b.txt
 //       --output=data/corpus [--jsonl_field=text] [--val_fraction=0.005]
 //
-// writes data/corpus_train_000000.bin, ... and data/corpus_val_000000.bin (llm.c's format for
-// vocabularies of at most 65,536 tokens, else raw uint32), showing a progress bar on stderr
+// writes data/corpus_train_000000.bin, ... and data/corpus_val_000000.bin (llm.c's format:
+// uint16 ids for vocabularies of at most 65,536 tokens, else uint32 ids under llm.c's Llama 3
+// header), showing a progress bar on stderr
 // and a summary (documents, tokens, bytes per token, the format to give the data plan), and
 // lists them in data/corpus_shards.json. A rerun under the same prefix replaces the shards that
 // list names (and removes those it no longer writes); any other file named as a shard is

@@ -1,8 +1,12 @@
 #include "data/tokenizer/corpus_tokenizer.h"
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -48,23 +52,24 @@ struct Encoded {
   bool invalid_utf8 = false;
 };
 
-// Writes one split (train or val) as numbered shards of at most shard_tokens ids, each under
-// a temporary name until Finish renames them all.
+// Writes one split (train or val) as numbered shards of at most shard_tokens ids in llm.c's
+// format, uint16 ids or (`wide`) uint32 ones, each under a temporary name until Finish renames
+// them all.
 class ShardWriter {
  public:
-  ShardWriter(std::string prefix, TokenFormat format, int64_t shard_tokens)
-      : prefix_(std::move(prefix)), format_(format), shard_tokens_(shard_tokens) {}
+  ShardWriter(std::string prefix, bool wide, int64_t shard_tokens)
+      : prefix_(std::move(prefix)), wide_(wide), shard_tokens_(shard_tokens) {}
 
   absl::Status Append(const std::vector<int32_t>& ids) {
     for (size_t done = 0; done < ids.size();) {
       if (!file_.is_open() || in_shard_ == shard_tokens_) PLAIT_RETURN_IF_ERROR(NextShard());
       const size_t count =
           std::min<size_t>(ids.size() - done, static_cast<size_t>(shard_tokens_ - in_shard_));
-      if (format_ == TOKEN_FORMAT_LLMC) {
+      if (wide_) {
+        file_.write(reinterpret_cast<const char*>(ids.data() + done), count * 4);
+      } else {
         buffer16_.assign(ids.begin() + done, ids.begin() + done + count);
         file_.write(reinterpret_cast<const char*>(buffer16_.data()), count * 2);
-      } else {
-        file_.write(reinterpret_cast<const char*>(ids.data() + done), count * 4);
       }
       in_shard_ += count;
       done += count;
@@ -102,21 +107,19 @@ class ShardWriter {
     file_.open(names_.back() + ".tmp", std::ios::binary | std::ios::trunc);
     if (!file_) return WriteError();
     in_shard_ = 0;
-    if (format_ == TOKEN_FORMAT_LLMC) {
-      // The count is written when the shard is complete (CloseShard).
-      const std::vector<int32_t> header(kLlmcHeaderInts, 0);
-      file_.write(reinterpret_cast<const char*>(header.data()), kLlmcHeaderInts * 4);
-    }
+    // The header is written when the shard is complete (CloseShard), with its count.
+    const std::vector<int32_t> header(kLlmcHeaderInts, 0);
+    file_.write(reinterpret_cast<const char*>(header.data()), kLlmcHeaderInts * 4);
     return absl::OkStatus();
   }
 
   absl::Status CloseShard() {
     if (!file_.is_open()) return absl::OkStatus();
-    if (format_ == TOKEN_FORMAT_LLMC) {
-      const int32_t header[3] = {kLlmcMagic, kLlmcVersion, static_cast<int32_t>(in_shard_)};
-      file_.seekp(0);
-      file_.write(reinterpret_cast<const char*>(header), sizeof(header));
-    }
+    const int32_t header[3] = {wide_ ? kLlmcUint32Magic : kLlmcMagic,
+                               wide_ ? kLlmcUint32Version : kLlmcVersion,
+                               static_cast<int32_t>(in_shard_)};
+    file_.seekp(0);
+    file_.write(reinterpret_cast<const char*>(header), sizeof(header));
     file_.close();
     return file_ ? absl::OkStatus() : WriteError();
   }
@@ -126,7 +129,7 @@ class ShardWriter {
   }
 
   std::string prefix_;
-  TokenFormat format_;
+  bool wide_;
   int64_t shard_tokens_;
   std::ofstream file_;
   int64_t in_shard_ = 0;
@@ -233,17 +236,36 @@ class ShardList {
   std::vector<std::string> earlier_;  // shards found under the prefix before this run
 };
 
+// OK when the folder of the shards `prefix` names exists and this process may write in it;
+// else an error naming it, before any input is read.
+absl::Status CheckOutputFolder(const std::string& prefix) {
+  const std::filesystem::path folder = std::filesystem::path(prefix).parent_path();
+  const std::string shown = folder.empty() ? "the current folder" : folder.string();
+  std::error_code error;
+  if (!folder.empty() && !std::filesystem::is_directory(folder, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output: ", prefix, ": the folder ", shown, " does not exist; create it"));
+  }
+  if (access(folder.empty() ? "." : folder.c_str(), W_OK | X_OK) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("output: ", prefix, ": cannot write in ", shown, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 class CorpusTokenizer {
  public:
   CorpusTokenizer(const Tokenizer& tokenizer, const CorpusOptions& options, int32_t eos,
-                  TokenFormat format, ShardList shard_list)
+                  ShardList shard_list)
       : tokenizer_(tokenizer),
         options_(options),
         eos_(eos),
-        train_(options.output_prefix + "_train", format, options.shard_tokens),
-        val_(options.output_prefix + "_val", format, options.shard_tokens),
+        train_(options.output_prefix + "_train", tokenizer.vocab_size() > kUint16Vocab,
+               options.shard_tokens),
+        val_(options.output_prefix + "_val", tokenizer.vocab_size() > kUint16Vocab,
+             options.shard_tokens),
         shard_list_(std::move(shard_list)) {
-    summary_.format = format;
+    summary_.format = TOKEN_FORMAT_LLMC;
   }
 
   absl::StatusOr<CorpusSummary> Run(const std::function<void(const CorpusProgress&)>& progress) {
@@ -451,10 +473,9 @@ absl::StatusOr<CorpusSummary> TokenizeCorpus(
         "eos_token: the tokenizer names no EOS (tokenizer_config.json has no eos_token); "
         "name the token that separates documents");
   }
-  const TokenFormat format =
-      tokenizer.vocab_size() <= kUint16Vocab ? TOKEN_FORMAT_LLMC : TOKEN_FORMAT_UINT32;
+  PLAIT_RETURN_IF_ERROR(CheckOutputFolder(options.output_prefix));
   PLAIT_ASSIGN_OR_RETURN(ShardList shard_list, ShardList::CheckEarlier(options.output_prefix));
-  return CorpusTokenizer(tokenizer, options, *eos, format, std::move(shard_list)).Run(on_progress);
+  return CorpusTokenizer(tokenizer, options, *eos, std::move(shard_list)).Run(on_progress);
 }
 
 }  // namespace plait::data::tokenizer

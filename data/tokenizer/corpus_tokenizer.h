@@ -5,7 +5,9 @@
 // tokenizer's post-processor adds), as llm.c's tokenizing scripts do; documents are encoded
 // on several threads and written in input order, so the output does not depend on the
 // thread count. Every val_fraction-th document (spread evenly) goes to the held-out split.
-// Shards hold uint16 ids in llm.c's format when the vocabulary fits, else raw uint32:
+// Shards are in llm.c's format: uint16 ids under its GPT-2 header when the vocabulary fits,
+// else uint32 ids under its Llama 3 header (data/token_file.h); the output folder is checked
+// before any input is read:
 //
 //   PLAIT_ASSIGN_OR_RETURN(CorpusSummary summary,
 //                          TokenizeCorpus(*tokenizer, options, /*on_progress=*/nullptr));

@@ -141,6 +141,8 @@ TEST_F(CorpusTokenizerTest, WritesEachDocumentAfterAnEosInInputOrder) {
   }
 }
 
+// Over 65,536 tokens, the shards hold uint32 ids under llm.c's Llama 3 header, which the token
+// file reader checks.
 TEST_F(CorpusTokenizerTest, LargeVocabulariesGetUint32Shards) {
   const std::unique_ptr<Tokenizer> tokenizer = Load("qwen3");
   CorpusOptions options = Options(2);
@@ -148,9 +150,15 @@ TEST_F(CorpusTokenizerTest, LargeVocabulariesGetUint32Shards) {
   options.shard_tokens = 1000;
   absl::StatusOr<CorpusSummary> summary = TokenizeCorpus(*tokenizer, options, nullptr);
   ASSERT_THAT(summary, IsOk());
-  EXPECT_EQ(summary->format, TOKEN_FORMAT_UINT32);
-  const std::vector<int32_t> train =
-      ReadShards(Matching(summary->files, "_train_"), TOKEN_FORMAT_UINT32, 151669);
+  EXPECT_EQ(summary->format, TOKEN_FORMAT_LLMC);
+  const std::vector<std::string> files = Matching(summary->files, "_train_");
+  ASSERT_FALSE(files.empty());
+  std::ifstream shard(files[0], std::ios::binary);
+  int32_t header[3];
+  shard.read(reinterpret_cast<char*>(header), sizeof(header));
+  EXPECT_EQ(header[0], kLlmcUint32Magic);
+  EXPECT_EQ(header[1], kLlmcUint32Version);
+  const std::vector<int32_t> train = ReadShards(files, TOKEN_FORMAT_LLMC, 151669);
   ASSERT_FALSE(train.empty());
   EXPECT_EQ(train[0], 151643);  // <|endoftext|>
   EXPECT_EQ(train.size(), summary->tokens - summary->val_tokens);
@@ -249,6 +257,12 @@ TEST_F(CorpusTokenizerTest, OptionsAreChecked) {
   options.inputs.push_back(absl::StrCat(dir_, "/missing.txt"));
   EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing.txt")));
+  // The output folder is checked before any input is read (the input here is missing too).
+  options.output_prefix = absl::StrCat(dir_, "/no_such_folder/corpus");
+  EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("output: ", dir_, "/no_such_folder/corpus: the folder ", dir_,
+                                    "/no_such_folder does not exist; create it")));
 }
 
 }  // namespace

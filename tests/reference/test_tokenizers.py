@@ -52,10 +52,9 @@ def reference(name):
 def read_shard(path):
     with open(path, "rb") as f:
         data = f.read()
-    if path.endswith(".bin") and numpy.frombuffer(data[:4], "<i4")[0] == 20240520:
-        count = numpy.frombuffer(data[:12], "<i4")[2]
-        return numpy.frombuffer(data[1024:], "<u2")[:count].tolist()
-    return numpy.frombuffer(data, "<u4").tolist()
+    magic, _, count = numpy.frombuffer(data[:12], "<i4")
+    width = {20240520: "<u2", 20240801: "<u4"}[magic]  # llm.c's GPT-2 and Llama 3 headers
+    return numpy.frombuffer(data[1024:], width)[:count].tolist()
 
 
 @pytest.mark.parametrize("name", ["gpt2", "qwen3", "tiny", "mistral"])
