@@ -23,9 +23,8 @@
 // nn.Dropout does, from the thread's forward generator (base/forward_generator.h): the one the
 // caller installed (the trainer's, seeded for each step and rank), else the device's default
 // generator; activation checkpointing replays that generator's state when it recomputes a
-// block, so its masks are drawn again as they were. Under tensor
-// parallelism each rank draws its own masks: the same regularisation as one process, not the
-// same masks.
+// block, so its masks are drawn again as they were. Under tensor parallelism each rank draws
+// its own masks: the same regularisation as one process, not the same masks.
 //
 // QLoRA (base_quantization NF4): each targeted projection's weight leaves the model's
 // parameters and is held in NF4 (nf4.h) as buffers of the projection (`weight_nf4`,
@@ -37,12 +36,11 @@
 // and it is dequantized again into the same tensor when the projection's output gradient
 // arrives and freed once the input's gradient is complete, so that a step holds one block's
 // few dequantized weights at a time, not the whole base in the compute dtype. The weight is
-// quantized from what it
-// holds when Create runs, and again each time the preparation's caller stores values in it
-// (HeldParameters' `store`: a run's base loaded from a Hugging Face folder after preparing),
-// one weight at a time. The merged export (Merge) folds the adapters into the dequantized
-// weight. FSDP, a later step, shards and gathers the held tensors' bytes with their blocks
-// (HeldTensors), so that a rank keeps its share of the quantized base; tensor parallelism
+// quantized from what it holds when Create runs, and again each time the preparation's caller
+// stores values in it (HeldParameters' `store`: a run's base loaded from a Hugging Face folder
+// after preparing), one weight at a time. The merged export (Merge) folds the adapters into the
+// dequantized weight. FSDP, a later step, shards and gathers the held tensors' bytes with their
+// blocks (HeldTensors), so that a rank keeps its share of the quantized base; tensor parallelism
 // cannot split them: the rules refuse it (qlora_without_tp).
 #ifndef PLAIT_WRAP_LORA_LORA_H_
 #define PLAIT_WRAP_LORA_LORA_H_
