@@ -255,15 +255,14 @@ absl::Status CheckOutputFolder(const std::string& prefix) {
 
 class CorpusTokenizer {
  public:
-  CorpusTokenizer(const Tokenizer& tokenizer, const CorpusOptions& options, int32_t eos,
+  // `wide`: uint32 ids (ShardWriter).
+  CorpusTokenizer(const Tokenizer& tokenizer, const CorpusOptions& options, int32_t eos, bool wide,
                   ShardList shard_list)
       : tokenizer_(tokenizer),
         options_(options),
         eos_(eos),
-        train_(options.output_prefix + "_train", tokenizer.vocab_size() > kUint16Vocab,
-               options.shard_tokens),
-        val_(options.output_prefix + "_val", tokenizer.vocab_size() > kUint16Vocab,
-             options.shard_tokens),
+        train_(options.output_prefix + "_train", wide, options.shard_tokens),
+        val_(options.output_prefix + "_val", wide, options.shard_tokens),
         shard_list_(std::move(shard_list)) {
     summary_.format = TOKEN_FORMAT_LLMC;
   }
@@ -475,7 +474,8 @@ absl::StatusOr<CorpusSummary> TokenizeCorpus(
   }
   PLAIT_RETURN_IF_ERROR(CheckOutputFolder(options.output_prefix));
   PLAIT_ASSIGN_OR_RETURN(ShardList shard_list, ShardList::CheckEarlier(options.output_prefix));
-  return CorpusTokenizer(tokenizer, options, *eos, std::move(shard_list)).Run(on_progress);
+  const bool wide = tokenizer.vocab_size() > kUint16Vocab;
+  return CorpusTokenizer(tokenizer, options, *eos, wide, std::move(shard_list)).Run(on_progress);
 }
 
 }  // namespace plait::data::tokenizer

@@ -360,13 +360,7 @@ void Fsdp::StartGather(Unit& unit) {
   unit.gather_output =
       torch::empty({unit.shard_numel * communicator_.size()}, unit.gather_input.options());
   unit.gather = communicator_.AllGather(unit.gather_input, unit.gather_output);
-  if (unit.held_numel > 0) {
-    unit.held_gather_input =
-        Pack(unit.held_shards, unit.held_offsets, unit.held_numel, unit.held_shards[0].options());
-    unit.held_gather_output =
-        torch::empty({unit.held_numel * communicator_.size()}, unit.held_gather_input.options());
-    unit.held_gather = communicator_.AllGather(unit.held_gather_input, unit.held_gather_output);
-  }
+  StartHeldGather(unit);
   unit.state = Unit::State::kGathering;
   // Counted from here: a prefetched unit's full parameters are alive from now on.
   unsharded_bytes_ += unit.ParameterBytes();
@@ -388,18 +382,32 @@ void Fsdp::Unshard(Unit& unit) {
   unit.gather_input = torch::Tensor();
   unit.gather_output = torch::Tensor();
   unit.gather.reset();
-  if (unit.held_gather != nullptr) {
-    if (absl::Status status = unit.held_gather->Wait(); !status.ok()) Fail(status);
-    const torch::Tensor bytes_by_rank = unit.held_gather_output.view({n, unit.held_numel});
-    for (size_t i = 0; i < unit.held.size(); ++i) {
-      CopyBetweenFullAndRanks(BytesOf(internal::RestoreStorage(unit.held[i])), bytes_by_rank,
-                              unit.held_offsets[i], unit.held_rows[i], Direction::kIntoFull);
-    }
-    unit.held_gather_input = torch::Tensor();
-    unit.held_gather_output = torch::Tensor();
-    unit.held_gather.reset();
-  }
+  FinishHeldGather(unit);
   unit.state = Unit::State::kUnsharded;
+}
+
+void Fsdp::StartHeldGather(Unit& unit) {
+  if (unit.held_numel == 0) return;
+  unit.held_gather_input =
+      Pack(unit.held_shards, unit.held_offsets, unit.held_numel, unit.held_shards[0].options());
+  unit.held_gather_output =
+      torch::empty({unit.held_numel * communicator_.size()}, unit.held_gather_input.options());
+  unit.held_gather = communicator_.AllGather(unit.held_gather_input, unit.held_gather_output);
+}
+
+void Fsdp::FinishHeldGather(Unit& unit) {
+  if (unit.held_gather == nullptr) return;
+  // As Unshard's parameters: on failure the tensors get whatever the buffer holds.
+  if (absl::Status status = unit.held_gather->Wait(); !status.ok()) Fail(status);
+  const torch::Tensor bytes_by_rank =
+      unit.held_gather_output.view({communicator_.size(), unit.held_numel});
+  for (size_t i = 0; i < unit.held.size(); ++i) {
+    CopyBetweenFullAndRanks(BytesOf(internal::RestoreStorage(unit.held[i])), bytes_by_rank,
+                            unit.held_offsets[i], unit.held_rows[i], Direction::kIntoFull);
+  }
+  unit.held_gather_input = torch::Tensor();
+  unit.held_gather_output = torch::Tensor();
+  unit.held_gather.reset();
 }
 
 void Fsdp::Reshard(Unit& unit) {
@@ -623,18 +631,20 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> Fsdp::FullStateDict() {
       state[unit.names[i]] = std::move(full);
     }
     if (unit.held_weights.empty()) continue;
-    // The held weights as the ops compute with them, from the unit gathered for a moment.
+    // The held weights as the ops compute with them, from their bytes gathered for a moment.
     ProjectionOps* ops = model_.projection_ops();
     if (ops == nullptr) {
       return absl::InternalError(absl::StrCat("fsdp: unit ", unit.name,
                                               " holds weights for projection ops, which are gone"));
     }
-    Unshard(unit);
+    Reshard(unit);  // the held tensors are freed again below: the unit must be sharded
+    StartHeldGather(unit);
+    FinishHeldGather(unit);
     PLAIT_RETURN_IF_ERROR(status_);
     for (const Unit::HeldWeight& weight : unit.held_weights) {
       state[weight.name] = ops->Weight(*weight.projection, torch::Tensor()).clone();
     }
-    Reshard(unit);
+    for (const torch::Tensor& tensor : unit.held) internal::FreeStorage(tensor);
   }
   return state;
 }

@@ -129,6 +129,10 @@ class Fsdp {
   parallel::StepPlace PlaceOf(const Unit& unit, const char* purpose) const;
   void StartGather(Unit& unit);
   void Unshard(Unit& unit);
+  // The all-gather of `unit`'s held tensors' bytes, a part of StartGather, and waiting for it
+  // and refilling the tensors with them, a part of Unshard; nothing for a unit without any.
+  void StartHeldGather(Unit& unit);
+  void FinishHeldGather(Unit& unit);
   void Reshard(Unit& unit);
   void StartReduceScatter(Unit& unit);
   void SettleEarlierReduces();

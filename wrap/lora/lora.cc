@@ -246,7 +246,7 @@ torch::Tensor Lora::Weight(const torch::nn::Module& projection, const torch::Ten
   const auto it = held_.find(&projection);
   if (it == held_.end()) return weight;
   Held& held = it->second;
-  torch::Tensor dequantized = Nf4Dequantize(held.nf4, held.options.dtype().toScalarType());
+  torch::Tensor dequantized = held.Dequantize();
   // Only a forward that builds a graph keeps it for a backward (WithoutAdapters, which never
   // calls Adapt, runs without one).
   if (torch::GradMode::is_enabled()) held.dequantized = dequantized;
@@ -258,8 +258,7 @@ void Lora::KeepOnlyForBackward(const Held& held, const torch::Tensor& weight,
   internal::FreeStorage(weight);
   output.register_hook([&held, weight](const torch::Tensor& /*grad*/) {
     torch::NoGradGuard no_grad;
-    internal::RestoreStorage(weight).copy_(
-        Nf4Dequantize(held.nf4, held.options.dtype().toScalarType()));
+    internal::RestoreStorage(weight).copy_(held.Dequantize());
   });
   input.register_hook([weight](const torch::Tensor& /*grad*/) { internal::FreeStorage(weight); });
 }
@@ -300,7 +299,7 @@ std::vector<parallel::TrainableParameter> Lora::HeldParameters() {
 void Lora::AddHeldWeights(std::map<std::string, torch::Tensor>& parameters) const {
   for (const auto& [projection, held] : held_) {
     if (parameters.count(held.name) > 0) continue;
-    parameters[held.name] = Nf4Dequantize(held.nf4, held.options.dtype().toScalarType());
+    parameters[held.name] = held.Dequantize();
   }
 }
 
@@ -308,8 +307,7 @@ torch::Tensor Lora::Adapt(const torch::nn::Module& projection, const torch::Tens
                           torch::Tensor output) {
   if (const auto held = held_.find(&projection);
       held != held_.end() && held->second.dequantized.defined()) {
-    const torch::Tensor weight = std::move(held->second.dequantized);
-    held->second.dequantized = torch::Tensor();
+    const torch::Tensor weight = std::exchange(held->second.dequantized, torch::Tensor());
     // The product needs its weight in backward only for the input's gradient.
     if (output.requires_grad() && input.requires_grad()) {
       KeepOnlyForBackward(held->second, weight, input, output);

@@ -117,6 +117,9 @@ class Lora final : public ProjectionOps {
     Nf4Tensor nf4;
     // Weight's last dequantized values under grad mode, until Adapt takes them.
     torch::Tensor dequantized;
+
+    // The weight's values, dequantized to its dtype.
+    torch::Tensor Dequantize() const { return Nf4Dequantize(nf4, options.dtype().toScalarType()); }
   };
 
   // Quantizes `values` into `held`'s buffers, in place.
