@@ -2,7 +2,8 @@
 // `inputs` and is scored on `targets`, the token that follows each input, where a target is
 // not kIgnoreTarget. Language-model batches score every position; preference batches
 // (pairs.h) hold B chosen rows and then the B rejected rows of the same prompts, and, like SFT
-// batches, score only completion tokens.
+// batches, score only completion tokens. Packed rows (data.proto's PACKING_BFD and
+// document_start_token) hold several sequences each, told apart by `positions`.
 #ifndef PLAIT_DATA_BATCH_H_
 #define PLAIT_DATA_BATCH_H_
 
@@ -19,6 +20,10 @@ inline constexpr int64_t kIgnoreTarget = -100;
 struct Batch {
   torch::Tensor inputs;   // int64 [rows, T]
   torch::Tensor targets;  // int64 [rows, T]: inputs shifted by one token, or kIgnoreTarget
+  // Packed rows only, else undefined: int64 [rows, T], each token's position in its own
+  // sequence, 0 at the sequence's first token (Hugging Face's position_ids). A token attends
+  // only to the tokens of its sequence (models::CausalLM::Forward).
+  torch::Tensor positions;
 };
 
 // `tensor`, in host memory, on `device` (itself for the CPU). To a GPU it goes from pinned
@@ -30,9 +35,10 @@ inline torch::Tensor ToDevice(const torch::Tensor& tensor, const torch::Device& 
   return tensor.pin_memory().to(device, /*non_blocking=*/true);
 }
 
-// Both tensors of `batch`, in host memory, on `device` (ToDevice).
+// The tensors of `batch`, in host memory, on `device` (ToDevice).
 inline Batch ToDevice(const Batch& batch, const torch::Device& device) {
-  return Batch{ToDevice(batch.inputs, device), ToDevice(batch.targets, device)};
+  return Batch{ToDevice(batch.inputs, device), ToDevice(batch.targets, device),
+               batch.positions.defined() ? ToDevice(batch.positions, device) : torch::Tensor()};
 }
 
 }  // namespace plait::data

@@ -104,6 +104,12 @@ std::vector<base::Violation> CheckDataConfig(const DataConfig& data,
         add(field + "max_prompt_length",
             absl::StrCat(files.max_prompt_length(), "; must be >= 0 (0: not cut)"));
       }
+      if (!sft && files.packing() == PACKING_BFD) {
+        add(field + "packing",
+            "PACKING_BFD packs SFT examples only: a preference pair's chosen and rejected "
+            "sequences must share a micro-batch, which rows packed over the whole file do not "
+            "keep; PACKING_PADDING_FREE packs each micro-batch's pairs");
+      }
       break;
     }
     default: {
@@ -113,6 +119,16 @@ std::vector<base::Violation> CheckDataConfig(const DataConfig& data,
             "is not set; set TOKEN_FORMAT_LLMC, TOKEN_FORMAT_UINT16 or TOKEN_FORMAT_UINT32");
       }
       check_files("token_files.", files.train_path(), files.eval_path(), "token file");
+      if (files.has_document_start_token() &&
+          (files.document_start_token() < 0 ||
+           (vocab_size.has_value() && files.document_start_token() >= *vocab_size))) {
+        add("token_files.document_start_token",
+            absl::StrCat(
+                files.document_start_token(), " is not a token id",
+                vocab_size.has_value() ? absl::StrCat(" below vocab_size ", *vocab_size) : "",
+                "; name the id that starts each document (the EOS tools/tokenize writes "
+                "before each)"));
+      }
     }
   }
   return problems;

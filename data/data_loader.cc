@@ -7,7 +7,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status.h"
+#include "data/packing.h"
 #include "data/tokenizer/load_tokenizer.h"
 #include "data/tokenizer/text_pairs.h"
 
@@ -76,6 +78,9 @@ absl::StatusOr<DataLoader> DataLoader::Create(const DataConfig& data, Split spli
     loader.file_field_ = path_field;
     loader.shuffle_ = split == Split::kTrain && data.token_files().shuffle();
     loader.shuffle_seed_ = data.token_files().shuffle_seed();
+    if (data.token_files().has_document_start_token()) {
+      loader.document_start_ = data.token_files().document_start_token();
+    }
   }
   loader.Reset();
   return loader;
@@ -118,16 +123,61 @@ absl::Status DataLoader::CreatePairs(const DataConfig& data, Split split, int64_
       PairExamples examples,
       ReadExamples(path, path_field, pair_kind_, cut_, vocab_size, seq_len_,
                    absl::StrCat(field_path, sft ? ".sft_files" : ".preference_files")));
-  const int64_t needed = micro_batch_ * dp_size_;
-  if (static_cast<int64_t>(examples.examples.size()) < needed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path_field, ": ", path, ": too few examples for one batch: ", examples.examples.size(),
-        "; ", dp_size_, " ranks x micro_batch ", micro_batch_, " need ", needed));
+  packing_ = Figures(examples.examples);
+  if (cut_.packing() == PACKING_BFD) {
+    std::vector<int64_t> lengths;
+    for (const PairExample& example : examples.examples) {
+      lengths.push_back(SequenceLength(example.prompt, example.chosen, cut_, seq_len_));
+    }
+    packed_rows_ = std::make_shared<const std::vector<std::vector<int64_t>>>(
+        BestFitDecreasing(lengths, seq_len_));
   }
   pairs_ = std::make_shared<const PairExamples>(std::move(examples));
+  const int64_t needed = micro_batch_ * dp_size_;
+  if (Units() < needed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_field, ": ", path, ": too few ", packed_rows_ != nullptr ? "packed rows" : "examples",
+        " for one batch: ", Units(), "; ", dp_size_, " ranks x micro_batch ", micro_batch_,
+        " need ", needed));
+  }
   shuffle_ = split == Split::kTrain && cut_.shuffle();
   shuffle_seed_ = cut_.shuffle_seed();
   return absl::OkStatus();
+}
+
+DataLoader::PackingFigures DataLoader::Figures(const std::vector<PairExample>& examples) const {
+  PackingFigures figures;
+  std::vector<int64_t> sft_lengths;
+  int64_t tokens = 0;
+  std::vector<const PairExample*> micro_batch;
+  const auto fill_rows = [&] {
+    figures.padding_free_rows +=
+        static_cast<int64_t>(PaddingFreeRows(micro_batch, pair_kind_, cut_, seq_len_).size());
+    micro_batch.clear();
+  };
+  for (const PairExample& example : examples) {
+    for (const auto& [prompt, completion] : SequencesOf({&example}, pair_kind_)) {
+      const int64_t length = SequenceLength(*prompt, *completion, cut_, seq_len_);
+      if (pair_kind_ == PairKind::kSft) sft_lengths.push_back(length);
+      tokens += length;
+      ++figures.sequences;
+    }
+    micro_batch.push_back(&example);
+    if (static_cast<int64_t>(micro_batch.size()) == micro_batch_) fill_rows();
+  }
+  if (!micro_batch.empty()) fill_rows();
+  figures.padded_rows = figures.sequences;
+  if (pair_kind_ == PairKind::kSft) {
+    figures.bfd_rows = static_cast<int64_t>(BestFitDecreasing(sft_lengths, seq_len_).size());
+  }
+  const auto padding = [&](int64_t rows) {
+    return rows == 0 ? 0.0
+                     : 1.0 - static_cast<double>(tokens) / static_cast<double>(rows * seq_len_);
+  };
+  figures.padded_padding = padding(figures.padded_rows);
+  figures.bfd_padding = padding(figures.bfd_rows);
+  figures.padding_free_padding = padding(figures.padding_free_rows);
+  return figures;
 }
 
 void DataLoader::Reset() {
@@ -142,18 +192,22 @@ std::optional<int64_t> DataLoader::DistinctBatches() const {
   return BatchesPerPass();
 }
 
+int64_t DataLoader::Units() const {
+  return packed_rows_ != nullptr ? static_cast<int64_t>(packed_rows_->size())
+                                 : static_cast<int64_t>(pairs_->examples.size());
+}
+
 int64_t DataLoader::BatchesPerPass() const {
-  if (pairs_ != nullptr) {
-    return static_cast<int64_t>(pairs_->examples.size()) / (micro_batch_ * dp_size_);
-  }
+  if (pairs_ != nullptr) return Units() / (micro_batch_ * dp_size_);
   // Whole world batches whose read (W*B*T + 1 tokens) fits in the file: sequential reading
   // starts over, and shuffled reading reshuffles, after this many.
   return (file_->size() - 1) / (micro_batch_ * seq_len_ * dp_size_);
 }
 
 void DataLoader::ShuffleNextPass() {
-  // Pair files shuffle their examples; token files their windows of one world batch.
-  window_order_.resize(pairs_ != nullptr ? pairs_->examples.size() : BatchesPerPass());
+  // Pair files shuffle their examples (or packed rows); token files their windows of one
+  // world batch.
+  window_order_.resize(pairs_ != nullptr ? Units() : BatchesPerPass());
   std::iota(window_order_.begin(), window_order_.end(), 0);
   std::mt19937_64 random(shuffle_seed_ * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(pass_));
   std::shuffle(window_order_.begin(), window_order_.end(), random);
@@ -215,9 +269,10 @@ Batch DataLoader::NextPairs() {
     return PairRows(examples, pair_kind_, cut_, seq_len_);
   }
   if (shuffle_ && window_order_.empty()) ShuffleNextPass();
+  std::vector<int64_t> units;
   for (int64_t i = 0; i < B; ++i) {
     const int64_t index = position_ + i;
-    examples.push_back(&pairs_->examples[shuffle_ ? window_order_[index] : index]);
+    units.push_back(shuffle_ ? window_order_[index] : index);
   }
   // As token files: every rank starts the next pass when the world's next batch would pass
   // the end, measured from rank 0's position.
@@ -225,6 +280,22 @@ Batch DataLoader::NextPairs() {
   if (position_ - dp_rank_ * B + B * W > BatchesPerPass() * B * W) {
     position_ = dp_rank_ * B;
     window_order_.clear();
+  }
+  if (packed_rows_ != nullptr) {
+    std::vector<std::vector<Sequence>> rows;
+    for (const int64_t unit : units) {
+      rows.emplace_back();
+      for (const int64_t example : (*packed_rows_)[unit]) {
+        const PairExample& e = pairs_->examples[example];
+        rows.back().push_back({&e.prompt, &e.chosen});
+      }
+    }
+    return RowsOf(rows, cut_, seq_len_, /*packed=*/true);
+  }
+  for (const int64_t unit : units) examples.push_back(&pairs_->examples[unit]);
+  if (cut_.packing() == PACKING_PADDING_FREE) {
+    return RowsOf(PaddingFreeRows(examples, pair_kind_, cut_, seq_len_), cut_, seq_len_,
+                  /*packed=*/true);
   }
   return PairRows(examples, pair_kind_, cut_, seq_len_);
 }
@@ -248,12 +319,48 @@ absl::StatusOr<Batch> DataLoader::Next() {
     position_ += B * T * W;
     if (position_ - dp_rank_ * B * T + B * T * W + 1 > file_->size()) Reset();
   }
-  return Batch{window.narrow(0, 0, B * T).view({B, T}), window.narrow(0, 1, B * T).view({B, T})};
+  Batch batch{window.narrow(0, 0, B * T).view({B, T}), window.narrow(0, 1, B * T).view({B, T})};
+  if (document_start_.has_value()) {
+    batch.positions = DocumentPositions(batch.inputs, *document_start_);
+  }
+  return batch;
 }
 
 std::optional<double> DataLoader::EntropyFloor() const {
   if (synthetic_ == nullptr || rejected_ != nullptr) return std::nullopt;
   return synthetic_->EntropyRate();
+}
+
+std::string DescribePacking(const DataLoader::PackingFigures& figures, PackingStrategy packing,
+                            int64_t seq_len) {
+  const auto rows = [&](PackingStrategy strategy) -> std::pair<int64_t, double> {
+    switch (strategy) {
+      case PACKING_BFD:
+        return {figures.bfd_rows, figures.bfd_padding};
+      case PACKING_PADDING_FREE:
+        return {figures.padding_free_rows, figures.padding_free_padding};
+      default:
+        return {figures.padded_rows, figures.padded_padding};
+    }
+  };
+  const auto name = [](PackingStrategy strategy) -> std::string {
+    return strategy == PACKING_NONE ? "one sequence a row" : PackingStrategy_Name(strategy);
+  };
+  const auto [used_rows, used_padding] = rows(packing);
+  std::string line =
+      absl::StrFormat("%d sequences in %d rows of %d tokens (%s), %.1f%% padding",
+                      figures.sequences, used_rows, seq_len, name(packing), 100 * used_padding);
+  for (const PackingStrategy other : {PACKING_NONE, PACKING_BFD, PACKING_PADDING_FREE}) {
+    const auto [other_rows, other_padding] = rows(other);
+    if (other == packing || other_rows == 0) continue;
+    absl::StrAppendFormat(&line, "; %s: %d rows, %.1f%% padding", name(other), other_rows,
+                          100 * other_padding);
+  }
+  return line;
+}
+
+double UsefulShare(const DataLoader::PackingFigures& figures, PackingStrategy packing) {
+  return 1.0 - (packing == PACKING_BFD ? figures.bfd_padding : figures.padded_padding);
 }
 
 }  // namespace plait::data

@@ -8,7 +8,9 @@
 // micro-batch W*B sees. Token files start over at r*B*T when the world's next batch would pass the
 // end (as llm.c, but measured from rank 0's position on every rank, so the ranks start over
 // together). With TokenFiles.shuffle the training file's windows of one world batch come in a
-// seeded random order, new each pass.
+// seeded random order, new each pass. Packed SFT files (PACKING_BFD) are packed into rows once,
+// at Create, and read as the examples of unpacked files are, a row in place of an example;
+// token files with a document_start_token give their batches positions (packing.h).
 //
 //   PLAIT_ASSIGN_OR_RETURN(
 //       DataLoader train,
@@ -82,6 +84,22 @@ class DataLoader {
   // The synthetic source's entropy rate (the loss floor); nullopt for the others.
   std::optional<double> EntropyFloor() const;
 
+  // What packing does to a pair file's rows over one pass in file order: its sequences (one
+  // an SFT example, two a preference pair), the rows each PackingStrategy fills with them, and
+  // the share of those rows' tokens that is padding.
+  struct PackingFigures {
+    int64_t sequences = 0;
+    int64_t padded_rows = 0;        // PACKING_NONE: one sequence a row
+    int64_t bfd_rows = 0;           // PACKING_BFD; 0 for preference pairs, which it refuses
+    int64_t padding_free_rows = 0;  // PACKING_PADDING_FREE, in micro-batches of this loader's
+    double padded_padding = 0;
+    double bfd_padding = 0;
+    double padding_free_padding = 0;
+  };
+  // For pair files, whichever their packing (so that a plan can see what another would do);
+  // nullopt for the other sources.
+  std::optional<PackingFigures> Packing() const { return packing_; }
+
   // Examples of a pair file skipped for a prompt that left no completion token
   // (PairFiles.skip_long_prompts); 0 for the other sources.
   int64_t SkippedExamples() const { return pairs_ != nullptr ? pairs_->skipped : 0; }
@@ -105,12 +123,22 @@ class DataLoader {
   // How many world batches one pass over the file reads.
   int64_t BatchesPerPass() const;
 
+  // What a pair file's micro-batches count: its packed rows, or its examples.
+  int64_t Units() const;
+
+  // The PackingFigures of `examples`, read by this loader (its kind, cut, seq_len and
+  // micro-batch).
+  PackingFigures Figures(const std::vector<PairExample>& examples) const;
+
   std::shared_ptr<const MarkovSource> synthetic_;
   std::shared_ptr<const TokenFile> file_;
   std::string file_field_;  // where file_'s path sits in the config, for errors
   // Pair sources: the file's examples, or the rejected chain of synthetic pairs (whose
   // chosen chain is synthetic_), and how their rows are cut.
   std::shared_ptr<const PairExamples> pairs_;
+  // With PACKING_BFD, the examples of each packed row (indices into pairs_), else nullptr.
+  std::shared_ptr<const std::vector<std::vector<int64_t>>> packed_rows_;
+  std::optional<PackingFigures> packing_;
   std::shared_ptr<const MarkovSource> rejected_;
   PairKind pair_kind_ = PairKind::kPreference;
   PairFiles cut_;
@@ -120,7 +148,10 @@ class DataLoader {
   int64_t seq_len_ = 0;
   int dp_rank_ = 0;
   int dp_size_ = 1;
-  int64_t position_ = 0;  // tokens for token files, sequences or examples for the others
+  // Tokens for token files; sequences, examples or packed rows for the others.
+  int64_t position_ = 0;
+  // Token files with TokenFiles.document_start_token: the token that starts each document.
+  std::optional<int64_t> document_start_;
   // Shuffled token files: the window order of the current pass and the next window's index.
   // Shuffled pair files: the example order of the current pass.
   bool shuffle_ = false;
@@ -129,6 +160,16 @@ class DataLoader {
   int64_t next_window_ = 0;
   std::vector<int64_t> window_order_;
 };
+
+// `figures` in a line, for a file packed as `packing` says: "48 sequences, 16 rows of 2048 tokens
+// packed (PACKING_BFD), 2.4% padding; one sequence a row: 48 rows, 67.1% padding;
+// PACKING_PADDING_FREE: 20 rows, 21.9% padding".
+std::string DescribePacking(const DataLoader::PackingFigures& figures, PackingStrategy packing,
+                            int64_t seq_len);
+
+// The share of the tokens a run counts (tokens_per_step: seq_len a row for PACKING_BFD, a
+// sequence otherwise) that are the examples' own tokens, not padding.
+double UsefulShare(const DataLoader::PackingFigures& figures, PackingStrategy packing);
 
 }  // namespace plait::data
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/file.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
@@ -256,6 +258,142 @@ TEST(DataLoaderTest, PairFileErrorsNameTheField) {
   EXPECT_THAT(DataLoader::Create(data, Split::kTrain, 1, 1, 4, 0, 1, "plan.data"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("plan.data.preference_files.train_path: ")));
+}
+
+// An SFT file whose example i has the prompt [10 + i] and a completion of lengths[i] - 1
+// tokens, each 50 + i: its sequence takes lengths[i] tokens.
+std::string SftFile(const std::string& name, const std::vector<int64_t>& lengths) {
+  std::string text;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<std::string> completion(lengths[i] - 1, std::to_string(50 + i));
+    text += absl::StrCat("{\"prompt\": [", 10 + i, "], \"completion\": [",
+                         absl::StrJoin(completion, ", "), "]}\n");
+  }
+  const std::string path = base::testing::TestPath(name);
+  EXPECT_THAT(base::WriteFileAtomically(path, text), IsOk());
+  return path;
+}
+
+// Packed SFT rows are best-fit-decreasing rows of whole examples, each sequence scored and
+// positioned as alone in a padded row, read in the pattern of unpacked examples (a row for an
+// example) on every rank, and resumable.
+TEST(DataLoaderTest, PackedSftFilesReadBestFitRowsOfWholeExamples) {
+  // Lengths 3, 5, 2, 4, 6 into rows of 7: {6}, {5, 2}, {4, 3}.
+  DataConfig data;
+  PairFiles* files = data.mutable_sft_files();
+  files->set_train_path(SftFile("packed.jsonl", {3, 5, 2, 4, 6}));
+  files->set_eval_path(files->train_path());
+  files->set_packing(PACKING_BFD);
+  auto loader = DataLoader::Create(data, Split::kTrain, 100, 1, 7, 0, 1, "plan.data");
+  ASSERT_THAT(loader, IsOk());
+  EXPECT_EQ(loader->DistinctBatches(), 3);
+  // 20 tokens: 15 of 35 padded one to a row, 1 of 21 packed; in micro-batches of one
+  // example, padding-free packs nothing.
+  ASSERT_TRUE(loader->Packing().has_value());
+  EXPECT_EQ(loader->Packing()->sequences, 5);
+  EXPECT_EQ(loader->Packing()->bfd_rows, 3);
+  EXPECT_NEAR(loader->Packing()->padded_padding, 15.0 / 35, 1e-12);
+  EXPECT_NEAR(loader->Packing()->bfd_padding, 1.0 / 21, 1e-12);
+  EXPECT_EQ(loader->Packing()->padding_free_rows, 5);
+  EXPECT_EQ(DescribePacking(*loader->Packing(), PACKING_BFD, 7),
+            "5 sequences in 3 rows of 7 tokens (PACKING_BFD), 4.8% padding; one sequence a row: "
+            "5 rows, 42.9% padding; PACKING_PADDING_FREE: 5 rows, 42.9% padding");
+  const Batch first = loader->Next().value();
+  // The first row's tail is padding that scores nothing, positioned as its last sequence.
+  EXPECT_TRUE(first.inputs.equal(torch::tensor({{14, 54, 54, 54, 54, 54, 0}}, torch::kInt64)))
+      << first.inputs;
+  const std::vector<int64_t> targets = {54, 54, 54, 54, 54, kIgnoreTarget, kIgnoreTarget};
+  EXPECT_TRUE(first.targets.equal(torch::tensor(targets).view({1, 7}))) << first.targets;
+  EXPECT_TRUE(first.positions.equal(torch::tensor({{0, 1, 2, 3, 4, 5, 6}}, torch::kInt64)));
+  const Batch second = loader->Next().value();
+  EXPECT_TRUE(second.inputs.equal(torch::tensor({{11, 51, 51, 51, 51, 12, 52}}, torch::kInt64)));
+  EXPECT_TRUE(second.positions.equal(torch::tensor({{0, 1, 2, 3, 4, 0, 1}}, torch::kInt64)));
+  const Batch third = loader->Next().value();
+  EXPECT_TRUE(third.inputs.equal(torch::tensor({{13, 53, 53, 53, 10, 50, 50}}, torch::kInt64)));
+  EXPECT_TRUE(third.positions.equal(torch::tensor({{0, 1, 2, 3, 0, 1, 2}}, torch::kInt64)));
+  loader->Seek(1);
+  EXPECT_TRUE(loader->Next().value().inputs.equal(second.inputs));
+  // Rank 1 of 3 reads the second row.
+  auto rank1 = DataLoader::Create(data, Split::kTrain, 100, 1, 7, 1, 3, "plan.data");
+  ASSERT_THAT(rank1, IsOk());
+  EXPECT_TRUE(rank1->Next().value().inputs.equal(second.inputs));
+  // A world batch needs as many rows: 4 ranks would need 4.
+  EXPECT_THAT(DataLoader::Create(data, Split::kTrain, 100, 1, 7, 0, 4, "plan.data"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("too few packed rows for one batch: 3")));
+}
+
+// Padding-free micro-batches read the examples of unpacked ones and place their sequences in
+// order: a preference micro-batch's chosen, then its rejected sequences, each into the current
+// row when it fits.
+TEST(DataLoaderTest, PaddingFreePreferenceMicroBatchesPlaceTheirSequencesInOrder) {
+  std::string text;
+  for (int i = 0; i < 4; ++i) {
+    // Chosen of 2 + i tokens after the 1-token prompt, rejected of 1.
+    std::vector<std::string> chosen(2 + i, std::to_string(50 + i));
+    text += absl::StrCat("{\"prompt\": [", 10 + i, "], \"chosen\": [", absl::StrJoin(chosen, ", "),
+                         "], \"rejected\": [", 60 + i, "]}\n");
+  }
+  DataConfig data;
+  PairFiles* files = data.mutable_preference_files();
+  files->set_train_path(base::testing::TestPath("padding_free.jsonl"));
+  ASSERT_THAT(base::WriteFileAtomically(files->train_path(), text), IsOk());
+  files->set_eval_path(files->train_path());
+  files->set_packing(PACKING_PADDING_FREE);
+  auto loader = DataLoader::Create(data, Split::kTrain, 100, 2, 8, 0, 1, "plan.data");
+  ASSERT_THAT(loader, IsOk());
+  // Sequences of 3 and 4 tokens (chosen), 2 and 2 (rejected): rows {3, 4}, {2, 2}.
+  const Batch batch = loader->Next().value();
+  EXPECT_TRUE(batch.inputs.equal(torch::tensor(
+      {{10, 50, 50, 11, 51, 51, 51, 0}, {10, 60, 11, 61, 0, 0, 0, 0}}, torch::kInt64)))
+      << batch.inputs;
+  EXPECT_TRUE(batch.positions.equal(
+      torch::tensor({{0, 1, 2, 0, 1, 2, 3, 4}, {0, 1, 0, 1, 2, 3, 4, 5}}, torch::kInt64)))
+      << batch.positions;
+  const std::vector<int64_t> targets = {50,
+                                        50,
+                                        kIgnoreTarget,
+                                        51,
+                                        51,
+                                        51,
+                                        kIgnoreTarget,
+                                        kIgnoreTarget,
+                                        60,
+                                        kIgnoreTarget,
+                                        61,
+                                        kIgnoreTarget,
+                                        kIgnoreTarget,
+                                        kIgnoreTarget,
+                                        kIgnoreTarget,
+                                        kIgnoreTarget};
+  EXPECT_TRUE(batch.targets.equal(torch::tensor(targets).view({2, 8}))) << batch.targets;
+  // The next micro-batch holds the next two pairs: 5 + 6 tokens need two rows, the rejected
+  // sequences a third.
+  EXPECT_EQ(loader->Next().value().inputs.size(0), 3);
+  EXPECT_EQ(loader->Packing()->padding_free_rows, 5);
+  EXPECT_EQ(loader->Packing()->bfd_rows, 0);
+  // Best fit over the whole file would split pairs across micro-batches: refused.
+  files->set_packing(PACKING_BFD);
+  EXPECT_THAT(CheckDataConfig(data, 100, "plan.data"),
+              ::testing::ElementsAre(
+                  ::testing::Field(&base::Violation::field, "plan.data.preference_files.packing")));
+}
+
+TEST(DataLoaderTest, DocumentStartTokenRestartsPositions) {
+  // Token i is i % 5, so every fifth token (0) starts a document.
+  std::vector<uint16_t> tokens;
+  for (int i = 0; i < 40; ++i) tokens.push_back(i % 5);
+  const std::string path = WriteLlmc("documents.bin", tokens);
+  DataConfig data = Files(path, path);
+  EXPECT_FALSE(DataLoader::Create(data, Split::kTrain, 100, 2, 3, 0, 1, "data")
+                   ->Next()
+                   ->positions.defined());
+  data.mutable_token_files()->set_document_start_token(0);
+  const Batch batch =
+      DataLoader::Create(data, Split::kTrain, 100, 2, 4, 0, 1, "data")->Next().value();
+  // Rows [0 1 2 3] and [4 0 1 2]: the second row's first token starts a sequence too.
+  EXPECT_TRUE(batch.positions.equal(torch::tensor({{0, 1, 2, 3}, {0, 0, 1, 2}}, torch::kInt64)))
+      << batch.positions;
 }
 
 // Text examples are tokenized with the tokenizer the config names (text_pairs_test.cc checks

@@ -139,29 +139,75 @@ absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind
   return pairs;
 }
 
-Batch PairRows(const std::vector<const PairExample*>& examples, PairKind kind,
-               const PairFiles& files, int64_t seq_len) {
-  std::vector<std::pair<const std::vector<int64_t>*, const std::vector<int64_t>*>> rows;
-  for (const PairExample* example : examples) rows.push_back({&example->prompt, &example->chosen});
+int64_t SequenceLength(const std::vector<int64_t>& prompt, const std::vector<int64_t>& completion,
+                       const PairFiles& files, int64_t seq_len) {
+  return static_cast<int64_t>(CutSequence(prompt, completion, files, seq_len).tokens.size());
+}
+
+std::vector<Sequence> SequencesOf(const std::vector<const PairExample*>& examples, PairKind kind) {
+  std::vector<Sequence> sequences;
+  for (const PairExample* example : examples)
+    sequences.push_back({&example->prompt, &example->chosen});
   if (kind == PairKind::kPreference) {
     for (const PairExample* example : examples) {
-      rows.push_back({&example->prompt, &example->rejected});
+      sequences.push_back({&example->prompt, &example->rejected});
     }
   }
+  return sequences;
+}
+
+Batch RowsOf(const std::vector<std::vector<Sequence>>& rows, const PairFiles& files,
+             int64_t seq_len, bool packed) {
   const int64_t count = static_cast<int64_t>(rows.size());
   Batch batch{torch::zeros({count, seq_len}, torch::kInt64),
               torch::full({count, seq_len}, kIgnoreTarget, torch::kInt64)};
-  auto inputs = batch.inputs.accessor<int64_t, 2>();
-  auto targets = batch.targets.accessor<int64_t, 2>();
+  if (packed) batch.positions = torch::empty({count, seq_len}, torch::kInt64);
   for (int64_t r = 0; r < count; ++r) {
-    const Cut cut = CutSequence(*rows[r].first, *rows[r].second, files, seq_len);
-    const int64_t size = static_cast<int64_t>(cut.tokens.size());
-    for (int64_t t = 0; t < size; ++t) {
-      inputs[r][t] = cut.tokens[t];
-      if (t + 1 < size && t + 1 >= cut.completion_start) targets[r][t] = cut.tokens[t + 1];
+    auto inputs = batch.inputs.accessor<int64_t, 2>()[r];
+    auto targets = batch.targets.accessor<int64_t, 2>()[r];
+    int64_t* positions = packed ? batch.positions[r].data_ptr<int64_t>() : nullptr;
+    int64_t offset = 0;
+    int64_t start = 0;  // where the row's last sequence starts
+    for (const auto& [prompt, completion] : rows[r]) {
+      const Cut cut = CutSequence(*prompt, *completion, files, seq_len);
+      const int64_t size = static_cast<int64_t>(cut.tokens.size());
+      for (int64_t t = 0; t < size; ++t) {
+        inputs[offset + t] = cut.tokens[t];
+        if (t + 1 < size && t + 1 >= cut.completion_start) targets[offset + t] = cut.tokens[t + 1];
+        if (packed) positions[offset + t] = t;
+      }
+      start = offset;
+      offset += size;
     }
+    // The padding after the row's last sequence continues that sequence's positions: it attends
+    // to that sequence, but causally nothing attends to it, and nothing scores it.
+    for (int64_t t = offset; packed && t < seq_len; ++t) positions[t] = t - start;
   }
   return batch;
+}
+
+Batch PairRows(const std::vector<const PairExample*>& examples, PairKind kind,
+               const PairFiles& files, int64_t seq_len) {
+  std::vector<std::vector<Sequence>> rows;
+  for (const Sequence& sequence : SequencesOf(examples, kind)) rows.push_back({sequence});
+  return RowsOf(rows, files, seq_len, /*packed=*/false);
+}
+
+std::vector<std::vector<Sequence>> PaddingFreeRows(const std::vector<const PairExample*>& examples,
+                                                   PairKind kind, const PairFiles& files,
+                                                   int64_t seq_len) {
+  std::vector<std::vector<Sequence>> rows;
+  int64_t used = seq_len;  // of the last row: none yet
+  for (const Sequence& sequence : SequencesOf(examples, kind)) {
+    const int64_t size = SequenceLength(*sequence.first, *sequence.second, files, seq_len);
+    if (used + size > seq_len) {
+      rows.emplace_back();
+      used = 0;
+    }
+    rows.back().push_back(sequence);
+    used += size;
+  }
+  return rows;
 }
 
 }  // namespace plait::data

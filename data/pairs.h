@@ -73,11 +73,38 @@ absl::Status CheckHasExamples(absl::string_view path, const PairExamples& pairs)
 int64_t ScoredTokens(const std::vector<int64_t>& prompt, const std::vector<int64_t>& completion,
                      const PairFiles& files, int64_t seq_len);
 
-// The rows of `examples`: for kSft one row each (prompt + completion); for kPreference the
-// chosen rows of all examples, then their rejected rows. Padding is token 0 with target
-// kIgnoreTarget. Truncation and max_prompt_length are read from `files`.
+// How many tokens the sequence of `prompt` + `completion` has once cut as `files` says to
+// `seq_len` tokens: the room it takes in a packed row.
+int64_t SequenceLength(const std::vector<int64_t>& prompt, const std::vector<int64_t>& completion,
+                       const PairFiles& files, int64_t seq_len);
+
+// One sequence of a row: a prompt and one of its completions.
+using Sequence = std::pair<const std::vector<int64_t>*, const std::vector<int64_t>*>;
+
+// The sequences of `examples`: for kSft one each (prompt + completion); for kPreference the
+// chosen sequences of all examples, then their rejected sequences.
+std::vector<Sequence> SequencesOf(const std::vector<const PairExample*>& examples, PairKind kind);
+
+// Rows of seq_len tokens, row r holding the sequences rows[r] one after another (their lengths
+// once cut must sum to at most seq_len), each cut as `files` says (truncation,
+// max_prompt_length), its completion tokens' targets set (kIgnoreTarget elsewhere), then padding
+// (token 0). With `packed`, the batch's positions: each sequence's from 0, and the padding
+// after the row's last sequence continuing that sequence's.
+Batch RowsOf(const std::vector<std::vector<Sequence>>& rows, const PairFiles& files,
+             int64_t seq_len, bool packed);
+
+// One sequence of `examples` a row (SequencesOf's order), right-padded: for kPreference the
+// B chosen rows, then the B rejected rows.
 Batch PairRows(const std::vector<const PairExample*>& examples, PairKind kind,
                const PairFiles& files, int64_t seq_len);
+
+// The sequences of `examples` in SequencesOf's order placed into rows of `seq_len` tokens for
+// PACKING_PADDING_FREE (RowsOf makes the batch): each into the current row when it fits the
+// row's rest, else into a new row. The k-th sequence of the rows, read row by row, is
+// PairRows' row k.
+std::vector<std::vector<Sequence>> PaddingFreeRows(const std::vector<const PairExample*>& examples,
+                                                   PairKind kind, const PairFiles& files,
+                                                   int64_t seq_len);
 
 }  // namespace plait::data
 

@@ -17,12 +17,14 @@
 namespace plait::objectives {
 namespace {
 
-// Causal-LM and SFT: the mean cross-entropy of the scored targets.
+// Causal-LM and SFT: the mean cross-entropy of the scored targets (of packed rows too: each
+// sequence of a row attends only to itself).
 class CrossEntropy : public Objective {
  public:
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch,
                                           const data::Batch& /*host*/) override {
-    return ObjectiveOutput{policy.Loss(batch.inputs, batch.targets, data::kIgnoreTarget), {}};
+    return ObjectiveOutput{
+        policy.Loss(batch.inputs, batch.targets, data::kIgnoreTarget, batch.positions), {}};
   }
 
   int64_t ScoredItems(const data::Batch& batch) const override {

@@ -6,13 +6,18 @@
 // plan for another launch). The plan must also fit in this machine's memory with all its ranks
 // here, unless --skip_memory_check. With --target=NAME (and --nodes=N, --targets_file=FILE) it
 // is checked for a GPU cluster instead, from any machine (plan/target_check.h): the memory per
-// GPU with suggestions when it does not fit, and the step time. Exits 1 listing every
-// violation or when the plan does not fit, 2 on a usage error.
+// GPU with suggestions when it does not fit, and the step time. For SFT and preference files it
+// reads the training file and reports its rows an epoch and their padding, as the plan packs
+// them and as the other PairFiles.packing strategies would. Exits 1 listing every violation or when
+// the plan does not fit, 2 on a usage error.
 #include <iostream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "base/guarded_main.h"
+#include "base/status.h"
+#include "data/data_loader.h"
 #include "models/estimates.h"
 #include "parallel/device_mesh.h"
 #include "plan/explain.h"
@@ -24,6 +29,25 @@ namespace {
 constexpr char kUsage[] =
     "usage: plan_check PLAN.textproto [--set=path=value]... [--world_size=N] "
     "[--skip_memory_check] [--target=NAME [--nodes=N] [--targets_file=FILE]]";
+
+// For pair files, the rows of the training file an epoch and their padding, as the plan packs
+// them and as the other packings would, read as rank 0 of `resolved` reads them; "" for the
+// other sources.
+absl::StatusOr<std::string> DescribeRows(const plait::plan::ResolvedPlan& resolved) {
+  const plait::data::DataConfig& data = resolved.data;
+  if (!data.has_sft_files() && !data.has_preference_files()) return "";
+  PLAIT_ASSIGN_OR_RETURN(const plait::data::DataLoader loader,
+                         plait::data::DataLoader::Create(
+                             data, plait::data::Split::kTrain, resolved.model.vocab_size(),
+                             resolved.training().micro_batch(), resolved.training().seq_len(), 0,
+                             static_cast<int>(resolved.data_parallel_size), "plan.data"));
+  const plait::data::PackingStrategy packing =
+      data.has_sft_files() ? data.sft_files().packing() : data.preference_files().packing();
+  return absl::StrCat(
+      "training data: ",
+      plait::data::DescribePacking(*loader.Packing(), packing, resolved.training().seq_len()),
+      "\n");
+}
 
 // The check of `plan` (from `path`) for the GPU cluster `arguments` name.
 int CheckForTarget(const plait::plan::Plan& plan, const std::string& path,
@@ -93,7 +117,12 @@ int RunPlanCheck(int argc, char** argv) {
     std::cerr << text.status().message() << "\n";
     return 1;
   }
-  std::cout << path << ": valid\n" << *text << "\n";
+  const absl::StatusOr<std::string> rows = DescribeRows(*resolved);
+  if (!rows.ok()) {
+    std::cerr << path << ": " << rows.status().message() << "\n";
+    return 1;
+  }
+  std::cout << path << ": valid\n" << *text << "\n" << *rows;
   return 0;
 }
 

@@ -177,6 +177,9 @@ class TrainingRun {
   absl::StatusOr<objectives::MeanMetrics> Evaluate();
 
   std::optional<double> Mfu(double tokens_per_s) const;
+  // Prints, for pair files, the padding of the rows the run trains on (and what another
+  // packing would make it) and the examples' own tokens/s at `tokens_per_s`.
+  void PrintPadding(double tokens_per_s);
 
   // After the step the memory is checked on (its peak reset before it): the estimate and
   // each rank's peak of tensor bytes into `report`, and rank 0's warning when a rank's is more
@@ -480,6 +483,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   report.tokens_per_s =
       first_step < steps ? resolved_.tokens_per_step * (steps - first_step) / training_seconds_ : 0.0;
   report.mfu = Mfu(report.tokens_per_s);
+  if (progress_) PrintPadding(report.tokens_per_s);
   PLAIT_ASSIGN_OR_RETURN(report.peak_memory_bytes, PerRank(mesh_, base::PeakResidentBytes()));
   PLAIT_RETURN_IF_ERROR(MaxOverRanks(report.peak_device_memory_bytes));
   report = OverAllStarts(std::move(report));
@@ -519,6 +523,17 @@ absl::Status TrainingRun::CompareMemoryWithEstimate(TrainReport& report) {
     progress_->Print(*warning);
   }
   return absl::OkStatus();
+}
+
+void TrainingRun::PrintPadding(double tokens_per_s) {
+  const std::optional<data::DataLoader::PackingFigures> figures = train_->Packing();
+  if (!figures.has_value()) return;
+  const data::PackingStrategy packing = resolved_.data.has_sft_files()
+                                            ? resolved_.data.sft_files().packing()
+                                            : resolved_.data.preference_files().packing();
+  progress_->Print(absl::StrFormat("training data: %s; useful (not padding) tokens/s: %.0f",
+                                   data::DescribePacking(*figures, packing, training_.seq_len()),
+                                   tokens_per_s * data::UsefulShare(*figures, packing)));
 }
 
 std::optional<double> TrainingRun::Mfu(double tokens_per_s) const {

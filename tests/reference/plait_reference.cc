@@ -13,7 +13,8 @@
 //   plait_reference optimizers --configs=CONFIGS --params=PARAMS --grads=GRADS --out=OUT
 //   plait_reference dpo --hf_dir=POLICY --reference_dir=REFERENCE|--lora=TEXT --peft_dir=DIR
 //                       --pairs=JSONL --configs=CONFIGS --out=OUT
-//   plait_reference sft_step --hf_dir=DIR --batch=BATCH,BATCH... --out=OUT
+//   plait_reference sft_step --hf_dir=DIR --batch=BATCH,BATCH...|--pairs=JSONL --seq_len=T
+//                            --out=OUT
 //   plait_reference lora --hf_dir=DIR --lora=TEXT --adapters=ADAPTERS|--peft_dir=DIR
 //                        [--save_peft_dir=DIR] --batch=BATCH --out=OUT
 //   plait_reference nf4 --weights=WEIGHTS --out=OUT
@@ -40,7 +41,10 @@
 //     from it), and its configs may take the policy without them as the reference;
 //   sft_step: `loss` [1] and `grad.<name>` for every parameter of one optimizer step of the
 //     sft objective over the micro-batches BATCH,BATCH..., accumulated as the trainer does
-//     (objectives/step_items.h, on a one-rank mesh); the loss as the trainer logs it;
+//     (objectives/step_items.h, on a one-rank mesh); the loss as the trainer logs it. With
+//     --pairs, one micro-batch of all the SFT examples of JSONL (token ids) packed by best-fit
+//     decreasing into rows of T tokens (data.proto's PACKING_BFD, read by plait's DataLoader),
+//     and the rows too: `inputs`, `targets` and `positions` [rows, T];
 //   lora: the model with the adapters of --lora (a wrap.LoraConfig text proto) added by a
 //     one-rank preparation: `init.<name>` [...] for every trainable parameter as plait drew
 //     it, or as the PEFT adapter folder --peft_dir holds it (the step starts from the folder:
@@ -79,6 +83,8 @@
 #include "base/status.h"
 #include "base/text_proto.h"
 #include "data/batch.h"
+#include "data/data.pb.h"
+#include "data/data_loader.h"
 #include "data/pairs.h"
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
@@ -113,7 +119,9 @@ ABSL_FLAG(std::string, grads, "", "optimizers: a safetensors file of the gradien
 ABSL_FLAG(std::string, save_dir, "",
           "train: save the trained model here as a Hugging Face folder.");
 ABSL_FLAG(std::string, reference_dir, "", "dpo: the reference model's Hugging Face folder.");
-ABSL_FLAG(std::string, pairs, "", "dpo: a JSONL file of preference pairs (token ids).");
+ABSL_FLAG(std::string, pairs, "",
+          "dpo: a JSONL file of preference pairs (token ids); sft_step: of SFT examples, packed.");
+ABSL_FLAG(int64_t, seq_len, 0, "sft_step --pairs: the packed rows' length.");
 ABSL_FLAG(std::string, lora, "", "lora: a wrap.LoraConfig text proto.");
 ABSL_FLAG(std::string, adapters, "", "lora: a safetensors file of the adapters' values.");
 ABSL_FLAG(std::string, peft_dir, "", "lora: a PEFT adapter folder of the adapters' values.");
@@ -415,9 +423,25 @@ absl::Status RunDpo() {
       });
 }
 
+// All the SFT examples of the JSONL file `path` (token ids) in one micro-batch of rows of
+// `seq_len` tokens packed by best-fit decreasing, as a one-rank DataLoader reads them.
+absl::StatusOr<data::Batch> PackedSftBatch(const std::string& path, int64_t seq_len,
+                                           int64_t vocab_size) {
+  data::DataConfig config;
+  data::PairFiles& files = *config.mutable_sft_files();
+  files.set_train_path(path);
+  files.set_packing(data::PACKING_BFD);
+  const auto loader = [&](int64_t rows) {
+    return data::DataLoader::Create(config, data::Split::kTrain, vocab_size, rows, seq_len, 0, 1,
+                                    "pairs");
+  };
+  PLAIT_ASSIGN_OR_RETURN(const data::DataLoader counted, loader(1));
+  PLAIT_ASSIGN_OR_RETURN(data::DataLoader all, loader(counted.Packing()->bfd_rows));
+  return all.Next();
+}
+
 absl::Status RunSftStep() {
   PLAIT_ASSIGN_OR_RETURN(const std::string hf_dir, RequiredFlag(FLAGS_hf_dir, "hf_dir"));
-  PLAIT_ASSIGN_OR_RETURN(const std::string batch_paths, RequiredFlag(FLAGS_batch, "batch"));
   PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model, models::LoadHfModel(hf_dir));
   objectives::ObjectiveConfig config;
@@ -425,12 +449,22 @@ absl::Status RunSftStep() {
   PLAIT_ASSIGN_OR_RETURN(const std::unique_ptr<objectives::Objective> objective,
                          objectives::MakeObjective(config, {}, "sft"));
   std::vector<data::Batch> batches;
-  std::vector<int64_t> items;
-  for (absl::string_view path : absl::StrSplit(batch_paths, ',')) {
-    PLAIT_ASSIGN_OR_RETURN(const Batch batch, ReadBatch(std::string(path)));
-    batches.push_back({batch.input_ids, batch.targets});
-    items.push_back(objective->ScoredItems(batches.back()));
+  NamedTensors results;
+  if (const std::string pairs = absl::GetFlag(FLAGS_pairs); !pairs.empty()) {
+    PLAIT_ASSIGN_OR_RETURN(data::Batch packed, PackedSftBatch(pairs, absl::GetFlag(FLAGS_seq_len),
+                                                              model->config().vocab_size()));
+    results = {
+        {"inputs", packed.inputs}, {"targets", packed.targets}, {"positions", packed.positions}};
+    batches.push_back(std::move(packed));
+  } else {
+    PLAIT_ASSIGN_OR_RETURN(const std::string batch_paths, RequiredFlag(FLAGS_batch, "batch"));
+    for (absl::string_view path : absl::StrSplit(batch_paths, ',')) {
+      PLAIT_ASSIGN_OR_RETURN(const Batch batch, ReadBatch(std::string(path)));
+      batches.push_back({batch.input_ids, batch.targets});
+    }
   }
+  std::vector<int64_t> items;
+  for (const data::Batch& batch : batches) items.push_back(objective->ScoredItems(batch));
   PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout one_rank,
                          parallel::MeshLayout::Create(parallel::MeshConfig(), 1));
   absl::StatusOr<objectives::MeanMetrics> step_loss;
@@ -449,7 +483,7 @@ absl::Status RunSftStep() {
     }();
   });
   PLAIT_RETURN_IF_ERROR(step_loss.status());
-  NamedTensors results = {{"loss", torch::tensor({static_cast<float>(step_loss->loss)})}};
+  results.emplace_back("loss", torch::tensor({static_cast<float>(step_loss->loss)}));
   for (const auto& parameter : model->NamedParameters()) {
     results.emplace_back(absl::StrCat("grad.", parameter.name), parameter.parameter.grad());
   }
