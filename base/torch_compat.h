@@ -41,10 +41,6 @@ class CompatStore : public c10d::Store {
 #endif
 };
 
-// Causal scaled dot-product attention with scale 1 / sqrt(d) on q [B, T, H, d], k and v
-// [B, T, KV, d] (KV dividing H) -> [B, T, H, d], by LibTorch's fused kernel
-// (at::scaled_dot_product_attention, new in 2.0; grouped-query heads since 2.5, which CPU
-// flash attention serves in bf16 without materialising the [T, T] scores). nullopt on 1.13.
 // Whether autograd's mean keeps its input for its backward (LibTorch 1.13's does; 2.x keeps
 // only the input's sizes): a composite op that averages a temporary keeps the temporary.
 inline constexpr bool kMeanKeepsItsInput = TORCH_VERSION_MAJOR < 2;
@@ -52,15 +48,26 @@ inline constexpr bool kMeanKeepsItsInput = TORCH_VERSION_MAJOR < 2;
 // Whether CausalSdpa has a kernel to call (LibTorch 2.x).
 inline constexpr bool kHasCausalSdpa = TORCH_VERSION_MAJOR >= 2;
 
+// Causal scaled dot-product attention with scale 1 / sqrt(d) on q [B, T, H, d], k and v
+// [B, T, KV, d] (KV dividing H) -> [B, T, H, d], by LibTorch's fused kernel
+// (at::scaled_dot_product_attention, new in 2.0; grouped-query heads since 2.5, which CPU
+// flash attention serves in bf16 without materialising the [T, T] scores). nullopt on 1.13.
+// `allowed`, a bool mask broadcast to [B, H, T, T] (true where query t meets key s), replaces
+// the causal mask where it is defined: packed rows (models/internal/ops.h).
 inline std::optional<torch::Tensor> CausalSdpa(const torch::Tensor& q, const torch::Tensor& k,
-                                               const torch::Tensor& v) {
+                                               const torch::Tensor& v,
+                                               const torch::Tensor& allowed = {}) {
 #if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                          /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                          /*is_causal=*/true, /*scale=*/{},
-                                          /*enable_gqa=*/k.size(2) != q.size(2))
+  const bool masked = allowed.defined();
+  return at::scaled_dot_product_attention(
+             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+             masked ? std::optional<torch::Tensor>(allowed) : std::nullopt,
+             /*dropout_p=*/0.0,
+             /*is_causal=*/!masked, /*scale=*/{},
+             /*enable_gqa=*/k.size(2) != q.size(2))
       .transpose(1, 2);
 #else
+  (void)allowed;
   return std::nullopt;
 #endif
 }

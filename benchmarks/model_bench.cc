@@ -27,6 +27,11 @@
 // intra-op pool (at::set_num_threads) and OpenBLAS's, which does its matmuls and ignores
 // the former.
 //
+// BM_PackedTrainStep times a step on rows that pack short documents against one of the same
+// rows as single sequences:
+//
+//   bazel run --config=opt //benchmarks:model_bench -- --benchmark_filter=Packed
+//
 // BM_SeededInit times start-up's seeded draw of one FSDP rank's shards of a real model:
 //
 //   bazel run --config=opt //benchmarks:model_bench -- --benchmark_filter=Seeded
@@ -111,10 +116,12 @@ std::pair<ModelConfig, std::string> BenchModel(int64_t which) {
 
 // A training step of a model of `config` in `dtype`, seeded as every row's, on a fixed batch;
 // one untimed step has run (it faults the step's memory in, which a training run pays once,
-// not every step).
+// not every step). With `document` > 0 each row packs documents of that many tokens
+// (CausalLM::Forward's positions), else each row is one sequence.
 class TrainStep {
  public:
-  TrainStep(const ModelConfig& config, torch::ScalarType dtype, int64_t batch, int64_t seq) {
+  TrainStep(const ModelConfig& config, torch::ScalarType dtype, int64_t batch, int64_t seq,
+            int64_t document = 0) {
     InitConfig init;
     init.set_seed(1);
     model_ = CausalLM::Create(config, init).value();
@@ -123,17 +130,18 @@ class TrainStep {
     const torch::Tensor tokens = torch::randint(config.vocab_size(), {batch, seq + 1});
     inputs_ = tokens.narrow(1, 0, seq);
     targets_ = tokens.narrow(1, 1, seq);
-    model_->Loss(inputs_, targets_).backward();
+    if (document > 0) positions_ = (torch::arange(seq) % document).expand({batch, seq});
+    Run();
   }
 
   void Run() {
     model_->zero_grad(/*set_to_none=*/true);
-    model_->Loss(inputs_, targets_).backward();
+    model_->Loss(inputs_, targets_, kIgnoreIndex, positions_).backward();
   }
 
  private:
   std::shared_ptr<CausalLM> model_;
-  torch::Tensor inputs_, targets_;
+  torch::Tensor inputs_, targets_, positions_;
 };
 
 // range(0): BenchModel's; range(1): batch; range(2): sequence length; range(3): 0 = fp32,
@@ -183,6 +191,35 @@ BENCHMARK(BM_TrainStep)
 BENCHMARK(BM_TrainStep)
     ->Args({2, 1, 512, 0})
     ->Args({2, 1, 512, 1})
+    ->Iterations(3)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Packed rows (sequence packing, padding-free): the tiny model's fp32 step on 2 rows of 2,048
+// tokens, each one sequence (range(0) = 0) or documents of range(0) tokens, whose attention
+// skips the keys of the documents before (fused_kernels.h). The matmuls outside attention are
+// the same; tokens/s shows what attention's triangle costs at this length and what packing
+// saves of it.
+void BM_PackedTrainStep(benchmark::State& state) {
+  const ModelConfig config = PresetConfig("tiny").value();
+  const int64_t batch = 2;
+  const int64_t seq = 2048;
+  const int64_t document = state.range(0);
+  state.SetLabel(document == 0 ? "tiny fp32, one sequence a row"
+                               : absl::StrCat("tiny fp32, documents of ", document, " tokens"));
+  TrainStep step(config, torch::kFloat32, batch, seq, document);
+  for (auto _ : state) {
+    const double start = benchmarks::ThreadCpuSeconds();
+    step.Run();
+    state.SetIterationTime(benchmarks::ThreadCpuSeconds() - start);
+  }
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(batch * seq),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_PackedTrainStep)
+    ->Arg(0)
+    ->Arg(256)
     ->Iterations(3)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -233,8 +233,9 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
       internal::Rotary(Project(k_proj, flat, context).view({batch, seq, num_kv_heads_, d}),
                        context.rope.cos, context.rope.sin, generic);
   const torch::Tensor v = Project(v_proj, flat, context).view({batch, seq, num_kv_heads_, d});
-  const torch::Tensor out = internal::CausalAttention(q, k, v, context.mask, generic)
-                                .reshape({batch, seq, num_heads_ * d});
+  const torch::Tensor out =
+      internal::CausalAttention(q, k, v, context.mask, generic, context.positions)
+          .reshape({batch, seq, num_heads_ * d});
   return RowParallel(o_proj, out, context);
 }
 
@@ -372,7 +373,7 @@ torch::Tensor CausalLM::OutputWeight() {
   return config_.tie_word_embeddings() ? model_->embed_tokens->weight : lm_head_->weight;
 }
 
-torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
+torch::Tensor CausalLM::Forward(const torch::Tensor& tokens, const torch::Tensor& positions) {
   const auto before = [this](int unit) {
     if (hooks_.before_forward) hooks_.before_forward(unit);
   };
@@ -380,8 +381,22 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
     return hooks_.after_forward ? hooks_.after_forward(unit, std::move(output)) : output;
   };
   before(kRootUnit);
-  const AttentionContext& context =
+  const AttentionContext& cached =
       Context(tokens.size(1), tokens.device(), model_->embed_tokens->weight.scalar_type());
+  // Packed rows: this forward's own copy, each row's rotary tables gathered by its positions;
+  // context_ keeps only what depends on the length.
+  AttentionContext packed;
+  if (positions.defined()) {
+    TORCH_CHECK(positions.sizes() == tokens.sizes(), "CausalLM::Forward: positions ",
+                positions.sizes(), " are not shaped as tokens ", tokens.sizes());
+    packed = cached;
+    packed.positions = positions.to(tokens.device(), torch::kInt64);
+    const torch::Tensor rows = packed.positions.flatten();
+    const std::vector<int64_t> shape = {tokens.size(0), tokens.size(1), cached.rope.cos.size(1)};
+    packed.rope.cos = cached.rope.cos.index_select(0, rows).view(shape);
+    packed.rope.sin = cached.rope.sin.index_select(0, rows).view(shape);
+  }
+  const AttentionContext& context = positions.defined() ? packed : cached;
   wrap::TensorParallelOps* tp = context.tp;
   torch::Tensor h = tp == nullptr ? model_->embed_tokens(tokens)
                                   : tp->Embed(tokens, model_->embed_tokens->weight);
@@ -405,27 +420,30 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens) {
   return after(kRootUnit, torch::matmul(h, OutputWeight().t()));
 }
 
-torch::Tensor CausalLM::TensorParallelTokenLosses(const torch::Tensor& tokens,
-                                                  const torch::Tensor& targets,
-                                                  int64_t ignore_index) {
-  // Scored in the logits' dtype, fp32 a chunk of rows at a time (VocabParallelCrossEntropy).
-  const torch::Tensor logits = Forward(tokens);
-  return context_.tp
-      ->TokenCrossEntropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}), ignore_index)
+torch::Tensor CausalLM::TokenLosses(const torch::Tensor& tokens, const torch::Tensor& targets,
+                                    int64_t ignore_index, const torch::Tensor& positions) {
+  // fp32 (for 16-bit logits too) and computed a chunk of rows at a time, whatever the path:
+  // under tensor parallelism from the vocabulary-sharded logits (VocabParallelCrossEntropy).
+  const torch::Tensor logits = Forward(tokens, positions);
+  const torch::Tensor flat_logits = logits.view({-1, logits.size(-1)});
+  const torch::Tensor flat_targets = targets.reshape({-1});
+  return (context_.tp == nullptr
+              ? internal::TokenCrossEntropy(flat_logits, flat_targets, ignore_index)
+              : context_.tp->TokenCrossEntropy(flat_logits, flat_targets, ignore_index))
       .view(targets.sizes());
 }
 
 torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
-                             int64_t ignore_index) {
+                             int64_t ignore_index, const torch::Tensor& positions) {
   if (context_.tp != nullptr) {
     // The token losses are 0 where the target is ignored: with none scored, 0 / 1.
     const torch::Tensor scored = (targets != ignore_index).sum().clamp_min(1).to(torch::kFloat32);
-    return TensorParallelTokenLosses(tokens, targets, ignore_index).sum() / scored;
+    return TokenLosses(tokens, targets, ignore_index, positions).sum() / scored;
   }
   // 16-bit logits are scored in fp32, as Hugging Face's models do (the loss of a 32K-way
   // softmax needs more than bf16's 8 bits of mantissa), a chunk of rows at a time
   // (internal::TokenCrossEntropy): no fp32 copy of the whole logits.
-  const torch::Tensor logits = Forward(tokens);
+  const torch::Tensor logits = Forward(tokens, positions);
   const torch::Tensor mean = internal::CrossEntropy(
       logits.view({-1, logits.size(-1)}), targets.reshape({-1}), ignore_index, generic_ops_);
   // With nothing scored the mean is NaN, but its backward writes only the scored rows: the
@@ -434,18 +452,14 @@ torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& t
   return torch::where((targets != ignore_index).any(), mean, torch::zeros_like(mean));
 }
 
+torch::Tensor CausalLM::TokenLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
+                                      int64_t ignore_index, const torch::Tensor& positions) {
+  return -TokenLosses(tokens, targets, ignore_index, positions);
+}
+
 torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
-                                         int64_t ignore_index) {
-  if (context_.tp != nullptr) {
-    return -TensorParallelTokenLosses(tokens, targets, ignore_index).sum(-1);
-  }
-  // The token losses are 0 where the target is ignored; fp32 (for 16-bit logits too) and
-  // computed a chunk of rows at a time, whatever the path.
-  const torch::Tensor logits = Forward(tokens);
-  return -internal::TokenCrossEntropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
-                                      ignore_index)
-              .view(targets.sizes())
-              .sum(-1);
+                                         int64_t ignore_index, const torch::Tensor& positions) {
+  return TokenLogProbs(tokens, targets, ignore_index, positions).sum(-1);
 }
 
 wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) const {

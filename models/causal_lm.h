@@ -74,12 +74,17 @@ class RmsNorm : public torch::nn::Module {
 
 // What every layer shares for one sequence length, computed once per forward.
 struct AttentionContext {
-  RotaryTables rope;  // cos, sin [T, head_dim]
+  // cos, sin [T, head_dim]; for packed rows (`positions`), each row's [B, T, head_dim].
+  RotaryTables rope;
   // Additive causal mask (0 on and below the diagonal, -inf above), [groups * T, T] with
   // groups = local heads / local kv heads: row g * T + t belongs to query position t. Read
   // by the composite attention only, and undefined where it does not run
   // (models/internal/ops.h's CausalAttentionReadsMask): at 8192 tokens it would take 512 MiB.
   torch::Tensor mask;
+  // Packed rows' per-token positions, int64 [B, T] (CausalLM::Forward), or undefined. Held
+  // here, per forward, so that activation checkpointing's recomputation and tensor
+  // parallelism's attention (over the whole sequence) see them too.
+  torch::Tensor positions;
   // Whether the ops take their generic forms (models/internal/ops.h) even where the fused CPU
   // kernels serve the tensors: what a GPU runs, chosen on the CPU by tests of that path.
   bool generic_ops = false;
@@ -189,20 +194,39 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // parallelism this rank's vocabulary slice of them, [B, T, vocab_size / tp] (the
   // vocabulary rounded up to a multiple of tp when tensor parallelism pads it; the padding
   // columns are not logits of any token).
-  torch::Tensor Forward(const torch::Tensor& tokens);
+  //
+  // `positions` (int64 [B, T], or undefined) packs several sequences (documents, SFT
+  // examples) into each row, padding-free, with Hugging Face's position_ids convention:
+  // positions[b, t] is token t's position in its own sequence, 0 where a sequence starts and
+  // one more at each following token, each in [0, t]. Token t then attends only the tokens
+  // t - positions[b, t] .. t of its row (its own sequence, causally), and its rotary angle is
+  // that of positions[b, t]: each sequence's logits are those it gets alone. The generic ops
+  // (a GPU) build a [B, T, T] mask for it (models/internal/ops.h).
+  //
+  //   // Sequences of 3 and 2 tokens in one row:
+  //   model->Forward(tokens, torch::tensor({{0, 1, 2, 0, 1}}));
+  torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& positions = {});
 
   // Mean cross-entropy of targets[b, t] (the token that follows tokens[b, t]) over the
   // positions whose target is not `ignore_index`. 0, with a zero gradient, when every target
   // is ignored (PyTorch's mean is NaN there): a micro-batch that scores nothing still runs
   // its backward, which data-parallel wrappers need on every rank, and adds nothing. fp32
-  // whatever the model's dtype (16-bit logits are scored in fp32).
+  // whatever the model's dtype (16-bit logits are scored in fp32). `positions` as Forward's
+  // (a packed row's last token of each sequence should then have its target ignored).
   torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
-                     int64_t ignore_index = kIgnoreIndex);
+                     int64_t ignore_index = kIgnoreIndex, const torch::Tensor& positions = {});
 
-  // Per sequence, the sum of log p(targets[b, t] | tokens[b, 0..t]) over the positions whose
-  // target is not `ignore_index`: [B], fp32, differentiable (for preference training).
+  // log p(targets[b, t] | the tokens of its sequence up to t) per position, 0 where the
+  // target is `ignore_index`: [B, T], fp32, differentiable (preference training's per-token
+  // values, per sequence of packed rows). `positions` as Forward's.
+  torch::Tensor TokenLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
+                              int64_t ignore_index = kIgnoreIndex,
+                              const torch::Tensor& positions = {});
+
+  // Per row, the sum of TokenLogProbs: [B], fp32, differentiable (for preference training).
   torch::Tensor SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
-                                 int64_t ignore_index = kIgnoreIndex);
+                                 int64_t ignore_index = kIgnoreIndex,
+                                 const torch::Tensor& positions = {});
 
   // Re-draws every parameter as the header describes.
   absl::Status ResetParameters(const InitConfig& init);
@@ -242,10 +266,10 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   const AttentionContext& Context(int64_t seq_len, const torch::Device& device,
                                   torch::ScalarType dtype);
 
-  // Under tensor parallelism, per position -log p(targets[b, t] | tokens[b, 0..t]) from the
-  // vocabulary-sharded logits, 0 where the target is `ignore_index`: [B, T], fp32.
-  torch::Tensor TensorParallelTokenLosses(const torch::Tensor& tokens, const torch::Tensor& targets,
-                                          int64_t ignore_index);
+  // Per position -log p(targets[b, t] | its sequence up to t), 0 where the target is
+  // `ignore_index`: [B, T], fp32; from the vocabulary-sharded logits under tensor parallelism.
+  torch::Tensor TokenLosses(const torch::Tensor& tokens, const torch::Tensor& targets,
+                            int64_t ignore_index, const torch::Tensor& positions);
 
   ModelConfig config_;
   std::shared_ptr<Decoder> model_;

@@ -279,6 +279,86 @@ TEST(CausalLMTest, LossIgnoresIgnoreIndexAndMatchesSequenceLogProbs) {
               log_probs[0].item<double>(), 1e-5);
 }
 
+// Positions of rows that each pack sequences of `lengths[b]`, as Hugging Face's position_ids.
+torch::Tensor PackedPositions(const std::vector<std::vector<int64_t>>& lengths) {
+  std::vector<torch::Tensor> rows;
+  for (const std::vector<int64_t>& row : lengths) {
+    std::vector<torch::Tensor> parts;
+    for (const int64_t length : row) parts.push_back(torch::arange(length, torch::kInt64));
+    rows.push_back(torch::cat(parts));
+  }
+  return torch::stack(rows);
+}
+
+// Two rows of 17 tokens: sequences of 5, 1 and 9 tokens then 2 tokens of tail padding (a
+// sequence of their own, its positions restarting), and sequences of 9 and 8. Packed, every
+// sequence's logits are those it gets alone, and the gradient of the packed rows' summed token
+// log-probabilities is the sum of the sequences' alone; on the fused kernels and the generic
+// ops (the GPU's path: SDPA's boolean mask on LibTorch 2.x, the composite's additive one on
+// 1.13).
+TEST(CausalLMTest, PackedRowsMatchEachSequenceAlone) {
+  const std::vector<std::vector<int64_t>> lengths = {{5, 1, 9, 2}, {9, 8}};
+  const torch::Tensor positions = PackedPositions(lengths);
+  const torch::Tensor tokens = Tokens(2, 17, 97, 11);
+  torch::Tensor targets = Tokens(2, 17, 97, 12);
+  targets.index_put_({0, torch::indexing::Slice(15, 17)}, kIgnoreIndex);  // the padding
+  for (const bool generic : {false, true}) {
+    SCOPED_TRACE(generic ? "generic" : "fused");
+    std::shared_ptr<CausalLM> packed = Make(Small());
+    std::shared_ptr<CausalLM> alone = Make(Small());
+    internal::UseGenericOps(*packed, generic);
+    internal::UseGenericOps(*alone, generic);
+    const torch::Tensor logits = packed->Forward(tokens, positions);
+    torch::Tensor alone_log_probs = torch::zeros({}, torch::kFloat32);
+    for (int64_t b = 0; b < 2; ++b) {
+      int64_t start = 0;
+      for (const int64_t length : lengths[b]) {
+        SCOPED_TRACE("row " + std::to_string(b) + " from " + std::to_string(start));
+        const torch::Tensor own_tokens = tokens.narrow(0, b, 1).narrow(1, start, length);
+        const torch::Tensor own_targets = targets.narrow(0, b, 1).narrow(1, start, length);
+        const torch::Tensor own = alone->Forward(own_tokens).detach();
+        EXPECT_TRUE(torch::allclose(logits.narrow(0, b, 1).narrow(1, start, length), own,
+                                    /*rtol=*/1e-5, /*atol=*/1e-5));
+        alone_log_probs = alone_log_probs + alone->TokenLogProbs(own_tokens, own_targets).sum();
+        start += length;
+      }
+    }
+    const torch::Tensor packed_log_probs =
+        packed->TokenLogProbs(tokens, targets, kIgnoreIndex, positions);
+    ASSERT_THAT(packed_log_probs.sizes(), ElementsAre(2, 17));
+    EXPECT_TRUE(torch::equal(packed_log_probs[0].narrow(0, 15, 2), torch::zeros({2})));
+    // As losses (ExpectClose's tolerance is relative to a positive loss).
+    ExpectClose(BackwardOf(*packed, -packed_log_probs.sum()), BackwardOf(*alone, -alone_log_probs),
+                1e-5);
+    // The sequences' sums, and the packed row's mean loss over what it scores.
+    EXPECT_NEAR(
+        packed->SequenceLogProbs(tokens, targets, kIgnoreIndex, positions).sum().item<double>(),
+        alone_log_probs.item<double>(), 1e-3);
+    EXPECT_NEAR(packed->Loss(tokens, targets, kIgnoreIndex, positions).item<double>(),
+                -alone_log_probs.item<double>() / 32.0, 1e-5);
+  }
+}
+
+// With positions, a document's logits do not depend on the documents before it in its row;
+// without them (one sequence), they do: the test fails if the mask is ignored.
+TEST(CausalLMTest, PositionsKeepDocumentsApart) {
+  const torch::Tensor positions = PackedPositions({{6, 10}});
+  const torch::Tensor tokens = Tokens(1, 16, 97, 13);
+  torch::Tensor changed = tokens.clone();
+  changed.narrow(1, 0, 6).copy_((tokens.narrow(1, 0, 6) + 1) % 97);
+  for (const bool generic : {false, true}) {
+    SCOPED_TRACE(generic ? "generic" : "fused");
+    std::shared_ptr<CausalLM> model = Make(Small());
+    internal::UseGenericOps(*model, generic);
+    torch::NoGradGuard no_grad;
+    const auto second = [](const torch::Tensor& logits) { return logits.narrow(1, 6, 10); };
+    EXPECT_TRUE(torch::allclose(second(model->Forward(changed, positions)),
+                                second(model->Forward(tokens, positions)), 1e-6, 1e-6));
+    EXPECT_FALSE(torch::allclose(second(model->Forward(changed)), second(model->Forward(tokens)),
+                                 1e-3, 1e-3));
+  }
+}
+
 // A micro-batch that scores nothing (an SFT batch of prompts alone) adds nothing to a step:
 // its loss is 0, not PyTorch's NaN, and its backward leaves every gradient 0, with the fused
 // cross-entropy and with the chunked one (bf16, or the generic ops).

@@ -27,7 +27,10 @@ struct RotaryTables {
 RotaryTables MakeRotaryTables(const torch::Tensor& inv_freq, const torch::Tensor& positions);
 
 // x * cos + rotate_half(x) * sin for x [..., T, H, head_dim] with tables [T, head_dim]
-// (broadcast over the heads), where rotate_half(x) = cat(-x2, x1) of x's halves.
+// (broadcast over the heads), where rotate_half(x) = cat(-x2, x1) of x's halves. For x
+// [B, T, H, head_dim] the tables may also be [B, T, head_dim], each row's own: packed rows,
+// whose positions restart at each sequence, gather their rows of a [T, head_dim] table
+// (cos.index_select(0, positions.flatten()).view({B, T, head_dim})).
 torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
                           const torch::Tensor& sin);
 

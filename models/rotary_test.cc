@@ -53,6 +53,26 @@ TEST(RotaryTest, PositionZeroIsTheIdentity) {
   EXPECT_TRUE(torch::allclose(ApplyRotary(x, tables.cos, tables.sin), x));
 }
 
+// Per-row tables [B, T, d] rotate each row as its own positions' [T, d] tables would: packed
+// rows, whose positions restart at each sequence.
+TEST(RotaryTest, PerRowTablesRotateEachRowByItsOwnPositions) {
+  const torch::Tensor inv_freq = RotaryInverseFrequencies(Config());
+  const RotaryTables tables = MakeRotaryTables(inv_freq, torch::arange(6));
+  const torch::Tensor positions = torch::tensor({0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 4, 5}).view({2, 6});
+  torch::manual_seed(2);
+  const torch::Tensor x = torch::randn({2, 6, 3, 32});
+  const torch::Tensor rows =
+      ApplyRotary(x, tables.cos.index_select(0, positions.flatten()).view({2, 6, 32}),
+                  tables.sin.index_select(0, positions.flatten()).view({2, 6, 32}));
+  for (int64_t b = 0; b < 2; ++b) {
+    const RotaryTables own = MakeRotaryTables(inv_freq, positions[b]);
+    EXPECT_TRUE(torch::allclose(rows[b], ApplyRotary(x[b], own.cos, own.sin))) << "row " << b;
+  }
+  // The second row's positions are 0 .. 5: the shared tables' rotation.
+  EXPECT_TRUE(torch::equal(rows[1], ApplyRotary(x[1], tables.cos, tables.sin)));
+  EXPECT_FALSE(torch::allclose(rows[0], ApplyRotary(x[0], tables.cos, tables.sin)));
+}
+
 TEST(RotaryTest, FrequenciesAreThetaPowers) {
   const ModelConfig config = Config();
   const torch::Tensor inv_freq = RotaryInverseFrequencies(config);

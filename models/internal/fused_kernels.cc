@@ -204,43 +204,72 @@ PLAIT_VECTOR_CLONES void CrossEntropyBackward(int64_t rows, int64_t vocab,
 
 namespace {
 
-// The scores of query rows i0 .. i0 + m - 1 against keys 0 .. n - 1 (n = i0 + m), [m, n],
-// turned in place into each row's causal softmax: keys after the row's position get 0. lse
-// receives each row's log-sum-exp.
+// The query rows i0 .. i0 + m - 1 of one (batch, head) and the keys they meet: row r meets
+// keys starts[r] .. i0 + r, and the block's scores cover keys k0 .. i0 + m - 1, k0 being the
+// earliest start, so a block skips the keys before it.
+struct QueryBlock {
+  QueryBlock(const AttentionShape& shape, int64_t b, int64_t i0)
+      : i0(i0), m(std::min(kAttentionBlock, shape.seq - i0)) {
+    const int64_t* positions =
+        shape.positions == nullptr ? nullptr : shape.positions + b * shape.seq;
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t t = i0 + r;
+      // Clamped to [0, t]: a wrong position may change what a row meets, never where it reads.
+      starts[r] = positions == nullptr ? 0 : std::clamp(t - positions[t], int64_t{0}, t);
+      k0 = std::min(k0, starts[r]);
+    }
+    n = i0 + m - k0;
+  }
+  // The score columns of row r that are keys it meets: [begin, end).
+  int64_t Begin(int64_t r) const { return starts[r] - k0; }
+  int64_t End(int64_t r) const { return i0 + r + 1 - k0; }
+
+  int64_t i0, m;
+  int64_t k0 = std::numeric_limits<int64_t>::max();
+  int64_t n;  // the scores' columns, keys k0 .. i0 + m - 1
+  int64_t starts[kAttentionBlock];
+};
+
+// The block's scores [m, n] turned in place into each row's softmax over the keys it meets;
+// the other keys get 0. lse receives each row's log-sum-exp.
 template <typename T>
-PLAIT_VECTOR_CLONES void CausalSoftmax(int64_t i0, int64_t m, T* __restrict scores,
+PLAIT_VECTOR_CLONES void CausalSoftmax(const QueryBlock& block, T* __restrict scores,
                                        T* __restrict lse) {
-  const int64_t n = i0 + m;
-  for (int64_t r = 0; r < m; ++r) {
+  const int64_t n = block.n;
+  for (int64_t r = 0; r < block.m; ++r) {
     T* row = scores + r * n;
-    const int64_t valid = i0 + r + 1;
+    const int64_t begin = block.Begin(r);
+    const int64_t end = block.End(r);
     T max = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : max)
-    for (int64_t j = 0; j < valid; ++j) max = row[j] > max ? row[j] : max;
+    for (int64_t j = begin; j < end; ++j) max = row[j] > max ? row[j] : max;
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < valid; ++j) {
+    for (int64_t j = begin; j < end; ++j) {
       row[j] = Exp(row[j] - max);
       sum += row[j];
     }
     const T inv = T(1) / sum;
-    for (int64_t j = 0; j < valid; ++j) row[j] *= inv;
-    std::fill(row + valid, row + n, T(0));
+    for (int64_t j = begin; j < end; ++j) row[j] *= inv;
+    std::fill(row, row + begin, T(0));
+    std::fill(row + end, row + n, T(0));
     lse[r] = max + std::log(sum);
   }
 }
 
 // The same probabilities again from the scores and the saved lse: exp(score - lse[row]).
 template <typename T>
-PLAIT_VECTOR_CLONES void CausalProbabilities(int64_t i0, int64_t m, T* __restrict scores,
+PLAIT_VECTOR_CLONES void CausalProbabilities(const QueryBlock& block, T* __restrict scores,
                                              const T* __restrict lse) {
-  const int64_t n = i0 + m;
-  for (int64_t r = 0; r < m; ++r) {
+  const int64_t n = block.n;
+  for (int64_t r = 0; r < block.m; ++r) {
     T* row = scores + r * n;
-    const int64_t valid = i0 + r + 1;
+    const int64_t begin = block.Begin(r);
+    const int64_t end = block.End(r);
     const T shift = lse[r];
-    for (int64_t j = 0; j < valid; ++j) row[j] = Exp(row[j] - shift);
-    std::fill(row + valid, row + n, T(0));
+    for (int64_t j = begin; j < end; ++j) row[j] = Exp(row[j] - shift);
+    std::fill(row, row + begin, T(0));
+    std::fill(row + end, row + n, T(0));
   }
 }
 
@@ -341,13 +370,16 @@ void CausalAttentionForward(const AttentionShape& shape, Arithmetic<T> scale, co
         const int64_t h = g.kv * g.groups + j;
         A* lse_h = lse + (g.b * shape.heads + h) * seq;
         for (int64_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
-          const int64_t m = std::min(kAttentionBlock, seq - i0);
-          const int64_t n = i0 + m;
+          const QueryBlock block(shape, g.b, i0);
+          const int64_t m = block.m;
+          const int64_t n = block.n;
           const int64_t row = g.q_offset + i0 * g.ldq + j * d;
-          Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb, g.ldk, A(0), scores.data(), n);
-          CausalSoftmax<A>(i0, m, scores.data(), lse_h + i0);
-          Gemm<T>(false, false, m, d, n, A(1), AsOperand<T>(scores.data(), m * n, probs), n, vb,
-                  g.ldk, A(0), out_rows.Rows(out + row), out_rows.Stride(g.ldq));
+          const int64_t keys = block.k0 * g.ldk;
+          Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb + keys, g.ldk, A(0),
+                  scores.data(), n);
+          CausalSoftmax<A>(block, scores.data(), lse_h + i0);
+          Gemm<T>(false, false, m, d, n, A(1), AsOperand<T>(scores.data(), m * n, probs), n,
+                  vb + keys, g.ldk, A(0), out_rows.Rows(out + row), out_rows.Stride(g.ldq));
           out_rows.Store(m, out + row, g.ldq);
         }
       }
@@ -387,23 +419,28 @@ void CausalAttentionBackward(const AttentionShape& shape, Arithmetic<T> scale, c
         const int64_t h = g.kv * g.groups + j;
         const A* lse_h = lse + (g.b * shape.heads + h) * seq;
         for (int64_t i0 = 0; i0 < seq; i0 += kAttentionBlock) {
-          const int64_t m = std::min(kAttentionBlock, seq - i0);
-          const int64_t n = i0 + m;
+          const QueryBlock block(shape, g.b, i0);
+          const int64_t m = block.m;
+          const int64_t n = block.n;
           const int64_t row = g.q_offset + i0 * g.ldq + j * d;
+          const int64_t keys = block.k0 * g.ldk;
+          const int64_t sums = block.k0 * ld_sum;
           for (int64_t r = 0; r < m; ++r) {
             delta[r] = SumOfProducts(d, dout + row + r * g.ldq, out + row + r * g.ldq);
           }
-          Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb, g.ldk, A(0), probs.data(), n);
-          CausalProbabilities<A>(i0, m, probs.data(), lse_h + i0);
-          Gemm<T>(false, true, m, n, d, A(1), dout + row, g.ldq, vb, g.ldk, A(0), grad.data(), n);
+          Gemm<T>(false, true, m, n, d, scale, q + row, g.ldq, kb + keys, g.ldk, A(0), probs.data(),
+                  n);
+          CausalProbabilities<A>(block, probs.data(), lse_h + i0);
+          Gemm<T>(false, true, m, n, d, A(1), dout + row, g.ldq, vb + keys, g.ldk, A(0),
+                  grad.data(), n);
           SoftmaxBackward<A>(m, n, probs.data(), delta.data(), grad.data());
           const T* ds = AsOperand<T>(grad.data(), m * n, grad_operand);
           const T* p = AsOperand<T>(probs.data(), m * n, probs_operand);
-          Gemm<T>(false, false, m, d, n, scale, ds, n, kb, g.ldk, A(0), dq_rows.Rows(dq + row),
-                  dq_rows.Stride(g.ldq));
+          Gemm<T>(false, false, m, d, n, scale, ds, n, kb + keys, g.ldk, A(0),
+                  dq_rows.Rows(dq + row), dq_rows.Stride(g.ldq));
           dq_rows.Store(m, dq + row, g.ldq);
-          Gemm<T>(true, false, n, d, m, scale, ds, n, q + row, g.ldq, A(1), dk_sum, ld_sum);
-          Gemm<T>(true, false, n, d, m, A(1), p, n, dout + row, g.ldq, A(1), dv_sum, ld_sum);
+          Gemm<T>(true, false, n, d, m, scale, ds, n, q + row, g.ldq, A(1), dk_sum + sums, ld_sum);
+          Gemm<T>(true, false, n, d, m, A(1), p, n, dout + row, g.ldq, A(1), dv_sum + sums, ld_sum);
         }
       }
       dk_rows.Store(seq, dk + g.k_offset, g.ldk);

@@ -59,10 +59,19 @@ void CrossEntropyBackward(int64_t rows, int64_t vocab, const T* logits, const in
 
 // Causal grouped-query attention, q [B, T, H, d], k and v [B, T, KV, d], out [B, T, H, d]
 // (all contiguous), query head h reading kv head h / (H / KV):
-//   out[b, t, h] = sum_{s <= t} softmax_s(scale * q[b, t, h] . k[b, s, kv]) v[b, s, kv]
-// computed per (batch, head) in blocks of kAttentionBlock query rows, each meeting only the
-// keys at or before its last row (the blocks above the diagonal are skipped), with the
-// softmax fused in. lse [B, H, T] receives each row's log-sum-exp of the scaled scores.
+//   out[b, t, h] = sum_s softmax_s(scale * q[b, t, h] . k[b, s, kv]) v[b, s, kv]
+// over the keys start(b, t) <= s <= t, computed per (batch, head) in blocks of
+// kAttentionBlock query rows, each meeting only the keys at or before its last row (the
+// blocks above the diagonal are skipped), with the softmax fused in. lse [B, H, T] receives each
+// row's log-sum-exp of the scaled scores.
+//
+// start(b, t) is 0 (plain causal attention) unless `positions` is set: then a row holds
+// several sequences packed one after another (Hugging Face's padding-free position_ids), and
+// positions[b, t] is token t's position in its own sequence, so it meets only the keys of its
+// own sequence, start(b, t) = t - positions[b, t], clamped to [0, t] so that no position,
+// however wrong, reads outside the row; lse is then over the keys a row meets. A query block
+// skips the keys before its rows' earliest start, so a row of short sequences costs little
+// more than its sequences alone, not the whole causal triangle.
 inline constexpr int64_t kAttentionBlock = 64;
 struct AttentionShape {
   int64_t batch;
@@ -70,6 +79,8 @@ struct AttentionShape {
   int64_t heads;
   int64_t kv_heads;
   int64_t head_dim;
+  // [batch, seq] per-token positions of packed rows, or nullptr: plain causal attention.
+  const int64_t* positions = nullptr;
 };
 template <typename T>
 void CausalAttentionForward(const AttentionShape& shape, Arithmetic<T> scale, const T* q,

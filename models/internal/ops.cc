@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -106,6 +107,23 @@ struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
   }
 };
 
+// RotaryForward over x [B, T, H, d] with tables [T, d] shared by the rows, or [B, T, d] of
+// each row's own (a call per row then).
+template <typename T>
+void RotaryRows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                torch::Tensor& y) {
+  const bool per_row = cos.dim() == 3;
+  const int64_t rows = per_row ? x.size(0) : 1;
+  const int64_t outer = per_row ? 1 : x.size(0);
+  const int64_t row_values = x.size(1) * x.size(2) * x.size(3);
+  const int64_t table_values = per_row ? x.size(1) * x.size(3) : 0;
+  for (int64_t b = 0; b < rows; ++b) {
+    RotaryForward<T>(outer, x.size(1), x.size(2), x.size(3), x.data_ptr<T>() + b * row_values,
+                     cos.data_ptr<T>() + b * table_values, sin.data_ptr<T>() + b * table_values,
+                     y.data_ptr<T>() + b * row_values);
+  }
+}
+
 struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& cos, const torch::Tensor& sin) {
@@ -113,12 +131,11 @@ struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     const torch::Tensor input = x.contiguous();
     const torch::Tensor c = cos.contiguous();
     const torch::Tensor s = sin.contiguous();
+    TORCH_CHECK(c.dim() == 2 || (c.dim() == 3 && c.size(0) == input.size(0)), "Rotary: tables ",
+                c.sizes(), " are neither [T, d] nor [B, T, d] for x ", input.sizes());
     torch::Tensor y = torch::empty_like(input);
-    AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, input.scalar_type(), "RotaryForward", [&] {
-      RotaryForward<scalar_t>(input.size(0), input.size(1), input.size(2), input.size(3),
-                              input.data_ptr<scalar_t>(), c.data_ptr<scalar_t>(),
-                              s.data_ptr<scalar_t>(), y.data_ptr<scalar_t>());
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, input.scalar_type(), "RotaryForward",
+                                   [&] { RotaryRows<scalar_t>(input, c, s, y); });
     ctx->save_for_backward({c, s});
     return y;
   }
@@ -127,15 +144,12 @@ struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     const tensor_list saved = ctx->get_saved_variables();
     const torch::Tensor dy = grads[0].contiguous();
     // The transposed rotation: the forward's with sin[i] replaced by -sin[i -+ d/2]
-    // (fused_kernels.h). The tables are [T, d], small beside dy.
+    // (fused_kernels.h). The tables are [T, d] or [B, T, d], small beside dy.
     const torch::Tensor transposed_sin =
         torch::roll(saved[1], dy.size(3) / 2, /*dims=*/-1).neg_().contiguous();
     torch::Tensor dx = torch::empty_like(dy);
-    AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, dy.scalar_type(), "RotaryBackward", [&] {
-      RotaryForward<scalar_t>(dy.size(0), dy.size(1), dy.size(2), dy.size(3),
-                              dy.data_ptr<scalar_t>(), saved[0].data_ptr<scalar_t>(),
-                              transposed_sin.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>());
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, dy.scalar_type(), "RotaryBackward",
+                                   [&] { RotaryRows<scalar_t>(dy, saved[0], transposed_sin, dx); });
     return {dx, torch::Tensor(), torch::Tensor()};
   }
 };
@@ -232,8 +246,11 @@ struct TokenCrossEntropyFunction : public torch::autograd::Function<TokenCrossEn
   }
 };
 
-AttentionShape ShapeOf(const torch::Tensor& q, const torch::Tensor& k) {
-  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+// `positions`: contiguous int64 on the host, or undefined.
+AttentionShape ShapeOf(const torch::Tensor& q, const torch::Tensor& k,
+                       const torch::Tensor& positions) {
+  return {q.size(0), q.size(1), q.size(2),
+          k.size(2), q.size(3), positions.defined() ? positions.data_ptr<int64_t>() : nullptr};
 }
 
 // x [B, T, KV, d] with each head repeated `groups` times in place, [B, T, KV * groups, d]:
@@ -251,12 +268,21 @@ double AttentionScale(const torch::Tensor& q) {
 
 struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& query,
-                               const torch::Tensor& key, const torch::Tensor& value) {
+                               const torch::Tensor& key, const torch::Tensor& value,
+                               const c10::optional<torch::Tensor>& packed_positions) {
     RECORD_FUNCTION("plait::CausalAttention", {});
     const torch::Tensor q = query.contiguous();
     const torch::Tensor k = key.contiguous();
     const torch::Tensor v = value.contiguous();
-    const AttentionShape shape = ShapeOf(q, k);
+    torch::Tensor positions;
+    if (packed_positions.has_value()) {
+      TORCH_CHECK(packed_positions->dim() == 2 && packed_positions->size(0) == q.size(0) &&
+                      packed_positions->size(1) == q.size(1),
+                  "CausalAttention: positions ", packed_positions->sizes(),
+                  " are not [batch, seq] of q ", q.sizes());
+      positions = packed_positions->to(torch::kCPU, torch::kInt64).contiguous();
+    }
+    const AttentionShape shape = ShapeOf(q, k, positions);
     torch::Tensor out = torch::empty_like(q);
     torch::Tensor lse = torch::empty({shape.batch, shape.heads, shape.seq},
                                      q.options().dtype(ArithmeticDtype(q.scalar_type())));
@@ -268,7 +294,7 @@ struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentio
                                            v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                                            lse.data_ptr<A>());
         });
-    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->save_for_backward({q, k, v, out, lse, positions});
     return out;
   }
 
@@ -277,7 +303,7 @@ struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentio
     const torch::Tensor& q = saved[0];
     const torch::Tensor& k = saved[1];
     const torch::Tensor dout = grads[0].contiguous();
-    const AttentionShape shape = ShapeOf(q, k);
+    const AttentionShape shape = ShapeOf(q, k, saved[5]);
     torch::Tensor dq = torch::empty_like(q);
     torch::Tensor dk = torch::empty_like(k);
     torch::Tensor dv = torch::empty_like(k);
@@ -290,7 +316,7 @@ struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentio
               saved[4].data_ptr<A>(), dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(),
               dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>());
         });
-    return {dq, dk, dv};
+    return {dq, dk, dv, torch::Tensor()};
   }
 };
 
@@ -382,21 +408,25 @@ torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor
 }
 
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v, const torch::Tensor& mask, bool generic) {
-  if (!generic && Fusable({q, k, v})) return FusedCausalAttention(q, k, v);
+                              const torch::Tensor& v, const torch::Tensor& mask, bool generic,
+                              const torch::Tensor& positions) {
+  if (!generic && Fusable({q, k, v})) return FusedCausalAttention(q, k, v, positions);
   if (base::kHasCausalSdpa) {
     // LibTorch's CUDA kernel for grouped kv heads (flash attention) is 16-bit only, and its
     // fp32 kernel (memory-efficient attention) takes as many kv heads as query heads: given
     // fewer, fp32 falls back to the math form, which keeps every head's [T, T] probabilities.
     // Repeating the kv heads keeps fp32 on the fused kernel.
     const int64_t groups = q.size(2) / k.size(2);
+    // [B, 1, T, T]: one mask for every head.
+    const torch::Tensor allowed =
+        positions.defined() ? PackedAttentionMask(positions).unsqueeze(1) : torch::Tensor();
     std::optional<torch::Tensor> out =
         groups > 1 && c10::elementSize(q.scalar_type()) > 2
-            ? base::CausalSdpa(q, RepeatHeads(k, groups), RepeatHeads(v, groups))
-            : base::CausalSdpa(q, k, v);
+            ? base::CausalSdpa(q, RepeatHeads(k, groups), RepeatHeads(v, groups), allowed)
+            : base::CausalSdpa(q, k, v, allowed);
     return *std::move(out);
   }
-  return CompositeCausalAttention(q, k, v, mask);
+  return CompositeCausalAttention(q, k, v, mask, positions);
 }
 
 bool CausalAttentionReadsMask(torch::ScalarType dtype, torch::DeviceType device_type,
@@ -405,19 +435,24 @@ bool CausalAttentionReadsMask(torch::ScalarType dtype, torch::DeviceType device_
 }
 
 torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v) {
-  return CausalAttentionFunction::apply(q, k, v);
+                                   const torch::Tensor& v, const torch::Tensor& positions) {
+  // An optional, not an undefined tensor: autograd's apply takes every tensor argument as an
+  // input with a device.
+  return CausalAttentionFunction::apply(
+      q, k, v, positions.defined() ? c10::optional<torch::Tensor>(positions) : c10::nullopt);
 }
 
 torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                       const torch::Tensor& v, const torch::Tensor& mask) {
+                                       const torch::Tensor& v, const torch::Tensor& mask,
+                                       const torch::Tensor& positions) {
   const int64_t batch = q.size(0);
   const int64_t seq = q.size(1);
   const int64_t heads = q.size(2);
   const int64_t kv_heads = k.size(2);
   const int64_t groups = heads / kv_heads;
   const int64_t d = q.size(3);
-  TORCH_CHECK(mask.defined(), "CompositeCausalAttention: no mask (CausalAttentionReadsMask)");
+  TORCH_CHECK(mask.defined() || positions.defined(),
+              "CompositeCausalAttention: no mask (CausalAttentionReadsMask)");
   // The query heads of one kv head stacked along the rows, [B * kv, groups * T, D], so each
   // kv head meets all its query heads in one matmul without copying k and v per head.
   const torch::Tensor q3 = q.reshape({batch, seq, kv_heads, groups, d})
@@ -426,14 +461,32 @@ torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tens
   const torch::Tensor k3 = k.transpose(1, 2).reshape({batch * kv_heads, seq, d});
   const torch::Tensor v3 = v.transpose(1, 2).reshape({batch * kv_heads, seq, d});
   // scale * q k^T + mask in one call: the mask is copied into the output, then the product
-  // accumulated onto it.
+  // accumulated onto it. Packed rows have a mask of their own, [B * kv, groups * T, T].
+  const torch::Tensor additive =
+      positions.defined() ? torch::zeros({batch, seq, seq}, q.options())
+                                .masked_fill_(PackedAttentionMask(positions).logical_not(),
+                                              -std::numeric_limits<double>::infinity())
+                                .repeat({1, groups, 1})
+                                .unsqueeze(1)
+                                .expand({batch, kv_heads, groups * seq, seq})
+                                .reshape({batch * kv_heads, groups * seq, seq})
+                          : mask;
   const torch::Tensor scores =
-      torch::baddbmm(mask, q3, k3.transpose(1, 2), /*beta=*/1.0, /*alpha=*/AttentionScale(q));
+      torch::baddbmm(additive, q3, k3.transpose(1, 2), /*beta=*/1.0, /*alpha=*/AttentionScale(q));
   const torch::Tensor probs = torch::softmax(scores, /*dim=*/-1);
   return torch::bmm(probs, v3)
       .view({batch, kv_heads, groups, seq, d})
       .permute({0, 3, 1, 2, 4})
       .reshape({batch, seq, heads, d});
+}
+
+torch::Tensor PackedAttentionMask(const torch::Tensor& positions) {
+  const int64_t seq = positions.size(1);
+  const torch::Tensor t = torch::arange(seq, positions.options().dtype(torch::kInt64));
+  // [B, T, 1] against keys [1, 1, T].
+  const torch::Tensor start = torch::minimum(t - positions.to(torch::kInt64), t).unsqueeze(2);
+  const torch::Tensor s = t.view({1, 1, seq});
+  return (s <= t.view({1, seq, 1})) & (s >= start);
 }
 
 }  // namespace plait::models::internal

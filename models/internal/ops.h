@@ -40,7 +40,8 @@ torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up, bool ge
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
 torch::Tensor CompositeSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
 
-// Rotary embedding (rotary.h's ApplyRotary) of x [B, T, heads, d] by tables [T, d]; the
+// Rotary embedding (rotary.h's ApplyRotary) of x [B, T, heads, d] by tables [T, d], or by
+// per-row tables [B, T, d] (packed rows, whose positions restart at each sequence); the
 // tables are constants (no gradient flows to them).
 torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                      bool generic);
@@ -96,15 +97,29 @@ using base::kCrossEntropyChunkBytes;
 // The composite form takes the additive causal mask [H / KV * T, T] (0 on and below the
 // diagonal, -inf above; row g * T + t for query position t) that CausalLM caches; `mask` may
 // be undefined where CausalAttentionReadsMask says it is not read.
+//
+// `positions` (int64 [B, T], or undefined for plain causal attention) packs several
+// sequences into a row, as Hugging Face's padding-free position_ids do: token t of row b is
+// at position positions[b, t] of its own sequence and meets only the keys s with
+// t - positions[b, t] <= s <= t (PackedAttentionMask). The fused form reads them on the host
+// and skips the key blocks before each query block's sequences (fused_kernels.h). The generic
+// forms then ignore `mask` and materialise a [B, T, T] mask from the positions, fine for tests
+// and moderate lengths; a GPU kernel over variable-length sequences would not need it.
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v, const torch::Tensor& mask, bool generic);
+                              const torch::Tensor& v, const torch::Tensor& mask, bool generic,
+                              const torch::Tensor& positions = {});
 // Whether CausalAttention reads its mask for tensors of `dtype` on `device_type`: only where it
 // takes the composite form (LibTorch 1.13, other than the CPU's fused dtypes).
 bool CausalAttentionReadsMask(torch::ScalarType dtype, torch::DeviceType device_type, bool generic);
 torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v);
+                                   const torch::Tensor& v, const torch::Tensor& positions = {});
 torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                       const torch::Tensor& v, const torch::Tensor& mask);
+                                       const torch::Tensor& v, const torch::Tensor& mask,
+                                       const torch::Tensor& positions = {});
+// Which keys each query of packed rows meets: bool [B, T, T], true where
+// min(t - positions[b, t], t) <= s <= t (a negative position leaves a row only itself, as the
+// fused kernel's clamp does), on the positions' device.
+torch::Tensor PackedAttentionMask(const torch::Tensor& positions);
 
 }  // namespace plait::models::internal
 

@@ -132,6 +132,22 @@ TEST(RotaryTest, FusedMatchesApplyRotary) {
   }
 }
 
+// Per-row tables [B, T, d], as packed rows gather them, fused as the composite applies them.
+TEST(RotaryTest, FusedPerRowTablesMatchApplyRotary) {
+  const torch::Tensor inv_freq = torch::pow(10000.0, -torch::arange(0, 16, 2) / 16.0);
+  const RotaryTables tables = MakeRotaryTables(inv_freq, torch::arange(7));
+  const torch::Tensor positions = torch::tensor({0, 1, 2, 0, 1, 2, 3, 0, 0, 1, 2, 3, 4, 5});
+  for (const torch::ScalarType dtype : kDtypes) {
+    const std::vector<torch::Tensor> inputs = {
+        Random({2, 7, 3, 16}, dtype, 5),
+        tables.cos.index_select(0, positions).view({2, 7, 16}).to(dtype),
+        tables.sin.index_select(0, positions).view({2, 7, 16}).to(dtype)};
+    ExpectSame([](const auto& in) { return FusedRotary(in[0], in[1], in[2]); },
+               [](const auto& in) { return ApplyRotary(in[0], in[1], in[2]); }, inputs,
+               torch::toString(dtype));
+  }
+}
+
 TEST(CrossEntropyTest, FusedMatchesComposite) {
   for (const torch::ScalarType dtype : kWideDtypes) {
     torch::manual_seed(20);
@@ -357,6 +373,114 @@ TEST(CausalAttentionTest, NoPositionSeesALaterOne) {
   const torch::Tensor changed = FusedCausalAttention(q, k2, v2);
   EXPECT_TRUE(torch::equal(changed.narrow(1, 0, cut), out.narrow(1, 0, cut)));
   EXPECT_FALSE(torch::allclose(changed.narrow(1, cut, seq - cut), out.narrow(1, cut, seq - cut)));
+}
+
+// Positions [batch, seq] of rows that each pack sequences of `lengths` (summing to seq).
+torch::Tensor PackedPositions(int64_t batch, const std::vector<int64_t>& lengths) {
+  std::vector<torch::Tensor> parts;
+  for (const int64_t length : lengths) parts.push_back(torch::arange(length, torch::kInt64));
+  return torch::cat(parts).unsqueeze(0).repeat({batch, 1});
+}
+
+// Causal attention run on each sequence of `lengths` alone, by the composite, and the outputs
+// concatenated along the sequence: what attention over the packed rows must give.
+torch::Tensor EachSequenceAlone(const std::vector<torch::Tensor>& in,
+                                const std::vector<int64_t>& lengths) {
+  const int64_t groups = in[0].size(2) / in[1].size(2);
+  std::vector<torch::Tensor> outputs;
+  int64_t start = 0;
+  for (const int64_t length : lengths) {
+    outputs.push_back(CompositeCausalAttention(
+        in[0].narrow(1, start, length), in[1].narrow(1, start, length),
+        in[2].narrow(1, start, length), CausalMask(length, groups, in[0].scalar_type())));
+    start += length;
+  }
+  return torch::cat(outputs, /*dim=*/1);
+}
+
+// Packed rows: sequence boundaries on and off the 64-row blocks, a sequence of 1, a sequence
+// spanning blocks, a short one then a long one; GQA groups of 2. The fused form and the
+// generic one (LibTorch's SDPA on 2.x, the composite on 1.13) against each sequence alone.
+TEST(CausalAttentionTest, PackedRowsMatchEachSequenceAlone) {
+  const std::vector<std::vector<int64_t>> packings = {{64, 1, 70, 65}, {3, 197}, {200}};
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const std::vector<int64_t>& lengths : packings) {
+      const torch::Tensor positions = PackedPositions(2, lengths);
+      const std::vector<torch::Tensor> inputs = {Random({2, 200, 4, 16}, dtype, 6),
+                                                 Random({2, 200, 2, 16}, dtype, 7),
+                                                 Random({2, 200, 2, 16}, dtype, 8)};
+      std::string what = std::string(torch::toString(dtype)) + " lengths";
+      for (const int64_t length : lengths) what += " " + std::to_string(length);
+      const auto alone = [&lengths](const auto& in) { return EachSequenceAlone(in, lengths); };
+      ExpectSame(
+          [&positions](const auto& in) {
+            return FusedCausalAttention(in[0], in[1], in[2], positions);
+          },
+          alone, inputs, what + " fused");
+      ExpectSame(
+          [&positions](const auto& in) {
+            return CausalAttention(in[0], in[1], in[2], torch::Tensor(), /*generic=*/true,
+                                   positions);
+          },
+          alone, inputs, what + " generic");
+    }
+  }
+}
+
+// Each row's own packing, and rows whose sequences differ: the mask is per row.
+TEST(CausalAttentionTest, PackedRowsDifferPerRow) {
+  const torch::Tensor positions =
+      torch::cat({PackedPositions(1, {3, 197}), PackedPositions(1, {130, 70})});
+  const std::vector<torch::Tensor> inputs = {Random({2, 200, 4, 8}, torch::kFloat32, 6),
+                                             Random({2, 200, 2, 8}, torch::kFloat32, 7),
+                                             Random({2, 200, 2, 8}, torch::kFloat32, 8)};
+  ExpectSame(
+      [&positions](const auto& in) { return FusedCausalAttention(in[0], in[1], in[2], positions); },
+      [](const auto& in) {
+        const auto row = [&in](int64_t b) {
+          return std::vector<torch::Tensor>{in[0].narrow(0, b, 1), in[1].narrow(0, b, 1),
+                                            in[2].narrow(0, b, 1)};
+        };
+        return torch::cat(
+            {EachSequenceAlone(row(0), {3, 197}), EachSequenceAlone(row(1), {130, 70})});
+      },
+      inputs, "rows 3+197 and 130+70");
+}
+
+// Positions 0 .. T-1 are one sequence: exactly plain causal attention, forward and backward.
+// Positions that point before the row (or are negative) are clamped, not read out of bounds.
+TEST(CausalAttentionTest, PositionsOfOneSequenceAreExactlyCausal) {
+  const int64_t seq = 2 * kAttentionBlock + 5;
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    SCOPED_TRACE(torch::toString(dtype));
+    const std::vector<torch::Tensor> inputs = {Random({2, seq, 4, 8}, dtype, 6),
+                                               Random({2, seq, 2, 8}, dtype, 7),
+                                               Random({2, seq, 2, 8}, dtype, 8)};
+    const torch::Tensor upstream = Random({2, seq, 4, 8}, dtype, 9, false);
+    const Op plain = [](const auto& in) { return FusedCausalAttention(in[0], in[1], in[2]); };
+    const torch::Tensor positions = PackedPositions(2, {seq});
+    const Result want = internal::Run(plain, inputs, upstream);
+    const Result got = internal::Run(
+        [&positions](const auto& in) {
+          return FusedCausalAttention(in[0], in[1], in[2], positions);
+        },
+        inputs, upstream);
+    EXPECT_TRUE(torch::equal(got.output, want.output));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      EXPECT_TRUE(torch::equal(got.grads[i], want.grads[i])) << "input " << i;
+    }
+    // Beyond the row's start: the whole prefix, as plain causal attention.
+    const Result far = internal::Run(
+        [&positions](const auto& in) {
+          return FusedCausalAttention(in[0], in[1], in[2], positions + 1000);
+        },
+        inputs, upstream);
+    EXPECT_TRUE(torch::equal(far.output, want.output));
+    // Negative: each token meets only itself, so its output is its own value.
+    const torch::Tensor own = FusedCausalAttention(inputs[0], inputs[1], inputs[2],
+                                                   torch::full({2, seq}, -5, torch::kInt64));
+    EXPECT_TRUE(torch::equal(own, inputs[2].repeat_interleave(2, /*dim=*/2)));
+  }
 }
 
 std::string GradFnName(const torch::Tensor& t) { return t.grad_fn()->name(); }
