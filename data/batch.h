@@ -26,6 +26,23 @@ struct Batch {
   torch::Tensor positions;
 };
 
+// How many sequences `batch` holds: its rows, or, for packed rows, the tokens at position 0. On
+// the host for a batch in host memory (a packed batch elsewhere is read back to count).
+inline int64_t Sequences(const Batch& batch) {
+  if (!batch.positions.defined()) return batch.inputs.size(0);
+  return (batch.positions == 0).sum().item<int64_t>();
+}
+
+// Per sequence of `batch`, the sum of `per_token` ([rows, T], on the batch's device) over the
+// sequence's tokens: [Sequences(batch)], the sequences in row order, each row's in their order
+// (a row's trailing padding counts with its last sequence). Differentiable.
+inline torch::Tensor SequenceSums(const Batch& batch, const torch::Tensor& per_token) {
+  if (!batch.positions.defined()) return per_token.sum(-1);
+  const torch::Tensor sequence = (batch.positions == 0).flatten().cumsum(0) - 1;
+  return torch::zeros({Sequences(batch)}, per_token.options())
+      .index_add(0, sequence, per_token.flatten());
+}
+
 // `tensor`, in host memory, on `device` (itself for the CPU). To a GPU it goes from pinned
 // memory without blocking the host, so the copy queues behind the work already queued instead
 // of waiting for it; LibTorch's pinned allocator keeps the pinned copy until the transfer has

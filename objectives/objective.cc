@@ -86,7 +86,7 @@ class DirectPreference : public Objective {
     }
     frozen_base.reset();
     run.print(absl::StrFormat(
-        "precomputed the reference log-probabilities of %d rows on rank 0 (%d training and %d "
+        "precomputed the reference log-probabilities of %d sequences on rank 0 (%d training and %d "
         "eval micro-batches per rank) in %.1f s%s",
         table->rows(), train_batches, run.eval_batches, absl::ToDoubleSeconds(absl::Now() - start),
         frozen_ == nullptr ? ", with the policy's adapters off" : ""));
@@ -101,9 +101,10 @@ class DirectPreference : public Objective {
                                           const data::Batch& host) override {
     // First, so that no policy activations are held while a live reference runs.
     PLAIT_ASSIGN_OR_RETURN(const torch::Tensor reference, ReferenceOf(policy, batch, host));
-    const torch::Tensor policy_logps =
-        policy.SequenceLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget);
-    const int64_t pairs = batch.inputs.size(0) / 2;
+    const torch::Tensor policy_logps = data::SequenceSums(
+        batch,
+        policy.TokenLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget, batch.positions));
+    const int64_t pairs = policy_logps.size(0) / 2;
     const auto chosen = [&](const torch::Tensor& t) { return t.narrow(0, 0, pairs); };
     const auto rejected = [&](const torch::Tensor& t) { return t.narrow(0, pairs, pairs); };
     const auto loss_of = [&](const torch::Tensor& of_policy, const torch::Tensor& of_reference) {
@@ -116,7 +117,7 @@ class DirectPreference : public Objective {
     if (config_.loss_type() == DPO_LOSS_IPO) {
       // TRL averages the log-probabilities over the completion tokens for the IPO loss.
       const torch::Tensor lengths =
-          (batch.targets != data::kIgnoreTarget).sum(-1).to(torch::kFloat32);
+          data::SequenceSums(batch, (batch.targets != data::kIgnoreTarget).to(torch::kFloat32));
       terms.losses = loss_of(policy_logps / lengths, reference / lengths).losses;
     }
     const auto mean = [](const torch::Tensor& t) { return t.mean().to(torch::kFloat32); };
@@ -132,10 +133,12 @@ class DirectPreference : public Objective {
   }
 
   // The loss is the mean of the pairs' losses.
-  int64_t ScoredItems(const data::Batch& batch) const override { return batch.inputs.size(0) / 2; }
+  int64_t ScoredItems(const data::Batch& batch) const override {
+    return data::Sequences(batch) / 2;
+  }
 
  private:
-  // The reference's log-probabilities of `batch`'s rows (`host` its copy in host memory) for
+  // The reference's log-probabilities of `batch`'s sequences (`host` its copy in host memory) for
   // `policy`, on the batch's device.
   absl::StatusOr<torch::Tensor> ReferenceOf(models::CausalLM& policy, const data::Batch& batch,
                                             const data::Batch& host) const {

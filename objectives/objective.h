@@ -78,9 +78,9 @@ class Objective {
   // every batch `run` offers, then releases the reference (a frozen one).
   virtual absl::Status Start(RunStart& run) { return absl::OkStatus(); }
 
-  // The loss of the trained model `policy` on `batch` (data/batch.h; for DPO its 2B rows of
-  // chosen then rejected sequences go through the policy in one forward). `host` is the same
-  // batch in host memory (what the trainer copied to the device), where an objective reads
+  // The loss of the trained model `policy` on `batch` (data/batch.h; for DPO its 2B chosen
+  // then rejected sequences, a row each or packed, go through the policy in one forward). `host` is
+  // the same batch in host memory (what the trainer copied to the device), where an objective reads
   // what it looks up on the host (a precomputed reference's rows) without a transfer back
   // from the device. An error only for a precomputed reference that lacks a row of `batch`,
   // and for DPO against the policy without its adapters when it has none.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "base/status_matchers.h"
@@ -112,6 +113,52 @@ TEST(ObjectiveTest, PrecomputedDpoEqualsDpoAgainstTheLiveReference) {
       data::PairRows({&other}, data::PairKind::kPreference, data::PairFiles(), 6);
   EXPECT_THAT(precomputed->Compute(*policy, unknown),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no precomputed reference")));
+}
+
+// Padding-free rows (PACKING_PADDING_FREE) of three pairs of very different lengths score as
+// their padded rows do: the loss, every metric (IPO's length-averaged loss too) and the
+// gradients, against a live and a precomputed reference.
+TEST(ObjectiveTest, DpoOnPaddingFreeRowsEqualsDpoOnPaddedRows) {
+  static const data::PairExample first{{1, 2, 3}, {4, 5}, {6, 7, 8, 9, 10, 11, 12, 13, 14}};
+  static const data::PairExample second{{9}, {10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, {13}};
+  static const data::PairExample third{{20, 21}, {22}, {23, 24}};
+  const std::vector<const data::PairExample*> examples = {&first, &second, &third};
+  const data::PairFiles files;
+  const data::Batch padded = data::PairRows(examples, data::PairKind::kPreference, files, 16);
+  const data::Batch packed = data::RowsOf(
+      data::PaddingFreeRows(examples, data::PairKind::kPreference, files, 16), files, 16,
+      /*packed=*/true);
+  ASSERT_LT(packed.inputs.size(0), padded.inputs.size(0));
+  auto reference = TinyModel(2);
+  for (const DpoLossType loss_type : {DPO_LOSS_SIGMOID, DPO_LOSS_IPO}) {
+    ObjectiveConfig config = DpoAgainst("ref");
+    config.mutable_dpo()->set_loss_type(loss_type);
+    auto live = MakeObjective(config, {{"ref", reference.get()}}, "plan.objective");
+    ASSERT_THAT(live, IsOk());
+    auto table = std::make_shared<ReferenceLogProbs>();
+    table->Add(*reference, packed);
+    const std::unique_ptr<Objective> precomputed = MakePrecomputedDpo(config.dpo(), table);
+    EXPECT_EQ((*live)->ScoredItems(packed), 3);
+    const auto run = [](Objective& objective, const data::Batch& batch) {
+      auto policy = TinyModel(1);
+      const ObjectiveOutput out = objective.Compute(*policy, batch).value();
+      out.loss.backward();
+      return std::tuple(out.loss.item<double>(), OnHost(out.metrics),
+                        policy->OutputWeight().grad().clone());
+    };
+    const auto [loss, metrics, grad] = run(**live, padded);
+    for (Objective* objective : {live->get(), precomputed.get()}) {
+      const auto [packed_loss, packed_metrics, packed_grad] = run(*objective, packed);
+      EXPECT_NEAR(packed_loss, loss, 1e-6 * std::abs(loss)) << loss_type;
+      ASSERT_EQ(packed_metrics.size(), metrics.size());
+      for (size_t m = 0; m < metrics.size(); ++m) {
+        EXPECT_NEAR(packed_metrics[m].second, metrics[m].second, 1e-5) << metrics[m].first;
+      }
+      EXPECT_LE((packed_grad - grad).abs().max().item<double>(),
+                1e-5 * grad.abs().max().item<double>())
+          << loss_type;
+    }
+  }
 }
 
 // Adapters for the tests: every block projection's output scaled by 1 + gain, a trained

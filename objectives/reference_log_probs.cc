@@ -8,48 +8,74 @@ namespace plait::objectives {
 namespace {
 
 // `batch` in host memory, where its rows are hashed (a no-op for a batch on the CPU).
-data::Batch OnHost(const data::Batch& batch) { return {batch.inputs.cpu(), batch.targets.cpu()}; }
+data::Batch OnHost(const data::Batch& batch) {
+  return {batch.inputs.cpu(), batch.targets.cpu(),
+          batch.positions.defined() ? batch.positions.cpu() : torch::Tensor()};
+}
 
 }  // namespace
 
 torch::Tensor ReferenceLogProbs::Compute(models::CausalLM& reference, const data::Batch& batch) {
   torch::NoGradGuard no_grad;
-  return reference.SequenceLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget);
+  return data::SequenceSums(batch, reference.TokenLogProbs(batch.inputs, batch.targets,
+                                                           data::kIgnoreTarget, batch.positions));
 }
 
-ReferenceLogProbs::Key ReferenceLogProbs::RowKey(const data::Batch& batch, int64_t row) {
-  const torch::Tensor inputs = batch.inputs[row].contiguous();
-  const torch::Tensor targets = batch.targets[row].contiguous();
-  const size_t bytes = inputs.numel() * sizeof(int64_t);
-  const uint64_t tokens =
-      base::Fnv1a64Words(base::kFnv1a64OffsetBasis, inputs.data_ptr<int64_t>(), bytes);
-  // The second hash starts from the first, mixed, so the two are not the same function.
-  return {tokens, base::Fnv1a64Words(base::SplitMix64(tokens), targets.data_ptr<int64_t>(), bytes)};
+std::vector<ReferenceLogProbs::Key> ReferenceLogProbs::SequenceKeys(const data::Batch& batch) {
+  const torch::Tensor inputs = batch.inputs.contiguous();
+  const torch::Tensor targets = batch.targets.contiguous();
+  const torch::Tensor positions =
+      batch.positions.defined() ? batch.positions.contiguous() : torch::Tensor();
+  const int64_t T = inputs.size(1);
+  const auto key = [&](int64_t row, int64_t start, int64_t end) -> Key {
+    const size_t bytes = (end - start) * sizeof(int64_t);
+    const uint64_t tokens = base::Fnv1a64Words(base::kFnv1a64OffsetBasis,
+                                               inputs.data_ptr<int64_t>() + row * T + start, bytes);
+    // The second hash starts from the first, mixed, so the two are not the same function.
+    return {tokens, base::Fnv1a64Words(base::SplitMix64(tokens),
+                                       targets.data_ptr<int64_t>() + row * T + start, bytes)};
+  };
+  std::vector<Key> keys;
+  for (int64_t row = 0; row < inputs.size(0); ++row) {
+    if (!positions.defined()) {
+      keys.push_back(key(row, 0, T));
+      continue;
+    }
+    // A packed row's sequences, each from its position 0 to the next (the last to the row's end).
+    const int64_t* position = positions.data_ptr<int64_t>() + row * T;
+    for (int64_t start = 0; start < T;) {
+      int64_t end = start + 1;
+      while (end < T && position[end] != 0) ++end;
+      keys.push_back(key(row, start, end));
+      start = end;
+    }
+  }
+  return keys;
 }
 
 void ReferenceLogProbs::Add(models::CausalLM& reference, const data::Batch& batch) {
   const torch::Tensor log_probs =
       Compute(reference, batch).to(torch::kCPU, torch::kFloat32).contiguous();
   const float* values = log_probs.data_ptr<float>();
-  const data::Batch host = OnHost(batch);
-  for (int64_t row = 0; row < host.inputs.size(0); ++row) {
-    log_probs_.emplace(RowKey(host, row), values[row]);
+  const std::vector<Key> keys = SequenceKeys(OnHost(batch));
+  for (size_t sequence = 0; sequence < keys.size(); ++sequence) {
+    log_probs_.emplace(keys[sequence], values[sequence]);
   }
 }
 
 absl::StatusOr<torch::Tensor> ReferenceLogProbs::Find(const data::Batch& batch) const {
-  const data::Batch host = OnHost(batch);
-  const int64_t rows = host.inputs.size(0);
-  torch::Tensor found = torch::empty({rows}, torch::kFloat32);
+  const std::vector<Key> keys = SequenceKeys(OnHost(batch));
+  const int64_t sequences = static_cast<int64_t>(keys.size());
+  torch::Tensor found = torch::empty({sequences}, torch::kFloat32);
   float* values = found.data_ptr<float>();
-  for (int64_t row = 0; row < rows; ++row) {
-    const auto it = log_probs_.find(RowKey(host, row));
+  for (int64_t sequence = 0; sequence < sequences; ++sequence) {
+    const auto it = log_probs_.find(keys[sequence]);
     if (it == log_probs_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("row ", row, " of the batch has no precomputed reference log-probability (",
-                       this->rows(), " rows were precomputed)"));
+      return absl::NotFoundError(absl::StrCat(
+          "sequence ", sequence, " of the batch has no precomputed reference log-probability (",
+          rows(), " sequences were precomputed)"));
     }
-    values[row] = it->second;
+    values[sequence] = it->second;
   }
   return found.to(batch.inputs.device());
 }

@@ -61,8 +61,8 @@ TEST(ReferenceLogProbsTest, ARowWithOtherScoredTargetsIsAnotherRow) {
   rescored.targets[0][0] = 2;  // the same tokens, one more target scored
   EXPECT_THAT(table.Find(rescored),
               StatusIs(absl::StatusCode::kNotFound,
-                       HasSubstr("row 0 of the batch has no precomputed reference "
-                                 "log-probability (1 rows were precomputed)")));
+                       HasSubstr("sequence 0 of the batch has no precomputed reference "
+                                 "log-probability (1 sequences were precomputed)")));
 }
 
 }  // namespace

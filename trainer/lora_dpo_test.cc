@@ -121,8 +121,9 @@ TEST(LoraDpoTest, APrecomputedReferenceTrainsAsTheLiveOne) {
   options.log = &log;
   ExpectSameSteps(TrainOnRanks(precomputed, 2, options), TrainOnRanks(live, 2), "precomputed",
                   1e-6);
-  EXPECT_THAT(log.str(), HasSubstr("precomputed the reference log-probabilities of 176 rows on "
-                                   "rank 0 (10 training and 1 eval micro-batches per rank)"));
+  EXPECT_THAT(log.str(),
+              HasSubstr("precomputed the reference log-probabilities of 176 sequences on "
+                        "rank 0 (10 training and 1 eval micro-batches per rank)"));
   EXPECT_THAT(log.str(), HasSubstr("with the policy's adapters off"));
 }
 

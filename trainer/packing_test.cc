@@ -1,8 +1,10 @@
-// Packed SFT (PACKING_BFD) trains as the same examples padded one to a row: on examples of
-// very different lengths (completions of 1 to 3 tokens beside sequences of 64 to 126), one
-// process, DDP and FSDP on 2 ranks with 2 accumulated micro-batches, each packed run has the
-// losses, gradient norms, evaluation loss and final parameters of the padded run that reads
-// the same examples in the same steps.
+// Packed rows train as the same examples padded one sequence to a row: on examples of very
+// different lengths (completions of 1 to 3 tokens beside sequences of 20 to 126), on one
+// process, on DDP and FSDP over 2 ranks with 2 accumulated micro-batches and on tensor
+// parallelism over 2 ranks with activation checkpointing, SFT packed by best fit (PACKING_BFD)
+// or per micro-batch (PACKING_PADDING_FREE) and DPO packed per micro-batch have the losses,
+// gradient norms, metrics, evaluation loss and final parameters of the padded run of one process
+// that reads the same examples in the same steps.
 #include "data/packing.h"
 
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_matchers.h"
+#include "data/data.pb.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
@@ -106,37 +109,92 @@ Files WriteFiles(bool in_packed_order) {
   return files;
 }
 
-// //trainer:llama_sft's model trained by SGD with momentum (as sft_normalization_test, which
-// says why), kRowsPerStep packed rows (or twice as many padded examples) a step, on `ranks`
-// data-parallel ranks under `strategy` ("fsdp", "ddp", or "" for one process) accumulating
-// `accumulation` micro-batches; evaluated at the last step on the held-out file's one step.
-plan::Plan SftPlan(bool packed, const std::string& strategy, int ranks, int accumulation) {
+// A preference file of kSteps * kPairsPerStep pairs (and one step's held out) whose prompts
+// and completions differ a lot in length: a 1- to 20-token prompt, completions of 1 to 3
+// tokens or 20 to 60, the rejected one counting down where the chosen one counts up.
+constexpr int kPairsPerStep = 8;
+Files WritePairFiles() {
+  Files files;
+  for (const bool train : {true, false}) {
+    const int pairs = train ? kSteps * kPairsPerStep : kPairsPerStep;
+    const std::string path =
+        absl::StrCat(std::getenv("TEST_TMPDIR"), "/", train ? "train" : "eval", "_pairs.jsonl");
+    std::ofstream out(path);
+    const int64_t first = train ? 0 : 100000;
+    for (int64_t i = first; i < first + pairs; ++i) {
+      const int64_t length = i % 3 == 0 ? 1 + (i / 3) % 3 : 20 + (i * 13) % 41;
+      const Example chosen = MakeExample(i, 1 + (i * 7) % 20, 1 + (i * 7) % 20 + length);
+      std::vector<int64_t> rejected;
+      for (int64_t t = 0; t < 1 + (i * 5) % 40; ++t) {
+        rejected.push_back((kVocab - 1 - 3 * t - i % kVocab) % kVocab);
+      }
+      out << "{\"prompt\": [" << absl::StrJoin(chosen.prompt, ", ") << "], \"chosen\": ["
+          << absl::StrJoin(chosen.completion, ", ") << "], \"rejected\": ["
+          << absl::StrJoin(rejected, ", ") << "]}\n";
+    }
+    (train ? files.train : files.eval) = path;
+  }
+  return files;
+}
+
+// The objective trained and how its rows are packed.
+struct Layout {
+  bool dpo = false;
+  data::PackingStrategy packing = data::PACKING_NONE;
+  // "fsdp", "ddp", "tp" (tensor parallelism with selective activation checkpointing), or "" for
+  // one process.
+  std::string strategy;
+  int ranks = 1;
+  int accumulation = 1;
+};
+
+// SGD with momentum (as sft_normalization_test, which says why) on `layout.ranks`
+// data-parallel ranks under `layout.strategy`, each accumulating `layout.accumulation`
+// micro-batches; evaluated at the last step on the held-out file's one step. SFT trains
+// //trainer:llama_sft's model on kRowsPerStep best-fit rows a step (PACKING_BFD) or twice as
+// many examples in the order of those rows; DPO trains //trainer:qwen_dpo_fsdp's policy against
+// its frozen reference on kPairsPerStep pairs a step.
+plan::Plan TrainingPlan(const Layout& layout) {
   static const Files packed_files = WriteFiles(false);
   static const Files padded_files = WriteFiles(true);
-  plan::Plan plan = ShortShippedPlan("llama_sft");
+  static const Files pair_files = WritePairFiles();
+  plan::Plan plan = ShortShippedPlan(layout.dpo ? "qwen_dpo_fsdp" : "llama_sft");
   plan.clear_mesh();
   plan.clear_prepare();
-  if (!strategy.empty()) {
+  for (plan::FrozenModel& frozen : *plan.mutable_frozen()) frozen.clear_prepare();
+  if (!layout.strategy.empty()) {
+    const bool tp = layout.strategy == "tp";
     parallel::MeshConfig::Dimension* dim = plan.mutable_mesh()->add_dims();
-    dim->set_name("dp");
-    dim->set_size(ranks);
-    wrap::PrepareStep* step = plan.add_prepare();
-    if (strategy == "fsdp") step->mutable_fsdp()->set_mesh_dim("dp");
-    if (strategy == "ddp") step->mutable_ddp()->set_mesh_dim("dp");
+    dim->set_name(tp ? "tp" : "dp");
+    dim->set_size(layout.ranks);
+    wrap::PrepareStep step;
+    if (layout.strategy == "fsdp") step.mutable_fsdp()->set_mesh_dim("dp");
+    if (layout.strategy == "ddp") step.mutable_ddp()->set_mesh_dim("dp");
+    if (tp) step.mutable_tensor_parallel()->set_mesh_dim("tp");
+    *plan.add_prepare() = step;
+    for (plan::FrozenModel& frozen : *plan.mutable_frozen()) *frozen.add_prepare() = step;
+    if (tp) {
+      plan.add_prepare()->mutable_activation_checkpointing()->set_policy(
+          wrap::ActivationCheckpointingConfig::SELECTIVE);
+    }
   }
   plan.mutable_optimizer()->mutable_sgd()->set_momentum(0.9);
   plan.mutable_schedule()->set_lr(0.1);
-  data::PairFiles* files = plan.mutable_data()->mutable_sft_files();
-  files->set_train_path(packed ? packed_files.train : padded_files.train);
-  files->set_eval_path(packed ? packed_files.eval : padded_files.eval);
-  if (packed) files->set_packing(data::PACKING_BFD);
+  const bool bfd = layout.packing == data::PACKING_BFD;
+  data::PairFiles* files = layout.dpo ? plan.mutable_data()->mutable_preference_files()
+                                      : plan.mutable_data()->mutable_sft_files();
+  const Files& paths = layout.dpo ? pair_files : bfd ? packed_files : padded_files;
+  files->set_train_path(paths.train);
+  files->set_eval_path(paths.eval);
+  files->set_packing(layout.packing);
   plan::TrainingConfig* training = plan.mutable_training();
   training->set_steps(kSteps);
   training->set_eval_every(kSteps);
   training->set_seq_len(kSeqLen);
-  const int global_batch = packed ? kRowsPerStep : 2 * kRowsPerStep;
-  training->set_micro_batch(global_batch / ranks / accumulation);
-  training->set_grad_accumulation(accumulation);
+  const int global_batch = layout.dpo ? kPairsPerStep : bfd ? kRowsPerStep : 2 * kRowsPerStep;
+  const int data_parallel = layout.strategy == "tp" ? 1 : layout.ranks;
+  training->set_micro_batch(global_batch / data_parallel / layout.accumulation);
+  training->set_grad_accumulation(layout.accumulation);
   training->set_global_batch(global_batch);
   training->set_eval_batches(1);
   return plan;
@@ -161,50 +219,94 @@ SftRun Train(plan::Plan plan, int ranks, const std::string& name) {
   return run;
 }
 
-const SftRun& Padded() {
-  static const SftRun* run = new SftRun(Train(SftPlan(false, "", 1, 1), 1, "padded"));
-  return *run;
+// The padded run of one process that `layout`'s runs must equal.
+const SftRun& Padded(bool dpo) {
+  static const SftRun* sft = new SftRun(Train(TrainingPlan({.dpo = false}), 1, "padded_sft"));
+  static const SftRun* preference = new SftRun(Train(TrainingPlan({.dpo = true}), 1, "padded_dpo"));
+  return dpo ? *preference : *sft;
 }
 
-void ExpectSameRun(const SftRun& run, const std::string& layout) {
-  const SftRun& expected = Padded();
+void ExpectPaddedRun(const Layout& layout, const std::string& name) {
+  const SftRun run = Train(TrainingPlan(layout), layout.ranks, name);
+  const SftRun& expected = Padded(layout.dpo);
   ASSERT_EQ(expected.report.steps.size(), static_cast<size_t>(kSteps));
-  ExpectSameSteps(run.report, expected.report, layout);
+  // DPO's rewards are beta times the difference of two sequence log-probabilities of hundreds
+  // of nats, whose fp32 sums differ by ~1e-5 nats between one summation order and another (the
+  // log-probabilities themselves agree to 1e-7 relative): they agree to 5e-6, absolute.
+  ExpectSameSteps(run.report, expected.report, name, 1e-5, layout.dpo ? 0.5 : 1e-2);
   ASSERT_TRUE(expected.report.steps.back().eval_loss.has_value());
   ASSERT_TRUE(run.report.steps.back().eval_loss.has_value());
   const double eval_loss = *expected.report.steps.back().eval_loss;
-  EXPECT_NEAR(*run.report.steps.back().eval_loss, eval_loss, 1e-5 * eval_loss) << layout;
+  EXPECT_NEAR(*run.report.steps.back().eval_loss, eval_loss, 1e-5 * eval_loss) << name;
   ASSERT_EQ(run.parameters.size(), expected.parameters.size());
-  for (const auto& [name, value] : expected.parameters) {
-    const torch::Tensor& actual = run.parameters.at(name);
+  for (const auto& [parameter, value] : expected.parameters) {
+    const torch::Tensor& actual = run.parameters.at(parameter);
     EXPECT_LE((actual - value).norm().item<double>(), 1e-5 * value.norm().item<double>())
-        << layout << " " << name;
+        << name << " " << parameter;
   }
 }
 
-// The comparisons mean something: the padded run's parameters move far beyond the tolerance.
-TEST(PackingTest, ThePaddedRunTrains) {
-  const plan::Plan plan = SftPlan(false, "", 1, 1);
-  const std::shared_ptr<models::CausalLM> initial =
-      models::CausalLM::Create(testing::ConfigOf(plan.model()), plan.model().init()).value();
-  double moved = 0, norm = 0;
-  for (const auto& named : initial->NamedParameters()) {
-    moved += (Padded().parameters.at(named.name) - named.parameter).pow(2).sum().item<double>();
-    norm += named.parameter.pow(2).sum().item<double>();
+// The comparisons mean something: the padded runs' parameters move far beyond the tolerance.
+TEST(PackingTest, ThePaddedRunsTrain) {
+  for (const bool dpo : {false, true}) {
+    const plan::Plan plan = TrainingPlan({.dpo = dpo});
+    const std::shared_ptr<models::CausalLM> initial =
+        models::CausalLM::Create(testing::ConfigOf(plan.model()), plan.model().init()).value();
+    double moved = 0, norm = 0;
+    for (const auto& named : initial->NamedParameters()) {
+      moved +=
+          (Padded(dpo).parameters.at(named.name) - named.parameter).pow(2).sum().item<double>();
+      norm += named.parameter.pow(2).sum().item<double>();
+    }
+    EXPECT_GT(std::sqrt(moved), 1e-2 * std::sqrt(norm)) << (dpo ? "dpo" : "sft");
   }
-  EXPECT_GT(std::sqrt(moved), 1e-2 * std::sqrt(norm));
 }
 
-TEST(PackingTest, OneProcessTrainsAsPadded) {
-  ExpectSameRun(Train(SftPlan(true, "", 1, 1), 1, "packed"), "packed");
+TEST(PackingTest, BestFitSftOnOneProcessTrainsAsPadded) {
+  ExpectPaddedRun({.packing = data::PACKING_BFD}, "bfd");
 }
 
-TEST(PackingTest, DdpOnTwoRanksWithTwoAccumulatedMicroBatchesTrainsAsPadded) {
-  ExpectSameRun(Train(SftPlan(true, "ddp", 2, 2), 2, "packed_ddp"), "packed ddp x accumulation");
+TEST(PackingTest, BestFitSftOnDdpWithAccumulationTrainsAsPadded) {
+  ExpectPaddedRun({.packing = data::PACKING_BFD, .strategy = "ddp", .ranks = 2, .accumulation = 2},
+                  "bfd ddp x accumulation");
 }
 
-TEST(PackingTest, FsdpOnTwoRanksWithTwoAccumulatedMicroBatchesTrainsAsPadded) {
-  ExpectSameRun(Train(SftPlan(true, "fsdp", 2, 2), 2, "packed_fsdp"), "packed fsdp x accumulation");
+TEST(PackingTest, BestFitSftOnFsdpWithAccumulationTrainsAsPadded) {
+  ExpectPaddedRun({.packing = data::PACKING_BFD, .strategy = "fsdp", .ranks = 2, .accumulation = 2},
+                  "bfd fsdp x accumulation");
+}
+
+TEST(PackingTest, BestFitSftWithTensorParallelismAndCheckpointingTrainsAsPadded) {
+  ExpectPaddedRun({.packing = data::PACKING_BFD, .strategy = "tp", .ranks = 2},
+                  "bfd tp x selective checkpointing");
+}
+
+TEST(PackingTest, PaddingFreeSftOnFsdpWithAccumulationTrainsAsPadded) {
+  ExpectPaddedRun(
+      {.packing = data::PACKING_PADDING_FREE, .strategy = "fsdp", .ranks = 2, .accumulation = 2},
+      "padding-free fsdp x accumulation");
+}
+
+TEST(PackingTest, PaddingFreeDpoOnOneProcessTrainsAsPadded) {
+  ExpectPaddedRun({.dpo = true, .packing = data::PACKING_PADDING_FREE}, "dpo padding-free");
+}
+
+TEST(PackingTest, PaddingFreeDpoOnDdpWithAccumulationTrainsAsPadded) {
+  ExpectPaddedRun({.dpo = true,
+                   .packing = data::PACKING_PADDING_FREE,
+                   .strategy = "ddp",
+                   .ranks = 2,
+                   .accumulation = 2},
+                  "dpo padding-free ddp x accumulation");
+}
+
+TEST(PackingTest, PaddingFreeDpoOnFsdpWithAccumulationTrainsAsPadded) {
+  ExpectPaddedRun({.dpo = true,
+                   .packing = data::PACKING_PADDING_FREE,
+                   .strategy = "fsdp",
+                   .ranks = 2,
+                   .accumulation = 2},
+                  "dpo padding-free fsdp x accumulation");
 }
 
 }  // namespace

@@ -20,9 +20,9 @@ using ::plait::plan::testing::Resolved;
 
 namespace {
 
-void ExpectNearRelative(double actual, double expected, const std::string& what, double tolerance) {
-  // Rewards start at exactly 0: below 1e-2 the tolerance is absolute.
-  EXPECT_NEAR(actual, expected, tolerance * std::max(std::abs(expected), 1e-2)) << what;
+void ExpectNearRelative(double actual, double expected, const std::string& what, double tolerance,
+                        double floor) {
+  EXPECT_NEAR(actual, expected, tolerance * std::max(std::abs(expected), floor)) << what;
 }
 
 }  // namespace
@@ -74,22 +74,23 @@ models::ModelConfig ConfigOf(const models::ModelSpec& spec) {
 }
 
 void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const std::string& layout,
-                     double tolerance) {
+                     double tolerance, double floor) {
   ASSERT_EQ(run.steps.size(), expected.steps.size());
   for (size_t i = 0; i < expected.steps.size(); ++i) {
     const metrics::StepMetrics& a = run.steps[i];
     const metrics::StepMetrics& e = expected.steps[i];
     const std::string step = absl::StrCat(layout, " step ", e.step, " ");
-    ExpectNearRelative(a.loss, e.loss, step + "loss", tolerance);
-    ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm", tolerance);
+    ExpectNearRelative(a.loss, e.loss, step + "loss", tolerance, floor);
+    ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm", tolerance, floor);
     ASSERT_EQ(a.named.size(), e.named.size());
     for (size_t m = 0; m < e.named.size(); ++m) {
-      ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first, tolerance);
+      ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first, tolerance,
+                         floor);
     }
     ASSERT_EQ(a.eval_named.size(), e.eval_named.size());
     for (size_t m = 0; m < e.eval_named.size(); ++m) {
       ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
-                         step + "eval_" + e.eval_named[m].first, tolerance);
+                         step + "eval_" + e.eval_named[m].first, tolerance, floor);
     }
   }
 }

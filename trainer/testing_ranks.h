@@ -32,10 +32,10 @@ plan::Plan ShortShippedPlan(const std::string& name);
 TrainReport TrainOnRanks(const plan::Plan& plan, int ranks, const TrainOptions& options = {});
 
 // Every step's loss, gradient norm and training and evaluation metrics of `run` are those of
-// `expected` within `tolerance`, relative (absolute below 1e-2: rewards start at exactly 0);
-// failures name `layout`, the step and the metric.
+// `expected` within `tolerance`, relative, and below `floor` absolute, tolerance * floor (DPO's
+// rewards start at exactly 0); failures name `layout`, the step and the metric.
 void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const std::string& layout,
-                     double tolerance = 1e-5);
+                     double tolerance = 1e-5, double floor = 1e-2);
 
 // The config `spec` resolves to (models::ResolveModelSpec), for PreparedModel::Prepare.
 // Failures are test failures.

@@ -752,9 +752,10 @@ TEST(DpoTest, APrecomputedReferenceTrainsAsTheLiveOne) {
   ExpectSameSteps(TrainOnRanks(precomputed, 2, options), expected, "precomputed", 1e-6);
   EXPECT_NE(expected.steps[0].named[0].second, 0.0);  // rewards/chosen
   // 8 pairs, 16 rows, in each micro-batch of rank 0.
-  EXPECT_THAT(log.str(),
-              HasSubstr("precomputed the reference log-probabilities of 176 rows on rank 0 (10 "
-                        "training and 1 eval micro-batches per rank)"));
+  EXPECT_THAT(
+      log.str(),
+      HasSubstr("precomputed the reference log-probabilities of 176 sequences on rank 0 (10 "
+                "training and 1 eval micro-batches per rank)"));
   EXPECT_THAT(log.str(), HasSubstr("released the frozen model \"reference\": the heap in use "
                                    "fell by"));
 }
