@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -143,10 +144,11 @@ class MatchScratch {
 
 // A Split pre-tokenizer. With behavior Isolated the text becomes the regex's matches and the
 // runs of text between them, each its own piece; with MergedWithPrevious (Gemma's split on
-// " ") each match ends the piece before it.
+// " ") each match ends the piece before it, with MergedWithNext (Metaspace's) it starts the
+// piece after it.
 class SplitRegex {
  public:
-  enum class Behavior { kIsolated, kMergedWithPrevious };
+  enum class Behavior { kIsolated, kMergedWithPrevious, kMergedWithNext };
 
   static absl::StatusOr<SplitRegex> Compile(absl::string_view pattern, bool literal,
                                             Behavior behavior, const FileErrors& errors,
@@ -202,15 +204,26 @@ class SplitRegex {
         }
         continue;
       }
-      if (behavior_ == Behavior::kIsolated) {
-        if (match_start > done) {
-          PLAIT_RETURN_IF_ERROR(emit(text.substr(done, match_start - done)));
-        }
-        PLAIT_RETURN_IF_ERROR(emit(text.substr(match_start, match_end - match_start)));
-      } else {
-        PLAIT_RETURN_IF_ERROR(emit(text.substr(done, match_end - done)));
+      switch (behavior_) {
+        case Behavior::kIsolated:
+          if (match_start > done) {
+            PLAIT_RETURN_IF_ERROR(emit(text.substr(done, match_start - done)));
+          }
+          PLAIT_RETURN_IF_ERROR(emit(text.substr(match_start, match_end - match_start)));
+          done = match_end;
+          break;
+        case Behavior::kMergedWithPrevious:
+          PLAIT_RETURN_IF_ERROR(emit(text.substr(done, match_end - done)));
+          done = match_end;
+          break;
+        case Behavior::kMergedWithNext:
+          if (match_start > done) {
+            PLAIT_RETURN_IF_ERROR(emit(text.substr(done, match_start - done)));
+          }
+          done = match_start;
+          break;
       }
-      done = start = match_end;
+      start = match_end;
     }
     if (done < text.size()) PLAIT_RETURN_IF_ERROR(emit(text.substr(done)));
     return absl::OkStatus();
@@ -310,6 +323,17 @@ struct NormalizerStep {
   std::string content;          // kPrepend: what is prepended; kReplace: the replacement
 };
 
+// The Metaspace pre-tokenizer (transformers' non-legacy conversion of Llama-family
+// SentencePiece models): spaces become `replacement`, one is prepended to each part
+// (kAlways) or to the text's first when no added token comes before it (kFirst), unless the
+// part starts with one; with `split` (a Split on `replacement`, MergedWithNext, in splits_)
+// each replacement starts a piece.
+struct Metaspace {
+  enum class Prepend { kAlways, kFirst, kNever };
+  std::string replacement;
+  Prepend prepend_scheme;
+};
+
 // Decoders after Hugging Face's Fuse: Strip(content, start, stop) takes up to `start` copies
 // of `content` off the start of the decoded text and up to `stop` off its end.
 struct StripDecoder {
@@ -339,6 +363,9 @@ class BpeTokenizer : public Tokenizer {
 
   // Applies the normalizers to `text`, into `storage` when they change it.
   absl::string_view Normalize(absl::string_view text, std::string& storage) const;
+  // Runs the pre-tokenizer on `part`, a run of normalized text between added tokens that
+  // starts the text when `at_start`, and BPE on each of its pieces.
+  absl::Status PreTokenize(absl::string_view part, bool at_start, std::vector<int32_t>& ids) const;
   // Runs the pre-tokenizer's splits from `level` on, and BPE on each final piece.
   absl::Status PreTokenizeAndMerge(absl::string_view text, size_t level,
                                    std::vector<int32_t>& ids) const;
@@ -360,6 +387,7 @@ class BpeTokenizer : public Tokenizer {
   }
 
   std::vector<NormalizerStep> normalizers_;
+  std::optional<Metaspace> metaspace_;
   std::vector<SplitRegex> splits_;
   AddedTokenMatcher raw_added_;                      // added tokens with normalized=false
   AddedTokenMatcher normalized_added_;               // the others
@@ -395,7 +423,10 @@ absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(absl::string_view text
         normalized_added_.Split(
             normalized,
             [&](absl::string_view part) {
-              if (!part.empty() && status.ok()) status = PreTokenizeAndMerge(part, 0, ids);
+              if (part.empty() || !status.ok()) return;
+              // Where the text starts (no added token before it), Metaspace's "first" prepends.
+              const bool at_start = run.data() == text.data() && part.data() == normalized.data();
+              status = PreTokenize(part, at_start, ids);
             },
             add_token);
       },
@@ -435,6 +466,19 @@ absl::string_view BpeTokenizer::Normalize(absl::string_view text, std::string& s
     text = storage;
   }
   return text;
+}
+
+absl::Status BpeTokenizer::PreTokenize(absl::string_view part, bool at_start,
+                                       std::vector<int32_t>& ids) const {
+  if (!metaspace_) return PreTokenizeAndMerge(part, 0, ids);
+  std::string replaced = absl::StrReplaceAll(part, {{" ", metaspace_->replacement}});
+  // Hugging Face's Metaspace prepends no second replacement to a part that starts with one.
+  const bool prepend = metaspace_->prepend_scheme == Metaspace::Prepend::kAlways ||
+                       (metaspace_->prepend_scheme == Metaspace::Prepend::kFirst && at_start);
+  if (prepend && !absl::StartsWith(replaced, metaspace_->replacement)) {
+    replaced.insert(0, metaspace_->replacement);
+  }
+  return PreTokenizeAndMerge(replaced, 0, ids);
 }
 
 absl::Status BpeTokenizer::PreTokenizeAndMerge(absl::string_view text, size_t level,
@@ -924,17 +968,18 @@ class BpeLoader {
         "does not end in ByteLevel, which a BPE without byte_fallback needs");
   }
 
-  // With byte fallback the normalizer writes spaces as "▁", and the pre-tokenizer is none
-  // (Llama 2's, Mistral's), a Split (Gemma's, on " ", which then splits nothing) or a Sequence
-  // of Splits.
+  // With byte fallback either the normalizer writes spaces as "▁" and the pre-tokenizer is
+  // none (Llama 2's, Mistral's legacy files), a Split (Gemma's, on " ", which then splits
+  // nothing) or a Sequence of Splits; or the pre-tokenizer is Metaspace (transformers'
+  // non-legacy conversion).
   absl::Status LoadSentencePiecePreTokenizer(const json& pre_tokenizer) {
     if (pre_tokenizer.is_null()) return absl::OkStatus();
     const json& type = Get(pre_tokenizer, "type");
     if (type == "Split") return LoadSplit(pre_tokenizer, "pre_tokenizer");
+    if (type == "Metaspace") return LoadMetaspace(pre_tokenizer);
     if (type != "Sequence") {
       return UnsupportedType("pre_tokenizer", pre_tokenizer,
-                             "with byte_fallback: none, Split, or a Sequence of Split; Metaspace "
-                             "is not supported");
+                             "with byte_fallback: none, Metaspace, Split, or a Sequence of Split");
     }
     const json& list = Get(pre_tokenizer, "pretokenizers");
     if (!list.is_array()) {
@@ -950,6 +995,42 @@ class BpeLoader {
     return absl::OkStatus();
   }
 
+  absl::Status LoadMetaspace(const json& metaspace) {
+    const std::string field = "pre_tokenizer";
+    Metaspace loaded;
+    PLAIT_ASSIGN_OR_RETURN(loaded.replacement, GetString(metaspace, "replacement", field));
+    if (loaded.replacement.empty() ||
+        loaded.replacement.size() != static_cast<size_t>(Utf8CharLength(loaded.replacement[0]))) {
+      return errors_.Invalid(Field(field, "replacement"), "expected one character");
+    }
+    // Older files write add_prefix_space instead, which plait does not
+    // read: the scheme must be named.
+    const json& scheme = Get(metaspace, "prepend_scheme");
+    if (scheme == "always") {
+      loaded.prepend_scheme = Metaspace::Prepend::kAlways;
+    } else if (scheme == "first") {
+      loaded.prepend_scheme = Metaspace::Prepend::kFirst;
+    } else if (scheme == "never") {
+      loaded.prepend_scheme = Metaspace::Prepend::kNever;
+    } else {
+      return errors_.Unsupported(Field(field, "prepend_scheme"),
+                                 absl::StrCat(base::DescribeJson(scheme),
+                                              " is not supported (supported: \"always\", "
+                                              "\"first\", \"never\")"));
+    }
+    // Hugging Face's default is true.
+    PLAIT_ASSIGN_OR_RETURN(const bool split, GetBool(metaspace, "split", field, /*absent=*/true));
+    if (split) {
+      PLAIT_ASSIGN_OR_RETURN(
+          SplitRegex regex,
+          SplitRegex::Compile(loaded.replacement, /*literal=*/true,
+                              SplitRegex::Behavior::kMergedWithNext, errors_, field));
+      tokenizer_.splits_.push_back(std::move(regex));
+    }
+    tokenizer_.metaspace_ = std::move(loaded);
+    return absl::OkStatus();
+  }
+
   absl::Status LoadSplit(const json& split, const std::string& field) {
     const json& behavior_name = Get(split, "behavior");
     SplitRegex::Behavior behavior;
@@ -957,11 +1038,13 @@ class BpeLoader {
       behavior = SplitRegex::Behavior::kIsolated;
     } else if (behavior_name == "MergedWithPrevious") {
       behavior = SplitRegex::Behavior::kMergedWithPrevious;
+    } else if (behavior_name == "MergedWithNext") {
+      behavior = SplitRegex::Behavior::kMergedWithNext;
     } else {
-      return errors_.Unsupported(
-          Field(field, "behavior"),
-          absl::StrCat(base::DescribeJson(behavior_name),
-                       " is not supported (supported: \"Isolated\", \"MergedWithPrevious\")"));
+      return errors_.Unsupported(Field(field, "behavior"),
+                                 absl::StrCat(base::DescribeJson(behavior_name),
+                                              " is not supported (supported: \"Isolated\", "
+                                              "\"MergedWithPrevious\", \"MergedWithNext\")"));
     }
     PLAIT_RETURN_IF_ERROR(RequireFalse(split, "invert", field, "only matches are split off"));
     const json& pattern = Get(split, "pattern");

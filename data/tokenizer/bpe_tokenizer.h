@@ -2,7 +2,7 @@
 // `tokenizers` produces. Two families:
 //   - byte-level BPE (GPT-2, Llama 3, Qwen2/2.5/3, DeepSeek): every byte has a token, written
 //     as GPT-2's printable characters;
-//   - BPE with byte fallback (the tokenizer.json of Llama 2, Mistral v0.1-v0.3, Gemma 2/3 and
+//   - BPE with byte fallback (the tokenizer.json of Llama 2, Mistral 7B, Gemma 3 and
 //     their fine-tunes, SentencePiece models converted by transformers): the vocabulary holds
 //     text with "▁" for a space, merging starts from characters, and a character that is no
 //     token becomes its UTF-8 bytes' <0xNN> tokens (byte_fallback.h). The merges are applied
@@ -12,10 +12,11 @@
 //   - normalizer: none, NFC, NFD, NFKC, NFKD, Prepend, Replace (a String pattern), or a
 //     Sequence of these (utf8proc);
 //   - pre_tokenizer: byte-level: ByteLevel (with GPT-2's split regex when use_regex), or a
-//     Sequence of Split ending in ByteLevel; byte fallback: none (Llama 2's, Mistral's), Split
-//     (Gemma's) or a Sequence of Split. Split takes a Regex or String pattern and behavior
-//     Isolated or MergedWithPrevious; the regexes run on PCRE2 with JIT, in Unicode mode, as
-//     the file writes them;
+//     Sequence of Split ending in ByteLevel; byte fallback: none (Llama 2's, Mistral's legacy
+//     files), Metaspace (transformers' conversions today, with prepend_scheme always, first or
+//     never), Split (Gemma's) or a Sequence of Split. Split takes a Regex or String pattern
+//     and behavior Isolated, MergedWithPrevious or MergedWithNext; the regexes run on PCRE2
+//     with JIT, in Unicode mode, as the file writes them;
 //   - model: BPE with merges (as "a b" strings or [a, b] pairs), with or without
 //     ignore_merges; a byte-level vocabulary, or with byte_fallback one with all 256 <0xNN>;
 //   - added_tokens: matched in the text before it is split (leftmost, then longest), those
@@ -26,11 +27,11 @@
 //     then Fuse, then at most one Strip (Llama 2's and Gemma's). Decode gives bytes: where
 //     byte tokens do not make UTF-8, Hugging Face writes U+FFFD and plait the bytes.
 // Anything else (another model type, BPE dropout, byte fallback with a ByteLevel
-// pre-tokenizer, the Metaspace pre-tokenizer or decoder, a Split behavior other than Isolated
-// and MergedWithPrevious, a Regex Replace, truncation, added tokens with lstrip / rstrip /
-// single_word, ...) is an Unimplemented error naming the field, never a silent difference
-// from Hugging Face; so is a text whose split PCRE2 cannot complete (a ResourceExhausted
-// error from Encode).
+// pre-tokenizer, the Metaspace decoder, Metaspace without prepend_scheme or inside a
+// Sequence, a Split behavior Removed or Contiguous, a Regex Replace, truncation, added tokens
+// with lstrip / rstrip / single_word, ...) is an Unimplemented error naming the field, never a
+// silent difference from Hugging Face; so is a text whose split PCRE2 cannot complete (a
+// ResourceExhausted error from Encode).
 #ifndef PLAIT_DATA_TOKENIZER_BPE_TOKENIZER_H_
 #define PLAIT_DATA_TOKENIZER_BPE_TOKENIZER_H_
 

@@ -262,7 +262,15 @@ TEST(BpeTokenizerTest, UnsupportedByteFallbackComponentsAreNamed) {
     std::function<void(json&)> change;
     const char* message;
   } cases[] = {
-      {[&](json& f) { f["pre_tokenizer"] = metaspace; }, "pre_tokenizer.type: \"Metaspace\""},
+      {[&](json& f) {
+         f["pre_tokenizer"] = metaspace;
+         f["pre_tokenizer"].erase("prepend_scheme");
+       },
+       "pre_tokenizer.prepend_scheme: null is not supported"},
+      {[&](json& f) {
+         f["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {metaspace}}};
+       },
+       "pre_tokenizer.pretokenizers[0].type: \"Metaspace\""},
       {[&](json& f) { f["decoder"] = metaspace; }, "decoder.type: \"Metaspace\""},
       {[](json& f) {
          f["decoder"]["decoders"].push_back({{"type", "ByteFallback"}});
