@@ -695,7 +695,9 @@ class BpeLoader {
     if (value.is_null() || value == "") return absl::OkStatus();
     return errors_.Unsupported(
         Field(parent, key),
-        absl::StrCat(base::DescribeJson(value), " is not supported (byte-level BPE has none)"));
+        absl::StrCat(
+            base::DescribeJson(value),
+            " is not supported (neither byte-level BPE nor BPE with byte fallback has one)"));
   }
   absl::Status UnsupportedType(absl::string_view field, const json& value,
                                absl::string_view supported) const {
@@ -722,8 +724,7 @@ class BpeLoader {
     const std::string type =
         Get(model, "type").is_string() ? Get(model, "type").get<std::string>() : "";
     if (type != "BPE") {
-      return UnsupportedType("model", model,
-                             "BPE; load a SentencePiece model from its tokenizer.model");
+      return UnsupportedType("model", model, "BPE, byte-level or with byte_fallback");
     }
     if (!Get(model, "dropout").is_null()) {
       return errors_.Unsupported("model.dropout",
