@@ -13,12 +13,16 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "data/tokenizer/byte_fallback.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data::tokenizer {
@@ -138,12 +142,17 @@ class MatchScratch {
   pcre2_jit_stack* stack_;
 };
 
-// A Split pre-tokenizer with behavior Isolated: the text becomes the regex's matches and the
-// runs of text between them, each its own piece.
+// A Split pre-tokenizer. With behavior Isolated the text becomes the regex's matches and the
+// runs of text between them, each its own piece; with MergedWithPrevious (Gemma's split on
+// " ") each match ends the piece before it, with MergedWithNext (Metaspace's) it starts the
+// piece after it.
 class SplitRegex {
  public:
+  enum class Behavior { kIsolated, kMergedWithPrevious, kMergedWithNext };
+
   static absl::StatusOr<SplitRegex> Compile(absl::string_view pattern, bool literal,
-                                            const FileErrors& errors, absl::string_view field) {
+                                            Behavior behavior, const FileErrors& errors,
+                                            absl::string_view field) {
     int error_code;
     PCRE2_SIZE error_offset;
     pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
@@ -158,7 +167,7 @@ class SplitRegex {
     }
     // Without JIT (a platform PCRE2 has none for) pcre2_match interprets: slower, same result.
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
-    return SplitRegex(std::shared_ptr<pcre2_code>(code, pcre2_code_free));
+    return SplitRegex(std::shared_ptr<pcre2_code>(code, pcre2_code_free), behavior);
   }
 
   // Calls emit(piece), which returns a status, for each non-empty piece of `text`, in
@@ -195,17 +204,36 @@ class SplitRegex {
         }
         continue;
       }
-      if (match_start > done) PLAIT_RETURN_IF_ERROR(emit(text.substr(done, match_start - done)));
-      PLAIT_RETURN_IF_ERROR(emit(text.substr(match_start, match_end - match_start)));
-      done = start = match_end;
+      switch (behavior_) {
+        case Behavior::kIsolated:
+          if (match_start > done) {
+            PLAIT_RETURN_IF_ERROR(emit(text.substr(done, match_start - done)));
+          }
+          PLAIT_RETURN_IF_ERROR(emit(text.substr(match_start, match_end - match_start)));
+          done = match_end;
+          break;
+        case Behavior::kMergedWithPrevious:
+          PLAIT_RETURN_IF_ERROR(emit(text.substr(done, match_end - done)));
+          done = match_end;
+          break;
+        case Behavior::kMergedWithNext:
+          if (match_start > done) {
+            PLAIT_RETURN_IF_ERROR(emit(text.substr(done, match_start - done)));
+          }
+          done = match_start;
+          break;
+      }
+      start = match_end;
     }
     if (done < text.size()) PLAIT_RETURN_IF_ERROR(emit(text.substr(done)));
     return absl::OkStatus();
   }
 
  private:
-  explicit SplitRegex(std::shared_ptr<pcre2_code> code) : code_(std::move(code)) {}
+  SplitRegex(std::shared_ptr<pcre2_code> code, Behavior behavior)
+      : code_(std::move(code)), behavior_(behavior) {}
   std::shared_ptr<pcre2_code> code_;
+  Behavior behavior_;
 };
 
 struct AddedToken {
@@ -285,6 +313,35 @@ class PieceCache {
 
 using NormalizationForm = utf8proc_option_t;
 
+// One normalizer of the file's: a Unicode normalization form, or Prepend or Replace (with a
+// String pattern), which SentencePiece-style files use to write spaces as "▁".
+struct NormalizerStep {
+  enum class Kind { kForm, kPrepend, kReplace };
+  Kind kind;
+  NormalizationForm form = {};  // kForm
+  std::string pattern;          // kReplace: what is replaced
+  std::string content;          // kPrepend: what is prepended; kReplace: the replacement
+};
+
+// The Metaspace pre-tokenizer (transformers' non-legacy conversion of Llama-family
+// SentencePiece models): spaces become `replacement`, one is prepended to each part
+// (kAlways) or to the text's first when no added token comes before it (kFirst), unless the
+// part starts with one; with `split` (a Split on `replacement`, MergedWithNext, in splits_)
+// each replacement starts a piece.
+struct Metaspace {
+  enum class Prepend { kAlways, kFirst, kNever };
+  std::string replacement;
+  Prepend prepend_scheme;
+};
+
+// Decoders after Hugging Face's Fuse: Strip(content, start, stop) takes up to `start` copies
+// of `content` off the start of the decoded text and up to `stop` off its end.
+struct StripDecoder {
+  std::string content;
+  int64_t start = 0;
+  int64_t stop = 0;
+};
+
 class BpeTokenizer : public Tokenizer {
  public:
   // An empty tokenizer, to be filled by BpeLoader, whose hash is that of these files.
@@ -306,12 +363,19 @@ class BpeTokenizer : public Tokenizer {
 
   // Applies the normalizers to `text`, into `storage` when they change it.
   absl::string_view Normalize(absl::string_view text, std::string& storage) const;
+  // Runs the pre-tokenizer on `part`, a run of normalized text between added tokens that
+  // starts the text when `at_start`, and BPE on each of its pieces.
+  absl::Status PreTokenize(absl::string_view part, bool at_start, std::vector<int32_t>& ids) const;
   // Runs the pre-tokenizer's splits from `level` on, and BPE on each final piece.
   absl::Status PreTokenizeAndMerge(absl::string_view text, size_t level,
                                    std::vector<int32_t>& ids) const;
-  // BPE of one piece (its bytes), appended to `ids`.
+  // BPE of one piece, appended to `ids`.
   void Merge(absl::string_view piece, std::vector<int32_t>& ids) const;
   void MergeUncached(absl::string_view piece, std::vector<int32_t>& ids) const;
+  // The ids BPE starts merging `piece` from: one per byte for a byte-level vocabulary; with
+  // byte fallback, one per character, or its bytes' <0xNN> tokens for a character that is no
+  // token (Hugging Face's BPE::merge_word).
+  std::vector<int32_t> InitialIds(absl::string_view piece) const;
 
   struct MergeResult {
     int32_t rank;
@@ -322,18 +386,21 @@ class BpeTokenizer : public Tokenizer {
            static_cast<uint32_t>(right);
   }
 
-  std::vector<NormalizationForm> normalizers_;
+  std::vector<NormalizerStep> normalizers_;
+  std::optional<Metaspace> metaspace_;
   std::vector<SplitRegex> splits_;
   AddedTokenMatcher raw_added_;                      // added tokens with normalized=false
   AddedTokenMatcher normalized_added_;               // the others
-  absl::flat_hash_map<std::string, int32_t> vocab_;  // byte-level form -> id
+  absl::flat_hash_map<std::string, int32_t> vocab_;  // token as model.vocab writes it -> id
   absl::flat_hash_map<std::string, int32_t> added_;  // added token content -> id
   absl::flat_hash_map<uint64_t, MergeResult> merges_;
-  std::array<int32_t, 256> byte_ids_{};
+  std::array<int32_t, 256> byte_ids_{};  // the byte-level characters' or the <0xNN> tokens
+  bool byte_fallback_ = false;  // SentencePiece-style: text in the vocabulary, <0xNN> bytes
   bool ignore_merges_ = false;
   std::vector<int32_t> prefix_ids_;       // what the post-processor adds before the text
   std::vector<int32_t> suffix_ids_;       // and after it
-  std::vector<std::string> token_bytes_;  // id -> bytes
+  std::vector<std::string> token_bytes_;  // id -> bytes, as the decoder writes the token
+  std::optional<StripDecoder> strip_;
   std::vector<bool> is_token_;            // id -> whether any token has it
   std::vector<bool> special_;
   PieceCache cache_;
@@ -356,7 +423,10 @@ absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(absl::string_view text
         normalized_added_.Split(
             normalized,
             [&](absl::string_view part) {
-              if (!part.empty() && status.ok()) status = PreTokenizeAndMerge(part, 0, ids);
+              if (part.empty() || !status.ok()) return;
+              // Where the text starts (no added token before it), Metaspace's "first" prepends.
+              const bool at_start = run.data() == text.data() && part.data() == normalized.data();
+              status = PreTokenize(part, at_start, ids);
             },
             add_token);
       },
@@ -367,20 +437,48 @@ absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(absl::string_view text
 }
 
 absl::string_view BpeTokenizer::Normalize(absl::string_view text, std::string& storage) const {
-  if (normalizers_.empty()) return text;
-  // ASCII is the same in every normalization form.
-  if (std::none_of(text.begin(), text.end(), [](char c) { return c & 0x80; })) return text;
-  for (const NormalizationForm form : normalizers_) {
-    utf8proc_uint8_t* normalized = nullptr;
-    const utf8proc_ssize_t length = utf8proc_map(
-        reinterpret_cast<const utf8proc_uint8_t*>(text.data()), text.size(), &normalized, form);
-    // utf8proc fails only on invalid UTF-8 or out of memory; Encode checked the former.
-    if (length < 0) continue;
-    storage.assign(reinterpret_cast<const char*>(normalized), length);
-    std::free(normalized);
+  for (const NormalizerStep& step : normalizers_) {
+    std::string next;
+    switch (step.kind) {
+      case NormalizerStep::Kind::kForm: {
+        // ASCII is the same in every normalization form.
+        if (std::none_of(text.begin(), text.end(), [](char c) { return c & 0x80; })) continue;
+        utf8proc_uint8_t* normalized = nullptr;
+        const utf8proc_ssize_t length =
+            utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()), text.size(),
+                         &normalized, step.form);
+        // utf8proc fails only on invalid UTF-8 or out of memory; Encode checked the former.
+        if (length < 0) continue;
+        next.assign(reinterpret_cast<const char*>(normalized), length);
+        std::free(normalized);
+        break;
+      }
+      case NormalizerStep::Kind::kPrepend:
+        // Hugging Face's Prepend leaves an empty text empty.
+        if (text.empty()) continue;
+        next = absl::StrCat(step.content, text);
+        break;
+      case NormalizerStep::Kind::kReplace:
+        next = absl::StrReplaceAll(text, {{step.pattern, step.content}});
+        break;
+    }
+    storage = std::move(next);
     text = storage;
   }
   return text;
+}
+
+absl::Status BpeTokenizer::PreTokenize(absl::string_view part, bool at_start,
+                                       std::vector<int32_t>& ids) const {
+  if (!metaspace_) return PreTokenizeAndMerge(part, 0, ids);
+  std::string replaced = absl::StrReplaceAll(part, {{" ", metaspace_->replacement}});
+  // Hugging Face's Metaspace prepends no second replacement to a part that starts with one.
+  const bool prepend = metaspace_->prepend_scheme == Metaspace::Prepend::kAlways ||
+                       (metaspace_->prepend_scheme == Metaspace::Prepend::kFirst && at_start);
+  if (prepend && !absl::StartsWith(replaced, metaspace_->replacement)) {
+    replaced.insert(0, metaspace_->replacement);
+  }
+  return PreTokenizeAndMerge(replaced, 0, ids);
 }
 
 absl::Status BpeTokenizer::PreTokenizeAndMerge(absl::string_view text, size_t level,
@@ -394,7 +492,7 @@ absl::Status BpeTokenizer::PreTokenizeAndMerge(absl::string_view text, size_t le
 }
 
 void BpeTokenizer::Merge(absl::string_view piece, std::vector<int32_t>& ids) const {
-  if (piece.size() == 1) {
+  if (piece.size() == 1 && !byte_fallback_) {
     ids.push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
     return;
   }
@@ -408,9 +506,28 @@ void BpeTokenizer::Merge(absl::string_view piece, std::vector<int32_t>& ids) con
   cache_.Insert(piece, std::vector<int32_t>(ids.begin() + first, ids.end()));
 }
 
+std::vector<int32_t> BpeTokenizer::InitialIds(absl::string_view piece) const {
+  std::vector<int32_t> initial;
+  initial.reserve(piece.size());
+  if (!byte_fallback_) {
+    for (const unsigned char b : piece) initial.push_back(byte_ids_[b]);
+    return initial;
+  }
+  for (size_t i = 0; i < piece.size();) {
+    const absl::string_view character = piece.substr(i, Utf8CharLength(piece[i]));
+    if (const auto it = vocab_.find(character); it != vocab_.end()) {
+      initial.push_back(it->second);
+    } else {
+      for (const unsigned char b : character) initial.push_back(byte_ids_[b]);
+    }
+    i += character.size();
+  }
+  return initial;
+}
+
 void BpeTokenizer::MergeUncached(absl::string_view piece, std::vector<int32_t>& ids) const {
   if (ignore_merges_) {
-    const auto it = vocab_.find(ByteLevelForm(piece));
+    const auto it = vocab_.find(byte_fallback_ ? std::string(piece) : ByteLevelForm(piece));
     if (it != vocab_.end()) {
       ids.push_back(it->second);
       return;
@@ -422,11 +539,10 @@ void BpeTokenizer::MergeUncached(absl::string_view piece, std::vector<int32_t>& 
     int32_t prev;
     int32_t next;
   };
-  const int32_t n = static_cast<int32_t>(piece.size());
+  const std::vector<int32_t> initial = InitialIds(piece);
+  const int32_t n = static_cast<int32_t>(initial.size());
   std::vector<Symbol> symbols(n);
-  for (int32_t i = 0; i < n; ++i) {
-    symbols[i] = {byte_ids_[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
-  }
+  for (int32_t i = 0; i < n; ++i) symbols[i] = {initial[i], i - 1, i + 1 < n ? i + 1 : -1};
   // Candidate merges, lowest rank first and, among equal ranks, leftmost first (as in
   // Hugging Face's BPE); an entry whose symbols have changed since it was pushed is skipped.
   struct Candidate {
@@ -476,6 +592,14 @@ absl::StatusOr<std::string> BpeTokenizer::Decode(absl::Span<const int32_t> ids) 
     }
     bytes += token_bytes_[id];
   }
+  if (strip_) {
+    absl::string_view text = bytes;
+    int64_t stripped = 0;
+    while (stripped < strip_->start && absl::ConsumePrefix(&text, strip_->content)) ++stripped;
+    stripped = 0;
+    while (stripped < strip_->stop && absl::ConsumeSuffix(&text, strip_->content)) ++stripped;
+    return std::string(text);
+  }
   return bytes;
 }
 
@@ -499,6 +623,15 @@ class BpeLoader {
                                    "is set; plait tokenizes whole texts (set it to null)");
       }
     }
+    PLAIT_ASSIGN_OR_RETURN(tokenizer_.byte_fallback_,
+                           GetBool(Get(file, "model"), "byte_fallback", "model", /*absent=*/false));
+    if (tokenizer_.byte_fallback_ && HasByteLevel(Get(file, "pre_tokenizer"))) {
+      return errors_.Unsupported(
+          "model.byte_fallback",
+          "true with a ByteLevel pre-tokenizer is not supported: byte fallback belongs to "
+          "SentencePiece-style vocabularies (\"▁\" for a space, <0xNN> byte tokens), and a "
+          "byte-level vocabulary has a token for every byte already");
+    }
     PLAIT_RETURN_IF_ERROR(LoadModel(Get(file, "model")));
     PLAIT_RETURN_IF_ERROR(LoadAddedTokens(Get(file, "added_tokens")));
     PLAIT_RETURN_IF_ERROR(LoadNormalizer(Get(file, "normalizer"), "normalizer", 0));
@@ -509,6 +642,15 @@ class BpeLoader {
   }
 
  private:
+  // Whether `pre_tokenizer` is ByteLevel or a Sequence holding one.
+  static bool HasByteLevel(const json& pre_tokenizer) {
+    if (Get(pre_tokenizer, "type") == "ByteLevel") return true;
+    const json& list = Get(pre_tokenizer, "pretokenizers");
+    return list.is_array() && std::any_of(list.begin(), list.end(), [](const json& step) {
+             return Get(step, "type") == "ByteLevel";
+           });
+  }
+
   static const json& Get(const json& object, const char* key) {
     static const json* const null_value = new json(nullptr);
     if (!object.is_object()) return *null_value;
@@ -553,7 +695,9 @@ class BpeLoader {
     if (value.is_null() || value == "") return absl::OkStatus();
     return errors_.Unsupported(
         Field(parent, key),
-        absl::StrCat(base::DescribeJson(value), " is not supported (byte-level BPE has none)"));
+        absl::StrCat(
+            base::DescribeJson(value),
+            " is not supported (neither byte-level BPE nor BPE with byte fallback has one)"));
   }
   absl::Status UnsupportedType(absl::string_view field, const json& value,
                                absl::string_view supported) const {
@@ -561,8 +705,8 @@ class BpeLoader {
                                absl::StrCat(base::DescribeJson(Get(value, "type")),
                                             " is not supported (supported: ", supported, ")"));
   }
-  // Records `bytes` as what `id` decodes to.
-  absl::Status AddId(int64_t id, std::string bytes, absl::string_view field) {
+  // Records `token` as what `id` is written as; LoadDecoder turns it into what it decodes to.
+  absl::Status AddId(int64_t id, std::string token, absl::string_view field) {
     if (id < 0 || id > kMaxId) {
       return errors_.Invalid(field, absl::StrCat("id ", id, " is out of range 0..", kMaxId));
     }
@@ -571,7 +715,7 @@ class BpeLoader {
       tokenizer_.is_token_.resize(id + 1, false);
       tokenizer_.special_.resize(id + 1, false);
     }
-    tokenizer_.token_bytes_[id] = std::move(bytes);
+    tokenizer_.token_bytes_[id] = std::move(token);
     tokenizer_.is_token_[id] = true;
     return absl::OkStatus();
   }
@@ -580,12 +724,8 @@ class BpeLoader {
     const std::string type =
         Get(model, "type").is_string() ? Get(model, "type").get<std::string>() : "";
     if (type != "BPE") {
-      return UnsupportedType("model", model,
-                             "BPE; load a SentencePiece model from its tokenizer.model");
+      return UnsupportedType("model", model, "BPE, byte-level or with byte_fallback");
     }
-    PLAIT_RETURN_IF_ERROR(RequireFalse(model, "byte_fallback", "model",
-                                       "this is a SentencePiece-style BPE (Llama 2's "
-                                       "tokenizer.json): load the model's tokenizer.model"));
     if (!Get(model, "dropout").is_null()) {
       return errors_.Unsupported("model.dropout",
                                  absl::StrCat(base::DescribeJson(Get(model, "dropout")),
@@ -615,8 +755,24 @@ class BpeLoader {
             field, absl::StrCat("id ", id.get<int64_t>(), " is also the id of \"", previous->second,
                                 "\""));
       }
-      PLAIT_RETURN_IF_ERROR(AddId(id.get<int64_t>(), TokenBytes(token), field));
+      PLAIT_RETURN_IF_ERROR(AddId(id.get<int64_t>(), token, field));
       tokenizer_.vocab_.emplace(token, id.get<int32_t>());
+    }
+    // Hugging Face falls back to the unknown token for a character whose bytes lack a token;
+    // plait needs every byte's, so that every text has ids without one.
+    if (tokenizer_.byte_fallback_) {
+      for (int b = 0; b < 256; ++b) {
+        const std::string name = ByteFallbackToken(b);
+        const auto it = tokenizer_.vocab_.find(name);
+        if (it == tokenizer_.vocab_.end()) {
+          return errors_.Invalid("model.vocab",
+                                 absl::StrCat("has no token \"", name,
+                                              "\"; with byte_fallback plait needs one for each "
+                                              "of the 256 bytes, as SentencePiece writes them"));
+        }
+        tokenizer_.byte_ids_[b] = it->second;
+      }
+      return LoadMerges(Get(model, "merges"));
     }
     for (int b = 0; b < 256; ++b) {
       const std::string& character = Alphabet().byte_to_char[b];
@@ -696,7 +852,7 @@ class BpeLoader {
         PLAIT_RETURN_IF_ERROR(
             RequireFalse(token, flag, field, "added tokens are matched exactly as written"));
       }
-      PLAIT_RETURN_IF_ERROR(AddId(id.get<int64_t>(), TokenBytes(content), Field(field, "id")));
+      PLAIT_RETURN_IF_ERROR(AddId(id.get<int64_t>(), content, Field(field, "id")));
       const AddedToken added{content, id.get<int32_t>()};
       tokenizer_.added_[content] = added.id;
       PLAIT_ASSIGN_OR_RETURN(const bool special,
@@ -745,14 +901,48 @@ class BpeLoader {
     };
     for (const auto& [name, form] : *forms) {
       if (type == name) {
-        tokenizer_.normalizers_.push_back(form);
+        tokenizer_.normalizers_.push_back({NormalizerStep::Kind::kForm, form});
         return absl::OkStatus();
       }
     }
-    return UnsupportedType(field, normalizer, "NFC, NFD, NFKC, NFKD, Sequence");
+    if (type == "Prepend") {
+      PLAIT_ASSIGN_OR_RETURN(std::string prepend, GetString(normalizer, "prepend", field));
+      tokenizer_.normalizers_.push_back({NormalizerStep::Kind::kPrepend, {}, "", prepend});
+      return absl::OkStatus();
+    }
+    if (type == "Replace") {
+      PLAIT_ASSIGN_OR_RETURN(ReplaceStep replace, LoadReplace(normalizer, field));
+      tokenizer_.normalizers_.push_back(
+          {NormalizerStep::Kind::kReplace, {}, replace.pattern, replace.content});
+      return absl::OkStatus();
+    }
+    return UnsupportedType(field, normalizer, "NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence");
+  }
+
+  struct ReplaceStep {
+    std::string pattern;
+    std::string content;
+  };
+  // A Replace normalizer or decoder at `field`: a String pattern (SentencePiece-style files
+  // replace " " by "▁" and back); a Regex pattern is not supported.
+  absl::StatusOr<ReplaceStep> LoadReplace(const json& replace, const std::string& field) const {
+    const json& pattern = Get(replace, "pattern");
+    if (!Get(pattern, "String").is_string()) {
+      return errors_.Unsupported(Field(field, "pattern"),
+                                 absl::StrCat(base::DescribeJson(pattern),
+                                              " is not supported (supported: {\"String\": ...})"));
+    }
+    ReplaceStep step;
+    step.pattern = Get(pattern, "String").get<std::string>();
+    if (step.pattern.empty()) {
+      return errors_.Invalid(Field(Field(field, "pattern"), "String"), "is empty");
+    }
+    PLAIT_ASSIGN_OR_RETURN(step.content, GetString(replace, "content", field));
+    return step;
   }
 
   absl::Status LoadPreTokenizer(const json& pre_tokenizer) {
+    if (tokenizer_.byte_fallback_) return LoadSentencePiecePreTokenizer(pre_tokenizer);
     const json& type = Get(pre_tokenizer, "type");
     if (type == "ByteLevel") return LoadByteLevel(pre_tokenizer, "pre_tokenizer");
     if (type != "Sequence") {
@@ -774,15 +964,88 @@ class BpeLoader {
       }
       PLAIT_RETURN_IF_ERROR(LoadSplit(step, field));
     }
-    return errors_.Unsupported("pre_tokenizer.pretokenizers",
-                               "does not end in ByteLevel: plait supports byte-level BPE only");
+    return errors_.Unsupported(
+        "pre_tokenizer.pretokenizers",
+        "does not end in ByteLevel, which a BPE without byte_fallback needs");
+  }
+
+  // With byte fallback either the normalizer writes spaces as "▁" and the pre-tokenizer is
+  // none (Llama 2's, Mistral's legacy files), a Split (Gemma's, on " ", which then splits
+  // nothing) or a Sequence of Splits; or the pre-tokenizer is Metaspace (transformers'
+  // non-legacy conversion).
+  absl::Status LoadSentencePiecePreTokenizer(const json& pre_tokenizer) {
+    if (pre_tokenizer.is_null()) return absl::OkStatus();
+    const json& type = Get(pre_tokenizer, "type");
+    if (type == "Split") return LoadSplit(pre_tokenizer, "pre_tokenizer");
+    if (type == "Metaspace") return LoadMetaspace(pre_tokenizer);
+    if (type != "Sequence") {
+      return UnsupportedType("pre_tokenizer", pre_tokenizer,
+                             "with byte_fallback: none, Metaspace, Split, or a Sequence of Split");
+    }
+    const json& list = Get(pre_tokenizer, "pretokenizers");
+    if (!list.is_array()) {
+      return errors_.Invalid("pre_tokenizer.pretokenizers", "expected an array");
+    }
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string field = absl::StrCat("pre_tokenizer.pretokenizers[", i, "]");
+      if (Get(list[i], "type") != "Split") {
+        return UnsupportedType(field, list[i], "with byte_fallback: Split");
+      }
+      PLAIT_RETURN_IF_ERROR(LoadSplit(list[i], field));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadMetaspace(const json& metaspace) {
+    const std::string field = "pre_tokenizer";
+    Metaspace loaded;
+    PLAIT_ASSIGN_OR_RETURN(loaded.replacement, GetString(metaspace, "replacement", field));
+    if (loaded.replacement.empty() ||
+        loaded.replacement.size() != static_cast<size_t>(Utf8CharLength(loaded.replacement[0]))) {
+      return errors_.Invalid(Field(field, "replacement"), "expected one character");
+    }
+    // Older files write add_prefix_space instead, which plait does not
+    // read: the scheme must be named.
+    const json& scheme = Get(metaspace, "prepend_scheme");
+    if (scheme == "always") {
+      loaded.prepend_scheme = Metaspace::Prepend::kAlways;
+    } else if (scheme == "first") {
+      loaded.prepend_scheme = Metaspace::Prepend::kFirst;
+    } else if (scheme == "never") {
+      loaded.prepend_scheme = Metaspace::Prepend::kNever;
+    } else {
+      return errors_.Unsupported(Field(field, "prepend_scheme"),
+                                 absl::StrCat(base::DescribeJson(scheme),
+                                              " is not supported (supported: \"always\", "
+                                              "\"first\", \"never\")"));
+    }
+    // Hugging Face's default is true.
+    PLAIT_ASSIGN_OR_RETURN(const bool split, GetBool(metaspace, "split", field, /*absent=*/true));
+    if (split) {
+      PLAIT_ASSIGN_OR_RETURN(
+          SplitRegex regex,
+          SplitRegex::Compile(loaded.replacement, /*literal=*/true,
+                              SplitRegex::Behavior::kMergedWithNext, errors_, field));
+      tokenizer_.splits_.push_back(std::move(regex));
+    }
+    tokenizer_.metaspace_ = std::move(loaded);
+    return absl::OkStatus();
   }
 
   absl::Status LoadSplit(const json& split, const std::string& field) {
-    if (Get(split, "behavior") != "Isolated") {
+    const json& behavior_name = Get(split, "behavior");
+    SplitRegex::Behavior behavior;
+    if (behavior_name == "Isolated") {
+      behavior = SplitRegex::Behavior::kIsolated;
+    } else if (behavior_name == "MergedWithPrevious") {
+      behavior = SplitRegex::Behavior::kMergedWithPrevious;
+    } else if (behavior_name == "MergedWithNext") {
+      behavior = SplitRegex::Behavior::kMergedWithNext;
+    } else {
       return errors_.Unsupported(Field(field, "behavior"),
-                                 absl::StrCat(base::DescribeJson(Get(split, "behavior")),
-                                              " is not supported (supported: \"Isolated\")"));
+                                 absl::StrCat(base::DescribeJson(behavior_name),
+                                              " is not supported (supported: \"Isolated\", "
+                                              "\"MergedWithPrevious\", \"MergedWithNext\")"));
     }
     PLAIT_RETURN_IF_ERROR(RequireFalse(split, "invert", field, "only matches are split off"));
     const json& pattern = Get(split, "pattern");
@@ -792,7 +1055,7 @@ class BpeLoader {
                            GetString(pattern, key.c_str(), Field(field, "pattern")));
     PLAIT_ASSIGN_OR_RETURN(
         SplitRegex regex,
-        SplitRegex::Compile(text, literal, errors_, Field(Field(field, "pattern"), key)));
+        SplitRegex::Compile(text, literal, behavior, errors_, Field(Field(field, "pattern"), key)));
     tokenizer_.splits_.push_back(std::move(regex));
     return absl::OkStatus();
   }
@@ -805,7 +1068,8 @@ class BpeLoader {
                            GetBool(byte_level, "use_regex", field, /*absent=*/true));
     if (use_regex) {
       PLAIT_ASSIGN_OR_RETURN(SplitRegex regex,
-                             SplitRegex::Compile(kGpt2Pattern, false, errors_, field));
+                             SplitRegex::Compile(kGpt2Pattern, false,
+                                                 SplitRegex::Behavior::kIsolated, errors_, field));
       tokenizer_.splits_.push_back(std::move(regex));
     }
     return absl::OkStatus();
@@ -860,9 +1124,76 @@ class BpeLoader {
     return absl::OkStatus();
   }
 
+  // Turns each token into the bytes it decodes to, by the file's decoder.
   absl::Status LoadDecoder(const json& decoder) {
-    if (Get(decoder, "type") == "ByteLevel") return absl::OkStatus();
-    return UnsupportedType("decoder", decoder, "ByteLevel");
+    if (tokenizer_.byte_fallback_) return LoadSentencePieceDecoder(decoder);
+    if (Get(decoder, "type") != "ByteLevel") {
+      return UnsupportedType("decoder", decoder, "ByteLevel, for a BPE without byte_fallback");
+    }
+    for (std::string& token : tokenizer_.token_bytes_) token = TokenBytes(token);
+    return absl::OkStatus();
+  }
+
+  // Llama 2's and Mistral's decoder, Sequence[Replace("▁", " "), ByteFallback, Fuse,
+  // Strip(" ", 1, 0)], and Gemma's, the same without Strip. Each token is decoded alone up to
+  // Fuse, which joins them; only Strip may follow. ByteFallback's tokens give their bytes: a
+  // Tokenizer decodes to bytes, where Hugging Face writes U+FFFD for bytes that are not UTF-8.
+  absl::Status LoadSentencePieceDecoder(const json& decoder) {
+    const json& list = Get(decoder, "decoders");
+    if (Get(decoder, "type") != "Sequence" || !list.is_array()) {
+      return UnsupportedType("decoder", decoder,
+                             "with byte_fallback: a Sequence of Replace, ByteFallback, Fuse and "
+                             "Strip (Metaspace is not supported)");
+    }
+    std::vector<std::optional<ReplaceStep>> per_token;  // before Fuse; nullopt: ByteFallback
+    bool fused = false;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string field = absl::StrCat("decoder.decoders[", i, "]");
+      const json& step = list[i];
+      const json& type = Get(step, "type");
+      if (type == "Fuse") {
+        fused = true;
+      } else if (!fused && type == "Replace") {
+        PLAIT_ASSIGN_OR_RETURN(ReplaceStep replace, LoadReplace(step, field));
+        per_token.push_back(std::move(replace));
+      } else if (!fused && type == "ByteFallback") {
+        per_token.push_back(std::nullopt);
+      } else if (fused && type == "Strip" && !tokenizer_.strip_) {
+        PLAIT_ASSIGN_OR_RETURN(tokenizer_.strip_, LoadStrip(step, field));
+      } else {
+        return UnsupportedType(
+            field, step, fused ? "after Fuse: one Strip" : "before Fuse: Replace, ByteFallback");
+      }
+    }
+    for (std::string& token : tokenizer_.token_bytes_) {
+      for (const std::optional<ReplaceStep>& step : per_token) {
+        if (step) {
+          token = absl::StrReplaceAll(token, {{step->pattern, step->content}});
+        } else if (const std::optional<uint8_t> byte = ByteFallbackValue(token)) {
+          token = std::string(1, static_cast<char>(*byte));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<StripDecoder> LoadStrip(const json& strip, const std::string& field) const {
+    StripDecoder decoder;
+    PLAIT_ASSIGN_OR_RETURN(decoder.content, GetString(strip, "content", field));
+    if (decoder.content.empty() ||
+        decoder.content.size() != static_cast<size_t>(Utf8CharLength(decoder.content[0]))) {
+      return errors_.Invalid(Field(field, "content"), "expected one character");
+    }
+    for (const auto& [key, count] :
+         {std::pair<const char*, int64_t*>{"start", &decoder.start}, {"stop", &decoder.stop}}) {
+      const json& value = Get(strip, key);
+      if (!value.is_number_unsigned()) {
+        return errors_.Invalid(Field(field, key),
+                               absl::StrCat("expected a count, got ", base::DescribeJson(value)));
+      }
+      *count = value.get<int64_t>();
+    }
+    return decoder;
   }
 
   absl::Status LoadConfig(const json& config) {

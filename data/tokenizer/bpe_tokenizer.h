@@ -1,20 +1,37 @@
-// Byte-level BPE tokenizers from Hugging Face's tokenizer.json (GPT-2, Llama 3, Qwen2/2.5/3,
-// DeepSeek), producing the ids Hugging Face's `tokenizers` produces. What a file may contain:
-//   - normalizer: none, NFC, NFD, NFKC, NFKD, or a Sequence of these (utf8proc);
-//   - pre_tokenizer: ByteLevel (with GPT-2's split regex when use_regex), or a Sequence of
-//     Split (a Regex or String pattern, behavior Isolated) ending in ByteLevel; the regexes
-//     run on PCRE2 with JIT, in Unicode mode, as the file writes them;
-//   - model: BPE with byte-level vocab and merges (as "a b" strings or [a, b] pairs), with
-//     or without ignore_merges;
+// BPE tokenizers from Hugging Face's tokenizer.json, producing the ids Hugging Face's
+// `tokenizers` produces. Two families:
+//   - byte-level BPE (GPT-2, Llama 3, Qwen2/2.5/3, DeepSeek): every byte has a token, written
+//     as GPT-2's printable characters;
+//   - BPE with byte fallback (the tokenizer.json of Llama 2, Mistral 7B, Gemma 3 and
+//     their fine-tunes, SentencePiece models converted by transformers): the vocabulary holds
+//     text with "▁" for a space, merging starts from characters, and a character that is no
+//     token becomes its UTF-8 bytes' <0xNN> tokens (byte_fallback.h). The merges are applied
+//     by rank to the whole normalized text (or to each piece of a Split), as Hugging Face's BPE
+//     model does; the unknown token is never needed, as every byte has a token.
+// What a file may contain:
+//   - normalizer: none, NFC, NFD, NFKC, NFKD, Prepend, Replace (a String pattern), or a
+//     Sequence of these (utf8proc);
+//   - pre_tokenizer: byte-level: ByteLevel (with GPT-2's split regex when use_regex), or a
+//     Sequence of Split ending in ByteLevel; byte fallback: none (Llama 2's, Mistral's legacy
+//     files), Metaspace (transformers' conversions today, with prepend_scheme always, first or
+//     never), Split (Gemma's) or a Sequence of Split. Split takes a Regex or String pattern
+//     and behavior Isolated, MergedWithPrevious or MergedWithNext; the regexes run on PCRE2
+//     with JIT, in Unicode mode, as the file writes them;
+//   - model: BPE with merges (as "a b" strings or [a, b] pairs), with or without
+//     ignore_merges; a byte-level vocabulary, or with byte_fallback one with all 256 <0xNN>;
 //   - added_tokens: matched in the text before it is split (leftmost, then longest), those
 //     with normalized=false on the raw text, the others after normalization;
 //   - post_processor: none, ByteLevel, TemplateProcessing (its `single` template: BOS / EOS
 //     around the text), or a Sequence of these;
-//   - decoder: ByteLevel.
-// Anything else (another model type, BPE dropout or byte fallback, a Split behavior other
-// than Isolated, truncation, added tokens with lstrip / rstrip / single_word, ...) is an
-// Unimplemented error naming the field, never a silent difference from Hugging Face; so is a
-// text whose split PCRE2 cannot complete (a ResourceExhausted error from Encode).
+//   - decoder: ByteLevel; with byte fallback a Sequence of Replace (String) and ByteFallback,
+//     then Fuse, then at most one Strip (Llama 2's and Gemma's). Decode gives bytes: where
+//     byte tokens do not make UTF-8, Hugging Face writes U+FFFD and plait the bytes.
+// Anything else (another model type, BPE dropout, byte fallback with a ByteLevel
+// pre-tokenizer, the Metaspace decoder, Metaspace without prepend_scheme or inside a
+// Sequence, a Split behavior Removed or Contiguous, a Regex Replace, truncation, added tokens
+// with lstrip / rstrip / single_word, ...) is an Unimplemented error naming the field, never a
+// silent difference from Hugging Face; so is a text whose split PCRE2 cannot complete (a
+// ResourceExhausted error from Encode).
 #ifndef PLAIT_DATA_TOKENIZER_BPE_TOKENIZER_H_
 #define PLAIT_DATA_TOKENIZER_BPE_TOKENIZER_H_
 

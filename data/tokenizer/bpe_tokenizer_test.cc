@@ -1,10 +1,12 @@
 // Malformed and unsupported tokenizer.json files: each a change to a valid file
-// (testdata/tiny/tokenizer.json) that must fail with an error naming the field.
+// (testdata/tiny/tokenizer.json, byte-level; testdata/tiny_gemma/tokenizer.json, with byte
+// fallback) that must fail with an error naming the field.
 #include "data/tokenizer/bpe_tokenizer.h"
 
 #include <functional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
@@ -22,11 +24,23 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> ParseChanged(const std::function<void(json&)>& change,
-                                                        const std::string& config = "") {
-  json file = json::parse(base::ReadFile("data/tokenizer/testdata/tiny/tokenizer.json").value());
+absl::StatusOr<std::unique_ptr<Tokenizer>> ParseChangedFile(
+    const std::string& name, const std::function<void(json&)>& change, const std::string& config) {
+  json file = json::parse(
+      base::ReadFile(absl::StrCat("data/tokenizer/testdata/", name, "/tokenizer.json")).value());
   change(file);
   return ParseBpeTokenizer("tokenizer.json", file.dump(), config);
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> ParseChanged(const std::function<void(json&)>& change,
+                                                        const std::string& config = "") {
+  return ParseChangedFile("tiny", change, config);
+}
+
+// The same for the byte-fallback file, laid out as Gemma 3's.
+absl::StatusOr<std::unique_ptr<Tokenizer>> ParseChangedGemma(
+    const std::function<void(json&)>& change) {
+  return ParseChangedFile("tiny_gemma", change, "");
 }
 
 TEST(BpeTokenizerTest, TheUnchangedFileLoads) {
@@ -229,6 +243,80 @@ TEST(BpeTokenizerTest, IgnoreMergesTakesWholePiecesFromTheVocabulary) {
   ASSERT_THAT(merged, IsOk());
   EXPECT_GT(merged->size(), 1u);
   EXPECT_THAT((*merging)->Decode(*merged), IsOkAndHolds("zqzq"));
+}
+
+TEST(BpeTokenizerTest, AByteFallbackFileNeedsEveryByteToken) {
+  EXPECT_THAT(ParseChangedGemma([](json&) {}), IsOk());
+  EXPECT_THAT(ParseChangedGemma([](json& f) { f["model"]["vocab"].erase("<0x41>"); }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tokenizer.json: model.vocab: has no token \"<0x41>\"; with "
+                                 "byte_fallback plait needs one for each of the 256 bytes")));
+}
+
+TEST(BpeTokenizerTest, UnsupportedByteFallbackComponentsAreNamed) {
+  const json metaspace = {{"type", "Metaspace"},
+                          {"replacement", "\u2581"},
+                          {"prepend_scheme", "first"},
+                          {"split", false}};
+  const struct {
+    std::function<void(json&)> change;
+    const char* message;
+  } cases[] = {
+      {[&](json& f) {
+         f["pre_tokenizer"] = metaspace;
+         f["pre_tokenizer"].erase("prepend_scheme");
+       },
+       "pre_tokenizer.prepend_scheme: null is not supported"},
+      {[&](json& f) {
+         f["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {metaspace}}};
+       },
+       "pre_tokenizer.pretokenizers[0].type: \"Metaspace\""},
+      {[&](json& f) { f["decoder"] = metaspace; }, "decoder.type: \"Metaspace\""},
+      {[](json& f) {
+         f["decoder"]["decoders"].push_back({{"type", "ByteFallback"}});
+       },
+       "decoder.decoders[3].type: \"ByteFallback\" is not supported (supported: after Fuse"},
+      {[](json& f) {
+         f["normalizer"]["pattern"] = {{"Regex", " +"}};
+       },
+       "normalizer.pattern: an object"},
+      {[](json& f) { f["pre_tokenizer"]["behavior"] = "Contiguous"; },
+       "pre_tokenizer.behavior: \"Contiguous\""},
+      {[](json& f) {
+         f["normalizer"] = {{"type", "Lowercase"}};
+       },
+       "normalizer.type"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.message);
+    EXPECT_THAT(ParseChangedGemma(c.change),
+                StatusIs(absl::StatusCode::kUnimplemented, HasSubstr(c.message)));
+  }
+}
+
+// A character that is no token becomes its UTF-8 bytes' tokens, which decode to the bytes.
+TEST(BpeTokenizerTest, CharactersOutsideTheVocabularyFallBackToBytes) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = ParseChangedGemma([](json&) {});
+  ASSERT_THAT(tokenizer, IsOk());
+  ASSERT_EQ((*tokenizer)->TokenToId("\xE4\xA8\xBA"), std::nullopt);  // U+4A3A
+  EXPECT_THAT((*tokenizer)->Encode("\xE4\xA8\xBA"),
+              IsOkAndHolds(ElementsAre(*(*tokenizer)->TokenToId("<0xE4>"),
+                                       *(*tokenizer)->TokenToId("<0xA8>"),
+                                       *(*tokenizer)->TokenToId("<0xBA>"))));
+  EXPECT_THAT((*tokenizer)->Decode({*(*tokenizer)->TokenToId("<0xE4>")}), IsOkAndHolds("\xE4"));
+}
+
+// Strip after Fuse (Llama 2's decoder) takes its spaces off the decoded text's ends, not
+// each token's.
+TEST(BpeTokenizerTest, StripTakesSpacesOffTheDecodedText) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = ParseChangedGemma([](json& f) {
+    f["decoder"]["decoders"].push_back(
+        {{"type", "Strip"}, {"content", " "}, {"start", 2}, {"stop", 1}});
+  });
+  ASSERT_THAT(tokenizer, IsOk());
+  absl::StatusOr<std::vector<int32_t>> ids = (*tokenizer)->Encode("   a b  ");
+  ASSERT_THAT(ids, IsOk());
+  EXPECT_THAT((*tokenizer)->Decode(*ids), IsOkAndHolds(" a b "));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Finds and loads the tokenizer a model was released with, from its Hugging Face folder (the
 // one holding its config.json) or from one tokenizer file:
-//   - tokenizer.json: byte-level BPE (bpe_tokenizer.h), with the BOS / EOS tokens that the
-//     tokenizer_config.json beside it names;
+//   - tokenizer.json: byte-level BPE or BPE with byte fallback (bpe_tokenizer.h), with the
+//     BOS / EOS tokens that the tokenizer_config.json beside it names;
 //   - else tokenizer.model: SentencePiece (sentencepiece_tokenizer.h).
 //
 //   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(hf_folder));

@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "base/status.h"
+#include "data/tokenizer/byte_fallback.h"
 #include "data/tokenizer/sentencepiece_model.pb.h"
 
 namespace plait::data::tokenizer {
@@ -23,21 +23,6 @@ using Piece = sentencepiece::ModelProto::SentencePiece;
 
 // SentencePiece's whitespace symbol, U+2581 (src/normalizer.h: kSpaceSymbol).
 constexpr absl::string_view kSpaceSymbol = "\xE2\x96\x81";
-
-// The byte of a byte-fallback piece, written "<0x41>".
-std::optional<uint8_t> BytePieceValue(absl::string_view piece) {
-  int value;
-  if (!absl::ConsumePrefix(&piece, "<0x") || !absl::ConsumeSuffix(&piece, ">") ||
-      piece.size() != 2 || !absl::SimpleHexAtoi(piece, &value)) {
-    return std::nullopt;
-  }
-  return static_cast<uint8_t>(value);
-}
-
-// The length of the UTF-8 character that starts with `lead` (in valid UTF-8).
-int CharLength(unsigned char lead) {
-  return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
-}
 
 class SentencePieceTokenizer : public Tokenizer {
  public:
@@ -94,7 +79,7 @@ class SentencePieceTokenizer : public Tokenizer {
           scored_.emplace(piece.piece(), std::make_pair(id, piece.score()));
           break;
         case Piece::BYTE: {
-          const std::optional<uint8_t> byte = BytePieceValue(piece.piece());
+          const std::optional<uint8_t> byte = ByteFallbackValue(piece.piece());
           if (!byte) {
             return absl::InvalidArgumentError(
                 absl::StrCat(source, ": ", field, ": \"", piece.piece(),
@@ -153,7 +138,7 @@ class SentencePieceTokenizer : public Tokenizer {
           at_start = false;
           break;
         case Piece::BYTE:
-          text.push_back(static_cast<char>(*BytePieceValue(piece)));
+          text.push_back(static_cast<char>(*ByteFallbackValue(piece)));
           at_start = false;
           break;
         default: {
@@ -215,7 +200,7 @@ class SentencePieceTokenizer : public Tokenizer {
     std::vector<Symbol> symbols;
     for (size_t i = 0; i < text.size();) {
       const size_t length =
-          std::min<size_t>(CharLength(static_cast<unsigned char>(text[i])), text.size() - i);
+          std::min<size_t>(Utf8CharLength(static_cast<unsigned char>(text[i])), text.size() - i);
       const int32_t index = static_cast<int32_t>(symbols.size());
       symbols.push_back({text.substr(i, length), index - 1, -1});
       if (index > 0) symbols[index - 1].next = index;

@@ -1,6 +1,7 @@
 // A model's tokenizer, as it was released with the model: a Hugging Face tokenizer.json of the
-// byte-level BPE family (GPT-2, Llama 3, Qwen2/2.5/3; bpe_tokenizer.h) or a SentencePiece
-// tokenizer.model of the Llama 2 family (sentencepiece_tokenizer.h), behind one interface.
+// byte-level BPE family (GPT-2, Llama 3, Qwen2/2.5/3) or of BPE with byte fallback (Llama 2,
+// Mistral 7B, Gemma 3; bpe_tokenizer.h), or a SentencePiece tokenizer.model of the Llama 2
+// family (sentencepiece_tokenizer.h), behind one interface.
 // Ids equal Hugging Face's for the same file and text. A Tokenizer is immutable once loaded
 // and may be used from several threads at once:
 //
