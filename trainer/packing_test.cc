@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_matchers.h"
 #include "data/data.pb.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
@@ -33,6 +35,7 @@ using ::plait::base::testing::IsOk;
 using ::plait::trainer::testing::ExpectSameSteps;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
+using ::testing::HasSubstr;
 
 constexpr int kSteps = 10;
 constexpr int kRowsPerStep = 4;
@@ -205,10 +208,11 @@ struct SftRun {
   std::map<std::string, torch::Tensor> parameters;  // at the end, by Hugging Face name
 };
 
-SftRun Train(plan::Plan plan, int ranks, const std::string& name) {
+SftRun Train(plan::Plan plan, int ranks, const std::string& name,
+             const TrainOptions& options = {}) {
   const std::string saved = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
   plan.mutable_training()->set_save_hf_dir(saved);
-  SftRun run{TrainOnRanks(plan, ranks), {}};
+  SftRun run{TrainOnRanks(plan, ranks, options), {}};
   absl::StatusOr<std::shared_ptr<models::CausalLM>> model = models::LoadHfModel(saved);
   EXPECT_THAT(model, IsOk());
   if (model.ok()) {
@@ -226,8 +230,11 @@ const SftRun& Padded(bool dpo) {
   return dpo ? *preference : *sft;
 }
 
-void ExpectPaddedRun(const Layout& layout, const std::string& name) {
-  const SftRun run = Train(TrainingPlan(layout), layout.ranks, name);
+// `layout`'s run is the padded run of one process; its log is written to `log` when given.
+void ExpectPaddedRun(const Layout& layout, const std::string& name, std::ostream* log = nullptr) {
+  TrainOptions options;
+  options.log = log;
+  const SftRun run = Train(TrainingPlan(layout), layout.ranks, name, options);
   const SftRun& expected = Padded(layout.dpo);
   ASSERT_EQ(expected.report.steps.size(), static_cast<size_t>(kSteps));
   // DPO's rewards are beta times the difference of two sequence log-probabilities of hundreds
@@ -263,7 +270,14 @@ TEST(PackingTest, ThePaddedRunsTrain) {
 }
 
 TEST(PackingTest, BestFitSftOnOneProcessTrainsAsPadded) {
-  ExpectPaddedRun({.packing = data::PACKING_BFD}, "bfd");
+  std::ostringstream log;
+  ExpectPaddedRun({.packing = data::PACKING_BFD}, "bfd", &log);
+  // Every row holds a long and a short example that fill it; padded, half the tokens would be
+  // padding.
+  EXPECT_THAT(log.str(), HasSubstr("training data: 80 sequences in 40 rows of 128 tokens "
+                                   "(PACKING_BFD), 0.0% padding; one sequence a row: 80 rows, "
+                                   "50.0% padding; PACKING_PADDING_FREE: "));
+  EXPECT_THAT(log.str(), HasSubstr("useful (not padding) tokens/s: "));
 }
 
 TEST(PackingTest, BestFitSftOnDdpWithAccumulationTrainsAsPadded) {
