@@ -2,8 +2,8 @@
 // `inputs` and is scored on `targets`, the token that follows each input, where a target is
 // not kIgnoreTarget. Language-model batches score every position; preference batches
 // (pairs.h) hold B chosen rows and then the B rejected rows of the same prompts, and, like SFT
-// batches, score only completion tokens. Packed rows (data.proto's PACKING_BFD and
-// document_start_token) hold several sequences each, told apart by `positions`.
+// batches, score only completion tokens. Packed rows (data.proto's PackingStrategy and
+// TokenFiles.document_start_token) hold several sequences each, told apart by `positions`.
 #ifndef PLAIT_DATA_BATCH_H_
 #define PLAIT_DATA_BATCH_H_
 

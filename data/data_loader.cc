@@ -123,14 +123,19 @@ absl::Status DataLoader::CreatePairs(const DataConfig& data, Split split, int64_
       PairExamples examples,
       ReadExamples(path, path_field, pair_kind_, cut_, vocab_size, seq_len_,
                    absl::StrCat(field_path, sft ? ".sft_files" : ".preference_files")));
-  packing_ = Figures(examples.examples);
-  if (cut_.packing() == PACKING_BFD) {
+  // SFT files are packed by best fit whether or not the plan asks, for PackingFigures.
+  std::vector<std::vector<int64_t>> best_fit_rows;
+  if (sft) {
     std::vector<int64_t> lengths;
     for (const PairExample& example : examples.examples) {
       lengths.push_back(SequenceLength(example.prompt, example.chosen, cut_, seq_len_));
     }
-    packed_rows_ = std::make_shared<const std::vector<std::vector<int64_t>>>(
-        BestFitDecreasing(lengths, seq_len_));
+    best_fit_rows = BestFitDecreasing(lengths, seq_len_);
+  }
+  packing_ = Figures(examples.examples, static_cast<int64_t>(best_fit_rows.size()));
+  if (cut_.packing() == PACKING_BFD) {
+    packed_rows_ =
+        std::make_shared<const std::vector<std::vector<int64_t>>>(std::move(best_fit_rows));
   }
   pairs_ = std::make_shared<const PairExamples>(std::move(examples));
   const int64_t needed = micro_batch_ * dp_size_;
@@ -145,9 +150,10 @@ absl::Status DataLoader::CreatePairs(const DataConfig& data, Split split, int64_
   return absl::OkStatus();
 }
 
-DataLoader::PackingFigures DataLoader::Figures(const std::vector<PairExample>& examples) const {
+DataLoader::PackingFigures DataLoader::Figures(const std::vector<PairExample>& examples,
+                                               int64_t best_fit_rows) const {
   PackingFigures figures;
-  std::vector<int64_t> sft_lengths;
+  figures.bfd_rows = best_fit_rows;
   int64_t tokens = 0;
   std::vector<const PairExample*> micro_batch;
   const auto fill_rows = [&] {
@@ -157,9 +163,7 @@ DataLoader::PackingFigures DataLoader::Figures(const std::vector<PairExample>& e
   };
   for (const PairExample& example : examples) {
     for (const auto& [prompt, completion] : SequencesOf({&example}, pair_kind_)) {
-      const int64_t length = SequenceLength(*prompt, *completion, cut_, seq_len_);
-      if (pair_kind_ == PairKind::kSft) sft_lengths.push_back(length);
-      tokens += length;
+      tokens += SequenceLength(*prompt, *completion, cut_, seq_len_);
       ++figures.sequences;
     }
     micro_batch.push_back(&example);
@@ -167,9 +171,6 @@ DataLoader::PackingFigures DataLoader::Figures(const std::vector<PairExample>& e
   }
   if (!micro_batch.empty()) fill_rows();
   figures.padded_rows = figures.sequences;
-  if (pair_kind_ == PairKind::kSft) {
-    figures.bfd_rows = static_cast<int64_t>(BestFitDecreasing(sft_lengths, seq_len_).size());
-  }
   const auto padding = [&](int64_t rows) {
     return rows == 0 ? 0.0
                      : 1.0 - static_cast<double>(tokens) / static_cast<double>(rows * seq_len_);

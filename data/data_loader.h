@@ -8,9 +8,11 @@
 // micro-batch W*B sees. Token files start over at r*B*T when the world's next batch would pass the
 // end (as llm.c, but measured from rank 0's position on every rank, so the ranks start over
 // together). With TokenFiles.shuffle the training file's windows of one world batch come in a
-// seeded random order, new each pass. Packed SFT files (PACKING_BFD) are packed into rows once,
-// at Create, and read as the examples of unpacked files are, a row in place of an example;
-// token files with a document_start_token give their batches positions (packing.h).
+// seeded random order, new each pass. SFT files packed by best fit (PACKING_BFD) are packed into
+// rows once, at Create, and read as the examples of unpacked files are, a row in place of an
+// example; with PACKING_PADDING_FREE each micro-batch's examples are read as unpacked and
+// packed into as many rows as they fill; token files with a document_start_token give their
+// batches positions (packing.h).
 //
 //   PLAIT_ASSIGN_OR_RETURN(
 //       DataLoader train,
@@ -127,8 +129,8 @@ class DataLoader {
   int64_t Units() const;
 
   // The PackingFigures of `examples`, read by this loader (its kind, cut, seq_len and
-  // micro-batch).
-  PackingFigures Figures(const std::vector<PairExample>& examples) const;
+  // micro-batch), which best fit packs into `best_fit_rows` rows.
+  PackingFigures Figures(const std::vector<PairExample>& examples, int64_t best_fit_rows) const;
 
   std::shared_ptr<const MarkovSource> synthetic_;
   std::shared_ptr<const TokenFile> file_;
@@ -161,8 +163,8 @@ class DataLoader {
   std::vector<int64_t> window_order_;
 };
 
-// `figures` in a line, for a file packed as `packing` says: "48 sequences, 16 rows of 2048 tokens
-// packed (PACKING_BFD), 2.4% padding; one sequence a row: 48 rows, 67.1% padding;
+// `figures` in a line, for a file packed as `packing` says: "48 sequences in 16 rows of 2048
+// tokens (PACKING_BFD), 2.4% padding; one sequence a row: 48 rows, 67.5% padding;
 // PACKING_PADDING_FREE: 20 rows, 21.9% padding".
 std::string DescribePacking(const DataLoader::PackingFigures& figures, PackingStrategy packing,
                             int64_t seq_len);
