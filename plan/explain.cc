@@ -187,13 +187,15 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
   }
   // The objective may run several rows an example (DPO: chosen and rejected).
   const double rows = objectives::WorkOf(plan.objective()).trained_rows;
-  lines.push_back(absl::StrFormat(
-      "training: %d steps of %d examples x %d tokens (micro-batch %d x %d ranks x %d "
-      "accumulation), %d tokens per step%s",
-      steps, resolved.global_batch, training.seq_len(), training.micro_batch(),
-      resolved.data_parallel_size, resolved.grad_accumulation,
-      static_cast<int64_t>(resolved.tokens_per_step),
-      rows > 1 ? absl::StrFormat(" (%g rows an example)", rows) : ""));
+  // Rows packed by best fit take the place of examples (data.proto's PACKING_BFD).
+  const bool packed_rows = data.has_sft_files() && data.sft_files().packing() == data::PACKING_BFD;
+  lines.push_back(
+      absl::StrFormat("training: %d steps of %d %s x %d tokens (micro-batch %d x %d ranks x %d "
+                      "accumulation), %d tokens per step%s",
+                      steps, resolved.global_batch, packed_rows ? "packed rows" : "examples",
+                      training.seq_len(), training.micro_batch(), resolved.data_parallel_size,
+                      resolved.grad_accumulation, static_cast<int64_t>(resolved.tokens_per_step),
+                      rows > 1 ? absl::StrFormat(" (%g rows an example)", rows) : ""));
 
   lines.push_back(absl::StrCat("memory per rank (estimate): ", DescribeMemory(memory)));
   if (bytes_sent > 0) {
