@@ -458,8 +458,8 @@ torch::Tensor CausalLM::TokenLogProbs(const torch::Tensor& tokens, const torch::
 }
 
 torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
-                                         int64_t ignore_index, const torch::Tensor& positions) {
-  return TokenLogProbs(tokens, targets, ignore_index, positions).sum(-1);
+                                         int64_t ignore_index) {
+  return TokenLogProbs(tokens, targets, ignore_index).sum(-1);
 }
 
 wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) const {

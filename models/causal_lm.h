@@ -223,10 +223,10 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
                               int64_t ignore_index = kIgnoreIndex,
                               const torch::Tensor& positions = {});
 
-  // Per row, the sum of TokenLogProbs: [B], fp32, differentiable (for preference training).
+  // Per row of one sequence, the sum of TokenLogProbs: [B], fp32, differentiable (a packed
+  // row's sequences are summed by data::SequenceSums instead).
   torch::Tensor SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
-                                 int64_t ignore_index = kIgnoreIndex,
-                                 const torch::Tensor& positions = {});
+                                 int64_t ignore_index = kIgnoreIndex);
 
   // Re-draws every parameter as the header describes.
   absl::Status ResetParameters(const InitConfig& init);

@@ -79,11 +79,12 @@ class Objective {
   virtual absl::Status Start(RunStart& run) { return absl::OkStatus(); }
 
   // The loss of the trained model `policy` on `batch` (data/batch.h; for DPO its 2B chosen
-  // then rejected sequences, a row each or packed, go through the policy in one forward). `host` is
-  // the same batch in host memory (what the trainer copied to the device), where an objective reads
-  // what it looks up on the host (a precomputed reference's rows) without a transfer back
-  // from the device. An error only for a precomputed reference that lacks a row of `batch`,
-  // and for DPO against the policy without its adapters when it has none.
+  // then rejected sequences, a row each or packed, go through the policy in one forward).
+  // `host` is the same batch in host memory (what the trainer copied to the device), where an
+  // objective reads what it looks up on the host (a precomputed reference's sequences)
+  // without a transfer back from the device. An error only for a precomputed reference that
+  // lacks a sequence of `batch`, and for DPO against the policy without its adapters when it
+  // has none.
   virtual absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
                                                   const data::Batch& batch,
                                                   const data::Batch& host) = 0;
