@@ -32,8 +32,11 @@ namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::trainer::testing::ExpectSameParameters;
 using ::plait::trainer::testing::ExpectSameSteps;
+using ::plait::trainer::testing::SavedRun;
 using ::plait::trainer::testing::ShortShippedPlan;
+using ::plait::trainer::testing::TrainAndSave;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::testing::HasSubstr;
 
@@ -205,30 +208,12 @@ plan::Plan TrainingPlan(const Layout& layout) {
   return plan;
 }
 
-struct SftRun {
-  TrainReport report;
-  std::map<std::string, torch::Tensor> parameters;  // at the end, by Hugging Face name
-};
-
-SftRun Train(plan::Plan plan, int ranks, const std::string& name,
-             const TrainOptions& options = {}) {
-  const std::string saved = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
-  plan.mutable_training()->set_save_hf_dir(saved);
-  SftRun run{TrainOnRanks(plan, ranks, options), {}};
-  absl::StatusOr<std::shared_ptr<models::CausalLM>> model = models::LoadHfModel(saved);
-  EXPECT_THAT(model, IsOk());
-  if (model.ok()) {
-    for (const auto& named : (*model)->NamedParameters()) {
-      run.parameters[named.name] = named.parameter.detach().clone();
-    }
-  }
-  return run;
-}
-
 // The padded run of one process that `layout`'s runs must equal.
-const SftRun& Padded(bool dpo) {
-  static const SftRun* sft = new SftRun(Train(TrainingPlan({.dpo = false}), 1, "padded_sft"));
-  static const SftRun* preference = new SftRun(Train(TrainingPlan({.dpo = true}), 1, "padded_dpo"));
+const SavedRun& Padded(bool dpo) {
+  static const SavedRun* sft =
+      new SavedRun(TrainAndSave(TrainingPlan({.dpo = false}), 1, "padded_sft"));
+  static const SavedRun* preference =
+      new SavedRun(TrainAndSave(TrainingPlan({.dpo = true}), 1, "padded_dpo"));
   return dpo ? *preference : *sft;
 }
 
@@ -236,8 +221,8 @@ const SftRun& Padded(bool dpo) {
 void ExpectPaddedRun(const Layout& layout, const std::string& name, std::ostream* log = nullptr) {
   TrainOptions options;
   options.log = log;
-  const SftRun run = Train(TrainingPlan(layout), layout.ranks, name, options);
-  const SftRun& expected = Padded(layout.dpo);
+  const SavedRun run = TrainAndSave(TrainingPlan(layout), layout.ranks, name, options);
+  const SavedRun& expected = Padded(layout.dpo);
   ASSERT_EQ(expected.report.steps.size(), static_cast<size_t>(kSteps));
   // DPO's rewards are beta times the difference of two sequence log-probabilities of hundreds
   // of nats, whose fp32 sums differ by ~1e-5 nats between one summation order and another (the
@@ -247,12 +232,7 @@ void ExpectPaddedRun(const Layout& layout, const std::string& name, std::ostream
   ASSERT_TRUE(run.report.steps.back().eval_loss.has_value());
   const double eval_loss = *expected.report.steps.back().eval_loss;
   EXPECT_NEAR(*run.report.steps.back().eval_loss, eval_loss, 1e-5 * eval_loss) << name;
-  ASSERT_EQ(run.parameters.size(), expected.parameters.size());
-  for (const auto& [parameter, value] : expected.parameters) {
-    const torch::Tensor& actual = run.parameters.at(parameter);
-    EXPECT_LE((actual - value).norm().item<double>(), 1e-5 * value.norm().item<double>())
-        << name << " " << parameter;
-  }
+  ExpectSameParameters(run, expected, name);
 }
 
 // The comparisons mean something: the padded runs' parameters move 100 times the tolerance.

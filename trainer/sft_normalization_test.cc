@@ -29,7 +29,10 @@ namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::trainer::testing::ExpectSameParameters;
+using ::plait::trainer::testing::SavedRun;
 using ::plait::trainer::testing::ShortShippedPlan;
+using ::plait::trainer::testing::TrainAndSave;
 using ::plait::trainer::testing::TrainOnRanks;
 
 constexpr int kSteps = 6;
@@ -95,27 +98,8 @@ plan::Plan SftPlan(const std::string& strategy, int ranks, int accumulation) {
   return plan;
 }
 
-struct SftRun {
-  TrainReport report;
-  std::map<std::string, torch::Tensor> parameters;  // at the end, by Hugging Face name
-};
-
-SftRun Train(plan::Plan plan, int ranks, const std::string& name) {
-  const std::string saved = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
-  plan.mutable_training()->set_save_hf_dir(saved);
-  SftRun run{TrainOnRanks(plan, ranks), {}};
-  absl::StatusOr<std::shared_ptr<models::CausalLM>> model = models::LoadHfModel(saved);
-  EXPECT_THAT(model, IsOk());
-  if (model.ok()) {
-    for (const auto& named : (*model)->NamedParameters()) {
-      run.parameters[named.name] = named.parameter.detach().clone();
-    }
-  }
-  return run;
-}
-
-const SftRun& SingleProcess() {
-  static const SftRun* run = new SftRun(Train(SftPlan("", 1, 1), 1, "single"));
+const SavedRun& SingleProcess() {
+  static const SavedRun* run = new SavedRun(TrainAndSave(SftPlan("", 1, 1), 1, "single"));
   return *run;
 }
 
@@ -123,8 +107,8 @@ void ExpectNearRelative(double actual, double expected, const std::string& what)
   EXPECT_NEAR(actual, expected, 1e-5 * std::abs(expected)) << what;
 }
 
-void ExpectSameRun(const SftRun& run, const std::string& layout) {
-  const SftRun& expected = SingleProcess();
+void ExpectSameRun(const SavedRun& run, const std::string& layout) {
+  const SavedRun& expected = SingleProcess();
   ASSERT_EQ(run.report.steps.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(expected.report.steps.size(), static_cast<size_t>(kSteps));
   for (int i = 0; i < kSteps; ++i) {
@@ -139,12 +123,7 @@ void ExpectSameRun(const SftRun& run, const std::string& layout) {
   ASSERT_TRUE(run.report.steps.back().eval_loss.has_value());
   ExpectNearRelative(*run.report.steps.back().eval_loss, *expected.report.steps.back().eval_loss,
                      layout + " eval_loss");
-  ASSERT_EQ(run.parameters.size(), expected.parameters.size());
-  for (const auto& [name, value] : expected.parameters) {
-    const torch::Tensor& actual = run.parameters.at(name);
-    EXPECT_LE((actual - value).norm().item<double>(), 1e-5 * value.norm().item<double>())
-        << layout << " " << name;
-  }
+  ExpectSameParameters(run, expected, layout);
 }
 
 // The data makes the test able to fail: on the first batch, the mean of the two half-batches'
@@ -181,23 +160,23 @@ TEST(SftNormalizationTest, TheDataMakesMicroBatchMeansDiffer) {
 }
 
 TEST(SftNormalizationTest, DdpOnTwoRanksTrainsAsOneProcess) {
-  ExpectSameRun(Train(SftPlan("ddp", 2, 1), 2, "ddp"), "ddp");
+  ExpectSameRun(TrainAndSave(SftPlan("ddp", 2, 1), 2, "ddp"), "ddp");
 }
 
 TEST(SftNormalizationTest, FsdpOnTwoRanksTrainsAsOneProcess) {
-  ExpectSameRun(Train(SftPlan("fsdp", 2, 1), 2, "fsdp"), "fsdp");
+  ExpectSameRun(TrainAndSave(SftPlan("fsdp", 2, 1), 2, "fsdp"), "fsdp");
 }
 
 TEST(SftNormalizationTest, TwoAccumulatedMicroBatchesTrainAsOneProcess) {
-  ExpectSameRun(Train(SftPlan("", 1, 2), 1, "accumulation"), "accumulation");
+  ExpectSameRun(TrainAndSave(SftPlan("", 1, 2), 1, "accumulation"), "accumulation");
 }
 
 TEST(SftNormalizationTest, DdpOnTwoRanksWithTwoAccumulatedMicroBatchesTrainsAsOneProcess) {
-  ExpectSameRun(Train(SftPlan("ddp", 2, 2), 2, "ddp_accumulation"), "ddp x accumulation");
+  ExpectSameRun(TrainAndSave(SftPlan("ddp", 2, 2), 2, "ddp_accumulation"), "ddp x accumulation");
 }
 
 TEST(SftNormalizationTest, FsdpOnTwoRanksWithTwoAccumulatedMicroBatchesTrainsAsOneProcess) {
-  ExpectSameRun(Train(SftPlan("fsdp", 2, 2), 2, "fsdp_accumulation"), "fsdp x accumulation");
+  ExpectSameRun(TrainAndSave(SftPlan("fsdp", 2, 2), 2, "fsdp_accumulation"), "fsdp x accumulation");
 }
 
 }  // namespace

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "parallel/test_ranks.h"
 #include "plan/plan.h"
@@ -92,6 +95,31 @@ void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const 
       ExpectNearRelative(a.eval_named[m].second, e.eval_named[m].second,
                          step + "eval_" + e.eval_named[m].first, tolerance, floor);
     }
+  }
+}
+
+SavedRun TrainAndSave(plan::Plan plan, int ranks, const std::string& name,
+                      const TrainOptions& options) {
+  const std::string saved = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  plan.mutable_training()->set_save_hf_dir(saved);
+  SavedRun run{TrainOnRanks(plan, ranks, options), {}};
+  absl::StatusOr<std::shared_ptr<models::CausalLM>> model = models::LoadHfModel(saved);
+  EXPECT_THAT(model, IsOk());
+  if (model.ok()) {
+    for (const auto& named : (*model)->NamedParameters()) {
+      run.parameters[named.name] = named.parameter.detach().clone();
+    }
+  }
+  return run;
+}
+
+void ExpectSameParameters(const SavedRun& run, const SavedRun& expected, const std::string& layout,
+                          double tolerance) {
+  ASSERT_EQ(run.parameters.size(), expected.parameters.size()) << layout;
+  for (const auto& [name, value] : expected.parameters) {
+    const torch::Tensor& actual = run.parameters.at(name);
+    EXPECT_LE((actual - value).norm().item<double>(), tolerance * value.norm().item<double>())
+        << layout << " " << name;
   }
 }
 

@@ -5,11 +5,13 @@
 #define PLAIT_TRAINER_TESTING_RANKS_H_
 
 #include <functional>
+#include <map>
 #include <string>
 
 #include "models/model.pb.h"
 #include "parallel/device_mesh.h"
 #include "plan/plan.pb.h"
+#include "torch/types.h"
 #include "trainer/trainer.h"
 
 namespace plait::trainer::testing {
@@ -36,6 +38,22 @@ TrainReport TrainOnRanks(const plan::Plan& plan, int ranks, const TrainOptions& 
 // rewards start at exactly 0); failures name `layout`, the step and the metric.
 void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const std::string& layout,
                      double tolerance = 1e-5, double floor = 1e-2);
+
+// A run's report and its parameters at the end, by Hugging Face name.
+struct SavedRun {
+  TrainReport report;
+  std::map<std::string, torch::Tensor> parameters;
+};
+
+// TrainOnRanks, with the trained model saved as a Hugging Face folder (training.save_hf_dir,
+// `name` in the test's temporary folder) and read back.
+SavedRun TrainAndSave(plan::Plan plan, int ranks, const std::string& name,
+                      const TrainOptions& options = {});
+
+// Every parameter of `run` is `expected`'s within `tolerance` of its norm; failures name
+// `layout` and the parameter.
+void ExpectSameParameters(const SavedRun& run, const SavedRun& expected, const std::string& layout,
+                          double tolerance = 1e-5);
 
 // The config `spec` resolves to (models::ResolveModelSpec), for PreparedModel::Prepare.
 // Failures are test failures.
