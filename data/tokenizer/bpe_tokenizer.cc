@@ -19,10 +19,10 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/mutex.h"
 #include "base/json.h"
 #include "base/status.h"
 #include "data/tokenizer/byte_fallback.h"
+#include "data/tokenizer/piece_cache.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data::tokenizer {
@@ -44,9 +44,6 @@ constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
 // Hugging Face's tokenizers refuse them too: they parse tokenizer.json with serde_json, whose
 // default recursion limit is 128 levels of arrays and objects, two per Sequence.
 constexpr int kMaxSequenceDepth = 64;
-
-// Pieces longer than this are not cached (they are rare, and would crowd the cache).
-constexpr size_t kMaxCachedPiece = 64;
 
 // Errors about one tokenizer file, as "SOURCE: FIELD: PROBLEM".
 class FileErrors {
@@ -278,39 +275,6 @@ class AddedTokenMatcher {
   bool empty_ = true;
 };
 
-// The ids of recently seen pieces: most words recur, and a lookup is much cheaper than the
-// merges. Sharded so that threads encoding documents in parallel rarely wait on each other.
-class PieceCache {
- public:
-  // Appends the ids of `piece` to `ids` when they are cached; whether they were.
-  bool Append(absl::string_view piece, std::vector<int32_t>& ids) const {
-    Shard& shard = ShardOf(piece);
-    absl::MutexLock lock(&shard.mutex);
-    const auto it = shard.ids.find(piece);
-    if (it == shard.ids.end()) return false;
-    ids.insert(ids.end(), it->second.begin(), it->second.end());
-    return true;
-  }
-  void Insert(absl::string_view piece, const std::vector<int32_t>& ids) const {
-    Shard& shard = ShardOf(piece);
-    absl::MutexLock lock(&shard.mutex);
-    if (shard.ids.size() >= kShardCapacity) shard.ids.clear();
-    shard.ids.emplace(piece, ids);
-  }
-
- private:
-  static constexpr int kShards = 64;
-  static constexpr size_t kShardCapacity = 4096;
-  struct Shard {
-    absl::Mutex mutex;
-    absl::flat_hash_map<std::string, std::vector<int32_t>> ids;
-  };
-  Shard& ShardOf(absl::string_view piece) const {
-    return shards_[absl::Hash<absl::string_view>()(piece) % kShards];
-  }
-  mutable std::array<Shard, kShards> shards_;
-};
-
 using NormalizationForm = utf8proc_option_t;
 
 // One normalizer of the file's: a Unicode normalization form, or Prepend or Replace (with a
@@ -503,7 +467,7 @@ void BpeTokenizer::Merge(absl::string_view piece, std::vector<int32_t>& ids) con
   if (cache_.Append(piece, ids)) return;
   const size_t first = ids.size();
   MergeUncached(piece, ids);
-  cache_.Insert(piece, std::vector<int32_t>(ids.begin() + first, ids.end()));
+  cache_.Insert(piece, absl::MakeConstSpan(ids).subspan(first));
 }
 
 std::vector<int32_t> BpeTokenizer::InitialIds(absl::string_view piece) const {

@@ -7,12 +7,14 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "base/status.h"
 #include "data/tokenizer/byte_fallback.h"
+#include "data/tokenizer/piece_cache.h"
 #include "data/tokenizer/sentencepiece_model.pb.h"
 
 namespace plait::data::tokenizer {
@@ -104,6 +106,7 @@ class SentencePieceTokenizer : public Tokenizer {
             absl::StrFormat("%s: pieces: no <0x%02X> piece, which byte fallback needs", source, b));
       }
     }
+    split_at_words_ = !SomePieceSpansWords();
     if (IsControlId(trainer.bos_id())) set_bos_id(trainer.bos_id());
     if (IsControlId(trainer.eos_id())) set_eos_id(trainer.eos_id());
     return absl::OkStatus();
@@ -116,7 +119,23 @@ class SentencePieceTokenizer : public Tokenizer {
     if (add_special_tokens && bos_id()) ids.push_back(*bos_id());
     if (text.empty()) return ids;
     const std::string normalized = Normalize(text);
-    Merge(normalized, ids);
+    if (!split_at_words_) {
+      Merge(normalized, ids);
+      return ids;
+    }
+    // Each word starts at a space that follows a non-space (or at the text's start), so that
+    // its leading run of spaces stays with it, as the merges of the whole text would keep it.
+    const absl::string_view rest = normalized;
+    const absl::string_view space = Space();
+    size_t start = 0;
+    for (size_t at = rest.find(space); at != absl::string_view::npos;
+         at = rest.find(space, at + space.size())) {
+      if (at > start && !absl::EndsWith(rest.substr(0, at), space)) {
+        MergeWord(rest.substr(start, at - start), ids);
+        start = at;
+      }
+    }
+    MergeWord(rest.substr(start), ids);
     return ids;
   }
 
@@ -172,9 +191,26 @@ class SentencePieceTokenizer : public Tokenizer {
     return id >= 0 && id < vocab_size() && types_[id] == Piece::CONTROL;
   }
 
+  // What a space is in the normalized text.
+  absl::string_view Space() const { return escape_whitespaces_ ? kSpaceSymbol : " "; }
+
+  // Whether a NORMAL piece has a space after a non-space: what could make a merge cross from
+  // one word into the next. Models trained with split_by_whitespace (Llama 2's, Mistral's)
+  // have none, but that field governs training only, so the pieces themselves are asked.
+  bool SomePieceSpansWords() const {
+    const absl::string_view space = Space();
+    for (const auto& [piece, id_score] : scored_) {
+      absl::string_view rest = piece;
+      while (absl::ConsumePrefix(&rest, space)) {
+      }
+      if (absl::StrContains(rest, space)) return true;
+    }
+    return false;
+  }
+
   // SentencePiece's identity normalizer: a dummy-prefix space, and each space as U+2581.
   std::string Normalize(absl::string_view text) const {
-    const absl::string_view space = escape_whitespaces_ ? kSpaceSymbol : " ";
+    const absl::string_view space = Space();
     std::string normalized;
     normalized.reserve(text.size() + 8);
     if (add_dummy_prefix_) absl::StrAppend(&normalized, space);
@@ -186,6 +222,22 @@ class SentencePieceTokenizer : public Tokenizer {
       }
     }
     return normalized;
+  }
+
+  // Merge of one word of the normalized text, through the cache of recent words. With no
+  // piece spanning words (SomePieceSpansWords), no merge of the whole text joins two words, and
+  // the merges within a word come in the same order (highest score, then leftmost) whether the
+  // word is merged alone or in its text: the ids are those of SentencePiece's whole-text BPE,
+  // and a recurring word is merged once.
+  void MergeWord(absl::string_view word, std::vector<int32_t>& ids) const {
+    if (word.size() > kMaxCachedPiece) {
+      Merge(word, ids);
+      return;
+    }
+    if (cache_.Append(word, ids)) return;
+    const size_t first = ids.size();
+    Merge(word, ids);
+    cache_.Insert(word, absl::MakeConstSpan(ids).subspan(first));
   }
 
   // SentencePiece's BPE (src/bpe_model.cc): start from the characters, and merge the adjacent
@@ -252,12 +304,14 @@ class SentencePieceTokenizer : public Tokenizer {
 
   bool add_dummy_prefix_ = true;
   bool escape_whitespaces_ = true;
+  bool split_at_words_ = false;  // !SomePieceSpansWords(): words are merged apart, and cached
   std::string unk_surface_;
   std::vector<Piece::Type> types_;                                      // id -> type
   std::vector<std::string> pieces_;                                     // id -> piece
   absl::flat_hash_map<std::string, int32_t> ids_;                       // piece -> id
   absl::flat_hash_map<std::string, std::pair<int32_t, float>> scored_;  // NORMAL: id, score
   std::array<int32_t, 256> byte_ids_ = MinusOnes();
+  PieceCache cache_;
 
   static std::array<int32_t, 256> MinusOnes() {
     std::array<int32_t, 256> values;
