@@ -1,8 +1,9 @@
 #include "data/tokenizer/sentencepiece_tokenizer.h"
 
+#include <algorithm>
 #include <array>
+#include <functional>
 #include <optional>
-#include <queue>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "base/status.h"
+#include "data/tokenizer/bpe_merge.h"
 #include "data/tokenizer/byte_fallback.h"
 #include "data/tokenizer/piece_cache.h"
 #include "data/tokenizer/sentencepiece_model.pb.h"
@@ -106,6 +108,7 @@ class SentencePieceTokenizer : public Tokenizer {
             absl::StrFormat("%s: pieces: no <0x%02X> piece, which byte fallback needs", source, b));
       }
     }
+    PLAIT_RETURN_IF_ERROR(MakeMerges(source));
     split_at_words_ = !SomePieceSpansWords();
     if (IsControlId(trainer.bos_id())) set_bos_id(trainer.bos_id());
     if (IsControlId(trainer.eos_id())) set_eos_id(trainer.eos_id());
@@ -191,6 +194,42 @@ class SentencePieceTokenizer : public Tokenizer {
     return id >= 0 && id < vocab_size() && types_[id] == Piece::CONTROL;
   }
 
+  // SentencePiece merges two adjacent symbols when their concatenation is a piece, ranked by
+  // the piece's score; as merges of ids, each split of a NORMAL piece into two NORMAL pieces.
+  // That finds every merge only when each character of a piece is a piece (SentencePiece's
+  // trainer starts from the characters, so its BPE models are so).
+  absl::Status MakeMerges(absl::string_view source) {
+    std::vector<float> scores;  // distinct, highest first: a piece's rank is its score's index
+    scores.reserve(scored_.size());
+    for (const auto& [piece, id_score] : scored_) scores.push_back(id_score.second);
+    std::sort(scores.begin(), scores.end(), std::greater<float>());
+    scores.erase(std::unique(scores.begin(), scores.end()), scores.end());
+    merges_.Reserve(scored_.size());
+    for (const auto& [piece, id_score] : scored_) {
+      const auto [id, score] = id_score;
+      const int32_t rank = static_cast<int32_t>(
+          std::lower_bound(scores.begin(), scores.end(), score, std::greater<float>()) -
+          scores.begin());
+      const absl::string_view text = piece;
+      for (size_t at = 0; at < text.size();) {
+        const size_t length = Utf8CharLength(static_cast<unsigned char>(text[at]));
+        if (!scored_.contains(text.substr(at, length))) {
+          return absl::UnimplementedError(absl::StrCat(
+              source, ": pieces[", id, "]: \"", piece, "\" holds \"", text.substr(at, length),
+              "\", which is no NORMAL piece; such models are not supported"));
+        }
+        at += length;
+        if (at >= text.size()) break;
+        const auto left = scored_.find(text.substr(0, at));
+        const auto right = scored_.find(text.substr(at));
+        if (left != scored_.end() && right != scored_.end()) {
+          merges_.Add(left->second.first, right->second.first, rank, id);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // What a space is in the normalized text.
   absl::string_view Space() const { return escape_whitespaces_ ? kSpaceSymbol : " "; }
 
@@ -242,64 +281,23 @@ class SentencePieceTokenizer : public Tokenizer {
 
   // SentencePiece's BPE (src/bpe_model.cc): start from the characters, and merge the adjacent
   // pair whose concatenation is the piece of highest score (the leftmost of equal scores)
-  // until no pair is a piece. A character that is no piece becomes its bytes' pieces.
+  // until no pair is a piece; here as merges of ids (merges_). A character that is no piece
+  // is its bytes' pieces, which merge with nothing (no piece holds it: MakeMerges).
   void Merge(absl::string_view text, std::vector<int32_t>& ids) const {
-    struct Symbol {
-      absl::string_view text;  // empty once merged into its left neighbour
-      int32_t prev;
-      int32_t next;
-    };
-    std::vector<Symbol> symbols;
+    std::vector<int32_t> initial;
+    initial.reserve(text.size());
     for (size_t i = 0; i < text.size();) {
-      const size_t length =
-          std::min<size_t>(Utf8CharLength(static_cast<unsigned char>(text[i])), text.size() - i);
-      const int32_t index = static_cast<int32_t>(symbols.size());
-      symbols.push_back({text.substr(i, length), index - 1, -1});
-      if (index > 0) symbols[index - 1].next = index;
-      i += length;
-    }
-    struct Candidate {
-      float score;
-      int32_t left;
-      int32_t right;
-      size_t size;  // of the merged text: a candidate whose symbols changed since is stale
-      bool operator<(const Candidate& other) const {
-        return score != other.score ? score < other.score : left > other.left;
+      const absl::string_view character = text.substr(
+          i,
+          std::min<size_t>(Utf8CharLength(static_cast<unsigned char>(text[i])), text.size() - i));
+      if (const auto it = scored_.find(character); it != scored_.end()) {
+        initial.push_back(it->second.first);
+      } else {
+        for (const unsigned char b : character) initial.push_back(byte_ids_[b]);
       }
-    };
-    std::priority_queue<Candidate> queue;
-    const auto push = [&](int32_t left, int32_t right) {
-      if (left < 0 || right < 0) return;
-      const absl::string_view merged(symbols[left].text.data(),
-                                     symbols[left].text.size() + symbols[right].text.size());
-      const auto it = scored_.find(merged);
-      if (it != scored_.end()) queue.push({it->second.second, left, right, merged.size()});
-    };
-    for (int32_t i = 1; i < static_cast<int32_t>(symbols.size()); ++i) push(i - 1, i);
-    while (!queue.empty()) {
-      const Candidate top = queue.top();
-      queue.pop();
-      Symbol& left = symbols[top.left];
-      Symbol& right = symbols[top.right];
-      if (left.text.empty() || right.text.empty() ||
-          left.text.size() + right.text.size() != top.size) {
-        continue;
-      }
-      left.text = absl::string_view(left.text.data(), top.size);
-      left.next = right.next;
-      if (right.next >= 0) symbols[right.next].prev = top.left;
-      right.text = absl::string_view();
-      push(left.prev, top.left);
-      push(top.left, left.next);
+      i += character.size();
     }
-    for (int32_t i = 0; i >= 0; i = symbols[i].next) {
-      const auto it = scored_.find(symbols[i].text);
-      if (it != scored_.end()) {
-        ids.push_back(it->second.first);
-        continue;
-      }
-      for (const unsigned char b : symbols[i].text) ids.push_back(byte_ids_[b]);
-    }
+    merges_.Merge(initial, ids);
   }
 
   bool add_dummy_prefix_ = true;
@@ -311,6 +309,7 @@ class SentencePieceTokenizer : public Tokenizer {
   absl::flat_hash_map<std::string, int32_t> ids_;                       // piece -> id
   absl::flat_hash_map<std::string, std::pair<int32_t, float>> scored_;  // NORMAL: id, score
   std::array<int32_t, 256> byte_ids_ = MinusOnes();
+  MergeTable merges_;  // NORMAL pieces: each split into two pieces, ranked by score
   PieceCache cache_;
 
   static std::array<int32_t, 256> MinusOnes() {

@@ -61,6 +61,13 @@ TEST(SentencePieceTokenizerTest, UnsupportedSettingsAreNamed) {
          m.mutable_pieces(500)->set_type(ModelProto::SentencePiece::USER_DEFINED);
        },
        "pieces[500].type: USER_DEFINED pieces are not supported"},
+      {[](ModelProto& m) {
+         // U+E000, a private-use character, is no piece of Mistral's.
+         ModelProto::SentencePiece* piece = m.add_pieces();
+         piece->set_piece("a\xEE\x80\x80");
+         piece->set_score(-1e9);
+       },
+       "pieces[32000]: \"a\xEE\x80\x80\" holds \"\xEE\x80\x80\", which is no NORMAL piece"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.message);
