@@ -1,12 +1,13 @@
 """Hugging Face's tokenizers on the corpus of //benchmarks:tokenizer_bench, for its ratios.
 
   bazel run --config=opt //benchmarks:tokenizer_bench -- --write_corpus=/tmp/corpus.txt
-  /opt/plait/venv/bin/python benchmarks/tokenizer_bench_hf.py /tmp/corpus.txt
+  /opt/plait/venv/bin/python benchmarks/tokenizer_bench_hf.py /tmp/corpus.txt [NAME...]
 
-Encodes each blank-line-separated document with `tokenizers` (Rust, called from Python, one
+NAMEs (gpt2, qwen3, tiny, mistral; all by default) choose the tokenizers. Encodes each blank-line-separated document with `tokenizers` (Rust, called from Python, one
 document per call, as tokenizer_bench does) with a freshly loaded tokenizer per pass, and
 prints MB per CPU second of the process (RAYON_NUM_THREADS=1 keeps the Rust side on one
-thread), the figure tokenizer_bench reports as MB/cpu_s; then the same for all documents in
+thread), the figure tokenizer_bench reports as MB/cpu_s, beside MB per second of wall time
+(MB/s/core on one thread there); then the same for all documents in
 one encode_batch call, which saves Python's per-call cost. Mistral's SentencePiece model is
 measured with Google's `sentencepiece`.
 """
@@ -47,20 +48,23 @@ def main():
     documents = [d for d in corpus.split("\n\n") if d]
     size = len(corpus.encode("utf-8"))
     passes = 2
-    for name in ["gpt2", "qwen3", "tiny", "mistral"]:
-        one_seconds = batch_seconds = 0.0
+    for name in sys.argv[2:] or ["gpt2", "qwen3", "tiny", "mistral"]:
+        one_seconds = one_wall_seconds = batch_seconds = 0.0
         tokens = 0
         for _ in range(passes):
             encode, _ = load(name)
             start = time.process_time()
+            start_wall = time.perf_counter()
             for document in documents:
                 tokens += len(encode(document))
             one_seconds += time.process_time() - start
+            one_wall_seconds += time.perf_counter() - start_wall
             _, encode_batch = load(name)
             start = time.process_time()
             encode_batch(documents)
             batch_seconds += time.process_time() - start
-        print(f"{name}: {size * passes / 1e6 / one_seconds:.2f} MB/cpu_s one document a call, "
+        print(f"{name}: {size * passes / 1e6 / one_seconds:.2f} MB/cpu_s "
+              f"({size * passes / 1e6 / one_wall_seconds:.2f} MB/s wall) one document a call, "
               f"{size * passes / 1e6 / batch_seconds:.2f} MB/cpu_s in one batch, "
               f"{size * passes / tokens:.3f} bytes/token")
 

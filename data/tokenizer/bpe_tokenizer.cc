@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
-#include <functional>
 #include <optional>
-#include <queue>
 #include <utility>
 #include <vector>
 
@@ -19,10 +17,11 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/mutex.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "data/tokenizer/bpe_merge.h"
 #include "data/tokenizer/byte_fallback.h"
+#include "data/tokenizer/piece_cache.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data::tokenizer {
@@ -44,9 +43,6 @@ constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
 // Hugging Face's tokenizers refuse them too: they parse tokenizer.json with serde_json, whose
 // default recursion limit is 128 levels of arrays and objects, two per Sequence.
 constexpr int kMaxSequenceDepth = 64;
-
-// Pieces longer than this are not cached (they are rare, and would crowd the cache).
-constexpr size_t kMaxCachedPiece = 64;
 
 // Errors about one tokenizer file, as "SOURCE: FIELD: PROBLEM".
 class FileErrors {
@@ -278,39 +274,6 @@ class AddedTokenMatcher {
   bool empty_ = true;
 };
 
-// The ids of recently seen pieces: most words recur, and a lookup is much cheaper than the
-// merges. Sharded so that threads encoding documents in parallel rarely wait on each other.
-class PieceCache {
- public:
-  // Appends the ids of `piece` to `ids` when they are cached; whether they were.
-  bool Append(absl::string_view piece, std::vector<int32_t>& ids) const {
-    Shard& shard = ShardOf(piece);
-    absl::MutexLock lock(&shard.mutex);
-    const auto it = shard.ids.find(piece);
-    if (it == shard.ids.end()) return false;
-    ids.insert(ids.end(), it->second.begin(), it->second.end());
-    return true;
-  }
-  void Insert(absl::string_view piece, const std::vector<int32_t>& ids) const {
-    Shard& shard = ShardOf(piece);
-    absl::MutexLock lock(&shard.mutex);
-    if (shard.ids.size() >= kShardCapacity) shard.ids.clear();
-    shard.ids.emplace(piece, ids);
-  }
-
- private:
-  static constexpr int kShards = 64;
-  static constexpr size_t kShardCapacity = 4096;
-  struct Shard {
-    absl::Mutex mutex;
-    absl::flat_hash_map<std::string, std::vector<int32_t>> ids;
-  };
-  Shard& ShardOf(absl::string_view piece) const {
-    return shards_[absl::Hash<absl::string_view>()(piece) % kShards];
-  }
-  mutable std::array<Shard, kShards> shards_;
-};
-
 using NormalizationForm = utf8proc_option_t;
 
 // One normalizer of the file's: a Unicode normalization form, or Prepend or Replace (with a
@@ -377,15 +340,6 @@ class BpeTokenizer : public Tokenizer {
   // token (Hugging Face's BPE::merge_word).
   std::vector<int32_t> InitialIds(absl::string_view piece) const;
 
-  struct MergeResult {
-    int32_t rank;
-    int32_t id;
-  };
-  static uint64_t PairKey(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-           static_cast<uint32_t>(right);
-  }
-
   std::vector<NormalizerStep> normalizers_;
   std::optional<Metaspace> metaspace_;
   std::vector<SplitRegex> splits_;
@@ -393,7 +347,7 @@ class BpeTokenizer : public Tokenizer {
   AddedTokenMatcher normalized_added_;               // the others
   absl::flat_hash_map<std::string, int32_t> vocab_;  // token as model.vocab writes it -> id
   absl::flat_hash_map<std::string, int32_t> added_;  // added token content -> id
-  absl::flat_hash_map<uint64_t, MergeResult> merges_;
+  MergeTable merges_;
   std::array<int32_t, 256> byte_ids_{};  // the byte-level characters' or the <0xNN> tokens
   bool byte_fallback_ = false;  // SentencePiece-style: text in the vocabulary, <0xNN> bytes
   bool ignore_merges_ = false;
@@ -503,7 +457,7 @@ void BpeTokenizer::Merge(absl::string_view piece, std::vector<int32_t>& ids) con
   if (cache_.Append(piece, ids)) return;
   const size_t first = ids.size();
   MergeUncached(piece, ids);
-  cache_.Insert(piece, std::vector<int32_t>(ids.begin() + first, ids.end()));
+  cache_.Insert(piece, absl::MakeConstSpan(ids).subspan(first));
 }
 
 std::vector<int32_t> BpeTokenizer::InitialIds(absl::string_view piece) const {
@@ -533,53 +487,7 @@ void BpeTokenizer::MergeUncached(absl::string_view piece, std::vector<int32_t>& 
       return;
     }
   }
-  // The symbols of the piece as a linked list; merged-away symbols get id -1.
-  struct Symbol {
-    int32_t id;
-    int32_t prev;
-    int32_t next;
-  };
-  const std::vector<int32_t> initial = InitialIds(piece);
-  const int32_t n = static_cast<int32_t>(initial.size());
-  std::vector<Symbol> symbols(n);
-  for (int32_t i = 0; i < n; ++i) symbols[i] = {initial[i], i - 1, i + 1 < n ? i + 1 : -1};
-  // Candidate merges, lowest rank first and, among equal ranks, leftmost first (as in
-  // Hugging Face's BPE); an entry whose symbols have changed since it was pushed is skipped.
-  struct Candidate {
-    int32_t rank;
-    int32_t left;
-    int32_t left_id;
-    int32_t right_id;
-    bool operator>(const Candidate& other) const {
-      return rank != other.rank ? rank > other.rank : left > other.left;
-    }
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
-  const auto push = [&](int32_t left) {
-    if (left < 0) return;
-    const int32_t right = symbols[left].next;
-    if (right < 0) return;
-    const auto it = merges_.find(PairKey(symbols[left].id, symbols[right].id));
-    if (it != merges_.end()) {
-      queue.push({it->second.rank, left, symbols[left].id, symbols[right].id});
-    }
-  };
-  for (int32_t i = 0; i + 1 < n; ++i) push(i);
-  while (!queue.empty()) {
-    const Candidate top = queue.top();
-    queue.pop();
-    Symbol& left = symbols[top.left];
-    if (left.id != top.left_id || left.next < 0) continue;
-    Symbol& right = symbols[left.next];
-    if (right.id != top.right_id) continue;
-    left.id = merges_.find(PairKey(top.left_id, top.right_id))->second.id;
-    right.id = -1;
-    left.next = right.next;
-    if (left.next >= 0) symbols[left.next].prev = top.left;
-    push(left.prev);
-    push(top.left);
-  }
-  for (int32_t i = 0; i >= 0; i = symbols[i].next) ids.push_back(symbols[i].id);
+  merges_.Merge(InitialIds(piece), ids);
 }
 
 absl::StatusOr<std::string> BpeTokenizer::Decode(absl::Span<const int32_t> ids) const {
@@ -793,7 +701,7 @@ class BpeLoader {
       return errors_.Invalid("model.merges",
                              absl::StrCat("expected an array, got ", base::DescribeJson(merges)));
     }
-    tokenizer_.merges_.reserve(merges.size());
+    tokenizer_.merges_.Reserve(merges.size());
     for (size_t rank = 0; rank < merges.size(); ++rank) {
       const json& merge = merges[rank];
       const std::string field = absl::StrCat("model.merges[", rank, "]");
@@ -825,9 +733,7 @@ class BpeLoader {
         }
         ids[k] = it->second;
       }
-      // A pair listed twice keeps its first (lowest) rank, as in Hugging Face's BPE.
-      tokenizer_.merges_.emplace(BpeTokenizer::PairKey(ids[0], ids[1]),
-                                 BpeTokenizer::MergeResult{static_cast<int32_t>(rank), ids[2]});
+      tokenizer_.merges_.Add(ids[0], ids[1], static_cast<int32_t>(rank), ids[2]);
     }
     return absl::OkStatus();
   }

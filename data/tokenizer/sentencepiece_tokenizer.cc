@@ -1,18 +1,22 @@
 #include "data/tokenizer/sentencepiece_tokenizer.h"
 
+#include <algorithm>
 #include <array>
+#include <functional>
 #include <optional>
-#include <queue>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "base/status.h"
+#include "data/tokenizer/bpe_merge.h"
 #include "data/tokenizer/byte_fallback.h"
+#include "data/tokenizer/piece_cache.h"
 #include "data/tokenizer/sentencepiece_model.pb.h"
 
 namespace plait::data::tokenizer {
@@ -104,6 +108,8 @@ class SentencePieceTokenizer : public Tokenizer {
             absl::StrFormat("%s: pieces: no <0x%02X> piece, which byte fallback needs", source, b));
       }
     }
+    PLAIT_RETURN_IF_ERROR(MakeMerges(source));
+    split_at_words_ = !SomePieceSpansWords();
     if (IsControlId(trainer.bos_id())) set_bos_id(trainer.bos_id());
     if (IsControlId(trainer.eos_id())) set_eos_id(trainer.eos_id());
     return absl::OkStatus();
@@ -116,7 +122,23 @@ class SentencePieceTokenizer : public Tokenizer {
     if (add_special_tokens && bos_id()) ids.push_back(*bos_id());
     if (text.empty()) return ids;
     const std::string normalized = Normalize(text);
-    Merge(normalized, ids);
+    if (!split_at_words_) {
+      Merge(normalized, ids);
+      return ids;
+    }
+    // Each word starts at a space that follows a non-space (or at the text's start), so that
+    // its leading run of spaces stays with it, as the merges of the whole text would keep it.
+    const absl::string_view rest = normalized;
+    const absl::string_view space = Space();
+    size_t start = 0;
+    for (size_t at = rest.find(space); at != absl::string_view::npos;
+         at = rest.find(space, at + space.size())) {
+      if (at > start && !absl::EndsWith(rest.substr(0, at), space)) {
+        MergeWord(rest.substr(start, at - start), ids);
+        start = at;
+      }
+    }
+    MergeWord(rest.substr(start), ids);
     return ids;
   }
 
@@ -172,9 +194,62 @@ class SentencePieceTokenizer : public Tokenizer {
     return id >= 0 && id < vocab_size() && types_[id] == Piece::CONTROL;
   }
 
+  // SentencePiece merges two adjacent symbols when their concatenation is a piece, ranked by
+  // the piece's score; as merges of ids, each split of a NORMAL piece into two NORMAL pieces.
+  // That finds every merge only when each character of a piece is a piece (SentencePiece's
+  // trainer starts from the characters, so its BPE models are so).
+  absl::Status MakeMerges(absl::string_view source) {
+    std::vector<float> scores;  // distinct, highest first: a piece's rank is its score's index
+    scores.reserve(scored_.size());
+    for (const auto& [piece, id_score] : scored_) scores.push_back(id_score.second);
+    std::sort(scores.begin(), scores.end(), std::greater<float>());
+    scores.erase(std::unique(scores.begin(), scores.end()), scores.end());
+    merges_.Reserve(scored_.size());
+    for (const auto& [piece, id_score] : scored_) {
+      const auto [id, score] = id_score;
+      const int32_t rank = static_cast<int32_t>(
+          std::lower_bound(scores.begin(), scores.end(), score, std::greater<float>()) -
+          scores.begin());
+      const absl::string_view text = piece;
+      for (size_t at = 0; at < text.size();) {
+        const size_t length = Utf8CharLength(static_cast<unsigned char>(text[at]));
+        if (!scored_.contains(text.substr(at, length))) {
+          return absl::UnimplementedError(absl::StrCat(
+              source, ": pieces[", id, "]: \"", piece, "\" holds \"", text.substr(at, length),
+              "\", which is no NORMAL piece; such models are not supported"));
+        }
+        at += length;
+        if (at >= text.size()) break;
+        const auto left = scored_.find(text.substr(0, at));
+        const auto right = scored_.find(text.substr(at));
+        if (left != scored_.end() && right != scored_.end()) {
+          merges_.Add(left->second.first, right->second.first, rank, id);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // What a space is in the normalized text.
+  absl::string_view Space() const { return escape_whitespaces_ ? kSpaceSymbol : " "; }
+
+  // Whether a NORMAL piece has a space after a non-space: what could make a merge cross from
+  // one word into the next. Models trained with split_by_whitespace (Llama 2's, Mistral's)
+  // have none, but that field governs training only, so the pieces themselves are asked.
+  bool SomePieceSpansWords() const {
+    const absl::string_view space = Space();
+    for (const auto& [piece, id_score] : scored_) {
+      absl::string_view rest = piece;
+      while (absl::ConsumePrefix(&rest, space)) {
+      }
+      if (absl::StrContains(rest, space)) return true;
+    }
+    return false;
+  }
+
   // SentencePiece's identity normalizer: a dummy-prefix space, and each space as U+2581.
   std::string Normalize(absl::string_view text) const {
-    const absl::string_view space = escape_whitespaces_ ? kSpaceSymbol : " ";
+    const absl::string_view space = Space();
     std::string normalized;
     normalized.reserve(text.size() + 8);
     if (add_dummy_prefix_) absl::StrAppend(&normalized, space);
@@ -188,76 +263,54 @@ class SentencePieceTokenizer : public Tokenizer {
     return normalized;
   }
 
+  // Merge of one word of the normalized text, through the cache of recent words. With no
+  // piece spanning words (SomePieceSpansWords), no merge of the whole text joins two words, and
+  // the merges within a word come in the same order (highest score, then leftmost) whether the
+  // word is merged alone or in its text: the ids are those of SentencePiece's whole-text BPE,
+  // and a recurring word is merged once.
+  void MergeWord(absl::string_view word, std::vector<int32_t>& ids) const {
+    if (word.size() > kMaxCachedPiece) {
+      Merge(word, ids);
+      return;
+    }
+    if (cache_.Append(word, ids)) return;
+    const size_t first = ids.size();
+    Merge(word, ids);
+    cache_.Insert(word, absl::MakeConstSpan(ids).subspan(first));
+  }
+
   // SentencePiece's BPE (src/bpe_model.cc): start from the characters, and merge the adjacent
   // pair whose concatenation is the piece of highest score (the leftmost of equal scores)
-  // until no pair is a piece. A character that is no piece becomes its bytes' pieces.
+  // until no pair is a piece; here as merges of ids (merges_). A character that is no piece
+  // is its bytes' pieces, which merge with nothing (no piece holds it: MakeMerges).
   void Merge(absl::string_view text, std::vector<int32_t>& ids) const {
-    struct Symbol {
-      absl::string_view text;  // empty once merged into its left neighbour
-      int32_t prev;
-      int32_t next;
-    };
-    std::vector<Symbol> symbols;
+    std::vector<int32_t> initial;
+    initial.reserve(text.size());
     for (size_t i = 0; i < text.size();) {
-      const size_t length =
-          std::min<size_t>(Utf8CharLength(static_cast<unsigned char>(text[i])), text.size() - i);
-      const int32_t index = static_cast<int32_t>(symbols.size());
-      symbols.push_back({text.substr(i, length), index - 1, -1});
-      if (index > 0) symbols[index - 1].next = index;
-      i += length;
-    }
-    struct Candidate {
-      float score;
-      int32_t left;
-      int32_t right;
-      size_t size;  // of the merged text: a candidate whose symbols changed since is stale
-      bool operator<(const Candidate& other) const {
-        return score != other.score ? score < other.score : left > other.left;
+      const absl::string_view character = text.substr(
+          i,
+          std::min<size_t>(Utf8CharLength(static_cast<unsigned char>(text[i])), text.size() - i));
+      if (const auto it = scored_.find(character); it != scored_.end()) {
+        initial.push_back(it->second.first);
+      } else {
+        for (const unsigned char b : character) initial.push_back(byte_ids_[b]);
       }
-    };
-    std::priority_queue<Candidate> queue;
-    const auto push = [&](int32_t left, int32_t right) {
-      if (left < 0 || right < 0) return;
-      const absl::string_view merged(symbols[left].text.data(),
-                                     symbols[left].text.size() + symbols[right].text.size());
-      const auto it = scored_.find(merged);
-      if (it != scored_.end()) queue.push({it->second.second, left, right, merged.size()});
-    };
-    for (int32_t i = 1; i < static_cast<int32_t>(symbols.size()); ++i) push(i - 1, i);
-    while (!queue.empty()) {
-      const Candidate top = queue.top();
-      queue.pop();
-      Symbol& left = symbols[top.left];
-      Symbol& right = symbols[top.right];
-      if (left.text.empty() || right.text.empty() ||
-          left.text.size() + right.text.size() != top.size) {
-        continue;
-      }
-      left.text = absl::string_view(left.text.data(), top.size);
-      left.next = right.next;
-      if (right.next >= 0) symbols[right.next].prev = top.left;
-      right.text = absl::string_view();
-      push(left.prev, top.left);
-      push(top.left, left.next);
+      i += character.size();
     }
-    for (int32_t i = 0; i >= 0; i = symbols[i].next) {
-      const auto it = scored_.find(symbols[i].text);
-      if (it != scored_.end()) {
-        ids.push_back(it->second.first);
-        continue;
-      }
-      for (const unsigned char b : symbols[i].text) ids.push_back(byte_ids_[b]);
-    }
+    merges_.Merge(initial, ids);
   }
 
   bool add_dummy_prefix_ = true;
   bool escape_whitespaces_ = true;
+  bool split_at_words_ = false;  // !SomePieceSpansWords(): words are merged apart, and cached
   std::string unk_surface_;
   std::vector<Piece::Type> types_;                                      // id -> type
   std::vector<std::string> pieces_;                                     // id -> piece
   absl::flat_hash_map<std::string, int32_t> ids_;                       // piece -> id
   absl::flat_hash_map<std::string, std::pair<int32_t, float>> scored_;  // NORMAL: id, score
   std::array<int32_t, 256> byte_ids_ = MinusOnes();
+  MergeTable merges_;  // NORMAL pieces: each split into two pieces, ranked by score
+  PieceCache cache_;
 
   static std::array<int32_t, 256> MinusOnes() {
     std::array<int32_t, 256> values;

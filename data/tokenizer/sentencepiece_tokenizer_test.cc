@@ -1,6 +1,7 @@
 // Malformed and unsupported SentencePiece models: each a change to Mistral 7B v0.1's
-// tokenizer.model (testdata/mistral) that must fail with an error naming the field. The ids of
-// the unchanged model are checked against Google's sentencepiece in tokenizer_golden_test.
+// tokenizer.model (testdata/mistral) that must fail with an error naming the field; and the
+// word-by-word, cached merges against the merges of the whole text. The ids of the unchanged
+// model are checked against Google's sentencepiece in tokenizer_golden_test.
 #include "data/tokenizer/sentencepiece_tokenizer.h"
 
 #include <functional>
@@ -16,7 +17,9 @@ namespace plait::data::tokenizer {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::base::testing::IsOkAndHolds;
 using ::plait::base::testing::StatusIs;
+using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using ModelProto = sentencepiece::ModelProto;
 
@@ -58,6 +61,13 @@ TEST(SentencePieceTokenizerTest, UnsupportedSettingsAreNamed) {
          m.mutable_pieces(500)->set_type(ModelProto::SentencePiece::USER_DEFINED);
        },
        "pieces[500].type: USER_DEFINED pieces are not supported"},
+      {[](ModelProto& m) {
+         // U+E000, a private-use character, is no piece of Mistral's.
+         ModelProto::SentencePiece* piece = m.add_pieces();
+         piece->set_piece("a\xEE\x80\x80");
+         piece->set_score(-1e9);
+       },
+       "pieces[32000]: \"a\xEE\x80\x80\" holds \"\xEE\x80\x80\", which is no NORMAL piece"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.message);
@@ -73,6 +83,33 @@ TEST(SentencePieceTokenizerTest, ByteFallbackNeedsEveryByte) {
               }),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("pieces[68]: \"<0x4G>\" is a BYTE piece not written <0xNN>")));
+}
+
+// Mistral's pieces never hold a space after a non-space, so its tokenizer merges word by word,
+// through a cache; one piece more that does ("q▁q", never in the text, so no id changes) makes
+// it merge the whole text, as SentencePiece does. Both must give the same ids, cold and cached,
+// whatever the runs of spaces.
+TEST(SentencePieceTokenizerTest, WordByWordMergesAreThoseOfTheWholeText) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> by_words = ParseChanged([](ModelProto&) {});
+  absl::StatusOr<std::unique_ptr<Tokenizer>> whole = ParseChanged([](ModelProto& m) {
+    ModelProto::SentencePiece* piece = m.add_pieces();
+    piece->set_piece("q\xE2\x96\x81q");
+    piece->set_score(-1e9);
+  });
+  ASSERT_THAT(by_words, IsOk());
+  ASSERT_THAT(whole, IsOk());
+  const std::string text =
+      "  The quick  brown fox,   jumps over\tthe lazy dog.\n\n    int main() { return 0; }  "
+      "\xE2\x96\x81\xE2\x96\x81"
+      "escaped already \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E "
+      "and an unusually long word: "
+      "Donaudampfschifffahrtselektrizitaetenhauptbetriebswerkbauunterbeamtengesellschaft   ";
+  for (int pass = 0; pass < 2; ++pass) {
+    SCOPED_TRACE(pass == 0 ? "cold" : "cached");
+    const absl::StatusOr<std::vector<int32_t>> expected = (*whole)->Encode(text);
+    ASSERT_THAT(expected, IsOk());
+    EXPECT_THAT((*by_words)->Encode(text), IsOkAndHolds(ElementsAreArray(*expected)));
+  }
 }
 
 }  // namespace

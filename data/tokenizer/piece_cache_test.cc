@@ -1,0 +1,47 @@
+#include "data/tokenizer/piece_cache.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plait::data::tokenizer {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+TEST(PieceCacheTest, AppendsTheIdsOfInsertedPiecesOnly) {
+  PieceCache cache;
+  std::vector<int32_t> ids = {7};
+  EXPECT_FALSE(cache.Append("hello", ids));
+  EXPECT_THAT(ids, ElementsAre(7));
+  const std::vector<int32_t> hello = {1, 2};
+  cache.Insert("hello", hello);
+  EXPECT_TRUE(cache.Append("hello", ids));
+  EXPECT_THAT(ids, ElementsAre(7, 1, 2));
+  EXPECT_FALSE(cache.Append("hell", ids));
+}
+
+TEST(PieceCacheTest, StaysBoundedAndCorrectPastItsCapacity) {
+  PieceCache cache;
+  constexpr int kPieces = 1 << 19;  // more than all shards hold
+  for (int i = 0; i < kPieces; ++i) cache.Insert(std::to_string(i), std::vector<int32_t>{i});
+  int found = 0;
+  for (int i = 0; i < kPieces; ++i) {
+    std::vector<int32_t> ids;
+    if (!cache.Append(std::to_string(i), ids)) {
+      EXPECT_THAT(ids, IsEmpty());
+      continue;
+    }
+    ++found;
+    EXPECT_THAT(ids, ElementsAre(i));
+  }
+  EXPECT_GT(found, 0);
+  EXPECT_LT(found, kPieces);
+}
+
+}  // namespace
+}  // namespace plait::data::tokenizer
