@@ -31,7 +31,7 @@ namespace {
 constexpr int64_t kSeqLen = 2048;
 constexpr int kExamples = 2000;
 
-// The examples: a 16-token prompt and a completion making up a log-normal length.
+// The examples: an 8-token prompt and a completion making up a log-normal length.
 const std::vector<PairExample>& Examples() {
   static const std::vector<PairExample>* examples = [] {
     auto* made = new std::vector<PairExample>();
