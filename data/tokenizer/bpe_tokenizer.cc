@@ -450,14 +450,9 @@ void BpeTokenizer::Merge(absl::string_view piece, std::vector<int32_t>& ids) con
     ids.push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
     return;
   }
-  if (piece.size() > kMaxCachedPiece) {
+  cache_.AppendOrMerge(piece, ids, [this](absl::string_view piece, std::vector<int32_t>& ids) {
     MergeUncached(piece, ids);
-    return;
-  }
-  if (cache_.Append(piece, ids)) return;
-  const size_t first = ids.size();
-  MergeUncached(piece, ids);
-  cache_.Insert(piece, absl::MakeConstSpan(ids).subspan(first));
+  });
 }
 
 std::vector<int32_t> BpeTokenizer::InitialIds(absl::string_view piece) const {

@@ -4,9 +4,9 @@
 // wait on each other; a full shard is emptied, which keeps memory bounded without the
 // bookkeeping of an LRU. A tokenizer owns one and uses it from const methods:
 //
-//   if (piece.size() > kMaxCachedPiece || !cache_.Append(piece, ids)) {
-//     ... merge piece into ids; cache_.Insert(piece, the ids it added) when short enough ...
-//   }
+//   cache_.AppendOrMerge(piece, ids, [&](absl::string_view piece, std::vector<int32_t>& ids) {
+//     ... append the merge of piece to ids ...
+//   });
 #ifndef PLAIT_DATA_TOKENIZER_PIECE_CACHE_H_
 #define PLAIT_DATA_TOKENIZER_PIECE_CACHE_H_
 
@@ -42,6 +42,21 @@ class PieceCache {
     absl::MutexLock lock(&shard.mutex);
     if (shard.ids.size() >= kShardCapacity) shard.ids.clear();
     shard.ids.emplace(piece, std::vector<int32_t>(ids.begin(), ids.end()));
+  }
+
+  // Appends the ids of `piece` to `ids`: the cached ones, or those `merge(piece, ids)` appends,
+  // then cached when the piece is no longer than kMaxCachedPiece.
+  template <typename MergeFn>
+  void AppendOrMerge(absl::string_view piece, std::vector<int32_t>& ids,
+                     const MergeFn& merge) const {
+    if (piece.size() > kMaxCachedPiece) {
+      merge(piece, ids);
+      return;
+    }
+    if (Append(piece, ids)) return;
+    const size_t first = ids.size();
+    merge(piece, ids);
+    Insert(piece, absl::MakeConstSpan(ids).subspan(first));
   }
 
  private:

@@ -25,6 +25,24 @@ TEST(PieceCacheTest, AppendsTheIdsOfInsertedPiecesOnly) {
   EXPECT_FALSE(cache.Append("hell", ids));
 }
 
+TEST(PieceCacheTest, AppendOrMergeMergesAPieceOnceUnlessItIsTooLongToCache) {
+  PieceCache cache;
+  int merges = 0;
+  const auto merge = [&](absl::string_view piece, std::vector<int32_t>& ids) {
+    ++merges;
+    ids.push_back(static_cast<int32_t>(piece.size()));
+  };
+  std::vector<int32_t> ids;
+  cache.AppendOrMerge("word", ids, merge);
+  cache.AppendOrMerge("word", ids, merge);
+  EXPECT_EQ(merges, 1);
+  const std::string long_piece(kMaxCachedPiece + 1, 'x');
+  cache.AppendOrMerge(long_piece, ids, merge);
+  cache.AppendOrMerge(long_piece, ids, merge);
+  EXPECT_EQ(merges, 3);
+  EXPECT_THAT(ids, ElementsAre(4, 4, kMaxCachedPiece + 1, kMaxCachedPiece + 1));
+}
+
 TEST(PieceCacheTest, StaysBoundedAndCorrectPastItsCapacity) {
   PieceCache cache;
   constexpr int kPieces = 1 << 19;  // more than all shards hold

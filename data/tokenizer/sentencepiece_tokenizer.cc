@@ -269,14 +269,8 @@ class SentencePieceTokenizer : public Tokenizer {
   // word is merged alone or in its text: the ids are those of SentencePiece's whole-text BPE,
   // and a recurring word is merged once.
   void MergeWord(absl::string_view word, std::vector<int32_t>& ids) const {
-    if (word.size() > kMaxCachedPiece) {
-      Merge(word, ids);
-      return;
-    }
-    if (cache_.Append(word, ids)) return;
-    const size_t first = ids.size();
-    Merge(word, ids);
-    cache_.Insert(word, absl::MakeConstSpan(ids).subspan(first));
+    cache_.AppendOrMerge(
+        word, ids, [this](absl::string_view word, std::vector<int32_t>& ids) { Merge(word, ids); });
   }
 
   // SentencePiece's BPE (src/bpe_model.cc): start from the characters, and merge the adjacent
