@@ -20,12 +20,16 @@ struct Cut {
   int64_t completion_start = 0;
 };
 
+// How many of `prompt`'s ids a sequence keeps (its last max_prompt_length, 0 meaning all).
+int64_t KeptPromptLength(const std::vector<int64_t>& prompt, const PairFiles& files) {
+  const int64_t prompt_size = static_cast<int64_t>(prompt.size());
+  return files.max_prompt_length() > 0 ? std::min(prompt_size, files.max_prompt_length())
+                                       : prompt_size;
+}
+
 Cut CutSequence(const std::vector<int64_t>& prompt, const std::vector<int64_t>& completion,
                 const PairFiles& files, int64_t seq_len) {
-  const int64_t prompt_size = static_cast<int64_t>(prompt.size());
-  const int64_t kept_prompt = files.max_prompt_length() > 0
-                                  ? std::min(prompt_size, files.max_prompt_length())
-                                  : prompt_size;
+  const int64_t kept_prompt = KeptPromptLength(prompt, files);
   Cut cut;
   cut.tokens.assign(prompt.end() - kept_prompt, prompt.end());
   cut.tokens.insert(cut.tokens.end(), completion.begin(), completion.end());
@@ -141,7 +145,9 @@ absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind
 
 int64_t SequenceLength(const std::vector<int64_t>& prompt, const std::vector<int64_t>& completion,
                        const PairFiles& files, int64_t seq_len) {
-  return static_cast<int64_t>(CutSequence(prompt, completion, files, seq_len).tokens.size());
+  // CutSequence's length, without building the sequence: either truncation cuts to seq_len.
+  return std::min(KeptPromptLength(prompt, files) + static_cast<int64_t>(completion.size()),
+                  seq_len);
 }
 
 std::vector<Sequence> SequencesOf(const std::vector<const PairExample*>& examples, PairKind kind) {

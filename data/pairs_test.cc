@@ -64,6 +64,25 @@ TEST(PairsTest, KeepEndAndMaxPromptLengthCutFromTheLeft) {
   EXPECT_EQ(ScoredTokens(example.prompt, example.chosen, files, 3), 2);
 }
 
+// SequenceLength is the length of the sequence PairRows writes, however it is cut.
+TEST(PairsTest, SequenceLengthIsTheCutSequencesLength) {
+  const PairExample example{{1, 2, 3, 4, 5}, {6, 7, 8}, {}};
+  for (const Truncation truncation : {TRUNCATION_KEEP_START, TRUNCATION_KEEP_END}) {
+    for (const int64_t max_prompt_length : {0, 2, 9}) {
+      for (const int64_t seq_len : {3, 6, 8, 12}) {
+        PairFiles files;
+        files.set_truncation(truncation);
+        files.set_max_prompt_length(max_prompt_length);
+        const Batch row = PairRows({&example}, PairKind::kSft, files, seq_len);
+        // The row's tokens are 1 to 8, its padding 0.
+        EXPECT_EQ(SequenceLength(example.prompt, example.chosen, files, seq_len),
+                  (row.inputs != 0).sum().item<int64_t>())
+            << truncation << " " << max_prompt_length << " " << seq_len;
+      }
+    }
+  }
+}
+
 TEST(PairsTest, BadLinesAreNamedByFileLineAndField) {
   const auto error = [](const std::string& line, PairKind kind = PairKind::kPreference) {
     const std::string path = WriteJsonl("bad.jsonl",
