@@ -123,21 +123,10 @@ absl::Status DataLoader::CreatePairs(const DataConfig& data, Split split, int64_
       PairExamples examples,
       ReadExamples(path, path_field, pair_kind_, cut_, vocab_size, seq_len_,
                    absl::StrCat(field_path, sft ? ".sft_files" : ".preference_files")));
-  // SFT files are packed by best fit whether or not the plan asks, for PackingFigures.
-  std::vector<std::vector<int64_t>> best_fit_rows;
-  if (sft) {
-    std::vector<int64_t> lengths;
-    for (const PairExample& example : examples.examples) {
-      lengths.push_back(SequenceLength(example.prompt, example.chosen, cut_, seq_len_));
-    }
-    best_fit_rows = BestFitDecreasing(lengths, seq_len_);
-  }
-  packing_ = Figures(examples.examples, static_cast<int64_t>(best_fit_rows.size()));
-  if (cut_.packing() == PACKING_BFD) {
-    packed_rows_ =
-        std::make_shared<const std::vector<std::vector<int64_t>>>(std::move(best_fit_rows));
-  }
   pairs_ = std::make_shared<const PairExamples>(std::move(examples));
+  if (cut_.packing() == PACKING_BFD) {
+    packed_rows_ = std::make_shared<const std::vector<std::vector<int64_t>>>(BestFitRows());
+  }
   const int64_t needed = micro_batch_ * dp_size_;
   if (Units() < needed) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -150,10 +139,21 @@ absl::Status DataLoader::CreatePairs(const DataConfig& data, Split split, int64_
   return absl::OkStatus();
 }
 
-DataLoader::PackingFigures DataLoader::Figures(const std::vector<PairExample>& examples,
-                                               int64_t best_fit_rows) const {
+std::vector<std::vector<int64_t>> DataLoader::BestFitRows() const {
+  std::vector<int64_t> lengths;
+  for (const PairExample& example : pairs_->examples) {
+    lengths.push_back(SequenceLength(example.prompt, example.chosen, cut_, seq_len_));
+  }
+  return BestFitDecreasing(lengths, seq_len_);
+}
+
+std::optional<DataLoader::PackingFigures> DataLoader::Packing() const {
+  if (pairs_ == nullptr) return std::nullopt;
   PackingFigures figures;
-  figures.bfd_rows = best_fit_rows;
+  if (pair_kind_ == PairKind::kSft) {
+    figures.bfd_rows =
+        static_cast<int64_t>(packed_rows_ != nullptr ? packed_rows_->size() : BestFitRows().size());
+  }
   int64_t tokens = 0;
   std::vector<const PairExample*> micro_batch;
   const auto fill_rows = [&] {
@@ -161,7 +161,7 @@ DataLoader::PackingFigures DataLoader::Figures(const std::vector<PairExample>& e
         static_cast<int64_t>(PaddingFreeRows(micro_batch, pair_kind_, cut_, seq_len_).size());
     micro_batch.clear();
   };
-  for (const PairExample& example : examples) {
+  for (const PairExample& example : pairs_->examples) {
     for (const auto& [prompt, completion] : SequencesOf({&example}, pair_kind_)) {
       tokens += SequenceLength(*prompt, *completion, cut_, seq_len_);
       ++figures.sequences;

@@ -98,9 +98,11 @@ class DataLoader {
     double bfd_padding = 0;
     double padding_free_padding = 0;
   };
-  // For pair files, whichever their packing (so that a plan can see what another would do);
-  // nullopt for the other sources.
-  std::optional<PackingFigures> Packing() const { return packing_; }
+  // For pair files, whichever their packing (so that a plan can see what another would do),
+  // computed when asked: it packs the whole file; nullopt for the other sources.
+  std::optional<PackingFigures> Packing() const;
+  // How this loader packs its rows: its pair file's PairFiles.packing, else PACKING_NONE.
+  PackingStrategy packing_strategy() const { return cut_.packing(); }
 
   // Examples of a pair file skipped for a prompt that left no completion token
   // (PairFiles.skip_long_prompts); 0 for the other sources.
@@ -128,9 +130,8 @@ class DataLoader {
   // What a pair file's micro-batches count: its packed rows, or its examples.
   int64_t Units() const;
 
-  // The PackingFigures of `examples`, read by this loader (its kind, cut, seq_len and
-  // micro-batch), which best fit packs into `best_fit_rows` rows.
-  PackingFigures Figures(const std::vector<PairExample>& examples, int64_t best_fit_rows) const;
+  // The SFT examples of pairs_ packed by best-fit decreasing (PACKING_BFD's rows).
+  std::vector<std::vector<int64_t>> BestFitRows() const;
 
   std::shared_ptr<const MarkovSource> synthetic_;
   std::shared_ptr<const TokenFile> file_;
@@ -140,7 +141,6 @@ class DataLoader {
   std::shared_ptr<const PairExamples> pairs_;
   // With PACKING_BFD, the examples of each packed row (indices into pairs_), else nullptr.
   std::shared_ptr<const std::vector<std::vector<int64_t>>> packed_rows_;
-  std::optional<PackingFigures> packing_;
   std::shared_ptr<const MarkovSource> rejected_;
   PairKind pair_kind_ = PairKind::kPreference;
   PairFiles cut_;

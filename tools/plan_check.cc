@@ -41,12 +41,10 @@ absl::StatusOr<std::string> DescribeRows(const plait::plan::ResolvedPlan& resolv
                              data, plait::data::Split::kTrain, resolved.model.vocab_size(),
                              resolved.training().micro_batch(), resolved.training().seq_len(), 0,
                              static_cast<int>(resolved.data_parallel_size), "plan.data"));
-  const plait::data::PackingStrategy packing =
-      data.has_sft_files() ? data.sft_files().packing() : data.preference_files().packing();
-  return absl::StrCat(
-      "training data: ",
-      plait::data::DescribePacking(*loader.Packing(), packing, resolved.training().seq_len()),
-      "\n");
+  return absl::StrCat("training data: ",
+                      plait::data::DescribePacking(*loader.Packing(), loader.packing_strategy(),
+                                                   resolved.training().seq_len()),
+                      "\n");
 }
 
 // The check of `plan` (from `path`) for the GPU cluster `arguments` name.

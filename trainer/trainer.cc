@@ -528,9 +528,7 @@ absl::Status TrainingRun::CompareMemoryWithEstimate(TrainReport& report) {
 void TrainingRun::PrintPadding(double tokens_per_s) {
   const std::optional<data::DataLoader::PackingFigures> figures = train_->Packing();
   if (!figures.has_value()) return;
-  const data::PackingStrategy packing = resolved_.data.has_sft_files()
-                                            ? resolved_.data.sft_files().packing()
-                                            : resolved_.data.preference_files().packing();
+  const data::PackingStrategy packing = train_->packing_strategy();
   progress_->Print(absl::StrFormat("training data: %s; useful (not padding) tokens/s: %.0f",
                                    data::DescribePacking(*figures, packing, training_.seq_len()),
                                    tokens_per_s * data::UsefulShare(*figures, packing)));
