@@ -228,7 +228,12 @@ absl::StatusOr<torch::Tensor> TokenFile::Read(int64_t offset, int64_t count) con
   }
   PLAIT_RETURN_IF_ERROR(CheckUnchanged(offset, count));
   const std::unique_ptr<char[]> buffer(new char[count * width_]);
-  PLAIT_RETURN_IF_ERROR(ReadTokens(offset, count, buffer.get()));
+  if (absl::Status read = ReadTokens(offset, count, buffer.get()); !read.ok()) {
+    // A file truncated between the check above and the read: the size it has now says more
+    // than the byte the read ended at, and is the same message whichever way the race went.
+    PLAIT_RETURN_IF_ERROR(CheckUnchanged(offset, count));
+    return read;
+  }
   torch::Tensor out = torch::empty({count}, torch::kInt64);
   const bool in_vocab =
       width_ == 2 ? WidenBelow<uint16_t>(buffer.get(), count, vocab_size_, out.data_ptr<int64_t>())
