@@ -22,6 +22,7 @@
 #include "data/tokenizer/bpe_merge.h"
 #include "data/tokenizer/byte_fallback.h"
 #include "data/tokenizer/piece_cache.h"
+#include "data/tokenizer/unicode_categories.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data::tokenizer {
@@ -151,15 +152,27 @@ class SplitRegex {
                                             absl::string_view field) {
     int error_code;
     PCRE2_SIZE error_offset;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                     PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP), &error_code,
-                                     &error_offset, nullptr);
+    auto compile = [&](absl::string_view text) {
+      return pcre2_compile(reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(),
+                           PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP), &error_code,
+                           &error_offset, nullptr);
+    };
+    // Compiled as the file gives it first, so that an error's offset is one into its text.
+    pcre2_code* code = compile(pattern);
     if (code == nullptr) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(error_code, message, sizeof(message));
       return errors.Invalid(
           field, absl::StrCat("the regex does not compile at offset ", error_offset, ": ",
                               reinterpret_cast<const char*>(message)));
+    }
+    if (!literal) {
+      pcre2_code_free(code);
+      code = compile(WidenToUnicode16(pattern));
+      if (code == nullptr) {
+        return absl::InternalError(absl::StrCat(
+            field, ": the regex compiles, but not once widened to Unicode 16's categories"));
+      }
     }
     // Without JIT (a platform PCRE2 has none for) pcre2_match interprets: slower, same result.
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);

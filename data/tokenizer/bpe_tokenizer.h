@@ -16,7 +16,8 @@
 //     files), Metaspace (transformers' conversions today, with prepend_scheme always, first or
 //     never), Split (Gemma's) or a Sequence of Split. Split takes a Regex or String pattern
 //     and behavior Isolated, MergedWithPrevious or MergedWithNext; the regexes run on PCRE2
-//     with JIT, in Unicode mode, as the file writes them;
+//     with JIT, in Unicode mode, their general categories (\p{L} ...) widened to Unicode
+//     16.0's as Hugging Face's are (unicode_categories.h);
 //   - model: BPE with merges (as "a b" strings or [a, b] pairs), with or without
 //     ignore_merges; a byte-level vocabulary, or with byte_fallback one with all 256 <0xNN>;
 //   - added_tokens: matched in the text before it is split (leftmost, then longest), those

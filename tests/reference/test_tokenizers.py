@@ -7,6 +7,7 @@ same implementations (data/tokenizer/testdata/make_goldens.py); this re-checks t
 the installed versions."""
 
 import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -73,3 +74,27 @@ def test_tokenize_gives_the_reference_ids(name, tmp_path):
     for text in texts:
         expected += [eos] + encode(text)
     assert read_shard(f"{tmp_path}/out_train_000000.bin") == expected
+
+
+def test_unicode_additions_are_what_their_script_writes():
+    """data/tokenizer/unicode_additions.inc, which widens plait's split regexes to Unicode
+    16.0's categories, is make_unicode_additions.py's output from unicodedata2."""
+    path = "data/tokenizer/make_unicode_additions.py"
+    spec = importlib.util.spec_from_file_location("make_unicode_additions", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with open("data/tokenizer/unicode_additions.inc", encoding="utf-8") as f:
+        assert f.read() == script.render()
+
+
+@pytest.mark.parametrize("letter, is_letter", [
+    ("\U0001E4D0", True),   # Unicode 15.0: NAG MUNDARI LETTER O
+    ("\U00010D50", True),   # Unicode 16.0: GARAY CAPITAL LETTER A
+    ("\U00010940", False),  # Unicode 17.0 (Sidetic): no letter to tokenizers 0.23
+])
+def test_tokenizers_matches_regexes_by_unicode_16(letter, is_letter):
+    """The Unicode version make_unicode_additions.py widens to is the one `tokenizers`
+    matches \\p{L} by: a new `tokenizers` with a newer table fails here first."""
+    split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(r"\p{L}+"), behavior="isolated")
+    pieces = [piece for piece, _ in split.pre_tokenize_str("a" + letter + "b")]
+    assert pieces == (["a" + letter + "b"] if is_letter else ["a", letter, "b"])
