@@ -1,22 +1,36 @@
-// Tokenizer throughput: MB of text encoded per second and per core, for each test tokenizer
-// (data/tokenizer/testdata: GPT-2, Qwen3 and the Llama 3-style tiny BPE, byte-level; Mistral
-// 7B v0.1, SentencePiece) on a multi-MB mixed corpus, on 1 and 2 threads (each thread
-// encoding the whole corpus with its own freshly loaded tokenizer, so each pass starts with
-// a cold cache, as a large corpus would). Counters:
-//   MB/s/core: text bytes encoded per second of wall time, per thread;
-//   MB/cpu_s: text bytes encoded per second of the encoding thread's CPU time: the speed of
-//     one core whatever else the machine runs;
-//   bytes/token: how much text a token carries on this corpus.
+// Tokenizer speed for each test tokenizer (data/tokenizer/testdata: GPT-2, Qwen3 and the
+// Llama 3-style tiny BPE, byte-level; Mistral 7B v0.1's SentencePiece model and its
+// tokenizer.json conversion, byte fallback) on a multi-MB mixed corpus.
+//
+// BM_SideBySide/NAME: plait against the reference implementation in one run, passes
+// alternating (plait, reference, plait, reference ...) so that a machine busy with something
+// else slows both alike. A reference pass is benchmarks/tokenizer_bench_hf.py in a child
+// process (Hugging Face's `tokenizers` for tokenizer.json, Google's `sentencepiece` for
+// tokenizer.model, one thread), loading the tokenizer and encoding every document, one call
+// per document, as plait's pass does. Counters, all from CPU time (the process's for the
+// reference, the thread's for plait), so that what else the machine runs counts little:
+//   MB/cpu_s, ref_MB/cpu_s: text encoded per CPU second; speed_vs_ref: their ratio (above 1:
+//     plait is faster);
+//   load_cpu_s, ref_load_cpu_s: loading the tokenizer; load_vs_ref: plait's over the
+//     reference's (below 1: plait loads faster);
+//   wall_vs_cpu: plait's encoding wall time over its CPU time (near 1 on an idle core).
+// A pass whose token count differs from the reference's stops the benchmark with an error.
+//
+// BM_Encode/NAME/threads:N: plait alone on 1 and 2 threads (each thread encoding the whole
+// corpus with its own freshly loaded tokenizer, so each pass starts with a cold cache, as a
+// large corpus would): MB/s/core (wall time, per thread), MB/cpu_s and bytes/token.
 //
 // The corpus is --corpus=FILE (documents separated by blank lines), or by default a seeded
 // synthetic one of 4 MB: prose from a Zipf-distributed lexicon of 50,000 made-up words (a
 // long tail like real text's, so the BPE cache does not see only a few words), C++-like
-// code, CJK, Cyrillic, digits and emoji. --write_corpus=FILE writes the corpus used, so that
-// benchmarks/tokenizer_bench_hf.py can measure Hugging Face's tokenizers on the same text:
+// code, CJK, Cyrillic, digits and emoji. The reference runs in --python (the venv
+// tools/setup.sh builds); without it BM_SideBySide reports that it was skipped.
 //
-//   bazel run --config=opt //benchmarks:tokenizer_bench -- --write_corpus=/tmp/corpus.txt
-//   /opt/plait/venv/bin/python benchmarks/tokenizer_bench_hf.py /tmp/corpus.txt
+//   bazel run --config=opt //benchmarks:tokenizer_bench [-- --corpus=FILE]
+#include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -31,7 +45,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/json.h"
+#include "base/status.h"
 #include "benchmark/benchmark.h"
 #include "data/tokenizer/load_tokenizer.h"
 #include "data/tokenizer/tokenizer.h"
@@ -137,13 +157,119 @@ double ThreadCpuSeconds() {
   return now.tv_sec + now.tv_nsec * 1e-9;
 }
 
+// The test tokenizer `name`'s folder, as the benchmark's runfiles hold it.
+std::string Folder(const char* name) { return std::string("data/tokenizer/testdata/") + name; }
+
+// The interpreter and the file of the reference's passes, set by main.
+struct Reference {
+  std::string python;       // --python; empty: no reference passes
+  std::string corpus_path;  // the corpus, written for the child process
+};
+Reference& TheReference() {
+  static Reference* const reference = new Reference;
+  return *reference;
+}
+
+// What one pass over the corpus took: loading the tokenizer, then encoding every document.
+struct Pass {
+  double load_cpu_seconds = 0;
+  double encode_cpu_seconds = 0;
+  double encode_wall_seconds = 0;
+  int64_t tokens = 0;
+
+  Pass& operator+=(const Pass& other) {
+    load_cpu_seconds += other.load_cpu_seconds;
+    encode_cpu_seconds += other.encode_cpu_seconds;
+    encode_wall_seconds += other.encode_wall_seconds;
+    tokens += other.tokens;
+    return *this;
+  }
+};
+
+absl::StatusOr<Pass> PlaitPass(const std::string& folder) {
+  Pass pass;
+  double start = ThreadCpuSeconds();
+  PLAIT_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(folder));
+  pass.load_cpu_seconds = ThreadCpuSeconds() - start;
+  start = ThreadCpuSeconds();
+  const absl::Time start_wall = absl::Now();
+  for (const absl::string_view document : Documents()) {
+    PLAIT_ASSIGN_OR_RETURN(const std::vector<int32_t> ids, tokenizer->Encode(document));
+    pass.tokens += static_cast<int64_t>(ids.size());
+  }
+  pass.encode_cpu_seconds = ThreadCpuSeconds() - start;
+  pass.encode_wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_wall);
+  return pass;
+}
+
+std::string ShellQuoted(absl::string_view text) {
+  return absl::StrCat("'", absl::StrReplaceAll(text, {{"'", "'\\''"}}), "'");
+}
+
+// benchmarks/tokenizer_bench_hf.py's pass, in a child process.
+absl::StatusOr<Pass> ReferencePass(const std::string& folder) {
+  const Reference& reference = TheReference();
+  const std::string command =
+      absl::StrCat(ShellQuoted(reference.python), " benchmarks/tokenizer_bench_hf.py ",
+                   ShellQuoted(folder), " ", ShellQuoted(reference.corpus_path), " 2>&1");
+  FILE* child = popen(command.c_str(), "r");
+  if (child == nullptr) return absl::InternalError(absl::StrCat("cannot run ", command));
+  std::string output;
+  char buffer[4096];
+  for (size_t got; (got = fread(buffer, 1, sizeof(buffer), child)) > 0;) output.append(buffer, got);
+  if (pclose(child) != 0) {
+    return absl::InternalError(absl::StrCat(command, " failed: ", output));
+  }
+  PLAIT_ASSIGN_OR_RETURN(const nlohmann::json result, base::ParseJson(command, output));
+  Pass pass;
+  pass.load_cpu_seconds = result.value("load_cpu_s", 0.0);
+  pass.encode_cpu_seconds = result.value("encode_cpu_s", 0.0);
+  pass.encode_wall_seconds = result.value("encode_wall_s", 0.0);
+  pass.tokens = result.value("tokens", int64_t{0});
+  return pass;
+}
+
+void BM_SideBySide(benchmark::State& state, const char* name) {
+  if (TheReference().python.empty()) {
+    state.SkipWithError("no reference: --python is empty or not executable");
+    return;
+  }
+  Pass plait, reference;
+  for (auto _ : state) {
+    absl::StatusOr<Pass> ours = PlaitPass(Folder(name));
+    absl::StatusOr<Pass> theirs = ours.ok() ? ReferencePass(Folder(name)) : ours;
+    if (!theirs.ok()) {
+      state.SkipWithError(std::string(theirs.status().message()).c_str());
+      return;
+    }
+    if (ours->tokens != theirs->tokens) {
+      state.SkipWithError(absl::StrCat(name, ": plait encoded the corpus to ", ours->tokens,
+                                       " tokens, the reference to ", theirs->tokens)
+                              .c_str());
+      return;
+    }
+    state.SetIterationTime(ours->encode_wall_seconds);
+    plait += *ours;
+    reference += *theirs;
+  }
+  const double megabytes = static_cast<double>(state.iterations()) * Corpus().size() / 1e6;
+  const double passes = static_cast<double>(state.iterations());
+  state.SetBytesProcessed(static_cast<int64_t>(megabytes * 1e6));
+  state.counters["MB/cpu_s"] = megabytes / plait.encode_cpu_seconds;
+  state.counters["ref_MB/cpu_s"] = megabytes / reference.encode_cpu_seconds;
+  state.counters["speed_vs_ref"] = reference.encode_cpu_seconds / plait.encode_cpu_seconds;
+  state.counters["load_cpu_s"] = plait.load_cpu_seconds / passes;
+  state.counters["ref_load_cpu_s"] = reference.load_cpu_seconds / passes;
+  state.counters["load_vs_ref"] = plait.load_cpu_seconds / reference.load_cpu_seconds;
+  state.counters["wall_vs_cpu"] = plait.encode_wall_seconds / plait.encode_cpu_seconds;
+}
+
 void BM_Encode(benchmark::State& state, const char* name) {
   int64_t tokens = 0;
   double cpu_seconds = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
-        LoadTokenizer(std::string("data/tokenizer/testdata/") + name);
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(Folder(name));
     if (!tokenizer.ok()) {
       state.SkipWithError(std::string(tokenizer.status().message()).c_str());
       return;
@@ -168,7 +294,16 @@ void BM_Encode(benchmark::State& state, const char* name) {
 }
 
 void Register() {
-  for (const char* name : {"gpt2", "qwen3", "tiny", "mistral"}) {
+  constexpr const char* kNames[] = {"gpt2", "qwen3", "tiny", "mistral", "mistral_json"};
+  for (const char* name : kNames) {
+    // Three passes each: plait, reference, plait, reference, plait, reference.
+    benchmark::RegisterBenchmark((std::string("BM_SideBySide/") + name).c_str(), BM_SideBySide,
+                                 name)
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(3)
+        ->UseManualTime();
+  }
+  for (const char* name : kNames) {
     benchmark::RegisterBenchmark((std::string("BM_Encode/") + name).c_str(), BM_Encode, name)
         ->Unit(benchmark::kMillisecond)
         ->Iterations(2)
@@ -184,17 +319,17 @@ void Register() {
 ABSL_FLAG(std::string, corpus, "",
           "the text to encode, documents separated by blank lines (default: a seeded synthetic "
           "4 MB corpus)");
-ABSL_FLAG(std::string, write_corpus, "",
-          "also write the corpus used to this file, for benchmarks/tokenizer_bench_hf.py");
+ABSL_FLAG(std::string, python, "/opt/plait/venv/bin/python",
+          "the Python with `tokenizers` and `sentencepiece` that runs the reference's passes "
+          "(benchmarks/tokenizer_bench_hf.py); empty: plait alone");
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);  // takes the --benchmark_* flags out of argv
   absl::SetProgramUsageMessage(
-      "tokenizer throughput of the test tokenizers: tokenizer_bench [--corpus=FILE] "
-      "[--write_corpus=FILE] [--benchmark_* flags]");
+      "tokenizer speed of the test tokenizers, beside the reference's: tokenizer_bench "
+      "[--corpus=FILE] [--python=PYTHON] [--benchmark_* flags]");
   absl::ParseCommandLine(argc, argv);
   const std::string corpus_path = absl::GetFlag(FLAGS_corpus);
-  const std::string write_path = absl::GetFlag(FLAGS_write_corpus);
   std::string& corpus = plait::data::tokenizer::Corpus();
   if (corpus_path.empty()) {
     corpus = plait::data::tokenizer::SyntheticCorpus();
@@ -208,11 +343,23 @@ int main(int argc, char** argv) {
     text << file.rdbuf();
     corpus = plait::data::tokenizer::ReplaceInvalidUtf8(text.str());
   }
-  if (!write_path.empty()) std::ofstream(write_path, std::ios::binary) << corpus;
+  plait::data::tokenizer::Reference& reference = plait::data::tokenizer::TheReference();
+  const std::string python = absl::GetFlag(FLAGS_python);
+  if (!python.empty() && access(python.c_str(), X_OK) == 0) {
+    char corpus_file[] = "/tmp/tokenizer_bench_corpus_XXXXXX";
+    const int fd = mkstemp(corpus_file);
+    if (fd < 0 || write(fd, corpus.data(), corpus.size()) != static_cast<ssize_t>(corpus.size())) {
+      std::cerr << "tokenizer_bench: cannot write the corpus to " << corpus_file << "\n";
+      return 1;
+    }
+    close(fd);
+    reference = {python, corpus_file};
+  }
   std::cerr << "corpus: " << corpus.size() << " bytes, "
             << plait::data::tokenizer::Documents().size() << " documents\n";
   plait::data::tokenizer::Register();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  if (!reference.corpus_path.empty()) unlink(reference.corpus_path.c_str());
   return 0;
 }
