@@ -657,22 +657,24 @@ class BpeLoader {
       return errors_.Invalid("model.vocab", absl::StrCat("expected an object of token: id, got ",
                                                          base::DescribeJson(vocab)));
     }
+    // The vocabulary comes before any other id (LoadAddedTokens), so an id already a token is
+    // one the vocabulary gives twice.
     tokenizer_.vocab_.reserve(vocab.size());
-    absl::flat_hash_map<int64_t, std::string> token_of_id;
+    tokenizer_.token_bytes_.reserve(vocab.size());
     for (const auto& [token, id] : vocab.items()) {
-      const std::string field = absl::StrCat("model.vocab[\"", token, "\"]");
+      const auto field = [&token = token] { return absl::StrCat("model.vocab[\"", token, "\"]"); };
       if (!id.is_number_integer()) {
         return errors_.Invalid(
-            field, absl::StrCat("expected an integer id, got ", base::DescribeJson(id)));
+            field(), absl::StrCat("expected an integer id, got ", base::DescribeJson(id)));
       }
-      const auto [previous, inserted] = token_of_id.emplace(id.get<int64_t>(), token);
-      if (!inserted) {
-        return errors_.Invalid(
-            field, absl::StrCat("id ", id.get<int64_t>(), " is also the id of \"", previous->second,
-                                "\""));
+      const int64_t value = id.get<int64_t>();
+      if (value >= 0 && value < static_cast<int64_t>(tokenizer_.is_token_.size()) &&
+          tokenizer_.is_token_[value]) {
+        return errors_.Invalid(field(), absl::StrCat("id ", value, " is also the id of \"",
+                                                     tokenizer_.token_bytes_[value], "\""));
       }
-      PLAIT_RETURN_IF_ERROR(AddId(id.get<int64_t>(), token, field));
-      tokenizer_.vocab_.emplace(token, id.get<int32_t>());
+      PLAIT_RETURN_IF_ERROR(AddId(value, token, field()));
+      tokenizer_.vocab_.emplace(token, static_cast<int32_t>(value));
     }
     // Hugging Face falls back to the unknown token for a character whose bytes lack a token;
     // plait needs every byte's, so that every text has ids without one.
@@ -710,34 +712,38 @@ class BpeLoader {
                              absl::StrCat("expected an array, got ", base::DescribeJson(merges)));
     }
     tokenizer_.merges_.Reserve(merges.size());
+    std::string merged;
     for (size_t rank = 0; rank < merges.size(); ++rank) {
       const json& merge = merges[rank];
-      const std::string field = absl::StrCat("model.merges[", rank, "]");
-      std::string left, right;
+      const auto field = [rank] { return absl::StrCat("model.merges[", rank, "]"); };
+      absl::string_view left, right;
       if (merge.is_string()) {  // "a b"
-        const std::vector<std::string> parts = absl::StrSplit(merge.get<std::string>(), ' ');
-        if (parts.size() != 2) {
-          return errors_.Invalid(field, absl::StrCat(merge.dump(),
-                                                     " is not two tokens "
-                                                     "separated by a space"));
+        const std::string& text = merge.get_ref<const std::string&>();
+        const size_t space = text.find(' ');
+        if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
+          return errors_.Invalid(field(), absl::StrCat(merge.dump(),
+                                                       " is not two tokens "
+                                                       "separated by a space"));
         }
-        left = parts[0];
-        right = parts[1];
+        left = absl::string_view(text).substr(0, space);
+        right = absl::string_view(text).substr(space + 1);
       } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
                  merge[1].is_string()) {  // ["a", "b"]
-        left = merge[0].get<std::string>();
-        right = merge[1].get<std::string>();
+        left = merge[0].get_ref<const std::string&>();
+        right = merge[1].get_ref<const std::string&>();
       } else {
-        return errors_.Invalid(field, absl::StrCat("expected \"a b\" or [\"a\", \"b\"], got ",
-                                                   base::DescribeJson(merge)));
+        return errors_.Invalid(field(), absl::StrCat("expected \"a b\" or [\"a\", \"b\"], got ",
+                                                     base::DescribeJson(merge)));
       }
+      merged.assign(left.data(), left.size());
+      merged.append(right.data(), right.size());
       int32_t ids[3];
-      const std::string names[3] = {left, right, left + right};
+      const absl::string_view names[3] = {left, right, merged};
       for (int k = 0; k < 3; ++k) {
         const auto it = tokenizer_.vocab_.find(names[k]);
         if (it == tokenizer_.vocab_.end()) {
           return errors_.Invalid(
-              field, absl::StrCat("names \"", names[k], "\", which is not in model.vocab"));
+              field(), absl::StrCat("names \"", names[k], "\", which is not in model.vocab"));
         }
         ids[k] = it->second;
       }

@@ -31,6 +31,9 @@ constexpr absl::string_view kSpaceSymbol = "\xE2\x96\x81";
 class SentencePieceTokenizer : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(absl::string_view model_bytes) { set_hash_of({model_bytes}); }
+  // Not copied: ids_ and scored_ hold views of pieces_.
+  SentencePieceTokenizer(const SentencePieceTokenizer&) = delete;
+  SentencePieceTokenizer& operator=(const SentencePieceTokenizer&) = delete;
 
   absl::Status Load(absl::string_view source, absl::string_view model_bytes) {
     const auto unsupported = [&](absl::string_view field, absl::string_view problem) {
@@ -71,23 +74,26 @@ class SentencePieceTokenizer : public Tokenizer {
     escape_whitespaces_ = normalizer.escape_whitespaces();
     unk_surface_ = trainer.unk_surface();
 
+    // Reserved whole, so that pieces_ never reallocates: ids_ and scored_ key views into it.
     types_.reserve(model.pieces_size());
+    pieces_.reserve(model.pieces_size());
+    ids_.reserve(model.pieces_size());
+    scored_.reserve(model.pieces_size());
     for (int id = 0; id < model.pieces_size(); ++id) {
-      const Piece& piece = model.pieces(id);
-      const std::string field = absl::StrCat("pieces[", id, "]");
+      Piece& piece = *model.mutable_pieces(id);
       types_.push_back(piece.type());
-      pieces_.push_back(piece.piece());
-      ids_.emplace(piece.piece(), id);
+      pieces_.push_back(std::move(*piece.mutable_piece()));
+      const absl::string_view text = pieces_.back();
+      ids_.emplace(text, id);
       switch (piece.type()) {
         case Piece::NORMAL:
-          scored_.emplace(piece.piece(), std::make_pair(id, piece.score()));
+          scored_.emplace(text, std::make_pair(id, piece.score()));
           break;
         case Piece::BYTE: {
-          const std::optional<uint8_t> byte = ByteFallbackValue(piece.piece());
+          const std::optional<uint8_t> byte = ByteFallbackValue(text);
           if (!byte) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(source, ": ", field, ": \"", piece.piece(),
-                             "\" is a BYTE piece not written <0xNN>"));
+            return absl::InvalidArgumentError(absl::StrCat(
+                source, ": pieces[", id, "]: \"", text, "\" is a BYTE piece not written <0xNN>"));
           }
           byte_ids_[*byte] = id;
           break;
@@ -98,7 +104,7 @@ class SentencePieceTokenizer : public Tokenizer {
           break;
         default:
           return unsupported(
-              absl::StrCat(field, ".type"),
+              absl::StrCat("pieces[", id, "].type"),
               absl::StrCat(Piece::Type_Name(piece.type()), " pieces are not supported"));
       }
     }
@@ -300,8 +306,8 @@ class SentencePieceTokenizer : public Tokenizer {
   std::string unk_surface_;
   std::vector<Piece::Type> types_;                                      // id -> type
   std::vector<std::string> pieces_;                                     // id -> piece
-  absl::flat_hash_map<std::string, int32_t> ids_;                       // piece -> id
-  absl::flat_hash_map<std::string, std::pair<int32_t, float>> scored_;  // NORMAL: id, score
+  absl::flat_hash_map<absl::string_view, int32_t> ids_;                 // piece -> id
+  absl::flat_hash_map<absl::string_view, std::pair<int32_t, float>> scored_;  // NORMAL: id, score
   std::array<int32_t, 256> byte_ids_ = MinusOnes();
   MergeTable merges_;  // NORMAL pieces: each split into two pieces, ranked by score
   PieceCache cache_;
