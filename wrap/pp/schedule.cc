@@ -178,7 +178,8 @@ absl::Status Error(int rank, int index, const Action& action, absl::string_view 
   return absl::InvalidArgumentError(absl::StrCat(Where(rank, index, action), ": ", what));
 }
 
-// The stage a communication action's peer must be, and whether it is.
+// OK when `action`'s stage and micro-batch exist, its stage lives on `rank`, and a
+// communication's peer is the neighbour its kind names, on another rank.
 absl::Status CheckAction(const PipelineSchedule& schedule, int rank, int index,
                          const Action& action) {
   const int stages = schedule.num_stages();
