@@ -924,9 +924,18 @@ class BpeLoader {
         loaded.replacement.size() != static_cast<size_t>(Utf8CharLength(loaded.replacement[0]))) {
       return errors_.Invalid(Field(field, "replacement"), "expected one character");
     }
-    // Older files write add_prefix_space instead, which plait does not
-    // read: the scheme must be named.
-    const json& scheme = Get(metaspace, "prepend_scheme");
+    // As Hugging Face reads it: without prepend_scheme (older files write add_prefix_space
+    // instead) the scheme is "always"; add_prefix_space false goes only with "never".
+    const json& scheme =
+        metaspace.contains("prepend_scheme") ? Get(metaspace, "prepend_scheme") : json("always");
+    PLAIT_ASSIGN_OR_RETURN(const bool add_prefix_space,
+                           GetBool(metaspace, "add_prefix_space", field, /*absent=*/true));
+    if (!add_prefix_space && scheme != "never") {
+      return errors_.Invalid(
+          Field(field, "add_prefix_space"),
+          absl::StrCat("false does not match prepend_scheme ", base::DescribeJson(scheme),
+                       " (Hugging Face refuses this file too)"));
+    }
     if (scheme == "always") {
       loaded.prepend_scheme = Metaspace::Prepend::kAlways;
     } else if (scheme == "first") {

@@ -14,10 +14,11 @@
 //   - pre_tokenizer: byte-level: ByteLevel (with GPT-2's split regex when use_regex), or a
 //     Sequence of Split ending in ByteLevel; byte fallback: none (Llama 2's, Mistral's legacy
 //     files), Metaspace (transformers' conversions today, with prepend_scheme always, first or
-//     never), Split (Gemma's) or a Sequence of Split. Split takes a Regex or String pattern
-//     and behavior Isolated, MergedWithPrevious or MergedWithNext; the regexes run on PCRE2
-//     with JIT, in Unicode mode, their general categories (\p{L} ...) widened to Unicode
-//     16.0's as Hugging Face's are (unicode_categories.h);
+//     never; older files' add_prefix_space read as Hugging Face reads it), Split (Gemma's)
+//     or a Sequence of Split. Split takes a Regex or String pattern and behavior Isolated,
+//     MergedWithPrevious or MergedWithNext; the regexes run on PCRE2 with JIT, in Unicode
+//     mode, their general categories (\p{L} ...) widened to Unicode 16.0's as Hugging Face's
+//     are (unicode_categories.h);
 //   - model: BPE with merges (as "a b" strings or [a, b] pairs), with or without
 //     ignore_merges; a byte-level vocabulary, or with byte_fallback one with all 256 <0xNN>;
 //   - added_tokens: matched in the text before it is split (leftmost, then longest), those
@@ -28,9 +29,9 @@
 //     then Fuse, then at most one Strip (Llama 2's and Gemma's). Decode gives bytes: where
 //     byte tokens do not make UTF-8, Hugging Face writes U+FFFD and plait the bytes.
 // Anything else (another model type, BPE dropout, byte fallback with a ByteLevel
-// pre-tokenizer, the Metaspace decoder, Metaspace without prepend_scheme or inside a
-// Sequence, a Split behavior Removed or Contiguous, a Regex Replace, truncation, added tokens
-// with lstrip / rstrip / single_word, ...) is an Unimplemented error naming the field, never a
+// pre-tokenizer, the Metaspace decoder, Metaspace inside a Sequence, a Split behavior Removed
+// or Contiguous, a Regex Replace, truncation, added tokens with lstrip / rstrip / single_word,
+// ...) is an Unimplemented error naming the field, never a
 // silent difference from Hugging Face; so is a text whose split PCRE2 cannot complete (a
 // ResourceExhausted error from Encode).
 #ifndef PLAIT_DATA_TOKENIZER_BPE_TOKENIZER_H_

@@ -264,7 +264,7 @@ TEST(BpeTokenizerTest, UnsupportedByteFallbackComponentsAreNamed) {
   } cases[] = {
       {[&](json& f) {
          f["pre_tokenizer"] = metaspace;
-         f["pre_tokenizer"].erase("prepend_scheme");
+         f["pre_tokenizer"]["prepend_scheme"] = nullptr;
        },
        "pre_tokenizer.prepend_scheme: null is not supported"},
       {[&](json& f) {
@@ -292,6 +292,46 @@ TEST(BpeTokenizerTest, UnsupportedByteFallbackComponentsAreNamed) {
     EXPECT_THAT(ParseChangedGemma(c.change),
                 StatusIs(absl::StatusCode::kUnimplemented, HasSubstr(c.message)));
   }
+}
+
+// Older files write Metaspace's add_prefix_space instead of prepend_scheme; Hugging Face reads
+// them with the scheme "always" and refuses add_prefix_space false beside any other scheme.
+TEST(BpeTokenizerTest, MetaspaceWithoutPrependSchemePrependsAlways) {
+  const json always = {{"type", "Metaspace"},
+                       {"replacement", "\u2581"},
+                       {"prepend_scheme", "always"},
+                       {"split", true}};
+  const auto with_pre_tokenizer = [](const json& pre_tokenizer) {
+    return ParseChangedGemma([&](json& f) { f["pre_tokenizer"] = pre_tokenizer; });
+  };
+  absl::StatusOr<std::unique_ptr<Tokenizer>> expected = with_pre_tokenizer(always);
+  ASSERT_THAT(expected, IsOk());
+  // Text after a special token is prepended "\u2581" by "always", not by "first".
+  const std::string text = "hello world<eos>again";
+  json first = always;
+  first["prepend_scheme"] = "first";
+  ASSERT_NE(with_pre_tokenizer(first).value()->Encode(text).value(),
+            (*expected)->Encode(text).value());
+  for (const json& legacy_field : {json::object(), json{{"add_prefix_space", true}}}) {
+    json legacy = always;
+    legacy.erase("prepend_scheme");
+    legacy.update(legacy_field);
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = with_pre_tokenizer(legacy);
+    ASSERT_THAT(tokenizer, IsOk()) << legacy.dump();
+    EXPECT_EQ((*tokenizer)->Encode(text).value(), (*expected)->Encode(text).value())
+        << legacy.dump();
+  }
+  json never = always;
+  never["prepend_scheme"] = "never";
+  never["add_prefix_space"] = false;
+  EXPECT_THAT(with_pre_tokenizer(never), IsOk());
+  json refused = always;
+  refused.erase("prepend_scheme");
+  refused["add_prefix_space"] = false;
+  EXPECT_THAT(with_pre_tokenizer(refused),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("pre_tokenizer.add_prefix_space: false does not match "
+                                 "prepend_scheme \"always\"")));
 }
 
 // A character that is no token becomes its UTF-8 bytes' tokens, which decode to the bytes.
