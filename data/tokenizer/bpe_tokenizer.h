@@ -31,9 +31,9 @@
 // Anything else (another model type, BPE dropout, byte fallback with a ByteLevel
 // pre-tokenizer, the Metaspace decoder, Metaspace inside a Sequence, a Split behavior Removed
 // or Contiguous, a Regex Replace, truncation, added tokens with lstrip / rstrip / single_word,
-// ...) is an Unimplemented error naming the field, never a
-// silent difference from Hugging Face; so is a text whose split PCRE2 cannot complete (a
-// ResourceExhausted error from Encode).
+// ...) is an Unimplemented error naming the field, never a silent difference from Hugging
+// Face; so is a text whose split PCRE2 cannot complete (a ResourceExhausted error from
+// Encode).
 #ifndef PLAIT_DATA_TOKENIZER_BPE_TOKENIZER_H_
 #define PLAIT_DATA_TOKENIZER_BPE_TOKENIZER_H_
 
