@@ -30,17 +30,36 @@
 
 namespace plait::base {
 
-// `text` parsed, or InvalidArgument "<where>: not valid JSON at byte N: <parser's reason>"
-// (or, for a number too large for a double, "<where>: not valid JSON: <reason>").
-inline absl::StatusOr<nlohmann::json> ParseJson(absl::string_view where, absl::string_view text) {
+// `parse()`'s result, or InvalidArgument "<where>: not valid JSON at byte N: <parser's
+// reason>" (or, for a number too large for a double, "<where>: not valid JSON: <reason>") for
+// the exception nlohmann's parser throws.
+template <typename Parse>
+auto ParseJsonOrError(absl::string_view where, Parse&& parse) -> absl::StatusOr<decltype(parse())> {
   try {
-    return nlohmann::json::parse(text.begin(), text.end());
+    return parse();
   } catch (const nlohmann::json::parse_error& error) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": not valid JSON at byte ", error.byte, ": ", error.what()));
   } catch (const nlohmann::json::exception& error) {  // e.g. a number beyond a double's range
     return absl::InvalidArgumentError(absl::StrCat(where, ": not valid JSON: ", error.what()));
   }
+}
+
+// `text` parsed, or ParseJsonOrError's error.
+inline absl::StatusOr<nlohmann::json> ParseJson(absl::string_view where, absl::string_view text) {
+  return ParseJsonOrError(where, [&] { return nlohmann::json::parse(text.begin(), text.end()); });
+}
+
+// `text` parsed into `sax`'s events (nlohmann's SAX interface: a reader that keeps only what
+// it needs of a large file), or ParseJsonOrError's error; `sax` throws nlohmann's parse_error
+// from its parse_error event, as nlohmann::detail::json_sax_dom_parser does.
+template <typename Sax>
+absl::Status ParseJsonEvents(absl::string_view where, absl::string_view text, Sax& sax) {
+  const absl::StatusOr<bool> parsed = ParseJsonOrError(
+      where, [&] { return nlohmann::json::sax_parse(text.begin(), text.end(), &sax); });
+  if (!parsed.ok()) return parsed.status();
+  if (!*parsed) return absl::InvalidArgumentError(absl::StrCat(where, ": not valid JSON"));
+  return absl::OkStatus();
 }
 
 // `value` for an error: a scalar as JSON text ("-5", "\"F64\"", "null"), else "an object" or

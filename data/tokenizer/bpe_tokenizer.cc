@@ -526,12 +526,124 @@ std::optional<int32_t> BpeTokenizer::TokenToId(absl::string_view token) const {
 }
 
 // Reads a tokenizer.json into a BpeTokenizer, one section at a time.
+// model.vocab's entries, in the file's order.
+using VocabEntries = std::vector<std::pair<std::string, json>>;
+
+// tokenizer.json read as JSON except model.vocab, whose entries are listed as they come
+// instead of built into a JSON object: the vocabulary is most of a file (151,643 entries of
+// Qwen3's), and inserting each into nlohmann's std::map, walking it, then freeing it made
+// loading slower than Hugging Face's. The file's model.vocab is then an empty object.
+class TokenizerJsonReader final : public nlohmann::json_sax<json> {
+ public:
+  explicit TokenizerJsonReader(json& file) : dom_(file) {}
+
+  // model.vocab's entries, when it was an object at model.vocab of a top-level object.
+  std::optional<VocabEntries>& vocab() { return vocab_; }
+
+  bool null() override { return in_vocab_ ? AddEntry(nullptr) : dom_.null(); }
+  bool boolean(bool value) override { return in_vocab_ ? AddEntry(value) : dom_.boolean(value); }
+  bool number_integer(number_integer_t value) override {
+    return in_vocab_ ? AddEntry(value) : dom_.number_integer(value);
+  }
+  bool number_unsigned(number_unsigned_t value) override {
+    return in_vocab_ ? AddEntry(value) : dom_.number_unsigned(value);
+  }
+  bool number_float(number_float_t value, const string_t& text) override {
+    return in_vocab_ ? AddEntry(value) : dom_.number_float(value, text);
+  }
+  bool string(string_t& value) override {
+    return in_vocab_ ? AddEntry(std::move(value)) : dom_.string(value);
+  }
+  bool binary(binary_t& value) override {
+    return in_vocab_ ? AddEntry(std::move(value)) : dom_.binary(value);
+  }
+
+  bool key(string_t& key) override {
+    if (in_vocab_) {
+      if (skipped_depth_ == 0) pending_key_ = std::move(key);
+      return true;
+    }
+    open_.back().key = key;
+    return dom_.key(key);
+  }
+
+  bool start_object(std::size_t size) override { return Start(json::object(), size); }
+  bool start_array(std::size_t size) override { return Start(json::array(), size); }
+  bool end_object() override { return End(); }
+  bool end_array() override { return End(); }
+
+  // Throws the error as its own type (a parse_error names the byte), as nlohmann's parser
+  // does when it builds the value itself.
+  bool parse_error(std::size_t position, const std::string& last_token,
+                   const nlohmann::detail::exception& error) override {
+    if (const auto* parse = dynamic_cast<const json::parse_error*>(&error)) throw *parse;
+    return dom_.parse_error(position, last_token, error);
+  }
+
+ private:
+  // An open container of the JSON being built, and its latest key.
+  struct Open {
+    bool is_object;
+    std::string key;
+  };
+
+  // Lists `value` as the pending key's entry of model.vocab, unless it is inside a container
+  // that stands for the entry's value.
+  bool AddEntry(json value) {
+    if (skipped_depth_ == 0) vocab_->emplace_back(std::move(pending_key_), std::move(value));
+    return true;
+  }
+
+  // A container in model.vocab stands as an empty one (an entry's id must be an integer:
+  // the loader names what it got), its contents skipped.
+  bool Start(json empty, std::size_t size) {
+    if (in_vocab_) {
+      AddEntry(std::move(empty));
+      ++skipped_depth_;
+      return true;
+    }
+    const bool is_object = empty.is_object();
+    if (is_object && open_.size() == 2 && open_[0].is_object && open_[0].key == "model" &&
+        open_[1].is_object && open_[1].key == "vocab") {
+      in_vocab_ = true;
+      vocab_.emplace();
+      vocab_->reserve(size == static_cast<std::size_t>(-1) ? 0 : size);
+      return dom_.start_object(0);
+    }
+    open_.push_back({is_object, {}});
+    return is_object ? dom_.start_object(size) : dom_.start_array(size);
+  }
+
+  bool End() {
+    if (in_vocab_) {
+      if (skipped_depth_ > 0) {
+        --skipped_depth_;
+        return true;
+      }
+      in_vocab_ = false;
+      return dom_.end_object();
+    }
+    const bool is_object = open_.back().is_object;
+    open_.pop_back();
+    return is_object ? dom_.end_object() : dom_.end_array();
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  std::vector<Open> open_;
+  bool in_vocab_ = false;
+  int skipped_depth_ = 0;  // containers open inside an entry of model.vocab
+  std::string pending_key_;
+  std::optional<VocabEntries> vocab_;
+};
+
 class BpeLoader {
  public:
   BpeLoader(absl::string_view source, BpeTokenizer& tokenizer)
       : errors_(source), tokenizer_(tokenizer) {}
 
-  absl::Status Load(const json& file, const json& config) {
+  // `file` as TokenizerJsonReader read it, `vocab` its model.vocab's entries.
+  absl::Status Load(const json& file, const std::optional<VocabEntries>& vocab,
+                    const json& config) {
     if (!file.is_object()) return errors_.Invalid("(top level)", "expected a JSON object");
     for (const char* unsupported : {"truncation", "padding"}) {
       if (file.contains(unsupported) && !file[unsupported].is_null()) {
@@ -548,7 +660,7 @@ class BpeLoader {
           "SentencePiece-style vocabularies (\"▁\" for a space, <0xNN> byte tokens), and a "
           "byte-level vocabulary has a token for every byte already");
     }
-    PLAIT_RETURN_IF_ERROR(LoadModel(Get(file, "model")));
+    PLAIT_RETURN_IF_ERROR(LoadModel(Get(file, "model"), vocab));
     PLAIT_RETURN_IF_ERROR(LoadAddedTokens(Get(file, "added_tokens")));
     PLAIT_RETURN_IF_ERROR(LoadNormalizer(Get(file, "normalizer"), "normalizer", 0));
     PLAIT_RETURN_IF_ERROR(LoadPreTokenizer(Get(file, "pre_tokenizer")));
@@ -636,7 +748,7 @@ class BpeLoader {
     return absl::OkStatus();
   }
 
-  absl::Status LoadModel(const json& model) {
+  absl::Status LoadModel(const json& model, const std::optional<VocabEntries>& vocab) {
     const std::string type =
         Get(model, "type").is_string() ? Get(model, "type").get<std::string>() : "";
     if (type != "BPE") {
@@ -652,22 +764,29 @@ class BpeLoader {
     PLAIT_ASSIGN_OR_RETURN(tokenizer_.ignore_merges_,
                            GetBool(model, "ignore_merges", "model", /*absent=*/false));
 
-    const json& vocab = Get(model, "vocab");
-    if (!vocab.is_object()) {
+    if (!vocab) {
       return errors_.Invalid("model.vocab", absl::StrCat("expected an object of token: id, got ",
-                                                         base::DescribeJson(vocab)));
+                                                         base::DescribeJson(Get(model, "vocab"))));
     }
     // The vocabulary comes before any other id (LoadAddedTokens), so an id already a token is
     // one the vocabulary gives twice.
-    tokenizer_.vocab_.reserve(vocab.size());
-    tokenizer_.token_bytes_.reserve(vocab.size());
-    for (const auto& [token, id] : vocab.items()) {
+    tokenizer_.vocab_.reserve(vocab->size());
+    tokenizer_.token_bytes_.reserve(vocab->size());
+    for (const auto& [token, id] : *vocab) {
       const auto field = [&token = token] { return absl::StrCat("model.vocab[\"", token, "\"]"); };
       if (!id.is_number_integer()) {
         return errors_.Invalid(
             field(), absl::StrCat("expected an integer id, got ", base::DescribeJson(id)));
       }
       const int64_t value = id.get<int64_t>();
+      // JSON objects keep a repeated key's last value; the same entry twice means no more
+      // than once, two ids for one token are refused.
+      if (const auto repeated = tokenizer_.vocab_.find(token);
+          repeated != tokenizer_.vocab_.end()) {
+        if (repeated->second == value) continue;
+        return errors_.Invalid(field(), absl::StrCat("appears twice in model.vocab, with ids ",
+                                                     repeated->second, " and ", value));
+      }
       if (value >= 0 && value < static_cast<int64_t>(tokenizer_.is_token_.size()) &&
           tokenizer_.is_token_[value]) {
         return errors_.Invalid(field(), absl::StrCat("id ", value, " is also the id of \"",
@@ -1161,7 +1280,9 @@ class BpeLoader {
 absl::StatusOr<std::unique_ptr<Tokenizer>> ParseBpeTokenizer(
     absl::string_view source, absl::string_view tokenizer_json,
     absl::string_view tokenizer_config_json) {
-  PLAIT_ASSIGN_OR_RETURN(const json file, base::ParseJson(source, tokenizer_json));
+  json file;
+  TokenizerJsonReader reader(file);
+  PLAIT_RETURN_IF_ERROR(base::ParseJsonEvents(source, tokenizer_json, reader));
   json config;
   if (!tokenizer_config_json.empty()) {
     const std::string config_source = absl::StrCat(source, " (tokenizer_config.json)");
@@ -1174,7 +1295,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> ParseBpeTokenizer(
     }
   }
   auto tokenizer = std::make_unique<BpeTokenizer>(tokenizer_json, tokenizer_config_json);
-  PLAIT_RETURN_IF_ERROR(BpeLoader(source, *tokenizer).Load(file, config));
+  PLAIT_RETURN_IF_ERROR(BpeLoader(source, *tokenizer).Load(file, reader.vocab(), config));
   return tokenizer;
 }
 

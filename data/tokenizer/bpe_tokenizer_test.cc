@@ -84,6 +84,26 @@ TEST(BpeTokenizerTest, IdsOutOfRangeOrRepeatedAreNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is also the id of")));
 }
 
+// A JSON object may repeat a key (nlohmann's values cannot, so the text is edited).
+TEST(BpeTokenizerTest, ATokenRepeatedInTheVocabularyLoadsOnlyWithOneId) {
+  const json file =
+      json::parse(base::ReadFile("data/tokenizer/testdata/tiny/tokenizer.json").value());
+  const int64_t id = file["model"]["vocab"]["A"].get<int64_t>();
+  const std::string text = file.dump();
+  const auto with_first_entry = [&](int64_t a_id) {
+    std::string changed = text;
+    const size_t vocab = changed.find("\"vocab\":{");
+    changed.insert(vocab + 9, absl::StrCat("\"A\":", a_id, ","));
+    return ParseBpeTokenizer("tokenizer.json", changed, "");
+  };
+  EXPECT_THAT(with_first_entry(id), IsOk());
+  EXPECT_THAT(with_first_entry(id + 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat("model.vocab[\"A\"]: appears twice in model.vocab, "
+                                              "with ids ",
+                                              id + 1, " and ", id))));
+}
+
 TEST(BpeTokenizerTest, UnsupportedComponentsAreNamed) {
   const struct {
     std::function<void(json&)> change;
