@@ -26,7 +26,9 @@
 // code, CJK, Cyrillic, digits and emoji. The reference runs in --python (the venv
 // tools/setup.sh builds); without it BM_SideBySide reports that it was skipped.
 //
-//   bazel run --config=opt //benchmarks:tokenizer_bench [-- --corpus=FILE]
+// --tokenizers=DIR,... adds other tokenizer folders (a model's own files) to both benchmarks.
+//
+//   bazel run --config=opt //benchmarks:tokenizer_bench [-- --corpus=FILE --tokenizers=DIR]
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -157,8 +159,9 @@ double ThreadCpuSeconds() {
   return now.tv_sec + now.tv_nsec * 1e-9;
 }
 
-// The test tokenizer `name`'s folder, as the benchmark's runfiles hold it.
-std::string Folder(const char* name) { return std::string("data/tokenizer/testdata/") + name; }
+// The test tokenizers, as the benchmark's runfiles hold them.
+constexpr char kTestdata[] = "data/tokenizer/testdata/";
+constexpr const char* kTestTokenizers[] = {"gpt2", "qwen3", "tiny", "mistral", "mistral_json"};
 
 // The interpreter and the file of the reference's passes, set by main.
 struct Reference {
@@ -229,21 +232,21 @@ absl::StatusOr<Pass> ReferencePass(const std::string& folder) {
   return pass;
 }
 
-void BM_SideBySide(benchmark::State& state, const char* name) {
+void BM_SideBySide(benchmark::State& state, const std::string& folder) {
   if (TheReference().python.empty()) {
     state.SkipWithError("no reference: --python is empty or not executable");
     return;
   }
   Pass plait, reference;
   for (auto _ : state) {
-    absl::StatusOr<Pass> ours = PlaitPass(Folder(name));
-    absl::StatusOr<Pass> theirs = ours.ok() ? ReferencePass(Folder(name)) : ours;
+    absl::StatusOr<Pass> ours = PlaitPass(folder);
+    absl::StatusOr<Pass> theirs = ours.ok() ? ReferencePass(folder) : ours;
     if (!theirs.ok()) {
       state.SkipWithError(std::string(theirs.status().message()).c_str());
       return;
     }
     if (ours->tokens != theirs->tokens) {
-      state.SkipWithError(absl::StrCat(name, ": plait encoded the corpus to ", ours->tokens,
+      state.SkipWithError(absl::StrCat(folder, ": plait encoded the corpus to ", ours->tokens,
                                        " tokens, the reference to ", theirs->tokens)
                               .c_str());
       return;
@@ -264,12 +267,12 @@ void BM_SideBySide(benchmark::State& state, const char* name) {
   state.counters["wall_vs_cpu"] = plait.encode_wall_seconds / plait.encode_cpu_seconds;
 }
 
-void BM_Encode(benchmark::State& state, const char* name) {
+void BM_Encode(benchmark::State& state, const std::string& folder) {
   int64_t tokens = 0;
   double cpu_seconds = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(Folder(name));
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(folder);
     if (!tokenizer.ok()) {
       state.SkipWithError(std::string(tokenizer.status().message()).c_str());
       return;
@@ -293,18 +296,22 @@ void BM_Encode(benchmark::State& state, const char* name) {
       benchmark::Counter(bytes / static_cast<double>(tokens), benchmark::Counter::kAvgThreads);
 }
 
-void Register() {
-  constexpr const char* kNames[] = {"gpt2", "qwen3", "tiny", "mistral", "mistral_json"};
-  for (const char* name : kNames) {
+// Registers both benchmarks for the test tokenizers, named by their folder's name, and for
+// `more_folders`, named by their path.
+void Register(const std::vector<std::string>& more_folders) {
+  std::vector<std::pair<std::string, std::string>> tokenizers;  // (name, folder)
+  for (const char* name : kTestTokenizers)
+    tokenizers.emplace_back(name, kTestdata + std::string(name));
+  for (const std::string& folder : more_folders) tokenizers.emplace_back(folder, folder);
+  for (const auto& [name, folder] : tokenizers) {
     // Three passes each: plait, reference, plait, reference, plait, reference.
-    benchmark::RegisterBenchmark((std::string("BM_SideBySide/") + name).c_str(), BM_SideBySide,
-                                 name)
+    benchmark::RegisterBenchmark(("BM_SideBySide/" + name).c_str(), BM_SideBySide, folder)
         ->Unit(benchmark::kMillisecond)
         ->Iterations(3)
         ->UseManualTime();
   }
-  for (const char* name : kNames) {
-    benchmark::RegisterBenchmark((std::string("BM_Encode/") + name).c_str(), BM_Encode, name)
+  for (const auto& [name, folder] : tokenizers) {
+    benchmark::RegisterBenchmark(("BM_Encode/" + name).c_str(), BM_Encode, folder)
         ->Unit(benchmark::kMillisecond)
         ->Iterations(2)
         ->UseRealTime()
@@ -319,6 +326,9 @@ void Register() {
 ABSL_FLAG(std::string, corpus, "",
           "the text to encode, documents separated by blank lines (default: a seeded synthetic "
           "4 MB corpus)");
+ABSL_FLAG(std::vector<std::string>, tokenizers, {},
+          "more tokenizer folders (tokenizer.json or tokenizer.model, beside "
+          "tokenizer_config.json) to measure after the test tokenizers, comma-separated");
 ABSL_FLAG(std::string, python, "/opt/plait/venv/bin/python",
           "the Python with `tokenizers` and `sentencepiece` that runs the reference's passes "
           "(benchmarks/tokenizer_bench_hf.py); empty: plait alone");
@@ -327,7 +337,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);  // takes the --benchmark_* flags out of argv
   absl::SetProgramUsageMessage(
       "tokenizer speed of the test tokenizers, beside the reference's: tokenizer_bench "
-      "[--corpus=FILE] [--python=PYTHON] [--benchmark_* flags]");
+      "[--corpus=FILE] [--tokenizers=DIR,...] [--python=PYTHON] [--benchmark_* flags]");
   absl::ParseCommandLine(argc, argv);
   const std::string corpus_path = absl::GetFlag(FLAGS_corpus);
   std::string& corpus = plait::data::tokenizer::Corpus();
@@ -357,7 +367,7 @@ int main(int argc, char** argv) {
   }
   std::cerr << "corpus: " << corpus.size() << " bytes, "
             << plait::data::tokenizer::Documents().size() << " documents\n";
-  plait::data::tokenizer::Register();
+  plait::data::tokenizer::Register(absl::GetFlag(FLAGS_tokenizers));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   if (!reference.corpus_path.empty()) unlink(reference.corpus_path.c_str());

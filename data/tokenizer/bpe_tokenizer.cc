@@ -254,14 +254,18 @@ struct AddedToken {
 // and of those starting there the longest.
 class AddedTokenMatcher {
  public:
-  void Add(const AddedToken& token) {
-    auto& candidates = by_first_byte_[static_cast<unsigned char>(token.content[0])];
-    candidates.push_back(token);
-    std::stable_sort(candidates.begin(), candidates.end(),
-                     [](const AddedToken& a, const AddedToken& b) {
-                       return a.content.size() > b.content.size();
-                     });
-    empty_ = false;
+  AddedTokenMatcher() = default;
+  // `tokens` in the file's order, which breaks ties between equally long ones.
+  explicit AddedTokenMatcher(std::vector<AddedToken> tokens) : empty_(tokens.empty()) {
+    for (AddedToken& token : tokens) {
+      by_first_byte_[static_cast<unsigned char>(token.content[0])].push_back(std::move(token));
+    }
+    for (std::vector<AddedToken>& candidates : by_first_byte_) {
+      std::stable_sort(candidates.begin(), candidates.end(),
+                       [](const AddedToken& a, const AddedToken& b) {
+                         return a.content.size() > b.content.size();
+                       });
+    }
   }
 
   // Calls on_text(run) for each run of text between tokens (possibly empty) and
@@ -877,6 +881,7 @@ class BpeLoader {
       return errors_.Invalid("added_tokens", absl::StrCat("expected an array, got ",
                                                           base::DescribeJson(added_tokens)));
     }
+    std::vector<AddedToken> raw, normalized_text;
     for (size_t i = 0; i < added_tokens.size(); ++i) {
       const json& token = added_tokens[i];
       const std::string field = absl::StrCat("added_tokens[", i, "]");
@@ -900,8 +905,10 @@ class BpeLoader {
                              GetBool(token, "normalized", field, /*absent=*/false));
       tokenizer_.special_[added.id] = special;
       // Hugging Face matches tokens with normalized=false on the raw text.
-      (normalized ? tokenizer_.normalized_added_ : tokenizer_.raw_added_).Add(added);
+      (normalized ? normalized_text : raw).push_back(added);
     }
+    tokenizer_.raw_added_ = AddedTokenMatcher(std::move(raw));
+    tokenizer_.normalized_added_ = AddedTokenMatcher(std::move(normalized_text));
     return absl::OkStatus();
   }
 
