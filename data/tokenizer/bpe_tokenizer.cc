@@ -23,6 +23,7 @@
 #include "data/tokenizer/byte_fallback.h"
 #include "data/tokenizer/piece_cache.h"
 #include "data/tokenizer/unicode_categories.h"
+#include "data/tokenizer/unicode_normalization.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data::tokenizer {
@@ -291,14 +292,12 @@ class AddedTokenMatcher {
   bool empty_ = true;
 };
 
-using NormalizationForm = utf8proc_option_t;
-
 // One normalizer of the file's: a Unicode normalization form, or Prepend or Replace (with a
 // String pattern), which SentencePiece-style files use to write spaces as "▁".
 struct NormalizerStep {
   enum class Kind { kForm, kPrepend, kReplace };
   Kind kind;
-  NormalizationForm form = {};  // kForm
+  NormalizationForm form = NormalizationForm::kNfc;  // kForm
   std::string pattern;          // kReplace: what is replaced
   std::string content;          // kPrepend: what is prepended; kReplace: the replacement
 };
@@ -414,14 +413,7 @@ absl::string_view BpeTokenizer::Normalize(absl::string_view text, std::string& s
       case NormalizerStep::Kind::kForm: {
         // ASCII is the same in every normalization form.
         if (std::none_of(text.begin(), text.end(), [](char c) { return c & 0x80; })) continue;
-        utf8proc_uint8_t* normalized = nullptr;
-        const utf8proc_ssize_t length =
-            utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()), text.size(),
-                         &normalized, step.form);
-        // utf8proc fails only on invalid UTF-8 or out of memory; Encode checked the former.
-        if (length < 0) continue;
-        next.assign(reinterpret_cast<const char*>(normalized), length);
-        std::free(normalized);
+        next = NormalizeAsTokenizers(text, step.form);
         break;
       }
       case NormalizerStep::Kind::kPrepend:
@@ -935,15 +927,11 @@ class BpeLoader {
       }
       return absl::OkStatus();
     }
-    // utf8proc's options for each of Unicode's normalization forms (utf8proc.h: utf8proc_NFC
-    // and its siblings).
     static const auto* const forms = new std::vector<std::pair<std::string, NormalizationForm>>{
-        {"NFC", static_cast<NormalizationForm>(UTF8PROC_STABLE | UTF8PROC_COMPOSE)},
-        {"NFD", static_cast<NormalizationForm>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE)},
-        {"NFKC",
-         static_cast<NormalizationForm>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT)},
-        {"NFKD",
-         static_cast<NormalizationForm>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT)},
+        {"NFC", NormalizationForm::kNfc},
+        {"NFD", NormalizationForm::kNfd},
+        {"NFKC", NormalizationForm::kNfkc},
+        {"NFKD", NormalizationForm::kNfkd},
     };
     for (const auto& [name, form] : *forms) {
       if (type == name) {

@@ -76,15 +76,16 @@ def test_tokenize_gives_the_reference_ids(name, tmp_path):
     assert read_shard(f"{tmp_path}/out_train_000000.bin") == expected
 
 
-def test_unicode_additions_are_what_their_script_writes():
-    """data/tokenizer/unicode_additions.inc, which widens plait's split regexes to Unicode
-    16.0's categories, is make_unicode_additions.py's output from unicodedata2."""
-    path = "data/tokenizer/make_unicode_additions.py"
-    spec = importlib.util.spec_from_file_location("make_unicode_additions", path)
+@pytest.mark.parametrize("table", ["unicode_additions.inc", "unicode_after_9.inc"])
+def test_unicode_tables_are_what_their_script_writes(table):
+    """data/tokenizer's Unicode tables (the categories plait's split regexes are widened by,
+    the code points its normalizers pass through) are make_unicode_tables.py's output."""
+    path = "data/tokenizer/make_unicode_tables.py"
+    spec = importlib.util.spec_from_file_location("make_unicode_tables", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    with open("data/tokenizer/unicode_additions.inc", encoding="utf-8") as f:
-        assert f.read() == script.render()
+    with open(f"data/tokenizer/{table}", encoding="utf-8") as f:
+        assert f.read() == script.OUTPUTS[table]()
 
 
 @pytest.mark.parametrize("letter, is_letter", [
@@ -93,8 +94,22 @@ def test_unicode_additions_are_what_their_script_writes():
     ("\U00010940", False),  # Unicode 17.0 (Sidetic): no letter to tokenizers 0.23
 ])
 def test_tokenizers_matches_regexes_by_unicode_16(letter, is_letter):
-    """The Unicode version make_unicode_additions.py widens to is the one `tokenizers`
+    """The Unicode version make_unicode_tables.py widens to is the one `tokenizers`
     matches \\p{L} by: a new `tokenizers` with a newer table fails here first."""
     split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(r"\p{L}+"), behavior="isolated")
     pieces = [piece for piece, _ in split.pre_tokenize_str("a" + letter + "b")]
     assert pieces == (["a" + letter + "b"] if is_letter else ["a", letter, "b"])
+
+
+@pytest.mark.parametrize("mark, known", [
+    ("\U0001E944", True),   # Unicode 9.0: ADLAM ALIF LENGTHENER, combining class 230
+    ("\u1DF6", False),      # Unicode 10.0: COMBINING KAVYKA ABOVE RIGHT, 232
+    ("\U0001E4EC", False),  # Unicode 15.0: NAG MUNDARI SIGN MUHOR, 232
+])
+def test_tokenizers_normalizes_by_unicode_9(mark, known):
+    """The Unicode version after which make_unicode_tables.py lists code points is the last
+    one `tokenizers`' NFC knows: a mark it knows goes after U+0316 (class 220), one it does not
+    stays where it is."""
+    text = mark + "\u0316"
+    expected = "\u0316" + mark if known else text
+    assert tokenizers.normalizers.NFC().normalize_str(text) == expected
