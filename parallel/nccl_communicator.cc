@@ -493,10 +493,10 @@ NcclCommunicator::~NcclCommunicator() = default;
 int NcclCommunicator::cuda_device() const { return connection_->device(); }
 
 std::shared_ptr<Work> NcclCommunicator::Launch(
-    Collective collective, std::vector<torch::Tensor> tensors, int64_t bytes_sent,
+    Collective collective, int peer, std::vector<torch::Tensor> tensors, int64_t bytes_sent,
     int64_t bytes_received,
     absl::FunctionRef<absl::Status(Connection& connection, absl::Time deadline)> enqueue) {
-  const CollectiveCall call = NextCall(collective);
+  const CollectiveCall call = NextCall(collective, peer);
   std::string description = Describe(call);
   const absl::Time deadline = absl::Now() + options().timeout;
   absl::StatusOr<Event> done = connection_->Enqueue(description, deadline, enqueue);
@@ -522,7 +522,7 @@ std::shared_ptr<Work> NcclCommunicator::StartAllReduce(torch::Tensor tensor, Red
       DeviceTensorType(Describe(kOp), cuda_device(), "tensor", tensor);
   if (!type.ok()) return FinishedWork(type.status());
   const int64_t bytes = 2 * (size() - 1) * tensor.numel() * tensor.element_size() / size();
-  return Launch(kOp, {tensor}, bytes, bytes,
+  return Launch(kOp, /*peer=*/-1, {tensor}, bytes, bytes,
                 [&](Connection& connection, absl::Time deadline) -> absl::Status {
                   PLAIT_GPU_RETURN_IF_ERROR(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
                                                           tensor.numel(), *type, NcclOp(op),
@@ -571,7 +571,7 @@ std::shared_ptr<Work> NcclCommunicator::StartAllGather(torch::Tensor input, torc
   const int n = size();
   const PaddedChunks& c = *chunks;
   return Launch(
-      kOp, {input, output}, c.bytes, c.bytes,
+      kOp, /*peer=*/-1, {input, output}, c.bytes, c.bytes,
       [&](Connection& connection, absl::Time deadline) -> absl::Status {
         if (c.total % n == 0) {
           PLAIT_GPU_RETURN_IF_ERROR(ncclAllGather(input.data_ptr(), output.data_ptr(), c.count,
@@ -600,7 +600,7 @@ std::shared_ptr<Work> NcclCommunicator::StartReduceScatter(torch::Tensor input,
   const int n = size();
   const PaddedChunks& c = *chunks;
   return Launch(
-      kOp, {input, output}, c.bytes, c.bytes,
+      kOp, /*peer=*/-1, {input, output}, c.bytes, c.bytes,
       [&](Connection& connection, absl::Time deadline) -> absl::Status {
         if (c.total % n == 0) {
           PLAIT_GPU_RETURN_IF_ERROR(ncclReduceScatter(input.data_ptr(), output.data_ptr(), c.count,
@@ -629,7 +629,7 @@ std::shared_ptr<Work> NcclCommunicator::StartBroadcast(torch::Tensor tensor, int
   if (!type.ok()) return FinishedWork(type.status());
   const int64_t bytes = tensor.numel() * tensor.element_size();
   const bool is_root = rank() == root;
-  return Launch(kOp, {tensor}, is_root ? bytes : 0, is_root ? 0 : bytes,
+  return Launch(kOp, /*peer=*/-1, {tensor}, is_root ? bytes : 0, is_root ? 0 : bytes,
                 [&](Connection& connection, absl::Time deadline) -> absl::Status {
                   PLAIT_GPU_RETURN_IF_ERROR(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(),
                                                           tensor.numel(), *type, root,
@@ -641,11 +641,39 @@ std::shared_ptr<Work> NcclCommunicator::StartBroadcast(torch::Tensor tensor, int
 // An all-reduce of one float, which no rank finishes before every rank has joined it.
 std::shared_ptr<Work> NcclCommunicator::StartBarrier() {
   const int64_t bytes = 2 * (size() - 1) * static_cast<int64_t>(sizeof(float)) / size();
-  return Launch(Collective::kBarrier, {}, bytes, bytes,
+  return Launch(Collective::kBarrier, /*peer=*/-1, {}, bytes, bytes,
                 [](Connection& connection, absl::Time deadline) -> absl::Status {
                   PLAIT_GPU_RETURN_IF_ERROR(
                       ncclAllReduce(connection.barrier_buffer(), connection.barrier_buffer(), 1,
                                     ncclFloat32, ncclSum, connection.comm(), connection.stream()));
+                  return connection.Settle(deadline);
+                });
+}
+
+// NCCL checks neither dtype nor count between a send and its receive: a receive of another
+// size than its send is not detected here, and shows as a timeout of one of the two.
+std::shared_ptr<Work> NcclCommunicator::StartSend(torch::Tensor tensor, int peer) {
+  constexpr Collective kOp = Collective::kSend;
+  const absl::StatusOr<ncclDataType_t> type =
+      DeviceTensorType(Describe(kOp, peer), cuda_device(), "tensor", tensor);
+  if (!type.ok()) return FinishedWork(type.status());
+  return Launch(kOp, peer, {tensor}, tensor.nbytes(), 0,
+                [&](Connection& connection, absl::Time deadline) -> absl::Status {
+                  PLAIT_GPU_RETURN_IF_ERROR(ncclSend(tensor.data_ptr(), tensor.numel(), *type, peer,
+                                                     connection.comm(), connection.stream()));
+                  return connection.Settle(deadline);
+                });
+}
+
+std::shared_ptr<Work> NcclCommunicator::StartReceive(torch::Tensor tensor, int peer) {
+  constexpr Collective kOp = Collective::kReceive;
+  const absl::StatusOr<ncclDataType_t> type =
+      DeviceTensorType(Describe(kOp, peer), cuda_device(), "tensor", tensor);
+  if (!type.ok()) return FinishedWork(type.status());
+  return Launch(kOp, peer, {tensor}, 0, tensor.nbytes(),
+                [&](Connection& connection, absl::Time deadline) -> absl::Status {
+                  PLAIT_GPU_RETURN_IF_ERROR(ncclRecv(tensor.data_ptr(), tensor.numel(), *type, peer,
+                                                     connection.comm(), connection.stream()));
                   return connection.Settle(deadline);
                 });
 }
