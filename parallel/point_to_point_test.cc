@@ -157,6 +157,11 @@ TEST(PointToPointErrorsTest, AReceiveOfAnotherSizeOrDtypeNamesBoth) {
                                          "message #0 from rank 0 to rank 1)"),
                                HasSubstr("rank 0 sent Float[12]"),
                                HasSubstr("is Float[6] (shape [2, 3])"))));
+    // The rest of that message is left unread: the next receive from rank 0 fails too.
+    EXPECT_THAT(comm.Receive(torch::zeros({12}), 0)->Wait(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("message #1 from rank 0 to rank 1): an earlier message of this "
+                                   "direction and peer failed: ")));
     checked.Notify();
   });
   absl::Notification checked_dtype;

@@ -148,9 +148,11 @@ void RingCommunicator::RunTasks(Lane& lane) {
       lane.tasks.pop_front();
     }
     if (!lane.broken.ok()) {
+      const char* earlier = IsPointToPoint(task.call.collective)
+                                ? ": an earlier message of this direction and peer failed: "
+                                : ": the group failed earlier: ";
       task.work->Complete(absl::Status(
-          lane.broken.code(), absl::StrCat(Describe(task.call),
-                                           ": the group failed earlier: ", lane.broken.message())));
+          lane.broken.code(), absl::StrCat(Describe(task.call), earlier, lane.broken.message())));
       continue;
     }
     absl::Status status;
