@@ -85,15 +85,10 @@ ncclRedOp_t NcclOp(ReduceOp op) {
   return ncclSum;
 }
 
-// The NCCL type of `tensor` after checking that it lives on `device`; `description` is
-// Communicator::Describe's prefix.
-absl::StatusOr<ncclDataType_t> DeviceTensorType(const std::string& description, int device,
-                                                const char* role, const torch::Tensor& tensor) {
-  if (!tensor.is_cuda() || tensor.get_device() != device) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        description, ": ", role, " is on ", tensor.device().str(),
-        ", but this NCCL communicator runs on cuda:", device, "; move it there first"));
-  }
+// The NCCL type of `tensor` (which Communicator checked is on this communicator's device);
+// `description` is Communicator::Describe's prefix.
+absl::StatusOr<ncclDataType_t> TensorType(const std::string& description, const char* role,
+                                          const torch::Tensor& tensor) {
   switch (tensor.scalar_type()) {
     case torch::kFloat32:
       return ncclFloat32;
@@ -518,8 +513,7 @@ std::shared_ptr<Work> NcclCommunicator::Launch(
 
 std::shared_ptr<Work> NcclCommunicator::StartAllReduce(torch::Tensor tensor, ReduceOp op) {
   constexpr Collective kOp = Collective::kAllReduce;
-  const absl::StatusOr<ncclDataType_t> type =
-      DeviceTensorType(Describe(kOp), cuda_device(), "tensor", tensor);
+  const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp), "tensor", tensor);
   if (!type.ok()) return FinishedWork(type.status());
   const int64_t bytes = 2 * (size() - 1) * tensor.numel() * tensor.element_size() / size();
   return Launch(kOp, /*peer=*/-1, {tensor}, bytes, bytes,
@@ -550,12 +544,11 @@ struct PaddedChunks {
   int64_t bytes;  // sent and received per rank
 };
 
-absl::StatusOr<PaddedChunks> ChunkedCollective(const std::string& description, int device, int size,
+absl::StatusOr<PaddedChunks> ChunkedCollective(const std::string& description, int size,
                                                const torch::Tensor& input,
                                                const torch::Tensor& output, int64_t total) {
-  PLAIT_ASSIGN_OR_RETURN(ncclDataType_t type,
-                         DeviceTensorType(description, device, "input", input));
-  PLAIT_RETURN_IF_ERROR(DeviceTensorType(description, device, "output", output).status());
+  PLAIT_ASSIGN_OR_RETURN(ncclDataType_t type, TensorType(description, "input", input));
+  PLAIT_RETURN_IF_ERROR(TensorType(description, "output", output).status());
   const int64_t element_size = input.element_size();
   const int64_t count = base::CeilDiv(total, size);
   return PaddedChunks{type, total, element_size, count, (size - 1) * count * element_size};
@@ -566,7 +559,7 @@ absl::StatusOr<PaddedChunks> ChunkedCollective(const std::string& description, i
 std::shared_ptr<Work> NcclCommunicator::StartAllGather(torch::Tensor input, torch::Tensor output) {
   constexpr Collective kOp = Collective::kAllGather;
   const absl::StatusOr<PaddedChunks> chunks =
-      ChunkedCollective(Describe(kOp), cuda_device(), size(), input, output, output.numel());
+      ChunkedCollective(Describe(kOp), size(), input, output, output.numel());
   if (!chunks.ok()) return FinishedWork(chunks.status());
   const int n = size();
   const PaddedChunks& c = *chunks;
@@ -595,7 +588,7 @@ std::shared_ptr<Work> NcclCommunicator::StartReduceScatter(torch::Tensor input,
                                                            torch::Tensor output, ReduceOp op) {
   constexpr Collective kOp = Collective::kReduceScatter;
   const absl::StatusOr<PaddedChunks> chunks =
-      ChunkedCollective(Describe(kOp), cuda_device(), size(), input, output, input.numel());
+      ChunkedCollective(Describe(kOp), size(), input, output, input.numel());
   if (!chunks.ok()) return FinishedWork(chunks.status());
   const int n = size();
   const PaddedChunks& c = *chunks;
@@ -624,8 +617,7 @@ std::shared_ptr<Work> NcclCommunicator::StartReduceScatter(torch::Tensor input,
 
 std::shared_ptr<Work> NcclCommunicator::StartBroadcast(torch::Tensor tensor, int root) {
   constexpr Collective kOp = Collective::kBroadcast;
-  const absl::StatusOr<ncclDataType_t> type =
-      DeviceTensorType(Describe(kOp), cuda_device(), "tensor", tensor);
+  const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp), "tensor", tensor);
   if (!type.ok()) return FinishedWork(type.status());
   const int64_t bytes = tensor.numel() * tensor.element_size();
   const bool is_root = rank() == root;
@@ -654,8 +646,7 @@ std::shared_ptr<Work> NcclCommunicator::StartBarrier() {
 // size than its send is not detected here, and shows as a timeout of one of the two.
 std::shared_ptr<Work> NcclCommunicator::StartSend(torch::Tensor tensor, int peer) {
   constexpr Collective kOp = Collective::kSend;
-  const absl::StatusOr<ncclDataType_t> type =
-      DeviceTensorType(Describe(kOp, peer), cuda_device(), "tensor", tensor);
+  const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp, peer), "tensor", tensor);
   if (!type.ok()) return FinishedWork(type.status());
   return Launch(kOp, peer, {tensor}, tensor.nbytes(), 0,
                 [&](Connection& connection, absl::Time deadline) -> absl::Status {
@@ -667,8 +658,7 @@ std::shared_ptr<Work> NcclCommunicator::StartSend(torch::Tensor tensor, int peer
 
 std::shared_ptr<Work> NcclCommunicator::StartReceive(torch::Tensor tensor, int peer) {
   constexpr Collective kOp = Collective::kReceive;
-  const absl::StatusOr<ncclDataType_t> type =
-      DeviceTensorType(Describe(kOp, peer), cuda_device(), "tensor", tensor);
+  const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp, peer), "tensor", tensor);
   if (!type.ok()) return FinishedWork(type.status());
   return Launch(kOp, peer, {tensor}, 0, tensor.nbytes(),
                 [&](Connection& connection, absl::Time deadline) -> absl::Status {
