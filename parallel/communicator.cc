@@ -26,8 +26,16 @@ absl::string_view CollectiveName(Collective collective) {
       return "broadcast";
     case Collective::kBarrier:
       return "barrier";
+    case Collective::kSend:
+      return "send";
+    case Collective::kReceive:
+      return "receive";
   }
   return "collective";
+}
+
+bool IsPointToPoint(Collective collective) {
+  return collective == Collective::kSend || collective == Collective::kReceive;
 }
 
 absl::Status NotifiedWork::Wait() {
@@ -54,24 +62,37 @@ Chunk ChunkOf(int64_t total_numel, int num_chunks, int index) {
 }
 
 Communicator::Communicator(std::string name, int rank, int size, CommunicatorOptions options)
-    : name_(std::move(name)), rank_(rank), size_(size), options_(options) {}
+    : name_(std::move(name)),
+      rank_(rank),
+      size_(size),
+      options_(options),
+      sent_to_(size, 0),
+      received_from_(size, 0) {}
 
 void Communicator::BeginStep(int64_t step) {
   step_ = step;
   issued_in_step_ = 0;
 }
 
-CollectiveCall Communicator::NextCall(Collective collective) const {
-  return CollectiveCall{collective, step_, issued_in_step_, place_};
+CollectiveCall Communicator::NextCall(Collective collective, int peer) const {
+  if (!IsPointToPoint(collective))
+    return CollectiveCall{collective, step_, issued_in_step_, place_};
+  const std::vector<int64_t>& messages =
+      collective == Collective::kSend ? sent_to_ : received_from_;
+  return CollectiveCall{collective, step_, messages[peer], place_, peer};
 }
 
-std::shared_ptr<Work> Communicator::Issue(Collective collective,
+std::shared_ptr<Work> Communicator::Issue(Collective collective, int peer,
                                           absl::FunctionRef<std::shared_ptr<Work>()> start) {
-  if (skip_for_testing_ && skip_for_testing_(NextCall(collective))) {
+  if (skip_for_testing_ && skip_for_testing_(NextCall(collective, peer))) {
     return FinishedWork(absl::OkStatus());
   }
   std::shared_ptr<Work> work = start();
-  ++issued_in_step_;
+  if (IsPointToPoint(collective)) {
+    ++(collective == Collective::kSend ? sent_to_ : received_from_)[peer];
+  } else {
+    ++issued_in_step_;
+  }
   CountCall(collective);
   return work;
 }
@@ -95,16 +116,26 @@ std::string Communicator::Render(const CollectiveCall& call, bool with_rank) con
     absl::StrAppend(&text, ", ");
   }
   absl::StrAppend(&text, CollectiveName(call.collective));
+  const bool point_to_point = IsPointToPoint(call.collective);
+  if (point_to_point) {
+    absl::StrAppend(&text, call.collective == Collective::kSend ? " to" : " from", " rank ",
+                    call.peer);
+  }
   if (place.purpose != nullptr) {
     absl::StrAppend(&text, " of ", place.purpose);
     if (place.part >= 0) absl::StrAppend(&text, " ", place.part);
   }
   absl::StrAppend(&text, " on group '", name_, "'");
-  if (with_rank || call.step > 0) {
+  if (with_rank || call.step > 0 || point_to_point) {
     absl::StrAppend(&text, " (");
     if (with_rank) absl::StrAppend(&text, "rank ", rank_, " of ", size_);
-    if (call.step > 0) {
-      absl::StrAppend(&text, with_rank ? "; " : "", "collective #", call.index, " of the step");
+    const char* separator = with_rank ? "; " : "";
+    if (point_to_point) {
+      const bool sending = call.collective == Collective::kSend;
+      absl::StrAppend(&text, separator, "message #", call.index, " from rank ",
+                      sending ? rank_ : call.peer, " to rank ", sending ? call.peer : rank_);
+    } else if (call.step > 0) {
+      absl::StrAppend(&text, separator, "collective #", call.index, " of the step");
     }
     absl::StrAppend(&text, ")");
   }
@@ -146,19 +177,24 @@ void Communicator::CountCall(Collective collective) {
 }
 
 absl::Status Communicator::CheckTensor(Collective collective, absl::string_view role,
-                                       const torch::Tensor& tensor) const {
+                                       const torch::Tensor& tensor, int peer) const {
   if (!tensor.defined()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(Describe(collective), ": ", role, " is an undefined tensor"));
+        absl::StrCat(Describe(collective, peer), ": ", role, " is an undefined tensor"));
+  }
+  if (tensor.device() != device()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(collective, peer), ": ", role, " is on ", tensor.device().str(),
+                     ", but this communicator runs on ", device().str(), "; move it there first"));
   }
   if (!SupportedDtype(tensor.scalar_type())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        Describe(collective), ": ", role, " has dtype ", c10::toString(tensor.scalar_type()),
+        Describe(collective, peer), ": ", role, " has dtype ", c10::toString(tensor.scalar_type()),
         "; supported are Float, BFloat16, Half, Long and Byte"));
   }
   if (!tensor.is_contiguous()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(Describe(collective), ": ", role, " is not contiguous"));
+        absl::StrCat(Describe(collective, peer), ": ", role, " is not contiguous"));
   }
   return absl::OkStatus();
 }
@@ -179,7 +215,7 @@ std::shared_ptr<Work> Communicator::AllReduce(torch::Tensor tensor, ReduceOp op)
     return FinishedWork(status);
   }
   if (absl::Status status = CheckOp(kOp, tensor, op); !status.ok()) return FinishedWork(status);
-  return Issue(kOp, [&] { return StartAllReduce(std::move(tensor), op); });
+  return Issue(kOp, /*peer=*/-1, [&] { return StartAllReduce(std::move(tensor), op); });
 }
 
 std::shared_ptr<Work> Communicator::AllGather(torch::Tensor input, torch::Tensor output) {
@@ -196,7 +232,8 @@ std::shared_ptr<Work> Communicator::AllGather(torch::Tensor input, torch::Tensor
         "], but chunk ", rank_, " of the ", c10::toString(output.scalar_type()), "[",
         output.numel(), "] output has ", chunk.numel, " elements")));
   }
-  return Issue(kOp, [&] { return StartAllGather(std::move(input), std::move(output)); });
+  return Issue(kOp, /*peer=*/-1,
+               [&] { return StartAllGather(std::move(input), std::move(output)); });
 }
 
 std::shared_ptr<Work> Communicator::ReduceScatter(torch::Tensor input, torch::Tensor output,
@@ -215,7 +252,8 @@ std::shared_ptr<Work> Communicator::ReduceScatter(torch::Tensor input, torch::Te
         "], but chunk ", rank_, " of the ", c10::toString(input.scalar_type()), "[", input.numel(),
         "] input has ", chunk.numel, " elements")));
   }
-  return Issue(kOp, [&] { return StartReduceScatter(std::move(input), std::move(output), op); });
+  return Issue(kOp, /*peer=*/-1,
+               [&] { return StartReduceScatter(std::move(input), std::move(output), op); });
 }
 
 std::shared_ptr<Work> Communicator::Broadcast(torch::Tensor tensor, int root) {
@@ -227,11 +265,36 @@ std::shared_ptr<Work> Communicator::Broadcast(torch::Tensor tensor, int root) {
     return FinishedWork(absl::InvalidArgumentError(
         absl::StrCat(Describe(kOp), ": root ", root, " is not a rank of the group")));
   }
-  return Issue(kOp, [&] { return StartBroadcast(std::move(tensor), root); });
+  return Issue(kOp, /*peer=*/-1, [&] { return StartBroadcast(std::move(tensor), root); });
 }
 
 std::shared_ptr<Work> Communicator::Barrier() {
-  return Issue(Collective::kBarrier, [&] { return StartBarrier(); });
+  return Issue(Collective::kBarrier, /*peer=*/-1, [&] { return StartBarrier(); });
+}
+
+std::shared_ptr<Work> Communicator::IssuePointToPoint(Collective collective, torch::Tensor tensor,
+                                                      int peer) {
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    return FinishedWork(absl::InvalidArgumentError(absl::StrCat(
+        CollectiveName(collective), " on group '", name_, "' (rank ", rank_, " of ", size_,
+        "): peer ", peer, " is ", peer == rank_ ? "this rank" : "not a rank of the group",
+        "; it must be another rank in [0, ", size_, ")")));
+  }
+  if (absl::Status status = CheckTensor(collective, "tensor", tensor, peer); !status.ok()) {
+    return FinishedWork(status);
+  }
+  return Issue(collective, peer, [&] {
+    return collective == Collective::kSend ? StartSend(std::move(tensor), peer)
+                                           : StartReceive(std::move(tensor), peer);
+  });
+}
+
+std::shared_ptr<Work> Communicator::Send(torch::Tensor tensor, int peer) {
+  return IssuePointToPoint(Collective::kSend, std::move(tensor), peer);
+}
+
+std::shared_ptr<Work> Communicator::Receive(torch::Tensor tensor, int peer) {
+  return IssuePointToPoint(Collective::kReceive, std::move(tensor), peer);
 }
 
 }  // namespace plait::parallel

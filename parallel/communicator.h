@@ -1,7 +1,9 @@
 // A Communicator runs collectives among the ranks of one group (the world, or one dimension
 // of a DeviceMesh): all-reduce, all-gather into one flat output, reduce-scatter from one flat
-// input, broadcast and barrier. Every collective is asynchronous and returns a Work to wait
-// on; every member of the group must issue the same collectives in the same order.
+// input, broadcast and barrier; and point-to-point Send and Receive between two of its ranks
+// (pipeline parallelism's activations and gradients). Every operation is asynchronous and
+// returns a Work to wait on; every member of the group must issue the same collectives in the
+// same order.
 //
 //   std::shared_ptr<Work> gather = communicator.AllGather(shard, full);  // starts
 //   ... compute that does not touch `full` ...
@@ -24,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -38,8 +41,20 @@ namespace plait::parallel {
 
 enum class ReduceOp { kSum, kAverage, kMax };
 
-enum class Collective { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kBarrier };
-inline constexpr int kNumCollectives = 5;
+// The kinds of operation a Communicator runs; kSend and kReceive are its point-to-point ones.
+enum class Collective {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kBarrier,
+  kSend,
+  kReceive
+};
+inline constexpr int kNumCollectives = 7;
+
+// Whether `collective` is issued by two ranks only (kSend, kReceive).
+bool IsPointToPoint(Collective collective);
 
 // "all_reduce", "all_gather", ...: the name used in errors and reports.
 absl::string_view CollectiveName(Collective collective);
@@ -101,9 +116,13 @@ struct StepPlace {
 // A collective as it was issued: what its errors, and the ring's transfer tags, are made from.
 struct CollectiveCall {
   Collective collective;
-  int64_t step;   // 0 outside the training steps
-  int64_t index;  // among the group's collectives of the step (or, outside steps, since start)
+  int64_t step;  // 0 outside the training steps
+  // Collectives: among the group's collectives of the step (or, outside steps, since start).
+  // Send and Receive: among the messages from the sender to the receiver since the start, the
+  // same number on both ranks (a message's two ranks see different steps' collectives).
+  int64_t index;
   StepPlace place;
+  int peer = -1;  // Send and Receive: the other rank
 };
 
 // The first collective of a group that failed on this rank (Communicator::FirstFailure),
@@ -154,6 +173,24 @@ class Communicator {
   // Finishes once every rank has reached it.
   std::shared_ptr<Work> Barrier();
 
+  // Point-to-point: only the two ranks concerned call these, `peer` being the other one (a
+  // rank of this group, not this rank). The k-th Send from rank a to rank b is taken by the
+  // k-th Receive on b from a, whatever else either issues in between; the two tensors must
+  // have the same dtype and number of elements (the shape may differ). A Send finishes once
+  // its data has left this rank (keep `tensor` until Wait); it does not wait for the
+  // matching Receive beyond the transport's buffering, so two ranks may both send before
+  // they receive (pipeline 1F1B). A Receive fills `tensor`; it fails with an error naming
+  // both tensors when they differ, and with one naming the peer when the message has not come
+  // within the timeout. They are not counted in the step's collective index (#N of the step):
+  // the other ranks do not issue them.
+  //
+  //   std::shared_ptr<Work> sent = pp.Send(activations, pp.rank() + 1);
+  //   std::shared_ptr<Work> got = pp.Receive(gradients, pp.rank() + 1);
+  //   PLAIT_RETURN_IF_ERROR(got->Wait());
+  //   PLAIT_RETURN_IF_ERROR(sent->Wait());
+  std::shared_ptr<Work> Send(torch::Tensor tensor, int peer);
+  std::shared_ptr<Work> Receive(torch::Tensor tensor, int peer);
+
   // What this rank has sent and received so far for `collective`.
   Traffic traffic(Collective collective) const;
 
@@ -167,15 +204,19 @@ class Communicator {
   const StepPlace& place() const { return place_; }
   void set_place(const StepPlace& place) { place_ = place; }
 
-  // The collective `collective` would be if it were issued now.
-  CollectiveCall NextCall(Collective collective) const;
+  // The collective `collective` would be if it were issued now (with `peer` for Send and
+  // Receive).
+  CollectiveCall NextCall(Collective collective, int peer = -1) const;
 
   // "step 12, block 7 backward, reduce_scatter of FSDP unit on group 'dp' (rank 0 of 2;
   // collective #41 of the step)", or outside steps and places "all_reduce on group 'dp'
-  // (rank 1 of 2)": the prefix of every error about `call`.
+  // (rank 1 of 2)": the prefix of every error about `call`. Send and Receive say "send to
+  // rank 1 on group 'pp' (rank 0 of 2; message #3 from rank 0 to rank 1)".
   std::string Describe(const CollectiveCall& call) const;
   // The same for the collective `collective` being issued now.
-  std::string Describe(Collective collective) const { return Describe(NextCall(collective)); }
+  std::string Describe(Collective collective, int peer = -1) const {
+    return Describe(NextCall(collective, peer));
+  }
 
   // Where this rank's first failed collective of the group was, as Describe says it without
   // the rank ("step 12, ... on group 'dp' (collective #41 of the step)"), so that ranks can
@@ -185,15 +226,18 @@ class Communicator {
  protected:
   Communicator(std::string name, int rank, int size, CommunicatorOptions options);
 
-  // Called after the arguments were checked: tensors are defined, contiguous, of one
-  // supported dtype and of matching sizes; `op` is valid for the dtype; `root` is a rank.
-  // While they run, NextCall and Describe(collective) are the call being started.
+  // Called after the arguments were checked: tensors are defined, contiguous, on device(),
+  // of one supported dtype and of matching sizes; `op` is valid for the dtype; `root` is a
+  // rank; `peer` is another rank. While they run, NextCall and Describe(collective) (with
+  // `peer` for Send and Receive) are the call being started.
   virtual std::shared_ptr<Work> StartAllReduce(torch::Tensor tensor, ReduceOp op) = 0;
   virtual std::shared_ptr<Work> StartAllGather(torch::Tensor input, torch::Tensor output) = 0;
   virtual std::shared_ptr<Work> StartReduceScatter(torch::Tensor input, torch::Tensor output,
                                                    ReduceOp op) = 0;
   virtual std::shared_ptr<Work> StartBroadcast(torch::Tensor tensor, int root) = 0;
   virtual std::shared_ptr<Work> StartBarrier() = 0;
+  virtual std::shared_ptr<Work> StartSend(torch::Tensor tensor, int peer) = 0;
+  virtual std::shared_ptr<Work> StartReceive(torch::Tensor tensor, int peer) = 0;
 
   // Adds to the traffic counters; backends call it for every transfer (thread-safe).
   void CountTraffic(Collective collective, int64_t bytes_sent, int64_t bytes_received);
@@ -206,14 +250,17 @@ class Communicator {
   friend void SkipCollectiveForTesting(Communicator& communicator,
                                        std::function<bool(const CollectiveCall&)> skip);
 
-  // Runs `start` (which sees the call as NextCall(collective)) and counts it as issued;
+  // Runs `start` (which sees the call as NextCall(collective, peer)) and counts it as issued;
   // unless the test hook skips it, which returns finished work and counts nothing.
-  std::shared_ptr<Work> Issue(Collective collective,
+  std::shared_ptr<Work> Issue(Collective collective, int peer,
                               absl::FunctionRef<std::shared_ptr<Work>()> start);
+  // Send and Receive: checks `tensor` and `peer`, then issues.
+  std::shared_ptr<Work> IssuePointToPoint(Collective collective, torch::Tensor tensor, int peer);
   std::string Render(const CollectiveCall& call, bool with_rank) const;
 
+  // `peer` as in NextCall.
   absl::Status CheckTensor(Collective collective, absl::string_view role,
-                           const torch::Tensor& tensor) const;
+                           const torch::Tensor& tensor, int peer = -1) const;
   absl::Status CheckOp(Collective collective, const torch::Tensor& tensor, ReduceOp op) const;
 
   struct Counters {
@@ -230,6 +277,9 @@ class Communicator {
 
   int64_t step_ = 0;
   int64_t issued_in_step_ = 0;
+  // By peer rank: the messages sent to it, and received from it, so far.
+  std::vector<int64_t> sent_to_;
+  std::vector<int64_t> received_from_;
   StepPlace place_;
   std::function<bool(const CollectiveCall&)> skip_for_testing_;  // testing_skip.h
   const std::shared_ptr<FailureRecord> failures_ = std::make_shared<FailureRecord>();

@@ -85,15 +85,10 @@ ncclRedOp_t NcclOp(ReduceOp op) {
   return ncclSum;
 }
 
-// The NCCL type of `tensor` after checking that it lives on `device`; `description` is
-// Communicator::Describe's prefix.
-absl::StatusOr<ncclDataType_t> DeviceTensorType(const std::string& description, int device,
-                                                const char* role, const torch::Tensor& tensor) {
-  if (!tensor.is_cuda() || tensor.get_device() != device) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        description, ": ", role, " is on ", tensor.device().str(),
-        ", but this NCCL communicator runs on cuda:", device, "; move it there first"));
-  }
+// The NCCL type of `tensor` (which Communicator checked is on this communicator's device);
+// `description` is Communicator::Describe's prefix.
+absl::StatusOr<ncclDataType_t> TensorType(const std::string& description, const char* role,
+                                          const torch::Tensor& tensor) {
   switch (tensor.scalar_type()) {
     case torch::kFloat32:
       return ncclFloat32;
@@ -493,10 +488,10 @@ NcclCommunicator::~NcclCommunicator() = default;
 int NcclCommunicator::cuda_device() const { return connection_->device(); }
 
 std::shared_ptr<Work> NcclCommunicator::Launch(
-    Collective collective, std::vector<torch::Tensor> tensors, int64_t bytes_sent,
+    Collective collective, int peer, std::vector<torch::Tensor> tensors, int64_t bytes_sent,
     int64_t bytes_received,
     absl::FunctionRef<absl::Status(Connection& connection, absl::Time deadline)> enqueue) {
-  const CollectiveCall call = NextCall(collective);
+  const CollectiveCall call = NextCall(collective, peer);
   std::string description = Describe(call);
   const absl::Time deadline = absl::Now() + options().timeout;
   absl::StatusOr<Event> done = connection_->Enqueue(description, deadline, enqueue);
@@ -518,11 +513,10 @@ std::shared_ptr<Work> NcclCommunicator::Launch(
 
 std::shared_ptr<Work> NcclCommunicator::StartAllReduce(torch::Tensor tensor, ReduceOp op) {
   constexpr Collective kOp = Collective::kAllReduce;
-  const absl::StatusOr<ncclDataType_t> type =
-      DeviceTensorType(Describe(kOp), cuda_device(), "tensor", tensor);
+  const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp), "tensor", tensor);
   if (!type.ok()) return FinishedWork(type.status());
   const int64_t bytes = 2 * (size() - 1) * tensor.numel() * tensor.element_size() / size();
-  return Launch(kOp, {tensor}, bytes, bytes,
+  return Launch(kOp, /*peer=*/-1, {tensor}, bytes, bytes,
                 [&](Connection& connection, absl::Time deadline) -> absl::Status {
                   PLAIT_GPU_RETURN_IF_ERROR(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
                                                           tensor.numel(), *type, NcclOp(op),
@@ -550,12 +544,11 @@ struct PaddedChunks {
   int64_t bytes;  // sent and received per rank
 };
 
-absl::StatusOr<PaddedChunks> ChunkedCollective(const std::string& description, int device, int size,
+absl::StatusOr<PaddedChunks> ChunkedCollective(const std::string& description, int size,
                                                const torch::Tensor& input,
                                                const torch::Tensor& output, int64_t total) {
-  PLAIT_ASSIGN_OR_RETURN(ncclDataType_t type,
-                         DeviceTensorType(description, device, "input", input));
-  PLAIT_RETURN_IF_ERROR(DeviceTensorType(description, device, "output", output).status());
+  PLAIT_ASSIGN_OR_RETURN(ncclDataType_t type, TensorType(description, "input", input));
+  PLAIT_RETURN_IF_ERROR(TensorType(description, "output", output).status());
   const int64_t element_size = input.element_size();
   const int64_t count = base::CeilDiv(total, size);
   return PaddedChunks{type, total, element_size, count, (size - 1) * count * element_size};
@@ -566,12 +559,12 @@ absl::StatusOr<PaddedChunks> ChunkedCollective(const std::string& description, i
 std::shared_ptr<Work> NcclCommunicator::StartAllGather(torch::Tensor input, torch::Tensor output) {
   constexpr Collective kOp = Collective::kAllGather;
   const absl::StatusOr<PaddedChunks> chunks =
-      ChunkedCollective(Describe(kOp), cuda_device(), size(), input, output, output.numel());
+      ChunkedCollective(Describe(kOp), size(), input, output, output.numel());
   if (!chunks.ok()) return FinishedWork(chunks.status());
   const int n = size();
   const PaddedChunks& c = *chunks;
   return Launch(
-      kOp, {input, output}, c.bytes, c.bytes,
+      kOp, /*peer=*/-1, {input, output}, c.bytes, c.bytes,
       [&](Connection& connection, absl::Time deadline) -> absl::Status {
         if (c.total % n == 0) {
           PLAIT_GPU_RETURN_IF_ERROR(ncclAllGather(input.data_ptr(), output.data_ptr(), c.count,
@@ -595,12 +588,12 @@ std::shared_ptr<Work> NcclCommunicator::StartReduceScatter(torch::Tensor input,
                                                            torch::Tensor output, ReduceOp op) {
   constexpr Collective kOp = Collective::kReduceScatter;
   const absl::StatusOr<PaddedChunks> chunks =
-      ChunkedCollective(Describe(kOp), cuda_device(), size(), input, output, input.numel());
+      ChunkedCollective(Describe(kOp), size(), input, output, input.numel());
   if (!chunks.ok()) return FinishedWork(chunks.status());
   const int n = size();
   const PaddedChunks& c = *chunks;
   return Launch(
-      kOp, {input, output}, c.bytes, c.bytes,
+      kOp, /*peer=*/-1, {input, output}, c.bytes, c.bytes,
       [&](Connection& connection, absl::Time deadline) -> absl::Status {
         if (c.total % n == 0) {
           PLAIT_GPU_RETURN_IF_ERROR(ncclReduceScatter(input.data_ptr(), output.data_ptr(), c.count,
@@ -624,12 +617,11 @@ std::shared_ptr<Work> NcclCommunicator::StartReduceScatter(torch::Tensor input,
 
 std::shared_ptr<Work> NcclCommunicator::StartBroadcast(torch::Tensor tensor, int root) {
   constexpr Collective kOp = Collective::kBroadcast;
-  const absl::StatusOr<ncclDataType_t> type =
-      DeviceTensorType(Describe(kOp), cuda_device(), "tensor", tensor);
+  const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp), "tensor", tensor);
   if (!type.ok()) return FinishedWork(type.status());
   const int64_t bytes = tensor.numel() * tensor.element_size();
   const bool is_root = rank() == root;
-  return Launch(kOp, {tensor}, is_root ? bytes : 0, is_root ? 0 : bytes,
+  return Launch(kOp, /*peer=*/-1, {tensor}, is_root ? bytes : 0, is_root ? 0 : bytes,
                 [&](Connection& connection, absl::Time deadline) -> absl::Status {
                   PLAIT_GPU_RETURN_IF_ERROR(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(),
                                                           tensor.numel(), *type, root,
@@ -641,11 +633,37 @@ std::shared_ptr<Work> NcclCommunicator::StartBroadcast(torch::Tensor tensor, int
 // An all-reduce of one float, which no rank finishes before every rank has joined it.
 std::shared_ptr<Work> NcclCommunicator::StartBarrier() {
   const int64_t bytes = 2 * (size() - 1) * static_cast<int64_t>(sizeof(float)) / size();
-  return Launch(Collective::kBarrier, {}, bytes, bytes,
+  return Launch(Collective::kBarrier, /*peer=*/-1, {}, bytes, bytes,
                 [](Connection& connection, absl::Time deadline) -> absl::Status {
                   PLAIT_GPU_RETURN_IF_ERROR(
                       ncclAllReduce(connection.barrier_buffer(), connection.barrier_buffer(), 1,
                                     ncclFloat32, ncclSum, connection.comm(), connection.stream()));
+                  return connection.Settle(deadline);
+                });
+}
+
+// NCCL checks neither dtype nor count between a send and its receive: a receive of another
+// size than its send is not detected here, and shows as a timeout of one of the two.
+std::shared_ptr<Work> NcclCommunicator::StartSend(torch::Tensor tensor, int peer) {
+  constexpr Collective kOp = Collective::kSend;
+  const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp, peer), "tensor", tensor);
+  if (!type.ok()) return FinishedWork(type.status());
+  return Launch(kOp, peer, {tensor}, tensor.nbytes(), 0,
+                [&](Connection& connection, absl::Time deadline) -> absl::Status {
+                  PLAIT_GPU_RETURN_IF_ERROR(ncclSend(tensor.data_ptr(), tensor.numel(), *type, peer,
+                                                     connection.comm(), connection.stream()));
+                  return connection.Settle(deadline);
+                });
+}
+
+std::shared_ptr<Work> NcclCommunicator::StartReceive(torch::Tensor tensor, int peer) {
+  constexpr Collective kOp = Collective::kReceive;
+  const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp, peer), "tensor", tensor);
+  if (!type.ok()) return FinishedWork(type.status());
+  return Launch(kOp, peer, {tensor}, 0, tensor.nbytes(),
+                [&](Connection& connection, absl::Time deadline) -> absl::Status {
+                  PLAIT_GPU_RETURN_IF_ERROR(ncclRecv(tensor.data_ptr(), tensor.numel(), *type, peer,
+                                                     connection.comm(), connection.stream()));
                   return connection.Settle(deadline);
                 });
 }

@@ -14,6 +14,11 @@
 // the compute stream. A collective that fails or times out aborts the NCCL communicator: that
 // Work and every later collective return the first error, since the ranks of the group are no
 // longer in step.
+//
+// Send and Receive are ncclSend and ncclRecv on the same communication stream, in issue order:
+// unlike RingCommunicator's, a send here waits for its receive to start on the peer's stream
+// beyond NCCL's buffering, so two ranks that both send a large tensor before receiving wait
+// for each other until the timeout: on NCCL, one rank of a pair must receive before it sends.
 #ifndef PLAIT_PARALLEL_NCCL_COMMUNICATOR_H_
 #define PLAIT_PARALLEL_NCCL_COMMUNICATOR_H_
 
@@ -75,12 +80,15 @@ class NcclCommunicator final : public Communicator {
                                            ReduceOp op) override;
   std::shared_ptr<Work> StartBroadcast(torch::Tensor tensor, int root) override;
   std::shared_ptr<Work> StartBarrier() override;
+  std::shared_ptr<Work> StartSend(torch::Tensor tensor, int peer) override;
+  std::shared_ptr<Work> StartReceive(torch::Tensor tensor, int peer) override;
 
   // Queues `enqueue` on the communication stream between the compute-stream events, counts the
   // traffic and returns the Work; a failure aborts the communicator. `tensors` stay alive
   // until the collective has been waited for.
+  // `peer` as in NextCall.
   std::shared_ptr<Work> Launch(
-      Collective collective, std::vector<torch::Tensor> tensors, int64_t bytes_sent,
+      Collective collective, int peer, std::vector<torch::Tensor> tensors, int64_t bytes_sent,
       int64_t bytes_received,
       absl::FunctionRef<absl::Status(Connection& connection, absl::Time deadline)> enqueue);
 

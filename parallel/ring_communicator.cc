@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/hash.h"
 #include "base/status.h"
 #include "torch/utils.h"
@@ -19,7 +20,10 @@ namespace {
 // exchange data between two unrelated ones.
 constexpr int kSlotBits = 20;
 
+// Send and Receive tag a message's header and data from its number, which both of its ranks
+// know (their places and steps may differ): 2 * index and 2 * index + 1.
 uint64_t SlotBase(const CollectiveCall& call) {
+  if (IsPointToPoint(call.collective)) return 2 * static_cast<uint64_t>(call.index);
   const StepPlace& place = call.place;
   const int64_t numbers[] = {
       static_cast<int64_t>(call.collective), call.step, call.index, place.block,
@@ -29,6 +33,13 @@ uint64_t SlotBase(const CollectiveCall& call) {
     hash = base::Fnv1a64Words(hash, place.purpose, std::strlen(place.purpose));
   }
   return base::SplitMix64(hash) << kSlotBits;
+}
+
+// What a Send announces before its data: the dtype and the element count, as int64.
+constexpr int64_t kHeaderWords = 2;
+
+std::string TensorText(torch::ScalarType dtype, int64_t numel) {
+  return absl::StrCat(c10::toString(dtype), "[", numel, "]");
 }
 
 int Mod(int value, int modulus) { return ((value % modulus) + modulus) % modulus; }
@@ -61,34 +72,64 @@ absl::StatusOr<std::unique_ptr<RingCommunicator>> RingCommunicator::Create(
       base::Annotate(internal::TcpMesh::Connect(store, absl::StrCat("plait/gloo/", name, "/"), rank,
                                                 size, address, options.timeout),
                      absl::StrCat(where, " at ", address)));
-  return std::unique_ptr<RingCommunicator>(
-      new RingCommunicator(std::move(name), rank, size, options, std::move(mesh)));
+  PLAIT_ASSIGN_OR_RETURN(
+      std::unique_ptr<internal::TcpMesh> point_to_point_mesh,
+      base::Annotate(internal::TcpMesh::Connect(store, absl::StrCat("plait/p2p/", name, "/"), rank,
+                                                size, address, options.timeout),
+                     absl::StrCat(where, " for send and receive at ", address)));
+  return std::unique_ptr<RingCommunicator>(new RingCommunicator(
+      std::move(name), rank, size, options, std::move(mesh), std::move(point_to_point_mesh)));
 }
 
 RingCommunicator::RingCommunicator(std::string name, int rank, int size,
                                    CommunicatorOptions options,
-                                   std::unique_ptr<internal::TcpMesh> mesh)
-    : Communicator(std::move(name), rank, size, options), mesh_(std::move(mesh)) {
-  worker_ = std::thread([this] { RunTasks(); });
+                                   std::unique_ptr<internal::TcpMesh> mesh,
+                                   std::unique_ptr<internal::TcpMesh> point_to_point_mesh)
+    : Communicator(std::move(name), rank, size, options),
+      mesh_(std::move(mesh)),
+      point_to_point_mesh_(std::move(point_to_point_mesh)),
+      send_lanes_(size),
+      receive_lanes_(size) {
+  collectives_.thread = std::thread([this] { RunTasks(collectives_); });
 }
 
 RingCommunicator::~RingCommunicator() {
-  {
-    absl::MutexLock lock(&mutex_);
-    stopping_ = true;
+  StopLane(collectives_);
+  for (auto* lanes : {&send_lanes_, &receive_lanes_}) {
+    for (const std::unique_ptr<Lane>& lane : *lanes) {
+      if (lane != nullptr) StopLane(*lane);
+    }
   }
-  worker_.join();
 }
 
-std::shared_ptr<Work> RingCommunicator::Enqueue(Collective collective, Run run) {
+void RingCommunicator::StopLane(Lane& lane) {
+  {
+    absl::MutexLock lock(&lane.mutex);
+    lane.stopping = true;
+  }
+  lane.thread.join();
+}
+
+RingCommunicator::Lane& RingCommunicator::PointToPointLane(Collective collective, int peer) {
+  std::unique_ptr<Lane>& lane =
+      (collective == Collective::kSend ? send_lanes_ : receive_lanes_)[peer];
+  if (lane == nullptr) {
+    lane = std::make_unique<Lane>();
+    lane->thread = std::thread([this, lane = lane.get()] { RunTasks(*lane); });
+  }
+  return *lane;
+}
+
+std::shared_ptr<Work> RingCommunicator::Enqueue(Lane& lane, Collective collective, int peer,
+                                                Run run) {
   auto work = std::make_shared<NotifiedWork>();
-  const CollectiveCall call = NextCall(collective);
-  absl::MutexLock lock(&mutex_);
-  tasks_.push_back(Task{call, std::move(run), work, c10::ThreadLocalDebugInfo::current()});
+  const CollectiveCall call = NextCall(collective, peer);
+  absl::MutexLock lock(&lane.mutex);
+  lane.tasks.push_back(Task{call, std::move(run), work, c10::ThreadLocalDebugInfo::current()});
   return work;
 }
 
-void RingCommunicator::RunTasks() {
+void RingCommunicator::RunTasks(Lane& lane) {
   // The collectives combine their tensors as data: autograd records nothing here, also for an
   // input that requires grad (tensor parallelism's activations, sent from inside an autograd
   // function's forward, where grad mode is off on the caller's thread only).
@@ -96,20 +137,22 @@ void RingCommunicator::RunTasks() {
   while (true) {
     Task task;
     {
-      absl::MutexLock lock(&mutex_);
-      mutex_.Await(absl::Condition(
-          +[](RingCommunicator* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
-            return self->stopping_ || !self->tasks_.empty();
+      absl::MutexLock lock(&lane.mutex);
+      lane.mutex.Await(absl::Condition(
+          +[](Lane* lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mutex) {
+            return lane->stopping || !lane->tasks.empty();
           },
-          this));
-      if (tasks_.empty()) return;  // stopping, with nothing left to run
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+          &lane));
+      if (lane.tasks.empty()) return;  // stopping, with nothing left to run
+      task = std::move(lane.tasks.front());
+      lane.tasks.pop_front();
     }
-    if (!broken_.ok()) {
+    if (!lane.broken.ok()) {
+      const char* earlier = IsPointToPoint(task.call.collective)
+                                ? ": an earlier message of this direction and peer failed: "
+                                : ": the group failed earlier: ";
       task.work->Complete(absl::Status(
-          broken_.code(),
-          absl::StrCat(Describe(task.call), ": the group failed earlier: ", broken_.message())));
+          lane.broken.code(), absl::StrCat(Describe(task.call), earlier, lane.broken.message())));
       continue;
     }
     absl::Status status;
@@ -119,32 +162,43 @@ void RingCommunicator::RunTasks() {
       task.run = nullptr;  // what it holds is freed where it was allocated
     }
     if (!status.ok()) {
-      broken_ = status;
+      lane.broken = status;
       failures()->Record(task.call);
     }
     task.work->Complete(std::move(status));
   }
 }
 
-absl::Status RingCommunicator::Exchange(const CollectiveCall& call, uint64_t slot,
-                                        const std::vector<Transfer>& sends,
+absl::Status RingCommunicator::Transmit(internal::TcpMesh& mesh, const CollectiveCall& call,
+                                        uint64_t slot, const std::vector<Transfer>& sends,
                                         const std::optional<Transfer>& recv, absl::Time deadline) {
   std::vector<internal::TcpMesh::Transfer> mesh_sends;
   mesh_sends.reserve(sends.size());
-  int64_t sent_bytes = 0;
   for (const Transfer& send : sends) {
     mesh_sends.push_back({send.tensor.data_ptr(), send.tensor.nbytes(), send.peer});
-    sent_bytes += static_cast<int64_t>(send.tensor.nbytes());
   }
   std::optional<internal::TcpMesh::Transfer> mesh_recv;
   if (recv.has_value()) mesh_recv = {recv->tensor.data_ptr(), recv->tensor.nbytes(), recv->peer};
-  const absl::Status status = mesh_->Exchange(slot, mesh_sends, mesh_recv, deadline);
+  const absl::Status status = mesh.Exchange(slot, mesh_sends, mesh_recv, deadline);
   if (absl::IsDeadlineExceeded(status)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(Describe(call), ": timed out after ", absl::FormatDuration(options().timeout),
-                     " ", status.message(), " (did every rank of the group call it?)"));
+    const std::string hint =
+        IsPointToPoint(call.collective)
+            ? absl::StrCat("did rank ", call.peer, " issue the matching ",
+                           call.collective == Collective::kSend ? "receive" : "send", "?")
+            : "did every rank of the group call it?";
+    return absl::DeadlineExceededError(absl::StrCat(Describe(call), ": timed out after ",
+                                                    absl::FormatDuration(options().timeout), " ",
+                                                    status.message(), " (", hint, ")"));
   }
-  PLAIT_RETURN_IF_ERROR(base::Annotate(status, Describe(call)));
+  return base::Annotate(status, Describe(call));
+}
+
+absl::Status RingCommunicator::Exchange(const CollectiveCall& call, uint64_t slot,
+                                        const std::vector<Transfer>& sends,
+                                        const std::optional<Transfer>& recv, absl::Time deadline) {
+  PLAIT_RETURN_IF_ERROR(Transmit(*mesh_, call, slot, sends, recv, deadline));
+  int64_t sent_bytes = 0;
+  for (const Transfer& send : sends) sent_bytes += static_cast<int64_t>(send.tensor.nbytes());
   CountTraffic(call.collective, sent_bytes, recv.has_value() ? recv->tensor.nbytes() : 0);
   return absl::OkStatus();
 }
@@ -205,7 +259,7 @@ absl::Status RingCommunicator::AllGatherRing(const CollectiveCall& call,
 
 std::shared_ptr<Work> RingCommunicator::StartAllReduce(torch::Tensor tensor, ReduceOp op) {
   return Enqueue(
-      Collective::kAllReduce,
+      collectives_, Collective::kAllReduce, /*peer=*/-1,
       [this, tensor, op](const CollectiveCall& call, uint64_t slot_base, absl::Time deadline) {
         const torch::Tensor flat = tensor.view({-1});
         const torch::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
@@ -221,7 +275,7 @@ std::shared_ptr<Work> RingCommunicator::StartAllReduce(torch::Tensor tensor, Red
 
 std::shared_ptr<Work> RingCommunicator::StartAllGather(torch::Tensor input, torch::Tensor output) {
   return Enqueue(
-      Collective::kAllGather,
+      collectives_, Collective::kAllGather, /*peer=*/-1,
       [this, input, output](const CollectiveCall& call, uint64_t slot_base, absl::Time deadline) {
         const torch::Tensor flat = output.view({-1});
         const torch::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
@@ -232,18 +286,19 @@ std::shared_ptr<Work> RingCommunicator::StartAllGather(torch::Tensor input, torc
 
 std::shared_ptr<Work> RingCommunicator::StartReduceScatter(torch::Tensor input,
                                                            torch::Tensor output, ReduceOp op) {
-  return Enqueue(Collective::kReduceScatter, [this, input, output, op](const CollectiveCall& call,
-                                                                       uint64_t slot_base,
-                                                                       absl::Time deadline) {
-    return ReduceScatterRing(call, input.view({-1}), output.view({-1}), op, slot_base, deadline);
-  });
+  return Enqueue(collectives_, Collective::kReduceScatter, /*peer=*/-1,
+                 [this, input, output, op](const CollectiveCall& call, uint64_t slot_base,
+                                           absl::Time deadline) {
+                   return ReduceScatterRing(call, input.view({-1}), output.view({-1}), op,
+                                            slot_base, deadline);
+                 });
 }
 
 // The root sends the whole tensor to every other rank: simple, and what the small groups and
 // one-off broadcasts (initial weights) here need.
 std::shared_ptr<Work> RingCommunicator::StartBroadcast(torch::Tensor tensor, int root) {
   return Enqueue(
-      Collective::kBroadcast,
+      collectives_, Collective::kBroadcast, /*peer=*/-1,
       [this, tensor, root](const CollectiveCall& call, uint64_t slot_base, absl::Time deadline) {
         if (rank() != root) {
           return Exchange(call, slot_base, {}, Transfer{tensor, root}, deadline);
@@ -259,11 +314,52 @@ std::shared_ptr<Work> RingCommunicator::StartBroadcast(torch::Tensor tensor, int
 // An all-gather of one byte per rank: after it every rank has heard, directly or through
 // its neighbours, from every other.
 std::shared_ptr<Work> RingCommunicator::StartBarrier() {
-  return Enqueue(Collective::kBarrier,
+  return Enqueue(collectives_, Collective::kBarrier, /*peer=*/-1,
                  [this](const CollectiveCall& call, uint64_t slot_base, absl::Time deadline) {
                    const torch::Tensor tokens = torch::zeros({size()}, torch::kUInt8);
                    return AllGatherRing(call, tokens, slot_base, deadline);
                  });
+}
+
+std::shared_ptr<Work> RingCommunicator::StartSend(torch::Tensor tensor, int peer) {
+  return Enqueue(
+      PointToPointLane(Collective::kSend, peer), Collective::kSend, peer,
+      [this, tensor, peer](const CollectiveCall& call, uint64_t slot_base,
+                           absl::Time deadline) -> absl::Status {
+        const torch::Tensor header =
+            torch::tensor({static_cast<int64_t>(tensor.scalar_type()), tensor.numel()});
+        PLAIT_RETURN_IF_ERROR(Transmit(*point_to_point_mesh_, call, slot_base,
+                                       {Transfer{header, peer}}, std::nullopt, deadline));
+        PLAIT_RETURN_IF_ERROR(Transmit(*point_to_point_mesh_, call, slot_base + 1,
+                                       {Transfer{tensor, peer}}, std::nullopt, deadline));
+        CountTraffic(Collective::kSend, tensor.nbytes(), 0);
+        return absl::OkStatus();
+      });
+}
+
+std::shared_ptr<Work> RingCommunicator::StartReceive(torch::Tensor tensor, int peer) {
+  return Enqueue(
+      PointToPointLane(Collective::kReceive, peer), Collective::kReceive, peer,
+      [this, tensor, peer](const CollectiveCall& call, uint64_t slot_base,
+                           absl::Time deadline) -> absl::Status {
+        const torch::Tensor header = torch::empty({kHeaderWords}, torch::kInt64);
+        PLAIT_RETURN_IF_ERROR(
+            Transmit(*point_to_point_mesh_, call, slot_base, {}, Transfer{header, peer}, deadline));
+        const auto their_dtype = static_cast<torch::ScalarType>(header[0].item<int64_t>());
+        const int64_t their_numel = header[1].item<int64_t>();
+        if (their_dtype != tensor.scalar_type() || their_numel != tensor.numel()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              Describe(call), ": rank ", peer, " sent ", TensorText(their_dtype, their_numel),
+              ", but the tensor to receive it into is ",
+              TensorText(tensor.scalar_type(), tensor.numel()), " (shape ", "[",
+              absl::StrJoin(tensor.sizes(), ", "), "]",
+              "); the two must have one dtype and element count"));
+        }
+        PLAIT_RETURN_IF_ERROR(Transmit(*point_to_point_mesh_, call, slot_base + 1, {},
+                                       Transfer{tensor, peer}, deadline));
+        CountTraffic(Collective::kReceive, 0, tensor.nbytes());
+        return absl::OkStatus();
+      });
 }
 
 CommunicatorFactory RingCommunicatorFactory(c10d::Store& store, std::string address,

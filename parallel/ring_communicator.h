@@ -19,6 +19,15 @@
 // skipped one) stop at the first they disagree on instead of mixing their data. A failed or
 // timed-out collective leaves the connections in an unknown state, so every later collective
 // fails with the first error.
+//
+// Send and Receive run on a second set of connections (one per pair of ranks), so that they
+// never wait behind a collective nor interleave their frames with one, each direction of each
+// pair on a thread of its own, started at its first use: messages to one peer go in issue
+// order, and a send blocked on a slow receiver (socket buffers full) holds up neither the
+// sends to other peers nor any receive. A message is a 16-byte header (dtype and element count,
+// which the receiver checks before taking the data) and the data, tagged with the message's
+// number (CollectiveCall::index). A failed Send or Receive fails the later ones of its
+// direction and peer, not the collectives.
 #ifndef PLAIT_PARALLEL_RING_COMMUNICATOR_H_
 #define PLAIT_PARALLEL_RING_COMMUNICATOR_H_
 
@@ -71,13 +80,15 @@ class RingCommunicator final : public Communicator {
                                            ReduceOp op) override;
   std::shared_ptr<Work> StartBroadcast(torch::Tensor tensor, int root) override;
   std::shared_ptr<Work> StartBarrier() override;
+  std::shared_ptr<Work> StartSend(torch::Tensor tensor, int peer) override;
+  std::shared_ptr<Work> StartReceive(torch::Tensor tensor, int peer) override;
 
  private:
   // A collective's transfers, given its call, the slot base of its transfers and the deadline.
   using Run = std::function<absl::Status(const CollectiveCall& call, uint64_t slot_base,
                                          absl::Time deadline)>;
 
-  // A collective as run on the communication thread.
+  // A collective as run on a communication thread.
   struct Task {
     CollectiveCall call;
     Run run;
@@ -93,13 +104,34 @@ class RingCommunicator final : public Communicator {
     int peer;
   };
 
+  // A communication thread and the tasks it runs in order. After a failure its connections
+  // are in an unknown state: its later tasks fail with the first error.
+  struct Lane {
+    absl::Mutex mutex;
+    std::deque<Task> tasks ABSL_GUARDED_BY(mutex);
+    bool stopping ABSL_GUARDED_BY(mutex) = false;
+    absl::Status broken;  // the first failure; touched only by `thread`
+    std::thread thread;
+  };
+
   RingCommunicator(std::string name, int rank, int size, CommunicatorOptions options,
-                   std::unique_ptr<internal::TcpMesh> mesh);
+                   std::unique_ptr<internal::TcpMesh> mesh,
+                   std::unique_ptr<internal::TcpMesh> point_to_point_mesh);
 
-  std::shared_ptr<Work> Enqueue(Collective collective, Run run);
-  void RunTasks();
+  // Queues the call being issued (NextCall(collective, peer)) on `lane`.
+  std::shared_ptr<Work> Enqueue(Lane& lane, Collective collective, int peer, Run run);
+  void RunTasks(Lane& lane);
+  // The lane of Sends to `peer` (or Receives from it), started at its first use.
+  Lane& PointToPointLane(Collective collective, int peer);
+  // Drains `lane`'s tasks and joins its thread.
+  static void StopLane(Lane& lane);
 
-  // Runs `recv` (if any) and every send as transfer `slot`, and waits for all of them.
+  // Runs `recv` (if any) and every send as transfer `slot` on `mesh`, and waits for all of
+  // them; errors say which call failed and how.
+  absl::Status Transmit(internal::TcpMesh& mesh, const CollectiveCall& call, uint64_t slot,
+                        const std::vector<Transfer>& sends, const std::optional<Transfer>& recv,
+                        absl::Time deadline);
+  // Transmit on the collectives' mesh, counting the traffic.
   absl::Status Exchange(const CollectiveCall& call, uint64_t slot,
                         const std::vector<Transfer>& sends, const std::optional<Transfer>& recv,
                         absl::Time deadline);
@@ -112,12 +144,12 @@ class RingCommunicator final : public Communicator {
                              uint64_t slot_base, absl::Time deadline);
 
   const std::unique_ptr<internal::TcpMesh> mesh_;
-  absl::Status broken_;  // the first failure; touched only by the worker thread
+  const std::unique_ptr<internal::TcpMesh> point_to_point_mesh_;
 
-  absl::Mutex mutex_;
-  std::deque<Task> tasks_ ABSL_GUARDED_BY(mutex_);
-  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
-  std::thread worker_;
+  Lane collectives_;
+  // By peer rank; null until first used (by the issuing thread, one at a time).
+  std::vector<std::unique_ptr<Lane>> send_lanes_;
+  std::vector<std::unique_ptr<Lane>> receive_lanes_;
 };
 
 // A DeviceMesh factory (device_mesh.h) whose groups are RingCommunicators over `store`,

@@ -370,6 +370,12 @@ class UnwaitedReduceScatters final : public parallel::Communicator {
     return inner_->Broadcast(tensor, root);
   }
   std::shared_ptr<parallel::Work> StartBarrier() override { return inner_->Barrier(); }
+  std::shared_ptr<parallel::Work> StartSend(torch::Tensor tensor, int peer) override {
+    return inner_->Send(tensor, peer);
+  }
+  std::shared_ptr<parallel::Work> StartReceive(torch::Tensor tensor, int peer) override {
+    return inner_->Receive(tensor, peer);
+  }
 
   std::unique_ptr<parallel::Communicator> inner_;
   int unwaited_ = 0;

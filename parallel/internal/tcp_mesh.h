@@ -54,8 +54,9 @@ class TcpMesh {
   // Sends every one of `sends` (at most one per peer) and receives `recv`, all at once, each
   // framed with `tag`, and returns when all are done. DeadlineExceeded "waiting for rank N"
   // when `deadline` passes first; Unavailable "transfer with rank N failed: ..." when a
-  // connection breaks or the peer sent another tag or size. Not thread-safe: one Exchange at
-  // a time.
+  // connection breaks or the peer sent another tag or size. Exchanges may run at once on
+  // several threads when no two of them send to the same peer, nor receive from the same peer
+  // (a connection's two directions are independent).
   absl::Status Exchange(uint64_t tag, const std::vector<Transfer>& sends,
                         const std::optional<Transfer>& recv, absl::Time deadline);
 
