@@ -275,18 +275,41 @@ torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const AttentionConte
 Decoder::Decoder(const ModelConfig& config, const Deferred& deferred) {
   embed_tokens = register_module(
       "embed_tokens", MakeEmbedding(config.vocab_size(), config.hidden_size(), deferred));
-  torch::nn::ModuleList list;
+  // A plain module rather than a ModuleList, so that a pipeline stage can drop layers and
+  // keep the others' names.
+  layer_list_ = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
     layers.push_back(std::make_shared<DecoderLayer>(config, deferred));
-    list->push_back(layers.back());
+    layer_list_->register_module(std::to_string(i), layers.back());
   }
-  register_module("layers", list);
   norm = register_module(
       "norm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(), deferred));
 }
 
+void Decoder::KeepStage(int64_t begin, int64_t end, bool keep_embedding, bool keep_norm) {
+  std::vector<std::shared_ptr<DecoderLayer>> kept;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int64_t index = first_layer + static_cast<int64_t>(i);
+    if (index >= begin && index < end) {
+      kept.push_back(layers[i]);
+    } else {
+      layer_list_->unregister_module(std::to_string(index));
+    }
+  }
+  layers = std::move(kept);
+  first_layer = std::max(first_layer, begin);
+  if (!keep_embedding && embed_tokens) {
+    unregister_module("embed_tokens");
+    embed_tokens = nullptr;
+  }
+  if (!keep_norm && norm) {
+    unregister_module("norm");
+    norm = nullptr;
+  }
+}
+
 CausalLM::CausalLM(const ModelConfig& config, const torch::TensorOptions& options)
-    : config_(config) {
+    : config_(config), stage_end_(config.num_hidden_layers()) {
   model_ = register_module("model", std::make_shared<Decoder>(config, options));
   if (!config.tie_word_embeddings()) {
     lm_head_ = register_module(
@@ -374,6 +397,28 @@ torch::Tensor CausalLM::OutputWeight() {
 }
 
 torch::Tensor CausalLM::Forward(const torch::Tensor& tokens, const torch::Tensor& positions) {
+  TORCH_CHECK(HoldsOutputLayers(), "CausalLM::Forward: this pipeline stage (blocks ", stage_begin_,
+              "..", stage_end_ - 1, ") does not hold the output layers; it computes StageOutput");
+  return Run(tokens, positions, /*to_logits=*/true);
+}
+
+torch::Tensor CausalLM::StageOutput(const torch::Tensor& tokens, const torch::Tensor& positions) {
+  TORCH_CHECK(!HoldsOutputLayers(), "CausalLM::StageOutput: the model holds the output layers (",
+              "blocks ", stage_begin_, "..", stage_end_ - 1, "); it computes Forward or Loss");
+  return Run(tokens, positions, /*to_logits=*/false);
+}
+
+torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& positions,
+                            bool to_logits) {
+  torch::Tensor h;
+  if (!HoldsInputLayers()) {
+    TORCH_CHECK(stage_input_.defined(), "CausalLM: this pipeline stage (blocks ", stage_begin_,
+                "..", stage_end_ - 1, ") has no input: SetStageInput first");
+    TORCH_CHECK(stage_input_.dim() == 3 && stage_input_.size(0) == tokens.size(0),
+                "CausalLM: the stage input ", stage_input_.sizes(),
+                " is not [B, T, hidden] for tokens ", tokens.sizes());
+    h = std::exchange(stage_input_, torch::Tensor());
+  }
   const auto before = [this](int unit) {
     if (hooks_.before_forward) hooks_.before_forward(unit);
   };
@@ -381,8 +426,10 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens, const torch::Tensor
     return hooks_.after_forward ? hooks_.after_forward(unit, std::move(output)) : output;
   };
   before(kRootUnit);
+  // The compute dtype: the embedding's (gathered by now, under FSDP) or the received input's.
   const AttentionContext& cached =
-      Context(tokens.size(1), tokens.device(), model_->embed_tokens->weight.scalar_type());
+      Context(tokens.size(1), tokens.device(),
+              h.defined() ? h.scalar_type() : model_->embed_tokens->weight.scalar_type());
   // Packed rows: this forward's own copy, each row's rotary tables gathered by its positions;
   // context_ keeps only what depends on the length.
   AttentionContext packed;
@@ -398,8 +445,10 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens, const torch::Tensor
   }
   const AttentionContext& context = positions.defined() ? packed : cached;
   wrap::TensorParallelOps* tp = context.tp;
-  torch::Tensor h = tp == nullptr ? model_->embed_tokens(tokens)
-                                  : tp->Embed(tokens, model_->embed_tokens->weight);
+  if (!h.defined()) {
+    h = tp == nullptr ? model_->embed_tokens(tokens)
+                      : tp->Embed(tokens, model_->embed_tokens->weight);
+  }
   for (size_t i = 0; i < model_->layers.size(); ++i) {
     const int unit = static_cast<int>(i);
     before(unit);
@@ -415,6 +464,7 @@ torch::Tensor CausalLM::Forward(const torch::Tensor& tokens, const torch::Tensor
     }
     h = after(unit, std::move(h));
   }
+  if (!to_logits) return after(kRootUnit, std::move(h));
   h = model_->norm->forward(h, context.generic_ops);
   if (tp != nullptr) h = tp->EnterColumnParallel(h);  // the output projection splits the vocabulary
   return after(kRootUnit, torch::matmul(h, OutputWeight().t()));
@@ -472,7 +522,8 @@ wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) co
 std::vector<wrap::Wrappable::Unit> CausalLM::Blocks() {
   std::vector<Unit> blocks;
   for (size_t i = 0; i < model_->layers.size(); ++i) {
-    blocks.push_back({absl::StrCat("model.layers.", i), model_->layers[i]});
+    blocks.push_back({absl::StrCat("model.layers.", model_->first_layer + static_cast<int64_t>(i)),
+                      model_->layers[i]});
   }
   return blocks;
 }
@@ -489,6 +540,31 @@ std::vector<wrap::Wrappable::NamedParameter> CausalLM::NamedParameters() {
   std::vector<NamedParameter> all;
   for (const auto& item : named_parameters()) all.push_back({item.key(), item.value()});
   return all;
+}
+
+absl::Status CausalLM::KeepStage(int64_t begin, int64_t end) {
+  const int64_t blocks = config_.num_hidden_layers();
+  if (stage_begin_ != 0 || stage_end_ != blocks) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("KeepStage(", begin, ", ", end, "): the model was already cut to blocks ",
+                     stage_begin_, "..", stage_end_ - 1, "; a model is cut once"));
+  }
+  if (begin < 0 || begin >= end || end > blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("KeepStage(", begin, ", ", end,
+                                                   "): a stage holds blocks [begin, end) of the ",
+                                                   blocks, ", at least one"));
+  }
+  const bool output = end == blocks;
+  model_->KeepStage(begin, end,
+                    /*keep_embedding=*/begin == 0 || (output && config_.tie_word_embeddings()),
+                    /*keep_norm=*/output);
+  if (!output && lm_head_) {
+    unregister_module("lm_head");
+    lm_head_ = nullptr;
+  }
+  stage_begin_ = begin;
+  stage_end_ = end;
+  return absl::OkStatus();
 }
 
 void internal::UseGenericOps(CausalLM& model, bool generic) { model.generic_ops_ = generic; }

@@ -142,14 +142,24 @@ class DecoderLayer : public torch::nn::Module {
   std::shared_ptr<Mlp> mlp;
 };
 
-// The decoder stack without the output projection (HF's LlamaModel / Qwen2Model).
+// The decoder stack without the output projection (HF's LlamaModel / Qwen2Model), or, in a
+// pipeline stage, the part of it the stage holds.
 class Decoder : public torch::nn::Module {
  public:
   explicit Decoder(const ModelConfig& config, const Deferred& deferred = std::nullopt);
 
-  torch::nn::Embedding embed_tokens{nullptr};
-  std::vector<std::shared_ptr<DecoderLayer>> layers;
-  std::shared_ptr<RmsNorm> norm;
+  // Drops the layers outside [begin, end) of those held, and the embedding and the final
+  // norm unless kept; the rest keep their names ("layers.7.mlp.up_proj.weight").
+  void KeepStage(int64_t begin, int64_t end, bool keep_embedding, bool keep_norm);
+
+  torch::nn::Embedding embed_tokens{nullptr};         // null in a stage that does not hold it
+  std::vector<std::shared_ptr<DecoderLayer>> layers;  // the layers held, in order
+  int64_t first_layer = 0;                            // the model's index of layers[0]
+  std::shared_ptr<RmsNorm> norm;                      // null in a stage that does not hold it
+
+ private:
+  // Registered as "layers", holding each layer under its index in the model.
+  std::shared_ptr<torch::nn::Module> layer_list_;
 };
 
 class CausalLM;
@@ -223,6 +233,17 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
                               int64_t ignore_index = kIgnoreIndex,
                               const torch::Tensor& positions = {});
 
+  // Pipeline parallelism (wrap::Wrappable::KeepStage): a stage without the output layers
+  // computes its blocks' output, [B, T, hidden], instead of logits; a stage without the
+  // embedding starts from the hidden state SetStageInput gave it (the previous stage's
+  // StageOutput, received), which its next Forward, StageOutput, Loss or TokenLogProbs
+  // consumes. `tokens` still gives the batch's shape (and the targets' positions).
+  //
+  //   first->StageOutput(tokens) -> send ... receive -> last->SetStageInput(hidden);
+  //   torch::Tensor loss = last->Loss(tokens, targets);
+  torch::Tensor StageOutput(const torch::Tensor& tokens, const torch::Tensor& positions = {});
+  void SetStageInput(torch::Tensor hidden) { stage_input_ = std::move(hidden); }
+
   // Per row of one sequence, the sum of TokenLogProbs: [B], fp32, differentiable (a packed
   // row's sequences are summed by data::SequenceSums instead).
   torch::Tensor SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
@@ -248,6 +269,9 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   int64_t NumHeads() const override { return config_.num_attention_heads(); }
   int64_t NumKeyValueHeads() const override { return config_.num_key_value_heads(); }
   absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) override;
+  absl::Status KeepStage(int64_t begin, int64_t end) override;
+  bool HoldsInputLayers() const override { return stage_begin_ == 0; }
+  bool HoldsOutputLayers() const override { return stage_end_ == config_.num_hidden_layers(); }
   void SetUnitHooks(UnitHooks hooks) override { hooks_ = std::move(hooks); }
   Split TensorParallelSplit(const std::string& name) const override;
   void SetTensorParallelOps(wrap::TensorParallelOps* ops) override { context_.tp = ops; }
@@ -266,6 +290,10 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   const AttentionContext& Context(int64_t seq_len, const torch::Device& device,
                                   torch::ScalarType dtype);
 
+  // The stage's blocks over its input (the embedded tokens, or the stage input), then, when
+  // `to_logits`, the final norm and the output projection.
+  torch::Tensor Run(const torch::Tensor& tokens, const torch::Tensor& positions, bool to_logits);
+
   // Per position -log p(targets[b, t] | its sequence up to t), 0 where the target is
   // `ignore_index`: [B, T], fp32; from the vocabulary-sharded logits under tensor parallelism.
   torch::Tensor TokenLosses(const torch::Tensor& tokens, const torch::Tensor& targets,
@@ -280,6 +308,10 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   int64_t context_groups_ = -1;
   bool generic_ops_ = false;
   UnitHooks hooks_;
+  // The blocks [stage_begin_, stage_end_) this model holds (all, unless KeepStage cut it).
+  int64_t stage_begin_ = 0;
+  int64_t stage_end_;
+  torch::Tensor stage_input_;
 };
 
 }  // namespace plait::models

@@ -2,12 +2,14 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ATen/Parallel.h"
+#include "absl/strings/match.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -545,6 +547,112 @@ TEST(CausalLMTest, WrappableView) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("same shard count")));
   EXPECT_THAT(wrappable.SetLocalHeads(3, 1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("SetLocalHeads(3, 1)")));
+}
+
+// A model cut into pipeline stages (each a deferred model keeping its blocks, given its
+// values by name) computes, stage by stage, the whole model's loss and gradients: each stage
+// runs its blocks on the hidden state the stage before handed over and hands back its
+// gradient. With tied embeddings the first and the last stage both hold the embedding, and
+// their gradients sum to the whole model's.
+TEST(CausalLMTest, PipelineStagesComputeTheWholeModel) {
+  for (const bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied embeddings" : "lm_head");
+    ModelConfig config = Small("qwen2");
+    config.set_num_hidden_layers(4);
+    config.set_tie_word_embeddings(tied);
+    InitConfig init;
+    init.set_seed(3);
+    const torch::Tensor tokens = Tokens(2, 17, 97, 9);
+    torch::Tensor targets = Tokens(2, 17, 97, 10);
+    targets.index_put_({0, torch::indexing::Slice(0, 3)}, kIgnoreIndex);
+    const torch::Tensor positions = PackedPositions({{5, 1, 9, 2}, {9, 8}});
+
+    std::shared_ptr<CausalLM> whole = CausalLM::Create(config, init).value();
+    const torch::Tensor whole_loss = whole->Loss(tokens, targets, kIgnoreIndex, positions);
+    whole_loss.backward();
+
+    const std::vector<std::pair<int64_t, int64_t>> cuts = {{0, 1}, {1, 3}, {3, 4}};
+    std::vector<std::shared_ptr<CausalLM>> stages;
+    for (const auto& [begin, end] : cuts) {
+      std::shared_ptr<CausalLM> stage =
+          CausalLM::CreateDeferred(config, torch::TensorOptions()).value();
+      ASSERT_THAT(stage->KeepStage(begin, end), IsOk());
+      stage->MaterializeParameters();
+      ASSERT_THAT(stage->ResetParameters(init), IsOk());
+      stages.push_back(stage);
+    }
+    EXPECT_TRUE(stages[0]->HoldsInputLayers());
+    EXPECT_FALSE(stages[0]->HoldsOutputLayers());
+    EXPECT_FALSE(stages[1]->HoldsInputLayers());
+    EXPECT_FALSE(stages[1]->HoldsOutputLayers());
+    EXPECT_TRUE(stages[2]->HoldsOutputLayers());
+    std::vector<std::string> block_names;
+    for (const wrap::Wrappable::Unit& block : stages[1]->Blocks())
+      block_names.push_back(block.name);
+    EXPECT_THAT(block_names, ElementsAre("model.layers.1", "model.layers.2"));
+
+    // Forward stage by stage, each stage's input a leaf as a received tensor is; backward
+    // from the loss, each stage's output given the gradient its next stage's input got.
+    std::vector<torch::Tensor> outputs, inputs(stages.size());
+    torch::Tensor loss;
+    for (size_t i = 0; i < stages.size(); ++i) {
+      if (i > 0) {
+        inputs[i] = outputs[i - 1].detach().requires_grad_(true);
+        stages[i]->SetStageInput(inputs[i]);
+      }
+      if (i + 1 < stages.size()) {
+        outputs.push_back(stages[i]->StageOutput(tokens, positions));
+      } else {
+        loss = stages[i]->Loss(tokens, targets, kIgnoreIndex, positions);
+      }
+    }
+    loss.backward();
+    for (size_t i = outputs.size(); i-- > 0;) outputs[i].backward(inputs[i + 1].grad());
+    EXPECT_NEAR(loss.item<double>(), whole_loss.item<double>(), 1e-6);
+
+    // Every parameter is held by one stage under the whole model's name (the tied embedding
+    // by the first and the last), and its gradients sum to the whole model's.
+    std::map<std::string, torch::Tensor> gradients;
+    std::map<std::string, int> holders;
+    for (const std::shared_ptr<CausalLM>& stage : stages) {
+      for (const wrap::Wrappable::NamedParameter& item : stage->NamedParameters()) {
+        torch::Tensor& sum = gradients[item.name];
+        sum = sum.defined() ? sum + item.parameter.grad() : item.parameter.grad().clone();
+        ++holders[item.name];
+      }
+    }
+    const auto whole_parameters = whole->named_parameters();
+    ASSERT_EQ(gradients.size(), whole_parameters.size());
+    for (const auto& item : whole_parameters) {
+      ASSERT_EQ(gradients.count(item.key()), 1u) << item.key();
+      EXPECT_EQ(holders[item.key()], tied && item.key() == "model.embed_tokens.weight" ? 2 : 1)
+          << item.key();
+      EXPECT_TRUE(torch::allclose(gradients[item.key()], item.value().grad(), 1e-5, 1e-7))
+          << item.key();
+    }
+  }
+}
+
+TEST(CausalLMTest, KeepStageRefusesAnEmptyOrOutsideRangeAndASecondCut) {
+  const ModelConfig config = Small();  // 2 blocks
+  std::shared_ptr<CausalLM> model =
+      CausalLM::CreateDeferred(config, torch::TensorOptions()).value();
+  EXPECT_THAT(model->KeepStage(1, 1), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               HasSubstr("KeepStage(1, 1): a stage holds blocks "
+                                                         "[begin, end) of the 2, at least one")));
+  EXPECT_THAT(model->KeepStage(0, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KeepStage(0, 3)")));
+  EXPECT_THAT(model->KeepStage(-1, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KeepStage(-1, 1)")));
+  ASSERT_THAT(model->KeepStage(1, 2), IsOk());
+  EXPECT_THAT(model->KeepStage(1, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("the model was already cut to blocks 1..1")));
+  for (const wrap::Wrappable::NamedParameter& item : model->NamedParameters()) {
+    EXPECT_TRUE(absl::StartsWith(item.name, "model.layers.1.") ||
+                item.name == "model.norm.weight" || item.name == "lm_head.weight")
+        << item.name;
+  }
 }
 
 TEST(CausalLMTest, UnitHooksRunAroundEveryUnitInOrder) {

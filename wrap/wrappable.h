@@ -151,6 +151,20 @@ class Wrappable {
   // Installs `hooks`, replacing any installed before.
   virtual void SetUnitHooks(UnitHooks hooks) = 0;
 
+  // Pipeline parallelism: keeps blocks [begin, end) of Blocks() and drops the others; with
+  // the first block the input layers (the embedding), with the last the output layers (the
+  // final norm and the output projection; and the embedding too where the output projection
+  // is the embedding matrix, tied). What is kept keeps its name, so NamedParameters, Blocks
+  // and RootParameters list the stage's parameters under the whole model's names, and
+  // checkpoints stay layout-free. For a model built deferred, before any wrapper and before
+  // any value (dropping is then free); once. InvalidArgument naming the range when it is
+  // empty or outside the blocks, or when the model was cut before.
+  virtual absl::Status KeepStage(int64_t begin, int64_t end) = 0;
+  // Whether the model holds its input layers (the whole model, or the first stage), and its
+  // output layers (the whole model, or the last stage).
+  virtual bool HoldsInputLayers() const = 0;
+  virtual bool HoldsOutputLayers() const = 0;
+
   // How tensor parallelism splits a parameter, Megatron's layout:
   //   kColumn: dim 0 (output features) into equal parts, one per rank (q_proj, gate/up);
   //   kKeyValueColumn: dim 0 into the key/value heads (k_proj, v_proj), a rank holding
