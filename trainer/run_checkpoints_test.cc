@@ -107,7 +107,9 @@ void ExpectResumeReproducesTheStraightRun(const std::string& plan_name, int rank
   const TrainReport resumed = ResumeFrom(straight_dir + "/step-00000003", resuming, ranks);
   // The checkpoint holds the trained model's values, which are not drawn first (a frozen
   // model is not checkpointed: it draws its own).
-  if (resuming.frozen_size() == 0) EXPECT_EQ(models::internal::SeededDraws(), draws);
+  if (resuming.frozen_size() == 0) {
+    EXPECT_EQ(models::internal::SeededDraws(), draws);
+  }
   ASSERT_EQ(resumed.steps.size(), 5u);
   for (size_t i = 0; i < resumed.steps.size(); ++i) {
     const auto& want = straight.steps[i + 3];
