@@ -1,7 +1,6 @@
 // Send and Receive on RingCommunicator: exact values, issue order, the patterns pipeline
 // schedules use (a ring, a pair sending both ways before receiving), argument errors, a
 // mismatched or missing message, and traffic.
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,9 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/communicator.h"
-#include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
-#include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/types.h"
 
 namespace plait::parallel {
@@ -24,21 +21,9 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
-using ::plait::parallel::testing::RunRanks;
+using ::plait::parallel::testing::RunOnRingGroup;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-// Runs `body` on every rank of a fresh group of `size` ranks, each on its own thread.
-void RunGroup(int size, const std::function<void(int rank, Communicator& comm)>& body,
-              absl::Duration timeout = absl::Seconds(30)) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  RunRanks(size, [&](int rank) {
-    absl::StatusOr<std::unique_ptr<RingCommunicator>> comm =
-        RingCommunicator::Create(*store, "pp", rank, size, RingCommunicator::kLoopback, {timeout});
-    ASSERT_THAT(comm, IsOk());
-    body(rank, **comm);
-  });
-}
 
 // What rank `from` sends as its message `message`: distinct per sender and message, exact in
 // every dtype used.
@@ -51,7 +36,7 @@ class PointToPointTest : public ::testing::TestWithParam<int> {};
 TEST_P(PointToPointTest, ValuesArriveExactlyAndInOrder) {
   const int size = GetParam();
   constexpr int kMessages = 3;
-  RunGroup(size, [&](int rank, Communicator& comm) {
+  RunOnRingGroup("pp", size, [&](int rank, Communicator& comm) {
     // Rank 0 sends every other rank kMessages messages of each dtype, in one order.
     for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kInt64}) {
       SCOPED_TRACE(c10::toString(dtype));
@@ -80,7 +65,7 @@ TEST_P(PointToPointTest, RingOfSendsBeforeAnyWaitCompletes) {
   const int size = GetParam();
   // Larger than the sockets buffer: a send that waited for its receive would hang here.
   constexpr int64_t kNumel = 4 << 20;
-  RunGroup(size, [&](int rank, Communicator& comm) {
+  RunOnRingGroup("pp", size, [&](int rank, Communicator& comm) {
     const torch::Tensor out = Payload(rank, 0, torch::kFloat32, kNumel);
     const torch::Tensor in = torch::empty({kNumel});
     const std::shared_ptr<Work> sent = comm.Send(out, (rank + 1) % size);
@@ -94,7 +79,7 @@ TEST_P(PointToPointTest, RingOfSendsBeforeAnyWaitCompletes) {
 INSTANTIATE_TEST_SUITE_P(Ranks, PointToPointTest, ::testing::Values(2, 4));
 
 TEST(PointToPointPairTest, BothSendBeforeEitherReceives) {
-  RunGroup(2, [&](int rank, Communicator& comm) {
+  RunOnRingGroup("pp", 2, [&](int rank, Communicator& comm) {
     const int peer = 1 - rank;
     // As 1F1B: rank 0 sends activations, rank 1 gradients, and only then do they receive. A
     // small send finishes before its receive is issued (it waits for no rendezvous)...
@@ -113,7 +98,7 @@ TEST(PointToPointPairTest, BothSendBeforeEitherReceives) {
 }
 
 TEST(PointToPointPairTest, TrafficCountsTheBytes) {
-  RunGroup(2, [&](int rank, Communicator& comm) {
+  RunOnRingGroup("pp", 2, [&](int rank, Communicator& comm) {
     const torch::Tensor tensor = Payload(0, 0, torch::kBFloat16);
     const std::shared_ptr<Work> work = rank == 0 ? comm.Send(tensor, 1) : comm.Receive(tensor, 0);
     ASSERT_THAT(work->Wait(), IsOk());
@@ -127,7 +112,7 @@ TEST(PointToPointPairTest, TrafficCountsTheBytes) {
 }
 
 TEST(PointToPointPairTest, AreNotCountedInTheStepsCollectiveIndex) {
-  RunGroup(2, [&](int rank, Communicator& comm) {
+  RunOnRingGroup("pp", 2, [&](int rank, Communicator& comm) {
     comm.BeginStep(1);
     const torch::Tensor tensor = torch::zeros({4});
     ASSERT_THAT((rank == 0 ? comm.Send(tensor, 1) : comm.Receive(tensor, 0))->Wait(), IsOk());
@@ -145,7 +130,7 @@ TEST(PointToPointPairTest, AreNotCountedInTheStepsCollectiveIndex) {
 
 TEST(PointToPointErrorsTest, AReceiveOfAnotherSizeOrDtypeNamesBoth) {
   absl::Notification checked;
-  RunGroup(2, [&](int rank, Communicator& comm) {
+  RunOnRingGroup("pp", 2, [&](int rank, Communicator& comm) {
     if (rank == 0) {
       ASSERT_THAT(comm.Send(torch::zeros({12}), 1)->Wait(), IsOk());
       checked.WaitForNotification();
@@ -165,7 +150,7 @@ TEST(PointToPointErrorsTest, AReceiveOfAnotherSizeOrDtypeNamesBoth) {
     checked.Notify();
   });
   absl::Notification checked_dtype;
-  RunGroup(2, [&](int rank, Communicator& comm) {
+  RunOnRingGroup("pp", 2, [&](int rank, Communicator& comm) {
     if (rank == 0) {
       ASSERT_THAT(comm.Send(torch::zeros({6}), 1)->Wait(), IsOk());
       checked_dtype.WaitForNotification();
@@ -179,7 +164,7 @@ TEST(PointToPointErrorsTest, AReceiveOfAnotherSizeOrDtypeNamesBoth) {
 }
 
 TEST(PointToPointErrorsTest, APeerMustBeAnotherRankOfTheGroup) {
-  RunGroup(2, [&](int rank, Communicator& comm) {
+  RunOnRingGroup("pp", 2, [&](int rank, Communicator& comm) {
     for (int peer : {-1, 2}) {
       EXPECT_THAT(
           comm.Send(torch::zeros({1}), peer)->Wait(),
@@ -199,8 +184,8 @@ TEST(PointToPointErrorsTest, APeerMustBeAnotherRankOfTheGroup) {
 
 TEST(PointToPointErrorsTest, AReceiveWhoseSenderNeverSendsTimesOutNamingIt) {
   absl::Notification checked;
-  RunGroup(
-      2,
+  RunOnRingGroup(
+      "pp", 2,
       [&](int rank, Communicator& comm) {
         if (rank == 0) {
           checked.WaitForNotification();

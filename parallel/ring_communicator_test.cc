@@ -24,6 +24,7 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::parallel::testing::RunOnRingGroup;
 using ::plait::parallel::testing::RunRanks;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -49,24 +50,11 @@ torch::Tensor Expected(int64_t numel, int size, ReduceOp op, torch::ScalarType d
   return result.to(dtype);
 }
 
-// Runs `body` on every rank of a fresh group of `size` ranks, each on its own thread.
-void RunGroup(const std::string& name, int size,
-              const std::function<void(int rank, RingCommunicator& comm)>& body,
-              absl::Duration timeout = absl::Seconds(30)) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  RunRanks(size, [&](int rank) {
-    absl::StatusOr<std::unique_ptr<RingCommunicator>> comm =
-        RingCommunicator::Create(*store, name, rank, size, RingCommunicator::kLoopback, {timeout});
-    ASSERT_THAT(comm, IsOk());
-    body(rank, **comm);
-  });
-}
-
 class RingCollectivesTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(RingCollectivesTest, AllReduceEveryDtypeSizeAndOp) {
   const int size = GetParam();
-  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
+  RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
     for (torch::ScalarType dtype : kDtypes) {
       for (int64_t numel : kSizes) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
@@ -84,7 +72,7 @@ TEST_P(RingCollectivesTest, AllReduceEveryDtypeSizeAndOp) {
 
 TEST_P(RingCollectivesTest, AllGatherAndReduceScatterUnevenChunks) {
   const int size = GetParam();
-  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
+  RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
     for (torch::ScalarType dtype : kDtypes) {
       for (int64_t numel : kSizes) {
         SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << "[" << numel << "]");
@@ -111,7 +99,7 @@ TEST_P(RingCollectivesTest, AllGatherAndReduceScatterUnevenChunks) {
 
 TEST_P(RingCollectivesTest, AllGatherInPlaceAndBroadcast) {
   const int size = GetParam();
-  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
+  RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
     torch::Tensor buffer = torch::zeros({10});
     const Chunk own = ChunkOf(10, size, rank);
     torch::Tensor mine = buffer.narrow(0, own.offset, own.numel);
@@ -135,7 +123,7 @@ TEST_P(RingCollectivesTest, TrafficIsTheBandwidthOptimalVolume) {
   const int size = GetParam();
   constexpr int64_t kNumel = 1 << 16;
   constexpr int64_t kBytes = kNumel * 4;
-  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
+  RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
     torch::Tensor full = torch::ones({kNumel});
     const Chunk own = ChunkOf(kNumel, size, rank);
     ASSERT_THAT(comm.AllReduce(full, ReduceOp::kSum)->Wait(), IsOk());
@@ -159,7 +147,7 @@ TEST_P(RingCollectivesTest, BarrierWaitsForTheLastRank) {
   const int size = GetParam();
   const absl::Time start = absl::Now();
   const absl::Duration last_arrival = absl::Milliseconds(200) * (size - 1);
-  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
+  RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
     ASSERT_THAT(comm.Barrier()->Wait(), IsOk());  // everyone connected
     const absl::Time synchronized = absl::Now();
     absl::SleepFor(absl::Milliseconds(200) * rank);
@@ -172,7 +160,7 @@ TEST_P(RingCollectivesTest, BarrierWaitsForTheLastRank) {
 // Two collectives in flight at once while the caller computes; both complete correctly.
 TEST_P(RingCollectivesTest, AsyncCollectivesOverlapWithCompute) {
   const int size = GetParam();
-  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
+  RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
     torch::Tensor gradients = torch::full({1 << 18}, static_cast<float>(rank));
     torch::Tensor parameters = torch::zeros({1 << 18});
     const Chunk own = ChunkOf(parameters.numel(), size, rank);
@@ -197,7 +185,7 @@ TEST_P(RingCollectivesTest, AsyncCollectivesOverlapWithCompute) {
 // them as data, records nothing, and leaves its output without a gradient.
 TEST_P(RingCollectivesTest, ReduceScatterOfATensorThatRequiresGrad) {
   const int size = GetParam();
-  RunGroup("world", size, [&](int rank, RingCommunicator& comm) {
+  RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
     const torch::Tensor input = Contribution(1001, rank, torch::kFloat32).requires_grad_();
     const Chunk own = ChunkOf(input.numel(), size, rank);
     torch::Tensor scattered = torch::empty({own.numel});
@@ -219,7 +207,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, RingCollectivesTest, ::testing::Values(2, 4
 
 TEST(RingCommunicatorTest, MissingRankTimesOutWithANamedError) {
   absl::Notification rank0_done;
-  RunGroup(
+  RunOnRingGroup(
       "lonely", 2,
       [&](int rank, RingCommunicator& comm) {
         if (rank == 1) {  // stays connected but never takes part
@@ -246,7 +234,7 @@ TEST(RingCommunicatorTest, MissingRankTimesOutWithANamedError) {
 // its turn: the ranks stop there, each naming its own collective's place in the step, rather
 // than exchange the two blocks' data.
 TEST(RingCommunicatorTest, ASkippedCollectiveStopsBothRanksWhereTheyDisagree) {
-  RunGroup(
+  RunOnRingGroup(
       "skipping", 2,
       [&](int rank, RingCommunicator& comm) {
         comm.BeginStep(3);
@@ -305,7 +293,7 @@ TEST(RingCommunicatorTest, DepartedRankFailsTheCollectiveBeforeTheTimeout) {
 }
 
 TEST(RingCommunicatorTest, RejectsBadArgumentsWithNamedErrors) {
-  RunGroup("solo", 1, [](int, RingCommunicator& comm) {
+  RunOnRingGroup("solo", 1, [](int, RingCommunicator& comm) {
     const auto invalid = [](const std::string& message) {
       return StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message));
     };

@@ -22,6 +22,18 @@ void RunRanks(int num_ranks, const std::function<void(int rank)>& body) {
   for (std::thread& thread : threads) thread.join();
 }
 
+void RunOnRingGroup(const std::string& name, int size,
+                    const std::function<void(int rank, RingCommunicator& communicator)>& body,
+                    absl::Duration timeout) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  RunRanks(size, [&](int rank) {
+    absl::StatusOr<std::unique_ptr<RingCommunicator>> communicator =
+        RingCommunicator::Create(*store, name, rank, size, RingCommunicator::kLoopback, {timeout});
+    ASSERT_TRUE(communicator.ok()) << communicator.status();
+    body(rank, **communicator);
+  });
+}
+
 void RunOnRingMesh(const MeshLayout& layout,
                    const std::function<void(int rank, DeviceMesh& mesh)>& body) {
   RunOnMesh(layout, torch::kCPU, body);

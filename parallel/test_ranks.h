@@ -6,7 +6,9 @@
 #include <functional>
 #include <string>
 
+#include "absl/time/time.h"
 #include "parallel/device_mesh.h"
+#include "parallel/ring_communicator.h"
 #include "parallel/world.h"
 #include "torch/types.h"
 
@@ -14,6 +16,13 @@ namespace plait::parallel::testing {
 
 // Runs `body(rank)` for every rank in [0, num_ranks) on its own thread and waits for all.
 void RunRanks(int num_ranks, const std::function<void(int rank)>& body);
+
+// Runs `body(rank, communicator)` for every rank of a fresh group `name` of `size` ring
+// communicators on loopback (a store shared in memory), each on its own thread, with
+// `timeout` for each operation.
+void RunOnRingGroup(const std::string& name, int size,
+                    const std::function<void(int rank, RingCommunicator& communicator)>& body,
+                    absl::Duration timeout = absl::Seconds(30));
 
 // Runs `body(rank, mesh)` for every rank of `layout` on its own thread, each with its
 // DeviceMesh of ring communicators on loopback (a store shared in memory).
