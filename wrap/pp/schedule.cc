@@ -537,7 +537,11 @@ absl::StatusOr<PipelineSchedule> BuildSchedule(ScheduleKind kind, int num_ranks,
   return schedule;
 }
 
-absl::Status Check(const PipelineSchedule& schedule) {
+namespace {
+
+// Check's verdict on everything but running the lists: shape, each action, per-rank order
+// and completeness.
+absl::Status CheckActions(const PipelineSchedule& schedule) {
   if (schedule.num_ranks < 1 || schedule.stages_per_rank < 1 || schedule.num_microbatches < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a schedule needs at least 1 rank, stage per rank and micro-batch; this one has ",
@@ -557,13 +561,21 @@ absl::Status Check(const PipelineSchedule& schedule) {
       PLAIT_RETURN_IF_ERROR(CheckOrder(schedule, rank, index, action, state, counts));
     }
   }
-  PLAIT_RETURN_IF_ERROR(CheckComplete(schedule, counts));
+  return CheckComplete(schedule, counts);
+}
+
+}  // namespace
+
+absl::Status Check(const PipelineSchedule& schedule) {
+  PLAIT_RETURN_IF_ERROR(CheckActions(schedule));
   return Execute(schedule, ActionCosts{}).status();
 }
 
+// Execute finds a deadlock or a receive out of order whatever the costs: one run serves as
+// the check's last part and as the simulation.
 absl::StatusOr<SimulationResult> Simulate(const PipelineSchedule& schedule,
                                           const ActionCosts& costs) {
-  PLAIT_RETURN_IF_ERROR(Check(schedule));
+  PLAIT_RETURN_IF_ERROR(CheckActions(schedule));
   return Execute(schedule, costs);
 }
 
