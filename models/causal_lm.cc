@@ -309,7 +309,7 @@ void Decoder::KeepStage(int64_t begin, int64_t end, bool keep_embedding, bool ke
 }
 
 CausalLM::CausalLM(const ModelConfig& config, const torch::TensorOptions& options)
-    : config_(config), stage_end_(config.num_hidden_layers()) {
+    : config_(config) {
   model_ = register_module("model", std::make_shared<Decoder>(config, options));
   if (!config.tie_word_embeddings()) {
     lm_head_ = register_module(
@@ -397,14 +397,14 @@ torch::Tensor CausalLM::OutputWeight() {
 }
 
 torch::Tensor CausalLM::Forward(const torch::Tensor& tokens, const torch::Tensor& positions) {
-  TORCH_CHECK(HoldsOutputLayers(), "CausalLM::Forward: this pipeline stage (blocks ", stage_begin_,
-              "..", stage_end_ - 1, ") does not hold the output layers; it computes StageOutput");
+  TORCH_CHECK(HoldsOutputLayers(), "CausalLM::Forward: this pipeline stage (blocks ", StageBegin(),
+              "..", StageEnd() - 1, ") does not hold the output layers; it computes StageOutput");
   return Run(tokens, positions, /*to_logits=*/true);
 }
 
 torch::Tensor CausalLM::StageOutput(const torch::Tensor& tokens, const torch::Tensor& positions) {
   TORCH_CHECK(!HoldsOutputLayers(), "CausalLM::StageOutput: the model holds the output layers (",
-              "blocks ", stage_begin_, "..", stage_end_ - 1, "); it computes Forward or Loss");
+              "blocks ", StageBegin(), "..", StageEnd() - 1, "); it computes Forward or Loss");
   return Run(tokens, positions, /*to_logits=*/false);
 }
 
@@ -412,8 +412,8 @@ torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& po
                             bool to_logits) {
   torch::Tensor h;
   if (!HoldsInputLayers()) {
-    TORCH_CHECK(stage_input_.defined(), "CausalLM: this pipeline stage (blocks ", stage_begin_,
-                "..", stage_end_ - 1, ") has no input: SetStageInput first");
+    TORCH_CHECK(stage_input_.defined(), "CausalLM: this pipeline stage (blocks ", StageBegin(),
+                "..", StageEnd() - 1, ") has no input: SetStageInput first");
     TORCH_CHECK(stage_input_.dim() == 3 && stage_input_.size(0) == tokens.size(0),
                 "CausalLM: the stage input ", stage_input_.sizes(),
                 " is not [B, T, hidden] for tokens ", tokens.sizes());
@@ -544,10 +544,10 @@ std::vector<wrap::Wrappable::NamedParameter> CausalLM::NamedParameters() {
 
 absl::Status CausalLM::KeepStage(int64_t begin, int64_t end) {
   const int64_t blocks = config_.num_hidden_layers();
-  if (stage_begin_ != 0 || stage_end_ != blocks) {
+  if (StageBegin() != 0 || StageEnd() != blocks) {
     return absl::FailedPreconditionError(
         absl::StrCat("KeepStage(", begin, ", ", end, "): the model was already cut to blocks ",
-                     stage_begin_, "..", stage_end_ - 1, "; a model is cut once"));
+                     StageBegin(), "..", StageEnd() - 1, "; a model is cut once"));
   }
   if (begin < 0 || begin >= end || end > blocks) {
     return absl::InvalidArgumentError(absl::StrCat("KeepStage(", begin, ", ", end,
@@ -562,8 +562,6 @@ absl::Status CausalLM::KeepStage(int64_t begin, int64_t end) {
     unregister_module("lm_head");
     lm_head_ = nullptr;
   }
-  stage_begin_ = begin;
-  stage_end_ = end;
   return absl::OkStatus();
 }
 

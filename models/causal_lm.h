@@ -270,8 +270,8 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   int64_t NumKeyValueHeads() const override { return config_.num_key_value_heads(); }
   absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) override;
   absl::Status KeepStage(int64_t begin, int64_t end) override;
-  bool HoldsInputLayers() const override { return stage_begin_ == 0; }
-  bool HoldsOutputLayers() const override { return stage_end_ == config_.num_hidden_layers(); }
+  bool HoldsInputLayers() const override { return StageBegin() == 0; }
+  bool HoldsOutputLayers() const override { return StageEnd() == config_.num_hidden_layers(); }
   void SetUnitHooks(UnitHooks hooks) override { hooks_ = std::move(hooks); }
   Split TensorParallelSplit(const std::string& name) const override;
   void SetTensorParallelOps(wrap::TensorParallelOps* ops) override { context_.tp = ops; }
@@ -289,6 +289,12 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // choice of ops stay the same; and the tensor-parallel ops.
   const AttentionContext& Context(int64_t seq_len, const torch::Device& device,
                                   torch::ScalarType dtype);
+
+  // The blocks [StageBegin(), StageEnd()) this model holds (all, unless KeepStage cut it).
+  int64_t StageBegin() const { return model_->first_layer; }
+  int64_t StageEnd() const {
+    return model_->first_layer + static_cast<int64_t>(model_->layers.size());
+  }
 
   // The stage's blocks over its input (the embedded tokens, or the stage input), then, when
   // `to_logits`, the final norm and the output projection.
@@ -308,9 +314,6 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   int64_t context_groups_ = -1;
   bool generic_ops_ = false;
   UnitHooks hooks_;
-  // The blocks [stage_begin_, stage_end_) this model holds (all, unless KeepStage cut it).
-  int64_t stage_begin_ = 0;
-  int64_t stage_end_;
   torch::Tensor stage_input_;
 };
 
