@@ -92,6 +92,15 @@ std::vector<base::Violation> CheckObjective(
   return problems;
 }
 
+std::vector<base::Violation> CheckObjectiveOnStages(const ObjectiveConfig& config,
+                                                    absl::string_view field_path) {
+  if (!config.has_dpo()) return {};
+  return {{absl::StrCat(field_path, ".dpo"),
+           "DPO on a model cut into pipeline stages (a preparation step whose rule's effect is "
+           "SELECTS) is not supported yet: its reference's forward would need a pipeline of its "
+           "own; train it without the pipeline step"}};
+}
+
 WorkPerSequence WorkOf(const ObjectiveConfig& config) {
   if (!config.has_dpo()) return {};
   WorkPerSequence work;

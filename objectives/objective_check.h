@@ -34,6 +34,13 @@ std::vector<base::Violation> CheckObjective(
     bool policy_adapted, const std::map<std::string, std::optional<models::ModelConfig>>& frozen,
     const data::DataConfig& data, absl::string_view field_path);
 
+// Every problem of `config` at `field_path` on a trained model cut into pipeline stages (a
+// preparation step whose rule's effect is SELECTS), where only the last stage computes the
+// loss, from the hidden states the stages before it sent: DPO, whose reference's forward would
+// need a pipeline of its own, is not supported there yet.
+std::vector<base::Violation> CheckObjectiveOnStages(const ObjectiveConfig& config,
+                                                    absl::string_view field_path);
+
 // What the objective `config` computes for each sequence of a batch (a DPO pair counts as
 // one), for a run's throughput and MFU: the rows of seq_len tokens the trained model runs
 // forward and backward, those it runs forward only, and the rows each frozen model it reads

@@ -8,23 +8,40 @@
 namespace plait::optim {
 
 absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParameter>& parameters) {
-  // One partial sum per distinct set of groups, in order of first appearance: the same
-  // order on every rank, since every rank lists the same names.
+  if (parameters.empty()) return 0.0;
+  using Groups = std::vector<parallel::Communicator*>;
+  // The groups every parameter is split across (a pipeline's, whose ranks hold different
+  // parameters; FSDP's when it shards them all) are summed over once, last: ranks whose lists
+  // differ (a pipeline's stages) then issue the same all-reduces on them. The ranks of any
+  // other group hold the same parameters, in the same order.
+  Groups common;
+  for (parallel::Communicator* group : parameters.front().sharded_over) {
+    const bool everywhere =
+        std::all_of(parameters.begin(), parameters.end(), [group](const auto& parameter) {
+          return std::count(parameter.sharded_over.begin(), parameter.sharded_over.end(), group) >
+                 0;
+        });
+    if (everywhere) common.push_back(group);
+  }
+  // One partial sum per distinct set of the other groups, in order of first appearance.
   struct Partial {
-    std::vector<parallel::Communicator*> groups;
+    Groups groups;
     // fp64, on the gradients' device (read on the host once, after the reduction); zero while
     // undefined.
     torch::Tensor sum_of_squares;
   };
   std::vector<Partial> partials;
   for (const parallel::TrainableParameter& parameter : parameters) {
+    Groups groups;
+    for (parallel::Communicator* group : parameter.sharded_over) {
+      if (std::count(common.begin(), common.end(), group) == 0) groups.push_back(group);
+    }
     // Every parameter registers its groups, with a gradient or not, so that every rank runs
     // the same all-reduces.
-    auto partial = std::find_if(partials.begin(), partials.end(), [&](const Partial& p) {
-      return p.groups == parameter.sharded_over;
-    });
+    auto partial = std::find_if(partials.begin(), partials.end(),
+                                [&](const Partial& p) { return p.groups == groups; });
     if (partial == partials.end()) {
-      partials.push_back({parameter.sharded_over, torch::Tensor()});
+      partials.push_back({groups, torch::Tensor()});
       partial = partials.end() - 1;
     }
     const torch::Tensor& grad = parameter.tensor.grad();
@@ -36,25 +53,33 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParam
         partial->sum_of_squares.defined() ? partial->sum_of_squares + squares : squares;
   }
 
-  // Summed on the device in fp64 and read on the host once, whatever the number of partials.
-  torch::Tensor total;
-  for (const Partial& partial : partials) {
-    // fp32 is the widest floating type every backend reduces.
-    const auto options =
-        torch::TensorOptions(torch::kFloat32).device(parameters.front().tensor.device());
-    torch::Tensor sum = partial.sum_of_squares.defined()
-                            ? partial.sum_of_squares.to(options).reshape({1})
-                            : torch::zeros({1}, options);
-    for (parallel::Communicator* group : partial.groups) {
+  // fp32 is the widest floating type every backend reduces.
+  const auto options =
+      torch::TensorOptions(torch::kFloat32).device(parameters.front().tensor.device());
+  const auto all_reduce = [](torch::Tensor& sum, const Groups& groups) -> absl::Status {
+    for (parallel::Communicator* group : groups) {
       if (absl::Status status = group->AllReduce(sum, parallel::ReduceOp::kSum)->Wait();
           !status.ok()) {
         return status;
       }
     }
-    sum = sum.to(torch::kFloat64);
-    total = total.defined() ? total + sum : sum;
+    return absl::OkStatus();
+  };
+  // Summed on the device in fp64 and read on the host once, whatever the number of partials.
+  torch::Tensor total = torch::zeros({1}, options.dtype(torch::kFloat64));
+  for (const Partial& partial : partials) {
+    torch::Tensor sum = partial.sum_of_squares.defined()
+                            ? partial.sum_of_squares.to(options).reshape({1})
+                            : torch::zeros({1}, options);
+    if (absl::Status status = all_reduce(sum, partial.groups); !status.ok()) return status;
+    total = total + sum.to(torch::kFloat64);
   }
-  return total.defined() ? std::sqrt(total.item<double>()) : 0.0;
+  if (!common.empty()) {
+    torch::Tensor sum = total.to(options);
+    if (absl::Status status = all_reduce(sum, common); !status.ok()) return status;
+    total = sum.to(torch::kFloat64);
+  }
+  return std::sqrt(total.item<double>());
 }
 
 void ScaleGradients(const std::vector<parallel::TrainableParameter>& parameters, double factor) {

@@ -4,7 +4,9 @@
 // parallel::TrainableParameter::sharded_over) and over nothing else, so a part replicated on
 // several ranks counts once (a part that several ranks of those groups share is divided by
 // its `replicas`). Every rank of the world calls it with its own parameters, listed in
-// the same order of names; each group takes part in one all-reduce per call.
+// the same order of names, except over a pipeline's group: the groups that split every
+// parameter of the rank (a pipeline's, whose ranks hold different parameters) take part in
+// one all-reduce per call, after the others.
 //
 //   PLAIT_ASSIGN_OR_RETURN(double norm, GlobalGradNorm(parameters));
 //   if (norm > max_norm) ScaleGradients(parameters, max_norm / (norm + 1e-6));

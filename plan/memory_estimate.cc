@@ -111,6 +111,8 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   shape.micro_batch_tokens = static_cast<double>(training.micro_batch()) * training.seq_len();
   shape.parameters = static_cast<double>(models::NumParameters(config));
   shape.num_blocks = config.num_hidden_layers();
+  shape.tied_embeddings = config.tie_word_embeddings();
+  shape.micro_batches_per_step = std::max<int64_t>(1, training.grad_accumulation());
   const double embeddings = static_cast<double>(config.vocab_size()) * config.hidden_size() *
                             (config.tie_word_embeddings() ? 1 : 2);
   shape.block_parameters = (shape.parameters - embeddings) / config.num_hidden_layers();

@@ -73,8 +73,12 @@ class Checker {
     CheckSchedule();
     CheckData(config);
     CheckFrozen();
-    AddAll(objectives::CheckObjective(plan_.objective(), config, Adapts(plan_.prepare()),
-                                      frozen_configs_, plan_.data(), "plan.objective"));
+    AddAll(objectives::CheckObjective(plan_.objective(), config,
+                                      HasEffect(plan_.prepare(), wrap::ADAPTS), frozen_configs_,
+                                      plan_.data(), "plan.objective"));
+    if (HasEffect(plan_.prepare(), wrap::SELECTS)) {
+      AddAll(objectives::CheckObjectiveOnStages(plan_.objective(), "plan.objective"));
+    }
     ResolveWork(config);
     ResolvePaths();
     return std::move(violations_);
@@ -295,17 +299,19 @@ class Checker {
     const std::string& adapter_dir = plan_.training().save_adapter_dir();
     if (adapter_dir.empty()) return;
     AddAll(models::CheckPeftAdapterFolder(adapter_dir, "plan.training.save_adapter_dir"));
-    if (Adapts(plan_.prepare())) return;
+    if (HasEffect(plan_.prepare(), wrap::ADAPTS)) return;
     Add("plan.training.save_adapter_dir",
         "the preparation adds no adapters to save (no step whose rule's effect is ADAPTS, "
         "such as lora)");
   }
 
-  // Whether a step of `steps` adds adapters to the model: its rule's effect is ADAPTS.
-  bool Adapts(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps) const {
+  // Whether a step of `steps` has `effect` by its rule: ADAPTS adds adapters to the model,
+  // SELECTS cuts it into pipeline stages.
+  bool HasEffect(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
+                 wrap::ParameterEffect effect) const {
     for (const wrap::PrepareStep& step : steps) {
       const wrap::StrategyRule* rule = wrap::FindStrategy(rules_, wrap::StrategyName(step));
-      if (rule != nullptr && rule->effect() == wrap::ADAPTS) return true;
+      if (rule != nullptr && rule->effect() == effect) return true;
     }
     return false;
   }

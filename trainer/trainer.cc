@@ -44,6 +44,7 @@
 #include "torch/utils.h"
 #include "trainer/prepared_model.h"
 #include "trainer/run_checkpoints.h"
+#include "wrap/micro_batch_executor.h"
 
 namespace plait::trainer {
 namespace {
@@ -170,6 +171,15 @@ class TrainingRun {
   // all but the last), each weighted by its share of the step's scored items, the update at
   // the scheduled rate, and the evaluation when it is due.
   absl::StatusOr<metrics::StepMetrics> Step(int64_t step);
+
+  // The forward of micro-batch i of `batches` on the trained model (wrap::MicroBatchForward):
+  // from the hidden state `input` on a later pipeline stage; the stage's output, or, where the
+  // model holds its output layers, the objective's loss, added to `means` and scaled by
+  // `step_items` for the backward (unscaled without them, in an evaluation). `batches` and
+  // `means` must outlive its use.
+  wrap::MicroBatchForward Forward(const std::vector<CountedBatch>& batches,
+                                  objectives::MetricMeans& means,
+                                  const objectives::StepItems* step_items);
 
   // The objective's means over the items of the held-out batches of every rank, with the
   // trained model in eval mode (no dropout), as PyTorch's model.eval(); its mode is restored
@@ -365,16 +375,10 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
                                                                      resolved_.data_parallel_dims),
                                         absl::StrCat("step ", metrics.step)));
   objectives::MetricMeans means;
-  for (int64_t micro = 0; micro < resolved_.grad_accumulation; ++micro) {
-    const auto no_sync = prepared_->preparation().NoSyncIf(micro + 1 < resolved_.grad_accumulation);
-    PLAIT_ASSIGN_OR_RETURN(
-        const objectives::ObjectiveOutput output,
-        objective_->Compute(prepared_->model(), batches[micro].batch, batches[micro].host));
-    step_items.ScaledForBackward(output.loss, static_cast<int>(micro)).backward();
-    means.Add(output, batches[micro].items);
-  }
-  // Its errors are the hooks' collectives', which name the step and their place in it.
-  PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());
+  // Its errors are the hooks' collectives', which name the step and their place in it, and
+  // the objective's.
+  PLAIT_RETURN_IF_ERROR(prepared_->preparation().TrainMicroBatches(
+      static_cast<int>(resolved_.grad_accumulation), Forward(batches, means, &step_items)));
   if (step == checkpoints_->resume_step()) {
     // Nothing the optimizer owns is silently left out of the loss (every rank stops).
     PLAIT_RETURN_IF_ERROR(
@@ -492,6 +496,24 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   return report;
 }
 
+wrap::MicroBatchForward TrainingRun::Forward(const std::vector<CountedBatch>& batches,
+                                             objectives::MetricMeans& means,
+                                             const objectives::StepItems* step_items) {
+  return [this, &batches, &means, step_items](
+             int micro, const torch::Tensor& input) -> absl::StatusOr<torch::Tensor> {
+    models::CausalLM& model = prepared_->model();
+    const CountedBatch& batch = batches[micro];
+    if (input.defined()) model.SetStageInput(input);
+    if (!model.HoldsOutputLayers()) {
+      return model.StageOutput(batch.batch.inputs, batch.batch.positions);
+    }
+    PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
+                           objective_->Compute(model, batch.batch, batch.host));
+    means.Add(output, batch.items);
+    return step_items == nullptr ? output.loss : step_items->ScaledForBackward(output.loss, micro);
+  };
+}
+
 absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   torch::NoGradGuard no_grad;
   models::CausalLM& model = prepared_->model();
@@ -499,15 +521,14 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   model.eval();
   const absl::Cleanup restore_mode = [&model, was_training] { model.train(was_training); };
   eval_->Reset();
-  objectives::MetricMeans means;
+  std::vector<CountedBatch> batches;
   for (int64_t i = 0; i < resolved_.eval_micro_batches; ++i) {
-    PLAIT_ASSIGN_OR_RETURN(const CountedBatch batch,
-                           NextCounted(*eval_, *objective_, mesh_.device()));
-    PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
-                           objective_->Compute(model, batch.batch, batch.host));
-    means.Add(output, batch.items);
+    PLAIT_ASSIGN_OR_RETURN(CountedBatch batch, NextCounted(*eval_, *objective_, mesh_.device()));
+    batches.push_back(std::move(batch));
   }
-  PLAIT_RETURN_IF_ERROR(prepared_->preparation().BackwardStatus());
+  objectives::MetricMeans means;
+  PLAIT_RETURN_IF_ERROR(prepared_->preparation().EvaluateMicroBatches(
+      static_cast<int>(batches.size()), Forward(batches, means, /*step_items=*/nullptr)));
   return means.Mean(mesh_);
 }
 

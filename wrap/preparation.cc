@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
@@ -136,6 +137,30 @@ Preparation::NoSyncScope::NoSyncScope(const std::vector<std::unique_ptr<Strategy
 Preparation::NoSyncScope::~NoSyncScope() {
   if (!skip_sync_) return;
   for (const auto& strategy : strategies_) strategy->SetGradientSync(true);
+}
+
+MicroBatchExecutor& Preparation::Executor() {
+  for (const auto& strategy : strategies_) {
+    if (MicroBatchExecutor* executor = strategy->micro_batch_executor(); executor != nullptr) {
+      return *executor;
+    }
+  }
+  return sequential_;
+}
+
+absl::Status Preparation::TrainMicroBatches(int num_micro, const MicroBatchForward& forward) {
+  const auto sync = [this](bool sync_gradients) {
+    for (const auto& strategy : strategies_) strategy->SetGradientSync(sync_gradients);
+  };
+  // The next backward outside synchronises, whatever the executor left.
+  const absl::Cleanup synchronising = [&sync] { sync(true); };
+  PLAIT_RETURN_IF_ERROR(Executor().Train(num_micro, forward, sync));
+  return BackwardStatus();
+}
+
+absl::Status Preparation::EvaluateMicroBatches(int num_micro, const MicroBatchForward& forward) {
+  PLAIT_RETURN_IF_ERROR(Executor().Evaluate(num_micro, forward));
+  return BackwardStatus();
 }
 
 absl::Status Preparation::BackwardStatus() const {

@@ -32,6 +32,7 @@
 #include "parallel/device_mesh.h"
 #include "parallel/trainable_parameter.h"
 #include "torch/types.h"
+#include "wrap/micro_batch_executor.h"
 #include "wrap/strategies.h"
 #include "wrap/wrap.pb.h"
 #include "wrap/wrappable.h"
@@ -89,6 +90,15 @@ class Preparation {
   };
   NoSyncScope NoSyncIf(bool skip_sync) const { return NoSyncScope(strategies_, skip_sync); }
 
+  // Runs the forward (MicroBatchForward) and backward passes of `num_micro` micro-batches, one
+  // optimizer step's, in the order a strategy decides (a pipeline's schedule; else one after
+  // another), gradients synchronised in the rank's last backward only, then returns
+  // BackwardStatus. An error names the micro-batch; every rank of the mesh must call it.
+  absl::Status TrainMicroBatches(int num_micro, const MicroBatchForward& forward);
+
+  // The forwards alone, as TrainMicroBatches orders them (an evaluation, under no-grad).
+  absl::Status EvaluateMicroBatches(int num_micro, const MicroBatchForward& forward);
+
   // The first communication error of the strategies' hooks, which cannot return one (a
   // failed collective, a backward that never finished); it stays, since the ranks are out of
   // step after it. Check after backward, before the optimizer step.
@@ -117,6 +127,9 @@ class Preparation {
  private:
   Preparation(Wrappable& model, const parallel::DeviceMesh& mesh, std::string field);
 
+  // The executor of the strategy that orders the micro-batches, or the sequential one.
+  MicroBatchExecutor& Executor();
+
   // This rank's parts of the parameters that require a gradient (`trainable`) or of the
   // others, as the strategies left them.
   std::vector<parallel::TrainableParameter> PartsOf(bool trainable);
@@ -127,6 +140,7 @@ class Preparation {
   google::protobuf::RepeatedPtrField<PrepareStep> steps_;  // applied so far
   std::vector<std::unique_ptr<Strategy>> strategies_;      // one per step
   bool parameters_taken_ = false;
+  SequentialExecutor sequential_;
 };
 
 }  // namespace plait::wrap

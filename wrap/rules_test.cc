@@ -12,7 +12,7 @@ using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
 
-TEST(BuiltinRulesTest, ParsesAndStatesFsdpAndDdp) {
+TEST(BuiltinRulesTest, ParsesAndStatesFsdpDdpAndPipeline) {
   absl::StatusOr<const PreparationRules*> rules = BuiltinRules();
   ASSERT_THAT(rules, IsOk());
   const StrategyRule* fsdp = FindStrategy(**rules, "fsdp");
@@ -22,7 +22,10 @@ TEST(BuiltinRulesTest, ParsesAndStatesFsdpAndDdp) {
   const StrategyRule* ddp = FindStrategy(**rules, "ddp");
   ASSERT_NE(ddp, nullptr);
   EXPECT_EQ(ddp->effect(), KEEPS);
-  EXPECT_EQ(FindStrategy(**rules, "pipeline"), nullptr);
+  const StrategyRule* pipeline = FindStrategy(**rules, "pipeline");
+  ASSERT_NE(pipeline, nullptr);
+  EXPECT_EQ(pipeline->effect(), SELECTS);
+  EXPECT_EQ(FindStrategy(**rules, "expert_parallel"), nullptr);
 }
 
 // A strategy added to PrepareStep without a rule would be unvalidated: this fails first.

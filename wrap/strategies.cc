@@ -12,6 +12,7 @@
 #include "wrap/ddp/ddp.h"
 #include "wrap/fsdp/fsdp.h"
 #include "wrap/lora/lora.h"
+#include "wrap/pp/pipeline.h"
 #include "wrap/tp/tensor_parallel.h"
 
 namespace plait::wrap {
@@ -33,6 +34,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
     case PrepareStep::kLora:
       PLAIT_RETURN_IF_ERROR(lora::ValidateLoraConfig(step.lora()));
       return std::make_unique<lora::LoraStrategy>(step.lora());
+    case PrepareStep::kPipeline:
+      return std::make_unique<pp::PipelineStrategy>(step.pipeline());
     case PrepareStep::STRATEGY_NOT_SET:
       break;
   }

@@ -42,6 +42,7 @@
 #include "parallel/mesh.pb.h"
 #include "parallel/trainable_parameter.h"
 #include "torch/types.h"
+#include "wrap/micro_batch_executor.h"
 #include "wrap/wrap.pb.h"
 #include "wrap/wrappable.h"
 
@@ -58,11 +59,16 @@ struct ModelShape {
   double block_parameters = 0;  // one repeated block's
   double root_parameters = 0;   // outside the blocks (embeddings, final norm, output head)
   int64_t num_blocks = 0;
+  // Whether the output projection is the embedding matrix (tied), counted once in the root.
+  bool tied_embeddings = false;
   double parameter_bytes = 4;  // bytes per element of the model's parameters
   // For the activations tensor parallelism communicates: their width, and the tokens
   // (sequences x sequence length) of one micro-batch.
   double hidden_size = 0;
   double micro_batch_tokens = 0;
+  // The micro-batches of one optimizer step on one rank (its gradient accumulation): those a
+  // pipeline's schedule runs.
+  int64_t micro_batches_per_step = 1;
   // Bytes of the activations one block keeps for its backward in one micro-batch (without
   // activation checkpointing), of its input, and of the outputs of its projections (its
   // matmuls: q/k/v/o, gate/up/down), on one rank: tensor parallelism's share of them.
@@ -250,6 +256,10 @@ class Strategy {
   // After Apply: the adapters it added to the model, as PEFT describes them (rank, alpha,
   // dropout, targets), for saving them in PEFT's format; none by default.
   virtual const LoraConfig* adapters() const { return nullptr; }
+
+  // After Apply: the executor that runs a step's micro-batches, when this strategy decides
+  // their order and where they flow (the pipeline's schedule); nullptr: it does not.
+  virtual MicroBatchExecutor* micro_batch_executor() { return nullptr; }
 
   // After Apply: bytes of whole parameters it holds beyond its share now, and the most at once
   // since ResetPeak (FSDP's gathered units). Default: none.

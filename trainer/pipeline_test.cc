@@ -1,0 +1,162 @@
+// Pipeline parallelism trains as one process: //trainer:llama_fsdp's tiny Llama (4 blocks) for
+// 10 AdamW steps with clipping, 4 micro-batches a step, cut into stages over "pp" with each
+// schedule (GPIPE, 1F1B, ZB_H1) on 2 ranks, 1F1B on 4 ranks (a block each), uneven stages
+// (stage_starts), and pp 2 x DDP 2 and pp 2 x FSDP 2, has the losses, gradient norms,
+// evaluation loss and final parameters of the run of one process that reads the same batches,
+// within 1e-5 relative. Each rank's optimizer owns exactly its stage's parameters.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plan/plan.h"
+#include "plan/validate.h"
+#include "trainer/testing_ranks.h"
+#include "trainer/trainer.h"
+
+namespace plait::trainer {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::plait::trainer::testing::ExpectSameParameters;
+using ::plait::trainer::testing::ExpectSameSteps;
+using ::plait::trainer::testing::SavedRun;
+using ::plait::trainer::testing::ShortShippedPlan;
+using ::plait::trainer::testing::TrainAndSave;
+using ::testing::HasSubstr;
+
+constexpr int kGlobalBatch = 16;
+constexpr int kMicroBatches = 4;
+
+struct Layout {
+  int pp = 1;  // 1: no pipeline
+  std::string schedule = "1F1B";
+  std::vector<int64_t> stage_starts;  // empty: equal stages
+  std::string data_parallel;          // "ddp" or "fsdp" over "dp", after the pipeline
+  int dp = 1;
+  int ranks() const { return pp * dp; }
+};
+
+plan::Plan TrainingPlan(const Layout& layout) {
+  plan::Plan plan = ShortShippedPlan("llama_fsdp");
+  plan.clear_mesh();
+  plan.clear_prepare();
+  if (layout.pp > 1) {
+    parallel::MeshConfig::Dimension* dim = plan.mutable_mesh()->add_dims();
+    dim->set_name("pp");
+    dim->set_size(layout.pp);
+    wrap::PipelineConfig& pipeline = *plan.add_prepare()->mutable_pipeline();
+    pipeline.set_mesh_dim("pp");
+    pipeline.set_schedule(layout.schedule);
+    for (const int64_t start : layout.stage_starts) pipeline.add_stage_starts(start);
+  }
+  if (!layout.data_parallel.empty()) {
+    parallel::MeshConfig::Dimension* dim = plan.mutable_mesh()->add_dims();
+    dim->set_name("dp");
+    dim->set_size(layout.dp);
+    wrap::PrepareStep& step = *plan.add_prepare();
+    if (layout.data_parallel == "ddp") step.mutable_ddp()->set_mesh_dim("dp");
+    if (layout.data_parallel == "fsdp") step.mutable_fsdp()->set_mesh_dim("dp");
+  }
+  plan::TrainingConfig& training = *plan.mutable_training();
+  training.set_global_batch(kGlobalBatch);
+  training.set_grad_accumulation(kMicroBatches);
+  training.set_micro_batch(kGlobalBatch / kMicroBatches / layout.dp);
+  return plan;
+}
+
+const SavedRun& OneProcess() {
+  static const SavedRun* run = new SavedRun(TrainAndSave(TrainingPlan({}), 1, "one_process"));
+  return *run;
+}
+
+void ExpectOneProcessRun(const Layout& layout, const std::string& name) {
+  const SavedRun run = TrainAndSave(TrainingPlan(layout), layout.ranks(), name);
+  const SavedRun& expected = OneProcess();
+  ASSERT_EQ(run.report.steps.size(), expected.report.steps.size()) << name;
+  ExpectSameSteps(run.report, expected.report, name);
+  ASSERT_TRUE(run.report.steps.back().eval_loss.has_value()) << name;
+  EXPECT_NEAR(*run.report.steps.back().eval_loss, *expected.report.steps.back().eval_loss,
+              1e-5 * *expected.report.steps.back().eval_loss)
+      << name;
+  ExpectSameParameters(run, expected, name);
+}
+
+// The comparisons mean something: the run of one process moves its parameters far more than
+// the tolerance.
+TEST(PipelineTest, TheOneProcessRunTrains) {
+  const SavedRun& run = OneProcess();
+  ASSERT_EQ(run.report.steps.size(), 10u);
+  EXPECT_LT(run.report.steps.back().loss, run.report.steps.front().loss - 0.1);
+}
+
+TEST(PipelineTest, GPipeOnTwoRanksEqualsOneProcess) {
+  ExpectOneProcessRun({.pp = 2, .schedule = "GPIPE"}, "pp 2 GPIPE");
+}
+
+TEST(PipelineTest, OneFOneBOnTwoRanksEqualsOneProcess) {
+  ExpectOneProcessRun({.pp = 2, .schedule = "1F1B"}, "pp 2 1F1B");
+}
+
+TEST(PipelineTest, ZeroBubbleOnTwoRanksEqualsOneProcess) {
+  ExpectOneProcessRun({.pp = 2, .schedule = "ZB_H1"}, "pp 2 ZB_H1");
+}
+
+TEST(PipelineTest, OneFOneBOnFourRanksEqualsOneProcess) {
+  ExpectOneProcessRun({.pp = 4, .schedule = "1F1B"}, "pp 4 1F1B");
+}
+
+TEST(PipelineTest, UnevenStagesEqualOneProcess) {
+  ExpectOneProcessRun({.pp = 2, .schedule = "1F1B", .stage_starts = {1}}, "pp 2, blocks 0 | 1..3");
+}
+
+TEST(PipelineTest, WithDdpEqualsOneProcess) {
+  ExpectOneProcessRun({.pp = 2, .data_parallel = "ddp", .dp = 2}, "pp 2 x DDP 2");
+}
+
+TEST(PipelineTest, WithFsdpEqualsOneProcess) {
+  ExpectOneProcessRun({.pp = 2, .data_parallel = "fsdp", .dp = 2}, "pp 2 x FSDP 2");
+}
+
+// Plans the pipeline cannot run are refused before anything runs, naming the field.
+TEST(PipelineTest, InvalidPlansNameTheField) {
+  const auto problems = [](const plan::Plan& plan, int ranks) {
+    return plan::Resolve(plan, ranks).status();
+  };
+  plan::Plan after_fsdp = TrainingPlan({.pp = 2, .data_parallel = "fsdp", .dp = 2});
+  std::swap(*after_fsdp.mutable_prepare(0), *after_fsdp.mutable_prepare(1));
+  EXPECT_THAT(problems(after_fsdp, 4),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline_before_fsdp")));
+
+  plan::Plan three_stages = TrainingPlan({.pp = 2});
+  three_stages.mutable_mesh()->mutable_dims(0)->set_size(3);
+  EXPECT_THAT(problems(three_stages, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.prepare[0].pipeline.stage_starts is empty, and the 4 "
+                                 "blocks do not divide into 3 equal stages")));
+
+  plan::Plan empty_stage = TrainingPlan({.pp = 2, .stage_starts = {4}});
+  EXPECT_THAT(
+      problems(empty_stage, 2),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("plan.prepare[0].pipeline.stage_starts = [4] leaves stage 1 empty")));
+
+  plan::Plan interleaved = TrainingPlan({.pp = 2, .schedule = "INTERLEAVED_1F1B"});
+  EXPECT_THAT(problems(interleaved, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.prepare[0].pipeline.schedule: INTERLEAVED_1F1B needs")));
+
+  plan::Plan unknown = TrainingPlan({.pp = 2, .schedule = "2F2B"});
+  EXPECT_THAT(problems(unknown, 2), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("plan.prepare[0].pipeline.schedule")));
+}
+
+}  // namespace
+}  // namespace plait::trainer

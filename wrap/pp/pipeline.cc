@@ -1,0 +1,436 @@
+#include "wrap/pp/pipeline.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "base/human.h"
+#include "base/status.h"
+#include "torch/autograd.h"
+
+namespace plait::wrap::pp {
+namespace {
+
+// The header before a hidden state sent to the next stage: its dtype, its number of
+// dimensions and its sizes, as int64.
+constexpr int64_t kMaxDims = 6;
+constexpr int64_t kHeaderLength = 2 + kMaxDims;
+
+int DimSize(const parallel::MeshConfig& mesh, const std::string& dim) {
+  return static_cast<int>(parallel::SubmeshRanks(mesh, {dim}));
+}
+
+// "micro-batch 3 of stage 1: <error>".
+absl::Status InMicroBatch(absl::Status status, const Action& action) {
+  return base::Annotate(std::move(status), absl::StrCat("micro-batch ", action.microbatch,
+                                                        " of stage ", action.stage));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> StageBlocks(const PipelineConfig& config,
+                                                                     int64_t num_blocks,
+                                                                     int num_stages,
+                                                                     const std::string& field) {
+  const std::string starts_field = absl::StrCat(field, ".stage_starts");
+  if (num_stages > num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", num_stages,
+                     " stages need at least as many blocks; the model has ", num_blocks));
+  }
+  std::vector<int64_t> starts(config.stage_starts().begin(), config.stage_starts().end());
+  if (starts.empty()) {
+    if (num_blocks % num_stages != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          starts_field, " is empty, and the ", num_blocks, " blocks do not divide into ",
+          num_stages, " equal stages; give the first block of each stage after the first"));
+    }
+    for (int s = 1; s < num_stages; ++s) starts.push_back(s * num_blocks / num_stages);
+  }
+  if (static_cast<int>(starts.size()) != num_stages - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(starts_field, " has ", starts.size(),
+                                                   " entries; ", num_stages, " stages need ",
+                                                   num_stages - 1));
+  }
+  starts.insert(starts.begin(), 0);
+  starts.push_back(num_blocks);
+  std::vector<std::pair<int64_t, int64_t>> stages;
+  for (int s = 0; s < num_stages; ++s) {
+    if (starts[s + 1] <= starts[s]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          starts_field, " = [", absl::StrJoin(config.stage_starts(), ", "), "] leaves stage ", s,
+          " empty: the starts must increase from above 0 to "
+          "below the model's ",
+          num_blocks, " blocks"));
+    }
+    stages.emplace_back(starts[s], starts[s + 1]);
+  }
+  return stages;
+}
+
+// Runs the rank's list of a schedule for each step, keeping per micro-batch the stage's input
+// (received), output (sent, or the loss) and the gradient received for it.
+class PipelineStrategy::Executor final : public MicroBatchExecutor {
+ public:
+  Executor(Wrappable& model, parallel::Communicator& group, torch::Device device, ScheduleKind kind)
+      : model_(model), group_(group), device_(device), kind_(kind) {}
+
+  absl::Status Train(int num_micro, const MicroBatchForward& forward,
+                     const std::function<void(bool)>& sync_gradients) override {
+    PLAIT_ASSIGN_OR_RETURN(const std::vector<Action>* actions, Actions(num_micro));
+    // The rank's last backward of its weights synchronises the step's gradients.
+    int last_weight_backward = -1;
+    for (int i = 0; i < static_cast<int>(actions->size()); ++i) {
+      const ActionType type = (*actions)[i].type;
+      if (type == ActionType::kBackward || type == ActionType::kBackwardWeight) {
+        last_weight_backward = i;
+      }
+    }
+    MicroBatches state(num_micro);
+    absl::Status status;
+    for (int i = 0; i < static_cast<int>(actions->size()) && status.ok(); ++i) {
+      const Action& action = (*actions)[i];
+      if (action.type == ActionType::kBackward || action.type == ActionType::kBackwardWeight) {
+        sync_gradients(i == last_weight_backward);
+      }
+      status = InMicroBatch(Run(action, forward, state), action);
+    }
+    // The sends still under way hold their tensors until they are done.
+    for (const auto& [work, tensor] : state.sends) {
+      const absl::Status sent = work->Wait();
+      if (status.ok()) status = sent;
+    }
+    return status;
+  }
+
+  absl::Status Evaluate(int num_micro, const MicroBatchForward& forward) override {
+    MicroBatches state(num_micro);
+    absl::Status status;
+    for (int micro = 0; micro < num_micro && status.ok(); ++micro) {
+      const int stage = group_.rank();
+      for (const ActionType type :
+           {ActionType::kReceiveActivation, ActionType::kForward, ActionType::kSendActivation}) {
+        const Action action{type, stage, micro, -1};
+        if (type == ActionType::kReceiveActivation && stage == 0) continue;
+        if (type == ActionType::kSendActivation && stage + 1 == group_.size()) continue;
+        status = InMicroBatch(Run(action, forward, state), action);
+        if (!status.ok()) break;
+      }
+    }
+    for (const auto& [work, tensor] : state.sends) {
+      const absl::Status sent = work->Wait();
+      if (status.ok()) status = sent;
+    }
+    return status;
+  }
+
+ private:
+  struct MicroBatches {
+    explicit MicroBatches(int n) : inputs(n), outputs(n), output_gradients(n), input_gradients(n) {}
+    std::vector<torch::Tensor> inputs;            // received, a leaf requiring its gradient
+    std::vector<torch::Tensor> outputs;           // the stage's output, or the loss
+    std::vector<torch::Tensor> output_gradients;  // received for the outputs
+    std::vector<torch::Tensor> input_gradients;   // zero-bubble: computed before the weights'
+    std::vector<std::pair<std::shared_ptr<parallel::Work>, torch::Tensor>> sends;
+  };
+
+  absl::StatusOr<const std::vector<Action>*> Actions(int num_micro) {
+    auto it = schedules_.find(num_micro);
+    if (it == schedules_.end()) {
+      PLAIT_ASSIGN_OR_RETURN(PipelineSchedule schedule,
+                             BuildSchedule(kind_, group_.size(), 1, num_micro));
+      it = schedules_.emplace(num_micro, std::move(schedule)).first;
+    }
+    return &it->second.ranks[group_.rank()];
+  }
+
+  void Send(torch::Tensor tensor, int peer, MicroBatches& state) {
+    tensor = tensor.detach().contiguous();
+    state.sends.emplace_back(group_.Send(tensor, peer), tensor);
+  }
+
+  absl::StatusOr<torch::Tensor> ReceiveActivation(int peer) {
+    torch::Tensor header =
+        torch::empty({kHeaderLength}, torch::TensorOptions(torch::kInt64).device(device_));
+    PLAIT_RETURN_IF_ERROR(group_.Receive(header, peer)->Wait());
+    header = header.cpu();
+    const auto values = header.accessor<int64_t, 1>();
+    std::vector<int64_t> sizes(values.data() + 2, values.data() + 2 + values[1]);
+    torch::Tensor tensor = torch::empty(
+        sizes, torch::TensorOptions(static_cast<torch::ScalarType>(values[0])).device(device_));
+    PLAIT_RETURN_IF_ERROR(group_.Receive(tensor, peer)->Wait());
+    return tensor;
+  }
+
+  void SendActivation(const torch::Tensor& tensor, int peer, MicroBatches& state) {
+    torch::Tensor header = torch::zeros({kHeaderLength}, torch::kInt64);
+    header[0] = static_cast<int64_t>(tensor.scalar_type());
+    header[1] = tensor.dim();
+    for (int64_t d = 0; d < tensor.dim(); ++d) header[2 + d] = tensor.size(d);
+    Send(header.to(device_), peer, state);
+    Send(tensor, peer, state);
+  }
+
+  // The trainable tensors of the stage, the leaves a zero-bubble weight backward computes.
+  std::vector<torch::Tensor> Weights() {
+    std::vector<torch::Tensor> weights;
+    for (const Wrappable::NamedParameter& named : model_.NamedParameters()) {
+      if (named.parameter.requires_grad()) weights.push_back(named.parameter);
+    }
+    return weights;
+  }
+
+  absl::Status Run(const Action& action, const MicroBatchForward& forward, MicroBatches& state) {
+    const int m = action.microbatch;
+    const int previous = group_.rank() - 1;
+    const int next = group_.rank() + 1;
+    switch (action.type) {
+      case ActionType::kReceiveActivation: {
+        PLAIT_ASSIGN_OR_RETURN(torch::Tensor input, ReceiveActivation(previous));
+        state.inputs[m] = input.requires_grad_(torch::GradMode::is_enabled());
+        return absl::OkStatus();
+      }
+      case ActionType::kForward: {
+        PLAIT_ASSIGN_OR_RETURN(state.outputs[m], forward(m, state.inputs[m]));
+        if (!torch::GradMode::is_enabled()) state.inputs[m] = torch::Tensor();
+        return absl::OkStatus();
+      }
+      case ActionType::kSendActivation:
+        SendActivation(state.outputs[m], next, state);
+        if (!torch::GradMode::is_enabled()) state.outputs[m] = torch::Tensor();
+        return absl::OkStatus();
+      case ActionType::kReceiveGradient: {
+        torch::Tensor gradient = torch::empty_like(state.outputs[m]);
+        PLAIT_RETURN_IF_ERROR(group_.Receive(gradient, next)->Wait());
+        state.output_gradients[m] = gradient;
+        return absl::OkStatus();
+      }
+      case ActionType::kBackward:
+        // On the last stage the output is the loss, whose gradient is one.
+        state.outputs[m].backward(state.output_gradients[m]);
+        Release(m, state);
+        return absl::OkStatus();
+      case ActionType::kBackwardInput:
+        // The first stage has no input: its weight backward does all of its work.
+        if (state.inputs[m].defined()) {
+          state.input_gradients[m] =
+              torch::autograd::grad({state.outputs[m]}, {state.inputs[m]},
+                                    {state.output_gradients[m]}, /*retain_graph=*/true)[0];
+        }
+        return absl::OkStatus();
+      case ActionType::kBackwardWeight:
+        torch::autograd::backward({state.outputs[m]}, {state.output_gradients[m]},
+                                  /*retain_graph=*/false, /*create_graph=*/false, Weights());
+        Release(m, state);
+        return absl::OkStatus();
+      case ActionType::kSendGradient: {
+        torch::Tensor gradient =
+            state.input_gradients[m].defined() ? state.input_gradients[m] : state.inputs[m].grad();
+        state.inputs[m] = torch::Tensor();
+        state.input_gradients[m] = torch::Tensor();
+        Send(gradient, previous, state);
+        return absl::OkStatus();
+      }
+    }
+    return absl::InternalError("unknown pipeline action");
+  }
+
+  // After micro-batch m's (weight) backward: its output and the gradient received for it.
+  void Release(int m, MicroBatches& state) {
+    state.outputs[m] = torch::Tensor();
+    state.output_gradients[m] = torch::Tensor();
+  }
+
+  Wrappable& model_;
+  parallel::Communicator& group_;
+  const torch::Device device_;
+  const ScheduleKind kind_;
+  std::map<int, PipelineSchedule> schedules_;  // by micro-batches per step
+};
+
+PipelineStrategy::PipelineStrategy(PipelineConfig config) : config_(std::move(config)) {}
+
+PipelineStrategy::~PipelineStrategy() = default;
+
+std::vector<base::Violation> PipelineStrategy::Check(const std::optional<ModelShape>& shape,
+                                                     const parallel::MeshConfig& mesh,
+                                                     const std::string& field) const {
+  std::vector<base::Violation> problems;
+  const std::string step_field = absl::StrCat(field, ".pipeline");
+  const absl::StatusOr<ScheduleKind> kind = ScheduleKindFromName(config_.schedule());
+  if (!kind.ok()) {
+    problems.push_back(
+        {absl::StrCat(step_field, ".schedule"), std::string(kind.status().message())});
+  } else if (*kind == ScheduleKind::kInterleaved1F1B) {
+    problems.push_back({absl::StrCat(step_field, ".schedule"),
+                        "INTERLEAVED_1F1B needs several stages per rank, which the pipeline step "
+                        "does not offer yet; use GPIPE, 1F1B or ZB_H1"});
+  }
+  if (!shape.has_value()) return problems;
+  const int stages = DimSize(mesh, config_.mesh_dim());
+  if (stages < 1) return problems;  // the rules report the missing dimension
+  if (const auto blocks = StageBlocks(config_, shape->num_blocks, stages, step_field);
+      !blocks.ok()) {
+    const std::string message(blocks.status().message());
+    const std::vector<std::string> parts = absl::StrSplit(message, absl::MaxSplits(": ", 1));
+    problems.push_back({parts[0], parts.size() > 1 ? parts[1] : message});
+  }
+  if (shape->tied_embeddings && stages > 1) {
+    problems.push_back(
+        {step_field,
+         "the model ties its output projection to its embedding, which would then be held by the "
+         "first and the last stage; a pipeline over tied embeddings is not supported yet"});
+  }
+  return problems;
+}
+
+StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
+                                        const parallel::MeshConfig& mesh) const {
+  StepEstimate estimate;
+  const int stages = DimSize(mesh, config_.mesh_dim());
+  const absl::StatusOr<ScheduleKind> kind = ScheduleKindFromName(config_.schedule());
+  const auto blocks = StageBlocks(config_, shape.num_blocks, stages, "pipeline");
+  if (!blocks.ok() || !kind.ok()) {
+    estimate.description = "pipeline (invalid: see the plan's validation)";
+    return estimate;
+  }
+  // The embedding on the first stage, the rest of the root (final norm, output projection)
+  // on the last.
+  const double embedding = static_cast<double>(shape.vocab_size) * shape.hidden_size;
+  double most = 0.0;
+  for (int s = 0; s < stages; ++s) {
+    const auto [begin, end] = (*blocks)[s];
+    double parameters = static_cast<double>(end - begin) * shape.block_parameters;
+    if (s == 0) parameters += embedding;
+    if (s + 1 == stages) parameters += shape.root_parameters - embedding;
+    most = std::max(most, parameters);
+    estimate.details.push_back(
+        absl::StrFormat("stage %d (rank %d of %s): blocks %d..%d, %s parameters", s, s,
+                        config_.mesh_dim(), begin, end - 1, base::HumanCount(parameters)));
+  }
+  estimate.parameter_fraction = shape.parameters > 0 ? most / shape.parameters : 1.0;
+  const int micro = static_cast<int>(shape.micro_batches_per_step);
+  const absl::StatusOr<PipelineSchedule> schedule = BuildSchedule(*kind, stages, 1, micro);
+  std::string bubble;
+  if (schedule.ok()) {
+    if (const absl::StatusOr<SimulationResult> run = Simulate(*schedule); run.ok()) {
+      std::vector<std::string> in_flight;
+      for (const RankTimeline& rank : run->ranks) {
+        in_flight.push_back(absl::StrCat(rank.peak_activations));
+      }
+      bubble =
+          absl::StrFormat(", bubble %.1f%% (equal stages), micro-batches in flight per rank %s",
+                          100.0 * run->bubble_fraction, absl::StrJoin(in_flight, "/"));
+    }
+    for (const absl::string_view line : absl::StrSplit(FormatScheduleTable(*schedule), '\n')) {
+      if (!line.empty()) estimate.details.emplace_back(line);
+    }
+  }
+  estimate.description =
+      absl::StrFormat("pipeline over \"%s\" (%d stages), schedule %s over %d micro-batches%s",
+                      config_.mesh_dim(), stages, ScheduleKindName(*kind), micro, bubble);
+  // Each micro-batch's hidden state goes forward and its gradient back once between each pair
+  // of neighbouring stages: a middle rank sends both, the first only hidden states, the last
+  // only gradients.
+  const double hidden_bytes = shape.micro_batch_tokens * shape.hidden_size * shape.parameter_bytes;
+  if (stages > 1) {
+    Transfer transfer;
+    transfer.mesh_dim = config_.mesh_dim();
+    transfer.bytes_per_micro_batch = (stages > 2 ? 2.0 : 1.0) * hidden_bytes;
+    transfer.overlaps_compute = false;
+    estimate.transfers.push_back(transfer);
+    estimate.details.push_back(
+        absl::StrCat("sends ", base::HumanBytes(hidden_bytes),
+                     " per micro-batch between neighbouring stages each way (hidden states "
+                     "forward, their gradients back)"));
+  }
+  return estimate;
+}
+
+absl::Status PipelineStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& mesh) {
+  PLAIT_ASSIGN_OR_RETURN(
+      kind_, base::Annotate(ScheduleKindFromName(config_.schedule()), "pipeline.schedule"));
+  PLAIT_ASSIGN_OR_RETURN(group_, mesh.communicator(config_.mesh_dim()));
+  device_ = mesh.device();
+  const int stages = group_->size();
+  const int stage = group_->rank();
+  PLAIT_ASSIGN_OR_RETURN(
+      const auto blocks,
+      StageBlocks(config_, static_cast<int64_t>(model.Blocks().size()), stages, "pipeline"));
+  for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
+    whole_.push_back({named.name, named.parameter.sizes().vec(), 0});
+  }
+  PLAIT_RETURN_IF_ERROR(model.KeepStage(blocks[stage].first, blocks[stage].second));
+  // Which rank holds each parameter: every rank marks its own, summed over the dimension.
+  std::set<std::string> held;
+  for (const Wrappable::NamedParameter& named : model.NamedParameters()) held.insert(named.name);
+  const int64_t count = static_cast<int64_t>(whole_.size());
+  torch::Tensor holders = torch::zeros({stages, count});
+  for (int64_t i = 0; i < count; ++i) {
+    if (held.count(whole_[i].name) > 0) holders[stage][i] = 1.0;
+  }
+  holders = holders.to(device_);
+  PLAIT_RETURN_IF_ERROR(group_->AllReduce(holders, parallel::ReduceOp::kSum)->Wait());
+  holders = holders.cpu();
+  for (int64_t i = 0; i < count; ++i) {
+    std::vector<int> ranks;
+    for (int r = 0; r < stages; ++r) {
+      if (holders[r][i].item<float>() > 0) ranks.push_back(r);
+    }
+    if (ranks.size() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline: the parameter ", whole_[i].name, " is held by ", ranks.size(),
+                       " stages (", absl::StrJoin(ranks, ", "),
+                       "); a parameter shared by stages (tied embeddings) is not supported yet"));
+    }
+    whole_[i].holder = ranks.front();
+  }
+  executor_ = std::make_unique<Executor>(model, *group_, device_, kind_);
+  return absl::OkStatus();
+}
+
+MicroBatchExecutor* PipelineStrategy::micro_batch_executor() { return executor_.get(); }
+
+void PipelineStrategy::UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) {
+  for (parallel::TrainableParameter& parameter : parameters) {
+    parameter.sharded_over.push_back(group_);
+  }
+}
+
+absl::Status PipelineStrategy::GatherFullParameters(
+    std::map<std::string, torch::Tensor>& parameters) {
+  // The holders' dtypes first (the strategies after this one may keep fp32 copies of a 16-bit
+  // model), one collective for all.
+  const int64_t count = static_cast<int64_t>(whole_.size());
+  torch::Tensor dtypes = torch::zeros({count});
+  for (int64_t i = 0; i < count; ++i) {
+    if (whole_[i].holder != group_->rank()) continue;
+    const auto it = parameters.find(whole_[i].name);
+    if (it == parameters.end()) {
+      return absl::InternalError(absl::StrCat("pipeline: no gathered ", whole_[i].name));
+    }
+    dtypes[i] = static_cast<float>(it->second.scalar_type());
+  }
+  dtypes = dtypes.to(device_);
+  PLAIT_RETURN_IF_ERROR(group_->AllReduce(dtypes, parallel::ReduceOp::kSum)->Wait());
+  dtypes = dtypes.cpu();
+  for (int64_t i = 0; i < count; ++i) {
+    const WholeParameter& whole = whole_[i];
+    torch::Tensor tensor;
+    if (whole.holder == group_->rank()) {
+      tensor = parameters.at(whole.name).detach().contiguous();
+    } else {
+      const auto dtype = static_cast<torch::ScalarType>(static_cast<int>(dtypes[i].item<float>()));
+      tensor = torch::empty(whole.shape, torch::TensorOptions(dtype).device(device_));
+    }
+    PLAIT_RETURN_IF_ERROR(group_->Broadcast(tensor, whole.holder)->Wait());
+    parameters[whole.name] = tensor;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plait::wrap::pp
