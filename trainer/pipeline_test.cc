@@ -3,7 +3,8 @@
 // schedule (GPIPE, 1F1B, ZB_H1) on 2 ranks, 1F1B on 4 ranks (a block each), uneven stages
 // (stage_starts), and pp 2 x DDP 2 and pp 2 x FSDP 2, has the losses, gradient norms,
 // evaluation loss and final parameters of the run of one process that reads the same batches,
-// within 1e-5 relative. Each rank's optimizer owns exactly its stage's parameters.
+// within 1e-5 relative, as do the shipped jobs llama_pp and llama_3d. Each rank builds and its
+// optimizer owns exactly its stage's parameters.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -15,8 +16,10 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/parameter_shapes.h"
 #include "plan/plan.h"
 #include "plan/validate.h"
+#include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -25,11 +28,13 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::ExpectSameParameters;
 using ::plait::trainer::testing::ExpectSameSteps;
 using ::plait::trainer::testing::SavedRun;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainAndSave;
+using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
 
 constexpr int kGlobalBatch = 16;
@@ -41,7 +46,9 @@ struct Layout {
   std::vector<int64_t> stage_starts;  // empty: equal stages
   std::string data_parallel;          // "ddp" or "fsdp" over "dp", after the pipeline
   int dp = 1;
-  int ranks() const { return pp * dp; }
+  int tp = 1;  // tensor parallelism over "tp", after the pipeline
+  bool sequence_parallel = false;
+  int ranks() const { return pp * dp * tp; }
 };
 
 plan::Plan TrainingPlan(const Layout& layout) {
@@ -56,6 +63,14 @@ plan::Plan TrainingPlan(const Layout& layout) {
     pipeline.set_mesh_dim("pp");
     pipeline.set_schedule(layout.schedule);
     for (const int64_t start : layout.stage_starts) pipeline.add_stage_starts(start);
+  }
+  if (layout.tp > 1) {
+    parallel::MeshConfig::Dimension* dim = plan.mutable_mesh()->add_dims();
+    dim->set_name("tp");
+    dim->set_size(layout.tp);
+    wrap::TensorParallelConfig& tp = *plan.add_prepare()->mutable_tensor_parallel();
+    tp.set_mesh_dim("tp");
+    tp.set_sequence_parallel(layout.sequence_parallel);
   }
   if (!layout.data_parallel.empty()) {
     parallel::MeshConfig::Dimension* dim = plan.mutable_mesh()->add_dims();
@@ -123,6 +138,58 @@ TEST(PipelineTest, WithDdpEqualsOneProcess) {
 
 TEST(PipelineTest, WithFsdpEqualsOneProcess) {
   ExpectOneProcessRun({.pp = 2, .data_parallel = "fsdp", .dp = 2}, "pp 2 x FSDP 2");
+}
+
+TEST(PipelineTest, WithTensorParallelismEqualsOneProcess) {
+  ExpectOneProcessRun({.pp = 2, .tp = 2}, "pp 2 x TP 2");
+  ExpectOneProcessRun({.pp = 2, .tp = 2, .sequence_parallel = true},
+                      "pp 2 x TP 2 with sequence parallelism");
+}
+
+// The shipped jobs: //trainer:llama_pp (pp 2, 1F1B) and //trainer:llama_3d (pp 2 x FSDP 2 x
+// TP 2 on 8 ranks) train as //trainer:llama_single does, on the same batches.
+TEST(PipelineTest, TheShippedJobsEqualOneProcess) {
+  const SavedRun single = TrainAndSave(ShortShippedPlan("llama_single"), 1, "llama_single");
+  for (const auto& [name, ranks] : {std::pair<std::string, int>{"llama_pp", 2}, {"llama_3d", 8}}) {
+    const SavedRun run = TrainAndSave(ShortShippedPlan(name), ranks, name);
+    ExpectSameSteps(run.report, single.report, name);
+    ExpectSameParameters(run, single, name);
+  }
+}
+
+// Each rank builds and its optimizer owns exactly its stage's parameters, under the whole
+// model's names: the embedding and blocks 0 and 1 on rank 0; blocks 2 and 3, the final norm
+// and the output projection on rank 1.
+TEST(PipelineTest, EachRankTrainsItsStageAlone) {
+  const plan::Plan plan = ShortShippedPlan("llama_pp");
+  const models::ModelConfig config = ConfigOf(plan.model());
+  std::set<std::string> all;
+  for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
+    all.insert(parameter.name);
+  }
+  std::vector<std::set<std::string>> trained(2);
+  WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    auto prepared = PreparedModel::Prepare(plan.model(), config, "", plan.prepare(), mesh,
+                                           Role::kTrained, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    for (const auto& named : (*prepared)->model().NamedParameters()) {
+      trained[rank].insert(named.name);
+    }
+    std::set<std::string> owned;
+    for (const parallel::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
+      owned.insert(parameter.name);
+    }
+    EXPECT_EQ(owned, trained[rank]) << "rank " << rank;
+  });
+  std::set<std::string> both = trained[0];
+  both.insert(trained[1].begin(), trained[1].end());
+  EXPECT_EQ(both, all);
+  EXPECT_EQ(trained[0].size() + trained[1].size(), all.size());
+  EXPECT_EQ(trained[0].count("model.embed_tokens.weight"), 1u);
+  EXPECT_EQ(trained[0].count("model.layers.1.mlp.down_proj.weight"), 1u);
+  EXPECT_EQ(trained[1].count("model.layers.2.self_attn.q_proj.weight"), 1u);
+  EXPECT_EQ(trained[1].count("lm_head.weight"), 1u);
+  EXPECT_EQ(trained[1].count("model.norm.weight"), 1u);
 }
 
 // Plans the pipeline cannot run are refused before anything runs, naming the field.

@@ -189,16 +189,18 @@ TEST(PreparedModelTest, EveryLayoutHoldsTheModelsInitialisation) {
   }
 }
 
-// Deferred initialisation: a rank that holds half of the model, under FSDP or tensor
-// parallelism, allocates while the model is prepared its half and one whole parameter or
-// block at a time, never the whole model, which the single process holds. The model: 16 of
-// tiny's blocks, 55 MB in fp32, whose largest parameter is 4 MB.
+// Deferred initialisation: a rank that holds half of the model, under FSDP, tensor
+// parallelism or a pipeline of 2 stages, allocates while the model is prepared its half and one
+// whole parameter or block at a time, never the whole model, which the single process holds. The
+// model: 16 of tiny's blocks, 55 MB in fp32, whose largest parameter is 4 MB.
 TEST(PreparedModelTest, NoRankHoldsTheWholeModelWhenItsPreparationSplitsIt) {
   models::ModelConfig config = models::PresetConfig("tiny").value();
   config.set_num_hidden_layers(16);
   const double model_bytes = 4.0 * static_cast<double>(models::NumParameters(config));
-  for (const auto& [name, ranks] :
-       {std::pair<std::string, int>{"llama_single", 1}, {"llama_fsdp", 2}, {"llama_tp", 2}}) {
+  for (const auto& [name, ranks] : {std::pair<std::string, int>{"llama_single", 1},
+                                    {"llama_fsdp", 2},
+                                    {"llama_tp", 2},
+                                    {"llama_pp", 2}}) {
     SCOPED_TRACE(name);
     plan::Plan plan = ShortShippedPlan(name);
     *plan.mutable_model()->mutable_config() = config;

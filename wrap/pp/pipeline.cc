@@ -204,7 +204,8 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
         if (!torch::GradMode::is_enabled()) state.outputs[m] = torch::Tensor();
         return absl::OkStatus();
       case ActionType::kReceiveGradient: {
-        torch::Tensor gradient = torch::empty_like(state.outputs[m]);
+        // Contiguous, as the sender's: the output itself may be a strided view.
+        torch::Tensor gradient = torch::empty(state.outputs[m].sizes(), state.outputs[m].options());
         PLAIT_RETURN_IF_ERROR(group_.Receive(gradient, next)->Wait());
         state.output_gradients[m] = gradient;
         return absl::OkStatus();
