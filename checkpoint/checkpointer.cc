@@ -148,7 +148,8 @@ absl::StatusOr<torch::Tensor> SavedData(const std::string& name, const SlicedTen
 }
 
 // Rank 0's manifest of a saved checkpoint in `folder`: the tensors' dtypes and global shapes
-// from rank 0's `state`, their slices from every rank file's header.
+// from rank 0's `state`, or, for a tensor rank 0 does not hold (another pipeline stage's),
+// from the file of the first rank that saved it; their slices from every rank file's header.
 absl::StatusOr<Manifest> CollectManifest(const std::string& folder, int world_size,
                                          const RankState& state) {
   Manifest manifest;
@@ -167,11 +168,18 @@ absl::StatusOr<Manifest> CollectManifest(const std::string& folder, int world_si
           json, base::ParseJson(absl::StrCat(path, ": metadata ", kSlicesKey), slices->second));
     }
     for (const auto& [name, entry] : opened->entries()) {
-      const auto it = manifest.tensors.find(name);
       const auto saved = json.is_object() ? json.find(name) : json.end();
-      if (it == manifest.tensors.end() || saved == json.end() || !saved->is_object()) {
-        return absl::InternalError(absl::StrCat(path, ": ", name, ": saved by rank ", rank,
-                                                " but not described by it or rank 0"));
+      if (saved == json.end() || !saved->is_object()) {
+        return absl::InternalError(
+            absl::StrCat(path, ": ", name, ": saved by rank ", rank, " but not described by it"));
+      }
+      auto it = manifest.tensors.find(name);
+      if (it == manifest.tensors.end()) {
+        it = manifest.tensors
+                 .emplace(
+                     name,
+                     StoredTensor{entry.dtype, saved->value("shape", std::vector<int64_t>{}), {}})
+                 .first;
       }
       it->second.slices.push_back({file,
                                    {saved->value("offsets", std::vector<int64_t>{}), entry.shape},
@@ -285,8 +293,19 @@ absl::Status Checkpointer::Restore(const std::map<std::string, SlicedTensor>& ex
                                    const std::function<absl::Status(RankState)>& load) const {
   if (resume_step_ == 0) return absl::OkStatus();
   const std::string folder = absl::StrCat(dir_, "/", CheckpointName(resume_step_));
+  const Manifest& manifest = *manifest_;
+  // Which of the checkpoint's tensors some rank holds (a pipeline's ranks hold only their
+  // stage's): one that none does is no part of this run.
+  torch::Tensor held = torch::zeros({static_cast<int64_t>(manifest.tensors.size())});
+  {
+    int64_t i = 0;
+    for (const auto& [name, stored] : manifest.tensors) held[i++] = expected.count(name) > 0;
+  }
+  held = held.to(mesh_->device());
+  PLAIT_RETURN_IF_ERROR(base::Annotate(mesh_->AllReduce(held, parallel::ReduceOp::kSum),
+                                       absl::StrCat("resuming from ", folder)));
+  held = held.cpu();
   absl::Status loaded = [&]() -> absl::Status {
-    const Manifest& manifest = *manifest_;
     std::vector<std::string> problems;
     for (const auto& [name, tensor] : expected) {
       const auto it = manifest.tensors.find(name);
@@ -303,10 +322,11 @@ absl::Status Checkpointer::Restore(const std::map<std::string, SlicedTensor>& ex
                                         c10::toString(tensor.tensor.scalar_type()), " here"));
       }
     }
+    int64_t i = 0;
     for (const auto& [name, stored] : manifest.tensors) {
-      if (expected.count(name) == 0) {
-        problems.push_back(absl::StrCat(name, ": in the checkpoint, but this rank has no such ",
-                                        Kind(run_, name)));
+      if (held[i++].item<float>() == 0) {
+        problems.push_back(
+            absl::StrCat(name, ": in the checkpoint, but no rank has such ", Kind(run_, name)));
       }
     }
     if (!problems.empty()) {

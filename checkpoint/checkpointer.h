@@ -142,10 +142,10 @@ class Checkpointer {
   // with the part of its global tensor it holds) from the checkpoint at resume_step(),
   // reading only the stored slices that overlap those parts (padding is zero), after
   // checking `expected` against the manifest (every tensor there, of the same global shape
-  // and dtype, and no other), and passes them with the saved metadata to `load`, whose
-  // error is reported under the checkpoint folder. Nothing for a fresh run. Every rank must
-  // call it; when any rank fails, every rank returns an error (its own, or one naming the
-  // rank that failed).
+  // and dtype, and none there that no rank of the mesh holds), and passes them with the saved
+  // metadata to `load`, whose error is reported under the checkpoint folder. Nothing for a fresh
+  // run. Every rank must call it; when any rank fails, every rank returns an error (its own, or one
+  // naming the rank that failed).
   absl::Status Restore(const std::map<std::string, SlicedTensor>& expected,
                        const std::function<absl::Status(RankState)>& load) const;
 
@@ -155,7 +155,8 @@ class Checkpointer {
 
   // Saves `state`, the calling rank's, after step `step` with the caller's `position`, due or
   // not, then removes all but the newest keep_last checkpoints. Every rank must call it with
-  // the same tensor names and metadata; when any rank fails, every rank returns an error and
+  // the same metadata, and with the same tensor names, or (a pipeline's stages) with names of
+  // its own; when any rank fails, every rank returns an error and
   // no folder named step-* is left for the step.
   absl::Status Save(int64_t step, int64_t position, const RankState& state) const;
 

@@ -502,7 +502,7 @@ TEST(CheckpointErrorsTest, MissingExtraAndMisfitTensorsNameTheManifestTheTensorA
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr(manifest + ": does not fit this rank's tensors:"),
                              HasSubstr("w/a: missing; this rank has it with shape [4, 3]"),
-                             HasSubstr("w/bogus: in the checkpoint, but this rank has no such "
+                             HasSubstr("w/bogus: in the checkpoint, but no rank has such "
                                        "tensor"),
                              HasSubstr("m/a: shape [3] in the checkpoint, [4] here"))));
 
@@ -513,8 +513,8 @@ TEST(CheckpointErrorsTest, MissingExtraAndMisfitTensorsNameTheManifestTheTensorA
       ResumeStatuses(dir, 1, run)[0],
       StatusIs(absl::StatusCode::kInvalidArgument,
                AllOf(HasSubstr(manifest + ": does not fit this rank's weights and moments:"),
-                     HasSubstr("w/bogus: in the checkpoint, but this rank has no such weight"),
-                     HasSubstr("bogus: in the checkpoint, but this rank has no such moment"))));
+                     HasSubstr("w/bogus: in the checkpoint, but no rank has such weight"),
+                     HasSubstr("bogus: in the checkpoint, but no rank has such moment"))));
 
   std::ofstream(manifest) << valid;
   RewriteManifest(manifest, [](nlohmann::json& json) { json["tensors"]["w/a"]["dtype"] = "I64"; });

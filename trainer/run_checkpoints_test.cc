@@ -231,10 +231,11 @@ void ExpectResumeMatches(const std::string& saved_dir, plan::Plan plan, int rank
   }
 }
 
-// A run of 8 steps on 2 FSDP ranks resumes on 1 rank and on 4 FSDP ranks, one on 2 DDP
-// ranks on 2 FSDP ranks, and one on a 2-D mesh (tensor parallel inside FSDP, 4 ranks) on 2
-// tensor-parallel ranks, each for 8 more steps, as the straight 16-step run on 2 FSDP ranks:
-// each new rank reads its parts of the old ranks' slices.
+// A run of 8 steps on 2 FSDP ranks resumes on 1 rank, on 4 FSDP ranks and on a 3-D mesh (2
+// pipeline stages x FSDP 2 x tensor parallel 2, 8 ranks), one on 2 DDP ranks on 2 FSDP
+// ranks, one on a 2-D mesh (tensor parallel inside FSDP, 4 ranks) on 2 tensor-parallel ranks,
+// and one on 2 pipeline stages on 2 FSDP ranks, each for 8 more steps, as the straight 16-step run
+// on 2 FSDP ranks: each new rank reads its parts of the old ranks' slices.
 TEST(CheckpointReshardTest, ACheckpointResumesOnAnotherWorldSizeAndLayout) {
   const std::string straight_dir = FreshTestDir("reshard_straight");
   const TrainReport straight =
@@ -262,6 +263,18 @@ TEST(CheckpointReshardTest, ACheckpointResumesOnAnotherWorldSizeAndLayout) {
     const std::string two_d_dir = FreshTestDir("reshard_2d");
     TrainOnRanks(ReshardPlan("llama_2d", two_d_dir, 2, 0, /*steps=*/8), 4);
     ExpectResumeMatches(two_d_dir, ReshardPlan("llama_tp", FreshTestDir("reshard_2d_tp"), 4), 2,
+                        straight, straight_dir);
+  }
+  {
+    SCOPED_TRACE("2 pipeline stages -> 2 FSDP ranks");
+    const std::string pp_dir = FreshTestDir("reshard_pp");
+    TrainOnRanks(ReshardPlan("llama_pp", pp_dir, 1, 0, /*steps=*/8), 2);
+    ExpectResumeMatches(pp_dir, ReshardPlan("llama_fsdp", FreshTestDir("reshard_pp_fsdp"), 2, 2), 2,
+                        straight, straight_dir);
+  }
+  {
+    SCOPED_TRACE("2 FSDP ranks -> 2 pipeline stages x 2 FSDP x 2 tensor-parallel ranks");
+    ExpectResumeMatches(straight_dir, ReshardPlan("llama_3d", FreshTestDir("reshard_3d"), 1), 8,
                         straight, straight_dir);
   }
 }
@@ -437,7 +450,7 @@ TEST(CheckpointErrorsTest, MissingExtraAndMisshapedTensorsNameTheFileAndTensor) 
       StatusIs(absl::StatusCode::kInvalidArgument,
                AllOf(HasSubstr(saved.manifest + ": does not fit this rank's model and optimizer"),
                      HasSubstr(weight + ": missing; this rank has it with shape [256, 256]"),
-                     HasSubstr("param/bogus: in the checkpoint, but this rank has no such "
+                     HasSubstr("param/bogus: in the checkpoint, but no rank has such "
                                "trainable parameter"),
                      HasSubstr(moment + ": shape [3] in the checkpoint, [256] here"))));
 }
