@@ -1,10 +1,11 @@
 // Pipeline parallelism trains as one process: //trainer:llama_fsdp's tiny Llama (4 blocks) for
 // 10 AdamW steps with clipping, 4 micro-batches a step, cut into stages over "pp" with each
 // schedule (GPIPE, 1F1B, ZB_H1) on 2 ranks, 1F1B on 4 ranks (a block each), uneven stages
-// (stage_starts), and pp 2 x DDP 2 and pp 2 x FSDP 2, has the losses, gradient norms,
-// evaluation loss and final parameters of the run of one process that reads the same batches,
-// within 1e-5 relative, as do the shipped jobs llama_pp and llama_3d. Each rank builds and its
-// optimizer owns exactly its stage's parameters.
+// (stage_starts), pp 2 x DDP 2, pp 2 x FSDP 2 and pp 2 x TP 2, and the tiny Qwen2 (its
+// embedding tied to the output projection) on pp 2 and pp 2 x FSDP 2, has the losses, gradient
+// norms, evaluation loss and final parameters of the run of one process that reads the same
+// batches, within 1e-5 relative, as do the shipped jobs llama_pp and llama_3d. Each rank builds and
+// its optimizer owns exactly its stage's parameters.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,7 +42,8 @@ constexpr int kGlobalBatch = 16;
 constexpr int kMicroBatches = 4;
 
 struct Layout {
-  int pp = 1;  // 1: no pipeline
+  std::string preset = "tiny";  // "qwen2-tiny": tied embeddings, q/k/v biases
+  int pp = 1;                   // 1: no pipeline
   std::string schedule = "1F1B";
   std::vector<int64_t> stage_starts;  // empty: equal stages
   std::string data_parallel;          // "ddp" or "fsdp" over "dp", after the pipeline
@@ -53,6 +55,7 @@ struct Layout {
 
 plan::Plan TrainingPlan(const Layout& layout) {
   plan::Plan plan = ShortShippedPlan("llama_fsdp");
+  plan.mutable_model()->set_preset(layout.preset);
   plan.clear_mesh();
   plan.clear_prepare();
   if (layout.pp > 1) {
@@ -87,21 +90,44 @@ plan::Plan TrainingPlan(const Layout& layout) {
   return plan;
 }
 
-const SavedRun& OneProcess() {
-  static const SavedRun* run = new SavedRun(TrainAndSave(TrainingPlan({}), 1, "one_process"));
-  return *run;
+// The run of one process of the model `preset`.
+const SavedRun& OneProcess(const std::string& preset = "tiny") {
+  static auto* runs = new std::map<std::string, SavedRun>();
+  if (runs->count(preset) == 0) {
+    (*runs)[preset] = TrainAndSave(TrainingPlan({.preset = preset}), 1, "one_process_" + preset);
+  }
+  return runs->at(preset);
 }
 
 void ExpectOneProcessRun(const Layout& layout, const std::string& name) {
   const SavedRun run = TrainAndSave(TrainingPlan(layout), layout.ranks(), name);
-  const SavedRun& expected = OneProcess();
+  const SavedRun& expected = OneProcess(layout.preset);
   ASSERT_EQ(run.report.steps.size(), expected.report.steps.size()) << name;
   ExpectSameSteps(run.report, expected.report, name);
   ASSERT_TRUE(run.report.steps.back().eval_loss.has_value()) << name;
   EXPECT_NEAR(*run.report.steps.back().eval_loss, *expected.report.steps.back().eval_loss,
               1e-5 * *expected.report.steps.back().eval_loss)
       << name;
-  ExpectSameParameters(run, expected, name);
+  if (layout.preset == "tiny") {
+    ExpectSameParameters(run, expected, name);
+    return;
+  }
+  // Qwen2's key projections have biases, whose gradient is zero in exact arithmetic (softmax
+  // ignores what they add to every key of a query): AdamW steps them by rounding noise alone.
+  // A pipeline sums the tied embedding's gradient in another order than one process (each
+  // stage's micro-batches first, then the two stages' sums), and so draws other noise: those
+  // biases, which the noise moves by about 6e-3 over the run, are held within 1e-4 of one
+  // process's (a thirtieth of one step at the peak learning rate, 3e-3), the rest relative as
+  // above.
+  SavedRun others = run, expected_others = expected;
+  for (const auto& [parameter, value] : expected.parameters) {
+    if (parameter.find("k_proj.bias") == std::string::npos) continue;
+    EXPECT_LE((run.parameters.at(parameter) - value).abs().max().item<double>(), 1e-4)
+        << name << " " << parameter;
+    others.parameters.erase(parameter);
+    expected_others.parameters.erase(parameter);
+  }
+  ExpectSameParameters(others, expected_others, name);
 }
 
 // The comparisons mean something: the run of one process moves its parameters far more than
@@ -138,6 +164,14 @@ TEST(PipelineTest, WithDdpEqualsOneProcess) {
 
 TEST(PipelineTest, WithFsdpEqualsOneProcess) {
   ExpectOneProcessRun({.pp = 2, .data_parallel = "fsdp", .dp = 2}, "pp 2 x FSDP 2");
+}
+
+// Qwen2's tied embedding is held by the first and the last stage, which sum its gradients: it
+// trains as in one process, alone and under FSDP.
+TEST(PipelineTest, TiedEmbeddingsEqualOneProcess) {
+  ExpectOneProcessRun({.preset = "qwen2-tiny", .pp = 2}, "qwen2 pp 2");
+  ExpectOneProcessRun({.preset = "qwen2-tiny", .pp = 2, .data_parallel = "fsdp", .dp = 2},
+                      "qwen2 pp 2 x FSDP 2");
 }
 
 TEST(PipelineTest, WithTensorParallelismEqualsOneProcess) {

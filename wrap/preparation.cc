@@ -86,7 +86,8 @@ absl::StatusOr<std::vector<parallel::TrainableParameter>> Preparation::TakeTrain
         "the model's parameters were already taken: build one optimizer per model");
   }
   parameters_taken_ = true;
-  return PartsOf(/*trainable=*/true);
+  trainable_ = PartsOf(/*trainable=*/true);
+  return trainable_;
 }
 
 absl::StatusOr<std::vector<parallel::TrainableParameter>> Preparation::FrozenParameters() {
@@ -155,7 +156,11 @@ absl::Status Preparation::TrainMicroBatches(int num_micro, const MicroBatchForwa
   // The next backward outside synchronises, whatever the executor left.
   const absl::Cleanup synchronising = [&sync] { sync(true); };
   PLAIT_RETURN_IF_ERROR(Executor().Train(num_micro, forward, sync));
-  return BackwardStatus();
+  PLAIT_RETURN_IF_ERROR(BackwardStatus());
+  for (const auto& strategy : strategies_) {
+    PLAIT_RETURN_IF_ERROR(strategy->FinishGradients(trainable_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Preparation::EvaluateMicroBatches(int num_micro, const MicroBatchForward& forward) {

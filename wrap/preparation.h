@@ -92,8 +92,10 @@ class Preparation {
 
   // Runs the forward (MicroBatchForward) and backward passes of `num_micro` micro-batches, one
   // optimizer step's, in the order a strategy decides (a pipeline's schedule; else one after
-  // another), gradients synchronised in the rank's last backward only, then returns
-  // BackwardStatus. An error names the micro-batch; every rank of the mesh must call it.
+  // another), gradients synchronised in the rank's last backward only, then checks
+  // BackwardStatus and has the strategies finish the gradients of the trainable parameters
+  // (Strategy::FinishGradients). An error names the micro-batch; every rank of the mesh must
+  // call it, after TakeTrainableParameters.
   absl::Status TrainMicroBatches(int num_micro, const MicroBatchForward& forward);
 
   // The forwards alone, as TrainMicroBatches orders them (an evaluation, under no-grad).
@@ -140,6 +142,7 @@ class Preparation {
   google::protobuf::RepeatedPtrField<PrepareStep> steps_;  // applied so far
   std::vector<std::unique_ptr<Strategy>> strategies_;      // one per step
   bool parameters_taken_ = false;
+  std::vector<parallel::TrainableParameter> trainable_;  // as TakeTrainableParameters gave them
   SequentialExecutor sequential_;
 };
 

@@ -235,6 +235,14 @@ class Strategy {
   // accumulation turns it off for all micro-batches but the last. Default: nothing to skip.
   virtual void SetGradientSync(bool sync) {}
 
+  // After each step's backward passes and every strategy's reductions: completes the
+  // gradients of `trainable` (this rank's parts, as the optimizer owns them) where this
+  // strategy must (a pipeline sums the gradient of a parameter two stages hold, a tied
+  // embedding). Default: nothing to do.
+  virtual absl::Status FinishGradients(const std::vector<parallel::TrainableParameter>& trainable) {
+    return absl::OkStatus();
+  }
+
   // After Apply: the first communication error of its hooks, which cannot return one; it
   // stays, since the ranks are out of step after it.
   virtual absl::Status BackwardStatus() const { return absl::OkStatus(); }

@@ -280,12 +280,6 @@ std::vector<base::Violation> PipelineStrategy::Check(const std::optional<ModelSh
     const std::vector<std::string> parts = absl::StrSplit(message, absl::MaxSplits(": ", 1));
     problems.push_back({parts[0], parts.size() > 1 ? parts[1] : message});
   }
-  if (shape->tied_embeddings && stages > 1) {
-    problems.push_back(
-        {step_field,
-         "the model ties its output projection to its embedding, which would then be held by the "
-         "first and the last stage; a pipeline over tied embeddings is not supported yet"});
-  }
   return problems;
 }
 
@@ -307,7 +301,11 @@ StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
     const auto [begin, end] = (*blocks)[s];
     double parameters = static_cast<double>(end - begin) * shape.block_parameters;
     if (s == 0) parameters += embedding;
-    if (s + 1 == stages) parameters += shape.root_parameters - embedding;
+    if (s + 1 == stages) {
+      // A tied embedding is the last stage's output projection too.
+      parameters += shape.root_parameters - embedding;
+      if (shape.tied_embeddings && stages > 1) parameters += embedding;
+    }
     most = std::max(most, parameters);
     estimate.details.push_back(
         absl::StrFormat("stage %d (rank %d of %s): blocks %d..%d, %s parameters", s, s,
@@ -348,6 +346,15 @@ StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
         absl::StrCat("sends ", base::HumanBytes(hidden_bytes),
                      " per micro-batch between neighbouring stages each way (hidden states "
                      "forward, their gradients back)"));
+    if (shape.tied_embeddings) {
+      // The first and the last stage swap their gradients of the tied embedding.
+      transfer.bytes_per_micro_batch = 0;
+      transfer.bytes_per_step = embedding * shape.parameter_bytes;
+      estimate.transfers.push_back(transfer);
+      estimate.details.push_back(absl::StrCat(
+          "the first and last stage swap their gradients of the tied embedding once a step: ",
+          base::HumanBytes(transfer.bytes_per_step)));
+    }
   }
   return estimate;
 }
@@ -363,7 +370,7 @@ absl::Status PipelineStrategy::Apply(Wrappable& model, const parallel::DeviceMes
       const auto blocks,
       StageBlocks(config_, static_cast<int64_t>(model.Blocks().size()), stages, "pipeline"));
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
-    whole_.push_back({named.name, named.parameter.sizes().vec(), 0});
+    whole_.push_back({named.name, named.parameter.sizes().vec(), {}});
   }
   PLAIT_RETURN_IF_ERROR(model.KeepStage(blocks[stage].first, blocks[stage].second));
   // Which rank holds each parameter: every rank marks its own, summed over the dimension.
@@ -377,18 +384,16 @@ absl::Status PipelineStrategy::Apply(Wrappable& model, const parallel::DeviceMes
   holders = holders.to(device_);
   PLAIT_RETURN_IF_ERROR(group_->AllReduce(holders, parallel::ReduceOp::kSum)->Wait());
   holders = holders.cpu();
-  for (int64_t i = 0; i < count; ++i) {
-    std::vector<int> ranks;
+  for (WholeParameter& whole : whole_) {
+    const int64_t i = &whole - whole_.data();
     for (int r = 0; r < stages; ++r) {
-      if (holders[r][i].item<float>() > 0) ranks.push_back(r);
+      if (holders[r][i].item<float>() > 0) whole.holders.push_back(r);
     }
-    if (ranks.size() != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pipeline: the parameter ", whole_[i].name, " is held by ", ranks.size(),
-                       " stages (", absl::StrJoin(ranks, ", "),
-                       "); a parameter shared by stages (tied embeddings) is not supported yet"));
+    if (whole.holders.empty()) {
+      return absl::InternalError(
+          absl::StrCat("pipeline: no stage holds the model's parameter ", whole.name));
     }
-    whole_[i].holder = ranks.front();
+    if (whole.holders.size() > 1) shared_[whole.name] = whole.holders;
   }
   executor_ = std::make_unique<Executor>(model, *group_, device_, kind_);
   return absl::OkStatus();
@@ -399,7 +404,51 @@ MicroBatchExecutor* PipelineStrategy::micro_batch_executor() { return executor_.
 void PipelineStrategy::UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) {
   for (parallel::TrainableParameter& parameter : parameters) {
     parameter.sharded_over.push_back(group_);
+    const auto shared = shared_.find(parameter.name);
+    if (shared == shared_.end()) continue;
+    // Its holders keep one value: it counts once in the norm, and the first saves it.
+    const std::vector<int>& holders = shared->second;
+    const int64_t index =
+        std::find(holders.begin(), holders.end(), group_->rank()) - holders.begin();
+    const int64_t count = static_cast<int64_t>(holders.size());
+    parameter.replicas *= count;
+    parameter.slice.replica = parameter.slice.replica * count + index;
   }
+}
+
+absl::Status PipelineStrategy::FinishGradients(
+    const std::vector<parallel::TrainableParameter>& trainable) {
+  torch::NoGradGuard no_grad;
+  for (const parallel::TrainableParameter& parameter : trainable) {
+    const auto shared = shared_.find(parameter.name);
+    if (shared == shared_.end()) continue;
+    torch::Tensor& gradient = parameter.tensor.mutable_grad();
+    if (!gradient.defined()) gradient = torch::zeros_like(parameter.tensor);
+    // Each holder sends its gradient to the others, then sums all of them in rank order, so
+    // that every holder has the same bits.
+    const torch::Tensor own = gradient.detach().contiguous();
+    std::vector<std::shared_ptr<parallel::Work>> sends;
+    std::vector<torch::Tensor> received;
+    for (const int holder : shared->second) {
+      if (holder != group_->rank()) sends.push_back(group_->Send(own, holder));
+    }
+    for (const int holder : shared->second) {
+      if (holder == group_->rank()) {
+        received.push_back(own);
+        continue;
+      }
+      torch::Tensor theirs = torch::empty_like(own);
+      PLAIT_RETURN_IF_ERROR(base::Annotate(
+          group_->Receive(theirs, holder)->Wait(),
+          absl::StrCat("the gradient of ", parameter.name, ", held by several stages")));
+      received.push_back(theirs);
+    }
+    for (const auto& sent : sends) PLAIT_RETURN_IF_ERROR(sent->Wait());
+    torch::Tensor sum = received.front().clone();
+    for (size_t i = 1; i < received.size(); ++i) sum += received[i];
+    gradient.copy_(sum);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PipelineStrategy::GatherFullParameters(
@@ -409,7 +458,7 @@ absl::Status PipelineStrategy::GatherFullParameters(
   const int64_t count = static_cast<int64_t>(whole_.size());
   torch::Tensor dtypes = torch::zeros({count});
   for (int64_t i = 0; i < count; ++i) {
-    if (whole_[i].holder != group_->rank()) continue;
+    if (whole_[i].holders.front() != group_->rank()) continue;
     const auto it = parameters.find(whole_[i].name);
     if (it == parameters.end()) {
       return absl::InternalError(absl::StrCat("pipeline: no gathered ", whole_[i].name));
@@ -422,13 +471,14 @@ absl::Status PipelineStrategy::GatherFullParameters(
   for (int64_t i = 0; i < count; ++i) {
     const WholeParameter& whole = whole_[i];
     torch::Tensor tensor;
-    if (whole.holder == group_->rank()) {
+    const int holder = whole.holders.front();
+    if (holder == group_->rank()) {
       tensor = parameters.at(whole.name).detach().contiguous();
     } else {
       const auto dtype = static_cast<torch::ScalarType>(static_cast<int>(dtypes[i].item<float>()));
       tensor = torch::empty(whole.shape, torch::TensorOptions(dtype).device(device_));
     }
-    PLAIT_RETURN_IF_ERROR(group_->Broadcast(tensor, whole.holder)->Wait());
+    PLAIT_RETURN_IF_ERROR(group_->Broadcast(tensor, holder)->Wait());
     parameters[whole.name] = tensor;
   }
   return absl::OkStatus();

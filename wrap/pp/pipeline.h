@@ -14,8 +14,10 @@
 // packed row) without being told its shape; a gradient goes back in the shape of the output it
 // belongs to, with no header.
 //
-// Not yet: several stages per rank (INTERLEAVED_1F1B), and tied embeddings split over the
-// first and last stage; both are validation errors naming the field.
+// A tied embedding (the output projection is the embedding matrix) is held by the first and
+// the last stage, which add each other's gradient of it after each step's backward, as
+// Megatron does, so that both keep one value. Not yet: several stages per rank
+// (INTERLEAVED_1F1B), a validation error naming the field.
 #ifndef PLAIT_WRAP_PP_PIPELINE_H_
 #define PLAIT_WRAP_PP_PIPELINE_H_
 
@@ -63,6 +65,8 @@ class PipelineStrategy final : public Strategy {
   void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override;
   // Every stage's parameters, broadcast over the dimension from the rank that holds them.
   absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override;
+  // A parameter several stages hold (a tied embedding) gets the sum of their gradients.
+  absl::Status FinishGradients(const std::vector<parallel::TrainableParameter>& trainable) override;
   MicroBatchExecutor* micro_batch_executor() override;
 
  private:
@@ -72,7 +76,9 @@ class PipelineStrategy final : public Strategy {
   struct WholeParameter {
     std::string name;
     std::vector<int64_t> shape;
-    int holder = 0;  // the rank of the dimension whose stage holds it
+    // The ranks of the dimension whose stages hold it, ascending: one, or the first and the
+    // last for a tied embedding.
+    std::vector<int> holders;
   };
 
   PipelineConfig config_;
@@ -80,6 +86,7 @@ class PipelineStrategy final : public Strategy {
   parallel::Communicator* group_ = nullptr;
   torch::Device device_ = torch::kCPU;
   std::vector<WholeParameter> whole_;
+  std::map<std::string, std::vector<int>> shared_;  // the holders of those held by several
   std::unique_ptr<Executor> executor_;
 };
 
