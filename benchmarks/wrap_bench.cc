@@ -35,6 +35,14 @@
 // 1/2 at best), sent_vs_theory (FSDP's volume over dp plus an all-reduce of the gradient
 // shards across replicate, 2(N-1)/N x shard bytes; goal 1.00) and persistent_vs_single
 // (goal <= 1/2 + 0.05).
+// Pipelines (BM_PipelineGPipe, BM_Pipeline1F1B, BM_PipelineZeroBubble: 2 stages over pp=2, both
+// ranks on the same batch, one sequence a micro-batch) report vs_single (the step time / the
+// single process's on the batch; the ideal on 2 idle cores is 1/2 over 1 - the bubble),
+// waiting_rank0/1 (the share of the micro-batches' passes each rank spent waiting for the
+// other's tensors) beside bubble_rank0/1 (its idle share in the schedule's own timing, equal
+// stages, a backward twice a forward), sent_vs_theory (rank 0's bytes sent / the micro-batches'
+// hidden states; goal 1.00) and params_vs_single_rank0/1 (each rank's parameter bytes / the
+// whole model's; goal about 1/2).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
@@ -48,6 +56,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "benchmarks/bench_setup.h"
 #include "models/causal_lm.h"
@@ -57,6 +66,8 @@
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/types.h"
 #include "torch/utils.h"
+#include "wrap/micro_batch_executor.h"
+#include "wrap/pp/schedule.h"
 #include "wrap/preparation.h"
 
 namespace plait::wrap {
@@ -68,9 +79,35 @@ constexpr int64_t kSeqLen = 256;
 // machine during one step does not move.
 constexpr int kTimedSteps = 5;
 
-enum class Mode { kSingle, kDdp, kFsdp, kTp, kFsdpTp, kHsdp, kSingleBf16, kFsdpBf16 };
+enum class Mode {
+  kSingle,
+  kDdp,
+  kFsdp,
+  kTp,
+  kFsdpTp,
+  kHsdp,
+  kSingleBf16,
+  kFsdpBf16,
+  kPipelineGPipe,
+  kPipeline1F1B,
+  kPipelineZeroBubble
+};
 
 bool TensorParallel(Mode mode) { return mode == Mode::kTp || mode == Mode::kFsdpTp; }
+// The pipeline's schedule over "pp" ("" for the modes without one).
+std::string PipelineSchedule(Mode mode) {
+  switch (mode) {
+    case Mode::kPipelineGPipe:
+      return "GPIPE";
+    case Mode::kPipeline1F1B:
+      return "1F1B";
+    case Mode::kPipelineZeroBubble:
+      return "ZB_H1";
+    default:
+      return "";
+  }
+}
+bool Pipeline(Mode mode) { return !PipelineSchedule(mode).empty(); }
 bool Replicated(Mode mode) { return mode == Mode::kHsdp; }
 bool DataParallel(Mode mode) {
   return mode == Mode::kDdp || mode == Mode::kFsdp || mode == Mode::kFsdpTp ||
@@ -99,6 +136,12 @@ struct Measurement {
   int64_t peak_unsharded_bytes = 0;
   int64_t block_bytes = 0;
   int64_t two_largest_units_bytes = 0;
+  // Pipelines: the share of the micro-batches' passes this rank spent waiting for the other
+  // rank's tensors, and the bytes of the parameters it holds; both by rank in Run's result.
+  double wait_fraction = 0.0;
+  int64_t stage_parameter_bytes = 0;
+  std::vector<double> wait_fraction_by_rank;
+  std::vector<int64_t> parameter_bytes_by_rank;
 };
 
 std::shared_ptr<models::CausalLM> MakeModel() {
@@ -143,6 +186,12 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
       groups.push_back(mesh->communicator("tp").value());
       steps.emplace_back().mutable_tensor_parallel()->set_mesh_dim("tp");
     }
+    if (Pipeline(mode)) {
+      groups.push_back(mesh->communicator("pp").value());
+      PipelineConfig& pipeline = *steps.emplace_back().mutable_pipeline();
+      pipeline.set_mesh_dim("pp");
+      pipeline.set_schedule(PipelineSchedule(mode));
+    }
     if (DataParallel(mode)) {
       groups.push_back(mesh->communicator("dp").value());
       PrepareStep& step = steps.emplace_back();
@@ -159,6 +208,9 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     for (const PrepareStep& step : steps) preparation->Apply(step).IgnoreError();
     parameters = preparation->TakeTrainableParameters().value();
   }
+  for (const auto& named : model->NamedParameters()) {
+    m.stage_parameter_bytes += Bytes(named.parameter);
+  }
   optim::OptimizerConfig optimizer_config;
   optimizer_config.mutable_adamw();
   auto optimizer = optim::Optimizer::Create(parameters, optimizer_config).value();
@@ -168,8 +220,27 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
                          ? 0
                          : mesh->SubgridRankAndSize(preparation->DataParallelDims()).value().first);
   const torch::Tensor tokens = torch::randint(4096, {batch, kSeqLen + 1});
+  // A pipeline's step: one sequence a micro-batch, through the schedule.
+  double passes_seconds = 0.0;
+  double wait_seconds = 0.0;
+  const MicroBatchForward forward =
+      [&](int micro, const torch::Tensor& input) -> absl::StatusOr<torch::Tensor> {
+    const torch::Tensor sequence = tokens.narrow(0, micro, 1);
+    if (input.defined()) model->SetStageInput(input);
+    if (!model->HoldsOutputLayers()) return model->StageOutput(sequence.narrow(1, 0, kSeqLen));
+    return model->Loss(sequence.narrow(1, 0, kSeqLen), sequence.narrow(1, 1, kSeqLen)) /
+           static_cast<double>(batch);
+  };
   auto step = [&] {
-    model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
+    if (Pipeline(mode)) {
+      const auto start = std::chrono::steady_clock::now();
+      preparation->TrainMicroBatches(static_cast<int>(batch), forward).IgnoreError();
+      passes_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      wait_seconds += preparation->Executor().last_wait_seconds();
+    } else {
+      model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
+    }
     optimizer->Step(1e-4).value();
     optimizer->ZeroGrad();
   };
@@ -177,7 +248,7 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     int64_t sent = 0;
     for (parallel::Communicator* group : groups) {
       for (auto collective : {parallel::Collective::kAllReduce, parallel::Collective::kAllGather,
-                              parallel::Collective::kReduceScatter}) {
+                              parallel::Collective::kReduceScatter, parallel::Collective::kSend}) {
         sent += group->traffic(collective).bytes_sent;
       }
     }
@@ -185,6 +256,7 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   };
 
   step();  // warm-up: first-touch allocations, lazily built attention tables
+  passes_seconds = wait_seconds = 0.0;
   if (preparation != nullptr) preparation->ResetPeak();
   const int64_t sent_before = bytes_sent();
   const double cpu_start = ProcessCpuSeconds();
@@ -198,10 +270,15 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   m.process_cpu_seconds_per_step = (ProcessCpuSeconds() - cpu_start) / kTimedSteps;
   m.step_seconds = benchmarks::Median(step_seconds);
   m.bytes_sent_per_step = (bytes_sent() - sent_before) / kTimedSteps;
+  if (passes_seconds > 0) m.wait_fraction = wait_seconds / passes_seconds;
 
   // Persistent state: what the optimizer trains, gradients (kept after backward; DDP's are
   // views of its buckets, FSDP's are the shards'), and the optimizer's state.
-  model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
+  if (Pipeline(mode)) {
+    preparation->TrainMicroBatches(static_cast<int>(batch), forward).IgnoreError();
+  } else {
+    model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
+  }
   for (const auto& parameter : parameters) {
     m.persistent_bytes += Bytes(parameter.tensor) + Bytes(parameter.tensor.grad());
   }
@@ -224,6 +301,11 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     if (Replicated(mode)) m.theoretical_bytes_per_step += 2 * one_way * shard_bytes;
     m.peak_unsharded_bytes = preparation->peak_gathered_bytes();
   }
+  if (Pipeline(mode) && rank == 0) {
+    // The first stage sends each micro-batch's hidden state, [1, seq_len, hidden] in fp32.
+    m.theoretical_bytes_per_step = static_cast<double>(batch) * kSeqLen *
+                                   benchmarks::MediumModel().hidden_size() * sizeof(float);
+  }
   if (TensorParallel(mode)) {
     const models::ModelConfig config = benchmarks::MediumModel();
     const double tokens = static_cast<double>(batch * kSeqLen);
@@ -239,7 +321,8 @@ Measurement Run(Mode mode, int64_t batch) {
   if (mode == SingleOf(mode)) return RunRank(mode, batch, 0, nullptr);
   parallel::MeshConfig config;
   int world = 1;
-  for (const auto& [name, used] : {std::pair{"replicate", Replicated(mode)},
+  for (const auto& [name, used] : {std::pair{"pp", Pipeline(mode)},
+                                   {"replicate", Replicated(mode)},
                                    {"dp", DataParallel(mode)},
                                    {"tp", TensorParallel(mode)}}) {
     if (!used) continue;
@@ -263,6 +346,10 @@ Measurement Run(Mode mode, int64_t batch) {
     });
   }
   for (std::thread& thread : threads) thread.join();
+  for (const Measurement& result : results) {
+    results[0].wait_fraction_by_rank.push_back(result.wait_fraction);
+    results[0].parameter_bytes_by_rank.push_back(result.stage_parameter_bytes);
+  }
   return results[0];
 }
 
@@ -287,6 +374,25 @@ void Report(benchmark::State& state, Mode mode) {
   if (TensorParallel(mode)) {
     state.counters["vs_single"] = m.step_seconds / single.step_seconds;
     state.counters["sent_vs_theory"] = m.bytes_sent_per_step / m.theoretical_bytes_per_step;
+    return;
+  }
+  if (Pipeline(mode)) {
+    state.counters["vs_single"] = m.step_seconds / single.step_seconds;
+    state.counters["sent_vs_theory"] = m.bytes_sent_per_step / m.theoretical_bytes_per_step;
+    // The schedule's own idle share per rank, with equal stages and a backward twice a
+    // forward (F = 1, B = I + W = 2).
+    const pp::PipelineSchedule schedule =
+        pp::BuildSchedule(pp::ScheduleKindFromName(PipelineSchedule(mode)).value(), kRanks, 1,
+                          static_cast<int>(batch))
+            .value();
+    const pp::SimulationResult simulated = pp::Simulate(schedule).value();
+    for (int rank = 0; rank < kRanks; ++rank) {
+      const std::string suffix = absl::StrCat("_rank", rank);
+      state.counters["waiting" + suffix] = m.wait_fraction_by_rank[rank];
+      state.counters["bubble" + suffix] = 1.0 - simulated.ranks[rank].busy / simulated.makespan;
+      state.counters["params_vs_single" + suffix] =
+          static_cast<double>(m.parameter_bytes_by_rank[rank]) / single.stage_parameter_bytes;
+    }
     return;
   }
   if (Bf16(mode)) {
@@ -333,6 +439,15 @@ void BM_FsdpBf16(benchmark::State& state) {
 void BM_Hsdp(benchmark::State& state) {
   for (auto _ : state) Report(state, Mode::kHsdp);
 }
+void BM_PipelineGPipe(benchmark::State& state) {
+  for (auto _ : state) Report(state, Mode::kPipelineGPipe);
+}
+void BM_Pipeline1F1B(benchmark::State& state) {
+  for (auto _ : state) Report(state, Mode::kPipeline1F1B);
+}
+void BM_PipelineZeroBubble(benchmark::State& state) {
+  for (auto _ : state) Report(state, Mode::kPipelineZeroBubble);
+}
 // Per-rank batches: 8 (the medium shape's) first, then 2.
 #define PLAIT_WRAP_BENCHMARK(name) \
   BENCHMARK(name)->Arg(8)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond)
@@ -344,6 +459,9 @@ PLAIT_WRAP_BENCHMARK(BM_FsdpTp);
 PLAIT_WRAP_BENCHMARK(BM_SingleProcessBf16);
 PLAIT_WRAP_BENCHMARK(BM_FsdpBf16);
 PLAIT_WRAP_BENCHMARK(BM_Hsdp);
+PLAIT_WRAP_BENCHMARK(BM_PipelineGPipe);
+PLAIT_WRAP_BENCHMARK(BM_Pipeline1F1B);
+PLAIT_WRAP_BENCHMARK(BM_PipelineZeroBubble);
 
 }  // namespace
 }  // namespace plait::wrap

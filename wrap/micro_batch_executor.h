@@ -45,6 +45,10 @@ class MicroBatchExecutor {
 
   // Runs the forwards only (an evaluation, under no-grad).
   virtual absl::Status Evaluate(int num_micro, const MicroBatchForward& forward) = 0;
+
+  // The seconds the last Train or Evaluate spent waiting for other ranks' tensors (a
+  // pipeline's receives: its bubble and its transfers); 0 for an executor that never waits.
+  virtual double last_wait_seconds() const { return 0.0; }
 };
 
 // The micro-batches one after another on a model that holds its input and output layers:

@@ -101,6 +101,10 @@ class Preparation {
   // The forwards alone, as TrainMicroBatches orders them (an evaluation, under no-grad).
   absl::Status EvaluateMicroBatches(int num_micro, const MicroBatchForward& forward);
 
+  // The executor those two run: the one of the strategy that orders the micro-batches, or
+  // the sequential one.
+  MicroBatchExecutor& Executor();
+
   // The first communication error of the strategies' hooks, which cannot return one (a
   // failed collective, a backward that never finished); it stays, since the ranks are out of
   // step after it. Check after backward, before the optimizer step.
@@ -128,9 +132,6 @@ class Preparation {
 
  private:
   Preparation(Wrappable& model, const parallel::DeviceMesh& mesh, std::string field);
-
-  // The executor of the strategy that orders the micro-batches, or the sequential one.
-  MicroBatchExecutor& Executor();
 
   // This rank's parts of the parameters that require a gradient (`trainable`) or of the
   // others, as the strategies left them.

@@ -1,6 +1,7 @@
 #include "wrap/pp/pipeline.h"
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <utility>
 
@@ -79,8 +80,11 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
   Executor(Wrappable& model, parallel::Communicator& group, torch::Device device, ScheduleKind kind)
       : model_(model), group_(group), device_(device), kind_(kind) {}
 
+  double last_wait_seconds() const override { return wait_seconds_; }
+
   absl::Status Train(int num_micro, const MicroBatchForward& forward,
                      const std::function<void(bool)>& sync_gradients) override {
+    wait_seconds_ = 0.0;
     PLAIT_ASSIGN_OR_RETURN(const std::vector<Action>* actions, Actions(num_micro));
     // The rank's last backward of its weights synchronises the step's gradients.
     int last_weight_backward = -1;
@@ -108,6 +112,7 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
   }
 
   absl::Status Evaluate(int num_micro, const MicroBatchForward& forward) override {
+    wait_seconds_ = 0.0;
     MicroBatches state(num_micro);
     absl::Status status;
     for (int micro = 0; micro < num_micro && status.ok(); ++micro) {
@@ -148,6 +153,15 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
     return &it->second.ranks[group_.rank()];
   }
 
+  // Waits for a receive, counting the time in last_wait_seconds().
+  absl::Status Wait(const std::shared_ptr<parallel::Work>& receive) {
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status status = receive->Wait();
+    wait_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return status;
+  }
+
   void Send(torch::Tensor tensor, int peer, MicroBatches& state) {
     tensor = tensor.detach().contiguous();
     state.sends.emplace_back(group_.Send(tensor, peer), tensor);
@@ -156,13 +170,13 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
   absl::StatusOr<torch::Tensor> ReceiveActivation(int peer) {
     torch::Tensor header =
         torch::empty({kHeaderLength}, torch::TensorOptions(torch::kInt64).device(device_));
-    PLAIT_RETURN_IF_ERROR(group_.Receive(header, peer)->Wait());
+    PLAIT_RETURN_IF_ERROR(Wait(group_.Receive(header, peer)));
     header = header.cpu();
     const auto values = header.accessor<int64_t, 1>();
     std::vector<int64_t> sizes(values.data() + 2, values.data() + 2 + values[1]);
     torch::Tensor tensor = torch::empty(
         sizes, torch::TensorOptions(static_cast<torch::ScalarType>(values[0])).device(device_));
-    PLAIT_RETURN_IF_ERROR(group_.Receive(tensor, peer)->Wait());
+    PLAIT_RETURN_IF_ERROR(Wait(group_.Receive(tensor, peer)));
     return tensor;
   }
 
@@ -206,7 +220,7 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
       case ActionType::kReceiveGradient: {
         // Contiguous, as the sender's: the output itself may be a strided view.
         torch::Tensor gradient = torch::empty(state.outputs[m].sizes(), state.outputs[m].options());
-        PLAIT_RETURN_IF_ERROR(group_.Receive(gradient, next)->Wait());
+        PLAIT_RETURN_IF_ERROR(Wait(group_.Receive(gradient, next)));
         state.output_gradients[m] = gradient;
         return absl::OkStatus();
       }
@@ -251,6 +265,7 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
   const torch::Device device_;
   const ScheduleKind kind_;
   std::map<int, PipelineSchedule> schedules_;  // by micro-batches per step
+  double wait_seconds_ = 0.0;
 };
 
 PipelineStrategy::PipelineStrategy(PipelineConfig config) : config_(std::move(config)) {}
