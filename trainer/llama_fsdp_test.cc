@@ -1,7 +1,8 @@
 // End to end: //trainer:llama_fsdp's compiled-in plan, shortened to 3 steps, run as 2 rank
 // processes through parallel::Launch (as //tools:launch and torchrun start it), and its
 // metrics file checked; the same job on a token file truncated under it, which stops with an
-// error naming the file; and one whose rank 1 stops, which rank 0 names.
+// error naming the file; and one whose rank 1 stops, which rank 0 names (and the same for
+// //trainer:llama_pp, mid-schedule).
 #include <signal.h>
 #include <unistd.h>
 
@@ -142,9 +143,10 @@ TEST(LlamaFsdpTest, ATokenFileTruncatedDuringTheRunStopsItWithANamedError) {
   EXPECT_THAT(output, ::testing::Not(HasSubstr("done:")));
 }
 
-// A rank that stops (SIGSTOP) mid-run is found within the plan's collective timeout: the
-// other rank's collective fails, and its error names the rank that did not answer.
-TEST(LlamaFsdpTest, ARankThatStopsIsNamedAfterTheCollectiveTimeout) {
+// Runs `job` on 2 ranks, stops rank 1 (SIGSTOP) once rank 0 logged a step, and expects rank
+// 0 to name it within the collective timeout, in the error of the operation `waiting_in`.
+void ExpectAStoppedRankNamed(const std::string& job, const std::string& waiting_in) {
+  SCOPED_TRACE(job);
   absl::Mutex mutex;
   std::string output;
   pid_t stopped = -1;
@@ -160,7 +162,7 @@ TEST(LlamaFsdpTest, ARankThatStopsIsNamedAfterTheCollectiveTimeout) {
   parallel::LaunchOptions options;
   options.num_ranks = 2;
   options.grace_period = absl::Seconds(1);  // a stopped rank ignores SIGTERM until SIGKILL
-  options.command = {LlamaFsdp(), "--set=training.steps=1000", "--set=training.log_every=1",
+  options.command = {job, "--set=training.steps=1000", "--set=training.log_every=1",
                      "--set=training.metrics_file=", "--set=mesh.collective_timeout_seconds=2"};
   options.stdout_sink = sink;
   options.stderr_sink = sink;
@@ -168,8 +170,19 @@ TEST(LlamaFsdpTest, ARankThatStopsIsNamedAfterTheCollectiveTimeout) {
   ASSERT_THAT(result, IsOk());
   ASSERT_GT(stopped, 0) << output;
   ASSERT_FALSE(result->ok()) << output;
+  EXPECT_THAT(output, HasSubstr(waiting_in));
   EXPECT_THAT(output, HasSubstr("rank 1 of 2 did not answer within 4s: stopped, hung or dead"));
   EXPECT_THAT(output, ::testing::Not(HasSubstr("done:")));
+}
+
+// A rank that stops (SIGSTOP) mid-run is found within the plan's collective timeout: the
+// other rank's collective fails, and its error names the rank that did not answer. The same
+// for the job //trainer:llama_pp, whose rank 0 then waits for rank 1's gradients in the
+// middle of the pipeline's schedule.
+TEST(LlamaFsdpTest, ARankThatStopsIsNamedAfterTheCollectiveTimeout) {
+  ExpectAStoppedRankNamed(LlamaFsdp(), "on group 'dp'");
+  ExpectAStoppedRankNamed(absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/llama_pp"),
+                          "receive from rank 1 on group 'pp'");
 }
 
 }  // namespace
