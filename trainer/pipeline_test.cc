@@ -99,8 +99,17 @@ const SavedRun& OneProcess(const std::string& preset = "tiny") {
   return runs->at(preset);
 }
 
+// `layout`'s run, trained once per test process under `name`.
+const SavedRun& Trained(const Layout& layout, const std::string& name) {
+  static auto* runs = new std::map<std::string, SavedRun>();
+  if (runs->count(name) == 0) {
+    (*runs)[name] = TrainAndSave(TrainingPlan(layout), layout.ranks(), name);
+  }
+  return runs->at(name);
+}
+
 void ExpectOneProcessRun(const Layout& layout, const std::string& name) {
-  const SavedRun run = TrainAndSave(TrainingPlan(layout), layout.ranks(), name);
+  const SavedRun& run = Trained(layout, name);
   const SavedRun& expected = OneProcess(layout.preset);
   ASSERT_EQ(run.report.steps.size(), expected.report.steps.size()) << name;
   ExpectSameSteps(run.report, expected.report, name);
@@ -148,6 +157,27 @@ TEST(PipelineTest, OneFOneBOnTwoRanksEqualsOneProcess) {
 
 TEST(PipelineTest, ZeroBubbleOnTwoRanksEqualsOneProcess) {
   ExpectOneProcessRun({.pp = 2, .schedule = "ZB_H1"}, "pp 2 ZB_H1");
+}
+
+// GPIPE and 1F1B run the same operations on the same tensors, each stage's gradients
+// accumulated over the micro-batches in the same order: the same bits. ZB_H1 computes each
+// micro-batch's input and weight gradients in two passes over its graph, with the same
+// products, and accumulates the weights' in the same order: the same bits too.
+TEST(PipelineTest, TheSchedulesGiveTheSameBits) {
+  const SavedRun& gpipe = Trained({.pp = 2, .schedule = "GPIPE"}, "pp 2 GPIPE");
+  for (const auto& [schedule, name] :
+       {std::pair<std::string, std::string>{"1F1B", "pp 2 1F1B"}, {"ZB_H1", "pp 2 ZB_H1"}}) {
+    const SavedRun& run = Trained({.pp = 2, .schedule = schedule}, name);
+    ASSERT_EQ(run.report.steps.size(), gpipe.report.steps.size());
+    for (size_t i = 0; i < gpipe.report.steps.size(); ++i) {
+      EXPECT_EQ(run.report.steps[i].loss, gpipe.report.steps[i].loss) << name << " step " << i;
+      EXPECT_EQ(run.report.steps[i].grad_norm, gpipe.report.steps[i].grad_norm)
+          << name << " step " << i;
+    }
+    for (const auto& [parameter, value] : gpipe.parameters) {
+      EXPECT_TRUE(run.parameters.at(parameter).equal(value)) << name << " " << parameter;
+    }
+  }
 }
 
 TEST(PipelineTest, OneFOneBOnFourRanksEqualsOneProcess) {
