@@ -270,14 +270,14 @@ TEST(PipelineTest, InvalidPlansNameTheField) {
   three_stages.mutable_mesh()->mutable_dims(0)->set_size(3);
   EXPECT_THAT(problems(three_stages, 3),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("plan.prepare[0].pipeline.stage_starts is empty, and the 4 "
+                       HasSubstr("plan.prepare[0].pipeline.stage_starts: is empty, and the 4 "
                                  "blocks do not divide into 3 equal stages")));
 
   plan::Plan empty_stage = TrainingPlan({.pp = 2, .stage_starts = {4}});
   EXPECT_THAT(
       problems(empty_stage, 2),
       StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("plan.prepare[0].pipeline.stage_starts = [4] leaves stage 1 empty")));
+               HasSubstr("plan.prepare[0].pipeline.stage_starts: [4] leaves stage 1 empty")));
 
   plan::Plan interleaved = TrainingPlan({.pp = 2, .schedule = "INTERLEAVED_1F1B"});
   EXPECT_THAT(problems(interleaved, 2),

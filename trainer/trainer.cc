@@ -167,9 +167,9 @@ class TrainingRun {
   // The objective's start (Objective::Start), offered the batches the run will read.
   absl::Status StartObjective();
 
-  // Optimizer step `step` (0-based): micro-batches with gradient accumulation (no-sync on
-  // all but the last), each weighted by its share of the step's scored items, the update at
-  // the scheduled rate, and the evaluation when it is due.
+  // Optimizer step `step` (0-based): micro-batches with gradient accumulation, run by the
+  // preparation's executor (Preparation::TrainMicroBatches), each weighted by its share of the
+  // step's scored items, the update at the scheduled rate, and the evaluation when it is due.
   absl::StatusOr<metrics::StepMetrics> Step(int64_t step);
 
   // The forward of micro-batch i of `batches` on the trained model (wrap::MicroBatchForward):

@@ -1,8 +1,10 @@
 // The training loop of a resolved plan (plan/resolved_plan.h), on one rank of its mesh:
 // prepares the model (and any frozen models) in the plan's order, builds the optimizer from
 // the prepared model, starts the objective (Objective::Start: DPO's reference
-// precomputation), then runs the steps: micro-batches with gradient accumulation (DDP's
-// no-sync scope on all but the last), each micro-batch's loss weighted by its share of the
+// precomputation), then runs the steps: micro-batches with gradient accumulation, run by the
+// preparation's executor (wrap/micro_batch_executor.h: one after another, or a pipeline's
+// schedule over its stages, the last computing the loss; gradients synchronised in the last
+// backward), each micro-batch's loss weighted by its share of the
 // step's scored items (tokens for causal LM and SFT, pairs for DPO) over all micro-batches
 // and data-parallel ranks, so the step's loss is the mean over every item of the step as in
 // one process (objectives/step_items.h), clipping and the update at the scheduled learning

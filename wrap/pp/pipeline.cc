@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "base/human.h"
 #include "base/status.h"
+#include "base/violation.h"
 #include "torch/autograd.h"
 
 namespace plait::wrap::pp {
@@ -31,46 +33,68 @@ absl::Status InMicroBatch(absl::Status status, const Action& action) {
                                                         " of stage ", action.stage));
 }
 
+// The stages of StageBlocks, or the problem with `config`'s cut (under `field`).
+struct Cut {
+  std::vector<std::pair<int64_t, int64_t>> stages;
+  std::optional<base::Violation> problem;
+};
+
+Cut CutBlocks(const PipelineConfig& config, int64_t num_blocks, int num_stages,
+              const std::string& field) {
+  const std::string starts_field = absl::StrCat(field, ".stage_starts");
+  if (num_stages > num_blocks) {
+    return {{},
+            base::Violation{field, absl::StrCat(num_stages,
+                                                " stages need at least as many blocks; the model "
+                                                "has ",
+                                                num_blocks)}};
+  }
+  std::vector<int64_t> starts(config.stage_starts().begin(), config.stage_starts().end());
+  if (starts.empty()) {
+    if (num_blocks % num_stages != 0) {
+      return {{},
+              base::Violation{starts_field,
+                              absl::StrCat("is empty, and the ", num_blocks,
+                                           " blocks do not divide into ", num_stages,
+                                           " equal stages; give the first block of each stage "
+                                           "after the first")}};
+    }
+    for (int s = 1; s < num_stages; ++s) starts.push_back(s * num_blocks / num_stages);
+  }
+  if (static_cast<int>(starts.size()) != num_stages - 1) {
+    return {
+        {},
+        base::Violation{starts_field, absl::StrCat("has ", starts.size(), " entries; ", num_stages,
+                                                   " stages need ", num_stages - 1)}};
+  }
+  starts.insert(starts.begin(), 0);
+  starts.push_back(num_blocks);
+  Cut cut;
+  for (int s = 0; s < num_stages; ++s) {
+    if (starts[s + 1] <= starts[s]) {
+      return {
+          {},
+          base::Violation{
+              starts_field,
+              absl::StrCat("[", absl::StrJoin(config.stage_starts(), ", "), "] leaves stage ", s,
+                           " empty: the starts must increase from above 0 to below the "
+                           "model's ",
+                           num_blocks, " blocks")}};
+    }
+    cut.stages.emplace_back(starts[s], starts[s + 1]);
+  }
+  return cut;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> StageBlocks(const PipelineConfig& config,
                                                                      int64_t num_blocks,
                                                                      int num_stages,
                                                                      const std::string& field) {
-  const std::string starts_field = absl::StrCat(field, ".stage_starts");
-  if (num_stages > num_blocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", num_stages,
-                     " stages need at least as many blocks; the model has ", num_blocks));
-  }
-  std::vector<int64_t> starts(config.stage_starts().begin(), config.stage_starts().end());
-  if (starts.empty()) {
-    if (num_blocks % num_stages != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          starts_field, " is empty, and the ", num_blocks, " blocks do not divide into ",
-          num_stages, " equal stages; give the first block of each stage after the first"));
-    }
-    for (int s = 1; s < num_stages; ++s) starts.push_back(s * num_blocks / num_stages);
-  }
-  if (static_cast<int>(starts.size()) != num_stages - 1) {
-    return absl::InvalidArgumentError(absl::StrCat(starts_field, " has ", starts.size(),
-                                                   " entries; ", num_stages, " stages need ",
-                                                   num_stages - 1));
-  }
-  starts.insert(starts.begin(), 0);
-  starts.push_back(num_blocks);
-  std::vector<std::pair<int64_t, int64_t>> stages;
-  for (int s = 0; s < num_stages; ++s) {
-    if (starts[s + 1] <= starts[s]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          starts_field, " = [", absl::StrJoin(config.stage_starts(), ", "), "] leaves stage ", s,
-          " empty: the starts must increase from above 0 to "
-          "below the model's ",
-          num_blocks, " blocks"));
-    }
-    stages.emplace_back(starts[s], starts[s + 1]);
-  }
-  return stages;
+  Cut cut = CutBlocks(config, num_blocks, num_stages, field);
+  if (cut.problem.has_value()) return absl::InvalidArgumentError(cut.problem->ToString());
+  return std::move(cut.stages);
 }
 
 // Runs the rank's list of a schedule for each step, keeping per micro-batch the stage's input
@@ -180,13 +204,19 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
     return tensor;
   }
 
-  void SendActivation(const torch::Tensor& tensor, int peer, MicroBatches& state) {
+  absl::Status SendActivation(const torch::Tensor& tensor, int peer, MicroBatches& state) {
+    if (tensor.dim() > kMaxDims) {
+      return absl::InvalidArgumentError(absl::StrCat("the stage's output has ", tensor.dim(),
+                                                     " dimensions; a pipeline sends at most ",
+                                                     kMaxDims));
+    }
     torch::Tensor header = torch::zeros({kHeaderLength}, torch::kInt64);
     header[0] = static_cast<int64_t>(tensor.scalar_type());
     header[1] = tensor.dim();
     for (int64_t d = 0; d < tensor.dim(); ++d) header[2 + d] = tensor.size(d);
     Send(header.to(device_), peer, state);
     Send(tensor, peer, state);
+    return absl::OkStatus();
   }
 
   // The trainable tensors of the stage, the leaves a zero-bubble weight backward computes.
@@ -214,7 +244,7 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
         return absl::OkStatus();
       }
       case ActionType::kSendActivation:
-        SendActivation(state.outputs[m], next, state);
+        PLAIT_RETURN_IF_ERROR(SendActivation(state.outputs[m], next, state));
         if (!torch::GradMode::is_enabled()) state.outputs[m] = torch::Tensor();
         return absl::OkStatus();
       case ActionType::kReceiveGradient: {
@@ -289,12 +319,8 @@ std::vector<base::Violation> PipelineStrategy::Check(const std::optional<ModelSh
   if (!shape.has_value()) return problems;
   const int stages = DimSize(mesh, config_.mesh_dim());
   if (stages < 1) return problems;  // the rules report the missing dimension
-  if (const auto blocks = StageBlocks(config_, shape->num_blocks, stages, step_field);
-      !blocks.ok()) {
-    const std::string message(blocks.status().message());
-    const std::vector<std::string> parts = absl::StrSplit(message, absl::MaxSplits(": ", 1));
-    problems.push_back({parts[0], parts.size() > 1 ? parts[1] : message});
-  }
+  Cut cut = CutBlocks(config_, shape->num_blocks, stages, step_field);
+  if (cut.problem.has_value()) problems.push_back(*std::move(cut.problem));
   return problems;
 }
 
