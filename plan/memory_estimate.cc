@@ -73,6 +73,11 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
     const wrap::StepEstimate& step_estimate =
         estimate.steps.emplace_back(strategy->Estimate(seen, mesh));
     estimate.activation_bytes_saved += step_estimate.activation_bytes_saved;
+    if (step_estimate.kept_activations.has_value()) {
+      // The steps after it (activation checkpointing) see the blocks a rank keeps.
+      estimate.kept_activations = step_estimate.kept_activations;
+      seen.num_blocks = step_estimate.kept_activations->blocks;
+    }
     estimate.gathered_bytes = std::max(estimate.gathered_bytes, step_estimate.gathered_bytes);
     // A step counts what it adds whole (from the model's parameter list); on a rank it is
     // the share the steps before it leave, and the steps after it split it further.
@@ -120,6 +125,10 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   shape.parameter_bytes = element_bytes;
   shape.block_activation_bytes = models::BlockActivationBytes(
       config, training.micro_batch(), training.seq_len(), dtype, device_type, tp, kernels);
+  shape.output_activation_bytes =
+      models::ActivationBytes(config, training.micro_batch(), training.seq_len(), dtype,
+                              device_type, tp, kernels) -
+      shape.block_activation_bytes * static_cast<double>(config.num_hidden_layers());
   // A block's input is [tokens, hidden], this rank's slice of the sequence under sequence
   // parallelism.
   shape.block_input_bytes = shape.micro_batch_tokens / (tp.sequence_parallel ? tp.size : 1) *
@@ -192,10 +201,15 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
       trained * kBytesPerFloat * (estimate.optimizer_slots + (estimate.fp32_masters ? 1 : 0));
   estimate.gradient_bytes = trained * gradient_element;
   estimate.gradient_buffer_bytes = estimate.gradient_bytes * gradient_copies;
+  const std::optional<wrap::StepEstimate::KeptActivations>& kept =
+      estimate.preparation.kept_activations;
+  estimate.gradients_beside_activations =
+      kept.has_value() ? kept->after_a_backward : resolved.grad_accumulation > 1;
   estimate.activation_bytes =
-      models::ActivationBytes(resolved.model, plan.training().micro_batch(),
-                              plan.training().seq_len(), DtypeOf(plan.model()),
-                              DeviceTypeOf(plan.device()), {split.ranks, split.sequence}, kernels) -
+      (kept.has_value() ? static_cast<double>(kept->blocks) * shape.block_activation_bytes +
+                              static_cast<double>(kept->outputs) * shape.output_activation_bytes
+                        : static_cast<double>(shape.num_blocks) * shape.block_activation_bytes +
+                              shape.output_activation_bytes) -
       estimate.preparation.activation_bytes_saved;
   estimate.block_activation_bytes = shape.block_activation_bytes;
   if (resolved.model.tie_word_embeddings()) {

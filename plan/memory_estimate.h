@@ -40,6 +40,9 @@ struct PreparationEstimate {
   double parameter_fraction = 1.0;
   double gathered_bytes = 0.0;
   double activation_bytes_saved = 0.0;
+  // The activations of the rank that keeps the most, when a step changed them (a pipeline's
+  // stage: wrap::StepEstimate::kept_activations); nullopt: one micro-batch of the whole model.
+  std::optional<wrap::StepEstimate::KeptActivations> kept_activations;
   double added_parameters = 0.0;
   // Those the optimizer trains, whole, when a step changed which (nullopt: all of them).
   std::optional<std::vector<wrap::ModelShape::Parameter>> trainable_parameters;
@@ -68,6 +71,10 @@ struct MemoryEstimate {
   double gradient_bytes = 0;
   double activation_bytes = 0;
   double block_activation_bytes = 0;
+  // Whether the gradients are held while the activations are at their peak: a step of several
+  // micro-batches runs the later ones' forward and backward beside the earlier ones' gradients
+  // (and a pipeline's 1F1B its micro-batches in flight after its first backward).
+  bool gradients_beside_activations = false;
   // A tied embedding's weight gets two gradients, the output projection's and the lookup's,
   // which autograd holds together with their sum when the backward ends: two [vocab, hidden]
   // tensors (this rank's rows under tensor parallelism) beyond the weight's gradient. With
@@ -81,12 +88,12 @@ struct MemoryEstimate {
     return parameter_bytes + optimizer_state_bytes + gradient_buffer_bytes + frozen_bytes;
   }
   // What a step adds at its peak: the gathered units, and the activations when its backward
-  // starts or the gradients with one block's activations (and a tied embedding's gradients)
-  // when it ends, whichever is larger (a backward frees a block's activations as it makes that
-  // block's gradients).
+  // starts (with the gradients, when they are held then) or the gradients with one block's
+  // activations (and a tied embedding's gradients) when it ends, whichever is larger (a
+  // backward frees a block's activations as it makes that block's gradients).
   double step_bytes() const {
     return preparation.gathered_bytes +
-           std::max(activation_bytes,
+           std::max(activation_bytes + (gradients_beside_activations ? gradient_bytes : 0.0),
                     gradient_bytes + block_activation_bytes + tied_embedding_gradient_bytes);
   }
   double total_bytes() const { return between_steps_bytes() + step_bytes(); }

@@ -106,6 +106,17 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
       Checkpointed(sp, "llama_tp_sp_selective", wrap::ActivationCheckpointingConfig::SELECTIVE));
   const MemoryCheckPlan two_d{"llama_2d", Shortened(LoadShippedPlan("llama_2d")), 4};
   plans.push_back(two_d);
+  // Gradient accumulation: the second micro-batch's activations beside the first one's
+  // gradients.
+  MemoryCheckPlan accumulating = fsdp;
+  accumulating.name = "llama_fsdp_2_micro_batches";
+  for (const char* override : {"training.micro_batch=4", "training.grad_accumulation=2"}) {
+    EXPECT_THAT(plan::ApplyOverride(override, accumulating.plan), IsOk());
+  }
+  plans.push_back(accumulating);
+  // A pipeline of 2 stages and 4 micro-batches a step, 1F1B: the first stage holds 2 of them
+  // in flight, the last 1 with its logits, both beside their gradients.
+  plans.push_back({"llama_pp", Shortened(LoadShippedPlan("llama_pp")), 2});
   // A real shape: Qwen2.5-0.5B's widths and its 151,936-token vocabulary (tied embeddings),
   // 2 of its 24 layers, one sequence of 512 tokens in fp32, where the embeddings, the
   // logits and their gradient outweigh the blocks.

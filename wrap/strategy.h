@@ -73,6 +73,9 @@ struct ModelShape {
   // activation checkpointing), of its input, and of the outputs of its projections (its
   // matmuls: q/k/v/o, gate/up/down), on one rank: tensor parallelism's share of them.
   double block_activation_bytes = 0;
+  // Bytes of the activations outside the blocks in one micro-batch, on one rank: the final
+  // norm's and the loss's (the logits and their gradient), the output layers'.
+  double output_activation_bytes = 0;
   double block_input_bytes = 0;
   double block_projection_output_bytes = 0;
   // What tensor parallelism's gradient reductions carry: the key/value head count, one
@@ -144,6 +147,19 @@ struct StepEstimate {
   // Activation bytes of a micro-batch it saves at the peak of a step, by keeping less of the
   // forward for the backward (activation checkpointing).
   double activation_bytes_saved = 0.0;
+  // What the rank that keeps the most activations holds at the peak of a step, when the
+  // strategy changes it (a pipeline: a stage's blocks, for each micro-batch it holds in
+  // flight): blocks' activations of one micro-batch, counted in blocks, and the micro-batches
+  // whose output layers' activations it holds (0 but on the last stage). nullopt: every block
+  // of one micro-batch, and its output layers. The steps after it see `blocks` as the model's
+  // num_blocks.
+  struct KeptActivations {
+    int64_t blocks = 0;
+    int64_t outputs = 0;
+    // Whether the rank computed a backward, and so holds gradients, before that peak.
+    bool after_a_backward = false;
+  };
+  std::optional<KeptActivations> kept_activations;
   // Bytes per element of the parameters a rank keeps (those the optimizer trains) and of
   // their gradients, where the strategy stores them in a dtype of its own (FSDP: fp32 shards,
   // gradients in reduce_dtype); 0: the model's dtype.

@@ -33,6 +33,23 @@ absl::Status InMicroBatch(absl::Status status, const Action& action) {
                                                         " of stage ", action.stage));
 }
 
+// Whether the rank whose list is `actions` holds `peak` micro-batches' activations at some
+// point after a backward: its gradients then exist beside them (1F1B's steady state), rather
+// than only before its first backward (GPIPE).
+bool BackwardBeforePeak(const std::vector<Action>& actions, int peak) {
+  int held = 0;
+  bool backward = false;
+  for (const Action& action : actions) {
+    if (action.type == ActionType::kForward) {
+      if (++held == peak && backward) return true;
+    } else if (action.type == ActionType::kBackward || action.type == ActionType::kBackwardInput) {
+      --held;
+      backward = true;
+    }
+  }
+  return false;
+}
+
 // The stages of StageBlocks, or the problem with `config`'s cut (under `field`).
 struct Cut {
   std::vector<std::pair<int64_t, int64_t>> stages;
@@ -365,6 +382,23 @@ StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
       bubble =
           absl::StrFormat(", bubble %.1f%% (equal stages), micro-batches in flight per rank %s",
                           100.0 * run->bubble_fraction, absl::StrJoin(in_flight, "/"));
+      // The rank that keeps the most activations: its stage's blocks for each micro-batch in
+      // flight (zero-bubble: with those whose weight gradients wait, which keep their graph,
+      // counted as if both peaks met), and the output layers' too on the last stage.
+      double most_bytes = -1.0;
+      for (int r = 0; r < stages; ++r) {
+        const RankTimeline& rank = run->ranks[r];
+        const int64_t held = rank.peak_activations + rank.peak_pending_weight_gradients;
+        const int64_t blocks_held = ((*blocks)[r].second - (*blocks)[r].first) * held;
+        const int64_t outputs = r + 1 == stages ? held : 0;
+        const double bytes = static_cast<double>(blocks_held) * shape.block_activation_bytes +
+                             static_cast<double>(outputs) * shape.output_activation_bytes;
+        if (bytes > most_bytes) {
+          most_bytes = bytes;
+          estimate.kept_activations = StepEstimate::KeptActivations{
+              blocks_held, outputs, BackwardBeforePeak(schedule->ranks[r], rank.peak_activations)};
+        }
+      }
     }
     for (const absl::string_view line : absl::StrSplit(FormatScheduleTable(*schedule), '\n')) {
       if (!line.empty()) estimate.details.emplace_back(line);
