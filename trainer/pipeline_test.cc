@@ -58,30 +58,27 @@ plan::Plan TrainingPlan(const Layout& layout) {
   plan.mutable_model()->set_preset(layout.preset);
   plan.clear_mesh();
   plan.clear_prepare();
+  // A mesh dimension and the step on it, in the rules' order.
+  const auto add_step = [&plan](const std::string& dim, int size) -> wrap::PrepareStep& {
+    parallel::MeshConfig::Dimension& added = *plan.mutable_mesh()->add_dims();
+    added.set_name(dim);
+    added.set_size(size);
+    return *plan.add_prepare();
+  };
   if (layout.pp > 1) {
-    parallel::MeshConfig::Dimension* dim = plan.mutable_mesh()->add_dims();
-    dim->set_name("pp");
-    dim->set_size(layout.pp);
-    wrap::PipelineConfig& pipeline = *plan.add_prepare()->mutable_pipeline();
+    wrap::PipelineConfig& pipeline = *add_step("pp", layout.pp).mutable_pipeline();
     pipeline.set_mesh_dim("pp");
     pipeline.set_schedule(layout.schedule);
     for (const int64_t start : layout.stage_starts) pipeline.add_stage_starts(start);
   }
   if (layout.tp > 1) {
-    parallel::MeshConfig::Dimension* dim = plan.mutable_mesh()->add_dims();
-    dim->set_name("tp");
-    dim->set_size(layout.tp);
-    wrap::TensorParallelConfig& tp = *plan.add_prepare()->mutable_tensor_parallel();
+    wrap::TensorParallelConfig& tp = *add_step("tp", layout.tp).mutable_tensor_parallel();
     tp.set_mesh_dim("tp");
     tp.set_sequence_parallel(layout.sequence_parallel);
   }
-  if (!layout.data_parallel.empty()) {
-    parallel::MeshConfig::Dimension* dim = plan.mutable_mesh()->add_dims();
-    dim->set_name("dp");
-    dim->set_size(layout.dp);
-    wrap::PrepareStep& step = *plan.add_prepare();
-    if (layout.data_parallel == "ddp") step.mutable_ddp()->set_mesh_dim("dp");
-    if (layout.data_parallel == "fsdp") step.mutable_fsdp()->set_mesh_dim("dp");
+  if (layout.data_parallel == "ddp") add_step("dp", layout.dp).mutable_ddp()->set_mesh_dim("dp");
+  if (layout.data_parallel == "fsdp") {
+    add_step("dp", layout.dp).mutable_fsdp()->set_mesh_dim("dp");
   }
   plan::TrainingConfig& training = *plan.mutable_training();
   training.set_global_batch(kGlobalBatch);
