@@ -220,9 +220,10 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
                          ? 0
                          : mesh->SubgridRankAndSize(preparation->DataParallelDims()).value().first);
   const torch::Tensor tokens = torch::randint(4096, {batch, kSeqLen + 1});
-  // A pipeline's step: one sequence a micro-batch, through the schedule.
+  // The timed steps' forward and backward passes, and a pipeline's waits in them.
   double passes_seconds = 0.0;
   double wait_seconds = 0.0;
+  // A pipeline's micro-batch: one sequence, through the schedule.
   const MicroBatchForward forward =
       [&](int micro, const torch::Tensor& input) -> absl::StatusOr<torch::Tensor> {
     const torch::Tensor sequence = tokens.narrow(0, micro, 1);
@@ -231,16 +232,20 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     return model->Loss(sequence.narrow(1, 0, kSeqLen), sequence.narrow(1, 1, kSeqLen)) /
            static_cast<double>(batch);
   };
-  auto step = [&] {
+  // A step's forward and backward passes: a pipeline's micro-batches, or the whole batch.
+  auto passes = [&] {
     if (Pipeline(mode)) {
-      const auto start = std::chrono::steady_clock::now();
       preparation->TrainMicroBatches(static_cast<int>(batch), forward).IgnoreError();
-      passes_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      wait_seconds += preparation->Executor().last_wait_seconds();
     } else {
       model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
     }
+  };
+  auto step = [&] {
+    const auto start = std::chrono::steady_clock::now();
+    passes();
+    passes_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (Pipeline(mode)) wait_seconds += preparation->Executor().last_wait_seconds();
     optimizer->Step(1e-4).value();
     optimizer->ZeroGrad();
   };
@@ -270,15 +275,11 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   m.process_cpu_seconds_per_step = (ProcessCpuSeconds() - cpu_start) / kTimedSteps;
   m.step_seconds = benchmarks::Median(step_seconds);
   m.bytes_sent_per_step = (bytes_sent() - sent_before) / kTimedSteps;
-  if (passes_seconds > 0) m.wait_fraction = wait_seconds / passes_seconds;
+  m.wait_fraction = wait_seconds / passes_seconds;
 
   // Persistent state: what the optimizer trains, gradients (kept after backward; DDP's are
   // views of its buckets, FSDP's are the shards'), and the optimizer's state.
-  if (Pipeline(mode)) {
-    preparation->TrainMicroBatches(static_cast<int>(batch), forward).IgnoreError();
-  } else {
-    model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
-  }
+  passes();
   for (const auto& parameter : parameters) {
     m.persistent_bytes += Bytes(parameter.tensor) + Bytes(parameter.tensor.grad());
   }

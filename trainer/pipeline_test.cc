@@ -87,15 +87,6 @@ plan::Plan TrainingPlan(const Layout& layout) {
   return plan;
 }
 
-// The run of one process of the model `preset`.
-const SavedRun& OneProcess(const std::string& preset = "tiny") {
-  static auto* runs = new std::map<std::string, SavedRun>();
-  if (runs->count(preset) == 0) {
-    (*runs)[preset] = TrainAndSave(TrainingPlan({.preset = preset}), 1, "one_process_" + preset);
-  }
-  return runs->at(preset);
-}
-
 // `layout`'s run, trained once per test process under `name`.
 const SavedRun& Trained(const Layout& layout, const std::string& name) {
   static auto* runs = new std::map<std::string, SavedRun>();
@@ -103,6 +94,11 @@ const SavedRun& Trained(const Layout& layout, const std::string& name) {
     (*runs)[name] = TrainAndSave(TrainingPlan(layout), layout.ranks(), name);
   }
   return runs->at(name);
+}
+
+// The run of one process of the model `preset`.
+const SavedRun& OneProcess(const std::string& preset = "tiny") {
+  return Trained({.preset = preset}, "one_process_" + preset);
 }
 
 void ExpectOneProcessRun(const Layout& layout, const std::string& name) {

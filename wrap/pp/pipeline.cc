@@ -144,12 +144,7 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
       }
       status = InMicroBatch(Run(action, forward, state), action);
     }
-    // The sends still under way hold their tensors until they are done.
-    for (const auto& [work, tensor] : state.sends) {
-      const absl::Status sent = work->Wait();
-      if (status.ok()) status = sent;
-    }
-    return status;
+    return FinishSends(state, std::move(status));
   }
 
   absl::Status Evaluate(int num_micro, const MicroBatchForward& forward) override {
@@ -167,11 +162,7 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
         if (!status.ok()) break;
       }
     }
-    for (const auto& [work, tensor] : state.sends) {
-      const absl::Status sent = work->Wait();
-      if (status.ok()) status = sent;
-    }
-    return status;
+    return FinishSends(state, std::move(status));
   }
 
  private:
@@ -192,6 +183,16 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
       it = schedules_.emplace(num_micro, std::move(schedule)).first;
     }
     return &it->second.ranks[group_.rank()];
+  }
+
+  // Waits for the sends still under way, which hold their tensors until they are done; the
+  // first error of `status` (the passes') and theirs.
+  static absl::Status FinishSends(const MicroBatches& state, absl::Status status) {
+    for (const auto& [work, tensor] : state.sends) {
+      const absl::Status sent = work->Wait();
+      if (status.ok()) status = sent;
+    }
+    return status;
   }
 
   // Waits for a receive, counting the time in last_wait_seconds().
