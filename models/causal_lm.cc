@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/hash.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
@@ -280,24 +281,31 @@ Decoder::Decoder(const ModelConfig& config, const Deferred& deferred) {
   layer_list_ = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
     layers.push_back(std::make_shared<DecoderLayer>(config, deferred));
+    layer_indices.push_back(i);
     layer_list_->register_module(std::to_string(i), layers.back());
   }
   norm = register_module(
       "norm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(), deferred));
 }
 
-void Decoder::KeepStage(int64_t begin, int64_t end, bool keep_embedding, bool keep_norm) {
+void Decoder::KeepStages(const std::vector<std::pair<int64_t, int64_t>>& stages,
+                         bool keep_embedding, bool keep_norm) {
   std::vector<std::shared_ptr<DecoderLayer>> kept;
+  std::vector<int64_t> kept_indices;
   for (size_t i = 0; i < layers.size(); ++i) {
-    const int64_t index = first_layer + static_cast<int64_t>(i);
-    if (index >= begin && index < end) {
+    const int64_t index = layer_indices[i];
+    const bool in_a_stage = std::any_of(stages.begin(), stages.end(), [index](const auto& stage) {
+      return index >= stage.first && index < stage.second;
+    });
+    if (in_a_stage) {
       kept.push_back(layers[i]);
+      kept_indices.push_back(index);
     } else {
       layer_list_->unregister_module(std::to_string(index));
     }
   }
   layers = std::move(kept);
-  first_layer = std::max(first_layer, begin);
+  layer_indices = std::move(kept_indices);
   if (!keep_embedding && embed_tokens) {
     unregister_module("embed_tokens");
     embed_tokens = nullptr;
@@ -316,6 +324,7 @@ CausalLM::CausalLM(const ModelConfig& config, const torch::TensorOptions& option
         "lm_head", MakeLinear(config.hidden_size(), config.vocab_size(), false, options));
   }
   inv_freq_ = RotaryInverseFrequencies(config);
+  stages_ = {{0, config.num_hidden_layers()}};
 }
 
 absl::StatusOr<std::shared_ptr<CausalLM>> CausalLM::Create(const ModelConfig& config,
@@ -450,6 +459,8 @@ torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& po
                       : tp->Embed(tokens, model_->embed_tokens->weight);
   }
   for (size_t i = 0; i < model_->layers.size(); ++i) {
+    const int64_t index = model_->layer_indices[i];
+    if (index < StageBegin() || index >= StageEnd()) continue;  // another stage's
     const int unit = static_cast<int>(i);
     before(unit);
     if (context.checkpointing == nullptr) {
@@ -522,8 +533,7 @@ wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) co
 std::vector<wrap::Wrappable::Unit> CausalLM::Blocks() {
   std::vector<Unit> blocks;
   for (size_t i = 0; i < model_->layers.size(); ++i) {
-    blocks.push_back({absl::StrCat("model.layers.", model_->first_layer + static_cast<int64_t>(i)),
-                      model_->layers[i]});
+    blocks.push_back({absl::StrCat("model.layers.", model_->layer_indices[i]), model_->layers[i]});
   }
   return blocks;
 }
@@ -542,26 +552,53 @@ std::vector<wrap::Wrappable::NamedParameter> CausalLM::NamedParameters() {
   return all;
 }
 
-absl::Status CausalLM::KeepStage(int64_t begin, int64_t end) {
+absl::Status CausalLM::KeepStages(const std::vector<std::pair<int64_t, int64_t>>& stages) {
   const int64_t blocks = config_.num_hidden_layers();
-  if (StageBegin() != 0 || StageEnd() != blocks) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("KeepStage(", begin, ", ", end, "): the model was already cut to blocks ",
-                     StageBegin(), "..", StageEnd() - 1, "; a model is cut once"));
+  const auto named = [](const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+    return absl::StrCat("KeepStages(",
+                        absl::StrJoin(ranges, ", ",
+                                      [](std::string* out, const auto& range) {
+                                        absl::StrAppend(out, "[", range.first, ", ", range.second,
+                                                        ")");
+                                      }),
+                        ")");
+  };
+  if (stages_.size() != 1 || stages_[0] != std::make_pair(int64_t{0}, blocks)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        named(stages), ": the model was already cut to ", named(stages_), "; a model is cut once"));
   }
-  if (begin < 0 || begin >= end || end > blocks) {
-    return absl::InvalidArgumentError(absl::StrCat("KeepStage(", begin, ", ", end,
-                                                   "): a stage holds blocks [begin, end) of the ",
-                                                   blocks, ", at least one"));
+  if (stages.empty()) {
+    return absl::InvalidArgumentError("KeepStages(): a model keeps at least one stage");
   }
-  const bool output = end == blocks;
-  model_->KeepStage(begin, end,
-                    /*keep_embedding=*/begin == 0 || (output && config_.tie_word_embeddings()),
-                    /*keep_norm=*/output);
+  int64_t previous_end = 0;
+  for (const auto& [begin, end] : stages) {
+    if (begin < previous_end || begin >= end || end > blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(named(stages), ": each stage holds blocks [begin, end) of the ", blocks,
+                       ", at least one, after the stage before"));
+    }
+    previous_end = end;
+  }
+  const bool output = stages.back().second == blocks;
+  model_->KeepStages(
+      stages,
+      /*keep_embedding=*/stages.front().first == 0 || (output && config_.tie_word_embeddings()),
+      /*keep_norm=*/output);
   if (!output && lm_head_) {
     unregister_module("lm_head");
     lm_head_ = nullptr;
   }
+  stages_ = stages;
+  selected_stage_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status CausalLM::SelectStage(int index) {
+  if (index < 0 || index >= static_cast<int>(stages_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SelectStage(", index, "): the model holds ", stages_.size(), " stage(s)"));
+  }
+  selected_stage_ = index;
   return absl::OkStatus();
 }
 

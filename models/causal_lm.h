@@ -148,13 +148,14 @@ class Decoder : public torch::nn::Module {
  public:
   explicit Decoder(const ModelConfig& config, const Deferred& deferred = std::nullopt);
 
-  // Drops the layers outside [begin, end) of those held, and the embedding and the final
-  // norm unless kept; the rest keep their names ("layers.7.mlp.up_proj.weight").
-  void KeepStage(int64_t begin, int64_t end, bool keep_embedding, bool keep_norm);
+  // Drops the layers outside the [begin, end) ranges of `stages`, and the embedding and the
+  // final norm unless kept; the rest keep their names ("layers.7.mlp.up_proj.weight").
+  void KeepStages(const std::vector<std::pair<int64_t, int64_t>>& stages, bool keep_embedding,
+                  bool keep_norm);
 
   torch::nn::Embedding embed_tokens{nullptr};         // null in a stage that does not hold it
   std::vector<std::shared_ptr<DecoderLayer>> layers;  // the layers held, in order
-  int64_t first_layer = 0;                            // the model's index of layers[0]
+  std::vector<int64_t> layer_indices;                 // the model's index of each of layers
   std::shared_ptr<RmsNorm> norm;                      // null in a stage that does not hold it
 
  private:
@@ -233,7 +234,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
                               int64_t ignore_index = kIgnoreIndex,
                               const torch::Tensor& positions = {});
 
-  // Pipeline parallelism (wrap::Wrappable::KeepStage): a stage without the output layers
+  // Pipeline parallelism (wrap::Wrappable::KeepStages): a stage without the output layers
   // computes its blocks' output, [B, T, hidden], instead of logits; a stage without the
   // embedding starts from the hidden state SetStageInput gave it (the previous stage's
   // StageOutput, received), which its next Forward, StageOutput, Loss or TokenLogProbs
@@ -269,7 +270,8 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   int64_t NumHeads() const override { return config_.num_attention_heads(); }
   int64_t NumKeyValueHeads() const override { return config_.num_key_value_heads(); }
   absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) override;
-  absl::Status KeepStage(int64_t begin, int64_t end) override;
+  absl::Status KeepStages(const std::vector<std::pair<int64_t, int64_t>>& stages) override;
+  absl::Status SelectStage(int index) override;
   bool HoldsInputLayers() const override { return StageBegin() == 0; }
   bool HoldsOutputLayers() const override { return StageEnd() == config_.num_hidden_layers(); }
   void SetUnitHooks(UnitHooks hooks) override { hooks_ = std::move(hooks); }
@@ -290,11 +292,10 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   const AttentionContext& Context(int64_t seq_len, const torch::Device& device,
                                   torch::ScalarType dtype);
 
-  // The blocks [StageBegin(), StageEnd()) this model holds (all, unless KeepStage cut it).
-  int64_t StageBegin() const { return model_->first_layer; }
-  int64_t StageEnd() const {
-    return model_->first_layer + static_cast<int64_t>(model_->layers.size());
-  }
+  // The blocks [StageBegin(), StageEnd()) of the selected stage (all, unless KeepStages cut
+  // the model).
+  int64_t StageBegin() const { return stages_[selected_stage_].first; }
+  int64_t StageEnd() const { return stages_[selected_stage_].second; }
 
   // The stage's blocks over its input (the embedded tokens, or the stage input), then, when
   // `to_logits`, the final norm and the output projection.
@@ -314,6 +315,8 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   int64_t context_groups_ = -1;
   bool generic_ops_ = false;
   UnitHooks hooks_;
+  std::vector<std::pair<int64_t, int64_t>> stages_;  // the blocks of each stage held
+  int selected_stage_ = 0;
   torch::Tensor stage_input_;
 };
 

@@ -10,6 +10,7 @@
 
 #include "ATen/Parallel.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -549,109 +550,138 @@ TEST(CausalLMTest, WrappableView) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("SetLocalHeads(3, 1)")));
 }
 
-// A model cut into pipeline stages (each a deferred model keeping its blocks, given its
-// values by name) computes, stage by stage, the whole model's loss and gradients: each stage
-// runs its blocks on the hidden state the stage before handed over and hands back its
-// gradient. With tied embeddings the first and the last stage both hold the embedding, and
-// their gradients sum to the whole model's.
+// A model cut into pipeline stages (deferred models keeping their blocks, given their values
+// by name) computes, stage by stage, the whole model's loss and gradients: each stage runs its
+// blocks on the hidden state the stage before handed over and hands back its gradient. A model
+// may hold several stages (an interleaved pipeline's rank), selected in turn. With tied
+// embeddings the first and the last stage both hold the embedding, and their gradients sum to
+// the whole model's.
 TEST(CausalLMTest, PipelineStagesComputeTheWholeModel) {
+  using Stages = std::vector<std::pair<int64_t, int64_t>>;
+  struct Layout {
+    std::string name;
+    std::vector<Stages> models;        // the stages each model keeps
+    std::vector<std::string> blocks1;  // the blocks model 1 holds
+  };
+  const std::vector<Layout> layouts = {
+      {"one stage per model", {{{0, 1}}, {{1, 3}}, {{3, 4}}}, {"model.layers.1", "model.layers.2"}},
+      {"two stages per model",
+       {{{0, 1}, {2, 3}}, {{1, 2}, {3, 4}}},
+       {"model.layers.1", "model.layers.3"}},
+  };
   for (const bool tied : {false, true}) {
-    SCOPED_TRACE(tied ? "tied embeddings" : "lm_head");
-    ModelConfig config = Small("qwen2");
-    config.set_num_hidden_layers(4);
-    config.set_tie_word_embeddings(tied);
-    InitConfig init;
-    init.set_seed(3);
-    const torch::Tensor tokens = Tokens(2, 17, 97, 9);
-    torch::Tensor targets = Tokens(2, 17, 97, 10);
-    targets.index_put_({0, torch::indexing::Slice(0, 3)}, kIgnoreIndex);
-    const torch::Tensor positions = PackedPositions({{5, 1, 9, 2}, {9, 8}});
+    for (const Layout& layout : layouts) {
+      SCOPED_TRACE(absl::StrCat(tied ? "tied embeddings, " : "lm_head, ", layout.name));
+      ModelConfig config = Small("qwen2");
+      config.set_num_hidden_layers(4);
+      config.set_tie_word_embeddings(tied);
+      InitConfig init;
+      init.set_seed(3);
+      const torch::Tensor tokens = Tokens(2, 17, 97, 9);
+      torch::Tensor targets = Tokens(2, 17, 97, 10);
+      targets.index_put_({0, torch::indexing::Slice(0, 3)}, kIgnoreIndex);
+      const torch::Tensor positions = PackedPositions({{5, 1, 9, 2}, {9, 8}});
 
-    std::shared_ptr<CausalLM> whole = CausalLM::Create(config, init).value();
-    const torch::Tensor whole_loss = whole->Loss(tokens, targets, kIgnoreIndex, positions);
-    whole_loss.backward();
+      std::shared_ptr<CausalLM> whole = CausalLM::Create(config, init).value();
+      const torch::Tensor whole_loss = whole->Loss(tokens, targets, kIgnoreIndex, positions);
+      whole_loss.backward();
 
-    const std::vector<std::pair<int64_t, int64_t>> cuts = {{0, 1}, {1, 3}, {3, 4}};
-    std::vector<std::shared_ptr<CausalLM>> stages;
-    for (const auto& [begin, end] : cuts) {
-      std::shared_ptr<CausalLM> stage =
-          CausalLM::CreateDeferred(config, torch::TensorOptions()).value();
-      ASSERT_THAT(stage->KeepStage(begin, end), IsOk());
-      stage->MaterializeParameters();
-      ASSERT_THAT(stage->ResetParameters(init), IsOk());
-      stages.push_back(stage);
-    }
-    EXPECT_TRUE(stages[0]->HoldsInputLayers());
-    EXPECT_FALSE(stages[0]->HoldsOutputLayers());
-    EXPECT_FALSE(stages[1]->HoldsInputLayers());
-    EXPECT_FALSE(stages[1]->HoldsOutputLayers());
-    EXPECT_TRUE(stages[2]->HoldsOutputLayers());
-    std::vector<std::string> block_names;
-    for (const wrap::Wrappable::Unit& block : stages[1]->Blocks())
-      block_names.push_back(block.name);
-    EXPECT_THAT(block_names, ElementsAre("model.layers.1", "model.layers.2"));
-
-    // Forward stage by stage, each stage's input a leaf as a received tensor is; backward
-    // from the loss, each stage's output given the gradient its next stage's input got.
-    std::vector<torch::Tensor> outputs, inputs(stages.size());
-    torch::Tensor loss;
-    for (size_t i = 0; i < stages.size(); ++i) {
-      if (i > 0) {
-        inputs[i] = outputs[i - 1].detach().requires_grad_(true);
-        stages[i]->SetStageInput(inputs[i]);
+      std::vector<std::shared_ptr<CausalLM>> models;
+      // (model, its stage) of each stage of the whole model, in block order.
+      std::map<int64_t, std::pair<int, int>> stage_at_block;
+      for (const Stages& stages : layout.models) {
+        std::shared_ptr<CausalLM> model =
+            CausalLM::CreateDeferred(config, torch::TensorOptions()).value();
+        ASSERT_THAT(model->KeepStages(stages), IsOk());
+        model->MaterializeParameters();
+        ASSERT_THAT(model->ResetParameters(init), IsOk());
+        for (size_t i = 0; i < stages.size(); ++i) {
+          stage_at_block[stages[i].first] = {static_cast<int>(models.size()), static_cast<int>(i)};
+        }
+        models.push_back(model);
       }
-      if (i + 1 < stages.size()) {
-        outputs.push_back(stages[i]->StageOutput(tokens, positions));
-      } else {
-        loss = stages[i]->Loss(tokens, targets, kIgnoreIndex, positions);
-      }
-    }
-    loss.backward();
-    for (size_t i = outputs.size(); i-- > 0;) outputs[i].backward(inputs[i + 1].grad());
-    EXPECT_NEAR(loss.item<double>(), whole_loss.item<double>(), 1e-6);
+      std::vector<std::string> block_names;
+      for (const wrap::Wrappable::Unit& block : models[1]->Blocks())
+        block_names.push_back(block.name);
+      EXPECT_EQ(block_names, layout.blocks1);
 
-    // Every parameter is held by one stage under the whole model's name (the tied embedding
-    // by the first and the last), and its gradients sum to the whole model's.
-    std::map<std::string, torch::Tensor> gradients;
-    std::map<std::string, int> holders;
-    for (const std::shared_ptr<CausalLM>& stage : stages) {
-      for (const wrap::Wrappable::NamedParameter& item : stage->NamedParameters()) {
-        torch::Tensor& sum = gradients[item.name];
-        sum = sum.defined() ? sum + item.parameter.grad() : item.parameter.grad().clone();
-        ++holders[item.name];
+      // Forward stage by stage, each stage's input a leaf as a received tensor is; backward
+      // from the loss, each stage's output given the gradient its next stage's input got.
+      std::vector<torch::Tensor> outputs, inputs(stage_at_block.size());
+      torch::Tensor loss;
+      int stage = 0;
+      const int last = static_cast<int>(stage_at_block.size()) - 1;
+      for (const auto& [block, place] : stage_at_block) {
+        CausalLM& model = *models[place.first];
+        ASSERT_THAT(model.SelectStage(place.second), IsOk());
+        EXPECT_EQ(model.HoldsInputLayers(), stage == 0) << "stage " << stage;
+        EXPECT_EQ(model.HoldsOutputLayers(), stage == last) << "stage " << stage;
+        if (stage > 0) {
+          inputs[stage] = outputs[stage - 1].detach().requires_grad_(true);
+          model.SetStageInput(inputs[stage]);
+        }
+        if (stage < last) {
+          outputs.push_back(model.StageOutput(tokens, positions));
+        } else {
+          loss = model.Loss(tokens, targets, kIgnoreIndex, positions);
+        }
+        ++stage;
       }
-    }
-    const auto whole_parameters = whole->named_parameters();
-    ASSERT_EQ(gradients.size(), whole_parameters.size());
-    for (const auto& item : whole_parameters) {
-      ASSERT_EQ(gradients.count(item.key()), 1u) << item.key();
-      EXPECT_EQ(holders[item.key()], tied && item.key() == "model.embed_tokens.weight" ? 2 : 1)
-          << item.key();
-      EXPECT_TRUE(torch::allclose(gradients[item.key()], item.value().grad(), 1e-5, 1e-7))
-          << item.key();
+      loss.backward();
+      for (size_t i = outputs.size(); i-- > 0;) outputs[i].backward(inputs[i + 1].grad());
+      EXPECT_NEAR(loss.item<double>(), whole_loss.item<double>(), 1e-6);
+
+      // Every parameter is held by one model under the whole model's name (the tied
+      // embedding by those of the first and the last stage), and its gradients sum to the
+      // whole model's.
+      std::map<std::string, torch::Tensor> gradients;
+      std::map<std::string, int> holders;
+      for (const std::shared_ptr<CausalLM>& model : models) {
+        for (const wrap::Wrappable::NamedParameter& item : model->NamedParameters()) {
+          torch::Tensor& sum = gradients[item.name];
+          sum = sum.defined() ? sum + item.parameter.grad() : item.parameter.grad().clone();
+          ++holders[item.name];
+        }
+      }
+      const auto whole_parameters = whole->named_parameters();
+      ASSERT_EQ(gradients.size(), whole_parameters.size());
+      for (const auto& item : whole_parameters) {
+        ASSERT_EQ(gradients.count(item.key()), 1u) << item.key();
+        EXPECT_EQ(holders[item.key()], tied && item.key() == "model.embed_tokens.weight" ? 2 : 1)
+            << item.key();
+        EXPECT_TRUE(torch::allclose(gradients[item.key()], item.value().grad(), 1e-5, 1e-7))
+            << item.key();
+      }
     }
   }
 }
 
-TEST(CausalLMTest, KeepStageRefusesAnEmptyOrOutsideRangeAndASecondCut) {
-  const ModelConfig config = Small();  // 2 blocks
+TEST(CausalLMTest, KeepStagesRefusesEmptyOutsideOrUnorderedStagesAndASecondCut) {
+  ModelConfig config = Small();
+  config.set_num_hidden_layers(3);
   std::shared_ptr<CausalLM> model =
       CausalLM::CreateDeferred(config, torch::TensorOptions()).value();
-  EXPECT_THAT(model->KeepStage(1, 1), StatusIs(absl::StatusCode::kInvalidArgument,
-                                               HasSubstr("KeepStage(1, 1): a stage holds blocks "
-                                                         "[begin, end) of the 2, at least one")));
-  EXPECT_THAT(model->KeepStage(0, 3),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KeepStage(0, 3)")));
-  EXPECT_THAT(model->KeepStage(-1, 1),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KeepStage(-1, 1)")));
-  ASSERT_THAT(model->KeepStage(1, 2), IsOk());
-  EXPECT_THAT(model->KeepStage(1, 2),
+  EXPECT_THAT(model->KeepStages({{1, 1}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("KeepStages([1, 1)): each stage holds blocks [begin, end) of the "
+                                 "3, at least one, after the stage before")));
+  EXPECT_THAT(model->KeepStages({{0, 4}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KeepStages([0, 4))")));
+  EXPECT_THAT(model->KeepStages({{-1, 1}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KeepStages([-1, 1))")));
+  EXPECT_THAT(
+      model->KeepStages({{1, 2}, {0, 1}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KeepStages([1, 2), [0, 1))")));
+  EXPECT_THAT(model->KeepStages({}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("keeps at least one stage")));
+  ASSERT_THAT(model->KeepStages({{1, 2}}), IsOk());
+  EXPECT_THAT(model->KeepStages({{1, 2}}),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("the model was already cut to blocks 1..1")));
+                       HasSubstr("the model was already cut to KeepStages([1, 2))")));
+  EXPECT_THAT(model->SelectStage(1), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              "SelectStage(1): the model holds 1 stage(s)"));
   for (const wrap::Wrappable::NamedParameter& item : model->NamedParameters()) {
-    EXPECT_TRUE(absl::StartsWith(item.name, "model.layers.1.") ||
-                item.name == "model.norm.weight" || item.name == "lm_head.weight")
-        << item.name;
+    EXPECT_TRUE(absl::StartsWith(item.name, "model.layers.1.")) << item.name;
   }
 }
 

@@ -1,8 +1,9 @@
 // Pipeline parallelism trains as one process: //trainer:llama_fsdp's tiny Llama (4 blocks) for
 // 10 AdamW steps with clipping, 4 micro-batches a step, cut into stages over "pp" with each
-// schedule (GPIPE, 1F1B, ZB_H1) on 2 ranks, 1F1B on 4 ranks (a block each), uneven stages
-// (stage_starts), pp 2 x DDP 2, pp 2 x FSDP 2 and pp 2 x TP 2, and the tiny Qwen2 (its
-// embedding tied to the output projection) on pp 2 and pp 2 x FSDP 2, has the losses, gradient
+// schedule (GPIPE, 1F1B, ZB_H1, INTERLEAVED_1F1B with 2 stages per rank) on 2 ranks, 1F1B on 4
+// ranks (a block each), uneven stages (stage_starts), pp 2 x DDP 2, pp 2 x FSDP 2 (and
+// interleaved x FSDP 2) and pp 2 x TP 2, and the tiny Qwen2 (its embedding tied to the output
+// projection) on pp 2, pp 2 x FSDP 2 and interleaved pp 2, has the losses, gradient
 // norms, evaluation loss and final parameters of the run of one process that reads the same
 // batches, within 1e-5 relative, as do the shipped jobs llama_pp and llama_3d. Each rank builds and
 // its optimizer owns exactly its stage's parameters.
@@ -45,6 +46,7 @@ struct Layout {
   std::string preset = "tiny";  // "qwen2-tiny": tied embeddings, q/k/v biases
   int pp = 1;                   // 1: no pipeline
   std::string schedule = "1F1B";
+  int stages_per_rank = 1;            // more: INTERLEAVED_1F1B
   std::vector<int64_t> stage_starts;  // empty: equal stages
   std::string data_parallel;          // "ddp" or "fsdp" over "dp", after the pipeline
   int dp = 1;
@@ -69,6 +71,7 @@ plan::Plan TrainingPlan(const Layout& layout) {
     wrap::PipelineConfig& pipeline = *add_step("pp", layout.pp).mutable_pipeline();
     pipeline.set_mesh_dim("pp");
     pipeline.set_schedule(layout.schedule);
+    pipeline.set_stages_per_rank(layout.stages_per_rank);
     for (const int64_t start : layout.stage_starts) pipeline.add_stage_starts(start);
   }
   if (layout.tp > 1) {
@@ -86,6 +89,9 @@ plan::Plan TrainingPlan(const Layout& layout) {
   training.set_micro_batch(kGlobalBatch / kMicroBatches / layout.dp);
   return plan;
 }
+
+// Two ranks of two stages each, one block a stage.
+const Layout kInterleaved = {.pp = 2, .schedule = "INTERLEAVED_1F1B", .stages_per_rank = 2};
 
 // `layout`'s run, trained once per test process under `name`.
 const SavedRun& Trained(const Layout& layout, const std::string& name) {
@@ -152,10 +158,19 @@ TEST(PipelineTest, ZeroBubbleOnTwoRanksEqualsOneProcess) {
   ExpectOneProcessRun({.pp = 2, .schedule = "ZB_H1"}, "pp 2 ZB_H1");
 }
 
+// Two stages of one block on each of 2 ranks (rank 0: blocks 0 and 2), Megatron's interleaved
+// order: each rank sends the other hidden states and gradients in one ordered channel.
+TEST(PipelineTest, InterleavedOnTwoRanksEqualsOneProcess) {
+  ExpectOneProcessRun(kInterleaved, "pp 2 INTERLEAVED_1F1B x 2");
+}
+
 // GPIPE and 1F1B run the same operations on the same tensors, each stage's gradients
 // accumulated over the micro-batches in the same order: the same bits. ZB_H1 computes each
 // micro-batch's input and weight gradients in two passes over its graph, with the same
 // products, and accumulates the weights' in the same order: the same bits too.
+// INTERLEAVED_1F1B differs in the last bits (and equals one process within 1e-5, above): its
+// ranks hold other blocks (rank 0 blocks 0 and 2, not 0 and 1), so the gradient norm adds its
+// squares in other groups, and the clipped steps round differently.
 TEST(PipelineTest, TheSchedulesGiveTheSameBits) {
   const SavedRun& gpipe = Trained({.pp = 2, .schedule = "GPIPE"}, "pp 2 GPIPE");
   for (const auto& [schedule, name] :
@@ -187,6 +202,10 @@ TEST(PipelineTest, WithDdpEqualsOneProcess) {
 
 TEST(PipelineTest, WithFsdpEqualsOneProcess) {
   ExpectOneProcessRun({.pp = 2, .data_parallel = "fsdp", .dp = 2}, "pp 2 x FSDP 2");
+  Layout interleaved = kInterleaved;
+  interleaved.data_parallel = "fsdp";
+  interleaved.dp = 2;
+  ExpectOneProcessRun(interleaved, "pp 2 INTERLEAVED_1F1B x 2 x FSDP 2");
 }
 
 // Qwen2's tied embedding is held by the first and the last stage, which sum its gradients: it
@@ -195,6 +214,9 @@ TEST(PipelineTest, TiedEmbeddingsEqualOneProcess) {
   ExpectOneProcessRun({.preset = "qwen2-tiny", .pp = 2}, "qwen2 pp 2");
   ExpectOneProcessRun({.preset = "qwen2-tiny", .pp = 2, .data_parallel = "fsdp", .dp = 2},
                       "qwen2 pp 2 x FSDP 2");
+  Layout interleaved = kInterleaved;
+  interleaved.preset = "qwen2-tiny";
+  ExpectOneProcessRun(interleaved, "qwen2 pp 2 INTERLEAVED_1F1B x 2");
 }
 
 TEST(PipelineTest, WithTensorParallelismEqualsOneProcess) {
@@ -272,10 +294,41 @@ TEST(PipelineTest, InvalidPlansNameTheField) {
       StatusIs(absl::StatusCode::kInvalidArgument,
                HasSubstr("plan.prepare[0].pipeline.stage_starts: [4] leaves stage 1 empty")));
 
-  plan::Plan interleaved = TrainingPlan({.pp = 2, .schedule = "INTERLEAVED_1F1B"});
-  EXPECT_THAT(problems(interleaved, 2),
+  plan::Plan interleaved_alone = TrainingPlan({.pp = 2, .schedule = "INTERLEAVED_1F1B"});
+  EXPECT_THAT(problems(interleaved_alone, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("plan.prepare[0].pipeline.schedule: INTERLEAVED_1F1B needs")));
+                       HasSubstr("plan.prepare[0].pipeline.stages_per_rank: is 1; "
+                                 "INTERLEAVED_1F1B needs 2 or more stages per rank")));
+
+  plan::Plan one_f_one_b_twice = TrainingPlan({.pp = 2, .stages_per_rank = 2});
+  EXPECT_THAT(problems(one_f_one_b_twice, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.prepare[0].pipeline.stages_per_rank: is 2; only "
+                                 "INTERLEAVED_1F1B places several stages on a rank")));
+
+  Layout six_stages = kInterleaved;
+  six_stages.stages_per_rank = 3;
+  EXPECT_THAT(problems(TrainingPlan(six_stages), 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.prepare[0].pipeline: 6 stages need at least as many "
+                                 "blocks; the model has 4")));
+
+  plan::Plan too_few_micro_batches = TrainingPlan({.pp = 4});
+  too_few_micro_batches.mutable_training()->set_grad_accumulation(2);
+  too_few_micro_batches.mutable_training()->set_micro_batch(kGlobalBatch / 2);
+  EXPECT_THAT(problems(too_few_micro_batches, 4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.prepare[0].pipeline: runs 2 micro-batch(es) a step "
+                                 "(training.grad_accumulation) over 4 pipeline ranks")));
+
+  plan::Plan partial_group = TrainingPlan(kInterleaved);
+  partial_group.mutable_training()->set_global_batch(12);
+  partial_group.mutable_training()->set_grad_accumulation(3);
+  partial_group.mutable_training()->set_micro_batch(4);
+  EXPECT_THAT(problems(partial_group, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("INTERLEAVED_1F1B runs them in groups of the 2 pipeline ranks, "
+                                 "so it needs a multiple of 2")));
 
   plan::Plan unknown = TrainingPlan({.pp = 2, .schedule = "2F2B"});
   EXPECT_THAT(problems(unknown, 2), StatusIs(absl::StatusCode::kInvalidArgument,

@@ -28,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -151,17 +152,24 @@ class Wrappable {
   // Installs `hooks`, replacing any installed before.
   virtual void SetUnitHooks(UnitHooks hooks) = 0;
 
-  // Pipeline parallelism: keeps blocks [begin, end) of Blocks() and drops the others; with
-  // the first block the input layers (the embedding), with the last the output layers (the
-  // final norm and the output projection; and the embedding too where the output projection
-  // is the embedding matrix, tied). What is kept keeps its name, so NamedParameters, Blocks
-  // and RootParameters list the stage's parameters under the whole model's names, and
-  // checkpoints stay layout-free. For a model built deferred, before any wrapper and before
-  // any value (dropping is then free); once. InvalidArgument naming the range when it is
-  // empty or outside the blocks, or when the model was cut before.
-  virtual absl::Status KeepStage(int64_t begin, int64_t end) = 0;
-  // Whether the model holds its input layers (the whole model, or the first stage), and its
-  // output layers (the whole model, or the last stage).
+  // Pipeline parallelism: keeps the blocks of `stages`, each [begin, end) of Blocks(), ascending
+  // and disjoint (a rank of an interleaved pipeline holds several stages), and drops the others;
+  // with block 0 the input layers (the embedding), with the last block the output layers (the
+  // final norm and the output projection; and the embedding too where the output projection is
+  // the embedding matrix, tied). What is kept keeps its name, so NamedParameters, Blocks and
+  // RootParameters list the stages' parameters under the whole model's names, and checkpoints
+  // stay layout-free. For a model built deferred, before any wrapper and before any value
+  // (dropping is then free); once. InvalidArgument naming the stages when one is empty,
+  // outside the blocks or not after the one before, FailedPrecondition when the model was cut
+  // before.
+  virtual absl::Status KeepStages(const std::vector<std::pair<int64_t, int64_t>>& stages) = 0;
+  // Which of the kept stages the next forwards run (the first until changed): its blocks, from
+  // the embedding where it starts at block 0 (else from the hidden state the stage before
+  // produced), to the output layers where it ends at the last block. InvalidArgument naming
+  // the index when the model holds no such stage.
+  virtual absl::Status SelectStage(int index) = 0;
+  // Whether the selected stage starts with the input layers (the whole model, or the first
+  // stage), and whether it ends with the output layers (the whole model, or the last stage).
   virtual bool HoldsInputLayers() const = 0;
   virtual bool HoldsOutputLayers() const = 0;
 

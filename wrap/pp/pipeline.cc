@@ -23,6 +23,9 @@ namespace {
 constexpr int64_t kMaxDims = 6;
 constexpr int64_t kHeaderLength = 2 + kMaxDims;
 
+// The stages each rank holds: config.stages_per_rank, 1 when unset.
+int StagesPerRank(const PipelineConfig& config) { return std::max(1, config.stages_per_rank()); }
+
 int DimSize(const parallel::MeshConfig& mesh, const std::string& dim) {
   return static_cast<int>(parallel::SubmeshRanks(mesh, {dim}));
 }
@@ -33,21 +36,38 @@ absl::Status InMicroBatch(absl::Status status, const Action& action) {
                                                         " of stage ", action.stage));
 }
 
-// Whether the rank whose list is `actions` holds `peak` micro-batches' activations at some
-// point after a backward: its gradients then exist beside them (1F1B's steady state), rather
-// than only before its first backward (GPIPE).
-bool BackwardBeforePeak(const std::vector<Action>& actions, int peak) {
-  int held = 0;
+// The activations the rank whose list is `actions` keeps at its peak, and their bytes in
+// `bytes`: for each (stage, micro-batch) forwarded and not yet through the backward that frees
+// its graph (a full backward, or a zero-bubble weight backward), the stage's blocks, and the
+// output layers' on the last stage; and whether a backward ran before that peak (gradients then
+// exist beside the activations, 1F1B's steady state, not GPIPE's).
+StepEstimate::KeptActivations PeakActivations(
+    const std::vector<Action>& actions, const std::vector<std::pair<int64_t, int64_t>>& blocks,
+    const ModelShape& shape, double& bytes) {
+  const int last_stage = static_cast<int>(blocks.size()) - 1;
+  StepEstimate::KeptActivations held, peak;
   bool backward = false;
+  bytes = 0.0;
   for (const Action& action : actions) {
-    if (action.type == ActionType::kForward) {
-      if (++held == peak && backward) return true;
-    } else if (action.type == ActionType::kBackward || action.type == ActionType::kBackwardInput) {
-      --held;
-      backward = true;
+    int change = 0;
+    if (action.type == ActionType::kForward) change = 1;
+    if (action.type == ActionType::kBackward || action.type == ActionType::kBackwardWeight) {
+      change = -1;
+    }
+    if (action.type == ActionType::kBackwardInput) backward = true;
+    if (change == 0) continue;
+    if (change < 0) backward = true;
+    held.blocks += change * (blocks[action.stage].second - blocks[action.stage].first);
+    if (action.stage == last_stage) held.outputs += change;
+    const double held_bytes = static_cast<double>(held.blocks) * shape.block_activation_bytes +
+                              static_cast<double>(held.outputs) * shape.output_activation_bytes;
+    if (change > 0 && held_bytes > bytes) {
+      bytes = held_bytes;
+      peak = held;
+      peak.after_a_backward = backward;
     }
   }
-  return false;
+  return peak;
 }
 
 // The stages of StageBlocks, or the problem with `config`'s cut (under `field`).
@@ -118,8 +138,13 @@ absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> StageBlocks(const Pipel
 // (received), output (sent, or the loss) and the gradient received for it.
 class PipelineStrategy::Executor final : public MicroBatchExecutor {
  public:
-  Executor(Wrappable& model, parallel::Communicator& group, torch::Device device, ScheduleKind kind)
-      : model_(model), group_(group), device_(device), kind_(kind) {}
+  Executor(Wrappable& model, parallel::Communicator& group, torch::Device device, ScheduleKind kind,
+           int stages_per_rank)
+      : model_(model),
+        group_(group),
+        device_(device),
+        kind_(kind),
+        stages_per_rank_(stages_per_rank) {}
 
   double last_wait_seconds() const override { return wait_seconds_; }
 
@@ -135,7 +160,7 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
         last_weight_backward = i;
       }
     }
-    MicroBatches state(num_micro);
+    MicroBatches state(num_micro, stages_per_rank_);
     absl::Status status;
     for (int i = 0; i < static_cast<int>(actions->size()) && status.ok(); ++i) {
       const Action& action = (*actions)[i];
@@ -149,25 +174,37 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
 
   absl::Status Evaluate(int num_micro, const MicroBatchForward& forward) override {
     wait_seconds_ = 0.0;
-    MicroBatches state(num_micro);
+    MicroBatches state(num_micro, stages_per_rank_);
     absl::Status status;
+    // Each micro-batch through the rank's stages in turn: the stage before a stage has run
+    // its forward of the micro-batch, or is about to, on its rank.
+    const int last_stage = group_.size() * stages_per_rank_ - 1;
     for (int micro = 0; micro < num_micro && status.ok(); ++micro) {
-      const int stage = group_.rank();
-      for (const ActionType type :
-           {ActionType::kReceiveActivation, ActionType::kForward, ActionType::kSendActivation}) {
-        const Action action{type, stage, micro, -1};
-        if (type == ActionType::kReceiveActivation && stage == 0) continue;
-        if (type == ActionType::kSendActivation && stage + 1 == group_.size()) continue;
-        status = InMicroBatch(Run(action, forward, state), action);
-        if (!status.ok()) break;
+      for (int local = 0; local < stages_per_rank_ && status.ok(); ++local) {
+        const int stage = local * group_.size() + group_.rank();
+        for (const ActionType type :
+             {ActionType::kReceiveActivation, ActionType::kForward, ActionType::kSendActivation}) {
+          const Action action{type, stage, micro, -1};
+          if (type == ActionType::kReceiveActivation && stage == 0) continue;
+          if (type == ActionType::kSendActivation && stage == last_stage) continue;
+          status = InMicroBatch(Run(action, forward, state), action);
+          if (!status.ok()) break;
+        }
       }
     }
     return FinishSends(state, std::move(status));
   }
 
  private:
+  // Per (stage of the rank, micro-batch), at Slot().
   struct MicroBatches {
-    explicit MicroBatches(int n) : inputs(n), outputs(n), output_gradients(n), input_gradients(n) {}
+    MicroBatches(int num_micro, int stages_per_rank)
+        : num_micro(num_micro),
+          inputs(num_micro * stages_per_rank),
+          outputs(inputs.size()),
+          output_gradients(inputs.size()),
+          input_gradients(inputs.size()) {}
+    int num_micro;
     std::vector<torch::Tensor> inputs;            // received, a leaf requiring its gradient
     std::vector<torch::Tensor> outputs;           // the stage's output, or the loss
     std::vector<torch::Tensor> output_gradients;  // received for the outputs
@@ -179,7 +216,7 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
     auto it = schedules_.find(num_micro);
     if (it == schedules_.end()) {
       PLAIT_ASSIGN_OR_RETURN(PipelineSchedule schedule,
-                             BuildSchedule(kind_, group_.size(), 1, num_micro));
+                             BuildSchedule(kind_, group_.size(), stages_per_rank_, num_micro));
       it = schedules_.emplace(num_micro, std::move(schedule)).first;
     }
     return &it->second.ranks[group_.rank()];
@@ -247,54 +284,58 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
   }
 
   absl::Status Run(const Action& action, const MicroBatchForward& forward, MicroBatches& state) {
-    const int m = action.microbatch;
-    const int previous = group_.rank() - 1;
-    const int next = group_.rank() + 1;
+    const int local_stage = action.stage / group_.size();
+    const int slot = local_stage * state.num_micro + action.microbatch;
+    // Looped placement: the stage before is on the rank before, the stage after on the next.
+    const int previous = (group_.rank() + group_.size() - 1) % group_.size();
+    const int next = (group_.rank() + 1) % group_.size();
     switch (action.type) {
       case ActionType::kReceiveActivation: {
         PLAIT_ASSIGN_OR_RETURN(torch::Tensor input, ReceiveActivation(previous));
-        state.inputs[m] = input.requires_grad_(torch::GradMode::is_enabled());
+        state.inputs[slot] = input.requires_grad_(torch::GradMode::is_enabled());
         return absl::OkStatus();
       }
       case ActionType::kForward: {
-        PLAIT_ASSIGN_OR_RETURN(state.outputs[m], forward(m, state.inputs[m]));
-        if (!torch::GradMode::is_enabled()) state.inputs[m] = torch::Tensor();
+        PLAIT_RETURN_IF_ERROR(model_.SelectStage(local_stage));
+        PLAIT_ASSIGN_OR_RETURN(state.outputs[slot], forward(action.microbatch, state.inputs[slot]));
+        if (!torch::GradMode::is_enabled()) state.inputs[slot] = torch::Tensor();
         return absl::OkStatus();
       }
       case ActionType::kSendActivation:
-        PLAIT_RETURN_IF_ERROR(SendActivation(state.outputs[m], next, state));
-        if (!torch::GradMode::is_enabled()) state.outputs[m] = torch::Tensor();
+        PLAIT_RETURN_IF_ERROR(SendActivation(state.outputs[slot], next, state));
+        if (!torch::GradMode::is_enabled()) state.outputs[slot] = torch::Tensor();
         return absl::OkStatus();
       case ActionType::kReceiveGradient: {
         // Contiguous, as the sender's: the output itself may be a strided view.
-        torch::Tensor gradient = torch::empty(state.outputs[m].sizes(), state.outputs[m].options());
+        torch::Tensor gradient =
+            torch::empty(state.outputs[slot].sizes(), state.outputs[slot].options());
         PLAIT_RETURN_IF_ERROR(Wait(group_.Receive(gradient, next)));
-        state.output_gradients[m] = gradient;
+        state.output_gradients[slot] = gradient;
         return absl::OkStatus();
       }
       case ActionType::kBackward:
         // On the last stage the output is the loss, whose gradient is one.
-        state.outputs[m].backward(state.output_gradients[m]);
-        Release(m, state);
+        state.outputs[slot].backward(state.output_gradients[slot]);
+        Release(slot, state);
         return absl::OkStatus();
       case ActionType::kBackwardInput:
         // The first stage has no input: its weight backward does all of its work.
-        if (state.inputs[m].defined()) {
-          state.input_gradients[m] =
-              torch::autograd::grad({state.outputs[m]}, {state.inputs[m]},
-                                    {state.output_gradients[m]}, /*retain_graph=*/true)[0];
+        if (state.inputs[slot].defined()) {
+          state.input_gradients[slot] =
+              torch::autograd::grad({state.outputs[slot]}, {state.inputs[slot]},
+                                    {state.output_gradients[slot]}, /*retain_graph=*/true)[0];
         }
         return absl::OkStatus();
       case ActionType::kBackwardWeight:
-        torch::autograd::backward({state.outputs[m]}, {state.output_gradients[m]},
+        torch::autograd::backward({state.outputs[slot]}, {state.output_gradients[slot]},
                                   /*retain_graph=*/false, /*create_graph=*/false, Weights());
-        Release(m, state);
+        Release(slot, state);
         return absl::OkStatus();
       case ActionType::kSendGradient: {
-        torch::Tensor gradient =
-            state.input_gradients[m].defined() ? state.input_gradients[m] : state.inputs[m].grad();
-        state.inputs[m] = torch::Tensor();
-        state.input_gradients[m] = torch::Tensor();
+        torch::Tensor gradient = state.input_gradients[slot].defined() ? state.input_gradients[slot]
+                                                                       : state.inputs[slot].grad();
+        state.inputs[slot] = torch::Tensor();
+        state.input_gradients[slot] = torch::Tensor();
         Send(gradient, previous, state);
         return absl::OkStatus();
       }
@@ -302,16 +343,17 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
     return absl::InternalError("unknown pipeline action");
   }
 
-  // After micro-batch m's (weight) backward: its output and the gradient received for it.
-  void Release(int m, MicroBatches& state) {
-    state.outputs[m] = torch::Tensor();
-    state.output_gradients[m] = torch::Tensor();
+  // After a slot's (weight) backward: its output and the gradient received for it.
+  void Release(int slot, MicroBatches& state) {
+    state.outputs[slot] = torch::Tensor();
+    state.output_gradients[slot] = torch::Tensor();
   }
 
   Wrappable& model_;
   parallel::Communicator& group_;
   const torch::Device device_;
   const ScheduleKind kind_;
+  const int stages_per_rank_;
   std::map<int, PipelineSchedule> schedules_;  // by micro-batches per step
   double wait_seconds_ = 0.0;
 };
@@ -325,37 +367,72 @@ std::vector<base::Violation> PipelineStrategy::Check(const std::optional<ModelSh
                                                      const std::string& field) const {
   std::vector<base::Violation> problems;
   const std::string step_field = absl::StrCat(field, ".pipeline");
+  const std::string per_rank_field = absl::StrCat(step_field, ".stages_per_rank");
+  const int per_rank = StagesPerRank(config_);
   const absl::StatusOr<ScheduleKind> kind = ScheduleKindFromName(config_.schedule());
   if (!kind.ok()) {
     problems.push_back(
         {absl::StrCat(step_field, ".schedule"), std::string(kind.status().message())});
-  } else if (*kind == ScheduleKind::kInterleaved1F1B) {
-    problems.push_back({absl::StrCat(step_field, ".schedule"),
-                        "INTERLEAVED_1F1B needs several stages per rank, which the pipeline step "
-                        "does not offer yet; use GPIPE, 1F1B or ZB_H1"});
+  }
+  const bool interleaved = kind.ok() && *kind == ScheduleKind::kInterleaved1F1B;
+  if (config_.stages_per_rank() < 0) {
+    problems.push_back({per_rank_field, absl::StrCat("is ", config_.stages_per_rank(),
+                                                     "; a rank holds 1 stage or more")});
+  } else if (interleaved && per_rank < 2) {
+    problems.push_back(
+        {per_rank_field, absl::StrCat("is ", config_.stages_per_rank(),
+                                      "; INTERLEAVED_1F1B needs 2 or more stages "
+                                      "per rank (with 1 it is 1F1B: ask for that)")});
+  } else if (kind.ok() && !interleaved && per_rank > 1) {
+    problems.push_back(
+        {per_rank_field, absl::StrCat("is ", per_rank,
+                                      "; only INTERLEAVED_1F1B places several stages on a rank, "
+                                      "and the schedule is ",
+                                      config_.schedule())});
   }
   if (!shape.has_value()) return problems;
-  const int stages = DimSize(mesh, config_.mesh_dim());
-  if (stages < 1) return problems;  // the rules report the missing dimension
-  Cut cut = CutBlocks(config_, shape->num_blocks, stages, step_field);
+  const int ranks = DimSize(mesh, config_.mesh_dim());
+  if (ranks < 1) return problems;  // the rules report the missing dimension
+  Cut cut = CutBlocks(config_, shape->num_blocks, ranks * per_rank, step_field);
   if (cut.problem.has_value()) problems.push_back(*std::move(cut.problem));
+  // Fewer micro-batches than ranks never fill the pipeline: some rank idles through every step.
+  const int64_t micro = shape->micro_batches_per_step;
+  if (ranks > 1 && micro < ranks) {
+    problems.push_back(
+        {step_field,
+         absl::StrCat("runs ", micro, " micro-batch(es) a step (training.grad_accumulation) over ",
+                      ranks,
+                      " pipeline ranks; a pipeline needs at least as many micro-batches as "
+                      "ranks to fill, or some rank idles through every step")});
+  } else if (interleaved && micro % ranks != 0) {
+    problems.push_back(
+        {step_field, absl::StrCat("runs ", micro,
+                                  " micro-batches a step (training.grad_accumulation); "
+                                  "INTERLEAVED_1F1B runs them in groups of the ",
+                                  ranks, " pipeline ranks, so it needs a multiple of ", ranks)});
+  }
   return problems;
 }
 
 StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
                                         const parallel::MeshConfig& mesh) const {
   StepEstimate estimate;
-  const int stages = DimSize(mesh, config_.mesh_dim());
+  const int ranks = DimSize(mesh, config_.mesh_dim());
+  const int per_rank = StagesPerRank(config_);
+  const int stages = ranks * per_rank;
   const absl::StatusOr<ScheduleKind> kind = ScheduleKindFromName(config_.schedule());
   const auto blocks = StageBlocks(config_, shape.num_blocks, stages, "pipeline");
-  if (!blocks.ok() || !kind.ok()) {
+  const int micro = static_cast<int>(shape.micro_batches_per_step);
+  const absl::StatusOr<PipelineSchedule> schedule =
+      kind.ok() ? BuildSchedule(*kind, ranks, per_rank, micro) : kind.status();
+  if (!blocks.ok() || !schedule.ok()) {
     estimate.description = "pipeline (invalid: see the plan's validation)";
     return estimate;
   }
   // The embedding on the first stage, the rest of the root (final norm, output projection)
   // on the last.
   const double embedding = static_cast<double>(shape.vocab_size) * shape.hidden_size;
-  double most = 0.0;
+  std::vector<double> rank_parameters(ranks, 0.0);
   for (int s = 0; s < stages; ++s) {
     const auto [begin, end] = (*blocks)[s];
     double parameters = static_cast<double>(end - begin) * shape.block_parameters;
@@ -363,59 +440,60 @@ StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
     if (s + 1 == stages) {
       // A tied embedding is the last stage's output projection too.
       parameters += shape.root_parameters - embedding;
-      if (shape.tied_embeddings && stages > 1) parameters += embedding;
+      if (shape.tied_embeddings && ranks > 1) parameters += embedding;
     }
-    most = std::max(most, parameters);
-    estimate.details.push_back(
-        absl::StrFormat("stage %d (rank %d of %s): blocks %d..%d, %s parameters", s, s,
-                        config_.mesh_dim(), begin, end - 1, base::HumanCount(parameters)));
+    rank_parameters[schedule->RankOf(s)] += parameters;
+    estimate.details.push_back(absl::StrFormat(
+        "stage %d (rank %d of %s): blocks %d..%d, %s parameters", s, schedule->RankOf(s),
+        config_.mesh_dim(), begin, end - 1, base::HumanCount(parameters)));
   }
+  const double most = *std::max_element(rank_parameters.begin(), rank_parameters.end());
   estimate.parameter_fraction = shape.parameters > 0 ? most / shape.parameters : 1.0;
-  const int micro = static_cast<int>(shape.micro_batches_per_step);
-  const absl::StatusOr<PipelineSchedule> schedule = BuildSchedule(*kind, stages, 1, micro);
   std::string bubble;
-  if (schedule.ok()) {
-    if (const absl::StatusOr<SimulationResult> run = Simulate(*schedule); run.ok()) {
-      std::vector<std::string> in_flight;
-      for (const RankTimeline& rank : run->ranks) {
-        in_flight.push_back(absl::StrCat(rank.peak_activations));
-      }
-      bubble =
-          absl::StrFormat(", bubble %.1f%% (equal stages), micro-batches in flight per rank %s",
-                          100.0 * run->bubble_fraction, absl::StrJoin(in_flight, "/"));
-      // The rank that keeps the most activations: its stage's blocks for each micro-batch in
-      // flight (zero-bubble: with those whose weight gradients wait, which keep their graph,
-      // counted as if both peaks met), and the output layers' too on the last stage.
-      double most_bytes = -1.0;
-      for (int r = 0; r < stages; ++r) {
-        const RankTimeline& rank = run->ranks[r];
-        const int64_t held = rank.peak_activations + rank.peak_pending_weight_gradients;
-        const int64_t blocks_held = ((*blocks)[r].second - (*blocks)[r].first) * held;
-        const int64_t outputs = r + 1 == stages ? held : 0;
-        const double bytes = static_cast<double>(blocks_held) * shape.block_activation_bytes +
-                             static_cast<double>(outputs) * shape.output_activation_bytes;
-        if (bytes > most_bytes) {
-          most_bytes = bytes;
-          estimate.kept_activations = StepEstimate::KeptActivations{
-              blocks_held, outputs, BackwardBeforePeak(schedule->ranks[r], rank.peak_activations)};
-        }
-      }
+  if (const absl::StatusOr<SimulationResult> run = Simulate(*schedule); run.ok()) {
+    std::vector<std::string> in_flight;
+    for (const RankTimeline& rank : run->ranks) {
+      in_flight.push_back(absl::StrCat(rank.peak_activations));
     }
-    for (const absl::string_view line : absl::StrSplit(FormatScheduleTable(*schedule), '\n')) {
-      if (!line.empty()) estimate.details.emplace_back(line);
+    bubble = absl::StrFormat(
+        ", bubble %.1f%% (equal stages), %s in flight per rank %s", 100.0 * run->bubble_fraction,
+        per_rank > 1 ? "stage micro-batches" : "micro-batches", absl::StrJoin(in_flight, "/"));
+  }
+  // The rank that keeps the most activations at its peak.
+  double most_bytes = -1.0;
+  for (int r = 0; r < ranks; ++r) {
+    double bytes = 0.0;
+    const StepEstimate::KeptActivations kept =
+        PeakActivations(schedule->ranks[r], *blocks, shape, bytes);
+    if (bytes > most_bytes) {
+      most_bytes = bytes;
+      estimate.kept_activations = kept;
     }
   }
-  estimate.description =
-      absl::StrFormat("pipeline over \"%s\" (%d stages), schedule %s over %d micro-batches%s",
-                      config_.mesh_dim(), stages, ScheduleKindName(*kind), micro, bubble);
+  for (const absl::string_view line : absl::StrSplit(FormatScheduleTable(*schedule), '\n')) {
+    if (!line.empty()) estimate.details.emplace_back(line);
+  }
+  estimate.description = absl::StrFormat(
+      "pipeline over \"%s\" (%s), schedule %s over %d micro-batches%s", config_.mesh_dim(),
+      per_rank > 1 ? absl::StrFormat("%d ranks of %d stages", ranks, per_rank)
+                   : absl::StrFormat("%d stages", stages),
+      ScheduleKindName(*kind), micro, bubble);
   // Each micro-batch's hidden state goes forward and its gradient back once between each pair
-  // of neighbouring stages: a middle rank sends both, the first only hidden states, the last
-  // only gradients.
+  // of neighbouring stages; the rank that sends the most (a middle one, or with several stages
+  // per rank any) counts.
   const double hidden_bytes = shape.micro_batch_tokens * shape.hidden_size * shape.parameter_bytes;
-  if (stages > 1) {
+  if (ranks > 1) {
+    int64_t most_sends = 0;
+    for (const std::vector<Action>& actions : schedule->ranks) {
+      most_sends = std::max<int64_t>(
+          most_sends, std::count_if(actions.begin(), actions.end(), [](const Action& action) {
+            return action.type == ActionType::kSendActivation ||
+                   action.type == ActionType::kSendGradient;
+          }));
+    }
     Transfer transfer;
     transfer.mesh_dim = config_.mesh_dim();
-    transfer.bytes_per_micro_batch = (stages > 2 ? 2.0 : 1.0) * hidden_bytes;
+    transfer.bytes_per_micro_batch = static_cast<double>(most_sends) / micro * hidden_bytes;
     transfer.overlaps_compute = false;
     estimate.transfers.push_back(transfer);
     estimate.details.push_back(
@@ -442,13 +520,17 @@ absl::Status PipelineStrategy::Apply(Wrappable& model, const parallel::DeviceMes
   device_ = mesh.device();
   const int stages = group_->size();
   const int stage = group_->rank();
-  PLAIT_ASSIGN_OR_RETURN(
-      const auto blocks,
-      StageBlocks(config_, static_cast<int64_t>(model.Blocks().size()), stages, "pipeline"));
+  const int per_rank = StagesPerRank(config_);
+  PLAIT_ASSIGN_OR_RETURN(const auto blocks,
+                         StageBlocks(config_, static_cast<int64_t>(model.Blocks().size()),
+                                     stages * per_rank, "pipeline"));
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
     whole_.push_back({named.name, named.parameter.sizes().vec(), {}});
   }
-  PLAIT_RETURN_IF_ERROR(model.KeepStage(blocks[stage].first, blocks[stage].second));
+  // Looped: this rank's stages are its rank, then each `stages` further.
+  std::vector<std::pair<int64_t, int64_t>> kept;
+  for (int local = 0; local < per_rank; ++local) kept.push_back(blocks[local * stages + stage]);
+  PLAIT_RETURN_IF_ERROR(model.KeepStages(kept));
   // Which rank holds each parameter: every rank marks its own, summed over the dimension.
   std::set<std::string> held;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) held.insert(named.name);
@@ -471,7 +553,7 @@ absl::Status PipelineStrategy::Apply(Wrappable& model, const parallel::DeviceMes
     }
     if (whole.holders.size() > 1) shared_[whole.name] = whole.holders;
   }
-  executor_ = std::make_unique<Executor>(model, *group_, device_, kind_);
+  executor_ = std::make_unique<Executor>(model, *group_, device_, kind_, per_rank);
   return absl::OkStatus();
 }
 

@@ -1,12 +1,15 @@
 // Pipeline parallelism as a preparation strategy ("pipeline" in plans and rules): the model's
-// blocks cut into consecutive stages, stage r kept by rank r of the mesh dimension
-// (Wrappable::KeepStage: the first stage with the input layers, the last with the output
-// layers), and each step's micro-batches run by the schedule's action lists (schedule.h):
-// forwards and backwards of the rank's stage, hidden states sent to the next rank and their
-// gradients back over the dimension's communicator (Send/Receive). Every rank of the
-// dimension reads the same micro-batches; only the last stage's forward computes the loss.
+// blocks cut into consecutive stages, stage s kept by rank s % p of the mesh dimension's p
+// ranks (Wrappable::KeepStages: the first stage with the input layers, the last with the
+// output layers; with stages_per_rank v > 1, rank r keeps stages r, r + p, ..., as Megatron's
+// interleaved schedule places them), and each step's micro-batches run by the schedule's
+// action lists (schedule.h): forwards and backwards of the rank's stages, hidden states sent
+// to the next rank and their gradients back over the dimension's communicator (Send/Receive).
+// Every rank of the dimension reads the same micro-batches; only the last stage's forward
+// computes the loss.
 //
 //   prepare { pipeline { mesh_dim: "pp" schedule: "1F1B" } }   // first, before FSDP/DDP/TP
+//   prepare { pipeline { mesh_dim: "pp" schedule: "INTERLEAVED_1F1B" stages_per_rank: 2 } }
 //   PLAIT_RETURN_IF_ERROR(preparation->TrainMicroBatches(micro_batches, forward));
 //
 // A message between stages is a fixed header (the tensor's dtype and shape) then the tensor,
@@ -16,8 +19,7 @@
 //
 // A tied embedding (the output projection is the embedding matrix) is held by the first and
 // the last stage, which add each other's gradient of it after each step's backward, as
-// Megatron does, so that both keep one value. Not yet: several stages per rank
-// (INTERLEAVED_1F1B), a validation error naming the field.
+// Megatron does, so that both keep one value.
 #ifndef PLAIT_WRAP_PP_PIPELINE_H_
 #define PLAIT_WRAP_PP_PIPELINE_H_
 

@@ -332,15 +332,15 @@ struct Message {
   double time = 0;
 };
 
-// The channel a communication action uses: (sender rank, receiver rank, gradient?).
-using Channel = std::tuple<int, int, bool>;
+// The channel a communication action uses: (sender rank, receiver rank), activations and
+// gradients in one order, as Communicator::Send and Receive match them.
+using Channel = std::pair<int, int>;
 
 Channel ChannelOf(const PipelineSchedule& schedule, int rank, const Action& action) {
   const int peer = schedule.RankOf(action.peer_stage);
   const bool sends =
       action.type == ActionType::kSendActivation || action.type == ActionType::kSendGradient;
-  return sends ? Channel{rank, peer, IsGradientChannel(action.type)}
-               : Channel{peer, rank, IsGradientChannel(action.type)};
+  return sends ? Channel{rank, peer} : Channel{peer, rank};
 }
 
 double CostOf(const ActionCosts& costs, ActionType type) {
@@ -389,16 +389,17 @@ absl::StatusOr<SimulationResult> Execute(const PipelineSchedule& schedule,
             std::deque<Message>& channel = channels[ChannelOf(schedule, rank, action)];
             if (channel.empty()) break;
             const Message& message = channel.front();
-            if (message.send.peer_stage != action.stage ||
+            if (IsGradientChannel(message.send.type) != IsGradientChannel(action.type) ||
+                message.send.peer_stage != action.stage ||
                 message.send.stage != action.peer_stage ||
                 message.send.microbatch != action.microbatch) {
               return Error(
                   rank, index, action,
                   absl::StrCat(
-                      "the next ", IsGradientChannel(action.type) ? "gradient" : "activation",
-                      " rank ", schedule.RankOf(action.peer_stage), " sent here is ",
+                      "the next tensor rank ", schedule.RankOf(action.peer_stage), " sent here is ",
                       Where(schedule.RankOf(action.peer_stage), message.index, message.send),
-                      "; receives must come in the order of the sends"));
+                      "; receives must come in the order of the sends, activations and "
+                      "gradients alike"));
             }
             clock[rank] = std::max(clock[rank], message.time);
             channel.pop_front();
@@ -441,10 +442,10 @@ absl::StatusOr<SimulationResult> Execute(const PipelineSchedule& schedule,
   for (const auto& [channel, messages] : channels) {
     if (messages.empty()) continue;
     const Message& message = messages.front();
-    return Error(std::get<0>(channel), message.index, message.send,
-                 absl::StrCat("rank ", std::get<1>(channel), " never receives micro-batch ",
+    return Error(channel.first, message.index, message.send,
+                 absl::StrCat("rank ", channel.second, " never receives micro-batch ",
                               message.send.microbatch, "'s ",
-                              std::get<2>(channel) ? "gradient" : "activation"));
+                              IsGradientChannel(message.send.type) ? "gradient" : "activation"));
   }
   for (const RankTimeline& timeline : result.ranks) {
     if (!timeline.compute.empty()) {

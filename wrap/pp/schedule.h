@@ -22,9 +22,11 @@
 //
 // Communication contract. A send is asynchronous: it never blocks, and the executor keeps its
 // tensor alive until the transfer completes. A receive blocks until the matching send has been
-// issued. Sends and receives between two ranks match in order, separately for activations and
-// gradients (one ordered channel per (sender, receiver, kind)), so the k-th activation receive
-// of rank 1 from rank 0 takes the k-th activation rank 0 sent to rank 1. Each schedule puts a
+// issued. Sends and receives between two ranks match in order, activations and gradients in
+// one channel per (sender, receiver) as Communicator::Send and Receive match them, so the k-th
+// receive of rank 1 from rank 0 takes the k-th tensor rank 0 sent to rank 1, and must expect
+// its kind (with two ranks and several stages per rank, rank 0 sends rank 1 both activations
+// and gradients). Each schedule puts a
 // receive right before the compute that needs it and a send right after the compute that
 // produces it. Adjacent stages on the same rank (only when p == 1) hand their tensors over
 // locally, with no communication action.

@@ -389,8 +389,33 @@ TEST(CheckTest, ReceivesOutOfSendOrder) {
   std::rotate(rank1.begin(), rank1.begin() + 2, rank1.begin() + 4);
   EXPECT_THAT(Check(schedule),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("rank 1, action 0 (RECV_F1.1<-0): the next activation rank 0 "
+                       HasSubstr("rank 1, action 0 (RECV_F1.1<-0): the next tensor rank 0 "
                                  "sent here is rank 0, action 1 (SEND_F0.0->1)")));
+}
+
+TEST(CheckTest, ActivationsAndGradientsShareTheirChannel) {
+  // On 2 ranks of 2 stages each, rank 0 sends rank 1 both activations (stage 0 to 1, 2 to 3)
+  // and gradients (stage 2 to 1): taking a gradient while an activation is first in the
+  // channel is refused, as Communicator::Receive would take the activation.
+  PipelineSchedule schedule = Build(ScheduleKind::kInterleaved1F1B, 2, 2, 2);
+  std::vector<Action>& rank1 = schedule.ranks[1];
+  const auto gradient = std::find_if(rank1.begin(), rank1.end(), [](const Action& action) {
+    return action.type == ActionType::kReceiveGradient;
+  });
+  ASSERT_NE(gradient, rank1.end());
+  const auto activation = std::find_if(
+      std::make_reverse_iterator(gradient), rank1.rend(),
+      [](const Action& action) { return action.type == ActionType::kReceiveActivation; });
+  ASSERT_NE(activation, rank1.rend());
+  // The gradient received just before that activation: each receive still precedes its use.
+  const Action moved = *gradient;
+  const auto at = activation.base() - 1;
+  rank1.erase(gradient);
+  rank1.insert(at, moved);
+  EXPECT_THAT(Check(schedule),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("receives must come in the order of the sends, activations and "
+                                 "gradients alike")));
 }
 
 TEST(CheckTest, SendNeverReceived) {
