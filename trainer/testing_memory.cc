@@ -116,7 +116,16 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   plans.push_back(accumulating);
   // A pipeline of 2 stages and 4 micro-batches a step, 1F1B: the first stage holds 2 of them
   // in flight, the last 1 with its logits, both beside their gradients.
-  plans.push_back({"llama_pp", Shortened(LoadShippedPlan("llama_pp")), 2});
+  const MemoryCheckPlan pp{"llama_pp", Shortened(LoadShippedPlan("llama_pp")), 2};
+  plans.push_back(pp);
+  // INTERLEAVED_1F1B, 2 stages of one block per rank: rank 0 holds 5 stage micro-batches in
+  // flight at its peak, a block's activations each.
+  MemoryCheckPlan interleaved = pp;
+  interleaved.name = "llama_pp_interleaved";
+  wrap::PipelineConfig& pipeline = *interleaved.plan.mutable_prepare(0)->mutable_pipeline();
+  pipeline.set_schedule("INTERLEAVED_1F1B");
+  pipeline.set_stages_per_rank(2);
+  plans.push_back(interleaved);
   // A real shape: Qwen2.5-0.5B's widths and its 151,936-token vocabulary (tied embeddings),
   // 2 of its 24 layers, one sequence of 512 tokens in fp32, where the embeddings, the
   // logits and their gradient outweigh the blocks.

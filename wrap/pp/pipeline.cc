@@ -61,7 +61,10 @@ StepEstimate::KeptActivations PeakActivations(
     if (action.stage == last_stage) held.outputs += change;
     const double held_bytes = static_cast<double>(held.blocks) * shape.block_activation_bytes +
                               static_cast<double>(held.outputs) * shape.output_activation_bytes;
-    if (change > 0 && held_bytes > bytes) {
+    // The same peak again after a backward counts for more: gradients exist beside it.
+    const bool higher =
+        held_bytes > bytes || (held_bytes == bytes && backward && !peak.after_a_backward);
+    if (change > 0 && higher) {
       bytes = held_bytes;
       peak = held;
       peak.after_a_backward = backward;
