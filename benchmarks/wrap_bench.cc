@@ -35,14 +35,15 @@
 // 1/2 at best), sent_vs_theory (FSDP's volume over dp plus an all-reduce of the gradient
 // shards across replicate, 2(N-1)/N x shard bytes; goal 1.00) and persistent_vs_single
 // (goal <= 1/2 + 0.05).
-// Pipelines (BM_PipelineGPipe, BM_Pipeline1F1B, BM_PipelineZeroBubble: 2 stages over pp=2, both
-// ranks on the same batch, one sequence a micro-batch) report vs_single (the step time / the
+// Pipelines (BM_PipelineGPipe, BM_Pipeline1F1B, BM_PipelineZeroBubble: 2 stages over pp=2;
+// BM_PipelineInterleaved: INTERLEAVED_1F1B, 4 stages, 2 per rank; both ranks on the same batch,
+// one sequence a micro-batch) report vs_single (the step time / the
 // single process's on the batch; the ideal on 2 idle cores is 1/2 over 1 - the bubble),
 // waiting_rank0/1 (the share of the micro-batches' passes each rank spent waiting for the
 // other's tensors) beside bubble_rank0/1 (its idle share in the schedule's own timing, equal
-// stages, a backward twice a forward), sent_vs_theory (rank 0's bytes sent / the micro-batches'
-// hidden states; goal 1.00) and params_vs_single_rank0/1 (each rank's parameter bytes / the
-// whole model's; goal about 1/2).
+// stages, a backward twice a forward), sent_vs_theory (rank 0's bytes sent / the hidden states
+// and gradients its schedule sends; goal 1.00) and params_vs_single_rank0/1 (each rank's parameter
+// bytes / the whole model's; goal about 1/2).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
@@ -90,7 +91,8 @@ enum class Mode {
   kFsdpBf16,
   kPipelineGPipe,
   kPipeline1F1B,
-  kPipelineZeroBubble
+  kPipelineZeroBubble,
+  kPipelineInterleaved
 };
 
 bool TensorParallel(Mode mode) { return mode == Mode::kTp || mode == Mode::kFsdpTp; }
@@ -103,11 +105,21 @@ std::string PipelineSchedule(Mode mode) {
       return "1F1B";
     case Mode::kPipelineZeroBubble:
       return "ZB_H1";
+    case Mode::kPipelineInterleaved:
+      return "INTERLEAVED_1F1B";
     default:
       return "";
   }
 }
+// The stages each pipeline rank holds.
+int StagesPerRank(Mode mode) { return mode == Mode::kPipelineInterleaved ? 2 : 1; }
 bool Pipeline(Mode mode) { return !PipelineSchedule(mode).empty(); }
+// The pipeline's schedule of `batch` micro-batches over the 2 ranks.
+pp::PipelineSchedule Schedule(Mode mode, int64_t batch) {
+  return pp::BuildSchedule(pp::ScheduleKindFromName(PipelineSchedule(mode)).value(), kRanks,
+                           StagesPerRank(mode), static_cast<int>(batch))
+      .value();
+}
 bool Replicated(Mode mode) { return mode == Mode::kHsdp; }
 bool DataParallel(Mode mode) {
   return mode == Mode::kDdp || mode == Mode::kFsdp || mode == Mode::kFsdpTp ||
@@ -191,6 +203,7 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
       PipelineConfig& pipeline = *steps.emplace_back().mutable_pipeline();
       pipeline.set_mesh_dim("pp");
       pipeline.set_schedule(PipelineSchedule(mode));
+      pipeline.set_stages_per_rank(StagesPerRank(mode));
     }
     if (DataParallel(mode)) {
       groups.push_back(mesh->communicator("dp").value());
@@ -303,8 +316,16 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     m.peak_unsharded_bytes = preparation->peak_gathered_bytes();
   }
   if (Pipeline(mode) && rank == 0) {
-    // The first stage sends each micro-batch's hidden state, [1, seq_len, hidden] in fp32.
-    m.theoretical_bytes_per_step = static_cast<double>(batch) * kSeqLen *
+    // Rank 0 sends one hidden state or gradient, [1, seq_len, hidden] in fp32, per send of its
+    // schedule: each micro-batch's hidden state (and with 2 stages per rank, its stage 2's
+    // hidden state and stage 2's input gradient too).
+    const std::vector<pp::Action> actions = Schedule(mode, batch).ranks[0];
+    const int64_t sends = static_cast<int64_t>(
+        std::count_if(actions.begin(), actions.end(), [](const pp::Action& action) {
+          return action.type == pp::ActionType::kSendActivation ||
+                 action.type == pp::ActionType::kSendGradient;
+        }));
+    m.theoretical_bytes_per_step = static_cast<double>(sends) * kSeqLen *
                                    benchmarks::MediumModel().hidden_size() * sizeof(float);
   }
   if (TensorParallel(mode)) {
@@ -382,11 +403,7 @@ void Report(benchmark::State& state, Mode mode) {
     state.counters["sent_vs_theory"] = m.bytes_sent_per_step / m.theoretical_bytes_per_step;
     // The schedule's own idle share per rank, with equal stages and a backward twice a
     // forward (F = 1, B = I + W = 2).
-    const pp::PipelineSchedule schedule =
-        pp::BuildSchedule(pp::ScheduleKindFromName(PipelineSchedule(mode)).value(), kRanks, 1,
-                          static_cast<int>(batch))
-            .value();
-    const pp::SimulationResult simulated = pp::Simulate(schedule).value();
+    const pp::SimulationResult simulated = pp::Simulate(Schedule(mode, batch)).value();
     for (int rank = 0; rank < kRanks; ++rank) {
       const std::string suffix = absl::StrCat("_rank", rank);
       state.counters["waiting" + suffix] = m.wait_fraction_by_rank[rank];
@@ -449,6 +466,9 @@ void BM_Pipeline1F1B(benchmark::State& state) {
 void BM_PipelineZeroBubble(benchmark::State& state) {
   for (auto _ : state) Report(state, Mode::kPipelineZeroBubble);
 }
+void BM_PipelineInterleaved(benchmark::State& state) {
+  for (auto _ : state) Report(state, Mode::kPipelineInterleaved);
+}
 // Per-rank batches: 8 (the medium shape's) first, then 2.
 #define PLAIT_WRAP_BENCHMARK(name) \
   BENCHMARK(name)->Arg(8)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond)
@@ -463,6 +483,7 @@ PLAIT_WRAP_BENCHMARK(BM_Hsdp);
 PLAIT_WRAP_BENCHMARK(BM_PipelineGPipe);
 PLAIT_WRAP_BENCHMARK(BM_Pipeline1F1B);
 PLAIT_WRAP_BENCHMARK(BM_PipelineZeroBubble);
+PLAIT_WRAP_BENCHMARK(BM_PipelineInterleaved);
 
 }  // namespace
 }  // namespace plait::wrap
