@@ -533,7 +533,10 @@ wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) co
 std::vector<wrap::Wrappable::Unit> CausalLM::Blocks() {
   std::vector<Unit> blocks;
   for (size_t i = 0; i < model_->layers.size(); ++i) {
-    blocks.push_back({absl::StrCat("model.layers.", model_->layer_indices[i]), model_->layers[i]});
+    const int64_t index = model_->layer_indices[i];
+    int stage = 0;
+    while (stages_[stage].second <= index) ++stage;
+    blocks.push_back({absl::StrCat("model.layers.", index), model_->layers[i], stage});
   }
   return blocks;
 }

@@ -271,6 +271,49 @@ TEST(PipelineTest, EachRankTrainsItsStageAlone) {
   EXPECT_EQ(trained[1].count("model.norm.weight"), 1u);
 }
 
+// FSDP inside a pipeline gathers and reduces only what each stage computes with: under
+// INTERLEAVED_1F1B (rank 0: the embedding, blocks 0 and 2) it moves the bytes it moves under
+// 1F1B (rank 0: the embedding, blocks 0 and 1) on every rank, for one step of 4 micro-batches,
+// so no stage gathers or reduces the root's layers for a forward that does not use them, and
+// no prefetch reaches into another stage.
+TEST(PipelineTest, FsdpMovesTheSameBytesUnderInterleaving) {
+  Layout one_f_one_b = {.pp = 2, .data_parallel = "fsdp", .dp = 2};
+  Layout interleaved = kInterleaved;
+  interleaved.data_parallel = "fsdp";
+  interleaved.dp = 2;
+  std::map<std::string, std::vector<int64_t>> sent;
+  for (const auto& [name, layout] :
+       {std::pair<std::string, Layout>{"1F1B", one_f_one_b}, {"INTERLEAVED_1F1B", interleaved}}) {
+    const plan::Plan plan = TrainingPlan(layout);
+    const models::ModelConfig config = ConfigOf(plan.model());
+    sent[name].assign(layout.ranks(), 0);
+    WithMesh(plan, layout.ranks(), [&](int rank, const parallel::DeviceMesh& mesh) {
+      auto prepared = PreparedModel::Prepare(plan.model(), config, "", plan.prepare(), mesh,
+                                             Role::kTrained, "plan");
+      ASSERT_THAT(prepared, IsOk());
+      models::CausalLM& model = (*prepared)->model();
+      torch::manual_seed(5);
+      const torch::Tensor tokens = torch::randint(config.vocab_size(), {kMicroBatches, 2, 17});
+      const wrap::MicroBatchForward forward =
+          [&](int micro, const torch::Tensor& input) -> absl::StatusOr<torch::Tensor> {
+        const torch::Tensor inputs = tokens[micro].narrow(1, 0, 16);
+        if (input.defined()) model.SetStageInput(input);
+        if (!model.HoldsOutputLayers()) return model.StageOutput(inputs);
+        return model.Loss(inputs, tokens[micro].narrow(1, 1, 16)) / kMicroBatches;
+      };
+      parallel::Communicator* dp = mesh.communicator("dp").value();
+      const auto bytes = [dp] {
+        return dp->traffic(parallel::Collective::kAllGather).bytes_sent +
+               dp->traffic(parallel::Collective::kReduceScatter).bytes_sent;
+      };
+      const int64_t before = bytes();
+      ASSERT_THAT((*prepared)->preparation().TrainMicroBatches(kMicroBatches, forward), IsOk());
+      sent[name][rank] = bytes() - before;
+    });
+  }
+  EXPECT_EQ(sent["INTERLEAVED_1F1B"], sent["1F1B"]);
+}
+
 // Plans the pipeline cannot run are refused before anything runs, naming the field.
 TEST(PipelineTest, InvalidPlansNameTheField) {
   const auto problems = [](const plan::Plan& plan, int ranks) {

@@ -100,6 +100,9 @@ class Wrappable {
   struct Unit {
     std::string name;
     std::shared_ptr<torch::nn::Module> module;
+    // Which of the stages the model keeps (KeepStages) runs it: 0 unless a pipeline rank
+    // keeps several, whose forwards each run one stage's units (SelectStage).
+    int stage = 0;
   };
 
   // A parameter with its fully qualified name.

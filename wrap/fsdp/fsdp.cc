@@ -121,8 +121,12 @@ struct Fsdp::Unit {
   torch::Tensor gather_input, gather_output;
   std::shared_ptr<parallel::Work> gather;
 
+  int stage = 0;              // Wrappable::Unit::stage; the root's is unused
   int trainable = 0;          // parameters that require a gradient
   int gradients_pending = 0;  // of those, the ones whose gradient has not arrived
+  // Whether the backward under way runs through it: its reductions are this backward's (a
+  // pipeline rank's backward runs one of its stages).
+  bool in_backward = false;
   // Whether the gradient of the unit's input is complete in this backward (the hook on the
   // block before it has fired): then no more of its backward reads its parameters.
   bool input_gradient_done = false;
@@ -244,6 +248,7 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
       named.push_back({absl::StrCat(block.name, ".", item.key()), item.value()});
     }
     add_unit(block.name, named);
+    fsdp->units_.back().stage = block.stage;
     if (ops != nullptr) add_held(fsdp->units_.back(), block);
   }
   add_unit("root", model.RootParameters());
@@ -342,6 +347,14 @@ int Fsdp::num_blocks() const { return static_cast<int>(units_.size()) - 1; }
 
 Fsdp::Unit& Fsdp::root() { return units_.back(); }
 
+bool Fsdp::FirstOfStage(int unit) const {
+  return unit == 0 || units_[unit - 1].stage != units_[unit].stage;
+}
+
+bool Fsdp::LastOfStage(int unit) const {
+  return unit + 1 == num_blocks() || units_[unit + 1].stage != units_[unit].stage;
+}
+
 void Fsdp::Fail(const absl::Status& status) {
   if (status_.ok()) status_ = status;
 }
@@ -426,9 +439,10 @@ void Fsdp::Reshard(Unit& unit) {
 // parameters again until the output projection's backward. It is gathered again while the
 // last block computes, kept through the backward of the norm and output projection, and
 // freed when the last block's backward starts; its gradient is reduced once the embedding's
-// arrives, at the end.
+// arrives, at the end. A pipeline stage's forward runs its own blocks only, and gathers the
+// root only for the layers of it the stage holds: before its first block when it embeds,
+// after its last when it computes the output.
 void Fsdp::BeforeForward(int hook_unit) {
-  const int last_block = num_blocks() - 1;
   if (hook_unit == Wrappable::kRootUnit) {
     if (backward_started_) {
       // The last backward never reached its end (it threw): its gradients are incomplete.
@@ -444,21 +458,32 @@ void Fsdp::BeforeForward(int hook_unit) {
       Fail(absl::AbortedError(
           "fsdp: the previous backward pass did not finish; its gradients were dropped"));
     }
-    Unshard(root());
-    if (last_block >= 0) StartGather(units_[0]);  // overlaps the embedding lookup
+    forward_root_use_ = {model_.HoldsInputLayers(), model_.HoldsOutputLayers()};
+    forward_last_unit_ = -1;
+    if (forward_root_use_.embeds) {
+      Unshard(root());
+      // The stage that embeds starts at block 0.
+      if (num_blocks() > 0) StartGather(units_[0]);  // overlaps the embedding lookup
+    }
     return;
   }
+  forward_last_unit_ = hook_unit;
   if (hook_unit == 0 && reshard_after_forward_) Reshard(root());
   Unshard(units_[hook_unit]);
   // Prefetch: the next unit's gather runs while this block computes.
-  StartGather(hook_unit < last_block ? units_[hook_unit + 1] : root());
+  if (!LastOfStage(hook_unit)) {
+    StartGather(units_[hook_unit + 1]);
+  } else if (forward_root_use_.outputs) {
+    StartGather(root());
+  }
 }
 
 torch::Tensor Fsdp::AfterForward(int hook_unit, torch::Tensor output) {
   const bool backward_follows = output.requires_grad();
   if (backward_follows) {
-    output.register_hook([this, hook_unit](torch::Tensor grad) {
-      BeforeBackward(hook_unit);
+    output.register_hook([this, hook_unit, root_use = forward_root_use_,
+                          last_unit = forward_last_unit_](torch::Tensor grad) {
+      BeforeBackward(hook_unit, root_use, last_unit);
       return grad;
     });
   }
@@ -467,38 +492,45 @@ torch::Tensor Fsdp::AfterForward(int hook_unit, torch::Tensor output) {
     return output;
   }
   if (!backward_follows || reshard_after_forward_) Reshard(units_[hook_unit]);
-  if (hook_unit == num_blocks() - 1) Unshard(root());  // the final norm and output follow
+  if (LastOfStage(hook_unit) && forward_root_use_.outputs) {
+    Unshard(root());  // the final norm and output follow
+  }
   return output;
 }
 
-void Fsdp::BeforeBackward(int hook_unit) {
+void Fsdp::BeforeBackward(int hook_unit, RootUse root_use, int last_unit) {
   if (!backward_started_) {
     backward_started_ = true;
     for (Unit& unit : units_) {
       unit.gradients_pending = unit.trainable;
       unit.input_gradient_done = false;
+      unit.in_backward = false;
     }
     internal::QueueEndOfBackwardCallback([this] { FinishBackward(); });
   }
   if (hook_unit == Wrappable::kRootUnit) {
-    Unshard(root());
-    if (num_blocks() > 0) StartGather(units_[num_blocks() - 1]);  // prefetch the last block
+    root().in_backward = root_use.embeds || root_use.outputs;
+    // The output projection's backward reads the root's parameters; the embedding's does not.
+    if (root_use.outputs) Unshard(root());
+    if (last_unit >= 0) StartGather(units_[last_unit]);  // prefetch the forward's last block
     return;
   }
-  // The last block's output gradient is complete: the norm and output projection have run
-  // their backward, and nothing left reads the root's parameters.
-  if (hook_unit == num_blocks() - 1) Reshard(root());
+  units_[hook_unit].in_backward = true;
+  // The stage's last block's output gradient is complete: the norm and output projection have
+  // run their backward, and nothing left reads the root's parameters.
+  if (LastOfStage(hook_unit)) Reshard(root());
   // This block's output is the next block's input: the next block's backward is over, and
   // once its gradients are in too, it is freed (a block with frozen parameters waits for
-  // this; block 0, whose input comes from the root, for the end of the backward).
-  if (hook_unit + 1 < num_blocks()) {
+  // this; a stage's first block, whose input comes from the root or another rank, for the
+  // end of the backward).
+  if (!LastOfStage(hook_unit)) {
     Unit& next = units_[hook_unit + 1];
     next.input_gradient_done = true;
     if (next.gradients_pending == 0) Reshard(next);
   }
   Unshard(units_[hook_unit]);
-  // Prefetch: the block that runs backward next is the one before this one.
-  if (hook_unit > 0) StartGather(units_[hook_unit - 1]);
+  // Prefetch: the block that runs backward next is the one before this one, in its stage.
+  if (!FirstOfStage(hook_unit)) StartGather(units_[hook_unit - 1]);
 }
 
 void Fsdp::OnGradientAccumulated(int index) {
@@ -570,9 +602,12 @@ void Fsdp::SettleEarlierReduces() {
 void Fsdp::FinishBackward() {
   torch::NoGradGuard no_grad;
   for (Unit& unit : units_) {
-    // A unit with a trainable parameter that got no gradient has not reduced yet; every rank
-    // has the same model, so every rank starts the same reductions here, in unit order.
-    if (unit.trainable > 0 && unit.reduce == nullptr) StartReduceScatter(unit);
+    // A unit of this backward with a trainable parameter that got no gradient has not reduced
+    // yet; every rank has the same model and runs the same stage, so every rank starts the
+    // same reductions here, in unit order.
+    if (unit.in_backward && unit.trainable > 0 && unit.reduce == nullptr) {
+      StartReduceScatter(unit);
+    }
   }
   SettleEarlierReduces();  // with a replicate group, the last units' all-reduces start
   for (Unit& unit : units_) {

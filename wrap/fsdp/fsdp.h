@@ -118,9 +118,18 @@ class Fsdp {
   Fsdp(Wrappable& model, parallel::Communicator& communicator, parallel::Communicator* replicate,
        const FsdpConfig& config);
 
+  // What of the root one forward computes with: a pipeline stage may hold the embedding, the
+  // output layers, both (the whole model) or neither.
+  struct RootUse {
+    bool embeds = true;
+    bool outputs = true;
+  };
+
   void BeforeForward(int unit);
   torch::Tensor AfterForward(int unit, torch::Tensor output);
-  void BeforeBackward(int unit);
+  // `root_use` and `last_unit` (-1: none) are the forward's whose output's gradient starts
+  // this backward.
+  void BeforeBackward(int unit, RootUse root_use, int last_unit);
   void OnGradientAccumulated(int unit);
   void FinishBackward();
 
@@ -141,6 +150,10 @@ class Fsdp {
 
   int num_blocks() const;
   Unit& root();
+  // Whether block unit `unit` is the first, or the last, of its stage's (Wrappable::Unit::stage):
+  // the forward that runs it starts, or ends, there.
+  bool FirstOfStage(int unit) const;
+  bool LastOfStage(int unit) const;
 
   Wrappable& model_;
   parallel::Communicator& communicator_;
@@ -154,6 +167,8 @@ class Fsdp {
   // replicate group, their all-reduce across the replicas started), in the order they started.
   std::vector<Unit*> reducing_;
   bool backward_started_ = false;
+  RootUse forward_root_use_;  // the forward under way's
+  int forward_last_unit_ = -1;
   absl::Status status_;
   int64_t unsharded_bytes_ = 0;
   int64_t peak_unsharded_bytes_ = 0;
