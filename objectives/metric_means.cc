@@ -23,9 +23,9 @@ absl::StatusOr<MeanMetrics> MetricMeans::Mean(const parallel::DeviceMesh& mesh) 
   // loss, then the weighted metrics, on the mesh's device. fp32 holds the counts exactly up to
   // 2^24 items on the mesh and to 2^-24 relative beyond, far below what the logs print.
   const torch::Tensor sums =
-      sums_.defined()
-          ? sums_
-          : torch::zeros({1}, torch::TensorOptions(torch::kFloat64).device(mesh.device()));
+      sums_.defined() ? sums_
+                      : torch::zeros({1 + static_cast<int64_t>(names_.size())},
+                                     torch::TensorOptions(torch::kFloat64).device(mesh.device()));
   torch::Tensor tensor =
       torch::cat({torch::full({1}, static_cast<double>(items_), sums.options()), sums})
           .to(torch::kFloat32);

@@ -30,6 +30,11 @@ struct MeanMetrics {
 
 class MetricMeans {
  public:
+  // `names`: the metrics every output carries (Objective::MetricNames), so that a rank that
+  // adds no output (a pipeline stage before the last) reduces and reports them too; empty:
+  // those of the first output added.
+  explicit MetricMeans(std::vector<std::string> names = {}) : names_(std::move(names)) {}
+
   // `output` is the mean over `items` items. Every output of one step carries the same metric
   // names (one objective computed them).
   void Add(const ObjectiveOutput& output, int64_t items);

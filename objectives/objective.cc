@@ -22,7 +22,8 @@ namespace {
 class CrossEntropy : public Objective {
  public:
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch,
-                                          const data::Batch& /*host*/) override {
+                                          const data::Batch& /*host*/,
+                                          const torch::Tensor& /*frozen_read*/) override {
     return ObjectiveOutput{
         policy.Loss(batch.inputs, batch.targets, data::kIgnoreTarget, batch.positions), {}};
   }
@@ -97,10 +98,27 @@ class DirectPreference : public Objective {
                           absl::StrCat(field_path_, ".dpo.precompute_reference"));
   }
 
+  std::vector<std::string> MetricNames() const override {
+    return {"rewards/chosen",  "rewards/rejected", "rewards/accuracies",
+            "rewards/margins", "logps/chosen",     "logps/rejected"};
+  }
+
+  std::optional<std::string> FrozenRead() const override {
+    if (frozen_ == nullptr) return std::nullopt;
+    return config_.reference();
+  }
+
+  absl::StatusOr<torch::Tensor> ReadFrozen(models::CausalLM& frozen,
+                                           const data::Batch& batch) const override {
+    return ReferenceLogProbs::Compute(frozen, batch);
+  }
+
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch,
-                                          const data::Batch& host) override {
+                                          const data::Batch& host,
+                                          const torch::Tensor& frozen_read) override {
     // First, so that no policy activations are held while a live reference runs.
-    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor reference, ReferenceOf(policy, batch, host));
+    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor reference,
+                           frozen_read.defined() ? frozen_read : ReferenceOf(policy, batch, host));
     const torch::Tensor policy_logps = data::SequenceSums(
         batch,
         policy.TokenLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget, batch.positions));
@@ -171,6 +189,11 @@ class DirectPreference : public Objective {
 };
 
 }  // namespace
+
+absl::StatusOr<torch::Tensor> Objective::ReadFrozen(models::CausalLM& /*frozen*/,
+                                                    const data::Batch& /*batch*/) const {
+  return absl::FailedPreconditionError("the objective reads no frozen model");
+}
 
 absl::StatusOr<std::unique_ptr<Objective>> MakeObjective(
     const ObjectiveConfig& config, const std::map<std::string, models::CausalLM*>& frozen,

@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,21 +79,39 @@ class Objective {
   // every batch `run` offers, then releases the reference (a frozen one).
   virtual absl::Status Start(RunStart& run) { return absl::OkStatus(); }
 
+  // The frozen model, by its name, that Compute runs forward on each batch (DPO's reference
+  // while it computes live); nullopt when none. A run may compute that model's part of Compute
+  // itself, before the trained model's passes, with ReadFrozen, and hand it to Compute: a
+  // pipelined run does, through the frozen model's own stages.
+  virtual std::optional<std::string> FrozenRead() const { return std::nullopt; }
+
+  // What Compute reads from the frozen model FrozenRead names, for `batch`, computed by
+  // `frozen` under no-grad (DPO: the reference's log-probabilities of the batch's sequences),
+  // on a pipeline's last stage from the stage input it was given. FailedPrecondition for an
+  // objective that reads no frozen model.
+  virtual absl::StatusOr<torch::Tensor> ReadFrozen(models::CausalLM& frozen,
+                                                   const data::Batch& batch) const;
+
   // The loss of the trained model `policy` on `batch` (data/batch.h; for DPO its 2B chosen
   // then rejected sequences, a row each or packed, go through the policy in one forward).
   // `host` is the same batch in host memory (what the trainer copied to the device), where an
   // objective reads what it looks up on the host (a precomputed reference's sequences)
-  // without a transfer back from the device. An error only for a precomputed reference that
-  // lacks a sequence of `batch`, and for DPO against the policy without its adapters when it
-  // has none.
+  // without a transfer back from the device. `frozen_read` is ReadFrozen's result for `batch`,
+  // or undefined, and then the objective runs its frozen model itself. An error only for a
+  // precomputed reference that lacks a sequence of `batch`, and for DPO against the policy
+  // without its adapters when it has none.
   virtual absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
-                                                  const data::Batch& batch,
-                                                  const data::Batch& host) = 0;
+                                                  const data::Batch& batch, const data::Batch& host,
+                                                  const torch::Tensor& frozen_read) = 0;
 
-  // The same for a batch in host memory.
+  // The same for a batch in host memory, running the frozen model itself.
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch) {
-    return Compute(policy, batch, batch);
+    return Compute(policy, batch, batch, torch::Tensor());
   }
+
+  // The names of the metrics Compute reports besides the loss, in its order (DPO's
+  // "rewards/chosen", ...); none by default.
+  virtual std::vector<std::string> MetricNames() const { return {}; }
 
   // How many items Compute's loss of `batch` is a mean over, read from the batch alone (no
   // model runs), so that a step can count its items before any backward: the targets that

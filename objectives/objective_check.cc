@@ -95,10 +95,20 @@ std::vector<base::Violation> CheckObjective(
 std::vector<base::Violation> CheckObjectiveOnStages(const ObjectiveConfig& config,
                                                     absl::string_view field_path) {
   if (!config.has_dpo()) return {};
-  return {{absl::StrCat(field_path, ".dpo"),
-           "DPO on a model cut into pipeline stages (a preparation step whose rule's effect is "
-           "SELECTS) is not supported yet: its reference's forward would need a pipeline of its "
-           "own; train it without the pipeline step"}};
+  const std::string field = absl::StrCat(field_path, ".dpo");
+  if (config.dpo().precompute_reference()) {
+    return {{field + ".precompute_reference",
+             "precomputes the reference's log-probabilities on whole models before the first "
+             "step, which a model cut into pipeline stages (a preparation step whose rule's "
+             "effect is SELECTS) cannot do yet; drop it: the reference then runs through its "
+             "own stages at each step"}};
+  }
+  if (config.dpo().policy_without_adapters()) {
+    return {{field + ".policy_without_adapters",
+             "a model cut into pipeline stages (a preparation step whose rule's effect is "
+             "SELECTS) cannot be its own reference yet; name a frozen reference"}};
+  }
+  return {};
 }
 
 WorkPerSequence WorkOf(const ObjectiveConfig& config) {

@@ -36,8 +36,10 @@ std::vector<base::Violation> CheckObjective(
 
 // Every problem of `config` at `field_path` on a trained model cut into pipeline stages (a
 // preparation step whose rule's effect is SELECTS), where only the last stage computes the
-// loss, from the hidden states the stages before it sent: DPO, whose reference's forward would
-// need a pipeline of its own, is not supported there yet.
+// loss, from the hidden states the stages before it sent. DPO runs there against a frozen
+// reference, which the run reads through the reference's own preparation at each step (cut
+// over the same dimension, or whole); not yet with precompute_reference, nor against the policy
+// without its adapters.
 std::vector<base::Violation> CheckObjectiveOnStages(const ObjectiveConfig& config,
                                                     absl::string_view field_path);
 

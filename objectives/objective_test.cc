@@ -115,6 +115,40 @@ TEST(ObjectiveTest, PrecomputedDpoEqualsDpoAgainstTheLiveReference) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no precomputed reference")));
 }
 
+// What a run reads from DPO's live reference ahead (ReadFrozen, through the reference's own
+// stages under a pipeline) and hands to Compute gives what Compute computes with the reference
+// itself, bit for bit; a precomputed reference reads no frozen model; the metric names are
+// those Compute reports.
+TEST(ObjectiveTest, DpoReadsItsReferenceAheadAsItWouldItself) {
+  auto policy = TinyModel(1);
+  auto reference = TinyModel(2);
+  const ObjectiveConfig config = DpoAgainst("ref");
+  auto live = MakeObjective(config, {{"ref", reference.get()}}, "plan.objective");
+  ASSERT_THAT(live, IsOk());
+  EXPECT_EQ((*live)->FrozenRead(), std::optional<std::string>("ref"));
+  const data::Batch batch = TwoPairs();
+  const absl::StatusOr<torch::Tensor> read = (*live)->ReadFrozen(*reference, batch);
+  ASSERT_THAT(read, IsOk());
+  const ObjectiveOutput expected = (*live)->Compute(*policy, batch).value();
+  const ObjectiveOutput actual = (*live)->Compute(*policy, batch, batch, *read).value();
+  EXPECT_EQ(actual.loss.item<float>(), expected.loss.item<float>());
+  EXPECT_EQ(OnHost(actual.metrics), OnHost(expected.metrics));
+  std::vector<std::string> names;
+  for (const auto& [name, value] : expected.metrics) names.push_back(name);
+  EXPECT_EQ((*live)->MetricNames(), names);
+
+  auto table = std::make_shared<ReferenceLogProbs>();
+  table->Add(*reference, batch);
+  EXPECT_EQ(MakePrecomputedDpo(config.dpo(), table)->FrozenRead(), std::nullopt);
+  auto causal_lm = MakeObjective(ObjectiveConfig(), {}, "plan.objective");
+  ASSERT_THAT(causal_lm, IsOk());
+  EXPECT_EQ((*causal_lm)->FrozenRead(), std::nullopt);
+  EXPECT_TRUE((*causal_lm)->MetricNames().empty());
+  EXPECT_THAT((*causal_lm)->ReadFrozen(*reference, batch),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("the objective reads no frozen model")));
+}
+
 // Padding-free rows (PACKING_PADDING_FREE) of three pairs of very different lengths score as
 // their padded rows do: the loss, every metric (IPO's length-averaged loss too) and the
 // gradients, against a live and a precomputed reference.

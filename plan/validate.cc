@@ -79,6 +79,7 @@ class Checker {
     if (HasEffect(plan_.prepare(), wrap::SELECTS)) {
       AddAll(objectives::CheckObjectiveOnStages(plan_.objective(), "plan.objective"));
     }
+    CheckFrozenStages();
     ResolveWork(config);
     ResolvePaths();
     return std::move(violations_);
@@ -314,6 +315,36 @@ class Checker {
       if (rule != nullptr && rule->effect() == effect) return true;
     }
     return false;
+  }
+
+  // The mesh dimension a step of `steps` whose rule's effect is SELECTS cuts the model into
+  // pipeline stages over, or "" when none does.
+  std::string StagesDim(const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps) const {
+    for (const wrap::PrepareStep& step : steps) {
+      const wrap::StrategyRule* rule = wrap::FindStrategy(rules_, wrap::StrategyName(step));
+      if (rule == nullptr || rule->effect() != wrap::SELECTS) continue;
+      const absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
+      if (strategy.ok()) return (*strategy)->mesh_dim();
+    }
+    return "";
+  }
+
+  // What the objective reads from a frozen model cut into pipeline stages comes out of its last
+  // stage, where the trained model's loss must be computed: both cut over one dimension.
+  void CheckFrozenStages() {
+    const std::string trained = StagesDim(plan_.prepare());
+    for (int i = 0; i < plan_.frozen_size(); ++i) {
+      const std::string frozen = StagesDim(plan_.frozen(i).prepare());
+      if (frozen.empty() || frozen == trained) continue;
+      Add(absl::StrCat("plan.frozen[", i, "].prepare"),
+          absl::StrCat("cuts the frozen model into pipeline stages over \"", frozen,
+                       "\", but the trained model ",
+                       trained.empty() ? std::string("is not cut into stages")
+                                       : absl::StrCat("is cut over \"", trained, "\""),
+                       ": what the objective reads from a frozen model comes out of its last "
+                       "stage, which must hold the trained model's last stage too; cut both over "
+                       "one dimension, or leave the frozen model whole"));
+    }
   }
 
   void CheckCheckpoint() {

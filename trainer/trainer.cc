@@ -80,6 +80,9 @@ struct CountedBatch {
   data::Batch batch;
   data::Batch host;
   int64_t items;
+  // The objective's part of the batch computed by the frozen model it reads
+  // (TrainingRun::ReadFrozen); undefined where it reads none.
+  torch::Tensor frozen_read = {};
 };
 absl::StatusOr<CountedBatch> NextCounted(data::DataLoader& loader,
                                          const objectives::Objective& objective,
@@ -171,6 +174,12 @@ class TrainingRun {
   // preparation's executor (Preparation::TrainMicroBatches), each weighted by its share of the
   // step's scored items, the update at the scheduled rate, and the evaluation when it is due.
   absl::StatusOr<metrics::StepMetrics> Step(int64_t step);
+
+  // Where the objective reads a frozen model (Objective::FrozenRead), its part of each of
+  // `batches` (Objective::ReadFrozen) into their frozen_read, computed under no-grad through
+  // the frozen model's own preparation (its pipeline stages, if any) before the trained
+  // model's passes; nothing otherwise.
+  absl::Status ReadFrozen(std::vector<CountedBatch>& batches);
 
   // The forward of micro-batch i of `batches` on the trained model (wrap::MicroBatchForward):
   // from the hidden state `input` on a later pipeline stage; the stage's output, or, where the
@@ -374,7 +383,8 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
                          base::Annotate(objectives::StepItems::Count(std::move(items), mesh_,
                                                                      resolved_.data_parallel_dims),
                                         absl::StrCat("step ", metrics.step)));
-  objectives::MetricMeans means;
+  PLAIT_RETURN_IF_ERROR(base::Annotate(ReadFrozen(batches), absl::StrCat("step ", metrics.step)));
+  objectives::MetricMeans means(objective_->MetricNames());
   // Its errors are the hooks' collectives', which name the step and their place in it, and
   // the objective's.
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().TrainMicroBatches(
@@ -496,6 +506,30 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   return report;
 }
 
+absl::Status TrainingRun::ReadFrozen(std::vector<CountedBatch>& batches) {
+  const std::optional<std::string> name = objective_->FrozenRead();
+  if (!name.has_value()) return absl::OkStatus();
+  const auto frozen = frozen_.find(*name);
+  if (frozen == frozen_.end()) {
+    return absl::InternalError(absl::StrCat("no frozen model \"", *name, "\" to read"));
+  }
+  models::CausalLM& model = frozen->second->model();
+  torch::NoGradGuard no_grad;
+  return base::Annotate(
+      frozen->second->preparation().EvaluateMicroBatches(
+          static_cast<int>(batches.size()),
+          [&](int micro, const torch::Tensor& input) -> absl::StatusOr<torch::Tensor> {
+            CountedBatch& batch = batches[micro];
+            if (input.defined()) model.SetStageInput(input);
+            if (!model.HoldsOutputLayers()) {
+              return model.StageOutput(batch.batch.inputs, batch.batch.positions);
+            }
+            PLAIT_ASSIGN_OR_RETURN(batch.frozen_read, objective_->ReadFrozen(model, batch.batch));
+            return batch.frozen_read;
+          }),
+      absl::StrCat("frozen model \"", *name, "\""));
+}
+
 wrap::MicroBatchForward TrainingRun::Forward(const std::vector<CountedBatch>& batches,
                                              objectives::MetricMeans& means,
                                              const objectives::StepItems* step_items) {
@@ -508,7 +542,7 @@ wrap::MicroBatchForward TrainingRun::Forward(const std::vector<CountedBatch>& ba
       return model.StageOutput(batch.batch.inputs, batch.batch.positions);
     }
     PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
-                           objective_->Compute(model, batch.batch, batch.host));
+                           objective_->Compute(model, batch.batch, batch.host, batch.frozen_read));
     means.Add(output, batch.items);
     return step_items == nullptr ? output.loss : step_items->ScaledForBackward(output.loss, micro);
   };
@@ -526,7 +560,8 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
     PLAIT_ASSIGN_OR_RETURN(CountedBatch batch, NextCounted(*eval_, *objective_, mesh_.device()));
     batches.push_back(std::move(batch));
   }
-  objectives::MetricMeans means;
+  PLAIT_RETURN_IF_ERROR(ReadFrozen(batches));
+  objectives::MetricMeans means(objective_->MetricNames());
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().EvaluateMicroBatches(
       static_cast<int>(batches.size()), Forward(batches, means, /*step_items=*/nullptr)));
   return means.Mean(mesh_);

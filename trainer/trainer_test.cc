@@ -691,6 +691,30 @@ TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
   }
 }
 
+// The policy cut into 2 pipeline stages (1F1B, 2 micro-batches a step), with its frozen
+// reference cut the same way or whole on each rank: at each step the reference runs through its
+// own stages (or whole) first, and its log-probabilities reach the policy's last stage, where
+// DPO scores the pairs; the first stage logs the same metrics.
+TEST(DpoTest, PipelineOnTwoRanksTrainsToTheSingleProcessRun) {
+  const TrainReport single = TrainOnRanks(DpoPlan("single"), 1);
+  for (const bool reference_cut : {true, false}) {
+    plan::Plan pp = DpoPlan("single");
+    auto* dim = pp.mutable_mesh()->add_dims();
+    dim->set_name("pp");
+    dim->set_size(2);
+    wrap::PipelineConfig pipeline;
+    pipeline.set_mesh_dim("pp");
+    pipeline.set_schedule("1F1B");
+    *pp.add_prepare()->mutable_pipeline() = pipeline;
+    if (reference_cut) *pp.mutable_frozen(0)->add_prepare()->mutable_pipeline() = pipeline;
+    for (const char* override : {"training.micro_batch=8", "training.grad_accumulation=2"}) {
+      EXPECT_THAT(plan::ApplyOverride(override, pp), IsOk());
+    }
+    ExpectSameSteps(TrainOnRanks(pp, 2), single,
+                    reference_cut ? "pp 2, the reference cut too" : "pp 2");
+  }
+}
+
 // The policy and its frozen reference both tensor-parallel over 2 ranks, each scoring its
 // sequences from vocabulary-sharded logits. Qwen2-tiny's 7 heads do not split in 2: both
 // models get 4 heads sharing 1 key/value head (one per rank, shared), in both runs.
