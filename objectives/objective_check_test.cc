@@ -116,5 +116,21 @@ TEST(ObjectiveCheckTest, RejectsThePolicyWithoutAdaptersWhenNoStepAddsThem) {
                           "model in dpo.reference (rule dpo_policy_adapters)"));
 }
 
+// On a model cut into pipeline stages DPO runs against a frozen reference, read through its
+// own stages at each step; what needs the whole model before the first step, or the policy as
+// its own reference, is refused by field.
+TEST(ObjectiveCheckTest, OnStagesDpoNeedsALiveFrozenReference) {
+  EXPECT_THAT(CheckObjectiveOnStages(Dpo("ref"), "plan.objective"), IsEmpty());
+  EXPECT_THAT(CheckObjectiveOnStages(ObjectiveConfig(), "plan.objective"), IsEmpty());
+  ObjectiveConfig precomputed = Dpo("ref");
+  precomputed.mutable_dpo()->set_precompute_reference(true);
+  EXPECT_THAT(Lines(CheckObjectiveOnStages(precomputed, "plan.objective")),
+              ElementsAre(HasSubstr("plan.objective.dpo.precompute_reference: precomputes the "
+                                    "reference's log-probabilities on whole models")));
+  EXPECT_THAT(Lines(CheckObjectiveOnStages(DpoAgainstThePolicyWithoutAdapters(), "plan.objective")),
+              ElementsAre(HasSubstr("plan.objective.dpo.policy_without_adapters: a model cut "
+                                    "into pipeline stages")));
+}
+
 }  // namespace
 }  // namespace plait::objectives

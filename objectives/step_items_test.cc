@@ -98,6 +98,26 @@ TEST(MetricMeansTest, WeighsEachMicroBatchByItsItems) {
   });
 }
 
+// A rank that computes no loss (a pipeline stage before the last) adds nothing, yet knows the
+// metrics' names, so every rank reduces alike and reports the others' means.
+TEST(MetricMeansTest, ARankThatAddsNothingReportsTheNamedMetrics) {
+  parallel::testing::RunOnRingMesh(DpTp(), [](int rank, parallel::DeviceMesh& mesh) {
+    MetricMeans means({"m", "n"});
+    if (DpRank(rank) == 1) {
+      means.Add({torch::tensor(2.0f), {{"m", torch::tensor(30.0f)}, {"n", torch::tensor(4.0f)}}},
+                2);
+    }
+    absl::StatusOr<MeanMetrics> mean = means.Mean(mesh);
+    ASSERT_THAT(mean, IsOk());
+    EXPECT_NEAR(mean->loss, 2.0, 1e-6);
+    ASSERT_EQ(mean->metrics.size(), 2u);
+    EXPECT_EQ(mean->metrics[0].first, "m");
+    EXPECT_NEAR(mean->metrics[0].second, 30.0, 1e-5);
+    EXPECT_EQ(mean->metrics[1].first, "n");
+    EXPECT_NEAR(mean->metrics[1].second, 4.0, 1e-6);
+  });
+}
+
 TEST(MetricMeansTest, NoItemAnywhereIsAnError) {
   parallel::testing::RunOnRingMesh(DpTp(), [](int, parallel::DeviceMesh& mesh) {
     MetricMeans means;
