@@ -222,8 +222,9 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
     const FrozenModel& frozen = plan.frozen(i);
     PLAIT_ASSIGN_OR_RETURN(const wrap::ActivationSplit frozen_split,
                            ActivationSplitOf(frozen.prepare(), plan.mesh()));
-    const wrap::ModelShape frozen_shape = ShapeOf(resolved.frozen[i], frozen.model(), plan.device(),
-                                                  plan.training(), frozen_split, kernels);
+    wrap::ModelShape frozen_shape = ShapeOf(resolved.frozen[i], frozen.model(), plan.device(),
+                                            plan.training(), frozen_split, kernels);
+    frozen_shape.trainable_parameters = 0.0;  // it only runs forward
     FrozenEstimate& frozen_estimate = estimate.frozen.emplace_back();
     PLAIT_ASSIGN_OR_RETURN(frozen_estimate.preparation,
                            EstimatePreparation(frozen.prepare(), frozen_shape, plan.mesh()));

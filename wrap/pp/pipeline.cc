@@ -452,6 +452,21 @@ StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
   }
   const double most = *std::max_element(rank_parameters.begin(), rank_parameters.end());
   estimate.parameter_fraction = shape.parameters > 0 ? most / shape.parameters : 1.0;
+  const double hidden_bytes = shape.micro_batch_tokens * shape.hidden_size * shape.parameter_bytes;
+  if (shape.TrainableParameters() == 0) {
+    // A frozen model (a DPO reference): each micro-batch runs forward through the stages, with
+    // no backward and nothing kept for one.
+    estimate.description = absl::StrFormat(
+        "pipeline over \"%s\" (%d stages), forward only: each of %d micro-batches through the "
+        "stages in turn",
+        config_.mesh_dim(), stages, micro);
+    if (ranks > 1) {
+      estimate.details.push_back(absl::StrCat("sends ", base::HumanBytes(hidden_bytes),
+                                              " per micro-batch between neighbouring stages "
+                                              "(hidden states forward)"));
+    }
+    return estimate;
+  }
   std::string bubble;
   if (const absl::StatusOr<SimulationResult> run = Simulate(*schedule); run.ok()) {
     std::vector<std::string> in_flight;
@@ -484,7 +499,6 @@ StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
   // Each micro-batch's hidden state goes forward and its gradient back once between each pair
   // of neighbouring stages; the rank that sends the most (a middle one, or with several stages
   // per rank any) counts.
-  const double hidden_bytes = shape.micro_batch_tokens * shape.hidden_size * shape.parameter_bytes;
   if (ranks > 1) {
     int64_t most_sends = 0;
     for (const std::vector<Action>& actions : schedule->ranks) {
