@@ -1,8 +1,8 @@
 // Pipeline parallelism trains as one process: //trainer:llama_fsdp's tiny Llama (4 blocks) for
 // 10 AdamW steps with clipping, 4 micro-batches a step, cut into stages over "pp" with each
 // schedule (GPIPE, 1F1B, ZB_H1, INTERLEAVED_1F1B with 2 stages per rank) on 2 ranks, 1F1B on 4
-// ranks (a block each), uneven stages (stage_starts), pp 2 x DDP 2, pp 2 x FSDP 2 (and
-// interleaved x FSDP 2) and pp 2 x TP 2, and the tiny Qwen2 (its embedding tied to the output
+// ranks (a block each), uneven stages (stage_starts), pp 2 x DDP 2 and pp 2 x FSDP 2 (each
+// interleaved too) and pp 2 x TP 2, and the tiny Qwen2 (its embedding tied to the output
 // projection) on pp 2, pp 2 x FSDP 2 and interleaved pp 2, has the losses, gradient
 // norms, evaluation loss and final parameters of the run of one process that reads the same
 // batches, within 1e-5 relative, as do the shipped jobs llama_pp and llama_3d. Each rank builds and
@@ -198,6 +198,12 @@ TEST(PipelineTest, UnevenStagesEqualOneProcess) {
 
 TEST(PipelineTest, WithDdpEqualsOneProcess) {
   ExpectOneProcessRun({.pp = 2, .data_parallel = "ddp", .dp = 2}, "pp 2 x DDP 2");
+  // DDP reduces every bucket in the rank's last backward, its first stage's: the other stage's
+  // gradients, complete by then, go with it.
+  Layout interleaved = kInterleaved;
+  interleaved.data_parallel = "ddp";
+  interleaved.dp = 2;
+  ExpectOneProcessRun(interleaved, "pp 2 INTERLEAVED_1F1B x 2 x DDP 2");
 }
 
 TEST(PipelineTest, WithFsdpEqualsOneProcess) {
@@ -355,6 +361,13 @@ TEST(PipelineTest, InvalidPlansNameTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("plan.prepare[0].pipeline: 6 stages need at least as many "
                                  "blocks; the model has 4")));
+
+  plan::Plan one_rank = TrainingPlan(kInterleaved);
+  one_rank.mutable_mesh()->mutable_dims(0)->set_size(1);
+  EXPECT_THAT(problems(one_rank, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.prepare[0].pipeline.stages_per_rank: is 2, but \"pp\" has "
+                                 "1 rank")));
 
   plan::Plan too_few_micro_batches = TrainingPlan({.pp = 4});
   too_few_micro_batches.mutable_training()->set_grad_accumulation(2);

@@ -396,6 +396,13 @@ std::vector<base::Violation> PipelineStrategy::Check(const std::optional<ModelSh
   if (!shape.has_value()) return problems;
   const int ranks = DimSize(mesh, config_.mesh_dim());
   if (ranks < 1) return problems;  // the rules report the missing dimension
+  if (ranks == 1 && per_rank > 1) {
+    problems.push_back(
+        {per_rank_field,
+         absl::StrCat("is ", per_rank, ", but \"", config_.mesh_dim(),
+                      "\" has 1 rank: its stages would hand their tensors over on that rank, "
+                      "which the pipeline does not do; give the dimension 2 ranks or more")});
+  }
   Cut cut = CutBlocks(config_, shape->num_blocks, ranks * per_rank, step_field);
   if (cut.problem.has_value()) problems.push_back(*std::move(cut.problem));
   // Fewer micro-batches than ranks never fill the pipeline: some rank idles through every step.
