@@ -234,8 +234,9 @@ void ExpectResumeMatches(const std::string& saved_dir, plan::Plan plan, int rank
 // A run of 8 steps on 2 FSDP ranks resumes on 1 rank, on 4 FSDP ranks and on a 3-D mesh (2
 // pipeline stages x FSDP 2 x tensor parallel 2, 8 ranks), one on 2 DDP ranks on 2 FSDP
 // ranks, one on a 2-D mesh (tensor parallel inside FSDP, 4 ranks) on 2 tensor-parallel ranks,
-// and one on 2 pipeline stages on 2 FSDP ranks, each for 8 more steps, as the straight 16-step run
-// on 2 FSDP ranks: each new rank reads its parts of the old ranks' slices.
+// and one on 2 pipeline stages (and one on 2 pipeline ranks of 2 interleaved stages) on 2 FSDP
+// ranks, each for 8 more steps, as the straight 16-step run on 2 FSDP ranks: each new rank
+// reads its parts of the old ranks' slices.
 TEST(CheckpointReshardTest, ACheckpointResumesOnAnotherWorldSizeAndLayout) {
   const std::string straight_dir = FreshTestDir("reshard_straight");
   const TrainReport straight =
@@ -271,6 +272,18 @@ TEST(CheckpointReshardTest, ACheckpointResumesOnAnotherWorldSizeAndLayout) {
     TrainOnRanks(ReshardPlan("llama_pp", pp_dir, 1, 0, /*steps=*/8), 2);
     ExpectResumeMatches(pp_dir, ReshardPlan("llama_fsdp", FreshTestDir("reshard_pp_fsdp"), 2, 2), 2,
                         straight, straight_dir);
+  }
+  {
+    SCOPED_TRACE("2 pipeline ranks of 2 interleaved stages -> 2 FSDP ranks");
+    const std::string interleaved_dir = FreshTestDir("reshard_interleaved");
+    plan::Plan interleaved = ReshardPlan("llama_pp", interleaved_dir, 1, 0, /*steps=*/8);
+    wrap::PipelineConfig& pipeline = *interleaved.mutable_prepare(0)->mutable_pipeline();
+    pipeline.set_schedule("INTERLEAVED_1F1B");
+    pipeline.set_stages_per_rank(2);
+    TrainOnRanks(interleaved, 2);
+    ExpectResumeMatches(interleaved_dir,
+                        ReshardPlan("llama_fsdp", FreshTestDir("reshard_interleaved_fsdp"), 2, 2),
+                        2, straight, straight_dir);
   }
   {
     SCOPED_TRACE("2 FSDP ranks -> 2 pipeline stages x 2 FSDP x 2 tensor-parallel ranks");
