@@ -566,10 +566,11 @@ absl::Status PipelineStrategy::Apply(Wrappable& model, const parallel::DeviceMes
   holders = holders.to(device_);
   PLAIT_RETURN_IF_ERROR(group_->AllReduce(holders, parallel::ReduceOp::kSum)->Wait());
   holders = holders.cpu();
+  const auto held_by = holders.accessor<float, 2>();
   for (WholeParameter& whole : whole_) {
     const int64_t i = &whole - whole_.data();
     for (int r = 0; r < stages; ++r) {
-      if (holders[r][i].item<float>() > 0) whole.holders.push_back(r);
+      if (held_by[r][i] > 0) whole.holders.push_back(r);
     }
     if (whole.holders.empty()) {
       return absl::InternalError(
@@ -639,17 +640,19 @@ absl::Status PipelineStrategy::GatherFullParameters(
   // model), one collective for all.
   const int64_t count = static_cast<int64_t>(whole_.size());
   torch::Tensor dtypes = torch::zeros({count});
+  const auto own_dtypes = dtypes.accessor<float, 1>();
   for (int64_t i = 0; i < count; ++i) {
     if (whole_[i].holders.front() != group_->rank()) continue;
     const auto it = parameters.find(whole_[i].name);
     if (it == parameters.end()) {
       return absl::InternalError(absl::StrCat("pipeline: no gathered ", whole_[i].name));
     }
-    dtypes[i] = static_cast<float>(it->second.scalar_type());
+    own_dtypes[i] = static_cast<float>(it->second.scalar_type());
   }
   dtypes = dtypes.to(device_);
   PLAIT_RETURN_IF_ERROR(group_->AllReduce(dtypes, parallel::ReduceOp::kSum)->Wait());
   dtypes = dtypes.cpu();
+  const auto holder_dtypes = dtypes.accessor<float, 1>();
   for (int64_t i = 0; i < count; ++i) {
     const WholeParameter& whole = whole_[i];
     torch::Tensor tensor;
@@ -657,7 +660,7 @@ absl::Status PipelineStrategy::GatherFullParameters(
     if (holder == group_->rank()) {
       tensor = parameters.at(whole.name).detach().contiguous();
     } else {
-      const auto dtype = static_cast<torch::ScalarType>(static_cast<int>(dtypes[i].item<float>()));
+      const auto dtype = static_cast<torch::ScalarType>(static_cast<int>(holder_dtypes[i]));
       tensor = torch::empty(whole.shape, torch::TensorOptions(dtype).device(device_));
     }
     PLAIT_RETURN_IF_ERROR(group_->Broadcast(tensor, holder)->Wait());
