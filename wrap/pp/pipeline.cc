@@ -640,7 +640,7 @@ absl::Status PipelineStrategy::GatherFullParameters(
   // model), one collective for all.
   const int64_t count = static_cast<int64_t>(whole_.size());
   torch::Tensor dtypes = torch::zeros({count});
-  const auto own_dtypes = dtypes.accessor<float, 1>();
+  auto own_dtypes = dtypes.accessor<float, 1>();
   for (int64_t i = 0; i < count; ++i) {
     if (whole_[i].holders.front() != group_->rank()) continue;
     const auto it = parameters.find(whole_[i].name);
