@@ -296,17 +296,19 @@ TrainingRun Distributed(const Scenario& scenario) {
       auto [tokens, targets] = Batch(step);
       const std::map<std::string, int64_t> sent_before = BytesSent(mesh);
       double step_loss = 0.0;
-      for (int m = 0; m < scenario.micro_steps; ++m) {
-        const int64_t first = dp_rank * per_rank + m * micro;
-        const bool last = m + 1 == scenario.micro_steps;
-        const auto no_sync = (*preparation)->NoSyncIf(!last);
-        torch::Tensor loss = model->Loss(tokens.narrow(0, first, micro).to(device),
-                                         targets.narrow(0, first, micro).to(device)) /
-                             scenario.micro_steps;
-        loss.backward();
-        step_loss += loss.item<double>();
-      }
-      ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+      ASSERT_THAT((*preparation)
+                      ->TrainMicroBatches(
+                          scenario.micro_steps,
+                          [&](int m, const torch::Tensor&) -> absl::StatusOr<torch::Tensor> {
+                            const int64_t first = dp_rank * per_rank + m * micro;
+                            torch::Tensor loss =
+                                model->Loss(tokens.narrow(0, first, micro).to(device),
+                                            targets.narrow(0, first, micro).to(device)) /
+                                scenario.micro_steps;
+                            step_loss += loss.item<double>();
+                            return loss;
+                          }),
+                  IsOk());
       for (const auto& [key, sent] : BytesSent(mesh)) bytes_sent[key] += sent - sent_before.at(key);
       absl::StatusOr<optim::StepReport> report = (*optimizer)->Step(LearningRate(step));
       ASSERT_THAT(report, IsOk());

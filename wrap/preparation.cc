@@ -128,18 +128,6 @@ std::vector<std::string> Preparation::DataParallelDims() const {
   return DataParallelDimsOf(steps_, mesh_.layout().dim_names());
 }
 
-Preparation::NoSyncScope::NoSyncScope(const std::vector<std::unique_ptr<Strategy>>& strategies,
-                                      bool skip_sync)
-    : strategies_(strategies), skip_sync_(skip_sync) {
-  if (!skip_sync_) return;
-  for (const auto& strategy : strategies_) strategy->SetGradientSync(false);
-}
-
-Preparation::NoSyncScope::~NoSyncScope() {
-  if (!skip_sync_) return;
-  for (const auto& strategy : strategies_) strategy->SetGradientSync(true);
-}
-
 MicroBatchExecutor& Preparation::Executor() {
   for (const auto& strategy : strategies_) {
     if (MicroBatchExecutor* executor = strategy->micro_batch_executor(); executor != nullptr) {

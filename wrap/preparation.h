@@ -71,25 +71,6 @@ class Preparation {
   // the batch (FSDP, DDP), in mesh order.
   std::vector<std::string> DataParallelDims() const;
 
-  // While the returned object lives (if `skip_sync`; else it does nothing), backward passes
-  // accumulate gradients without synchronising (DDP's no-sync); the backward after it
-  // synchronises what was accumulated. Strategies that reduce every micro-batch (FSDP) need no
-  // such scope. Gradient accumulation skips the sync for all micro-batches but the last:
-  //
-  //   const auto no_sync = preparation->NoSyncIf(micro + 1 < accumulation);
-  class NoSyncScope {
-   public:
-    NoSyncScope(const std::vector<std::unique_ptr<Strategy>>& strategies, bool skip_sync);
-    ~NoSyncScope();
-    NoSyncScope(const NoSyncScope&) = delete;
-    NoSyncScope& operator=(const NoSyncScope&) = delete;
-
-   private:
-    const std::vector<std::unique_ptr<Strategy>>& strategies_;
-    const bool skip_sync_;
-  };
-  NoSyncScope NoSyncIf(bool skip_sync) const { return NoSyncScope(strategies_, skip_sync); }
-
   // Runs the forward (MicroBatchForward) and backward passes of `num_micro` micro-batches, one
   // optimizer step's, in the order a strategy decides (a pipeline's schedule; else one after
   // another), gradients synchronised in the rank's last backward only, then checks
