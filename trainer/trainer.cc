@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -91,6 +92,17 @@ absl::StatusOr<CountedBatch> NextCounted(data::DataLoader& loader,
   const int64_t items = objective.ScoredItems(host);
   data::Batch batch = data::ToDevice(host, device);
   return CountedBatch{std::move(batch), std::move(host), items};
+}
+
+// Micro-batch `batch`'s forward on `model` as a wrap::MicroBatchForward runs it: from the
+// hidden state `input` on a later pipeline stage; the stage's output, or, where the model
+// holds its output layers, what `on_output_layers` computes with them.
+absl::StatusOr<torch::Tensor> StageForward(
+    models::CausalLM& model, const data::Batch& batch, const torch::Tensor& input,
+    const std::function<absl::StatusOr<torch::Tensor>()>& on_output_layers) {
+  if (input.defined()) model.SetStageInput(input);
+  if (!model.HoldsOutputLayers()) return model.StageOutput(batch.inputs, batch.positions);
+  return on_output_layers();
 }
 
 // The peak FLOP/s of one rank in the dtype the plan's model computes in (DTYPE_AUTO
@@ -518,14 +530,12 @@ absl::Status TrainingRun::ReadFrozen(std::vector<CountedBatch>& batches) {
   return base::Annotate(
       frozen->second->preparation().EvaluateMicroBatches(
           static_cast<int>(batches.size()),
-          [&](int micro, const torch::Tensor& input) -> absl::StatusOr<torch::Tensor> {
+          [&](int micro, const torch::Tensor& input) {
             CountedBatch& batch = batches[micro];
-            if (input.defined()) model.SetStageInput(input);
-            if (!model.HoldsOutputLayers()) {
-              return model.StageOutput(batch.batch.inputs, batch.batch.positions);
-            }
-            PLAIT_ASSIGN_OR_RETURN(batch.frozen_read, objective_->ReadFrozen(model, batch.batch));
-            return batch.frozen_read;
+            return StageForward(model, batch.batch, input, [&]() -> absl::StatusOr<torch::Tensor> {
+              PLAIT_ASSIGN_OR_RETURN(batch.frozen_read, objective_->ReadFrozen(model, batch.batch));
+              return batch.frozen_read;
+            });
           }),
       absl::StrCat("frozen model \"", *name, "\""));
 }
@@ -533,18 +543,17 @@ absl::Status TrainingRun::ReadFrozen(std::vector<CountedBatch>& batches) {
 wrap::MicroBatchForward TrainingRun::Forward(const std::vector<CountedBatch>& batches,
                                              objectives::MetricMeans& means,
                                              const objectives::StepItems* step_items) {
-  return [this, &batches, &means, step_items](
-             int micro, const torch::Tensor& input) -> absl::StatusOr<torch::Tensor> {
+  return [this, &batches, &means, step_items](int micro, const torch::Tensor& input) {
     models::CausalLM& model = prepared_->model();
     const CountedBatch& batch = batches[micro];
-    if (input.defined()) model.SetStageInput(input);
-    if (!model.HoldsOutputLayers()) {
-      return model.StageOutput(batch.batch.inputs, batch.batch.positions);
-    }
-    PLAIT_ASSIGN_OR_RETURN(const objectives::ObjectiveOutput output,
-                           objective_->Compute(model, batch.batch, batch.host, batch.frozen_read));
-    means.Add(output, batch.items);
-    return step_items == nullptr ? output.loss : step_items->ScaledForBackward(output.loss, micro);
+    return StageForward(model, batch.batch, input, [&]() -> absl::StatusOr<torch::Tensor> {
+      PLAIT_ASSIGN_OR_RETURN(
+          const objectives::ObjectiveOutput output,
+          objective_->Compute(model, batch.batch, batch.host, batch.frozen_read));
+      means.Add(output, batch.items);
+      return step_items == nullptr ? output.loss
+                                   : step_items->ScaledForBackward(output.loss, micro);
+    });
   };
 }
 
