@@ -319,12 +319,7 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     // Rank 0 sends one hidden state or gradient, [1, seq_len, hidden] in fp32, per send of its
     // schedule: each micro-batch's hidden state (and with 2 stages per rank, its stage 2's
     // hidden state and stage 2's input gradient too).
-    const std::vector<pp::Action> actions = Schedule(mode, batch).ranks[0];
-    const int64_t sends = static_cast<int64_t>(
-        std::count_if(actions.begin(), actions.end(), [](const pp::Action& action) {
-          return action.type == pp::ActionType::kSendActivation ||
-                 action.type == pp::ActionType::kSendGradient;
-        }));
+    const int64_t sends = pp::CountSends(Schedule(mode, batch).ranks[0]);
     m.theoretical_bytes_per_step = static_cast<double>(sends) * kSeqLen *
                                    benchmarks::MediumModel().hidden_size() * sizeof(float);
   }

@@ -90,8 +90,15 @@ plan::Plan TrainingPlan(const Layout& layout) {
   return plan;
 }
 
-// Two ranks of two stages each, one block a stage.
-const Layout kInterleaved = {.pp = 2, .schedule = "INTERLEAVED_1F1B", .stages_per_rank = 2};
+// `layout` with INTERLEAVED_1F1B and 2 stages on each pipeline rank (with 2 ranks, one block a
+// stage).
+Layout Interleaved(Layout layout) {
+  layout.schedule = "INTERLEAVED_1F1B";
+  layout.stages_per_rank = 2;
+  return layout;
+}
+
+const Layout kInterleaved = Interleaved({.pp = 2});
 
 // `layout`'s run, trained once per test process under `name`.
 const SavedRun& Trained(const Layout& layout, const std::string& name) {
@@ -200,18 +207,14 @@ TEST(PipelineTest, WithDdpEqualsOneProcess) {
   ExpectOneProcessRun({.pp = 2, .data_parallel = "ddp", .dp = 2}, "pp 2 x DDP 2");
   // DDP reduces every bucket in the rank's last backward, its first stage's: the other stage's
   // gradients, complete by then, go with it.
-  Layout interleaved = kInterleaved;
-  interleaved.data_parallel = "ddp";
-  interleaved.dp = 2;
-  ExpectOneProcessRun(interleaved, "pp 2 INTERLEAVED_1F1B x 2 x DDP 2");
+  ExpectOneProcessRun(Interleaved({.pp = 2, .data_parallel = "ddp", .dp = 2}),
+                      "pp 2 INTERLEAVED_1F1B x 2 x DDP 2");
 }
 
 TEST(PipelineTest, WithFsdpEqualsOneProcess) {
   ExpectOneProcessRun({.pp = 2, .data_parallel = "fsdp", .dp = 2}, "pp 2 x FSDP 2");
-  Layout interleaved = kInterleaved;
-  interleaved.data_parallel = "fsdp";
-  interleaved.dp = 2;
-  ExpectOneProcessRun(interleaved, "pp 2 INTERLEAVED_1F1B x 2 x FSDP 2");
+  ExpectOneProcessRun(Interleaved({.pp = 2, .data_parallel = "fsdp", .dp = 2}),
+                      "pp 2 INTERLEAVED_1F1B x 2 x FSDP 2");
 }
 
 // Qwen2's tied embedding is held by the first and the last stage, which sum its gradients: it
@@ -220,9 +223,8 @@ TEST(PipelineTest, TiedEmbeddingsEqualOneProcess) {
   ExpectOneProcessRun({.preset = "qwen2-tiny", .pp = 2}, "qwen2 pp 2");
   ExpectOneProcessRun({.preset = "qwen2-tiny", .pp = 2, .data_parallel = "fsdp", .dp = 2},
                       "qwen2 pp 2 x FSDP 2");
-  Layout interleaved = kInterleaved;
-  interleaved.preset = "qwen2-tiny";
-  ExpectOneProcessRun(interleaved, "qwen2 pp 2 INTERLEAVED_1F1B x 2");
+  ExpectOneProcessRun(Interleaved({.preset = "qwen2-tiny", .pp = 2}),
+                      "qwen2 pp 2 INTERLEAVED_1F1B x 2");
 }
 
 TEST(PipelineTest, WithTensorParallelismEqualsOneProcess) {
@@ -283,10 +285,8 @@ TEST(PipelineTest, EachRankTrainsItsStageAlone) {
 // so no stage gathers or reduces the root's layers for a forward that does not use them, and
 // no prefetch reaches into another stage.
 TEST(PipelineTest, FsdpMovesTheSameBytesUnderInterleaving) {
-  Layout one_f_one_b = {.pp = 2, .data_parallel = "fsdp", .dp = 2};
-  Layout interleaved = kInterleaved;
-  interleaved.data_parallel = "fsdp";
-  interleaved.dp = 2;
+  const Layout one_f_one_b = {.pp = 2, .data_parallel = "fsdp", .dp = 2};
+  const Layout interleaved = Interleaved(one_f_one_b);
   std::map<std::string, std::vector<int64_t>> sent;
   for (const auto& [name, layout] :
        {std::pair<std::string, Layout>{"1F1B", one_f_one_b}, {"INTERLEAVED_1F1B", interleaved}}) {

@@ -509,11 +509,7 @@ StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
   if (ranks > 1) {
     int64_t most_sends = 0;
     for (const std::vector<Action>& actions : schedule->ranks) {
-      most_sends = std::max<int64_t>(
-          most_sends, std::count_if(actions.begin(), actions.end(), [](const Action& action) {
-            return action.type == ActionType::kSendActivation ||
-                   action.type == ActionType::kSendGradient;
-          }));
+      most_sends = std::max(most_sends, CountSends(actions));
     }
     Transfer transfer;
     transfer.mesh_dim = config_.mesh_dim();
@@ -542,26 +538,27 @@ absl::Status PipelineStrategy::Apply(Wrappable& model, const parallel::DeviceMes
       kind_, base::Annotate(ScheduleKindFromName(config_.schedule()), "pipeline.schedule"));
   PLAIT_ASSIGN_OR_RETURN(group_, mesh.communicator(config_.mesh_dim()));
   device_ = mesh.device();
-  const int stages = group_->size();
-  const int stage = group_->rank();
+  const int ranks = group_->size();
+  const int rank = group_->rank();
   const int per_rank = StagesPerRank(config_);
   PLAIT_ASSIGN_OR_RETURN(const auto blocks,
                          StageBlocks(config_, static_cast<int64_t>(model.Blocks().size()),
-                                     stages * per_rank, "pipeline"));
+                                     ranks * per_rank, "pipeline"));
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
     whole_.push_back({named.name, named.parameter.sizes().vec(), {}});
   }
-  // Looped: this rank's stages are its rank, then each `stages` further.
+  // Looped: this rank's stages are its rank, then each `ranks` further.
   std::vector<std::pair<int64_t, int64_t>> kept;
-  for (int local = 0; local < per_rank; ++local) kept.push_back(blocks[local * stages + stage]);
+  for (int local = 0; local < per_rank; ++local) kept.push_back(blocks[local * ranks + rank]);
   PLAIT_RETURN_IF_ERROR(model.KeepStages(kept));
   // Which rank holds each parameter: every rank marks its own, summed over the dimension.
   std::set<std::string> held;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) held.insert(named.name);
   const int64_t count = static_cast<int64_t>(whole_.size());
-  torch::Tensor holders = torch::zeros({stages, count});
+  torch::Tensor holders = torch::zeros({ranks, count});
+  auto own_flags = holders.accessor<float, 2>();
   for (int64_t i = 0; i < count; ++i) {
-    if (held.count(whole_[i].name) > 0) holders[stage][i] = 1.0;
+    if (held.count(whole_[i].name) > 0) own_flags[rank][i] = 1.0f;
   }
   holders = holders.to(device_);
   PLAIT_RETURN_IF_ERROR(group_->AllReduce(holders, parallel::ReduceOp::kSum)->Wait());
@@ -569,7 +566,7 @@ absl::Status PipelineStrategy::Apply(Wrappable& model, const parallel::DeviceMes
   const auto held_by = holders.accessor<float, 2>();
   for (WholeParameter& whole : whole_) {
     const int64_t i = &whole - whole_.data();
-    for (int r = 0; r < stages; ++r) {
+    for (int r = 0; r < ranks; ++r) {
       if (held_by[r][i] > 0) whole.holders.push_back(r);
     }
     if (whole.holders.empty()) {

@@ -580,6 +580,12 @@ absl::StatusOr<SimulationResult> Simulate(const PipelineSchedule& schedule,
   return Execute(schedule, costs);
 }
 
+int64_t CountSends(const std::vector<Action>& actions) {
+  return std::count_if(actions.begin(), actions.end(), [](const Action& action) {
+    return action.type == ActionType::kSendActivation || action.type == ActionType::kSendGradient;
+  });
+}
+
 std::string FormatScheduleTable(const PipelineSchedule& schedule) {
   const std::string title =
       absl::StrCat(ScheduleKindName(schedule.kind), " p=", schedule.num_ranks,

@@ -33,6 +33,7 @@
 #ifndef PLAIT_WRAP_PP_SCHEDULE_H_
 #define PLAIT_WRAP_PP_SCHEDULE_H_
 
+#include <cstdint>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -172,6 +173,9 @@ struct SimulationResult {
 // 0, a receive waiting for its send, and reports when each compute runs.
 absl::StatusOr<SimulationResult> Simulate(const PipelineSchedule& schedule,
                                           const ActionCosts& costs = {});
+
+// How many tensors `actions` (one rank's list) sends: its kSendActivation and kSendGradient.
+int64_t CountSends(const std::vector<Action>& actions);
 
 // One row per rank, one column per time slot of the simulation with unit costs (a full
 // backward spans two slots, "B" in both): "F0.3", "B0.3", "I0.3", "W0.3", "." when idle;

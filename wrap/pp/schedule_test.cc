@@ -435,6 +435,18 @@ TEST(CheckTest, StageOnTheWrongRank) {
                                                   "rank 1, not on rank 0")));
 }
 
+// Each micro-batch crosses each stage boundary forward and back: on 2 ranks, 1F1B's first rank
+// sends only hidden states and its last only gradients; with 2 stages per rank, rank 0 also
+// sends stage 2's hidden states on and its input gradients back.
+TEST(CountSendsTest, CountsHiddenStatesAndGradients) {
+  const PipelineSchedule one_f_one_b = Build(ScheduleKind::k1F1B, 2, 1, 4);
+  EXPECT_EQ(CountSends(one_f_one_b.ranks[0]), 4);
+  EXPECT_EQ(CountSends(one_f_one_b.ranks[1]), 4);
+  const PipelineSchedule interleaved = Build(ScheduleKind::kInterleaved1F1B, 2, 2, 4);
+  EXPECT_EQ(CountSends(interleaved.ranks[0]), 12);
+  EXPECT_EQ(CountSends(interleaved.ranks[1]), 12);
+}
+
 TEST(BuildScheduleTest, RefusesBadShapes) {
   EXPECT_THAT(BuildSchedule(ScheduleKind::k1F1B, 0, 1, 4),
               StatusIs(absl::StatusCode::kInvalidArgument,
