@@ -1,5 +1,6 @@
 #include "plan/explain.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -114,8 +115,13 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
                                resolved.world_size == 1 ? " rank)" : " ranks)"));
 
   // What each step does (as the strategy describes itself), and the per-rank share of the
-  // parameters after it.
-  PLAIT_ASSIGN_OR_RETURN(const MemoryEstimate memory, EstimateMemory(resolved, kernels));
+  // parameters after it, on the rank that needs the most where ranks differ (pipeline stages).
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<MemoryEstimate> shares,
+                         EstimateMemoryOfEachShare(resolved, kernels));
+  const MemoryEstimate& memory = *std::max_element(
+      shares.begin(), shares.end(), [](const MemoryEstimate& a, const MemoryEstimate& b) {
+        return a.total_bytes() < b.total_bytes();
+      });
   double bytes_sent = 0.0;
   int last_changing = -1;
   for (const wrap::StepEstimate& estimate : memory.preparation.steps) {
@@ -197,7 +203,14 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
                       resolved.grad_accumulation, static_cast<int64_t>(resolved.tokens_per_step),
                       rows > 1 ? absl::StrFormat(" (%g rows an example)", rows) : ""));
 
-  lines.push_back(absl::StrCat("memory per rank (estimate): ", DescribeMemory(memory)));
+  if (shares.size() == 1) {
+    lines.push_back(absl::StrCat("memory per rank (estimate): ", DescribeMemory(memory)));
+  } else {
+    lines.push_back("memory per rank (estimate), as their shares differ:");
+    for (const MemoryEstimate& share : shares) {
+      lines.push_back(absl::StrCat("  ", DescribeShare(share), ": ", DescribeMemory(share)));
+    }
+  }
   if (bytes_sent > 0) {
     lines.push_back(
         absl::StrFormat("communication per rank (estimate, ring collectives): %s sent per step",
@@ -208,6 +221,16 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
   for (int i = 0; i < plan.frozen_size(); ++i) {
     const FrozenModel& frozen = plan.frozen(i);
     const FrozenEstimate& estimate = memory.frozen[i];
+    // "12.0 MiB parameters, 3.0 MiB gathered units; about 15.0 MiB"
+    const auto describe = [](const FrozenEstimate& frozen) {
+      return absl::StrFormat(
+          "%s parameters%s; about %s", base::HumanBytes(frozen.parameter_bytes),
+          frozen.preparation.gathered_bytes > 0
+              ? absl::StrCat(", ", base::HumanBytes(frozen.preparation.gathered_bytes),
+                             " gathered units")
+              : "",
+          base::HumanBytes(frozen.total_bytes()));
+    };
     const auto role = roles.find(frozen.name());
     lines.push_back(absl::StrCat("frozen[", i, "] \"", frozen.name(),
                                  "\": ", DescribeModel(frozen.model(), resolved.frozen[i])));
@@ -220,14 +243,15 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
          DescribeSteps(frozen.prepare(), estimate.preparation, *rules, "  ", nullptr)) {
       lines.push_back(std::move(line));
     }
-    lines.push_back(absl::StrFormat(
-        "  memory per rank (estimate): %s parameters%s; about %s",
-        base::HumanBytes(estimate.parameter_bytes),
-        estimate.preparation.gathered_bytes > 0
-            ? absl::StrCat(", ", base::HumanBytes(estimate.preparation.gathered_bytes),
-                           " gathered units")
-            : "",
-        base::HumanBytes(estimate.total_bytes())));
+    if (estimate.preparation.share_dim.empty()) {
+      lines.push_back(absl::StrCat("  memory per rank (estimate): ", describe(estimate)));
+    } else {
+      lines.push_back("  memory per rank (estimate), as their shares differ:");
+      for (const MemoryEstimate& share : shares) {
+        lines.push_back(
+            absl::StrCat("    ", DescribeShare(share), ": ", describe(share.frozen[i])));
+      }
+    }
     lines.push_back(
         absl::StrCat("  role: ", role == roles.end() ? "not read by the objective" : role->second));
   }

@@ -35,6 +35,23 @@ TEST(ExplainPlanTest, DescribesTheFsdpPipelineInOrder) {
   EXPECT_LT(text->find("prepare[0]"), text->find("optimizer:"));
 }
 
+// A pipeline's stage map, its schedule, and the memory of each of its ranks, which keep
+// different stages.
+TEST(ExplainPlanTest, ExplainsThePipelineStageByStage) {
+  absl::StatusOr<Plan> plan =
+      LoadPlan(absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/plan/examples/llama_pp.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 2));
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("prepare[0]: pipeline over \"pp\" (2 stages), schedule 1F1B over 4 "
+                               "micro-batches, bubble 20.0%"));
+  EXPECT_THAT(*text, HasSubstr("  stage 0 (rank 0 of pp): blocks 0..1, 2.5M parameters"));
+  EXPECT_THAT(*text, HasSubstr("  stage 1 (rank 1 of pp): blocks 2..3, 2.5M parameters"));
+  EXPECT_THAT(*text, HasSubstr("memory per rank (estimate), as their shares differ:\n"
+                               "  the ranks at pp=0, stage 0: 9.5 MiB parameters"));
+  EXPECT_THAT(*text, HasSubstr("\n  the ranks at pp=1, stage 1: 9.5 MiB parameters"));
+}
+
 // A tensor-parallel step inside FSDP: the per-rank shape of each kind of parameter, and the
 // activations it communicates per block.
 TEST(ExplainPlanTest, ExplainsTheTwoDimensionalTensorParallelPlan) {

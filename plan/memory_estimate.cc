@@ -60,9 +60,11 @@ absl::StatusOr<wrap::ActivationSplit> ActivationSplitOf(
   return split;
 }
 
+// What `steps` leave a rank of the share `share` (PreparationEstimate::share), or of the
+// largest where that step gives none of that index.
 absl::StatusOr<PreparationEstimate> EstimatePreparation(
     const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
-    const wrap::ModelShape& shape, const parallel::MeshConfig& mesh) {
+    const wrap::ModelShape& shape, const parallel::MeshConfig& mesh, int share) {
   PreparationEstimate estimate;
   // Each step sees the parameters as the steps before it left them on a rank: FSDP after
   // tensor parallelism shards, and gathers, the tensor-parallel slices; FSDP after LoRA
@@ -70,8 +72,18 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
   wrap::ModelShape seen = shape;
   for (const wrap::PrepareStep& step : steps) {
     PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
-    const wrap::StepEstimate& step_estimate =
-        estimate.steps.emplace_back(strategy->Estimate(seen, mesh));
+    wrap::StepEstimate& step_estimate = estimate.steps.emplace_back(strategy->Estimate(seen, mesh));
+    const std::vector<wrap::StepEstimate::RankShare>& shares = step_estimate.rank_shares;
+    if (!shares.empty()) {
+      estimate.share_dim = strategy->mesh_dim();
+      estimate.shares = static_cast<int>(shares.size());
+    }
+    if (share < static_cast<int>(shares.size())) {
+      estimate.share = share;
+      estimate.share_description = shares[share].description;
+      step_estimate.parameter_fraction = shares[share].parameter_fraction;
+      step_estimate.kept_activations = shares[share].kept_activations;
+    }
     estimate.activation_bytes_saved += step_estimate.activation_bytes_saved;
     if (step_estimate.kept_activations.has_value()) {
       // The steps after it (activation checkpointing) see the blocks a rank keeps.
@@ -118,10 +130,6 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   shape.num_blocks = config.num_hidden_layers();
   shape.tied_embeddings = config.tie_word_embeddings();
   shape.micro_batches_per_step = std::max<int64_t>(1, training.grad_accumulation());
-  const double embeddings = static_cast<double>(config.vocab_size()) * config.hidden_size() *
-                            (config.tie_word_embeddings() ? 1 : 2);
-  shape.block_parameters = (shape.parameters - embeddings) / config.num_hidden_layers();
-  shape.root_parameters = shape.parameters - shape.block_parameters * shape.num_blocks;
   shape.parameter_bytes = element_bytes;
   shape.block_activation_bytes = models::BlockActivationBytes(
       config, training.micro_batch(), training.seq_len(), dtype, device_type, tp, kernels);
@@ -146,6 +154,7 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
     const bool in_blocks = absl::StartsWith(parameter.name, "model.layers.");
     if (in_blocks && !absl::StartsWith(parameter.name, "model.layers.0.")) continue;
     const double count = static_cast<double>(parameter.numel());
+    if (in_blocks) shape.block_parameters += count;
     switch (split_of) {
       case wrap::Wrappable::Split::kKeyValueColumn:
         shape.block_key_value_parameters += count;
@@ -157,11 +166,16 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
         break;
     }
   }
+  shape.root_parameters = shape.parameters - shape.block_parameters * shape.num_blocks;
   return shape;
 }
 
-absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
-                                              const models::LibTorchKernels& kernels) {
+namespace {
+
+// The estimate for the ranks of share `share` (PreparationEstimate::share) of `resolved`.
+absl::StatusOr<MemoryEstimate> EstimateMemoryOfShare(const ResolvedPlan& resolved,
+                                                     const models::LibTorchKernels& kernels,
+                                                     int share) {
   const Plan& plan = resolved.plan;
   PLAIT_ASSIGN_OR_RETURN(const wrap::ActivationSplit split,
                          ActivationSplitOf(plan.prepare(), plan.mesh()));
@@ -169,7 +183,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
       ShapeOf(resolved.model, plan.model(), plan.device(), plan.training(), split, kernels);
   MemoryEstimate estimate;
   PLAIT_ASSIGN_OR_RETURN(estimate.preparation,
-                         EstimatePreparation(plan.prepare(), shape, plan.mesh()));
+                         EstimatePreparation(plan.prepare(), shape, plan.mesh(), share));
   // The parameters and gradients a rank keeps: in the model's dtype unless a step stores
   // them in its own (FSDP's fp32 shards).
   double parameter_element = shape.parameter_bytes;
@@ -227,13 +241,59 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
     frozen_shape.trainable_parameters = 0.0;  // it only runs forward
     FrozenEstimate& frozen_estimate = estimate.frozen.emplace_back();
     PLAIT_ASSIGN_OR_RETURN(frozen_estimate.preparation,
-                           EstimatePreparation(frozen.prepare(), frozen_shape, plan.mesh()));
+                           EstimatePreparation(frozen.prepare(), frozen_shape, plan.mesh(), share));
     frozen_estimate.parameter_bytes = frozen_shape.parameters *
                                       frozen_estimate.preparation.parameter_fraction *
                                       frozen_shape.parameter_bytes;
     estimate.frozen_bytes += frozen_estimate.total_bytes();
   }
   return estimate;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<MemoryEstimate>> EstimateMemoryOfEachShare(
+    const ResolvedPlan& resolved, const models::LibTorchKernels& kernels) {
+  std::vector<MemoryEstimate> estimates;
+  PLAIT_ASSIGN_OR_RETURN(estimates.emplace_back(), EstimateMemoryOfShare(resolved, kernels, 0));
+  for (int share = 1; share < estimates.front().preparation.shares; ++share) {
+    PLAIT_ASSIGN_OR_RETURN(estimates.emplace_back(),
+                           EstimateMemoryOfShare(resolved, kernels, share));
+  }
+  return estimates;
+}
+
+absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
+                                              const models::LibTorchKernels& kernels) {
+  PLAIT_ASSIGN_OR_RETURN(std::vector<MemoryEstimate> estimates,
+                         EstimateMemoryOfEachShare(resolved, kernels));
+  return *std::max_element(estimates.begin(), estimates.end(),
+                           [](const MemoryEstimate& a, const MemoryEstimate& b) {
+                             return a.total_bytes() < b.total_bytes();
+                           });
+}
+
+absl::StatusOr<std::vector<MemoryEstimate>> EstimateMemoryOfEachRank(
+    const ResolvedPlan& resolved, const models::LibTorchKernels& kernels) {
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<MemoryEstimate> shares,
+                         EstimateMemoryOfEachShare(resolved, kernels));
+  const std::string& dim = shares.front().preparation.share_dim;
+  if (dim.empty()) return std::vector<MemoryEstimate>(resolved.world_size, shares.front());
+  PLAIT_ASSIGN_OR_RETURN(const parallel::MeshLayout layout,
+                         parallel::MeshLayout::Create(resolved.plan.mesh(), resolved.world_size));
+  PLAIT_ASSIGN_OR_RETURN(const int dim_index, layout.DimIndex(dim));
+  std::vector<MemoryEstimate> estimates;
+  for (int rank = 0; rank < resolved.world_size; ++rank) {
+    estimates.push_back(shares[layout.Coordinate(rank, dim_index)]);
+  }
+  return estimates;
+}
+
+std::string DescribeShare(const MemoryEstimate& estimate) {
+  const PreparationEstimate& preparation = estimate.preparation;
+  if (preparation.share_dim.empty()) return "every rank";
+  return absl::StrFormat("the ranks at %s=%d, %s", preparation.share_dim, preparation.share,
+                         preparation.share_description);
 }
 
 std::string DescribeMemory(const MemoryEstimate& estimate) {
@@ -260,19 +320,21 @@ std::string DescribeMemory(const MemoryEstimate& estimate) {
       base::HumanBytes(estimate.total_bytes()));
 }
 
-std::optional<std::string> CompareWithMeasured(const MemoryEstimate& estimate,
+std::optional<std::string> CompareWithMeasured(const std::vector<MemoryEstimate>& estimates,
                                                const std::vector<int64_t>& measured,
                                                double tolerance) {
-  const double estimated = estimate.total_bytes();
   std::vector<std::string> ranks;
-  for (size_t rank = 0; rank < measured.size(); ++rank) {
-    const double off = static_cast<double>(measured[rank]) / estimated - 1.0;
+  int first_off = -1;
+  for (size_t rank = 0; rank < measured.size() && rank < estimates.size(); ++rank) {
+    const double off = static_cast<double>(measured[rank]) / estimates[rank].total_bytes() - 1.0;
     if (std::abs(off) <= tolerance) continue;
+    if (first_off < 0) first_off = static_cast<int>(rank);
     ranks.push_back(absl::StrFormat("rank %d %s (%+.0f%%)", rank,
                                     base::HumanBytes(static_cast<double>(measured[rank])),
                                     100.0 * off));
   }
-  if (ranks.empty()) return std::nullopt;
+  if (first_off < 0) return std::nullopt;
+  const MemoryEstimate& estimate = estimates[first_off];
   const std::pair<const char*, double> terms[] = {
       {"parameters", estimate.parameter_bytes},
       {"optimizer state", estimate.optimizer_state_bytes},
@@ -287,10 +349,10 @@ std::optional<std::string> CompareWithMeasured(const MemoryEstimate& estimate,
       std::max_element(std::begin(terms), std::end(terms),
                        [](const auto& a, const auto& b) { return a.second < b.second; });
   return absl::StrFormat(
-      "memory: the estimate of %s a rank (%s) is more than %.0f%% off what %s held at its "
-      "peak; its largest term: %s, %s",
-      base::HumanBytes(estimated), DescribeMemory(estimate), 100.0 * tolerance,
-      absl::StrJoin(ranks, ", "), largest->first, base::HumanBytes(largest->second));
+      "memory: more than %.0f%% off the estimate at the peak: %s; the estimate for rank %d "
+      "(%s): %s; its largest term: %s, %s",
+      100.0 * tolerance, absl::StrJoin(ranks, ", "), first_off, DescribeShare(estimate),
+      DescribeMemory(estimate), largest->first, base::HumanBytes(largest->second));
 }
 
 absl::Status CheckMemoryFits(const MemoryEstimate& estimate, int local_ranks,

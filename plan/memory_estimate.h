@@ -46,6 +46,14 @@ struct PreparationEstimate {
   double added_parameters = 0.0;
   // Those the optimizer trains, whole, when a step changed which (nullopt: all of them).
   std::optional<std::vector<wrap::ModelShape::Parameter>> trainable_parameters;
+  // Where a step leaves the ranks of its mesh dimension different shares (a pipeline's
+  // stages: wrap::StepEstimate::rank_shares): that dimension, how many shares there are, and
+  // which one this estimate is of (its coordinate there) and what it holds ("stage 1").
+  // share_dim empty: every rank holds alike.
+  std::string share_dim;
+  int shares = 0;
+  int share = 0;
+  std::string share_description;
 };
 
 // A frozen model's share on each rank: its parameters and the units it gathers at once.
@@ -99,10 +107,21 @@ struct MemoryEstimate {
   double total_bytes() const { return between_steps_bytes() + step_bytes(); }
 };
 
-// The estimate for one rank of `resolved`, whose activations are those of the ops this
-// build's LibTorch runs, or `kernels`' (a plan checked for a GPU cluster: its LibTorch 2.x).
+// The estimate for the rank of `resolved` that needs the most, whose activations are those of
+// the ops this build's LibTorch runs, or `kernels`' (a plan checked for a GPU cluster: its
+// LibTorch 2.x).
 absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
                                               const models::LibTorchKernels& kernels = {});
+
+// One estimate for each share the ranks of `resolved` hold (PreparationEstimate::share_dim):
+// those of a pipeline's ranks, in the order of their coordinate; one when every rank holds
+// alike.
+absl::StatusOr<std::vector<MemoryEstimate>> EstimateMemoryOfEachShare(
+    const ResolvedPlan& resolved, const models::LibTorchKernels& kernels = {});
+
+// Each rank's estimate, in rank order (world_size of them).
+absl::StatusOr<std::vector<MemoryEstimate>> EstimateMemoryOfEachRank(
+    const ResolvedPlan& resolved, const models::LibTorchKernels& kernels = {});
 
 // The model `config` (whose plan entry is `spec`) as the strategies' checks and estimates see
 // it on `device`: its blocks, what lies outside them (the embeddings, the final norm, an untied
@@ -118,14 +137,18 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
 absl::Status CheckMemoryFits(const MemoryEstimate& estimate, int local_ranks,
                              int64_t available_bytes);
 
+// Whom an estimate is for: "every rank", or "the ranks at pp=1, stage 1".
+std::string DescribeShare(const MemoryEstimate& estimate);
+
 // One line on the estimate: "… parameters, … optimizer state (2 slots), … gradients, …".
 std::string DescribeMemory(const MemoryEstimate& estimate);
 
 // When a rank's measured peak of tensor bytes (`measured`, in rank order: LibTorch's CPU
-// allocator's count or CUDA's caching allocator's, what the estimate counts) differs from the
-// estimate's total by more than `tolerance`, a line naming those ranks, what they held, the
-// estimate and its largest term; nullopt when every rank is within it.
-std::optional<std::string> CompareWithMeasured(const MemoryEstimate& estimate,
+// allocator's count or CUDA's caching allocator's, what the estimate counts) differs from its
+// estimate's total (`estimates`, in rank order: EstimateMemoryOfEachRank) by more than
+// `tolerance`, a line naming those ranks, what they held, and the first one's estimate and its
+// largest term; nullopt when every rank is within it.
+std::optional<std::string> CompareWithMeasured(const std::vector<MemoryEstimate>& estimates,
                                                const std::vector<int64_t>& measured,
                                                double tolerance = 0.15);
 

@@ -1,7 +1,10 @@
 #include "plan/memory_estimate.h"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "base/torch_compat.h"
@@ -10,6 +13,7 @@
 #include "models/causal_lm.h"
 #include "models/estimates.h"
 #include "models/model_config.h"
+#include "models/parameter_shapes.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
 #include "plan/validate.h"
@@ -121,12 +125,13 @@ TEST(CompareWithMeasuredTest, NamesTheRanksOffTheEstimateAndItsLargestTerm) {
   estimate.optimizer_state_bytes = 200 << 20;
   estimate.activation_bytes = 300 << 20;  // the step's peak: the activations
   const int64_t total = 600 << 20;
-  EXPECT_EQ(CompareWithMeasured(estimate, {total, total * 114 / 100}), std::nullopt);
+  EXPECT_EQ(CompareWithMeasured({estimate, estimate}, {total, total * 114 / 100}), std::nullopt);
   const std::optional<std::string> warning =
-      CompareWithMeasured(estimate, {total, total * 130 / 100, total / 2});
+      CompareWithMeasured({estimate, estimate, estimate}, {total, total * 130 / 100, total / 2});
   ASSERT_TRUE(warning.has_value());
-  EXPECT_THAT(*warning, AllOf(HasSubstr("the estimate of 600.0 MiB a rank"),
-                              HasSubstr("rank 1 780.0 MiB (+30%), rank 2 300.0 MiB (-50%)"),
+  EXPECT_THAT(*warning, AllOf(HasSubstr("rank 1 780.0 MiB (+30%), rank 2 300.0 MiB (-50%)"),
+                              HasSubstr("the estimate for rank 1 (every rank): "),
+                              HasSubstr("about 600.0 MiB"),
                               HasSubstr("its largest term: activations, 300.0 MiB")));
   EXPECT_THAT(*warning, Not(HasSubstr("rank 0")));
 }
@@ -293,6 +298,65 @@ TEST(EstimateMemoryTest, CountsFrozenModels) {
   EXPECT_GT(estimate->frozen_bytes, frozen_shard);
   EXPECT_LT(estimate->frozen_bytes, frozen_shard + TinyParameters() * 2);  // + gathered units
   EXPECT_THAT(DescribeMemory(*estimate), HasSubstr("frozen models"));
+}
+
+// The ranks of a pipeline keep different stages, so each has its own estimate: with the
+// first stage cut after block 0 of the tiny Llama's 4 and GPIPE over 4 micro-batches, the
+// first keeps the embedding and one block, and 4 micro-batches of that block's activations;
+// the second the 3 other blocks, the final norm and the output head, and 4 micro-batches of
+// their activations and of the loss's. FSDP then shards each stage over "dp".
+TEST(EstimateMemoryTest, EachPipelineRankHasTheEstimateOfItsStage) {
+  const Plan plan = ParseOrDie(R"pb(
+    model { preset: "tiny" }
+    mesh {
+      dims { name: "pp" size: 2 }
+      dims { name: "dp" size: 2 }
+    }
+    prepare { pipeline { mesh_dim: "pp" schedule: "GPIPE" stage_starts: 1 } }
+    prepare { fsdp { mesh_dim: "dp" } }
+    optimizer { adamw {} }
+    schedule {
+      lr: 1e-3
+      constant {}
+    }
+    training { steps: 10 micro_batch: 2 grad_accumulation: 4 seq_len: 64 eval_batches: 1 }
+  )pb");
+  const models::ModelConfig config = *models::PresetConfig("tiny");
+  ASSERT_EQ(config.num_hidden_layers(), 4);
+  double embedding = 0, block = 0, last = 0;  // last: the final norm and the output head
+  for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
+    const double count = static_cast<double>(parameter.numel());
+    if (parameter.name == "model.embed_tokens.weight") {
+      embedding += count;
+    } else if (absl::StartsWith(parameter.name, "model.layers.0.")) {
+      block += count;
+    } else if (!absl::StartsWith(parameter.name, "model.layers.")) {
+      last += count;
+    }
+  }
+  absl::StatusOr<std::vector<MemoryEstimate>> shares = EstimateMemoryOfEachShare(Resolved(plan, 4));
+  ASSERT_THAT(shares, IsOk());
+  ASSERT_EQ(shares->size(), 2u);
+  const MemoryEstimate& first = (*shares)[0];
+  const MemoryEstimate& second = (*shares)[1];
+  EXPECT_EQ(DescribeShare(first), "the ranks at pp=0, stage 0");
+  EXPECT_EQ(DescribeShare(second), "the ranks at pp=1, stage 1");
+  // fp32 shards of half of each stage.
+  EXPECT_THAT(first.parameter_bytes, DoubleNear((embedding + block) / 2 * 4, 1));
+  EXPECT_THAT(second.parameter_bytes, DoubleNear((3 * block + last) / 2 * 4, 1));
+  const double block_activations = first.activation_bytes / 4;
+  EXPECT_GT(block_activations, 0);
+  EXPECT_GT(second.activation_bytes, 3 * first.activation_bytes);  // and the loss's
+  // The plan's estimate is the rank that needs the most; each rank gets its stage's.
+  absl::StatusOr<MemoryEstimate> largest = EstimateMemory(Resolved(plan, 4));
+  ASSERT_THAT(largest, IsOk());
+  EXPECT_DOUBLE_EQ(largest->total_bytes(), std::max(first.total_bytes(), second.total_bytes()));
+  absl::StatusOr<std::vector<MemoryEstimate>> ranks = EstimateMemoryOfEachRank(Resolved(plan, 4));
+  ASSERT_THAT(ranks, IsOk());
+  ASSERT_EQ(ranks->size(), 4u);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ((*ranks)[rank].preparation.share, rank / 2) << "rank " << rank;  // pp, then dp
+  }
 }
 
 TEST(CheckMemoryFitsTest, RefusesWhatTheLocalRanksCannotHoldGivingEstimateAndLimit) {

@@ -580,11 +580,16 @@ absl::Status TrainingRun::CompareMemoryWithEstimate(TrainReport& report) {
   // On CUDA the caching allocator's peak since the step reset it, else the CPU allocator's.
   const int64_t peak = parallel::PeakMemory(mesh_.device()).value_or(tensors_.peak());
   PLAIT_ASSIGN_OR_RETURN(report.peak_tensor_bytes, PerRank(mesh_, peak));
-  PLAIT_ASSIGN_OR_RETURN(const plan::MemoryEstimate estimate, plan::EstimateMemory(resolved_));
-  report.memory_estimate_bytes = estimate.total_bytes();
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<plan::MemoryEstimate> estimates,
+                         plan::EstimateMemoryOfEachRank(resolved_));
+  // The run's summary gives the largest, plan_check's figure.
+  for (const plan::MemoryEstimate& estimate : estimates) {
+    report.memory_estimate_bytes =
+        std::max(report.memory_estimate_bytes.value_or(0.0), estimate.total_bytes());
+  }
   if (!progress_) return absl::OkStatus();
   if (const std::optional<std::string> warning =
-          plan::CompareWithMeasured(estimate, report.peak_tensor_bytes)) {
+          plan::CompareWithMeasured(estimates, report.peak_tensor_bytes)) {
     progress_->Print(*warning);
   }
   return absl::OkStatus();

@@ -160,6 +160,15 @@ struct StepEstimate {
     bool after_a_backward = false;
   };
   std::optional<KeptActivations> kept_activations;
+  // Where the ranks of its dimension keep different shares (a pipeline's stages): each one's,
+  // in the order of its coordinate on that dimension. parameter_fraction and kept_activations
+  // above are then the largest of them. Empty: every rank keeps the same.
+  struct RankShare {
+    std::string description;  // what it holds: "stages 0 and 2"
+    double parameter_fraction = 1.0;
+    std::optional<KeptActivations> kept_activations;
+  };
+  std::vector<RankShare> rank_shares;
   // Bytes per element of the parameters a rank keeps (those the optimizer trains) and of
   // their gradients, where the strategy stores them in a dtype of its own (FSDP: fp32 shards,
   // gradients in reduce_dtype); 0: the model's dtype.

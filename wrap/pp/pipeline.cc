@@ -457,6 +457,14 @@ StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
         "stage %d (rank %d of %s): blocks %d..%d, %s parameters", s, schedule->RankOf(s),
         config_.mesh_dim(), begin, end - 1, base::HumanCount(parameters)));
   }
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<std::string> own;
+    for (int local = 0; local < per_rank; ++local) own.push_back(absl::StrCat(local * ranks + r));
+    StepEstimate::RankShare& share = estimate.rank_shares.emplace_back();
+    share.description = absl::StrCat(per_rank > 1 ? "stages " : "stage ",
+                                     absl::StrJoin(own, per_rank > 2 ? ", " : " and "));
+    share.parameter_fraction = shape.parameters > 0 ? rank_parameters[r] / shape.parameters : 1.0;
+  }
   const double most = *std::max_element(rank_parameters.begin(), rank_parameters.end());
   estimate.parameter_fraction = shape.parameters > 0 ? most / shape.parameters : 1.0;
   const double hidden_bytes = shape.micro_batch_tokens * shape.hidden_size * shape.parameter_bytes;
@@ -490,6 +498,7 @@ StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
     double bytes = 0.0;
     const StepEstimate::KeptActivations kept =
         PeakActivations(schedule->ranks[r], *blocks, shape, bytes);
+    estimate.rank_shares[r].kept_activations = kept;
     if (bytes > most_bytes) {
       most_bytes = bytes;
       estimate.kept_activations = kept;
