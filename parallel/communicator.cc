@@ -1,6 +1,9 @@
 #include "parallel/communicator.h"
 
+#include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -295,6 +298,32 @@ std::shared_ptr<Work> Communicator::Send(torch::Tensor tensor, int peer) {
 
 std::shared_ptr<Work> Communicator::Receive(torch::Tensor tensor, int peer) {
   return IssuePointToPoint(Collective::kReceive, std::move(tensor), peer);
+}
+
+absl::StatusOr<std::vector<std::string>> AllGatherStrings(Communicator& group,
+                                                          const std::string& own) {
+  const int size = group.size();
+  torch::Tensor lengths = torch::zeros({size}, torch::kInt64);
+  lengths[group.rank()] = static_cast<int64_t>(own.size());
+  lengths = lengths.to(group.device());
+  if (absl::Status status = group.AllReduce(lengths, ReduceOp::kSum)->Wait(); !status.ok()) {
+    return status;
+  }
+  lengths = lengths.cpu();
+  const int64_t longest = lengths.max().item<int64_t>();
+  std::vector<std::string> strings(size);
+  if (longest == 0) return strings;
+  torch::Tensor bytes = torch::zeros({size * longest}, torch::kByte);
+  std::copy(own.begin(), own.end(), bytes.data_ptr<uint8_t>() + group.rank() * longest);
+  bytes = bytes.to(group.device());
+  const torch::Tensor chunk = bytes.narrow(0, group.rank() * longest, longest);
+  if (absl::Status status = group.AllGather(chunk, bytes)->Wait(); !status.ok()) return status;
+  bytes = bytes.cpu();
+  const auto* data = reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>());
+  for (int rank = 0; rank < size; ++rank) {
+    strings[rank].assign(data + rank * longest, lengths[rank].item<int64_t>());
+  }
+  return strings;
 }
 
 }  // namespace plait::parallel

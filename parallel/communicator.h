@@ -31,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -304,6 +305,13 @@ class ScopedPlace {
   Communicator& communicator_;
   const StepPlace before_;
 };
+
+// Every rank's `own` bytes, in rank order, through two collectives of `group` (their lengths,
+// then the bytes padded to the longest): for the few names ranks tell each other outside a
+// step (the parameters a later preparation step added to each pipeline stage). Every rank of
+// the group calls it at the same point.
+absl::StatusOr<std::vector<std::string>> AllGatherStrings(Communicator& group,
+                                                          const std::string& own);
 
 }  // namespace plait::parallel
 

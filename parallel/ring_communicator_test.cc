@@ -118,6 +118,25 @@ TEST_P(RingCollectivesTest, AllGatherInPlaceAndBroadcast) {
   });
 }
 
+// Strings of different lengths (rank 0's empty, one with a zero byte) arrive whole, in rank
+// order; empty strings everywhere take no second collective.
+TEST_P(RingCollectivesTest, AllGatherStringsInRankOrder) {
+  const int size = GetParam();
+  const auto own = [](int rank) {
+    return rank == 1 ? std::string("x\0y", 3)
+                     : std::string(3 * rank, static_cast<char>('a' + rank));
+  };
+  RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
+    absl::StatusOr<std::vector<std::string>> strings = AllGatherStrings(comm, own(rank));
+    ASSERT_THAT(strings, IsOk());
+    ASSERT_EQ(strings->size(), static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) EXPECT_EQ((*strings)[r], own(r)) << "rank " << r;
+    absl::StatusOr<std::vector<std::string>> empty = AllGatherStrings(comm, "");
+    ASSERT_THAT(empty, IsOk());
+    EXPECT_EQ(*empty, std::vector<std::string>(size));
+  });
+}
+
 // Bytes really sent per rank against the bandwidth-optimal volume.
 TEST_P(RingCollectivesTest, TrafficIsTheBandwidthOptimalVolume) {
   const int size = GetParam();

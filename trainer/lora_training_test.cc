@@ -1,9 +1,9 @@
 // LoRA plans in the trainer, on ranks as threads over TCP: the frozen base gets its values
 // (from the seed or a Hugging Face folder, each rank its slice) while the adapters keep
 // LoRA's; only the adapters train; one process, FSDP and DDP on 2 ranks, tensor parallelism
-// and FSDP over it train to the same losses; a resumed run reproduces the straight one bit for bit;
-// the exported folder is a plain model with the adapters merged; and a trainable parameter without
-// a gradient stops the run.
+// and FSDP over it, and a pipeline of 2 stages, train to the same losses; a resumed run reproduces
+// the straight one bit for bit; the exported folder is a plain model with the adapters merged; and
+// a trainable parameter without a gradient stops the run.
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -68,13 +68,18 @@ constexpr char kQLora[] = R"pb(lora {
 bool IsAdapter(const std::string& name) { return absl::StrContains(name, ".lora_"); }
 
 // The shipped plan `name`, shortened (ShortShippedPlan), with the LoRA step `lora` before its
-// steps (none when empty: a plan shipped with adapters).
+// steps, but after a pipeline step (none when empty: a plan shipped with adapters).
 plan::Plan LoraPlan(const std::string& name, const std::string& lora = kLora) {
   plan::Plan plan = ShortShippedPlan(name);
   if (lora.empty()) return plan;
   google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(lora, steps.Add()));
-  for (const wrap::PrepareStep& step : plan.prepare()) *steps.Add() = step;
+  wrap::PrepareStep adapters;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(lora, &adapters));
+  for (const wrap::PrepareStep& step : plan.prepare()) {
+    if (!step.has_pipeline() && adapters.has_lora()) *steps.Add() = std::move(adapters);
+    *steps.Add() = step;
+  }
+  if (adapters.has_lora()) *steps.Add() = std::move(adapters);
   *plan.mutable_prepare() = steps;
   return plan;
 }
@@ -472,6 +477,57 @@ TEST(QLoraTrainTest, TheBaseIsQuantizedAsLoadedAndDdpAndFsdpTrainAsOneProcess) {
             << expected.steps.back().loss << " at step 10\n";
   ExpectSameLosses(TrainOnRanks(from_folder("llama_ddp"), 2), expected, 1e-5);
   ExpectSameLosses(TrainOnRanks(from_folder("llama_fsdp"), 2), expected, 1e-5);
+}
+
+// LoRA on a pipeline (llama_pp: 2 stages, 1F1B): each stage adapts its own blocks'
+// projections, and they train as one process's do; the merged export and the adapter folder,
+// which rank 0 writes, hold every stage's adapters, equal to one process's. QLoRA trains so too.
+TEST(LoraTrainTest, APipelineTrainsAsOneProcessAndSavesEveryStagesAdapters) {
+  struct Saved {
+    TrainReport report;
+    models::PeftAdapter adapter;
+    std::shared_ptr<models::CausalLM> merged;
+  };
+  std::map<std::string, Saved> saved;
+  for (const auto& [name, ranks] : {std::pair{"llama_single", 1}, std::pair{"llama_pp", 2}}) {
+    plan::Plan plan = LoraPlan(name);
+    const std::string adapter_dir = FreshTestDir(absl::StrCat(name, "_adapter"));
+    const std::string merged_dir = FreshTestDir(absl::StrCat(name, "_merged"));
+    plan.mutable_training()->set_save_adapter_dir(adapter_dir);
+    plan.mutable_training()->set_save_hf_dir(merged_dir);
+    TrainReport report = TrainOnRanks(plan, ranks);
+    absl::StatusOr<models::PeftAdapter> adapter = models::ReadPeftAdapter(adapter_dir);
+    ASSERT_THAT(adapter, IsOk()) << name;
+    auto merged = models::LoadHfModel(merged_dir);
+    ASSERT_THAT(merged, IsOk()) << name;
+    saved[name] = {std::move(report), *std::move(adapter), *std::move(merged)};
+  }
+  const auto& [report, adapter, merged] = saved.at("llama_pp");
+  const auto& [expected, expected_adapter, expected_merged] = saved.at("llama_single");
+  EXPECT_LT(expected.steps.back().loss, expected.steps.front().loss - 0.1);  // it trained
+  ExpectSameLosses(report, expected, 1e-5);
+  EXPECT_EQ(
+      std::vector<std::string>(adapter.config.target().begin(), adapter.config.target().end()),
+      std::vector<std::string>(expected_adapter.config.target().begin(),
+                               expected_adapter.config.target().end()));
+  ASSERT_EQ(adapter.tensors.size(), expected_adapter.tensors.size());
+  ASSERT_EQ(adapter.tensors.size(), 4u * 2u * 2u);  // q and v of 4 blocks, A and B
+  for (size_t i = 0; i < adapter.tensors.size(); ++i) {
+    const auto& [name, values] = adapter.tensors[i];
+    const auto& [expected_name, expected_values] = expected_adapter.tensors[i];
+    EXPECT_EQ(name, expected_name);
+    EXPECT_LE((values - expected_values).norm().item<double>(),
+              1e-5 * expected_values.norm().item<double>())
+        << name;
+  }
+  const auto merged_parameters = merged->named_parameters();
+  for (const auto& item : expected_merged->named_parameters()) {
+    EXPECT_LE((merged_parameters[item.key()] - item.value()).norm().item<double>(),
+              1e-5 * item.value().norm().item<double>())
+        << item.key();
+  }
+  ExpectSameLosses(TrainOnRanks(LoraPlan("llama_pp", kQLora), 2),
+                   TrainOnRanks(LoraPlan("llama_single", kQLora), 1), 1e-5);
 }
 
 // "Nothing silently frozen": a trainable parameter that got no gradient is named.

@@ -1,5 +1,6 @@
 #include "trainer/prepared_model.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -73,6 +74,33 @@ absl::StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> InOrder(
     tensors.emplace_back(name, it->second);
   }
   return tensors;
+}
+
+// The names of `full` that are not among the model's `own` (in its order): the parameters
+// steps added, each after the weight of the module it was added under (an adapter
+// "<module>.lora_A.weight" after "<module>.weight"), as one process's model lists them, also
+// when other ranks held them (a pipeline's other stages).
+std::vector<std::string> AddedInModelOrder(const std::map<std::string, torch::Tensor>& full,
+                                           const std::vector<std::string>& own) {
+  std::map<std::string, size_t> own_index;
+  for (size_t i = 0; i < own.size(); ++i) own_index[own[i]] = i;
+  std::vector<std::pair<size_t, std::string>> added;
+  for (const auto& [name, tensor] : full) {
+    if (own_index.count(name) > 0) continue;
+    size_t index = own.size();
+    for (std::string module = name; index == own.size();) {
+      const size_t dot = module.rfind('.');
+      if (dot == std::string::npos) break;
+      module.resize(dot);
+      const auto weight = own_index.find(absl::StrCat(module, ".weight"));
+      if (weight != own_index.end() && weight->first != name) index = weight->second;
+    }
+    added.emplace_back(index, name);
+  }
+  std::sort(added.begin(), added.end());
+  std::vector<std::string> names;
+  for (auto& [index, name] : added) names.push_back(std::move(name));
+  return names;
 }
 
 }  // namespace
@@ -184,13 +212,8 @@ absl::Status PreparedModel::SaveAdapters(const std::string& dir, const std::stri
   }
   PLAIT_ASSIGN_OR_RETURN(auto full, preparation_->FullParameters());
   if (rank != writer) return absl::OkStatus();
-  // The parameters a step added: the model's now, less its own.
-  const std::set<std::string> own(parameter_names_.begin(), parameter_names_.end());
-  std::vector<std::string> added;
-  for (const auto& named : model_->NamedParameters()) {
-    if (own.count(named.name) == 0) added.push_back(named.name);
-  }
-  PLAIT_ASSIGN_OR_RETURN(auto tensors, InOrder(full, added, dir));
+  PLAIT_ASSIGN_OR_RETURN(auto tensors,
+                         InOrder(full, AddedInModelOrder(full, parameter_names_), dir));
   return models::SavePeftAdapter(dir, *adapters, tensors, base_model);
 }
 

@@ -4,6 +4,8 @@
 
 #include <array>
 #include <cmath>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -334,7 +336,13 @@ std::optional<Wrappable::Split> Lora::AddedParameterSplit(const std::string& nam
 
 absl::Status Lora::Merge(std::map<std::string, torch::Tensor>& parameters) const {
   torch::NoGradGuard no_grad;
-  for (const std::string& name : adapted_) {
+  // Its own projections, and those of the other stages of a pipeline (whose adapters the
+  // pipeline gathered into `parameters`).
+  std::set<std::string> modules(adapted_.begin(), adapted_.end());
+  for (const auto& [name, tensor] : parameters) {
+    if (std::optional<std::string> module = ModuleOfAdapterA(name)) modules.insert(*module);
+  }
+  for (const std::string& name : modules) {
     const auto [a, b] = AdapterMatricesOf({name}, 0);  // their names
     const std::string names[] = {absl::StrCat(name, kWeight), a.name, b.name};
     for (const std::string& tensor : names) {

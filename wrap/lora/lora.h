@@ -91,7 +91,8 @@ class Lora final : public ProjectionOps {
   // The module names of the adapted projections, in the model's parameter order.
   const std::vector<std::string>& adapted() const { return adapted_; }
 
-  // Folds each adapter pair of `parameters` (whole, by name) into its projection's weight as
+  // Folds each adapter pair of `parameters` (whole, by name: its own projections', and the
+  // others' there, a pipeline's other stages') into its projection's weight as
   // PEFT's merge_and_unload does, W + scale * B A (computed in fp32, stored in W's dtype), and
   // removes the pair. InternalError naming the tensor when one is missing.
   absl::Status Merge(std::map<std::string, torch::Tensor>& parameters) const;

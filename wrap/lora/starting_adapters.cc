@@ -1,5 +1,6 @@
 #include "wrap/lora/starting_adapters.h"
 
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -8,11 +9,15 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "base/status.h"
 #include "models/peft_adapter.h"
 
 namespace plait::wrap::lora {
 namespace {
+
+constexpr absl::string_view kAdapterA = ".lora_A.weight";
 
 // "[2, 3]"
 std::string Shape(const std::vector<int64_t>& sizes) {
@@ -31,10 +36,14 @@ std::string FirstMissing(const std::set<std::string>& names, const std::set<std:
 
 std::array<AdapterMatrixShape, 2> AdapterMatricesOf(const AdaptedProjection& projection,
                                                     int64_t rank) {
-  return {
-      AdapterMatrixShape{absl::StrCat(projection.module, ".lora_A.weight"), {rank, projection.in}},
-      AdapterMatrixShape{absl::StrCat(projection.module, ".lora_B.weight"),
-                         {projection.out, rank}}};
+  return {AdapterMatrixShape{absl::StrCat(projection.module, kAdapterA), {rank, projection.in}},
+          AdapterMatrixShape{absl::StrCat(projection.module, ".lora_B.weight"),
+                             {projection.out, rank}}};
+}
+
+std::optional<std::string> ModuleOfAdapterA(absl::string_view name) {
+  if (!absl::ConsumeSuffix(&name, kAdapterA)) return std::nullopt;
+  return std::string(name);
 }
 
 absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(

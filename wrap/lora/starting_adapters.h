@@ -12,10 +12,12 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "torch/types.h"
 #include "wrap/wrap.pb.h"
 
@@ -38,6 +40,9 @@ struct AdapterMatrixShape {
 // B, `<module>.lora_B.weight` [out, rank].
 std::array<AdapterMatrixShape, 2> AdapterMatricesOf(const AdaptedProjection& projection,
                                                     int64_t rank);
+
+// The module whose adapter A `name` is (`<module>.lora_A.weight`), or nullopt.
+std::optional<std::string> ModuleOfAdapterA(absl::string_view name);
 
 // The A and B of every projection in `projections`, by plait's names
 // (`<module>.lora_A.weight`), read from the folder config.initial_adapter_dir, as stored

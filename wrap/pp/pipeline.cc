@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -13,6 +14,7 @@
 #include "base/human.h"
 #include "base/status.h"
 #include "base/violation.h"
+#include "parallel/communicator.h"
 #include "torch/autograd.h"
 
 namespace plait::wrap::pp {
@@ -655,6 +657,8 @@ absl::Status PipelineStrategy::GatherFullParameters(
     }
     own_dtypes[i] = static_cast<float>(it->second.scalar_type());
   }
+  std::set<std::string> listed;
+  for (const WholeParameter& whole : whole_) listed.insert(whole.name);
   dtypes = dtypes.to(device_);
   PLAIT_RETURN_IF_ERROR(group_->AllReduce(dtypes, parallel::ReduceOp::kSum)->Wait());
   dtypes = dtypes.cpu();
@@ -671,6 +675,39 @@ absl::Status PipelineStrategy::GatherFullParameters(
     }
     PLAIT_RETURN_IF_ERROR(group_->Broadcast(tensor, holder)->Wait());
     parameters[whole.name] = tensor;
+  }
+  // Then those the steps after this one added to each stage (LoRA's adapters), which the cut
+  // did not list: each rank names its own ("name<TAB>dtype<TAB>shape" lines), and broadcasts
+  // them in that order.
+  std::string own;
+  for (const auto& [name, tensor] : parameters) {
+    if (listed.count(name) > 0) continue;
+    absl::StrAppend(&own, name, "\t", static_cast<int>(tensor.scalar_type()), "\t",
+                    absl::StrJoin(tensor.sizes(), ","), "\n");
+  }
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<std::string> added,
+                         parallel::AllGatherStrings(*group_, own));
+  for (int holder = 0; holder < group_->size(); ++holder) {
+    for (const absl::string_view line : absl::StrSplit(added[holder], '\n', absl::SkipEmpty())) {
+      const absl::Status unreadable =
+          absl::InternalError(absl::StrCat("pipeline: rank ", holder, " of ", config_.mesh_dim(),
+                                           " named a parameter it added as '", line, "'"));
+      const std::vector<std::string> fields = absl::StrSplit(line, '\t');
+      int dtype = 0;
+      if (fields.size() != 3 || !absl::SimpleAtoi(fields[1], &dtype)) return unreadable;
+      std::vector<int64_t> shape;
+      for (const absl::string_view size : absl::StrSplit(fields[2], ',', absl::SkipEmpty())) {
+        if (!absl::SimpleAtoi(size, &shape.emplace_back())) return unreadable;
+      }
+      torch::Tensor tensor =
+          holder == group_->rank()
+              ? parameters.at(fields[0]).detach().contiguous()
+              : torch::empty(
+                    shape,
+                    torch::TensorOptions(static_cast<torch::ScalarType>(dtype)).device(device_));
+      PLAIT_RETURN_IF_ERROR(group_->Broadcast(tensor, holder)->Wait());
+      parameters[fields[0]] = tensor;
+    }
   }
   return absl::OkStatus();
 }
