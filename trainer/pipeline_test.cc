@@ -1,12 +1,12 @@
 // Pipeline parallelism trains as one process: //trainer:llama_fsdp's tiny Llama (4 blocks) for
 // 10 AdamW steps with clipping, 4 micro-batches a step, cut into stages over "pp" with each
-// schedule (GPIPE, 1F1B, ZB_H1, INTERLEAVED_1F1B with 2 stages per rank) on 2 ranks, 1F1B on 4
-// ranks (a block each), uneven stages (stage_starts), pp 2 x DDP 2 and pp 2 x FSDP 2 (each
-// interleaved too) and pp 2 x TP 2, and the tiny Qwen2 (its embedding tied to the output
-// projection) on pp 2, pp 2 x FSDP 2 and interleaved pp 2, has the losses, gradient
-// norms, evaluation loss and final parameters of the run of one process that reads the same
-// batches, within 1e-5 relative, as do the shipped jobs llama_pp and llama_3d. Each rank builds and
-// its optimizer owns exactly its stage's parameters.
+// schedule (GPIPE, 1F1B, ZB_H1, INTERLEAVED_1F1B with 2 stages per rank) on 2 and on 4 ranks
+// (a block a stage; interleaved with 8 blocks), uneven stages (stage_starts), pp 2 x DDP 2 and pp 2
+// x FSDP 2 (each interleaved too) and pp 2 x TP 2, and the tiny Qwen2 (its embedding tied to the
+// output projection) on pp 2, pp 2 x FSDP 2 and interleaved pp 2, has the losses, gradient norms,
+// evaluation loss and final parameters of the run of one process that reads the same batches,
+// within 1e-5 relative, as do the shipped jobs llama_pp and llama_3d. Each rank builds and its
+// optimizer owns exactly its stage's parameters.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -44,6 +44,7 @@ constexpr int kMicroBatches = 4;
 
 struct Layout {
   std::string preset = "tiny";  // "qwen2-tiny": tied embeddings, q/k/v biases
+  int blocks = 0;               // more than the preset's 4 (0: the preset's)
   int pp = 1;                   // 1: no pipeline
   std::string schedule = "1F1B";
   int stages_per_rank = 1;            // more: INTERLEAVED_1F1B
@@ -58,6 +59,11 @@ struct Layout {
 plan::Plan TrainingPlan(const Layout& layout) {
   plan::Plan plan = ShortShippedPlan("llama_fsdp");
   plan.mutable_model()->set_preset(layout.preset);
+  if (layout.blocks > 0) {
+    models::ModelConfig config = ConfigOf(plan.model());
+    config.set_num_hidden_layers(layout.blocks);
+    *plan.mutable_model()->mutable_config() = config;
+  }
   plan.clear_mesh();
   plan.clear_prepare();
   // A mesh dimension and the step on it, in the rules' order.
@@ -109,14 +115,15 @@ const SavedRun& Trained(const Layout& layout, const std::string& name) {
   return runs->at(name);
 }
 
-// The run of one process of the model `preset`.
-const SavedRun& OneProcess(const std::string& preset = "tiny") {
-  return Trained({.preset = preset}, "one_process_" + preset);
+// The run of one process of the model `preset` (with `blocks` blocks).
+const SavedRun& OneProcess(const std::string& preset = "tiny", int blocks = 0) {
+  return Trained({.preset = preset, .blocks = blocks},
+                 absl::StrCat("one_process_", preset, "_", blocks));
 }
 
 void ExpectOneProcessRun(const Layout& layout, const std::string& name) {
   const SavedRun& run = Trained(layout, name);
-  const SavedRun& expected = OneProcess(layout.preset);
+  const SavedRun& expected = OneProcess(layout.preset, layout.blocks);
   ASSERT_EQ(run.report.steps.size(), expected.report.steps.size()) << name;
   ExpectSameSteps(run.report, expected.report, name);
   ASSERT_TRUE(run.report.steps.back().eval_loss.has_value()) << name;
@@ -195,8 +202,13 @@ TEST(PipelineTest, TheSchedulesGiveTheSameBits) {
   }
 }
 
-TEST(PipelineTest, OneFOneBOnFourRanksEqualsOneProcess) {
-  ExpectOneProcessRun({.pp = 4, .schedule = "1F1B"}, "pp 4 1F1B");
+// On 4 ranks, a block each, with each schedule; INTERLEAVED_1F1B's 8 stages cut the tiny Llama
+// with 8 blocks.
+TEST(PipelineTest, EachScheduleOnFourRanksEqualsOneProcess) {
+  for (const std::string schedule : {"GPIPE", "1F1B", "ZB_H1"}) {
+    ExpectOneProcessRun({.pp = 4, .schedule = schedule}, "pp 4 " + schedule);
+  }
+  ExpectOneProcessRun(Interleaved({.blocks = 8, .pp = 4}), "8 blocks, pp 4 INTERLEAVED_1F1B x 2");
 }
 
 TEST(PipelineTest, UnevenStagesEqualOneProcess) {
