@@ -13,14 +13,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// An autograd function's group travels in its context as an integer.
-void SaveGroup(AutogradContext* ctx, TpGroup* group) {
-  ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
-}
-TpGroup& SavedGroup(AutogradContext* ctx) {
-  return *reinterpret_cast<TpGroup*>(ctx->saved_data["group"].toInt());
-}
-
 // What the collectives here are for, as their errors say: "step 3, backward, all_reduce of
 // tensor-parallel input gradient (f) on group 'tp' ...".
 constexpr const char* kInputGradient = "tensor-parallel input gradient (f)";
@@ -29,12 +21,13 @@ constexpr const char* kSequence = "tensor-parallel sequence";
 constexpr const char* kCrossEntropy = "vocabulary-parallel cross-entropy";
 
 // Says, around one collective on `group`, the pass it belongs to and what it is for.
-parallel::ScopedPlace PlaceIn(TpGroup& group, parallel::Pass pass, const char* purpose) {
+parallel::ScopedPlace PlaceIn(parallel::GraphGroup& group, parallel::Pass pass,
+                              const char* purpose) {
   return parallel::ScopedPlace(group.communicator(),
                                {parallel::StepPlace::kNoBlock, pass, purpose});
 }
 
-torch::Tensor AllReduced(const torch::Tensor& x, TpGroup& group, parallel::Pass pass,
+torch::Tensor AllReduced(const torch::Tensor& x, parallel::GraphGroup& group, parallel::Pass pass,
                          const char* purpose) {
   torch::Tensor sum = x.contiguous().clone();
   const parallel::ScopedPlace place = PlaceIn(group, pass, purpose);
@@ -48,7 +41,8 @@ torch::Tensor SequenceFirst(const torch::Tensor& x) { return x.transpose(0, 1).c
 
 // Batch-first again, and contiguous: the column-parallel projections after it flatten it
 // into rows, which of a transposed view each would copy (and keep for its backward).
-torch::Tensor AllGatheredSequence(const torch::Tensor& x, TpGroup& group, parallel::Pass pass) {
+torch::Tensor AllGatheredSequence(const torch::Tensor& x, parallel::GraphGroup& group,
+                                  parallel::Pass pass) {
   const torch::Tensor input = SequenceFirst(x);
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes[0] *= group.size();
@@ -58,7 +52,8 @@ torch::Tensor AllGatheredSequence(const torch::Tensor& x, TpGroup& group, parall
   return output.transpose(0, 1).contiguous();
 }
 
-torch::Tensor ReduceScatteredSequence(const torch::Tensor& x, TpGroup& group, parallel::Pass pass) {
+torch::Tensor ReduceScatteredSequence(const torch::Tensor& x, parallel::GraphGroup& group,
+                                      parallel::Pass pass) {
   const torch::Tensor input = SequenceFirst(x);
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes[0] /= group.size();
@@ -69,18 +64,21 @@ torch::Tensor ReduceScatteredSequence(const torch::Tensor& x, TpGroup& group, pa
 }
 
 struct CopyToRegionFunction : torch::autograd::Function<CopyToRegionFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpGroup* group) {
-    SaveGroup(ctx, group);
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               parallel::GraphGroup* group) {
+    group->SaveIn(ctx);
     return x.view_as(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {AllReduced(grads[0], SavedGroup(ctx), parallel::Pass::kBackward, kInputGradient),
+    return {AllReduced(grads[0], parallel::GraphGroup::SavedIn(ctx), parallel::Pass::kBackward,
+                       kInputGradient),
             torch::Tensor()};
   }
 };
 
 struct ReduceFromRegionFunction : torch::autograd::Function<ReduceFromRegionFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpGroup* group) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               parallel::GraphGroup* group) {
     return AllReduced(x, *group, parallel::Pass::kForward, kOutputSum);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -89,23 +87,27 @@ struct ReduceFromRegionFunction : torch::autograd::Function<ReduceFromRegionFunc
 };
 
 struct GatherSequenceFunction : torch::autograd::Function<GatherSequenceFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpGroup* group) {
-    SaveGroup(ctx, group);
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               parallel::GraphGroup* group) {
+    group->SaveIn(ctx);
     return AllGatheredSequence(x, *group, parallel::Pass::kForward);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {ReduceScatteredSequence(grads[0], SavedGroup(ctx), parallel::Pass::kBackward),
+    return {ReduceScatteredSequence(grads[0], parallel::GraphGroup::SavedIn(ctx),
+                                    parallel::Pass::kBackward),
             torch::Tensor()};
   }
 };
 
 struct ReduceScatterSequenceFunction : torch::autograd::Function<ReduceScatterSequenceFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpGroup* group) {
-    SaveGroup(ctx, group);
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               parallel::GraphGroup* group) {
+    group->SaveIn(ctx);
     return ReduceScatteredSequence(x, *group, parallel::Pass::kForward);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {AllGatheredSequence(grads[0], SavedGroup(ctx), parallel::Pass::kBackward),
+    return {AllGatheredSequence(grads[0], parallel::GraphGroup::SavedIn(ctx),
+                                parallel::Pass::kBackward),
             torch::Tensor()};
   }
 };
@@ -114,7 +116,8 @@ struct VocabParallelCrossEntropyFunction
     : torch::autograd::Function<VocabParallelCrossEntropyFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
                                const torch::Tensor& targets, int64_t vocab_start, int64_t real,
-                               int64_t ignore_index, TpGroup* group, int64_t chunk_rows) {
+                               int64_t ignore_index, parallel::GraphGroup* group,
+                               int64_t chunk_rows) {
     TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
                 "VocabParallelCrossEntropy: targets ", targets.sizes(), " do not match logits ",
                 logits.sizes());
@@ -177,37 +180,25 @@ struct VocabParallelCrossEntropyFunction
 
 }  // namespace
 
-void TpGroup::Wait(const std::shared_ptr<parallel::Work>& work) {
-  absl::Status status = work->Wait();
-  if (status.ok()) return;
-  absl::MutexLock lock(&mutex_);
-  if (status_.ok()) status_ = std::move(status);
-}
-
-absl::Status TpGroup::status() const {
-  absl::MutexLock lock(&mutex_);
-  return status_;
-}
-
-torch::Tensor CopyToRegion(const torch::Tensor& x, TpGroup& group) {
+torch::Tensor CopyToRegion(const torch::Tensor& x, parallel::GraphGroup& group) {
   return CopyToRegionFunction::apply(x, &group);
 }
 
-torch::Tensor ReduceFromRegion(const torch::Tensor& x, TpGroup& group) {
+torch::Tensor ReduceFromRegion(const torch::Tensor& x, parallel::GraphGroup& group) {
   return ReduceFromRegionFunction::apply(x, &group);
 }
 
-torch::Tensor GatherSequence(const torch::Tensor& x, TpGroup& group) {
+torch::Tensor GatherSequence(const torch::Tensor& x, parallel::GraphGroup& group) {
   return GatherSequenceFunction::apply(x, &group);
 }
 
-torch::Tensor ReduceScatterSequence(const torch::Tensor& x, TpGroup& group) {
+torch::Tensor ReduceScatterSequence(const torch::Tensor& x, parallel::GraphGroup& group) {
   return ReduceScatterSequenceFunction::apply(x, &group);
 }
 
 torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                         int64_t vocab_start, int64_t real_columns,
-                                        int64_t ignore_index, TpGroup& group) {
+                                        int64_t ignore_index, parallel::GraphGroup& group) {
   return VocabParallelCrossEntropy(
       logits, targets, vocab_start, real_columns, ignore_index, group,
       base::CrossEntropyChunkRows(real_columns, logits.scalar_type()));
@@ -215,7 +206,7 @@ torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits, const torch
 
 torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                         int64_t vocab_start, int64_t real_columns,
-                                        int64_t ignore_index, TpGroup& group,
+                                        int64_t ignore_index, parallel::GraphGroup& group,
                                         int64_t chunk_rows) {
   return VocabParallelCrossEntropyFunction::apply(logits, targets, vocab_start, real_columns,
                                                   ignore_index, &group, chunk_rows);

@@ -32,9 +32,9 @@ parallel::MeshLayout Layout() {
 }
 
 // Runs `body(rank, group)` on every rank.
-void OnRanks(const std::function<void(int, TpGroup&)>& body) {
+void OnRanks(const std::function<void(int, parallel::GraphGroup&)>& body) {
   parallel::testing::RunOnRingMesh(Layout(), [&](int rank, parallel::DeviceMesh& mesh) {
-    TpGroup group(**mesh.communicator("tp"));
+    parallel::GraphGroup group(**mesh.communicator("tp"));
     body(rank, group);
     EXPECT_THAT(group.status(), IsOk());
   });
@@ -47,7 +47,7 @@ torch::Tensor Input(int rank) {
 torch::Tensor OutputGrad(int rank) { return torch::full({2, 4, 3}, 0.5f + rank); }
 
 TEST(CollectiveOpsTest, CopyToRegionSumsTheGradient) {
-  OnRanks([](int rank, TpGroup& group) {
+  OnRanks([](int rank, parallel::GraphGroup& group) {
     const torch::Tensor x = Input(rank).requires_grad_();
     const torch::Tensor y = CopyToRegion(x, group);
     EXPECT_TRUE(torch::equal(y, x));
@@ -57,7 +57,7 @@ TEST(CollectiveOpsTest, CopyToRegionSumsTheGradient) {
 }
 
 TEST(CollectiveOpsTest, ReduceFromRegionSumsTheForward) {
-  OnRanks([](int rank, TpGroup& group) {
+  OnRanks([](int rank, parallel::GraphGroup& group) {
     const torch::Tensor x = Input(rank).requires_grad_();
     const torch::Tensor y = ReduceFromRegion(x, group);
     EXPECT_TRUE(torch::allclose(y, Input(0) + Input(1)));
@@ -67,7 +67,7 @@ TEST(CollectiveOpsTest, ReduceFromRegionSumsTheForward) {
 }
 
 TEST(CollectiveOpsTest, SequenceGatherAndReduceScatterAreConjugate) {
-  OnRanks([](int rank, TpGroup& group) {
+  OnRanks([](int rank, parallel::GraphGroup& group) {
     // Gather: rank r's slice [2, 2, 3] lands at positions 2r, 2r + 1.
     const torch::Tensor full = Input(0);
     const torch::Tensor slice = full.narrow(1, 2 * rank, 2).clone().requires_grad_();
@@ -114,7 +114,7 @@ TEST(CollectiveOpsTest, VocabParallelCrossEntropyEqualsCrossEntropyOnGatheredLog
 
   const Reference expected = CrossEntropyOf(logits, targets, weights);
 
-  OnRanks([&](int rank, TpGroup& group) {
+  OnRanks([&](int rank, parallel::GraphGroup& group) {
     constexpr int64_t kColumns = kVocab / kRanks;
     const torch::Tensor mine = logits.narrow(1, rank * kColumns, kColumns).clone().requires_grad_();
     const torch::Tensor loss =
@@ -136,7 +136,7 @@ TEST(CollectiveOpsTest, VocabParallelCrossEntropyOfARankOfPaddingOnly) {
   const torch::Tensor expected = torch::nn::functional::cross_entropy(
       logits, targets,
       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone).ignore_index(-100));
-  OnRanks([&](int rank, TpGroup& group) {
+  OnRanks([&](int rank, parallel::GraphGroup& group) {
     const torch::Tensor mine =
         (rank == 0 ? logits.clone()
                    : torch::full({3, kColumns}, -std::numeric_limits<float>::infinity()))
@@ -167,7 +167,7 @@ TEST(CollectiveOpsTest, VocabParallelCrossEntropyKeepsTheDtypeOverChunksAndSkips
             .to(dtype);
     const Reference expected = CrossEntropyOf(logits.to(torch::kFloat32), targets, weights);
     const double grad_tolerance = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
-    OnRanks([&](int rank, TpGroup& group) {
+    OnRanks([&](int rank, parallel::GraphGroup& group) {
       const int64_t real = std::min(kColumns, kVocab - rank * kColumns);
       torch::Tensor slice =
           torch::full({kRows, kColumns}, std::numeric_limits<float>::quiet_NaN(), dtype);
@@ -200,7 +200,7 @@ TEST(CollectiveOpsTest, VocabParallelCrossEntropyHoldsTheGradientAndOneChunk) {
   constexpr int64_t kChunkRows = 64;
   const torch::Tensor targets =
       torch::randint(2 * kColumns, {kRows}, torch::Generator(at::detail::createCPUGenerator(13)));
-  OnRanks([&](int rank, TpGroup& group) {
+  OnRanks([&](int rank, parallel::GraphGroup& group) {
     const torch::Tensor mine =
         torch::randn({kRows, kColumns}, torch::Generator(at::detail::createCPUGenerator(rank)))
             .to(torch::kBFloat16)

@@ -96,7 +96,7 @@ class TensorParallel final : public TensorParallelOps {
   void AddGradientHook(torch::Tensor parameter, std::function<torch::Tensor(torch::Tensor)> hook);
 
   Wrappable& model_;
-  TpGroup group_;
+  parallel::GraphGroup group_;
   const bool sequence_parallel_;
   // The vocabulary's size (its rows before padding) when pad_vocab_to_multiple padded it,
   // else 0.
