@@ -1,0 +1,74 @@
+// Context parallelism's attention: the n ranks of a group each hold a slice of every sequence
+// and compute causal attention of their queries over the whole sequence's keys and values
+// without gathering them, as ring attention does (Liu et al.; torchtitan and Megatron-core's
+// context parallelism). Each rank's keys and values pass once around the ring; at each hop a
+// rank computes its queries against the block it holds, while the next block travels, and
+// merges the partial results by their log-sum-exp, as flash attention's online softmax does.
+// The backward passes the blocks around again, with their key and value gradients, which
+// arrive back at their owner after n hops.
+//
+// Causal load balancing: the sequence is cut into 2n chunks and rank r keeps chunks r and
+// 2n - 1 - r (ChunkLayout), so every rank meets the same number of keys: the early chunk's
+// queries few, the late chunk's many. Rotary positions are the global ones (Positions).
+//
+//   const ChunkLayout layout = *ChunkLayout::Create(seq_len, group.size(), group.rank());
+//   torch::Tensor q = Rotary(..., layout.Positions()), k = ..., v = ...;  // [B, 2L, heads, d]
+//   torch::Tensor out = RingAttention(q, k, v, group);                   // [B, 2L, H, d]
+//   loss.backward();
+//   PLAIT_RETURN_IF_ERROR(group.status());
+//
+// The blocks are computed with LibTorch's generic ops (matmuls and exponentials, in fp32 for
+// 16-bit inputs), on the CPU and on a GPU alike; a block of L queries keeps an [L, L] score
+// matrix per head while it computes.
+#ifndef PLAIT_WRAP_CP_RING_ATTENTION_H_
+#define PLAIT_WRAP_CP_RING_ATTENTION_H_
+
+#include <array>
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "parallel/graph_group.h"
+#include "torch/types.h"
+
+namespace plait::wrap::cp {
+
+// Where a rank's tokens lie in a sequence under causal load balancing.
+class ChunkLayout {
+ public:
+  // The layout of a sequence of `seq_len` tokens over `ranks` ranks, for rank `rank`;
+  // InvalidArgument giving both numbers when seq_len is not a multiple of 2 * ranks.
+  static absl::StatusOr<ChunkLayout> Create(int64_t seq_len, int ranks, int rank);
+
+  // The chunks rank `rank` of `ranks` keeps, in the order it holds them: rank, then
+  // 2 * ranks - 1 - rank.
+  static std::array<int, 2> ChunksOf(int ranks, int rank);
+
+  int64_t chunk_len() const { return chunk_len_; }
+  int64_t local_len() const { return 2 * chunk_len_; }
+
+  // The global positions of this rank's tokens, in order: int64 [local_len()].
+  torch::Tensor Positions() const;
+
+  // This rank's tokens of `x` (whose dimension `dim` is the whole sequence), in order.
+  torch::Tensor Slice(const torch::Tensor& x, int64_t dim) const;
+
+ private:
+  ChunkLayout(int64_t chunk_len, int ranks, int rank)
+      : chunk_len_(chunk_len), ranks_(ranks), rank_(rank) {}
+
+  int64_t chunk_len_;
+  int ranks_;
+  int rank_;
+};
+
+// Causal grouped-query attention with scale 1 / sqrt(d) of this rank's queries q [B, 2L, H, d]
+// over the keys and values of the whole sequence, of which this rank holds k and v
+// [B, 2L, KV, d] (KV dividing H): each a ChunkLayout slice of the group's sequence, with
+// L = chunk_len. Returns [B, 2L, H, d] in q's dtype, differentiable in q, k and v. A failed
+// send or receive is kept in `group` (the result is then meaningless).
+torch::Tensor RingAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            parallel::GraphGroup& group);
+
+}  // namespace plait::wrap::cp
+
+#endif  // PLAIT_WRAP_CP_RING_ATTENTION_H_

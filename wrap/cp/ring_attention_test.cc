@@ -1,0 +1,159 @@
+// Ring attention on 2 and 4 ranks (threads over TCP): each rank's output and the gradients of
+// its queries, keys and values are the rows of its chunks of one process's causal attention
+// over the whole sequence and of that attention's gradients, with grouped-query attention, in
+// fp32 (within 1e-5) and bf16 (within bf16's rounding); and the chunk layout itself.
+#include "wrap/cp/ring_attention.h"
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "parallel/device_mesh.h"
+#include "parallel/test_ranks.h"
+#include "torch/types.h"
+
+namespace plait::wrap::cp {
+namespace {
+
+using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// Runs `body(rank, group)` on every rank of a group of `ranks`.
+void OnRanks(int ranks, const std::function<void(int, parallel::GraphGroup&)>& body) {
+  parallel::MeshConfig config;
+  auto* dim = config.add_dims();
+  dim->set_name("cp");
+  dim->set_size(ranks);
+  parallel::testing::RunOnRingMesh(parallel::MeshLayout::Create(config, ranks).value(),
+                                   [&](int rank, parallel::DeviceMesh& mesh) {
+                                     parallel::GraphGroup group(**mesh.communicator("cp"));
+                                     body(rank, group);
+                                     EXPECT_THAT(group.status(), IsOk());
+                                   });
+}
+
+// One process's causal grouped-query attention, in fp32: q [B, T, H, d], k and v
+// [B, T, KV, d] -> [B, T, H, d].
+torch::Tensor FullAttention(const torch::Tensor& q, const torch::Tensor& k,
+                            const torch::Tensor& v) {
+  const int64_t groups = q.size(2) / k.size(2);
+  const int64_t len = q.size(1);
+  const torch::Tensor qh = q.to(torch::kFloat32).transpose(1, 2);  // [B, H, T, d]
+  const torch::Tensor kh = k.to(torch::kFloat32).repeat_interleave(groups, 2).transpose(1, 2);
+  const torch::Tensor vh = v.to(torch::kFloat32).repeat_interleave(groups, 2).transpose(1, 2);
+  const torch::Tensor scores = torch::matmul(qh, kh.transpose(-1, -2)) / std::sqrt(q.size(3));
+  const torch::Tensor above = torch::ones({len, len}, torch::kBool).triu(1);
+  return torch::matmul(torch::softmax(scores.masked_fill(above, -INFINITY), -1), vh)
+      .transpose(1, 2);
+}
+
+struct Case {
+  int ranks;
+  int64_t seq_len;
+  int64_t heads;
+  int64_t kv_heads;
+  torch::ScalarType dtype;
+  double tolerance;  // relative to each tensor's largest value
+};
+
+std::string Name(const Case& c) {
+  return std::string("cp ") + std::to_string(c.ranks) + ", T " + std::to_string(c.seq_len) +
+         ", heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " " +
+         c10::toString(c.dtype);
+}
+
+// Expects `actual` within `tolerance` of the largest value of `expected`.
+void ExpectClose(const torch::Tensor& actual, const torch::Tensor& expected, double tolerance,
+                 const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const double scale = expected.abs().max().item<double>();
+  const double off =
+      (actual.to(torch::kFloat64) - expected.to(torch::kFloat64)).abs().max().item<double>();
+  EXPECT_LE(off, tolerance * scale) << what << ": off by " << off << " of " << scale;
+}
+
+void ExpectRingEqualsFullAttention(const Case& c) {
+  const std::string name = Name(c);
+  constexpr int64_t kBatch = 2, kHeadDim = 8;
+  torch::manual_seed(3);
+  const auto draw = [&](int64_t heads) {
+    return torch::randn({kBatch, c.seq_len, heads, kHeadDim}).to(c.dtype);
+  };
+  const torch::Tensor q = draw(c.heads), k = draw(c.kv_heads), v = draw(c.kv_heads);
+  const torch::Tensor weights = torch::randn({kBatch, c.seq_len, c.heads, kHeadDim});
+  // One process, in fp32 from the same (rounded) inputs.
+  const torch::Tensor fq = q.to(torch::kFloat32).clone().requires_grad_();
+  const torch::Tensor fk = k.to(torch::kFloat32).clone().requires_grad_();
+  const torch::Tensor fv = v.to(torch::kFloat32).clone().requires_grad_();
+  const torch::Tensor expected = FullAttention(fq, fk, fv);
+  (expected * weights).sum().backward();
+  OnRanks(c.ranks, [&](int rank, parallel::GraphGroup& group) {
+    torch::set_num_threads(1);
+    absl::StatusOr<ChunkLayout> layout = ChunkLayout::Create(c.seq_len, c.ranks, rank);
+    ASSERT_THAT(layout, IsOk());
+    const torch::Tensor lq = layout->Slice(q, 1).clone().requires_grad_();
+    const torch::Tensor lk = layout->Slice(k, 1).clone().requires_grad_();
+    const torch::Tensor lv = layout->Slice(v, 1).clone().requires_grad_();
+    const torch::Tensor out = RingAttention(lq, lk, lv, group);
+    EXPECT_EQ(out.scalar_type(), c.dtype);
+    (out.to(torch::kFloat32) * layout->Slice(weights, 1)).sum().backward();
+    const std::string where = name + ", rank " + std::to_string(rank);
+    ExpectClose(out, layout->Slice(expected.detach(), 1), c.tolerance, where + " output");
+    ExpectClose(lq.grad(), layout->Slice(fq.grad(), 1), c.tolerance, where + " query gradient");
+    ExpectClose(lk.grad(), layout->Slice(fk.grad(), 1), c.tolerance, where + " key gradient");
+    ExpectClose(lv.grad(), layout->Slice(fv.grad(), 1), c.tolerance, where + " value gradient");
+  });
+}
+
+TEST(RingAttentionTest, EqualsFullAttentionRowsAndGradientsInFp32) {
+  for (const Case& c :
+       {Case{2, 16, 4, 4, torch::kFloat32, 1e-5}, Case{2, 32, 4, 2, torch::kFloat32, 1e-5},
+        Case{4, 32, 4, 1, torch::kFloat32, 1e-5}, Case{4, 8, 2, 2, torch::kFloat32, 1e-5}}) {
+    ExpectRingEqualsFullAttention(c);
+  }
+}
+
+// bf16 inputs and outputs, computed in fp32: the outputs and gradients are fp32's rounded
+// to bf16 (a relative step of 2^-8), against fp32 attention of the same bf16 inputs.
+TEST(RingAttentionTest, EqualsFullAttentionInBf16WithinItsRounding) {
+  for (const Case& c :
+       {Case{2, 32, 4, 2, torch::kBFloat16, 1e-2}, Case{4, 32, 4, 2, torch::kBFloat16, 1e-2}}) {
+    ExpectRingEqualsFullAttention(c);
+  }
+}
+
+// One rank is plain causal attention: its two chunks are the whole sequence.
+TEST(RingAttentionTest, OneRankIsCausalAttention) {
+  ExpectRingEqualsFullAttention(Case{1, 12, 4, 2, torch::kFloat32, 1e-5});
+}
+
+// Rank r keeps chunks r and 2n - 1 - r, at their global positions.
+TEST(ChunkLayoutTest, EachRankKeepsAnEarlyAndALateChunk) {
+  absl::StatusOr<ChunkLayout> first = ChunkLayout::Create(16, 2, 0);
+  absl::StatusOr<ChunkLayout> second = ChunkLayout::Create(16, 2, 1);
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(first->chunk_len(), 4);
+  EXPECT_TRUE(first->Positions().equal(torch::tensor({0, 1, 2, 3, 12, 13, 14, 15}, torch::kInt64)));
+  EXPECT_TRUE(second->Positions().equal(torch::tensor({4, 5, 6, 7, 8, 9, 10, 11}, torch::kInt64)));
+  const torch::Tensor tokens = torch::arange(32).view({2, 16});
+  EXPECT_TRUE(
+      second->Slice(tokens, 1).equal(torch::stack({torch::arange(4, 12), torch::arange(20, 28)})));
+  EXPECT_EQ(ChunkLayout::ChunksOf(4, 1), (std::array<int, 2>{1, 6}));
+}
+
+TEST(ChunkLayoutTest, RefusesASequenceThatDoesNotDivideIntoTheChunks) {
+  EXPECT_THAT(ChunkLayout::Create(20, 4, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a sequence of 20 tokens does not divide into them: use a "
+                                 "multiple of 8")));
+  EXPECT_THAT(ChunkLayout::Create(16, 2, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 2 of 2 ranks")));
+}
+
+}  // namespace
+}  // namespace plait::wrap::cp
