@@ -235,7 +235,9 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
                        context.rope.cos, context.rope.sin, generic);
   const torch::Tensor v = Project(v_proj, flat, context).view({batch, seq, num_kv_heads_, d});
   const torch::Tensor out =
-      internal::CausalAttention(q, k, v, context.mask, generic, context.positions)
+      (context.cp != nullptr
+           ? context.cp->Attention(q, k, v)
+           : internal::CausalAttention(q, k, v, context.mask, generic, context.positions))
           .reshape({batch, seq, num_heads_ * d});
   return RowParallel(o_proj, out, context);
 }
@@ -388,7 +390,9 @@ const AttentionContext& CausalLM::Context(int64_t seq_len, const torch::Device& 
     context_.rope.cos = context_.rope.cos.to(dtype);
     context_.rope.sin = context_.rope.sin.to(dtype);
     context_.mask = torch::Tensor();
-    if (internal::CausalAttentionReadsMask(dtype, device.type(), generic_ops_)) {
+    // Context parallelism's attention needs no mask (at long lengths, a large one).
+    if (context_.cp == nullptr &&
+        internal::CausalAttentionReadsMask(dtype, device.type(), generic_ops_)) {
       const torch::Tensor mask =
           torch::full({seq_len, seq_len}, -std::numeric_limits<float>::infinity(), options)
               .triu(/*diagonal=*/1);
@@ -399,6 +403,11 @@ const AttentionContext& CausalLM::Context(int64_t seq_len, const torch::Device& 
     context_groups_ = groups;
   }
   return context_;
+}
+
+void CausalLM::SetContextParallelOps(wrap::ContextParallelOps* ops) {
+  context_.cp = ops;
+  context_seq_len_ = -1;  // the next forward builds its context again
 }
 
 torch::Tensor CausalLM::OutputWeight() {
@@ -452,11 +461,22 @@ torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& po
     packed.rope.cos = cached.rope.cos.index_select(0, rows).view(shape);
     packed.rope.sin = cached.rope.sin.index_select(0, rows).view(shape);
   }
-  const AttentionContext& context = positions.defined() ? packed : cached;
+  // Context parallelism: this rank's slice of the sequence, with its rotary rows.
+  AttentionContext sliced;
+  if (cached.cp != nullptr) {
+    TORCH_CHECK(!positions.defined(),
+                "CausalLM: packed rows (positions) under context parallelism are not supported");
+    sliced = cached;
+    const torch::Tensor rows = cached.cp->Positions(tokens.size(1), tokens.device());
+    sliced.rope.cos = cached.rope.cos.index_select(0, rows);
+    sliced.rope.sin = cached.rope.sin.index_select(0, rows);
+  }
+  const AttentionContext& context =
+      positions.defined() ? packed : (cached.cp != nullptr ? sliced : cached);
   wrap::TensorParallelOps* tp = context.tp;
   if (!h.defined()) {
-    h = tp == nullptr ? model_->embed_tokens(tokens)
-                      : tp->Embed(tokens, model_->embed_tokens->weight);
+    const torch::Tensor own = context.cp == nullptr ? tokens : context.cp->Slice(tokens);
+    h = tp == nullptr ? model_->embed_tokens(own) : tp->Embed(own, model_->embed_tokens->weight);
   }
   for (size_t i = 0; i < model_->layers.size(); ++i) {
     const int64_t index = model_->layer_indices[i];
@@ -486,31 +506,38 @@ torch::Tensor CausalLM::TokenLosses(const torch::Tensor& tokens, const torch::Te
   // fp32 (for 16-bit logits too) and computed a chunk of rows at a time, whatever the path:
   // under tensor parallelism from the vocabulary-sharded logits (VocabParallelCrossEntropy).
   const torch::Tensor logits = Forward(tokens, positions);
+  const torch::Tensor own = OwnTargets(targets);
   const torch::Tensor flat_logits = logits.view({-1, logits.size(-1)});
-  const torch::Tensor flat_targets = targets.reshape({-1});
+  const torch::Tensor flat_targets = own.reshape({-1});
   return (context_.tp == nullptr
               ? internal::TokenCrossEntropy(flat_logits, flat_targets, ignore_index)
               : context_.tp->TokenCrossEntropy(flat_logits, flat_targets, ignore_index))
-      .view(targets.sizes());
+      .view(own.sizes());
+}
+
+torch::Tensor CausalLM::OwnTargets(const torch::Tensor& targets) {
+  return context_.cp == nullptr ? targets : context_.cp->Slice(targets);
 }
 
 torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                              int64_t ignore_index, const torch::Tensor& positions) {
   if (context_.tp != nullptr) {
     // The token losses are 0 where the target is ignored: with none scored, 0 / 1.
-    const torch::Tensor scored = (targets != ignore_index).sum().clamp_min(1).to(torch::kFloat32);
+    const torch::Tensor scored =
+        (OwnTargets(targets) != ignore_index).sum().clamp_min(1).to(torch::kFloat32);
     return TokenLosses(tokens, targets, ignore_index, positions).sum() / scored;
   }
   // 16-bit logits are scored in fp32, as Hugging Face's models do (the loss of a 32K-way
   // softmax needs more than bf16's 8 bits of mantissa), a chunk of rows at a time
   // (internal::TokenCrossEntropy): no fp32 copy of the whole logits.
   const torch::Tensor logits = Forward(tokens, positions);
-  const torch::Tensor mean = internal::CrossEntropy(
-      logits.view({-1, logits.size(-1)}), targets.reshape({-1}), ignore_index, generic_ops_);
+  const torch::Tensor own = OwnTargets(targets);
+  const torch::Tensor mean = internal::CrossEntropy(logits.view({-1, logits.size(-1)}),
+                                                    own.reshape({-1}), ignore_index, generic_ops_);
   // With nothing scored the mean is NaN, but its backward writes only the scored rows: the
   // zero gradient `where` hands it gives zero logit gradients. Where something is scored,
   // `where` passes the mean and its gradient through bit for bit.
-  return torch::where((targets != ignore_index).any(), mean, torch::zeros_like(mean));
+  return torch::where((own != ignore_index).any(), mean, torch::zeros_like(mean));
 }
 
 torch::Tensor CausalLM::TokenLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,

@@ -94,6 +94,9 @@ struct AttentionContext {
   wrap::CheckpointingOps* checkpointing = nullptr;
   // The ops the blocks' projections hand their outputs to (adapters), or nullptr.
   wrap::ProjectionOps* projections = nullptr;
+  // Context parallelism's attention over the whole sequence, of which this rank computes a
+  // slice (`rope` is then its tokens'), or nullptr.
+  wrap::ContextParallelOps* cp = nullptr;
 };
 
 // Causal self-attention with rotary embeddings and grouped-query attention.
@@ -204,7 +207,10 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // Logits [B, T, vocab_size] for int64 tokens [B, T] (positions 0 .. T-1); under tensor
   // parallelism this rank's vocabulary slice of them, [B, T, vocab_size / tp] (the
   // vocabulary rounded up to a multiple of tp when tensor parallelism pads it; the padding
-  // columns are not logits of any token).
+  // columns are not logits of any token); under context parallelism (SetContextParallelOps)
+  // those of this rank's slice of the sequence, [B, T / cp, ...], and so for Loss and
+  // TokenLogProbs, whose targets it slices as it slices the tokens (SequenceLogProbs then sums
+  // this rank's tokens alone).
   //
   // `positions` (int64 [B, T], or undefined) packs several sequences (documents, SFT
   // examples) into each row, padding-free, with Hugging Face's position_ids convention:
@@ -279,6 +285,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   void SetTensorParallelOps(wrap::TensorParallelOps* ops) override { context_.tp = ops; }
   void SetCheckpointingOps(wrap::CheckpointingOps* ops) override { context_.checkpointing = ops; }
   void SetProjectionOps(wrap::ProjectionOps* ops) override { context_.projections = ops; }
+  void SetContextParallelOps(wrap::ContextParallelOps* ops) override;
   wrap::ProjectionOps* projection_ops() const override { return context_.projections; }
 
  private:
@@ -300,6 +307,9 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // The stage's blocks over its input (the embedded tokens, or the stage input), then, when
   // `to_logits`, the final norm and the output projection.
   torch::Tensor Run(const torch::Tensor& tokens, const torch::Tensor& positions, bool to_logits);
+
+  // The targets this rank scores: `targets`, or its slice of them under context parallelism.
+  torch::Tensor OwnTargets(const torch::Tensor& targets);
 
   // Per position -log p(targets[b, t] | its sequence up to t), 0 where the target is
   // `ignore_index`: [B, T], fp32; from the vocabulary-sharded logits under tensor parallelism.

@@ -5,7 +5,8 @@
 // split (Megatron's layout), telling attention how many heads its sharded projections now
 // hold, and the TensorParallelOps the model's forward calls where Megatron communicates; and
 // the CheckpointingOps its forward calls to run each block and each of a block's projections;
-// and the ProjectionOps through which a wrapper adds to those projections' outputs (adapters),
+// the ContextParallelOps through which each rank computes a slice of every sequence; and the
+// ProjectionOps through which a wrapper adds to those projections' outputs (adapters),
 // which WithoutAdapters switches off for a scope, and may supply the weights they compute
 // with (QLoRA's NF4 base).
 // Wrappers depend on this interface only, never on a concrete model.
@@ -89,6 +90,28 @@ class CheckpointingOps {
   // whose output selective checkpointing keeps rather than recomputes.
   virtual torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias) = 0;
+};
+
+// What context parallelism (wrap/cp) does in a model's forward: each rank of its group
+// computes a slice of every sequence (its tokens, at their positions in the sequence) and
+// attends over the whole sequence through the group. The model is given whole sequences
+// (tokens, targets) and computes its slice of them. A model without it set runs as one process.
+class ContextParallelOps {
+ public:
+  virtual ~ContextParallelOps() = default;
+
+  // This rank's tokens of `x` [B, T, ...], whose dimension 1 is the whole sequence, in the
+  // order the rank computes them.
+  virtual torch::Tensor Slice(const torch::Tensor& x) = 0;
+
+  // Their positions in a sequence of `seq_len` tokens: int64 [T / n], on `device`.
+  virtual torch::Tensor Positions(int64_t seq_len, const torch::Device& device) = 0;
+
+  // Causal attention (scale 1 / sqrt(d)) of this rank's queries q [B, T / n, H, d] over the
+  // whole sequence's keys and values, of which this rank holds k and v [B, T / n, KV, d]
+  // (KV dividing H), each rotated at its positions: [B, T / n, H, d].
+  virtual torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v) = 0;
 };
 
 class ProjectionOps;
@@ -209,6 +232,10 @@ class Wrappable {
   // Makes the forward pass hand each block projection's output to `ops` (nullptr: none; it
   // must outlive its use, backward passes included).
   virtual void SetProjectionOps(ProjectionOps* ops) = 0;
+
+  // Makes the forward pass compute this rank's slice of each sequence through `ops` (nullptr:
+  // the whole sequence; it must outlive its use, backward passes included).
+  virtual void SetContextParallelOps(ContextParallelOps* ops) = 0;
 
   // The ops SetProjectionOps installed, or nullptr.
   virtual ProjectionOps* projection_ops() const = 0;

@@ -279,4 +279,21 @@ torch::Tensor RingAttention(const torch::Tensor& q, const torch::Tensor& k, cons
   return RingAttentionFunction::apply(q, k, v, &group);
 }
 
+ChunkLayout RingContext::LayoutOf(int64_t seq_len) const {
+  absl::StatusOr<ChunkLayout> layout = ChunkLayout::Create(seq_len, group_.size(), group_.rank());
+  TORCH_CHECK(layout.ok(), layout.status().message());
+  return *layout;
+}
+
+torch::Tensor RingContext::Slice(const torch::Tensor& x) { return LayoutOf(x.size(1)).Slice(x, 1); }
+
+torch::Tensor RingContext::Positions(int64_t seq_len, const torch::Device& device) {
+  return LayoutOf(seq_len).Positions().to(device);
+}
+
+torch::Tensor RingContext::Attention(const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v) {
+  return RingAttention(q, k, v, group_);
+}
+
 }  // namespace plait::wrap::cp

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "parallel/graph_group.h"
 #include "torch/types.h"
+#include "wrap/wrappable.h"
 
 namespace plait::wrap::cp {
 
@@ -68,6 +69,24 @@ class ChunkLayout {
 // send or receive is kept in `group` (the result is then meaningless).
 torch::Tensor RingAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             parallel::GraphGroup& group);
+
+// What a model's forward calls under context parallelism over `group` (which must outlive
+// it): ChunkLayout's slices and positions for the group's rank, and RingAttention. A sequence
+// that does not divide into the layout's chunks stops the forward (plans are checked first).
+class RingContext final : public ContextParallelOps {
+ public:
+  explicit RingContext(parallel::GraphGroup& group) : group_(group) {}
+
+  torch::Tensor Slice(const torch::Tensor& x) override;
+  torch::Tensor Positions(int64_t seq_len, const torch::Device& device) override;
+  torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k,
+                          const torch::Tensor& v) override;
+
+ private:
+  ChunkLayout LayoutOf(int64_t seq_len) const;
+
+  parallel::GraphGroup& group_;
+};
 
 }  // namespace plait::wrap::cp
 

@@ -1,7 +1,8 @@
 // Ring attention on 2 and 4 ranks (threads over TCP): each rank's output and the gradients of
 // its queries, keys and values are the rows of its chunks of one process's causal attention
 // over the whole sequence and of that attention's gradients, with grouped-query attention, in
-// fp32 (within 1e-5) and bf16 (within bf16's rounding); and the chunk layout itself.
+// fp32 (within 1e-5) and bf16 (within bf16's rounding); a model computing its slice of the
+// sequence through RingContext; and the chunk layout itself.
 #include "wrap/cp/ring_attention.h"
 
 #include <cmath>
@@ -11,6 +12,8 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/model_config.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
 #include "torch/types.h"
@@ -129,6 +132,49 @@ TEST(RingAttentionTest, EqualsFullAttentionInBf16WithinItsRounding) {
 // One rank is plain causal attention: its two chunks are the whole sequence.
 TEST(RingAttentionTest, OneRankIsCausalAttention) {
   ExpectRingEqualsFullAttention(Case{1, 12, 4, 2, torch::kFloat32, 1e-5});
+}
+
+// A model whose forward runs through RingContext computes its slice of each sequence: its
+// tokens' log-probabilities are the whole model's rows, and the gradients of their sum, summed
+// over the ranks, are the whole sequence's, for the tiny Llama (4 heads on 2 key/value heads)
+// and the tiny Qwen2 (biases, 7 heads on 1, a tied embedding), on 2 and 4 ranks.
+TEST(RingContextTest, AModelComputesItsSliceOfTheSequence) {
+  constexpr int64_t kSeqLen = 32;
+  for (const std::string preset : {"tiny", "qwen2-tiny"}) {
+    const models::ModelConfig config = *models::PresetConfig(preset);
+    models::InitConfig init;
+    init.set_seed(5);
+    init.set_std(0.05);
+    torch::manual_seed(6);
+    const torch::Tensor tokens = torch::randint(config.vocab_size(), {2, kSeqLen}, torch::kInt64);
+    torch::Tensor targets = torch::randint(config.vocab_size(), {2, kSeqLen}, torch::kInt64);
+    targets.index_put_({0, torch::indexing::Slice(3, 9)}, models::kIgnoreIndex);  // unscored
+    const std::shared_ptr<models::CausalLM> whole = *models::CausalLM::Create(config, init);
+    const torch::Tensor expected = whole->TokenLogProbs(tokens, targets);
+    expected.sum().backward();
+    for (const int ranks : {2, 4}) {
+      OnRanks(ranks, [&](int rank, parallel::GraphGroup& group) {
+        torch::set_num_threads(1);
+        const std::string where =
+            preset + ", rank " + std::to_string(rank) + " of " + std::to_string(ranks);
+        const std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
+        RingContext context(group);
+        model->SetContextParallelOps(&context);
+        const ChunkLayout layout = *ChunkLayout::Create(kSeqLen, ranks, rank);
+        const torch::Tensor own = model->TokenLogProbs(tokens, targets);
+        ExpectClose(own, layout.Slice(expected.detach(), 1), 1e-5, where + " log-probabilities");
+        own.sum().backward();
+        const auto expected_grads = whole->named_parameters();
+        for (const auto& named : model->named_parameters()) {
+          torch::Tensor grad = named.value().grad().clone();
+          ASSERT_THAT(group.communicator().AllReduce(grad, parallel::ReduceOp::kSum)->Wait(),
+                      IsOk());
+          ExpectClose(grad, expected_grads[named.key()].grad(), 1e-5,
+                      where + " gradient of " + named.key());
+        }
+      });
+    }
+  }
 }
 
 // Rank r keeps chunks r and 2n - 1 - r, at their global positions.
