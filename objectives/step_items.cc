@@ -10,12 +10,12 @@ namespace plait::objectives {
 
 absl::StatusOr<StepItems> StepItems::Count(std::vector<int64_t> items,
                                            const parallel::DeviceMesh& mesh,
-                                           const std::vector<std::string>& data_parallel_dims) {
+                                           const std::vector<std::string>& scoring_dims) {
   int64_t n = std::accumulate(items.begin(), items.end(), int64_t{0});
   // Summed on the mesh's device, and read back once, only when some dimension has ranks to
   // sum over: one rank's count never leaves the host.
   torch::Tensor total;
-  for (const std::string& dim : data_parallel_dims) {
+  for (const std::string& dim : scoring_dims) {
     PLAIT_ASSIGN_OR_RETURN(parallel::Communicator* const group, mesh.communicator(dim));
     if (group->size() == 1) continue;
     if (!total.defined()) {
@@ -26,7 +26,7 @@ absl::StatusOr<StepItems> StepItems::Count(std::vector<int64_t> items,
                        absl::StrCat("counting the step's scored items over \"", dim, "\"")));
   }
   if (total.defined()) n = total.cpu().item<int64_t>();
-  PLAIT_ASSIGN_OR_RETURN(const auto data_parallel, mesh.SubgridRankAndSize(data_parallel_dims));
+  PLAIT_ASSIGN_OR_RETURN(const auto data_parallel, mesh.SubgridRankAndSize(scoring_dims));
   if (n == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "none of the step's ", items.size(), " micro-batches on ", data_parallel.second,

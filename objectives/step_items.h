@@ -15,11 +15,12 @@
 // same n items (causal LM scores every token; DPO batches hold B pairs), N / (n D) is exactly
 // the accumulation count, and the gradients are bit for bit those of each mean divided by the
 // accumulation. Tensor-parallel ranks of one group read the same batch: the count is summed
-// over the data-parallel dimensions only.
+// over the data-parallel dimensions only. Context-parallel ranks each score their slice of the
+// same sequences: the count is summed over their dimension too, whose gradients context
+// parallelism averages as the data-parallel wrappers average theirs, so D counts its ranks.
 //
 //   std::vector<int64_t> items;  // objective->ScoredItems(batch) of each micro-batch
-//   PLAIT_ASSIGN_OR_RETURN(StepItems step,
-//                          StepItems::Count(items, mesh, preparation.DataParallelDims()));
+//   PLAIT_ASSIGN_OR_RETURN(StepItems step, StepItems::Count(items, mesh, resolved.scoring_dims));
 //   for (int micro = 0; ...) {
 //     PLAIT_ASSIGN_OR_RETURN(ObjectiveOutput out, objective->Compute(policy, batches[micro]));
 //     step.ScaledForBackward(out.loss, micro).backward();
@@ -41,11 +42,12 @@ namespace plait::objectives {
 class StepItems {
  public:
   // Sums `items` (this rank's micro-batches', in order) over the ranks of `mesh` along
-  // `data_parallel_dims` (every rank of the mesh must call it). FailedPrecondition when the
+  // `scoring_dims` (those whose ranks score different items: ResolvedPlan::scoring_dims;
+  // every rank of the mesh must call it). FailedPrecondition when the
   // step scores no item on any rank, which every rank then reports: its loss would be 0 / 0.
   static absl::StatusOr<StepItems> Count(std::vector<int64_t> items,
                                          const parallel::DeviceMesh& mesh,
-                                         const std::vector<std::string>& data_parallel_dims);
+                                         const std::vector<std::string>& scoring_dims);
 
   // N: the items of every micro-batch of the step on every data-parallel rank.
   int64_t total() const { return total_; }

@@ -52,6 +52,34 @@ TEST(ExplainPlanTest, ExplainsThePipelineStageByStage) {
   EXPECT_THAT(*text, HasSubstr("\n  the ranks at pp=1, stage 1: 9.5 MiB parameters"));
 }
 
+// Context parallelism: each rank's slice of the sequences, and the ring's bytes per block.
+TEST(ExplainPlanTest, ExplainsTheContextParallelRing) {
+  absl::StatusOr<Plan> plan =
+      ParsePlan(R"pb(
+                  model { preset: "tiny" }
+                  mesh { dims { name: "cp" size: 2 } }
+                  prepare { context_parallel { mesh_dim: "cp" } }
+                  optimizer { adamw {} }
+                  schedule {
+                    lr: 1e-3
+                    constant {}
+                  }
+                  training { steps: 10 micro_batch: 8 seq_len: 64 eval_batches: 1 }
+                )pb",
+                "plan");
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 2));
+  ASSERT_THAT(text, IsOk());
+  // 8 sequences x 32 tokens x 2 key/value heads x 64 x 4 bytes, keys and values.
+  EXPECT_THAT(*text, HasSubstr("prepare[0]: context_parallel over cp (2 ranks): each rank computes "
+                               "2 of the 4 chunks of every sequence (256 tokens of a "
+                               "micro-batch)"));
+  EXPECT_THAT(*text, HasSubstr("  per block, forward: 1 hop of the rank's keys and values "
+                               "(256.0 KiB) around the ring"));
+  EXPECT_THAT(*text, HasSubstr("  per block, backward: 1 hop of keys and values again and 2 hops "
+                               "of their fp32 gradients (256.0 KiB)"));
+}
+
 // A tensor-parallel step inside FSDP: the per-rank shape of each kind of parameter, and the
 // activations it communicates per block.
 TEST(ExplainPlanTest, ExplainsTheTwoDimensionalTensorParallelPlan) {

@@ -47,7 +47,7 @@ double CountOf(const std::vector<wrap::ModelShape::Parameter>& parameters) {
 }
 
 // How `steps` split a micro-batch's activations over `mesh`, as the strategies say
-// (tensor parallelism's, when there is one).
+// (tensor parallelism's heads, context parallelism's sequence slices).
 absl::StatusOr<wrap::ActivationSplit> ActivationSplitOf(
     const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
     const parallel::MeshConfig& mesh) {
@@ -55,7 +55,11 @@ absl::StatusOr<wrap::ActivationSplit> ActivationSplitOf(
   for (const wrap::PrepareStep& step : steps) {
     PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
     const wrap::ActivationSplit own = strategy->SplitsActivations(mesh);
-    if (own.ranks > 1) split = own;
+    if (own.ranks > 1) {
+      split.ranks = own.ranks;
+      split.sequence = own.sequence;
+    }
+    if (own.context_ranks > 1) split.context_ranks = own.context_ranks;
   }
   return split;
 }
@@ -123,26 +127,28 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   const torch::DeviceType device_type = DeviceTypeOf(device);
   const models::TensorParallelism tp{split.ranks, split.sequence};
   const double element_bytes = static_cast<double>(c10::elementSize(dtype));
+  // The tokens of each sequence a rank computes: its slice under context parallelism.
+  const int64_t seq_len = training.seq_len() / std::max<int64_t>(1, split.context_ranks);
   wrap::ModelShape shape;
   shape.hidden_size = static_cast<double>(config.hidden_size());
-  shape.micro_batch_tokens = static_cast<double>(training.micro_batch()) * training.seq_len();
+  shape.micro_batch_tokens = static_cast<double>(training.micro_batch()) * seq_len;
   shape.parameters = static_cast<double>(models::NumParameters(config));
   shape.num_blocks = config.num_hidden_layers();
   shape.tied_embeddings = config.tie_word_embeddings();
   shape.micro_batches_per_step = std::max<int64_t>(1, training.grad_accumulation());
   shape.parameter_bytes = element_bytes;
   shape.block_activation_bytes = models::BlockActivationBytes(
-      config, training.micro_batch(), training.seq_len(), dtype, device_type, tp, kernels);
+      config, training.micro_batch(), seq_len, dtype, device_type, tp, kernels);
   shape.output_activation_bytes =
-      models::ActivationBytes(config, training.micro_batch(), training.seq_len(), dtype,
-                              device_type, tp, kernels) -
+      models::ActivationBytes(config, training.micro_batch(), seq_len, dtype, device_type, tp,
+                              kernels) -
       shape.block_activation_bytes * static_cast<double>(config.num_hidden_layers());
   // A block's input is [tokens, hidden], this rank's slice of the sequence under sequence
   // parallelism.
   shape.block_input_bytes = shape.micro_batch_tokens / (tp.sequence_parallel ? tp.size : 1) *
                             shape.hidden_size * element_bytes;
   shape.block_projection_output_bytes = models::BlockProjectionOutputBytes(
-      config, training.micro_batch(), training.seq_len(), element_bytes, tp);
+      config, training.micro_batch(), seq_len, element_bytes, tp);
   shape.num_key_value_heads = config.num_key_value_heads();
   shape.num_attention_heads = config.num_attention_heads();
   shape.intermediate_size = config.intermediate_size();

@@ -59,6 +59,9 @@ struct ResolvedPlan {
   // mesh order, and the ranks they span: the data-parallel width.
   std::vector<std::string> data_parallel_dims;
   int64_t data_parallel_size = 1;
+  // Those and the dimensions whose ranks each compute a slice of every sequence (context
+  // parallelism), in mesh order: over which a step's scored items are counted.
+  std::vector<std::string> scoring_dims;
   // Sequences per optimizer step over the data-parallel ranks: micro_batch x
   // data_parallel_size x grad_accumulation.
   int64_t global_batch = 0;

@@ -79,6 +79,7 @@ class Checker {
     if (HasEffect(plan_.prepare(), wrap::SELECTS)) {
       AddAll(objectives::CheckObjectiveOnStages(plan_.objective(), "plan.objective"));
     }
+    if (resolved_.scoring_dims != resolved_.data_parallel_dims) CheckSequenceSlices();
     CheckFrozenStages();
     ResolveWork(config);
     ResolvePaths();
@@ -91,6 +92,19 @@ class Checker {
  private:
   void Add(std::string field, std::string message, std::string rule = "") {
     violations_.push_back({std::move(field), std::move(message), std::move(rule)});
+  }
+
+  // A plan whose ranks each compute a slice of every sequence (context parallelism): no
+  // objective that needs whole sequences, and no packed rows, whose sequences' boundaries the
+  // slices would cut.
+  void CheckSequenceSlices() {
+    AddAll(objectives::CheckObjectiveOnSequenceSlices(plan_.objective(), "plan.objective"));
+    if (plan_.data().has_sft_files() && plan_.data().sft_files().packing() == data::PACKING_BFD) {
+      Add("plan.data.sft_files.packing",
+          "PACKING_BFD packs several examples into a row, and the trained model's ranks each "
+          "compute a slice of every row (a preparation step that splits the sequence: "
+          "context_parallel); not supported yet: use PACKING_NONE");
+    }
   }
 
   // Violations a library found.
@@ -165,6 +179,7 @@ class Checker {
     std::vector<std::string> mesh_dims;
     for (const auto& dim : plan_.mesh().dims()) mesh_dims.push_back(dim.name());
     resolved_.data_parallel_dims = wrap::DataParallelDimsOf(plan_.prepare(), mesh_dims);
+    resolved_.scoring_dims = wrap::ScoringDimsOf(plan_.prepare(), mesh_dims);
     resolved_.data_parallel_size = parallel::SubmeshRanks(
         plan_.mesh(), {resolved_.data_parallel_dims.begin(), resolved_.data_parallel_dims.end()});
   }

@@ -76,7 +76,8 @@ absl::StatusOr<std::vector<int64_t>> PerRank(const parallel::DeviceMesh& mesh, i
 }
 
 // The next batch of `loader` on `device`, its copy in host memory, and the items
-// `objective` scores in it, counted on the host before the batch moves.
+// `objective` scores of it on this rank (of its slice of each sequence under context
+// parallelism: `preparation`'s OwnSlice), counted on the host before the batch moves.
 struct CountedBatch {
   data::Batch batch;
   data::Batch host;
@@ -87,9 +88,13 @@ struct CountedBatch {
 };
 absl::StatusOr<CountedBatch> NextCounted(data::DataLoader& loader,
                                          const objectives::Objective& objective,
+                                         const wrap::Preparation& preparation,
                                          const torch::Device& device) {
   PLAIT_ASSIGN_OR_RETURN(data::Batch host, loader.Next());
-  const int64_t items = objective.ScoredItems(host);
+  data::Batch own = host;
+  own.inputs = preparation.OwnSlice(host.inputs);
+  own.targets = preparation.OwnSlice(host.targets);
+  const int64_t items = objective.ScoredItems(own);
   data::Batch batch = data::ToDevice(host, device);
   return CountedBatch{std::move(batch), std::move(host), items};
 }
@@ -387,14 +392,16 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
   std::vector<CountedBatch> batches;
   std::vector<int64_t> items;
   for (int64_t micro = 0; micro < resolved_.grad_accumulation; ++micro) {
-    PLAIT_ASSIGN_OR_RETURN(CountedBatch batch, NextCounted(*train_, *objective_, mesh_.device()));
+    PLAIT_ASSIGN_OR_RETURN(
+        CountedBatch batch,
+        NextCounted(*train_, *objective_, prepared_->preparation(), mesh_.device()));
     items.push_back(batch.items);
     batches.push_back(std::move(batch));
   }
-  PLAIT_ASSIGN_OR_RETURN(const objectives::StepItems step_items,
-                         base::Annotate(objectives::StepItems::Count(std::move(items), mesh_,
-                                                                     resolved_.data_parallel_dims),
-                                        absl::StrCat("step ", metrics.step)));
+  PLAIT_ASSIGN_OR_RETURN(
+      const objectives::StepItems step_items,
+      base::Annotate(objectives::StepItems::Count(std::move(items), mesh_, resolved_.scoring_dims),
+                     absl::StrCat("step ", metrics.step)));
   PLAIT_RETURN_IF_ERROR(base::Annotate(ReadFrozen(batches), absl::StrCat("step ", metrics.step)));
   objectives::MetricMeans means(objective_->MetricNames());
   // Its errors are the hooks' collectives', which name the step and their place in it, and
@@ -566,7 +573,9 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
   eval_->Reset();
   std::vector<CountedBatch> batches;
   for (int64_t i = 0; i < resolved_.eval_micro_batches; ++i) {
-    PLAIT_ASSIGN_OR_RETURN(CountedBatch batch, NextCounted(*eval_, *objective_, mesh_.device()));
+    PLAIT_ASSIGN_OR_RETURN(
+        CountedBatch batch,
+        NextCounted(*eval_, *objective_, prepared_->preparation(), mesh_.device()));
     batches.push_back(std::move(batch));
   }
   PLAIT_RETURN_IF_ERROR(ReadFrozen(batches));

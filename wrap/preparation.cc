@@ -128,6 +128,12 @@ std::vector<std::string> Preparation::DataParallelDims() const {
   return DataParallelDimsOf(steps_, mesh_.layout().dim_names());
 }
 
+torch::Tensor Preparation::OwnSlice(const torch::Tensor& x) const {
+  torch::Tensor own = x;
+  for (const auto& strategy : strategies_) own = strategy->OwnSlice(own);
+  return own;
+}
+
 MicroBatchExecutor& Preparation::Executor() {
   for (const auto& strategy : strategies_) {
     if (MicroBatchExecutor* executor = strategy->micro_batch_executor(); executor != nullptr) {

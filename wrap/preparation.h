@@ -71,6 +71,11 @@ class Preparation {
   // the batch (FSDP, DDP), in mesh order.
   std::vector<std::string> DataParallelDims() const;
 
+  // This rank's part of `x` [B, T, ...], whose dimension 1 is the whole sequence (a batch's
+  // targets): what its model computes and scores, its slice of the sequence under context
+  // parallelism (Strategy::OwnSlice).
+  torch::Tensor OwnSlice(const torch::Tensor& x) const;
+
   // Runs the forward (MicroBatchForward) and backward passes of `num_micro` micro-batches, one
   // optimizer step's, in the order a strategy decides (a pipeline's schedule; else one after
   // another), gradients synchronised in the rank's last backward only, then checks

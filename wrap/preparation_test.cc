@@ -179,7 +179,7 @@ TEST_F(PreparationTest, UnknownMeshDimension) {
   EXPECT_THAT((*preparation)->Apply(PrepareStep()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "prepare[0]: names no strategy; set one of fsdp, ddp, tensor_parallel, "
-                       "activation_checkpointing, lora, pipeline"));
+                       "activation_checkpointing, lora, pipeline, context_parallel"));
 }
 
 TEST_F(PreparationTest, OnePreparationPerModel) {

@@ -1,5 +1,6 @@
 #include "wrap/strategies.h"
 
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "base/status.h"
 #include "google/protobuf/descriptor.h"
 #include "wrap/checkpointing/activation_checkpointing.h"
+#include "wrap/cp/context_parallel.h"
 #include "wrap/ddp/ddp.h"
 #include "wrap/fsdp/fsdp.h"
 #include "wrap/lora/lora.h"
@@ -36,6 +38,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
       return std::make_unique<lora::LoraStrategy>(step.lora());
     case PrepareStep::kPipeline:
       return std::make_unique<pp::PipelineStrategy>(step.pipeline());
+    case PrepareStep::kContextParallel:
+      return std::make_unique<cp::ContextParallelStrategy>(step.context_parallel());
     case PrepareStep::STRATEGY_NOT_SET:
       break;
   }
@@ -46,13 +50,17 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
       absl::StrCat("names no strategy; set one of ", absl::StrJoin(names, ", ")));
 }
 
-std::vector<std::string> DataParallelDimsOf(
-    const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
-    const std::vector<std::string>& mesh_dims) {
+namespace {
+
+// The dimensions, of `mesh_dims` in their order, of the steps whose strategy `splits` (and
+// their replicate dimensions).
+std::vector<std::string> DimsOf(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+                                const std::vector<std::string>& mesh_dims,
+                                const std::function<bool(const Strategy&)>& splits) {
   std::set<std::string> splitting;
   for (const PrepareStep& step : steps) {
     absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(step);
-    if (!strategy.ok() || !(*strategy)->splits_batch()) continue;
+    if (!strategy.ok() || !splits(**strategy)) continue;
     splitting.insert((*strategy)->mesh_dim());
     if (!(*strategy)->replicate_dim().empty()) splitting.insert((*strategy)->replicate_dim());
   }
@@ -61,6 +69,21 @@ std::vector<std::string> DataParallelDimsOf(
     if (splitting.count(name) > 0) dims.push_back(name);
   }
   return dims;
+}
+
+}  // namespace
+
+std::vector<std::string> DataParallelDimsOf(
+    const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+    const std::vector<std::string>& mesh_dims) {
+  return DimsOf(steps, mesh_dims, [](const Strategy& strategy) { return strategy.splits_batch(); });
+}
+
+std::vector<std::string> ScoringDimsOf(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+                                       const std::vector<std::string>& mesh_dims) {
+  return DimsOf(steps, mesh_dims, [](const Strategy& strategy) {
+    return strategy.splits_batch() || strategy.splits_sequence();
+  });
 }
 
 }  // namespace plait::wrap

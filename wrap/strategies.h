@@ -26,6 +26,12 @@ std::vector<std::string> DataParallelDimsOf(
     const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
     const std::vector<std::string>& mesh_dims);
 
+// Those, and the dimensions whose ranks each compute a slice of every sequence (context
+// parallelism): the dimensions whose ranks score different items of a step
+// (objectives::StepItems counts over them).
+std::vector<std::string> ScoringDimsOf(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+                                       const std::vector<std::string>& mesh_dims);
+
 }  // namespace plait::wrap
 
 #endif  // PLAIT_WRAP_STRATEGIES_H_

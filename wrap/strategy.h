@@ -110,10 +110,12 @@ struct ModelShape {
 
 // How a strategy splits the activations of a micro-batch over the ranks of its dimension:
 // tensor parallelism's heads, MLP columns and vocabulary, and with sequence parallelism the
-// sequence between them. Default: not at all.
+// sequence between them; context parallelism's slices of each sequence, over its own
+// dimension. Default: not at all.
 struct ActivationSplit {
   int64_t ranks = 1;
   bool sequence = false;
+  int64_t context_ranks = 1;  // each rank computes 1 / context_ranks of each sequence
 };
 
 // What a strategy's collectives send from one rank over one mesh dimension: bytes once per
@@ -217,6 +219,11 @@ class Strategy {
   // same batch (tensor parallelism): the data-parallel width is the product of such dimensions.
   virtual bool splits_batch() const = 0;
 
+  // Whether the ranks of its dimension each compute and score a slice of every sequence
+  // (context parallelism): they read the same batch, but the step's items are counted over
+  // the dimension too (objectives/step_items.h). Default: no.
+  virtual bool splits_sequence() const { return false; }
+
   // Every problem of its options for a model of `shape` (nullopt when the model's config is
   // invalid and reported elsewhere) on a mesh of `mesh`'s dimensions, each under `field` (its
   // step's path, "plan.prepare[1]") or below it. The rules (rules.textproto) check the order
@@ -255,6 +262,11 @@ class Strategy {
   // strategy did to the tensors they are held in: FSDP, which shards them, makes each `store`
   // keep this rank's share. Default: unchanged.
   virtual void UpdateHeldParameters(std::vector<parallel::TrainableParameter>& held) {}
+
+  // After Apply: this rank's part of `x` [B, T, ...], whose dimension 1 is the whole
+  // sequence (a batch's targets): what it computes and scores, its slice under context
+  // parallelism. Default: all of it.
+  virtual torch::Tensor OwnSlice(const torch::Tensor& x) const { return x; }
 
   // After Apply: whether the next backward passes synchronise gradients. Gradient
   // accumulation turns it off for all micro-batches but the last. Default: nothing to skip.

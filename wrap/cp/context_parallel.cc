@@ -1,0 +1,153 @@
+#include "wrap/cp/context_parallel.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/human.h"
+#include "base/status.h"
+#include "parallel/device_mesh.h"
+
+namespace plait::wrap::cp {
+namespace {
+
+int DimSize(const parallel::MeshConfig& mesh, const std::string& dim) {
+  for (const auto& candidate : mesh.dims()) {
+    if (candidate.name() == dim) return static_cast<int>(candidate.size());
+  }
+  return 0;
+}
+
+}  // namespace
+
+ContextParallelStrategy::~ContextParallelStrategy() {
+  if (model_ != nullptr) model_->SetContextParallelOps(nullptr);
+}
+
+std::vector<base::Violation> ContextParallelStrategy::Check(const std::optional<ModelShape>& shape,
+                                                            const parallel::MeshConfig& mesh,
+                                                            const std::string& field) const {
+  const int ranks = DimSize(mesh, config_.mesh_dim());
+  if (ranks <= 0 || !shape.has_value()) return {};  // an unknown dimension is the rules'
+  if (shape->seq_len % (2 * ranks) == 0) return {};
+  return {
+      {field + ".context_parallel.mesh_dim",
+       absl::StrCat("\"", config_.mesh_dim(), "\" (", ranks, " ranks) cuts each sequence into ",
+                    2 * ranks,
+                    " equal chunks, two a rank, for causal load balance; plan.training.seq_len (",
+                    shape->seq_len, ") must be a multiple of ", 2 * ranks),
+       ""}};
+}
+
+ActivationSplit ContextParallelStrategy::SplitsActivations(const parallel::MeshConfig& mesh) const {
+  ActivationSplit split;
+  split.context_ranks = std::max(1, DimSize(mesh, config_.mesh_dim()));
+  return split;
+}
+
+StepEstimate ContextParallelStrategy::Estimate(const ModelShape& shape,
+                                               const parallel::MeshConfig& mesh) const {
+  const int ranks = std::max(1, DimSize(mesh, config_.mesh_dim()));
+  StepEstimate estimate;
+  // One rank's keys and values of one block, in the model's dtype (`shape` counts the
+  // rank's tokens): what each hop of the ring sends forward, and again backward beside their
+  // gradients in fp32.
+  const double head_dim =
+      shape.num_attention_heads > 0 ? shape.hidden_size / shape.num_attention_heads : 0.0;
+  const double block_bytes = 2.0 * shape.micro_batch_tokens *
+                             static_cast<double>(shape.num_key_value_heads) * head_dim *
+                             shape.parameter_bytes;
+  const double gradient_bytes = block_bytes / shape.parameter_bytes * 4.0;
+  const double hops = ranks - 1;
+  estimate.description = absl::StrFormat(
+      "context_parallel over %s (%d ranks): each rank computes 2 of the %d chunks of every "
+      "sequence (%s tokens of a micro-batch) and attends over the whole sequence by ring "
+      "attention; gradients averaged over %s after each step",
+      config_.mesh_dim(), ranks, 2 * ranks, base::HumanCount(shape.micro_batch_tokens),
+      config_.mesh_dim());
+  if (ranks > 1) {
+    const auto hops_of = [](int count) {
+      return absl::StrCat(count, count == 1 ? " hop" : " hops");
+    };
+    estimate.details.push_back(absl::StrFormat(
+        "per block, forward: %s of the rank's keys and values (%s) around the ring, each sent "
+        "while the block before it computes",
+        hops_of(ranks - 1), base::HumanBytesAnySize(block_bytes)));
+    estimate.details.push_back(absl::StrFormat(
+        "per block, backward: %s of keys and values again and %s of their fp32 gradients (%s), "
+        "which arrive back at their rank",
+        hops_of(ranks - 1), hops_of(ranks), base::HumanBytesAnySize(gradient_bytes)));
+    Transfer transfer;
+    transfer.mesh_dim = config_.mesh_dim();
+    transfer.bytes_per_micro_batch =
+        static_cast<double>(shape.num_blocks) * (2.0 * hops * block_bytes + ranks * gradient_bytes);
+    estimate.transfers.push_back(transfer);
+    // The gradients' average after each step: one all-reduce of the trainable parameters.
+    Transfer gradients;
+    gradients.mesh_dim = config_.mesh_dim();
+    gradients.bytes_per_step = 2.0 * hops / ranks * shape.TrainableParameters() * 4.0;
+    gradients.overlaps_compute = false;
+    estimate.transfers.push_back(gradients);
+  }
+  return estimate;
+}
+
+absl::Status ContextParallelStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& mesh) {
+  PLAIT_ASSIGN_OR_RETURN(parallel::Communicator* const communicator,
+                         mesh.communicator(config_.mesh_dim()));
+  group_ = std::make_unique<parallel::GraphGroup>(*communicator);
+  ring_ = std::make_unique<RingContext>(*group_);
+  model.SetContextParallelOps(ring_.get());
+  model_ = &model;
+  return absl::OkStatus();
+}
+
+void ContextParallelStrategy::UpdateParameters(
+    std::vector<parallel::TrainableParameter>& parameters) {
+  for (parallel::TrainableParameter& parameter : parameters) {
+    parameter.slice.replica = parameter.slice.replica * group_->size() + group_->rank();
+  }
+}
+
+torch::Tensor ContextParallelStrategy::OwnSlice(const torch::Tensor& x) const {
+  return ring_->Slice(x);
+}
+
+absl::Status ContextParallelStrategy::FinishGradients(
+    const std::vector<parallel::TrainableParameter>& trainable) {
+  if (group_->size() == 1) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  // Every rank holds every gradient (zeros for a parameter its tokens did not reach), in the
+  // parameters' order, in one fp32 buffer: 16-bit gradients are averaged in fp32 and rounded
+  // once.
+  std::vector<torch::Tensor> gradients;
+  for (const parallel::TrainableParameter& parameter : trainable) {
+    torch::Tensor& gradient = parameter.tensor.mutable_grad();
+    if (!gradient.defined()) gradient = torch::zeros_like(parameter.tensor);
+    gradients.push_back(gradient.reshape({-1}).to(torch::kFloat32));
+  }
+  if (gradients.empty()) return absl::OkStatus();
+  torch::Tensor flat = torch::cat(gradients);
+  {
+    const parallel::ScopedPlace place(
+        group_->communicator(),
+        {parallel::StepPlace::kNoBlock, parallel::Pass::kNone, "context-parallel gradients"});
+    PLAIT_RETURN_IF_ERROR(
+        group_->communicator().AllReduce(flat, parallel::ReduceOp::kAverage)->Wait());
+  }
+  int64_t offset = 0;
+  for (const parallel::TrainableParameter& parameter : trainable) {
+    torch::Tensor& gradient = parameter.tensor.mutable_grad();
+    const int64_t count = gradient.numel();
+    gradient.copy_(flat.narrow(0, offset, count).view_as(gradient));
+    offset += count;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ContextParallelStrategy::BackwardStatus() const {
+  return group_ == nullptr ? absl::OkStatus() : group_->status();
+}
+
+}  // namespace plait::wrap::cp
