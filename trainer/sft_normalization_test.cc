@@ -1,7 +1,8 @@
 // SFT on examples whose completions differ a lot in length (1 to 30 tokens): the step's loss
 // is the summed loss of all its completion tokens over their count, so DDP and FSDP on 2
-// ranks, 2 accumulated micro-batches on 1 rank, and both together train as one process on the
-// whole batch does: the same losses, gradient norms, evaluation losses and final parameters.
+// ranks, 2 accumulated micro-batches on 1 rank, both together, and context parallelism on 2
+// and 4 ranks (each scoring its slice of every example) train as one process on the whole
+// batch does: the same losses, gradient norms, evaluation losses and final parameters.
 // Averaging each micro-batch's mean instead (as plait did) is measurably another loss here.
 #include <cmath>
 #include <cstdint>
@@ -65,9 +66,9 @@ std::string WriteSftFile(const std::string& name, int examples) {
 // AdamW turns reduction-order noise in a near-zero gradient component into a step of up to
 // the learning rate either way, which moved a few embedding elements by 2e-4 (9e-6 of the
 // tensor's norm) where the gradients agreed to 1e-6; SGD keeps the parameters as close as
-// the gradients. `ranks` data-parallel ranks under `strategy` ("fsdp", "ddp", or "" for one
-// process), each accumulating `accumulation` micro-batches, kGlobalBatch examples per step;
-// evaluated at the last step on the 16 held-out examples.
+// the gradients. `ranks` ranks under `strategy` ("fsdp", "ddp", "context_parallel", or "" for
+// one process), each accumulating `accumulation` micro-batches, kGlobalBatch examples per
+// step; evaluated at the last step on the 16 held-out examples.
 plan::Plan SftPlan(const std::string& strategy, int ranks, int accumulation) {
   static const std::string train = WriteSftFile("train.jsonl", kSteps * kGlobalBatch);
   static const std::string eval = WriteSftFile("eval.jsonl", kGlobalBatch);
@@ -75,12 +76,14 @@ plan::Plan SftPlan(const std::string& strategy, int ranks, int accumulation) {
   plan.clear_mesh();
   plan.clear_prepare();
   if (!strategy.empty()) {
+    const std::string name = strategy == "context_parallel" ? "cp" : "dp";
     parallel::MeshConfig::Dimension* dim = plan.mutable_mesh()->add_dims();
-    dim->set_name("dp");
+    dim->set_name(name);
     dim->set_size(ranks);
     wrap::PrepareStep* step = plan.add_prepare();
-    if (strategy == "fsdp") step->mutable_fsdp()->set_mesh_dim("dp");
-    if (strategy == "ddp") step->mutable_ddp()->set_mesh_dim("dp");
+    if (strategy == "fsdp") step->mutable_fsdp()->set_mesh_dim(name);
+    if (strategy == "ddp") step->mutable_ddp()->set_mesh_dim(name);
+    if (strategy == "context_parallel") step->mutable_context_parallel()->set_mesh_dim(name);
   }
   plan.mutable_optimizer()->mutable_sgd()->set_momentum(0.9);
   plan.mutable_schedule()->set_lr(0.3);
@@ -90,7 +93,9 @@ plan::Plan SftPlan(const std::string& strategy, int ranks, int accumulation) {
   plan::TrainingConfig* training = plan.mutable_training();
   training->set_steps(kSteps);
   training->set_eval_every(kSteps);
-  const int micro_batch = kGlobalBatch / ranks / accumulation;
+  // Context-parallel ranks read the same sequences.
+  const int data_parallel = strategy == "context_parallel" ? 1 : ranks;
+  const int micro_batch = kGlobalBatch / data_parallel / accumulation;
   training->set_micro_batch(micro_batch);
   training->set_grad_accumulation(accumulation);
   training->set_global_batch(kGlobalBatch);
@@ -177,6 +182,14 @@ TEST(SftNormalizationTest, DdpOnTwoRanksWithTwoAccumulatedMicroBatchesTrainsAsOn
 
 TEST(SftNormalizationTest, FsdpOnTwoRanksWithTwoAccumulatedMicroBatchesTrainsAsOneProcess) {
   ExpectSameRun(TrainAndSave(SftPlan("fsdp", 2, 2), 2, "fsdp_accumulation"), "fsdp x accumulation");
+}
+
+// Context parallelism cuts each example into chunks that completions cross: the ranks score
+// different numbers of completion tokens (some none), counted over them for the step's loss.
+TEST(SftNormalizationTest, ContextParallelRanksScoringTheirSlicesTrainAsOneProcess) {
+  ExpectSameRun(TrainAndSave(SftPlan("context_parallel", 2, 1), 2, "cp2"), "cp 2");
+  ExpectSameRun(TrainAndSave(SftPlan("context_parallel", 4, 2), 4, "cp4_accumulation"),
+                "cp 4 x accumulation");
 }
 
 }  // namespace
