@@ -1,6 +1,7 @@
 // The memory estimate (memory_estimate.h) against what the trainer's ranks hold, measured
 // (testing_memory.h), for the plans of testing::MemoryCheckPlans: the shipped jobs, the medium
-// shape, bf16, sequence parallelism, activation checkpointing, LoRA and pipelines. Memory is
+// shape, bf16, sequence parallelism, activation checkpointing, LoRA, pipelines and context
+// parallelism. Memory is
 // deterministic for a plan, so the goal is an assertion: every rank's estimate (a pipeline
 // stage's its own) within 15% of what it holds.
 #include <cstdio>

@@ -126,6 +126,19 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   pipeline.set_schedule("INTERLEAVED_1F1B");
   pipeline.set_stages_per_rank(2);
   plans.push_back(interleaved);
+  // Context parallelism over 2 ranks, one sequence of 1024 tokens: each rank computes 512 of
+  // them, as one process would a sequence of 512 (and holds one gradient's all-reduce buffers
+  // after the backward).
+  MemoryCheckPlan context{"llama_cp_1x1024", Shortened(LoadShippedPlan("llama_single")), 2};
+  parallel::MeshConfig::Dimension& cp = *context.plan.mutable_mesh()->add_dims();
+  cp.set_name("cp");
+  cp.set_size(2);
+  context.plan.add_prepare()->mutable_context_parallel()->set_mesh_dim("cp");
+  for (const char* override :
+       {"training.micro_batch=1", "training.seq_len=1024", "training.global_batch=1"}) {
+    EXPECT_THAT(plan::ApplyOverride(override, context.plan), IsOk());
+  }
+  plans.push_back(context);
   // A real shape: Qwen2.5-0.5B's widths and its 151,936-token vocabulary (tied embeddings),
   // 2 of its 24 layers, one sequence of 512 tokens in fp32, where the embeddings, the
   // logits and their gradient outweigh the blocks.

@@ -118,30 +118,19 @@ absl::Status ContextParallelStrategy::FinishGradients(
     const std::vector<parallel::TrainableParameter>& trainable) {
   if (group_->size() == 1) return absl::OkStatus();
   torch::NoGradGuard no_grad;
-  // Every rank holds every gradient (zeros for a parameter its tokens did not reach), in the
-  // parameters' order, in one fp32 buffer: 16-bit gradients are averaged in fp32 and rounded
-  // once.
-  std::vector<torch::Tensor> gradients;
+  const parallel::ScopedPlace place(
+      group_->communicator(),
+      {parallel::StepPlace::kNoBlock, parallel::Pass::kNone, "context-parallel gradients"});
+  // One gradient at a time, so that the collective's buffers are one parameter's, not a copy
+  // of every gradient beside them; 16-bit gradients are averaged in fp32 and rounded once.
+  // Every rank holds every gradient (zeros for a parameter its tokens did not reach).
   for (const parallel::TrainableParameter& parameter : trainable) {
     torch::Tensor& gradient = parameter.tensor.mutable_grad();
     if (!gradient.defined()) gradient = torch::zeros_like(parameter.tensor);
-    gradients.push_back(gradient.reshape({-1}).to(torch::kFloat32));
-  }
-  if (gradients.empty()) return absl::OkStatus();
-  torch::Tensor flat = torch::cat(gradients);
-  {
-    const parallel::ScopedPlace place(
-        group_->communicator(),
-        {parallel::StepPlace::kNoBlock, parallel::Pass::kNone, "context-parallel gradients"});
+    torch::Tensor summed = gradient.to(torch::kFloat32).contiguous();
     PLAIT_RETURN_IF_ERROR(
-        group_->communicator().AllReduce(flat, parallel::ReduceOp::kAverage)->Wait());
-  }
-  int64_t offset = 0;
-  for (const parallel::TrainableParameter& parameter : trainable) {
-    torch::Tensor& gradient = parameter.tensor.mutable_grad();
-    const int64_t count = gradient.numel();
-    gradient.copy_(flat.narrow(0, offset, count).view_as(gradient));
-    offset += count;
+        group_->communicator().AllReduce(summed, parallel::ReduceOp::kAverage)->Wait());
+    if (!summed.is_same(gradient)) gradient.copy_(summed);
   }
   return absl::OkStatus();
 }

@@ -45,7 +45,7 @@ class ContextParallelStrategy final : public Strategy {
   // Its parts are replicated over the dimension: numbered for checkpoints, one writes.
   void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override;
   torch::Tensor OwnSlice(const torch::Tensor& x) const override;
-  // The average over the dimension of each gradient, in one all-reduce.
+  // The average over the dimension of each gradient, one all-reduce each.
   absl::Status FinishGradients(const std::vector<parallel::TrainableParameter>& trainable) override;
   absl::Status BackwardStatus() const override;
 
