@@ -234,9 +234,10 @@ void ExpectResumeMatches(const std::string& saved_dir, plan::Plan plan, int rank
 // A run of 8 steps on 2 FSDP ranks resumes on 1 rank, on 4 FSDP ranks and on a 3-D mesh (2
 // pipeline stages x FSDP 2 x tensor parallel 2, 8 ranks), one on 2 DDP ranks on 2 FSDP
 // ranks, one on a 2-D mesh (tensor parallel inside FSDP, 4 ranks) on 2 tensor-parallel ranks,
-// and one on 2 pipeline stages (and one on 2 pipeline ranks of 2 interleaved stages) on 2 FSDP
-// ranks, each for 8 more steps, as the straight 16-step run on 2 FSDP ranks: each new rank
-// reads its parts of the old ranks' slices.
+// one on 2 pipeline stages (and one on 2 pipeline ranks of 2 interleaved stages) on 2 FSDP
+// ranks, and one on 2 context-parallel ranks on 2 FSDP ranks (and the FSDP run's on 2
+// context-parallel ranks), each for 8 more steps, as the straight 16-step run on 2 FSDP ranks: each
+// new rank reads its parts of the old ranks' slices.
 TEST(CheckpointReshardTest, ACheckpointResumesOnAnotherWorldSizeAndLayout) {
   const std::string straight_dir = FreshTestDir("reshard_straight");
   const TrainReport straight =
@@ -284,6 +285,24 @@ TEST(CheckpointReshardTest, ACheckpointResumesOnAnotherWorldSizeAndLayout) {
     ExpectResumeMatches(interleaved_dir,
                         ReshardPlan("llama_fsdp", FreshTestDir("reshard_interleaved_fsdp"), 2, 2),
                         2, straight, straight_dir);
+  }
+  {
+    // Context parallelism splits no parameter: its checkpoints are one process's.
+    const auto context_parallel = [](const std::string& dir, int64_t steps) {
+      plan::Plan plan = ReshardPlan("llama_single", dir, 4, 0, steps);
+      parallel::MeshConfig::Dimension& cp = *plan.mutable_mesh()->add_dims();
+      cp.set_name("cp");
+      cp.set_size(2);
+      plan.add_prepare()->mutable_context_parallel()->set_mesh_dim("cp");
+      return plan;
+    };
+    SCOPED_TRACE("2 context-parallel ranks -> 2 FSDP ranks, and back");
+    const std::string cp_dir = FreshTestDir("reshard_cp");
+    TrainOnRanks(context_parallel(cp_dir, 8), 2);
+    ExpectResumeMatches(cp_dir, ReshardPlan("llama_fsdp", FreshTestDir("reshard_cp_fsdp"), 2, 2), 2,
+                        straight, straight_dir);
+    ExpectResumeMatches(straight_dir, context_parallel(FreshTestDir("reshard_fsdp_cp"), 16), 2,
+                        straight, straight_dir);
   }
   {
     SCOPED_TRACE("2 FSDP ranks -> 2 pipeline stages x 2 FSDP x 2 tensor-parallel ranks");
