@@ -44,6 +44,11 @@
 // stages, a backward twice a forward), sent_vs_theory (rank 0's bytes sent / the hidden states
 // and gradients its schedule sends; goal 1.00) and params_vs_single_rank0/1 (each rank's parameter
 // bytes / the whole model's; goal about 1/2).
+// Context parallelism (BM_ContextParallel: cp=2, both ranks on the same batch, each computing
+// 128 of every sequence's 256 tokens by ring attention) reports vs_single (the step time / the
+// single process's on the batch; the ideal on 2 idle cores is 1/2) and sent_vs_theory (rank
+// 0's bytes sent / the ring's: per block 1 hop of its keys and values forward, 1 back and 2
+// of their fp32 gradients, plus the gradients' average, 2(N-1)/N x their bytes; goal 1.00).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
@@ -92,7 +97,8 @@ enum class Mode {
   kPipelineGPipe,
   kPipeline1F1B,
   kPipelineZeroBubble,
-  kPipelineInterleaved
+  kPipelineInterleaved,
+  kContextParallel
 };
 
 bool TensorParallel(Mode mode) { return mode == Mode::kTp || mode == Mode::kFsdpTp; }
@@ -121,6 +127,7 @@ pp::PipelineSchedule Schedule(Mode mode, int64_t batch) {
       .value();
 }
 bool Replicated(Mode mode) { return mode == Mode::kHsdp; }
+bool ContextParallel(Mode mode) { return mode == Mode::kContextParallel; }
 bool DataParallel(Mode mode) {
   return mode == Mode::kDdp || mode == Mode::kFsdp || mode == Mode::kFsdpTp ||
          mode == Mode::kFsdpBf16 || Replicated(mode);
@@ -198,6 +205,10 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
       groups.push_back(mesh->communicator("tp").value());
       steps.emplace_back().mutable_tensor_parallel()->set_mesh_dim("tp");
     }
+    if (ContextParallel(mode)) {
+      groups.push_back(mesh->communicator("cp").value());
+      steps.emplace_back().mutable_context_parallel()->set_mesh_dim("cp");
+    }
     if (Pipeline(mode)) {
       groups.push_back(mesh->communicator("pp").value());
       PipelineConfig& pipeline = *steps.emplace_back().mutable_pipeline();
@@ -245,10 +256,19 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     return model->Loss(sequence.narrow(1, 0, kSeqLen), sequence.narrow(1, 1, kSeqLen)) /
            static_cast<double>(batch);
   };
-  // A step's forward and backward passes: a pipeline's micro-batches, or the whole batch.
+  // A step's forward and backward passes: a pipeline's micro-batches, context parallelism's
+  // whole batch (whose gradients it averages after the backward), or the whole batch.
   auto passes = [&] {
     if (Pipeline(mode)) {
       preparation->TrainMicroBatches(static_cast<int>(batch), forward).IgnoreError();
+    } else if (ContextParallel(mode)) {
+      preparation
+          ->TrainMicroBatches(1,
+                              [&](int, const torch::Tensor&) -> absl::StatusOr<torch::Tensor> {
+                                return model->Loss(tokens.narrow(1, 0, kSeqLen),
+                                                   tokens.narrow(1, 1, kSeqLen));
+                              })
+          .IgnoreError();
     } else {
       model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
     }
@@ -323,6 +343,17 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     m.theoretical_bytes_per_step = static_cast<double>(sends) * kSeqLen *
                                    benchmarks::MediumModel().hidden_size() * sizeof(float);
   }
+  if (ContextParallel(mode)) {
+    // Per block, the rank's keys and values ([batch, seq_len / 2, kv heads, head size], fp32)
+    // hop once forward and once backward, their fp32 gradients twice; then the gradients'
+    // all-reduce.
+    const models::ModelConfig config = benchmarks::MediumModel();
+    const double block = 2.0 * batch * (kSeqLen / kRanks) * config.num_key_value_heads() *
+                         (config.hidden_size() / config.num_attention_heads()) * sizeof(float);
+    m.theoretical_bytes_per_step =
+        config.num_hidden_layers() * ((kRanks - 1) * 2 * block + kRanks * block) +
+        2 * one_way * parameter_bytes;
+  }
   if (TensorParallel(mode)) {
     const models::ModelConfig config = benchmarks::MediumModel();
     const double tokens = static_cast<double>(batch * kSeqLen);
@@ -339,6 +370,7 @@ Measurement Run(Mode mode, int64_t batch) {
   parallel::MeshConfig config;
   int world = 1;
   for (const auto& [name, used] : {std::pair{"pp", Pipeline(mode)},
+                                   {"cp", ContextParallel(mode)},
                                    {"replicate", Replicated(mode)},
                                    {"dp", DataParallel(mode)},
                                    {"tp", TensorParallel(mode)}}) {
@@ -388,7 +420,7 @@ void Report(benchmark::State& state, Mode mode) {
   state.counters["tokens_per_s"] = static_cast<double>(batch * kSeqLen * batches) / m.step_seconds;
   state.counters["persistent_vs_single"] =
       static_cast<double>(m.persistent_bytes) / single.persistent_bytes;
-  if (TensorParallel(mode)) {
+  if (TensorParallel(mode) || ContextParallel(mode)) {
     state.counters["vs_single"] = m.step_seconds / single.step_seconds;
     state.counters["sent_vs_theory"] = m.bytes_sent_per_step / m.theoretical_bytes_per_step;
     return;
@@ -464,6 +496,9 @@ void BM_PipelineZeroBubble(benchmark::State& state) {
 void BM_PipelineInterleaved(benchmark::State& state) {
   for (auto _ : state) Report(state, Mode::kPipelineInterleaved);
 }
+void BM_ContextParallel(benchmark::State& state) {
+  for (auto _ : state) Report(state, Mode::kContextParallel);
+}
 // Per-rank batches: 8 (the medium shape's) first, then 2.
 #define PLAIT_WRAP_BENCHMARK(name) \
   BENCHMARK(name)->Arg(8)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond)
@@ -479,6 +514,7 @@ PLAIT_WRAP_BENCHMARK(BM_PipelineGPipe);
 PLAIT_WRAP_BENCHMARK(BM_Pipeline1F1B);
 PLAIT_WRAP_BENCHMARK(BM_PipelineZeroBubble);
 PLAIT_WRAP_BENCHMARK(BM_PipelineInterleaved);
+PLAIT_WRAP_BENCHMARK(BM_ContextParallel);
 
 }  // namespace
 }  // namespace plait::wrap
