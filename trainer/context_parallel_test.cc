@@ -20,8 +20,7 @@ namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::StatusIs;
-using ::plait::trainer::testing::ExpectSameParameters;
-using ::plait::trainer::testing::ExpectSameSteps;
+using ::plait::trainer::testing::ExpectSameTraining;
 using ::plait::trainer::testing::SavedRun;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainAndSave;
@@ -80,15 +79,8 @@ const SavedRun& Trained(const Layout& layout, const std::string& name) {
 }
 
 void ExpectOneProcessRun(const Layout& layout, const std::string& name) {
-  const SavedRun& run = Trained(layout, name);
-  const SavedRun& expected = Trained({.preset = layout.preset}, "one process " + layout.preset);
-  ASSERT_EQ(run.report.steps.size(), expected.report.steps.size()) << name;
-  ExpectSameSteps(run.report, expected.report, name);
-  ASSERT_TRUE(run.report.steps.back().eval_loss.has_value()) << name;
-  EXPECT_NEAR(*run.report.steps.back().eval_loss, *expected.report.steps.back().eval_loss,
-              1e-5 * *expected.report.steps.back().eval_loss)
-      << name;
-  ExpectSameParameters(run, expected, name);
+  ExpectSameTraining(Trained(layout, name),
+                     Trained({.preset = layout.preset}, "one process " + layout.preset), name);
 }
 
 // The comparisons mean something: the run of one process trains.

@@ -31,8 +31,7 @@ namespace {
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
 using ::plait::trainer::testing::ConfigOf;
-using ::plait::trainer::testing::ExpectSameParameters;
-using ::plait::trainer::testing::ExpectSameSteps;
+using ::plait::trainer::testing::ExpectSameTraining;
 using ::plait::trainer::testing::SavedRun;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainAndSave;
@@ -122,15 +121,7 @@ const SavedRun& OneProcess(const std::string& preset = "tiny", int blocks = 0) {
 }
 
 void ExpectOneProcessRun(const Layout& layout, const std::string& name) {
-  const SavedRun& run = Trained(layout, name);
-  const SavedRun& expected = OneProcess(layout.preset, layout.blocks);
-  ASSERT_EQ(run.report.steps.size(), expected.report.steps.size()) << name;
-  ExpectSameSteps(run.report, expected.report, name);
-  ASSERT_TRUE(run.report.steps.back().eval_loss.has_value()) << name;
-  EXPECT_NEAR(*run.report.steps.back().eval_loss, *expected.report.steps.back().eval_loss,
-              1e-5 * *expected.report.steps.back().eval_loss)
-      << name;
-  ExpectSameParameters(run, expected, name);
+  ExpectSameTraining(Trained(layout, name), OneProcess(layout.preset, layout.blocks), name);
 }
 
 // The comparisons mean something: the run of one process moves its parameters far more than
@@ -232,8 +223,7 @@ TEST(PipelineTest, TheShippedJobsEqualOneProcess) {
   const SavedRun single = TrainAndSave(ShortShippedPlan("llama_single"), 1, "llama_single");
   for (const auto& [name, ranks] : {std::pair<std::string, int>{"llama_pp", 2}, {"llama_3d", 8}}) {
     const SavedRun run = TrainAndSave(ShortShippedPlan(name), ranks, name);
-    ExpectSameSteps(run.report, single.report, name);
-    ExpectSameParameters(run, single, name);
+    ExpectSameTraining(run, single, name);
   }
 }
 

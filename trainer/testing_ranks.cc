@@ -114,6 +114,17 @@ SavedRun TrainAndSave(plan::Plan plan, int ranks, const std::string& name,
   return run;
 }
 
+void ExpectSameTraining(const SavedRun& run, const SavedRun& expected, const std::string& layout) {
+  ASSERT_EQ(run.report.steps.size(), expected.report.steps.size()) << layout;
+  ExpectSameSteps(run.report, expected.report, layout);
+  ASSERT_TRUE(run.report.steps.back().eval_loss.has_value()) << layout;
+  ASSERT_TRUE(expected.report.steps.back().eval_loss.has_value()) << layout;
+  EXPECT_NEAR(*run.report.steps.back().eval_loss, *expected.report.steps.back().eval_loss,
+              1e-5 * *expected.report.steps.back().eval_loss)
+      << layout;
+  ExpectSameParameters(run, expected, layout);
+}
+
 void ExpectSameParameters(const SavedRun& run, const SavedRun& expected, const std::string& layout,
                           double tolerance) {
   ASSERT_EQ(run.parameters.size(), expected.parameters.size()) << layout;

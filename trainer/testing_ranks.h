@@ -60,6 +60,10 @@ SavedRun TrainAndSave(plan::Plan plan, int ranks, const std::string& name,
 void ExpectSameParameters(const SavedRun& run, const SavedRun& expected, const std::string& layout,
                           double tolerance = 1e-5);
 
+// ExpectSameSteps, the last step's evaluation loss within 1e-5 relative (it must have one), and
+// ExpectSameParameters: `run` trained as `expected` did.
+void ExpectSameTraining(const SavedRun& run, const SavedRun& expected, const std::string& layout);
+
 // The config `spec` resolves to (models::ResolveModelSpec), for PreparedModel::Prepare.
 // Failures are test failures.
 models::ModelConfig ConfigOf(const models::ModelSpec& spec);
