@@ -6,7 +6,7 @@
 // tokens, are averaged over the dimension, as the step's items are counted over it
 // (objectives/step_items.h), so the step is one process's.
 //
-//   prepare { context_parallel { mesh_dim: "cp" } }   // before FSDP/DDP on other dimensions
+//   prepare { context_parallel { mesh_dim: "cp" } }   // FSDP, DDP or TP on other dimensions
 #ifndef PLAIT_WRAP_CP_CONTEXT_PARALLEL_H_
 #define PLAIT_WRAP_CP_CONTEXT_PARALLEL_H_
 

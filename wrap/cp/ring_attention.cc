@@ -77,7 +77,7 @@ torch::Tensor Stacked(const torch::Tensor& k, const torch::Tensor& v) {
   return torch::stack({k, v}).contiguous();
 }
 
-// The blocks of rank `owner`'s chunk `index` (0 or 1) of a Stacked pair, by head in fp32.
+// The keys, and the values, of chunk `index` (0 or 1) of a Stacked pair, by head in fp32.
 torch::Tensor KeysOf(const torch::Tensor& stacked, int index, int64_t len) {
   return ByHead(stacked[0].narrow(1, index * len, len));
 }
