@@ -1,6 +1,5 @@
 #include "plan/explain.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -85,6 +84,18 @@ std::vector<std::string> DescribeSteps(
   return lines;
 }
 
+// A frozen model's memory on a rank: "12.0 MiB parameters, 3.0 MiB gathered units; about
+// 15.0 MiB".
+std::string DescribeFrozenMemory(const FrozenEstimate& frozen) {
+  return absl::StrFormat(
+      "%s parameters%s; about %s", base::HumanBytes(frozen.parameter_bytes),
+      frozen.preparation.gathered_bytes > 0
+          ? absl::StrCat(", ", base::HumanBytes(frozen.preparation.gathered_bytes),
+                         " gathered units")
+          : "",
+      base::HumanBytes(frozen.total_bytes()));
+}
+
 // "lr at step 0: 1e-05, step 25: 0.003, ..." at the quarters of `steps`, each step once.
 std::string DescribeLearningRates(const sched::Schedule& schedule, int64_t steps) {
   std::set<int64_t> shown = {0, steps / 4, steps / 2, steps - 1};
@@ -118,10 +129,7 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
   // parameters after it, on the rank that needs the most where ranks differ (pipeline stages).
   PLAIT_ASSIGN_OR_RETURN(const std::vector<MemoryEstimate> shares,
                          EstimateMemoryOfEachShare(resolved, kernels));
-  const MemoryEstimate& memory = *std::max_element(
-      shares.begin(), shares.end(), [](const MemoryEstimate& a, const MemoryEstimate& b) {
-        return a.total_bytes() < b.total_bytes();
-      });
+  const MemoryEstimate& memory = LargestOf(shares);
   double bytes_sent = 0.0;
   int last_changing = -1;
   for (const wrap::StepEstimate& estimate : memory.preparation.steps) {
@@ -221,16 +229,6 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
   for (int i = 0; i < plan.frozen_size(); ++i) {
     const FrozenModel& frozen = plan.frozen(i);
     const FrozenEstimate& estimate = memory.frozen[i];
-    // "12.0 MiB parameters, 3.0 MiB gathered units; about 15.0 MiB"
-    const auto describe = [](const FrozenEstimate& frozen) {
-      return absl::StrFormat(
-          "%s parameters%s; about %s", base::HumanBytes(frozen.parameter_bytes),
-          frozen.preparation.gathered_bytes > 0
-              ? absl::StrCat(", ", base::HumanBytes(frozen.preparation.gathered_bytes),
-                             " gathered units")
-              : "",
-          base::HumanBytes(frozen.total_bytes()));
-    };
     const auto role = roles.find(frozen.name());
     lines.push_back(absl::StrCat("frozen[", i, "] \"", frozen.name(),
                                  "\": ", DescribeModel(frozen.model(), resolved.frozen[i])));
@@ -244,12 +242,13 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
       lines.push_back(std::move(line));
     }
     if (estimate.preparation.share_dim.empty()) {
-      lines.push_back(absl::StrCat("  memory per rank (estimate): ", describe(estimate)));
+      lines.push_back(
+          absl::StrCat("  memory per rank (estimate): ", DescribeFrozenMemory(estimate)));
     } else {
       lines.push_back("  memory per rank (estimate), as their shares differ:");
       for (const MemoryEstimate& share : shares) {
-        lines.push_back(
-            absl::StrCat("    ", DescribeShare(share), ": ", describe(share.frozen[i])));
+        lines.push_back(absl::StrCat("    ", DescribeShare(share), ": ",
+                                     DescribeFrozenMemory(share.frozen[i])));
       }
     }
     lines.push_back(

@@ -271,8 +271,12 @@ absl::StatusOr<std::vector<MemoryEstimate>> EstimateMemoryOfEachShare(
 
 absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
                                               const models::LibTorchKernels& kernels) {
-  PLAIT_ASSIGN_OR_RETURN(std::vector<MemoryEstimate> estimates,
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<MemoryEstimate> estimates,
                          EstimateMemoryOfEachShare(resolved, kernels));
+  return LargestOf(estimates);
+}
+
+const MemoryEstimate& LargestOf(const std::vector<MemoryEstimate>& estimates) {
   return *std::max_element(estimates.begin(), estimates.end(),
                            [](const MemoryEstimate& a, const MemoryEstimate& b) {
                              return a.total_bytes() < b.total_bytes();

@@ -119,6 +119,9 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ResolvedPlan& resolved,
 absl::StatusOr<std::vector<MemoryEstimate>> EstimateMemoryOfEachShare(
     const ResolvedPlan& resolved, const models::LibTorchKernels& kernels = {});
 
+// The one of `estimates` (at least one) with the largest total: the rank that needs the most.
+const MemoryEstimate& LargestOf(const std::vector<MemoryEstimate>& estimates);
+
 // Each rank's estimate, in rank order (world_size of them).
 absl::StatusOr<std::vector<MemoryEstimate>> EstimateMemoryOfEachRank(
     const ResolvedPlan& resolved, const models::LibTorchKernels& kernels = {});

@@ -592,10 +592,7 @@ absl::Status TrainingRun::CompareMemoryWithEstimate(TrainReport& report) {
   PLAIT_ASSIGN_OR_RETURN(const std::vector<plan::MemoryEstimate> estimates,
                          plan::EstimateMemoryOfEachRank(resolved_));
   // The run's summary gives the largest, plan_check's figure.
-  for (const plan::MemoryEstimate& estimate : estimates) {
-    report.memory_estimate_bytes =
-        std::max(report.memory_estimate_bytes.value_or(0.0), estimate.total_bytes());
-  }
+  report.memory_estimate_bytes = plan::LargestOf(estimates).total_bytes();
   if (!progress_) return absl::OkStatus();
   if (const std::optional<std::string> warning =
           plan::CompareWithMeasured(estimates, report.peak_tensor_bytes)) {
