@@ -87,13 +87,15 @@ std::vector<std::string> AddedInModelOrder(const std::map<std::string, torch::Te
   std::vector<std::pair<size_t, std::string>> added;
   for (const auto& [name, tensor] : full) {
     if (own_index.count(name) > 0) continue;
+    // The nearest enclosing module with a weight of the model's own (none: at the end).
     size_t index = own.size();
-    for (std::string module = name; index == own.size();) {
-      const size_t dot = module.rfind('.');
-      if (dot == std::string::npos) break;
+    std::string module = name;
+    for (size_t dot = module.rfind('.'); dot != std::string::npos; dot = module.rfind('.')) {
       module.resize(dot);
       const auto weight = own_index.find(absl::StrCat(module, ".weight"));
-      if (weight != own_index.end() && weight->first != name) index = weight->second;
+      if (weight == own_index.end()) continue;
+      index = weight->second;
+      break;
     }
     added.emplace_back(index, name);
   }
