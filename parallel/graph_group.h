@@ -36,6 +36,12 @@ class GraphGroup {
   // The first error of a collective; it stays, since the ranks are out of step after it.
   absl::Status status() const;
 
+  // Says, around the collectives issued while it lives, the pass they belong to and what they
+  // are for, as their errors do: "backward, all_reduce of tensor-parallel input gradient (f)".
+  ScopedPlace Place(Pass pass, const char* purpose) {
+    return ScopedPlace(communicator_, {StepPlace::kNoBlock, pass, purpose});
+  }
+
   // An autograd function's group travels in its context (saved_data) as an integer.
   void SaveIn(torch::autograd::AutogradContext* ctx);
   static GraphGroup& SavedIn(torch::autograd::AutogradContext* ctx);

@@ -118,9 +118,8 @@ absl::Status ContextParallelStrategy::FinishGradients(
     const std::vector<parallel::TrainableParameter>& trainable) {
   if (group_->size() == 1) return absl::OkStatus();
   torch::NoGradGuard no_grad;
-  const parallel::ScopedPlace place(
-      group_->communicator(),
-      {parallel::StepPlace::kNoBlock, parallel::Pass::kNone, "context-parallel gradients"});
+  const parallel::ScopedPlace place =
+      group_->Place(parallel::Pass::kNone, "context-parallel gradients");
   // One gradient at a time, so that the collective's buffers are one parameter's, not a copy
   // of every gradient beside them; 16-bit gradients are averaged in fp32 and rounded once.
   // Every rank holds every gradient (zeros for a parameter its tokens did not reach).

@@ -98,8 +98,7 @@ struct Hop {
 Hop StartHop(const torch::Tensor& outgoing, torch::Tensor& incoming, parallel::GraphGroup& group,
              parallel::Pass pass, const char* purpose) {
   const int n = group.size();
-  const parallel::ScopedPlace place(group.communicator(),
-                                    {parallel::StepPlace::kNoBlock, pass, purpose});
+  const parallel::ScopedPlace place = group.Place(pass, purpose);
   incoming = torch::empty_like(outgoing);
   Hop hop;
   hop.sent = group.communicator().Send(outgoing, (group.rank() + 1) % n);

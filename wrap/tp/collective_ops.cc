@@ -20,17 +20,10 @@ constexpr const char* kOutputSum = "tensor-parallel output (g)";
 constexpr const char* kSequence = "tensor-parallel sequence";
 constexpr const char* kCrossEntropy = "vocabulary-parallel cross-entropy";
 
-// Says, around one collective on `group`, the pass it belongs to and what it is for.
-parallel::ScopedPlace PlaceIn(parallel::GraphGroup& group, parallel::Pass pass,
-                              const char* purpose) {
-  return parallel::ScopedPlace(group.communicator(),
-                               {parallel::StepPlace::kNoBlock, pass, purpose});
-}
-
 torch::Tensor AllReduced(const torch::Tensor& x, parallel::GraphGroup& group, parallel::Pass pass,
                          const char* purpose) {
   torch::Tensor sum = x.contiguous().clone();
-  const parallel::ScopedPlace place = PlaceIn(group, pass, purpose);
+  const parallel::ScopedPlace place = group.Place(pass, purpose);
   group.Wait(group.communicator().AllReduce(sum, parallel::ReduceOp::kSum));
   return sum;
 }
@@ -47,7 +40,7 @@ torch::Tensor AllGatheredSequence(const torch::Tensor& x, parallel::GraphGroup& 
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes[0] *= group.size();
   torch::Tensor output = torch::empty(sizes, input.options());
-  const parallel::ScopedPlace place = PlaceIn(group, pass, kSequence);
+  const parallel::ScopedPlace place = group.Place(pass, kSequence);
   group.Wait(group.communicator().AllGather(input, output));
   return output.transpose(0, 1).contiguous();
 }
@@ -58,7 +51,7 @@ torch::Tensor ReduceScatteredSequence(const torch::Tensor& x, parallel::GraphGro
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes[0] /= group.size();
   torch::Tensor output = torch::empty(sizes, input.options());
-  const parallel::ScopedPlace place = PlaceIn(group, pass, kSequence);
+  const parallel::ScopedPlace place = group.Place(pass, kSequence);
   group.Wait(group.communicator().ReduceScatter(input, output, parallel::ReduceOp::kSum));
   return output.transpose(0, 1);
 }
@@ -133,7 +126,7 @@ struct VocabParallelCrossEntropyFunction
     torch::Tensor max =
         real == 0 ? torch::full({rows}, -std::numeric_limits<double>::infinity(), wide_options)
                   : torch::amax(scored, {1}).to(wide);
-    const parallel::ScopedPlace place = PlaceIn(*group, parallel::Pass::kForward, kCrossEntropy);
+    const parallel::ScopedPlace place = group->Place(parallel::Pass::kForward, kCrossEntropy);
     group->Wait(group->communicator().AllReduce(max, parallel::ReduceOp::kMax));
     // Shifted by 0 where the maximum is infinite, as torch::logsumexp does.
     max.masked_fill_(max.isinf(), 0.0);
