@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
-#include "parallel/device_mesh.h"
+#include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
 #include "torch/types.h"
 
@@ -27,16 +27,12 @@ using ::testing::HasSubstr;
 
 // Runs `body(rank, group)` on every rank of a group of `ranks`.
 void OnRanks(int ranks, const std::function<void(int, parallel::GraphGroup&)>& body) {
-  parallel::MeshConfig config;
-  auto* dim = config.add_dims();
-  dim->set_name("cp");
-  dim->set_size(ranks);
-  parallel::testing::RunOnRingMesh(parallel::MeshLayout::Create(config, ranks).value(),
-                                   [&](int rank, parallel::DeviceMesh& mesh) {
-                                     parallel::GraphGroup group(**mesh.communicator("cp"));
-                                     body(rank, group);
-                                     EXPECT_THAT(group.status(), IsOk());
-                                   });
+  parallel::testing::RunOnRingGroup("cp", ranks,
+                                    [&](int rank, parallel::RingCommunicator& communicator) {
+                                      parallel::GraphGroup group(communicator);
+                                      body(rank, group);
+                                      EXPECT_THAT(group.status(), IsOk());
+                                    });
 }
 
 // One process's causal grouped-query attention, in fp32: q [B, T, H, d], k and v
