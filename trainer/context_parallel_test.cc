@@ -5,7 +5,6 @@
 // gradient norms, evaluation loss and final parameters of the run of one process that reads
 // the same batches, within 1e-5 relative. Plans it cannot run yet are refused, naming the
 // field.
-#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -20,10 +19,11 @@ namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::StatusIs;
+using ::plait::trainer::testing::AddMeshStep;
 using ::plait::trainer::testing::ExpectSameTraining;
 using ::plait::trainer::testing::SavedRun;
 using ::plait::trainer::testing::ShortShippedPlan;
-using ::plait::trainer::testing::TrainAndSave;
+using ::plait::trainer::testing::TrainAndSaveOnce;
 using ::testing::HasSubstr;
 
 constexpr int kGlobalBatch = 16;
@@ -44,23 +44,21 @@ plan::Plan TrainingPlan(const Layout& layout) {
   plan.mutable_model()->set_preset(layout.preset);
   plan.clear_mesh();
   plan.clear_prepare();
-  const auto add_step = [&plan](const std::string& dim, int size) -> wrap::PrepareStep& {
-    parallel::MeshConfig::Dimension& added = *plan.mutable_mesh()->add_dims();
-    added.set_name(dim);
-    added.set_size(size);
-    return *plan.add_prepare();
-  };
   if (layout.cp > 1) {
-    add_step("cp", layout.cp).mutable_context_parallel()->set_mesh_dim("cp");
+    AddMeshStep(plan, "cp", layout.cp).mutable_context_parallel()->set_mesh_dim("cp");
   }
-  if (layout.tp > 1) add_step("tp", layout.tp).mutable_tensor_parallel()->set_mesh_dim("tp");
+  if (layout.tp > 1) {
+    AddMeshStep(plan, "tp", layout.tp).mutable_tensor_parallel()->set_mesh_dim("tp");
+  }
   if (layout.checkpointing) {
     plan.add_prepare()->mutable_activation_checkpointing()->set_policy(
         wrap::ActivationCheckpointingConfig::FULL);
   }
-  if (layout.data_parallel == "ddp") add_step("dp", layout.dp).mutable_ddp()->set_mesh_dim("dp");
+  if (layout.data_parallel == "ddp") {
+    AddMeshStep(plan, "dp", layout.dp).mutable_ddp()->set_mesh_dim("dp");
+  }
   if (layout.data_parallel == "fsdp") {
-    add_step("dp", layout.dp).mutable_fsdp()->set_mesh_dim("dp");
+    AddMeshStep(plan, "dp", layout.dp).mutable_fsdp()->set_mesh_dim("dp");
   }
   plan::TrainingConfig& training = *plan.mutable_training();
   training.set_global_batch(kGlobalBatch);
@@ -71,11 +69,7 @@ plan::Plan TrainingPlan(const Layout& layout) {
 
 // `layout`'s run, trained once per test process under `name`.
 const SavedRun& Trained(const Layout& layout, const std::string& name) {
-  static auto* runs = new std::map<std::string, SavedRun>();
-  if (runs->count(name) == 0) {
-    (*runs)[name] = TrainAndSave(TrainingPlan(layout), layout.ranks(), name);
-  }
-  return runs->at(name);
+  return TrainAndSaveOnce(TrainingPlan(layout), layout.ranks(), name);
 }
 
 void ExpectOneProcessRun(const Layout& layout, const std::string& name) {

@@ -30,11 +30,13 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::trainer::testing::AddMeshStep;
 using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::ExpectSameTraining;
 using ::plait::trainer::testing::SavedRun;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainAndSave;
+using ::plait::trainer::testing::TrainAndSaveOnce;
 using ::plait::trainer::testing::WithMesh;
 using ::testing::HasSubstr;
 
@@ -65,28 +67,24 @@ plan::Plan TrainingPlan(const Layout& layout) {
   }
   plan.clear_mesh();
   plan.clear_prepare();
-  // A mesh dimension and the step on it, in the rules' order.
-  const auto add_step = [&plan](const std::string& dim, int size) -> wrap::PrepareStep& {
-    parallel::MeshConfig::Dimension& added = *plan.mutable_mesh()->add_dims();
-    added.set_name(dim);
-    added.set_size(size);
-    return *plan.add_prepare();
-  };
+  // Each mesh dimension and the step on it, in the rules' order.
   if (layout.pp > 1) {
-    wrap::PipelineConfig& pipeline = *add_step("pp", layout.pp).mutable_pipeline();
+    wrap::PipelineConfig& pipeline = *AddMeshStep(plan, "pp", layout.pp).mutable_pipeline();
     pipeline.set_mesh_dim("pp");
     pipeline.set_schedule(layout.schedule);
     pipeline.set_stages_per_rank(layout.stages_per_rank);
     for (const int64_t start : layout.stage_starts) pipeline.add_stage_starts(start);
   }
   if (layout.tp > 1) {
-    wrap::TensorParallelConfig& tp = *add_step("tp", layout.tp).mutable_tensor_parallel();
+    wrap::TensorParallelConfig& tp = *AddMeshStep(plan, "tp", layout.tp).mutable_tensor_parallel();
     tp.set_mesh_dim("tp");
     tp.set_sequence_parallel(layout.sequence_parallel);
   }
-  if (layout.data_parallel == "ddp") add_step("dp", layout.dp).mutable_ddp()->set_mesh_dim("dp");
+  if (layout.data_parallel == "ddp") {
+    AddMeshStep(plan, "dp", layout.dp).mutable_ddp()->set_mesh_dim("dp");
+  }
   if (layout.data_parallel == "fsdp") {
-    add_step("dp", layout.dp).mutable_fsdp()->set_mesh_dim("dp");
+    AddMeshStep(plan, "dp", layout.dp).mutable_fsdp()->set_mesh_dim("dp");
   }
   plan::TrainingConfig& training = *plan.mutable_training();
   training.set_global_batch(kGlobalBatch);
@@ -107,11 +105,7 @@ const Layout kInterleaved = Interleaved({.pp = 2});
 
 // `layout`'s run, trained once per test process under `name`.
 const SavedRun& Trained(const Layout& layout, const std::string& name) {
-  static auto* runs = new std::map<std::string, SavedRun>();
-  if (runs->count(name) == 0) {
-    (*runs)[name] = TrainAndSave(TrainingPlan(layout), layout.ranks(), name);
-  }
-  return runs->at(name);
+  return TrainAndSaveOnce(TrainingPlan(layout), layout.ranks(), name);
 }
 
 // The run of one process of the model `preset` (with `blocks` blocks).

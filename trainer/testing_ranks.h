@@ -50,6 +50,13 @@ struct SavedRun {
 SavedRun TrainAndSave(plan::Plan plan, int ranks, const std::string& name,
                       const TrainOptions& options = {});
 
+// TrainAndSave, once per test process for each `name`: later calls return the first run.
+const SavedRun& TrainAndSaveOnce(const plan::Plan& plan, int ranks, const std::string& name);
+
+// Adds a mesh dimension `dim` of `size` ranks to `plan`, and a preparation step after its
+// others, for the caller to set (on `dim`).
+wrap::PrepareStep& AddMeshStep(plan::Plan& plan, const std::string& dim, int size);
+
 // Every parameter of `run` is `expected`'s within `tolerance` of its norm; failures name
 // `layout` and the parameter. But key projections' biases (Qwen2's), whose gradient is zero in
 // exact arithmetic (softmax ignores what they add to every key of a query), so that AdamW
