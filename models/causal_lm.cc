@@ -384,9 +384,12 @@ const AttentionContext& CausalLM::Context(int64_t seq_len, const torch::Device& 
   if (seq_len != context_seq_len_ || groups != context_groups_ ||
       generic_ops_ != context_.generic_ops || context_.rope.cos.device() != device ||
       context_.rope.cos.scalar_type() != dtype) {
-    // Computed in fp32, then held in the compute dtype so that no op mixes dtypes.
+    // Computed in fp32, then held in the compute dtype so that no op mixes dtypes; under
+    // context parallelism, for this rank's tokens of the sequence.
     const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-    context_.rope = MakeRotaryTables(inv_freq_.to(device), torch::arange(seq_len, options));
+    context_.rope = MakeRotaryTables(
+        inv_freq_.to(device), context_.cp == nullptr ? torch::arange(seq_len, options)
+                                                     : context_.cp->Positions(seq_len, device));
     context_.rope.cos = context_.rope.cos.to(dtype);
     context_.rope.sin = context_.rope.sin.to(dtype);
     context_.mask = torch::Tensor();
@@ -452,6 +455,8 @@ torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& po
   // context_ keeps only what depends on the length.
   AttentionContext packed;
   if (positions.defined()) {
+    TORCH_CHECK(cached.cp == nullptr,
+                "CausalLM: packed rows (positions) under context parallelism are not supported");
     TORCH_CHECK(positions.sizes() == tokens.sizes(), "CausalLM::Forward: positions ",
                 positions.sizes(), " are not shaped as tokens ", tokens.sizes());
     packed = cached;
@@ -461,18 +466,7 @@ torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& po
     packed.rope.cos = cached.rope.cos.index_select(0, rows).view(shape);
     packed.rope.sin = cached.rope.sin.index_select(0, rows).view(shape);
   }
-  // Context parallelism: this rank's slice of the sequence, with its rotary rows.
-  AttentionContext sliced;
-  if (cached.cp != nullptr) {
-    TORCH_CHECK(!positions.defined(),
-                "CausalLM: packed rows (positions) under context parallelism are not supported");
-    sliced = cached;
-    const torch::Tensor rows = cached.cp->Positions(tokens.size(1), tokens.device());
-    sliced.rope.cos = cached.rope.cos.index_select(0, rows);
-    sliced.rope.sin = cached.rope.sin.index_select(0, rows);
-  }
-  const AttentionContext& context =
-      positions.defined() ? packed : (cached.cp != nullptr ? sliced : cached);
+  const AttentionContext& context = positions.defined() ? packed : cached;
   wrap::TensorParallelOps* tp = context.tp;
   if (!h.defined()) {
     const torch::Tensor own = context.cp == nullptr ? tokens : context.cp->Slice(tokens);
