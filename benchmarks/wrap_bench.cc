@@ -49,11 +49,18 @@
 // single process's on the batch; the ideal on 2 idle cores is 1/2) and sent_vs_theory (rank
 // 0's bytes sent / the ring's: per block 1 hop of its keys and values forward, 1 back and 2
 // of their fp32 gradients, plus the gradients' average, 2(N-1)/N x their bytes; goal 1.00).
+// Ring attention's load balance (BM_RingAttentionBalance: cp=2, attention alone, forward and
+// backward, over one sequence of 8192 tokens, 8 heads on 2 key/value heads of 64; arg 0 the
+// causal chunking, rank r keeping chunks r and 3 - r; arg 1 the contiguous split, chunks 2r
+// and 2r + 1) reports busy_rank0/1 (each rank's seconds computing: its wall time less what it
+// waited for the ring) and busy_max_vs_min (goal 1.00 with the causal chunking; the contiguous
+// split's second rank meets 3 times the keys of the first).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -63,15 +70,20 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "benchmark/benchmark.h"
 #include "benchmarks/bench_setup.h"
 #include "models/causal_lm.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
+#include "parallel/graph_group.h"
 #include "parallel/ring_communicator.h"
+#include "parallel/test_ranks.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/types.h"
 #include "torch/utils.h"
+#include "wrap/cp/ring_attention.h"
 #include "wrap/micro_batch_executor.h"
 #include "wrap/pp/schedule.h"
 #include "wrap/preparation.h"
@@ -515,6 +527,51 @@ PLAIT_WRAP_BENCHMARK(BM_Pipeline1F1B);
 PLAIT_WRAP_BENCHMARK(BM_PipelineZeroBubble);
 PLAIT_WRAP_BENCHMARK(BM_PipelineInterleaved);
 PLAIT_WRAP_BENCHMARK(BM_ContextParallel);
+
+void BM_RingAttentionBalance(benchmark::State& state) {
+  constexpr int kRanks = 2;
+  constexpr int64_t kSeqLen = 8192, kHeads = 8, kKeyValueHeads = 2, kHeadDim = 64;
+  const cp::ChunkOrder order =
+      state.range(0) == 0 ? cp::ChunkOrder::kLoadBalanced : cp::ChunkOrder::kContiguous;
+  std::array<double, kRanks> busy{};
+  for (auto _ : state) {
+    std::array<double, kRanks> wall{};
+    parallel::testing::RunOnRingGroup(
+        "cp", kRanks,
+        [&](int rank, parallel::RingCommunicator& communicator) {
+          torch::set_num_threads(1);
+          parallel::GraphGroup group(communicator);
+          const cp::ChunkLayout layout = *cp::ChunkLayout::Create(kSeqLen, kRanks, rank, order);
+          torch::manual_seed(rank);
+          const auto draw = [&](int64_t heads) {
+            return torch::randn({1, layout.local_len(), heads, kHeadDim}).requires_grad_();
+          };
+          const torch::Tensor q = draw(kHeads), k = draw(kKeyValueHeads), v = draw(kKeyValueHeads);
+          const auto pass = [&] {
+            cp::RingAttention(q, k, v, group, {cp::kMaxScoreElements, order}).sum().backward();
+          };
+          pass();  // the allocator's first pass
+          const absl::Duration waited_before = group.waited();
+          const absl::Time start = absl::Now();
+          pass();
+          const absl::Duration elapsed = absl::Now() - start;
+          wall[rank] = absl::ToDoubleSeconds(elapsed);
+          busy[rank] = absl::ToDoubleSeconds(elapsed - (group.waited() - waited_before));
+        },
+        absl::Minutes(10));
+    state.SetIterationTime(*std::max_element(wall.begin(), wall.end()));
+  }
+  state.counters["busy_rank0"] = busy[0];
+  state.counters["busy_rank1"] = busy[1];
+  state.counters["busy_max_vs_min"] =
+      *std::max_element(busy.begin(), busy.end()) / *std::min_element(busy.begin(), busy.end());
+}
+BENCHMARK(BM_RingAttentionBalance)
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace plait::wrap

@@ -6,10 +6,17 @@
 namespace plait::parallel {
 
 void GraphGroup::Wait(const std::shared_ptr<Work>& work) {
+  const absl::Time start = absl::Now();
   absl::Status status = work->Wait();
-  if (status.ok()) return;
+  const absl::Duration waited = absl::Now() - start;
   absl::MutexLock lock(&mutex_);
-  if (status_.ok()) status_ = std::move(status);
+  waited_ += waited;
+  if (!status.ok() && status_.ok()) status_ = std::move(status);
+}
+
+absl::Duration GraphGroup::waited() const {
+  absl::MutexLock lock(&mutex_);
+  return waited_;
 }
 
 absl::Status GraphGroup::status() const {

@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "parallel/communicator.h"
 #include "torch/csrc/autograd/custom_function.h"
 
@@ -33,6 +34,10 @@ class GraphGroup {
   // Waits for `work` and keeps its error if it is the first.
   void Wait(const std::shared_ptr<Work>& work);
 
+  // The time spent in Wait so far: what a rank's compute waited for its peers (a benchmark's
+  // busy time is its wall time less this).
+  absl::Duration waited() const;
+
   // The first error of a collective; it stays, since the ranks are out of step after it.
   absl::Status status() const;
 
@@ -50,6 +55,7 @@ class GraphGroup {
   Communicator& communicator_;
   mutable absl::Mutex mutex_;
   absl::Status status_ ABSL_GUARDED_BY(mutex_);
+  absl::Duration waited_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace plait::parallel

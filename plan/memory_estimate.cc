@@ -89,6 +89,7 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
       step_estimate.kept_activations = shares[share].kept_activations;
     }
     estimate.activation_bytes_saved += step_estimate.activation_bytes_saved;
+    estimate.working_bytes = std::max(estimate.working_bytes, step_estimate.working_bytes);
     if (step_estimate.kept_activations.has_value()) {
       // The steps after it (activation checkpointing) see the blocks a rank keeps.
       estimate.kept_activations = step_estimate.kept_activations;
@@ -150,6 +151,7 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   shape.block_projection_output_bytes = models::BlockProjectionOutputBytes(
       config, training.micro_batch(), seq_len, element_bytes, tp);
   shape.num_key_value_heads = config.num_key_value_heads();
+  shape.head_ranks = tp.size;
   shape.num_attention_heads = config.num_attention_heads();
   shape.intermediate_size = config.intermediate_size();
   shape.vocab_size = config.vocab_size();
@@ -225,12 +227,15 @@ absl::StatusOr<MemoryEstimate> EstimateMemoryOfShare(const ResolvedPlan& resolve
       estimate.preparation.kept_activations;
   estimate.gradients_beside_activations =
       kept.has_value() ? kept->after_a_backward : resolved.grad_accumulation > 1;
-  estimate.activation_bytes =
-      (kept.has_value() ? static_cast<double>(kept->blocks) * shape.block_activation_bytes +
-                              static_cast<double>(kept->outputs) * shape.output_activation_bytes
-                        : static_cast<double>(shape.num_blocks) * shape.block_activation_bytes +
-                              shape.output_activation_bytes) -
-      estimate.preparation.activation_bytes_saved;
+  // The blocks' activations, and at the peak either the output layers' (the loss's
+  // backward) or a strategy's working bytes (inside the last block's backward).
+  const double output_bytes =
+      (kept.has_value() ? static_cast<double>(kept->outputs) : 1.0) * shape.output_activation_bytes;
+  estimate.activation_bytes = (kept.has_value() ? static_cast<double>(kept->blocks)
+                                                : static_cast<double>(shape.num_blocks)) *
+                                  shape.block_activation_bytes +
+                              std::max(output_bytes, estimate.preparation.working_bytes) -
+                              estimate.preparation.activation_bytes_saved;
   estimate.block_activation_bytes = shape.block_activation_bytes;
   if (resolved.model.tie_word_embeddings()) {
     const double vocab_rows = std::ceil(static_cast<double>(resolved.model.vocab_size()) /

@@ -40,6 +40,7 @@ struct PreparationEstimate {
   double parameter_fraction = 1.0;
   double gathered_bytes = 0.0;
   double activation_bytes_saved = 0.0;
+  double working_bytes = 0.0;  // the largest step's (wrap::StepEstimate::working_bytes)
   // The activations of the rank that keeps the most, when a step changed them (a pipeline's
   // stage: wrap::StepEstimate::kept_activations); nullopt: one micro-batch of the whole model.
   std::optional<wrap::StepEstimate::KeptActivations> kept_activations;

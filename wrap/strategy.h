@@ -84,6 +84,9 @@ struct ModelShape {
   // on every rank (norm weights) in one block and outside the blocks, whose gradients are
   // summed under sequence parallelism.
   int64_t num_key_value_heads = 0;
+  // The ranks tensor parallelism splits the heads over (1: none), each computing
+  // num_key_value_heads / head_ranks of the key/value heads (at least one).
+  int64_t head_ranks = 1;
   double block_key_value_parameters = 0;
   double block_replicated_parameters = 0;
   double root_replicated_parameters = 0;
@@ -149,6 +152,10 @@ struct StepEstimate {
   // Activation bytes of a micro-batch it saves at the peak of a step, by keeping less of the
   // forward for the backward (activation checkpointing).
   double activation_bytes_saved = 0.0;
+  // Bytes a rank allocates and frees inside one op of a block's backward beyond the
+  // activations the forward saved, where a strategy's ops need them (ring attention's tiles
+  // of scores): the peak is then either the loss's backward or that op in the last block's.
+  double working_bytes = 0.0;
   // What the rank that keeps the most activations holds at the peak of a step, when the
   // strategy changes it (a pipeline: a stage's blocks, for each micro-batch it holds in
   // flight): blocks' activations of one micro-batch, counted in blocks, and the micro-batches

@@ -55,9 +55,10 @@ StepEstimate ContextParallelStrategy::Estimate(const ModelShape& shape,
   // gradients in fp32.
   const double head_dim =
       shape.num_attention_heads > 0 ? shape.hidden_size / shape.num_attention_heads : 0.0;
-  const double block_bytes = 2.0 * shape.micro_batch_tokens *
-                             static_cast<double>(shape.num_key_value_heads) * head_dim *
-                             shape.parameter_bytes;
+  const int64_t head_ranks = std::max<int64_t>(1, shape.head_ranks);
+  const int64_t kv_heads = (shape.num_key_value_heads + head_ranks - 1) / head_ranks;
+  const double block_bytes = 2.0 * shape.micro_batch_tokens * static_cast<double>(kv_heads) *
+                             head_dim * shape.parameter_bytes;
   const double gradient_bytes = block_bytes / shape.parameter_bytes * 4.0;
   const double hops = ranks - 1;
   estimate.description = absl::StrFormat(
@@ -89,6 +90,16 @@ StepEstimate ContextParallelStrategy::Estimate(const ModelShape& shape,
     gradients.bytes_per_step = 2.0 * hops / ranks * shape.TrainableParameters() * 4.0;
     gradients.overlaps_compute = false;
     estimate.transfers.push_back(gradients);
+  }
+  const int64_t chunk_len = shape.seq_len / (2 * ranks);
+  if (chunk_len > 0) {
+    const auto batch = static_cast<int64_t>(shape.micro_batch_tokens) / (2 * chunk_len);
+    estimate.working_bytes = RingWorkingBytes(batch, kv_heads, chunk_len);
+    estimate.details.push_back(absl::StrFormat(
+        "ring attention in tiles of %d of a chunk's %d query rows: %s of fp32 scores and "
+        "their gradients at once",
+        ScoreTileRows(batch, kv_heads, chunk_len), chunk_len,
+        base::HumanBytesAnySize(estimate.working_bytes)));
   }
   return estimate;
 }

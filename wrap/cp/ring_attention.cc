@@ -1,5 +1,6 @@
 #include "wrap/cp/ring_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -20,11 +21,11 @@ using torch::autograd::variable_list;
 constexpr const char* kBlocks = "ring attention keys and values";
 constexpr const char* kBlockGradients = "ring attention key and value gradients";
 
-// A chunk's queries grouped by key/value head, fp32: [B, L, H, d] -> [B, KV, G * L, d], row
-// g * L + t for query t of head kv * G + g.
-torch::Tensor GroupedQueries(const torch::Tensor& q, int64_t kv_heads) {
+// A chunk's queries (or their output's rows) grouped by key/value head, fp32 and times
+// `scale`: [B, L, H, d] -> [B, KV, G * L, d], row g * L + t for query t of head kv * G + g.
+torch::Tensor GroupedQueries(const torch::Tensor& q, int64_t kv_heads, double scale = 1.0) {
   const int64_t batch = q.size(0), len = q.size(1), heads = q.size(2), d = q.size(3);
-  return q.to(torch::kFloat32)
+  return (q.to(torch::kFloat32) * scale)
       .reshape({batch, len, kv_heads, heads / kv_heads, d})
       .permute({0, 2, 3, 1, 4})
       .reshape({batch, kv_heads, heads / kv_heads * len, d});
@@ -43,14 +44,6 @@ torch::Tensor UngroupedQueries(const torch::Tensor& grouped, int64_t len, torch:
 // A chunk's keys or values by head, fp32: [B, L, KV, d] -> [B, KV, L, d].
 torch::Tensor ByHead(const torch::Tensor& x) { return x.to(torch::kFloat32).permute({0, 2, 1, 3}); }
 
-// Rows g * L + t of grouped queries meet the keys u <= t of their own chunk: true above that
-// diagonal, [G * L, L].
-torch::Tensor AboveDiagonal(int64_t groups, int64_t len, const torch::Device& device) {
-  const auto options = torch::TensorOptions(torch::kInt64).device(device);
-  const torch::Tensor query = torch::arange(len, options).repeat({groups}).unsqueeze(1);
-  return torch::arange(len, options).unsqueeze(0) > query;
-}
-
 // How a query chunk meets a key chunk: all of it (an earlier chunk), causally (its own), or
 // not at all (a later one).
 enum class Meeting { kAll, kCausal, kNone };
@@ -59,15 +52,45 @@ Meeting MeetingOf(int query_chunk, int key_chunk) {
   return key_chunk == query_chunk ? Meeting::kCausal : Meeting::kNone;
 }
 
-// The scaled scores of grouped queries `q` [B, KV, G * L, d] against keys `k` [B, KV, L, d],
-// -inf where a causal meeting hides them.
-torch::Tensor Scores(const torch::Tensor& q, const torch::Tensor& k, Meeting meeting,
-                     double scale) {
-  torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) * scale;
+// A tile of a chunk's grouped queries: the rows g * L + t for t in [first, end) of group g,
+// and the keys of the other chunk they meet: all L of them, or under a causal meeting
+// those before `end` (the later ones are hidden from every row of the tile).
+struct Tile {
+  int64_t row = 0;  // g * L + first
+  int64_t first = 0;
+  int64_t rows = 0;
+  int64_t keys = 0;
+};
+
+// The tiles of a chunk of `len` queries in `groups` groups meeting its keys by `meeting`,
+// `tile_rows` rows each (the last of a group fewer).
+std::vector<Tile> TilesOf(int64_t groups, int64_t len, int64_t tile_rows, Meeting meeting) {
+  std::vector<Tile> tiles;
+  for (int64_t group = 0; group < groups; ++group) {
+    for (int64_t first = 0; first < len; first += tile_rows) {
+      const int64_t rows = std::min(tile_rows, len - first);
+      tiles.push_back(
+          {group * len + first, first, rows, meeting == Meeting::kCausal ? first + rows : len});
+    }
+  }
+  return tiles;
+}
+
+// The scores, fp32 [B, KV, rows, keys], of a tile of grouped queries `q` [B, KV, G * L, d]
+// (already scaled) against the keys `k` [B, KV, L, d] it meets, -inf where a causal meeting
+// hides them; each score then less its row's `lse` and exponentiated where `lse` is given
+// (the backward's probabilities), in place.
+torch::Tensor TileScores(const torch::Tensor& q, const torch::Tensor& k, const Tile& tile,
+                         Meeting meeting, const torch::Tensor& lse = {}) {
+  torch::Tensor scores =
+      torch::matmul(q.narrow(2, tile.row, tile.rows), k.narrow(2, 0, tile.keys).transpose(-1, -2));
   if (meeting == Meeting::kCausal) {
-    scores.masked_fill_(AboveDiagonal(q.size(2) / k.size(2), k.size(2), q.device()),
+    const auto options = torch::TensorOptions(torch::kInt64).device(q.device());
+    const torch::Tensor query = torch::arange(tile.first, tile.first + tile.rows, options);
+    scores.masked_fill_(torch::arange(tile.keys, options).unsqueeze(0) > query.unsqueeze(1),
                         -std::numeric_limits<float>::infinity());
   }
+  if (lse.defined()) scores.sub_(lse.narrow(2, tile.row, tile.rows)).exp_();
   return scores;
 }
 
@@ -109,15 +132,24 @@ Hop StartHop(const torch::Tensor& outgoing, torch::Tensor& incoming, parallel::G
 class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, parallel::GraphGroup* group) {
+                               const torch::Tensor& v, parallel::GraphGroup* group,
+                               int64_t max_score_elements, int64_t order) {
     const int n = group->size();
     const int rank = group->rank();
     const int64_t len = q.size(1) / 2;
     const int64_t kv_heads = k.size(2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    const std::array<int, 2> own = ChunkLayout::ChunksOf(n, rank);
+    const auto chunk_order = static_cast<ChunkOrder>(order);
+    const std::array<int, 2> own = ChunkLayout::ChunksOf(n, rank, chunk_order);
+    const int64_t tile_rows = ScoreTileRows(q.size(0), kv_heads, len, max_score_elements);
+    // Per query chunk, the output so far and its rows' log-sum-exp over the keys met so far.
     std::array<torch::Tensor, 2> queries, outputs, lses;
-    for (int i = 0; i < 2; ++i) queries[i] = GroupedQueries(q.narrow(1, i * len, len), kv_heads);
+    for (int i = 0; i < 2; ++i) {
+      queries[i] = GroupedQueries(q.narrow(1, i * len, len), kv_heads, scale);
+      outputs[i] = torch::zeros_like(queries[i]);
+      lses[i] = torch::full({q.size(0), kv_heads, queries[i].size(2), 1},
+                            -std::numeric_limits<float>::infinity(), queries[i].options());
+    }
     torch::Tensor blocks = Stacked(k, v);
     for (int hop = 0; hop < n; ++hop) {
       const int owner = (rank + n - hop) % n;
@@ -126,24 +158,28 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
       if (hop + 1 < n) {
         travel = StartHop(blocks, next, *group, parallel::Pass::kForward, kBlocks);
       }
-      const std::array<int, 2> theirs = ChunkLayout::ChunksOf(n, owner);
-      for (int i = 0; i < 2; ++i) {
-        for (int j = 0; j < 2; ++j) {
+      const std::array<int, 2> theirs = ChunkLayout::ChunksOf(n, owner, chunk_order);
+      for (int j = 0; j < 2; ++j) {
+        const torch::Tensor keys = KeysOf(blocks, j, len);
+        const torch::Tensor values = ValuesOf(blocks, j, len);
+        for (int i = 0; i < 2; ++i) {
           const Meeting meeting = MeetingOf(own[i], theirs[j]);
           if (meeting == Meeting::kNone) continue;
-          const torch::Tensor scores = Scores(queries[i], KeysOf(blocks, j, len), meeting, scale);
-          const torch::Tensor lse = torch::logsumexp(scores, -1, /*keepdim=*/true);
-          const torch::Tensor out =
-              torch::matmul(torch::exp(scores - lse), ValuesOf(blocks, j, len));
-          if (!outputs[i].defined()) {
-            outputs[i] = out;
-            lses[i] = lse;
-            continue;
+          for (const Tile& tile : TilesOf(queries[i].size(2) / len, len, tile_rows, meeting)) {
+            // Every row meets a key (under a causal meeting, its own), so the maximum is finite.
+            torch::Tensor scores = TileScores(queries[i], keys, tile, meeting);
+            const torch::Tensor row_max = std::get<0>(scores.max(-1, /*keepdim=*/true));
+            const torch::Tensor row_sum = scores.sub_(row_max).exp_().sum(-1, /*keepdim=*/true);
+            const torch::Tensor out =
+                torch::matmul(scores, values.narrow(2, 0, tile.keys)).div_(row_sum);
+            const torch::Tensor lse = row_max + torch::log(row_sum);
+            // The online softmax's merge with the result so far (none yet: -inf).
+            torch::Tensor so_far = outputs[i].narrow(2, tile.row, tile.rows);
+            torch::Tensor lse_so_far = lses[i].narrow(2, tile.row, tile.rows);
+            const torch::Tensor merged = torch::logaddexp(lse_so_far, lse);
+            so_far.mul_(torch::exp(lse_so_far - merged)).add_(out * torch::exp(lse - merged));
+            lse_so_far.copy_(merged);
           }
-          // The online softmax's merge of two partial results.
-          const torch::Tensor merged = torch::logaddexp(lses[i], lse);
-          outputs[i] = outputs[i] * torch::exp(lses[i] - merged) + out * torch::exp(lse - merged);
-          lses[i] = merged;
         }
       }
       if (travel.has_value()) {
@@ -152,6 +188,8 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
       }
     }
     group->SaveIn(ctx);
+    ctx->saved_data["tile_rows"] = tile_rows;
+    ctx->saved_data["order"] = order;
     ctx->save_for_backward(
         {q, k, v, torch::stack({outputs[0], outputs[1]}), torch::stack({lses[0], lses[1]})});
     return torch::cat({UngroupedQueries(outputs[0], len, q.scalar_type()),
@@ -160,7 +198,7 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
   }
 
   // For each hop, with P = exp(scores - lse) and D = rowsum(dO * O): dV += P^T dO,
-  // dS = P * (dO V^T - D), dQ += scale dS K, dK += scale dS^T Q.
+  // dS = P * (dO V^T - D), dQ += scale dS K, dK += scale dS^T Q (the queries kept scaled).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     parallel::GraphGroup& group = parallel::GraphGroup::SavedIn(ctx);
     const variable_list saved = ctx->get_saved_variables();
@@ -172,10 +210,12 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
     const int64_t len = q.size(1) / 2;
     const int64_t kv_heads = k.size(2);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    const std::array<int, 2> own = ChunkLayout::ChunksOf(n, rank);
+    const auto chunk_order = static_cast<ChunkOrder>(ctx->saved_data["order"].toInt());
+    const std::array<int, 2> own = ChunkLayout::ChunksOf(n, rank, chunk_order);
+    const int64_t tile_rows = ctx->saved_data["tile_rows"].toInt();
     std::array<torch::Tensor, 2> queries, output_grads, row_dots, query_grads;
     for (int i = 0; i < 2; ++i) {
-      queries[i] = GroupedQueries(q.narrow(1, i * len, len), kv_heads);
+      queries[i] = GroupedQueries(q.narrow(1, i * len, len), kv_heads, scale);
       output_grads[i] = GroupedQueries(grads[0].narrow(1, i * len, len), kv_heads);
       row_dots[i] = (output_grads[i] * saved[3][i]).sum(-1, /*keepdim=*/true);
       query_grads[i] = torch::zeros_like(queries[i]);
@@ -192,7 +232,7 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
       if (hop + 1 < n) {
         travel = StartHop(blocks, next, group, parallel::Pass::kBackward, kBlocks);
       }
-      const std::array<int, 2> theirs = ChunkLayout::ChunksOf(n, owner);
+      const std::array<int, 2> theirs = ChunkLayout::ChunksOf(n, owner, chunk_order);
       for (int j = 0; j < 2; ++j) {
         const torch::Tensor keys = KeysOf(blocks, j, len);
         const torch::Tensor values = ValuesOf(blocks, j, len);
@@ -203,13 +243,18 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
           const Meeting meeting = MeetingOf(own[i], theirs[j]);
           if (meeting == Meeting::kNone) continue;
           met = true;
-          const torch::Tensor p =
-              torch::exp(Scores(queries[i], keys, meeting, scale) - saved[4][i]);
-          value_grad += torch::matmul(p.transpose(-1, -2), output_grads[i]);
-          const torch::Tensor ds =
-              p * (torch::matmul(output_grads[i], values.transpose(-1, -2)) - row_dots[i]);
-          query_grads[i] += torch::matmul(ds, keys) * scale;
-          key_grad += torch::matmul(ds.transpose(-1, -2), queries[i]) * scale;
+          for (const Tile& tile : TilesOf(queries[i].size(2) / len, len, tile_rows, meeting)) {
+            const torch::Tensor p = TileScores(queries[i], keys, tile, meeting, saved[4][i]);
+            const torch::Tensor output_grad = output_grads[i].narrow(2, tile.row, tile.rows);
+            const torch::Tensor tile_keys = keys.narrow(2, 0, tile.keys);
+            value_grad.narrow(2, 0, tile.keys) += torch::matmul(p.transpose(-1, -2), output_grad);
+            torch::Tensor ds =
+                torch::matmul(output_grad, values.narrow(2, 0, tile.keys).transpose(-1, -2));
+            ds.sub_(row_dots[i].narrow(2, tile.row, tile.rows)).mul_(p);
+            query_grads[i].narrow(2, tile.row, tile.rows) += torch::matmul(ds, tile_keys) * scale;
+            key_grad.narrow(2, 0, tile.keys) +=
+                torch::matmul(ds.transpose(-1, -2), queries[i].narrow(2, tile.row, tile.rows));
+          }
         }
         if (!met) continue;
         // [B, KV, L, d] -> the blocks' [B, L, KV, d].
@@ -232,14 +277,19 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
         torch::cat({UngroupedQueries(query_grads[0], len, q.scalar_type()),
                     UngroupedQueries(query_grads[1], len, q.scalar_type())},
                    1);
-    return {query_grad, block_grads[0].to(k.scalar_type()), block_grads[1].to(v.scalar_type()),
+    return {query_grad,
+            block_grads[0].to(k.scalar_type()),
+            block_grads[1].to(v.scalar_type()),
+            torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
 
 }  // namespace
 
-absl::StatusOr<ChunkLayout> ChunkLayout::Create(int64_t seq_len, int ranks, int rank) {
+absl::StatusOr<ChunkLayout> ChunkLayout::Create(int64_t seq_len, int ranks, int rank,
+                                                ChunkOrder order) {
   if (ranks < 1 || rank < 0 || rank >= ranks) {
     return absl::InvalidArgumentError(
         absl::StrCat("context parallelism: rank ", rank, " of ", ranks, " ranks"));
@@ -250,16 +300,17 @@ absl::StatusOr<ChunkLayout> ChunkLayout::Create(int64_t seq_len, int ranks, int 
         " equal chunks (two a rank, for causal load balance); a sequence of ", seq_len,
         " tokens does not divide into them: use a multiple of ", 2 * ranks));
   }
-  return ChunkLayout(seq_len / (2 * ranks), ranks, rank);
+  return ChunkLayout(seq_len / (2 * ranks), ranks, rank, order);
 }
 
-std::array<int, 2> ChunkLayout::ChunksOf(int ranks, int rank) {
+std::array<int, 2> ChunkLayout::ChunksOf(int ranks, int rank, ChunkOrder order) {
+  if (order == ChunkOrder::kContiguous) return {2 * rank, 2 * rank + 1};
   return {rank, 2 * ranks - 1 - rank};
 }
 
 torch::Tensor ChunkLayout::Positions() const {
   std::vector<torch::Tensor> parts;
-  for (const int chunk : ChunksOf(ranks_, rank_)) {
+  for (const int chunk : ChunksOf(ranks_, rank_, order_)) {
     parts.push_back(torch::arange(chunk * chunk_len_, (chunk + 1) * chunk_len_, torch::kInt64));
   }
   return torch::cat(parts);
@@ -267,15 +318,28 @@ torch::Tensor ChunkLayout::Positions() const {
 
 torch::Tensor ChunkLayout::Slice(const torch::Tensor& x, int64_t dim) const {
   std::vector<torch::Tensor> parts;
-  for (const int chunk : ChunksOf(ranks_, rank_)) {
+  for (const int chunk : ChunksOf(ranks_, rank_, order_)) {
     parts.push_back(x.narrow(dim, chunk * chunk_len_, chunk_len_));
   }
   return torch::cat(parts, dim);
 }
 
+int64_t ScoreTileRows(int64_t batch, int64_t kv_heads, int64_t chunk_len,
+                      int64_t max_score_elements) {
+  const int64_t per_row = std::max<int64_t>(1, batch * kv_heads * chunk_len);
+  return std::clamp<int64_t>(max_score_elements / per_row, 1, std::max<int64_t>(1, chunk_len));
+}
+
+double RingWorkingBytes(int64_t batch, int64_t kv_heads, int64_t chunk_len,
+                        int64_t max_score_elements) {
+  const int64_t rows = ScoreTileRows(batch, kv_heads, chunk_len, max_score_elements);
+  return 2.0 * static_cast<double>(batch * kv_heads * rows * chunk_len) * sizeof(float);
+}
+
 torch::Tensor RingAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            parallel::GraphGroup& group) {
-  return RingAttentionFunction::apply(q, k, v, &group);
+                            parallel::GraphGroup& group, const RingOptions& options) {
+  return RingAttentionFunction::apply(q, k, v, &group, options.max_score_elements,
+                                      static_cast<int64_t>(options.order));
 }
 
 ChunkLayout RingContext::LayoutOf(int64_t seq_len) const {

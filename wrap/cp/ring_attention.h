@@ -18,8 +18,9 @@
 //   PLAIT_RETURN_IF_ERROR(group.status());
 //
 // The blocks are computed with LibTorch's generic ops (matmuls and exponentials, in fp32 for
-// 16-bit inputs), on the CPU and on a GPU alike; a block of L queries keeps an [L, L] score
-// matrix per head while it computes.
+// 16-bit inputs), on the CPU and on a GPU alike, a tile of query rows at a time, so that the
+// fp32 scores in memory at once stay under a bound however long the chunks are
+// (ScoreTileRows); under a causal meeting a tile meets only the keys before its last row.
 #ifndef PLAIT_WRAP_CP_RING_ATTENTION_H_
 #define PLAIT_WRAP_CP_RING_ATTENTION_H_
 
@@ -33,16 +34,22 @@
 
 namespace plait::wrap::cp {
 
-// Where a rank's tokens lie in a sequence under causal load balancing.
+// Which two of the 2n chunks of a sequence rank r of n keeps: r and 2n - 1 - r, so that every
+// rank does the same attention work (the default, and what the strategy uses); or 2r and
+// 2r + 1, the contiguous split, whose later ranks meet more keys (benchmarks' contrast).
+enum class ChunkOrder { kLoadBalanced, kContiguous };
+
+// Where a rank's tokens lie in a sequence.
 class ChunkLayout {
  public:
   // The layout of a sequence of `seq_len` tokens over `ranks` ranks, for rank `rank`;
   // InvalidArgument giving both numbers when seq_len is not a multiple of 2 * ranks.
-  static absl::StatusOr<ChunkLayout> Create(int64_t seq_len, int ranks, int rank);
+  static absl::StatusOr<ChunkLayout> Create(int64_t seq_len, int ranks, int rank,
+                                            ChunkOrder order = ChunkOrder::kLoadBalanced);
 
-  // The chunks rank `rank` of `ranks` keeps, in the order it holds them: rank, then
-  // 2 * ranks - 1 - rank.
-  static std::array<int, 2> ChunksOf(int ranks, int rank);
+  // The chunks rank `rank` of `ranks` keeps, in the order it holds them.
+  static std::array<int, 2> ChunksOf(int ranks, int rank,
+                                     ChunkOrder order = ChunkOrder::kLoadBalanced);
 
   int64_t chunk_len() const { return chunk_len_; }
   int64_t local_len() const { return 2 * chunk_len_; }
@@ -54,21 +61,46 @@ class ChunkLayout {
   torch::Tensor Slice(const torch::Tensor& x, int64_t dim) const;
 
  private:
-  ChunkLayout(int64_t chunk_len, int ranks, int rank)
-      : chunk_len_(chunk_len), ranks_(ranks), rank_(rank) {}
+  ChunkLayout(int64_t chunk_len, int ranks, int rank, ChunkOrder order)
+      : chunk_len_(chunk_len), ranks_(ranks), rank_(rank), order_(order) {}
 
   int64_t chunk_len_;
   int ranks_;
   int rank_;
+  ChunkOrder order_;
+};
+
+// The most fp32 scores (batch x key/value heads x query rows x keys) a tile holds by default:
+// 64 MiB of them, rows enough that each tile's matmuls run at full speed.
+inline constexpr int64_t kMaxScoreElements = int64_t{1} << 24;
+
+// The query rows of each tile for a micro-batch of `batch` sequences, `kv_heads` key/value
+// heads and chunks of `chunk_len` tokens: as many as keep a tile's scores within
+// `max_score_elements`, at least 1 and at most a chunk.
+int64_t ScoreTileRows(int64_t batch, int64_t kv_heads, int64_t chunk_len,
+                      int64_t max_score_elements = kMaxScoreElements);
+
+// The bytes ring attention allocates and frees while it computes a tile, beyond what it
+// keeps for the backward: two tiles of fp32 scores (the backward's probabilities and their
+// gradient).
+double RingWorkingBytes(int64_t batch, int64_t kv_heads, int64_t chunk_len,
+                        int64_t max_score_elements = kMaxScoreElements);
+
+// How RingAttention computes: the bound on each tile's scores, and the chunks each rank
+// holds (its q, k and v must be ChunkLayout slices in that order).
+struct RingOptions {
+  int64_t max_score_elements = kMaxScoreElements;
+  ChunkOrder order = ChunkOrder::kLoadBalanced;
 };
 
 // Causal grouped-query attention with scale 1 / sqrt(d) of this rank's queries q [B, 2L, H, d]
 // over the keys and values of the whole sequence, of which this rank holds k and v
 // [B, 2L, KV, d] (KV dividing H): each a ChunkLayout slice of the group's sequence, with
 // L = chunk_len. Returns [B, 2L, H, d] in q's dtype, differentiable in q, k and v. A failed
-// send or receive is kept in `group` (the result is then meaningless).
+// send or receive is kept in `group` (the result is then meaningless). Each tile of scores
+// holds at most `options.max_score_elements` (unless one query row's exceed it).
 torch::Tensor RingAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            parallel::GraphGroup& group);
+                            parallel::GraphGroup& group, const RingOptions& options = {});
 
 // What a model's forward calls under context parallelism over `group` (which must outlive
 // it): ChunkLayout's slices and positions for the group's rank, and RingAttention. A sequence

@@ -57,12 +57,15 @@ struct Case {
   int64_t kv_heads;
   torch::ScalarType dtype;
   double tolerance;  // relative to each tensor's largest value
+  int64_t max_score_elements = kMaxScoreElements;
+  ChunkOrder order = ChunkOrder::kLoadBalanced;
 };
 
 std::string Name(const Case& c) {
   return std::string("cp ") + std::to_string(c.ranks) + ", T " + std::to_string(c.seq_len) +
          ", heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " " +
-         c10::toString(c.dtype);
+         c10::toString(c.dtype) + ", tiles of " + std::to_string(c.max_score_elements) + " scores" +
+         (c.order == ChunkOrder::kContiguous ? ", contiguous" : "");
 }
 
 // Expects `actual` within `tolerance` of the largest value of `expected`.
@@ -92,12 +95,12 @@ void ExpectRingEqualsFullAttention(const Case& c) {
   (expected * weights).sum().backward();
   OnRanks(c.ranks, [&](int rank, parallel::GraphGroup& group) {
     torch::set_num_threads(1);
-    absl::StatusOr<ChunkLayout> layout = ChunkLayout::Create(c.seq_len, c.ranks, rank);
+    absl::StatusOr<ChunkLayout> layout = ChunkLayout::Create(c.seq_len, c.ranks, rank, c.order);
     ASSERT_THAT(layout, IsOk());
     const torch::Tensor lq = layout->Slice(q, 1).clone().requires_grad_();
     const torch::Tensor lk = layout->Slice(k, 1).clone().requires_grad_();
     const torch::Tensor lv = layout->Slice(v, 1).clone().requires_grad_();
-    const torch::Tensor out = RingAttention(lq, lk, lv, group);
+    const torch::Tensor out = RingAttention(lq, lk, lv, group, {c.max_score_elements, c.order});
     EXPECT_EQ(out.scalar_type(), c.dtype);
     (out.to(torch::kFloat32) * layout->Slice(weights, 1)).sum().backward();
     const std::string where = name + ", rank " + std::to_string(rank);
@@ -121,6 +124,29 @@ TEST(RingAttentionTest, EqualsFullAttentionRowsAndGradientsInFp32) {
 TEST(RingAttentionTest, EqualsFullAttentionInBf16WithinItsRounding) {
   for (const Case& c :
        {Case{2, 32, 4, 2, torch::kBFloat16, 1e-2}, Case{4, 32, 4, 2, torch::kBFloat16, 1e-2}}) {
+    ExpectRingEqualsFullAttention(c);
+  }
+}
+
+// Tiles of a few query rows (3 of a chunk of 8, the last one 2; single rows) give the same
+// attention as whole chunks, causal tiles meeting only the keys before their last row.
+TEST(RingAttentionTest, EqualsFullAttentionInTilesOfFewRows) {
+  constexpr int64_t kBatch = 2;
+  EXPECT_EQ(ScoreTileRows(kBatch, 2, 8, 3 * kBatch * 2 * 8), 3);
+  EXPECT_EQ(ScoreTileRows(kBatch, 1, 4, 1), 1);
+  EXPECT_EQ(ScoreTileRows(kBatch, 1, 4, kMaxScoreElements), 4);
+  for (const Case& c : {Case{2, 32, 4, 2, torch::kFloat32, 1e-5, 3 * kBatch * 2 * 8},
+                        Case{4, 32, 4, 1, torch::kFloat32, 1e-5, 1},
+                        Case{2, 32, 4, 2, torch::kBFloat16, 1e-2, 3 * kBatch * 2 * 8}}) {
+    ExpectRingEqualsFullAttention(c);
+  }
+}
+
+// The contiguous split (rank r keeps chunks 2r and 2r + 1) attends alike.
+TEST(RingAttentionTest, EqualsFullAttentionOnTheContiguousSplit) {
+  for (const Case& c :
+       {Case{2, 32, 4, 2, torch::kFloat32, 1e-5, kMaxScoreElements, ChunkOrder::kContiguous},
+        Case{4, 32, 4, 1, torch::kFloat32, 1e-5, 7, ChunkOrder::kContiguous}}) {
     ExpectRingEqualsFullAttention(c);
   }
 }
@@ -186,6 +212,7 @@ TEST(ChunkLayoutTest, EachRankKeepsAnEarlyAndALateChunk) {
   EXPECT_TRUE(
       second->Slice(tokens, 1).equal(torch::stack({torch::arange(4, 12), torch::arange(20, 28)})));
   EXPECT_EQ(ChunkLayout::ChunksOf(4, 1), (std::array<int, 2>{1, 6}));
+  EXPECT_EQ(ChunkLayout::ChunksOf(4, 1, ChunkOrder::kContiguous), (std::array<int, 2>{2, 3}));
 }
 
 TEST(ChunkLayoutTest, RefusesASequenceThatDoesNotDivideIntoTheChunks) {
