@@ -78,6 +78,21 @@ TEST(ExplainPlanTest, ExplainsTheContextParallelRing) {
                                "(256.0 KiB) around the ring"));
   EXPECT_THAT(*text, HasSubstr("  per block, backward: 1 hop of keys and values again and 2 hops "
                                "of their fp32 gradients (256.0 KiB)"));
+  // Chunks of 16 tokens fit one tile: 8 x 2 key/value heads x 16 x 16 fp32 scores, twice.
+  EXPECT_THAT(*text, HasSubstr("  ring attention in tiles of 16 of a chunk's 16 query rows: "
+                               "32.0 KiB of fp32 scores and their gradients at once"));
+}
+
+// At 16,384 tokens on 2 ranks a chunk's scores outgrow a tile: 1 x 2 x 2048 x 4096 fp32
+// scores, twice.
+TEST(ExplainPlanTest, ExplainsTheTilesOfALongSequence) {
+  absl::StatusOr<Plan> plan = LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/plan/examples/llama_long.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 2));
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("  ring attention in tiles of 2048 of a chunk's 4096 query rows: "
+                               "128.0 MiB of fp32 scores and their gradients at once"));
 }
 
 // A tensor-parallel step inside FSDP: the per-rank shape of each kind of parameter, and the

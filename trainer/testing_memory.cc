@@ -67,6 +67,19 @@ MemoryCheckPlan Checkpointed(MemoryCheckPlan check, std::string name,
 
 }  // namespace
 
+MemoryCheckPlan LongSequencePlan(int64_t seq_len, int context_ranks) {
+  MemoryCheckPlan check{absl::StrCat("llama_long_1x", seq_len, "_cp", context_ranks),
+                        Shortened(LoadShippedPlan("llama_long")), context_ranks};
+  check.plan.mutable_model()->clear_dtype();
+  check.plan.mutable_mesh()->mutable_dims(0)->set_size(context_ranks);
+  if (context_ranks == 1) {
+    check.plan.clear_mesh();
+    check.plan.clear_prepare();
+  }
+  EXPECT_THAT(plan::ApplyOverride(absl::StrCat("training.seq_len=", seq_len), check.plan), IsOk());
+  return check;
+}
+
 std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   std::vector<MemoryCheckPlan> plans;
   const MemoryCheckPlan fsdp{"llama_fsdp", Shortened(LoadShippedPlan("llama_fsdp")), 2};

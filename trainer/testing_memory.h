@@ -49,6 +49,10 @@ struct MemoryCheckPlan {
 // vocabulary with 2 of its layers, one sequence of 512 tokens in fp32.
 std::vector<MemoryCheckPlan> MemoryCheckPlans();
 
+// The job llama_long's model and optimizer (fp32) on one sequence of `seq_len` tokens a step,
+// shortened as above, over `context_ranks` ranks of context parallelism (1: one process).
+MemoryCheckPlan LongSequencePlan(int64_t seq_len, int context_ranks);
+
 }  // namespace plait::trainer::testing
 
 #endif  // PLAIT_TRAINER_TESTING_MEMORY_H_
