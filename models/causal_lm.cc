@@ -541,7 +541,8 @@ torch::Tensor CausalLM::TokenLogProbs(const torch::Tensor& tokens, const torch::
 
 torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
                                          int64_t ignore_index) {
-  return TokenLogProbs(tokens, targets, ignore_index).sum(-1);
+  const torch::Tensor sums = TokenLogProbs(tokens, targets, ignore_index).sum(-1);
+  return context_.cp == nullptr ? sums : context_.cp->SumOverRanks(sums);
 }
 
 wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) const {

@@ -209,8 +209,8 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // vocabulary rounded up to a multiple of tp when tensor parallelism pads it; the padding
   // columns are not logits of any token); under context parallelism (SetContextParallelOps)
   // those of this rank's slice of the sequence, [B, T / cp, ...], and so for Loss and
-  // TokenLogProbs, whose targets it slices as it slices the tokens (SequenceLogProbs then sums
-  // this rank's tokens alone).
+  // TokenLogProbs, whose targets it slices as it slices the tokens (SequenceLogProbs sums the
+  // ranks' slices into the whole sequences').
   //
   // `positions` (int64 [B, T], or undefined) packs several sequences (documents, SFT
   // examples) into each row, padding-free, with Hugging Face's position_ids convention:
@@ -252,7 +252,8 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   void SetStageInput(torch::Tensor hidden) { stage_input_ = std::move(hidden); }
 
   // Per row of one sequence, the sum of TokenLogProbs: [B], fp32, differentiable (a packed
-  // row's sequences are summed by data::SequenceSums instead).
+  // row's sequences are summed by data::SequenceSums instead). Under context parallelism the
+  // whole sequence's, every rank's slice summed (ContextParallelOps::SumOverRanks).
   torch::Tensor SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
                                  int64_t ignore_index = kIgnoreIndex);
 

@@ -119,9 +119,7 @@ class DirectPreference : public Objective {
     // First, so that no policy activations are held while a live reference runs.
     PLAIT_ASSIGN_OR_RETURN(const torch::Tensor reference,
                            frozen_read.defined() ? frozen_read : ReferenceOf(policy, batch, host));
-    const torch::Tensor policy_logps = data::SequenceSums(
-        batch,
-        policy.TokenLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget, batch.positions));
+    const torch::Tensor policy_logps = SequenceLogProbs(policy, batch);
     const int64_t pairs = policy_logps.size(0) / 2;
     const auto chosen = [&](const torch::Tensor& t) { return t.narrow(0, 0, pairs); };
     const auto rejected = [&](const torch::Tensor& t) { return t.narrow(0, pairs, pairs); };

@@ -92,15 +92,6 @@ std::vector<base::Violation> CheckObjective(
   return problems;
 }
 
-std::vector<base::Violation> CheckObjectiveOnSequenceSlices(const ObjectiveConfig& config,
-                                                            absl::string_view field_path) {
-  if (!config.has_dpo()) return {};
-  return {{absl::StrCat(field_path, ".dpo"),
-           "compares sums of whole sequences' log-probabilities, and the trained model's ranks "
-           "each compute a slice of every sequence (a preparation step that splits the "
-           "sequence: context_parallel); not supported yet: train DPO without it"}};
-}
-
 std::vector<base::Violation> CheckObjectiveOnStages(const ObjectiveConfig& config,
                                                     absl::string_view field_path) {
   if (!config.has_dpo()) return {};

@@ -34,12 +34,6 @@ std::vector<base::Violation> CheckObjective(
     bool policy_adapted, const std::map<std::string, std::optional<models::ModelConfig>>& frozen,
     const data::DataConfig& data, absl::string_view field_path);
 
-// Every problem of `config` at `field_path` on a trained model whose ranks each compute a slice
-// of every sequence (context parallelism: Strategy::splits_sequence): DPO's sums of a
-// sequence's log-probabilities would be each rank's share of them; not supported yet.
-std::vector<base::Violation> CheckObjectiveOnSequenceSlices(const ObjectiveConfig& config,
-                                                            absl::string_view field_path);
-
 // Every problem of `config` at `field_path` on a trained model cut into pipeline stages (a
 // preparation step whose rule's effect is SELECTS), where only the last stage computes the
 // loss, from the hidden states the stages before it sent. DPO runs there against a frozen

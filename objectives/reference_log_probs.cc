@@ -15,10 +15,17 @@ data::Batch OnHost(const data::Batch& batch) {
 
 }  // namespace
 
+torch::Tensor SequenceLogProbs(models::CausalLM& model, const data::Batch& batch) {
+  if (!batch.positions.defined()) {
+    return model.SequenceLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget);
+  }
+  return data::SequenceSums(batch, model.TokenLogProbs(batch.inputs, batch.targets,
+                                                       data::kIgnoreTarget, batch.positions));
+}
+
 torch::Tensor ReferenceLogProbs::Compute(models::CausalLM& reference, const data::Batch& batch) {
   torch::NoGradGuard no_grad;
-  return data::SequenceSums(batch, reference.TokenLogProbs(batch.inputs, batch.targets,
-                                                           data::kIgnoreTarget, batch.positions));
+  return SequenceLogProbs(reference, batch);
 }
 
 std::vector<ReferenceLogProbs::Key> ReferenceLogProbs::SequenceKeys(const data::Batch& batch) {

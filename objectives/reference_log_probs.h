@@ -21,6 +21,11 @@
 
 namespace plait::objectives {
 
+// Each sequence's log-probability of its scored targets under `model`: fp32 [sequences],
+// differentiable; a packed row's sequences each (data::SequenceSums), and under context
+// parallelism the whole sequences', the ranks' slices summed (CausalLM::SequenceLogProbs).
+torch::Tensor SequenceLogProbs(models::CausalLM& model, const data::Batch& batch);
+
 class ReferenceLogProbs {
  public:
   // `reference`'s log-probabilities (fp32 [data::Sequences(batch)]) of `batch`'s sequences,

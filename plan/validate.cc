@@ -94,16 +94,25 @@ class Checker {
     violations_.push_back({std::move(field), std::move(message), std::move(rule)});
   }
 
-  // A plan whose ranks each compute a slice of every sequence (context parallelism): no
-  // objective that needs whole sequences, and no packed rows, whose sequences' boundaries the
-  // slices would cut.
+  // A plan whose ranks each compute a slice of every sequence (context parallelism): no packed
+  // rows, whose sequences' boundaries the slices would cut.
   void CheckSequenceSlices() {
-    AddAll(objectives::CheckObjectiveOnSequenceSlices(plan_.objective(), "plan.objective"));
-    if (plan_.data().has_sft_files() && plan_.data().sft_files().packing() == data::PACKING_BFD) {
-      Add("plan.data.sft_files.packing",
-          "PACKING_BFD packs several examples into a row, and the trained model's ranks each "
-          "compute a slice of every row (a preparation step that splits the sequence: "
-          "context_parallel); not supported yet: use PACKING_NONE");
+    const data::DataConfig& data = plan_.data();
+    constexpr const char* kSlices =
+        "and the trained model's ranks each compute a slice of every row (a preparation step "
+        "that splits the sequence: context_parallel); not supported yet";
+    const auto check_packing = [&](const data::PairFiles& files, const char* field) {
+      if (files.packing() == data::PACKING_NONE) return;
+      Add(absl::StrCat("plan.data.", field, ".packing"),
+          absl::StrCat(data::PackingStrategy_Name(files.packing()),
+                       " packs several sequences into a row, ", kSlices, ": use PACKING_NONE"));
+    };
+    if (data.has_sft_files()) check_packing(data.sft_files(), "sft_files");
+    if (data.has_preference_files()) check_packing(data.preference_files(), "preference_files");
+    if (data.has_token_files() && data.token_files().has_document_start_token()) {
+      Add("plan.data.token_files.document_start_token",
+          absl::StrCat("masks attention at each document's start within a row, ", kSlices,
+                       ": leave it unset"));
     }
   }
 

@@ -3,8 +3,9 @@
 // "cp" on 2 and 4 ranks, cp 2 x FSDP 2, cp 2 x DDP 2, cp 2 x TP 2 and cp 2 with activation
 // checkpointing, and the tiny Qwen2 (biases, a tied embedding) on cp 2, has the losses,
 // gradient norms, evaluation loss and final parameters of the run of one process that reads
-// the same batches, within 1e-5 relative. Plans it cannot run yet are refused, naming the
-// field.
+// the same batches, within 1e-5 relative; and so has //trainer:qwen_dpo_fsdp's DPO on cp 2
+// (its reference split as the policy is, or precomputed) and on cp 2 x FSDP 2. Plans it cannot
+// run yet are refused, naming the field.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -36,14 +37,25 @@ struct Layout {
   int dp = 1;
   int tp = 1;                  // tensor parallelism over "tp"
   bool checkpointing = false;  // FULL activation checkpointing, recomputing the ring's forward
+  // //trainer:qwen_dpo_fsdp's DPO (preset unread), its frozen reference prepared with the
+  // policy's context-parallel and FSDP steps, or its log-probabilities precomputed.
+  bool dpo = false;
+  bool precompute_reference = false;
   int ranks() const { return cp * dp * tp; }
 };
 
 plan::Plan TrainingPlan(const Layout& layout) {
-  plan::Plan plan = ShortShippedPlan("llama_fsdp");
-  plan.mutable_model()->set_preset(layout.preset);
+  plan::Plan plan = ShortShippedPlan(layout.dpo ? "qwen_dpo_fsdp" : "llama_fsdp");
+  if (!layout.dpo) plan.mutable_model()->set_preset(layout.preset);
   plan.clear_mesh();
   plan.clear_prepare();
+  if (layout.dpo) {
+    plan.mutable_objective()->mutable_dpo()->set_precompute_reference(layout.precompute_reference);
+    plan::FrozenModel& reference = *plan.mutable_frozen(0);
+    reference.clear_prepare();
+    if (layout.cp > 1) reference.add_prepare()->mutable_context_parallel()->set_mesh_dim("cp");
+    if (layout.data_parallel == "fsdp") reference.add_prepare()->mutable_fsdp()->set_mesh_dim("dp");
+  }
   if (layout.cp > 1) {
     AddMeshStep(plan, "cp", layout.cp).mutable_context_parallel()->set_mesh_dim("cp");
   }
@@ -73,8 +85,9 @@ const SavedRun& Trained(const Layout& layout, const std::string& name) {
 }
 
 void ExpectOneProcessRun(const Layout& layout, const std::string& name) {
+  const Layout one{.preset = layout.preset, .dpo = layout.dpo};
   ExpectSameTraining(Trained(layout, name),
-                     Trained({.preset = layout.preset}, "one process " + layout.preset), name);
+                     Trained(one, "one process " + (layout.dpo ? "dpo" : layout.preset)), name);
 }
 
 // The comparisons mean something: the run of one process trains.
@@ -105,6 +118,17 @@ TEST(ContextParallelTest, WithTensorParallelismEqualsOneProcess) {
 // Activation checkpointing runs each block's forward again in the backward, its ring included.
 TEST(ContextParallelTest, WithActivationCheckpointingEqualsOneProcess) {
   ExpectOneProcessRun({.cp = 2, .checkpointing = true}, "cp 2 with FULL checkpointing");
+}
+
+// DPO sums each sequence's log-probabilities over the ranks' slices, for the policy and for
+// its reference (split likewise, or precomputed before the first step), so every rank
+// compares whole sequences.
+TEST(ContextParallelTest, DpoEqualsOneProcess) {
+  ExpectOneProcessRun({.cp = 2, .dpo = true}, "dpo cp 2");
+  ExpectOneProcessRun({.cp = 2, .dpo = true, .precompute_reference = true},
+                      "dpo cp 2, reference precomputed");
+  ExpectOneProcessRun({.cp = 2, .data_parallel = "fsdp", .dp = 2, .dpo = true},
+                      "dpo cp 2 x FSDP 2");
 }
 
 // Plans it cannot run are refused before anything runs, naming the field.

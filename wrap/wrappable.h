@@ -112,6 +112,12 @@ class ContextParallelOps {
   // (KV dividing H), each rotated at its positions: [B, T / n, H, d].
   virtual torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v) = 0;
+
+  // The sum over the group's ranks of `partial`, each rank's share of a quantity of whole
+  // sequences (its tokens' log-probabilities summed per sequence), on every rank.
+  // Differentiable: each rank computes its own loss from the sum, so each rank's partial
+  // receives the sum of the ranks' gradients of it.
+  virtual torch::Tensor SumOverRanks(const torch::Tensor& partial) = 0;
 };
 
 class ProjectionOps;

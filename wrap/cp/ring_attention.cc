@@ -20,6 +20,31 @@ using torch::autograd::variable_list;
 // What the messages here are for, as their errors say.
 constexpr const char* kBlocks = "ring attention keys and values";
 constexpr const char* kBlockGradients = "ring attention key and value gradients";
+constexpr const char* kSequenceSums = "context-parallel sequence sums";
+
+// `x` summed over the ranks of `group`, in a copy.
+torch::Tensor SummedOverRanks(const torch::Tensor& x, parallel::GraphGroup& group,
+                              parallel::Pass pass) {
+  torch::Tensor sum = x.clone(at::MemoryFormat::Contiguous);
+  const parallel::ScopedPlace place = group.Place(pass, kSequenceSums);
+  group.Wait(group.communicator().AllReduce(sum, parallel::ReduceOp::kSum));
+  return sum;
+}
+
+// RingContext::SumOverRanks: the ranks' partial sums summed, and so their gradients.
+class SumOverRanksFunction : public torch::autograd::Function<SumOverRanksFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& partial,
+                               parallel::GraphGroup* group) {
+    group->SaveIn(ctx);
+    return SummedOverRanks(partial, *group, parallel::Pass::kForward);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {
+        SummedOverRanks(grads[0], parallel::GraphGroup::SavedIn(ctx), parallel::Pass::kBackward),
+        torch::Tensor()};
+  }
+};
 
 // A chunk's queries (or their output's rows) grouped by key/value head, fp32 and times
 // `scale`: [B, L, H, d] -> [B, KV, G * L, d], row g * L + t for query t of head kv * G + g.
@@ -357,6 +382,10 @@ torch::Tensor RingContext::Positions(int64_t seq_len, const torch::Device& devic
 torch::Tensor RingContext::Attention(const torch::Tensor& q, const torch::Tensor& k,
                                      const torch::Tensor& v) {
   return RingAttention(q, k, v, group_);
+}
+
+torch::Tensor RingContext::SumOverRanks(const torch::Tensor& partial) {
+  return SumOverRanksFunction::apply(partial, &group_);
 }
 
 }  // namespace plait::wrap::cp

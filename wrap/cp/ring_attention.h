@@ -113,6 +113,8 @@ class RingContext final : public ContextParallelOps {
   torch::Tensor Positions(int64_t seq_len, const torch::Device& device) override;
   torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k,
                           const torch::Tensor& v) override;
+  // An all-reduce over the group forward, and of the gradients backward.
+  torch::Tensor SumOverRanks(const torch::Tensor& partial) override;
 
  private:
   ChunkLayout LayoutOf(int64_t seq_len) const;
