@@ -180,6 +180,10 @@ wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name) {
     return Split::kRow;
   }
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return Split::kVocabulary;
+  // Qwen3's norms over each head: every rank's gradient is of its own heads.
+  if (absl::EndsWith(name, "q_norm.weight") || absl::EndsWith(name, "k_norm.weight")) {
+    return Split::kReplicatedPartialGradient;
+  }
   return Split::kReplicated;
 }
 
@@ -197,7 +201,7 @@ Attention::Attention(const ModelConfig& config, const Deferred& deferred)
       num_kv_heads_(config.num_key_value_heads()),
       head_dim_(HeadDim(config)) {
   const int64_t hidden = config.hidden_size();
-  const bool qkv_bias = config.model_type() == "qwen2" || config.attention_bias();
+  const bool qkv_bias = HasQkvBias(config);
   q_proj =
       register_module("q_proj", MakeLinear(hidden, num_heads_ * head_dim_, qkv_bias, deferred));
   k_proj =
@@ -206,6 +210,12 @@ Attention::Attention(const ModelConfig& config, const Deferred& deferred)
       register_module("v_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, qkv_bias, deferred));
   o_proj = register_module(
       "o_proj", MakeLinear(num_heads_ * head_dim_, hidden, config.attention_bias(), deferred));
+  if (HasQkNorm(config)) {
+    q_norm = register_module("q_norm",
+                             std::make_shared<RmsNorm>(head_dim_, config.rms_norm_eps(), deferred));
+    k_norm = register_module("k_norm",
+                             std::make_shared<RmsNorm>(head_dim_, config.rms_norm_eps(), deferred));
+  }
 }
 
 absl::Status Attention::SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) {
@@ -227,12 +237,15 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
   const torch::Tensor flat = input.reshape({batch * seq, input.size(2)});
   // [B, T, heads, D], rotated in place of HF's [B, heads, T, D] (the same values).
   const bool generic = context.generic_ops;
-  const torch::Tensor q =
-      internal::Rotary(Project(q_proj, flat, context).view({batch, seq, num_heads_, d}),
-                       context.rope.cos, context.rope.sin, generic);
-  const torch::Tensor k =
-      internal::Rotary(Project(k_proj, flat, context).view({batch, seq, num_kv_heads_, d}),
-                       context.rope.cos, context.rope.sin, generic);
+  // Qwen3 normalises each head's queries and keys before rotating them.
+  const auto heads = [&](const torch::Tensor& projected, int64_t count,
+                         const std::shared_ptr<RmsNorm>& norm) {
+    const torch::Tensor split = projected.view({batch, seq, count, d});
+    return internal::Rotary(norm == nullptr ? split : norm->forward(split, generic),
+                            context.rope.cos, context.rope.sin, generic);
+  };
+  const torch::Tensor q = heads(Project(q_proj, flat, context), num_heads_, q_norm);
+  const torch::Tensor k = heads(Project(k_proj, flat, context), num_kv_heads_, k_norm);
   const torch::Tensor v = Project(v_proj, flat, context).view({batch, seq, num_kv_heads_, d});
   const torch::Tensor out =
       (context.cp != nullptr

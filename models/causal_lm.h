@@ -115,6 +115,7 @@ class Attention : public torch::nn::Module {
   int64_t head_dim() const { return head_dim_; }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  std::shared_ptr<RmsNorm> q_norm, k_norm;  // Qwen3's, over each head; null for the others
 
  private:
   int64_t num_heads_;

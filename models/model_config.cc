@@ -21,7 +21,7 @@ namespace {
 constexpr double kHfLlamaRmsNormEps = 1e-6;
 constexpr double kHfRopeTheta = 10000.0;
 constexpr int64_t kHfLlamaMaxPositions = 2048;
-constexpr int64_t kHfQwen2MaxPositions = 32768;
+constexpr int64_t kHfQwen2MaxPositions = 32768;  // Qwen3's too
 
 ModelConfig Llama(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
                   int64_t kv_heads, int64_t vocab, bool tie) {
@@ -56,6 +56,17 @@ ModelConfig Qwen2(int64_t hidden, int64_t intermediate, int64_t layers, int64_t 
   config.set_rms_norm_eps(1e-6);
   config.set_rope_theta(1000000.0);
   config.set_max_position_embeddings(32768);
+  return config;
+}
+
+// Qwen3 as its Hugging Face configs have it: Qwen2's norms and rotary base, 40,960 positions,
+// no biases, and heads of `head_dim`.
+ModelConfig Qwen3(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
+                  int64_t kv_heads, int64_t head_dim, int64_t vocab, bool tie) {
+  ModelConfig config = Qwen2(hidden, intermediate, layers, heads, kv_heads, vocab, tie);
+  config.set_model_type("qwen3");
+  if (head_dim * heads != hidden) config.set_head_dim(head_dim);  // unset where it is the default
+  config.set_max_position_embeddings(40960);
   return config;
 }
 
@@ -94,6 +105,10 @@ const Preset kPresets[] = {
     // Qwen2.5-0.5B's shape (tied embeddings, q/k/v biases, 7:1 query to key/value heads,
     // intermediate 5.4x hidden) scaled down to train in seconds on a CPU.
     {"qwen2-tiny", [] { return Qwen2(112, 608, 4, 7, 1, 4096, true); }},
+    // Heads wider than hidden_size / num_attention_heads, as Qwen3's are.
+    {"qwen3-tiny", [] { return Qwen3(128, 384, 4, 4, 2, 64, 4096, true); }},
+    {"qwen3-0.6b", [] { return Qwen3(1024, 3072, 28, 16, 8, 128, 151936, true); }},
+    {"qwen3-8b", [] { return Qwen3(4096, 12288, 36, 32, 8, 128, 151936, false); }},
     {"qwen2.5-0.5b", [] { return Qwen2(896, 4864, 24, 14, 2, 151936, true); }},
     {"qwen2.5-7b", [] { return Qwen2(3584, 18944, 28, 28, 4, 152064, false); }},
 };
@@ -196,9 +211,11 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
 absl::Status ValidateModelConfig(const ModelConfig& config, absl::string_view field_path) {
   const absl::string_view path = field_path;
   const std::string& type = config.model_type();
-  if (type != "llama" && type != "qwen2") {
+  if (type != "llama" && type != "qwen2" && type != "qwen3") {
     return FieldError(path, "model_type",
-                      absl::StrCat("\"", type, "\" is not supported; use \"llama\" or \"qwen2\""));
+                      absl::StrCat("\"", type,
+                                   "\" is not supported; use "
+                                   "\"llama\", \"qwen2\" or \"qwen3\""));
   }
   PLAIT_RETURN_IF_ERROR(Size(path, "hidden_size", config.hidden_size(), kMaxWidth));
   PLAIT_RETURN_IF_ERROR(Size(path, "intermediate_size", config.intermediate_size(), kMaxWidth));
@@ -211,10 +228,12 @@ absl::Status ValidateModelConfig(const ModelConfig& config, absl::string_view fi
                              kMaxVocabOrPositions));
   PLAIT_RETURN_IF_ERROR(Positive(path, "rms_norm_eps", config.rms_norm_eps()));
   PLAIT_RETURN_IF_ERROR(Positive(path, "rope_theta", config.rope_theta()));
-  if (config.hidden_size() % config.num_attention_heads() != 0) {
+  if (config.head_dim() != 0) {
+    PLAIT_RETURN_IF_ERROR(Size(path, "head_dim", config.head_dim(), kMaxWidth));
+  } else if (config.hidden_size() % config.num_attention_heads() != 0) {
     return FieldError(path, "num_attention_heads",
                       absl::StrCat(config.num_attention_heads(), " does not divide hidden_size (",
-                                   config.hidden_size(), ")"));
+                                   config.hidden_size(), ") and head_dim is unset"));
   }
   if (config.num_attention_heads() % config.num_key_value_heads() != 0) {
     return FieldError(
@@ -223,9 +242,9 @@ absl::Status ValidateModelConfig(const ModelConfig& config, absl::string_view fi
                      config.num_attention_heads(), ")"));
   }
   if (HeadDim(config) % 2 != 0) {
-    return FieldError(path, "num_attention_heads",
-                      absl::StrCat("head dimension hidden_size / num_attention_heads = ",
-                                   HeadDim(config), " must be even for rotary embeddings"));
+    return FieldError(
+        path, config.head_dim() != 0 ? "head_dim" : "num_attention_heads",
+        absl::StrCat("head dimension ", HeadDim(config), " must be even for rotary embeddings"));
   }
   if (type == "qwen2" && config.attention_bias()) {
     return FieldError(path, "attention_bias",
@@ -279,12 +298,13 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   const base::JsonFields fields(json, name);
   ModelConfig config;
   PLAIT_ASSIGN_OR_RETURN(std::string type, fields.String("model_type"));
-  if (type != "llama" && type != "qwen2") {
+  if (type != "llama" && type != "qwen2" && type != "qwen3") {
     return fields.Error("model_type", absl::StrCat("\"", type,
-                                                   "\" is not supported; use \"llama\" or "
-                                                   "\"qwen2\""));
+                                                   "\" is not supported; use \"llama\", "
+                                                   "\"qwen2\" or \"qwen3\""));
   }
   const bool qwen2 = type == "qwen2";
+  const bool qwen3 = type == "qwen3";
   config.set_model_type(type);
   PLAIT_ASSIGN_OR_RETURN(int64_t hidden, fields.Int("hidden_size"));
   PLAIT_ASSIGN_OR_RETURN(int64_t intermediate, fields.Int("intermediate_size"));
@@ -300,9 +320,9 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
     const base::JsonFields rope_fields(json[rope_field], absl::StrCat(name, ": ", rope_field));
     PLAIT_ASSIGN_OR_RETURN(theta, rope_fields.Double("rope_theta", theta));
   }
-  PLAIT_ASSIGN_OR_RETURN(
-      int64_t max_positions,
-      fields.Int("max_position_embeddings", qwen2 ? kHfQwen2MaxPositions : kHfLlamaMaxPositions));
+  PLAIT_ASSIGN_OR_RETURN(int64_t max_positions,
+                         fields.Int("max_position_embeddings",
+                                    qwen2 || qwen3 ? kHfQwen2MaxPositions : kHfLlamaMaxPositions));
   PLAIT_ASSIGN_OR_RETURN(bool tie, fields.Bool("tie_word_embeddings", false));
   PLAIT_ASSIGN_OR_RETURN(bool bias, fields.Bool("attention_bias", false));
   PLAIT_ASSIGN_OR_RETURN(std::string activation, fields.String("hidden_act", "silu"));
@@ -314,13 +334,11 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   PLAIT_ASSIGN_OR_RETURN(bool sliding, fields.Bool("use_sliding_window", false));
   if (sliding)
     return fields.Error("use_sliding_window", "sliding-window attention is not supported");
-  if (fields.Has("head_dim") && heads > 0) {
-    PLAIT_ASSIGN_OR_RETURN(int64_t head_dim, fields.Int("head_dim"));
-    if (head_dim * heads != hidden) {
-      return fields.Error(
-          "head_dim", absl::StrCat(head_dim, " is not hidden_size / num_attention_heads (", hidden,
-                                   " / ", heads, "), which plait needs"));
-    }
+  // Written by transformers for every model; kept only where it is not hidden / heads.
+  int64_t head_dim = 0;
+  if (fields.Has("head_dim")) {
+    PLAIT_ASSIGN_OR_RETURN(head_dim, fields.Int("head_dim"));
+    if (heads > 0 && hidden % heads == 0 && head_dim == hidden / heads) head_dim = 0;
   }
   config.set_hidden_size(hidden);
   config.set_intermediate_size(intermediate);
@@ -332,6 +350,7 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   config.set_rope_theta(theta);
   config.set_max_position_embeddings(max_positions);
   config.set_tie_word_embeddings(tie);
+  config.set_head_dim(head_dim);
   // Qwen2's q/k/v biases are implied by its model type.
   if (!qwen2) config.set_attention_bias(bias);
   if (rope_field != nullptr) {
@@ -351,13 +370,16 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& path) {
 std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dtype) {
   const bool qwen2 = config.model_type() == "qwen2";
   Json json;
-  json["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  json["architectures"] = {qwen2                            ? "Qwen2ForCausalLM"
+                           : config.model_type() == "qwen3" ? "Qwen3ForCausalLM"
+                                                            : "LlamaForCausalLM"};
   json["model_type"] = config.model_type();
   json["hidden_size"] = config.hidden_size();
   json["intermediate_size"] = config.intermediate_size();
   json["num_hidden_layers"] = config.num_hidden_layers();
   json["num_attention_heads"] = config.num_attention_heads();
   json["num_key_value_heads"] = config.num_key_value_heads();
+  json["head_dim"] = HeadDim(config);
   json["rms_norm_eps"] = config.rms_norm_eps();
   json["rope_theta"] = config.rope_theta();
   json["vocab_size"] = config.vocab_size();

@@ -43,7 +43,8 @@ inline constexpr int64_t kMaxWidth = int64_t{1} << 20;
 inline constexpr int64_t kMaxVocabOrPositions = int64_t{1} << 24;
 
 // InvalidArgument naming `field_path.<field>` and its value when a size is not positive or
-// is above its limit (above), num_attention_heads does not divide hidden_size, num_key_value_heads
+// is above its limit (above), num_attention_heads does not divide hidden_size (unless head_dim
+// is set), num_key_value_heads
 // does not divide num_attention_heads, model_type is unknown, rope_scaling is not "llama3" or its
 // factors are out of range, rms_norm_eps or rope_theta is not positive and finite, or a qwen2
 // config sets attention_bias.
@@ -76,10 +77,21 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& path);
 // reads back to an equal config.
 std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dtype = "float32");
 
-// hidden_size / num_attention_heads.
+// Each head's width: head_dim where set, else hidden_size / num_attention_heads.
 inline int64_t HeadDim(const ModelConfig& config) {
+  if (config.head_dim() > 0) return config.head_dim();
   return config.hidden_size() / config.num_attention_heads();
 }
+
+// Whether q_proj, k_proj and v_proj have biases: always for Qwen2, with attention_bias for
+// the others.
+inline bool HasQkvBias(const ModelConfig& config) {
+  return config.model_type() == "qwen2" || config.attention_bias();
+}
+
+// Whether each head's queries and keys are RMS-normalised before the rotary embedding
+// (self_attn.q_norm and k_norm, [head_dim] each): Qwen3's.
+inline bool HasQkNorm(const ModelConfig& config) { return config.model_type() == "qwen3"; }
 
 }  // namespace plait::models
 

@@ -16,7 +16,7 @@ std::vector<ParameterShape> ParameterShapes(const ModelConfig& config) {
   const int64_t q_width = config.num_attention_heads() * HeadDim(config);
   const int64_t kv_width = config.num_key_value_heads() * HeadDim(config);
   const int64_t inner = config.intermediate_size();
-  const bool qkv_bias = config.model_type() == "qwen2" || config.attention_bias();
+  const bool qkv_bias = HasQkvBias(config);
 
   std::vector<ParameterShape> shapes;
   shapes.push_back({"model.embed_tokens.weight", {config.vocab_size(), hidden}});
@@ -31,6 +31,10 @@ std::vector<ParameterShape> ParameterShapes(const ModelConfig& config) {
     linear("self_attn.k_proj", hidden, kv_width, qkv_bias);
     linear("self_attn.v_proj", hidden, kv_width, qkv_bias);
     linear("self_attn.o_proj", q_width, hidden, config.attention_bias());
+    if (HasQkNorm(config)) {
+      shapes.push_back({absl::StrCat(layer, "self_attn.q_norm.weight"), {HeadDim(config)}});
+      shapes.push_back({absl::StrCat(layer, "self_attn.k_norm.weight"), {HeadDim(config)}});
+    }
     shapes.push_back({absl::StrCat(layer, "post_attention_layernorm.weight"), {hidden}});
     linear("mlp.gate_proj", hidden, inner, false);
     linear("mlp.up_proj", hidden, inner, false);

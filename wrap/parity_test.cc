@@ -72,8 +72,9 @@ enum class Strategy { kNone, kDdp, kFsdp, kFsdpNoReshard, kFsdpBf16 };
 // too); with a parameter the forward never uses, which one process leaves untouched; the
 // tiny Qwen2 (tied embeddings, q/k/v biases) with 4 heads sharing 1 key/value head; the tiny
 // Llama with a vocabulary of 4097 (one more than its data's ids), which tensor parallelism
-// pads (pad_vocab_to_multiple).
-enum class Variant { kPlain, kTied, kUnusedParameter, kQwen2, kOddVocabulary };
+// pads (pad_vocab_to_multiple); the tiny Qwen3 (heads of 64 on a hidden size of 128, each
+// head's queries and keys RMS-normalised, whose norms' gradients tensor parallelism sums).
+enum class Variant { kPlain, kTied, kUnusedParameter, kQwen2, kOddVocabulary, kQwen3 };
 
 struct Scenario {
   std::string name;
@@ -133,6 +134,7 @@ std::shared_ptr<models::CausalLM> MakeModel(Variant variant = Variant::kPlain,
     config.set_num_attention_heads(4);
     config.set_num_key_value_heads(1);
   }
+  if (variant == Variant::kQwen3) config = models::PresetConfig("qwen3-tiny").value();
   if (variant == Variant::kOddVocabulary) config.set_vocab_size(config.vocab_size() + 1);
   models::InitConfig init;
   init.set_seed(3);
@@ -478,6 +480,8 @@ INSTANTIATE_TEST_SUITE_P(
         Scenario{"tp_2_ranks_qwen2", Strategy::kNone, 1, 1, Variant::kQwen2, 2},
         Scenario{"tp_2_ranks_qwen2_sequence_parallel", Strategy::kNone, 1, 1, Variant::kQwen2, 2,
                  true},
+        Scenario{"fsdp_2_ranks_qwen3", Strategy::kFsdp, 2, 1, Variant::kQwen3},
+        Scenario{"tp_2_ranks_qwen3", Strategy::kNone, 1, 1, Variant::kQwen3, 2},
         Scenario{"fsdp_2_x_tp_2", Strategy::kFsdp, 2, 1, Variant::kPlain, 2},
         // 4097 rows padded to 4098 (2 ranks: rank 1's last row is padding, in its second
         // FSDP shard) and to 4100 (4 ranks: 3 padding rows).

@@ -84,11 +84,19 @@ CONFIGS = {
                                 tie_word_embeddings=False)),
     "qwen2_tied": ("qwen2", dict(num_key_value_heads=1,
                                  tie_word_embeddings=True)),
+    # Heads of 32, twice hidden_size / num_attention_heads, as Qwen3-0.6B's are.
+    "qwen3_wide_heads": ("qwen3", dict(num_key_value_heads=2, head_dim=32,
+                                       tie_word_embeddings=True)),
+    "qwen3_bias": ("qwen3", dict(num_key_value_heads=4, head_dim=16,
+                                 attention_bias=True,
+                                 tie_word_embeddings=False)),
 }
 CONFIG_CLASSES = {"llama": transformers.LlamaConfig,
-                  "qwen2": transformers.Qwen2Config}
+                  "qwen2": transformers.Qwen2Config,
+                  "qwen3": transformers.Qwen3Config}
 MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM,
-                 "qwen2": transformers.Qwen2ForCausalLM}
+                 "qwen2": transformers.Qwen2ForCausalLM,
+                 "qwen3": transformers.Qwen3ForCausalLM}
 
 
 def hf_config(name):

@@ -1,5 +1,5 @@
-"""plait's Llama and Qwen2 against transformers' LlamaForCausalLM and
-Qwen2ForCausalLM: the same weights (a folder transformers saved, which plait
+"""plait's Llama, Qwen2 and Qwen3 against transformers' LlamaForCausalLM,
+Qwen2ForCausalLM and Qwen3ForCausalLM: the same weights (a folder transformers saved, which plait
 loads) and the same batch give the same logits, loss and gradient of every
 parameter, in fp32, within 1e-5 relative."""
 
