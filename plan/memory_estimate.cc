@@ -153,6 +153,7 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   shape.num_key_value_heads = config.num_key_value_heads();
   shape.head_ranks = tp.size;
   shape.num_attention_heads = config.num_attention_heads();
+  shape.head_dim = models::HeadDim(config);
   shape.intermediate_size = config.intermediate_size();
   shape.vocab_size = config.vocab_size();
   shape.seq_len = training.seq_len();

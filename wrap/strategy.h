@@ -93,6 +93,7 @@ struct ModelShape {
   // What a strategy splits into equal parts, counted whole: attention and key/value heads,
   // MLP columns, vocabulary rows, and the tokens of one sequence.
   int64_t num_attention_heads = 0;
+  int64_t head_dim = 0;  // each head's width (Qwen3's differ from hidden_size / heads)
   int64_t intermediate_size = 0;
   int64_t vocab_size = 0;
   int64_t seq_len = 0;

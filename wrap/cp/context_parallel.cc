@@ -53,8 +53,7 @@ StepEstimate ContextParallelStrategy::Estimate(const ModelShape& shape,
   // One rank's keys and values of one block, in the model's dtype (`shape` counts the
   // rank's tokens): what each hop of the ring sends forward, and again backward beside their
   // gradients in fp32.
-  const double head_dim =
-      shape.num_attention_heads > 0 ? shape.hidden_size / shape.num_attention_heads : 0.0;
+  const auto head_dim = static_cast<double>(shape.head_dim);
   const int64_t head_ranks = std::max<int64_t>(1, shape.head_ranks);
   const int64_t kv_heads = (shape.num_key_value_heads + head_ranks - 1) / head_ranks;
   const double block_bytes = 2.0 * shape.micro_batch_tokens * static_cast<double>(kv_heads) *
