@@ -46,15 +46,18 @@
 // bytes / the whole model's; goal about 1/2).
 // Context parallelism (BM_ContextParallel: cp=2, both ranks on the same batch, each computing
 // 128 of every sequence's 256 tokens by ring attention) reports vs_single (the step time / the
-// single process's on the batch; the ideal on 2 idle cores is 1/2) and sent_vs_theory (rank
+// single process's on the batch; the ideal on 2 idle cores is 1/2), sent_vs_theory (rank
 // 0's bytes sent / the ring's: per block 1 hop of its keys and values forward, 1 back and 2
-// of their fp32 gradients, plus the gradients' average, 2(N-1)/N x their bytes; goal 1.00).
+// of their fp32 gradients, plus the gradients' average, 2(N-1)/N x their bytes; goal 1.00)
+// and activations_vs_single (the most rank 0's forward and backward allocate beyond what lives
+// between steps / the single process's; goal 1/2).
 // Ring attention's load balance (BM_RingAttentionBalance: cp=2, attention alone, forward and
 // backward, over one sequence of 8192 tokens, 8 heads on 2 key/value heads of 64; arg 0 the
 // causal chunking, rank r keeping chunks r and 3 - r; arg 1 the contiguous split, chunks 2r
-// and 2r + 1) reports busy_rank0/1 (each rank's seconds computing: its wall time less what it
-// waited for the ring) and busy_max_vs_min (goal 1.00 with the causal chunking; the contiguous
-// split's second rank meets 3 times the keys of the first).
+// and 2r + 1; second arg 0 the fused CPU kernels, 1 the generic ops in tiles, the GPU's path)
+// reports busy_rank0/1 (each rank's seconds computing: its wall time less what it waited for
+// the ring) and busy_max_vs_min (goal 1.00 with the causal chunking; the contiguous split's
+// second rank meets 3 times the keys of the first).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
@@ -72,6 +75,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/allocation_counter.h"
 #include "benchmark/benchmark.h"
 #include "benchmarks/bench_setup.h"
 #include "models/causal_lm.h"
@@ -171,6 +175,9 @@ struct Measurement {
   // rank's tensors, and the bytes of the parameters it holds; both by rank in Run's result.
   double wait_fraction = 0.0;
   int64_t stage_parameter_bytes = 0;
+  // Context parallelism and the single process: the most one step's passes allocate beyond
+  // what lives between steps (activations and working tensors).
+  int64_t passes_peak_bytes = 0;
   std::vector<double> wait_fraction_by_rank;
   std::vector<int64_t> parameter_bytes_by_rank;
 };
@@ -331,6 +338,13 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   for (const auto& [key, tensor] : optimizer->SaveState().tensors) {
     m.persistent_bytes += Bytes(tensor);
   }
+  if (ContextParallel(mode) || mode == Mode::kSingle) {
+    // Counted from here, where the gradients the passes accumulate into already exist.
+    base::AllocationCounter counter;
+    base::AllocationCounter::Scope counting(counter);
+    passes();
+    m.passes_peak_bytes = counter.peak();
+  }
   optimizer->ZeroGrad();
 
   const double one_way = static_cast<double>(kRanks - 1) / kRanks;
@@ -435,6 +449,10 @@ void Report(benchmark::State& state, Mode mode) {
   if (TensorParallel(mode) || ContextParallel(mode)) {
     state.counters["vs_single"] = m.step_seconds / single.step_seconds;
     state.counters["sent_vs_theory"] = m.bytes_sent_per_step / m.theoretical_bytes_per_step;
+    if (ContextParallel(mode)) {
+      state.counters["activations_vs_single"] =
+          static_cast<double>(m.passes_peak_bytes) / single.passes_peak_bytes;
+    }
     return;
   }
   if (Pipeline(mode)) {
@@ -533,6 +551,7 @@ void BM_RingAttentionBalance(benchmark::State& state) {
   constexpr int64_t kSeqLen = 8192, kHeads = 8, kKeyValueHeads = 2, kHeadDim = 64;
   const cp::ChunkOrder order =
       state.range(0) == 0 ? cp::ChunkOrder::kLoadBalanced : cp::ChunkOrder::kContiguous;
+  const bool generic = state.range(1) == 1;
   std::array<double, kRanks> busy{};
   for (auto _ : state) {
     std::array<double, kRanks> wall{};
@@ -548,7 +567,9 @@ void BM_RingAttentionBalance(benchmark::State& state) {
           };
           const torch::Tensor q = draw(kHeads), k = draw(kKeyValueHeads), v = draw(kKeyValueHeads);
           const auto pass = [&] {
-            cp::RingAttention(q, k, v, group, {cp::kMaxScoreElements, order}).sum().backward();
+            cp::RingAttention(q, k, v, group, {cp::kMaxScoreElements, order, generic})
+                .sum()
+                .backward();
           };
           pass();  // the allocator's first pass
           const absl::Duration waited_before = group.waited();
@@ -567,8 +588,9 @@ void BM_RingAttentionBalance(benchmark::State& state) {
       *std::max_element(busy.begin(), busy.end()) / *std::min_element(busy.begin(), busy.end());
 }
 BENCHMARK(BM_RingAttentionBalance)
-    ->Arg(0)
-    ->Arg(1)
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({0, 1})
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

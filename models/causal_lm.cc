@@ -249,7 +249,7 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
   const torch::Tensor v = Project(v_proj, flat, context).view({batch, seq, num_kv_heads_, d});
   const torch::Tensor out =
       (context.cp != nullptr
-           ? context.cp->Attention(q, k, v)
+           ? context.cp->Attention(q, k, v, generic)
            : internal::CausalAttention(q, k, v, context.mask, generic, context.positions))
           .reshape({batch, seq, num_heads_ * d});
   return RowParallel(o_proj, out, context);

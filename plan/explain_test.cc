@@ -78,21 +78,30 @@ TEST(ExplainPlanTest, ExplainsTheContextParallelRing) {
                                "(256.0 KiB) around the ring"));
   EXPECT_THAT(*text, HasSubstr("  per block, backward: 1 hop of keys and values again and 2 hops "
                                "of their fp32 gradients (256.0 KiB)"));
-  // Chunks of 16 tokens fit one tile: 8 x 2 key/value heads x 16 x 16 fp32 scores, twice.
-  EXPECT_THAT(*text, HasSubstr("  ring attention in tiles of 16 of a chunk's 16 query rows: "
-                               "32.0 KiB of fp32 scores and their gradients at once"));
+  // A block's fp32 gradients of its queries, keys and values, 8 x 16 x (4 + 2 + 2) heads x 64
+  // x 4 bytes, and one thread's 2 x 64 rows of 16 fp32 scores.
+  EXPECT_THAT(*text, HasSubstr("  ring attention in the fused CPU kernels: 264.0 KiB at once "
+                               "beside what the backward keeps (a block's fp32 gradients and "
+                               "the rows of scores of 1 thread)"));
 }
 
-// At 16,384 tokens on 2 ranks a chunk's scores outgrow a tile: 1 x 2 x 2048 x 4096 fp32
-// scores, twice.
-TEST(ExplainPlanTest, ExplainsTheTilesOfALongSequence) {
+// At 16,384 tokens on 2 ranks: on the CPU, 1 x 4096 x 8 heads x 64 x 4 bytes of gradients and
+// 2 x 64 rows of 4096 fp32 scores; elsewhere a chunk's scores outgrow a tile, of 1 x 2 x 2048 x
+// 4096 fp32 scores (64 MiB, twice), beside the gradients and 3 grouped copies of the 4 query
+// heads' rows (12 MiB).
+TEST(ExplainPlanTest, ExplainsTheRingOfALongSequence) {
   absl::StatusOr<Plan> plan = LoadPlan(
       absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/plan/examples/llama_long.textproto"));
   ASSERT_THAT(plan, IsOk());
   absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 2));
   ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("  ring attention in the fused CPU kernels: 10.0 MiB at once"));
+  plan->set_device(parallel::DEVICE_CUDA);
+  text = ExplainPlan(Resolved(*plan, 2));
+  ASSERT_THAT(text, IsOk());
   EXPECT_THAT(*text, HasSubstr("  ring attention in tiles of 2048 of a chunk's 4096 query rows: "
-                               "128.0 MiB of fp32 scores and their gradients at once"));
+                               "148.0 MiB at once beside what the backward keeps (two tiles of "
+                               "fp32 scores, a block's fp32 copies and gradients)"));
 }
 
 // A tensor-parallel step inside FSDP: the per-rank shape of each kind of parameter, and the

@@ -157,6 +157,8 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   shape.intermediate_size = config.intermediate_size();
   shape.vocab_size = config.vocab_size();
   shape.seq_len = training.seq_len();
+  shape.on_cpu = device_type == torch::kCPU;
+  shape.compute_threads = std::max(1, training.compute_threads_per_rank());
   for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
     const wrap::Wrappable::Split split_of = models::TensorParallelSplitOf(parameter.name);
     shape.parameter_list.push_back({parameter.name, parameter.shape, split_of});

@@ -97,6 +97,11 @@ struct ModelShape {
   int64_t intermediate_size = 0;
   int64_t vocab_size = 0;
   int64_t seq_len = 0;
+  // Whether the model computes on the CPU, where plait's fused kernels serve (a strategy's own
+  // attention takes them too), and with how many threads a rank (1 where the plan leaves it
+  // to the machine).
+  bool on_cpu = false;
+  int compute_threads = 1;
   // Every parameter by its (Hugging Face) name, with its shape and how the model says tensor
   // parallelism splits it, for a strategy that describes what each rank keeps.
   struct Parameter {

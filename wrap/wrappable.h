@@ -109,9 +109,10 @@ class ContextParallelOps {
 
   // Causal attention (scale 1 / sqrt(d)) of this rank's queries q [B, T / n, H, d] over the
   // whole sequence's keys and values, of which this rank holds k and v [B, T / n, KV, d]
-  // (KV dividing H), each rotated at its positions: [B, T / n, H, d].
+  // (KV dividing H), each rotated at its positions: [B, T / n, H, d]. `generic`: computed by
+  // the generic ops a GPU runs even on the CPU, as the model's own ops are.
   virtual torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k,
-                                  const torch::Tensor& v) = 0;
+                                  const torch::Tensor& v, bool generic) = 0;
 
   // The sum over the group's ranks of `partial`, each rank's share of a quantity of whole
   // sequences (its tokens' log-probabilities summed per sequence), on every rank.

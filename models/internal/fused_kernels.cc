@@ -206,10 +206,17 @@ namespace {
 
 // The query rows i0 .. i0 + m - 1 of one (batch, head) and the keys they meet: row r meets
 // keys starts[r] .. i0 + r, and the block's scores cover keys k0 .. i0 + m - 1, k0 being the
-// earliest start, so a block skips the keys before it.
+// earliest start, so a block skips the keys before it. Without a causal mask every row meets
+// every key.
 struct QueryBlock {
   QueryBlock(const AttentionShape& shape, int64_t b, int64_t i0)
-      : i0(i0), m(std::min(kAttentionBlock, shape.seq - i0)) {
+      : i0(i0), m(std::min(kAttentionBlock, shape.seq - i0)), causal(shape.causal) {
+    if (!causal) {
+      std::fill(starts, starts + m, int64_t{0});
+      k0 = 0;
+      n = shape.seq;
+      return;
+    }
     const int64_t* positions =
         shape.positions == nullptr ? nullptr : shape.positions + b * shape.seq;
     for (int64_t r = 0; r < m; ++r) {
@@ -222,9 +229,10 @@ struct QueryBlock {
   }
   // The score columns of row r that are keys it meets: [begin, end).
   int64_t Begin(int64_t r) const { return starts[r] - k0; }
-  int64_t End(int64_t r) const { return i0 + r + 1 - k0; }
+  int64_t End(int64_t r) const { return causal ? i0 + r + 1 - k0 : n; }
 
   int64_t i0, m;
+  bool causal;
   int64_t k0 = std::numeric_limits<int64_t>::max();
   int64_t n;  // the scores' columns, keys k0 .. i0 + m - 1
   int64_t starts[kAttentionBlock];

@@ -65,6 +65,9 @@ void CrossEntropyBackward(int64_t rows, int64_t vocab, const T* logits, const in
 // blocks above the diagonal are skipped), with the softmax fused in. lse [B, H, T] receives each
 // row's log-sum-exp of the scaled scores.
 //
+// Without `causal` every row meets every key (s < T): a block of context parallelism's ring
+// whose keys all come before its queries (wrap/cp/ring_attention.h).
+//
 // start(b, t) is 0 (plain causal attention) unless `positions` is set: then a row holds
 // several sequences packed one after another (Hugging Face's padding-free position_ids), and
 // positions[b, t] is token t's position in its own sequence, so it meets only the keys of its
@@ -81,6 +84,8 @@ struct AttentionShape {
   int64_t head_dim;
   // [batch, seq] per-token positions of packed rows, or nullptr: plain causal attention.
   const int64_t* positions = nullptr;
+  // false: no mask at all (positions must then be nullptr).
+  bool causal = true;
 };
 template <typename T>
 void CausalAttentionForward(const AttentionShape& shape, Arithmetic<T> scale, const T* q,

@@ -1,6 +1,7 @@
 #include "models/internal/ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -266,6 +267,42 @@ double AttentionScale(const torch::Tensor& q) {
   return 1.0 / std::sqrt(static_cast<double>(q.size(3)));
 }
 
+// The fused kernels' attention of contiguous q, k and v of `shape`: its output and each row's
+// log-sum-exp [B, H, T] (in the arithmetic dtype).
+std::array<torch::Tensor, 2> AttentionForward(const AttentionShape& shape, const torch::Tensor& q,
+                                              const torch::Tensor& k, const torch::Tensor& v) {
+  torch::Tensor out = torch::empty_like(q);
+  torch::Tensor lse = torch::empty({shape.batch, shape.heads, shape.seq},
+                                   q.options().dtype(ArithmeticDtype(q.scalar_type())));
+  AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, q.scalar_type(), "AttentionForward", [&] {
+    using A = Arithmetic<scalar_t>;
+    CausalAttentionForward<scalar_t>(
+        shape, static_cast<A>(AttentionScale(q)), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+        v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), lse.data_ptr<A>());
+  });
+  return {out, lse};
+}
+
+// Its gradients dq, dk and dv from the output `out` and log-sum-exp `lse` of the attention
+// they are taken of (contiguous, as every tensor here).
+std::array<torch::Tensor, 3> AttentionBackward(const AttentionShape& shape, const torch::Tensor& q,
+                                               const torch::Tensor& k, const torch::Tensor& v,
+                                               const torch::Tensor& out, const torch::Tensor& lse,
+                                               const torch::Tensor& dout) {
+  torch::Tensor dq = torch::empty_like(q);
+  torch::Tensor dk = torch::empty_like(k);
+  torch::Tensor dv = torch::empty_like(k);
+  AT_DISPATCH_FLOATING_TYPES_AND(torch::kBFloat16, q.scalar_type(), "AttentionBackward", [&] {
+    using A = Arithmetic<scalar_t>;
+    CausalAttentionBackward<scalar_t>(
+        shape, static_cast<A>(AttentionScale(q)), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+        v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), lse.data_ptr<A>(),
+        dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
+        dv.data_ptr<scalar_t>());
+  });
+  return {dq, dk, dv};
+}
+
 struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& query,
                                const torch::Tensor& key, const torch::Tensor& value,
@@ -282,43 +319,31 @@ struct CausalAttentionFunction : public torch::autograd::Function<CausalAttentio
                   " are not [batch, seq] of q ", q.sizes());
       positions = packed_positions->to(torch::kCPU, torch::kInt64).contiguous();
     }
-    const AttentionShape shape = ShapeOf(q, k, positions);
-    torch::Tensor out = torch::empty_like(q);
-    torch::Tensor lse = torch::empty({shape.batch, shape.heads, shape.seq},
-                                     q.options().dtype(ArithmeticDtype(q.scalar_type())));
-    AT_DISPATCH_FLOATING_TYPES_AND(
-        torch::kBFloat16, q.scalar_type(), "CausalAttentionForward", [&] {
-          using A = Arithmetic<scalar_t>;
-          CausalAttentionForward<scalar_t>(shape, static_cast<A>(AttentionScale(q)),
-                                           q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
-                                           v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                                           lse.data_ptr<A>());
-        });
+    auto [out, lse] = AttentionForward(ShapeOf(q, k, positions), q, k, v);
     ctx->save_for_backward({q, k, v, out, lse, positions});
     return out;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const tensor_list saved = ctx->get_saved_variables();
-    const torch::Tensor& q = saved[0];
-    const torch::Tensor& k = saved[1];
-    const torch::Tensor dout = grads[0].contiguous();
-    const AttentionShape shape = ShapeOf(q, k, saved[5]);
-    torch::Tensor dq = torch::empty_like(q);
-    torch::Tensor dk = torch::empty_like(k);
-    torch::Tensor dv = torch::empty_like(k);
-    AT_DISPATCH_FLOATING_TYPES_AND(
-        torch::kBFloat16, q.scalar_type(), "CausalAttentionBackward", [&] {
-          using A = Arithmetic<scalar_t>;
-          CausalAttentionBackward<scalar_t>(
-              shape, static_cast<A>(AttentionScale(q)), q.data_ptr<scalar_t>(),
-              k.data_ptr<scalar_t>(), saved[2].data_ptr<scalar_t>(), saved[3].data_ptr<scalar_t>(),
-              saved[4].data_ptr<A>(), dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(),
-              dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>());
-        });
+    auto [dq, dk, dv] = AttentionBackward(ShapeOf(saved[0], saved[1], saved[5]), saved[0], saved[1],
+                                          saved[2], saved[3], saved[4], grads[0].contiguous());
     return {dq, dk, dv, torch::Tensor()};
   }
 };
+
+// A ring block's shape (no positions), after checking its tensors.
+AttentionShape BlockShapeOf(const torch::Tensor& q, const torch::Tensor& k, bool causal) {
+  for (const torch::Tensor* tensor : {&q, &k}) {
+    TORCH_CHECK(
+        tensor->is_contiguous() && FusedFormsServe(tensor->scalar_type(), tensor->device().type()),
+        "FusedAttentionBlock: a ", tensor->scalar_type(), " tensor on ", tensor->device(),
+        " is not a contiguous tensor the fused kernels serve");
+  }
+  AttentionShape shape = ShapeOf(q, k, torch::Tensor());
+  shape.causal = causal;
+  return shape;
+}
 
 }  // namespace
 
@@ -440,6 +465,23 @@ torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& 
   // input with a device.
   return CausalAttentionFunction::apply(
       q, k, v, positions.defined() ? c10::optional<torch::Tensor>(positions) : c10::nullopt);
+}
+
+double FusedAttentionScratchBytes(int64_t keys) {
+  return 2.0 * static_cast<double>(kAttentionBlock * keys) * sizeof(float);
+}
+
+AttentionBlock FusedAttentionBlock(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, bool causal) {
+  auto [out, lse] = AttentionForward(BlockShapeOf(q, k, causal), q, k, v.contiguous());
+  return {out, lse};
+}
+
+std::array<torch::Tensor, 3> FusedAttentionBlockBackward(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+    const torch::Tensor& out, const torch::Tensor& lse, const torch::Tensor& dout, bool causal) {
+  return AttentionBackward(BlockShapeOf(q, k, causal), q, k, v.contiguous(), out.contiguous(),
+                           lse.contiguous(), dout.contiguous());
 }
 
 torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tensor& k,

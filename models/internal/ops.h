@@ -13,6 +13,7 @@
 #ifndef PLAIT_MODELS_INTERNAL_OPS_H_
 #define PLAIT_MODELS_INTERNAL_OPS_H_
 
+#include <array>
 #include <cstdint>
 
 #include "base/cross_entropy_chunks.h"
@@ -116,6 +117,29 @@ torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& 
 torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                        const torch::Tensor& v, const torch::Tensor& mask,
                                        const torch::Tensor& positions = {});
+// One block of context parallelism's ring attention (wrap/cp/ring_attention.h) in the fused
+// kernels: queries q [B, L, H, d] against keys and values k, v [B, L, KV, d], contiguous CPU
+// tensors of one dtype the fused forms serve, scale 1 / sqrt(d). `causal`: row t meets the
+// keys s <= t (a chunk meeting its own keys), else every key (an earlier chunk's). Returns
+// the block's output [B, L, H, d] and each row's log-sum-exp [B, H, L] (ArithmeticDtype), for
+// the ring to merge with the other blocks'.
+struct AttentionBlock {
+  torch::Tensor out;
+  torch::Tensor lse;
+};
+AttentionBlock FusedAttentionBlock(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, bool causal);
+// The block's share of the gradients of the attention over all the blocks, whose output is
+// `out` and log-sum-exp `lse` (merged over every block) and output gradient `dout`: the
+// gradients of q, k and v from this block alone.
+std::array<torch::Tensor, 3> FusedAttentionBlockBackward(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+    const torch::Tensor& out, const torch::Tensor& lse, const torch::Tensor& dout, bool causal);
+
+// The bytes of scores each thread of the fused attention holds at once (its backward's
+// probabilities and their gradient) for rows meeting `keys` keys, in fp32.
+double FusedAttentionScratchBytes(int64_t keys);
+
 // Which keys each query of packed rows meets: bool [B, T, T], true where
 // min(t - positions[b, t], t) <= s <= t (a negative position leaves a row only itself, as the
 // fused kernel's clamp does), on the positions' device.

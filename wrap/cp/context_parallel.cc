@@ -56,6 +56,7 @@ StepEstimate ContextParallelStrategy::Estimate(const ModelShape& shape,
   const auto head_dim = static_cast<double>(shape.head_dim);
   const int64_t head_ranks = std::max<int64_t>(1, shape.head_ranks);
   const int64_t kv_heads = (shape.num_key_value_heads + head_ranks - 1) / head_ranks;
+  const int64_t heads = std::max<int64_t>(1, shape.num_attention_heads / head_ranks);
   const double block_bytes = 2.0 * shape.micro_batch_tokens * static_cast<double>(kv_heads) *
                              head_dim * shape.parameter_bytes;
   const double gradient_bytes = block_bytes / shape.parameter_bytes * 4.0;
@@ -93,12 +94,22 @@ StepEstimate ContextParallelStrategy::Estimate(const ModelShape& shape,
   const int64_t chunk_len = shape.seq_len / (2 * ranks);
   if (chunk_len > 0) {
     const auto batch = static_cast<int64_t>(shape.micro_batch_tokens) / (2 * chunk_len);
-    estimate.working_bytes = RingWorkingBytes(batch, kv_heads, chunk_len);
-    estimate.details.push_back(absl::StrFormat(
-        "ring attention in tiles of %d of a chunk's %d query rows: %s of fp32 scores and "
-        "their gradients at once",
-        ScoreTileRows(batch, kv_heads, chunk_len), chunk_len,
-        base::HumanBytesAnySize(estimate.working_bytes)));
+    const RingShape ring{batch, heads, kv_heads, shape.head_dim, chunk_len};
+    estimate.working_bytes = RingWorkingBytes(ring, shape.on_cpu, shape.compute_threads);
+    estimate.details.push_back(
+        shape.on_cpu
+            ? absl::StrFormat(
+                  "ring attention in the fused CPU kernels: %s at once beside what the "
+                  "backward keeps (a block's fp32 gradients and the rows of scores of %d "
+                  "thread%s)",
+                  base::HumanBytesAnySize(estimate.working_bytes), shape.compute_threads,
+                  shape.compute_threads == 1 ? "" : "s")
+            : absl::StrFormat(
+                  "ring attention in tiles of %d of a chunk's %d query rows: %s at once beside "
+                  "what the backward keeps (two tiles of fp32 scores, a block's fp32 copies "
+                  "and gradients)",
+                  ScoreTileRows(batch, kv_heads, chunk_len), chunk_len,
+                  base::HumanBytesAnySize(estimate.working_bytes)));
   }
   return estimate;
 }

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "models/internal/ops.h"
 #include "torch/csrc/autograd/custom_function.h"
 
 namespace plait::wrap::cp {
@@ -46,28 +47,37 @@ class SumOverRanksFunction : public torch::autograd::Function<SumOverRanksFuncti
   }
 };
 
-// A chunk's queries (or their output's rows) grouped by key/value head, fp32 and times
+// A chunk's queries (or their outputs' rows) grouped by key/value head, fp32 and times
 // `scale`: [B, L, H, d] -> [B, KV, G * L, d], row g * L + t for query t of head kv * G + g.
 torch::Tensor GroupedQueries(const torch::Tensor& q, int64_t kv_heads, double scale = 1.0) {
   const int64_t batch = q.size(0), len = q.size(1), heads = q.size(2), d = q.size(3);
-  return (q.to(torch::kFloat32) * scale)
-      .reshape({batch, len, kv_heads, heads / kv_heads, d})
+  torch::Tensor wide = q.to(torch::kFloat32);
+  if (scale != 1.0) wide = wide * scale;
+  return wide.reshape({batch, len, kv_heads, heads / kv_heads, d})
       .permute({0, 2, 3, 1, 4})
       .reshape({batch, kv_heads, heads / kv_heads * len, d});
 }
 
-// The inverse of GroupedQueries, in `dtype`: [B, KV, G * L, d] -> [B, L, H, d].
-torch::Tensor UngroupedQueries(const torch::Tensor& grouped, int64_t len, torch::ScalarType dtype) {
+// The inverse of GroupedQueries: [B, KV, G * L, d] -> [B, L, H, d].
+torch::Tensor UngroupedQueries(const torch::Tensor& grouped, int64_t len) {
   const int64_t batch = grouped.size(0), kv_heads = grouped.size(1), d = grouped.size(3);
   const int64_t groups = grouped.size(2) / len;
   return grouped.reshape({batch, kv_heads, groups, len, d})
       .permute({0, 3, 1, 2, 4})
-      .reshape({batch, len, kv_heads * groups, d})
-      .to(dtype);
+      .reshape({batch, len, kv_heads * groups, d});
 }
 
-// A chunk's keys or values by head, fp32: [B, L, KV, d] -> [B, KV, L, d].
-torch::Tensor ByHead(const torch::Tensor& x) { return x.to(torch::kFloat32).permute({0, 2, 1, 3}); }
+// Each row's log-sum-exp [B, H, L] as GroupedQueries lays out its rows, [B, KV, G * L, 1],
+// and back.
+torch::Tensor GroupedRows(const torch::Tensor& lse, int64_t kv_heads) {
+  return lse.reshape({lse.size(0), kv_heads, -1, 1});
+}
+torch::Tensor UngroupedRows(const torch::Tensor& grouped, int64_t heads) {
+  return grouped.reshape({grouped.size(0), heads, -1});
+}
+
+// Keys or values by head: [B, L, KV, d] -> [B, KV, L, d], and back.
+torch::Tensor ByHead(const torch::Tensor& x) { return x.permute({0, 2, 1, 3}); }
 
 // How a query chunk meets a key chunk: all of it (an earlier chunk), causally (its own), or
 // not at all (a later one).
@@ -77,14 +87,15 @@ Meeting MeetingOf(int query_chunk, int key_chunk) {
   return key_chunk == query_chunk ? Meeting::kCausal : Meeting::kNone;
 }
 
-// A tile of a chunk's grouped queries: the rows g * L + t for t in [first, end) of group g,
-// and the keys of the other chunk they meet: all L of them, or under a causal meeting
-// those before `end` (the later ones are hidden from every row of the tile).
+// A tile of a chunk's grouped queries: the rows g * L + t for t in [first, first + rows) of
+// group g, and the keys of the other chunk they meet: all L of them, or under a causal meeting
+// those before the tile's last row (the later ones are hidden from every row of the tile).
 struct Tile {
-  int64_t row = 0;  // g * L + first
+  int64_t group = 0;
   int64_t first = 0;
   int64_t rows = 0;
   int64_t keys = 0;
+  int64_t Row(int64_t len) const { return group * len + first; }
 };
 
 // The tiles of a chunk of `len` queries in `groups` groups meeting its keys by `meeting`,
@@ -94,8 +105,7 @@ std::vector<Tile> TilesOf(int64_t groups, int64_t len, int64_t tile_rows, Meetin
   for (int64_t group = 0; group < groups; ++group) {
     for (int64_t first = 0; first < len; first += tile_rows) {
       const int64_t rows = std::min(tile_rows, len - first);
-      tiles.push_back(
-          {group * len + first, first, rows, meeting == Meeting::kCausal ? first + rows : len});
+      tiles.push_back({group, first, rows, meeting == Meeting::kCausal ? first + rows : len});
     }
   }
   return tiles;
@@ -107,30 +117,125 @@ std::vector<Tile> TilesOf(int64_t groups, int64_t len, int64_t tile_rows, Meetin
 // (the backward's probabilities), in place.
 torch::Tensor TileScores(const torch::Tensor& q, const torch::Tensor& k, const Tile& tile,
                          Meeting meeting, const torch::Tensor& lse = {}) {
+  const int64_t row = tile.Row(k.size(2));
   torch::Tensor scores =
-      torch::matmul(q.narrow(2, tile.row, tile.rows), k.narrow(2, 0, tile.keys).transpose(-1, -2));
+      torch::matmul(q.narrow(2, row, tile.rows), k.narrow(2, 0, tile.keys).transpose(-1, -2));
   if (meeting == Meeting::kCausal) {
     const auto options = torch::TensorOptions(torch::kInt64).device(q.device());
     const torch::Tensor query = torch::arange(tile.first, tile.first + tile.rows, options);
     scores.masked_fill_(torch::arange(tile.keys, options).unsqueeze(0) > query.unsqueeze(1),
                         -std::numeric_limits<float>::infinity());
   }
-  if (lse.defined()) scores.sub_(lse.narrow(2, tile.row, tile.rows)).exp_();
+  if (lse.defined()) scores.sub_(lse.narrow(2, row, tile.rows)).exp_();
   return scores;
+}
+
+// One block of the ring, a chunk's queries q [B, L, H, d] against a chunk's keys and values
+// k, v [B, L, KV, d] (all fp32), computed by one of two forms with the same values: the fused
+// CPU kernels (models/internal/ops.h) or LibTorch's generic ops in tiles of query rows.
+struct BlockForm {
+  // The block's output [B, L, H, d] and its rows' log-sum-exp [B, H, L].
+  models::internal::AttentionBlock (*forward)(const torch::Tensor& q, const torch::Tensor& k,
+                                              const torch::Tensor& v, Meeting meeting,
+                                              int64_t tile_rows);
+  // The block's share of the gradients of q, k and v, from the whole attention's output
+  // `out`, log-sum-exp `lse` and output gradient `dout`.
+  std::array<torch::Tensor, 3> (*backward)(const torch::Tensor& q, const torch::Tensor& k,
+                                           const torch::Tensor& v, const torch::Tensor& out,
+                                           const torch::Tensor& lse, const torch::Tensor& dout,
+                                           Meeting meeting, int64_t tile_rows);
+};
+
+models::internal::AttentionBlock FusedForward(const torch::Tensor& q, const torch::Tensor& k,
+                                              const torch::Tensor& v, Meeting meeting,
+                                              int64_t /*tile_rows*/) {
+  return models::internal::FusedAttentionBlock(q.contiguous(), k.contiguous(), v,
+                                               meeting == Meeting::kCausal);
+}
+
+std::array<torch::Tensor, 3> FusedBackward(const torch::Tensor& q, const torch::Tensor& k,
+                                           const torch::Tensor& v, const torch::Tensor& out,
+                                           const torch::Tensor& lse, const torch::Tensor& dout,
+                                           Meeting meeting, int64_t /*tile_rows*/) {
+  return models::internal::FusedAttentionBlockBackward(q.contiguous(), k.contiguous(), v, out, lse,
+                                                       dout, meeting == Meeting::kCausal);
+}
+
+// The generic form: the queries grouped by key/value head (scaled), a tile of rows at a time.
+models::internal::AttentionBlock TiledForward(const torch::Tensor& q, const torch::Tensor& k,
+                                              const torch::Tensor& v, Meeting meeting,
+                                              int64_t tile_rows) {
+  const int64_t len = q.size(1), kv_heads = k.size(2);
+  const torch::Tensor queries =
+      GroupedQueries(q, kv_heads, 1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  const torch::Tensor keys = ByHead(k), values = ByHead(v);
+  torch::Tensor out = torch::empty_like(queries);
+  torch::Tensor lse = torch::empty({q.size(0), kv_heads, queries.size(2), 1}, queries.options());
+  for (const Tile& tile : TilesOf(queries.size(2) / len, len, tile_rows, meeting)) {
+    // Every row meets a key (under a causal meeting, its own), so the maximum is finite.
+    torch::Tensor scores = TileScores(queries, keys, tile, meeting);
+    const torch::Tensor row_max = std::get<0>(scores.max(-1, /*keepdim=*/true));
+    const torch::Tensor row_sum = scores.sub_(row_max).exp_().sum(-1, /*keepdim=*/true);
+    const int64_t row = tile.Row(len);
+    out.narrow(2, row, tile.rows)
+        .copy_(torch::matmul(scores, values.narrow(2, 0, tile.keys)).div_(row_sum));
+    lse.narrow(2, row, tile.rows).copy_(row_max + torch::log(row_sum));
+  }
+  return {UngroupedQueries(out, len), UngroupedRows(lse, q.size(2))};
+}
+
+// With P = exp(scores - lse) and D = rowsum(dO * O): dV = P^T dO, dS = P * (dO V^T - D),
+// dQ = scale dS K, dK = scale dS^T Q (the queries kept scaled, so dK needs no more).
+std::array<torch::Tensor, 3> TiledBackward(const torch::Tensor& q, const torch::Tensor& k,
+                                           const torch::Tensor& v, const torch::Tensor& out,
+                                           const torch::Tensor& lse, const torch::Tensor& dout,
+                                           Meeting meeting, int64_t tile_rows) {
+  const int64_t len = q.size(1), kv_heads = k.size(2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const torch::Tensor queries = GroupedQueries(q, kv_heads, scale);
+  const torch::Tensor output_grads = GroupedQueries(dout, kv_heads);
+  const torch::Tensor row_dots =
+      (output_grads * GroupedQueries(out, kv_heads)).sum(-1, /*keepdim=*/true);
+  const torch::Tensor lses = GroupedRows(lse, kv_heads);
+  const torch::Tensor keys = ByHead(k), values = ByHead(v);
+  torch::Tensor query_grad = torch::zeros_like(queries);
+  torch::Tensor key_grad = torch::zeros_like(keys);
+  torch::Tensor value_grad = torch::zeros_like(values);
+  for (const Tile& tile : TilesOf(queries.size(2) / len, len, tile_rows, meeting)) {
+    const int64_t row = tile.Row(len);
+    const torch::Tensor p = TileScores(queries, keys, tile, meeting, lses);
+    const torch::Tensor output_grad = output_grads.narrow(2, row, tile.rows);
+    const torch::Tensor tile_keys = keys.narrow(2, 0, tile.keys);
+    value_grad.narrow(2, 0, tile.keys) += torch::matmul(p.transpose(-1, -2), output_grad);
+    torch::Tensor ds = torch::matmul(output_grad, values.narrow(2, 0, tile.keys).transpose(-1, -2));
+    ds.sub_(row_dots.narrow(2, row, tile.rows)).mul_(p);
+    query_grad.narrow(2, row, tile.rows) += torch::matmul(ds, tile_keys).mul_(scale);
+    key_grad.narrow(2, 0, tile.keys) +=
+        torch::matmul(ds.transpose(-1, -2), queries.narrow(2, row, tile.rows));
+  }
+  return {UngroupedQueries(query_grad, len), ByHead(key_grad), ByHead(value_grad)};
+}
+
+constexpr BlockForm kFusedForm{FusedForward, FusedBackward};
+constexpr BlockForm kTiledForm{TiledForward, TiledBackward};
+
+// The form that computes tensors like `q`: the fused kernels where they serve the CPU, unless
+// `generic`.
+const BlockForm& FormFor(const torch::Tensor& q, bool generic) {
+  return !generic && models::internal::FusedFormsServe(torch::kFloat32, q.device().type())
+             ? kFusedForm
+             : kTiledForm;
+}
+
+// Chunk `index` (0 or 1) of a rank's [B, 2L, ...] tensor, in fp32.
+torch::Tensor ChunkOf(const torch::Tensor& x, int index, int64_t len) {
+  return x.narrow(1, index * len, len).to(torch::kFloat32);
 }
 
 // One rank's blocks, as they travel: its keys and values stacked, [2, B, 2L, KV, d], in the
 // inputs' dtype; or, in the backward, their gradients so far, in fp32.
 torch::Tensor Stacked(const torch::Tensor& k, const torch::Tensor& v) {
   return torch::stack({k, v}).contiguous();
-}
-
-// The keys, and the values, of chunk `index` (0 or 1) of a Stacked pair, by head in fp32.
-torch::Tensor KeysOf(const torch::Tensor& stacked, int index, int64_t len) {
-  return ByHead(stacked[0].narrow(1, index * len, len));
-}
-torch::Tensor ValuesOf(const torch::Tensor& stacked, int index, int64_t len) {
-  return ByHead(stacked[1].narrow(1, index * len, len));
 }
 
 // Sends `outgoing` to the next rank of the ring and receives the previous rank's `incoming`
@@ -154,26 +259,37 @@ Hop StartHop(const torch::Tensor& outgoing, torch::Tensor& incoming, parallel::G
   return hop;
 }
 
+// The online softmax's merge of a block's output and log-sum-exp [B, H, L] into the chunk's so
+// far (none yet: zeros and -inf), in place.
+void Merge(const models::internal::AttentionBlock& block, torch::Tensor& out, torch::Tensor& lse) {
+  // The log-sum-exps as [B, L, H, 1], beside their rows of the outputs.
+  const auto beside_rows = [](const torch::Tensor& x) { return x.transpose(1, 2).unsqueeze(-1); };
+  const torch::Tensor merged = torch::logaddexp(lse, block.lse);
+  out.mul_(beside_rows(torch::exp(lse - merged)))
+      .add_(block.out * beside_rows(torch::exp(block.lse - merged)));
+  lse.copy_(merged);
+}
+
 class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, parallel::GraphGroup* group,
-                               int64_t max_score_elements, int64_t order) {
+                               int64_t max_score_elements, int64_t order, bool generic) {
     const int n = group->size();
     const int rank = group->rank();
     const int64_t len = q.size(1) / 2;
-    const int64_t kv_heads = k.size(2);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
     const auto chunk_order = static_cast<ChunkOrder>(order);
     const std::array<int, 2> own = ChunkLayout::ChunksOf(n, rank, chunk_order);
-    const int64_t tile_rows = ScoreTileRows(q.size(0), kv_heads, len, max_score_elements);
-    // Per query chunk, the output so far and its rows' log-sum-exp over the keys met so far.
+    const int64_t tile_rows = ScoreTileRows(q.size(0), k.size(2), len, max_score_elements);
+    const BlockForm& form = FormFor(q, generic);
+    // Per query chunk, its queries, the output so far and its rows' log-sum-exp over the keys
+    // met so far.
     std::array<torch::Tensor, 2> queries, outputs, lses;
     for (int i = 0; i < 2; ++i) {
-      queries[i] = GroupedQueries(q.narrow(1, i * len, len), kv_heads, scale);
+      queries[i] = ChunkOf(q, i, len);
       outputs[i] = torch::zeros_like(queries[i]);
-      lses[i] = torch::full({q.size(0), kv_heads, queries[i].size(2), 1},
-                            -std::numeric_limits<float>::infinity(), queries[i].options());
+      lses[i] = torch::full({q.size(0), q.size(2), len}, -std::numeric_limits<float>::infinity(),
+                            queries[i].options());
     }
     torch::Tensor blocks = Stacked(k, v);
     for (int hop = 0; hop < n; ++hop) {
@@ -185,26 +301,12 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
       }
       const std::array<int, 2> theirs = ChunkLayout::ChunksOf(n, owner, chunk_order);
       for (int j = 0; j < 2; ++j) {
-        const torch::Tensor keys = KeysOf(blocks, j, len);
-        const torch::Tensor values = ValuesOf(blocks, j, len);
+        const torch::Tensor keys = ChunkOf(blocks[0], j, len);
+        const torch::Tensor values = ChunkOf(blocks[1], j, len);
         for (int i = 0; i < 2; ++i) {
           const Meeting meeting = MeetingOf(own[i], theirs[j]);
           if (meeting == Meeting::kNone) continue;
-          for (const Tile& tile : TilesOf(queries[i].size(2) / len, len, tile_rows, meeting)) {
-            // Every row meets a key (under a causal meeting, its own), so the maximum is finite.
-            torch::Tensor scores = TileScores(queries[i], keys, tile, meeting);
-            const torch::Tensor row_max = std::get<0>(scores.max(-1, /*keepdim=*/true));
-            const torch::Tensor row_sum = scores.sub_(row_max).exp_().sum(-1, /*keepdim=*/true);
-            const torch::Tensor out =
-                torch::matmul(scores, values.narrow(2, 0, tile.keys)).div_(row_sum);
-            const torch::Tensor lse = row_max + torch::log(row_sum);
-            // The online softmax's merge with the result so far (none yet: -inf).
-            torch::Tensor so_far = outputs[i].narrow(2, tile.row, tile.rows);
-            torch::Tensor lse_so_far = lses[i].narrow(2, tile.row, tile.rows);
-            const torch::Tensor merged = torch::logaddexp(lse_so_far, lse);
-            so_far.mul_(torch::exp(lse_so_far - merged)).add_(out * torch::exp(lse - merged));
-            lse_so_far.copy_(merged);
-          }
+          Merge(form.forward(queries[i], keys, values, meeting, tile_rows), outputs[i], lses[i]);
         }
       }
       if (travel.has_value()) {
@@ -215,15 +317,12 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
     group->SaveIn(ctx);
     ctx->saved_data["tile_rows"] = tile_rows;
     ctx->saved_data["order"] = order;
+    ctx->saved_data["generic"] = generic;
     ctx->save_for_backward(
         {q, k, v, torch::stack({outputs[0], outputs[1]}), torch::stack({lses[0], lses[1]})});
-    return torch::cat({UngroupedQueries(outputs[0], len, q.scalar_type()),
-                       UngroupedQueries(outputs[1], len, q.scalar_type())},
-                      1);
+    return torch::cat(outputs, 1).to(q.scalar_type());
   }
 
-  // For each hop, with P = exp(scores - lse) and D = rowsum(dO * O): dV += P^T dO,
-  // dS = P * (dO V^T - D), dQ += scale dS K, dK += scale dS^T Q (the queries kept scaled).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     parallel::GraphGroup& group = parallel::GraphGroup::SavedIn(ctx);
     const variable_list saved = ctx->get_saved_variables();
@@ -233,16 +332,14 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
     const int n = group.size();
     const int rank = group.rank();
     const int64_t len = q.size(1) / 2;
-    const int64_t kv_heads = k.size(2);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
     const auto chunk_order = static_cast<ChunkOrder>(ctx->saved_data["order"].toInt());
     const std::array<int, 2> own = ChunkLayout::ChunksOf(n, rank, chunk_order);
     const int64_t tile_rows = ctx->saved_data["tile_rows"].toInt();
-    std::array<torch::Tensor, 2> queries, output_grads, row_dots, query_grads;
+    const BlockForm& form = FormFor(q, ctx->saved_data["generic"].toBool());
+    std::array<torch::Tensor, 2> queries, output_grads, query_grads;
     for (int i = 0; i < 2; ++i) {
-      queries[i] = GroupedQueries(q.narrow(1, i * len, len), kv_heads, scale);
-      output_grads[i] = GroupedQueries(grads[0].narrow(1, i * len, len), kv_heads);
-      row_dots[i] = (output_grads[i] * saved[3][i]).sum(-1, /*keepdim=*/true);
+      queries[i] = ChunkOf(q, i, len);
+      output_grads[i] = ChunkOf(grads[0], i, len).contiguous();
       query_grads[i] = torch::zeros_like(queries[i]);
     }
     torch::Tensor blocks = Stacked(k, v);
@@ -259,32 +356,18 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
       }
       const std::array<int, 2> theirs = ChunkLayout::ChunksOf(n, owner, chunk_order);
       for (int j = 0; j < 2; ++j) {
-        const torch::Tensor keys = KeysOf(blocks, j, len);
-        const torch::Tensor values = ValuesOf(blocks, j, len);
-        torch::Tensor key_grad = torch::zeros_like(keys);
-        torch::Tensor value_grad = torch::zeros_like(values);
-        bool met = false;
+        const torch::Tensor keys = ChunkOf(blocks[0], j, len);
+        const torch::Tensor values = ChunkOf(blocks[1], j, len);
         for (int i = 0; i < 2; ++i) {
           const Meeting meeting = MeetingOf(own[i], theirs[j]);
           if (meeting == Meeting::kNone) continue;
-          met = true;
-          for (const Tile& tile : TilesOf(queries[i].size(2) / len, len, tile_rows, meeting)) {
-            const torch::Tensor p = TileScores(queries[i], keys, tile, meeting, saved[4][i]);
-            const torch::Tensor output_grad = output_grads[i].narrow(2, tile.row, tile.rows);
-            const torch::Tensor tile_keys = keys.narrow(2, 0, tile.keys);
-            value_grad.narrow(2, 0, tile.keys) += torch::matmul(p.transpose(-1, -2), output_grad);
-            torch::Tensor ds =
-                torch::matmul(output_grad, values.narrow(2, 0, tile.keys).transpose(-1, -2));
-            ds.sub_(row_dots[i].narrow(2, tile.row, tile.rows)).mul_(p);
-            query_grads[i].narrow(2, tile.row, tile.rows) += torch::matmul(ds, tile_keys) * scale;
-            key_grad.narrow(2, 0, tile.keys) +=
-                torch::matmul(ds.transpose(-1, -2), queries[i].narrow(2, tile.row, tile.rows));
-          }
+          const auto [query_grad, key_grad, value_grad] =
+              form.backward(queries[i], keys, values, saved[3][i], saved[4][i], output_grads[i],
+                            meeting, tile_rows);
+          query_grads[i] += query_grad;
+          block_grads[0].narrow(1, j * len, len) += key_grad;
+          block_grads[1].narrow(1, j * len, len) += value_grad;
         }
-        if (!met) continue;
-        // [B, KV, L, d] -> the blocks' [B, L, KV, d].
-        block_grads[0].narrow(1, j * len, len) += key_grad.permute({0, 2, 1, 3});
-        block_grads[1].narrow(1, j * len, len) += value_grad.permute({0, 2, 1, 3});
       }
       // The gradients go on with their blocks; after n hops each owner has its own back.
       if (n > 1) {
@@ -298,13 +381,10 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
         blocks = next;
       }
     }
-    const torch::Tensor query_grad =
-        torch::cat({UngroupedQueries(query_grads[0], len, q.scalar_type()),
-                    UngroupedQueries(query_grads[1], len, q.scalar_type())},
-                   1);
-    return {query_grad,
+    return {torch::cat(query_grads, 1).to(q.scalar_type()),
             block_grads[0].to(k.scalar_type()),
             block_grads[1].to(v.scalar_type()),
+            torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor()};
@@ -355,16 +435,29 @@ int64_t ScoreTileRows(int64_t batch, int64_t kv_heads, int64_t chunk_len,
   return std::clamp<int64_t>(max_score_elements / per_row, 1, std::max<int64_t>(1, chunk_len));
 }
 
-double RingWorkingBytes(int64_t batch, int64_t kv_heads, int64_t chunk_len,
+double RingWorkingBytes(const RingShape& shape, bool fused, int threads,
                         int64_t max_score_elements) {
-  const int64_t rows = ScoreTileRows(batch, kv_heads, chunk_len, max_score_elements);
-  return 2.0 * static_cast<double>(batch * kv_heads * rows * chunk_len) * sizeof(float);
+  const auto rows = [&](int64_t heads) {
+    return static_cast<double>(shape.batch * shape.chunk_len * heads * shape.head_dim) *
+           sizeof(float);
+  };
+  const double gradients = rows(shape.heads + 2 * shape.kv_heads);
+  if (fused) {
+    return gradients +
+           std::max(1, threads) * models::internal::FusedAttentionScratchBytes(shape.chunk_len);
+  }
+  const int64_t tile_rows =
+      ScoreTileRows(shape.batch, shape.kv_heads, shape.chunk_len, max_score_elements);
+  const double tiles =
+      2.0 * static_cast<double>(shape.batch * shape.kv_heads * tile_rows * shape.chunk_len) *
+      sizeof(float);
+  return gradients + 3.0 * rows(shape.heads) + tiles;
 }
 
 torch::Tensor RingAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             parallel::GraphGroup& group, const RingOptions& options) {
   return RingAttentionFunction::apply(q, k, v, &group, options.max_score_elements,
-                                      static_cast<int64_t>(options.order));
+                                      static_cast<int64_t>(options.order), options.generic);
 }
 
 ChunkLayout RingContext::LayoutOf(int64_t seq_len) const {
@@ -380,8 +473,10 @@ torch::Tensor RingContext::Positions(int64_t seq_len, const torch::Device& devic
 }
 
 torch::Tensor RingContext::Attention(const torch::Tensor& q, const torch::Tensor& k,
-                                     const torch::Tensor& v) {
-  return RingAttention(q, k, v, group_);
+                                     const torch::Tensor& v, bool generic) {
+  RingOptions options;
+  options.generic = generic;
+  return RingAttention(q, k, v, group_, options);
 }
 
 torch::Tensor RingContext::SumOverRanks(const torch::Tensor& partial) {

@@ -17,10 +17,12 @@
 //   loss.backward();
 //   PLAIT_RETURN_IF_ERROR(group.status());
 //
-// The blocks are computed with LibTorch's generic ops (matmuls and exponentials, in fp32 for
-// 16-bit inputs), on the CPU and on a GPU alike, a tile of query rows at a time, so that the
-// fp32 scores in memory at once stay under a bound however long the chunks are
-// (ScoreTileRows); under a causal meeting a tile meets only the keys before its last row.
+// The blocks are computed in fp32 (for 16-bit inputs too) by one of two forms with the same
+// values: on the CPU, the fused attention kernels the model's own attention runs
+// (models/internal/ops.h), which hold a few rows of scores per thread; elsewhere (a GPU, or
+// `generic`), LibTorch's generic ops (matmuls and exponentials) a tile of query rows at a
+// time, so that the fp32 scores in memory at once stay under a bound however long the chunks
+// are (ScoreTileRows). Under a causal meeting a tile meets only the keys before its last row.
 #ifndef PLAIT_WRAP_CP_RING_ATTENTION_H_
 #define PLAIT_WRAP_CP_RING_ATTENTION_H_
 
@@ -80,17 +82,32 @@ inline constexpr int64_t kMaxScoreElements = int64_t{1} << 24;
 int64_t ScoreTileRows(int64_t batch, int64_t kv_heads, int64_t chunk_len,
                       int64_t max_score_elements = kMaxScoreElements);
 
-// The bytes ring attention allocates and frees while it computes a tile, beyond what it
-// keeps for the backward: two tiles of fp32 scores (the backward's probabilities and their
-// gradient).
-double RingWorkingBytes(int64_t batch, int64_t kv_heads, int64_t chunk_len,
+// What one rank of a ring computes for a micro-batch: its sequences, its query and key/value
+// heads, their width, and the tokens of a chunk.
+struct RingShape {
+  int64_t batch = 1;
+  int64_t heads = 1;
+  int64_t kv_heads = 1;
+  int64_t head_dim = 1;
+  int64_t chunk_len = 1;
+};
+
+// The bytes ring attention allocates and frees while it computes one block, beyond what it
+// keeps for the backward, at their most (in the backward): the block's fp32 gradients of its
+// queries, keys and values; in the fused form (`fused`) each of `threads` threads' rows of
+// scores; in the generic form its fp32 copies of the queries, their outputs and the outputs'
+// gradients grouped by key/value head and two tiles of fp32 scores (the probabilities and
+// their gradient).
+double RingWorkingBytes(const RingShape& shape, bool fused, int threads,
                         int64_t max_score_elements = kMaxScoreElements);
 
-// How RingAttention computes: the bound on each tile's scores, and the chunks each rank
-// holds (its q, k and v must be ChunkLayout slices in that order).
+// How RingAttention computes: the bound on each tile's scores (the generic form's), the
+// chunks each rank holds (its q, k and v must be ChunkLayout slices in that order), and
+// whether it takes the generic form on the CPU too (the path a GPU runs).
 struct RingOptions {
   int64_t max_score_elements = kMaxScoreElements;
   ChunkOrder order = ChunkOrder::kLoadBalanced;
+  bool generic = false;
 };
 
 // Causal grouped-query attention with scale 1 / sqrt(d) of this rank's queries q [B, 2L, H, d]
@@ -111,8 +128,8 @@ class RingContext final : public ContextParallelOps {
 
   torch::Tensor Slice(const torch::Tensor& x) override;
   torch::Tensor Positions(int64_t seq_len, const torch::Device& device) override;
-  torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k,
-                          const torch::Tensor& v) override;
+  torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          bool generic) override;
   // An all-reduce over the group forward, and of the gradients backward.
   torch::Tensor SumOverRanks(const torch::Tensor& partial) override;
 

@@ -1,13 +1,15 @@
-// Ring attention on 2 and 4 ranks (threads over TCP): each rank's output and the gradients of
-// its queries, keys and values are the rows of its chunks of one process's causal attention
-// over the whole sequence and of that attention's gradients, with grouped-query attention, in
-// fp32 (within 1e-5) and bf16 (within bf16's rounding); a model computing its slice of the
-// sequence through RingContext; and the chunk layout itself.
+// Ring attention on 2 and 4 ranks (threads over TCP), in both its forms (the fused CPU
+// kernels and the generic ops in tiles): each rank's output and the gradients of its queries,
+// keys and values are the rows of its chunks of one process's causal attention over the whole
+// sequence and of that attention's gradients, with grouped-query attention, in fp32 (within
+// 1e-5) and bf16 (within bf16's rounding); a model computing its slice of the sequence through
+// RingContext; and the chunk layout itself.
 #include "wrap/cp/ring_attention.h"
 
 #include <cmath>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
@@ -93,22 +95,26 @@ void ExpectRingEqualsFullAttention(const Case& c) {
   const torch::Tensor fv = v.to(torch::kFloat32).clone().requires_grad_();
   const torch::Tensor expected = FullAttention(fq, fk, fv);
   (expected * weights).sum().backward();
-  OnRanks(c.ranks, [&](int rank, parallel::GraphGroup& group) {
-    torch::set_num_threads(1);
-    absl::StatusOr<ChunkLayout> layout = ChunkLayout::Create(c.seq_len, c.ranks, rank, c.order);
-    ASSERT_THAT(layout, IsOk());
-    const torch::Tensor lq = layout->Slice(q, 1).clone().requires_grad_();
-    const torch::Tensor lk = layout->Slice(k, 1).clone().requires_grad_();
-    const torch::Tensor lv = layout->Slice(v, 1).clone().requires_grad_();
-    const torch::Tensor out = RingAttention(lq, lk, lv, group, {c.max_score_elements, c.order});
-    EXPECT_EQ(out.scalar_type(), c.dtype);
-    (out.to(torch::kFloat32) * layout->Slice(weights, 1)).sum().backward();
-    const std::string where = name + ", rank " + std::to_string(rank);
-    ExpectClose(out, layout->Slice(expected.detach(), 1), c.tolerance, where + " output");
-    ExpectClose(lq.grad(), layout->Slice(fq.grad(), 1), c.tolerance, where + " query gradient");
-    ExpectClose(lk.grad(), layout->Slice(fk.grad(), 1), c.tolerance, where + " key gradient");
-    ExpectClose(lv.grad(), layout->Slice(fv.grad(), 1), c.tolerance, where + " value gradient");
-  });
+  for (const bool generic : {false, true}) {
+    OnRanks(c.ranks, [&](int rank, parallel::GraphGroup& group) {
+      torch::set_num_threads(1);
+      absl::StatusOr<ChunkLayout> layout = ChunkLayout::Create(c.seq_len, c.ranks, rank, c.order);
+      ASSERT_THAT(layout, IsOk());
+      const torch::Tensor lq = layout->Slice(q, 1).clone().requires_grad_();
+      const torch::Tensor lk = layout->Slice(k, 1).clone().requires_grad_();
+      const torch::Tensor lv = layout->Slice(v, 1).clone().requires_grad_();
+      const torch::Tensor out =
+          RingAttention(lq, lk, lv, group, {c.max_score_elements, c.order, generic});
+      EXPECT_EQ(out.scalar_type(), c.dtype);
+      (out.to(torch::kFloat32) * layout->Slice(weights, 1)).sum().backward();
+      const std::string where =
+          name + (generic ? ", generic" : ", fused") + ", rank " + std::to_string(rank);
+      ExpectClose(out, layout->Slice(expected.detach(), 1), c.tolerance, where + " output");
+      ExpectClose(lq.grad(), layout->Slice(fq.grad(), 1), c.tolerance, where + " query gradient");
+      ExpectClose(lk.grad(), layout->Slice(fk.grad(), 1), c.tolerance, where + " key gradient");
+      ExpectClose(lv.grad(), layout->Slice(fv.grad(), 1), c.tolerance, where + " value gradient");
+    });
+  }
 }
 
 TEST(RingAttentionTest, EqualsFullAttentionRowsAndGradientsInFp32) {
@@ -128,8 +134,9 @@ TEST(RingAttentionTest, EqualsFullAttentionInBf16WithinItsRounding) {
   }
 }
 
-// Tiles of a few query rows (3 of a chunk of 8, the last one 2; single rows) give the same
-// attention as whole chunks, causal tiles meeting only the keys before their last row.
+// The generic form's tiles of a few query rows (3 of a chunk of 8, the last one 2; single
+// rows) give the same attention as whole chunks, causal tiles meeting only the keys before
+// their last row.
 TEST(RingAttentionTest, EqualsFullAttentionInTilesOfFewRows) {
   constexpr int64_t kBatch = 2;
   EXPECT_EQ(ScoreTileRows(kBatch, 2, 8, 3 * kBatch * 2 * 8), 3);
@@ -159,7 +166,8 @@ TEST(RingAttentionTest, OneRankIsCausalAttention) {
 // A model whose forward runs through RingContext computes its slice of each sequence: its
 // tokens' log-probabilities are the whole model's rows, and the gradients of their sum, summed
 // over the ranks, are the whole sequence's, for the tiny Llama (4 heads on 2 key/value heads)
-// and the tiny Qwen2 (biases, 7 heads on 1, a tied embedding), on 2 and 4 ranks.
+// and the tiny Qwen2 (biases, 7 heads on 1, a tied embedding), on 2 and 4 ranks, in the fused
+// ops and the generic ones.
 TEST(RingContextTest, AModelComputesItsSliceOfTheSequence) {
   constexpr int64_t kSeqLen = 32;
   for (const std::string preset : {"tiny", "qwen2-tiny"}) {
@@ -174,12 +182,13 @@ TEST(RingContextTest, AModelComputesItsSliceOfTheSequence) {
     const std::shared_ptr<models::CausalLM> whole = *models::CausalLM::Create(config, init);
     const torch::Tensor expected = whole->TokenLogProbs(tokens, targets);
     expected.sum().backward();
-    for (const int ranks : {2, 4}) {
+    for (const auto& [ranks, generic] : {std::pair{2, false}, {4, false}, {2, true}}) {
       OnRanks(ranks, [&](int rank, parallel::GraphGroup& group) {
         torch::set_num_threads(1);
-        const std::string where =
-            preset + ", rank " + std::to_string(rank) + " of " + std::to_string(ranks);
+        const std::string where = preset + (generic ? ", generic" : ", fused") + ", rank " +
+                                  std::to_string(rank) + " of " + std::to_string(ranks);
         const std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
+        models::internal::UseGenericOps(*model, generic);
         RingContext context(group);
         model->SetContextParallelOps(&context);
         const ChunkLayout layout = *ChunkLayout::Create(kSeqLen, ranks, rank);
