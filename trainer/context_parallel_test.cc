@@ -1,11 +1,11 @@
 // Context parallelism trains as one process: //trainer:llama_fsdp's tiny Llama (4 heads on 2
 // key/value heads) for 10 AdamW steps with clipping, each sequence of 64 tokens split over
-// "cp" on 2 and 4 ranks, cp 2 x FSDP 2, cp 2 x DDP 2, cp 2 x TP 2 and cp 2 with activation
-// checkpointing, and the tiny Qwen2 (biases, a tied embedding) on cp 2, has the losses,
-// gradient norms, evaluation loss and final parameters of the run of one process that reads
-// the same batches, within 1e-5 relative; and so has //trainer:qwen_dpo_fsdp's DPO on cp 2
-// (its reference split as the policy is, or precomputed) and on cp 2 x FSDP 2. Plans it cannot
-// run yet are refused, naming the field.
+// "cp" on 2 and 4 ranks, cp 2 x FSDP 2, cp 2 x DDP 2, cp 2 x TP 2, cp 2 x a pipeline of 2 and
+// cp 2 with activation checkpointing, and the tiny Qwen2 (biases, a tied embedding) on cp 2,
+// has the losses, gradient norms, evaluation loss and final parameters of the run of one
+// process that reads the same batches, within 1e-5 relative; and so has
+// //trainer:qwen_dpo_fsdp's DPO on cp 2 (its reference split as the policy is, or
+// precomputed) and on cp 2 x FSDP 2. Plans it cannot run yet are refused, naming the field.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -36,12 +36,13 @@ struct Layout {
   std::string data_parallel;    // "ddp" or "fsdp" over "dp"
   int dp = 1;
   int tp = 1;                  // tensor parallelism over "tp"
+  int pp = 1;                  // a 1F1B pipeline over "pp", each rank's stage split over "cp"
   bool checkpointing = false;  // FULL activation checkpointing, recomputing the ring's forward
   // //trainer:qwen_dpo_fsdp's DPO (preset unread), its frozen reference prepared with the
   // policy's context-parallel and FSDP steps, or its log-probabilities precomputed.
   bool dpo = false;
   bool precompute_reference = false;
-  int ranks() const { return cp * dp * tp; }
+  int ranks() const { return pp * cp * dp * tp; }
 };
 
 plan::Plan TrainingPlan(const Layout& layout) {
@@ -55,6 +56,11 @@ plan::Plan TrainingPlan(const Layout& layout) {
     reference.clear_prepare();
     if (layout.cp > 1) reference.add_prepare()->mutable_context_parallel()->set_mesh_dim("cp");
     if (layout.data_parallel == "fsdp") reference.add_prepare()->mutable_fsdp()->set_mesh_dim("dp");
+  }
+  if (layout.pp > 1) {
+    wrap::PipelineConfig& pipeline = *AddMeshStep(plan, "pp", layout.pp).mutable_pipeline();
+    pipeline.set_mesh_dim("pp");
+    pipeline.set_schedule("1F1B");
   }
   if (layout.cp > 1) {
     AddMeshStep(plan, "cp", layout.cp).mutable_context_parallel()->set_mesh_dim("cp");
@@ -113,6 +119,12 @@ TEST(ContextParallelTest, WithFsdpAndDdpEqualsOneProcess) {
 
 TEST(ContextParallelTest, WithTensorParallelismEqualsOneProcess) {
   ExpectOneProcessRun({.cp = 2, .tp = 2}, "cp 2 x TP 2");
+}
+
+// Each stage of a pipeline computes its ranks' slices of the micro-batches' sequences and
+// passes them on to the next stage's ranks of the same slices.
+TEST(ContextParallelTest, WithAPipelineEqualsOneProcess) {
+  ExpectOneProcessRun({.cp = 2, .pp = 2}, "cp 2 x pp 2");
 }
 
 // Activation checkpointing runs each block's forward again in the backward, its ring included.

@@ -139,6 +139,16 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   pipeline.set_schedule("INTERLEAVED_1F1B");
   pipeline.set_stages_per_rank(2);
   plans.push_back(interleaved);
+  // The pipeline's stages each split over 2 context-parallel ranks (4 ranks): each rank holds
+  // its stage's micro-batches in flight for half of every sequence.
+  MemoryCheckPlan pipeline_context = pp;
+  pipeline_context.name = "llama_pp_cp";
+  pipeline_context.ranks = 4;
+  parallel::MeshConfig::Dimension& stage_cp = *pipeline_context.plan.mutable_mesh()->add_dims();
+  stage_cp.set_name("cp");
+  stage_cp.set_size(2);
+  pipeline_context.plan.add_prepare()->mutable_context_parallel()->set_mesh_dim("cp");
+  plans.push_back(pipeline_context);
   // Context parallelism over 2 ranks, one sequence of 1024 tokens: each rank computes 512 of
   // them, as one process would a sequence of 512 (and holds one gradient's all-reduce buffers
   // after the backward).

@@ -45,8 +45,11 @@ struct MemoryCheckPlan {
 // with activation checkpointing: the medium shape with FULL, llama_fsdp with SELECTIVE; and
 // tensor parallelism in fp32: llama_tp, with sequence parallelism on its batch (16 x 64
 // tokens), on one sequence of 1024 tokens and with SELECTIVE checkpointing, and llama_2d (FSDP
-// over tensor-parallel slices, 4 ranks); and a real shape, Qwen2.5-0.5B's widths and
-// vocabulary with 2 of its layers, one sequence of 512 tokens in fp32.
+// over tensor-parallel slices, 4 ranks); llama_fsdp with 2 micro-batches a step; the
+// pipelines llama_pp (1F1B), interleaved, and with each stage over 2 context-parallel ranks;
+// context parallelism over 2 ranks on one sequence of 1024 tokens; a real shape, Qwen2.5-0.5B's
+// widths and vocabulary with 2 of its layers, one sequence of 512 tokens in fp32; and LoRA and
+// QLoRA plans.
 std::vector<MemoryCheckPlan> MemoryCheckPlans();
 
 // The job llama_long's model and optimizer (fp32) on one sequence of `seq_len` tokens a step,
