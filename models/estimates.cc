@@ -82,7 +82,19 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
   // MLP's: the norms' outputs, or under sequence parallelism the sequence all-gathered (the
   // norms' own outputs then go).
   const double column_inputs = 2.0 * tokens * h * element;
-  if (internal::FusedFormsServe(dtype, device_type)) {
+  const bool fused = internal::FusedFormsServe(dtype, device_type);
+  // Qwen3's per-head norms of q and k, each its input (the projection's output) and rstd.
+  double qk_norms = 0.0;
+  if (HasQkNorm(config)) {
+    const double d = static_cast<double>(HeadDim(config));
+    const double arithmetic =
+        static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype)));
+    qk_norms =
+        fused ? tokens * (element * (local.q_width + local.kv_width) +
+                          arithmetic * (local.heads + local.kv_heads))
+              : CompositeRmsNormBytes(tokens * (local.heads + local.kv_heads), d, dtype, kernels);
+  }
+  if (fused) {
     // Each RmsNorm its input and rstd (the input is the block's, then the attention's residual
     // sum), and the projections after it their inputs; the rotated q and k, v; the attention's
     // output (o_proj's input) and its log-sum-exp [tokens, heads]; SwiGLU its gate and up,
@@ -90,14 +102,14 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
     // (float for bf16).
     const double arithmetic =
         static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype)));
-    return 2.0 * local.between_matmuls * (h * element + arithmetic) + column_inputs +
+    return qk_norms + 2.0 * local.between_matmuls * (h * element + arithmetic) + column_inputs +
            tokens * element * (2.0 * local.q_width + 2.0 * local.kv_width + 3.0 * local.inner) +
            tokens * arithmetic * local.heads;
   }
   // The composite SwiGLU keeps gate, up and silu(gate), down_proj their product.
   const double norms_and_mlp =
-      2.0 * CompositeRmsNormBytes(local.between_matmuls, h, dtype, kernels) + column_inputs +
-      tokens * element * 4.0 * local.inner;
+      qk_norms + 2.0 * CompositeRmsNormBytes(local.between_matmuls, h, dtype, kernels) +
+      column_inputs + tokens * element * 4.0 * local.inner;
   if (kernels.has_causal_sdpa) {
     // The fused attention keeps the rotated q and k, v, its output and its fp32 log-sum-exp
     // [batch, heads, seq_len]; o_proj reads the output where the kernel wrote it, [tokens,

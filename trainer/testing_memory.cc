@@ -176,6 +176,11 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
     EXPECT_THAT(plan::ApplyOverride(override, real_widths.plan), IsOk());
   }
   plans.push_back(real_widths);
+  // Qwen3's per-head norms of q and k: the tiny Qwen3 (heads of 64 over a hidden of 128) in
+  // llama_fsdp's plan.
+  MemoryCheckPlan qwen3{"qwen3_tiny_fsdp", Shortened(LoadShippedPlan("llama_fsdp")), 2};
+  qwen3.plan.mutable_model()->set_preset("qwen3-tiny");
+  plans.push_back(qwen3);
   // LoRA on q/k/v/o and the MLP: a frozen base (no gradients, no optimizer state) whose
   // projections keep only what their adapters' backward reads, under FSDP, on the medium
   // shape, where the activations dominate, and under FSDP over tensor parallelism, which

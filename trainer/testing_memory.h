@@ -48,8 +48,8 @@ struct MemoryCheckPlan {
 // over tensor-parallel slices, 4 ranks); llama_fsdp with 2 micro-batches a step; the
 // pipelines llama_pp (1F1B), interleaved, and with each stage over 2 context-parallel ranks;
 // context parallelism over 2 ranks on one sequence of 1024 tokens; a real shape, Qwen2.5-0.5B's
-// widths and vocabulary with 2 of its layers, one sequence of 512 tokens in fp32; and LoRA and
-// QLoRA plans.
+// widths and vocabulary with 2 of its layers, one sequence of 512 tokens in fp32; the tiny
+// Qwen3 in llama_fsdp's plan; and LoRA and QLoRA plans.
 std::vector<MemoryCheckPlan> MemoryCheckPlans();
 
 // The job llama_long's model and optimizer (fp32) on one sequence of `seq_len` tokens a step,
