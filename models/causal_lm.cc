@@ -255,12 +255,10 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
   return RowParallel(o_proj, out, context);
 }
 
-Mlp::Mlp(const ModelConfig& config, const Deferred& deferred) {
-  const int64_t hidden = config.hidden_size();
-  const int64_t inner = config.intermediate_size();
-  gate_proj = register_module("gate_proj", MakeLinear(hidden, inner, false, deferred));
-  up_proj = register_module("up_proj", MakeLinear(hidden, inner, false, deferred));
-  down_proj = register_module("down_proj", MakeLinear(inner, hidden, false, deferred));
+Mlp::Mlp(int64_t hidden, int64_t width, const Deferred& deferred) {
+  gate_proj = register_module("gate_proj", MakeLinear(hidden, width, false, deferred));
+  up_proj = register_module("up_proj", MakeLinear(hidden, width, false, deferred));
+  down_proj = register_module("down_proj", MakeLinear(width, hidden, false, deferred));
 }
 
 torch::Tensor Mlp::forward(const torch::Tensor& x, const AttentionContext& context) {
@@ -271,7 +269,48 @@ torch::Tensor Mlp::forward(const torch::Tensor& x, const AttentionContext& conte
                      context);
 }
 
-DecoderLayer::DecoderLayer(const ModelConfig& config, const Deferred& deferred) {
+SparseMoe::SparseMoe(const ModelConfig& config, const Deferred& deferred)
+    : per_token_(config.num_experts_per_tok()), normalise_(config.norm_topk_prob()) {
+  const int64_t hidden = config.hidden_size();
+  gate = register_module("gate", MakeLinear(hidden, config.num_experts(), false, deferred));
+  const auto list = register_module("experts", std::make_shared<torch::nn::Module>());
+  for (int64_t e = 0; e < config.num_experts(); ++e) {
+    experts.push_back(list->register_module(
+        std::to_string(e),
+        std::make_shared<Mlp>(hidden, config.moe_intermediate_size(), deferred)));
+  }
+}
+
+torch::Tensor SparseMoe::forward(const torch::Tensor& x, const AttentionContext& context) {
+  const torch::Tensor flat = x.reshape({-1, x.size(-1)});
+  const torch::Tensor probabilities = torch::softmax(gate->forward(flat).to(torch::kFloat32), -1);
+  // A stable descending sort: of equal probabilities, the lower expert first.
+  const auto [sorted, order] = probabilities.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true);
+  torch::Tensor weights = sorted.narrow(-1, 0, per_token_);
+  if (normalise_) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  // The (token, choice) pairs grouped by expert, in token order within each.
+  const torch::Tensor chosen = order.narrow(-1, 0, per_token_).reshape(-1);
+  const auto [experts_in_order, pairs] =
+      chosen.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const torch::Tensor tokens = pairs.div(per_token_, "floor");
+  const torch::Tensor pair_weights = weights.reshape(-1).index_select(0, pairs).to(x.scalar_type());
+  const torch::Tensor counts =
+      torch::bincount(chosen, {}, static_cast<int64_t>(experts.size())).to(torch::kCPU);
+  torch::Tensor out = torch::zeros_like(flat);
+  int64_t first = 0;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    // An expert no token chose still runs, on no rows, so that its parameters get a (zero)
+    // gradient on every rank, as data-parallel wrappers expect of every parameter.
+    const int64_t rows = counts[static_cast<int64_t>(e)].item<int64_t>();
+    const torch::Tensor routed = tokens.narrow(0, first, rows);
+    const torch::Tensor y = experts[e]->forward(flat.index_select(0, routed), context);
+    out.index_add_(0, routed, y * pair_weights.narrow(0, first, rows).unsqueeze(1));
+    first += rows;
+  }
+  return out.view(x.sizes());
+}
+
+DecoderLayer::DecoderLayer(const ModelConfig& config, int64_t index, const Deferred& deferred) {
   input_layernorm = register_module(
       "input_layernorm",
       std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(), deferred));
@@ -279,13 +318,19 @@ DecoderLayer::DecoderLayer(const ModelConfig& config, const Deferred& deferred) 
   post_attention_layernorm = register_module(
       "post_attention_layernorm",
       std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(), deferred));
-  mlp = register_module("mlp", std::make_shared<Mlp>(config, deferred));
+  if (IsMoeLayer(config, index)) {
+    moe = register_module("mlp", std::make_shared<SparseMoe>(config, deferred));
+  } else {
+    mlp = register_module(
+        "mlp", std::make_shared<Mlp>(config.hidden_size(), config.intermediate_size(), deferred));
+  }
 }
 
 torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const AttentionContext& context) {
   const torch::Tensor h =
       x + self_attn->forward(input_layernorm->forward(x, context.generic_ops), context);
-  return h + mlp->forward(post_attention_layernorm->forward(h, context.generic_ops), context);
+  const torch::Tensor normed = post_attention_layernorm->forward(h, context.generic_ops);
+  return h + (moe != nullptr ? moe->forward(normed, context) : mlp->forward(normed, context));
 }
 
 Decoder::Decoder(const ModelConfig& config, const Deferred& deferred) {
@@ -295,7 +340,7 @@ Decoder::Decoder(const ModelConfig& config, const Deferred& deferred) {
   // keep the others' names.
   layer_list_ = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
-    layers.push_back(std::make_shared<DecoderLayer>(config, deferred));
+    layers.push_back(std::make_shared<DecoderLayer>(config, i, deferred));
     layer_indices.push_back(i);
     layer_list_->register_module(std::to_string(i), layers.back());
   }

@@ -13,7 +13,9 @@
 // with causal grouped-query attention (each group of num_attention_heads /
 // num_key_value_heads query heads shares one key/value head); a final RMSNorm; the output
 // projection lm_head, or the embedding matrix when tie_word_embeddings. Qwen2 adds biases to
-// q_proj, k_proj and v_proj; Llama has biases on q/k/v/o only with attention_bias.
+// q_proj, k_proj and v_proj; Llama has biases on q/k/v/o only with attention_bias; Qwen3
+// normalises each head's queries and keys; Qwen3-MoE replaces the MLP of its mixture-of-experts
+// layers with a SparseMoe.
 //
 // Initialisation (InitConfig): every weight matrix and the embedding ~ N(0, std), o_proj
 // and down_proj ~ N(0, std / sqrt(2 * num_hidden_layers)) with scaled_residual_init, biases
@@ -123,10 +125,10 @@ class Attention : public torch::nn::Module {
   int64_t head_dim_;
 };
 
-// The SwiGLU feed-forward: down_proj(silu(gate_proj(x)) * up_proj(x)).
+// The SwiGLU feed-forward: down_proj(silu(gate_proj(x)) * up_proj(x)), `width` wide inside.
 class Mlp : public torch::nn::Module {
  public:
-  explicit Mlp(const ModelConfig& config, const Deferred& deferred = std::nullopt);
+  Mlp(int64_t hidden, int64_t width, const Deferred& deferred = std::nullopt);
   // As Attention::forward (of the context, it reads the tensor-parallel and checkpointing ops
   // and generic_ops).
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
@@ -134,16 +136,38 @@ class Mlp : public torch::nn::Module {
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 
-// One pre-norm transformer block (HF's LlamaDecoderLayer / Qwen2DecoderLayer).
+// A mixture of experts (Qwen3-MoE's sparse MLP): a router `gate` [num_experts, hidden] whose
+// softmax (in fp32) picks num_experts_per_tok experts for each token, the lower expert on a
+// tie, so that every layout routes alike; their probabilities, renormalised over the chosen
+// where norm_topk_prob, weigh the outputs of the experts, SwiGLU MLPs of
+// moe_intermediate_size, each computing the rows routed to it in one GEMM per projection.
+class SparseMoe : public torch::nn::Module {
+ public:
+  explicit SparseMoe(const ModelConfig& config, const Deferred& deferred = std::nullopt);
+  // x [B, T, hidden] -> [B, T, hidden].
+  torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
+
+  torch::nn::Linear gate{nullptr};
+  std::vector<std::shared_ptr<Mlp>> experts;  // registered as "experts.0", "experts.1", ...
+
+ private:
+  int64_t per_token_;
+  bool normalise_;
+};
+
+// One pre-norm transformer block (HF's LlamaDecoderLayer / Qwen2DecoderLayer /
+// Qwen3MoeDecoderLayer), layer `index` of the model: its feed-forward, registered as "mlp", is
+// a dense Mlp or, in the layers IsMoeLayer names, a SparseMoe.
 class DecoderLayer : public torch::nn::Module {
  public:
-  explicit DecoderLayer(const ModelConfig& config, const Deferred& deferred = std::nullopt);
+  DecoderLayer(const ModelConfig& config, int64_t index, const Deferred& deferred = std::nullopt);
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
 
   std::shared_ptr<RmsNorm> input_layernorm;
   std::shared_ptr<Attention> self_attn;
   std::shared_ptr<RmsNorm> post_attention_layernorm;
-  std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<Mlp> mlp;        // null in a mixture-of-experts layer
+  std::shared_ptr<SparseMoe> moe;  // null in a dense layer
 };
 
 // The decoder stack without the output projection (HF's LlamaModel / Qwen2Model), or, in a

@@ -713,6 +713,20 @@ TEST(FlopsTest, CountsMatmulsAndCausalAttention) {
   EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(config, 16), expected);
 }
 
+// Qwen3's heads are wider than hidden / heads: q_proj, o_proj and attention count their
+// width. A mixture of experts counts the parameters a token meets: the router and its
+// num_experts_per_tok experts, not all of them.
+TEST(FlopsTest, CountsTheQueryHeadsWidthAndTheActiveExperts) {
+  ModelConfig config = *PresetConfig("qwen3-moe-tiny");  // hidden 128, heads 4 x 64, kv 2 x 64
+  config.set_num_hidden_layers(2);
+  config.add_mlp_only_layers(0);  // layer 0 dense (intermediate 128), layer 1 8 experts, 2 a token
+  const double attention = 128.0 * 256 * 2 + 128.0 * 128 * 2;
+  const double dense = 3.0 * 128 * 128;
+  const double moe = 128.0 * 8 + 2 * 3.0 * 128 * 128;
+  const double expected = 6.0 * (2 * attention + dense + moe + 128.0 * 4096) + 6.0 * 2 * 16 * 256;
+  EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(config, 16), expected);
+}
+
 // The activations a step holds at its peak, measured as LibTorch's CPU allocator hands them
 // out, against the estimate derived from what the ops save: in fp32 and bf16, with the fused
 // CPU kernels and with the generic ops a GPU runs (the composite forms, and LibTorch 2.x's

@@ -58,13 +58,21 @@ LocalActivations LocalActivationsOf(const ModelConfig& config, int64_t batch, in
 
 double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
   const double hidden = static_cast<double>(config.hidden_size());
+  const double q_width = static_cast<double>(config.num_attention_heads() * HeadDim(config));
   const double kv_width = static_cast<double>(config.num_key_value_heads() * HeadDim(config));
-  const double per_layer = hidden * hidden * 2 + hidden * kv_width * 2 +
-                           3.0 * hidden * static_cast<double>(config.intermediate_size());
+  // The matmul parameters a token meets: in a mixture-of-experts layer the router's and its
+  // num_experts_per_tok experts' only.
+  double matmul_params = hidden * static_cast<double>(config.vocab_size());
+  for (int64_t layer = 0; layer < config.num_hidden_layers(); ++layer) {
+    matmul_params += 2.0 * hidden * q_width + 2.0 * hidden * kv_width;
+    matmul_params += IsMoeLayer(config, layer)
+                         ? hidden * static_cast<double>(config.num_experts()) +
+                               3.0 * hidden * static_cast<double>(config.moe_intermediate_size()) *
+                                   static_cast<double>(config.num_experts_per_tok())
+                         : 3.0 * hidden * static_cast<double>(config.intermediate_size());
+  }
   const double layers = static_cast<double>(config.num_hidden_layers());
-  const double matmul_params =
-      layers * per_layer + hidden * static_cast<double>(config.vocab_size());
-  return 6.0 * matmul_params + 6.0 * layers * static_cast<double>(seq_len) * hidden;
+  return 6.0 * matmul_params + 6.0 * layers * static_cast<double>(seq_len) * q_width;
 }
 
 double ForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
@@ -94,6 +102,23 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
                           arithmetic * (local.heads + local.kv_heads))
               : CompositeRmsNormBytes(tokens * (local.heads + local.kv_heads), d, dtype, kernels);
   }
+  // The feed-forward's, with `kept` of its [rows, width] SwiGLU tensors saved (gate, up and
+  // down_proj's input; the composite adds silu(gate)): a dense MLP's over every token; in a
+  // mixture of experts (the larger block where the layers mix) each token's
+  // num_experts_per_tok routed rows, their copies and weighted outputs ([rows, hidden]), and the
+  // router's probabilities and their sorted order ([tokens, experts], fp32 and int64) with
+  // the routed pairs' indices and weights.
+  const auto feed_forward = [&](double kept) {
+    const double dense = tokens * element * kept * local.inner;
+    if (config.num_experts() <= 0) return dense;
+    const double per_token = static_cast<double>(config.num_experts_per_tok());
+    const double routed = tokens * per_token;
+    const double moe =
+        routed * element * (2.0 * h + kept * static_cast<double>(config.moe_intermediate_size())) +
+        tokens * static_cast<double>(config.num_experts()) * (sizeof(float) + sizeof(int64_t)) +
+        routed * (2.0 * sizeof(int64_t) + sizeof(float));
+    return config.mlp_only_layers_size() > 0 ? std::max(dense, moe) : moe;
+  };
   if (fused) {
     // Each RmsNorm its input and rstd (the input is the block's, then the attention's residual
     // sum), and the projections after it their inputs; the rotated q and k, v; the attention's
@@ -103,13 +128,13 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
     const double arithmetic =
         static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype)));
     return qk_norms + 2.0 * local.between_matmuls * (h * element + arithmetic) + column_inputs +
-           tokens * element * (2.0 * local.q_width + 2.0 * local.kv_width + 3.0 * local.inner) +
+           tokens * element * (2.0 * local.q_width + 2.0 * local.kv_width) + feed_forward(3.0) +
            tokens * arithmetic * local.heads;
   }
   // The composite SwiGLU keeps gate, up and silu(gate), down_proj their product.
   const double norms_and_mlp =
       qk_norms + 2.0 * CompositeRmsNormBytes(local.between_matmuls, h, dtype, kernels) +
-      column_inputs + tokens * element * 4.0 * local.inner;
+      column_inputs + feed_forward(4.0);
   if (kernels.has_causal_sdpa) {
     // The fused attention keeps the rotated q and k, v, its output and its fp32 log-sum-exp
     // [batch, heads, seq_len]; o_proj reads the output where the kernel wrote it, [tokens,

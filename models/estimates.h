@@ -21,14 +21,15 @@ namespace plait::models {
 // Model FLOPs of one token's forward and backward pass at sequence length `seq_len`, the
 // numerator of model FLOPs utilisation, by the one convention plait states beside every MFU
 // figure (kFlopConvention; Megatron-LM's count):
-//   6 * (matmul parameters) + 6 * num_hidden_layers * seq_len * hidden_size
+//   6 * (matmul parameters) + 6 * num_hidden_layers * seq_len * h
 // where the matmul parameters are those of q/k/v/o, gate/up/down in every layer plus the
 // output projection (counted once even when tied; the embedding lookup is not a matmul), each
-// used for 2 FLOPs per token forward and 4 backward; and the attention term counts Q K^T and
-// P V (2 * seq_len * hidden_size FLOPs each per token and layer forward, twice that
-// backward) over the causal half of the seq_len x seq_len score matrix, which is all a causal
-// model needs (PaLM's 12 * L * s * h counts the whole matrix). Recomputation under activation
-// checkpointing is not model FLOPs.
+// used for 2 FLOPs per token forward and 4 backward, of a mixture-of-experts layer only those a
+// token meets (the router and num_experts_per_tok experts: the active parameters); and the
+// attention term counts Q K^T and P V (2 * seq_len * h FLOPs each per token and layer forward,
+// h the query heads' width, num_attention_heads * head_dim, twice that backward) over the causal
+// half of the seq_len x seq_len score matrix, which is all a causal model needs (PaLM's 12 * L * s
+// * h counts the whole matrix). Recomputation under activation checkpointing is not model FLOPs.
 double TrainingFlopsPerToken(const ModelConfig& config, int64_t seq_len);
 
 // Model FLOPs of one token's forward pass alone (a frozen model's), by the same convention:

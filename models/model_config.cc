@@ -1,5 +1,6 @@
 #include "models/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -70,6 +71,24 @@ ModelConfig Qwen3(int64_t hidden, int64_t intermediate, int64_t layers, int64_t 
   return config;
 }
 
+// Qwen3-MoE as its Hugging Face configs have it: Qwen3's attention, every layer a mixture of
+// `experts` experts of width `expert_width`, `per_token` of them a token, renormalised over
+// the chosen, and the load-balancing loss at 0.001.
+ModelConfig Qwen3Moe(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
+                     int64_t head_dim, int64_t vocab, bool tie, int64_t experts, int64_t per_token,
+                     int64_t expert_width) {
+  ModelConfig config =
+      Qwen3(hidden, /*intermediate=*/expert_width, layers, heads, kv_heads, head_dim, vocab, tie);
+  config.set_model_type("qwen3_moe");
+  config.set_num_experts(experts);
+  config.set_num_experts_per_tok(per_token);
+  config.set_moe_intermediate_size(expert_width);
+  config.set_norm_topk_prob(true);
+  config.set_decoder_sparse_step(1);
+  config.set_router_aux_loss_coef(0.001);
+  return config;
+}
+
 struct Preset {
   const char* name;
   ModelConfig (*make)();
@@ -109,6 +128,8 @@ const Preset kPresets[] = {
     {"qwen3-tiny", [] { return Qwen3(128, 384, 4, 4, 2, 64, 4096, true); }},
     {"qwen3-0.6b", [] { return Qwen3(1024, 3072, 28, 16, 8, 128, 151936, true); }},
     {"qwen3-8b", [] { return Qwen3(4096, 12288, 36, 32, 8, 128, 151936, false); }},
+    {"qwen3-moe-tiny", [] { return Qwen3Moe(128, 4, 4, 2, 64, 4096, true, 8, 2, 128); }},
+    {"qwen3-30b-a3b", [] { return Qwen3Moe(2048, 48, 32, 4, 128, 151936, false, 128, 8, 768); }},
     {"qwen2.5-0.5b", [] { return Qwen2(896, 4864, 24, 14, 2, 151936, true); }},
     {"qwen2.5-7b", [] { return Qwen2(3584, 18944, 28, 28, 4, 152064, false); }},
 };
@@ -192,6 +213,42 @@ absl::StatusOr<const char*> RopeField(const Json& json, const std::string& sourc
   return nullptr;
 }
 
+// The mixture-of-experts fields: set, within bounds, for qwen3_moe; unset for the others.
+absl::Status ValidateExperts(const ModelConfig& config, absl::string_view path) {
+  if (config.model_type() != "qwen3_moe") {
+    if (config.num_experts() != 0 || config.num_experts_per_tok() != 0 ||
+        config.moe_intermediate_size() != 0 || config.decoder_sparse_step() != 0 ||
+        config.mlp_only_layers_size() != 0 || config.router_aux_loss_coef() != 0.0 ||
+        config.norm_topk_prob()) {
+      return FieldError(path, "num_experts",
+                        absl::StrCat("the mixture-of-experts fields are for qwen3_moe, not ",
+                                     config.model_type(), "; leave them unset"));
+    }
+    return absl::OkStatus();
+  }
+  PLAIT_RETURN_IF_ERROR(Size(path, "num_experts", config.num_experts(), kMaxWidth));
+  PLAIT_RETURN_IF_ERROR(
+      Size(path, "num_experts_per_tok", config.num_experts_per_tok(), config.num_experts()));
+  PLAIT_RETURN_IF_ERROR(
+      Size(path, "moe_intermediate_size", config.moe_intermediate_size(), kMaxWidth));
+  if (config.decoder_sparse_step() < 0) {
+    return FieldError(path, "decoder_sparse_step",
+                      absl::StrCat(config.decoder_sparse_step(), " must be >= 0 (0: 1)"));
+  }
+  for (const int64_t layer : config.mlp_only_layers()) {
+    if (layer < 0 || layer >= config.num_hidden_layers()) {
+      return FieldError(
+          path, "mlp_only_layers",
+          absl::StrCat(layer, " is not a layer of the ", config.num_hidden_layers(), " (0-based)"));
+    }
+  }
+  if (!(config.router_aux_loss_coef() >= 0.0) || !std::isfinite(config.router_aux_loss_coef())) {
+    return FieldError(path, "router_aux_loss_coef",
+                      absl::StrCat(config.router_aux_loss_coef(), " must be finite and >= 0"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<std::string> PresetNames() {
@@ -208,14 +265,23 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
       "unknown model preset \"", name, "\"; known presets: ", absl::StrJoin(PresetNames(), ", ")));
 }
 
+bool IsMoeLayer(const ModelConfig& config, int64_t layer) {
+  if (config.num_experts() <= 0) return false;
+  for (const int64_t dense : config.mlp_only_layers()) {
+    if (dense == layer) return false;
+  }
+  const int64_t step = std::max<int64_t>(1, config.decoder_sparse_step());
+  return (layer + 1) % step == 0;
+}
+
 absl::Status ValidateModelConfig(const ModelConfig& config, absl::string_view field_path) {
   const absl::string_view path = field_path;
   const std::string& type = config.model_type();
-  if (type != "llama" && type != "qwen2" && type != "qwen3") {
+  if (type != "llama" && type != "qwen2" && type != "qwen3" && type != "qwen3_moe") {
     return FieldError(path, "model_type",
                       absl::StrCat("\"", type,
                                    "\" is not supported; use "
-                                   "\"llama\", \"qwen2\" or \"qwen3\""));
+                                   "\"llama\", \"qwen2\", \"qwen3\" or \"qwen3_moe\""));
   }
   PLAIT_RETURN_IF_ERROR(Size(path, "hidden_size", config.hidden_size(), kMaxWidth));
   PLAIT_RETURN_IF_ERROR(Size(path, "intermediate_size", config.intermediate_size(), kMaxWidth));
@@ -254,7 +320,7 @@ absl::Status ValidateModelConfig(const ModelConfig& config, absl::string_view fi
     PLAIT_RETURN_IF_ERROR(
         ValidateRopeScaling(config.rope_scaling(), absl::StrCat(path, ".rope_scaling")));
   }
-  return absl::OkStatus();
+  return ValidateExperts(config, path);
 }
 
 absl::Status ValidateInitConfig(const InitConfig& config, absl::string_view field_path) {
@@ -289,6 +355,40 @@ absl::StatusOr<ModelConfig> ResolveModelSpec(const ModelSpec& spec, absl::string
       absl::StrCat(field_path, ": set one of preset, config or hf_config_path"));
 }
 
+namespace {
+
+// A qwen3_moe config.json's mixture-of-experts fields, with transformers' Qwen3MoeConfig
+// defaults where one is absent.
+absl::Status ParseExperts(const Json& json, const base::JsonFields& fields, ModelConfig& config) {
+  // transformers 5 writes num_experts as num_local_experts (its attribute map's name).
+  PLAIT_ASSIGN_OR_RETURN(
+      const int64_t experts,
+      fields.Int(fields.Has("num_local_experts") ? "num_local_experts" : "num_experts", 128));
+  PLAIT_ASSIGN_OR_RETURN(const int64_t per_token, fields.Int("num_experts_per_tok", 8));
+  PLAIT_ASSIGN_OR_RETURN(const int64_t width, fields.Int("moe_intermediate_size", 768));
+  PLAIT_ASSIGN_OR_RETURN(const bool normalise, fields.Bool("norm_topk_prob", false));
+  PLAIT_ASSIGN_OR_RETURN(const int64_t step, fields.Int("decoder_sparse_step", 1));
+  PLAIT_ASSIGN_OR_RETURN(const double coefficient, fields.Double("router_aux_loss_coef", 0.001));
+  config.set_num_experts(experts);
+  config.set_num_experts_per_tok(per_token);
+  config.set_moe_intermediate_size(width);
+  config.set_norm_topk_prob(normalise);
+  config.set_decoder_sparse_step(step);
+  config.set_router_aux_loss_coef(coefficient);
+  if (fields.Has("mlp_only_layers")) {
+    const Json& layers = json["mlp_only_layers"];
+    if (!layers.is_array()) return fields.Error("mlp_only_layers", "expected a list of layers");
+    for (size_t i = 0; i < layers.size(); ++i) {
+      PLAIT_ASSIGN_OR_RETURN(const int64_t layer,
+                             fields.IntValue(layers[i], absl::StrCat("mlp_only_layers[", i, "]")));
+      config.add_mlp_only_layers(layer);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::string_view source) {
   const std::string name(source);
   PLAIT_ASSIGN_OR_RETURN(const Json json, base::ParseJson(name, text));
@@ -298,13 +398,13 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   const base::JsonFields fields(json, name);
   ModelConfig config;
   PLAIT_ASSIGN_OR_RETURN(std::string type, fields.String("model_type"));
-  if (type != "llama" && type != "qwen2" && type != "qwen3") {
+  if (type != "llama" && type != "qwen2" && type != "qwen3" && type != "qwen3_moe") {
     return fields.Error("model_type", absl::StrCat("\"", type,
                                                    "\" is not supported; use \"llama\", "
-                                                   "\"qwen2\" or \"qwen3\""));
+                                                   "\"qwen2\", \"qwen3\" or \"qwen3_moe\""));
   }
   const bool qwen2 = type == "qwen2";
-  const bool qwen3 = type == "qwen3";
+  const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
   config.set_model_type(type);
   PLAIT_ASSIGN_OR_RETURN(int64_t hidden, fields.Int("hidden_size"));
   PLAIT_ASSIGN_OR_RETURN(int64_t intermediate, fields.Int("intermediate_size"));
@@ -358,6 +458,7 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
         ParseRopeScaling(json[rope_field], name, rope_field, *config.mutable_rope_scaling()));
     if (config.rope_scaling().rope_type() == "default") config.clear_rope_scaling();
   }
+  if (type == "qwen3_moe") PLAIT_RETURN_IF_ERROR(ParseExperts(json, fields, config));
   PLAIT_RETURN_IF_ERROR(ValidateModelConfig(config, name));
   return config;
 }
@@ -370,9 +471,10 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& path) {
 std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dtype) {
   const bool qwen2 = config.model_type() == "qwen2";
   Json json;
-  json["architectures"] = {qwen2                            ? "Qwen2ForCausalLM"
-                           : config.model_type() == "qwen3" ? "Qwen3ForCausalLM"
-                                                            : "LlamaForCausalLM"};
+  json["architectures"] = {qwen2                                ? "Qwen2ForCausalLM"
+                           : config.model_type() == "qwen3"     ? "Qwen3ForCausalLM"
+                           : config.model_type() == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                                                : "LlamaForCausalLM"};
   json["model_type"] = config.model_type();
   json["hidden_size"] = config.hidden_size();
   json["intermediate_size"] = config.intermediate_size();
@@ -398,6 +500,16 @@ std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dt
     };
   } else {
     json["rope_scaling"] = nullptr;
+  }
+  if (config.model_type() == "qwen3_moe") {
+    json["num_experts"] = config.num_experts();
+    json["num_experts_per_tok"] = config.num_experts_per_tok();
+    json["moe_intermediate_size"] = config.moe_intermediate_size();
+    json["norm_topk_prob"] = config.norm_topk_prob();
+    json["decoder_sparse_step"] = std::max<int64_t>(1, config.decoder_sparse_step());
+    json["mlp_only_layers"] =
+        std::vector<int64_t>(config.mlp_only_layers().begin(), config.mlp_only_layers().end());
+    json["router_aux_loss_coef"] = config.router_aux_loss_coef();
   }
   json["torch_dtype"] = std::string(torch_dtype);
   return json.dump(2);

@@ -91,7 +91,13 @@ inline bool HasQkvBias(const ModelConfig& config) {
 
 // Whether each head's queries and keys are RMS-normalised before the rotary embedding
 // (self_attn.q_norm and k_norm, [head_dim] each): Qwen3's.
-inline bool HasQkNorm(const ModelConfig& config) { return config.model_type() == "qwen3"; }
+inline bool HasQkNorm(const ModelConfig& config) {
+  return config.model_type() == "qwen3" || config.model_type() == "qwen3_moe";
+}
+
+// Whether layer `layer` (0-based) of `config` is a mixture of experts (ModelConfig's
+// num_experts, decoder_sparse_step and mlp_only_layers), not a dense MLP.
+bool IsMoeLayer(const ModelConfig& config, int64_t layer);
 
 }  // namespace plait::models
 

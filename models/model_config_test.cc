@@ -93,7 +93,20 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"rope_scaling { rope_type: 'llama3' factor: 8 low_freq_factor: 4 "
                 "high_freq_factor: 1 original_max_position_embeddings: 8192 }",
                 "plan.model.rope_scaling.high_freq_factor"},
-        BadCase{"model_type: 'qwen2' attention_bias: true", "plan.model.attention_bias"}));
+        BadCase{"model_type: 'qwen2' attention_bias: true", "plan.model.attention_bias"},
+        BadCase{"num_experts: 4",
+                "plan.model.num_experts: the mixture-of-experts fields are for qwen3_moe, not "
+                "llama"},
+        BadCase{"model_type: 'qwen3_moe'", "plan.model.num_experts: 0 must be > 0"},
+        BadCase{"model_type: 'qwen3_moe' num_experts: 4 num_experts_per_tok: 5 "
+                "moe_intermediate_size: 8",
+                "plan.model.num_experts_per_tok: 5 must be <= 4"},
+        BadCase{"model_type: 'qwen3_moe' num_experts: 4 num_experts_per_tok: 2 "
+                "moe_intermediate_size: 8 mlp_only_layers: 7",
+                "plan.model.mlp_only_layers: 7 is not a layer of the"},
+        BadCase{"model_type: 'qwen3_moe' num_experts: 4 num_experts_per_tok: 2 "
+                "moe_intermediate_size: 8 router_aux_loss_coef: -1",
+                "plan.model.router_aux_loss_coef: -1 must be finite and >= 0"}));
 
 TEST(ValidateInitConfigTest, NonPositiveOrInfiniteStd) {
   InitConfig init;

@@ -36,9 +36,19 @@ std::vector<ParameterShape> ParameterShapes(const ModelConfig& config) {
       shapes.push_back({absl::StrCat(layer, "self_attn.k_norm.weight"), {HeadDim(config)}});
     }
     shapes.push_back({absl::StrCat(layer, "post_attention_layernorm.weight"), {hidden}});
-    linear("mlp.gate_proj", hidden, inner, false);
-    linear("mlp.up_proj", hidden, inner, false);
-    linear("mlp.down_proj", inner, hidden, false);
+    const auto mlp = [&](const std::string& prefix, int64_t width) {
+      linear(prefix + "gate_proj", hidden, width, false);
+      linear(prefix + "up_proj", hidden, width, false);
+      linear(prefix + "down_proj", width, hidden, false);
+    };
+    if (IsMoeLayer(config, i)) {
+      linear("mlp.gate", hidden, config.num_experts(), false);
+      for (int64_t e = 0; e < config.num_experts(); ++e) {
+        mlp(absl::StrCat("mlp.experts.", e, "."), config.moe_intermediate_size());
+      }
+    } else {
+      mlp("mlp.", inner);
+    }
   }
   shapes.push_back({"model.norm.weight", {hidden}});
   if (!config.tie_word_embeddings()) {

@@ -155,6 +155,7 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   shape.num_attention_heads = config.num_attention_heads();
   shape.head_dim = models::HeadDim(config);
   shape.intermediate_size = config.intermediate_size();
+  shape.num_experts = config.num_experts();
   shape.vocab_size = config.vocab_size();
   shape.seq_len = training.seq_len();
   shape.on_cpu = device_type == torch::kCPU;

@@ -181,6 +181,11 @@ std::vector<MemoryCheckPlan> MemoryCheckPlans() {
   MemoryCheckPlan qwen3{"qwen3_tiny_fsdp", Shortened(LoadShippedPlan("llama_fsdp")), 2};
   qwen3.plan.mutable_model()->set_preset("qwen3-tiny");
   plans.push_back(qwen3);
+  // A mixture of experts: the tiny Qwen3-MoE (8 experts, 2 a token) in the same plan.
+  MemoryCheckPlan moe = qwen3;
+  moe.name = "qwen3_moe_tiny_fsdp";
+  moe.plan.mutable_model()->set_preset("qwen3-moe-tiny");
+  plans.push_back(moe);
   // LoRA on q/k/v/o and the MLP: a frozen base (no gradients, no optimizer state) whose
   // projections keep only what their adapters' backward reads, under FSDP, on the medium
   // shape, where the activations dominate, and under FSDP over tensor parallelism, which

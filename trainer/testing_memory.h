@@ -49,7 +49,7 @@ struct MemoryCheckPlan {
 // pipelines llama_pp (1F1B), interleaved, and with each stage over 2 context-parallel ranks;
 // context parallelism over 2 ranks on one sequence of 1024 tokens; a real shape, Qwen2.5-0.5B's
 // widths and vocabulary with 2 of its layers, one sequence of 512 tokens in fp32; the tiny
-// Qwen3 in llama_fsdp's plan; and LoRA and QLoRA plans.
+// Qwen3 and the tiny Qwen3-MoE in llama_fsdp's plan; and LoRA and QLoRA plans.
 std::vector<MemoryCheckPlan> MemoryCheckPlans();
 
 // The job llama_long's model and optimizer (fp32) on one sequence of `seq_len` tokens a step,

@@ -1,8 +1,8 @@
 // The correctness anchor for DDP, FSDP, hybrid sharding (FSDP replicated across a second
 // dimension), tensor parallelism, activation checkpointing and their combinations: the tiny
-// Llama (and a tiny Qwen2) trained for 10 AdamW steps with clipping on several ranks
-// (threads over TCP) gives the same per-step losses, gradient norms and final parameters as one
-// process on the same global batch, within 1e-5 relative in fp32 (losses each, parameters as
+// Llama (and a tiny Qwen2, Qwen3 and Qwen3-MoE) trained for 10 AdamW steps with clipping on several
+// ranks (threads over TCP) gives the same per-step losses, gradient norms and final parameters as
+// one process on the same global batch, within 1e-5 relative in fp32 (losses each, parameters as
 // the norm of the difference over the norm of the tensor); and activation checkpointing gives
 // the same run as without it. With LoRA adapters (the base frozen) the same holds, and FSDP
 // reduce-scatters the adapters' gradients alone.
@@ -74,7 +74,7 @@ enum class Strategy { kNone, kDdp, kFsdp, kFsdpNoReshard, kFsdpBf16 };
 // Llama with a vocabulary of 4097 (one more than its data's ids), which tensor parallelism
 // pads (pad_vocab_to_multiple); the tiny Qwen3 (heads of 64 on a hidden size of 128, each
 // head's queries and keys RMS-normalised, whose norms' gradients tensor parallelism sums).
-enum class Variant { kPlain, kTied, kUnusedParameter, kQwen2, kOddVocabulary, kQwen3 };
+enum class Variant { kPlain, kTied, kUnusedParameter, kQwen2, kOddVocabulary, kQwen3, kQwen3Moe };
 
 struct Scenario {
   std::string name;
@@ -135,6 +135,9 @@ std::shared_ptr<models::CausalLM> MakeModel(Variant variant = Variant::kPlain,
     config.set_num_key_value_heads(1);
   }
   if (variant == Variant::kQwen3) config = models::PresetConfig("qwen3-tiny").value();
+  // 8 experts, 2 a token: the ranks' batches route differently, some experts none of a rank's
+  // tokens.
+  if (variant == Variant::kQwen3Moe) config = models::PresetConfig("qwen3-moe-tiny").value();
   if (variant == Variant::kOddVocabulary) config.set_vocab_size(config.vocab_size() + 1);
   models::InitConfig init;
   init.set_seed(3);
@@ -482,6 +485,8 @@ INSTANTIATE_TEST_SUITE_P(
                  true},
         Scenario{"fsdp_2_ranks_qwen3", Strategy::kFsdp, 2, 1, Variant::kQwen3},
         Scenario{"tp_2_ranks_qwen3", Strategy::kNone, 1, 1, Variant::kQwen3, 2},
+        Scenario{"fsdp_2_ranks_qwen3_moe", Strategy::kFsdp, 2, 1, Variant::kQwen3Moe},
+        Scenario{"ddp_2_ranks_qwen3_moe_accumulating", Strategy::kDdp, 2, 2, Variant::kQwen3Moe},
         Scenario{"fsdp_2_x_tp_2", Strategy::kFsdp, 2, 1, Variant::kPlain, 2},
         // 4097 rows padded to 4098 (2 ranks: rank 1's last row is padding, in its second
         // FSDP shard) and to 4100 (4 ranks: 3 padding rows).

@@ -90,13 +90,29 @@ CONFIGS = {
     "qwen3_bias": ("qwen3", dict(num_key_value_heads=4, head_dim=16,
                                  attention_bias=True,
                                  tie_word_embeddings=False)),
+    # 4 experts of 32, 2 a token, renormalised over the chosen.
+    "qwen3_moe": ("qwen3_moe", dict(num_key_value_heads=2, head_dim=16,
+                                    num_experts=4, num_experts_per_tok=2,
+                                    moe_intermediate_size=32,
+                                    norm_topk_prob=True,
+                                    tie_word_embeddings=False)),
+    # Layer 0 dense (mlp_only_layers), 3 of 6 experts a token, not
+    # renormalised.
+    "qwen3_moe_mixed": ("qwen3_moe", dict(num_key_value_heads=2, head_dim=16,
+                                          num_experts=6, num_experts_per_tok=3,
+                                          moe_intermediate_size=24,
+                                          norm_topk_prob=False,
+                                          mlp_only_layers=[0],
+                                          tie_word_embeddings=True)),
 }
 CONFIG_CLASSES = {"llama": transformers.LlamaConfig,
                   "qwen2": transformers.Qwen2Config,
-                  "qwen3": transformers.Qwen3Config}
+                  "qwen3": transformers.Qwen3Config,
+                  "qwen3_moe": transformers.Qwen3MoeConfig}
 MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM,
                  "qwen2": transformers.Qwen2ForCausalLM,
-                 "qwen3": transformers.Qwen3ForCausalLM}
+                 "qwen3": transformers.Qwen3ForCausalLM,
+                 "qwen3_moe": transformers.Qwen3MoeForCausalLM}
 
 
 def hf_config(name):
@@ -149,9 +165,29 @@ def compare_forward_backward(check, plait_file, model, input_ids, labels):
                  output.logits.detach())
     expect_close(f"{check}: loss", "loss", plait["loss"],
                  output.loss.detach().reshape(1))
-    expect_close_gradients(
-        check, plait_gradients(plait),
-        {name: p.grad for name, p in model.named_parameters()})
+    expect_close_gradients(check, plait_gradients(plait), hf_gradients(model))
+
+
+def hf_gradients(model):
+    """The gradient of each of model's parameters by the name its saved
+    folder gives it: transformers 5 holds a layer's experts stacked
+    (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I])
+    and saves them one by one (mlp.experts.<e>.gate_proj.weight, ...)."""
+    grads = {}
+    for name, param in model.named_parameters():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name.removesuffix("gate_up_proj")
+            for e, grad in enumerate(param.grad):
+                gate, up = grad.chunk(2, dim=0)
+                grads[f"{prefix}{e}.gate_proj.weight"] = gate
+                grads[f"{prefix}{e}.up_proj.weight"] = up
+        elif name.endswith("mlp.experts.down_proj"):
+            prefix = name.removesuffix("down_proj")
+            for e, grad in enumerate(param.grad):
+                grads[f"{prefix}{e}.down_proj.weight"] = grad
+        else:
+            grads[name] = param.grad
+    return grads
 
 
 def peft_to_plait_name(peft_name):

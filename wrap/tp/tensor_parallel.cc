@@ -393,6 +393,10 @@ std::vector<base::Violation> TensorParallelStrategy::Check(const std::optional<M
   if (size <= 0 || !shape.has_value()) return {};  // an unknown dimension is the rules' to report
   std::vector<std::string> problems =
       HeadSplitProblems(shape->num_attention_heads, shape->num_key_value_heads, size);
+  if (shape->num_experts > 0) {
+    problems.push_back(absl::StrCat("the model is a mixture of ", shape->num_experts,
+                                    " experts, whose tensor parallelism is not supported yet"));
+  }
   if (shape->intermediate_size % size != 0) {
     problems.push_back(absl::StrCat("intermediate_size (", shape->intermediate_size,
                                     ") does not divide by the tensor-parallel size ", size));
