@@ -269,8 +269,8 @@ torch::Tensor Mlp::forward(const torch::Tensor& x, const AttentionContext& conte
                      context);
 }
 
-SparseMoe::SparseMoe(const ModelConfig& config, const Deferred& deferred)
-    : per_token_(config.num_experts_per_tok()), normalise_(config.norm_topk_prob()) {
+SparseMoe::SparseMoe(const ModelConfig& config, int64_t layer, const Deferred& deferred)
+    : layer_(layer), per_token_(config.num_experts_per_tok()), normalise_(config.norm_topk_prob()) {
   const int64_t hidden = config.hidden_size();
   gate = register_module("gate", MakeLinear(hidden, config.num_experts(), false, deferred));
   const auto list = register_module("experts", std::make_shared<torch::nn::Module>());
@@ -290,8 +290,8 @@ torch::Tensor SparseMoe::forward(const torch::Tensor& x, const AttentionContext&
   if (normalise_) weights = weights / weights.sum(-1, /*keepdim=*/true);
   // The (token, choice) pairs grouped by expert, in token order within each.
   const torch::Tensor chosen = order.narrow(-1, 0, per_token_).reshape(-1);
-  const auto [experts_in_order, pairs] =
-      chosen.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const torch::Tensor pairs =
+      std::get<1>(chosen.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
   const torch::Tensor tokens = pairs.div(per_token_, "floor");
   const torch::Tensor pair_weights = weights.reshape(-1).index_select(0, pairs).to(x.scalar_type());
   const torch::Tensor counts =
@@ -307,7 +307,8 @@ torch::Tensor SparseMoe::forward(const torch::Tensor& x, const AttentionContext&
     out.index_add_(0, routed, y * pair_weights.narrow(0, first, rows).unsqueeze(1));
     first += rows;
   }
-  return out.view(x.sizes());
+  out = out.view(x.sizes());
+  return context.router ? context.router->Record(layer_, probabilities, chosen, out) : out;
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig& config, int64_t index, const Deferred& deferred) {
@@ -319,7 +320,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& config, int64_t index, const Defer
       "post_attention_layernorm",
       std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(), deferred));
   if (IsMoeLayer(config, index)) {
-    moe = register_module("mlp", std::make_shared<SparseMoe>(config, deferred));
+    moe = register_module("mlp", std::make_shared<SparseMoe>(config, index, deferred));
   } else {
     mlp = register_module(
         "mlp", std::make_shared<Mlp>(config.hidden_size(), config.intermediate_size(), deferred));
@@ -509,22 +510,26 @@ torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& po
   const AttentionContext& cached =
       Context(tokens.size(1), tokens.device(),
               h.defined() ? h.scalar_type() : model_->embed_tokens->weight.scalar_type());
-  // Packed rows: this forward's own copy, each row's rotary tables gathered by its positions;
-  // context_ keeps only what depends on the length.
-  AttentionContext packed;
+  // This forward's own copy (context_ keeps only what depends on the length): packed rows'
+  // rotary tables, each row's gathered by its positions, and where the layers record their
+  // routing.
+  AttentionContext context = cached;
   if (positions.defined()) {
     TORCH_CHECK(cached.cp == nullptr,
                 "CausalLM: packed rows (positions) under context parallelism are not supported");
     TORCH_CHECK(positions.sizes() == tokens.sizes(), "CausalLM::Forward: positions ",
                 positions.sizes(), " are not shaped as tokens ", tokens.sizes());
-    packed = cached;
-    packed.positions = positions.to(tokens.device(), torch::kInt64);
-    const torch::Tensor rows = packed.positions.flatten();
+    context.positions = positions.to(tokens.device(), torch::kInt64);
+    const torch::Tensor rows = context.positions.flatten();
     const std::vector<int64_t> shape = {tokens.size(0), tokens.size(1), cached.rope.cos.size(1)};
-    packed.rope.cos = cached.rope.cos.index_select(0, rows).view(shape);
-    packed.rope.sin = cached.rope.sin.index_select(0, rows).view(shape);
+    context.rope.cos = cached.rope.cos.index_select(0, rows).view(shape);
+    context.rope.sin = cached.rope.sin.index_select(0, rows).view(shape);
   }
-  const AttentionContext& context = positions.defined() ? packed : cached;
+  if (config_.num_experts() > 0) {
+    last_routing_ = c10::make_intrusive<RouterStatistics>(config_.num_experts(),
+                                                          config_.router_aux_loss_coef());
+    context.router = last_routing_;
+  }
   wrap::TensorParallelOps* tp = context.tp;
   if (!h.defined()) {
     const torch::Tensor own = context.cp == nullptr ? tokens : context.cp->Slice(tokens);

@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "models/model.pb.h"
 #include "models/rotary.h"
+#include "models/router_statistics.h"
 #include "parallel/tensor_slice.h"
 #include "torch/nn/module.h"
 #include "torch/nn/modules/embedding.h"
@@ -99,6 +100,8 @@ struct AttentionContext {
   // Context parallelism's attention over the whole sequence, of which this rank computes a
   // slice (`rope` is then its tokens'), or nullptr.
   wrap::ContextParallelOps* cp = nullptr;
+  // A mixture-of-experts model's: where this forward's layers record their routing.
+  c10::intrusive_ptr<RouterStatistics> router;
 };
 
 // Causal self-attention with rotary embeddings and grouped-query attention.
@@ -140,10 +143,11 @@ class Mlp : public torch::nn::Module {
 // softmax (in fp32) picks num_experts_per_tok experts for each token, the lower expert on a
 // tie, so that every layout routes alike; their probabilities, renormalised over the chosen
 // where norm_topk_prob, weigh the outputs of the experts, SwiGLU MLPs of
-// moe_intermediate_size, each computing the rows routed to it in one GEMM per projection.
+// moe_intermediate_size, each computing the rows routed to it in one GEMM per projection. Its
+// routing is recorded in the context's RouterStatistics as that of layer `layer`.
 class SparseMoe : public torch::nn::Module {
  public:
-  explicit SparseMoe(const ModelConfig& config, const Deferred& deferred = std::nullopt);
+  SparseMoe(const ModelConfig& config, int64_t layer, const Deferred& deferred = std::nullopt);
   // x [B, T, hidden] -> [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
 
@@ -151,6 +155,7 @@ class SparseMoe : public torch::nn::Module {
   std::vector<std::shared_ptr<Mlp>> experts;  // registered as "experts.0", "experts.1", ...
 
  private:
+  int64_t layer_;
   int64_t per_token_;
   bool normalise_;
 };
@@ -282,6 +287,10 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   torch::Tensor SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
                                  int64_t ignore_index = kIgnoreIndex);
 
+  // A mixture-of-experts model's routing in its last forward (its load-balancing loss), or
+  // null for a dense model and before the first forward.
+  const c10::intrusive_ptr<RouterStatistics>& LastRouting() const { return last_routing_; }
+
   // Re-draws every parameter as the header describes.
   absl::Status ResetParameters(const InitConfig& init);
 
@@ -354,6 +363,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   std::vector<std::pair<int64_t, int64_t>> stages_;  // the blocks of each stage held
   int selected_stage_ = 0;
   torch::Tensor stage_input_;
+  c10::intrusive_ptr<RouterStatistics> last_routing_;
 };
 
 }  // namespace plait::models

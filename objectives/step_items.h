@@ -51,6 +51,10 @@ class StepItems {
 
   // N: the items of every micro-batch of the step on every data-parallel rank.
   int64_t total() const { return total_; }
+  // n_micro: this rank's micro-batch `micro`'s.
+  int64_t items(int micro) const { return items_.at(micro); }
+  // D: the ranks of the scoring dimensions.
+  int data_parallel_size() const { return data_parallel_size_; }
 
   // `loss`, the mean over micro-batch `micro`'s items, divided by N / (n_micro D) for its
   // backward. A micro-batch with no item contributes 0 and a zero gradient (its loss is 0 by

@@ -4,6 +4,9 @@
 // and 4 ranks (each scoring its slice of every example) train as one process on the whole
 // batch does: the same losses, gradient norms, evaluation losses and final parameters.
 // Averaging each micro-batch's mean instead (as plait did) is measurably another loss here.
+// A mixture of experts trains its load-balancing loss as one process too: the routing of each
+// micro-batch is summed over the ranks that read it, and the loss weighs as the micro-batch's
+// share of the step's items (objectives/router_loss.h).
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -68,8 +71,9 @@ std::string WriteSftFile(const std::string& name, int examples) {
 // tensor's norm) where the gradients agreed to 1e-6; SGD keeps the parameters as close as
 // the gradients. `ranks` ranks under `strategy` ("fsdp", "ddp", "context_parallel", or "" for
 // one process), each accumulating `accumulation` micro-batches, kGlobalBatch examples per
-// step; evaluated at the last step on the 16 held-out examples.
-plan::Plan SftPlan(const std::string& strategy, int ranks, int accumulation) {
+// step; evaluated at the last step on the 16 held-out examples. With `moe`, the model is the
+// tiny Qwen3-MoE, its load-balancing loss weighed enough that a wrong gradient of it shows.
+plan::Plan SftPlan(const std::string& strategy, int ranks, int accumulation, bool moe = false) {
   static const std::string train = WriteSftFile("train.jsonl", kSteps * kGlobalBatch);
   static const std::string eval = WriteSftFile("eval.jsonl", kGlobalBatch);
   plan::Plan plan = ShortShippedPlan("llama_sft");
@@ -84,6 +88,11 @@ plan::Plan SftPlan(const std::string& strategy, int ranks, int accumulation) {
     if (strategy == "fsdp") step->mutable_fsdp()->set_mesh_dim(name);
     if (strategy == "ddp") step->mutable_ddp()->set_mesh_dim(name);
     if (strategy == "context_parallel") step->mutable_context_parallel()->set_mesh_dim(name);
+  }
+  if (moe) {
+    models::ModelConfig config = models::PresetConfig("qwen3-moe-tiny").value();
+    config.set_router_aux_loss_coef(0.1);
+    *plan.mutable_model()->mutable_config() = config;
   }
   plan.mutable_optimizer()->mutable_sgd()->set_momentum(0.9);
   plan.mutable_schedule()->set_lr(0.3);
@@ -108,12 +117,25 @@ const SavedRun& SingleProcess() {
   return *run;
 }
 
+// The tiny Qwen3-MoE's single process, accumulating 2 micro-batches (one of the short
+// completions, one of the long) or not: its load-balancing loss is one of each micro-batch.
+const SavedRun& SingleMoeProcess(int accumulation) {
+  static auto* runs = new std::map<int, SavedRun>();
+  auto it = runs->find(accumulation);
+  if (it == runs->end()) {
+    it = runs->emplace(accumulation, TrainAndSave(SftPlan("", 1, accumulation, /*moe=*/true), 1,
+                                                  absl::StrCat("single_moe_", accumulation)))
+             .first;
+  }
+  return it->second;
+}
+
 void ExpectNearRelative(double actual, double expected, const std::string& what) {
   EXPECT_NEAR(actual, expected, 1e-5 * std::abs(expected)) << what;
 }
 
-void ExpectSameRun(const SavedRun& run, const std::string& layout) {
-  const SavedRun& expected = SingleProcess();
+void ExpectSameRun(const SavedRun& run, const std::string& layout,
+                   const SavedRun& expected = SingleProcess()) {
   ASSERT_EQ(run.report.steps.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(expected.report.steps.size(), static_cast<size_t>(kSteps));
   for (int i = 0; i < kSteps; ++i) {
@@ -123,6 +145,10 @@ void ExpectSameRun(const SavedRun& run, const std::string& layout) {
     ExpectNearRelative(a.loss, e.loss, step + "loss");
     ASSERT_TRUE(a.grad_norm.has_value() && e.grad_norm.has_value());
     ExpectNearRelative(*a.grad_norm, *e.grad_norm, step + "grad_norm");
+    ASSERT_EQ(a.named.size(), e.named.size());
+    for (size_t m = 0; m < e.named.size(); ++m) {
+      ExpectNearRelative(a.named[m].second, e.named[m].second, step + e.named[m].first);
+    }
   }
   ASSERT_TRUE(expected.report.steps.back().eval_loss.has_value());
   ASSERT_TRUE(run.report.steps.back().eval_loss.has_value());
@@ -190,6 +216,36 @@ TEST(SftNormalizationTest, ContextParallelRanksScoringTheirSlicesTrainAsOneProce
   ExpectSameRun(TrainAndSave(SftPlan("context_parallel", 2, 1), 2, "cp2"), "cp 2");
   ExpectSameRun(TrainAndSave(SftPlan("context_parallel", 4, 2), 4, "cp4_accumulation"),
                 "cp 4 x accumulation");
+}
+
+TEST(SftNormalizationTest, MixtureOfExpertsReportsItsRoutingAndLearns) {
+  const SavedRun& run = SingleMoeProcess(1);
+  const metrics::StepMetrics& first = run.report.steps.front();
+  ASSERT_EQ(first.named.size(), 3u);
+  EXPECT_EQ(first.named[0].first, "aux_loss");
+  // 2 of 8 experts a token: 2 when the routing is even, more when not.
+  EXPECT_GT(first.named[0].second, 1.9);
+  EXPECT_LT(first.named[0].second, 4.0);
+  EXPECT_EQ(first.named[1].first, "expert_load_max");
+  EXPECT_GE(first.named[1].second, 1.0);
+  EXPECT_EQ(first.named[2].first, "expert_load_min");
+  EXPECT_LE(first.named[2].second, 1.0);
+  EXPECT_LT(run.report.steps.back().loss, first.loss);
+}
+
+TEST(SftNormalizationTest, MixtureOfExpertsOnTwoDataParallelRanksTrainsAsOneProcess) {
+  ExpectSameRun(TrainAndSave(SftPlan("ddp", 2, 1, true), 2, "moe_ddp"), "moe ddp",
+                SingleMoeProcess(1));
+  ExpectSameRun(TrainAndSave(SftPlan("fsdp", 2, 1, true), 2, "moe_fsdp"), "moe fsdp",
+                SingleMoeProcess(1));
+}
+
+// Context-parallel ranks read the same micro-batches as one process, scoring different
+// numbers of their tokens: each micro-batch's load-balancing loss weighs by the items all of
+// them score.
+TEST(SftNormalizationTest, MixtureOfExpertsOnContextParallelRanksTrainsAsOneProcess) {
+  ExpectSameRun(TrainAndSave(SftPlan("context_parallel", 2, 2, true), 2, "moe_cp2_accumulation"),
+                "moe cp 2 x accumulation", SingleMoeProcess(2));
 }
 
 }  // namespace

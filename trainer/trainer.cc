@@ -36,6 +36,7 @@
 #include "models/model_config.h"
 #include "objectives/metric_means.h"
 #include "objectives/objective.h"
+#include "objectives/router_loss.h"
 #include "objectives/step_items.h"
 #include "optim/optimizer.h"
 #include "parallel/device.h"
@@ -198,11 +199,21 @@ class TrainingRun {
   // model's passes; nothing otherwise.
   absl::Status ReadFrozen(std::vector<CountedBatch>& batches);
 
+  // The metrics each micro-batch reports besides the loss: the objective's, then the router's.
+  std::vector<std::string> MetricNames() const {
+    std::vector<std::string> names = objective_->MetricNames();
+    for (std::string& name : objectives::RouterMetricNames(resolved_.model)) {
+      names.push_back(std::move(name));
+    }
+    return names;
+  }
+
   // The forward of micro-batch i of `batches` on the trained model (wrap::MicroBatchForward):
   // from the hidden state `input` on a later pipeline stage; the stage's output, or, where the
-  // model holds its output layers, the objective's loss, added to `means` and scaled by
-  // `step_items` for the backward (unscaled without them, in an evaluation). `batches` and
-  // `means` must outlive its use.
+  // model holds its output layers, the objective's loss with a mixture of experts'
+  // load-balancing loss (objectives/router_loss.h), added to `means` and scaled by `step_items`
+  // for the backward (unscaled without them, in an evaluation). `batches` and `means` must
+  // outlive its use.
   wrap::MicroBatchForward Forward(const std::vector<CountedBatch>& batches,
                                   objectives::MetricMeans& means,
                                   const objectives::StepItems* step_items);
@@ -403,7 +414,7 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
       base::Annotate(objectives::StepItems::Count(std::move(items), mesh_, resolved_.scoring_dims),
                      absl::StrCat("step ", metrics.step)));
   PLAIT_RETURN_IF_ERROR(base::Annotate(ReadFrozen(batches), absl::StrCat("step ", metrics.step)));
-  objectives::MetricMeans means(objective_->MetricNames());
+  objectives::MetricMeans means(MetricNames());
   // Its errors are the hooks' collectives', which name the step and their place in it, and
   // the objective's.
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().TrainMicroBatches(
@@ -555,8 +566,10 @@ wrap::MicroBatchForward TrainingRun::Forward(const std::vector<CountedBatch>& ba
     const CountedBatch& batch = batches[micro];
     return StageForward(model, batch.batch, input, [&]() -> absl::StatusOr<torch::Tensor> {
       PLAIT_ASSIGN_OR_RETURN(
-          const objectives::ObjectiveOutput output,
+          objectives::ObjectiveOutput output,
           objective_->Compute(model, batch.batch, batch.host, batch.frozen_read));
+      PLAIT_RETURN_IF_ERROR(objectives::AddRouterLoss(model, mesh_, resolved_.scoring_dims,
+                                                      step_items, micro, output));
       means.Add(output, batch.items);
       return step_items == nullptr ? output.loss
                                    : step_items->ScaledForBackward(output.loss, micro);
@@ -579,7 +592,7 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
     batches.push_back(std::move(batch));
   }
   PLAIT_RETURN_IF_ERROR(ReadFrozen(batches));
-  objectives::MetricMeans means(objective_->MetricNames());
+  objectives::MetricMeans means(MetricNames());
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().EvaluateMicroBatches(
       static_cast<int>(batches.size()), Forward(batches, means, /*step_items=*/nullptr)));
   return means.Mean(mesh_);

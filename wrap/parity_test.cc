@@ -15,6 +15,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -137,7 +139,11 @@ std::shared_ptr<models::CausalLM> MakeModel(Variant variant = Variant::kPlain,
   if (variant == Variant::kQwen3) config = models::PresetConfig("qwen3-tiny").value();
   // 8 experts, 2 a token: the ranks' batches route differently, some experts none of a rank's
   // tokens.
-  if (variant == Variant::kQwen3Moe) config = models::PresetConfig("qwen3-moe-tiny").value();
+  // A load-balancing loss weighed enough that a wrong gradient of it shows.
+  if (variant == Variant::kQwen3Moe) {
+    config = models::PresetConfig("qwen3-moe-tiny").value();
+    config.set_router_aux_loss_coef(0.1);
+  }
   if (variant == Variant::kOddVocabulary) config.set_vocab_size(config.vocab_size() + 1);
   models::InitConfig init;
   init.set_seed(3);
@@ -189,10 +195,48 @@ PrepareStep LoraStep() {
   return step;
 }
 
+// How a step's batch is cut into micro-batches: as `ranks` data-parallel ranks of
+// `micro_steps` micro-batches each cut it together, micro-batch m holding micro-batch m of
+// every rank's part (the rows Distributed gives each rank, in rank order). A mixture of
+// experts' load-balancing loss is one of each such micro-batch, so the single process
+// accumulates as the ranks do; the other losses are the same whole.
+struct Accumulation {
+  int ranks = 1;
+  int micro_steps = 1;
+
+  torch::Tensor Rows(int m) const {
+    const int64_t per_rank = kGlobalBatch / ranks;
+    const int64_t micro = per_rank / micro_steps;
+    std::vector<torch::Tensor> rows;
+    for (int r = 0; r < ranks; ++r) rows.push_back(torch::arange(micro) + r * per_rank + m * micro);
+    return torch::cat(rows);
+  }
+  bool operator<(const Accumulation& other) const {
+    return std::pair{ranks, micro_steps} < std::pair{other.ranks, other.micro_steps};
+  }
+};
+
+// `model`'s load-balancing loss in its last forward, router_aux_loss_coef * aux (0 for a dense
+// model), its routing summed over `dims` of `mesh` (the ranks that routed the rest of the
+// micro-batch), its gradient scaled by `gradient_scale` (models/router_statistics.h).
+torch::Tensor RouterLoss(models::CausalLM& model, double gradient_scale,
+                         const parallel::DeviceMesh* mesh = nullptr,
+                         const std::vector<std::string>& dims = {}) {
+  const auto& routing = model.LastRouting();
+  if (!routing) return torch::zeros({});
+  torch::Tensor total = routing->Load();
+  for (const std::string& dim : dims) {
+    EXPECT_THAT((*mesh->communicator(dim))->AllReduce(total, parallel::ReduceOp::kSum)->Wait(),
+                IsOk());
+  }
+  return routing->coefficient() * routing->Loss(total, gradient_scale);
+}
+
 // The final parameters are copied to the CPU. With `lora`, the adapters are added (and the
 // base frozen) without a Preparation, as one process needs none.
 TrainingRun SingleProcess(Variant variant = Variant::kPlain,
-                          torch::DeviceType device_type = kDevice, bool lora = false) {
+                          torch::DeviceType device_type = kDevice, bool lora = false,
+                          Accumulation accumulation = {}) {
   const torch::Device device = parallel::testing::RankDevice(device_type, 0);
   TrainingRun run;
   std::shared_ptr<models::CausalLM> model = MakeModel(variant, device);
@@ -205,12 +249,20 @@ TrainingRun SingleProcess(Variant variant = Variant::kPlain,
   auto optimizer = optim::Optimizer::Create(parameters, AdamWWithClipping()).value();
   for (int step = 0; step < kSteps; ++step) {
     auto [tokens, targets] = Batch(step);
-    torch::Tensor loss = model->Loss(tokens.to(device), targets.to(device));
-    loss.backward();
+    const int micro_steps = accumulation.micro_steps;
+    double step_loss = 0.0;
+    for (int m = 0; m < micro_steps; ++m) {
+      const torch::Tensor rows = accumulation.Rows(m);
+      torch::Tensor loss = model->Loss(tokens.index_select(0, rows).to(device),
+                                       targets.index_select(0, rows).to(device));
+      loss = (loss + RouterLoss(*model, 1.0 / micro_steps).to(device)) / micro_steps;
+      loss.backward();
+      step_loss += loss.item<double>();
+    }
     absl::StatusOr<optim::StepReport> report = optimizer->Step(LearningRate(step));
     EXPECT_THAT(report, IsOk());
     optimizer->ZeroGrad();
-    run.losses.push_back(loss.item<double>());
+    run.losses.push_back(step_loss);
     run.grad_norms.push_back(report->grad_norm.value_or(0.0));
   }
   for (const auto& named : model->NamedParameters()) {
@@ -308,8 +360,12 @@ TrainingRun Distributed(const Scenario& scenario) {
                             const int64_t first = dp_rank * per_rank + m * micro;
                             torch::Tensor loss =
                                 model->Loss(tokens.narrow(0, first, micro).to(device),
-                                            targets.narrow(0, first, micro).to(device)) /
-                                scenario.micro_steps;
+                                            targets.narrow(0, first, micro).to(device));
+                            // The wrappers average over the dp_size ranks.
+                            const torch::Tensor router = RouterLoss(
+                                *model, static_cast<double>(dp_size) / scenario.micro_steps, &mesh,
+                                data_dims);
+                            loss = (loss + router.to(device)) / scenario.micro_steps;
                             step_loss += loss.item<double>();
                             return loss;
                           }),
@@ -382,12 +438,20 @@ void ExpectLoraFsdpCosts(const Scenario& scenario, const TrainingRun& run) {
 
 class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
  protected:
-  // The single-process run of each variant, with and without adapters, run once.
-  static const TrainingRun& Reference(Variant variant, bool lora) {
-    static auto* references = new std::map<std::pair<Variant, bool>, TrainingRun>();
-    auto it = references->find({variant, lora});
+  // The single-process run of each variant, with and without adapters, run once; a mixture
+  // of experts' cut into micro-batches as `scenario`'s ranks cut them (Accumulation).
+  static const TrainingRun& Reference(const Scenario& scenario) {
+    using Key = std::tuple<Variant, bool, Accumulation>;
+    static auto* references = new std::map<Key, TrainingRun>();
+    Accumulation accumulation;
+    if (scenario.variant == Variant::kQwen3Moe) {
+      accumulation = {scenario.replicate * scenario.ranks, scenario.micro_steps};
+    }
+    const Key key{scenario.variant, scenario.lora, accumulation};
+    auto it = references->find(key);
     if (it == references->end()) {
-      it = references->emplace(std::pair{variant, lora}, SingleProcess(variant, kDevice, lora))
+      it = references
+               ->emplace(key, SingleProcess(scenario.variant, kDevice, scenario.lora, accumulation))
                .first;
     }
     return it->second;
@@ -399,7 +463,7 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
     GTEST_SKIP() << GetParam().name << " needs " << GetParam().world() << " GPUs; this machine has "
                  << parallel::CudaDeviceCount();
   }
-  const TrainingRun& expected = Reference(GetParam().variant, GetParam().lora);
+  const TrainingRun& expected = Reference(GetParam());
   const TrainingRun actual = Distributed(GetParam());
   ASSERT_EQ(actual.losses.size(), expected.losses.size());
   for (size_t step = 0; step < expected.losses.size(); ++step) {
@@ -556,26 +620,29 @@ TEST_P(CheckpointingParityTest, EqualsTheRunWithoutCheckpointing) {
 
 INSTANTIATE_TEST_SUITE_P(
     Policies, CheckpointingParityTest,
-    ::testing::Values(Scenario{"full_1_rank", Strategy::kNone, 1, 1, Variant::kPlain, 1, false, 1,
-                               ActivationCheckpointingConfig::FULL},
-                      Scenario{"selective_1_rank", Strategy::kNone, 1, 1, Variant::kPlain, 1, false,
-                               1, ActivationCheckpointingConfig::SELECTIVE},
-                      Scenario{"fsdp_2_ranks_full", Strategy::kFsdp, 2, 1, Variant::kPlain, 1,
-                               false, 1, ActivationCheckpointingConfig::FULL},
-                      Scenario{"fsdp_2_ranks_accumulating_selective", Strategy::kFsdp, 2, 2,
-                               Variant::kPlain, 1, false, 1,
-                               ActivationCheckpointingConfig::SELECTIVE},
-                      Scenario{"fsdp_2_ranks_no_reshard_full", Strategy::kFsdpNoReshard, 2, 1,
-                               Variant::kPlain, 1, false, 1, ActivationCheckpointingConfig::FULL},
-                      Scenario{"ddp_2_ranks_full", Strategy::kDdp, 2, 1, Variant::kPlain, 1, false,
-                               1, ActivationCheckpointingConfig::FULL},
-                      Scenario{"ddp_2_ranks_accumulating_selective", Strategy::kDdp, 2, 2,
-                               Variant::kPlain, 1, false, 1,
-                               ActivationCheckpointingConfig::SELECTIVE},
-                      Scenario{"tp_2_ranks_sequence_parallel_full", Strategy::kNone, 1, 1,
-                               Variant::kPlain, 2, true, 1, ActivationCheckpointingConfig::FULL},
-                      Scenario{"tp_2_ranks_selective", Strategy::kNone, 1, 1, Variant::kPlain, 2,
-                               false, 1, ActivationCheckpointingConfig::SELECTIVE}),
+    ::testing::Values(
+        Scenario{"full_1_rank", Strategy::kNone, 1, 1, Variant::kPlain, 1, false, 1,
+                 ActivationCheckpointingConfig::FULL},
+        Scenario{"selective_1_rank", Strategy::kNone, 1, 1, Variant::kPlain, 1, false, 1,
+                 ActivationCheckpointingConfig::SELECTIVE},
+        Scenario{"fsdp_2_ranks_full", Strategy::kFsdp, 2, 1, Variant::kPlain, 1, false, 1,
+                 ActivationCheckpointingConfig::FULL},
+        Scenario{"fsdp_2_ranks_accumulating_selective", Strategy::kFsdp, 2, 2, Variant::kPlain, 1,
+                 false, 1, ActivationCheckpointingConfig::SELECTIVE},
+        // The load-balancing loss's gradient reaches the routers through
+        // the recomputed layers.
+        Scenario{"fsdp_2_ranks_qwen3_moe_full", Strategy::kFsdp, 2, 1, Variant::kQwen3Moe, 1, false,
+                 1, ActivationCheckpointingConfig::FULL},
+        Scenario{"fsdp_2_ranks_no_reshard_full", Strategy::kFsdpNoReshard, 2, 1, Variant::kPlain, 1,
+                 false, 1, ActivationCheckpointingConfig::FULL},
+        Scenario{"ddp_2_ranks_full", Strategy::kDdp, 2, 1, Variant::kPlain, 1, false, 1,
+                 ActivationCheckpointingConfig::FULL},
+        Scenario{"ddp_2_ranks_accumulating_selective", Strategy::kDdp, 2, 2, Variant::kPlain, 1,
+                 false, 1, ActivationCheckpointingConfig::SELECTIVE},
+        Scenario{"tp_2_ranks_sequence_parallel_full", Strategy::kNone, 1, 1, Variant::kPlain, 2,
+                 true, 1, ActivationCheckpointingConfig::FULL},
+        Scenario{"tp_2_ranks_selective", Strategy::kNone, 1, 1, Variant::kPlain, 2, false, 1,
+                 ActivationCheckpointingConfig::SELECTIVE}),
     [](const ::testing::TestParamInfo<Scenario>& info) { return info.param.name; });
 
 // Mixed precision: parameters gathered and computed in bf16, gradients reduced in fp32,

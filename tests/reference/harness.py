@@ -90,11 +90,13 @@ CONFIGS = {
     "qwen3_bias": ("qwen3", dict(num_key_value_heads=4, head_dim=16,
                                  attention_bias=True,
                                  tie_word_embeddings=False)),
-    # 4 experts of 32, 2 a token, renormalised over the chosen.
+    # 4 experts of 32, 2 a token, renormalised over the chosen; a
+    # load-balancing loss weighed enough that its gradient shows.
     "qwen3_moe": ("qwen3_moe", dict(num_key_value_heads=2, head_dim=16,
                                     num_experts=4, num_experts_per_tok=2,
                                     moe_intermediate_size=32,
                                     norm_topk_prob=True,
+                                    router_aux_loss_coef=0.5,
                                     tie_word_embeddings=False)),
     # Layer 0 dense (mlp_only_layers), 3 of 6 experts a token, not
     # renormalised.
@@ -102,6 +104,7 @@ CONFIGS = {
                                           num_experts=6, num_experts_per_tok=3,
                                           moe_intermediate_size=24,
                                           norm_topk_prob=False,
+                                          router_aux_loss_coef=0.25,
                                           mlp_only_layers=[0],
                                           tie_word_embeddings=True)),
 }
@@ -159,12 +162,19 @@ def compare_forward_backward(check, plait_file, model, input_ids, labels):
     against transformers' model on the same batch."""
     plait = load_file(str(plait_file))
     model.zero_grad(set_to_none=True)
-    output = model(input_ids=input_ids, labels=labels)
+    # A mixture of experts' loss with its load-balancing loss, which
+    # transformers adds only with output_router_logits.
+    moe = getattr(model.config, "num_experts", 0) > 0
+    output = model(input_ids=input_ids, labels=labels,
+                   output_router_logits=moe or None)
     output.loss.backward()
     expect_close(f"{check}: logits", "logits", plait["logits"],
                  output.logits.detach())
     expect_close(f"{check}: loss", "loss", plait["loss"],
                  output.loss.detach().reshape(1))
+    if moe:
+        expect_close(f"{check}: aux_loss", "aux_loss", plait["aux_loss"],
+                     output.aux_loss.detach().reshape(1))
     expect_close_gradients(check, plait_gradients(plait), hf_gradients(model))
 
 

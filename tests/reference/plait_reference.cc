@@ -174,6 +174,12 @@ NamedTensors ForwardBackward(models::CausalLM& model, const Batch& batch) {
   }
   model.zero_grad(/*set_to_none=*/true);
   torch::Tensor loss = model.Loss(batch.input_ids, batch.targets);
+  // A mixture of experts' loss adds its load-balancing loss, over this one process's batch.
+  if (const auto& routing = model.LastRouting()) {
+    const torch::Tensor aux = routing->Loss(routing->Load(), /*gradient_scale=*/1.0);
+    loss = loss + routing->coefficient() * aux;
+    results.emplace_back("aux_loss", aux.reshape({1}));
+  }
   loss.backward();
   results.emplace_back("loss", loss.detach().reshape({1}));
   for (const auto& parameter : model.NamedParameters()) {

@@ -1,6 +1,6 @@
 """plait's Llama, Qwen2, Qwen3 and Qwen3-MoE against transformers' LlamaForCausalLM,
-Qwen2ForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM (its loss without the
-auxiliary load-balancing loss, which transformers adds only with output_router_logits):
+Qwen2ForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM (its loss with the
+load-balancing loss, which transformers adds with output_router_logits):
 the same weights (a folder transformers saved, which plait
 loads) and the same batch give the same logits, loss and gradient of every
 parameter, in fp32, within 1e-5 relative."""

@@ -405,6 +405,12 @@ std::vector<base::Violation> PipelineStrategy::Check(const std::optional<ModelSh
                       "\" has 1 rank: its stages would hand their tensors over on that rank, "
                       "which the pipeline does not do; give the dimension 2 ranks or more")});
   }
+  if (shape->num_experts > 0) {
+    problems.push_back(
+        {step_field, absl::StrCat("the model is a mixture of ", shape->num_experts,
+                                  " experts, whose routing statistics (the load-balancing loss) "
+                                  "span the stages; a pipeline of one is not supported yet")});
+  }
   Cut cut = CutBlocks(config_, shape->num_blocks, ranks * per_rank, step_field);
   if (cut.problem.has_value()) problems.push_back(*std::move(cut.problem));
   // Fewer micro-batches than ranks never fill the pipeline: some rank idles through every step.
