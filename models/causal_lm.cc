@@ -255,10 +255,11 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext&
   return RowParallel(o_proj, out, context);
 }
 
-Mlp::Mlp(int64_t hidden, int64_t width, const Deferred& deferred) {
-  gate_proj = register_module("gate_proj", MakeLinear(hidden, width, false, deferred));
-  up_proj = register_module("up_proj", MakeLinear(hidden, width, false, deferred));
-  down_proj = register_module("down_proj", MakeLinear(width, hidden, false, deferred));
+Mlp::Mlp(int64_t hidden, int64_t width, const Deferred& deferred,
+         const std::array<std::string, 3>& names) {
+  gate_proj = register_module(names[0], MakeLinear(hidden, width, false, deferred));
+  up_proj = register_module(names[1], MakeLinear(hidden, width, false, deferred));
+  down_proj = register_module(names[2], MakeLinear(width, hidden, false, deferred));
 }
 
 torch::Tensor Mlp::forward(const torch::Tensor& x, const AttentionContext& context) {
@@ -276,8 +277,8 @@ SparseMoe::SparseMoe(const ModelConfig& config, int64_t layer, const Deferred& d
   const auto list = register_module("experts", std::make_shared<torch::nn::Module>());
   for (int64_t e = 0; e < config.num_experts(); ++e) {
     experts.push_back(list->register_module(
-        std::to_string(e),
-        std::make_shared<Mlp>(hidden, config.moe_intermediate_size(), deferred)));
+        std::to_string(e), std::make_shared<Mlp>(hidden, config.moe_intermediate_size(), deferred,
+                                                 MoeModuleNamesOf(config).projections)));
   }
 }
 
@@ -320,7 +321,8 @@ DecoderLayer::DecoderLayer(const ModelConfig& config, int64_t index, const Defer
       "post_attention_layernorm",
       std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(), deferred));
   if (IsMoeLayer(config, index)) {
-    moe = register_module("mlp", std::make_shared<SparseMoe>(config, index, deferred));
+    moe = register_module(MoeModuleNamesOf(config).block,
+                          std::make_shared<SparseMoe>(config, index, deferred));
   } else {
     mlp = register_module(
         "mlp", std::make_shared<Mlp>(config.hidden_size(), config.intermediate_size(), deferred));

@@ -1,7 +1,7 @@
-// Llama and Qwen2 decoder-only language models in LibTorch, with Hugging Face's module
-// structure and parameter names (`model.layers.3.self_attn.q_proj.weight`, ...), so their
-// checkpoints load directly (hf_checkpoint.h). A CausalLM is a torch::nn::Module and a
-// wrap::Wrappable: wrappers see its decoder layers as blocks.
+// Llama, Qwen2, Qwen3, Qwen3-MoE and Mixtral decoder-only language models in LibTorch, with
+// Hugging Face's module structure and parameter names (`model.layers.3.self_attn.q_proj.weight`,
+// ...), so their checkpoints load directly (hf_checkpoint.h). A CausalLM is a torch::nn::Module and
+// a wrap::Wrappable: wrappers see its decoder layers as blocks.
 //
 //   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<CausalLM> model, CausalLM::Create(config, init));
 //   torch::Tensor loss = model->Loss(inputs, targets);  // inputs, targets: int64 [B, T]
@@ -15,7 +15,7 @@
 // projection lm_head, or the embedding matrix when tie_word_embeddings. Qwen2 adds biases to
 // q_proj, k_proj and v_proj; Llama has biases on q/k/v/o only with attention_bias; Qwen3
 // normalises each head's queries and keys; Qwen3-MoE replaces the MLP of its mixture-of-experts
-// layers with a SparseMoe.
+// layers with a SparseMoe, and Mixtral (Llama's attention) that of every layer.
 //
 // Initialisation (InitConfig): every weight matrix and the embedding ~ N(0, std), o_proj
 // and down_proj ~ N(0, std / sqrt(2 * num_hidden_layers)) with scaled_residual_init, biases
@@ -27,6 +27,7 @@
 #ifndef PLAIT_MODELS_CAUSAL_LM_H_
 #define PLAIT_MODELS_CAUSAL_LM_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -128,10 +129,12 @@ class Attention : public torch::nn::Module {
   int64_t head_dim_;
 };
 
-// The SwiGLU feed-forward: down_proj(silu(gate_proj(x)) * up_proj(x)), `width` wide inside.
+// The SwiGLU feed-forward: down_proj(silu(gate_proj(x)) * up_proj(x)), `width` wide inside,
+// its projections registered as `names` say (gate, up, down: a Mixtral expert's w1, w3, w2).
 class Mlp : public torch::nn::Module {
  public:
-  Mlp(int64_t hidden, int64_t width, const Deferred& deferred = std::nullopt);
+  Mlp(int64_t hidden, int64_t width, const Deferred& deferred = std::nullopt,
+      const std::array<std::string, 3>& names = {"gate_proj", "up_proj", "down_proj"});
   // As Attention::forward (of the context, it reads the tensor-parallel and checkpointing ops
   // and generic_ops).
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
@@ -139,7 +142,8 @@ class Mlp : public torch::nn::Module {
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 
-// A mixture of experts (Qwen3-MoE's sparse MLP): a router `gate` [num_experts, hidden] whose
+// A mixture of experts (Qwen3-MoE's sparse MLP, Mixtral's block_sparse_moe, their experts'
+// projections named as MoeModuleNamesOf says): a router `gate` [num_experts, hidden] whose
 // softmax (in fp32) picks num_experts_per_tok experts for each token, the lower expert on a
 // tie, so that every layout routes alike; their probabilities, renormalised over the chosen
 // where norm_topk_prob, weigh the outputs of the experts, SwiGLU MLPs of
@@ -161,8 +165,9 @@ class SparseMoe : public torch::nn::Module {
 };
 
 // One pre-norm transformer block (HF's LlamaDecoderLayer / Qwen2DecoderLayer /
-// Qwen3MoeDecoderLayer), layer `index` of the model: its feed-forward, registered as "mlp", is
-// a dense Mlp or, in the layers IsMoeLayer names, a SparseMoe.
+// Qwen3MoeDecoderLayer / MixtralDecoderLayer), layer `index` of the model: its feed-forward is
+// a dense Mlp registered as "mlp" or, in the layers IsMoeLayer names, a SparseMoe registered
+// as MoeModuleNamesOf says.
 class DecoderLayer : public torch::nn::Module {
  public:
   DecoderLayer(const ModelConfig& config, int64_t index, const Deferred& deferred = std::nullopt);

@@ -201,4 +201,14 @@ int64_t NumParameters(const ModelConfig& config) {
   return count;
 }
 
+int64_t NumActiveParameters(const ModelConfig& config) {
+  const int64_t idle_experts = config.num_experts() - config.num_experts_per_tok();
+  const int64_t expert = 3 * config.hidden_size() * config.moe_intermediate_size();
+  int64_t idle = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers(); ++layer) {
+    if (IsMoeLayer(config, layer)) idle += idle_experts * expert;
+  }
+  return NumParameters(config) - idle;
+}
+
 }  // namespace plait::models

@@ -40,6 +40,11 @@ double ForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len);
 // The number of parameters of the model `config` describes (tied embeddings counted once).
 int64_t NumParameters(const ModelConfig& config);
 
+// Those one token's forward uses: all but the experts it does not choose
+// (num_experts - num_experts_per_tok of each mixture-of-experts layer); NumParameters for a
+// dense model.
+int64_t NumActiveParameters(const ModelConfig& config);
+
 // How tensor parallelism (wrap/tp, Megatron's layout) splits a micro-batch's activations over
 // the `size` ranks of its group, for the estimates below: each rank computes its attention
 // heads, its columns of the MLP's intermediate and its slice of the logits (the vocabulary

@@ -23,6 +23,10 @@ constexpr double kHfLlamaRmsNormEps = 1e-6;
 constexpr double kHfRopeTheta = 10000.0;
 constexpr int64_t kHfLlamaMaxPositions = 2048;
 constexpr int64_t kHfQwen2MaxPositions = 32768;  // Qwen3's too
+// MixtralConfig's.
+constexpr double kHfMixtralRmsNormEps = 1e-5;
+constexpr double kHfMixtralRopeTheta = 1000000.0;
+constexpr int64_t kHfMixtralMaxPositions = 131072;
 
 ModelConfig Llama(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
                   int64_t kv_heads, int64_t vocab, bool tie) {
@@ -73,12 +77,12 @@ ModelConfig Qwen3(int64_t hidden, int64_t intermediate, int64_t layers, int64_t 
 
 // Qwen3-MoE as its Hugging Face configs have it: Qwen3's attention, every layer a mixture of
 // `experts` experts of width `expert_width`, `per_token` of them a token, renormalised over
-// the chosen, and the load-balancing loss at 0.001.
-ModelConfig Qwen3Moe(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
-                     int64_t head_dim, int64_t vocab, bool tie, int64_t experts, int64_t per_token,
-                     int64_t expert_width) {
-  ModelConfig config =
-      Qwen3(hidden, /*intermediate=*/expert_width, layers, heads, kv_heads, head_dim, vocab, tie);
+// the chosen, and the load-balancing loss at 0.001; `intermediate` is the width of the dense
+// MLP a layer in mlp_only_layers would have.
+ModelConfig Qwen3Moe(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
+                     int64_t kv_heads, int64_t head_dim, int64_t vocab, bool tie, int64_t experts,
+                     int64_t per_token, int64_t expert_width) {
+  ModelConfig config = Qwen3(hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, tie);
   config.set_model_type("qwen3_moe");
   config.set_num_experts(experts);
   config.set_num_experts_per_tok(per_token);
@@ -87,6 +91,31 @@ ModelConfig Qwen3Moe(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_h
   config.set_decoder_sparse_step(1);
   config.set_router_aux_loss_coef(0.001);
   return config;
+}
+
+// Mixtral as its Hugging Face configs have it: Llama's attention with a rotary base of 1e6
+// over 32,768 positions, every layer a mixture of `experts` experts of intermediate_size, 2 a
+// token, always renormalised over the chosen, and the load-balancing loss at 0.001.
+ModelConfig Mixtral(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
+                    int64_t kv_heads, int64_t vocab, int64_t experts) {
+  ModelConfig config = Llama(hidden, intermediate, layers, heads, kv_heads, vocab, false);
+  config.set_model_type("mixtral");
+  config.set_rope_theta(1000000.0);
+  config.set_max_position_embeddings(32768);
+  config.set_num_experts(experts);
+  config.set_num_experts_per_tok(2);
+  config.set_moe_intermediate_size(intermediate);
+  config.set_norm_topk_prob(true);
+  config.set_decoder_sparse_step(1);
+  config.set_router_aux_loss_coef(0.001);
+  return config;
+}
+
+constexpr absl::string_view kSupportedModelTypes =
+    "\"llama\", \"qwen2\", \"qwen3\", \"qwen3_moe\" or \"mixtral\"";
+
+bool IsSupportedModelType(absl::string_view type) {
+  return type == "llama" || type == "qwen2" || type == "qwen3" || IsMixtureOfExperts(type);
 }
 
 struct Preset {
@@ -128,8 +157,22 @@ const Preset kPresets[] = {
     {"qwen3-tiny", [] { return Qwen3(128, 384, 4, 4, 2, 64, 4096, true); }},
     {"qwen3-0.6b", [] { return Qwen3(1024, 3072, 28, 16, 8, 128, 151936, true); }},
     {"qwen3-8b", [] { return Qwen3(4096, 12288, 36, 32, 8, 128, 151936, false); }},
-    {"qwen3-moe-tiny", [] { return Qwen3Moe(128, 4, 4, 2, 64, 4096, true, 8, 2, 128); }},
-    {"qwen3-30b-a3b", [] { return Qwen3Moe(2048, 48, 32, 4, 128, 151936, false, 128, 8, 768); }},
+    {"qwen3-moe-tiny", [] { return Qwen3Moe(128, 384, 4, 4, 2, 64, 4096, true, 8, 2, 128); }},
+    {"qwen3-30b-a3b",
+     [] { return Qwen3Moe(2048, 6144, 48, 32, 4, 128, 151936, false, 128, 8, 768); }},
+    // Mixtral's layout (8 experts, 2 a token, untied) at the tiny Llama's size.
+    {"mixtral-tiny",
+     [] {
+       ModelConfig config = Mixtral(128, 256, 4, 4, 2, 4096, 8);
+       config.set_max_position_embeddings(2048);
+       return config;
+     }},
+    {"mixtral-8x7b",
+     [] {
+       ModelConfig config = Mixtral(4096, 14336, 32, 32, 8, 32000, 8);
+       config.set_router_aux_loss_coef(0.02);
+       return config;
+     }},
     {"qwen2.5-0.5b", [] { return Qwen2(896, 4864, 24, 14, 2, 151936, true); }},
     {"qwen2.5-7b", [] { return Qwen2(3584, 18944, 28, 28, 4, 152064, false); }},
 };
@@ -213,18 +256,37 @@ absl::StatusOr<const char*> RopeField(const Json& json, const std::string& sourc
   return nullptr;
 }
 
-// The mixture-of-experts fields: set, within bounds, for qwen3_moe; unset for the others.
+// The mixture-of-experts fields: set, within bounds, for qwen3_moe and mixtral (whose layers
+// are all mixtures of experts of intermediate_size, renormalised); unset for the others.
 absl::Status ValidateExperts(const ModelConfig& config, absl::string_view path) {
-  if (config.model_type() != "qwen3_moe") {
+  if (!IsMixtureOfExperts(config.model_type())) {
     if (config.num_experts() != 0 || config.num_experts_per_tok() != 0 ||
         config.moe_intermediate_size() != 0 || config.decoder_sparse_step() != 0 ||
         config.mlp_only_layers_size() != 0 || config.router_aux_loss_coef() != 0.0 ||
         config.norm_topk_prob()) {
       return FieldError(path, "num_experts",
-                        absl::StrCat("the mixture-of-experts fields are for qwen3_moe, not ",
+                        absl::StrCat("the mixture-of-experts fields are for qwen3_moe and "
+                                     "mixtral, not ",
                                      config.model_type(), "; leave them unset"));
     }
     return absl::OkStatus();
+  }
+  if (config.model_type() == "mixtral") {
+    if (config.moe_intermediate_size() != config.intermediate_size()) {
+      return FieldError(path, "moe_intermediate_size",
+                        absl::StrCat(config.moe_intermediate_size(),
+                                     ": mixtral's experts are intermediate_size (",
+                                     config.intermediate_size(), ") wide; set it to that"));
+    }
+    if (!config.norm_topk_prob()) {
+      return FieldError(path, "norm_topk_prob",
+                        "is false; mixtral always renormalises over the chosen experts");
+    }
+    if (config.decoder_sparse_step() > 1 || config.mlp_only_layers_size() != 0) {
+      return FieldError(path, "decoder_sparse_step",
+                        "mixtral's layers are all mixtures of experts; leave decoder_sparse_step "
+                        "and mlp_only_layers unset");
+    }
   }
   PLAIT_RETURN_IF_ERROR(Size(path, "num_experts", config.num_experts(), kMaxWidth));
   PLAIT_RETURN_IF_ERROR(
@@ -265,6 +327,16 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
       "unknown model preset \"", name, "\"; known presets: ", absl::StrJoin(PresetNames(), ", ")));
 }
 
+bool IsMixtureOfExperts(absl::string_view model_type) {
+  return model_type == "qwen3_moe" || model_type == "mixtral";
+}
+
+const MoeModuleNames& MoeModuleNamesOf(const ModelConfig& config) {
+  static const MoeModuleNames kQwen3Moe{"mlp", {"gate_proj", "up_proj", "down_proj"}};
+  static const MoeModuleNames kMixtral{"block_sparse_moe", {"w1", "w3", "w2"}};
+  return config.model_type() == "mixtral" ? kMixtral : kQwen3Moe;
+}
+
 bool IsMoeLayer(const ModelConfig& config, int64_t layer) {
   if (config.num_experts() <= 0) return false;
   for (const int64_t dense : config.mlp_only_layers()) {
@@ -277,11 +349,9 @@ bool IsMoeLayer(const ModelConfig& config, int64_t layer) {
 absl::Status ValidateModelConfig(const ModelConfig& config, absl::string_view field_path) {
   const absl::string_view path = field_path;
   const std::string& type = config.model_type();
-  if (type != "llama" && type != "qwen2" && type != "qwen3" && type != "qwen3_moe") {
+  if (!IsSupportedModelType(type)) {
     return FieldError(path, "model_type",
-                      absl::StrCat("\"", type,
-                                   "\" is not supported; use "
-                                   "\"llama\", \"qwen2\", \"qwen3\" or \"qwen3_moe\""));
+                      absl::StrCat("\"", type, "\" is not supported; use ", kSupportedModelTypes));
   }
   PLAIT_RETURN_IF_ERROR(Size(path, "hidden_size", config.hidden_size(), kMaxWidth));
   PLAIT_RETURN_IF_ERROR(Size(path, "intermediate_size", config.intermediate_size(), kMaxWidth));
@@ -387,6 +457,28 @@ absl::Status ParseExperts(const Json& json, const base::JsonFields& fields, Mode
   return absl::OkStatus();
 }
 
+// A mixtral config.json's mixture-of-experts fields, with transformers' MixtralConfig defaults
+// where one is absent: every layer's experts are intermediate_size wide and renormalised.
+absl::Status ParseMixtralExperts(const base::JsonFields& fields, ModelConfig& config) {
+  PLAIT_ASSIGN_OR_RETURN(const int64_t experts, fields.Int("num_local_experts", 8));
+  PLAIT_ASSIGN_OR_RETURN(const int64_t per_token, fields.Int("num_experts_per_tok", 2));
+  PLAIT_ASSIGN_OR_RETURN(const double coefficient, fields.Double("router_aux_loss_coef", 0.001));
+  PLAIT_ASSIGN_OR_RETURN(const double jitter, fields.Double("router_jitter_noise", 0.0));
+  if (jitter != 0.0) {
+    return fields.Error("router_jitter_noise",
+                        absl::StrCat(jitter,
+                                     " is not supported (a random scaling of the router's "
+                                     "input in training); set it to 0"));
+  }
+  config.set_num_experts(experts);
+  config.set_num_experts_per_tok(per_token);
+  config.set_moe_intermediate_size(config.intermediate_size());
+  config.set_norm_topk_prob(true);
+  config.set_decoder_sparse_step(1);
+  config.set_router_aux_loss_coef(coefficient);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::string_view source) {
@@ -398,13 +490,13 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   const base::JsonFields fields(json, name);
   ModelConfig config;
   PLAIT_ASSIGN_OR_RETURN(std::string type, fields.String("model_type"));
-  if (type != "llama" && type != "qwen2" && type != "qwen3" && type != "qwen3_moe") {
-    return fields.Error("model_type", absl::StrCat("\"", type,
-                                                   "\" is not supported; use \"llama\", "
-                                                   "\"qwen2\", \"qwen3\" or \"qwen3_moe\""));
+  if (!IsSupportedModelType(type)) {
+    return fields.Error(
+        "model_type", absl::StrCat("\"", type, "\" is not supported; use ", kSupportedModelTypes));
   }
   const bool qwen2 = type == "qwen2";
   const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
+  const bool mixtral = type == "mixtral";
   config.set_model_type(type);
   PLAIT_ASSIGN_OR_RETURN(int64_t hidden, fields.Int("hidden_size"));
   PLAIT_ASSIGN_OR_RETURN(int64_t intermediate, fields.Int("intermediate_size"));
@@ -412,17 +504,20 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   PLAIT_ASSIGN_OR_RETURN(int64_t heads, fields.Int("num_attention_heads"));
   PLAIT_ASSIGN_OR_RETURN(int64_t kv_heads, fields.Int("num_key_value_heads", heads));
   PLAIT_ASSIGN_OR_RETURN(int64_t vocab, fields.Int("vocab_size"));
-  PLAIT_ASSIGN_OR_RETURN(double eps, fields.Double("rms_norm_eps", kHfLlamaRmsNormEps));
+  PLAIT_ASSIGN_OR_RETURN(double eps, fields.Double("rms_norm_eps", mixtral ? kHfMixtralRmsNormEps
+                                                                           : kHfLlamaRmsNormEps));
   PLAIT_ASSIGN_OR_RETURN(const char* rope_field, RopeField(json, name));
   // rope_theta inside the rope object wins over the top-level field, as in transformers.
-  PLAIT_ASSIGN_OR_RETURN(double theta, fields.Double("rope_theta", kHfRopeTheta));
+  PLAIT_ASSIGN_OR_RETURN(double theta,
+                         fields.Double("rope_theta", mixtral ? kHfMixtralRopeTheta : kHfRopeTheta));
   if (rope_field != nullptr) {
     const base::JsonFields rope_fields(json[rope_field], absl::StrCat(name, ": ", rope_field));
     PLAIT_ASSIGN_OR_RETURN(theta, rope_fields.Double("rope_theta", theta));
   }
   PLAIT_ASSIGN_OR_RETURN(int64_t max_positions,
-                         fields.Int("max_position_embeddings",
-                                    qwen2 || qwen3 ? kHfQwen2MaxPositions : kHfLlamaMaxPositions));
+                         fields.Int("max_position_embeddings", qwen2 || qwen3 ? kHfQwen2MaxPositions
+                                                               : mixtral ? kHfMixtralMaxPositions
+                                                                         : kHfLlamaMaxPositions));
   PLAIT_ASSIGN_OR_RETURN(bool tie, fields.Bool("tie_word_embeddings", false));
   PLAIT_ASSIGN_OR_RETURN(bool bias, fields.Bool("attention_bias", false));
   PLAIT_ASSIGN_OR_RETURN(std::string activation, fields.String("hidden_act", "silu"));
@@ -434,6 +529,11 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   PLAIT_ASSIGN_OR_RETURN(bool sliding, fields.Bool("use_sliding_window", false));
   if (sliding)
     return fields.Error("use_sliding_window", "sliding-window attention is not supported");
+  // Mixtral's (and Mistral's) window, applied whenever it is set.
+  if (mixtral && fields.Has("sliding_window")) {
+    return fields.Error("sliding_window",
+                        "is set, and sliding-window attention is not supported; it must be null");
+  }
   // Written by transformers for every model; kept only where it is not hidden / heads.
   int64_t head_dim = 0;
   if (fields.Has("head_dim")) {
@@ -451,14 +551,15 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   config.set_max_position_embeddings(max_positions);
   config.set_tie_word_embeddings(tie);
   config.set_head_dim(head_dim);
-  // Qwen2's q/k/v biases are implied by its model type.
-  if (!qwen2) config.set_attention_bias(bias);
+  // Qwen2's q/k/v biases are implied by its model type; Mixtral has none.
+  if (!qwen2 && !mixtral) config.set_attention_bias(bias);
   if (rope_field != nullptr) {
     PLAIT_RETURN_IF_ERROR(
         ParseRopeScaling(json[rope_field], name, rope_field, *config.mutable_rope_scaling()));
     if (config.rope_scaling().rope_type() == "default") config.clear_rope_scaling();
   }
   if (type == "qwen3_moe") PLAIT_RETURN_IF_ERROR(ParseExperts(json, fields, config));
+  if (mixtral) PLAIT_RETURN_IF_ERROR(ParseMixtralExperts(fields, config));
   PLAIT_RETURN_IF_ERROR(ValidateModelConfig(config, name));
   return config;
 }
@@ -471,9 +572,11 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& path) {
 std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dtype) {
   const bool qwen2 = config.model_type() == "qwen2";
   Json json;
+  const bool mixtral = config.model_type() == "mixtral";
   json["architectures"] = {qwen2                                ? "Qwen2ForCausalLM"
                            : config.model_type() == "qwen3"     ? "Qwen3ForCausalLM"
                            : config.model_type() == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                           : mixtral                            ? "MixtralForCausalLM"
                                                                 : "LlamaForCausalLM"};
   json["model_type"] = config.model_type();
   json["hidden_size"] = config.hidden_size();
@@ -488,7 +591,7 @@ std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dt
   json["max_position_embeddings"] = config.max_position_embeddings();
   json["tie_word_embeddings"] = config.tie_word_embeddings();
   json["hidden_act"] = "silu";
-  if (!qwen2) json["attention_bias"] = config.attention_bias();
+  if (!qwen2 && !mixtral) json["attention_bias"] = config.attention_bias();
   if (config.has_rope_scaling()) {
     const RopeScaling& scaling = config.rope_scaling();
     json["rope_scaling"] = {
@@ -510,6 +613,13 @@ std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dt
     json["mlp_only_layers"] =
         std::vector<int64_t>(config.mlp_only_layers().begin(), config.mlp_only_layers().end());
     json["router_aux_loss_coef"] = config.router_aux_loss_coef();
+  }
+  if (mixtral) {
+    json["num_local_experts"] = config.num_experts();
+    json["num_experts_per_tok"] = config.num_experts_per_tok();
+    json["router_aux_loss_coef"] = config.router_aux_loss_coef();
+    json["router_jitter_noise"] = 0.0;
+    json["sliding_window"] = nullptr;
   }
   json["torch_dtype"] = std::string(torch_dtype);
   return json.dump(2);

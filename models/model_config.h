@@ -10,6 +10,7 @@
 #ifndef PLAIT_MODELS_MODEL_CONFIG_H_
 #define PLAIT_MODELS_MODEL_CONFIG_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -94,6 +95,19 @@ inline bool HasQkvBias(const ModelConfig& config) {
 inline bool HasQkNorm(const ModelConfig& config) {
   return config.model_type() == "qwen3" || config.model_type() == "qwen3_moe";
 }
+
+// Whether models of `model_type` have mixture-of-experts layers: qwen3_moe and mixtral.
+bool IsMixtureOfExperts(absl::string_view model_type);
+
+// What a mixture-of-experts layer's modules are called in the checkpoints of `config`'s type:
+// the block ("mlp" in Qwen3-MoE, "block_sparse_moe" in Mixtral), which holds the router
+// "gate" and "experts.<e>", and each expert's SwiGLU projections, gate, up and down
+// (gate_proj, up_proj, down_proj; Mixtral's w1, w3, w2).
+struct MoeModuleNames {
+  std::string block;
+  std::array<std::string, 3> projections;
+};
+const MoeModuleNames& MoeModuleNamesOf(const ModelConfig& config);
 
 // Whether layer `layer` (0-based) of `config` is a mixture of experts (ModelConfig's
 // num_experts, decoder_sparse_step and mlp_only_layers), not a dense MLP.

@@ -95,8 +95,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "plan.model.rope_scaling.high_freq_factor"},
         BadCase{"model_type: 'qwen2' attention_bias: true", "plan.model.attention_bias"},
         BadCase{"num_experts: 4",
-                "plan.model.num_experts: the mixture-of-experts fields are for qwen3_moe, not "
-                "llama"},
+                "plan.model.num_experts: the mixture-of-experts fields are for qwen3_moe and "
+                "mixtral, not llama"},
         BadCase{"model_type: 'qwen3_moe'", "plan.model.num_experts: 0 must be > 0"},
         BadCase{"model_type: 'qwen3_moe' num_experts: 4 num_experts_per_tok: 5 "
                 "moe_intermediate_size: 8",
@@ -106,7 +106,17 @@ INSTANTIATE_TEST_SUITE_P(
                 "plan.model.mlp_only_layers: 7 is not a layer of the"},
         BadCase{"model_type: 'qwen3_moe' num_experts: 4 num_experts_per_tok: 2 "
                 "moe_intermediate_size: 8 router_aux_loss_coef: -1",
-                "plan.model.router_aux_loss_coef: -1 must be finite and >= 0"}));
+                "plan.model.router_aux_loss_coef: -1 must be finite and >= 0"},
+        BadCase{"model_type: 'mixtral' num_experts: 4 num_experts_per_tok: 2 "
+                "moe_intermediate_size: 8 norm_topk_prob: true",
+                "plan.model.moe_intermediate_size: 8: mixtral's experts are intermediate_size "
+                "(688) wide; set it to that"},
+        BadCase{"model_type: 'mixtral' num_experts: 4 num_experts_per_tok: 2 "
+                "moe_intermediate_size: 688",
+                "plan.model.norm_topk_prob: is false; mixtral always renormalises"},
+        BadCase{"model_type: 'mixtral' num_experts: 4 num_experts_per_tok: 2 "
+                "moe_intermediate_size: 688 norm_topk_prob: true mlp_only_layers: 0",
+                "plan.model.decoder_sparse_step: mixtral's layers are all mixtures of experts"}));
 
 TEST(ValidateInitConfigTest, NonPositiveOrInfiniteStd) {
   InitConfig init;
@@ -161,6 +171,18 @@ constexpr char kQwen25Json[] = R"({
   "use_sliding_window": false, "vocab_size": 151936
 })";
 
+// The config.json of mistralai/Mixtral-8x7B-v0.1, as published.
+constexpr char kMixtral8x7bJson[] = R"({
+  "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+  "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.36.0.dev0", "use_cache": true, "vocab_size": 32000
+})";
+
 TEST(ParseHfConfigJsonTest, PublishedConfigsEqualThePresets) {
   absl::StatusOr<ModelConfig> llama = ParseHfConfigJson(kLlama32Json, "config.json");
   ASSERT_THAT(llama, IsOk());
@@ -172,6 +194,11 @@ TEST(ParseHfConfigJsonTest, PublishedConfigsEqualThePresets) {
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
       *qwen, PresetConfig("qwen2.5-0.5b").value()))
       << qwen->DebugString();
+  absl::StatusOr<ModelConfig> mixtral = ParseHfConfigJson(kMixtral8x7bJson, "config.json");
+  ASSERT_THAT(mixtral, IsOk());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      *mixtral, PresetConfig("mixtral-8x7b").value()))
+      << mixtral->DebugString();
 }
 
 // The same two configs as transformers 5.17 writes them (save_pretrained): rope_theta and
@@ -295,6 +322,18 @@ TEST(ParseHfConfigJsonTest, ErrorsNameTheSourceAndField) {
   EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("c.json: hidden_act: \"gelu\" is not supported")));
+  // Mixtral's window and router noise would compute another model.
+  text = kMixtral8x7bJson;
+  text.replace(text.find("\"sliding_window\": null"), 22, "\"sliding_window\": 4096");
+  EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: sliding_window: is set, and sliding-window attention is "
+                                 "not supported")));
+  text = kMixtral8x7bJson;
+  text.replace(text.find("\"router_aux_loss_coef\""), 0, "\"router_jitter_noise\": 0.01, ");
+  EXPECT_THAT(ParseHfConfigJson(text, "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: router_jitter_noise: 0.01 is not supported")));
   text = kQwen25Json;
   text.replace(text.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
   EXPECT_THAT(ParseHfConfigJson(text, "c.json"), StatusIs(absl::StatusCode::kInvalidArgument,

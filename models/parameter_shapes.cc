@@ -36,18 +36,21 @@ std::vector<ParameterShape> ParameterShapes(const ModelConfig& config) {
       shapes.push_back({absl::StrCat(layer, "self_attn.k_norm.weight"), {HeadDim(config)}});
     }
     shapes.push_back({absl::StrCat(layer, "post_attention_layernorm.weight"), {hidden}});
-    const auto mlp = [&](const std::string& prefix, int64_t width) {
-      linear(prefix + "gate_proj", hidden, width, false);
-      linear(prefix + "up_proj", hidden, width, false);
-      linear(prefix + "down_proj", width, hidden, false);
+    const auto mlp = [&](const std::string& prefix, int64_t width,
+                         const std::array<std::string, 3>& names) {
+      linear(prefix + names[0], hidden, width, false);
+      linear(prefix + names[1], hidden, width, false);
+      linear(prefix + names[2], width, hidden, false);
     };
     if (IsMoeLayer(config, i)) {
-      linear("mlp.gate", hidden, config.num_experts(), false);
+      const MoeModuleNames& names = MoeModuleNamesOf(config);
+      linear(names.block + ".gate", hidden, config.num_experts(), false);
       for (int64_t e = 0; e < config.num_experts(); ++e) {
-        mlp(absl::StrCat("mlp.experts.", e, "."), config.moe_intermediate_size());
+        mlp(absl::StrCat(names.block, ".experts.", e, "."), config.moe_intermediate_size(),
+            names.projections);
       }
     } else {
-      mlp("mlp.", inner);
+      mlp("mlp.", inner, {"gate_proj", "up_proj", "down_proj"});
     }
   }
   shapes.push_back({"model.norm.weight", {hidden}});

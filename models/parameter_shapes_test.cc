@@ -26,7 +26,13 @@ std::vector<ModelConfig> Configs() {
   qwen.set_vocab_size(128);
   ModelConfig attention_bias = llama;
   attention_bias.set_attention_bias(true);
-  return {llama, tied, qwen, attention_bias};
+  // Experts beside a dense layer, and Mixtral's experts under their own names.
+  ModelConfig qwen3_moe = PresetConfig("qwen3-moe-tiny").value();
+  qwen3_moe.set_num_hidden_layers(2);
+  qwen3_moe.add_mlp_only_layers(0);
+  ModelConfig mixtral = PresetConfig("mixtral-tiny").value();
+  mixtral.set_num_hidden_layers(2);
+  return {llama, tied, qwen, attention_bias, qwen3_moe, mixtral};
 }
 
 TEST(ParameterShapesTest, AreTheBuiltModelsNamesShapesAndOrder) {
@@ -46,6 +52,19 @@ TEST(ParameterShapesTest, AreTheBuiltModelsNamesShapesAndOrder) {
     }
     EXPECT_EQ(total, NumParameters(config));
   }
+}
+
+// The published counts: Qwen3-30B-A3B's 30.5B parameters, 3.3B of them active (3.35B here,
+// both embeddings counted); Mixtral 8x7B's 46.7B, 12.9B active.
+TEST(NumActiveParametersTest, CountsTheExpertsATokenChooses) {
+  const ModelConfig qwen = PresetConfig("qwen3-30b-a3b").value();
+  EXPECT_NEAR(NumParameters(qwen) / 1e9, 30.5, 0.05);
+  EXPECT_NEAR(NumActiveParameters(qwen) / 1e9, 3.35, 0.01);
+  const ModelConfig mixtral = PresetConfig("mixtral-8x7b").value();
+  EXPECT_NEAR(NumParameters(mixtral) / 1e9, 46.7, 0.05);
+  EXPECT_NEAR(NumActiveParameters(mixtral) / 1e9, 12.9, 0.05);
+  const ModelConfig dense = PresetConfig("llama3.2-1b").value();
+  EXPECT_EQ(NumActiveParameters(dense), NumParameters(dense));
 }
 
 }  // namespace

@@ -42,16 +42,23 @@ std::string ShortName(torch::ScalarType dtype) {
   }
 }
 
-// "qwen2 (preset "qwen2-tiny"), 4 layers, ...: 1.4M parameters".
+// "qwen2 (preset "qwen2-tiny"), 4 layers, ...: 1.4M parameters", and for a mixture of experts
+// ", 8 experts (2 a token): 12.9B of them active".
 std::string DescribeModel(const models::ModelSpec& spec, const models::ModelConfig& config) {
-  return absl::StrFormat("%s%s, %d layers, hidden %d, vocab %d, %s: %s parameters",
-                         config.model_type(),
-                         spec.has_preset() ? absl::StrCat(" (preset \"", spec.preset(), "\")") : "",
-                         config.num_hidden_layers(), config.hidden_size(), config.vocab_size(),
-                         spec.dtype() == base::DTYPE_AUTO
-                             ? "auto (bf16 where the device computes it natively, else fp32)"
-                             : ShortName(ParameterDtype(spec)),
-                         base::HumanCount(static_cast<double>(models::NumParameters(config))));
+  const int64_t parameters = models::NumParameters(config);
+  const int64_t active = models::NumActiveParameters(config);
+  return absl::StrFormat(
+      "%s%s, %d layers, hidden %d, vocab %d, %s: %s parameters%s", config.model_type(),
+      spec.has_preset() ? absl::StrCat(" (preset \"", spec.preset(), "\")") : "",
+      config.num_hidden_layers(), config.hidden_size(), config.vocab_size(),
+      spec.dtype() == base::DTYPE_AUTO
+          ? "auto (bf16 where the device computes it natively, else fp32)"
+          : ShortName(ParameterDtype(spec)),
+      base::HumanCount(static_cast<double>(parameters)),
+      active == parameters ? ""
+                           : absl::StrFormat(", %d experts (%d a token): %s of them active",
+                                             config.num_experts(), config.num_experts_per_tok(),
+                                             base::HumanCount(static_cast<double>(active))));
 }
 
 std::string DescribeWeights(const models::ModelSpec& spec, const std::string& hf_weights_dir) {

@@ -208,7 +208,6 @@ TEST(ExplainPlanTest, CountsTheGroupsOfALargeBf16ModelWithoutBuildingIt) {
   EXPECT_THAT(*text, HasSubstr("3.74 GiB parameters, 7.48 GiB optimizer state (2 slots), "));
 }
 
-// Activation checkpointing is a step of its own, on no mesh dimension, keeping the parameters.
 // The learning rate at the quarters of the run, each step named once however short the run.
 TEST(ExplainPlanTest, NamesEachStepOfTheScheduleOnce) {
   absl::StatusOr<Plan> plan =
@@ -226,6 +225,29 @@ TEST(ExplainPlanTest, NamesEachStepOfTheScheduleOnce) {
   absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 1));
   ASSERT_THAT(text, IsOk());
   EXPECT_THAT(*text, HasSubstr("over 2 steps; lr at step 0: 1e-05, step 1: 1e-05\n"));
+}
+
+// A mixture of experts' parameters, and those a token uses (its chosen experts'): Mixtral
+// 8x7B's published 46.7B and 12.9B.
+TEST(ExplainPlanTest, CountsTheActiveParametersOfAMixtureOfExperts) {
+  absl::StatusOr<Plan> plan =
+      ParsePlan(R"pb(
+                  model { preset: "mixtral-8x7b" dtype: DTYPE_BFLOAT16 }
+                  mesh { dims { name: "dp" size: 8 } }
+                  prepare { fsdp { mesh_dim: "dp" } }
+                  optimizer { adamw {} }
+                  schedule {
+                    lr: 1e-4
+                    constant {}
+                  }
+                  training { steps: 10 micro_batch: 1 seq_len: 128 eval_batches: 1 }
+                )pb",
+                "plan");
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 8));
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("vocab 32000, bf16: 46.7B parameters, 8 experts (2 a token): "
+                               "12.9B of them active"));
 }
 
 // Activation checkpointing is a step of its own, on no mesh dimension, keeping the parameters.

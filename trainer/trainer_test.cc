@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "metrics/step_metrics.h"
 #include "models/causal_lm.h"
 #include "models/estimates.h"
 #include "models/hf_checkpoint.h"
@@ -688,6 +689,36 @@ TEST(DpoTest, FsdpAndDdpOnTwoRanksTrainToTheSingleProcessRun) {
   EXPECT_LT(single.steps.back().loss, single.steps.front().loss);
   for (const std::string layout : {"fsdp", "ddp"}) {
     ExpectSameSteps(TrainOnRanks(DpoPlan(layout), 2), single, layout);
+  }
+}
+
+// DPO of a mixture of experts (the policy and its reference the tiny Qwen3-MoE): the policy's
+// load-balancing loss joins the DPO loss, its routing summed over the ranks that read the step's
+// pairs, so FSDP and DDP on 2 ranks train as one process, aux_loss and the experts' loads
+// logged alike.
+TEST(DpoTest, AMixtureOfExpertsOnTwoRanksTrainsToTheSingleProcessRun) {
+  const auto with_experts = [](plan::Plan plan) {
+    models::ModelConfig config = models::PresetConfig("qwen3-moe-tiny").value();
+    config.set_router_aux_loss_coef(0.1);
+    *plan.mutable_model()->mutable_config() = config;
+    *plan.mutable_frozen(0)->mutable_model()->mutable_config() = config;
+    return plan;
+  };
+  const TrainReport single = TrainOnRanks(with_experts(DpoPlan("single")), 1);
+  ASSERT_EQ(single.steps.size(), 10u);
+  const auto named = [](const metrics::StepMetrics& step, const std::string& name) {
+    for (const auto& [key, value] : step.named) {
+      if (key == name) return value;
+    }
+    ADD_FAILURE() << "no " << name;
+    return 0.0;
+  };
+  // The sigmoid loss starts at ln 2, and the load-balancing loss adds 0.1 x aux.
+  EXPECT_NEAR(single.steps[0].loss, std::log(2.0) + 0.1 * named(single.steps[0], "aux_loss"), 1e-6);
+  EXPECT_GT(named(single.steps[0], "aux_loss"), 1.9);
+  EXPECT_LT(single.steps.back().loss, single.steps.front().loss);
+  for (const std::string layout : {"fsdp", "ddp"}) {
+    ExpectSameSteps(TrainOnRanks(with_experts(DpoPlan(layout)), 2), single, layout);
   }
 }
 

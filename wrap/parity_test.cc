@@ -1,11 +1,11 @@
 // The correctness anchor for DDP, FSDP, hybrid sharding (FSDP replicated across a second
 // dimension), tensor parallelism, activation checkpointing and their combinations: the tiny
-// Llama (and a tiny Qwen2, Qwen3 and Qwen3-MoE) trained for 10 AdamW steps with clipping on several
-// ranks (threads over TCP) gives the same per-step losses, gradient norms and final parameters as
-// one process on the same global batch, within 1e-5 relative in fp32 (losses each, parameters as
-// the norm of the difference over the norm of the tensor); and activation checkpointing gives
-// the same run as without it. With LoRA adapters (the base frozen) the same holds, and FSDP
-// reduce-scatters the adapters' gradients alone.
+// Llama (and a tiny Qwen2, Qwen3, Qwen3-MoE and Mixtral) trained for 10 AdamW steps with clipping
+// on several ranks (threads over TCP) gives the same per-step losses, gradient norms and final
+// parameters as one process on the same global batch, within 1e-5 relative in fp32 (losses each,
+// parameters as the norm of the difference over the norm of the tensor); and activation
+// checkpointing gives the same run as without it. With LoRA adapters (the base frozen) the same
+// holds, and FSDP reduce-scatters the adapters' gradients alone.
 //
 // Built with PLAIT_TEST_ON_CUDA (the gpu-tagged parity_gpu_test), the same scenarios run on
 // CUDA over NCCL, rank r on cuda:r, against the single-device CUDA run (TF32 off); a
@@ -75,8 +75,18 @@ enum class Strategy { kNone, kDdp, kFsdp, kFsdpNoReshard, kFsdpBf16 };
 // tiny Qwen2 (tied embeddings, q/k/v biases) with 4 heads sharing 1 key/value head; the tiny
 // Llama with a vocabulary of 4097 (one more than its data's ids), which tensor parallelism
 // pads (pad_vocab_to_multiple); the tiny Qwen3 (heads of 64 on a hidden size of 128, each
-// head's queries and keys RMS-normalised, whose norms' gradients tensor parallelism sums).
-enum class Variant { kPlain, kTied, kUnusedParameter, kQwen2, kOddVocabulary, kQwen3, kQwen3Moe };
+// head's queries and keys RMS-normalised, whose norms' gradients tensor parallelism sums); the
+// tiny Qwen3-MoE and Mixtral (8 experts, 2 a token, with their load-balancing loss).
+enum class Variant {
+  kPlain,
+  kTied,
+  kUnusedParameter,
+  kQwen2,
+  kOddVocabulary,
+  kQwen3,
+  kQwen3Moe,
+  kMixtral
+};
 
 struct Scenario {
   std::string name;
@@ -140,8 +150,9 @@ std::shared_ptr<models::CausalLM> MakeModel(Variant variant = Variant::kPlain,
   // 8 experts, 2 a token: the ranks' batches route differently, some experts none of a rank's
   // tokens.
   // A load-balancing loss weighed enough that a wrong gradient of it shows.
-  if (variant == Variant::kQwen3Moe) {
-    config = models::PresetConfig("qwen3-moe-tiny").value();
+  if (variant == Variant::kQwen3Moe || variant == Variant::kMixtral) {
+    config = models::PresetConfig(variant == Variant::kQwen3Moe ? "qwen3-moe-tiny" : "mixtral-tiny")
+                 .value();
     config.set_router_aux_loss_coef(0.1);
   }
   if (variant == Variant::kOddVocabulary) config.set_vocab_size(config.vocab_size() + 1);
@@ -444,7 +455,7 @@ class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
     using Key = std::tuple<Variant, bool, Accumulation>;
     static auto* references = new std::map<Key, TrainingRun>();
     Accumulation accumulation;
-    if (scenario.variant == Variant::kQwen3Moe) {
+    if (scenario.variant == Variant::kQwen3Moe || scenario.variant == Variant::kMixtral) {
       accumulation = {scenario.replicate * scenario.ranks, scenario.micro_steps};
     }
     const Key key{scenario.variant, scenario.lora, accumulation};
@@ -551,6 +562,7 @@ INSTANTIATE_TEST_SUITE_P(
         Scenario{"tp_2_ranks_qwen3", Strategy::kNone, 1, 1, Variant::kQwen3, 2},
         Scenario{"fsdp_2_ranks_qwen3_moe", Strategy::kFsdp, 2, 1, Variant::kQwen3Moe},
         Scenario{"ddp_2_ranks_qwen3_moe_accumulating", Strategy::kDdp, 2, 2, Variant::kQwen3Moe},
+        Scenario{"fsdp_2_ranks_mixtral_accumulating", Strategy::kFsdp, 2, 2, Variant::kMixtral},
         Scenario{"fsdp_2_x_tp_2", Strategy::kFsdp, 2, 1, Variant::kPlain, 2},
         // 4097 rows padded to 4098 (2 ranks: rank 1's last row is padding, in its second
         // FSDP shard) and to 4100 (4 ranks: 3 padding rows).

@@ -107,15 +107,22 @@ CONFIGS = {
                                           router_aux_loss_coef=0.25,
                                           mlp_only_layers=[0],
                                           tie_word_embeddings=True)),
+    # 4 experts of intermediate_size, 2 a token, always renormalised.
+    "mixtral": ("mixtral", dict(num_key_value_heads=2, num_local_experts=4,
+                                num_experts_per_tok=2,
+                                router_aux_loss_coef=0.3,
+                                tie_word_embeddings=False)),
 }
 CONFIG_CLASSES = {"llama": transformers.LlamaConfig,
                   "qwen2": transformers.Qwen2Config,
                   "qwen3": transformers.Qwen3Config,
-                  "qwen3_moe": transformers.Qwen3MoeConfig}
+                  "qwen3_moe": transformers.Qwen3MoeConfig,
+                  "mixtral": transformers.MixtralConfig}
 MODEL_CLASSES = {"llama": transformers.LlamaForCausalLM,
                  "qwen2": transformers.Qwen2ForCausalLM,
                  "qwen3": transformers.Qwen3ForCausalLM,
-                 "qwen3_moe": transformers.Qwen3MoeForCausalLM}
+                 "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+                 "mixtral": transformers.MixtralForCausalLM}
 
 
 def hf_config(name):
@@ -178,23 +185,34 @@ def compare_forward_backward(check, plait_file, model, input_ids, labels):
     expect_close_gradients(check, plait_gradients(plait), hf_gradients(model))
 
 
+# What a mixture-of-experts block and its experts' projections (gate, up,
+# down) are called in the folders transformers saves, by model type.
+SAVED_MOE_NAMES = {"qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+                   "mixtral": ("block_sparse_moe", "w1", "w3", "w2")}
+
+
 def hf_gradients(model):
     """The gradient of each of model's parameters by the name its saved
     folder gives it: transformers 5 holds a layer's experts stacked
     (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I])
-    and saves them one by one (mlp.experts.<e>.gate_proj.weight, ...)."""
+    and saves them one by one as the original checkpoints name them
+    (Qwen3-MoE's mlp.experts.<e>.gate_proj.weight, Mixtral's
+    block_sparse_moe.experts.<e>.w1.weight, ...)."""
+    block, gate_name, up_name, down_name = SAVED_MOE_NAMES.get(
+        model.config.model_type, ("mlp",) * 4)
     grads = {}
     for name, param in model.named_parameters():
+        name = name.replace(".mlp.gate.", f".{block}.gate.")
         if name.endswith("mlp.experts.gate_up_proj"):
-            prefix = name.removesuffix("gate_up_proj")
+            prefix = name.removesuffix("mlp.experts.gate_up_proj") + block
             for e, grad in enumerate(param.grad):
                 gate, up = grad.chunk(2, dim=0)
-                grads[f"{prefix}{e}.gate_proj.weight"] = gate
-                grads[f"{prefix}{e}.up_proj.weight"] = up
+                grads[f"{prefix}.experts.{e}.{gate_name}.weight"] = gate
+                grads[f"{prefix}.experts.{e}.{up_name}.weight"] = up
         elif name.endswith("mlp.experts.down_proj"):
-            prefix = name.removesuffix("down_proj")
+            prefix = name.removesuffix("mlp.experts.down_proj") + block
             for e, grad in enumerate(param.grad):
-                grads[f"{prefix}{e}.down_proj.weight"] = grad
+                grads[f"{prefix}.experts.{e}.{down_name}.weight"] = grad
         else:
             grads[name] = param.grad
     return grads
