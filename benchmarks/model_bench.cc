@@ -1,8 +1,10 @@
 // Training throughput of plait's CausalLM on one CPU thread: forward + backward tokens/s
 // for the tiny preset, a medium shape and a real one (Qwen2.5-0.5B's widths and vocabulary,
-// 2 layers), with fp32 and with bf16 parameters, and model
-// FLOPs utilisation (MFU) against the matmul ceiling of the same dtype (a 1024^3 torch::mm
-// on the same thread: OpenBLAS in fp32 under both LibTorch builds, oneDNN in bf16).
+// 2 layers), and two mixtures of experts (the tiny Qwen3-MoE; Qwen3-30B-A3B's widths with 32
+// experts, 2 layers), with fp32 and with bf16 parameters, and model FLOPs utilisation (MFU)
+// against the matmul ceiling of the same dtype (a 1024^3 torch::mm on the same thread: OpenBLAS
+// in fp32 under both LibTorch builds, oneDNN in bf16). A mixture of experts' FLOPs are its
+// active ones (the experts a token chooses), as its MFU in a run is.
 //
 //   bazel run --config=opt //benchmarks:model_bench
 //
@@ -105,10 +107,21 @@ class MatmulCeiling {
 // The model of BM_TrainStep's range(0) and its name: 0 the tiny preset, 1 the medium shape,
 // 2 a real one: Qwen2.5-0.5B's widths and 151,936-token vocabulary (tied embeddings, q/k/v
 // biases) with 2 of its 24 layers, whose step the embeddings and the loss dominate as they do
-// the whole model's (about a third of its FLOPs a token at 512 tokens).
+// the whole model's (about a third of its FLOPs a token at 512 tokens); 3 the tiny Qwen3-MoE
+// (8 experts of 128, 2 a token); 4 Qwen3-30B-A3B's layers (hidden 2048, experts of 768, 8 a
+// token) with 32 of its 128 experts, 2 layers and a vocabulary of 4,096, whose step the experts
+// dominate.
 std::pair<ModelConfig, std::string> BenchModel(int64_t which) {
   if (which == 0) return {PresetConfig("tiny").value(), "tiny"};
   if (which == 1) return {benchmarks::MediumModel(), "medium"};
+  if (which == 3) return {PresetConfig("qwen3-moe-tiny").value(), "Qwen3-MoE tiny"};
+  if (which == 4) {
+    ModelConfig moe = PresetConfig("qwen3-30b-a3b").value();
+    moe.set_num_hidden_layers(2);
+    moe.set_num_experts(32);
+    moe.set_vocab_size(4096);
+    return {moe, "Qwen3-30B-A3B widths, 32 experts, 2 layers"};
+  }
   ModelConfig qwen = PresetConfig("qwen2.5-0.5b").value();
   qwen.set_num_hidden_layers(2);
   return {qwen, "Qwen2.5-0.5B widths, 2 layers"};
@@ -170,6 +183,7 @@ void BM_TrainStep(benchmark::State& state) {
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(batch * seq),
                                                   benchmark::Counter::kIsIterationInvariantRate);
   state.counters["params_M"] = static_cast<double>(NumParameters(config)) / 1e6;
+  state.counters["active_params_M"] = static_cast<double>(NumActiveParameters(config)) / 1e6;
   state.counters["ceiling_GFLOP/s"] = benchmarks::Median(ceilings) / 1e9;
   state.counters["MFU"] = benchmarks::Median(mfu);
 }
@@ -191,6 +205,19 @@ BENCHMARK(BM_TrainStep)
 BENCHMARK(BM_TrainStep)
     ->Args({2, 1, 512, 0})
     ->Args({2, 1, 512, 1})
+    ->Iterations(3)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+// Mixtures of experts: the tiny one as the tiny model, the real widths on 512 tokens.
+BENCHMARK(BM_TrainStep)
+    ->Args({3, 8, 256, 0})
+    ->Args({3, 8, 256, 1})
+    ->Iterations(10)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TrainStep)
+    ->Args({4, 1, 512, 0})
+    ->Args({4, 1, 512, 1})
     ->Iterations(3)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
