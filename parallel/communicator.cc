@@ -1,11 +1,14 @@
 #include "parallel/communicator.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
 
 namespace plait::parallel {
 namespace {
@@ -13,6 +16,22 @@ namespace {
 bool SupportedDtype(torch::ScalarType dtype) {
   return dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16 ||
          dtype == torch::kInt64 || dtype == torch::kByte;
+}
+
+// Checks the row counts `name` of an AllToAll among `size` ranks; the error says what is wrong
+// with them, for the caller to prefix.
+absl::Status CheckRowCounts(absl::string_view name, const std::vector<int64_t>& rows, int size) {
+  if (static_cast<int>(rows.size()) != size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " has ", rows.size(), " counts; it needs one per rank of the group (", size, ")"));
+  }
+  for (int rank = 0; rank < size; ++rank) {
+    if (rows[rank] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, "[", rank, "] is ", rows[rank], "; a count of rows is at least 0"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -33,6 +52,8 @@ absl::string_view CollectiveName(Collective collective) {
       return "send";
     case Collective::kReceive:
       return "receive";
+    case Collective::kAllToAll:
+      return "all_to_all";
   }
   return "collective";
 }
@@ -62,6 +83,12 @@ Chunk ChunkOf(int64_t total_numel, int num_chunks, int index) {
   const int64_t longer = total_numel % num_chunks;  // the first `longer` chunks get one more
   const int64_t offset = index * base + std::min<int64_t>(index, longer);
   return {offset, base + (index < longer ? 1 : 0)};
+}
+
+std::vector<int64_t> RowOffsets(const std::vector<int64_t>& rows) {
+  std::vector<int64_t> offsets(rows.size());
+  std::exclusive_scan(rows.begin(), rows.end(), offsets.begin(), int64_t{0});
+  return offsets;
 }
 
 Communicator::Communicator(std::string name, int rank, int size, CommunicatorOptions options)
@@ -212,6 +239,45 @@ absl::Status Communicator::CheckOp(Collective collective, const torch::Tensor& t
   return absl::OkStatus();
 }
 
+absl::Status Communicator::CheckAllToAll(const torch::Tensor& input, const torch::Tensor& output,
+                                         const std::vector<int64_t>& send_rows,
+                                         const std::vector<int64_t>& receive_rows) const {
+  constexpr Collective kOp = Collective::kAllToAll;
+  for (auto [role, tensor] : {std::pair{"input", &input}, std::pair{"output", &output}}) {
+    PLAIT_RETURN_IF_ERROR(CheckTensor(kOp, role, *tensor));
+    if (tensor->dim() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Describe(kOp), ": ", role, " is a 0-dim tensor; it needs a dimension of rows"));
+    }
+  }
+  if (input.scalar_type() != output.scalar_type() ||
+      input.sizes().slice(1) != output.sizes().slice(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(kOp), ": input is ", c10::toString(input.scalar_type()), " [",
+                     absl::StrJoin(input.sizes(), ", "), "] and output ",
+                     c10::toString(output.scalar_type()), " [", absl::StrJoin(output.sizes(), ", "),
+                     "]; their rows (the sizes after dim 0) must have one dtype and shape"));
+  }
+  for (auto [name, rows, role, tensor] :
+       {std::tuple{"send_rows", &send_rows, "input", &input},
+        std::tuple{"receive_rows", &receive_rows, "output", &output}}) {
+    PLAIT_RETURN_IF_ERROR(base::Annotate(CheckRowCounts(name, *rows, size_), Describe(kOp)));
+    const int64_t total = std::accumulate(rows->begin(), rows->end(), int64_t{0});
+    if (total != tensor->size(0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Describe(kOp), ": ", name, " [", absl::StrJoin(*rows, ", "), "] sum to ",
+                       total, ", but ", role, " has ", tensor->size(0), " rows"));
+    }
+  }
+  if (send_rows[rank_] != receive_rows[rank_]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(kOp), ": send_rows[", rank_, "] is ", send_rows[rank_],
+                     " but receive_rows[", rank_, "] is ", receive_rows[rank_],
+                     "; the rows this rank sends itself are the rows it receives from itself"));
+  }
+  return absl::OkStatus();
+}
+
 std::shared_ptr<Work> Communicator::AllReduce(torch::Tensor tensor, ReduceOp op) {
   constexpr Collective kOp = Collective::kAllReduce;
   if (absl::Status status = CheckTensor(kOp, "tensor", tensor); !status.ok()) {
@@ -275,6 +341,18 @@ std::shared_ptr<Work> Communicator::Barrier() {
   return Issue(Collective::kBarrier, /*peer=*/-1, [&] { return StartBarrier(); });
 }
 
+std::shared_ptr<Work> Communicator::AllToAll(torch::Tensor input, torch::Tensor output,
+                                             std::vector<int64_t> send_rows,
+                                             std::vector<int64_t> receive_rows) {
+  if (absl::Status status = CheckAllToAll(input, output, send_rows, receive_rows); !status.ok()) {
+    return FinishedWork(status);
+  }
+  return Issue(Collective::kAllToAll, /*peer=*/-1, [&] {
+    return StartAllToAll(std::move(input), std::move(output), std::move(send_rows),
+                         std::move(receive_rows));
+  });
+}
+
 std::shared_ptr<Work> Communicator::IssuePointToPoint(Collective collective, torch::Tensor tensor,
                                                       int peer) {
   if (peer < 0 || peer >= size_ || peer == rank_) {
@@ -324,6 +402,21 @@ absl::StatusOr<std::vector<std::string>> AllGatherStrings(Communicator& group,
     strings[rank].assign(data + rank * longest, lengths[rank].item<int64_t>());
   }
   return strings;
+}
+
+absl::StatusOr<std::vector<int64_t>> ExchangeRowCounts(Communicator& group,
+                                                       const std::vector<int64_t>& send_rows) {
+  PLAIT_RETURN_IF_ERROR(
+      base::Annotate(CheckRowCounts("send_rows", send_rows, group.size()),
+                     absl::StrCat("exchanging row counts on group '", group.name(), "' (rank ",
+                                  group.rank(), " of ", group.size(), ")")));
+  const int64_t size = group.size();
+  const torch::Tensor sent = torch::tensor(send_rows, torch::kInt64).to(group.device());
+  const torch::Tensor received = torch::empty({size}, sent.options());
+  const std::vector<int64_t> one_each(size, 1);
+  PLAIT_RETURN_IF_ERROR(group.AllToAll(sent, received, one_each, one_each)->Wait());
+  const torch::Tensor counts = received.cpu();
+  return std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + size);
 }
 
 }  // namespace plait::parallel

@@ -1,9 +1,10 @@
 // A Communicator runs collectives among the ranks of one group (the world, or one dimension
 // of a DeviceMesh): all-reduce, all-gather into one flat output, reduce-scatter from one flat
-// input, broadcast and barrier; and point-to-point Send and Receive between two of its ranks
-// (pipeline parallelism's activations and gradients). Every operation is asynchronous and
-// returns a Work to wait on; every member of the group must issue the same collectives in the
-// same order.
+// input, broadcast, barrier and a variable-size all-to-all of rows (expert parallelism's
+// tokens); and point-to-point Send and Receive between two of its ranks (pipeline
+// parallelism's activations and gradients). Every operation is asynchronous and returns a
+// Work to wait on; every member of the group must issue the same collectives in the same
+// order.
 //
 //   std::shared_ptr<Work> gather = communicator.AllGather(shard, full);  // starts
 //   ... compute that does not touch `full` ...
@@ -50,9 +51,10 @@ enum class Collective {
   kBroadcast,
   kBarrier,
   kSend,
-  kReceive
+  kReceive,
+  kAllToAll
 };
-inline constexpr int kNumCollectives = 7;
+inline constexpr int kNumCollectives = 8;
 
 // Whether `collective` is issued by two ranks only (kSend, kReceive).
 bool IsPointToPoint(Collective collective);
@@ -89,6 +91,10 @@ struct Chunk {
   int64_t numel;
 };
 Chunk ChunkOf(int64_t total_numel, int num_chunks, int index);
+
+// Where the rows of each rank start in an AllToAll tensor that holds `rows[r]` rows for rank
+// r, back to back: the sum of the counts before each.
+std::vector<int64_t> RowOffsets(const std::vector<int64_t>& rows);
 
 // Bytes one rank sent and received for one kind of collective, and how many it ran.
 struct Traffic {
@@ -174,6 +180,32 @@ class Communicator {
   // Finishes once every rank has reached it.
   std::shared_ptr<Work> Barrier();
 
+  // Variable-size all-to-all of rows (dim 0): this rank sends rows [RowOffsets(send_rows)[r],
+  // + send_rows[r]) of `input` to rank r, and receives rank r's rows for it into rows
+  // [RowOffsets(receive_rows)[r], + receive_rows[r]) of `output`; the rows for itself are a
+  // local copy. Both tensors have the same dtype and row shape (sizes after dim 0); either may
+  // have 0 rows, and any count may be 0. `output` must not overlap `input`. Rank q's
+  // send_rows[r] must equal rank r's receive_rows[q]: ExchangeRowCounts gives the
+  // receive_rows that match, so callers can size `output`:
+  //
+  //   // Tokens to the ranks of their experts, sorted by rank, send_rows[r] of them for rank r.
+  //   PLAIT_ASSIGN_OR_RETURN(std::vector<int64_t> receive_rows,
+  //                          ExchangeRowCounts(ep, send_rows));
+  //   const int64_t rows = std::accumulate(receive_rows.begin(), receive_rows.end(), int64_t{0});
+  //   torch::Tensor routed = torch::empty({rows, hidden}, tokens.options());
+  //   PLAIT_RETURN_IF_ERROR(ep.AllToAll(tokens, routed, send_rows, receive_rows)->Wait());
+  //   ... experts on `routed`, then back: AllToAll(outputs, tokens, receive_rows, send_rows).
+  //
+  // InvalidArgument, through the Work, when a count vector does not have size() entries, a
+  // count is negative, the counts do not sum to the tensor's rows, the tensors differ in dtype
+  // or row shape, or send_rows[rank()] != receive_rows[rank()]. Counts that disagree between
+  // ranks fail with InvalidArgument naming both ranks and both counts on RingCommunicator
+  // (every rank of the group fails alike); NcclCommunicator does not check them, and
+  // mismatched counts there corrupt data or time out: there they are the caller's contract.
+  // traffic() counts the rows sent to and received from other ranks, not the local copy.
+  std::shared_ptr<Work> AllToAll(torch::Tensor input, torch::Tensor output,
+                                 std::vector<int64_t> send_rows, std::vector<int64_t> receive_rows);
+
   // Point-to-point: only the two ranks concerned call these, `peer` being the other one (a
   // rank of this group, not this rank). The k-th Send from rank a to rank b is taken by the
   // k-th Receive on b from a, whatever else either issues in between; the two tensors must
@@ -229,14 +261,18 @@ class Communicator {
 
   // Called after the arguments were checked: tensors are defined, contiguous, on device(),
   // of one supported dtype and of matching sizes; `op` is valid for the dtype; `root` is a
-  // rank; `peer` is another rank. While they run, NextCall and Describe(collective) (with
-  // `peer` for Send and Receive) are the call being started.
+  // rank; `peer` is another rank; row counts are size() non-negative numbers that sum to their
+  // tensor's rows. While they run, NextCall and Describe(collective) (with `peer` for Send
+  // and Receive) are the call being started.
   virtual std::shared_ptr<Work> StartAllReduce(torch::Tensor tensor, ReduceOp op) = 0;
   virtual std::shared_ptr<Work> StartAllGather(torch::Tensor input, torch::Tensor output) = 0;
   virtual std::shared_ptr<Work> StartReduceScatter(torch::Tensor input, torch::Tensor output,
                                                    ReduceOp op) = 0;
   virtual std::shared_ptr<Work> StartBroadcast(torch::Tensor tensor, int root) = 0;
   virtual std::shared_ptr<Work> StartBarrier() = 0;
+  virtual std::shared_ptr<Work> StartAllToAll(torch::Tensor input, torch::Tensor output,
+                                              std::vector<int64_t> send_rows,
+                                              std::vector<int64_t> receive_rows) = 0;
   virtual std::shared_ptr<Work> StartSend(torch::Tensor tensor, int peer) = 0;
   virtual std::shared_ptr<Work> StartReceive(torch::Tensor tensor, int peer) = 0;
 
@@ -263,6 +299,9 @@ class Communicator {
   absl::Status CheckTensor(Collective collective, absl::string_view role,
                            const torch::Tensor& tensor, int peer = -1) const;
   absl::Status CheckOp(Collective collective, const torch::Tensor& tensor, ReduceOp op) const;
+  absl::Status CheckAllToAll(const torch::Tensor& input, const torch::Tensor& output,
+                             const std::vector<int64_t>& send_rows,
+                             const std::vector<int64_t>& receive_rows) const;
 
   struct Counters {
     std::atomic<int64_t> calls{0};
@@ -312,6 +351,13 @@ class ScopedPlace {
 // the group calls it at the same point.
 absl::StatusOr<std::vector<std::string>> AllGatherStrings(Communicator& group,
                                                           const std::string& own);
+
+// The receive_rows of an AllToAll whose send_rows on this rank are `send_rows`: how many rows
+// every rank of `group` will send this one, through one AllToAll of one int64 per rank. Every
+// rank of the group calls it at the same point. InvalidArgument when `send_rows` does not
+// have group.size() entries or one is negative.
+absl::StatusOr<std::vector<int64_t>> ExchangeRowCounts(Communicator& group,
+                                                       const std::vector<int64_t>& send_rows);
 
 }  // namespace plait::parallel
 

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "base/math.h"
 #include "base/status.h"
+#include "c10/util/accumulate.h"
 
 namespace plait::parallel {
 namespace {
@@ -638,6 +639,59 @@ std::shared_ptr<Work> NcclCommunicator::StartBarrier() {
                   PLAIT_GPU_RETURN_IF_ERROR(
                       ncclAllReduce(connection.barrier_buffer(), connection.barrier_buffer(), 1,
                                     ncclFloat32, ncclSum, connection.comm(), connection.stream()));
+                  return connection.Settle(deadline);
+                });
+}
+
+// Counted as moved: the rows sent to and received from the other ranks, once each.
+std::shared_ptr<Work> NcclCommunicator::StartAllToAll(torch::Tensor input, torch::Tensor output,
+                                                      std::vector<int64_t> send_rows,
+                                                      std::vector<int64_t> receive_rows) {
+  constexpr Collective kOp = Collective::kAllToAll;
+  const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp), "input", input);
+  if (!type.ok()) return FinishedWork(type.status());
+  const int64_t row_numel = c10::multiply_integers(input.sizes().slice(1));
+  const int64_t row_bytes = row_numel * input.element_size();
+  const std::vector<int64_t> send_offsets = RowOffsets(send_rows);
+  const std::vector<int64_t> receive_offsets = RowOffsets(receive_rows);
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank()) continue;
+    bytes_sent += send_rows[peer] * row_bytes;
+    bytes_received += receive_rows[peer] * row_bytes;
+  }
+  char* const in = static_cast<char*>(input.data_ptr());
+  char* const out = static_cast<char*>(output.data_ptr());
+  // A count of 0 queues nothing; both ranks of a pair skip it alike, as their counts agree.
+  return Launch(kOp, /*peer=*/-1, {input, output}, bytes_sent, bytes_received,
+                [&](Connection& connection, absl::Time deadline) -> absl::Status {
+                  const int me = rank();
+                  if (send_rows[me] > 0) {
+                    PLAIT_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(
+                        out + receive_offsets[me] * row_bytes, in + send_offsets[me] * row_bytes,
+                        send_rows[me] * row_bytes, cudaMemcpyDeviceToDevice, connection.stream()));
+                  }
+                  PLAIT_GPU_RETURN_IF_ERROR(ncclGroupStart());
+                  absl::Status queued;
+                  for (int peer = 0; peer < size() && queued.ok(); ++peer) {
+                    if (peer == me) continue;
+                    if (send_rows[peer] > 0) {
+                      queued = GpuStatus(
+                          ncclSend(in + send_offsets[peer] * row_bytes, send_rows[peer] * row_numel,
+                                   *type, peer, connection.comm(), connection.stream()),
+                          "ncclSend");
+                    }
+                    if (queued.ok() && receive_rows[peer] > 0) {
+                      queued = GpuStatus(ncclRecv(out + receive_offsets[peer] * row_bytes,
+                                                  receive_rows[peer] * row_numel, *type, peer,
+                                                  connection.comm(), connection.stream()),
+                                         "ncclRecv");
+                    }
+                  }
+                  // Closed whatever happened inside, so that NCCL is not left in a group.
+                  queued.Update(GpuStatus(ncclGroupEnd(), "ncclGroupEnd"));
+                  PLAIT_RETURN_IF_ERROR(queued);
                   return connection.Settle(deadline);
                 });
 }

@@ -19,6 +19,11 @@
 // unlike RingCommunicator's, a send here waits for its receive to start on the peer's stream
 // beyond NCCL's buffering, so two ranks that both send a large tensor before receiving wait
 // for each other until the timeout: on NCCL, one rank of a pair must receive before it sends.
+//
+// AllToAll is ncclSend and ncclRecv to and from every other rank inside one ncclGroupStart and
+// ncclGroupEnd, and a device-to-device copy for the rows a rank keeps. NCCL does not check
+// that the counts of two ranks agree: rank q's send_rows[r] must equal rank r's
+// receive_rows[q] (ExchangeRowCounts), else the call corrupts data or times out.
 #ifndef PLAIT_PARALLEL_NCCL_COMMUNICATOR_H_
 #define PLAIT_PARALLEL_NCCL_COMMUNICATOR_H_
 
@@ -80,6 +85,9 @@ class NcclCommunicator final : public Communicator {
                                            ReduceOp op) override;
   std::shared_ptr<Work> StartBroadcast(torch::Tensor tensor, int root) override;
   std::shared_ptr<Work> StartBarrier() override;
+  std::shared_ptr<Work> StartAllToAll(torch::Tensor input, torch::Tensor output,
+                                      std::vector<int64_t> send_rows,
+                                      std::vector<int64_t> receive_rows) override;
   std::shared_ptr<Work> StartSend(torch::Tensor tensor, int peer) override;
   std::shared_ptr<Work> StartReceive(torch::Tensor tensor, int peer) override;
 

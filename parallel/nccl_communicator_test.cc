@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -282,6 +283,53 @@ TEST_F(NcclCommunicatorTest, BarrierAndRingTraffic) {
     EXPECT_EQ(traffic.calls, 1);
     EXPECT_EQ(traffic.bytes_sent, ring_bytes);
     EXPECT_EQ(traffic.bytes_received, ring_bytes);
+  });
+}
+
+// counts[q][r] rows of shape [3, 5] from rank q to rank r: uneven, rank 0 sends nothing and
+// the last rank receives nothing from the others.
+TEST_F(NcclCommunicatorTest, AllToAllWithUnevenCountsAndZeros) {
+  const int n = world_size_;
+  std::vector<std::vector<int64_t>> counts(n, std::vector<int64_t>(n, 0));
+  for (int q = 1; q < n; ++q) {
+    for (int r = 0; r < n; ++r) counts[q][r] = r == n - 1 && q != r ? 0 : 1 + (q + 2 * r) % 4;
+  }
+  const auto sum = [](const std::vector<int64_t>& rows) {
+    return std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  };
+  // Rank q's rows: values below 251, exact in bf16, different for every sender.
+  const auto input = [&](int q, torch::ScalarType dtype) {
+    const int64_t rows = sum(counts[q]);
+    return (torch::arange(rows * 15, torch::kInt64) * 7 + 1000 * q)
+        .remainder(251)
+        .reshape({rows, 3, 5})
+        .to(dtype);
+  };
+  RunRanks("all_to_all", [&](NcclCommunicator& communicator) {
+    const int rank = communicator.rank();
+    std::vector<int64_t> receive_rows;
+    for (int q = 0; q < n; ++q) receive_rows.push_back(counts[q][rank]);
+    int64_t bytes_sent = 0;
+    int64_t bytes_received = 0;
+    for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kInt64}) {
+      SCOPED_TRACE(c10::toString(dtype));
+      std::vector<torch::Tensor> expected;
+      for (int q = 0; q < n; ++q) {
+        const int64_t offset = sum({counts[q].begin(), counts[q].begin() + rank});
+        expected.push_back(input(q, dtype).narrow(0, offset, counts[q][rank]));
+      }
+      const torch::Tensor sent = ToDevice(input(rank, dtype), rank);
+      torch::Tensor output = ToDevice(torch::full({sum(receive_rows), 3, 5}, -1, dtype), rank);
+      ASSERT_THAT(communicator.AllToAll(sent, output, counts[rank], receive_rows)->Wait(), IsOk());
+      EXPECT_TRUE(torch::equal(ToHost(output), torch::cat(expected)));
+      const int64_t row_bytes = 15 * c10::elementSize(dtype);
+      bytes_sent += (sum(counts[rank]) - counts[rank][rank]) * row_bytes;
+      bytes_received += (sum(receive_rows) - counts[rank][rank]) * row_bytes;
+    }
+    const Traffic traffic = communicator.traffic(Collective::kAllToAll);
+    EXPECT_EQ(traffic.calls, 3);
+    EXPECT_EQ(traffic.bytes_sent, bytes_sent);
+    EXPECT_EQ(traffic.bytes_received, bytes_received);
   });
 }
 

@@ -1,5 +1,6 @@
 #include "parallel/ring_communicator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -7,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "base/hash.h"
 #include "base/status.h"
+#include "c10/util/accumulate.h"
 #include "torch/utils.h"
 
 namespace plait::parallel {
@@ -319,6 +321,100 @@ std::shared_ptr<Work> RingCommunicator::StartBarrier() {
                    const torch::Tensor tokens = torch::zeros({size()}, torch::kUInt8);
                    return AllGatherRing(call, tokens, slot_base, deadline);
                  });
+}
+
+absl::Status RingCommunicator::Shift(const CollectiveCall& call, uint64_t slot_base,
+                                     const std::vector<torch::Tensor>& sends,
+                                     const std::vector<torch::Tensor>& receives,
+                                     absl::Time deadline) {
+  const int n = size();
+  for (int k = 1; k < n; ++k) {
+    const int to = Mod(rank() + k, n);
+    const int from = Mod(rank() - k, n);
+    PLAIT_RETURN_IF_ERROR(Transmit(*mesh_, call, slot_base + k, {Transfer{sends[to], to}},
+                                   Transfer{receives[from], from}, deadline));
+  }
+  return absl::OkStatus();
+}
+
+// Every rank ends with the same table, so every rank finds the same first disagreement.
+absl::Status RingCommunicator::CheckAllToAllAgreement(const CollectiveCall& call,
+                                                      const torch::Tensor& input,
+                                                      const std::vector<int64_t>& send_rows,
+                                                      const std::vector<int64_t>& receive_rows,
+                                                      uint64_t slot_base, absl::Time deadline) {
+  const int n = size();
+  // Rank q's row: its dtype, elements per row, send_rows, then receive_rows.
+  const torch::Tensor table = torch::empty({n, 2 + 2 * n}, torch::kInt64);
+  const torch::Tensor own = table[rank()];
+  int64_t* words = own.data_ptr<int64_t>();
+  words[0] = static_cast<int64_t>(input.scalar_type());
+  words[1] = c10::multiply_integers(input.sizes().slice(1));
+  std::copy(send_rows.begin(), send_rows.end(), words + 2);
+  std::copy(receive_rows.begin(), receive_rows.end(), words + 2 + n);
+  std::vector<torch::Tensor> rows;
+  for (int q = 0; q < n; ++q) rows.push_back(table[q]);
+  PLAIT_RETURN_IF_ERROR(Shift(call, slot_base, std::vector<torch::Tensor>(n, own), rows, deadline));
+
+  const auto t = table.accessor<int64_t, 2>();
+  const auto row_text = [&](int q) {
+    return TensorText(static_cast<torch::ScalarType>(t[q][0]), t[q][1]);
+  };
+  for (int q = 1; q < n; ++q) {
+    if (t[q][0] != t[0][0] || t[q][1] != t[0][1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Describe(call), ": rank ", q, "'s rows are ", row_text(q), " where rank 0's are ",
+          row_text(0), "; every rank must exchange rows of one dtype and size"));
+    }
+  }
+  for (int q = 0; q < n; ++q) {
+    for (int r = 0; r < n; ++r) {
+      const int64_t sent = t[q][2 + r];
+      const int64_t expected = t[r][2 + n + q];
+      if (sent != expected) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Describe(call), ": rank ", q, " sends ", sent, " rows to rank ", r, " (its send_rows[",
+            r, "]), but rank ", r, " expects ", expected, " from rank ", q, " (its receive_rows[",
+            q,
+            "]); ExchangeRowCounts gives each rank the receive_rows its peers' send_rows imply"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Counts first (slots 1 to N-1 of the call), then the rows (slots N+1 to 2N-1).
+std::shared_ptr<Work> RingCommunicator::StartAllToAll(torch::Tensor input, torch::Tensor output,
+                                                      std::vector<int64_t> send_rows,
+                                                      std::vector<int64_t> receive_rows) {
+  return Enqueue(
+      collectives_, Collective::kAllToAll, /*peer=*/-1,
+      [this, input, output, send_rows = std::move(send_rows),
+       receive_rows = std::move(receive_rows)](const CollectiveCall& call, uint64_t slot_base,
+                                               absl::Time deadline) -> absl::Status {
+        PLAIT_RETURN_IF_ERROR(
+            CheckAllToAllAgreement(call, input, send_rows, receive_rows, slot_base, deadline));
+        const int n = size();
+        const std::vector<int64_t> send_offsets = RowOffsets(send_rows);
+        const std::vector<int64_t> receive_offsets = RowOffsets(receive_rows);
+        std::vector<torch::Tensor> sends;
+        std::vector<torch::Tensor> receives;
+        for (int r = 0; r < n; ++r) {
+          sends.push_back(input.narrow(0, send_offsets[r], send_rows[r]));
+          receives.push_back(output.narrow(0, receive_offsets[r], receive_rows[r]));
+        }
+        receives[rank()].copy_(sends[rank()]);
+        PLAIT_RETURN_IF_ERROR(Shift(call, slot_base + n, sends, receives, deadline));
+        int64_t bytes_sent = 0;
+        int64_t bytes_received = 0;
+        for (int r = 0; r < n; ++r) {
+          if (r == rank()) continue;
+          bytes_sent += static_cast<int64_t>(sends[r].nbytes());
+          bytes_received += static_cast<int64_t>(receives[r].nbytes());
+        }
+        CountTraffic(Collective::kAllToAll, bytes_sent, bytes_received);
+        return absl::OkStatus();
+      });
 }
 
 std::shared_ptr<Work> RingCommunicator::StartSend(torch::Tensor tensor, int peer) {

@@ -14,9 +14,12 @@
 // in LibTorch 1.13 has no reduce_scatter and no flat all_gather, and owning every transfer
 // lets traffic() count real bytes. Each rank sends and receives (N-1)/N of the buffer in
 // all_gather and reduce_scatter, 2(N-1)/N in all_reduce (reduce-scatter then all-gather),
-// the bandwidth-optimal volumes. Each collective's transfers are tagged from its call (its
-// step, index and place, communicator.h), so ranks that issue different collectives (one
-// skipped one) stop at the first they disagree on instead of mixing their data. A failed or
+// the bandwidth-optimal volumes. The all-to-all runs in N-1 steps, step k sending to rank
+// r + k and receiving from rank r - k; the same steps first take every rank's counts to every
+// other, so that counts that disagree fail on every rank with one message, rather than time
+// out on some. Each collective's transfers are tagged from its call (its step, index and
+// place, communicator.h), so ranks that issue different collectives (one skipped one) stop at
+// the first they disagree on instead of mixing their data. A failed or
 // timed-out collective leaves the connections in an unknown state, so every later collective
 // fails with the first error.
 //
@@ -80,6 +83,9 @@ class RingCommunicator final : public Communicator {
                                            ReduceOp op) override;
   std::shared_ptr<Work> StartBroadcast(torch::Tensor tensor, int root) override;
   std::shared_ptr<Work> StartBarrier() override;
+  std::shared_ptr<Work> StartAllToAll(torch::Tensor input, torch::Tensor output,
+                                      std::vector<int64_t> send_rows,
+                                      std::vector<int64_t> receive_rows) override;
   std::shared_ptr<Work> StartSend(torch::Tensor tensor, int peer) override;
   std::shared_ptr<Work> StartReceive(torch::Tensor tensor, int peer) override;
 
@@ -142,6 +148,18 @@ class RingCommunicator final : public Communicator {
                                  absl::Time deadline);
   absl::Status AllGatherRing(const CollectiveCall& call, const torch::Tensor& buffer,
                              uint64_t slot_base, absl::Time deadline);
+
+  // The all-to-all's steps: step k of N-1 sends sends[r + k] to rank r + k and receives
+  // receives[r - k] from rank r - k (mod N), as transfer slot_base + k; traffic is not counted.
+  absl::Status Shift(const CollectiveCall& call, uint64_t slot_base,
+                     const std::vector<torch::Tensor>& sends,
+                     const std::vector<torch::Tensor>& receives, absl::Time deadline);
+  // Tells every rank this rank's dtype, row size and counts (a Shift from `slot_base`), and
+  // checks that every pair of ranks agrees.
+  absl::Status CheckAllToAllAgreement(const CollectiveCall& call, const torch::Tensor& input,
+                                      const std::vector<int64_t>& send_rows,
+                                      const std::vector<int64_t>& receive_rows, uint64_t slot_base,
+                                      absl::Time deadline);
 
   const std::unique_ptr<internal::TcpMesh> mesh_;
   const std::unique_ptr<internal::TcpMesh> point_to_point_mesh_;

@@ -370,6 +370,11 @@ class UnwaitedReduceScatters final : public parallel::Communicator {
     return inner_->Broadcast(tensor, root);
   }
   std::shared_ptr<parallel::Work> StartBarrier() override { return inner_->Barrier(); }
+  std::shared_ptr<parallel::Work> StartAllToAll(torch::Tensor input, torch::Tensor output,
+                                                std::vector<int64_t> send_rows,
+                                                std::vector<int64_t> receive_rows) override {
+    return inner_->AllToAll(input, output, std::move(send_rows), std::move(receive_rows));
+  }
   std::shared_ptr<parallel::Work> StartSend(torch::Tensor tensor, int peer) override {
     return inner_->Send(tensor, peer);
   }
