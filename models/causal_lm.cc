@@ -289,7 +289,7 @@ torch::Tensor SparseMoe::forward(const torch::Tensor& x, const AttentionContext&
   const auto [sorted, order] = probabilities.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true);
   torch::Tensor weights = sorted.narrow(-1, 0, per_token_);
   if (normalise_) weights = weights / weights.sum(-1, /*keepdim=*/true);
-  // The (token, choice) pairs grouped by expert, in token order within each.
+  // The (token, choice) pairs grouped by expert, in token order within each, and their rows.
   const torch::Tensor chosen = order.narrow(-1, 0, per_token_).reshape(-1);
   const torch::Tensor pairs =
       std::get<1>(chosen.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
@@ -297,19 +297,37 @@ torch::Tensor SparseMoe::forward(const torch::Tensor& x, const AttentionContext&
   const torch::Tensor pair_weights = weights.reshape(-1).index_select(0, pairs).to(x.scalar_type());
   const torch::Tensor counts =
       torch::bincount(chosen, {}, static_cast<int64_t>(experts.size())).to(torch::kCPU);
-  torch::Tensor out = torch::zeros_like(flat);
-  int64_t first = 0;
-  for (size_t e = 0; e < experts.size(); ++e) {
-    // An expert no token chose still runs, on no rows, so that its parameters get a (zero)
-    // gradient on every rank, as data-parallel wrappers expect of every parameter.
-    const int64_t rows = counts[static_cast<int64_t>(e)].item<int64_t>();
-    const torch::Tensor routed = tokens.narrow(0, first, rows);
-    const torch::Tensor y = experts[e]->forward(flat.index_select(0, routed), context);
-    out.index_add_(0, routed, y * pair_weights.narrow(0, first, rows).unsqueeze(1));
-    first += rows;
+  const std::vector<int64_t> expert_rows(counts.data_ptr<int64_t>(),
+                                         counts.data_ptr<int64_t>() + counts.numel());
+  const torch::Tensor rows = flat.index_select(0, tokens);
+  torch::Tensor outputs;
+  if (context.ep == nullptr) {
+    outputs = RunExperts(rows, expert_rows, 0, context);
+  } else {
+    const wrap::ExpertParallelOps::Dispatched dispatched = context.ep->Dispatch(rows, expert_rows);
+    const int64_t first = context.ep->LocalExperts(static_cast<int64_t>(experts.size())).first;
+    outputs = context.ep->Combine(
+        RunExperts(dispatched.rows, dispatched.expert_rows, first, context), dispatched);
   }
+  torch::Tensor out =
+      torch::zeros_like(flat).index_add_(0, tokens, outputs * pair_weights.unsqueeze(1));
   out = out.view(x.sizes());
   return context.router ? context.router->Record(layer_, probabilities, chosen, out) : out;
+}
+
+torch::Tensor SparseMoe::RunExperts(const torch::Tensor& rows,
+                                    const std::vector<int64_t>& expert_rows, int64_t first,
+                                    const AttentionContext& context) {
+  std::vector<torch::Tensor> outputs;
+  int64_t row = 0;
+  for (size_t i = 0; i < expert_rows.size(); ++i) {
+    // An expert no token chose still runs, on no rows, so that its parameters get a (zero)
+    // gradient on every rank, as data-parallel wrappers expect of every parameter.
+    outputs.push_back(experts[first + static_cast<int64_t>(i)]->forward(
+        rows.narrow(0, row, expert_rows[i]), context));
+    row += expert_rows[i];
+  }
+  return torch::cat(outputs);
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig& config, int64_t index, const Deferred& deferred) {

@@ -103,6 +103,9 @@ struct AttentionContext {
   wrap::ContextParallelOps* cp = nullptr;
   // A mixture-of-experts model's: where this forward's layers record their routing.
   c10::intrusive_ptr<RouterStatistics> router;
+  // Expert parallelism's dispatch, through which the layers reach other ranks' experts, or
+  // nullptr.
+  wrap::ExpertParallelOps* ep = nullptr;
 };
 
 // Causal self-attention with rotary embeddings and grouped-query attention.
@@ -159,6 +162,11 @@ class SparseMoe : public torch::nn::Module {
   std::vector<std::shared_ptr<Mlp>> experts;  // registered as "experts.0", "experts.1", ...
 
  private:
+  // The outputs of experts [first, first + expert_rows.size()) on `rows`, expert_rows[i] of
+  // them (in order) expert first + i's.
+  torch::Tensor RunExperts(const torch::Tensor& rows, const std::vector<int64_t>& expert_rows,
+                           int64_t first, const AttentionContext& context);
+
   int64_t layer_;
   int64_t per_token_;
   bool normalise_;
@@ -326,6 +334,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   void SetCheckpointingOps(wrap::CheckpointingOps* ops) override { context_.checkpointing = ops; }
   void SetProjectionOps(wrap::ProjectionOps* ops) override { context_.projections = ops; }
   void SetContextParallelOps(wrap::ContextParallelOps* ops) override;
+  void SetExpertParallelOps(wrap::ExpertParallelOps* ops) override { context_.ep = ops; }
   wrap::ProjectionOps* projection_ops() const override { return context_.projections; }
 
  private:

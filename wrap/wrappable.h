@@ -121,6 +121,38 @@ class ContextParallelOps {
   virtual torch::Tensor SumOverRanks(const torch::Tensor& partial) = 0;
 };
 
+// What expert parallelism (wrap/ep) does in a mixture-of-experts layer: the n ranks of its
+// group each hold a contiguous share of the layer's experts, and the rows a rank routes to
+// another rank's experts are computed there and come back. A model without it set computes
+// every expert itself.
+class ExpertParallelOps {
+ public:
+  virtual ~ExpertParallelOps() = default;
+
+  // The rows a rank's experts compute (Dispatch), and what Combine needs to send their outputs
+  // back.
+  struct Dispatched {
+    torch::Tensor rows;                  // grouped by this rank's expert, in order
+    std::vector<int64_t> expert_rows;    // how many of `rows` each of this rank's experts computes
+    std::vector<int64_t> sent_rows;      // this rank's rows to each rank
+    std::vector<int64_t> received_rows;  // each rank's rows to this rank
+    torch::Tensor order;  // row j of `rows` is row order[j] of those received, by sender
+  };
+
+  // The experts this rank holds of a layer of `num_experts`: [first, first + count).
+  virtual std::pair<int64_t, int64_t> LocalExperts(int64_t num_experts) const = 0;
+
+  // Sends `rows` [R, hidden] (a layer's routed rows, grouped by expert, expert_rows[e] of them
+  // for expert e) to the ranks holding their experts. Differentiable: the gradients of the rows
+  // received go back to their senders.
+  virtual Dispatched Dispatch(const torch::Tensor& rows,
+                              const std::vector<int64_t>& expert_rows) = 0;
+
+  // The outputs [M, hidden] of `dispatched.rows` back to the ranks that sent them: [R, hidden],
+  // in the order Dispatch's `rows` had. Differentiable likewise.
+  virtual torch::Tensor Combine(const torch::Tensor& outputs, const Dispatched& dispatched) = 0;
+};
+
 class ProjectionOps;
 
 class Wrappable {
@@ -243,6 +275,11 @@ class Wrappable {
   // Makes the forward pass compute this rank's slice of each sequence through `ops` (nullptr:
   // the whole sequence; it must outlive its use, backward passes included).
   virtual void SetContextParallelOps(ContextParallelOps* ops) = 0;
+
+  // Makes the forward pass compute only this rank's experts of each mixture-of-experts layer,
+  // the rows routed to others' through `ops` (nullptr: every expert here; it must outlive its
+  // use, backward passes included).
+  virtual void SetExpertParallelOps(ExpertParallelOps* ops) = 0;
 
   // The ops SetProjectionOps installed, or nullptr.
   virtual ProjectionOps* projection_ops() const = 0;

@@ -1,0 +1,110 @@
+#include "wrap/ep/expert_dispatch.h"
+
+#include <numeric>
+
+#include "torch/csrc/autograd/custom_function.h"
+
+namespace plait::wrap::ep {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What the messages here are for, as their errors say.
+constexpr char kCounts[] = "expert-parallel row counts";
+constexpr char kRows[] = "expert-parallel rows";
+
+// `input`'s rows, send_rows[r] of them to rank r, exchanged for receive_rows[r] from each rank r.
+torch::Tensor Exchanged(const torch::Tensor& input, const std::vector<int64_t>& send_rows,
+                        const std::vector<int64_t>& receive_rows, parallel::GraphGroup& group,
+                        parallel::Pass pass, const char* purpose) {
+  const int64_t rows = std::accumulate(receive_rows.begin(), receive_rows.end(), int64_t{0});
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = rows;
+  torch::Tensor output = torch::empty(shape, input.options());
+  const parallel::ScopedPlace place = group.Place(pass, purpose);
+  group.Wait(group.communicator().AllToAll(input.contiguous(), output, send_rows, receive_rows));
+  return output;
+}
+
+// An all-to-all of rows whose backward is the all-to-all of their gradients the other way.
+class AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input,
+                               std::vector<int64_t> send_rows, std::vector<int64_t> receive_rows,
+                               parallel::GraphGroup* group) {
+    group->SaveIn(ctx);
+    ctx->saved_data["send_rows"] = send_rows;
+    ctx->saved_data["receive_rows"] = receive_rows;
+    return Exchanged(input, send_rows, receive_rows, *group, parallel::Pass::kForward, kRows);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<int64_t> send_rows = ctx->saved_data["send_rows"].toIntVector();
+    const std::vector<int64_t> receive_rows = ctx->saved_data["receive_rows"].toIntVector();
+    return {Exchanged(grads[0], receive_rows, send_rows, parallel::GraphGroup::SavedIn(ctx),
+                      parallel::Pass::kBackward, kRows),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::pair<int64_t, int64_t> ExpertDispatch::LocalExperts(int64_t num_experts) const {
+  const int64_t count = num_experts / group_.size();
+  return {group_.rank() * count, count};
+}
+
+ExpertParallelOps::Dispatched ExpertDispatch::Dispatch(const torch::Tensor& rows,
+                                                       const std::vector<int64_t>& expert_rows) {
+  const int ranks = group_.size();
+  const int64_t local = static_cast<int64_t>(expert_rows.size()) / ranks;
+  Dispatched dispatched;
+  // counts[s][i]: the rows rank s routes to this rank's expert i. Zeros where the exchange
+  // failed, so that nothing is sized from garbage.
+  const torch::Tensor counts =
+      torch::zeros({ranks, local}, torch::kInt64)
+          .copy_(Exchanged(torch::tensor(expert_rows, torch::kInt64).to(rows.device()),
+                           std::vector<int64_t>(ranks, local), std::vector<int64_t>(ranks, local),
+                           group_, parallel::Pass::kForward, kCounts)
+                     .view({ranks, local})
+                     .cpu());
+  const auto count = counts.accessor<int64_t, 2>();
+  for (int r = 0; r < ranks; ++r) {
+    dispatched.sent_rows.push_back(std::accumulate(
+        expert_rows.begin() + r * local, expert_rows.begin() + (r + 1) * local, int64_t{0}));
+    int64_t received = 0;
+    for (int64_t i = 0; i < local; ++i) received += count[r][i];
+    dispatched.received_rows.push_back(received);
+  }
+  const torch::Tensor received =
+      AllToAllFunction::apply(rows, dispatched.sent_rows, dispatched.received_rows, &group_);
+  // Each sender's rows come grouped by expert: regroup them by expert, senders in rank order.
+  std::vector<int64_t> sender_first(ranks, 0);
+  for (int r = 1; r < ranks; ++r) {
+    sender_first[r] = sender_first[r - 1] + dispatched.received_rows[r - 1];
+  }
+  std::vector<int64_t> order;
+  order.reserve(static_cast<size_t>(received.size(0)));
+  for (int64_t i = 0; i < local; ++i) {
+    int64_t expert_total = 0;
+    for (int r = 0; r < ranks; ++r) {
+      for (int64_t j = 0; j < count[r][i]; ++j) order.push_back(sender_first[r] + j);
+      sender_first[r] += count[r][i];
+      expert_total += count[r][i];
+    }
+    dispatched.expert_rows.push_back(expert_total);
+  }
+  dispatched.order = torch::tensor(order, torch::kInt64).to(rows.device());
+  dispatched.rows = received.index_select(0, dispatched.order);
+  return dispatched;
+}
+
+torch::Tensor ExpertDispatch::Combine(const torch::Tensor& outputs, const Dispatched& dispatched) {
+  // Back in the order received (by sender), then to the senders.
+  const torch::Tensor by_sender = outputs.index_select(0, torch::argsort(dispatched.order));
+  return AllToAllFunction::apply(by_sender, dispatched.received_rows, dispatched.sent_rows,
+                                 &group_);
+}
+
+}  // namespace plait::wrap::ep
