@@ -58,6 +58,16 @@
 // reports busy_rank0/1 (each rank's seconds computing: its wall time less what it waited for
 // the ring) and busy_max_vs_min (goal 1.00 with the causal chunking; the contiguous split's
 // second rank meets 3 times the keys of the first).
+// Expert parallelism (BM_ExpertParallel: ep=2, each rank keeping 4 of the 8 experts of every
+// layer of a mixture of experts of the medium model's widths (4 layers, hidden 512, experts of
+// 512, 2 a token), each rank's forward and backward on its own batch of 4 x 256 tokens; arg 0
+// the router as initialised, arg 1 one sending every token to rank 0's experts) reports
+// vs_single (the step time / the single process's on one rank's batch with every expert: each
+// rank does one batch's work, so the ideal on 2 idle cores is 1, at twice the tokens),
+// sent_vs_theory (rank 0's all-to-all bytes / the routing's: the rows its tokens send to the
+// other rank's experts and those it receives, each way forward and backward, and each layer's
+// counts; goal 1.00) and rows_max_vs_mean (the rows the busier rank's experts computed / the
+// ranks' mean: the expert load balance, 1 when even, 2 when one rank computes them all).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
@@ -79,6 +89,7 @@
 #include "benchmark/benchmark.h"
 #include "benchmarks/bench_setup.h"
 #include "models/causal_lm.h"
+#include "models/model_config.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "parallel/graph_group.h"
@@ -88,6 +99,7 @@
 #include "torch/types.h"
 #include "torch/utils.h"
 #include "wrap/cp/ring_attention.h"
+#include "wrap/ep/expert_dispatch.h"
 #include "wrap/micro_batch_executor.h"
 #include "wrap/pp/schedule.h"
 #include "wrap/preparation.h"
@@ -591,6 +603,103 @@ BENCHMARK(BM_RingAttentionBalance)
     ->Args({0, 0})
     ->Args({1, 0})
     ->Args({0, 1})
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+void BM_ExpertParallel(benchmark::State& state) {
+  constexpr int kRanks = 2;
+  constexpr int64_t kBatch = 4, kSeqLen = 256;
+  const bool to_rank_0 = state.range(0) == 1;
+  models::ModelConfig config = *models::PresetConfig("qwen3-moe-tiny");
+  config.set_hidden_size(512);
+  config.set_moe_intermediate_size(512);
+  config.set_num_attention_heads(8);
+  config.set_num_key_value_heads(8);
+  config.set_head_dim(64);
+  models::InitConfig init;
+  init.set_seed(1);
+  const auto make_model = [&] {
+    std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
+    if (to_rank_0) {
+      // Equal probabilities: every token's ties go to experts 0 and 1, rank 0's.
+      torch::NoGradGuard no_grad;
+      for (const auto& named : model->named_parameters()) {
+        if (named.key().find("mlp.gate.") != std::string::npos) named.value().zero_();
+      }
+    }
+    return model;
+  };
+  const auto batch_of = [&](int rank) {
+    torch::manual_seed(100 + rank);
+    return torch::randint(config.vocab_size(), {kBatch, kSeqLen + 1});
+  };
+  const auto step = [](models::CausalLM& model, const torch::Tensor& tokens) {
+    model.zero_grad();
+    model.Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
+  };
+  // One process: rank 0's batch through every expert.
+  double single_seconds = 0;
+  {
+    torch::set_num_threads(1);
+    const std::shared_ptr<models::CausalLM> model = make_model();
+    const torch::Tensor tokens = batch_of(0);
+    step(*model, tokens);  // the allocator's first pass
+    const absl::Time start = absl::Now();
+    step(*model, tokens);
+    single_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  }
+  const int64_t local = config.num_experts() / kRanks;
+  std::array<torch::Tensor, kRanks> routed;  // each rank's rows per expert, over the layers
+  std::array<int64_t, kRanks> sent{};
+  double step_seconds = 0;
+  for (auto _ : state) {
+    std::array<double, kRanks> wall{};
+    parallel::testing::RunOnRingGroup(
+        "ep", kRanks,
+        [&](int rank, parallel::RingCommunicator& communicator) {
+          torch::set_num_threads(1);
+          parallel::GraphGroup group(communicator);
+          ep::ExpertDispatch dispatch(group);
+          const std::shared_ptr<models::CausalLM> model = make_model();
+          model->SetExpertParallelOps(&dispatch);
+          const torch::Tensor tokens = batch_of(rank);
+          step(*model, tokens);  // the allocator's first pass
+          const parallel::Traffic before = communicator.traffic(parallel::Collective::kAllToAll);
+          const absl::Time start = absl::Now();
+          step(*model, tokens);
+          wall[rank] = absl::ToDoubleSeconds(absl::Now() - start);
+          sent[rank] =
+              communicator.traffic(parallel::Collective::kAllToAll).bytes_sent - before.bytes_sent;
+          routed[rank] =
+              model->LastRouting()->Load().narrow(0, 0, config.num_experts()).to(torch::kInt64);
+        },
+        absl::Minutes(10));
+    step_seconds = *std::max_element(wall.begin(), wall.end());
+    state.SetIterationTime(step_seconds);
+  }
+  std::array<int64_t, kRanks> computed{};
+  for (int r = 0; r < kRanks; ++r) {
+    for (int s = 0; s < kRanks; ++s) {
+      computed[r] += routed[s].narrow(0, r * local, local).sum().item<int64_t>();
+    }
+  }
+  const auto rows_of = [&](int sender, int holder) {
+    return routed[sender].narrow(0, holder * local, local).sum().item<int64_t>();
+  };
+  const double theory =
+      static_cast<double>(config.num_hidden_layers() * local * int64_t{sizeof(int64_t)}) *
+          (kRanks - 1) +
+      2.0 * static_cast<double>(rows_of(0, 1) + rows_of(1, 0)) *
+          static_cast<double>(config.hidden_size() * int64_t{sizeof(float)});
+  state.counters["vs_single"] = step_seconds / single_seconds;
+  state.counters["sent_vs_theory"] = static_cast<double>(sent[0]) / theory;
+  state.counters["rows_max_vs_mean"] = static_cast<double>(std::max(computed[0], computed[1])) /
+                                       (static_cast<double>(computed[0] + computed[1]) / kRanks);
+}
+BENCHMARK(BM_ExpertParallel)
+    ->Arg(0)
+    ->Arg(1)
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -315,6 +315,18 @@ torch::Tensor SparseMoe::forward(const torch::Tensor& x, const AttentionContext&
   return context.router ? context.router->Record(layer_, probabilities, chosen, out) : out;
 }
 
+void SparseMoe::KeepExperts(int64_t first, int64_t count) {
+  const auto kept = std::make_shared<torch::nn::Module>();
+  for (int64_t e = 0; e < static_cast<int64_t>(experts.size()); ++e) {
+    if (e >= first && e < first + count) {
+      kept->register_module(std::to_string(e), experts[e]);
+    } else {
+      experts[e] = nullptr;
+    }
+  }
+  replace_module("experts", kept);
+}
+
 torch::Tensor SparseMoe::RunExperts(const torch::Tensor& rows,
                                     const std::vector<int64_t>& expert_rows, int64_t first,
                                     const AttentionContext& context) {
@@ -490,6 +502,14 @@ const AttentionContext& CausalLM::Context(int64_t seq_len, const torch::Device& 
 void CausalLM::SetContextParallelOps(wrap::ContextParallelOps* ops) {
   context_.cp = ops;
   context_seq_len_ = -1;  // the next forward builds its context again
+}
+
+void CausalLM::SetExpertParallelOps(wrap::ExpertParallelOps* ops) {
+  context_.ep = ops;
+  const auto [first, count] = ops->LocalExperts(config_.num_experts());
+  for (const auto& layer : model_->layers) {
+    if (layer->moe != nullptr) layer->moe->KeepExperts(first, count);
+  }
 }
 
 torch::Tensor CausalLM::OutputWeight() {

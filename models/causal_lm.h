@@ -158,8 +158,12 @@ class SparseMoe : public torch::nn::Module {
   // x [B, T, hidden] -> [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
 
+  // Keeps experts [first, first + count) (under their names) and drops the others.
+  void KeepExperts(int64_t first, int64_t count);
+
   torch::nn::Linear gate{nullptr};
-  std::vector<std::shared_ptr<Mlp>> experts;  // registered as "experts.0", "experts.1", ...
+  // Registered as "experts.0", "experts.1", ...; null where KeepExperts dropped one.
+  std::vector<std::shared_ptr<Mlp>> experts;
 
  private:
   // The outputs of experts [first, first + expert_rows.size()) on `rows`, expert_rows[i] of
@@ -334,7 +338,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   void SetCheckpointingOps(wrap::CheckpointingOps* ops) override { context_.checkpointing = ops; }
   void SetProjectionOps(wrap::ProjectionOps* ops) override { context_.projections = ops; }
   void SetContextParallelOps(wrap::ContextParallelOps* ops) override;
-  void SetExpertParallelOps(wrap::ExpertParallelOps* ops) override { context_.ep = ops; }
+  void SetExpertParallelOps(wrap::ExpertParallelOps* ops) override;
   wrap::ProjectionOps* projection_ops() const override { return context_.projections; }
 
  private:

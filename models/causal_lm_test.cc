@@ -719,9 +719,9 @@ TEST(FlopsTest, CountsMatmulsAndCausalAttention) {
 TEST(FlopsTest, CountsTheQueryHeadsWidthAndTheActiveExperts) {
   ModelConfig config = *PresetConfig("qwen3-moe-tiny");  // hidden 128, heads 4 x 64, kv 2 x 64
   config.set_num_hidden_layers(2);
-  config.add_mlp_only_layers(0);  // layer 0 dense (intermediate 128), layer 1 8 experts, 2 a token
+  config.add_mlp_only_layers(0);  // layer 0 dense (intermediate 384), layer 1 8 experts, 2 a token
   const double attention = 128.0 * 256 * 2 + 128.0 * 128 * 2;
-  const double dense = 3.0 * 128 * 128;
+  const double dense = 3.0 * 128 * 384;
   const double moe = 128.0 * 8 + 2 * 3.0 * 128 * 128;
   const double expected = 6.0 * (2 * attention + dense + moe + 128.0 * 4096) + 6.0 * 2 * 16 * 256;
   EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(config, 16), expected);

@@ -156,6 +156,10 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   shape.head_dim = models::HeadDim(config);
   shape.intermediate_size = config.intermediate_size();
   shape.num_experts = config.num_experts();
+  shape.experts_per_token = config.num_experts_per_tok();
+  for (int64_t layer = 0; layer < config.num_hidden_layers(); ++layer) {
+    if (models::IsMoeLayer(config, layer)) ++shape.num_moe_blocks;
+  }
   shape.vocab_size = config.vocab_size();
   shape.seq_len = training.seq_len();
   shape.on_cpu = device_type == torch::kCPU;

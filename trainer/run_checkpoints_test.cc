@@ -311,6 +311,38 @@ TEST(CheckpointReshardTest, ACheckpointResumesOnAnotherWorldSizeAndLayout) {
   }
 }
 
+// A mixture of experts trained on 2 expert-parallel ranks (each keeping 4 of the 8 experts,
+// which its checkpoint names as the model does) resumes on 4 expert-parallel ranks (2 experts
+// each), on 2 FSDP ranks and on 1 rank, each as the straight run: every rank reads the experts
+// it keeps from the ranks that wrote them.
+TEST(CheckpointReshardTest, AMixtureOfExpertsResumesOnAnotherExpertParallelOrDenseLayout) {
+  const std::string straight_dir = FreshTestDir("moe_straight");
+  const TrainReport straight =
+      TrainOnRanks(ReshardPlan("qwen3_moe_ep", straight_dir, /*micro_batch=*/2, 2), 2);
+  ASSERT_EQ(straight.steps.size(), 16u);
+  const auto checkpoint = ReadCheckpoint(straight_dir + "/step-00000008");
+  EXPECT_EQ(checkpoint.count("param/model.layers.3.mlp.experts.7.down_proj.weight"), 1u);
+  {
+    SCOPED_TRACE("2 expert-parallel ranks -> 4");
+    ExpectResumeMatches(straight_dir, ReshardPlan("qwen3_moe_ep", FreshTestDir("moe_ep4"), 1, 4), 4,
+                        straight, straight_dir);
+  }
+  {
+    SCOPED_TRACE("2 expert-parallel ranks -> 2 FSDP ranks");
+    plan::Plan fsdp = ReshardPlan("qwen3_moe_ep", FreshTestDir("moe_fsdp"), 2);
+    fsdp.mutable_mesh()->mutable_dims(0)->set_name("dp");
+    fsdp.mutable_prepare(0)->mutable_fsdp()->set_mesh_dim("dp");
+    ExpectResumeMatches(straight_dir, fsdp, 2, straight, straight_dir);
+  }
+  {
+    SCOPED_TRACE("2 expert-parallel ranks -> 1 rank");
+    plan::Plan single = ReshardPlan("qwen3_moe_ep", FreshTestDir("moe_single"), 4);
+    single.clear_mesh();
+    single.clear_prepare();
+    ExpectResumeMatches(straight_dir, single, 1, straight, straight_dir);
+  }
+}
+
 TEST(CheckpointTest, AFreshRunNeverOverwritesCheckpoints) {
   const std::string dir = FreshTestDir("fresh");
   const plan::Plan plan = ShortPlan("llama_single", dir);

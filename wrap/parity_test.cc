@@ -104,9 +104,12 @@ struct Scenario {
       ActivationCheckpointingConfig::POLICY_UNSPECIFIED;
   // LoRA adapters (LoraStep()), applied after checkpointing, before the data-parallel step.
   bool lora = false;
+  // Ranks of the "ep" dimension: above 1, expert parallelism, applied before the data-parallel
+  // step (its ranks read different data too).
+  int ep = 1;
 
   // The ranks of every dimension: the GPUs a run on CUDA needs.
-  int world() const { return replicate * ranks * tp; }
+  int world() const { return replicate * ep * ranks * tp; }
 };
 
 struct TrainingRun {
@@ -291,6 +294,11 @@ TrainingRun Distributed(const Scenario& scenario) {
     dim->set_name("replicate");
     dim->set_size(scenario.replicate);
   }
+  if (scenario.ep > 1) {
+    auto* dim = mesh_config.add_dims();
+    dim->set_name("ep");
+    dim->set_size(scenario.ep);
+  }
   if (data_parallel) {
     auto* dim = mesh_config.add_dims();
     dim->set_name("dp");
@@ -318,6 +326,11 @@ TrainingRun Distributed(const Scenario& scenario) {
     }
     if (scenario.lora) {
       ASSERT_THAT((*preparation)->Apply(LoraStep()), IsOk());
+    }
+    if (scenario.ep > 1) {
+      PrepareStep step;
+      step.mutable_expert_parallel()->set_mesh_dim("ep");
+      ASSERT_THAT((*preparation)->Apply(step), IsOk());
     }
     if (scenario.tp > 1) {
       PrepareStep step;
@@ -354,8 +367,7 @@ TrainingRun Distributed(const Scenario& scenario) {
     ASSERT_THAT(optimizer, IsOk());
 
     // The ranks of one tensor-parallel group read the same part of the batch.
-    const std::vector<std::string> data_dims =
-        data_parallel ? (*preparation)->DataParallelDims() : std::vector<std::string>{};
+    const std::vector<std::string> data_dims = (*preparation)->DataParallelDims();
     const auto [dp_rank, dp_size] = *mesh.SubgridRankAndSize(data_dims);
     const int64_t per_rank = kGlobalBatch / dp_size;
     const int64_t micro = per_rank / scenario.micro_steps;
@@ -456,7 +468,7 @@ class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
     static auto* references = new std::map<Key, TrainingRun>();
     Accumulation accumulation;
     if (scenario.variant == Variant::kQwen3Moe || scenario.variant == Variant::kMixtral) {
-      accumulation = {scenario.replicate * scenario.ranks, scenario.micro_steps};
+      accumulation = {scenario.replicate * scenario.ep * scenario.ranks, scenario.micro_steps};
     }
     const Key key{scenario.variant, scenario.lora, accumulation};
     auto it = references->find(key);
@@ -563,6 +575,14 @@ INSTANTIATE_TEST_SUITE_P(
         Scenario{"fsdp_2_ranks_qwen3_moe", Strategy::kFsdp, 2, 1, Variant::kQwen3Moe},
         Scenario{"ddp_2_ranks_qwen3_moe_accumulating", Strategy::kDdp, 2, 2, Variant::kQwen3Moe},
         Scenario{"fsdp_2_ranks_mixtral_accumulating", Strategy::kFsdp, 2, 2, Variant::kMixtral},
+        // Expert parallelism: each "ep" rank keeps 4 of the 8 experts, alone and under FSDP or
+        // DDP on another dimension.
+        Scenario{"ep_2_ranks_qwen3_moe", Strategy::kNone, 1, 1, Variant::kQwen3Moe, 1, false, 1,
+                 ActivationCheckpointingConfig::POLICY_UNSPECIFIED, false, 2},
+        Scenario{"ep_2_x_fsdp_2_qwen3_moe", Strategy::kFsdp, 2, 1, Variant::kQwen3Moe, 1, false, 1,
+                 ActivationCheckpointingConfig::POLICY_UNSPECIFIED, false, 2},
+        Scenario{"ep_2_x_ddp_2_mixtral_accumulating", Strategy::kDdp, 2, 2, Variant::kMixtral, 1,
+                 false, 1, ActivationCheckpointingConfig::POLICY_UNSPECIFIED, false, 2},
         Scenario{"fsdp_2_x_tp_2", Strategy::kFsdp, 2, 1, Variant::kPlain, 2},
         // 4097 rows padded to 4098 (2 ranks: rank 1's last row is padding, in its second
         // FSDP shard) and to 4100 (4 ranks: 3 padding rows).

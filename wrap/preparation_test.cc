@@ -176,10 +176,11 @@ TEST_F(PreparationTest, UnknownMeshDimension) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "prepare[0].ddp.mesh_dim: \"tp\" is not a dimension of the mesh (dp, "
                        "shard)"));
-  EXPECT_THAT((*preparation)->Apply(PrepareStep()),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "prepare[0]: names no strategy; set one of fsdp, ddp, tensor_parallel, "
-                       "activation_checkpointing, lora, pipeline, context_parallel"));
+  EXPECT_THAT(
+      (*preparation)->Apply(PrepareStep()),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               "prepare[0]: names no strategy; set one of fsdp, ddp, tensor_parallel, "
+               "activation_checkpointing, lora, pipeline, context_parallel, expert_parallel"));
 }
 
 TEST_F(PreparationTest, OnePreparationPerModel) {

@@ -25,7 +25,7 @@ TEST(BuiltinRulesTest, ParsesAndStatesFsdpDdpAndPipeline) {
   const StrategyRule* pipeline = FindStrategy(**rules, "pipeline");
   ASSERT_NE(pipeline, nullptr);
   EXPECT_EQ(pipeline->effect(), SELECTS);
-  EXPECT_EQ(FindStrategy(**rules, "expert_parallel"), nullptr);
+  EXPECT_EQ(FindStrategy(**rules, "no_such_strategy"), nullptr);
 }
 
 // A strategy added to PrepareStep without a rule would be unvalidated: this fails first.

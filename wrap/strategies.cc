@@ -12,6 +12,7 @@
 #include "wrap/checkpointing/activation_checkpointing.h"
 #include "wrap/cp/context_parallel.h"
 #include "wrap/ddp/ddp.h"
+#include "wrap/ep/expert_parallel.h"
 #include "wrap/fsdp/fsdp.h"
 #include "wrap/lora/lora.h"
 #include "wrap/pp/pipeline.h"
@@ -40,6 +41,8 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
       return std::make_unique<pp::PipelineStrategy>(step.pipeline());
     case PrepareStep::kContextParallel:
       return std::make_unique<cp::ContextParallelStrategy>(step.context_parallel());
+    case PrepareStep::kExpertParallel:
+      return std::make_unique<ep::ExpertParallelStrategy>(step.expert_parallel());
     case PrepareStep::STRATEGY_NOT_SET:
       break;
   }

@@ -96,6 +96,8 @@ struct ModelShape {
   int64_t head_dim = 0;  // each head's width (Qwen3's differ from hidden_size / heads)
   int64_t intermediate_size = 0;
   int64_t num_experts = 0;  // a mixture of experts' in each of its MoE layers; 0: dense
+  int64_t experts_per_token = 0;  // those each token's row goes to
+  int64_t num_moe_blocks = 0;     // the blocks that are mixtures of experts
   int64_t vocab_size = 0;
   int64_t seq_len = 0;
   // Whether the model computes on the CPU, where plait's fused kernels serve (a strategy's own

@@ -276,9 +276,9 @@ class Wrappable {
   // the whole sequence; it must outlive its use, backward passes included).
   virtual void SetContextParallelOps(ContextParallelOps* ops) = 0;
 
-  // Makes the forward pass compute only this rank's experts of each mixture-of-experts layer,
-  // the rows routed to others' through `ops` (nullptr: every expert here; it must outlive its
-  // use, backward passes included).
+  // Keeps only this rank's experts of each mixture-of-experts layer (ops->LocalExperts; the
+  // others' parameters leave the model) and makes the forward pass send the rows routed to
+  // others' through `ops` (which must outlive its use, backward passes included).
   virtual void SetExpertParallelOps(ExpertParallelOps* ops) = 0;
 
   // The ops SetProjectionOps installed, or nullptr.

@@ -4,7 +4,7 @@
 // whole batch, and the other parameters' gradients summed over the ranks one process's; the
 // all-to-alls move exactly the routed rows (bytes against the routing's theory, 1.00). A router
 // that sends every token to rank 0's experts leaves the other ranks' experts without rows, and
-// every rank's backward still runs.
+// every rank's backward still runs. Each rank's model keeps only its own experts.
 #include "wrap/ep/expert_dispatch.h"
 
 #include <map>
@@ -94,6 +94,7 @@ void ExpectDispatchEqualsOneProcess(int ranks, bool every_token_to_rank_0) {
             << where;
         loss.backward();
         ASSERT_THAT(group.status(), IsOk()) << where;
+        int64_t expert_parameters = 0;
         for (const auto& named : model->named_parameters()) {
           const std::string& key = named.key();
           const size_t experts_at = key.find(".experts.");
@@ -101,14 +102,14 @@ void ExpectDispatchEqualsOneProcess(int ranks, bool every_token_to_rank_0) {
             grads[rank][key] = named.value().grad();
             continue;
           }
+          // Only this rank's experts are left in the model.
           const int64_t expert = std::stoll(key.substr(experts_at + 9));
-          if (expert >= first && expert < first + count) {
-            ExpectClose(named.value().grad(), expected_grads[key].grad(), 1e-5,
-                        where + ": gradient of " + key);
-          } else {
-            EXPECT_FALSE(named.value().grad().defined()) << where << ": " << key;
-          }
+          EXPECT_TRUE(expert >= first && expert < first + count) << where << ": " << key;
+          ExpectClose(named.value().grad(), expected_grads[key].grad(), 1e-5,
+                      where + ": gradient of " + key);
+          ++expert_parameters;
         }
+        EXPECT_EQ(expert_parameters, config.num_hidden_layers() * count * 3) << where;
         // Each layer sends the counts of each other rank's experts' rows, then in forward the
         // rows to others' experts and the outputs of others' rows back, and in backward the
         // gradients of those outputs and of those rows, the other way.

@@ -1,0 +1,193 @@
+#include "wrap/ep/expert_parallel.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/human.h"
+#include "base/status.h"
+#include "parallel/device_mesh.h"
+
+namespace plait::wrap::ep {
+namespace {
+
+constexpr char kExperts[] = ".experts.";
+
+int DimSize(const parallel::MeshConfig& mesh, const std::string& dim) {
+  for (const auto& candidate : mesh.dims()) {
+    if (candidate.name() == dim) return static_cast<int>(candidate.size());
+  }
+  return 0;
+}
+
+// The expert whose parameter `name` is.
+int64_t ExpertIndex(const std::string& name) {
+  const size_t at = name.find(kExperts) + sizeof(kExperts) - 1;
+  int64_t index = 0;
+  const bool parsed = absl::SimpleAtoi(name.substr(at, name.find('.', at) - at), &index);
+  return parsed ? index : -1;
+}
+
+}  // namespace
+
+bool IsExpertParameter(const std::string& name) { return absl::StrContains(name, kExperts); }
+
+std::vector<base::Violation> ExpertParallelStrategy::Check(const std::optional<ModelShape>& shape,
+                                                           const parallel::MeshConfig& mesh,
+                                                           const std::string& field) const {
+  const int ranks = DimSize(mesh, config_.mesh_dim());
+  if (ranks <= 0 || !shape.has_value()) return {};  // an unknown dimension is the rules'
+  const std::string where = field + ".expert_parallel.mesh_dim";
+  const std::string dim = absl::StrCat("\"", config_.mesh_dim(), "\" (", ranks, " ranks)");
+  if (shape->num_experts == 0) {
+    return {{where,
+             absl::StrCat(dim,
+                          ": the model is dense; expert parallelism splits a mixture of "
+                          "experts' experts over the ranks"),
+             ""}};
+  }
+  if (shape->num_experts % ranks != 0) {
+    return {{where,
+             absl::StrCat(dim, ": the model's ", shape->num_experts,
+                          " experts do not divide by the ranks; each rank keeps an equal share"),
+             ""}};
+  }
+  return {};
+}
+
+StepEstimate ExpertParallelStrategy::Estimate(const ModelShape& shape,
+                                              const parallel::MeshConfig& mesh) const {
+  const int ranks = std::max(1, DimSize(mesh, config_.mesh_dim()));
+  StepEstimate estimate;
+  double expert_parameters = 0;
+  for (const ModelShape::Parameter& parameter : shape.parameter_list) {
+    if (IsExpertParameter(parameter.name)) expert_parameters += parameter.numel();
+  }
+  const double others = shape.parameters - expert_parameters;
+  if (shape.parameters > 0) {
+    estimate.parameter_fraction = (others + expert_parameters / ranks) / shape.parameters;
+  }
+  estimate.description = absl::StrFormat(
+      "expert_parallel over %s (%d ranks): each rank keeps %d of the %d experts of each "
+      "mixture-of-experts layer and the other %s parameters whole; routed rows go to their "
+      "experts' ranks and back by all-to-alls; gradients averaged over %s after each step",
+      config_.mesh_dim(), ranks, shape.num_experts / ranks, shape.num_experts,
+      base::HumanCount(others), config_.mesh_dim());
+  if (ranks > 1) {
+    // Each token's choices land on another rank's experts (n - 1) / n of the time where the
+    // routing is even: its row goes there and its output back, and in backward their gradients.
+    const double rows = shape.micro_batch_tokens * static_cast<double>(shape.experts_per_token) *
+                        (ranks - 1) / ranks;
+    const double row_bytes = shape.hidden_size * shape.parameter_bytes;
+    Transfer transfer;
+    transfer.mesh_dim = config_.mesh_dim();
+    transfer.bytes_per_micro_batch =
+        static_cast<double>(shape.num_moe_blocks) * 4.0 * rows * row_bytes;
+    transfer.overlaps_compute = false;
+    estimate.transfers.push_back(transfer);
+    estimate.details.push_back(absl::StrFormat(
+        "per mixture-of-experts block: about %s of routed rows to other ranks' experts and as "
+        "much back, forward and again backward (routing spread evenly)",
+        base::HumanBytesAnySize(rows * row_bytes)));
+    Transfer gradients;
+    gradients.mesh_dim = config_.mesh_dim();
+    gradients.bytes_per_step = 2.0 * (ranks - 1) / ranks * others * 4.0;
+    gradients.overlaps_compute = false;
+    estimate.transfers.push_back(gradients);
+  }
+  return estimate;
+}
+
+absl::Status ExpertParallelStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& mesh) {
+  PLAIT_ASSIGN_OR_RETURN(parallel::Communicator* const communicator,
+                         mesh.communicator(config_.mesh_dim()));
+  group_ = std::make_unique<parallel::GraphGroup>(*communicator);
+  dispatch_ = std::make_unique<ExpertDispatch>(*group_);
+  // Every expert's parameters and their holders, listed before the others leave the model.
+  int64_t num_experts = 0;
+  for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
+    if (IsExpertParameter(named.name)) {
+      num_experts = std::max(num_experts, ExpertIndex(named.name) + 1);
+    }
+  }
+  if (num_experts % group_->size() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert_parallel over \"", config_.mesh_dim(), "\": the model's ", num_experts,
+                     " experts do not divide by its ", group_->size(), " ranks"));
+  }
+  const int64_t per_rank = num_experts / group_->size();
+  for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
+    if (!IsExpertParameter(named.name)) continue;
+    experts_.push_back({named.name, named.parameter.sizes().vec(),
+                        static_cast<int>(ExpertIndex(named.name) / per_rank)});
+  }
+  model.SetExpertParallelOps(dispatch_.get());
+  return absl::OkStatus();
+}
+
+void ExpertParallelStrategy::UpdateParameters(
+    std::vector<parallel::TrainableParameter>& parameters) {
+  for (parallel::TrainableParameter& parameter : parameters) {
+    if (IsExpertParameter(parameter.name)) {
+      parameter.sharded_over.push_back(&group_->communicator());
+    } else {
+      parameter.slice.replica = parameter.slice.replica * group_->size() + group_->rank();
+    }
+  }
+}
+
+absl::Status ExpertParallelStrategy::FinishGradients(
+    const std::vector<parallel::TrainableParameter>& trainable) {
+  if (group_->size() == 1) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  const parallel::ScopedPlace place =
+      group_->Place(parallel::Pass::kNone, "expert-parallel gradients");
+  // One gradient at a time, so that the collective's buffers are one parameter's; 16-bit
+  // gradients are averaged in fp32 and rounded once. Every rank holds every gradient of the
+  // parameters it keeps (zeros for one its rows did not reach).
+  for (const parallel::TrainableParameter& parameter : trainable) {
+    torch::Tensor& gradient = parameter.tensor.mutable_grad();
+    if (!gradient.defined()) gradient = torch::zeros_like(parameter.tensor);
+    if (IsExpertParameter(parameter.name)) {
+      gradient.div_(group_->size());
+      continue;
+    }
+    torch::Tensor summed = gradient.to(torch::kFloat32).contiguous();
+    PLAIT_RETURN_IF_ERROR(
+        group_->communicator().AllReduce(summed, parallel::ReduceOp::kAverage)->Wait());
+    if (!summed.is_same(gradient)) gradient.copy_(summed);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertParallelStrategy::BackwardStatus() const {
+  return group_ == nullptr ? absl::OkStatus() : group_->status();
+}
+
+absl::Status ExpertParallelStrategy::GatherFullParameters(
+    std::map<std::string, torch::Tensor>& parameters) {
+  // Every rank keeps experts of every layer: one of its own gives the others' dtype and device.
+  torch::TensorOptions options;
+  for (const Expert& expert : experts_) {
+    if (expert.holder != group_->rank()) continue;
+    const auto it = parameters.find(expert.name);
+    if (it == parameters.end()) {
+      return absl::InternalError(absl::StrCat("expert_parallel: no gathered ", expert.name));
+    }
+    options = it->second.options();
+    break;
+  }
+  for (const Expert& expert : experts_) {
+    torch::Tensor tensor = expert.holder == group_->rank()
+                               ? parameters.at(expert.name).detach().contiguous()
+                               : torch::empty(expert.shape, options);
+    PLAIT_RETURN_IF_ERROR(group_->communicator().Broadcast(tensor, expert.holder)->Wait());
+    parameters[expert.name] = tensor;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plait::wrap::ep
