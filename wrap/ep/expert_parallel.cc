@@ -16,13 +16,6 @@ namespace {
 
 constexpr char kExperts[] = ".experts.";
 
-int DimSize(const parallel::MeshConfig& mesh, const std::string& dim) {
-  for (const auto& candidate : mesh.dims()) {
-    if (candidate.name() == dim) return static_cast<int>(candidate.size());
-  }
-  return 0;
-}
-
 // The expert whose parameter `name` is.
 int64_t ExpertIndex(const std::string& name) {
   const size_t at = name.find(kExperts) + sizeof(kExperts) - 1;
@@ -38,8 +31,9 @@ bool IsExpertParameter(const std::string& name) { return absl::StrContains(name,
 std::vector<base::Violation> ExpertParallelStrategy::Check(const std::optional<ModelShape>& shape,
                                                            const parallel::MeshConfig& mesh,
                                                            const std::string& field) const {
-  const int ranks = DimSize(mesh, config_.mesh_dim());
-  if (ranks <= 0 || !shape.has_value()) return {};  // an unknown dimension is the rules'
+  if (!shape.has_value()) return {};
+  // 1 for an unknown dimension, which the rules report.
+  const int64_t ranks = parallel::SubmeshRanks(mesh, {config_.mesh_dim()});
   const std::string where = field + ".expert_parallel.mesh_dim";
   const std::string dim = absl::StrCat("\"", config_.mesh_dim(), "\" (", ranks, " ranks)");
   if (shape->num_experts == 0) {
@@ -60,7 +54,7 @@ std::vector<base::Violation> ExpertParallelStrategy::Check(const std::optional<M
 
 StepEstimate ExpertParallelStrategy::Estimate(const ModelShape& shape,
                                               const parallel::MeshConfig& mesh) const {
-  const int ranks = std::max(1, DimSize(mesh, config_.mesh_dim()));
+  const int64_t ranks = parallel::SubmeshRanks(mesh, {config_.mesh_dim()});
   StepEstimate estimate;
   double expert_parameters = 0;
   for (const ModelShape::Parameter& parameter : shape.parameter_list) {
