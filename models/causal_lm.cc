@@ -295,8 +295,8 @@ torch::Tensor SparseMoe::forward(const torch::Tensor& x, const AttentionContext&
       std::get<1>(chosen.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
   const torch::Tensor tokens = pairs.div(per_token_, "floor");
   const torch::Tensor pair_weights = weights.reshape(-1).index_select(0, pairs).to(x.scalar_type());
-  const torch::Tensor counts =
-      torch::bincount(chosen, {}, static_cast<int64_t>(experts.size())).to(torch::kCPU);
+  const torch::Tensor routed = torch::bincount(chosen, {}, static_cast<int64_t>(experts.size()));
+  const torch::Tensor counts = routed.to(torch::kCPU);
   const std::vector<int64_t> expert_rows(counts.data_ptr<int64_t>(),
                                          counts.data_ptr<int64_t>() + counts.numel());
   const torch::Tensor rows = flat.index_select(0, tokens);
@@ -312,7 +312,7 @@ torch::Tensor SparseMoe::forward(const torch::Tensor& x, const AttentionContext&
   torch::Tensor out =
       torch::zeros_like(flat).index_add_(0, tokens, outputs * pair_weights.unsqueeze(1));
   out = out.view(x.sizes());
-  return context.router ? context.router->Record(layer_, probabilities, chosen, out) : out;
+  return context.router ? context.router->Record(layer_, probabilities, routed, out) : out;
 }
 
 void SparseMoe::KeepExperts(int64_t first, int64_t count) {

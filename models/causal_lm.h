@@ -39,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "models/model.pb.h"
+#include "models/model_config.h"
 #include "models/rotary.h"
 #include "models/router_statistics.h"
 #include "parallel/tensor_slice.h"
@@ -137,7 +138,7 @@ class Attention : public torch::nn::Module {
 class Mlp : public torch::nn::Module {
  public:
   Mlp(int64_t hidden, int64_t width, const Deferred& deferred = std::nullopt,
-      const std::array<std::string, 3>& names = {"gate_proj", "up_proj", "down_proj"});
+      const std::array<std::string, 3>& names = kMlpProjectionNames);
   // As Attention::forward (of the context, it reads the tensor-parallel and checkpointing ops
   // and generic_ops).
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);

@@ -332,7 +332,7 @@ bool IsMixtureOfExperts(absl::string_view model_type) {
 }
 
 const MoeModuleNames& MoeModuleNamesOf(const ModelConfig& config) {
-  static const MoeModuleNames kQwen3Moe{"mlp", {"gate_proj", "up_proj", "down_proj"}};
+  static const MoeModuleNames kQwen3Moe{"mlp", kMlpProjectionNames};
   static const MoeModuleNames kMixtral{"block_sparse_moe", {"w1", "w3", "w2"}};
   return config.model_type() == "mixtral" ? kMixtral : kQwen3Moe;
 }

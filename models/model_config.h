@@ -99,6 +99,10 @@ inline bool HasQkNorm(const ModelConfig& config) {
 // Whether models of `model_type` have mixture-of-experts layers: qwen3_moe and mixtral.
 bool IsMixtureOfExperts(absl::string_view model_type);
 
+// A SwiGLU MLP's projections, gate, up and down, as Llama's, Qwen's and Qwen3-MoE's experts'
+// checkpoints name them.
+inline const std::array<std::string, 3> kMlpProjectionNames = {"gate_proj", "up_proj", "down_proj"};
+
 // What a mixture-of-experts layer's modules are called in the checkpoints of `config`'s type:
 // the block ("mlp" in Qwen3-MoE, "block_sparse_moe" in Mixtral), which holds the router
 // "gate" and "experts.<e>", and each expert's SwiGLU projections, gate, up and down

@@ -50,7 +50,7 @@ std::vector<ParameterShape> ParameterShapes(const ModelConfig& config) {
             names.projections);
       }
     } else {
-      mlp("mlp.", inner, {"gate_proj", "up_proj", "down_proj"});
+      mlp("mlp.", inner, kMlpProjectionNames);
     }
   }
   shapes.push_back({"model.norm.weight", {hidden}});

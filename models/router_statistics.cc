@@ -32,11 +32,11 @@ struct RouterGradient : torch::autograd::Function<RouterGradient> {
 }  // namespace
 
 torch::Tensor RouterStatistics::Record(int64_t layer, const torch::Tensor& probabilities,
-                                       const torch::Tensor& chosen, const torch::Tensor& output) {
+                                       const torch::Tensor& routed, const torch::Tensor& output) {
   {
     const torch::NoGradGuard counting;
     LayerLoad& load = layers_[layer];
-    load.routed = torch::bincount(chosen, {}, num_experts_).to(torch::kFloat32);
+    load.routed = routed.to(torch::kFloat32);
     load.probability = probabilities.sum(0, /*keepdim=*/false, torch::kFloat32);
     load.rows = probabilities.size(0);
   }

@@ -17,7 +17,7 @@
 // same batch; a forward whose Loss is never taken trains no auxiliary loss.
 //
 //   // In CausalLM's forward, in each mixture-of-experts layer:
-//   out = statistics.Record(layer, probabilities, chosen, out);
+//   out = statistics.Record(layer, probabilities, routed, out);
 //   // After it, where the loss is formed (objectives/router_loss.h):
 //   torch::Tensor total = statistics.Load();  // all-reduced over the data ranks
 //   loss = loss + statistics.coefficient() * statistics.Loss(total, gradient_scale);
@@ -38,13 +38,13 @@ class RouterStatistics : public torch::CustomClassHolder {
   RouterStatistics(int64_t num_experts, double coefficient)
       : num_experts_(num_experts), coefficient_(coefficient) {}
 
-  // Layer `layer`'s routing: its router's `probabilities` [N, E] (fp32) and the experts its
-  // tokens chose, `chosen` (int64, N * top-k). Returns `output` (the layer's, any shape), which
-  // where autograd records the forward and the coefficient is not 0 carries the node that
-  // back-propagates aux's gradient into `probabilities`. A layer recorded again (activation
-  // checkpointing's recomputation) replaces its earlier record, which it equals.
+  // Layer `layer`'s routing: its router's `probabilities` [N, E] (fp32) and how many of its
+  // tokens' top-k choices went to each expert, `routed` ([E], on the same device). Returns `output`
+  // (the layer's, any shape), which where autograd records the forward and the coefficient is not 0
+  // carries the node that back-propagates aux's gradient into `probabilities`. A layer recorded
+  // again (activation checkpointing's recomputation) replaces its earlier record, which it equals.
   torch::Tensor Record(int64_t layer, const torch::Tensor& probabilities,
-                       const torch::Tensor& chosen, const torch::Tensor& output);
+                       const torch::Tensor& routed, const torch::Tensor& output);
 
   // The forward's totals, fp32 (as transformers sums them; the communicators reduce no fp64)
   // on the probabilities' device, [2 E + 1]: routed_e, then probability_e, then T L (the rows

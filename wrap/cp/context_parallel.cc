@@ -8,6 +8,7 @@
 #include "base/human.h"
 #include "base/status.h"
 #include "parallel/device_mesh.h"
+#include "wrap/gradient_average.h"
 
 namespace plait::wrap::cp {
 namespace {
@@ -138,19 +139,10 @@ torch::Tensor ContextParallelStrategy::OwnSlice(const torch::Tensor& x) const {
 absl::Status ContextParallelStrategy::FinishGradients(
     const std::vector<parallel::TrainableParameter>& trainable) {
   if (group_->size() == 1) return absl::OkStatus();
-  torch::NoGradGuard no_grad;
   const parallel::ScopedPlace place =
       group_->Place(parallel::Pass::kNone, "context-parallel gradients");
-  // One gradient at a time, so that the collective's buffers are one parameter's, not a copy
-  // of every gradient beside them; 16-bit gradients are averaged in fp32 and rounded once.
-  // Every rank holds every gradient (zeros for a parameter its tokens did not reach).
   for (const parallel::TrainableParameter& parameter : trainable) {
-    torch::Tensor& gradient = parameter.tensor.mutable_grad();
-    if (!gradient.defined()) gradient = torch::zeros_like(parameter.tensor);
-    torch::Tensor summed = gradient.to(torch::kFloat32).contiguous();
-    PLAIT_RETURN_IF_ERROR(
-        group_->communicator().AllReduce(summed, parallel::ReduceOp::kAverage)->Wait());
-    if (!summed.is_same(gradient)) gradient.copy_(summed);
+    PLAIT_RETURN_IF_ERROR(AverageGradient(parameter, group_->communicator()));
   }
   return absl::OkStatus();
 }

@@ -101,8 +101,10 @@ ExpertParallelOps::Dispatched ExpertDispatch::Dispatch(const torch::Tensor& rows
 }
 
 torch::Tensor ExpertDispatch::Combine(const torch::Tensor& outputs, const Dispatched& dispatched) {
-  // Back in the order received (by sender), then to the senders.
-  const torch::Tensor by_sender = outputs.index_select(0, torch::argsort(dispatched.order));
+  // Back in the order received (by sender): output j was received as row order[j]. Then to
+  // the senders.
+  const torch::Tensor by_sender =
+      torch::empty_like(outputs).index_copy(0, dispatched.order, outputs);
   return AllToAllFunction::apply(by_sender, dispatched.received_rows, dispatched.sent_rows,
                                  &group_);
 }

@@ -10,6 +10,7 @@
 #include "base/human.h"
 #include "base/status.h"
 #include "parallel/device_mesh.h"
+#include "wrap/gradient_average.h"
 
 namespace plait::wrap::ep {
 namespace {
@@ -100,24 +101,20 @@ absl::Status ExpertParallelStrategy::Apply(Wrappable& model, const parallel::Dev
                          mesh.communicator(config_.mesh_dim()));
   group_ = std::make_unique<parallel::GraphGroup>(*communicator);
   dispatch_ = std::make_unique<ExpertDispatch>(*group_);
-  // Every expert's parameters and their holders, listed before the others leave the model.
+  // Every expert's parameters, listed before the others leave the model.
   int64_t num_experts = 0;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
-    if (IsExpertParameter(named.name)) {
-      num_experts = std::max(num_experts, ExpertIndex(named.name) + 1);
-    }
+    if (!IsExpertParameter(named.name)) continue;
+    const int64_t index = ExpertIndex(named.name);
+    num_experts = std::max(num_experts, index + 1);
+    experts_.push_back({named.name, named.parameter.sizes().vec(), index});
   }
   if (num_experts % group_->size() != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("expert_parallel over \"", config_.mesh_dim(), "\": the model's ", num_experts,
                      " experts do not divide by its ", group_->size(), " ranks"));
   }
-  const int64_t per_rank = num_experts / group_->size();
-  for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
-    if (!IsExpertParameter(named.name)) continue;
-    experts_.push_back({named.name, named.parameter.sizes().vec(),
-                        static_cast<int>(ExpertIndex(named.name) / per_rank)});
-  }
+  experts_per_rank_ = num_experts / group_->size();
   model.SetExpertParallelOps(dispatch_.get());
   return absl::OkStatus();
 }
@@ -136,23 +133,18 @@ void ExpertParallelStrategy::UpdateParameters(
 absl::Status ExpertParallelStrategy::FinishGradients(
     const std::vector<parallel::TrainableParameter>& trainable) {
   if (group_->size() == 1) return absl::OkStatus();
-  torch::NoGradGuard no_grad;
   const parallel::ScopedPlace place =
       group_->Place(parallel::Pass::kNone, "expert-parallel gradients");
-  // One gradient at a time, so that the collective's buffers are one parameter's; 16-bit
-  // gradients are averaged in fp32 and rounded once. Every rank holds every gradient of the
-  // parameters it keeps (zeros for one its rows did not reach).
   for (const parallel::TrainableParameter& parameter : trainable) {
-    torch::Tensor& gradient = parameter.tensor.mutable_grad();
-    if (!gradient.defined()) gradient = torch::zeros_like(parameter.tensor);
-    if (IsExpertParameter(parameter.name)) {
-      gradient.div_(group_->size());
+    if (!IsExpertParameter(parameter.name)) {
+      PLAIT_RETURN_IF_ERROR(AverageGradient(parameter, group_->communicator()));
       continue;
     }
-    torch::Tensor summed = gradient.to(torch::kFloat32).contiguous();
-    PLAIT_RETURN_IF_ERROR(
-        group_->communicator().AllReduce(summed, parallel::ReduceOp::kAverage)->Wait());
-    if (!summed.is_same(gradient)) gradient.copy_(summed);
+    // Already summed over every rank's rows: the average is the sum over the ranks.
+    const torch::NoGradGuard no_grad;
+    torch::Tensor& gradient = parameter.tensor.mutable_grad();
+    if (!gradient.defined()) gradient = torch::zeros_like(parameter.tensor);
+    gradient.div_(group_->size());
   }
   return absl::OkStatus();
 }
@@ -166,7 +158,7 @@ absl::Status ExpertParallelStrategy::GatherFullParameters(
   // Every rank keeps experts of every layer: one of its own gives the others' dtype and device.
   torch::TensorOptions options;
   for (const Expert& expert : experts_) {
-    if (expert.holder != group_->rank()) continue;
+    if (HolderOf(expert) != group_->rank()) continue;
     const auto it = parameters.find(expert.name);
     if (it == parameters.end()) {
       return absl::InternalError(absl::StrCat("expert_parallel: no gathered ", expert.name));
@@ -175,10 +167,11 @@ absl::Status ExpertParallelStrategy::GatherFullParameters(
     break;
   }
   for (const Expert& expert : experts_) {
-    torch::Tensor tensor = expert.holder == group_->rank()
+    const int holder = HolderOf(expert);
+    torch::Tensor tensor = holder == group_->rank()
                                ? parameters.at(expert.name).detach().contiguous()
                                : torch::empty(expert.shape, options);
-    PLAIT_RETURN_IF_ERROR(group_->communicator().Broadcast(tensor, expert.holder)->Wait());
+    PLAIT_RETURN_IF_ERROR(group_->communicator().Broadcast(tensor, holder)->Wait());
     parameters[expert.name] = tensor;
   }
   return absl::OkStatus();

@@ -54,13 +54,19 @@ class ExpertParallelStrategy final : public Strategy {
   struct Expert {
     std::string name;  // of one of its parameters
     std::vector<int64_t> shape;
-    int holder;  // the rank of the dimension that keeps it
+    int64_t index;  // of the expert in its layer
   };
+
+  // The rank of the dimension that keeps `expert`.
+  int HolderOf(const Expert& expert) const {
+    return static_cast<int>(expert.index / experts_per_rank_);
+  }
 
   ExpertParallelConfig config_;
   std::unique_ptr<parallel::GraphGroup> group_;
   std::unique_ptr<ExpertDispatch> dispatch_;
   std::vector<Expert> experts_;  // every expert's parameters, in the model's order
+  int64_t experts_per_rank_ = 1;
 };
 
 // Whether `name` is a parameter of one of a mixture-of-experts layer's experts
