@@ -169,6 +169,7 @@ torch::Tensor SeededNormal(uint64_t parameter_seed, const parallel::TensorSlice&
 
 wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name) {
   using Split = wrap::Wrappable::Split;
+  if (wrap::IsExpertParameter(name)) return Split::kReplicated;
   for (const char* column :
        {"q_proj.weight", "q_proj.bias", "gate_proj.weight", "up_proj.weight"}) {
     if (absl::EndsWith(name, column)) return Split::kColumn;
@@ -330,13 +331,16 @@ void SparseMoe::KeepExperts(int64_t first, int64_t count) {
 torch::Tensor SparseMoe::RunExperts(const torch::Tensor& rows,
                                     const std::vector<int64_t>& expert_rows, int64_t first,
                                     const AttentionContext& context) {
+  // Tensor parallelism leaves the experts whole: each rank computes them on its own rows.
+  AttentionContext whole = context;
+  whole.tp = nullptr;
   std::vector<torch::Tensor> outputs;
   int64_t row = 0;
   for (size_t i = 0; i < expert_rows.size(); ++i) {
     // An expert no token chose still runs, on no rows, so that its parameters get a (zero)
     // gradient on every rank, as data-parallel wrappers expect of every parameter.
     outputs.push_back(experts[first + static_cast<int64_t>(i)]->forward(
-        rows.narrow(0, row, expert_rows[i]), context));
+        rows.narrow(0, row, expert_rows[i]), whole));
     row += expert_rows[i];
   }
   return torch::cat(outputs);
@@ -649,6 +653,7 @@ torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torc
 }
 
 wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) const {
+  if (wrap::IsExpertParameter(name)) return Split::kReplicated;  // their adapters' too
   if (context_.projections != nullptr) {
     if (const auto split = context_.projections->AddedParameterSplit(name)) return *split;
   }

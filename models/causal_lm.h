@@ -61,7 +61,8 @@ inline constexpr int64_t kIgnoreIndex = -100;
 
 // How tensor parallelism splits the parameter `name` of a CausalLM (wrap::Wrappable::Split,
 // Megatron's layout): q/gate/up column-parallel, k/v by key/value heads, o/down
-// row-parallel, the embedding and lm_head by vocabulary rows, the rest replicated.
+// row-parallel, the embedding and lm_head by vocabulary rows, the rest (a mixture of
+// experts' router and experts among them) replicated.
 wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name);
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last dimension; `generic_ops` as
@@ -152,7 +153,10 @@ class Mlp : public torch::nn::Module {
 // tie, so that every layout routes alike; their probabilities, renormalised over the chosen
 // where norm_topk_prob, weigh the outputs of the experts, SwiGLU MLPs of
 // moe_intermediate_size, each computing the rows routed to it in one GEMM per projection. Its
-// routing is recorded in the context's RouterStatistics as that of layer `layer`.
+// routing is recorded in the context's RouterStatistics as that of layer `layer`. Tensor
+// parallelism leaves the router and the experts whole: each rank of its group computes them
+// on its own tokens, its slice of the sequence under sequence parallelism (else all of them,
+// as every rank of the group does).
 class SparseMoe : public torch::nn::Module {
  public:
   SparseMoe(const ModelConfig& config, int64_t layer, const Deferred& deferred = std::nullopt);

@@ -107,15 +107,17 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
   // mixture of experts (the larger block where the layers mix) each token's
   // num_experts_per_tok routed rows, their copies and weighted outputs ([rows, hidden]), and the
   // router's probabilities and their sorted order ([tokens, experts], fp32 and int64) with
-  // the routed pairs' indices and weights.
+  // the routed pairs' indices and weights. Tensor parallelism leaves the experts whole: a rank
+  // routes every token, or its slice of the sequence under sequence parallelism.
   const auto feed_forward = [&](double kept) {
     const double dense = tokens * element * kept * local.inner;
     if (config.num_experts() <= 0) return dense;
     const double per_token = static_cast<double>(config.num_experts_per_tok());
-    const double routed = tokens * per_token;
+    const double routed = local.between_matmuls * per_token;
     const double moe =
         routed * element * (2.0 * h + kept * static_cast<double>(config.moe_intermediate_size())) +
-        tokens * static_cast<double>(config.num_experts()) * (sizeof(float) + sizeof(int64_t)) +
+        local.between_matmuls * static_cast<double>(config.num_experts()) *
+            (sizeof(float) + sizeof(int64_t)) +
         routed * (2.0 * sizeof(int64_t) + sizeof(float));
     return config.mlp_only_layers_size() > 0 ? std::max(dense, moe) : moe;
   };

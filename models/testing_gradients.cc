@@ -23,4 +23,13 @@ void ExpectClose(const LossAndGradients& got, const LossAndGradients& want, doub
   }
 }
 
+void ExpectElementsClose(const torch::Tensor& actual, const torch::Tensor& expected,
+                         double tolerance, const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const double scale = expected.abs().max().item<double>();
+  const double off =
+      (actual.to(torch::kFloat64) - expected.to(torch::kFloat64)).abs().max().item<double>();
+  EXPECT_LE(off, tolerance * scale) << what << ": off by " << off << " of " << scale;
+}
+
 }  // namespace plait::models::testing

@@ -1,7 +1,7 @@
 // For tests that run one model two ways (the fused CPU kernels against the generic ops, the
 // CPU against CUDA) and compare: the loss and every parameter's gradient of a backward, on the
 // CPU in fp32 whatever the model's device and dtype, and the comparison within a relative
-// tolerance:
+// tolerance; and any two tensors, element by element:
 //
 //   const torch::Tensor loss = model->Loss(tokens, targets);
 //   const LossAndGradients got = BackwardOf(*model, loss);
@@ -28,6 +28,11 @@ LossAndGradients BackwardOf(CausalLM& model, const torch::Tensor& loss);
 // `got` against `want` (gtest expectations): the loss and each gradient within `tolerance`,
 // relative (a gradient's as the norm of the difference over the norm of `want`'s).
 void ExpectClose(const LossAndGradients& got, const LossAndGradients& want, double tolerance);
+
+// `actual` against `expected` of the same shape (gtest expectations, naming `what`): each
+// element within `tolerance` times `expected`'s largest magnitude of its counterpart.
+void ExpectElementsClose(const torch::Tensor& actual, const torch::Tensor& expected,
+                         double tolerance, const std::string& what);
 
 }  // namespace plait::models::testing
 

@@ -11,31 +11,28 @@ std::vector<std::string> RouterMetricNames(const models::ModelConfig& config) {
 }
 
 absl::Status AddRouterLoss(models::CausalLM& model, const parallel::DeviceMesh& mesh,
-                           const std::vector<std::string>& scoring_dims, const StepItems* step,
+                           const std::vector<std::string>& routing_dims, const StepItems* step,
                            int micro, ObjectiveOutput& output) {
   models::RouterStatistics* const routing = model.LastRouting().get();
   if (routing == nullptr) return absl::OkStatus();
   const int64_t experts = routing->num_experts();
-  // The routing's totals, then the micro-batch's items: its weight in the step, summed too.
-  const torch::Tensor load = routing->Load();
-  torch::Tensor total = torch::cat(
-      {load, torch::full({1}, step == nullptr ? 0.0 : static_cast<double>(step->items(micro)),
-                         load.options())});
-  for (const std::string& dim : scoring_dims) {
+  torch::Tensor total = routing->Load();
+  for (const std::string& dim : routing_dims) {
     PLAIT_ASSIGN_OR_RETURN(parallel::Communicator* const group, mesh.communicator(dim));
     if (group->size() == 1) continue;
     PLAIT_RETURN_IF_ERROR(
         base::Annotate(group->AllReduce(total, parallel::ReduceOp::kSum)->Wait(),
                        absl::StrCat("summing the experts' routing over \"", dim, "\"")));
   }
-  // The wrappers average the gradients over the D data-parallel ranks, and the micro-batch
-  // weighs n_i / N in the step: each rank's share of aux's gradient is D n_i / N of it.
-  const double gradient_scale = step == nullptr ? 0.0
-                                                : step->data_parallel_size() *
-                                                      total[2 * experts + 1].item<double>() /
-                                                      static_cast<double>(step->total());
-  const torch::Tensor aux =
-      routing->Loss(total.narrow(0, 0, 2 * experts + 1), gradient_scale).to(output.loss.device());
+  // The wrappers average the gradients over the D data-parallel ranks (and sum those of the
+  // tokens' slices under sequence parallelism), and the micro-batch weighs n_i / N in the
+  // step: each rank's share of aux's gradient is D n_i / N of it.
+  const double gradient_scale = step == nullptr
+                                    ? 0.0
+                                    : step->data_parallel_size() *
+                                          static_cast<double>(step->global_items(micro)) /
+                                          static_cast<double>(step->total());
+  const torch::Tensor aux = routing->Loss(total, gradient_scale).to(output.loss.device());
   output.loss = output.loss + routing->coefficient() * aux;
   const torch::Tensor routed = total.narrow(0, 0, experts);
   const torch::Tensor share =

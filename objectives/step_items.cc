@@ -11,21 +11,25 @@ namespace plait::objectives {
 absl::StatusOr<StepItems> StepItems::Count(std::vector<int64_t> items,
                                            const parallel::DeviceMesh& mesh,
                                            const std::vector<std::string>& scoring_dims) {
-  int64_t n = std::accumulate(items.begin(), items.end(), int64_t{0});
-  // Summed on the mesh's device, and read back once, only when some dimension has ranks to
-  // sum over: one rank's count never leaves the host.
-  torch::Tensor total;
+  // Each micro-batch's, summed on the mesh's device, and read back once, only when some
+  // dimension has ranks to sum over: one rank's counts never leave the host.
+  std::vector<int64_t> global = items;
+  torch::Tensor summed;
   for (const std::string& dim : scoring_dims) {
     PLAIT_ASSIGN_OR_RETURN(parallel::Communicator* const group, mesh.communicator(dim));
     if (group->size() == 1) continue;
-    if (!total.defined()) {
-      total = torch::full({1}, n, torch::TensorOptions(torch::kInt64).device(mesh.device()));
+    if (!summed.defined()) {
+      summed = torch::tensor(global, torch::TensorOptions(torch::kInt64)).to(mesh.device());
     }
     PLAIT_RETURN_IF_ERROR(
-        base::Annotate(group->AllReduce(total, parallel::ReduceOp::kSum)->Wait(),
+        base::Annotate(group->AllReduce(summed, parallel::ReduceOp::kSum)->Wait(),
                        absl::StrCat("counting the step's scored items over \"", dim, "\"")));
   }
-  if (total.defined()) n = total.cpu().item<int64_t>();
+  if (summed.defined()) {
+    const torch::Tensor host = summed.cpu();
+    global.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  }
+  const int64_t n = std::accumulate(global.begin(), global.end(), int64_t{0});
   PLAIT_ASSIGN_OR_RETURN(const auto data_parallel, mesh.SubgridRankAndSize(scoring_dims));
   if (n == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -33,7 +37,7 @@ absl::StatusOr<StepItems> StepItems::Count(std::vector<int64_t> items,
         " data-parallel rank(s) scores an item (every target is the ignore index): its loss "
         "would be 0 / 0; check that the data's completions are not all cut off by seq_len"));
   }
-  return StepItems(std::move(items), n, data_parallel.second);
+  return StepItems(std::move(items), std::move(global), n, data_parallel.second);
 }
 
 torch::Tensor StepItems::ScaledForBackward(const torch::Tensor& loss, int micro) const {

@@ -53,6 +53,8 @@ class StepItems {
   int64_t total() const { return total_; }
   // n_micro: this rank's micro-batch `micro`'s.
   int64_t items(int micro) const { return items_.at(micro); }
+  // Micro-batch `micro`'s on every rank of the scoring dimensions (N sums them).
+  int64_t global_items(int micro) const { return global_items_.at(micro); }
   // D: the ranks of the scoring dimensions.
   int data_parallel_size() const { return data_parallel_size_; }
 
@@ -62,10 +64,15 @@ class StepItems {
   torch::Tensor ScaledForBackward(const torch::Tensor& loss, int micro) const;
 
  private:
-  StepItems(std::vector<int64_t> items, int64_t total, int data_parallel_size)
-      : items_(std::move(items)), total_(total), data_parallel_size_(data_parallel_size) {}
+  StepItems(std::vector<int64_t> items, std::vector<int64_t> global_items, int64_t total,
+            int data_parallel_size)
+      : items_(std::move(items)),
+        global_items_(std::move(global_items)),
+        total_(total),
+        data_parallel_size_(data_parallel_size) {}
 
   std::vector<int64_t> items_;
+  std::vector<int64_t> global_items_;
   int64_t total_;
   int data_parallel_size_;
 };

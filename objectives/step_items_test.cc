@@ -42,6 +42,10 @@ TEST(StepItemsTest, CountsOverTheDataParallelRanksAndScalesEachMeanByItsShare) {
     absl::StatusOr<StepItems> step = StepItems::Count(items, mesh, {"dp"});
     ASSERT_THAT(step, IsOk());
     EXPECT_EQ(step->total(), 20);
+    // Each micro-batch's over the dp ranks, the same on every rank (not summed over "tp", whose
+    // ranks score the same items).
+    EXPECT_EQ(step->global_items(0), 8);
+    EXPECT_EQ(step->global_items(1), 12);
     // Micro-batch 0 of dp rank 1 holds 5 of the 20 items; DDP then halves its gradient.
     const torch::Tensor mean = torch::tensor(1.5f, torch::requires_grad());
     const torch::Tensor scaled = step->ScaledForBackward(mean, 0);

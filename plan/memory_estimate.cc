@@ -168,18 +168,12 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
     const wrap::Wrappable::Split split_of = models::TensorParallelSplitOf(parameter.name);
     shape.parameter_list.push_back({parameter.name, parameter.shape, split_of});
     const bool in_blocks = absl::StartsWith(parameter.name, "model.layers.");
-    if (in_blocks && !absl::StartsWith(parameter.name, "model.layers.0.")) continue;
-    const double count = static_cast<double>(parameter.numel());
+    // A block's counts are their average over the blocks: a mixture of experts' hold more.
+    const double count = static_cast<double>(parameter.numel()) /
+                         (in_blocks ? static_cast<double>(shape.num_blocks) : 1.0);
     if (in_blocks) shape.block_parameters += count;
-    switch (split_of) {
-      case wrap::Wrappable::Split::kKeyValueColumn:
-        shape.block_key_value_parameters += count;
-        break;
-      case wrap::Wrappable::Split::kReplicated:
-        (in_blocks ? shape.block_replicated_parameters : shape.root_replicated_parameters) += count;
-        break;
-      default:
-        break;
+    if (split_of == wrap::Wrappable::Split::kKeyValueColumn) {
+      shape.block_key_value_parameters += count;
     }
   }
   shape.root_parameters = shape.parameters - shape.block_parameters * shape.num_blocks;

@@ -62,6 +62,9 @@ struct ResolvedPlan {
   // Those and the dimensions whose ranks each compute a slice of every sequence (context
   // parallelism), in mesh order: over which a step's scored items are counted.
   std::vector<std::string> scoring_dims;
+  // Those and the dimensions whose ranks run the blocks' feed-forward on different tokens
+  // (sequence parallelism), in mesh order: over which a mixture of experts' routing is summed.
+  std::vector<std::string> routing_dims;
   // Sequences per optimizer step over the data-parallel ranks: micro_batch x
   // data_parallel_size x grad_accumulation.
   int64_t global_batch = 0;

@@ -189,6 +189,7 @@ class Checker {
     for (const auto& dim : plan_.mesh().dims()) mesh_dims.push_back(dim.name());
     resolved_.data_parallel_dims = wrap::DataParallelDimsOf(plan_.prepare(), mesh_dims);
     resolved_.scoring_dims = wrap::ScoringDimsOf(plan_.prepare(), mesh_dims);
+    resolved_.routing_dims = wrap::RoutingDimsOf(plan_.prepare(), mesh_dims);
     resolved_.data_parallel_size = parallel::SubmeshRanks(
         plan_.mesh(), {resolved_.data_parallel_dims.begin(), resolved_.data_parallel_dims.end()});
   }

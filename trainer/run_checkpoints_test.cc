@@ -313,8 +313,9 @@ TEST(CheckpointReshardTest, ACheckpointResumesOnAnotherWorldSizeAndLayout) {
 
 // A mixture of experts trained on 2 expert-parallel ranks (each keeping 4 of the 8 experts,
 // which its checkpoint names as the model does) resumes on 4 expert-parallel ranks (2 experts
-// each), on 2 FSDP ranks and on 1 rank, each as the straight run: every rank reads the experts
-// it keeps from the ranks that wrote them.
+// each), on 2 expert-parallel x 2 tensor-parallel ranks (sequence parallel: attention split,
+// the experts whole), on 2 FSDP ranks and on 1 rank, each as the straight run: every rank
+// reads the experts it keeps from the ranks that wrote them.
 TEST(CheckpointReshardTest, AMixtureOfExpertsResumesOnAnotherExpertParallelOrDenseLayout) {
   const std::string straight_dir = FreshTestDir("moe_straight");
   const TrainReport straight =
@@ -326,6 +327,17 @@ TEST(CheckpointReshardTest, AMixtureOfExpertsResumesOnAnotherExpertParallelOrDen
     SCOPED_TRACE("2 expert-parallel ranks -> 4");
     ExpectResumeMatches(straight_dir, ReshardPlan("qwen3_moe_ep", FreshTestDir("moe_ep4"), 1, 4), 4,
                         straight, straight_dir);
+  }
+  {
+    SCOPED_TRACE("2 expert-parallel ranks -> 2 expert-parallel x 2 tensor-parallel ranks");
+    plan::Plan tp = ReshardPlan("qwen3_moe_ep", FreshTestDir("moe_ep_tp"), 2);
+    parallel::MeshConfig::Dimension& dim = *tp.mutable_mesh()->add_dims();
+    dim.set_name("tp");
+    dim.set_size(2);
+    wrap::TensorParallelConfig& split = *tp.add_prepare()->mutable_tensor_parallel();
+    split.set_mesh_dim("tp");
+    split.set_sequence_parallel(true);
+    ExpectResumeMatches(straight_dir, tp, 4, straight, straight_dir);
   }
   {
     SCOPED_TRACE("2 expert-parallel ranks -> 2 FSDP ranks");

@@ -568,7 +568,7 @@ wrap::MicroBatchForward TrainingRun::Forward(const std::vector<CountedBatch>& ba
       PLAIT_ASSIGN_OR_RETURN(
           objectives::ObjectiveOutput output,
           objective_->Compute(model, batch.batch, batch.host, batch.frozen_read));
-      PLAIT_RETURN_IF_ERROR(objectives::AddRouterLoss(model, mesh_, resolved_.scoring_dims,
+      PLAIT_RETURN_IF_ERROR(objectives::AddRouterLoss(model, mesh_, resolved_.routing_dims,
                                                       step_items, micro, output));
       means.Add(output, batch.items);
       return step_items == nullptr ? output.loss

@@ -368,6 +368,7 @@ TrainingRun Distributed(const Scenario& scenario) {
 
     // The ranks of one tensor-parallel group read the same part of the batch.
     const std::vector<std::string> data_dims = (*preparation)->DataParallelDims();
+    const std::vector<std::string> routing_dims = (*preparation)->RoutingDims();
     const auto [dp_rank, dp_size] = *mesh.SubgridRankAndSize(data_dims);
     const int64_t per_rank = kGlobalBatch / dp_size;
     const int64_t micro = per_rank / scenario.micro_steps;
@@ -387,7 +388,7 @@ TrainingRun Distributed(const Scenario& scenario) {
                             // The wrappers average over the dp_size ranks.
                             const torch::Tensor router = RouterLoss(
                                 *model, static_cast<double>(dp_size) / scenario.micro_steps, &mesh,
-                                data_dims);
+                                routing_dims);
                             loss = (loss + router.to(device)) / scenario.micro_steps;
                             step_loss += loss.item<double>();
                             return loss;
@@ -583,6 +584,15 @@ INSTANTIATE_TEST_SUITE_P(
                  ActivationCheckpointingConfig::POLICY_UNSPECIFIED, false, 2},
         Scenario{"ep_2_x_ddp_2_mixtral_accumulating", Strategy::kDdp, 2, 2, Variant::kMixtral, 1,
                  false, 1, ActivationCheckpointingConfig::POLICY_UNSPECIFIED, false, 2},
+        // Tensor parallelism of a mixture of experts: attention split, the experts whole on
+        // every rank (each routing every token, or its slice of the sequence), alone and with
+        // expert parallelism on another dimension.
+        Scenario{"tp_2_ranks_qwen3_moe", Strategy::kNone, 1, 1, Variant::kQwen3Moe, 2},
+        Scenario{"tp_2_ranks_mixtral_sequence_parallel_accumulating", Strategy::kNone, 1, 2,
+                 Variant::kMixtral, 2, true},
+        Scenario{"ep_2_x_tp_2_qwen3_moe_sequence_parallel", Strategy::kNone, 1, 1,
+                 Variant::kQwen3Moe, 2, true, 1, ActivationCheckpointingConfig::POLICY_UNSPECIFIED,
+                 false, 2},
         Scenario{"fsdp_2_x_tp_2", Strategy::kFsdp, 2, 1, Variant::kPlain, 2},
         // 4097 rows padded to 4098 (2 ranks: rank 1's last row is padding, in its second
         // FSDP shard) and to 4100 (4 ranks: 3 padding rows).

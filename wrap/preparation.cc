@@ -128,6 +128,10 @@ std::vector<std::string> Preparation::DataParallelDims() const {
   return DataParallelDimsOf(steps_, mesh_.layout().dim_names());
 }
 
+std::vector<std::string> Preparation::RoutingDims() const {
+  return RoutingDimsOf(steps_, mesh_.layout().dim_names());
+}
+
 torch::Tensor Preparation::OwnSlice(const torch::Tensor& x) const {
   torch::Tensor own = x;
   for (const auto& strategy : strategies_) own = strategy->OwnSlice(own);

@@ -71,6 +71,10 @@ class Preparation {
   // the batch (FSDP, DDP), in mesh order.
   std::vector<std::string> DataParallelDims() const;
 
+  // The mesh dimensions whose ranks run the blocks' feed-forward on different tokens
+  // (RoutingDimsOf), in mesh order: over which a mixture of experts' routing is summed.
+  std::vector<std::string> RoutingDims() const;
+
   // This rank's part of `x` [B, T, ...], whose dimension 1 is the whole sequence (a batch's
   // targets): what its model computes and scores, its slice of the sequence under context
   // parallelism (Strategy::OwnSlice).

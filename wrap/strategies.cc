@@ -89,4 +89,10 @@ std::vector<std::string> ScoringDimsOf(const google::protobuf::RepeatedPtrField<
   });
 }
 
+std::vector<std::string> RoutingDimsOf(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+                                       const std::vector<std::string>& mesh_dims) {
+  return DimsOf(steps, mesh_dims,
+                [](const Strategy& strategy) { return strategy.splits_tokens(); });
+}
+
 }  // namespace plait::wrap

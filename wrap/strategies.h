@@ -32,6 +32,12 @@ std::vector<std::string> DataParallelDimsOf(
 std::vector<std::string> ScoringDimsOf(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
                                        const std::vector<std::string>& mesh_dims);
 
+// The dimensions whose ranks run the blocks' feed-forward on different tokens
+// (Strategy::splits_tokens: the scoring dimensions, and tensor parallelism's under sequence
+// parallelism): over which a mixture of experts' routing is summed.
+std::vector<std::string> RoutingDimsOf(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
+                                       const std::vector<std::string>& mesh_dims);
+
 }  // namespace plait::wrap
 
 #endif  // PLAIT_WRAP_STRATEGIES_H_

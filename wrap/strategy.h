@@ -56,7 +56,8 @@ struct ModelShape {
   // nullopt: all of them.
   std::optional<double> trainable_parameters;
   double TrainableParameters() const { return trainable_parameters.value_or(parameters); }
-  double block_parameters = 0;  // one repeated block's
+  // One block's: their average, where mixture-of-experts and dense blocks mix.
+  double block_parameters = 0;
   double root_parameters = 0;   // outside the blocks (embeddings, final norm, output head)
   int64_t num_blocks = 0;
   // Whether the output projection is the embedding matrix (tied), counted once in the root.
@@ -78,18 +79,15 @@ struct ModelShape {
   double output_activation_bytes = 0;
   double block_input_bytes = 0;
   double block_projection_output_bytes = 0;
-  // What tensor parallelism's gradient reductions carry: the key/value head count, one
+  // What tensor parallelism's key/value reductions carry: the key/value head count, and one
   // block's key/value projections (k_proj and v_proj, weights and biases), whose gradients
-  // are summed when fewer heads than ranks share them, and the parameters it keeps whole
-  // on every rank (norm weights) in one block and outside the blocks, whose gradients are
-  // summed under sequence parallelism.
+  // are summed when fewer heads than ranks share them. (Those of the parameters it keeps
+  // whole, it counts from parameter_list.)
   int64_t num_key_value_heads = 0;
   // The ranks tensor parallelism splits the heads over (1: none), each computing
   // num_key_value_heads / head_ranks of the key/value heads (at least one).
   int64_t head_ranks = 1;
   double block_key_value_parameters = 0;
-  double block_replicated_parameters = 0;
-  double root_replicated_parameters = 0;
   // What a strategy splits into equal parts, counted whole: attention and key/value heads,
   // MLP columns, vocabulary rows, and the tokens of one sequence.
   int64_t num_attention_heads = 0;
@@ -239,6 +237,12 @@ class Strategy {
   // (context parallelism): they read the same batch, but the step's items are counted over
   // the dimension too (objectives/step_items.h). Default: no.
   virtual bool splits_sequence() const { return false; }
+
+  // Whether the ranks of its dimension each run the blocks' feed-forward on different tokens
+  // (data and context parallelism, and tensor parallelism's sequence parallelism): a mixture
+  // of experts' routing is summed over such dimensions (objectives/router_loss.h). Default:
+  // when it splits the batch or the sequence.
+  virtual bool splits_tokens() const { return splits_batch() || splits_sequence(); }
 
   // Every problem of its options for a model of `shape` (nullopt when the model's config is
   // invalid and reported elsewhere) on a mesh of `mesh`'s dimensions, each under `field` (its

@@ -121,6 +121,15 @@ class ContextParallelOps {
   virtual torch::Tensor SumOverRanks(const torch::Tensor& partial) = 0;
 };
 
+// A mixture-of-experts layer's experts are named "<layer's block>.experts.<index>.<rest>"
+// ("model.layers.3.mlp.experts.5.up_proj.weight", their adapters' too).
+inline constexpr char kExpertsInName[] = ".experts.";
+
+// Whether `name` is a parameter of one of a mixture-of-experts layer's experts.
+inline bool IsExpertParameter(const std::string& name) {
+  return name.find(kExpertsInName) != std::string::npos;
+}
+
 // What expert parallelism (wrap/ep) does in a mixture-of-experts layer: the n ranks of its
 // group each hold a contiguous share of the layer's experts, and the rows a rank routes to
 // another rank's experts are computed there and come back. A model without it set computes
@@ -245,7 +254,9 @@ class Wrappable {
   //     head shared by tp / NumKeyValueHeads() ranks;
   //   kRow: dim 1 (input features) into equal parts (o_proj, down_proj weights);
   //   kVocabulary: dim 0 (vocabulary rows) into equal parts (embedding, output projection);
-  //   kReplicated: whole on every rank (norms, the bias of a row-parallel projection);
+  //   kReplicated: whole on every rank (norms, the bias of a row-parallel projection, a
+  //     mixture of experts' router and experts: tensor parallelism splits attention and
+  //     dense feed-forwards, and every rank computes the experts of its own tokens);
   //   kReplicatedPartialGradient: whole on every rank, where each rank computes only part of
   //     its gradient, which the group sums in backward (an adapter's matrix beside a split
   //     projection: A of a column-parallel one, B of a row-parallel one).

@@ -11,17 +11,6 @@
 #include "wrap/gradient_average.h"
 
 namespace plait::wrap::cp {
-namespace {
-
-int DimSize(const parallel::MeshConfig& mesh, const std::string& dim) {
-  for (const auto& candidate : mesh.dims()) {
-    if (candidate.name() == dim) return static_cast<int>(candidate.size());
-  }
-  return 0;
-}
-
-}  // namespace
-
 ContextParallelStrategy::~ContextParallelStrategy() {
   if (model_ != nullptr) model_->SetContextParallelOps(nullptr);
 }
@@ -29,8 +18,9 @@ ContextParallelStrategy::~ContextParallelStrategy() {
 std::vector<base::Violation> ContextParallelStrategy::Check(const std::optional<ModelShape>& shape,
                                                             const parallel::MeshConfig& mesh,
                                                             const std::string& field) const {
-  const int ranks = DimSize(mesh, config_.mesh_dim());
-  if (ranks <= 0 || !shape.has_value()) return {};  // an unknown dimension is the rules'
+  // 1 for an unknown dimension, which the rules report.
+  const int64_t ranks = parallel::SubmeshRanks(mesh, {config_.mesh_dim()});
+  if (!shape.has_value()) return {};
   if (shape->seq_len % (2 * ranks) == 0) return {};
   return {
       {field + ".context_parallel.mesh_dim",
@@ -43,13 +33,13 @@ std::vector<base::Violation> ContextParallelStrategy::Check(const std::optional<
 
 ActivationSplit ContextParallelStrategy::SplitsActivations(const parallel::MeshConfig& mesh) const {
   ActivationSplit split;
-  split.context_ranks = std::max(1, DimSize(mesh, config_.mesh_dim()));
+  split.context_ranks = parallel::SubmeshRanks(mesh, {config_.mesh_dim()});
   return split;
 }
 
 StepEstimate ContextParallelStrategy::Estimate(const ModelShape& shape,
                                                const parallel::MeshConfig& mesh) const {
-  const int ranks = std::max(1, DimSize(mesh, config_.mesh_dim()));
+  const int64_t ranks = parallel::SubmeshRanks(mesh, {config_.mesh_dim()});
   StepEstimate estimate;
   // One rank's keys and values of one block, in the model's dtype (`shape` counts the
   // rank's tokens): what each hop of the ring sends forward, and again backward beside their

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "models/testing_gradients.h"
 #include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
 #include "torch/types.h"
@@ -25,6 +26,7 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::models::testing::ExpectElementsClose;
 using ::testing::HasSubstr;
 
 // Runs `body(rank, group)` on every rank of a group of `ranks`.
@@ -70,16 +72,6 @@ std::string Name(const Case& c) {
          (c.order == ChunkOrder::kContiguous ? ", contiguous" : "");
 }
 
-// Expects `actual` within `tolerance` of the largest value of `expected`.
-void ExpectClose(const torch::Tensor& actual, const torch::Tensor& expected, double tolerance,
-                 const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  const double scale = expected.abs().max().item<double>();
-  const double off =
-      (actual.to(torch::kFloat64) - expected.to(torch::kFloat64)).abs().max().item<double>();
-  EXPECT_LE(off, tolerance * scale) << what << ": off by " << off << " of " << scale;
-}
-
 void ExpectRingEqualsFullAttention(const Case& c) {
   const std::string name = Name(c);
   constexpr int64_t kBatch = 2, kHeadDim = 8;
@@ -109,10 +101,13 @@ void ExpectRingEqualsFullAttention(const Case& c) {
       (out.to(torch::kFloat32) * layout->Slice(weights, 1)).sum().backward();
       const std::string where =
           name + (generic ? ", generic" : ", fused") + ", rank " + std::to_string(rank);
-      ExpectClose(out, layout->Slice(expected.detach(), 1), c.tolerance, where + " output");
-      ExpectClose(lq.grad(), layout->Slice(fq.grad(), 1), c.tolerance, where + " query gradient");
-      ExpectClose(lk.grad(), layout->Slice(fk.grad(), 1), c.tolerance, where + " key gradient");
-      ExpectClose(lv.grad(), layout->Slice(fv.grad(), 1), c.tolerance, where + " value gradient");
+      ExpectElementsClose(out, layout->Slice(expected.detach(), 1), c.tolerance, where + " output");
+      ExpectElementsClose(lq.grad(), layout->Slice(fq.grad(), 1), c.tolerance,
+                          where + " query gradient");
+      ExpectElementsClose(lk.grad(), layout->Slice(fk.grad(), 1), c.tolerance,
+                          where + " key gradient");
+      ExpectElementsClose(lv.grad(), layout->Slice(fv.grad(), 1), c.tolerance,
+                          where + " value gradient");
     });
   }
 }
@@ -193,15 +188,16 @@ TEST(RingContextTest, AModelComputesItsSliceOfTheSequence) {
         model->SetContextParallelOps(&context);
         const ChunkLayout layout = *ChunkLayout::Create(kSeqLen, ranks, rank);
         const torch::Tensor own = model->TokenLogProbs(tokens, targets);
-        ExpectClose(own, layout.Slice(expected.detach(), 1), 1e-5, where + " log-probabilities");
+        ExpectElementsClose(own, layout.Slice(expected.detach(), 1), 1e-5,
+                            where + " log-probabilities");
         own.sum().backward();
         const auto expected_grads = whole->named_parameters();
         for (const auto& named : model->named_parameters()) {
           torch::Tensor grad = named.value().grad().clone();
           ASSERT_THAT(group.communicator().AllReduce(grad, parallel::ReduceOp::kSum)->Wait(),
                       IsOk());
-          ExpectClose(grad, expected_grads[named.key()].grad(), 1e-5,
-                      where + " gradient of " + named.key());
+          ExpectElementsClose(grad, expected_grads[named.key()].grad(), 1e-5,
+                              where + " gradient of " + named.key());
         }
       });
     }

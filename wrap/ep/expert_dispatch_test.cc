@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "models/testing_gradients.h"
 #include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
 #include "torch/types.h"
@@ -24,18 +25,10 @@ namespace plait::wrap::ep {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::models::testing::ExpectElementsClose;
 
 constexpr int64_t kBatch = 4;
 constexpr int64_t kSeqLen = 16;
-
-void ExpectClose(const torch::Tensor& actual, const torch::Tensor& expected, double tolerance,
-                 const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  const double scale = expected.abs().max().item<double>();
-  const double off =
-      (actual.to(torch::kFloat64) - expected.to(torch::kFloat64)).abs().max().item<double>();
-  EXPECT_LE(off, tolerance * scale) << what << ": off by " << off << " of " << scale;
-}
 
 std::shared_ptr<models::CausalLM> MakeModel(bool every_token_to_rank_0) {
   const models::ModelConfig config = *models::PresetConfig("qwen3-moe-tiny");
@@ -105,8 +98,8 @@ void ExpectDispatchEqualsOneProcess(int ranks, bool every_token_to_rank_0) {
           // Only this rank's experts are left in the model.
           const int64_t expert = std::stoll(key.substr(experts_at + 9));
           EXPECT_TRUE(expert >= first && expert < first + count) << where << ": " << key;
-          ExpectClose(named.value().grad(), expected_grads[key].grad(), 1e-5,
-                      where + ": gradient of " + key);
+          ExpectElementsClose(named.value().grad(), expected_grads[key].grad(), 1e-5,
+                              where + ": gradient of " + key);
           ++expert_parameters;
         }
         EXPECT_EQ(expert_parameters, config.num_hidden_layers() * count * 3) << where;
@@ -138,7 +131,8 @@ void ExpectDispatchEqualsOneProcess(int ranks, bool every_token_to_rank_0) {
   for (const auto& [key, grad] : grads[0]) {
     torch::Tensor sum = grad.clone();
     for (int r = 1; r < ranks; ++r) sum += grads[r].at(key);
-    ExpectClose(sum, expected_grads[key].grad(), 1e-5, name + ": summed gradient of " + key);
+    ExpectElementsClose(sum, expected_grads[key].grad(), 1e-5,
+                        name + ": summed gradient of " + key);
   }
 }
 

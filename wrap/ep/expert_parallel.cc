@@ -15,19 +15,15 @@
 namespace plait::wrap::ep {
 namespace {
 
-constexpr char kExperts[] = ".experts.";
-
 // The expert whose parameter `name` is.
 int64_t ExpertIndex(const std::string& name) {
-  const size_t at = name.find(kExperts) + sizeof(kExperts) - 1;
+  const size_t at = name.find(kExpertsInName) + sizeof(kExpertsInName) - 1;
   int64_t index = 0;
   const bool parsed = absl::SimpleAtoi(name.substr(at, name.find('.', at) - at), &index);
   return parsed ? index : -1;
 }
 
 }  // namespace
-
-bool IsExpertParameter(const std::string& name) { return absl::StrContains(name, kExperts); }
 
 std::vector<base::Violation> ExpertParallelStrategy::Check(const std::optional<ModelShape>& shape,
                                                            const parallel::MeshConfig& mesh,

@@ -69,10 +69,6 @@ class ExpertParallelStrategy final : public Strategy {
   int64_t experts_per_rank_ = 1;
 };
 
-// Whether `name` is a parameter of one of a mixture-of-experts layer's experts
-// ("model.layers.3.mlp.experts.5.up_proj.weight").
-bool IsExpertParameter(const std::string& name);
-
 }  // namespace plait::wrap::ep
 
 #endif  // PLAIT_WRAP_EP_EXPERT_PARALLEL_H_

@@ -191,8 +191,13 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
     projections.push_back({projection, sizes[0], sizes[1]});
     const Split split = candidates[candidate].split;
     const auto [a, b] = AdapterMatricesOf(projections.back(), config.rank());
-    lora->splits_[a.name] = split == Split::kRow ? Split::kRow : Split::kReplicatedPartialGradient;
-    lora->splits_[b.name] = split == Split::kRow ? Split::kReplicatedPartialGradient : split;
+    if (split == Split::kReplicated) {  // a projection every rank holds whole (an expert's)
+      lora->splits_[a.name] = lora->splits_[b.name] = Split::kReplicated;
+    } else {
+      lora->splits_[a.name] =
+          split == Split::kRow ? Split::kRow : Split::kReplicatedPartialGradient;
+      lora->splits_[b.name] = split == Split::kRow ? Split::kReplicatedPartialGradient : split;
+    }
   }
   std::map<std::string, torch::Tensor> starting;
   if (!config.initial_adapter_dir().empty()) {

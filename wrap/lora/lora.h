@@ -19,11 +19,12 @@
 // a column-parallel projection's B by its output features, a row-parallel one's A by its input
 // features, while the other matrix stays whole and has its gradient summed over the group;
 // a row-parallel projection's adapter adds its part to the rank's partial product, which
-// tensor parallelism sums. Dropout acts in training mode only and draws its masks as PEFT's
-// nn.Dropout does, from the thread's forward generator (base/forward_generator.h): the one the
-// caller installed (the trainer's, seeded for each step and rank), else the device's default
-// generator; activation checkpointing replays that generator's state when it recomputes a
-// block, so its masks are drawn again as they were. Under tensor parallelism each rank draws
+// tensor parallelism sums; a projection it keeps whole (an expert's) keeps its adapter whole.
+// Dropout acts in training mode only and draws its masks as PEFT's nn.Dropout does, from the
+// thread's forward generator (base/forward_generator.h): the one the caller installed (the
+// trainer's, seeded for each step and rank), else the device's default generator; activation
+// checkpointing replays that generator's state when it recomputes a block, so its masks are
+// drawn again as they were. Under tensor parallelism each rank draws
 // its own masks: the same regularisation as one process, not the same masks.
 //
 // QLoRA (base_quantization NF4): each targeted projection's weight leaves the model's

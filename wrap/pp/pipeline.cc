@@ -28,10 +28,6 @@ constexpr int64_t kHeaderLength = 2 + kMaxDims;
 // The stages each rank holds: config.stages_per_rank, 1 when unset.
 int StagesPerRank(const PipelineConfig& config) { return std::max(1, config.stages_per_rank()); }
 
-int DimSize(const parallel::MeshConfig& mesh, const std::string& dim) {
-  return static_cast<int>(parallel::SubmeshRanks(mesh, {dim}));
-}
-
 // "micro-batch 3 of stage 1: <error>".
 absl::Status InMicroBatch(absl::Status status, const Action& action) {
   return base::Annotate(std::move(status), absl::StrCat("micro-batch ", action.microbatch,
@@ -396,8 +392,8 @@ std::vector<base::Violation> PipelineStrategy::Check(const std::optional<ModelSh
                                       config_.schedule())});
   }
   if (!shape.has_value()) return problems;
-  const int ranks = DimSize(mesh, config_.mesh_dim());
-  if (ranks < 1) return problems;  // the rules report the missing dimension
+  // 1 for an unknown dimension, which the rules report.
+  const int ranks = static_cast<int>(parallel::SubmeshRanks(mesh, {config_.mesh_dim()}));
   if (ranks == 1 && per_rank > 1) {
     problems.push_back(
         {per_rank_field,
@@ -435,7 +431,7 @@ std::vector<base::Violation> PipelineStrategy::Check(const std::optional<ModelSh
 StepEstimate PipelineStrategy::Estimate(const ModelShape& shape,
                                         const parallel::MeshConfig& mesh) const {
   StepEstimate estimate;
-  const int ranks = DimSize(mesh, config_.mesh_dim());
+  const int ranks = static_cast<int>(parallel::SubmeshRanks(mesh, {config_.mesh_dim()}));
   const int per_rank = StagesPerRank(config_);
   const int stages = ranks * per_rank;
   const absl::StatusOr<ScheduleKind> kind = ScheduleKindFromName(config_.schedule());

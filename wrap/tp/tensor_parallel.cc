@@ -14,59 +14,82 @@
 namespace plait::wrap::tp {
 namespace {
 
+// A parameter's shape on a rank of `tp`, and what kind of split leaves it so.
+struct LocalParameter {
+  std::vector<int64_t> shape;
+  const char* kind;
+};
+
+LocalParameter LocalParameterOf(const ModelShape::Parameter& parameter, const ModelShape& shape,
+                                int64_t tp) {
+  LocalParameter local{parameter.shape, "replicated"};
+  switch (parameter.split) {
+    case Wrappable::Split::kReplicated:
+      break;
+    case Wrappable::Split::kReplicatedPartialGradient:
+      local.kind = "replicated, gradient summed";
+      break;
+    case Wrappable::Split::kColumn:
+      local.shape[0] /= tp;
+      local.kind = "column-parallel";
+      break;
+    case Wrappable::Split::kKeyValueColumn:
+      local.shape[0] /= std::min(shape.num_key_value_heads, tp);
+      local.kind = shape.num_key_value_heads < tp ? "key/value heads, shared" : "key/value heads";
+      break;
+    case Wrappable::Split::kRow:
+      local.shape[1] /= tp;
+      local.kind = "row-parallel";
+      break;
+    case Wrappable::Split::kVocabulary:
+      local.shape[0] = (local.shape[0] + tp - 1) / tp;
+      local.kind = local.shape[0] * tp == parameter.shape[0] ? "vocabulary-parallel"
+                                                             : "vocabulary-parallel, padded";
+      break;
+  }
+  return local;
+}
+
+// Of the parameters of `shape`'s list, those a rank of `tp` holds (its slices and the whole
+// replicated ones), and all of them.
+struct ParameterShare {
+  double per_rank = 0;
+  double total = 0;
+};
+
+ParameterShare ParameterShareOf(const ModelShape& shape, int64_t tp) {
+  ParameterShare share;
+  for (const ModelShape::Parameter& parameter : shape.parameter_list) {
+    double local = 1;
+    for (int64_t size : LocalParameterOf(parameter, shape, tp).shape) local *= size;
+    share.per_rank += local;
+    share.total += parameter.numel();
+  }
+  return share;
+}
+
 // The shape on a rank of each kind of parameter of `shape` split over `tp` ranks, shown for
-// the first block's and the root's parameters, then what a rank holds of all of them.
+// the first block's and the root's parameters (of a mixture of experts, its first expert's),
+// then what a rank holds of all of them.
 std::vector<std::string> ShapesPerRank(const ModelShape& shape, int64_t tp) {
   if (shape.parameter_list.empty()) return {};
   std::vector<std::string> lines = {"parameter shapes on a rank:"};
-  int64_t total = 0;
-  int64_t per_rank = 0;
   for (const ModelShape::Parameter& parameter : shape.parameter_list) {
-    const bool shown = !absl::StartsWith(parameter.name, "model.layers.") ||
-                       absl::StartsWith(parameter.name, "model.layers.0.");
-    std::vector<int64_t> local = parameter.shape;
-    const char* kind = "replicated";
-    switch (parameter.split) {
-      case Wrappable::Split::kReplicated:
-        break;
-      case Wrappable::Split::kReplicatedPartialGradient:
-        kind = "replicated, gradient summed";
-        break;
-      case Wrappable::Split::kColumn:
-        local[0] /= tp;
-        kind = "column-parallel";
-        break;
-      case Wrappable::Split::kKeyValueColumn:
-        local[0] /= std::min(shape.num_key_value_heads, tp);
-        kind = shape.num_key_value_heads < tp ? "key/value heads, shared" : "key/value heads";
-        break;
-      case Wrappable::Split::kRow:
-        local[1] /= tp;
-        kind = "row-parallel";
-        break;
-      case Wrappable::Split::kVocabulary:
-        local[0] = (local[0] + tp - 1) / tp;
-        kind = local[0] * tp == parameter.shape[0] ? "vocabulary-parallel"
-                                                   : "vocabulary-parallel, padded";
-        break;
-    }
-    const auto count = [](const std::vector<int64_t>& dims) {
-      int64_t n = 1;
-      for (int64_t d : dims) n *= d;
-      return n;
-    };
-    total += count(parameter.shape);
-    per_rank += count(local);
+    const bool shown = (!absl::StartsWith(parameter.name, "model.layers.") ||
+                        absl::StartsWith(parameter.name, "model.layers.0.")) &&
+                       (!IsExpertParameter(parameter.name) ||
+                        absl::StrContains(parameter.name, absl::StrCat(kExpertsInName, "0.")));
     if (!shown) continue;
+    const LocalParameter local = LocalParameterOf(parameter, shape, tp);
     lines.push_back(absl::StrFormat("  %s [%s] -> [%s] (%s)", parameter.name,
                                     absl::StrJoin(parameter.shape, ", "),
-                                    absl::StrJoin(local, ", "), kind));
+                                    absl::StrJoin(local.shape, ", "), local.kind));
   }
+  const ParameterShare share = ParameterShareOf(shape, tp);
   lines.push_back(absl::StrFormat(
       "tensor parallelism leaves each rank %s of the %s parameters (%.3f of them), %s",
-      base::HumanCount(static_cast<double>(per_rank)), base::HumanCount(static_cast<double>(total)),
-      static_cast<double>(per_rank) / total,
-      base::HumanBytes(static_cast<double>(per_rank) * shape.parameter_bytes)));
+      base::HumanCount(share.per_rank), base::HumanCount(share.total), share.per_rank / share.total,
+      base::HumanBytes(share.per_rank * shape.parameter_bytes)));
   return lines;
 }
 
@@ -288,22 +311,32 @@ StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape,
   const auto all_reduce = [ring](double bytes) { return 2.0 * ring * bytes; };
   // The [tokens, hidden] activations in the parameters' dtype: per block two all-reduces
   // forward (after o_proj and down_proj) and two backward (into the q/k/v and gate/up
-  // inputs), plus the embedding's forward and the output projection's input backward; with
+  // inputs), one each way in a mixture-of-experts block (its experts are whole on every
+  // rank), plus the embedding's forward and the output projection's input backward; with
   // sequence parallelism each is an all-gather and a reduce-scatter, the same bytes.
   const double activation_bytes =
       shape.micro_batch_tokens * shape.hidden_size * shape.parameter_bytes;
   const double per_collective = all_reduce(activation_bytes);
+  const int64_t dense_blocks = shape.num_blocks - shape.num_moe_blocks;
+  const double collectives = 4.0 * static_cast<double>(dense_blocks) +
+                             2.0 * static_cast<double>(shape.num_moe_blocks) + 2.0;
   // Key/value heads shared by several ranks (fewer heads than ranks): each rank puts its
   // head's gradient in a buffer of every head's, and the group sums the buffers.
   const bool shared_kv = shape.num_key_value_heads > 0 && shape.num_key_value_heads < dim_size;
   const double kv_bytes =
       shared_kv ? all_reduce(shape.block_key_value_parameters * shape.parameter_bytes) : 0.0;
-  // Under sequence parallelism each rank computes the replicated parameters' gradients from
-  // its slice of the sequence: they are summed.
-  const double block_replicated_bytes =
-      sp ? all_reduce(shape.block_replicated_parameters * shape.parameter_bytes) : 0.0;
-  const double root_replicated_bytes =
-      sp ? all_reduce(shape.root_replicated_parameters * shape.parameter_bytes) : 0.0;
+  // The gradients of whole parameters that each rank computes only part of are summed: those
+  // the model says are (Qwen3's per-head norms), and under sequence parallelism, each rank's
+  // from its slice of the sequence, every replicated one's; in the blocks and outside them.
+  double block_summed = 0;
+  double root_summed = 0;
+  for (const ModelShape::Parameter& parameter : shape.parameter_list) {
+    if (parameter.split == Wrappable::Split::kReplicatedPartialGradient ||
+        (sp && parameter.split == Wrappable::Split::kReplicated)) {
+      (absl::StartsWith(parameter.name, "model.layers.") ? block_summed : root_summed) +=
+          parameter.numel() * shape.parameter_bytes;
+    }
+  }
   // The loss: each token's maximum logit, then its sum of exponentials and target logit.
   const double loss_bytes = all_reduce(3.0 * shape.micro_batch_tokens * sizeof(float));
   StepEstimate estimate;
@@ -315,6 +348,15 @@ StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape,
       config_.mesh_dim(), dim_size, sp ? ", sequence parallel" : "", dim_size,
       base::HumanCount(shape.parameters), sp ? "all-gather + reduce-scatter pairs" : "all-reduces",
       base::HumanBytes(activation_bytes), base::HumanBytes(per_collective));
+  if (shape.num_moe_blocks > 0) {
+    absl::StrAppend(
+        &estimate.description, "; the ", shape.num_moe_blocks,
+        " mixture-of-experts blocks split only their attention (1 collective each way): the "
+        "router and experts stay whole on every rank, ",
+        sp ? "each computing those of its slice of the sequence, their gradients summed"
+           : "each computing those of every token, as the whole group does (sequence_parallel "
+             "splits that work)");
+  }
   const std::string activations = base::HumanBytesAnySize(activation_bytes);
   if (sp) {
     const std::string half = base::HumanBytesAnySize(ring * activation_bytes);
@@ -346,30 +388,33 @@ StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape,
         base::HumanBytesAnySize(shape.block_key_value_parameters * shape.parameter_bytes),
         base::HumanBytesAnySize(kv_bytes)));
   }
-  if (sp) {
+  if (block_summed > 0) {
+    const double per_block =
+        block_summed / static_cast<double>(std::max<int64_t>(1, shape.num_blocks));
     estimate.details.push_back(absl::StrFormat(
-        "per block, backward: the gradients of the parameters every rank holds whole (norm "
-        "weights), computed from each rank's slice of the sequence, summed: an all-reduce of "
-        "%s (%s sent)",
-        base::HumanBytesAnySize(shape.block_replicated_parameters * shape.parameter_bytes),
-        base::HumanBytesAnySize(block_replicated_bytes)));
+        "per block, backward: the gradients of the parameters every rank holds whole (%s), %s, "
+        "summed: an all-reduce of %s (%s sent)",
+        sp ? (shape.num_moe_blocks > 0 ? "norm weights, the router and experts" : "norm weights")
+           : "q and k's per-head norm weights",
+        sp ? "computed from each rank's slice of the sequence" : "each rank's part from its heads",
+        base::HumanBytesAnySize(per_block), base::HumanBytesAnySize(all_reduce(per_block))));
   }
   estimate.details.push_back(absl::StrFormat(
       "outside the blocks: the embedding's output forward and the output projection's input "
       "gradient backward (%s sent each)%s; the loss's all-reduces of each token's maximum "
       "logit, sum of exponentials and target logit (%s sent)",
       base::HumanBytesAnySize(per_collective),
-      sp ? absl::StrCat(", the final norm's weight gradient summed (",
-                        base::HumanBytesAnySize(root_replicated_bytes), " sent)")
-         : "",
+      root_summed > 0 ? absl::StrCat(", the final norm's weight gradient summed (",
+                                     base::HumanBytesAnySize(all_reduce(root_summed)), " sent)")
+                      : "",
       base::HumanBytesAnySize(loss_bytes)));
-  estimate.parameter_fraction = 1.0 / dim_size;
+  const ParameterShare share = ParameterShareOf(shape, dim_size);
+  estimate.parameter_fraction = share.total > 0 ? share.per_rank / share.total : 1.0 / dim_size;
   const Transfer& transfer = estimate.transfers.emplace_back(
       Transfer{.mesh_dim = config_.mesh_dim(),
-               .bytes_per_micro_batch =
-                   (4.0 * static_cast<double>(shape.num_blocks) + 2.0) * per_collective +
-                   static_cast<double>(shape.num_blocks) * (kv_bytes + block_replicated_bytes) +
-                   root_replicated_bytes + loss_bytes,
+               .bytes_per_micro_batch = collectives * per_collective +
+                                        static_cast<double>(shape.num_blocks) * kv_bytes +
+                                        all_reduce(block_summed + root_summed) + loss_bytes,
                .overlaps_compute = false});
   estimate.details.push_back(absl::StrFormat(
       "per micro-batch: %s sent", base::HumanBytesAnySize(transfer.bytes_per_micro_batch)));
@@ -386,18 +431,13 @@ ActivationSplit TensorParallelStrategy::SplitsActivations(const parallel::MeshCo
 std::vector<base::Violation> TensorParallelStrategy::Check(const std::optional<ModelShape>& shape,
                                                            const parallel::MeshConfig& mesh,
                                                            const std::string& field) const {
-  int64_t size = 0;
-  for (const auto& dim : mesh.dims()) {
-    if (dim.name() == config_.mesh_dim()) size = dim.size();
-  }
-  if (size <= 0 || !shape.has_value()) return {};  // an unknown dimension is the rules' to report
+  // 1 for an unknown dimension, which the rules report.
+  const int size = static_cast<int>(parallel::SubmeshRanks(mesh, {config_.mesh_dim()}));
+  if (!shape.has_value()) return {};
   std::vector<std::string> problems =
       HeadSplitProblems(shape->num_attention_heads, shape->num_key_value_heads, size);
-  if (shape->num_experts > 0) {
-    problems.push_back(absl::StrCat("the model is a mixture of ", shape->num_experts,
-                                    " experts, whose tensor parallelism is not supported yet"));
-  }
-  if (shape->intermediate_size % size != 0) {
+  // Dense feed-forwards split their columns; a mixture of experts' experts stay whole.
+  if (shape->num_moe_blocks < shape->num_blocks && shape->intermediate_size % size != 0) {
     problems.push_back(absl::StrCat("intermediate_size (", shape->intermediate_size,
                                     ") does not divide by the tensor-parallel size ", size));
   }

@@ -113,6 +113,8 @@ class TensorParallelStrategy final : public Strategy {
   absl::string_view name() const override { return "tensor_parallel"; }
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
   bool splits_batch() const override { return false; }
+  // Under sequence parallelism: each rank computes the feed-forward on its slice.
+  bool splits_tokens() const override { return config_.sequence_parallel(); }
   // The heads, MLP columns and vocabulary (unless padded) must divide by its dimension's size,
   // and with sequence parallelism the sequence too.
   std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,

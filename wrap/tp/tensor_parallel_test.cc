@@ -2,7 +2,7 @@
 // training parity of wrap/parity_test.cc: the forward logits equal one process's, the
 // optimizer owns the model's tensor-parallel slices and nothing holds the full tensors any
 // more, a batch that scores nothing has loss 0 and zero gradients, TP after FSDP is refused,
-// and the bytes each rank sends per step are the theory's.
+// and the bytes each rank sends per step are the theory's, the tiny Qwen3-MoE's too.
 #include "wrap/tp/tensor_parallel.h"
 
 #include <memory>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "base/status_matchers.h"
 #include "c10/util/accumulate.h"
 #include "gmock/gmock.h"
@@ -18,6 +19,7 @@
 #include "models/causal_lm.h"
 #include "models/estimates.h"
 #include "models/model_config.h"
+#include "models/parameter_shapes.h"
 #include "models/testing_activations.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
@@ -317,6 +319,7 @@ double AllReduceBytes(double elements, int n) { return 2.0 * (n - 1) / n * eleme
 struct BytesCase {
   int tp;
   bool sequence_parallel;
+  const char* preset = "tiny";
 };
 
 class TensorParallelBytesTest : public ::testing::TestWithParam<BytesCase> {};
@@ -324,35 +327,55 @@ class TensorParallelBytesTest : public ::testing::TestWithParam<BytesCase> {};
 TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
   const int n = GetParam().tp;
   const bool sp = GetParam().sequence_parallel;
-  const models::ModelConfig config = Tiny();
+  const models::ModelConfig config = *models::PresetConfig(GetParam().preset);
   const double activations = kBatch * kSeqLen * config.hidden_size();
-  const double layers = config.num_hidden_layers();
+  int64_t moe_layers = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers(); ++layer) {
+    moe_layers += models::IsMoeLayer(config, layer) ? 1 : 0;
+  }
+  const double dense_layers = config.num_hidden_layers() - moe_layers;
   const double positions = kBatch * kSeqLen;
   // Per block two all-reduces of the activations forward (after o_proj and down_proj) and
-  // two backward (into the q/k/v and gate/up inputs); one forward for the embedding and one
-  // backward for the output projection's input. With sequence parallelism each becomes an
-  // all-gather and a reduce-scatter, the same bytes; the replicated norm weights' gradients
-  // are then summed (2 per block and the final norm).
-  double expected = (4 * layers + 2) * AllReduceBytes(activations, n);
-  if (sp) expected += AllReduceBytes((2 * layers + 1) * config.hidden_size(), n);
+  // two backward (into the q/k/v and gate/up inputs), one each way in a mixture of experts'
+  // (whose experts are whole on every rank); one forward for the embedding and one backward
+  // for the output projection's input. With sequence parallelism each becomes an all-gather
+  // and a reduce-scatter, the same bytes.
+  double expected = (4 * dense_layers + 2 * moe_layers + 2) * AllReduceBytes(activations, n);
+  // The gradients of whole parameters each rank computes part of are summed: Qwen3's per-head
+  // norms', and with sequence parallelism every replicated parameter's (norms, a mixture of
+  // experts' router and experts).
+  const std::shared_ptr<models::CausalLM> single = MakeModel(config);
+  double summed = 0;
+  for (const auto& named : single->NamedParameters()) {
+    const Wrappable::Split split = single->TensorParallelSplit(named.name);
+    if (split == Wrappable::Split::kReplicatedPartialGradient ||
+        (sp && split == Wrappable::Split::kReplicated)) {
+      summed += static_cast<double>(named.parameter.numel());
+    }
+  }
+  expected += AllReduceBytes(summed, n);
   // The loss: the row maxima, then the sums of exponentials and the target logits.
   expected += AllReduceBytes(positions, n) + AllReduceBytes(2 * positions, n);
   // Key/value heads shared by n / kv ranks: their weight gradients summed, one buffer of
   // every head each (k_proj and v_proj per block).
   const int64_t kv = config.num_key_value_heads();
-  const int64_t head_dim = config.hidden_size() / config.num_attention_heads();
+  const int64_t head_dim = models::HeadDim(config);
   if (kv < n) {
-    expected += 2 * layers * AllReduceBytes(kv * head_dim * config.hidden_size(), n);
+    expected +=
+        2 * config.num_hidden_layers() * AllReduceBytes(kv * head_dim * config.hidden_size(), n);
   }
   // The strategy's estimate, which plan_check prints, is the same count.
   ModelShape shape;
   shape.hidden_size = config.hidden_size();
   shape.micro_batch_tokens = positions;
   shape.num_blocks = config.num_hidden_layers();
+  shape.num_moe_blocks = moe_layers;
   shape.num_key_value_heads = kv;
   shape.block_key_value_parameters = 2 * kv * head_dim * config.hidden_size();
-  shape.block_replicated_parameters = 2 * config.hidden_size();
-  shape.root_replicated_parameters = config.hidden_size();
+  for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
+    shape.parameter_list.push_back(
+        {parameter.name, parameter.shape, models::TensorParallelSplitOf(parameter.name)});
+  }
   TensorParallelConfig tp_config = TensorParallelStep(sp).tensor_parallel();
   parallel::MeshConfig mesh_config;
   auto* tp_dim = mesh_config.add_dims();
@@ -364,7 +387,7 @@ TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
                        .bytes_per_micro_batch,
                    expected);
   parallel::testing::RunOnRingMesh(Layout({{"tp", n}}), [&](int rank, parallel::DeviceMesh& mesh) {
-    std::shared_ptr<models::CausalLM> model = MakeModel();
+    std::shared_ptr<models::CausalLM> model = MakeModel(config);
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
     ASSERT_THAT((*preparation)->Apply(TensorParallelStep(sp)), IsOk());
@@ -385,13 +408,15 @@ TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelBytesTest,
-                         ::testing::Values(BytesCase{2, false}, BytesCase{2, true},
-                                           BytesCase{4, false}),
-                         [](const ::testing::TestParamInfo<BytesCase>& info) {
-                           return absl::StrCat("tp_", info.param.tp,
-                                               info.param.sequence_parallel ? "_sp" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, TensorParallelBytesTest,
+    ::testing::Values(BytesCase{2, false}, BytesCase{2, true}, BytesCase{4, false},
+                      BytesCase{2, false, "qwen3-moe-tiny"}, BytesCase{2, true, "qwen3-moe-tiny"}),
+    [](const ::testing::TestParamInfo<BytesCase>& info) {
+      std::string model = info.param.preset;
+      absl::StrReplaceAll({{"-", "_"}}, &model);
+      return absl::StrCat(model, "_tp_", info.param.tp, info.param.sequence_parallel ? "_sp" : "");
+    });
 
 }  // namespace
 }  // namespace plait::wrap::tp
