@@ -68,6 +68,12 @@
 // other rank's experts and those it receives, each way forward and backward, and each layer's
 // counts; goal 1.00) and rows_max_vs_mean (the rows the busier rank's experts computed / the
 // ranks' mean: the expert load balance, 1 when even, 2 when one rank computes them all).
+// Tensor parallelism of that mixture of experts (BM_MoeTensorParallel: tp=2, both ranks on one
+// batch of 4 x 256 tokens; arg 0 without sequence parallelism, every rank then computing the
+// experts of every token, arg 1 with it, each rank its slice's and the experts' gradients
+// summed) reports vs_single (the step time / the single process's on the batch; the ideal on 2
+// idle cores is 1/2) and sent_vs_theory (rank 0's bytes sent / the attention's collectives,
+// the loss's and the summed gradients'; goal 1.00).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
@@ -607,16 +613,23 @@ BENCHMARK(BM_RingAttentionBalance)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
-void BM_ExpertParallel(benchmark::State& state) {
-  constexpr int kRanks = 2;
-  constexpr int64_t kBatch = 4, kSeqLen = 256;
-  const bool to_rank_0 = state.range(0) == 1;
+// The mixture of experts of the medium model's widths that BM_ExpertParallel and
+// BM_MoeTensorParallel train: 4 layers, hidden 512, 8 experts of 512, 2 a token.
+models::ModelConfig MediumMixtureOfExperts() {
   models::ModelConfig config = *models::PresetConfig("qwen3-moe-tiny");
   config.set_hidden_size(512);
   config.set_moe_intermediate_size(512);
   config.set_num_attention_heads(8);
   config.set_num_key_value_heads(8);
   config.set_head_dim(64);
+  return config;
+}
+
+void BM_ExpertParallel(benchmark::State& state) {
+  constexpr int kRanks = 2;
+  constexpr int64_t kBatch = 4, kSeqLen = 256;
+  const bool to_rank_0 = state.range(0) == 1;
+  const models::ModelConfig config = MediumMixtureOfExperts();
   models::InitConfig init;
   init.set_seed(1);
   const auto make_model = [&] {
@@ -698,6 +711,89 @@ void BM_ExpertParallel(benchmark::State& state) {
                                        (static_cast<double>(computed[0] + computed[1]) / kRanks);
 }
 BENCHMARK(BM_ExpertParallel)
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+void BM_MoeTensorParallel(benchmark::State& state) {
+  constexpr int kRanks = 2;
+  constexpr int64_t kBatch = 4, kSeqLen = 256;
+  const bool sequence_parallel = state.range(0) == 1;
+  const models::ModelConfig config = MediumMixtureOfExperts();
+  models::InitConfig init;
+  init.set_seed(1);
+  torch::manual_seed(100);
+  const torch::Tensor tokens = torch::randint(config.vocab_size(), {kBatch, kSeqLen + 1});
+  const auto step = [&](models::CausalLM& model) {
+    model.zero_grad();
+    model.Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
+  };
+  double single_seconds = 0;
+  // The theory: per block the attention's 2 activations' collectives (all-reduces, or
+  // all-gather and reduce-scatter pairs, the same bytes) and 2 more outside the blocks, the
+  // loss's 3 floats a token, and the gradients of the whole parameters each rank computes
+  // part of (Qwen3's per-head norms; with sequence parallelism every replicated one's: norms,
+  // routers, experts), each an all-reduce: 2 (n - 1) / n of the bytes.
+  double theory = 0;
+  {
+    torch::set_num_threads(1);
+    const std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
+    step(*model);  // the allocator's first pass
+    const absl::Time start = absl::Now();
+    step(*model);
+    single_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    double summed = 0;
+    for (const auto& named : model->NamedParameters()) {
+      const Wrappable::Split split = model->TensorParallelSplit(named.name);
+      if (split == Wrappable::Split::kReplicatedPartialGradient ||
+          (sequence_parallel && split == Wrappable::Split::kReplicated)) {
+        summed += static_cast<double>(named.parameter.numel());
+      }
+    }
+    const double tokens_per_step = static_cast<double>(kBatch * kSeqLen);
+    const double activations = tokens_per_step * static_cast<double>(config.hidden_size());
+    theory = 2.0 * (kRanks - 1) / kRanks * sizeof(float) *
+             ((2.0 * config.num_hidden_layers() + 2) * activations + 3 * tokens_per_step + summed);
+  }
+  parallel::MeshConfig mesh_config;
+  auto* dim = mesh_config.add_dims();
+  dim->set_name("tp");
+  dim->set_size(kRanks);
+  const parallel::MeshLayout layout = *parallel::MeshLayout::Create(mesh_config, kRanks);
+  std::array<double, kRanks> wall{};
+  int64_t sent = 0;
+  for (auto _ : state) {
+    parallel::testing::RunOnRingMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
+      torch::set_num_threads(1);
+      const std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
+      std::unique_ptr<Preparation> preparation = *Preparation::Begin(*model, mesh);
+      PrepareStep tp;
+      tp.mutable_tensor_parallel()->set_mesh_dim("tp");
+      tp.mutable_tensor_parallel()->set_sequence_parallel(sequence_parallel);
+      if (!preparation->Apply(tp).ok()) std::abort();
+      step(*model);  // the allocator's first pass
+      const parallel::Communicator& group = **mesh.communicator("tp");
+      const auto bytes = [&] {
+        int64_t total = 0;
+        for (int c = 0; c < parallel::kNumCollectives; ++c) {
+          total += group.traffic(static_cast<parallel::Collective>(c)).bytes_sent;
+        }
+        return total;
+      };
+      const int64_t before = bytes();
+      const absl::Time start = absl::Now();
+      step(*model);
+      wall[rank] = absl::ToDoubleSeconds(absl::Now() - start);
+      if (rank == 0) sent = bytes() - before;
+    });
+    state.SetIterationTime(*std::max_element(wall.begin(), wall.end()));
+  }
+  state.counters["vs_single"] = *std::max_element(wall.begin(), wall.end()) / single_seconds;
+  state.counters["sent_vs_theory"] = static_cast<double>(sent) / theory;
+}
+BENCHMARK(BM_MoeTensorParallel)
     ->Arg(0)
     ->Arg(1)
     ->Iterations(1)
