@@ -323,18 +323,20 @@ TEST(ExplainPlanTest, ExplainsEveryCollectiveOfATensorParallelPlan) {
   EXPECT_THAT(*text, HasSubstr("\n  per block, backward: the k_proj and v_proj gradients of the 2 "
                                "key/value heads, each held by 2 ranks, summed: an all-reduce of "
                                "256.0 KiB (384.0 KiB sent)\n"));
-  // Two norm weights of 256.
-  EXPECT_THAT(*text, HasSubstr("\n  per block, backward: the gradients of the parameters every "
-                               "rank holds whole (norm weights), computed from each rank's slice "
-                               "of the sequence, summed: an all-reduce of 2.0 KiB (3.0 KiB "
-                               "sent)\n"));
+  // Two norm weights of 256, summed once a step.
+  EXPECT_THAT(*text,
+              HasSubstr("\n  per step, per block: the gradients of the parameters every rank "
+                        "holds whole (norm weights), computed from each rank's slice of the "
+                        "sequence, summed once the step's backward passes are over: an "
+                        "all-reduce of 2.0 KiB (3.0 KiB sent)\n"));
   EXPECT_THAT(*text, HasSubstr("\n  outside the blocks: the embedding's output forward and the "
                                "output projection's input gradient backward (384.0 KiB sent "
-                               "each), the final norm's weight gradient summed (1.5 KiB sent); the "
-                               "loss's all-reduces of each token's maximum logit, sum of "
-                               "exponentials and target logit (4.5 KiB sent)\n"));
-  // (4 x 4 + 2) x 384 KiB + 4 x (384 + 3) KiB + 1.5 KiB + 4.5 KiB = 8466 KiB.
-  EXPECT_THAT(*text, HasSubstr("\n  per micro-batch: 8.3 MiB sent\n"));
+                               "each), and per step the final norm's weight gradient summed (1.5 "
+                               "KiB sent); the loss's all-reduces of each token's maximum logit, "
+                               "sum of exponentials and target logit (4.5 KiB sent)\n"));
+  // Per micro-batch (4 x 4 + 2) x 384 KiB + 4 x 384 KiB + 4.5 KiB = 8452.5 KiB, and per step
+  // 4 x 3 KiB + 1.5 KiB = 13.5 KiB.
+  EXPECT_THAT(*text, HasSubstr("\n  per micro-batch: 8.3 MiB sent; per step: 13.5 KiB more\n"));
   EXPECT_THAT(*text,
               HasSubstr("\n    model.layers.0.self_attn.k_proj.weight [128, 256] -> [64, 256] "
                         "(key/value heads, shared)\n"));

@@ -8,7 +8,7 @@
 #include "base/human.h"
 #include "base/status.h"
 #include "parallel/device_mesh.h"
-#include "wrap/gradient_average.h"
+#include "wrap/gradient_reduce.h"
 
 namespace plait::wrap::cp {
 ContextParallelStrategy::~ContextParallelStrategy() {
@@ -132,7 +132,8 @@ absl::Status ContextParallelStrategy::FinishGradients(
   const parallel::ScopedPlace place =
       group_->Place(parallel::Pass::kNone, "context-parallel gradients");
   for (const parallel::TrainableParameter& parameter : trainable) {
-    PLAIT_RETURN_IF_ERROR(AverageGradient(parameter, group_->communicator()));
+    PLAIT_RETURN_IF_ERROR(
+        ReduceGradient(parameter, group_->communicator(), parallel::ReduceOp::kAverage));
   }
   return absl::OkStatus();
 }

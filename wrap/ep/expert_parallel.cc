@@ -10,7 +10,7 @@
 #include "base/human.h"
 #include "base/status.h"
 #include "parallel/device_mesh.h"
-#include "wrap/gradient_average.h"
+#include "wrap/gradient_reduce.h"
 
 namespace plait::wrap::ep {
 namespace {
@@ -133,7 +133,8 @@ absl::Status ExpertParallelStrategy::FinishGradients(
       group_->Place(parallel::Pass::kNone, "expert-parallel gradients");
   for (const parallel::TrainableParameter& parameter : trainable) {
     if (!IsExpertParameter(parameter.name)) {
-      PLAIT_RETURN_IF_ERROR(AverageGradient(parameter, group_->communicator()));
+      PLAIT_RETURN_IF_ERROR(
+          ReduceGradient(parameter, group_->communicator(), parallel::ReduceOp::kAverage));
       continue;
     }
     // Already summed over every rank's rows: the average is the sum over the ranks.

@@ -10,6 +10,7 @@
 #include "base/human.h"
 #include "base/status.h"
 #include "torch/utils.h"
+#include "wrap/gradient_reduce.h"
 
 namespace plait::wrap::tp {
 namespace {
@@ -188,20 +189,6 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
       return buffer[part];
     });
   }
-  // Replicated parameters whose gradient each rank computes only part of: those the model
-  // says are, and with sequence parallelism every replicated one, each rank's from its slice
-  // of the sequence.
-  for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
-    const Wrappable::Split split = model.TensorParallelSplit(named.name);
-    const bool partial = split == Wrappable::Split::kReplicatedPartialGradient ||
-                         (tp->sequence_parallel_ && split == Wrappable::Split::kReplicated);
-    if (!partial || !named.parameter.requires_grad()) continue;
-    tp->AddGradientHook(named.parameter, [self](torch::Tensor grad) {
-      torch::Tensor sum = grad.contiguous().clone();
-      self->group_.Wait(self->group_.communicator().AllReduce(sum, parallel::ReduceOp::kSum));
-      return sum;
-    });
-  }
   tp->slices_ = std::move(slices);
   model.SetTensorParallelOps(tp.get());
   return tp;
@@ -214,6 +201,23 @@ TensorParallel::TensorParallel(Wrappable& model, parallel::Communicator& communi
 TensorParallel::~TensorParallel() {
   model_.SetTensorParallelOps(nullptr);
   for (auto& [parameter, position] : hooks_) parameter.remove_hook(position);
+}
+
+absl::Status TensorParallel::SumPartialGradients(
+    const std::vector<parallel::TrainableParameter>& trainable) {
+  if (group_.size() == 1) return absl::OkStatus();
+  const parallel::ScopedPlace place =
+      group_.Place(parallel::Pass::kNone, "tensor-parallel partial gradients");
+  for (const parallel::TrainableParameter& part : trainable) {
+    const Wrappable::Split split = model_.TensorParallelSplit(part.name);
+    const bool partial = split == Wrappable::Split::kReplicatedPartialGradient ||
+                         (sequence_parallel_ && split == Wrappable::Split::kReplicated);
+    // No gradient: no backward reached the part, on any rank of the group (they run the same
+    // graph), which leaves it without one as one process would.
+    if (!partial || !part.tensor.grad().defined()) continue;
+    PLAIT_RETURN_IF_ERROR(ReduceGradient(part, group_.communicator(), parallel::ReduceOp::kSum));
+  }
+  return absl::OkStatus();
 }
 
 void TensorParallel::AddGradientHook(torch::Tensor parameter,
@@ -325,9 +329,10 @@ StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape,
   const bool shared_kv = shape.num_key_value_heads > 0 && shape.num_key_value_heads < dim_size;
   const double kv_bytes =
       shared_kv ? all_reduce(shape.block_key_value_parameters * shape.parameter_bytes) : 0.0;
-  // The gradients of whole parameters that each rank computes only part of are summed: those
-  // the model says are (Qwen3's per-head norms), and under sequence parallelism, each rank's
-  // from its slice of the sequence, every replicated one's; in the blocks and outside them.
+  // The gradients of whole parameters that each rank computes only part of are summed once a
+  // step: those the model says are (Qwen3's per-head norms), and under sequence parallelism,
+  // each rank's from its slice of the sequence, every replicated one's; in the blocks and
+  // outside them.
   double block_summed = 0;
   double root_summed = 0;
   for (const ModelShape::Parameter& parameter : shape.parameter_list) {
@@ -392,8 +397,8 @@ StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape,
     const double per_block =
         block_summed / static_cast<double>(std::max<int64_t>(1, shape.num_blocks));
     estimate.details.push_back(absl::StrFormat(
-        "per block, backward: the gradients of the parameters every rank holds whole (%s), %s, "
-        "summed: an all-reduce of %s (%s sent)",
+        "per step, per block: the gradients of the parameters every rank holds whole (%s), %s, "
+        "summed once the step's backward passes are over: an all-reduce of %s (%s sent)",
         sp ? (shape.num_moe_blocks > 0 ? "norm weights, the router and experts" : "norm weights")
            : "q and k's per-head norm weights",
         sp ? "computed from each rank's slice of the sequence" : "each rank's part from its heads",
@@ -404,20 +409,23 @@ StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape,
       "gradient backward (%s sent each)%s; the loss's all-reduces of each token's maximum "
       "logit, sum of exponentials and target logit (%s sent)",
       base::HumanBytesAnySize(per_collective),
-      root_summed > 0 ? absl::StrCat(", the final norm's weight gradient summed (",
+      root_summed > 0 ? absl::StrCat(", and per step the final norm's weight gradient summed (",
                                      base::HumanBytesAnySize(all_reduce(root_summed)), " sent)")
                       : "",
       base::HumanBytesAnySize(loss_bytes)));
   const ParameterShare share = ParameterShareOf(shape, dim_size);
   estimate.parameter_fraction = share.total > 0 ? share.per_rank / share.total : 1.0 / dim_size;
-  const Transfer& transfer = estimate.transfers.emplace_back(
-      Transfer{.mesh_dim = config_.mesh_dim(),
-               .bytes_per_micro_batch = collectives * per_collective +
-                                        static_cast<double>(shape.num_blocks) * kv_bytes +
-                                        all_reduce(block_summed + root_summed) + loss_bytes,
-               .overlaps_compute = false});
+  const Transfer& transfer = estimate.transfers.emplace_back(Transfer{
+      .mesh_dim = config_.mesh_dim(),
+      .bytes_per_step = all_reduce(block_summed + root_summed),
+      .bytes_per_micro_batch = collectives * per_collective +
+                               static_cast<double>(shape.num_blocks) * kv_bytes + loss_bytes,
+      .overlaps_compute = false});
   estimate.details.push_back(absl::StrFormat(
-      "per micro-batch: %s sent", base::HumanBytesAnySize(transfer.bytes_per_micro_batch)));
+      "per micro-batch: %s sent%s", base::HumanBytesAnySize(transfer.bytes_per_micro_batch),
+      transfer.bytes_per_step > 0
+          ? absl::StrCat("; per step: ", base::HumanBytesAnySize(transfer.bytes_per_step), " more")
+          : ""));
   for (std::string& line : ShapesPerRank(shape, dim_size)) {
     estimate.details.push_back(std::move(line));
   }

@@ -6,13 +6,15 @@
 // where the layout communicates: the conjugate all-reduces around column- and row-parallel
 // projections (or, with sequence_parallel, all-gathers and reduce-scatters along the
 // sequence), the vocabulary-parallel embedding, and the cross-entropy of vocabulary-sharded
-// logits. Gradients that the layout leaves partial are summed over the group in backward,
-// before they are accumulated: those of key/value heads shared by several ranks (fewer
-// heads than ranks) among those ranks, those of the replicated parameters each rank computes
-// only part of (Split::kReplicatedPartialGradient: an adapter's matrix beside a split
-// projection), and with sequence parallelism those of every replicated parameter (norms,
-// row-parallel biases). The optimizer trains the slices
-// (UpdateParameters); FSDP on another dimension shards them further.
+// logits. Gradients that the layout leaves partial are summed over the group: those of
+// key/value heads shared by several ranks (fewer heads than ranks) among those ranks in
+// backward, before they are accumulated; once a step's backward passes are over
+// (SumPartialGradients: one sum a step, not one a micro-batch, of the parts the optimizer
+// trains, FSDP's shards too), those of the replicated parameters each rank computes only part
+// of (Split::kReplicatedPartialGradient: Qwen3's per-head norms, an adapter's matrix beside a
+// split projection), and with sequence parallelism those of every replicated parameter (norms,
+// row-parallel biases, a mixture of experts' routers and experts). The optimizer trains the
+// slices (UpdateParameters); FSDP on another dimension shards them further.
 // TensorParallelStrategy is its preparation strategy (strategy.h), applied through
 // wrap::Preparation (preparation.h) before FSDP or DDP.
 #ifndef PLAIT_WRAP_TP_TENSOR_PARALLEL_H_
@@ -70,6 +72,12 @@ class TensorParallel final : public TensorParallelOps {
   // group must call it.
   absl::Status GatherFull(std::map<std::string, torch::Tensor>& parameters);
 
+  // Sums over the group the gradients of the parts of `trainable` (as the optimizer owns them,
+  // after every strategy's reductions) that each rank computed only part of; every rank of the
+  // group must call it, after the step's backward passes. The error is the failed
+  // all-reduce's.
+  absl::Status SumPartialGradients(const std::vector<parallel::TrainableParameter>& trainable);
+
   // The first error of a collective since wrapping.
   absl::Status status() const { return group_.status(); }
 
@@ -126,6 +134,10 @@ class TensorParallelStrategy final : public Strategy {
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
   void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override {
     tp_->MarkSharded(parameters);
+  }
+  absl::Status FinishGradients(
+      const std::vector<parallel::TrainableParameter>& trainable) override {
+    return tp_->SumPartialGradients(trainable);
   }
   absl::Status BackwardStatus() const override { return tp_->status(); }
   absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override {

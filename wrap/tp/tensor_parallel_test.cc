@@ -384,7 +384,7 @@ TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
   EXPECT_DOUBLE_EQ(TensorParallelStrategy(tp_config)
                        .Estimate(shape, mesh_config)
                        .transfers.at(0)
-                       .bytes_per_micro_batch,
+                       .BytesPerStep(1),
                    expected);
   parallel::testing::RunOnRingMesh(Layout({{"tp", n}}), [&](int rank, parallel::DeviceMesh& mesh) {
     std::shared_ptr<models::CausalLM> model = MakeModel(config);
@@ -400,10 +400,17 @@ TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
       }
       return bytes;
     };
+    ASSERT_THAT((*preparation)->TakeTrainableParameters(), IsOk());
     const int64_t before = sent();
     const auto tokens = Tokens();
-    model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
-    ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
+    ASSERT_THAT(
+        (*preparation)
+            ->TrainMicroBatches(1,
+                                [&](int, const torch::Tensor&) {
+                                  return absl::StatusOr<torch::Tensor>(model->Loss(
+                                      tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)));
+                                }),
+        IsOk());
     EXPECT_DOUBLE_EQ(static_cast<double>(sent() - before), expected) << "rank " << rank;
   });
 }
