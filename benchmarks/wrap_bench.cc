@@ -718,8 +718,7 @@ BENCHMARK(BM_ExpertParallel)
     ->Unit(benchmark::kMillisecond);
 
 void BM_MoeTensorParallel(benchmark::State& state) {
-  constexpr int kRanks = 2;
-  constexpr int64_t kBatch = 4, kSeqLen = 256;
+  constexpr int64_t kBatch = 4;  // sequences of kSeqLen tokens, the batch of both ranks
   const bool sequence_parallel = state.range(0) == 1;
   const models::ModelConfig config = MediumMixtureOfExperts();
   models::InitConfig init;

@@ -72,7 +72,8 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
   PreparationEstimate estimate;
   // Each step sees the parameters as the steps before it left them on a rank: FSDP after
   // tensor parallelism shards, and gathers, the tensor-parallel slices; FSDP after LoRA
-  // shards the adapters too and reduces only their gradients.
+  // shards the adapters too and reduces only their gradients; tensor parallelism after expert
+  // parallelism sees the rank's experts only.
   wrap::ModelShape seen = shape;
   for (const wrap::PrepareStep& step : steps) {
     PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
@@ -102,6 +103,9 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
     const double added_here = step_estimate.added_block_parameters * estimate.parameter_fraction;
     seen.parameters += added_here;
     if (seen.num_blocks > 0) seen.block_parameters += added_here / seen.num_blocks;
+    if (step_estimate.kept_parameter_list.has_value()) {
+      seen.parameter_list = *step_estimate.kept_parameter_list;
+    }
     if (step_estimate.trainable_parameters.has_value()) {
       estimate.trainable_parameters = step_estimate.trainable_parameters;
       seen.trainable_parameters =

@@ -285,6 +285,59 @@ TEST(EstimateMemoryTest, TensorParallelRanksKeepTheirShareOfTheActivations) {
   }
 }
 
+// Expert parallelism over ep=2 then tensor parallelism over tp=2 (sequence parallel) of the
+// tiny Qwen3-MoE: a rank keeps 4 of each layer's 8 experts whole and half of every
+// attention projection, embedding and output row, and each step's estimate sees what the
+// steps before it left: the tensor-parallel sums of the gradients computed from each rank's
+// slice of the sequence carry the rank's experts, not all of them.
+TEST(EstimateMemoryTest, ExpertThenTensorParallelRanksKeepTheirExpertsAndSlices) {
+  const Plan plan = ParseOrDie(R"pb(
+    model { preset: "qwen3-moe-tiny" }
+    mesh {
+      dims { name: "ep" size: 2 }
+      dims { name: "tp" size: 2 }
+    }
+    prepare { expert_parallel { mesh_dim: "ep" } }
+    prepare { tensor_parallel { mesh_dim: "tp" sequence_parallel: true } }
+    optimizer { adamw {} }
+    schedule {
+      lr: 1e-3
+      constant {}
+    }
+    training { steps: 10 micro_batch: 2 seq_len: 64 eval_batches: 1 }
+  )pb");
+  const models::ModelConfig config = *models::PresetConfig("qwen3-moe-tiny");
+  double total = 0;
+  double kept = 0;    // on a rank
+  double summed = 0;  // whole on every rank of tp, the gradient from each one's slice
+  for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
+    const double count = static_cast<double>(parameter.numel());
+    total += count;
+    const std::string& name = parameter.name;
+    if (absl::StrContains(name, ".experts.")) {
+      const bool first_four =
+          absl::StrContains(name, ".experts.0.") || absl::StrContains(name, ".experts.1.") ||
+          absl::StrContains(name, ".experts.2.") || absl::StrContains(name, ".experts.3.");
+      if (first_four) {
+        kept += count;
+        summed += count;
+      }
+    } else if (absl::StrContains(name, "_proj.") || absl::StrContains(name, "embed_tokens") ||
+               absl::StrContains(name, "lm_head")) {
+      kept += count / 2;  // q, k, v, o (2 key/value heads, one a rank), the vocabulary rows
+    } else {
+      kept += count;  // norms, routers
+      summed += count;
+    }
+  }
+  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(plan, 4));
+  ASSERT_THAT(estimate, IsOk());
+  EXPECT_DOUBLE_EQ(estimate->preparation.parameter_fraction * total, kept);
+  const std::vector<wrap::Transfer>& tp = estimate->preparation.steps.at(1).transfers;
+  ASSERT_EQ(tp.size(), 1u);
+  EXPECT_DOUBLE_EQ(tp[0].bytes_per_step, 2.0 * 1 / 2 * summed * 4);  // an fp32 all-reduce
+}
+
 // The frozen reference model of preference training takes memory too: its parameters, sharded
 // as its own steps say, and the units FSDP gathers for its forward.
 TEST(EstimateMemoryTest, CountsFrozenModels) {

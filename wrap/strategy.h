@@ -197,6 +197,10 @@ struct StepEstimate {
   // which parameters train, those that do after it, whole (nullopt: unchanged).
   double added_block_parameters = 0.0;
   std::optional<std::vector<ModelShape::Parameter>> trainable_parameters;
+  // When it drops some of the parameters it saw from a rank (expert parallelism: the other
+  // ranks' experts), those the first rank keeps, which the steps after it see
+  // (ModelShape::parameter_list); nullopt: all of them.
+  std::optional<std::vector<ModelShape::Parameter>> kept_parameter_list;
   // The model's parameters it holds in a form of its own (QLoRA's NF4 base: the targeted
   // weights), and the bytes they take whole in that form: a rank keeps the preparation's
   // parameter_fraction of those bytes in place of the parameters'.

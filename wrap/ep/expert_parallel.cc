@@ -54,8 +54,17 @@ StepEstimate ExpertParallelStrategy::Estimate(const ModelShape& shape,
   const int64_t ranks = parallel::SubmeshRanks(mesh, {config_.mesh_dim()});
   StepEstimate estimate;
   double expert_parameters = 0;
+  const int64_t experts_per_rank = shape.num_experts / std::max<int64_t>(1, ranks);
+  estimate.kept_parameter_list.emplace();
   for (const ModelShape::Parameter& parameter : shape.parameter_list) {
-    if (IsExpertParameter(parameter.name)) expert_parameters += parameter.numel();
+    if (!IsExpertParameter(parameter.name)) {
+      estimate.kept_parameter_list->push_back(parameter);
+      continue;
+    }
+    expert_parameters += parameter.numel();
+    if (ExpertIndex(parameter.name) < experts_per_rank) {
+      estimate.kept_parameter_list->push_back(parameter);
+    }
   }
   const double others = shape.parameters - expert_parameters;
   if (shape.parameters > 0) {
