@@ -653,7 +653,6 @@ torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torc
 }
 
 wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) const {
-  if (wrap::IsExpertParameter(name)) return Split::kReplicated;  // their adapters' too
   if (context_.projections != nullptr) {
     if (const auto split = context_.projections->AddedParameterSplit(name)) return *split;
   }

@@ -15,6 +15,15 @@
 namespace plait::wrap::tp {
 namespace {
 
+// Whether each rank computes only part of the gradient of a parameter split as `split`, which
+// the group then sums: the model says so (Qwen3's per-head norms, an adapter beside a split
+// projection), or under sequence parallelism the parameter is whole on every rank, each
+// computing its gradient from its slice of the sequence.
+bool GradientIsPartial(Wrappable::Split split, bool sequence_parallel) {
+  return split == Wrappable::Split::kReplicatedPartialGradient ||
+         (sequence_parallel && split == Wrappable::Split::kReplicated);
+}
+
 // A parameter's shape on a rank of `tp`, and what kind of split leaves it so.
 struct LocalParameter {
   std::vector<int64_t> shape;
@@ -209,9 +218,8 @@ absl::Status TensorParallel::SumPartialGradients(
   const parallel::ScopedPlace place =
       group_.Place(parallel::Pass::kNone, "tensor-parallel partial gradients");
   for (const parallel::TrainableParameter& part : trainable) {
-    const Wrappable::Split split = model_.TensorParallelSplit(part.name);
-    const bool partial = split == Wrappable::Split::kReplicatedPartialGradient ||
-                         (sequence_parallel_ && split == Wrappable::Split::kReplicated);
+    const bool partial =
+        GradientIsPartial(model_.TensorParallelSplit(part.name), sequence_parallel_);
     // No gradient: no backward reached the part, on any rank of the group (they run the same
     // graph), which leaves it without one as one process would.
     if (!partial || !part.tensor.grad().defined()) continue;
@@ -330,14 +338,11 @@ StepEstimate TensorParallelStrategy::Estimate(const ModelShape& shape,
   const double kv_bytes =
       shared_kv ? all_reduce(shape.block_key_value_parameters * shape.parameter_bytes) : 0.0;
   // The gradients of whole parameters that each rank computes only part of are summed once a
-  // step: those the model says are (Qwen3's per-head norms), and under sequence parallelism,
-  // each rank's from its slice of the sequence, every replicated one's; in the blocks and
-  // outside them.
+  // step, in the blocks and outside them.
   double block_summed = 0;
   double root_summed = 0;
   for (const ModelShape::Parameter& parameter : shape.parameter_list) {
-    if (parameter.split == Wrappable::Split::kReplicatedPartialGradient ||
-        (sp && parameter.split == Wrappable::Split::kReplicated)) {
+    if (GradientIsPartial(parameter.split, sp)) {
       (absl::StartsWith(parameter.name, "model.layers.") ? block_summed : root_summed) +=
           parameter.numel() * shape.parameter_bytes;
     }
