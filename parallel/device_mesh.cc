@@ -1,6 +1,7 @@
 #include "parallel/device_mesh.h"
 
 #include <algorithm>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -98,21 +99,40 @@ int MeshLayout::Stride(int dim) const {
 
 int MeshLayout::Coordinate(int rank, int dim) const { return (rank / Stride(dim)) % sizes_[dim]; }
 
-std::vector<int> MeshLayout::GroupRanks(int rank, int dim) const {
-  const int stride = Stride(dim);
-  const int first = rank - Coordinate(rank, dim) * stride;
-  std::vector<int> ranks;
-  for (int i = 0; i < sizes_[dim]; ++i) ranks.push_back(first + i * stride);
+std::vector<int> MeshLayout::SubgridRanks(int rank, const std::vector<int>& dims) const {
+  int first = rank;
+  for (int dim : dims) first -= Coordinate(rank, dim) * Stride(dim);
+  std::vector<int> ranks = {first};
+  // Row-major: the last dimension's coordinate varies fastest.
+  for (int dim : dims) {
+    std::vector<int> grown;
+    for (int base : ranks) {
+      for (int i = 0; i < sizes_[dim]; ++i) grown.push_back(base + i * Stride(dim));
+    }
+    ranks = std::move(grown);
+  }
   return ranks;
 }
 
-std::string MeshLayout::GroupName(int rank, int dim) const {
+int MeshLayout::SubgridIndex(int rank, const std::vector<int>& dims) const {
+  int index = 0;
+  for (int dim : dims) index = index * sizes_[dim] + Coordinate(rank, dim);
+  return index;
+}
+
+std::string MeshLayout::SubgridName(int rank, const std::vector<int>& dims) const {
+  std::vector<std::string> spanned;
   std::vector<std::string> others;
-  for (int other = 0; other < num_dims(); ++other) {
-    if (other != dim) others.push_back(absl::StrCat(names_[other], "=", Coordinate(rank, other)));
+  for (int dim = 0; dim < num_dims(); ++dim) {
+    if (std::find(dims.begin(), dims.end(), dim) != dims.end()) {
+      spanned.push_back(names_[dim]);
+    } else {
+      others.push_back(absl::StrCat(names_[dim], "=", Coordinate(rank, dim)));
+    }
   }
-  if (others.empty()) return names_[dim];
-  return absl::StrCat(names_[dim], "[", absl::StrJoin(others, ","), "]");
+  const std::string name = absl::StrJoin(spanned, ",");
+  if (others.empty()) return name;
+  return absl::StrCat(name, "[", absl::StrJoin(others, ","), "]");
 }
 
 absl::StatusOr<DeviceMesh> DeviceMesh::Create(const MeshLayout& layout, int rank,
@@ -128,16 +148,46 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(const MeshLayout& layout, int rank
         factory(layout.GroupName(rank, dim), layout.Coordinate(rank, dim), layout.dim_size(dim)));
     groups.push_back(std::move(group));
   }
-  return DeviceMesh(layout, rank, std::move(groups));
+  return DeviceMesh(layout, rank, std::move(groups), factory);
 }
 
 DeviceMesh::DeviceMesh(MeshLayout layout, int rank,
-                       std::vector<std::unique_ptr<Communicator>> groups)
-    : layout_(std::move(layout)), rank_(rank), groups_(std::move(groups)) {}
+                       std::vector<std::unique_ptr<Communicator>> groups,
+                       CommunicatorFactory factory)
+    : layout_(std::move(layout)),
+      rank_(rank),
+      groups_(std::move(groups)),
+      factory_(std::move(factory)) {}
 
 absl::StatusOr<Communicator*> DeviceMesh::communicator(absl::string_view name) const {
   PLAIT_ASSIGN_OR_RETURN(int dim, layout_.DimIndex(name));
   return groups_[dim].get();
+}
+
+absl::StatusOr<Communicator*> DeviceMesh::SubgridCommunicator(
+    const std::vector<std::string>& names) const {
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<int> spanned, DimIndices(names));
+  if (spanned.size() == 1) return groups_[spanned.front()].get();
+  const std::string name = layout_.SubgridName(rank_, spanned);
+  std::unique_ptr<Communicator>& group = subgrids_[name];
+  if (group == nullptr) {
+    absl::StatusOr<std::unique_ptr<Communicator>> created =
+        factory_(name, layout_.SubgridIndex(rank_, spanned),
+                 static_cast<int>(layout_.SubgridRanks(rank_, spanned).size()));
+    if (!created.ok()) {
+      subgrids_.erase(name);
+      return created.status();
+    }
+    group = *std::move(created);
+  }
+  return group.get();
+}
+
+std::vector<Communicator*> DeviceMesh::communicators() const {
+  std::vector<Communicator*> all;
+  for (const std::unique_ptr<Communicator>& group : groups_) all.push_back(group.get());
+  for (const auto& [name, group] : subgrids_) all.push_back(group.get());
+  return all;
 }
 
 absl::StatusOr<int> DeviceMesh::coordinate(absl::string_view name) const {
@@ -168,15 +218,19 @@ int64_t SubmeshRanks(const MeshConfig& config, const std::set<std::string>& dims
 
 absl::StatusOr<std::pair<int, int>> DeviceMesh::SubgridRankAndSize(
     const std::vector<std::string>& names) const {
-  int rank = 0;
-  int size = 1;
-  for (int dim = 0; dim < layout_.num_dims(); ++dim) {
-    if (std::find(names.begin(), names.end(), layout_.dim_names()[dim]) == names.end()) continue;
-    rank = rank * layout_.dim_size(dim) + layout_.Coordinate(rank_, dim);
-    size *= layout_.dim_size(dim);
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<int> dims, DimIndices(names));
+  return std::make_pair(layout_.SubgridIndex(rank_, dims),
+                        static_cast<int>(layout_.SubgridRanks(rank_, dims).size()));
+}
+
+absl::StatusOr<std::vector<int>> DeviceMesh::DimIndices(
+    const std::vector<std::string>& names) const {
+  std::set<int> dims;
+  for (const std::string& name : names) {
+    PLAIT_ASSIGN_OR_RETURN(int dim, layout_.DimIndex(name));
+    dims.insert(dim);
   }
-  for (const std::string& name : names) PLAIT_RETURN_IF_ERROR(layout_.DimIndex(name).status());
-  return std::make_pair(rank, size);
+  return std::vector<int>(dims.begin(), dims.end());
 }
 
 absl::Status DeviceMesh::AllReduce(torch::Tensor& tensor, ReduceOp op) const {
@@ -192,7 +246,7 @@ absl::Status DeviceMesh::AllReduce(torch::Tensor& tensor, ReduceOp op) const {
 }
 
 void DeviceMesh::BeginStep(int64_t step) const {
-  for (const std::unique_ptr<Communicator>& group : groups_) group->BeginStep(step);
+  for (Communicator* group : communicators()) group->BeginStep(step);
 }
 
 absl::Status DeviceMesh::Agree(const absl::Status& own, absl::string_view what) const {

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -88,11 +89,18 @@ class MeshLayout {
   int Coordinate(int rank, int dim) const;
 
   // The ranks of the group of `rank` along `dim`, in order of their coordinate.
-  std::vector<int> GroupRanks(int rank, int dim) const;
+  std::vector<int> GroupRanks(int rank, int dim) const { return SubgridRanks(rank, {dim}); }
 
   // A name for that group, the same on every member and different for every group:
   // "tp" for the only group of a one-dimensional mesh, else e.g. "tp[dp=1]".
-  std::string GroupName(int rank, int dim) const;
+  std::string GroupName(int rank, int dim) const { return SubgridName(rank, {dim}); }
+
+  // The same for the group of `rank` spanning the dimensions `dims` (indices, ascending): the
+  // ranks that differ from it along those only, in row-major order of their coordinates on
+  // them; `rank`'s index among them; and the group's name, e.g. "dp,ep[tp=1]".
+  std::vector<int> SubgridRanks(int rank, const std::vector<int>& dims) const;
+  int SubgridIndex(int rank, const std::vector<int>& dims) const;
+  std::string SubgridName(int rank, const std::vector<int>& dims) const;
 
  private:
   MeshLayout(std::vector<std::string> names, std::vector<int> sizes, int world_size);
@@ -125,6 +133,16 @@ class DeviceMesh {
   // The calling rank's communicator along dimension `name`; NotFound if there is none.
   absl::StatusOr<Communicator*> communicator(absl::string_view name) const;
 
+  // The calling rank's communicator over the sub-grid spanned by dimensions `names` (FSDP's
+  // parts that it shards over two dimensions), its rank there the caller's SubgridRankAndSize;
+  // for one dimension, that dimension's. Created by the factory the first time it is asked
+  // for, when every rank of the group must ask for it too (as every rank applies a plan's
+  // steps), and kept. NotFound for a dimension the mesh lacks.
+  absl::StatusOr<Communicator*> SubgridCommunicator(const std::vector<std::string>& names) const;
+
+  // Every communicator it has created: each dimension's, then the sub-grids'.
+  std::vector<Communicator*> communicators() const;
+
   // The calling rank's coordinate along dimension `name`.
   absl::StatusOr<int> coordinate(absl::string_view name) const;
 
@@ -148,11 +166,19 @@ class DeviceMesh {
   absl::Status Agree(const absl::Status& own, absl::string_view what) const;
 
  private:
-  DeviceMesh(MeshLayout layout, int rank, std::vector<std::unique_ptr<Communicator>> groups);
+  DeviceMesh(MeshLayout layout, int rank, std::vector<std::unique_ptr<Communicator>> groups,
+             CommunicatorFactory factory);
+
+  // The indices of dimensions `names`, ascending and each once; NotFound for one it lacks.
+  absl::StatusOr<std::vector<int>> DimIndices(const std::vector<std::string>& names) const;
 
   MeshLayout layout_;
   int rank_;
   std::vector<std::unique_ptr<Communicator>> groups_;  // one per dimension
+  CommunicatorFactory factory_;
+  // The sub-grids' communicators created so far, by group name: a cache SubgridCommunicator
+  // fills on demand.
+  mutable std::map<std::string, std::unique_ptr<Communicator>> subgrids_;
 };
 
 }  // namespace plait::parallel

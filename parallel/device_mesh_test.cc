@@ -56,6 +56,14 @@ TEST(MeshLayoutTest, ThreeDimensions) {
   EXPECT_THAT(layout->GroupRanks(9, 1), ElementsAre(7, 9, 11));
   EXPECT_THAT(layout->GroupRanks(9, 2), ElementsAre(8, 9));
   EXPECT_EQ(layout->GroupName(9, 1), "dp[pp=1,tp=1]");
+  // Spanning pp and tp: the ranks at dp 1, row-major over (pp, tp).
+  EXPECT_THAT(layout->SubgridRanks(9, {0, 2}), ElementsAre(2, 3, 8, 9));
+  EXPECT_EQ(layout->SubgridIndex(9, {0, 2}), 3);
+  EXPECT_EQ(layout->SubgridIndex(8, {0, 2}), 2);
+  EXPECT_EQ(layout->SubgridName(9, {0, 2}), "pp,tp[dp=1]");
+  EXPECT_THAT(layout->SubgridRanks(4, {0, 1, 2}),
+              ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11));
+  EXPECT_EQ(layout->SubgridName(4, {0, 1, 2}), "pp,dp,tp");
 }
 
 TEST(MeshLayoutTest, NoDimensionsIsOneRank) {
@@ -139,6 +147,31 @@ TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {
     EXPECT_THAT(mesh.communicator("pp"),
                 StatusIs(absl::StatusCode::kNotFound,
                          "the mesh has no dimension \"pp\"; its dimensions are dp, tp"));
+  });
+}
+
+TEST(DeviceMeshTest, SubgridsCommunicateWithinTheirGroup) {
+  absl::StatusOr<MeshLayout> layout =
+      MeshLayout::Create(ParseMesh(R"pb(dims { name: "dp" size: 2 }
+                                        dims { name: "ep" size: 2 }
+                                        dims { name: "tp" size: 2 })pb"),
+                         8);
+  ASSERT_THAT(layout, IsOk());
+  RunOnRingMesh(*layout, [&](int rank, DeviceMesh& mesh) {
+    absl::StatusOr<Communicator*> span = mesh.SubgridCommunicator({"ep", "dp"});
+    ASSERT_THAT(span, IsOk());
+    EXPECT_EQ(mesh.SubgridCommunicator({"dp", "ep"}).value(), *span);  // created once
+    EXPECT_EQ((*span)->name(), layout->SubgridName(rank, {0, 1}));
+    EXPECT_EQ((*span)->rank(), mesh.SubgridRankAndSize({"dp", "ep"})->first);
+    EXPECT_EQ((*span)->size(), 4);
+    // The sum of the global ranks at this rank's tp coordinate: 0+2+4+6 or 1+3+5+7.
+    torch::Tensor value = torch::full({1}, rank, torch::kInt64);
+    ASSERT_THAT((*span)->AllReduce(value, ReduceOp::kSum)->Wait(), IsOk());
+    EXPECT_EQ(value.item<int64_t>(), rank % 2 == 0 ? 12 : 16);
+    EXPECT_EQ(mesh.SubgridCommunicator({"tp"}).value(), mesh.communicator("tp").value());
+    EXPECT_EQ(mesh.communicators().size(), 4u);  // three dimensions and the sub-grid
+    EXPECT_THAT(mesh.SubgridCommunicator({"dp", "pp"}),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("no dimension \"pp\"")));
   });
 }
 

@@ -41,8 +41,8 @@ constexpr absl::string_view kFailedAtPrefix = "plait/failed_at/";
 // Communicator::FirstFailure of each of `mesh`'s groups that has one, one a line.
 std::string FailurePlaces(const DeviceMesh& mesh) {
   std::vector<std::string> places;
-  for (const std::string& dim : mesh.layout().dim_names()) {
-    std::string place = (*mesh.communicator(dim))->FirstFailure();
+  for (const Communicator* group : mesh.communicators()) {
+    std::string place = group->FirstFailure();
     if (!place.empty()) places.push_back(std::move(place));
   }
   return absl::StrJoin(places, "\n");
