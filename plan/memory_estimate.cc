@@ -74,9 +74,15 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
   // tensor parallelism shards, and gathers, the tensor-parallel slices; FSDP after LoRA
   // shards the adapters too and reduces only their gradients; tensor parallelism after expert
   // parallelism sees the rank's experts only.
-  wrap::ModelShape seen = shape;
+  // A step that hands what it keeps whole over to a later one leaves it out of its estimate.
+  std::vector<std::unique_ptr<wrap::Strategy>> strategies;
   for (const wrap::PrepareStep& step : steps) {
     PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
+    wrap::HandOver(strategies, *strategy);
+    strategies.push_back(std::move(strategy));
+  }
+  wrap::ModelShape seen = shape;
+  for (const std::unique_ptr<wrap::Strategy>& strategy : strategies) {
     wrap::StepEstimate& step_estimate = estimate.steps.emplace_back(strategy->Estimate(seen, mesh));
     const std::vector<wrap::StepEstimate::RankShare>& shares = step_estimate.rank_shares;
     if (!shares.empty()) {

@@ -338,6 +338,56 @@ TEST(EstimateMemoryTest, ExpertThenTensorParallelRanksKeepTheirExpertsAndSlices)
   EXPECT_DOUBLE_EQ(tp[0].bytes_per_step, 2.0 * 1 / 2 * summed * 4);  // an fp32 all-reduce
 }
 
+// Expert parallelism over ep=2, then FSDP over dp=2 sharding the dense parts over dp and ep
+// too (torchtitan's layout): a rank keeps 1/4 of the attention, norms, routers and embeddings
+// and 1/2 of its 4 experts of each layer; expert parallelism averages no gradient over ep, and
+// FSDP's collectives carry each part over its own group.
+TEST(EstimateMemoryTest, DenseShardedOverExpertsKeepsAQuarterOfThem) {
+  const Plan plan = ParseOrDie(R"pb(
+    model { preset: "qwen3-moe-tiny" }
+    mesh {
+      dims { name: "dp" size: 2 }
+      dims { name: "ep" size: 2 }
+    }
+    prepare { expert_parallel { mesh_dim: "ep" } }
+    prepare { fsdp { mesh_dim: "dp" shard_dense_over_mesh_dim: "ep" } }
+    optimizer { adamw {} }
+    schedule {
+      lr: 1e-3
+      constant {}
+    }
+    training { steps: 10 micro_batch: 2 seq_len: 64 eval_batches: 1 }
+  )pb");
+  const models::ModelConfig config = *models::PresetConfig("qwen3-moe-tiny");
+  double total = 0;
+  double dense = 0;
+  double experts = 0;  // those a rank keeps, whole
+  for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
+    const double count = static_cast<double>(parameter.numel());
+    total += count;
+    const std::string& name = parameter.name;
+    if (!absl::StrContains(name, ".experts.")) {
+      dense += count;
+    } else if (absl::StrContains(name, ".experts.0.") || absl::StrContains(name, ".experts.1.") ||
+               absl::StrContains(name, ".experts.2.") || absl::StrContains(name, ".experts.3.")) {
+      experts += count;
+    }
+  }
+  absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(plan, 4));
+  ASSERT_THAT(estimate, IsOk());
+  EXPECT_DOUBLE_EQ(estimate->preparation.parameter_fraction * total, dense / 4 + experts / 2);
+  const std::vector<wrap::Transfer>& ep = estimate->preparation.steps.at(0).transfers;
+  ASSERT_EQ(ep.size(), 1u);  // the routed rows only
+  EXPECT_EQ(ep[0].bytes_per_step, 0.0);
+  const std::vector<wrap::Transfer>& fsdp = estimate->preparation.steps.at(1).transfers;
+  ASSERT_EQ(fsdp.size(), 2u);
+  // Per micro-batch: each part gathered twice (fp32) and its gradients reduce-scattered (fp32).
+  EXPECT_EQ(fsdp[0].mesh_dim, "dp");
+  EXPECT_DOUBLE_EQ(fsdp[0].bytes_per_micro_batch, 1.0 / 2 * experts * 3 * 4);
+  EXPECT_EQ(fsdp[1].mesh_dim, "dp,ep");
+  EXPECT_DOUBLE_EQ(fsdp[1].bytes_per_micro_batch, 3.0 / 4 * dense * 3 * 4);
+}
+
 // The frozen reference model of preference training takes memory too: its parameters, sharded
 // as its own steps say, and the units FSDP gathers for its forward.
 TEST(EstimateMemoryTest, CountsFrozenModels) {

@@ -314,8 +314,9 @@ TEST(CheckpointReshardTest, ACheckpointResumesOnAnotherWorldSizeAndLayout) {
 // A mixture of experts trained on 2 expert-parallel ranks (each keeping 4 of the 8 experts,
 // which its checkpoint names as the model does) resumes on 4 expert-parallel ranks (2 experts
 // each), on 2 expert-parallel x 2 tensor-parallel ranks (sequence parallel: attention split,
-// the experts whole), on 2 FSDP ranks and on 1 rank, each as the straight run: every rank
-// reads the experts it keeps from the ranks that wrote them.
+// the experts whole), on 2 expert-parallel x 2 FSDP ranks with the dense parts sharded over
+// all 4, on 2 FSDP ranks and on 1 rank, each as the straight run: every rank reads the experts
+// it keeps from the ranks that wrote them.
 TEST(CheckpointReshardTest, AMixtureOfExpertsResumesOnAnotherExpertParallelOrDenseLayout) {
   const std::string straight_dir = FreshTestDir("moe_straight");
   const TrainReport straight =
@@ -338,6 +339,17 @@ TEST(CheckpointReshardTest, AMixtureOfExpertsResumesOnAnotherExpertParallelOrDen
     split.set_mesh_dim("tp");
     split.set_sequence_parallel(true);
     ExpectResumeMatches(straight_dir, tp, 4, straight, straight_dir);
+  }
+  {
+    SCOPED_TRACE("2 expert-parallel ranks -> 2 expert-parallel x 2 FSDP ranks, dense over 4");
+    plan::Plan fsdp = ReshardPlan("qwen3_moe_ep", FreshTestDir("moe_ep_fsdp"), 1);
+    parallel::MeshConfig::Dimension& dim = *fsdp.mutable_mesh()->add_dims();
+    dim.set_name("dp");
+    dim.set_size(2);
+    wrap::FsdpConfig& shard = *fsdp.add_prepare()->mutable_fsdp();
+    shard.set_mesh_dim("dp");
+    shard.set_shard_dense_over_mesh_dim("ep");
+    ExpectResumeMatches(straight_dir, fsdp, 4, straight, straight_dir);
   }
   {
     SCOPED_TRACE("2 expert-parallel ranks -> 2 FSDP ranks");

@@ -107,6 +107,9 @@ struct Scenario {
   // Ranks of the "ep" dimension: above 1, expert parallelism, applied before the data-parallel
   // step (its ranks read different data too).
   int ep = 1;
+  // With expert parallelism and FSDP: FSDP shards the parameters that are not experts over
+  // "dp" and "ep" (fsdp.shard_dense_over_mesh_dim), the experts over "dp".
+  bool shard_dense_over_ep = false;
 
   // The ranks of every dimension: the GPUs a run on CUDA needs.
   int world() const { return replicate * ep * ranks * tp; }
@@ -123,15 +126,16 @@ struct TrainingRun {
   std::vector<int64_t> gathered_bytes;   // by rank: whole parameters held after the run
 };
 
-// Bytes `mesh`'s rank sent so far over each of its groups, by "<dimension>.<collective>".
+// Bytes `mesh`'s rank sent so far over each of its groups, by "<dimensions>.<collective>"
+// ("dp.all_gather", "dp,ep.reduce_scatter").
 std::map<std::string, int64_t> BytesSent(const parallel::DeviceMesh& mesh) {
   std::map<std::string, int64_t> sent;
-  for (const std::string& dim : mesh.layout().dim_names()) {
-    const parallel::Communicator& group = **mesh.communicator(dim);
+  for (const parallel::Communicator* group : mesh.communicators()) {
+    const std::string dims = group->name().substr(0, group->name().find('['));
     for (int c = 0; c < parallel::kNumCollectives; ++c) {
       const auto collective = static_cast<parallel::Collective>(c);
-      sent[absl::StrCat(dim, ".", parallel::CollectiveName(collective))] =
-          group.traffic(collective).bytes_sent;
+      sent[absl::StrCat(dims, ".", parallel::CollectiveName(collective))] =
+          group->traffic(collective).bytes_sent;
     }
   }
   return sent;
@@ -349,6 +353,7 @@ TrainingRun Distributed(const Scenario& scenario) {
       FsdpConfig& config = *step.mutable_fsdp();
       config.set_mesh_dim("dp");
       if (scenario.replicate > 1) config.set_replicate_mesh_dim("replicate");
+      if (scenario.shard_dense_over_ep) config.set_shard_dense_over_mesh_dim("ep");
       config.set_reshard_after_forward(scenario.strategy != Strategy::kFsdpNoReshard);
       if (scenario.strategy == Strategy::kFsdpBf16) {
         config.set_param_dtype(base::DTYPE_BFLOAT16);
@@ -460,6 +465,57 @@ void ExpectLoraFsdpCosts(const Scenario& scenario, const TrainingRun& run) {
             micro_batches * (run.trainable_bytes[0] + adapters * int64_t{sizeof(float)}));
 }
 
+// FSDP over dp = 2 sharding the dense parts over ep x dp = 4 sends what the algorithm needs:
+// per micro-batch, each unit's dense part gathered twice (forward and backward) over the 4
+// ranks and its gradients (and one usage flag per parameter) reduce-scattered there, its
+// experts the same over the 2 dp ranks; expert parallelism then averages nothing more. Each
+// rank keeps 1/4 of the dense parameters and 1/2 of its 4 experts of each layer.
+void ExpectDenseShardedOverExpertsCosts(const Scenario& scenario, const TrainingRun& run) {
+  ASSERT_EQ(scenario.ranks, 2);
+  ASSERT_EQ(scenario.ep, 2);
+  struct Group {
+    int ranks;
+    int64_t shard_bytes = 0;
+    int64_t flags = 0;
+  };
+  Group dense{4};
+  Group experts{2};
+  const int64_t experts_per_rank =
+      MakeModel(scenario.variant)->config().num_experts() / scenario.ep;
+  for (const auto& named : MakeModel(scenario.variant)->NamedParameters()) {
+    const bool expert = IsExpertParameter(named.name);
+    // Rank 0 keeps the first experts of each layer ("...experts.3.up_proj.weight").
+    const size_t index_at = named.name.find(kExpertsInName) + sizeof(kExpertsInName) - 1;
+    if (expert && std::stoi(named.name.substr(index_at)) >= experts_per_rank) continue;
+    Group& group = expert ? experts : dense;
+    const torch::Tensor& full = named.parameter;
+    const int64_t rows = full.dim() == 0 ? 1 : full.size(0);
+    group.shard_bytes += (rows + group.ranks - 1) / group.ranks * (full.numel() / rows) *
+                         static_cast<int64_t>(sizeof(float));
+    group.flags += static_cast<int64_t>(sizeof(float));
+  }
+  for (size_t rank = 0; rank < run.trainable_bytes.size(); ++rank) {
+    EXPECT_EQ(run.trainable_bytes[rank], dense.shard_bytes + experts.shard_bytes)
+        << "rank " << rank;
+  }
+  const int64_t micro_batches = kSteps * scenario.micro_steps;
+  std::map<std::string, int64_t> expected;
+  for (const auto& [key, bytes] : run.bytes_sent) expected[key] = 0;
+  expected["ep.all_to_all"] = run.bytes_sent.at("ep.all_to_all");  // the routed rows
+  // The load-balancing loss's routing statistics, summed over both dimensions (the test's own
+  // reductions, RouterLoss): the same bytes on each, none averaging gradients over "ep".
+  expected["dp.all_reduce"] = run.bytes_sent.at("dp.all_reduce");
+  expected["ep.all_reduce"] = run.bytes_sent.at("dp.all_reduce");
+  for (const auto& [dims, group] : {std::pair{"ep,dp", dense}, std::pair{"dp", experts}}) {
+    // Ring collectives: a rank sends (n - 1) of a buffer's n shards.
+    expected[absl::StrCat(dims, ".all_gather")] =
+        micro_batches * 2 * (group.ranks - 1) * group.shard_bytes;
+    expected[absl::StrCat(dims, ".reduce_scatter")] =
+        micro_batches * (group.ranks - 1) * (group.shard_bytes + group.flags);
+  }
+  EXPECT_EQ(run.bytes_sent, expected);
+}
+
 class DataParallelParityTest : public ::testing::TestWithParam<Scenario> {
  protected:
   // The single-process run of each variant, with and without adapters, run once; a mixture
@@ -523,6 +579,7 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
                                 << (got - want).abs().max().item<double>();
   }
   if (GetParam().replicate > 1) ExpectHybridShardingCosts(GetParam(), actual);
+  if (GetParam().shard_dense_over_ep) ExpectDenseShardedOverExpertsCosts(GetParam(), actual);
   if (GetParam().lora && GetParam().strategy == Strategy::kFsdp) {
     ExpectLoraFsdpCosts(GetParam(), actual);
   }
@@ -584,6 +641,12 @@ INSTANTIATE_TEST_SUITE_P(
                  ActivationCheckpointingConfig::POLICY_UNSPECIFIED, false, 2},
         Scenario{"ep_2_x_ddp_2_mixtral_accumulating", Strategy::kDdp, 2, 2, Variant::kMixtral, 1,
                  false, 1, ActivationCheckpointingConfig::POLICY_UNSPECIFIED, false, 2},
+        // torchtitan's layout: the dense parts sharded over dp x ep, the experts over dp.
+        Scenario{"ep_2_x_fsdp_2_qwen3_moe_dense_over_ep", Strategy::kFsdp, 2, 1, Variant::kQwen3Moe,
+                 1, false, 1, ActivationCheckpointingConfig::POLICY_UNSPECIFIED, false, 2, true},
+        Scenario{"ep_2_x_fsdp_2_mixtral_dense_over_ep_accumulating", Strategy::kFsdp, 2, 2,
+                 Variant::kMixtral, 1, false, 1, ActivationCheckpointingConfig::POLICY_UNSPECIFIED,
+                 false, 2, true},
         // Tensor parallelism of a mixture of experts: attention split, the experts whole on
         // every rank (each routing every token, or its slice of the sequence), alone and with
         // expert parallelism on another dimension.

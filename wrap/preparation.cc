@@ -75,6 +75,7 @@ absl::Status Preparation::Apply(const PrepareStep& step) {
   PLAIT_RETURN_IF_ERROR(base::ViolationsToStatus(CheckSteps(
       *rules, steps, field_, std::set<std::string>(names.begin(), names.end()), "the mesh")));
   PLAIT_RETURN_IF_ERROR(base::Annotate(strategy->Apply(model_, mesh_), step_field));
+  HandOver(strategies_, *strategy);
   steps_ = std::move(steps);
   strategies_.push_back(std::move(strategy));
   return absl::OkStatus();

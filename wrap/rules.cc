@@ -1,5 +1,6 @@
 #include "wrap/rules.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
@@ -42,13 +43,16 @@ absl::StatusOr<PreparationRules> ParseRules(absl::string_view text, absl::string
     if (strategy.max_count() <= 0 || strategy.max_count_rule().empty()) {
       problems.push_back(absl::StrCat(field, ": max_count must be > 0, with a max_count_rule"));
     }
-    for (const auto* relations :
-         {&strategy.must_follow(), &strategy.separate_dim(), &strategy.exclusive()}) {
+    for (const auto* relations : {&strategy.must_follow(), &strategy.separate_dim(),
+                                  &strategy.exclusive(), &strategy.lenders()}) {
       for (const Relation& relation : *relations) {
         if (relation.strategy().empty() || relation.rule().empty()) {
           problems.push_back(absl::StrCat(field, ": every relation needs a strategy and a rule"));
         }
       }
+    }
+    if (strategy.lenders().empty() != strategy.borrowed_dim_field().empty()) {
+      problems.push_back(absl::StrCat(field, ": lenders and borrowed_dim_field go together"));
     }
   }
   if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
@@ -89,15 +93,19 @@ std::vector<base::Violation> CheckSteps(
   // The names each step so far goes by in the rules: its strategy's, and its aliases.
   std::vector<std::set<std::string>> step_names;
   std::map<std::string, std::vector<std::pair<std::string, int>>> dim_users;
+  // Each step's strategy and its mesh_dim (empty for a step that failed to parse).
+  std::vector<std::pair<std::string, std::string>> runs_on;
   for (int i = 0; i < steps.size(); ++i) {
     const std::string step_field = absl::StrCat(field, "[", i, "]");
     absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(steps[i]);
     const std::string name = StrategyName(steps[i]);
     std::set<std::string>& names = step_names.emplace_back(std::set<std::string>{name});
+    std::pair<std::string, std::string>& runs = runs_on.emplace_back();
     if (!strategy.ok()) {
       add(step_field, std::string(strategy.status().message()));
       continue;
     }
+    runs = {name, (*strategy)->mesh_dim()};
     for (std::string& alias : (*strategy)->rule_aliases()) names.insert(std::move(alias));
     const StrategyRule* rule = FindStrategy(rules, name);
     if (rule == nullptr) {
@@ -168,6 +176,25 @@ std::vector<base::Violation> CheckSteps(
         }
       }
       dim_users[dim].push_back({name, i});
+    }
+    // A dimension it borrows must be an earlier step's that lends it.
+    const std::string borrowed = (*strategy)->borrowed_dim();
+    if (borrowed.empty()) continue;
+    const auto lent_by = [&](const Relation& lender) {
+      return std::find(runs_on.begin(), runs_on.end() - 1,
+                       std::make_pair(lender.strategy(), borrowed)) != runs_on.end() - 1;
+    };
+    if (rule->lenders().empty()) {
+      add(absl::StrCat(step_field, ".", name),
+          absl::StrCat("borrows dimension \"", borrowed, "\", but the rules name no lender"));
+    } else if (std::none_of(rule->lenders().begin(), rule->lenders().end(), lent_by)) {
+      // The first lender's reason speaks for all.
+      std::vector<std::string> lenders;
+      for (const Relation& lender : rule->lenders()) lenders.push_back(lender.strategy());
+      add(absl::StrCat(step_field, ".", name, ".", rule->borrowed_dim_field()),
+          absl::StrCat("\"", borrowed, "\" is not the mesh_dim of an earlier ",
+                       absl::StrJoin(lenders, " or "), " step: ", rule->lenders(0).why()),
+          rule->lenders(0).rule());
     }
   }
   return violations;

@@ -47,6 +47,12 @@ TEST(ParseRulesTest, RejectsInconsistentRules) {
                        AllOf(HasSubstr("strategies[1].name: \"fsdp\" appears twice"),
                              HasSubstr("strategies[1].effect is not set"),
                              HasSubstr("strategies[1]: max_count must be > 0"))));
+  EXPECT_THAT(ParseRules("strategies { name: \"fsdp\" effect: RESHARDS max_count: 1 "
+                         "max_count_rule: \"once\" lenders { strategy: \"expert_parallel\" "
+                         "rule: \"lend\" } }",
+                         "r.textproto"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("strategies[0]: lenders and borrowed_dim_field go together")));
   EXPECT_THAT(ParseRules("strategies { nme: \"x\" }", "r.textproto"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("r.textproto:1:17")));
 }

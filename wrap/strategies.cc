@@ -53,6 +53,15 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
       absl::StrCat("names no strategy; set one of ", absl::StrJoin(names, ", ")));
 }
 
+void HandOver(const std::vector<std::unique_ptr<Strategy>>& earlier, const Strategy& later) {
+  if (later.borrowed_dim().empty()) return;
+  for (const std::unique_ptr<Strategy>& strategy : earlier) {
+    if (strategy->uses_mesh_dim() && strategy->mesh_dim() == later.borrowed_dim()) {
+      strategy->HandOverReplicated();
+    }
+  }
+}
+
 namespace {
 
 // The dimensions, of `mesh_dims` in their order, of the steps whose strategy `splits` (and

@@ -19,6 +19,10 @@ namespace plait::wrap {
 // its config is invalid, naming the field ("ddp.bucket_cap_mb: ...").
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step);
 
+// Tells each of `earlier` (a plan's steps before `later`) that runs on the dimension `later`
+// borrows that `later` takes over what it keeps whole there (Strategy::HandOverReplicated).
+void HandOver(const std::vector<std::unique_ptr<Strategy>>& earlier, const Strategy& later);
+
 // The mesh dimensions, of `mesh_dims` in their order, whose ranks read different data under
 // `steps`: those of the steps whose strategy splits the batch (FSDP, DDP), replicate
 // dimensions included. A step that names no strategy is left out (the rules report it).

@@ -134,6 +134,8 @@ struct ActivationSplit {
 // while they run (FSDP's prefetched gathers and its reduce-scatters behind the backward, DDP's
 // bucketed all-reduces) or waits for them (tensor parallelism's, between its matmuls).
 struct Transfer {
+  // The dimension, or for a group spanning several (FSDP's dense parts with
+  // shard_dense_over_mesh_dim) their names in mesh order joined by commas: "dp,ep".
   std::string mesh_dim;
   double bytes_per_step = 0.0;
   double bytes_per_micro_batch = 0.0;
@@ -223,6 +225,18 @@ class Strategy {
   // hybrid sharding (FsdpConfig.replicate_mesh_dim, the field the rules name). Its ranks
   // train on different data too. Default: none ("").
   virtual std::string replicate_dim() const { return ""; }
+
+  // A dimension an earlier step runs on that it shards over too, taking over what that step
+  // keeps whole on each of its ranks (FSDP's shard_dense_over_mesh_dim: the parameters expert
+  // parallelism does not split). That step is then told (HandOverReplicated). Default: none.
+  virtual std::string borrowed_dim() const { return ""; }
+
+  // A later step borrows its dimension (borrowed_dim) and shards the parameters this one keeps
+  // whole on each of its ranks: averaging their gradients over the dimension and numbering
+  // their copies are that step's now, and this one leaves both, in UpdateParameters,
+  // FinishGradients and Estimate, which run after this. The rules say which strategies lend
+  // their dimension (rules.proto's lenders). Default: nothing to leave.
+  virtual void HandOverReplicated() {}
 
   // Whether Apply freezes the model's own parameters (LoRA: only its adapters train), so
   // that a run's checkpoints hold no values of them and a resume must take them from where

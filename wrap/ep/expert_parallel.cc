@@ -72,10 +72,12 @@ StepEstimate ExpertParallelStrategy::Estimate(const ModelShape& shape,
   }
   estimate.description = absl::StrFormat(
       "expert_parallel over %s (%d ranks): each rank keeps %d of the %d experts of each "
-      "mixture-of-experts layer and the other %s parameters whole; routed rows go to their "
-      "experts' ranks and back by all-to-alls; gradients averaged over %s after each step",
+      "mixture-of-experts layer and the other %s parameters whole%s; routed rows go to their "
+      "experts' ranks and back by all-to-alls; %s averaged over %s after each step",
       config_.mesh_dim(), ranks, shape.num_experts / ranks, shape.num_experts,
-      base::HumanCount(others), config_.mesh_dim());
+      base::HumanCount(others),
+      others_handed_over_ ? " (a later step shards them over this dimension too)" : "",
+      others_handed_over_ ? "the experts' gradients" : "gradients", config_.mesh_dim());
   if (ranks > 1) {
     // Each token's choices land on another rank's experts (n - 1) / n of the time where the
     // routing is even: its row goes there and its output back, and in backward their gradients.
@@ -92,11 +94,13 @@ StepEstimate ExpertParallelStrategy::Estimate(const ModelShape& shape,
         "per mixture-of-experts block: about %s of routed rows to other ranks' experts and as "
         "much back, forward and again backward (routing spread evenly)",
         base::HumanBytesAnySize(rows * row_bytes)));
-    Transfer gradients;
-    gradients.mesh_dim = config_.mesh_dim();
-    gradients.bytes_per_step = 2.0 * (ranks - 1) / ranks * others * 4.0;
-    gradients.overlaps_compute = false;
-    estimate.transfers.push_back(gradients);
+    if (!others_handed_over_) {
+      Transfer gradients;
+      gradients.mesh_dim = config_.mesh_dim();
+      gradients.bytes_per_step = 2.0 * (ranks - 1) / ranks * others * 4.0;
+      gradients.overlaps_compute = false;
+      estimate.transfers.push_back(gradients);
+    }
   }
   return estimate;
 }
@@ -129,7 +133,7 @@ void ExpertParallelStrategy::UpdateParameters(
   for (parallel::TrainableParameter& parameter : parameters) {
     if (IsExpertParameter(parameter.name)) {
       parameter.sharded_over.push_back(&group_->communicator());
-    } else {
+    } else if (!others_handed_over_) {
       parameter.slice.replica = parameter.slice.replica * group_->size() + group_->rank();
     }
   }
@@ -142,8 +146,10 @@ absl::Status ExpertParallelStrategy::FinishGradients(
       group_->Place(parallel::Pass::kNone, "expert-parallel gradients");
   for (const parallel::TrainableParameter& parameter : trainable) {
     if (!IsExpertParameter(parameter.name)) {
-      PLAIT_RETURN_IF_ERROR(
-          ReduceGradient(parameter, group_->communicator(), parallel::ReduceOp::kAverage));
+      if (!others_handed_over_) {
+        PLAIT_RETURN_IF_ERROR(
+            ReduceGradient(parameter, group_->communicator(), parallel::ReduceOp::kAverage));
+      }
       continue;
     }
     // Already summed over every rank's rows: the average is the sum over the ranks.

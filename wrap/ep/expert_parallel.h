@@ -6,9 +6,12 @@
 // backward, their gradients (each rank's of its own batch) are averaged over the dimension, and
 // the experts' gradients (each already summed over every rank's rows) divided by its size: the
 // step is one process's on the whole batch, as the step's items are counted over the dimension
-// (objectives/step_items.h).
+// (objectives/step_items.h). A later FSDP step may take the other parameters over
+// (fsdp.shard_dense_over_mesh_dim, HandOverReplicated): it shards them over its dimension and
+// this one, and its reduce-scatters average their gradients, which this step then leaves.
 //
 //   prepare { expert_parallel { mesh_dim: "ep" } }   // then FSDP or DDP on another dimension
+//   prepare { fsdp { mesh_dim: "dp" shard_dense_over_mesh_dim: "ep" } }  // torchtitan's layout
 #ifndef PLAIT_WRAP_EP_EXPERT_PARALLEL_H_
 #define PLAIT_WRAP_EP_EXPERT_PARALLEL_H_
 
@@ -42,8 +45,9 @@ class ExpertParallelStrategy final : public Strategy {
   // over the experts) and the gradients' average.
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
+  void HandOverReplicated() override { others_handed_over_ = true; }
   // The experts are split over the dimension; the other parts are replicated over it,
-  // numbered for checkpoints (one writes).
+  // numbered for checkpoints (one writes), unless handed over.
   void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override;
   absl::Status FinishGradients(const std::vector<parallel::TrainableParameter>& trainable) override;
   absl::Status BackwardStatus() const override;
@@ -67,6 +71,8 @@ class ExpertParallelStrategy final : public Strategy {
   std::unique_ptr<ExpertDispatch> dispatch_;
   std::vector<Expert> experts_;  // every expert's parameters, in the model's order
   int64_t experts_per_rank_ = 1;
+  // Whether a later step shards the parameters that are not experts over this dimension.
+  bool others_handed_over_ = false;
 };
 
 }  // namespace plait::wrap::ep

@@ -98,13 +98,15 @@ torch::Tensor Pack(const std::vector<torch::Tensor>& shards, const std::vector<i
 
 }  // namespace
 
-// One unit's parameters. Each rank's part of the unit is one flat buffer of shard_numel
-// elements: the shards of its parameters one after the other. Gathering concatenates the
-// ranks' buffers; parameter i's full rows are then, rank after rank, rows_i rows at
-// offsets[i] of each rank's chunk. Its gradients are laid out the same way over its trainable
-// parameters only (grad_offsets, grad_numel): a frozen parameter's never travel.
-struct Fsdp::Unit {
-  std::string name;
+// The parameters of a unit sharded over one group: all of them, or with
+// shard_dense_over_mesh_dim its dense parameters over the sub-grid and its experts over
+// mesh_dim alone. Each rank's share is one flat buffer of shard_numel elements: the shards of
+// its parameters one after the other. Gathering concatenates the ranks' buffers; parameter i's
+// full rows are then, rank after rank, rows_i rows at offsets[i] of each rank's chunk. Its
+// gradients are laid out the same way over its trainable parameters only (grad_offsets,
+// grad_numel): a frozen parameter's never travel.
+struct Fsdp::Part {
+  parallel::Communicator* group;
   std::vector<std::string> names;
   std::vector<torch::Tensor> parameters;  // the model's, full shape, memory freed when sharded
   std::vector<torch::Tensor> shards;      // fp32 [rows_i, rest...], what the optimizer trains
@@ -115,28 +117,10 @@ struct Fsdp::Unit {
   // a frozen one), and the trainable parameters' elements in it.
   std::vector<int64_t> grad_offsets;
   int64_t grad_numel = 0;
+  int trainable = 0;  // parameters that require a gradient
 
-  enum class State { kSharded, kGathering, kUnsharded };
-  State state = State::kSharded;
   torch::Tensor gather_input, gather_output;
   std::shared_ptr<parallel::Work> gather;
-
-  int stage = 0;              // Wrappable::Unit::stage; the root's is unused
-  int trainable = 0;          // parameters that require a gradient
-  int gradients_pending = 0;  // of those, the ones whose gradient has not arrived
-  // Whether the backward under way runs through it: its reductions are this backward's (a
-  // pipeline rank's backward runs one of its stages).
-  bool in_backward = false;
-  // Whether the gradient of the unit's input is complete in this backward (the hook on the
-  // block before it has fired): then no more of its backward reads its parameters.
-  bool input_gradient_done = false;
-
-  // Whether the gradients of its trainable parameters arriving tells that its backward has
-  // read its parameters for the last time. A parameter's gradient comes from the node that
-  // also computes the gradient of what the parameter multiplied, so when every parameter
-  // trains, the last gradient ends the unit's use of them; a frozen parameter's node (a base
-  // weight under adapters) may run after the unit's trainable gradients are all in.
-  bool gradients_end_backward() const { return trainable == static_cast<int>(parameters.size()); }
   // A rank's reduced gradient rows, then one flag per trainable parameter: above zero when
   // some rank produced its gradient.
   torch::Tensor reduce_output;
@@ -145,7 +129,7 @@ struct Fsdp::Unit {
   // then every flag is above zero and need not be read back from the device.
   bool every_gradient_here = true;
 
-  // The tensors the model's ProjectionOps hold the unit's projections' weights in
+  // The tensors the model's ProjectionOps hold the part's projections' weights in
   // (HeldTensors: QLoRA's NF4 codes and scales), kept as they are: their bytes are sharded by
   // rows as the parameters are, gathered beside them in a collective of their own, freed with
   // them, and never trained.
@@ -177,18 +161,74 @@ struct Fsdp::Unit {
   }
 };
 
+// A block's parameters, or the root's: gathered, freed and reduced together, in one collective
+// each way per part.
+struct Fsdp::Unit {
+  std::string name;
+  std::vector<Part> parts;
+
+  enum class State { kSharded, kGathering, kUnsharded };
+  State state = State::kSharded;
+
+  int stage = 0;              // Wrappable::Unit::stage; the root's is unused
+  int parameters = 0;         // of every part
+  int trainable = 0;          // of those, the ones that require a gradient
+  int gradients_pending = 0;  // of those, the ones whose gradient has not arrived
+  // Whether the backward under way runs through it: its reductions are this backward's (a
+  // pipeline rank's backward runs one of its stages).
+  bool in_backward = false;
+  // Whether the gradient of the unit's input is complete in this backward (the hook on the
+  // block before it has fired): then no more of its backward reads its parameters.
+  bool input_gradient_done = false;
+
+  // Whether the gradients of its trainable parameters arriving tells that its backward has
+  // read its parameters for the last time. A parameter's gradient comes from the node that
+  // also computes the gradient of what the parameter multiplied, so when every parameter
+  // trains, the last gradient ends the unit's use of them; a frozen parameter's node (a base
+  // weight under adapters) may run after the unit's trainable gradients are all in.
+  bool gradients_end_backward() const { return trainable == parameters; }
+
+  // Whether its reduce-scatters have started in this backward and not yet been taken in.
+  bool reducing() const {
+    return std::any_of(parts.begin(), parts.end(),
+                       [](const Part& part) { return part.reduce != nullptr; });
+  }
+
+  // The bytes of its full parameters and held tensors.
+  int64_t ParameterBytes() const {
+    int64_t bytes = 0;
+    for (const Part& part : parts) bytes += part.ParameterBytes();
+    return bytes;
+  }
+};
+
 absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
                                                    parallel::Communicator& communicator,
                                                    parallel::Communicator* replicate,
-                                                   const FsdpConfig& config) {
-  auto fsdp = std::unique_ptr<Fsdp>(new Fsdp(model, communicator, replicate, config));
-  const int n = communicator.size();
-  const int rank = communicator.rank();
+                                                   const FsdpConfig& config,
+                                                   parallel::Communicator* dense) {
+  auto fsdp = std::unique_ptr<Fsdp>(new Fsdp(model, replicate, config));
+  // The group each parameter (or held weight) of `name` is sharded over.
+  const auto group_of = [&](const std::string& name) {
+    return dense != nullptr && !IsExpertParameter(name) ? dense : &communicator;
+  };
+  // Its part of `unit`, added the first time.
+  const auto part_of = [&](Unit& unit, const std::string& name) -> Part& {
+    parallel::Communicator* group = group_of(name);
+    for (Part& part : unit.parts) {
+      if (part.group == group) return part;
+    }
+    Part& part = unit.parts.emplace_back();
+    part.group = group;
+    return part;
+  };
 
   auto add_unit = [&](std::string name, const std::vector<Wrappable::NamedParameter>& named) {
     Unit unit;
     unit.name = std::move(name);
     for (const Wrappable::NamedParameter& parameter : named) {
+      Part& part = part_of(unit, parameter.name);
+      const int n = part.group->size();
       const torch::Tensor& full = parameter.parameter;
       const int64_t full_rows = FullRows(full);
       const int64_t rows = base::CeilDiv(full_rows, n);
@@ -198,20 +238,22 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
       torch::Tensor shard = torch::zeros(shard_shape, full.options().dtype(torch::kFloat32));
       {
         torch::NoGradGuard no_grad;
-        CopyRowsOfRank(full, shard, rows, rank);
+        CopyRowsOfRank(full, shard, rows, part.group->rank());
       }
       // A frozen parameter (a reference model's) stays frozen: no gradient, no optimizer.
       shard.requires_grad_(full.requires_grad());
-      unit.names.push_back(parameter.name);
-      unit.parameters.push_back(full);
-      unit.shards.push_back(shard);
-      unit.rows.push_back(rows);
-      unit.offsets.push_back(unit.shard_numel);
-      unit.shard_numel += shard.numel();
-      unit.grad_offsets.push_back(full.requires_grad() ? unit.grad_numel : -1);
+      part.names.push_back(parameter.name);
+      part.parameters.push_back(full);
+      part.shards.push_back(shard);
+      part.rows.push_back(rows);
+      part.offsets.push_back(part.shard_numel);
+      part.shard_numel += shard.numel();
+      part.grad_offsets.push_back(full.requires_grad() ? part.grad_numel : -1);
+      ++unit.parameters;
       if (full.requires_grad()) {
+        ++part.trainable;
         ++unit.trainable;
-        unit.grad_numel += shard.numel();
+        part.grad_numel += shard.numel();
       }
     }
     fsdp->units_.push_back(std::move(unit));
@@ -223,22 +265,24 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
          block.module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
       const std::vector<torch::Tensor> tensors = ops->HeldTensors(*item.value());
       if (tensors.empty()) continue;
-      Unit::HeldWeight& weight = unit.held_weights.emplace_back();
-      weight.name = absl::StrCat(block.name, ".", item.key(), ".weight");
+      const std::string name = absl::StrCat(block.name, ".", item.key(), ".weight");
+      Part& part = part_of(unit, name);
+      Part::HeldWeight& weight = part.held_weights.emplace_back();
+      weight.name = name;
       weight.projection = item.value().get();
       for (const torch::Tensor& tensor : tensors) {
         torch::NoGradGuard no_grad;
         tensor.set_data(tensor.clone(at::MemoryFormat::Contiguous));
         const torch::Tensor bytes = BytesOf(tensor);
-        const int64_t rows = base::CeilDiv(bytes.numel(), n);
+        const int64_t rows = base::CeilDiv(bytes.numel(), part.group->size());
         torch::Tensor shard = torch::zeros({rows}, bytes.options());
-        CopyRowsOfRank(bytes, shard, rows, rank);
-        weight.tensors.push_back(unit.held.size());
-        unit.held.push_back(tensor);
-        unit.held_shards.push_back(shard);
-        unit.held_rows.push_back(rows);
-        unit.held_offsets.push_back(unit.held_numel);
-        unit.held_numel += rows;
+        CopyRowsOfRank(bytes, shard, rows, part.group->rank());
+        weight.tensors.push_back(part.held.size());
+        part.held.push_back(tensor);
+        part.held_shards.push_back(shard);
+        part.held_rows.push_back(rows);
+        part.held_offsets.push_back(part.held_numel);
+        part.held_numel += rows;
       }
     }
   };
@@ -255,7 +299,7 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
   // Hook unit i is units_[i] and the root is units_.back(), so that every unit has a
   // collective of its own.
   for (const Unit& unit : fsdp->units_) {
-    if (unit.parameters.empty()) {
+    if (unit.parameters == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("fsdp: unit ", unit.name,
                        " has no parameters; every block and the root need one to be an FSDP unit"));
@@ -266,19 +310,21 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
   // it back, contiguous, when a unit computes. A parameter that is a view without memory of
   // its own (a model built for deferred initialisation) gets a contiguous layout first.
   for (Unit& unit : fsdp->units_) {
-    for (torch::Tensor& parameter : unit.parameters) {
-      if (parameter.scalar_type() != fsdp->param_dtype_ || !parameter.is_contiguous()) {
-        parameter.set_data(
-            torch::empty(parameter.sizes(), parameter.options().dtype(fsdp->param_dtype_)));
-      }
-      internal::FreeStorage(parameter);
-    }
-    for (const torch::Tensor& tensor : unit.held) internal::FreeStorage(tensor);
     const int index = static_cast<int>(&unit - fsdp->units_.data());
-    for (const torch::Tensor& parameter : unit.parameters) {
-      if (!parameter.requires_grad()) continue;
-      fsdp->hooks_.push_back(internal::AddPostAccumulateHook(
-          parameter, [fsdp = fsdp.get(), index] { fsdp->OnGradientAccumulated(index); }));
+    for (Part& part : unit.parts) {
+      for (torch::Tensor& parameter : part.parameters) {
+        if (parameter.scalar_type() != fsdp->param_dtype_ || !parameter.is_contiguous()) {
+          parameter.set_data(
+              torch::empty(parameter.sizes(), parameter.options().dtype(fsdp->param_dtype_)));
+        }
+        internal::FreeStorage(parameter);
+      }
+      for (const torch::Tensor& tensor : part.held) internal::FreeStorage(tensor);
+      for (const torch::Tensor& parameter : part.parameters) {
+        if (!parameter.requires_grad()) continue;
+        fsdp->hooks_.push_back(internal::AddPostAccumulateHook(
+            parameter, [fsdp = fsdp.get(), index] { fsdp->OnGradientAccumulated(index); }));
+      }
     }
   }
   Fsdp* self = fsdp.get();
@@ -289,10 +335,8 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
   return fsdp;
 }
 
-Fsdp::Fsdp(Wrappable& model, parallel::Communicator& communicator,
-           parallel::Communicator* replicate, const FsdpConfig& config)
+Fsdp::Fsdp(Wrappable& model, parallel::Communicator* replicate, const FsdpConfig& config)
     : model_(model),
-      communicator_(communicator),
       replicate_(replicate),
       reshard_after_forward_(!config.has_reshard_after_forward() ||
                              config.reshard_after_forward()) {
@@ -317,30 +361,33 @@ std::vector<parallel::TrainableParameter> Fsdp::TrainableParameters() {
 
 std::vector<parallel::TrainableParameter> Fsdp::Shards() {
   std::vector<parallel::TrainableParameter> parameters;
-  const int rank = communicator_.rank();
   for (const Unit& unit : units_) {
-    for (size_t i = 0; i < unit.shards.size(); ++i) {
-      const torch::Tensor& full = unit.parameters[i];
-      parallel::TensorSlice slice = parallel::TensorSlice::Whole(full.sizes());
-      if (full.dim() == 0) {
-        // A scalar is rank 0's one row; the other ranks' row is padding: marked as replicas,
-        // they never save it.
-        slice.replica = rank;
-      } else {
-        const RankRows mine = RowsOfRank(FullRows(full), unit.rows[i], rank);
-        slice = slice.Narrow(0, mine.first, mine.count);
+    for (const Part& part : unit.parts) {
+      const int rank = part.group->rank();
+      for (size_t i = 0; i < part.shards.size(); ++i) {
+        const torch::Tensor& full = part.parameters[i];
+        parallel::TensorSlice slice = parallel::TensorSlice::Whole(full.sizes());
+        if (full.dim() == 0) {
+          // A scalar is rank 0's one row; the other ranks' row is padding: marked as replicas,
+          // they never save it.
+          slice.replica = rank;
+        } else {
+          const RankRows mine = RowsOfRank(FullRows(full), part.rows[i], rank);
+          slice = slice.Narrow(0, mine.first, mine.count);
+        }
+        if (replicate_ != nullptr) {
+          slice.replica = slice.replica * replicate_->size() + replicate_->rank();
+        }
+        parameters.push_back({part.names[i], part.shards[i], {part.group}, 1, slice});
       }
-      if (replicate_ != nullptr) {
-        slice.replica = slice.replica * replicate_->size() + replicate_->rank();
-      }
-      parameters.push_back({unit.names[i], unit.shards[i], {&communicator_}, 1, slice});
     }
   }
   return parameters;
 }
 
-int64_t Fsdp::replica_count() const {
-  return int64_t{communicator_.size()} * (replicate_ != nullptr ? replicate_->size() : 1);
+int64_t Fsdp::replica_count(const parallel::TrainableParameter& shard) const {
+  return int64_t{shard.sharded_over.front()->size()} *
+         (replicate_ != nullptr ? replicate_->size() : 1);
 }
 
 int Fsdp::num_blocks() const { return static_cast<int>(units_.size()) - 1; }
@@ -368,12 +415,16 @@ parallel::StepPlace Fsdp::PlaceOf(const Unit& unit, const char* purpose) const {
 void Fsdp::StartGather(Unit& unit) {
   if (unit.state != Unit::State::kSharded) return;
   torch::NoGradGuard no_grad;
-  const parallel::ScopedPlace place(communicator_, PlaceOf(unit, kUnitPurpose));
-  unit.gather_input = unit.PackShards(param_dtype_);
-  unit.gather_output =
-      torch::empty({unit.shard_numel * communicator_.size()}, unit.gather_input.options());
-  unit.gather = communicator_.AllGather(unit.gather_input, unit.gather_output);
-  StartHeldGather(unit);
+  for (Part& part : unit.parts) {
+    const parallel::ScopedPlace place(*part.group, PlaceOf(unit, kUnitPurpose));
+    if (!part.parameters.empty()) {
+      part.gather_input = part.PackShards(param_dtype_);
+      part.gather_output =
+          torch::empty({part.shard_numel * part.group->size()}, part.gather_input.options());
+      part.gather = part.group->AllGather(part.gather_input, part.gather_output);
+    }
+    StartHeldGather(part);
+  }
   unit.state = Unit::State::kGathering;
   // Counted from here: a prefetched unit's full parameters are alive from now on.
   unsharded_bytes_ += unit.ParameterBytes();
@@ -383,51 +434,56 @@ void Fsdp::StartGather(Unit& unit) {
 void Fsdp::Unshard(Unit& unit) {
   if (unit.state == Unit::State::kUnsharded) return;
   StartGather(unit);
-  // On failure the parameters are refilled with whatever the buffer holds, so that the
-  // forward still has memory to read; the error is reported by last_status().
-  if (absl::Status status = unit.gather->Wait(); !status.ok()) Fail(status);
-  const int n = communicator_.size();
-  const torch::Tensor by_rank = unit.gather_output.view({n, unit.shard_numel});
-  for (size_t i = 0; i < unit.parameters.size(); ++i) {
-    CopyBetweenFullAndRanks(internal::RestoreStorage(unit.parameters[i]), by_rank, unit.offsets[i],
-                            unit.rows[i], Direction::kIntoFull);
+  for (Part& part : unit.parts) {
+    if (part.gather != nullptr) {
+      // On failure the parameters are refilled with whatever the buffer holds, so that the
+      // forward still has memory to read; the error is reported by last_status().
+      if (absl::Status status = part.gather->Wait(); !status.ok()) Fail(status);
+      const torch::Tensor by_rank = part.gather_output.view({part.group->size(), part.shard_numel});
+      for (size_t i = 0; i < part.parameters.size(); ++i) {
+        CopyBetweenFullAndRanks(internal::RestoreStorage(part.parameters[i]), by_rank,
+                                part.offsets[i], part.rows[i], Direction::kIntoFull);
+      }
+      part.gather_input = torch::Tensor();
+      part.gather_output = torch::Tensor();
+      part.gather.reset();
+    }
+    FinishHeldGather(part);
   }
-  unit.gather_input = torch::Tensor();
-  unit.gather_output = torch::Tensor();
-  unit.gather.reset();
-  FinishHeldGather(unit);
   unit.state = Unit::State::kUnsharded;
 }
 
-void Fsdp::StartHeldGather(Unit& unit) {
-  if (unit.held_numel == 0) return;
-  unit.held_gather_input =
-      Pack(unit.held_shards, unit.held_offsets, unit.held_numel, unit.held_shards[0].options());
-  unit.held_gather_output =
-      torch::empty({unit.held_numel * communicator_.size()}, unit.held_gather_input.options());
-  unit.held_gather = communicator_.AllGather(unit.held_gather_input, unit.held_gather_output);
+void Fsdp::StartHeldGather(Part& part) {
+  if (part.held_numel == 0) return;
+  part.held_gather_input =
+      Pack(part.held_shards, part.held_offsets, part.held_numel, part.held_shards[0].options());
+  part.held_gather_output =
+      torch::empty({part.held_numel * part.group->size()}, part.held_gather_input.options());
+  part.held_gather = part.group->AllGather(part.held_gather_input, part.held_gather_output);
 }
 
-void Fsdp::FinishHeldGather(Unit& unit) {
-  if (unit.held_gather == nullptr) return;
+void Fsdp::FinishHeldGather(Part& part) {
+  if (part.held_gather == nullptr) return;
   // As Unshard's parameters: on failure the tensors get whatever the buffer holds.
-  if (absl::Status status = unit.held_gather->Wait(); !status.ok()) Fail(status);
+  if (absl::Status status = part.held_gather->Wait(); !status.ok()) Fail(status);
   const torch::Tensor bytes_by_rank =
-      unit.held_gather_output.view({communicator_.size(), unit.held_numel});
-  for (size_t i = 0; i < unit.held.size(); ++i) {
-    CopyBetweenFullAndRanks(BytesOf(internal::RestoreStorage(unit.held[i])), bytes_by_rank,
-                            unit.held_offsets[i], unit.held_rows[i], Direction::kIntoFull);
+      part.held_gather_output.view({part.group->size(), part.held_numel});
+  for (size_t i = 0; i < part.held.size(); ++i) {
+    CopyBetweenFullAndRanks(BytesOf(internal::RestoreStorage(part.held[i])), bytes_by_rank,
+                            part.held_offsets[i], part.held_rows[i], Direction::kIntoFull);
   }
-  unit.held_gather_input = torch::Tensor();
-  unit.held_gather_output = torch::Tensor();
-  unit.held_gather.reset();
+  part.held_gather_input = torch::Tensor();
+  part.held_gather_output = torch::Tensor();
+  part.held_gather.reset();
 }
 
 void Fsdp::Reshard(Unit& unit) {
   if (unit.state == Unit::State::kGathering) Unshard(unit);  // settle the collective first
   if (unit.state != Unit::State::kUnsharded) return;
-  for (const torch::Tensor& parameter : unit.parameters) internal::FreeStorage(parameter);
-  for (const torch::Tensor& tensor : unit.held) internal::FreeStorage(tensor);
+  for (const Part& part : unit.parts) {
+    for (const torch::Tensor& parameter : part.parameters) internal::FreeStorage(parameter);
+    for (const torch::Tensor& tensor : part.held) internal::FreeStorage(tensor);
+  }
   unit.state = Unit::State::kSharded;
   unsharded_bytes_ -= unit.ParameterBytes();
 }
@@ -448,9 +504,11 @@ void Fsdp::BeforeForward(int hook_unit) {
       // The last backward never reached its end (it threw): its gradients are incomplete.
       // Settle its collectives, so every rank is in step again, and report it.
       for (Unit& unit : units_) {
-        if (unit.reduce != nullptr) unit.reduce->Wait().IgnoreError();
-        unit.reduce.reset();
-        unit.reduce_output = torch::Tensor();
+        for (Part& part : unit.parts) {
+          if (part.reduce != nullptr) part.reduce->Wait().IgnoreError();
+          part.reduce.reset();
+          part.reduce_output = torch::Tensor();
+        }
         Reshard(unit);
       }
       reducing_.clear();
@@ -540,45 +598,48 @@ void Fsdp::OnGradientAccumulated(int index) {
   if (unit.gradients_end_backward() || unit.input_gradient_done) Reshard(unit);
 }
 
-// Every rank's chunk of the input holds, for each trainable parameter, that rank's rows of
-// the full gradient (zero for padding rows and for parameters without a gradient), then a
+// Every rank's chunk of a part's input holds, for each trainable parameter, that rank's rows
+// of the full gradient (zero for padding rows and for parameters without a gradient), then a
 // flag per trainable parameter, 1 where this rank has its gradient: reduced, the flags tell
 // every rank which parameters some rank used, and the others get no gradient, as in one
 // process. Frozen parameters have no place in it.
 void Fsdp::StartReduceScatter(Unit& unit) {
   torch::NoGradGuard no_grad;
-  const int n = communicator_.size();
-  const int64_t flags = unit.trainable;
-  torch::Tensor input =
-      torch::zeros({n, unit.grad_numel + flags}, unit.shards[0].options().dtype(reduce_dtype_));
-  unit.every_gradient_here = true;
-  int64_t flag = 0;
-  for (size_t i = 0; i < unit.parameters.size(); ++i) {
-    if (unit.grad_offsets[i] < 0) continue;  // frozen
-    torch::Tensor& parameter = unit.parameters[i];
-    const torch::Tensor grad = parameter.grad();
-    const int64_t own_flag = flag++;
-    if (!grad.defined()) {
-      unit.every_gradient_here = false;
-      continue;
+  for (Part& part : unit.parts) {
+    if (part.trainable == 0) continue;
+    const int n = part.group->size();
+    const int64_t flags = part.trainable;
+    torch::Tensor input =
+        torch::zeros({n, part.grad_numel + flags}, part.shards[0].options().dtype(reduce_dtype_));
+    part.every_gradient_here = true;
+    int64_t flag = 0;
+    for (size_t i = 0; i < part.parameters.size(); ++i) {
+      if (part.grad_offsets[i] < 0) continue;  // frozen
+      torch::Tensor& parameter = part.parameters[i];
+      const torch::Tensor grad = parameter.grad();
+      const int64_t own_flag = flag++;
+      if (!grad.defined()) {
+        part.every_gradient_here = false;
+        continue;
+      }
+      input.select(1, part.grad_numel + own_flag).fill_(1);
+      CopyBetweenFullAndRanks(grad.contiguous(), input, part.grad_offsets[i], part.rows[i],
+                              Direction::kOutOfFull);
+      parameter.mutable_grad().reset();  // the full gradient is not needed any more
     }
-    input.select(1, unit.grad_numel + own_flag).fill_(1);
-    CopyBetweenFullAndRanks(grad.contiguous(), input, unit.grad_offsets[i], unit.rows[i],
-                            Direction::kOutOfFull);
-    parameter.mutable_grad().reset();  // the full gradient is not needed any more
-  }
-  unit.reduce_output = torch::empty({unit.grad_numel + flags}, input.options());
-  const parallel::ScopedPlace place(communicator_, PlaceOf(unit, kUnitPurpose));
-  unit.reduce = communicator_.ReduceScatter(input.view({-1}), unit.reduce_output,
+    part.reduce_output = torch::empty({part.grad_numel + flags}, input.options());
+    const parallel::ScopedPlace place(*part.group, PlaceOf(unit, kUnitPurpose));
+    part.reduce = part.group->ReduceScatter(input.view({-1}), part.reduce_output,
                                             parallel::ReduceOp::kAverage);
+  }
   // The units whose reduce-scatters started before this one's have had a block's backward to
   // finish them in.
   SettleEarlierReduces();
   reducing_.push_back(&unit);
 }
 
-// Waits for each reducing unit's reduce-scatter, so that its input, the unit's whole gradient
-// in reduce_dtype, is freed now: a Work holds its tensors until it is waited for (an
+// Waits for each reducing unit's reduce-scatters, so that their inputs, the unit's whole
+// gradient in reduce_dtype, are freed now: a Work holds its tensors until it is waited for (an
 // NcclWork, so that the caching allocator cannot hand out memory NCCL still reads), and
 // waiting for all of them only at the end of the backward would keep every unit's whole
 // gradient alive at once. With a replicate group, each result (the averaged gradient shards
@@ -587,13 +648,16 @@ void Fsdp::StartReduceScatter(Unit& unit) {
 // same order, that of the reduce-scatters.
 void Fsdp::SettleEarlierReduces() {
   for (Unit* unit : reducing_) {
-    if (absl::Status status = unit->reduce->Wait(); !status.ok()) {
-      Fail(status);  // its `reduce` keeps the failure, which FinishBackward finds
-      continue;
-    }
-    if (replicate_ != nullptr) {
-      const parallel::ScopedPlace place(*replicate_, PlaceOf(*unit, kReplicasPurpose));
-      unit->reduce = replicate_->AllReduce(unit->reduce_output, parallel::ReduceOp::kAverage);
+    for (Part& part : unit->parts) {
+      if (part.reduce == nullptr) continue;
+      if (absl::Status status = part.reduce->Wait(); !status.ok()) {
+        Fail(status);  // its `reduce` keeps the failure, which FinishBackward finds
+        continue;
+      }
+      if (replicate_ != nullptr) {
+        const parallel::ScopedPlace place(*replicate_, PlaceOf(*unit, kReplicasPurpose));
+        part.reduce = replicate_->AllReduce(part.reduce_output, parallel::ReduceOp::kAverage);
+      }
     }
   }
   reducing_.clear();
@@ -605,43 +669,42 @@ void Fsdp::FinishBackward() {
     // A unit of this backward with a trainable parameter that got no gradient has not reduced
     // yet; every rank has the same model and runs the same stage, so every rank starts the
     // same reductions here, in unit order.
-    if (unit.in_backward && unit.trainable > 0 && unit.reduce == nullptr) {
-      StartReduceScatter(unit);
-    }
+    if (unit.in_backward && unit.trainable > 0 && !unit.reducing()) StartReduceScatter(unit);
   }
   SettleEarlierReduces();  // with a replicate group, the last units' all-reduces start
   for (Unit& unit : units_) {
-    if (unit.reduce != nullptr) {
-      absl::Status status = unit.reduce->Wait();
-      unit.reduce.reset();
+    for (Part& part : unit.parts) {
+      if (part.reduce == nullptr) continue;
+      absl::Status status = part.reduce->Wait();
+      part.reduce.reset();
       if (status.ok()) {
-        AccumulateShardGradients(unit);
+        AccumulateShardGradients(part);
       } else {
         Fail(status);
       }
-      unit.reduce_output = torch::Tensor();
+      part.reduce_output = torch::Tensor();
     }
     Reshard(unit);
   }
   backward_started_ = false;
 }
 
-void Fsdp::AccumulateShardGradients(Unit& unit) {
+void Fsdp::AccumulateShardGradients(Part& part) {
   // Reading the flags waits for the device, so they are read only when this rank lacks a
   // gradient (a parameter unused here), which another rank may have; in a usual step every
   // rank has every gradient.
   const torch::Tensor used_by_any =
-      unit.every_gradient_here ? torch::Tensor()
-                               : unit.reduce_output.narrow(0, unit.grad_numel, unit.trainable)
+      part.every_gradient_here ? torch::Tensor()
+                               : part.reduce_output.narrow(0, part.grad_numel, part.trainable)
                                      .to(torch::kCPU, torch::kFloat32);
   int64_t flag = 0;
-  for (size_t i = 0; i < unit.shards.size(); ++i) {
-    torch::Tensor& shard = unit.shards[i];
-    if (unit.grad_offsets[i] < 0) continue;  // frozen
+  for (size_t i = 0; i < part.shards.size(); ++i) {
+    torch::Tensor& shard = part.shards[i];
+    if (part.grad_offsets[i] < 0) continue;  // frozen
     const int64_t own_flag = flag++;
     if (used_by_any.defined() && used_by_any[own_flag].item<float>() == 0.0f) continue;
     const torch::Tensor grad =
-        unit.reduce_output.narrow(0, unit.grad_offsets[i], shard.numel()).view(shard.sizes());
+        part.reduce_output.narrow(0, part.grad_offsets[i], shard.numel()).view(shard.sizes());
     if (shard.grad().defined()) {
       shard.mutable_grad().add_(grad);  // gradient accumulation over micro-steps
     } else {
@@ -653,33 +716,38 @@ void Fsdp::AccumulateShardGradients(Unit& unit) {
 
 absl::StatusOr<std::map<std::string, torch::Tensor>> Fsdp::FullStateDict() {
   std::map<std::string, torch::Tensor> state;
-  const int n = communicator_.size();
   torch::NoGradGuard no_grad;
   for (Unit& unit : units_) {
-    const torch::Tensor input = unit.PackShards(torch::kFloat32);
-    torch::Tensor output = torch::empty({unit.shard_numel * n}, input.options());
-    PLAIT_RETURN_IF_ERROR(communicator_.AllGather(input, output)->Wait());
-    const torch::Tensor by_rank = output.view({n, unit.shard_numel});
-    for (size_t i = 0; i < unit.parameters.size(); ++i) {
-      torch::Tensor full = torch::empty(unit.parameters[i].sizes(), input.options());
-      CopyBetweenFullAndRanks(full, by_rank, unit.offsets[i], unit.rows[i], Direction::kIntoFull);
-      state[unit.names[i]] = std::move(full);
+    for (Part& part : unit.parts) {
+      if (!part.parameters.empty()) {
+        const int n = part.group->size();
+        const torch::Tensor input = part.PackShards(torch::kFloat32);
+        torch::Tensor output = torch::empty({part.shard_numel * n}, input.options());
+        PLAIT_RETURN_IF_ERROR(part.group->AllGather(input, output)->Wait());
+        const torch::Tensor by_rank = output.view({n, part.shard_numel});
+        for (size_t i = 0; i < part.parameters.size(); ++i) {
+          torch::Tensor full = torch::empty(part.parameters[i].sizes(), input.options());
+          CopyBetweenFullAndRanks(full, by_rank, part.offsets[i], part.rows[i],
+                                  Direction::kIntoFull);
+          state[part.names[i]] = std::move(full);
+        }
+      }
+      if (part.held_weights.empty()) continue;
+      // The held weights as the ops compute with them, from their bytes gathered for a moment.
+      ProjectionOps* ops = model_.projection_ops();
+      if (ops == nullptr) {
+        return absl::InternalError(absl::StrCat(
+            "fsdp: unit ", unit.name, " holds weights for projection ops, which are gone"));
+      }
+      Reshard(unit);  // the held tensors are freed again below: the unit must be sharded
+      StartHeldGather(part);
+      FinishHeldGather(part);
+      PLAIT_RETURN_IF_ERROR(status_);
+      for (const Part::HeldWeight& weight : part.held_weights) {
+        state[weight.name] = ops->Weight(*weight.projection, torch::Tensor()).clone();
+      }
+      for (const torch::Tensor& tensor : part.held) internal::FreeStorage(tensor);
     }
-    if (unit.held_weights.empty()) continue;
-    // The held weights as the ops compute with them, from their bytes gathered for a moment.
-    ProjectionOps* ops = model_.projection_ops();
-    if (ops == nullptr) {
-      return absl::InternalError(absl::StrCat("fsdp: unit ", unit.name,
-                                              " holds weights for projection ops, which are gone"));
-    }
-    Reshard(unit);  // the held tensors are freed again below: the unit must be sharded
-    StartHeldGather(unit);
-    FinishHeldGather(unit);
-    PLAIT_RETURN_IF_ERROR(status_);
-    for (const Unit::HeldWeight& weight : unit.held_weights) {
-      state[weight.name] = ops->Weight(*weight.projection, torch::Tensor()).clone();
-    }
-    for (const torch::Tensor& tensor : unit.held) internal::FreeStorage(tensor);
   }
   return state;
 }
@@ -687,19 +755,22 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> Fsdp::FullStateDict() {
 std::function<void(const torch::Tensor&)> Fsdp::StoreIntoShards(
     const std::string& name, std::function<void(const torch::Tensor&)> store) {
   for (Unit& unit : units_) {
-    for (const Unit::HeldWeight& weight : unit.held_weights) {
-      if (weight.name != name) continue;
-      return [this, &unit, &weight, store = std::move(store)](const torch::Tensor& values) {
-        Reshard(unit);  // a gathered unit would keep computing with the old values
-        for (size_t i : weight.tensors) internal::RestoreStorage(unit.held[i]);
-        store(values);
-        torch::NoGradGuard no_grad;
-        for (size_t i : weight.tensors) {
-          CopyRowsOfRank(BytesOf(unit.held[i]), unit.held_shards[i], unit.held_rows[i],
-                         communicator_.rank());
-          internal::FreeStorage(unit.held[i]);
-        }
-      };
+    for (Part& part : unit.parts) {
+      for (const Part::HeldWeight& weight : part.held_weights) {
+        if (weight.name != name) continue;
+        return
+            [this, &unit, &part, &weight, store = std::move(store)](const torch::Tensor& values) {
+              Reshard(unit);  // a gathered unit would keep computing with the old values
+              for (size_t i : weight.tensors) internal::RestoreStorage(part.held[i]);
+              store(values);
+              torch::NoGradGuard no_grad;
+              for (size_t i : weight.tensors) {
+                CopyRowsOfRank(BytesOf(part.held[i]), part.held_shards[i], part.held_rows[i],
+                               part.group->rank());
+                internal::FreeStorage(part.held[i]);
+              }
+            };
+      }
     }
   }
   return store;
@@ -708,26 +779,29 @@ std::function<void(const torch::Tensor&)> Fsdp::StoreIntoShards(
 absl::Status Fsdp::LoadFullStateDict(const std::map<std::string, torch::Tensor>& state) {
   // Every entry is checked before anything changes, so an error leaves the model as it was.
   for (const Unit& unit : units_) {
-    for (size_t i = 0; i < unit.parameters.size(); ++i) {
-      auto it = state.find(unit.names[i]);
-      if (it == state.end()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("full state dict: no tensor for parameter ", unit.names[i]));
-      }
-      if (it->second.sizes() != unit.parameters[i].sizes()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "full state dict: ", unit.names[i], " has shape ", c10::str(it->second.sizes()),
-            ", the parameter's is ", c10::str(unit.parameters[i].sizes())));
+    for (const Part& part : unit.parts) {
+      for (size_t i = 0; i < part.parameters.size(); ++i) {
+        auto it = state.find(part.names[i]);
+        if (it == state.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("full state dict: no tensor for parameter ", part.names[i]));
+        }
+        if (it->second.sizes() != part.parameters[i].sizes()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "full state dict: ", part.names[i], " has shape ", c10::str(it->second.sizes()),
+              ", the parameter's is ", c10::str(part.parameters[i].sizes())));
+        }
       }
     }
   }
   torch::NoGradGuard no_grad;
-  const int rank = communicator_.rank();
   for (Unit& unit : units_) {
     Reshard(unit);  // a gathered unit would keep computing with the old values
-    for (size_t i = 0; i < unit.parameters.size(); ++i) {
-      unit.shards[i].zero_();
-      CopyRowsOfRank(state.at(unit.names[i]), unit.shards[i], unit.rows[i], rank);
+    for (Part& part : unit.parts) {
+      for (size_t i = 0; i < part.parameters.size(); ++i) {
+        part.shards[i].zero_();
+        CopyRowsOfRank(state.at(part.names[i]), part.shards[i], part.rows[i], part.group->rank());
+      }
     }
   }
   return absl::OkStatus();
@@ -756,19 +830,45 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
   const bool hybrid = !config_.replicate_mesh_dim().empty();
   const int replicas =
       hybrid ? static_cast<int>(parallel::SubmeshRanks(mesh, {config_.replicate_mesh_dim()})) : 1;
+  // With shard_dense_over_mesh_dim, the share of the parameters (of those a rank holds) that
+  // are not experts, sharded over both dimensions; the experts over mesh_dim alone.
+  const bool borrows = !borrowed_dim().empty();
+  const int dense_size = static_cast<int>(
+      parallel::SubmeshRanks(mesh, {config_.mesh_dim(), borrows ? borrowed_dim() : ""}));
+  double dense_share = 0.0;
+  if (borrows) {
+    double dense = 0.0;
+    double all = 0.0;
+    for (const ModelShape::Parameter& parameter : shape.parameter_list) {
+      all += parameter.numel();
+      if (!IsExpertParameter(parameter.name)) dense += parameter.numel();
+    }
+    dense_share = all > 0 ? dense / all : 0.0;
+  }
+  std::string dense_dims;  // the dimensions the dense parts are sharded over, in mesh order
+  for (const parallel::MeshConfig::Dimension& dim : mesh.dims()) {
+    if (borrows && (dim.name() == config_.mesh_dim() || dim.name() == borrowed_dim())) {
+      absl::StrAppend(&dense_dims, dense_dims.empty() ? "" : ",", dim.name());
+    }
+  }
   const int64_t units = shape.num_blocks + 1;  // the blocks and the root
   StepEstimate estimate;
   estimate.description = absl::StrFormat(
       "fsdp over %s (%d ranks): %d units (%d blocks and the root), each rank keeps 1/%d of %s "
-      "parameters and gathers one unit at a time (prefetching the next)%s%s",
-      config_.mesh_dim(), dim_size, units, units - 1, dim_size, base::HumanCount(shape.parameters),
+      "parameters%s and gathers one unit at a time (prefetching the next)%s%s",
+      config_.mesh_dim(), dim_size, units, units - 1, dim_size,
+      base::HumanCount(shape.parameters * (1.0 - dense_share)),
+      borrows
+          ? absl::StrFormat(" (the experts) and 1/%d of the other %s (sharded over %s)", dense_size,
+                            base::HumanCount(shape.parameters * dense_share), dense_dims)
+          : "",
       reshard ? "" : ", keeping it until its backward",
       hybrid ? absl::StrFormat("; hybrid sharding: the shards replicated over %s (%d ranks), "
                                "each unit's gradient shards all-reduced across it after their "
                                "reduce-scatter",
                                config_.replicate_mesh_dim(), replicas)
              : "");
-  estimate.parameter_fraction = 1.0 / dim_size;
+  estimate.parameter_fraction = (1.0 - dense_share) / dim_size + dense_share / dense_size;
   const double gathered_bytes_per_element =
       config_.param_dtype() == base::DTYPE_UNSPECIFIED
           ? shape.parameter_bytes
@@ -780,24 +880,30 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
                : shape.parameters) *
       gathered_bytes_per_element;
   // Every micro-batch gathers each unit for its forward (and again for its backward when
-  // resharded after forward) and reduce-scatters its trainable parameters' gradients, then
-  // all-reduces those gradient shards across the replicas.
-  const double ring = static_cast<double>(dim_size - 1) / dim_size;
-  const double replica_ring = static_cast<double>(replicas - 1) / replicas;
+  // resharded after forward) and reduce-scatters its trainable parameters' gradients, over
+  // each group its parts are sharded over, then all-reduces those gradient shards across the
+  // replicas.
   const double reduce_bytes_per_element =
       c10::elementSize(base::ToScalarType(config_.reduce_dtype(), torch::kFloat32));
   estimate.kept_parameter_bytes = sizeof(float);  // the shards, whatever the model's dtype
   estimate.kept_gradient_bytes = reduce_bytes_per_element;
-  estimate.transfers.push_back(
-      {.mesh_dim = config_.mesh_dim(),
-       .bytes_per_micro_batch =
-           ring * (shape.parameters * (reshard ? 2 : 1) * gathered_bytes_per_element +
-                   shape.TrainableParameters() * reduce_bytes_per_element)});
+  const auto unit_collectives = [&](const std::string& dims, int ranks, double share) {
+    const double ring = static_cast<double>(ranks - 1) / ranks;
+    estimate.transfers.push_back(
+        {.mesh_dim = dims,
+         .bytes_per_micro_batch =
+             ring * share *
+             (shape.parameters * (reshard ? 2 : 1) * gathered_bytes_per_element +
+              shape.TrainableParameters() * reduce_bytes_per_element)});
+  };
+  unit_collectives(config_.mesh_dim(), dim_size, 1.0 - dense_share);
+  if (borrows) unit_collectives(dense_dims, dense_size, dense_share);
   if (hybrid) {
+    const double replica_ring = static_cast<double>(replicas - 1) / replicas;
     estimate.transfers.push_back(
         {.mesh_dim = config_.replicate_mesh_dim(),
-         .bytes_per_micro_batch = 2.0 * replica_ring * shape.TrainableParameters() / dim_size *
-                                  reduce_bytes_per_element});
+         .bytes_per_micro_batch = 2.0 * replica_ring * shape.TrainableParameters() *
+                                  estimate.parameter_fraction * reduce_bytes_per_element});
   }
   return estimate;
 }
@@ -809,7 +915,11 @@ absl::Status FsdpStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& m
   if (!config_.replicate_mesh_dim().empty()) {
     PLAIT_ASSIGN_OR_RETURN(replicate, mesh.communicator(config_.replicate_mesh_dim()));
   }
-  PLAIT_ASSIGN_OR_RETURN(fsdp_, Fsdp::Create(model, *communicator, replicate, config_));
+  parallel::Communicator* dense = nullptr;
+  if (!borrowed_dim().empty()) {
+    PLAIT_ASSIGN_OR_RETURN(dense, mesh.SubgridCommunicator({config_.mesh_dim(), borrowed_dim()}));
+  }
+  PLAIT_ASSIGN_OR_RETURN(fsdp_, Fsdp::Create(model, *communicator, replicate, config_, dense));
   return absl::OkStatus();
 }
 
@@ -825,6 +935,7 @@ void FsdpStrategy::UpdateParameters(std::vector<parallel::TrainableParameter>& p
     const auto it = earlier.find(parameter.name);
     if (it == earlier.end()) continue;
     const parallel::TrainableParameter& before = it->second;
+    const int64_t copies = fsdp_->replica_count(parameter);
     std::vector<parallel::Communicator*> groups = before.sharded_over;
     groups.insert(groups.end(), parameter.sharded_over.begin(), parameter.sharded_over.end());
     parameter.sharded_over = std::move(groups);
@@ -834,7 +945,7 @@ void FsdpStrategy::UpdateParameters(std::vector<parallel::TrainableParameter>& p
     parameter.slice = rows.box.offsets.empty()
                           ? before.slice
                           : before.slice.Narrow(0, rows.box.offsets[0], rows.box.lengths[0]);
-    parameter.slice.replica = before.slice.replica * fsdp_->replica_count() + rows.replica;
+    parameter.slice.replica = before.slice.replica * copies + rows.replica;
     parameters.push_back(std::move(parameter));
   }
 }

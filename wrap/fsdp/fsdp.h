@@ -1,7 +1,10 @@
 // Fully sharded data parallel on one mesh dimension, per parameter as PyTorch's FSDP2: every
 // parameter is split along dim 0 into one shard per rank (the last ones zero-padded), and
 // the optimizer trains only the shards. Each block of the model, and the root (the
-// parameters outside blocks), is a unit with one collective each way:
+// parameters outside blocks), is a unit with one collective each way (on each group its
+// parameters are sharded over: with FsdpConfig.shard_dense_over_mesh_dim, a mixture of
+// experts' dense parameters over mesh_dim and expert parallelism's dimension, its experts over
+// mesh_dim alone):
 //   before a block's forward its parameters are all-gathered (the next block's gather is
 //   started right away, so it overlaps this block's compute); after its forward they are
 //   freed (reshard_after_forward) and gathered again before its backward (again
@@ -64,11 +67,16 @@ class Fsdp {
  public:
   // Shards the model's parameters (which must be the same on every rank, e.g. initialised
   // from one seed) over `communicator`, frees the full ones, and installs the unit hooks.
-  // `replicate`, when not null, is the group across which the shards are replicated.
+  // `replicate`, when not null, is the group across which the shards are replicated. `dense`,
+  // when not null, is the group the parameters that are not a mixture of experts' experts are
+  // sharded over instead (FsdpConfig.shard_dense_over_mesh_dim: mesh_dim's and expert
+  // parallelism's dimensions), the experts staying sharded over `communicator`: each unit
+  // then has a collective each way on each group.
   static absl::StatusOr<std::unique_ptr<Fsdp>> Create(Wrappable& model,
                                                       parallel::Communicator& communicator,
                                                       parallel::Communicator* replicate,
-                                                      const FsdpConfig& config);
+                                                      const FsdpConfig& config,
+                                                      parallel::Communicator* dense = nullptr);
   ~Fsdp();
 
   // The shards the optimizer trains, named as the full parameters, sharded over the
@@ -81,9 +89,9 @@ class Fsdp {
   // tensors require no gradient) included: what a caller gives values to.
   std::vector<parallel::TrainableParameter> Shards();
 
-  // How many ranks hold each box of TrainableParameters' slices, at most: the shard group's
-  // size (a scalar's copies) times the replicate group's.
-  int64_t replica_count() const;
+  // How many ranks hold the box of `shard`'s slice (one of Shards()), at most: its shard
+  // group's size (a scalar's copies) times the replicate group's.
+  int64_t replica_count(const parallel::TrainableParameter& shard) const;
 
   // The first communication error since wrapping (a hook cannot return one). It stays: after
   // a failed collective the group is unusable (see Communicator).
@@ -113,10 +121,10 @@ class Fsdp {
   absl::Status LoadFullStateDict(const std::map<std::string, torch::Tensor>& state);
 
  private:
+  struct Part;
   struct Unit;
 
-  Fsdp(Wrappable& model, parallel::Communicator& communicator, parallel::Communicator* replicate,
-       const FsdpConfig& config);
+  Fsdp(Wrappable& model, parallel::Communicator* replicate, const FsdpConfig& config);
 
   // What of the root one forward computes with: a pipeline stage may hold the embedding, the
   // output layers, both (the whole model) or neither.
@@ -138,14 +146,14 @@ class Fsdp {
   parallel::StepPlace PlaceOf(const Unit& unit, const char* purpose) const;
   void StartGather(Unit& unit);
   void Unshard(Unit& unit);
-  // The all-gather of `unit`'s held tensors' bytes, a part of StartGather, and waiting for it
-  // and refilling the tensors with them, a part of Unshard; nothing for a unit without any.
-  void StartHeldGather(Unit& unit);
-  void FinishHeldGather(Unit& unit);
+  // The all-gather of `part`'s held tensors' bytes, a part of StartGather, and waiting for it
+  // and refilling the tensors with them, a part of Unshard; nothing for a part without any.
+  void StartHeldGather(Part& part);
+  void FinishHeldGather(Part& part);
   void Reshard(Unit& unit);
   void StartReduceScatter(Unit& unit);
   void SettleEarlierReduces();
-  void AccumulateShardGradients(Unit& unit);
+  void AccumulateShardGradients(Part& part);
   void Fail(const absl::Status& status);
 
   int num_blocks() const;
@@ -156,7 +164,6 @@ class Fsdp {
   bool LastOfStage(int unit) const;
 
   Wrappable& model_;
-  parallel::Communicator& communicator_;
   parallel::Communicator* replicate_;  // null without hybrid sharding
   bool reshard_after_forward_;
   torch::ScalarType param_dtype_ = torch::kFloat32;  // set per model in Create
@@ -182,6 +189,7 @@ class FsdpStrategy final : public Strategy {
   absl::string_view name() const override { return "fsdp"; }
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
   std::string replicate_dim() const override { return config_.replicate_mesh_dim(); }
+  std::string borrowed_dim() const override { return config_.shard_dense_over_mesh_dim(); }
   bool splits_batch() const override { return true; }
   // Its dtypes: fp16 has no CPU matmul, and DTYPE_AUTO is for the model's dtype only.
   std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,
