@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/file.h"
 #include "base/human.h"
 #include "base/status.h"
@@ -100,24 +101,25 @@ absl::StatusOr<double> PeakFlops(const Target& target, base::Dtype dtype) {
   return tflops * kTera;
 }
 
-// Whether the ranks of a group of `mesh`'s dimension `dim` sit on more than one node when the
-// ranks fill nodes of `gpus_per_node` in order (the mesh is row-major: the last dimension's
-// groups are the closest ranks).
-bool AcrossNodes(const parallel::MeshConfig& mesh, const std::string& dim, int gpus_per_node) {
-  int64_t stride = 1;
-  int64_t size = 1;
-  for (int i = mesh.dims_size() - 1; i >= 0; --i) {
-    if (mesh.dims(i).name() == dim) {
-      size = mesh.dims(i).size();
-      break;
-    }
-    stride *= mesh.dims(i).size();
-  }
+// Whether the ranks of a group of `mesh`'s dimension `dims` (or of the dimensions it names,
+// joined by commas: Transfer::mesh_dim) sit on more than one node when the ranks fill nodes of
+// `gpus_per_node` in order (the mesh is row-major: the last dimension's groups are the
+// closest ranks).
+bool AcrossNodes(const parallel::MeshConfig& mesh, const std::string& dims, int gpus_per_node) {
   const int64_t world = parallel::MeshRanks(mesh);
-  for (int64_t rank = 0; rank < world; ++rank) {
-    if (rank / stride % size != 0) continue;  // not the first of its group
-    for (int64_t i = 1; i < size; ++i) {
-      if ((rank + i * stride) / gpus_per_node != rank / gpus_per_node) return true;
+  absl::StatusOr<parallel::MeshLayout> layout =
+      parallel::MeshLayout::Create(mesh, static_cast<int>(world));
+  if (!layout.ok()) return false;  // the plan's validation reports the mesh
+  std::vector<int> indices;
+  for (absl::string_view dim : absl::StrSplit(dims, ',')) {
+    const absl::StatusOr<int> index = layout->DimIndex(dim);
+    if (index.ok()) indices.push_back(*index);
+  }
+  std::sort(indices.begin(), indices.end());
+  for (int rank = 0; rank < world; ++rank) {
+    if (layout->SubgridIndex(rank, indices) != 0) continue;  // not the first of its group
+    for (int member : layout->SubgridRanks(rank, indices)) {
+      if (member / gpus_per_node != rank / gpus_per_node) return true;
     }
   }
   return false;
@@ -164,10 +166,16 @@ absl::StatusOr<StepTime> EstimateStepTime(const ResolvedPlan& resolved,
     time.bound = "compute";
   }
   if (waited_for > 0) {
+    std::vector<std::string> waited_dims;  // those of the collectives the compute waits for
+    for (const StepTime::Link& link : time.links) {
+      if (!link.overlaps_compute && link.seconds > 0 &&
+          std::find(waited_dims.begin(), waited_dims.end(), link.mesh_dim) == waited_dims.end()) {
+        waited_dims.push_back(link.mesh_dim);
+      }
+    }
     absl::StrAppendFormat(&time.bound,
-                          ", plus %.0f%% of the step waiting for tensor-parallel "
-                          "collectives",
-                          100.0 * waited_for / time.seconds);
+                          ", plus %.0f%% of the step waiting for the collectives over %s",
+                          100.0 * waited_for / time.seconds, absl::StrJoin(waited_dims, " and "));
   }
   return time;
 }

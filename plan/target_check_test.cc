@@ -200,7 +200,37 @@ TEST(CheckOnTargetTest, MeshDimensionsAreWithinOrAcrossNodes) {
   EXPECT_EQ(check->time.links[1].mesh_dim, "dp");
   EXPECT_TRUE(check->time.links[1].across_nodes);
   EXPECT_GT(check->time.seconds, check->time.compute_seconds);
-  EXPECT_THAT(check->time.bound, HasSubstr("tensor-parallel"));
+  EXPECT_THAT(check->time.bound, HasSubstr("waiting for the collectives over tp"));
+}
+
+// Qwen3-30B-A3B with expert parallelism inside each node and FSDP across the 8 nodes: the
+// routed rows stay on a node's links, FSDP's groups (the experts' over dp, the dense parts'
+// over dp and ep) span the nodes, and sharding the dense parts over ep too leaves each GPU
+// 1/64 of them in place of 1/8.
+TEST(CheckOnTargetTest, ExpertParallelInsideNodesAndFsdpAcrossThem) {
+  const TargetCatalogue catalogue = BuiltinTargets();
+  const Plan plan = ClusterPlan("qwen3_30b_a3b_ep_fsdp_64xh100.textproto");
+  absl::StatusOr<TargetCheck> check = CheckOnTarget(plan, catalogue, "h100-sxm", 8);
+  ASSERT_THAT(check, IsOk());
+  EXPECT_TRUE(check->fits());
+  ASSERT_EQ(check->time.links.size(), 3u);
+  EXPECT_EQ(check->time.links[0].mesh_dim, "ep");
+  EXPECT_FALSE(check->time.links[0].across_nodes);
+  EXPECT_EQ(check->time.links[1].mesh_dim, "dp");
+  EXPECT_TRUE(check->time.links[1].across_nodes);
+  EXPECT_EQ(check->time.links[2].mesh_dim, "dp,ep");
+  EXPECT_TRUE(check->time.links[2].across_nodes);
+
+  Plan replicated = plan;
+  replicated.mutable_prepare(2)->mutable_fsdp()->clear_shard_dense_over_mesh_dim();
+  absl::StatusOr<TargetCheck> whole = CheckOnTarget(replicated, catalogue, "h100-sxm", 8);
+  ASSERT_THAT(whole, IsOk());
+  // ep's gradient average of the dense parts is back, within the node.
+  ASSERT_EQ(whole->time.links.size(), 3u);
+  EXPECT_EQ(whole->time.links[1].mesh_dim, "ep");
+  EXPECT_FALSE(whole->time.links[1].across_nodes);
+  const double saved = whole->memory.parameter_bytes - check->memory.parameter_bytes;
+  EXPECT_GT(saved, 0.5 * kGiB);
 }
 
 TEST(CheckOnTargetTest, AWorldOfOtherNodesIsTheMeshsStaticError) {
