@@ -74,6 +74,14 @@
 // summed) reports vs_single (the median step time of 5 / the single process's on the batch; the
 // ideal on 2 idle cores is 1/2) and sent_vs_theory (rank 0's bytes sent / the attention's
 // collectives, the loss's and the summed gradients'; goal 1.00).
+// Expert parallelism under FSDP (BM_ExpertParallelFsdp: ep=2 x dp=2, 4 ranks, each training its
+// own batch of 2 x 256 tokens of that mixture of experts; arg 0 the dense parts sharded over
+// dp, whole on each ep rank and their gradients averaged over ep after the backward, arg 1
+// sharded over dp and ep, fsdp.shard_dense_over_mesh_dim) reports kept_vs_whole (the bytes rank
+// 0 trains / the model's), sent_vs_theory (rank 0's bytes over every group but the routed
+// rows' all-to-alls / each trained shard gathered twice and its gradient, with one usage flag,
+// reduce-scattered over its FSDP group, and in arg 0 the dense shards all-reduced over ep;
+// goal 1.00) and step_ms (the median step's slowest rank, 4 ranks on the machine's cores).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
@@ -711,6 +719,101 @@ void BM_ExpertParallel(benchmark::State& state) {
                                        (static_cast<double>(computed[0] + computed[1]) / kRanks);
 }
 BENCHMARK(BM_ExpertParallel)
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+void BM_ExpertParallelFsdp(benchmark::State& state) {
+  constexpr int kEpRanks = 2, kDpRanks = 2, kWorld = kEpRanks * kDpRanks;
+  constexpr int64_t kBatch = 2;  // sequences of kSeqLen tokens a rank
+  const bool dense_over_ep = state.range(0) == 1;
+  const models::ModelConfig config = MediumMixtureOfExperts();
+  models::InitConfig init;
+  init.set_seed(1);
+  parallel::MeshConfig mesh_config;
+  for (const auto& [name, size] : {std::pair{"dp", kDpRanks}, {"ep", kEpRanks}}) {
+    auto* dim = mesh_config.add_dims();
+    dim->set_name(name);
+    dim->set_size(size);
+  }
+  const parallel::MeshLayout layout = *parallel::MeshLayout::Create(mesh_config, kWorld);
+  std::array<std::vector<double>, kWorld> seconds;
+  int64_t whole_bytes = 0, kept_bytes = 0, sent = 0;
+  double theory = 0;
+  for (auto _ : state) {
+    parallel::testing::RunOnRingMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
+      torch::set_num_threads(1);
+      const std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
+      int64_t model_bytes = 0;
+      for (const auto& named : model->NamedParameters()) model_bytes += Bytes(named.parameter);
+      std::unique_ptr<Preparation> preparation = *Preparation::Begin(*model, mesh);
+      PrepareStep ep;
+      ep.mutable_expert_parallel()->set_mesh_dim("ep");
+      PrepareStep fsdp;
+      fsdp.mutable_fsdp()->set_mesh_dim("dp");
+      if (dense_over_ep) fsdp.mutable_fsdp()->set_shard_dense_over_mesh_dim("ep");
+      if (!preparation->Apply(ep).ok() || !preparation->Apply(fsdp).ok()) std::abort();
+      const std::vector<parallel::TrainableParameter> parameters =
+          *preparation->TakeTrainableParameters();
+      torch::manual_seed(100 + mesh.SubgridRankAndSize({"dp", "ep"})->first);
+      const torch::Tensor tokens = torch::randint(config.vocab_size(), {kBatch, kSeqLen + 1});
+      const auto train = [&] {
+        for (const auto& parameter : parameters) parameter.tensor.mutable_grad().reset();
+        const absl::Status trained =
+            preparation->TrainMicroBatches(1, [&](int, const torch::Tensor&) {
+              return absl::StatusOr<torch::Tensor>(
+                  model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)));
+            });
+        if (!trained.ok()) std::abort();
+      };
+      const auto bytes = [&] {
+        int64_t total = 0;
+        for (const parallel::Communicator* group : mesh.communicators()) {
+          for (auto collective :
+               {parallel::Collective::kAllGather, parallel::Collective::kReduceScatter,
+                parallel::Collective::kAllReduce}) {
+            total += group->traffic(collective).bytes_sent;
+          }
+        }
+        return total;
+      };
+      train();  // the allocator's first pass
+      const int64_t before = bytes();
+      for (int i = 0; i < kTimedSteps; ++i) {
+        const absl::Time start = absl::Now();
+        train();
+        seconds[rank].push_back(absl::ToDoubleSeconds(absl::Now() - start));
+      }
+      if (rank != 0) return;
+      sent = (bytes() - before) / kTimedSteps;
+      whole_bytes = model_bytes;
+      kept_bytes = 0;
+      theory = 0;
+      for (const parallel::TrainableParameter& parameter : parameters) {
+        const double shard = static_cast<double>(Bytes(parameter.tensor));
+        const int ranks = parameter.sharded_over.back()->size();  // FSDP's group
+        kept_bytes += Bytes(parameter.tensor);
+        theory += (ranks - 1) * (3 * shard + sizeof(float));
+        if (!dense_over_ep && !IsExpertParameter(parameter.name)) {
+          theory += 2.0 * (kEpRanks - 1) / kEpRanks * shard;
+        }
+      }
+    });
+    std::vector<double> slowest;
+    for (int i = 0; i < kTimedSteps; ++i) {
+      double most = 0;
+      for (const std::vector<double>& rank_seconds : seconds)
+        most = std::max(most, rank_seconds[i]);
+      slowest.push_back(most);
+    }
+    state.SetIterationTime(benchmarks::Median(slowest));
+  }
+  state.counters["kept_vs_whole"] = static_cast<double>(kept_bytes) / whole_bytes;
+  state.counters["sent_vs_theory"] = static_cast<double>(sent) / theory;
+}
+BENCHMARK(BM_ExpertParallelFsdp)
     ->Arg(0)
     ->Arg(1)
     ->Iterations(1)
