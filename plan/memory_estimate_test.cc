@@ -285,26 +285,41 @@ TEST(EstimateMemoryTest, TensorParallelRanksKeepTheirShareOfTheActivations) {
   }
 }
 
+// The tiny Qwen3-MoE (8 experts of each layer) on `mesh_and_steps`, trained with AdamW for
+// 10 steps of 2 x 64 tokens.
+Plan TinyMoePlan(const std::string& mesh_and_steps) {
+  return ParseOrDie(absl::StrCat(R"pb(
+                                   model { preset: "qwen3-moe-tiny" }
+                                   optimizer { adamw {} }
+                                   schedule {
+                                     lr: 1e-3
+                                     constant {}
+                                   }
+                                   training { steps: 10 micro_batch: 2 seq_len: 64 eval_batches: 1 }
+                                 )pb",
+                                 mesh_and_steps));
+}
+
+// Whether the expert parameter `name` is one of the 4 of its layer's 8 that the first of 2
+// expert-parallel ranks keeps.
+bool KeptByExpertRank0(const std::string& name) {
+  return absl::StrContains(name, ".experts.0.") || absl::StrContains(name, ".experts.1.") ||
+         absl::StrContains(name, ".experts.2.") || absl::StrContains(name, ".experts.3.");
+}
+
 // Expert parallelism over ep=2 then tensor parallelism over tp=2 (sequence parallel) of the
 // tiny Qwen3-MoE: a rank keeps 4 of each layer's 8 experts whole and half of every
 // attention projection, embedding and output row, and each step's estimate sees what the
 // steps before it left: the tensor-parallel sums of the gradients computed from each rank's
 // slice of the sequence carry the rank's experts, not all of them.
 TEST(EstimateMemoryTest, ExpertThenTensorParallelRanksKeepTheirExpertsAndSlices) {
-  const Plan plan = ParseOrDie(R"pb(
-    model { preset: "qwen3-moe-tiny" }
+  const Plan plan = TinyMoePlan(R"pb(
     mesh {
       dims { name: "ep" size: 2 }
       dims { name: "tp" size: 2 }
     }
     prepare { expert_parallel { mesh_dim: "ep" } }
     prepare { tensor_parallel { mesh_dim: "tp" sequence_parallel: true } }
-    optimizer { adamw {} }
-    schedule {
-      lr: 1e-3
-      constant {}
-    }
-    training { steps: 10 micro_batch: 2 seq_len: 64 eval_batches: 1 }
   )pb");
   const models::ModelConfig config = *models::PresetConfig("qwen3-moe-tiny");
   double total = 0;
@@ -315,10 +330,7 @@ TEST(EstimateMemoryTest, ExpertThenTensorParallelRanksKeepTheirExpertsAndSlices)
     total += count;
     const std::string& name = parameter.name;
     if (absl::StrContains(name, ".experts.")) {
-      const bool first_four =
-          absl::StrContains(name, ".experts.0.") || absl::StrContains(name, ".experts.1.") ||
-          absl::StrContains(name, ".experts.2.") || absl::StrContains(name, ".experts.3.");
-      if (first_four) {
+      if (KeptByExpertRank0(name)) {
         kept += count;
         summed += count;
       }
@@ -343,20 +355,13 @@ TEST(EstimateMemoryTest, ExpertThenTensorParallelRanksKeepTheirExpertsAndSlices)
 // and 1/2 of its 4 experts of each layer; expert parallelism averages no gradient over ep, and
 // FSDP's collectives carry each part over its own group.
 TEST(EstimateMemoryTest, DenseShardedOverExpertsKeepsAQuarterOfThem) {
-  const Plan plan = ParseOrDie(R"pb(
-    model { preset: "qwen3-moe-tiny" }
+  const Plan plan = TinyMoePlan(R"pb(
     mesh {
       dims { name: "dp" size: 2 }
       dims { name: "ep" size: 2 }
     }
     prepare { expert_parallel { mesh_dim: "ep" } }
     prepare { fsdp { mesh_dim: "dp" shard_dense_over_mesh_dim: "ep" } }
-    optimizer { adamw {} }
-    schedule {
-      lr: 1e-3
-      constant {}
-    }
-    training { steps: 10 micro_batch: 2 seq_len: 64 eval_batches: 1 }
   )pb");
   const models::ModelConfig config = *models::PresetConfig("qwen3-moe-tiny");
   double total = 0;
@@ -368,8 +373,7 @@ TEST(EstimateMemoryTest, DenseShardedOverExpertsKeepsAQuarterOfThem) {
     const std::string& name = parameter.name;
     if (!absl::StrContains(name, ".experts.")) {
       dense += count;
-    } else if (absl::StrContains(name, ".experts.0.") || absl::StrContains(name, ".experts.1.") ||
-               absl::StrContains(name, ".experts.2.") || absl::StrContains(name, ".experts.3.")) {
+    } else if (KeptByExpertRank0(name)) {
       experts += count;
     }
   }
