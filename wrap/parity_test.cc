@@ -578,8 +578,10 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
     EXPECT_LE(error, tolerance) << name << ": max element error "
                                 << (got - want).abs().max().item<double>();
   }
-  if (GetParam().replicate > 1) ExpectHybridShardingCosts(GetParam(), actual);
-  if (GetParam().shard_dense_over_ep) ExpectDenseShardedOverExpertsCosts(GetParam(), actual);
+  if (GetParam().replicate > 1 && GetParam().ep == 1) ExpectHybridShardingCosts(GetParam(), actual);
+  if (GetParam().shard_dense_over_ep && GetParam().replicate == 1 && GetParam().tp == 1) {
+    ExpectDenseShardedOverExpertsCosts(GetParam(), actual);
+  }
   if (GetParam().lora && GetParam().strategy == Strategy::kFsdp) {
     ExpectLoraFsdpCosts(GetParam(), actual);
   }
@@ -646,6 +648,14 @@ INSTANTIATE_TEST_SUITE_P(
                  1, false, 1, ActivationCheckpointingConfig::POLICY_UNSPECIFIED, false, 2, true},
         Scenario{"ep_2_x_fsdp_2_mixtral_dense_over_ep_accumulating", Strategy::kFsdp, 2, 2,
                  Variant::kMixtral, 1, false, 1, ActivationCheckpointingConfig::POLICY_UNSPECIFIED,
+                 false, 2, true},
+        // The same, its shards replicated across replicate=2 (hybrid sharding), and inside
+        // tensor parallelism over tp=2 (sequence parallel): 8 ranks each.
+        Scenario{"ep_2_x_hsdp_2_x_2_qwen3_moe_dense_over_ep", Strategy::kFsdp, 2, 1,
+                 Variant::kQwen3Moe, 1, false, 2, ActivationCheckpointingConfig::POLICY_UNSPECIFIED,
+                 false, 2, true},
+        Scenario{"ep_2_x_fsdp_2_x_tp_2_qwen3_moe_dense_over_ep", Strategy::kFsdp, 2, 1,
+                 Variant::kQwen3Moe, 2, true, 1, ActivationCheckpointingConfig::POLICY_UNSPECIFIED,
                  false, 2, true},
         // Tensor parallelism of a mixture of experts: attention split, the experts whole on
         // every rank (each routing every token, or its slice of the sequence), alone and with
