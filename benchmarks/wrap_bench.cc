@@ -81,7 +81,7 @@
 // 0 trains / the model's), sent_vs_theory (rank 0's bytes over every group but the routed
 // rows' all-to-alls / each trained shard gathered twice and its gradient, with one usage flag,
 // reduce-scattered over its FSDP group, and in arg 0 the dense shards all-reduced over ep;
-// goal 1.00) and step_ms (the median step's slowest rank, 4 ranks on the machine's cores).
+// goal 1.00); its time is the median step's slowest rank's (4 ranks on the machine's cores).
 //
 //   bazel run --config=opt //benchmarks:wrap_bench
 #include <time.h>
@@ -804,8 +804,9 @@ void BM_ExpertParallelFsdp(benchmark::State& state) {
     std::vector<double> slowest;
     for (int i = 0; i < kTimedSteps; ++i) {
       double most = 0;
-      for (const std::vector<double>& rank_seconds : seconds)
+      for (const std::vector<double>& rank_seconds : seconds) {
         most = std::max(most, rank_seconds[i]);
+      }
       slowest.push_back(most);
     }
     state.SetIterationTime(benchmarks::Median(slowest));
