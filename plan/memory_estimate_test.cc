@@ -17,6 +17,7 @@
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
 #include "plan/validate.h"
+#include "wrap/wrappable.h"
 
 namespace plait::plan {
 namespace {
@@ -303,8 +304,8 @@ Plan TinyMoePlan(const std::string& mesh_and_steps) {
 // Whether the expert parameter `name` is one of the 4 of its layer's 8 that the first of 2
 // expert-parallel ranks keeps.
 bool KeptByExpertRank0(const std::string& name) {
-  return absl::StrContains(name, ".experts.0.") || absl::StrContains(name, ".experts.1.") ||
-         absl::StrContains(name, ".experts.2.") || absl::StrContains(name, ".experts.3.");
+  const int64_t index = wrap::ExpertIndexOf(name);
+  return index >= 0 && index < 4;
 }
 
 // Expert parallelism over ep=2 then tensor parallelism over tp=2 (sequence parallel) of the

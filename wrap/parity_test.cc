@@ -484,9 +484,8 @@ void ExpectDenseShardedOverExpertsCosts(const Scenario& scenario, const Training
       MakeModel(scenario.variant)->config().num_experts() / scenario.ep;
   for (const auto& named : MakeModel(scenario.variant)->NamedParameters()) {
     const bool expert = IsExpertParameter(named.name);
-    // Rank 0 keeps the first experts of each layer ("...experts.3.up_proj.weight").
-    const size_t index_at = named.name.find(kExpertsInName) + sizeof(kExpertsInName) - 1;
-    if (expert && std::stoi(named.name.substr(index_at)) >= experts_per_rank) continue;
+    // Rank 0 keeps the first experts of each layer.
+    if (ExpertIndexOf(named.name) >= experts_per_rank) continue;
     Group& group = expert ? experts : dense;
     const torch::Tensor& full = named.parameter;
     const int64_t rows = full.dim() == 0 ? 1 : full.size(0);

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "torch/nn/module.h"
 #include "torch/types.h"
 
@@ -128,6 +129,16 @@ inline constexpr char kExpertsInName[] = ".experts.";
 // Whether `name` is a parameter of one of a mixture-of-experts layer's experts.
 inline bool IsExpertParameter(const std::string& name) {
   return name.find(kExpertsInName) != std::string::npos;
+}
+
+// The index in its layer of the expert whose parameter `name` is; -1 for a parameter that is
+// not an expert's.
+inline int64_t ExpertIndexOf(const std::string& name) {
+  const size_t experts = name.find(kExpertsInName);
+  if (experts == std::string::npos) return -1;
+  const size_t at = experts + sizeof(kExpertsInName) - 1;
+  int64_t index = -1;
+  return absl::SimpleAtoi(name.substr(at, name.find('.', at) - at), &index) ? index : -1;
 }
 
 // What expert parallelism (wrap/ep) does in a mixture-of-experts layer: the n ranks of its

@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/human.h"
@@ -13,17 +12,6 @@
 #include "wrap/gradient_reduce.h"
 
 namespace plait::wrap::ep {
-namespace {
-
-// The expert whose parameter `name` is.
-int64_t ExpertIndex(const std::string& name) {
-  const size_t at = name.find(kExpertsInName) + sizeof(kExpertsInName) - 1;
-  int64_t index = 0;
-  const bool parsed = absl::SimpleAtoi(name.substr(at, name.find('.', at) - at), &index);
-  return parsed ? index : -1;
-}
-
-}  // namespace
 
 std::vector<base::Violation> ExpertParallelStrategy::Check(const std::optional<ModelShape>& shape,
                                                            const parallel::MeshConfig& mesh,
@@ -62,7 +50,7 @@ StepEstimate ExpertParallelStrategy::Estimate(const ModelShape& shape,
       continue;
     }
     expert_parameters += parameter.numel();
-    if (ExpertIndex(parameter.name) < experts_per_rank) {
+    if (ExpertIndexOf(parameter.name) < experts_per_rank) {
       estimate.kept_parameter_list->push_back(parameter);
     }
   }
@@ -114,7 +102,7 @@ absl::Status ExpertParallelStrategy::Apply(Wrappable& model, const parallel::Dev
   int64_t num_experts = 0;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
     if (!IsExpertParameter(named.name)) continue;
-    const int64_t index = ExpertIndex(named.name);
+    const int64_t index = ExpertIndexOf(named.name);
     num_experts = std::max(num_experts, index + 1);
     experts_.push_back({named.name, named.parameter.sizes().vec(), index});
   }

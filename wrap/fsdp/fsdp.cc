@@ -171,9 +171,7 @@ struct Fsdp::Unit {
   State state = State::kSharded;
 
   int stage = 0;              // Wrappable::Unit::stage; the root's is unused
-  int parameters = 0;         // of every part
-  int trainable = 0;          // of those, the ones that require a gradient
-  int gradients_pending = 0;  // of those, the ones whose gradient has not arrived
+  int gradients_pending = 0;  // of its trainable parameters, those whose gradient has not arrived
   // Whether the backward under way runs through it: its reductions are this backward's (a
   // pipeline rank's backward runs one of its stages).
   bool in_backward = false;
@@ -186,7 +184,19 @@ struct Fsdp::Unit {
   // also computes the gradient of what the parameter multiplied, so when every parameter
   // trains, the last gradient ends the unit's use of them; a frozen parameter's node (a base
   // weight under adapters) may run after the unit's trainable gradients are all in.
-  bool gradients_end_backward() const { return trainable == parameters; }
+  bool gradients_end_backward() const { return trainable() == parameters(); }
+
+  // Its parameters, in every part, and those of them that require a gradient.
+  int parameters() const {
+    int count = 0;
+    for (const Part& part : parts) count += static_cast<int>(part.parameters.size());
+    return count;
+  }
+  int trainable() const {
+    int count = 0;
+    for (const Part& part : parts) count += part.trainable;
+    return count;
+  }
 
   // Whether its reduce-scatters have started in this backward and not yet been taken in.
   bool reducing() const {
@@ -249,10 +259,8 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
       part.offsets.push_back(part.shard_numel);
       part.shard_numel += shard.numel();
       part.grad_offsets.push_back(full.requires_grad() ? part.grad_numel : -1);
-      ++unit.parameters;
       if (full.requires_grad()) {
         ++part.trainable;
-        ++unit.trainable;
         part.grad_numel += shard.numel();
       }
     }
@@ -299,7 +307,7 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
   // Hook unit i is units_[i] and the root is units_.back(), so that every unit has a
   // collective of its own.
   for (const Unit& unit : fsdp->units_) {
-    if (unit.parameters == 0) {
+    if (unit.parameters() == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("fsdp: unit ", unit.name,
                        " has no parameters; every block and the root need one to be an FSDP unit"));
@@ -560,7 +568,7 @@ void Fsdp::BeforeBackward(int hook_unit, RootUse root_use, int last_unit) {
   if (!backward_started_) {
     backward_started_ = true;
     for (Unit& unit : units_) {
-      unit.gradients_pending = unit.trainable;
+      unit.gradients_pending = unit.trainable();
       unit.input_gradient_done = false;
       unit.in_backward = false;
     }
@@ -669,7 +677,7 @@ void Fsdp::FinishBackward() {
     // A unit of this backward with a trainable parameter that got no gradient has not reduced
     // yet; every rank has the same model and runs the same stage, so every rank starts the
     // same reductions here, in unit order.
-    if (unit.in_backward && unit.trainable > 0 && !unit.reducing()) StartReduceScatter(unit);
+    if (unit.in_backward && unit.trainable() > 0 && !unit.reducing()) StartReduceScatter(unit);
   }
   SettleEarlierReduces();  // with a replicate group, the last units' all-reduces start
   for (Unit& unit : units_) {
