@@ -3,7 +3,6 @@
 #include <chrono>
 #include <exception>
 #include <map>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,9 +19,6 @@ namespace {
 
 // How often a waiting rank looks for the ranks still missing.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
-// How long rank 0 goes on waiting after its store refused a client before it says that the
-// ranks still missing are the ones refused.
-constexpr absl::Duration kRefusalGrace = absl::Seconds(3);
 
 // Connections rank 0's store admits at once: every rank's, as many again for attempts still
 // closing and strays waiting out their hello timeout, and a margin for small jobs.
@@ -127,34 +123,24 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
   // the store going down leaves the one before it.
   std::vector<int> missing;
   auto never_arrived = [&] { return NeverArrived(missing, world, store_address); };
-  // A rank the store refused (a wrong token) never arrives: rank 0, which hosts the store,
-  // stops waiting once no more ranks are missing than it refused clients, and says why. It
-  // waits kRefusalGrace first, for a stray client's refusal to be followed by the real rank.
+  // A refused client (a wrong token) may be a rank started wrongly or a stray: rank 0 cannot
+  // tell, so it waits for the ranks until its deadline all the same, and only then says whom
+  // its store refused. A rank refused stops at once itself, saying why (OpenStore).
   const auto* tcp_store = dynamic_cast<const TcpStore*>(store.get());
   const TcpStoreServer* server = tcp_store != nullptr ? tcp_store->server() : nullptr;
-  std::vector<std::string> refused;
-  std::optional<absl::Time> first_refusal_seen;
-  auto refused_all_missing = [&](const std::vector<int>& absent) {
-    if (server == nullptr) return false;  // not rank 0, or a file store
-    refused = server->Refusals();
-    if (refused.empty()) return false;
-    if (!first_refusal_seen.has_value()) first_refusal_seen = absl::Now();
-    return absent.size() <= refused.size() && absl::Now() - *first_refusal_seen >= kRefusalGrace;
-  };
   try {
     if (AwaitAllRanks(*store, "plait/rendezvous/arrived/", world.rank, world.world_size, deadline,
-                      missing, refused_all_missing)) {
+                      missing)) {
       return store;
     }
-    if (!refused.empty() && missing.size() <= refused.size()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rendezvous at ", store_address, ": ", never_arrived(), "; the store refused ",
-          refused.size() == 1 ? "a client" : absl::StrCat(refused.size(), " clients"), " (",
-          absl::StrJoin(refused, "; "), "): every rank needs the job's ", kStoreTokenVariable));
-    }
-    return absl::DeadlineExceededError(
-        absl::StrCat("rendezvous at ", store_address, " timed out after ",
-                     absl::FormatDuration(timeout), ": ", never_arrived()));
+    const std::string refused = server != nullptr ? server->Refusals().Summary() : "";
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rendezvous at ", store_address, " timed out after ", absl::FormatDuration(timeout), ": ",
+        never_arrived(),
+        refused.empty() ? ""
+                        : absl::StrCat("; rank 0's store: ", refused,
+                                       "; a rank it refused needs the job's ",
+                                       kStoreTokenVariable)));
   } catch (const std::exception& error) {
     if (!missing.empty()) {
       // Rank 0 reached its own deadline first (it started waiting earlier) and took the
@@ -169,8 +155,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
 }
 
 bool AwaitAllRanks(c10d::Store& store, absl::string_view key_prefix, int rank, int world_size,
-                   absl::Time deadline, std::vector<int>& missing,
-                   const std::function<bool(const std::vector<int>&)>& give_up) {
+                   absl::Time deadline, std::vector<int>& missing) {
   auto key = [key_prefix](int of) { return absl::StrCat(key_prefix, of); };
   store.set(key(rank), std::vector<uint8_t>{1});
   do {
@@ -180,7 +165,6 @@ bool AwaitAllRanks(c10d::Store& store, absl::string_view key_prefix, int rank, i
     }
     missing = std::move(absent);
     if (missing.empty()) return true;
-    if (give_up && give_up(missing)) return false;
     absl::SleepFor(kPollInterval);
   } while (absl::Now() < deadline);
   return false;

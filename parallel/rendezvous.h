@@ -12,12 +12,13 @@
 //   PLAIT_ASSIGN_OR_RETURN(auto store, Rendezvous(world, absl::Minutes(5)));
 //   PLAIT_ASSIGN_OR_RETURN(auto comm, RingCommunicator::Create(*store, "world", ...));
 //
-// When the timeout passes first, the error names the ranks that never arrived. A multi-node
-// job whose MASTER_ADDR is a loopback address on rank 0 fails at once, naming it.
+// When the timeout passes first, the error names the ranks that never arrived and, on rank 0,
+// the clients its store refused: a client with a wrong token never ends the wait, since it may
+// be a stray rather than a rank. A multi-node job whose MASTER_ADDR is a loopback address on
+// rank 0 fails at once, naming it.
 #ifndef PLAIT_PARALLEL_RENDEZVOUS_H_
 #define PLAIT_PARALLEL_RENDEZVOUS_H_
 
-#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,13 +33,11 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
                                                            absl::Duration timeout);
 
 // Marks `rank` present under `key_prefix` in `store`, then looks every few milliseconds until
-// each of the `world_size` ranks has marked itself, `deadline` passes or `give_up` (when
-// given, asked after each look with the ranks still missing) says to stop. Returns whether
-// all did; `missing` holds the ranks absent at the last whole look. Throws what the store
-// throws (a rank that lost the store), leaving `missing` as the look before found it.
+// each of the `world_size` ranks has marked itself or `deadline` passes. Returns whether all
+// did; `missing` holds the ranks absent at the last whole look. Throws what the store throws
+// (a rank that lost the store), leaving `missing` as the look before found it.
 bool AwaitAllRanks(c10d::Store& store, absl::string_view key_prefix, int rank, int world_size,
-                   absl::Time deadline, std::vector<int>& missing,
-                   const std::function<bool(const std::vector<int>&)>& give_up = nullptr);
+                   absl::Time deadline, std::vector<int>& missing);
 
 }  // namespace plait::parallel
 

@@ -20,6 +20,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "parallel/internal/fd.h"
 
@@ -327,27 +328,28 @@ bool ServerLoop::CheckHello(Connection& connection) {
   const size_t shown = std::min(hello.size(), magic.size());
   if (hello.substr(0, shown) != magic.substr(0, shown)) return false;
   if (hello.size() < kHelloBytes) return true;
-  std::string refusal;
   const uint64_t version = GetLittleEndian(hello.data() + sizeof(kHelloMagic), 4);
-  if (version != kProtocolVersion) {
-    refusal = absl::StrCat("protocol version ", version, "; this server speaks version ",
-                           kProtocolVersion);
-  } else if (!SameSecret(hello.substr(kTokenOffset), token_field_)) {
-    refusal = "wrong token";
-  }
-  if (!refusal.empty()) {
+  const bool other_version = version != kProtocolVersion;
+  if (other_version || !SameSecret(hello.substr(kTokenOffset), token_field_)) {
     sockaddr_storage peer{};
     socklen_t length = sizeof(peer);
-    const std::string who =
+    std::string who =
         getpeername(connection.fd.get(), reinterpret_cast<sockaddr*>(&peer), &length) == 0
             ? DescribeAddress(reinterpret_cast<const sockaddr*>(&peer))
             : "a client";
+    if (other_version) absl::StrAppend(&who, " speaking version ", version);
     {
       std::lock_guard<std::mutex> lock(refusals_->mutex);
-      refusals_->entries.push_back(absl::StrCat(who, ": ", refusal));
+      refusals_->refusals.Record(
+          other_version ? StoreRefusals::kOtherVersion : StoreRefusals::kWrongToken,
+          std::move(who));
     }
     // Best effort: a fresh socket has room for it, and the connection closes either way.
-    const std::string frame = Frame(kRefused, {}, refusal);
+    const std::string frame = Frame(
+        kRefused, {},
+        other_version ? absl::StrCat("protocol version ", version, "; this server speaks version ",
+                                     kProtocolVersion)
+                      : "wrong token");
     [[maybe_unused]] ssize_t n =
         send(connection.fd.get(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     return false;
@@ -527,6 +529,37 @@ std::string Header(uint32_t kind, uint64_t key_bytes, uint64_t value_bytes, uint
 
 }  // namespace tcp_store_wire
 
+// --- StoreRefusals -------------------------------------------------------------------------
+
+void StoreRefusals::Record(Reason reason, std::string client) {
+  Tally& tally = tallies[reason];
+  ++tally.count;
+  if (tally.first.size() < kAddressesKept) tally.first.push_back(std::move(client));
+}
+
+int64_t StoreRefusals::total() const {
+  int64_t total = 0;
+  for (const Tally& tally : tallies) total += tally.count;
+  return total;
+}
+
+std::string StoreRefusals::Summary() const {
+  static constexpr const char* kReasonNames[kReasons] = {"wrong token",
+                                                         "another protocol version"};
+  std::vector<std::string> parts;
+  for (int reason = 0; reason < kReasons; ++reason) {
+    const Tally& tally = tallies[reason];
+    if (tally.count == 0) continue;
+    parts.push_back(absl::StrCat(
+        tally.count, " ", kReasonNames[reason], " (first: ", absl::StrJoin(tally.first, ", "),
+        tally.count > static_cast<int64_t>(tally.first.size()) ? ", ...)" : ")"));
+  }
+  if (parts.empty()) return "";
+  const int64_t count = total();
+  return absl::StrCat(count, count == 1 ? " client" : " clients", " refused: ",
+                      absl::StrJoin(parts, ", "));
+}
+
 // --- TcpStoreServer ------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& address,
@@ -575,9 +608,9 @@ TcpStoreServer::TcpStoreServer(int listener, int wake, std::string token, int ma
                                            refusals_)]() mutable { loop.Run(); });
 }
 
-std::vector<std::string> TcpStoreServer::Refusals() const {
+StoreRefusals TcpStoreServer::Refusals() const {
   std::lock_guard<std::mutex> lock(refusals_->mutex);
-  return refusals_->entries;
+  return refusals_->refusals;
 }
 
 TcpStoreServer::~TcpStoreServer() {

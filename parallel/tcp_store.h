@@ -44,7 +44,35 @@ inline constexpr size_t kMaxValueBytes = 16 * 1024 * 1024;
 // How long a new connection has to say hello before the server closes it.
 inline constexpr absl::Duration kHelloTimeout = absl::Seconds(3);
 
-// Serves the keys on a background thread from construction until destruction.
+// What a TcpStoreServer keeps of the clients it refused: a count for each reason and the
+// addresses of the first few, so that an error can say who was refused while a flood of
+// refused clients costs the server a count each, not memory.
+struct StoreRefusals {
+  // Addresses kept for each reason: enough to name the nodes of a job started with another
+  // token, or where a flood comes from; the counts say how many more there were. With the
+  // longest address ("[IPv6]:port", under 64 bytes) the kept text stays under 1 KiB.
+  static constexpr size_t kAddressesKept = 4;
+
+  enum Reason { kWrongToken, kOtherVersion, kReasons };
+  struct Tally {
+    int64_t count = 0;
+    // The first kAddressesKept clients, "127.0.0.1:40112" (and for kOtherVersion
+    // "127.0.0.1:40112 speaking version 2").
+    std::vector<std::string> first;
+  };
+
+  void Record(Reason reason, std::string client);
+  int64_t total() const;
+  // "" when none were refused, else "5 clients refused: 4 wrong token (first: 127.0.0.1:40112,
+  // 127.0.0.1:40113, 127.0.0.1:40114, 127.0.0.1:40115, ...), 1 another protocol version
+  // (first: 127.0.0.1:40116 speaking version 2)", short however many there were.
+  std::string Summary() const;
+
+  Tally tallies[kReasons];
+};
+
+// Serves the keys on a background thread from construction until destruction. A client that
+// fails the hello only has its own connection closed, and is counted (Refusals).
 class TcpStoreServer {
  public:
   // Listens on `address` (a numeric address or a host name, which must resolve to one of
@@ -66,14 +94,14 @@ class TcpStoreServer {
   // Whether that is a loopback address, which no other machine reaches.
   bool ListensOnLoopback() const;
 
-  // The clients refused so far, in order, each as "ADDRESS: why" ("127.0.0.1:40112: wrong
-  // token"), so that a rendezvous waiting for a rank can say why it never arrived.
-  std::vector<std::string> Refusals() const;
+  // The clients refused so far, so that a rendezvous waiting for a rank can say why it may
+  // never have arrived.
+  StoreRefusals Refusals() const;
 
   // What the server thread records and Refusals reads.
   struct RefusalLog {
     mutable std::mutex mutex;
-    std::vector<std::string> entries;
+    StoreRefusals refusals;
   };
 
  private:

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/status_matchers.h"
@@ -194,6 +195,79 @@ TEST(TcpStoreTest, RefusesAWrongTokenAndServesTheRightOne) {
   ASSERT_TRUE(store);
   store->set("key", Bytes("value"));
   EXPECT_EQ(store->get("key"), Bytes("value"));
+}
+
+TEST(TcpStoreTest, SummarisesTheClientsItRefusedByReason) {
+  StoreRefusals refusals;
+  EXPECT_EQ(refusals.Summary(), "");
+  for (int i = 0; i < 6; ++i) {
+    refusals.Record(StoreRefusals::kWrongToken, absl::StrCat("10.0.0.1:", 1000 + i));
+  }
+  refusals.Record(StoreRefusals::kOtherVersion, "10.0.0.2:2000 speaking version 2");
+  EXPECT_EQ(refusals.total(), 7);
+  EXPECT_EQ(refusals.Summary(),
+            "7 clients refused: 6 wrong token (first: 10.0.0.1:1000, 10.0.0.1:1001, "
+            "10.0.0.1:1002, 10.0.0.1:1003, ...), 1 another protocol version (first: "
+            "10.0.0.2:2000 speaking version 2)");
+}
+
+TEST(TcpStoreTest, CountsAClientOfAnotherProtocolVersion) {
+  std::unique_ptr<TcpStoreServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  RawClient client(server->port());
+  std::string hello = tcp_store_wire::Hello(kToken);
+  hello[8] = 2;  // the protocol version, after the 8 bytes of magic
+  client.Send(hello);
+  EXPECT_EQ(client.ReplyKind(), 3u);  // refused
+  EXPECT_TRUE(client.ClosedByServerWithin(absl::Seconds(2)));
+  EXPECT_THAT(server->Refusals().Summary(),
+              AllOf(HasSubstr("1 client refused: 1 another protocol version (first: 127.0.0.1:"),
+                    HasSubstr(" speaking version 2)")));
+}
+
+// A flood of clients with a wrong token, while the job's clients use the store: each is
+// refused and closed, the server keeps a count of them and a few addresses, not one entry
+// each, and the job's clients, old and new, are served throughout.
+TEST(TcpStoreTest, AFloodOfWrongTokensIsCountedAndTheJobIsServedThroughout) {
+  constexpr int kMinFlood = 3000;
+  constexpr int kMaxFlood = 30000;  // the flood's bound, should the job's clients be slow
+  std::unique_ptr<TcpStoreServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  c10::intrusive_ptr<TcpStore> admitted = ConnectTo(*server);
+  ASSERT_TRUE(admitted);
+  absl::Notification flooding;
+  absl::Notification served;
+  int flood = 0;
+  std::thread flooder([&] {
+    for (; flood < kMaxFlood && (flood < kMinFlood || !served.HasBeenNotified()); ++flood) {
+      RawClient client(server->port());
+      client.Send(tcp_store_wire::Hello("not-the-token-of-this-job"));
+      if (!client.ClosedByServerWithin(absl::Seconds(10))) {
+        ADD_FAILURE() << "the server kept wrong-token client " << flood << " open";
+        break;
+      }
+      if (flood == 100) flooding.Notify();
+    }
+    if (!flooding.HasBeenNotified()) flooding.Notify();
+  });
+  flooding.WaitForNotification();
+  for (int i = 1; i <= 100; ++i) EXPECT_EQ(admitted->add("count", 1), i);
+  c10::intrusive_ptr<TcpStore> newcomer = ConnectTo(*server);
+  ASSERT_TRUE(newcomer);
+  EXPECT_EQ(newcomer->get("count"), Bytes("100"));
+  served.Notify();
+  flooder.join();
+
+  const StoreRefusals refusals = server->Refusals();
+  EXPECT_EQ(refusals.total(), flood);
+  EXPECT_EQ(refusals.tallies[StoreRefusals::kWrongToken].count, flood);
+  EXPECT_EQ(refusals.tallies[StoreRefusals::kWrongToken].first.size(),
+            StoreRefusals::kAddressesKept);
+  const std::string summary = refusals.Summary();
+  EXPECT_THAT(summary, HasSubstr(absl::StrCat(flood, " clients refused: ", flood,
+                                              " wrong token (first: 127.0.0.1:")));
+  EXPECT_LT(summary.size(), 256u) << summary;
+  EXPECT_EQ(admitted->get("count"), Bytes("100"));
 }
 
 TEST(TcpStoreTest, AStrayConnectionStallsNobodyAndIsClosedAfterTheHelloTimeout) {
