@@ -1,6 +1,7 @@
 #include "models/hf_checkpoint.h"
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -17,6 +18,7 @@
 #include "base/own_output.h"
 #include "base/status.h"
 #include "models/model_config.h"
+#include "models/parameter_shapes.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::models {
@@ -73,32 +75,46 @@ bool IsSkippable(const std::string& name, const ModelConfig& config) {
 
 absl::Status LoadHfParts(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config,
                          const std::vector<HfParameterPart>& parts) {
-  std::set<std::string> expected;
-  for (const HfParameterPart& part : parts) {
-    expected.insert(part.name);
-    PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(part.name));
+  // The file is checked whole, against every parameter of the model `config` describes, also
+  // those other ranks hold (a pipeline's other stages, expert parallelism's other experts):
+  // each rank reads its own parts and finds the same problems in the rest of the file.
+  std::map<std::string, std::vector<int64_t>> model;
+  for (ParameterShape& parameter : ParameterShapes(config)) {
+    model.emplace(std::move(parameter.name), std::move(parameter.shape));
+  }
+  for (const auto& [name, shape] : model) {
+    PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(name));
     const auto& [entry, file] = found;
-    if (entry->shape != part.shape) {
+    if (entry->shape != shape) {
       return absl::InvalidArgumentError(
-          absl::StrCat(file->path(), ": tensor \"", part.name, "\" has shape ",
-                       ShapeString(entry->shape), ", the model expects ", ShapeString(part.shape)));
+          absl::StrCat(file->path(), ": tensor \"", name, "\" has shape ",
+                       ShapeString(entry->shape), ", the model expects ", ShapeString(shape)));
     }
     if (!torch::isFloatingType(entry->dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", part.name,
+      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", name,
                                                      "\" has dtype ", c10::toString(entry->dtype),
                                                      ", expected a floating-point dtype"));
     }
-    const torch::Tensor destination =
-        part.receive ? torch::empty(part.lengths, part.destination.options()) : part.destination;
-    PLAIT_RETURN_IF_ERROR(file->ReadBox(part.name, part.offsets, part.lengths, destination));
-    if (part.receive) part.receive(destination);
   }
   for (const std::string& name : checkpoint.Names()) {
-    if (expected.count(name) == 0 && !IsSkippable(name, config)) {
+    if (model.count(name) == 0 && !IsSkippable(name, config)) {
       PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(name));
       return absl::InvalidArgumentError(absl::StrCat(found.second->path(), ": unexpected tensor \"",
                                                      name, "\": the model has no such parameter"));
     }
+  }
+  for (const HfParameterPart& part : parts) {
+    const auto in_model = model.find(part.name);
+    if (in_model == model.end() || in_model->second != part.shape) {
+      return absl::InternalError(absl::StrCat("loading ", part.name, " of shape ",
+                                              ShapeString(part.shape),
+                                              ": the model of this config has no such parameter"));
+    }
+    PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(part.name));
+    const torch::Tensor destination =
+        part.receive ? torch::empty(part.lengths, part.destination.options()) : part.destination;
+    PLAIT_RETURN_IF_ERROR(found.second->ReadBox(part.name, part.offsets, part.lengths, destination));
+    if (part.receive) part.receive(destination);
   }
   return absl::OkStatus();
 }

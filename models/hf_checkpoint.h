@@ -41,14 +41,17 @@ struct HfParameterPart {
   std::function<void(const torch::Tensor& values)> receive;
 };
 
-// Copies each of `parts` (every parameter of a model of `config`, each once) from
-// `checkpoint`, reading only each part's bytes and converting the stored dtype (F32, BF16,
-// F16) to the destination's. Errors name the file (or folder) and the tensor: NotFound when a
-// parameter is missing; InvalidArgument when one has another shape or a non-float dtype, a
-// part holds NaN or infinity, or the checkpoint holds a tensor that is not among `parts`.
-// Two tensors are accepted and skipped because Hugging Face writes them without them being
-// parameters: `lm_head.weight` in a tied model (it equals the embedding), and the
-// precomputed `*.rotary_emb.inv_freq` buffers of older Llama checkpoints.
+// Copies each of `parts` (the parts of the model's parameters this rank holds, each once: all
+// of them whole for one process, a shard of each under FSDP, one stage's under a pipeline, one
+// rank's experts under expert parallelism) from `checkpoint`, reading only each part's bytes
+// and converting the stored dtype (F32, BF16, F16) to the destination's. The checkpoint is
+// checked whole against the model `config` describes, whatever `parts` holds, so every rank
+// finds the same problems in it. Errors name the file (or folder) and the tensor: NotFound
+// when a parameter of the model is missing; InvalidArgument when one has another shape or a
+// non-float dtype, a part holds NaN or infinity, or the checkpoint holds a tensor that is no
+// parameter of the model. Two tensors are accepted and skipped because Hugging Face writes
+// them without them being parameters: `lm_head.weight` in a tied model (it equals the
+// embedding), and the precomputed `*.rotary_emb.inv_freq` buffers of older Llama checkpoints.
 absl::Status LoadHfParts(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config,
                          const std::vector<HfParameterPart>& parts);
 

@@ -1,5 +1,6 @@
 #include "models/hf_checkpoint.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -147,6 +148,59 @@ TEST(HfCheckpointTest, MismatchedCheckpointsAreNamedErrors) {
 
   EXPECT_THAT(LoadHfModel(FreshDir("empty")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json")));
+}
+
+// A rank that holds part of the model (a pipeline stage's blocks, a rank's experts) reads its
+// parts alone, and still checks the folder whole against the model: a tensor of no rank's, one
+// missing or of another shape among the parts other ranks hold, is refused as for a rank that
+// holds every parameter.
+TEST(HfCheckpointTest, APartOfTheModelLoadsAndTheFolderIsCheckedWhole) {
+  const ModelConfig config = Small("llama", false);
+  auto tensors = Weights(*Make(config, 3));
+  // Block 0's parameters, as the first of two stages holds them.
+  std::vector<HfParameterPart> block0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.rfind("model.layers.0.", 0) != 0) continue;
+    const std::vector<int64_t> shape = tensor.sizes().vec();
+    block0.push_back({name, shape, std::vector<int64_t>(shape.size(), 0), shape,
+                      torch::zeros(shape)});
+  }
+  ASSERT_FALSE(block0.empty());
+  const auto load = [&](const std::string& name,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& folder) {
+    absl::StatusOr<SafetensorsCheckpoint> checkpoint =
+        SafetensorsCheckpoint::Open(Folder(name, config, folder));
+    return checkpoint.ok() ? LoadHfParts(*checkpoint, config, block0) : checkpoint.status();
+  };
+  ASSERT_THAT(load("stage0", tensors), IsOk());
+  for (const HfParameterPart& part : block0) {
+    for (const auto& [name, tensor] : tensors) {
+      if (name == part.name) {
+        EXPECT_TRUE(torch::equal(part.destination, tensor)) << name;
+      }
+    }
+  }
+
+  const std::string other_stage = "model.layers.1.mlp.down_proj.weight";
+  auto missing = tensors;
+  missing.erase(std::find_if(missing.begin(), missing.end(),
+                             [&](const auto& named) { return named.first == other_stage; }));
+  EXPECT_THAT(load("stage0_missing", missing),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(other_stage)));
+
+  auto reshaped = tensors;
+  for (auto& [name, tensor] : reshaped) {
+    if (name == other_stage) tensor = torch::zeros({3, 3});
+  }
+  EXPECT_THAT(load("stage0_reshaped", reshaped),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("\"" + other_stage + "\" has shape [3, 3]")));
+
+  auto extra = tensors;
+  extra.emplace_back("model.layers.9.mlp.up_proj.weight", torch::zeros({2}));
+  EXPECT_THAT(load("stage0_extra", extra),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unexpected tensor \"model.layers.9.mlp.up_proj.weight\"")));
 }
 
 // Weights holding a NaN (saved by a run that diverged) are refused, naming the file and the
