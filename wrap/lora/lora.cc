@@ -201,8 +201,14 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
   }
   std::map<std::string, torch::Tensor> starting;
   if (!config.initial_adapter_dir().empty()) {
-    PLAIT_ASSIGN_OR_RETURN(starting, base::Annotate(ReadStartingAdapters(config, projections),
-                                                    "lora.initial_adapter_dir"));
+    // A pipeline's stage holds some of the model's projections; the folder's others are the
+    // other stages'.
+    const auto holds_module = [&modules](const std::string& module) {
+      return modules.contains(module);
+    };
+    PLAIT_ASSIGN_OR_RETURN(starting,
+                           base::Annotate(ReadStartingAdapters(config, projections, holds_module),
+                                          "lora.initial_adapter_dir"));
   }
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
     named.parameter.requires_grad_(false);
@@ -381,7 +387,10 @@ std::vector<base::Violation> LoraStrategy::Check(const std::optional<ModelShape>
       const std::vector<int64_t>& weight = shape->parameter_list[candidate].shape;
       projections.push_back({projection, weight[0], weight[1]});
     }
-    const absl::Status read = ReadStartingAdapters(config_, projections).status();
+    // The whole model's projections: the folder is checked whole, every module held.
+    const absl::Status read =
+        ReadStartingAdapters(config_, projections, [](const std::string&) { return true; })
+            .status();
     if (!read.ok()) {
       violations.push_back(
           {absl::StrCat(field, ".lora.initial_adapter_dir"), std::string(read.message()), ""});

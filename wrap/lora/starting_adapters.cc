@@ -1,5 +1,6 @@
 #include "wrap/lora/starting_adapters.h"
 
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -47,7 +48,8 @@ std::optional<std::string> ModuleOfAdapterA(absl::string_view name) {
 }
 
 absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(
-    const LoraConfig& config, const std::vector<AdaptedProjection>& projections) {
+    const LoraConfig& config, const std::vector<AdaptedProjection>& projections,
+    const std::function<bool(const std::string& module)>& holds_module) {
   const std::string& dir = config.initial_adapter_dir();
   const auto error = [&](const std::string& message) {
     return absl::InvalidArgumentError(absl::StrCat(dir, ": ", message));
@@ -67,7 +69,10 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(
     return error(absl::StrCat("its use_rslora is ", saved.use_rslora() ? "true" : "false",
                               ", the step's ", config.use_rslora() ? "true" : "false"));
   }
-  const std::set<std::string> in_folder(saved.target().begin(), saved.target().end());
+  std::set<std::string> in_folder;
+  for (const std::string& module : saved.target()) {
+    if (holds_module(module)) in_folder.insert(module);
+  }
   std::set<std::string> targeted;
   for (const AdaptedProjection& projection : projections) targeted.insert(projection.module);
   if (const std::string extra = FirstMissing(in_folder, targeted); !extra.empty()) {
@@ -78,16 +83,18 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(
     return error(absl::StrCat("it has no adapters for ", missing, ", which the step's targets (",
                               absl::StrJoin(config.target(), ", "), ") match"));
   }
-  std::map<std::string, torch::Tensor> values(std::make_move_iterator(adapter->tensors.begin()),
+  std::map<std::string, torch::Tensor> stored(std::make_move_iterator(adapter->tensors.begin()),
                                               std::make_move_iterator(adapter->tensors.end()));
+  std::map<std::string, torch::Tensor> values;  // the held projections' alone
   for (const AdaptedProjection& projection : projections) {
     for (const auto& [name, shape] : AdapterMatricesOf(projection, config.rank())) {
-      const torch::Tensor& tensor = values.at(name);
+      torch::Tensor& tensor = stored.at(name);
       if (tensor.sizes().vec() != shape) {
         return error(absl::StrCat(name, " is ", Shape(tensor.sizes().vec()),
                                   "; the projection's weight [out, in] = ",
                                   Shape({projection.out, projection.in}), " needs ", Shape(shape)));
       }
+      values.emplace(name, std::move(tensor));
     }
   }
   return values;

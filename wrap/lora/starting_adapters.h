@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -46,12 +47,17 @@ std::optional<std::string> ModuleOfAdapterA(absl::string_view name);
 
 // The A and B of every projection in `projections`, by plait's names
 // (`<module>.lora_A.weight`), read from the folder config.initial_adapter_dir, as stored
-// there. InvalidArgument, naming the folder and the file, field or tensor, for a folder
-// that cannot be read (models::ReadPeftAdapter's errors), that disagrees with `config`'s rank,
-// alpha or use_rslora, that adapts another set of modules (naming the first one either side
-// lacks), or whose matrices do not fit their projection.
+// there. `projections` are those a rank's model holds: a module of the folder that
+// `holds_module` says the rank's model lacks is another rank's (a pipeline's other stages)
+// and left to it; the plan's check reads the folder against the whole model, with every
+// module held, so a module no rank holds is still refused. InvalidArgument, naming the folder
+// and the file, field or tensor, for a folder that cannot be read (models::ReadPeftAdapter's
+// errors), that disagrees with `config`'s rank, alpha or use_rslora, that adapts another set
+// of the held modules (naming the first one either side lacks), or whose matrices do not fit
+// their projection.
 absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(
-    const LoraConfig& config, const std::vector<AdaptedProjection>& projections);
+    const LoraConfig& config, const std::vector<AdaptedProjection>& projections,
+    const std::function<bool(const std::string& module)>& holds_module);
 
 }  // namespace plait::wrap::lora
 
