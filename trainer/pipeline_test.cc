@@ -54,6 +54,9 @@ struct Layout {
   int dp = 1;
   int tp = 1;  // tensor parallelism over "tp", after the pipeline
   bool sequence_parallel = false;
+  // Activation checkpointing of the stage's blocks, after the pipeline (unspecified: none).
+  wrap::ActivationCheckpointingConfig::Policy checkpointing =
+      wrap::ActivationCheckpointingConfig::POLICY_UNSPECIFIED;
   int ranks() const { return pp * dp * tp; }
 };
 
@@ -74,6 +77,9 @@ plan::Plan TrainingPlan(const Layout& layout) {
     pipeline.set_schedule(layout.schedule);
     pipeline.set_stages_per_rank(layout.stages_per_rank);
     for (const int64_t start : layout.stage_starts) pipeline.add_stage_starts(start);
+  }
+  if (layout.checkpointing != wrap::ActivationCheckpointingConfig::POLICY_UNSPECIFIED) {
+    plan.add_prepare()->mutable_activation_checkpointing()->set_policy(layout.checkpointing);
   }
   if (layout.tp > 1) {
     wrap::TensorParallelConfig& tp = *AddMeshStep(plan, "tp", layout.tp).mutable_tensor_parallel();
@@ -136,6 +142,20 @@ TEST(PipelineTest, OneFOneBOnTwoRanksEqualsOneProcess) {
 
 TEST(PipelineTest, ZeroBubbleOnTwoRanksEqualsOneProcess) {
   ExpectOneProcessRun({.pp = 2, .schedule = "ZB_H1"}, "pp 2 ZB_H1");
+}
+
+// A zero-bubble schedule runs each micro-batch's backward in two passes (the inputs' gradients,
+// later the weights'); a checkpointed block recomputes its forward in each, and under SELECTIVE
+// reads the projections' outputs its forward kept in both.
+TEST(PipelineTest, ZeroBubbleWithActivationCheckpointingEqualsOneProcess) {
+  using Config = wrap::ActivationCheckpointingConfig;
+  for (const Config::Policy policy : {Config::FULL, Config::SELECTIVE}) {
+    const std::string name = absl::StrCat("pp 2 ZB_H1 ", Config::Policy_Name(policy));
+    ExpectSameTraining(
+        TrainAndSave(TrainingPlan({.pp = 2, .schedule = "ZB_H1", .checkpointing = policy}), 2,
+                     name),
+        OneProcess(), name);
+  }
 }
 
 // Two stages of one block on each of 2 ranks (rank 0: blocks 0 and 2), Megatron's interleaved

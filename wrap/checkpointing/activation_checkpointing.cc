@@ -29,6 +29,10 @@ struct ActivationCheckpointing::Recomputation : torch::CustomClassHolder {
   std::vector<torch::Tensor> parameters;
   std::vector<torch::Tensor> kept;  // SELECTIVE: the projections' outputs
   size_t next_kept = 0;             // the next one the recomputation reads
+  // Whether the block's input and each of its parameters required a gradient in the forward:
+  // a backward that computes the gradients of fewer (a zero-bubble pipeline's backward of the
+  // inputs, whose backward of the weights comes later) leaves the kept outputs for the next.
+  std::vector<bool> requires_grad;
   // The forward generator of the block's device (base::ForwardGenerator) and its state when
   // the forward started, which the recomputation starts from: a random op (an adapter's
   // dropout) draws what the forward drew, as torch.utils.checkpoint's preserve_rng_state does.
@@ -65,10 +69,12 @@ struct KeptLinearFunction : torch::autograd::Function<KeptLinearFunction> {
   // for an input and fails on its missing device.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight,
-                               const c10::optional<torch::Tensor>& bias, torch::Tensor* kept) {
+                               const c10::optional<torch::Tensor>& bias, const torch::Tensor& kept) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
-    return std::move(*kept);
+    // An alias, so that the kept tensor itself never holds this node (and through it the
+    // recomputed graph) while it waits for another recomputation.
+    return kept.detach();
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -114,6 +120,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     // The recomputed block's own leaves: its input, and the parameters as they are now (FSDP
     // gathered them again before this backward).
     const bool input_grad = ctx->needs_input_grad(0);
+    bool every_gradient = true;  // this backward computes all the block's gradients
+    for (size_t i = 0; i <= count; ++i) {
+      if (recomputation->requires_grad[i] && !ctx->needs_input_grad(i)) every_gradient = false;
+    }
     const torch::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(input_grad);
     std::vector<torch::Tensor> leaves;
     if (input_grad) leaves.push_back(input);
@@ -125,6 +135,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     torch::Tensor output;
     {
       torch::AutoGradMode grad_mode(true);
+      recomputation->next_kept = 0;
       ScopedSet<Recomputation*> replaying(owner.replaying_,
                                           owner.selective() ? recomputation.get() : nullptr);
       at::Generator& generator = recomputation->generator;
@@ -147,9 +158,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       leaf_grads = torch::autograd::grad({output}, leaves, {grads[0]}, /*retain_graph=*/false,
                                          /*create_graph=*/false, /*allow_unused=*/true);
     }
-    // The kept outputs went into the recomputed graph, which is gone: a second backward
-    // through this block (retain_graph) finds none and says so.
-    recomputation->kept.clear();
+    // Once every gradient is computed the kept outputs serve no other backward and are freed:
+    // a second backward through this block (retain_graph) finds none and says so. A backward
+    // of some of them (a zero-bubble pipeline's of the inputs) leaves them to the next one.
+    if (every_gradient) recomputation->kept.clear();
     size_t next = 0;
     if (input_grad) result[0] = leaf_grads[next++];
     for (size_t i = 0; i < count; ++i) {
@@ -180,6 +192,10 @@ torch::Tensor ActivationCheckpointing::RunBlock(int unit, const torch::Tensor& i
   }
   // Read at every forward: tensor parallelism may have replaced the parameters since.
   recomputation->parameters = blocks_[unit]->parameters();
+  recomputation->requires_grad.push_back(input.requires_grad());
+  for (const torch::Tensor& parameter : recomputation->parameters) {
+    recomputation->requires_grad.push_back(parameter.requires_grad());
+  }
   const std::vector<torch::Tensor> parameters = recomputation->parameters;
   return CheckpointFunction::apply(input, torch::TensorList(parameters), std::move(recomputation));
 }
@@ -187,15 +203,16 @@ torch::Tensor ActivationCheckpointing::RunBlock(int unit, const torch::Tensor& i
 torch::Tensor ActivationCheckpointing::Linear(const torch::Tensor& x, const torch::Tensor& weight,
                                               const torch::Tensor& bias) {
   if (replaying_ != nullptr) {
-    // A recomputation that finds no kept output left is a second backward through the block
-    // (kept outputs serve one backward) or a forward that did not repeat itself.
+    // A recomputation that finds no kept output left is a backward through the block after
+    // one that computed all its gradients (which freed them), or a forward that did not
+    // repeat itself.
     TORCH_CHECK(replaying_->next_kept < replaying_->kept.size(),
                 "selective activation checkpointing: a block's recomputation asked for more "
                 "projection outputs than its forward kept (a second backward through the same "
                 "forward is not supported)");
     return KeptLinearFunction::apply(
         x, weight, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt,
-        &replaying_->kept[replaying_->next_kept++]);
+        replaying_->kept[replaying_->next_kept++]);
   }
   torch::Tensor output = F::linear(x, weight, bias);
   if (recording_ != nullptr) recording_->kept.push_back(output);
