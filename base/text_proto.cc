@@ -1,9 +1,9 @@
 #include "base/text_proto.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -66,6 +66,32 @@ void FindUndeclaredEnumValues(const google::protobuf::Message& message, const st
   }
 }
 
+// What a value of the scalar, non-string `field` is, for errors: "an integer", "a number", ...
+std::string ValueKind(const google::protobuf::FieldDescriptor& field) {
+  using google::protobuf::FieldDescriptor;
+  switch (field.cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      return "a 32-bit integer";
+    case FieldDescriptor::CPPTYPE_INT64:
+      return "an integer";
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return "a 32-bit unsigned integer";
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return "an unsigned integer";
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      return "a number";
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return "true or false";
+    case FieldDescriptor::CPPTYPE_ENUM:
+      return absl::StrCat("a value of ", field.enum_type()->name());
+    case FieldDescriptor::CPPTYPE_STRING:
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      break;
+  }
+  return "a scalar";
+}
+
 }  // namespace
 
 absl::Status ParseTextProto(absl::string_view text, absl::string_view source,
@@ -116,6 +142,18 @@ absl::Status MergeFieldAssignment(absl::string_view assignment, absl::string_vie
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": ", here, " is repeated; overrides set singular fields"));
     }
+    // Setting one member of a oneof clears the member the file chose: refused, as the file's
+    // parser refuses two members, rather than dropping the file's choice and its fields.
+    if (const google::protobuf::OneofDescriptor* oneof = field->real_containing_oneof()) {
+      const FieldDescriptor* chosen =
+          target->GetReflection()->GetOneofFieldDescriptor(*target, oneof);
+      if (chosen != nullptr && chosen != field) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": ", here, ": ", walked, ".", chosen->name(),
+                         " is set, and both are members of the oneof ", walked, ".", oneof->name(),
+                         "; an override cannot replace one with the other: change it in the file"));
+      }
+    }
     const bool last = i + 1 == path.size();
     const bool is_message = field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE;
     if (last && is_message) {
@@ -129,68 +167,29 @@ absl::Status MergeFieldAssignment(absl::string_view assignment, absl::string_vie
     walked = here;
   }
 
-  // The value, parsed as the field's type: exactly one value, never more text.
   const google::protobuf::Reflection* reflection = target->GetReflection();
-  auto bad = [&](absl::string_view what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": ", walked, ": \"", value, "\" is not ", what));
-  };
-  switch (field->cpp_type()) {
-    case FieldDescriptor::CPPTYPE_INT32:
-    case FieldDescriptor::CPPTYPE_INT64: {
-      int64_t number = 0;
-      if (!absl::SimpleAtoi(value, &number)) return bad("an integer");
-      if (field->cpp_type() == FieldDescriptor::CPPTYPE_INT32) {
-        if (number != static_cast<int32_t>(number)) return bad("a 32-bit integer");
-        reflection->SetInt32(target, field, static_cast<int32_t>(number));
-      } else {
-        reflection->SetInt64(target, field, number);
-      }
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_UINT32:
-    case FieldDescriptor::CPPTYPE_UINT64: {
-      uint64_t number = 0;
-      if (!absl::SimpleAtoi(value, &number)) return bad("an unsigned integer");
-      if (field->cpp_type() == FieldDescriptor::CPPTYPE_UINT32) {
-        if (number != static_cast<uint32_t>(number)) return bad("a 32-bit unsigned integer");
-        reflection->SetUInt32(target, field, static_cast<uint32_t>(number));
-      } else {
-        reflection->SetUInt64(target, field, number);
-      }
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_DOUBLE:
-    case FieldDescriptor::CPPTYPE_FLOAT: {
-      double number = 0;
-      if (!absl::SimpleAtod(value, &number)) return bad("a number");
-      if (field->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT) {
-        reflection->SetFloat(target, field, static_cast<float>(number));
-      } else {
-        reflection->SetDouble(target, field, number);
-      }
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_BOOL: {
-      bool flag = false;
-      if (!absl::SimpleAtob(value, &flag)) return bad("true or false");
-      reflection->SetBool(target, field, flag);
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_ENUM: {
-      const google::protobuf::EnumValueDescriptor* enum_value =
-          field->enum_type()->FindValueByName(value);
-      if (enum_value == nullptr)
-        return bad(absl::StrCat("a value of ", field->enum_type()->name()));
-      reflection->SetEnum(target, field, enum_value);
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_STRING:
-      reflection->SetString(target, field, value);
-      break;
-    case FieldDescriptor::CPPTYPE_MESSAGE:
-      break;  // refused above
+  if (field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+    reflection->SetString(target, field, value);  // as it is, without the file's quotes
+    return absl::OkStatus();
   }
+  // Any other value is read by the text format's own parser, as the same text in the file
+  // would be (010 is octal 8 there, 0x10 is 16, t is true), and must be the whole value. It is
+  // parsed into a message of its own and moved over once it is known good: a bad value
+  // leaves the field as it was.
+  const auto bad = [&] {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", walked, ": \"", value, "\" is not ", ValueKind(*field)));
+  };
+  const std::unique_ptr<google::protobuf::Message> parsed(target->New());
+  ErrorCollector errors(source);  // unread: `bad` says what was expected; keeps the log quiet
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFieldValueFromString(value, field, parsed.get())) return bad();
+  if (field->cpp_type() == FieldDescriptor::CPPTYPE_ENUM &&
+      field->enum_type()->FindValueByNumber(reflection->GetEnumValue(*parsed, field)) == nullptr) {
+    return bad();
+  }
+  reflection->SwapFields(parsed.get(), target, {field});
   return absl::OkStatus();
 }
 

@@ -23,11 +23,14 @@ absl::Status ParseTextProto(absl::string_view text, absl::string_view source,
                             google::protobuf::Message& message);
 
 // Sets one singular scalar field of `message` from "a.b.c=value": the value is the field's
-// whole value, parsed as its type (an integer in range, a number, true or false, an enum
-// value's name; a string as it is, without quotes). InvalidArgument starting with `source`
-// (e.g. "--set=a.b=1") and naming, from `root_name`, the path component that does not exist,
-// is repeated or is a message, or the value that is not of the field's type
-// ("plan.training has no field \"stepz\"", "plan.training.steps: \"5 x\" is not an integer").
+// whole value, read by the text format's parser as the same text in a file is (an integer in
+// range, octal "010" and hexadecimal "0x10" included; a number; true or false; an enum
+// value's name or declared number), except a string, taken as it is, without quotes.
+// InvalidArgument starting with `source` (e.g. "--set=a.b=1") and naming, from `root_name`,
+// the path component that does not exist, is repeated or is a message, a member of a oneof
+// whose other member `message` sets (an override never replaces the file's choice), or the
+// value that is not of the field's type ("plan.training has no field \"stepz\"",
+// "plan.training.steps: \"5 x\" is not an integer"); a bad value leaves the field as it was.
 absl::Status MergeFieldAssignment(absl::string_view assignment, absl::string_view source,
                                   absl::string_view root_name, google::protobuf::Message& message);
 

@@ -1,5 +1,10 @@
 #include "base/text_proto.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "base/dtype.pb.h"
 #include "base/status_matchers.h"
 #include "base/text_proto_test.pb.h"
@@ -78,6 +83,73 @@ TEST(TextProtoTest, FieldAssignmentsGoThroughTheParser) {
                        "--set: config.count: \"two\" is not an integer"));
   EXPECT_THAT(MergeFieldAssignment("count", "--set", "config", message),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected path=value")));
+}
+
+// A value given with --set reads as the same text does in the file: the text format's octal
+// and hexadecimal integers, its spellings of true and false, enum numbers; and what the file
+// refuses, the override refuses.
+TEST(TextProtoTest, AnOverridesValueReadsAsTheFileReadsIt) {
+  const std::vector<std::pair<std::string, std::string>> values = {{"count", "010"},
+                                                                   {"count", "0x10"},
+                                                                   {"count", "-010"},
+                                                                   {"count", "9223372036854775808"},
+                                                                   {"count", "1e3"},
+                                                                   {"count", "+5"},
+                                                                   {"small", "-1"},
+                                                                   {"small", "4294967296"},
+                                                                   {"ratio", "010"},
+                                                                   {"ratio", "1e3"},
+                                                                   {"ratio", "-inf"},
+                                                                   {"ratio", "0x10"},
+                                                                   {"ratio", ".5"},
+                                                                   {"flag", "t"},
+                                                                   {"flag", "True"},
+                                                                   {"flag", "yes"},
+                                                                   {"flag", "1"},
+                                                                   {"dtype", "2"},
+                                                                   {"dtype", "DTYPE_BFLOAT16"},
+                                                                   {"number", "7"}};
+  for (const auto& [field, value] : values) {
+    SCOPED_TRACE(absl::StrCat(field, " = ", value));
+    TextProtoTestMessage from_file;
+    TextProtoTestMessage from_override;
+    const absl::Status file = ParseTextProto(absl::StrCat(field, ": ", value), "f", from_file);
+    const absl::Status override =
+        MergeFieldAssignment(absl::StrCat(field, "=", value), "--set", "config", from_override);
+    EXPECT_EQ(file.ok(), override.ok()) << file << "\n" << override;
+    EXPECT_EQ(from_override.DebugString(), from_file.DebugString());
+  }
+  TextProtoTestMessage message;
+  ASSERT_THAT(MergeFieldAssignment("count=010", "--set", "config", message), IsOk());
+  EXPECT_EQ(message.count(), 8);
+  EXPECT_THAT(MergeFieldAssignment("count=08", "--set", "config", message),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--set: config.count: \"08\" is not an integer"));
+  EXPECT_EQ(message.count(), 8);  // a bad value leaves the field as it was
+}
+
+// Setting a member of a oneof whose other member the file set would silently drop the
+// file's choice (and the fields under it): refused, naming both.
+TEST(TextProtoTest, AnOverrideCannotReplaceTheFilesMemberOfAOneof) {
+  TextProtoTestMessage message;
+  ASSERT_THAT(ParseTextProto("first {}", "f", message), IsOk());
+  EXPECT_THAT(MergeFieldAssignment("number=3", "--set", "config", message),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--set: config.number: config.first is set, and both are members of the "
+                       "oneof config.choice; an override cannot replace one with the other: "
+                       "change it in the file"));
+  EXPECT_THAT(MergeFieldAssignment("other.count=3", "--set", "config", message),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--set: config.other: config.first is set")));
+  EXPECT_TRUE(message.has_first());
+  // The member the file chose, or any member of a oneof the file left unset, is set as any
+  // other field.
+  ASSERT_THAT(ParseTextProto("other { name: \"a\" }", "f", message), IsOk());
+  ASSERT_THAT(MergeFieldAssignment("other.count=3", "--set", "config", message), IsOk());
+  EXPECT_EQ(message.other().name(), "a");
+  EXPECT_EQ(message.other().count(), 3);
+  ASSERT_THAT(MergeFieldAssignment("other.number=4", "--set", "config", message), IsOk());
+  EXPECT_EQ(message.other().number(), 4);
 }
 
 }  // namespace

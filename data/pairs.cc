@@ -1,12 +1,12 @@
 #include "data/pairs.h"
 
 #include <algorithm>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "data/jsonl_lines.h"
 #include "nlohmann/json.hpp"
 
 namespace plait::data {
@@ -120,13 +120,10 @@ absl::Status CheckHasExamples(absl::string_view path, const PairExamples& pairs)
 
 absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind,
                                           const PairFiles& files, int64_t vocab_size,
-                                          int64_t seq_len) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read \"", path, "\""));
+                                          int64_t seq_len, int64_t max_line_bytes) {
   PairExamples pairs;
-  std::string text;
-  for (int64_t line_number = 1; std::getline(in, text); ++line_number) {
-    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+  const auto add_line = [&](const std::string& text, int64_t line_number) -> absl::Status {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) return absl::OkStatus();
     const std::string where = absl::StrCat(path, ":", line_number);
     PLAIT_ASSIGN_OR_RETURN(const Json line, base::ParseJson(where, text));
     if (!line.is_object()) {
@@ -137,8 +134,9 @@ absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind
     for (const auto& [key, ids] : Completions(kind, example)) {
       PLAIT_ASSIGN_OR_RETURN(*ids, TokenIds(line, key, vocab_size, where));
     }
-    PLAIT_RETURN_IF_ERROR(AddPairExample(std::move(example), kind, files, seq_len, where, pairs));
-  }
+    return AddPairExample(std::move(example), kind, files, seq_len, where, pairs);
+  };
+  PLAIT_RETURN_IF_ERROR(ForEachJsonlLine(path, add_line, max_line_bytes));
   PLAIT_RETURN_IF_ERROR(CheckHasExamples(path, pairs));
   return pairs;
 }

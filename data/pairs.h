@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "data/batch.h"
 #include "data/data.pb.h"
+#include "data/jsonl_lines.h"
 
 namespace plait::data {
 
@@ -44,10 +45,12 @@ struct PairExamples {
 // line and the field, and nothing is returned: "<path>:3: chosen[2]: 5000 is not below the
 // vocabulary size 4096", for malformed JSON, a missing key, an entry that is not a token id
 // below `vocab_size`, an empty completion, a prompt that leaves no completion token within
-// `seq_len` (unless `files.skip_long_prompts`), or a file without examples.
+// `seq_len` (unless `files.skip_long_prompts`), a line longer than `max_line_bytes`
+// (refused before it is parsed), or a file without examples.
 absl::StatusOr<PairExamples> ReadPairFile(const std::string& path, PairKind kind,
                                           const PairFiles& files, int64_t vocab_size,
-                                          int64_t seq_len);
+                                          int64_t seq_len,
+                                          int64_t max_line_bytes = kMaxJsonlLineBytes);
 
 // The completions of `example` (a PairExample, const or not) under their JSONL keys:
 // {"completion"} for kSft, {"chosen", "rejected"} for kPreference.

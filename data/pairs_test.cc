@@ -130,6 +130,17 @@ TEST(PairsTest, BadLinesAreNamedByFileLineAndField) {
                HasSubstr("bad.jsonl:2: prompt[0]: 18446744073709551615 is not a token id")));
 }
 
+// A line longer than the bound is refused before it is parsed; one of the bound is read.
+TEST(PairsTest, ALineOverTheBoundIsNamedBeforeItIsParsed) {
+  const std::string line = "{\"prompt\": [1], \"completion\": [2]}";
+  const std::string path = WriteJsonl("bound.jsonl", line + "\n" + line + " \n");
+  EXPECT_THAT(ReadPairFile(path, PairKind::kSft, PairFiles(), 100, 4, line.size() + 1), IsOk());
+  EXPECT_THAT(ReadPairFile(path, PairKind::kSft, PairFiles(), 100, 4, line.size()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bound.jsonl:2: longer than 34 bytes, the most a JSONL line may "
+                                 "hold")));
+}
+
 TEST(PairsTest, LongPromptsAreSkippedAndCountedWhenAsked) {
   const std::string path = WriteJsonl("long.jsonl",
                                       "{\"prompt\": [1, 2, 3, 4], \"completion\": [5]}\n"

@@ -23,10 +23,16 @@ constexpr double kHfLlamaRmsNormEps = 1e-6;
 constexpr double kHfRopeTheta = 10000.0;
 constexpr int64_t kHfLlamaMaxPositions = 2048;
 constexpr int64_t kHfQwen2MaxPositions = 32768;  // Qwen3's too
+// Qwen2Config's and Qwen3Config's num_key_value_heads: a number, not the attention heads
+// (LlamaConfig's and Qwen3MoeConfig's), which a config.json leaving it out gets.
+constexpr int64_t kHfQwen2KeyValueHeads = 32;
+// Qwen3Config's head_dim, not hidden_size / num_attention_heads.
+constexpr int64_t kHfQwen3HeadDim = 128;
 // MixtralConfig's.
 constexpr double kHfMixtralRmsNormEps = 1e-5;
 constexpr double kHfMixtralRopeTheta = 1000000.0;
 constexpr int64_t kHfMixtralMaxPositions = 131072;
+constexpr int64_t kHfMixtralKeyValueHeads = 8;
 
 ModelConfig Llama(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
                   int64_t kv_heads, int64_t vocab, bool tie) {
@@ -427,17 +433,42 @@ absl::StatusOr<ModelConfig> ResolveModelSpec(const ModelSpec& spec, absl::string
 
 namespace {
 
+// The expert count of a config.json, `fallback` (the config class's default) when it gives
+// none. transformers' Qwen3MoeConfig and MixtralConfig read num_experts and num_local_experts
+// as one attribute (attribute_map), and transformers 5 writes it as num_local_experts; given
+// both, the one the class does not declare overwrites the other (Mixtral takes num_experts,
+// Qwen3-MoE num_local_experts), an accident of its keyword handling, so two different values
+// are refused rather than guessed between.
+absl::StatusOr<int64_t> ExpertCount(const base::JsonFields& fields, int64_t fallback) {
+  if (!fields.Has("num_experts")) return fields.Int("num_local_experts", fallback);
+  PLAIT_ASSIGN_OR_RETURN(const int64_t experts, fields.Int("num_experts"));
+  PLAIT_ASSIGN_OR_RETURN(const int64_t local_experts, fields.Int("num_local_experts", experts));
+  if (local_experts != experts) {
+    return fields.Error(
+        "num_experts",
+        absl::StrCat(experts, " and num_local_experts ", local_experts,
+                     " both give the expert count, which transformers reads as one field; "
+                     "keep one"));
+  }
+  return experts;
+}
+
 // A qwen3_moe config.json's mixture-of-experts fields, with transformers' Qwen3MoeConfig
 // defaults where one is absent.
 absl::Status ParseExperts(const Json& json, const base::JsonFields& fields, ModelConfig& config) {
-  // transformers 5 writes num_experts as num_local_experts (its attribute map's name).
-  PLAIT_ASSIGN_OR_RETURN(
-      const int64_t experts,
-      fields.Int(fields.Has("num_local_experts") ? "num_local_experts" : "num_experts", 128));
+  PLAIT_ASSIGN_OR_RETURN(const int64_t experts, ExpertCount(fields, 128));
   PLAIT_ASSIGN_OR_RETURN(const int64_t per_token, fields.Int("num_experts_per_tok", 8));
   PLAIT_ASSIGN_OR_RETURN(const int64_t width, fields.Int("moe_intermediate_size", 768));
   PLAIT_ASSIGN_OR_RETURN(const bool normalise, fields.Bool("norm_topk_prob", false));
   PLAIT_ASSIGN_OR_RETURN(const int64_t step, fields.Int("decoder_sparse_step", 1));
+  // In the plan's ModelConfig 0 means unset (1); here it is the file's value, which
+  // transformers' Qwen3MoeDecoderLayer divides by ((layer + 1) % step) and cannot build with.
+  if (step < 1) {
+    return fields.Error("decoder_sparse_step",
+                        absl::StrCat(step,
+                                     " must be 1 or more (every decoder_sparse_step-th "
+                                     "layer is a mixture of experts)"));
+  }
   PLAIT_ASSIGN_OR_RETURN(const double coefficient, fields.Double("router_aux_loss_coef", 0.001));
   config.set_num_experts(experts);
   config.set_num_experts_per_tok(per_token);
@@ -460,7 +491,7 @@ absl::Status ParseExperts(const Json& json, const base::JsonFields& fields, Mode
 // A mixtral config.json's mixture-of-experts fields, with transformers' MixtralConfig defaults
 // where one is absent: every layer's experts are intermediate_size wide and renormalised.
 absl::Status ParseMixtralExperts(const base::JsonFields& fields, ModelConfig& config) {
-  PLAIT_ASSIGN_OR_RETURN(const int64_t experts, fields.Int("num_local_experts", 8));
+  PLAIT_ASSIGN_OR_RETURN(const int64_t experts, ExpertCount(fields, 8));
   PLAIT_ASSIGN_OR_RETURN(const int64_t per_token, fields.Int("num_experts_per_tok", 2));
   PLAIT_ASSIGN_OR_RETURN(const double coefficient, fields.Double("router_aux_loss_coef", 0.001));
   PLAIT_ASSIGN_OR_RETURN(const double jitter, fields.Double("router_jitter_noise", 0.0));
@@ -502,7 +533,11 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   PLAIT_ASSIGN_OR_RETURN(int64_t intermediate, fields.Int("intermediate_size"));
   PLAIT_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers"));
   PLAIT_ASSIGN_OR_RETURN(int64_t heads, fields.Int("num_attention_heads"));
-  PLAIT_ASSIGN_OR_RETURN(int64_t kv_heads, fields.Int("num_key_value_heads", heads));
+  const bool dense_qwen3 = type == "qwen3";  // whose defaults differ from Qwen3-MoE's
+  const int64_t default_kv_heads = qwen2 || dense_qwen3 ? kHfQwen2KeyValueHeads
+                                   : mixtral            ? kHfMixtralKeyValueHeads
+                                                        : heads;
+  PLAIT_ASSIGN_OR_RETURN(int64_t kv_heads, fields.Int("num_key_value_heads", default_kv_heads));
   PLAIT_ASSIGN_OR_RETURN(int64_t vocab, fields.Int("vocab_size"));
   PLAIT_ASSIGN_OR_RETURN(double eps, fields.Double("rms_norm_eps", mixtral ? kHfMixtralRmsNormEps
                                                                            : kHfLlamaRmsNormEps));
@@ -536,8 +571,8 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view text, absl::stri
   }
   // Written by transformers for every model; kept only where it is not hidden / heads.
   int64_t head_dim = 0;
-  if (fields.Has("head_dim")) {
-    PLAIT_ASSIGN_OR_RETURN(head_dim, fields.Int("head_dim"));
+  if (fields.Has("head_dim") || dense_qwen3) {
+    PLAIT_ASSIGN_OR_RETURN(head_dim, fields.Int("head_dim", kHfQwen3HeadDim));
     if (heads > 0 && hidden % heads == 0 && head_dim == hidden / heads) head_dim = 0;
   }
   config.set_hidden_size(hidden);

@@ -10,6 +10,7 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace plait::models {
 namespace {
@@ -338,6 +339,57 @@ TEST(ParseHfConfigJsonTest, ErrorsNameTheSourceAndField) {
   text.replace(text.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
   EXPECT_THAT(ParseHfConfigJson(text, "c.json"), StatusIs(absl::StatusCode::kInvalidArgument,
                                                           HasSubstr("c.json: use_sliding_window")));
+}
+
+// The fields a config.json leaves out, or gives under another name, read as transformers
+// 5.17's config classes read them (their defaults and attribute_map), never as a default of
+// plait's own.
+TEST(ParseHfConfigJsonTest, AbsentAndRenamedFieldsAreReadAsTransformersReadsThem) {
+  const auto parse = [](const nlohmann::json& json) {
+    return ParseHfConfigJson(json.dump(), "c.json");
+  };
+  const auto equals = [](const absl::StatusOr<ModelConfig>& config, const std::string& preset) {
+    return config.ok() && google::protobuf::util::MessageDifferencer::Equals(
+                              *config, PresetConfig(preset).value());
+  };
+  // MixtralConfig and Qwen3MoeConfig read num_experts and num_local_experts as one field.
+  nlohmann::json mixtral = nlohmann::json::parse(kMixtral8x7bJson);
+  mixtral.erase("num_local_experts");
+  mixtral["num_experts"] = 4;
+  absl::StatusOr<ModelConfig> config = parse(mixtral);
+  ASSERT_THAT(config, IsOk());
+  EXPECT_EQ(config->num_experts(), 4);
+  mixtral["num_local_experts"] = 4;
+  EXPECT_THAT(parse(mixtral), IsOk());
+  mixtral["num_local_experts"] = 8;
+  EXPECT_THAT(parse(mixtral),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: num_experts: 4 and num_local_experts 8 both give the "
+                                 "expert count")));
+  nlohmann::json qwen3_moe =
+      nlohmann::json::parse(ToHfConfigJson(PresetConfig("qwen3-moe-tiny").value()));
+  qwen3_moe["num_local_experts"] = qwen3_moe["num_experts"];
+  qwen3_moe.erase("num_experts");
+  EXPECT_TRUE(equals(parse(qwen3_moe), "qwen3-moe-tiny"));
+  // transformers divides the layer number by decoder_sparse_step: 0 builds no model.
+  qwen3_moe["decoder_sparse_step"] = 0;
+  EXPECT_THAT(parse(qwen3_moe),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c.json: decoder_sparse_step: 0 must be 1 or more")));
+  // Without num_key_value_heads: MixtralConfig's 8 (Mixtral 8x7B's), Qwen2Config's 32 (which
+  // Qwen2.5-0.5B's 14 attention heads cannot share), not the attention heads.
+  mixtral = nlohmann::json::parse(kMixtral8x7bJson);
+  mixtral.erase("num_key_value_heads");
+  EXPECT_TRUE(equals(parse(mixtral), "mixtral-8x7b"));
+  nlohmann::json qwen2 = nlohmann::json::parse(kQwen25Json);
+  qwen2.erase("num_key_value_heads");
+  EXPECT_THAT(parse(qwen2), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("c.json.num_key_value_heads: 32 does not divide "
+                                               "num_attention_heads (14)")));
+  // Without head_dim: Qwen3Config's 128 (Qwen3-0.6B's), not hidden_size / heads (64).
+  nlohmann::json qwen3 = nlohmann::json::parse(ToHfConfigJson(PresetConfig("qwen3-0.6b").value()));
+  qwen3.erase("head_dim");
+  EXPECT_TRUE(equals(parse(qwen3), "qwen3-0.6b"));
 }
 
 TEST(ReadHfConfigTest, ReadsAFileAndNamesAMissingOne) {

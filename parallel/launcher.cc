@@ -180,6 +180,7 @@ std::vector<std::string> RankEnvironment(int local_rank, const LaunchOptions& op
       {kMaxRestartsVariable, absl::StrCat(options.max_restarts)},
       {kRestartCauseVariable, unless_empty(attempt.cause)},
       {kStdoutIsTerminalVariable, options.stdout_is_terminal ? "1" : "0"},
+      {kOutputPrefixedVariable, "1"},  // by LineSplitter
   };
   std::vector<std::string> environment;
   for (char** entry = environ; *entry != nullptr; ++entry) {
@@ -786,6 +787,12 @@ int LaunchAndReport(const LaunchOptions& options) {
   }
   if (!result->ok()) std::cerr << "launch: " << result->summary << "\n";
   return result->ExitCode();
+}
+
+std::string RankMessagePrefix(int rank) {
+  const char* prefixed = std::getenv(kOutputPrefixedVariable);
+  if (prefixed != nullptr && absl::string_view(prefixed) == "1") return "";
+  return absl::StrCat("rank ", rank, ": ");
 }
 
 bool StdoutIsTerminal() {

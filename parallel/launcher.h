@@ -117,6 +117,17 @@ struct LaunchResult {
 // "1" or "0".
 inline constexpr char kStdoutIsTerminalVariable[] = "PLAIT_STDOUT_IS_TERMINAL";
 
+// The variable through which Launch tells the ranks that it starts each line they write with
+// "[rank N] ": "1".
+inline constexpr char kOutputPrefixedVariable[] = "PLAIT_OUTPUT_PREFIXED";
+
+// What rank `rank` starts a message of its own with, so that a job's output says which rank
+// wrote it: "rank N: ", or nothing for a rank of Launch, whose every line starts with
+// "[rank N] " already (kOutputPrefixedVariable):
+//
+//   std::cerr << RankMessagePrefix(world.rank) << status.message() << "\n";
+std::string RankMessagePrefix(int rank);
+
 // Whether what this process writes to stdout reaches a terminal: its stdout is one, or it is
 // a rank whose launcher says so (kStdoutIsTerminalVariable). Either way false when TERM is
 // "dumb" or unset, as a terminal that cannot redraw a line is no better than a file.
@@ -126,7 +137,8 @@ bool StdoutIsTerminal();
 // environment plus torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 // GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 // TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS, and plait's kStoreFileVariable
-// (one node), kRestartCauseVariable (after a restart) and kStdoutIsTerminalVariable, and
+// (one node), kRestartCauseVariable (after a restart), kStdoutIsTerminalVariable and
+// kOutputPrefixedVariable, and
 // returns when every one has ended and no restart is left to make. Their
 // stdout and stderr lines go to the sinks (see LineSink); a final line without an end is
 // passed on with '\n', and a line longer than

@@ -37,6 +37,7 @@ using ::testing::Each;
 using ::testing::ElementsAre;
 using ::testing::Field;
 using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
 using ::testing::UnorderedElementsAreArray;
 
 // Fail-fast launches must end well within this, although their other ranks sleep 60 s.
@@ -203,6 +204,20 @@ TEST(StdoutIsTerminalTest, FollowsTheLauncherUnlessTheTerminalIsDumb) {
   EXPECT_FALSE(StdoutIsTerminal());
   unsetenv(kStdoutIsTerminalVariable);
   EXPECT_FALSE(StdoutIsTerminal());
+}
+
+// A rank's own messages name it once: by Launch's "[rank N] " when it runs under Launch
+// (not "[rank 1] rank 1: failed"), by their own "rank N: " when nothing else says which rank
+// wrote them.
+TEST(LaunchTest, ARanksMessagesNameItOnce) {
+  Output output;
+  ASSERT_THAT(Launch(ChildOptions(2, {"report_error"}, &output)), IsOk());
+  EXPECT_THAT(output.err, UnorderedElementsAre("[rank 0] failed\n", "[rank 1] failed\n"));
+  unsetenv(kOutputPrefixedVariable);
+  EXPECT_EQ(RankMessagePrefix(4), "rank 4: ");
+  setenv(kOutputPrefixedVariable, "1", 1);
+  EXPECT_EQ(RankMessagePrefix(4), "");
+  unsetenv(kOutputPrefixedVariable);
 }
 
 TEST(LaunchTest, FailsFastWhenARankExitsNonZero) {

@@ -92,6 +92,21 @@ TEST(ApplyOverrideTest, ErrorsNameTheOverrideAndTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected path=value")));
 }
 
+// An override reads its value as the plan file would, and cannot swap the file's optimizer.
+TEST(ApplyOverrideTest, ReadsValuesAsTheFileAndKeepsItsChoiceOfOptimizer) {
+  Plan plan = *ParsePlan(absl::StrCat(kPlan, "optimizer { adamw { beta1: 0.8 } }"), "p.textproto");
+  ASSERT_THAT(ApplyOverride("training.steps=010", plan), IsOk());
+  EXPECT_EQ(plan.training().steps(), 8);  // as `steps: 010` in the file: octal
+  EXPECT_THAT(ApplyOverride("optimizer.sgd.momentum=0.9", plan),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--set=optimizer.sgd.momentum=0.9: plan.optimizer.sgd: "
+                                 "plan.optimizer.adamw is set, and both are members of the oneof "
+                                 "plan.optimizer.algorithm")));
+  EXPECT_EQ(plan.optimizer().adamw().beta1(), 0.8);
+  ASSERT_THAT(ApplyOverride("optimizer.adamw.beta2=0.95", plan), IsOk());
+  EXPECT_EQ(plan.optimizer().adamw().beta2(), 0.95);
+}
+
 TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
   const char* argv[] = {"plan_check", "plan.textproto", "--set=training.steps=5", "--world_size=4",
                         "--set=training.steps=6"};

@@ -1,7 +1,6 @@
 #include "plan/target_check.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,49 +31,81 @@ constexpr char kBuiltinTargetsText[] =
 #include "plan/targets_text.inc"
     ;
 
-// Positive and finite.
-bool Positive(double value) { return value > 0 && std::isfinite(value); }
+// The bounds of a target's figures in their units (GiB, TFLOP/s, GB/s): about a thousand
+// times beyond the largest parts of 2025 (288 GB of memory, some 5,000 dense fp8 TFLOP/s,
+// 900 GB/s of NVLink each way) and far within what the estimates' products (GiB x 2^30,
+// TFLOP/s x 10^12, FLOPs / FLOP/s) take and stay finite. A figure outside them is a typo or
+// a wrong unit, and would print an infinite or zero estimate.
+constexpr double kMinTargetFigure = 1e-3;
+constexpr double kMaxTargetFigure = 1e6;
+// The least MFU and link efficiency: below 0.1% a step's time is no estimate.
+constexpr double kMinEfficiency = 1e-3;
+
+bool IsTargetFigure(double value) { return value >= kMinTargetFigure && value <= kMaxTargetFigure; }
 
 void CheckTargetFields(const Target& target, const std::string& field,
                        std::vector<std::string>& problems) {
+  const std::string which =
+      target.name().empty() ? "" : absl::StrCat(" (target \"", target.name(), "\")");
   auto require = [&](bool ok, absl::string_view name, absl::string_view what) {
-    if (!ok) problems.push_back(absl::StrCat(field, ".", name, ": ", what));
+    if (!ok) problems.push_back(absl::StrCat(field, ".", name, ": ", what, which));
+  };
+  auto figure = [&](double value, absl::string_view name, absl::string_view unit) {
+    require(IsTargetFigure(value), name,
+            absl::StrCat(value, " ", unit, " is not within [", kMinTargetFigure, ", ",
+                         kMaxTargetFigure, "]"));
   };
   require(!target.name().empty(), "name", "is empty");
-  require(Positive(target.memory_gib()), "memory_gib", "must be > 0");
-  require(Positive(target.bf16_tflops()) || Positive(target.fp32_tflops()), "bf16_tflops",
+  figure(target.memory_gib(), "memory_gib", "GiB");
+  require(target.bf16_tflops() > 0 || target.fp32_tflops() > 0, "bf16_tflops",
           "a target needs a bf16 or an fp32 peak > 0");
-  for (const double peak : {target.bf16_tflops(), target.fp8_tflops(), target.fp32_tflops()}) {
-    require(peak >= 0 && std::isfinite(peak), "*_tflops", "a peak must be >= 0 and finite");
+  for (const auto& [peak, name] : {std::pair(target.bf16_tflops(), "bf16_tflops"),
+                                   std::pair(target.fp8_tflops(), "fp8_tflops"),
+                                   std::pair(target.fp32_tflops(), "fp32_tflops")}) {
+    if (peak != 0) figure(peak, name, "TFLOP/s (0: the part has none)");
   }
-  require(Positive(target.intra_node_gb_per_s()), "intra_node_gb_per_s", "must be > 0");
-  require(Positive(target.inter_node_gb_per_s()), "inter_node_gb_per_s", "must be > 0");
-  require(target.gpus_per_node() > 0, "gpus_per_node", "must be > 0");
+  figure(target.intra_node_gb_per_s(), "intra_node_gb_per_s", "GB/s");
+  figure(target.inter_node_gb_per_s(), "inter_node_gb_per_s", "GB/s");
+  require(
+      target.gpus_per_node() > 0 && target.gpus_per_node() <= parallel::kMaxMeshRanks,
+      "gpus_per_node",
+      absl::StrCat(target.gpus_per_node(), " is not within [1, ", parallel::kMaxMeshRanks, "]"));
 }
 
-// Every problem of `catalogue` read from `source`: its targets', and its reserve's and speed's
-// where it has them.
+// Every problem of `catalogue` read from `source`: its targets', two targets of one name, and
+// its reserve's and speed's where it has them.
 absl::Status CheckCatalogue(const TargetCatalogue& catalogue, const std::string& source) {
   std::vector<std::string> problems;
   for (int i = 0; i < catalogue.targets_size(); ++i) {
-    CheckTargetFields(catalogue.targets(i), absl::StrCat(source, ": targets[", i, "]"), problems);
+    const Target& target = catalogue.targets(i);
+    const std::string field = absl::StrCat(source, ": targets[", i, "]");
+    CheckTargetFields(target, field, problems);
+    for (int earlier = 0; earlier < i && !target.name().empty(); ++earlier) {
+      if (catalogue.targets(earlier).name() != target.name()) continue;
+      problems.push_back(absl::StrCat(field, ".name: \"", target.name(), "\" is targets[", earlier,
+                                      "]'s name too; each target needs its own"));
+      break;
+    }
   }
   if (catalogue.has_reserve()) {
     const MemoryReserve& reserve = catalogue.reserve();
-    if (!(reserve.fixed_gib() >= 0 && std::isfinite(reserve.fixed_gib()))) {
-      problems.push_back(absl::StrCat(source, ": reserve.fixed_gib: must be >= 0"));
+    if (!(reserve.fixed_gib() >= 0 && reserve.fixed_gib() <= kMaxTargetFigure)) {
+      problems.push_back(absl::StrCat(source, ": reserve.fixed_gib: ", reserve.fixed_gib(),
+                                      " is not within [0, ", kMaxTargetFigure, "]"));
     }
     if (!(reserve.fragmentation() >= 0 && reserve.fragmentation() < 1)) {
-      problems.push_back(absl::StrCat(source, ": reserve.fragmentation: must be in [0, 1)"));
+      problems.push_back(absl::StrCat(source, ": reserve.fragmentation: ", reserve.fragmentation(),
+                                      " is not within [0, 1)"));
     }
   }
   if (catalogue.has_speed()) {
     const SpeedAssumptions& speed = catalogue.speed();
-    if (!(speed.mfu() > 0 && speed.mfu() <= 1)) {
-      problems.push_back(absl::StrCat(source, ": speed.mfu: must be in (0, 1]"));
-    }
-    if (!(speed.link_efficiency() > 0 && speed.link_efficiency() <= 1)) {
-      problems.push_back(absl::StrCat(source, ": speed.link_efficiency: must be in (0, 1]"));
+    for (const auto& [share, name] :
+         {std::pair(speed.mfu(), "mfu"), std::pair(speed.link_efficiency(), "link_efficiency")}) {
+      if (!(share >= kMinEfficiency && share <= 1)) {
+        problems.push_back(absl::StrCat(source, ": speed.", name, ": ", share, " is not within [",
+                                        kMinEfficiency, ", 1]"));
+      }
     }
   }
   if (problems.empty()) return absl::OkStatus();

@@ -27,8 +27,10 @@ namespace plait::plan {
 
 // The built-in catalogue (plan/targets.textproto), with `user_file`'s targets added or put in
 // place of those of the same name, and its reserve and speed where it sets them; the built-in
-// one alone for an empty `user_file`. InvalidArgument naming the file and the field for a
-// target without a name, memory, a peak FLOP/s, links or GPUs per node.
+// one alone for an empty `user_file`. InvalidArgument naming the file, the field and the
+// target for a target without a name, memory, a peak FLOP/s, links or GPUs per node, a figure
+// beyond any real part's (1e308 GiB, inf TFLOP/s), two targets of one name in one file, and
+// a reserve or speed assumption out of its range.
 absl::StatusOr<TargetCatalogue> LoadTargets(const std::string& user_file);
 
 // The target called `name`; NotFound listing the names the catalogue has.

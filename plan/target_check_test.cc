@@ -107,6 +107,53 @@ TEST(LoadTargetsTest, AUsersFileIsCheckedFieldByField) {
   EXPECT_THAT(LoadTargets(path + ".missing"), Not(IsOk()));
 }
 
+// Figures that are typos, whose estimates would print as inf or 0, and two targets of one
+// name (which --target would pick between silently) are refused, naming the target.
+TEST(LoadTargetsTest, FiguresBeyondAnyPartAndTwoTargetsOfOneNameAreRefused) {
+  const std::string path = WriteTemp("absurd_targets.textproto", R"pb(
+    targets {
+      name: "typo"
+      memory_gib: 1e308
+      bf16_tflops: inf
+      fp8_tflops: 1e-300
+      intra_node_gb_per_s: 450
+      inter_node_gb_per_s: 1e7
+      gpus_per_node: 2147483647
+    }
+    targets {
+      name: "lab-gpu"
+      memory_gib: 24
+      fp32_tflops: 80
+      intra_node_gb_per_s: 32
+      inter_node_gb_per_s: 12.5
+      gpus_per_node: 2
+    }
+    targets {
+      name: "lab-gpu"
+      memory_gib: 48
+      fp32_tflops: 80
+      intra_node_gb_per_s: 32
+      inter_node_gb_per_s: 12.5
+      gpus_per_node: 2
+    }
+    reserve { fixed_gib: 1e308 }
+    speed { mfu: 1e-300 link_efficiency: 0.5 }
+  )pb");
+  const std::string target = path + ": targets[0].";
+  EXPECT_THAT(
+      LoadTargets(path),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr(target + "memory_gib: 1e+308 GiB is not within [0.001, 1e+06] "
+                                        "(target \"typo\")"),
+                     HasSubstr(target + "bf16_tflops: inf TFLOP/s"),
+                     HasSubstr(target + "fp8_tflops: 1e-300 TFLOP/s"),
+                     HasSubstr(target + "inter_node_gb_per_s: 1e+07 GB/s"),
+                     HasSubstr(target + "gpus_per_node: 2147483647 is not within [1, 16777216]"),
+                     HasSubstr(path + ": targets[2].name: \"lab-gpu\" is targets[1]'s name too"),
+                     HasSubstr(path + ": reserve.fixed_gib: 1e+308"),
+                     HasSubstr(path + ": speed.mfu: 1e-300 is not within [0.001, 1]"))));
+}
+
 // Torchtitan's Llama 3.1 8B run on one node of 8 H200s: it fits, the step is compute-bound
 // (FSDP's collectives over NVLink take a fraction of it), and its FLOPs are the run's.
 TEST(CheckOnTargetTest, Llama8bFsdpFitsOnEightH200s) {

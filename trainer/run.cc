@@ -55,7 +55,7 @@ bool UseComputeThreads(const plan::Plan& plan, const parallel::World& world) {
   if (threads == 0) {
     const absl::StatusOr<base::UsableCpus> cpus = base::ReadUsableCpus();
     if (!cpus.ok()) {
-      std::cerr << "rank " << world.rank << ": " << cpus.status().message()
+      std::cerr << parallel::RankMessagePrefix(world.rank) << cpus.status().message()
                 << "; set training.compute_threads_per_rank to choose the thread count\n";
       return false;
     }
@@ -200,7 +200,7 @@ int RunGuarded(int argc, char** argv, const EmbeddedPlan& embedded) {
     }
   }
   if (absl::Status status = TrainAsRank(*resolved, *world); !status.ok()) {
-    std::cerr << "rank " << world->rank << ": " << status.message() << "\n";
+    std::cerr << parallel::RankMessagePrefix(world->rank) << status.message() << "\n";
     return 1;
   }
   return 0;

@@ -302,15 +302,14 @@ class CorpusTokenizer {
     for (int input = 0; input < static_cast<int>(options_.inputs.size()); ++input) {
       const std::string& path = options_.inputs[input];
       if (absl::EndsWith(path, ".jsonl")) {
-        std::ifstream file(path, std::ios::binary);
-        if (!file) return absl::NotFoundError(absl::StrCat(path, ": cannot be opened"));
-        std::string line;
-        for (int64_t number = 1; std::getline(file, line); ++number) {
-          progress_.bytes_read += line.size() + 1;
-          if (line.empty()) continue;
-          PLAIT_RETURN_IF_ERROR(Add({std::move(line), input, number}, progress));
-        }
-        if (file.bad()) return absl::DataLossError(absl::StrCat(path, ": reading failed"));
+        PLAIT_RETURN_IF_ERROR(ForEachJsonlLine(
+            path,
+            [&](std::string& line, int64_t number) {
+              progress_.bytes_read += line.size() + 1;
+              if (line.empty()) return absl::OkStatus();
+              return Add({std::move(line), input, number}, progress);
+            },
+            options_.max_jsonl_line_bytes));
       } else {
         PLAIT_ASSIGN_OR_RETURN(std::string text, base::ReadFile(path));
         progress_.bytes_read += text.size();

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "data/data.pb.h"
+#include "data/jsonl_lines.h"
 #include "data/tokenizer/tokenizer.h"
 
 namespace plait::data::tokenizer {
@@ -30,6 +31,8 @@ struct CorpusOptions {
   std::vector<std::string> inputs;
   std::string output_prefix;           // shards are PREFIX_{train,val}_NNNNNN.bin
   std::string jsonl_field = "text";    // the text of a JSONL line
+  // A longer JSONL line is refused, naming the input and the line, before it is held whole.
+  int64_t max_jsonl_line_bytes = kMaxJsonlLineBytes;
   std::string split_text_at;           // separates documents in a text file; empty: one
   double val_fraction = 0;             // in [0, 1)
   int64_t shard_tokens = 100'000'000;  // llm.c's shard size
@@ -61,8 +64,8 @@ struct CorpusSummary {
 };
 
 // Tokenizes options.inputs with `tokenizer` into shards, listed in PREFIX_shards.json. Errors
-// name the input, its line for JSONL and the problem (not JSON, no such field); on error no
-// shard is left under its final name. Files named as shards of the prefix are replaced (or
+// name the input, its line for JSONL and the problem (not JSON, no such field, too long); on error
+// no shard is left under its final name. Files named as shards of the prefix are replaced (or
 // removed) only when that list names them, as an earlier run's; any other is refused before
 // anything is read. `on_progress`, when given, is called from this thread as documents are written.
 absl::StatusOr<CorpusSummary> TokenizeCorpus(

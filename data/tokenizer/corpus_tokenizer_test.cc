@@ -175,6 +175,14 @@ TEST_F(CorpusTokenizerTest, ErrorsNameTheLineAndLeaveNoShard) {
   EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("other.jsonl:1: text: is required and missing")));
+  // A line longer than the bound is refused before it is held whole or tokenized.
+  options.inputs = {
+      Write(dir_, "long.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"far too long\"}\n")};
+  options.max_jsonl_line_bytes = 20;
+  EXPECT_THAT(TokenizeCorpus(*tokenizer, options, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("long.jsonl:2: longer than 20 bytes, the most a JSONL line may "
+                                 "hold")));
   std::vector<std::string> left;
   for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
     if (entry.path().filename().string().rfind("out", 0) == 0) left.push_back(entry.path());

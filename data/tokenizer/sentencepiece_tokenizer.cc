@@ -79,12 +79,22 @@ class SentencePieceTokenizer : public Tokenizer {
     pieces_.reserve(model.pieces_size());
     ids_.reserve(model.pieces_size());
     scored_.reserve(model.pieces_size());
+    // What sentencepiece's ModelInterface::InitializePieces refuses is refused here too: a model
+    // it will not load must not train here.
+    const auto refused = [&](int id, absl::string_view problem) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": pieces[", id, "]: ", problem,
+                                                     "; sentencepiece refuses such a model"));
+    };
+    int unknown_id = -1;
     for (int id = 0; id < model.pieces_size(); ++id) {
       Piece& piece = *model.mutable_pieces(id);
       types_.push_back(piece.type());
       pieces_.push_back(std::move(*piece.mutable_piece()));
       const absl::string_view text = pieces_.back();
-      ids_.emplace(text, id);
+      if (text.empty()) return refused(id, "is empty");
+      if (const auto [first, added] = ids_.emplace(text, id); !added) {
+        return refused(id, absl::StrCat("\"", text, "\" is pieces[", first->second, "] too"));
+      }
       switch (piece.type()) {
         case Piece::NORMAL:
           scored_.emplace(text, std::make_pair(id, piece.score()));
@@ -101,6 +111,11 @@ class SentencePieceTokenizer : public Tokenizer {
         case Piece::CONTROL:
           break;
         case Piece::UNKNOWN:
+          if (unknown_id >= 0) {
+            return refused(
+                id, absl::StrCat("a second UNKNOWN piece (pieces[", unknown_id, "] is one)"));
+          }
+          unknown_id = id;
           break;
         default:
           return unsupported(

@@ -10,7 +10,9 @@
 // contain: BPE pieces (NORMAL, BYTE, CONTROL, UNKNOWN) with byte fallback, and the identity
 // normalizer with a dummy prefix and escaped whitespace (Llama 2's settings). Anything else
 // (a Unigram model, NFKC rules, extra-whitespace removal, user-defined or unused pieces, a
-// piece holding a character that is no piece) is an Unimplemented error naming the field.
+// piece holding a character that is no piece) is an Unimplemented error naming the field; a
+// model sentencepiece itself refuses to load (an empty piece, a piece given twice, two UNKNOWN
+// pieces) is InvalidArgument naming the piece and its index.
 //
 // SentencePiece merges the whole normalized text. When no piece holds a space after a
 // non-space (true of the Llama 2 family's pieces), no merge can cross into the next word, so

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "base/status_matchers.h"
 #include "data/tokenizer/sentencepiece_model.pb.h"
@@ -83,6 +84,34 @@ TEST(SentencePieceTokenizerTest, ByteFallbackNeedsEveryByte) {
               }),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("pieces[68]: \"<0x4G>\" is a BYTE piece not written <0xNN>")));
+}
+
+// Models sentencepiece 0.2 refuses to load ("piece must not be empty.", "▁U is already
+// defined.", "unk is already defined."), checked with its Python module.
+TEST(SentencePieceTokenizerTest, EmptyAndDuplicatePiecesAreRefusedAsSentencepieceRefusesThem) {
+  const struct {
+    std::function<void(ModelProto&)> change;
+    std::string message;
+  } cases[] = {
+      {[](ModelProto& m) { m.mutable_pieces(501)->set_piece(""); }, "pieces[501]: is empty"},
+      {[](ModelProto& m) { m.mutable_pieces(1)->set_piece(""); }, "pieces[1]: is empty"},
+      {[](ModelProto& m) { m.mutable_pieces(501)->set_piece(m.pieces(500).piece()); },
+       "pieces[501]: \"\xE2\x96\x81U\" is pieces[500] too"},
+      // Of another type too: a control piece spelled as a normal one.
+      {[](ModelProto& m) { m.mutable_pieces(2)->set_piece(m.pieces(500).piece()); },
+       "pieces[500]: \"\xE2\x96\x81U\" is pieces[2] too"},
+      {[](ModelProto& m) { m.mutable_pieces(4)->set_piece(m.pieces(3).piece()); },
+       "pieces[4]: \"<0x00>\" is pieces[3] too"},
+      {[](ModelProto& m) { m.mutable_pieces(1)->set_type(ModelProto::SentencePiece::UNKNOWN); },
+       "pieces[1]: a second UNKNOWN piece (pieces[0] is one)"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.message);
+    EXPECT_THAT(ParseChanged(c.change),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("tokenizer.model: ", c.message,
+                                                "; sentencepiece refuses such a model"))));
+  }
 }
 
 // Mistral's pieces never hold a space after a non-space, so its tokenizer merges word by word,

@@ -86,7 +86,8 @@ absl::StatusOr<PairExample> TokenizeLine(absl::string_view line, const std::stri
 
 absl::StatusOr<std::vector<LineExample>> TokenizeText(absl::string_view text,
                                                       const std::string& path, PairKind kind,
-                                                      const Tokenizer& tokenizer) {
+                                                      const Tokenizer& tokenizer,
+                                                      int64_t max_line_bytes) {
   if (!tokenizer.eos_id().has_value()) {
     return absl::InvalidArgumentError(
         "the tokenizer names no EOS token (tokenizer_config.json's eos_token), which ends "
@@ -97,6 +98,7 @@ absl::StatusOr<std::vector<LineExample>> TokenizeText(absl::string_view text,
   int64_t number = 0;
   for (const absl::string_view line : absl::StrSplit(text, '\n')) {
     ++number;
+    PLAIT_RETURN_IF_ERROR(CheckJsonlLineLength(path, number, line.size(), max_line_bytes));
     if (line.find_first_not_of(" \t\r") == absl::string_view::npos) continue;
     PLAIT_ASSIGN_OR_RETURN(PairExample example, TokenizeLine(line, absl::StrCat(path, ":", number),
                                                              kind, tokenizer, eos));
@@ -195,7 +197,7 @@ void WriteCache(const std::string& cache_path, absl::string_view contents) {
 
 absl::StatusOr<PairExamples> ReadTextPairFile(const std::string& path, PairKind kind,
                                               const PairFiles& files, const Tokenizer& tokenizer,
-                                              int64_t seq_len) {
+                                              int64_t seq_len, int64_t max_line_bytes) {
   PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
   const uint64_t text_hash =
       base::Fnv1a64Words(base::kFnv1a64OffsetBasis, text.data(), text.size());
@@ -204,7 +206,7 @@ absl::StatusOr<PairExamples> ReadTextPairFile(const std::string& path, PairKind 
   std::optional<std::vector<LineExample>> examples =
       ReadCache(cache_path, kind, tokenizer, text_hash);
   if (!examples.has_value()) {
-    PLAIT_ASSIGN_OR_RETURN(examples, TokenizeText(text, path, kind, tokenizer));
+    PLAIT_ASSIGN_OR_RETURN(examples, TokenizeText(text, path, kind, tokenizer, max_line_bytes));
     const std::string body = CacheBody(*examples, kind);
     WriteCache(cache_path, absl::StrCat(CacheHeader(kind, tokenizer, text_hash, body), "\n", body));
   }

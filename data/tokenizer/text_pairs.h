@@ -29,18 +29,21 @@
 
 #include "absl/status/statusor.h"
 #include "data/data.pb.h"
+#include "data/jsonl_lines.h"
 #include "data/pairs.h"
 #include "data/tokenizer/tokenizer.h"
 
 namespace plait::data::tokenizer {
 
 // The examples of the text JSONL file `path`, checked as ReadPairFile checks id files (the
-// `files` policy for prompts too long for `seq_len`). Errors name the text file, its line and
-// the field: "<path>:3: chosen: expected a string, got 5", "<path>:4: completion: is empty",
-// "<path>:7: prompt: its 70 tokens leave no completion token within seq_len 64; ...".
+// `files` policy for prompts too long for `seq_len`, a line longer than `max_line_bytes`).
+// Errors name the text file, its line and the field: "<path>:3: chosen: expected a string,
+// got 5", "<path>:4: completion: is empty", "<path>:7: prompt: its 70 tokens leave no
+// completion token within seq_len 64; ...".
 absl::StatusOr<PairExamples> ReadTextPairFile(const std::string& path, PairKind kind,
                                               const PairFiles& files, const Tokenizer& tokenizer,
-                                              int64_t seq_len);
+                                              int64_t seq_len,
+                                              int64_t max_line_bytes = kMaxJsonlLineBytes);
 
 }  // namespace plait::data::tokenizer
 

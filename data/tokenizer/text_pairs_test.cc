@@ -176,6 +176,12 @@ TEST_F(TextPairsTest, ErrorsNameTheTextFileItsLineAndTheField) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("blank.jsonl: holds no example")));
   EXPECT_THAT(ReadSft(TestPath("absent.jsonl")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("absent.jsonl")));
+  // A line longer than the bound is refused before it is parsed or tokenized.
+  EXPECT_THAT(ReadTextPairFile(WriteTest("long.jsonl", good + good), PairKind::kSft, PairFiles(),
+                               tokenizer_, kSeqLen, /*max_line_bytes=*/good.size() - 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("long.jsonl:1: longer than 33 bytes, the most a JSONL line may "
+                                 "hold")));
 }
 
 // The plan's policy for a prompt too long for seq_len, with the text file's line, whether the

@@ -6,6 +6,8 @@
 //                               then "no newline" without a '\n'
 //   print_store_file            prints PLAIT_STORE_FILE and whether its folder is private
 //                               (mode 0700)
+//   report_error                writes "failed" to stderr after RankMessagePrefix, as a
+//                               rank reports its error
 //   print_node_env              prints "RANK=.. GROUP_RANK=.. GROUP_WORLD_SIZE=.. ROLE_RANK=..
 //                               ROLE_WORLD_SIZE=.. PLAIT_STORE_FILE=.."
 //   fail_first_start R S        on the job's first start (TORCHELASTIC_RESTART_COUNT=0) as
@@ -129,6 +131,10 @@ int Run(int argc, char** argv) {
     PrintWorld();
     std::cerr << "to stderr" << std::endl;
     std::cout << "no newline" << std::flush;
+    return 0;
+  }
+  if (mode == "report_error") {
+    std::cerr << plait::parallel::RankMessagePrefix(rank) << "failed" << std::endl;
     return 0;
   }
   if (mode == "print_node_env") {

@@ -136,9 +136,10 @@ absl::Status ValidateLoraConfig(const LoraConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("lora.rank: ", config.rank(), "; the adapters' rank must be above 0"));
   }
-  if (!(config.alpha() > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lora.alpha: ", config.alpha(), "; it must be above 0 (PEFT's lora_alpha)"));
+  // An infinite alpha makes every adapter's output, and so the loss, infinite or NaN.
+  if (!(config.alpha() > 0) || !std::isfinite(config.alpha())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora.alpha: ", config.alpha(), "; it must be finite and above 0 (PEFT's lora_alpha)"));
   }
   if (!(config.dropout() >= 0 && config.dropout() < 1)) {
     return absl::InvalidArgumentError(

@@ -374,6 +374,10 @@ TEST(LoraTest, InvalidConfigsNameTheirField) {
   for (const auto& [text, field] : std::vector<std::pair<std::string, std::string>>{
            {R"pb(alpha: 8 target: "*q_proj")pb", "lora.rank"},
            {R"pb(rank: 4 target: "*q_proj")pb", "lora.alpha"},
+           {R"pb(rank: 4 alpha: inf target: "*q_proj")pb", "lora.alpha"},
+           {R"pb(rank: 4 alpha: nan target: "*q_proj")pb", "lora.alpha"},
+           {R"pb(rank: 4 alpha: 8 dropout: nan target: "*q_proj")pb", "lora.dropout"},
+           {R"pb(rank: 4 alpha: 8 dropout: -inf target: "*q_proj")pb", "lora.dropout"},
            {R"pb(rank: 4 alpha: 8 dropout: 1 target: "*q_proj")pb", "lora.dropout"},
            {R"pb(rank: 4 alpha: 8)pb", "lora.target"},
            {R"pb(rank: 4 alpha: 8 target: "")pb", "lora.target[0]"}}) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <set>
 #include <utility>
@@ -407,8 +408,18 @@ std::vector<base::Violation> PipelineStrategy::Check(const std::optional<ModelSh
                                   " experts, whose routing statistics (the load-balancing loss) "
                                   "span the stages; a pipeline of one is not supported yet")});
   }
-  Cut cut = CutBlocks(config_, shape->num_blocks, ranks * per_rank, step_field);
-  if (cut.problem.has_value()) problems.push_back(*std::move(cut.problem));
+  // Counted in 64 bits: a huge stages_per_rank times the ranks wraps the int CutBlocks takes.
+  const int64_t stages = int64_t{ranks} * per_rank;
+  if (stages > std::numeric_limits<int>::max()) {
+    problems.push_back(
+        {per_rank_field,
+         absl::StrCat("is ", per_rank, ": ", ranks, " ranks holding ", per_rank,
+                      " stages each make ", stages, " stages, more than the model's ",
+                      shape->num_blocks, " blocks (a stage needs one)")});
+  } else {
+    Cut cut = CutBlocks(config_, shape->num_blocks, static_cast<int>(stages), step_field);
+    if (cut.problem.has_value()) problems.push_back(*std::move(cut.problem));
+  }
   // Fewer micro-batches than ranks never fill the pipeline: some rank idles through every step.
   const int64_t micro = shape->micro_batches_per_step;
   if (ranks > 1 && micro < ranks) {
