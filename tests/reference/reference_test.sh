@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # //tests/reference:reference_test: runs the Python reference tests (test_*.py beside this
-# script) with pytest in the venv tools/setup.sh builds, offline, against
-# plait_reference from the runfiles. Fails, saying how to make it, when the venv is
+# script; the arguments, when given, are pytest's: which of them) with pytest in the venv
+# tools/setup.sh builds, offline, against plait_reference and the trainer from the runfiles. Fails, saying how to make it, when the venv is
 # missing or was built from another requirements.txt.
 set -euo pipefail
 
@@ -21,6 +21,8 @@ export PYTHONDONTWRITEBYTECODE=1
 export PLAIT_REFERENCE="${PWD}/${here}/plait_reference"
 export PLAIT_TRAIN="${PWD}/trainer/llama_single" PLAIT_PLOT="${PWD}/tools/plot"
 export PLAIT_TOKENIZE="${PWD}/tools/tokenize"
+export PLAIT_TRAIN_PLAN="${PWD}/trainer/train" PLAIT_EXAMPLES="${PWD}/plan/examples"
+[ "$#" -gt 0 ] || set -- "${here}"
 exec "${venv}/bin/python" -m pytest -q -p no:cacheprovider \
   --basetemp="${TEST_TMPDIR}/pytest" ${XML_OUTPUT_FILE:+--junitxml="${XML_OUTPUT_FILE}"} \
-  "${here}"
+  "$@"
