@@ -98,9 +98,11 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
     estimate.activation_bytes_saved += step_estimate.activation_bytes_saved;
     estimate.working_bytes = std::max(estimate.working_bytes, step_estimate.working_bytes);
     if (step_estimate.kept_activations.has_value()) {
-      // The steps after it (activation checkpointing) see the blocks a rank keeps.
+      // The steps after it see the blocks a rank holds (FSDP's units, tensor parallelism's
+      // collectives per block) and the block activations it keeps (activation checkpointing).
       estimate.kept_activations = step_estimate.kept_activations;
-      seen.num_blocks = step_estimate.kept_activations->blocks;
+      seen.num_blocks = step_estimate.kept_activations->held_blocks;
+      seen.kept_block_activations = step_estimate.kept_activations->blocks;
     }
     estimate.gathered_bytes = std::max(estimate.gathered_bytes, step_estimate.gathered_bytes);
     // A step counts what it adds whole (from the model's parameter list); on a rank it is

@@ -452,6 +452,11 @@ TEST(EstimateMemoryTest, EachPipelineRankHasTheEstimateOfItsStage) {
   const MemoryEstimate& second = (*shares)[1];
   EXPECT_EQ(DescribeShare(first), "the ranks at pp=0, stage 0");
   EXPECT_EQ(DescribeShare(second), "the ranks at pp=1, stage 1");
+  // FSDP's units are the blocks a rank holds and the root, not its blocks' activations of the
+  // 4 micro-batches it keeps in flight.
+  EXPECT_THAT(first.preparation.steps[1].description, HasSubstr(" 2 units (1 block and the root)"));
+  EXPECT_THAT(second.preparation.steps[1].description,
+              HasSubstr(" 4 units (3 blocks and the root)"));
   // fp32 shards of half of each stage.
   EXPECT_THAT(first.parameter_bytes, DoubleNear((embedding + block) / 2 * 4, 1));
   EXPECT_THAT(second.parameter_bytes, DoubleNear((3 * block + last) / 2 * 4, 1));

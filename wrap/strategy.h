@@ -59,7 +59,12 @@ struct ModelShape {
   // One block's: their average, where mixture-of-experts and dense blocks mix.
   double block_parameters = 0;
   double root_parameters = 0;   // outside the blocks (embeddings, final norm, output head)
-  int64_t num_blocks = 0;
+  int64_t num_blocks = 0;  // those a rank holds (a pipeline's rank: its stages')
+  // The blocks' activations of one micro-batch a rank keeps at the peak of a step, counted in
+  // blocks, where that is not num_blocks (a pipeline's rank: its stages' blocks for each
+  // micro-batch in flight).
+  std::optional<int64_t> kept_block_activations;
+  int64_t KeptBlockActivations() const { return kept_block_activations.value_or(num_blocks); }
   // Whether the output projection is the embedding matrix (tied), counted once in the root.
   bool tied_embeddings = false;
   double parameter_bytes = 4;  // bytes per element of the model's parameters
@@ -169,11 +174,12 @@ struct StepEstimate {
   // strategy changes it (a pipeline: a stage's blocks, for each micro-batch it holds in
   // flight): blocks' activations of one micro-batch, counted in blocks, and the micro-batches
   // whose output layers' activations it holds (0 but on the last stage). nullopt: every block
-  // of one micro-batch, and its output layers. The steps after it see `blocks` as the model's
-  // num_blocks.
+  // of one micro-batch, and its output layers. The steps after it see `held_blocks` as the
+  // model's num_blocks, and `blocks` as its kept_block_activations.
   struct KeptActivations {
     int64_t blocks = 0;
     int64_t outputs = 0;
+    int64_t held_blocks = 0;  // the blocks of the rank's stages
     // Whether the rank computed a backward, and so holds gradients, before that peak.
     bool after_a_backward = false;
   };

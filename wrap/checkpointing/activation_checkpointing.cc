@@ -236,11 +236,11 @@ StepEstimate ActivationCheckpointingStrategy::Estimate(const ModelShape& shape,
   estimate.description = absl::StrFormat(
       "activation checkpointing (%s): each of %d blocks keeps %s of activations instead of %s, "
       "and one block at a time recomputes the rest in backward",
-      ActivationCheckpointingConfig::Policy_Name(config_.policy()), shape.num_blocks,
+      ActivationCheckpointingConfig::Policy_Name(config_.policy()), shape.KeptBlockActivations(),
       base::HumanBytes(kept), base::HumanBytes(shape.block_activation_bytes));
   // At the peak of backward, every block holds what it kept and one block its recomputed rest.
   estimate.activation_bytes_saved =
-      std::max(0.0, (shape.num_blocks - 1) * (shape.block_activation_bytes - kept));
+      std::max(0.0, (shape.KeptBlockActivations() - 1) * (shape.block_activation_bytes - kept));
   return estimate;
 }
 

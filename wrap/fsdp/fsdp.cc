@@ -862,9 +862,9 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
   const int64_t units = shape.num_blocks + 1;  // the blocks and the root
   StepEstimate estimate;
   estimate.description = absl::StrFormat(
-      "fsdp over %s (%d ranks): %d units (%d blocks and the root), each rank keeps 1/%d of %s "
+      "fsdp over %s (%d ranks): %d units (%d block%s and the root), each rank keeps 1/%d of %s "
       "parameters%s and gathers one unit at a time (prefetching the next)%s%s",
-      config_.mesh_dim(), dim_size, units, units - 1, dim_size,
+      config_.mesh_dim(), dim_size, units, units - 1, units == 2 ? "" : "s", dim_size,
       base::HumanCount(shape.parameters * (1.0 - dense_share)),
       borrows
           ? absl::StrFormat(" (the experts) and 1/%d of the other %s (sharded over %s)", dense_size,

@@ -38,8 +38,9 @@ absl::Status InMicroBatch(absl::Status status, const Action& action) {
 // The activations the rank whose list is `actions` keeps at its peak, and their bytes in
 // `bytes`: for each (stage, micro-batch) forwarded and not yet through the backward that frees
 // its graph (a full backward, or a zero-bubble weight backward), the stage's blocks, and the
-// output layers' on the last stage; and whether a backward ran before that peak (gradients then
-// exist beside the activations, 1F1B's steady state, not GPIPE's).
+// output layers' on the last stage; whether a backward ran before that peak (gradients then
+// exist beside the activations, 1F1B's steady state, not GPIPE's); and the blocks of the
+// rank's stages.
 StepEstimate::KeptActivations PeakActivations(
     const std::vector<Action>& actions, const std::vector<std::pair<int64_t, int64_t>>& blocks,
     const ModelShape& shape, double& bytes) {
@@ -47,7 +48,9 @@ StepEstimate::KeptActivations PeakActivations(
   StepEstimate::KeptActivations held, peak;
   bool backward = false;
   bytes = 0.0;
+  std::set<int> stages;  // the rank's
   for (const Action& action : actions) {
+    stages.insert(action.stage);
     int change = 0;
     if (action.type == ActionType::kForward) change = 1;
     if (action.type == ActionType::kBackward || action.type == ActionType::kBackwardWeight) {
@@ -69,6 +72,7 @@ StepEstimate::KeptActivations PeakActivations(
       peak.after_a_backward = backward;
     }
   }
+  for (const int stage : stages) peak.held_blocks += blocks[stage].second - blocks[stage].first;
   return peak;
 }
 
