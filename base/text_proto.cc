@@ -142,19 +142,23 @@ absl::Status MergeFieldAssignment(absl::string_view assignment, absl::string_vie
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": ", here, " is repeated; overrides set singular fields"));
     }
-    // Setting one member of a oneof clears the member the file chose: refused, as the file's
-    // parser refuses two members, rather than dropping the file's choice and its fields.
-    if (const google::protobuf::OneofDescriptor* oneof = field->real_containing_oneof()) {
+    const bool last = i + 1 == path.size();
+    // Setting a field inside a message member of a oneof whose other member the file chose
+    // would drop the file's choice and its fields for a member given in part (an sgd field
+    // over the file's adamw): refused, as the file's parser refuses two members. A scalar
+    // member is a whole value and replaces the choice (model.hf_config_path over a preset).
+    if (const google::protobuf::OneofDescriptor* oneof = field->real_containing_oneof();
+        oneof != nullptr && !last) {
       const FieldDescriptor* chosen =
           target->GetReflection()->GetOneofFieldDescriptor(*target, oneof);
       if (chosen != nullptr && chosen != field) {
         return absl::InvalidArgumentError(
             absl::StrCat(source, ": ", here, ": ", walked, ".", chosen->name(),
                          " is set, and both are members of the oneof ", walked, ".", oneof->name(),
-                         "; an override cannot replace one with the other: change it in the file"));
+                         "; an override cannot replace one with part of the other: change it in "
+                         "the file"));
       }
     }
-    const bool last = i + 1 == path.size();
     const bool is_message = field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE;
     if (last && is_message) {
       return absl::InvalidArgumentError(

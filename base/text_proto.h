@@ -27,8 +27,9 @@ absl::Status ParseTextProto(absl::string_view text, absl::string_view source,
 // range, octal "010" and hexadecimal "0x10" included; a number; true or false; an enum
 // value's name or declared number), except a string, taken as it is, without quotes.
 // InvalidArgument starting with `source` (e.g. "--set=a.b=1") and naming, from `root_name`,
-// the path component that does not exist, is repeated or is a message, a member of a oneof
-// whose other member `message` sets (an override never replaces the file's choice), or the
+// the path component that does not exist, is repeated or is a message, a message member of a
+// oneof whose other member `message` sets (an override never replaces the file's choice with
+// part of another; a scalar member, a whole value, does replace it), or the
 // value that is not of the field's type ("plan.training has no field \"stepz\"",
 // "plan.training.steps: \"5 x\" is not an integer"); a bad value leaves the field as it was.
 absl::Status MergeFieldAssignment(absl::string_view assignment, absl::string_view source,

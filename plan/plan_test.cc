@@ -105,6 +105,11 @@ TEST(ApplyOverrideTest, ReadsValuesAsTheFileAndKeepsItsChoiceOfOptimizer) {
   EXPECT_EQ(plan.optimizer().adamw().beta1(), 0.8);
   ASSERT_THAT(ApplyOverride("optimizer.adamw.beta2=0.95", plan), IsOk());
   EXPECT_EQ(plan.optimizer().adamw().beta2(), 0.95);
+  // A scalar member is a whole choice: a Hugging Face config in place of the file's preset,
+  // as README.md and the shipped plans tell.
+  plan.mutable_model()->set_preset("tiny");
+  ASSERT_THAT(ApplyOverride("model.hf_config_path=/models/tiny/config.json", plan), IsOk());
+  EXPECT_EQ(plan.model().hf_config_path(), "/models/tiny/config.json");
 }
 
 TEST(PlanArgumentsTest, TakesThePlanItsOverridesInOrderAndTheWorldSize) {
