@@ -340,7 +340,16 @@ TEST(ResolveTest, OutputsThatMeetEachOtherOrAnInputAreRefusedNamingBothFields) {
                                  "/model\") is also plan.training.save_hf_dir (\"" + dir +
                                  "/model\"), an output too")));
 
+  // Alone, a link to nothing is no folder an export can be created through.
   plan.mutable_training()->clear_save_adapter_dir();
+  plan.mutable_training()->set_save_hf_dir(dir + "/dangling");
+  EXPECT_THAT(Resolve(plan, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.training.save_hf_dir: \"" + dir + "/dangling\" cannot be "
+                                 "created: \"" + dir + "/dangling\" is a symbolic link to \"" +
+                                 dir + "/model\", which does not exist")));
+
+  plan.mutable_training()->set_save_hf_dir(dir + "/model");
   plan.mutable_training()->set_metrics_file(dir + "/model/metrics.jsonl");
   EXPECT_THAT(Resolve(plan, 1),
               StatusIs(absl::StatusCode::kInvalidArgument,
