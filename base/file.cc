@@ -103,6 +103,14 @@ absl::Status CheckFolderIsWritable(const std::string& dir) {
   std::string existing = dir;
   struct stat info;
   while (stat(existing.c_str(), &info) != 0) {
+    if (lstat(existing.c_str(), &info) == 0) {
+      // A link to nothing: creating the folder neither follows nor replaces it.
+      char target[4096] = {};
+      const ssize_t length = readlink(existing.c_str(), target, sizeof(target) - 1);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "\"", dir, "\" cannot be created: \"", existing, "\" is a symbolic link to \"",
+          length > 0 ? target : "", "\", which does not exist"));
+    }
     if (existing == "/" || existing == ".") {
       return absl::FailedPreconditionError(absl::StrCat("\"", dir, "\" cannot be created"));
     }

@@ -41,7 +41,8 @@ absl::Status SyncToDisk(const std::string& path);
 
 // OK when the folder `dir` can be written into: it, or the nearest of its ancestors that
 // exists, is a folder this process may write. FailedPrecondition otherwise, naming `dir` and
-// what stands in the way ("\"out/model\" cannot be created: \"out\" is not a folder").
+// what stands in the way ("\"out/model\" cannot be created: \"out\" is not a folder"), a
+// symbolic link on the way to nothing included, which no folder can be created through.
 absl::Status CheckFolderIsWritable(const std::string& dir);
 
 }  // namespace plait::base

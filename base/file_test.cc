@@ -50,6 +50,22 @@ TEST(FileTest, AFolderIsWritableWhenItOrItsNearestExistingAncestorIs) {
                HasSubstr("cannot be created: \"" + TestPath("a_file") + "\" is not a folder")));
 }
 
+// A link to nothing, as the folder or on the way to it, cannot be created through: refused,
+// naming the link and where it points.
+TEST(FileTest, AFolderBehindADanglingLinkIsNotWritable) {
+  const std::string link = TestPath("dangling");
+  std::filesystem::remove(link);
+  std::filesystem::create_symlink(TestPath("nowhere"), link);
+  for (const std::string& dir : {link, link + "/sub"}) {
+    EXPECT_THAT(CheckFolderIsWritable(dir),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         "\"" + dir + "\" cannot be created: \"" + link +
+                             "\" is a symbolic link to \"" + TestPath("nowhere") +
+                             "\", which does not exist"))
+        << dir;
+  }
+}
+
 // A path given where a file belongs that names a FIFO, a folder or a device fails at once,
 // saying what it is, rather than blocking for a writer or reading forever.
 TEST(FileTest, ReadingRefusesWhatIsNotARegularFile) {

@@ -8,6 +8,12 @@
 //                          base::CheckOutputFolder(dir, IsEarlierExport, "a plait export"));
 //   // "\"/models/llama\" holds \"tokenizer.json\", which a plait export did not write: choose
 //   //  a new or empty folder"
+//
+// A job that writes several outputs and reads inputs checks them apart first, so that one
+// output never overwrites another or what the job reads (CheckOutputsApart):
+//
+//   AddAll(base::CheckOutputsApart({{"plan.training.save_hf_dir", dir, /*whole_folder=*/true}},
+//                                  {{"plan.hf_weights_dir", weights}}));
 #ifndef PLAIT_BASE_OWN_OUTPUT_H_
 #define PLAIT_BASE_OWN_OUTPUT_H_
 
@@ -17,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/violation.h"
 
 namespace plait::base {
 
@@ -36,6 +43,29 @@ absl::StatusOr<std::vector<std::string>> CheckOutputFolder(const std::string& di
 // and what it is.
 absl::StatusOr<bool> CheckOutputFile(const std::string& path, const IsOwnOutput& is_own,
                                      absl::string_view writer);
+
+// A path a job writes or reads, with what names it: a config field ("plan.hf_weights_dir") or
+// a command-line argument ("OUT_DIR").
+struct NamedPath {
+  std::string field;
+  std::string path;
+  // For an output: a folder whose writer refuses every entry it did not write there itself
+  // (CheckOutputFolder), so that no other output may lie inside it.
+  bool whole_folder = false;
+};
+
+// `path` as the file system reaches it: absolute, each symbolic link on the way replaced by its
+// target, a dangling one's included (a writer would follow it), and "." and ".." taken out; so
+// two spellings of one place give one string. Links are followed at most 40 deep (the kernel's
+// own limit), then the path is taken as it stands.
+std::string ResolvedPath(const std::string& path);
+
+// Every way the paths of `outputs` would destroy files of the job, each a violation under the
+// output's field naming the other field and both paths: an output that is another output's
+// place, or lies inside another's whole_folder; an output that is one of `inputs`, which
+// writing would overwrite. Compared as ResolvedPath gives them; empty paths are skipped.
+std::vector<Violation> CheckOutputsApart(const std::vector<NamedPath>& outputs,
+                                         const std::vector<NamedPath>& inputs);
 
 }  // namespace plait::base
 

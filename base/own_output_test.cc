@@ -84,5 +84,63 @@ TEST(OwnOutputTest, AFileIsWrittenWhenNewOrTheWritersOwn) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is not a folder")));
 }
 
+// Two spellings of one place resolve alike: through "." and "..", a link to a folder, and a link
+// to nothing, which a writer would follow.
+TEST(OwnOutputTest, APathResolvesThroughLinksDanglingOnesIncluded) {
+  // Resolved already, so that only the links made here differ.
+  const std::string dir = std::filesystem::canonical(FreshFolder("resolved")).string();
+  std::filesystem::create_directory(dir + "/real");
+  std::filesystem::create_symlink(dir + "/real", dir + "/link");
+  std::filesystem::create_symlink("missing/deeper", dir + "/dangling");
+  EXPECT_EQ(ResolvedPath(dir + "/./real/../real/"), dir + "/real");
+  EXPECT_EQ(ResolvedPath(dir + "/link/model"), dir + "/real/model");
+  EXPECT_EQ(ResolvedPath(dir + "/dangling"), dir + "/missing/deeper");
+  EXPECT_EQ(ResolvedPath(dir + "/link/../dangling/.."), dir + "/missing");
+}
+
+// Outputs that are one place, one inside a folder whose writer holds it whole, or an input:
+// each refused under the output's field, naming the other's field and both paths.
+TEST(OwnOutputTest, OutputsThatMeetEachOtherOrAnInputAreRefused) {
+  const std::string dir = std::filesystem::canonical(FreshFolder("apart")).string();
+  std::filesystem::create_directory(dir + "/adapter");
+  std::filesystem::create_symlink(dir + "/adapter", dir + "/link");
+  std::filesystem::create_symlink(dir + "/later", dir + "/dangling");
+  const auto messages = [](const std::vector<Violation>& violations) {
+    std::vector<std::string> lines;
+    for (const Violation& violation : violations) lines.push_back(violation.ToString());
+    return lines;
+  };
+  EXPECT_THAT(
+      messages(CheckOutputsApart({{"save_adapter_dir", dir + "/link", true}},
+                                 {{"initial_adapter_dir", dir + "/adapter/."}})),
+      ElementsAre("save_adapter_dir: \"" + dir + "/link\" (resolved: \"" + dir +
+                  "/adapter\") is also initial_adapter_dir (\"" + dir +
+                  "/adapter/.\"), an input: writing there would overwrite it; choose another "
+                  "path"));
+  EXPECT_THAT(
+      messages(CheckOutputsApart(
+          {{"save_hf_dir", dir + "/later", true}, {"save_adapter_dir", dir + "/dangling", true}},
+          {})),
+      ElementsAre("save_adapter_dir: \"" + dir + "/dangling\" (resolved: \"" + dir +
+                  "/later\") is also save_hf_dir (\"" + dir +
+                  "/later\"), an output too: one would overwrite the other; give each its own "
+                  "path"));
+  EXPECT_THAT(
+      messages(CheckOutputsApart(
+          {{"metrics_file", dir + "/model/metrics.jsonl"}, {"save_hf_dir", dir + "/model", true}},
+          {})),
+      ElementsAre("metrics_file: \"" + dir + "/model/metrics.jsonl\" lies inside save_hf_dir (\"" +
+                  dir + "/model\"), a folder that holds only its own writer's files: choose a "
+                  "path outside it"));
+  // Beside each other, inside a folder whose writer keeps to its own names, or holding an
+  // input: apart.
+  EXPECT_THAT(CheckOutputsApart({{"checkpoint_dir", dir + "/run"},
+                                 {"metrics_file", dir + "/run/metrics.jsonl"},
+                                 {"save_hf_dir", dir + "/model", true},
+                                 {"unset", ""}},
+                                {{"hf_weights_dir", dir + "/run/base"}, {"unset", ""}}),
+              ::testing::IsEmpty());
+}
+
 }  // namespace
 }  // namespace plait::base

@@ -37,12 +37,16 @@ void ProgressLog::Print(const std::string& line) {
   out_ << "\n" << std::flush;
 }
 
-void ProgressLog::Header(int64_t parameters, int ranks, int64_t tokens_per_step,
-                         std::optional<double> entropy_floor, int64_t resume_step,
-                         const std::string& restart) {
-  std::string header = absl::StrCat("training ", parameters, " parameters on ", ranks,
-                                    ranks == 1 ? " rank" : " ranks", ", ", total_steps_,
-                                    " steps of ", tokens_per_step, " tokens");
+void ProgressLog::Header(int64_t trained_parameters, int64_t model_parameters, int ranks,
+                         int64_t tokens_per_step, std::optional<double> entropy_floor,
+                         int64_t resume_step, const std::string& restart) {
+  std::string header = absl::StrCat(
+      "training ", base::CountOf(trained_parameters, "parameter", "parameters"),
+      trained_parameters == model_parameters
+          ? ""
+          : absl::StrCat(" of a ", model_parameters, "-parameter model"),
+      " on ", base::CountOf(ranks, "rank", "ranks"), ", ",
+      base::CountOf(total_steps_, "step", "steps"), " of ", tokens_per_step, " tokens");
   if (entropy_floor) {
     absl::StrAppendFormat(&header, "; synthetic data, entropy floor %.4f nats", *entropy_floor);
   }
@@ -57,8 +61,12 @@ void ProgressLog::Header(int64_t parameters, int ranks, int64_t tokens_per_step,
 }
 
 void ProgressLog::Summary(const RunMetrics& run) {
-  std::string summary = absl::StrFormat("done: %d steps in %.1f s, %.0f tokens/s", total_steps_,
-                                        run.seconds, run.tokens_per_s);
+  // What this run trained, which a resumed one began after the step it resumed from.
+  const int64_t after_step = run.steps.empty() ? 0 : run.steps.front().step - 1;
+  std::string summary = absl::StrFormat(
+      "done: %s%s in %.1f s, %.0f tokens/s", base::CountOf(StepsTrained(run), "step", "steps"),
+      after_step > 0 ? absl::StrCat(" after step ", after_step) : "", run.seconds,
+      run.tokens_per_s);
   if (run.mfu) {
     absl::StrAppendFormat(&summary, ", MFU %.2f%% (%s)", 100.0 * *run.mfu, models::kFlopConvention);
   }
@@ -89,17 +97,18 @@ void ProgressLog::Summary(const RunMetrics& run) {
   }
   const int64_t skipped = SkippedSteps(run);
   if (skipped > 0) {
-    absl::StrAppend(&summary, ", ", skipped, skipped == 1 ? " update" : " updates", " skipped");
+    absl::StrAppend(&summary, ", ", base::CountOf(skipped, "update", "updates"), " skipped");
   }
   if (run.checkpoints_written > 0) {
-    absl::StrAppend(&summary, ", ", run.checkpoints_written,
-                    run.checkpoints_written == 1 ? " checkpoint" : " checkpoints", " written");
+    absl::StrAppend(&summary, ", ",
+                    base::CountOf(run.checkpoints_written, "checkpoint", "checkpoints"),
+                    " written");
   }
   if (!run.restarts.empty()) {
     const int64_t repeated = StepsRepeated(run);
-    absl::StrAppend(&summary, ", ", run.restarts.size(),
-                    run.restarts.size() == 1 ? " restart" : " restarts", " (", repeated,
-                    repeated == 1 ? " step" : " steps", " trained again)");
+    absl::StrAppend(&summary, ", ",
+                    base::CountOf(static_cast<int64_t>(run.restarts.size()), "restart", "restarts"),
+                    " (", base::CountOf(repeated, "step", "steps"), " trained again)");
   }
   Print(summary);
 }

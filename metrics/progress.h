@@ -9,7 +9,8 @@
 //                        parallel::StdoutIsTerminal() ? ProgressLog::Style::kStatusLine
 //                                                     : ProgressLog::Style::kPlainLines,
 //                        /*total_steps=*/100, /*log_every=*/10);
-//   progress.Header(/*parameters=*/4999424, /*ranks=*/2, /*tokens_per_step=*/1024, 1.1369, 0);
+//   progress.Header(/*trained_parameters=*/4999424, /*model_parameters=*/4999424, /*ranks=*/2,
+//                   /*tokens_per_step=*/1024, 1.1369, /*resume_step=*/0, /*restart=*/"");
 //   progress.Step(metrics, /*tokens_per_s=*/3421, /*eta_seconds=*/19);
 #ifndef PLAIT_METRICS_PROGRESS_H_
 #define PLAIT_METRICS_PROGRESS_H_
@@ -34,15 +35,18 @@ class ProgressLog {
   // A line that stays.
   void Print(const std::string& line);
 
-  // The run's first lines: what trains on how many ranks, with the data's loss floor when it
-  // is known, and the step a resumed run continues after (0: a fresh run). `restart` says
-  // which start of a restarted job this is and why ("restart 1 after rank 1 was killed by
-  // signal 9 (Killed)"), "" for a first start; the resume line then begins with it, and says
-  // so when the restart starts over for want of a checkpoint.
-  void Header(int64_t parameters, int ranks, int64_t tokens_per_step,
-              std::optional<double> entropy_floor, int64_t resume_step, const std::string& restart);
+  // The run's first lines: how many parameters train (and, when a preparation step froze
+  // some or added adapters, of how large a model) on how many ranks, with the data's loss
+  // floor when it is known, and the step a resumed run continues after (0: a fresh run).
+  // `restart` says which start of a restarted job this is and why ("restart 1 after rank 1
+  // was killed by signal 9 (Killed)"), "" for a first start; the resume line then begins
+  // with it, and says so when the restart starts over for want of a checkpoint.
+  void Header(int64_t trained_parameters, int64_t model_parameters, int ranks,
+              int64_t tokens_per_step, std::optional<double> entropy_floor, int64_t resume_step,
+              const std::string& restart);
 
-  // The run's last line: time, speed, MFU, the best evaluation and its gap to the floor, the
+  // The run's last line: the steps `run` trained (StepsTrained) and, for a resumed run, the
+  // step it resumed after, time, speed, MFU, the best evaluation and its gap to the floor, the
   // largest rank's peak memory, and the skipped updates, checkpoints and restarts (with the
   // steps they trained again) when there were any.
   void Summary(const RunMetrics& run);

@@ -67,8 +67,8 @@ TEST(ProgressLogTest, PrintsPlainLinesEveryLogEveryStepsAndNotableSteps) {
 TEST(ProgressLogTest, HeaderAndSummaryFrameTheRun) {
   std::ostringstream out;
   ProgressLog progress(out, ProgressLog::Style::kPlainLines, /*total_steps=*/100, /*log_every=*/10);
-  progress.Header(/*parameters=*/4999424, /*ranks=*/2, /*tokens_per_step=*/1024, 1.1369, 40,
-                  /*restart=*/"");
+  progress.Header(/*trained_parameters=*/4999424, /*model_parameters=*/4999424, /*ranks=*/2,
+                  /*tokens_per_step=*/1024, 1.1369, 40, /*restart=*/"");
   RunMetrics run;
   run.seconds = 16.1;
   run.tokens_per_s = 6523;
@@ -77,14 +77,15 @@ TEST(ProgressLogTest, HeaderAndSummaryFrameTheRun) {
   run.entropy_floor = 1.1369;
   run.peak_memory_bytes = {300 << 20, 700 << 20};
   run.checkpoints_written = 2;
-  run.steps.resize(3);
+  for (int64_t step = 41; step <= 100; ++step) run.steps.push_back(Metrics(step));
   run.steps[1].skipped = true;
   progress.Summary(run);
   EXPECT_EQ(out.str(),
             "training 4999424 parameters on 2 ranks, 100 steps of 1024 tokens; synthetic data, "
             "entropy floor 1.1369 nats\n"
             "resumed after step 40\n"
-            "done: 100 steps in 16.1 s, 6523 tokens/s, MFU 48.10% (6N + 6Lsh FLOPs a token, causal "
+            "done: 60 steps after step 40 in 16.1 s, 6523 tokens/s, MFU 48.10% (6N + 6Lsh FLOPs "
+            "a token, causal "
             "attention halved), best eval loss 1.1914 "
             "(entropy floor 1.1369, gap 0.0545 nats); peak memory 700.0 MiB (rank 1), "
             "1 update skipped, 2 checkpoints written\n");
@@ -96,8 +97,9 @@ TEST(ProgressLogTest, HeaderNamesARestartAndWhereItResumes) {
     std::ostringstream out;
     ProgressLog progress(out, ProgressLog::Style::kPlainLines, /*total_steps=*/40,
                          /*log_every=*/10);
-    progress.Header(/*parameters=*/100, /*ranks=*/1, /*tokens_per_step=*/64, std::nullopt,
-                    resume_step, "restart 1 after rank 1 was killed by signal 9 (Killed)");
+    progress.Header(/*trained_parameters=*/100, /*model_parameters=*/100, /*ranks=*/1,
+                    /*tokens_per_step=*/64, std::nullopt, resume_step,
+                    "restart 1 after rank 1 was killed by signal 9 (Killed)");
     EXPECT_EQ(out.str(),
               absl::StrCat("training 100 parameters on 1 rank, 40 steps of 64 tokens\n"
                            "restart 1 after rank 1 was killed by signal 9 (Killed): ",
@@ -121,7 +123,7 @@ TEST(ProgressLogTest, SummaryCountsTheRestartsAndTheStepsTheyRepeated) {
   run.restarts[0].repeated[1].skipped = true;
   progress.Summary(run);
   EXPECT_EQ(out.str(),
-            "done: 10 steps in 2.0 s, 1000 tokens/s, 1 update skipped, 2 restarts (3 steps "
+            "done: 13 steps in 2.0 s, 1000 tokens/s, 1 update skipped, 2 restarts (3 steps "
             "trained again)\n");
 }
 
@@ -133,9 +135,33 @@ TEST(ProgressLogTest, SummaryGivesThePeakDeviceMemory) {
   run.seconds = 2.0;
   run.tokens_per_s = 1000;
   run.peak_device_memory_bytes = int64_t{3} << 30;
+  for (int64_t step = 1; step <= 10; ++step) run.steps.push_back(Metrics(step));
   progress.Summary(run);
   EXPECT_EQ(out.str(),
             "done: 10 steps in 2.0 s, 1000 tokens/s, peak device memory 3.00 GiB per rank\n");
+}
+
+// Counts agree with their nouns, and a run that trains some of its model's parameters (LoRA's
+// adapters, a base that a step froze) says how many of how large a model.
+TEST(ProgressLogTest, ARunOfOneStepOnOneRankTrainingAdaptersSaysSo) {
+  std::ostringstream out;
+  ProgressLog progress(out, ProgressLog::Style::kPlainLines, /*total_steps=*/1, /*log_every=*/10);
+  progress.Header(/*trained_parameters=*/74752, /*model_parameters=*/869504, /*ranks=*/1,
+                  /*tokens_per_step=*/1024, std::nullopt, 0, /*restart=*/"");
+  RunMetrics run;
+  run.seconds = 1.0;
+  run.tokens_per_s = 1024;
+  run.steps.push_back(Metrics(1));
+  run.steps[0].skipped = true;
+  run.checkpoints_written = 1;
+  run.restarts.resize(1);
+  run.restarts[0].repeated.resize(1);
+  progress.Summary(run);
+  EXPECT_EQ(out.str(),
+            "training 74752 parameters of a 869504-parameter model on 1 rank, 1 step of 1024 "
+            "tokens\n"
+            "done: 2 steps in 1.0 s, 1024 tokens/s, 1 update skipped, 1 checkpoint written, "
+            "1 restart (1 step trained again)\n");
 }
 
 }  // namespace

@@ -176,25 +176,15 @@ absl::Status SaveHfParameters(const ModelConfig& config,
 }
 
 std::vector<base::Violation> CheckHfExportFolder(const std::string& dir,
-                                                 const std::vector<std::string>& input_dirs,
+                                                 const std::vector<base::NamedPath>& inputs,
                                                  const std::string& field) {
-  std::vector<base::Violation> violations;
-  if (dir.empty()) return violations;
-  auto add = [&](std::string message) { violations.push_back({field, std::move(message), ""}); };
-  namespace fs = std::filesystem;
-  std::error_code error;
-  const fs::path canonical_dir = fs::weakly_canonical(dir, error);
-  for (const std::string& input : input_dirs) {
-    if (!input.empty() && fs::weakly_canonical(input, error) == canonical_dir) {
-      add(absl::StrCat("\"", dir,
-                       "\" is the folder the weights are loaded from; the export "
-                       "would overwrite them: choose another folder"));
-      return violations;
-    }
-  }
+  if (dir.empty()) return {};
+  std::vector<base::Violation> violations =
+      base::CheckOutputsApart({{field, dir, /*whole_folder=*/true}}, inputs);
+  if (!violations.empty()) return violations;
   const absl::StatusOr<std::vector<std::string>> earlier =
       base::CheckOutputFolder(dir, IsEarlierExportFile, "a plait export");
-  if (!earlier.ok()) add(std::string(earlier.status().message()));
+  if (!earlier.ok()) violations.push_back({field, std::string(earlier.status().message()), ""});
   return violations;
 }
 

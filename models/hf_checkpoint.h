@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/own_output.h"
 #include "base/violation.h"
 #include "models/causal_lm.h"
 #include "models/safetensors.h"
@@ -76,15 +77,16 @@ absl::Status SaveHfParameters(const ModelConfig& config,
                               const std::string& dir, torch::ScalarType dtype = torch::kFloat32,
                               uint64_t max_shard_bytes = 0);
 
-// Every reason the folder `dir` cannot receive an export of a run whose weights are loaded
-// from `input_dirs`, found before the run trains (or a tool reads anything), so a trained
-// model is never lost at its end and no file is overwritten that the export did not write:
-// `dir` is one of the input folders, exists and is not a folder, holds anything but an
-// earlier export's files (model safetensors files and index carrying plait's mark, see
-// kWriterKey, and the config.json beside them: a downloaded model's folder is refused), or
-// cannot be written (base/own_output.h). Errors name `field`.
+// Every reason the folder `dir` cannot receive an export of a job that reads `inputs` (the
+// folders its weights come from, by field), found before the job trains (or a tool reads
+// anything), so a trained model is never lost at its end and no file is overwritten that the
+// export did not write: `dir` is one of the inputs, once links are followed
+// (base::CheckOutputsApart), exists and is not a folder, holds anything but an earlier
+// export's files (model safetensors files and index carrying plait's mark, see kWriterKey, and
+// the config.json beside them: a downloaded model's folder is refused), or cannot be written
+// (base/own_output.h). Errors name `field`.
 std::vector<base::Violation> CheckHfExportFolder(const std::string& dir,
-                                                 const std::vector<std::string>& input_dirs,
+                                                 const std::vector<base::NamedPath>& inputs,
                                                  const std::string& field);
 
 }  // namespace plait::models

@@ -228,13 +228,14 @@ TEST(HfCheckpointTest, ExportFoldersAreCheckedBeforeTraining) {
   ASSERT_THAT(SaveHfModel(*model, dir), IsOk());
   EXPECT_TRUE(CheckHfExportFolder(dir, {}, "save_hf_dir").empty());  // an earlier export
   EXPECT_TRUE(CheckHfExportFolder(dir + "/new", {}, "save_hf_dir").empty());
-  EXPECT_TRUE(CheckHfExportFolder("", {dir}, "save_hf_dir").empty());  // no export
+  EXPECT_TRUE(CheckHfExportFolder("", {{"hf_weights_dir", dir}}, "save_hf_dir").empty());
 
   auto message = [](const std::vector<base::Violation>& violations) {
     return violations.empty() ? std::string("(none)") : violations[0].ToString();
   };
-  EXPECT_THAT(message(CheckHfExportFolder(dir, {dir + "/."}, "save_hf_dir")),
-              HasSubstr("save_hf_dir: \"" + dir + "\" is the folder the weights are loaded from"));
+  EXPECT_THAT(message(CheckHfExportFolder(dir, {{"hf_weights_dir", dir + "/."}}, "save_hf_dir")),
+              HasSubstr("is also hf_weights_dir (\"" + dir +
+                        "/.\"), an input: writing there would overwrite it"));
   EXPECT_THAT(message(CheckHfExportFolder(dir + "/config.json", {}, "save_hf_dir")),
               HasSubstr("exists and is a regular file, not a folder"));
   std::system(("echo notes > " + dir + "/notes.txt").c_str());

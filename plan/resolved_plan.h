@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "base/own_output.h"
 #include "data/data.pb.h"
 #include "models/model.pb.h"
 #include "plan/plan.pb.h"
@@ -54,6 +55,10 @@ struct ResolvedPlan {
   std::string save_adapter_dir;  // training.save_adapter_dir
   std::string checkpoint_dir;   // training.checkpoint.dir
   std::string tensorboard_dir;  // training.tensorboard_dir
+  // What the run reads, by plan field, as the plan names it (from the working directory): the
+  // models' config files and weight folders, the adapters a step starts from, the data files
+  // (none of them where it writes: base::CheckOutputsApart). Empty paths are left out.
+  std::vector<base::NamedPath> inputs;
 
   // The mesh dimensions whose strategies split the batch (FSDP's, DDP's, HSDP's replicas), in
   // mesh order, and the ranks they span: the data-parallel width.

@@ -16,6 +16,7 @@
 #include "base/dtype.h"
 #include "base/file.h"
 #include "base/memory.h"
+#include "base/own_output.h"
 #include "base/status.h"
 #include "checkpoint/checkpoint_config.h"
 #include "data/data_config.h"
@@ -49,6 +50,29 @@ bool DirectoryExists(const std::string& path) {
   return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
 }
 
+// The files the data source `data` reads (its token or pair files, and a text pair source's
+// tokenizer), by field under "plan.data".
+std::vector<base::NamedPath> DataInputs(const data::DataConfig& data) {
+  std::vector<base::NamedPath> inputs;
+  const auto add = [&](const char* source, const char* name, const std::string& path) {
+    if (!path.empty()) inputs.push_back({absl::StrCat("plan.data.", source, ".", name), path});
+  };
+  if (data.has_token_files()) {
+    add("token_files", "train_path", data.token_files().train_path());
+    add("token_files", "eval_path", data.token_files().eval_path());
+  }
+  for (const auto& [source, files] :
+       {std::pair{"sft_files", data.has_sft_files() ? &data.sft_files() : nullptr},
+        std::pair{"preference_files",
+                  data.has_preference_files() ? &data.preference_files() : nullptr}}) {
+    if (files == nullptr) continue;
+    add(source, "train_path", files->train_path());
+    add(source, "eval_path", files->eval_path());
+    add(source, "tokenizer", files->tokenizer());
+  }
+  return inputs;
+}
+
 // One pass over a plan: each check records its violations and what it resolved, so that a
 // plan without violations comes out resolved (resolved_plan.h) with each quantity derived once.
 class Checker {
@@ -63,16 +87,19 @@ class Checker {
     const std::optional<models::ModelConfig> config = CheckModel(plan_.model(), "plan.model");
     if (config.has_value()) resolved_.model = *config;
     CheckWeights(plan_.hf_weights_dir(), "plan.hf_weights_dir");
+    AddInput("plan.model.hf_config_path", plan_.model().hf_config_path());
+    AddInput("plan.hf_weights_dir", plan_.hf_weights_dir());
+    ResolvePaths();
     CheckMesh();
     CollectDimUse(CheckSteps(plan_.prepare(), "plan.prepare", plan_.model(), config));
     CheckMeshUse();
     CheckOptimizer(config);
     CheckTraining(config);
     CheckCheckpoint();
-    CheckExport();
     CheckSchedule();
     CheckData(config);
     CheckFrozen();
+    CheckOutputs();
     AddAll(objectives::CheckObjective(plan_.objective(), config,
                                       HasEffect(plan_.prepare(), wrap::ADAPTS), frozen_configs_,
                                       plan_.data(), "plan.objective"));
@@ -82,7 +109,6 @@ class Checker {
     if (resolved_.scoring_dims != resolved_.data_parallel_dims) CheckSequenceSlices();
     CheckFrozenStages();
     ResolveWork(config);
-    ResolvePaths();
     return std::move(violations_);
   }
 
@@ -152,6 +178,11 @@ class Checker {
     }
   }
 
+  // A path the run reads, named by `field`; none when empty.
+  void AddInput(std::string field, const std::string& path) {
+    if (!path.empty()) resolved_.inputs.push_back({std::move(field), path});
+  }
+
   void CheckMesh() {
     AddAll(parallel::CheckMeshConfig(plan_.mesh(), resolved_.world_size, "plan.mesh"));
     for (const auto& dim : plan_.mesh().dims()) dims_.insert(dim.name());
@@ -173,6 +204,11 @@ class Checker {
       absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(steps[i]);
       if (!strategy.ok()) continue;  // wrap::CheckSteps says why
       AddAll((*strategy)->Check(shape, plan_.mesh(), absl::StrCat(field, "[", i, "]")));
+      // The adapter folder a step starts from is read, never written.
+      if (const wrap::LoraConfig* adapters = (*strategy)->adapters(); adapters != nullptr) {
+        AddInput(absl::StrCat(field, "[", i, "].", (*strategy)->name(), ".initial_adapter_dir"),
+                 adapters->initial_adapter_dir());
+      }
       strategies.push_back(*std::move(strategy));
     }
     return strategies;
@@ -316,17 +352,35 @@ class Checker {
     }
   }
 
-  // The trained model's folder, checked now so that it is never lost at the end of a run.
-  void CheckExport() {
-    std::vector<std::string> inputs = {plan_.hf_weights_dir()};
-    for (const FrozenModel& frozen : plan_.frozen()) inputs.push_back(frozen.hf_weights_dir());
-    AddAll(models::CheckHfExportFolder(plan_.training().save_hf_dir(), inputs,
-                                       "plan.training.save_hf_dir"));
-    const std::string& adapter_dir = plan_.training().save_adapter_dir();
-    if (adapter_dir.empty()) return;
-    AddAll(models::CheckPeftAdapterFolder(adapter_dir, "plan.training.save_adapter_dir"));
+  // Where the run writes, checked now so that nothing is lost at its end: its outputs apart
+  // from each other and from what it reads (after CheckData and CheckFrozen, which find the
+  // inputs), then each folder's own writer's checks.
+  void CheckOutputs() {
+    for (base::NamedPath& input : DataInputs(resolved_.data)) {
+      resolved_.inputs.push_back(std::move(input));
+    }
+    constexpr char kSaveHf[] = "plan.training.save_hf_dir";
+    constexpr char kSaveAdapter[] = "plan.training.save_adapter_dir";
+    const std::vector<base::Violation> collisions = base::CheckOutputsApart(
+        {{"plan.training.checkpoint.dir", resolved_.checkpoint_dir},
+         {"plan.training.metrics_file", resolved_.metrics_path},
+         {"plan.training.tensorboard_dir", resolved_.tensorboard_dir},
+         {kSaveHf, resolved_.save_hf_dir, /*whole_folder=*/true},
+         {kSaveAdapter, resolved_.save_adapter_dir, /*whole_folder=*/true}},
+        resolved_.inputs);
+    std::set<std::string> collided;
+    for (const base::Violation& collision : collisions) collided.insert(collision.field);
+    AddAll(collisions);
+    // A folder that is another path of the run already has its one violation.
+    if (collided.count(kSaveHf) == 0) {
+      AddAll(models::CheckHfExportFolder(resolved_.save_hf_dir, {}, kSaveHf));
+    }
+    if (resolved_.save_adapter_dir.empty()) return;
+    if (collided.count(kSaveAdapter) == 0) {
+      AddAll(models::CheckPeftAdapterFolder(resolved_.save_adapter_dir, kSaveAdapter));
+    }
     if (HasEffect(plan_.prepare(), wrap::ADAPTS)) return;
-    Add("plan.training.save_adapter_dir",
+    Add(kSaveAdapter,
         "the preparation adds no adapters to save (no step whose rule's effect is ADAPTS, "
         "such as lora)");
   }
@@ -425,6 +479,8 @@ class Checker {
       frozen_configs_[frozen.name()] = config;
       resolved_.frozen.push_back(config.value_or(models::ModelConfig()));
       CheckWeights(frozen.hf_weights_dir(), field + ".hf_weights_dir");
+      AddInput(field + ".model.hf_config_path", frozen.model().hf_config_path());
+      AddInput(field + ".hf_weights_dir", frozen.hf_weights_dir());
       CheckSteps(frozen.prepare(), field + ".prepare", frozen.model(), config);
     }
   }

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -10,7 +11,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "base/own_output.h"
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/estimates.h"
@@ -21,6 +24,8 @@
 namespace plait::plan {
 namespace {
 
+using ::plait::base::ResolvedPath;
+using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -299,6 +304,67 @@ TEST(ResolveTest, TextPairsReadTheTokenizerBesideTheModelsConfig) {
   files.set_format(data::PAIR_FORMAT_TEXT);
   plan.mutable_model()->set_preset("tiny");
   EXPECT_EQ(ResolveData(plan).sft_files().tokenizer(), "");
+}
+
+// What a run writes is checked apart before it trains: an adapter saved over the one it starts
+// from (spelled another way), an adapter and a model saved to one folder (one of them through a
+// link to nothing yet), a metrics file inside the model's folder, a data file written over.
+TEST(ResolveTest, OutputsThatMeetEachOtherOrAnInputAreRefusedNamingBothFields) {
+  const std::string dir = FreshTestDir("outputs_apart");
+  std::filesystem::create_directories(dir + "/adapter");
+  std::filesystem::create_symlink(dir + "/model", dir + "/dangling");
+  Plan plan = *ParsePlan(R"pb(
+                           model { preset: "tiny" }
+                           prepare { lora { rank: 4 alpha: 8 target: "*q_proj" } }
+                           optimizer { adamw {} }
+                           schedule { lr: 1e-3 constant {} }
+                           training { steps: 2 micro_batch: 2 seq_len: 16 }
+                         )pb",
+                         "plan");
+  plan.mutable_prepare(0)->mutable_lora()->set_initial_adapter_dir(dir + "/adapter");
+  plan.mutable_training()->set_save_adapter_dir(dir + "/./adapter");
+  EXPECT_THAT(Resolve(plan, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.training.save_adapter_dir: \"" + dir +
+                                 "/./adapter\" (resolved: \"" + ResolvedPath(dir) +
+                                 "/adapter\") is also plan.prepare[0].lora.initial_adapter_dir (\"" +
+                                 dir + "/adapter\"), an input: writing there would overwrite it")));
+
+  plan.mutable_prepare(0)->mutable_lora()->clear_initial_adapter_dir();
+  plan.mutable_training()->set_save_hf_dir(dir + "/model");
+  plan.mutable_training()->set_save_adapter_dir(dir + "/dangling");
+  EXPECT_THAT(Resolve(plan, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.training.save_adapter_dir: \"" + dir + "/dangling\" (" +
+                                 "resolved: \"" + ResolvedPath(dir) +
+                                 "/model\") is also plan.training.save_hf_dir (\"" + dir +
+                                 "/model\"), an output too")));
+
+  // Alone, a link to nothing is no folder an export can be created through.
+  plan.mutable_training()->clear_save_adapter_dir();
+  plan.mutable_training()->set_save_hf_dir(dir + "/dangling");
+  EXPECT_THAT(Resolve(plan, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.training.save_hf_dir: \"" + dir + "/dangling\" cannot be "
+                                 "created: \"" + dir + "/dangling\" is a symbolic link to \"" +
+                                 dir + "/model\", which does not exist")));
+
+  plan.mutable_training()->set_save_hf_dir(dir + "/model");
+  plan.mutable_training()->set_metrics_file(dir + "/model/metrics.jsonl");
+  EXPECT_THAT(Resolve(plan, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.training.metrics_file: \"" + dir +
+                                 "/model/metrics.jsonl\" lies inside plan.training.save_hf_dir")));
+
+  plan.mutable_training()->clear_save_hf_dir();
+  const std::string tokens = dir + "/tokens.bin";
+  std::ofstream(tokens) << "tokens";
+  plan.mutable_data()->mutable_token_files()->set_train_path(tokens);
+  plan.mutable_training()->set_metrics_file(tokens);
+  EXPECT_THAT(Resolve(plan, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("plan.training.metrics_file: \"" + tokens +
+                                 "\" is also plan.data.token_files.train_path")));
 }
 
 }  // namespace

@@ -11,7 +11,8 @@
 // finite, and names the checks that need the run's plan; export-hf writes the trained parameters as
 // a Hugging Face folder (config.json + model.safetensors, fp32) of the model config the checkpoint
 // records, into a new or empty folder or one an earlier export wrote, never over other files
-// (verify and export-hf are tools/saved_checkpoint.h's). Exits 1 naming what is wrong with the
+// nor over a folder the checkpoint's run read, such as the export it started from (verify and
+// export-hf are tools/saved_checkpoint.h's). Exits 1 naming what is wrong with the
 // checkpoint, 2 on a usage error.
 #include <cstdint>
 #include <iostream>

@@ -19,6 +19,8 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "models/causal_lm.h"
+#include "models/hf_checkpoint.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "parallel/testdata/subprocess.h"
@@ -98,6 +100,13 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
   absl::StatusOr<plan::Plan> plan = CheckpointingFsdpPlan();
   ASSERT_THAT(plan, IsOk());
   plan->mutable_training()->set_save_hf_dir(dir_ + "/run_hf");
+  // The run starts from an earlier plait export, which the checkpoint records as read.
+  const std::string base = dir_ + "/base";
+  const std::shared_ptr<models::CausalLM> initial =
+      models::CausalLM::Create(trainer::testing::ConfigOf(plan->model()), plan->model().init())
+          .value();
+  ASSERT_THAT(models::SaveHfModel(*initial, base), IsOk());
+  plan->set_hf_weights_dir(base);
   trainer::testing::TrainOnRanks(*plan, 2);
   const std::string checkpoint = dir_ + "/ckpt/step-00000002";
 
@@ -156,8 +165,8 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
             base::ReadFile(dir_ + "/run_hf/config.json").value_or("run"));
 
   // An earlier export is replaced; no other folder gets a byte written into it: the
-  // checkpoint's own, one of the user's files, a downloaded model's (names an export writes,
-  // without plait's mark).
+  // checkpoint's own, the export its run started from, one of the user's files, a downloaded
+  // model's (names an export writes, without plait's mark).
   ASSERT_EQ(Run({"export-hf", checkpoint, dir_ + "/exported"}), 0) << stderr_;
   ASSERT_EQ(Run({"export-hf", checkpoint, dir_ + "/run_hf"}), 0) << stderr_;
   const std::string notes = dir_ + "/notes";
@@ -170,12 +179,16 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
       models::WriteSafetensors(downloaded + "/model.safetensors",
                                {{"model.norm.weight", torch::ones({256})}}, {{"format", "pt"}}),
       IsOk());
-  for (const std::string& refused : {checkpoint, notes, downloaded}) {
+  for (const std::string& refused : {checkpoint, base, notes, downloaded}) {
     const std::map<std::string, std::string> before = FolderBytes(refused);
     EXPECT_EQ(Run({"export-hf", checkpoint, refused}), 1) << refused;
     EXPECT_THAT(stderr_, HasSubstr("checkpoint export-hf: OUT_DIR: \"" + refused + "\""));
     EXPECT_EQ(FolderBytes(refused), before) << refused;
   }
+  EXPECT_EQ(Run({"export-hf", checkpoint, dir_ + "/./base"}), 1);
+  EXPECT_THAT(stderr_, HasSubstr("is also plan.hf_weights_dir of the run that saved the "
+                                 "checkpoint (\"" + fs::canonical(base).string() +
+                                 "\"), an input: writing there would overwrite it"));
 
   // One changed byte at the end of rank 1's data.
   const std::string file = checkpoint + "/rank-00001-of-00002.safetensors";

@@ -9,6 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "base/own_output.h"
 #include "base/status.h"
 #include "base/text_proto.h"
 #include "base/violation.h"
@@ -99,10 +101,18 @@ absl::StatusOr<size_t> ExportSavedCheckpoint(const std::string& folder,
                                              const checkpoint::Manifest& manifest,
                                              const std::string& out_dir,
                                              const std::string& out_field) {
-  // Refused before anything is read: the checkpoint's own folder, a folder of other files, a
-  // downloaded model's; an earlier export's files are replaced.
+  // Refused before anything is read: the checkpoint's own folder, what its run read (the
+  // earlier export it started from), a folder of other files, a downloaded model's; an earlier
+  // export's files are replaced.
+  std::vector<base::NamedPath> inputs = {{"the checkpoint", folder}};
+  for (const auto& [key, path] : manifest.metadata) {
+    absl::string_view field = key;
+    if (absl::ConsumePrefix(&field, trainer::kInputPrefix)) {
+      inputs.push_back({absl::StrCat(field, " of the run that saved the checkpoint"), path});
+    }
+  }
   const std::vector<base::Violation> refused =
-      models::CheckHfExportFolder(out_dir, {folder}, out_field);
+      models::CheckHfExportFolder(out_dir, inputs, out_field);
   if (!refused.empty()) return absl::FailedPreconditionError(refused[0].ToString());
   PLAIT_ASSIGN_OR_RETURN(const models::ModelConfig config, SavedModel(manifest));
   if (HoldsNoBase(manifest)) {

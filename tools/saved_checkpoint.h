@@ -33,10 +33,12 @@ absl::Status VerifySavedCheckpoint(const std::string& folder, const checkpoint::
 
 // Writes the trained parameters of the checkpoint in `folder` (fp32, with the config.json of
 // the model its fingerprint records) into `out_dir`: a new or empty folder, or one an earlier
-// export wrote (models::CheckHfExportFolder; its errors name `out_field`). Every parameter is
-// read and checked before anything is written, so a refused checkpoint leaves `out_dir` as it
-// was. The number of parameters written. FailedPrecondition for a checkpoint of a run that
-// froze the model's parameters (LoRA), which holds its adapters alone.
+// export wrote, but neither `folder` nor a path the checkpoint's run read (its metadata's
+// trainer::kInputPrefix entries, such as the earlier export it started from); see
+// models::CheckHfExportFolder, whose errors name `out_field`. Every parameter is read and
+// checked before anything is written, so a refused checkpoint leaves `out_dir` as it was. The
+// number of parameters written. FailedPrecondition for a checkpoint of a run that froze the
+// model's parameters (LoRA), which holds its adapters alone.
 absl::StatusOr<size_t> ExportSavedCheckpoint(const std::string& folder,
                                              const checkpoint::Manifest& manifest,
                                              const std::string& out_dir,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "base/dtype.pb.h"
+#include "base/own_output.h"
 #include "base/status.h"
 #include "torch/utils.h"
 #include "wrap/strategies.h"
@@ -176,8 +177,12 @@ absl::StatusOr<RunCheckpoints> RunCheckpoints::Open(const plan::ResolvedPlan& re
       checkpoint::Checkpointer checkpointer,
       checkpoint::Checkpointer::Open(plan.training().checkpoint(), resolved.checkpoint_dir,
                                      std::move(run), mesh));
+  std::map<std::string, std::string> inputs;
+  for (const base::NamedPath& input : resolved.inputs) {
+    inputs[kInputPrefix + input.field] = base::ResolvedPath(input.path);
+  }
   return RunCheckpoints(std::move(checkpointer), resolved.global_batch,
-                        resolved.global_batch / resolved.grad_accumulation);
+                        resolved.global_batch / resolved.grad_accumulation, std::move(inputs));
 }
 
 absl::Status RunCheckpoints::Restore(optim::Optimizer& optimizer, data::DataLoader& train) const {
@@ -201,8 +206,9 @@ absl::Status RunCheckpoints::SaveIfDue(int64_t step, const optim::Optimizer& opt
 absl::Status RunCheckpoints::Save(int64_t step, const optim::Optimizer& optimizer) const {
   const optim::OptimizerState state = optimizer.SaveState();
   PLAIT_ASSIGN_OR_RETURN(auto tensors, RankTensors(optimizer, state, Contents::kData));
-  return checkpointer_.Save(step, step * global_batch_,
-                            {std::move(tensors), {{kOptimizerStep, absl::StrCat(state.step)}}});
+  std::map<std::string, std::string> metadata = inputs_;
+  metadata[kOptimizerStep] = absl::StrCat(state.step);
+  return checkpointer_.Save(step, step * global_batch_, {std::move(tensors), std::move(metadata)});
 }
 
 }  // namespace plait::trainer

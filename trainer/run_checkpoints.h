@@ -7,8 +7,9 @@
 //
 // Each rank saves its part of the trainable parameters ("param/<name>") and of their
 // optimizer state ("optim/<key>", fp32), each under the global name with the slice the
-// wrapper that made it names (parallel::TrainableParameter::slice), and the optimizer's
-// update count ("optimizer_step" in the manifest's metadata); the manifest's data position is
+// wrapper that made it names (parallel::TrainableParameter::slice), the optimizer's update
+// count ("optimizer_step" in the manifest's metadata) and the paths the run read (kInputPrefix
+// entries there, for tools that write from a checkpoint); the manifest's data position is
 // the sequences consumed over all data-parallel ranks, and its fingerprint what a resume must
 // not change (model config and dtype, optimizer algorithm and its betas/eps/momentum, global
 // batch in sequences, seq_len, data source, objective, frozen models, and where a base that a
@@ -57,6 +58,10 @@ inline constexpr char kGlobalBatchField[] = "plan.training.global_batch";
 // base), which its checkpoints do not hold: where they come from, the Hugging Face folder or
 // the seeded initialisation. Absent from other runs' checkpoints.
 inline constexpr char kFrozenBaseField[] = "plan.hf_weights_dir";
+// The metadata entries that record what the run read: "input/" + the plan field
+// (plan::ResolvedPlan::inputs) -> the path, resolved (base::ResolvedPath), so that a tool
+// writing from the checkpoint never writes over them (tools/checkpoint export-hf).
+inline constexpr char kInputPrefix[] = "input/";
 
 // The optimizer's update count a checkpoint of step `step` records in its manifest's
 // metadata (`metadata`, as saved): an integer from 0 to `step`, since a step updates the
@@ -100,14 +105,16 @@ class RunCheckpoints {
 
  private:
   RunCheckpoints(checkpoint::Checkpointer checkpointer, int64_t global_batch,
-                 int64_t sequences_per_micro_batch)
+                 int64_t sequences_per_micro_batch, std::map<std::string, std::string> inputs)
       : checkpointer_(std::move(checkpointer)),
         global_batch_(global_batch),
-        sequences_per_micro_batch_(sequences_per_micro_batch) {}
+        sequences_per_micro_batch_(sequences_per_micro_batch),
+        inputs_(std::move(inputs)) {}
 
   checkpoint::Checkpointer checkpointer_;
   int64_t global_batch_;               // sequences per step over the data-parallel ranks
   int64_t sequences_per_micro_batch_;  // over the data-parallel ranks
+  std::map<std::string, std::string> inputs_;  // the kInputPrefix entries of every save
 };
 
 }  // namespace plait::trainer

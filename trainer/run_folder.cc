@@ -13,21 +13,36 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/file.h"
+#include "base/status.h"
 
 namespace plait::trainer {
 namespace {
 
-// Points run_dir/latest at `name`, through a rename so that a reader never finds it missing;
-// a `latest` that is not a link is someone else's file, left as it is.
-void PointLatestAt(const std::string& run_dir, const std::string& name) {
+// Points run_dir/latest at `name`, through a rename so that a reader never finds it missing.
+absl::Status PointLatestAt(const std::string& run_dir, const std::string& name) {
   const std::string latest = absl::StrCat(run_dir, "/latest");
-  struct stat info;
-  if (lstat(latest.c_str(), &info) == 0 && !S_ISLNK(info.st_mode)) return;
   const std::string link = absl::StrCat(latest, ".", getpid());
   unlink(link.c_str());
   if (symlink(name.c_str(), link.c_str()) != 0 || rename(link.c_str(), latest.c_str()) != 0) {
+    const int error = errno;
     unlink(link.c_str());
+    return absl::FailedPreconditionError(absl::StrCat("plan.training.run_dir: \"", latest,
+                                                      "\" cannot point at ", name, ": ",
+                                                      std::strerror(error)));
   }
+  return absl::OkStatus();
+}
+
+// OK when run_dir/latest is missing or a link, which Create replaces; a file or folder there is
+// someone else's, which it must neither replace nor leave pointing at an older run.
+absl::Status CheckLatestIsALink(const std::string& run_dir) {
+  const std::string latest = absl::StrCat(run_dir, "/latest");
+  struct stat info;
+  if (lstat(latest.c_str(), &info) != 0 || S_ISLNK(info.st_mode)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "plan.training.run_dir: \"", latest, "\" is ", base::FileKind(info.st_mode),
+      ", not the link to the newest run that plait keeps there: move it away, or choose "
+      "another run_dir"));
 }
 
 // A name for a new folder under `run_dir`: now, as 20261202-053500, or -2, -3, ... when taken.
@@ -45,6 +60,7 @@ std::string NewFolderName(const std::string& run_dir) {
 absl::Status RunFolder::Create() const {
   if (!is_new) return absl::OkStatus();
   const std::filesystem::path folder(path);
+  PLAIT_RETURN_IF_ERROR(CheckLatestIsALink(folder.parent_path().string()));
   std::error_code error;
   std::filesystem::create_directories(folder.parent_path(), error);
   if (error || mkdir(path.c_str(), 0755) != 0) {
@@ -52,7 +68,7 @@ absl::Status RunFolder::Create() const {
         absl::StrCat("plan.training.run_dir: \"", path, "\" cannot be created: ",
                      error ? error.message() : std::strerror(errno)));
   }
-  PointLatestAt(folder.parent_path().string(), folder.filename().string());
+  PLAIT_RETURN_IF_ERROR(PointLatestAt(folder.parent_path().string(), folder.filename().string()));
   setenv(kRunFolderVariable, path.c_str(), /*overwrite=*/1);
   return absl::OkStatus();
 }

@@ -18,6 +18,8 @@ namespace {
 
 using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::MatchesRegex;
 
 class RunFolderTest : public ::testing::Test {
@@ -97,13 +99,19 @@ TEST_F(RunFolderTest, AbsoluteOrNoOutputsNeedNoFolder) {
   EXPECT_FALSE(std::filesystem::exists(run_dir_));
 }
 
-// A `latest` that is not a link is someone's file: left as it is.
-TEST_F(RunFolderTest, ALatestThatIsNotALinkIsLeftAlone) {
+// A `latest` that is not a link is someone's file: the run is refused before it starts,
+// naming it, and neither it nor the run_dir changes.
+TEST_F(RunFolderTest, ALatestThatIsNotALinkIsRefused) {
   std::filesystem::create_directories(run_dir_);
   ASSERT_THAT(base::WriteFileAtomically(run_dir_ + "/latest", "mine"), IsOk());
   plan::Plan plan = Plan();
-  ASSERT_THAT(TakeRunFolder(plan, true, 0).Create(), IsOk());
+  EXPECT_THAT(TakeRunFolder(plan, true, 0).Create(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "plan.training.run_dir: \"" + run_dir_ +
+                           "/latest\" is a regular file, not the link to the newest run that "
+                           "plait keeps there: move it away, or choose another run_dir"));
   EXPECT_EQ(base::ReadFile(run_dir_ + "/latest").value_or(""), "mine");
+  EXPECT_THAT(base::testing::FolderEntries(run_dir_), ElementsAre("latest"));
 }
 
 }  // namespace

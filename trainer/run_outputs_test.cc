@@ -1,16 +1,20 @@
 // What a run leaves for a person to look at, on 2 FSDP ranks as threads: TensorBoard's event
 // file holds every number of the metrics file under the same name, and the plan as text; the
 // run summary beside the metrics file tells the run's steps, evaluations, checkpoints and
-// each rank's peak memory.
+// each rank's peak memory. And what one process leaves: no export or checkpoint of weights
+// that are not finite, and progress lines that say what it trains and trained.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/file.h"
+#include "base/status.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
 #include "gmock/gmock.h"
@@ -19,9 +23,12 @@
 #include "gtest/gtest.h"
 #include "metrics/record_file.h"
 #include "metrics/tensorboard_event.pb.h"
+#include "models/estimates.h"
+#include "models/parameter_shapes.h"
 #include "nlohmann/json.hpp"
 #include "plan/compute_dtype.h"
 #include "plan/plan.h"
+#include "plan/validate.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -31,8 +38,43 @@ namespace {
 using ::plait::base::testing::FolderEntries;
 using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
+using ::plait::base::testing::StatusIs;
+using ::plait::trainer::testing::ConfigOf;
+using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
+using ::plait::trainer::testing::WithMesh;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::SizeIs;
+
+// llama_single's plan without evaluations, for `steps` steps, with `assignments` applied.
+plan::Plan Single(int steps, const std::vector<std::string>& assignments) {
+  plan::Plan plan = ShortShippedPlan("llama_single");
+  plan.mutable_schedule()->clear_warmup();  // longer than the runs
+  for (const std::string& assignment : {absl::StrCat("training.steps=", steps),
+                                        std::string("training.eval_every=0"),
+                                        std::string("training.eval_batches=0")}) {
+    EXPECT_THAT(plan::ApplyOverride(assignment, plan), IsOk()) << assignment;
+  }
+  for (const std::string& assignment : assignments) {
+    EXPECT_THAT(plan::ApplyOverride(assignment, plan), IsOk()) << assignment;
+  }
+  return plan;
+}
+
+// Trains `plan` in one process, printing its progress into `log`.
+absl::Status TrainAlone(const plan::Plan& plan, std::ostream* log = nullptr) {
+  PLAIT_ASSIGN_OR_RETURN(const plan::ResolvedPlan resolved, plan::Resolve(plan, 1));
+  TrainOptions options;
+  options.log = log;
+  absl::Status status = absl::UnknownError("did not run");
+  WithMesh(plan, 1, [&](int, const parallel::DeviceMesh& mesh) {
+    status = Train(resolved, mesh, options).status();
+  });
+  return status;
+}
 
 TEST(RunOutputsTest, TensorBoardHoldsTheMetricsFileAndTheSummaryTellsTheRun) {
   const std::string dir = FreshTestDir("outputs");
@@ -105,6 +147,69 @@ TEST(RunOutputsTest, TensorBoardHoldsTheMetricsFileAndTheSummaryTellsTheRun) {
   for (const nlohmann::json& bytes : summary["peak_memory_bytes"]) {
     EXPECT_GT(bytes.get<int64_t>(), 1 << 20);
   }
+}
+
+// A learning rate beyond fp32's range makes step 1's update send the weights to infinity or
+// NaN: the run stops naming that step and the first such parameter, found at the end of the
+// run, before a checkpoint, or when the next step's update is skipped for its loss; it leaves
+// neither an export nor a checkpoint of them.
+TEST(RunOutputsTest, WeightsThatAreNotFiniteStopTheRunAndAreNeverSaved) {
+  struct Case {
+    int steps;
+    bool checkpoints;
+    int stopped_at;
+  };
+  for (const Case& run : {Case{1, false, 1}, Case{1, true, 1}, Case{2, true, 2}}) {
+    const std::string dir = FreshTestDir("non_finite");
+    std::vector<std::string> assignments = {"schedule.lr=1e39",
+                                            absl::StrCat("training.save_hf_dir=", dir, "/model")};
+    if (run.checkpoints) {
+      assignments.push_back(absl::StrCat("training.checkpoint.dir=", dir, "/checkpoints"));
+      assignments.push_back(absl::StrCat("training.checkpoint.every=", run.steps));
+    }
+    EXPECT_THAT(TrainAlone(Single(run.steps, assignments)),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr(absl::StrCat("step ", run.stopped_at,
+                                                      ": the trained parameters are not finite "
+                                                      "after the update of step 1: model.")),
+                               HasSubstr("; the run stops and saves nothing from them"))))
+        << run.steps << " steps, checkpoints " << run.checkpoints;
+    EXPECT_FALSE(std::filesystem::exists(dir + "/model"));
+    if (run.checkpoints) {
+      EXPECT_THAT(FolderEntries(dir + "/checkpoints"), ElementsAre(".lock"));
+    }
+  }
+}
+
+// A LoRA run's first line counts the adapters it trains, of the model's parameters; a run
+// resumed after step 1 of 3 says it trained 2 steps after step 1; one step is "1 step".
+TEST(RunOutputsTest, TheProgressSaysWhatTrainsAndWhatARunTrained) {
+  const std::string dir = FreshTestDir("progress");
+  plan::Plan plan = Single(1, {absl::StrCat("training.checkpoint.dir=", dir)});
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(lora { rank: 2 alpha: 4 target: "*q_proj" })pb", plan.add_prepare()));
+  int64_t adapters = 0;
+  for (const models::ParameterShape& shape : models::ParameterShapes(ConfigOf(plan.model()))) {
+    // A is [rank, in], B [out, rank].
+    if (absl::EndsWith(shape.name, "q_proj.weight")) {
+      adapters += 2 * (shape.shape[0] + shape.shape[1]);
+    }
+  }
+  std::ostringstream first;
+  ASSERT_THAT(TrainAlone(plan, &first), IsOk());
+  EXPECT_THAT(first.str(),
+              HasSubstr(absl::StrCat("training ", adapters, " parameters of a ",
+                                     models::NumParameters(ConfigOf(plan.model())),
+                                     "-parameter model on 1 rank, 1 step of 1024 tokens;")));
+  EXPECT_THAT(first.str(), HasSubstr("\ndone: 1 step in "));
+
+  ASSERT_THAT(plan::ApplyOverride("training.steps=3", plan), IsOk());
+  plan.mutable_training()->mutable_checkpoint()->set_resume(true);
+  std::ostringstream resumed;
+  ASSERT_THAT(TrainAlone(plan, &resumed), IsOk());
+  EXPECT_THAT(resumed.str(), HasSubstr("model on 1 rank, 3 steps of 1024 tokens;"));
+  EXPECT_THAT(resumed.str(), HasSubstr("\nresumed after step 1\n"));
+  EXPECT_THAT(resumed.str(), HasSubstr("\ndone: 2 steps after step 1 in "));
 }
 
 }  // namespace

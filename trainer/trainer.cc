@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <string>
@@ -34,6 +35,7 @@
 #include "models/causal_lm.h"
 #include "models/estimates.h"
 #include "models/model_config.h"
+#include "models/safetensors.h"
 #include "objectives/metric_means.h"
 #include "objectives/objective.h"
 #include "objectives/router_loss.h"
@@ -74,6 +76,19 @@ absl::StatusOr<std::vector<int64_t>> PerRank(const parallel::DeviceMesh& mesh, i
   std::vector<int64_t> per_rank(values.size(0));
   for (size_t rank = 0; rank < per_rank.size(); ++rank) per_rank[rank] = values[rank];
   return per_rank;
+}
+
+// How many parameters `parameters` (a rank's trainable parts) train over every rank of `mesh`,
+// each element once: the elements of the parts held as replica 0, the ones a checkpoint
+// saves (every rank must call it).
+absl::StatusOr<int64_t> TrainedParameters(
+    const std::vector<parallel::TrainableParameter>& parameters, const parallel::DeviceMesh& mesh) {
+  int64_t own = 0;
+  for (const parallel::TrainableParameter& parameter : parameters) {
+    if (parameter.slice.replica == 0) own += parameter.slice.box.numel();
+  }
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<int64_t> per_rank, PerRank(mesh, own));
+  return std::accumulate(per_rank.begin(), per_rank.end(), int64_t{0});
 }
 
 // The next batch of `loader` on `device`, its copy in host memory, and the items
@@ -232,6 +247,13 @@ class TrainingRun {
   // each rank's peak of tensor bytes into `report`, and rank 0's warning when a rank's is more
   // than 15% off (every rank must call it).
   absl::Status CompareMemoryWithEstimate(TrainReport& report);
+
+  // OK when every trainable parameter of every rank is finite; otherwise, on every rank, an
+  // error starting "step `step`" that names the first that is not on the rank that found it
+  // and `last_update`, the step of the last update applied, after which it is so. Every rank
+  // must call it: after a step whose update was skipped, before a checkpoint and before the
+  // run ends, so that nothing is saved from, nor does a run succeed with, a model that is not.
+  absl::Status CheckParametersFinite(int64_t step, int64_t last_update) const;
 
   // `bytes` becomes the largest over the ranks of the mesh (every rank must call it).
   absl::Status MaxOverRanks(std::optional<int64_t>& bytes) const;
@@ -457,13 +479,16 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
 absl::StatusOr<TrainReport> TrainingRun::Run() {
   TrainReport report;
   report.entropy_floor = train_->EntropyFloor();
+  PLAIT_ASSIGN_OR_RETURN(const int64_t trained_parameters,
+                         TrainedParameters(prepared_->trainable_parameters(), mesh_));
   if (progress_) {
-    progress_->Header(NumParameters(resolved_.model), mesh_.layout().world_size(),
-                      static_cast<int64_t>(resolved_.tokens_per_step), report.entropy_floor,
-                      checkpoints_->resume_step(), RestartLine(options_));
+    progress_->Header(trained_parameters, NumParameters(resolved_.model),
+                      mesh_.layout().world_size(), static_cast<int64_t>(resolved_.tokens_per_step),
+                      report.entropy_floor, checkpoints_->resume_step(), RestartLine(options_));
   }
   const int64_t steps = training_.steps();
   const int64_t first_step = checkpoints_->resume_step();
+  int64_t last_update = first_step;  // the step of the last update applied
   const Clock::time_point start = Clock::now();
   SkippedUpdates skipped;
   // The first step allocates the gradients and the optimizer's state as it goes (the state
@@ -491,11 +516,20 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
       progress_->Step(metrics, resolved_.tokens_per_step * done / training_seconds_,
                       Seconds(Clock::now() - start) / done * (steps - step - 1));
     }
+    if (!metrics.skipped) last_update = metrics.step;
+    // A skipped update's non-finite loss or gradient norm may come from the data, or from
+    // weights an earlier update sent out of range, which no later step brings back.
+    if (metrics.skipped || checkpoints_->IsDue(metrics.step)) {
+      PLAIT_RETURN_IF_ERROR(CheckParametersFinite(metrics.step, last_update));
+    }
     if (skipped.in_a_row() >= resolved_.max_skipped_steps) {
       return absl::FailedPreconditionError(absl::StrFormat(
-          "step %d: the last %d updates were skipped: %s; the run trains nothing "
-          "(plan.training.max_skipped_steps = %d)",
-          metrics.step, skipped.in_a_row(), skipped.Why(), resolved_.max_skipped_steps));
+          "step %d: %s: %s; the run trains nothing (plan.training.max_skipped_steps = %d)",
+          metrics.step,
+          skipped.in_a_row() == 1
+              ? std::string("its update was skipped")
+              : absl::StrCat("the last ", skipped.in_a_row(), " updates were skipped"),
+          skipped.Why(), resolved_.max_skipped_steps));
     }
     PLAIT_RETURN_IF_ERROR(checkpoints_->SaveIfDue(step + 1, *optimizer_));
     if (checkpoints_->IsDue(step + 1)) ++report.checkpoints_written;
@@ -503,9 +537,12 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   // A run shorter than max_skipped_steps that skipped every update.
   if (first_step < steps && skipped.in_a_row() == steps - first_step) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "every one of the %d steps%s was skipped: %s; the run trained nothing", steps - first_step,
+        "%s%s was skipped: %s; the run trained nothing",
+        steps - first_step == 1 ? std::string("the only step")
+                                : absl::StrCat("every one of the ", steps - first_step, " steps"),
         first_step > 0 ? absl::StrCat(" after step ", first_step) : "", skipped.Why()));
   }
+  if (first_step < steps) PLAIT_RETURN_IF_ERROR(CheckParametersFinite(steps, last_update));
   if (!resolved_.save_hf_dir.empty()) {
     PLAIT_RETURN_IF_ERROR(
         base::Annotate(prepared_->SaveHf(resolved_.save_hf_dir, mesh_.rank(), /*writer=*/0),
@@ -641,6 +678,25 @@ TrainReport TrainingRun::OverAllStarts(TrainReport report) const {
   report = metrics::WholeRun(std::move(report), std::move(earlier), resolved_.tokens_per_step);
   report.mfu = Mfu(report.tokens_per_s);
   return report;
+}
+
+absl::Status TrainingRun::CheckParametersFinite(int64_t step, int64_t last_update) const {
+  absl::Status own;
+  for (const parallel::TrainableParameter& parameter : prepared_->trainable_parameters()) {
+    if (!parameter.tensor.defined()) continue;
+    const absl::Status finite = models::CheckFinite(
+        parameter.tensor,
+        absl::StrCat("step ", step,
+                     ": the trained parameters are not finite after the update of step ",
+                     last_update),
+        parameter.name);
+    if (!finite.ok()) {
+      own = absl::FailedPreconditionError(absl::StrCat(
+          finite.message(), "; the run stops and saves nothing from them"));
+      break;
+    }
+  }
+  return mesh_.Agree(own, absl::StrCat("step ", step));
 }
 
 absl::Status TrainingRun::MaxOverRanks(std::optional<int64_t>& bytes) const {

@@ -11,7 +11,10 @@
 // rate, periodic evaluation on the held-out split, and a summary. A step whose loss (or,
 // with clipping, gradient norm) is not finite skips its update on every rank; a run that
 // skips plan.training.max_skipped_steps updates in a row, or every update it makes, ends with
-// an error saying what was not finite. Rank 0 prints its progress
+// an error saying what was not finite. Parameters that an update made non-finite are found
+// after a skipped update, before each checkpoint and at the end, and stop the run, naming the
+// step of that update and the parameter, with no checkpoint or export of them. Rank 0 prints
+// its progress
 // (metrics/progress.h), writes the JSONL metrics and the run's summary (metrics/metrics_log.h)
 // and TensorBoard's event files (metrics/tensorboard_log.h). The data-parallel rank and
 // width, which choose the batches a rank reads, are those of the mesh dimensions whose
