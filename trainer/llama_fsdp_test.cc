@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,10 +33,13 @@ using ::plait::base::testing::IsOk;
 using ::plait::base::testing::TestPath;
 using ::testing::HasSubstr;
 
-// The job's binary, in the test's runfiles.
-std::string LlamaFsdp() {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/trainer/llama_fsdp");
+// A file of the test's runfiles.
+std::string Runfile(const std::string& path) {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/", path);
 }
+
+// The job's binary, in the test's runfiles.
+std::string LlamaFsdp() { return Runfile("trainer/llama_fsdp"); }
 
 TEST(LlamaFsdpTest, TwoRanksTrainAndWriteTheMetrics) {
   const std::string metrics = absl::StrCat(std::getenv("TEST_TMPDIR"), "/metrics.jsonl");
@@ -117,16 +121,24 @@ TEST(LlamaFsdpTest, ATokenFileTruncatedDuringTheRunStopsItWithANamedError) {
       truncated = true;
     }
   };
+  // llama_fsdp's plan reading the token files in place of its synthetic source (which an
+  // override cannot replace: another member of the plan's oneof data.source).
+  std::ifstream example(Runfile("plan/examples/llama_fsdp.textproto"));
+  std::string plan((std::istreambuf_iterator<char>(example)), std::istreambuf_iterator<char>());
+  const std::string synthetic = "data { synthetic { seed: 7 } }";
+  const size_t source = plan.find(synthetic);
+  ASSERT_NE(source, std::string::npos) << plan;
+  plan.replace(source, synthetic.size(),
+               absl::StrCat("data { token_files { train_path: \"", train, "\" eval_path: \"",
+                            eval, "\" format: TOKEN_FORMAT_LLMC } }"));
+  const std::string plan_path = TestPath("llama_fsdp_token_files.textproto");
+  std::ofstream(plan_path) << plan;
   parallel::LaunchOptions options;
   options.num_ranks = 2;
   // Far more steps than the run gets through before the truncation stops it.
-  options.command = {LlamaFsdp(),
-                     "--set=training.steps=1000",
-                     "--set=training.log_every=1",
-                     "--set=training.metrics_file=",
-                     absl::StrCat("--set=data.token_files.train_path=", train),
-                     absl::StrCat("--set=data.token_files.eval_path=", eval),
-                     "--set=data.token_files.format=TOKEN_FORMAT_LLMC"};
+  options.command = {Runfile("trainer/train"), absl::StrCat("--plan=", plan_path),
+                     "--set=training.steps=1000", "--set=training.log_every=1",
+                     "--set=training.metrics_file="};
   options.stdout_sink = sink;
   options.stderr_sink = sink;
   absl::StatusOr<parallel::LaunchResult> result = parallel::Launch(options);
@@ -136,7 +148,7 @@ TEST(LlamaFsdpTest, ATokenFileTruncatedDuringTheRunStopsItWithANamedError) {
   EXPECT_EQ(result->first_failure->term_signal, 0) << result->summary << "\n" << output;
   EXPECT_EQ(result->first_failure->exit_status, 1) << result->summary << "\n" << output;
   EXPECT_THAT(output,
-              HasSubstr(absl::StrCat(": plan.data.token_files.train_path: ", train,
+              HasSubstr(absl::StrCat("] plan.data.token_files.train_path: ", train,
                                      ": the file changed after it was opened: it held ", kTokens,
                                      " tokens (", header_bytes + 2 * kTokens,
                                      " bytes) when opened and now has ", header_bytes, " bytes")));
