@@ -23,6 +23,14 @@ constexpr const char kBuiltinRulesText[] =
 #include "wrap/rules_text.inc"
     ;
 
+// The relation of `rule` that keeps `other` off its dimensions, or nullptr.
+const Relation* SeparatingRelation(const StrategyRule& rule, absl::string_view other) {
+  for (const Relation& relation : rule.separate_dim()) {
+    if (relation.strategy() == other) return &relation;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 absl::StatusOr<PreparationRules> ParseRules(absl::string_view text, absl::string_view source) {
@@ -164,16 +172,22 @@ std::vector<base::Violation> CheckSteps(
                          ")"));
       }
       for (const auto& [other, other_index] : dim_users[dim]) {
-        for (const Relation& relation : rule->separate_dim()) {
-          if (relation.strategy() != other) continue;
-          add(dim_field,
-              other_index == i
-                  ? absl::StrCat("\"", dim, "\" is this step's mesh_dim too: ", relation.why())
-                  : absl::StrCat("\"", dim, "\" is already used by ", other, " (", field, "[",
-                                 other_index, "]); ", name,
-                                 " needs its own dimension: ", relation.why()),
-              relation.rule());
+        // Either strategy's entry may keep the two apart, whichever of them the plan applies
+        // first (expert_parallel's separates tensor_parallel, which must follow it).
+        const Relation* relation = SeparatingRelation(*rule, other);
+        if (relation == nullptr) {
+          if (const StrategyRule* other_rule = FindStrategy(rules, other); other_rule != nullptr) {
+            relation = SeparatingRelation(*other_rule, name);
+          }
         }
+        if (relation == nullptr) continue;
+        add(dim_field,
+            other_index == i
+                ? absl::StrCat("\"", dim, "\" is this step's mesh_dim too: ", relation->why())
+                : absl::StrCat("\"", dim, "\" is already used by ", other, " (", field, "[",
+                               other_index, "]); ", name,
+                               " needs its own dimension: ", relation->why()),
+            relation->rule());
       }
       dim_users[dim].push_back({name, i});
     }
