@@ -144,6 +144,12 @@ TEST(PipelineTest, ZeroBubbleOnTwoRanksEqualsOneProcess) {
   ExpectOneProcessRun({.pp = 2, .schedule = "ZB_H1"}, "pp 2 ZB_H1");
 }
 
+// A middle stage of four holds neither the embedding nor the output layers: FSDP's root unit
+// there has nothing to gather (it was refused at start: "unit root has no parameters").
+TEST(PipelineTest, FourStagesWithFsdpEqualOneProcess) {
+  ExpectOneProcessRun({.pp = 4, .data_parallel = "fsdp", .dp = 2}, "pp 4 x FSDP 2");
+}
+
 // A zero-bubble schedule runs each micro-batch's backward in two passes (the inputs' gradients,
 // later the weights'); a checkpointed block recomputes its forward in each, and under SELECTIVE
 // reads the projections' outputs its forward kept in both.

@@ -305,12 +305,13 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
   }
   add_unit("root", model.RootParameters());
   // Hook unit i is units_[i] and the root is units_.back(), so that every unit has a
-  // collective of its own.
+  // collective of its own. A root without parameters (a pipeline's middle stage, which holds
+  // neither the embedding nor the output layers) has none to gather: every rank of its group
+  // holds the same stage, so none of them issues one.
   for (const Unit& unit : fsdp->units_) {
-    if (unit.parameters() == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("fsdp: unit ", unit.name,
-                       " has no parameters; every block and the root need one to be an FSDP unit"));
+    if (unit.parameters() == 0 && &unit != &fsdp->units_.back()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fsdp: unit ", unit.name, " has no parameters; every block needs one to be an FSDP unit"));
     }
   }
 
