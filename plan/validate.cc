@@ -453,7 +453,9 @@ class Checker {
         config.has_value() ? std::optional<int64_t>(config->vocab_size()) : std::nullopt;
     AddAll(data::CheckDataConfig(resolved_.data, vocab_size, "plan.data"));
     const data::DataConfig& data = resolved_.data;
-    if (config.has_value() && config->num_experts() > 0) CheckPaddingFreeMixture(data);
+    if (config.has_value() && config->num_experts() > 0 && resolved_.data_parallel_size > 1) {
+      CheckPaddingFreeMixture(data);
+    }
     const bool synthetic =
         data.has_synthetic() || data.has_synthetic_pairs() || data.has_synthetic_sft();
     if (synthetic && resolved_.eval_micro_batches > kMaxSyntheticEvalMicroBatches) {
@@ -468,7 +470,8 @@ class Checker {
 
   // A mixture of experts' router statistics (its load-balancing loss and expert loads) count
   // every row its layers route, a row's padding too: padding-free rows, whose padding depends
-  // on how each data-parallel rank's examples pack, would give each layout other statistics.
+  // on how each data-parallel rank's examples pack, would give a data-parallel layout other
+  // statistics than one process.
   void CheckPaddingFreeMixture(const data::DataConfig& data) {
     for (const auto& [field, files] :
          {std::pair{"sft_files", data.has_sft_files() ? &data.sft_files() : nullptr},
@@ -478,8 +481,8 @@ class Checker {
       Add(absl::StrCat("plan.data.", field, ".packing"),
           "PACKING_PADDING_FREE pads each row by how a rank's examples pack, and a mixture of "
           "experts' router statistics (its load-balancing loss, its expert loads) count the "
-          "padding it routes, so a layout would not train as one process; not supported yet: use "
-          "PACKING_BFD or PACKING_NONE");
+          "padding it routes, so over several data-parallel ranks it would not train as one "
+          "process; not supported yet: use PACKING_BFD or PACKING_NONE");
     }
   }
 
