@@ -57,11 +57,11 @@ TEST(FileTest, AFolderBehindADanglingLinkIsNotWritable) {
   std::filesystem::remove(link);
   std::filesystem::create_symlink(TestPath("nowhere"), link);
   for (const std::string& dir : {link, link + "/sub"}) {
-    EXPECT_THAT(CheckFolderIsWritable(dir),
-                StatusIs(absl::StatusCode::kFailedPrecondition,
-                         "\"" + dir + "\" cannot be created: \"" + link +
-                             "\" is a symbolic link to \"" + TestPath("nowhere") +
-                             "\", which does not exist"))
+    EXPECT_THAT(
+        CheckFolderIsWritable(dir),
+        StatusIs(absl::StatusCode::kFailedPrecondition,
+                 "\"" + dir + "\" cannot be created: \"" + link + "\" is a symbolic link to \"" +
+                     TestPath("nowhere") + "\", which does not exist"))
         << dir;
   }
 }

@@ -109,8 +109,8 @@ std::vector<Violation> CheckOutputsApart(const std::vector<NamedPath>& outputs,
     if (output.path.empty()) continue;
     const std::string& place = places[i];
     // "\"<output>\" <relation> <other's field> (\"<other's path>\")<what>: <why>".
-    const auto add = [&](const NamedPath& other, absl::string_view relation,
-                         absl::string_view what, absl::string_view why) {
+    const auto add = [&](const NamedPath& other, absl::string_view relation, absl::string_view what,
+                         absl::string_view why) {
       violations.push_back(
           {output.field,
            absl::StrCat("\"", output.path, "\"",

@@ -125,13 +125,13 @@ TEST(OwnOutputTest, OutputsThatMeetEachOtherOrAnInputAreRefused) {
                   "/later\") is also save_hf_dir (\"" + dir +
                   "/later\"), an output too: one would overwrite the other; give each its own "
                   "path"));
-  EXPECT_THAT(
-      messages(CheckOutputsApart(
-          {{"metrics_file", dir + "/model/metrics.jsonl"}, {"save_hf_dir", dir + "/model", true}},
-          {})),
-      ElementsAre("metrics_file: \"" + dir + "/model/metrics.jsonl\" lies inside save_hf_dir (\"" +
-                  dir + "/model\"), a folder that holds only its own writer's files: choose a "
-                  "path outside it"));
+  EXPECT_THAT(messages(CheckOutputsApart({{"metrics_file", dir + "/model/metrics.jsonl"},
+                                          {"save_hf_dir", dir + "/model", true}},
+                                         {})),
+              ElementsAre("metrics_file: \"" + dir +
+                          "/model/metrics.jsonl\" lies inside save_hf_dir (\"" + dir +
+                          "/model\"), a folder that holds only its own writer's files: choose a "
+                          "path outside it"));
   // Beside each other, inside a folder whose writer keeps to its own names, or holding an
   // input: apart.
   EXPECT_THAT(CheckOutputsApart({{"checkpoint_dir", dir + "/run"},

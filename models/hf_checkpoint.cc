@@ -86,9 +86,9 @@ absl::Status LoadHfParts(const SafetensorsCheckpoint& checkpoint, const ModelCon
     PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(name));
     const auto& [entry, file] = found;
     if (entry->shape != shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(file->path(), ": tensor \"", name, "\" has shape ",
-                       ShapeString(entry->shape), ", the model expects ", ShapeString(shape)));
+      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", name,
+                                                     "\" has shape ", ShapeString(entry->shape),
+                                                     ", the model expects ", ShapeString(shape)));
     }
     if (!torch::isFloatingType(entry->dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", name,
@@ -113,7 +113,8 @@ absl::Status LoadHfParts(const SafetensorsCheckpoint& checkpoint, const ModelCon
     PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(part.name));
     const torch::Tensor destination =
         part.receive ? torch::empty(part.lengths, part.destination.options()) : part.destination;
-    PLAIT_RETURN_IF_ERROR(found.second->ReadBox(part.name, part.offsets, part.lengths, destination));
+    PLAIT_RETURN_IF_ERROR(
+        found.second->ReadBox(part.name, part.offsets, part.lengths, destination));
     if (part.receive) part.receive(destination);
   }
   return absl::OkStatus();

@@ -162,8 +162,8 @@ TEST(HfCheckpointTest, APartOfTheModelLoadsAndTheFolderIsCheckedWhole) {
   for (const auto& [name, tensor] : tensors) {
     if (name.rfind("model.layers.0.", 0) != 0) continue;
     const std::vector<int64_t> shape = tensor.sizes().vec();
-    block0.push_back({name, shape, std::vector<int64_t>(shape.size(), 0), shape,
-                      torch::zeros(shape)});
+    block0.push_back(
+        {name, shape, std::vector<int64_t>(shape.size(), 0), shape, torch::zeros(shape)});
   }
   ASSERT_FALSE(block0.empty());
   const auto load = [&](const std::string& name,

@@ -137,10 +137,10 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> Rendezvous(const World& world,
     return absl::DeadlineExceededError(absl::StrCat(
         "rendezvous at ", store_address, " timed out after ", absl::FormatDuration(timeout), ": ",
         never_arrived(),
-        refused.empty() ? ""
-                        : absl::StrCat("; rank 0's store: ", refused,
-                                       "; a rank it refused needs the job's ",
-                                       kStoreTokenVariable)));
+        refused.empty()
+            ? ""
+            : absl::StrCat("; rank 0's store: ", refused, "; a rank it refused needs the job's ",
+                           kStoreTokenVariable)));
   } catch (const std::exception& error) {
     if (!missing.empty()) {
       // Rank 0 reached its own deadline first (it started waiting earlier) and took the

@@ -225,9 +225,9 @@ TEST(RendezvousTest, AWrongTokenClientDoesNotEndTheRendezvous) {
   absl::BlockingCounter met(2);
   RunRanks(3, [&](int thread) {
     if (thread == 2) {
-      EXPECT_THAT(TcpStore::Connect("127.0.0.1", port, "not-the-token-of-this-job",
-                                    absl::Seconds(20)),
-                  StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("wrong token")));
+      EXPECT_THAT(
+          TcpStore::Connect("127.0.0.1", port, "not-the-token-of-this-job", absl::Seconds(20)),
+          StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("wrong token")));
       stray_refused.Notify();
       return;
     }

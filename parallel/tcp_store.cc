@@ -345,11 +345,11 @@ bool ServerLoop::CheckHello(Connection& connection) {
           std::move(who));
     }
     // Best effort: a fresh socket has room for it, and the connection closes either way.
-    const std::string frame = Frame(
-        kRefused, {},
-        other_version ? absl::StrCat("protocol version ", version, "; this server speaks version ",
-                                     kProtocolVersion)
-                      : "wrong token");
+    const std::string frame =
+        Frame(kRefused, {},
+              other_version ? absl::StrCat("protocol version ", version,
+                                           "; this server speaks version ", kProtocolVersion)
+                            : "wrong token");
     [[maybe_unused]] ssize_t n =
         send(connection.fd.get(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     return false;
@@ -544,8 +544,7 @@ int64_t StoreRefusals::total() const {
 }
 
 std::string StoreRefusals::Summary() const {
-  static constexpr const char* kReasonNames[kReasons] = {"wrong token",
-                                                         "another protocol version"};
+  static constexpr const char* kReasonNames[kReasons] = {"wrong token", "another protocol version"};
   std::vector<std::string> parts;
   for (int reason = 0; reason < kReasons; ++reason) {
     const Tally& tally = tallies[reason];
@@ -556,8 +555,8 @@ std::string StoreRefusals::Summary() const {
   }
   if (parts.empty()) return "";
   const int64_t count = total();
-  return absl::StrCat(count, count == 1 ? " client" : " clients", " refused: ",
-                      absl::StrJoin(parts, ", "));
+  return absl::StrCat(count, count == 1 ? " client" : " clients",
+                      " refused: ", absl::StrJoin(parts, ", "));
 }
 
 // --- TcpStoreServer ------------------------------------------------------------------------

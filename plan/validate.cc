@@ -361,13 +361,13 @@ class Checker {
     }
     constexpr char kSaveHf[] = "plan.training.save_hf_dir";
     constexpr char kSaveAdapter[] = "plan.training.save_adapter_dir";
-    const std::vector<base::Violation> collisions = base::CheckOutputsApart(
-        {{"plan.training.checkpoint.dir", resolved_.checkpoint_dir},
-         {"plan.training.metrics_file", resolved_.metrics_path},
-         {"plan.training.tensorboard_dir", resolved_.tensorboard_dir},
-         {kSaveHf, resolved_.save_hf_dir, /*whole_folder=*/true},
-         {kSaveAdapter, resolved_.save_adapter_dir, /*whole_folder=*/true}},
-        resolved_.inputs);
+    const std::vector<base::Violation> collisions =
+        base::CheckOutputsApart({{"plan.training.checkpoint.dir", resolved_.checkpoint_dir},
+                                 {"plan.training.metrics_file", resolved_.metrics_path},
+                                 {"plan.training.tensorboard_dir", resolved_.tensorboard_dir},
+                                 {kSaveHf, resolved_.save_hf_dir, /*whole_folder=*/true},
+                                 {kSaveAdapter, resolved_.save_adapter_dir, /*whole_folder=*/true}},
+                                resolved_.inputs);
     std::set<std::string> collided;
     for (const base::Violation& collision : collisions) collided.insert(collision.field);
     AddAll(collisions);

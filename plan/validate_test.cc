@@ -317,18 +317,22 @@ TEST(ResolveTest, OutputsThatMeetEachOtherOrAnInputAreRefusedNamingBothFields) {
                            model { preset: "tiny" }
                            prepare { lora { rank: 4 alpha: 8 target: "*q_proj" } }
                            optimizer { adamw {} }
-                           schedule { lr: 1e-3 constant {} }
+                           schedule {
+                             lr: 1e-3
+                             constant {}
+                           }
                            training { steps: 2 micro_batch: 2 seq_len: 16 }
                          )pb",
                          "plan");
   plan.mutable_prepare(0)->mutable_lora()->set_initial_adapter_dir(dir + "/adapter");
   plan.mutable_training()->set_save_adapter_dir(dir + "/./adapter");
-  EXPECT_THAT(Resolve(plan, 1),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("plan.training.save_adapter_dir: \"" + dir +
-                                 "/./adapter\" (resolved: \"" + ResolvedPath(dir) +
-                                 "/adapter\") is also plan.prepare[0].lora.initial_adapter_dir (\"" +
-                                 dir + "/adapter\"), an input: writing there would overwrite it")));
+  EXPECT_THAT(
+      Resolve(plan, 1),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("plan.training.save_adapter_dir: \"" + dir + "/./adapter\" (resolved: \"" +
+                         ResolvedPath(dir) +
+                         "/adapter\") is also plan.prepare[0].lora.initial_adapter_dir (\"" + dir +
+                         "/adapter\"), an input: writing there would overwrite it")));
 
   plan.mutable_prepare(0)->mutable_lora()->clear_initial_adapter_dir();
   plan.mutable_training()->set_save_hf_dir(dir + "/model");
@@ -343,11 +347,12 @@ TEST(ResolveTest, OutputsThatMeetEachOtherOrAnInputAreRefusedNamingBothFields) {
   // Alone, a link to nothing is no folder an export can be created through.
   plan.mutable_training()->clear_save_adapter_dir();
   plan.mutable_training()->set_save_hf_dir(dir + "/dangling");
-  EXPECT_THAT(Resolve(plan, 1),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("plan.training.save_hf_dir: \"" + dir + "/dangling\" cannot be "
-                                 "created: \"" + dir + "/dangling\" is a symbolic link to \"" +
-                                 dir + "/model\", which does not exist")));
+  EXPECT_THAT(Resolve(plan, 1), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("plan.training.save_hf_dir: \"" + dir +
+                                                   "/dangling\" cannot be "
+                                                   "created: \"" +
+                                                   dir + "/dangling\" is a symbolic link to \"" +
+                                                   dir + "/model\", which does not exist")));
 
   plan.mutable_training()->set_save_hf_dir(dir + "/model");
   plan.mutable_training()->set_metrics_file(dir + "/model/metrics.jsonl");
@@ -361,10 +366,9 @@ TEST(ResolveTest, OutputsThatMeetEachOtherOrAnInputAreRefusedNamingBothFields) {
   std::ofstream(tokens) << "tokens";
   plan.mutable_data()->mutable_token_files()->set_train_path(tokens);
   plan.mutable_training()->set_metrics_file(tokens);
-  EXPECT_THAT(Resolve(plan, 1),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("plan.training.metrics_file: \"" + tokens +
-                                 "\" is also plan.data.token_files.train_path")));
+  EXPECT_THAT(Resolve(plan, 1), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("plan.training.metrics_file: \"" + tokens +
+                                                   "\" is also plan.data.token_files.train_path")));
 }
 
 }  // namespace

@@ -187,7 +187,8 @@ TEST_F(CheckpointToolTest, InfoVerifyAndExportOfAnFsdpCheckpoint) {
   }
   EXPECT_EQ(Run({"export-hf", checkpoint, dir_ + "/./base"}), 1);
   EXPECT_THAT(stderr_, HasSubstr("is also plan.hf_weights_dir of the run that saved the "
-                                 "checkpoint (\"" + fs::canonical(base).string() +
+                                 "checkpoint (\"" +
+                                 fs::canonical(base).string() +
                                  "\"), an input: writing there would overwrite it"));
 
   // One changed byte at the end of rank 1's data.

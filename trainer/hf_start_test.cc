@@ -62,7 +62,8 @@ plan::Plan OneProcess(plan::Plan plan) {
   }
   plan.mutable_prepare()->Swap(&kept);
   plan::TrainingConfig& training = *plan.mutable_training();
-  training.set_micro_batch(training.global_batch() / std::max<int64_t>(1, training.grad_accumulation()));
+  training.set_micro_batch(training.global_batch() /
+                           std::max<int64_t>(1, training.grad_accumulation()));
   return plan;
 }
 
@@ -121,7 +122,8 @@ TEST(HfStartTest, LoraOverAPipelineStartsFromFolders) {
   const std::string adapter_dir = TestDir("starting_adapter");
   ASSERT_THAT(models::SavePeftAdapter(adapter_dir, lora, adapters, "tiny"), IsOk());
   lora.set_initial_adapter_dir(adapter_dir);
-  ExpectOneProcessRunFrom(plan, 2, SavePretrained(plan, "tiny_llama_for_lora"), "LoRA over llama_pp");
+  ExpectOneProcessRunFrom(plan, 2, SavePretrained(plan, "tiny_llama_for_lora"),
+                          "LoRA over llama_pp");
 }
 
 }  // namespace

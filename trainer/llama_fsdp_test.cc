@@ -129,8 +129,8 @@ TEST(LlamaFsdpTest, ATokenFileTruncatedDuringTheRunStopsItWithANamedError) {
   const size_t source = plan.find(synthetic);
   ASSERT_NE(source, std::string::npos) << plan;
   plan.replace(source, synthetic.size(),
-               absl::StrCat("data { token_files { train_path: \"", train, "\" eval_path: \"",
-                            eval, "\" format: TOKEN_FORMAT_LLMC } }"));
+               absl::StrCat("data { token_files { train_path: \"", train, "\" eval_path: \"", eval,
+                            "\" format: TOKEN_FORMAT_LLMC } }"));
   const std::string plan_path = TestPath("llama_fsdp_token_files.textproto");
   std::ofstream(plan_path) << plan;
   parallel::LaunchOptions options;

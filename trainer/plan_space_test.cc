@@ -75,7 +75,7 @@ struct Summary {
   // By rule or field, a plan counted once under each, and the first violation of each.
   std::map<std::string, int> refusals;
   std::map<std::string, std::string> examples;
-  std::map<std::string, int> trained_by;  // by start and world size
+  std::map<std::string, int> trained_by;    // by start and world size
   std::map<std::string, int> trained_with;  // by what the plan holds (FeaturesOf)
   std::vector<std::string> failures;
 };
@@ -89,12 +89,12 @@ Summary& TheSummary() {
 // data, and each preparation step with the options that choose code paths.
 std::set<std::string> FeaturesOf(const plan::Plan& plan) {
   std::set<std::string> features;
-  features.insert("model " + (plan.model().has_preset()
-                                  ? plan.model().preset()
-                                  : plan.model().has_config() ? plan.model().config().model_type()
-                                                              : std::string("from config.json")));
-  const std::string objective =
-      plan.objective().has_dpo() ? "dpo" : plan.objective().has_sft() ? "sft" : "causal_lm";
+  features.insert("model " + (plan.model().has_preset()   ? plan.model().preset()
+                              : plan.model().has_config() ? plan.model().config().model_type()
+                                                          : std::string("from config.json")));
+  const std::string objective = plan.objective().has_dpo()   ? "dpo"
+                                : plan.objective().has_sft() ? "sft"
+                                                             : "causal_lm";
   features.insert("objective " + objective);
   const google::protobuf::FieldDescriptor* source =
       plan.data().GetReflection()->GetOneofFieldDescriptor(
@@ -131,10 +131,10 @@ class PrintSummary : public ::testing::Environment {
     Summary& summary = TheSummary();
     absl::MutexLock lock(&summary.mutex);
     std::cout << "plan space: " << summary.generated << " plans generated (seeds from "
-              << EnvOr("PLAIT_PLAN_SPACE_FIRST_SEED", 0) << "), " << summary.refused
-              << " refused, " << summary.trained << " trained as one process, "
-              << summary.routing_flips.size() << " trained with a routing flip, "
-              << summary.failures.size() << " accepted then failed\n";
+              << EnvOr("PLAIT_PLAN_SPACE_FIRST_SEED", 0) << "), " << summary.refused << " refused, "
+              << summary.trained << " trained as one process, " << summary.routing_flips.size()
+              << " trained with a routing flip, " << summary.failures.size()
+              << " accepted then failed\n";
     std::cout << "refused by (plans):\n";
     for (const auto& [key, count] : summary.refusals) {
       std::cout << "  " << key << ": " << count << " (first: " << summary.examples[key] << ")\n";
@@ -183,9 +183,9 @@ TEST_P(PlanSpaceTest, IsRefusedNamingTheRuleOrTrainsAsOneProcess) {
       for (const std::string& feature : FeaturesOf(drawn.plan)) ++summary.trained_with[feature];
       break;
     case PlanOutcome::kRoutingFlip:
-      summary.routing_flips.push_back(absl::StrCat("plan ", seed, " (start: ",
-                                                   StartName(drawn.start), ", ", drawn.world_size,
-                                                   " ranks): a routing flip: ", outcome.failure));
+      summary.routing_flips.push_back(
+          absl::StrCat("plan ", seed, " (start: ", StartName(drawn.start), ", ", drawn.world_size,
+                       " ranks): a routing flip: ", outcome.failure));
       break;
     case PlanOutcome::kFailed: {
       const std::string failure = absl::StrCat(
@@ -201,8 +201,8 @@ TEST_P(PlanSpaceTest, IsRefusedNamingTheRuleOrTrainsAsOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, PlanSpaceTest,
-                         ::testing::Range<int64_t>(0, EnvOr("PLAIT_PLAN_SPACE_SAMPLES",
-                                                            kCiSamples)));
+                         ::testing::Range<int64_t>(0,
+                                                   EnvOr("PLAIT_PLAN_SPACE_SAMPLES", kCiSamples)));
 
 }  // namespace
 }  // namespace plait::trainer

@@ -53,9 +53,9 @@ using ::testing::SizeIs;
 plan::Plan Single(int steps, const std::vector<std::string>& assignments) {
   plan::Plan plan = ShortShippedPlan("llama_single");
   plan.mutable_schedule()->clear_warmup();  // longer than the runs
-  for (const std::string& assignment : {absl::StrCat("training.steps=", steps),
-                                        std::string("training.eval_every=0"),
-                                        std::string("training.eval_batches=0")}) {
+  for (const std::string& assignment :
+       {absl::StrCat("training.steps=", steps), std::string("training.eval_every=0"),
+        std::string("training.eval_batches=0")}) {
     EXPECT_THAT(plan::ApplyOverride(assignment, plan), IsOk()) << assignment;
   }
   for (const std::string& assignment : assignments) {

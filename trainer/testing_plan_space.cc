@@ -78,18 +78,20 @@ class Draws {
 };
 
 const std::vector<std::string>& Presets() {
-  static const auto* presets = new std::vector<std::string>{
-      "tiny", "qwen2-tiny", "qwen3-tiny", "qwen3-moe-tiny", "mixtral-tiny"};
+  static const auto* presets = new std::vector<std::string>{"tiny", "qwen2-tiny", "qwen3-tiny",
+                                                            "qwen3-moe-tiny", "mixtral-tiny"};
   return *presets;
 }
 
 // The mesh dimension each strategy is given by default: FSDP and DDP share "dp", so that a
 // plan with both exercises the rules that keep them apart.
 std::string DefaultDim(const std::string& strategy) {
-  static const auto* dims = new std::map<std::string, std::string>{
-      {"fsdp", "dp"},        {"ddp", "dp"},
-      {"tensor_parallel", "tp"}, {"pipeline", "pp"},
-      {"context_parallel", "cp"}, {"expert_parallel", "ep"}};
+  static const auto* dims = new std::map<std::string, std::string>{{"fsdp", "dp"},
+                                                                   {"ddp", "dp"},
+                                                                   {"tensor_parallel", "tp"},
+                                                                   {"pipeline", "pp"},
+                                                                   {"context_parallel", "cp"},
+                                                                   {"expert_parallel", "ep"}};
   const auto it = dims->find(strategy);
   return it == dims->end() ? "" : it->second;
 }
@@ -370,9 +372,10 @@ void DrawLayout(plan::Plan& plan, const models::ModelConfig& config, Draws& draw
     } else if (name == "pipeline") {
       wrap::PipelineConfig& pipeline = *step.mutable_pipeline();
       pipeline.set_mesh_dim(dim);
-      pipeline.set_schedule(draws.Chance(0.02) ? "ZB_V" : draws.Pick(std::vector<std::string>{
-                                                              "GPIPE", "1F1B", "ZB_H1",
-                                                              "INTERLEAVED_1F1B"}));
+      pipeline.set_schedule(
+          draws.Chance(0.02)
+              ? "ZB_V"
+              : draws.Pick(std::vector<std::string>{"GPIPE", "1F1B", "ZB_H1", "INTERLEAVED_1F1B"}));
       if (pipeline.schedule() == "INTERLEAVED_1F1B") {
         pipeline.set_stages_per_rank(draws.Chance(0.9) ? 2 : draws.Pick(std::vector<int>{1, 3}));
       } else if (draws.Chance(0.08)) {
@@ -385,16 +388,16 @@ void DrawLayout(plan::Plan& plan, const models::ModelConfig& config, Draws& draw
       ep_dim = dim;
     } else if (name == "activation_checkpointing") {
       step.mutable_activation_checkpointing()->set_policy(
-          draws.Chance(0.03) ? wrap::ActivationCheckpointingConfig::POLICY_UNSPECIFIED
+          draws.Chance(0.03)  ? wrap::ActivationCheckpointingConfig::POLICY_UNSPECIFIED
           : draws.Chance(0.5) ? wrap::ActivationCheckpointingConfig::FULL
                               : wrap::ActivationCheckpointingConfig::SELECTIVE);
     } else if (name == "lora") {
       wrap::LoraConfig& lora = *step.mutable_lora();
       lora.set_rank(draws.Pick(std::vector<int>{2, 4, 8}));
       lora.set_alpha(draws.Pick(std::vector<double>{4, 8, 16}));
-      const std::vector<std::string> targets = {
-          "*q_proj", "*k_proj",   "*v_proj",   "*o_proj",    "*self_attn.*", "*mlp.*",
-          "*_proj",  "*up_proj", "*gate_proj", "*down_proj", "*nothing"};
+      const std::vector<std::string> targets = {"*q_proj",      "*k_proj",    "*v_proj", "*o_proj",
+                                                "*self_attn.*", "*mlp.*",     "*_proj",  "*up_proj",
+                                                "*gate_proj",   "*down_proj", "*nothing"};
       for (int64_t n = 1 + draws.Below(2); n > 0; --n) lora.add_target(draws.Pick(targets));
       lora.set_use_rslora(draws.Chance(0.25));
       lora.set_seed(draws.Below(100));
@@ -448,8 +451,8 @@ void DrawBatch(plan::Plan& plan, Draws& draws) {
   // A pipeline needs micro-batches to fill its stages: mostly 2 or more.
   const bool pipeline = std::any_of(plan.prepare().begin(), plan.prepare().end(),
                                     [](const wrap::PrepareStep& s) { return s.has_pipeline(); });
-  int64_t accumulation = draws.Pick(pipeline ? std::vector<int64_t>{1, 2, 4, 4, 8}
-                                             : std::vector<int64_t>{0, 1, 2, 4});
+  int64_t accumulation =
+      draws.Pick(pipeline ? std::vector<int64_t>{1, 2, 4, 4, 8} : std::vector<int64_t>{0, 1, 2, 4});
   while (micro * dp * std::max<int64_t>(accumulation, 1) > kMaxGlobalBatch && micro > 1) micro /= 2;
   while (micro * dp * std::max<int64_t>(accumulation, 1) > kMaxGlobalBatch && accumulation > 1) {
     accumulation /= 2;
@@ -466,15 +469,21 @@ void DrawOptimizer(plan::Plan& plan, Draws& draws) {
   optim::OptimizerConfig& optimizer = *plan.mutable_optimizer();
   double lr = 3e-3;
   switch (draws.Below(20)) {
-    case 0: case 1: case 2:
+    case 0:
+    case 1:
+    case 2:
       optimizer.mutable_sgd()->set_momentum(0.9);
       lr = 3e-2;
       break;
-    case 3: case 4: case 5:
+    case 3:
+    case 4:
+    case 5:
       optimizer.mutable_lion();
       lr = 3e-4;
       break;
-    case 6: case 7: case 8:
+    case 6:
+    case 7:
+    case 8:
       optimizer.mutable_adam();
       break;
     default:
@@ -608,10 +617,10 @@ EvenShares EvenSharesOf(const plan::ResolvedPlan& resolved) {
     if ((layer + 1) % every == 0 && dense.count(layer) == 0) ++layers;
   }
   const double rows_per_sequence = resolved.plan.objective().has_dpo() ? 2 : 1;
-  const double per_sequence = rows_per_sequence *
-                              static_cast<double>(resolved.training().seq_len() * layers *
-                                                  config.num_experts_per_tok()) /
-                              static_cast<double>(config.num_experts());
+  const double per_sequence =
+      rows_per_sequence *
+      static_cast<double>(resolved.training().seq_len() * layers * config.num_experts_per_tok()) /
+      static_cast<double>(config.num_experts());
   const double sequences = static_cast<double>(resolved.global_batch);
   return {per_sequence * sequences,
           per_sequence * sequences * static_cast<double>(resolved.training().eval_batches())};
@@ -656,8 +665,8 @@ Comparison Compare(const TrainReport& run, const TrainReport& expected, int64_t 
     if (step.step >= first) want.push_back(&step);
   }
   if (run.steps.size() != want.size()) {
-    return {absl::StrCat(what, ": ", run.steps.size(), " steps, the one-process run ",
-                         want.size())};
+    return {
+        absl::StrCat(what, ": ", run.steps.size(), " steps, the one-process run ", want.size())};
   }
   for (size_t i = 0; i < want.size(); ++i) {
     const metrics::StepMetrics& have = run.steps[i];
@@ -670,8 +679,8 @@ Comparison Compare(const TrainReport& run, const TrainReport& expected, int64_t 
     }
     // A step's loss, gradient norm and metrics are computed before its update, its
     // evaluation after.
-    const double before = i == 0 && tolerances.same_first_weights ? kTolerance
-                                                                  : tolerances.after_update;
+    const double before =
+        i == 0 && tolerances.same_first_weights ? kTolerance : tolerances.after_update;
     const double after = tolerances.after_update;
     struct Value {
       std::string name;
@@ -712,7 +721,7 @@ Comparison Compare(const TrainReport& run, const TrainReport& expected, int64_t 
       if (value.name.find("expert_load") != std::string::npos) {
         loads_differ = true;
         const double even = value.name.rfind("eval_", 0) == 0 ? tolerances.shares.evaluation
-                                                                : tolerances.shares.step;
+                                                              : tolerances.shares.step;
         if (difference * even > kFlipSlots) within_a_flip = false;
       } else if (relative > kFlipTolerance) {
         within_a_flip = false;
@@ -770,10 +779,9 @@ absl::StatusOr<TrainReport> ResolveAndTrain(const plan::Plan& plan, int world_si
 // Trains the accepted `drawn` (resolved to `resolved`) with its start, and how it compares
 // with the one-process run.
 absl::StatusOr<Comparison> TrainAndCompare(const DrawnPlan& drawn,
-                                            const plan::ResolvedPlan& resolved) {
+                                           const plan::ResolvedPlan& resolved) {
   const plan::Plan one = OneProcessPlan(drawn.plan, resolved.global_batch);
-  Tolerances tolerances{AfterUpdateTolerance(drawn.plan.optimizer()), true,
-                        EvenSharesOf(resolved)};
+  Tolerances tolerances{AfterUpdateTolerance(drawn.plan.optimizer()), true, EvenSharesOf(resolved)};
   const std::string base = drawn.folder + "/checkpoints";
   fs::remove_all(base);
   switch (drawn.start) {
@@ -900,13 +908,12 @@ absl::StatusOr<TrainReport> TrainOnThreads(const plan::ResolvedPlan& resolved,
   TrainReport report;
   parallel::testing::RunRanks(ranks, [&](int rank) {
     const auto train = [&]() -> absl::Status {
-      PLAIT_ASSIGN_OR_RETURN(
-          const parallel::DeviceMesh mesh,
-          parallel::DeviceMesh::Create(
-              layout, rank,
-              parallel::DeviceCommunicatorFactory(torch::Device(torch::kCPU), *store,
-                                                  parallel::RingCommunicator::kLoopback,
-                                                  {kCollectiveTimeout})));
+      PLAIT_ASSIGN_OR_RETURN(const parallel::DeviceMesh mesh,
+                             parallel::DeviceMesh::Create(
+                                 layout, rank,
+                                 parallel::DeviceCommunicatorFactory(
+                                     torch::Device(torch::kCPU), *store,
+                                     parallel::RingCommunicator::kLoopback, {kCollectiveTimeout})));
       PLAIT_ASSIGN_OR_RETURN(TrainReport trained, Train(resolved, mesh, options));
       if (rank == 0) report = std::move(trained);
       return absl::OkStatus();

@@ -31,11 +31,11 @@ namespace plait::trainer::testing {
 
 // Where a drawn plan's model starts.
 enum class Start {
-  kSeed,                    // its seeded initialisation
-  kHfFolder,                // plan.hf_weights_dir, a folder of another seed's model
-  kOtherLayoutCheckpoint,   // a checkpoint of step 1 written by the one-process run
-  kPeftAdapter,             // lora.initial_adapter_dir: adapters whose B is not zero
-  kResumeAfterKill,         // the plan's own checkpoint of step 1, resumed by a restart
+  kSeed,                   // its seeded initialisation
+  kHfFolder,               // plan.hf_weights_dir, a folder of another seed's model
+  kOtherLayoutCheckpoint,  // a checkpoint of step 1 written by the one-process run
+  kPeftAdapter,            // lora.initial_adapter_dir: adapters whose B is not zero
+  kResumeAfterKill,        // the plan's own checkpoint of step 1, resumed by a restart
 };
 const char* StartName(Start start);
 

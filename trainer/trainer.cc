@@ -691,8 +691,8 @@ absl::Status TrainingRun::CheckParametersFinite(int64_t step, int64_t last_updat
                      last_update),
         parameter.name);
     if (!finite.ok()) {
-      own = absl::FailedPreconditionError(absl::StrCat(
-          finite.message(), "; the run stops and saves nothing from them"));
+      own = absl::FailedPreconditionError(
+          absl::StrCat(finite.message(), "; the run stops and saves nothing from them"));
       break;
     }
   }

@@ -59,7 +59,7 @@ struct ModelShape {
   // One block's: their average, where mixture-of-experts and dense blocks mix.
   double block_parameters = 0;
   double root_parameters = 0;   // outside the blocks (embeddings, final norm, output head)
-  int64_t num_blocks = 0;  // those a rank holds (a pipeline's rank: its stages')
+  int64_t num_blocks = 0;       // those a rank holds (a pipeline's rank: its stages')
   // The blocks' activations of one micro-batch a rank keeps at the peak of a step, counted in
   // blocks, where that is not num_blocks (a pipeline's rank: its stages' blocks for each
   // micro-batch in flight).

@@ -69,7 +69,8 @@ struct KeptLinearFunction : torch::autograd::Function<KeptLinearFunction> {
   // for an input and fails on its missing device.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight,
-                               const c10::optional<torch::Tensor>& bias, const torch::Tensor& kept) {
+                               const c10::optional<torch::Tensor>& bias,
+                               const torch::Tensor& kept) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
     // An alias, so that the kept tensor itself never holds this node (and through it the

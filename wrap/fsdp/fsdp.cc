@@ -310,8 +310,9 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
   // holds the same stage, so none of them issues one.
   for (const Unit& unit : fsdp->units_) {
     if (unit.parameters() == 0 && &unit != &fsdp->units_.back()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fsdp: unit ", unit.name, " has no parameters; every block needs one to be an FSDP unit"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("fsdp: unit ", unit.name,
+                       " has no parameters; every block needs one to be an FSDP unit"));
     }
   }
 

@@ -389,9 +389,9 @@ std::vector<base::Violation> LoraStrategy::Check(const std::optional<ModelShape>
       projections.push_back({projection, weight[0], weight[1]});
     }
     // The whole model's projections: the folder is checked whole, every module held.
-    const absl::Status read =
-        ReadStartingAdapters(config_, projections, [](const std::string&) { return true; })
-            .status();
+    const absl::Status read = ReadStartingAdapters(config_, projections, [](const std::string&) {
+                                return true;
+                              }).status();
     if (!read.ok()) {
       violations.push_back(
           {absl::StrCat(field, ".lora.initial_adapter_dir"), std::string(read.message()), ""});
