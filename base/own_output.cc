@@ -103,6 +103,8 @@ std::vector<Violation> CheckOutputsApart(const std::vector<NamedPath>& outputs,
                                          const std::vector<NamedPath>& inputs) {
   std::vector<std::string> places;
   for (const NamedPath& output : outputs) places.push_back(ResolvedPath(output.path));
+  std::vector<std::string> input_places;
+  for (const NamedPath& input : inputs) input_places.push_back(ResolvedPath(input.path));
   std::vector<Violation> violations;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const NamedPath& output = outputs[i];
@@ -119,9 +121,10 @@ std::vector<Violation> CheckOutputsApart(const std::vector<NamedPath>& outputs,
                         why),
            ""});
     };
-    for (const NamedPath& input : inputs) {
-      if (input.path.empty() || ResolvedPath(input.path) != place) continue;
-      add(input, "is also", ", an input", "writing there would overwrite it; choose another path");
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      if (inputs[j].path.empty() || input_places[j] != place) continue;
+      add(inputs[j], "is also", ", an input",
+          "writing there would overwrite it; choose another path");
     }
     for (size_t j = 0; j < outputs.size(); ++j) {
       if (j == i || outputs[j].path.empty()) continue;

@@ -5,7 +5,6 @@
 // a pipeline starting from a PEFT adapter folder; 10 steps, every loss, gradient norm and
 // evaluation within 1e-5 relative. (Each rank reads the tensors of what it holds and checks the
 // rest of the folder against the whole model: models/hf_checkpoint_test.cc.)
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -21,6 +20,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/parameter_shapes.h"
 #include "models/peft_adapter.h"
+#include "trainer/testing_plan_space.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -30,6 +30,7 @@ namespace {
 using ::plait::base::testing::IsOk;
 using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::ExpectSameSteps;
+using ::plait::trainer::testing::OneProcessPlan;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 
@@ -52,27 +53,13 @@ std::string SavePretrained(const plan::Plan& plan, const std::string& name) {
   return dir;
 }
 
-// `plan` as one process runs it: no mesh and no step that uses one, the same global batch in
-// the same micro-batches.
-plan::Plan OneProcess(plan::Plan plan) {
-  plan.clear_mesh();
-  google::protobuf::RepeatedPtrField<wrap::PrepareStep> kept;
-  for (const wrap::PrepareStep& step : plan.prepare()) {
-    if (step.has_lora()) *kept.Add() = step;
-  }
-  plan.mutable_prepare()->Swap(&kept);
-  plan::TrainingConfig& training = *plan.mutable_training();
-  training.set_micro_batch(training.global_batch() /
-                           std::max<int64_t>(1, training.grad_accumulation()));
-  return plan;
-}
-
 // `plan` started from the folder `dir` on `ranks` ranks trains as one process started there.
 void ExpectOneProcessRunFrom(plan::Plan plan, int ranks, const std::string& dir,
                              const std::string& layout) {
   plan.set_hf_weights_dir(dir);
   const TrainReport run = TrainOnRanks(plan, ranks);
-  const TrainReport one_process = TrainOnRanks(OneProcess(plan), 1);
+  const TrainReport one_process =
+      TrainOnRanks(OneProcessPlan(plan, plan.training().global_batch()), 1);
   ASSERT_EQ(run.steps.size(), 10u) << layout;
   ASSERT_EQ(one_process.steps.size(), 10u) << layout;
   ExpectSameSteps(run, one_process, layout);
