@@ -1,10 +1,10 @@
 // How the chunked cross-entropies (models' TokenCrossEntropy, wrap/tp's
-// VocabParallelCrossEntropy) split their logits, and the backward they share: both keep the logits in their own dtype and
-// compute in a wide dtype a chunk of rows at a time, so that beside the logits (and, in
-// backward, their gradient) they hold at most one wide chunk. Shared here because wrap/ may
-// not depend on models/:
+// VocabParallelCrossEntropy) split their logits, and the backward they share: both keep the logits
+// in their own dtype and compute in a wide dtype a chunk of rows at a time, so that beside the
+// logits (and, in backward, their gradient) they hold at most one wide chunk. Shared here because
+// wrap/ may not depend on models/:
 //
-//   const torch::ScalarType wide = CrossEntropyDtype(logits.scalar_type());
+//   const at::ScalarType wide = CrossEntropyDtype(logits.scalar_type());
 //   const int64_t chunk_rows = CrossEntropyChunkRows(logits.size(1), logits.scalar_type());
 #ifndef PLAIT_BASE_CROSS_ENTROPY_CHUNKS_H_
 #define PLAIT_BASE_CROSS_ENTROPY_CHUNKS_H_
@@ -12,14 +12,15 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "torch/types.h"
+#include "ATen/core/Tensor.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::base {
 
 // The dtype a chunked cross-entropy computes and returns in for logits of `dtype`: float for
 // 16-bit logits and float, double for double.
-inline torch::ScalarType CrossEntropyDtype(torch::ScalarType dtype) {
-  return c10::promoteTypes(dtype, torch::kFloat32);
+inline at::ScalarType CrossEntropyDtype(at::ScalarType dtype) {
+  return c10::promoteTypes(dtype, at::kFloat);
 }
 
 // The bound on one chunk: small beside a GPU's memory and beside the logits it scores (one
@@ -29,7 +30,7 @@ inline constexpr int64_t kCrossEntropyChunkBytes = int64_t{256} << 20;
 
 // Rows per chunk for `columns` columns of logits of `dtype`: as many as
 // kCrossEntropyChunkBytes of CrossEntropyDtype(dtype) hold, at least 1.
-inline int64_t CrossEntropyChunkRows(int64_t columns, torch::ScalarType dtype) {
+inline int64_t CrossEntropyChunkRows(int64_t columns, at::ScalarType dtype) {
   const int64_t row_bytes = std::max<int64_t>(columns, 1) *
                             static_cast<int64_t>(c10::elementSize(CrossEntropyDtype(dtype)));
   return std::max<int64_t>(kCrossEntropyChunkBytes / row_bytes, 1);
@@ -39,12 +40,12 @@ inline int64_t CrossEntropyChunkRows(int64_t columns, torch::ScalarType dtype) {
 // vocabulary id `vocab_start` (a rank's slice under tensor parallelism; 0 and the whole
 // vocabulary otherwise): `held` [N] bool, and `column` [N] int64, the column where held, else 0.
 struct HeldTargets {
-  torch::Tensor held;
-  torch::Tensor column;
+  at::Tensor held;
+  at::Tensor column;
 };
-inline HeldTargets HeldTargetsOf(const torch::Tensor& targets, int64_t vocab_start, int64_t real) {
-  const torch::Tensor local = targets - vocab_start;
-  const torch::Tensor held = (local >= 0) & (local < real);
+inline HeldTargets HeldTargetsOf(const at::Tensor& targets, int64_t vocab_start, int64_t real) {
+  const at::Tensor local = targets - vocab_start;
+  const at::Tensor held = (local >= 0) & (local < real);
   return {held, local.masked_fill(~held, 0)};
 }
 
@@ -56,24 +57,22 @@ inline HeldTargets HeldTargetsOf(const torch::Tensor& targets, int64_t vocab_sta
 // `lse` and `grad_losses` [N] are in CrossEntropyDtype. The softmax is recomputed from `lse`
 // `chunk_rows` rows at a time in that wide dtype: in the gradient itself when it is wide, else
 // in one wide chunk then rounded into it.
-inline torch::Tensor ChunkedCrossEntropyBackward(const torch::Tensor& logits,
-                                                 const torch::Tensor& targets,
-                                                 const torch::Tensor& lse,
-                                                 const torch::Tensor& grad_losses,
-                                                 int64_t ignore_index, int64_t vocab_start,
-                                                 int64_t real, int64_t chunk_rows) {
+inline at::Tensor ChunkedCrossEntropyBackward(const at::Tensor& logits, const at::Tensor& targets,
+                                              const at::Tensor& lse, const at::Tensor& grad_losses,
+                                              int64_t ignore_index, int64_t vocab_start,
+                                              int64_t real, int64_t chunk_rows) {
   const HeldTargets mine = HeldTargetsOf(targets, vocab_start, real);
   const int64_t rows = logits.size(0);
-  torch::Tensor gradient = torch::empty(logits.sizes(), logits.options());
+  at::Tensor gradient = torch::empty(logits.sizes(), logits.options());
   gradient.narrow(1, real, logits.size(1) - real).zero_();
   for (int64_t begin = 0; real > 0 && begin < rows; begin += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - begin);
-    const torch::Tensor scale =
-        grad_losses.narrow(0, begin, n).masked_fill(targets.narrow(0, begin, n) == ignore_index, 0.0);
-    torch::Tensor chunk = gradient.narrow(0, begin, n).narrow(1, 0, real);
-    torch::Tensor wide = chunk.scalar_type() == lse.scalar_type()
-                             ? chunk
-                             : torch::empty(chunk.sizes(), lse.options());
+    const at::Tensor scale = grad_losses.narrow(0, begin, n)
+                                 .masked_fill(targets.narrow(0, begin, n) == ignore_index, 0.0);
+    at::Tensor chunk = gradient.narrow(0, begin, n).narrow(1, 0, real);
+    at::Tensor wide = chunk.scalar_type() == lse.scalar_type()
+                          ? chunk
+                          : torch::empty(chunk.sizes(), lse.options());
     wide.copy_(logits.narrow(0, begin, n).narrow(1, 0, real))
         .sub_(lse.narrow(0, begin, n).unsqueeze(1))
         .exp_()

@@ -1,15 +1,17 @@
 #include "base/dtype.h"
 
+#include "ATen/core/Tensor.h"
+
 namespace plait::base {
 
-torch::ScalarType ToScalarType(Dtype dtype, torch::ScalarType unspecified) {
+at::ScalarType ToScalarType(Dtype dtype, at::ScalarType unspecified) {
   switch (dtype) {
     case DTYPE_FLOAT32:
-      return torch::kFloat32;
+      return at::kFloat;
     case DTYPE_BFLOAT16:
-      return torch::kBFloat16;
+      return at::kBFloat16;
     case DTYPE_FLOAT16:
-      return torch::kFloat16;
+      return at::kHalf;
     default:
       return unspecified;
   }

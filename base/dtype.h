@@ -1,17 +1,17 @@
 // The LibTorch dtype a base.Dtype (dtype.proto) names, for the configs that choose one: a
 // model's parameters in a plan, FSDP's mixed precision.
 //
-//   torch::ScalarType dtype = ToScalarType(spec.dtype(), /*unspecified=*/torch::kFloat32);
+//   at::ScalarType dtype = ToScalarType(spec.dtype(), /*unspecified=*/at::kFloat);
 #ifndef PLAIT_BASE_DTYPE_H_
 #define PLAIT_BASE_DTYPE_H_
 
+#include "ATen/core/Tensor.h"
 #include "base/dtype.pb.h"
-#include "torch/types.h"
 
 namespace plait::base {
 
 // The dtype `dtype` names; `unspecified` for DTYPE_UNSPECIFIED.
-torch::ScalarType ToScalarType(Dtype dtype, torch::ScalarType unspecified);
+at::ScalarType ToScalarType(Dtype dtype, at::ScalarType unspecified);
 
 // Why a config may not choose DTYPE_FLOAT16, for its violation: LibTorch's CPU kernels (1.13)
 // have no fp16 matmul.

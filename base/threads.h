@@ -25,6 +25,8 @@
 
 #include <string>
 
+#include "ATen/Parallel.h"
+
 namespace plait::base {
 
 // Sets LibTorch's intra-op pool to `count` threads, and OpenBLAS's pool, where LibTorch's

@@ -4,7 +4,7 @@
 // changed and in which version.
 //
 //   class MyStore final : public base::CompatStore { ... c10::intrusive_ptr<c10d::Store> Clone()
-//   override; }; if (std::optional<torch::Tensor> out = base::CausalSdpa(q, k, v)) return *out;
+//   override; }; if (std::optional<at::Tensor> out = base::CausalSdpa(q, k, v)) return *out;
 #ifndef PLAIT_BASE_TORCH_COMPAT_H_
 #define PLAIT_BASE_TORCH_COMPAT_H_
 
@@ -15,11 +15,13 @@
 #include <vector>
 
 #include "ATen/CPUGeneratorImpl.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/_fused_adam.h"
 #include "c10/core/Allocator.h"
 #include "c10/util/ThreadLocalDebugInfo.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/autograd/variable.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
-#include "torch/types.h"
 #include "torch/version.h"
 
 namespace plait::base {
@@ -54,14 +56,13 @@ inline constexpr bool kHasCausalSdpa = TORCH_VERSION_MAJOR >= 2;
 // flash attention serves in bf16 without materialising the [T, T] scores). nullopt on 1.13.
 // `allowed`, a bool mask broadcast to [B, H, T, T] (true where query t meets key s), replaces
 // the causal mask where it is defined: packed rows (models/internal/ops.h).
-inline std::optional<torch::Tensor> CausalSdpa(const torch::Tensor& q, const torch::Tensor& k,
-                                               const torch::Tensor& v,
-                                               const torch::Tensor& allowed = {}) {
+inline std::optional<at::Tensor> CausalSdpa(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, const at::Tensor& allowed = {}) {
 #if TORCH_VERSION_MAJOR >= 2
   const bool masked = allowed.defined();
   return at::scaled_dot_product_attention(
              q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-             masked ? std::optional<torch::Tensor>(allowed) : std::nullopt,
+             masked ? std::optional<at::Tensor>(allowed) : std::nullopt,
              /*dropout_p=*/0.0,
              /*is_causal=*/!masked, /*scale=*/{},
              /*enable_gqa=*/k.size(2) != q.size(2))
@@ -75,7 +76,7 @@ inline std::optional<torch::Tensor> CausalSdpa(const torch::Tensor& q, const tor
 // The owning pointer autograd gives out for a node of the graph (a leaf's gradient
 // accumulator): std::shared_ptr in 1.13, c10::intrusive_ptr in 2.13.
 using AutogradNodePtr =
-    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
 // Receives the allocations and frees of LibTorch's CPU allocator made on the threads where it
 // is installed as c10::DebugInfoKind::PROFILER_STATE (c10's memory-profiling hook, what the
@@ -104,12 +105,12 @@ class CompatMemoryReporter : public c10::MemoryReportingInfoBase {
 // captured leaf's gradient through the leaf's tensor hooks, 1.13's did not.
 #if TORCH_VERSION_MAJOR >= 2
 using TensorPreHooks = std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>>;
-inline TensorPreHooks* CapturedLeafHooks(const torch::Tensor& leaf) {
+inline TensorPreHooks* CapturedLeafHooks(const at::Tensor& leaf) {
   return &torch::autograd::impl::hooks(leaf);
 }
 #else
 using TensorPreHooks = std::vector<std::shared_ptr<torch::autograd::FunctionPreHook>>;
-inline TensorPreHooks* CapturedLeafHooks(const torch::Tensor& /*leaf*/) { return nullptr; }
+inline TensorPreHooks* CapturedLeafHooks(const at::Tensor& /*leaf*/) { return nullptr; }
 #endif
 
 // ATen's multi-tensor optimizer kernels, which PyTorch's optimizers call with fused=True:
@@ -132,9 +133,9 @@ inline bool FusedAdam(bool decoupled, at::TensorList params, at::TensorList grad
 #if PLAIT_TORCH_HAS_FUSED_OPTIMIZERS
   // The kernel reads each parameter's count from a float32 scalar on its device (it does not
   // advance it); one serves a list whose counts are equal.
-  const torch::Tensor count =
-      torch::full({}, static_cast<double>(step), params.front().options().dtype(torch::kFloat32));
-  const std::vector<torch::Tensor> counts(params.size(), count);
+  const at::Tensor count =
+      torch::full({}, static_cast<double>(step), params.front().options().dtype(at::kFloat));
+  const std::vector<at::Tensor> counts(params.size(), count);
   if (decoupled) {
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, counts, lr,
                       beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
@@ -185,7 +186,7 @@ inline void ForeachSign_(at::TensorList tensors) {
 #if PLAIT_TORCH_HAS_FUSED_OPTIMIZERS
   at::_foreach_sign_(tensors);
 #else
-  for (const torch::Tensor& tensor : tensors) tensor.sign_();
+  for (const at::Tensor& tensor : tensors) tensor.sign_();
 #endif
 }
 

@@ -23,6 +23,8 @@
 #include <optional>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "base/allocation_counter.h"
 #include "benchmark/benchmark.h"
@@ -30,9 +32,8 @@
 #include "models/causal_lm.h"
 #include "parallel/device_mesh.h"
 #include "parallel/ring_communicator.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/types.h"
-#include "torch/utils.h"
 #include "wrap/preparation.h"
 
 namespace plait::wrap {
@@ -68,9 +69,8 @@ class Trainer {
       step.mutable_activation_checkpointing()->set_policy(policy);
       TORCH_CHECK(preparation_->Apply(step).ok());
     }
-    torch::manual_seed(2);
-    const torch::Tensor tokens =
-        torch::randint(model_->config().vocab_size(), {kBatch, kSeqLen + 1});
+    at::manual_seed(2);
+    const at::Tensor tokens = torch::randint(model_->config().vocab_size(), {kBatch, kSeqLen + 1});
     inputs_ = tokens.narrow(1, 0, kSeqLen);
     targets_ = tokens.narrow(1, 1, kSeqLen);
     // One step first: it allocates the gradients, which every later step reuses.
@@ -87,14 +87,14 @@ class Trainer {
         counter->Reset();
         counting.emplace(*counter);
       }
-      torch::Tensor loss = model_->Loss(inputs_, targets_);
+      at::Tensor loss = model_->Loss(inputs_, targets_);
       if (counter != nullptr) memory.saved_bytes = counter->current();
       loss.backward();
     }
     memory.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (counter != nullptr) memory.peak_bytes = counter->peak();
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     for (auto& parameter : model_->parameters()) parameter.mutable_grad().zero_();
     return memory;
   }
@@ -106,7 +106,7 @@ class Trainer {
   parallel::DeviceMesh mesh_;
   std::shared_ptr<models::CausalLM> model_;
   std::unique_ptr<Preparation> preparation_;
-  torch::Tensor inputs_, targets_;
+  at::Tensor inputs_, targets_;
 };
 
 // range(0): 0 no checkpointing, 1 FULL, 2 SELECTIVE.

@@ -12,13 +12,14 @@
 #include <thread>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "benchmark/benchmark.h"
 #include "benchmarks/bench_setup.h"
 #include "parallel/communicator.h"
 #include "parallel/ring_communicator.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/types.h"
 
 namespace plait::parallel {
 namespace {
@@ -48,8 +49,8 @@ std::array<std::unique_ptr<RingCommunicator>, kRanks>& Communicators() {
 struct Buffers {
   Buffers(int64_t numel, int rank)
       : full(torch::ones({numel})), shard(torch::ones({ChunkOf(numel, kRanks, rank).numel})) {}
-  torch::Tensor full;
-  torch::Tensor shard;
+  at::Tensor full;
+  at::Tensor shard;
 };
 
 std::shared_ptr<Work> Run(Collective collective, Communicator& comm, Buffers& buffers) {

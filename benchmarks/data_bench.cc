@@ -25,7 +25,6 @@
 #include "data/data_loader.h"
 #include "data/testing_token_files.h"
 #include "models/model_config.h"
-#include "torch/types.h"
 
 namespace plait::data {
 namespace {

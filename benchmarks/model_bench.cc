@@ -2,7 +2,7 @@
 // for the tiny preset, a medium shape and a real one (Qwen2.5-0.5B's widths and vocabulary,
 // 2 layers), and two mixtures of experts (the tiny Qwen3-MoE; Qwen3-30B-A3B's widths with 32
 // experts, 2 layers), with fp32 and with bf16 parameters, and model FLOPs utilisation (MFU)
-// against the matmul ceiling of the same dtype (a 1024^3 torch::mm on the same thread: OpenBLAS
+// against the matmul ceiling of the same dtype (a 1024^3 at::mm on the same thread: OpenBLAS
 // in fp32 under both LibTorch builds, oneDNN in bf16). A mixture of experts' FLOPs are its
 // active ones (the experts a token chooses), as its MFU in a run is.
 //
@@ -58,6 +58,10 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/Parallel.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/mm.h"
 #include "absl/strings/str_cat.h"
 #include "base/threads.h"
 #include "benchmark/benchmark.h"
@@ -68,9 +72,8 @@
 #include "models/model_config.h"
 #include "parallel/device.h"
 #include "parallel/tensor_slice.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/cuda.h"
-#include "torch/types.h"
-#include "torch/utils.h"
 
 #ifdef PLAIT_GPU
 #include <cuda_runtime.h>
@@ -79,19 +82,19 @@
 namespace plait::models {
 namespace {
 
-// The matmul ceiling: the FLOP/s of a 1024^3 torch::mm of `dtype` on this thread.
+// The matmul ceiling: the FLOP/s of a 1024^3 at::mm of `dtype` on this thread.
 class MatmulCeiling {
  public:
-  explicit MatmulCeiling(torch::ScalarType dtype)
+  explicit MatmulCeiling(at::ScalarType dtype)
       : a_(torch::randn({kSize, kSize}, dtype)),
         b_(torch::randn({kSize, kSize}, dtype)),
         c_(torch::empty({kSize, kSize}, dtype)) {}
 
   // Runs one untimed product (it brings the operands back into cache), then times kReps.
   double Measure() {
-    torch::mm_out(c_, a_, b_);
+    at::mm_out(c_, a_, b_);
     const double start = benchmarks::ThreadCpuSeconds();
-    for (int i = 0; i < kReps; ++i) torch::mm_out(c_, a_, b_);
+    for (int i = 0; i < kReps; ++i) at::mm_out(c_, a_, b_);
     const double seconds = benchmarks::ThreadCpuSeconds() - start;
     benchmark::DoNotOptimize(c_.data_ptr());
     return 2.0 * kSize * kSize * kSize * kReps / seconds;
@@ -101,7 +104,7 @@ class MatmulCeiling {
   static constexpr int64_t kSize = 1024;
   // About 0.15 s on one core: long enough for a stable rate, short next to a medium step.
   static constexpr int kReps = 10;
-  torch::Tensor a_, b_, c_;
+  at::Tensor a_, b_, c_;
 };
 
 // The model of BM_TrainStep's range(0) and its name: 0 the tiny preset, 1 the medium shape,
@@ -133,14 +136,14 @@ std::pair<ModelConfig, std::string> BenchModel(int64_t which) {
 // (CausalLM::Forward's positions), else each row is one sequence.
 class TrainStep {
  public:
-  TrainStep(const ModelConfig& config, torch::ScalarType dtype, int64_t batch, int64_t seq,
+  TrainStep(const ModelConfig& config, at::ScalarType dtype, int64_t batch, int64_t seq,
             int64_t document = 0) {
     InitConfig init;
     init.set_seed(1);
     model_ = CausalLM::Create(config, init).value();
     model_->to(dtype);
-    torch::manual_seed(2);
-    const torch::Tensor tokens = torch::randint(config.vocab_size(), {batch, seq + 1});
+    at::manual_seed(2);
+    const at::Tensor tokens = torch::randint(config.vocab_size(), {batch, seq + 1});
     inputs_ = tokens.narrow(1, 0, seq);
     targets_ = tokens.narrow(1, 1, seq);
     if (document > 0) positions_ = (torch::arange(seq) % document).expand({batch, seq});
@@ -154,7 +157,7 @@ class TrainStep {
 
  private:
   std::shared_ptr<CausalLM> model_;
-  torch::Tensor inputs_, targets_, positions_;
+  at::Tensor inputs_, targets_, positions_;
 };
 
 // range(0): BenchModel's; range(1): batch; range(2): sequence length; range(3): 0 = fp32,
@@ -163,7 +166,7 @@ void BM_TrainStep(benchmark::State& state) {
   const auto [config, name] = BenchModel(state.range(0));
   const int64_t batch = state.range(1);
   const int64_t seq = state.range(2);
-  const torch::ScalarType dtype = state.range(3) == 0 ? torch::kFloat32 : torch::kBFloat16;
+  const at::ScalarType dtype = state.range(3) == 0 ? at::kFloat : at::kBFloat16;
   state.SetLabel(
       absl::StrCat(name, " ", state.range(3) == 0 ? "fp32" : "bf16", ", MFU by ", kFlopConvention));
   TrainStep step(config, dtype, batch, seq);
@@ -234,7 +237,7 @@ void BM_PackedTrainStep(benchmark::State& state) {
   const int64_t document = state.range(0);
   state.SetLabel(document == 0 ? "tiny fp32, one sequence a row"
                                : absl::StrCat("tiny fp32, documents of ", document, " tokens"));
-  TrainStep step(config, torch::kFloat32, batch, seq, document);
+  TrainStep step(config, at::kFloat, batch, seq, document);
   for (auto _ : state) {
     const double start = benchmarks::ThreadCpuSeconds();
     step.Run();
@@ -260,7 +263,7 @@ void BM_TrainStepThreads(benchmark::State& state) {
   const ModelConfig config = benchmarks::MediumModel();
   const int64_t batch = 8;
   const int64_t seq = 256;
-  const torch::ScalarType dtype = state.range(0) == 0 ? torch::kFloat32 : torch::kBFloat16;
+  const at::ScalarType dtype = state.range(0) == 0 ? at::kFloat : at::kBFloat16;
   const int threads = static_cast<int>(state.range(1));
   state.SetLabel(absl::StrCat("medium ", state.range(0) == 0 ? "fp32" : "bf16", ", ", threads,
                               threads == 1 ? " thread" : " threads", ", wall time"));
@@ -299,8 +302,7 @@ void BM_SeededInit(benchmark::State& state) {
                               threads == 1 ? " thread" : " threads", ", wall time"));
   InitConfig init;
   init.set_seed(1);
-  std::shared_ptr<CausalLM> model =
-      CausalLM::CreateDeferred(config, torch::TensorOptions()).value();
+  std::shared_ptr<CausalLM> model = CausalLM::CreateDeferred(config, at::TensorOptions()).value();
   std::vector<std::pair<std::string, parallel::TensorSlice>> slices;
   int64_t held = 0;
   for (const auto& item : model->named_parameters()) {
@@ -354,7 +356,7 @@ std::optional<double> Bf16Peak(const std::string& device_description) {
 
 // The bytes free on `device` now (cudaMemGetInfo: what neither this process nor any other
 // holds); nullopt without CUDA.
-std::optional<int64_t> FreeDeviceMemory(const torch::Device& device) {
+std::optional<int64_t> FreeDeviceMemory(const at::Device& device) {
 #ifdef PLAIT_GPU
   size_t free_bytes = 0;
   size_t total_bytes = 0;
@@ -373,7 +375,7 @@ std::optional<int64_t> FreeDeviceMemory(const torch::Device& device) {
 // `seq_len` tokens: bf16 parameters and their gradients, and the activations.
 double StepBytes(const ModelConfig& config, int64_t batch, int64_t seq_len) {
   return 4.0 * static_cast<double>(NumParameters(config)) +
-         ActivationBytes(config, batch, seq_len, torch::kBFloat16, torch::kCUDA);
+         ActivationBytes(config, batch, seq_len, at::kBFloat16, at::kCUDA);
 }
 
 // How many of `config`'s decoder layers (at most its own count) a step of `batch` x `seq_len`
@@ -395,7 +397,7 @@ void BM_TrainStepCuda(benchmark::State& state) {
     state.SkipWithError("no GPU (or a binary built without --config=gpu)");
     return;
   }
-  const torch::Device device(torch::kCUDA, 0);
+  const at::Device device(at::kCUDA, 0);
   const int64_t batch = state.range(0);
   const int64_t seq = state.range(1);
   ModelConfig config = PresetConfig("llama3.1-8b").value();
@@ -424,12 +426,12 @@ void BM_TrainStepCuda(benchmark::State& state) {
   // every core, a minute of the GPU's time less than on the benchmarks' one thread.
   base::SetComputeThreads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   std::shared_ptr<CausalLM> model = CausalLM::Create(config, init).value();
-  model->to(device, torch::kBFloat16);
+  model->to(device, at::kBFloat16);
   base::SetComputeThreads(1);
-  torch::manual_seed(2);
-  const torch::Tensor tokens = torch::randint(config.vocab_size(), {batch, seq + 1}).to(device);
-  const torch::Tensor inputs = tokens.narrow(1, 0, seq);
-  const torch::Tensor targets = tokens.narrow(1, 1, seq);
+  at::manual_seed(2);
+  const at::Tensor tokens = torch::randint(config.vocab_size(), {batch, seq + 1}).to(device);
+  const at::Tensor inputs = tokens.narrow(1, 0, seq);
+  const at::Tensor targets = tokens.narrow(1, 1, seq);
   const double flops_per_step =
       static_cast<double>(batch * seq) * TrainingFlopsPerToken(config, seq);
   // Untimed steps first: cuBLAS, the attention kernels and the caching allocator warm up.

@@ -12,15 +12,16 @@
 #include <string>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "benchmark/benchmark.h"
 #include "benchmarks/bench_setup.h"
 #include "google/protobuf/text_format.h"
 #include "optim/optimizer.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/optim/adam.h"
 #include "torch/optim/adamw.h"
 #include "torch/optim/sgd.h"
-#include "torch/types.h"
-#include "torch/utils.h"
 
 namespace plait::optim {
 namespace {
@@ -30,13 +31,13 @@ constexpr int kVectors = 25;
 constexpr int64_t kVectorNumel = 1024;
 
 // 100 tensors with `total` parameters in all, each with a gradient.
-std::vector<torch::Tensor> Model(int64_t total) {
-  torch::manual_seed(0);
-  std::vector<torch::Tensor> tensors;
+std::vector<at::Tensor> Model(int64_t total) {
+  at::manual_seed(0);
+  std::vector<at::Tensor> tensors;
   const int64_t matrix_numel = (total - kVectors * kVectorNumel) / kMatrices;
   for (int i = 0; i < kMatrices; ++i) tensors.push_back(torch::randn({matrix_numel / 256, 256}));
   for (int i = 0; i < kVectors; ++i) tensors.push_back(torch::randn({kVectorNumel}));
-  for (torch::Tensor& tensor : tensors) tensor.mutable_grad() = torch::randn_like(tensor) * 1e-2;
+  for (at::Tensor& tensor : tensors) tensor.mutable_grad() = torch::randn_like(tensor) * 1e-2;
   return tensors;
 }
 
@@ -57,7 +58,7 @@ const char* ConfigText(Algorithm algorithm) {
 }
 
 // The reference step for `algorithm` on `tensors`.
-std::function<void()> TorchStep(Algorithm algorithm, std::vector<torch::Tensor>& tensors) {
+std::function<void()> TorchStep(Algorithm algorithm, std::vector<at::Tensor>& tensors) {
   switch (algorithm) {
     case Algorithm::kAdamW: {
       auto optimizer = std::make_shared<torch::optim::AdamW>(
@@ -77,14 +78,14 @@ std::function<void()> TorchStep(Algorithm algorithm, std::vector<torch::Tensor>&
     case Algorithm::kLion:
       break;
   }
-  auto momenta = std::make_shared<std::vector<torch::Tensor>>();
-  for (const torch::Tensor& tensor : tensors) momenta->push_back(torch::zeros_like(tensor));
+  auto momenta = std::make_shared<std::vector<at::Tensor>>();
+  for (const at::Tensor& tensor : tensors) momenta->push_back(torch::zeros_like(tensor));
   return [tensors, momenta] {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      const torch::Tensor& grad = tensors[i].grad();
-      torch::Tensor& m = (*momenta)[i];
-      const torch::Tensor update = (m * 0.9 + grad * 0.1).sign_();
+      const at::Tensor& grad = tensors[i].grad();
+      at::Tensor& m = (*momenta)[i];
+      const at::Tensor update = (m * 0.9 + grad * 0.1).sign_();
       tensors[i].mul_(1 - 1e-3 * 0.1).sub_(update, 1e-3);
       m.mul_(0.99).add_(grad, 0.01);
     }
@@ -94,8 +95,8 @@ std::function<void()> TorchStep(Algorithm algorithm, std::vector<torch::Tensor>&
 template <Algorithm kAlgorithm>
 void BM_Step(benchmark::State& state) {
   const int64_t total = state.range(0);
-  std::vector<torch::Tensor> ours = Model(total);
-  std::vector<torch::Tensor> theirs = Model(total);
+  std::vector<at::Tensor> ours = Model(total);
+  std::vector<at::Tensor> theirs = Model(total);
   std::vector<parallel::TrainableParameter> parameters;
   for (size_t i = 0; i < ours.size(); ++i) {
     parameters.push_back({"p" + std::to_string(i), ours[i], {}});

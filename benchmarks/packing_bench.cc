@@ -23,7 +23,6 @@
 #include "data/packing.h"
 #include "data/pairs.h"
 #include "models/causal_lm.h"
-#include "torch/types.h"
 
 namespace plait::data {
 namespace {

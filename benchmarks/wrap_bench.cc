@@ -96,6 +96,9 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/Parallel.h"
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -109,9 +112,8 @@
 #include "parallel/graph_group.h"
 #include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/types.h"
-#include "torch/utils.h"
 #include "wrap/cp/ring_attention.h"
 #include "wrap/ep/expert_dispatch.h"
 #include "wrap/micro_batch_executor.h"
@@ -218,7 +220,7 @@ double ProcessCpuSeconds() {
   return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
-int64_t Bytes(const torch::Tensor& tensor) {
+int64_t Bytes(const at::Tensor& tensor) {
   return tensor.defined() ? static_cast<int64_t>(tensor.nbytes()) : 0;
 }
 
@@ -226,7 +228,7 @@ int64_t Bytes(const torch::Tensor& tensor) {
 Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* mesh) {
   Measurement m;
   std::shared_ptr<models::CausalLM> model = MakeModel();
-  if (Bf16(mode)) model->to(torch::kBFloat16);
+  if (Bf16(mode)) model->to(at::kBFloat16);
   for (const auto& parameter : model->Blocks()[0].module->parameters()) {
     m.block_bytes += Bytes(parameter);
   }
@@ -285,17 +287,17 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
   auto optimizer = optim::Optimizer::Create(parameters, optimizer_config).value();
 
   // The ranks of a tensor-parallel group compute the same batch.
-  torch::manual_seed(preparation == nullptr
-                         ? 0
-                         : mesh->SubgridRankAndSize(preparation->DataParallelDims()).value().first);
-  const torch::Tensor tokens = torch::randint(4096, {batch, kSeqLen + 1});
+  at::manual_seed(preparation == nullptr
+                      ? 0
+                      : mesh->SubgridRankAndSize(preparation->DataParallelDims()).value().first);
+  const at::Tensor tokens = torch::randint(4096, {batch, kSeqLen + 1});
   // The timed steps' forward and backward passes, and a pipeline's waits in them.
   double passes_seconds = 0.0;
   double wait_seconds = 0.0;
   // A pipeline's micro-batch: one sequence, through the schedule.
-  const MicroBatchForward forward =
-      [&](int micro, const torch::Tensor& input) -> absl::StatusOr<torch::Tensor> {
-    const torch::Tensor sequence = tokens.narrow(0, micro, 1);
+  const MicroBatchForward forward = [&](int micro,
+                                        const at::Tensor& input) -> absl::StatusOr<at::Tensor> {
+    const at::Tensor sequence = tokens.narrow(0, micro, 1);
     if (input.defined()) model->SetStageInput(input);
     if (!model->HoldsOutputLayers()) return model->StageOutput(sequence.narrow(1, 0, kSeqLen));
     return model->Loss(sequence.narrow(1, 0, kSeqLen), sequence.narrow(1, 1, kSeqLen)) /
@@ -309,7 +311,7 @@ Measurement RunRank(Mode mode, int64_t batch, int rank, parallel::DeviceMesh* me
     } else if (ContextParallel(mode)) {
       preparation
           ->TrainMicroBatches(1,
-                              [&](int, const torch::Tensor&) -> absl::StatusOr<torch::Tensor> {
+                              [&](int, const at::Tensor&) -> absl::StatusOr<at::Tensor> {
                                 return model->Loss(tokens.narrow(1, 0, kSeqLen),
                                                    tokens.narrow(1, 1, kSeqLen));
                               })
@@ -584,14 +586,14 @@ void BM_RingAttentionBalance(benchmark::State& state) {
     parallel::testing::RunOnRingGroup(
         "cp", kRanks,
         [&](int rank, parallel::RingCommunicator& communicator) {
-          torch::set_num_threads(1);
+          at::set_num_threads(1);
           parallel::GraphGroup group(communicator);
           const cp::ChunkLayout layout = *cp::ChunkLayout::Create(kSeqLen, kRanks, rank, order);
-          torch::manual_seed(rank);
+          at::manual_seed(rank);
           const auto draw = [&](int64_t heads) {
             return torch::randn({1, layout.local_len(), heads, kHeadDim}).requires_grad_();
           };
-          const torch::Tensor q = draw(kHeads), k = draw(kKeyValueHeads), v = draw(kKeyValueHeads);
+          const at::Tensor q = draw(kHeads), k = draw(kKeyValueHeads), v = draw(kKeyValueHeads);
           const auto pass = [&] {
             cp::RingAttention(q, k, v, group, {cp::kMaxScoreElements, order, generic})
                 .sum()
@@ -644,7 +646,7 @@ void BM_ExpertParallel(benchmark::State& state) {
     std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
     if (to_rank_0) {
       // Equal probabilities: every token's ties go to experts 0 and 1, rank 0's.
-      torch::NoGradGuard no_grad;
+      at::NoGradGuard no_grad;
       for (const auto& named : model->named_parameters()) {
         if (named.key().find("mlp.gate.") != std::string::npos) named.value().zero_();
       }
@@ -652,26 +654,26 @@ void BM_ExpertParallel(benchmark::State& state) {
     return model;
   };
   const auto batch_of = [&](int rank) {
-    torch::manual_seed(100 + rank);
+    at::manual_seed(100 + rank);
     return torch::randint(config.vocab_size(), {kBatch, kSeqLen + 1});
   };
-  const auto step = [](models::CausalLM& model, const torch::Tensor& tokens) {
+  const auto step = [](models::CausalLM& model, const at::Tensor& tokens) {
     model.zero_grad();
     model.Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
   };
   // One process: rank 0's batch through every expert.
   double single_seconds = 0;
   {
-    torch::set_num_threads(1);
+    at::set_num_threads(1);
     const std::shared_ptr<models::CausalLM> model = make_model();
-    const torch::Tensor tokens = batch_of(0);
+    const at::Tensor tokens = batch_of(0);
     step(*model, tokens);  // the allocator's first pass
     const absl::Time start = absl::Now();
     step(*model, tokens);
     single_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   }
   const int64_t local = config.num_experts() / kRanks;
-  std::array<torch::Tensor, kRanks> routed;  // each rank's rows per expert, over the layers
+  std::array<at::Tensor, kRanks> routed;  // each rank's rows per expert, over the layers
   std::array<int64_t, kRanks> sent{};
   double step_seconds = 0;
   for (auto _ : state) {
@@ -679,12 +681,12 @@ void BM_ExpertParallel(benchmark::State& state) {
     parallel::testing::RunOnRingGroup(
         "ep", kRanks,
         [&](int rank, parallel::RingCommunicator& communicator) {
-          torch::set_num_threads(1);
+          at::set_num_threads(1);
           parallel::GraphGroup group(communicator);
           ep::ExpertDispatch dispatch(group);
           const std::shared_ptr<models::CausalLM> model = make_model();
           model->SetExpertParallelOps(&dispatch);
-          const torch::Tensor tokens = batch_of(rank);
+          const at::Tensor tokens = batch_of(rank);
           step(*model, tokens);  // the allocator's first pass
           const parallel::Traffic before = communicator.traffic(parallel::Collective::kAllToAll);
           const absl::Time start = absl::Now();
@@ -693,7 +695,7 @@ void BM_ExpertParallel(benchmark::State& state) {
           sent[rank] =
               communicator.traffic(parallel::Collective::kAllToAll).bytes_sent - before.bytes_sent;
           routed[rank] =
-              model->LastRouting()->Load().narrow(0, 0, config.num_experts()).to(torch::kInt64);
+              model->LastRouting()->Load().narrow(0, 0, config.num_experts()).to(at::kLong);
         },
         absl::Minutes(10));
     step_seconds = *std::max_element(wall.begin(), wall.end());
@@ -744,7 +746,7 @@ void BM_ExpertParallelFsdp(benchmark::State& state) {
   double theory = 0;
   for (auto _ : state) {
     parallel::testing::RunOnRingMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
-      torch::set_num_threads(1);
+      at::set_num_threads(1);
       const std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
       int64_t model_bytes = 0;
       for (const auto& named : model->NamedParameters()) model_bytes += Bytes(named.parameter);
@@ -757,15 +759,14 @@ void BM_ExpertParallelFsdp(benchmark::State& state) {
       if (!preparation->Apply(ep).ok() || !preparation->Apply(fsdp).ok()) std::abort();
       const std::vector<parallel::TrainableParameter> parameters =
           *preparation->TakeTrainableParameters();
-      torch::manual_seed(100 + mesh.SubgridRankAndSize({"dp", "ep"})->first);
-      const torch::Tensor tokens = torch::randint(config.vocab_size(), {kBatch, kSeqLen + 1});
+      at::manual_seed(100 + mesh.SubgridRankAndSize({"dp", "ep"})->first);
+      const at::Tensor tokens = torch::randint(config.vocab_size(), {kBatch, kSeqLen + 1});
       const auto train = [&] {
         for (const auto& parameter : parameters) parameter.tensor.mutable_grad().reset();
-        const absl::Status trained =
-            preparation->TrainMicroBatches(1, [&](int, const torch::Tensor&) {
-              return absl::StatusOr<torch::Tensor>(
-                  model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)));
-            });
+        const absl::Status trained = preparation->TrainMicroBatches(1, [&](int, const at::Tensor&) {
+          return absl::StatusOr<at::Tensor>(
+              model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)));
+        });
         if (!trained.ok()) std::abort();
       };
       const auto bytes = [&] {
@@ -827,8 +828,8 @@ void BM_MoeTensorParallel(benchmark::State& state) {
   const models::ModelConfig config = MediumMixtureOfExperts();
   models::InitConfig init;
   init.set_seed(1);
-  torch::manual_seed(100);
-  const torch::Tensor tokens = torch::randint(config.vocab_size(), {kBatch, kSeqLen + 1});
+  at::manual_seed(100);
+  const at::Tensor tokens = torch::randint(config.vocab_size(), {kBatch, kSeqLen + 1});
   const auto step = [&](models::CausalLM& model) {
     model.zero_grad();
     model.Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)).backward();
@@ -841,7 +842,7 @@ void BM_MoeTensorParallel(benchmark::State& state) {
   // routers, experts), each an all-reduce: 2 (n - 1) / n of the bytes.
   double theory = 0;
   {
-    torch::set_num_threads(1);
+    at::set_num_threads(1);
     const std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
     step(*model);  // the allocator's first pass
     std::vector<double> seconds;
@@ -873,7 +874,7 @@ void BM_MoeTensorParallel(benchmark::State& state) {
   int64_t sent = 0;
   for (auto _ : state) {
     parallel::testing::RunOnRingMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
-      torch::set_num_threads(1);
+      at::set_num_threads(1);
       const std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
       std::unique_ptr<Preparation> preparation = *Preparation::Begin(*model, mesh);
       PrepareStep tp;
@@ -885,11 +886,10 @@ void BM_MoeTensorParallel(benchmark::State& state) {
       // The forward and backward, then the sums of the gradients each rank computed part of.
       const auto train = [&] {
         model->zero_grad();
-        const absl::Status trained =
-            preparation->TrainMicroBatches(1, [&](int, const torch::Tensor&) {
-              return absl::StatusOr<torch::Tensor>(
-                  model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)));
-            });
+        const absl::Status trained = preparation->TrainMicroBatches(1, [&](int, const at::Tensor&) {
+          return absl::StatusOr<at::Tensor>(
+              model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)));
+        });
         if (!trained.ok()) std::abort();
       };
       train();  // the allocator's first pass

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -26,6 +27,7 @@
 #include "base/status.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::checkpoint {
 namespace {
@@ -130,7 +132,7 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpoints(const std::string& dir,
 
 // Checks that `slice` fits `tensor` (a local tensor holding at least the box's elements) and
 // returns the box's data, contiguous in host memory.
-absl::StatusOr<torch::Tensor> SavedData(const std::string& name, const SlicedTensor& tensor) {
+absl::StatusOr<at::Tensor> SavedData(const std::string& name, const SlicedTensor& tensor) {
   const parallel::TensorSlice& slice = tensor.slice;
   bool fits = slice.box.offsets.size() == slice.global_shape.size() &&
               slice.box.lengths.size() == slice.global_shape.size() &&
@@ -191,7 +193,7 @@ absl::StatusOr<Manifest> CollectManifest(const std::string& folder, int world_si
 
 }  // namespace
 
-SlicedTensor Whole(torch::Tensor tensor) {
+SlicedTensor Whole(at::Tensor tensor) {
   parallel::TensorSlice slice = parallel::TensorSlice::Whole(tensor.sizes());
   return {std::move(tensor), std::move(slice)};
 }
@@ -296,7 +298,7 @@ absl::Status Checkpointer::Restore(const std::map<std::string, SlicedTensor>& ex
   const Manifest& manifest = *manifest_;
   // Which of the checkpoint's tensors some rank holds (a pipeline's ranks hold only their
   // stage's): one that none does is no part of this run.
-  torch::Tensor held = torch::zeros({static_cast<int64_t>(manifest.tensors.size())});
+  at::Tensor held = torch::zeros({static_cast<int64_t>(manifest.tensors.size())});
   {
     int64_t i = 0;
     for (const auto& [name, stored] : manifest.tensors) held[i++] = expected.count(name) > 0;
@@ -338,8 +340,8 @@ absl::Status Checkpointer::Restore(const std::map<std::string, SlicedTensor>& ex
     state.metadata = manifest.metadata;
     SliceReader reader(folder, manifest);
     for (const auto& [name, tensor] : expected) {
-      torch::Tensor filled = torch::zeros(
-          tensor.tensor.sizes(), torch::TensorOptions().dtype(tensor.tensor.scalar_type()));
+      at::Tensor filled = torch::zeros(tensor.tensor.sizes(),
+                                       at::TensorOptions().dtype(tensor.tensor.scalar_type()));
       PLAIT_RETURN_IF_ERROR(reader.Read(name, tensor.slice.box, tensor.slice.DataOf(filled)));
       state.tensors[name] = {std::move(filled), tensor.slice};
     }
@@ -389,10 +391,10 @@ absl::Status Checkpointer::Save(int64_t step, int64_t position, const RankState&
 
   // Every rank writes its file: the slices it is the first holder of.
   absl::Status written = [&]() -> absl::Status {
-    std::vector<std::pair<std::string, torch::Tensor>> entries;
+    std::vector<std::pair<std::string, at::Tensor>> entries;
     Json slices = Json::object();
     for (const auto& [name, tensor] : state.tensors) {
-      PLAIT_ASSIGN_OR_RETURN(torch::Tensor data, SavedData(name, tensor));
+      PLAIT_ASSIGN_OR_RETURN(at::Tensor data, SavedData(name, tensor));
       if (tensor.slice.replica != 0 || data.numel() == 0) continue;
       const absl::string_view bytes(static_cast<const char*>(data.data_ptr()), data.nbytes());
       slices[name] = {{"shape", tensor.slice.global_shape},

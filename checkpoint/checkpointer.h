@@ -48,13 +48,13 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/checkpoint.pb.h"
 #include "checkpoint/manifest.h"
 #include "parallel/device_mesh.h"
 #include "parallel/tensor_slice.h"
-#include "torch/types.h"
 
 namespace plait::checkpoint {
 
@@ -79,12 +79,12 @@ inline constexpr char kManifest[] = "checkpoint.json";
 
 // A tensor of one rank: its local tensor and the part of the global tensor it holds.
 struct SlicedTensor {
-  torch::Tensor tensor;
+  at::Tensor tensor;
   parallel::TensorSlice slice;
 };
 
 // `tensor` as the whole of a global tensor, held by this rank alone.
-SlicedTensor Whole(torch::Tensor tensor);
+SlicedTensor Whole(at::Tensor tensor);
 
 // One rank's part of a checkpoint: its tensors, and the caller's metadata, the same on every
 // rank (rank 0's is saved).

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/ops/equal.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,7 @@
 #include "nlohmann/json.hpp"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::checkpoint {
 namespace {
@@ -62,8 +64,8 @@ RunInfo TestRun(int64_t position_per_step) {
 }
 
 std::map<std::string, SlicedTensor> Tensors() {
-  return {{"w", Whole(torch::arange(6, torch::kFloat32).reshape({2, 3}))},
-          {"m", Whole(torch::full({4}, 3, torch::kInt64))}};
+  return {{"w", Whole(torch::arange(6, at::kFloat).reshape({2, 3}))},
+          {"m", Whole(torch::full({4}, 3, at::kLong))}};
 }
 
 CheckpointConfig Config(const std::string& dir, bool resume) {
@@ -85,7 +87,7 @@ absl::Status Resume(const std::string& dir, const RunInfo& run, const parallel::
     EXPECT_EQ(checkpointer.resume_position(), kPosition);
   }
   return checkpointer.Restore(Tensors(), [](RankState saved) {
-    EXPECT_TRUE(torch::equal(saved.tensors.at("w").tensor, Tensors().at("w").tensor));
+    EXPECT_TRUE(at::equal(saved.tensors.at("w").tensor, Tensors().at("w").tensor));
     return absl::OkStatus();
   });
 }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "base/status_matchers.h"
@@ -29,6 +30,7 @@
 #include "nlohmann/json.hpp"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::checkpoint {
 namespace {
@@ -83,15 +85,15 @@ RunInfo TestRun(int64_t steps = 8) {
 // rows to a rank, the last ranks' padded or empty), a moment every rank holds whole (rank 0
 // saves it), and a counter.
 RankState State(int rank, int ranks) {
-  const torch::Tensor weight = torch::arange(12, torch::kFloat32).reshape({4, 3});
+  const at::Tensor weight = torch::arange(12, at::kFloat).reshape({4, 3});
   const int64_t rows = (4 + ranks - 1) / ranks;
   const int64_t first = std::min<int64_t>(4, rank * rows);
   const int64_t count = std::min<int64_t>(4, first + rows) - first;
-  torch::Tensor shard = torch::zeros({rows, 3});
+  at::Tensor shard = torch::zeros({rows, 3});
   shard.narrow(0, 0, count).copy_(weight.narrow(0, first, count));
   RankState state;
   state.tensors["w/a"] = {shard, parallel::TensorSlice::Whole({4, 3}).Narrow(0, first, count)};
-  state.tensors["m/a"] = Whole(torch::full({4}, 7, torch::kInt64));
+  state.tensors["m/a"] = Whole(torch::full({4}, 7, at::kLong));
   state.tensors["m/a"].slice.replica = rank;
   state.metadata["counter"] = "10";
   return state;
@@ -465,11 +467,11 @@ TEST(CheckpointErrorsTest, ManifestValuesOfAnotherTypeOrNestedDeepNameTheField) 
 
 // Rewrites the rank file `path` with its tensors and metadata passed through `edit`.
 void RewriteRankFile(const std::string& path,
-                     const std::function<void(std::map<std::string, torch::Tensor>&)>& edit) {
+                     const std::function<void(std::map<std::string, at::Tensor>&)>& edit) {
   auto file = models::SafetensorsFile::Open(path);
   ASSERT_THAT(file, IsOk());
   const std::map<std::string, std::string> metadata = (*file)->metadata();
-  std::map<std::string, torch::Tensor> tensors;
+  std::map<std::string, at::Tensor> tensors;
   for (const auto& [name, entry] : (*file)->entries()) tensors[name] = *(*file)->Read(name);
   file->reset();
   edit(tensors);
@@ -570,7 +572,7 @@ TEST(CheckpointErrorsTest, TruncatedOrCorruptRankFilesNameTheFile) {
 
   // A file whose tensor is not the slice the manifest lists.
   fs::copy_file(backup, path, fs::copy_options::overwrite_existing);
-  RewriteRankFile(path, [](std::map<std::string, torch::Tensor>& tensors) {
+  RewriteRankFile(path, [](std::map<std::string, at::Tensor>& tensors) {
     tensors["w/a"] = torch::zeros({3, 4});
   });
   EXPECT_THAT(ResumeStatuses(dir, 1)[0],

@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -12,7 +13,7 @@
 #include "base/hash.h"
 #include "base/json.h"
 #include "base/status.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::checkpoint {
 namespace {
@@ -81,7 +82,7 @@ absl::StatusOr<StoredTensor> ParseTensor(const Json& json, const std::string& pa
   if (!json.is_object()) return Corrupt(path, field, "not an object");
   StoredTensor tensor;
   PLAIT_ASSIGN_OR_RETURN(const std::string dtype, FieldsOf(json, path, field).String("dtype"));
-  const std::optional<torch::ScalarType> known = models::SafetensorsDtypeOfName(dtype);
+  const std::optional<at::ScalarType> known = models::SafetensorsDtypeOfName(dtype);
   if (!known.has_value()) {
     return Corrupt(path, field + ".dtype",
                    absl::StrCat("\"", dtype, "\" is not F32, BF16, F16 or I64"));
@@ -208,7 +209,7 @@ Json ManifestJson(const Manifest& manifest) {
           {"tensors", std::move(tensors)}};
 }
 
-absl::StatusOr<torch::Tensor> SliceReader::SliceData(const std::string& name, size_t index) {
+absl::StatusOr<at::Tensor> SliceReader::SliceData(const std::string& name, size_t index) {
   const StoredTensor& tensor = manifest_.tensors.at(name);
   const StoredSlice& slice = tensor.slices[index];
   const std::string field =
@@ -237,9 +238,8 @@ absl::StatusOr<torch::Tensor> SliceReader::SliceData(const std::string& name, si
                      "]; the checkpoint is corrupt"));
   }
   PLAIT_ASSIGN_OR_RETURN(const absl::string_view bytes, file->Bytes(name));
-  const auto options = torch::TensorOptions().dtype(tensor.dtype);
-  torch::Tensor data =
-      torch::from_blob(const_cast<char*>(bytes.data()), slice.box.lengths, options);
+  const auto options = at::TensorOptions().dtype(tensor.dtype);
+  at::Tensor data = torch::from_blob(const_cast<char*>(bytes.data()), slice.box.lengths, options);
   // Entries of several dtypes in one file need not be aligned for each one's elements.
   if (reinterpret_cast<uintptr_t>(bytes.data()) % data.element_size() != 0) {
     data = torch::empty(slice.box.lengths, options);
@@ -258,23 +258,22 @@ absl::StatusOr<torch::Tensor> SliceReader::SliceData(const std::string& name, si
   return data;
 }
 
-absl::Status SliceReader::Read(const std::string& name, const parallel::Box& box,
-                               torch::Tensor into) {
+absl::Status SliceReader::Read(const std::string& name, const parallel::Box& box, at::Tensor into) {
   const StoredTensor& tensor = manifest_.tensors.at(name);
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (size_t i = 0; i < tensor.slices.size(); ++i) {
     const std::optional<parallel::Box> common = parallel::Intersect(tensor.slices[i].box, box);
     if (!common.has_value()) continue;
-    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor data, SliceData(name, i));
+    PLAIT_ASSIGN_OR_RETURN(const at::Tensor data, SliceData(name, i));
     parallel::NarrowTo(into, box, *common)
         .copy_(parallel::NarrowTo(data, tensor.slices[i].box, *common));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<torch::Tensor> SliceReader::ReadWhole(const std::string& name) {
+absl::StatusOr<at::Tensor> SliceReader::ReadWhole(const std::string& name) {
   const StoredTensor& tensor = manifest_.tensors.at(name);
-  torch::Tensor whole = torch::empty(tensor.shape, torch::TensorOptions().dtype(tensor.dtype));
+  at::Tensor whole = torch::empty(tensor.shape, at::TensorOptions().dtype(tensor.dtype));
   PLAIT_RETURN_IF_ERROR(Read(name, parallel::TensorSlice::Whole(tensor.shape).box, whole));
   return whole;
 }

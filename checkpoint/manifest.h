@@ -7,7 +7,7 @@
 //
 //   PLAIT_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(folder + "/checkpoint.json"));
 //   SliceReader reader(folder, manifest);
-//   torch::Tensor rows = torch::empty({64, 256});  // rows 64..127 of "param/w"
+//   at::Tensor rows = torch::empty({64, 256});  // rows 64..127 of "param/w"
 //   PLAIT_RETURN_IF_ERROR(reader.Read("param/w", parallel::Box{{64, 0}, {64, 256}}, rows));
 #ifndef PLAIT_CHECKPOINT_MANIFEST_H_
 #define PLAIT_CHECKPOINT_MANIFEST_H_
@@ -19,12 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "parallel/tensor_slice.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::checkpoint {
 
@@ -41,7 +42,7 @@ struct StoredSlice {
 
 // One tensor of a checkpoint: its dtype, global shape, and the slices that tile it.
 struct StoredTensor {
-  torch::ScalarType dtype = torch::kFloat32;
+  at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> shape;
   std::vector<StoredSlice> slices;
 };
@@ -84,17 +85,17 @@ class SliceReader {
 
   // Fills `into` (shaped as `box`, any dtype: values are converted) with the box `box` of
   // tensor `name`, which must be in the manifest.
-  absl::Status Read(const std::string& name, const parallel::Box& box, torch::Tensor into);
+  absl::Status Read(const std::string& name, const parallel::Box& box, at::Tensor into);
 
   // The whole tensor `name`, which must be in the manifest, assembled from its slices.
-  absl::StatusOr<torch::Tensor> ReadWhole(const std::string& name);
+  absl::StatusOr<at::Tensor> ReadWhole(const std::string& name);
 
   // Checks the checksum and the values of every slice of every tensor (reading every byte).
   absl::Status VerifyAll();
 
  private:
   // The data of slice `index` of `name`, checked, as a tensor over the mapped file.
-  absl::StatusOr<torch::Tensor> SliceData(const std::string& name, size_t index);
+  absl::StatusOr<at::Tensor> SliceData(const std::string& name, size_t index);
 
   std::string folder_;
   const Manifest& manifest_;

@@ -9,7 +9,8 @@
 
 #include <cstdint>
 
-#include "torch/types.h"
+#include "ATen/core/Tensor.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::data {
 
@@ -18,12 +19,12 @@ namespace plait::data {
 inline constexpr int64_t kIgnoreTarget = -100;
 
 struct Batch {
-  torch::Tensor inputs;   // int64 [rows, T]
-  torch::Tensor targets;  // int64 [rows, T]: inputs shifted by one token, or kIgnoreTarget
+  at::Tensor inputs;   // int64 [rows, T]
+  at::Tensor targets;  // int64 [rows, T]: inputs shifted by one token, or kIgnoreTarget
   // Packed rows only, else undefined: int64 [rows, T], each token's position in its own
   // sequence, 0 at the sequence's first token (Hugging Face's position_ids). A token attends
   // only to the tokens of its sequence (models::CausalLM::Forward).
-  torch::Tensor positions;
+  at::Tensor positions;
 };
 
 // How many sequences `batch` holds: its rows, or, for packed rows, the tokens at position 0. On
@@ -36,9 +37,9 @@ inline int64_t Sequences(const Batch& batch) {
 // Per sequence of `batch`, the sum of `per_token` ([rows, T], on the batch's device) over the
 // sequence's tokens: [Sequences(batch)], the sequences in row order, each row's in their order
 // (a row's trailing padding counts with its last sequence). Differentiable.
-inline torch::Tensor SequenceSums(const Batch& batch, const torch::Tensor& per_token) {
+inline at::Tensor SequenceSums(const Batch& batch, const at::Tensor& per_token) {
   if (!batch.positions.defined()) return per_token.sum(-1);
-  const torch::Tensor sequence = (batch.positions == 0).flatten().cumsum(0) - 1;
+  const at::Tensor sequence = (batch.positions == 0).flatten().cumsum(0) - 1;
   return torch::zeros({Sequences(batch)}, per_token.options())
       .index_add(0, sequence, per_token.flatten());
 }
@@ -47,15 +48,15 @@ inline torch::Tensor SequenceSums(const Batch& batch, const torch::Tensor& per_t
 // memory without blocking the host, so the copy queues behind the work already queued instead
 // of waiting for it; LibTorch's pinned allocator keeps the pinned copy until the transfer has
 // run, so `tensor` and the copy may be dropped at once.
-inline torch::Tensor ToDevice(const torch::Tensor& tensor, const torch::Device& device) {
+inline at::Tensor ToDevice(const at::Tensor& tensor, const at::Device& device) {
   if (device.is_cpu()) return tensor;
   return tensor.pin_memory().to(device, /*non_blocking=*/true);
 }
 
 // The tensors of `batch`, in host memory, on `device` (ToDevice).
-inline Batch ToDevice(const Batch& batch, const torch::Device& device) {
+inline Batch ToDevice(const Batch& batch, const at::Device& device) {
   return Batch{ToDevice(batch.inputs, device), ToDevice(batch.targets, device),
-               batch.positions.defined() ? ToDevice(batch.positions, device) : torch::Tensor()};
+               batch.positions.defined() ? ToDevice(batch.positions, device) : at::Tensor()};
 }
 
 }  // namespace plait::data

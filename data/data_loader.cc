@@ -6,6 +6,7 @@
 #include <random>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status.h"
@@ -251,12 +252,12 @@ Batch DataLoader::NextPairs() {
   std::vector<const PairExample*> examples;
   if (prompt_length_ > 0) {
     const int64_t P = prompt_length_;
-    const torch::Tensor chosen = synthetic_->Sequences(stream_, position_, B, seq_len_);
+    const at::Tensor chosen = synthetic_->Sequences(stream_, position_, B, seq_len_);
     // SFT examples have no rejected completion.
-    const torch::Tensor rejected = rejected_ != nullptr
-                                       ? rejected_->Sequences(stream_, position_, B, seq_len_ - P)
-                                       : torch::Tensor();
-    const auto ids = [](const torch::Tensor& row) {
+    const at::Tensor rejected = rejected_ != nullptr
+                                    ? rejected_->Sequences(stream_, position_, B, seq_len_ - P)
+                                    : at::Tensor();
+    const auto ids = [](const at::Tensor& row) {
       return std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
     };
     drawn.resize(B);
@@ -305,12 +306,12 @@ absl::StatusOr<Batch> DataLoader::Next() {
   const int64_t B = micro_batch_, T = seq_len_, W = dp_size_;
   if (pairs_ != nullptr || prompt_length_ > 0) return NextPairs();
   if (synthetic_ != nullptr) {
-    const torch::Tensor sequences = synthetic_->Sequences(stream_, position_, B, T + 1);
+    const at::Tensor sequences = synthetic_->Sequences(stream_, position_, B, T + 1);
     position_ += B * W;
     return Batch{sequences.narrow(1, 0, T).contiguous(), sequences.narrow(1, 1, T).contiguous()};
   }
   const int64_t start = shuffle_ ? NextShuffledPosition() : position_;
-  PLAIT_ASSIGN_OR_RETURN(const torch::Tensor window,
+  PLAIT_ASSIGN_OR_RETURN(const at::Tensor window,
                          base::Annotate(file_->Read(start, B * T + 1), file_field_));
   if (!shuffle_) {
     // llm.c's dataloader_next_batch: advance by the whole world's batch, and start over when

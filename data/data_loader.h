@@ -34,7 +34,6 @@
 #include "data/markov_source.h"
 #include "data/pairs.h"
 #include "data/token_file.h"
-#include "torch/types.h"
 
 namespace plait::data {
 

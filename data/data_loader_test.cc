@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/cat.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/file.h"
@@ -16,6 +18,7 @@
 #include "data/testing_token_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::data {
 namespace {
@@ -48,8 +51,8 @@ TEST(DataLoaderTest, OneRankFollowsLlmc) {
       DataLoader::Create(Files(path, path), Split::kTrain, 100, 2, 3, 0, 1, "data");
   ASSERT_THAT(loader, IsOk());
   const Batch first = loader->Next().value();
-  EXPECT_TRUE(first.inputs.equal(torch::tensor({{0, 1, 2}, {3, 4, 5}}, torch::kInt64)));
-  EXPECT_TRUE(first.targets.equal(torch::tensor({{1, 2, 3}, {4, 5, 6}}, torch::kInt64)));
+  EXPECT_TRUE(first.inputs.equal(torch::tensor({{0, 1, 2}, {3, 4, 5}}, at::kLong)));
+  EXPECT_TRUE(first.targets.equal(torch::tensor({{1, 2, 3}, {4, 5, 6}}, at::kLong)));
   EXPECT_THAT(Starts(*loader, 6), ::testing::ElementsAre(6, 12, 18, 24, 30, 0));
   EXPECT_EQ(loader->DistinctBatches(), 6);
   EXPECT_FALSE(loader->EntropyFloor().has_value());
@@ -69,8 +72,8 @@ TEST(DataLoaderTest, TwoRanksInterleaveAndTogetherEqualOneRankOfTwiceTheBatch) {
   rank1.Reset();
   for (int i = 0; i < 3; ++i) {
     const Batch a = rank0.Next().value(), b = rank1.Next().value(), whole = single.Next().value();
-    EXPECT_TRUE(torch::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
-    EXPECT_TRUE(torch::cat({a.targets, b.targets}).equal(whole.targets)) << i;
+    EXPECT_TRUE(at::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
+    EXPECT_TRUE(at::cat({a.targets, b.targets}).equal(whole.targets)) << i;
   }
 }
 
@@ -97,7 +100,7 @@ TEST(DataLoaderTest, ShuffledWindowsAreASeededPermutationPerPassAndRanksStayToge
   rank1.Reset();
   for (int i = 0; i < 4; ++i) {
     const Batch a = rank0.Next().value(), b = rank1.Next().value(), whole = single.Next().value();
-    EXPECT_TRUE(torch::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
+    EXPECT_TRUE(at::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
   }
   // Another seed, another order (for these three windows, over two passes).
   data.mutable_token_files()->set_shuffle_seed(4);
@@ -154,7 +157,7 @@ TEST(DataLoaderTest, SyntheticRanksTogetherEqualOneRankAndEvalIsHeldOut) {
   DataLoader eval = *DataLoader::Create(data, Split::kEval, 4096, 4, 8, 0, 1, "data");
   for (int i = 0; i < 3; ++i) {
     const Batch a = rank0.Next().value(), b = rank1.Next().value(), whole = single.Next().value();
-    EXPECT_TRUE(torch::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
+    EXPECT_TRUE(at::cat({a.inputs, b.inputs}).equal(whole.inputs)) << i;
     EXPECT_TRUE(whole.inputs.narrow(1, 1, 7).equal(whole.targets.narrow(1, 0, 7)));
   }
   single.Reset();
@@ -183,7 +186,7 @@ TEST(DataLoaderTest, SeekContinuesWhereThatManyBatchesWouldHaveLeftOff) {
       const int rank = world - 1;
       DataLoader straight =
           *DataLoader::Create(data, Split::kTrain, 100, 2, 3, rank, world, "data");
-      std::vector<torch::Tensor> inputs;
+      std::vector<at::Tensor> inputs;
       for (int i = 0; i < 12; ++i) inputs.push_back(straight.Next().value().inputs);
       for (int skip = 0; skip < 9; ++skip) {
         DataLoader resumed =
@@ -300,17 +303,17 @@ TEST(DataLoaderTest, PackedSftFilesReadBestFitRowsOfWholeExamples) {
             "5 rows, 42.9% padding; PACKING_PADDING_FREE: 5 rows, 42.9% padding");
   const Batch first = loader->Next().value();
   // The first row's tail is padding that scores nothing, positioned as its last sequence.
-  EXPECT_TRUE(first.inputs.equal(torch::tensor({{14, 54, 54, 54, 54, 54, 0}}, torch::kInt64)))
+  EXPECT_TRUE(first.inputs.equal(torch::tensor({{14, 54, 54, 54, 54, 54, 0}}, at::kLong)))
       << first.inputs;
   const std::vector<int64_t> targets = {54, 54, 54, 54, 54, kIgnoreTarget, kIgnoreTarget};
   EXPECT_TRUE(first.targets.equal(torch::tensor(targets).view({1, 7}))) << first.targets;
-  EXPECT_TRUE(first.positions.equal(torch::tensor({{0, 1, 2, 3, 4, 5, 6}}, torch::kInt64)));
+  EXPECT_TRUE(first.positions.equal(torch::tensor({{0, 1, 2, 3, 4, 5, 6}}, at::kLong)));
   const Batch second = loader->Next().value();
-  EXPECT_TRUE(second.inputs.equal(torch::tensor({{11, 51, 51, 51, 51, 12, 52}}, torch::kInt64)));
-  EXPECT_TRUE(second.positions.equal(torch::tensor({{0, 1, 2, 3, 4, 0, 1}}, torch::kInt64)));
+  EXPECT_TRUE(second.inputs.equal(torch::tensor({{11, 51, 51, 51, 51, 12, 52}}, at::kLong)));
+  EXPECT_TRUE(second.positions.equal(torch::tensor({{0, 1, 2, 3, 4, 0, 1}}, at::kLong)));
   const Batch third = loader->Next().value();
-  EXPECT_TRUE(third.inputs.equal(torch::tensor({{13, 53, 53, 53, 10, 50, 50}}, torch::kInt64)));
-  EXPECT_TRUE(third.positions.equal(torch::tensor({{0, 1, 2, 3, 0, 1, 2}}, torch::kInt64)));
+  EXPECT_TRUE(third.inputs.equal(torch::tensor({{13, 53, 53, 53, 10, 50, 50}}, at::kLong)));
+  EXPECT_TRUE(third.positions.equal(torch::tensor({{0, 1, 2, 3, 0, 1, 2}}, at::kLong)));
   loader->Seek(1);
   EXPECT_TRUE(loader->Next().value().inputs.equal(second.inputs));
   // Rank 1 of 3 reads the second row.
@@ -344,11 +347,11 @@ TEST(DataLoaderTest, PaddingFreePreferenceMicroBatchesPlaceTheirSequencesInOrder
   ASSERT_THAT(loader, IsOk());
   // Sequences of 3 and 4 tokens (chosen), 2 and 2 (rejected): rows {3, 4}, {2, 2}.
   const Batch batch = loader->Next().value();
-  EXPECT_TRUE(batch.inputs.equal(torch::tensor(
-      {{10, 50, 50, 11, 51, 51, 51, 0}, {10, 60, 11, 61, 0, 0, 0, 0}}, torch::kInt64)))
+  EXPECT_TRUE(batch.inputs.equal(
+      torch::tensor({{10, 50, 50, 11, 51, 51, 51, 0}, {10, 60, 11, 61, 0, 0, 0, 0}}, at::kLong)))
       << batch.inputs;
   EXPECT_TRUE(batch.positions.equal(
-      torch::tensor({{0, 1, 2, 0, 1, 2, 3, 4}, {0, 1, 0, 1, 2, 3, 4, 5}}, torch::kInt64)))
+      torch::tensor({{0, 1, 2, 0, 1, 2, 3, 4}, {0, 1, 0, 1, 2, 3, 4, 5}}, at::kLong)))
       << batch.positions;
   const std::vector<int64_t> targets = {50,
                                         50,
@@ -392,7 +395,7 @@ TEST(DataLoaderTest, DocumentStartTokenRestartsPositions) {
   const Batch batch =
       DataLoader::Create(data, Split::kTrain, 100, 2, 4, 0, 1, "data")->Next().value();
   // Rows [0 1 2 3] and [4 0 1 2]: the second row's first token starts a sequence too.
-  EXPECT_TRUE(batch.positions.equal(torch::tensor({{0, 1, 2, 3}, {0, 0, 1, 2}}, torch::kInt64)))
+  EXPECT_TRUE(batch.positions.equal(torch::tensor({{0, 1, 2, 3}, {0, 0, 1, 2}}, at::kLong)))
       << batch.positions;
 }
 

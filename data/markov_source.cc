@@ -5,8 +5,10 @@
 #include <numeric>
 #include <random>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "base/hash.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::data {
 namespace {
@@ -75,9 +77,9 @@ absl::StatusOr<MarkovSource> MarkovSource::Create(const SyntheticData& config, i
   return source;
 }
 
-torch::Tensor MarkovSource::Sequences(uint64_t stream, int64_t first, int64_t count,
-                                      int64_t length) const {
-  torch::Tensor out = torch::empty({count, length}, torch::kInt64);
+at::Tensor MarkovSource::Sequences(uint64_t stream, int64_t first, int64_t count,
+                                   int64_t length) const {
+  at::Tensor out = torch::empty({count, length}, at::kLong);
   int64_t* data = out.data_ptr<int64_t>();
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   for (int64_t i = 0; i < count; ++i) {

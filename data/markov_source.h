@@ -5,7 +5,7 @@
 //
 //   PLAIT_ASSIGN_OR_RETURN(MarkovSource source,
 //                          MarkovSource::Create(config, vocab_size, "plan.data.synthetic"));
-//   torch::Tensor tokens = source.Sequences(/*stream=*/0, /*first=*/0, /*count=*/8, 65);
+//   at::Tensor tokens = source.Sequences(/*stream=*/0, /*first=*/0, /*count=*/8, 65);
 //   double floor = source.EntropyRate();  // nats per token
 #ifndef PLAIT_DATA_MARKOV_SOURCE_H_
 #define PLAIT_DATA_MARKOV_SOURCE_H_
@@ -13,10 +13,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "data/data.pb.h"
-#include "torch/types.h"
 
 namespace plait::data {
 
@@ -35,7 +35,7 @@ class MarkovSource {
 
   // Sequences first .. first+count-1 of stream `stream`, each `length` tokens: int64
   // [count, length]. The first token's state is uniform.
-  torch::Tensor Sequences(uint64_t stream, int64_t first, int64_t count, int64_t length) const;
+  at::Tensor Sequences(uint64_t stream, int64_t first, int64_t count, int64_t length) const;
 
  private:
   MarkovSource() = default;

@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -39,7 +40,7 @@ TEST(MarkovSourceTest, SequencesAreDeterministicAndFollowTheChain) {
   absl::StatusOr<MarkovSource> source =
       MarkovSource::Create(Config(8, 2, 3.0), 1000, "data.synthetic");
   ASSERT_THAT(source, IsOk());
-  const torch::Tensor a = source->Sequences(0, 10, 4, 5000);
+  const at::Tensor a = source->Sequences(0, 10, 4, 5000);
   EXPECT_TRUE(a.equal(source->Sequences(0, 10, 4, 5000)));
   EXPECT_TRUE(a.narrow(0, 1, 2).equal(source->Sequences(0, 11, 2, 5000)));
   EXPECT_FALSE(a.equal(source->Sequences(1, 10, 4, 5000)));

@@ -5,6 +5,11 @@
 #include <map>
 #include <numeric>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/cummax.h"
+#include "ATen/ops/where.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
+
 namespace plait::data {
 
 std::vector<std::vector<int64_t>> BestFitDecreasing(const std::vector<int64_t>& lengths,
@@ -37,15 +42,15 @@ std::vector<std::vector<int64_t>> BestFitDecreasing(const std::vector<int64_t>& 
   return rows;
 }
 
-torch::Tensor DocumentPositions(const torch::Tensor& inputs, int64_t document_start) {
+at::Tensor DocumentPositions(const at::Tensor& inputs, int64_t document_start) {
   const int64_t T = inputs.size(1);
-  const torch::Tensor index =
+  const at::Tensor index =
       torch::arange(T, inputs.options()).unsqueeze(0).expand_as(inputs).contiguous();
-  torch::Tensor starts = inputs == document_start;
+  at::Tensor starts = inputs == document_start;
   starts.select(1, 0).fill_(true);
   // Each token's sequence starts at the last start at or before it.
-  const torch::Tensor last_start =
-      std::get<0>(torch::cummax(torch::where(starts, index, torch::zeros_like(index)), 1));
+  const at::Tensor last_start =
+      std::get<0>(at::cummax(at::where(starts, index, torch::zeros_like(index)), 1));
   return index - last_start;
 }
 

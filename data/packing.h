@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "torch/types.h"
+#include "ATen/core/Tensor.h"
 
 namespace plait::data {
 
@@ -29,7 +29,7 @@ std::vector<std::vector<int64_t>> BestFitDecreasing(const std::vector<int64_t>& 
 // The positions (data::Batch::positions) of token rows `inputs` (int64 [rows, T]) whose
 // documents each start with the token `document_start`: 0 at that token and at each row's
 // first token, counting up to the next. The same device as `inputs`.
-torch::Tensor DocumentPositions(const torch::Tensor& inputs, int64_t document_start);
+at::Tensor DocumentPositions(const at::Tensor& inputs, int64_t document_start);
 
 }  // namespace plait::data
 

@@ -3,9 +3,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "torch/torch.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::data {
 namespace {
@@ -59,10 +61,10 @@ TEST(BestFitDecreasingTest, EveryIndexIsPlacedOnceAndNoRowOverflows) {
 }
 
 TEST(DocumentPositionsTest, RestartAtEachDocumentStartAndAtEachRow) {
-  const torch::Tensor inputs = torch::tensor({7, 1, 2, 0, 3, 0, 0, 4, 5, 6, 0, 8}).view({2, 6});
-  const torch::Tensor positions = DocumentPositions(inputs, 0);
+  const at::Tensor inputs = torch::tensor({7, 1, 2, 0, 3, 0, 0, 4, 5, 6, 0, 8}).view({2, 6});
+  const at::Tensor positions = DocumentPositions(inputs, 0);
   EXPECT_TRUE(
-      torch::equal(positions, torch::tensor({0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 0, 1}).view({2, 6})))
+      at::equal(positions, torch::tensor({0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 0, 1}).view({2, 6})))
       << positions;
 }
 

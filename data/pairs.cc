@@ -8,6 +8,7 @@
 #include "base/status.h"
 #include "data/jsonl_lines.h"
 #include "nlohmann/json.hpp"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::data {
 namespace {
@@ -163,9 +164,9 @@ std::vector<Sequence> SequencesOf(const std::vector<const PairExample*>& example
 Batch RowsOf(const std::vector<std::vector<Sequence>>& rows, const PairFiles& files,
              int64_t seq_len, bool packed) {
   const int64_t count = static_cast<int64_t>(rows.size());
-  Batch batch{torch::zeros({count, seq_len}, torch::kInt64),
-              torch::full({count, seq_len}, kIgnoreTarget, torch::kInt64)};
-  if (packed) batch.positions = torch::empty({count, seq_len}, torch::kInt64);
+  Batch batch{torch::zeros({count, seq_len}, at::kLong),
+              torch::full({count, seq_len}, kIgnoreTarget, at::kLong)};
+  if (packed) batch.positions = torch::empty({count, seq_len}, at::kLong);
   for (int64_t r = 0; r < count; ++r) {
     auto inputs = batch.inputs.accessor<int64_t, 2>()[r];
     auto targets = batch.targets.accessor<int64_t, 2>()[r];

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "ATen/core/Tensor.h"
 #include "base/file.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
@@ -22,8 +23,8 @@ std::string WriteJsonl(const std::string& name, const std::string& text) {
   return path;
 }
 
-std::vector<int64_t> Row(const torch::Tensor& tensor, int64_t row) {
-  const torch::Tensor r = tensor[row].contiguous();
+std::vector<int64_t> Row(const at::Tensor& tensor, int64_t row) {
+  const at::Tensor r = tensor[row].contiguous();
   return std::vector<int64_t>(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel());
 }
 

@@ -9,10 +9,12 @@
 #include <memory>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/file.h"
 #include "base/status.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::data {
 namespace {
@@ -221,7 +223,7 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFormat f
   return file;
 }
 
-absl::StatusOr<torch::Tensor> TokenFile::Read(int64_t offset, int64_t count) const {
+absl::StatusOr<at::Tensor> TokenFile::Read(int64_t offset, int64_t count) const {
   if (offset < 0 || count < 0 || offset > size_ - count) {
     return absl::OutOfRangeError(absl::StrCat(path_, ": tokens ", offset, "..", offset + count - 1,
                                               " are not all in the file's ", size_, " tokens"));
@@ -234,7 +236,7 @@ absl::StatusOr<torch::Tensor> TokenFile::Read(int64_t offset, int64_t count) con
     PLAIT_RETURN_IF_ERROR(CheckUnchanged(offset, count));
     return read;
   }
-  torch::Tensor out = torch::empty({count}, torch::kInt64);
+  at::Tensor out = torch::empty({count}, at::kLong);
   const bool in_vocab =
       width_ == 2 ? WidenBelow<uint16_t>(buffer.get(), count, vocab_size_, out.data_ptr<int64_t>())
                   : WidenBelow<uint32_t>(buffer.get(), count, vocab_size_, out.data_ptr<int64_t>());

@@ -10,7 +10,7 @@
 // place during the run is a DataLoss error naming the file, not a crash:
 //
 //   PLAIT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::Open(path, TOKEN_FORMAT_LLMC, 50257));
-//   PLAIT_ASSIGN_OR_RETURN(torch::Tensor window, file.Read(/*offset=*/0, /*count=*/B * T + 1));
+//   PLAIT_ASSIGN_OR_RETURN(at::Tensor window, file.Read(/*offset=*/0, /*count=*/B * T + 1));
 //
 // A file replaced by a rename keeps being read from the one opened (the descriptor holds it),
 // so the run goes on with the tokens it started with.
@@ -24,10 +24,10 @@
 #include <string>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "data/data.pb.h"
-#include "torch/types.h"
 
 namespace plait::data {
 
@@ -58,7 +58,7 @@ class TokenFile {
   // in the file; DataLoss, naming the file, the range and what changed, when the file is no
   // longer the one opened (another size or modification time, a short read, a token not
   // below the vocab size).
-  absl::StatusOr<torch::Tensor> Read(int64_t offset, int64_t count) const;
+  absl::StatusOr<at::Tensor> Read(int64_t offset, int64_t count) const;
 
  private:
   TokenFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}

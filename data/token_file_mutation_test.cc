@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
@@ -76,7 +77,7 @@ bool ExpectNamedErrorOrReadable(const std::string& bytes) {
   int32_t count;
   std::memcpy(&count, bytes.data() + 8, 4);
   EXPECT_EQ(file->size(), count);
-  absl::StatusOr<torch::Tensor> tokens = file->Read(0, file->size());
+  absl::StatusOr<at::Tensor> tokens = file->Read(0, file->size());
   EXPECT_THAT(tokens, IsOk());
   if (tokens.ok()) {
     EXPECT_LT(tokens->max().item<int64_t>(), kVocabSize);

@@ -13,6 +13,7 @@
 #include "data/testing_token_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::data {
 namespace {
@@ -54,17 +55,17 @@ TEST(TokenFileTest, ReadsLlmcAndRawFiles) {
       TokenFile::Open(WriteLlmc("a.bin", Iota(100)), TOKEN_FORMAT_LLMC, 100);
   ASSERT_THAT(llmc, IsOk());
   EXPECT_EQ(llmc->size(), 100);
-  EXPECT_TRUE(llmc->Read(10, 3)->equal(torch::tensor({10, 11, 12}, torch::kInt64)));
+  EXPECT_TRUE(llmc->Read(10, 3)->equal(torch::tensor({10, 11, 12}, at::kLong)));
 
   absl::StatusOr<TokenFile> u16 =
       TokenFile::Open(WriteRaw<uint16_t>("b.bin", {5, 6, 7}), TOKEN_FORMAT_UINT16, 8);
   ASSERT_THAT(u16, IsOk());
-  EXPECT_TRUE(u16->Read(0, 3)->equal(torch::tensor({5, 6, 7}, torch::kInt64)));
+  EXPECT_TRUE(u16->Read(0, 3)->equal(torch::tensor({5, 6, 7}, at::kLong)));
 
   absl::StatusOr<TokenFile> u32 =
       TokenFile::Open(WriteRaw<uint32_t>("c.bin", {70000, 1}), TOKEN_FORMAT_UINT32, 128256);
   ASSERT_THAT(u32, IsOk());
-  EXPECT_TRUE(u32->Read(0, 2)->equal(torch::tensor({70000, 1}, torch::kInt64)));
+  EXPECT_TRUE(u32->Read(0, 2)->equal(torch::tensor({70000, 1}, at::kLong)));
 }
 
 // llm.c's uint32 shards (its Llama 3 header: magic 20240801, version 7) are read as llm.c's
@@ -84,7 +85,7 @@ TEST(TokenFileTest, ReadsLlmcUint32FilesAndChecksTheirHeader) {
                       TOKEN_FORMAT_LLMC, 128256);
   ASSERT_THAT(file, IsOk());
   EXPECT_EQ(file->size(), 3);
-  EXPECT_TRUE(file->Read(0, 3)->equal(torch::tensor({70000, 1, 128255}, torch::kInt64)));
+  EXPECT_TRUE(file->Read(0, 3)->equal(torch::tensor({70000, 1, 128255}, at::kLong)));
   const std::string mixed = write("mixed.bin", {kLlmcUint32Magic, kLlmcVersion, 3}, tokens);
   EXPECT_THAT(TokenFile::Open(mixed, TOKEN_FORMAT_LLMC, 128256),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -170,9 +171,9 @@ TEST(TokenFileTest, AFileDeletedOrReplacedAfterOpenIsStillRead) {
   ASSERT_THAT(file, IsOk());
   const std::string other = WriteLlmc("other.bin", std::vector<uint16_t>(100, 7));
   ASSERT_EQ(std::rename(other.c_str(), path.c_str()), 0);
-  EXPECT_TRUE(file->Read(10, 3)->equal(torch::tensor({10, 11, 12}, torch::kInt64)));
+  EXPECT_TRUE(file->Read(10, 3)->equal(torch::tensor({10, 11, 12}, at::kLong)));
   ASSERT_EQ(std::remove(path.c_str()), 0);
-  EXPECT_TRUE(file->Read(20, 3)->equal(torch::tensor({20, 21, 22}, torch::kInt64)));
+  EXPECT_TRUE(file->Read(20, 3)->equal(torch::tensor({20, 21, 22}, at::kLong)));
 }
 
 TEST(TokenFileTest, BadFilesAreErrorsNamingTheFileAndTheProblem) {

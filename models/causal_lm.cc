@@ -11,6 +11,12 @@
 #include <vector>
 
 #include "ATen/Parallel.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/bincount.h"
+#include "ATen/ops/cat.h"
+#include "ATen/ops/matmul.h"
+#include "ATen/ops/softmax.h"
+#include "ATen/ops/where.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -21,9 +27,9 @@
 #include "models/internal/ops.h"
 #include "models/model_config.h"
 #include "models/rotary.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/nn/functional/linear.h"
 #include "torch/nn/modules/container/modulelist.h"
-#include "torch/utils.h"
 
 namespace plait::models {
 namespace {
@@ -32,8 +38,8 @@ namespace F = torch::nn::functional;
 
 // `parameter` becomes a view, of `shape`, of one zero element of its own with the options
 // `deferred`.
-void Defer(torch::Tensor& parameter, c10::IntArrayRef shape, const torch::TensorOptions& deferred) {
-  torch::NoGradGuard no_grad;
+void Defer(at::Tensor& parameter, c10::IntArrayRef shape, const at::TensorOptions& deferred) {
+  at::NoGradGuard no_grad;
   parameter.set_data(torch::zeros({}, deferred).expand(shape));
 }
 
@@ -63,19 +69,18 @@ bool IsResidualProjection(const std::string& name) {
 }
 
 // The weight `linear` computes with: its own, or the one the projection ops hold for it.
-torch::Tensor WeightOf(const torch::nn::Linear& linear, const AttentionContext& context) {
+at::Tensor WeightOf(const torch::nn::Linear& linear, const AttentionContext& context) {
   return context.projections == nullptr ? linear->weight
                                         : context.projections->Weight(*linear, linear->weight);
 }
 
 // `linear` applied to `x`, through activation checkpointing's ops when there are some, and
 // handed to the projection ops when there are some.
-torch::Tensor Project(torch::nn::Linear linear, const torch::Tensor& x,
-                      const AttentionContext& context) {
+at::Tensor Project(torch::nn::Linear linear, const at::Tensor& x, const AttentionContext& context) {
   wrap::CheckpointingOps* checkpointing = context.checkpointing;
-  const torch::Tensor weight = WeightOf(linear, context);
-  torch::Tensor output = checkpointing == nullptr ? F::linear(x, weight, linear->bias)
-                                                  : checkpointing->Linear(x, weight, linear->bias);
+  const at::Tensor weight = WeightOf(linear, context);
+  at::Tensor output = checkpointing == nullptr ? F::linear(x, weight, linear->bias)
+                                               : checkpointing->Linear(x, weight, linear->bias);
   return context.projections == nullptr ? output
                                         : context.projections->Adapt(*linear, x, std::move(output));
 }
@@ -83,18 +88,17 @@ torch::Tensor Project(torch::nn::Linear linear, const torch::Tensor& x,
 // `linear` applied to `x` [B, T, in] as a row-parallel projection: under tensor parallelism
 // the ranks' partial products, with what the projection ops add to them, are summed before
 // the bias is added, once.
-torch::Tensor RowParallel(torch::nn::Linear linear, const torch::Tensor& x,
-                          const AttentionContext& context) {
+at::Tensor RowParallel(torch::nn::Linear linear, const at::Tensor& x,
+                       const AttentionContext& context) {
   if (context.tp == nullptr) return Project(linear, x, context);
   wrap::CheckpointingOps* checkpointing = context.checkpointing;
-  const torch::Tensor weight = WeightOf(linear, context);
-  torch::Tensor partial = checkpointing == nullptr
-                              ? F::linear(x, weight)
-                              : checkpointing->Linear(x, weight, torch::Tensor());
+  const at::Tensor weight = WeightOf(linear, context);
+  at::Tensor partial = checkpointing == nullptr ? F::linear(x, weight)
+                                                : checkpointing->Linear(x, weight, at::Tensor());
   if (context.projections != nullptr) {
     partial = context.projections->Adapt(*linear, x, std::move(partial));
   }
-  const torch::Tensor sum = context.tp->ExitRowParallel(partial);
+  const at::Tensor sum = context.tp->ExitRowParallel(partial);
   return linear->bias.defined() ? sum + linear->bias : sum;
 }
 
@@ -120,11 +124,10 @@ std::vector<int64_t> TileExtents(const std::vector<int64_t>& shape) {
 // among the tiles) from a generator seeded by splitmix64(parameter_seed + t), over the tile's
 // whole extent, so a value depends only on the seed and its place in the global shape. The
 // tiles the box touches are drawn in parallel on LibTorch's pool.
-torch::Tensor SeededNormal(uint64_t parameter_seed, const parallel::TensorSlice& slice,
-                           double std) {
+at::Tensor SeededNormal(uint64_t parameter_seed, const parallel::TensorSlice& slice, double std) {
   const std::vector<int64_t>& shape = slice.global_shape;
   const parallel::Box& box = slice.box;
-  torch::Tensor values = torch::empty(box.lengths, torch::kFloat32);
+  at::Tensor values = torch::empty(box.lengths, at::kFloat);
   if (values.numel() == 0) return values;
   const std::vector<int64_t> extents = TileExtents(shape);
   // Per dimension: the tiles along it (for the tile index), and the first and the number of
@@ -155,7 +158,7 @@ torch::Tensor SeededNormal(uint64_t parameter_seed, const parallel::TensorSlice&
       }
       at::Generator generator =
           base::MakeCpuGenerator(base::SplitMix64(parameter_seed + static_cast<uint64_t>(index)));
-      torch::Tensor drawn = torch::empty(tile.lengths, torch::kFloat32);
+      at::Tensor drawn = torch::empty(tile.lengths, at::kFloat);
       drawn.normal_(0.0, std, generator);
       seeded_draws.fetch_add(drawn.numel(), std::memory_order_relaxed);
       const parallel::Box common = *parallel::Intersect(tile, box);
@@ -193,7 +196,7 @@ RmsNorm::RmsNorm(int64_t size, double eps, const Deferred& deferred) : eps_(eps)
   if (deferred.has_value()) Defer(weight, {size}, *deferred);
 }
 
-torch::Tensor RmsNorm::forward(const torch::Tensor& x, bool generic_ops) {
+at::Tensor RmsNorm::forward(const at::Tensor& x, bool generic_ops) {
   return internal::RmsNorm(x, weight, eps_, generic_ops);
 }
 
@@ -230,25 +233,25 @@ absl::Status Attention::SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) {
   return absl::OkStatus();
 }
 
-torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionContext& context) {
-  const torch::Tensor input = context.tp == nullptr ? x : context.tp->EnterColumnParallel(x);
+at::Tensor Attention::forward(const at::Tensor& x, const AttentionContext& context) {
+  const at::Tensor input = context.tp == nullptr ? x : context.tp->EnterColumnParallel(x);
   const int64_t batch = input.size(0);
   const int64_t seq = input.size(1);
   const int64_t d = head_dim_;
-  const torch::Tensor flat = input.reshape({batch * seq, input.size(2)});
+  const at::Tensor flat = input.reshape({batch * seq, input.size(2)});
   // [B, T, heads, D], rotated in place of HF's [B, heads, T, D] (the same values).
   const bool generic = context.generic_ops;
   // Qwen3 normalises each head's queries and keys before rotating them.
-  const auto heads = [&](const torch::Tensor& projected, int64_t count,
+  const auto heads = [&](const at::Tensor& projected, int64_t count,
                          const std::shared_ptr<RmsNorm>& norm) {
-    const torch::Tensor split = projected.view({batch, seq, count, d});
+    const at::Tensor split = projected.view({batch, seq, count, d});
     return internal::Rotary(norm == nullptr ? split : norm->forward(split, generic),
                             context.rope.cos, context.rope.sin, generic);
   };
-  const torch::Tensor q = heads(Project(q_proj, flat, context), num_heads_, q_norm);
-  const torch::Tensor k = heads(Project(k_proj, flat, context), num_kv_heads_, k_norm);
-  const torch::Tensor v = Project(v_proj, flat, context).view({batch, seq, num_kv_heads_, d});
-  const torch::Tensor out =
+  const at::Tensor q = heads(Project(q_proj, flat, context), num_heads_, q_norm);
+  const at::Tensor k = heads(Project(k_proj, flat, context), num_kv_heads_, k_norm);
+  const at::Tensor v = Project(v_proj, flat, context).view({batch, seq, num_kv_heads_, d});
+  const at::Tensor out =
       (context.cp != nullptr
            ? context.cp->Attention(q, k, v, generic)
            : internal::CausalAttention(q, k, v, context.mask, generic, context.positions))
@@ -263,8 +266,8 @@ Mlp::Mlp(int64_t hidden, int64_t width, const Deferred& deferred,
   down_proj = register_module(names[2], MakeLinear(width, hidden, false, deferred));
 }
 
-torch::Tensor Mlp::forward(const torch::Tensor& x, const AttentionContext& context) {
-  const torch::Tensor input = context.tp == nullptr ? x : context.tp->EnterColumnParallel(x);
+at::Tensor Mlp::forward(const at::Tensor& x, const AttentionContext& context) {
+  const at::Tensor input = context.tp == nullptr ? x : context.tp->EnterColumnParallel(x);
   return RowParallel(down_proj,
                      internal::SwiGlu(Project(gate_proj, input, context),
                                       Project(up_proj, input, context), context.generic_ops),
@@ -283,25 +286,25 @@ SparseMoe::SparseMoe(const ModelConfig& config, int64_t layer, const Deferred& d
   }
 }
 
-torch::Tensor SparseMoe::forward(const torch::Tensor& x, const AttentionContext& context) {
-  const torch::Tensor flat = x.reshape({-1, x.size(-1)});
-  const torch::Tensor probabilities = torch::softmax(gate->forward(flat).to(torch::kFloat32), -1);
+at::Tensor SparseMoe::forward(const at::Tensor& x, const AttentionContext& context) {
+  const at::Tensor flat = x.reshape({-1, x.size(-1)});
+  const at::Tensor probabilities = at::softmax(gate->forward(flat).to(at::kFloat), -1);
   // A stable descending sort: of equal probabilities, the lower expert first.
   const auto [sorted, order] = probabilities.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true);
-  torch::Tensor weights = sorted.narrow(-1, 0, per_token_);
+  at::Tensor weights = sorted.narrow(-1, 0, per_token_);
   if (normalise_) weights = weights / weights.sum(-1, /*keepdim=*/true);
   // The (token, choice) pairs grouped by expert, in token order within each, and their rows.
-  const torch::Tensor chosen = order.narrow(-1, 0, per_token_).reshape(-1);
-  const torch::Tensor pairs =
+  const at::Tensor chosen = order.narrow(-1, 0, per_token_).reshape(-1);
+  const at::Tensor pairs =
       std::get<1>(chosen.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const torch::Tensor tokens = pairs.div(per_token_, "floor");
-  const torch::Tensor pair_weights = weights.reshape(-1).index_select(0, pairs).to(x.scalar_type());
-  const torch::Tensor routed = torch::bincount(chosen, {}, static_cast<int64_t>(experts.size()));
-  const torch::Tensor counts = routed.to(torch::kCPU);
+  const at::Tensor tokens = pairs.div(per_token_, "floor");
+  const at::Tensor pair_weights = weights.reshape(-1).index_select(0, pairs).to(x.scalar_type());
+  const at::Tensor routed = at::bincount(chosen, {}, static_cast<int64_t>(experts.size()));
+  const at::Tensor counts = routed.to(at::kCPU);
   const std::vector<int64_t> expert_rows(counts.data_ptr<int64_t>(),
                                          counts.data_ptr<int64_t>() + counts.numel());
-  const torch::Tensor rows = flat.index_select(0, tokens);
-  torch::Tensor outputs;
+  const at::Tensor rows = flat.index_select(0, tokens);
+  at::Tensor outputs;
   if (context.ep == nullptr) {
     outputs = RunExperts(rows, expert_rows, 0, context);
   } else {
@@ -310,7 +313,7 @@ torch::Tensor SparseMoe::forward(const torch::Tensor& x, const AttentionContext&
     outputs = context.ep->Combine(
         RunExperts(dispatched.rows, dispatched.expert_rows, first, context), dispatched);
   }
-  torch::Tensor out =
+  at::Tensor out =
       torch::zeros_like(flat).index_add_(0, tokens, outputs * pair_weights.unsqueeze(1));
   out = out.view(x.sizes());
   return context.router ? context.router->Record(layer_, probabilities, routed, out) : out;
@@ -328,13 +331,12 @@ void SparseMoe::KeepExperts(int64_t first, int64_t count) {
   replace_module("experts", kept);
 }
 
-torch::Tensor SparseMoe::RunExperts(const torch::Tensor& rows,
-                                    const std::vector<int64_t>& expert_rows, int64_t first,
-                                    const AttentionContext& context) {
+at::Tensor SparseMoe::RunExperts(const at::Tensor& rows, const std::vector<int64_t>& expert_rows,
+                                 int64_t first, const AttentionContext& context) {
   // Tensor parallelism leaves the experts whole: each rank computes them on its own rows.
   AttentionContext whole = context;
   whole.tp = nullptr;
-  std::vector<torch::Tensor> outputs;
+  std::vector<at::Tensor> outputs;
   int64_t row = 0;
   for (size_t i = 0; i < expert_rows.size(); ++i) {
     // An expert no token chose still runs, on no rows, so that its parameters get a (zero)
@@ -343,7 +345,7 @@ torch::Tensor SparseMoe::RunExperts(const torch::Tensor& rows,
         rows.narrow(0, row, expert_rows[i]), whole));
     row += expert_rows[i];
   }
-  return torch::cat(outputs);
+  return at::cat(outputs);
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig& config, int64_t index, const Deferred& deferred) {
@@ -363,10 +365,10 @@ DecoderLayer::DecoderLayer(const ModelConfig& config, int64_t index, const Defer
   }
 }
 
-torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const AttentionContext& context) {
-  const torch::Tensor h =
+at::Tensor DecoderLayer::forward(const at::Tensor& x, const AttentionContext& context) {
+  const at::Tensor h =
       x + self_attn->forward(input_layernorm->forward(x, context.generic_ops), context);
-  const torch::Tensor normed = post_attention_layernorm->forward(h, context.generic_ops);
+  const at::Tensor normed = post_attention_layernorm->forward(h, context.generic_ops);
   return h + (moe != nullptr ? moe->forward(normed, context) : mlp->forward(normed, context));
 }
 
@@ -413,8 +415,7 @@ void Decoder::KeepStages(const std::vector<std::pair<int64_t, int64_t>>& stages,
   }
 }
 
-CausalLM::CausalLM(const ModelConfig& config, const torch::TensorOptions& options)
-    : config_(config) {
+CausalLM::CausalLM(const ModelConfig& config, const at::TensorOptions& options) : config_(config) {
   model_ = register_module("model", std::make_shared<Decoder>(config, options));
   if (!config.tie_word_embeddings()) {
     lm_head_ = register_module(
@@ -429,22 +430,22 @@ absl::StatusOr<std::shared_ptr<CausalLM>> CausalLM::Create(const ModelConfig& co
   PLAIT_RETURN_IF_ERROR(ValidateModelConfig(config));
   PLAIT_RETURN_IF_ERROR(ValidateInitConfig(init));
   // Built deferred, so that only the seeded draw below writes the values.
-  std::shared_ptr<CausalLM> model(new CausalLM(config, torch::TensorOptions()));
+  std::shared_ptr<CausalLM> model(new CausalLM(config, at::TensorOptions()));
   model->MaterializeParameters();
   PLAIT_RETURN_IF_ERROR(model->ResetParameters(init));
   return model;
 }
 
 absl::StatusOr<std::shared_ptr<CausalLM>> CausalLM::CreateDeferred(
-    const ModelConfig& config, const torch::TensorOptions& options) {
+    const ModelConfig& config, const at::TensorOptions& options) {
   PLAIT_RETURN_IF_ERROR(ValidateModelConfig(config));
   return std::shared_ptr<CausalLM>(new CausalLM(config, options));
 }
 
-torch::Tensor CausalLM::InitialValues(const ModelConfig& config, const InitConfig& init,
-                                      const std::string& name, const parallel::TensorSlice& slice) {
-  if (absl::EndsWith(name, "norm.weight")) return torch::ones(slice.box.lengths, torch::kFloat32);
-  if (absl::EndsWith(name, ".bias")) return torch::zeros(slice.box.lengths, torch::kFloat32);
+at::Tensor CausalLM::InitialValues(const ModelConfig& config, const InitConfig& init,
+                                   const std::string& name, const parallel::TensorSlice& slice) {
+  if (absl::EndsWith(name, "norm.weight")) return torch::ones(slice.box.lengths, at::kFloat);
+  if (absl::EndsWith(name, ".bias")) return torch::zeros(slice.box.lengths, at::kFloat);
   const double std = init.has_std() ? init.std() : kDefaultInitStd;
   const double residual_std =
       init.scaled_residual_init()
@@ -456,7 +457,7 @@ torch::Tensor CausalLM::InitialValues(const ModelConfig& config, const InitConfi
 
 absl::Status CausalLM::ResetParameters(const InitConfig& init) {
   PLAIT_RETURN_IF_ERROR(ValidateInitConfig(init));
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (const auto& item : named_parameters()) {
     item.value().copy_(InitialValues(config_, init, item.key(),
                                      parallel::TensorSlice::Whole(item.value().sizes())));
@@ -465,15 +466,15 @@ absl::Status CausalLM::ResetParameters(const InitConfig& init) {
 }
 
 void CausalLM::MaterializeParameters() {
-  torch::NoGradGuard no_grad;
-  for (torch::Tensor& parameter : parameters()) {
+  at::NoGradGuard no_grad;
+  for (at::Tensor& parameter : parameters()) {
     // A deferred parameter is a view of one element; its contiguous copy has its own memory.
     if (!parameter.is_contiguous()) parameter.set_data(parameter.contiguous());
   }
 }
 
-const AttentionContext& CausalLM::Context(int64_t seq_len, const torch::Device& device,
-                                          torch::ScalarType dtype) {
+const AttentionContext& CausalLM::Context(int64_t seq_len, const at::Device& device,
+                                          at::ScalarType dtype) {
   const Attention& attention = *model_->layers.front()->self_attn;
   const int64_t groups = attention.local_heads() / attention.local_kv_heads();
   if (seq_len != context_seq_len_ || groups != context_groups_ ||
@@ -481,17 +482,17 @@ const AttentionContext& CausalLM::Context(int64_t seq_len, const torch::Device& 
       context_.rope.cos.scalar_type() != dtype) {
     // Computed in fp32, then held in the compute dtype so that no op mixes dtypes; under
     // context parallelism, for this rank's tokens of the sequence.
-    const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+    const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
     context_.rope = MakeRotaryTables(
         inv_freq_.to(device), context_.cp == nullptr ? torch::arange(seq_len, options)
                                                      : context_.cp->Positions(seq_len, device));
     context_.rope.cos = context_.rope.cos.to(dtype);
     context_.rope.sin = context_.rope.sin.to(dtype);
-    context_.mask = torch::Tensor();
+    context_.mask = at::Tensor();
     // Context parallelism's attention needs no mask (at long lengths, a large one).
     if (context_.cp == nullptr &&
         internal::CausalAttentionReadsMask(dtype, device.type(), generic_ops_)) {
-      const torch::Tensor mask =
+      const at::Tensor mask =
           torch::full({seq_len, seq_len}, -std::numeric_limits<float>::infinity(), options)
               .triu(/*diagonal=*/1);
       context_.mask = mask.repeat({groups, 1}).to(dtype);
@@ -516,37 +517,36 @@ void CausalLM::SetExpertParallelOps(wrap::ExpertParallelOps* ops) {
   }
 }
 
-torch::Tensor CausalLM::OutputWeight() {
+at::Tensor CausalLM::OutputWeight() {
   return config_.tie_word_embeddings() ? model_->embed_tokens->weight : lm_head_->weight;
 }
 
-torch::Tensor CausalLM::Forward(const torch::Tensor& tokens, const torch::Tensor& positions) {
+at::Tensor CausalLM::Forward(const at::Tensor& tokens, const at::Tensor& positions) {
   TORCH_CHECK(HoldsOutputLayers(), "CausalLM::Forward: this pipeline stage (blocks ", StageBegin(),
               "..", StageEnd() - 1, ") does not hold the output layers; it computes StageOutput");
   return Run(tokens, positions, /*to_logits=*/true);
 }
 
-torch::Tensor CausalLM::StageOutput(const torch::Tensor& tokens, const torch::Tensor& positions) {
+at::Tensor CausalLM::StageOutput(const at::Tensor& tokens, const at::Tensor& positions) {
   TORCH_CHECK(!HoldsOutputLayers(), "CausalLM::StageOutput: the model holds the output layers (",
               "blocks ", StageBegin(), "..", StageEnd() - 1, "); it computes Forward or Loss");
   return Run(tokens, positions, /*to_logits=*/false);
 }
 
-torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& positions,
-                            bool to_logits) {
-  torch::Tensor h;
+at::Tensor CausalLM::Run(const at::Tensor& tokens, const at::Tensor& positions, bool to_logits) {
+  at::Tensor h;
   if (!HoldsInputLayers()) {
     TORCH_CHECK(stage_input_.defined(), "CausalLM: this pipeline stage (blocks ", StageBegin(),
                 "..", StageEnd() - 1, ") has no input: SetStageInput first");
     TORCH_CHECK(stage_input_.dim() == 3 && stage_input_.size(0) == tokens.size(0),
                 "CausalLM: the stage input ", stage_input_.sizes(),
                 " is not [B, T, hidden] for tokens ", tokens.sizes());
-    h = std::exchange(stage_input_, torch::Tensor());
+    h = std::exchange(stage_input_, at::Tensor());
   }
   const auto before = [this](int unit) {
     if (hooks_.before_forward) hooks_.before_forward(unit);
   };
-  const auto after = [this](int unit, torch::Tensor output) {
+  const auto after = [this](int unit, at::Tensor output) {
     return hooks_.after_forward ? hooks_.after_forward(unit, std::move(output)) : output;
   };
   before(kRootUnit);
@@ -563,8 +563,8 @@ torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& po
                 "CausalLM: packed rows (positions) under context parallelism are not supported");
     TORCH_CHECK(positions.sizes() == tokens.sizes(), "CausalLM::Forward: positions ",
                 positions.sizes(), " are not shaped as tokens ", tokens.sizes());
-    context.positions = positions.to(tokens.device(), torch::kInt64);
-    const torch::Tensor rows = context.positions.flatten();
+    context.positions = positions.to(tokens.device(), at::kLong);
+    const at::Tensor rows = context.positions.flatten();
     const std::vector<int64_t> shape = {tokens.size(0), tokens.size(1), cached.rope.cos.size(1)};
     context.rope.cos = cached.rope.cos.index_select(0, rows).view(shape);
     context.rope.sin = cached.rope.sin.index_select(0, rows).view(shape);
@@ -576,7 +576,7 @@ torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& po
   }
   wrap::TensorParallelOps* tp = context.tp;
   if (!h.defined()) {
-    const torch::Tensor own = context.cp == nullptr ? tokens : context.cp->Slice(tokens);
+    const at::Tensor own = context.cp == nullptr ? tokens : context.cp->Slice(tokens);
     h = tp == nullptr ? model_->embed_tokens(own) : tp->Embed(own, model_->embed_tokens->weight);
   }
   for (size_t i = 0; i < model_->layers.size(); ++i) {
@@ -590,7 +590,7 @@ torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& po
       // Checkpointing may run the block again in backward, after this forward has returned
       // and maybe after another forward has changed context_: the forward holds its own.
       h = context.checkpointing->RunBlock(
-          unit, h, [layer = model_->layers[i], context](const torch::Tensor& x) {
+          unit, h, [layer = model_->layers[i], context](const at::Tensor& x) {
             return layer->forward(x, context);
           });
     }
@@ -599,56 +599,56 @@ torch::Tensor CausalLM::Run(const torch::Tensor& tokens, const torch::Tensor& po
   if (!to_logits) return after(kRootUnit, std::move(h));
   h = model_->norm->forward(h, context.generic_ops);
   if (tp != nullptr) h = tp->EnterColumnParallel(h);  // the output projection splits the vocabulary
-  return after(kRootUnit, torch::matmul(h, OutputWeight().t()));
+  return after(kRootUnit, at::matmul(h, OutputWeight().t()));
 }
 
-torch::Tensor CausalLM::TokenLosses(const torch::Tensor& tokens, const torch::Tensor& targets,
-                                    int64_t ignore_index, const torch::Tensor& positions) {
+at::Tensor CausalLM::TokenLosses(const at::Tensor& tokens, const at::Tensor& targets,
+                                 int64_t ignore_index, const at::Tensor& positions) {
   // fp32 (for 16-bit logits too) and computed a chunk of rows at a time, whatever the path:
   // under tensor parallelism from the vocabulary-sharded logits (VocabParallelCrossEntropy).
-  const torch::Tensor logits = Forward(tokens, positions);
-  const torch::Tensor own = OwnTargets(targets);
-  const torch::Tensor flat_logits = logits.view({-1, logits.size(-1)});
-  const torch::Tensor flat_targets = own.reshape({-1});
+  const at::Tensor logits = Forward(tokens, positions);
+  const at::Tensor own = OwnTargets(targets);
+  const at::Tensor flat_logits = logits.view({-1, logits.size(-1)});
+  const at::Tensor flat_targets = own.reshape({-1});
   return (context_.tp == nullptr
               ? internal::TokenCrossEntropy(flat_logits, flat_targets, ignore_index)
               : context_.tp->TokenCrossEntropy(flat_logits, flat_targets, ignore_index))
       .view(own.sizes());
 }
 
-torch::Tensor CausalLM::OwnTargets(const torch::Tensor& targets) {
+at::Tensor CausalLM::OwnTargets(const at::Tensor& targets) {
   return context_.cp == nullptr ? targets : context_.cp->Slice(targets);
 }
 
-torch::Tensor CausalLM::Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
-                             int64_t ignore_index, const torch::Tensor& positions) {
+at::Tensor CausalLM::Loss(const at::Tensor& tokens, const at::Tensor& targets, int64_t ignore_index,
+                          const at::Tensor& positions) {
   if (context_.tp != nullptr) {
     // The token losses are 0 where the target is ignored: with none scored, 0 / 1.
-    const torch::Tensor scored =
-        (OwnTargets(targets) != ignore_index).sum().clamp_min(1).to(torch::kFloat32);
+    const at::Tensor scored =
+        (OwnTargets(targets) != ignore_index).sum().clamp_min(1).to(at::kFloat);
     return TokenLosses(tokens, targets, ignore_index, positions).sum() / scored;
   }
   // 16-bit logits are scored in fp32, as Hugging Face's models do (the loss of a 32K-way
   // softmax needs more than bf16's 8 bits of mantissa), a chunk of rows at a time
   // (internal::TokenCrossEntropy): no fp32 copy of the whole logits.
-  const torch::Tensor logits = Forward(tokens, positions);
-  const torch::Tensor own = OwnTargets(targets);
-  const torch::Tensor mean = internal::CrossEntropy(logits.view({-1, logits.size(-1)}),
-                                                    own.reshape({-1}), ignore_index, generic_ops_);
+  const at::Tensor logits = Forward(tokens, positions);
+  const at::Tensor own = OwnTargets(targets);
+  const at::Tensor mean = internal::CrossEntropy(logits.view({-1, logits.size(-1)}),
+                                                 own.reshape({-1}), ignore_index, generic_ops_);
   // With nothing scored the mean is NaN, but its backward writes only the scored rows: the
   // zero gradient `where` hands it gives zero logit gradients. Where something is scored,
   // `where` passes the mean and its gradient through bit for bit.
-  return torch::where((own != ignore_index).any(), mean, torch::zeros_like(mean));
+  return at::where((own != ignore_index).any(), mean, torch::zeros_like(mean));
 }
 
-torch::Tensor CausalLM::TokenLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
-                                      int64_t ignore_index, const torch::Tensor& positions) {
+at::Tensor CausalLM::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
+                                   int64_t ignore_index, const at::Tensor& positions) {
   return -TokenLosses(tokens, targets, ignore_index, positions);
 }
 
-torch::Tensor CausalLM::SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
-                                         int64_t ignore_index) {
-  const torch::Tensor sums = TokenLogProbs(tokens, targets, ignore_index).sum(-1);
+at::Tensor CausalLM::SequenceLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
+                                      int64_t ignore_index) {
+  const at::Tensor sums = TokenLogProbs(tokens, targets, ignore_index).sum(-1);
   return context_.cp == nullptr ? sums : context_.cp->SumOverRanks(sums);
 }
 

@@ -4,7 +4,7 @@
 // a wrap::Wrappable: wrappers see its decoder layers as blocks.
 //
 //   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<CausalLM> model, CausalLM::Create(config, init));
-//   torch::Tensor loss = model->Loss(inputs, targets);  // inputs, targets: int64 [B, T]
+//   at::Tensor loss = model->Loss(inputs, targets);  // inputs, targets: int64 [B, T]
 //   loss.backward();
 //
 // Architecture (both types): embedding; num_hidden_layers blocks of
@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "models/model.pb.h"
@@ -43,10 +44,10 @@
 #include "models/rotary.h"
 #include "models/router_statistics.h"
 #include "parallel/tensor_slice.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/nn/module.h"
 #include "torch/nn/modules/embedding.h"
 #include "torch/nn/modules/linear.h"
-#include "torch/types.h"
 #include "wrap/wrappable.h"
 
 namespace plait::models {
@@ -54,7 +55,7 @@ namespace plait::models {
 // The options of the parameters of a model built for deferred initialisation
 // (CausalLM::CreateDeferred), or none for modules built whole, with LibTorch's default
 // initialisation.
-using Deferred = std::optional<torch::TensorOptions>;
+using Deferred = std::optional<at::TensorOptions>;
 
 // The index CrossEntropy skips by default (PyTorch's and HF's).
 inline constexpr int64_t kIgnoreIndex = -100;
@@ -70,9 +71,9 @@ wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name);
 class RmsNorm : public torch::nn::Module {
  public:
   RmsNorm(int64_t size, double eps, const Deferred& deferred = std::nullopt);
-  torch::Tensor forward(const torch::Tensor& x, bool generic_ops = false);
+  at::Tensor forward(const at::Tensor& x, bool generic_ops = false);
 
-  torch::Tensor weight;
+  at::Tensor weight;
 
  private:
   double eps_;
@@ -86,11 +87,11 @@ struct AttentionContext {
   // groups = local heads / local kv heads: row g * T + t belongs to query position t. Read
   // by the composite attention only, and undefined where it does not run
   // (models/internal/ops.h's CausalAttentionReadsMask): at 8192 tokens it would take 512 MiB.
-  torch::Tensor mask;
+  at::Tensor mask;
   // Packed rows' per-token positions, int64 [B, T] (CausalLM::Forward), or undefined. Held
   // here, per forward, so that activation checkpointing's recomputation and tensor
   // parallelism's attention (over the whole sequence) see them too.
-  torch::Tensor positions;
+  at::Tensor positions;
   // Whether the ops take their generic forms (models/internal/ops.h) even where the fused CPU
   // kernels serve the tensors: what a GPU runs, chosen on the CPU by tests of that path.
   bool generic_ops = false;
@@ -117,7 +118,7 @@ class Attention : public torch::nn::Module {
 
   // x [B, T, hidden] -> [B, T, hidden] (under tensor parallelism with sequence parallelism,
   // this rank's slice of the sequence in and out).
-  torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
+  at::Tensor forward(const at::Tensor& x, const AttentionContext& context);
 
   // The head counts q_proj and k_proj/v_proj hold (after tensor-parallel sharding).
   absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads);
@@ -142,7 +143,7 @@ class Mlp : public torch::nn::Module {
       const std::array<std::string, 3>& names = kMlpProjectionNames);
   // As Attention::forward (of the context, it reads the tensor-parallel and checkpointing ops
   // and generic_ops).
-  torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
+  at::Tensor forward(const at::Tensor& x, const AttentionContext& context);
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
@@ -161,7 +162,7 @@ class SparseMoe : public torch::nn::Module {
  public:
   SparseMoe(const ModelConfig& config, int64_t layer, const Deferred& deferred = std::nullopt);
   // x [B, T, hidden] -> [B, T, hidden].
-  torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
+  at::Tensor forward(const at::Tensor& x, const AttentionContext& context);
 
   // Keeps experts [first, first + count) (under their names) and drops the others.
   void KeepExperts(int64_t first, int64_t count);
@@ -173,8 +174,8 @@ class SparseMoe : public torch::nn::Module {
  private:
   // The outputs of experts [first, first + expert_rows.size()) on `rows`, expert_rows[i] of
   // them (in order) expert first + i's.
-  torch::Tensor RunExperts(const torch::Tensor& rows, const std::vector<int64_t>& expert_rows,
-                           int64_t first, const AttentionContext& context);
+  at::Tensor RunExperts(const at::Tensor& rows, const std::vector<int64_t>& expert_rows,
+                        int64_t first, const AttentionContext& context);
 
   int64_t layer_;
   int64_t per_token_;
@@ -188,7 +189,7 @@ class SparseMoe : public torch::nn::Module {
 class DecoderLayer : public torch::nn::Module {
  public:
   DecoderLayer(const ModelConfig& config, int64_t index, const Deferred& deferred = std::nullopt);
-  torch::Tensor forward(const torch::Tensor& x, const AttentionContext& context);
+  at::Tensor forward(const at::Tensor& x, const AttentionContext& context);
 
   std::shared_ptr<RmsNorm> input_layernorm;
   std::shared_ptr<Attention> self_attn;
@@ -245,16 +246,16 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // gives the parts their values. A parameter no wrapper replaced needs memory first
   // (MaterializeParameters). Building it allocates no parameter's memory and draws no value
   // (not even LibTorch's default initialisation).
-  static absl::StatusOr<std::shared_ptr<CausalLM>> CreateDeferred(
-      const ModelConfig& config, const torch::TensorOptions& options);
+  static absl::StatusOr<std::shared_ptr<CausalLM>> CreateDeferred(const ModelConfig& config,
+                                                                  const at::TensorOptions& options);
 
   // The values Create gives the part `slice.box` of parameter `name` of `config`'s model
   // (whose global shape is `slice.global_shape`), for a valid `init` (ValidateInitConfig):
   // fp32, on the host, shaped as the box. Only the tiles the box touches are drawn, on this
   // thread's LibTorch pool, so a rank writing its slice of a parameter holds and draws little
   // more than the slice.
-  static torch::Tensor InitialValues(const ModelConfig& config, const InitConfig& init,
-                                     const std::string& name, const parallel::TensorSlice& slice);
+  static at::Tensor InitialValues(const ModelConfig& config, const InitConfig& init,
+                                  const std::string& name, const parallel::TensorSlice& slice);
 
   // Logits [B, T, vocab_size] for int64 tokens [B, T] (positions 0 .. T-1); under tensor
   // parallelism this rank's vocabulary slice of them, [B, T, vocab_size / tp] (the
@@ -274,7 +275,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   //
   //   // Sequences of 3 and 2 tokens in one row:
   //   model->Forward(tokens, torch::tensor({{0, 1, 2, 0, 1}}));
-  torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& positions = {});
+  at::Tensor Forward(const at::Tensor& tokens, const at::Tensor& positions = {});
 
   // Mean cross-entropy of targets[b, t] (the token that follows tokens[b, t]) over the
   // positions whose target is not `ignore_index`. 0, with a zero gradient, when every target
@@ -282,15 +283,14 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // its backward, which data-parallel wrappers need on every rank, and adds nothing. fp32
   // whatever the model's dtype (16-bit logits are scored in fp32). `positions` as Forward's
   // (a packed row's last token of each sequence should then have its target ignored).
-  torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets,
-                     int64_t ignore_index = kIgnoreIndex, const torch::Tensor& positions = {});
+  at::Tensor Loss(const at::Tensor& tokens, const at::Tensor& targets,
+                  int64_t ignore_index = kIgnoreIndex, const at::Tensor& positions = {});
 
   // log p(targets[b, t] | the tokens of its sequence up to t) per position, 0 where the
   // target is `ignore_index`: [B, T], fp32, differentiable (preference training's per-token
   // values, per sequence of packed rows). `positions` as Forward's.
-  torch::Tensor TokenLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
-                              int64_t ignore_index = kIgnoreIndex,
-                              const torch::Tensor& positions = {});
+  at::Tensor TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
+                           int64_t ignore_index = kIgnoreIndex, const at::Tensor& positions = {});
 
   // Pipeline parallelism (wrap::Wrappable::KeepStages): a stage without the output layers
   // computes its blocks' output, [B, T, hidden], instead of logits; a stage without the
@@ -299,15 +299,15 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // consumes. `tokens` still gives the batch's shape (and the targets' positions).
   //
   //   first->StageOutput(tokens) -> send ... receive -> last->SetStageInput(hidden);
-  //   torch::Tensor loss = last->Loss(tokens, targets);
-  torch::Tensor StageOutput(const torch::Tensor& tokens, const torch::Tensor& positions = {});
-  void SetStageInput(torch::Tensor hidden) { stage_input_ = std::move(hidden); }
+  //   at::Tensor loss = last->Loss(tokens, targets);
+  at::Tensor StageOutput(const at::Tensor& tokens, const at::Tensor& positions = {});
+  void SetStageInput(at::Tensor hidden) { stage_input_ = std::move(hidden); }
 
   // Per row of one sequence, the sum of TokenLogProbs: [B], fp32, differentiable (a packed
   // row's sequences are summed by data::SequenceSums instead). Under context parallelism the
   // whole sequence's, every rank's slice summed (ContextParallelOps::SumOverRanks).
-  torch::Tensor SequenceLogProbs(const torch::Tensor& tokens, const torch::Tensor& targets,
-                                 int64_t ignore_index = kIgnoreIndex);
+  at::Tensor SequenceLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
+                              int64_t ignore_index = kIgnoreIndex);
 
   // A mixture-of-experts model's routing in its last forward (its load-balancing loss), or
   // null for a dense model and before the first forward.
@@ -323,7 +323,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   const ModelConfig& config() const { return config_; }
   Decoder& decoder() { return *model_; }
   // The output projection: lm_head.weight, or the embedding when tied.
-  torch::Tensor OutputWeight();
+  at::Tensor OutputWeight();
 
   // wrap::Wrappable.
   torch::nn::Module& RootModule() override { return *this; }
@@ -348,14 +348,13 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
 
  private:
   // Its parameters built deferred, with `options`.
-  CausalLM(const ModelConfig& config, const torch::TensorOptions& options);
+  CausalLM(const ModelConfig& config, const at::TensorOptions& options);
   friend void internal::UseGenericOps(CausalLM& model, bool generic);
 
   // The rotary tables and mask for sequence length `seq_len` on `device` in `dtype` (the
   // parameters'), built once and reused while the length, device, dtype, head grouping and
   // choice of ops stay the same; and the tensor-parallel ops.
-  const AttentionContext& Context(int64_t seq_len, const torch::Device& device,
-                                  torch::ScalarType dtype);
+  const AttentionContext& Context(int64_t seq_len, const at::Device& device, at::ScalarType dtype);
 
   // The blocks [StageBegin(), StageEnd()) of the selected stage (all, unless KeepStages cut
   // the model).
@@ -364,20 +363,20 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
 
   // The stage's blocks over its input (the embedded tokens, or the stage input), then, when
   // `to_logits`, the final norm and the output projection.
-  torch::Tensor Run(const torch::Tensor& tokens, const torch::Tensor& positions, bool to_logits);
+  at::Tensor Run(const at::Tensor& tokens, const at::Tensor& positions, bool to_logits);
 
   // The targets this rank scores: `targets`, or its slice of them under context parallelism.
-  torch::Tensor OwnTargets(const torch::Tensor& targets);
+  at::Tensor OwnTargets(const at::Tensor& targets);
 
   // Per position -log p(targets[b, t] | its sequence up to t), 0 where the target is
   // `ignore_index`: [B, T], fp32; from the vocabulary-sharded logits under tensor parallelism.
-  torch::Tensor TokenLosses(const torch::Tensor& tokens, const torch::Tensor& targets,
-                            int64_t ignore_index, const torch::Tensor& positions);
+  at::Tensor TokenLosses(const at::Tensor& tokens, const at::Tensor& targets, int64_t ignore_index,
+                         const at::Tensor& positions);
 
   ModelConfig config_;
   std::shared_ptr<Decoder> model_;
   torch::nn::Linear lm_head_{nullptr};
-  torch::Tensor inv_freq_;
+  at::Tensor inv_freq_;
   AttentionContext context_;
   int64_t context_seq_len_ = -1;
   int64_t context_groups_ = -1;
@@ -385,7 +384,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   UnitHooks hooks_;
   std::vector<std::pair<int64_t, int64_t>> stages_;  // the blocks of each stage held
   int selected_stage_ = 0;
-  torch::Tensor stage_input_;
+  at::Tensor stage_input_;
   c10::intrusive_ptr<RouterStatistics> last_routing_;
 };
 

@@ -7,6 +7,9 @@
 #include <memory>
 #include <string>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
 #include "gtest/gtest.h"
@@ -15,9 +18,8 @@
 #include "models/model_config.h"
 #include "models/safetensors.h"
 #include "models/testing_gradients.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/cuda.h"
-#include "torch/types.h"
-#include "torch/utils.h"
 
 namespace plait::models {
 namespace {
@@ -48,13 +50,13 @@ std::shared_ptr<CausalLM> Make(const ModelConfig& config, uint64_t seed) {
   return *model;
 }
 
-LossAndGradients ForwardBackward(const ModelConfig& config, torch::Device device,
-                                 torch::ScalarType dtype) {
+LossAndGradients ForwardBackward(const ModelConfig& config, at::Device device,
+                                 at::ScalarType dtype) {
   std::shared_ptr<CausalLM> model = Make(config, 11);
   model->to(device, dtype);
-  torch::manual_seed(5);
-  const torch::Tensor sequence = torch::randint(config.vocab_size(), {4, 65}, torch::kInt64);
-  torch::Tensor targets = sequence.narrow(1, 1, 64).clone();
+  at::manual_seed(5);
+  const at::Tensor sequence = torch::randint(config.vocab_size(), {4, 65}, at::kLong);
+  at::Tensor targets = sequence.narrow(1, 1, 64).clone();
   targets.narrow(1, 0, 5).fill_(kIgnoreIndex);  // a prompt, say
   return BackwardOf(*model, model->Loss(sequence.narrow(1, 0, 64).to(device), targets.to(device)));
 }
@@ -75,31 +77,31 @@ class CudaAgainstCpuTest : public CudaTest, public ::testing::WithParamInterface
 
 TEST_P(CudaAgainstCpuTest, Fp32LossAndGradientsMatch) {
   const ModelConfig config = Small(GetParam());
-  ExpectClose(ForwardBackward(config, torch::Device(torch::kCUDA, 0), torch::kFloat32),
-              ForwardBackward(config, torch::kCPU, torch::kFloat32), 1e-4);
+  ExpectClose(ForwardBackward(config, at::Device(at::kCUDA, 0), at::kFloat),
+              ForwardBackward(config, at::kCPU, at::kFloat), 1e-4);
 }
 
 // bf16 on CUDA against fp32 on the CPU: to bf16's 8-bit mantissa, summed over the layers.
 TEST_P(CudaAgainstCpuTest, Bf16LossAndGradientsMatch) {
   const ModelConfig config = Small(GetParam());
-  ExpectClose(ForwardBackward(config, torch::Device(torch::kCUDA, 0), torch::kBFloat16),
-              ForwardBackward(config, torch::kCPU, torch::kFloat32), 5e-2);
+  ExpectClose(ForwardBackward(config, at::Device(at::kCUDA, 0), at::kBFloat16),
+              ForwardBackward(config, at::kCPU, at::kFloat), 5e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaAgainstCpuTest, ::testing::Values("llama", "qwen2"));
 
 // A micro-batch that scores nothing: 0, with zero gradients, computed on the device.
 TEST_F(CudaTest, LossOfABatchWithNothingScoredIsZero) {
-  const torch::Device device(torch::kCUDA, 0);
+  const at::Device device(at::kCUDA, 0);
   std::shared_ptr<CausalLM> model = Make(Small("llama"), 3);
   model->to(device);
-  const torch::Tensor loss = model->Loss(
-      torch::zeros({2, 8}, torch::TensorOptions(torch::kInt64).device(device)),
-      torch::full({2, 8}, kIgnoreIndex, torch::TensorOptions(torch::kInt64).device(device)));
+  const at::Tensor loss =
+      model->Loss(torch::zeros({2, 8}, at::TensorOptions(at::kLong).device(device)),
+                  torch::full({2, 8}, kIgnoreIndex, at::TensorOptions(at::kLong).device(device)));
   EXPECT_TRUE(loss.is_cuda());
   loss.backward();
   EXPECT_EQ(loss.item<float>(), 0.0f);
-  for (const torch::Tensor& parameter : model->parameters()) {
+  for (const at::Tensor& parameter : model->parameters()) {
     EXPECT_EQ(parameter.grad().abs().max().item<float>(), 0.0f);
   }
 }
@@ -112,23 +114,22 @@ TEST_F(CudaTest, HfWeightsLoadIntoCudaParameters) {
   const std::string dir = base::testing::FreshTestDir("hf");
   ASSERT_THAT(SaveHfModel(*saved, dir), IsOk());
   std::shared_ptr<CausalLM> loaded = Make(config, 2);
-  loaded->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
+  loaded->to(at::Device(at::kCUDA, 0), at::kBFloat16);
   absl::StatusOr<SafetensorsCheckpoint> checkpoint = SafetensorsCheckpoint::Open(dir);
   ASSERT_THAT(checkpoint, IsOk());
   ASSERT_THAT(LoadHfWeights(*checkpoint, *loaded), IsOk());
   auto want = saved->named_parameters();
   for (const auto& item : loaded->named_parameters()) {
     ASSERT_TRUE(item.value().is_cuda()) << item.key();
-    EXPECT_TRUE(torch::equal(item.value().cpu(), want[item.key()].to(torch::kBFloat16)))
-        << item.key();
+    EXPECT_TRUE(at::equal(item.value().cpu(), want[item.key()].to(at::kBFloat16))) << item.key();
   }
   const std::string name = "model.layers.0.mlp.down_proj.weight";  // [128, 192]
   auto found = checkpoint->Find(name);
   ASSERT_THAT(found, IsOk());
-  torch::Tensor parameter =
-      torch::zeros({128, 100}, torch::TensorOptions(torch::kFloat32).device(torch::kCUDA, 0));
+  at::Tensor parameter =
+      torch::zeros({128, 100}, at::TensorOptions(at::kFloat).device(at::kCUDA, 0));
   ASSERT_THAT(found->second->ReadBox(name, {0, 96}, {128, 96}, parameter.narrow(1, 2, 96)), IsOk());
-  EXPECT_TRUE(torch::equal(parameter.narrow(1, 2, 96).cpu(), want[name].narrow(1, 96, 96)));
+  EXPECT_TRUE(at::equal(parameter.narrow(1, 2, 96).cpu(), want[name].narrow(1, 96, 96)));
   EXPECT_EQ(parameter.narrow(1, 0, 2).abs().max().item<float>(), 0.0f);
 }
 

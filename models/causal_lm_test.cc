@@ -8,7 +8,15 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Context.h"
 #include "ATen/Parallel.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/cat.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/matmul.h"
+#include "ATen/ops/softmax.h"
+#include "ATen/ops/stack.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
@@ -19,9 +27,9 @@
 #include "models/testing_activations.h"
 #include "models/testing_gradients.h"
 #include "parallel/tensor_slice.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/nn/module.h"
 #include "torch/optim/adam.h"
-#include "torch/utils.h"
 
 namespace plait::models {
 namespace {
@@ -56,9 +64,9 @@ std::shared_ptr<CausalLM> Make(const ModelConfig& config, uint64_t seed = 7) {
   return *model;
 }
 
-torch::Tensor Tokens(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
-  torch::manual_seed(seed);
-  return torch::randint(vocab, {batch, seq}, torch::kInt64);
+at::Tensor Tokens(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
+  at::manual_seed(seed);
+  return torch::randint(vocab, {batch, seq}, at::kLong);
 }
 
 // The attention context CausalLM builds, for the tests that run Attention alone.
@@ -76,10 +84,10 @@ TEST(CausalLMTest, OutputShapeAndParameterCount) {
       ModelConfig config = Small(type);
       config.set_tie_word_embeddings(tie);
       std::shared_ptr<CausalLM> model = Make(config);
-      const torch::Tensor logits = model->Forward(Tokens(3, 10, 97, 1));
+      const at::Tensor logits = model->Forward(Tokens(3, 10, 97, 1));
       EXPECT_THAT(logits.sizes(), ElementsAre(3, 10, 97));
       int64_t count = 0;
-      for (const torch::Tensor& p : model->parameters()) count += p.numel();
+      for (const at::Tensor& p : model->parameters()) count += p.numel();
       EXPECT_EQ(count, NumParameters(config)) << type << " tie " << tie;
     }
   }
@@ -112,58 +120,58 @@ TEST(CausalLMTest, HuggingFaceParameterNames) {
 
 TEST(CausalLMTest, ChangingATokenChangesNoEarlierLogit) {
   std::shared_ptr<CausalLM> model = Make(Small());
-  torch::NoGradGuard no_grad;
-  const torch::Tensor tokens = Tokens(2, 12, 97, 2);
-  const torch::Tensor before = model->Forward(tokens);
+  at::NoGradGuard no_grad;
+  const at::Tensor tokens = Tokens(2, 12, 97, 2);
+  const at::Tensor before = model->Forward(tokens);
   for (int64_t t : {0, 5, 11}) {
-    torch::Tensor changed = tokens.clone();
+    at::Tensor changed = tokens.clone();
     changed.index_put_({torch::indexing::Slice(), t},
                        (tokens.index({torch::indexing::Slice(), t}) + 1) % 97);
-    const torch::Tensor after = model->Forward(changed);
+    const at::Tensor after = model->Forward(changed);
     const auto earlier = torch::indexing::Slice(0, t);
-    EXPECT_TRUE(torch::equal(after.index({torch::indexing::Slice(), earlier}),
-                             before.index({torch::indexing::Slice(), earlier})))
+    EXPECT_TRUE(at::equal(after.index({torch::indexing::Slice(), earlier}),
+                          before.index({torch::indexing::Slice(), earlier})))
         << "t = " << t;
-    EXPECT_FALSE(torch::allclose(after.index({torch::indexing::Slice(), t}),
-                                 before.index({torch::indexing::Slice(), t})))
+    EXPECT_FALSE(at::allclose(after.index({torch::indexing::Slice(), t}),
+                              before.index({torch::indexing::Slice(), t})))
         << "t = " << t;
   }
 }
 
 // Multi-head attention written out head by head, with kv head h / (heads / kv_heads) serving
 // query head h (HF's repeat_kv), rotary embeddings and a causal softmax.
-torch::Tensor ReferenceAttention(Attention& attention, const ModelConfig& config,
-                                 const torch::Tensor& x) {
+at::Tensor ReferenceAttention(Attention& attention, const ModelConfig& config,
+                              const at::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1), d = attention.head_dim();
   const int64_t heads = attention.local_heads(), groups = heads / attention.local_kv_heads();
   const RotaryTables rope = MakeRotaryTables(RotaryInverseFrequencies(config), torch::arange(seq));
-  const torch::Tensor q =
+  const at::Tensor q =
       ApplyRotary(attention.q_proj(x).view({batch, seq, heads, d}), rope.cos, rope.sin);
-  const torch::Tensor k =
+  const at::Tensor k =
       ApplyRotary(attention.k_proj(x).view({batch, seq, heads / groups, d}), rope.cos, rope.sin);
-  const torch::Tensor v = attention.v_proj(x).view({batch, seq, heads / groups, d});
-  std::vector<torch::Tensor> outputs;
+  const at::Tensor v = attention.v_proj(x).view({batch, seq, heads / groups, d});
+  std::vector<at::Tensor> outputs;
   for (int64_t h = 0; h < heads; ++h) {
-    const torch::Tensor qh = q.select(2, h);           // [B, T, D]
-    const torch::Tensor kh = k.select(2, h / groups);  // [B, T, D]
-    const torch::Tensor vh = v.select(2, h / groups);
-    torch::Tensor scores = torch::matmul(qh, kh.transpose(1, 2)) / std::sqrt(double(d));
-    const torch::Tensor future = torch::ones({seq, seq}, torch::kBool).triu(1);
+    const at::Tensor qh = q.select(2, h);           // [B, T, D]
+    const at::Tensor kh = k.select(2, h / groups);  // [B, T, D]
+    const at::Tensor vh = v.select(2, h / groups);
+    at::Tensor scores = at::matmul(qh, kh.transpose(1, 2)) / std::sqrt(double(d));
+    const at::Tensor future = torch::ones({seq, seq}, at::kBool).triu(1);
     scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-    outputs.push_back(torch::matmul(torch::softmax(scores, -1), vh));
+    outputs.push_back(at::matmul(at::softmax(scores, -1), vh));
   }
-  return attention.o_proj(torch::cat(outputs, -1));
+  return attention.o_proj(at::cat(outputs, -1));
 }
 
 TEST(AttentionTest, EqualsHeadByHeadReference) {
-  torch::manual_seed(3);
+  at::manual_seed(3);
   for (int64_t kv_heads : {4, 2, 1}) {  // plain multi-head, grouped, multi-query
     ModelConfig config = Small("qwen2");
     config.set_num_key_value_heads(kv_heads);
     Attention attention(config);
-    const torch::Tensor x = torch::randn({2, 9, 64});
-    const torch::Tensor out = attention.forward(x, ContextFor(config, 9, 4 / kv_heads));
-    EXPECT_TRUE(torch::allclose(out, ReferenceAttention(attention, config, x), 1e-4, 1e-5))
+    const at::Tensor x = torch::randn({2, 9, 64});
+    const at::Tensor out = attention.forward(x, ContextFor(config, 9, 4 / kv_heads));
+    EXPECT_TRUE(at::allclose(out, ReferenceAttention(attention, config, x), 1e-4, 1e-5))
         << "kv heads " << kv_heads;
   }
 }
@@ -171,14 +179,14 @@ TEST(AttentionTest, EqualsHeadByHeadReference) {
 // Tensor parallelism's view of attention: each of two shards holds half the heads (rows of
 // q/k/v, columns of o_proj); after SetLocalHeads their partial outputs sum to the full one.
 TEST(AttentionTest, ShardedHeadsSumToTheFullOutput) {
-  torch::manual_seed(4);
+  at::manual_seed(4);
   const ModelConfig config = Small();
   Attention full(config);
-  const torch::Tensor x = torch::randn({2, 7, 64});
+  const at::Tensor x = torch::randn({2, 7, 64});
   const AttentionContext context = ContextFor(config, 7, 2);
-  const torch::Tensor expected = full.forward(x, context);
-  torch::Tensor sum = torch::zeros_like(expected);
-  torch::NoGradGuard no_grad;
+  const at::Tensor expected = full.forward(x, context);
+  at::Tensor sum = torch::zeros_like(expected);
+  at::NoGradGuard no_grad;
   for (int64_t shard = 0; shard < 2; ++shard) {
     Attention part(config);
     ASSERT_THAT(part.SetLocalHeads(2, 1), IsOk());
@@ -188,7 +196,7 @@ TEST(AttentionTest, ShardedHeadsSumToTheFullOutput) {
     part.o_proj->weight = full.o_proj->weight.narrow(1, shard * 32, 32);
     sum += part.forward(x, context);
   }
-  EXPECT_TRUE(torch::allclose(sum, expected, 1e-4, 1e-5));
+  EXPECT_TRUE(at::allclose(sum, expected, 1e-4, 1e-5));
   Attention bad(config);
   EXPECT_THAT(bad.SetLocalHeads(3, 2), StatusIs(absl::StatusCode::kInvalidArgument,
                                                 HasSubstr("kv heads must divide heads")));
@@ -198,15 +206,15 @@ TEST(CausalLMTest, LossAtInitialisationIsNearLogVocab) {
   ModelConfig config = Small();
   config.set_vocab_size(1000);
   std::shared_ptr<CausalLM> model = Make(config);
-  const torch::Tensor tokens = Tokens(4, 32, 1000, 5);
+  const at::Tensor tokens = Tokens(4, 32, 1000, 5);
   const double loss = model->Loss(tokens, Tokens(4, 32, 1000, 6)).item<double>();
   EXPECT_NEAR(loss, std::log(1000.0), 0.1);
 }
 
 // The loss and every gradient of `model` for one batch with a few targets ignored.
 LossAndGradients ForwardBackward(CausalLM& model) {
-  const torch::Tensor tokens = Tokens(2, 24, 97, 9);
-  torch::Tensor targets = Tokens(2, 24, 97, 10);
+  const at::Tensor tokens = Tokens(2, 24, 97, 9);
+  at::Tensor targets = Tokens(2, 24, 97, 10);
   targets.index_put_({0, torch::indexing::Slice(0, 3)}, kIgnoreIndex);
   return BackwardOf(model, model.Loss(tokens, targets));
 }
@@ -216,7 +224,7 @@ LossAndGradients ForwardBackward(CausalLM& model) {
 // grouped-query heads and rotary embeddings, in fp32 to fp32's rounding and in bf16 to bf16's.
 TEST(CausalLMTest, GenericOpsMatchTheFusedKernels) {
   for (const std::string type : {"llama", "qwen2"}) {
-    for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
       SCOPED_TRACE(type + " " + c10::toString(dtype));
       std::shared_ptr<CausalLM> fused = Make(Small(type));
       std::shared_ptr<CausalLM> generic = Make(Small(type));
@@ -225,10 +233,10 @@ TEST(CausalLMTest, GenericOpsMatchTheFusedKernels) {
       internal::UseGenericOps(*generic, true);
       const LossAndGradients want = ForwardBackward(*fused);
       const LossAndGradients got = ForwardBackward(*generic);
-      ExpectClose(got, want, dtype == torch::kFloat32 ? 1e-5 : 2e-2);
+      ExpectClose(got, want, dtype == at::kFloat ? 1e-5 : 2e-2);
       // Two paths ran: their roundings differ.
       const std::string q_proj = "model.layers.0.self_attn.q_proj.weight";
-      EXPECT_FALSE(torch::equal(got.gradients.at(q_proj), want.gradients.at(q_proj)));
+      EXPECT_FALSE(at::equal(got.gradients.at(q_proj), want.gradients.at(q_proj)));
     }
   }
 }
@@ -240,7 +248,7 @@ TEST(CausalLMTest, Bf16TracksFp32) {
   for (const bool generic : {false, true}) {
     SCOPED_TRACE(generic ? "generic" : "fused");
     std::shared_ptr<CausalLM> bf16 = Make(Small());
-    bf16->to(torch::kBFloat16);
+    bf16->to(at::kBFloat16);
     internal::UseGenericOps(*bf16, generic);
     ExpectClose(ForwardBackward(*bf16), want, 5e-2);
   }
@@ -248,15 +256,15 @@ TEST(CausalLMTest, Bf16TracksFp32) {
 
 TEST(CausalLMTest, OverfitsOneBatch) {
   std::shared_ptr<CausalLM> model = Make(Small());
-  const torch::Tensor sequence = Tokens(2, 17, 97, 8);
+  const at::Tensor sequence = Tokens(2, 17, 97, 8);
   const auto all = torch::indexing::Slice();
-  const torch::Tensor inputs = sequence.index({all, torch::indexing::Slice(0, 16)});
-  const torch::Tensor targets = sequence.index({all, torch::indexing::Slice(1, 17)});
+  const at::Tensor inputs = sequence.index({all, torch::indexing::Slice(0, 16)});
+  const at::Tensor targets = sequence.index({all, torch::indexing::Slice(1, 17)});
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(3e-3));
   double first = 0, last = 0;
   for (int step = 0; step < 150; ++step) {
     adam.zero_grad();
-    const torch::Tensor loss = model->Loss(inputs, targets);
+    const at::Tensor loss = model->Loss(inputs, targets);
     loss.backward();
     adam.step();
     (step == 0 ? first : last) = loss.item<double>();
@@ -267,15 +275,15 @@ TEST(CausalLMTest, OverfitsOneBatch) {
 
 TEST(CausalLMTest, LossIgnoresIgnoreIndexAndMatchesSequenceLogProbs) {
   std::shared_ptr<CausalLM> model = Make(Small());
-  const torch::Tensor tokens = Tokens(1, 8, 97, 9);
-  torch::Tensor targets = Tokens(1, 8, 97, 10);
+  const at::Tensor tokens = Tokens(1, 8, 97, 9);
+  at::Tensor targets = Tokens(1, 8, 97, 10);
   targets.index_put_({0, torch::indexing::Slice(0, 3)}, kIgnoreIndex);
-  const torch::Tensor loss = model->Loss(tokens, targets);
-  const torch::Tensor log_probs = model->SequenceLogProbs(tokens, targets);
+  const at::Tensor loss = model->Loss(tokens, targets);
+  const at::Tensor log_probs = model->SequenceLogProbs(tokens, targets);
   ASSERT_THAT(log_probs.sizes(), ElementsAre(1));
   EXPECT_NEAR(loss.item<double>(), -log_probs[0].item<double>() / 5.0, 1e-5);
   // Ignored positions contribute nothing: changing their targets changes nothing.
-  torch::Tensor other = targets.clone();
+  at::Tensor other = targets.clone();
   other.index_put_({0, torch::indexing::Slice(0, 3)}, -7);
   EXPECT_NEAR(model->Loss(tokens, other, -7).item<double>(), loss.item<double>(), 1e-6);
   EXPECT_NEAR(model->SequenceLogProbs(tokens, other, -7)[0].item<double>(),
@@ -283,14 +291,14 @@ TEST(CausalLMTest, LossIgnoresIgnoreIndexAndMatchesSequenceLogProbs) {
 }
 
 // Positions of rows that each pack sequences of `lengths[b]`, as Hugging Face's position_ids.
-torch::Tensor PackedPositions(const std::vector<std::vector<int64_t>>& lengths) {
-  std::vector<torch::Tensor> rows;
+at::Tensor PackedPositions(const std::vector<std::vector<int64_t>>& lengths) {
+  std::vector<at::Tensor> rows;
   for (const std::vector<int64_t>& row : lengths) {
-    std::vector<torch::Tensor> parts;
-    for (const int64_t length : row) parts.push_back(torch::arange(length, torch::kInt64));
-    rows.push_back(torch::cat(parts));
+    std::vector<at::Tensor> parts;
+    for (const int64_t length : row) parts.push_back(torch::arange(length, at::kLong));
+    rows.push_back(at::cat(parts));
   }
-  return torch::stack(rows);
+  return at::stack(rows);
 }
 
 // Two rows of 17 tokens: sequences of 5, 1 and 9 tokens then 2 tokens of tail padding (a
@@ -301,9 +309,9 @@ torch::Tensor PackedPositions(const std::vector<std::vector<int64_t>>& lengths) 
 // 1.13).
 TEST(CausalLMTest, PackedRowsMatchEachSequenceAlone) {
   const std::vector<std::vector<int64_t>> lengths = {{5, 1, 9, 2}, {9, 8}};
-  const torch::Tensor positions = PackedPositions(lengths);
-  const torch::Tensor tokens = Tokens(2, 17, 97, 11);
-  torch::Tensor targets = Tokens(2, 17, 97, 12);
+  const at::Tensor positions = PackedPositions(lengths);
+  const at::Tensor tokens = Tokens(2, 17, 97, 11);
+  at::Tensor targets = Tokens(2, 17, 97, 12);
   targets.index_put_({0, torch::indexing::Slice(15, 17)}, kIgnoreIndex);  // the padding
   for (const bool generic : {false, true}) {
     SCOPED_TRACE(generic ? "generic" : "fused");
@@ -311,25 +319,25 @@ TEST(CausalLMTest, PackedRowsMatchEachSequenceAlone) {
     std::shared_ptr<CausalLM> alone = Make(Small());
     internal::UseGenericOps(*packed, generic);
     internal::UseGenericOps(*alone, generic);
-    const torch::Tensor logits = packed->Forward(tokens, positions);
-    torch::Tensor alone_log_probs = torch::zeros({}, torch::kFloat32);
+    const at::Tensor logits = packed->Forward(tokens, positions);
+    at::Tensor alone_log_probs = torch::zeros({}, at::kFloat);
     for (int64_t b = 0; b < 2; ++b) {
       int64_t start = 0;
       for (const int64_t length : lengths[b]) {
         SCOPED_TRACE("row " + std::to_string(b) + " from " + std::to_string(start));
-        const torch::Tensor own_tokens = tokens.narrow(0, b, 1).narrow(1, start, length);
-        const torch::Tensor own_targets = targets.narrow(0, b, 1).narrow(1, start, length);
-        const torch::Tensor own = alone->Forward(own_tokens).detach();
-        EXPECT_TRUE(torch::allclose(logits.narrow(0, b, 1).narrow(1, start, length), own,
-                                    /*rtol=*/1e-5, /*atol=*/1e-5));
+        const at::Tensor own_tokens = tokens.narrow(0, b, 1).narrow(1, start, length);
+        const at::Tensor own_targets = targets.narrow(0, b, 1).narrow(1, start, length);
+        const at::Tensor own = alone->Forward(own_tokens).detach();
+        EXPECT_TRUE(at::allclose(logits.narrow(0, b, 1).narrow(1, start, length), own,
+                                 /*rtol=*/1e-5, /*atol=*/1e-5));
         alone_log_probs = alone_log_probs + alone->TokenLogProbs(own_tokens, own_targets).sum();
         start += length;
       }
     }
-    const torch::Tensor packed_log_probs =
+    const at::Tensor packed_log_probs =
         packed->TokenLogProbs(tokens, targets, kIgnoreIndex, positions);
     ASSERT_THAT(packed_log_probs.sizes(), ElementsAre(2, 17));
-    EXPECT_TRUE(torch::equal(packed_log_probs[0].narrow(0, 15, 2), torch::zeros({2})));
+    EXPECT_TRUE(at::equal(packed_log_probs[0].narrow(0, 15, 2), torch::zeros({2})));
     // As losses (ExpectClose's tolerance is relative to a positive loss).
     ExpectClose(BackwardOf(*packed, -packed_log_probs.sum()), BackwardOf(*alone, -alone_log_probs),
                 1e-5);
@@ -343,20 +351,20 @@ TEST(CausalLMTest, PackedRowsMatchEachSequenceAlone) {
 // With positions, a document's logits do not depend on the documents before it in its row;
 // without them (one sequence), they do: the test fails if the mask is ignored.
 TEST(CausalLMTest, PositionsKeepDocumentsApart) {
-  const torch::Tensor positions = PackedPositions({{6, 10}});
-  const torch::Tensor tokens = Tokens(1, 16, 97, 13);
-  torch::Tensor changed = tokens.clone();
+  const at::Tensor positions = PackedPositions({{6, 10}});
+  const at::Tensor tokens = Tokens(1, 16, 97, 13);
+  at::Tensor changed = tokens.clone();
   changed.narrow(1, 0, 6).copy_((tokens.narrow(1, 0, 6) + 1) % 97);
   for (const bool generic : {false, true}) {
     SCOPED_TRACE(generic ? "generic" : "fused");
     std::shared_ptr<CausalLM> model = Make(Small());
     internal::UseGenericOps(*model, generic);
-    torch::NoGradGuard no_grad;
-    const auto second = [](const torch::Tensor& logits) { return logits.narrow(1, 6, 10); };
-    EXPECT_TRUE(torch::allclose(second(model->Forward(changed, positions)),
-                                second(model->Forward(tokens, positions)), 1e-6, 1e-6));
-    EXPECT_FALSE(torch::allclose(second(model->Forward(changed)), second(model->Forward(tokens)),
-                                 1e-3, 1e-3));
+    at::NoGradGuard no_grad;
+    const auto second = [](const at::Tensor& logits) { return logits.narrow(1, 6, 10); };
+    EXPECT_TRUE(at::allclose(second(model->Forward(changed, positions)),
+                             second(model->Forward(tokens, positions)), 1e-6, 1e-6));
+    EXPECT_FALSE(
+        at::allclose(second(model->Forward(changed)), second(model->Forward(tokens)), 1e-3, 1e-3));
   }
 }
 
@@ -364,17 +372,17 @@ TEST(CausalLMTest, PositionsKeepDocumentsApart) {
 // its loss is 0, not PyTorch's NaN, and its backward leaves every gradient 0, with the fused
 // cross-entropy and with the chunked one (bf16, or the generic ops).
 TEST(CausalLMTest, LossOfABatchWithNothingScoredIsZeroWithZeroGradients) {
-  for (const auto& [dtype, generic] : std::vector<std::pair<torch::ScalarType, bool>>{
-           {torch::kFloat32, false}, {torch::kBFloat16, false}, {torch::kFloat32, true}}) {
+  for (const auto& [dtype, generic] : std::vector<std::pair<at::ScalarType, bool>>{
+           {at::kFloat, false}, {at::kBFloat16, false}, {at::kFloat, true}}) {
     SCOPED_TRACE(std::string(c10::toString(dtype)) + (generic ? " generic" : " fused"));
     std::shared_ptr<CausalLM> model = Make(Small());
     model->to(dtype);
     internal::UseGenericOps(*model, generic);
-    const torch::Tensor loss =
-        model->Loss(Tokens(2, 8, 97, 9), torch::full({2, 8}, kIgnoreIndex, torch::kInt64));
+    const at::Tensor loss =
+        model->Loss(Tokens(2, 8, 97, 9), torch::full({2, 8}, kIgnoreIndex, at::kLong));
     EXPECT_EQ(loss.item<float>(), 0.0f);
     loss.backward();
-    for (const torch::Tensor& parameter : model->parameters()) {
+    for (const at::Tensor& parameter : model->parameters()) {
       ASSERT_TRUE(parameter.grad().defined());
       EXPECT_EQ(parameter.grad().abs().max().item<float>(), 0.0f);
     }
@@ -392,13 +400,13 @@ TEST(CausalLMTest, InitialisationDependsOnSeedAndNameOnly) {
   const auto pb = b->named_parameters();
   const auto pc = c->named_parameters();
   for (const auto& item : pa) {
-    EXPECT_TRUE(torch::equal(item.value(), pb[item.key()])) << item.key();
+    EXPECT_TRUE(at::equal(item.value(), pb[item.key()])) << item.key();
     if (item.key().find("norm") == std::string::npos) {
-      EXPECT_FALSE(torch::equal(item.value(), pc[item.key()])) << item.key();
+      EXPECT_FALSE(at::equal(item.value(), pc[item.key()])) << item.key();
     }
   }
-  EXPECT_TRUE(torch::equal(pa["model.norm.weight"], torch::ones({64})));
-  const torch::Tensor embed = pa["model.embed_tokens.weight"];
+  EXPECT_TRUE(at::equal(pa["model.norm.weight"], torch::ones({64})));
+  const at::Tensor embed = pa["model.embed_tokens.weight"];
   EXPECT_NEAR(embed.std().item<double>(), 0.02, 0.002);
   EXPECT_NEAR(embed.mean().item<double>(), 0.0, 0.002);
 }
@@ -413,15 +421,15 @@ TEST(CausalLMTest, DeferredParametersHoldNoMemoryAndInitialValuesAreCreates) {
   init.set_scaled_residual_init(true);
   std::shared_ptr<CausalLM> created = CausalLM::Create(config, init).value();
   absl::StatusOr<std::shared_ptr<CausalLM>> deferred =
-      CausalLM::CreateDeferred(config, torch::TensorOptions().dtype(torch::kBFloat16));
+      CausalLM::CreateDeferred(config, at::TensorOptions().dtype(at::kBFloat16));
   ASSERT_THAT(deferred, IsOk());
   const auto parameters = (*deferred)->named_parameters();
   ASSERT_EQ(parameters.size(), created->named_parameters().size());
   for (const auto& item : created->named_parameters()) {
-    const torch::Tensor* parameter = parameters.find(item.key());
+    const at::Tensor* parameter = parameters.find(item.key());
     ASSERT_NE(parameter, nullptr) << item.key();
     EXPECT_EQ(parameter->sizes(), item.value().sizes()) << item.key();
-    EXPECT_EQ(parameter->scalar_type(), torch::kBFloat16) << item.key();
+    EXPECT_EQ(parameter->scalar_type(), at::kBFloat16) << item.key();
     EXPECT_TRUE(parameter->requires_grad()) << item.key();
     EXPECT_EQ(parameter->storage().nbytes(), 2u) << item.key();
     EXPECT_TRUE(CausalLM::InitialValues(config, init, item.key(),
@@ -436,7 +444,7 @@ TEST(CausalLMTest, DeferredParametersHoldNoMemoryAndInitialValuesAreCreates) {
   }
   ModelConfig invalid = config;
   invalid.set_num_key_value_heads(3);
-  EXPECT_THAT(CausalLM::CreateDeferred(invalid, torch::TensorOptions()),
+  EXPECT_THAT(CausalLM::CreateDeferred(invalid, at::TensorOptions()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_key_value_heads")));
 }
 
@@ -453,7 +461,7 @@ TEST(CausalLMTest, InitialValuesOfASliceAreTheWholesAndCostItsTiles) {
   const std::string name = "model.embed_tokens.weight";
   const parallel::TensorSlice whole = parallel::TensorSlice::Whole({600, 320});
   const int64_t before_whole = internal::SeededDraws();
-  const torch::Tensor values = CausalLM::InitialValues(config, init, name, whole);
+  const at::Tensor values = CausalLM::InitialValues(config, init, name, whole);
   EXPECT_EQ(internal::SeededDraws() - before_whole, 600 * 320);
   EXPECT_NEAR(values.std().item<double>(), 0.02, 0.001);
   // Tiles are independent draws, not copies of one another.
@@ -465,7 +473,7 @@ TEST(CausalLMTest, InitialValuesOfASliceAreTheWholesAndCostItsTiles) {
     for (const int threads : {1, 2}) {
       const int previous = at::get_num_threads();
       at::set_num_threads(threads);
-      const torch::Tensor part = CausalLM::InitialValues(config, init, name, slice);
+      const at::Tensor part = CausalLM::InitialValues(config, init, name, slice);
       at::set_num_threads(previous);
       EXPECT_TRUE(part.equal(parallel::NarrowTo(values, whole.box, slice.box)))
           << slice.DebugString() << " on " << threads << " threads";
@@ -490,12 +498,12 @@ TEST(CausalLMTest, DeferredModelsLargerThanMemoryAreBuilt) {
   config.set_vocab_size(kMaxVocabOrPositions);
   config.set_tie_word_embeddings(false);
   absl::StatusOr<std::shared_ptr<CausalLM>> deferred =
-      CausalLM::CreateDeferred(config, torch::TensorOptions());
+      CausalLM::CreateDeferred(config, at::TensorOptions());
   ASSERT_THAT(deferred, IsOk());
   EXPECT_EQ((*deferred)->OutputWeight().sizes(),
-            torch::IntArrayRef({kMaxVocabOrPositions, kMaxWidth / 16}));
+            at::IntArrayRef({kMaxVocabOrPositions, kMaxWidth / 16}));
   EXPECT_EQ((*deferred)->decoder().layers[0]->mlp->up_proj->weight.sizes(),
-            torch::IntArrayRef({kMaxWidth, kMaxWidth / 16}));
+            at::IntArrayRef({kMaxWidth, kMaxWidth / 16}));
 }
 
 TEST(CausalLMTest, ScaledResidualInit) {
@@ -577,13 +585,13 @@ TEST(CausalLMTest, PipelineStagesComputeTheWholeModel) {
       config.set_tie_word_embeddings(tied);
       InitConfig init;
       init.set_seed(3);
-      const torch::Tensor tokens = Tokens(2, 17, 97, 9);
-      torch::Tensor targets = Tokens(2, 17, 97, 10);
+      const at::Tensor tokens = Tokens(2, 17, 97, 9);
+      at::Tensor targets = Tokens(2, 17, 97, 10);
       targets.index_put_({0, torch::indexing::Slice(0, 3)}, kIgnoreIndex);
-      const torch::Tensor positions = PackedPositions({{5, 1, 9, 2}, {9, 8}});
+      const at::Tensor positions = PackedPositions({{5, 1, 9, 2}, {9, 8}});
 
       std::shared_ptr<CausalLM> whole = CausalLM::Create(config, init).value();
-      const torch::Tensor whole_loss = whole->Loss(tokens, targets, kIgnoreIndex, positions);
+      const at::Tensor whole_loss = whole->Loss(tokens, targets, kIgnoreIndex, positions);
       whole_loss.backward();
 
       std::vector<std::shared_ptr<CausalLM>> models;
@@ -591,7 +599,7 @@ TEST(CausalLMTest, PipelineStagesComputeTheWholeModel) {
       std::map<int64_t, std::pair<int, int>> stage_at_block;
       for (const Stages& stages : layout.models) {
         std::shared_ptr<CausalLM> model =
-            CausalLM::CreateDeferred(config, torch::TensorOptions()).value();
+            CausalLM::CreateDeferred(config, at::TensorOptions()).value();
         ASSERT_THAT(model->KeepStages(stages), IsOk());
         model->MaterializeParameters();
         ASSERT_THAT(model->ResetParameters(init), IsOk());
@@ -607,8 +615,8 @@ TEST(CausalLMTest, PipelineStagesComputeTheWholeModel) {
 
       // Forward stage by stage, each stage's input a leaf as a received tensor is; backward
       // from the loss, each stage's output given the gradient its next stage's input got.
-      std::vector<torch::Tensor> outputs, inputs(stage_at_block.size());
-      torch::Tensor loss;
+      std::vector<at::Tensor> outputs, inputs(stage_at_block.size());
+      at::Tensor loss;
       int stage = 0;
       const int last = static_cast<int>(stage_at_block.size()) - 1;
       for (const auto& [block, place] : stage_at_block) {
@@ -634,11 +642,11 @@ TEST(CausalLMTest, PipelineStagesComputeTheWholeModel) {
       // Every parameter is held by one model under the whole model's name (the tied
       // embedding by those of the first and the last stage), and its gradients sum to the
       // whole model's.
-      std::map<std::string, torch::Tensor> gradients;
+      std::map<std::string, at::Tensor> gradients;
       std::map<std::string, int> holders;
       for (const std::shared_ptr<CausalLM>& model : models) {
         for (const wrap::Wrappable::NamedParameter& item : model->NamedParameters()) {
-          torch::Tensor& sum = gradients[item.name];
+          at::Tensor& sum = gradients[item.name];
           sum = sum.defined() ? sum + item.parameter.grad() : item.parameter.grad().clone();
           ++holders[item.name];
         }
@@ -649,7 +657,7 @@ TEST(CausalLMTest, PipelineStagesComputeTheWholeModel) {
         ASSERT_EQ(gradients.count(item.key()), 1u) << item.key();
         EXPECT_EQ(holders[item.key()], tied && item.key() == "model.embed_tokens.weight" ? 2 : 1)
             << item.key();
-        EXPECT_TRUE(torch::allclose(gradients[item.key()], item.value().grad(), 1e-5, 1e-7))
+        EXPECT_TRUE(at::allclose(gradients[item.key()], item.value().grad(), 1e-5, 1e-7))
             << item.key();
       }
     }
@@ -659,8 +667,7 @@ TEST(CausalLMTest, PipelineStagesComputeTheWholeModel) {
 TEST(CausalLMTest, KeepStagesRefusesEmptyOutsideOrUnorderedStagesAndASecondCut) {
   ModelConfig config = Small();
   config.set_num_hidden_layers(3);
-  std::shared_ptr<CausalLM> model =
-      CausalLM::CreateDeferred(config, torch::TensorOptions()).value();
+  std::shared_ptr<CausalLM> model = CausalLM::CreateDeferred(config, at::TensorOptions()).value();
   EXPECT_THAT(model->KeepStages({{1, 1}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("KeepStages([1, 1)): each stage holds blocks [begin, end) of the "
@@ -687,22 +694,22 @@ TEST(CausalLMTest, KeepStagesRefusesEmptyOutsideOrUnorderedStagesAndASecondCut) 
 
 TEST(CausalLMTest, UnitHooksRunAroundEveryUnitInOrder) {
   std::shared_ptr<CausalLM> model = Make(Small());
-  const torch::Tensor tokens = Tokens(2, 5, 97, 1);
-  const torch::Tensor plain = model->Forward(tokens);
+  const at::Tensor tokens = Tokens(2, 5, 97, 1);
+  const at::Tensor plain = model->Forward(tokens);
   std::vector<std::string> calls;
   model->SetUnitHooks({
       [&](int unit) { calls.push_back("before " + std::to_string(unit)); },
-      [&](int unit, torch::Tensor output) {
+      [&](int unit, at::Tensor output) {
         calls.push_back("after " + std::to_string(unit));
         return unit == wrap::Wrappable::kRootUnit ? output * 2 : output;
       },
   });
-  const torch::Tensor hooked = model->Forward(tokens);
+  const at::Tensor hooked = model->Forward(tokens);
   EXPECT_THAT(calls,
               ElementsAre("before -1", "before 0", "after 0", "before 1", "after 1", "after -1"));
-  EXPECT_TRUE(torch::allclose(hooked, plain * 2));  // the model continues with after's result
+  EXPECT_TRUE(at::allclose(hooked, plain * 2));  // the model continues with after's result
   model->SetUnitHooks({});
-  EXPECT_TRUE(torch::equal(model->Forward(tokens), plain));
+  EXPECT_TRUE(at::equal(model->Forward(tokens), plain));
 }
 
 // 6N + 6Lsh: the matmuls' parameters and the causal half of attention's score matrix.
@@ -736,10 +743,10 @@ TEST(ActivationBytesTest, IsWhatAStepHoldsAtItsPeak) {
   constexpr int64_t kBatch = 4;
   constexpr int64_t kSeqLen = 64;
   for (const auto& [dtype, generic] :
-       std::vector<std::pair<torch::ScalarType, bool>>{{torch::kFloat32, false},
-                                                       {torch::kBFloat16, false},
-                                                       {torch::kFloat32, true},
-                                                       {torch::kBFloat16, true}}) {
+       std::vector<std::pair<at::ScalarType, bool>>{{at::kFloat, false},
+                                                    {at::kBFloat16, false},
+                                                    {at::kFloat, true},
+                                                    {at::kBFloat16, true}}) {
     SCOPED_TRACE(std::string(c10::toString(dtype)) + (generic ? " generic" : " fused"));
     const ModelConfig config = PresetConfig("tiny").value();
     InitConfig init;
@@ -750,7 +757,7 @@ TEST(ActivationBytesTest, IsWhatAStepHoldsAtItsPeak) {
     internal::UseGenericOps(**model, generic);
     const int64_t peak = testing::MeasureActivationPeak(**model, kBatch, kSeqLen);
     const double estimate =
-        ActivationBytes(config, kBatch, kSeqLen, dtype, generic ? torch::kCUDA : torch::kCPU);
+        ActivationBytes(config, kBatch, kSeqLen, dtype, generic ? at::kCUDA : at::kCPU);
     EXPECT_THAT(static_cast<double>(peak) / estimate, DoubleNear(1.0, 0.03))
         << peak << " bytes measured, " << estimate << " estimated";
   }

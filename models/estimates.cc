@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ATen/core/Tensor.h"
 #include "base/torch_compat.h"
 #include "models/internal/ops.h"
 #include "models/model_config.h"
@@ -14,7 +15,7 @@ namespace {
 // (which the projections after it keep): its input in the arithmetic dtype (a float copy of a
 // bf16 input), the square of that where mean keeps its input (base/torch_compat.h), rstd
 // [tokens] in the arithmetic dtype, and the normalised input before the weight.
-double CompositeRmsNormBytes(double tokens, double width, torch::ScalarType dtype,
+double CompositeRmsNormBytes(double tokens, double width, at::ScalarType dtype,
                              const LibTorchKernels& kernels) {
   const double element = static_cast<double>(c10::elementSize(dtype));
   const double arithmetic = static_cast<double>(c10::elementSize(internal::ArithmeticDtype(dtype)));
@@ -80,7 +81,7 @@ double ForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
 }
 
 double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                            torch::ScalarType dtype, torch::DeviceType device_type,
+                            at::ScalarType dtype, at::DeviceType device_type,
                             const TensorParallelism& tp, const LibTorchKernels& kernels) {
   const LocalActivations local = LocalActivationsOf(config, batch, seq_len, tp);
   const double tokens = local.tokens;
@@ -153,7 +154,7 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
 }
 
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                       torch::ScalarType dtype, torch::DeviceType device_type,
+                       at::ScalarType dtype, at::DeviceType device_type,
                        const TensorParallelism& tp, const LibTorchKernels& kernels) {
   const LocalActivations local = LocalActivationsOf(config, batch, seq_len, tp);
   const double tokens = local.tokens;
@@ -175,7 +176,7 @@ double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len
   // which the first rank's are all real) computes 16-bit logits' softmax a chunk of rows at a
   // time in fp32 beside that gradient; it writes wider logits' softmax into the gradient itself.
   const double vocab = static_cast<double>(local.vocab);
-  const torch::ScalarType wide = internal::CrossEntropyDtype(dtype);
+  const at::ScalarType wide = internal::CrossEntropyDtype(dtype);
   const double wide_element = static_cast<double>(c10::elementSize(wide));
   double loss = 2.0 * tokens * vocab * element + tokens * wide_element;
   if (!internal::FusedCrossEntropyServes(dtype, device_type) && wide != dtype) {

@@ -5,16 +5,16 @@
 // read them:
 //
 //   const double flops = TrainingFlopsPerToken(config, /*seq_len=*/2048);
-//   const double bytes = ActivationBytes(config, 8, 2048, torch::kBFloat16, torch::kCUDA);
+//   const double bytes = ActivationBytes(config, 8, 2048, at::kBFloat16, at::kCUDA);
 #ifndef PLAIT_MODELS_ESTIMATES_H_
 #define PLAIT_MODELS_ESTIMATES_H_
 
 #include <cstdint>
 
+#include "ATen/core/Tensor.h"
 #include "base/torch_compat.h"
 #include "models/flop_convention.h"
 #include "models/model.pb.h"
-#include "torch/types.h"
 
 namespace plait::models {
 
@@ -79,13 +79,13 @@ inline constexpr LibTorchKernels kLibTorch2Kernels{/*mean_keeps_its_input=*/fals
 // the gradients it makes). For memory estimates; a GPU's is tested on the CPU through the
 // generic ops.
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                       torch::ScalarType dtype, torch::DeviceType device_type,
+                       at::ScalarType dtype, at::DeviceType device_type,
                        const TensorParallelism& tp = {}, const LibTorchKernels& kernels = {});
 
 // One block's part of ActivationBytes: what one block saves in its forward (its input
 // included).
 double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                            torch::ScalarType dtype, torch::DeviceType device_type,
+                            at::ScalarType dtype, at::DeviceType device_type,
                             const TensorParallelism& tp = {}, const LibTorchKernels& kernels = {});
 
 // Bytes of the outputs of one block's projections (q/k/v/o, gate/up/down) for a micro-batch on

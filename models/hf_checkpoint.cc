@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -20,11 +21,13 @@
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
 #include "nlohmann/json.hpp"
+#include "torch/csrc/autograd/generated/variable_factories.h"
+#include "torch/nn/module.h"
 
 namespace plait::models {
 namespace {
 
-std::string ShapeString(torch::IntArrayRef shape) {
+std::string ShapeString(at::IntArrayRef shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
@@ -90,7 +93,7 @@ absl::Status LoadHfParts(const SafetensorsCheckpoint& checkpoint, const ModelCon
                                                      "\" has shape ", ShapeString(entry->shape),
                                                      ", the model expects ", ShapeString(shape)));
     }
-    if (!torch::isFloatingType(entry->dtype)) {
+    if (!at::isFloatingType(entry->dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", name,
                                                      "\" has dtype ", c10::toString(entry->dtype),
                                                      ", expected a floating-point dtype"));
@@ -111,7 +114,7 @@ absl::Status LoadHfParts(const SafetensorsCheckpoint& checkpoint, const ModelCon
                                               ": the model of this config has no such parameter"));
     }
     PLAIT_ASSIGN_OR_RETURN(auto found, checkpoint.Find(part.name));
-    const torch::Tensor destination =
+    const at::Tensor destination =
         part.receive ? torch::empty(part.lengths, part.destination.options()) : part.destination;
     PLAIT_RETURN_IF_ERROR(
         found.second->ReadBox(part.name, part.offsets, part.lengths, destination));
@@ -134,25 +137,25 @@ absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir) {
   PLAIT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(absl::StrCat(dir, "/config.json")));
   PLAIT_ASSIGN_OR_RETURN(SafetensorsCheckpoint checkpoint, SafetensorsCheckpoint::Open(dir));
   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<CausalLM> model,
-                         CausalLM::CreateDeferred(config, torch::TensorOptions()));
+                         CausalLM::CreateDeferred(config, at::TensorOptions()));
   model->MaterializeParameters();  // each then read whole (LoadHfParts fails on a missing one)
   PLAIT_RETURN_IF_ERROR(LoadHfWeights(checkpoint, *model));
   return model;
 }
 
-absl::Status SaveHfModel(CausalLM& model, const std::string& dir, torch::ScalarType dtype,
+absl::Status SaveHfModel(CausalLM& model, const std::string& dir, at::ScalarType dtype,
                          uint64_t max_shard_bytes) {
-  std::vector<std::pair<std::string, torch::Tensor>> parameters;
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
   for (const auto& item : model.named_parameters())
     parameters.emplace_back(item.key(), item.value());
   return SaveHfParameters(model.config(), parameters, dir, dtype, max_shard_bytes);
 }
 
 absl::Status SaveHfParameters(const ModelConfig& config,
-                              const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
-                              const std::string& dir, torch::ScalarType dtype,
+                              const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                              const std::string& dir, at::ScalarType dtype,
                               uint64_t max_shard_bytes) {
-  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16) {
     return absl::InvalidArgumentError(absl::StrCat("SaveHfModel(", dir, "): dtype ",
                                                    c10::toString(dtype),
                                                    " is not supported; use float32 or bfloat16"));
@@ -168,10 +171,10 @@ absl::Status SaveHfParameters(const ModelConfig& config,
   }
   PLAIT_RETURN_IF_ERROR(base::WriteFileAtomically(
       absl::StrCat(dir, "/config.json"),
-      ToHfConfigJson(config, dtype == torch::kFloat32 ? "float32" : "bfloat16") + "\n"));
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+      ToHfConfigJson(config, dtype == at::kFloat ? "float32" : "bfloat16") + "\n"));
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [name, tensor] : parameters) {
-    tensors.emplace_back(name, tensor.detach().to(torch::kCPU, dtype));
+    tensors.emplace_back(name, tensor.detach().to(at::kCPU, dtype));
   }
   return WriteSafetensorsCheckpoint(dir, tensors, max_shard_bytes);
 }

@@ -5,7 +5,7 @@
 //
 //   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<CausalLM> model, LoadHfModel("/ckpt/Qwen2.5-0.5B"));
 //   ... train ...
-//   PLAIT_RETURN_IF_ERROR(SaveHfModel(*model, "/out/step1000", torch::kBFloat16));
+//   PLAIT_RETURN_IF_ERROR(SaveHfModel(*model, "/out/step1000", at::kBFloat16));
 #ifndef PLAIT_MODELS_HF_CHECKPOINT_H_
 #define PLAIT_MODELS_HF_CHECKPOINT_H_
 
@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/own_output.h"
 #include "base/violation.h"
 #include "models/causal_lm.h"
 #include "models/safetensors.h"
-#include "torch/types.h"
 
 namespace plait::models {
 
@@ -38,8 +38,8 @@ struct HfParameterPart {
   std::vector<int64_t> shape;
   std::vector<int64_t> offsets;
   std::vector<int64_t> lengths;
-  torch::Tensor destination;
-  std::function<void(const torch::Tensor& values)> receive;
+  at::Tensor destination;
+  std::function<void(const at::Tensor& values)> receive;
 };
 
 // Copies each of `parts` (the parts of the model's parameters this rank holds, each once: all
@@ -65,16 +65,16 @@ absl::StatusOr<std::shared_ptr<CausalLM>> LoadHfModel(const std::string& dir);
 
 // Writes config.json and the weights into the existing folder `dir`, in `dtype` (kFloat32
 // or kBFloat16), sharded as WriteSafetensorsCheckpoint does when `max_shard_bytes` > 0.
-absl::Status SaveHfModel(CausalLM& model, const std::string& dir,
-                         torch::ScalarType dtype = torch::kFloat32, uint64_t max_shard_bytes = 0);
+absl::Status SaveHfModel(CausalLM& model, const std::string& dir, at::ScalarType dtype = at::kFloat,
+                         uint64_t max_shard_bytes = 0);
 
 // As SaveHfModel, for a model held elsewhere as whole tensors (a sharded model's, gathered):
 // `config` and `parameters` (every parameter by its Hugging Face name, in the file's order).
 // Creates `dir` when it is missing; refuses, before writing anything, a `dir` that holds
 // anything but an earlier export's files (see CheckHfExportFolder).
 absl::Status SaveHfParameters(const ModelConfig& config,
-                              const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
-                              const std::string& dir, torch::ScalarType dtype = torch::kFloat32,
+                              const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                              const std::string& dir, at::ScalarType dtype = at::kFloat,
                               uint64_t max_shard_bytes = 0);
 
 // Every reason the folder `dir` cannot receive an export of a job that reads `inputs` (the

@@ -8,12 +8,16 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
 #include "base/file.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
+#include "torch/nn/module.h"
 
 namespace plait::models {
 namespace {
@@ -54,13 +58,13 @@ TEST(HfCheckpointTest, ExportThenImportRoundTrips) {
         const ModelConfig config = Small(type, tie);
         std::shared_ptr<CausalLM> model = Make(config, 1);
         const std::string dir = FreshDir("export");
-        ASSERT_THAT(SaveHfModel(*model, dir, torch::kFloat32, shard_bytes), IsOk());
+        ASSERT_THAT(SaveHfModel(*model, dir, at::kFloat, shard_bytes), IsOk());
         absl::StatusOr<std::shared_ptr<CausalLM>> loaded = LoadHfModel(dir);
         ASSERT_THAT(loaded, IsOk());
         EXPECT_EQ((*loaded)->config().SerializeAsString(), config.SerializeAsString());
         auto expected = model->named_parameters();
         for (const auto& item : (*loaded)->named_parameters()) {
-          EXPECT_TRUE(torch::equal(item.value(), expected[item.key()]))
+          EXPECT_TRUE(at::equal(item.value(), expected[item.key()]))
               << type << " " << tie << " " << item.key();
         }
         // The HF names are what is on disk.
@@ -78,31 +82,30 @@ TEST(HfCheckpointTest, ExportThenImportRoundTrips) {
 TEST(HfCheckpointTest, Bf16ExportRoundsEachWeightOnce) {
   std::shared_ptr<CausalLM> model = Make(Small("llama", false), 2);
   const std::string dir = FreshDir("bf16");
-  ASSERT_THAT(SaveHfModel(*model, dir, torch::kBFloat16), IsOk());
+  ASSERT_THAT(SaveHfModel(*model, dir, at::kBFloat16), IsOk());
   SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::Open(dir).value();
-  EXPECT_EQ(checkpoint.Find("model.norm.weight").value().first->dtype, torch::kBFloat16);
+  EXPECT_EQ(checkpoint.Find("model.norm.weight").value().first->dtype, at::kBFloat16);
   std::shared_ptr<CausalLM> loaded = LoadHfModel(dir).value();
   auto original = model->named_parameters();
   for (const auto& item : loaded->named_parameters()) {
-    EXPECT_TRUE(
-        torch::equal(item.value(), original[item.key()].to(torch::kBFloat16).to(torch::kFloat32)))
+    EXPECT_TRUE(at::equal(item.value(), original[item.key()].to(at::kBFloat16).to(at::kFloat)))
         << item.key();
   }
-  EXPECT_THAT(SaveHfModel(*model, dir, torch::kFloat16),
+  EXPECT_THAT(SaveHfModel(*model, dir, at::kHalf),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("use float32 or bfloat16")));
 }
 
 // A checkpoint folder with the tiny model's config and the given tensors.
 std::string Folder(const std::string& name, const ModelConfig& config,
-                   std::vector<std::pair<std::string, torch::Tensor>> tensors) {
+                   std::vector<std::pair<std::string, at::Tensor>> tensors) {
   const std::string dir = FreshDir(name);
   std::ofstream(dir + "/config.json") << ToHfConfigJson(config);
   EXPECT_THAT(WriteSafetensors(dir + "/model.safetensors", tensors), IsOk());
   return dir;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> Weights(CausalLM& model) {
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+std::vector<std::pair<std::string, at::Tensor>> Weights(CausalLM& model) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& item : model.named_parameters()) tensors.emplace_back(item.key(), item.value());
   return tensors;
 }
@@ -132,7 +135,7 @@ TEST(HfCheckpointTest, MismatchedCheckpointsAreNamedErrors) {
                        HasSubstr("has shape [50, 16], the model expects [50, 32]")));
 
   auto integer = tensors;
-  integer[0].second = torch::zeros({50, 32}, torch::kInt64);
+  integer[0].second = torch::zeros({50, 32}, at::kLong);
   EXPECT_THAT(LoadHfModel(Folder("integer", config, integer)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("floating-point")));
 
@@ -167,7 +170,7 @@ TEST(HfCheckpointTest, APartOfTheModelLoadsAndTheFolderIsCheckedWhole) {
   }
   ASSERT_FALSE(block0.empty());
   const auto load = [&](const std::string& name,
-                        const std::vector<std::pair<std::string, torch::Tensor>>& folder) {
+                        const std::vector<std::pair<std::string, at::Tensor>>& folder) {
     absl::StatusOr<SafetensorsCheckpoint> checkpoint =
         SafetensorsCheckpoint::Open(Folder(name, config, folder));
     return checkpoint.ok() ? LoadHfParts(*checkpoint, config, block0) : checkpoint.status();
@@ -176,7 +179,7 @@ TEST(HfCheckpointTest, APartOfTheModelLoadsAndTheFolderIsCheckedWhole) {
   for (const HfParameterPart& part : block0) {
     for (const auto& [name, tensor] : tensors) {
       if (name == part.name) {
-        EXPECT_TRUE(torch::equal(part.destination, tensor)) << name;
+        EXPECT_TRUE(at::equal(part.destination, tensor)) << name;
       }
     }
   }

@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -43,15 +44,15 @@ bool IsEarlierAdapterFile(const std::string& path) {
 
 // One adapted module's two matrices.
 struct ModuleAdapters {
-  torch::Tensor a;  // [r, in]
-  torch::Tensor b;  // [out, r]
+  at::Tensor a;  // [r, in]
+  at::Tensor b;  // [out, r]
 };
 
 // `tensors` (plait's names) grouped by module, in the order modules first appear; `where` and
 // the tensor's name in errors. Each module needs both matrices, 2-D, with A's rows and B's
 // columns equal to `rank`.
 absl::StatusOr<std::vector<std::pair<std::string, ModuleAdapters>>> GroupByModule(
-    const std::vector<std::pair<std::string, torch::Tensor>>& tensors, int64_t rank,
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t rank,
     const std::string& where) {
   std::vector<std::pair<std::string, ModuleAdapters>> modules;
   std::map<std::string, size_t> index;
@@ -69,7 +70,7 @@ absl::StatusOr<std::vector<std::pair<std::string, ModuleAdapters>>> GroupByModul
     }
     const auto [it, inserted] = index.emplace(std::string(module), modules.size());
     if (inserted) modules.emplace_back(std::string(module), ModuleAdapters());
-    torch::Tensor& slot = is_a ? modules[it->second].second.a : modules[it->second].second.b;
+    at::Tensor& slot = is_a ? modules[it->second].second.a : modules[it->second].second.b;
     if (slot.defined()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", name, " appears twice"));
     }
@@ -103,7 +104,7 @@ absl::Status RequireDefault(const Json& config, const std::string& where, const 
 }  // namespace
 
 absl::Status SavePeftAdapter(const std::string& dir, const wrap::LoraConfig& config,
-                             const std::vector<std::pair<std::string, torch::Tensor>>& adapters,
+                             const std::vector<std::pair<std::string, at::Tensor>>& adapters,
                              const std::string& base_model) {
   PLAIT_ASSIGN_OR_RETURN(const auto modules, GroupByModule(adapters, config.rank(), dir));
   // Checked again when writing: a run lasts long, and its folder may have changed since.
@@ -116,7 +117,7 @@ absl::Status SavePeftAdapter(const std::string& dir, const wrap::LoraConfig& con
         absl::StrCat("cannot create \"", dir, "\": ", error.message()));
   }
   std::vector<std::string> targets;
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [module, matrices] : modules) {
     targets.push_back(module);
     tensors.emplace_back(absl::StrCat(kPeftPrefix, module, kSuffixA), matrices.a);
@@ -203,7 +204,7 @@ absl::StatusOr<PeftAdapter> ReadPeftAdapter(const std::string& dir) {
           weights_path, ": ", name, " is not named as PEFT saves a causal LM's adapters (",
           kPeftPrefix, "<module>", kSuffixA, ")"));
     }
-    PLAIT_ASSIGN_OR_RETURN(torch::Tensor tensor, file->Read(name));
+    PLAIT_ASSIGN_OR_RETURN(at::Tensor tensor, file->Read(name));
     PLAIT_RETURN_IF_ERROR(CheckFinite(tensor, weights_path, name));
     adapter.tensors.emplace_back(std::string(plait_name), std::move(tensor));
   }

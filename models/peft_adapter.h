@@ -18,10 +18,10 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/violation.h"
-#include "torch/types.h"
 #include "wrap/wrap.pb.h"
 
 namespace plait::models {
@@ -33,7 +33,7 @@ struct PeftAdapter {
   // expression; the tensors say which modules it adapted).
   wrap::LoraConfig config;
   // Every adapter tensor by plait's name, A and B of each module, in the file's order.
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
 };
 
 // Writes `adapters` (plait's names, `<module>.lora_A.weight` and `<module>.lora_B.weight` of
@@ -45,7 +45,7 @@ struct PeftAdapter {
 // FailedPrecondition when `dir` holds anything but an earlier adapter plait wrote
 // (CheckPeftAdapterFolder).
 absl::Status SavePeftAdapter(const std::string& dir, const wrap::LoraConfig& config,
-                             const std::vector<std::pair<std::string, torch::Tensor>>& adapters,
+                             const std::vector<std::pair<std::string, at::Tensor>>& adapters,
                              const std::string& base_model);
 
 // Every reason the folder `dir` cannot receive SavePeftAdapter's files, found before a run

@@ -5,12 +5,15 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "base/file.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::models {
 namespace {
@@ -20,7 +23,7 @@ using ::plait::base::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 std::string FreshDir(const std::string& name) {
   const std::string dir = ::testing::TempDir() + "/" + name;
@@ -40,7 +43,7 @@ wrap::LoraConfig Config() {
 }
 
 NamedTensors Adapters() {
-  torch::manual_seed(0);
+  at::manual_seed(0);
   return {{"model.layers.0.self_attn.q_proj.lora_A.weight", torch::randn({2, 8})},
           {"model.layers.0.self_attn.q_proj.lora_B.weight", torch::randn({6, 2})},
           {"model.layers.1.self_attn.q_proj.lora_A.weight", torch::randn({2, 8})},

@@ -2,16 +2,22 @@
 
 #include <cmath>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/cat.h"
+#include "ATen/ops/outer.h"
+#include "ATen/ops/pow.h"
+#include "ATen/ops/where.h"
 #include "models/model_config.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::models {
 
-torch::Tensor RotaryInverseFrequencies(const ModelConfig& config) {
+at::Tensor RotaryInverseFrequencies(const ModelConfig& config) {
   const int64_t head_dim = HeadDim(config);
-  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
   // Computed in float64 and rounded once, so the scaled bands match HF's float32 values.
-  torch::Tensor inv_freq =
-      1.0 / torch::pow(config.rope_theta(), torch::arange(0, head_dim, 2, f64) / head_dim);
+  at::Tensor inv_freq =
+      1.0 / at::pow(config.rope_theta(), torch::arange(0, head_dim, 2, f64) / head_dim);
   if (config.has_rope_scaling()) {
     // Llama 3.1's scaling (HF's _compute_llama3_parameters): long wavelengths are slowed by
     // `factor`, short ones kept, and the band between interpolated smoothly.
@@ -22,29 +28,27 @@ torch::Tensor RotaryInverseFrequencies(const ModelConfig& config) {
     const double old_context = static_cast<double>(scaling.original_max_position_embeddings());
     const double low_freq_wavelen = old_context / low;
     const double high_freq_wavelen = old_context / high;
-    const torch::Tensor wavelen = 2.0 * M_PI / inv_freq;
-    torch::Tensor scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq);
-    const torch::Tensor smooth = (old_context / wavelen - low) / (high - low);
-    const torch::Tensor smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
-    const torch::Tensor medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen);
-    inv_freq = torch::where(medium, smoothed, scaled);
+    const at::Tensor wavelen = 2.0 * M_PI / inv_freq;
+    at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq);
+    const at::Tensor smooth = (old_context / wavelen - low) / (high - low);
+    const at::Tensor smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
+    const at::Tensor medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen);
+    inv_freq = at::where(medium, smoothed, scaled);
   }
-  return inv_freq.to(torch::kFloat32);
+  return inv_freq.to(at::kFloat);
 }
 
-RotaryTables MakeRotaryTables(const torch::Tensor& inv_freq, const torch::Tensor& positions) {
-  const torch::Tensor angles =
-      torch::outer(positions.to(torch::kFloat32), inv_freq.to(torch::kFloat32));
-  const torch::Tensor both = torch::cat({angles, angles}, /*dim=*/-1);
+RotaryTables MakeRotaryTables(const at::Tensor& inv_freq, const at::Tensor& positions) {
+  const at::Tensor angles = at::outer(positions.to(at::kFloat), inv_freq.to(at::kFloat));
+  const at::Tensor both = at::cat({angles, angles}, /*dim=*/-1);
   return {both.cos(), both.sin()};
 }
 
-torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
-                          const torch::Tensor& sin) {
+at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
-  const torch::Tensor x1 = x.narrow(-1, 0, half);
-  const torch::Tensor x2 = x.narrow(-1, half, half);
-  const torch::Tensor rotated = torch::cat({-x2, x1}, /*dim=*/-1);
+  const at::Tensor x1 = x.narrow(-1, 0, half);
+  const at::Tensor x2 = x.narrow(-1, half, half);
+  const at::Tensor rotated = at::cat({-x2, x1}, /*dim=*/-1);
   // [T, D] -> [T, 1, D]: broadcast over the heads.
   return x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2);
 }

@@ -2,9 +2,13 @@
 
 #include <cmath>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/equal.h"
 #include "gtest/gtest.h"
 #include "models/model_config.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::models {
 namespace {
@@ -18,23 +22,23 @@ ModelConfig Config() {
 }
 
 // q . k after rotating q to position i and k to position j.
-double RotatedDot(const torch::Tensor& inv_freq, const torch::Tensor& q, const torch::Tensor& k,
-                  int64_t i, int64_t j) {
+double RotatedDot(const at::Tensor& inv_freq, const at::Tensor& q, const at::Tensor& k, int64_t i,
+                  int64_t j) {
   const RotaryTables ti = MakeRotaryTables(inv_freq, torch::tensor({i}));
   const RotaryTables tj = MakeRotaryTables(inv_freq, torch::tensor({j}));
-  const torch::Tensor qi = ApplyRotary(q.to(torch::kFloat64), ti.cos.to(torch::kFloat64),
-                                       ti.sin.to(torch::kFloat64));
-  const torch::Tensor kj = ApplyRotary(k.to(torch::kFloat64), tj.cos.to(torch::kFloat64),
-                                       tj.sin.to(torch::kFloat64));
+  const at::Tensor qi =
+      ApplyRotary(q.to(at::kDouble), ti.cos.to(at::kDouble), ti.sin.to(at::kDouble));
+  const at::Tensor kj =
+      ApplyRotary(k.to(at::kDouble), tj.cos.to(at::kDouble), tj.sin.to(at::kDouble));
   return (qi * kj).sum().item<double>();
 }
 
 TEST(RotaryTest, DotProductDependsOnlyOnRelativePosition) {
-  torch::manual_seed(1);
+  at::manual_seed(1);
   const ModelConfig config = Config();
-  const torch::Tensor inv_freq = RotaryInverseFrequencies(config);
-  const torch::Tensor q = torch::randn({1, 1, 32});  // [T, H, D]
-  const torch::Tensor k = torch::randn({1, 1, 32});
+  const at::Tensor inv_freq = RotaryInverseFrequencies(config);
+  const at::Tensor q = torch::randn({1, 1, 32});  // [T, H, D]
+  const at::Tensor k = torch::randn({1, 1, 32});
   for (const auto& [i, j] : {std::pair<int64_t, int64_t>{3, 1}, {7, 7}, {2, 9}}) {
     const double base = RotatedDot(inv_freq, q, k, i, j);
     for (int64_t shift : {1, 5, 100}) {
@@ -47,35 +51,35 @@ TEST(RotaryTest, DotProductDependsOnlyOnRelativePosition) {
 }
 
 TEST(RotaryTest, PositionZeroIsTheIdentity) {
-  const torch::Tensor inv_freq = RotaryInverseFrequencies(Config());
-  const torch::Tensor x = torch::randn({1, 3, 32});
+  const at::Tensor inv_freq = RotaryInverseFrequencies(Config());
+  const at::Tensor x = torch::randn({1, 3, 32});
   const RotaryTables tables = MakeRotaryTables(inv_freq, torch::tensor({0}));
-  EXPECT_TRUE(torch::allclose(ApplyRotary(x, tables.cos, tables.sin), x));
+  EXPECT_TRUE(at::allclose(ApplyRotary(x, tables.cos, tables.sin), x));
 }
 
 // Per-row tables [B, T, d] rotate each row as its own positions' [T, d] tables would: packed
 // rows, whose positions restart at each sequence.
 TEST(RotaryTest, PerRowTablesRotateEachRowByItsOwnPositions) {
-  const torch::Tensor inv_freq = RotaryInverseFrequencies(Config());
+  const at::Tensor inv_freq = RotaryInverseFrequencies(Config());
   const RotaryTables tables = MakeRotaryTables(inv_freq, torch::arange(6));
-  const torch::Tensor positions = torch::tensor({0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 4, 5}).view({2, 6});
-  torch::manual_seed(2);
-  const torch::Tensor x = torch::randn({2, 6, 3, 32});
-  const torch::Tensor rows =
+  const at::Tensor positions = torch::tensor({0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 4, 5}).view({2, 6});
+  at::manual_seed(2);
+  const at::Tensor x = torch::randn({2, 6, 3, 32});
+  const at::Tensor rows =
       ApplyRotary(x, tables.cos.index_select(0, positions.flatten()).view({2, 6, 32}),
                   tables.sin.index_select(0, positions.flatten()).view({2, 6, 32}));
   for (int64_t b = 0; b < 2; ++b) {
     const RotaryTables own = MakeRotaryTables(inv_freq, positions[b]);
-    EXPECT_TRUE(torch::allclose(rows[b], ApplyRotary(x[b], own.cos, own.sin))) << "row " << b;
+    EXPECT_TRUE(at::allclose(rows[b], ApplyRotary(x[b], own.cos, own.sin))) << "row " << b;
   }
   // The second row's positions are 0 .. 5: the shared tables' rotation.
-  EXPECT_TRUE(torch::equal(rows[1], ApplyRotary(x[1], tables.cos, tables.sin)));
-  EXPECT_FALSE(torch::allclose(rows[0], ApplyRotary(x[0], tables.cos, tables.sin)));
+  EXPECT_TRUE(at::equal(rows[1], ApplyRotary(x[1], tables.cos, tables.sin)));
+  EXPECT_FALSE(at::allclose(rows[0], ApplyRotary(x[0], tables.cos, tables.sin)));
 }
 
 TEST(RotaryTest, FrequenciesAreThetaPowers) {
   const ModelConfig config = Config();
-  const torch::Tensor inv_freq = RotaryInverseFrequencies(config);
+  const at::Tensor inv_freq = RotaryInverseFrequencies(config);
   ASSERT_EQ(inv_freq.size(0), 16);
   EXPECT_FLOAT_EQ(inv_freq[0].item<float>(), 1.0f);
   EXPECT_FLOAT_EQ(inv_freq[5].item<float>(),
@@ -84,9 +88,9 @@ TEST(RotaryTest, FrequenciesAreThetaPowers) {
 
 TEST(RotaryTest, Llama3ScalingKeepsHighAndSlowsLowFrequencies) {
   ModelConfig config = PresetConfig("llama3.2-1b").value();
-  const torch::Tensor scaled = RotaryInverseFrequencies(config);
+  const at::Tensor scaled = RotaryInverseFrequencies(config);
   config.clear_rope_scaling();
-  const torch::Tensor plain = RotaryInverseFrequencies(config);
+  const at::Tensor plain = RotaryInverseFrequencies(config);
   ASSERT_EQ(scaled.size(0), 32);
   // Wavelength 2*pi/f below 8192/4: unchanged; above 8192/1: divided by factor 32.
   EXPECT_FLOAT_EQ(scaled[0].item<float>(), plain[0].item<float>());

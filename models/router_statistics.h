@@ -19,7 +19,7 @@
 //   // In CausalLM's forward, in each mixture-of-experts layer:
 //   out = statistics.Record(layer, probabilities, routed, out);
 //   // After it, where the loss is formed (objectives/router_loss.h):
-//   torch::Tensor total = statistics.Load();  // all-reduced over the data ranks
+//   at::Tensor total = statistics.Load();  // all-reduced over the data ranks
 //   loss = loss + statistics.coefficient() * statistics.Loss(total, gradient_scale);
 #ifndef PLAIT_MODELS_ROUTER_STATISTICS_H_
 #define PLAIT_MODELS_ROUTER_STATISTICS_H_
@@ -27,8 +27,8 @@
 #include <cstdint>
 #include <map>
 
+#include "ATen/core/Tensor.h"
 #include "torch/custom_class.h"
-#include "torch/types.h"
 
 namespace plait::models {
 
@@ -43,40 +43,40 @@ class RouterStatistics : public torch::CustomClassHolder {
   // (the layer's, any shape), which where autograd records the forward and the coefficient is not 0
   // carries the node that back-propagates aux's gradient into `probabilities`. A layer recorded
   // again (activation checkpointing's recomputation) replaces its earlier record, which it equals.
-  torch::Tensor Record(int64_t layer, const torch::Tensor& probabilities,
-                       const torch::Tensor& routed, const torch::Tensor& output);
+  at::Tensor Record(int64_t layer, const at::Tensor& probabilities, const at::Tensor& routed,
+                    const at::Tensor& output);
 
   // The forward's totals, fp32 (as transformers sums them; the communicators reduce no fp64)
   // on the probabilities' device, [2 E + 1]: routed_e, then probability_e, then T L (the rows
   // the layers routed); summed over ranks, the totals of their forwards together. Zeros before
   // any Record.
-  torch::Tensor Load() const;
+  at::Tensor Load() const;
 
   // aux for `total` (Load's layout, this forward's or a sum of several ranks'), an fp32 scalar
   // without autograd history; and the gradient this forward's nodes hand the routers becomes
   // `gradient_scale` * coefficient * E * routed_e / (T L)^2: the scale the loss aux joins is
   // multiplied by before its backward (accumulation, data-parallel averaging), which aux's
   // gradient, arriving apart from the loss, must be given.
-  torch::Tensor Loss(const torch::Tensor& total, double gradient_scale);
+  at::Tensor Loss(const at::Tensor& total, double gradient_scale);
 
   int64_t num_experts() const { return num_experts_; }
   double coefficient() const { return coefficient_; }
 
   // What the node of a layer's output hands its router's probability sums: undefined until
   // Loss.
-  const torch::Tensor& gradient() const { return gradient_; }
+  const at::Tensor& gradient() const { return gradient_; }
 
  private:
   struct LayerLoad {
-    torch::Tensor routed;       // [E] fp32, the top-k choices of each expert
-    torch::Tensor probability;  // [E] fp32, the sums of each expert's probability
+    at::Tensor routed;          // [E] fp32, the top-k choices of each expert
+    at::Tensor probability;     // [E] fp32, the sums of each expert's probability
     int64_t rows = 0;           // the tokens routed
   };
 
   const int64_t num_experts_;
   const double coefficient_;
   std::map<int64_t, LayerLoad> layers_;
-  torch::Tensor gradient_;
+  at::Tensor gradient_;
 };
 
 }  // namespace plait::models

@@ -17,6 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/isfinite.h"
+#include "ATen/ops/isnan.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -25,7 +28,7 @@
 #include "base/json.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::models {
 namespace {
@@ -42,13 +45,13 @@ constexpr char kMetadataKey[] = "__metadata__";
 
 struct DtypeName {
   const char* name;
-  torch::ScalarType dtype;
+  at::ScalarType dtype;
 };
 constexpr DtypeName kDtypes[] = {
-    {"F32", torch::kFloat32},
-    {"BF16", torch::kBFloat16},
-    {"F16", torch::kFloat16},
-    {"I64", torch::kInt64},
+    {"F32", at::kFloat},
+    {"BF16", at::kBFloat16},
+    {"F16", at::kHalf},
+    {"I64", at::kLong},
 };
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -81,7 +84,7 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
     return Corrupt(path, absl::StrCat(where, "missing or non-string dtype"));
   }
   const std::string dtype_name = dtype->get<std::string>();
-  const std::optional<torch::ScalarType> known = SafetensorsDtypeOfName(dtype_name);
+  const std::optional<at::ScalarType> known = SafetensorsDtypeOfName(dtype_name);
   if (known.has_value()) entry.dtype = *known;
   if (!known.has_value()) {
     return Corrupt(path, absl::StrCat(where, "dtype \"", dtype_name,
@@ -126,7 +129,7 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
     return Corrupt(path, absl::StrFormat("%sdata_offsets [%d, %d] lie outside the data (%d bytes)",
                                          where, entry.begin, entry.end, data_size));
   }
-  const uint64_t element = torch::elementSize(entry.dtype);
+  const uint64_t element = at::elementSize(entry.dtype);
   uint64_t bytes = 0;
   overflow = overflow || __builtin_mul_overflow(numel, element, &bytes);
   if (overflow || bytes != entry.end - entry.begin) {
@@ -232,14 +235,14 @@ absl::Status SafetensorsFile::ParseHeader() {
   return absl::OkStatus();
 }
 
-const char* SafetensorsDtypeName(torch::ScalarType dtype) {
+const char* SafetensorsDtypeName(at::ScalarType dtype) {
   for (const DtypeName& d : kDtypes) {
     if (d.dtype == dtype) return d.name;
   }
   return nullptr;
 }
 
-std::optional<torch::ScalarType> SafetensorsDtypeOfName(absl::string_view name) {
+std::optional<at::ScalarType> SafetensorsDtypeOfName(absl::string_view name) {
   for (const DtypeName& d : kDtypes) {
     if (name == d.name) return d.dtype;
   }
@@ -254,20 +257,20 @@ absl::StatusOr<absl::string_view> SafetensorsFile::Bytes(const std::string& name
   return absl::string_view(data_ + it->second.begin, it->second.end - it->second.begin);
 }
 
-absl::StatusOr<torch::Tensor> SafetensorsFile::Read(const std::string& name) const {
+absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat(path_, ": no tensor \"", name, "\""));
   }
   const SafetensorsEntry& entry = it->second;
-  torch::Tensor tensor = torch::empty(entry.shape, torch::TensorOptions().dtype(entry.dtype));
+  at::Tensor tensor = torch::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
   std::memcpy(tensor.data_ptr(), data_ + entry.begin, entry.end - entry.begin);
   return tensor;
 }
 
 absl::Status SafetensorsFile::ReadBox(const std::string& name, absl::Span<const int64_t> offsets,
                                       absl::Span<const int64_t> lengths,
-                                      torch::Tensor destination) const {
+                                      at::Tensor destination) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat(path_, ": no tensor \"", name, "\""));
@@ -289,21 +292,21 @@ absl::Status SafetensorsFile::ReadBox(const std::string& name, absl::Span<const 
                                                    absl::StrJoin(entry.shape, ", "),
                                                    "] has no box ", box_string()));
   }
-  if (destination.sizes() != torch::IntArrayRef(lengths.data(), lengths.size())) {
+  if (destination.sizes() != at::IntArrayRef(lengths.data(), lengths.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat(path_, ": the box ", box_string(), " of tensor \"", name,
                      "\" cannot be read into a tensor of shape ", c10::str(destination.sizes())));
   }
   // A view of the mapping, never written: copying its narrowed box reads only the box's
   // elements.
-  torch::Tensor box = torch::from_blob(const_cast<char*>(data_ + entry.begin), entry.shape,
-                                       torch::TensorOptions().dtype(entry.dtype));
+  at::Tensor box = torch::from_blob(const_cast<char*>(data_ + entry.begin), entry.shape,
+                                    at::TensorOptions().dtype(entry.dtype));
   for (size_t d = 0; d < entry.shape.size(); ++d) {
     box = box.narrow(static_cast<int64_t>(d), offsets[d], lengths[d]);
   }
   // The stored values, before a conversion that could overflow them.
   PLAIT_RETURN_IF_ERROR(CheckFinite(box, path_, name));
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   // Staged in host memory, converted and contiguous, so that a device destination (a slice of
   // a CUDA parameter) takes one blocking host-to-device copy of exactly its bytes, done before
   // the staging tensor and the mapping can go, and every destination takes the same path.
@@ -311,21 +314,20 @@ absl::Status SafetensorsFile::ReadBox(const std::string& name, absl::Span<const 
   return absl::OkStatus();
 }
 
-absl::Status CheckFinite(const torch::Tensor& values, absl::string_view path,
-                         absl::string_view name) {
-  if (!torch::isFloatingType(values.scalar_type()) || torch::isfinite(values).all().item<bool>()) {
+absl::Status CheckFinite(const at::Tensor& values, absl::string_view path, absl::string_view name) {
+  if (!at::isFloatingType(values.scalar_type()) || at::isfinite(values).all().item<bool>()) {
     return absl::OkStatus();
   }
-  const char* held = torch::isnan(values).any().item<bool>() ? "NaN" : "infinity";
+  const char* held = at::isnan(values).any().item<bool>() ? "NaN" : "infinity";
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", name, ": holds ", held));
 }
 
 absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                              const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                               const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
-  std::vector<torch::Tensor> contiguous;
+  std::vector<at::Tensor> contiguous;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     const char* dtype = SafetensorsDtypeName(tensor.scalar_type());
@@ -338,7 +340,7 @@ absl::Status WriteSafetensors(const std::string& path,
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": tensor name \"", name, "\" is reserved or repeated"));
     }
-    contiguous.push_back(tensor.detach().to(torch::kCPU).contiguous());
+    contiguous.push_back(tensor.detach().to(at::kCPU).contiguous());
     const uint64_t bytes = contiguous.back().nbytes();
     header[name] = {{"dtype", dtype},
                     {"shape", tensor.sizes().vec()},
@@ -357,7 +359,7 @@ absl::Status WriteSafetensors(const std::string& path,
     if (!out) return absl::PermissionDeniedError(absl::StrCat(temporary, ": cannot create"));
     out.write(length, kHeaderLengthBytes);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const torch::Tensor& tensor : contiguous) {
+    for (const at::Tensor& tensor : contiguous) {
       out.write(static_cast<const char*>(tensor.data_ptr()),
                 static_cast<std::streamsize>(tensor.nbytes()));
     }
@@ -445,18 +447,18 @@ SafetensorsCheckpoint::Find(const std::string& name) const {
   return std::make_pair(&file->entries().at(name), file);
 }
 
-absl::StatusOr<torch::Tensor> SafetensorsCheckpoint::Read(const std::string& name) const {
+absl::StatusOr<at::Tensor> SafetensorsCheckpoint::Read(const std::string& name) const {
   PLAIT_ASSIGN_OR_RETURN(auto found, Find(name));
   return found.second->Read(name);
 }
 
 absl::Status WriteSafetensorsCheckpoint(
-    const std::string& dir, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+    const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
     uint64_t max_shard_bytes) {
   // Hugging Face's writers tag each file with the framework it came from; plait adds itself.
   const std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                        {kWriterKey, kWriterPlait}};
-  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> shards(1);
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
   uint64_t shard_bytes = 0, total_bytes = 0;
   for (const auto& item : tensors) {
     const uint64_t bytes = item.second.nbytes();

@@ -8,7 +8,7 @@
 // to one of several files.
 //
 //   PLAIT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open("/ckpt/model.safetensors"));
-//   PLAIT_ASSIGN_OR_RETURN(torch::Tensor embed, file->Read("model.embed_tokens.weight"));
+//   PLAIT_ASSIGN_OR_RETURN(at::Tensor embed, file->Read("model.embed_tokens.weight"));
 //   PLAIT_RETURN_IF_ERROR(WriteSafetensors("/out/model.safetensors", {{"w", w}}));
 //
 // Supported dtypes: F32, BF16, F16 and I64.
@@ -23,11 +23,11 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "torch/types.h"
 
 namespace plait::models {
 
@@ -42,13 +42,13 @@ inline constexpr char kWriterKey[] = "writer";
 inline constexpr char kWriterPlait[] = "plait";
 
 // The header's name of `dtype` ("F32"); nullptr for a dtype the format does not support.
-const char* SafetensorsDtypeName(torch::ScalarType dtype);
+const char* SafetensorsDtypeName(at::ScalarType dtype);
 // The dtype of a header's name ("BF16"); nullopt for any other name.
-std::optional<torch::ScalarType> SafetensorsDtypeOfName(absl::string_view name);
+std::optional<at::ScalarType> SafetensorsDtypeOfName(absl::string_view name);
 
 // One tensor's entry in a safetensors header.
 struct SafetensorsEntry {
-  torch::ScalarType dtype;
+  at::ScalarType dtype;
   std::vector<int64_t> shape;
   uint64_t begin;  // byte offsets into the data section
   uint64_t end;
@@ -75,7 +75,7 @@ class SafetensorsFile {
 
   // A copy of the tensor `name` in a new CPU tensor of its dtype; NotFound naming the file
   // when there is no such tensor.
-  absl::StatusOr<torch::Tensor> Read(const std::string& name) const;
+  absl::StatusOr<at::Tensor> Read(const std::string& name) const;
 
   // Copies the box of the tensor `name` that starts at `offsets` and spans `lengths` (one of
   // each per dimension) into `destination`, a tensor of the box's shape of any float dtype
@@ -85,7 +85,7 @@ class SafetensorsFile {
   // InvalidArgument naming the file and the tensor when the box leaves the tensor or
   // `destination` is shaped otherwise, or when the box holds NaN or infinity (CheckFinite).
   absl::Status ReadBox(const std::string& name, absl::Span<const int64_t> offsets,
-                       absl::Span<const int64_t> lengths, torch::Tensor destination) const;
+                       absl::Span<const int64_t> lengths, at::Tensor destination) const;
 
   // The bytes of the tensor `name` in the mapped file (row-major, its entry's dtype and
   // shape), valid while this object lives: a reader of part of a tensor touches only the
@@ -109,14 +109,13 @@ class SafetensorsFile {
 // (an integer tensor's always are); otherwise InvalidArgument "`path`: `name`: holds NaN" (or
 // "holds infinity"): weights that a diverged run saved are refused where they are loaded, not
 // trained on. One pass over `values` when they are all finite.
-absl::Status CheckFinite(const torch::Tensor& values, absl::string_view path,
-                         absl::string_view name);
+absl::Status CheckFinite(const at::Tensor& values, absl::string_view path, absl::string_view name);
 
 // Writes `tensors` (CPU or not, any layout; F32, BF16, F16 or I64) in the given order, with
 // `metadata` as "__metadata__", to `path` through a temporary file renamed into place.
 // InvalidArgument naming the tensor for an unsupported dtype or a duplicate name.
 absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                              const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
 
 // The tensors of a checkpoint directory: either one `model.safetensors`, or the files that
@@ -133,7 +132,7 @@ class SafetensorsCheckpoint {
   // The entry and the file holding `name`; NotFound when absent.
   absl::StatusOr<std::pair<const SafetensorsEntry*, const SafetensorsFile*>> Find(
       const std::string& name) const;
-  absl::StatusOr<torch::Tensor> Read(const std::string& name) const;
+  absl::StatusOr<at::Tensor> Read(const std::string& name) const;
 
  private:
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
@@ -145,7 +144,7 @@ class SafetensorsCheckpoint {
 // fits in `max_shard_bytes` (or it is 0), else files `model-0000i-of-0000n.safetensors` of at
 // most that many bytes each (a larger single tensor gets a file of its own) and the index.
 absl::Status WriteSafetensorsCheckpoint(
-    const std::string& dir, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+    const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
     uint64_t max_shard_bytes = 0);
 
 }  // namespace plait::models

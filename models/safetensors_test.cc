@@ -10,12 +10,15 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::models {
 namespace {
@@ -50,13 +53,13 @@ std::string Handmade(const std::string& name, const std::string& header, size_t 
 }
 
 TEST(SafetensorsTest, WriteThenReadIsBitExactForEveryDtype) {
-  torch::manual_seed(1);
-  const torch::Tensor f32 = torch::randn({3, 5});
-  const std::vector<std::pair<std::string, torch::Tensor>> tensors = {
+  at::manual_seed(1);
+  const at::Tensor f32 = torch::randn({3, 5});
+  const std::vector<std::pair<std::string, at::Tensor>> tensors = {
       {"f32", f32},
-      {"bf16", torch::randn({4, 2, 3}).to(torch::kBFloat16)},
-      {"f16", torch::randn({7}).to(torch::kFloat16)},
-      {"i64", torch::randint(-1000000000000LL, 1000000000000LL, {2, 2}, torch::kInt64)},
+      {"bf16", torch::randn({4, 2, 3}).to(at::kBFloat16)},
+      {"f16", torch::randn({7}).to(at::kHalf)},
+      {"i64", torch::randint(-1000000000000LL, 1000000000000LL, {2, 2}, at::kLong)},
       {"transposed", f32.t()},
       {"scalar", torch::tensor(2.5f)},
       {"empty", torch::empty({0, 4})},
@@ -68,12 +71,12 @@ TEST(SafetensorsTest, WriteThenReadIsBitExactForEveryDtype) {
   EXPECT_EQ((*file)->metadata().at("step"), "12");
   EXPECT_EQ((*file)->entries().size(), tensors.size());
   for (const auto& [name, tensor] : tensors) {
-    absl::StatusOr<torch::Tensor> read = (*file)->Read(name);
+    absl::StatusOr<at::Tensor> read = (*file)->Read(name);
     ASSERT_THAT(read, IsOk()) << name;
     EXPECT_EQ(read->scalar_type(), tensor.scalar_type()) << name;
     EXPECT_EQ(read->sizes(), tensor.sizes()) << name;
     // Bit-exact: compare the raw bytes, not values.
-    const torch::Tensor expected = tensor.contiguous();
+    const at::Tensor expected = tensor.contiguous();
     ASSERT_EQ(read->nbytes(), expected.nbytes());
     EXPECT_EQ(std::memcmp(read->data_ptr(), expected.data_ptr(), expected.nbytes()), 0) << name;
   }
@@ -87,7 +90,7 @@ TEST(SafetensorsTest, WriteThenReadIsBitExactForEveryDtype) {
 
 TEST(SafetensorsTest, WriteRejectsUnsupportedDtypeAndRepeatedNames) {
   const std::string path = TestPath("bad_write.safetensors");
-  EXPECT_THAT(WriteSafetensors(path, {{"x", torch::zeros({2}, torch::kInt32)}}),
+  EXPECT_THAT(WriteSafetensors(path, {{"x", torch::zeros({2}, at::kInt)}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"x\" has dtype Int")));
   EXPECT_THAT(WriteSafetensors(path, {{"x", torch::zeros({2})}, {"x", torch::zeros({2})}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("repeated")));
@@ -235,29 +238,29 @@ int64_t ResidentBytesOfMapping(const std::string& path) {
 // resident in this process (the kernel maps a file's pages in runs of up to 2 MiB).
 TEST(SafetensorsTest, ReadBoxReadsOnlyTheBox) {
   const std::string path = TestPath("box.safetensors");
-  const torch::Tensor full = torch::randn({4096, 2048});
-  torch::Tensor stored = full.clone();
+  const at::Tensor full = torch::randn({4096, 2048});
+  at::Tensor stored = full.clone();
   stored.narrow(0, 512, 3584).fill_(std::numeric_limits<float>::quiet_NaN());
   ASSERT_THAT(WriteSafetensors(path, {{"w", stored}}), IsOk());
   const int64_t file_bytes = stored.numel() * 4;
   {
     absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
     ASSERT_THAT(file, IsOk());
-    torch::Tensor rows = torch::empty({512, 2048});
+    at::Tensor rows = torch::empty({512, 2048});
     ASSERT_THAT((*file)->ReadBox("w", {0, 0}, {512, 2048}, rows), IsOk());
-    EXPECT_TRUE(torch::equal(rows, full.narrow(0, 0, 512)));
+    EXPECT_TRUE(at::equal(rows, full.narrow(0, 0, 512)));
     const int64_t resident = ResidentBytesOfMapping(path);
     EXPECT_GE(resident, file_bytes / 8);
     EXPECT_LE(resident, file_bytes / 8 + (4 << 20)) << "of " << file_bytes;
 
-    torch::Tensor box = torch::empty({3, 5}, torch::kBFloat16);
+    at::Tensor box = torch::empty({3, 5}, at::kBFloat16);
     ASSERT_THAT((*file)->ReadBox("w", {509, 100}, {3, 5}, box), IsOk());
-    EXPECT_TRUE(torch::equal(box, full.narrow(0, 509, 3).narrow(1, 100, 5).to(torch::kBFloat16)));
+    EXPECT_TRUE(at::equal(box, full.narrow(0, 509, 3).narrow(1, 100, 5).to(at::kBFloat16)));
     // Into a strided view of a larger tensor (a rank's slice of its parameter), touching
     // nothing else.
-    torch::Tensor parameter = torch::zeros({3, 9}, torch::kBFloat16);
+    at::Tensor parameter = torch::zeros({3, 9}, at::kBFloat16);
     ASSERT_THAT((*file)->ReadBox("w", {509, 100}, {3, 5}, parameter.narrow(1, 2, 5)), IsOk());
-    EXPECT_TRUE(torch::equal(parameter.narrow(1, 2, 5), box));
+    EXPECT_TRUE(at::equal(parameter.narrow(1, 2, 5), box));
     EXPECT_EQ(parameter.narrow(1, 0, 2).abs().max().item<float>(), 0.0f);
     EXPECT_EQ(parameter.narrow(1, 7, 2).abs().max().item<float>(), 0.0f);
 
@@ -282,9 +285,9 @@ TEST(SafetensorsTest, ReadBoxReadsOnlyTheBox) {
 // the tensor reads as before.
 TEST(SafetensorsTest, ReadBoxRefusesNonFiniteValues) {
   const std::string path = TestPath("non_finite.safetensors");
-  torch::Tensor w = torch::ones({4, 3});
+  at::Tensor w = torch::ones({4, 3});
   w[2][1] = std::numeric_limits<float>::quiet_NaN();
-  torch::Tensor b = torch::ones({5}, torch::kBFloat16);
+  at::Tensor b = torch::ones({5}, at::kBFloat16);
   b[4] = -std::numeric_limits<float>::infinity();
   ASSERT_THAT(WriteSafetensors(path, {{"w", w}, {"b", b}}), IsOk());
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
@@ -305,7 +308,7 @@ std::string FreshDir(const std::string& name) {
 
 TEST(SafetensorsCheckpointTest, ShardedRoundTrip) {
   const std::string dir = FreshDir("sharded");
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (int i = 0; i < 5; ++i) tensors.push_back({absl::StrCat("t", i), torch::randn({8, 8})});
   // 256 bytes each; 600-byte shards hold two.
   ASSERT_THAT(WriteSafetensorsCheckpoint(dir, tensors, 600), IsOk());
@@ -314,7 +317,7 @@ TEST(SafetensorsCheckpointTest, ShardedRoundTrip) {
   ASSERT_THAT(checkpoint, IsOk());
   EXPECT_THAT(checkpoint->Names(), ElementsAre("t0", "t1", "t2", "t3", "t4"));
   for (const auto& [name, tensor] : tensors) {
-    EXPECT_TRUE(torch::equal(checkpoint->Read(name).value(), tensor)) << name;
+    EXPECT_TRUE(at::equal(checkpoint->Read(name).value(), tensor)) << name;
   }
   EXPECT_THAT(checkpoint->Read("t9"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing tensor \"t9\"")));
@@ -341,7 +344,7 @@ TEST(SafetensorsCheckpointTest, SingleFileReplacesAShardedCheckpoint) {
   absl::StatusOr<SafetensorsCheckpoint> checkpoint = SafetensorsCheckpoint::Open(dir);
   ASSERT_THAT(checkpoint, IsOk());
   EXPECT_THAT(checkpoint->Names(), ElementsAre("w"));
-  EXPECT_TRUE(torch::equal(checkpoint->Read("w").value(), torch::ones({64})));
+  EXPECT_TRUE(at::equal(checkpoint->Read("w").value(), torch::ones({64})));
 }
 
 TEST(SafetensorsCheckpointTest, IndexDisagreeingWithFilesIsAnError) {

@@ -1,14 +1,16 @@
 #include "models/testing_gradients.h"
 
+#include "ATen/core/Tensor.h"
 #include "gtest/gtest.h"
+#include "torch/nn/module.h"
 
 namespace plait::models::testing {
 
-LossAndGradients BackwardOf(CausalLM& model, const torch::Tensor& loss) {
+LossAndGradients BackwardOf(CausalLM& model, const at::Tensor& loss) {
   loss.backward();
   LossAndGradients result{loss.item<double>(), {}};
   for (const auto& item : model.named_parameters()) {
-    result.gradients[item.key()] = item.value().grad().to(torch::kCPU, torch::kFloat32);
+    result.gradients[item.key()] = item.value().grad().to(at::kCPU, at::kFloat);
   }
   return result;
 }
@@ -23,12 +25,11 @@ void ExpectClose(const LossAndGradients& got, const LossAndGradients& want, doub
   }
 }
 
-void ExpectElementsClose(const torch::Tensor& actual, const torch::Tensor& expected,
-                         double tolerance, const std::string& what) {
+void ExpectElementsClose(const at::Tensor& actual, const at::Tensor& expected, double tolerance,
+                         const std::string& what) {
   ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
   const double scale = expected.abs().max().item<double>();
-  const double off =
-      (actual.to(torch::kFloat64) - expected.to(torch::kFloat64)).abs().max().item<double>();
+  const double off = (actual.to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
   EXPECT_LE(off, tolerance * scale) << what << ": off by " << off << " of " << scale;
 }
 

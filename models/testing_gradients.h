@@ -3,7 +3,7 @@
 // CPU in fp32 whatever the model's device and dtype, and the comparison within a relative
 // tolerance; and any two tensors, element by element:
 //
-//   const torch::Tensor loss = model->Loss(tokens, targets);
+//   const at::Tensor loss = model->Loss(tokens, targets);
 //   const LossAndGradients got = BackwardOf(*model, loss);
 //   ExpectClose(got, want, 1e-5);
 #ifndef PLAIT_MODELS_TESTING_GRADIENTS_H_
@@ -12,18 +12,18 @@
 #include <map>
 #include <string>
 
+#include "ATen/core/Tensor.h"
 #include "models/causal_lm.h"
-#include "torch/types.h"
 
 namespace plait::models::testing {
 
 struct LossAndGradients {
   double loss;
-  std::map<std::string, torch::Tensor> gradients;  // on the CPU, fp32
+  std::map<std::string, at::Tensor> gradients;  // on the CPU, fp32
 };
 
 // Runs `loss`'s backward through `model` and collects the loss and the gradients.
-LossAndGradients BackwardOf(CausalLM& model, const torch::Tensor& loss);
+LossAndGradients BackwardOf(CausalLM& model, const at::Tensor& loss);
 
 // `got` against `want` (gtest expectations): the loss and each gradient within `tolerance`,
 // relative (a gradient's as the norm of the difference over the norm of `want`'s).
@@ -31,8 +31,8 @@ void ExpectClose(const LossAndGradients& got, const LossAndGradients& want, doub
 
 // `actual` against `expected` of the same shape (gtest expectations, naming `what`): each
 // element within `tolerance` times `expected`'s largest magnitude of its counterpart.
-void ExpectElementsClose(const torch::Tensor& actual, const torch::Tensor& expected,
-                         double tolerance, const std::string& what);
+void ExpectElementsClose(const at::Tensor& actual, const at::Tensor& expected, double tolerance,
+                         const std::string& what);
 
 }  // namespace plait::models::testing
 

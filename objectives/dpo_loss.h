@@ -8,8 +8,8 @@
 #ifndef PLAIT_OBJECTIVES_DPO_LOSS_H_
 #define PLAIT_OBJECTIVES_DPO_LOSS_H_
 
+#include "ATen/core/Tensor.h"
 #include "objectives/objective.pb.h"
-#include "torch/types.h"
 
 namespace plait::objectives {
 
@@ -18,16 +18,16 @@ inline constexpr double kDefaultDpoBeta = 0.1;
 
 // Per pair, [B] each.
 struct DpoTerms {
-  torch::Tensor losses;            // differentiable through the policy's log-probabilities
-  torch::Tensor chosen_rewards;    // beta * (policy - reference) of chosen, detached
-  torch::Tensor rejected_rewards;  // the same for rejected
+  at::Tensor losses;            // differentiable through the policy's log-probabilities
+  at::Tensor chosen_rewards;    // beta * (policy - reference) of chosen, detached
+  at::Tensor rejected_rewards;  // the same for rejected
 };
 
 // `config`'s loss of pairs whose log-probabilities (fp32 [B]) are given; for the IPO loss
 // they must already be averaged over each sequence's completion tokens.
-DpoTerms DpoLoss(const Dpo& config, const torch::Tensor& policy_chosen,
-                 const torch::Tensor& policy_rejected, const torch::Tensor& reference_chosen,
-                 const torch::Tensor& reference_rejected);
+DpoTerms DpoLoss(const Dpo& config, const at::Tensor& policy_chosen,
+                 const at::Tensor& policy_rejected, const at::Tensor& reference_chosen,
+                 const at::Tensor& reference_rejected);
 
 }  // namespace plait::objectives
 

@@ -2,7 +2,9 @@
 
 #include <cmath>
 
+#include "ATen/core/Tensor.h"
 #include "gtest/gtest.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::objectives {
 namespace {
@@ -11,10 +13,10 @@ double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 // Two pairs whose log-probabilities give z = 2 and z = -1 (beta 0.5: beta z = 1, -0.5).
 struct TwoPairs {
-  torch::Tensor policy_chosen = torch::tensor({-3.0, -5.0}, torch::kFloat64).requires_grad_();
-  torch::Tensor policy_rejected = torch::tensor({-4.0, -4.5}, torch::kFloat64).requires_grad_();
-  torch::Tensor reference_chosen = torch::tensor({-4.0, -4.0}, torch::kFloat64);
-  torch::Tensor reference_rejected = torch::tensor({-3.0, -4.5}, torch::kFloat64);
+  at::Tensor policy_chosen = torch::tensor({-3.0, -5.0}, at::kDouble).requires_grad_();
+  at::Tensor policy_rejected = torch::tensor({-4.0, -4.5}, at::kDouble).requires_grad_();
+  at::Tensor reference_chosen = torch::tensor({-4.0, -4.0}, at::kDouble);
+  at::Tensor reference_rejected = torch::tensor({-3.0, -4.5}, at::kDouble);
   const double z[2] = {2.0, -1.0};
 
   DpoTerms Loss(const Dpo& config) {

@@ -1,16 +1,18 @@
 #include "objectives/metric_means.h"
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/cat.h"
 #include "base/status.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::objectives {
 
 void MetricMeans::Add(const ObjectiveOutput& output, int64_t items) {
   // Summed where the loss was computed, so that a GPU run reads them on the host once, in
   // Mean. A batch with no item has the loss 0 (Objective's contract) and adds nothing.
-  std::vector<torch::Tensor> values = {output.loss.detach().reshape({1})};
+  std::vector<at::Tensor> values = {output.loss.detach().reshape({1})};
   for (const auto& [name, value] : output.metrics) values.push_back(value.reshape({1}));
-  const torch::Tensor weighted =
-      torch::cat(values).to(torch::kFloat64) * static_cast<double>(items);
+  const at::Tensor weighted = at::cat(values).to(at::kDouble) * static_cast<double>(items);
   sums_ = sums_.defined() ? sums_ + weighted : weighted;
   if (names_.empty()) {
     for (const auto& [name, value] : output.metrics) names_.push_back(name);
@@ -22,15 +24,14 @@ absl::StatusOr<MeanMetrics> MetricMeans::Mean(const parallel::DeviceMesh& mesh) 
   // One fp32 sum over the mesh (the communicators reduce no fp64): the items, the weighted
   // loss, then the weighted metrics, on the mesh's device. fp32 holds the counts exactly up to
   // 2^24 items on the mesh and to 2^-24 relative beyond, far below what the logs print.
-  const torch::Tensor sums =
-      sums_.defined() ? sums_
-                      : torch::zeros({1 + static_cast<int64_t>(names_.size())},
-                                     torch::TensorOptions(torch::kFloat64).device(mesh.device()));
-  torch::Tensor tensor =
-      torch::cat({torch::full({1}, static_cast<double>(items_), sums.options()), sums})
-          .to(torch::kFloat32);
+  const at::Tensor sums = sums_.defined()
+                              ? sums_
+                              : torch::zeros({1 + static_cast<int64_t>(names_.size())},
+                                             at::TensorOptions(at::kDouble).device(mesh.device()));
+  at::Tensor tensor =
+      at::cat({torch::full({1}, static_cast<double>(items_), sums.options()), sums}).to(at::kFloat);
   PLAIT_RETURN_IF_ERROR(mesh.AllReduce(tensor, parallel::ReduceOp::kSum));
-  tensor = tensor.to(torch::kCPU, torch::kFloat64).contiguous();
+  tensor = tensor.to(at::kCPU, at::kDouble).contiguous();
   const double* values = tensor.data_ptr<double>();
   const double items = values[0];
   if (items == 0.0) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "objectives/objective.h"
 #include "parallel/device_mesh.h"
@@ -47,7 +48,7 @@ class MetricMeans {
  private:
   // The weighted sums of the loss and then of each metric, fp64 on the loss's device;
   // undefined before any Add.
-  torch::Tensor sums_;
+  at::Tensor sums_;
   std::vector<std::string> names_;  // of the metrics
   int64_t items_ = 0;
 };

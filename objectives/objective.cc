@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -23,7 +24,7 @@ class CrossEntropy : public Objective {
  public:
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch,
                                           const data::Batch& /*host*/,
-                                          const torch::Tensor& /*frozen_read*/) override {
+                                          const at::Tensor& /*frozen_read*/) override {
     return ObjectiveOutput{
         policy.Loss(batch.inputs, batch.targets, data::kIgnoreTarget, batch.positions), {}};
   }
@@ -108,22 +109,22 @@ class DirectPreference : public Objective {
     return config_.reference();
   }
 
-  absl::StatusOr<torch::Tensor> ReadFrozen(models::CausalLM& frozen,
-                                           const data::Batch& batch) const override {
+  absl::StatusOr<at::Tensor> ReadFrozen(models::CausalLM& frozen,
+                                        const data::Batch& batch) const override {
     return ReferenceLogProbs::Compute(frozen, batch);
   }
 
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch,
                                           const data::Batch& host,
-                                          const torch::Tensor& frozen_read) override {
+                                          const at::Tensor& frozen_read) override {
     // First, so that no policy activations are held while a live reference runs.
-    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor reference,
+    PLAIT_ASSIGN_OR_RETURN(const at::Tensor reference,
                            frozen_read.defined() ? frozen_read : ReferenceOf(policy, batch, host));
-    const torch::Tensor policy_logps = SequenceLogProbs(policy, batch);
+    const at::Tensor policy_logps = SequenceLogProbs(policy, batch);
     const int64_t pairs = policy_logps.size(0) / 2;
-    const auto chosen = [&](const torch::Tensor& t) { return t.narrow(0, 0, pairs); };
-    const auto rejected = [&](const torch::Tensor& t) { return t.narrow(0, pairs, pairs); };
-    const auto loss_of = [&](const torch::Tensor& of_policy, const torch::Tensor& of_reference) {
+    const auto chosen = [&](const at::Tensor& t) { return t.narrow(0, 0, pairs); };
+    const auto rejected = [&](const at::Tensor& t) { return t.narrow(0, pairs, pairs); };
+    const auto loss_of = [&](const at::Tensor& of_policy, const at::Tensor& of_reference) {
       return DpoLoss(config_, chosen(of_policy), rejected(of_policy), chosen(of_reference),
                      rejected(of_reference));
     };
@@ -132,17 +133,17 @@ class DirectPreference : public Objective {
     DpoTerms terms = loss_of(policy_logps, reference);
     if (config_.loss_type() == DPO_LOSS_IPO) {
       // TRL averages the log-probabilities over the completion tokens for the IPO loss.
-      const torch::Tensor lengths =
-          data::SequenceSums(batch, (batch.targets != data::kIgnoreTarget).to(torch::kFloat32));
+      const at::Tensor lengths =
+          data::SequenceSums(batch, (batch.targets != data::kIgnoreTarget).to(at::kFloat));
       terms.losses = loss_of(policy_logps / lengths, reference / lengths).losses;
     }
-    const auto mean = [](const torch::Tensor& t) { return t.mean().to(torch::kFloat32); };
+    const auto mean = [](const at::Tensor& t) { return t.mean().to(at::kFloat); };
     return ObjectiveOutput{
         terms.losses.mean(),
         {{"rewards/chosen", mean(terms.chosen_rewards)},
          {"rewards/rejected", mean(terms.rejected_rewards)},
          {"rewards/accuracies",
-          mean((terms.chosen_rewards > terms.rejected_rewards).to(torch::kFloat32))},
+          mean((terms.chosen_rewards > terms.rejected_rewards).to(at::kFloat))},
          {"rewards/margins", mean(terms.chosen_rewards - terms.rejected_rewards)},
          {"logps/chosen", mean(chosen(policy_logps).detach())},
          {"logps/rejected", mean(rejected(policy_logps).detach())}}};
@@ -156,10 +157,10 @@ class DirectPreference : public Objective {
  private:
   // The reference's log-probabilities of `batch`'s sequences (`host` its copy in host memory) for
   // `policy`, on the batch's device.
-  absl::StatusOr<torch::Tensor> ReferenceOf(models::CausalLM& policy, const data::Batch& batch,
-                                            const data::Batch& host) const {
+  absl::StatusOr<at::Tensor> ReferenceOf(models::CausalLM& policy, const data::Batch& batch,
+                                         const data::Batch& host) const {
     if (table_ != nullptr) {
-      PLAIT_ASSIGN_OR_RETURN(const torch::Tensor found, table_->Find(host));
+      PLAIT_ASSIGN_OR_RETURN(const at::Tensor found, table_->Find(host));
       return data::ToDevice(found, batch.inputs.device());
     }
     if (frozen_ != nullptr) return ReferenceLogProbs::Compute(*frozen_, batch);
@@ -188,8 +189,8 @@ class DirectPreference : public Objective {
 
 }  // namespace
 
-absl::StatusOr<torch::Tensor> Objective::ReadFrozen(models::CausalLM& /*frozen*/,
-                                                    const data::Batch& /*batch*/) const {
+absl::StatusOr<at::Tensor> Objective::ReadFrozen(models::CausalLM& /*frozen*/,
+                                                 const data::Batch& /*batch*/) const {
   return absl::FailedPreconditionError("the objective reads no frozen model");
 }
 

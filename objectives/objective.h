@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -43,12 +44,12 @@ namespace plait::objectives {
 using Metrics = std::vector<std::pair<std::string, double>>;
 // The same as fp32 scalars on the loss's device, detached: a step reads them on the host
 // once, with its loss (metric_means.h), not once per micro-batch.
-using TensorMetrics = std::vector<std::pair<std::string, torch::Tensor>>;
+using TensorMetrics = std::vector<std::pair<std::string, at::Tensor>>;
 
 struct ObjectiveOutput {
   // fp32 scalar, the mean over the micro-batch's items; 0, with a zero gradient, when it has
   // none
-  torch::Tensor loss;
+  at::Tensor loss;
   TensorMetrics metrics;  // besides the loss; empty for the cross-entropy objectives
 };
 
@@ -61,7 +62,7 @@ struct RunStart {
   int64_t train_batches = 0;           // the micro-batches this rank will read from it
   data::DataLoader eval;               // a copy of its held-out loader, reset
   int64_t eval_batches = 0;            // the micro-batches this rank reads in each evaluation
-  torch::Device device = torch::kCPU;  // where the run computes
+  at::Device device = at::kCPU;        // where the run computes
   models::CausalLM* policy = nullptr;  // the trained model, prepared
   // Frees the frozen model of that name, after checking that its wrappers' communication did
   // not fail (an error names it); the objective must not touch it afterwards.
@@ -89,8 +90,8 @@ class Objective {
   // `frozen` under no-grad (DPO: the reference's log-probabilities of the batch's sequences),
   // on a pipeline's last stage from the stage input it was given. FailedPrecondition for an
   // objective that reads no frozen model.
-  virtual absl::StatusOr<torch::Tensor> ReadFrozen(models::CausalLM& frozen,
-                                                   const data::Batch& batch) const;
+  virtual absl::StatusOr<at::Tensor> ReadFrozen(models::CausalLM& frozen,
+                                                const data::Batch& batch) const;
 
   // The loss of the trained model `policy` on `batch` (data/batch.h; for DPO its 2B chosen
   // then rejected sequences, a row each or packed, go through the policy in one forward).
@@ -102,11 +103,11 @@ class Objective {
   // without its adapters when it has none.
   virtual absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
                                                   const data::Batch& batch, const data::Batch& host,
-                                                  const torch::Tensor& frozen_read) = 0;
+                                                  const at::Tensor& frozen_read) = 0;
 
   // The same for a batch in host memory, running the frozen model itself.
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch) {
-    return Compute(policy, batch, batch, torch::Tensor());
+    return Compute(policy, batch, batch, at::Tensor());
   }
 
   // The names of the metrics Compute reports besides the loss, in its order (DPO's

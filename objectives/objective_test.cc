@@ -5,12 +5,15 @@
 #include <tuple>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/log_softmax.h"
 #include "base/status_matchers.h"
 #include "data/pairs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "wrap/wrappable.h"
 
 namespace plait::objectives {
@@ -127,7 +130,7 @@ TEST(ObjectiveTest, DpoReadsItsReferenceAheadAsItWouldItself) {
   ASSERT_THAT(live, IsOk());
   EXPECT_EQ((*live)->FrozenRead(), std::optional<std::string>("ref"));
   const data::Batch batch = TwoPairs();
-  const absl::StatusOr<torch::Tensor> read = (*live)->ReadFrozen(*reference, batch);
+  const absl::StatusOr<at::Tensor> read = (*live)->ReadFrozen(*reference, batch);
   ASSERT_THAT(read, IsOk());
   const ObjectiveOutput expected = (*live)->Compute(*policy, batch).value();
   const ObjectiveOutput actual = (*live)->Compute(*policy, batch, batch, *read).value();
@@ -199,18 +202,15 @@ TEST(ObjectiveTest, DpoOnPaddingFreeRowsEqualsDpoOnPaddedRows) {
 // scalar.
 class Gain final : public wrap::ProjectionOps {
  public:
-  torch::Tensor Weight(const torch::nn::Module&, const torch::Tensor& weight) override {
-    return weight;
-  }
-  std::vector<torch::Tensor> HeldTensors(const torch::nn::Module&) const override { return {}; }
-  torch::Tensor Adapt(const torch::nn::Module&, const torch::Tensor&,
-                      torch::Tensor output) override {
+  at::Tensor Weight(const torch::nn::Module&, const at::Tensor& weight) override { return weight; }
+  std::vector<at::Tensor> HeldTensors(const torch::nn::Module&) const override { return {}; }
+  at::Tensor Adapt(const torch::nn::Module&, const at::Tensor&, at::Tensor output) override {
     return output * (1 + gain);
   }
   std::optional<wrap::Wrappable::Split> AddedParameterSplit(const std::string&) const override {
     return std::nullopt;
   }
-  torch::Tensor gain = torch::full({}, 0.1).requires_grad_();
+  at::Tensor gain = torch::full({}, 0.1).requires_grad_();
 };
 
 // With its adapters off (and only then), the policy is a frozen copy of its base: DPO against
@@ -260,8 +260,8 @@ TEST(ObjectiveTest, SftIsTheCrossEntropyOfTheCompletionTokens) {
   ASSERT_THAT(objective, IsOk());
   const data::PairExample example{{1, 2, 3}, {4, 5}, {}};
   const data::Batch batch = data::PairRows({&example}, data::PairKind::kSft, data::PairFiles(), 6);
-  const torch::Tensor loss = (*objective)->Compute(*policy, batch)->loss;
-  const torch::Tensor log_probs = torch::log_softmax(policy->Forward(batch.inputs)[0], -1);
+  const at::Tensor loss = (*objective)->Compute(*policy, batch)->loss;
+  const at::Tensor log_probs = at::log_softmax(policy->Forward(batch.inputs)[0], -1);
   const double expected = -(log_probs[2][4].item<double>() + log_probs[3][5].item<double>()) / 2;
   EXPECT_NEAR(loss.item<double>(), expected, 1e-5);
 }

@@ -1,8 +1,9 @@
 #include "objectives/reference_log_probs.h"
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "base/hash.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::objectives {
 namespace {
@@ -10,12 +11,12 @@ namespace {
 // `batch` in host memory, where its rows are hashed (a no-op for a batch on the CPU).
 data::Batch OnHost(const data::Batch& batch) {
   return {batch.inputs.cpu(), batch.targets.cpu(),
-          batch.positions.defined() ? batch.positions.cpu() : torch::Tensor()};
+          batch.positions.defined() ? batch.positions.cpu() : at::Tensor()};
 }
 
 }  // namespace
 
-torch::Tensor SequenceLogProbs(models::CausalLM& model, const data::Batch& batch) {
+at::Tensor SequenceLogProbs(models::CausalLM& model, const data::Batch& batch) {
   if (!batch.positions.defined()) {
     return model.SequenceLogProbs(batch.inputs, batch.targets, data::kIgnoreTarget);
   }
@@ -23,16 +24,16 @@ torch::Tensor SequenceLogProbs(models::CausalLM& model, const data::Batch& batch
                                                        data::kIgnoreTarget, batch.positions));
 }
 
-torch::Tensor ReferenceLogProbs::Compute(models::CausalLM& reference, const data::Batch& batch) {
-  torch::NoGradGuard no_grad;
+at::Tensor ReferenceLogProbs::Compute(models::CausalLM& reference, const data::Batch& batch) {
+  at::NoGradGuard no_grad;
   return SequenceLogProbs(reference, batch);
 }
 
 std::vector<ReferenceLogProbs::Key> ReferenceLogProbs::SequenceKeys(const data::Batch& batch) {
-  const torch::Tensor inputs = batch.inputs.contiguous();
-  const torch::Tensor targets = batch.targets.contiguous();
-  const torch::Tensor positions =
-      batch.positions.defined() ? batch.positions.contiguous() : torch::Tensor();
+  const at::Tensor inputs = batch.inputs.contiguous();
+  const at::Tensor targets = batch.targets.contiguous();
+  const at::Tensor positions =
+      batch.positions.defined() ? batch.positions.contiguous() : at::Tensor();
   const int64_t T = inputs.size(1);
   const auto key = [&](int64_t row, int64_t start, int64_t end) -> Key {
     const size_t bytes = (end - start) * sizeof(int64_t);
@@ -61,8 +62,7 @@ std::vector<ReferenceLogProbs::Key> ReferenceLogProbs::SequenceKeys(const data::
 }
 
 void ReferenceLogProbs::Add(models::CausalLM& reference, const data::Batch& batch) {
-  const torch::Tensor log_probs =
-      Compute(reference, batch).to(torch::kCPU, torch::kFloat32).contiguous();
+  const at::Tensor log_probs = Compute(reference, batch).to(at::kCPU, at::kFloat).contiguous();
   const float* values = log_probs.data_ptr<float>();
   const std::vector<Key> keys = SequenceKeys(OnHost(batch));
   for (size_t sequence = 0; sequence < keys.size(); ++sequence) {
@@ -70,10 +70,10 @@ void ReferenceLogProbs::Add(models::CausalLM& reference, const data::Batch& batc
   }
 }
 
-absl::StatusOr<torch::Tensor> ReferenceLogProbs::Find(const data::Batch& batch) const {
+absl::StatusOr<at::Tensor> ReferenceLogProbs::Find(const data::Batch& batch) const {
   const std::vector<Key> keys = SequenceKeys(OnHost(batch));
   const int64_t sequences = static_cast<int64_t>(keys.size());
-  torch::Tensor found = torch::empty({sequences}, torch::kFloat32);
+  at::Tensor found = torch::empty({sequences}, at::kFloat);
   float* values = found.data_ptr<float>();
   for (int64_t sequence = 0; sequence < sequences; ++sequence) {
     const auto it = log_probs_.find(keys[sequence]);

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "data/batch.h"
 #include "models/causal_lm.h"
@@ -24,14 +25,14 @@ namespace plait::objectives {
 // Each sequence's log-probability of its scored targets under `model`: fp32 [sequences],
 // differentiable; a packed row's sequences each (data::SequenceSums), and under context
 // parallelism the whole sequences', the ranks' slices summed (CausalLM::SequenceLogProbs).
-torch::Tensor SequenceLogProbs(models::CausalLM& model, const data::Batch& batch);
+at::Tensor SequenceLogProbs(models::CausalLM& model, const data::Batch& batch);
 
 class ReferenceLogProbs {
  public:
   // `reference`'s log-probabilities (fp32 [data::Sequences(batch)]) of `batch`'s sequences,
   // summed over the scored targets, computed under no-grad; how DPO scores its reference,
   // precomputed or not.
-  static torch::Tensor Compute(models::CausalLM& reference, const data::Batch& batch);
+  static at::Tensor Compute(models::CausalLM& reference, const data::Batch& batch);
 
   // Computes and keeps the log-probabilities of `batch`'s sequences (one kept already is kept
   // once). Every rank of a sharded reference must call it for the same number of batches.
@@ -40,7 +41,7 @@ class ReferenceLogProbs {
   // The kept log-probabilities of `batch`'s sequences, bit for bit as Compute gave them, on
   // `batch`'s device (read on the host: give a batch in host memory where there is one);
   // NotFound naming the first sequence never added.
-  absl::StatusOr<torch::Tensor> Find(const data::Batch& batch) const;
+  absl::StatusOr<at::Tensor> Find(const data::Batch& batch) const;
 
   // How many distinct sequences are kept.
   int64_t rows() const { return static_cast<int64_t>(log_probs_.size()); }

@@ -1,5 +1,6 @@
 #include "objectives/router_loss.h"
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
@@ -16,7 +17,7 @@ absl::Status AddRouterLoss(models::CausalLM& model, const parallel::DeviceMesh& 
   models::RouterStatistics* const routing = model.LastRouting().get();
   if (routing == nullptr) return absl::OkStatus();
   const int64_t experts = routing->num_experts();
-  torch::Tensor total = routing->Load();
+  at::Tensor total = routing->Load();
   for (const std::string& dim : routing_dims) {
     PLAIT_ASSIGN_OR_RETURN(parallel::Communicator* const group, mesh.communicator(dim));
     if (group->size() == 1) continue;
@@ -32,11 +33,11 @@ absl::Status AddRouterLoss(models::CausalLM& model, const parallel::DeviceMesh& 
                                     : step->data_parallel_size() *
                                           static_cast<double>(step->global_items(micro)) /
                                           static_cast<double>(step->total());
-  const torch::Tensor aux = routing->Loss(total, gradient_scale).to(output.loss.device());
+  const at::Tensor aux = routing->Loss(total, gradient_scale).to(output.loss.device());
   output.loss = output.loss + routing->coefficient() * aux;
-  const torch::Tensor routed = total.narrow(0, 0, experts);
-  const torch::Tensor share =
-      (routed * static_cast<double>(experts) / routed.sum().clamp_min(1.0)).to(torch::kFloat32);
+  const at::Tensor routed = total.narrow(0, 0, experts);
+  const at::Tensor share =
+      (routed * static_cast<double>(experts) / routed.sum().clamp_min(1.0)).to(at::kFloat);
   output.metrics.emplace_back("aux_loss", aux);
   output.metrics.emplace_back("expert_load_max", share.max().to(output.loss.device()));
   output.metrics.emplace_back("expert_load_min", share.min().to(output.loss.device()));

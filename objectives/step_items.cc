@@ -3,8 +3,10 @@
 #include <numeric>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::objectives {
 
@@ -14,19 +16,19 @@ absl::StatusOr<StepItems> StepItems::Count(std::vector<int64_t> items,
   // Each micro-batch's, summed on the mesh's device, and read back once, only when some
   // dimension has ranks to sum over: one rank's counts never leave the host.
   std::vector<int64_t> global = items;
-  torch::Tensor summed;
+  at::Tensor summed;
   for (const std::string& dim : scoring_dims) {
     PLAIT_ASSIGN_OR_RETURN(parallel::Communicator* const group, mesh.communicator(dim));
     if (group->size() == 1) continue;
     if (!summed.defined()) {
-      summed = torch::tensor(global, torch::TensorOptions(torch::kInt64)).to(mesh.device());
+      summed = torch::tensor(global, at::TensorOptions(at::kLong)).to(mesh.device());
     }
     PLAIT_RETURN_IF_ERROR(
         base::Annotate(group->AllReduce(summed, parallel::ReduceOp::kSum)->Wait(),
                        absl::StrCat("counting the step's scored items over \"", dim, "\"")));
   }
   if (summed.defined()) {
-    const torch::Tensor host = summed.cpu();
+    const at::Tensor host = summed.cpu();
     global.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
   }
   const int64_t n = std::accumulate(global.begin(), global.end(), int64_t{0});
@@ -40,7 +42,7 @@ absl::StatusOr<StepItems> StepItems::Count(std::vector<int64_t> items,
   return StepItems(std::move(items), std::move(global), n, data_parallel.second);
 }
 
-torch::Tensor StepItems::ScaledForBackward(const torch::Tensor& loss, int micro) const {
+at::Tensor StepItems::ScaledForBackward(const at::Tensor& loss, int micro) const {
   const int64_t own = items_.at(micro);
   if (own == 0) return loss * 0.0;
   // Both counts are exact in a double (below 2^53), and so is the quotient when it is a whole

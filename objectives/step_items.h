@@ -33,9 +33,9 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "parallel/device_mesh.h"
-#include "torch/types.h"
 
 namespace plait::objectives {
 
@@ -61,7 +61,7 @@ class StepItems {
   // `loss`, the mean over micro-batch `micro`'s items, divided by N / (n_micro D) for its
   // backward. A micro-batch with no item contributes 0 and a zero gradient (its loss is 0 by
   // Objective's contract; it still runs its backward, whose collectives every rank joins).
-  torch::Tensor ScaledForBackward(const torch::Tensor& loss, int micro) const;
+  at::Tensor ScaledForBackward(const at::Tensor& loss, int micro) const;
 
  private:
   StepItems(std::vector<int64_t> items, std::vector<int64_t> global_items, int64_t total,

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "base/status_matchers.h"
 #include "base/text_proto.h"
 #include "gmock/gmock.h"
@@ -14,6 +15,7 @@
 #include "objectives/metric_means.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::objectives {
 namespace {
@@ -47,11 +49,11 @@ TEST(StepItemsTest, CountsOverTheDataParallelRanksAndScalesEachMeanByItsShare) {
     EXPECT_EQ(step->global_items(0), 8);
     EXPECT_EQ(step->global_items(1), 12);
     // Micro-batch 0 of dp rank 1 holds 5 of the 20 items; DDP then halves its gradient.
-    const torch::Tensor mean = torch::tensor(1.5f, torch::requires_grad());
-    const torch::Tensor scaled = step->ScaledForBackward(mean, 0);
+    const at::Tensor mean = torch::tensor(1.5f, at::requires_grad());
+    const at::Tensor scaled = step->ScaledForBackward(mean, 0);
     EXPECT_FLOAT_EQ(scaled.item<float>(), 1.5f * items[0] * 2 / 20);
     // Nothing scored: 0 and a zero gradient, even from a loss that is not 0.
-    const torch::Tensor none = step->ScaledForBackward(mean, 1);
+    const at::Tensor none = step->ScaledForBackward(mean, 1);
     if (items[1] == 0) {
       EXPECT_EQ(none.item<float>(), 0.0f);
       none.backward();
@@ -64,11 +66,11 @@ TEST(StepItemsTest, EqualSharesScaleAsTheDivisionByTheAccumulation) {
   parallel::testing::RunOnRingMesh(DpTp(), [](int, parallel::DeviceMesh& mesh) {
     absl::StatusOr<StepItems> step = StepItems::Count({7, 7, 7}, mesh, {"dp"});
     ASSERT_THAT(step, IsOk());
-    const torch::Tensor mean = torch::tensor(2.3456789f, torch::requires_grad());
-    const torch::Tensor scaled = step->ScaledForBackward(mean, 2);
+    const at::Tensor mean = torch::tensor(2.3456789f, at::requires_grad());
+    const at::Tensor scaled = step->ScaledForBackward(mean, 2);
     scaled.backward();
-    const torch::Tensor reference = torch::tensor(2.3456789f, torch::requires_grad());
-    const torch::Tensor divided = reference / 3;
+    const at::Tensor reference = torch::tensor(2.3456789f, at::requires_grad());
+    const at::Tensor divided = reference / 3;
     divided.backward();
     EXPECT_EQ(scaled.item<float>(), divided.item<float>());
     EXPECT_EQ(mean.grad().item<float>(), reference.grad().item<float>());

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/linalg_vector_norm.h"
 #include "absl/status/status.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::optim {
 
@@ -28,7 +31,7 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParam
     Groups groups;
     // fp64, on the gradients' device (read on the host once, after the reduction); zero while
     // undefined.
-    torch::Tensor sum_of_squares;
+    at::Tensor sum_of_squares;
   };
   std::vector<Partial> partials;
   for (const parallel::TrainableParameter& parameter : parameters) {
@@ -41,22 +44,21 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParam
     auto partial = std::find_if(partials.begin(), partials.end(),
                                 [&](const Partial& p) { return p.groups == groups; });
     if (partial == partials.end()) {
-      partials.push_back({groups, torch::Tensor()});
+      partials.push_back({groups, at::Tensor()});
       partial = partials.end() - 1;
     }
-    const torch::Tensor& grad = parameter.tensor.grad();
+    const at::Tensor& grad = parameter.tensor.grad();
     if (!grad.defined()) continue;
-    const torch::Tensor squares =
-        torch::linalg_vector_norm(grad, 2, c10::nullopt, false, torch::kFloat64).square() /
+    const at::Tensor squares =
+        at::linalg_vector_norm(grad, 2, c10::nullopt, false, at::kDouble).square() /
         static_cast<double>(parameter.replicas);
     partial->sum_of_squares =
         partial->sum_of_squares.defined() ? partial->sum_of_squares + squares : squares;
   }
 
   // fp32 is the widest floating type every backend reduces.
-  const auto options =
-      torch::TensorOptions(torch::kFloat32).device(parameters.front().tensor.device());
-  const auto all_reduce = [](torch::Tensor& sum, const Groups& groups) -> absl::Status {
+  const auto options = at::TensorOptions(at::kFloat).device(parameters.front().tensor.device());
+  const auto all_reduce = [](at::Tensor& sum, const Groups& groups) -> absl::Status {
     for (parallel::Communicator* group : groups) {
       if (absl::Status status = group->AllReduce(sum, parallel::ReduceOp::kSum)->Wait();
           !status.ok()) {
@@ -66,25 +68,25 @@ absl::StatusOr<double> GlobalGradNorm(const std::vector<parallel::TrainableParam
     return absl::OkStatus();
   };
   // Summed on the device in fp64 and read on the host once, whatever the number of partials.
-  torch::Tensor total = torch::zeros({1}, options.dtype(torch::kFloat64));
+  at::Tensor total = torch::zeros({1}, options.dtype(at::kDouble));
   for (const Partial& partial : partials) {
-    torch::Tensor sum = partial.sum_of_squares.defined()
-                            ? partial.sum_of_squares.to(options).reshape({1})
-                            : torch::zeros({1}, options);
+    at::Tensor sum = partial.sum_of_squares.defined()
+                         ? partial.sum_of_squares.to(options).reshape({1})
+                         : torch::zeros({1}, options);
     if (absl::Status status = all_reduce(sum, partial.groups); !status.ok()) return status;
-    total = total + sum.to(torch::kFloat64);
+    total = total + sum.to(at::kDouble);
   }
   if (!common.empty()) {
-    torch::Tensor sum = total.to(options);
+    at::Tensor sum = total.to(options);
     if (absl::Status status = all_reduce(sum, common); !status.ok()) return status;
-    total = sum.to(torch::kFloat64);
+    total = sum.to(at::kDouble);
   }
   return std::sqrt(total.item<double>());
 }
 
 void ScaleGradients(const std::vector<parallel::TrainableParameter>& parameters, double factor) {
   for (const parallel::TrainableParameter& parameter : parameters) {
-    torch::Tensor grad = parameter.tensor.grad();
+    at::Tensor grad = parameter.tensor.grad();
     if (grad.defined()) grad.mul_(factor);
   }
 }

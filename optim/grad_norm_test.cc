@@ -5,16 +5,18 @@
 #include <string>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/device_mesh.h"
 #include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/nn/utils/clip_grad.h"
-#include "torch/types.h"
-#include "torch/utils.h"
 
 namespace plait::optim {
 namespace {
@@ -28,12 +30,12 @@ using ::plait::parallel::testing::RunRanks;
 // The full gradients of a three-parameter model, the same in every process.
 struct FullGradients {
   FullGradients() {
-    torch::manual_seed(7);
+    at::manual_seed(7);
     a = torch::randn({8, 6});  // sharded on both mesh dimensions
     b = torch::randn({6});     // sharded on one, replicated on the other
     c = torch::randn({5});     // replicated everywhere
   }
-  torch::Tensor a, b, c;
+  at::Tensor a, b, c;
   double Norm() const {
     return std::sqrt(a.pow(2).sum().item<double>() + b.pow(2).sum().item<double>() +
                      c.pow(2).sum().item<double>());
@@ -41,9 +43,9 @@ struct FullGradients {
 };
 
 // A parameter holding `part` with `part` as its gradient too.
-parallel::TrainableParameter WithGradient(const std::string& name, const torch::Tensor& part,
+parallel::TrainableParameter WithGradient(const std::string& name, const at::Tensor& part,
                                           std::vector<Communicator*> sharded_over) {
-  torch::Tensor tensor = torch::zeros_like(part);
+  at::Tensor tensor = torch::zeros_like(part);
   tensor.mutable_grad() = part.clone();
   return {name, tensor, std::move(sharded_over)};
 }
@@ -60,9 +62,9 @@ TEST(GlobalGradNormTest, OneProcessIsTheFrobeniusNorm) {
 TEST(GlobalGradNormTest, TwoRanksShardedAndReplicatedEqualTheFullModel) {
   const FullGradients full;
   // The single-process reference: torch clips the full gradients.
-  const std::vector<torch::Tensor> reference = {WithGradient("a", full.a, {}).tensor,
-                                                WithGradient("b", full.b, {}).tensor,
-                                                WithGradient("c", full.c, {}).tensor};
+  const std::vector<at::Tensor> reference = {WithGradient("a", full.a, {}).tensor,
+                                             WithGradient("b", full.b, {}).tensor,
+                                             WithGradient("c", full.c, {}).tensor};
   const double max_norm = full.Norm() / 3;
   torch::nn::utils::clip_grad_norm_(reference, max_norm);
   auto store = c10::make_intrusive<c10d::HashStore>();
@@ -78,10 +80,9 @@ TEST(GlobalGradNormTest, TwoRanksShardedAndReplicatedEqualTheFullModel) {
     ASSERT_THAT(norm, IsOk());
     EXPECT_NEAR(*norm, full.Norm(), 1e-6 * full.Norm());
     ScaleGradients(parameters, max_norm / (*norm + 1e-6));
-    EXPECT_TRUE(
-        torch::allclose(parameters[0].tensor.grad(), reference[0].grad().chunk(2, 0)[rank]));
-    EXPECT_TRUE(torch::allclose(parameters[1].tensor.grad(), reference[1].grad()));
-    EXPECT_TRUE(torch::allclose(parameters[2].tensor.grad(), reference[2].grad()));
+    EXPECT_TRUE(at::allclose(parameters[0].tensor.grad(), reference[0].grad().chunk(2, 0)[rank]));
+    EXPECT_TRUE(at::allclose(parameters[1].tensor.grad(), reference[1].grad()));
+    EXPECT_TRUE(at::allclose(parameters[2].tensor.grad(), reference[2].grad()));
   });
 }
 
@@ -123,7 +124,7 @@ TEST(GlobalGradNormTest, FourRanksOnAMeshEqualTheFullModel) {
   parallel::testing::RunOnRingMesh(*layout, [&](int, parallel::DeviceMesh& mesh) {
     Communicator* dp = *mesh.communicator("dp");
     Communicator* tp = *mesh.communicator("tp");
-    const torch::Tensor a_part = full.a.chunk(2, 1)[tp->rank()].chunk(2, 0)[dp->rank()];
+    const at::Tensor a_part = full.a.chunk(2, 1)[tp->rank()].chunk(2, 0)[dp->rank()];
     const std::vector<parallel::TrainableParameter> parameters = {
         WithGradient("a", a_part.contiguous(), {dp, tp}),
         WithGradient("b", full.b.chunk(2, 0)[tp->rank()], {tp}),

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ATen/Parallel.h"
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
@@ -18,7 +19,7 @@
 #include "optim/internal/cpu_updates.h"
 #include "optim/internal/fused_kernels.h"
 #include "optim/internal/multi_tensor_updates.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::optim {
 namespace {
@@ -45,8 +46,8 @@ void Narrow(const float* in, int64_t n, Low* out) {
 // chunk's new master values, rounded as Tensor::copy_ rounds them. One pass over memory, with
 // no separate passes to cast the gradient or the parameter.
 template <typename Kernel>
-void ForEachChunk(const torch::Tensor& master, const torch::Tensor& grad,
-                  const torch::Tensor& parameter, const Kernel& kernel) {
+void ForEachChunk(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& parameter,
+                  const Kernel& kernel) {
   const float* p = master.data_ptr<float>();
   at::parallel_for(0, master.numel(), kGrainSize, [&](int64_t begin, int64_t end) {
     float widened[kChunk];
@@ -54,10 +55,10 @@ void ForEachChunk(const torch::Tensor& master, const torch::Tensor& grad,
       const int64_t count = std::min(kChunk, end - chunk);
       const float* g = widened;
       switch (grad.scalar_type()) {
-        case torch::kBFloat16:
+        case at::kBFloat16:
           Widen(grad.data_ptr<at::BFloat16>() + chunk, count, widened);
           break;
-        case torch::kFloat16:
+        case at::kHalf:
           Widen(grad.data_ptr<at::Half>() + chunk, count, widened);
           break;
         default:
@@ -65,10 +66,10 @@ void ForEachChunk(const torch::Tensor& master, const torch::Tensor& grad,
       }
       kernel(chunk, count, g);
       switch (parameter.scalar_type()) {
-        case torch::kBFloat16:
+        case at::kBFloat16:
           Narrow(p + chunk, count, parameter.data_ptr<at::BFloat16>() + chunk);
           break;
-        case torch::kFloat16:
+        case at::kHalf:
           Narrow(p + chunk, count, parameter.data_ptr<at::Half>() + chunk);
           break;
         default:
@@ -190,10 +191,10 @@ absl::Status CheckParameters(const std::vector<parallel::TrainableParameter>& pa
     if (!names.insert(parameter.name).second) {
       return absl::InvalidArgumentError(absl::StrCat(where, " is listed twice"));
     }
-    const torch::Tensor& tensor = parameter.tensor;
+    const at::Tensor& tensor = parameter.tensor;
     if (!tensor.defined()) return absl::InvalidArgumentError(where + " is undefined");
     const auto dtype = tensor.scalar_type();
-    if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kFloat16) {
+    if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
       return absl::InvalidArgumentError(absl::StrCat(where, " has dtype ", c10::toString(dtype),
                                                      "; supported are Float, BFloat16, Half"));
     }
@@ -201,14 +202,14 @@ absl::Status CheckParameters(const std::vector<parallel::TrainableParameter>& pa
       return absl::InvalidArgumentError(where + " is not contiguous");
     }
     // The clipping norm is reduced on one device (grad_norm.h).
-    const torch::Device device = parameters.front().tensor.device();
+    const at::Device device = parameters.front().tensor.device();
     if (tensor.device() != device) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, " is on ", tensor.device().str(), ", parameter \"", parameters.front().name,
           "\" on ", device.str(), "; an optimizer's parameters share one device"));
     }
-    const torch::Tensor& master = parameter.master;
-    if (master.defined() && (dtype == torch::kFloat32 || master.scalar_type() != torch::kFloat32 ||
+    const at::Tensor& master = parameter.master;
+    if (master.defined() && (dtype == at::kFloat || master.scalar_type() != at::kFloat ||
                              master.sizes() != tensor.sizes() ||
                              master.device() != tensor.device() || !master.is_contiguous())) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -231,8 +232,8 @@ absl::Status CheckParameters(const std::vector<parallel::TrainableParameter>& pa
 }
 
 // A copy of `tensor` in host memory, made directly from wherever it is.
-torch::Tensor HostCopy(const torch::Tensor& tensor) {
-  return tensor.to(tensor.options().device(torch::kCPU), /*non_blocking=*/false, /*copy=*/true);
+at::Tensor HostCopy(const at::Tensor& tensor) {
+  return tensor.to(tensor.options().device(at::kCPU), /*non_blocking=*/false, /*copy=*/true);
 }
 
 std::string StateKey(const std::string& parameter, const std::string& slot) {
@@ -266,11 +267,11 @@ struct Optimizer::Slot {
   // The fused loops over the memory of a CPU parameter; otherwise the multi-tensor updates
   // of its bucket, on any device.
   bool fused = false;
-  torch::Tensor master;  // fp32; the parameter itself when the parameter is fp32
+  at::Tensor master;  // fp32; the parameter itself when the parameter is fp32
   // The algorithm's state (BufferNames), empty until this parameter's first update or a
   // LoadState allocates it, as torch.optim allocates its state: a run's start-up does not
   // page in the memory that its first step fills (4 bytes an element per buffer).
-  std::map<std::string, torch::Tensor> buffers;
+  std::map<std::string, at::Tensor> buffers;
   int64_t steps = 0;  // updates this parameter received
 
   // Allocates the state as zeros unless it is allocated.
@@ -307,16 +308,16 @@ absl::StatusOr<std::unique_ptr<Optimizer>> internal::CreateOptimizer(
     for (int member : groups[g].members) slots[member].group = g;
   }
   for (size_t i = 0; i < parameters.size(); ++i) {
-    const torch::Tensor& tensor = parameters[i].tensor;
+    const at::Tensor& tensor = parameters[i].tensor;
     Optimizer::Slot& slot = slots[i];
     slot.hyperparameters = hyperparameters;
     slot.fused = tensor.is_cpu() && paths.cpu_updates == CpuUpdates::kFusedLoops;
-    if (tensor.scalar_type() == torch::kFloat32) {
+    if (tensor.scalar_type() == at::kFloat) {
       slot.master = tensor.detach();
     } else if (parameters[i].master.defined()) {
       slot.master = parameters[i].master.detach();
     } else {
-      slot.master = tensor.detach().to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+      slot.master = tensor.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     }
   }
   return std::unique_ptr<Optimizer>(new Optimizer(std::move(parameters), config, std::move(groups),
@@ -354,9 +355,9 @@ absl::StatusOr<StepReport> Optimizer::Step(double lr) {
   // The other slots, by what their update shares: the group (lr, decay), the update's count
   // (bias corrections, SGD's first step; it differs for a parameter that missed a gradient)
   // and the parameter dtype (one multi-tensor copy writes the 16-bit ones).
-  std::map<std::tuple<int, int64_t, torch::ScalarType>, std::vector<size_t>> by_scalars;
+  std::map<std::tuple<int, int64_t, at::ScalarType>, std::vector<size_t>> by_scalars;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    const torch::Tensor& parameter = parameters_[i].tensor;
+    const at::Tensor& parameter = parameters_[i].tensor;
     if (!parameter.grad().defined()) continue;
     Slot& slot = slots_[i];
     ++slot.steps;
@@ -444,8 +445,8 @@ void Optimizer::UpdateFused(size_t index, double base_lr) {
   Slot& slot = slots_[index];
   const Hyperparameters& h = slot.hyperparameters;
   const ParamGroup& group = groups_[slot.group];
-  const torch::Tensor& parameter = parameters_[index].tensor;
-  const torch::Tensor grad = parameter.grad().contiguous();
+  const at::Tensor& parameter = parameters_[index].tensor;
+  const at::Tensor grad = parameter.grad().contiguous();
   float* p = slot.master.data_ptr<float>();
 
   switch (h.algorithm) {
@@ -486,22 +487,22 @@ void Optimizer::UpdateBucket(const std::vector<size_t>& bucket, double base_lr) 
   const Slot& first = slots_[bucket.front()];
   const Hyperparameters& h = first.hyperparameters;
   const ParamGroup& group = groups_[first.group];
-  const bool low_precision = parameters_[bucket.front()].tensor.scalar_type() != torch::kFloat32;
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> masters;
-  std::vector<torch::Tensor> grads;
+  const bool low_precision = parameters_[bucket.front()].tensor.scalar_type() != at::kFloat;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> masters;
+  std::vector<at::Tensor> grads;
   for (const size_t i : bucket) {
     masters.push_back(slots_[i].master);
     grads.push_back(parameters_[i].tensor.grad().contiguous());
   }
   if (low_precision) {  // the update reads fp32 gradients: widened once, here
-    std::vector<torch::Tensor> widened;
-    for (const torch::Tensor& master : masters) widened.push_back(torch::empty_like(master));
+    std::vector<at::Tensor> widened;
+    for (const at::Tensor& master : masters) widened.push_back(torch::empty_like(master));
     base::ForeachCopy_(widened, grads);
     grads = std::move(widened);
   }
   const auto buffers = [&](const char* name) {
-    std::vector<torch::Tensor> result;
+    std::vector<at::Tensor> result;
     for (const size_t i : bucket) result.push_back(slots_[i].buffers.at(name));
     return result;
   };
@@ -514,7 +515,7 @@ void Optimizer::UpdateBucket(const std::vector<size_t>& bucket, double base_lr) 
     case OptimizerConfig::kSgd:
       internal::SgdUpdate(
           SgdStepOf(h, group, base_lr, first.steps), masters, grads,
-          h.momentum != 0.0 ? buffers("momentum_buffer") : std::vector<torch::Tensor>());
+          h.momentum != 0.0 ? buffers("momentum_buffer") : std::vector<at::Tensor>());
       break;
     case OptimizerConfig::kLion:
       internal::LionUpdate(LionStepOf(h, group, base_lr), masters, grads, buffers("exp_avg"));
@@ -523,7 +524,7 @@ void Optimizer::UpdateBucket(const std::vector<size_t>& bucket, double base_lr) 
       return;  // rejected by Create
   }
   if (low_precision) {
-    std::vector<torch::Tensor> parameters;
+    std::vector<at::Tensor> parameters;
     for (const size_t i : bucket) parameters.push_back(parameters_[i].tensor);
     base::ForeachCopy_(parameters, masters);
   }
@@ -537,13 +538,13 @@ void Optimizer::ZeroGrad() {
 OptimizerState Optimizer::SaveState() const { return DescribeState(HostCopy); }
 
 OptimizerState Optimizer::StateLayout() const {
-  return DescribeState([](const torch::Tensor& tensor) {
-    return torch::empty(tensor.sizes(), tensor.options().device(torch::kMeta));
+  return DescribeState([](const at::Tensor& tensor) {
+    return torch::empty(tensor.sizes(), tensor.options().device(at::kMeta));
   });
 }
 
 OptimizerState Optimizer::DescribeState(
-    const std::function<torch::Tensor(const torch::Tensor&)>& take) const {
+    const std::function<at::Tensor(const at::Tensor&)>& take) const {
   OptimizerState state;
   state.step = step_;
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -558,8 +559,8 @@ OptimizerState Optimizer::DescribeState(
                    ? allocated->second
                    : torch::zeros({}, slot.master.options()).expand(slot.master.sizes()));
     }
-    state.tensors[StateKey(name, "step")] = take(torch::tensor(slot.steps, torch::kInt64));
-    if (parameters_[i].tensor.scalar_type() != torch::kFloat32) {
+    state.tensors[StateKey(name, "step")] = take(torch::tensor(slot.steps, at::kLong));
+    if (parameters_[i].tensor.scalar_type() != at::kFloat) {
       state.tensors[StateKey(name, "master")] = take(slot.master);
     }
   }
@@ -575,7 +576,7 @@ absl::Status Optimizer::LoadState(const OptimizerState& state) {
       expected[StateKey(name, buffer)] = i;
     }
     expected[StateKey(name, "step")] = i;
-    if (parameters_[i].tensor.scalar_type() != torch::kFloat32) {
+    if (parameters_[i].tensor.scalar_type() != at::kFloat) {
       expected[StateKey(name, "master")] = i;
     }
   }
@@ -598,7 +599,7 @@ absl::Status Optimizer::LoadState(const OptimizerState& state) {
     return absl::InvalidArgumentError(message);
   }
   for (const auto& [key, index] : expected) {
-    const torch::Tensor& loaded = state.tensors.at(key);
+    const at::Tensor& loaded = state.tensors.at(key);
     const bool is_step = key == StateKey(parameters_[index].name, "step");
     const auto want = is_step ? std::vector<int64_t>{} : slots_[index].master.sizes().vec();
     if (loaded.sizes().vec() != want) {
@@ -607,11 +608,11 @@ absl::Status Optimizer::LoadState(const OptimizerState& state) {
                        "], the parameter's is [", absl::StrJoin(want, ", "), "]"));
     }
   }
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (const auto& [key, index] : expected) {
     Slot& slot = slots_[index];
     const std::string slot_name = key.substr(parameters_[index].name.size() + 1);
-    const torch::Tensor& loaded = state.tensors.at(key);
+    const at::Tensor& loaded = state.tensors.at(key);
     if (slot_name == "step") {
       slot.steps = loaded.item<int64_t>();
     } else if (slot_name == "master") {

@@ -34,13 +34,13 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "optim/optimizer.pb.h"
 #include "optim/param_groups.h"
 #include "parallel/trainable_parameter.h"
-#include "torch/types.h"
 
 namespace plait::optim {
 
@@ -67,7 +67,7 @@ struct StepReport {
 // fp16 parameters, "master".
 struct OptimizerState {
   int64_t step = 0;
-  std::map<std::string, torch::Tensor> tensors;
+  std::map<std::string, at::Tensor> tensors;
 };
 
 // The checks Optimizer::Create makes of `config` for parameters named `parameter_names`,
@@ -147,8 +147,7 @@ class Optimizer {
   // multi-tensor updates.
   void UpdateBucket(const std::vector<size_t>& bucket, double lr);
   // SaveState's entries, each tensor passed through `take`.
-  OptimizerState DescribeState(
-      const std::function<torch::Tensor(const torch::Tensor&)>& take) const;
+  OptimizerState DescribeState(const std::function<at::Tensor(const at::Tensor&)>& take) const;
 
   std::vector<parallel::TrainableParameter> parameters_;
   OptimizerConfig config_;

@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/equal.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/allocation_counter.h"
@@ -15,12 +19,11 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "optim/internal/cpu_updates.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/nn/utils/clip_grad.h"
 #include "torch/optim/adam.h"
 #include "torch/optim/adamw.h"
 #include "torch/optim/sgd.h"
-#include "torch/types.h"
-#include "torch/utils.h"
 
 namespace plait::optim {
 namespace {
@@ -38,12 +41,12 @@ OptimizerConfig Parse(const std::string& text) {
 }
 
 // A few parameters of assorted shapes, the same for every caller.
-std::vector<torch::Tensor> InitialTensors() {
-  torch::manual_seed(1);
+std::vector<at::Tensor> InitialTensors() {
+  at::manual_seed(1);
   return {torch::randn({64, 33}), torch::randn({33}), torch::randn({7, 5, 3}), torch::randn({1})};
 }
 
-std::vector<parallel::TrainableParameter> Trainable(const std::vector<torch::Tensor>& tensors) {
+std::vector<parallel::TrainableParameter> Trainable(const std::vector<at::Tensor>& tensors) {
   std::vector<parallel::TrainableParameter> parameters;
   for (size_t i = 0; i < tensors.size(); ++i) {
     parameters.push_back({"p" + std::to_string(i), tensors[i], {}});
@@ -51,19 +54,19 @@ std::vector<parallel::TrainableParameter> Trainable(const std::vector<torch::Ten
   return parameters;
 }
 
-std::vector<torch::Tensor> Copies(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> copies;
-  for (const torch::Tensor& tensor : tensors) copies.push_back(tensor.clone());
+std::vector<at::Tensor> Copies(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> copies;
+  for (const at::Tensor& tensor : tensors) copies.push_back(tensor.clone());
   return copies;
 }
 
 // The gradient of step `step` for parameter `index`: deterministic, varied in scale.
-torch::Tensor Gradient(int step, size_t index, const torch::Tensor& like) {
-  torch::manual_seed(1000 * step + index);
+at::Tensor Gradient(int step, size_t index, const at::Tensor& like) {
+  at::manual_seed(1000 * step + index);
   return torch::randn(like.sizes()) * (1.0 + step % 7);
 }
 
-void SetGradients(const std::vector<torch::Tensor>& tensors, int step) {
+void SetGradients(const std::vector<at::Tensor>& tensors, int step) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     tensors[i].mutable_grad() = Gradient(step, i, tensors[i]).to(tensors[i].scalar_type());
   }
@@ -72,8 +75,8 @@ void SetGradients(const std::vector<torch::Tensor>& tensors, int step) {
 // The learning rate of step `step`, changing every step as under a schedule.
 double LearningRate(int step) { return 1e-3 * (1.0 + std::cos(step * 0.1)); }
 
-void ExpectClose(const std::vector<torch::Tensor>& actual,
-                 const std::vector<torch::Tensor>& expected, double relative) {
+void ExpectClose(const std::vector<at::Tensor>& actual, const std::vector<at::Tensor>& expected,
+                 double relative) {
   ASSERT_EQ(actual.size(), expected.size());
   for (size_t i = 0; i < actual.size(); ++i) {
     const double scale = expected[i].abs().max().item<double>();
@@ -87,9 +90,9 @@ void ExpectClose(const std::vector<torch::Tensor>& actual,
 // the same initial tensors and gradients for kSteps steps, and compares the parameters.
 void ExpectParity(
     const std::string& config,
-    const std::function<std::function<void(double)>(std::vector<torch::Tensor>&)>& make_reference) {
-  std::vector<torch::Tensor> ours = InitialTensors();
-  std::vector<torch::Tensor> theirs = Copies(ours);
+    const std::function<std::function<void(double)>(std::vector<at::Tensor>&)>& make_reference) {
+  std::vector<at::Tensor> ours = InitialTensors();
+  std::vector<at::Tensor> theirs = Copies(ours);
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
       Optimizer::Create(Trainable(ours), Parse(config));
   ASSERT_THAT(optimizer, IsOk());
@@ -102,13 +105,13 @@ void ExpectParity(
   }
   ExpectClose(ours, theirs, 1e-6);
   // And the parameters moved: a comparison of unchanged tensors proves nothing.
-  ExpectClose({(ours[0] - InitialTensors()[0]).abs().max().gt(1e-3).to(torch::kFloat)},
+  ExpectClose({(ours[0] - InitialTensors()[0]).abs().max().gt(1e-3).to(at::kFloat)},
               {torch::ones({})}, 0.0);
 }
 
 // A torch::optim optimizer stepped with a per-step learning rate.
 template <typename TorchOptimizer, typename Options>
-std::function<void(double)> TorchStepper(std::vector<torch::Tensor>& tensors, Options options) {
+std::function<void(double)> TorchStepper(std::vector<at::Tensor>& tensors, Options options) {
   auto optimizer = std::make_shared<TorchOptimizer>(tensors, options);
   return [optimizer](double lr) {
     for (auto& group : optimizer->param_groups()) {
@@ -120,7 +123,7 @@ std::function<void(double)> TorchStepper(std::vector<torch::Tensor>& tensors, Op
 
 TEST(OptimizerParityTest, AdamWMatchesTorch) {
   ExpectParity("adamw { beta1: 0.8 beta2: 0.95 eps: 1e-6 } weight_decay: 0.1",
-               [](std::vector<torch::Tensor>& tensors) {
+               [](std::vector<at::Tensor>& tensors) {
                  return TorchStepper<torch::optim::AdamW>(
                      tensors,
                      torch::optim::AdamWOptions(0).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.1));
@@ -128,23 +131,23 @@ TEST(OptimizerParityTest, AdamWMatchesTorch) {
 }
 
 TEST(OptimizerParityTest, AdamMatchesTorch) {
-  ExpectParity("adam {} weight_decay: 0.01", [](std::vector<torch::Tensor>& tensors) {
+  ExpectParity("adam {} weight_decay: 0.01", [](std::vector<at::Tensor>& tensors) {
     return TorchStepper<torch::optim::Adam>(tensors,
                                             torch::optim::AdamOptions(0).weight_decay(0.01));
   });
 }
 
 TEST(OptimizerParityTest, SgdMatchesTorch) {
-  ExpectParity("sgd {}", [](std::vector<torch::Tensor>& tensors) {
+  ExpectParity("sgd {}", [](std::vector<at::Tensor>& tensors) {
     return TorchStepper<torch::optim::SGD>(tensors, torch::optim::SGDOptions(0));
   });
   ExpectParity("sgd { momentum: 0.9 dampening: 0.1 } weight_decay: 0.01",
-               [](std::vector<torch::Tensor>& tensors) {
+               [](std::vector<at::Tensor>& tensors) {
                  return TorchStepper<torch::optim::SGD>(
                      tensors,
                      torch::optim::SGDOptions(0).momentum(0.9).dampening(0.1).weight_decay(0.01));
                });
-  ExpectParity("sgd { momentum: 0.9 nesterov: true }", [](std::vector<torch::Tensor>& tensors) {
+  ExpectParity("sgd { momentum: 0.9 nesterov: true }", [](std::vector<at::Tensor>& tensors) {
     return TorchStepper<torch::optim::SGD>(
         tensors, torch::optim::SGDOptions(0).momentum(0.9).nesterov(true));
   });
@@ -153,17 +156,17 @@ TEST(OptimizerParityTest, SgdMatchesTorch) {
 // Lion as published (Chen et al., 2023, Algorithm 2), written with tensor operations.
 TEST(OptimizerParityTest, LionMatchesThePublishedUpdate) {
   ExpectParity("lion { beta1: 0.9 beta2: 0.99 } weight_decay: 0.1",
-               [](std::vector<torch::Tensor>& tensors) {
-                 auto momenta = std::make_shared<std::vector<torch::Tensor>>();
-                 for (const torch::Tensor& tensor : tensors) {
+               [](std::vector<at::Tensor>& tensors) {
+                 auto momenta = std::make_shared<std::vector<at::Tensor>>();
+                 for (const at::Tensor& tensor : tensors) {
                    momenta->push_back(torch::zeros_like(tensor));
                  }
                  return [tensors, momenta](double lr) {
-                   torch::NoGradGuard no_grad;
+                   at::NoGradGuard no_grad;
                    for (size_t i = 0; i < tensors.size(); ++i) {
-                     const torch::Tensor& g = tensors[i].grad();
-                     torch::Tensor& m = (*momenta)[i];
-                     const torch::Tensor update = (m * 0.9 + g * 0.1).sign();
+                     const at::Tensor& g = tensors[i].grad();
+                     at::Tensor& m = (*momenta)[i];
+                     const at::Tensor update = (m * 0.9 + g * 0.1).sign();
                      tensors[i].mul_(1 - lr * 0.1).sub_(update * lr);
                      m.mul_(0.99).add_(g * 0.01);
                    }
@@ -172,8 +175,8 @@ TEST(OptimizerParityTest, LionMatchesThePublishedUpdate) {
 }
 
 TEST(OptimizerTest, GroupsScaleTheLearningRateAndSetTheDecay) {
-  std::vector<torch::Tensor> tensors = InitialTensors();
-  std::vector<torch::Tensor> initial = Copies(tensors);
+  std::vector<at::Tensor> tensors = InitialTensors();
+  std::vector<at::Tensor> initial = Copies(tensors);
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::Create(
       Trainable(tensors), Parse(R"pb(
         sgd {}
@@ -184,10 +187,10 @@ TEST(OptimizerTest, GroupsScaleTheLearningRateAndSetTheDecay) {
   ASSERT_THAT(optimizer, IsOk());
   SetGradients(tensors, 0);
   ASSERT_THAT((*optimizer)->Step(0.1), IsOk());
-  EXPECT_TRUE(torch::equal(tensors[0], initial[0]));
-  EXPECT_TRUE(torch::allclose(tensors[1], initial[1] - 0.2 * Gradient(0, 1, initial[1])));
-  EXPECT_TRUE(torch::allclose(tensors[2],
-                              initial[2] - 0.1 * (Gradient(0, 2, initial[2]) + 0.5 * initial[2])));
+  EXPECT_TRUE(at::equal(tensors[0], initial[0]));
+  EXPECT_TRUE(at::allclose(tensors[1], initial[1] - 0.2 * Gradient(0, 1, initial[1])));
+  EXPECT_TRUE(
+      at::allclose(tensors[2], initial[2] - 0.1 * (Gradient(0, 2, initial[2]) + 0.5 * initial[2])));
 }
 
 // 16-bit parameters train through fp32 master weights, with every algorithm: the masters
@@ -196,12 +199,12 @@ TEST(OptimizerTest, GroupsScaleTheLearningRateAndSetTheDecay) {
 TEST(OptimizerTest, LowPrecisionParametersKeepFp32MastersAndState) {
   for (const char* config_text :
        {"adamw {} weight_decay: 0.1", "sgd { momentum: 0.9 } weight_decay: 0.01", "lion {}"}) {
-    for (torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat16}) {
+    for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
       SCOPED_TRACE(absl::StrCat(config_text, ", ", c10::toString(dtype)));
-      std::vector<torch::Tensor> low;
-      for (const torch::Tensor& tensor : InitialTensors()) low.push_back(tensor.to(dtype));
-      std::vector<torch::Tensor> full;
-      for (const torch::Tensor& tensor : low) full.push_back(tensor.to(torch::kFloat32));
+      std::vector<at::Tensor> low;
+      for (const at::Tensor& tensor : InitialTensors()) low.push_back(tensor.to(dtype));
+      std::vector<at::Tensor> full;
+      for (const at::Tensor& tensor : low) full.push_back(tensor.to(at::kFloat));
       const OptimizerConfig config = Parse(config_text);
       auto low_optimizer = Optimizer::Create(Trainable(low), config);
       auto full_optimizer = Optimizer::Create(Trainable(full), config);
@@ -210,7 +213,7 @@ TEST(OptimizerTest, LowPrecisionParametersKeepFp32MastersAndState) {
       for (int step = 0; step < 10; ++step) {
         SetGradients(low, step);
         for (size_t i = 0; i < full.size(); ++i) {
-          full[i].mutable_grad() = low[i].grad().to(torch::kFloat32);
+          full[i].mutable_grad() = low[i].grad().to(at::kFloat);
         }
         ASSERT_THAT((*low_optimizer)->Step(1e-2), IsOk());
         ASSERT_THAT((*full_optimizer)->Step(1e-2), IsOk());
@@ -218,11 +221,11 @@ TEST(OptimizerTest, LowPrecisionParametersKeepFp32MastersAndState) {
       const OptimizerState state = (*low_optimizer)->SaveState();
       for (size_t i = 0; i < low.size(); ++i) {
         const std::string name = "p" + std::to_string(i);
-        const torch::Tensor& master = state.tensors.at(name + ":master");
-        EXPECT_EQ(master.scalar_type(), torch::kFloat32);
-        EXPECT_TRUE(torch::equal(master, full[i])) << name;
+        const at::Tensor& master = state.tensors.at(name + ":master");
+        EXPECT_EQ(master.scalar_type(), at::kFloat);
+        EXPECT_TRUE(at::equal(master, full[i])) << name;
         EXPECT_EQ(low[i].scalar_type(), dtype);
-        EXPECT_TRUE(torch::equal(low[i], master.to(dtype))) << name;
+        EXPECT_TRUE(at::equal(low[i], master.to(dtype))) << name;
       }
     }
   }
@@ -236,11 +239,11 @@ TEST(OptimizerTest, GivenMastersAreTheStartingPoint) {
     SCOPED_TRACE(fused ? "fused loops" : "multi-tensor updates");
     internal::UpdatePaths paths;
     if (!fused) paths.cpu_updates = internal::CpuUpdates::kMultiTensor;
-    std::vector<torch::Tensor> full = InitialTensors();
+    std::vector<at::Tensor> full = InitialTensors();
     std::vector<parallel::TrainableParameter> low = Trainable(full);
     for (parallel::TrainableParameter& parameter : low) {
       parameter.master = parameter.tensor.clone();
-      parameter.tensor = parameter.tensor.to(torch::kBFloat16);
+      parameter.tensor = parameter.tensor.to(at::kBFloat16);
     }
     const OptimizerConfig config = Parse("adamw {} weight_decay: 0.1");
     auto low_optimizer = internal::CreateOptimizer(low, config, paths);
@@ -249,39 +252,39 @@ TEST(OptimizerTest, GivenMastersAreTheStartingPoint) {
     ASSERT_THAT(full_optimizer, IsOk());
     for (int step = 0; step < 3; ++step) {
       for (size_t i = 0; i < low.size(); ++i) {
-        low[i].tensor.mutable_grad() = Gradient(step, i, full[i]).to(torch::kBFloat16);
-        full[i].mutable_grad() = low[i].tensor.grad().to(torch::kFloat32);
+        low[i].tensor.mutable_grad() = Gradient(step, i, full[i]).to(at::kBFloat16);
+        full[i].mutable_grad() = low[i].tensor.grad().to(at::kFloat);
       }
       ASSERT_THAT((*low_optimizer)->Step(1e-2), IsOk());
       ASSERT_THAT((*full_optimizer)->Step(1e-2), IsOk());
     }
     const OptimizerState state = (*low_optimizer)->SaveState();
     for (size_t i = 0; i < low.size(); ++i) {
-      const torch::Tensor& master = state.tensors.at(low[i].name + ":master");
+      const at::Tensor& master = state.tensors.at(low[i].name + ":master");
       // The fused loops do the fp32 run's arithmetic; the multi-tensor kernels round otherwise.
       if (fused) {
-        EXPECT_TRUE(torch::equal(master, full[i])) << low[i].name;
+        EXPECT_TRUE(at::equal(master, full[i])) << low[i].name;
       }
       ExpectClose({master}, {full[i]}, 1e-5);
-      EXPECT_TRUE(torch::equal(low[i].tensor, master.to(torch::kBFloat16))) << low[i].name;
+      EXPECT_TRUE(at::equal(low[i].tensor, master.to(at::kBFloat16))) << low[i].name;
     }
   }
   std::vector<parallel::TrainableParameter> wrong = Trainable(InitialTensors());
-  wrong[2].tensor = wrong[2].tensor.to(torch::kBFloat16);
+  wrong[2].tensor = wrong[2].tensor.to(at::kBFloat16);
   wrong[2].master = torch::zeros({7, 5});
   EXPECT_THAT(Optimizer::Create(wrong, Parse("adamw {}")),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("parameter \"p2\" (BFloat16 [7, 5, 3] on cpu) was given a master "
                                  "of Float [7, 5] on cpu")));
-  wrong[2].master = torch::zeros({7, 5, 3}, torch::kBFloat16);
+  wrong[2].master = torch::zeros({7, 5, 3}, at::kBFloat16);
   EXPECT_THAT(Optimizer::Create(wrong, Parse("adamw {}")),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a master of BFloat16")));
 }
 
 // Without shards, clipping equals torch::nn::utils::clip_grad_norm_ followed by the update.
 TEST(OptimizerTest, ClippingMatchesTorchClipGradNorm) {
-  std::vector<torch::Tensor> ours = InitialTensors();
-  std::vector<torch::Tensor> theirs = Copies(ours);
+  std::vector<at::Tensor> ours = InitialTensors();
+  std::vector<at::Tensor> theirs = Copies(ours);
   auto optimizer = Optimizer::Create(Trainable(ours), Parse("sgd {} clipping { max_norm: 1 }"));
   ASSERT_THAT(optimizer, IsOk());
   SetGradients(ours, 3);
@@ -297,8 +300,8 @@ TEST(OptimizerTest, ClippingMatchesTorchClipGradNorm) {
 }
 
 TEST(OptimizerTest, NonFiniteNormSkipsTheStepOrFails) {
-  std::vector<torch::Tensor> tensors = InitialTensors();
-  const std::vector<torch::Tensor> initial = Copies(tensors);
+  std::vector<at::Tensor> tensors = InitialTensors();
+  const std::vector<at::Tensor> initial = Copies(tensors);
   auto skipping = Optimizer::Create(Trainable(tensors), Parse("adamw {} clipping {}"));
   ASSERT_THAT(skipping, IsOk());
   SetGradients(tensors, 0);
@@ -308,7 +311,7 @@ TEST(OptimizerTest, NonFiniteNormSkipsTheStepOrFails) {
   EXPECT_TRUE(report->skipped);
   EXPECT_TRUE(std::isnan(*report->grad_norm));
   EXPECT_EQ((*skipping)->step(), 0);
-  for (size_t i = 0; i < tensors.size(); ++i) EXPECT_TRUE(torch::equal(tensors[i], initial[i]));
+  for (size_t i = 0; i < tensors.size(); ++i) EXPECT_TRUE(at::equal(tensors[i], initial[i]));
 
   auto failing = Optimizer::Create(Trainable(tensors),
                                    Parse("adamw {} clipping { max_norm: 1 non_finite: FAIL }"));
@@ -325,8 +328,8 @@ TEST(OptimizerTest, NonFiniteNormSkipsTheStepOrFails) {
 // A step whose loss is not finite is skipped without clipping too (its gradients, here
 // finite, never reach the parameters), and fails under FAIL.
 TEST(OptimizerTest, NonFiniteLossSkipsTheStepOrFails) {
-  std::vector<torch::Tensor> tensors = InitialTensors();
-  const std::vector<torch::Tensor> initial = Copies(tensors);
+  std::vector<at::Tensor> tensors = InitialTensors();
+  const std::vector<at::Tensor> initial = Copies(tensors);
   auto skipping = Optimizer::Create(Trainable(tensors), Parse("adamw {}"));
   ASSERT_THAT(skipping, IsOk());
   SetGradients(tensors, 0);
@@ -335,7 +338,7 @@ TEST(OptimizerTest, NonFiniteLossSkipsTheStepOrFails) {
   EXPECT_TRUE(report->skipped);
   EXPECT_FALSE(report->grad_norm.has_value());
   EXPECT_EQ((*skipping)->step(), 0);
-  for (size_t i = 0; i < tensors.size(); ++i) EXPECT_TRUE(torch::equal(tensors[i], initial[i]));
+  for (size_t i = 0; i < tensors.size(); ++i) EXPECT_TRUE(at::equal(tensors[i], initial[i]));
   EXPECT_THAT((*skipping)->SkipNonFiniteLoss(2.5),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "optimizer step 0: the loss 2.5 is finite; not skipped"));
@@ -350,23 +353,23 @@ TEST(OptimizerTest, NonFiniteLossSkipsTheStepOrFails) {
 }
 
 TEST(OptimizerTest, ParametersWithoutGradientsAreLeftAlone) {
-  std::vector<torch::Tensor> tensors = InitialTensors();
-  const torch::Tensor initial = tensors[1].clone();
+  std::vector<at::Tensor> tensors = InitialTensors();
+  const at::Tensor initial = tensors[1].clone();
   auto optimizer = Optimizer::Create(Trainable(tensors), Parse("adamw {} weight_decay: 0.1"));
   ASSERT_THAT(optimizer, IsOk());
   SetGradients(tensors, 0);
   (*optimizer)->ZeroGrad();
-  for (const torch::Tensor& tensor : tensors) EXPECT_FALSE(tensor.grad().defined());
+  for (const at::Tensor& tensor : tensors) EXPECT_FALSE(tensor.grad().defined());
   tensors[0].mutable_grad() = torch::ones_like(tensors[0]);
   ASSERT_THAT((*optimizer)->Step(0.1), IsOk());
-  EXPECT_TRUE(torch::equal(tensors[1], initial));
+  EXPECT_TRUE(at::equal(tensors[1], initial));
   EXPECT_EQ((*optimizer)->SaveState().tensors.at("p1:step").item<int64_t>(), 0);
   EXPECT_EQ((*optimizer)->SaveState().tensors.at("p0:step").item<int64_t>(), 1);
 }
 
 // Saving, loading into a fresh optimizer over copies, and continuing gives the same run.
 TEST(OptimizerTest, StateRoundTripContinuesTheRunExactly) {
-  std::vector<torch::Tensor> tensors = InitialTensors();
+  std::vector<at::Tensor> tensors = InitialTensors();
   const OptimizerConfig config = Parse("adamw {} weight_decay: 0.1");
   auto original = Optimizer::Create(Trainable(tensors), config);
   ASSERT_THAT(original, IsOk());
@@ -374,7 +377,7 @@ TEST(OptimizerTest, StateRoundTripContinuesTheRunExactly) {
     SetGradients(tensors, step);
     ASSERT_THAT((*original)->Step(LearningRate(step)), IsOk());
   }
-  std::vector<torch::Tensor> resumed_tensors = Copies(tensors);
+  std::vector<at::Tensor> resumed_tensors = Copies(tensors);
   auto resumed = Optimizer::Create(Trainable(resumed_tensors), config);
   ASSERT_THAT(resumed, IsOk());
   ASSERT_THAT((*resumed)->LoadState((*original)->SaveState()), IsOk());
@@ -386,7 +389,7 @@ TEST(OptimizerTest, StateRoundTripContinuesTheRunExactly) {
     ASSERT_THAT((*resumed)->Step(LearningRate(step)), IsOk());
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
-    EXPECT_TRUE(torch::equal(tensors[i], resumed_tensors[i]));
+    EXPECT_TRUE(at::equal(tensors[i], resumed_tensors[i]));
   }
 }
 
@@ -395,7 +398,7 @@ TEST(OptimizerTest, StateRoundTripContinuesTheRunExactly) {
 // describes it as zeros, which a resumed optimizer loads and continues from exactly.
 TEST(OptimizerTest, StateIsAllocatedByTheFirstUpdate) {
   const OptimizerConfig config = Parse("adamw {}");
-  std::vector<torch::Tensor> tensors = {torch::randn({1 << 20})};
+  std::vector<at::Tensor> tensors = {torch::randn({1 << 20})};
   const int64_t buffer_bytes = tensors[0].numel() * 4;
   base::AllocationCounter counter;
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer;
@@ -409,13 +412,13 @@ TEST(OptimizerTest, StateIsAllocatedByTheFirstUpdate) {
   const OptimizerState before = (*optimizer)->SaveState();
   for (const char* buffer : {"p0:exp_avg", "p0:exp_avg_sq"}) {
     ASSERT_EQ(before.tensors.count(buffer), 1) << buffer;
-    const torch::Tensor& zeros = before.tensors.at(buffer);
+    const at::Tensor& zeros = before.tensors.at(buffer);
     EXPECT_EQ(zeros.sizes(), tensors[0].sizes()) << buffer;
     EXPECT_TRUE(zeros.is_contiguous()) << buffer;
     EXPECT_EQ(zeros.count_nonzero().item<int64_t>(), 0) << buffer;
   }
 
-  std::vector<torch::Tensor> resumed_tensors = Copies(tensors);
+  std::vector<at::Tensor> resumed_tensors = Copies(tensors);
   auto resumed = Optimizer::Create(Trainable(resumed_tensors), config);
   ASSERT_THAT(resumed, IsOk());
   ASSERT_THAT((*resumed)->LoadState(before), IsOk());
@@ -430,7 +433,7 @@ TEST(OptimizerTest, StateIsAllocatedByTheFirstUpdate) {
     ASSERT_THAT((*resumed)->Step(LearningRate(step)), IsOk());
   }
   EXPECT_GE(counter.current(), 2 * buffer_bytes);
-  EXPECT_TRUE(torch::equal(tensors[0], resumed_tensors[0]));
+  EXPECT_TRUE(at::equal(tensors[0], resumed_tensors[0]));
 }
 
 // The multi-tensor updates a CUDA parameter's update takes, run here through the whole
@@ -463,9 +466,8 @@ TEST(OptimizerTest, MultiTensorUpdatesMatchTheFusedLoops) {
         // Runs `steps` steps from `first` on `paths`'s optimizer over `tensors`, loading
         // `state` first when it has any, and appending the gradient norms to `norms`; returns
         // the optimizer's state.
-        const auto run = [&](const UpdatePaths& paths, std::vector<torch::Tensor>& tensors,
-                             int first, int steps, const OptimizerState* state,
-                             std::vector<double>* norms) {
+        const auto run = [&](const UpdatePaths& paths, std::vector<at::Tensor>& tensors, int first,
+                             int steps, const OptimizerState* state, std::vector<double>* norms) {
           auto optimizer = internal::CreateOptimizer(Trainable(tensors), config, paths);
           EXPECT_THAT(optimizer, IsOk());
           if (!optimizer.ok()) return OptimizerState();
@@ -484,27 +486,27 @@ TEST(OptimizerTest, MultiTensorUpdatesMatchTheFusedLoops) {
           return (*optimizer)->SaveState();
         };
         // The masters: the parameters themselves for fp32.
-        const auto masters = [&](const std::vector<torch::Tensor>& tensors,
+        const auto masters = [&](const std::vector<at::Tensor>& tensors,
                                  const OptimizerState& state) {
-          std::vector<torch::Tensor> result;
+          std::vector<at::Tensor> result;
           for (size_t i = 0; i < tensors.size(); ++i) {
-            const torch::ScalarType dtype = tensors[i].scalar_type();
-            const torch::Tensor& master = dtype == torch::kFloat32
-                                              ? tensors[i]
-                                              : state.tensors.at(absl::StrCat("p", i, ":master"));
-            EXPECT_TRUE(torch::equal(tensors[i], master.to(dtype))) << "p" << i;
-            result.push_back(master.to(torch::kFloat32));
+            const at::ScalarType dtype = tensors[i].scalar_type();
+            const at::Tensor& master = dtype == at::kFloat
+                                           ? tensors[i]
+                                           : state.tensors.at(absl::StrCat("p", i, ":master"));
+            EXPECT_TRUE(at::equal(tensors[i], master.to(dtype))) << "p" << i;
+            result.push_back(master.to(at::kFloat));
           }
           return result;
         };
-        std::vector<torch::Tensor> initial = InitialTensors();
+        std::vector<at::Tensor> initial = InitialTensors();
         for (size_t i = 0; i < initial.size(); ++i) {
           const bool bf16 =
               std::string(dtypes) == "bf16" || (std::string(dtypes) == "mixed" && i % 2 == 1);
-          initial[i] = initial[i].to(bf16 ? torch::kBFloat16 : torch::kFloat32);
+          initial[i] = initial[i].to(bf16 ? at::kBFloat16 : at::kFloat);
         }
-        std::vector<torch::Tensor> fused = Copies(initial);
-        std::vector<torch::Tensor> buckets = Copies(initial);
+        std::vector<at::Tensor> fused = Copies(initial);
+        std::vector<at::Tensor> buckets = Copies(initial);
         std::vector<double> fused_norms;
         std::vector<double> bucket_norms;
         const OptimizerState fused_state = run(fused_loops, fused, 0, 10, nullptr, &fused_norms);
@@ -515,16 +517,16 @@ TEST(OptimizerTest, MultiTensorUpdatesMatchTheFusedLoops) {
         EXPECT_EQ(bucket_state.tensors.at("p2:step").item<int64_t>(), 7);
         ExpectClose(masters(buckets, bucket_state), masters(fused, fused_state), 1e-5);
         for (const auto& [key, tensor] : fused_state.tensors) {
-          ExpectClose({bucket_state.tensors.at(key).to(torch::kFloat64)},
-                      {tensor.to(torch::kFloat64)}, 1e-5);
+          ExpectClose({bucket_state.tensors.at(key).to(at::kDouble)}, {tensor.to(at::kDouble)},
+                      1e-5);
         }
         EXPECT_EQ(fused_norms.size(), bucket_norms.size());
         for (size_t i = 0; i < std::min(fused_norms.size(), bucket_norms.size()); ++i) {
           EXPECT_NEAR(bucket_norms[i], fused_norms[i], 1e-5 * fused_norms[i]) << "step " << i;
         }
         // Each path continues from the other's state as it would from its own.
-        std::vector<torch::Tensor> fused_from_buckets = Copies(buckets);
-        std::vector<torch::Tensor> buckets_from_fused = Copies(fused);
+        std::vector<at::Tensor> fused_from_buckets = Copies(buckets);
+        std::vector<at::Tensor> buckets_from_fused = Copies(fused);
         const OptimizerState a = run(fused_loops, fused, 10, 5, &fused_state, nullptr);
         const OptimizerState b =
             run(multi_tensor, buckets_from_fused, 10, 5, &fused_state, nullptr);
@@ -535,9 +537,9 @@ TEST(OptimizerTest, MultiTensorUpdatesMatchTheFusedLoops) {
         ExpectClose(masters(fused_from_buckets, d), masters(buckets, c), 1e-5);
         ExpectClose(masters(buckets, c), masters(fused, a), 1e-5);
         // The runs moved every parameter, so that their agreement means something.
-        const std::vector<torch::Tensor> moved = masters(fused, a);
+        const std::vector<at::Tensor> moved = masters(fused, a);
         for (size_t i = 0; i < moved.size(); ++i) {
-          EXPECT_GT((moved[i] - initial[i].to(torch::kFloat32)).abs().max().item<double>(), 1e-4)
+          EXPECT_GT((moved[i] - initial[i].to(at::kFloat)).abs().max().item<double>(), 1e-4)
               << "p" << i;
         }
       }
@@ -549,8 +551,8 @@ TEST(OptimizerTest, MultiTensorUpdatesMatchTheFusedLoops) {
 TEST(OptimizerTest, StateLayoutDescribesSaveStateWithoutCopying) {
   for (const char* config_text : {"adamw {}", "sgd {}", "lion {}"}) {
     SCOPED_TRACE(config_text);
-    std::vector<torch::Tensor> tensors = InitialTensors();
-    tensors[1] = tensors[1].to(torch::kBFloat16);
+    std::vector<at::Tensor> tensors = InitialTensors();
+    tensors[1] = tensors[1].to(at::kBFloat16);
     auto optimizer = Optimizer::Create(Trainable(tensors), Parse(config_text));
     ASSERT_THAT(optimizer, IsOk());
     SetGradients(tensors, 0);
@@ -561,7 +563,7 @@ TEST(OptimizerTest, StateLayoutDescribesSaveStateWithoutCopying) {
     ASSERT_EQ(layout.tensors.size(), saved.tensors.size());
     for (const auto& [key, tensor] : saved.tensors) {
       ASSERT_EQ(layout.tensors.count(key), 1) << key;
-      const torch::Tensor& described = layout.tensors.at(key);
+      const at::Tensor& described = layout.tensors.at(key);
       EXPECT_EQ(described.sizes(), tensor.sizes()) << key;
       EXPECT_EQ(described.scalar_type(), tensor.scalar_type()) << key;
       EXPECT_TRUE(described.is_meta()) << key;
@@ -570,7 +572,7 @@ TEST(OptimizerTest, StateLayoutDescribesSaveStateWithoutCopying) {
 }
 
 TEST(OptimizerTest, LoadingStateOfOtherParametersNamesThem) {
-  std::vector<torch::Tensor> tensors = InitialTensors();
+  std::vector<at::Tensor> tensors = InitialTensors();
   auto optimizer = Optimizer::Create(Trainable(tensors), Parse("adamw {}"));
   ASSERT_THAT(optimizer, IsOk());
   OptimizerState state = (*optimizer)->SaveState();
@@ -641,12 +643,12 @@ TEST(OptimizerTest, RejectsBadParametersAndLearningRates) {
               StatusIs(absl::StatusCode::kInvalidArgument, "optimizer: no parameters to train"));
   EXPECT_THAT(Optimizer::Create({{"w", torch::ones({2}), {}}, {"w", torch::ones({2}), {}}}, config),
               StatusIs(absl::StatusCode::kInvalidArgument, "parameter \"w\" is listed twice"));
-  EXPECT_THAT(Optimizer::Create({{"w", torch::ones({2}, torch::kInt64), {}}}, config),
+  EXPECT_THAT(Optimizer::Create({{"w", torch::ones({2}, at::kLong), {}}}, config),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has dtype Long")));
   EXPECT_THAT(Optimizer::Create({{"w", torch::ones({3, 2}).t(), {}}}, config),
               StatusIs(absl::StatusCode::kInvalidArgument, "parameter \"w\" is not contiguous"));
   EXPECT_THAT(Optimizer::Create({{"w", torch::ones({2}), {}},
-                                 {"m", torch::empty({2}, torch::Device(torch::kMeta)), {}}},
+                                 {"m", torch::empty({2}, at::Device(at::kMeta)), {}}},
                                 config),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "parameter \"m\" is on meta, parameter \"w\" on cpu; an optimizer's "

@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "ATen/Parallel.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/cat.h"
+#include "ATen/ops/equal.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
@@ -14,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "parallel/communicator.h"
 #include "parallel/test_ranks.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::parallel {
 namespace {
@@ -68,22 +72,22 @@ int64_t Sum(const std::vector<int64_t>& counts) {
 
 // Rank q's input: values below 251, exact in bf16, that differ between senders and between
 // neighbouring rows.
-torch::Tensor Input(int q, const Counts& counts, torch::ScalarType dtype) {
+at::Tensor Input(int q, const Counts& counts, at::ScalarType dtype) {
   const int64_t rows = Sum(counts[q]);
-  return (torch::arange(rows * kRowNumel, torch::kInt64) * 7 + 1000 * q)
+  return (torch::arange(rows * kRowNumel, at::kLong) * 7 + 1000 * q)
       .remainder(251)
       .reshape({rows, 3, 5})
       .to(dtype);
 }
 
 // What rank r receives: every rank's rows for it, in rank order.
-torch::Tensor Expected(int r, const Counts& counts, torch::ScalarType dtype) {
-  std::vector<torch::Tensor> parts;
+at::Tensor Expected(int r, const Counts& counts, at::ScalarType dtype) {
+  std::vector<at::Tensor> parts;
   for (int q = 0; q < static_cast<int>(counts.size()); ++q) {
     const int64_t offset = std::accumulate(counts[q].begin(), counts[q].begin() + r, int64_t{0});
     parts.push_back(Input(q, counts, dtype).narrow(0, offset, counts[q][r]));
   }
-  return torch::cat(parts);
+  return at::cat(parts);
 }
 
 class AllToAllTest : public ::testing::TestWithParam<int> {};
@@ -91,19 +95,19 @@ class AllToAllTest : public ::testing::TestWithParam<int> {};
 TEST_P(AllToAllTest, RowsArriveInPlaceAndTrafficCountsTheOtherRanks) {
   const int size = GetParam();
   RunOnRingGroup("ep", size, [&](int rank, Communicator& comm) {
-    torch::set_num_threads(1);
+    at::set_num_threads(1);
     int64_t calls = 0;
     for (const auto& [name, counts] :
          {std::pair{"sparse", Sparse(size)}, {"dense", Dense(size)}, {"empty", Empty(size)}}) {
-      for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kInt64}) {
+      for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
         SCOPED_TRACE(absl::StrCat(name, " ", c10::toString(dtype)));
         const std::vector<int64_t> receive_rows = Column(counts, rank);
-        torch::Tensor output = torch::full({Sum(receive_rows), 3, 5}, -1, dtype);
+        at::Tensor output = torch::full({Sum(receive_rows), 3, 5}, -1, dtype);
         const Traffic before = comm.traffic(Collective::kAllToAll);
         ASSERT_THAT(
             comm.AllToAll(Input(rank, counts, dtype), output, counts[rank], receive_rows)->Wait(),
             IsOk());
-        EXPECT_TRUE(torch::equal(output, Expected(rank, counts, dtype)));
+        EXPECT_TRUE(at::equal(output, Expected(rank, counts, dtype)));
 
         const int64_t row_bytes = kRowNumel * c10::elementSize(dtype);
         const Traffic after = comm.traffic(Collective::kAllToAll);
@@ -123,15 +127,15 @@ TEST_P(AllToAllTest, TokensGoToTheirExpertsAndComeBack) {
   const int size = GetParam();
   const Counts counts = Sparse(size);
   RunOnRingGroup("ep", size, [&](int rank, Communicator& comm) {
-    torch::set_num_threads(1);
+    at::set_num_threads(1);
     absl::StatusOr<std::vector<int64_t>> receive_rows = ExchangeRowCounts(comm, counts[rank]);
     ASSERT_THAT(receive_rows, IsOkAndHolds(ElementsAreArray(Column(counts, rank))));
-    const torch::Tensor tokens = Input(rank, counts, torch::kFloat32);
-    torch::Tensor routed = torch::empty({Sum(*receive_rows), 3, 5});
+    const at::Tensor tokens = Input(rank, counts, at::kFloat);
+    at::Tensor routed = torch::empty({Sum(*receive_rows), 3, 5});
     ASSERT_THAT(comm.AllToAll(tokens, routed, counts[rank], *receive_rows)->Wait(), IsOk());
-    torch::Tensor back = torch::empty_like(tokens);
+    at::Tensor back = torch::empty_like(tokens);
     ASSERT_THAT(comm.AllToAll(routed * 2, back, *receive_rows, counts[rank])->Wait(), IsOk());
-    EXPECT_TRUE(torch::equal(back, tokens * 2));
+    EXPECT_TRUE(at::equal(back, tokens * 2));
   });
 }
 
@@ -142,10 +146,10 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, AllToAllTest, ::testing::Values(2, 3, 4),
 
 TEST(AllToAllGroupOfOneTest, CopiesLocallyAndSendsNothing) {
   RunOnRingGroup("solo", 1, [](int, Communicator& comm) {
-    const torch::Tensor input = torch::arange(30, torch::kFloat32).reshape({2, 3, 5});
-    torch::Tensor output = torch::zeros({2, 3, 5});
+    const at::Tensor input = torch::arange(30, at::kFloat).reshape({2, 3, 5});
+    at::Tensor output = torch::zeros({2, 3, 5});
     ASSERT_THAT(comm.AllToAll(input, output, {2}, {2})->Wait(), IsOk());
-    EXPECT_TRUE(torch::equal(output, input));
+    EXPECT_TRUE(at::equal(output, input));
     EXPECT_THAT(ExchangeRowCounts(comm, {4}), IsOkAndHolds(ElementsAreArray({4})));
     const Traffic traffic = comm.traffic(Collective::kAllToAll);
     EXPECT_EQ(traffic.calls, 2);
@@ -162,7 +166,7 @@ TEST(AllToAllErrorsTest, RejectsBadArgumentsWithNamedErrors) {
           AllOf(HasSubstr(absl::StrCat("all_to_all on group 'ep' (rank ", rank, " of 2): ")),
                 HasSubstr(message)));
     };
-    const torch::Tensor rows = torch::zeros({3, 4});
+    const at::Tensor rows = torch::zeros({3, 4});
     EXPECT_THAT(comm.AllToAll(rows, rows.clone(), {3}, {1, 2})->Wait(),
                 invalid("send_rows has 1 counts; it needs one per rank of the group (2)"));
     EXPECT_THAT(comm.AllToAll(rows, rows.clone(), {4, -1}, {1, 2})->Wait(),
@@ -173,7 +177,7 @@ TEST(AllToAllErrorsTest, RejectsBadArgumentsWithNamedErrors) {
                 invalid("receive_rows [1, 2] sum to 3, but output has 2 rows"));
     EXPECT_THAT(comm.AllToAll(rows, torch::zeros({3, 5}), {1, 2}, {1, 2})->Wait(),
                 invalid("input is Float [3, 4] and output Float [3, 5]; their rows"));
-    EXPECT_THAT(comm.AllToAll(rows, torch::zeros({3, 4}, torch::kInt64), {1, 2}, {1, 2})->Wait(),
+    EXPECT_THAT(comm.AllToAll(rows, torch::zeros({3, 4}, at::kLong), {1, 2}, {1, 2})->Wait(),
                 invalid("input is Float [3, 4] and output Long [3, 4]"));
     EXPECT_THAT(comm.AllToAll(torch::tensor(1.0f), rows, {0, 0}, {1, 2})->Wait(),
                 invalid("input is a 0-dim tensor"));
@@ -203,10 +207,9 @@ TEST(AllToAllErrorsTest, CountsThatDisagreeBetweenRanksFailOnEveryRank) {
     comm.BeginStep(5);
     ASSERT_THAT(comm.Barrier()->Wait(), IsOk());
     const std::vector<int64_t> receive_rows = rank == 2 ? receive_rows_of_2 : Column(counts, rank);
-    torch::Tensor output = torch::empty({Sum(receive_rows), 3, 5});
+    at::Tensor output = torch::empty({Sum(receive_rows), 3, 5});
     const absl::Status status =
-        comm.AllToAll(Input(rank, counts, torch::kFloat32), output, counts[rank], receive_rows)
-            ->Wait();
+        comm.AllToAll(Input(rank, counts, at::kFloat), output, counts[rank], receive_rows)->Wait();
     EXPECT_THAT(status,
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr(absl::StrCat(
@@ -220,8 +223,8 @@ TEST(AllToAllErrorsTest, CountsThatDisagreeBetweenRanksFailOnEveryRank) {
 
 TEST(AllToAllErrorsTest, RowsOfAnotherDtypeOnOneRankFailOnEveryRank) {
   RunOnRingGroup("ep", 2, [&](int rank, Communicator& comm) {
-    const torch::ScalarType dtype = rank == 1 ? torch::kBFloat16 : torch::kFloat32;
-    const torch::Tensor rows = torch::zeros({2, 3, 5}, dtype);
+    const at::ScalarType dtype = rank == 1 ? at::kBFloat16 : at::kFloat;
+    const at::Tensor rows = torch::zeros({2, 3, 5}, dtype);
     EXPECT_THAT(comm.AllToAll(rows, rows.clone(), {1, 1}, {1, 1})->Wait(),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr("rank 1's rows are BFloat16[15] where rank 0's are Float[15]; "

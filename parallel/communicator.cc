@@ -6,16 +6,18 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::parallel {
 namespace {
 
-bool SupportedDtype(torch::ScalarType dtype) {
-  return dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16 ||
-         dtype == torch::kInt64 || dtype == torch::kByte;
+bool SupportedDtype(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf ||
+         dtype == at::kLong || dtype == at::kByte;
 }
 
 // Checks the row counts `name` of an AllToAll among `size` ranks; the error says what is wrong
@@ -207,7 +209,7 @@ void Communicator::CountCall(Collective collective) {
 }
 
 absl::Status Communicator::CheckTensor(Collective collective, absl::string_view role,
-                                       const torch::Tensor& tensor, int peer) const {
+                                       const at::Tensor& tensor, int peer) const {
   if (!tensor.defined()) {
     return absl::InvalidArgumentError(
         absl::StrCat(Describe(collective, peer), ": ", role, " is an undefined tensor"));
@@ -229,7 +231,7 @@ absl::Status Communicator::CheckTensor(Collective collective, absl::string_view 
   return absl::OkStatus();
 }
 
-absl::Status Communicator::CheckOp(Collective collective, const torch::Tensor& tensor,
+absl::Status Communicator::CheckOp(Collective collective, const at::Tensor& tensor,
                                    ReduceOp op) const {
   if (op == ReduceOp::kAverage && !tensor.is_floating_point()) {
     return absl::InvalidArgumentError(absl::StrCat(Describe(collective), ": average of ",
@@ -239,7 +241,7 @@ absl::Status Communicator::CheckOp(Collective collective, const torch::Tensor& t
   return absl::OkStatus();
 }
 
-absl::Status Communicator::CheckAllToAll(const torch::Tensor& input, const torch::Tensor& output,
+absl::Status Communicator::CheckAllToAll(const at::Tensor& input, const at::Tensor& output,
                                          const std::vector<int64_t>& send_rows,
                                          const std::vector<int64_t>& receive_rows) const {
   constexpr Collective kOp = Collective::kAllToAll;
@@ -278,7 +280,7 @@ absl::Status Communicator::CheckAllToAll(const torch::Tensor& input, const torch
   return absl::OkStatus();
 }
 
-std::shared_ptr<Work> Communicator::AllReduce(torch::Tensor tensor, ReduceOp op) {
+std::shared_ptr<Work> Communicator::AllReduce(at::Tensor tensor, ReduceOp op) {
   constexpr Collective kOp = Collective::kAllReduce;
   if (absl::Status status = CheckTensor(kOp, "tensor", tensor); !status.ok()) {
     return FinishedWork(status);
@@ -287,7 +289,7 @@ std::shared_ptr<Work> Communicator::AllReduce(torch::Tensor tensor, ReduceOp op)
   return Issue(kOp, /*peer=*/-1, [&] { return StartAllReduce(std::move(tensor), op); });
 }
 
-std::shared_ptr<Work> Communicator::AllGather(torch::Tensor input, torch::Tensor output) {
+std::shared_ptr<Work> Communicator::AllGather(at::Tensor input, at::Tensor output) {
   constexpr Collective kOp = Collective::kAllGather;
   for (auto [role, tensor] : {std::pair{"input", &input}, std::pair{"output", &output}}) {
     if (absl::Status status = CheckTensor(kOp, role, *tensor); !status.ok()) {
@@ -305,7 +307,7 @@ std::shared_ptr<Work> Communicator::AllGather(torch::Tensor input, torch::Tensor
                [&] { return StartAllGather(std::move(input), std::move(output)); });
 }
 
-std::shared_ptr<Work> Communicator::ReduceScatter(torch::Tensor input, torch::Tensor output,
+std::shared_ptr<Work> Communicator::ReduceScatter(at::Tensor input, at::Tensor output,
                                                   ReduceOp op) {
   constexpr Collective kOp = Collective::kReduceScatter;
   for (auto [role, tensor] : {std::pair{"input", &input}, std::pair{"output", &output}}) {
@@ -325,7 +327,7 @@ std::shared_ptr<Work> Communicator::ReduceScatter(torch::Tensor input, torch::Te
                [&] { return StartReduceScatter(std::move(input), std::move(output), op); });
 }
 
-std::shared_ptr<Work> Communicator::Broadcast(torch::Tensor tensor, int root) {
+std::shared_ptr<Work> Communicator::Broadcast(at::Tensor tensor, int root) {
   constexpr Collective kOp = Collective::kBroadcast;
   if (absl::Status status = CheckTensor(kOp, "tensor", tensor); !status.ok()) {
     return FinishedWork(status);
@@ -341,7 +343,7 @@ std::shared_ptr<Work> Communicator::Barrier() {
   return Issue(Collective::kBarrier, /*peer=*/-1, [&] { return StartBarrier(); });
 }
 
-std::shared_ptr<Work> Communicator::AllToAll(torch::Tensor input, torch::Tensor output,
+std::shared_ptr<Work> Communicator::AllToAll(at::Tensor input, at::Tensor output,
                                              std::vector<int64_t> send_rows,
                                              std::vector<int64_t> receive_rows) {
   if (absl::Status status = CheckAllToAll(input, output, send_rows, receive_rows); !status.ok()) {
@@ -353,7 +355,7 @@ std::shared_ptr<Work> Communicator::AllToAll(torch::Tensor input, torch::Tensor 
   });
 }
 
-std::shared_ptr<Work> Communicator::IssuePointToPoint(Collective collective, torch::Tensor tensor,
+std::shared_ptr<Work> Communicator::IssuePointToPoint(Collective collective, at::Tensor tensor,
                                                       int peer) {
   if (peer < 0 || peer >= size_ || peer == rank_) {
     return FinishedWork(absl::InvalidArgumentError(absl::StrCat(
@@ -370,18 +372,18 @@ std::shared_ptr<Work> Communicator::IssuePointToPoint(Collective collective, tor
   });
 }
 
-std::shared_ptr<Work> Communicator::Send(torch::Tensor tensor, int peer) {
+std::shared_ptr<Work> Communicator::Send(at::Tensor tensor, int peer) {
   return IssuePointToPoint(Collective::kSend, std::move(tensor), peer);
 }
 
-std::shared_ptr<Work> Communicator::Receive(torch::Tensor tensor, int peer) {
+std::shared_ptr<Work> Communicator::Receive(at::Tensor tensor, int peer) {
   return IssuePointToPoint(Collective::kReceive, std::move(tensor), peer);
 }
 
 absl::StatusOr<std::vector<std::string>> AllGatherStrings(Communicator& group,
                                                           const std::string& own) {
   const int size = group.size();
-  torch::Tensor lengths = torch::zeros({size}, torch::kInt64);
+  at::Tensor lengths = torch::zeros({size}, at::kLong);
   lengths[group.rank()] = static_cast<int64_t>(own.size());
   lengths = lengths.to(group.device());
   if (absl::Status status = group.AllReduce(lengths, ReduceOp::kSum)->Wait(); !status.ok()) {
@@ -391,10 +393,10 @@ absl::StatusOr<std::vector<std::string>> AllGatherStrings(Communicator& group,
   const int64_t longest = lengths.max().item<int64_t>();
   std::vector<std::string> strings(size);
   if (longest == 0) return strings;
-  torch::Tensor bytes = torch::zeros({size * longest}, torch::kByte);
+  at::Tensor bytes = torch::zeros({size * longest}, at::kByte);
   std::copy(own.begin(), own.end(), bytes.data_ptr<uint8_t>() + group.rank() * longest);
   bytes = bytes.to(group.device());
-  const torch::Tensor chunk = bytes.narrow(0, group.rank() * longest, longest);
+  const at::Tensor chunk = bytes.narrow(0, group.rank() * longest, longest);
   if (absl::Status status = group.AllGather(chunk, bytes)->Wait(); !status.ok()) return status;
   bytes = bytes.cpu();
   const auto* data = reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>());
@@ -411,11 +413,11 @@ absl::StatusOr<std::vector<int64_t>> ExchangeRowCounts(Communicator& group,
                      absl::StrCat("exchanging row counts on group '", group.name(), "' (rank ",
                                   group.rank(), " of ", group.size(), ")")));
   const int64_t size = group.size();
-  const torch::Tensor sent = torch::tensor(send_rows, torch::kInt64).to(group.device());
-  const torch::Tensor received = torch::empty({size}, sent.options());
+  const at::Tensor sent = torch::tensor(send_rows, at::kLong).to(group.device());
+  const at::Tensor received = torch::empty({size}, sent.options());
   const std::vector<int64_t> one_each(size, 1);
   PLAIT_RETURN_IF_ERROR(group.AllToAll(sent, received, one_each, one_each)->Wait());
-  const torch::Tensor counts = received.cpu();
+  const at::Tensor counts = received.cpu();
   return std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + size);
 }
 

@@ -10,7 +10,7 @@
 //   ... compute that does not touch `full` ...
 //   PLAIT_RETURN_IF_ERROR(gather->Wait());
 //
-// Flat layouts follow torch::tensor_split: a buffer of S elements is split into size()
+// Flat layouts follow at::tensor_split: a buffer of S elements is split into size()
 // contiguous chunks, the first S % size() of them one element longer; rank r owns chunk r.
 // Each collective fails, rather than hangs, after the communicator's timeout, with an error
 // naming the operation, the group, the rank and, within a training step, the collective's
@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/tensor_split.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -37,7 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::parallel {
 
@@ -85,7 +87,7 @@ class NotifiedWork final : public Work {
 // A Work that has already finished with `status` (e.g. a rejected argument).
 std::shared_ptr<Work> FinishedWork(absl::Status status);
 
-// The position of one chunk of a flat buffer split as torch::tensor_split splits it.
+// The position of one chunk of a flat buffer split as at::tensor_split splits it.
 struct Chunk {
   int64_t offset;
   int64_t numel;
@@ -162,20 +164,20 @@ class Communicator {
   const CommunicatorOptions& options() const { return options_; }
 
   // Where the tensors of its collectives must live: the CPU, or one CUDA device.
-  virtual torch::Device device() const = 0;
+  virtual at::Device device() const = 0;
 
   // In place: `tensor` becomes the reduction of every rank's `tensor`.
-  std::shared_ptr<Work> AllReduce(torch::Tensor tensor, ReduceOp op);
+  std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op);
 
   // `output` (S elements) becomes the concatenation of every rank's `input`, which holds
   // chunk rank() of S. `input` may be a view of that chunk of `output`.
-  std::shared_ptr<Work> AllGather(torch::Tensor input, torch::Tensor output);
+  std::shared_ptr<Work> AllGather(at::Tensor input, at::Tensor output);
 
   // `output` becomes chunk rank() of the reduction of every rank's `input` (S elements).
-  std::shared_ptr<Work> ReduceScatter(torch::Tensor input, torch::Tensor output, ReduceOp op);
+  std::shared_ptr<Work> ReduceScatter(at::Tensor input, at::Tensor output, ReduceOp op);
 
   // Every rank's `tensor` becomes rank `root`'s.
-  std::shared_ptr<Work> Broadcast(torch::Tensor tensor, int root);
+  std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root);
 
   // Finishes once every rank has reached it.
   std::shared_ptr<Work> Barrier();
@@ -192,7 +194,7 @@ class Communicator {
   //   PLAIT_ASSIGN_OR_RETURN(std::vector<int64_t> receive_rows,
   //                          ExchangeRowCounts(ep, send_rows));
   //   const int64_t rows = std::accumulate(receive_rows.begin(), receive_rows.end(), int64_t{0});
-  //   torch::Tensor routed = torch::empty({rows, hidden}, tokens.options());
+  //   at::Tensor routed = torch::empty({rows, hidden}, tokens.options());
   //   PLAIT_RETURN_IF_ERROR(ep.AllToAll(tokens, routed, send_rows, receive_rows)->Wait());
   //   ... experts on `routed`, then back: AllToAll(outputs, tokens, receive_rows, send_rows).
   //
@@ -203,7 +205,7 @@ class Communicator {
   // (every rank of the group fails alike); NcclCommunicator does not check them, and
   // mismatched counts there corrupt data or time out: there they are the caller's contract.
   // traffic() counts the rows sent to and received from other ranks, not the local copy.
-  std::shared_ptr<Work> AllToAll(torch::Tensor input, torch::Tensor output,
+  std::shared_ptr<Work> AllToAll(at::Tensor input, at::Tensor output,
                                  std::vector<int64_t> send_rows, std::vector<int64_t> receive_rows);
 
   // Point-to-point: only the two ranks concerned call these, `peer` being the other one (a
@@ -221,8 +223,8 @@ class Communicator {
   //   std::shared_ptr<Work> got = pp.Receive(gradients, pp.rank() + 1);
   //   PLAIT_RETURN_IF_ERROR(got->Wait());
   //   PLAIT_RETURN_IF_ERROR(sent->Wait());
-  std::shared_ptr<Work> Send(torch::Tensor tensor, int peer);
-  std::shared_ptr<Work> Receive(torch::Tensor tensor, int peer);
+  std::shared_ptr<Work> Send(at::Tensor tensor, int peer);
+  std::shared_ptr<Work> Receive(at::Tensor tensor, int peer);
 
   // What this rank has sent and received so far for `collective`.
   Traffic traffic(Collective collective) const;
@@ -264,17 +266,17 @@ class Communicator {
   // rank; `peer` is another rank; row counts are size() non-negative numbers that sum to their
   // tensor's rows. While they run, NextCall and Describe(collective) (with `peer` for Send
   // and Receive) are the call being started.
-  virtual std::shared_ptr<Work> StartAllReduce(torch::Tensor tensor, ReduceOp op) = 0;
-  virtual std::shared_ptr<Work> StartAllGather(torch::Tensor input, torch::Tensor output) = 0;
-  virtual std::shared_ptr<Work> StartReduceScatter(torch::Tensor input, torch::Tensor output,
+  virtual std::shared_ptr<Work> StartAllReduce(at::Tensor tensor, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> StartAllGather(at::Tensor input, at::Tensor output) = 0;
+  virtual std::shared_ptr<Work> StartReduceScatter(at::Tensor input, at::Tensor output,
                                                    ReduceOp op) = 0;
-  virtual std::shared_ptr<Work> StartBroadcast(torch::Tensor tensor, int root) = 0;
+  virtual std::shared_ptr<Work> StartBroadcast(at::Tensor tensor, int root) = 0;
   virtual std::shared_ptr<Work> StartBarrier() = 0;
-  virtual std::shared_ptr<Work> StartAllToAll(torch::Tensor input, torch::Tensor output,
+  virtual std::shared_ptr<Work> StartAllToAll(at::Tensor input, at::Tensor output,
                                               std::vector<int64_t> send_rows,
                                               std::vector<int64_t> receive_rows) = 0;
-  virtual std::shared_ptr<Work> StartSend(torch::Tensor tensor, int peer) = 0;
-  virtual std::shared_ptr<Work> StartReceive(torch::Tensor tensor, int peer) = 0;
+  virtual std::shared_ptr<Work> StartSend(at::Tensor tensor, int peer) = 0;
+  virtual std::shared_ptr<Work> StartReceive(at::Tensor tensor, int peer) = 0;
 
   // Adds to the traffic counters; backends call it for every transfer (thread-safe).
   void CountTraffic(Collective collective, int64_t bytes_sent, int64_t bytes_received);
@@ -292,14 +294,14 @@ class Communicator {
   std::shared_ptr<Work> Issue(Collective collective, int peer,
                               absl::FunctionRef<std::shared_ptr<Work>()> start);
   // Send and Receive: checks `tensor` and `peer`, then issues.
-  std::shared_ptr<Work> IssuePointToPoint(Collective collective, torch::Tensor tensor, int peer);
+  std::shared_ptr<Work> IssuePointToPoint(Collective collective, at::Tensor tensor, int peer);
   std::string Render(const CollectiveCall& call, bool with_rank) const;
 
   // `peer` as in NextCall.
-  absl::Status CheckTensor(Collective collective, absl::string_view role,
-                           const torch::Tensor& tensor, int peer = -1) const;
-  absl::Status CheckOp(Collective collective, const torch::Tensor& tensor, ReduceOp op) const;
-  absl::Status CheckAllToAll(const torch::Tensor& input, const torch::Tensor& output,
+  absl::Status CheckTensor(Collective collective, absl::string_view role, const at::Tensor& tensor,
+                           int peer = -1) const;
+  absl::Status CheckOp(Collective collective, const at::Tensor& tensor, ReduceOp op) const;
+  absl::Status CheckAllToAll(const at::Tensor& input, const at::Tensor& output,
                              const std::vector<int64_t>& send_rows,
                              const std::vector<int64_t>& receive_rows) const;
 

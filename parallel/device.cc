@@ -12,6 +12,7 @@
 #ifdef PLAIT_GPU
 #include <cuda_runtime.h>
 
+#include "ATen/core/Tensor.h"
 #include "c10/cuda/CUDACachingAllocator.h"
 #include "parallel/nccl_communicator.h"
 #endif
@@ -28,8 +29,8 @@ bool BuiltForCuda() {
 
 int CudaDeviceCount() { return BuiltForCuda() ? static_cast<int>(torch::cuda::device_count()) : 0; }
 
-absl::StatusOr<torch::Device> ResolveDevice(Device requested, int local_rank, int local_ranks,
-                                            const std::string& field) {
+absl::StatusOr<at::Device> ResolveDevice(Device requested, int local_rank, int local_ranks,
+                                         const std::string& field) {
   const char* visible_devices = std::getenv("CUDA_VISIBLE_DEVICES");
   return internal::ChooseDevice(
       requested, local_rank, local_ranks, field, BuiltForCuda(), CudaDeviceCount(),
@@ -61,7 +62,7 @@ absl::Status CudaStatus(cudaError_t error, const char* call) {
 
 // cudaGetDeviceProperties creates no CUDA context, so a launcher that checks a plan leaves
 // the GPUs' memory to its ranks.
-std::optional<cudaDeviceProp> Properties(const torch::Device& device) {
+std::optional<cudaDeviceProp> Properties(const at::Device& device) {
   cudaDeviceProp properties;
   if (!device.is_cuda()) return std::nullopt;
   if (!CudaStatus(cudaGetDeviceProperties(&properties, device.index()), "cudaGetDeviceProperties")
@@ -73,54 +74,54 @@ std::optional<cudaDeviceProp> Properties(const torch::Device& device) {
 
 }  // namespace
 
-std::string DescribeDevice(const torch::Device& device) {
+std::string DescribeDevice(const at::Device& device) {
   const std::optional<cudaDeviceProp> properties = Properties(device);
   if (!properties) return device.str();
   return absl::StrFormat("%s (%s, %.0f GiB)", device.str(), properties->name,
                          static_cast<double>(properties->totalGlobalMem) / (1 << 30));
 }
 
-std::optional<int64_t> DeviceMemoryBytes(const torch::Device& device) {
+std::optional<int64_t> DeviceMemoryBytes(const at::Device& device) {
   const std::optional<cudaDeviceProp> properties = Properties(device);
   if (!properties) return std::nullopt;
   return static_cast<int64_t>(properties->totalGlobalMem);
 }
 
-std::optional<std::string> NativeBf16(const torch::Device& device) {
+std::optional<std::string> NativeBf16(const at::Device& device) {
   if (!device.is_cuda()) return CpuNativeBf16();
   const std::optional<cudaDeviceProp> properties = Properties(device);
   if (!properties || properties->major < 8) return std::nullopt;
   return absl::StrCat("compute capability ", properties->major, ".", properties->minor);
 }
 
-absl::Status BindDevice(const torch::Device& device) {
+absl::Status BindDevice(const at::Device& device) {
   if (!device.is_cuda()) return absl::OkStatus();
   return CudaStatus(cudaSetDevice(device.index()), "cudaSetDevice");
 }
 
 // The caching allocator's statistics are those of the LibTorch the binary runs with: index 0
 // of a StatArray is the aggregate over pool kinds in every LibTorch version plait supports.
-std::optional<int64_t> PeakMemory(const torch::Device& device) {
+std::optional<int64_t> PeakMemory(const at::Device& device) {
   if (!device.is_cuda()) return std::nullopt;
   return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak;
 }
 
-void ResetPeakMemory(const torch::Device& device) {
+void ResetPeakMemory(const at::Device& device) {
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
 }
 
 #else  // !PLAIT_GPU: no device but the CPU can be resolved.
 
-std::string DescribeDevice(const torch::Device& device) { return device.str(); }
-std::optional<std::string> NativeBf16(const torch::Device&) { return CpuNativeBf16(); }
-std::optional<int64_t> DeviceMemoryBytes(const torch::Device&) { return std::nullopt; }
-absl::Status BindDevice(const torch::Device&) { return absl::OkStatus(); }
-std::optional<int64_t> PeakMemory(const torch::Device&) { return std::nullopt; }
-void ResetPeakMemory(const torch::Device&) {}
+std::string DescribeDevice(const at::Device& device) { return device.str(); }
+std::optional<std::string> NativeBf16(const at::Device&) { return CpuNativeBf16(); }
+std::optional<int64_t> DeviceMemoryBytes(const at::Device&) { return std::nullopt; }
+absl::Status BindDevice(const at::Device&) { return absl::OkStatus(); }
+std::optional<int64_t> PeakMemory(const at::Device&) { return std::nullopt; }
+void ResetPeakMemory(const at::Device&) {}
 
 #endif  // PLAIT_GPU
 
-CommunicatorFactory DeviceCommunicatorFactory(const torch::Device& device, c10d::Store& store,
+CommunicatorFactory DeviceCommunicatorFactory(const at::Device& device, c10d::Store& store,
                                               std::string address, CommunicatorOptions options) {
 #ifdef PLAIT_GPU
   if (device.is_cuda()) {

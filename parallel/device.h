@@ -3,7 +3,7 @@
 // a Device (device.proto); each rank resolves it once, binds the result and builds its mesh
 // on it:
 //
-//   PLAIT_ASSIGN_OR_RETURN(torch::Device device,
+//   PLAIT_ASSIGN_OR_RETURN(at::Device device,
 //                          ResolveDevice(plan.device(), world.local_rank, world.local_world_size,
 //                                        "plan.device"));
 //   PLAIT_RETURN_IF_ERROR(BindDevice(device));
@@ -18,13 +18,13 @@
 #include <optional>
 #include <string>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "parallel/communicator.h"
 #include "parallel/device.pb.h"
 #include "parallel/device_mesh.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
-#include "torch/types.h"
 
 namespace plait::parallel {
 
@@ -39,32 +39,32 @@ int CudaDeviceCount();
 // gives one GPU of its own (srun --gpus-per-task=1). FailedPrecondition naming `field` when
 // CUDA is asked for in a binary built without --config=gpu, on a machine without a GPU, or
 // with fewer GPUs than local ranks.
-absl::StatusOr<torch::Device> ResolveDevice(Device requested, int local_rank, int local_ranks,
-                                            const std::string& field);
+absl::StatusOr<at::Device> ResolveDevice(Device requested, int local_rank, int local_ranks,
+                                         const std::string& field);
 
 // "cpu", or "cuda:0 (NVIDIA H200, 140 GiB)": for the first line of a run.
-std::string DescribeDevice(const torch::Device& device);
+std::string DescribeDevice(const at::Device& device);
 
 // What computes bf16 natively on `device`: "AMX" or "AVX512_BF16" on a CPU with either,
 // "compute capability 9.0" on a GPU of 8.0 or newer (bf16 tensor cores); nullopt where bf16
 // matmuls are emulated (correct, but slower than fp32).
-std::optional<std::string> NativeBf16(const torch::Device& device);
+std::optional<std::string> NativeBf16(const at::Device& device);
 
 // Makes `device` the calling thread's current CUDA device (nothing for the CPU).
-absl::Status BindDevice(const torch::Device& device);
+absl::Status BindDevice(const at::Device& device);
 
 // The memory `device` has in all (without starting CUDA on it); nullopt on the CPU.
-std::optional<int64_t> DeviceMemoryBytes(const torch::Device& device);
+std::optional<int64_t> DeviceMemoryBytes(const at::Device& device);
 
 // The most bytes of tensors that were allocated on `device` at once since the last
 // ResetPeakMemory (LibTorch's CUDA caching allocator statistics); nullopt on the CPU.
-std::optional<int64_t> PeakMemory(const torch::Device& device);
-void ResetPeakMemory(const torch::Device& device);
+std::optional<int64_t> PeakMemory(const at::Device& device);
+void ResetPeakMemory(const at::Device& device);
 
 // A DeviceMesh factory for ranks computing on `device`: NcclCommunicators on CUDA (the unique
 // id exchanged through `store`), RingCommunicators reached at `address` on the CPU. `store`
 // must outlive the mesh's creation.
-CommunicatorFactory DeviceCommunicatorFactory(const torch::Device& device, c10d::Store& store,
+CommunicatorFactory DeviceCommunicatorFactory(const at::Device& device, c10d::Store& store,
                                               std::string address,
                                               CommunicatorOptions options = {});
 

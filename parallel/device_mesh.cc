@@ -5,11 +5,13 @@
 #include <tuple>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "base/violation.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::parallel {
 
@@ -233,7 +235,7 @@ absl::StatusOr<std::vector<int>> DeviceMesh::DimIndices(
   return std::vector<int>(dims.begin(), dims.end());
 }
 
-absl::Status DeviceMesh::AllReduce(torch::Tensor& tensor, ReduceOp op) const {
+absl::Status DeviceMesh::AllReduce(at::Tensor& tensor, ReduceOp op) const {
   for (int dim = 0; dim < layout_.num_dims(); ++dim) {
     if (layout_.dim_size(dim) == 1) continue;
     absl::Status status = groups_[dim]->AllReduce(tensor, op)->Wait();
@@ -251,8 +253,8 @@ void DeviceMesh::BeginStep(int64_t step) const {
 
 absl::Status DeviceMesh::Agree(const absl::Status& own, absl::string_view what) const {
   // A one-hot vector of the failed ranks, summed over the mesh.
-  torch::Tensor failed =
-      torch::zeros({layout_.world_size()}, torch::TensorOptions(torch::kFloat32).device(device()));
+  at::Tensor failed =
+      torch::zeros({layout_.world_size()}, at::TensorOptions(at::kFloat).device(device()));
   if (!own.ok()) failed[rank_] = 1.0f;
   PLAIT_RETURN_IF_ERROR(base::Annotate(AllReduce(failed, ReduceOp::kSum), what));
   if (!own.ok()) return own;

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -128,7 +129,7 @@ class DeviceMesh {
   int rank() const { return rank_; }
 
   // The device its communicators reach: where this rank computes.
-  torch::Device device() const { return groups_.front()->device(); }
+  at::Device device() const { return groups_.front()->device(); }
 
   // The calling rank's communicator along dimension `name`; NotFound if there is none.
   absl::StatusOr<Communicator*> communicator(absl::string_view name) const;
@@ -158,7 +159,7 @@ class DeviceMesh {
 
   // Reduces `tensor` in place over every rank of the mesh, one dimension after another (for
   // a sum or an average, the same as over the world at once). Every rank must call it.
-  absl::Status AllReduce(torch::Tensor& tensor, ReduceOp op) const;
+  absl::Status AllReduce(at::Tensor& tensor, ReduceOp op) const;
 
   // Whether every rank's `own` is OK, known to every rank: `own` when it is an error, Aborted
   // naming the ranks that failed when another rank's is, OK when all are. Also a barrier.

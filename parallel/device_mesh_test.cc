@@ -4,13 +4,14 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::parallel {
 namespace {
@@ -138,7 +139,7 @@ TEST(DeviceMeshTest, EachDimensionCommunicatesWithinItsGroup) {
       EXPECT_EQ((*comm)->name(), layout->GroupName(rank, dim_index));
       EXPECT_EQ((*comm)->rank(), *mesh.coordinate(dim));
       // The sum of the global ranks in the group, e.g. rank 3: tp {2, 3} = 5, dp {1, 3} = 4.
-      torch::Tensor value = torch::full({1}, rank, torch::kInt64);
+      at::Tensor value = torch::full({1}, rank, at::kLong);
       ASSERT_THAT((*comm)->AllReduce(value, ReduceOp::kSum)->Wait(), IsOk());
       int64_t expected = 0;
       for (int member : layout->GroupRanks(rank, dim_index)) expected += member;
@@ -165,7 +166,7 @@ TEST(DeviceMeshTest, SubgridsCommunicateWithinTheirGroup) {
     EXPECT_EQ((*span)->rank(), mesh.SubgridRankAndSize({"dp", "ep"})->first);
     EXPECT_EQ((*span)->size(), 4);
     // The sum of the global ranks at this rank's tp coordinate: 0+2+4+6 or 1+3+5+7.
-    torch::Tensor value = torch::full({1}, rank, torch::kInt64);
+    at::Tensor value = torch::full({1}, rank, at::kLong);
     ASSERT_THAT((*span)->AllReduce(value, ReduceOp::kSum)->Wait(), IsOk());
     EXPECT_EQ(value.item<int64_t>(), rank % 2 == 0 ? 12 : 16);
     EXPECT_EQ(mesh.SubgridCommunicator({"tp"}).value(), mesh.communicator("tp").value());
@@ -179,7 +180,7 @@ TEST(DeviceMeshTest, ReductionsSpanTheWholeMesh) {
   absl::StatusOr<MeshLayout> layout = MeshLayout::Create(ParseMesh(kDpTp), 4);
   ASSERT_THAT(layout, IsOk());
   RunOnRingMesh(*layout, [&](int rank, DeviceMesh& mesh) {
-    torch::Tensor value = torch::full({1}, static_cast<float>(rank), torch::kFloat32);
+    at::Tensor value = torch::full({1}, static_cast<float>(rank), at::kFloat);
     ASSERT_THAT(mesh.AllReduce(value, ReduceOp::kAverage), IsOk());
     EXPECT_EQ(value.item<float>(), 1.5f);  // (0 + 1 + 2 + 3) / 4
 

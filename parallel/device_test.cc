@@ -4,12 +4,12 @@
 #include <optional>
 #include <string>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_split.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/internal/device_choice.h"
-#include "torch/types.h"
 
 namespace plait::parallel {
 namespace {
@@ -21,13 +21,12 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 TEST(ResolveDeviceTest, CpuIsAlwaysTheCpu) {
-  EXPECT_THAT(ResolveDevice(DEVICE_CPU, 1, 2, "plan.device"),
-              IsOkAndHolds(torch::Device(torch::kCPU)));
+  EXPECT_THAT(ResolveDevice(DEVICE_CPU, 1, 2, "plan.device"), IsOkAndHolds(at::Device(at::kCPU)));
 }
 
 TEST(ResolveDeviceTest, DefaultIsCudaExactlyWhenThereIsAGpu) {
-  const torch::Device expected =
-      CudaDeviceCount() > 0 ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  const at::Device expected =
+      CudaDeviceCount() > 0 ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   EXPECT_THAT(ResolveDevice(DEVICE_DEFAULT, 0, 1, "plan.device"), IsOkAndHolds(expected));
 }
 
@@ -45,7 +44,7 @@ TEST(ResolveDeviceTest, CudaNamesWhatIsMissing) {
     return;
   }
   EXPECT_THAT(ResolveDevice(DEVICE_CUDA, devices - 1, devices, "plan.device"),
-              IsOkAndHolds(torch::Device(torch::kCUDA, devices - 1)));
+              IsOkAndHolds(at::Device(at::kCUDA, devices - 1)));
   EXPECT_THAT(ResolveDevice(DEVICE_DEFAULT, 0, devices + 1, "plan.device"),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("plan.device: the default, CUDA,"),
@@ -58,19 +57,19 @@ const std::optional<std::string> kUnset;  // CUDA_VISIBLE_DEVICES
 
 TEST(ChooseDeviceTest, EachLocalRankGetsTheGpuOfItsIndex) {
   EXPECT_THAT(ChooseDevice(DEVICE_CUDA, 3, 4, "plan.device", /*built_for_cuda=*/true, 4, kUnset),
-              IsOkAndHolds(torch::Device(torch::kCUDA, 3)));
+              IsOkAndHolds(at::Device(at::kCUDA, 3)));
   EXPECT_THAT(ChooseDevice(DEVICE_DEFAULT, 1, 2, "plan.device", /*built_for_cuda=*/true, 8, kUnset),
-              IsOkAndHolds(torch::Device(torch::kCUDA, 1)));
+              IsOkAndHolds(at::Device(at::kCUDA, 1)));
 }
 
 TEST(ChooseDeviceTest, DefaultIsTheCpuWithoutAGpu) {
   EXPECT_THAT(ChooseDevice(DEVICE_DEFAULT, 1, 2, "plan.device", /*built_for_cuda=*/true, 0, kUnset),
-              IsOkAndHolds(torch::Device(torch::kCPU)));
+              IsOkAndHolds(at::Device(at::kCPU)));
   EXPECT_THAT(
       ChooseDevice(DEVICE_DEFAULT, 1, 2, "plan.device", /*built_for_cuda=*/false, 0, kUnset),
-      IsOkAndHolds(torch::Device(torch::kCPU)));
+      IsOkAndHolds(at::Device(at::kCPU)));
   EXPECT_THAT(ChooseDevice(DEVICE_CPU, 1, 2, "plan.device", /*built_for_cuda=*/true, 2, kUnset),
-              IsOkAndHolds(torch::Device(torch::kCPU)));
+              IsOkAndHolds(at::Device(at::kCPU)));
 }
 
 TEST(ChooseDeviceTest, CudaWithoutTheCudaBuildOrAGpuSaysWhich) {
@@ -103,11 +102,11 @@ TEST(ChooseDeviceTest, MoreLocalRanksThanGpusNamesTheRanksWithoutOne) {
 TEST(ChooseDeviceTest, AProcessGivenItsOwnGpuComputesOnIt) {
   for (const std::string visible : {"3", "GPU-8f3c1d2e-7a4b-4c55-9e1f-0a2b3c4d5e6f"}) {
     EXPECT_THAT(ChooseDevice(DEVICE_CUDA, 3, 8, "plan.device", /*built_for_cuda=*/true, 1, visible),
-                IsOkAndHolds(torch::Device(torch::kCUDA, 0)))
+                IsOkAndHolds(at::Device(at::kCUDA, 0)))
         << visible;
   }
   EXPECT_THAT(ChooseDevice(DEVICE_DEFAULT, 1, 4, "plan.device", /*built_for_cuda=*/true, 1, "1"),
-              IsOkAndHolds(torch::Device(torch::kCUDA, 0)));
+              IsOkAndHolds(at::Device(at::kCUDA, 0)));
   EXPECT_THAT(ChooseDevice(DEVICE_CUDA, 1, 2, "plan.device", /*built_for_cuda=*/true, 1, kUnset),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("local rank 1 has none"),
@@ -121,8 +120,8 @@ TEST(ChooseDeviceTest, AProcessGivenItsOwnGpuComputesOnIt) {
 }
 
 TEST(DeviceTest, TheCpuHasNoMemoryStatistics) {
-  EXPECT_EQ(PeakMemory(torch::Device(torch::kCPU)), std::nullopt);
-  EXPECT_EQ(DescribeDevice(torch::Device(torch::kCPU)), "cpu");
+  EXPECT_EQ(PeakMemory(at::Device(at::kCPU)), std::nullopt);
+  EXPECT_EQ(DescribeDevice(at::Device(at::kCPU)), "cpu");
 }
 
 // The kernel's view of the CPU (the flags of /proc/cpuinfo) agrees with NativeBf16's.
@@ -139,7 +138,7 @@ TEST(DeviceTest, NativeBf16OfTheCpuIsWhatTheKernelReports) {
     }
     break;
   }
-  const std::optional<std::string> native = NativeBf16(torch::Device(torch::kCPU));
+  const std::optional<std::string> native = NativeBf16(at::Device(at::kCPU));
   if (amx) {
     EXPECT_EQ(native, "AMX");
   } else if (avx512) {

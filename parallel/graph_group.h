@@ -4,7 +4,7 @@
 // context parallelism's ring attention).
 //
 //   GraphGroup group(*mesh.communicator("tp").value());
-//   torch::Tensor y = SomeCollectiveOp(x, group);  // waits with group.Wait(work)
+//   at::Tensor y = SomeCollectiveOp(x, group);  // waits with group.Wait(work)
 //   loss.backward();
 //   PLAIT_RETURN_IF_ERROR(group.status());
 #ifndef PLAIT_PARALLEL_GRAPH_GROUP_H_
@@ -12,6 +12,7 @@
 
 #include <memory>
 
+#include "ATen/core/Tensor.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"

@@ -11,6 +11,7 @@
 #include <optional>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/memory/memory.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -89,17 +90,17 @@ ncclRedOp_t NcclOp(ReduceOp op) {
 // The NCCL type of `tensor` (which Communicator checked is on this communicator's device);
 // `description` is Communicator::Describe's prefix.
 absl::StatusOr<ncclDataType_t> TensorType(const std::string& description, const char* role,
-                                          const torch::Tensor& tensor) {
+                                          const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
-    case torch::kFloat32:
+    case at::kFloat:
       return ncclFloat32;
-    case torch::kBFloat16:
+    case at::kBFloat16:
       return ncclBfloat16;
-    case torch::kFloat16:
+    case at::kHalf:
       return ncclFloat16;
-    case torch::kInt64:
+    case at::kLong:
       return ncclInt64;
-    case torch::kByte:
+    case at::kByte:
       return ncclUint8;
     default:
       return absl::InvalidArgumentError(absl::StrCat(description, ": ", role, " has dtype ",
@@ -400,7 +401,7 @@ class NcclCommunicator::Connection {
 class NcclCommunicator::NcclWork final : public Work {
  public:
   NcclWork(std::shared_ptr<Connection> connection, Event done, absl::Time deadline,
-           std::string description, std::vector<torch::Tensor> tensors, CollectiveCall call,
+           std::string description, std::vector<at::Tensor> tensors, CollectiveCall call,
            std::shared_ptr<FailureRecord> failures)
       : connection_(std::move(connection)),
         done_(std::move(done)),
@@ -443,7 +444,7 @@ class NcclCommunicator::NcclWork final : public Work {
   const std::shared_ptr<FailureRecord> failures_;
 
   absl::Mutex mu_;
-  std::vector<torch::Tensor> tensors_;
+  std::vector<at::Tensor> tensors_;
   std::optional<absl::Status> outcome_;
 };
 
@@ -489,7 +490,7 @@ NcclCommunicator::~NcclCommunicator() = default;
 int NcclCommunicator::cuda_device() const { return connection_->device(); }
 
 std::shared_ptr<Work> NcclCommunicator::Launch(
-    Collective collective, int peer, std::vector<torch::Tensor> tensors, int64_t bytes_sent,
+    Collective collective, int peer, std::vector<at::Tensor> tensors, int64_t bytes_sent,
     int64_t bytes_received,
     absl::FunctionRef<absl::Status(Connection& connection, absl::Time deadline)> enqueue) {
   const CollectiveCall call = NextCall(collective, peer);
@@ -512,7 +513,7 @@ std::shared_ptr<Work> NcclCommunicator::Launch(
 // counted as the root sending the buffer once and every other rank receiving it once (the ring
 // also forwards it through every rank but the last, which is not counted).
 
-std::shared_ptr<Work> NcclCommunicator::StartAllReduce(torch::Tensor tensor, ReduceOp op) {
+std::shared_ptr<Work> NcclCommunicator::StartAllReduce(at::Tensor tensor, ReduceOp op) {
   constexpr Collective kOp = Collective::kAllReduce;
   const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp), "tensor", tensor);
   if (!type.ok()) return FinishedWork(type.status());
@@ -546,8 +547,8 @@ struct PaddedChunks {
 };
 
 absl::StatusOr<PaddedChunks> ChunkedCollective(const std::string& description, int size,
-                                               const torch::Tensor& input,
-                                               const torch::Tensor& output, int64_t total) {
+                                               const at::Tensor& input, const at::Tensor& output,
+                                               int64_t total) {
   PLAIT_ASSIGN_OR_RETURN(ncclDataType_t type, TensorType(description, "input", input));
   PLAIT_RETURN_IF_ERROR(TensorType(description, "output", output).status());
   const int64_t element_size = input.element_size();
@@ -557,7 +558,7 @@ absl::StatusOr<PaddedChunks> ChunkedCollective(const std::string& description, i
 
 }  // namespace
 
-std::shared_ptr<Work> NcclCommunicator::StartAllGather(torch::Tensor input, torch::Tensor output) {
+std::shared_ptr<Work> NcclCommunicator::StartAllGather(at::Tensor input, at::Tensor output) {
   constexpr Collective kOp = Collective::kAllGather;
   const absl::StatusOr<PaddedChunks> chunks =
       ChunkedCollective(Describe(kOp), size(), input, output, output.numel());
@@ -585,8 +586,8 @@ std::shared_ptr<Work> NcclCommunicator::StartAllGather(torch::Tensor input, torc
       });
 }
 
-std::shared_ptr<Work> NcclCommunicator::StartReduceScatter(torch::Tensor input,
-                                                           torch::Tensor output, ReduceOp op) {
+std::shared_ptr<Work> NcclCommunicator::StartReduceScatter(at::Tensor input, at::Tensor output,
+                                                           ReduceOp op) {
   constexpr Collective kOp = Collective::kReduceScatter;
   const absl::StatusOr<PaddedChunks> chunks =
       ChunkedCollective(Describe(kOp), size(), input, output, input.numel());
@@ -616,7 +617,7 @@ std::shared_ptr<Work> NcclCommunicator::StartReduceScatter(torch::Tensor input,
       });
 }
 
-std::shared_ptr<Work> NcclCommunicator::StartBroadcast(torch::Tensor tensor, int root) {
+std::shared_ptr<Work> NcclCommunicator::StartBroadcast(at::Tensor tensor, int root) {
   constexpr Collective kOp = Collective::kBroadcast;
   const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp), "tensor", tensor);
   if (!type.ok()) return FinishedWork(type.status());
@@ -644,7 +645,7 @@ std::shared_ptr<Work> NcclCommunicator::StartBarrier() {
 }
 
 // Counted as moved: the rows sent to and received from the other ranks, once each.
-std::shared_ptr<Work> NcclCommunicator::StartAllToAll(torch::Tensor input, torch::Tensor output,
+std::shared_ptr<Work> NcclCommunicator::StartAllToAll(at::Tensor input, at::Tensor output,
                                                       std::vector<int64_t> send_rows,
                                                       std::vector<int64_t> receive_rows) {
   constexpr Collective kOp = Collective::kAllToAll;
@@ -698,7 +699,7 @@ std::shared_ptr<Work> NcclCommunicator::StartAllToAll(torch::Tensor input, torch
 
 // NCCL checks neither dtype nor count between a send and its receive: a receive of another
 // size than its send is not detected here, and shows as a timeout of one of the two.
-std::shared_ptr<Work> NcclCommunicator::StartSend(torch::Tensor tensor, int peer) {
+std::shared_ptr<Work> NcclCommunicator::StartSend(at::Tensor tensor, int peer) {
   constexpr Collective kOp = Collective::kSend;
   const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp, peer), "tensor", tensor);
   if (!type.ok()) return FinishedWork(type.status());
@@ -710,7 +711,7 @@ std::shared_ptr<Work> NcclCommunicator::StartSend(torch::Tensor tensor, int peer
                 });
 }
 
-std::shared_ptr<Work> NcclCommunicator::StartReceive(torch::Tensor tensor, int peer) {
+std::shared_ptr<Work> NcclCommunicator::StartReceive(at::Tensor tensor, int peer) {
   constexpr Collective kOp = Collective::kReceive;
   const absl::StatusOr<ncclDataType_t> type = TensorType(Describe(kOp, peer), "tensor", tensor);
   if (!type.ok()) return FinishedWork(type.status());

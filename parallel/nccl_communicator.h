@@ -33,12 +33,12 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "parallel/communicator.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
-#include "torch/types.h"
 
 namespace plait::parallel {
 
@@ -67,8 +67,8 @@ class NcclCommunicator final : public Communicator {
 
   // The CUDA device this rank runs on.
   int cuda_device() const;
-  torch::Device device() const override {
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(cuda_device()));
+  at::Device device() const override {
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device()));
   }
 
  private:
@@ -79,24 +79,24 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(std::string name, int rank, int size, CommunicatorOptions options,
                    std::shared_ptr<Connection> connection);
 
-  std::shared_ptr<Work> StartAllReduce(torch::Tensor tensor, ReduceOp op) override;
-  std::shared_ptr<Work> StartAllGather(torch::Tensor input, torch::Tensor output) override;
-  std::shared_ptr<Work> StartReduceScatter(torch::Tensor input, torch::Tensor output,
+  std::shared_ptr<Work> StartAllReduce(at::Tensor tensor, ReduceOp op) override;
+  std::shared_ptr<Work> StartAllGather(at::Tensor input, at::Tensor output) override;
+  std::shared_ptr<Work> StartReduceScatter(at::Tensor input, at::Tensor output,
                                            ReduceOp op) override;
-  std::shared_ptr<Work> StartBroadcast(torch::Tensor tensor, int root) override;
+  std::shared_ptr<Work> StartBroadcast(at::Tensor tensor, int root) override;
   std::shared_ptr<Work> StartBarrier() override;
-  std::shared_ptr<Work> StartAllToAll(torch::Tensor input, torch::Tensor output,
+  std::shared_ptr<Work> StartAllToAll(at::Tensor input, at::Tensor output,
                                       std::vector<int64_t> send_rows,
                                       std::vector<int64_t> receive_rows) override;
-  std::shared_ptr<Work> StartSend(torch::Tensor tensor, int peer) override;
-  std::shared_ptr<Work> StartReceive(torch::Tensor tensor, int peer) override;
+  std::shared_ptr<Work> StartSend(at::Tensor tensor, int peer) override;
+  std::shared_ptr<Work> StartReceive(at::Tensor tensor, int peer) override;
 
   // Queues `enqueue` on the communication stream between the compute-stream events, counts the
   // traffic and returns the Work; a failure aborts the communicator. `tensors` stay alive
   // until the collective has been waited for.
   // `peer` as in NextCall.
   std::shared_ptr<Work> Launch(
-      Collective collective, int peer, std::vector<torch::Tensor> tensors, int64_t bytes_sent,
+      Collective collective, int peer, std::vector<at::Tensor> tensors, int64_t bytes_sent,
       int64_t bytes_received,
       absl::FunctionRef<absl::Status(Connection& connection, absl::Time deadline)> enqueue);
 

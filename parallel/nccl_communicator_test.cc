@@ -13,6 +13,11 @@
 #include <tuple>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/cat.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/stack.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -21,8 +26,8 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/types.h"
 
 namespace plait::parallel {
 namespace {
@@ -40,25 +45,24 @@ void CheckCuda(cudaError_t error, const char* call) {
 // A CUDA tensor on `device` holding a copy of the CPU tensor `host`. Its memory comes from
 // cudaMalloc and is wrapped with at::for_blob, so the test needs no CUDA build of LibTorch:
 // the communicator only reads a tensor's device, dtype, size and data pointer.
-torch::Tensor ToDevice(const torch::Tensor& host, int device) {
-  const torch::Tensor source = host.contiguous();
+at::Tensor ToDevice(const at::Tensor& host, int device) {
+  const at::Tensor source = host.contiguous();
   const size_t bytes = source.numel() * source.element_size();
   CheckCuda(cudaSetDevice(device), "cudaSetDevice");
   void* data = nullptr;
   CheckCuda(cudaMalloc(&data, std::max<size_t>(bytes, 1)), "cudaMalloc");
-  torch::Tensor tensor =
-      at::for_blob(data, source.sizes())
-          .deleter([](void* memory) { EXPECT_EQ(cudaFree(memory), cudaSuccess); })
-          .options(source.options().device(torch::kCUDA, device))
-          .target_device(torch::Device(torch::kCUDA, device))
-          .make_tensor();
+  at::Tensor tensor = at::for_blob(data, source.sizes())
+                          .deleter([](void* memory) { EXPECT_EQ(cudaFree(memory), cudaSuccess); })
+                          .options(source.options().device(at::kCUDA, device))
+                          .target_device(at::Device(at::kCUDA, device))
+                          .make_tensor();
   CheckCuda(cudaMemcpy(data, source.data_ptr(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   return tensor;
 }
 
 // Elements [offset, offset + numel) of the 1-D CUDA tensor `base`, sharing its memory (a view,
 // which a CPU-only LibTorch cannot make of a CUDA tensor). `base` must outlive it.
-torch::Tensor Alias(const torch::Tensor& base, int64_t offset, int64_t numel) {
+at::Tensor Alias(const at::Tensor& base, int64_t offset, int64_t numel) {
   return at::for_blob(static_cast<char*>(base.data_ptr()) + offset * base.element_size(), {numel})
       .options(base.options())
       .target_device(base.device())
@@ -67,8 +71,8 @@ torch::Tensor Alias(const torch::Tensor& base, int64_t offset, int64_t numel) {
 
 // A copy on the CPU, taken on the legacy default stream once Work::Wait() has ordered it after
 // the collective.
-torch::Tensor ToHost(const torch::Tensor& tensor) {
-  torch::Tensor host = torch::empty(tensor.sizes(), tensor.options().device(torch::kCPU));
+at::Tensor ToHost(const at::Tensor& tensor) {
+  at::Tensor host = torch::empty(tensor.sizes(), tensor.options().device(at::kCPU));
   CheckCuda(cudaSetDevice(tensor.get_device()), "cudaSetDevice");
   CheckCuda(cudaMemcpy(host.data_ptr(), tensor.data_ptr(), host.numel() * host.element_size(),
                        cudaMemcpyDeviceToHost),
@@ -78,26 +82,26 @@ torch::Tensor ToHost(const torch::Tensor& tensor) {
 
 // Rank `rank`'s input: small integers, exact in every dtype, with the maximum held by
 // different ranks at different elements.
-torch::Tensor RankInput(int rank, int64_t numel, torch::ScalarType dtype) {
-  torch::Tensor index = torch::arange(numel, torch::kInt64);
+at::Tensor RankInput(int rank, int64_t numel, at::ScalarType dtype) {
+  at::Tensor index = torch::arange(numel, at::kLong);
   return ((index * (rank + 1)) % 11 - rank).to(dtype);
 }
 
 // The CPU reduction of every rank's RankInput, in float64.
-torch::Tensor Expected(int world_size, int64_t numel, torch::ScalarType dtype, ReduceOp op) {
-  std::vector<torch::Tensor> inputs;
+at::Tensor Expected(int world_size, int64_t numel, at::ScalarType dtype, ReduceOp op) {
+  std::vector<at::Tensor> inputs;
   for (int rank = 0; rank < world_size; ++rank) {
-    inputs.push_back(RankInput(rank, numel, dtype).to(torch::kFloat64));
+    inputs.push_back(RankInput(rank, numel, dtype).to(at::kDouble));
   }
-  const torch::Tensor stacked = torch::stack(inputs);
+  const at::Tensor stacked = at::stack(inputs);
   if (op == ReduceOp::kAverage) return stacked.mean(0);
   if (op == ReduceOp::kMax) return std::get<0>(stacked.max(0));
   return stacked.sum(0);
 }
 
-void ExpectClose(const torch::Tensor& actual, const torch::Tensor& expected) {
-  const torch::Tensor host = ToHost(actual).to(torch::kFloat64);
-  EXPECT_TRUE(torch::allclose(host, expected, /*rtol=*/1e-6, /*atol=*/1e-6))
+void ExpectClose(const at::Tensor& actual, const at::Tensor& expected) {
+  const at::Tensor host = ToHost(actual).to(at::kDouble);
+  EXPECT_TRUE(at::allclose(host, expected, /*rtol=*/1e-6, /*atol=*/1e-6))
       << "got " << host << "\nwant " << expected;
 }
 
@@ -195,13 +199,13 @@ TEST_F(NcclCommunicatorTest, AllReduceMatchesTheCpuReduction) {
     const int rank = communicator.rank();
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
       SCOPED_TRACE(static_cast<int>(op));
-      torch::Tensor tensor = ToDevice(RankInput(rank, kNumel, torch::kFloat32), rank);
+      at::Tensor tensor = ToDevice(RankInput(rank, kNumel, at::kFloat), rank);
       ASSERT_THAT(communicator.AllReduce(tensor, op)->Wait(), IsOk());
-      ExpectClose(tensor, Expected(world_size_, kNumel, torch::kFloat32, op));
+      ExpectClose(tensor, Expected(world_size_, kNumel, at::kFloat, op));
     }
-    for (torch::ScalarType dtype : {torch::kInt64, torch::kBFloat16, torch::kFloat16}) {
+    for (at::ScalarType dtype : {at::kLong, at::kBFloat16, at::kHalf}) {
       SCOPED_TRACE(c10::toString(dtype));
-      torch::Tensor tensor = ToDevice(RankInput(rank, kNumel, dtype), rank);
+      at::Tensor tensor = ToDevice(RankInput(rank, kNumel, dtype), rank);
       ASSERT_THAT(communicator.AllReduce(tensor, ReduceOp::kSum)->Wait(), IsOk());
       ExpectClose(tensor, Expected(world_size_, kNumel, dtype, ReduceOp::kSum));
     }
@@ -214,21 +218,21 @@ TEST_F(NcclCommunicatorTest, AllGatherWithAndWithoutPadding) {
     // Divisible by the world size; not divisible; fewer elements than ranks.
     for (int64_t total : {int64_t{world_size_} * 5, int64_t{world_size_} * 5 + 1, int64_t{1}}) {
       SCOPED_TRACE(absl::StrCat(total, " elements"));
-      const torch::Tensor full = torch::arange(total, torch::kFloat32) * 1.5;
+      const at::Tensor full = torch::arange(total, at::kFloat) * 1.5;
       const Chunk chunk = ChunkOf(total, world_size_, rank);
-      const torch::Tensor input = ToDevice(full.narrow(0, chunk.offset, chunk.numel), rank);
-      torch::Tensor output = ToDevice(torch::zeros({total}), rank);
+      const at::Tensor input = ToDevice(full.narrow(0, chunk.offset, chunk.numel), rank);
+      at::Tensor output = ToDevice(torch::zeros({total}), rank);
       ASSERT_THAT(communicator.AllGather(input, output)->Wait(), IsOk());
-      ExpectClose(output, full.to(torch::kFloat64));
+      ExpectClose(output, full.to(at::kDouble));
 
       // In place: the input is this rank's chunk of the output.
-      torch::Tensor in_place = ToDevice(torch::zeros({total}), rank);
-      const torch::Tensor own_chunk = Alias(in_place, chunk.offset, chunk.numel);
+      at::Tensor in_place = ToDevice(torch::zeros({total}), rank);
+      const at::Tensor own_chunk = Alias(in_place, chunk.offset, chunk.numel);
       CheckCuda(cudaMemcpy(own_chunk.data_ptr(), input.data_ptr(),
                            chunk.numel * input.element_size(), cudaMemcpyDeviceToDevice),
                 "cudaMemcpy");
       ASSERT_THAT(communicator.AllGather(own_chunk, in_place)->Wait(), IsOk());
-      ExpectClose(in_place, full.to(torch::kFloat64));
+      ExpectClose(in_place, full.to(at::kDouble));
     }
     const Traffic traffic = communicator.traffic(Collective::kAllGather);
     EXPECT_EQ(traffic.calls, 6);
@@ -242,12 +246,12 @@ TEST_F(NcclCommunicatorTest, ReduceScatterWithAndWithoutPadding) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
         SCOPED_TRACE(absl::StrCat(total, " elements, op ", static_cast<int>(op)));
         const Chunk chunk = ChunkOf(total, world_size_, rank);
-        const torch::Tensor input = ToDevice(RankInput(rank, total, torch::kFloat32), rank);
-        torch::Tensor output = ToDevice(torch::zeros({chunk.numel}), rank);
+        const at::Tensor input = ToDevice(RankInput(rank, total, at::kFloat), rank);
+        at::Tensor output = ToDevice(torch::zeros({chunk.numel}), rank);
         ASSERT_THAT(communicator.ReduceScatter(input, output, op)->Wait(), IsOk());
         ExpectClose(
             output,
-            Expected(world_size_, total, torch::kFloat32, op).narrow(0, chunk.offset, chunk.numel));
+            Expected(world_size_, total, at::kFloat, op).narrow(0, chunk.offset, chunk.numel));
       }
     }
   });
@@ -258,9 +262,9 @@ TEST_F(NcclCommunicatorTest, BroadcastCopiesTheRootsTensor) {
   RunRanks("broadcast", [&](NcclCommunicator& communicator) {
     const int rank = communicator.rank();
     const int root = world_size_ - 1;
-    torch::Tensor tensor = ToDevice(RankInput(rank, kNumel, torch::kFloat32), rank);
+    at::Tensor tensor = ToDevice(RankInput(rank, kNumel, at::kFloat), rank);
     ASSERT_THAT(communicator.Broadcast(tensor, root)->Wait(), IsOk());
-    ExpectClose(tensor, RankInput(root, kNumel, torch::kFloat64));
+    ExpectClose(tensor, RankInput(root, kNumel, at::kDouble));
 
     const Traffic traffic = communicator.traffic(Collective::kBroadcast);
     const int64_t bytes = kNumel * static_cast<int64_t>(sizeof(float));
@@ -276,7 +280,7 @@ TEST_F(NcclCommunicatorTest, BarrierAndRingTraffic) {
     ASSERT_THAT(communicator.Barrier()->Wait(), IsOk());
     EXPECT_EQ(communicator.traffic(Collective::kBarrier).calls, 1);
 
-    torch::Tensor tensor = ToDevice(RankInput(rank, kNumel, torch::kFloat32), rank);
+    at::Tensor tensor = ToDevice(RankInput(rank, kNumel, at::kFloat), rank);
     ASSERT_THAT(communicator.AllReduce(tensor, ReduceOp::kSum)->Wait(), IsOk());
     const Traffic traffic = communicator.traffic(Collective::kAllReduce);
     const int64_t ring_bytes = 2 * (world_size_ - 1) * kNumel * 4 / world_size_;
@@ -298,9 +302,9 @@ TEST_F(NcclCommunicatorTest, AllToAllWithUnevenCountsAndZeros) {
     return std::accumulate(rows.begin(), rows.end(), int64_t{0});
   };
   // Rank q's rows: values below 251, exact in bf16, different for every sender.
-  const auto input = [&](int q, torch::ScalarType dtype) {
+  const auto input = [&](int q, at::ScalarType dtype) {
     const int64_t rows = sum(counts[q]);
-    return (torch::arange(rows * 15, torch::kInt64) * 7 + 1000 * q)
+    return (torch::arange(rows * 15, at::kLong) * 7 + 1000 * q)
         .remainder(251)
         .reshape({rows, 3, 5})
         .to(dtype);
@@ -311,17 +315,17 @@ TEST_F(NcclCommunicatorTest, AllToAllWithUnevenCountsAndZeros) {
     for (int q = 0; q < n; ++q) receive_rows.push_back(counts[q][rank]);
     int64_t bytes_sent = 0;
     int64_t bytes_received = 0;
-    for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kInt64}) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
       SCOPED_TRACE(c10::toString(dtype));
-      std::vector<torch::Tensor> expected;
+      std::vector<at::Tensor> expected;
       for (int q = 0; q < n; ++q) {
         const int64_t offset = sum({counts[q].begin(), counts[q].begin() + rank});
         expected.push_back(input(q, dtype).narrow(0, offset, counts[q][rank]));
       }
-      const torch::Tensor sent = ToDevice(input(rank, dtype), rank);
-      torch::Tensor output = ToDevice(torch::full({sum(receive_rows), 3, 5}, -1, dtype), rank);
+      const at::Tensor sent = ToDevice(input(rank, dtype), rank);
+      at::Tensor output = ToDevice(torch::full({sum(receive_rows), 3, 5}, -1, dtype), rank);
       ASSERT_THAT(communicator.AllToAll(sent, output, counts[rank], receive_rows)->Wait(), IsOk());
-      EXPECT_TRUE(torch::equal(ToHost(output), torch::cat(expected)));
+      EXPECT_TRUE(at::equal(ToHost(output), at::cat(expected)));
       const int64_t row_bytes = 15 * c10::elementSize(dtype);
       bytes_sent += (sum(counts[rank]) - counts[rank][rank]) * row_bytes;
       bytes_received += (sum(receive_rows) - counts[rank][rank]) * row_bytes;
@@ -340,9 +344,9 @@ TEST_F(NcclCommunicatorTest, RejectsCpuTensorsAndStaysUsable) {
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr(absl::StrCat("all_reduce on group 'cpu' (rank ", rank, " of ",
                                                 world_size_, "): tensor is on cpu"))));
-    torch::Tensor tensor = ToDevice(torch::ones({4}), rank);
+    at::Tensor tensor = ToDevice(torch::ones({4}), rank);
     ASSERT_THAT(communicator.AllReduce(tensor, ReduceOp::kSum)->Wait(), IsOk());
-    ExpectClose(tensor, torch::full({4}, static_cast<double>(world_size_), torch::kFloat64));
+    ExpectClose(tensor, torch::full({4}, static_cast<double>(world_size_), at::kDouble));
   });
 }
 
@@ -358,7 +362,7 @@ TEST_F(NcclCommunicatorTest, TimesOutAbortsAndKeepsTheFirstError) {
       return;
     }
     const absl::Cleanup release_peers = [&] { rank0_done.Notify(); };
-    torch::Tensor tensor = ToDevice(torch::ones({16}), 0);
+    at::Tensor tensor = ToDevice(torch::ones({16}), 0);
     const absl::Status status = communicator.AllReduce(tensor, ReduceOp::kSum)->Wait();
     EXPECT_THAT(status, StatusIs(absl::StatusCode::kDeadlineExceeded,
                                  HasSubstr(absl::StrCat("all_reduce on group 'timeout' (rank 0 of ",

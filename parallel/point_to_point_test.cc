@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -14,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "parallel/communicator.h"
 #include "parallel/test_ranks.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::parallel {
 namespace {
@@ -27,8 +29,8 @@ using ::testing::HasSubstr;
 
 // What rank `from` sends as its message `message`: distinct per sender and message, exact in
 // every dtype used.
-torch::Tensor Payload(int from, int message, torch::ScalarType dtype, int64_t numel = 1000) {
-  return (torch::arange(numel, torch::kInt64).remainder(97) + 100 * from + 10 * message).to(dtype);
+at::Tensor Payload(int from, int message, at::ScalarType dtype, int64_t numel = 1000) {
+  return (torch::arange(numel, at::kLong).remainder(97) + 100 * from + 10 * message).to(dtype);
 }
 
 class PointToPointTest : public ::testing::TestWithParam<int> {};
@@ -38,10 +40,10 @@ TEST_P(PointToPointTest, ValuesArriveExactlyAndInOrder) {
   constexpr int kMessages = 3;
   RunOnRingGroup("pp", size, [&](int rank, Communicator& comm) {
     // Rank 0 sends every other rank kMessages messages of each dtype, in one order.
-    for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kInt64}) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
       SCOPED_TRACE(c10::toString(dtype));
       std::vector<std::shared_ptr<Work>> works;
-      std::vector<torch::Tensor> received;
+      std::vector<at::Tensor> received;
       for (int message = 0; message < kMessages; ++message) {
         for (int peer = 1; peer < size; ++peer) {
           if (rank == 0) {
@@ -54,7 +56,7 @@ TEST_P(PointToPointTest, ValuesArriveExactlyAndInOrder) {
       }
       for (const std::shared_ptr<Work>& work : works) ASSERT_THAT(work->Wait(), IsOk());
       for (int message = 0; message < static_cast<int>(received.size()); ++message) {
-        EXPECT_TRUE(torch::equal(received[message].view({-1}), Payload(rank, message, dtype)))
+        EXPECT_TRUE(at::equal(received[message].view({-1}), Payload(rank, message, dtype)))
             << "message " << message;
       }
     }
@@ -66,13 +68,13 @@ TEST_P(PointToPointTest, RingOfSendsBeforeAnyWaitCompletes) {
   // Larger than the sockets buffer: a send that waited for its receive would hang here.
   constexpr int64_t kNumel = 4 << 20;
   RunOnRingGroup("pp", size, [&](int rank, Communicator& comm) {
-    const torch::Tensor out = Payload(rank, 0, torch::kFloat32, kNumel);
-    const torch::Tensor in = torch::empty({kNumel});
+    const at::Tensor out = Payload(rank, 0, at::kFloat, kNumel);
+    const at::Tensor in = torch::empty({kNumel});
     const std::shared_ptr<Work> sent = comm.Send(out, (rank + 1) % size);
     const std::shared_ptr<Work> got = comm.Receive(in, (rank + size - 1) % size);
     ASSERT_THAT(sent->Wait(), IsOk());
     ASSERT_THAT(got->Wait(), IsOk());
-    EXPECT_TRUE(torch::equal(in, Payload((rank + size - 1) % size, 0, torch::kFloat32, kNumel)));
+    EXPECT_TRUE(at::equal(in, Payload((rank + size - 1) % size, 0, at::kFloat, kNumel)));
   });
 }
 
@@ -83,23 +85,23 @@ TEST(PointToPointPairTest, BothSendBeforeEitherReceives) {
     const int peer = 1 - rank;
     // As 1F1B: rank 0 sends activations, rank 1 gradients, and only then do they receive. A
     // small send finishes before its receive is issued (it waits for no rendezvous)...
-    ASSERT_THAT(comm.Send(Payload(rank, 0, torch::kFloat32), peer)->Wait(), IsOk());
-    const torch::Tensor small = torch::empty({1000});
+    ASSERT_THAT(comm.Send(Payload(rank, 0, at::kFloat), peer)->Wait(), IsOk());
+    const at::Tensor small = torch::empty({1000});
     ASSERT_THAT(comm.Receive(small, peer)->Wait(), IsOk());
-    EXPECT_TRUE(torch::equal(small, Payload(peer, 0, torch::kFloat32)));
+    EXPECT_TRUE(at::equal(small, Payload(peer, 0, at::kFloat)));
     // ... and one larger than the socket buffers leaves as its receive takes it.
     constexpr int64_t kNumel = 4 << 20;
-    const std::shared_ptr<Work> sent = comm.Send(Payload(rank, 1, torch::kFloat32, kNumel), peer);
-    const torch::Tensor large = torch::empty({kNumel});
+    const std::shared_ptr<Work> sent = comm.Send(Payload(rank, 1, at::kFloat, kNumel), peer);
+    const at::Tensor large = torch::empty({kNumel});
     ASSERT_THAT(comm.Receive(large, peer)->Wait(), IsOk());
     ASSERT_THAT(sent->Wait(), IsOk());
-    EXPECT_TRUE(torch::equal(large, Payload(peer, 1, torch::kFloat32, kNumel)));
+    EXPECT_TRUE(at::equal(large, Payload(peer, 1, at::kFloat, kNumel)));
   });
 }
 
 TEST(PointToPointPairTest, TrafficCountsTheBytes) {
   RunOnRingGroup("pp", 2, [&](int rank, Communicator& comm) {
-    const torch::Tensor tensor = Payload(0, 0, torch::kBFloat16);
+    const at::Tensor tensor = Payload(0, 0, at::kBFloat16);
     const std::shared_ptr<Work> work = rank == 0 ? comm.Send(tensor, 1) : comm.Receive(tensor, 0);
     ASSERT_THAT(work->Wait(), IsOk());
     const Traffic sent = comm.traffic(Collective::kSend);
@@ -114,7 +116,7 @@ TEST(PointToPointPairTest, TrafficCountsTheBytes) {
 TEST(PointToPointPairTest, AreNotCountedInTheStepsCollectiveIndex) {
   RunOnRingGroup("pp", 2, [&](int rank, Communicator& comm) {
     comm.BeginStep(1);
-    const torch::Tensor tensor = torch::zeros({4});
+    const at::Tensor tensor = torch::zeros({4});
     ASSERT_THAT((rank == 0 ? comm.Send(tensor, 1) : comm.Receive(tensor, 0))->Wait(), IsOk());
     EXPECT_EQ(comm.NextCall(Collective::kBarrier).index, 0);
     EXPECT_EQ(comm.Describe(Collective::kSend, 1 - rank),
@@ -156,7 +158,7 @@ TEST(PointToPointErrorsTest, AReceiveOfAnotherSizeOrDtypeNamesBoth) {
       checked_dtype.WaitForNotification();
       return;
     }
-    EXPECT_THAT(comm.Receive(torch::zeros({6}, torch::kInt64), 0)->Wait(),
+    EXPECT_THAT(comm.Receive(torch::zeros({6}, at::kLong), 0)->Wait(),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          AllOf(HasSubstr("rank 0 sent Float[6]"), HasSubstr("is Long[6]"))));
     checked_dtype.Notify();

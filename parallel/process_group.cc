@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -51,7 +52,7 @@ std::string FailurePlaces(const DeviceMesh& mesh) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Start(
-    const World& world, const MeshConfig& config, const torch::Device& device,
+    const World& world, const MeshConfig& config, const at::Device& device,
     absl::Duration rendezvous_timeout) {
   c10::intrusive_ptr<c10d::Store> store;
   if (world.world_size > 1) {

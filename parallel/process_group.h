@@ -16,13 +16,13 @@
 
 #include <memory>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "parallel/device_mesh.h"
 #include "parallel/mesh.pb.h"
 #include "parallel/world.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
-#include "torch/types.h"
 
 namespace plait::parallel {
 
@@ -34,7 +34,7 @@ class ProcessGroup {
   // the rendezvous address or the mesh field.
   static absl::StatusOr<std::unique_ptr<ProcessGroup>> Start(const World& world,
                                                              const MeshConfig& config,
-                                                             const torch::Device& device,
+                                                             const at::Device& device,
                                                              absl::Duration rendezvous_timeout);
 
   const DeviceMesh& mesh() const { return mesh_; }

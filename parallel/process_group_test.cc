@@ -5,13 +5,14 @@
 #include <thread>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/synchronization/notification.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::parallel {
 namespace {
@@ -30,7 +31,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> StartRank(int rank, const std::str
   dim->set_name("dp");
   dim->set_size(kRanks);
   config.set_collective_timeout_seconds(1);
-  return ProcessGroup::Start(testing::LocalWorld(rank, kRanks, store_file), config, torch::kCPU,
+  return ProcessGroup::Start(testing::LocalWorld(rank, kRanks, store_file), config, at::kCPU,
                              absl::Seconds(30));
 }
 
@@ -48,7 +49,7 @@ TEST(ProcessGroupTest, AFailedCollectiveNamesTheRankThatStoppedAnswering) {
     working.emplace_back([&, rank] {
       absl::StatusOr<std::unique_ptr<ProcessGroup>> group = StartRank(rank, store_file);
       ASSERT_THAT(group, IsOk());
-      torch::Tensor tensor = torch::ones({4});
+      at::Tensor tensor = torch::ones({4});
       results[rank] = (*group)->ExplainFailure((*group)->mesh().AllReduce(tensor, ReduceOp::kSum));
     });
   }

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
@@ -21,7 +23,7 @@
 #include "parallel/ring_communicator.h"
 #include "parallel/tcp_store.h"
 #include "parallel/test_ranks.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::parallel {
 namespace {
@@ -168,9 +170,9 @@ TEST(RendezvousTest, RanksMeetOverTheTcpStoreAndCreateARingGroupOverIt) {
     connected.DecrementCount();
     if (rank == 0) connected.Wait();
     ASSERT_THAT(comm, IsOk());
-    torch::Tensor tensor = torch::full({4}, rank + 1.0);
+    at::Tensor tensor = torch::full({4}, rank + 1.0);
     ASSERT_THAT((*comm)->AllReduce(tensor, ReduceOp::kSum)->Wait(), IsOk());
-    EXPECT_TRUE(torch::equal(tensor, torch::full({4}, 6.0)));
+    EXPECT_TRUE(at::equal(tensor, torch::full({4}, 6.0)));
   });
 }
 

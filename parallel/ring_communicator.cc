@@ -4,12 +4,15 @@
 #include <cstring>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/add.h"
+#include "ATen/ops/maximum.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/hash.h"
 #include "base/status.h"
 #include "c10/util/accumulate.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::parallel {
 namespace {
@@ -40,22 +43,22 @@ uint64_t SlotBase(const CollectiveCall& call) {
 // What a Send announces before its data: the dtype and the element count, as int64.
 constexpr int64_t kHeaderWords = 2;
 
-std::string TensorText(torch::ScalarType dtype, int64_t numel) {
+std::string TensorText(at::ScalarType dtype, int64_t numel) {
   return absl::StrCat(c10::toString(dtype), "[", numel, "]");
 }
 
 int Mod(int value, int modulus) { return ((value % modulus) + modulus) % modulus; }
 
-torch::Tensor ChunkView(const torch::Tensor& flat, const Chunk& chunk) {
+at::Tensor ChunkView(const at::Tensor& flat, const Chunk& chunk) {
   return flat.narrow(0, chunk.offset, chunk.numel);
 }
 
 // out = a (op) b, elementwise; `out` may alias `a` or `b`.
-void Combine(ReduceOp op, const torch::Tensor& a, const torch::Tensor& b, torch::Tensor out) {
+void Combine(ReduceOp op, const at::Tensor& a, const at::Tensor& b, at::Tensor out) {
   if (op == ReduceOp::kMax) {
-    torch::maximum_out(out, a, b);
+    at::maximum_out(out, a, b);
   } else {
-    torch::add_out(out, a, b);
+    at::add_out(out, a, b);
   }
 }
 
@@ -135,7 +138,7 @@ void RingCommunicator::RunTasks(Lane& lane) {
   // The collectives combine their tensors as data: autograd records nothing here, also for an
   // input that requires grad (tensor parallelism's activations, sent from inside an autograd
   // function's forward, where grad mode is off on the caller's thread only).
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   while (true) {
     Task task;
     {
@@ -209,9 +212,9 @@ absl::Status RingCommunicator::Exchange(const CollectiveCall& call, uint64_t slo
 // receive that of chunk (r - k - 2) from the left one and add this rank's input to it. At
 // the last step the chunk received is chunk r, complete once this rank's part is added.
 absl::Status RingCommunicator::ReduceScatterRing(const CollectiveCall& call,
-                                                 const torch::Tensor& input,
-                                                 const torch::Tensor& output, ReduceOp op,
-                                                 uint64_t slot_base, absl::Time deadline) {
+                                                 const at::Tensor& input, const at::Tensor& output,
+                                                 ReduceOp op, uint64_t slot_base,
+                                                 absl::Time deadline) {
   const int n = size();
   const int r = rank();
   const int64_t total = input.numel();
@@ -220,20 +223,20 @@ absl::Status RingCommunicator::ReduceScatterRing(const CollectiveCall& call,
     return absl::OkStatus();
   }
   const int64_t longest = ChunkOf(total, n, 0).numel;
-  const torch::Tensor received = torch::empty({longest}, input.options());
-  const torch::Tensor partial = torch::empty({longest}, input.options());
+  const at::Tensor received = torch::empty({longest}, input.options());
+  const at::Tensor partial = torch::empty({longest}, input.options());
   for (int k = 0; k < n - 1; ++k) {
     const Chunk send_chunk = ChunkOf(total, n, Mod(r - k - 1, n));
     const Chunk recv_chunk = ChunkOf(total, n, Mod(r - k - 2, n));
-    const torch::Tensor to_send =
+    const at::Tensor to_send =
         k == 0 ? ChunkView(input, send_chunk) : partial.narrow(0, 0, send_chunk.numel);
-    const torch::Tensor incoming = received.narrow(0, 0, recv_chunk.numel);
+    const at::Tensor incoming = received.narrow(0, 0, recv_chunk.numel);
     if (absl::Status status = Exchange(call, slot_base + k, {Transfer{to_send, Mod(r + 1, n)}},
                                        Transfer{incoming, Mod(r - 1, n)}, deadline);
         !status.ok()) {
       return status;
     }
-    const torch::Tensor target = k == n - 2 ? output : partial.narrow(0, 0, recv_chunk.numel);
+    const at::Tensor target = k == n - 2 ? output : partial.narrow(0, 0, recv_chunk.numel);
     Combine(op, ChunkView(input, recv_chunk), incoming, target);
   }
   if (op == ReduceOp::kAverage) output.div_(n);
@@ -242,14 +245,13 @@ absl::Status RingCommunicator::ReduceScatterRing(const CollectiveCall& call,
 
 // Step k of N-1: send chunk (r - k) to the right neighbour and receive chunk (r - k - 1)
 // from the left one, straight into place.
-absl::Status RingCommunicator::AllGatherRing(const CollectiveCall& call,
-                                             const torch::Tensor& buffer, uint64_t slot_base,
-                                             absl::Time deadline) {
+absl::Status RingCommunicator::AllGatherRing(const CollectiveCall& call, const at::Tensor& buffer,
+                                             uint64_t slot_base, absl::Time deadline) {
   const int n = size();
   const int r = rank();
   for (int k = 0; k < n - 1; ++k) {
-    const torch::Tensor to_send = ChunkView(buffer, ChunkOf(buffer.numel(), n, Mod(r - k, n)));
-    const torch::Tensor incoming = ChunkView(buffer, ChunkOf(buffer.numel(), n, Mod(r - k - 1, n)));
+    const at::Tensor to_send = ChunkView(buffer, ChunkOf(buffer.numel(), n, Mod(r - k, n)));
+    const at::Tensor incoming = ChunkView(buffer, ChunkOf(buffer.numel(), n, Mod(r - k - 1, n)));
     if (absl::Status status = Exchange(call, slot_base + k, {Transfer{to_send, Mod(r + 1, n)}},
                                        Transfer{incoming, Mod(r - 1, n)}, deadline);
         !status.ok()) {
@@ -259,13 +261,13 @@ absl::Status RingCommunicator::AllGatherRing(const CollectiveCall& call,
   return absl::OkStatus();
 }
 
-std::shared_ptr<Work> RingCommunicator::StartAllReduce(torch::Tensor tensor, ReduceOp op) {
+std::shared_ptr<Work> RingCommunicator::StartAllReduce(at::Tensor tensor, ReduceOp op) {
   return Enqueue(
       collectives_, Collective::kAllReduce, /*peer=*/-1,
       [this, tensor, op](const CollectiveCall& call, uint64_t slot_base, absl::Time deadline) {
-        const torch::Tensor flat = tensor.view({-1});
-        const torch::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
-        const torch::Tensor reduced = torch::empty_like(own);
+        const at::Tensor flat = tensor.view({-1});
+        const at::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
+        const at::Tensor reduced = torch::empty_like(own);
         if (absl::Status status = ReduceScatterRing(call, flat, reduced, op, slot_base, deadline);
             !status.ok()) {
           return status;
@@ -275,19 +277,19 @@ std::shared_ptr<Work> RingCommunicator::StartAllReduce(torch::Tensor tensor, Red
       });
 }
 
-std::shared_ptr<Work> RingCommunicator::StartAllGather(torch::Tensor input, torch::Tensor output) {
+std::shared_ptr<Work> RingCommunicator::StartAllGather(at::Tensor input, at::Tensor output) {
   return Enqueue(
       collectives_, Collective::kAllGather, /*peer=*/-1,
       [this, input, output](const CollectiveCall& call, uint64_t slot_base, absl::Time deadline) {
-        const torch::Tensor flat = output.view({-1});
-        const torch::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
+        const at::Tensor flat = output.view({-1});
+        const at::Tensor own = ChunkView(flat, ChunkOf(flat.numel(), size(), rank()));
         if (own.data_ptr() != input.data_ptr()) own.copy_(input.view({-1}));
         return AllGatherRing(call, flat, slot_base, deadline);
       });
 }
 
-std::shared_ptr<Work> RingCommunicator::StartReduceScatter(torch::Tensor input,
-                                                           torch::Tensor output, ReduceOp op) {
+std::shared_ptr<Work> RingCommunicator::StartReduceScatter(at::Tensor input, at::Tensor output,
+                                                           ReduceOp op) {
   return Enqueue(collectives_, Collective::kReduceScatter, /*peer=*/-1,
                  [this, input, output, op](const CollectiveCall& call, uint64_t slot_base,
                                            absl::Time deadline) {
@@ -298,7 +300,7 @@ std::shared_ptr<Work> RingCommunicator::StartReduceScatter(torch::Tensor input,
 
 // The root sends the whole tensor to every other rank: simple, and what the small groups and
 // one-off broadcasts (initial weights) here need.
-std::shared_ptr<Work> RingCommunicator::StartBroadcast(torch::Tensor tensor, int root) {
+std::shared_ptr<Work> RingCommunicator::StartBroadcast(at::Tensor tensor, int root) {
   return Enqueue(
       collectives_, Collective::kBroadcast, /*peer=*/-1,
       [this, tensor, root](const CollectiveCall& call, uint64_t slot_base, absl::Time deadline) {
@@ -318,15 +320,14 @@ std::shared_ptr<Work> RingCommunicator::StartBroadcast(torch::Tensor tensor, int
 std::shared_ptr<Work> RingCommunicator::StartBarrier() {
   return Enqueue(collectives_, Collective::kBarrier, /*peer=*/-1,
                  [this](const CollectiveCall& call, uint64_t slot_base, absl::Time deadline) {
-                   const torch::Tensor tokens = torch::zeros({size()}, torch::kUInt8);
+                   const at::Tensor tokens = torch::zeros({size()}, at::kByte);
                    return AllGatherRing(call, tokens, slot_base, deadline);
                  });
 }
 
 absl::Status RingCommunicator::Shift(const CollectiveCall& call, uint64_t slot_base,
-                                     const std::vector<torch::Tensor>& sends,
-                                     const std::vector<torch::Tensor>& receives,
-                                     absl::Time deadline) {
+                                     const std::vector<at::Tensor>& sends,
+                                     const std::vector<at::Tensor>& receives, absl::Time deadline) {
   const int n = size();
   for (int k = 1; k < n; ++k) {
     const int to = Mod(rank() + k, n);
@@ -339,26 +340,26 @@ absl::Status RingCommunicator::Shift(const CollectiveCall& call, uint64_t slot_b
 
 // Every rank ends with the same table, so every rank finds the same first disagreement.
 absl::Status RingCommunicator::CheckAllToAllAgreement(const CollectiveCall& call,
-                                                      const torch::Tensor& input,
+                                                      const at::Tensor& input,
                                                       const std::vector<int64_t>& send_rows,
                                                       const std::vector<int64_t>& receive_rows,
                                                       uint64_t slot_base, absl::Time deadline) {
   const int n = size();
   // Rank q's row: its dtype, elements per row, send_rows, then receive_rows.
-  const torch::Tensor table = torch::empty({n, 2 + 2 * n}, torch::kInt64);
-  const torch::Tensor own = table[rank()];
+  const at::Tensor table = torch::empty({n, 2 + 2 * n}, at::kLong);
+  const at::Tensor own = table[rank()];
   int64_t* words = own.data_ptr<int64_t>();
   words[0] = static_cast<int64_t>(input.scalar_type());
   words[1] = c10::multiply_integers(input.sizes().slice(1));
   std::copy(send_rows.begin(), send_rows.end(), words + 2);
   std::copy(receive_rows.begin(), receive_rows.end(), words + 2 + n);
-  std::vector<torch::Tensor> rows;
+  std::vector<at::Tensor> rows;
   for (int q = 0; q < n; ++q) rows.push_back(table[q]);
-  PLAIT_RETURN_IF_ERROR(Shift(call, slot_base, std::vector<torch::Tensor>(n, own), rows, deadline));
+  PLAIT_RETURN_IF_ERROR(Shift(call, slot_base, std::vector<at::Tensor>(n, own), rows, deadline));
 
   const auto t = table.accessor<int64_t, 2>();
   const auto row_text = [&](int q) {
-    return TensorText(static_cast<torch::ScalarType>(t[q][0]), t[q][1]);
+    return TensorText(static_cast<at::ScalarType>(t[q][0]), t[q][1]);
   };
   for (int q = 1; q < n; ++q) {
     if (t[q][0] != t[0][0] || t[q][1] != t[0][1]) {
@@ -384,7 +385,7 @@ absl::Status RingCommunicator::CheckAllToAllAgreement(const CollectiveCall& call
 }
 
 // Counts first (slots 1 to N-1 of the call), then the rows (slots N+1 to 2N-1).
-std::shared_ptr<Work> RingCommunicator::StartAllToAll(torch::Tensor input, torch::Tensor output,
+std::shared_ptr<Work> RingCommunicator::StartAllToAll(at::Tensor input, at::Tensor output,
                                                       std::vector<int64_t> send_rows,
                                                       std::vector<int64_t> receive_rows) {
   return Enqueue(
@@ -397,8 +398,8 @@ std::shared_ptr<Work> RingCommunicator::StartAllToAll(torch::Tensor input, torch
         const int n = size();
         const std::vector<int64_t> send_offsets = RowOffsets(send_rows);
         const std::vector<int64_t> receive_offsets = RowOffsets(receive_rows);
-        std::vector<torch::Tensor> sends;
-        std::vector<torch::Tensor> receives;
+        std::vector<at::Tensor> sends;
+        std::vector<at::Tensor> receives;
         for (int r = 0; r < n; ++r) {
           sends.push_back(input.narrow(0, send_offsets[r], send_rows[r]));
           receives.push_back(output.narrow(0, receive_offsets[r], receive_rows[r]));
@@ -417,12 +418,12 @@ std::shared_ptr<Work> RingCommunicator::StartAllToAll(torch::Tensor input, torch
       });
 }
 
-std::shared_ptr<Work> RingCommunicator::StartSend(torch::Tensor tensor, int peer) {
+std::shared_ptr<Work> RingCommunicator::StartSend(at::Tensor tensor, int peer) {
   return Enqueue(
       PointToPointLane(Collective::kSend, peer), Collective::kSend, peer,
       [this, tensor, peer](const CollectiveCall& call, uint64_t slot_base,
                            absl::Time deadline) -> absl::Status {
-        const torch::Tensor header =
+        const at::Tensor header =
             torch::tensor({static_cast<int64_t>(tensor.scalar_type()), tensor.numel()});
         PLAIT_RETURN_IF_ERROR(Transmit(*point_to_point_mesh_, call, slot_base,
                                        {Transfer{header, peer}}, std::nullopt, deadline));
@@ -433,15 +434,15 @@ std::shared_ptr<Work> RingCommunicator::StartSend(torch::Tensor tensor, int peer
       });
 }
 
-std::shared_ptr<Work> RingCommunicator::StartReceive(torch::Tensor tensor, int peer) {
+std::shared_ptr<Work> RingCommunicator::StartReceive(at::Tensor tensor, int peer) {
   return Enqueue(
       PointToPointLane(Collective::kReceive, peer), Collective::kReceive, peer,
       [this, tensor, peer](const CollectiveCall& call, uint64_t slot_base,
                            absl::Time deadline) -> absl::Status {
-        const torch::Tensor header = torch::empty({kHeaderWords}, torch::kInt64);
+        const at::Tensor header = torch::empty({kHeaderWords}, at::kLong);
         PLAIT_RETURN_IF_ERROR(
             Transmit(*point_to_point_mesh_, call, slot_base, {}, Transfer{header, peer}, deadline));
-        const auto their_dtype = static_cast<torch::ScalarType>(header[0].item<int64_t>());
+        const auto their_dtype = static_cast<at::ScalarType>(header[0].item<int64_t>());
         const int64_t their_numel = header[1].item<int64_t>();
         if (their_dtype != tensor.scalar_type() || their_numel != tensor.numel()) {
           return absl::InvalidArgumentError(absl::StrCat(

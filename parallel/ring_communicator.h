@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -53,7 +54,6 @@
 #include "parallel/device_mesh.h"
 #include "parallel/internal/tcp_mesh.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
-#include "torch/types.h"
 
 namespace plait::parallel {
 
@@ -74,20 +74,20 @@ class RingCommunicator final : public Communicator {
 
   ~RingCommunicator() override;
 
-  torch::Device device() const override { return torch::kCPU; }
+  at::Device device() const override { return at::kCPU; }
 
  protected:
-  std::shared_ptr<Work> StartAllReduce(torch::Tensor tensor, ReduceOp op) override;
-  std::shared_ptr<Work> StartAllGather(torch::Tensor input, torch::Tensor output) override;
-  std::shared_ptr<Work> StartReduceScatter(torch::Tensor input, torch::Tensor output,
+  std::shared_ptr<Work> StartAllReduce(at::Tensor tensor, ReduceOp op) override;
+  std::shared_ptr<Work> StartAllGather(at::Tensor input, at::Tensor output) override;
+  std::shared_ptr<Work> StartReduceScatter(at::Tensor input, at::Tensor output,
                                            ReduceOp op) override;
-  std::shared_ptr<Work> StartBroadcast(torch::Tensor tensor, int root) override;
+  std::shared_ptr<Work> StartBroadcast(at::Tensor tensor, int root) override;
   std::shared_ptr<Work> StartBarrier() override;
-  std::shared_ptr<Work> StartAllToAll(torch::Tensor input, torch::Tensor output,
+  std::shared_ptr<Work> StartAllToAll(at::Tensor input, at::Tensor output,
                                       std::vector<int64_t> send_rows,
                                       std::vector<int64_t> receive_rows) override;
-  std::shared_ptr<Work> StartSend(torch::Tensor tensor, int peer) override;
-  std::shared_ptr<Work> StartReceive(torch::Tensor tensor, int peer) override;
+  std::shared_ptr<Work> StartSend(at::Tensor tensor, int peer) override;
+  std::shared_ptr<Work> StartReceive(at::Tensor tensor, int peer) override;
 
  private:
   // A collective's transfers, given its call, the slot base of its transfers and the deadline.
@@ -106,7 +106,7 @@ class RingCommunicator final : public Communicator {
 
   // A tensor sent to, or received from, one peer.
   struct Transfer {
-    torch::Tensor tensor;
+    at::Tensor tensor;
     int peer;
   };
 
@@ -143,20 +143,20 @@ class RingCommunicator final : public Communicator {
                         absl::Time deadline);
 
   // The ring algorithms, on flat contiguous tensors laid out in ChunkOf chunks.
-  absl::Status ReduceScatterRing(const CollectiveCall& call, const torch::Tensor& input,
-                                 const torch::Tensor& output, ReduceOp op, uint64_t slot_base,
+  absl::Status ReduceScatterRing(const CollectiveCall& call, const at::Tensor& input,
+                                 const at::Tensor& output, ReduceOp op, uint64_t slot_base,
                                  absl::Time deadline);
-  absl::Status AllGatherRing(const CollectiveCall& call, const torch::Tensor& buffer,
+  absl::Status AllGatherRing(const CollectiveCall& call, const at::Tensor& buffer,
                              uint64_t slot_base, absl::Time deadline);
 
   // The all-to-all's steps: step k of N-1 sends sends[r + k] to rank r + k and receives
   // receives[r - k] from rank r - k (mod N), as transfer slot_base + k; traffic is not counted.
   absl::Status Shift(const CollectiveCall& call, uint64_t slot_base,
-                     const std::vector<torch::Tensor>& sends,
-                     const std::vector<torch::Tensor>& receives, absl::Time deadline);
+                     const std::vector<at::Tensor>& sends, const std::vector<at::Tensor>& receives,
+                     absl::Time deadline);
   // Tells every rank this rank's dtype, row size and counts (a Shift from `slot_base`), and
   // checks that every pair of ranks agrees.
-  absl::Status CheckAllToAllAgreement(const CollectiveCall& call, const torch::Tensor& input,
+  absl::Status CheckAllToAllAgreement(const CollectiveCall& call, const at::Tensor& input,
                                       const std::vector<int64_t>& send_rows,
                                       const std::vector<int64_t>& receive_rows, uint64_t slot_base,
                                       absl::Time deadline);

@@ -5,6 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/maximum.h"
+#include "ATen/ops/mm.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -15,9 +19,8 @@
 #include "gtest/gtest.h"
 #include "parallel/test_ranks.h"
 #include "parallel/testing_skip.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/types.h"
-#include "torch/utils.h"
 
 namespace plait::parallel {
 namespace {
@@ -29,22 +32,21 @@ using ::plait::parallel::testing::RunRanks;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-constexpr torch::ScalarType kDtypes[] = {torch::kFloat32, torch::kBFloat16, torch::kFloat16,
-                                         torch::kInt64, torch::kByte};
+constexpr at::ScalarType kDtypes[] = {at::kFloat, at::kBFloat16, at::kHalf, at::kLong, at::kByte};
 // Sizes below, at and above the world size, divisible by it or not.
 constexpr int64_t kSizes[] = {1, 3, 7, 1001, 4096};
 
 // Rank r's contribution: small integers, so sums are exact in every dtype.
-torch::Tensor Contribution(int64_t numel, int rank, torch::ScalarType dtype) {
-  return (torch::arange(numel, torch::kInt64).remainder(7) * (rank + 1) + rank).to(dtype);
+at::Tensor Contribution(int64_t numel, int rank, at::ScalarType dtype) {
+  return (torch::arange(numel, at::kLong).remainder(7) * (rank + 1) + rank).to(dtype);
 }
 
 // The reduction over `size` ranks, computed in double from the same contributions.
-torch::Tensor Expected(int64_t numel, int size, ReduceOp op, torch::ScalarType dtype) {
-  torch::Tensor result = Contribution(numel, 0, torch::kFloat64);
+at::Tensor Expected(int64_t numel, int size, ReduceOp op, at::ScalarType dtype) {
+  at::Tensor result = Contribution(numel, 0, at::kDouble);
   for (int rank = 1; rank < size; ++rank) {
-    const torch::Tensor next = Contribution(numel, rank, torch::kFloat64);
-    result = op == ReduceOp::kMax ? torch::maximum(result, next) : result + next;
+    const at::Tensor next = Contribution(numel, rank, at::kDouble);
+    result = op == ReduceOp::kMax ? at::maximum(result, next) : result + next;
   }
   if (op == ReduceOp::kAverage) result = result / size;
   return result.to(dtype);
@@ -55,15 +57,15 @@ class RingCollectivesTest : public ::testing::TestWithParam<int> {};
 TEST_P(RingCollectivesTest, AllReduceEveryDtypeSizeAndOp) {
   const int size = GetParam();
   RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
-    for (torch::ScalarType dtype : kDtypes) {
+    for (at::ScalarType dtype : kDtypes) {
       for (int64_t numel : kSizes) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
           if (op == ReduceOp::kAverage && !c10::isFloatingType(dtype)) continue;
           SCOPED_TRACE(::testing::Message()
                        << c10::toString(dtype) << "[" << numel << "] op " << static_cast<int>(op));
-          torch::Tensor tensor = Contribution(numel, rank, dtype).reshape({numel, 1});
+          at::Tensor tensor = Contribution(numel, rank, dtype).reshape({numel, 1});
           ASSERT_THAT(comm.AllReduce(tensor, op)->Wait(), IsOk());
-          EXPECT_TRUE(torch::equal(tensor.view({-1}), Expected(numel, size, op, dtype)));
+          EXPECT_TRUE(at::equal(tensor.view({-1}), Expected(numel, size, op, dtype)));
         }
       }
     }
@@ -73,23 +75,23 @@ TEST_P(RingCollectivesTest, AllReduceEveryDtypeSizeAndOp) {
 TEST_P(RingCollectivesTest, AllGatherAndReduceScatterUnevenChunks) {
   const int size = GetParam();
   RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
-    for (torch::ScalarType dtype : kDtypes) {
+    for (at::ScalarType dtype : kDtypes) {
       for (int64_t numel : kSizes) {
         SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << "[" << numel << "]");
         const Chunk own = ChunkOf(numel, size, rank);
         // all_gather: every rank holds its chunk of a known buffer.
-        const torch::Tensor full = torch::arange(numel, torch::kInt64).to(dtype);
-        torch::Tensor gathered = torch::full({numel}, -1, dtype);
+        const at::Tensor full = torch::arange(numel, at::kLong).to(dtype);
+        at::Tensor gathered = torch::full({numel}, -1, dtype);
         ASSERT_THAT(comm.AllGather(full.narrow(0, own.offset, own.numel).clone(), gathered)->Wait(),
                     IsOk());
-        EXPECT_TRUE(torch::equal(gathered, full));
+        EXPECT_TRUE(at::equal(gathered, full));
 
         // reduce_scatter: each rank gets its chunk of the sum.
-        torch::Tensor scattered = torch::empty({own.numel}, dtype);
+        at::Tensor scattered = torch::empty({own.numel}, dtype);
         ASSERT_THAT(
             comm.ReduceScatter(Contribution(numel, rank, dtype), scattered, ReduceOp::kSum)->Wait(),
             IsOk());
-        EXPECT_TRUE(torch::equal(
+        EXPECT_TRUE(at::equal(
             scattered,
             Expected(numel, size, ReduceOp::kSum, dtype).narrow(0, own.offset, own.numel)));
       }
@@ -100,9 +102,9 @@ TEST_P(RingCollectivesTest, AllGatherAndReduceScatterUnevenChunks) {
 TEST_P(RingCollectivesTest, AllGatherInPlaceAndBroadcast) {
   const int size = GetParam();
   RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
-    torch::Tensor buffer = torch::zeros({10});
+    at::Tensor buffer = torch::zeros({10});
     const Chunk own = ChunkOf(10, size, rank);
-    torch::Tensor mine = buffer.narrow(0, own.offset, own.numel);
+    at::Tensor mine = buffer.narrow(0, own.offset, own.numel);
     mine.fill_(rank + 1);
     ASSERT_THAT(comm.AllGather(mine, buffer)->Wait(), IsOk());
     for (int r = 0; r < size; ++r) {
@@ -111,10 +113,10 @@ TEST_P(RingCollectivesTest, AllGatherInPlaceAndBroadcast) {
     }
 
     const int root = size - 1;
-    torch::Tensor weights =
-        rank == root ? torch::arange(6, torch::kFloat32).reshape({2, 3}) : torch::zeros({2, 3});
+    at::Tensor weights =
+        rank == root ? torch::arange(6, at::kFloat).reshape({2, 3}) : torch::zeros({2, 3});
     ASSERT_THAT(comm.Broadcast(weights, root)->Wait(), IsOk());
-    EXPECT_TRUE(torch::equal(weights, torch::arange(6, torch::kFloat32).reshape({2, 3})));
+    EXPECT_TRUE(at::equal(weights, torch::arange(6, at::kFloat).reshape({2, 3})));
   });
 }
 
@@ -143,11 +145,11 @@ TEST_P(RingCollectivesTest, TrafficIsTheBandwidthOptimalVolume) {
   constexpr int64_t kNumel = 1 << 16;
   constexpr int64_t kBytes = kNumel * 4;
   RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
-    torch::Tensor full = torch::ones({kNumel});
+    at::Tensor full = torch::ones({kNumel});
     const Chunk own = ChunkOf(kNumel, size, rank);
     ASSERT_THAT(comm.AllReduce(full, ReduceOp::kSum)->Wait(), IsOk());
     ASSERT_THAT(comm.AllGather(full.narrow(0, own.offset, own.numel), full)->Wait(), IsOk());
-    torch::Tensor shard = torch::empty({own.numel});
+    at::Tensor shard = torch::empty({own.numel});
     ASSERT_THAT(comm.ReduceScatter(full, shard, ReduceOp::kSum)->Wait(), IsOk());
 
     const int64_t one_way = kBytes / size * (size - 1);  // kNumel divides evenly here
@@ -180,14 +182,14 @@ TEST_P(RingCollectivesTest, BarrierWaitsForTheLastRank) {
 TEST_P(RingCollectivesTest, AsyncCollectivesOverlapWithCompute) {
   const int size = GetParam();
   RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
-    torch::Tensor gradients = torch::full({1 << 18}, static_cast<float>(rank));
-    torch::Tensor parameters = torch::zeros({1 << 18});
+    at::Tensor gradients = torch::full({1 << 18}, static_cast<float>(rank));
+    at::Tensor parameters = torch::zeros({1 << 18});
     const Chunk own = ChunkOf(parameters.numel(), size, rank);
     parameters.narrow(0, own.offset, own.numel).fill_(rank);
     std::shared_ptr<Work> reduce = comm.AllReduce(gradients, ReduceOp::kAverage);
     std::shared_ptr<Work> gather =
         comm.AllGather(parameters.narrow(0, own.offset, own.numel), parameters);
-    const torch::Tensor product = torch::mm(torch::ones({128, 128}), torch::ones({128, 128}));
+    const at::Tensor product = at::mm(torch::ones({128, 128}), torch::ones({128, 128}));
     ASSERT_THAT(gather->Wait(), IsOk());
     ASSERT_THAT(reduce->Wait(), IsOk());
     EXPECT_EQ(product[0][0].item<float>(), 128.0f);
@@ -205,17 +207,16 @@ TEST_P(RingCollectivesTest, AsyncCollectivesOverlapWithCompute) {
 TEST_P(RingCollectivesTest, ReduceScatterOfATensorThatRequiresGrad) {
   const int size = GetParam();
   RunOnRingGroup("world", size, [&](int rank, RingCommunicator& comm) {
-    const torch::Tensor input = Contribution(1001, rank, torch::kFloat32).requires_grad_();
+    const at::Tensor input = Contribution(1001, rank, at::kFloat).requires_grad_();
     const Chunk own = ChunkOf(input.numel(), size, rank);
-    torch::Tensor scattered = torch::empty({own.numel});
+    at::Tensor scattered = torch::empty({own.numel});
     {
-      torch::NoGradGuard no_grad;
+      at::NoGradGuard no_grad;
       ASSERT_THAT(comm.ReduceScatter(input, scattered, ReduceOp::kSum)->Wait(), IsOk());
     }
     EXPECT_FALSE(scattered.requires_grad());
-    EXPECT_TRUE(
-        torch::equal(scattered, Expected(input.numel(), size, ReduceOp::kSum, torch::kFloat32)
-                                    .narrow(0, own.offset, own.numel)));
+    EXPECT_TRUE(at::equal(scattered, Expected(input.numel(), size, ReduceOp::kSum, at::kFloat)
+                                         .narrow(0, own.offset, own.numel)));
   });
 }
 
@@ -257,7 +258,7 @@ TEST(RingCommunicatorTest, ASkippedCollectiveStopsBothRanksWhereTheyDisagree) {
       "skipping", 2,
       [&](int rank, RingCommunicator& comm) {
         comm.BeginStep(3);
-        const torch::Tensor full = torch::zeros({8});
+        const at::Tensor full = torch::zeros({8});
         ASSERT_THAT(comm.AllReduce(full, ReduceOp::kSum)->Wait(), IsOk());
         if (rank == 1) {
           SkipCollectiveForTesting(
@@ -316,19 +317,19 @@ TEST(RingCommunicatorTest, RejectsBadArgumentsWithNamedErrors) {
     const auto invalid = [](const std::string& message) {
       return StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message));
     };
-    EXPECT_THAT(comm.AllReduce(torch::ones({3}, torch::kFloat64), ReduceOp::kSum)->Wait(),
+    EXPECT_THAT(comm.AllReduce(torch::ones({3}, at::kDouble), ReduceOp::kSum)->Wait(),
                 invalid("all_reduce on group 'solo' (rank 0 of 1): tensor has dtype Double"));
-    EXPECT_THAT(comm.AllReduce(torch::ones({3}, torch::kInt64), ReduceOp::kAverage)->Wait(),
+    EXPECT_THAT(comm.AllReduce(torch::ones({3}, at::kLong), ReduceOp::kAverage)->Wait(),
                 invalid("average of Long tensors is not defined"));
     EXPECT_THAT(comm.AllReduce(torch::ones({3, 4}).t(), ReduceOp::kSum)->Wait(),
                 invalid("tensor is not contiguous"));
-    EXPECT_THAT(comm.AllReduce(torch::Tensor(), ReduceOp::kSum)->Wait(),
+    EXPECT_THAT(comm.AllReduce(at::Tensor(), ReduceOp::kSum)->Wait(),
                 invalid("tensor is an undefined tensor"));
     EXPECT_THAT(comm.AllGather(torch::ones({3}), torch::ones({4}))->Wait(),
                 invalid("all_gather on group 'solo' (rank 0 of 1): input is Float[3], but chunk 0 "
                         "of the Float[4] output has 4 elements"));
     EXPECT_THAT(
-        comm.ReduceScatter(torch::ones({4}), torch::ones({4}, torch::kBFloat16), ReduceOp::kSum)
+        comm.ReduceScatter(torch::ones({4}), torch::ones({4}, at::kBFloat16), ReduceOp::kSum)
             ->Wait(),
         invalid("output is BFloat16[4], but chunk 0 of the Float[4] input"));
     EXPECT_THAT(comm.Broadcast(torch::ones({3}), 1)->Wait(),

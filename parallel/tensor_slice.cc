@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -25,8 +26,8 @@ std::optional<Box> Intersect(const Box& a, const Box& b) {
   return common;
 }
 
-torch::Tensor NarrowTo(const torch::Tensor& tensor, const Box& outer, const Box& inner) {
-  torch::Tensor narrowed = tensor;
+at::Tensor NarrowTo(const at::Tensor& tensor, const Box& outer, const Box& inner) {
+  at::Tensor narrowed = tensor;
   for (size_t d = 0; d < outer.offsets.size(); ++d) {
     narrowed = narrowed.narrow(static_cast<int64_t>(d), inner.offsets[d] - outer.offsets[d],
                                inner.lengths[d]);
@@ -51,7 +52,7 @@ TensorSlice TensorSlice::Narrow(int64_t dim, int64_t start, int64_t length) cons
   return narrowed;
 }
 
-torch::Tensor TensorSlice::DataOf(const torch::Tensor& local) const {
+at::Tensor TensorSlice::DataOf(const at::Tensor& local) const {
   return local.reshape({-1}).narrow(0, 0, box.numel()).view(box.lengths);
 }
 

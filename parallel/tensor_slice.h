@@ -6,7 +6,7 @@
 //
 //   TensorSlice slice = TensorSlice::Whole({256, 64});  // one process: everything
 //   slice = slice.Narrow(0, 128, 128);                   // rank 1 of 2 along dim 0
-//   torch::Tensor data = slice.DataOf(local);            // [128, 64], padding excluded
+//   at::Tensor data = slice.DataOf(local);            // [128, 64], padding excluded
 //
 // A rank's local tensor may be larger than its box (FSDP pads the last shards): the box's
 // elements are the local tensor's first box.numel() elements in row-major order, the rest is
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "torch/types.h"
+#include "ATen/core/Tensor.h"
 
 namespace plait::parallel {
 
@@ -41,7 +41,7 @@ std::optional<Box> Intersect(const Box& a, const Box& b);
 
 // `tensor` (shaped as the box `outer`) narrowed to the part of it in `inner`, a box inside
 // `outer`.
-torch::Tensor NarrowTo(const torch::Tensor& tensor, const Box& outer, const Box& inner);
+at::Tensor NarrowTo(const at::Tensor& tensor, const Box& outer, const Box& inner);
 
 struct TensorSlice {
   std::vector<int64_t> global_shape;
@@ -57,7 +57,7 @@ struct TensorSlice {
   TensorSlice Narrow(int64_t dim, int64_t start, int64_t length) const;
 
   // The box's elements in `local` (this rank's tensor, padding after them), shaped as the box.
-  torch::Tensor DataOf(const torch::Tensor& local) const;
+  at::Tensor DataOf(const at::Tensor& local) const;
 
   // "[0:128, 0:64] of [256, 64]".
   std::string DebugString() const;

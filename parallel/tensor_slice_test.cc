@@ -1,7 +1,9 @@
 #include "parallel/tensor_slice.h"
 
+#include "ATen/core/Tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::parallel {
 namespace {
@@ -21,8 +23,8 @@ TEST(TensorSliceTest, NarrowingComposesInGlobalCoordinates) {
 TEST(TensorSliceTest, DataOfLeavesThePaddingOut) {
   // A shard of 3 rows holding 2 rows of data and a padding row.
   const TensorSlice slice = TensorSlice::Whole({5, 2}).Narrow(0, 3, 2);
-  const torch::Tensor local = torch::arange(6, torch::kFloat32).reshape({3, 2});
-  EXPECT_TRUE(slice.DataOf(local).equal(torch::arange(4, torch::kFloat32).reshape({2, 2})));
+  const at::Tensor local = torch::arange(6, at::kFloat).reshape({3, 2});
+  EXPECT_TRUE(slice.DataOf(local).equal(torch::arange(4, at::kFloat).reshape({2, 2})));
   // A scalar's box has no dimensions and one element.
   EXPECT_EQ(TensorSlice::Whole({}).box.numel(), 1);
 }
@@ -43,7 +45,7 @@ TEST(TensorSliceTest, IntersectionsAndNarrowingToThem) {
   const std::optional<Box> common = Intersect(stored, wanted);
   ASSERT_TRUE(common.has_value());
   EXPECT_EQ(*common, (Box{{1, 2}, {1, 2}}));
-  const torch::Tensor data = torch::arange(8).reshape({2, 4});
+  const at::Tensor data = torch::arange(8).reshape({2, 4});
   EXPECT_TRUE(NarrowTo(data, stored, *common).equal(torch::tensor({{6, 7}})));
   EXPECT_FALSE(Intersect(stored, Box{{2, 0}, {1, 4}}).has_value());
 }

@@ -3,6 +3,7 @@
 #include <thread>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "gtest/gtest.h"
 #include "parallel/device.h"
 #include "parallel/ring_communicator.h"
@@ -36,14 +37,14 @@ void RunOnRingGroup(const std::string& name, int size,
 
 void RunOnRingMesh(const MeshLayout& layout,
                    const std::function<void(int rank, DeviceMesh& mesh)>& body) {
-  RunOnMesh(layout, torch::kCPU, body);
+  RunOnMesh(layout, at::kCPU, body);
 }
 
-void RunOnMesh(const MeshLayout& layout, torch::DeviceType device_type,
+void RunOnMesh(const MeshLayout& layout, at::DeviceType device_type,
                const std::function<void(int rank, DeviceMesh& mesh)>& body) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   RunRanks(layout.world_size(), [&](int rank) {
-    const torch::Device device = RankDevice(device_type, rank);
+    const at::Device device = RankDevice(device_type, rank);
     const absl::Status bound = BindDevice(device);
     ASSERT_TRUE(bound.ok()) << bound;
     absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(
@@ -64,13 +65,13 @@ World LocalWorld(int rank, int world_size, const std::string& store_file) {
   return world;
 }
 
-bool EnoughDevices(torch::DeviceType device_type, int ranks) {
-  return device_type == torch::kCPU || CudaDeviceCount() >= ranks;
+bool EnoughDevices(at::DeviceType device_type, int ranks) {
+  return device_type == at::kCPU || CudaDeviceCount() >= ranks;
 }
 
-torch::Device RankDevice(torch::DeviceType device_type, int rank) {
-  if (device_type == torch::kCPU) return torch::kCPU;
-  return torch::Device(device_type, static_cast<c10::DeviceIndex>(rank));
+at::Device RankDevice(at::DeviceType device_type, int rank) {
+  if (device_type == at::kCPU) return at::kCPU;
+  return at::Device(device_type, static_cast<c10::DeviceIndex>(rank));
 }
 
 }  // namespace plait::parallel::testing

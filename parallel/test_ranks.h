@@ -6,11 +6,11 @@
 #include <functional>
 #include <string>
 
+#include "ATen/core/Tensor.h"
 #include "absl/time/time.h"
 #include "parallel/device_mesh.h"
 #include "parallel/ring_communicator.h"
 #include "parallel/world.h"
-#include "torch/types.h"
 
 namespace plait::parallel::testing {
 
@@ -31,7 +31,7 @@ void RunOnRingMesh(const MeshLayout& layout,
 
 // The same on `device_type`: on CUDA, rank r computes on cuda:r (bound on its thread) over
 // NCCL (device.h); a test checks EnoughDevices first.
-void RunOnMesh(const MeshLayout& layout, torch::DeviceType device_type,
+void RunOnMesh(const MeshLayout& layout, at::DeviceType device_type,
                const std::function<void(int rank, DeviceMesh& mesh)>& body);
 
 // Rank `rank` of a local job of `world_size` ranks that meet through the file `store_file`
@@ -39,10 +39,10 @@ void RunOnMesh(const MeshLayout& layout, torch::DeviceType device_type,
 World LocalWorld(int rank, int world_size, const std::string& store_file);
 
 // Whether `ranks` ranks on `device_type` have a device each; on CUDA, that many GPUs.
-bool EnoughDevices(torch::DeviceType device_type, int ranks);
+bool EnoughDevices(at::DeviceType device_type, int ranks);
 
 // Where rank `rank` computes on `device_type`: the CPU, or cuda:rank.
-torch::Device RankDevice(torch::DeviceType device_type, int rank);
+at::Device RankDevice(at::DeviceType device_type, int rank);
 
 }  // namespace plait::parallel::testing
 

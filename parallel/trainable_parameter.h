@@ -14,15 +14,15 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "parallel/communicator.h"
 #include "parallel/tensor_slice.h"
-#include "torch/types.h"
 
 namespace plait::parallel {
 
 struct TrainableParameter {
   std::string name;      // the full parameter's name, the same on every rank
-  torch::Tensor tensor;  // this rank's part: the whole parameter, or a shard of it
+  at::Tensor tensor;     // this rank's part: the whole parameter, or a shard of it
   // The groups over which the parameter is split into disjoint parts; the caller keeps them
   // alive. Across the ranks of any other group, this rank's part is replicated.
   std::vector<parallel::Communicator*> sharded_over;
@@ -36,12 +36,12 @@ struct TrainableParameter {
   // For a 16-bit `tensor`, optionally: the fp32 values, of its shape and device, that the
   // optimizer's master weights start from, of which `tensor` is the rounded copy (a model
   // initialised or loaded in fp32 and computing in bf16). Undefined: `tensor` widened.
-  torch::Tensor master;
+  at::Tensor master;
   // For a frozen part that a step holds in a form of its own rather than as a tensor of the
   // model (QLoRA's NF4 base): takes the part's values (of `slice.box`'s shape, in `tensor`'s
   // dtype, on its device) and stores them; `tensor` is then empty and holds no values. Unset
   // for every other part.
-  std::function<void(const torch::Tensor& values)> store;
+  std::function<void(const at::Tensor& values)> store;
 };
 
 }  // namespace plait::parallel

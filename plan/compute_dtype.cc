@@ -1,5 +1,6 @@
 #include "plan/compute_dtype.h"
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "parallel/device.h"
 
@@ -10,7 +11,7 @@ base::Dtype ResolveAutoDtype(base::Dtype requested, const std::optional<std::str
   return native_bf16.has_value() ? base::DTYPE_BFLOAT16 : base::DTYPE_FLOAT32;
 }
 
-Plan ResolveAutoDtypes(const Plan& plan, const torch::Device& device) {
+Plan ResolveAutoDtypes(const Plan& plan, const at::Device& device) {
   return ResolveAutoDtypes(plan, parallel::NativeBf16(device));
 }
 
@@ -24,7 +25,7 @@ Plan ResolveAutoDtypes(const Plan& plan, const std::optional<std::string>& nativ
   return resolved;
 }
 
-std::string DescribeComputeDtype(base::Dtype requested, const torch::Device& device,
+std::string DescribeComputeDtype(base::Dtype requested, const at::Device& device,
                                  const std::optional<std::string>& native_bf16) {
   const std::string processor = device.is_cuda() ? "the GPU" : "the CPU";
   switch (ResolveAutoDtype(requested, native_bf16)) {
@@ -49,7 +50,7 @@ std::string DescribeComputeDtype(base::Dtype requested, const torch::Device& dev
   }
 }
 
-std::string DescribeComputeDtype(const Plan& plan, const torch::Device& device) {
+std::string DescribeComputeDtype(const Plan& plan, const at::Device& device) {
   return DescribeComputeDtype(plan.model().dtype(), device, parallel::NativeBf16(device));
 }
 

@@ -11,9 +11,9 @@
 #include <optional>
 #include <string>
 
+#include "ATen/core/Tensor.h"
 #include "base/dtype.pb.h"
 #include "plan/plan.pb.h"
-#include "torch/types.h"
 
 namespace plait::plan {
 
@@ -23,16 +23,16 @@ base::Dtype ResolveAutoDtype(base::Dtype requested, const std::optional<std::str
 
 // `plan` with every model's DTYPE_AUTO resolved for `device`, or for a device whose native
 // bf16 is `native_bf16` (one the check does not run on: a target's GPU).
-Plan ResolveAutoDtypes(const Plan& plan, const torch::Device& device);
+Plan ResolveAutoDtypes(const Plan& plan, const at::Device& device);
 Plan ResolveAutoDtypes(const Plan& plan, const std::optional<std::string>& native_bf16);
 
 // What the trained model of `plan` computes in on a device whose native bf16 is
 // `native_bf16`: "fp32", "bf16 with fp32 master weights (auto: the CPU has AVX512_BF16)",
 // "fp32 (auto: the CPU has no native bf16)", and for bf16 asked for where it is emulated,
 // that it runs correctly but slower than fp32.
-std::string DescribeComputeDtype(base::Dtype requested, const torch::Device& device,
+std::string DescribeComputeDtype(base::Dtype requested, const at::Device& device,
                                  const std::optional<std::string>& native_bf16);
-std::string DescribeComputeDtype(const Plan& plan, const torch::Device& device);
+std::string DescribeComputeDtype(const Plan& plan, const at::Device& device);
 
 }  // namespace plait::plan
 

@@ -1,16 +1,16 @@
 #include "plan/compute_dtype.h"
 
+#include "ATen/core/Tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/device.h"
-#include "torch/types.h"
 
 namespace plait::plan {
 namespace {
 
 using ::testing::HasSubstr;
 
-const torch::Device kCpu(torch::kCPU);
+const at::Device kCpu(at::kCPU);
 
 TEST(ComputeDtypeTest, AutoIsBf16ExactlyWhereItIsNative) {
   EXPECT_EQ(ResolveAutoDtype(base::DTYPE_AUTO, "AVX512_BF16"), base::DTYPE_BFLOAT16);
@@ -43,9 +43,9 @@ TEST(ComputeDtypeTest, TheFirstLineSaysWhatTheModelComputesInAndWhy) {
             "bf16 with fp32 master weights (auto: the CPU has AVX512_BF16)");
   EXPECT_EQ(DescribeComputeDtype(base::DTYPE_AUTO, kCpu, std::nullopt),
             "fp32 (auto: the CPU has no native bf16)");
-  EXPECT_EQ(DescribeComputeDtype(base::DTYPE_AUTO, torch::Device(torch::kCUDA, 0),
-                                 "compute capability 9.0"),
-            "bf16 with fp32 master weights (auto: the GPU has compute capability 9.0)");
+  EXPECT_EQ(
+      DescribeComputeDtype(base::DTYPE_AUTO, at::Device(at::kCUDA, 0), "compute capability 9.0"),
+      "bf16 with fp32 master weights (auto: the GPU has compute capability 9.0)");
   EXPECT_EQ(DescribeComputeDtype(base::DTYPE_UNSPECIFIED, kCpu, "AMX"), "fp32");
   EXPECT_EQ(DescribeComputeDtype(base::DTYPE_BFLOAT16, kCpu, "AMX"),
             "bf16 with fp32 master weights");

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -27,15 +28,15 @@ namespace plait::plan {
 namespace {
 
 // The dtype of the model's parameters, gradients and activations (plan.model.dtype).
-torch::ScalarType ParameterDtype(const models::ModelSpec& spec) {
-  return base::ToScalarType(spec.dtype(), torch::kFloat32);
+at::ScalarType ParameterDtype(const models::ModelSpec& spec) {
+  return base::ToScalarType(spec.dtype(), at::kFloat);
 }
 
-std::string ShortName(torch::ScalarType dtype) {
+std::string ShortName(at::ScalarType dtype) {
   switch (dtype) {
-    case torch::kBFloat16:
+    case at::kBFloat16:
       return "bf16";
-    case torch::kFloat16:
+    case at::kHalf:
       return "fp16";
     default:
       return "fp32";

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -30,13 +31,13 @@ namespace {
 
 constexpr double kBytesPerFloat = 4.0;  // optimizer state, and fp32 parameters
 
-torch::ScalarType DtypeOf(const models::ModelSpec& spec) {
-  return base::ToScalarType(spec.dtype(), torch::kFloat32);
+at::ScalarType DtypeOf(const models::ModelSpec& spec) {
+  return base::ToScalarType(spec.dtype(), at::kFloat);
 }
 
 // Where the activations are computed, whose kernels decide what they keep.
-torch::DeviceType DeviceTypeOf(parallel::Device device) {
-  return device == parallel::DEVICE_CUDA ? torch::kCUDA : torch::kCPU;
+at::DeviceType DeviceTypeOf(parallel::Device device) {
+  return device == parallel::DEVICE_CUDA ? at::kCUDA : at::kCPU;
 }
 
 // The values of `parameters`, counted whole.
@@ -136,8 +137,8 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
                          parallel::Device device, const TrainingConfig& training,
                          const wrap::ActivationSplit& split,
                          const models::LibTorchKernels& kernels) {
-  const torch::ScalarType dtype = DtypeOf(spec);
-  const torch::DeviceType device_type = DeviceTypeOf(device);
+  const at::ScalarType dtype = DtypeOf(spec);
+  const at::DeviceType device_type = DeviceTypeOf(device);
   const models::TensorParallelism tp{split.ranks, split.sequence};
   const double element_bytes = static_cast<double>(c10::elementSize(dtype));
   // The tokens of each sequence a rank computes: its slice under context parallelism.
@@ -174,7 +175,7 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   }
   shape.vocab_size = config.vocab_size();
   shape.seq_len = training.seq_len();
-  shape.on_cpu = device_type == torch::kCPU;
+  shape.on_cpu = device_type == at::kCPU;
   shape.compute_threads = std::max(1, training.compute_threads_per_rank());
   for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
     const wrap::Wrappable::Split split_of = models::TensorParallelSplitOf(parameter.name);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/dtype.h"
@@ -576,7 +577,7 @@ absl::StatusOr<ResolvedPlan> ResolveForMachine(const Plan& plan, int world_size,
                                                bool skip_memory_check) {
   PLAIT_ASSIGN_OR_RETURN(ResolvedPlan resolved, Resolve(plan, world_size));
   PLAIT_ASSIGN_OR_RETURN(
-      const torch::Device device,
+      const at::Device device,
       parallel::ResolveDevice(plan.device(), /*local_rank=*/0, local_ranks, "plan.device"));
   if (skip_memory_check) return resolved;
   // For the dtypes the run computes in.

@@ -1,16 +1,30 @@
-"""LibTorch's headers parsed once per build: a precompiled header, and the rules that use it.
+"""LibTorch's headers parsed once per build: precompiled headers, and the rules that use them.
 
-Most of plait's translation units include `torch/types.h` (and many `torch/nn/module.h`); GCC
-spends more time parsing those headers than compiling plait's own code. `torch_prelude` writes
-a header that includes them and precompiles it, with the C++ toolchain's own flags for the
-current configuration, into `torch_prelude.h.gch` beside it: a folder with one file per set of
-flags the build compiles with. `torch_cc_library`, `torch_cc_test` and `torch_cc_binary` are
-cc_library, cc_test and cc_binary with LibTorch as a dependency and that header force-included
-(`-include`) into every source file, so GCC loads the parsed headers instead of parsing them
-again.
+GCC spends more time parsing LibTorch's headers than compiling plait's own code, and the more
+of them a source sees, the longer it takes: `torch/types.h` includes every operator's
+declaration, and `torch/nn/module.h` the module API on top. So plait's sources see two
+preludes, each written once per build as a header and precompiled with the C++ toolchain's own
+flags into `<prelude>.h.gch` beside it (a folder with one file per set of flags the build
+compiles with: position-independent or not, with or without OpenMP):
+
+- `torch_prelude`, for most sources: ATen's tensor (`ATen/core/Tensor.h`) and its operators
+  (`ATen/TensorOperators.h`), what every
+  per-operator header (`ATen/ops/<op>.h`) includes, the autograd-aware factories
+  (`torch::zeros`, ...), Abseil's status and protobuf's message. Sources include the operators
+  they call from `ATen/ops/`, and are compiled with LibTorch's `TORCH_ASSERT_ONLY_METHOD_OPERATORS`
+  (with `AT_PER_OPERATOR_HEADERS`, which LibTorch 1.13 needs beside it), under which including
+  all operators (`ATen/Functions.h`, `torch/types.h`) is a compile error.
+- `torch_api_prelude`, for the targets that build `torch::nn` modules or use the rest of
+  LibTorch's C++ API (`torch/nn`, `torch/optim`, tensor indexing): `torch/types.h`,
+  `torch/utils.h`, `torch/nn/module.h`. Such a target says `whole_torch_api = True`.
+
+`torch_cc_library`, `torch_cc_test` and `torch_cc_binary` are cc_library, cc_test and
+cc_binary with LibTorch as a dependency and their prelude force-included (`-include`) into
+every source file, so GCC loads the parsed headers instead of parsing them again. A test's
+prelude also holds GoogleTest's and GoogleMock's headers.
 
 A precompiled header changes no meaning: GCC uses it only where the flags match the ones it was
-built with, and otherwise parses `torch_prelude.h` itself, more slowly (`--copt=-H` shows which:
+built with, and otherwise parses the prelude itself, more slowly (`--copt=-H` shows which:
 "! .../torch_prelude.h.gch/pic.gch" is a precompiled header used). Bazel has no
 precompiled-header support for GCC, hence this small rule.
 """
@@ -56,7 +70,7 @@ def _torch_prelude_impl(ctx):
             feature_configuration = features,
             cc_toolchain = cc_toolchain,
             user_compile_flags = ctx.fragments.cpp.copts + ctx.fragments.cpp.cxxopts +
-                                 ["-x", "c++-header"],
+                                 ctx.attr.copts + ["-x", "c++-header"],
             source_file = header.path,
             output_file = precompiled.path + "/" + name,
             include_directories = headers.includes,
@@ -96,6 +110,7 @@ torch_prelude = rule(
     implementation = _torch_prelude_impl,
     attrs = {
         "includes": attr.string_list(doc = "Headers the prelude includes, in order."),
+        "copts": attr.string_list(doc = "Flags of every source compiled with the prelude."),
         "deps": attr.label_list(providers = [CcInfo], doc = "Libraries those headers are from."),
         "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
     },
@@ -108,30 +123,41 @@ torch_prelude = rule(
 # under `#ifdef _OPENMP`): compiled without -fopenmp, the loop runs on the calling thread
 # alone, whatever at::set_num_threads said. Linked with -fopenmp, the code calls the libgomp
 # LibTorch itself runs on (Debian's; the wheel's own libgomp.so.1 through its rpath), so
-# there is one OpenMP pool, sized by at::set_num_threads. A precompiled prelude built without
-# the flag is not used for such a target: GCC parses the headers there.
+# there is one OpenMP pool, sized by at::set_num_threads. A prelude precompiled without the
+# flag is not used for such a target (it defines _OPENMP, which LibTorch's headers test): GCC
+# parses the prelude there, which costs less than precompiling it twice for the few targets.
 OPENMP = ["-fopenmp"]
 
-_PRELUDE = Label("//third_party:torch_prelude")
+# Only the operators a source includes from ATen/ops/ (torch_prelude above).
+PER_OPERATOR_COPTS = ["-DTORCH_ASSERT_ONLY_METHOD_OPERATORS", "-DAT_PER_OPERATOR_HEADERS"]
 
-def _with_prelude(kwargs):
-    """kwargs of a cc rule, with the prelude as a dependency and force-included."""
+# The prelude of each kind of target (third_party/BUILD.bazel): a test's adds GoogleTest.
+_PRELUDES = {
+    (False, False): Label("//third_party:torch_prelude"),
+    (True, False): Label("//third_party:torch_api_prelude"),
+    (False, True): Label("//third_party:torch_test_prelude"),
+    (True, True): Label("//third_party:torch_api_test_prelude"),
+}
+
+def _with_prelude(kwargs, whole_torch_api, test = False):
+    """kwargs of a cc rule, with its prelude as a dependency and force-included."""
+    prelude = _PRELUDES[(whole_torch_api, test)]
     kwargs = dict(kwargs)
-    kwargs["deps"] = kwargs.get("deps", []) + [_PRELUDE]
-    kwargs["copts"] = [
+    kwargs["deps"] = kwargs.get("deps", []) + [prelude]
+    kwargs["copts"] = ([] if whole_torch_api else PER_OPERATOR_COPTS) + [
         "-include",
-        _PRELUDE.package + "/" + _PRELUDE.name + ".h",
+        prelude.package + "/" + prelude.name + ".h",
     ] + kwargs.get("copts", [])
     return kwargs
 
-def torch_cc_library(**kwargs):
-    """A cc_library whose sources include LibTorch: they are compiled with the prelude."""
-    native.cc_library(**_with_prelude(kwargs))
+def torch_cc_library(whole_torch_api = False, **kwargs):
+    """A cc_library whose sources include LibTorch: they are compiled with a prelude."""
+    native.cc_library(**_with_prelude(kwargs, whole_torch_api))
 
-def torch_cc_test(**kwargs):
-    """A cc_test whose sources include LibTorch: they are compiled with the prelude."""
-    native.cc_test(**_with_prelude(kwargs))
+def torch_cc_test(whole_torch_api = False, **kwargs):
+    """A cc_test whose sources include LibTorch: they are compiled with a prelude."""
+    native.cc_test(**_with_prelude(kwargs, whole_torch_api, test = True))
 
-def torch_cc_binary(**kwargs):
-    """A cc_binary whose sources include LibTorch: they are compiled with the prelude."""
-    native.cc_binary(**_with_prelude(kwargs))
+def torch_cc_binary(whole_torch_api = False, **kwargs):
+    """A cc_binary whose sources include LibTorch: they are compiled with a prelude."""
+    native.cc_binary(**_with_prelude(kwargs, whole_torch_api))

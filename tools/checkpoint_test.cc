@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/file.h"
@@ -25,6 +26,7 @@
 #include "nlohmann/json.hpp"
 #include "parallel/testdata/subprocess.h"
 #include "plan/plan.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 #include "wrap/wrap.pb.h"
@@ -88,10 +90,10 @@ std::map<std::string, std::string> FolderBytes(const std::string& dir) {
   return files;
 }
 
-std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
+std::map<std::string, at::Tensor> ReadAll(const std::string& path) {
   auto file = models::SafetensorsFile::Open(path);
   EXPECT_THAT(file, IsOk());
-  std::map<std::string, torch::Tensor> tensors;
+  std::map<std::string, at::Tensor> tensors;
   for (const auto& [name, entry] : (*file)->entries()) tensors[name] = *(*file)->Read(name);
   return tensors;
 }

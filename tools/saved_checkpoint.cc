@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -123,9 +124,9 @@ absl::StatusOr<size_t> ExportSavedCheckpoint(const std::string& folder,
         "no model; its training.save_hf_dir export holds the base with the adapters merged"));
   }
   checkpoint::SliceReader reader(folder, manifest);
-  std::vector<std::pair<std::string, torch::Tensor>> parameters;
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
   for (const models::ParameterShape& expected : models::ParameterShapes(config)) {
-    PLAIT_ASSIGN_OR_RETURN(torch::Tensor tensor,
+    PLAIT_ASSIGN_OR_RETURN(at::Tensor tensor,
                            reader.ReadWhole(trainer::kParameterPrefix + expected.name));
     parameters.emplace_back(expected.name, std::move(tensor));
   }

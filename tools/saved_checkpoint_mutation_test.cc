@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -128,11 +129,11 @@ std::pair<std::string, std::string> SplitSafetensors(const std::string& file) {
 }
 
 // Every tensor of the checkpoint `folder` as a whole, by the manifest there.
-absl::StatusOr<std::map<std::string, torch::Tensor>> ReadTensors(const std::string& folder) {
+absl::StatusOr<std::map<std::string, at::Tensor>> ReadTensors(const std::string& folder) {
   PLAIT_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest,
                          checkpoint::ReadManifest(folder + "/" + checkpoint::kManifest));
   checkpoint::SliceReader reader(folder, manifest);
-  std::map<std::string, torch::Tensor> tensors;
+  std::map<std::string, at::Tensor> tensors;
   for (const auto& [name, stored] : manifest.tensors) {
     PLAIT_ASSIGN_OR_RETURN(tensors[name], reader.ReadWhole(name));
   }
@@ -140,8 +141,8 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> ReadTensors(const std::stri
 }
 
 // Whether `have` holds the tensors of `want`, and no others, with the same dtypes and values.
-bool SameTensors(const std::map<std::string, torch::Tensor>& have,
-                 const std::map<std::string, torch::Tensor>& want) {
+bool SameTensors(const std::map<std::string, at::Tensor>& have,
+                 const std::map<std::string, at::Tensor>& want) {
   if (have.size() != want.size()) return false;
   for (const auto& [name, tensor] : want) {
     const auto it = have.find(name);
@@ -206,9 +207,9 @@ TEST(SavedCheckpointMutationTest, VerifyExportAndResumeAgreeOnEveryMutation) {
     rank_files.push_back(absl::StrCat(folder, "/", checkpoint::RankFileName(rank, 2)));
     valid_rank_bytes[rank_files.back()] = base::ReadFile(rank_files.back()).value();
   }
-  const absl::StatusOr<std::map<std::string, torch::Tensor>> want = ReadTensors(folder);
+  const absl::StatusOr<std::map<std::string, at::Tensor>> want = ReadTensors(folder);
   ASSERT_THAT(want, IsOk());
-  std::map<std::string, torch::Tensor> want_parameters;
+  std::map<std::string, at::Tensor> want_parameters;
   for (const auto& [name, tensor] : *want) {
     absl::string_view hf_name = name;
     if (absl::ConsumePrefix(&hf_name, kParameterPrefix)) {
@@ -388,7 +389,7 @@ TEST(SavedCheckpointMutationTest, VerifyExportAndResumeAgreeOnEveryMutation) {
               PLAIT_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest,
                                      checkpoint::ReadManifest(manifest_path));
               PLAIT_RETURN_IF_ERROR(VerifySavedCheckpoint(folder, manifest));
-              const absl::StatusOr<std::map<std::string, torch::Tensor>> have = ReadTensors(folder);
+              const absl::StatusOr<std::map<std::string, at::Tensor>> have = ReadTensors(folder);
               EXPECT_TRUE(have.ok() && SameTensors(*have, *want))
                   << what << ": verified, with other tensors";
               EXPECT_EQ(manifest.step, kStep) << what;
@@ -409,12 +410,12 @@ TEST(SavedCheckpointMutationTest, VerifyExportAndResumeAgreeOnEveryMutation) {
               return ExportSavedCheckpoint(folder, manifest, out, "OUT_DIR").status();
             });
         if (exported.ok()) {
-          std::map<std::string, torch::Tensor> have;
+          std::map<std::string, at::Tensor> have;
           absl::StatusOr<std::unique_ptr<models::SafetensorsFile>> file =
               models::SafetensorsFile::Open(out + "/model.safetensors");
           ASSERT_THAT(file, IsOk()) << what;
           for (const auto& [name, entry] : (*file)->entries()) {
-            absl::StatusOr<torch::Tensor> tensor = (*file)->Read(name);
+            absl::StatusOr<at::Tensor> tensor = (*file)->Read(name);
             ASSERT_THAT(tensor, IsOk()) << what;
             have[name] = *std::move(tensor);
           }

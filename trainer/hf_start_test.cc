@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
@@ -20,6 +22,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/parameter_shapes.h"
 #include "models/peft_adapter.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "trainer/testing_plan_space.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
@@ -93,14 +96,14 @@ TEST(HfStartTest, LoraOverAPipelineStartsFromFolders) {
   lora.set_alpha(8);
   lora.add_target("*q_proj");
   lora.add_target("*down_proj");
-  std::vector<std::pair<std::string, torch::Tensor>> adapters;
+  std::vector<std::pair<std::string, at::Tensor>> adapters;
   for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
     if (!absl::EndsWith(parameter.name, "q_proj.weight") &&
         !absl::EndsWith(parameter.name, "down_proj.weight")) {
       continue;
     }
     const std::string module = parameter.name.substr(0, parameter.name.size() - 7);
-    torch::manual_seed(static_cast<uint64_t>(adapters.size()));
+    at::manual_seed(static_cast<uint64_t>(adapters.size()));
     adapters.emplace_back(module + ".lora_A.weight",
                           0.1 * torch::randn({lora.rank(), parameter.shape[1]}));
     adapters.emplace_back(module + ".lora_B.weight",

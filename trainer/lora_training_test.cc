@@ -13,6 +13,11 @@
 #include <tuple>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/mm.h"
+#include "ATen/ops/roll.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
@@ -30,7 +35,7 @@
 #include "parallel/trainable_parameter.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "trainer/prepared_model.h"
 #include "trainer/run_checkpoints.h"
 #include "trainer/testing_ranks.h"
@@ -105,9 +110,8 @@ std::string HfFolderOfSeed(int seed) {
 // the optimizer's, and two optimizer steps change them and leave the base bitwise as it was.
 void ExpectOnlyTheAdaptersTrain(const plan::Plan& plan, int ranks, const std::string& hf_dir,
                                 const models::CausalLM& base) {
-  torch::manual_seed(4);
-  const torch::Tensor tokens =
-      torch::randint(ConfigOf(plan.model()).vocab_size(), {2, 16}, torch::kInt64);
+  at::manual_seed(4);
+  const at::Tensor tokens = torch::randint(ConfigOf(plan.model()).vocab_size(), {2, 16}, at::kLong);
   WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
     auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), hf_dir,
                                            plan.prepare(), mesh, Role::kTrained, "plan");
@@ -125,7 +129,7 @@ void ExpectOnlyTheAdaptersTrain(const plan::Plan& plan, int ranks, const std::st
       if (!IsAdapter(name)) {
         EXPECT_TRUE(values.equal(base_parameters[name])) << name << " on rank " << rank;
       } else if (absl::StrContains(name, "lora_A")) {
-        const torch::Tensor want = wrap::lora::InitialA(0, name, 4, values.size(1));
+        const at::Tensor want = wrap::lora::InitialA(0, name, 4, values.size(1));
         EXPECT_TRUE(values.equal(want)) << name << " on rank " << rank;
       } else {
         EXPECT_TRUE(values.equal(torch::zeros_like(values))) << name << " on rank " << rank;
@@ -134,7 +138,7 @@ void ExpectOnlyTheAdaptersTrain(const plan::Plan& plan, int ranks, const std::st
     auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
     ASSERT_THAT(optimizer, IsOk());
     for (int step = 0; step < 2; ++step) {
-      (*prepared)->model().Loss(tokens, torch::roll(tokens, -1, 1)).backward();
+      (*prepared)->model().Loss(tokens, at::roll(tokens, -1, 1)).backward();
       ASSERT_THAT((*prepared)->preparation().BackwardStatus(), IsOk());
       ASSERT_THAT(CheckEveryParameterHasGradient((*prepared)->trainable_parameters(), step + 1),
                   IsOk());
@@ -171,9 +175,9 @@ TEST(LoraPreparedModelTest, ABf16BaseIsHeldInBf16) {
     ASSERT_THAT(prepared, IsOk());
     const auto base = seeded->named_parameters();
     for (const auto& named : (*prepared)->model().NamedParameters()) {
-      EXPECT_EQ(named.parameter.scalar_type(), torch::kBFloat16) << named.name;
+      EXPECT_EQ(named.parameter.scalar_type(), at::kBFloat16) << named.name;
       if (IsAdapter(named.name)) continue;
-      EXPECT_TRUE(named.parameter.equal(base[named.name].to(torch::kBFloat16))) << named.name;
+      EXPECT_TRUE(named.parameter.equal(base[named.name].to(at::kBFloat16))) << named.name;
     }
     for (const parallel::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
       EXPECT_FALSE(parameter.master.defined()) << parameter.name;  // the optimizer widens it
@@ -317,7 +321,7 @@ TEST(LoraDropoutTest, TrainingDrawsTheSameMasksWhenEvaluatingOrNot) {
     plan::Plan plan = LoraPlan("llama_single", kLoraDropout);
     ASSERT_THAT(plan::ApplyOverride(absl::StrCat("training.eval_every=", eval_every), plan),
                 IsOk());
-    torch::manual_seed(eval_every);
+    at::manual_seed(eval_every);
     torch::rand({eval_every + 3});
     runs.push_back(TrainOnRanks(plan, 1));
   }
@@ -345,8 +349,8 @@ TEST(LoraDropoutTest, EvaluationComputesWithoutDropout) {
     ASSERT_THAT(prepared, IsOk());
     auto full = (*prepared)->preparation().FullParameters();
     ASSERT_THAT(full, IsOk());
-    torch::manual_seed(3);
-    std::vector<std::pair<std::string, torch::Tensor>> adapters;
+    at::manual_seed(3);
+    std::vector<std::pair<std::string, at::Tensor>> adapters;
     for (const auto& [name, values] : *full) {
       if (!IsAdapter(name)) continue;
       adapters.emplace_back(
@@ -408,14 +412,14 @@ TEST(LoraTrainTest, TheSavedAdapterFolderIsTheTrainedAdapters) {
   const auto base_parameters = ModelOfSeed(1)->named_parameters();
   const int64_t layers = (*merged)->config().num_hidden_layers();
   ASSERT_EQ(adapter->config.target_size(), 2 * layers);
-  std::map<std::string, torch::Tensor> tensors(adapter->tensors.begin(), adapter->tensors.end());
+  std::map<std::string, at::Tensor> tensors(adapter->tensors.begin(), adapter->tensors.end());
   for (const std::string& module : adapter->config.target()) {
-    const torch::Tensor a = tensors.at(module + ".lora_A.weight");
-    const torch::Tensor b = tensors.at(module + ".lora_B.weight");
+    const at::Tensor a = tensors.at(module + ".lora_A.weight");
+    const at::Tensor b = tensors.at(module + ".lora_B.weight");
     EXPECT_GT(b.abs().max().item<float>(), 0.0f) << module << ": B never trained";
     const std::string weight = module + ".weight";
-    const torch::Tensor expected = base_parameters[weight] + 2.0 * torch::mm(b, a);
-    EXPECT_TRUE(torch::allclose(merged_parameters[weight], expected, 1e-5, 1e-7))
+    const at::Tensor expected = base_parameters[weight] + 2.0 * at::mm(b, a);
+    EXPECT_TRUE(at::allclose(merged_parameters[weight], expected, 1e-5, 1e-7))
         << weight << ": " << (merged_parameters[weight] - expected).abs().max().item<float>();
   }
   // A plan continues training from the folder: every rank's adapters start as the saved ones.
@@ -456,9 +460,8 @@ TEST(QLoraTrainTest, TheBaseIsQuantizedAsLoadedAndDdpAndFsdpTrainAsOneProcess) {
         if (IsAdapter(name)) continue;
         const bool held =
             absl::StrContains(name, "q_proj.weight") || absl::StrContains(name, "v_proj.weight");
-        const torch::Tensor want =
-            held ? wrap::lora::Nf4Dequantize(wrap::lora::Nf4Quantize(base[name], true),
-                                             torch::kFloat32)
+        const at::Tensor want =
+            held ? wrap::lora::Nf4Dequantize(wrap::lora::Nf4Quantize(base[name], true), at::kFloat)
                  : base[name];
         EXPECT_TRUE(values.equal(want))
             << name << (from_hf ? " from the folder" : "") << " on rank " << rank;
@@ -545,8 +548,8 @@ TEST(CheckEveryParameterHasGradientTest, NamesTheParametersWithoutOne) {
     parameter.tensor.sum().backward();
   }
   EXPECT_THAT(CheckEveryParameterHasGradient(parameters, 1), IsOk());
-  parameters[0].tensor.mutable_grad() = torch::Tensor();
-  parameters[2].tensor.mutable_grad() = torch::Tensor();
+  parameters[0].tensor.mutable_grad() = at::Tensor();
+  parameters[2].tensor.mutable_grad() = at::Tensor();
   EXPECT_THAT(CheckEveryParameterHasGradient(parameters, 3),
               StatusIs(absl::StatusCode::kInternal,
                        "after step 3, the trainable parameters "

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
@@ -21,6 +23,7 @@
 #include "models/parameter_shapes.h"
 #include "plan/plan.h"
 #include "plan/validate.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
@@ -301,11 +304,11 @@ TEST(PipelineTest, FsdpMovesTheSameBytesUnderInterleaving) {
                                              Role::kTrained, "plan");
       ASSERT_THAT(prepared, IsOk());
       models::CausalLM& model = (*prepared)->model();
-      torch::manual_seed(5);
-      const torch::Tensor tokens = torch::randint(config.vocab_size(), {kMicroBatches, 2, 17});
+      at::manual_seed(5);
+      const at::Tensor tokens = torch::randint(config.vocab_size(), {kMicroBatches, 2, 17});
       const wrap::MicroBatchForward forward =
-          [&](int micro, const torch::Tensor& input) -> absl::StatusOr<torch::Tensor> {
-        const torch::Tensor inputs = tokens[micro].narrow(1, 0, 16);
+          [&](int micro, const at::Tensor& input) -> absl::StatusOr<at::Tensor> {
+        const at::Tensor inputs = tokens[micro].narrow(1, 0, 16);
         if (input.defined()) model.SetStageInput(input);
         if (!model.HoldsOutputLayers()) return model.StageOutput(inputs);
         return model.Loss(inputs, tokens[micro].narrow(1, 1, 16)) / kMicroBatches;

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/dtype.h"
@@ -16,14 +17,14 @@
 #include "models/peft_adapter.h"
 #include "models/safetensors.h"
 #include "parallel/tensor_slice.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::trainer {
 
 namespace {
 
 // Where `parameter`'s values are loaded to: its fp32 master when it has one, else itself.
-torch::Tensor LoadTarget(const parallel::TrainableParameter& parameter) {
+at::Tensor LoadTarget(const parallel::TrainableParameter& parameter) {
   return (parameter.master.defined() ? parameter.master : parameter.tensor).detach();
 }
 
@@ -48,9 +49,9 @@ absl::Status LoadHfSlices(const std::string& dir, const models::ModelConfig& con
 // slice of the values the model is initialised with, drawing only (the tiles of) the slice.
 void WriteInitialSlices(const models::ModelConfig& config, const models::InitConfig& init,
                         const std::vector<parallel::TrainableParameter>& parameters) {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (const parallel::TrainableParameter& parameter : parameters) {
-    const torch::Tensor values =
+    const at::Tensor values =
         models::CausalLM::InitialValues(config, init, parameter.name, parameter.slice);
     if (parameter.store) {
       parameter.store(values.to(parameter.tensor.options()));
@@ -62,10 +63,10 @@ void WriteInitialSlices(const models::ModelConfig& config, const models::InitCon
 
 // `names`' tensors of `full` (gathered whole parameters), in that order, to be saved to
 // `dir`; InternalError naming one that was not gathered.
-absl::StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> InOrder(
-    const std::map<std::string, torch::Tensor>& full, const std::vector<std::string>& names,
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> InOrder(
+    const std::map<std::string, at::Tensor>& full, const std::vector<std::string>& names,
     const std::string& dir) {
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const std::string& name : names) {
     const auto it = full.find(name);
     if (it == full.end()) {
@@ -80,7 +81,7 @@ absl::StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> InOrder(
 // steps added, each after the weight of the module it was added under (an adapter
 // "<module>.lora_A.weight" after "<module>.weight"), as one process's model lists them, also
 // when other ranks held them (a pipeline's other stages).
-std::vector<std::string> AddedInModelOrder(const std::map<std::string, torch::Tensor>& full,
+std::vector<std::string> AddedInModelOrder(const std::map<std::string, at::Tensor>& full,
                                            const std::vector<std::string>& own) {
   std::map<std::string, size_t> own_index;
   for (size_t i = 0; i < own.size(); ++i) own_index[own[i]] = i;
@@ -112,7 +113,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
     const std::string& hf_weights_dir,
     const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
     const parallel::DeviceMesh& mesh, Role role, const std::string& field_path) {
-  const torch::ScalarType dtype = base::ToScalarType(spec.dtype(), torch::kFloat32);
+  const at::ScalarType dtype = base::ToScalarType(spec.dtype(), at::kFloat);
   // Deferred initialisation: the preparation shards and slices parameters that hold no
   // memory yet, on the mesh's device in the compute dtype, and only then does each rank give
   // the parts it holds their values. A rank holds the whole model only when its preparation
@@ -120,7 +121,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
   PLAIT_ASSIGN_OR_RETURN(
       std::shared_ptr<models::CausalLM> model,
       base::Annotate(models::CausalLM::CreateDeferred(
-                         config, torch::TensorOptions().dtype(dtype).device(mesh.device())),
+                         config, at::TensorOptions().dtype(dtype).device(mesh.device())),
                      field_path + ".model"));
   std::unique_ptr<PreparedModel> prepared(new PreparedModel(std::move(model), role));
   // The model's own parameters, named before a step adds its own (LoRA's adapters, which keep
@@ -147,10 +148,10 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
   // A trained model that computes in 16 bits trains its own parameters through fp32 masters
   // (the optimizer's, or FSDP's fp32 shards), which get the fp32 values, and the parameters
   // their rounded copy. A frozen base never updates: it takes its values in the compute dtype.
-  if (role != Role::kFrozen && dtype != torch::kFloat32) {
+  if (role != Role::kFrozen && dtype != at::kFloat) {
     for (parallel::TrainableParameter& parameter : parameters) {
-      if (parameter.tensor.scalar_type() != torch::kFloat32 && own.count(parameter.name) > 0) {
-        parameter.master = torch::zeros_like(parameter.tensor, torch::kFloat32);
+      if (parameter.tensor.scalar_type() != at::kFloat && own.count(parameter.name) > 0) {
+        parameter.master = torch::zeros_like(parameter.tensor, at::kFloat);
       }
     }
   }
@@ -182,7 +183,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PreparedModel::Prepare(
     WriteInitialSlices(config, spec.init(), valued);
   }
   {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     for (const parallel::TrainableParameter& parameter : parameters) {
       if (parameter.master.defined()) parameter.tensor.copy_(parameter.master);
     }

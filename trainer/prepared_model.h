@@ -8,7 +8,7 @@
 //                          PreparedModel::Prepare(plan.model(), resolved.model, "", plan.prepare(),
 //                                                 mesh, Role::kTrained, "plan"));
 //   PLAIT_ASSIGN_OR_RETURN(auto optimizer, BuildOptimizer(*prepared, plan.optimizer()));
-//   torch::Tensor loss = prepared->model().Loss(inputs, targets);
+//   at::Tensor loss = prepared->model().Loss(inputs, targets);
 #ifndef PLAIT_TRAINER_PREPARED_MODEL_H_
 #define PLAIT_TRAINER_PREPARED_MODEL_H_
 
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "google/protobuf/repeated_ptr_field.h"

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -22,7 +23,6 @@
 #include "plan/compute_dtype.h"
 #include "plan/plan.h"
 #include "plan/validate.h"
-#include "torch/types.h"
 #include "trainer/run_folder.h"
 #include "trainer/trainer.h"
 
@@ -72,7 +72,7 @@ bool UseComputeThreads(const plan::Plan& plan, const parallel::World& world) {
 
 absl::Status TrainAsRank(const plan::ResolvedPlan& resolved, const parallel::World& world) {
   const plan::Plan& plan = resolved.plan;
-  PLAIT_ASSIGN_OR_RETURN(const torch::Device device,
+  PLAIT_ASSIGN_OR_RETURN(const at::Device device,
                          parallel::ResolveDevice(plan.device(), world.local_rank,
                                                  world.local_world_size, "plan.device"));
   PLAIT_RETURN_IF_ERROR(parallel::BindDevice(device));

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,7 +14,8 @@
 #include "base/dtype.pb.h"
 #include "base/own_output.h"
 #include "base/status.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
+#include "torch/nn/module.h"
 #include "wrap/strategies.h"
 
 namespace plait::trainer {
@@ -70,8 +72,7 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const plan::Resol
 // The part of its parameter an optimizer state tensor holds: a buffer or master copy shaped
 // as the local parameter, that parameter's part; a scalar (the parameter's update count, the
 // same on every rank), the whole, saved by the rank holding the parameter's first element.
-absl::StatusOr<parallel::TensorSlice> StateSlice(const std::string& key,
-                                                 const torch::Tensor& tensor,
+absl::StatusOr<parallel::TensorSlice> StateSlice(const std::string& key, const at::Tensor& tensor,
                                                  const parallel::TrainableParameter& parameter) {
   if (tensor.sizes() == parameter.tensor.sizes()) return parameter.slice;
   if (tensor.dim() == 0) {
@@ -101,11 +102,11 @@ absl::StatusOr<std::map<std::string, checkpoint::SlicedTensor>> RankTensors(
   std::map<std::string, checkpoint::SlicedTensor> tensors;
   std::map<std::string, const parallel::TrainableParameter*> by_name;
   for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
-    const torch::Tensor& tensor = parameter.tensor;
+    const at::Tensor& tensor = parameter.tensor;
     tensors[kParameterPrefix + parameter.name] = {
         contents == Contents::kData
             ? tensor.detach().cpu()
-            : torch::empty(tensor.sizes(), tensor.options().device(torch::kMeta)),
+            : torch::empty(tensor.sizes(), tensor.options().device(at::kMeta)),
         parameter.slice};
     by_name[parameter.name] = &parameter;
   }
@@ -129,7 +130,7 @@ absl::Status LoadInto(const checkpoint::RankState& saved, int64_t step,
   optim::OptimizerState state;
   PLAIT_ASSIGN_OR_RETURN(state.step, SavedOptimizerStep(saved.metadata, step));
   {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     for (const parallel::TrainableParameter& parameter : optimizer.parameters()) {
       parameter.tensor.copy_(saved.tensors.at(kParameterPrefix + parameter.name).tensor);
     }

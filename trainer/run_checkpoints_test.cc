@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
@@ -32,7 +33,7 @@
 #include "parallel/test_ranks.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
@@ -70,11 +71,11 @@ plan::Plan ShortPlan(const std::string& name, const std::string& dir,
   return plan;
 }
 
-std::map<std::string, torch::Tensor> ReadAll(const std::string& path) {
+std::map<std::string, at::Tensor> ReadAll(const std::string& path) {
   absl::StatusOr<std::unique_ptr<models::SafetensorsFile>> file =
       models::SafetensorsFile::Open(path);
   EXPECT_THAT(file, IsOk());
-  std::map<std::string, torch::Tensor> tensors;
+  std::map<std::string, at::Tensor> tensors;
   for (const auto& [name, entry] : (*file)->entries()) tensors[name] = *(*file)->Read(name);
   return tensors;
 }
@@ -180,15 +181,15 @@ plan::Plan ReshardPlan(const std::string& name, const std::string& dir, int64_t 
 }
 
 // Every tensor of the checkpoint folder `folder`, whole.
-std::map<std::string, torch::Tensor> ReadCheckpoint(const std::string& folder) {
+std::map<std::string, at::Tensor> ReadCheckpoint(const std::string& folder) {
   absl::StatusOr<checkpoint::Manifest> manifest =
       checkpoint::ReadManifest(folder + "/" + checkpoint::kManifest);
   EXPECT_THAT(manifest, IsOk());
-  std::map<std::string, torch::Tensor> tensors;
+  std::map<std::string, at::Tensor> tensors;
   if (!manifest.ok()) return tensors;
   checkpoint::SliceReader reader(folder, *manifest);
   for (const auto& [name, stored] : manifest->tensors) {
-    absl::StatusOr<torch::Tensor> tensor = reader.ReadWhole(name);
+    absl::StatusOr<at::Tensor> tensor = reader.ReadWhole(name);
     EXPECT_THAT(tensor, IsOk()) << name;
     if (tensor.ok()) tensors[name] = *tensor;
   }
@@ -225,8 +226,8 @@ void ExpectResumeMatches(const std::string& saved_dir, plan::Plan plan, int rank
       continue;
     }
     const double error =
-        (have.at(name).to(torch::kFloat64) - tensor.to(torch::kFloat64)).norm().item<double>() /
-        tensor.to(torch::kFloat64).norm().item<double>();
+        (have.at(name).to(at::kDouble) - tensor.to(at::kDouble)).norm().item<double>() /
+        tensor.to(at::kDouble).norm().item<double>();
     EXPECT_LE(error, absl::StartsWith(name, "param/") ? 1e-5 : 1e-4) << name;
   }
 }
@@ -439,7 +440,7 @@ void SaveStepOne(const plan::Plan& plan, int ranks,
     ASSERT_THAT(prepared, IsOk());
     auto optimizer = BuildOptimizer(**prepared, plan.optimizer());
     ASSERT_THAT(optimizer, IsOk());
-    const torch::Tensor tokens = torch::randint(100, {2, 8}, torch::kInt64);
+    const at::Tensor tokens = torch::randint(100, {2, 8}, at::kLong);
     (*prepared)->model().Loss(tokens, tokens).backward();
     ASSERT_THAT((*optimizer)->Step(1e-3), IsOk());
     if (before_save) before_save(**prepared);
@@ -580,7 +581,7 @@ TEST(CheckpointErrorsTest, ANonFiniteParameterNamesTheFileAndTensor) {
   const plan::Plan plan = ShortPlan("llama_single", dir);
   const std::string name = "model.layers.0.mlp.up_proj.weight";
   SaveStepOne(plan, 1, [&](PreparedModel& prepared) {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     for (const auto& parameter : prepared.trainable_parameters()) {
       if (parameter.name == name) parameter.tensor[1][2] = std::numeric_limits<float>::quiet_NaN();
     }

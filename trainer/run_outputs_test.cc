@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -117,7 +118,7 @@ TEST(RunOutputsTest, TensorBoardHoldsTheMetricsFileAndTheSummaryTellsTheRun) {
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(std::string(plan_text), &logged));
   // The plan as it ran: its DTYPE_AUTO resolved for the CPU.
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
-      logged, plan::ResolveAutoDtypes(*plan, torch::Device(torch::kCPU))));
+      logged, plan::ResolveAutoDtypes(*plan, at::Device(at::kCPU))));
   EXPECT_NE(logged.model().dtype(), base::DTYPE_AUTO);
 
   for (size_t i = 0; i < rows.size(); ++i) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_matchers.h"
@@ -25,7 +26,6 @@
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "plan/plan.h"
-#include "torch/utils.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -170,13 +170,13 @@ TEST(SftNormalizationTest, TheDataMakesMicroBatchMeansDiffer) {
   ASSERT_THAT(config, IsOk());
   auto model = models::CausalLM::Create(*config, plan.model().init());
   ASSERT_THAT(model, IsOk());
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   const auto loss = [&](int64_t first, int64_t rows) {
     return (*model)
         ->Loss(batch.inputs.narrow(0, first, rows), batch.targets.narrow(0, first, rows))
         .item<double>();
   };
-  const torch::Tensor scored = (batch.targets != data::kIgnoreTarget).sum(1);
+  const at::Tensor scored = (batch.targets != data::kIgnoreTarget).sum(1);
   const int64_t short_half = scored.narrow(0, 0, 8).sum().item<int64_t>();
   const int64_t long_half = scored.narrow(0, 8, 8).sum().item<int64_t>();
   EXPECT_LT(short_half * 5, long_half);

@@ -42,7 +42,7 @@ TEST(SkippedCollectiveTest, StopsTheRunNamingItsPlaceAndTheRank) {
   parallel::testing::RunRanks(2, [&](int rank) {
     absl::StatusOr<std::unique_ptr<parallel::ProcessGroup>> group =
         parallel::ProcessGroup::Start(parallel::testing::LocalWorld(rank, 2, store_file),
-                                      plan.mesh(), torch::kCPU, absl::Seconds(30));
+                                      plan.mesh(), at::kCPU, absl::Seconds(30));
     ASSERT_THAT(group, IsOk());
     if (rank == 1) {
       parallel::SkipCollectiveForTesting(

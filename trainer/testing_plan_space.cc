@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -30,8 +32,8 @@
 #include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
 #include "plan/validate.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/torch.h"
 #include "trainer/prepared_model.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
@@ -525,17 +527,17 @@ std::string AdapterFolder(const models::ModelSpec& spec, const models::ModelConf
   auto store = c10::make_intrusive<c10d::HashStore>();
   absl::StatusOr<parallel::DeviceMesh> mesh = parallel::DeviceMesh::Create(
       *layout, 0,
-      parallel::DeviceCommunicatorFactory(torch::Device(torch::kCPU), *store,
+      parallel::DeviceCommunicatorFactory(at::Device(at::kCPU), *store,
                                           parallel::RingCommunicator::kLoopback, {}));
   if (!mesh.ok()) return "";
   absl::StatusOr<std::unique_ptr<PreparedModel>> prepared =
       PreparedModel::Prepare(spec, config, "", steps, *mesh, Role::kTrained, "plan");
   if (!prepared.ok()) return "";  // an invalid LoRA step: the plan is refused for it
-  absl::StatusOr<std::map<std::string, torch::Tensor>> full =
+  absl::StatusOr<std::map<std::string, at::Tensor>> full =
       (*prepared)->preparation().FullParameters();
   if (!full.ok()) return "";
-  torch::manual_seed(static_cast<int64_t>(seed));
-  std::vector<std::pair<std::string, torch::Tensor>> adapters;
+  at::manual_seed(static_cast<int64_t>(seed));
+  std::vector<std::pair<std::string, at::Tensor>> adapters;
   for (const auto& [name, values] : *full) {
     if (name.find(".lora_") == std::string::npos) continue;
     adapters.emplace_back(name, name.find(".lora_B") != std::string::npos
@@ -912,7 +914,7 @@ absl::StatusOr<TrainReport> TrainOnThreads(const plan::ResolvedPlan& resolved,
                              parallel::DeviceMesh::Create(
                                  layout, rank,
                                  parallel::DeviceCommunicatorFactory(
-                                     torch::Device(torch::kCPU), *store,
+                                     at::Device(at::kCPU), *store,
                                      parallel::RingCommunicator::kLoopback, {kCollectiveTimeout})));
       PLAIT_ASSIGN_OR_RETURN(TrainReport trained, Train(resolved, mesh, options));
       if (rank == 0) report = std::move(trained);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
@@ -57,8 +58,8 @@ void WithMesh(const plan::Plan& plan, int ranks,
               const std::function<void(int, const parallel::DeviceMesh&)>& body) {
   absl::StatusOr<parallel::MeshLayout> layout = parallel::MeshLayout::Create(plan.mesh(), ranks);
   ASSERT_THAT(layout, IsOk());
-  parallel::testing::RunOnMesh(
-      *layout, plan.device() == parallel::DEVICE_CUDA ? torch::kCUDA : torch::kCPU, body);
+  parallel::testing::RunOnMesh(*layout,
+                               plan.device() == parallel::DEVICE_CUDA ? at::kCUDA : at::kCPU, body);
 }
 
 TrainReport TrainOnRanks(const plan::Plan& plan, int ranks, const TrainOptions& options) {
@@ -143,7 +144,7 @@ void ExpectSameParameters(const SavedRun& run, const SavedRun& expected, const s
                           double tolerance) {
   ASSERT_EQ(run.parameters.size(), expected.parameters.size()) << layout;
   for (const auto& [name, value] : expected.parameters) {
-    const torch::Tensor& actual = run.parameters.at(name);
+    const at::Tensor& actual = run.parameters.at(name);
     if (absl::StrContains(name, "k_proj.bias")) {
       EXPECT_LE((actual - value).abs().max().item<double>(), 1e-4) << layout << " " << name;
       continue;

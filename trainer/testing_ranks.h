@@ -8,10 +8,10 @@
 #include <map>
 #include <string>
 
+#include "ATen/core/Tensor.h"
 #include "models/model.pb.h"
 #include "parallel/device_mesh.h"
 #include "plan/plan.pb.h"
-#include "torch/types.h"
 #include "trainer/trainer.h"
 
 namespace plait::trainer::testing {
@@ -42,7 +42,7 @@ void ExpectSameSteps(const TrainReport& run, const TrainReport& expected, const 
 // A run's report and its parameters at the end, by Hugging Face name.
 struct SavedRun {
   TrainReport report;
-  std::map<std::string, torch::Tensor> parameters;
+  std::map<std::string, at::Tensor> parameters;
 };
 
 // TrainOnRanks, with the trained model saved as a Hugging Face folder (training.save_hf_dir,

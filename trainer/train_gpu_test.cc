@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Context.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -45,7 +47,7 @@
 #include "plan/compute_dtype.h"
 #include "plan/memory_estimate.h"
 #include "sched/schedule_builder.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "trainer/prepared_model.h"
 #include "trainer/run_checkpoints.h"
 #include "wrap/micro_batch_executor.h"
@@ -67,8 +69,8 @@ std::string RestartLine(const TrainOptions& options) {
 
 // Each rank's `value`, in rank order, on every rank of `mesh`.
 absl::StatusOr<std::vector<int64_t>> PerRank(const parallel::DeviceMesh& mesh, int64_t value) {
-  torch::Tensor gathered = torch::zeros({mesh.layout().world_size()},
-                                        torch::TensorOptions(torch::kInt64).device(mesh.device()));
+  at::Tensor gathered = torch::zeros({mesh.layout().world_size()},
+                                     at::TensorOptions(at::kLong).device(mesh.device()));
   gathered[mesh.rank()] = value;
   PLAIT_RETURN_IF_ERROR(mesh.AllReduce(gathered, parallel::ReduceOp::kSum));
   gathered = gathered.cpu();
@@ -100,12 +102,12 @@ struct CountedBatch {
   int64_t items;
   // The objective's part of the batch computed by the frozen model it reads
   // (TrainingRun::ReadFrozen); undefined where it reads none.
-  torch::Tensor frozen_read = {};
+  at::Tensor frozen_read = {};
 };
 absl::StatusOr<CountedBatch> NextCounted(data::DataLoader& loader,
                                          const objectives::Objective& objective,
                                          const wrap::Preparation& preparation,
-                                         const torch::Device& device) {
+                                         const at::Device& device) {
   PLAIT_ASSIGN_OR_RETURN(data::Batch host, loader.Next());
   data::Batch own = host;
   own.inputs = preparation.OwnSlice(host.inputs);
@@ -118,9 +120,9 @@ absl::StatusOr<CountedBatch> NextCounted(data::DataLoader& loader,
 // Micro-batch `batch`'s forward on `model` as a wrap::MicroBatchForward runs it: from the
 // hidden state `input` on a later pipeline stage; the stage's output, or, where the model
 // holds its output layers, what `on_output_layers` computes with them.
-absl::StatusOr<torch::Tensor> StageForward(
-    models::CausalLM& model, const data::Batch& batch, const torch::Tensor& input,
-    const std::function<absl::StatusOr<torch::Tensor>()>& on_output_layers) {
+absl::StatusOr<at::Tensor> StageForward(
+    models::CausalLM& model, const data::Batch& batch, const at::Tensor& input,
+    const std::function<absl::StatusOr<at::Tensor>()>& on_output_layers) {
   if (input.defined()) model.SetStageInput(input);
   if (!model.HoldsOutputLayers()) return model.StageOutput(batch.inputs, batch.positions);
   return on_output_layers();
@@ -581,13 +583,13 @@ absl::Status TrainingRun::ReadFrozen(std::vector<CountedBatch>& batches) {
     return absl::InternalError(absl::StrCat("no frozen model \"", *name, "\" to read"));
   }
   models::CausalLM& model = frozen->second->model();
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   return base::Annotate(
       frozen->second->preparation().EvaluateMicroBatches(
           static_cast<int>(batches.size()),
-          [&](int micro, const torch::Tensor& input) {
+          [&](int micro, const at::Tensor& input) {
             CountedBatch& batch = batches[micro];
-            return StageForward(model, batch.batch, input, [&]() -> absl::StatusOr<torch::Tensor> {
+            return StageForward(model, batch.batch, input, [&]() -> absl::StatusOr<at::Tensor> {
               PLAIT_ASSIGN_OR_RETURN(batch.frozen_read, objective_->ReadFrozen(model, batch.batch));
               return batch.frozen_read;
             });
@@ -598,10 +600,10 @@ absl::Status TrainingRun::ReadFrozen(std::vector<CountedBatch>& batches) {
 wrap::MicroBatchForward TrainingRun::Forward(const std::vector<CountedBatch>& batches,
                                              objectives::MetricMeans& means,
                                              const objectives::StepItems* step_items) {
-  return [this, &batches, &means, step_items](int micro, const torch::Tensor& input) {
+  return [this, &batches, &means, step_items](int micro, const at::Tensor& input) {
     models::CausalLM& model = prepared_->model();
     const CountedBatch& batch = batches[micro];
-    return StageForward(model, batch.batch, input, [&]() -> absl::StatusOr<torch::Tensor> {
+    return StageForward(model, batch.batch, input, [&]() -> absl::StatusOr<at::Tensor> {
       PLAIT_ASSIGN_OR_RETURN(
           objectives::ObjectiveOutput output,
           objective_->Compute(model, batch.batch, batch.host, batch.frozen_read));
@@ -615,7 +617,7 @@ wrap::MicroBatchForward TrainingRun::Forward(const std::vector<CountedBatch>& ba
 }
 
 absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   models::CausalLM& model = prepared_->model();
   const bool was_training = model.is_training();
   model.eval();
@@ -702,8 +704,8 @@ absl::Status TrainingRun::CheckParametersFinite(int64_t step, int64_t last_updat
 absl::Status TrainingRun::MaxOverRanks(std::optional<int64_t>& bytes) const {
   if (!bytes) return absl::OkStatus();  // the same on every rank: all on CUDA, or none
   // fp32 holds byte counts to 2^-24 relative, far below what the summary prints.
-  torch::Tensor value = torch::full({1}, static_cast<double>(*bytes),
-                                    torch::TensorOptions(torch::kFloat32).device(mesh_.device()));
+  at::Tensor value = torch::full({1}, static_cast<double>(*bytes),
+                                 at::TensorOptions(at::kFloat).device(mesh_.device()));
   PLAIT_RETURN_IF_ERROR(mesh_.AllReduce(value, parallel::ReduceOp::kMax));
   bytes = static_cast<int64_t>(value.item<double>());
   return absl::OkStatus();

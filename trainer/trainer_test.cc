@@ -18,6 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/log_softmax.h"
 #include "absl/strings/str_cat.h"
 #include "base/allocation_counter.h"
 #include "base/dtype.pb.h"
@@ -40,7 +43,7 @@
 #include "parallel/test_ranks.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 
@@ -93,8 +96,8 @@ TEST(PreparedModelTest, FrozenModelIsPreparedWithoutOptimizerOrGradients) {
     EXPECT_THAT(BuildOptimizer(**frozen, plan.optimizer()),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("frozen")));
     // It runs (FSDP gathers its shards) and leaves no gradient anywhere.
-    const torch::Tensor tokens = torch::randint(100, {2, 8}, torch::kInt64);
-    torch::Tensor loss = (*frozen)->model().Loss(tokens, tokens);
+    const at::Tensor tokens = torch::randint(100, {2, 8}, at::kLong);
+    at::Tensor loss = (*frozen)->model().Loss(tokens, tokens);
     EXPECT_TRUE(std::isfinite(loss.item<double>()));
     EXPECT_FALSE(loss.requires_grad());
     ASSERT_THAT((*frozen)->preparation().BackwardStatus(), IsOk());
@@ -108,7 +111,7 @@ TEST(PreparedModelTest, FrozenModelIsPreparedWithoutOptimizerOrGradients) {
 TEST(PreparedModelTest, SavesAndLoadsHuggingFaceFolders) {
   const plan::Plan plan = ShortShippedPlan("llama_fsdp");
   const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hf/out");
-  std::map<std::string, torch::Tensor> saved;
+  std::map<std::string, at::Tensor> saved;
   const int64_t draws_before_seeded = models::internal::SeededDraws();
   WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
     auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "", plan.prepare(),
@@ -160,16 +163,16 @@ TEST(PreparedModelTest, EveryLayoutHoldsTheModelsInitialisation) {
       absl::StatusOr<std::shared_ptr<models::CausalLM>> created =
           models::CausalLM::Create(*config, plan.model().init());
       ASSERT_THAT(created, IsOk());
-      std::map<std::string, torch::Tensor> initial;
+      std::map<std::string, at::Tensor> initial;
       for (const auto& item : (*created)->named_parameters()) initial[item.key()] = item.value();
       WithMesh(plan, ranks, [&](int rank, const parallel::DeviceMesh& mesh) {
         auto prepared = PreparedModel::Prepare(plan.model(), ConfigOf(plan.model()), "",
                                                plan.prepare(), mesh, Role::kTrained, "plan");
         ASSERT_THAT(prepared, IsOk());
         for (const parallel::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
-          const torch::Tensor& trained =
+          const at::Tensor& trained =
               parameter.master.defined() ? parameter.master : parameter.tensor;
-          ASSERT_EQ(trained.scalar_type(), torch::kFloat32) << parameter.name;
+          ASSERT_EQ(trained.scalar_type(), at::kFloat) << parameter.name;
           const parallel::TensorSlice& slice = parameter.slice;
           EXPECT_TRUE(slice.DataOf(trained.detach())
                           .equal(parallel::NarrowTo(
@@ -181,7 +184,7 @@ TEST(PreparedModelTest, EveryLayoutHoldsTheModelsInitialisation) {
         ASSERT_THAT(full, IsOk());
         ASSERT_EQ(full->size(), initial.size());
         for (const auto& [parameter, values] : initial) {
-          const torch::Tensor& held = full->at(parameter);
+          const at::Tensor& held = full->at(parameter);
           EXPECT_TRUE(held.equal(values.to(held.scalar_type())))
               << parameter << " on rank " << rank;
         }
@@ -300,10 +303,10 @@ TEST(TrainTest, Bf16ModelOnTwoFsdpRanksTracksTheFp32Run) {
                                            mesh, Role::kTrained, "plan");
     ASSERT_THAT(prepared, IsOk());
     for (const auto& named : (*prepared)->model().NamedParameters()) {
-      EXPECT_EQ(named.parameter.scalar_type(), torch::kBFloat16) << named.name;
+      EXPECT_EQ(named.parameter.scalar_type(), at::kBFloat16) << named.name;
     }
     for (const parallel::TrainableParameter& parameter : (*prepared)->trainable_parameters()) {
-      EXPECT_EQ(parameter.tensor.scalar_type(), torch::kFloat32) << parameter.name;
+      EXPECT_EQ(parameter.tensor.scalar_type(), at::kFloat) << parameter.name;
     }
   });
   ExpectTracksTheFp32Run(TrainOnRanks(plan, 2));
@@ -320,7 +323,7 @@ std::shared_ptr<models::CausalLM> SavedModelOfSeed(int seed, const std::string& 
   auto model = models::CausalLM::Create(*config, seeded.init());
   EXPECT_THAT(model, IsOk());
   if (!model.ok()) return nullptr;
-  const absl::Status saved = models::SaveHfModel(**model, dir, torch::kFloat32);
+  const absl::Status saved = models::SaveHfModel(**model, dir, at::kFloat);
   EXPECT_THAT(saved, IsOk());
   return saved.ok() ? *model : nullptr;
 }
@@ -341,15 +344,15 @@ TEST(PreparedModelTest, Bf16MastersStartFromTheFp32Values) {
       const optim::OptimizerState state = (*optimizer)->SaveState();
       for (const parallel::TrainableParameter& parameter : (*optimizer)->parameters()) {
         const parallel::TensorSlice& slice = parameter.slice;
-        const torch::Tensor want =
+        const at::Tensor want =
             parallel::NarrowTo(fp32.named_parameters()[parameter.name],
                                parallel::TensorSlice::Whole(slice.global_shape).box, slice.box);
-        const bool bf16 = parameter.tensor.scalar_type() == torch::kBFloat16;
-        const torch::Tensor master =
+        const bool bf16 = parameter.tensor.scalar_type() == at::kBFloat16;
+        const at::Tensor master =
             bf16 ? state.tensors.at(parameter.name + ":master") : parameter.tensor;
         EXPECT_TRUE(slice.DataOf(master).equal(want)) << "rank " << rank << " " << parameter.name;
         if (bf16) {
-          EXPECT_TRUE(slice.DataOf(parameter.tensor).equal(want.to(torch::kBFloat16)))
+          EXPECT_TRUE(slice.DataOf(parameter.tensor).equal(want.to(at::kBFloat16)))
               << parameter.name;
         }
       }
@@ -436,7 +439,7 @@ TEST(PreparedModelTest, ANonFiniteWeightInOneRanksSliceStopsEveryRank) {
   const std::shared_ptr<models::CausalLM> model = SavedModelOfSeed(5, dir);
   ASSERT_NE(model, nullptr);
   {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     model->named_parameters()[name][687][0] = std::numeric_limits<float>::quiet_NaN();
   }
   ASSERT_THAT(models::SaveHfModel(*model, dir), IsOk());
@@ -570,14 +573,13 @@ TEST(SftTest, PromptTokensCarryNoLossAndFsdpTrainsAsOneProcess) {
   ASSERT_THAT(config, IsOk());
   auto model = models::CausalLM::Create(*config, single.model().init());
   ASSERT_THAT(model, IsOk());
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   // Every position's cross-entropy of the next input token; the last has none.
   const int64_t T = single.training().seq_len();
-  const torch::Tensor logits = (*model)->Forward(batch.inputs).narrow(1, 0, T - 1);
-  const torch::Tensor next = batch.inputs.narrow(1, 1, T - 1);
-  const torch::Tensor losses = -torch::log_softmax(logits.to(torch::kFloat64), -1)
-                                    .gather(-1, next.unsqueeze(-1))
-                                    .squeeze(-1);
+  const at::Tensor logits = (*model)->Forward(batch.inputs).narrow(1, 0, T - 1);
+  const at::Tensor next = batch.inputs.narrow(1, 1, T - 1);
+  const at::Tensor losses =
+      -at::log_softmax(logits.to(at::kDouble), -1).gather(-1, next.unsqueeze(-1)).squeeze(-1);
   // The first completion token is input P, predicted at position P - 1.
   const int64_t P = data.synthetic_sft().prompt_length();
   const double completion = losses.narrow(1, P - 1, T - P).mean().item<double>();
@@ -609,13 +611,13 @@ TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
     // log-probabilities of a fixed batch. The gathered map is held in a variable: a range-for
     // over FullParameters().value() iterates a map destroyed with its temporary StatusOr
     // (the heap corruption this test once hit).
-    const absl::StatusOr<std::map<std::string, torch::Tensor>> parameters_before =
+    const absl::StatusOr<std::map<std::string, at::Tensor>> parameters_before =
         (*reference)->preparation().FullParameters();
     ASSERT_THAT(parameters_before, IsOk());
-    const data::Batch probe{torch::arange(64, torch::kInt64).view({2, 32}),
-                            torch::arange(1, 65, torch::kInt64).view({2, 32})};
+    const data::Batch probe{torch::arange(64, at::kLong).view({2, 32}),
+                            torch::arange(1, 65, at::kLong).view({2, 32})};
     const auto checksum = [&] {
-      torch::NoGradGuard no_grad;
+      at::NoGradGuard no_grad;
       return (*reference)
           ->model()
           .SequenceLogProbs(probe.inputs, probe.targets)
@@ -648,13 +650,13 @@ TEST(DpoTest, TheReferenceIsShardedFrozenAndUntouchedByTraining) {
       EXPECT_FALSE(named.parameter.grad().defined()) << named.name;
     }
     EXPECT_EQ(checksum(), before) << "rank " << rank;
-    const absl::StatusOr<std::map<std::string, torch::Tensor>> parameters_after =
+    const absl::StatusOr<std::map<std::string, at::Tensor>> parameters_after =
         (*reference)->preparation().FullParameters();
     ASSERT_THAT(parameters_after, IsOk());
     ASSERT_EQ(parameters_after->size(), parameters_before->size());
     for (const auto& [name, tensor] : *parameters_before) {
       ASSERT_EQ(parameters_after->count(name), 1u) << name;
-      EXPECT_TRUE(torch::equal(parameters_after->at(name), tensor)) << name << " on rank " << rank;
+      EXPECT_TRUE(at::equal(parameters_after->at(name), tensor)) << name << " on rank " << rank;
     }
   });
 }

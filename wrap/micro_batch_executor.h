@@ -7,7 +7,7 @@
 // else SequentialExecutor:
 //
 //   PLAIT_RETURN_IF_ERROR(preparation->TrainMicroBatches(
-//       micro_batches, [&](int micro, const torch::Tensor& input) -> absl::StatusOr<torch::Tensor>
+//       micro_batches, [&](int micro, const at::Tensor& input) -> absl::StatusOr<at::Tensor>
 //       {
 //         if (input.defined()) model.SetStageInput(input);  // a later pipeline stage
 //         if (!model.HoldsOutputLayers()) return model.StageOutput(tokens[micro]);
@@ -18,9 +18,9 @@
 
 #include <functional>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "torch/types.h"
 
 namespace plait::wrap {
 
@@ -30,7 +30,7 @@ namespace plait::wrap {
 // its output layers, the loss its backward starts from (scaled for the step; ignored in an
 // evaluation), else the stage's output hidden state.
 using MicroBatchForward =
-    std::function<absl::StatusOr<torch::Tensor>(int micro, const torch::Tensor& input)>;
+    std::function<absl::StatusOr<at::Tensor>(int micro, const at::Tensor& input)>;
 
 class MicroBatchExecutor {
  public:
@@ -59,7 +59,7 @@ class SequentialExecutor final : public MicroBatchExecutor {
                      const std::function<void(bool)>& sync_gradients) override {
     for (int micro = 0; micro < num_micro; ++micro) {
       sync_gradients(micro + 1 == num_micro);
-      absl::StatusOr<torch::Tensor> loss = forward(micro, torch::Tensor());
+      absl::StatusOr<at::Tensor> loss = forward(micro, at::Tensor());
       if (!loss.ok()) return loss.status();
       loss->backward();
     }
@@ -68,7 +68,7 @@ class SequentialExecutor final : public MicroBatchExecutor {
 
   absl::Status Evaluate(int num_micro, const MicroBatchForward& forward) override {
     for (int micro = 0; micro < num_micro; ++micro) {
-      if (absl::StatusOr<torch::Tensor> loss = forward(micro, torch::Tensor()); !loss.ok()) {
+      if (absl::StatusOr<at::Tensor> loss = forward(micro, at::Tensor()); !loss.ok()) {
         return loss.status();
       }
     }

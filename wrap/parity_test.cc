@@ -19,6 +19,9 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
@@ -31,8 +34,7 @@
 #include "parallel/device.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
-#include "torch/types.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "wrap/lora/lora.h"
 #include "wrap/preparation.h"
 
@@ -44,7 +46,7 @@ using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
 
 #ifdef PLAIT_TEST_ON_CUDA
-constexpr torch::DeviceType kDevice = torch::kCUDA;
+constexpr at::DeviceType kDevice = at::kCUDA;
 
 // The fp32 bounds need fp32 products: TF32 off for cuBLAS and cuDNN, for the whole process.
 // Off is LibTorch's default unless TORCH_ALLOW_TF32_CUBLAS_OVERRIDE is set, and
@@ -60,7 +62,7 @@ class Fp32ProductsEnvironment : public ::testing::Environment {
 ::testing::Environment* const kFp32Products =
     ::testing::AddGlobalTestEnvironment(new Fp32ProductsEnvironment);
 #else
-constexpr torch::DeviceType kDevice = torch::kCPU;
+constexpr at::DeviceType kDevice = at::kCPU;
 #endif
 
 constexpr int kSteps = 10;
@@ -118,7 +120,7 @@ struct Scenario {
 struct TrainingRun {
   std::vector<double> losses;                       // per step, averaged over the global batch
   std::vector<double> grad_norms;                   // per step, before clipping
-  std::map<std::string, torch::Tensor> parameters;  // final, full
+  std::map<std::string, at::Tensor> parameters;     // final, full
   // Rank 0's bytes sent over all steps' forward and backward passes (the wrappers'
   // collectives, not the optimizer's or the loss's), by "<mesh dimension>.<collective>".
   std::map<std::string, int64_t> bytes_sent;
@@ -145,7 +147,7 @@ models::ModelConfig Tiny() { return models::PresetConfig("tiny").value(); }
 
 // On `device` when given, else on the CPU.
 std::shared_ptr<models::CausalLM> MakeModel(Variant variant = Variant::kPlain,
-                                            torch::Device device = torch::kCPU) {
+                                            at::Device device = at::kCPU) {
   models::ModelConfig config = Tiny();
   config.set_tie_word_embeddings(variant == Variant::kTied);
   if (variant == Variant::kQwen2) {
@@ -180,13 +182,12 @@ optim::OptimizerConfig AdamWWithClipping() {
 
 // Step `step`'s global batch: tokens and next-token targets. Drawn once, before any rank
 // thread starts (the global generator is not for concurrent use).
-std::pair<torch::Tensor, torch::Tensor> Batch(int step) {
+std::pair<at::Tensor, at::Tensor> Batch(int step) {
   static const auto* batches = [] {
-    auto* batches = new std::vector<std::pair<torch::Tensor, torch::Tensor>>();
-    torch::manual_seed(100);
+    auto* batches = new std::vector<std::pair<at::Tensor, at::Tensor>>();
+    at::manual_seed(100);
     for (int i = 0; i < kSteps; ++i) {
-      const torch::Tensor sequence =
-          torch::randint(Tiny().vocab_size(), {kGlobalBatch, kSeqLen + 1});
+      const at::Tensor sequence = torch::randint(Tiny().vocab_size(), {kGlobalBatch, kSeqLen + 1});
       batches->emplace_back(sequence.narrow(1, 0, kSeqLen), sequence.narrow(1, 1, kSeqLen));
     }
     return batches;
@@ -222,12 +223,12 @@ struct Accumulation {
   int ranks = 1;
   int micro_steps = 1;
 
-  torch::Tensor Rows(int m) const {
+  at::Tensor Rows(int m) const {
     const int64_t per_rank = kGlobalBatch / ranks;
     const int64_t micro = per_rank / micro_steps;
-    std::vector<torch::Tensor> rows;
+    std::vector<at::Tensor> rows;
     for (int r = 0; r < ranks; ++r) rows.push_back(torch::arange(micro) + r * per_rank + m * micro);
-    return torch::cat(rows);
+    return at::cat(rows);
   }
   bool operator<(const Accumulation& other) const {
     return std::pair{ranks, micro_steps} < std::pair{other.ranks, other.micro_steps};
@@ -237,12 +238,12 @@ struct Accumulation {
 // `model`'s load-balancing loss in its last forward, router_aux_loss_coef * aux (0 for a dense
 // model), its routing summed over `dims` of `mesh` (the ranks that routed the rest of the
 // micro-batch), its gradient scaled by `gradient_scale` (models/router_statistics.h).
-torch::Tensor RouterLoss(models::CausalLM& model, double gradient_scale,
-                         const parallel::DeviceMesh* mesh = nullptr,
-                         const std::vector<std::string>& dims = {}) {
+at::Tensor RouterLoss(models::CausalLM& model, double gradient_scale,
+                      const parallel::DeviceMesh* mesh = nullptr,
+                      const std::vector<std::string>& dims = {}) {
   const auto& routing = model.LastRouting();
   if (!routing) return torch::zeros({});
-  torch::Tensor total = routing->Load();
+  at::Tensor total = routing->Load();
   for (const std::string& dim : dims) {
     EXPECT_THAT((*mesh->communicator(dim))->AllReduce(total, parallel::ReduceOp::kSum)->Wait(),
                 IsOk());
@@ -252,10 +253,9 @@ torch::Tensor RouterLoss(models::CausalLM& model, double gradient_scale,
 
 // The final parameters are copied to the CPU. With `lora`, the adapters are added (and the
 // base frozen) without a Preparation, as one process needs none.
-TrainingRun SingleProcess(Variant variant = Variant::kPlain,
-                          torch::DeviceType device_type = kDevice, bool lora = false,
-                          Accumulation accumulation = {}) {
-  const torch::Device device = parallel::testing::RankDevice(device_type, 0);
+TrainingRun SingleProcess(Variant variant = Variant::kPlain, at::DeviceType device_type = kDevice,
+                          bool lora = false, Accumulation accumulation = {}) {
+  const at::Device device = parallel::testing::RankDevice(device_type, 0);
   TrainingRun run;
   std::shared_ptr<models::CausalLM> model = MakeModel(variant, device);
   std::unique_ptr<lora::Lora> adapters;
@@ -270,9 +270,9 @@ TrainingRun SingleProcess(Variant variant = Variant::kPlain,
     const int micro_steps = accumulation.micro_steps;
     double step_loss = 0.0;
     for (int m = 0; m < micro_steps; ++m) {
-      const torch::Tensor rows = accumulation.Rows(m);
-      torch::Tensor loss = model->Loss(tokens.index_select(0, rows).to(device),
-                                       targets.index_select(0, rows).to(device));
+      const at::Tensor rows = accumulation.Rows(m);
+      at::Tensor loss = model->Loss(tokens.index_select(0, rows).to(device),
+                                    targets.index_select(0, rows).to(device));
       loss = (loss + RouterLoss(*model, 1.0 / micro_steps).to(device)) / micro_steps;
       loss.backward();
       step_loss += loss.item<double>();
@@ -319,7 +319,7 @@ TrainingRun Distributed(const Scenario& scenario) {
   result.trainable_bytes.resize(world);
   result.gathered_bytes.resize(world);
   parallel::testing::RunOnMesh(layout, kDevice, [&](int rank, parallel::DeviceMesh& mesh) {
-    const torch::Device device = mesh.device();
+    const at::Device device = mesh.device();
     std::shared_ptr<models::CausalLM> model = MakeModel(scenario.variant, device);
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
@@ -382,30 +382,30 @@ TrainingRun Distributed(const Scenario& scenario) {
       auto [tokens, targets] = Batch(step);
       const std::map<std::string, int64_t> sent_before = BytesSent(mesh);
       double step_loss = 0.0;
-      ASSERT_THAT((*preparation)
-                      ->TrainMicroBatches(
-                          scenario.micro_steps,
-                          [&](int m, const torch::Tensor&) -> absl::StatusOr<torch::Tensor> {
-                            const int64_t first = dp_rank * per_rank + m * micro;
-                            torch::Tensor loss =
-                                model->Loss(tokens.narrow(0, first, micro).to(device),
-                                            targets.narrow(0, first, micro).to(device));
-                            // The wrappers average over the dp_size ranks.
-                            const torch::Tensor router = RouterLoss(
-                                *model, static_cast<double>(dp_size) / scenario.micro_steps, &mesh,
-                                routing_dims);
-                            loss = (loss + router.to(device)) / scenario.micro_steps;
-                            step_loss += loss.item<double>();
-                            return loss;
-                          }),
-                  IsOk());
+      ASSERT_THAT(
+          (*preparation)
+              ->TrainMicroBatches(scenario.micro_steps,
+                                  [&](int m, const at::Tensor&) -> absl::StatusOr<at::Tensor> {
+                                    const int64_t first = dp_rank * per_rank + m * micro;
+                                    at::Tensor loss =
+                                        model->Loss(tokens.narrow(0, first, micro).to(device),
+                                                    targets.narrow(0, first, micro).to(device));
+                                    // The wrappers average over the dp_size ranks.
+                                    const at::Tensor router = RouterLoss(
+                                        *model, static_cast<double>(dp_size) / scenario.micro_steps,
+                                        &mesh, routing_dims);
+                                    loss = (loss + router.to(device)) / scenario.micro_steps;
+                                    step_loss += loss.item<double>();
+                                    return loss;
+                                  }),
+          IsOk());
       for (const auto& [key, sent] : BytesSent(mesh)) bytes_sent[key] += sent - sent_before.at(key);
       absl::StatusOr<optim::StepReport> report = (*optimizer)->Step(LearningRate(step));
       ASSERT_THAT(report, IsOk());
       (*optimizer)->ZeroGrad();
       if (rank == 0) result.grad_norms.push_back(report->grad_norm.value_or(0.0));
-      torch::Tensor global_loss =
-          torch::full({1}, step_loss, torch::TensorOptions(torch::kFloat32).device(device));
+      at::Tensor global_loss =
+          torch::full({1}, step_loss, at::TensorOptions(at::kFloat).device(device));
       for (const std::string& dim : data_dims) {
         ASSERT_THAT(
             (*mesh.communicator(dim))->AllReduce(global_loss, parallel::ReduceOp::kAverage)->Wait(),
@@ -487,7 +487,7 @@ void ExpectDenseShardedOverExpertsCosts(const Scenario& scenario, const Training
     // Rank 0 keeps the first experts of each layer.
     if (ExpertIndexOf(named.name) >= experts_per_rank) continue;
     Group& group = expert ? experts : dense;
-    const torch::Tensor& full = named.parameter;
+    const at::Tensor& full = named.parameter;
     const int64_t rows = full.dim() == 0 ? 1 : full.size(0);
     group.shard_bytes += (rows + group.ranks - 1) / group.ranks * (full.numel() / rows) *
                          static_cast<int64_t>(sizeof(float));
@@ -559,7 +559,7 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
   ASSERT_EQ(actual.parameters.size(), expected.parameters.size());
   for (const auto& [name, want] : expected.parameters) {
     ASSERT_EQ(actual.parameters.count(name), 1u) << name;
-    const torch::Tensor& got = actual.parameters.at(name);
+    const at::Tensor& got = actual.parameters.at(name);
     ASSERT_EQ(got.sizes(), want.sizes()) << name;
     // Relative to the tensor's norm: AdamW moves an element whose gradient is near zero by
     // about +-lr whatever its sign, so reduction-order noise in such gradients shows as
@@ -586,9 +586,9 @@ TEST_P(DataParallelParityTest, EqualsTheSingleProcessRun) {
   }
   // The run trained: the parameters moved away from their initial values (with adapters, B
   // from zero, and the frozen base not at all).
-  const torch::Tensor initial =
+  const at::Tensor initial =
       MakeModel(GetParam().variant)->named_parameters()["model.embed_tokens.weight"];
-  const torch::Tensor embedding_moved =
+  const at::Tensor embedding_moved =
       (expected.parameters.at("model.embed_tokens.weight") - initial).abs().max();
   if (GetParam().lora) {
     EXPECT_EQ(embedding_moved.item<double>(), 0.0);
@@ -771,8 +771,8 @@ TEST(FsdpMixedPrecisionTest, Bf16ComputeTracksTheFp32Run) {
         << "step " << step;
   }
   for (const auto& [name, want] : expected.parameters) {
-    const torch::Tensor& got = actual.parameters.at(name);
-    EXPECT_EQ(got.scalar_type(), torch::kFloat32) << name;  // the shards stayed fp32
+    const at::Tensor& got = actual.parameters.at(name);
+    EXPECT_EQ(got.scalar_type(), at::kFloat) << name;  // the shards stayed fp32
     EXPECT_LE((got - want).norm().item<double>() / want.norm().item<double>(), 1e-2) << name;
   }
 }
@@ -784,15 +784,15 @@ TEST(FsdpMixedPrecisionTest, Bf16ComputeTracksTheFp32Run) {
 TEST(CudaSingleDeviceTest, TracksTheCpuRun) {
   if (!parallel::testing::EnoughDevices(kDevice, 1)) GTEST_SKIP() << "no GPU here";
   ASSERT_FALSE(at::globalContext().allowTF32CuBLAS()) << "the fp32 parity tests need TF32 off";
-  const TrainingRun cpu = SingleProcess(Variant::kPlain, torch::kCPU);
-  const TrainingRun cuda = SingleProcess(Variant::kPlain, torch::kCUDA);
+  const TrainingRun cpu = SingleProcess(Variant::kPlain, at::kCPU);
+  const TrainingRun cuda = SingleProcess(Variant::kPlain, at::kCUDA);
   for (size_t step = 0; step < cpu.losses.size(); ++step) {
     EXPECT_NEAR(cuda.losses[step], cpu.losses[step], 1e-5 * cpu.losses[step]) << "step " << step;
     EXPECT_NEAR(cuda.grad_norms[step], cpu.grad_norms[step], 1e-4 * cpu.grad_norms[step])
         << "step " << step;
   }
   for (const auto& [name, want] : cpu.parameters) {
-    const torch::Tensor& got = cuda.parameters.at(name);
+    const at::Tensor& got = cuda.parameters.at(name);
     EXPECT_LE((got - want).norm().item<double>() / want.norm().item<double>(), 1e-4) << name;
   }
 }

@@ -4,12 +4,14 @@
 #include <set>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "base/violation.h"
+#include "torch/nn/module.h"
 #include "wrap/rules.h"
 
 namespace plait::wrap {
@@ -30,7 +32,7 @@ absl::StatusOr<std::unique_ptr<Preparation>> Preparation::Begin(Wrappable& model
   // The wrappers allocate on their parameters' device and communicate on the mesh's: a model
   // left elsewhere would fail at its first collective, or inside a hook, where the error
   // surfaces only after the pass.
-  const torch::Device device = mesh.device();
+  const at::Device device = mesh.device();
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
     if (named.parameter.device() != device) {
       return absl::FailedPreconditionError(
@@ -133,8 +135,8 @@ std::vector<std::string> Preparation::RoutingDims() const {
   return RoutingDimsOf(steps_, mesh_.layout().dim_names());
 }
 
-torch::Tensor Preparation::OwnSlice(const torch::Tensor& x) const {
-  torch::Tensor own = x;
+at::Tensor Preparation::OwnSlice(const at::Tensor& x) const {
+  at::Tensor own = x;
   for (const auto& strategy : strategies_) own = strategy->OwnSlice(own);
   return own;
 }
@@ -172,8 +174,8 @@ absl::Status Preparation::BackwardStatus() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> Preparation::FullParameters() {
-  std::map<std::string, torch::Tensor> parameters;
+absl::StatusOr<std::map<std::string, at::Tensor>> Preparation::FullParameters() {
+  std::map<std::string, at::Tensor> parameters;
   for (const Wrappable::NamedParameter& named : model_.NamedParameters()) {
     parameters[named.name] = named.parameter;
   }
@@ -185,7 +187,7 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> Preparation::FullParameters
   return parameters;
 }
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> Preparation::MergedParameters() {
+absl::StatusOr<std::map<std::string, at::Tensor>> Preparation::MergedParameters() {
   PLAIT_ASSIGN_OR_RETURN(auto parameters, FullParameters());
   // Undone in reverse, as the strategies' hooks are.
   for (auto it = strategies_.rbegin(); it != strategies_.rend(); ++it) {

@@ -26,12 +26,12 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "google/protobuf/repeated_ptr_field.h"
 #include "parallel/device_mesh.h"
 #include "parallel/trainable_parameter.h"
-#include "torch/types.h"
 #include "wrap/micro_batch_executor.h"
 #include "wrap/strategies.h"
 #include "wrap/wrap.pb.h"
@@ -78,7 +78,7 @@ class Preparation {
   // This rank's part of `x` [B, T, ...], whose dimension 1 is the whole sequence (a batch's
   // targets): what its model computes and scores, its slice of the sequence under context
   // parallelism (Strategy::OwnSlice).
-  torch::Tensor OwnSlice(const torch::Tensor& x) const;
+  at::Tensor OwnSlice(const at::Tensor& x) const;
 
   // Runs the forward (MicroBatchForward) and backward passes of `num_micro` micro-batches, one
   // optimizer step's, in the order a strategy decides (a pipeline's schedule; else one after
@@ -104,12 +104,12 @@ class Preparation {
   // (every rank of the mesh must call it). Fresh tensors, in the parameters' dtype (fp32 for
   // FSDP's shards). Hold the result in a variable before iterating it: a range-for over
   // `FullParameters().value()` runs over a map already destroyed with its temporary StatusOr.
-  absl::StatusOr<std::map<std::string, torch::Tensor>> FullParameters();
+  absl::StatusOr<std::map<std::string, at::Tensor>> FullParameters();
 
   // FullParameters with the parameters steps added folded into the model's own and left out
   // (LoRA's adapters merged: W + scale * B A): the model's parameters alone, as a Hugging Face
   // export writes them. Every rank of the mesh must call it.
-  absl::StatusOr<std::map<std::string, torch::Tensor>> MergedParameters();
+  absl::StatusOr<std::map<std::string, at::Tensor>> MergedParameters();
 
   // The adapters a step added (Strategy::adapters), or none.
   const LoraConfig* Adapters() const;

@@ -8,6 +8,9 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/equal.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
@@ -18,9 +21,8 @@
 #include "parallel/device_mesh.h"
 #include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "torch/types.h"
-#include "torch/utils.h"
 #include "wrap/fsdp/fsdp.h"
 
 namespace plait::wrap {
@@ -73,7 +75,7 @@ class PreparationTest : public ::testing::Test {
 // A model must be on the mesh's device (a CUDA mesh's, for a model left on the CPU); a meta
 // tensor stands for a device this machine may not have.
 TEST_F(PreparationTest, TheModelMustBeOnTheMeshDevice) {
-  model_->register_parameter("elsewhere", torch::empty({2}, torch::Device(torch::kMeta)));
+  model_->register_parameter("elsewhere", torch::empty({2}, at::Device(at::kMeta)));
   EXPECT_THAT(Preparation::Begin(*model_, *mesh_, "plan.prepare"),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        "plan.prepare: parameter elsewhere is on meta, but the mesh's "
@@ -215,7 +217,7 @@ TEST_F(PreparationTest, OptimizerOverTheOriginalParametersOfAnFsdpModelIsRefused
 
 // The whole parameters of a prepared model, with and without a strategy that shards them.
 TEST_F(PreparationTest, FullParametersAreTheModelsWholeParameters) {
-  std::map<std::string, torch::Tensor> initial;
+  std::map<std::string, at::Tensor> initial;
   for (const auto& named : model_->NamedParameters()) {
     initial[named.name] = named.parameter.detach().clone();
   }
@@ -228,7 +230,7 @@ TEST_F(PreparationTest, FullParametersAreTheModelsWholeParameters) {
     ASSERT_THAT(full, IsOk());
     ASSERT_EQ(full->size(), initial.size());
     for (const auto& [name, tensor] : initial) {
-      EXPECT_TRUE(torch::equal(full->at(name), tensor)) << name;
+      EXPECT_TRUE(at::equal(full->at(name), tensor)) << name;
     }
   }
 }
@@ -236,7 +238,7 @@ TEST_F(PreparationTest, FullParametersAreTheModelsWholeParameters) {
 // FSDP's full state dict round trip, and the memory it keeps between steps: only the
 // shards, every full parameter freed.
 TEST_F(PreparationTest, FsdpFullStateDictAndFreedParameters) {
-  std::map<std::string, torch::Tensor> initial;
+  std::map<std::string, at::Tensor> initial;
   for (const auto& named : model_->NamedParameters()) {
     initial[named.name] = named.parameter.detach().clone();
   }
@@ -249,22 +251,22 @@ TEST_F(PreparationTest, FsdpFullStateDictAndFreedParameters) {
   auto full = fsdp.FullStateDict();
   ASSERT_THAT(full, IsOk());
   for (const auto& [name, tensor] : initial) {
-    EXPECT_TRUE(torch::equal(full->at(name), tensor)) << name;
+    EXPECT_TRUE(at::equal(full->at(name), tensor)) << name;
   }
   // Loading changes what the model computes with.
-  std::map<std::string, torch::Tensor> doubled;
+  std::map<std::string, at::Tensor> doubled;
   for (const auto& [name, tensor] : initial) doubled[name] = tensor * 2;
   ASSERT_THAT(fsdp.LoadFullStateDict(doubled), IsOk());
   auto reloaded = fsdp.FullStateDict();
   ASSERT_THAT(reloaded, IsOk());
-  EXPECT_TRUE(torch::equal(reloaded->at("model.norm.weight"), initial["model.norm.weight"] * 2));
+  EXPECT_TRUE(at::equal(reloaded->at("model.norm.weight"), initial["model.norm.weight"] * 2));
   doubled.erase("lm_head.weight");
   EXPECT_THAT(fsdp.LoadFullStateDict(doubled),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "full state dict: no tensor for parameter lm_head.weight"));
 
   // A training step gathers and frees: afterwards nothing full is alive.
-  const torch::Tensor tokens = torch::randint(100, {2, 8});
+  const at::Tensor tokens = torch::randint(100, {2, 8});
   model_->Loss(tokens, tokens).backward();
   ASSERT_THAT(fsdp.last_status(), IsOk());
   EXPECT_EQ(fsdp.unsharded_bytes(), 0);
@@ -305,7 +307,7 @@ TEST_F(PreparationTest, FsdpGathersAtMostTheTwoLargestUnits) {
       auto preparation = Preparation::Begin(*model, *mesh_);
       ASSERT_THAT(preparation, IsOk());
       ASSERT_THAT((*preparation)->Apply(Fsdp("dp", reshard)), IsOk());
-      const torch::Tensor tokens = torch::randint(100, {2, 8});
+      const at::Tensor tokens = torch::randint(100, {2, 8});
       for (int step = 0; step < 3; ++step) {
         model->Loss(tokens, tokens).backward();
         ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
@@ -331,7 +333,7 @@ class UnwaitedReduceScatters final : public parallel::Communicator {
       : Communicator(inner->name(), inner->rank(), inner->size(), inner->options()),
         inner_(std::move(inner)) {}
 
-  torch::Device device() const override { return inner_->device(); }
+  at::Device device() const override { return inner_->device(); }
   int most() const { return most_; }
 
  private:
@@ -354,32 +356,31 @@ class UnwaitedReduceScatters final : public parallel::Communicator {
     bool waited_ = false;
   };
 
-  std::shared_ptr<parallel::Work> StartAllReduce(torch::Tensor tensor,
+  std::shared_ptr<parallel::Work> StartAllReduce(at::Tensor tensor,
                                                  parallel::ReduceOp op) override {
     return inner_->AllReduce(tensor, op);
   }
-  std::shared_ptr<parallel::Work> StartAllGather(torch::Tensor input,
-                                                 torch::Tensor output) override {
+  std::shared_ptr<parallel::Work> StartAllGather(at::Tensor input, at::Tensor output) override {
     return inner_->AllGather(input, output);
   }
-  std::shared_ptr<parallel::Work> StartReduceScatter(torch::Tensor input, torch::Tensor output,
+  std::shared_ptr<parallel::Work> StartReduceScatter(at::Tensor input, at::Tensor output,
                                                      parallel::ReduceOp op) override {
     most_ = std::max(most_, ++unwaited_);
     return std::make_shared<CountedWork>(inner_->ReduceScatter(input, output, op), unwaited_);
   }
-  std::shared_ptr<parallel::Work> StartBroadcast(torch::Tensor tensor, int root) override {
+  std::shared_ptr<parallel::Work> StartBroadcast(at::Tensor tensor, int root) override {
     return inner_->Broadcast(tensor, root);
   }
   std::shared_ptr<parallel::Work> StartBarrier() override { return inner_->Barrier(); }
-  std::shared_ptr<parallel::Work> StartAllToAll(torch::Tensor input, torch::Tensor output,
+  std::shared_ptr<parallel::Work> StartAllToAll(at::Tensor input, at::Tensor output,
                                                 std::vector<int64_t> send_rows,
                                                 std::vector<int64_t> receive_rows) override {
     return inner_->AllToAll(input, output, std::move(send_rows), std::move(receive_rows));
   }
-  std::shared_ptr<parallel::Work> StartSend(torch::Tensor tensor, int peer) override {
+  std::shared_ptr<parallel::Work> StartSend(at::Tensor tensor, int peer) override {
     return inner_->Send(tensor, peer);
   }
-  std::shared_ptr<parallel::Work> StartReceive(torch::Tensor tensor, int peer) override {
+  std::shared_ptr<parallel::Work> StartReceive(at::Tensor tensor, int peer) override {
     return inner_->Receive(tensor, peer);
   }
 
@@ -400,7 +401,7 @@ TEST_F(PreparationTest, FsdpWaitsForEachReduceScatterWhenTheNextStarts) {
   config.set_mesh_dim("dp");
   auto fsdp = fsdp::Fsdp::Create(*model_, communicator, nullptr, config);
   ASSERT_THAT(fsdp, IsOk());
-  const torch::Tensor tokens = torch::randint(100, {2, 8});
+  const at::Tensor tokens = torch::randint(100, {2, 8});
   model_->Loss(tokens, tokens).backward();
   ASSERT_THAT((*fsdp)->last_status(), IsOk());
   // The tiny model's 4 blocks and the root.
@@ -423,7 +424,7 @@ TEST_F(PreparationTest, FsdpLeavesFrozenParametersOutOfTraining) {
   for (const auto& parameter : *parameters) {
     EXPECT_NE(parameter.name, "model.embed_tokens.weight");
   }
-  const torch::Tensor tokens = torch::randint(100, {2, 8});
+  const at::Tensor tokens = torch::randint(100, {2, 8});
   model_->Loss(tokens, tokens).backward();
   ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
   for (const auto& parameter : *parameters) {
@@ -433,8 +434,8 @@ TEST_F(PreparationTest, FsdpLeavesFrozenParametersOutOfTraining) {
 
 // A fully frozen model (a reference model in preference training) runs forward under FSDP.
 TEST_F(PreparationTest, FsdpRunsAFrozenModel) {
-  const torch::Tensor tokens = torch::randint(100, {2, 8});
-  const torch::Tensor expected = model_->SequenceLogProbs(tokens, tokens).detach();
+  const at::Tensor tokens = torch::randint(100, {2, 8});
+  const at::Tensor expected = model_->SequenceLogProbs(tokens, tokens).detach();
   for (const auto& named : model_->NamedParameters()) named.parameter.requires_grad_(false);
   auto preparation = Preparation::Begin(*model_, *mesh_);
   ASSERT_THAT(preparation, IsOk());
@@ -442,12 +443,12 @@ TEST_F(PreparationTest, FsdpRunsAFrozenModel) {
   auto parameters = (*preparation)->TakeTrainableParameters();
   ASSERT_THAT(parameters, IsOk());
   EXPECT_TRUE(parameters->empty());
-  EXPECT_TRUE(torch::allclose(model_->SequenceLogProbs(tokens, tokens), expected));
+  EXPECT_TRUE(at::allclose(model_->SequenceLogProbs(tokens, tokens), expected));
   EXPECT_EQ((*preparation)->gathered_bytes(), 0);
 }
 
-std::map<std::string, torch::Tensor> ClonedParameters(Wrappable& model) {
-  std::map<std::string, torch::Tensor> parameters;
+std::map<std::string, at::Tensor> ClonedParameters(Wrappable& model) {
+  std::map<std::string, at::Tensor> parameters;
   for (const auto& named : model.NamedParameters()) {
     parameters[named.name] = named.parameter.detach().clone();
   }
@@ -466,8 +467,8 @@ TEST(PreparationOnRanksTest, FullParametersOfAFrozenFsdpModelBesideATrainedOne) 
     return models::CausalLM::Create(models::PresetConfig("tiny").value(), init).value();
   };
   // Different seeds, so that one model's values in the other's result would show.
-  const std::map<std::string, torch::Tensor> trained_values = ClonedParameters(*make_model(1));
-  const std::map<std::string, torch::Tensor> frozen_values = ClonedParameters(*make_model(2));
+  const std::map<std::string, at::Tensor> trained_values = ClonedParameters(*make_model(1));
+  const std::map<std::string, at::Tensor> frozen_values = ClonedParameters(*make_model(2));
   parallel::MeshConfig config;
   auto* dim = config.add_dims();
   dim->set_name("dp");
@@ -475,7 +476,7 @@ TEST(PreparationOnRanksTest, FullParametersOfAFrozenFsdpModelBesideATrainedOne) 
   const parallel::MeshLayout layout = parallel::MeshLayout::Create(config, 2).value();
   PrepareStep fsdp;
   fsdp.mutable_fsdp()->set_mesh_dim("dp");
-  const torch::Tensor tokens = torch::arange(32, torch::kInt64).view({2, 16});
+  const at::Tensor tokens = torch::arange(32, at::kLong).view({2, 16});
   parallel::testing::RunOnRingMesh(layout, [&](int rank, parallel::DeviceMesh& mesh) {
     std::shared_ptr<models::CausalLM> trained = make_model(1);
     std::shared_ptr<models::CausalLM> frozen = make_model(2);
@@ -492,7 +493,7 @@ TEST(PreparationOnRanksTest, FullParametersOfAFrozenFsdpModelBesideATrainedOne) 
     for (const auto& named : frozen->NamedParameters()) named.parameter.requires_grad_(false);
     // Both models compute first, so that their units were gathered and freed again.
     {
-      torch::NoGradGuard no_grad;
+      at::NoGradGuard no_grad;
       frozen->SequenceLogProbs(tokens, tokens);
     }
     trained->Loss(tokens, tokens).backward();
@@ -500,20 +501,19 @@ TEST(PreparationOnRanksTest, FullParametersOfAFrozenFsdpModelBesideATrainedOne) 
     const struct {
       const char* role;
       Preparation* preparation;
-      const std::map<std::string, torch::Tensor>& expected;
+      const std::map<std::string, at::Tensor>& expected;
     } cases[] = {{"frozen", frozen_preparation->get(), frozen_values},
                  {"trained", trained_preparation->get(), trained_values}};
     for (const auto& model : cases) {
       SCOPED_TRACE(absl::StrCat(model.role, " model, rank ", rank));
       // Held in a variable: a range-for over FullParameters().value() would iterate a map
       // destroyed with its temporary StatusOr.
-      absl::StatusOr<std::map<std::string, torch::Tensor>> full =
-          model.preparation->FullParameters();
+      absl::StatusOr<std::map<std::string, at::Tensor>> full = model.preparation->FullParameters();
       ASSERT_THAT(full, IsOk());
       ASSERT_EQ(full->size(), model.expected.size());
       for (const auto& [name, tensor] : model.expected) {
         ASSERT_EQ(full->count(name), 1u) << name;
-        EXPECT_TRUE(torch::equal(full->at(name), tensor)) << name;
+        EXPECT_TRUE(at::equal(full->at(name), tensor)) << name;
       }
     }
   });
@@ -524,7 +524,7 @@ TEST(PreparationOnRanksTest, FullParametersOfAFrozenFsdpModelBesideATrainedOne) 
 // data (its padding left out) is the unsharded model's values in its box. FSDP over 3 ranks
 // pads; tensor parallelism over 4 ranks shares the tiny model's 2 key/value heads.
 TEST(PreparationOnRanksTest, TrainableParametersNameTheirSliceOfTheWholeParameter) {
-  const std::map<std::string, torch::Tensor> whole = ClonedParameters(
+  const std::map<std::string, at::Tensor> whole = ClonedParameters(
       *models::CausalLM::Create(models::PresetConfig("tiny").value(), models::InitConfig())
            .value());
   const auto step = [](const std::string& kind, const std::string& dim) {
@@ -571,7 +571,7 @@ TEST(PreparationOnRanksTest, TrainableParametersNameTheirSliceOfTheWholeParamete
           ASSERT_THAT(parameters, IsOk());
           for (const parallel::TrainableParameter& parameter : *parameters) {
             const parallel::TensorSlice& slice = parameter.slice;
-            const torch::Tensor& full = whole.at(parameter.name);
+            const at::Tensor& full = whole.at(parameter.name);
             ASSERT_EQ(slice.global_shape, full.sizes().vec()) << parameter.name;
             const parallel::Box all = parallel::TensorSlice::Whole(full.sizes()).box;
             EXPECT_TRUE(parallel::NarrowTo(full, all, slice.box)

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -41,7 +42,6 @@
 #include "parallel/device_mesh.h"
 #include "parallel/mesh.pb.h"
 #include "parallel/trainable_parameter.h"
-#include "torch/types.h"
 #include "wrap/micro_batch_executor.h"
 #include "wrap/wrap.pb.h"
 #include "wrap/wrappable.h"
@@ -310,7 +310,7 @@ class Strategy {
   // After Apply: this rank's part of `x` [B, T, ...], whose dimension 1 is the whole
   // sequence (a batch's targets): what it computes and scores, its slice under context
   // parallelism. Default: all of it.
-  virtual torch::Tensor OwnSlice(const torch::Tensor& x) const { return x; }
+  virtual at::Tensor OwnSlice(const at::Tensor& x) const { return x; }
 
   // After Apply: whether the next backward passes synchronise gradients. Gradient
   // accumulation turns it off for all micro-batches but the last. Default: nothing to skip.
@@ -331,14 +331,14 @@ class Strategy {
   // After Apply, on every rank of its group together: replaces the entries of `parameters`
   // (every parameter by name, as the strategies applied after it left them) with the whole
   // tensors this strategy splits. Default: nothing to gather.
-  virtual absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) {
+  virtual absl::Status GatherFullParameters(std::map<std::string, at::Tensor>& parameters) {
     return absl::OkStatus();
   }
 
   // After GatherFullParameters: folds the parameters this strategy added into the model's own
   // in `parameters` (every parameter by name, whole) and removes them, so that what is left is
   // a model without the strategy (LoRA: W + scale * B A). Default: it added none.
-  virtual absl::Status MergeAddedParameters(std::map<std::string, torch::Tensor>& parameters) {
+  virtual absl::Status MergeAddedParameters(std::map<std::string, at::Tensor>& parameters) {
     return absl::OkStatus();
   }
 

@@ -32,10 +32,13 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
-#include "torch/nn/module.h"
-#include "torch/types.h"
+
+namespace torch::nn {
+class Module;  // torch/nn/module.h, included by the sources that call a module
+}  // namespace torch::nn
 
 namespace plait::wrap {
 
@@ -51,25 +54,25 @@ class TensorParallelOps {
   // The input of column-parallel projections (q/k/v, gate/up, the output projection): the
   // full activations [B, T, hidden] (all-gathered along the sequence with sequence
   // parallelism); backward sums the gradient over the group (or reduce-scatters it).
-  virtual torch::Tensor EnterColumnParallel(const torch::Tensor& x) = 0;
+  virtual at::Tensor EnterColumnParallel(const at::Tensor& x) = 0;
 
   // The output of a row-parallel projection (o/down, before any bias): this rank's partial
   // products [B, T, hidden], summed over the group (reduce-scattered along the sequence with
   // sequence parallelism); backward passes the gradient on (all-gathers it).
-  virtual torch::Tensor ExitRowParallel(const torch::Tensor& partial) = 0;
+  virtual at::Tensor ExitRowParallel(const at::Tensor& partial) = 0;
 
   // The embedding of int64 `tokens` [B, T] with this rank's vocabulary rows `weight`:
   // tokens outside them give zeros, and the ranks' lookups are summed (reduce-scattered
   // along the sequence with sequence parallelism).
-  virtual torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& weight) = 0;
+  virtual at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& weight) = 0;
 
   // Per position, -log p(targets[i]) from this rank's vocabulary slice of `logits`
   // [N, vocab / tp] (any floating dtype, kept as it is; scored in fp32 for 16-bit logits)
   // and global `targets` [N], without gathering the logits; 0 where the target is
   // `ignore_index`. Differentiable in `logits`. A vocabulary padded to a multiple of tp has
   // padding columns at its end, which get no probability and a zero gradient.
-  virtual torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                          int64_t ignore_index) = 0;
+  virtual at::Tensor TokenCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
+                                       int64_t ignore_index) = 0;
 };
 
 // How a model's blocks run, for activation checkpointing (wrap/checkpointing): the model
@@ -84,13 +87,13 @@ class CheckpointingOps {
   // current parameters). `forward` may be called again later, in the backward pass, and must
   // then give the same values: it holds what it reads by value, not state a later forward
   // changes. Units are numbered as Blocks().
-  using BlockForward = std::function<torch::Tensor(const torch::Tensor& input)>;
-  virtual torch::Tensor RunBlock(int unit, const torch::Tensor& input, BlockForward forward) = 0;
+  using BlockForward = std::function<at::Tensor(const at::Tensor& input)>;
+  virtual at::Tensor RunBlock(int unit, const at::Tensor& input, BlockForward forward) = 0;
 
   // x weight^T (+ bias, when defined), as torch::nn::functional::linear: a block's projection,
   // whose output selective checkpointing keeps rather than recomputes.
-  virtual torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
-                               const torch::Tensor& bias) = 0;
+  virtual at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias) = 0;
 };
 
 // What context parallelism (wrap/cp) does in a model's forward: each rank of its group
@@ -103,23 +106,23 @@ class ContextParallelOps {
 
   // This rank's tokens of `x` [B, T, ...], whose dimension 1 is the whole sequence, in the
   // order the rank computes them.
-  virtual torch::Tensor Slice(const torch::Tensor& x) = 0;
+  virtual at::Tensor Slice(const at::Tensor& x) = 0;
 
   // Their positions in a sequence of `seq_len` tokens: int64 [T / n], on `device`.
-  virtual torch::Tensor Positions(int64_t seq_len, const torch::Device& device) = 0;
+  virtual at::Tensor Positions(int64_t seq_len, const at::Device& device) = 0;
 
   // Causal attention (scale 1 / sqrt(d)) of this rank's queries q [B, T / n, H, d] over the
   // whole sequence's keys and values, of which this rank holds k and v [B, T / n, KV, d]
   // (KV dividing H), each rotated at its positions: [B, T / n, H, d]. `generic`: computed by
   // the generic ops a GPU runs even on the CPU, as the model's own ops are.
-  virtual torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k,
-                                  const torch::Tensor& v, bool generic) = 0;
+  virtual at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               bool generic) = 0;
 
   // The sum over the group's ranks of `partial`, each rank's share of a quantity of whole
   // sequences (its tokens' log-probabilities summed per sequence), on every rank.
   // Differentiable: each rank computes its own loss from the sum, so each rank's partial
   // receives the sum of the ranks' gradients of it.
-  virtual torch::Tensor SumOverRanks(const torch::Tensor& partial) = 0;
+  virtual at::Tensor SumOverRanks(const at::Tensor& partial) = 0;
 };
 
 // A mixture-of-experts layer's experts are named "<layer's block>.experts.<index>.<rest>"
@@ -152,11 +155,11 @@ class ExpertParallelOps {
   // The rows a rank's experts compute (Dispatch), and what Combine needs to send their outputs
   // back.
   struct Dispatched {
-    torch::Tensor rows;                  // grouped by this rank's expert, in order
+    at::Tensor rows;                     // grouped by this rank's expert, in order
     std::vector<int64_t> expert_rows;    // how many of `rows` each of this rank's experts computes
     std::vector<int64_t> sent_rows;      // this rank's rows to each rank
     std::vector<int64_t> received_rows;  // each rank's rows to this rank
-    torch::Tensor order;  // row j of `rows` is row order[j] of those received, by sender
+    at::Tensor order;  // row j of `rows` is row order[j] of those received, by sender
   };
 
   // The experts this rank holds of a layer of `num_experts`: [first, first + count).
@@ -165,12 +168,11 @@ class ExpertParallelOps {
   // Sends `rows` [R, hidden] (a layer's routed rows, grouped by expert, expert_rows[e] of them
   // for expert e) to the ranks holding their experts. Differentiable: the gradients of the rows
   // received go back to their senders.
-  virtual Dispatched Dispatch(const torch::Tensor& rows,
-                              const std::vector<int64_t>& expert_rows) = 0;
+  virtual Dispatched Dispatch(const at::Tensor& rows, const std::vector<int64_t>& expert_rows) = 0;
 
   // The outputs [M, hidden] of `dispatched.rows` back to the ranks that sent them: [R, hidden],
   // in the order Dispatch's `rows` had. Differentiable likewise.
-  virtual torch::Tensor Combine(const torch::Tensor& outputs, const Dispatched& dispatched) = 0;
+  virtual at::Tensor Combine(const at::Tensor& outputs, const Dispatched& dispatched) = 0;
 };
 
 class ProjectionOps;
@@ -190,7 +192,7 @@ class Wrappable {
   // A parameter with its fully qualified name.
   struct NamedParameter {
     std::string name;
-    torch::Tensor parameter;
+    at::Tensor parameter;
   };
 
   // Callbacks a wrapper has the model run around its units' forward passes (FSDP gathers a
@@ -207,7 +209,7 @@ class Wrappable {
   static constexpr int kRootUnit = -1;
   struct UnitHooks {
     std::function<void(int unit)> before_forward;
-    std::function<torch::Tensor(int unit, torch::Tensor output)> after_forward;
+    std::function<at::Tensor(int unit, at::Tensor output)> after_forward;
   };
 
   virtual ~Wrappable() = default;
@@ -329,14 +331,13 @@ class ProjectionOps {
   virtual ~ProjectionOps() = default;
   // The weight [out, in] `projection` computes with: its `weight` parameter as given, or the
   // one the ops hold for it (requiring no gradient; `weight` may then be undefined).
-  virtual torch::Tensor Weight(const torch::nn::Module& projection,
-                               const torch::Tensor& weight) = 0;
+  virtual at::Tensor Weight(const torch::nn::Module& projection, const at::Tensor& weight) = 0;
   // The tensors the ops hold `projection`'s weight in, which Weight reads, in place of its
   // `weight` parameter (named `<projection>.weight` in the model's parameters); none for a
   // projection that computes with its own.
-  virtual std::vector<torch::Tensor> HeldTensors(const torch::nn::Module& projection) const = 0;
-  virtual torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
-                              torch::Tensor output) = 0;
+  virtual std::vector<at::Tensor> HeldTensors(const torch::nn::Module& projection) const = 0;
+  virtual at::Tensor Adapt(const torch::nn::Module& projection, const at::Tensor& input,
+                           at::Tensor output) = 0;
   // How tensor parallelism splits the parameter `name` when these ops added it to a
   // projection (Wrappable::TensorParallelSplit asks them first); nullopt for any other.
   virtual std::optional<Wrappable::Split> AddedParameterSplit(const std::string& name) const = 0;
@@ -350,7 +351,7 @@ class ProjectionOps {
 // adapters): activation checkpointing recomputes a block in the backward, which would run
 // after the scope ended, with the adapters.
 //
-//   { const WithoutAdapters base(model); torch::NoGradGuard no_grad; ... }
+//   { const WithoutAdapters base(model); at::NoGradGuard no_grad; ... }
 class WithoutAdapters final : private ProjectionOps {
  public:
   explicit WithoutAdapters(Wrappable& model) : model_(model), ops_(model.projection_ops()) {
@@ -361,14 +362,14 @@ class WithoutAdapters final : private ProjectionOps {
   WithoutAdapters& operator=(const WithoutAdapters&) = delete;
 
  private:
-  torch::Tensor Weight(const torch::nn::Module& projection, const torch::Tensor& weight) override {
+  at::Tensor Weight(const torch::nn::Module& projection, const at::Tensor& weight) override {
     return ops_->Weight(projection, weight);
   }
-  std::vector<torch::Tensor> HeldTensors(const torch::nn::Module& projection) const override {
+  std::vector<at::Tensor> HeldTensors(const torch::nn::Module& projection) const override {
     return ops_->HeldTensors(projection);
   }
-  torch::Tensor Adapt(const torch::nn::Module& /*projection*/, const torch::Tensor& /*input*/,
-                      torch::Tensor output) override {
+  at::Tensor Adapt(const torch::nn::Module& /*projection*/, const at::Tensor& /*input*/,
+                   at::Tensor output) override {
     return output;
   }
   std::optional<Wrappable::Split> AddedParameterSplit(const std::string& name) const override {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "base/status_matchers.h"
@@ -44,7 +45,7 @@ std::vector<int32_t> ReadShards(const std::vector<std::string>& files, TokenForm
     absl::StatusOr<TokenFile> file = TokenFile::Open(path, format, vocab_size);
     EXPECT_THAT(file, IsOk());
     if (!file.ok()) return ids;
-    const torch::Tensor tokens = file->Read(0, file->size()).value();
+    const at::Tensor tokens = file->Read(0, file->size()).value();
     for (int64_t i = 0; i < tokens.size(0); ++i) ids.push_back(tokens[i].item<int64_t>());
   }
   return ids;

@@ -6,7 +6,10 @@
 #include <string>
 #include <type_traits>
 
-#include "torch/types.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/addmm.h"
+#include "ATen/ops/mm.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::models::internal {
 namespace {
@@ -124,9 +127,9 @@ bool CallLibrary(const Library<T>& library, bool trans_a, bool trans_b, int m, i
 
 // The stored matrix of `rows` x `cols` with row stride `ld`, as a tensor view of `data`.
 template <typename T>
-torch::Tensor View(const T* data, int64_t rows, int64_t cols, int64_t ld) {
+at::Tensor View(const T* data, int64_t rows, int64_t cols, int64_t ld) {
   return torch::from_blob(const_cast<T*>(data), {rows, cols}, {ld, 1},
-                          torch::CppTypeToScalarType<T>::value);
+                          at::CppTypeToScalarType<T>::value);
 }
 
 }  // namespace
@@ -151,16 +154,16 @@ template <typename T>
 void AtenGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Arithmetic<T> alpha,
               const T* a, int64_t lda, const T* b, int64_t ldb, Arithmetic<T> beta,
               Arithmetic<T>* c, int64_t ldc) {
-  const torch::Tensor a_view = trans_a ? View(a, k, m, lda).t() : View(a, m, k, lda);
-  const torch::Tensor b_view = trans_b ? View(b, n, k, ldb).t() : View(b, k, n, ldb);
-  torch::Tensor c_view = View(c, m, n, ldc);
+  const at::Tensor a_view = trans_a ? View(a, k, m, lda).t() : View(a, m, k, lda);
+  const at::Tensor b_view = trans_b ? View(b, n, k, ldb).t() : View(b, k, n, ldb);
+  at::Tensor c_view = View(c, m, n, ldc);
   if constexpr (std::is_same_v<T, Arithmetic<T>>) {
     at::addmm_out(c_view, c_view, a_view, b_view, beta, alpha);
   } else {
     // In C's dtype, as the libraries accumulate; beta == 0 ignores what C held (NaN included),
     // as BLAS does.
-    const torch::Tensor product =
-        torch::mm(a_view.to(c_view.scalar_type()), b_view.to(c_view.scalar_type())).mul_(alpha);
+    const at::Tensor product =
+        at::mm(a_view.to(c_view.scalar_type()), b_view.to(c_view.scalar_type())).mul_(alpha);
     if (beta == 0) {
       c_view.copy_(product);
     } else {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ATen/ops/mm.h"
 #include "c10/util/BFloat16.h"
 
 namespace plait::models::internal {

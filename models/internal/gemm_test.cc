@@ -4,9 +4,12 @@
 #include <cstdio>
 #include <string>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/mm.h"
 #include "gtest/gtest.h"
-#include "torch/types.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::models::internal {
 namespace {
@@ -17,35 +20,33 @@ using GemmFn = void (*)(bool, bool, int64_t, int64_t, int64_t, Arithmetic<T>, co
 
 // fn on blocks of larger row-major buffers (leading dimensions wider than the blocks), for
 // every transpose pair and beta 0 and 1 (C starts as NaN for beta 0, which must ignore it),
-// against torch::mm in double on the same values.
+// against at::mm in double on the same values.
 template <typename T>
 void ExpectMatchesMm(GemmFn<T> fn, double tolerance) {
   using A = Arithmetic<T>;
-  const auto operand = torch::TensorOptions().dtype(torch::CppTypeToScalarType<T>::value);
-  const auto result = torch::TensorOptions().dtype(torch::CppTypeToScalarType<A>::value);
+  const auto operand = at::TensorOptions().dtype(at::CppTypeToScalarType<T>::value);
+  const auto result = at::TensorOptions().dtype(at::CppTypeToScalarType<A>::value);
   const int64_t m = 5, n = 7, k = 3, ld = 11;
-  torch::manual_seed(1);
+  at::manual_seed(1);
   for (const bool trans_a : {false, true}) {
     for (const bool trans_b : {false, true}) {
       for (const double beta : {0.0, 1.0}) {
         SCOPED_TRACE(::testing::Message()
                      << "trans_a " << trans_a << " trans_b " << trans_b << " beta " << beta);
-        const torch::Tensor a = torch::randn({trans_a ? k : m, ld}, operand);
-        const torch::Tensor b = torch::randn({trans_b ? n : k, ld}, operand);
-        const torch::Tensor c =
+        const at::Tensor a = torch::randn({trans_a ? k : m, ld}, operand);
+        const at::Tensor b = torch::randn({trans_b ? n : k, ld}, operand);
+        const at::Tensor c =
             beta == 0 ? torch::full({m, ld}, NAN, result) : torch::randn({m, ld}, result);
-        const torch::Tensor a_block = a.narrow(1, 0, trans_a ? m : k).to(torch::kFloat64);
-        const torch::Tensor b_block = b.narrow(1, 0, trans_b ? k : n).to(torch::kFloat64);
-        const torch::Tensor product =
-            0.5 * torch::mm(trans_a ? a_block.t() : a_block, trans_b ? b_block.t() : b_block);
-        const torch::Tensor want =
-            beta == 0 ? product : c.narrow(1, 0, n).to(torch::kFloat64) + product;
-        const torch::Tensor untouched = c.narrow(1, n, ld - n).clone();
+        const at::Tensor a_block = a.narrow(1, 0, trans_a ? m : k).to(at::kDouble);
+        const at::Tensor b_block = b.narrow(1, 0, trans_b ? k : n).to(at::kDouble);
+        const at::Tensor product =
+            0.5 * at::mm(trans_a ? a_block.t() : a_block, trans_b ? b_block.t() : b_block);
+        const at::Tensor want = beta == 0 ? product : c.narrow(1, 0, n).to(at::kDouble) + product;
+        const at::Tensor untouched = c.narrow(1, n, ld - n).clone();
         fn(trans_a, trans_b, m, n, k, A(0.5), a.data_ptr<T>(), ld, b.data_ptr<T>(), ld, A(beta),
            c.data_ptr<A>(), ld);
-        EXPECT_TRUE(
-            torch::allclose(c.narrow(1, 0, n).to(torch::kFloat64), want, tolerance, tolerance));
-        EXPECT_TRUE(torch::allclose(c.narrow(1, n, ld - n), untouched, 0, 0, /*equal_nan=*/true));
+        EXPECT_TRUE(at::allclose(c.narrow(1, 0, n).to(at::kDouble), want, tolerance, tolerance));
+        EXPECT_TRUE(at::allclose(c.narrow(1, n, ld - n), untouched, 0, 0, /*equal_nan=*/true));
       }
     }
   }

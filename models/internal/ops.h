@@ -9,45 +9,42 @@
 // its own), which is what a GPU runs. `generic` takes the generic forms on the CPU too, so
 // that the GPU's path runs, and is tested, where there is no GPU:
 //
-//   torch::Tensor y = RmsNorm(x, weight, eps, /*generic=*/false);  // fused on the CPU
+//   at::Tensor y = RmsNorm(x, weight, eps, /*generic=*/false);  // fused on the CPU
 #ifndef PLAIT_MODELS_INTERNAL_OPS_H_
 #define PLAIT_MODELS_INTERNAL_OPS_H_
 
 #include <array>
 #include <cstdint>
 
+#include "ATen/core/Tensor.h"
 #include "base/cross_entropy_chunks.h"
-#include "torch/types.h"
 
 namespace plait::models::internal {
 
 // Whether the fused forms serve tensors of `dtype` on `device_type`: CPU float, double and
 // bf16 (the cross-entropy: float and double only).
-bool FusedFormsServe(torch::ScalarType dtype, torch::DeviceType device_type);
+bool FusedFormsServe(at::ScalarType dtype, at::DeviceType device_type);
 
 // The dtype the fused kernels compute in, and keep their saved statistics in (rstd, the
 // attention's log-sum-exp), for tensors of `dtype`: float for bf16, else `dtype` itself
 // (fused_kernels.h's Arithmetic<T>).
-torch::ScalarType ArithmeticDtype(torch::ScalarType dtype);
+at::ScalarType ArithmeticDtype(at::ScalarType dtype);
 
 // x * rsqrt(mean(x^2, -1) + eps) * weight, x [..., n], weight [n].
-torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
-                      bool generic);
-torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
-torch::Tensor CompositeRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps, bool generic);
+at::Tensor FusedRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor CompositeRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // silu(gate) * up, elementwise over tensors of one shape.
-torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up, bool generic);
-torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
-torch::Tensor CompositeSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool generic);
+at::Tensor FusedSwiGlu(const at::Tensor& gate, const at::Tensor& up);
+at::Tensor CompositeSwiGlu(const at::Tensor& gate, const at::Tensor& up);
 
 // Rotary embedding (rotary.h's ApplyRotary) of x [B, T, heads, d] by tables [T, d], or by
 // per-row tables [B, T, d] (packed rows, whose positions restart at each sequence); the
 // tables are constants (no gradient flows to them).
-torch::Tensor Rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                     bool generic);
-torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
-                          const torch::Tensor& sin);
+at::Tensor Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool generic);
+at::Tensor FusedRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // Mean cross-entropy of logits [N, vocab] against int64 targets [N] over the rows whose target
 // is not ignore_index (NaN when there are none), as torch::nn::functional::cross_entropy:
@@ -55,14 +52,14 @@ torch::Tensor FusedRotary(const torch::Tensor& x, const torch::Tensor& cos,
 // of TokenCrossEntropy's values, in CrossEntropyDtype. For a target outside [0, vocab) other
 // than ignore_index the fused form throws c10::Error (it reads the targets on the host);
 // TokenCrossEntropy's behaviour is described below.
-torch::Tensor CrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                           int64_t ignore_index, bool generic);
+at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index,
+                        bool generic);
 // Whether FusedCrossEntropy serves logits of `dtype` on `device_type`: CPU float and double.
-bool FusedCrossEntropyServes(torch::ScalarType dtype, torch::DeviceType device_type);
-torch::Tensor FusedCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                int64_t ignore_index);
-torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                    int64_t ignore_index);
+bool FusedCrossEntropyServes(at::ScalarType dtype, at::DeviceType device_type);
+at::Tensor FusedCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
+                             int64_t ignore_index);
+at::Tensor CompositeCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
+                                 int64_t ignore_index);
 
 // The cross-entropy of each row of logits [N, vocab] (float, double, bf16 or fp16, on any
 // device) against int64 targets [N]: logsumexp(row) - row[target], 0 where the target is
@@ -72,18 +69,18 @@ torch::Tensor CompositeCrossEntropy(const torch::Tensor& logits, const torch::Te
 // more than one such chunk [chunk_rows, vocab] and, in backward, the logits' gradient (in
 // their dtype). Per-token values serve both a mean loss and per-sequence sums (DPO):
 //
-//   const torch::Tensor losses = TokenCrossEntropy(logits, targets, -100);
-//   const torch::Tensor mean = losses.sum() / (targets != -100).sum();
+//   const at::Tensor losses = TokenCrossEntropy(logits, targets, -100);
+//   const at::Tensor mean = losses.sum() / (targets != -100).sum();
 //
 // Nothing is read back to the host: a target outside [0, vocab) other than ignore_index is
 // not checked as such; it reaches the gather of the target's logit, which throws c10::Error
 // on the CPU and fails a device-side assertion on CUDA (which poisons the CUDA context).
-torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                int64_t ignore_index);
+at::Tensor TokenCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
+                             int64_t ignore_index);
 // As above with `chunk_rows` (> 0) rows per chunk in place of CrossEntropyChunkRows(vocab,
 // dtype): for tests that cross chunk boundaries with small tensors.
-torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                int64_t ignore_index, int64_t chunk_rows);
+at::Tensor TokenCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
+                             int64_t ignore_index, int64_t chunk_rows);
 // The dtype TokenCrossEntropy computes and returns in, its rows per chunk and its bound on
 // one chunk: the chunking it shares with wrap/tp's vocabulary-parallel cross-entropy.
 using base::CrossEntropyChunkRows;
@@ -106,17 +103,15 @@ using base::kCrossEntropyChunkBytes;
 // and skips the key blocks before each query block's sequences (fused_kernels.h). The generic
 // forms then ignore `mask` and materialise a [B, T, T] mask from the positions, fine for tests
 // and moderate lengths; a GPU kernel over variable-length sequences would not need it.
-torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v, const torch::Tensor& mask, bool generic,
-                              const torch::Tensor& positions = {});
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& mask, bool generic, const at::Tensor& positions = {});
 // Whether CausalAttention reads its mask for tensors of `dtype` on `device_type`: only where it
 // takes the composite form (LibTorch 1.13, other than the CPU's fused dtypes).
-bool CausalAttentionReadsMask(torch::ScalarType dtype, torch::DeviceType device_type, bool generic);
-torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v, const torch::Tensor& positions = {});
-torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                       const torch::Tensor& v, const torch::Tensor& mask,
-                                       const torch::Tensor& positions = {});
+bool CausalAttentionReadsMask(at::ScalarType dtype, at::DeviceType device_type, bool generic);
+at::Tensor FusedCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& positions = {});
+at::Tensor CompositeCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& mask, const at::Tensor& positions = {});
 // One block of context parallelism's ring attention (wrap/cp/ring_attention.h) in the fused
 // kernels: queries q [B, L, H, d] against keys and values k, v [B, L, KV, d], contiguous CPU
 // tensors of one dtype the fused forms serve, scale 1 / sqrt(d). `causal`: row t meets the
@@ -124,17 +119,18 @@ torch::Tensor CompositeCausalAttention(const torch::Tensor& q, const torch::Tens
 // the block's output [B, L, H, d] and each row's log-sum-exp [B, H, L] (ArithmeticDtype), for
 // the ring to merge with the other blocks'.
 struct AttentionBlock {
-  torch::Tensor out;
-  torch::Tensor lse;
+  at::Tensor out;
+  at::Tensor lse;
 };
-AttentionBlock FusedAttentionBlock(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v, bool causal);
+AttentionBlock FusedAttentionBlock(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   bool causal);
 // The block's share of the gradients of the attention over all the blocks, whose output is
 // `out` and log-sum-exp `lse` (merged over every block) and output gradient `dout`: the
 // gradients of q, k and v from this block alone.
-std::array<torch::Tensor, 3> FusedAttentionBlockBackward(
-    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-    const torch::Tensor& out, const torch::Tensor& lse, const torch::Tensor& dout, bool causal);
+std::array<at::Tensor, 3> FusedAttentionBlockBackward(const at::Tensor& q, const at::Tensor& k,
+                                                      const at::Tensor& v, const at::Tensor& out,
+                                                      const at::Tensor& lse, const at::Tensor& dout,
+                                                      bool causal);
 
 // The bytes of scores each thread of the fused attention holds at once (its backward's
 // probabilities and their gradient) for rows meeting `keys` keys, in fp32.
@@ -143,7 +139,7 @@ double FusedAttentionScratchBytes(int64_t keys);
 // Which keys each query of packed rows meets: bool [B, T, T], true where
 // min(t - positions[b, t], t) <= s <= t (a negative position leaves a row only itself, as the
 // fused kernel's clamp does), on the positions' device.
-torch::Tensor PackedAttentionMask(const torch::Tensor& positions);
+at::Tensor PackedAttentionMask(const at::Tensor& positions);
 
 }  // namespace plait::models::internal
 

@@ -11,7 +11,6 @@
 #define PLAIT_OPTIM_INTERNAL_MULTI_TENSOR_UPDATES_H_
 
 #include "optim/internal/fused_kernels.h"
-#include "torch/types.h"
 
 namespace plait::optim::internal {
 

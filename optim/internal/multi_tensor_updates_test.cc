@@ -6,10 +6,13 @@
 
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/equal.h"
 #include "gtest/gtest.h"
 #include "optim/internal/fused_kernels.h"
-#include "torch/types.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::optim::internal {
 namespace {
@@ -18,9 +21,9 @@ const std::vector<int64_t> kSizes = {1000, 37, 1};
 
 // Per tensor of the bucket: parameter, gradient and two state buffers, seeded.
 struct State {
-  std::vector<torch::Tensor> p, g, a, b;
+  std::vector<at::Tensor> p, g, a, b;
   State() {
-    torch::manual_seed(7);
+    at::manual_seed(7);
     for (const int64_t size : kSizes) {
       p.push_back(torch::randn({size}));
       g.push_back(torch::randn({size}));
@@ -40,18 +43,18 @@ struct State {
   }
 };
 
-void ExpectClose(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
+void ExpectClose(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want,
                  const char* what) {
   for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(got[i], want[i], /*rtol=*/1e-6, /*atol=*/1e-6))
+    EXPECT_TRUE(at::allclose(got[i], want[i], /*rtol=*/1e-6, /*atol=*/1e-6))
         << what << " " << i << ": max difference " << (got[i] - want[i]).abs().max().item<float>();
   }
 }
 
 // The update changed every parameter (so that matching them means something).
-void ExpectMoved(const std::vector<torch::Tensor>& p) {
+void ExpectMoved(const std::vector<at::Tensor>& p) {
   const State initial;
-  for (size_t i = 0; i < p.size(); ++i) EXPECT_FALSE(torch::equal(p[i], initial.p[i])) << i;
+  for (size_t i = 0; i < p.size(); ++i) EXPECT_FALSE(at::equal(p[i], initial.p[i])) << i;
 }
 
 TEST(MultiTensorUpdatesTest, AdamMatchesTheFusedLoop) {

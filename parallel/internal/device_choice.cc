@@ -1,5 +1,6 @@
 #include "parallel/internal/device_choice.h"
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 
 namespace plait::parallel::internal {
@@ -15,12 +16,12 @@ bool OneGpuPerProcess(const std::optional<std::string>& visible_devices) {
 
 }  // namespace
 
-absl::StatusOr<torch::Device> ChooseDevice(Device requested, int local_rank, int local_ranks,
-                                           const std::string& field, bool built_for_cuda,
-                                           int cuda_devices,
-                                           const std::optional<std::string>& visible_devices) {
+absl::StatusOr<at::Device> ChooseDevice(Device requested, int local_rank, int local_ranks,
+                                        const std::string& field, bool built_for_cuda,
+                                        int cuda_devices,
+                                        const std::optional<std::string>& visible_devices) {
   if (requested == DEVICE_CPU || (requested == DEVICE_DEFAULT && cuda_devices == 0)) {
-    return torch::Device(torch::kCPU);
+    return at::Device(at::kCPU);
   }
   const std::string chosen = requested == DEVICE_CUDA ? "DEVICE_CUDA" : "the default, CUDA,";
   if (!built_for_cuda) {
@@ -37,7 +38,7 @@ absl::StatusOr<torch::Device> ChooseDevice(Device requested, int local_rank, int
   }
   if (cuda_devices == 1 && OneGpuPerProcess(visible_devices)) {
     // Each local rank sees its own GPU as cuda:0; NCCL refuses two ranks on one GPU.
-    return torch::Device(torch::kCUDA, 0);
+    return at::Device(at::kCUDA, 0);
   }
   if (local_ranks > cuda_devices) {
     // Local rank r computes on cuda:r, so the ranks from cuda_devices on have none.
@@ -53,7 +54,7 @@ absl::StatusOr<torch::Device> ChooseDevice(Device requested, int local_rank, int
         "--gpus-per-task=1 does, or set device: DEVICE_CPU)",
         local_rank >= first_without ? absl::StrCat("; this is local rank ", local_rank) : ""));
   }
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 
 }  // namespace plait::parallel::internal

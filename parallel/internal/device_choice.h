@@ -9,16 +9,16 @@
 #include <optional>
 #include <string>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "parallel/device.pb.h"
-#include "torch/types.h"
 
 namespace plait::parallel::internal {
 
-absl::StatusOr<torch::Device> ChooseDevice(Device requested, int local_rank, int local_ranks,
-                                           const std::string& field, bool built_for_cuda,
-                                           int cuda_devices,
-                                           const std::optional<std::string>& visible_devices);
+absl::StatusOr<at::Device> ChooseDevice(Device requested, int local_rank, int local_ranks,
+                                        const std::string& field, bool built_for_cuda,
+                                        int cuda_devices,
+                                        const std::optional<std::string>& visible_devices);
 
 }  // namespace plait::parallel::internal
 

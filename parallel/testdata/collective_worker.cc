@@ -10,13 +10,15 @@
 #include <string>
 
 #include "ATen/Parallel.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "parallel/rendezvous.h"
 #include "parallel/ring_communicator.h"
 #include "parallel/world.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::parallel {
 namespace {
@@ -46,7 +48,7 @@ int Run(int argc, char** argv) {
     return 0;
   }
 
-  torch::Tensor values = torch::full({1001}, rank, torch::kFloat32);
+  at::Tensor values = torch::full({1001}, rank, at::kFloat);
   if (absl::Status status = (*comm)->AllReduce(values, ReduceOp::kSum)->Wait(); !status.ok()) {
     return Fail(status);
   }
@@ -56,21 +58,21 @@ int Run(int argc, char** argv) {
   }
 
   const Chunk own = ChunkOf(1001, size, rank);
-  torch::Tensor full = torch::empty({1001}, torch::kInt64);
-  torch::Tensor shard = torch::arange(own.offset, own.offset + own.numel, torch::kInt64);
+  at::Tensor full = torch::empty({1001}, at::kLong);
+  at::Tensor shard = torch::arange(own.offset, own.offset + own.numel, at::kLong);
   if (absl::Status status = (*comm)->AllGather(shard, full)->Wait(); !status.ok()) {
     return Fail(status);
   }
-  if (!torch::equal(full, torch::arange(1001, torch::kInt64))) {
+  if (!at::equal(full, torch::arange(1001, at::kLong))) {
     return Fail(absl::InternalError("all_gather gave a wrong buffer"));
   }
 
-  torch::Tensor reduced = torch::empty({own.numel}, torch::kInt64);
+  at::Tensor reduced = torch::empty({own.numel}, at::kLong);
   if (absl::Status status = (*comm)->ReduceScatter(full, reduced, ReduceOp::kMax)->Wait();
       !status.ok()) {
     return Fail(status);
   }
-  if (!torch::equal(reduced, shard)) {
+  if (!at::equal(reduced, shard)) {
     return Fail(absl::InternalError("reduce_scatter gave a wrong shard"));
   }
   // Rank 0 hosts the store: nobody leaves before everyone is done.

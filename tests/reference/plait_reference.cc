@@ -71,6 +71,9 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/cat.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -98,8 +101,7 @@
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
 #include "sched/schedule_builder.h"
-#include "torch/types.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "wrap/lora/nf4.h"
 #include "wrap/preparation.h"
 #include "wrap/wrap.pb.h"
@@ -132,7 +134,7 @@ ABSL_FLAG(std::string, out, "", "Where to write the results.");
 namespace plait::reference {
 namespace {
 
-using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 absl::StatusOr<std::string> RequiredFlag(const absl::Flag<std::string>& flag, const char* name) {
   std::string value = absl::GetFlag(flag);
@@ -141,8 +143,8 @@ absl::StatusOr<std::string> RequiredFlag(const absl::Flag<std::string>& flag, co
 }
 
 struct Batch {
-  torch::Tensor input_ids;  // [B, T]
-  torch::Tensor targets;    // [B, T]: labels shifted left by one, the last position ignored
+  at::Tensor input_ids;  // [B, T]
+  at::Tensor targets;    // [B, T]: labels shifted left by one, the last position ignored
 };
 
 absl::StatusOr<Batch> ReadBatch(const std::string& path) {
@@ -150,7 +152,7 @@ absl::StatusOr<Batch> ReadBatch(const std::string& path) {
                          models::SafetensorsFile::Open(path));
   Batch batch;
   PLAIT_ASSIGN_OR_RETURN(batch.input_ids, file->Read("input_ids"));
-  PLAIT_ASSIGN_OR_RETURN(torch::Tensor labels, file->Read("labels"));
+  PLAIT_ASSIGN_OR_RETURN(at::Tensor labels, file->Read("labels"));
   if (batch.input_ids.dim() != 2 || !labels.sizes().equals(batch.input_ids.sizes())) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": input_ids and labels must both be [B, T]"));
@@ -159,9 +161,9 @@ absl::StatusOr<Batch> ReadBatch(const std::string& path) {
   // takes the targets of each position.
   const int64_t length = labels.size(1);
   batch.targets =
-      torch::cat({labels.narrow(1, 1, length - 1),
-                  torch::full({labels.size(0), 1}, models::kIgnoreIndex, labels.options())},
-                 /*dim=*/1);
+      at::cat({labels.narrow(1, 1, length - 1),
+               torch::full({labels.size(0), 1}, models::kIgnoreIndex, labels.options())},
+              /*dim=*/1);
   return batch;
 }
 
@@ -169,14 +171,14 @@ absl::StatusOr<Batch> ReadBatch(const std::string& path) {
 NamedTensors ForwardBackward(models::CausalLM& model, const Batch& batch) {
   NamedTensors results;
   {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     results.emplace_back("logits", model.Forward(batch.input_ids));
   }
   model.zero_grad(/*set_to_none=*/true);
-  torch::Tensor loss = model.Loss(batch.input_ids, batch.targets);
+  at::Tensor loss = model.Loss(batch.input_ids, batch.targets);
   // A mixture of experts' loss adds its load-balancing loss, over this one process's batch.
   if (const auto& routing = model.LastRouting()) {
-    const torch::Tensor aux = routing->Loss(routing->Load(), /*gradient_scale=*/1.0);
+    const at::Tensor aux = routing->Loss(routing->Load(), /*gradient_scale=*/1.0);
     loss = loss + routing->coefficient() * aux;
     results.emplace_back("aux_loss", aux.reshape({1}));
   }
@@ -214,8 +216,8 @@ absl::Status RunSaveHf() {
   // The initialisation makes biases zero and norm weights one; the export of those must be
   // checked with values that tell the tensors apart.
   {
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(absl::GetFlag(FLAGS_seed));
+    at::NoGradGuard no_grad;
+    at::manual_seed(absl::GetFlag(FLAGS_seed));
     for (const auto& parameter : model->NamedParameters()) {
       if (parameter.parameter.dim() == 1) {
         parameter.parameter.add_(torch::randn_like(parameter.parameter), /*alpha=*/0.1);
@@ -223,7 +225,7 @@ absl::Status RunSaveHf() {
     }
   }
   PLAIT_RETURN_IF_ERROR(
-      models::SaveHfModel(*model, hf_dir, torch::kFloat32, absl::GetFlag(FLAGS_max_shard_bytes)));
+      models::SaveHfModel(*model, hf_dir, at::kFloat, absl::GetFlag(FLAGS_max_shard_bytes)));
   PLAIT_ASSIGN_OR_RETURN(const Batch batch, ReadBatch(batch_path));
   return models::WriteSafetensors(out, ForwardBackward(*model, batch));
 }
@@ -255,10 +257,10 @@ absl::Status RunTrain() {
   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<optim::Optimizer> optimizer,
                          optim::Optimizer::Create(trainable, optimizer_config));
   const int64_t steps = schedule_config.total_steps();
-  torch::Tensor losses = torch::empty({steps});
+  at::Tensor losses = torch::empty({steps});
   for (int64_t step = 0; step < steps; ++step) {
     optimizer->ZeroGrad();
-    torch::Tensor loss = model->Loss(batch.input_ids, batch.targets);
+    at::Tensor loss = model->Loss(batch.input_ids, batch.targets);
     loss.backward();
     losses[step] = loss.detach();
     PLAIT_RETURN_IF_ERROR(optimizer->Step(schedule.LearningRate(step)).status());
@@ -313,16 +315,16 @@ absl::Status RunOptimizers() {
                          models::SafetensorsFile::Open(params_path));
   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> grads,
                          models::SafetensorsFile::Open(grads_path));
-  PLAIT_ASSIGN_OR_RETURN(const torch::Tensor lrs, grads->Read("lr"));
+  PLAIT_ASSIGN_OR_RETURN(const at::Tensor lrs, grads->Read("lr"));
   const int64_t steps = lrs.size(0);
   NamedTensors results;
   for (size_t c = 0; c < configs.size(); ++c) {
     std::vector<parallel::TrainableParameter> trainable;
-    std::vector<torch::Tensor> gradients;   // [steps, ...] per parameter
-    std::vector<torch::Tensor> trajectory;  // [steps, ...] per parameter
+    std::vector<at::Tensor> gradients;   // [steps, ...] per parameter
+    std::vector<at::Tensor> trajectory;  // [steps, ...] per parameter
     for (const auto& [name, entry] : params->entries()) {
-      PLAIT_ASSIGN_OR_RETURN(torch::Tensor tensor, params->Read(name));
-      PLAIT_ASSIGN_OR_RETURN(torch::Tensor gradient, grads->Read(name));
+      PLAIT_ASSIGN_OR_RETURN(at::Tensor tensor, params->Read(name));
+      PLAIT_ASSIGN_OR_RETURN(at::Tensor gradient, grads->Read(name));
       trainable.push_back({name, tensor, {}});
       gradients.push_back(gradient);
       std::vector<int64_t> shape = {steps};
@@ -512,7 +514,7 @@ absl::Status RunLora() {
   PLAIT_ASSIGN_OR_RETURN(const Batch batch, ReadBatch(batch_path));
   // The adapters' values by plait's names, from --adapters; a PEFT folder is the step's own
   // start (LoraConfig.initial_adapter_dir).
-  std::map<std::string, torch::Tensor> values;
+  std::map<std::string, at::Tensor> values;
   if (!peft_dir.empty()) {
     step.mutable_lora()->set_initial_adapter_dir(peft_dir);
   } else {
@@ -526,7 +528,7 @@ absl::Status RunLora() {
       *model, {step},
       [&](const std::vector<parallel::TrainableParameter>& trainable) -> absl::Status {
         NamedTensors results;
-        torch::NoGradGuard no_grad;
+        at::NoGradGuard no_grad;
         for (const parallel::TrainableParameter& parameter : trainable) {
           results.emplace_back(absl::StrCat("init.", parameter.name), parameter.tensor.clone());
           if (!peft_dir.empty()) continue;
@@ -542,14 +544,14 @@ absl::Status RunLora() {
           parameter.tensor.copy_(value->second);
         }
         if (const std::string save_dir = absl::GetFlag(FLAGS_save_peft_dir); !save_dir.empty()) {
-          std::vector<std::pair<std::string, torch::Tensor>> adapters;
+          std::vector<std::pair<std::string, at::Tensor>> adapters;
           for (const parallel::TrainableParameter& parameter : trainable) {
             adapters.emplace_back(parameter.name, parameter.tensor);
           }
           std::filesystem::create_directories(save_dir);
           PLAIT_RETURN_IF_ERROR(models::SavePeftAdapter(save_dir, step.lora(), adapters, hf_dir));
         }
-        torch::AutoGradMode grad_mode(true);
+        at::AutoGradMode grad_mode(true);
         for (auto& result : ForwardBackward(*model, batch)) results.push_back(std::move(result));
         return models::WriteSafetensors(out, results);
       });
@@ -562,13 +564,13 @@ absl::Status RunNf4() {
                          models::SafetensorsFile::Open(weights));
   NamedTensors results;
   for (const auto& entry : file->entries()) {
-    PLAIT_ASSIGN_OR_RETURN(const torch::Tensor weight, file->Read(entry.first));
+    PLAIT_ASSIGN_OR_RETURN(const at::Tensor weight, file->Read(entry.first));
     for (const bool double_quant : {false, true}) {
       const wrap::lora::Nf4Tensor q = wrap::lora::Nf4Quantize(weight, double_quant);
       const std::string prefix = absl::StrCat(entry.first, double_quant ? ".nf4dq." : ".nf4.");
-      results.emplace_back(prefix + "packed", q.packed.to(torch::kInt64));
+      results.emplace_back(prefix + "packed", q.packed.to(at::kLong));
       if (double_quant) {
-        results.emplace_back(prefix + "absmax_codes", q.absmax_codes.to(torch::kInt64));
+        results.emplace_back(prefix + "absmax_codes", q.absmax_codes.to(at::kLong));
         results.emplace_back(prefix + "absmax_scales", q.absmax_scales);
         results.emplace_back(prefix + "absmax_offset", q.absmax_offset.reshape({1}));
       } else {

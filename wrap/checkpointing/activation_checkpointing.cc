@@ -4,6 +4,7 @@
 #include <mutex>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/forward_generator.h"
@@ -26,8 +27,8 @@ using torch::autograd::variable_list;
 struct ActivationCheckpointing::Recomputation : torch::CustomClassHolder {
   ActivationCheckpointing* owner;
   BlockForward forward;
-  std::vector<torch::Tensor> parameters;
-  std::vector<torch::Tensor> kept;  // SELECTIVE: the projections' outputs
+  std::vector<at::Tensor> parameters;
+  std::vector<at::Tensor> kept;     // SELECTIVE: the projections' outputs
   size_t next_kept = 0;             // the next one the recomputation reads
   // Whether the block's input and each of its parameters required a gradient in the forward:
   // a backward that computes the gradients of fewer (a zero-bubble pipeline's backward of the
@@ -37,7 +38,7 @@ struct ActivationCheckpointing::Recomputation : torch::CustomClassHolder {
   // the forward started, which the recomputation starts from: a random op (an adapter's
   // dropout) draws what the forward drew, as torch.utils.checkpoint's preserve_rng_state does.
   at::Generator generator;
-  torch::Tensor rng_state;
+  at::Tensor rng_state;
 };
 
 bool ActivationCheckpointing::selective() const {
@@ -67,10 +68,8 @@ class ScopedSet {
 struct KeptLinearFunction : torch::autograd::Function<KeptLinearFunction> {
   // `bias` is optional rather than undefined: autograd takes an undefined tensor argument
   // for an input and fails on its missing device.
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight,
-                               const c10::optional<torch::Tensor>& bias,
-                               const torch::Tensor& kept) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const c10::optional<at::Tensor>& bias, const at::Tensor& kept) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
     // An alias, so that the kept tensor itself never holds this node (and through it the
@@ -80,14 +79,14 @@ struct KeptLinearFunction : torch::autograd::Function<KeptLinearFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& x = saved[0];
-    const torch::Tensor& weight = saved[1];
-    const torch::Tensor grad = grads[0].reshape({-1, weight.size(0)});
-    torch::Tensor grad_x, grad_weight, grad_bias;
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor grad = grads[0].reshape({-1, weight.size(0)});
+    at::Tensor grad_x, grad_weight, grad_bias;
     if (ctx->needs_input_grad(0)) grad_x = grad.mm(weight).view(x.sizes());
     if (ctx->needs_input_grad(1)) grad_weight = grad.t().mm(x.reshape({-1, weight.size(1)}));
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = grad.sum(0);
-    return {grad_x, grad_weight, grad_bias, torch::Tensor()};
+    return {grad_x, grad_weight, grad_bias, at::Tensor()};
   }
 };
 
@@ -98,11 +97,11 @@ struct KeptLinearFunction : torch::autograd::Function<KeptLinearFunction> {
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   using Recomputation = ActivationCheckpointing::Recomputation;
 
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input,
-                               torch::TensorList parameters,
-                               c10::intrusive_ptr<Recomputation> recomputation) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            at::TensorList parameters,
+                            c10::intrusive_ptr<Recomputation> recomputation) {
     ActivationCheckpointing& owner = *recomputation->owner;
-    torch::Tensor output;
+    at::Tensor output;
     {
       ScopedSet<Recomputation*> recording(owner.recording_,
                                           owner.selective() ? recomputation.get() : nullptr);
@@ -125,24 +124,24 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     for (size_t i = 0; i <= count; ++i) {
       if (recomputation->requires_grad[i] && !ctx->needs_input_grad(i)) every_gradient = false;
     }
-    const torch::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(input_grad);
-    std::vector<torch::Tensor> leaves;
+    const at::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(input_grad);
+    std::vector<at::Tensor> leaves;
     if (input_grad) leaves.push_back(input);
     for (size_t i = 0; i < count; ++i) {
       if (ctx->needs_input_grad(i + 1)) leaves.push_back(recomputation->parameters[i]);
     }
     variable_list result(count + 2);
     if (leaves.empty()) return result;
-    torch::Tensor output;
+    at::Tensor output;
     {
-      torch::AutoGradMode grad_mode(true);
+      at::AutoGradMode grad_mode(true);
       recomputation->next_kept = 0;
       ScopedSet<Recomputation*> replaying(owner.replaying_,
                                           owner.selective() ? recomputation.get() : nullptr);
       at::Generator& generator = recomputation->generator;
       // The backward may run on another thread than the forward (CUDA's autograd threads).
       const base::ScopedForwardGenerator drawing(generator);
-      torch::Tensor resume;
+      at::Tensor resume;
       {
         std::lock_guard<std::mutex> lock(generator.mutex());
         resume = generator.get_state();
@@ -180,9 +179,9 @@ ActivationCheckpointing::ActivationCheckpointing(Wrappable& model, Policy policy
 
 ActivationCheckpointing::~ActivationCheckpointing() { model_.SetCheckpointingOps(nullptr); }
 
-torch::Tensor ActivationCheckpointing::RunBlock(int unit, const torch::Tensor& input,
-                                                BlockForward forward) {
-  if (!torch::GradMode::is_enabled()) return forward(input);  // nothing to keep
+at::Tensor ActivationCheckpointing::RunBlock(int unit, const at::Tensor& input,
+                                             BlockForward forward) {
+  if (!at::GradMode::is_enabled()) return forward(input);  // nothing to keep
   auto recomputation = c10::make_intrusive<Recomputation>();
   recomputation->owner = this;
   recomputation->forward = std::move(forward);
@@ -194,15 +193,15 @@ torch::Tensor ActivationCheckpointing::RunBlock(int unit, const torch::Tensor& i
   // Read at every forward: tensor parallelism may have replaced the parameters since.
   recomputation->parameters = blocks_[unit]->parameters();
   recomputation->requires_grad.push_back(input.requires_grad());
-  for (const torch::Tensor& parameter : recomputation->parameters) {
+  for (const at::Tensor& parameter : recomputation->parameters) {
     recomputation->requires_grad.push_back(parameter.requires_grad());
   }
-  const std::vector<torch::Tensor> parameters = recomputation->parameters;
-  return CheckpointFunction::apply(input, torch::TensorList(parameters), std::move(recomputation));
+  const std::vector<at::Tensor> parameters = recomputation->parameters;
+  return CheckpointFunction::apply(input, at::TensorList(parameters), std::move(recomputation));
 }
 
-torch::Tensor ActivationCheckpointing::Linear(const torch::Tensor& x, const torch::Tensor& weight,
-                                              const torch::Tensor& bias) {
+at::Tensor ActivationCheckpointing::Linear(const at::Tensor& x, const at::Tensor& weight,
+                                           const at::Tensor& bias) {
   if (replaying_ != nullptr) {
     // A recomputation that finds no kept output left is a backward through the block after
     // one that computed all its gradients (which freed them), or a forward that did not
@@ -212,10 +211,10 @@ torch::Tensor ActivationCheckpointing::Linear(const torch::Tensor& x, const torc
                 "projection outputs than its forward kept (a second backward through the same "
                 "forward is not supported)");
     return KeptLinearFunction::apply(
-        x, weight, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt,
+        x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
         replaying_->kept[replaying_->next_kept++]);
   }
-  torch::Tensor output = F::linear(x, weight, bias);
+  at::Tensor output = F::linear(x, weight, bias);
   if (recording_ != nullptr) recording_->kept.push_back(output);
   return output;
 }

@@ -26,10 +26,9 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "parallel/communicator.h"
-#include "torch/nn/module.h"
-#include "torch/types.h"
 #include "wrap/strategy.h"
 #include "wrap/wrap.pb.h"
 #include "wrap/wrappable.h"
@@ -47,9 +46,8 @@ class ActivationCheckpointing final : public CheckpointingOps {
   ActivationCheckpointing(const ActivationCheckpointing&) = delete;
   ActivationCheckpointing& operator=(const ActivationCheckpointing&) = delete;
 
-  torch::Tensor RunBlock(int unit, const torch::Tensor& input, BlockForward forward) override;
-  torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
-                       const torch::Tensor& bias) override;
+  at::Tensor RunBlock(int unit, const at::Tensor& input, BlockForward forward) override;
+  at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) override;
 
  private:
   struct Recomputation;

@@ -6,13 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
-#include "torch/types.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "wrap/internal/torch_internals.h"
 
 namespace plait::wrap::checkpointing {
@@ -30,15 +32,15 @@ std::shared_ptr<models::CausalLM> MakeModel(const std::string& preset) {
   return models::CausalLM::Create(models::PresetConfig(preset).value(), init).value();
 }
 
-std::pair<torch::Tensor, torch::Tensor> Batch(int step, int64_t vocab) {
-  torch::manual_seed(200 + step);
-  const torch::Tensor sequence = torch::randint(vocab, {4, 33});
+std::pair<at::Tensor, at::Tensor> Batch(int step, int64_t vocab) {
+  at::manual_seed(200 + step);
+  const at::Tensor sequence = torch::randint(vocab, {4, 33});
   return {sequence.narrow(1, 0, 32), sequence.narrow(1, 1, 32)};
 }
 
 struct TrainingRun {
   std::vector<double> losses;
-  std::map<std::string, torch::Tensor> first_gradients;  // of step 0
+  std::map<std::string, at::Tensor> first_gradients;  // of step 0
 };
 
 // kSteps of plain SGD on `preset`, with `policy` (none when nullopt).
@@ -50,10 +52,10 @@ TrainingRun Train(const std::string& preset, std::optional<Policy> policy) {
   TrainingRun run;
   for (int step = 0; step < kSteps; ++step) {
     auto [tokens, targets] = Batch(step, model->config().vocab_size());
-    torch::Tensor loss = model->Loss(tokens, targets);
+    at::Tensor loss = model->Loss(tokens, targets);
     loss.backward();
     run.losses.push_back(loss.item<double>());
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     for (const auto& named : model->NamedParameters()) {
       if (step == 0) run.first_gradients[named.name] = named.parameter.grad().clone();
       named.parameter.sub_(0.05 * named.parameter.grad());
@@ -71,7 +73,7 @@ TEST_P(CheckpointingParityTest, FullEqualsNoCheckpointingBitwise) {
   const TrainingRun expected = Train(GetParam(), std::nullopt);
   const TrainingRun actual = Train(GetParam(), ActivationCheckpointingConfig::FULL);
   for (const auto& [name, want] : expected.first_gradients) {
-    EXPECT_TRUE(torch::equal(actual.first_gradients.at(name), want)) << name;
+    EXPECT_TRUE(at::equal(actual.first_gradients.at(name), want)) << name;
   }
   EXPECT_EQ(actual.losses, expected.losses);
 }
@@ -110,7 +112,7 @@ TEST(ActivationCheckpointingTest, EveryGradientIsAccumulatedOnce) {
     for (const auto& named : model->NamedParameters()) {
       hooks.push_back(internal::AddPostAccumulateHook(
           named.parameter, [&accumulated, name = named.name] { ++accumulated[name]; }));
-      named.parameter.register_hook([&hooked, name = named.name](torch::Tensor grad) {
+      named.parameter.register_hook([&hooked, name = named.name](at::Tensor grad) {
         ++hooked[name];
         return grad;
       });
@@ -128,10 +130,10 @@ TEST(ActivationCheckpointingTest, EveryGradientIsAccumulatedOnce) {
 TEST(ActivationCheckpointingTest, NoGradForwardRunsTheBlocksDirectly) {
   std::shared_ptr<models::CausalLM> model = MakeModel("tiny");
   auto [tokens, targets] = Batch(0, model->config().vocab_size());
-  torch::NoGradGuard no_grad;
-  const torch::Tensor expected = model->Forward(tokens);
+  at::NoGradGuard no_grad;
+  const at::Tensor expected = model->Forward(tokens);
   ActivationCheckpointing checkpointing(*model, ActivationCheckpointingConfig::SELECTIVE);
-  EXPECT_TRUE(torch::equal(model->Forward(tokens), expected));
+  EXPECT_TRUE(at::equal(model->Forward(tokens), expected));
 }
 
 // Kept projection outputs serve one backward; a second one through the same forward is an
@@ -140,7 +142,7 @@ TEST(ActivationCheckpointingTest, SelectiveRefusesASecondBackward) {
   std::shared_ptr<models::CausalLM> model = MakeModel("tiny");
   ActivationCheckpointing checkpointing(*model, ActivationCheckpointingConfig::SELECTIVE);
   auto [tokens, targets] = Batch(0, model->config().vocab_size());
-  torch::Tensor loss = model->Loss(tokens, targets);
+  at::Tensor loss = model->Loss(tokens, targets);
   loss.backward({}, /*retain_graph=*/true);
   EXPECT_THROW(
       {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/human.h"
@@ -122,9 +123,7 @@ void ContextParallelStrategy::UpdateParameters(
   }
 }
 
-torch::Tensor ContextParallelStrategy::OwnSlice(const torch::Tensor& x) const {
-  return ring_->Slice(x);
-}
+at::Tensor ContextParallelStrategy::OwnSlice(const at::Tensor& x) const { return ring_->Slice(x); }
 
 absl::Status ContextParallelStrategy::FinishGradients(
     const std::vector<parallel::TrainableParameter>& trainable) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "parallel/graph_group.h"
 #include "wrap/cp/ring_attention.h"
@@ -44,7 +45,7 @@ class ContextParallelStrategy final : public Strategy {
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
   // Its parts are replicated over the dimension: numbered for checkpoints, one writes.
   void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override;
-  torch::Tensor OwnSlice(const torch::Tensor& x) const override;
+  at::Tensor OwnSlice(const at::Tensor& x) const override;
   // The average over the dimension of each gradient, one all-reduce each.
   absl::Status FinishGradients(const std::vector<parallel::TrainableParameter>& trainable) override;
   absl::Status BackwardStatus() const override;

@@ -7,10 +7,18 @@
 #include <optional>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/cat.h"
+#include "ATen/ops/exp.h"
+#include "ATen/ops/log.h"
+#include "ATen/ops/logaddexp.h"
+#include "ATen/ops/matmul.h"
+#include "ATen/ops/stack.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "models/internal/ops.h"
 #include "torch/csrc/autograd/custom_function.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::wrap::cp {
 namespace {
@@ -24,9 +32,8 @@ constexpr const char* kBlockGradients = "ring attention key and value gradients"
 constexpr const char* kSequenceSums = "context-parallel sequence sums";
 
 // `x` summed over the ranks of `group`, in a copy.
-torch::Tensor SummedOverRanks(const torch::Tensor& x, parallel::GraphGroup& group,
-                              parallel::Pass pass) {
-  torch::Tensor sum = x.clone(at::MemoryFormat::Contiguous);
+at::Tensor SummedOverRanks(const at::Tensor& x, parallel::GraphGroup& group, parallel::Pass pass) {
+  at::Tensor sum = x.clone(at::MemoryFormat::Contiguous);
   const parallel::ScopedPlace place = group.Place(pass, kSequenceSums);
   group.Wait(group.communicator().AllReduce(sum, parallel::ReduceOp::kSum));
   return sum;
@@ -35,23 +42,23 @@ torch::Tensor SummedOverRanks(const torch::Tensor& x, parallel::GraphGroup& grou
 // RingContext::SumOverRanks: the ranks' partial sums summed, and so their gradients.
 class SumOverRanksFunction : public torch::autograd::Function<SumOverRanksFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& partial,
-                               parallel::GraphGroup* group) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& partial,
+                            parallel::GraphGroup* group) {
     group->SaveIn(ctx);
     return SummedOverRanks(partial, *group, parallel::Pass::kForward);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {
         SummedOverRanks(grads[0], parallel::GraphGroup::SavedIn(ctx), parallel::Pass::kBackward),
-        torch::Tensor()};
+        at::Tensor()};
   }
 };
 
 // A chunk's queries (or their outputs' rows) grouped by key/value head, fp32 and times
 // `scale`: [B, L, H, d] -> [B, KV, G * L, d], row g * L + t for query t of head kv * G + g.
-torch::Tensor GroupedQueries(const torch::Tensor& q, int64_t kv_heads, double scale = 1.0) {
+at::Tensor GroupedQueries(const at::Tensor& q, int64_t kv_heads, double scale = 1.0) {
   const int64_t batch = q.size(0), len = q.size(1), heads = q.size(2), d = q.size(3);
-  torch::Tensor wide = q.to(torch::kFloat32);
+  at::Tensor wide = q.to(at::kFloat);
   if (scale != 1.0) wide = wide * scale;
   return wide.reshape({batch, len, kv_heads, heads / kv_heads, d})
       .permute({0, 2, 3, 1, 4})
@@ -59,7 +66,7 @@ torch::Tensor GroupedQueries(const torch::Tensor& q, int64_t kv_heads, double sc
 }
 
 // The inverse of GroupedQueries: [B, KV, G * L, d] -> [B, L, H, d].
-torch::Tensor UngroupedQueries(const torch::Tensor& grouped, int64_t len) {
+at::Tensor UngroupedQueries(const at::Tensor& grouped, int64_t len) {
   const int64_t batch = grouped.size(0), kv_heads = grouped.size(1), d = grouped.size(3);
   const int64_t groups = grouped.size(2) / len;
   return grouped.reshape({batch, kv_heads, groups, len, d})
@@ -69,15 +76,15 @@ torch::Tensor UngroupedQueries(const torch::Tensor& grouped, int64_t len) {
 
 // Each row's log-sum-exp [B, H, L] as GroupedQueries lays out its rows, [B, KV, G * L, 1],
 // and back.
-torch::Tensor GroupedRows(const torch::Tensor& lse, int64_t kv_heads) {
+at::Tensor GroupedRows(const at::Tensor& lse, int64_t kv_heads) {
   return lse.reshape({lse.size(0), kv_heads, -1, 1});
 }
-torch::Tensor UngroupedRows(const torch::Tensor& grouped, int64_t heads) {
+at::Tensor UngroupedRows(const at::Tensor& grouped, int64_t heads) {
   return grouped.reshape({grouped.size(0), heads, -1});
 }
 
 // Keys or values by head: [B, L, KV, d] -> [B, KV, L, d], and back.
-torch::Tensor ByHead(const torch::Tensor& x) { return x.permute({0, 2, 1, 3}); }
+at::Tensor ByHead(const at::Tensor& x) { return x.permute({0, 2, 1, 3}); }
 
 // How a query chunk meets a key chunk: all of it (an earlier chunk), causally (its own), or
 // not at all (a later one).
@@ -115,14 +122,14 @@ std::vector<Tile> TilesOf(int64_t groups, int64_t len, int64_t tile_rows, Meetin
 // (already scaled) against the keys `k` [B, KV, L, d] it meets, -inf where a causal meeting
 // hides them; each score then less its row's `lse` and exponentiated where `lse` is given
 // (the backward's probabilities), in place.
-torch::Tensor TileScores(const torch::Tensor& q, const torch::Tensor& k, const Tile& tile,
-                         Meeting meeting, const torch::Tensor& lse = {}) {
+at::Tensor TileScores(const at::Tensor& q, const at::Tensor& k, const Tile& tile, Meeting meeting,
+                      const at::Tensor& lse = {}) {
   const int64_t row = tile.Row(k.size(2));
-  torch::Tensor scores =
-      torch::matmul(q.narrow(2, row, tile.rows), k.narrow(2, 0, tile.keys).transpose(-1, -2));
+  at::Tensor scores =
+      at::matmul(q.narrow(2, row, tile.rows), k.narrow(2, 0, tile.keys).transpose(-1, -2));
   if (meeting == Meeting::kCausal) {
-    const auto options = torch::TensorOptions(torch::kInt64).device(q.device());
-    const torch::Tensor query = torch::arange(tile.first, tile.first + tile.rows, options);
+    const auto options = at::TensorOptions(at::kLong).device(q.device());
+    const at::Tensor query = torch::arange(tile.first, tile.first + tile.rows, options);
     scores.masked_fill_(torch::arange(tile.keys, options).unsqueeze(0) > query.unsqueeze(1),
                         -std::numeric_limits<float>::infinity());
   }
@@ -135,83 +142,83 @@ torch::Tensor TileScores(const torch::Tensor& q, const torch::Tensor& k, const T
 // CPU kernels (models/internal/ops.h) or LibTorch's generic ops in tiles of query rows.
 struct BlockForm {
   // The block's output [B, L, H, d] and its rows' log-sum-exp [B, H, L].
-  models::internal::AttentionBlock (*forward)(const torch::Tensor& q, const torch::Tensor& k,
-                                              const torch::Tensor& v, Meeting meeting,
+  models::internal::AttentionBlock (*forward)(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& v, Meeting meeting,
                                               int64_t tile_rows);
   // The block's share of the gradients of q, k and v, from the whole attention's output
   // `out`, log-sum-exp `lse` and output gradient `dout`.
-  std::array<torch::Tensor, 3> (*backward)(const torch::Tensor& q, const torch::Tensor& k,
-                                           const torch::Tensor& v, const torch::Tensor& out,
-                                           const torch::Tensor& lse, const torch::Tensor& dout,
-                                           Meeting meeting, int64_t tile_rows);
+  std::array<at::Tensor, 3> (*backward)(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& out,
+                                        const at::Tensor& lse, const at::Tensor& dout,
+                                        Meeting meeting, int64_t tile_rows);
 };
 
-models::internal::AttentionBlock FusedForward(const torch::Tensor& q, const torch::Tensor& k,
-                                              const torch::Tensor& v, Meeting meeting,
+models::internal::AttentionBlock FusedForward(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& v, Meeting meeting,
                                               int64_t /*tile_rows*/) {
   return models::internal::FusedAttentionBlock(q.contiguous(), k.contiguous(), v,
                                                meeting == Meeting::kCausal);
 }
 
-std::array<torch::Tensor, 3> FusedBackward(const torch::Tensor& q, const torch::Tensor& k,
-                                           const torch::Tensor& v, const torch::Tensor& out,
-                                           const torch::Tensor& lse, const torch::Tensor& dout,
-                                           Meeting meeting, int64_t /*tile_rows*/) {
+std::array<at::Tensor, 3> FusedBackward(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& out,
+                                        const at::Tensor& lse, const at::Tensor& dout,
+                                        Meeting meeting, int64_t /*tile_rows*/) {
   return models::internal::FusedAttentionBlockBackward(q.contiguous(), k.contiguous(), v, out, lse,
                                                        dout, meeting == Meeting::kCausal);
 }
 
 // The generic form: the queries grouped by key/value head (scaled), a tile of rows at a time.
-models::internal::AttentionBlock TiledForward(const torch::Tensor& q, const torch::Tensor& k,
-                                              const torch::Tensor& v, Meeting meeting,
+models::internal::AttentionBlock TiledForward(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& v, Meeting meeting,
                                               int64_t tile_rows) {
   const int64_t len = q.size(1), kv_heads = k.size(2);
-  const torch::Tensor queries =
+  const at::Tensor queries =
       GroupedQueries(q, kv_heads, 1.0 / std::sqrt(static_cast<double>(q.size(3))));
-  const torch::Tensor keys = ByHead(k), values = ByHead(v);
-  torch::Tensor out = torch::empty_like(queries);
-  torch::Tensor lse = torch::empty({q.size(0), kv_heads, queries.size(2), 1}, queries.options());
+  const at::Tensor keys = ByHead(k), values = ByHead(v);
+  at::Tensor out = torch::empty_like(queries);
+  at::Tensor lse = torch::empty({q.size(0), kv_heads, queries.size(2), 1}, queries.options());
   for (const Tile& tile : TilesOf(queries.size(2) / len, len, tile_rows, meeting)) {
     // Every row meets a key (under a causal meeting, its own), so the maximum is finite.
-    torch::Tensor scores = TileScores(queries, keys, tile, meeting);
-    const torch::Tensor row_max = std::get<0>(scores.max(-1, /*keepdim=*/true));
-    const torch::Tensor row_sum = scores.sub_(row_max).exp_().sum(-1, /*keepdim=*/true);
+    at::Tensor scores = TileScores(queries, keys, tile, meeting);
+    const at::Tensor row_max = std::get<0>(scores.max(-1, /*keepdim=*/true));
+    const at::Tensor row_sum = scores.sub_(row_max).exp_().sum(-1, /*keepdim=*/true);
     const int64_t row = tile.Row(len);
     out.narrow(2, row, tile.rows)
-        .copy_(torch::matmul(scores, values.narrow(2, 0, tile.keys)).div_(row_sum));
-    lse.narrow(2, row, tile.rows).copy_(row_max + torch::log(row_sum));
+        .copy_(at::matmul(scores, values.narrow(2, 0, tile.keys)).div_(row_sum));
+    lse.narrow(2, row, tile.rows).copy_(row_max + at::log(row_sum));
   }
   return {UngroupedQueries(out, len), UngroupedRows(lse, q.size(2))};
 }
 
 // With P = exp(scores - lse) and D = rowsum(dO * O): dV = P^T dO, dS = P * (dO V^T - D),
 // dQ = scale dS K, dK = scale dS^T Q (the queries kept scaled, so dK needs no more).
-std::array<torch::Tensor, 3> TiledBackward(const torch::Tensor& q, const torch::Tensor& k,
-                                           const torch::Tensor& v, const torch::Tensor& out,
-                                           const torch::Tensor& lse, const torch::Tensor& dout,
-                                           Meeting meeting, int64_t tile_rows) {
+std::array<at::Tensor, 3> TiledBackward(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& out,
+                                        const at::Tensor& lse, const at::Tensor& dout,
+                                        Meeting meeting, int64_t tile_rows) {
   const int64_t len = q.size(1), kv_heads = k.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  const torch::Tensor queries = GroupedQueries(q, kv_heads, scale);
-  const torch::Tensor output_grads = GroupedQueries(dout, kv_heads);
-  const torch::Tensor row_dots =
+  const at::Tensor queries = GroupedQueries(q, kv_heads, scale);
+  const at::Tensor output_grads = GroupedQueries(dout, kv_heads);
+  const at::Tensor row_dots =
       (output_grads * GroupedQueries(out, kv_heads)).sum(-1, /*keepdim=*/true);
-  const torch::Tensor lses = GroupedRows(lse, kv_heads);
-  const torch::Tensor keys = ByHead(k), values = ByHead(v);
-  torch::Tensor query_grad = torch::zeros_like(queries);
-  torch::Tensor key_grad = torch::zeros_like(keys);
-  torch::Tensor value_grad = torch::zeros_like(values);
+  const at::Tensor lses = GroupedRows(lse, kv_heads);
+  const at::Tensor keys = ByHead(k), values = ByHead(v);
+  at::Tensor query_grad = torch::zeros_like(queries);
+  at::Tensor key_grad = torch::zeros_like(keys);
+  at::Tensor value_grad = torch::zeros_like(values);
   for (const Tile& tile : TilesOf(queries.size(2) / len, len, tile_rows, meeting)) {
     const int64_t row = tile.Row(len);
-    const torch::Tensor p = TileScores(queries, keys, tile, meeting, lses);
-    const torch::Tensor output_grad = output_grads.narrow(2, row, tile.rows);
-    const torch::Tensor tile_keys = keys.narrow(2, 0, tile.keys);
-    value_grad.narrow(2, 0, tile.keys) += torch::matmul(p.transpose(-1, -2), output_grad);
-    torch::Tensor ds = torch::matmul(output_grad, values.narrow(2, 0, tile.keys).transpose(-1, -2));
+    const at::Tensor p = TileScores(queries, keys, tile, meeting, lses);
+    const at::Tensor output_grad = output_grads.narrow(2, row, tile.rows);
+    const at::Tensor tile_keys = keys.narrow(2, 0, tile.keys);
+    value_grad.narrow(2, 0, tile.keys) += at::matmul(p.transpose(-1, -2), output_grad);
+    at::Tensor ds = at::matmul(output_grad, values.narrow(2, 0, tile.keys).transpose(-1, -2));
     ds.sub_(row_dots.narrow(2, row, tile.rows)).mul_(p);
-    query_grad.narrow(2, row, tile.rows) += torch::matmul(ds, tile_keys).mul_(scale);
+    query_grad.narrow(2, row, tile.rows) += at::matmul(ds, tile_keys).mul_(scale);
     key_grad.narrow(2, 0, tile.keys) +=
-        torch::matmul(ds.transpose(-1, -2), queries.narrow(2, row, tile.rows));
+        at::matmul(ds.transpose(-1, -2), queries.narrow(2, row, tile.rows));
   }
   return {UngroupedQueries(query_grad, len), ByHead(key_grad), ByHead(value_grad)};
 }
@@ -221,21 +228,20 @@ constexpr BlockForm kTiledForm{TiledForward, TiledBackward};
 
 // The form that computes tensors like `q`: the fused kernels where they serve the CPU, unless
 // `generic`.
-const BlockForm& FormFor(const torch::Tensor& q, bool generic) {
-  return !generic && models::internal::FusedFormsServe(torch::kFloat32, q.device().type())
-             ? kFusedForm
-             : kTiledForm;
+const BlockForm& FormFor(const at::Tensor& q, bool generic) {
+  return !generic && models::internal::FusedFormsServe(at::kFloat, q.device().type()) ? kFusedForm
+                                                                                      : kTiledForm;
 }
 
 // Chunk `index` (0 or 1) of a rank's [B, 2L, ...] tensor, in fp32.
-torch::Tensor ChunkOf(const torch::Tensor& x, int index, int64_t len) {
-  return x.narrow(1, index * len, len).to(torch::kFloat32);
+at::Tensor ChunkOf(const at::Tensor& x, int index, int64_t len) {
+  return x.narrow(1, index * len, len).to(at::kFloat);
 }
 
 // One rank's blocks, as they travel: its keys and values stacked, [2, B, 2L, KV, d], in the
 // inputs' dtype; or, in the backward, their gradients so far, in fp32.
-torch::Tensor Stacked(const torch::Tensor& k, const torch::Tensor& v) {
-  return torch::stack({k, v}).contiguous();
+at::Tensor Stacked(const at::Tensor& k, const at::Tensor& v) {
+  return at::stack({k, v}).contiguous();
 }
 
 // Sends `outgoing` to the next rank of the ring and receives the previous rank's `incoming`
@@ -248,7 +254,7 @@ struct Hop {
     group.Wait(sent);
   }
 };
-Hop StartHop(const torch::Tensor& outgoing, torch::Tensor& incoming, parallel::GraphGroup& group,
+Hop StartHop(const at::Tensor& outgoing, at::Tensor& incoming, parallel::GraphGroup& group,
              parallel::Pass pass, const char* purpose) {
   const int n = group.size();
   const parallel::ScopedPlace place = group.Place(pass, purpose);
@@ -261,20 +267,20 @@ Hop StartHop(const torch::Tensor& outgoing, torch::Tensor& incoming, parallel::G
 
 // The online softmax's merge of a block's output and log-sum-exp [B, H, L] into the chunk's so
 // far (none yet: zeros and -inf), in place.
-void Merge(const models::internal::AttentionBlock& block, torch::Tensor& out, torch::Tensor& lse) {
+void Merge(const models::internal::AttentionBlock& block, at::Tensor& out, at::Tensor& lse) {
   // The log-sum-exps as [B, L, H, 1], beside their rows of the outputs.
-  const auto beside_rows = [](const torch::Tensor& x) { return x.transpose(1, 2).unsqueeze(-1); };
-  const torch::Tensor merged = torch::logaddexp(lse, block.lse);
-  out.mul_(beside_rows(torch::exp(lse - merged)))
-      .add_(block.out * beside_rows(torch::exp(block.lse - merged)));
+  const auto beside_rows = [](const at::Tensor& x) { return x.transpose(1, 2).unsqueeze(-1); };
+  const at::Tensor merged = at::logaddexp(lse, block.lse);
+  out.mul_(beside_rows(at::exp(lse - merged)))
+      .add_(block.out * beside_rows(at::exp(block.lse - merged)));
   lse.copy_(merged);
 }
 
 class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, parallel::GraphGroup* group,
-                               int64_t max_score_elements, int64_t order, bool generic) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, parallel::GraphGroup* group,
+                            int64_t max_score_elements, int64_t order, bool generic) {
     const int n = group->size();
     const int rank = group->rank();
     const int64_t len = q.size(1) / 2;
@@ -284,25 +290,25 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
     const BlockForm& form = FormFor(q, generic);
     // Per query chunk, its queries, the output so far and its rows' log-sum-exp over the keys
     // met so far.
-    std::array<torch::Tensor, 2> queries, outputs, lses;
+    std::array<at::Tensor, 2> queries, outputs, lses;
     for (int i = 0; i < 2; ++i) {
       queries[i] = ChunkOf(q, i, len);
       outputs[i] = torch::zeros_like(queries[i]);
       lses[i] = torch::full({q.size(0), q.size(2), len}, -std::numeric_limits<float>::infinity(),
                             queries[i].options());
     }
-    torch::Tensor blocks = Stacked(k, v);
+    at::Tensor blocks = Stacked(k, v);
     for (int hop = 0; hop < n; ++hop) {
       const int owner = (rank + n - hop) % n;
-      torch::Tensor next;
+      at::Tensor next;
       std::optional<Hop> travel;
       if (hop + 1 < n) {
         travel = StartHop(blocks, next, *group, parallel::Pass::kForward, kBlocks);
       }
       const std::array<int, 2> theirs = ChunkLayout::ChunksOf(n, owner, chunk_order);
       for (int j = 0; j < 2; ++j) {
-        const torch::Tensor keys = ChunkOf(blocks[0], j, len);
-        const torch::Tensor values = ChunkOf(blocks[1], j, len);
+        const at::Tensor keys = ChunkOf(blocks[0], j, len);
+        const at::Tensor values = ChunkOf(blocks[1], j, len);
         for (int i = 0; i < 2; ++i) {
           const Meeting meeting = MeetingOf(own[i], theirs[j]);
           if (meeting == Meeting::kNone) continue;
@@ -319,16 +325,16 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
     ctx->saved_data["order"] = order;
     ctx->saved_data["generic"] = generic;
     ctx->save_for_backward(
-        {q, k, v, torch::stack({outputs[0], outputs[1]}), torch::stack({lses[0], lses[1]})});
-    return torch::cat(outputs, 1).to(q.scalar_type());
+        {q, k, v, at::stack({outputs[0], outputs[1]}), at::stack({lses[0], lses[1]})});
+    return at::cat(outputs, 1).to(q.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     parallel::GraphGroup& group = parallel::GraphGroup::SavedIn(ctx);
     const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& q = saved[0];
-    const torch::Tensor& k = saved[1];
-    const torch::Tensor& v = saved[2];
+    const at::Tensor& q = saved[0];
+    const at::Tensor& k = saved[1];
+    const at::Tensor& v = saved[2];
     const int n = group.size();
     const int rank = group.rank();
     const int64_t len = q.size(1) / 2;
@@ -336,28 +342,27 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
     const std::array<int, 2> own = ChunkLayout::ChunksOf(n, rank, chunk_order);
     const int64_t tile_rows = ctx->saved_data["tile_rows"].toInt();
     const BlockForm& form = FormFor(q, ctx->saved_data["generic"].toBool());
-    std::array<torch::Tensor, 2> queries, output_grads, query_grads;
+    std::array<at::Tensor, 2> queries, output_grads, query_grads;
     for (int i = 0; i < 2; ++i) {
       queries[i] = ChunkOf(q, i, len);
       output_grads[i] = ChunkOf(grads[0], i, len).contiguous();
       query_grads[i] = torch::zeros_like(queries[i]);
     }
-    torch::Tensor blocks = Stacked(k, v);
+    at::Tensor blocks = Stacked(k, v);
     // The gradients of the blocks held, summed over the ranks they have passed: fp32, laid
     // out as `blocks`.
-    torch::Tensor block_grads =
-        torch::zeros(blocks.sizes(), blocks.options().dtype(torch::kFloat32));
+    at::Tensor block_grads = torch::zeros(blocks.sizes(), blocks.options().dtype(at::kFloat));
     for (int hop = 0; hop < n; ++hop) {
       const int owner = (rank + n - hop) % n;
-      torch::Tensor next;
+      at::Tensor next;
       std::optional<Hop> travel;
       if (hop + 1 < n) {
         travel = StartHop(blocks, next, group, parallel::Pass::kBackward, kBlocks);
       }
       const std::array<int, 2> theirs = ChunkLayout::ChunksOf(n, owner, chunk_order);
       for (int j = 0; j < 2; ++j) {
-        const torch::Tensor keys = ChunkOf(blocks[0], j, len);
-        const torch::Tensor values = ChunkOf(blocks[1], j, len);
+        const at::Tensor keys = ChunkOf(blocks[0], j, len);
+        const at::Tensor values = ChunkOf(blocks[1], j, len);
         for (int i = 0; i < 2; ++i) {
           const Meeting meeting = MeetingOf(own[i], theirs[j]);
           if (meeting == Meeting::kNone) continue;
@@ -371,7 +376,7 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
       }
       // The gradients go on with their blocks; after n hops each owner has its own back.
       if (n > 1) {
-        torch::Tensor arriving;
+        at::Tensor arriving;
         StartHop(block_grads, arriving, group, parallel::Pass::kBackward, kBlockGradients)
             .Wait(group);
         block_grads = arriving;
@@ -381,13 +386,13 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
         blocks = next;
       }
     }
-    return {torch::cat(query_grads, 1).to(q.scalar_type()),
+    return {at::cat(query_grads, 1).to(q.scalar_type()),
             block_grads[0].to(k.scalar_type()),
             block_grads[1].to(v.scalar_type()),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor()};
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -413,20 +418,20 @@ std::array<int, 2> ChunkLayout::ChunksOf(int ranks, int rank, ChunkOrder order) 
   return {rank, 2 * ranks - 1 - rank};
 }
 
-torch::Tensor ChunkLayout::Positions() const {
-  std::vector<torch::Tensor> parts;
+at::Tensor ChunkLayout::Positions() const {
+  std::vector<at::Tensor> parts;
   for (const int chunk : ChunksOf(ranks_, rank_, order_)) {
-    parts.push_back(torch::arange(chunk * chunk_len_, (chunk + 1) * chunk_len_, torch::kInt64));
+    parts.push_back(torch::arange(chunk * chunk_len_, (chunk + 1) * chunk_len_, at::kLong));
   }
-  return torch::cat(parts);
+  return at::cat(parts);
 }
 
-torch::Tensor ChunkLayout::Slice(const torch::Tensor& x, int64_t dim) const {
-  std::vector<torch::Tensor> parts;
+at::Tensor ChunkLayout::Slice(const at::Tensor& x, int64_t dim) const {
+  std::vector<at::Tensor> parts;
   for (const int chunk : ChunksOf(ranks_, rank_, order_)) {
     parts.push_back(x.narrow(dim, chunk * chunk_len_, chunk_len_));
   }
-  return torch::cat(parts, dim);
+  return at::cat(parts, dim);
 }
 
 int64_t ScoreTileRows(int64_t batch, int64_t kv_heads, int64_t chunk_len,
@@ -454,8 +459,8 @@ double RingWorkingBytes(const RingShape& shape, bool fused, int threads,
   return gradients + 3.0 * rows(shape.heads) + tiles;
 }
 
-torch::Tensor RingAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            parallel::GraphGroup& group, const RingOptions& options) {
+at::Tensor RingAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         parallel::GraphGroup& group, const RingOptions& options) {
   return RingAttentionFunction::apply(q, k, v, &group, options.max_score_elements,
                                       static_cast<int64_t>(options.order), options.generic);
 }
@@ -466,20 +471,20 @@ ChunkLayout RingContext::LayoutOf(int64_t seq_len) const {
   return *layout;
 }
 
-torch::Tensor RingContext::Slice(const torch::Tensor& x) { return LayoutOf(x.size(1)).Slice(x, 1); }
+at::Tensor RingContext::Slice(const at::Tensor& x) { return LayoutOf(x.size(1)).Slice(x, 1); }
 
-torch::Tensor RingContext::Positions(int64_t seq_len, const torch::Device& device) {
+at::Tensor RingContext::Positions(int64_t seq_len, const at::Device& device) {
   return LayoutOf(seq_len).Positions().to(device);
 }
 
-torch::Tensor RingContext::Attention(const torch::Tensor& q, const torch::Tensor& k,
-                                     const torch::Tensor& v, bool generic) {
+at::Tensor RingContext::Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  bool generic) {
   RingOptions options;
   options.generic = generic;
   return RingAttention(q, k, v, group_, options);
 }
 
-torch::Tensor RingContext::SumOverRanks(const torch::Tensor& partial) {
+at::Tensor RingContext::SumOverRanks(const at::Tensor& partial) {
   return SumOverRanksFunction::apply(partial, &group_);
 }
 

@@ -12,8 +12,8 @@
 // queries few, the late chunk's many. Rotary positions are the global ones (Positions).
 //
 //   const ChunkLayout layout = *ChunkLayout::Create(seq_len, group.size(), group.rank());
-//   torch::Tensor q = Rotary(..., layout.Positions()), k = ..., v = ...;  // [B, 2L, heads, d]
-//   torch::Tensor out = RingAttention(q, k, v, group);                   // [B, 2L, H, d]
+//   at::Tensor q = Rotary(..., layout.Positions()), k = ..., v = ...;  // [B, 2L, heads, d]
+//   at::Tensor out = RingAttention(q, k, v, group);                   // [B, 2L, H, d]
 //   loss.backward();
 //   PLAIT_RETURN_IF_ERROR(group.status());
 //
@@ -29,9 +29,9 @@
 #include <array>
 #include <cstdint>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "parallel/graph_group.h"
-#include "torch/types.h"
 #include "wrap/wrappable.h"
 
 namespace plait::wrap::cp {
@@ -57,10 +57,10 @@ class ChunkLayout {
   int64_t local_len() const { return 2 * chunk_len_; }
 
   // The global positions of this rank's tokens, in order: int64 [local_len()].
-  torch::Tensor Positions() const;
+  at::Tensor Positions() const;
 
   // This rank's tokens of `x` (whose dimension `dim` is the whole sequence), in order.
-  torch::Tensor Slice(const torch::Tensor& x, int64_t dim) const;
+  at::Tensor Slice(const at::Tensor& x, int64_t dim) const;
 
  private:
   ChunkLayout(int64_t chunk_len, int ranks, int rank, ChunkOrder order)
@@ -116,8 +116,8 @@ struct RingOptions {
 // L = chunk_len. Returns [B, 2L, H, d] in q's dtype, differentiable in q, k and v. A failed
 // send or receive is kept in `group` (the result is then meaningless). Each tile of scores
 // holds at most `options.max_score_elements` (unless one query row's exceed it).
-torch::Tensor RingAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            parallel::GraphGroup& group, const RingOptions& options = {});
+at::Tensor RingAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         parallel::GraphGroup& group, const RingOptions& options = {});
 
 // What a model's forward calls under context parallelism over `group` (which must outlive
 // it): ChunkLayout's slices and positions for the group's rank, and RingAttention. A sequence
@@ -126,12 +126,12 @@ class RingContext final : public ContextParallelOps {
  public:
   explicit RingContext(parallel::GraphGroup& group) : group_(group) {}
 
-  torch::Tensor Slice(const torch::Tensor& x) override;
-  torch::Tensor Positions(int64_t seq_len, const torch::Device& device) override;
-  torch::Tensor Attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                          bool generic) override;
+  at::Tensor Slice(const at::Tensor& x) override;
+  at::Tensor Positions(int64_t seq_len, const at::Device& device) override;
+  at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       bool generic) override;
   // An all-reduce over the group forward, and of the gradients backward.
-  torch::Tensor SumOverRanks(const torch::Tensor& partial) override;
+  at::Tensor SumOverRanks(const at::Tensor& partial) override;
 
  private:
   ChunkLayout LayoutOf(int64_t seq_len) const;

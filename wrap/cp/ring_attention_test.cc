@@ -11,6 +11,12 @@
 #include <string>
 #include <utility>
 
+#include "ATen/Context.h"
+#include "ATen/Parallel.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/matmul.h"
+#include "ATen/ops/softmax.h"
+#include "ATen/ops/stack.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -19,7 +25,7 @@
 #include "models/testing_gradients.h"
 #include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::wrap::cp {
 namespace {
@@ -41,17 +47,15 @@ void OnRanks(int ranks, const std::function<void(int, parallel::GraphGroup&)>& b
 
 // One process's causal grouped-query attention, in fp32: q [B, T, H, d], k and v
 // [B, T, KV, d] -> [B, T, H, d].
-torch::Tensor FullAttention(const torch::Tensor& q, const torch::Tensor& k,
-                            const torch::Tensor& v) {
+at::Tensor FullAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const int64_t groups = q.size(2) / k.size(2);
   const int64_t len = q.size(1);
-  const torch::Tensor qh = q.to(torch::kFloat32).transpose(1, 2);  // [B, H, T, d]
-  const torch::Tensor kh = k.to(torch::kFloat32).repeat_interleave(groups, 2).transpose(1, 2);
-  const torch::Tensor vh = v.to(torch::kFloat32).repeat_interleave(groups, 2).transpose(1, 2);
-  const torch::Tensor scores = torch::matmul(qh, kh.transpose(-1, -2)) / std::sqrt(q.size(3));
-  const torch::Tensor above = torch::ones({len, len}, torch::kBool).triu(1);
-  return torch::matmul(torch::softmax(scores.masked_fill(above, -INFINITY), -1), vh)
-      .transpose(1, 2);
+  const at::Tensor qh = q.to(at::kFloat).transpose(1, 2);  // [B, H, T, d]
+  const at::Tensor kh = k.to(at::kFloat).repeat_interleave(groups, 2).transpose(1, 2);
+  const at::Tensor vh = v.to(at::kFloat).repeat_interleave(groups, 2).transpose(1, 2);
+  const at::Tensor scores = at::matmul(qh, kh.transpose(-1, -2)) / std::sqrt(q.size(3));
+  const at::Tensor above = torch::ones({len, len}, at::kBool).triu(1);
+  return at::matmul(at::softmax(scores.masked_fill(above, -INFINITY), -1), vh).transpose(1, 2);
 }
 
 struct Case {
@@ -59,7 +63,7 @@ struct Case {
   int64_t seq_len;
   int64_t heads;
   int64_t kv_heads;
-  torch::ScalarType dtype;
+  at::ScalarType dtype;
   double tolerance;  // relative to each tensor's largest value
   int64_t max_score_elements = kMaxScoreElements;
   ChunkOrder order = ChunkOrder::kLoadBalanced;
@@ -75,30 +79,30 @@ std::string Name(const Case& c) {
 void ExpectRingEqualsFullAttention(const Case& c) {
   const std::string name = Name(c);
   constexpr int64_t kBatch = 2, kHeadDim = 8;
-  torch::manual_seed(3);
+  at::manual_seed(3);
   const auto draw = [&](int64_t heads) {
     return torch::randn({kBatch, c.seq_len, heads, kHeadDim}).to(c.dtype);
   };
-  const torch::Tensor q = draw(c.heads), k = draw(c.kv_heads), v = draw(c.kv_heads);
-  const torch::Tensor weights = torch::randn({kBatch, c.seq_len, c.heads, kHeadDim});
+  const at::Tensor q = draw(c.heads), k = draw(c.kv_heads), v = draw(c.kv_heads);
+  const at::Tensor weights = torch::randn({kBatch, c.seq_len, c.heads, kHeadDim});
   // One process, in fp32 from the same (rounded) inputs.
-  const torch::Tensor fq = q.to(torch::kFloat32).clone().requires_grad_();
-  const torch::Tensor fk = k.to(torch::kFloat32).clone().requires_grad_();
-  const torch::Tensor fv = v.to(torch::kFloat32).clone().requires_grad_();
-  const torch::Tensor expected = FullAttention(fq, fk, fv);
+  const at::Tensor fq = q.to(at::kFloat).clone().requires_grad_();
+  const at::Tensor fk = k.to(at::kFloat).clone().requires_grad_();
+  const at::Tensor fv = v.to(at::kFloat).clone().requires_grad_();
+  const at::Tensor expected = FullAttention(fq, fk, fv);
   (expected * weights).sum().backward();
   for (const bool generic : {false, true}) {
     OnRanks(c.ranks, [&](int rank, parallel::GraphGroup& group) {
-      torch::set_num_threads(1);
+      at::set_num_threads(1);
       absl::StatusOr<ChunkLayout> layout = ChunkLayout::Create(c.seq_len, c.ranks, rank, c.order);
       ASSERT_THAT(layout, IsOk());
-      const torch::Tensor lq = layout->Slice(q, 1).clone().requires_grad_();
-      const torch::Tensor lk = layout->Slice(k, 1).clone().requires_grad_();
-      const torch::Tensor lv = layout->Slice(v, 1).clone().requires_grad_();
-      const torch::Tensor out =
+      const at::Tensor lq = layout->Slice(q, 1).clone().requires_grad_();
+      const at::Tensor lk = layout->Slice(k, 1).clone().requires_grad_();
+      const at::Tensor lv = layout->Slice(v, 1).clone().requires_grad_();
+      const at::Tensor out =
           RingAttention(lq, lk, lv, group, {c.max_score_elements, c.order, generic});
       EXPECT_EQ(out.scalar_type(), c.dtype);
-      (out.to(torch::kFloat32) * layout->Slice(weights, 1)).sum().backward();
+      (out.to(at::kFloat) * layout->Slice(weights, 1)).sum().backward();
       const std::string where =
           name + (generic ? ", generic" : ", fused") + ", rank " + std::to_string(rank);
       ExpectElementsClose(out, layout->Slice(expected.detach(), 1), c.tolerance, where + " output");
@@ -113,9 +117,8 @@ void ExpectRingEqualsFullAttention(const Case& c) {
 }
 
 TEST(RingAttentionTest, EqualsFullAttentionRowsAndGradientsInFp32) {
-  for (const Case& c :
-       {Case{2, 16, 4, 4, torch::kFloat32, 1e-5}, Case{2, 32, 4, 2, torch::kFloat32, 1e-5},
-        Case{4, 32, 4, 1, torch::kFloat32, 1e-5}, Case{4, 8, 2, 2, torch::kFloat32, 1e-5}}) {
+  for (const Case& c : {Case{2, 16, 4, 4, at::kFloat, 1e-5}, Case{2, 32, 4, 2, at::kFloat, 1e-5},
+                        Case{4, 32, 4, 1, at::kFloat, 1e-5}, Case{4, 8, 2, 2, at::kFloat, 1e-5}}) {
     ExpectRingEqualsFullAttention(c);
   }
 }
@@ -124,7 +127,7 @@ TEST(RingAttentionTest, EqualsFullAttentionRowsAndGradientsInFp32) {
 // to bf16 (a relative step of 2^-8), against fp32 attention of the same bf16 inputs.
 TEST(RingAttentionTest, EqualsFullAttentionInBf16WithinItsRounding) {
   for (const Case& c :
-       {Case{2, 32, 4, 2, torch::kBFloat16, 1e-2}, Case{4, 32, 4, 2, torch::kBFloat16, 1e-2}}) {
+       {Case{2, 32, 4, 2, at::kBFloat16, 1e-2}, Case{4, 32, 4, 2, at::kBFloat16, 1e-2}}) {
     ExpectRingEqualsFullAttention(c);
   }
 }
@@ -137,9 +140,9 @@ TEST(RingAttentionTest, EqualsFullAttentionInTilesOfFewRows) {
   EXPECT_EQ(ScoreTileRows(kBatch, 2, 8, 3 * kBatch * 2 * 8), 3);
   EXPECT_EQ(ScoreTileRows(kBatch, 1, 4, 1), 1);
   EXPECT_EQ(ScoreTileRows(kBatch, 1, 4, kMaxScoreElements), 4);
-  for (const Case& c : {Case{2, 32, 4, 2, torch::kFloat32, 1e-5, 3 * kBatch * 2 * 8},
-                        Case{4, 32, 4, 1, torch::kFloat32, 1e-5, 1},
-                        Case{2, 32, 4, 2, torch::kBFloat16, 1e-2, 3 * kBatch * 2 * 8}}) {
+  for (const Case& c : {Case{2, 32, 4, 2, at::kFloat, 1e-5, 3 * kBatch * 2 * 8},
+                        Case{4, 32, 4, 1, at::kFloat, 1e-5, 1},
+                        Case{2, 32, 4, 2, at::kBFloat16, 1e-2, 3 * kBatch * 2 * 8}}) {
     ExpectRingEqualsFullAttention(c);
   }
 }
@@ -147,15 +150,15 @@ TEST(RingAttentionTest, EqualsFullAttentionInTilesOfFewRows) {
 // The contiguous split (rank r keeps chunks 2r and 2r + 1) attends alike.
 TEST(RingAttentionTest, EqualsFullAttentionOnTheContiguousSplit) {
   for (const Case& c :
-       {Case{2, 32, 4, 2, torch::kFloat32, 1e-5, kMaxScoreElements, ChunkOrder::kContiguous},
-        Case{4, 32, 4, 1, torch::kFloat32, 1e-5, 7, ChunkOrder::kContiguous}}) {
+       {Case{2, 32, 4, 2, at::kFloat, 1e-5, kMaxScoreElements, ChunkOrder::kContiguous},
+        Case{4, 32, 4, 1, at::kFloat, 1e-5, 7, ChunkOrder::kContiguous}}) {
     ExpectRingEqualsFullAttention(c);
   }
 }
 
 // One rank is plain causal attention: its two chunks are the whole sequence.
 TEST(RingAttentionTest, OneRankIsCausalAttention) {
-  ExpectRingEqualsFullAttention(Case{1, 12, 4, 2, torch::kFloat32, 1e-5});
+  ExpectRingEqualsFullAttention(Case{1, 12, 4, 2, at::kFloat, 1e-5});
 }
 
 // A model whose forward runs through RingContext computes its slice of each sequence: its
@@ -170,16 +173,16 @@ TEST(RingContextTest, AModelComputesItsSliceOfTheSequence) {
     models::InitConfig init;
     init.set_seed(5);
     init.set_std(0.05);
-    torch::manual_seed(6);
-    const torch::Tensor tokens = torch::randint(config.vocab_size(), {2, kSeqLen}, torch::kInt64);
-    torch::Tensor targets = torch::randint(config.vocab_size(), {2, kSeqLen}, torch::kInt64);
+    at::manual_seed(6);
+    const at::Tensor tokens = torch::randint(config.vocab_size(), {2, kSeqLen}, at::kLong);
+    at::Tensor targets = torch::randint(config.vocab_size(), {2, kSeqLen}, at::kLong);
     targets.index_put_({0, torch::indexing::Slice(3, 9)}, models::kIgnoreIndex);  // unscored
     const std::shared_ptr<models::CausalLM> whole = *models::CausalLM::Create(config, init);
-    const torch::Tensor expected = whole->TokenLogProbs(tokens, targets);
+    const at::Tensor expected = whole->TokenLogProbs(tokens, targets);
     expected.sum().backward();
     for (const auto& [ranks, generic] : {std::pair{2, false}, {4, false}, {2, true}}) {
       OnRanks(ranks, [&](int rank, parallel::GraphGroup& group) {
-        torch::set_num_threads(1);
+        at::set_num_threads(1);
         const std::string where = preset + (generic ? ", generic" : ", fused") + ", rank " +
                                   std::to_string(rank) + " of " + std::to_string(ranks);
         const std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
@@ -187,13 +190,13 @@ TEST(RingContextTest, AModelComputesItsSliceOfTheSequence) {
         RingContext context(group);
         model->SetContextParallelOps(&context);
         const ChunkLayout layout = *ChunkLayout::Create(kSeqLen, ranks, rank);
-        const torch::Tensor own = model->TokenLogProbs(tokens, targets);
+        const at::Tensor own = model->TokenLogProbs(tokens, targets);
         ExpectElementsClose(own, layout.Slice(expected.detach(), 1), 1e-5,
                             where + " log-probabilities");
         own.sum().backward();
         const auto expected_grads = whole->named_parameters();
         for (const auto& named : model->named_parameters()) {
-          torch::Tensor grad = named.value().grad().clone();
+          at::Tensor grad = named.value().grad().clone();
           ASSERT_THAT(group.communicator().AllReduce(grad, parallel::ReduceOp::kSum)->Wait(),
                       IsOk());
           ExpectElementsClose(grad, expected_grads[named.key()].grad(), 1e-5,
@@ -211,11 +214,11 @@ TEST(ChunkLayoutTest, EachRankKeepsAnEarlyAndALateChunk) {
   ASSERT_THAT(first, IsOk());
   ASSERT_THAT(second, IsOk());
   EXPECT_EQ(first->chunk_len(), 4);
-  EXPECT_TRUE(first->Positions().equal(torch::tensor({0, 1, 2, 3, 12, 13, 14, 15}, torch::kInt64)));
-  EXPECT_TRUE(second->Positions().equal(torch::tensor({4, 5, 6, 7, 8, 9, 10, 11}, torch::kInt64)));
-  const torch::Tensor tokens = torch::arange(32).view({2, 16});
+  EXPECT_TRUE(first->Positions().equal(torch::tensor({0, 1, 2, 3, 12, 13, 14, 15}, at::kLong)));
+  EXPECT_TRUE(second->Positions().equal(torch::tensor({4, 5, 6, 7, 8, 9, 10, 11}, at::kLong)));
+  const at::Tensor tokens = torch::arange(32).view({2, 16});
   EXPECT_TRUE(
-      second->Slice(tokens, 1).equal(torch::stack({torch::arange(4, 12), torch::arange(20, 28)})));
+      second->Slice(tokens, 1).equal(at::stack({torch::arange(4, 12), torch::arange(20, 28)})));
   EXPECT_EQ(ChunkLayout::ChunksOf(4, 1), (std::array<int, 2>{1, 6}));
   EXPECT_EQ(ChunkLayout::ChunksOf(4, 1, ChunkOrder::kContiguous), (std::array<int, 2>{2, 3}));
 }

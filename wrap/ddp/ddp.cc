@@ -3,10 +3,12 @@
 #include <cmath>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/mul.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::wrap::ddp {
 namespace {
@@ -40,7 +42,7 @@ absl::Status ValidateDdpConfig(const DdpConfig& config) {
 
 struct Ddp::Bucket {
   std::vector<int> members;
-  torch::Tensor buffer;  // the members' gradients, flat, in member order (see used_)
+  at::Tensor buffer;  // the members' gradients, flat, in member order (see used_)
   std::vector<int64_t> offsets;
   int first_flag = 0;  // the index of members[0]'s usage flag in used_
   int pending = 0;     // members whose gradient has not arrived in this backward
@@ -54,13 +56,13 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
   const double cap_mb = BucketCapMb(config);
   const double first_cap_mb = FirstBucketCapMb(config);
 
-  std::vector<torch::Tensor> parameters;
+  std::vector<at::Tensor> parameters;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
     parameters.push_back(named.parameter);
   }
   {
-    torch::NoGradGuard no_grad;
-    for (torch::Tensor& parameter : parameters) {
+    at::NoGradGuard no_grad;
+    for (at::Tensor& parameter : parameters) {
       // DDP keeps each parameter whole, in memory of its own: a view without it (a model
       // built for deferred initialisation) becomes its contiguous copy.
       if (!parameter.is_contiguous()) parameter.set_data(parameter.contiguous());
@@ -81,7 +83,7 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
     bucket_bytes = 0;
   };
   for (int index = count - 1; index >= 0; --index) {
-    const torch::Tensor& parameter = ddp->parameters_[index];
+    const at::Tensor& parameter = ddp->parameters_[index];
     if (!parameter.requires_grad()) continue;
     const double cap = (ddp->buckets_.empty() ? first_cap_mb : cap_mb) * kBytesPerMb;
     const bool other_dtype =
@@ -124,8 +126,7 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(Wrappable& model,
   return ddp;
 }
 
-Ddp::Ddp(Wrappable& model, std::vector<torch::Tensor> parameters,
-         parallel::Communicator& communicator)
+Ddp::Ddp(Wrappable& model, std::vector<at::Tensor> parameters, parallel::Communicator& communicator)
     : model_(model), parameters_(std::move(parameters)), communicator_(communicator) {}
 
 Ddp::~Ddp() { model_.SetUnitHooks({}); }
@@ -164,16 +165,16 @@ void Ddp::LaunchReadyBuckets() {
   while (next_to_launch_ < static_cast<int>(buckets_.size()) &&
          buckets_[next_to_launch_].pending == 0) {
     Bucket& bucket = buckets_[next_to_launch_++];
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     // Averaged while copied in, as PyTorch's reducer does, so the all-reduce is a plain sum
     // with no pass over the result (dividing by a power of two is exact).
-    const torch::Tensor scale = torch::scalar_tensor(1.0 / communicator_.size(), torch::kFloat64);
+    const at::Tensor scale = torch::scalar_tensor(1.0 / communicator_.size(), at::kDouble);
     for (size_t i = 0; i < bucket.members.size(); ++i) {
-      const torch::Tensor& parameter = parameters_[bucket.members[i]];
-      torch::Tensor slot = bucket.buffer.narrow(0, bucket.offsets[i], parameter.numel());
-      const torch::Tensor& grad = parameter.grad();
+      const at::Tensor& parameter = parameters_[bucket.members[i]];
+      at::Tensor slot = bucket.buffer.narrow(0, bucket.offsets[i], parameter.numel());
+      const at::Tensor& grad = parameter.grad();
       if (grad.defined()) {
-        torch::mul_out(slot, grad.reshape({-1}), scale);
+        at::mul_out(slot, grad.reshape({-1}), scale);
         used_.narrow(0, bucket.first_flag + static_cast<int64_t>(i), 1).fill_(1);
       } else {
         slot.zero_();  // a parameter unused in this step contributes zero
@@ -205,12 +206,11 @@ void Ddp::FinishBackward() {
   // rather than decaying it (PyTorch's DDP with find_unused_parameters). Reading the flags
   // waits for the device, so they are read only when this rank lacks a gradient; in a usual
   // step every rank has every gradient.
-  const torch::Tensor used =
-      every_gradient_here_ ? torch::Tensor() : used_.to(torch::kCPU, torch::kFloat32);
+  const at::Tensor used = every_gradient_here_ ? at::Tensor() : used_.to(at::kCPU, at::kFloat);
   for (Bucket& bucket : buckets_) {
     for (size_t i = 0; i < bucket.members.size(); ++i) {
       if (used.defined() && used.data_ptr<float>()[bucket.first_flag + i] == 0.0f) continue;
-      torch::Tensor& parameter = parameters_[bucket.members[i]];
+      at::Tensor& parameter = parameters_[bucket.members[i]];
       parameter.mutable_grad() =
           bucket.buffer.narrow(0, bucket.offsets[i], parameter.numel()).view(parameter.sizes());
     }

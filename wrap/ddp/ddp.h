@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "parallel/communicator.h"
-#include "torch/types.h"
 #include "wrap/internal/torch_internals.h"
 #include "wrap/strategy.h"
 #include "wrap/wrap.pb.h"
@@ -52,8 +52,7 @@ class Ddp {
  private:
   struct Bucket;
 
-  Ddp(Wrappable& model, std::vector<torch::Tensor> parameters,
-      parallel::Communicator& communicator);
+  Ddp(Wrappable& model, std::vector<at::Tensor> parameters, parallel::Communicator& communicator);
 
   void OnForwardStart();
   void OnGradientReady(int bucket);
@@ -61,7 +60,7 @@ class Ddp {
   void FinishBackward();
 
   Wrappable& model_;
-  std::vector<torch::Tensor> parameters_;
+  std::vector<at::Tensor> parameters_;
   parallel::Communicator& communicator_;
   std::vector<std::vector<int>> bucket_members_;
   std::vector<Bucket> buckets_;
@@ -72,7 +71,7 @@ class Ddp {
   // One flag per bucketed parameter, in bucket order, set where this rank produced a
   // gradient in this backward: the tail of the last bucket's buffer, so that the all-reduce
   // that bucket runs anyway sums them over the ranks, with no collective of its own.
-  torch::Tensor used_;
+  at::Tensor used_;
   // Whether this rank produced every bucketed gradient in this backward: then every flag of
   // used_ is set and need not be read back from the device.
   bool every_gradient_here_ = true;

@@ -2,7 +2,9 @@
 
 #include <numeric>
 
+#include "ATen/core/Tensor.h"
 #include "torch/csrc/autograd/custom_function.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::wrap::ep {
 namespace {
@@ -15,13 +17,13 @@ constexpr char kCounts[] = "expert-parallel row counts";
 constexpr char kRows[] = "expert-parallel rows";
 
 // `input`'s rows, send_rows[r] of them to rank r, exchanged for receive_rows[r] from each rank r.
-torch::Tensor Exchanged(const torch::Tensor& input, const std::vector<int64_t>& send_rows,
-                        const std::vector<int64_t>& receive_rows, parallel::GraphGroup& group,
-                        parallel::Pass pass, const char* purpose) {
+at::Tensor Exchanged(const at::Tensor& input, const std::vector<int64_t>& send_rows,
+                     const std::vector<int64_t>& receive_rows, parallel::GraphGroup& group,
+                     parallel::Pass pass, const char* purpose) {
   const int64_t rows = std::accumulate(receive_rows.begin(), receive_rows.end(), int64_t{0});
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] = rows;
-  torch::Tensor output = torch::empty(shape, input.options());
+  at::Tensor output = torch::empty(shape, input.options());
   const parallel::ScopedPlace place = group.Place(pass, purpose);
   group.Wait(group.communicator().AllToAll(input.contiguous(), output, send_rows, receive_rows));
   return output;
@@ -30,9 +32,9 @@ torch::Tensor Exchanged(const torch::Tensor& input, const std::vector<int64_t>& 
 // An all-to-all of rows whose backward is the all-to-all of their gradients the other way.
 class AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input,
-                               std::vector<int64_t> send_rows, std::vector<int64_t> receive_rows,
-                               parallel::GraphGroup* group) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            std::vector<int64_t> send_rows, std::vector<int64_t> receive_rows,
+                            parallel::GraphGroup* group) {
     group->SaveIn(ctx);
     ctx->saved_data["send_rows"] = send_rows;
     ctx->saved_data["receive_rows"] = receive_rows;
@@ -44,7 +46,7 @@ class AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
     const std::vector<int64_t> receive_rows = ctx->saved_data["receive_rows"].toIntVector();
     return {Exchanged(grads[0], receive_rows, send_rows, parallel::GraphGroup::SavedIn(ctx),
                       parallel::Pass::kBackward, kRows),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -55,16 +57,16 @@ std::pair<int64_t, int64_t> ExpertDispatch::LocalExperts(int64_t num_experts) co
   return {group_.rank() * count, count};
 }
 
-ExpertParallelOps::Dispatched ExpertDispatch::Dispatch(const torch::Tensor& rows,
+ExpertParallelOps::Dispatched ExpertDispatch::Dispatch(const at::Tensor& rows,
                                                        const std::vector<int64_t>& expert_rows) {
   const int ranks = group_.size();
   const int64_t local = static_cast<int64_t>(expert_rows.size()) / ranks;
   Dispatched dispatched;
   // counts[s][i]: the rows rank s routes to this rank's expert i. Zeros where the exchange
   // failed, so that nothing is sized from garbage.
-  const torch::Tensor counts =
-      torch::zeros({ranks, local}, torch::kInt64)
-          .copy_(Exchanged(torch::tensor(expert_rows, torch::kInt64).to(rows.device()),
+  const at::Tensor counts =
+      torch::zeros({ranks, local}, at::kLong)
+          .copy_(Exchanged(torch::tensor(expert_rows, at::kLong).to(rows.device()),
                            std::vector<int64_t>(ranks, local), std::vector<int64_t>(ranks, local),
                            group_, parallel::Pass::kForward, kCounts)
                      .view({ranks, local})
@@ -77,7 +79,7 @@ ExpertParallelOps::Dispatched ExpertDispatch::Dispatch(const torch::Tensor& rows
     for (int64_t i = 0; i < local; ++i) received += count[r][i];
     dispatched.received_rows.push_back(received);
   }
-  const torch::Tensor received =
+  const at::Tensor received =
       AllToAllFunction::apply(rows, dispatched.sent_rows, dispatched.received_rows, &group_);
   // Each sender's rows come grouped by expert: regroup them by expert, senders in rank order.
   std::vector<int64_t> sender_first(ranks, 0);
@@ -95,16 +97,15 @@ ExpertParallelOps::Dispatched ExpertDispatch::Dispatch(const torch::Tensor& rows
     }
     dispatched.expert_rows.push_back(expert_total);
   }
-  dispatched.order = torch::tensor(order, torch::kInt64).to(rows.device());
+  dispatched.order = torch::tensor(order, at::kLong).to(rows.device());
   dispatched.rows = received.index_select(0, dispatched.order);
   return dispatched;
 }
 
-torch::Tensor ExpertDispatch::Combine(const torch::Tensor& outputs, const Dispatched& dispatched) {
+at::Tensor ExpertDispatch::Combine(const at::Tensor& outputs, const Dispatched& dispatched) {
   // Back in the order received (by sender): output j was received as row order[j]. Then to
   // the senders.
-  const torch::Tensor by_sender =
-      torch::empty_like(outputs).index_copy(0, dispatched.order, outputs);
+  const at::Tensor by_sender = torch::empty_like(outputs).index_copy(0, dispatched.order, outputs);
   return AllToAllFunction::apply(by_sender, dispatched.received_rows, dispatched.sent_rows,
                                  &group_);
 }

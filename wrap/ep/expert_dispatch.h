@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "parallel/graph_group.h"
-#include "torch/types.h"
 #include "wrap/wrappable.h"
 
 namespace plait::wrap::ep {
@@ -33,8 +33,8 @@ class ExpertDispatch final : public ExpertParallelOps {
   // Contiguous shares: rank r holds [r E / n, (r + 1) E / n). E must divide by n (plans are
   // checked first).
   std::pair<int64_t, int64_t> LocalExperts(int64_t num_experts) const override;
-  Dispatched Dispatch(const torch::Tensor& rows, const std::vector<int64_t>& expert_rows) override;
-  torch::Tensor Combine(const torch::Tensor& outputs, const Dispatched& dispatched) override;
+  Dispatched Dispatch(const at::Tensor& rows, const std::vector<int64_t>& expert_rows) override;
+  at::Tensor Combine(const at::Tensor& outputs, const Dispatched& dispatched) override;
 
  private:
   parallel::GraphGroup& group_;

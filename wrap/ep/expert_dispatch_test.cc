@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/Parallel.h"
+#include "ATen/core/Tensor.h"
 #include "base/status_matchers.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
@@ -19,7 +22,7 @@
 #include "models/testing_gradients.h"
 #include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::wrap::ep {
 namespace {
@@ -37,7 +40,7 @@ std::shared_ptr<models::CausalLM> MakeModel(bool every_token_to_rank_0) {
   const std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
   if (every_token_to_rank_0) {
     // Equal probabilities: the ties go to the lowest experts, 0 and 1, rank 0's.
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     for (const auto& named : model->named_parameters()) {
       if (named.key().find("mlp.gate.") != std::string::npos) named.value().zero_();
     }
@@ -46,7 +49,7 @@ std::shared_ptr<models::CausalLM> MakeModel(bool every_token_to_rank_0) {
 }
 
 // The rows of `x` rank `rank` of `ranks` computes.
-torch::Tensor PartOf(const torch::Tensor& x, int rank, int ranks) {
+at::Tensor PartOf(const at::Tensor& x, int rank, int ranks) {
   return x.narrow(0, rank * (kBatch / ranks), kBatch / ranks);
 }
 
@@ -54,25 +57,25 @@ void ExpectDispatchEqualsOneProcess(int ranks, bool every_token_to_rank_0) {
   const std::string name = std::to_string(ranks) + " ranks" +
                            (every_token_to_rank_0 ? ", every token to rank 0's experts" : "");
   const models::ModelConfig config = *models::PresetConfig("qwen3-moe-tiny");
-  torch::manual_seed(6);
-  const torch::Tensor tokens = torch::randint(config.vocab_size(), {kBatch, kSeqLen});
-  const torch::Tensor targets = torch::randint(config.vocab_size(), {kBatch, kSeqLen});
+  at::manual_seed(6);
+  const at::Tensor tokens = torch::randint(config.vocab_size(), {kBatch, kSeqLen});
+  const at::Tensor targets = torch::randint(config.vocab_size(), {kBatch, kSeqLen});
   // One process: each part's loss, and the gradient of their sum.
   const std::shared_ptr<models::CausalLM> whole = MakeModel(every_token_to_rank_0);
   std::vector<double> expected_losses;
-  std::vector<torch::Tensor> routed;  // each part's rows per expert, over the layers
+  std::vector<at::Tensor> routed;  // each part's rows per expert, over the layers
   for (int r = 0; r < ranks; ++r) {
-    const torch::Tensor loss = whole->Loss(PartOf(tokens, r, ranks), PartOf(targets, r, ranks));
+    const at::Tensor loss = whole->Loss(PartOf(tokens, r, ranks), PartOf(targets, r, ranks));
     loss.backward();
     expected_losses.push_back(loss.item<double>());
     routed.push_back(whole->LastRouting()->Load().narrow(0, 0, config.num_experts()));
   }
   const auto expected_grads = whole->named_parameters();
 
-  std::vector<std::map<std::string, torch::Tensor>> grads(ranks);
+  std::vector<std::map<std::string, at::Tensor>> grads(ranks);
   parallel::testing::RunOnRingGroup(
       "ep", ranks, [&](int rank, parallel::RingCommunicator& communicator) {
-        torch::set_num_threads(1);
+        at::set_num_threads(1);
         parallel::GraphGroup group(communicator);
         const std::string where = name + ", rank " + std::to_string(rank);
         const std::shared_ptr<models::CausalLM> model = MakeModel(every_token_to_rank_0);
@@ -81,7 +84,7 @@ void ExpectDispatchEqualsOneProcess(int ranks, bool every_token_to_rank_0) {
         const auto [first, count] = dispatch.LocalExperts(config.num_experts());
         EXPECT_EQ(first, rank * config.num_experts() / ranks) << where;
         EXPECT_EQ(count, config.num_experts() / ranks) << where;
-        const torch::Tensor loss =
+        const at::Tensor loss =
             model->Loss(PartOf(tokens, rank, ranks), PartOf(targets, rank, ranks));
         EXPECT_NEAR(loss.item<double>(), expected_losses[rank], 1e-6 * expected_losses[rank])
             << where;
@@ -129,7 +132,7 @@ void ExpectDispatchEqualsOneProcess(int ranks, bool every_token_to_rank_0) {
       });
   // The other parameters: each rank's gradient of its part, summed, is one process's.
   for (const auto& [key, grad] : grads[0]) {
-    torch::Tensor sum = grad.clone();
+    at::Tensor sum = grad.clone();
     for (int r = 1; r < ranks; ++r) sum += grads[r].at(key);
     ExpectElementsClose(sum, expected_grads[key].grad(), 1e-5,
                         name + ": summed gradient of " + key);

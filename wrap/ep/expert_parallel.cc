@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/human.h"
 #include "base/status.h"
 #include "parallel/device_mesh.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "wrap/gradient_reduce.h"
 
 namespace plait::wrap::ep {
@@ -141,8 +143,8 @@ absl::Status ExpertParallelStrategy::FinishGradients(
       continue;
     }
     // Already summed over every rank's rows: the average is the sum over the ranks.
-    const torch::NoGradGuard no_grad;
-    torch::Tensor& gradient = parameter.tensor.mutable_grad();
+    const at::NoGradGuard no_grad;
+    at::Tensor& gradient = parameter.tensor.mutable_grad();
     if (!gradient.defined()) gradient = torch::zeros_like(parameter.tensor);
     gradient.div_(group_->size());
   }
@@ -154,9 +156,9 @@ absl::Status ExpertParallelStrategy::BackwardStatus() const {
 }
 
 absl::Status ExpertParallelStrategy::GatherFullParameters(
-    std::map<std::string, torch::Tensor>& parameters) {
+    std::map<std::string, at::Tensor>& parameters) {
   // Every rank keeps experts of every layer: one of its own gives the others' dtype and device.
-  torch::TensorOptions options;
+  at::TensorOptions options;
   for (const Expert& expert : experts_) {
     if (HolderOf(expert) != group_->rank()) continue;
     const auto it = parameters.find(expert.name);
@@ -168,9 +170,8 @@ absl::Status ExpertParallelStrategy::GatherFullParameters(
   }
   for (const Expert& expert : experts_) {
     const int holder = HolderOf(expert);
-    torch::Tensor tensor = holder == group_->rank()
-                               ? parameters.at(expert.name).detach().contiguous()
-                               : torch::empty(expert.shape, options);
+    at::Tensor tensor = holder == group_->rank() ? parameters.at(expert.name).detach().contiguous()
+                                                 : torch::empty(expert.shape, options);
     PLAIT_RETURN_IF_ERROR(group_->communicator().Broadcast(tensor, holder)->Wait());
     parameters[expert.name] = tensor;
   }

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "parallel/graph_group.h"
 #include "wrap/ep/expert_dispatch.h"
@@ -52,7 +53,7 @@ class ExpertParallelStrategy final : public Strategy {
   absl::Status FinishGradients(const std::vector<parallel::TrainableParameter>& trainable) override;
   absl::Status BackwardStatus() const override;
   // Every expert, broadcast by the rank that keeps it.
-  absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override;
+  absl::Status GatherFullParameters(std::map<std::string, at::Tensor>& parameters) override;
 
  private:
   struct Expert {

@@ -4,13 +4,15 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/dtype.h"
 #include "base/human.h"
 #include "base/math.h"
 #include "base/status.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
+#include "torch/nn/module.h"
 
 namespace plait::wrap::fsdp {
 namespace {
@@ -31,13 +33,13 @@ RankRows RowsOfRank(int64_t full_rows, int64_t rows_per_rank, int rank) {
 }
 
 // Dim 0 of a parameter (a scalar counts as one row).
-int64_t FullRows(const torch::Tensor& parameter) {
+int64_t FullRows(const at::Tensor& parameter) {
   return parameter.dim() == 0 ? 1 : parameter.size(0);
 }
 
 // Copies `rank`'s rows of `full` into `shard` ([rows_per_rank, ...]); padding rows are left
 // as they are.
-void CopyRowsOfRank(const torch::Tensor& full, const torch::Tensor& shard, int64_t rows_per_rank,
+void CopyRowsOfRank(const at::Tensor& full, const at::Tensor& shard, int64_t rows_per_rank,
                     int rank) {
   const int64_t full_rows = FullRows(full);
   const RankRows mine = RowsOfRank(full_rows, rows_per_rank, rank);
@@ -53,12 +55,12 @@ void CopyRowsOfRank(const torch::Tensor& full, const torch::Tensor& shard, int64
 // ranks that hold rows_per_rank rows of the parameter, one for the rank holding its last,
 // fewer rows (the ranks after it hold only padding).
 enum class Direction { kIntoFull, kOutOfFull };
-void CopyBetweenFullAndRanks(const torch::Tensor& full, const torch::Tensor& by_rank,
-                             int64_t offset, int64_t rows_per_rank, Direction direction) {
+void CopyBetweenFullAndRanks(const at::Tensor& full, const at::Tensor& by_rank, int64_t offset,
+                             int64_t rows_per_rank, Direction direction) {
   const int64_t full_rows = FullRows(full);
-  const torch::Tensor rows_view = full.view({full_rows, -1});
+  const at::Tensor rows_view = full.view({full_rows, -1});
   const int64_t row_numel = rows_view.size(1);
-  const auto copy = [direction](const torch::Tensor& full_part, const torch::Tensor& rank_part) {
+  const auto copy = [direction](const at::Tensor& full_part, const at::Tensor& rank_part) {
     if (direction == Direction::kIntoFull) {
       full_part.copy_(rank_part);
     } else {
@@ -81,15 +83,13 @@ void CopyBetweenFullAndRanks(const torch::Tensor& full, const torch::Tensor& by_
 }
 
 // A contiguous tensor's memory as bytes, flat.
-torch::Tensor BytesOf(const torch::Tensor& tensor) {
-  return tensor.reshape({-1}).view(torch::kByte);
-}
+at::Tensor BytesOf(const at::Tensor& tensor) { return tensor.reshape({-1}).view(at::kByte); }
 
 // `shards` one after the other, shard i at offsets[i] of one flat tensor of `numel` elements
 // in `options`: a rank's chunk of a gather.
-torch::Tensor Pack(const std::vector<torch::Tensor>& shards, const std::vector<int64_t>& offsets,
-                   int64_t numel, const torch::TensorOptions& options) {
-  torch::Tensor flat = torch::empty({numel}, options.requires_grad(false));
+at::Tensor Pack(const std::vector<at::Tensor>& shards, const std::vector<int64_t>& offsets,
+                int64_t numel, const at::TensorOptions& options) {
+  at::Tensor flat = torch::empty({numel}, options.requires_grad(false));
   for (size_t i = 0; i < shards.size(); ++i) {
     flat.narrow(0, offsets[i], shards[i].numel()).copy_(shards[i].reshape({-1}));
   }
@@ -108,8 +108,8 @@ torch::Tensor Pack(const std::vector<torch::Tensor>& shards, const std::vector<i
 struct Fsdp::Part {
   parallel::Communicator* group;
   std::vector<std::string> names;
-  std::vector<torch::Tensor> parameters;  // the model's, full shape, memory freed when sharded
-  std::vector<torch::Tensor> shards;      // fp32 [rows_i, rest...], what the optimizer trains
+  std::vector<at::Tensor> parameters;     // the model's, full shape, memory freed when sharded
+  std::vector<at::Tensor> shards;         // fp32 [rows_i, rest...], what the optimizer trains
   std::vector<int64_t> rows;              // rows of parameter i per rank
   std::vector<int64_t> offsets;           // of parameter i's shard in a rank's buffer
   int64_t shard_numel = 0;
@@ -119,11 +119,11 @@ struct Fsdp::Part {
   int64_t grad_numel = 0;
   int trainable = 0;  // parameters that require a gradient
 
-  torch::Tensor gather_input, gather_output;
+  at::Tensor gather_input, gather_output;
   std::shared_ptr<parallel::Work> gather;
   // A rank's reduced gradient rows, then one flag per trainable parameter: above zero when
   // some rank produced its gradient.
-  torch::Tensor reduce_output;
+  at::Tensor reduce_output;
   std::shared_ptr<parallel::Work> reduce;
   // Whether this rank had a gradient for every trainable parameter in its reduce-scatter:
   // then every flag is above zero and need not be read back from the device.
@@ -139,24 +139,24 @@ struct Fsdp::Part {
     std::vector<size_t> tensors;  // its tensors' indices in `held`
   };
   std::vector<HeldWeight> held_weights;
-  std::vector<torch::Tensor> held;         // the ops' tensors, memory freed when sharded
-  std::vector<torch::Tensor> held_shards;  // uint8 [held_rows[i]]: this rank's bytes of held[i]
+  std::vector<at::Tensor> held;         // the ops' tensors, memory freed when sharded
+  std::vector<at::Tensor> held_shards;  // uint8 [held_rows[i]]: this rank's bytes of held[i]
   std::vector<int64_t> held_rows;
   std::vector<int64_t> held_offsets;  // of held_shards[i] in a rank's chunk of bytes
   int64_t held_numel = 0;
-  torch::Tensor held_gather_input, held_gather_output;
+  at::Tensor held_gather_input, held_gather_output;
   std::shared_ptr<parallel::Work> held_gather;
 
   // This rank's shards one after the other, in `dtype`: its chunk of a gather.
-  torch::Tensor PackShards(torch::ScalarType dtype) const {
+  at::Tensor PackShards(at::ScalarType dtype) const {
     return Pack(shards, offsets, shard_numel, shards[0].options().dtype(dtype));
   }
 
   // The bytes of its full parameters and held tensors.
   int64_t ParameterBytes() const {
     int64_t bytes = 0;
-    for (const torch::Tensor& parameter : parameters) bytes += parameter.nbytes();
-    for (const torch::Tensor& tensor : held) bytes += tensor.nbytes();
+    for (const at::Tensor& parameter : parameters) bytes += parameter.nbytes();
+    for (const at::Tensor& tensor : held) bytes += tensor.nbytes();
     return bytes;
   }
 };
@@ -239,15 +239,15 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
     for (const Wrappable::NamedParameter& parameter : named) {
       Part& part = part_of(unit, parameter.name);
       const int n = part.group->size();
-      const torch::Tensor& full = parameter.parameter;
+      const at::Tensor& full = parameter.parameter;
       const int64_t full_rows = FullRows(full);
       const int64_t rows = base::CeilDiv(full_rows, n);
       std::vector<int64_t> shard_shape = full.sizes().vec();
       if (shard_shape.empty()) shard_shape.push_back(1);
       shard_shape[0] = rows;
-      torch::Tensor shard = torch::zeros(shard_shape, full.options().dtype(torch::kFloat32));
+      at::Tensor shard = torch::zeros(shard_shape, full.options().dtype(at::kFloat));
       {
-        torch::NoGradGuard no_grad;
+        at::NoGradGuard no_grad;
         CopyRowsOfRank(full, shard, rows, part.group->rank());
       }
       // A frozen parameter (a reference model's) stays frozen: no gradient, no optimizer.
@@ -271,19 +271,19 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
   auto add_held = [&](Unit& unit, const Wrappable::Unit& block) {
     for (const auto& item :
          block.module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
-      const std::vector<torch::Tensor> tensors = ops->HeldTensors(*item.value());
+      const std::vector<at::Tensor> tensors = ops->HeldTensors(*item.value());
       if (tensors.empty()) continue;
       const std::string name = absl::StrCat(block.name, ".", item.key(), ".weight");
       Part& part = part_of(unit, name);
       Part::HeldWeight& weight = part.held_weights.emplace_back();
       weight.name = name;
       weight.projection = item.value().get();
-      for (const torch::Tensor& tensor : tensors) {
-        torch::NoGradGuard no_grad;
+      for (const at::Tensor& tensor : tensors) {
+        at::NoGradGuard no_grad;
         tensor.set_data(tensor.clone(at::MemoryFormat::Contiguous));
-        const torch::Tensor bytes = BytesOf(tensor);
+        const at::Tensor bytes = BytesOf(tensor);
         const int64_t rows = base::CeilDiv(bytes.numel(), part.group->size());
-        torch::Tensor shard = torch::zeros({rows}, bytes.options());
+        at::Tensor shard = torch::zeros({rows}, bytes.options());
         CopyRowsOfRank(bytes, shard, rows, part.group->rank());
         weight.tensors.push_back(part.held.size());
         part.held.push_back(tensor);
@@ -322,15 +322,15 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
   for (Unit& unit : fsdp->units_) {
     const int index = static_cast<int>(&unit - fsdp->units_.data());
     for (Part& part : unit.parts) {
-      for (torch::Tensor& parameter : part.parameters) {
+      for (at::Tensor& parameter : part.parameters) {
         if (parameter.scalar_type() != fsdp->param_dtype_ || !parameter.is_contiguous()) {
           parameter.set_data(
               torch::empty(parameter.sizes(), parameter.options().dtype(fsdp->param_dtype_)));
         }
         internal::FreeStorage(parameter);
       }
-      for (const torch::Tensor& tensor : part.held) internal::FreeStorage(tensor);
-      for (const torch::Tensor& parameter : part.parameters) {
+      for (const at::Tensor& tensor : part.held) internal::FreeStorage(tensor);
+      for (const at::Tensor& parameter : part.parameters) {
         if (!parameter.requires_grad()) continue;
         fsdp->hooks_.push_back(internal::AddPostAccumulateHook(
             parameter, [fsdp = fsdp.get(), index] { fsdp->OnGradientAccumulated(index); }));
@@ -339,7 +339,7 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
   }
   Fsdp* self = fsdp.get();
   model.SetUnitHooks({[self](int unit) { self->BeforeForward(unit); },
-                      [self](int unit, torch::Tensor output) {
+                      [self](int unit, at::Tensor output) {
                         return self->AfterForward(unit, std::move(output));
                       }});
   return fsdp;
@@ -351,10 +351,10 @@ Fsdp::Fsdp(Wrappable& model, parallel::Communicator* replicate, const FsdpConfig
       reshard_after_forward_(!config.has_reshard_after_forward() ||
                              config.reshard_after_forward()) {
   const auto named = model.NamedParameters();
-  const torch::ScalarType model_dtype =
-      named.empty() ? torch::kFloat32 : named.front().parameter.scalar_type();
+  const at::ScalarType model_dtype =
+      named.empty() ? at::kFloat : named.front().parameter.scalar_type();
   param_dtype_ = base::ToScalarType(config.param_dtype(), model_dtype);
-  reduce_dtype_ = base::ToScalarType(config.reduce_dtype(), torch::kFloat32);
+  reduce_dtype_ = base::ToScalarType(config.reduce_dtype(), at::kFloat);
 }
 
 Fsdp::~Fsdp() { model_.SetUnitHooks({}); }
@@ -375,7 +375,7 @@ std::vector<parallel::TrainableParameter> Fsdp::Shards() {
     for (const Part& part : unit.parts) {
       const int rank = part.group->rank();
       for (size_t i = 0; i < part.shards.size(); ++i) {
-        const torch::Tensor& full = part.parameters[i];
+        const at::Tensor& full = part.parameters[i];
         parallel::TensorSlice slice = parallel::TensorSlice::Whole(full.sizes());
         if (full.dim() == 0) {
           // A scalar is rank 0's one row; the other ranks' row is padding: marked as replicas,
@@ -424,7 +424,7 @@ parallel::StepPlace Fsdp::PlaceOf(const Unit& unit, const char* purpose) const {
 
 void Fsdp::StartGather(Unit& unit) {
   if (unit.state != Unit::State::kSharded) return;
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (Part& part : unit.parts) {
     const parallel::ScopedPlace place(*part.group, PlaceOf(unit, kUnitPurpose));
     if (!part.parameters.empty()) {
@@ -449,13 +449,13 @@ void Fsdp::Unshard(Unit& unit) {
       // On failure the parameters are refilled with whatever the buffer holds, so that the
       // forward still has memory to read; the error is reported by last_status().
       if (absl::Status status = part.gather->Wait(); !status.ok()) Fail(status);
-      const torch::Tensor by_rank = part.gather_output.view({part.group->size(), part.shard_numel});
+      const at::Tensor by_rank = part.gather_output.view({part.group->size(), part.shard_numel});
       for (size_t i = 0; i < part.parameters.size(); ++i) {
         CopyBetweenFullAndRanks(internal::RestoreStorage(part.parameters[i]), by_rank,
                                 part.offsets[i], part.rows[i], Direction::kIntoFull);
       }
-      part.gather_input = torch::Tensor();
-      part.gather_output = torch::Tensor();
+      part.gather_input = at::Tensor();
+      part.gather_output = at::Tensor();
       part.gather.reset();
     }
     FinishHeldGather(part);
@@ -476,14 +476,14 @@ void Fsdp::FinishHeldGather(Part& part) {
   if (part.held_gather == nullptr) return;
   // As Unshard's parameters: on failure the tensors get whatever the buffer holds.
   if (absl::Status status = part.held_gather->Wait(); !status.ok()) Fail(status);
-  const torch::Tensor bytes_by_rank =
+  const at::Tensor bytes_by_rank =
       part.held_gather_output.view({part.group->size(), part.held_numel});
   for (size_t i = 0; i < part.held.size(); ++i) {
     CopyBetweenFullAndRanks(BytesOf(internal::RestoreStorage(part.held[i])), bytes_by_rank,
                             part.held_offsets[i], part.held_rows[i], Direction::kIntoFull);
   }
-  part.held_gather_input = torch::Tensor();
-  part.held_gather_output = torch::Tensor();
+  part.held_gather_input = at::Tensor();
+  part.held_gather_output = at::Tensor();
   part.held_gather.reset();
 }
 
@@ -491,8 +491,8 @@ void Fsdp::Reshard(Unit& unit) {
   if (unit.state == Unit::State::kGathering) Unshard(unit);  // settle the collective first
   if (unit.state != Unit::State::kUnsharded) return;
   for (const Part& part : unit.parts) {
-    for (const torch::Tensor& parameter : part.parameters) internal::FreeStorage(parameter);
-    for (const torch::Tensor& tensor : part.held) internal::FreeStorage(tensor);
+    for (const at::Tensor& parameter : part.parameters) internal::FreeStorage(parameter);
+    for (const at::Tensor& tensor : part.held) internal::FreeStorage(tensor);
   }
   unit.state = Unit::State::kSharded;
   unsharded_bytes_ -= unit.ParameterBytes();
@@ -517,7 +517,7 @@ void Fsdp::BeforeForward(int hook_unit) {
         for (Part& part : unit.parts) {
           if (part.reduce != nullptr) part.reduce->Wait().IgnoreError();
           part.reduce.reset();
-          part.reduce_output = torch::Tensor();
+          part.reduce_output = at::Tensor();
         }
         Reshard(unit);
       }
@@ -546,11 +546,11 @@ void Fsdp::BeforeForward(int hook_unit) {
   }
 }
 
-torch::Tensor Fsdp::AfterForward(int hook_unit, torch::Tensor output) {
+at::Tensor Fsdp::AfterForward(int hook_unit, at::Tensor output) {
   const bool backward_follows = output.requires_grad();
   if (backward_follows) {
     output.register_hook([this, hook_unit, root_use = forward_root_use_,
-                          last_unit = forward_last_unit_](torch::Tensor grad) {
+                          last_unit = forward_last_unit_](at::Tensor grad) {
       BeforeBackward(hook_unit, root_use, last_unit);
       return grad;
     });
@@ -614,19 +614,19 @@ void Fsdp::OnGradientAccumulated(int index) {
 // every rank which parameters some rank used, and the others get no gradient, as in one
 // process. Frozen parameters have no place in it.
 void Fsdp::StartReduceScatter(Unit& unit) {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (Part& part : unit.parts) {
     if (part.trainable == 0) continue;
     const int n = part.group->size();
     const int64_t flags = part.trainable;
-    torch::Tensor input =
+    at::Tensor input =
         torch::zeros({n, part.grad_numel + flags}, part.shards[0].options().dtype(reduce_dtype_));
     part.every_gradient_here = true;
     int64_t flag = 0;
     for (size_t i = 0; i < part.parameters.size(); ++i) {
       if (part.grad_offsets[i] < 0) continue;  // frozen
-      torch::Tensor& parameter = part.parameters[i];
-      const torch::Tensor grad = parameter.grad();
+      at::Tensor& parameter = part.parameters[i];
+      const at::Tensor grad = parameter.grad();
       const int64_t own_flag = flag++;
       if (!grad.defined()) {
         part.every_gradient_here = false;
@@ -674,7 +674,7 @@ void Fsdp::SettleEarlierReduces() {
 }
 
 void Fsdp::FinishBackward() {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (Unit& unit : units_) {
     // A unit of this backward with a trainable parameter that got no gradient has not reduced
     // yet; every rank has the same model and runs the same stage, so every rank starts the
@@ -692,7 +692,7 @@ void Fsdp::FinishBackward() {
       } else {
         Fail(status);
       }
-      part.reduce_output = torch::Tensor();
+      part.reduce_output = at::Tensor();
     }
     Reshard(unit);
   }
@@ -703,40 +703,40 @@ void Fsdp::AccumulateShardGradients(Part& part) {
   // Reading the flags waits for the device, so they are read only when this rank lacks a
   // gradient (a parameter unused here), which another rank may have; in a usual step every
   // rank has every gradient.
-  const torch::Tensor used_by_any =
-      part.every_gradient_here ? torch::Tensor()
-                               : part.reduce_output.narrow(0, part.grad_numel, part.trainable)
-                                     .to(torch::kCPU, torch::kFloat32);
+  const at::Tensor used_by_any =
+      part.every_gradient_here
+          ? at::Tensor()
+          : part.reduce_output.narrow(0, part.grad_numel, part.trainable).to(at::kCPU, at::kFloat);
   int64_t flag = 0;
   for (size_t i = 0; i < part.shards.size(); ++i) {
-    torch::Tensor& shard = part.shards[i];
+    at::Tensor& shard = part.shards[i];
     if (part.grad_offsets[i] < 0) continue;  // frozen
     const int64_t own_flag = flag++;
     if (used_by_any.defined() && used_by_any[own_flag].item<float>() == 0.0f) continue;
-    const torch::Tensor grad =
+    const at::Tensor grad =
         part.reduce_output.narrow(0, part.grad_offsets[i], shard.numel()).view(shard.sizes());
     if (shard.grad().defined()) {
       shard.mutable_grad().add_(grad);  // gradient accumulation over micro-steps
     } else {
       // A copy of its own: reduce_output is freed, and may be of another dtype.
-      shard.mutable_grad() = grad.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+      shard.mutable_grad() = grad.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     }
   }
 }
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> Fsdp::FullStateDict() {
-  std::map<std::string, torch::Tensor> state;
-  torch::NoGradGuard no_grad;
+absl::StatusOr<std::map<std::string, at::Tensor>> Fsdp::FullStateDict() {
+  std::map<std::string, at::Tensor> state;
+  at::NoGradGuard no_grad;
   for (Unit& unit : units_) {
     for (Part& part : unit.parts) {
       if (!part.parameters.empty()) {
         const int n = part.group->size();
-        const torch::Tensor input = part.PackShards(torch::kFloat32);
-        torch::Tensor output = torch::empty({part.shard_numel * n}, input.options());
+        const at::Tensor input = part.PackShards(at::kFloat);
+        at::Tensor output = torch::empty({part.shard_numel * n}, input.options());
         PLAIT_RETURN_IF_ERROR(part.group->AllGather(input, output)->Wait());
-        const torch::Tensor by_rank = output.view({n, part.shard_numel});
+        const at::Tensor by_rank = output.view({n, part.shard_numel});
         for (size_t i = 0; i < part.parameters.size(); ++i) {
-          torch::Tensor full = torch::empty(part.parameters[i].sizes(), input.options());
+          at::Tensor full = torch::empty(part.parameters[i].sizes(), input.options());
           CopyBetweenFullAndRanks(full, by_rank, part.offsets[i], part.rows[i],
                                   Direction::kIntoFull);
           state[part.names[i]] = std::move(full);
@@ -754,26 +754,26 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> Fsdp::FullStateDict() {
       FinishHeldGather(part);
       PLAIT_RETURN_IF_ERROR(status_);
       for (const Part::HeldWeight& weight : part.held_weights) {
-        state[weight.name] = ops->Weight(*weight.projection, torch::Tensor()).clone();
+        state[weight.name] = ops->Weight(*weight.projection, at::Tensor()).clone();
       }
-      for (const torch::Tensor& tensor : part.held) internal::FreeStorage(tensor);
+      for (const at::Tensor& tensor : part.held) internal::FreeStorage(tensor);
     }
   }
   return state;
 }
 
-std::function<void(const torch::Tensor&)> Fsdp::StoreIntoShards(
-    const std::string& name, std::function<void(const torch::Tensor&)> store) {
+std::function<void(const at::Tensor&)> Fsdp::StoreIntoShards(
+    const std::string& name, std::function<void(const at::Tensor&)> store) {
   for (Unit& unit : units_) {
     for (Part& part : unit.parts) {
       for (const Part::HeldWeight& weight : part.held_weights) {
         if (weight.name != name) continue;
         return
-            [this, &unit, &part, &weight, store = std::move(store)](const torch::Tensor& values) {
+            [this, &unit, &part, &weight, store = std::move(store)](const at::Tensor& values) {
               Reshard(unit);  // a gathered unit would keep computing with the old values
               for (size_t i : weight.tensors) internal::RestoreStorage(part.held[i]);
               store(values);
-              torch::NoGradGuard no_grad;
+              at::NoGradGuard no_grad;
               for (size_t i : weight.tensors) {
                 CopyRowsOfRank(BytesOf(part.held[i]), part.held_shards[i], part.held_rows[i],
                                part.group->rank());
@@ -786,7 +786,7 @@ std::function<void(const torch::Tensor&)> Fsdp::StoreIntoShards(
   return store;
 }
 
-absl::Status Fsdp::LoadFullStateDict(const std::map<std::string, torch::Tensor>& state) {
+absl::Status Fsdp::LoadFullStateDict(const std::map<std::string, at::Tensor>& state) {
   // Every entry is checked before anything changes, so an error leaves the model as it was.
   for (const Unit& unit : units_) {
     for (const Part& part : unit.parts) {
@@ -804,7 +804,7 @@ absl::Status Fsdp::LoadFullStateDict(const std::map<std::string, torch::Tensor>&
       }
     }
   }
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (Unit& unit : units_) {
     Reshard(unit);  // a gathered unit would keep computing with the old values
     for (Part& part : unit.parts) {
@@ -882,7 +882,7 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
   const double gathered_bytes_per_element =
       config_.param_dtype() == base::DTYPE_UNSPECIFIED
           ? shape.parameter_bytes
-          : c10::elementSize(base::ToScalarType(config_.param_dtype(), torch::kFloat32));
+          : c10::elementSize(base::ToScalarType(config_.param_dtype(), at::kFloat));
   // The two largest units (the one computing and the one prefetched); without resharding
   // after forward, every unit by the end of the forward.
   estimate.gathered_bytes =
@@ -894,7 +894,7 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
   // each group its parts are sharded over, then all-reduces those gradient shards across the
   // replicas.
   const double reduce_bytes_per_element =
-      c10::elementSize(base::ToScalarType(config_.reduce_dtype(), torch::kFloat32));
+      c10::elementSize(base::ToScalarType(config_.reduce_dtype(), at::kFloat));
   estimate.kept_parameter_bytes = sizeof(float);  // the shards, whatever the model's dtype
   estimate.kept_gradient_bytes = reduce_bytes_per_element;
   const auto unit_collectives = [&](const std::string& dims, int ranks, double share) {
@@ -966,8 +966,8 @@ void FsdpStrategy::UpdateHeldParameters(std::vector<parallel::TrainableParameter
   }
 }
 
-absl::Status FsdpStrategy::GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) {
-  using FullStateDict = std::map<std::string, torch::Tensor>;
+absl::Status FsdpStrategy::GatherFullParameters(std::map<std::string, at::Tensor>& parameters) {
+  using FullStateDict = std::map<std::string, at::Tensor>;
   PLAIT_ASSIGN_OR_RETURN(FullStateDict full, fsdp_->FullStateDict());
   for (auto& [name, tensor] : full) parameters[name] = std::move(tensor);
   return absl::OkStatus();

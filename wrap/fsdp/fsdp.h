@@ -52,10 +52,10 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "parallel/communicator.h"
 #include "parallel/trainable_parameter.h"
-#include "torch/types.h"
 #include "wrap/internal/torch_internals.h"
 #include "wrap/strategy.h"
 #include "wrap/wrap.pb.h"
@@ -107,18 +107,18 @@ class Fsdp {
   // The full parameters, gathered from the shards (every rank takes part; every rank gets
   // them), in fp32, by name; and the weights held for the ProjectionOps, as their Weight
   // computes with them, by the weights' names.
-  absl::StatusOr<std::map<std::string, torch::Tensor>> FullStateDict();
+  absl::StatusOr<std::map<std::string, at::Tensor>> FullStateDict();
 
   // `store`, which quantizes (or otherwise writes) the values of the held weight `name` into
   // the tensors it is held in, made to keep this rank's shards of them: each rank gives the
   // whole values, which the tensors take for a moment. `store` itself when FSDP holds no
   // weight of that name.
-  std::function<void(const torch::Tensor&)> StoreIntoShards(
-      const std::string& name, std::function<void(const torch::Tensor&)> store);
+  std::function<void(const at::Tensor&)> StoreIntoShards(
+      const std::string& name, std::function<void(const at::Tensor&)> store);
 
   // Sets the shards from full parameters by name; InvalidArgument naming a missing or
   // misshapen parameter.
-  absl::Status LoadFullStateDict(const std::map<std::string, torch::Tensor>& state);
+  absl::Status LoadFullStateDict(const std::map<std::string, at::Tensor>& state);
 
  private:
   struct Part;
@@ -134,7 +134,7 @@ class Fsdp {
   };
 
   void BeforeForward(int unit);
-  torch::Tensor AfterForward(int unit, torch::Tensor output);
+  at::Tensor AfterForward(int unit, at::Tensor output);
   // `root_use` and `last_unit` (-1: none) are the forward's whose output's gradient starts
   // this backward.
   void BeforeBackward(int unit, RootUse root_use, int last_unit);
@@ -166,8 +166,8 @@ class Fsdp {
   Wrappable& model_;
   parallel::Communicator* replicate_;  // null without hybrid sharding
   bool reshard_after_forward_;
-  torch::ScalarType param_dtype_ = torch::kFloat32;  // set per model in Create
-  torch::ScalarType reduce_dtype_ = torch::kFloat32;
+  at::ScalarType param_dtype_ = at::kFloat;  // set per model in Create
+  at::ScalarType reduce_dtype_ = at::kFloat;
   std::vector<Unit> units_;  // the blocks in order, then the root
   std::vector<internal::HookHandle> hooks_;
   // The units whose reduce-scatter has started and has not been waited for (nor, with a
@@ -201,7 +201,7 @@ class FsdpStrategy final : public Strategy {
   // Each held weight's `store` keeps this rank's shards (Fsdp::StoreIntoShards).
   void UpdateHeldParameters(std::vector<parallel::TrainableParameter>& held) override;
   absl::Status BackwardStatus() const override { return fsdp_->last_status(); }
-  absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override;
+  absl::Status GatherFullParameters(std::map<std::string, at::Tensor>& parameters) override;
   int64_t gathered_bytes() const override { return fsdp_->unsharded_bytes(); }
   int64_t peak_gathered_bytes() const override { return fsdp_->peak_unsharded_bytes(); }
   void ResetPeak() override { fsdp_->ResetPeak(); }

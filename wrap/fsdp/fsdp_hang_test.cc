@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "base/status_matchers.h"
 #include "base/test_paths.h"
 #include "base/threads.h"
@@ -18,7 +20,7 @@
 #include "parallel/process_group.h"
 #include "parallel/test_ranks.h"
 #include "parallel/testing_skip.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "wrap/preparation.h"
 
 namespace plait::wrap {
@@ -41,7 +43,7 @@ absl::StatusOr<std::unique_ptr<parallel::ProcessGroup>> StartRank(int rank,
   dim->set_size(kRanks);
   config.set_collective_timeout_seconds(1);
   return parallel::ProcessGroup::Start(parallel::testing::LocalWorld(rank, kRanks, store_file),
-                                       config, torch::kCPU, absl::Seconds(30));
+                                       config, at::kCPU, absl::Seconds(30));
 }
 
 TEST(FsdpHangTest, ACollectiveOneRankSkippedIsNamedByItsPlaceInTheStepAndTheRank) {
@@ -49,9 +51,9 @@ TEST(FsdpHangTest, ACollectiveOneRankSkippedIsNamedByItsPlaceInTheStepAndTheRank
   const std::string store_file = base::testing::FreshTestDir("skipped_collective_store");
   models::InitConfig init;
   init.set_seed(3);
-  torch::manual_seed(7);  // the batch, drawn once before the rank threads start
-  const torch::Tensor sequence = torch::randint(models::PresetConfig("tiny")->vocab_size(),
-                                                {kRanks, 17}, torch::dtype(torch::kLong));
+  at::manual_seed(7);  // the batch, drawn once before the rank threads start
+  const at::Tensor sequence = torch::randint(models::PresetConfig("tiny")->vocab_size(),
+                                             {kRanks, 17}, at::dtype(at::kLong));
   std::vector<absl::Status> backward(kRanks);
   parallel::testing::RunRanks(kRanks, [&](int rank) {
     absl::StatusOr<std::unique_ptr<parallel::ProcessGroup>> group = StartRank(rank, store_file);
@@ -71,8 +73,8 @@ TEST(FsdpHangTest, ACollectiveOneRankSkippedIsNamedByItsPlaceInTheStepAndTheRank
           });
     }
     mesh.BeginStep(1);
-    const torch::Tensor tokens = sequence.narrow(0, rank, 1).narrow(1, 0, 16);
-    const torch::Tensor targets = sequence.narrow(0, rank, 1).narrow(1, 1, 16);
+    const at::Tensor tokens = sequence.narrow(0, rank, 1).narrow(1, 0, 16);
+    const at::Tensor targets = sequence.narrow(0, rank, 1).narrow(1, 1, 16);
     model->Loss(tokens, targets).backward();
     backward[rank] = (*group)->ExplainFailure((*preparation)->BackwardStatus());
   });

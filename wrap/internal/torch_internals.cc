@@ -2,12 +2,15 @@
 
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "c10/core/DeviceGuard.h"
 #include "c10/core/StorageImpl.h"
 #include "torch/csrc/autograd/engine.h"
 #include "torch/csrc/autograd/function.h"
 #include "torch/csrc/autograd/function_hook.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/autograd/variable.h"
+#include "torch/nn/module.h"
 
 namespace plait::wrap::internal {
 namespace {
@@ -29,7 +32,7 @@ class LambdaPostHook final : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-HookHandle AddPostAccumulateHook(const torch::Tensor& parameter, std::function<void()> hook) {
+HookHandle AddPostAccumulateHook(const at::Tensor& parameter, std::function<void()> hook) {
   // The variable holds its accumulator weakly: the handle keeps it, and so the hook, alive.
   base::AutogradNodePtr accumulator = torch::autograd::impl::grad_accumulator(parameter);
   accumulator->add_post_hook(std::make_unique<LambdaPostHook>(std::move(hook)));
@@ -40,7 +43,7 @@ void QueueEndOfBackwardCallback(std::function<void()> callback) {
   torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
 }
 
-void FreeStorage(const torch::Tensor& tensor) {
+void FreeStorage(const at::Tensor& tensor) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(at::DataPtr(nullptr, tensor.device()));
   storage->set_nbytes(0);
@@ -50,7 +53,7 @@ namespace {
 
 // Reaches torch::nn::Module's protected parameter list, which derived classes may name.
 struct ModuleParameters : torch::nn::Module {
-  static torch::OrderedDict<std::string, torch::Tensor>& Of(torch::nn::Module& module) {
+  static torch::OrderedDict<std::string, at::Tensor>& Of(torch::nn::Module& module) {
     return module.*(&ModuleParameters::parameters_);
   }
 };
@@ -61,7 +64,7 @@ void UnregisterParameter(torch::nn::Module& module, const std::string& name) {
   ModuleParameters::Of(module).erase(name);
 }
 
-torch::Tensor RestoreStorage(const torch::Tensor& tensor) {
+at::Tensor RestoreStorage(const at::Tensor& tensor) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   const size_t nbytes = (tensor.storage_offset() + tensor.numel()) * tensor.element_size();
   if (storage->nbytes() < nbytes) {
@@ -76,8 +79,8 @@ torch::Tensor RestoreStorage(const torch::Tensor& tensor) {
                           tensor.options().requires_grad(false));
 }
 
-SuspendedTensorHooks::SuspendedTensorHooks(const std::vector<torch::Tensor>& leaves) {
-  for (const torch::Tensor& leaf : leaves) {
+SuspendedTensorHooks::SuspendedTensorHooks(const std::vector<at::Tensor>& leaves) {
+  for (const at::Tensor& leaf : leaves) {
     base::TensorPreHooks* hooks = base::CapturedLeafHooks(leaf);
     if (hooks == nullptr || hooks->empty()) continue;
     suspended_.emplace_back(hooks, std::move(*hooks));

@@ -15,9 +15,12 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "base/torch_compat.h"
-#include "torch/nn/module.h"
-#include "torch/types.h"
+
+namespace torch::nn {
+class Module;  // torch/nn/module.h, included by the sources that call a module
+}  // namespace torch::nn
 
 namespace plait::wrap::internal {
 
@@ -25,7 +28,7 @@ namespace plait::wrap::internal {
 using HookHandle = base::AutogradNodePtr;
 
 // Runs `hook` each time autograd has accumulated a gradient into leaf `parameter`'s .grad.
-HookHandle AddPostAccumulateHook(const torch::Tensor& parameter, std::function<void()> hook);
+HookHandle AddPostAccumulateHook(const at::Tensor& parameter, std::function<void()> hook);
 
 // Runs `callback` once, when the backward pass running on this thread ends. Call it only
 // from inside a backward pass (a hook).
@@ -33,13 +36,13 @@ void QueueEndOfBackwardCallback(std::function<void()> callback);
 
 // Releases `tensor`'s memory, leaving its storage empty; the tensor keeps its shape and its
 // autograd identity (saved tensors and views refer to the same storage).
-void FreeStorage(const torch::Tensor& tensor);
+void FreeStorage(const at::Tensor& tensor);
 
 // Gives the storage of `tensor` (and of its views) memory for its full size again and returns
 // an alias of `tensor` to write its values through: writes to the alias leave `tensor`'s
 // autograd version counter alone, so tensors autograd saved before the storage was freed
 // read the new values as if nothing had happened.
-torch::Tensor RestoreStorage(const torch::Tensor& tensor);
+at::Tensor RestoreStorage(const at::Tensor& tensor);
 
 // Removes parameter `name` (registered directly on `module`) from the parameters `module`
 // lists; LibTorch has no public call for it. The module's own member for it, if it keeps one,
@@ -53,7 +56,7 @@ void UnregisterParameter(torch::nn::Module& module, const std::string& name);
 // the hooks (tensor parallelism's) must run once, as without checkpointing.
 class SuspendedTensorHooks {
  public:
-  explicit SuspendedTensorHooks(const std::vector<torch::Tensor>& leaves);
+  explicit SuspendedTensorHooks(const std::vector<at::Tensor>& leaves);
   ~SuspendedTensorHooks();
   SuspendedTensorHooks(const SuspendedTensorHooks&) = delete;
   SuspendedTensorHooks& operator=(const SuspendedTensorHooks&) = delete;

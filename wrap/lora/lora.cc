@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/mm.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -19,6 +21,7 @@
 #include "base/human.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/nn/functional/linear.h"
 #include "wrap/internal/torch_internals.h"
 #include "wrap/lora/starting_adapters.h"
@@ -112,8 +115,8 @@ auto TensorsOf(Nf4& nf4) {
 // nn.Linear without bias, whose only parameter is `weight`).
 class AdapterMatrix : public torch::nn::Module {
  public:
-  explicit AdapterMatrix(torch::Tensor value) { weight = register_parameter("weight", value); }
-  torch::Tensor weight;
+  explicit AdapterMatrix(at::Tensor value) { weight = register_parameter("weight", value); }
+  at::Tensor weight;
 };
 
 }  // namespace
@@ -123,12 +126,12 @@ double Scale(const LoraConfig& config) {
                              : config.alpha() / config.rank();
 }
 
-torch::Tensor InitialA(uint64_t seed, const std::string& name, int64_t rank, int64_t in) {
+at::Tensor InitialA(uint64_t seed, const std::string& name, int64_t rank, int64_t in) {
   // PEFT's reset_lora_parameters: nn.init.kaiming_uniform_(a=sqrt(5)) on [rank, in], whose
   // gain sqrt(2 / (1 + 5)) times sqrt(3 / in) is a bound of 1 / sqrt(in).
   const double bound = 1.0 / std::sqrt(static_cast<double>(in));
   at::Generator generator = base::MakeCpuGenerator(base::SplitMix64(seed ^ base::Fnv1a64(name)));
-  return torch::empty({rank, in}, torch::kFloat32).uniform_(-bound, bound, generator);
+  return torch::empty({rank, in}, at::kFloat).uniform_(-bound, bound, generator);
 }
 
 absl::Status ValidateLoraConfig(const LoraConfig& config) {
@@ -200,7 +203,7 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
       lora->splits_[b.name] = split == Split::kRow ? Split::kReplicatedPartialGradient : split;
     }
   }
-  std::map<std::string, torch::Tensor> starting;
+  std::map<std::string, at::Tensor> starting;
   if (!config.initial_adapter_dir().empty()) {
     // A pipeline's stage holds some of the model's projections; the folder's others are the
     // other stages'.
@@ -214,21 +217,21 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
     named.parameter.requires_grad_(false);
   }
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (const AdaptedProjection& adapted : projections) {
     const std::string& name = adapted.module;
     const std::shared_ptr<torch::nn::Module>& projection = modules[name];
-    const torch::Tensor weight = projection->named_parameters(/*recurse=*/false)["weight"];
+    const at::Tensor weight = projection->named_parameters(/*recurse=*/false)["weight"];
     // In the weight's dtype and on its device (also when the model is built deferred, whose
     // weights hold no memory yet: the adapters are small and get theirs now).
-    const torch::TensorOptions options = weight.options().requires_grad(false);
+    const at::TensorOptions options = weight.options().requires_grad(false);
     const auto [a_matrix, b_matrix] = AdapterMatricesOf(adapted, config.rank());
-    const torch::Tensor a =
+    const at::Tensor a =
         starting.empty()
             ? InitialA(config.seed(), a_matrix.name, config.rank(), adapted.in).to(options)
             : starting[a_matrix.name].to(options);
-    const torch::Tensor b = starting.empty() ? torch::zeros(b_matrix.shape, options)
-                                             : starting[b_matrix.name].to(options);
+    const at::Tensor b = starting.empty() ? torch::zeros(b_matrix.shape, options)
+                                          : starting[b_matrix.name].to(options);
     auto a_module = projection->register_module("lora_A", std::make_shared<AdapterMatrix>(a));
     auto b_module = projection->register_module("lora_B", std::make_shared<AdapterMatrix>(b));
     lora->adapters_[projection.get()] = {a_module->weight, b_module->weight};
@@ -256,39 +259,39 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
 
 Lora::~Lora() { model_.SetProjectionOps(nullptr); }
 
-torch::Tensor Lora::Weight(const torch::nn::Module& projection, const torch::Tensor& weight) {
+at::Tensor Lora::Weight(const torch::nn::Module& projection, const at::Tensor& weight) {
   const auto it = held_.find(&projection);
   if (it == held_.end()) return weight;
   Held& held = it->second;
-  torch::Tensor dequantized = held.Dequantize();
+  at::Tensor dequantized = held.Dequantize();
   // Only a forward that builds a graph keeps it for a backward (WithoutAdapters, which never
   // calls Adapt, runs without one).
-  if (torch::GradMode::is_enabled()) held.dequantized = dequantized;
+  if (at::GradMode::is_enabled()) held.dequantized = dequantized;
   return dequantized;
 }
 
-void Lora::KeepOnlyForBackward(const Held& held, const torch::Tensor& weight,
-                               const torch::Tensor& input, const torch::Tensor& output) {
+void Lora::KeepOnlyForBackward(const Held& held, const at::Tensor& weight, const at::Tensor& input,
+                               const at::Tensor& output) {
   internal::FreeStorage(weight);
-  output.register_hook([&held, weight](const torch::Tensor& /*grad*/) {
-    torch::NoGradGuard no_grad;
+  output.register_hook([&held, weight](const at::Tensor& /*grad*/) {
+    at::NoGradGuard no_grad;
     internal::RestoreStorage(weight).copy_(held.Dequantize());
   });
-  input.register_hook([weight](const torch::Tensor& /*grad*/) { internal::FreeStorage(weight); });
+  input.register_hook([weight](const at::Tensor& /*grad*/) { internal::FreeStorage(weight); });
 }
 
-std::vector<torch::Tensor> Lora::HeldTensors(const torch::nn::Module& projection) const {
+std::vector<at::Tensor> Lora::HeldTensors(const torch::nn::Module& projection) const {
   const auto it = held_.find(&projection);
   if (it == held_.end()) return {};
-  std::vector<torch::Tensor> tensors;
-  for (const torch::Tensor* tensor : TensorsOf(it->second.nf4)) {
+  std::vector<at::Tensor> tensors;
+  for (const at::Tensor* tensor : TensorsOf(it->second.nf4)) {
     if (tensor->defined()) tensors.push_back(*tensor);
   }
   return tensors;
 }
 
-void Lora::Store(Held& held, const torch::Tensor& values) const {
-  torch::NoGradGuard no_grad;
+void Lora::Store(Held& held, const at::Tensor& values) const {
+  at::NoGradGuard no_grad;
   Nf4Tensor nf4 = Nf4Quantize(values.to(held.options), double_quant_);
   const auto to = TensorsOf(held.nf4);
   const auto from = TensorsOf(nf4);
@@ -305,23 +308,23 @@ std::vector<parallel::TrainableParameter> Lora::HeldParameters() {
     part.name = held->name;
     part.tensor = torch::empty({0}, held->options);
     part.slice = parallel::TensorSlice::Whole(held->nf4.shape);
-    part.store = [this, held](const torch::Tensor& values) { Store(*held, values); };
+    part.store = [this, held](const at::Tensor& values) { Store(*held, values); };
   }
   return parts;
 }
 
-void Lora::AddHeldWeights(std::map<std::string, torch::Tensor>& parameters) const {
+void Lora::AddHeldWeights(std::map<std::string, at::Tensor>& parameters) const {
   for (const auto& [projection, held] : held_) {
     if (parameters.count(held.name) > 0) continue;
     parameters[held.name] = held.Dequantize();
   }
 }
 
-torch::Tensor Lora::Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
-                          torch::Tensor output) {
+at::Tensor Lora::Adapt(const torch::nn::Module& projection, const at::Tensor& input,
+                       at::Tensor output) {
   if (const auto held = held_.find(&projection);
       held != held_.end() && held->second.dequantized.defined()) {
-    const torch::Tensor weight = std::exchange(held->second.dequantized, torch::Tensor());
+    const at::Tensor weight = std::exchange(held->second.dequantized, at::Tensor());
     // The product needs its weight in backward only for the input's gradient.
     if (output.requires_grad() && input.requires_grad()) {
       KeepOnlyForBackward(held->second, weight, input, output);
@@ -331,9 +334,9 @@ torch::Tensor Lora::Adapt(const torch::nn::Module& projection, const torch::Tens
   if (it == adapters_.end()) return output;
   // As PEFT's Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling, with dropout in
   // training mode only. Its mask is drawn as nn.Dropout's, from the thread's forward generator.
-  torch::Tensor x = input;
+  at::Tensor x = input;
   if (dropout_ > 0 && projection.is_training()) {
-    const torch::Tensor keep =
+    const at::Tensor keep =
         torch::empty_like(input).bernoulli_(1 - dropout_, base::ForwardGenerator(input.device()));
     x = input * keep.div_(1 - dropout_);
   }
@@ -346,8 +349,8 @@ std::optional<Wrappable::Split> Lora::AddedParameterSplit(const std::string& nam
   return it->second;
 }
 
-absl::Status Lora::Merge(std::map<std::string, torch::Tensor>& parameters) const {
-  torch::NoGradGuard no_grad;
+absl::Status Lora::Merge(std::map<std::string, at::Tensor>& parameters) const {
+  at::NoGradGuard no_grad;
   // Its own projections, and those of the other stages of a pipeline (whose adapters the
   // pipeline gathered into `parameters`).
   std::set<std::string> modules(adapted_.begin(), adapted_.end());
@@ -362,11 +365,10 @@ absl::Status Lora::Merge(std::map<std::string, torch::Tensor>& parameters) const
         return absl::InternalError(absl::StrCat("lora: merging ", name, ": no tensor ", tensor));
       }
     }
-    torch::Tensor& weight = parameters[names[0]];
-    const torch::Tensor delta = torch::mm(parameters[names[2]].to(torch::kFloat32),
-                                          parameters[names[1]].to(torch::kFloat32)) *
-                                scale_;
-    weight = (weight.to(torch::kFloat32) + delta).to(weight.scalar_type());
+    at::Tensor& weight = parameters[names[0]];
+    const at::Tensor delta =
+        at::mm(parameters[names[2]].to(at::kFloat), parameters[names[1]].to(at::kFloat)) * scale_;
+    weight = (weight.to(at::kFloat) + delta).to(weight.scalar_type());
     parameters.erase(names[1]);
     parameters.erase(names[2]);
   }

@@ -52,14 +52,13 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/violation.h"
 #include "parallel/device_mesh.h"
 #include "parallel/mesh.pb.h"
 #include "parallel/trainable_parameter.h"
-#include "torch/nn/module.h"
-#include "torch/types.h"
 #include "wrap/lora/nf4.h"
 #include "wrap/strategy.h"
 #include "wrap/wrap.pb.h"
@@ -79,11 +78,11 @@ class Lora final : public ProjectionOps {
   Lora(const Lora&) = delete;
   Lora& operator=(const Lora&) = delete;
 
-  torch::Tensor Weight(const torch::nn::Module& projection, const torch::Tensor& weight) override;
+  at::Tensor Weight(const torch::nn::Module& projection, const at::Tensor& weight) override;
   // With NF4, a targeted projection's NF4 tensors (its buffers).
-  std::vector<torch::Tensor> HeldTensors(const torch::nn::Module& projection) const override;
-  torch::Tensor Adapt(const torch::nn::Module& projection, const torch::Tensor& input,
-                      torch::Tensor output) override;
+  std::vector<at::Tensor> HeldTensors(const torch::nn::Module& projection) const override;
+  at::Tensor Adapt(const torch::nn::Module& projection, const at::Tensor& input,
+                   at::Tensor output) override;
   // An adapter splits with its projection where their dimensions meet: B with a
   // column-parallel projection's output features, A with a row-parallel one's input
   // features; the other matrix is whole on every rank, its gradient summed over the group.
@@ -96,7 +95,7 @@ class Lora final : public ProjectionOps {
   // others' there, a pipeline's other stages') into its projection's weight as
   // PEFT's merge_and_unload does, W + scale * B A (computed in fp32, stored in W's dtype), and
   // removes the pair. InternalError naming the tensor when one is missing.
-  absl::Status Merge(std::map<std::string, torch::Tensor>& parameters) const;
+  absl::Status Merge(std::map<std::string, at::Tensor>& parameters) const;
 
   // With NF4: the weights it holds, whole, each a frozen part whose `store` quantizes the
   // values given into its buffers (Strategy::HeldParameters); none otherwise.
@@ -105,33 +104,33 @@ class Lora final : public ProjectionOps {
   // With NF4: adds each weight it holds to `parameters`, by name, dequantized (a whole
   // model's parameters, as Strategy::GatherFullParameters gives them), but for those already
   // there: a later step that shards the held tensors (FSDP) gathered those.
-  void AddHeldWeights(std::map<std::string, torch::Tensor>& parameters) const;
+  void AddHeldWeights(std::map<std::string, at::Tensor>& parameters) const;
 
  private:
   struct Adapter {
-    torch::Tensor a;  // lora_A.weight [rank, in]
-    torch::Tensor b;  // lora_B.weight [out, rank]
+    at::Tensor a;  // lora_A.weight [rank, in]
+    at::Tensor b;  // lora_B.weight [out, rank]
   };
   // A projection's weight held in NF4; its tensors are the projection's buffers.
   struct Held {
     std::string name;              // the weight's parameter name, "...q_proj.weight"
-    torch::TensorOptions options;  // the weight's dtype and device
+    at::TensorOptions options;     // the weight's dtype and device
     Nf4Tensor nf4;
     // Weight's last dequantized values under grad mode, until Adapt takes them.
-    torch::Tensor dequantized;
+    at::Tensor dequantized;
 
     // The weight's values, dequantized to its dtype.
-    torch::Tensor Dequantize() const { return Nf4Dequantize(nf4, options.dtype().toScalarType()); }
+    at::Tensor Dequantize() const { return Nf4Dequantize(nf4, options.dtype().toScalarType()); }
   };
 
   // Quantizes `values` into `held`'s buffers, in place.
-  void Store(Held& held, const torch::Tensor& values) const;
+  void Store(Held& held, const at::Tensor& values) const;
 
   // Frees `weight` (held's dequantized values, from which `output` was computed from `input`)
   // until the gradient of `output` arrives, then dequantizes into it again for the backward
   // of the product, and frees it once the gradient of `input` is complete.
-  static void KeepOnlyForBackward(const Held& held, const torch::Tensor& weight,
-                                  const torch::Tensor& input, const torch::Tensor& output);
+  static void KeepOnlyForBackward(const Held& held, const at::Tensor& weight,
+                                  const at::Tensor& input, const at::Tensor& output);
 
   Lora(Wrappable& model, const LoraConfig& config);
 
@@ -151,7 +150,7 @@ double Scale(const LoraConfig& config);
 
 // The values Lora gives adapter A of a projection whose weight is [out, in]: fp32, [rank, in],
 // drawn from a generator seeded by `seed` and `name` (the adapter's parameter name).
-torch::Tensor InitialA(uint64_t seed, const std::string& name, int64_t rank, int64_t in);
+at::Tensor InitialA(uint64_t seed, const std::string& name, int64_t rank, int64_t in);
 
 // InvalidArgument naming `lora.<field>` for a rank or alpha not above 0, a dropout outside
 // [0, 1), no target or an empty one, or double_quant without NF4.
@@ -183,12 +182,12 @@ class LoraStrategy final : public Strategy {
     return lora_->HeldParameters();
   }
   // The NF4 weights it holds that no later step gathered, dequantized.
-  absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override {
+  absl::Status GatherFullParameters(std::map<std::string, at::Tensor>& parameters) override {
     lora_->AddHeldWeights(parameters);
     return absl::OkStatus();
   }
   // The adapters merged into the base (Lora::Merge).
-  absl::Status MergeAddedParameters(std::map<std::string, torch::Tensor>& parameters) override {
+  absl::Status MergeAddedParameters(std::map<std::string, at::Tensor>& parameters) override {
     return lora_->Merge(parameters);
   }
 

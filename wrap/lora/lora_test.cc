@@ -10,6 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/mm.h"
+#include "ATen/ops/roll.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/allocation_counter.h"
@@ -23,9 +29,8 @@
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/nn/functional/linear.h"
-#include "torch/types.h"
-#include "torch/utils.h"
 #include "wrap/checkpointing/activation_checkpointing.h"
 #include "wrap/lora/nf4.h"
 #include "wrap/preparation.h"
@@ -62,8 +67,8 @@ PrepareStep LoraStep(const std::string& text) {
   return step;
 }
 
-torch::Tensor Tokens() {
-  torch::manual_seed(11);
+at::Tensor Tokens() {
+  at::manual_seed(11);
   return torch::randint(4096, {2, 16});
 }
 
@@ -73,7 +78,7 @@ void OnOneRank(const std::function<void(parallel::DeviceMesh& mesh)>& body) {
   auto* dim = config.add_dims();
   dim->set_name("dp");
   dim->set_size(1);
-  parallel::testing::RunOnMesh(parallel::MeshLayout::Create(config, 1).value(), torch::kCPU,
+  parallel::testing::RunOnMesh(parallel::MeshLayout::Create(config, 1).value(), at::kCPU,
                                [&](int, parallel::DeviceMesh& mesh) { body(mesh); });
 }
 
@@ -84,13 +89,13 @@ std::shared_ptr<torch::nn::Module> Module(models::CausalLM& model, const std::st
 
 TEST(LoraTest, StepZeroComputesTheBaseModel) {
   std::shared_ptr<models::CausalLM> model = MakeModel();
-  const torch::Tensor tokens = Tokens();
-  torch::NoGradGuard no_grad;
-  const torch::Tensor base = model->Forward(tokens);
+  const at::Tensor tokens = Tokens();
+  at::NoGradGuard no_grad;
+  const at::Tensor base = model->Forward(tokens);
   auto lora = Lora::Create(*model, Config(R"pb(rank: 4 alpha: 8 target: "*proj")pb"));
   ASSERT_THAT(lora, IsOk());
   EXPECT_EQ((*lora)->adapted().size(), 4u * 7u);  // every projection of the 4 blocks
-  EXPECT_TRUE(torch::equal(model->Forward(tokens), base));
+  EXPECT_TRUE(at::equal(model->Forward(tokens), base));
 }
 
 TEST(LoraTest, AdaptersAreNamedAndDrawnAsPeftDoes) {
@@ -109,18 +114,17 @@ TEST(LoraTest, AdaptersAreNamedAndDrawnAsPeftDoes) {
   EXPECT_EQ(adapters[2], "model.layers.0.self_attn.v_proj.lora_A.weight");
   EXPECT_EQ(adapters[15], "model.layers.3.self_attn.v_proj.lora_B.weight");
   auto parameters = model->named_parameters();
-  const torch::Tensor a = parameters["model.layers.2.self_attn.v_proj.lora_A.weight"];
-  const torch::Tensor b = parameters["model.layers.2.self_attn.v_proj.lora_B.weight"];
+  const at::Tensor a = parameters["model.layers.2.self_attn.v_proj.lora_A.weight"];
+  const at::Tensor b = parameters["model.layers.2.self_attn.v_proj.lora_B.weight"];
   EXPECT_EQ(a.sizes(), (std::vector<int64_t>{8, 256}));
   EXPECT_EQ(b.sizes(), (std::vector<int64_t>{128, 8}));  // 2 key/value heads of 64
-  EXPECT_TRUE(
-      torch::equal(a, InitialA(3, "model.layers.2.self_attn.v_proj.lora_A.weight", 8, 256)));
+  EXPECT_TRUE(at::equal(a, InitialA(3, "model.layers.2.self_attn.v_proj.lora_A.weight", 8, 256)));
   // Kaiming-uniform with a = sqrt(5): uniform within 1 / sqrt(in), spread over it.
   EXPECT_LE(a.abs().max().item<double>(), 1.0 / 16.0);
   EXPECT_GT(a.abs().max().item<double>(), 0.9 / 16.0);
-  EXPECT_TRUE(torch::equal(b, torch::zeros_like(b)));
+  EXPECT_TRUE(at::equal(b, torch::zeros_like(b)));
   // Another A is drawn from its own generator.
-  EXPECT_FALSE(torch::equal(a, parameters["model.layers.2.self_attn.q_proj.lora_A.weight"]));
+  EXPECT_FALSE(at::equal(a, parameters["model.layers.2.self_attn.q_proj.lora_A.weight"]));
 }
 
 // y = W x + b + scale * B A x: scale alpha / r, or alpha / sqrt(r) with rsLoRA.
@@ -134,36 +138,35 @@ TEST(LoraTest, ScalesAsPeftDoes) {
     ASSERT_THAT(lora, IsOk());
     auto parameters = model->named_parameters();
     const std::string name = "model.layers.1.self_attn.q_proj";
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(1);
+    at::NoGradGuard no_grad;
+    at::manual_seed(1);
     parameters[name + ".lora_B.weight"].normal_();
-    const torch::Tensor x = torch::randn({3, parameters[name + ".weight"].size(1)});
-    const torch::Tensor base =
-        F::linear(x, parameters[name + ".weight"], parameters[name + ".bias"]);
-    const torch::Tensor expected =
+    const at::Tensor x = torch::randn({3, parameters[name + ".weight"].size(1)});
+    const at::Tensor base = F::linear(x, parameters[name + ".weight"], parameters[name + ".bias"]);
+    const at::Tensor expected =
         base + Scale(config) * x.mm(parameters[name + ".lora_A.weight"].t())
                                    .mm(parameters[name + ".lora_B.weight"].t());
-    const torch::Tensor got = (*lora)->Adapt(*Module(*model, name), x, base);
-    EXPECT_TRUE(torch::allclose(got, expected, 1e-5, 1e-5)) << "rslora " << rslora;
+    const at::Tensor got = (*lora)->Adapt(*Module(*model, name), x, base);
+    EXPECT_TRUE(at::allclose(got, expected, 1e-5, 1e-5)) << "rslora " << rslora;
     // A projection without adapters passes its output through.
-    const torch::Tensor k = torch::randn({3, 5});
+    const at::Tensor k = torch::randn({3, 5});
     EXPECT_TRUE(
-        torch::equal((*lora)->Adapt(*Module(*model, "model.layers.0.self_attn.q_proj"), x, k), k));
+        at::equal((*lora)->Adapt(*Module(*model, "model.layers.0.self_attn.q_proj"), x, k), k));
   }
 }
 
 // Dropout 0 is deterministic; dropout acts in training mode only.
 TEST(LoraTest, DropoutOnlyInTraining) {
-  const torch::Tensor tokens = Tokens();
-  std::map<double, torch::Tensor> first, second;
+  const at::Tensor tokens = Tokens();
+  std::map<double, at::Tensor> first, second;
   for (const double dropout : {0.0, 0.5}) {
     std::shared_ptr<models::CausalLM> model = MakeModel();
     LoraConfig config = Config(R"pb(rank: 4 alpha: 8 target: "*mlp.*")pb");
     config.set_dropout(dropout);
     auto lora = Lora::Create(*model, config);
     ASSERT_THAT(lora, IsOk());
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(2);
+    at::NoGradGuard no_grad;
+    at::manual_seed(2);
     for (const auto& named : model->NamedParameters()) {
       if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
     }
@@ -171,19 +174,19 @@ TEST(LoraTest, DropoutOnlyInTraining) {
     second[dropout] = model->Forward(tokens);
     model->eval();
     if (dropout > 0) {
-      EXPECT_TRUE(torch::equal(model->Forward(tokens), first[0.0]));
+      EXPECT_TRUE(at::equal(model->Forward(tokens), first[0.0]));
     }
   }
-  EXPECT_TRUE(torch::equal(first[0.0], second[0.0]));
-  EXPECT_FALSE(torch::allclose(first[0.5], first[0.0]));
-  EXPECT_FALSE(torch::allclose(first[0.5], second[0.5]));  // new masks each forward
+  EXPECT_TRUE(at::equal(first[0.0], second[0.0]));
+  EXPECT_FALSE(at::allclose(first[0.5], first[0.0]));
+  EXPECT_FALSE(at::allclose(first[0.5], second[0.5]));  // new masks each forward
 }
 
 // What a step of the model with the adapters of `lora` (their B drawn away from zero) on
 // Tokens() computes: the gradients of every trainable parameter, and the bytes that the graph
 // of its forward holds until the backward.
 struct AdapterStep {
-  std::map<std::string, torch::Tensor> gradients;
+  std::map<std::string, at::Tensor> gradients;
   int64_t graph_bytes = 0;
 };
 
@@ -200,25 +203,25 @@ AdapterStep AdaptersStep(const std::string& lora,
   auto adapters = Lora::Create(*model, Config(lora));
   EXPECT_THAT(adapters, IsOk());
   {
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(2);
+    at::NoGradGuard no_grad;
+    at::manual_seed(2);
     for (const auto& named : model->NamedParameters()) {
       if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
     }
     for (const std::string& name : (*adapters)->adapted()) {
       if (!nf4_rounded_base) break;
-      torch::Tensor weight = model->named_parameters()[name + ".weight"];
-      weight.copy_(Nf4Dequantize(Nf4Quantize(weight, false), torch::kFloat32));
+      at::Tensor weight = model->named_parameters()[name + ".weight"];
+      weight.copy_(Nf4Dequantize(Nf4Quantize(weight, false), at::kFloat));
     }
   }
-  const torch::Tensor tokens = Tokens();
-  torch::manual_seed(5);
+  const at::Tensor tokens = Tokens();
+  at::manual_seed(5);
   AdapterStep step;
   base::AllocationCounter counter;
-  torch::Tensor loss;
+  at::Tensor loss;
   {
     const base::AllocationCounter::Scope counting(counter);
-    loss = model->Loss(tokens, torch::roll(tokens, -1, 1));
+    loss = model->Loss(tokens, at::roll(tokens, -1, 1));
   }
   step.graph_bytes = counter.current();
   loss.backward();
@@ -228,17 +231,17 @@ AdapterStep AdaptersStep(const std::string& lora,
   return step;
 }
 
-std::map<std::string, torch::Tensor> AdapterGradients(
+std::map<std::string, at::Tensor> AdapterGradients(
     const std::string& lora, std::optional<ActivationCheckpointingConfig::Policy> policy) {
   return AdaptersStep(lora, policy).gradients;
 }
 
 // `actual` holds every gradient of `expected`, equal bit for bit.
-void ExpectSameGradients(const std::map<std::string, torch::Tensor>& actual,
-                         const std::map<std::string, torch::Tensor>& expected) {
+void ExpectSameGradients(const std::map<std::string, at::Tensor>& actual,
+                         const std::map<std::string, at::Tensor>& expected) {
   ASSERT_EQ(actual.size(), expected.size());
   for (const auto& [name, want] : expected) {
-    EXPECT_TRUE(torch::equal(actual.at(name), want)) << name;
+    EXPECT_TRUE(at::equal(actual.at(name), want)) << name;
   }
 }
 
@@ -272,16 +275,15 @@ TEST(LoraTest, TheOptimizerOwnsExactlyTheAdapters) {
     ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString("adamw {}", &config));
     auto optimizer = optim::Optimizer::Create(*parameters, config);
     ASSERT_THAT(optimizer, IsOk());
-    const torch::Tensor tokens = Tokens();
-    model->Loss(tokens, torch::roll(tokens, -1, 1)).backward();
+    const at::Tensor tokens = Tokens();
+    model->Loss(tokens, at::roll(tokens, -1, 1)).backward();
     ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
     for (const auto& named : model->NamedParameters()) {
       const bool adapter = named.name.find("lora_") != std::string::npos;
       EXPECT_EQ(named.parameter.requires_grad(), adapter) << named.name;
       EXPECT_EQ(named.parameter.grad().defined(), adapter) << named.name;
     }
-    const torch::Tensor b =
-        model->named_parameters()["model.layers.0.self_attn.o_proj.lora_B.weight"];
+    const at::Tensor b = model->named_parameters()["model.layers.0.self_attn.o_proj.lora_B.weight"];
     EXPECT_GT(b.grad().abs().max().item<double>(), 0.0);  // A's is zero while B is
     ASSERT_THAT((*optimizer)->Step(1e-2), IsOk());
     EXPECT_GT(b.abs().max().item<double>(), 0.0);
@@ -314,20 +316,20 @@ TEST(LoraTest, FrozenPartsAndTheMergedModel) {
     for (const auto& named : MakeModel()->NamedParameters()) base_names.insert(named.name);
     EXPECT_EQ(frozen_names, base_names);
 
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(3);
+    at::NoGradGuard no_grad;
+    at::manual_seed(3);
     for (const auto& named : model->NamedParameters()) {
       if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
     }
-    const torch::Tensor tokens = Tokens();
-    const torch::Tensor adapted = model->Forward(tokens);
+    const at::Tensor tokens = Tokens();
+    const at::Tensor adapted = model->Forward(tokens);
     auto merged = (*preparation)->MergedParameters();
     ASSERT_THAT(merged, IsOk());
     std::shared_ptr<models::CausalLM> plain = MakeModel();
     ASSERT_EQ(merged->size(), base_names.size());
     for (auto& item : plain->named_parameters()) item.value().copy_(merged->at(item.key()));
-    EXPECT_FALSE(torch::allclose(plain->Forward(tokens), MakeModel()->Forward(tokens)));
-    EXPECT_TRUE(torch::allclose(plain->Forward(tokens), adapted, 1e-4, 1e-5));
+    EXPECT_FALSE(at::allclose(plain->Forward(tokens), MakeModel()->Forward(tokens)));
+    EXPECT_TRUE(at::allclose(plain->Forward(tokens), adapted, 1e-4, 1e-5));
   });
 }
 
@@ -412,7 +414,7 @@ TEST(LoraTest, EstimateCountsTheAdapters) {
 // without double quantization; their weights leave the parameters for buffers of 0.5 byte a
 // weight plus the scales; the adapters train and the base gets no gradient.
 TEST(QLoraTest, ComputesTheDequantizedBaseFromHalfAByteAWeight) {
-  const torch::Tensor tokens = Tokens();
+  const at::Tensor tokens = Tokens();
   for (const bool double_quant : {false, true}) {
     SCOPED_TRACE(double_quant ? "double quantization" : "fp32 maxima");
     std::shared_ptr<models::CausalLM> model = MakeModel();
@@ -421,10 +423,10 @@ TEST(QLoraTest, ComputesTheDequantizedBaseFromHalfAByteAWeight) {
     auto plain = Lora::Create(*expected, config);
     ASSERT_THAT(plain, IsOk());
     {
-      torch::NoGradGuard no_grad;
+      at::NoGradGuard no_grad;
       for (const std::string& name : (*plain)->adapted()) {
-        torch::Tensor weight = expected->named_parameters()[name + ".weight"];
-        weight.copy_(Nf4Dequantize(Nf4Quantize(weight, double_quant), torch::kFloat32));
+        at::Tensor weight = expected->named_parameters()[name + ".weight"];
+        weight.copy_(Nf4Dequantize(Nf4Quantize(weight, double_quant), at::kFloat));
       }
     }
     config.set_base_quantization(LoraConfig::NF4);
@@ -438,9 +440,9 @@ TEST(QLoraTest, ComputesTheDequantizedBaseFromHalfAByteAWeight) {
     ASSERT_THAT(lora, IsOk());
     ASSERT_EQ((*lora)->adapted().size(), 4u * 4u);
     {
-      torch::NoGradGuard no_grad;
-      EXPECT_TRUE(torch::equal(model->Forward(tokens), expected->Forward(tokens)));
-      EXPECT_FALSE(torch::equal(model->Forward(tokens), MakeModel()->Forward(tokens)));
+      at::NoGradGuard no_grad;
+      EXPECT_TRUE(at::equal(model->Forward(tokens), expected->Forward(tokens)));
+      EXPECT_FALSE(at::equal(model->Forward(tokens), MakeModel()->Forward(tokens)));
     }
     // The weights are buffers now: 0.5 byte a weight, 4 bytes a block of 64 (or 1 byte a
     // block and 4 per 256 blocks).
@@ -451,14 +453,14 @@ TEST(QLoraTest, ComputesTheDequantizedBaseFromHalfAByteAWeight) {
       EXPECT_EQ(listed.count(name + ".weight"), 0u) << name;
       EXPECT_EQ(before.count(name + ".weight"), 1u) << name;
       const int64_t numel = name.find("q_proj") != std::string::npos ? 256 * 256 : 256 * 688;
-      const torch::Tensor packed = buffers[name + ".weight_nf4"];
-      EXPECT_EQ(packed.scalar_type(), torch::kUInt8);
+      const at::Tensor packed = buffers[name + ".weight_nf4"];
+      EXPECT_EQ(packed.scalar_type(), at::kByte);
       EXPECT_EQ(packed.numel() * packed.element_size(), numel / 2) << name;
       int64_t scale_bytes = 0;
       for (const char* scales : {".weight_absmax", ".weight_absmax_codes", ".weight_absmax_scales",
                                  ".weight_absmax_offset"}) {
         if (buffers.contains(name + scales)) {
-          const torch::Tensor tensor = buffers[name + scales];
+          const at::Tensor tensor = buffers[name + scales];
           scale_bytes += tensor.numel() * tensor.element_size();
         }
       }
@@ -468,14 +470,14 @@ TEST(QLoraTest, ComputesTheDequantizedBaseFromHalfAByteAWeight) {
       EXPECT_EQ(packed.numel() + scale_bytes, Nf4Bytes(numel, double_quant));
     }
     // Adapters train; nothing of the base gets a gradient.
-    torch::manual_seed(2);
+    at::manual_seed(2);
     {
-      torch::NoGradGuard no_grad;
+      at::NoGradGuard no_grad;
       for (const auto& named : model->NamedParameters()) {
         if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
       }
     }
-    model->Loss(tokens, torch::roll(tokens, -1, 1)).backward();
+    model->Loss(tokens, at::roll(tokens, -1, 1)).backward();
     for (const auto& named : model->NamedParameters()) {
       const bool adapter = named.name.find("lora_") != std::string::npos;
       EXPECT_EQ(named.parameter.grad().defined(), adapter) << named.name;
@@ -484,7 +486,7 @@ TEST(QLoraTest, ComputesTheDequantizedBaseFromHalfAByteAWeight) {
       EXPECT_FALSE(item.value().requires_grad()) << item.key();
       EXPECT_FALSE(item.value().grad().defined()) << item.key();
     }
-    const torch::Tensor a = model->named_parameters()["model.layers.1.mlp.down_proj.lora_A.weight"];
+    const at::Tensor a = model->named_parameters()["model.layers.1.mlp.down_proj.lora_A.weight"];
     EXPECT_GT(a.grad().abs().max().item<double>(), 0.0);
   }
 }
@@ -532,8 +534,8 @@ TEST(QLoraTest, StoredValuesAreQuantizedAndMergedDequantized) {
     std::set<std::string> frozen_names;
     std::shared_ptr<models::CausalLM> other = MakeModel("tiny");
     {
-      torch::NoGradGuard no_grad;
-      torch::manual_seed(9);
+      at::NoGradGuard no_grad;
+      at::manual_seed(9);
       for (auto& item : other->named_parameters()) item.value().normal_(0, 0.05);
     }
     const auto other_parameters = other->named_parameters();
@@ -553,28 +555,27 @@ TEST(QLoraTest, StoredValuesAreQuantizedAndMergedDequantized) {
     auto full = (*preparation)->FullParameters();
     ASSERT_THAT(full, IsOk());
     const std::string name = "model.layers.2.self_attn.v_proj.weight";
-    const torch::Tensor quantized =
-        Nf4Dequantize(Nf4Quantize(other_parameters[name], true), torch::kFloat32);
-    EXPECT_TRUE(torch::equal(full->at(name), quantized));
+    const at::Tensor quantized =
+        Nf4Dequantize(Nf4Quantize(other_parameters[name], true), at::kFloat);
+    EXPECT_TRUE(at::equal(full->at(name), quantized));
 
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(3);
+    at::NoGradGuard no_grad;
+    at::manual_seed(3);
     for (const auto& named : model->NamedParameters()) {
       if (named.name.find("lora_B") != std::string::npos) named.parameter.normal_(0, 0.1);
     }
-    const torch::Tensor tokens = Tokens();
-    const torch::Tensor adapted = model->Forward(tokens);
+    const at::Tensor tokens = Tokens();
+    const at::Tensor adapted = model->Forward(tokens);
     auto merged = (*preparation)->MergedParameters();
     ASSERT_THAT(merged, IsOk());
     ASSERT_EQ(merged->size(), base_names.size());
     auto parameters = model->named_parameters();
-    const torch::Tensor delta =
-        torch::mm(parameters["model.layers.2.self_attn.v_proj.lora_B.weight"],
-                  parameters["model.layers.2.self_attn.v_proj.lora_A.weight"]);
-    EXPECT_TRUE(torch::allclose(merged->at(name), quantized + 2.0 * delta, 1e-5, 1e-7));
+    const at::Tensor delta = at::mm(parameters["model.layers.2.self_attn.v_proj.lora_B.weight"],
+                                    parameters["model.layers.2.self_attn.v_proj.lora_A.weight"]);
+    EXPECT_TRUE(at::allclose(merged->at(name), quantized + 2.0 * delta, 1e-5, 1e-7));
     std::shared_ptr<models::CausalLM> plain = MakeModel();
     for (auto& item : plain->named_parameters()) item.value().copy_(merged->at(item.key()));
-    EXPECT_TRUE(torch::allclose(plain->Forward(tokens), adapted, 1e-4, 1e-5));
+    EXPECT_TRUE(at::allclose(plain->Forward(tokens), adapted, 1e-4, 1e-5));
   });
 }
 
@@ -614,15 +615,15 @@ constexpr char kSaved[] = R"pb(rank: 4 alpha: 8 target: "*q_proj" target: "*v_pr
 
 // A folder holding the adapters of kSaved, trained away from their start (B no longer zero),
 // and the logits of the adapted model on `tokens`.
-std::pair<std::string, torch::Tensor> SavedFolder(const torch::Tensor& tokens) {
+std::pair<std::string, at::Tensor> SavedFolder(const at::Tensor& tokens) {
   const std::string dir = ::testing::TempDir() + "/starting_adapters";
   std::filesystem::remove_all(dir);
   std::shared_ptr<models::CausalLM> model = MakeModel();
   auto lora = Lora::Create(*model, Config(kSaved));
   EXPECT_THAT(lora, IsOk());
-  std::vector<std::pair<std::string, torch::Tensor>> adapters;
-  torch::manual_seed(5);
-  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, at::Tensor>> adapters;
+  at::manual_seed(5);
+  at::NoGradGuard no_grad;
   for (const auto& named : model->NamedParameters()) {
     if (named.name.find(".lora_") == std::string::npos) continue;
     named.parameter.copy_(torch::randn_like(named.parameter) * 0.05);
@@ -633,8 +634,8 @@ std::pair<std::string, torch::Tensor> SavedFolder(const torch::Tensor& tokens) {
 }
 
 TEST(StartingAdaptersTest, AStepStartsFromTheFolderAndComputesWhatItsModelDid) {
-  torch::manual_seed(11);
-  const torch::Tensor tokens = torch::randint(4096, {2, 16});
+  at::manual_seed(11);
+  const at::Tensor tokens = torch::randint(4096, {2, 16});
   const auto [dir, saved_logits] = SavedFolder(tokens);
   LoraConfig config = Config(kSaved);
   config.set_seed(99);      // the draw is not used
@@ -645,16 +646,16 @@ TEST(StartingAdaptersTest, AStepStartsFromTheFolderAndComputesWhatItsModelDid) {
   auto lora = Lora::Create(*model, config);
   ASSERT_THAT(lora, IsOk());
   model->eval();
-  torch::NoGradGuard no_grad;
-  EXPECT_TRUE(torch::equal(model->Forward(tokens), saved_logits));
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(model->Forward(tokens), saved_logits));
   auto parameters = model->named_parameters();
-  const torch::Tensor b = parameters["model.layers.3.self_attn.v_proj.lora_B.weight"];
+  const at::Tensor b = parameters["model.layers.3.self_attn.v_proj.lora_B.weight"];
   EXPECT_TRUE(b.requires_grad());
   EXPECT_GT(b.abs().max().item<double>(), 0.0);
 }
 
 TEST(StartingAdaptersTest, AFolderThatDoesNotFitTheStepIsAViolationNamingWhy) {
-  torch::manual_seed(11);
+  at::manual_seed(11);
   const std::string dir = SavedFolder(torch::randint(4096, {2, 16})).first;
   const std::string field = "plan.prepare[0].lora.initial_adapter_dir: " + dir + ": ";
   for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{

@@ -4,6 +4,11 @@
 #include <array>
 #include <cstdint>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/bucketize.h"
+#include "ATen/ops/cat.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
+
 namespace plait::wrap::lora {
 namespace {
 
@@ -89,13 +94,13 @@ constexpr float kDynamicMap[256] = {
 // quantize_cpu_impl) rounds a scaled value in [-1, 1] to before looking its code up.
 constexpr int64_t kLutSize = 65536;
 
-torch::Tensor Table(const float* values, int64_t size, const torch::Device& device) {
-  return torch::tensor(c10::ArrayRef<float>(values, size), torch::kFloat32).to(device);
+at::Tensor Table(const float* values, int64_t size, const at::Device& device) {
+  return torch::tensor(c10::ArrayRef<float>(values, size), at::kFloat).to(device);
 }
 
 // The NF4 values of each byte's two codes, [256, 2]: its high nibble's (the even element's),
 // then its low nibble's.
-torch::Tensor CodePairValues(const torch::Device& device) {
+at::Tensor CodePairValues(const at::Device& device) {
   static const std::array<float, 512> pairs = [] {
     std::array<float, 512> values;
     for (int byte = 0; byte < 256; ++byte) {
@@ -113,33 +118,32 @@ constexpr int64_t kDequantizeChunk = int64_t{1} << 20;
 
 // The midpoints of sorted `code`'s neighbours, which a value is bucketized on to find its
 // nearest code (a value on a midpoint gets the lower one).
-torch::Tensor Midpoints(const torch::Tensor& code) {
+at::Tensor Midpoints(const at::Tensor& code) {
   return (code.slice(0, 0, -1) + code.slice(0, 1)) * 0.5;
 }
 
 // bitsandbytes' quantize_4bit (backends/default/ops.py, the kernel its CPU backend runs):
 // blocks of 64 scaled by the reciprocal of their maximum (clamped to 1e-38), a shorter last
 // block divided by its own; codes padded to an even count with a zero.
-void QuantizeBlocks(const torch::Tensor& weight, Nf4Tensor& out) {
-  const torch::Tensor flat = weight.reshape({-1}).to(torch::kFloat32);
+void QuantizeBlocks(const at::Tensor& weight, Nf4Tensor& out) {
+  const at::Tensor flat = weight.reshape({-1}).to(at::kFloat);
   const int64_t n = flat.numel();
   const int64_t rem = n % kNf4BlockSize;
   const int64_t full = n - rem;
-  const torch::Tensor blocks = flat.slice(0, 0, full).reshape({-1, kNf4BlockSize});
-  torch::Tensor absmax = std::get<0>(blocks.abs().max(/*dim=*/-1));
-  torch::Tensor scaled =
+  const at::Tensor blocks = flat.slice(0, 0, full).reshape({-1, kNf4BlockSize});
+  at::Tensor absmax = std::get<0>(blocks.abs().max(/*dim=*/-1));
+  at::Tensor scaled =
       (blocks * absmax.clamp_min(1e-38).reciprocal().view({-1, 1})).clamp(-1, 1).reshape({-1});
   if (rem > 0) {
-    const torch::Tensor tail = flat.slice(0, full);
-    const torch::Tensor tail_max = tail.abs().max().clamp_min(1e-38);
-    absmax = torch::cat({absmax, tail_max.unsqueeze(0)});
-    scaled = torch::cat({scaled, (tail / tail_max).clamp(-1, 1)});
+    const at::Tensor tail = flat.slice(0, full);
+    const at::Tensor tail_max = tail.abs().max().clamp_min(1e-38);
+    absmax = at::cat({absmax, tail_max.unsqueeze(0)});
+    scaled = at::cat({scaled, (tail / tail_max).clamp(-1, 1)});
   }
-  if (scaled.numel() % 2 != 0) scaled = torch::cat({scaled, torch::zeros({1}, scaled.options())});
-  const torch::Tensor bounds = Midpoints(Table(kNf4Values, 16, weight.device()));
-  const torch::Tensor codes =
-      torch::bucketize(scaled, bounds, /*out_int32=*/true).to(torch::kUInt8);
-  const torch::Tensor pairs = codes.view({-1, 2});
+  if (scaled.numel() % 2 != 0) scaled = at::cat({scaled, torch::zeros({1}, scaled.options())});
+  const at::Tensor bounds = Midpoints(Table(kNf4Values, 16, weight.device()));
+  const at::Tensor codes = at::bucketize(scaled, bounds, /*out_int32=*/true).to(at::kByte);
+  const at::Tensor pairs = codes.view({-1, 2});
   out.packed = pairs.select(1, 0).bitwise_left_shift(4).bitwise_or(pairs.select(1, 1));
   out.absmax = absmax;
 }
@@ -147,11 +151,11 @@ void QuantizeBlocks(const torch::Tensor& weight, Nf4Tensor& out) {
 // The code of each of the 65,536 bins, as bitsandbytes' build_quantize_lut builds it: bin i's
 // left edge -1 + 2i / 65535 (in fp32 arithmetic) gets the code whose midpoints below it it has
 // passed. A constant table, built once by the kernel's own loop so the fp32 rounding is its.
-const torch::Tensor& DynamicMapLut() {
-  static const torch::Tensor* lut = [] {
+const at::Tensor& DynamicMapLut() {
+  static const at::Tensor* lut = [] {
     float midpoints[255];
     for (int i = 0; i < 255; ++i) midpoints[i] = 0.5f * (kDynamicMap[i] + kDynamicMap[i + 1]);
-    auto* table = new torch::Tensor(torch::empty({kLutSize}, torch::kInt64));
+    auto* table = new at::Tensor(torch::empty({kLutSize}, at::kLong));
     int64_t* codes = table->data_ptr<int64_t>();
     int code = 0;
     for (int64_t i = 0; i < kLutSize; ++i) {
@@ -168,23 +172,22 @@ const torch::Tensor& DynamicMapLut() {
 // 256: each block times the reciprocal of its maximum, rounded into one of 65,536 bins of
 // [-1, 1] ((v + 1) * 0.5 * 65535 + 0.5, truncated), each bin taking the code nearest its left
 // edge; a block whose maximum is 0 gets code 0.
-void QuantizeStatistics(const torch::Tensor& values, Nf4Tensor& out) {
+void QuantizeStatistics(const at::Tensor& values, Nf4Tensor& out) {
   const int64_t n = values.numel();
   const int64_t blocks = (n + kNf4StatisticsBlockSize - 1) / kNf4StatisticsBlockSize;
   const int64_t padded = blocks * kNf4StatisticsBlockSize;
   // Padding with zeros changes no block's maximum.
-  const torch::Tensor grid =
-      torch::cat({values, torch::zeros({padded - n}, values.options())}).view({blocks, -1});
-  const torch::Tensor absmax = std::get<0>(grid.abs().max(/*dim=*/-1));
-  const torch::Tensor zero_block = (absmax == 0).view({-1, 1});
-  const torch::Tensor scaled = grid * absmax.masked_fill(absmax == 0, 1).reciprocal().view({-1, 1});
-  const torch::Tensor bins =
-      ((scaled.clamp(-1, 1) + 1.0) * 0.5 * static_cast<double>(kLutSize - 1) + 0.5)
-          .to(torch::kInt64);
-  const torch::Tensor lut = DynamicMapLut().to(values.device());
-  const torch::Tensor codes =
+  const at::Tensor grid =
+      at::cat({values, torch::zeros({padded - n}, values.options())}).view({blocks, -1});
+  const at::Tensor absmax = std::get<0>(grid.abs().max(/*dim=*/-1));
+  const at::Tensor zero_block = (absmax == 0).view({-1, 1});
+  const at::Tensor scaled = grid * absmax.masked_fill(absmax == 0, 1).reciprocal().view({-1, 1});
+  const at::Tensor bins =
+      ((scaled.clamp(-1, 1) + 1.0) * 0.5 * static_cast<double>(kLutSize - 1) + 0.5).to(at::kLong);
+  const at::Tensor lut = DynamicMapLut().to(values.device());
+  const at::Tensor codes =
       lut.index({bins.reshape({-1})}).view({blocks, -1}).masked_fill(zero_block, 0);
-  out.absmax_codes = codes.reshape({-1}).slice(0, 0, n).to(torch::kUInt8);
+  out.absmax_codes = codes.reshape({-1}).slice(0, 0, n).to(at::kByte);
   out.absmax_scales = absmax;
 }
 
@@ -192,7 +195,7 @@ void QuantizeStatistics(const torch::Tensor& values, Nf4Tensor& out) {
 
 int64_t Nf4Tensor::bytes() const {
   int64_t bytes = 0;
-  for (const torch::Tensor* tensor :
+  for (const at::Tensor* tensor :
        {&packed, &absmax, &absmax_codes, &absmax_scales, &absmax_offset}) {
     if (tensor->defined()) bytes += tensor->numel() * tensor->element_size();
   }
@@ -207,8 +210,8 @@ int64_t Nf4Bytes(int64_t numel, bool double_quant) {
   return packed + blocks + 4 * scales + 4;
 }
 
-Nf4Tensor Nf4Quantize(const torch::Tensor& weight, bool double_quant) {
-  torch::NoGradGuard no_grad;
+Nf4Tensor Nf4Quantize(const at::Tensor& weight, bool double_quant) {
+  at::NoGradGuard no_grad;
   Nf4Tensor out;
   out.shape = weight.sizes().vec();
   QuantizeBlocks(weight, out);
@@ -217,37 +220,36 @@ Nf4Tensor Nf4Quantize(const torch::Tensor& weight, bool double_quant) {
     // quantize_blockwise(absmax - offset, blocksize=256).
     out.absmax_offset = out.absmax.mean();
     QuantizeStatistics(out.absmax - out.absmax_offset, out);
-    out.absmax = torch::Tensor();
+    out.absmax = at::Tensor();
   }
   return out;
 }
 
-torch::Tensor Nf4Dequantize(const Nf4Tensor& tensor, torch::ScalarType dtype) {
-  torch::NoGradGuard no_grad;
-  const torch::Device device = tensor.packed.device();
-  torch::Tensor absmax = tensor.absmax;
+at::Tensor Nf4Dequantize(const Nf4Tensor& tensor, at::ScalarType dtype) {
+  at::NoGradGuard no_grad;
+  const at::Device device = tensor.packed.device();
+  at::Tensor absmax = tensor.absmax;
   if (tensor.double_quant()) {
     // dequantize_blockwise (code[q] * its block's scale, fp32), plus the offset.
     const int64_t n = tensor.absmax_codes.numel();
-    const torch::Tensor scales =
+    const at::Tensor scales =
         tensor.absmax_scales.repeat_interleave(kNf4StatisticsBlockSize).slice(0, 0, n);
-    absmax =
-        Table(kDynamicMap, 256, device).index({tensor.absmax_codes.to(torch::kInt64)}) * scales +
-        tensor.absmax_offset;
+    absmax = Table(kDynamicMap, 256, device).index({tensor.absmax_codes.to(at::kLong)}) * scales +
+             tensor.absmax_offset;
   }
   int64_t n = 1;
   for (const int64_t size : tensor.shape) n *= size;
-  const torch::Tensor pair_values = CodePairValues(device);
-  torch::Tensor out = torch::empty({n}, tensor.packed.options().dtype(dtype));
+  const at::Tensor pair_values = CodePairValues(device);
+  at::Tensor out = torch::empty({n}, tensor.packed.options().dtype(dtype));
   for (int64_t begin = 0; begin < n; begin += kDequantizeChunk) {
     const int64_t count = std::min(kDequantizeChunk, n - begin);
-    const torch::Tensor bytes = tensor.packed.narrow(0, begin / 2, (count + 1) / 2);
-    const torch::Tensor values =
-        pair_values.index({bytes.to(torch::kInt64)}).view({-1}).narrow(0, 0, count);
+    const at::Tensor bytes = tensor.packed.narrow(0, begin / 2, (count + 1) / 2);
+    const at::Tensor values =
+        pair_values.index({bytes.to(at::kLong)}).view({-1}).narrow(0, 0, count);
     const int64_t blocks = (count + kNf4BlockSize - 1) / kNf4BlockSize;
-    const torch::Tensor scales = absmax.narrow(0, begin / kNf4BlockSize, blocks)
-                                     .repeat_interleave(kNf4BlockSize)
-                                     .narrow(0, 0, count);
+    const at::Tensor scales = absmax.narrow(0, begin / kNf4BlockSize, blocks)
+                                  .repeat_interleave(kNf4BlockSize)
+                                  .narrow(0, 0, count);
     // In fp32, then rounded to `dtype`, as bitsandbytes' dequantize_4bit.
     out.narrow(0, begin, count).copy_(values * scales);
   }

@@ -11,7 +11,7 @@
 // temporaries stay small beside the weight it makes:
 //
 //   const Nf4Tensor q = Nf4Quantize(weight, /*double_quant=*/true);  // 0.5 byte a weight + scales
-//   const torch::Tensor w = Nf4Dequantize(q, torch::kBFloat16);        // weight's shape
+//   const at::Tensor w = Nf4Dequantize(q, at::kBFloat16);        // weight's shape
 //
 // Why it is home-made: bitsandbytes is a Python package over CUDA/C kernels, not a library a
 // LibTorch C++ program can link, and LibTorch has no 4-bit type. This is the storage format
@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "torch/types.h"
+#include "ATen/core/Tensor.h"
 
 namespace plait::wrap::lora {
 
@@ -35,15 +35,15 @@ inline constexpr int64_t kNf4StatisticsBlockSize = 256;
 
 // One tensor in NF4, on the device it was quantized on.
 struct Nf4Tensor {
-  torch::Tensor packed;  // uint8 [ceil(numel / 2)], two codes a byte
+  at::Tensor packed;  // uint8 [ceil(numel / 2)], two codes a byte
   // Without double quantization: the blocks' maxima, fp32 [ceil(numel / 64)]. With it:
   // undefined, and the maxima less their mean `absmax_offset` (fp32, 0-dim) are
   // `absmax_codes` (uint8 [ceil(numel / 64)], into the dynamic map) times their block's
   // `absmax_scales` (fp32 [ceil(ceil(numel / 64) / 256)]).
-  torch::Tensor absmax;
-  torch::Tensor absmax_codes;
-  torch::Tensor absmax_scales;
-  torch::Tensor absmax_offset;
+  at::Tensor absmax;
+  at::Tensor absmax_codes;
+  at::Tensor absmax_scales;
+  at::Tensor absmax_offset;
   std::vector<int64_t> shape;  // of the tensor quantized
 
   bool double_quant() const { return absmax_codes.defined(); }
@@ -52,13 +52,13 @@ struct Nf4Tensor {
 };
 
 // `weight` (fp32, bf16 or fp16, any shape, at least one element) in NF4.
-Nf4Tensor Nf4Quantize(const torch::Tensor& weight, bool double_quant);
+Nf4Tensor Nf4Quantize(const at::Tensor& weight, bool double_quant);
 
 // Nf4Tensor::bytes() of a tensor of `numel` elements, without quantizing one.
 int64_t Nf4Bytes(int64_t numel, bool double_quant);
 
 // The values `tensor` stands for, in `dtype`, shaped as the tensor quantized.
-torch::Tensor Nf4Dequantize(const Nf4Tensor& tensor, torch::ScalarType dtype);
+at::Tensor Nf4Dequantize(const Nf4Tensor& tensor, at::ScalarType dtype);
 
 }  // namespace plait::wrap::lora
 

@@ -3,8 +3,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
 #include "gtest/gtest.h"
-#include "torch/types.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::wrap::lora {
 namespace {
@@ -30,7 +33,7 @@ const std::vector<float> kValues = {-1.0f,
 // The unpacked codes of `q`, high nibble first.
 std::vector<int> Codes(const Nf4Tensor& q) {
   std::vector<int> codes;
-  const torch::Tensor packed = q.packed.contiguous();
+  const at::Tensor packed = q.packed.contiguous();
   for (int64_t i = 0; i < packed.numel(); ++i) {
     const int byte = packed.data_ptr<uint8_t>()[i];
     codes.push_back(byte >> 4);
@@ -44,16 +47,16 @@ std::vector<int> Codes(const Nf4Tensor& q) {
 TEST(Nf4Test, CodebookValuesRoundTripExactly) {
   std::vector<float> values;
   for (int i = 0; i < 64; ++i) values.push_back(2.0f * kValues[(i * 7) % 16]);
-  const torch::Tensor weight = torch::tensor(values).view({4, 16});
+  const at::Tensor weight = torch::tensor(values).view({4, 16});
   const Nf4Tensor q = Nf4Quantize(weight, /*double_quant=*/false);
   ASSERT_EQ(q.packed.numel(), 32);
-  EXPECT_EQ(q.packed.scalar_type(), torch::kUInt8);
+  EXPECT_EQ(q.packed.scalar_type(), at::kByte);
   ASSERT_EQ(q.absmax.numel(), 1);
   EXPECT_EQ(q.absmax.item<float>(), 2.0f);
   const std::vector<int> codes = Codes(q);
   for (int i = 0; i < 64; ++i) EXPECT_EQ(codes[i], (i * 7) % 16) << i;
-  EXPECT_TRUE(torch::equal(Nf4Dequantize(q, torch::kFloat32), weight));
-  EXPECT_EQ(Nf4Dequantize(q, torch::kFloat32).sizes(), weight.sizes());
+  EXPECT_TRUE(at::equal(Nf4Dequantize(q, at::kFloat), weight));
+  EXPECT_EQ(Nf4Dequantize(q, at::kFloat).sizes(), weight.sizes());
 }
 
 // A value goes to the nearest code; one exactly between two goes to the lower (bucketize on
@@ -78,26 +81,26 @@ TEST(Nf4Test, RoundsToTheNearestCodeTiesDown) {
 // numel not a multiple of 64: the last block has its own maximum; an odd count is padded
 // with a zero code (7) in the last low nibble.
 TEST(Nf4Test, ATailBlockHasItsOwnMaximum) {
-  torch::manual_seed(1);
-  const torch::Tensor weight = torch::randn({3, 45});  // 135 = 2 blocks of 64 + 7
+  at::manual_seed(1);
+  const at::Tensor weight = torch::randn({3, 45});  // 135 = 2 blocks of 64 + 7
   const Nf4Tensor q = Nf4Quantize(weight, false);
   EXPECT_EQ(q.packed.numel(), 68);
   ASSERT_EQ(q.absmax.numel(), 3);
-  const torch::Tensor flat = weight.reshape({-1});
+  const at::Tensor flat = weight.reshape({-1});
   EXPECT_EQ(q.absmax[2].item<float>(), flat.slice(0, 128).abs().max().item<float>());
   EXPECT_EQ(Codes(q).back(), 7);
-  const torch::Tensor back = Nf4Dequantize(q, torch::kFloat32);
+  const at::Tensor back = Nf4Dequantize(q, at::kFloat);
   EXPECT_EQ(back.sizes(), weight.sizes());
   // Each value within half the widest gap between codes (0.28 of its block's maximum).
-  const torch::Tensor bound = q.absmax.repeat_interleave(64).slice(0, 0, 135) * 0.15;
+  const at::Tensor bound = q.absmax.repeat_interleave(64).slice(0, 0, 135) * 0.15;
   EXPECT_TRUE((back.reshape({-1}) - flat).abs().le(bound).all().item<bool>());
 }
 
 // 0.5 byte a weight plus 4 bytes a block of 64; double quantization keeps 1 byte a block plus
 // 4 bytes per 256 blocks and the offset, and gives back maxima within the 8-bit map's step.
 TEST(Nf4Test, DoubleQuantizationShrinksTheScales) {
-  torch::manual_seed(2);
-  const torch::Tensor weight = torch::randn({512, 128}) * 0.02;  // 1,024 blocks
+  at::manual_seed(2);
+  const at::Tensor weight = torch::randn({512, 128}) * 0.02;  // 1,024 blocks
   const Nf4Tensor single = Nf4Quantize(weight, false);
   const Nf4Tensor twice = Nf4Quantize(weight, true);
   EXPECT_EQ(single.packed.numel(), 512 * 128 / 2);
@@ -112,40 +115,40 @@ TEST(Nf4Test, DoubleQuantizationShrinksTheScales) {
   EXPECT_EQ(Nf4Bytes(512 * 128, true), twice.bytes());
   EXPECT_EQ(Nf4Bytes(135, false), Nf4Quantize(torch::zeros({135}), false).bytes());
   EXPECT_EQ(Nf4Bytes(135, true), Nf4Quantize(torch::zeros({135}), true).bytes());
-  EXPECT_TRUE(torch::equal(twice.packed, single.packed));
+  EXPECT_TRUE(at::equal(twice.packed, single.packed));
   EXPECT_NEAR(twice.absmax_offset.item<double>(), single.absmax.mean().item<double>(), 1e-9);
-  const torch::Tensor a = Nf4Dequantize(single, torch::kFloat32);
-  const torch::Tensor b = Nf4Dequantize(twice, torch::kFloat32);
+  const at::Tensor a = Nf4Dequantize(single, at::kFloat);
+  const at::Tensor b = Nf4Dequantize(twice, at::kFloat);
   // The maxima, recovered from any code's value ratio, within 1% of their own.
-  const torch::Tensor ratio = b.abs().max() / a.abs().max();
+  const at::Tensor ratio = b.abs().max() / a.abs().max();
   EXPECT_NEAR(ratio.item<float>(), 1.0f, 0.01f);
-  EXPECT_FALSE(torch::equal(a, b));
+  EXPECT_FALSE(at::equal(a, b));
 }
 
 // bf16 in, any compute dtype out: the product is taken in fp32 and rounded once.
 TEST(Nf4Test, DequantizesToTheComputeDtype) {
-  torch::manual_seed(3);
-  const torch::Tensor weight = torch::randn({8, 64}).to(torch::kBFloat16);
+  at::manual_seed(3);
+  const at::Tensor weight = torch::randn({8, 64}).to(at::kBFloat16);
   const Nf4Tensor q = Nf4Quantize(weight, false);
-  EXPECT_TRUE(torch::equal(q.absmax, weight.to(torch::kFloat32).view({8, 64}).abs().amax(1)));
-  const torch::Tensor fp32 = Nf4Dequantize(q, torch::kFloat32);
-  const torch::Tensor bf16 = Nf4Dequantize(q, torch::kBFloat16);
-  EXPECT_EQ(bf16.scalar_type(), torch::kBFloat16);
-  EXPECT_TRUE(torch::equal(bf16, fp32.to(torch::kBFloat16)));
+  EXPECT_TRUE(at::equal(q.absmax, weight.to(at::kFloat).view({8, 64}).abs().amax(1)));
+  const at::Tensor fp32 = Nf4Dequantize(q, at::kFloat);
+  const at::Tensor bf16 = Nf4Dequantize(q, at::kBFloat16);
+  EXPECT_EQ(bf16.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(bf16, fp32.to(at::kBFloat16)));
 }
 
 // A tensor of more than a million elements (dequantized in chunks) with an odd count and a
 // tail block of one element: every element is its code's value times its block's maximum.
 TEST(Nf4Test, DequantizesEveryElementOfALargeTensor) {
-  torch::manual_seed(4);
-  const torch::Tensor weight = torch::randn({1025, 1025});
+  at::manual_seed(4);
+  const at::Tensor weight = torch::randn({1025, 1025});
   const Nf4Tensor q = Nf4Quantize(weight, false);
   const std::vector<int> codes = Codes(q);
-  const torch::Tensor values = torch::tensor(kValues).index(
+  const at::Tensor values = torch::tensor(kValues).index(
       {torch::tensor(std::vector<int64_t>(codes.begin(), codes.end())).narrow(0, 0, 1025 * 1025)});
-  const torch::Tensor expected =
+  const at::Tensor expected =
       values * q.absmax.repeat_interleave(kNf4BlockSize).narrow(0, 0, 1025 * 1025);
-  EXPECT_TRUE(torch::equal(Nf4Dequantize(q, torch::kFloat32), expected.view({1025, 1025})));
+  EXPECT_TRUE(at::equal(Nf4Dequantize(q, at::kFloat), expected.view({1025, 1025})));
 }
 
 // An all-zero tensor (a block whose maximum is 0) quantizes to zeros without NaN, with and
@@ -153,8 +156,7 @@ TEST(Nf4Test, DequantizesEveryElementOfALargeTensor) {
 TEST(Nf4Test, ZeroBlocksStayZero) {
   for (const bool double_quant : {false, true}) {
     const Nf4Tensor q = Nf4Quantize(torch::zeros({4, 64}), double_quant);
-    EXPECT_TRUE(torch::equal(Nf4Dequantize(q, torch::kFloat32), torch::zeros({4, 64})))
-        << double_quant;
+    EXPECT_TRUE(at::equal(Nf4Dequantize(q, at::kFloat), torch::zeros({4, 64}))) << double_quant;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -47,7 +48,7 @@ std::optional<std::string> ModuleOfAdapterA(absl::string_view name) {
   return std::string(name);
 }
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(
+absl::StatusOr<std::map<std::string, at::Tensor>> ReadStartingAdapters(
     const LoraConfig& config, const std::vector<AdaptedProjection>& projections,
     const std::function<bool(const std::string& module)>& holds_module) {
   const std::string& dir = config.initial_adapter_dir();
@@ -83,12 +84,12 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(
     return error(absl::StrCat("it has no adapters for ", missing, ", which the step's targets (",
                               absl::StrJoin(config.target(), ", "), ") match"));
   }
-  std::map<std::string, torch::Tensor> stored(std::make_move_iterator(adapter->tensors.begin()),
-                                              std::make_move_iterator(adapter->tensors.end()));
-  std::map<std::string, torch::Tensor> values;  // the held projections' alone
+  std::map<std::string, at::Tensor> stored(std::make_move_iterator(adapter->tensors.begin()),
+                                           std::make_move_iterator(adapter->tensors.end()));
+  std::map<std::string, at::Tensor> values;  // the held projections' alone
   for (const AdaptedProjection& projection : projections) {
     for (const auto& [name, shape] : AdapterMatricesOf(projection, config.rank())) {
-      torch::Tensor& tensor = stored.at(name);
+      at::Tensor& tensor = stored.at(name);
       if (tensor.sizes().vec() != shape) {
         return error(absl::StrCat(name, " is ", Shape(tensor.sizes().vec()),
                                   "; the projection's weight [out, in] = ",

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "torch/types.h"
 #include "wrap/wrap.pb.h"
 
 namespace plait::wrap::lora {
@@ -55,7 +55,7 @@ std::optional<std::string> ModuleOfAdapterA(absl::string_view name);
 // errors), that disagrees with `config`'s rank, alpha or use_rslora, that adapts another set
 // of the held modules (naming the first one either side lacks), or whose matrices do not fit
 // their projection.
-absl::StatusOr<std::map<std::string, torch::Tensor>> ReadStartingAdapters(
+absl::StatusOr<std::map<std::string, at::Tensor>> ReadStartingAdapters(
     const LoraConfig& config, const std::vector<AdaptedProjection>& projections,
     const std::function<bool(const std::string& module)>& holds_module);
 

@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,6 +18,7 @@
 #include "base/violation.h"
 #include "parallel/communicator.h"
 #include "torch/autograd.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 
 namespace plait::wrap::pp {
 namespace {
@@ -144,7 +146,7 @@ absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> StageBlocks(const Pipel
 // (received), output (sent, or the loss) and the gradient received for it.
 class PipelineStrategy::Executor final : public MicroBatchExecutor {
  public:
-  Executor(Wrappable& model, parallel::Communicator& group, torch::Device device, ScheduleKind kind,
+  Executor(Wrappable& model, parallel::Communicator& group, at::Device device, ScheduleKind kind,
            int stages_per_rank)
       : model_(model),
         group_(group),
@@ -211,11 +213,11 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
           output_gradients(inputs.size()),
           input_gradients(inputs.size()) {}
     int num_micro;
-    std::vector<torch::Tensor> inputs;            // received, a leaf requiring its gradient
-    std::vector<torch::Tensor> outputs;           // the stage's output, or the loss
-    std::vector<torch::Tensor> output_gradients;  // received for the outputs
-    std::vector<torch::Tensor> input_gradients;   // zero-bubble: computed before the weights'
-    std::vector<std::pair<std::shared_ptr<parallel::Work>, torch::Tensor>> sends;
+    std::vector<at::Tensor> inputs;            // received, a leaf requiring its gradient
+    std::vector<at::Tensor> outputs;           // the stage's output, or the loss
+    std::vector<at::Tensor> output_gradients;  // received for the outputs
+    std::vector<at::Tensor> input_gradients;   // zero-bubble: computed before the weights'
+    std::vector<std::pair<std::shared_ptr<parallel::Work>, at::Tensor>> sends;
   };
 
   absl::StatusOr<const std::vector<Action>*> Actions(int num_micro) {
@@ -247,31 +249,30 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
     return status;
   }
 
-  void Send(torch::Tensor tensor, int peer, MicroBatches& state) {
+  void Send(at::Tensor tensor, int peer, MicroBatches& state) {
     tensor = tensor.detach().contiguous();
     state.sends.emplace_back(group_.Send(tensor, peer), tensor);
   }
 
-  absl::StatusOr<torch::Tensor> ReceiveActivation(int peer) {
-    torch::Tensor header =
-        torch::empty({kHeaderLength}, torch::TensorOptions(torch::kInt64).device(device_));
+  absl::StatusOr<at::Tensor> ReceiveActivation(int peer) {
+    at::Tensor header = torch::empty({kHeaderLength}, at::TensorOptions(at::kLong).device(device_));
     PLAIT_RETURN_IF_ERROR(Wait(group_.Receive(header, peer)));
     header = header.cpu();
     const auto values = header.accessor<int64_t, 1>();
     std::vector<int64_t> sizes(values.data() + 2, values.data() + 2 + values[1]);
-    torch::Tensor tensor = torch::empty(
-        sizes, torch::TensorOptions(static_cast<torch::ScalarType>(values[0])).device(device_));
+    at::Tensor tensor = torch::empty(
+        sizes, at::TensorOptions(static_cast<at::ScalarType>(values[0])).device(device_));
     PLAIT_RETURN_IF_ERROR(Wait(group_.Receive(tensor, peer)));
     return tensor;
   }
 
-  absl::Status SendActivation(const torch::Tensor& tensor, int peer, MicroBatches& state) {
+  absl::Status SendActivation(const at::Tensor& tensor, int peer, MicroBatches& state) {
     if (tensor.dim() > kMaxDims) {
       return absl::InvalidArgumentError(absl::StrCat("the stage's output has ", tensor.dim(),
                                                      " dimensions; a pipeline sends at most ",
                                                      kMaxDims));
     }
-    torch::Tensor header = torch::zeros({kHeaderLength}, torch::kInt64);
+    at::Tensor header = torch::zeros({kHeaderLength}, at::kLong);
     header[0] = static_cast<int64_t>(tensor.scalar_type());
     header[1] = tensor.dim();
     for (int64_t d = 0; d < tensor.dim(); ++d) header[2 + d] = tensor.size(d);
@@ -281,8 +282,8 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
   }
 
   // The trainable tensors of the stage, the leaves a zero-bubble weight backward computes.
-  std::vector<torch::Tensor> Weights() {
-    std::vector<torch::Tensor> weights;
+  std::vector<at::Tensor> Weights() {
+    std::vector<at::Tensor> weights;
     for (const Wrappable::NamedParameter& named : model_.NamedParameters()) {
       if (named.parameter.requires_grad()) weights.push_back(named.parameter);
     }
@@ -297,23 +298,23 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
     const int next = (group_.rank() + 1) % group_.size();
     switch (action.type) {
       case ActionType::kReceiveActivation: {
-        PLAIT_ASSIGN_OR_RETURN(torch::Tensor input, ReceiveActivation(previous));
-        state.inputs[slot] = input.requires_grad_(torch::GradMode::is_enabled());
+        PLAIT_ASSIGN_OR_RETURN(at::Tensor input, ReceiveActivation(previous));
+        state.inputs[slot] = input.requires_grad_(at::GradMode::is_enabled());
         return absl::OkStatus();
       }
       case ActionType::kForward: {
         PLAIT_RETURN_IF_ERROR(model_.SelectStage(local_stage));
         PLAIT_ASSIGN_OR_RETURN(state.outputs[slot], forward(action.microbatch, state.inputs[slot]));
-        if (!torch::GradMode::is_enabled()) state.inputs[slot] = torch::Tensor();
+        if (!at::GradMode::is_enabled()) state.inputs[slot] = at::Tensor();
         return absl::OkStatus();
       }
       case ActionType::kSendActivation:
         PLAIT_RETURN_IF_ERROR(SendActivation(state.outputs[slot], next, state));
-        if (!torch::GradMode::is_enabled()) state.outputs[slot] = torch::Tensor();
+        if (!at::GradMode::is_enabled()) state.outputs[slot] = at::Tensor();
         return absl::OkStatus();
       case ActionType::kReceiveGradient: {
         // Contiguous, as the sender's: the output itself may be a strided view.
-        torch::Tensor gradient =
+        at::Tensor gradient =
             torch::empty(state.outputs[slot].sizes(), state.outputs[slot].options());
         PLAIT_RETURN_IF_ERROR(Wait(group_.Receive(gradient, next)));
         state.output_gradients[slot] = gradient;
@@ -338,10 +339,10 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
         Release(slot, state);
         return absl::OkStatus();
       case ActionType::kSendGradient: {
-        torch::Tensor gradient = state.input_gradients[slot].defined() ? state.input_gradients[slot]
-                                                                       : state.inputs[slot].grad();
-        state.inputs[slot] = torch::Tensor();
-        state.input_gradients[slot] = torch::Tensor();
+        at::Tensor gradient = state.input_gradients[slot].defined() ? state.input_gradients[slot]
+                                                                    : state.inputs[slot].grad();
+        state.inputs[slot] = at::Tensor();
+        state.input_gradients[slot] = at::Tensor();
         Send(gradient, previous, state);
         return absl::OkStatus();
       }
@@ -351,13 +352,13 @@ class PipelineStrategy::Executor final : public MicroBatchExecutor {
 
   // After a slot's (weight) backward: its output and the gradient received for it.
   void Release(int slot, MicroBatches& state) {
-    state.outputs[slot] = torch::Tensor();
-    state.output_gradients[slot] = torch::Tensor();
+    state.outputs[slot] = at::Tensor();
+    state.output_gradients[slot] = at::Tensor();
   }
 
   Wrappable& model_;
   parallel::Communicator& group_;
-  const torch::Device device_;
+  const at::Device device_;
   const ScheduleKind kind_;
   const int stages_per_rank_;
   std::map<int, PipelineSchedule> schedules_;  // by micro-batches per step
@@ -583,7 +584,7 @@ absl::Status PipelineStrategy::Apply(Wrappable& model, const parallel::DeviceMes
   std::set<std::string> held;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) held.insert(named.name);
   const int64_t count = static_cast<int64_t>(whole_.size());
-  torch::Tensor holders = torch::zeros({ranks, count});
+  at::Tensor holders = torch::zeros({ranks, count});
   auto own_flags = holders.accessor<float, 2>();
   for (int64_t i = 0; i < count; ++i) {
     if (held.count(whole_[i].name) > 0) own_flags[rank][i] = 1.0f;
@@ -626,17 +627,17 @@ void PipelineStrategy::UpdateParameters(std::vector<parallel::TrainableParameter
 
 absl::Status PipelineStrategy::FinishGradients(
     const std::vector<parallel::TrainableParameter>& trainable) {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (const parallel::TrainableParameter& parameter : trainable) {
     const auto shared = shared_.find(parameter.name);
     if (shared == shared_.end()) continue;
-    torch::Tensor& gradient = parameter.tensor.mutable_grad();
+    at::Tensor& gradient = parameter.tensor.mutable_grad();
     if (!gradient.defined()) gradient = torch::zeros_like(parameter.tensor);
     // Each holder sends its gradient to the others, then sums all of them in rank order, so
     // that every holder has the same bits.
-    const torch::Tensor own = gradient.detach().contiguous();
+    const at::Tensor own = gradient.detach().contiguous();
     std::vector<std::shared_ptr<parallel::Work>> sends;
-    std::vector<torch::Tensor> received;
+    std::vector<at::Tensor> received;
     for (const int holder : shared->second) {
       if (holder != group_->rank()) sends.push_back(group_->Send(own, holder));
     }
@@ -645,26 +646,25 @@ absl::Status PipelineStrategy::FinishGradients(
         received.push_back(own);
         continue;
       }
-      torch::Tensor theirs = torch::empty_like(own);
+      at::Tensor theirs = torch::empty_like(own);
       PLAIT_RETURN_IF_ERROR(base::Annotate(
           group_->Receive(theirs, holder)->Wait(),
           absl::StrCat("the gradient of ", parameter.name, ", held by several stages")));
       received.push_back(theirs);
     }
     for (const auto& sent : sends) PLAIT_RETURN_IF_ERROR(sent->Wait());
-    torch::Tensor sum = received.front().clone();
+    at::Tensor sum = received.front().clone();
     for (size_t i = 1; i < received.size(); ++i) sum += received[i];
     gradient.copy_(sum);
   }
   return absl::OkStatus();
 }
 
-absl::Status PipelineStrategy::GatherFullParameters(
-    std::map<std::string, torch::Tensor>& parameters) {
+absl::Status PipelineStrategy::GatherFullParameters(std::map<std::string, at::Tensor>& parameters) {
   // The holders' dtypes first (the strategies after this one may keep fp32 copies of a 16-bit
   // model), one collective for all.
   const int64_t count = static_cast<int64_t>(whole_.size());
-  torch::Tensor dtypes = torch::zeros({count});
+  at::Tensor dtypes = torch::zeros({count});
   auto own_dtypes = dtypes.accessor<float, 1>();
   for (int64_t i = 0; i < count; ++i) {
     if (whole_[i].holders.front() != group_->rank()) continue;
@@ -682,13 +682,13 @@ absl::Status PipelineStrategy::GatherFullParameters(
   const auto holder_dtypes = dtypes.accessor<float, 1>();
   for (int64_t i = 0; i < count; ++i) {
     const WholeParameter& whole = whole_[i];
-    torch::Tensor tensor;
+    at::Tensor tensor;
     const int holder = whole.holders.front();
     if (holder == group_->rank()) {
       tensor = parameters.at(whole.name).detach().contiguous();
     } else {
-      const auto dtype = static_cast<torch::ScalarType>(static_cast<int>(holder_dtypes[i]));
-      tensor = torch::empty(whole.shape, torch::TensorOptions(dtype).device(device_));
+      const auto dtype = static_cast<at::ScalarType>(static_cast<int>(holder_dtypes[i]));
+      tensor = torch::empty(whole.shape, at::TensorOptions(dtype).device(device_));
     }
     PLAIT_RETURN_IF_ERROR(group_->Broadcast(tensor, holder)->Wait());
     parameters[whole.name] = tensor;
@@ -716,12 +716,11 @@ absl::Status PipelineStrategy::GatherFullParameters(
       for (const absl::string_view size : absl::StrSplit(fields[2], ',', absl::SkipEmpty())) {
         if (!absl::SimpleAtoi(size, &shape.emplace_back())) return unreadable;
       }
-      torch::Tensor tensor =
+      at::Tensor tensor =
           holder == group_->rank()
               ? parameters.at(fields[0]).detach().contiguous()
-              : torch::empty(
-                    shape,
-                    torch::TensorOptions(static_cast<torch::ScalarType>(dtype)).device(device_));
+              : torch::empty(shape,
+                             at::TensorOptions(static_cast<at::ScalarType>(dtype)).device(device_));
       PLAIT_RETURN_IF_ERROR(group_->Broadcast(tensor, holder)->Wait());
       parameters[fields[0]] = tensor;
     }

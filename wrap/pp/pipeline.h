@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -66,7 +67,7 @@ class PipelineStrategy final : public Strategy {
   // Each part is the rank's alone over the dimension: the gradient norm sums over it.
   void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override;
   // Every stage's parameters, broadcast over the dimension from the rank that holds them.
-  absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override;
+  absl::Status GatherFullParameters(std::map<std::string, at::Tensor>& parameters) override;
   // A parameter several stages hold (a tied embedding) gets the sum of their gradients.
   absl::Status FinishGradients(const std::vector<parallel::TrainableParameter>& trainable) override;
   MicroBatchExecutor* micro_batch_executor() override;
@@ -86,7 +87,7 @@ class PipelineStrategy final : public Strategy {
   PipelineConfig config_;
   ScheduleKind kind_ = ScheduleKind::k1F1B;
   parallel::Communicator* group_ = nullptr;
-  torch::Device device_ = torch::kCPU;
+  at::Device device_ = at::kCPU;
   std::vector<WholeParameter> whole_;
   std::map<std::string, std::vector<int>> shared_;  // the holders of those held by several
   std::unique_ptr<Executor> executor_;

@@ -7,8 +7,8 @@
 // collective in its group (parallel::GraphGroup), which the caller checks after backward:
 //
 //   parallel::GraphGroup group(*mesh.communicator("tp").value());
-//   torch::Tensor h = CopyToRegion(x, group);            // then column-parallel matmuls
-//   torch::Tensor y = ReduceFromRegion(partial, group);  // after a row-parallel matmul
+//   at::Tensor h = CopyToRegion(x, group);            // then column-parallel matmuls
+//   at::Tensor y = ReduceFromRegion(partial, group);  // after a row-parallel matmul
 //   loss.backward();
 //   PLAIT_RETURN_IF_ERROR(group.status());
 #ifndef PLAIT_WRAP_TP_COLLECTIVE_OPS_H_
@@ -17,25 +17,25 @@
 #include <cstdint>
 #include <memory>
 
+#include "ATen/core/Tensor.h"
 #include "parallel/graph_group.h"
-#include "torch/types.h"
 
 namespace plait::wrap::tp {
 
 // Identity forward; backward sums the gradient over the group (Megatron's f).
-torch::Tensor CopyToRegion(const torch::Tensor& x, parallel::GraphGroup& group);
+at::Tensor CopyToRegion(const at::Tensor& x, parallel::GraphGroup& group);
 
 // Sums `x` over the group forward; identity backward (Megatron's g).
-torch::Tensor ReduceFromRegion(const torch::Tensor& x, parallel::GraphGroup& group);
+at::Tensor ReduceFromRegion(const at::Tensor& x, parallel::GraphGroup& group);
 
 // [B, T / n, ...] -> [B, T, ...]: the ranks' slices of the sequence (dim 1), rank r's at
 // r * T / n, gathered forward; backward reduce-scatters the gradient along the sequence.
-torch::Tensor GatherSequence(const torch::Tensor& x, parallel::GraphGroup& group);
+at::Tensor GatherSequence(const at::Tensor& x, parallel::GraphGroup& group);
 
 // [B, T, ...] -> [B, T / n, ...]: the sum over the group of `x`, of which this rank keeps its
 // slice of the sequence (dim 1) forward; backward all-gathers the gradient. T must divide
 // by the group's size.
-torch::Tensor ReduceScatterSequence(const torch::Tensor& x, parallel::GraphGroup& group);
+at::Tensor ReduceScatterSequence(const at::Tensor& x, parallel::GraphGroup& group);
 
 // Per row i, -log softmax(full logits)[targets[i]], computed from this rank's columns
 // `logits` [N, columns] (the vocabulary ids vocab_start .. vocab_start + columns - 1, of which
@@ -48,16 +48,16 @@ torch::Tensor ReduceScatterSequence(const torch::Tensor& x, parallel::GraphGroup
 // at most one wide chunk and, in backward, the logits' gradient (in their dtype). Returns [N]
 // in that wide dtype. Differentiable in `logits`: softmax minus the one-hot target on this
 // rank's real columns, 0 on its padding columns. Nothing is read back to the host.
-torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                        int64_t vocab_start, int64_t real_columns,
-                                        int64_t ignore_index, parallel::GraphGroup& group);
+at::Tensor VocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
+                                     int64_t vocab_start, int64_t real_columns,
+                                     int64_t ignore_index, parallel::GraphGroup& group);
 // As above with `chunk_rows` (> 0) rows per chunk in place of
 // base::CrossEntropyChunkRows(real_columns, dtype): for tests that cross chunk boundaries with
 // small tensors.
-torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                        int64_t vocab_start, int64_t real_columns,
-                                        int64_t ignore_index, parallel::GraphGroup& group,
-                                        int64_t chunk_rows);
+at::Tensor VocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
+                                     int64_t vocab_start, int64_t real_columns,
+                                     int64_t ignore_index, parallel::GraphGroup& group,
+                                     int64_t chunk_rows);
 
 }  // namespace plait::wrap::tp
 

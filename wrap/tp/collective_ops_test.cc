@@ -8,13 +8,17 @@
 #include <limits>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/isfinite.h"
 #include "base/allocation_counter.h"
 #include "base/status_matchers.h"
 #include "gtest/gtest.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/nn/functional/loss.h"
-#include "torch/types.h"
 
 namespace plait::wrap::tp {
 namespace {
@@ -41,62 +45,59 @@ void OnRanks(const std::function<void(int, parallel::GraphGroup&)>& body) {
 }
 
 // Per rank, a distinct input and output gradient of shape [2, 4, 3].
-torch::Tensor Input(int rank) {
-  return torch::arange(24, torch::kFloat32).view({2, 4, 3}) * (rank + 1);
-}
-torch::Tensor OutputGrad(int rank) { return torch::full({2, 4, 3}, 0.5f + rank); }
+at::Tensor Input(int rank) { return torch::arange(24, at::kFloat).view({2, 4, 3}) * (rank + 1); }
+at::Tensor OutputGrad(int rank) { return torch::full({2, 4, 3}, 0.5f + rank); }
 
 TEST(CollectiveOpsTest, CopyToRegionSumsTheGradient) {
   OnRanks([](int rank, parallel::GraphGroup& group) {
-    const torch::Tensor x = Input(rank).requires_grad_();
-    const torch::Tensor y = CopyToRegion(x, group);
-    EXPECT_TRUE(torch::equal(y, x));
+    const at::Tensor x = Input(rank).requires_grad_();
+    const at::Tensor y = CopyToRegion(x, group);
+    EXPECT_TRUE(at::equal(y, x));
     y.backward(OutputGrad(rank));
-    EXPECT_TRUE(torch::allclose(x.grad(), OutputGrad(0) + OutputGrad(1)));
+    EXPECT_TRUE(at::allclose(x.grad(), OutputGrad(0) + OutputGrad(1)));
   });
 }
 
 TEST(CollectiveOpsTest, ReduceFromRegionSumsTheForward) {
   OnRanks([](int rank, parallel::GraphGroup& group) {
-    const torch::Tensor x = Input(rank).requires_grad_();
-    const torch::Tensor y = ReduceFromRegion(x, group);
-    EXPECT_TRUE(torch::allclose(y, Input(0) + Input(1)));
+    const at::Tensor x = Input(rank).requires_grad_();
+    const at::Tensor y = ReduceFromRegion(x, group);
+    EXPECT_TRUE(at::allclose(y, Input(0) + Input(1)));
     y.backward(OutputGrad(rank));
-    EXPECT_TRUE(torch::equal(x.grad(), OutputGrad(rank)));
+    EXPECT_TRUE(at::equal(x.grad(), OutputGrad(rank)));
   });
 }
 
 TEST(CollectiveOpsTest, SequenceGatherAndReduceScatterAreConjugate) {
   OnRanks([](int rank, parallel::GraphGroup& group) {
     // Gather: rank r's slice [2, 2, 3] lands at positions 2r, 2r + 1.
-    const torch::Tensor full = Input(0);
-    const torch::Tensor slice = full.narrow(1, 2 * rank, 2).clone().requires_grad_();
-    const torch::Tensor gathered = GatherSequence(slice, group);
-    EXPECT_TRUE(torch::equal(gathered, full));
+    const at::Tensor full = Input(0);
+    const at::Tensor slice = full.narrow(1, 2 * rank, 2).clone().requires_grad_();
+    const at::Tensor gathered = GatherSequence(slice, group);
+    EXPECT_TRUE(at::equal(gathered, full));
     gathered.backward(OutputGrad(rank));
-    EXPECT_TRUE(
-        torch::allclose(slice.grad(), (OutputGrad(0) + OutputGrad(1)).narrow(1, 2 * rank, 2)));
+    EXPECT_TRUE(at::allclose(slice.grad(), (OutputGrad(0) + OutputGrad(1)).narrow(1, 2 * rank, 2)));
 
-    const torch::Tensor x = Input(rank).requires_grad_();
-    const torch::Tensor scattered = ReduceScatterSequence(x, group);
-    EXPECT_TRUE(torch::allclose(scattered, (Input(0) + Input(1)).narrow(1, 2 * rank, 2)));
-    const torch::Tensor grads =
-        torch::randn({2, 4, 3}, torch::Generator(at::detail::createCPUGenerator(7)));
+    const at::Tensor x = Input(rank).requires_grad_();
+    const at::Tensor scattered = ReduceScatterSequence(x, group);
+    EXPECT_TRUE(at::allclose(scattered, (Input(0) + Input(1)).narrow(1, 2 * rank, 2)));
+    const at::Tensor grads =
+        torch::randn({2, 4, 3}, at::Generator(at::detail::createCPUGenerator(7)));
     scattered.backward(grads.narrow(1, 2 * rank, 2));
-    EXPECT_TRUE(torch::equal(x.grad(), grads));
+    EXPECT_TRUE(at::equal(x.grad(), grads));
   });
 }
 
 // torch's per-row cross-entropy of whole fp32 `logits` [N, V] (-100 ignored) and the gradient
 // of its sum weighted by `weights` [N].
 struct Reference {
-  torch::Tensor loss;
-  torch::Tensor grad;
+  at::Tensor loss;
+  at::Tensor grad;
 };
-Reference CrossEntropyOf(const torch::Tensor& logits, const torch::Tensor& targets,
-                         const torch::Tensor& weights) {
-  const torch::Tensor whole = logits.clone().requires_grad_();
-  const torch::Tensor loss = torch::nn::functional::cross_entropy(
+Reference CrossEntropyOf(const at::Tensor& logits, const at::Tensor& targets,
+                         const at::Tensor& weights) {
+  const at::Tensor whole = logits.clone().requires_grad_();
+  const at::Tensor loss = torch::nn::functional::cross_entropy(
       whole, targets,
       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone).ignore_index(-100));
   (loss * weights).sum().backward();
@@ -106,23 +107,23 @@ Reference CrossEntropyOf(const torch::Tensor& logits, const torch::Tensor& targe
 TEST(CollectiveOpsTest, VocabParallelCrossEntropyEqualsCrossEntropyOnGatheredLogits) {
   constexpr int64_t kRows = 6;
   constexpr int64_t kVocab = 10;
-  const torch::Generator generator = at::detail::createCPUGenerator(3);
-  const torch::Tensor logits = torch::randn({kRows, kVocab}, generator) * 3;
+  const at::Generator generator = at::detail::createCPUGenerator(3);
+  const at::Tensor logits = torch::randn({kRows, kVocab}, generator) * 3;
   // Targets in both ranks' halves, and one ignored.
-  const torch::Tensor targets = torch::tensor({0, 9, 4, 5, -100, 7}, torch::kInt64);
-  const torch::Tensor weights = torch::tensor({1.0f, 0.5f, 2.0f, -1.0f, 3.0f, 0.25f});
+  const at::Tensor targets = torch::tensor({0, 9, 4, 5, -100, 7}, at::kLong);
+  const at::Tensor weights = torch::tensor({1.0f, 0.5f, 2.0f, -1.0f, 3.0f, 0.25f});
 
   const Reference expected = CrossEntropyOf(logits, targets, weights);
 
   OnRanks([&](int rank, parallel::GraphGroup& group) {
     constexpr int64_t kColumns = kVocab / kRanks;
-    const torch::Tensor mine = logits.narrow(1, rank * kColumns, kColumns).clone().requires_grad_();
-    const torch::Tensor loss =
+    const at::Tensor mine = logits.narrow(1, rank * kColumns, kColumns).clone().requires_grad_();
+    const at::Tensor loss =
         VocabParallelCrossEntropy(mine, targets, rank * kColumns, kColumns, -100, group);
-    EXPECT_TRUE(torch::allclose(loss, expected.loss, 1e-5, 1e-6)) << loss << expected.loss;
+    EXPECT_TRUE(at::allclose(loss, expected.loss, 1e-5, 1e-6)) << loss << expected.loss;
     (loss * weights).sum().backward();
-    EXPECT_TRUE(torch::allclose(mine.grad(), expected.grad.narrow(1, rank * kColumns, kColumns),
-                                1e-5, 1e-6));
+    EXPECT_TRUE(
+        at::allclose(mine.grad(), expected.grad.narrow(1, rank * kColumns, kColumns), 1e-5, 1e-6));
   });
 }
 
@@ -130,22 +131,22 @@ TEST(CollectiveOpsTest, VocabParallelCrossEntropyEqualsCrossEntropyOnGatheredLog
 // read): that rank adds nothing, and the loss is the cross-entropy over the real columns.
 TEST(CollectiveOpsTest, VocabParallelCrossEntropyOfARankOfPaddingOnly) {
   constexpr int64_t kColumns = 2;  // rank 0's are the vocabulary, rank 1's padding
-  const torch::Tensor logits =
-      torch::randn({3, kColumns}, torch::Generator(at::detail::createCPUGenerator(5)));
-  const torch::Tensor targets = torch::tensor({1, -100, 0}, torch::kInt64);
-  const torch::Tensor expected = torch::nn::functional::cross_entropy(
+  const at::Tensor logits =
+      torch::randn({3, kColumns}, at::Generator(at::detail::createCPUGenerator(5)));
+  const at::Tensor targets = torch::tensor({1, -100, 0}, at::kLong);
+  const at::Tensor expected = torch::nn::functional::cross_entropy(
       logits, targets,
       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone).ignore_index(-100));
   OnRanks([&](int rank, parallel::GraphGroup& group) {
-    const torch::Tensor mine =
+    const at::Tensor mine =
         (rank == 0 ? logits.clone()
                    : torch::full({3, kColumns}, -std::numeric_limits<float>::infinity()))
             .requires_grad_();
-    const torch::Tensor loss = VocabParallelCrossEntropy(
-        mine, targets, rank * kColumns, rank == 0 ? kColumns : 0, -100, group);
-    EXPECT_TRUE(torch::allclose(loss, expected, 1e-5, 1e-6)) << loss << expected;
+    const at::Tensor loss = VocabParallelCrossEntropy(mine, targets, rank * kColumns,
+                                                      rank == 0 ? kColumns : 0, -100, group);
+    EXPECT_TRUE(at::allclose(loss, expected, 1e-5, 1e-6)) << loss << expected;
     loss.sum().backward();
-    EXPECT_TRUE(torch::isfinite(mine.grad()).all().item<bool>()) << mine.grad();
+    EXPECT_TRUE(at::isfinite(mine.grad()).all().item<bool>()) << mine.grad();
   });
 }
 
@@ -158,34 +159,34 @@ TEST(CollectiveOpsTest, VocabParallelCrossEntropyKeepsTheDtypeOverChunksAndSkips
   constexpr int64_t kColumns = 6;  // per rank; the vocabulary is 10, padded to 12
   constexpr int64_t kVocab = 10;
   constexpr int64_t kChunkRows = 3;
-  const torch::Tensor targets = torch::tensor({0, 9, 4, 5, -100, 7, 6}, torch::kInt64);
-  const torch::Tensor weights = torch::tensor({1.0f, 0.5f, 2.0f, -1.0f, 3.0f, 0.25f, 1.5f});
-  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+  const at::Tensor targets = torch::tensor({0, 9, 4, 5, -100, 7, 6}, at::kLong);
+  const at::Tensor weights = torch::tensor({1.0f, 0.5f, 2.0f, -1.0f, 3.0f, 0.25f, 1.5f});
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     SCOPED_TRACE(c10::toString(dtype));
-    const torch::Tensor logits =
-        (torch::randn({kRows, kVocab}, torch::Generator(at::detail::createCPUGenerator(11))) * 3)
+    const at::Tensor logits =
+        (torch::randn({kRows, kVocab}, at::Generator(at::detail::createCPUGenerator(11))) * 3)
             .to(dtype);
-    const Reference expected = CrossEntropyOf(logits.to(torch::kFloat32), targets, weights);
-    const double grad_tolerance = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
+    const Reference expected = CrossEntropyOf(logits.to(at::kFloat), targets, weights);
+    const double grad_tolerance = dtype == at::kFloat ? 1e-5 : 1e-2;
     OnRanks([&](int rank, parallel::GraphGroup& group) {
       const int64_t real = std::min(kColumns, kVocab - rank * kColumns);
-      torch::Tensor slice =
+      at::Tensor slice =
           torch::full({kRows, kColumns}, std::numeric_limits<float>::quiet_NaN(), dtype);
       slice.narrow(1, 0, real).copy_(logits.narrow(1, rank * kColumns, real));
-      const torch::Tensor mine = slice.requires_grad_();
-      const torch::Tensor loss = VocabParallelCrossEntropy(mine, targets, rank * kColumns, real,
-                                                           -100, group, kChunkRows);
-      EXPECT_EQ(loss.scalar_type(), torch::kFloat32);
-      EXPECT_TRUE(torch::allclose(loss, expected.loss, 1e-5, 1e-6)) << loss << expected.loss;
+      const at::Tensor mine = slice.requires_grad_();
+      const at::Tensor loss =
+          VocabParallelCrossEntropy(mine, targets, rank * kColumns, real, -100, group, kChunkRows);
+      EXPECT_EQ(loss.scalar_type(), at::kFloat);
+      EXPECT_TRUE(at::allclose(loss, expected.loss, 1e-5, 1e-6)) << loss << expected.loss;
       (loss * weights).sum().backward();
       EXPECT_EQ(mine.grad().scalar_type(), dtype);
-      const torch::Tensor grad = mine.grad().to(torch::kFloat32);
-      EXPECT_TRUE(torch::allclose(grad.narrow(1, 0, real),
-                                  expected.grad.narrow(1, rank * kColumns, real), grad_tolerance,
-                                  grad_tolerance * 0.1))
+      const at::Tensor grad = mine.grad().to(at::kFloat);
+      EXPECT_TRUE(at::allclose(grad.narrow(1, 0, real),
+                               expected.grad.narrow(1, rank * kColumns, real), grad_tolerance,
+                               grad_tolerance * 0.1))
           << grad << expected.grad;
-      EXPECT_TRUE(torch::equal(grad.narrow(1, real, kColumns - real),
-                               torch::zeros({kRows, kColumns - real})))
+      EXPECT_TRUE(
+          at::equal(grad.narrow(1, real, kColumns - real), torch::zeros({kRows, kColumns - real})))
           << grad;
     });
   }
@@ -198,12 +199,12 @@ TEST(CollectiveOpsTest, VocabParallelCrossEntropyHoldsTheGradientAndOneChunk) {
   constexpr int64_t kRows = 512;
   constexpr int64_t kColumns = 4096;
   constexpr int64_t kChunkRows = 64;
-  const torch::Tensor targets =
-      torch::randint(2 * kColumns, {kRows}, torch::Generator(at::detail::createCPUGenerator(13)));
+  const at::Tensor targets =
+      torch::randint(2 * kColumns, {kRows}, at::Generator(at::detail::createCPUGenerator(13)));
   OnRanks([&](int rank, parallel::GraphGroup& group) {
-    const torch::Tensor mine =
-        torch::randn({kRows, kColumns}, torch::Generator(at::detail::createCPUGenerator(rank)))
-            .to(torch::kBFloat16)
+    const at::Tensor mine =
+        torch::randn({kRows, kColumns}, at::Generator(at::detail::createCPUGenerator(rank)))
+            .to(at::kBFloat16)
             .requires_grad_();
     base::AllocationCounter counter;
     {

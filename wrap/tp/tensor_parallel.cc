@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <utility>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/embedding.h"
+#include "ATen/ops/where.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/human.h"
 #include "base/status.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "wrap/gradient_reduce.h"
 
 namespace plait::wrap::tp {
@@ -153,7 +156,7 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
         slice.part = rank / slice.replicas;
         break;
     }
-    const torch::Tensor& full = named.parameter;
+    const at::Tensor& full = named.parameter;
     const bool padded = split == Wrappable::Split::kVocabulary && config.pad_vocab_to_multiple();
     if (full.dim() <= slice.dim || (full.size(slice.dim) % slice.parts != 0 && !padded)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -169,7 +172,7 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
   PLAIT_RETURN_IF_ERROR(
       model.SetLocalHeads(model.NumHeads() / n, model.NumKeyValueHeads() / kv_parts));
   {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     for (Slice& slice : slices) {
       const int64_t length = (slice.length + slice.parts - 1) / slice.parts;
       const int64_t start = std::min(slice.part * length, slice.length);
@@ -178,7 +181,7 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
       // padded vocabulary's last slices end in zero rows.
       std::vector<int64_t> sizes = slice.parameter.sizes().vec();
       sizes[slice.dim] = length;
-      torch::Tensor part = torch::zeros(sizes, slice.parameter.options());
+      at::Tensor part = torch::zeros(sizes, slice.parameter.options());
       part.narrow(slice.dim, 0, kept).copy_(slice.parameter.narrow(slice.dim, start, kept));
       slice.parameter.set_data(part);
     }
@@ -189,10 +192,10 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
     // The ranks sharing this slice each hold part of its gradient: each puts its own at its
     // slice's place in a buffer of every slice, and the group sums the buffers.
     tp->AddGradientHook(slice.parameter, [self, parts = slice.parts,
-                                          part = slice.part](torch::Tensor grad) {
+                                          part = slice.part](at::Tensor grad) {
       std::vector<int64_t> sizes = grad.sizes().vec();
       sizes.insert(sizes.begin(), parts);
-      torch::Tensor buffer = torch::zeros(sizes, grad.options());
+      at::Tensor buffer = torch::zeros(sizes, grad.options());
       buffer[part].copy_(grad);
       self->group_.Wait(self->group_.communicator().AllReduce(buffer, parallel::ReduceOp::kSum));
       return buffer[part];
@@ -228,27 +231,27 @@ absl::Status TensorParallel::SumPartialGradients(
   return absl::OkStatus();
 }
 
-void TensorParallel::AddGradientHook(torch::Tensor parameter,
-                                     std::function<torch::Tensor(torch::Tensor)> hook) {
+void TensorParallel::AddGradientHook(at::Tensor parameter,
+                                     std::function<at::Tensor(at::Tensor)> hook) {
   const unsigned position = parameter.register_hook(std::move(hook));
   hooks_.emplace_back(std::move(parameter), position);
 }
 
-torch::Tensor TensorParallel::EnterColumnParallel(const torch::Tensor& x) {
+at::Tensor TensorParallel::EnterColumnParallel(const at::Tensor& x) {
   return sequence_parallel_ ? GatherSequence(x, group_) : CopyToRegion(x, group_);
 }
 
-torch::Tensor TensorParallel::ExitRowParallel(const torch::Tensor& partial) {
+at::Tensor TensorParallel::ExitRowParallel(const at::Tensor& partial) {
   return sequence_parallel_ ? ReduceScatterSequence(partial, group_)
                             : ReduceFromRegion(partial, group_);
 }
 
-torch::Tensor TensorParallel::Embed(const torch::Tensor& tokens, const torch::Tensor& weight) {
+at::Tensor TensorParallel::Embed(const at::Tensor& tokens, const at::Tensor& weight) {
   const int64_t rows = weight.size(0);
-  const torch::Tensor local = tokens - group_.rank() * rows;
-  const torch::Tensor mine = (local >= 0) & (local < rows);
-  const torch::Tensor looked_up =
-      torch::embedding(weight, torch::where(mine, local, torch::zeros_like(local)));
+  const at::Tensor local = tokens - group_.rank() * rows;
+  const at::Tensor mine = (local >= 0) & (local < rows);
+  const at::Tensor looked_up =
+      at::embedding(weight, at::where(mine, local, torch::zeros_like(local)));
   return ExitRowParallel(looked_up.masked_fill(~mine.unsqueeze(-1), 0));
 }
 
@@ -257,9 +260,8 @@ int64_t TensorParallel::PaddedColumns(int64_t columns) const {
   return std::clamp<int64_t>((group_.rank() + 1) * columns - vocab_size_, 0, columns);
 }
 
-torch::Tensor TensorParallel::TokenCrossEntropy(const torch::Tensor& logits,
-                                                const torch::Tensor& targets,
-                                                int64_t ignore_index) {
+at::Tensor TensorParallel::TokenCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
+                                             int64_t ignore_index) {
   const int64_t columns = logits.size(1);
   // The padding rows get no probability, and so no gradient.
   return VocabParallelCrossEntropy(logits, targets, group_.rank() * columns,
@@ -291,19 +293,19 @@ void TensorParallel::MarkSharded(std::vector<parallel::TrainableParameter>& para
   }
 }
 
-absl::Status TensorParallel::GatherFull(std::map<std::string, torch::Tensor>& parameters) {
+absl::Status TensorParallel::GatherFull(std::map<std::string, at::Tensor>& parameters) {
   const int n = group_.size();
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (const Slice& slice : slices_) {
     auto it = parameters.find(slice.name);
     if (it == parameters.end()) continue;
-    const torch::Tensor mine = it->second.detach().contiguous();
-    torch::Tensor gathered = torch::empty({n * mine.numel()}, mine.options());
+    const at::Tensor mine = it->second.detach().contiguous();
+    at::Tensor gathered = torch::empty({n * mine.numel()}, mine.options());
     PLAIT_RETURN_IF_ERROR(group_.communicator().AllGather(mine.view({-1}), gathered)->Wait());
     std::vector<int64_t> sizes = mine.sizes().vec();
     sizes.insert(sizes.begin(), n);
     // [n, slice...]: one slice per rank; ranks that share a slice hold it once.
-    torch::Tensor by_rank = gathered.view(sizes).slice(0, 0, n, slice.replicas);
+    at::Tensor by_rank = gathered.view(sizes).slice(0, 0, n, slice.replicas);
     // The parts next to each other along the split dimension, without padding.
     it->second = by_rank.movedim(0, slice.dim)
                      .flatten(slice.dim, slice.dim + 1)

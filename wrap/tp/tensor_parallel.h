@@ -26,11 +26,11 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "parallel/communicator.h"
 #include "parallel/trainable_parameter.h"
-#include "torch/types.h"
 #include "wrap/strategy.h"
 #include "wrap/tp/collective_ops.h"
 #include "wrap/wrap.pb.h"
@@ -55,11 +55,11 @@ class TensorParallel final : public TensorParallelOps {
   ~TensorParallel() override;
 
   // TensorParallelOps.
-  torch::Tensor EnterColumnParallel(const torch::Tensor& x) override;
-  torch::Tensor ExitRowParallel(const torch::Tensor& partial) override;
-  torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& weight) override;
-  torch::Tensor TokenCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                  int64_t ignore_index) override;
+  at::Tensor EnterColumnParallel(const at::Tensor& x) override;
+  at::Tensor ExitRowParallel(const at::Tensor& partial) override;
+  at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& weight) override;
+  at::Tensor TokenCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
+                               int64_t ignore_index) override;
 
   // Marks the split parameters among `parameters` as sharded over this group (and shared
   // key/value heads as replicated `replicas` times in it), narrowing each one's slice to
@@ -70,7 +70,7 @@ class TensorParallel final : public TensorParallelOps {
   // Replaces the split parameters' entries of `parameters` (this rank's slices) by the
   // whole tensors, gathered from the group, without vocabulary padding; every rank of the
   // group must call it.
-  absl::Status GatherFull(std::map<std::string, torch::Tensor>& parameters);
+  absl::Status GatherFull(std::map<std::string, at::Tensor>& parameters);
 
   // Sums over the group the gradients of the parts of `trainable` (as the optimizer owns them,
   // after every strategy's reductions) that each rank computed only part of; every rank of the
@@ -87,7 +87,7 @@ class TensorParallel final : public TensorParallelOps {
   // vocabulary padded to a multiple of the parts) up to `parts` slices' worth.
   struct Slice {
     std::string name;
-    torch::Tensor parameter;
+    at::Tensor parameter;
     int64_t dim;
     int64_t parts;
     int64_t part;
@@ -101,7 +101,7 @@ class TensorParallel final : public TensorParallelOps {
   int64_t PaddedColumns(int64_t columns) const;
 
   // Registers `hook` on `parameter`'s gradient, removed when this object goes.
-  void AddGradientHook(torch::Tensor parameter, std::function<torch::Tensor(torch::Tensor)> hook);
+  void AddGradientHook(at::Tensor parameter, std::function<at::Tensor(at::Tensor)> hook);
 
   Wrappable& model_;
   parallel::GraphGroup group_;
@@ -110,7 +110,7 @@ class TensorParallel final : public TensorParallelOps {
   // else 0.
   int64_t vocab_size_ = 0;
   std::vector<Slice> slices_;
-  std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // parameter and hook position
+  std::vector<std::pair<at::Tensor, unsigned>> hooks_;  // parameter and hook position
 };
 
 // Tensor parallelism as a preparation strategy: "tensor_parallel" in plans and rules.
@@ -140,7 +140,7 @@ class TensorParallelStrategy final : public Strategy {
     return tp_->SumPartialGradients(trainable);
   }
   absl::Status BackwardStatus() const override { return tp_->status(); }
-  absl::Status GatherFullParameters(std::map<std::string, torch::Tensor>& parameters) override {
+  absl::Status GatherFullParameters(std::map<std::string, at::Tensor>& parameters) override {
     return tp_->GatherFull(parameters);
   }
 

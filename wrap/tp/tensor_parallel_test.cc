@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "base/status_matchers.h"
@@ -24,8 +26,7 @@
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
-#include "torch/types.h"
-#include "torch/utils.h"
+#include "torch/csrc/autograd/generated/variable_factories.h"
 #include "wrap/preparation.h"
 
 namespace plait::wrap::tp {
@@ -46,9 +47,9 @@ std::shared_ptr<models::CausalLM> MakeModel(const models::ModelConfig& config = 
   return models::CausalLM::Create(config, init).value();
 }
 
-torch::Tensor Tokens(int64_t seq_len = kSeqLen) {
+at::Tensor Tokens(int64_t seq_len = kSeqLen) {
   return torch::randint(Tiny().vocab_size(), {kBatch, seq_len + 1},
-                        torch::Generator(at::detail::createCPUGenerator(11)));
+                        at::Generator(at::detail::createCPUGenerator(11)));
 }
 
 parallel::MeshLayout Layout(std::vector<std::pair<std::string, int>> dims) {
@@ -73,10 +74,10 @@ PrepareStep TensorParallelStep(bool sequence_parallel) {
 class TensorParallelTest : public ::testing::TestWithParam<bool> {};  // sequence parallel
 
 TEST_P(TensorParallelTest, LogitsAreTheSingleProcessLogitsVocabularySlice) {
-  const torch::Tensor tokens = Tokens().narrow(1, 0, kSeqLen);
-  torch::Tensor expected;
+  const at::Tensor tokens = Tokens().narrow(1, 0, kSeqLen);
+  at::Tensor expected;
   {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     expected = MakeModel()->Forward(tokens);
   }
   parallel::testing::RunOnRingMesh(Layout({{"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
@@ -84,11 +85,11 @@ TEST_P(TensorParallelTest, LogitsAreTheSingleProcessLogitsVocabularySlice) {
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
     ASSERT_THAT((*preparation)->Apply(TensorParallelStep(GetParam())), IsOk());
-    torch::NoGradGuard no_grad;
-    const torch::Tensor logits = model->Forward(tokens);
+    at::NoGradGuard no_grad;
+    const at::Tensor logits = model->Forward(tokens);
     const int64_t columns = Tiny().vocab_size() / 2;
     ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{kBatch, kSeqLen, columns}));
-    EXPECT_TRUE(torch::allclose(logits, expected.narrow(2, rank * columns, columns), 1e-4, 1e-5));
+    EXPECT_TRUE(at::allclose(logits, expected.narrow(2, rank * columns, columns), 1e-4, 1e-5));
     EXPECT_THAT((*preparation)->BackwardStatus(), IsOk());
   });
 }
@@ -101,9 +102,9 @@ TEST_P(TensorParallelTest, ABatchWithNothingScoredHasLossZeroAndZeroGradients) {
     auto preparation = Preparation::Begin(*model, mesh);
     ASSERT_THAT(preparation, IsOk());
     ASSERT_THAT((*preparation)->Apply(TensorParallelStep(GetParam())), IsOk());
-    const torch::Tensor loss =
+    const at::Tensor loss =
         model->Loss(Tokens().narrow(1, 0, kSeqLen),
-                    torch::full({kBatch, kSeqLen}, models::kIgnoreIndex, torch::kInt64));
+                    torch::full({kBatch, kSeqLen}, models::kIgnoreIndex, at::kLong));
     EXPECT_EQ(loss.item<float>(), 0.0f);
     loss.backward();
     ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
@@ -173,10 +174,10 @@ TEST_P(TensorParallelTest, ActivationBytesAreWhatARankHoldsAtItsPeak) {
     parallel::testing::RunOnRingMesh(
         Layout({{"tp", tp}}), [&](int rank, parallel::DeviceMesh& mesh) {
           for (const auto& [dtype, generic] :
-               std::vector<std::pair<torch::ScalarType, bool>>{{torch::kFloat32, false},
-                                                               {torch::kBFloat16, false},
-                                                               {torch::kFloat32, true},
-                                                               {torch::kBFloat16, true}}) {
+               std::vector<std::pair<at::ScalarType, bool>>{{at::kFloat, false},
+                                                            {at::kBFloat16, false},
+                                                            {at::kFloat, true},
+                                                            {at::kBFloat16, true}}) {
             for (const auto& [batch, seq_len] :
                  std::vector<std::pair<int64_t, int64_t>>{{1, 512}, {4, 128}}) {
               SCOPED_TRACE(absl::StrCat("tp ", tp, ", ", c10::toString(dtype),
@@ -191,7 +192,7 @@ TEST_P(TensorParallelTest, ActivationBytesAreWhatARankHoldsAtItsPeak) {
               const int64_t peak = models::testing::MeasureActivationPeak(*model, batch, seq_len);
               ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
               const double estimate = models::ActivationBytes(
-                  Tiny(), batch, seq_len, dtype, generic ? torch::kCUDA : torch::kCPU,
+                  Tiny(), batch, seq_len, dtype, generic ? at::kCUDA : at::kCPU,
                   models::TensorParallelism{tp, GetParam()});
               EXPECT_THAT(static_cast<double>(peak) / estimate, ::testing::DoubleNear(1.0, 0.03))
                   << peak << " bytes measured, " << estimate << " estimated";
@@ -250,12 +251,12 @@ TEST(TensorParallelRulesTest, HeadsThatDoNotSplitAreRefused) {
 TEST(TensorParallelPaddingTest, AVocabularyThatDoesNotDivideIsPadded) {
   models::ModelConfig config = Tiny();
   config.set_vocab_size(4097);
-  const torch::Tensor tokens = Tokens();
+  const at::Tensor tokens = Tokens();
   std::shared_ptr<models::CausalLM> single = MakeModel(config);
-  const torch::Tensor expected_loss =
+  const at::Tensor expected_loss =
       single->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen));
   expected_loss.backward();
-  const torch::Tensor expected_grad = single->named_parameters()["lm_head.weight"].grad();
+  const at::Tensor expected_grad = single->named_parameters()["lm_head.weight"].grad();
   ASSERT_TRUE(expected_grad.defined());
 
   parallel::testing::RunOnRingMesh(Layout({{"tp", 2}}), [&](int rank, parallel::DeviceMesh& mesh) {
@@ -290,16 +291,15 @@ TEST(TensorParallelPaddingTest, AVocabularyThatDoesNotDivideIsPadded) {
       }
     }
 
-    const torch::Tensor loss =
-        model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen));
+    const at::Tensor loss = model->Loss(tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen));
     loss.backward();
     ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
     EXPECT_NEAR(loss.item<double>(), expected_loss.item<double>(),
                 1e-5 * expected_loss.item<double>());
-    const torch::Tensor grad = model->named_parameters()["lm_head.weight"].grad();
+    const at::Tensor grad = model->named_parameters()["lm_head.weight"].grad();
     const int64_t rows = rank == 0 ? 2049 : 2048;
-    EXPECT_TRUE(torch::allclose(grad.narrow(0, 0, rows), expected_grad.narrow(0, rank * 2049, rows),
-                                1e-4, 1e-7));
+    EXPECT_TRUE(at::allclose(grad.narrow(0, 0, rows), expected_grad.narrow(0, rank * 2049, rows),
+                             1e-4, 1e-7));
     if (rank == 1) {
       EXPECT_EQ(grad[2048].abs().max().item<float>(), 0.0f);
     }
@@ -406,8 +406,8 @@ TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
     ASSERT_THAT(
         (*preparation)
             ->TrainMicroBatches(1,
-                                [&](int, const torch::Tensor&) {
-                                  return absl::StatusOr<torch::Tensor>(model->Loss(
+                                [&](int, const at::Tensor&) {
+                                  return absl::StatusOr<at::Tensor>(model->Loss(
                                       tokens.narrow(1, 0, kSeqLen), tokens.narrow(1, 1, kSeqLen)));
                                 }),
         IsOk());
