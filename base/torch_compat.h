@@ -16,13 +16,31 @@
 
 #include "ATen/CPUGeneratorImpl.h"
 #include "ATen/core/Tensor.h"
-#include "ATen/ops/_fused_adam.h"
 #include "c10/core/Allocator.h"
 #include "c10/util/ThreadLocalDebugInfo.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/autograd/variable.h"
 #include "torch/csrc/distributed/c10d/Store.hpp"
 #include "torch/version.h"
+
+// at::_fused_adam_, at::_fused_adamw_ and at::_fused_sgd_ update a list of parameters in one
+// pass over each element (on CUDA, a launch per group of chunks of the list). CUDA got them in
+// 2.0-2.2, the CPU in 2.4; 1.13 has none. at::_foreach_copy_ (casting) and at::_foreach_sign_
+// came in 2.1; the one version test (2.4) covers all five.
+#define PLAIT_TORCH_HAS_FUSED_OPTIMIZERS \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+
+// The operators below that some versions lack, from the versions that have them.
+#if TORCH_VERSION_MAJOR >= 2
+#include "ATen/ops/scaled_dot_product_attention.h"
+#endif
+#if PLAIT_TORCH_HAS_FUSED_OPTIMIZERS
+#include "ATen/ops/_foreach_copy.h"
+#include "ATen/ops/_foreach_sign.h"
+#include "ATen/ops/_fused_adam.h"
+#include "ATen/ops/_fused_adamw.h"
+#include "ATen/ops/_fused_sgd.h"
+#endif
 
 namespace plait::base {
 
@@ -114,12 +132,7 @@ inline TensorPreHooks* CapturedLeafHooks(const at::Tensor& /*leaf*/) { return nu
 #endif
 
 // ATen's multi-tensor optimizer kernels, which PyTorch's optimizers call with fused=True:
-// at::_fused_adam_, at::_fused_adamw_ and at::_fused_sgd_ update a list of parameters in one
-// pass over each element (on CUDA, a launch per group of chunks of the list). CUDA got them in
-// 2.0-2.2, the CPU in 2.4; 1.13 has none. at::_foreach_copy_ (casting) and at::_foreach_sign_
-// came in 2.1; the one version test (2.4) covers all five.
-#define PLAIT_TORCH_HAS_FUSED_OPTIMIZERS \
-  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+// Whether the fused optimizer kernels above exist (PLAIT_TORCH_HAS_FUSED_OPTIMIZERS).
 inline constexpr bool kHasFusedOptimizers = PLAIT_TORCH_HAS_FUSED_OPTIMIZERS;
 
 // One Adam (AdamW when `decoupled`) update of fp32 `params` from fp32 `grads`, with moments
