@@ -2,18 +2,18 @@
 
 GCC spends more time parsing LibTorch's headers than compiling plait's own code, and the more
 of them a source sees, the longer it takes: `torch/types.h` includes every operator's
-declaration, and `torch/nn/module.h` the module API on top. So plait's sources see two
+declaration, and `torch/nn/module.h` the module API on top. So plait's sources see one of two
 preludes, each written once per build as a header and precompiled with the C++ toolchain's own
 flags into `<prelude>.h.gch` beside it (a folder with one file per set of flags the build
-compiles with: position-independent or not, with or without OpenMP):
+compiles with: position-independent code or not):
 
 - `torch_prelude`, for most sources: ATen's tensor (`ATen/core/Tensor.h`) and its operators
-  (`ATen/TensorOperators.h`), what every
-  per-operator header (`ATen/ops/<op>.h`) includes, the autograd-aware factories
-  (`torch::zeros`, ...), Abseil's status and protobuf's message. Sources include the operators
-  they call from `ATen/ops/`, and are compiled with LibTorch's `TORCH_ASSERT_ONLY_METHOD_OPERATORS`
-  (with `AT_PER_OPERATOR_HEADERS`, which LibTorch 1.13 needs beside it), under which including
-  all operators (`ATen/Functions.h`, `torch/types.h`) is a compile error.
+  (`ATen/TensorOperators.h`), what every per-operator header (`ATen/ops/<op>.h`) includes,
+  the autograd-aware factories (`torch::zeros`, ...), Abseil's status and protobuf's message.
+  Sources include the operators they call from `ATen/ops/`, and are compiled with LibTorch's
+  `TORCH_ASSERT_ONLY_METHOD_OPERATORS` (with `AT_PER_OPERATOR_HEADERS`, which LibTorch 1.13
+  needs beside it), under which including all operators (`ATen/Functions.h`, `torch/types.h`)
+  is a compile error.
 - `torch_api_prelude`, for the targets that build `torch::nn` modules or use the rest of
   LibTorch's C++ API (`torch/nn`, `torch/optim`, tensor indexing): `torch/types.h`,
   `torch/utils.h`, `torch/nn/module.h`. Such a target says `whole_torch_api = True`.
@@ -21,7 +21,8 @@ compiles with: position-independent or not, with or without OpenMP):
 `torch_cc_library`, `torch_cc_test` and `torch_cc_binary` are cc_library, cc_test and
 cc_binary with LibTorch as a dependency and their prelude force-included (`-include`) into
 every source file, so GCC loads the parsed headers instead of parsing them again. A test's
-prelude also holds GoogleTest's and GoogleMock's headers.
+prelude (`torch_test_prelude`, `torch_api_test_prelude`) also holds GoogleTest's and
+GoogleMock's headers.
 
 A precompiled header changes no meaning: GCC uses it only where the flags match the ones it was
 built with, and otherwise parses the prelude itself, more slowly (`--copt=-H` shows which:
