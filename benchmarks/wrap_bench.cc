@@ -685,7 +685,9 @@ void BM_ExpertParallel(benchmark::State& state) {
           parallel::GraphGroup group(communicator);
           ep::ExpertDispatch dispatch(group);
           const std::shared_ptr<models::CausalLM> model = make_model();
-          model->SetExpertParallelOps(&dispatch);
+          const auto [first, count] = dispatch.LocalExperts(config.num_experts());
+          model->KeepExperts(first, count);
+          model->seams().Add(&dispatch);
           const at::Tensor tokens = batch_of(rank);
           step(*model, tokens);  // the allocator's first pass
           const parallel::Traffic before = communicator.traffic(parallel::Collective::kAllToAll);
@@ -854,7 +856,7 @@ void BM_MoeTensorParallel(benchmark::State& state) {
     single_seconds = benchmarks::Median(seconds);
     double summed = 0;
     for (const auto& named : model->NamedParameters()) {
-      const Wrappable::Split split = model->TensorParallelSplit(named.name);
+      const Wrappable::Split split = model->SplitOf(named.name);
       if (split == Wrappable::Split::kReplicatedPartialGradient ||
           (sequence_parallel && split == Wrappable::Split::kReplicated)) {
         summed += static_cast<double>(named.parameter.numel());

@@ -14,6 +14,7 @@
 #include "ATen/core/Tensor.h"
 #include "ATen/ops/bincount.h"
 #include "ATen/ops/cat.h"
+#include "ATen/ops/embedding.h"
 #include "ATen/ops/matmul.h"
 #include "ATen/ops/softmax.h"
 #include "ATen/ops/where.h"
@@ -28,13 +29,10 @@
 #include "models/model_config.h"
 #include "models/rotary.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
-#include "torch/nn/functional/linear.h"
 #include "torch/nn/modules/container/modulelist.h"
 
 namespace plait::models {
 namespace {
-
-namespace F = torch::nn::functional;
 
 // `parameter` becomes a view, of `shape`, of one zero element of its own with the options
 // `deferred`.
@@ -68,38 +66,22 @@ bool IsResidualProjection(const std::string& name) {
   return absl::EndsWith(name, "o_proj.weight") || absl::EndsWith(name, "down_proj.weight");
 }
 
-// The weight `linear` computes with: its own, or the one the projection ops hold for it.
-at::Tensor WeightOf(const torch::nn::Linear& linear, const AttentionContext& context) {
-  return context.projections == nullptr ? linear->weight
-                                        : context.projections->Weight(*linear, linear->weight);
+// `linear` applied to `x` through the projection seam, with the weight the weight seam gives;
+// its weight splits as `split` says (ParameterSplitOf).
+at::Tensor Project(const torch::nn::Linear& linear, wrap::ParameterSplit split, const at::Tensor& x,
+                   const ForwardContext& context) {
+  const wrap::Seams& seams = *context.seams;
+  return seams.Project({*linear, seams.Weight(*linear, linear->weight), linear->bias, split}, x);
 }
 
-// `linear` applied to `x`, through activation checkpointing's ops when there are some, and
-// handed to the projection ops when there are some.
-at::Tensor Project(torch::nn::Linear linear, const at::Tensor& x, const AttentionContext& context) {
-  wrap::CheckpointingOps* checkpointing = context.checkpointing;
-  const at::Tensor weight = WeightOf(linear, context);
-  at::Tensor output = checkpointing == nullptr ? F::linear(x, weight, linear->bias)
-                                               : checkpointing->Linear(x, weight, linear->bias);
-  return context.projections == nullptr ? output
-                                        : context.projections->Adapt(*linear, x, std::move(output));
-}
-
-// `linear` applied to `x` [B, T, in] as a row-parallel projection: under tensor parallelism
-// the ranks' partial products, with what the projection ops add to them, are summed before
-// the bias is added, once.
-at::Tensor RowParallel(torch::nn::Linear linear, const at::Tensor& x,
-                       const AttentionContext& context) {
-  if (context.tp == nullptr) return Project(linear, x, context);
-  wrap::CheckpointingOps* checkpointing = context.checkpointing;
-  const at::Tensor weight = WeightOf(linear, context);
-  at::Tensor partial = checkpointing == nullptr ? F::linear(x, weight)
-                                                : checkpointing->Linear(x, weight, at::Tensor());
-  if (context.projections != nullptr) {
-    partial = context.projections->Adapt(*linear, x, std::move(partial));
-  }
-  const at::Tensor sum = context.tp->ExitRowParallel(partial);
-  return linear->bias.defined() ? sum + linear->bias : sum;
+// The additive causal mask of the composite attention for `seq_len` queries in `groups` of
+// query heads per key/value head (ops.h's CausalAttention), in `dtype` on `device`.
+at::Tensor CausalMask(int64_t seq_len, int64_t groups, at::ScalarType dtype,
+                      const at::Device& device) {
+  const at::Tensor mask = torch::full({seq_len, seq_len}, -std::numeric_limits<float>::infinity(),
+                                      at::TensorOptions().dtype(at::kFloat).device(device))
+                              .triu(/*diagonal=*/1);
+  return mask.repeat({groups, 1}).to(dtype);
 }
 
 // The values CausalLM::InitialValues has drawn (internal::SeededDraws).
@@ -170,7 +152,7 @@ at::Tensor SeededNormal(uint64_t parameter_seed, const parallel::TensorSlice& sl
 
 }  // namespace
 
-wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name) {
+wrap::Wrappable::Split ParameterSplitOf(const std::string& name) {
   using Split = wrap::Wrappable::Split;
   if (wrap::IsExpertParameter(name)) return Split::kReplicated;
   for (const char* column :
@@ -233,8 +215,9 @@ absl::Status Attention::SetLocalHeads(int64_t num_heads, int64_t num_kv_heads) {
   return absl::OkStatus();
 }
 
-at::Tensor Attention::forward(const at::Tensor& x, const AttentionContext& context) {
-  const at::Tensor input = context.tp == nullptr ? x : context.tp->EnterColumnParallel(x);
+at::Tensor Attention::forward(const at::Tensor& x, const ForwardContext& context) {
+  using Split = wrap::ParameterSplit;
+  const at::Tensor input = context.seams->ColumnInput(x);
   const int64_t batch = input.size(0);
   const int64_t seq = input.size(1);
   const int64_t d = head_dim_;
@@ -248,30 +231,43 @@ at::Tensor Attention::forward(const at::Tensor& x, const AttentionContext& conte
     return internal::Rotary(norm == nullptr ? split : norm->forward(split, generic),
                             context.rope.cos, context.rope.sin, generic);
   };
-  const at::Tensor q = heads(Project(q_proj, flat, context), num_heads_, q_norm);
-  const at::Tensor k = heads(Project(k_proj, flat, context), num_kv_heads_, k_norm);
-  const at::Tensor v = Project(v_proj, flat, context).view({batch, seq, num_kv_heads_, d});
+  const at::Tensor q = heads(Project(q_proj, Split::kColumn, flat, context), num_heads_, q_norm);
+  const at::Tensor k =
+      heads(Project(k_proj, Split::kKeyValueColumn, flat, context), num_kv_heads_, k_norm);
+  const at::Tensor v =
+      Project(v_proj, Split::kKeyValueColumn, flat, context).view({batch, seq, num_kv_heads_, d});
+  const auto own = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    // The cached mask is for the whole sequence; a layer that changes the attention and
+    // calls this one gets a mask for what it hands over.
+    const bool cached = context.mask.defined() && context.mask.size(1) == q.size(1);
+    const at::Tensor mask =
+        cached || !internal::CausalAttentionReadsMask(q.scalar_type(), q.device().type(), generic)
+            ? context.mask
+            : CausalMask(q.size(1), q.size(2) / k.size(2), q.scalar_type(), q.device());
+    return internal::CausalAttention(q, k, v, mask, generic, context.positions);
+  };
   const at::Tensor out =
-      (context.cp != nullptr
-           ? context.cp->Attention(q, k, v, generic)
-           : internal::CausalAttention(q, k, v, context.mask, generic, context.positions))
-          .reshape({batch, seq, num_heads_ * d});
-  return RowParallel(o_proj, out, context);
+      context.seams->Attention(q, k, v, generic, own).reshape({batch, seq, num_heads_ * d});
+  return Project(o_proj, Split::kRow, out, context);
 }
 
 Mlp::Mlp(int64_t hidden, int64_t width, const Deferred& deferred,
-         const std::array<std::string, 3>& names) {
+         const std::array<std::string, 3>& names, bool expert)
+    : expert_(expert) {
   gate_proj = register_module(names[0], MakeLinear(hidden, width, false, deferred));
   up_proj = register_module(names[1], MakeLinear(hidden, width, false, deferred));
   down_proj = register_module(names[2], MakeLinear(width, hidden, false, deferred));
 }
 
-at::Tensor Mlp::forward(const at::Tensor& x, const AttentionContext& context) {
-  const at::Tensor input = context.tp == nullptr ? x : context.tp->EnterColumnParallel(x);
-  return RowParallel(down_proj,
-                     internal::SwiGlu(Project(gate_proj, input, context),
-                                      Project(up_proj, input, context), context.generic_ops),
-                     context);
+at::Tensor Mlp::forward(const at::Tensor& x, const ForwardContext& context) {
+  using Split = wrap::ParameterSplit;
+  const Split column = expert_ ? Split::kReplicated : Split::kColumn;
+  const Split row = expert_ ? Split::kReplicated : Split::kRow;
+  const at::Tensor input = expert_ ? x : context.seams->ColumnInput(x);
+  return Project(down_proj, row,
+                 internal::SwiGlu(Project(gate_proj, column, input, context),
+                                  Project(up_proj, column, input, context), context.generic_ops),
+                 context);
 }
 
 SparseMoe::SparseMoe(const ModelConfig& config, int64_t layer, const Deferred& deferred)
@@ -282,11 +278,12 @@ SparseMoe::SparseMoe(const ModelConfig& config, int64_t layer, const Deferred& d
   for (int64_t e = 0; e < config.num_experts(); ++e) {
     experts.push_back(list->register_module(
         std::to_string(e), std::make_shared<Mlp>(hidden, config.moe_intermediate_size(), deferred,
-                                                 MoeModuleNamesOf(config).projections)));
+                                                 MoeModuleNamesOf(config).projections,
+                                                 /*expert=*/true)));
   }
 }
 
-at::Tensor SparseMoe::forward(const at::Tensor& x, const AttentionContext& context) {
+at::Tensor SparseMoe::forward(const at::Tensor& x, const ForwardContext& context) {
   const at::Tensor flat = x.reshape({-1, x.size(-1)});
   const at::Tensor probabilities = at::softmax(gate->forward(flat).to(at::kFloat), -1);
   // A stable descending sort: of equal probabilities, the lower expert first.
@@ -304,15 +301,11 @@ at::Tensor SparseMoe::forward(const at::Tensor& x, const AttentionContext& conte
   const std::vector<int64_t> expert_rows(counts.data_ptr<int64_t>(),
                                          counts.data_ptr<int64_t>() + counts.numel());
   const at::Tensor rows = flat.index_select(0, tokens);
-  at::Tensor outputs;
-  if (context.ep == nullptr) {
-    outputs = RunExperts(rows, expert_rows, 0, context);
-  } else {
-    const wrap::ExpertParallelOps::Dispatched dispatched = context.ep->Dispatch(rows, expert_rows);
-    const int64_t first = context.ep->LocalExperts(static_cast<int64_t>(experts.size())).first;
-    outputs = context.ep->Combine(
-        RunExperts(dispatched.rows, dispatched.expert_rows, first, context), dispatched);
-  }
+  const at::Tensor outputs = context.seams->Experts(
+      rows, expert_rows,
+      [&](const at::Tensor& rows, const std::vector<int64_t>& expert_rows, int64_t first) {
+        return RunExperts(rows, expert_rows, first, context);
+      });
   at::Tensor out =
       torch::zeros_like(flat).index_add_(0, tokens, outputs * pair_weights.unsqueeze(1));
   out = out.view(x.sizes());
@@ -332,17 +325,14 @@ void SparseMoe::KeepExperts(int64_t first, int64_t count) {
 }
 
 at::Tensor SparseMoe::RunExperts(const at::Tensor& rows, const std::vector<int64_t>& expert_rows,
-                                 int64_t first, const AttentionContext& context) {
-  // Tensor parallelism leaves the experts whole: each rank computes them on its own rows.
-  AttentionContext whole = context;
-  whole.tp = nullptr;
+                                 int64_t first, const ForwardContext& context) {
   std::vector<at::Tensor> outputs;
   int64_t row = 0;
   for (size_t i = 0; i < expert_rows.size(); ++i) {
     // An expert no token chose still runs, on no rows, so that its parameters get a (zero)
     // gradient on every rank, as data-parallel wrappers expect of every parameter.
     outputs.push_back(experts[first + static_cast<int64_t>(i)]->forward(
-        rows.narrow(0, row, expert_rows[i]), whole));
+        rows.narrow(0, row, expert_rows[i]), context));
     row += expert_rows[i];
   }
   return at::cat(outputs);
@@ -365,7 +355,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& config, int64_t index, const Defer
   }
 }
 
-at::Tensor DecoderLayer::forward(const at::Tensor& x, const AttentionContext& context) {
+at::Tensor DecoderLayer::forward(const at::Tensor& x, const ForwardContext& context) {
   const at::Tensor h =
       x + self_attn->forward(input_layernorm->forward(x, context.generic_ops), context);
   const at::Tensor normed = post_attention_layernorm->forward(h, context.generic_ops);
@@ -473,45 +463,40 @@ void CausalLM::MaterializeParameters() {
   }
 }
 
-const AttentionContext& CausalLM::Context(int64_t seq_len, const at::Device& device,
-                                          at::ScalarType dtype) {
+const ForwardContext& CausalLM::Context(int64_t seq_len, const at::Device& device,
+                                        at::ScalarType dtype) {
   const Attention& attention = *model_->layers.front()->self_attn;
   const int64_t groups = attention.local_heads() / attention.local_kv_heads();
   if (seq_len != context_seq_len_ || groups != context_groups_ ||
       generic_ops_ != context_.generic_ops || context_.rope.cos.device() != device ||
-      context_.rope.cos.scalar_type() != dtype) {
-    // Computed in fp32, then held in the compute dtype so that no op mixes dtypes; under
-    // context parallelism, for this rank's tokens of the sequence.
+      context_.rope.cos.scalar_type() != dtype || seams_.version() != context_version_) {
+    // Computed in fp32, then held in the compute dtype so that no op mixes dtypes; for the
+    // tokens the sequence seam gives this rank.
     const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
-    context_.rope = MakeRotaryTables(
-        inv_freq_.to(device), context_.cp == nullptr ? torch::arange(seq_len, options)
-                                                     : context_.cp->Positions(seq_len, device));
+    context_.rope =
+        MakeRotaryTables(inv_freq_.to(device),
+                         seams_.Positions(seq_len, device, [&](int64_t seq_len, const at::Device&) {
+                           return torch::arange(seq_len, options);
+                         }));
     context_.rope.cos = context_.rope.cos.to(dtype);
     context_.rope.sin = context_.rope.sin.to(dtype);
     context_.mask = at::Tensor();
-    // Context parallelism's attention needs no mask (at long lengths, a large one).
-    if (context_.cp == nullptr &&
+    // Where a layer computes the attention itself, the mask may never be read (at long
+    // lengths, a large one): the model's own attention builds it if it is called.
+    if (!seams_.Changed(wrap::Seam::kAttention) &&
         internal::CausalAttentionReadsMask(dtype, device.type(), generic_ops_)) {
-      const at::Tensor mask =
-          torch::full({seq_len, seq_len}, -std::numeric_limits<float>::infinity(), options)
-              .triu(/*diagonal=*/1);
-      context_.mask = mask.repeat({groups, 1}).to(dtype);
+      context_.mask = CausalMask(seq_len, groups, dtype, device);
     }
     context_.generic_ops = generic_ops_;
+    context_.seams = &seams_;
     context_seq_len_ = seq_len;
     context_groups_ = groups;
+    context_version_ = seams_.version();
   }
   return context_;
 }
 
-void CausalLM::SetContextParallelOps(wrap::ContextParallelOps* ops) {
-  context_.cp = ops;
-  context_seq_len_ = -1;  // the next forward builds its context again
-}
-
-void CausalLM::SetExpertParallelOps(wrap::ExpertParallelOps* ops) {
-  context_.ep = ops;
-  const auto [first, count] = ops->LocalExperts(config_.num_experts());
+void CausalLM::KeepExperts(int64_t first, int64_t count) {
   for (const auto& layer : model_->layers) {
     if (layer->moe != nullptr) layer->moe->KeepExperts(first, count);
   }
@@ -551,16 +536,17 @@ at::Tensor CausalLM::Run(const at::Tensor& tokens, const at::Tensor& positions, 
   };
   before(kRootUnit);
   // The compute dtype: the embedding's (gathered by now, under FSDP) or the received input's.
-  const AttentionContext& cached =
+  const ForwardContext& cached =
       Context(tokens.size(1), tokens.device(),
               h.defined() ? h.scalar_type() : model_->embed_tokens->weight.scalar_type());
   // This forward's own copy (context_ keeps only what depends on the length): packed rows'
   // rotary tables, each row's gathered by its positions, and where the layers record their
   // routing.
-  AttentionContext context = cached;
+  ForwardContext context = cached;
   if (positions.defined()) {
-    TORCH_CHECK(cached.cp == nullptr,
-                "CausalLM: packed rows (positions) under context parallelism are not supported");
+    TORCH_CHECK(!seams_.Changed(wrap::Seam::kSequence),
+                "CausalLM: packed rows (positions) where ranks compute parts of each sequence are "
+                "not supported");
     TORCH_CHECK(positions.sizes() == tokens.sizes(), "CausalLM::Forward: positions ",
                 positions.sizes(), " are not shaped as tokens ", tokens.sizes());
     context.positions = positions.to(tokens.device(), at::kLong);
@@ -574,55 +560,49 @@ at::Tensor CausalLM::Run(const at::Tensor& tokens, const at::Tensor& positions, 
                                                           config_.router_aux_loss_coef());
     context.router = last_routing_;
   }
-  wrap::TensorParallelOps* tp = context.tp;
   if (!h.defined()) {
-    const at::Tensor own = context.cp == nullptr ? tokens : context.cp->Slice(tokens);
-    h = tp == nullptr ? model_->embed_tokens(own) : tp->Embed(own, model_->embed_tokens->weight);
+    h = seams_.Embed(seams_.OwnPart(tokens), model_->embed_tokens->weight,
+                     [](const at::Tensor& tokens, const at::Tensor& weight) {
+                       return at::embedding(weight, tokens);
+                     });
   }
   for (size_t i = 0; i < model_->layers.size(); ++i) {
     const int64_t index = model_->layer_indices[i];
     if (index < StageBegin() || index >= StageEnd()) continue;  // another stage's
     const int unit = static_cast<int>(i);
     before(unit);
-    if (context.checkpointing == nullptr) {
-      h = model_->layers[i]->forward(h, context);
-    } else {
-      // Checkpointing may run the block again in backward, after this forward has returned
-      // and maybe after another forward has changed context_: the forward holds its own.
-      h = context.checkpointing->RunBlock(
-          unit, h, [layer = model_->layers[i], context](const at::Tensor& x) {
-            return layer->forward(x, context);
-          });
-    }
+    // A layer of the block seam may run the block again in backward, after this forward has
+    // returned and maybe after another forward has changed context_: the forward holds its own.
+    h = seams_.Block(unit, h, [layer = model_->layers[i], context](const at::Tensor& x) {
+      return layer->forward(x, context);
+    });
     h = after(unit, std::move(h));
   }
   if (!to_logits) return after(kRootUnit, std::move(h));
   h = model_->norm->forward(h, context.generic_ops);
-  if (tp != nullptr) h = tp->EnterColumnParallel(h);  // the output projection splits the vocabulary
+  h = seams_.ColumnInput(h);  // the output projection's rows are the vocabulary's
   return after(kRootUnit, at::matmul(h, OutputWeight().t()));
 }
 
 at::Tensor CausalLM::TokenLosses(const at::Tensor& tokens, const at::Tensor& targets,
                                  int64_t ignore_index, const at::Tensor& positions) {
-  // fp32 (for 16-bit logits too) and computed a chunk of rows at a time, whatever the path:
-  // under tensor parallelism from the vocabulary-sharded logits (VocabParallelCrossEntropy).
+  // fp32 (for 16-bit logits too) and computed a chunk of rows at a time, whatever the path
+  // (a layer of the token-loss seam: from logits whose vocabulary is split over ranks).
   const at::Tensor logits = Forward(tokens, positions);
   const at::Tensor own = OwnTargets(targets);
-  const at::Tensor flat_logits = logits.view({-1, logits.size(-1)});
-  const at::Tensor flat_targets = own.reshape({-1});
-  return (context_.tp == nullptr
-              ? internal::TokenCrossEntropy(flat_logits, flat_targets, ignore_index)
-              : context_.tp->TokenCrossEntropy(flat_logits, flat_targets, ignore_index))
+  return seams_
+      .TokenLosses(logits.view({-1, logits.size(-1)}), own.reshape({-1}), ignore_index,
+                   [](const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index) {
+                     return internal::TokenCrossEntropy(logits, targets, ignore_index);
+                   })
       .view(own.sizes());
 }
 
-at::Tensor CausalLM::OwnTargets(const at::Tensor& targets) {
-  return context_.cp == nullptr ? targets : context_.cp->Slice(targets);
-}
+at::Tensor CausalLM::OwnTargets(const at::Tensor& targets) { return seams_.OwnPart(targets); }
 
 at::Tensor CausalLM::Loss(const at::Tensor& tokens, const at::Tensor& targets, int64_t ignore_index,
                           const at::Tensor& positions) {
-  if (context_.tp != nullptr) {
+  if (seams_.Changed(wrap::Seam::kTokenLoss)) {
     // The token losses are 0 where the target is ignored: with none scored, 0 / 1.
     const at::Tensor scored =
         (OwnTargets(targets) != ignore_index).sum().clamp_min(1).to(at::kFloat);
@@ -649,14 +629,12 @@ at::Tensor CausalLM::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& t
 at::Tensor CausalLM::SequenceLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
                                       int64_t ignore_index) {
   const at::Tensor sums = TokenLogProbs(tokens, targets, ignore_index).sum(-1);
-  return context_.cp == nullptr ? sums : context_.cp->SumOverRanks(sums);
+  return seams_.SumOverParts(sums);
 }
 
-wrap::Wrappable::Split CausalLM::TensorParallelSplit(const std::string& name) const {
-  if (context_.projections != nullptr) {
-    if (const auto split = context_.projections->AddedParameterSplit(name)) return *split;
-  }
-  return TensorParallelSplitOf(name);
+wrap::Wrappable::Split CausalLM::SplitOf(const std::string& name) const {
+  if (const auto split = seams_.AddedParameterSplit(name)) return *split;
+  return ParameterSplitOf(name);
 }
 
 std::vector<wrap::Wrappable::Unit> CausalLM::Blocks() {

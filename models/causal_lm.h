@@ -60,14 +60,14 @@ using Deferred = std::optional<at::TensorOptions>;
 // The index CrossEntropy skips by default (PyTorch's and HF's).
 inline constexpr int64_t kIgnoreIndex = -100;
 
-// How tensor parallelism splits the parameter `name` of a CausalLM (wrap::Wrappable::Split,
-// Megatron's layout): q/gate/up column-parallel, k/v by key/value heads, o/down
-// row-parallel, the embedding and lm_head by vocabulary rows, the rest (a mixture of
-// experts' router and experts among them) replicated.
-wrap::Wrappable::Split TensorParallelSplitOf(const std::string& name);
+// How Megatron's layout splits the parameter `name` of a CausalLM (wrap::ParameterSplit):
+// q/gate/up by output features, k/v by key/value heads, o/down by input features, the
+// embedding and lm_head by vocabulary rows, the rest (a mixture of experts' router and experts
+// among them) whole on every rank.
+wrap::Wrappable::Split ParameterSplitOf(const std::string& name);
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last dimension; `generic_ops` as
-// AttentionContext's. Each module below builds its parameters as `deferred` says.
+// ForwardContext's. Each module below builds its parameters as `deferred` says.
 class RmsNorm : public torch::nn::Module {
  public:
   RmsNorm(int64_t size, double eps, const Deferred& deferred = std::nullopt);
@@ -80,7 +80,7 @@ class RmsNorm : public torch::nn::Module {
 };
 
 // What every layer shares for one sequence length, computed once per forward.
-struct AttentionContext {
+struct ForwardContext {
   // cos, sin [T, head_dim]; for packed rows (`positions`), each row's [B, T, head_dim].
   RotaryTables rope;
   // Additive causal mask (0 on and below the diagonal, -inf above), [groups * T, T] with
@@ -89,26 +89,17 @@ struct AttentionContext {
   // (models/internal/ops.h's CausalAttentionReadsMask): at 8192 tokens it would take 512 MiB.
   at::Tensor mask;
   // Packed rows' per-token positions, int64 [B, T] (CausalLM::Forward), or undefined. Held
-  // here, per forward, so that activation checkpointing's recomputation and tensor
-  // parallelism's attention (over the whole sequence) see them too.
+  // here, per forward, so that a block computed again (its recomputation in the backward
+  // pass) sees them too.
   at::Tensor positions;
   // Whether the ops take their generic forms (models/internal/ops.h) even where the fused CPU
   // kernels serve the tensors: what a GPU runs, chosen on the CPU by tests of that path.
   bool generic_ops = false;
-  // Tensor parallelism's communication, or nullptr in one process.
-  wrap::TensorParallelOps* tp = nullptr;
-  // Activation checkpointing's ops, through which the blocks' projections run, or nullptr.
-  wrap::CheckpointingOps* checkpointing = nullptr;
-  // The ops the blocks' projections hand their outputs to (adapters), or nullptr.
-  wrap::ProjectionOps* projections = nullptr;
-  // Context parallelism's attention over the whole sequence, of which this rank computes a
-  // slice (`rope` is then its tokens'), or nullptr.
-  wrap::ContextParallelOps* cp = nullptr;
+  // The model's seams (wrap/seams.h), which the layers call at each; `rope` is for the
+  // tokens the sequence seam gives this rank.
+  const wrap::Seams* seams = &wrap::Seams::None();
   // A mixture-of-experts model's: where this forward's layers record their routing.
   c10::intrusive_ptr<RouterStatistics> router;
-  // Expert parallelism's dispatch, through which the layers reach other ranks' experts, or
-  // nullptr.
-  wrap::ExpertParallelOps* ep = nullptr;
 };
 
 // Causal self-attention with rotary embeddings and grouped-query attention.
@@ -116,9 +107,9 @@ class Attention : public torch::nn::Module {
  public:
   explicit Attention(const ModelConfig& config, const Deferred& deferred = std::nullopt);
 
-  // x [B, T, hidden] -> [B, T, hidden] (under tensor parallelism with sequence parallelism,
-  // this rank's slice of the sequence in and out).
-  at::Tensor forward(const at::Tensor& x, const AttentionContext& context);
+  // x [B, T, hidden] -> [B, T, hidden] (the part of the sequence the seams give this rank in
+  // and out).
+  at::Tensor forward(const at::Tensor& x, const ForwardContext& context);
 
   // The head counts q_proj and k_proj/v_proj hold (after tensor-parallel sharding).
   absl::Status SetLocalHeads(int64_t num_heads, int64_t num_kv_heads);
@@ -137,15 +128,19 @@ class Attention : public torch::nn::Module {
 
 // The SwiGLU feed-forward: down_proj(silu(gate_proj(x)) * up_proj(x)), `width` wide inside,
 // its projections registered as `names` say (gate, up, down: a Mixtral expert's w1, w3, w2).
+// A block's MLP splits as Megatron's layout says (gate/up by output features, down by input
+// features); an `expert`'s stays whole on every rank.
 class Mlp : public torch::nn::Module {
  public:
   Mlp(int64_t hidden, int64_t width, const Deferred& deferred = std::nullopt,
-      const std::array<std::string, 3>& names = kMlpProjectionNames);
-  // As Attention::forward (of the context, it reads the tensor-parallel and checkpointing ops
-  // and generic_ops).
-  at::Tensor forward(const at::Tensor& x, const AttentionContext& context);
+      const std::array<std::string, 3>& names = kMlpProjectionNames, bool expert = false);
+  // As Attention::forward.
+  at::Tensor forward(const at::Tensor& x, const ForwardContext& context);
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  bool expert_;
 };
 
 // A mixture of experts (Qwen3-MoE's sparse MLP, Mixtral's block_sparse_moe, their experts'
@@ -153,16 +148,14 @@ class Mlp : public torch::nn::Module {
 // softmax (in fp32) picks num_experts_per_tok experts for each token, the lower expert on a
 // tie, so that every layout routes alike; their probabilities, renormalised over the chosen
 // where norm_topk_prob, weigh the outputs of the experts, SwiGLU MLPs of
-// moe_intermediate_size, each computing the rows routed to it in one GEMM per projection. Its
-// routing is recorded in the context's RouterStatistics as that of layer `layer`. Tensor
-// parallelism leaves the router and the experts whole: each rank of its group computes them
-// on its own tokens, its slice of the sequence under sequence parallelism (else all of them,
-// as every rank of the group does).
+// moe_intermediate_size, each computing the rows routed to it in one GEMM per projection,
+// through the experts seam. Its routing is recorded in the context's RouterStatistics as that
+// of layer `layer`. The router and the experts stay whole on every rank (ParameterSplitOf).
 class SparseMoe : public torch::nn::Module {
  public:
   SparseMoe(const ModelConfig& config, int64_t layer, const Deferred& deferred = std::nullopt);
   // x [B, T, hidden] -> [B, T, hidden].
-  at::Tensor forward(const at::Tensor& x, const AttentionContext& context);
+  at::Tensor forward(const at::Tensor& x, const ForwardContext& context);
 
   // Keeps experts [first, first + count) (under their names) and drops the others.
   void KeepExperts(int64_t first, int64_t count);
@@ -175,7 +168,7 @@ class SparseMoe : public torch::nn::Module {
   // The outputs of experts [first, first + expert_rows.size()) on `rows`, expert_rows[i] of
   // them (in order) expert first + i's.
   at::Tensor RunExperts(const at::Tensor& rows, const std::vector<int64_t>& expert_rows,
-                        int64_t first, const AttentionContext& context);
+                        int64_t first, const ForwardContext& context);
 
   int64_t layer_;
   int64_t per_token_;
@@ -189,7 +182,7 @@ class SparseMoe : public torch::nn::Module {
 class DecoderLayer : public torch::nn::Module {
  public:
   DecoderLayer(const ModelConfig& config, int64_t index, const Deferred& deferred = std::nullopt);
-  at::Tensor forward(const at::Tensor& x, const AttentionContext& context);
+  at::Tensor forward(const at::Tensor& x, const ForwardContext& context);
 
   std::shared_ptr<RmsNorm> input_layernorm;
   std::shared_ptr<Attention> self_attn;
@@ -222,7 +215,7 @@ class Decoder : public torch::nn::Module {
 class CausalLM;
 
 namespace internal {
-// The seam through which tests run `model`'s ops in their generic forms (AttentionContext's
+// The seam through which tests run `model`'s ops in their generic forms (ForwardContext's
 // generic_ops) on the CPU, the path a GPU takes; models/causal_lm_test.cc.
 void UseGenericOps(CausalLM& model, bool generic);
 
@@ -257,13 +250,13 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   static at::Tensor InitialValues(const ModelConfig& config, const InitConfig& init,
                                   const std::string& name, const parallel::TensorSlice& slice);
 
-  // Logits [B, T, vocab_size] for int64 tokens [B, T] (positions 0 .. T-1); under tensor
-  // parallelism this rank's vocabulary slice of them, [B, T, vocab_size / tp] (the
-  // vocabulary rounded up to a multiple of tp when tensor parallelism pads it; the padding
-  // columns are not logits of any token); under context parallelism (SetContextParallelOps)
-  // those of this rank's slice of the sequence, [B, T / cp, ...], and so for Loss and
-  // TokenLogProbs, whose targets it slices as it slices the tokens (SequenceLogProbs sums the
-  // ranks' slices into the whole sequences').
+  // Logits [B, T, vocab_size] for int64 tokens [B, T] (positions 0 .. T-1); where a step
+  // split the output projection's vocabulary rows over ranks, this rank's slice of them,
+  // [B, T, vocab_size / n] (the vocabulary rounded up to a multiple of n where the step pads
+  // it; the padding columns are not logits of any token); where the sequence seam gives this
+  // rank part of each sequence, those of its part, [B, T', ...], and so for Loss and
+  // TokenLogProbs, whose targets it takes the same part of (SequenceLogProbs sums the ranks'
+  // parts into the whole sequences').
   //
   // `positions` (int64 [B, T], or undefined) packs several sequences (documents, SFT
   // examples) into each row, padding-free, with Hugging Face's position_ids convention:
@@ -292,7 +285,7 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   at::Tensor TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
                            int64_t ignore_index = kIgnoreIndex, const at::Tensor& positions = {});
 
-  // Pipeline parallelism (wrap::Wrappable::KeepStages): a stage without the output layers
+  // A model cut into stages (wrap::Wrappable::KeepStages): a stage without the output layers
   // computes its blocks' output, [B, T, hidden], instead of logits; a stage without the
   // embedding starts from the hidden state SetStageInput gave it (the previous stage's
   // StageOutput, received), which its next Forward, StageOutput, Loss or TokenLogProbs
@@ -304,8 +297,8 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   void SetStageInput(at::Tensor hidden) { stage_input_ = std::move(hidden); }
 
   // Per row of one sequence, the sum of TokenLogProbs: [B], fp32, differentiable (a packed
-  // row's sequences are summed by data::SequenceSums instead). Under context parallelism the
-  // whole sequence's, every rank's slice summed (ContextParallelOps::SumOverRanks).
+  // row's sequences are summed by data::SequenceSums instead). Where ranks compute parts of
+  // each sequence, the whole sequence's: the ranks' parts summed (wrap::Seams::SumOverParts).
   at::Tensor SequenceLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
                               int64_t ignore_index = kIgnoreIndex);
 
@@ -338,13 +331,10 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   bool HoldsInputLayers() const override { return StageBegin() == 0; }
   bool HoldsOutputLayers() const override { return StageEnd() == config_.num_hidden_layers(); }
   void SetUnitHooks(UnitHooks hooks) override { hooks_ = std::move(hooks); }
-  Split TensorParallelSplit(const std::string& name) const override;
-  void SetTensorParallelOps(wrap::TensorParallelOps* ops) override { context_.tp = ops; }
-  void SetCheckpointingOps(wrap::CheckpointingOps* ops) override { context_.checkpointing = ops; }
-  void SetProjectionOps(wrap::ProjectionOps* ops) override { context_.projections = ops; }
-  void SetContextParallelOps(wrap::ContextParallelOps* ops) override;
-  void SetExpertParallelOps(wrap::ExpertParallelOps* ops) override;
-  wrap::ProjectionOps* projection_ops() const override { return context_.projections; }
+  Split SplitOf(const std::string& name) const override;
+  void KeepExperts(int64_t first, int64_t count) override;
+  wrap::Seams& seams() override { return seams_; }
+  const wrap::Seams& seams() const { return seams_; }
 
  private:
   // Its parameters built deferred, with `options`.
@@ -352,9 +342,9 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   friend void internal::UseGenericOps(CausalLM& model, bool generic);
 
   // The rotary tables and mask for sequence length `seq_len` on `device` in `dtype` (the
-  // parameters'), built once and reused while the length, device, dtype, head grouping and
-  // choice of ops stay the same; and the tensor-parallel ops.
-  const AttentionContext& Context(int64_t seq_len, const at::Device& device, at::ScalarType dtype);
+  // parameters'), built once and reused while the length, device, dtype, head grouping,
+  // choice of ops and the seams' layers stay the same.
+  const ForwardContext& Context(int64_t seq_len, const at::Device& device, at::ScalarType dtype);
 
   // The blocks [StageBegin(), StageEnd()) of the selected stage (all, unless KeepStages cut
   // the model).
@@ -365,11 +355,11 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // `to_logits`, the final norm and the output projection.
   at::Tensor Run(const at::Tensor& tokens, const at::Tensor& positions, bool to_logits);
 
-  // The targets this rank scores: `targets`, or its slice of them under context parallelism.
+  // The targets this rank scores: its part of them (the sequence seam's).
   at::Tensor OwnTargets(const at::Tensor& targets);
 
   // Per position -log p(targets[b, t] | its sequence up to t), 0 where the target is
-  // `ignore_index`: [B, T], fp32; from the vocabulary-sharded logits under tensor parallelism.
+  // `ignore_index`: [B, T], fp32; through the token-loss seam.
   at::Tensor TokenLosses(const at::Tensor& tokens, const at::Tensor& targets, int64_t ignore_index,
                          const at::Tensor& positions);
 
@@ -377,7 +367,9 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   std::shared_ptr<Decoder> model_;
   torch::nn::Linear lm_head_{nullptr};
   at::Tensor inv_freq_;
-  AttentionContext context_;
+  wrap::Seams seams_;
+  ForwardContext context_;
+  int64_t context_version_ = -1;  // the seams' version context_ was built for
   int64_t context_seq_len_ = -1;
   int64_t context_groups_ = -1;
   bool generic_ops_ = false;

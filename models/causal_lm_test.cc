@@ -70,8 +70,8 @@ at::Tensor Tokens(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
 }
 
 // The attention context CausalLM builds, for the tests that run Attention alone.
-AttentionContext ContextFor(const ModelConfig& config, int64_t seq, int64_t groups) {
-  AttentionContext context;
+ForwardContext ContextFor(const ModelConfig& config, int64_t seq, int64_t groups) {
+  ForwardContext context;
   context.rope = MakeRotaryTables(RotaryInverseFrequencies(config), torch::arange(seq));
   context.mask =
       torch::full({seq, seq}, -std::numeric_limits<float>::infinity()).triu(1).repeat({groups, 1});
@@ -183,7 +183,7 @@ TEST(AttentionTest, ShardedHeadsSumToTheFullOutput) {
   const ModelConfig config = Small();
   Attention full(config);
   const at::Tensor x = torch::randn({2, 7, 64});
-  const AttentionContext context = ContextFor(config, 7, 2);
+  const ForwardContext context = ContextFor(config, 7, 2);
   const at::Tensor expected = full.forward(x, context);
   at::Tensor sum = torch::zeros_like(expected);
   at::NoGradGuard no_grad;

@@ -40,7 +40,7 @@ class CrossEntropy : public Objective {
 class AsFrozenBase {
  public:
   explicit AsFrozenBase(models::CausalLM& policy)
-      : policy_(policy), without_adapters_(policy), was_training_(policy.is_training()) {
+      : policy_(policy), without_adapters_(policy.seams()), was_training_(policy.is_training()) {
     policy_.eval();
   }
   ~AsFrozenBase() { policy_.train(was_training_); }
@@ -171,7 +171,7 @@ class DirectPreference : public Objective {
 
   // A policy without adapters would be its own reference, and DPO would learn nothing.
   absl::Status CheckHasAdapters(const models::CausalLM& policy) const {
-    if (policy.projection_ops() != nullptr) return absl::OkStatus();
+    if (policy.seams().HasAdapters()) return absl::OkStatus();
     return absl::FailedPreconditionError(
         absl::StrCat(field_path_,
                      ".dpo.policy_without_adapters: the policy has no adapters to switch off "

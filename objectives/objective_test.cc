@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
 #include "ATen/ops/log_softmax.h"
 #include "base/status_matchers.h"
 #include "data/pairs.h"
@@ -200,15 +201,13 @@ TEST(ObjectiveTest, DpoOnPaddingFreeRowsEqualsDpoOnPaddedRows) {
 
 // Adapters for the tests: every block projection's output scaled by 1 + gain, a trained
 // scalar.
-class Gain final : public wrap::ProjectionOps {
+class Gain final : public wrap::SeamLayer {
  public:
-  at::Tensor Weight(const torch::nn::Module&, const at::Tensor& weight) override { return weight; }
-  std::vector<at::Tensor> HeldTensors(const torch::nn::Module&) const override { return {}; }
-  at::Tensor Adapt(const torch::nn::Module&, const at::Tensor&, at::Tensor output) override {
-    return output * (1 + gain);
-  }
-  std::optional<wrap::Wrappable::Split> AddedParameterSplit(const std::string&) const override {
-    return std::nullopt;
+  std::vector<wrap::Seam> changes() const override { return {wrap::Seam::kProjection}; }
+  bool is_adapter() const override { return true; }
+  at::Tensor Project(const wrap::ProjectionSite& site, const at::Tensor& input,
+                     wrap::ProjectNext next) override {
+    return next(site, input) * (1 + gain);
   }
   at::Tensor gain = torch::full({}, 0.1).requires_grad_();
 };
@@ -219,7 +218,7 @@ class Gain final : public wrap::ProjectionOps {
 TEST(ObjectiveTest, DpoAgainstThePolicyWithoutAdaptersIsDpoAgainstAFrozenCopyOfItsBase) {
   auto policy = TinyModel(1);
   Gain adapters;
-  policy->SetProjectionOps(&adapters);
+  policy->seams().Add(&adapters);
   policy->train();
   auto base = TinyModel(1);
   ObjectiveConfig config;
@@ -233,7 +232,9 @@ TEST(ObjectiveTest, DpoAgainstThePolicyWithoutAdaptersIsDpoAgainstAFrozenCopyOfI
   EXPECT_EQ(actual.loss.item<float>(), expected.loss.item<float>());
   EXPECT_EQ(OnHost(actual.metrics), OnHost(expected.metrics));
   EXPECT_NE(OnHost(actual.metrics)[0].second, 0.0);  // rewards/chosen: the adapters count
-  EXPECT_EQ(policy->projection_ops(), &adapters);
+  // The adapters are on again.
+  const at::Tensor tokens = torch::tensor({{1, 2, 3}}, at::kLong);
+  EXPECT_FALSE(at::equal(policy->Forward(tokens), base->Forward(tokens)));
   EXPECT_TRUE(policy->is_training());
   actual.loss.backward();
   EXPECT_TRUE(adapters.gain.grad().defined());

@@ -178,7 +178,7 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
   shape.on_cpu = device_type == at::kCPU;
   shape.compute_threads = std::max(1, training.compute_threads_per_rank());
   for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
-    const wrap::Wrappable::Split split_of = models::TensorParallelSplitOf(parameter.name);
+    const wrap::Wrappable::Split split_of = models::ParameterSplitOf(parameter.name);
     shape.parameter_list.push_back({parameter.name, parameter.shape, split_of});
     const bool in_blocks = absl::StartsWith(parameter.name, "model.layers.");
     // A block's counts are their average over the blocks: a mixture of experts' hold more.

@@ -12,12 +12,10 @@
 #include "base/status.h"
 #include "torch/csrc/autograd/autograd.h"
 #include "torch/csrc/autograd/custom_function.h"
-#include "torch/nn/functional/linear.h"
 #include "wrap/internal/torch_internals.h"
 
 namespace plait::wrap::checkpointing {
 
-namespace F = torch::nn::functional;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -174,13 +172,12 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 ActivationCheckpointing::ActivationCheckpointing(Wrappable& model, Policy policy)
     : model_(model), policy_(policy) {
   for (const Wrappable::Unit& block : model.Blocks()) blocks_.push_back(block.module);
-  model_.SetCheckpointingOps(this);
+  model_.seams().Add(this);
 }
 
-ActivationCheckpointing::~ActivationCheckpointing() { model_.SetCheckpointingOps(nullptr); }
+ActivationCheckpointing::~ActivationCheckpointing() { model_.seams().Remove(this); }
 
-at::Tensor ActivationCheckpointing::RunBlock(int unit, const at::Tensor& input,
-                                             BlockForward forward) {
+at::Tensor ActivationCheckpointing::Block(int unit, const at::Tensor& input, BlockForward forward) {
   if (!at::GradMode::is_enabled()) return forward(input);  // nothing to keep
   auto recomputation = c10::make_intrusive<Recomputation>();
   recomputation->owner = this;
@@ -200,8 +197,8 @@ at::Tensor ActivationCheckpointing::RunBlock(int unit, const at::Tensor& input,
   return CheckpointFunction::apply(input, at::TensorList(parameters), std::move(recomputation));
 }
 
-at::Tensor ActivationCheckpointing::Linear(const at::Tensor& x, const at::Tensor& weight,
-                                           const at::Tensor& bias) {
+at::Tensor ActivationCheckpointing::Product(const at::Tensor& x, const at::Tensor& weight,
+                                            const at::Tensor& bias, ProductNext next) {
   if (replaying_ != nullptr) {
     // A recomputation that finds no kept output left is a backward through the block after
     // one that computed all its gradients (which freed them), or a forward that did not
@@ -214,7 +211,7 @@ at::Tensor ActivationCheckpointing::Linear(const at::Tensor& x, const at::Tensor
         x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
         replaying_->kept[replaying_->next_kept++]);
   }
-  at::Tensor output = F::linear(x, weight, bias);
+  at::Tensor output = next(x, weight, bias);
   if (recording_ != nullptr) recording_->kept.push_back(output);
   return output;
 }

@@ -35,19 +35,22 @@
 
 namespace plait::wrap::checkpointing {
 
-class ActivationCheckpointing final : public CheckpointingOps {
+class ActivationCheckpointing final : public SeamLayer {
  public:
   using Policy = ActivationCheckpointingConfig::Policy;
 
-  // Installs itself as `model`'s CheckpointingOps (`model` must outlive it); `policy` is FULL
-  // or SELECTIVE.
+  // Adds itself to `model`'s seams (`model` must outlive it); `policy` is FULL or SELECTIVE.
   ActivationCheckpointing(Wrappable& model, Policy policy);
   ~ActivationCheckpointing() override;
   ActivationCheckpointing(const ActivationCheckpointing&) = delete;
   ActivationCheckpointing& operator=(const ActivationCheckpointing&) = delete;
 
-  at::Tensor RunBlock(int unit, const at::Tensor& input, BlockForward forward) override;
-  at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) override;
+  // SeamLayer: each block runs checkpointed, and, inside it, each projection's product is
+  // kept (SELECTIVE) and handed back in its recomputation.
+  std::vector<Seam> changes() const override { return {Seam::kBlock, Seam::kProduct}; }
+  at::Tensor Block(int unit, const at::Tensor& input, BlockForward forward) override;
+  at::Tensor Product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                     ProductNext next) override;
 
  private:
   struct Recomputation;
@@ -59,7 +62,7 @@ class ActivationCheckpointing final : public CheckpointingOps {
   const Policy policy_;
   std::vector<std::shared_ptr<torch::nn::Module>> blocks_;
   // While a checkpointed block's forward runs: the recomputation whose kept projection
-  // outputs Linear records (the first forward) or hands back (the recomputation).
+  // outputs Product records (the first forward) or hands back (the recomputation).
   Recomputation* recording_ = nullptr;
   Recomputation* replaying_ = nullptr;
 };

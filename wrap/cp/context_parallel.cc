@@ -13,7 +13,7 @@
 
 namespace plait::wrap::cp {
 ContextParallelStrategy::~ContextParallelStrategy() {
-  if (model_ != nullptr) model_->SetContextParallelOps(nullptr);
+  if (model_ != nullptr) model_->seams().Remove(ring_.get());
 }
 
 std::vector<base::Violation> ContextParallelStrategy::Check(const std::optional<ModelShape>& shape,
@@ -111,7 +111,7 @@ absl::Status ContextParallelStrategy::Apply(Wrappable& model, const parallel::De
                          mesh.communicator(config_.mesh_dim()));
   group_ = std::make_unique<parallel::GraphGroup>(*communicator);
   ring_ = std::make_unique<RingContext>(*group_);
-  model.SetContextParallelOps(ring_.get());
+  model.seams().Add(ring_.get());
   model_ = &model;
   return absl::OkStatus();
 }

@@ -1,6 +1,6 @@
 // Context parallelism as a preparation strategy ("context_parallel" in plans and rules): the
 // ranks of a mesh dimension read the same sequences, and each computes and scores its slice of
-// every sequence (ChunkLayout's two chunks of 2n) through the model's ContextParallelOps,
+// every sequence (ChunkLayout's two chunks of 2n) through the model's seams (RingContext),
 // attending over the whole sequence by ring attention (ring_attention.h). The parameters are
 // whole on every rank; after each step's backward the gradients, each rank's of its own
 // tokens, are averaged over the dimension, as the step's items are counted over it

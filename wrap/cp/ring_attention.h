@@ -119,19 +119,37 @@ struct RingOptions {
 at::Tensor RingAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          parallel::GraphGroup& group, const RingOptions& options = {});
 
-// What a model's forward calls under context parallelism over `group` (which must outlive
-// it): ChunkLayout's slices and positions for the group's rank, and RingAttention. A sequence
-// that does not divide into the layout's chunks stops the forward (plans are checked first).
-class RingContext final : public ContextParallelOps {
+// Context parallelism over `group` (which must outlive it) in a model's forward, a layer of its
+// seams: each rank computes ChunkLayout's slice of every sequence for the group's rank, at its
+// positions, and attends over the whole sequence by RingAttention. A sequence that does not
+// divide into the layout's chunks stops the forward (plans are checked first).
+class RingContext final : public SeamLayer {
  public:
   explicit RingContext(parallel::GraphGroup& group) : group_(group) {}
 
-  at::Tensor Slice(const at::Tensor& x) override;
-  at::Tensor Positions(int64_t seq_len, const at::Device& device) override;
-  at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       bool generic) override;
+  // This rank's slice of `x` [B, T, ...] (dimension 1 the whole sequence), in the order it
+  // computes it; its positions in a sequence of `seq_len`, int64 [T / n] on `device`.
+  at::Tensor Slice(const at::Tensor& x);
+  at::Tensor Positions(int64_t seq_len, const at::Device& device);
+  // RingAttention of this rank's q [B, T / n, H, d] over the group's k and v.
+  at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool generic);
   // An all-reduce over the group forward, and of the gradients backward.
-  at::Tensor SumOverRanks(const at::Tensor& partial) override;
+  at::Tensor SumOverRanks(const at::Tensor& partial);
+
+  // SeamLayer: the sequence (Slice, Positions, SumOverRanks) and the attention.
+  std::vector<Seam> changes() const override { return {Seam::kSequence, Seam::kAttention}; }
+  at::Tensor OwnPart(const at::Tensor& x, TensorNext next) override { return Slice(next(x)); }
+  at::Tensor Positions(int64_t seq_len, const at::Device& device,
+                       PositionsNext /*next: the whole sequence's*/) override {
+    return Positions(seq_len, device);
+  }
+  at::Tensor SumOverParts(const at::Tensor& partial, TensorNext next) override {
+    return SumOverRanks(next(partial));
+  }
+  at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool generic,
+                       AttentionNext /*next: over this rank's keys alone*/) override {
+    return Attention(q, k, v, generic);
+  }
 
  private:
   ChunkLayout LayoutOf(int64_t seq_len) const;

@@ -188,7 +188,7 @@ TEST(RingContextTest, AModelComputesItsSliceOfTheSequence) {
         const std::shared_ptr<models::CausalLM> model = *models::CausalLM::Create(config, init);
         models::internal::UseGenericOps(*model, generic);
         RingContext context(group);
-        model->SetContextParallelOps(&context);
+        model->seams().Add(&context);
         const ChunkLayout layout = *ChunkLayout::Create(kSeqLen, ranks, rank);
         const at::Tensor own = model->TokenLogProbs(tokens, targets);
         ExpectElementsClose(own, layout.Slice(expected.detach(), 1), 1e-5,

@@ -57,8 +57,8 @@ std::pair<int64_t, int64_t> ExpertDispatch::LocalExperts(int64_t num_experts) co
   return {group_.rank() * count, count};
 }
 
-ExpertParallelOps::Dispatched ExpertDispatch::Dispatch(const at::Tensor& rows,
-                                                       const std::vector<int64_t>& expert_rows) {
+ExpertDispatch::Dispatched ExpertDispatch::Dispatch(const at::Tensor& rows,
+                                                    const std::vector<int64_t>& expert_rows) {
   const int ranks = group_.size();
   const int64_t local = static_cast<int64_t>(expert_rows.size()) / ranks;
   Dispatched dispatched;
@@ -108,6 +108,13 @@ at::Tensor ExpertDispatch::Combine(const at::Tensor& outputs, const Dispatched& 
   const at::Tensor by_sender = torch::empty_like(outputs).index_copy(0, dispatched.order, outputs);
   return AllToAllFunction::apply(by_sender, dispatched.received_rows, dispatched.sent_rows,
                                  &group_);
+}
+
+at::Tensor ExpertDispatch::Experts(const at::Tensor& rows, const std::vector<int64_t>& expert_rows,
+                                   int64_t /*first_expert: 0, the layer's*/, ExpertsNext next) {
+  const Dispatched dispatched = Dispatch(rows, expert_rows);
+  const int64_t first = LocalExperts(static_cast<int64_t>(expert_rows.size())).first;
+  return Combine(next(dispatched.rows, dispatched.expert_rows, first), dispatched);
 }
 
 }  // namespace plait::wrap::ep

@@ -8,7 +8,9 @@
 //
 //   parallel::GraphGroup group(*mesh.communicator("ep").value());
 //   ExpertDispatch dispatch(group);
-//   model.SetExpertParallelOps(&dispatch);
+//   const auto [first, count] = dispatch.LocalExperts(num_experts);
+//   model.KeepExperts(first, count);
+//   model.seams().Add(&dispatch);
 //   model.Loss(tokens, targets).backward();  // this rank's experts compute every rank's rows
 //   PLAIT_RETURN_IF_ERROR(group.status());
 #ifndef PLAIT_WRAP_EP_EXPERT_DISPATCH_H_
@@ -24,17 +26,43 @@
 
 namespace plait::wrap::ep {
 
-// ExpertParallelOps over `group` (which must outlive it and every graph built through it). A
-// failed all-to-all is kept in the group (the results are then meaningless).
-class ExpertDispatch final : public ExpertParallelOps {
+// The dispatch over `group` (which must outlive it and every graph built through it), a layer
+// of a model's experts seam. A failed all-to-all is kept in the group (the results are then
+// meaningless).
+class ExpertDispatch final : public SeamLayer {
  public:
   explicit ExpertDispatch(parallel::GraphGroup& group) : group_(group) {}
 
+  // The rows a rank's experts compute (Dispatch), and what Combine needs to send their outputs
+  // back.
+  struct Dispatched {
+    at::Tensor rows;                     // grouped by this rank's expert, in order
+    std::vector<int64_t> expert_rows;    // how many of `rows` each of this rank's experts computes
+    std::vector<int64_t> sent_rows;      // this rank's rows to each rank
+    std::vector<int64_t> received_rows;  // each rank's rows to this rank
+    at::Tensor order;  // row j of `rows` is row order[j] of those received, by sender
+  };
+
+  // The experts this rank holds of a layer of `num_experts`: [first, first + count).
   // Contiguous shares: rank r holds [r E / n, (r + 1) E / n). E must divide by n (plans are
   // checked first).
-  std::pair<int64_t, int64_t> LocalExperts(int64_t num_experts) const override;
-  Dispatched Dispatch(const at::Tensor& rows, const std::vector<int64_t>& expert_rows) override;
-  at::Tensor Combine(const at::Tensor& outputs, const Dispatched& dispatched) override;
+  std::pair<int64_t, int64_t> LocalExperts(int64_t num_experts) const;
+
+  // Sends `rows` [R, hidden] (a layer's routed rows, grouped by expert, expert_rows[e] of them
+  // for expert e) to the ranks holding their experts. Differentiable: the gradients of the rows
+  // received go back to their senders.
+  Dispatched Dispatch(const at::Tensor& rows, const std::vector<int64_t>& expert_rows);
+
+  // The outputs [M, hidden] of `dispatched.rows` back to the ranks that sent them: [R, hidden],
+  // in the order Dispatch's `rows` had. Differentiable likewise.
+  at::Tensor Combine(const at::Tensor& outputs, const Dispatched& dispatched);
+
+  // SeamLayer: a layer's rows go to the ranks of their experts (Dispatch), this rank's
+  // experts compute what it received (the layers below, `next`), and the outputs come back
+  // (Combine). The model's call names all of a layer's experts.
+  std::vector<Seam> changes() const override { return {Seam::kExperts}; }
+  at::Tensor Experts(const at::Tensor& rows, const std::vector<int64_t>& expert_rows,
+                     int64_t first_expert, ExpertsNext next) override;
 
  private:
   parallel::GraphGroup& group_;

@@ -80,10 +80,11 @@ void ExpectDispatchEqualsOneProcess(int ranks, bool every_token_to_rank_0) {
         const std::string where = name + ", rank " + std::to_string(rank);
         const std::shared_ptr<models::CausalLM> model = MakeModel(every_token_to_rank_0);
         ExpertDispatch dispatch(group);
-        model->SetExpertParallelOps(&dispatch);
         const auto [first, count] = dispatch.LocalExperts(config.num_experts());
         EXPECT_EQ(first, rank * config.num_experts() / ranks) << where;
         EXPECT_EQ(count, config.num_experts() / ranks) << where;
+        model->KeepExperts(first, count);
+        model->seams().Add(&dispatch);
         const at::Tensor loss =
             model->Loss(PartOf(tokens, rank, ranks), PartOf(targets, rank, ranks));
         EXPECT_NEAR(loss.item<double>(), expected_losses[rank], 1e-6 * expected_losses[rank])

@@ -95,6 +95,10 @@ StepEstimate ExpertParallelStrategy::Estimate(const ModelShape& shape,
   return estimate;
 }
 
+ExpertParallelStrategy::~ExpertParallelStrategy() {
+  if (model_ != nullptr) model_->seams().Remove(dispatch_.get());
+}
+
 absl::Status ExpertParallelStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& mesh) {
   PLAIT_ASSIGN_OR_RETURN(parallel::Communicator* const communicator,
                          mesh.communicator(config_.mesh_dim()));
@@ -114,7 +118,10 @@ absl::Status ExpertParallelStrategy::Apply(Wrappable& model, const parallel::Dev
                      " experts do not divide by its ", group_->size(), " ranks"));
   }
   experts_per_rank_ = num_experts / group_->size();
-  model.SetExpertParallelOps(dispatch_.get());
+  const auto [first, count] = dispatch_->LocalExperts(num_experts);
+  model.KeepExperts(first, count);
+  model.seams().Add(dispatch_.get());
+  model_ = &model;
   return absl::OkStatus();
 }
 

@@ -1,8 +1,8 @@
 // Expert parallelism as a preparation strategy ("expert_parallel" in plans and rules): the
 // ranks of a mesh dimension read different batches and each keeps num_experts / n of every
 // mixture-of-experts layer's experts (rank r the r-th share); the rows a rank routes to another
-// rank's experts travel there and back through the model's ExpertParallelOps
-// (expert_dispatch.h). The other parameters are whole on every rank. After each step's
+// rank's experts travel there and back through the model's experts seam (ExpertDispatch,
+// expert_dispatch.h). The other parameters are whole on every rank. After each step's
 // backward, their gradients (each rank's of its own batch) are averaged over the dimension, and
 // the experts' gradients (each already summed over every rank's rows) divided by its size: the
 // step is one process's on the whole batch, as the step's items are counted over the dimension
@@ -33,6 +33,7 @@ namespace plait::wrap::ep {
 class ExpertParallelStrategy final : public Strategy {
  public:
   explicit ExpertParallelStrategy(ExpertParallelConfig config) : config_(std::move(config)) {}
+  ~ExpertParallelStrategy() override;
 
   absl::string_view name() const override { return "expert_parallel"; }
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
@@ -68,6 +69,7 @@ class ExpertParallelStrategy final : public Strategy {
   }
 
   ExpertParallelConfig config_;
+  Wrappable* model_ = nullptr;  // once applied
   std::unique_ptr<parallel::GraphGroup> group_;
   std::unique_ptr<ExpertDispatch> dispatch_;
   std::vector<Expert> experts_;  // every expert's parameters, in the model's order

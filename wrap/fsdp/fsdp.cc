@@ -129,9 +129,9 @@ struct Fsdp::Part {
   // then every flag is above zero and need not be read back from the device.
   bool every_gradient_here = true;
 
-  // The tensors the model's ProjectionOps hold the part's projections' weights in
-  // (HeldTensors: QLoRA's NF4 codes and scales), kept as they are: their bytes are sharded by
-  // rows as the parameters are, gathered beside them in a collective of their own, freed with
+  // The tensors the model's seams hold the part's projections' weights in
+  // (Seams::HeldTensors: QLoRA's NF4 codes and scales), kept as they are: their bytes are sharded
+  // by rows as the parameters are, gathered beside them in a collective of their own, freed with
   // them, and never trained.
   struct HeldWeight {
     std::string name;  // the weight's parameter name, "model.layers.0.self_attn.q_proj.weight"
@@ -139,7 +139,7 @@ struct Fsdp::Part {
     std::vector<size_t> tensors;  // its tensors' indices in `held`
   };
   std::vector<HeldWeight> held_weights;
-  std::vector<at::Tensor> held;         // the ops' tensors, memory freed when sharded
+  std::vector<at::Tensor> held;         // the seams' tensors, memory freed when sharded
   std::vector<at::Tensor> held_shards;  // uint8 [held_rows[i]]: this rank's bytes of held[i]
   std::vector<int64_t> held_rows;
   std::vector<int64_t> held_offsets;  // of held_shards[i] in a rank's chunk of bytes
@@ -267,11 +267,11 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
     fsdp->units_.push_back(std::move(unit));
   };
   // The tensors a block's projections' weights are held in, each in memory of its own.
-  const ProjectionOps* ops = model.projection_ops();
+  const Seams& seams = model.seams();
   auto add_held = [&](Unit& unit, const Wrappable::Unit& block) {
     for (const auto& item :
          block.module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
-      const std::vector<at::Tensor> tensors = ops->HeldTensors(*item.value());
+      const std::vector<at::Tensor> tensors = seams.HeldTensors(*item.value());
       if (tensors.empty()) continue;
       const std::string name = absl::StrCat(block.name, ".", item.key(), ".weight");
       Part& part = part_of(unit, name);
@@ -301,7 +301,7 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
     }
     add_unit(block.name, named);
     fsdp->units_.back().stage = block.stage;
-    if (ops != nullptr) add_held(fsdp->units_.back(), block);
+    add_held(fsdp->units_.back(), block);
   }
   add_unit("root", model.RootParameters());
   // Hook unit i is units_[i] and the root is units_.back(), so that every unit has a
@@ -743,18 +743,19 @@ absl::StatusOr<std::map<std::string, at::Tensor>> Fsdp::FullStateDict() {
         }
       }
       if (part.held_weights.empty()) continue;
-      // The held weights as the ops compute with them, from their bytes gathered for a moment.
-      ProjectionOps* ops = model_.projection_ops();
-      if (ops == nullptr) {
+      // The held weights as the seams compute with them, from their bytes gathered for a
+      // moment.
+      const Seams& seams = model_.seams();
+      if (seams.HeldTensors(*part.held_weights.front().projection).empty()) {
         return absl::InternalError(absl::StrCat(
-            "fsdp: unit ", unit.name, " holds weights for projection ops, which are gone"));
+            "fsdp: unit ", unit.name, " holds weights for a layer of the seams, which is gone"));
       }
       Reshard(unit);  // the held tensors are freed again below: the unit must be sharded
       StartHeldGather(part);
       FinishHeldGather(part);
       PLAIT_RETURN_IF_ERROR(status_);
       for (const Part::HeldWeight& weight : part.held_weights) {
-        state[weight.name] = ops->Weight(*weight.projection, at::Tensor()).clone();
+        state[weight.name] = seams.Weight(*weight.projection, at::Tensor()).clone();
       }
       for (const at::Tensor& tensor : part.held) internal::FreeStorage(tensor);
     }

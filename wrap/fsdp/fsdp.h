@@ -26,8 +26,8 @@
 // gathered but get no gradient, take no place in the reduce-scatters and are not trained; so
 // does a parameter that no rank used in the step's backward (a flag per parameter rides on
 // each unit's reduce-scatter), as in one process, where AdamW would otherwise decay it.
-// The tensors the model's ProjectionOps hold a projection's weight in (ProjectionOps::
-// HeldTensors: QLoRA's NF4 codes and scales) are sharded by rows of their bytes with the
+// The tensors the model's seams hold a projection's weight in (Seams::HeldTensors: QLoRA's
+// NF4 codes and scales) are sharded by rows of their bytes with the
 // projection's block, gathered beside its parameters in a collective of their own and freed
 // with them; they are never cast nor trained.
 // FsdpStrategy is its preparation strategy (strategy.h), applied through wrap::Preparation
@@ -105,8 +105,8 @@ class Fsdp {
   void ResetPeak() { peak_unsharded_bytes_ = unsharded_bytes_; }
 
   // The full parameters, gathered from the shards (every rank takes part; every rank gets
-  // them), in fp32, by name; and the weights held for the ProjectionOps, as their Weight
-  // computes with them, by the weights' names.
+  // them), in fp32, by name; and the weights the seams hold, as their Weight computes with
+  // them, by the weights' names.
   absl::StatusOr<std::map<std::string, at::Tensor>> FullStateDict();
 
   // `store`, which quantizes (or otherwise writes) the values of the held weight `name` into

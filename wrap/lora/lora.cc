@@ -178,8 +178,7 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
   // model as it was.
   std::vector<Candidate> candidates;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
-    candidates.push_back(
-        {named.name, named.parameter.sizes().size(), model.TensorParallelSplit(named.name)});
+    candidates.push_back({named.name, named.parameter.sizes().size(), model.SplitOf(named.name)});
   }
   const Matches matches = Match(config, candidates);
   if (!matches.unmatched.empty()) {
@@ -253,15 +252,16 @@ absl::StatusOr<std::unique_ptr<Lora>> Lora::Create(Wrappable& model, const LoraC
     internal::UnregisterParameter(*projection, "weight");
     weight.set_data(torch::empty({0}, held.options));
   }
-  model.SetProjectionOps(lora.get());
+  model.seams().Add(lora.get());
   return lora;
 }
 
-Lora::~Lora() { model_.SetProjectionOps(nullptr); }
+Lora::~Lora() { model_.seams().Remove(this); }
 
-at::Tensor Lora::Weight(const torch::nn::Module& projection, const at::Tensor& weight) {
+at::Tensor Lora::Weight(const torch::nn::Module& projection, const at::Tensor& weight,
+                        WeightNext next) {
   const auto it = held_.find(&projection);
-  if (it == held_.end()) return weight;
+  if (it == held_.end()) return next(projection, weight);
   Held& held = it->second;
   at::Tensor dequantized = held.Dequantize();
   // Only a forward that builds a graph keeps it for a backward (WithoutAdapters, which never
@@ -318,6 +318,10 @@ void Lora::AddHeldWeights(std::map<std::string, at::Tensor>& parameters) const {
     if (parameters.count(held.name) > 0) continue;
     parameters[held.name] = held.Dequantize();
   }
+}
+
+at::Tensor Lora::Project(const ProjectionSite& site, const at::Tensor& input, ProjectNext next) {
+  return Adapt(site.module, input, next(site, input));
 }
 
 at::Tensor Lora::Adapt(const torch::nn::Module& projection, const at::Tensor& input,

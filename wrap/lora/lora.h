@@ -3,7 +3,7 @@
 // registered as submodules of the projection and so named as PEFT names them
 // (`model.layers.0.self_attn.q_proj.lora_A.weight`, `...lora_B.weight`), and computes
 //   y = W x + b + scale * B A dropout(x),   scale = alpha / rank (alpha / sqrt(rank), rsLoRA),
-// through the model's ProjectionOps (wrappable.h). A is drawn as PEFT's default
+// through the model's seams (seams.h). A is drawn as PEFT's default
 // (kaiming_uniform_ with a = sqrt(5): uniform(-1/sqrt(in), 1/sqrt(in))) from a generator seeded
 // by LoraConfig.seed and the adapter's name, B is zero, so the adapted model computes what the
 // base did; or both start from a PEFT adapter folder (LoraConfig.initial_adapter_dir,
@@ -31,7 +31,7 @@
 // parameters and is held in NF4 (nf4.h) as buffers of the projection (`weight_nf4`,
 // `weight_absmax`, or with double_quant `weight_absmax_codes`, `weight_absmax_scales`,
 // `weight_absmax_offset`), which move with the module; the full-precision weight is freed.
-// ProjectionOps::Weight dequantizes it to the weight's dtype for each use. The dequantized
+// Lora::Weight (the weight seam) dequantizes it to the weight's dtype for each use. The dequantized
 // weight the input's gradient needs is not kept until the backward, as bitsandbytes'
 // MatMul4Bit does not keep it: once the projection has computed (Adapt), its memory is freed,
 // and it is dequantized again into the same tensor when the projection's output gradient
@@ -66,8 +66,9 @@
 
 namespace plait::wrap::lora {
 
-// The adapters of one model, installed as its ProjectionOps.
-class Lora final : public ProjectionOps {
+// The adapters of one model, a layer of its seams: the weight of a projection it holds in NF4,
+// and the adapters added to the projections' outputs.
+class Lora final : public SeamLayer {
  public:
   // Freezes every parameter of `model`, adds adapters to the block projections `config`'s
   // targets match and makes the model's forward use them; `model` must outlive the result.
@@ -78,15 +79,25 @@ class Lora final : public ProjectionOps {
   Lora(const Lora&) = delete;
   Lora& operator=(const Lora&) = delete;
 
-  at::Tensor Weight(const torch::nn::Module& projection, const at::Tensor& weight) override;
-  // With NF4, a targeted projection's NF4 tensors (its buffers).
+  // SeamLayer. With NF4, a targeted projection computes with its weight dequantized, and
+  // holds it in its NF4 tensors (its buffers).
+  std::vector<Seam> changes() const override { return {Seam::kWeight, Seam::kProjection}; }
+  bool is_adapter() const override { return true; }
+  at::Tensor Weight(const torch::nn::Module& projection, const at::Tensor& weight,
+                    WeightNext next) override;
   std::vector<at::Tensor> HeldTensors(const torch::nn::Module& projection) const override;
-  at::Tensor Adapt(const torch::nn::Module& projection, const at::Tensor& input,
-                   at::Tensor output) override;
+  // What the layers below compute, with the adapter's output added where it adapts the
+  // projection (Adapt).
+  at::Tensor Project(const ProjectionSite& site, const at::Tensor& input,
+                     ProjectNext next) override;
   // An adapter splits with its projection where their dimensions meet: B with a
-  // column-parallel projection's output features, A with a row-parallel one's input
-  // features; the other matrix is whole on every rank, its gradient summed over the group.
+  // column-split projection's output features, A with a row-split one's input features; the
+  // other matrix is whole on every rank, its gradient summed over the group.
   std::optional<Wrappable::Split> AddedParameterSplit(const std::string& name) const override;
+
+  // `output`, what `projection` computed from `input`, with its adapter's output added
+  // (scale * B A dropout(input)); `output` itself for a projection it does not adapt.
+  at::Tensor Adapt(const torch::nn::Module& projection, const at::Tensor& input, at::Tensor output);
 
   // The module names of the adapted projections, in the model's parameter order.
   const std::vector<std::string>& adapted() const { return adapted_; }

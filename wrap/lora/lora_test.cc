@@ -338,7 +338,7 @@ ModelShape ShapeOf(models::CausalLM& model) {
   for (const auto& named : model.NamedParameters()) {
     shape.parameters += static_cast<double>(named.parameter.numel());
     shape.parameter_list.push_back(
-        {named.name, named.parameter.sizes().vec(), model.TensorParallelSplit(named.name)});
+        {named.name, named.parameter.sizes().vec(), model.SplitOf(named.name)});
   }
   shape.num_blocks = 4;
   return shape;

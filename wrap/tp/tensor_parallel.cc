@@ -138,7 +138,7 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
       new TensorParallel(model, communicator, config.sequence_parallel()));
   std::vector<Slice> slices;
   for (const Wrappable::NamedParameter& named : model.NamedParameters()) {
-    const Wrappable::Split split = model.TensorParallelSplit(named.name);
+    const Wrappable::Split split = model.SplitOf(named.name);
     Slice slice{named.name, named.parameter, 0, n, rank, 1, 0};
     switch (split) {
       case Wrappable::Split::kReplicated:
@@ -202,7 +202,7 @@ absl::StatusOr<std::unique_ptr<TensorParallel>> TensorParallel::Create(
     });
   }
   tp->slices_ = std::move(slices);
-  model.SetTensorParallelOps(tp.get());
+  model.seams().Add(tp.get());
   return tp;
 }
 
@@ -211,7 +211,7 @@ TensorParallel::TensorParallel(Wrappable& model, parallel::Communicator& communi
     : model_(model), group_(communicator), sequence_parallel_(sequence_parallel) {}
 
 TensorParallel::~TensorParallel() {
-  model_.SetTensorParallelOps(nullptr);
+  model_.seams().Remove(this);
   for (auto& [parameter, position] : hooks_) parameter.remove_hook(position);
 }
 
@@ -221,8 +221,7 @@ absl::Status TensorParallel::SumPartialGradients(
   const parallel::ScopedPlace place =
       group_.Place(parallel::Pass::kNone, "tensor-parallel partial gradients");
   for (const parallel::TrainableParameter& part : trainable) {
-    const bool partial =
-        GradientIsPartial(model_.TensorParallelSplit(part.name), sequence_parallel_);
+    const bool partial = GradientIsPartial(model_.SplitOf(part.name), sequence_parallel_);
     // No gradient: no backward reached the part, on any rank of the group (they run the same
     // graph), which leaves it without one as one process would.
     if (!partial || !part.tensor.grad().defined()) continue;
@@ -237,8 +236,18 @@ void TensorParallel::AddGradientHook(at::Tensor parameter,
   hooks_.emplace_back(std::move(parameter), position);
 }
 
-at::Tensor TensorParallel::EnterColumnParallel(const at::Tensor& x) {
-  return sequence_parallel_ ? GatherSequence(x, group_) : CopyToRegion(x, group_);
+at::Tensor TensorParallel::ColumnInput(const at::Tensor& x, TensorNext next) {
+  const at::Tensor input = next(x);
+  return sequence_parallel_ ? GatherSequence(input, group_) : CopyToRegion(input, group_);
+}
+
+at::Tensor TensorParallel::Project(const ProjectionSite& site, const at::Tensor& input,
+                                   ProjectNext next) {
+  if (site.split != ParameterSplit::kRow) return next(site, input);
+  ProjectionSite partial = site;
+  partial.bias = at::Tensor();
+  const at::Tensor sum = ExitRowParallel(next(partial, input));
+  return site.bias.defined() ? sum + site.bias : sum;
 }
 
 at::Tensor TensorParallel::ExitRowParallel(const at::Tensor& partial) {
@@ -246,7 +255,8 @@ at::Tensor TensorParallel::ExitRowParallel(const at::Tensor& partial) {
                             : ReduceFromRegion(partial, group_);
 }
 
-at::Tensor TensorParallel::Embed(const at::Tensor& tokens, const at::Tensor& weight) {
+at::Tensor TensorParallel::Embed(const at::Tensor& tokens, const at::Tensor& weight,
+                                 EmbedNext /*next: the lookup of the whole vocabulary*/) {
   const int64_t rows = weight.size(0);
   const at::Tensor local = tokens - group_.rank() * rows;
   const at::Tensor mine = (local >= 0) & (local < rows);
@@ -260,8 +270,9 @@ int64_t TensorParallel::PaddedColumns(int64_t columns) const {
   return std::clamp<int64_t>((group_.rank() + 1) * columns - vocab_size_, 0, columns);
 }
 
-at::Tensor TensorParallel::TokenCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
-                                             int64_t ignore_index) {
+at::Tensor TensorParallel::TokenLosses(const at::Tensor& logits, const at::Tensor& targets,
+                                       int64_t ignore_index,
+                                       TokenLossNext /*next: over the whole vocabulary*/) {
   const int64_t columns = logits.size(1);
   // The padding rows get no probability, and so no gradient.
   return VocabParallelCrossEntropy(logits, targets, group_.rank() * columns,

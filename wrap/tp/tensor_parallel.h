@@ -1,10 +1,10 @@
 // Tensor parallelism on one mesh dimension, Megatron's layout (Shoeybi et al. 2019; with
 // Korthikanti et al. 2022's sequence parallelism): every parameter the model's
-// Wrappable::TensorParallelSplit names as split is replaced, in place, by this rank's slice
+// Wrappable::SplitOf names as split is replaced, in place, by this rank's slice
 // (the parameter keeps its identity; the full tensor's memory is released), attention runs
-// with the local head counts, and the model's forward calls this object (TensorParallelOps)
-// where the layout communicates: the conjugate all-reduces around column- and row-parallel
-// projections (or, with sequence_parallel, all-gathers and reduce-scatters along the
+// with the local head counts, and the model's forward runs this object at its seams
+// (seams.h) where the layout communicates: the conjugate all-reduces around column- and
+// row-parallel projections (or, with sequence_parallel, all-gathers and reduce-scatters along the
 // sequence), the vocabulary-parallel embedding, and the cross-entropy of vocabulary-sharded
 // logits. Gradients that the layout leaves partial are summed over the group: those of
 // key/value heads shared by several ranks (fewer heads than ranks) among those ranks in
@@ -44,22 +44,35 @@ namespace plait::wrap::tp {
 // tp, and kv heads divide by tp or tp by them (then shared).
 std::vector<std::string> HeadSplitProblems(int64_t num_heads, int64_t num_kv_heads, int tp);
 
-class TensorParallel final : public TensorParallelOps {
+class TensorParallel final : public SeamLayer {
  public:
   // Replaces the model's split parameters by this rank's slices (the model must be the
   // same on every rank, e.g. initialised from one seed; a padded vocabulary's slices end in
-  // zero rows) and installs the ops and hooks. InvalidArgument naming the count or parameter
-  // that does not divide by the group's size.
+  // zero rows) and adds itself to the model's seams, and its hooks. InvalidArgument naming the
+  // count or parameter that does not divide by the group's size.
   static absl::StatusOr<std::unique_ptr<TensorParallel>> Create(
       Wrappable& model, parallel::Communicator& communicator, const TensorParallelConfig& config);
   ~TensorParallel() override;
 
-  // TensorParallelOps.
-  at::Tensor EnterColumnParallel(const at::Tensor& x) override;
-  at::Tensor ExitRowParallel(const at::Tensor& partial) override;
-  at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& weight) override;
-  at::Tensor TokenCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
-                               int64_t ignore_index) override;
+  // SeamLayer: the input of column-split projections is the whole activations (all-gathered
+  // along the sequence with sequence parallelism), and their gradient is summed over the
+  // group (reduce-scattered); a row-split projection's partial products, with what the layers
+  // below add to them, are summed over the group (reduce-scattered along the sequence) before
+  // its bias is added, once; the embedding looks up this rank's vocabulary rows (zeros for
+  // the tokens outside them) and sums the ranks' lookups; and the token losses are computed
+  // from this rank's vocabulary slice of the logits [N, vocab / tp] (any floating dtype, kept
+  // as it is; scored in fp32 for 16-bit logits) without gathering them: a vocabulary padded to
+  // a multiple of tp has padding columns at its end, which get no probability and a zero
+  // gradient.
+  std::vector<Seam> changes() const override {
+    return {Seam::kEmbedding, Seam::kColumnInput, Seam::kProjection, Seam::kTokenLoss};
+  }
+  at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& weight, EmbedNext next) override;
+  at::Tensor ColumnInput(const at::Tensor& x, TensorNext next) override;
+  at::Tensor Project(const ProjectionSite& site, const at::Tensor& input,
+                     ProjectNext next) override;
+  at::Tensor TokenLosses(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index,
+                         TokenLossNext next) override;
 
   // Marks the split parameters among `parameters` as sharded over this group (and shared
   // key/value heads as replicated `replicas` times in it), narrowing each one's slice to
@@ -96,6 +109,11 @@ class TensorParallel final : public TensorParallelOps {
   };
 
   TensorParallel(Wrappable& model, parallel::Communicator& communicator, bool sequence_parallel);
+
+  // A row-split projection's output: the ranks' partial products summed (reduce-scattered
+  // along the sequence with sequence parallelism); backward passes the gradient on
+  // (all-gathers it).
+  at::Tensor ExitRowParallel(const at::Tensor& partial);
 
   // The vocabulary columns of this rank's `columns`-wide logits slice that are padding.
   int64_t PaddedColumns(int64_t columns) const;

@@ -148,7 +148,7 @@ TEST_P(TensorParallelTest, OptimizerOwnsTheSlicesAndNoFullTensorStaysAlive) {
       const parallel::TrainableParameter& trained = (*optimizer)->parameters()[i];
       ASSERT_EQ(trained.name, named[i].name);
       EXPECT_TRUE(trained.tensor.is_same(named[i].parameter)) << trained.name;
-      if (model->TensorParallelSplit(trained.name) == Wrappable::Split::kReplicated) {
+      if (model->SplitOf(trained.name) == Wrappable::Split::kReplicated) {
         EXPECT_TRUE(trained.sharded_over.empty()) << trained.name;
         continue;
       }
@@ -347,7 +347,7 @@ TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
   const std::shared_ptr<models::CausalLM> single = MakeModel(config);
   double summed = 0;
   for (const auto& named : single->NamedParameters()) {
-    const Wrappable::Split split = single->TensorParallelSplit(named.name);
+    const Wrappable::Split split = single->SplitOf(named.name);
     if (split == Wrappable::Split::kReplicatedPartialGradient ||
         (sp && split == Wrappable::Split::kReplicated)) {
       summed += static_cast<double>(named.parameter.numel());
@@ -374,7 +374,7 @@ TEST_P(TensorParallelBytesTest, BytesSentPerStepAreTheTheory) {
   shape.block_key_value_parameters = 2 * kv * head_dim * config.hidden_size();
   for (const models::ParameterShape& parameter : models::ParameterShapes(config)) {
     shape.parameter_list.push_back(
-        {parameter.name, parameter.shape, models::TensorParallelSplitOf(parameter.name)});
+        {parameter.name, parameter.shape, models::ParameterSplitOf(parameter.name)});
   }
   TensorParallelConfig tp_config = TensorParallelStep(sp).tensor_parallel();
   parallel::MeshConfig mesh_config;
