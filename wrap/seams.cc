@@ -67,7 +67,8 @@ bool Seams::HasAdapters() const {
 
 std::vector<SeamLayer*> Seams::LayersOf(Seam seam) const {
   std::vector<SeamLayer*> layers = layers_[static_cast<int>(seam)];
-  if (adapters_off_) {
+  // An adapter layer's projections are what WithoutAdapters switches off; its weights stay.
+  if (adapters_off_ && seam == Seam::kProjection) {
     layers.erase(std::remove_if(layers.begin(), layers.end(),
                                 [](const SeamLayer* layer) { return layer->is_adapter(); }),
                  layers.end());

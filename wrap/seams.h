@@ -249,8 +249,8 @@ class Seams {
  private:
   friend class WithoutAdapters;
 
-  // The layers that change `seam`, in the order they were added; those that add adapters
-  // left out while adapters are off.
+  // The layers that change `seam`, in the order they were added; of the projection's, those
+  // that add adapters left out while adapters are off.
   std::vector<SeamLayer*> LayersOf(Seam seam) const;
 
   std::array<std::vector<SeamLayer*>, kSeamCount> layers_;
