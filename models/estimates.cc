@@ -39,7 +39,7 @@ struct LocalActivations {
 };
 
 LocalActivations LocalActivationsOf(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                                    const TensorParallelism& tp) {
+                                    const LayerSplit& tp) {
   const double size = static_cast<double>(tp.size);
   const double head_dim = static_cast<double>(HeadDim(config));
   const int64_t kv_heads = config.num_key_value_heads();
@@ -81,8 +81,8 @@ double ForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
 }
 
 double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                            at::ScalarType dtype, at::DeviceType device_type,
-                            const TensorParallelism& tp, const LibTorchKernels& kernels) {
+                            at::ScalarType dtype, at::DeviceType device_type, const LayerSplit& tp,
+                            const LibTorchKernels& kernels) {
   const LocalActivations local = LocalActivationsOf(config, batch, seq_len, tp);
   const double tokens = local.tokens;
   const double h = static_cast<double>(config.hidden_size());
@@ -154,8 +154,8 @@ double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t se
 }
 
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                       at::ScalarType dtype, at::DeviceType device_type,
-                       const TensorParallelism& tp, const LibTorchKernels& kernels) {
+                       at::ScalarType dtype, at::DeviceType device_type, const LayerSplit& tp,
+                       const LibTorchKernels& kernels) {
   const LocalActivations local = LocalActivationsOf(config, batch, seq_len, tp);
   const double tokens = local.tokens;
   const double h = static_cast<double>(config.hidden_size());
@@ -190,7 +190,7 @@ double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len
 }
 
 double BlockProjectionOutputBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                                  double element_bytes, const TensorParallelism& tp) {
+                                  double element_bytes, const LayerSplit& tp) {
   const LocalActivations local = LocalActivationsOf(config, batch, seq_len, tp);
   const double hidden = static_cast<double>(config.hidden_size());
   // q, k, v and o; gate, up and down.

@@ -45,13 +45,13 @@ int64_t NumParameters(const ModelConfig& config);
 // dense model.
 int64_t NumActiveParameters(const ModelConfig& config);
 
-// How tensor parallelism (wrap/tp, Megatron's layout) splits a micro-batch's activations over
-// the `size` ranks of its group, for the estimates below: each rank computes its attention
-// heads, its columns of the MLP's intermediate and its slice of the logits (the vocabulary
-// over `size`, rounded up where pad_vocab_to_multiple pads it; a vocabulary that does not
-// divide is otherwise refused), and with `sequence_parallel` holds only its slice of the
-// sequence of the [tokens, hidden] tensors between the matmuls. The default is one process.
-struct TensorParallelism {
+// How a step that splits the model's layers over the `size` ranks of a group (Megatron's
+// layout, ParameterSplitOf) splits a micro-batch's activations, for the estimates below: each
+// rank computes its attention heads, its columns of the MLP's intermediate and its slice of
+// the logits (the vocabulary over `size`, rounded up where the step pads it; a vocabulary that
+// does not divide is otherwise refused), and with `sequence_parallel` holds only its slice of
+// the sequence of the [tokens, hidden] tensors between the matmuls. The default is one process.
+struct LayerSplit {
   int64_t size = 1;
   bool sequence_parallel = false;
 };
@@ -79,20 +79,20 @@ inline constexpr LibTorchKernels kLibTorch2Kernels{/*mean_keeps_its_input=*/fals
 // the gradients it makes). For memory estimates; a GPU's is tested on the CPU through the
 // generic ops.
 double ActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                       at::ScalarType dtype, at::DeviceType device_type,
-                       const TensorParallelism& tp = {}, const LibTorchKernels& kernels = {});
+                       at::ScalarType dtype, at::DeviceType device_type, const LayerSplit& tp = {},
+                       const LibTorchKernels& kernels = {});
 
 // One block's part of ActivationBytes: what one block saves in its forward (its input
 // included).
 double BlockActivationBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
                             at::ScalarType dtype, at::DeviceType device_type,
-                            const TensorParallelism& tp = {}, const LibTorchKernels& kernels = {});
+                            const LayerSplit& tp = {}, const LibTorchKernels& kernels = {});
 
 // Bytes of the outputs of one block's projections (q/k/v/o, gate/up/down) for a micro-batch on
 // one rank of `tp` (o_proj's and down_proj's partial sums whole: they are summed after):
 // what selective activation checkpointing keeps besides the block's input.
 double BlockProjectionOutputBytes(const ModelConfig& config, int64_t batch, int64_t seq_len,
-                                  double element_bytes, const TensorParallelism& tp = {});
+                                  double element_bytes, const LayerSplit& tp = {});
 
 }  // namespace plait::models
 

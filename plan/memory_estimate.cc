@@ -139,7 +139,7 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
                          const models::LibTorchKernels& kernels) {
   const at::ScalarType dtype = DtypeOf(spec);
   const at::DeviceType device_type = DeviceTypeOf(device);
-  const models::TensorParallelism tp{split.ranks, split.sequence};
+  const models::LayerSplit tp{split.ranks, split.sequence};
   const double element_bytes = static_cast<double>(c10::elementSize(dtype));
   // The tokens of each sequence a rank computes: its slice under context parallelism.
   const int64_t seq_len = training.seq_len() / std::max<int64_t>(1, split.context_ranks);

@@ -25,7 +25,6 @@
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/parameter_shapes.h"
-#include "models/peft_adapter.h"
 #include "objectives/objective_check.h"
 #include "optim/optimizer.h"
 #include "parallel/device.h"
@@ -33,6 +32,7 @@
 #include "plan/compute_dtype.h"
 #include "plan/memory_estimate.h"
 #include "sched/schedule_builder.h"
+#include "wrap/lora/peft_adapter.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
 
@@ -378,7 +378,7 @@ class Checker {
     }
     if (resolved_.save_adapter_dir.empty()) return;
     if (collided.count(kSaveAdapter) == 0) {
-      AddAll(models::CheckPeftAdapterFolder(resolved_.save_adapter_dir, kSaveAdapter));
+      AddAll(wrap::lora::CheckPeftAdapterFolder(resolved_.save_adapter_dir, kSaveAdapter));
     }
     if (HasEffect(plan_.prepare(), wrap::ADAPTS)) return;
     Add(kSaveAdapter,

@@ -21,11 +21,11 @@
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "models/parameter_shapes.h"
-#include "models/peft_adapter.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
 #include "trainer/testing_plan_space.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
+#include "wrap/lora/peft_adapter.h"
 
 namespace plait::trainer {
 namespace {
@@ -110,7 +110,7 @@ TEST(HfStartTest, LoraOverAPipelineStartsFromFolders) {
                           0.1 * torch::randn({parameter.shape[0], lora.rank()}));
   }
   const std::string adapter_dir = TestDir("starting_adapter");
-  ASSERT_THAT(models::SavePeftAdapter(adapter_dir, lora, adapters, "tiny"), IsOk());
+  ASSERT_THAT(wrap::lora::SavePeftAdapter(adapter_dir, lora, adapters, "tiny"), IsOk());
   lora.set_initial_adapter_dir(adapter_dir);
   ExpectOneProcessRunFrom(plan, 2, SavePretrained(plan, "tiny_llama_for_lora"),
                           "LoRA over llama_pp");

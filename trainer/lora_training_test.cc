@@ -28,7 +28,6 @@
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
-#include "models/peft_adapter.h"
 #include "models/safetensors.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
@@ -42,6 +41,7 @@
 #include "trainer/trainer.h"
 #include "wrap/lora/lora.h"
 #include "wrap/lora/nf4.h"
+#include "wrap/lora/peft_adapter.h"
 
 namespace plait::trainer {
 namespace {
@@ -356,7 +356,8 @@ TEST(LoraDropoutTest, EvaluationComputesWithoutDropout) {
       adapters.emplace_back(
           name, absl::StrContains(name, "lora_B") ? torch::randn_like(values) * 0.05 : values);
     }
-    ASSERT_THAT(models::SavePeftAdapter(adapter_dir, plan.prepare(0).lora(), adapters, ""), IsOk());
+    ASSERT_THAT(wrap::lora::SavePeftAdapter(adapter_dir, plan.prepare(0).lora(), adapters, ""),
+                IsOk());
   });
   std::map<double, TrainReport> runs;
   for (const double dropout : {0.0, 0.5}) {
@@ -402,7 +403,7 @@ TEST(LoraTrainTest, TheSavedAdapterFolderIsTheTrainedAdapters) {
   plan.mutable_training()->set_save_adapter_dir(adapter_dir);
   plan.mutable_training()->set_save_hf_dir(merged_dir);
   TrainOnRanks(plan, 2);
-  absl::StatusOr<models::PeftAdapter> adapter = models::ReadPeftAdapter(adapter_dir);
+  absl::StatusOr<wrap::lora::PeftAdapter> adapter = wrap::lora::ReadPeftAdapter(adapter_dir);
   ASSERT_THAT(adapter, IsOk());
   EXPECT_EQ(adapter->config.rank(), 4);
   EXPECT_EQ(adapter->config.alpha(), 8.0);
@@ -488,7 +489,7 @@ TEST(QLoraTrainTest, TheBaseIsQuantizedAsLoadedAndDdpAndFsdpTrainAsOneProcess) {
 TEST(LoraTrainTest, APipelineTrainsAsOneProcessAndSavesEveryStagesAdapters) {
   struct Saved {
     TrainReport report;
-    models::PeftAdapter adapter;
+    wrap::lora::PeftAdapter adapter;
     std::shared_ptr<models::CausalLM> merged;
   };
   std::map<std::string, Saved> saved;
@@ -499,7 +500,7 @@ TEST(LoraTrainTest, APipelineTrainsAsOneProcessAndSavesEveryStagesAdapters) {
     plan.mutable_training()->set_save_adapter_dir(adapter_dir);
     plan.mutable_training()->set_save_hf_dir(merged_dir);
     TrainReport report = TrainOnRanks(plan, ranks);
-    absl::StatusOr<models::PeftAdapter> adapter = models::ReadPeftAdapter(adapter_dir);
+    absl::StatusOr<wrap::lora::PeftAdapter> adapter = wrap::lora::ReadPeftAdapter(adapter_dir);
     ASSERT_THAT(adapter, IsOk()) << name;
     auto merged = models::LoadHfModel(merged_dir);
     ASSERT_THAT(merged, IsOk()) << name;

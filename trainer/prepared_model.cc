@@ -14,10 +14,10 @@
 #include "base/status.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
-#include "models/peft_adapter.h"
 #include "models/safetensors.h"
 #include "parallel/tensor_slice.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
+#include "wrap/lora/peft_adapter.h"
 
 namespace plait::trainer {
 
@@ -217,7 +217,7 @@ absl::Status PreparedModel::SaveAdapters(const std::string& dir, const std::stri
   if (rank != writer) return absl::OkStatus();
   PLAIT_ASSIGN_OR_RETURN(auto tensors,
                          InOrder(full, AddedInModelOrder(full, parameter_names_), dir));
-  return models::SavePeftAdapter(dir, *adapters, tensors, base_model);
+  return wrap::lora::SavePeftAdapter(dir, *adapters, tensors, base_model);
 }
 
 absl::Status CheckEveryParameterHasGradient(

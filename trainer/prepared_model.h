@@ -80,7 +80,7 @@ class PreparedModel {
   absl::Status SaveHf(const std::string& dir, int rank, int writer);
 
   // Writes the adapters a step added (LoRA's) to `dir` as a PEFT adapter folder
-  // (models/peft_adapter.h), naming `base_model` as the model they adapt. Every rank must
+  // (wrap/lora/peft_adapter.h), naming `base_model` as the model they adapt. Every rank must
   // call it; rank `writer` writes. FailedPrecondition when no step added adapters.
   absl::Status SaveAdapters(const std::string& dir, const std::string& base_model, int rank,
                             int writer);

@@ -26,7 +26,6 @@
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
-#include "models/peft_adapter.h"
 #include "parallel/device.h"
 #include "parallel/device_mesh.h"
 #include "parallel/ring_communicator.h"
@@ -35,6 +34,7 @@
 #include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "trainer/prepared_model.h"
+#include "wrap/lora/peft_adapter.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
 
@@ -544,7 +544,7 @@ std::string AdapterFolder(const models::ModelSpec& spec, const models::ModelConf
                                     ? torch::randn_like(values) * 0.05
                                     : values);
   }
-  if (!models::SavePeftAdapter(folder, lora, adapters, "").ok()) return "";
+  if (!wrap::lora::SavePeftAdapter(folder, lora, adapters, "").ok()) return "";
   return folder;
 }
 

@@ -92,7 +92,6 @@
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
-#include "models/peft_adapter.h"
 #include "models/safetensors.h"
 #include "objectives/metric_means.h"
 #include "objectives/objective.h"
@@ -103,6 +102,7 @@
 #include "sched/schedule_builder.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
 #include "wrap/lora/nf4.h"
+#include "wrap/lora/peft_adapter.h"
 #include "wrap/preparation.h"
 #include "wrap/wrap.pb.h"
 
@@ -549,7 +549,8 @@ absl::Status RunLora() {
             adapters.emplace_back(parameter.name, parameter.tensor);
           }
           std::filesystem::create_directories(save_dir);
-          PLAIT_RETURN_IF_ERROR(models::SavePeftAdapter(save_dir, step.lora(), adapters, hf_dir));
+          PLAIT_RETURN_IF_ERROR(
+              wrap::lora::SavePeftAdapter(save_dir, step.lora(), adapters, hf_dir));
         }
         at::AutoGradMode grad_mode(true);
         for (auto& result : ForwardBackward(*model, batch)) results.push_back(std::move(result));

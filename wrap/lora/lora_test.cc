@@ -25,7 +25,6 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
-#include "models/peft_adapter.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
@@ -33,6 +32,7 @@
 #include "torch/nn/functional/linear.h"
 #include "wrap/checkpointing/activation_checkpointing.h"
 #include "wrap/lora/nf4.h"
+#include "wrap/lora/peft_adapter.h"
 #include "wrap/preparation.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
@@ -629,7 +629,7 @@ std::pair<std::string, at::Tensor> SavedFolder(const at::Tensor& tokens) {
     named.parameter.copy_(torch::randn_like(named.parameter) * 0.05);
     adapters.emplace_back(named.name, named.parameter);
   }
-  EXPECT_THAT(models::SavePeftAdapter(dir, Config(kSaved), adapters, "base"), IsOk());
+  EXPECT_THAT(wrap::lora::SavePeftAdapter(dir, Config(kSaved), adapters, "base"), IsOk());
   return {dir, model->Forward(tokens)};
 }
 

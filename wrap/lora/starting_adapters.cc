@@ -14,7 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "base/status.h"
-#include "models/peft_adapter.h"
+#include "wrap/lora/peft_adapter.h"
 
 namespace plait::wrap::lora {
 namespace {
@@ -55,7 +55,7 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ReadStartingAdapters(
   const auto error = [&](const std::string& message) {
     return absl::InvalidArgumentError(absl::StrCat(dir, ": ", message));
   };
-  absl::StatusOr<models::PeftAdapter> adapter = models::ReadPeftAdapter(dir);
+  absl::StatusOr<wrap::lora::PeftAdapter> adapter = wrap::lora::ReadPeftAdapter(dir);
   if (!adapter.ok()) return absl::InvalidArgumentError(adapter.status().message());
   const LoraConfig& saved = adapter->config;
   if (saved.rank() != config.rank()) {

@@ -51,7 +51,7 @@ std::optional<std::string> ModuleOfAdapterA(absl::string_view name);
 // `holds_module` says the rank's model lacks is another rank's (a pipeline's other stages)
 // and left to it; the plan's check reads the folder against the whole model, with every
 // module held, so a module no rank holds is still refused. InvalidArgument, naming the folder
-// and the file, field or tensor, for a folder that cannot be read (models::ReadPeftAdapter's
+// and the file, field or tensor, for a folder that cannot be read (wrap::lora::ReadPeftAdapter's
 // errors), that disagrees with `config`'s rank, alpha or use_rslora, that adapts another set
 // of the held modules (naming the first one either side lacks), or whose matrices do not fit
 // their projection.

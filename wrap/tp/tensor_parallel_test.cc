@@ -191,9 +191,9 @@ TEST_P(TensorParallelTest, ActivationBytesAreWhatARankHoldsAtItsPeak) {
               ASSERT_THAT((*preparation)->Apply(TensorParallelStep(GetParam())), IsOk());
               const int64_t peak = models::testing::MeasureActivationPeak(*model, batch, seq_len);
               ASSERT_THAT((*preparation)->BackwardStatus(), IsOk());
-              const double estimate = models::ActivationBytes(
-                  Tiny(), batch, seq_len, dtype, generic ? at::kCUDA : at::kCPU,
-                  models::TensorParallelism{tp, GetParam()});
+              const double estimate = models::ActivationBytes(Tiny(), batch, seq_len, dtype,
+                                                              generic ? at::kCUDA : at::kCPU,
+                                                              models::LayerSplit{tp, GetParam()});
               EXPECT_THAT(static_cast<double>(peak) / estimate, ::testing::DoubleNear(1.0, 0.03))
                   << peak << " bytes measured, " << estimate << " estimated";
             }

@@ -11,8 +11,8 @@
 //
 // Written by hand because no C++ library reads PEFT's format: it is two files in formats
 // plait already reads (safetensors, JSON) with PEFT's names and fields.
-#ifndef PLAIT_MODELS_PEFT_ADAPTER_H_
-#define PLAIT_MODELS_PEFT_ADAPTER_H_
+#ifndef PLAIT_WRAP_LORA_PEFT_ADAPTER_H_
+#define PLAIT_WRAP_LORA_PEFT_ADAPTER_H_
 
 #include <string>
 #include <utility>
@@ -24,7 +24,7 @@
 #include "base/violation.h"
 #include "wrap/wrap.pb.h"
 
-namespace plait::models {
+namespace plait::wrap::lora {
 
 // An adapter folder's contents in plait's terms.
 struct PeftAdapter {
@@ -63,6 +63,6 @@ std::vector<base::Violation> CheckPeftAdapterFolder(const std::string& dir,
 // matrices, or matrices whose shapes disagree with r or with each other.
 absl::StatusOr<PeftAdapter> ReadPeftAdapter(const std::string& dir);
 
-}  // namespace plait::models
+}  // namespace plait::wrap::lora
 
-#endif  // PLAIT_MODELS_PEFT_ADAPTER_H_
+#endif  // PLAIT_WRAP_LORA_PEFT_ADAPTER_H_

@@ -1,4 +1,4 @@
-#include "models/peft_adapter.h"
+#include "wrap/lora/peft_adapter.h"
 
 #include <cmath>
 #include <filesystem>
@@ -17,7 +17,11 @@
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
 
-namespace plait::models {
+namespace plait::wrap::lora {
+
+using models::CheckFinite;
+using models::kWriterKey;
+using models::kWriterPlait;
 
 namespace {
 
@@ -36,7 +40,8 @@ bool IsEarlierAdapterFile(const std::string& path) {
   const std::filesystem::path file(path);
   const std::filesystem::path weights = file.parent_path() / kWeightsFile;
   if (file.filename() != kWeightsFile && file.filename() != kConfigFile) return false;
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> opened = SafetensorsFile::Open(weights.string());
+  absl::StatusOr<std::unique_ptr<models::SafetensorsFile>> opened =
+      models::SafetensorsFile::Open(weights.string());
   if (!opened.ok()) return false;
   const auto writer = (*opened)->metadata().find(kWriterKey);
   return writer != (*opened)->metadata().end() && writer->second == kWriterPlait;
@@ -145,8 +150,8 @@ absl::Status SavePeftAdapter(const std::string& dir, const wrap::LoraConfig& con
   };
   PLAIT_RETURN_IF_ERROR(
       base::WriteFileAtomically(absl::StrCat(dir, "/", kConfigFile), json.dump(2) + "\n"));
-  return WriteSafetensors(absl::StrCat(dir, "/", kWeightsFile), tensors,
-                          {{"format", "pt"}, {kWriterKey, kWriterPlait}});
+  return models::WriteSafetensors(absl::StrCat(dir, "/", kWeightsFile), tensors,
+                                  {{"format", "pt"}, {kWriterKey, kWriterPlait}});
 }
 
 std::vector<base::Violation> CheckPeftAdapterFolder(const std::string& dir,
@@ -193,8 +198,8 @@ absl::StatusOr<PeftAdapter> ReadPeftAdapter(const std::string& dir) {
   }
 
   const std::string weights_path = absl::StrCat(dir, "/", kWeightsFile);
-  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                         SafetensorsFile::Open(weights_path));
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> file,
+                         models::SafetensorsFile::Open(weights_path));
   PeftAdapter adapter;
   for (const auto& entry : file->entries()) {
     const std::string& name = entry.first;
@@ -217,4 +222,4 @@ absl::StatusOr<PeftAdapter> ReadPeftAdapter(const std::string& dir) {
   return adapter;
 }
 
-}  // namespace plait::models
+}  // namespace plait::wrap::lora

@@ -1,4 +1,4 @@
-#include "models/peft_adapter.h"
+#include "wrap/lora/peft_adapter.h"
 
 #include <filesystem>
 #include <string>
@@ -15,7 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "torch/csrc/autograd/generated/variable_factories.h"
 
-namespace plait::models {
+namespace plait::wrap::lora {
 namespace {
 
 using ::plait::base::testing::IsOk;
@@ -66,8 +66,8 @@ TEST(PeftAdapterTest, SavesPeftsFilesAndReadsThemBack) {
   EXPECT_EQ(json["base_model_name_or_path"], "/ckpt/base");
   EXPECT_EQ(json["target_modules"],
             nlohmann::json({"model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj"}));
-  std::unique_ptr<SafetensorsFile> file =
-      SafetensorsFile::Open(dir + "/adapter_model.safetensors").value();
+  std::unique_ptr<models::SafetensorsFile> file =
+      models::SafetensorsFile::Open(dir + "/adapter_model.safetensors").value();
   EXPECT_EQ(file->entries().count("base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"),
             1u);
 
@@ -145,15 +145,16 @@ TEST(PeftAdapterTest, ReadingRefusesWhatPlaitCannotApply) {
         << edit.field;
   }
   ASSERT_THAT(base::WriteFileAtomically(config_path, saved.dump()), IsOk());
-  ASSERT_THAT(WriteSafetensors(
+  ASSERT_THAT(models::WriteSafetensors(
                   dir + "/adapter_model.safetensors",
                   {{"base_model.model.model.embed_tokens.lora_embedding_A", torch::zeros({2, 8})}}),
               IsOk());
   EXPECT_THAT(ReadPeftAdapter(dir), StatusIs(absl::StatusCode::kInvalidArgument,
                                              HasSubstr("lora_embedding_A is not a LoRA matrix")));
-  ASSERT_THAT(WriteSafetensors(dir + "/adapter_model.safetensors",
+  ASSERT_THAT(
+      models::WriteSafetensors(dir + "/adapter_model.safetensors",
                                {{"model.layers.0.q_proj.lora_A.weight", torch::zeros({2, 8})}}),
-              IsOk());
+      IsOk());
   EXPECT_THAT(ReadPeftAdapter(dir), StatusIs(absl::StatusCode::kInvalidArgument,
                                              HasSubstr("is not named as PEFT saves")));
   EXPECT_THAT(ReadPeftAdapter(dir + "/absent"),
@@ -161,4 +162,4 @@ TEST(PeftAdapterTest, ReadingRefusesWhatPlaitCannotApply) {
 }
 
 }  // namespace
-}  // namespace plait::models
+}  // namespace plait::wrap::lora
