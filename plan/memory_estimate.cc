@@ -55,7 +55,9 @@ absl::StatusOr<wrap::ActivationSplit> ActivationSplitOf(
   wrap::ActivationSplit split;
   for (const wrap::PrepareStep& step : steps) {
     PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
-    const wrap::ActivationSplit own = strategy->SplitsActivations(mesh);
+    const wrap::DataSplit* const splits = wrap::FacetOf<wrap::DataSplit>(*strategy);
+    if (splits == nullptr) continue;
+    const wrap::ActivationSplit own = splits->SplitsActivations(mesh);
     if (own.ranks > 1) {
       split.ranks = own.ranks;
       split.sequence = own.sequence;

@@ -205,10 +205,9 @@ class Checker {
       absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(steps[i]);
       if (!strategy.ok()) continue;  // wrap::CheckSteps says why
       AddAll((*strategy)->Check(shape, plan_.mesh(), absl::StrCat(field, "[", i, "]")));
-      // The adapter folder a step starts from is read, never written.
-      if (const wrap::LoraConfig* adapters = (*strategy)->adapters(); adapters != nullptr) {
-        AddInput(absl::StrCat(field, "[", i, "].", (*strategy)->name(), ".initial_adapter_dir"),
-                 adapters->initial_adapter_dir());
+      // What a step reads (the adapter folder it starts from) is never written.
+      for (const wrap::Strategy::InputFile& input : (*strategy)->InputFiles()) {
+        AddInput(absl::StrCat(field, "[", i, "].", input.field), input.path);
       }
       strategies.push_back(*std::move(strategy));
     }

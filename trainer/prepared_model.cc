@@ -17,7 +17,6 @@
 #include "models/safetensors.h"
 #include "parallel/tensor_slice.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
-#include "wrap/lora/peft_adapter.h"
 
 namespace plait::trainer {
 
@@ -208,7 +207,7 @@ absl::Status PreparedModel::SaveHf(const std::string& dir, int rank, int writer)
 
 absl::Status PreparedModel::SaveAdapters(const std::string& dir, const std::string& base_model,
                                          int rank, int writer) {
-  const wrap::LoraConfig* adapters = preparation_->Adapters();
+  const wrap::AdapterExport* adapters = preparation_->Adapters();
   if (adapters == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("saving adapters to ", dir, ": no preparation step added adapters"));
@@ -217,7 +216,7 @@ absl::Status PreparedModel::SaveAdapters(const std::string& dir, const std::stri
   if (rank != writer) return absl::OkStatus();
   PLAIT_ASSIGN_OR_RETURN(auto tensors,
                          InOrder(full, AddedInModelOrder(full, parameter_names_), dir));
-  return wrap::lora::SavePeftAdapter(dir, *adapters, tensors, base_model);
+  return adapters->SaveAdapters(dir, tensors, base_model);
 }
 
 absl::Status CheckEveryParameterHasGradient(

@@ -79,8 +79,8 @@ class PreparedModel {
   // `writer` writes.
   absl::Status SaveHf(const std::string& dir, int rank, int writer);
 
-  // Writes the adapters a step added (LoRA's) to `dir` as a PEFT adapter folder
-  // (wrap/lora/peft_adapter.h), naming `base_model` as the model they adapt. Every rank must
+  // Writes the adapters a step added to `dir` as that step saves them (wrap::AdapterExport:
+  // LoRA's as a PEFT adapter folder), naming `base_model` as the model they adapt. Every rank must
   // call it; rank `writer` writes. FailedPrecondition when no step added adapters.
   absl::Status SaveAdapters(const std::string& dir, const std::string& base_model, int rank,
                             int writer);

@@ -60,7 +60,8 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const plan::Resol
   for (const wrap::PrepareStep& step : plan.prepare()) {
     PLAIT_ASSIGN_OR_RETURN(const std::unique_ptr<wrap::Strategy> strategy,
                            wrap::MakeStrategy(step));
-    if (!strategy->freezes_model_parameters()) continue;
+    const wrap::ParameterLayout* const layout = wrap::FacetOf<wrap::ParameterLayout>(*strategy);
+    if (layout == nullptr || !layout->freezes_model_parameters()) continue;
     fingerprint[kFrozenBaseField] =
         plan.hf_weights_dir().empty()
             ? absl::StrCat("none: plan.model.init { ", plan.model().init().ShortDebugString(), " }")

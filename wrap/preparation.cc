@@ -113,12 +113,13 @@ std::vector<parallel::TrainableParameter> Preparation::PartsOf(bool trainable) {
                           1,
                           parallel::TensorSlice::Whole(named.parameter.sizes())});
   }
-  for (const auto& strategy : strategies_) strategy->UpdateParameters(parameters);
+  const std::vector<ParameterLayout*> layouts = Facets<ParameterLayout>();
+  for (ParameterLayout* layout : layouts) layout->UpdateParameters(parameters);
   if (!trainable) {
     // What a step holds in a form of its own (QLoRA's NF4 base), as the steps after it left it.
-    for (auto it = strategies_.begin(); it != strategies_.end(); ++it) {
+    for (auto it = layouts.begin(); it != layouts.end(); ++it) {
       std::vector<parallel::TrainableParameter> held = (*it)->HeldParameters();
-      for (auto later = std::next(it); later != strategies_.end(); ++later) {
+      for (auto later = std::next(it); later != layouts.end(); ++later) {
         (*later)->UpdateHeldParameters(held);
       }
       for (parallel::TrainableParameter& part : held) parameters.push_back(std::move(part));
@@ -137,29 +138,25 @@ std::vector<std::string> Preparation::RoutingDims() const {
 
 at::Tensor Preparation::OwnSlice(const at::Tensor& x) const {
   at::Tensor own = x;
-  for (const auto& strategy : strategies_) own = strategy->OwnSlice(own);
+  for (const DataSplit* split : Facets<DataSplit>()) own = split->OwnSlice(own);
   return own;
 }
 
 MicroBatchExecutor& Preparation::Executor() {
-  for (const auto& strategy : strategies_) {
-    if (MicroBatchExecutor* executor = strategy->micro_batch_executor(); executor != nullptr) {
-      return *executor;
-    }
-  }
-  return sequential_;
+  const std::vector<MicroBatchRunner*> runners = Facets<MicroBatchRunner>();
+  return runners.empty() ? sequential_ : runners.front()->executor();
 }
 
 absl::Status Preparation::TrainMicroBatches(int num_micro, const MicroBatchForward& forward) {
   const auto sync = [this](bool sync_gradients) {
-    for (const auto& strategy : strategies_) strategy->SetGradientSync(sync_gradients);
+    for (Gradients* gradients : Facets<Gradients>()) gradients->SetGradientSync(sync_gradients);
   };
   // The next backward outside synchronises, whatever the executor left.
   const absl::Cleanup synchronising = [&sync] { sync(true); };
   PLAIT_RETURN_IF_ERROR(Executor().Train(num_micro, forward, sync));
   PLAIT_RETURN_IF_ERROR(BackwardStatus());
-  for (const auto& strategy : strategies_) {
-    PLAIT_RETURN_IF_ERROR(strategy->FinishGradients(trainable_));
+  for (Gradients* gradients : Facets<Gradients>()) {
+    PLAIT_RETURN_IF_ERROR(gradients->FinishGradients(trainable_));
   }
   return absl::OkStatus();
 }
@@ -170,7 +167,9 @@ absl::Status Preparation::EvaluateMicroBatches(int num_micro, const MicroBatchFo
 }
 
 absl::Status Preparation::BackwardStatus() const {
-  for (const auto& strategy : strategies_) PLAIT_RETURN_IF_ERROR(strategy->BackwardStatus());
+  for (const Gradients* gradients : Facets<Gradients>()) {
+    PLAIT_RETURN_IF_ERROR(gradients->BackwardStatus());
+  }
   return absl::OkStatus();
 }
 
@@ -180,7 +179,8 @@ absl::StatusOr<std::map<std::string, at::Tensor>> Preparation::FullParameters() 
     parameters[named.name] = named.parameter;
   }
   // The last strategy splits what the earlier ones left: gathered in reverse.
-  for (auto it = strategies_.rbegin(); it != strategies_.rend(); ++it) {
+  const std::vector<ParameterLayout*> layouts = Facets<ParameterLayout>();
+  for (auto it = layouts.rbegin(); it != layouts.rend(); ++it) {
     PLAIT_RETURN_IF_ERROR((*it)->GatherFullParameters(parameters));
   }
   for (auto& [name, tensor] : parameters) tensor = tensor.detach().clone();
@@ -190,33 +190,34 @@ absl::StatusOr<std::map<std::string, at::Tensor>> Preparation::FullParameters() 
 absl::StatusOr<std::map<std::string, at::Tensor>> Preparation::MergedParameters() {
   PLAIT_ASSIGN_OR_RETURN(auto parameters, FullParameters());
   // Undone in reverse, as the strategies' hooks are.
-  for (auto it = strategies_.rbegin(); it != strategies_.rend(); ++it) {
+  const std::vector<ParameterLayout*> layouts = Facets<ParameterLayout>();
+  for (auto it = layouts.rbegin(); it != layouts.rend(); ++it) {
     PLAIT_RETURN_IF_ERROR((*it)->MergeAddedParameters(parameters));
   }
   return parameters;
 }
 
-const LoraConfig* Preparation::Adapters() const {
-  for (const auto& strategy : strategies_) {
-    if (const LoraConfig* adapters = strategy->adapters(); adapters != nullptr) return adapters;
-  }
-  return nullptr;
+const AdapterExport* Preparation::Adapters() const {
+  const std::vector<AdapterExport*> exports = Facets<AdapterExport>();
+  return exports.empty() ? nullptr : exports.front();
 }
 
 int64_t Preparation::gathered_bytes() const {
   int64_t bytes = 0;
-  for (const auto& strategy : strategies_) bytes += strategy->gathered_bytes();
+  for (const GatheredMemory* memory : Facets<GatheredMemory>()) bytes += memory->gathered_bytes();
   return bytes;
 }
 
 int64_t Preparation::peak_gathered_bytes() const {
   int64_t bytes = 0;
-  for (const auto& strategy : strategies_) bytes += strategy->peak_gathered_bytes();
+  for (const GatheredMemory* memory : Facets<GatheredMemory>()) {
+    bytes += memory->peak_gathered_bytes();
+  }
   return bytes;
 }
 
 void Preparation::ResetPeak() {
-  for (const auto& strategy : strategies_) strategy->ResetPeak();
+  for (GatheredMemory* memory : Facets<GatheredMemory>()) memory->ResetPeak();
 }
 
 }  // namespace plait::wrap

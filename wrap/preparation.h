@@ -77,14 +77,14 @@ class Preparation {
 
   // This rank's part of `x` [B, T, ...], whose dimension 1 is the whole sequence (a batch's
   // targets): what its model computes and scores, its slice of the sequence under context
-  // parallelism (Strategy::OwnSlice).
+  // parallelism (DataSplit::OwnSlice).
   at::Tensor OwnSlice(const at::Tensor& x) const;
 
   // Runs the forward (MicroBatchForward) and backward passes of `num_micro` micro-batches, one
   // optimizer step's, in the order a strategy decides (a pipeline's schedule; else one after
   // another), gradients synchronised in the rank's last backward only, then checks
   // BackwardStatus and has the strategies finish the gradients of the trainable parameters
-  // (Strategy::FinishGradients). An error names the micro-batch; every rank of the mesh must
+  // (Gradients::FinishGradients). An error names the micro-batch; every rank of the mesh must
   // call it, after TakeTrainableParameters.
   absl::Status TrainMicroBatches(int num_micro, const MicroBatchForward& forward);
 
@@ -111,8 +111,9 @@ class Preparation {
   // export writes them. Every rank of the mesh must call it.
   absl::StatusOr<std::map<std::string, at::Tensor>> MergedParameters();
 
-  // The adapters a step added (Strategy::adapters), or none.
-  const LoraConfig* Adapters() const;
+  // The step that added adapters a run can save on their own (AdapterExport: LoRA's), or
+  // nullptr.
+  const AdapterExport* Adapters() const;
 
   // Bytes of whole parameters the strategies hold beyond their shares now, and the most at
   // once since ResetPeak (FSDP's gathered units).
@@ -126,6 +127,16 @@ class Preparation {
   // This rank's parts of the parameters that require a gradient (`trainable`) or of the
   // others, as the strategies left them.
   std::vector<parallel::TrainableParameter> PartsOf(bool trainable);
+
+  // The facet `Facet` of each strategy that has it, in the steps' order.
+  template <typename Facet>
+  std::vector<Facet*> Facets() const {
+    std::vector<Facet*> facets;
+    for (const std::unique_ptr<Strategy>& strategy : strategies_) {
+      if (Facet* facet = FacetOf<Facet>(*strategy); facet != nullptr) facets.push_back(facet);
+    }
+    return facets;
+  }
 
   Wrappable& model_;
   const parallel::DeviceMesh& mesh_;

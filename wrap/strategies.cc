@@ -56,8 +56,10 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
 void HandOver(const std::vector<std::unique_ptr<Strategy>>& earlier, const Strategy& later) {
   if (later.borrowed_dim().empty()) return;
   for (const std::unique_ptr<Strategy>& strategy : earlier) {
-    if (strategy->uses_mesh_dim() && strategy->mesh_dim() == later.borrowed_dim()) {
-      strategy->HandOverReplicated();
+    ParameterLayout* const lender = FacetOf<ParameterLayout>(*strategy);
+    if (lender != nullptr && strategy->uses_mesh_dim() &&
+        strategy->mesh_dim() == later.borrowed_dim()) {
+      lender->HandOverReplicated();
     }
   }
 }
@@ -65,14 +67,16 @@ void HandOver(const std::vector<std::unique_ptr<Strategy>>& earlier, const Strat
 namespace {
 
 // The dimensions, of `mesh_dims` in their order, of the steps whose strategy `splits` (and
-// their replicate dimensions).
+// their replicate dimensions); a strategy without the DataSplit facet splits nothing.
 std::vector<std::string> DimsOf(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
                                 const std::vector<std::string>& mesh_dims,
-                                const std::function<bool(const Strategy&)>& splits) {
+                                const std::function<bool(const DataSplit&)>& splits) {
   std::set<std::string> splitting;
   for (const PrepareStep& step : steps) {
     absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(step);
-    if (!strategy.ok() || !splits(**strategy)) continue;
+    if (!strategy.ok()) continue;
+    const DataSplit* const split = FacetOf<DataSplit>(**strategy);
+    if (split == nullptr || !splits(*split)) continue;
     splitting.insert((*strategy)->mesh_dim());
     if (!(*strategy)->replicate_dim().empty()) splitting.insert((*strategy)->replicate_dim());
   }
@@ -88,20 +92,19 @@ std::vector<std::string> DimsOf(const google::protobuf::RepeatedPtrField<Prepare
 std::vector<std::string> DataParallelDimsOf(
     const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
     const std::vector<std::string>& mesh_dims) {
-  return DimsOf(steps, mesh_dims, [](const Strategy& strategy) { return strategy.splits_batch(); });
+  return DimsOf(steps, mesh_dims, [](const DataSplit& split) { return split.splits_batch(); });
 }
 
 std::vector<std::string> ScoringDimsOf(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
                                        const std::vector<std::string>& mesh_dims) {
-  return DimsOf(steps, mesh_dims, [](const Strategy& strategy) {
-    return strategy.splits_batch() || strategy.splits_sequence();
+  return DimsOf(steps, mesh_dims, [](const DataSplit& split) {
+    return split.splits_batch() || split.splits_sequence();
   });
 }
 
 std::vector<std::string> RoutingDimsOf(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
                                        const std::vector<std::string>& mesh_dims) {
-  return DimsOf(steps, mesh_dims,
-                [](const Strategy& strategy) { return strategy.splits_tokens(); });
+  return DimsOf(steps, mesh_dims, [](const DataSplit& split) { return split.splits_tokens(); });
 }
 
 }  // namespace plait::wrap

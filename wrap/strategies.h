@@ -20,7 +20,7 @@ namespace plait::wrap {
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step);
 
 // Tells each of `earlier` (a plan's steps before `later`) that runs on the dimension `later`
-// borrows that `later` takes over what it keeps whole there (Strategy::HandOverReplicated).
+// borrows that `later` takes over what it keeps whole there (ParameterLayout::HandOverReplicated).
 void HandOver(const std::vector<std::unique_ptr<Strategy>>& earlier, const Strategy& later);
 
 // The mesh dimensions, of `mesh_dims` in their order, whose ranks read different data under
@@ -37,7 +37,7 @@ std::vector<std::string> ScoringDimsOf(const google::protobuf::RepeatedPtrField<
                                        const std::vector<std::string>& mesh_dims);
 
 // The dimensions whose ranks run the blocks' feed-forward on different tokens
-// (Strategy::splits_tokens: the scoring dimensions, and tensor parallelism's under sequence
+// (DataSplit::splits_tokens: the scoring dimensions, and tensor parallelism's under sequence
 // parallelism): over which a mixture of experts' routing is summed.
 std::vector<std::string> RoutingDimsOf(const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
                                        const std::vector<std::string>& mesh_dims);

@@ -1,12 +1,15 @@
 // A preparation strategy (FSDP, DDP, tensor parallel) as one named object: built from a
 // plan's step (MakeStrategy, strategies.h), it says which mesh dimensions it uses, checks its
 // options against the model's shape and the mesh, and says what it would cost before any model
-// exists (Check, Estimate, SplitsActivations: what a plan's validation, explanation and memory
-// estimate ask, never naming a strategy), then is applied once to a model and answers what
-// the rest of the stack asks of a prepared model: the parameters the optimizer must own, whether
-// gradients synchronise in this backward, the wrappers' communication errors, and the whole
-// parameters. wrap::Preparation (preparation.h) applies strategies in a plan's order under
-// the rules of rules.textproto; nothing outside wrap/ names a concrete strategy:
+// exists (Check, Estimate: what a plan's validation, explanation and memory estimate ask,
+// never naming a strategy), then is applied once to a model. That core is Strategy; what only
+// some strategies do is a facet they implement beside it, which the preparation, the plan's
+// checks and the loop discover (FacetOf): splitting the data (DataSplit), changing which
+// parameters a rank holds or trains (ParameterLayout), communicating or completing gradients
+// (Gradients), running a step's micro-batches (MicroBatchRunner), holding gathered parameters
+// (GatheredMemory), saving added adapters (AdapterExport). wrap::Preparation (preparation.h)
+// applies strategies in a plan's order under the rules of rules.textproto; nothing outside
+// wrap/ names a concrete strategy:
 //
 //   PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> fsdp, MakeStrategy(step));
 //   std::vector<base::Violation> problems = fsdp->Check(shape, plan.mesh(), "plan.prepare[0]");
@@ -20,8 +23,9 @@
 // estimate (added_block_parameters, trainable_parameters), which the later steps' estimates
 // see in ModelShape.
 //
-// Adding a strategy: a class implementing this interface in its own folder of wrap/, a field
-// in PrepareStep (wrap.proto), its case in MakeStrategy (strategies.h) and an entry in
+// Adding a strategy: a class implementing this interface and the facets it needs in its own
+// folder of wrap/ (and a SeamLayer, seams.h, if it changes what the model computes), a field in
+// PrepareStep (wrap.proto), its case in MakeStrategy (strategies.h) and an entry in
 // rules.textproto; nothing outside wrap/ changes.
 #ifndef PLAIT_WRAP_STRATEGY_H_
 #define PLAIT_WRAP_STRATEGY_H_
@@ -31,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/core/Tensor.h"
@@ -216,6 +221,9 @@ struct StepEstimate {
   double held_bytes = 0.0;
 };
 
+// The core of every strategy: its name and dimensions, its checks and estimate, and Apply.
+// What only some strategies do is in the facets below, which a strategy implements beside
+// this class and the preparation, the plan's checks and the loop discover (FacetOf).
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -234,39 +242,22 @@ class Strategy {
 
   // A dimension an earlier step runs on that it shards over too, taking over what that step
   // keeps whole on each of its ranks (FSDP's shard_dense_over_mesh_dim: the parameters expert
-  // parallelism does not split). That step is then told (HandOverReplicated). Default: none.
+  // parallelism does not split). That step is then told (Parameters::HandOverReplicated).
+  // Default: none.
   virtual std::string borrowed_dim() const { return ""; }
-
-  // A later step borrows its dimension (borrowed_dim) and shards the parameters this one keeps
-  // whole on each of its ranks: averaging their gradients over the dimension and numbering
-  // their copies are that step's now, and this one leaves both, in UpdateParameters,
-  // FinishGradients and Estimate, which run after this. The rules say which strategies lend
-  // their dimension (rules.proto's lenders). Default: nothing to leave.
-  virtual void HandOverReplicated() {}
-
-  // Whether Apply freezes the model's own parameters (LoRA: only its adapters train), so
-  // that a run's checkpoints hold no values of them and a resume must take them from where
-  // the run did. Default: it freezes none.
-  virtual bool freezes_model_parameters() const { return false; }
 
   // Further names the rules (rules.textproto) know it by, for options that change what it may
   // be combined with (LoRA with an NF4 base: "qlora"). Default: none.
   virtual std::vector<std::string> rule_aliases() const { return {}; }
 
-  // Whether the ranks of its dimension train on different data (FSDP, DDP) rather than on the
-  // same batch (tensor parallelism): the data-parallel width is the product of such dimensions.
-  virtual bool splits_batch() const = 0;
-
-  // Whether the ranks of its dimension each compute and score a slice of every sequence
-  // (context parallelism): they read the same batch, but the step's items are counted over
-  // the dimension too (objectives/step_items.h). Default: no.
-  virtual bool splits_sequence() const { return false; }
-
-  // Whether the ranks of its dimension each run the blocks' feed-forward on different tokens
-  // (data and context parallelism, and tensor parallelism's sequence parallelism): a mixture
-  // of experts' routing is summed over such dimensions (objectives/router_loss.h). Default:
-  // when it splits the batch or the sequence.
-  virtual bool splits_tokens() const { return splits_batch() || splits_sequence(); }
+  // The files and folders its options name that it reads (a starting adapter folder), each
+  // with its field below the step's ("lora.initial_adapter_dir"): a run must not write them.
+  // Default: none.
+  struct InputFile {
+    std::string field;
+    std::string path;
+  };
+  virtual std::vector<InputFile> InputFiles() const { return {}; }
 
   // Every problem of its options for a model of `shape` (nullopt when the model's config is
   // invalid and reported elsewhere) on a mesh of `mesh`'s dimensions, each under `field` (its
@@ -283,12 +274,71 @@ class Strategy {
   virtual StepEstimate Estimate(const ModelShape& shape,
                                 const parallel::MeshConfig& mesh) const = 0;
 
-  // How it splits a micro-batch's activations over its dimension of `mesh`.
-  virtual ActivationSplit SplitsActivations(const parallel::MeshConfig& mesh) const { return {}; }
-
   // Applies it to `model` over `mesh`'s groups along its dimensions; both must outlive it.
   // Called once, by Preparation.
   virtual absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) = 0;
+};
+
+// `strategy`'s facet `Facet`, or nullptr where it does not have it.
+template <typename Facet>
+Facet* FacetOf(Strategy& strategy) {
+  return dynamic_cast<Facet*>(&strategy);
+}
+template <typename Facet>
+const Facet* FacetOf(const Strategy& strategy) {
+  return dynamic_cast<const Facet*>(&strategy);
+}
+
+// A strategy whose ranks divide the work of a step: they train on different data, or each
+// computes part of every sequence, or part of each activation. Without it a strategy's ranks
+// all compute the same.
+class DataSplit {
+ public:
+  virtual ~DataSplit() = default;
+
+  // Whether the ranks of its dimension train on different data (FSDP, DDP) rather than on the
+  // same batch (tensor parallelism): the data-parallel width is the product of such dimensions.
+  virtual bool splits_batch() const { return false; }
+
+  // Whether the ranks of its dimension each compute and score a slice of every sequence
+  // (context parallelism): they read the same batch, but the step's items are counted over
+  // the dimension too (objectives/step_items.h).
+  virtual bool splits_sequence() const { return false; }
+
+  // Whether the ranks of its dimension each run the blocks' feed-forward on different tokens
+  // (data and context parallelism, and tensor parallelism's sequence parallelism): a mixture
+  // of experts' routing is summed over such dimensions (objectives/router_loss.h). Default:
+  // when it splits the batch or the sequence.
+  virtual bool splits_tokens() const { return splits_batch() || splits_sequence(); }
+
+  // How it splits a micro-batch's activations over its dimension of `mesh`. Default: not at
+  // all.
+  virtual ActivationSplit SplitsActivations(const parallel::MeshConfig& mesh) const { return {}; }
+
+  // After Apply: this rank's part of `x` [B, T, ...], whose dimension 1 is the whole
+  // sequence (a batch's targets): what it computes and scores, its slice under context
+  // parallelism. Default: all of it.
+  virtual at::Tensor OwnSlice(const at::Tensor& x) const { return x; }
+};
+
+// A strategy that changes which parameters a rank holds, trains or keeps whole: it shards or
+// slices them, freezes them, adds its own or holds some in a form of its own.
+class ParameterLayout {
+ public:
+  virtual ~ParameterLayout() = default;
+
+  // Whether Apply freezes the model's own parameters (LoRA: only its adapters train), so
+  // that a run's checkpoints hold no values of them and a resume must take them from where
+  // the run did. Default: it freezes none.
+  virtual bool freezes_model_parameters() const { return false; }
+
+  // A later step borrows its dimension (Strategy::borrowed_dim) and shards the parameters this
+  // one keeps whole on each of its ranks: averaging their gradients over the dimension and
+  // numbering their copies are that step's now, and this one leaves both, in
+  // UpdateParameters, Gradients::FinishGradients and Estimate, which run after this. The rules
+  // say which strategies lend their dimension (rules.proto's lenders). Default: nothing to
+  // leave.
+  virtual void HandOverReplicated() {}
 
   // After Apply: rewrites `parameters` (this rank's parts of some of the model's parameters,
   // as earlier strategies left them: the ones the optimizer trains, or the ones a step froze)
@@ -307,10 +357,26 @@ class Strategy {
   // keep this rank's share. Default: unchanged.
   virtual void UpdateHeldParameters(std::vector<parallel::TrainableParameter>& held) {}
 
-  // After Apply: this rank's part of `x` [B, T, ...], whose dimension 1 is the whole
-  // sequence (a batch's targets): what it computes and scores, its slice under context
-  // parallelism. Default: all of it.
-  virtual at::Tensor OwnSlice(const at::Tensor& x) const { return x; }
+  // After Apply, on every rank of its group together: replaces the entries of `parameters`
+  // (every parameter by name, as the strategies applied after it left them) with the whole
+  // tensors this strategy splits. Default: nothing to gather.
+  virtual absl::Status GatherFullParameters(std::map<std::string, at::Tensor>& parameters) {
+    return absl::OkStatus();
+  }
+
+  // After GatherFullParameters: folds the parameters this strategy added into the model's own
+  // in `parameters` (every parameter by name, whole) and removes them, so that what is left is
+  // a model without the strategy (LoRA: W + scale * B A). Default: it added none.
+  virtual absl::Status MergeAddedParameters(std::map<std::string, at::Tensor>& parameters) {
+    return absl::OkStatus();
+  }
+};
+
+// A strategy whose hooks communicate gradients, or that completes them after a step's
+// backward passes.
+class Gradients {
+ public:
+  virtual ~Gradients() = default;
 
   // After Apply: whether the next backward passes synchronise gradients. Gradient
   // accumulation turns it off for all micro-batches but the last. Default: nothing to skip.
@@ -327,34 +393,41 @@ class Strategy {
   // After Apply: the first communication error of its hooks, which cannot return one; it
   // stays, since the ranks are out of step after it.
   virtual absl::Status BackwardStatus() const { return absl::OkStatus(); }
+};
 
-  // After Apply, on every rank of its group together: replaces the entries of `parameters`
-  // (every parameter by name, as the strategies applied after it left them) with the whole
-  // tensors this strategy splits. Default: nothing to gather.
-  virtual absl::Status GatherFullParameters(std::map<std::string, at::Tensor>& parameters) {
-    return absl::OkStatus();
-  }
+// A strategy that decides the order of a step's micro-batches and where they flow (a
+// pipeline's schedule).
+class MicroBatchRunner {
+ public:
+  virtual ~MicroBatchRunner() = default;
 
-  // After GatherFullParameters: folds the parameters this strategy added into the model's own
-  // in `parameters` (every parameter by name, whole) and removes them, so that what is left is
-  // a model without the strategy (LoRA: W + scale * B A). Default: it added none.
-  virtual absl::Status MergeAddedParameters(std::map<std::string, at::Tensor>& parameters) {
-    return absl::OkStatus();
-  }
+  // After Apply: the executor that runs a step's micro-batches.
+  virtual MicroBatchExecutor& executor() = 0;
+};
 
-  // After Apply: the adapters it added to the model, as PEFT describes them (rank, alpha,
-  // dropout, targets), for saving them in PEFT's format; none by default.
-  virtual const LoraConfig* adapters() const { return nullptr; }
-
-  // After Apply: the executor that runs a step's micro-batches, when this strategy decides
-  // their order and where they flow (the pipeline's schedule); nullptr: it does not.
-  virtual MicroBatchExecutor* micro_batch_executor() { return nullptr; }
+// A strategy that holds whole parameters beyond a rank's share for a while (FSDP's gathered
+// units), for the memory a step measures.
+class GatheredMemory {
+ public:
+  virtual ~GatheredMemory() = default;
 
   // After Apply: bytes of whole parameters it holds beyond its share now, and the most at once
-  // since ResetPeak (FSDP's gathered units). Default: none.
-  virtual int64_t gathered_bytes() const { return 0; }
-  virtual int64_t peak_gathered_bytes() const { return 0; }
-  virtual void ResetPeak() {}
+  // since ResetPeak.
+  virtual int64_t gathered_bytes() const = 0;
+  virtual int64_t peak_gathered_bytes() const = 0;
+  virtual void ResetPeak() = 0;
+};
+
+// A strategy that adds adapters a run can save on their own (LoRA's, as a PEFT adapter folder).
+class AdapterExport {
+ public:
+  virtual ~AdapterExport() = default;
+
+  // Writes `adapters` (the tensors it added, whole, by name, in the model's order) to the
+  // folder `dir` as adapters of the base model `base_model` (a name or a folder, recorded).
+  virtual absl::Status SaveAdapters(const std::string& dir,
+                                    const std::vector<std::pair<std::string, at::Tensor>>& adapters,
+                                    const std::string& base_model) const = 0;
 };
 
 }  // namespace plait::wrap

@@ -77,7 +77,6 @@ class ActivationCheckpointingStrategy final : public Strategy {
   absl::string_view name() const override { return "activation_checkpointing"; }
   const std::string& mesh_dim() const override { return no_dim_; }
   bool uses_mesh_dim() const override { return false; }
-  bool splits_batch() const override { return false; }
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
 

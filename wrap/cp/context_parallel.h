@@ -25,7 +25,10 @@
 
 namespace plait::wrap::cp {
 
-class ContextParallelStrategy final : public Strategy {
+class ContextParallelStrategy final : public Strategy,
+                                      public DataSplit,
+                                      public ParameterLayout,
+                                      public Gradients {
  public:
   explicit ContextParallelStrategy(ContextParallelConfig config) : config_(std::move(config)) {}
   ~ContextParallelStrategy() override;

@@ -79,7 +79,10 @@ class Ddp {
 };
 
 // DDP as a preparation strategy: "ddp" in plans and rules.
-class DdpStrategy final : public Strategy {
+class DdpStrategy final : public Strategy,
+                          public DataSplit,
+                          public ParameterLayout,
+                          public Gradients {
  public:
   explicit DdpStrategy(DdpConfig config) : config_(std::move(config)) {}
 

@@ -30,7 +30,10 @@
 
 namespace plait::wrap::ep {
 
-class ExpertParallelStrategy final : public Strategy {
+class ExpertParallelStrategy final : public Strategy,
+                                     public DataSplit,
+                                     public ParameterLayout,
+                                     public Gradients {
  public:
   explicit ExpertParallelStrategy(ExpertParallelConfig config) : config_(std::move(config)) {}
   ~ExpertParallelStrategy() override;

@@ -182,7 +182,11 @@ class Fsdp {
 };
 
 // FSDP as a preparation strategy: "fsdp" in plans and rules.
-class FsdpStrategy final : public Strategy {
+class FsdpStrategy final : public Strategy,
+                           public DataSplit,
+                           public ParameterLayout,
+                           public Gradients,
+                           public GatheredMemory {
  public:
   explicit FsdpStrategy(FsdpConfig config) : config_(std::move(config)) {}
 

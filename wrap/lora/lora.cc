@@ -24,6 +24,7 @@
 #include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/nn/functional/linear.h"
 #include "wrap/internal/torch_internals.h"
+#include "wrap/lora/peft_adapter.h"
 #include "wrap/lora/starting_adapters.h"
 
 namespace plait::wrap::lora {
@@ -451,6 +452,17 @@ StepEstimate LoraStrategy::Estimate(const ModelShape& shape,
 std::vector<std::string> LoraStrategy::rule_aliases() const {
   if (config_.base_quantization() == LoraConfig::NF4) return {"qlora"};
   return {};
+}
+
+std::vector<Strategy::InputFile> LoraStrategy::InputFiles() const {
+  if (config_.initial_adapter_dir().empty()) return {};
+  return {{"lora.initial_adapter_dir", config_.initial_adapter_dir()}};
+}
+
+absl::Status LoraStrategy::SaveAdapters(
+    const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& adapters,
+    const std::string& base_model) const {
+  return SavePeftAdapter(dir, config_, adapters, base_model);
 }
 
 absl::Status LoraStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& /*mesh*/) {

@@ -109,11 +109,11 @@ class Lora final : public SeamLayer {
   absl::Status Merge(std::map<std::string, at::Tensor>& parameters) const;
 
   // With NF4: the weights it holds, whole, each a frozen part whose `store` quantizes the
-  // values given into its buffers (Strategy::HeldParameters); none otherwise.
+  // values given into its buffers (ParameterLayout::HeldParameters); none otherwise.
   std::vector<parallel::TrainableParameter> HeldParameters();
 
   // With NF4: adds each weight it holds to `parameters`, by name, dequantized (a whole
-  // model's parameters, as Strategy::GatherFullParameters gives them), but for those already
+  // model's parameters, as ParameterLayout::GatherFullParameters gives them), but for those already
   // there: a later step that shards the held tensors (FSDP) gathered those.
   void AddHeldWeights(std::map<std::string, at::Tensor>& parameters) const;
 
@@ -168,14 +168,13 @@ at::Tensor InitialA(uint64_t seed, const std::string& name, int64_t rank, int64_
 absl::Status ValidateLoraConfig(const LoraConfig& config);
 
 // LoRA as a preparation strategy: "lora" in plans and rules. It uses no mesh dimension.
-class LoraStrategy final : public Strategy {
+class LoraStrategy final : public Strategy, public ParameterLayout, public AdapterExport {
  public:
   explicit LoraStrategy(LoraConfig config) : config_(std::move(config)) {}
 
   absl::string_view name() const override { return "lora"; }
   const std::string& mesh_dim() const override { return no_dim_; }
   bool uses_mesh_dim() const override { return false; }
-  bool splits_batch() const override { return false; }
   bool freezes_model_parameters() const override { return true; }
   // "qlora" with an NF4 base (rules.textproto: qlora_without_tp).
   std::vector<std::string> rule_aliases() const override;
@@ -188,7 +187,12 @@ class LoraStrategy final : public Strategy {
   // The adapters' parameters, which become the only trainable ones.
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
-  const LoraConfig* adapters() const override { return &config_; }
+  // The starting adapter folder, when it has one.
+  std::vector<InputFile> InputFiles() const override;
+  // As a PEFT adapter folder (peft_adapter.h).
+  absl::Status SaveAdapters(const std::string& dir,
+                            const std::vector<std::pair<std::string, at::Tensor>>& adapters,
+                            const std::string& base_model) const override;
   std::vector<parallel::TrainableParameter> HeldParameters() override {
     return lora_->HeldParameters();
   }

@@ -608,7 +608,7 @@ absl::Status PipelineStrategy::Apply(Wrappable& model, const parallel::DeviceMes
   return absl::OkStatus();
 }
 
-MicroBatchExecutor* PipelineStrategy::micro_batch_executor() { return executor_.get(); }
+MicroBatchExecutor& PipelineStrategy::executor() { return *executor_; }
 
 void PipelineStrategy::UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) {
   for (parallel::TrainableParameter& parameter : parameters) {

@@ -51,14 +51,16 @@ absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> StageBlocks(const Pipel
                                                                      int num_stages,
                                                                      const std::string& field);
 
-class PipelineStrategy final : public Strategy {
+class PipelineStrategy final : public Strategy,
+                               public ParameterLayout,
+                               public Gradients,
+                               public MicroBatchRunner {
  public:
   explicit PipelineStrategy(PipelineConfig config);
   ~PipelineStrategy() override;
 
   absl::string_view name() const override { return "pipeline"; }
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
-  bool splits_batch() const override { return false; }
   std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,
                                      const parallel::MeshConfig& mesh,
                                      const std::string& field) const override;
@@ -70,7 +72,7 @@ class PipelineStrategy final : public Strategy {
   absl::Status GatherFullParameters(std::map<std::string, at::Tensor>& parameters) override;
   // A parameter several stages hold (a tied embedding) gets the sum of their gradients.
   absl::Status FinishGradients(const std::vector<parallel::TrainableParameter>& trainable) override;
-  MicroBatchExecutor* micro_batch_executor() override;
+  MicroBatchExecutor& executor() override;
 
  private:
   class Executor;

@@ -132,7 +132,10 @@ class TensorParallel final : public SeamLayer {
 };
 
 // Tensor parallelism as a preparation strategy: "tensor_parallel" in plans and rules.
-class TensorParallelStrategy final : public Strategy {
+class TensorParallelStrategy final : public Strategy,
+                                     public DataSplit,
+                                     public ParameterLayout,
+                                     public Gradients {
  public:
   explicit TensorParallelStrategy(TensorParallelConfig config) : config_(std::move(config)) {}
 
