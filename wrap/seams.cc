@@ -1,6 +1,7 @@
 #include "wrap/seams.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -48,13 +49,22 @@ const Seams& Seams::None() {
 
 void Seams::Add(SeamLayer* layer) {
   for (const Seam seam : layer->changes()) layers_[static_cast<int>(seam)].push_back(layer);
-  ++version_;
+  LayersChanged();
 }
 
 void Seams::Remove(SeamLayer* layer) {
   for (std::vector<SeamLayer*>& layers : layers_) {
     layers.erase(std::remove(layers.begin(), layers.end(), layer), layers.end());
   }
+  LayersChanged();
+}
+
+void Seams::LayersChanged() {
+  const std::vector<SeamLayer*>& projections = layers_[static_cast<int>(Seam::kProjection)];
+  projections_without_adapters_.clear();
+  std::copy_if(projections.begin(), projections.end(),
+               std::back_inserter(projections_without_adapters_),
+               [](const SeamLayer* layer) { return !layer->is_adapter(); });
   ++version_;
 }
 
@@ -65,15 +75,10 @@ bool Seams::HasAdapters() const {
   });
 }
 
-std::vector<SeamLayer*> Seams::LayersOf(Seam seam) const {
-  std::vector<SeamLayer*> layers = layers_[static_cast<int>(seam)];
+const std::vector<SeamLayer*>& Seams::LayersOf(Seam seam) const {
   // An adapter layer's projections are what WithoutAdapters switches off; its weights stay.
-  if (adapters_off_ && seam == Seam::kProjection) {
-    layers.erase(std::remove_if(layers.begin(), layers.end(),
-                                [](const SeamLayer* layer) { return layer->is_adapter(); }),
-                 layers.end());
-  }
-  return layers;
+  if (adapters_off_ && seam == Seam::kProjection) return projections_without_adapters_;
+  return layers_[static_cast<int>(seam)];
 }
 
 at::Tensor Seams::OwnPart(const at::Tensor& x) const {

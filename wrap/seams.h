@@ -250,10 +250,15 @@ class Seams {
   friend class WithoutAdapters;
 
   // The layers that change `seam`, in the order they were added; of the projection's, those
-  // that add adapters left out while adapters are off.
-  std::vector<SeamLayer*> LayersOf(Seam seam) const;
+  // that add adapters left out while adapters are off. A reference: the forward asks for every
+  // projection.
+  const std::vector<SeamLayer*>& LayersOf(Seam seam) const;
+  // After Add or Remove: projections_without_adapters_ again, and the next version.
+  void LayersChanged();
 
   std::array<std::vector<SeamLayer*>, kSeamCount> layers_;
+  // The projection's layers that are not adapters, kept by Add and Remove for LayersOf.
+  std::vector<SeamLayer*> projections_without_adapters_;
   int64_t version_ = 0;
   bool adapters_off_ = false;
 };
