@@ -76,8 +76,9 @@ absl::Status Preparation::Apply(const PrepareStep& step) {
   // The steps applied so far passed: every violation is this step's.
   PLAIT_RETURN_IF_ERROR(base::ViolationsToStatus(CheckSteps(
       *rules, steps, field_, std::set<std::string>(names.begin(), names.end()), "the mesh")));
-  PLAIT_RETURN_IF_ERROR(base::Annotate(strategy->Apply(model_, mesh_), step_field));
+  // A step that borrows an earlier one's dimension shards by its layout from Apply on.
   HandOver(strategies_, *strategy);
+  PLAIT_RETURN_IF_ERROR(base::Annotate(strategy->Apply(model_, mesh_), step_field));
   steps_ = std::move(steps);
   strategies_.push_back(std::move(strategy));
   return absl::OkStatus();

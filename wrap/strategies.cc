@@ -53,13 +53,15 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step) 
       absl::StrCat("names no strategy; set one of ", absl::StrJoin(names, ", ")));
 }
 
-void HandOver(const std::vector<std::unique_ptr<Strategy>>& earlier, const Strategy& later) {
-  if (later.borrowed_dim().empty()) return;
+void HandOver(const std::vector<std::unique_ptr<Strategy>>& earlier, Strategy& later) {
+  ParameterLayout* const borrower = FacetOf<ParameterLayout>(later);
+  if (later.borrowed_dim().empty() || borrower == nullptr) return;
   for (const std::unique_ptr<Strategy>& strategy : earlier) {
     ParameterLayout* const lender = FacetOf<ParameterLayout>(*strategy);
     if (lender != nullptr && strategy->uses_mesh_dim() &&
         strategy->mesh_dim() == later.borrowed_dim()) {
       lender->HandOverReplicated();
+      borrower->Borrow(*lender);
     }
   }
 }

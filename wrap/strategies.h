@@ -19,9 +19,11 @@ namespace plait::wrap {
 // its config is invalid, naming the field ("ddp.bucket_cap_mb: ...").
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step);
 
-// Tells each of `earlier` (a plan's steps before `later`) that runs on the dimension `later`
-// borrows that `later` takes over what it keeps whole there (ParameterLayout::HandOverReplicated).
-void HandOver(const std::vector<std::unique_ptr<Strategy>>& earlier, const Strategy& later);
+// Introduces `later` to the one of `earlier` (a plan's steps before it) that runs on the
+// dimension `later` borrows: that step is told that `later` takes over what it keeps whole
+// there (ParameterLayout::HandOverReplicated), and `later` is handed its layout
+// (ParameterLayout::Borrow). Nothing where `later` borrows none.
+void HandOver(const std::vector<std::unique_ptr<Strategy>>& earlier, Strategy& later);
 
 // The mesh dimensions, of `mesh_dims` in their order, whose ranks read different data under
 // `steps`: those of the steps whose strategy splits the batch (FSDP, DDP), replicate

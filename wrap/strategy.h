@@ -242,8 +242,9 @@ class Strategy {
 
   // A dimension an earlier step runs on that it shards over too, taking over what that step
   // keeps whole on each of its ranks (FSDP's shard_dense_over_mesh_dim: the parameters expert
-  // parallelism does not split). That step is then told (Parameters::HandOverReplicated).
-  // Default: none.
+  // parallelism does not split). The two are introduced (wrap::HandOver): that step is told
+  // (ParameterLayout::HandOverReplicated), and this one is handed its layout
+  // (ParameterLayout::Borrow). Default: none.
   virtual std::string borrowed_dim() const { return ""; }
 
   // Further names the rules (rules.textproto) know it by, for options that change what it may
@@ -339,6 +340,17 @@ class ParameterLayout {
   // say which strategies lend their dimension (rules.proto's lenders). Default: nothing to
   // leave.
   virtual void HandOverReplicated() {}
+
+  // Whether it splits the model's parameter `name` over its dimension, each of its ranks
+  // keeping a different part or none (expert parallelism: an expert's); what it does not
+  // split, each rank keeps whole. Default: it splits none.
+  virtual bool SplitsParameter(const std::string& name) const { return false; }
+
+  // This step borrows the dimension of the earlier step whose layout is `lender` (its
+  // Strategy::borrowed_dim), which outlives it: it shards over both dimensions what `lender`
+  // does not split (SplitsParameter). Called before Estimate and Apply. Default: it borrows
+  // none.
+  virtual void Borrow(const ParameterLayout& lender) {}
 
   // After Apply: rewrites `parameters` (this rank's parts of some of the model's parameters,
   // as earlier strategies left them: the ones the optimizer trains, or the ones a step froze)

@@ -51,6 +51,8 @@ class ExpertParallelStrategy final : public Strategy,
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
   void HandOverReplicated() override { others_handed_over_ = true; }
+  // The experts' parameters (their adapters' too).
+  bool SplitsParameter(const std::string& name) const override { return IsExpertParameter(name); }
   // The experts are split over the dimension; the other parts are replicated over it,
   // numbered for checkpoints (one writes), unless handed over.
   void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override;

@@ -99,8 +99,8 @@ at::Tensor Pack(const std::vector<at::Tensor>& shards, const std::vector<int64_t
 }  // namespace
 
 // The parameters of a unit sharded over one group: all of them, or with
-// shard_dense_over_mesh_dim its dense parameters over the sub-grid and its experts over
-// mesh_dim alone. Each rank's share is one flat buffer of shard_numel elements: the shards of
+// shard_dense_over_mesh_dim those the lender keeps whole over the sub-grid and those it splits
+// over mesh_dim alone. Each rank's share is one flat buffer of shard_numel elements: the shards of
 // its parameters one after the other. Gathering concatenates the ranks' buffers; parameter i's
 // full rows are then, rank after rank, rows_i rows at offsets[i] of each rank's chunk. Its
 // gradients are laid out the same way over its trainable parameters only (grad_offsets,
@@ -212,15 +212,14 @@ struct Fsdp::Unit {
   }
 };
 
-absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(Wrappable& model,
-                                                   parallel::Communicator& communicator,
-                                                   parallel::Communicator* replicate,
-                                                   const FsdpConfig& config,
-                                                   parallel::Communicator* dense) {
+absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(
+    Wrappable& model, parallel::Communicator& communicator, parallel::Communicator* replicate,
+    const FsdpConfig& config, parallel::Communicator* dense, const ParameterLayout* lender) {
   auto fsdp = std::unique_ptr<Fsdp>(new Fsdp(model, replicate, config));
   // The group each parameter (or held weight) of `name` is sharded over.
   const auto group_of = [&](const std::string& name) {
-    return dense != nullptr && !IsExpertParameter(name) ? dense : &communicator;
+    const bool kept_whole = lender == nullptr || !lender->SplitsParameter(name);
+    return dense != nullptr && kept_whole ? dense : &communicator;
   };
   // Its part of `unit`, added the first time.
   const auto part_of = [&](Unit& unit, const std::string& name) -> Part& {
@@ -842,7 +841,7 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
   const int replicas =
       hybrid ? static_cast<int>(parallel::SubmeshRanks(mesh, {config_.replicate_mesh_dim()})) : 1;
   // With shard_dense_over_mesh_dim, the share of the parameters (of those a rank holds) that
-  // are not experts, sharded over both dimensions; the experts over mesh_dim alone.
+  // the lender keeps whole, sharded over both dimensions; those it splits over mesh_dim alone.
   const bool borrows = !borrowed_dim().empty();
   const int dense_size = static_cast<int>(
       parallel::SubmeshRanks(mesh, {config_.mesh_dim(), borrows ? borrowed_dim() : ""}));
@@ -852,7 +851,9 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
     double all = 0.0;
     for (const ModelShape::Parameter& parameter : shape.parameter_list) {
       all += parameter.numel();
-      if (!IsExpertParameter(parameter.name)) dense += parameter.numel();
+      if (lender_ == nullptr || !lender_->SplitsParameter(parameter.name)) {
+        dense += parameter.numel();
+      }
     }
     dense_share = all > 0 ? dense / all : 0.0;
   }
@@ -869,10 +870,10 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
       "parameters%s and gathers one unit at a time (prefetching the next)%s%s",
       config_.mesh_dim(), dim_size, units, units - 1, units == 2 ? "" : "s", dim_size,
       base::HumanCount(shape.parameters * (1.0 - dense_share)),
-      borrows
-          ? absl::StrFormat(" (the experts) and 1/%d of the other %s (sharded over %s)", dense_size,
-                            base::HumanCount(shape.parameters * dense_share), dense_dims)
-          : "",
+      borrows ? absl::StrFormat(" (those split over %s) and 1/%d of the other %s (sharded over %s)",
+                                borrowed_dim(), dense_size,
+                                base::HumanCount(shape.parameters * dense_share), dense_dims)
+              : "",
       reshard ? "" : ", keeping it until its backward",
       hybrid ? absl::StrFormat("; hybrid sharding: the shards replicated over %s (%d ranks), "
                                "each unit's gradient shards all-reduced across it after their "
@@ -930,7 +931,8 @@ absl::Status FsdpStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& m
   if (!borrowed_dim().empty()) {
     PLAIT_ASSIGN_OR_RETURN(dense, mesh.SubgridCommunicator({config_.mesh_dim(), borrowed_dim()}));
   }
-  PLAIT_ASSIGN_OR_RETURN(fsdp_, Fsdp::Create(model, *communicator, replicate, config_, dense));
+  PLAIT_ASSIGN_OR_RETURN(fsdp_,
+                         Fsdp::Create(model, *communicator, replicate, config_, dense, lender_));
   return absl::OkStatus();
 }
 

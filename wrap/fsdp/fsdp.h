@@ -2,9 +2,10 @@
 // parameter is split along dim 0 into one shard per rank (the last ones zero-padded), and
 // the optimizer trains only the shards. Each block of the model, and the root (the
 // parameters outside blocks), is a unit with one collective each way (on each group its
-// parameters are sharded over: with FsdpConfig.shard_dense_over_mesh_dim, a mixture of
-// experts' dense parameters over mesh_dim and expert parallelism's dimension, its experts over
-// mesh_dim alone):
+// parameters are sharded over: with FsdpConfig.shard_dense_over_mesh_dim, what the earlier
+// step on that dimension keeps whole (a mixture of experts' dense parameters, under expert
+// parallelism) over mesh_dim and that dimension, what it splits (the experts) over mesh_dim
+// alone):
 //   before a block's forward its parameters are all-gathered (the next block's gather is
 //   started right away, so it overlaps this block's compute); after its forward they are
 //   freed (reshard_after_forward) and gathered again before its backward (again
@@ -68,15 +69,16 @@ class Fsdp {
   // Shards the model's parameters (which must be the same on every rank, e.g. initialised
   // from one seed) over `communicator`, frees the full ones, and installs the unit hooks.
   // `replicate`, when not null, is the group across which the shards are replicated. `dense`,
-  // when not null, is the group the parameters that are not a mixture of experts' experts are
-  // sharded over instead (FsdpConfig.shard_dense_over_mesh_dim: mesh_dim's and expert
-  // parallelism's dimensions), the experts staying sharded over `communicator`: each unit
-  // then has a collective each way on each group.
+  // when not null, is the group the parameters `lender` does not split (all, without one) are
+  // sharded over instead (FsdpConfig.shard_dense_over_mesh_dim: mesh_dim's and the lender's
+  // dimensions), what it splits staying sharded over `communicator`: each unit then has a
+  // collective each way on each group.
   static absl::StatusOr<std::unique_ptr<Fsdp>> Create(Wrappable& model,
                                                       parallel::Communicator& communicator,
                                                       parallel::Communicator* replicate,
                                                       const FsdpConfig& config,
-                                                      parallel::Communicator* dense = nullptr);
+                                                      parallel::Communicator* dense = nullptr,
+                                                      const ParameterLayout* lender = nullptr);
   ~Fsdp();
 
   // The shards the optimizer trains, named as the full parameters, sharded over the
@@ -194,6 +196,7 @@ class FsdpStrategy final : public Strategy,
   const std::string& mesh_dim() const override { return config_.mesh_dim(); }
   std::string replicate_dim() const override { return config_.replicate_mesh_dim(); }
   std::string borrowed_dim() const override { return config_.shard_dense_over_mesh_dim(); }
+  void Borrow(const ParameterLayout& lender) override { lender_ = &lender; }
   bool splits_batch() const override { return true; }
   // Its dtypes: fp16 has no CPU matmul, and DTYPE_AUTO is for the model's dtype only.
   std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,
@@ -212,6 +215,9 @@ class FsdpStrategy final : public Strategy,
 
  private:
   FsdpConfig config_;
+  // The layout of the earlier step whose dimension it borrows (borrowed_dim); null before
+  // Borrow.
+  const ParameterLayout* lender_ = nullptr;
   std::unique_ptr<Fsdp> fsdp_;
 };
 
