@@ -1,7 +1,9 @@
 #include "plan/target_check.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,6 +19,8 @@
 #include "parallel/device_mesh.h"
 #include "plan/compute_dtype.h"
 #include "plan/validate.h"
+#include "wrap/strategies.h"
+#include "wrap/strategy.h"
 
 namespace plait::plan {
 namespace {
@@ -24,8 +28,8 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kGigabyte = 1e9;
 constexpr double kTera = 1e12;
-// The largest factor by which a suggestion grows FSDP's dimension.
-constexpr int kMaxFsdpGrowth = 64;
+// The largest factor by which a suggestion grows a dimension.
+constexpr int kMaxGrowth = 64;
 
 constexpr char kBuiltinTargetsText[] =
 #include "plan/targets_text.inc"
@@ -239,43 +243,62 @@ absl::StatusOr<TargetCheck> Evaluate(const Plan& plan, const TargetCatalogue& ca
   return check;
 }
 
-std::string PolicyName(wrap::ActivationCheckpointingConfig::Policy policy) {
-  return wrap::ActivationCheckpointingConfig::Policy_Name(policy);
-}
-
 // Each kind of change lists the plans to try, smallest change first; the first that fits is
 // suggested.
 
-// Keeping less of the forward: the next activation-checkpointing policy, or checkpointing
-// added (SELECTIVE, then FULL) at the first place the rules accept.
-std::vector<Suggestion> CheckpointingSuggestions(const Plan& plan, std::optional<int> nodes) {
-  std::vector<Suggestion> candidates;
+// The plan's steps that are there to keep less of `saves` on a rank (wrap::SmallerVersions),
+// by index.
+std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> StepsThatSave(
+    const Plan& plan, wrap::SmallerVersions::Saves saves) {
+  std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> found;
   for (int i = 0; i < plan.prepare_size(); ++i) {
-    if (!plan.prepare(i).has_activation_checkpointing()) continue;
-    if (plan.prepare(i).activation_checkpointing().policy() ==
-        wrap::ActivationCheckpointingConfig::SELECTIVE) {
-      Suggestion& full = candidates.emplace_back();
-      full.change = absl::StrCat("prepare[", i, "].activation_checkpointing.policy: FULL");
-      full.plan = plan;
-      full.nodes = nodes;
-      full.plan.mutable_prepare(i)->mutable_activation_checkpointing()->set_policy(
-          wrap::ActivationCheckpointingConfig::FULL);
+    absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(plan.prepare(i));
+    if (!strategy.ok()) continue;
+    const wrap::SmallerVersions* const versions = wrap::FacetOf<wrap::SmallerVersions>(**strategy);
+    if (versions != nullptr && versions->saves() == saves) {
+      found.emplace_back(i, *std::move(strategy));
     }
-    return candidates;  // FULL keeps the least there is
   }
-  for (const auto policy : {wrap::ActivationCheckpointingConfig::SELECTIVE,
-                            wrap::ActivationCheckpointingConfig::FULL}) {
+  return found;
+}
+
+// Each step of `steps` that keeps less of `saves`, replaced by each step that may take its
+// place (SmallerVersions::Replacements).
+std::vector<Suggestion> Replacements(
+    const Plan& plan, std::optional<int> nodes,
+    const std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>>& steps) {
+  std::vector<Suggestion> candidates;
+  for (const auto& [i, strategy] : steps) {
+    for (const wrap::PrepareStep& replacement :
+         wrap::FacetOf<wrap::SmallerVersions>(*strategy)->Replacements()) {
+      Suggestion& replaced = candidates.emplace_back();
+      replaced.change = absl::StrCat("prepare[", i, "]: ", replacement.ShortDebugString(),
+                                     " in place of ", plan.prepare(i).ShortDebugString());
+      replaced.plan = plan;
+      replaced.nodes = nodes;
+      *replaced.plan.mutable_prepare(i) = replacement;
+    }
+  }
+  return candidates;
+}
+
+// Keeping less of the forward: a step that does so replaced by one that keeps less still, or,
+// in a plan of none, one added (wrap::StepsThatSave) at the first place the rules accept.
+std::vector<Suggestion> ActivationSuggestions(const Plan& plan, std::optional<int> nodes) {
+  const auto saves = wrap::SmallerVersions::Saves::kActivations;
+  const std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> steps =
+      StepsThatSave(plan, saves);
+  if (!steps.empty()) return Replacements(plan, nodes, steps);
+  std::vector<Suggestion> candidates;
+  for (const wrap::PrepareStep& step : wrap::StepsThatSave(saves)) {
     for (int at = 0; at <= plan.prepare_size(); ++at) {
       Suggestion& added = candidates.emplace_back();
-      added.change = absl::StrCat("activation_checkpointing { policy: ", PolicyName(policy),
-                                  " } added as prepare[", at, "]");
+      added.change = absl::StrCat(step.ShortDebugString(), " added as prepare[", at, "]");
       added.plan = plan;
       added.nodes = nodes;
       added.plan.clear_prepare();
       for (int i = 0; i <= plan.prepare_size(); ++i) {
-        if (i == at) {
-          added.plan.add_prepare()->mutable_activation_checkpointing()->set_policy(policy);
-        }
+        if (i == at) *added.plan.add_prepare() = step;
         if (i < plan.prepare_size()) *added.plan.add_prepare() = plan.prepare(i);
       }
     }
@@ -307,53 +330,55 @@ std::pair<Plan, std::string> GrowDimension(const Plan& plan, const std::string& 
   return {std::move(grown), absl::StrCat("mesh dim ", dim, ": ", size, " (", batch, ")")};
 }
 
-// Sharding over more ranks: FSDP's dimension 2, 4, ... times larger (more nodes), FSDP in
-// place of DDP, or, for a plan of neither, FSDP over a new outermost dimension "dp".
-std::vector<Suggestion> ShardingSuggestions(const Plan& plan, std::optional<int> nodes,
-                                            int gpus_per_node) {
-  std::vector<Suggestion> candidates;
+// Keeping less of the parameters: a step that does so replaced by one that keeps less still,
+// or over 2, 4, ... times more ranks of its dimension (more nodes), or, in a plan of none, one
+// added (wrap::StepsThatSave) over a new outermost dimension.
+std::vector<Suggestion> ParameterSuggestions(const Plan& plan, std::optional<int> nodes,
+                                             int gpus_per_node) {
+  const auto saves = wrap::SmallerVersions::Saves::kParameters;
   auto nodes_times = [&](int factor) -> std::optional<int> {
     if (!nodes.has_value()) return std::nullopt;
     return *nodes * factor;
   };
-  for (int i = 0; i < plan.prepare_size(); ++i) {
-    const wrap::PrepareStep& step = plan.prepare(i);
-    if (step.has_ddp()) {
-      Suggestion& fsdp = candidates.emplace_back();
-      fsdp.change = absl::StrCat("prepare[", i, "]: fsdp { mesh_dim: \"", step.ddp().mesh_dim(),
-                                 "\" } in place of ddp");
-      fsdp.plan = plan;
-      fsdp.plan.mutable_prepare(i)->mutable_fsdp()->set_mesh_dim(step.ddp().mesh_dim());
-      fsdp.nodes = nodes;
-    }
-    if (!step.has_fsdp()) continue;
-    for (int factor = 2; factor <= kMaxFsdpGrowth; factor *= 2) {
-      auto [grown, change] = GrowDimension(plan, step.fsdp().mesh_dim(), factor);
+  const std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> steps =
+      StepsThatSave(plan, saves);
+  std::vector<Suggestion> candidates = Replacements(plan, nodes, steps);
+  for (const auto& [i, strategy] : steps) {
+    if (!wrap::FacetOf<wrap::SmallerVersions>(*strategy)->keeps_less_over_more_ranks()) continue;
+    for (int factor = 2; factor <= kMaxGrowth; factor *= 2) {
+      auto [grown, change] = GrowDimension(plan, strategy->mesh_dim(), factor);
       const int64_t world = parallel::MeshRanks(grown.mesh());
-      candidates.push_back(
-          {.change = absl::StrCat("fsdp over more ranks: ", change, ", ", world, " GPUs on ",
-                                  (world + gpus_per_node - 1) / gpus_per_node, " nodes"),
-           .plan = std::move(grown),
-           .nodes = nodes_times(factor)});
+      candidates.push_back({.change = absl::StrCat(
+                                strategy->name(), " over more ranks: ", change, ", ", world,
+                                " GPUs on ", (world + gpus_per_node - 1) / gpus_per_node, " nodes"),
+                            .plan = std::move(grown),
+                            .nodes = nodes_times(factor)});
     }
-    return candidates;
   }
-  if (!candidates.empty()) return candidates;
-  for (int factor = 2; factor <= kMaxFsdpGrowth; factor *= 2) {
-    Suggestion& added = candidates.emplace_back();
-    added.plan = plan;
-    // Outermost: the dimensions the plan has keep their closest ranks.
-    parallel::MeshConfig& mesh = *added.plan.mutable_mesh();
-    mesh.clear_dims();
-    parallel::MeshConfig::Dimension* dp = mesh.add_dims();
-    dp->set_name("dp");
-    dp->set_size(factor);
-    for (const parallel::MeshConfig::Dimension& dim : plan.mesh().dims()) *mesh.add_dims() = dim;
-    added.plan.add_prepare()->mutable_fsdp()->set_mesh_dim("dp");
-    const int64_t world = parallel::MeshRanks(mesh);
-    added.change = absl::StrCat("fsdp { mesh_dim: \"dp\" } over a new mesh dim dp: ", factor, " (",
-                                world, " GPUs; a global batch ", factor, " times larger)");
-    added.nodes = nodes_times(factor);
+  if (!steps.empty()) return candidates;
+  for (const wrap::PrepareStep& step : wrap::StepsThatSave(saves)) {
+    absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
+    if (!strategy.ok()) continue;
+    const std::string& dim = (*strategy)->mesh_dim();
+    for (int factor = 2; factor <= kMaxGrowth; factor *= 2) {
+      Suggestion& added = candidates.emplace_back();
+      added.plan = plan;
+      // Outermost: the dimensions the plan has keep their closest ranks.
+      parallel::MeshConfig& mesh = *added.plan.mutable_mesh();
+      mesh.clear_dims();
+      parallel::MeshConfig::Dimension* new_dim = mesh.add_dims();
+      new_dim->set_name(dim);
+      new_dim->set_size(factor);
+      for (const parallel::MeshConfig::Dimension& kept : plan.mesh().dims()) {
+        *mesh.add_dims() = kept;
+      }
+      *added.plan.add_prepare() = step;
+      const int64_t world = parallel::MeshRanks(mesh);
+      added.change =
+          absl::StrCat(step.ShortDebugString(), " over a new mesh dim ", dim, ": ", factor, " (",
+                       world, " GPUs; a global batch ", factor, " times larger)");
+      added.nodes = nodes_times(factor);
+    }
   }
   return candidates;
 }
@@ -419,8 +444,8 @@ absl::StatusOr<TargetCheck> CheckOnTarget(const Plan& plan, const TargetCatalogu
   PLAIT_ASSIGN_OR_RETURN(TargetCheck check, Evaluate(plan, catalogue, target, nodes));
   if (check.fits()) return check;
   for (const std::vector<Suggestion>& kind :
-       {CheckpointingSuggestions(plan, nodes),
-        ShardingSuggestions(plan, nodes, target.gpus_per_node()),
+       {ActivationSuggestions(plan, nodes),
+        ParameterSuggestions(plan, nodes, target.gpus_per_node()),
         MicroBatchSuggestions(plan, nodes)}) {
     for (const Suggestion& candidate : kind) {
       // A change the rules refuse (checkpointing after FSDP) is no suggestion.
@@ -457,8 +482,9 @@ std::string DescribeTargetCheck(const TargetCheck& check, const TargetCatalogue&
     lines.push_back(absl::StrCat("does not fit: over by ", base::HumanBytes(-spare), " per GPU"));
     if (check.suggestions.empty()) {
       lines.push_back(
-          "  no single change tried fits (activation checkpointing, FSDP over up to 64x the "
-          "ranks, a smaller micro-batch)");
+          absl::StrCat("  no single change tried fits (keeping less of the forward, keeping "
+                       "less of the parameters over up to ",
+                       kMaxGrowth, "x the ranks, a smaller micro-batch)"));
     }
     for (const Suggestion& suggestion : check.suggestions) {
       lines.push_back(absl::StrCat("  fits with ", suggestion.change, ": ",

@@ -213,6 +213,50 @@ TEST(CheckOnTargetTest, ActivationsThatDoNotFitGetCheckpointingOrSmallerMicroBat
               AllOf(HasSubstr("does not fit: over by "), HasSubstr("fits with ")));
 }
 
+// The plan's own steps offer their versions that keep less (wrap::SmallerVersions): FULL in
+// place of SELECTIVE checkpointing, FSDP in place of DDP.
+TEST(CheckOnTargetTest, StepsThatDoNotKeepLeastOfferTheirSmallerVersions) {
+  const TargetCatalogue catalogue = BuiltinTargets();
+  Plan selective = Llama8b();
+  selective.mutable_training()->set_micro_batch(4);
+  absl::StatusOr<TargetCheck> check = CheckOnTarget(selective, catalogue, "h100-sxm", 1);
+  ASSERT_THAT(check, IsOk());
+  ASSERT_FALSE(check->fits());
+  ASSERT_FALSE(check->suggestions.empty());
+  EXPECT_EQ(check->suggestions[0].change,
+            "prepare[0]: activation_checkpointing { policy: FULL } in place of "
+            "activation_checkpointing { policy: SELECTIVE }");
+  ExpectEverySuggestionFits(*check, catalogue);
+
+  Plan replicated = Llama8b();
+  replicated.mutable_prepare(1)->mutable_ddp()->set_mesh_dim("dp");
+  replicated.mutable_training()->set_micro_batch(1);
+  check = CheckOnTarget(replicated, catalogue, "h100-sxm", 1);
+  ASSERT_THAT(check, IsOk());
+  ASSERT_FALSE(check->fits());
+  ASSERT_FALSE(check->suggestions.empty());
+  EXPECT_EQ(check->suggestions[0].change,
+            "prepare[1]: fsdp { mesh_dim: \"dp\" } in place of ddp { mesh_dim: \"dp\" }");
+  ExpectEverySuggestionFits(*check, catalogue);
+}
+
+// A plan of no step that keeps less of the parameters is offered one over a new dimension.
+TEST(CheckOnTargetTest, APlanWithoutShardingGetsFsdpOverANewDimension) {
+  const TargetCatalogue catalogue = BuiltinTargets();
+  Plan single = Llama8b();
+  single.mutable_prepare()->DeleteSubrange(1, 1);
+  single.mutable_mesh()->clear_dims();
+  single.mutable_training()->set_micro_batch(1);
+  single.mutable_training()->clear_global_batch();
+  absl::StatusOr<TargetCheck> check = CheckOnTarget(single, catalogue, "h100-sxm", std::nullopt);
+  ASSERT_THAT(check, IsOk());
+  ASSERT_FALSE(check->fits());
+  ASSERT_FALSE(check->suggestions.empty());
+  EXPECT_THAT(check->suggestions[0].change,
+              HasSubstr("fsdp { mesh_dim: \"dp\" } over a new mesh dim dp: "));
+  ExpectEverySuggestionFits(*check, catalogue);
+}
+
 // 70B sharded over one node's 8 GPUs keeps 140 GB of parameters and optimizer state a GPU:
 // FSDP over more nodes makes it fit.
 TEST(CheckOnTargetTest, StateThatDoesNotFitGetsMoreFsdpRanks) {

@@ -66,6 +66,19 @@ void HandOver(const std::vector<std::unique_ptr<Strategy>>& earlier, Strategy& l
   }
 }
 
+std::vector<PrepareStep> StepsThatSave(SmallerVersions::Saves saves) {
+  std::vector<PrepareStep> steps;
+  if (saves == SmallerVersions::Saves::kActivations) {
+    for (const auto policy :
+         {ActivationCheckpointingConfig::SELECTIVE, ActivationCheckpointingConfig::FULL}) {
+      steps.emplace_back().mutable_activation_checkpointing()->set_policy(policy);
+    }
+  } else {
+    steps.emplace_back().mutable_fsdp()->set_mesh_dim("dp");
+  }
+  return steps;
+}
+
 namespace {
 
 // The dimensions, of `mesh_dims` in their order, of the steps whose strategy `splits` (and

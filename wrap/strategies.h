@@ -25,6 +25,11 @@ absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step);
 // (ParameterLayout::Borrow). Nothing where `later` borrows none.
 void HandOver(const std::vector<std::unique_ptr<Strategy>>& earlier, Strategy& later);
 
+// The steps a plan none of whose steps keeps less of `saves` may add, smallest change first
+// (SmallerVersions): activation checkpointing, SELECTIVE then FULL, for the activations; FSDP
+// over a dimension "dp" for the parameters.
+std::vector<PrepareStep> StepsThatSave(SmallerVersions::Saves saves);
+
 // The mesh dimensions, of `mesh_dims` in their order, whose ranks read different data under
 // `steps`: those of the steps whose strategy splits the batch (FSDP, DDP), replicate
 // dimensions included. A step that names no strategy is left out (the rules report it).

@@ -7,7 +7,8 @@
 // checks and the loop discover (FacetOf): splitting the data (DataSplit), changing which
 // parameters a rank holds or trains (ParameterLayout), communicating or completing gradients
 // (Gradients), running a step's micro-batches (MicroBatchRunner), holding gathered parameters
-// (GatheredMemory), saving added adapters (AdapterExport). wrap::Preparation (preparation.h)
+// (GatheredMemory), saving added adapters (AdapterExport), knowing its versions that keep
+// less on a rank (SmallerVersions). wrap::Preparation (preparation.h)
 // applies strategies in a plan's order under the rules of rules.textproto; nothing outside
 // wrap/ names a concrete strategy:
 //
@@ -428,6 +429,27 @@ class GatheredMemory {
   virtual int64_t gathered_bytes() const = 0;
   virtual int64_t peak_gathered_bytes() const = 0;
   virtual void ResetPeak() = 0;
+};
+
+// A strategy that is there to keep less on each rank, and knows the versions of itself that
+// keep less still: what a plan that does not fit its machine is offered
+// (plan/target_check.cc).
+class SmallerVersions {
+ public:
+  virtual ~SmallerVersions() = default;
+
+  // What it keeps less of: the forward's activations (activation checkpointing), or the
+  // parameters with their gradients and optimizer state (DDP's replicas, FSDP's shards).
+  enum class Saves { kActivations, kParameters };
+  virtual Saves saves() const = 0;
+
+  // The steps that may take its place and keep less, smallest change first (DDP: FSDP over
+  // its dimension); none where it keeps the least there is. Default: none.
+  virtual std::vector<PrepareStep> Replacements() const { return {}; }
+
+  // Whether it keeps less over more ranks of its dimension (FSDP: a smaller shard each).
+  // Default: no.
+  virtual bool keeps_less_over_more_ranks() const { return false; }
 };
 
 // A strategy that adds adapters a run can save on their own (LoRA's, as a PEFT adapter folder).

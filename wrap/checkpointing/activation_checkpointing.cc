@@ -248,4 +248,11 @@ absl::Status ActivationCheckpointingStrategy::Apply(Wrappable& model,
   return absl::OkStatus();
 }
 
+std::vector<PrepareStep> ActivationCheckpointingStrategy::Replacements() const {
+  if (config_.policy() != ActivationCheckpointingConfig::SELECTIVE) return {};
+  PrepareStep full;
+  full.mutable_activation_checkpointing()->set_policy(ActivationCheckpointingConfig::FULL);
+  return {full};
+}
+
 }  // namespace plait::wrap::checkpointing

@@ -69,7 +69,7 @@ class ActivationCheckpointing final : public SeamLayer {
 
 // Activation checkpointing as a preparation strategy: "activation_checkpointing" in plans and
 // rules. It uses no mesh dimension.
-class ActivationCheckpointingStrategy final : public Strategy {
+class ActivationCheckpointingStrategy final : public Strategy, public SmallerVersions {
  public:
   explicit ActivationCheckpointingStrategy(ActivationCheckpointingConfig config)
       : config_(std::move(config)) {}
@@ -79,6 +79,9 @@ class ActivationCheckpointingStrategy final : public Strategy {
   bool uses_mesh_dim() const override { return false; }
   StepEstimate Estimate(const ModelShape& shape, const parallel::MeshConfig& mesh) const override;
   absl::Status Apply(Wrappable& model, const parallel::DeviceMesh& mesh) override;
+  Saves saves() const override { return Saves::kActivations; }
+  // FULL in place of SELECTIVE; none for FULL, which keeps the least there is.
+  std::vector<PrepareStep> Replacements() const override;
 
  private:
   ActivationCheckpointingConfig config_;

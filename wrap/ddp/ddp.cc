@@ -251,4 +251,10 @@ void DdpStrategy::UpdateParameters(std::vector<parallel::TrainableParameter>& pa
   }
 }
 
+std::vector<PrepareStep> DdpStrategy::Replacements() const {
+  PrepareStep fsdp;
+  fsdp.mutable_fsdp()->set_mesh_dim(config_.mesh_dim());
+  return {fsdp};
+}
+
 }  // namespace plait::wrap::ddp

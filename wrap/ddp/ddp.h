@@ -82,7 +82,8 @@ class Ddp {
 class DdpStrategy final : public Strategy,
                           public DataSplit,
                           public ParameterLayout,
-                          public Gradients {
+                          public Gradients,
+                          public SmallerVersions {
  public:
   explicit DdpStrategy(DdpConfig config) : config_(std::move(config)) {}
 
@@ -95,6 +96,9 @@ class DdpStrategy final : public Strategy,
   void UpdateParameters(std::vector<parallel::TrainableParameter>& parameters) override;
   void SetGradientSync(bool sync) override { ddp_->set_sync(sync); }
   absl::Status BackwardStatus() const override { return ddp_->last_sync_status(); }
+  Saves saves() const override { return Saves::kParameters; }
+  // FSDP over its dimension: each rank keeps a shard in place of a replica.
+  std::vector<PrepareStep> Replacements() const override;
 
  private:
   DdpConfig config_;

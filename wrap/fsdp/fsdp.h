@@ -188,7 +188,8 @@ class FsdpStrategy final : public Strategy,
                            public DataSplit,
                            public ParameterLayout,
                            public Gradients,
-                           public GatheredMemory {
+                           public GatheredMemory,
+                           public SmallerVersions {
  public:
   explicit FsdpStrategy(FsdpConfig config) : config_(std::move(config)) {}
 
@@ -197,6 +198,8 @@ class FsdpStrategy final : public Strategy,
   std::string replicate_dim() const override { return config_.replicate_mesh_dim(); }
   std::string borrowed_dim() const override { return config_.shard_dense_over_mesh_dim(); }
   void Borrow(const ParameterLayout& lender) override { lender_ = &lender; }
+  Saves saves() const override { return Saves::kParameters; }
+  bool keeps_less_over_more_ranks() const override { return true; }
   bool splits_batch() const override { return true; }
   // Its dtypes: fp16 has no CPU matmul, and DTYPE_AUTO is for the model's dtype only.
   std::vector<base::Violation> Check(const std::optional<ModelShape>& shape,
