@@ -18,7 +18,7 @@
 //
 //   // In CausalLM's forward, in each mixture-of-experts layer:
 //   out = statistics.Record(layer, probabilities, routed, out);
-//   // After it, where the loss is formed (objectives/router_loss.h):
+//   // After it, where the loss is formed (objectives/model_losses.h):
 //   at::Tensor total = statistics.Load();  // all-reduced over the data ranks
 //   loss = loss + statistics.coefficient() * statistics.Loss(total, gradient_scale);
 #ifndef PLAIT_MODELS_ROUTER_STATISTICS_H_

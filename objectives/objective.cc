@@ -24,7 +24,8 @@ class CrossEntropy : public Objective {
  public:
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch,
                                           const data::Batch& /*host*/,
-                                          const at::Tensor& /*frozen_read*/) override {
+                                          const at::Tensor& /*frozen_read*/,
+                                          const StepItems* /*step*/, int /*micro*/) override {
     return ObjectiveOutput{
         policy.Loss(batch.inputs, batch.targets, data::kIgnoreTarget, batch.positions), {}};
   }
@@ -115,8 +116,8 @@ class DirectPreference : public Objective {
   }
 
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch,
-                                          const data::Batch& host,
-                                          const at::Tensor& frozen_read) override {
+                                          const data::Batch& host, const at::Tensor& frozen_read,
+                                          const StepItems* /*step*/, int /*micro*/) override {
     // First, so that no policy activations are held while a live reference runs.
     PLAIT_ASSIGN_OR_RETURN(const at::Tensor reference,
                            frozen_read.defined() ? frozen_read : ReferenceOf(policy, batch, host));

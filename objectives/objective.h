@@ -40,6 +40,8 @@
 
 namespace plait::objectives {
 
+class StepItems;  // step_items.h
+
 // Named values in the order an objective reports them, by TRL's names.
 using Metrics = std::vector<std::pair<std::string, double>>;
 // The same as fp32 scalars on the loss's device, detached: a step reads them on the host
@@ -98,16 +100,20 @@ class Objective {
   // `host` is the same batch in host memory (what the trainer copied to the device), where an
   // objective reads what it looks up on the host (a precomputed reference's sequences)
   // without a transfer back from the device. `frozen_read` is ReadFrozen's result for `batch`,
-  // or undefined, and then the objective runs its frozen model itself. An error only for a
-  // precomputed reference that lacks a sequence of `batch`, and for DPO against the policy
-  // without its adapters when it has none.
+  // or undefined, and then the objective runs its frozen model itself. `step` counts the
+  // items of the optimizer step `batch` is micro-batch `micro` of (step_items.h), for a loss
+  // that weighs its gradient in the step itself (a mixture of experts' load-balancing loss,
+  // model_losses.h); null in an evaluation, which trains nothing. An error only for a
+  // precomputed reference that lacks a sequence of `batch`, for DPO against the policy
+  // without its adapters when it has none, and for a collective that failed.
   virtual absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy,
                                                   const data::Batch& batch, const data::Batch& host,
-                                                  const at::Tensor& frozen_read) = 0;
+                                                  const at::Tensor& frozen_read,
+                                                  const StepItems* step, int micro) = 0;
 
-  // The same for a batch in host memory, running the frozen model itself.
+  // The same for a batch in host memory, running the frozen model itself, outside a step.
   absl::StatusOr<ObjectiveOutput> Compute(models::CausalLM& policy, const data::Batch& batch) {
-    return Compute(policy, batch, batch, at::Tensor());
+    return Compute(policy, batch, batch, at::Tensor(), /*step=*/nullptr, /*micro=*/0);
   }
 
   // The names of the metrics Compute reports besides the loss, in its order (DPO's

@@ -134,7 +134,8 @@ TEST(ObjectiveTest, DpoReadsItsReferenceAheadAsItWouldItself) {
   const absl::StatusOr<at::Tensor> read = (*live)->ReadFrozen(*reference, batch);
   ASSERT_THAT(read, IsOk());
   const ObjectiveOutput expected = (*live)->Compute(*policy, batch).value();
-  const ObjectiveOutput actual = (*live)->Compute(*policy, batch, batch, *read).value();
+  const ObjectiveOutput actual =
+      (*live)->Compute(*policy, batch, batch, *read, /*step=*/nullptr, /*micro=*/0).value();
   EXPECT_EQ(actual.loss.item<float>(), expected.loss.item<float>());
   EXPECT_EQ(OnHost(actual.metrics), OnHost(expected.metrics));
   std::vector<std::string> names;

@@ -6,7 +6,7 @@
 // Averaging each micro-batch's mean instead (as plait did) is measurably another loss here.
 // A mixture of experts trains its load-balancing loss as one process too: the routing of each
 // micro-batch is summed over the ranks that read it, and the loss weighs as the micro-batch's
-// share of the step's items (objectives/router_loss.h).
+// share of the step's items (objectives/model_losses.h).
 #include <cmath>
 #include <cstdint>
 #include <fstream>

@@ -39,8 +39,8 @@
 #include "models/model_config.h"
 #include "models/safetensors.h"
 #include "objectives/metric_means.h"
+#include "objectives/model_losses.h"
 #include "objectives/objective.h"
-#include "objectives/router_loss.h"
 #include "objectives/step_items.h"
 #include "optim/optimizer.h"
 #include "parallel/device.h"
@@ -216,21 +216,11 @@ class TrainingRun {
   // model's passes; nothing otherwise.
   absl::Status ReadFrozen(std::vector<CountedBatch>& batches);
 
-  // The metrics each micro-batch reports besides the loss: the objective's, then the router's.
-  std::vector<std::string> MetricNames() const {
-    std::vector<std::string> names = objective_->MetricNames();
-    for (std::string& name : objectives::RouterMetricNames(resolved_.model)) {
-      names.push_back(std::move(name));
-    }
-    return names;
-  }
-
   // The forward of micro-batch i of `batches` on the trained model (wrap::MicroBatchForward):
   // from the hidden state `input` on a later pipeline stage; the stage's output, or, where the
-  // model holds its output layers, the objective's loss with a mixture of experts'
-  // load-balancing loss (objectives/router_loss.h), added to `means` and scaled by `step_items`
-  // for the backward (unscaled without them, in an evaluation). `batches` and `means` must
-  // outlive its use.
+  // model holds its output layers, the objective's loss, added to `means` and scaled by
+  // `step_items` for the backward (unscaled without them, in an evaluation). `batches` and `means`
+  // must outlive its use.
   wrap::MicroBatchForward Forward(const std::vector<CountedBatch>& batches,
                                   objectives::MetricMeans& means,
                                   const objectives::StepItems* step_items);
@@ -321,8 +311,11 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const plan::Reso
     frozen[plan.frozen(i).name()] = &model->model();
     run->frozen_[plan.frozen(i).name()] = std::move(model);
   }
-  PLAIT_ASSIGN_OR_RETURN(run->objective_,
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<objectives::Objective> objective,
                          objectives::MakeObjective(plan.objective(), frozen, "plan.objective"));
+  // With the losses the model's own layers add (a mixture of experts' load balancing).
+  run->objective_ = objectives::WithModelLosses(std::move(objective), resolved.model, mesh,
+                                                resolved.routing_dims);
   PLAIT_ASSIGN_OR_RETURN(run->optimizer_, BuildOptimizer(*run->prepared_, plan.optimizer()));
 
   // The ranks of the dimensions that split the batch (FSDP's, DDP's) read different data.
@@ -438,7 +431,7 @@ absl::StatusOr<metrics::StepMetrics> TrainingRun::Step(int64_t step) {
       base::Annotate(objectives::StepItems::Count(std::move(items), mesh_, resolved_.scoring_dims),
                      absl::StrCat("step ", metrics.step)));
   PLAIT_RETURN_IF_ERROR(base::Annotate(ReadFrozen(batches), absl::StrCat("step ", metrics.step)));
-  objectives::MetricMeans means(MetricNames());
+  objectives::MetricMeans means(objective_->MetricNames());
   // Its errors are the hooks' collectives', which name the step and their place in it, and
   // the objective's.
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().TrainMicroBatches(
@@ -604,11 +597,9 @@ wrap::MicroBatchForward TrainingRun::Forward(const std::vector<CountedBatch>& ba
     models::CausalLM& model = prepared_->model();
     const CountedBatch& batch = batches[micro];
     return StageForward(model, batch.batch, input, [&]() -> absl::StatusOr<at::Tensor> {
-      PLAIT_ASSIGN_OR_RETURN(
-          objectives::ObjectiveOutput output,
-          objective_->Compute(model, batch.batch, batch.host, batch.frozen_read));
-      PLAIT_RETURN_IF_ERROR(objectives::AddRouterLoss(model, mesh_, resolved_.routing_dims,
-                                                      step_items, micro, output));
+      PLAIT_ASSIGN_OR_RETURN(objectives::ObjectiveOutput output,
+                             objective_->Compute(model, batch.batch, batch.host, batch.frozen_read,
+                                                 step_items, micro));
       means.Add(output, batch.items);
       return step_items == nullptr ? output.loss
                                    : step_items->ScaledForBackward(output.loss, micro);
@@ -631,7 +622,7 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
     batches.push_back(std::move(batch));
   }
   PLAIT_RETURN_IF_ERROR(ReadFrozen(batches));
-  objectives::MetricMeans means(MetricNames());
+  objectives::MetricMeans means(objective_->MetricNames());
   PLAIT_RETURN_IF_ERROR(prepared_->preparation().EvaluateMicroBatches(
       static_cast<int>(batches.size()), Forward(batches, means, /*step_items=*/nullptr)));
   return means.Mean(mesh_);

@@ -309,7 +309,7 @@ class DataSplit {
 
   // Whether the ranks of its dimension each run the blocks' feed-forward on different tokens
   // (data and context parallelism, and tensor parallelism's sequence parallelism): a mixture
-  // of experts' routing is summed over such dimensions (objectives/router_loss.h). Default:
+  // of experts' routing is summed over such dimensions (objectives/model_losses.h). Default:
   // when it splits the batch or the sequence.
   virtual bool splits_tokens() const { return splits_batch() || splits_sequence(); }
 
