@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace plait::metrics {
 
 NamedMetrics Scalars(const StepMetrics& metrics) {
@@ -24,6 +27,20 @@ NamedMetrics Scalars(const StepMetrics& metrics) {
 
 const char* SkipCause(const StepMetrics& metrics) {
   return std::isfinite(metrics.loss) ? "gradient norm" : "loss";
+}
+
+void SkippedUpdates::Count(const StepMetrics& metrics) {
+  if (!metrics.skipped) {
+    in_a_row_ = 0;
+    causes_.clear();
+    return;
+  }
+  ++in_a_row_;
+  causes_.insert(SkipCause(metrics));
+}
+
+std::string SkippedUpdates::Why() const {
+  return absl::StrCat("the ", absl::StrJoin(causes_, " or the "), " was not finite");
 }
 
 int64_t StepsRepeated(const RunMetrics& run) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +41,20 @@ NamedMetrics Scalars(const StepMetrics& metrics);
 // What was not finite in a step whose update was skipped: "loss" when its loss is not
 // finite (the trainer then skips the update whatever the gradients), else "gradient norm".
 const char* SkipCause(const StepMetrics& metrics);
+
+// The updates skipped in a row up to the last step counted, and what was not finite in them:
+// the errors that stop a run which trains nothing say it.
+class SkippedUpdates {
+ public:
+  void Count(const StepMetrics& metrics);
+  int64_t in_a_row() const { return in_a_row_; }
+  // "the loss was not finite", or "the gradient norm or the loss was not finite".
+  std::string Why() const;
+
+ private:
+  int64_t in_a_row_ = 0;
+  std::set<std::string> causes_;  // SkipCause's
+};
 
 // A restart of a run by its launcher (parallel::World::restart_count): the step of the
 // checkpoint it resumed from, why the start before it ended, and that start's steps after the

@@ -518,6 +518,14 @@ at::Tensor CausalLM::StageOutput(const at::Tensor& tokens, const at::Tensor& pos
   return Run(tokens, positions, /*to_logits=*/false);
 }
 
+absl::StatusOr<at::Tensor> CausalLM::StageForward(
+    const at::Tensor& stage_input, const at::Tensor& tokens, const at::Tensor& positions,
+    const std::function<absl::StatusOr<at::Tensor>()>& with_output_layers) {
+  if (stage_input.defined()) SetStageInput(stage_input);
+  if (!HoldsOutputLayers()) return StageOutput(tokens, positions);
+  return with_output_layers();
+}
+
 at::Tensor CausalLM::Run(const at::Tensor& tokens, const at::Tensor& positions, bool to_logits) {
   at::Tensor h;
   if (!HoldsInputLayers()) {

@@ -29,6 +29,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -295,6 +296,14 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   //   at::Tensor loss = last->Loss(tokens, targets);
   at::Tensor StageOutput(const at::Tensor& tokens, const at::Tensor& positions = {});
   void SetStageInput(at::Tensor hidden) { stage_input_ = std::move(hidden); }
+
+  // Micro-batch `tokens`' forward as a pipeline's executor runs it (wrap::MicroBatchForward):
+  // from `stage_input`, the previous stage's output received, where it is defined; this
+  // stage's output where it does not hold the output layers, else what `with_output_layers`
+  // computes with them (a loss).
+  absl::StatusOr<at::Tensor> StageForward(
+      const at::Tensor& stage_input, const at::Tensor& tokens, const at::Tensor& positions,
+      const std::function<absl::StatusOr<at::Tensor>()>& with_output_layers);
 
   // Per row of one sequence, the sum of TokenLogProbs: [B], fp32, differentiable (a packed
   // row's sequences are summed by data::SequenceSums instead). Where ranks compute parts of

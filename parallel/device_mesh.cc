@@ -247,6 +247,16 @@ absl::Status DeviceMesh::AllReduce(at::Tensor& tensor, ReduceOp op) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int64_t>> DeviceMesh::PerRank(int64_t value) const {
+  at::Tensor one_hot = torch::zeros({layout_.world_size()}, at::TensorOptions(at::kLong));
+  one_hot.data_ptr<int64_t>()[rank()] = value;
+  at::Tensor gathered = one_hot.to(device());
+  PLAIT_RETURN_IF_ERROR(AllReduce(gathered, ReduceOp::kSum));
+  gathered = gathered.cpu();
+  const int64_t* const values = gathered.data_ptr<int64_t>();
+  return std::vector<int64_t>(values, values + gathered.numel());
+}
+
 void DeviceMesh::BeginStep(int64_t step) const {
   for (Communicator* group : communicators()) group->BeginStep(step);
 }

@@ -161,6 +161,10 @@ class DeviceMesh {
   // a sum or an average, the same as over the world at once). Every rank must call it.
   absl::Status AllReduce(at::Tensor& tensor, ReduceOp op) const;
 
+  // Each rank's `value`, in rank order, on every rank (a sum over the mesh of one-hot rows).
+  // Every rank must call it.
+  absl::StatusOr<std::vector<int64_t>> PerRank(int64_t value) const;
+
   // Whether every rank's `own` is OK, known to every rank: `own` when it is an error, Aborted
   // naming the ranks that failed when another rank's is, OK when all are. Also a barrier.
   // `what` ("saving step-00000100") starts the errors.

@@ -17,6 +17,7 @@ namespace plait::parallel {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::base::testing::IsOkAndHolds;
 using ::plait::base::testing::StatusIs;
 using ::plait::parallel::testing::RunOnRingMesh;
 using ::testing::ElementsAre;
@@ -190,6 +191,8 @@ TEST(DeviceMeshTest, ReductionsSpanTheWholeMesh) {
     EXPECT_EQ(*mesh.SubgridRankAndSize({}), std::make_pair(0, 1));
     EXPECT_THAT(mesh.SubgridRankAndSize({"pp"}),
                 StatusIs(absl::StatusCode::kNotFound, HasSubstr("no dimension \"pp\"")));
+
+    EXPECT_THAT(mesh.PerRank(10 * rank + 1), IsOkAndHolds(ElementsAre(1, 11, 21, 31)));
 
     EXPECT_THAT(mesh.Agree(absl::OkStatus(), "saving"), IsOk());
     const absl::Status own = rank == 2 ? absl::InternalError("disk full") : absl::OkStatus();

@@ -41,8 +41,8 @@
 #include "parallel/device_mesh.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
+#include "prepared/prepared_model.h"
 #include "tools/saved_checkpoint.h"
-#include "trainer/prepared_model.h"
 #include "trainer/run_checkpoints.h"
 #include "trainer/testing_ranks.h"
 
@@ -55,11 +55,11 @@ using ::plait::base::testing::IsOk;
 using ::plait::base::testing::MutationCases;
 using ::plait::base::testing::Mutator;
 using ::plait::base::testing::WriteCaseFile;
+using ::plait::prepared::PreparedModel;
+using ::plait::prepared::Role;
 using ::plait::trainer::kGlobalBatchField;
 using ::plait::trainer::kModelField;
 using ::plait::trainer::kParameterPrefix;
-using ::plait::trainer::PreparedModel;
-using ::plait::trainer::Role;
 using ::plait::trainer::RunCheckpoints;
 using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::TrainOnRanks;

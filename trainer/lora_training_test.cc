@@ -34,8 +34,8 @@
 #include "parallel/trainable_parameter.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
+#include "prepared/prepared_model.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
-#include "trainer/prepared_model.h"
 #include "trainer/run_checkpoints.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
@@ -50,6 +50,10 @@ namespace fs = std::filesystem;
 using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::prepared::BuildOptimizer;
+using ::plait::prepared::CheckEveryParameterHasGradient;
+using ::plait::prepared::PreparedModel;
+using ::plait::prepared::Role;
 using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;

@@ -23,8 +23,8 @@
 #include "models/parameter_shapes.h"
 #include "plan/plan.h"
 #include "plan/validate.h"
+#include "prepared/prepared_model.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
-#include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -33,6 +33,8 @@ namespace {
 
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
+using ::plait::prepared::PreparedModel;
+using ::plait::prepared::Role;
 using ::plait::trainer::testing::AddMeshStep;
 using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::ExpectSameTraining;

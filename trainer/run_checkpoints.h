@@ -15,11 +15,11 @@
 // batch in sequences, seq_len, data source, objective, frozen models, and where a base that a
 // step froze comes from), each under its plan field. A run whose preparation froze the model's
 // parameters (LoRA) saves only the trainable ones (the adapters) and their state; a resume
-// gives the base its values again (PreparedModel::Prepare, Role::kResumed). The world size, mesh
-// and preparation steps may change: a run resumes on any layout (one process, DDP, FSDP at any
-// width, tensor parallel, 2-D), each rank reading only the slices it needs, and reads the same next
-// global batch. No random state is consumed while training (synthetic data are positional, shuffles
-// are seeded per pass), so none is saved.
+// gives the base its values again (prepared::PreparedModel::Prepare, Role::kResumed). The world
+// size, mesh and preparation steps may change: a run resumes on any layout (one process, DDP, FSDP
+// at any width, tensor parallel, 2-D), each rank reading only the slices it needs, and reads the
+// same next global batch. No random state is consumed while training (synthetic data are
+// positional, shuffles are seeded per pass), so none is saved.
 //
 //   PLAIT_ASSIGN_OR_RETURN(RunCheckpoints checkpoints, RunCheckpoints::Open(resolved, mesh));
 //   PLAIT_ASSIGN_OR_RETURN(auto optimizer, BuildOptimizer(*prepared, plan.optimizer()));

@@ -33,8 +33,8 @@
 #include "parallel/test_ranks.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
+#include "prepared/prepared_model.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
-#include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -47,6 +47,9 @@ using ::plait::base::testing::FreshTestDir;
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
 using ::plait::plan::testing::Resolved;
+using ::plait::prepared::BuildOptimizer;
+using ::plait::prepared::PreparedModel;
+using ::plait::prepared::Role;
 using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::LoadShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;

@@ -31,9 +31,9 @@
 #include "parallel/ring_communicator.h"
 #include "parallel/test_ranks.h"
 #include "plan/validate.h"
+#include "prepared/prepared_model.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
-#include "trainer/prepared_model.h"
 #include "wrap/lora/peft_adapter.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
@@ -42,6 +42,8 @@ namespace plait::trainer::testing {
 
 namespace {
 
+using ::plait::prepared::PreparedModel;
+using ::plait::prepared::Role;
 namespace fs = std::filesystem;
 
 // A collective waits this long for the other ranks before it fails: a plan whose ranks

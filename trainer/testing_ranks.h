@@ -71,7 +71,7 @@ void ExpectSameParameters(const SavedRun& run, const SavedRun& expected, const s
 // ExpectSameParameters: `run` trained as `expected` did.
 void ExpectSameTraining(const SavedRun& run, const SavedRun& expected, const std::string& layout);
 
-// The config `spec` resolves to (models::ResolveModelSpec), for PreparedModel::Prepare.
+// The config `spec` resolves to (models::ResolveModelSpec), for prepared::PreparedModel::Prepare.
 // Failures are test failures.
 models::ModelConfig ConfigOf(const models::ModelSpec& spec);
 

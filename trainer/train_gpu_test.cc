@@ -34,7 +34,7 @@
 #include "models/model_config.h"
 #include "parallel/device.h"
 #include "plan/plan.h"
-#include "trainer/prepared_model.h"
+#include "prepared/prepared_model.h"
 #include "trainer/testing_ranks.h"
 #include "trainer/trainer.h"
 
@@ -42,6 +42,8 @@ namespace plait::trainer {
 namespace {
 
 using ::plait::base::testing::IsOk;
+using ::plait::prepared::PreparedModel;
+using ::plait::prepared::Role;
 using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::LoadShippedPlan;
 using ::plait::trainer::testing::ShortShippedPlan;

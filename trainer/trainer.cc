@@ -9,7 +9,6 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,7 +18,6 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "base/allocation_counter.h"
 #include "base/forward_generator.h"
 #include "base/hash.h"
@@ -46,15 +44,19 @@
 #include "parallel/device.h"
 #include "plan/compute_dtype.h"
 #include "plan/memory_estimate.h"
+#include "prepared/prepared_model.h"
 #include "sched/schedule_builder.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
-#include "trainer/prepared_model.h"
 #include "trainer/run_checkpoints.h"
 #include "wrap/micro_batch_executor.h"
 
 namespace plait::trainer {
 namespace {
 
+using ::plait::prepared::BuildOptimizer;
+using ::plait::prepared::CheckEveryParameterHasGradient;
+using ::plait::prepared::PreparedModel;
+using ::plait::prepared::Role;
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -67,19 +69,6 @@ std::string RestartLine(const TrainOptions& options) {
                       options.restart_cause.empty() ? "" : " after ", options.restart_cause);
 }
 
-// Each rank's `value`, in rank order, on every rank of `mesh`.
-absl::StatusOr<std::vector<int64_t>> PerRank(const parallel::DeviceMesh& mesh, int64_t value) {
-  at::Tensor gathered = torch::zeros({mesh.layout().world_size()},
-                                     at::TensorOptions(at::kLong).device(mesh.device()));
-  gathered[mesh.rank()] = value;
-  PLAIT_RETURN_IF_ERROR(mesh.AllReduce(gathered, parallel::ReduceOp::kSum));
-  gathered = gathered.cpu();
-  const auto values = gathered.accessor<int64_t, 1>();
-  std::vector<int64_t> per_rank(values.size(0));
-  for (size_t rank = 0; rank < per_rank.size(); ++rank) per_rank[rank] = values[rank];
-  return per_rank;
-}
-
 // How many parameters `parameters` (a rank's trainable parts) train over every rank of `mesh`,
 // each element once: the elements of the parts held as replica 0, the ones a checkpoint
 // saves (every rank must call it).
@@ -89,7 +78,7 @@ absl::StatusOr<int64_t> TrainedParameters(
   for (const parallel::TrainableParameter& parameter : parameters) {
     if (parameter.slice.replica == 0) own += parameter.slice.box.numel();
   }
-  PLAIT_ASSIGN_OR_RETURN(const std::vector<int64_t> per_rank, PerRank(mesh, own));
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<int64_t> per_rank, mesh.PerRank(own));
   return std::accumulate(per_rank.begin(), per_rank.end(), int64_t{0});
 }
 
@@ -117,17 +106,6 @@ absl::StatusOr<CountedBatch> NextCounted(data::DataLoader& loader,
   return CountedBatch{std::move(batch), std::move(host), items};
 }
 
-// Micro-batch `batch`'s forward on `model` as a wrap::MicroBatchForward runs it: from the
-// hidden state `input` on a later pipeline stage; the stage's output, or, where the model
-// holds its output layers, what `on_output_layers` computes with them.
-absl::StatusOr<at::Tensor> StageForward(
-    models::CausalLM& model, const data::Batch& batch, const at::Tensor& input,
-    const std::function<absl::StatusOr<at::Tensor>()>& on_output_layers) {
-  if (input.defined()) model.SetStageInput(input);
-  if (!model.HoldsOutputLayers()) return model.StageOutput(batch.inputs, batch.positions);
-  return on_output_layers();
-}
-
 // The peak FLOP/s of one rank in the dtype the plan's model computes in (DTYPE_AUTO
 // resolved), MFU's denominator.
 double PeakFlopsPerRank(const plan::Plan& plan) {
@@ -137,32 +115,6 @@ double PeakFlopsPerRank(const plan::Plan& plan) {
   }
   return training.peak_flops_per_rank();
 }
-
-// The updates skipped in a row up to the last step counted, and what was not finite in them:
-// the errors that stop a run which trains nothing say it.
-class SkippedUpdates {
- public:
-  void Count(const metrics::StepMetrics& metrics) {
-    if (!metrics.skipped) {
-      in_a_row_ = 0;
-      causes_.clear();
-      return;
-    }
-    ++in_a_row_;
-    causes_.insert(metrics::SkipCause(metrics));
-  }
-
-  int64_t in_a_row() const { return in_a_row_; }
-
-  // "the loss was not finite", or "the gradient norm or the loss was not finite".
-  std::string Why() const {
-    return absl::StrCat("the ", absl::StrJoin(causes_, " or the "), " was not finite");
-  }
-
- private:
-  int64_t in_a_row_ = 0;
-  std::set<std::string> causes_;  // metrics::SkipCause's
-};
 
 // The seed of the random draws of step `step` (0-based) on `rank`: the same whether or when the
 // run evaluated, in a straight run and in one resumed before the step.
@@ -485,7 +437,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
   const int64_t first_step = checkpoints_->resume_step();
   int64_t last_update = first_step;  // the step of the last update applied
   const Clock::time_point start = Clock::now();
-  SkippedUpdates skipped;
+  metrics::SkippedUpdates skipped;
   // The first step allocates the gradients and the optimizer's state as it goes (the state
   // after the backward's peak); the second holds what every later one does, and is compared
   // with the estimate. A run that ends before it is not compared.
@@ -560,7 +512,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
       first_step < steps ? resolved_.tokens_per_step * (steps - first_step) / training_seconds_ : 0.0;
   report.mfu = Mfu(report.tokens_per_s);
   if (progress_) PrintPadding(report.tokens_per_s);
-  PLAIT_ASSIGN_OR_RETURN(report.peak_memory_bytes, PerRank(mesh_, base::PeakResidentBytes()));
+  PLAIT_ASSIGN_OR_RETURN(report.peak_memory_bytes, mesh_.PerRank(base::PeakResidentBytes()));
   PLAIT_RETURN_IF_ERROR(MaxOverRanks(report.peak_device_memory_bytes));
   report = OverAllStarts(std::move(report));
   if (metrics_log_) PLAIT_RETURN_IF_ERROR(metrics_log_->WriteSummary(report));
@@ -582,10 +534,13 @@ absl::Status TrainingRun::ReadFrozen(std::vector<CountedBatch>& batches) {
           static_cast<int>(batches.size()),
           [&](int micro, const at::Tensor& input) {
             CountedBatch& batch = batches[micro];
-            return StageForward(model, batch.batch, input, [&]() -> absl::StatusOr<at::Tensor> {
-              PLAIT_ASSIGN_OR_RETURN(batch.frozen_read, objective_->ReadFrozen(model, batch.batch));
-              return batch.frozen_read;
-            });
+            return model.StageForward(input, batch.batch.inputs, batch.batch.positions,
+                                      [&]() -> absl::StatusOr<at::Tensor> {
+                                        PLAIT_ASSIGN_OR_RETURN(
+                                            batch.frozen_read,
+                                            objective_->ReadFrozen(model, batch.batch));
+                                        return batch.frozen_read;
+                                      });
           }),
       absl::StrCat("frozen model \"", *name, "\""));
 }
@@ -596,14 +551,15 @@ wrap::MicroBatchForward TrainingRun::Forward(const std::vector<CountedBatch>& ba
   return [this, &batches, &means, step_items](int micro, const at::Tensor& input) {
     models::CausalLM& model = prepared_->model();
     const CountedBatch& batch = batches[micro];
-    return StageForward(model, batch.batch, input, [&]() -> absl::StatusOr<at::Tensor> {
-      PLAIT_ASSIGN_OR_RETURN(objectives::ObjectiveOutput output,
-                             objective_->Compute(model, batch.batch, batch.host, batch.frozen_read,
-                                                 step_items, micro));
-      means.Add(output, batch.items);
-      return step_items == nullptr ? output.loss
-                                   : step_items->ScaledForBackward(output.loss, micro);
-    });
+    return model.StageForward(
+        input, batch.batch.inputs, batch.batch.positions, [&]() -> absl::StatusOr<at::Tensor> {
+          PLAIT_ASSIGN_OR_RETURN(objectives::ObjectiveOutput output,
+                                 objective_->Compute(model, batch.batch, batch.host,
+                                                     batch.frozen_read, step_items, micro));
+          means.Add(output, batch.items);
+          return step_items == nullptr ? output.loss
+                                       : step_items->ScaledForBackward(output.loss, micro);
+        });
   };
 }
 
@@ -631,7 +587,7 @@ absl::StatusOr<objectives::MeanMetrics> TrainingRun::Evaluate() {
 absl::Status TrainingRun::CompareMemoryWithEstimate(TrainReport& report) {
   // On CUDA the caching allocator's peak since the step reset it, else the CPU allocator's.
   const int64_t peak = parallel::PeakMemory(mesh_.device()).value_or(tensors_.peak());
-  PLAIT_ASSIGN_OR_RETURN(report.peak_tensor_bytes, PerRank(mesh_, peak));
+  PLAIT_ASSIGN_OR_RETURN(report.peak_tensor_bytes, mesh_.PerRank(peak));
   PLAIT_ASSIGN_OR_RETURN(const std::vector<plan::MemoryEstimate> estimates,
                          plan::EstimateMemoryOfEachRank(resolved_));
   // The run's summary gives the largest, plan_check's figure.

@@ -43,8 +43,8 @@
 #include "parallel/test_ranks.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
+#include "prepared/prepared_model.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
-#include "trainer/prepared_model.h"
 #include "trainer/testing_ranks.h"
 
 namespace plait::trainer {
@@ -53,6 +53,9 @@ namespace {
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
 using ::plait::plan::testing::Resolved;
+using ::plait::prepared::BuildOptimizer;
+using ::plait::prepared::PreparedModel;
+using ::plait::prepared::Role;
 using ::plait::trainer::testing::ConfigOf;
 using ::plait::trainer::testing::ExpectSameSteps;
 using ::plait::trainer::testing::ShortShippedPlan;

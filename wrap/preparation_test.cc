@@ -457,7 +457,7 @@ std::map<std::string, at::Tensor> ClonedParameters(Wrappable& model) {
 
 // A frozen model beside a trained one, as preference training prepares its reference: both
 // FSDP-sharded on the same 2 ranks (threads over TCP), the frozen one's parameters frozen
-// after its preparation (as trainer::PreparedModel does for Role::kFrozen). Each Preparation
+// after its preparation (as prepared::PreparedModel does for Role::kFrozen). Each Preparation
 // gathers its own model's whole parameters on every rank: the unsharded model's values, bit
 // for bit.
 TEST(PreparationOnRanksTest, FullParametersOfAFrozenFsdpModelBesideATrainedOne) {

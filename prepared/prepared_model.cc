@@ -1,4 +1,4 @@
-#include "trainer/prepared_model.h"
+#include "prepared/prepared_model.h"
 
 #include <algorithm>
 #include <map>
@@ -18,7 +18,7 @@
 #include "parallel/tensor_slice.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
 
-namespace plait::trainer {
+namespace plait::prepared {
 
 namespace {
 
@@ -242,4 +242,4 @@ absl::StatusOr<std::unique_ptr<optim::Optimizer>> BuildOptimizer(
   return optim::Optimizer::Create(prepared.trainable_parameters(), config);
 }
 
-}  // namespace plait::trainer
+}  // namespace plait::prepared

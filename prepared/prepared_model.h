@@ -9,8 +9,8 @@
 //                                                 mesh, Role::kTrained, "plan"));
 //   PLAIT_ASSIGN_OR_RETURN(auto optimizer, BuildOptimizer(*prepared, plan.optimizer()));
 //   at::Tensor loss = prepared->model().Loss(inputs, targets);
-#ifndef PLAIT_TRAINER_PREPARED_MODEL_H_
-#define PLAIT_TRAINER_PREPARED_MODEL_H_
+#ifndef PLAIT_PREPARED_PREPARED_MODEL_H_
+#define PLAIT_PREPARED_PREPARED_MODEL_H_
 
 #include <cstdint>
 #include <memory>
@@ -28,12 +28,12 @@
 #include "parallel/trainable_parameter.h"
 #include "wrap/preparation.h"
 
-namespace plait::trainer {
+namespace plait::prepared {
 
 // What the model is prepared for: training; training resumed from a checkpoint, which then
-// restores every trainable parameter (RunCheckpoints::Restore), so Prepare gives them no
-// values (no seeded draw, no Hugging Face read), only to the base a step froze (LoRA's),
-// which the checkpoint does not hold; or use without training.
+// restores every trainable parameter (a run's checkpoint, trainer/run_checkpoints.h), so Prepare
+// gives them no values (no seeded draw, no Hugging Face read), only to the base a step froze
+// (LoRA's), which the checkpoint does not hold; or use without training.
 enum class Role { kTrained, kResumed, kFrozen };
 
 class PreparedModel {
@@ -109,6 +109,6 @@ absl::Status CheckEveryParameterHasGradient(
 absl::StatusOr<std::unique_ptr<optim::Optimizer>> BuildOptimizer(
     const PreparedModel& prepared, const optim::OptimizerConfig& config);
 
-}  // namespace plait::trainer
+}  // namespace plait::prepared
 
-#endif  // PLAIT_TRAINER_PREPARED_MODEL_H_
+#endif  // PLAIT_PREPARED_PREPARED_MODEL_H_
