@@ -134,4 +134,30 @@ std::vector<base::Violation> CheckDataConfig(const DataConfig& data,
   return problems;
 }
 
+std::vector<base::PlanFeature> FeaturesOf(const DataConfig& data, absl::string_view field_path) {
+  std::vector<base::PlanFeature> features;
+  for (const auto& [source, files] :
+       {std::pair{"sft_files", data.has_sft_files() ? &data.sft_files() : nullptr},
+        std::pair{"preference_files",
+                  data.has_preference_files() ? &data.preference_files() : nullptr}}) {
+    if (files == nullptr || files->packing() == PACKING_NONE) continue;
+    const std::string field = absl::StrCat(field_path, ".", source, ".packing");
+    const std::string packing = PackingStrategy_Name(files->packing());
+    features.push_back({"packed_rows", field,
+                        absl::StrCat(packing, " packs several sequences into a row"),
+                        "use PACKING_NONE"});
+    if (files->packing() == PACKING_PADDING_FREE) {
+      features.push_back({"padding_free_rows", field,
+                          absl::StrCat(packing, " pads each row by how a rank's examples pack"),
+                          "use PACKING_BFD or PACKING_NONE"});
+    }
+  }
+  if (data.has_token_files() && data.token_files().has_document_start_token()) {
+    features.push_back({"document_masking",
+                        absl::StrCat(field_path, ".token_files.document_start_token"),
+                        "masks attention at each document's start within a row", "leave it unset"});
+  }
+  return features;
+}
+
 }  // namespace plait::data

@@ -38,6 +38,12 @@ std::vector<base::Violation> CheckDataConfig(const DataConfig& data,
                                                 std::optional<int64_t> vocab_size,
                                                 absl::string_view field_path);
 
+// What `data` (at `field_path` in the caller's config) asks of the rows that the preparation
+// rules may refuse beside some steps (wrap/rules.proto's FeatureRule): "packed_rows" (pair
+// files packed several sequences a row), "padding_free_rows" (each row padded as a rank's
+// examples pack) and "document_masking" (token files masked at each document's start).
+std::vector<base::PlanFeature> FeaturesOf(const DataConfig& data, absl::string_view field_path);
+
 }  // namespace plait::data
 
 #endif  // PLAIT_DATA_DATA_CONFIG_H_

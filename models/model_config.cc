@@ -660,4 +660,12 @@ std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dt
   return json.dump(2);
 }
 
+std::vector<base::PlanFeature> FeaturesOf(const ModelConfig& config, absl::string_view field_path) {
+  if (config.num_experts() == 0) return {};
+  return {{"mixture_of_experts", std::string(field_path),
+           "routes each token to some of its experts, its routers' statistics counting every "
+           "row they route, a row's padding too",
+           "train a dense model"}};
+}
+
 }  // namespace plait::models

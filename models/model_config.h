@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/violation.h"
 #include "models/model.pb.h"
 
 namespace plait::models {
@@ -77,6 +78,11 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& path);
 // above and `torch_dtype`, the dtype of the weights written beside it), which ParseHfConfigJson
 // reads back to an equal config.
 std::string ToHfConfigJson(const ModelConfig& config, absl::string_view torch_dtype = "float32");
+
+// What a model of `config` (at `field_path` in the caller's config) computes that the
+// preparation rules may refuse beside some steps (wrap/rules.proto's FeatureRule):
+// "mixture_of_experts" (its routers' statistics count every row they route).
+std::vector<base::PlanFeature> FeaturesOf(const ModelConfig& config, absl::string_view field_path);
 
 // Each head's width: head_dim where set, else hidden_size / num_attention_heads.
 inline int64_t HeadDim(const ModelConfig& config) {

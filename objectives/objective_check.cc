@@ -92,23 +92,23 @@ std::vector<base::Violation> CheckObjective(
   return problems;
 }
 
-std::vector<base::Violation> CheckObjectiveOnStages(const ObjectiveConfig& config,
-                                                    absl::string_view field_path) {
+std::vector<base::PlanFeature> FeaturesOf(const ObjectiveConfig& config,
+                                          absl::string_view field_path) {
   if (!config.has_dpo()) return {};
   const std::string field = absl::StrCat(field_path, ".dpo");
+  std::vector<base::PlanFeature> features;
   if (config.dpo().precompute_reference()) {
-    return {{field + ".precompute_reference",
-             "precomputes the reference's log-probabilities on whole models before the first "
-             "step, which a model cut into pipeline stages (a preparation step whose rule's "
-             "effect is SELECTS) cannot do yet; drop it: the reference then runs through its "
-             "own stages at each step"}};
+    features.push_back(
+        {"precomputed_reference", field + ".precompute_reference",
+         "precomputes the reference's log-probabilities on whole models before the first step",
+         "drop it: the reference then runs through its own stages at each step"});
   }
   if (config.dpo().policy_without_adapters()) {
-    return {{field + ".policy_without_adapters",
-             "a model cut into pipeline stages (a preparation step whose rule's effect is "
-             "SELECTS) cannot be its own reference yet; name a frozen reference"}};
+    features.push_back({"policy_as_reference", field + ".policy_without_adapters",
+                        "computes its reference with the policy, its adapters off",
+                        "name a frozen reference"});
   }
-  return {};
+  return features;
 }
 
 WorkPerSequence WorkOf(const ObjectiveConfig& config) {

@@ -34,14 +34,12 @@ std::vector<base::Violation> CheckObjective(
     bool policy_adapted, const std::map<std::string, std::optional<models::ModelConfig>>& frozen,
     const data::DataConfig& data, absl::string_view field_path);
 
-// Every problem of `config` at `field_path` on a trained model cut into pipeline stages (a
-// preparation step whose rule's effect is SELECTS), where only the last stage computes the
-// loss, from the hidden states the stages before it sent. DPO runs there against a frozen
-// reference, which the run reads through the reference's own preparation at each step (cut
-// over the same dimension, or whole); not yet with precompute_reference, nor against the policy
-// without its adapters.
-std::vector<base::Violation> CheckObjectiveOnStages(const ObjectiveConfig& config,
-                                                    absl::string_view field_path);
+// What the objective `config` (at `field_path`) asks of the trained model that the
+// preparation rules may refuse beside some steps (wrap/rules.proto's FeatureRule):
+// "precomputed_reference" (DPO's reference log-probabilities computed on whole models before
+// the first step) and "policy_as_reference" (DPO against the policy with its adapters off).
+std::vector<base::PlanFeature> FeaturesOf(const ObjectiveConfig& config,
+                                          absl::string_view field_path);
 
 // What the objective `config` computes for each sequence of a batch (a DPO pair counts as
 // one), for a run's throughput and MFU: the rows of seq_len tokens the trained model runs

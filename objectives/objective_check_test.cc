@@ -116,20 +116,23 @@ TEST(ObjectiveCheckTest, RejectsThePolicyWithoutAdaptersWhenNoStepAddsThem) {
                           "model in dpo.reference (rule dpo_policy_adapters)"));
 }
 
-// On a model cut into pipeline stages DPO runs against a frozen reference, read through its
-// own stages at each step; what needs the whole model before the first step, or the policy as
-// its own reference, is refused by field.
-TEST(ObjectiveCheckTest, OnStagesDpoNeedsALiveFrozenReference) {
-  EXPECT_THAT(CheckObjectiveOnStages(Dpo("ref"), "plan.objective"), IsEmpty());
-  EXPECT_THAT(CheckObjectiveOnStages(ObjectiveConfig(), "plan.objective"), IsEmpty());
+// DPO's reference precomputed on whole models, or the policy as its own reference, are
+// features the preparation rules may refuse (a model cut into pipeline stages), each at its
+// field; a live frozen reference is none.
+TEST(ObjectiveCheckTest, DpoNamesTheFeaturesTheRulesMayRefuse) {
+  EXPECT_THAT(FeaturesOf(Dpo("ref"), "plan.objective"), IsEmpty());
+  EXPECT_THAT(FeaturesOf(ObjectiveConfig(), "plan.objective"), IsEmpty());
   ObjectiveConfig precomputed = Dpo("ref");
   precomputed.mutable_dpo()->set_precompute_reference(true);
-  EXPECT_THAT(Lines(CheckObjectiveOnStages(precomputed, "plan.objective")),
-              ElementsAre(HasSubstr("plan.objective.dpo.precompute_reference: precomputes the "
-                                    "reference's log-probabilities on whole models")));
-  EXPECT_THAT(Lines(CheckObjectiveOnStages(DpoAgainstThePolicyWithoutAdapters(), "plan.objective")),
-              ElementsAre(HasSubstr("plan.objective.dpo.policy_without_adapters: a model cut "
-                                    "into pipeline stages")));
+  const std::vector<base::PlanFeature> features = FeaturesOf(precomputed, "plan.objective");
+  ASSERT_EQ(features.size(), 1u);
+  EXPECT_EQ(features[0].name, "precomputed_reference");
+  EXPECT_EQ(features[0].field, "plan.objective.dpo.precompute_reference");
+  const std::vector<base::PlanFeature> policy =
+      FeaturesOf(DpoAgainstThePolicyWithoutAdapters(), "plan.objective");
+  ASSERT_EQ(policy.size(), 1u);
+  EXPECT_EQ(policy[0].name, "policy_as_reference");
+  EXPECT_EQ(policy[0].field, "plan.objective.dpo.policy_without_adapters");
 }
 
 }  // namespace

@@ -248,7 +248,7 @@ absl::StatusOr<TargetCheck> Evaluate(const Plan& plan, const TargetCatalogue& ca
 
 // The plan's steps that are there to keep less of `saves` on a rank (wrap::SmallerVersions),
 // by index.
-std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> StepsThatSave(
+std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> StepsKeepingLess(
     const Plan& plan, wrap::SmallerVersions::Saves saves) {
   std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> found;
   for (int i = 0; i < plan.prepare_size(); ++i) {
@@ -262,8 +262,8 @@ std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> StepsThatSave(
   return found;
 }
 
-// Each step of `steps` that keeps less of `saves`, replaced by each step that may take its
-// place (SmallerVersions::Replacements).
+// `plan` with each of `steps` (StepsKeepingLess) replaced by each step that may take its place
+// (SmallerVersions::Replacements).
 std::vector<Suggestion> Replacements(
     const Plan& plan, std::optional<int> nodes,
     const std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>>& steps) {
@@ -287,7 +287,7 @@ std::vector<Suggestion> Replacements(
 std::vector<Suggestion> ActivationSuggestions(const Plan& plan, std::optional<int> nodes) {
   const auto saves = wrap::SmallerVersions::Saves::kActivations;
   const std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> steps =
-      StepsThatSave(plan, saves);
+      StepsKeepingLess(plan, saves);
   if (!steps.empty()) return Replacements(plan, nodes, steps);
   std::vector<Suggestion> candidates;
   for (const wrap::PrepareStep& step : wrap::StepsThatSave(saves)) {
@@ -341,7 +341,7 @@ std::vector<Suggestion> ParameterSuggestions(const Plan& plan, std::optional<int
     return *nodes * factor;
   };
   const std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> steps =
-      StepsThatSave(plan, saves);
+      StepsKeepingLess(plan, saves);
   std::vector<Suggestion> candidates = Replacements(plan, nodes, steps);
   for (const auto& [i, strategy] : steps) {
     if (!wrap::FacetOf<wrap::SmallerVersions>(*strategy)->keeps_less_over_more_ranks()) continue;

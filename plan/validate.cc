@@ -32,7 +32,6 @@
 #include "plan/compute_dtype.h"
 #include "plan/memory_estimate.h"
 #include "sched/schedule_builder.h"
-#include "wrap/lora/peft_adapter.h"
 #include "wrap/rules.h"
 #include "wrap/strategies.h"
 
@@ -104,10 +103,7 @@ class Checker {
     AddAll(objectives::CheckObjective(plan_.objective(), config,
                                       HasEffect(plan_.prepare(), wrap::ADAPTS), frozen_configs_,
                                       plan_.data(), "plan.objective"));
-    if (HasEffect(plan_.prepare(), wrap::SELECTS)) {
-      AddAll(objectives::CheckObjectiveOnStages(plan_.objective(), "plan.objective"));
-    }
-    if (resolved_.scoring_dims != resolved_.data_parallel_dims) CheckSequenceSlices();
+    CheckFeatures(config);
     CheckFrozenStages();
     ResolveWork(config);
     return std::move(violations_);
@@ -121,26 +117,22 @@ class Checker {
     violations_.push_back({std::move(field), std::move(message), std::move(rule)});
   }
 
-  // A plan whose ranks each compute a slice of every sequence (context parallelism): no packed
-  // rows, whose sequences' boundaries the slices would cut.
-  void CheckSequenceSlices() {
-    const data::DataConfig& data = plan_.data();
-    constexpr const char* kSlices =
-        "and the trained model's ranks each compute a slice of every row (a preparation step "
-        "that splits the sequence: context_parallel); not supported yet";
-    const auto check_packing = [&](const data::PairFiles& files, const char* field) {
-      if (files.packing() == data::PACKING_NONE) return;
-      Add(absl::StrCat("plan.data.", field, ".packing"),
-          absl::StrCat(data::PackingStrategy_Name(files.packing()),
-                       " packs several sequences into a row, ", kSlices, ": use PACKING_NONE"));
-    };
-    if (data.has_sft_files()) check_packing(data.sft_files(), "sft_files");
-    if (data.has_preference_files()) check_packing(data.preference_files(), "preference_files");
-    if (data.has_token_files() && data.token_files().has_document_start_token()) {
-      Add("plan.data.token_files.document_start_token",
-          absl::StrCat("masks attention at each document's start within a row, ", kSlices,
-                       ": leave it unset"));
+  // The features of the data, the objective and the model that the rules' feature rules
+  // refuse beside the kinds of step the trained model's preparation has.
+  void CheckFeatures(const std::optional<models::ModelConfig>& config) {
+    std::set<wrap::StepKind> kinds;
+    // Some step's ranks compute slices of the sequences the data-parallel ranks share.
+    if (resolved_.scoring_dims != resolved_.data_parallel_dims) kinds.insert(wrap::SPLITS_SEQUENCE);
+    if (HasEffect(plan_.prepare(), wrap::SELECTS)) kinds.insert(wrap::CUTS_STAGES);
+    if (resolved_.data_parallel_size > 1) kinds.insert(wrap::SPLITS_BATCH);
+    std::vector<base::PlanFeature> features = data::FeaturesOf(resolved_.data, "plan.data");
+    for (std::vector<base::PlanFeature> more :
+         {objectives::FeaturesOf(plan_.objective(), "plan.objective"),
+          config.has_value() ? models::FeaturesOf(*config, "plan.model")
+                             : std::vector<base::PlanFeature>()}) {
+      features.insert(features.end(), more.begin(), more.end());
     }
+    AddAll(wrap::CheckFeatures(rules_, features, kinds));
   }
 
   // Violations a library found.
@@ -376,12 +368,18 @@ class Checker {
       AddAll(models::CheckHfExportFolder(resolved_.save_hf_dir, {}, kSaveHf));
     }
     if (resolved_.save_adapter_dir.empty()) return;
-    if (collided.count(kSaveAdapter) == 0) {
-      AddAll(wrap::lora::CheckPeftAdapterFolder(resolved_.save_adapter_dir, kSaveAdapter));
+    for (const wrap::PrepareStep& step : plan_.prepare()) {
+      absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
+      const wrap::AdapterExport* const adapters =
+          strategy.ok() ? wrap::FacetOf<wrap::AdapterExport>(**strategy) : nullptr;
+      if (adapters == nullptr) continue;
+      if (collided.count(kSaveAdapter) == 0) {
+        AddAll(adapters->CheckAdapterFolder(resolved_.save_adapter_dir, kSaveAdapter));
+      }
+      return;
     }
-    if (HasEffect(plan_.prepare(), wrap::ADAPTS)) return;
     Add(kSaveAdapter,
-        "the preparation adds no adapters to save (no step whose rule's effect is ADAPTS, "
+        "the preparation adds no adapters to save (no step that exports the adapters it adds, "
         "such as lora)");
   }
 
@@ -453,9 +451,6 @@ class Checker {
         config.has_value() ? std::optional<int64_t>(config->vocab_size()) : std::nullopt;
     AddAll(data::CheckDataConfig(resolved_.data, vocab_size, "plan.data"));
     const data::DataConfig& data = resolved_.data;
-    if (config.has_value() && config->num_experts() > 0 && resolved_.data_parallel_size > 1) {
-      CheckPaddingFreeMixture(data);
-    }
     const bool synthetic =
         data.has_synthetic() || data.has_synthetic_pairs() || data.has_synthetic_sft();
     if (synthetic && resolved_.eval_micro_batches > kMaxSyntheticEvalMicroBatches) {
@@ -465,24 +460,6 @@ class Checker {
                        kMaxSyntheticEvalMicroBatches,
                        " an evaluation of a synthetic source reads: its held-out stream never "
                        "ends, so an evaluation is bounded as a held-out file's is"));
-    }
-  }
-
-  // A mixture of experts' router statistics (its load-balancing loss and expert loads) count
-  // every row its layers route, a row's padding too: padding-free rows, whose padding depends
-  // on how each data-parallel rank's examples pack, would give a data-parallel layout other
-  // statistics than one process.
-  void CheckPaddingFreeMixture(const data::DataConfig& data) {
-    for (const auto& [field, files] :
-         {std::pair{"sft_files", data.has_sft_files() ? &data.sft_files() : nullptr},
-          std::pair{"preference_files",
-                    data.has_preference_files() ? &data.preference_files() : nullptr}}) {
-      if (files == nullptr || files->packing() != data::PACKING_PADDING_FREE) continue;
-      Add(absl::StrCat("plan.data.", field, ".packing"),
-          "PACKING_PADDING_FREE pads each row by how a rank's examples pack, and a mixture of "
-          "experts' router statistics (its load-balancing loss, its expert loads) count the "
-          "padding it routes, so over several data-parallel ranks it would not train as one "
-          "process; not supported yet: use PACKING_BFD or PACKING_NONE");
     }
   }
 

@@ -63,6 +63,14 @@ absl::StatusOr<PreparationRules> ParseRules(absl::string_view text, absl::string
       problems.push_back(absl::StrCat(field, ": lenders and borrowed_dim_field go together"));
     }
   }
+  for (int i = 0; i < rules.features_size(); ++i) {
+    const FeatureRule& feature = rules.features(i);
+    if (feature.features().empty() || feature.steps() == STEP_KIND_UNSPECIFIED ||
+        feature.rule().empty() || feature.why().empty()) {
+      problems.push_back(absl::StrCat(source, ": features[", i,
+                                      "] needs features, the kind of steps, a rule and why"));
+    }
+  }
   if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
   return rules;
 }
@@ -209,6 +217,30 @@ std::vector<base::Violation> CheckSteps(
           absl::StrCat("\"", borrowed, "\" is not the mesh_dim of an earlier ",
                        absl::StrJoin(lenders, " or "), " step: ", rule->lenders(0).why()),
           rule->lenders(0).rule());
+    }
+  }
+  return violations;
+}
+
+std::vector<base::Violation> CheckFeatures(const PreparationRules& rules,
+                                           const std::vector<base::PlanFeature>& features,
+                                           const std::set<StepKind>& steps) {
+  const auto has = [&](const std::string& name) {
+    return std::any_of(features.begin(), features.end(),
+                       [&](const base::PlanFeature& feature) { return feature.name == name; });
+  };
+  std::vector<base::Violation> violations;
+  for (const FeatureRule& rule : rules.features()) {
+    if (steps.count(rule.steps()) == 0 ||
+        !std::all_of(rule.features().begin(), rule.features().end(), has)) {
+      continue;
+    }
+    // Each field that asks for the first feature.
+    for (const base::PlanFeature& feature : features) {
+      if (feature.name != rule.features(0)) continue;
+      violations.push_back({feature.field,
+                            absl::StrCat(feature.what, ", ", rule.why(), "; ", feature.fix),
+                            rule.rule()});
     }
   }
   return violations;

@@ -26,7 +26,8 @@ namespace plait::wrap {
 
 // Parses rules text (`source` names it in `file:line:col` errors) and checks it: every
 // strategy named once with an effect, a positive max_count and rule names; every relation
-// naming a strategy and a rule.
+// naming a strategy and a rule; every feature rule naming features, a kind of step, a rule and
+// why.
 absl::StatusOr<PreparationRules> ParseRules(absl::string_view text, absl::string_view source);
 
 // wrap/rules.textproto as compiled in, parsed once.
@@ -46,6 +47,12 @@ std::vector<base::Violation> CheckSteps(
     const PreparationRules& rules, const google::protobuf::RepeatedPtrField<PrepareStep>& steps,
     const std::string& field, const std::set<std::string>& mesh_dims,
     const std::string& mesh_field);
+
+// Every violation of `rules`' feature rules by a plan that has `features` and steps of the
+// kinds `steps`: one at the first feature's field of each rule it breaks.
+std::vector<base::Violation> CheckFeatures(const PreparationRules& rules,
+                                           const std::vector<base::PlanFeature>& features,
+                                           const std::set<StepKind>& steps);
 
 }  // namespace plait::wrap
 

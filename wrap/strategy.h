@@ -462,6 +462,11 @@ class AdapterExport {
   virtual absl::Status SaveAdapters(const std::string& dir,
                                     const std::vector<std::pair<std::string, at::Tensor>>& adapters,
                                     const std::string& base_model) const = 0;
+
+  // Every reason SaveAdapters could not write to `dir`, found before a run trains (it would
+  // replace a file of the user's, or cannot write there), each naming `field`.
+  virtual std::vector<base::Violation> CheckAdapterFolder(const std::string& dir,
+                                                          const std::string& field) const = 0;
 };
 
 }  // namespace plait::wrap

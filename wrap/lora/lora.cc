@@ -465,6 +465,11 @@ absl::Status LoraStrategy::SaveAdapters(
   return SavePeftAdapter(dir, config_, adapters, base_model);
 }
 
+std::vector<base::Violation> LoraStrategy::CheckAdapterFolder(const std::string& dir,
+                                                              const std::string& field) const {
+  return CheckPeftAdapterFolder(dir, field);
+}
+
 absl::Status LoraStrategy::Apply(Wrappable& model, const parallel::DeviceMesh& /*mesh*/) {
   PLAIT_ASSIGN_OR_RETURN(lora_, Lora::Create(model, config_));
   return absl::OkStatus();

@@ -193,6 +193,8 @@ class LoraStrategy final : public Strategy, public ParameterLayout, public Adapt
   absl::Status SaveAdapters(const std::string& dir,
                             const std::vector<std::pair<std::string, at::Tensor>>& adapters,
                             const std::string& base_model) const override;
+  std::vector<base::Violation> CheckAdapterFolder(const std::string& dir,
+                                                  const std::string& field) const override;
   std::vector<parallel::TrainableParameter> HeldParameters() override {
     return lora_->HeldParameters();
   }
