@@ -1,10 +1,14 @@
 #include "objectives/model_losses.h"
 
+#include <optional>
 #include <utility>
 
 #include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "models/causal_lm.h"
+#include "objectives/step_items.h"
 
 namespace plait::objectives {
 

@@ -18,14 +18,11 @@
 #define PLAIT_OBJECTIVES_MODEL_LOSSES_H_
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "models/causal_lm.h"
+#include "models/model.pb.h"
 #include "objectives/objective.h"
-#include "objectives/step_items.h"
 #include "parallel/device_mesh.h"
 
 namespace plait::objectives {
