@@ -88,6 +88,13 @@ std::vector<std::string> DescribeSteps(
     for (const std::string& detail : estimate.steps[i].details) {
       lines.push_back(absl::StrCat(indent, "  ", detail));
     }
+    std::vector<std::string> terms;
+    for (const wrap::MemoryTerm& term : estimate.steps[i].memory) {
+      terms.push_back(DescribeTerm(term));
+    }
+    if (!terms.empty()) {
+      lines.push_back(absl::StrCat(indent, "  memory on a rank: ", absl::StrJoin(terms, "; ")));
+    }
   }
   return lines;
 }
@@ -95,13 +102,9 @@ std::vector<std::string> DescribeSteps(
 // A frozen model's memory on a rank: "12.0 MiB parameters, 3.0 MiB gathered units; about
 // 15.0 MiB".
 std::string DescribeFrozenMemory(const FrozenEstimate& frozen) {
-  return absl::StrFormat(
-      "%s parameters%s; about %s", base::HumanBytes(frozen.parameter_bytes),
-      frozen.preparation.gathered_bytes > 0
-          ? absl::StrCat(", ", base::HumanBytes(frozen.preparation.gathered_bytes),
-                         " gathered units")
-          : "",
-      base::HumanBytes(frozen.total_bytes()));
+  return absl::StrFormat("%s parameters%s; about %s", base::HumanBytes(frozen.parameter_bytes),
+                         DescribeTerms(frozen.preparation, wrap::MemoryTerm::Part::kGathered),
+                         base::HumanBytes(frozen.total_bytes()));
 }
 
 // "lr at step 0: 1e-05, step 25: 0.003, ..." at the quarters of `steps`, each step once.

@@ -272,6 +272,16 @@ TEST(ExplainPlanTest, DescribesActivationCheckpointing) {
   EXPECT_THAT(*text, HasSubstr("prepare[0]: activation checkpointing (SELECTIVE): each of 4 "
                                "blocks keeps"));
   EXPECT_THAT(*text, HasSubstr("recomputes the rest in backward [KEEPS]"));
+  // Each step's memory terms, by name, below it.
+  const size_t saved = text->find(
+      "  memory on a rank: saves 3.5 MiB of activations recomputed in backward, when a "
+      "micro-batch's backward starts\n");
+  const size_t gathered = text->find(" gathered units, at the peak of each step\n");
+  ASSERT_NE(saved, std::string::npos) << *text;
+  ASSERT_NE(gathered, std::string::npos) << *text;
+  EXPECT_LT(text->find("prepare[0]"), saved);
+  EXPECT_LT(saved, text->find("prepare[1]"));
+  EXPECT_LT(text->find("prepare[1]"), gathered);
 }
 
 // Tensor parallelism over 4 ranks with sequence parallelism on the tiny Llama (hidden 256, 4

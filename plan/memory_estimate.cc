@@ -98,8 +98,6 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
       step_estimate.parameter_fraction = shares[share].parameter_fraction;
       step_estimate.kept_activations = shares[share].kept_activations;
     }
-    estimate.activation_bytes_saved += step_estimate.activation_bytes_saved;
-    estimate.working_bytes = std::max(estimate.working_bytes, step_estimate.working_bytes);
     if (step_estimate.kept_activations.has_value()) {
       // The steps after it see the blocks a rank holds (FSDP's units, tensor parallelism's
       // collectives per block) and the block activations it keeps (activation checkpointing).
@@ -107,11 +105,10 @@ absl::StatusOr<PreparationEstimate> EstimatePreparation(
       seen.num_blocks = step_estimate.kept_activations->held_blocks;
       seen.kept_block_activations = step_estimate.kept_activations->blocks;
     }
-    estimate.gathered_bytes = std::max(estimate.gathered_bytes, step_estimate.gathered_bytes);
     // A step counts what it adds whole (from the model's parameter list); on a rank it is
     // the share the steps before it leave, and the steps after it split it further.
-    estimate.added_parameters += step_estimate.added_block_parameters;
-    const double added_here = step_estimate.added_block_parameters * estimate.parameter_fraction;
+    estimate.added_parameters += step_estimate.added_parameters;
+    const double added_here = step_estimate.added_parameters * estimate.parameter_fraction;
     seen.parameters += added_here;
     if (seen.num_blocks > 0) seen.block_parameters += added_here / seen.num_blocks;
     if (step_estimate.kept_parameter_list.has_value()) {
@@ -197,6 +194,16 @@ wrap::ModelShape ShapeOf(const models::ModelConfig& config, const models::ModelS
 
 namespace {
 
+// Adds to each step's memory its terms that scale with what a rank holds after every step.
+void AddTermsOnRank(PreparationEstimate& preparation, const wrap::RankHolding& holding) {
+  for (wrap::StepEstimate& step : preparation.steps) {
+    if (!step.memory_on_rank) continue;
+    for (wrap::MemoryTerm& term : step.memory_on_rank(holding)) {
+      step.memory.push_back(std::move(term));
+    }
+  }
+}
+
 // The estimate for the ranks of share `share` (PreparationEstimate::share) of `resolved`.
 absl::StatusOr<MemoryEstimate> EstimateMemoryOfShare(const ResolvedPlan& resolved,
                                                      const models::LibTorchKernels& kernels,
@@ -213,11 +220,9 @@ absl::StatusOr<MemoryEstimate> EstimateMemoryOfShare(const ResolvedPlan& resolve
   // them in its own (FSDP's fp32 shards).
   double parameter_element = shape.parameter_bytes;
   double gradient_element = shape.parameter_bytes;
-  double gradient_copies = 0.0;
   for (const wrap::StepEstimate& step : estimate.preparation.steps) {
     if (step.kept_parameter_bytes > 0) parameter_element = step.kept_parameter_bytes;
     if (step.kept_gradient_bytes > 0) gradient_element = step.kept_gradient_bytes;
-    gradient_copies += step.gradient_copies;
   }
   estimate.optimizer_slots = optim::StateBuffersPerElement(plan.optimizer());
   estimate.fp32_masters = parameter_element < kBytesPerFloat;
@@ -227,32 +232,31 @@ absl::StatusOr<MemoryEstimate> EstimateMemoryOfShare(const ResolvedPlan& resolve
   const double fraction = estimate.preparation.parameter_fraction;
   const auto& trainable = estimate.preparation.trainable_parameters;
   const double trained = (trainable.has_value() ? CountOf(*trainable) : all) * fraction;
-  // A step may hold some parameters in a form of its own (QLoRA's NF4 base), which the later
-  // steps split as they split the parameters (FSDP shards its bytes).
-  double held = 0.0;
-  double held_bytes = 0.0;
-  for (const wrap::StepEstimate& step : estimate.preparation.steps) {
-    held += step.held_parameters;
-    held_bytes += step.held_bytes;
-  }
-  estimate.parameter_bytes = ((all - held) * parameter_element + held_bytes) * fraction;
   estimate.optimizer_state_bytes =
       trained * kBytesPerFloat * (estimate.optimizer_slots + (estimate.fp32_masters ? 1 : 0));
   estimate.gradient_bytes = trained * gradient_element;
-  estimate.gradient_buffer_bytes = estimate.gradient_bytes * gradient_copies;
+  AddTermsOnRank(estimate.preparation, {.parameter_fraction = fraction,
+                                        .parameter_element_bytes = parameter_element,
+                                        .gradient_bytes = estimate.gradient_bytes});
+  const PreparationEstimate& preparation = estimate.preparation;
+  estimate.parameter_bytes =
+      all * parameter_element * fraction + preparation.Sum(wrap::MemoryTerm::Part::kParameters);
+  estimate.buffer_bytes = preparation.Sum(wrap::MemoryTerm::Part::kBuffers);
   const std::optional<wrap::StepEstimate::KeptActivations>& kept =
       estimate.preparation.kept_activations;
   estimate.gradients_beside_activations =
       kept.has_value() ? kept->after_a_backward : resolved.grad_accumulation > 1;
   // The blocks' activations, and at the peak either the output layers' (the loss's
-  // backward) or a strategy's working bytes (inside the last block's backward).
+  // backward) or a step's working bytes (inside the last block's backward), with what the
+  // steps add to them or save.
   const double output_bytes =
       (kept.has_value() ? static_cast<double>(kept->outputs) : 1.0) * shape.output_activation_bytes;
-  estimate.activation_bytes = (kept.has_value() ? static_cast<double>(kept->blocks)
-                                                : static_cast<double>(shape.num_blocks)) *
-                                  shape.block_activation_bytes +
-                              std::max(output_bytes, estimate.preparation.working_bytes) -
-                              estimate.preparation.activation_bytes_saved;
+  estimate.activation_bytes =
+      (kept.has_value() ? static_cast<double>(kept->blocks)
+                        : static_cast<double>(shape.num_blocks)) *
+          shape.block_activation_bytes +
+      std::max(output_bytes, preparation.Largest(wrap::MemoryTerm::Part::kWorking)) +
+      preparation.Sum(wrap::MemoryTerm::Part::kActivations);
   estimate.block_activation_bytes = shape.block_activation_bytes;
   if (resolved.model.tie_word_embeddings()) {
     const double vocab_rows = std::ceil(static_cast<double>(resolved.model.vocab_size()) /
@@ -270,9 +274,13 @@ absl::StatusOr<MemoryEstimate> EstimateMemoryOfShare(const ResolvedPlan& resolve
     FrozenEstimate& frozen_estimate = estimate.frozen.emplace_back();
     PLAIT_ASSIGN_OR_RETURN(frozen_estimate.preparation,
                            EstimatePreparation(frozen.prepare(), frozen_shape, plan.mesh(), share));
-    frozen_estimate.parameter_bytes = frozen_shape.parameters *
-                                      frozen_estimate.preparation.parameter_fraction *
-                                      frozen_shape.parameter_bytes;
+    const double frozen_fraction = frozen_estimate.preparation.parameter_fraction;
+    AddTermsOnRank(frozen_estimate.preparation,
+                   {.parameter_fraction = frozen_fraction,
+                    .parameter_element_bytes = frozen_shape.parameter_bytes});
+    frozen_estimate.parameter_bytes =
+        frozen_shape.parameters * frozen_fraction * frozen_shape.parameter_bytes +
+        frozen_estimate.preparation.Sum(wrap::MemoryTerm::Part::kParameters);
     estimate.frozen_bytes += frozen_estimate.total_bytes();
   }
   return estimate;
@@ -328,24 +336,74 @@ std::string DescribeShare(const MemoryEstimate& estimate) {
                          preparation.share_description);
 }
 
+double PreparationEstimate::Sum(wrap::MemoryTerm::Part part) const {
+  double bytes = 0.0;
+  for (const wrap::StepEstimate& step : steps) {
+    for (const wrap::MemoryTerm& term : step.memory) {
+      if (term.part == part) bytes += term.bytes;
+    }
+  }
+  return bytes;
+}
+
+double PreparationEstimate::Largest(wrap::MemoryTerm::Part part) const {
+  double bytes = 0.0;
+  for (const wrap::StepEstimate& step : steps) {
+    for (const wrap::MemoryTerm& term : step.memory) {
+      if (term.part == part) bytes = std::max(bytes, term.bytes);
+    }
+  }
+  return bytes;
+}
+
+std::string DescribeTerms(const PreparationEstimate& preparation, wrap::MemoryTerm::Part part) {
+  std::string text;
+  for (const wrap::StepEstimate& step : preparation.steps) {
+    for (const wrap::MemoryTerm& term : step.memory) {
+      if (term.part != part || term.bytes <= 0) continue;
+      absl::StrAppend(&text, ", ", base::HumanBytes(term.bytes), " ", term.name);
+    }
+  }
+  return text;
+}
+
+std::string DescribeTerm(const wrap::MemoryTerm& term) {
+  const char* where = "";
+  switch (term.part) {
+    case wrap::MemoryTerm::Part::kParameters:
+      where = "with the parameters, between steps";
+      break;
+    case wrap::MemoryTerm::Part::kBuffers:
+      where = "between steps";
+      break;
+    case wrap::MemoryTerm::Part::kGathered:
+      where = "at the peak of each step";
+      break;
+    case wrap::MemoryTerm::Part::kActivations:
+      where = "when a micro-batch's backward starts";
+      break;
+    case wrap::MemoryTerm::Part::kWorking:
+      where = "inside one op of a block's backward";
+      break;
+  }
+  return absl::StrCat(term.bytes < 0 ? "saves " : "", base::HumanBytes(std::abs(term.bytes)), " ",
+                      term.name, ", ", where);
+}
+
 std::string DescribeMemory(const MemoryEstimate& estimate) {
-  const double gathered = estimate.preparation.gathered_bytes;
   return absl::StrFormat(
       "%s parameters, %s optimizer state (%d slots%s)%s, %s gradients%s, %s activations%s%s; "
       "about %s",
       base::HumanBytes(estimate.parameter_bytes), base::HumanBytes(estimate.optimizer_state_bytes),
       static_cast<int>(estimate.optimizer_slots), estimate.fp32_masters ? " and fp32 masters" : "",
-      estimate.gradient_buffer_bytes > 0
-          ? absl::StrCat(", ", base::HumanBytes(estimate.gradient_buffer_bytes),
-                         " gradient buckets")
-          : "",
+      DescribeTerms(estimate.preparation, wrap::MemoryTerm::Part::kBuffers),
       base::HumanBytes(estimate.gradient_bytes),
       estimate.tied_embedding_gradient_bytes > 0
           ? absl::StrCat(" (and ", base::HumanBytes(estimate.tied_embedding_gradient_bytes),
                          " as a tied embedding's two are summed)")
           : "",
       base::HumanBytes(estimate.activation_bytes),
-      gathered > 0 ? absl::StrCat(", ", base::HumanBytes(gathered), " gathered units") : "",
+      DescribeTerms(estimate.preparation, wrap::MemoryTerm::Part::kGathered),
       estimate.frozen_bytes > 0
           ? absl::StrCat(", ", base::HumanBytes(estimate.frozen_bytes), " frozen models")
           : "",
@@ -367,19 +425,24 @@ std::optional<std::string> CompareWithMeasured(const std::vector<MemoryEstimate>
   }
   if (first_off < 0) return std::nullopt;
   const MemoryEstimate& estimate = estimates[first_off];
-  const std::pair<const char*, double> terms[] = {
+  std::vector<std::pair<std::string, double>> terms = {
       {"parameters", estimate.parameter_bytes},
       {"optimizer state", estimate.optimizer_state_bytes},
-      {"gradient buckets", estimate.gradient_buffer_bytes},
       {"gradients", estimate.gradient_bytes},
       {"a tied embedding's gradients", estimate.tied_embedding_gradient_bytes},
       {"activations", estimate.activation_bytes},
-      {"gathered units", estimate.preparation.gathered_bytes},
       {"frozen models", estimate.frozen_bytes},
   };
-  const auto* largest =
-      std::max_element(std::begin(terms), std::end(terms),
-                       [](const auto& a, const auto& b) { return a.second < b.second; });
+  for (const wrap::StepEstimate& step : estimate.preparation.steps) {
+    for (const wrap::MemoryTerm& term : step.memory) {
+      if (term.part == wrap::MemoryTerm::Part::kBuffers ||
+          term.part == wrap::MemoryTerm::Part::kGathered) {
+        terms.emplace_back(term.name, term.bytes);
+      }
+    }
+  }
+  const auto largest = std::max_element(
+      terms.begin(), terms.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   return absl::StrFormat(
       "memory: more than %.0f%% off the estimate at the peak: %s; the estimate for rank %d "
       "(%s): %s; its largest term: %s, %s",

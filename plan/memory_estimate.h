@@ -1,13 +1,14 @@
 // The memory one rank of a plan needs, estimated from the plan alone (nothing is built), and
 // the check that the ranks a machine runs fit in the memory it has. Between steps a rank
-// holds the trained model's share of parameters (in its dtype, or the fp32 shards FSDP
-// keeps), fp32 optimizer state (with fp32 masters of 16-bit parameters) and what its
-// preparation keeps (DDP's gradient buckets); at the peak of a step, also the units FSDP
-// holds whole (of the tensor-parallel slices, after tensor parallelism) and either the activations
-// of one micro-batch at the start of its backward (less what activation checkpointing recomputes)
-// or, where that is larger, the gradients and one block's activations at its end (under tensor
-// parallelism, the rank's share of the activations: models::ActivationBytes); and the frozen
-// models' shares. trainer/memory_measured_test.cc checks it against what the trainer's ranks hold:
+// holds the trained model's share of parameters (in its dtype, or the one a step stores them
+// in), fp32 optimizer state (with fp32 masters of 16-bit parameters); at the peak of a step,
+// either the activations of one micro-batch at the start of its backward or, where that is
+// larger, the gradients and one block's activations at its end (under tensor parallelism, the
+// rank's share of the activations: models::ActivationBytes); and the frozen models' shares.
+// What each step adds to these, or holds beside them, it names in its memory terms
+// (wrap::MemoryTerm: gathered units, gradient buckets, activations it recomputes), which the
+// estimate sums where they count and DescribeMemory lists by name.
+// trainer/memory_measured_test.cc checks it against what the trainer's ranks hold:
 //
 //   PLAIT_ASSIGN_OR_RETURN(MemoryEstimate estimate, EstimateMemory(resolved));
 //   PLAIT_RETURN_IF_ERROR(CheckMemoryFits(estimate, local_ranks, available_bytes));
@@ -31,16 +32,15 @@
 
 namespace plait::plan {
 
-// What a model's preparation steps leave on each rank: each step's own estimate, the share of
-// the parameters a rank owns after all of them, the most it holds whole at once, and the
-// activation bytes they save (activation checkpointing); the parameters they add (adapters)
-// and, when they change which train, how many do, both counted whole.
+// What a model's preparation steps leave on each rank: each step's own estimate (with its
+// memory terms), the share of the parameters a rank owns after all of them, the parameters
+// they add (adapters) and, when they change which train, how many do, both counted whole.
 struct PreparationEstimate {
   std::vector<wrap::StepEstimate> steps;
   double parameter_fraction = 1.0;
-  double gathered_bytes = 0.0;
-  double activation_bytes_saved = 0.0;
-  double working_bytes = 0.0;  // the largest step's (wrap::StepEstimate::working_bytes)
+  // The bytes of the steps' memory terms of `part`: their sum, and the largest.
+  double Sum(wrap::MemoryTerm::Part part) const;
+  double Largest(wrap::MemoryTerm::Part part) const;
   // The activations of the rank that keeps the most, when a step changed them (a pipeline's
   // stage: wrap::StepEstimate::kept_activations); nullopt: one micro-batch of the whole model.
   std::optional<wrap::StepEstimate::KeptActivations> kept_activations;
@@ -61,18 +61,20 @@ struct PreparationEstimate {
 struct FrozenEstimate {
   PreparationEstimate preparation;
   double parameter_bytes = 0;
-  double total_bytes() const { return parameter_bytes + preparation.gathered_bytes; }
+  double total_bytes() const {
+    return parameter_bytes + preparation.Sum(wrap::MemoryTerm::Part::kGathered);
+  }
 };
 
 struct MemoryEstimate {
   PreparationEstimate preparation;  // of the trained model
   double optimizer_slots = 0;       // fp32 state buffers per parameter
   bool fp32_masters = false;        // the optimizer keeps fp32 copies of 16-bit parameters
-  // Between steps: the parameters a rank keeps, the optimizer's state (and masters), and the
-  // copies of the gradients its preparation keeps (DDP's buckets).
+  // Between steps: the parameters a rank keeps (with its steps' terms of them), the
+  // optimizer's state (and masters), and the buffers its steps keep (their terms).
   double parameter_bytes = 0;
   double optimizer_state_bytes = 0;
-  double gradient_buffer_bytes = 0;
+  double buffer_bytes = 0;
   // In a step: the gradients of the parameters a rank keeps (ZeroGrad frees them), the
   // activations of one micro-batch when its backward starts, and one block's, which the last
   // block backward holds (recomputed, under activation checkpointing) when the other
@@ -94,14 +96,14 @@ struct MemoryEstimate {
   std::vector<FrozenEstimate> frozen;  // each frozen model's, in plan order
 
   double between_steps_bytes() const {
-    return parameter_bytes + optimizer_state_bytes + gradient_buffer_bytes + frozen_bytes;
+    return parameter_bytes + optimizer_state_bytes + buffer_bytes + frozen_bytes;
   }
-  // What a step adds at its peak: the gathered units, and the activations when its backward
+  // What a step adds at its peak: what the steps gather, and the activations when its backward
   // starts (with the gradients, when they are held then) or the gradients with one block's
   // activations (and a tied embedding's gradients) when it ends, whichever is larger (a
   // backward frees a block's activations as it makes that block's gradients).
   double step_bytes() const {
-    return preparation.gathered_bytes +
+    return preparation.Sum(wrap::MemoryTerm::Part::kGathered) +
            std::max(activation_bytes + (gradients_beside_activations ? gradient_bytes : 0.0),
                     gradient_bytes + block_activation_bytes + tied_embedding_gradient_bytes);
   }
@@ -143,6 +145,13 @@ absl::Status CheckMemoryFits(const MemoryEstimate& estimate, int local_ranks,
 
 // Whom an estimate is for: "every rank", or "the ranks at pp=1, stage 1".
 std::string DescribeShare(const MemoryEstimate& estimate);
+
+// The steps' terms of `part` that hold bytes, each as ", 3.0 MiB gathered units".
+std::string DescribeTerms(const PreparationEstimate& preparation, wrap::MemoryTerm::Part part);
+
+// One term, and where it counts: "3.0 MiB gathered units, at the peak of each step", "saves
+// 1.5 MiB of activations recomputed in backward, when a micro-batch's backward starts".
+std::string DescribeTerm(const wrap::MemoryTerm& term);
 
 // One line on the estimate: "… parameters, … optimizer state (2 slots), … gradients, …".
 std::string DescribeMemory(const MemoryEstimate& estimate);

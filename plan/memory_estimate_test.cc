@@ -79,8 +79,8 @@ TEST(EstimateMemoryTest, CountsParametersGradientsAndAdamStateOfTheShard) {
   EXPECT_THAT(estimate->parameter_bytes, DoubleNear(TinyParameters() / 2 * 4, 1));
   EXPECT_THAT(estimate->optimizer_state_bytes, DoubleNear(TinyParameters() / 2 * 8, 1));
   EXPECT_THAT(estimate->gradient_bytes, DoubleNear(TinyParameters() / 2 * 4, 1));
-  EXPECT_EQ(estimate->gradient_buffer_bytes, 0);
-  EXPECT_GT(estimate->preparation.gathered_bytes, 0);
+  EXPECT_EQ(estimate->buffer_bytes, 0);
+  EXPECT_GT(estimate->preparation.Sum(wrap::MemoryTerm::Part::kGathered), 0);
   EXPECT_GT(estimate->activation_bytes, 0);
   EXPECT_EQ(estimate->frozen_bytes, 0);
 }
@@ -160,7 +160,7 @@ TEST(EstimateMemoryTest, CountsMastersShardsAndBucketsInTheirDtypes) {
   EXPECT_THAT(ddp.parameter_bytes, DoubleNear(p * 2, 1));
   EXPECT_THAT(ddp.optimizer_state_bytes, DoubleNear(p * 12, 1));
   EXPECT_THAT(ddp.gradient_bytes, DoubleNear(p * 2, 1));
-  EXPECT_THAT(ddp.gradient_buffer_bytes, DoubleNear(p * 2, 1));
+  EXPECT_THAT(ddp.buffer_bytes, DoubleNear(p * 2, 1));
   EXPECT_THAT(DescribeMemory(ddp), HasSubstr("gradient buckets"));
 }
 

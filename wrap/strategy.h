@@ -21,8 +21,8 @@
 // dimension: uses_mesh_dim() is false, it names none, and its Apply uses no group of the mesh.
 //
 // A strategy that adds parameters and freezes the model's own (LoRA) says so in its
-// estimate (added_block_parameters, trainable_parameters), which the later steps' estimates
-// see in ModelShape.
+// estimate (added_parameters, trainable_parameters), which the later steps' estimates see in
+// ModelShape; what it holds beyond the model's parameters it names in its memory terms.
 //
 // Adding a strategy: a class implementing this interface and the facets it needs in its own
 // folder of wrap/ (and a SeamLayer, seams.h, if it changes what the model computes), a field in
@@ -32,6 +32,7 @@
 #define PLAIT_WRAP_STRATEGY_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -158,34 +159,53 @@ struct Transfer {
   }
 };
 
+// A named part of the memory a step adds to a rank (negative: what it saves), and where in
+// the estimate it counts. The plan's estimate (plan/memory_estimate.h) adds a step's terms to
+// the model's own parameters, gradients, optimizer state and activations, and its explanation
+// lists them by name: what a strategy holds enters as terms, not as fields of its own.
+struct MemoryTerm {
+  enum class Part {
+    kParameters,   // with the parameters a rank keeps, between steps
+    kBuffers,      // beside them, between steps
+    kGathered,     // at the peak of every step, beside whatever else it holds
+    kActivations,  // with a micro-batch's activations when its backward starts
+    // Inside one op of a block's backward, beyond the activations the forward saved: the peak
+    // holds the largest of these or the output layers' activations (the loss's backward).
+    kWorking,
+  };
+  std::string name;  // what it is: "gathered units", "gradient buckets"
+  Part part = Part::kBuffers;
+  double bytes = 0.0;
+};
+
+// What a rank holds after every step of its preparation, for the terms that scale with it.
+struct RankHolding {
+  double parameter_fraction = 1.0;       // the share of each parameter it keeps
+  double parameter_element_bytes = 0.0;  // the bytes it stores each parameter it keeps in
+  double gradient_bytes = 0.0;           // its gradients of the parameters the optimizer trains
+};
+
 // What a strategy would do to one rank, estimated from the model's shape and the size of its
-// mesh dimension.
+// mesh dimension: what it sends, how it changes the model a rank holds (which the later steps
+// see in their ModelShape), and the memory it adds, as named terms.
 struct StepEstimate {
   std::string description;           // one line for plan explanations
   std::vector<std::string> details;  // lines below it there (each collective, with its bytes)
-  double parameter_fraction = 1.0;   // the share of each parameter a rank keeps (1/n when sharded)
-  // Parameter bytes a rank holds whole, beyond its share, at the peak of a step (FSDP's
-  // gathered units).
-  double gathered_bytes = 0.0;
   // What a rank sends, over each mesh dimension it sends over.
   std::vector<Transfer> transfers;
-  // Activation bytes of a micro-batch it saves at the peak of a step, by keeping less of the
-  // forward for the backward (activation checkpointing).
-  double activation_bytes_saved = 0.0;
-  // Bytes a rank allocates and frees inside one op of a block's backward beyond the
-  // activations the forward saved, where a strategy's ops need them (ring attention's tiles
-  // of scores): the peak is then either the loss's backward or that op in the last block's.
-  double working_bytes = 0.0;
+
+  // How it changes what a rank holds.
+  double parameter_fraction = 1.0;  // the share of each parameter a rank keeps (1/n when sharded)
   // What the rank that keeps the most activations holds at the peak of a step, when the
-  // strategy changes it (a pipeline: a stage's blocks, for each micro-batch it holds in
-  // flight): blocks' activations of one micro-batch, counted in blocks, and the micro-batches
-  // whose output layers' activations it holds (0 but on the last stage). nullopt: every block
-  // of one micro-batch, and its output layers. The steps after it see `held_blocks` as the
-  // model's num_blocks, and `blocks` as its kept_block_activations.
+  // strategy changes it (one that runs a stage's blocks for several micro-batches in flight):
+  // blocks' activations of one micro-batch, counted in blocks, and the micro-batches whose
+  // output layers' activations it holds (0 where it computes no output). nullopt: every
+  // block of one micro-batch, and its output layers. The steps after it see `held_blocks` as
+  // the model's num_blocks, and `blocks` as its kept_block_activations.
   struct KeptActivations {
     int64_t blocks = 0;
     int64_t outputs = 0;
-    int64_t held_blocks = 0;  // the blocks of the rank's stages
+    int64_t held_blocks = 0;  // the blocks the rank holds
     // Whether the rank computed a backward, and so holds gradients, before that peak.
     bool after_a_backward = false;
   };
@@ -199,27 +219,23 @@ struct StepEstimate {
     std::optional<KeptActivations> kept_activations;
   };
   std::vector<RankShare> rank_shares;
-  // Bytes per element of the parameters a rank keeps (those the optimizer trains) and of
-  // their gradients, where the strategy stores them in a dtype of its own (FSDP: fp32 shards,
-  // gradients in reduce_dtype); 0: the model's dtype.
+  // Bytes per element of the parameters a rank keeps and of their gradients, where the
+  // strategy stores them in a dtype of its own (fp32 shards, gradients in a reduce dtype);
+  // 0: the model's dtype.
   double kept_parameter_bytes = 0.0;
   double kept_gradient_bytes = 0.0;
-  // Copies of the gradients of the parameters a rank keeps that it holds between steps
-  // (DDP's buckets: one).
-  double gradient_copies = 0.0;
-  // Parameters it adds to the blocks, counted whole (LoRA's adapters), and, when it changes
-  // which parameters train, those that do after it, whole (nullopt: unchanged).
-  double added_block_parameters = 0.0;
+  // Parameters it adds to the model, counted whole, and, when it changes which parameters
+  // train, those that do after it, whole (nullopt: unchanged).
+  double added_parameters = 0.0;
   std::optional<std::vector<ModelShape::Parameter>> trainable_parameters;
-  // When it drops some of the parameters it saw from a rank (expert parallelism: the other
-  // ranks' experts), those the first rank keeps, which the steps after it see
-  // (ModelShape::parameter_list); nullopt: all of them.
+  // When it drops some of the parameters it saw from a rank, those the first rank keeps, which
+  // the steps after it see (ModelShape::parameter_list); nullopt: all of them.
   std::optional<std::vector<ModelShape::Parameter>> kept_parameter_list;
-  // The model's parameters it holds in a form of its own (QLoRA's NF4 base: the targeted
-  // weights), and the bytes they take whole in that form: a rank keeps the preparation's
-  // parameter_fraction of those bytes in place of the parameters'.
-  double held_parameters = 0.0;
-  double held_bytes = 0.0;
+
+  // The memory it adds to a rank, and the terms that scale with what the rank holds after
+  // every step (copies of its gradients, some parameters in a form of their own).
+  std::vector<MemoryTerm> memory;
+  std::function<std::vector<MemoryTerm>(const RankHolding&)> memory_on_rank;
 };
 
 // The core of every strategy: its name and dimensions, its checks and estimate, and Apply.

@@ -236,8 +236,10 @@ StepEstimate ActivationCheckpointingStrategy::Estimate(const ModelShape& shape,
       ActivationCheckpointingConfig::Policy_Name(config_.policy()), shape.KeptBlockActivations(),
       base::HumanBytes(kept), base::HumanBytes(shape.block_activation_bytes));
   // At the peak of backward, every block holds what it kept and one block its recomputed rest.
-  estimate.activation_bytes_saved =
-      std::max(0.0, (shape.KeptBlockActivations() - 1) * (shape.block_activation_bytes - kept));
+  estimate.memory.push_back({.name = "of activations recomputed in backward",
+                             .part = MemoryTerm::Part::kActivations,
+                             .bytes = -std::max(0.0, (shape.KeptBlockActivations() - 1) *
+                                                         (shape.block_activation_bytes - kept))});
   return estimate;
 }
 

@@ -170,17 +170,18 @@ TEST(ActivationCheckpointingStrategyTest, EstimatesTheActivationsItSaves) {
   shape.block_input_bytes = 320;
   shape.block_activation_bytes = 5000;
   shape.block_projection_output_bytes = 1000;
-  ActivationCheckpointingConfig config;
-  config.set_policy(ActivationCheckpointingConfig::FULL);
-  EXPECT_DOUBLE_EQ(ActivationCheckpointingStrategy(config)
-                       .Estimate(shape, parallel::MeshConfig())
-                       .activation_bytes_saved,
-                   3 * (5000 - 320));
-  config.set_policy(ActivationCheckpointingConfig::SELECTIVE);
-  EXPECT_DOUBLE_EQ(ActivationCheckpointingStrategy(config)
-                       .Estimate(shape, parallel::MeshConfig())
-                       .activation_bytes_saved,
-                   3 * (5000 - 320 - 1000));
+  const auto saved = [&](ActivationCheckpointingConfig::Policy policy) {
+    ActivationCheckpointingConfig config;
+    config.set_policy(policy);
+    const StepEstimate estimate =
+        ActivationCheckpointingStrategy(config).Estimate(shape, parallel::MeshConfig());
+    EXPECT_EQ(estimate.memory.size(), 1u);
+    if (estimate.memory.empty()) return 0.0;
+    EXPECT_EQ(estimate.memory[0].part, MemoryTerm::Part::kActivations);
+    return -estimate.memory[0].bytes;
+  };
+  EXPECT_DOUBLE_EQ(saved(ActivationCheckpointingConfig::FULL), 3 * (5000 - 320));
+  EXPECT_DOUBLE_EQ(saved(ActivationCheckpointingConfig::SELECTIVE), 3 * (5000 - 320 - 1000));
 }
 
 }  // namespace

@@ -87,21 +87,24 @@ StepEstimate ContextParallelStrategy::Estimate(const ModelShape& shape,
   if (chunk_len > 0) {
     const auto batch = static_cast<int64_t>(shape.micro_batch_tokens) / (2 * chunk_len);
     const RingShape ring{batch, heads, kv_heads, shape.head_dim, chunk_len};
-    estimate.working_bytes = RingWorkingBytes(ring, shape.on_cpu, shape.compute_threads);
+    const double working_bytes = RingWorkingBytes(ring, shape.on_cpu, shape.compute_threads);
+    estimate.memory.push_back({.name = "of ring attention's working memory",
+                               .part = MemoryTerm::Part::kWorking,
+                               .bytes = working_bytes});
     estimate.details.push_back(
         shape.on_cpu
             ? absl::StrFormat(
                   "ring attention in the fused CPU kernels: %s at once beside what the "
                   "backward keeps (a block's fp32 gradients and the rows of scores of %d "
                   "thread%s)",
-                  base::HumanBytesAnySize(estimate.working_bytes), shape.compute_threads,
+                  base::HumanBytesAnySize(working_bytes), shape.compute_threads,
                   shape.compute_threads == 1 ? "" : "s")
             : absl::StrFormat(
                   "ring attention in tiles of %d of a chunk's %d query rows: %s at once beside "
                   "what the backward keeps (two tiles of fp32 scores, a block's fp32 copies "
                   "and gradients)",
                   ScoreTileRows(batch, kv_heads, chunk_len), chunk_len,
-                  base::HumanBytesAnySize(estimate.working_bytes)));
+                  base::HumanBytesAnySize(working_bytes)));
   }
   return estimate;
 }

@@ -226,7 +226,11 @@ StepEstimate DdpStrategy::Estimate(const ModelShape& shape,
       "gradients averaged in buckets of %.0f MiB during backward",
       config_.mesh_dim(), dim_size, BucketCapMb(config_));
   // The buckets hold every gradient, averaged, from the first backward on.
-  estimate.gradient_copies = 1.0;
+  estimate.memory_on_rank = [](const RankHolding& rank) {
+    return std::vector<MemoryTerm>{{.name = "gradient buckets",
+                                    .part = MemoryTerm::Part::kBuffers,
+                                    .bytes = rank.gradient_bytes}};
+  };
   // One ring all-reduce of every trainable parameter's gradient per optimizer step (no-sync
   // micro-batches send none).
   estimate.transfers.push_back(

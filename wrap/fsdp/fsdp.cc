@@ -887,10 +887,13 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
           : c10::elementSize(base::ToScalarType(config_.param_dtype(), at::kFloat));
   // The two largest units (the one computing and the one prefetched); without resharding
   // after forward, every unit by the end of the forward.
-  estimate.gathered_bytes =
-      (reshard ? shape.block_parameters + std::max(shape.root_parameters, shape.block_parameters)
-               : shape.parameters) *
-      gathered_bytes_per_element;
+  estimate.memory.push_back(
+      {.name = "gathered units",
+       .part = MemoryTerm::Part::kGathered,
+       .bytes = (reshard ? shape.block_parameters +
+                               std::max(shape.root_parameters, shape.block_parameters)
+                         : shape.parameters) *
+                gathered_bytes_per_element});
   // Every micro-batch gathers each unit for its forward (and again for its backward when
   // resharded after forward) and reduce-scatters its trainable parameters' gradients, over
   // each group its parts are sharded over, then all-reduces those gradient shards across the

@@ -441,10 +441,16 @@ StepEstimate LoraStrategy::Estimate(const ModelShape& shape,
         config_.double_quant() ? " with double quantization" : "",
         base::HumanBytesAnySize(nf4_bytes), nf4_bytes / targeted_weights,
         base::HumanBytesAnySize(targeted_weights * shape.parameter_bytes));
-    estimate.held_parameters = targeted_weights;
-    estimate.held_bytes = nf4_bytes;
+    // A rank keeps its share of the NF4 bytes in place of those weights.
+    estimate.memory_on_rank = [targeted_weights, nf4_bytes](const RankHolding& rank) {
+      return std::vector<MemoryTerm>{
+          {.name = "by holding the targeted weights in NF4",
+           .part = MemoryTerm::Part::kParameters,
+           .bytes = (nf4_bytes - targeted_weights * rank.parameter_element_bytes) *
+                    rank.parameter_fraction}};
+    };
   }
-  estimate.added_block_parameters = adapters;
+  estimate.added_parameters = adapters;
   estimate.trainable_parameters = std::move(trainable);
   return estimate;
 }

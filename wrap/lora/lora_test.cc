@@ -397,7 +397,7 @@ TEST(LoraTest, EstimateCountsTheAdapters) {
   ASSERT_THAT(strategy, IsOk());
   const StepEstimate estimate = (*strategy)->Estimate(ShapeOf(*model), parallel::MeshConfig());
   const double adapters = 4 * 8 * ((256 + 256) + (256 + 128));
-  EXPECT_EQ(estimate.added_block_parameters, adapters);
+  EXPECT_EQ(estimate.added_parameters, adapters);
   ASSERT_TRUE(estimate.trainable_parameters.has_value());
   ASSERT_EQ(estimate.trainable_parameters->size(), 4u * 2u * 2u);
   EXPECT_EQ((*estimate.trainable_parameters)[3].name,
@@ -592,8 +592,13 @@ TEST(QLoraTest, DoubleQuantNeedsNf4AndTheEstimateSaysNf4) {
   EXPECT_THAT(estimate.description,
               HasSubstr("the 262.1K weights of the targeted projections in NF4: 144.0 KiB "
                         "(0.562 bytes a weight) instead of 1.0 MiB"));
-  EXPECT_EQ(estimate.held_parameters, 4 * 256 * 256);
-  EXPECT_EQ(estimate.held_bytes, 144 * 1024);
+  // A rank holding half of each fp32 parameter keeps half of the NF4 bytes in their place.
+  ASSERT_TRUE(estimate.memory_on_rank);
+  const std::vector<MemoryTerm> terms =
+      estimate.memory_on_rank({.parameter_fraction = 0.5, .parameter_element_bytes = 4});
+  ASSERT_EQ(terms.size(), 1u);
+  EXPECT_EQ(terms[0].part, MemoryTerm::Part::kParameters);
+  EXPECT_EQ(terms[0].bytes, (144 * 1024 - 4 * 256 * 256 * 4) * 0.5);
 }
 
 // The violations the strategy of `config` finds on the tiny model, one "field: message" each
