@@ -1,5 +1,6 @@
 #include "objectives/model_losses.h"
 
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -13,6 +14,9 @@
 namespace plait::objectives {
 
 namespace {
+
+// The metrics AddRouterLoss adds, in its order.
+constexpr const char* kRouterMetrics[] = {"aux_loss", "expert_load_max", "expert_load_min"};
 
 // Adds the load-balancing loss of `model`'s last forward, micro-batch `micro` of `step` (null
 // in an evaluation), to `output`'s loss, and its metrics; nothing for a forward that routed
@@ -44,9 +48,11 @@ absl::Status AddRouterLoss(models::CausalLM& model, const parallel::DeviceMesh& 
   const at::Tensor routed = total.narrow(0, 0, experts);
   const at::Tensor share =
       (routed * static_cast<double>(experts) / routed.sum().clamp_min(1.0)).to(at::kFloat);
-  output.metrics.emplace_back("aux_loss", aux);
-  output.metrics.emplace_back("expert_load_max", share.max().to(output.loss.device()));
-  output.metrics.emplace_back("expert_load_min", share.min().to(output.loss.device()));
+  const at::Tensor values[std::size(kRouterMetrics)] = {aux, share.max().to(output.loss.device()),
+                                                        share.min().to(output.loss.device())};
+  for (size_t i = 0; i < std::size(kRouterMetrics); ++i) {
+    output.metrics.emplace_back(kRouterMetrics[i], values[i]);
+  }
   return absl::OkStatus();
 }
 
@@ -73,9 +79,7 @@ class WithRouterLoss final : public Objective {
   }
   std::vector<std::string> MetricNames() const override {
     std::vector<std::string> names = objective_->MetricNames();
-    for (const char* name : {"aux_loss", "expert_load_max", "expert_load_min"}) {
-      names.push_back(name);
-    }
+    names.insert(names.end(), std::begin(kRouterMetrics), std::end(kRouterMetrics));
     return names;
   }
   int64_t ScoredItems(const data::Batch& batch) const override {

@@ -49,15 +49,12 @@ double CountOf(const std::vector<wrap::ModelShape::Parameter>& parameters) {
 
 // How `steps` split a micro-batch's activations over `mesh`, as the strategies say
 // (tensor parallelism's heads, context parallelism's sequence slices).
-absl::StatusOr<wrap::ActivationSplit> ActivationSplitOf(
+wrap::ActivationSplit ActivationSplitOf(
     const google::protobuf::RepeatedPtrField<wrap::PrepareStep>& steps,
     const parallel::MeshConfig& mesh) {
   wrap::ActivationSplit split;
-  for (const wrap::PrepareStep& step : steps) {
-    PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<wrap::Strategy> strategy, wrap::MakeStrategy(step));
-    const wrap::DataSplit* const splits = wrap::FacetOf<wrap::DataSplit>(*strategy);
-    if (splits == nullptr) continue;
-    const wrap::ActivationSplit own = splits->SplitsActivations(mesh);
+  for (const wrap::StepWith<wrap::DataSplit>& step : wrap::StepsWith<wrap::DataSplit>(steps)) {
+    const wrap::ActivationSplit own = step.facet->SplitsActivations(mesh);
     if (own.ranks > 1) {
       split.ranks = own.ranks;
       split.sequence = own.sequence;
@@ -209,8 +206,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemoryOfShare(const ResolvedPlan& resolve
                                                      const models::LibTorchKernels& kernels,
                                                      int share) {
   const Plan& plan = resolved.plan;
-  PLAIT_ASSIGN_OR_RETURN(const wrap::ActivationSplit split,
-                         ActivationSplitOf(plan.prepare(), plan.mesh()));
+  const wrap::ActivationSplit split = ActivationSplitOf(plan.prepare(), plan.mesh());
   const wrap::ModelShape shape =
       ShapeOf(resolved.model, plan.model(), plan.device(), plan.training(), split, kernels);
   MemoryEstimate estimate;
@@ -266,8 +262,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemoryOfShare(const ResolvedPlan& resolve
   }
   for (int i = 0; i < plan.frozen_size(); ++i) {
     const FrozenModel& frozen = plan.frozen(i);
-    PLAIT_ASSIGN_OR_RETURN(const wrap::ActivationSplit frozen_split,
-                           ActivationSplitOf(frozen.prepare(), plan.mesh()));
+    const wrap::ActivationSplit frozen_split = ActivationSplitOf(frozen.prepare(), plan.mesh());
     wrap::ModelShape frozen_shape = ShapeOf(resolved.frozen[i], frozen.model(), plan.device(),
                                             plan.training(), frozen_split, kernels);
     frozen_shape.trainable_parameters = 0.0;  // it only runs forward

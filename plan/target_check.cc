@@ -246,31 +246,27 @@ absl::StatusOr<TargetCheck> Evaluate(const Plan& plan, const TargetCatalogue& ca
 // Each kind of change lists the plans to try, smallest change first; the first that fits is
 // suggested.
 
-// The plan's steps that are there to keep less of `saves` on a rank (wrap::SmallerVersions),
-// by index.
-std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> StepsKeepingLess(
-    const Plan& plan, wrap::SmallerVersions::Saves saves) {
-  std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> found;
-  for (int i = 0; i < plan.prepare_size(); ++i) {
-    absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(plan.prepare(i));
-    if (!strategy.ok()) continue;
-    const wrap::SmallerVersions* const versions = wrap::FacetOf<wrap::SmallerVersions>(**strategy);
-    if (versions != nullptr && versions->saves() == saves) {
-      found.emplace_back(i, *std::move(strategy));
-    }
-  }
+using StepKeepingLess = wrap::StepWith<wrap::SmallerVersions>;
+
+// The plan's steps that are there to keep less of `saves` on a rank (wrap::SmallerVersions).
+std::vector<StepKeepingLess> StepsKeepingLess(const Plan& plan,
+                                              wrap::SmallerVersions::Saves saves) {
+  std::vector<StepKeepingLess> found = wrap::StepsWith<wrap::SmallerVersions>(plan.prepare());
+  found.erase(
+      std::remove_if(found.begin(), found.end(),
+                     [&](const StepKeepingLess& step) { return step.facet->saves() != saves; }),
+      found.end());
   return found;
 }
 
 // `plan` with each of `steps` (StepsKeepingLess) replaced by each step that may take its place
 // (SmallerVersions::Replacements).
-std::vector<Suggestion> Replacements(
-    const Plan& plan, std::optional<int> nodes,
-    const std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>>& steps) {
+std::vector<Suggestion> Replacements(const Plan& plan, std::optional<int> nodes,
+                                     const std::vector<StepKeepingLess>& steps) {
   std::vector<Suggestion> candidates;
-  for (const auto& [i, strategy] : steps) {
-    for (const wrap::PrepareStep& replacement :
-         wrap::FacetOf<wrap::SmallerVersions>(*strategy)->Replacements()) {
+  for (const StepKeepingLess& step : steps) {
+    const int i = step.index;
+    for (const wrap::PrepareStep& replacement : step.facet->Replacements()) {
       Suggestion& replaced = candidates.emplace_back();
       replaced.change = absl::StrCat("prepare[", i, "]: ", replacement.ShortDebugString(),
                                      " in place of ", plan.prepare(i).ShortDebugString());
@@ -286,8 +282,7 @@ std::vector<Suggestion> Replacements(
 // in a plan of none, one added (wrap::StepsThatSave) at the first place the rules accept.
 std::vector<Suggestion> ActivationSuggestions(const Plan& plan, std::optional<int> nodes) {
   const auto saves = wrap::SmallerVersions::Saves::kActivations;
-  const std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> steps =
-      StepsKeepingLess(plan, saves);
+  const std::vector<StepKeepingLess> steps = StepsKeepingLess(plan, saves);
   if (!steps.empty()) return Replacements(plan, nodes, steps);
   std::vector<Suggestion> candidates;
   for (const wrap::PrepareStep& step : wrap::StepsThatSave(saves)) {
@@ -340,16 +335,16 @@ std::vector<Suggestion> ParameterSuggestions(const Plan& plan, std::optional<int
     if (!nodes.has_value()) return std::nullopt;
     return *nodes * factor;
   };
-  const std::vector<std::pair<int, std::unique_ptr<wrap::Strategy>>> steps =
-      StepsKeepingLess(plan, saves);
+  const std::vector<StepKeepingLess> steps = StepsKeepingLess(plan, saves);
   std::vector<Suggestion> candidates = Replacements(plan, nodes, steps);
-  for (const auto& [i, strategy] : steps) {
-    if (!wrap::FacetOf<wrap::SmallerVersions>(*strategy)->keeps_less_over_more_ranks()) continue;
+  for (const StepKeepingLess& step : steps) {
+    if (!step.facet->keeps_less_over_more_ranks()) continue;
+    const wrap::Strategy& strategy = *step.strategy;
     for (int factor = 2; factor <= kMaxGrowth; factor *= 2) {
-      auto [grown, change] = GrowDimension(plan, strategy->mesh_dim(), factor);
+      auto [grown, change] = GrowDimension(plan, strategy.mesh_dim(), factor);
       const int64_t world = parallel::MeshRanks(grown.mesh());
       candidates.push_back({.change = absl::StrCat(
-                                strategy->name(), " over more ranks: ", change, ", ", world,
+                                strategy.name(), " over more ranks: ", change, ", ", world,
                                 " GPUs on ", (world + gpus_per_node - 1) / gpus_per_node, " nodes"),
                             .plan = std::move(grown),
                             .nodes = nodes_times(factor)});

@@ -368,13 +368,12 @@ class Checker {
       AddAll(models::CheckHfExportFolder(resolved_.save_hf_dir, {}, kSaveHf));
     }
     if (resolved_.save_adapter_dir.empty()) return;
-    for (const wrap::PrepareStep& step : plan_.prepare()) {
-      absl::StatusOr<std::unique_ptr<wrap::Strategy>> strategy = wrap::MakeStrategy(step);
-      const wrap::AdapterExport* const adapters =
-          strategy.ok() ? wrap::FacetOf<wrap::AdapterExport>(**strategy) : nullptr;
-      if (adapters == nullptr) continue;
+    const std::vector<wrap::StepWith<wrap::AdapterExport>> adapters =
+        wrap::StepsWith<wrap::AdapterExport>(plan_.prepare());
+    if (!adapters.empty()) {
       if (collided.count(kSaveAdapter) == 0) {
-        AddAll(adapters->CheckAdapterFolder(resolved_.save_adapter_dir, kSaveAdapter));
+        AddAll(
+            adapters.front().facet->CheckAdapterFolder(resolved_.save_adapter_dir, kSaveAdapter));
       }
       return;
     }

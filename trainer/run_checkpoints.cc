@@ -57,11 +57,9 @@ absl::StatusOr<std::map<std::string, std::string>> Fingerprint(const plan::Resol
   }
   // A step that freezes the model's parameters (LoRA) leaves them out of the checkpoint: a
   // resume takes them again from the run's seed or Hugging Face folder, which must not change.
-  for (const wrap::PrepareStep& step : plan.prepare()) {
-    PLAIT_ASSIGN_OR_RETURN(const std::unique_ptr<wrap::Strategy> strategy,
-                           wrap::MakeStrategy(step));
-    const wrap::ParameterLayout* const layout = wrap::FacetOf<wrap::ParameterLayout>(*strategy);
-    if (layout == nullptr || !layout->freezes_model_parameters()) continue;
+  for (const wrap::StepWith<wrap::ParameterLayout>& step :
+       wrap::StepsWith<wrap::ParameterLayout>(plan.prepare())) {
+    if (!step.facet->freezes_model_parameters()) continue;
     fingerprint[kFrozenBaseField] =
         plan.hf_weights_dir().empty()
             ? absl::StrCat("none: plan.model.init { ", plan.model().init().ShortDebugString(), " }")

@@ -87,13 +87,10 @@ std::vector<std::string> DimsOf(const google::protobuf::RepeatedPtrField<Prepare
                                 const std::vector<std::string>& mesh_dims,
                                 const std::function<bool(const DataSplit&)>& splits) {
   std::set<std::string> splitting;
-  for (const PrepareStep& step : steps) {
-    absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(step);
-    if (!strategy.ok()) continue;
-    const DataSplit* const split = FacetOf<DataSplit>(**strategy);
-    if (split == nullptr || !splits(*split)) continue;
-    splitting.insert((*strategy)->mesh_dim());
-    if (!(*strategy)->replicate_dim().empty()) splitting.insert((*strategy)->replicate_dim());
+  for (const StepWith<DataSplit>& step : StepsWith<DataSplit>(steps)) {
+    if (!splits(*step.facet)) continue;
+    splitting.insert(step.strategy->mesh_dim());
+    if (!step.strategy->replicate_dim().empty()) splitting.insert(step.strategy->replicate_dim());
   }
   std::vector<std::string> dims;
   for (const std::string& name : mesh_dims) {

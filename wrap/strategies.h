@@ -19,6 +19,29 @@ namespace plait::wrap {
 // its config is invalid, naming the field ("ddp.bucket_cap_mb: ...").
 absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const PrepareStep& step);
 
+// A plan's step whose strategy has the facet `Facet` (StepsWith).
+template <typename Facet>
+struct StepWith {
+  int index = 0;  // in the plan's steps
+  std::unique_ptr<Strategy> strategy;
+  const Facet* facet = nullptr;  // of `strategy`
+};
+
+// The steps of `steps` whose strategy has the facet `Facet`, in step order. A step that names
+// no valid strategy is left out (MakeStrategy's error is the rules' to report).
+template <typename Facet>
+std::vector<StepWith<Facet>> StepsWith(
+    const google::protobuf::RepeatedPtrField<PrepareStep>& steps) {
+  std::vector<StepWith<Facet>> found;
+  for (int i = 0; i < steps.size(); ++i) {
+    absl::StatusOr<std::unique_ptr<Strategy>> strategy = MakeStrategy(steps[i]);
+    if (!strategy.ok()) continue;
+    const Facet* const facet = FacetOf<Facet>(**strategy);
+    if (facet != nullptr) found.push_back({i, *std::move(strategy), facet});
+  }
+  return found;
+}
+
 // Introduces `later` to the one of `earlier` (a plan's steps before it) that runs on the
 // dimension `later` borrows: that step is told that `later` takes over what it keeps whole
 // there (ParameterLayout::HandOverReplicated), and `later` is handed its layout

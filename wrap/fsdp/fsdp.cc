@@ -96,6 +96,12 @@ at::Tensor Pack(const std::vector<at::Tensor>& shards, const std::vector<int64_t
   return flat;
 }
 
+// Whether the parameter `name` is one that `lender` (null: none) keeps whole over its
+// dimension: with shard_dense_over_mesh_dim, FSDP shards those over both dimensions.
+bool KeptWholeBy(const ParameterLayout* lender, const std::string& name) {
+  return lender == nullptr || !lender->SplitsParameter(name);
+}
+
 }  // namespace
 
 // The parameters of a unit sharded over one group: all of them, or with
@@ -218,8 +224,7 @@ absl::StatusOr<std::unique_ptr<Fsdp>> Fsdp::Create(
   auto fsdp = std::unique_ptr<Fsdp>(new Fsdp(model, replicate, config));
   // The group each parameter (or held weight) of `name` is sharded over.
   const auto group_of = [&](const std::string& name) {
-    const bool kept_whole = lender == nullptr || !lender->SplitsParameter(name);
-    return dense != nullptr && kept_whole ? dense : &communicator;
+    return dense != nullptr && KeptWholeBy(lender, name) ? dense : &communicator;
   };
   // Its part of `unit`, added the first time.
   const auto part_of = [&](Unit& unit, const std::string& name) -> Part& {
@@ -851,9 +856,7 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
     double all = 0.0;
     for (const ModelShape::Parameter& parameter : shape.parameter_list) {
       all += parameter.numel();
-      if (lender_ == nullptr || !lender_->SplitsParameter(parameter.name)) {
-        dense += parameter.numel();
-      }
+      if (KeptWholeBy(lender_, parameter.name)) dense += parameter.numel();
     }
     dense_share = all > 0 ? dense / all : 0.0;
   }
