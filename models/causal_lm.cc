@@ -26,6 +26,7 @@
 #include "base/status.h"
 #include "base/torch_compat.h"
 #include "models/internal/ops.h"
+#include "models/kv_cache.h"
 #include "models/model_config.h"
 #include "models/rotary.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
@@ -182,8 +183,9 @@ at::Tensor RmsNorm::forward(const at::Tensor& x, bool generic_ops) {
   return internal::RmsNorm(x, weight, eps_, generic_ops);
 }
 
-Attention::Attention(const ModelConfig& config, const Deferred& deferred)
-    : num_heads_(config.num_attention_heads()),
+Attention::Attention(const ModelConfig& config, int64_t layer, const Deferred& deferred)
+    : layer_(layer),
+      num_heads_(config.num_attention_heads()),
       num_kv_heads_(config.num_key_value_heads()),
       head_dim_(HeadDim(config)) {
   const int64_t hidden = config.hidden_size();
@@ -236,6 +238,11 @@ at::Tensor Attention::forward(const at::Tensor& x, const ForwardContext& context
       heads(Project(k_proj, Split::kKeyValueColumn, flat, context), num_kv_heads_, k_norm);
   const at::Tensor v =
       Project(v_proj, Split::kKeyValueColumn, flat, context).view({batch, seq, num_kv_heads_, d});
+  if (context.cache != nullptr) {
+    const auto [keys, values] = context.cache->Append(layer_, k, v);
+    const at::Tensor out = internal::CachedAttention(q, keys, values, context.cache_mask);
+    return Project(o_proj, Split::kRow, out.reshape({batch, seq, num_heads_ * d}), context);
+  }
   const auto own = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     // The cached mask is for the whole sequence; a layer that changes the attention and
     // calls this one gets a mask for what it hands over.
@@ -342,7 +349,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& config, int64_t index, const Defer
   input_layernorm = register_module(
       "input_layernorm",
       std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(), deferred));
-  self_attn = register_module("self_attn", std::make_shared<Attention>(config, deferred));
+  self_attn = register_module("self_attn", std::make_shared<Attention>(config, index, deferred));
   post_attention_layernorm = register_module(
       "post_attention_layernorm",
       std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(), deferred));
@@ -526,7 +533,21 @@ absl::StatusOr<at::Tensor> CausalLM::StageForward(
   return with_output_layers();
 }
 
-at::Tensor CausalLM::Run(const at::Tensor& tokens, const at::Tensor& positions, bool to_logits) {
+at::Tensor CausalLM::Decode(const at::Tensor& tokens, KvCache& cache) {
+  TORCH_CHECK(HoldsInputLayers() && HoldsOutputLayers(),
+              "CausalLM::Decode: a model cut into pipeline stages does not decode");
+  TORCH_CHECK(!seams_.Changed(wrap::Seam::kSequence) && !seams_.Changed(wrap::Seam::kAttention),
+              "CausalLM::Decode: a model whose sequence or attention a step changed (context "
+              "parallelism) does not decode");
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == cache.rows(), "CausalLM::Decode: tokens ",
+              tokens.sizes(), " are not [", cache.rows(), ", T] for the cache's rows");
+  at::Tensor logits = Run(tokens, at::Tensor(), /*to_logits=*/true, &cache);
+  cache.Advance(tokens.size(1));
+  return logits;
+}
+
+at::Tensor CausalLM::Run(const at::Tensor& tokens, const at::Tensor& positions, bool to_logits,
+                         KvCache* cache) {
   at::Tensor h;
   if (!HoldsInputLayers()) {
     TORCH_CHECK(stage_input_.defined(), "CausalLM: this pipeline stage (blocks ", StageBegin(),
@@ -544,24 +565,33 @@ at::Tensor CausalLM::Run(const at::Tensor& tokens, const at::Tensor& positions, 
   };
   before(kRootUnit);
   // The compute dtype: the embedding's (gathered by now, under FSDP) or the received input's.
+  // Decoding reads the rotary tables of every position the cache may reach.
+  const at::ScalarType dtype =
+      h.defined() ? h.scalar_type() : model_->embed_tokens->weight.scalar_type();
   const ForwardContext& cached =
-      Context(tokens.size(1), tokens.device(),
-              h.defined() ? h.scalar_type() : model_->embed_tokens->weight.scalar_type());
-  // This forward's own copy (context_ keeps only what depends on the length): packed rows'
-  // rotary tables, each row's gathered by its positions, and where the layers record their
-  // routing.
+      Context(cache != nullptr ? cache->capacity() : tokens.size(1), tokens.device(), dtype);
+  // This forward's own copy (context_ keeps only what depends on the length): the rotary
+  // tables of packed rows and of decoded tokens, each row's gathered by its positions, and
+  // where the layers record their routing.
   ForwardContext context = cached;
-  if (positions.defined()) {
+  const auto rotate_at = [&](const at::Tensor& at) {
+    const at::Tensor rows = at.flatten();
+    const std::vector<int64_t> shape = {tokens.size(0), tokens.size(1), cached.rope.cos.size(1)};
+    context.rope.cos = cached.rope.cos.index_select(0, rows).view(shape);
+    context.rope.sin = cached.rope.sin.index_select(0, rows).view(shape);
+  };
+  if (cache != nullptr) {
+    rotate_at(cache->Positions(tokens.size(1), tokens.device()));
+    context.cache = cache;
+    context.cache_mask = cache->Mask(tokens.size(1), dtype, tokens.device());
+  } else if (positions.defined()) {
     TORCH_CHECK(!seams_.Changed(wrap::Seam::kSequence),
                 "CausalLM: packed rows (positions) where ranks compute parts of each sequence are "
                 "not supported");
     TORCH_CHECK(positions.sizes() == tokens.sizes(), "CausalLM::Forward: positions ",
                 positions.sizes(), " are not shaped as tokens ", tokens.sizes());
     context.positions = positions.to(tokens.device(), at::kLong);
-    const at::Tensor rows = context.positions.flatten();
-    const std::vector<int64_t> shape = {tokens.size(0), tokens.size(1), cached.rope.cos.size(1)};
-    context.rope.cos = cached.rope.cos.index_select(0, rows).view(shape);
-    context.rope.sin = cached.rope.sin.index_select(0, rows).view(shape);
+    rotate_at(context.positions);
   }
   if (config_.num_experts() > 0) {
     last_routing_ = c10::make_intrusive<RouterStatistics>(config_.num_experts(),

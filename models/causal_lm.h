@@ -53,6 +53,8 @@
 
 namespace plait::models {
 
+class KvCache;  // models/kv_cache.h: decoding's keys and values (CausalLM::Decode)
+
 // The options of the parameters of a model built for deferred initialisation
 // (CausalLM::CreateDeferred), or none for modules built whole, with LibTorch's default
 // initialisation.
@@ -101,12 +103,19 @@ struct ForwardContext {
   const wrap::Seams* seams = &wrap::Seams::None();
   // A mixture-of-experts model's: where this forward's layers record their routing.
   c10::intrusive_ptr<RouterStatistics> router;
+  // In decoding (CausalLM::Decode): the cache the attention layers append their keys and
+  // values to and attend, and its mask for this forward's tokens (KvCache::Mask); null
+  // otherwise.
+  KvCache* cache = nullptr;
+  at::Tensor cache_mask;
 };
 
-// Causal self-attention with rotary embeddings and grouped-query attention.
+// Causal self-attention with rotary embeddings and grouped-query attention, of the model's
+// layer `layer` (the KvCache's index of its keys and values).
 class Attention : public torch::nn::Module {
  public:
-  explicit Attention(const ModelConfig& config, const Deferred& deferred = std::nullopt);
+  explicit Attention(const ModelConfig& config, int64_t layer = 0,
+                     const Deferred& deferred = std::nullopt);
 
   // x [B, T, hidden] -> [B, T, hidden] (the part of the sequence the seams give this rank in
   // and out).
@@ -122,6 +131,7 @@ class Attention : public torch::nn::Module {
   std::shared_ptr<RmsNorm> q_norm, k_norm;  // Qwen3's, over each head; null for the others
 
  private:
+  int64_t layer_;
   int64_t num_heads_;
   int64_t num_kv_heads_;
   int64_t head_dim_;
@@ -271,6 +281,15 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   //   model->Forward(tokens, torch::tensor({{0, 1, 2, 0, 1}}));
   at::Tensor Forward(const at::Tensor& tokens, const at::Tensor& positions = {});
 
+  // Decoding: logits [B, T, vocab_size] of `tokens` [B, T], the next T tokens of the rows of
+  // `cache`, whose keys and values it appends to the cache; each token attends its row's
+  // tokens so far (KvCache's padding left out) and itself, at the positions KvCache gives.
+  // The first call gives the (left-padded) prompts, each later one the tokens sampled next:
+  // the logits are those Forward gives each row alone (unpadded) at those positions. Call it
+  // under no-grad. Not for a model whose sequence or attention a step changed (context
+  // parallelism) or cut into stages.
+  at::Tensor Decode(const at::Tensor& tokens, KvCache& cache);
+
   // Mean cross-entropy of targets[b, t] (the token that follows tokens[b, t]) over the
   // positions whose target is not `ignore_index`. 0, with a zero gradient, when every target
   // is ignored (PyTorch's mean is NaN there): a micro-batch that scores nothing still runs
@@ -361,8 +380,10 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   int64_t StageEnd() const { return stages_[selected_stage_].second; }
 
   // The stage's blocks over its input (the embedded tokens, or the stage input), then, when
-  // `to_logits`, the final norm and the output projection.
-  at::Tensor Run(const at::Tensor& tokens, const at::Tensor& positions, bool to_logits);
+  // `to_logits`, the final norm and the output projection; decoding the next tokens of
+  // `cache`'s rows where it is given (Decode).
+  at::Tensor Run(const at::Tensor& tokens, const at::Tensor& positions, bool to_logits,
+                 KvCache* cache = nullptr);
 
   // The targets this rank scores: its part of them (the sequence seam's).
   at::Tensor OwnTargets(const at::Tensor& targets);

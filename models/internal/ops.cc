@@ -522,6 +522,37 @@ at::Tensor CompositeCausalAttention(const at::Tensor& q, const at::Tensor& k, co
       .reshape({batch, seq, heads, d});
 }
 
+at::Tensor CachedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& mask) {
+  const int64_t batch = q.size(0);
+  const int64_t seq = q.size(1);
+  const int64_t heads = q.size(2);
+  const int64_t keys = k.size(1);
+  const int64_t kv_heads = k.size(2);
+  const int64_t groups = heads / kv_heads;
+  const int64_t d = q.size(3);
+  const at::ScalarType wide = ArithmeticDtype(q.scalar_type());
+  // As CompositeCausalAttention: each kv head's query heads stacked along the rows.
+  const at::Tensor q3 = q.to(wide)
+                            .reshape({batch, seq, kv_heads, groups, d})
+                            .permute({0, 2, 3, 1, 4})
+                            .reshape({batch * kv_heads, groups * seq, d});
+  const at::Tensor k3 = k.to(wide).transpose(1, 2).reshape({batch * kv_heads, keys, d});
+  const at::Tensor v3 = v.to(wide).transpose(1, 2).reshape({batch * kv_heads, keys, d});
+  const at::Tensor additive = mask.to(wide)
+                                  .repeat({1, groups, 1})
+                                  .unsqueeze(1)
+                                  .expand({batch, kv_heads, groups * seq, keys})
+                                  .reshape({batch * kv_heads, groups * seq, keys});
+  const at::Tensor scores =
+      at::baddbmm(additive, q3, k3.transpose(1, 2), /*beta=*/1.0, /*alpha=*/AttentionScale(q));
+  return at::bmm(at::softmax(scores, /*dim=*/-1), v3)
+      .view({batch, kv_heads, groups, seq, d})
+      .permute({0, 3, 1, 2, 4})
+      .reshape({batch, seq, heads, d})
+      .to(q.scalar_type());
+}
+
 at::Tensor PackedAttentionMask(const at::Tensor& positions) {
   const int64_t seq = positions.size(1);
   const at::Tensor t = torch::arange(seq, positions.options().dtype(at::kLong));

@@ -112,6 +112,12 @@ at::Tensor FusedCausalAttention(const at::Tensor& q, const at::Tensor& k, const 
                                 const at::Tensor& positions = {});
 at::Tensor CompositeCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& mask, const at::Tensor& positions = {});
+// Grouped-query attention with scale 1 / sqrt(d) of q [B, T, H, d] over the keys and values
+// k, v [B, L, KV, d] of a KvCache (KV dividing H), under its additive `mask` [B, T, L]: the
+// new tokens' attention in decoding. Scores and softmax in ArithmeticDtype; [B, T, H, d] in
+// q's dtype.
+at::Tensor CachedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& mask);
 // One block of context parallelism's ring attention (wrap/cp/ring_attention.h) in the fused
 // kernels: queries q [B, L, H, d] against keys and values k, v [B, L, KV, d], contiguous CPU
 // tensors of one dtype the fused forms serve, scale 1 / sqrt(d). `causal`: row t meets the

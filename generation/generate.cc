@@ -1,0 +1,144 @@
+#include "generation/generate.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/zeros.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "models/kv_cache.h"
+#include "torch/csrc/autograd/grad_mode.h"
+
+namespace plait::generation {
+namespace {
+
+// Why `completion` ends after its last token, if it does.
+absl::StatusOr<std::optional<StopReason>> StopAfterLastToken(const Completion& completion,
+                                                             const SamplingConfig& config,
+                                                             const GenerateOptions& options) {
+  const int64_t last = completion.tokens.back();
+  if (std::find(options.end_of_sequence.begin(), options.end_of_sequence.end(), last) !=
+      options.end_of_sequence.end()) {
+    return StopReason::kEndOfSequence;
+  }
+  if (config.stop_strings_size() > 0) {
+    PLAIT_ASSIGN_OR_RETURN(const std::string text, options.detokenize(completion.tokens));
+    for (const std::string& stop : config.stop_strings()) {
+      if (text.find(stop) != std::string::npos) return StopReason::kStopString;
+    }
+  }
+  if (static_cast<int64_t>(completion.tokens.size()) >= config.max_new_tokens()) {
+    return StopReason::kMaxNewTokens;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string StopReasonName(StopReason reason) {
+  switch (reason) {
+    case StopReason::kEndOfSequence:
+      return "end_of_sequence";
+    case StopReason::kStopString:
+      return "stop_string";
+    case StopReason::kMaxNewTokens:
+      return "max_new_tokens";
+  }
+  return "";
+}
+
+absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
+                                                 const std::vector<std::vector<int64_t>>& prompts,
+                                                 const SamplingConfig& config,
+                                                 const GenerateOptions& options) {
+  const std::vector<base::Violation> violations = CheckSamplingConfig(config, "sampling");
+  if (!violations.empty()) {
+    std::vector<std::string> lines;
+    for (const base::Violation& violation : violations) lines.push_back(violation.ToString());
+    return absl::InvalidArgumentError(absl::StrJoin(lines, "; "));
+  }
+  if (config.stop_strings_size() > 0 && !options.detokenize) {
+    return absl::InvalidArgumentError(
+        "sampling.stop_strings: stop strings need the completions' text, and no tokenizer was "
+        "given to decode it");
+  }
+  const int64_t vocab = model.config().vocab_size();
+  int64_t longest = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    if (prompts[p].empty())
+      return absl::InvalidArgumentError(absl::StrCat("prompt ", p, " is empty"));
+    for (size_t i = 0; i < prompts[p].size(); ++i) {
+      if (prompts[p][i] < 0 || prompts[p][i] >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("prompt ", p, ": token ", i, " is ",
+                                                       prompts[p][i],
+                                                       ", not an id below the "
+                                                       "model's vocabulary size ",
+                                                       vocab));
+      }
+    }
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts[p].size()));
+  }
+  const int64_t samples = std::max(1, config.num_samples());
+  std::vector<RowSeed> seeds;
+  std::vector<Completion> completions;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    for (int64_t s = 0; s < samples; ++s) {
+      seeds.push_back({static_cast<int64_t>(p), s});
+      completions.push_back({.prompt = static_cast<int64_t>(p), .sample = s});
+    }
+  }
+  if (completions.empty()) return completions;
+  const auto rows = static_cast<int64_t>(completions.size());
+  at::Tensor pads = at::zeros({rows}, at::kLong);
+  at::Tensor tokens = at::zeros({rows, longest}, at::kLong);
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<int64_t>& prompt = prompts[completions[r].prompt];
+    const auto length = static_cast<int64_t>(prompt.size());
+    pads[r] = longest - length;
+    for (int64_t i = 0; i < length; ++i) tokens[r][longest - length + i] = prompt[i];
+  }
+
+  at::NoGradGuard no_grad;
+  const at::Device device = model.OutputWeight().device();
+  models::KvCache cache(pads, longest + config.max_new_tokens());
+  Sampler sampler(config, std::move(seeds));
+  at::Tensor logits = model.Decode(tokens.to(device), cache);
+  if (logits.size(-1) != vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model computes ", logits.size(-1), " of its ", vocab,
+        " logits on this rank (a step split its vocabulary over ranks): it cannot sample alone"));
+  }
+  at::Tensor last = logits.select(1, longest - 1);
+  // The rows still drawing; a row that stopped goes on decoding with the others, unread.
+  std::vector<bool> open(rows, true);
+  int64_t open_rows = rows;
+  while (true) {
+    const Draws draws = sampler.Next(last);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!open[r]) continue;
+      Completion& completion = completions[r];
+      completion.tokens.push_back(draws.tokens[r].item<int64_t>());
+      completion.logprobs.push_back(draws.logprobs[r].item<float>());
+      completion.sampling_logprobs.push_back(draws.sampling_logprobs[r].item<float>());
+      PLAIT_ASSIGN_OR_RETURN(const std::optional<StopReason> stop,
+                             StopAfterLastToken(completion, config, options));
+      if (stop.has_value()) {
+        completion.stop = *stop;
+        open[r] = false;
+        --open_rows;
+      }
+    }
+    if (open_rows == 0) break;
+    last = model.Decode(draws.tokens.view({rows, 1}).to(device), cache).select(1, 0);
+  }
+  return completions;
+}
+
+}  // namespace plait::generation

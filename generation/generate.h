@@ -1,0 +1,64 @@
+// Completions of prompts by a model, decoded with a KV cache (models::KvCache) and drawn as a
+// SamplingConfig says (Sampler): every prompt's num_samples completions in one batch, the
+// prompts left-padded to the longest, each completion stopping at one of the model's
+// end-of-sequence ids, at a stop string or at max_new_tokens. Runs under no-grad on the
+// model as it is (one process, or a rank's whole model).
+//
+//   PLAIT_ASSIGN_OR_RETURN(std::vector<Completion> completions,
+//                          Generate(*model, {{1, 15043}, {1, 450, 4996}}, config,
+//                                   {.end_of_sequence = {2}}));
+#ifndef PLAIT_GENERATION_GENERATE_H_
+#define PLAIT_GENERATION_GENERATE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "generation/sampler.h"
+#include "generation/sampling.pb.h"
+#include "models/causal_lm.h"
+
+namespace plait::generation {
+
+enum class StopReason {
+  kEndOfSequence,  // it drew an end-of-sequence id (the completion keeps it)
+  kStopString,     // its text came to contain a stop string (it keeps it)
+  kMaxNewTokens,   // it reached max_new_tokens
+};
+
+// "end_of_sequence", "stop_string", "max_new_tokens".
+std::string StopReasonName(StopReason reason);
+
+// One completion: sample `sample` of prompt `prompt`.
+struct Completion {
+  int64_t prompt = 0;
+  int64_t sample = 0;
+  std::vector<int64_t> tokens;
+  // Each token's log-probability under the model (temperature 1, unfiltered) and under the
+  // distribution it was drawn from (Draws).
+  std::vector<float> logprobs;
+  std::vector<float> sampling_logprobs;
+  StopReason stop = StopReason::kMaxNewTokens;
+};
+
+struct GenerateOptions {
+  // The ids that end a completion: the model's (generation_config.json's eos_token_id).
+  std::vector<int64_t> end_of_sequence;
+  // The text of a completion's tokens, where config.stop_strings names any.
+  std::function<absl::StatusOr<std::string>(const std::vector<int64_t>&)> detokenize;
+};
+
+// The completions of `prompts` (each a nonempty list of token ids below the model's
+// vocabulary), prompt by prompt and sample by sample. InvalidArgument naming what is wrong for
+// an invalid `config`, an empty prompt, an id out of the vocabulary, stop strings without
+// `options.detokenize`, or a model whose vocabulary a step split over ranks.
+absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
+                                                 const std::vector<std::vector<int64_t>>& prompts,
+                                                 const SamplingConfig& config,
+                                                 const GenerateOptions& options = {});
+
+}  // namespace plait::generation
+
+#endif  // PLAIT_GENERATION_GENERATE_H_
