@@ -18,6 +18,7 @@
 //   plait_reference lora --hf_dir=DIR --lora=TEXT --adapters=ADAPTERS|--peft_dir=DIR
 //                        [--save_peft_dir=DIR] --batch=BATCH --out=OUT
 //   plait_reference nf4 --weights=WEIGHTS --out=OUT
+//   plait_reference generate --hf_dir=DIR --prompts=PROMPTS --max_new_tokens=N --out=OUT
 //
 // BATCH is a safetensors file of int64 `input_ids` and `labels` [B, T], with labels in
 // Hugging Face's convention: aligned with the inputs, shifted inside the loss, -100 ignored.
@@ -58,6 +59,10 @@
 //     `<name>.nf4dq.absmax_scales` and `<name>.nf4dq.absmax_offset` [1]; and each form
 //     dequantized in the tensor's dtype, `<name>.nf4.dequantized`, `<name>.nf4dq.dequantized`
 //     (the uint8 bytes and codes written as int64: plait's safetensors writer has no U8).
+//   generate: for each prompt of the JSON file PROMPTS (a list of lists of token ids), its
+//     greedy completion of --max_new_tokens tokens (generation::Generate, no end-of-sequence
+//     id: it runs to the end), all prompts in one batch, written to OUT as JSON: a list of
+//     {"tokens": [...], "logprobs": [...]}, each token's log-probability under the model.
 // Exits 0 on success, 1 with a message on stderr otherwise, 2 on a usage error.
 #include <algorithm>
 #include <cstdint>
@@ -89,10 +94,12 @@
 #include "data/data.pb.h"
 #include "data/data_loader.h"
 #include "data/pairs.h"
+#include "generation/generate.h"
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "objectives/metric_means.h"
 #include "objectives/objective.h"
 #include "objectives/step_items.h"
@@ -129,6 +136,8 @@ ABSL_FLAG(std::string, adapters, "", "lora: a safetensors file of the adapters' 
 ABSL_FLAG(std::string, peft_dir, "", "lora: a PEFT adapter folder of the adapters' values.");
 ABSL_FLAG(std::string, save_peft_dir, "", "lora: save the adapters here as a PEFT folder.");
 ABSL_FLAG(std::string, weights, "", "nf4: a safetensors file of the tensors to quantize.");
+ABSL_FLAG(std::string, prompts, "", "generate: a JSON file of prompts, lists of token ids.");
+ABSL_FLAG(int32_t, max_new_tokens, 0, "generate: the tokens each completion has.");
 ABSL_FLAG(std::string, out, "", "Where to write the results.");
 
 namespace plait::reference {
@@ -584,6 +593,24 @@ absl::Status RunNf4() {
   return models::WriteSafetensors(out, results);
 }
 
+absl::Status RunGenerate() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string hf_dir, RequiredFlag(FLAGS_hf_dir, "hf_dir"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string prompts_path, RequiredFlag(FLAGS_prompts, "prompts"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model, models::LoadHfModel(hf_dir));
+  PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(prompts_path));
+  const auto prompts = nlohmann::json::parse(text).get<std::vector<std::vector<int64_t>>>();
+  generation::SamplingConfig config;
+  config.set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<generation::Completion> completions,
+                         generation::Generate(*model, prompts, config));
+  nlohmann::json results = nlohmann::json::array();
+  for (const generation::Completion& completion : completions) {
+    results.push_back({{"tokens", completion.tokens}, {"logprobs", completion.logprobs}});
+  }
+  return base::WriteFileAtomically(out, results.dump());
+}
+
 }  // namespace
 }  // namespace plait::reference
 
@@ -596,7 +623,7 @@ int main(int argc, char** argv) {
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() != 2) {
     std::cerr << "plait_reference: give one command: forward_backward, save_hf, train, "
-                 "schedules, optimizers, dpo, sft_step, lora or nf4\n";
+                 "schedules, optimizers, dpo, sft_step, lora, nf4 or generate\n";
     return 2;
   }
   const std::string command = positional[1];
@@ -619,6 +646,8 @@ int main(int argc, char** argv) {
     status = plait::reference::RunLora();
   } else if (command == "nf4") {
     status = plait::reference::RunNf4();
+  } else if (command == "generate") {
+    status = plait::reference::RunGenerate();
   } else {
     std::cerr << "plait_reference: unknown command \"" << command << "\"\n";
     return 2;
