@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
@@ -12,8 +13,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/file.h"
 #include "base/status.h"
 #include "models/kv_cache.h"
+#include "nlohmann/json.hpp"
 #include "torch/csrc/autograd/grad_mode.h"
 
 namespace plait::generation {
@@ -41,6 +44,30 @@ absl::StatusOr<std::optional<StopReason>> StopAfterLastToken(const Completion& c
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<int64_t>> EndOfSequenceIds(const std::string& dir) {
+  for (const char* name : {"generation_config.json", "config.json"}) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    if (!std::filesystem::exists(path)) continue;
+    PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
+    const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!json.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+    }
+    const auto eos = json.find("eos_token_id");
+    if (eos == json.end() || eos->is_null()) continue;
+    std::vector<int64_t> ids;
+    for (const nlohmann::json& id : eos->is_array() ? *eos : nlohmann::json::array({*eos})) {
+      if (!id.is_number_integer()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": eos_token_id must be a token id or a list of them, not ", eos->dump()));
+      }
+      ids.push_back(id.get<int64_t>());
+    }
+    return ids;
+  }
+  return std::vector<int64_t>();
+}
 
 std::string StopReasonName(StopReason reason) {
   switch (reason) {
@@ -90,8 +117,9 @@ absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
   std::vector<Completion> completions;
   for (size_t p = 0; p < prompts.size(); ++p) {
     for (int64_t s = 0; s < samples; ++s) {
-      seeds.push_back({static_cast<int64_t>(p), s});
-      completions.push_back({.prompt = static_cast<int64_t>(p), .sample = s});
+      const int64_t prompt = options.first_prompt + static_cast<int64_t>(p);
+      seeds.push_back({prompt, s});
+      completions.push_back({.prompt = prompt, .sample = s});
     }
   }
   if (completions.empty()) return completions;
@@ -99,7 +127,7 @@ absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
   at::Tensor pads = at::zeros({rows}, at::kLong);
   at::Tensor tokens = at::zeros({rows, longest}, at::kLong);
   for (int64_t r = 0; r < rows; ++r) {
-    const std::vector<int64_t>& prompt = prompts[completions[r].prompt];
+    const std::vector<int64_t>& prompt = prompts[completions[r].prompt - options.first_prompt];
     const auto length = static_cast<int64_t>(prompt.size());
     pads[r] = longest - length;
     for (int64_t i = 0; i < length; ++i) tokens[r][longest - length + i] = prompt[i];
@@ -109,13 +137,13 @@ absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
   const at::Device device = model.OutputWeight().device();
   models::KvCache cache(pads, longest + config.max_new_tokens());
   Sampler sampler(config, std::move(seeds));
-  at::Tensor logits = model.Decode(tokens.to(device), cache);
+  at::Tensor logits = model.Decode(tokens.to(device), cache, /*logits_to_keep=*/1);
   if (logits.size(-1) != vocab) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the model computes ", logits.size(-1), " of its ", vocab,
         " logits on this rank (a step split its vocabulary over ranks): it cannot sample alone"));
   }
-  at::Tensor last = logits.select(1, longest - 1);
+  at::Tensor last = logits.select(1, 0);
   // The rows still drawing; a row that stopped goes on decoding with the others, unread.
   std::vector<bool> open(rows, true);
   int64_t open_rows = rows;

@@ -44,11 +44,20 @@ struct Completion {
 };
 
 struct GenerateOptions {
-  // The ids that end a completion: the model's (generation_config.json's eos_token_id).
+  // The ids that end a completion: the model's (EndOfSequenceIds).
   std::vector<int64_t> end_of_sequence;
+  // The index of prompts[0] among all the prompts generated for, in batches: it seeds the
+  // draws of prompt p as prompt first_prompt + p, and so numbers its completions.
+  int64_t first_prompt = 0;
   // The text of a completion's tokens, where config.stop_strings names any.
   std::function<absl::StatusOr<std::string>(const std::vector<int64_t>&)> detokenize;
 };
+
+// The ids that end a completion of the model in Hugging Face folder `dir`: eos_token_id (an id
+// or a list of them) of its generation_config.json, else of its config.json; none where
+// neither names one. InvalidArgument, naming the file, for one that is not JSON or whose
+// eos_token_id is not an id or a list of ids.
+absl::StatusOr<std::vector<int64_t>> EndOfSequenceIds(const std::string& dir);
 
 // The completions of `prompts` (each a nonempty list of token ids below the model's
 // vocabulary), prompt by prompt and sample by sample. InvalidArgument naming what is wrong for

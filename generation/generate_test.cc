@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
@@ -132,6 +135,44 @@ TEST(GenerateTest, StopsAtAnEndOfSequenceIdOrAStopString) {
   EXPECT_EQ((*stopped)[0].tokens, upto(stop_at));
   EXPECT_EQ((*stopped)[0].stop, StopReason::kStopString);
   EXPECT_EQ(StopReasonName((*stopped)[0].stop), "stop_string");
+}
+
+// Prompts generated in two batches draw what they draw in one: a prompt's draws are seeded
+// by its index among all of them.
+TEST(GenerateTest, BatchesOfPromptsDrawAsOneBatch) {
+  std::shared_ptr<models::CausalLM> model = Make("tiny");
+  SamplingConfig config;
+  config.set_temperature(1.0);
+  config.set_max_new_tokens(6);
+  config.set_seed(9);
+  absl::StatusOr<std::vector<Completion>> one = Generate(*model, kPrompts, config);
+  absl::StatusOr<std::vector<Completion>> second =
+      Generate(*model, {kPrompts[1], kPrompts[2]}, config, {.first_prompt = 1});
+  ASSERT_THAT(one, IsOk());
+  ASSERT_THAT(second, IsOk());
+  ASSERT_EQ(second->size(), 2u);
+  EXPECT_EQ((*second)[0].prompt, 1);
+  EXPECT_EQ((*second)[0].tokens, (*one)[1].tokens);
+  EXPECT_EQ((*second)[1].tokens, (*one)[2].tokens);
+}
+
+TEST(EndOfSequenceIdsTest, ReadsGenerationConfigThenConfig) {
+  const std::string dir = base::testing::FreshTestDir("eos");
+  std::filesystem::create_directories(dir);
+  ASSERT_THAT(EndOfSequenceIds(dir), IsOk());
+  EXPECT_TRUE(EndOfSequenceIds(dir)->empty());
+  ASSERT_THAT(base::WriteFileAtomically(dir + "/config.json", R"({"eos_token_id": 2})"), IsOk());
+  EXPECT_EQ(*EndOfSequenceIds(dir), std::vector<int64_t>({2}));
+  ASSERT_THAT(base::WriteFileAtomically(dir + "/generation_config.json",
+                                        R"({"eos_token_id": [151645, 151643]})"),
+              IsOk());
+  EXPECT_EQ(*EndOfSequenceIds(dir), std::vector<int64_t>({151645, 151643}));
+  ASSERT_THAT(
+      base::WriteFileAtomically(dir + "/generation_config.json", R"({"eos_token_id": "</s>"})"),
+      IsOk());
+  EXPECT_THAT(EndOfSequenceIds(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("generation_config.json: eos_token_id must be a token id")));
 }
 
 TEST(GenerateTest, NamesWhatIsWrong) {

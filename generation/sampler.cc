@@ -10,7 +10,7 @@
 #include "ATen/core/Tensor.h"
 #include "ATen/ops/argmax.h"
 #include "ATen/ops/empty.h"
-#include "ATen/ops/log_softmax.h"
+#include "ATen/ops/logsumexp.h"
 #include "ATen/ops/softmax.h"
 #include "ATen/ops/sort.h"
 #include "ATen/ops/topk.h"
@@ -131,9 +131,9 @@ Draws Sampler::Next(const at::Tensor& logits) {
       draws.sampling_logprobs[r] = std::log(probabilities[token].item<double>());
     }
   }
-  draws.logprobs = at::log_softmax(wide, /*dim=*/-1)
-                       .gather(1, draws.tokens.to(wide.device()).unsqueeze(1))
-                       .squeeze(1)
+  // log_softmax at the drawn tokens alone: their logits less each row's log-sum-exp.
+  draws.logprobs = (wide.gather(1, draws.tokens.to(wide.device()).unsqueeze(1)).squeeze(1) -
+                    at::logsumexp(wide, /*dim=*/{1}))
                        .cpu();
   ++step_;
   return draws;

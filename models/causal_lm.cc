@@ -15,7 +15,6 @@
 #include "ATen/ops/bincount.h"
 #include "ATen/ops/cat.h"
 #include "ATen/ops/embedding.h"
-#include "ATen/ops/matmul.h"
 #include "ATen/ops/softmax.h"
 #include "ATen/ops/where.h"
 #include "absl/status/status.h"
@@ -533,7 +532,7 @@ absl::StatusOr<at::Tensor> CausalLM::StageForward(
   return with_output_layers();
 }
 
-at::Tensor CausalLM::Decode(const at::Tensor& tokens, KvCache& cache) {
+at::Tensor CausalLM::Decode(const at::Tensor& tokens, KvCache& cache, int64_t logits_to_keep) {
   TORCH_CHECK(HoldsInputLayers() && HoldsOutputLayers(),
               "CausalLM::Decode: a model cut into pipeline stages does not decode");
   TORCH_CHECK(!seams_.Changed(wrap::Seam::kSequence) && !seams_.Changed(wrap::Seam::kAttention),
@@ -541,13 +540,16 @@ at::Tensor CausalLM::Decode(const at::Tensor& tokens, KvCache& cache) {
               "parallelism) does not decode");
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == cache.rows(), "CausalLM::Decode: tokens ",
               tokens.sizes(), " are not [", cache.rows(), ", T] for the cache's rows");
-  at::Tensor logits = Run(tokens, at::Tensor(), /*to_logits=*/true, &cache);
+  TORCH_CHECK(logits_to_keep >= 0 && logits_to_keep <= tokens.size(1),
+              "CausalLM::Decode: logits_to_keep ", logits_to_keep, " is not in [0, ",
+              tokens.size(1), "]");
+  at::Tensor logits = Run(tokens, at::Tensor(), /*to_logits=*/true, &cache, logits_to_keep);
   cache.Advance(tokens.size(1));
   return logits;
 }
 
 at::Tensor CausalLM::Run(const at::Tensor& tokens, const at::Tensor& positions, bool to_logits,
-                         KvCache* cache) {
+                         KvCache* cache, int64_t logits_to_keep) {
   at::Tensor h;
   if (!HoldsInputLayers()) {
     TORCH_CHECK(stage_input_.defined(), "CausalLM: this pipeline stage (blocks ", StageBegin(),
@@ -619,7 +621,8 @@ at::Tensor CausalLM::Run(const at::Tensor& tokens, const at::Tensor& positions, 
   if (!to_logits) return after(kRootUnit, std::move(h));
   h = model_->norm->forward(h, context.generic_ops);
   h = seams_.ColumnInput(h);  // the output projection's rows are the vocabulary's
-  return after(kRootUnit, at::matmul(h, OutputWeight().t()));
+  if (logits_to_keep > 0) h = h.narrow(1, h.size(1) - logits_to_keep, logits_to_keep);
+  return after(kRootUnit, wrap::LinearProduct(h, OutputWeight(), at::Tensor()));
 }
 
 at::Tensor CausalLM::TokenLosses(const at::Tensor& tokens, const at::Tensor& targets,

@@ -285,10 +285,13 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // `cache`, whose keys and values it appends to the cache; each token attends its row's
   // tokens so far (KvCache's padding left out) and itself, at the positions KvCache gives.
   // The first call gives the (left-padded) prompts, each later one the tokens sampled next:
-  // the logits are those Forward gives each row alone (unpadded) at those positions. Call it
-  // under no-grad. Not for a model whose sequence or attention a step changed (context
-  // parallelism) or cut into stages.
-  at::Tensor Decode(const at::Tensor& tokens, KvCache& cache);
+  // the logits are those Forward gives each row alone (unpadded) at those positions. With
+  // `logits_to_keep` > 0, those of the last logits_to_keep positions only, [B, keep, V] (a
+  // prompt's next token needs its last position's: the output projection of the others is
+  // most of a long prompt's forward at a large vocabulary). Call it under no-grad. Not for a
+  // model whose sequence or attention a step changed (context parallelism) or cut into
+  // stages.
+  at::Tensor Decode(const at::Tensor& tokens, KvCache& cache, int64_t logits_to_keep = 0);
 
   // Mean cross-entropy of targets[b, t] (the token that follows tokens[b, t]) over the
   // positions whose target is not `ignore_index`. 0, with a zero gradient, when every target
@@ -380,10 +383,11 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   int64_t StageEnd() const { return stages_[selected_stage_].second; }
 
   // The stage's blocks over its input (the embedded tokens, or the stage input), then, when
-  // `to_logits`, the final norm and the output projection; decoding the next tokens of
-  // `cache`'s rows where it is given (Decode).
+  // `to_logits`, the final norm and the output projection (of the last `logits_to_keep`
+  // positions, when positive); decoding the next tokens of `cache`'s rows where it is given
+  // (Decode).
   at::Tensor Run(const at::Tensor& tokens, const at::Tensor& positions, bool to_logits,
-                 KvCache* cache = nullptr);
+                 KvCache* cache = nullptr, int64_t logits_to_keep = 0);
 
   // The targets this rank scores: its part of them (the sequence seam's).
   at::Tensor OwnTargets(const at::Tensor& targets);

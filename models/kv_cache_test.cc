@@ -63,6 +63,11 @@ double LargestDifference(CausalLM& model, const std::vector<int64_t>& lengths, b
     decoded.push_back(model.Decode(next, cache));
   }
   EXPECT_EQ(cache.length(), longest + kNewTokens);
+  // The last position's alone, as a prompt's next token needs.
+  KvCache again(pads, longest);
+  const at::Tensor last = model.Decode(prompts, again, /*logits_to_keep=*/1);
+  EXPECT_EQ(last.size(1), 1);
+  EXPECT_LT((last[0][0] - decoded.front()[0][longest - 1]).abs().max().item<double>(), 1e-5);
   const at::Tensor logits = at::cat(decoded, 1);  // [B, longest + kNewTokens, V]
   double largest = 0.0;
   for (int64_t r = 0; r < rows; ++r) {

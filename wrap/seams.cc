@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ATen/core/Tensor.h"
+#include "ATen/ops/mv.h"
 #include "torch/nn/functional/linear.h"
 
 namespace plait::wrap {
@@ -41,6 +42,17 @@ struct Stack<Result(Args...)> {
 at::Tensor Identity(const at::Tensor& x) { return x; }
 
 }  // namespace
+
+at::Tensor LinearProduct(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (x.numel() != x.size(-1) || !x.device().is_cpu() || x.scalar_type() != at::kFloat) {
+    return torch::nn::functional::linear(x, weight, bias);
+  }
+  at::Tensor out = at::mv(weight, x.reshape({-1}));
+  if (bias.defined()) out = out + bias;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = weight.size(0);
+  return out.view(shape);
+}
 
 const Seams& Seams::None() {
   static const Seams* const none = new Seams();
@@ -147,10 +159,7 @@ at::Tensor Seams::Product(const at::Tensor& x, const at::Tensor& weight,
       LayersOf(Seam::kProduct),
       [](SeamLayer& layer, ProductNext next, const at::Tensor& x, const at::Tensor& weight,
          const at::Tensor& bias) { return layer.Product(x, weight, bias, next); },
-      [](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-        return torch::nn::functional::linear(x, weight, bias);
-      },
-      x, weight, bias);
+      LinearProduct, x, weight, bias);
 }
 
 at::Tensor Seams::Project(const ProjectionSite& site, const at::Tensor& input) const {

@@ -1,0 +1,226 @@
+// generate: completions of prompts by a model in a Hugging Face folder (one a run saved with
+// training.save_hf_dir, or one downloaded), with the model's own tokenizer.
+//
+//   bazel run //tools:generate -- --model=runs/llama_sft_text/latest/hf \
+//       --tokenizer=data/tokenizer/testdata/tiny --prompts=prompts.jsonl \
+//       --out=completions.jsonl --temperature=0.7 --top_p=0.9 --max_new_tokens=64
+//
+// Each line of --prompts is a JSON object with `prompt` (text, encoded with the tokenizer's
+// special tokens, as transformers' tokenizer(prompt) does) or `prompt_ids` (token ids). Each
+// line of --out is one completion: `prompt_index`, `sample`, `text`, `token_ids`,
+// `logprobs` (each token's log-probability under the model), `sampling_logprobs` (under the
+// distribution it was drawn from) and `stop_reason` (end_of_sequence, stop_string or
+// max_new_tokens), prompt by prompt and sample by sample; an id the tokenizer has no token for
+// (a model's vocabulary padded beyond it) adds no text. A completion ends at the model's
+// end-of-sequence ids (generation_config.json's or config.json's eos_token_id, and the
+// tokenizer's eos token). --out must not exist: a finished file is never overwritten. The
+// last line on stderr gives the tokens generated a second.
+#include "generation/generate.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ATen/Parallel.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/file.h"
+#include "base/guarded_main.h"
+#include "base/status.h"
+#include "data/tokenizer/load_tokenizer.h"
+#include "data/tokenizer/tokenizer.h"
+#include "generation/sampling.pb.h"
+#include "models/causal_lm.h"
+#include "models/hf_checkpoint.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "", "The model's Hugging Face folder (config.json and weights).");
+ABSL_FLAG(std::string, tokenizer, "", "The tokenizer's folder or file; empty: the model's folder.");
+ABSL_FLAG(std::string, prompts, "",
+          "A JSONL file of prompts: {\"prompt\": text} or "
+          "{\"prompt_ids\": [ids]} a line.");
+ABSL_FLAG(std::string, out, "", "The JSONL file of completions to write; must not exist.");
+ABSL_FLAG(double, temperature, 1.0, "0: greedy; else the logits are divided by it.");
+ABSL_FLAG(int32_t, top_k, 0, "Keep the k most likely tokens; 0: off.");
+ABSL_FLAG(double, top_p, 1.0, "Keep the most likely tokens of this much probability; 1: off.");
+ABSL_FLAG(double, min_p, 0.0, "Keep the tokens at least this times the most likely's; 0: off.");
+ABSL_FLAG(int32_t, max_new_tokens, 128, "The most tokens a completion has.");
+ABSL_FLAG(uint64_t, seed, 0, "Seeds every completion's draws (with its prompt and sample).");
+ABSL_FLAG(int32_t, num_samples, 1, "Completions of each prompt.");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "Texts that end a completion, comma-separated.");
+ABSL_FLAG(int32_t, batch_size, 16, "Prompts decoded together.");
+ABSL_FLAG(int32_t, threads, 0, "Compute threads; 0: LibTorch's default.");
+
+namespace plait::tools {
+namespace {
+
+using data::tokenizer::Tokenizer;
+
+// The prompts of the JSONL file `path`, as token ids.
+absl::StatusOr<std::vector<std::vector<int64_t>>> ReadPrompts(const std::string& path,
+                                                              const Tokenizer& tokenizer) {
+  PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
+  std::vector<std::vector<int64_t>> prompts;
+  int line_number = 0;
+  for (const absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    if (line.empty()) continue;
+    const std::string where = absl::StrCat(path, ":", line_number);
+    const nlohmann::json json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!json.is_object())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+    std::vector<int64_t>& ids = prompts.emplace_back();
+    if (const auto prompt = json.find("prompt"); prompt != json.end() && prompt->is_string()) {
+      PLAIT_ASSIGN_OR_RETURN(const std::vector<int32_t> encoded,
+                             base::Annotate(tokenizer.Encode(prompt->get<std::string>(),
+                                                             /*add_special_tokens=*/true),
+                                            where));
+      ids.assign(encoded.begin(), encoded.end());
+    } else if (const auto given = json.find("prompt_ids");
+               given != json.end() && given->is_array()) {
+      for (const nlohmann::json& id : *given) {
+        if (!id.is_number_integer()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": prompt_ids must be token ids, not ", given->dump()));
+        }
+        ids.push_back(id.get<int64_t>());
+      }
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": give \"prompt\" (text) or \"prompt_ids\" (a list of token ids)"));
+    }
+    if (ids.empty())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the prompt is empty"));
+  }
+  return prompts;
+}
+
+// The text of `ids`. An id the tokenizer has no token for (a model's vocabulary padded beyond
+// its tokenizer's) adds none, as transformers' decode leaves it out.
+absl::StatusOr<std::string> Decode(const Tokenizer& tokenizer, const std::vector<int64_t>& ids) {
+  std::vector<int32_t> known;
+  for (const int64_t id : ids) {
+    if (id < tokenizer.vocab_size()) known.push_back(static_cast<int32_t>(id));
+  }
+  return tokenizer.Decode(known);
+}
+
+absl::Status Generate() {
+  for (const auto& [flag, value] : {std::pair{"--model", absl::GetFlag(FLAGS_model)},
+                                    {"--prompts", absl::GetFlag(FLAGS_prompts)},
+                                    {"--out", absl::GetFlag(FLAGS_out)}}) {
+    if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, " is required"));
+  }
+  // Under `bazel run`, relative paths are the user's working directory's.
+  const std::string model_dir = base::UserPath(absl::GetFlag(FLAGS_model));
+  const std::string prompts_path = base::UserPath(absl::GetFlag(FLAGS_prompts));
+  const std::string out = base::UserPath(absl::GetFlag(FLAGS_out));
+  if (std::filesystem::exists(out)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("--out: ", out,
+                     " exists; give a new file (completions are never written "
+                     "over a file)"));
+  }
+  if (absl::GetFlag(FLAGS_batch_size) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batch_size must be at least 1, not ", absl::GetFlag(FLAGS_batch_size)));
+  }
+  generation::SamplingConfig config;
+  config.set_temperature(absl::GetFlag(FLAGS_temperature));
+  config.set_top_k(absl::GetFlag(FLAGS_top_k));
+  config.set_top_p(absl::GetFlag(FLAGS_top_p));
+  config.set_min_p(absl::GetFlag(FLAGS_min_p));
+  config.set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
+  config.set_seed(absl::GetFlag(FLAGS_seed));
+  config.set_num_samples(absl::GetFlag(FLAGS_num_samples));
+  for (const std::string& stop : absl::GetFlag(FLAGS_stop)) config.add_stop_strings(stop);
+  if (const std::vector<base::Violation> violations =
+          generation::CheckSamplingConfig(config, "flags");
+      !violations.empty()) {
+    return absl::InvalidArgumentError(violations.front().ToString());
+  }
+  if (absl::GetFlag(FLAGS_threads) > 0) at::set_num_threads(absl::GetFlag(FLAGS_threads));
+
+  const std::string tokenizer_path = absl::GetFlag(FLAGS_tokenizer).empty()
+                                         ? model_dir
+                                         : base::UserPath(absl::GetFlag(FLAGS_tokenizer));
+  PLAIT_ASSIGN_OR_RETURN(
+      const std::unique_ptr<Tokenizer> tokenizer,
+      base::Annotate(data::tokenizer::LoadTokenizer(tokenizer_path),
+                     "--tokenizer (a tokenizer.json or tokenizer.model, or their folder)"));
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> prompts,
+                         ReadPrompts(prompts_path, *tokenizer));
+  PLAIT_ASSIGN_OR_RETURN(const std::shared_ptr<models::CausalLM> model,
+                         models::LoadHfModel(model_dir));
+  generation::GenerateOptions options;
+  PLAIT_ASSIGN_OR_RETURN(options.end_of_sequence, generation::EndOfSequenceIds(model_dir));
+  if (tokenizer->eos_id().has_value() &&
+      std::find(options.end_of_sequence.begin(), options.end_of_sequence.end(),
+                *tokenizer->eos_id()) == options.end_of_sequence.end()) {
+    options.end_of_sequence.push_back(*tokenizer->eos_id());
+  }
+  options.detokenize = [&](const std::vector<int64_t>& ids) { return Decode(*tokenizer, ids); };
+
+  std::string lines;
+  int64_t tokens = 0;
+  const absl::Time start = absl::Now();
+  const auto batch_size = static_cast<size_t>(absl::GetFlag(FLAGS_batch_size));
+  for (size_t first = 0; first < prompts.size(); first += batch_size) {
+    const std::vector<std::vector<int64_t>> batch(
+        prompts.begin() + first, prompts.begin() + std::min(prompts.size(), first + batch_size));
+    options.first_prompt = static_cast<int64_t>(first);
+    PLAIT_ASSIGN_OR_RETURN(const std::vector<generation::Completion> completions,
+                           generation::Generate(*model, batch, config, options));
+    for (const generation::Completion& completion : completions) {
+      PLAIT_ASSIGN_OR_RETURN(const std::string text, Decode(*tokenizer, completion.tokens));
+      const nlohmann::json line = {{"prompt_index", completion.prompt},
+                                   {"sample", completion.sample},
+                                   {"text", text},
+                                   {"token_ids", completion.tokens},
+                                   {"logprobs", completion.logprobs},
+                                   {"sampling_logprobs", completion.sampling_logprobs},
+                                   {"stop_reason", generation::StopReasonName(completion.stop)}};
+      // Text that is not valid UTF-8 (a completion cut inside a character) is written with
+      // U+FFFD in its place.
+      absl::StrAppend(&lines, line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                      "\n");
+      tokens += static_cast<int64_t>(completion.tokens.size());
+    }
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    std::cerr << absl::StrFormat("generate: %d of %d prompts, %d tokens in %.1f s: %.1f tokens/s\n",
+                                 std::min(prompts.size(), first + batch_size), prompts.size(),
+                                 tokens, seconds, tokens / std::max(seconds, 1e-9));
+  }
+  return base::WriteFileAtomically(out, lines);
+}
+
+}  // namespace
+}  // namespace plait::tools
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "generate --model=HF_DIR --prompts=PROMPTS.jsonl --out=COMPLETIONS.jsonl "
+      "[--tokenizer=PATH] [--temperature --top_k --top_p --min_p --max_new_tokens --seed "
+      "--num_samples --stop]");
+  absl::ParseCommandLine(argc, argv);
+  return plait::base::RunCatchingExceptions("generate", [] {
+    const absl::Status status = plait::tools::Generate();
+    if (!status.ok()) {
+      std::cerr << "generate: " << status.message() << "\n";
+      return 1;
+    }
+    return 0;
+  });
+}
