@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iterator>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -331,24 +332,25 @@ std::string DescribeShare(const MemoryEstimate& estimate) {
                          preparation.share_description);
 }
 
-double PreparationEstimate::Sum(wrap::MemoryTerm::Part part) const {
-  double bytes = 0.0;
+std::vector<double> PreparationEstimate::Bytes(wrap::MemoryTerm::Part part) const {
+  std::vector<double> bytes;
   for (const wrap::StepEstimate& step : steps) {
     for (const wrap::MemoryTerm& term : step.memory) {
-      if (term.part == part) bytes += term.bytes;
+      if (term.part == part) bytes.push_back(term.bytes);
     }
   }
   return bytes;
 }
 
+double PreparationEstimate::Sum(wrap::MemoryTerm::Part part) const {
+  const std::vector<double> bytes = Bytes(part);
+  return std::accumulate(bytes.begin(), bytes.end(), 0.0);
+}
+
 double PreparationEstimate::Largest(wrap::MemoryTerm::Part part) const {
-  double bytes = 0.0;
-  for (const wrap::StepEstimate& step : steps) {
-    for (const wrap::MemoryTerm& term : step.memory) {
-      if (term.part == part) bytes = std::max(bytes, term.bytes);
-    }
-  }
-  return bytes;
+  const std::vector<double> bytes = Bytes(part);
+  return std::accumulate(bytes.begin(), bytes.end(), 0.0,
+                         [](double a, double b) { return std::max(a, b); });
 }
 
 std::string DescribeTerms(const PreparationEstimate& preparation, wrap::MemoryTerm::Part part) {

@@ -38,7 +38,9 @@ namespace plait::plan {
 struct PreparationEstimate {
   std::vector<wrap::StepEstimate> steps;
   double parameter_fraction = 1.0;
-  // The bytes of the steps' memory terms of `part`: their sum, and the largest.
+  // The bytes of the steps' memory terms of `part`, in step order; their sum; the largest
+  // (0 where there are none).
+  std::vector<double> Bytes(wrap::MemoryTerm::Part part) const;
   double Sum(wrap::MemoryTerm::Part part) const;
   double Largest(wrap::MemoryTerm::Part part) const;
   // The activations of the rank that keeps the most, when a step changed them (a pipeline's

@@ -485,45 +485,14 @@ std::array<at::Tensor, 3> FusedAttentionBlockBackward(const at::Tensor& q, const
                            lse.contiguous(), dout.contiguous());
 }
 
-at::Tensor CompositeCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                    const at::Tensor& mask, const at::Tensor& positions) {
-  const int64_t batch = q.size(0);
-  const int64_t seq = q.size(1);
-  const int64_t heads = q.size(2);
-  const int64_t kv_heads = k.size(2);
-  const int64_t groups = heads / kv_heads;
-  const int64_t d = q.size(3);
-  TORCH_CHECK(mask.defined() || positions.defined(),
-              "CompositeCausalAttention: no mask (CausalAttentionReadsMask)");
-  // The query heads of one kv head stacked along the rows, [B * kv, groups * T, D], so each
-  // kv head meets all its query heads in one matmul without copying k and v per head.
-  const at::Tensor q3 = q.reshape({batch, seq, kv_heads, groups, d})
-                            .permute({0, 2, 3, 1, 4})
-                            .reshape({batch * kv_heads, groups * seq, d});
-  const at::Tensor k3 = k.transpose(1, 2).reshape({batch * kv_heads, seq, d});
-  const at::Tensor v3 = v.transpose(1, 2).reshape({batch * kv_heads, seq, d});
-  // scale * q k^T + mask in one call: the mask is copied into the output, then the product
-  // accumulated onto it. Packed rows have a mask of their own, [B * kv, groups * T, T].
-  const at::Tensor additive = positions.defined()
-                                  ? torch::zeros({batch, seq, seq}, q.options())
-                                        .masked_fill_(PackedAttentionMask(positions).logical_not(),
-                                                      -std::numeric_limits<double>::infinity())
-                                        .repeat({1, groups, 1})
-                                        .unsqueeze(1)
-                                        .expand({batch, kv_heads, groups * seq, seq})
-                                        .reshape({batch * kv_heads, groups * seq, seq})
-                                  : mask;
-  const at::Tensor scores =
-      at::baddbmm(additive, q3, k3.transpose(1, 2), /*beta=*/1.0, /*alpha=*/AttentionScale(q));
-  const at::Tensor probs = at::softmax(scores, /*dim=*/-1);
-  return at::bmm(probs, v3)
-      .view({batch, kv_heads, groups, seq, d})
-      .permute({0, 3, 1, 2, 4})
-      .reshape({batch, seq, heads, d});
-}
+namespace {
 
-at::Tensor CachedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& mask) {
+// Attention (scale 1 / sqrt(d)) of q [B, T, H, d] over k, v [B, L, KV, d] under the additive
+// `mask`, broadcast to [B * KV, H / KV * T, L] (row g * T + t: query head g of a kv head's
+// group at position t). The query heads of one kv head are stacked along the rows, so each kv
+// head meets all its query heads in one matmul without copying k and v per head.
+at::Tensor GroupedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask) {
   const int64_t batch = q.size(0);
   const int64_t seq = q.size(1);
   const int64_t heads = q.size(2);
@@ -531,25 +500,54 @@ at::Tensor CachedAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   const int64_t kv_heads = k.size(2);
   const int64_t groups = heads / kv_heads;
   const int64_t d = q.size(3);
-  const at::ScalarType wide = ArithmeticDtype(q.scalar_type());
-  // As CompositeCausalAttention: each kv head's query heads stacked along the rows.
-  const at::Tensor q3 = q.to(wide)
-                            .reshape({batch, seq, kv_heads, groups, d})
+  const at::Tensor q3 = q.reshape({batch, seq, kv_heads, groups, d})
                             .permute({0, 2, 3, 1, 4})
                             .reshape({batch * kv_heads, groups * seq, d});
-  const at::Tensor k3 = k.to(wide).transpose(1, 2).reshape({batch * kv_heads, keys, d});
-  const at::Tensor v3 = v.to(wide).transpose(1, 2).reshape({batch * kv_heads, keys, d});
-  const at::Tensor additive = mask.to(wide)
-                                  .repeat({1, groups, 1})
-                                  .unsqueeze(1)
-                                  .expand({batch, kv_heads, groups * seq, keys})
-                                  .reshape({batch * kv_heads, groups * seq, keys});
+  const at::Tensor k3 = k.transpose(1, 2).reshape({batch * kv_heads, keys, d});
+  const at::Tensor v3 = v.transpose(1, 2).reshape({batch * kv_heads, keys, d});
+  // scale * q k^T + mask in one call: the mask is copied into the output, then the product
+  // accumulated onto it.
   const at::Tensor scores =
-      at::baddbmm(additive, q3, k3.transpose(1, 2), /*beta=*/1.0, /*alpha=*/AttentionScale(q));
-  return at::bmm(at::softmax(scores, /*dim=*/-1), v3)
+      at::baddbmm(mask, q3, k3.transpose(1, 2), /*beta=*/1.0, /*alpha=*/AttentionScale(q));
+  const at::Tensor probs = at::softmax(scores, /*dim=*/-1);
+  return at::bmm(probs, v3)
       .view({batch, kv_heads, groups, seq, d})
       .permute({0, 3, 1, 2, 4})
-      .reshape({batch, seq, heads, d})
+      .reshape({batch, seq, heads, d});
+}
+
+// A mask of each row, [B, T, L], as GroupedAttention takes it for `kv_heads` kv heads of
+// `groups` query heads each: [B * kv_heads, groups * T, L].
+at::Tensor GroupedMask(const at::Tensor& mask, int64_t kv_heads, int64_t groups) {
+  const int64_t batch = mask.size(0);
+  const int64_t seq = mask.size(1);
+  const int64_t keys = mask.size(2);
+  return mask.repeat({1, groups, 1})
+      .unsqueeze(1)
+      .expand({batch, kv_heads, groups * seq, keys})
+      .reshape({batch * kv_heads, groups * seq, keys});
+}
+
+}  // namespace
+
+at::Tensor CompositeCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& mask, const at::Tensor& positions) {
+  TORCH_CHECK(mask.defined() || positions.defined(),
+              "CompositeCausalAttention: no mask (CausalAttentionReadsMask)");
+  if (!positions.defined()) return GroupedAttention(q, k, v, mask);
+  // Packed rows have a mask of their own.
+  const int64_t seq = q.size(1);
+  const at::Tensor packed = torch::zeros({q.size(0), seq, seq}, q.options())
+                                .masked_fill_(PackedAttentionMask(positions).logical_not(),
+                                              -std::numeric_limits<double>::infinity());
+  return GroupedAttention(q, k, v, GroupedMask(packed, k.size(2), q.size(2) / k.size(2)));
+}
+
+at::Tensor CachedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& mask) {
+  const at::ScalarType wide = ArithmeticDtype(q.scalar_type());
+  return GroupedAttention(q.to(wide), k.to(wide), v.to(wide),
+                          GroupedMask(mask.to(wide), k.size(2), q.size(2) / k.size(2)))
       .to(q.scalar_type());
 }
 

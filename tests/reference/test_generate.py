@@ -43,23 +43,31 @@ def hf_greedy(model, prompt_ids):
     return out.sequences[:, longest:], scores
 
 
-@pytest.mark.parametrize("name", sorted(harness.CONFIGS))
-def test_greedy_generation_matches_transformers(name, tmp_path):
-    model = harness.hf_model(name)
+def expect_greedy_completions_match(check, model, prompt_ids, tmp_path):
+    """plait's greedy completions of prompt_ids by `model` (saved to a
+    folder plait loads) equal transformers', token for token, and their
+    log-probabilities are transformers' within the fp32 tolerance."""
     model.save_pretrained(tmp_path / "hf")
-    prompt_ids = prompts(model.config.vocab_size)
     (tmp_path / "prompts.json").write_text(json.dumps(prompt_ids))
     harness.run_plait("generate", hf_dir=tmp_path / "hf",
                       prompts=tmp_path / "prompts.json",
                       max_new_tokens=NEW_TOKENS, out=tmp_path / "plait.json")
     plait = json.loads((tmp_path / "plait.json").read_text())
     tokens, logprobs = hf_greedy(model, prompt_ids)
+    assert len(plait) == len(prompt_ids)
     for row, completion in enumerate(plait):
         assert completion["tokens"] == tokens[row].tolist(), (
-            f"{name}: prompt {row}: plait's greedy tokens differ from "
+            f"{check}: prompt {row}: plait's greedy tokens differ from "
             f"transformers'")
-        harness.expect_close(f"generate {name}", f"prompt {row} log-probabilities",
+        harness.expect_close(check, f"prompt {row} log-probabilities",
                              torch.tensor(completion["logprobs"]), logprobs[row])
+
+
+@pytest.mark.parametrize("name", sorted(harness.CONFIGS))
+def test_greedy_generation_matches_transformers(name, tmp_path):
+    model = harness.hf_model(name)
+    expect_greedy_completions_match(f"generate {name}", model,
+                                    prompts(model.config.vocab_size), tmp_path)
 
 
 def test_greedy_generation_of_a_qwen2_5_0_5b_shape_matches_transformers(tmp_path):
@@ -78,18 +86,5 @@ def test_greedy_generation_of_a_qwen2_5_0_5b_shape_matches_transformers(tmp_path
         for param_name, param in model.named_parameters():
             if param.dim() == 1:
                 param.normal_(1.0 if param_name.endswith("norm.weight") else 0.0, 0.1)
-    model.save_pretrained(tmp_path / "hf")
-    prompt_ids = prompts(config.vocab_size, seed=1)
-    (tmp_path / "prompts.json").write_text(json.dumps(prompt_ids))
-    harness.run_plait("generate", hf_dir=tmp_path / "hf",
-                      prompts=tmp_path / "prompts.json",
-                      max_new_tokens=NEW_TOKENS, out=tmp_path / "plait.json")
-    plait = json.loads((tmp_path / "plait.json").read_text())
-    tokens, logprobs = hf_greedy(model, prompt_ids)
-    for row, completion in enumerate(plait):
-        assert completion["tokens"] == tokens[row].tolist(), (
-            f"qwen2.5-0.5b shape: prompt {row}: plait's greedy tokens differ "
-            f"from transformers'")
-        harness.expect_close("generate qwen2.5-0.5b shape",
-                             f"prompt {row} log-probabilities",
-                             torch.tensor(completion["logprobs"]), logprobs[row])
+    expect_greedy_completions_match("generate qwen2.5-0.5b shape", model,
+                                    prompts(config.vocab_size, seed=1), tmp_path)
