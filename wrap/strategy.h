@@ -224,8 +224,9 @@ struct StepEstimate {
   // 0: the model's dtype.
   double kept_parameter_bytes = 0.0;
   double kept_gradient_bytes = 0.0;
-  // Parameters it adds to the model, counted whole, and, when it changes which parameters
-  // train, those that do after it, whole (nullopt: unchanged).
+  // Parameters it adds to the blocks, counted whole (the later steps see them in each block's
+  // share), and, when it changes which parameters train, those that do after it, whole
+  // (nullopt: unchanged).
   double added_parameters = 0.0;
   std::optional<std::vector<ModelShape::Parameter>> trainable_parameters;
   // When it drops some of the parameters it saw from a rank, those the first rank keeps, which
