@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/file.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "models/kv_cache.h"
 #include "nlohmann/json.hpp"
@@ -50,19 +51,21 @@ absl::StatusOr<std::vector<int64_t>> EndOfSequenceIds(const std::string& dir) {
     const std::string path = absl::StrCat(dir, "/", name);
     if (!std::filesystem::exists(path)) continue;
     PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
-    const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    PLAIT_ASSIGN_OR_RETURN(const nlohmann::json json, base::ParseJson(path, text));
     if (!json.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
     }
-    const auto eos = json.find("eos_token_id");
-    if (eos == json.end() || eos->is_null()) continue;
+    const base::JsonFields fields(json, path);
+    if (!fields.Has("eos_token_id")) continue;
+    const nlohmann::json& eos = json.at("eos_token_id");
+    if (!eos.is_array()) {
+      PLAIT_ASSIGN_OR_RETURN(const int64_t id, fields.Int("eos_token_id"));
+      return std::vector<int64_t>{id};
+    }
     std::vector<int64_t> ids;
-    for (const nlohmann::json& id : eos->is_array() ? *eos : nlohmann::json::array({*eos})) {
-      if (!id.is_number_integer()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, ": eos_token_id must be a token id or a list of them, not ", eos->dump()));
-      }
-      ids.push_back(id.get<int64_t>());
+    for (size_t i = 0; i < eos.size(); ++i) {
+      PLAIT_ASSIGN_OR_RETURN(ids.emplace_back(),
+                             fields.IntValue(eos[i], absl::StrCat("eos_token_id[", i, "]")));
     }
     return ids;
   }

@@ -55,8 +55,8 @@ struct GenerateOptions {
 
 // The ids that end a completion of the model in Hugging Face folder `dir`: eos_token_id (an id
 // or a list of them) of its generation_config.json, else of its config.json; none where
-// neither names one. InvalidArgument, naming the file, for one that is not JSON or whose
-// eos_token_id is not an id or a list of ids.
+// neither names one. InvalidArgument, naming the file (and the entry), for one that is not
+// JSON or whose eos_token_id is not an id or a list of ids.
 absl::StatusOr<std::vector<int64_t>> EndOfSequenceIds(const std::string& dir);
 
 // The completions of `prompts` (each a nonempty list of token ids below the model's

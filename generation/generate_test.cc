@@ -168,11 +168,18 @@ TEST(EndOfSequenceIdsTest, ReadsGenerationConfigThenConfig) {
               IsOk());
   EXPECT_EQ(*EndOfSequenceIds(dir), std::vector<int64_t>({151645, 151643}));
   ASSERT_THAT(
+      base::WriteFileAtomically(dir + "/generation_config.json", R"({"eos_token_id": [2, 2.5]})"),
+      IsOk());
+  EXPECT_THAT(EndOfSequenceIds(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("generation_config.json: eos_token_id[1]: expected an integer")));
+  ASSERT_THAT(
       base::WriteFileAtomically(dir + "/generation_config.json", R"({"eos_token_id": "</s>"})"),
       IsOk());
   EXPECT_THAT(EndOfSequenceIds(dir),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("generation_config.json: eos_token_id must be a token id")));
+                       HasSubstr("generation_config.json: eos_token_id: expected an integer, "
+                                 "got \"</s>\"")));
 }
 
 TEST(GenerateTest, NamesWhatIsWrong) {

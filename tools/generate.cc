@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "base/file.h"
 #include "base/guarded_main.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "data/tokenizer/load_tokenizer.h"
 #include "data/tokenizer/tokenizer.h"
@@ -78,24 +79,27 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadPrompts(const std::string&
     ++line_number;
     if (line.empty()) continue;
     const std::string where = absl::StrCat(path, ":", line_number);
-    const nlohmann::json json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!json.is_object())
+    PLAIT_ASSIGN_OR_RETURN(const nlohmann::json json, base::ParseJson(where, line));
+    if (!json.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+    }
+    const base::JsonFields fields(json, where);
     std::vector<int64_t>& ids = prompts.emplace_back();
-    if (const auto prompt = json.find("prompt"); prompt != json.end() && prompt->is_string()) {
-      PLAIT_ASSIGN_OR_RETURN(const std::vector<int32_t> encoded,
-                             base::Annotate(tokenizer.Encode(prompt->get<std::string>(),
-                                                             /*add_special_tokens=*/true),
-                                            where));
+    if (fields.Has("prompt")) {
+      PLAIT_ASSIGN_OR_RETURN(const std::string prompt, fields.String("prompt"));
+      PLAIT_ASSIGN_OR_RETURN(
+          const std::vector<int32_t> encoded,
+          base::Annotate(tokenizer.Encode(prompt, /*add_special_tokens=*/true), where));
       ids.assign(encoded.begin(), encoded.end());
-    } else if (const auto given = json.find("prompt_ids");
-               given != json.end() && given->is_array()) {
-      for (const nlohmann::json& id : *given) {
-        if (!id.is_number_integer()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": prompt_ids must be token ids, not ", given->dump()));
-        }
-        ids.push_back(id.get<int64_t>());
+    } else if (fields.Has("prompt_ids")) {
+      const nlohmann::json& given = json.at("prompt_ids");
+      if (!given.is_array()) {
+        return fields.Error("prompt_ids", absl::StrCat("expected a list of token ids, got ",
+                                                       base::DescribeJson(given)));
+      }
+      for (size_t i = 0; i < given.size(); ++i) {
+        PLAIT_ASSIGN_OR_RETURN(ids.emplace_back(),
+                               fields.IntValue(given[i], absl::StrCat("prompt_ids[", i, "]")));
       }
     } else {
       return absl::InvalidArgumentError(

@@ -134,6 +134,11 @@ TEST_F(GenerateToolTest, RefusesAnExistingOutputAndNamesABadPromptLine) {
   EXPECT_EQ(Run({"--out=" + dir_ + "/new.jsonl"}), 1);
   EXPECT_THAT(stderr_, HasSubstr("prompts.jsonl:2: give \"prompt\" (text) or \"prompt_ids\""));
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/new.jsonl"));
+
+  ASSERT_THAT(base::WriteFileAtomically(dir_ + "/prompts.jsonl", "{\"prompt_ids\": [1, \"x\"]}\n"),
+              IsOk());
+  EXPECT_EQ(Run({"--out=" + dir_ + "/new.jsonl"}), 1);
+  EXPECT_THAT(stderr_, HasSubstr("prompts.jsonl:1: prompt_ids[1]: expected an integer, got \"x\""));
 }
 
 }  // namespace

@@ -88,6 +88,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "base/file.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "base/text_proto.h"
 #include "data/batch.h"
@@ -599,7 +600,8 @@ absl::Status RunGenerate() {
   PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
   PLAIT_ASSIGN_OR_RETURN(std::shared_ptr<models::CausalLM> model, models::LoadHfModel(hf_dir));
   PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(prompts_path));
-  const auto prompts = nlohmann::json::parse(text).get<std::vector<std::vector<int64_t>>>();
+  PLAIT_ASSIGN_OR_RETURN(const nlohmann::json json, base::ParseJson(prompts_path, text));
+  const auto prompts = json.get<std::vector<std::vector<int64_t>>>();
   generation::SamplingConfig config;
   config.set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
   PLAIT_ASSIGN_OR_RETURN(const std::vector<generation::Completion> completions,
