@@ -84,10 +84,9 @@ std::string StopReasonName(StopReason reason) {
   return "";
 }
 
-absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
-                                                 const std::vector<std::vector<int64_t>>& prompts,
-                                                 const SamplingConfig& config,
-                                                 const GenerateOptions& options) {
+absl::Status CheckGeneration(const models::CausalLM& model,
+                             const std::vector<std::vector<int64_t>>& prompts,
+                             const SamplingConfig& config, const GenerateOptions& options) {
   const std::vector<base::Violation> violations = CheckSamplingConfig(config, "sampling");
   if (!violations.empty()) {
     std::vector<std::string> lines;
@@ -99,21 +98,33 @@ absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
         "sampling.stop_strings: stop strings need the completions' text, and no tokenizer was "
         "given to decode it");
   }
+  if (const std::string refusal = model.DecodeRefusal(); !refusal.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("this model cannot generate: ", refusal));
+  }
   const int64_t vocab = model.config().vocab_size();
-  int64_t longest = 0;
   for (size_t p = 0; p < prompts.size(); ++p) {
+    const int64_t prompt = options.first_prompt + static_cast<int64_t>(p);
     if (prompts[p].empty())
-      return absl::InvalidArgumentError(absl::StrCat("prompt ", p, " is empty"));
+      return absl::InvalidArgumentError(absl::StrCat("prompt ", prompt, " is empty"));
     for (size_t i = 0; i < prompts[p].size(); ++i) {
       if (prompts[p][i] < 0 || prompts[p][i] >= vocab) {
-        return absl::InvalidArgumentError(absl::StrCat("prompt ", p, ": token ", i, " is ",
-                                                       prompts[p][i],
-                                                       ", not an id below the "
-                                                       "model's vocabulary size ",
-                                                       vocab));
+        return absl::InvalidArgumentError(
+            absl::StrCat("prompt ", prompt, ": token ", i, " is ", prompts[p][i],
+                         ", not an id below the model's vocabulary size ", vocab));
       }
     }
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts[p].size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
+                                                 const std::vector<std::vector<int64_t>>& prompts,
+                                                 const SamplingConfig& config,
+                                                 const GenerateOptions& options) {
+  PLAIT_RETURN_IF_ERROR(CheckGeneration(model, prompts, config, options));
+  int64_t longest = 0;
+  for (const std::vector<int64_t>& prompt : prompts) {
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(prompt.size()));
   }
   const int64_t samples = std::max(1, config.num_samples());
   std::vector<RowSeed> seeds;
@@ -125,11 +136,14 @@ absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
       completions.push_back({.prompt = prompt, .sample = s});
     }
   }
-  if (completions.empty()) return completions;
-  const auto rows = static_cast<int64_t>(completions.size());
+  // A rank without completions decodes one placeholder row (token 0) beside its peers.
+  const bool placeholder = completions.empty();
+  if (placeholder && !options.any_rank_open) return completions;
+  const int64_t rows = placeholder ? 1 : static_cast<int64_t>(completions.size());
+  if (placeholder) longest = 1;
   at::Tensor pads = at::zeros({rows}, at::kLong);
   at::Tensor tokens = at::zeros({rows, longest}, at::kLong);
-  for (int64_t r = 0; r < rows; ++r) {
+  for (size_t r = 0; r < completions.size(); ++r) {
     const std::vector<int64_t>& prompt = prompts[completions[r].prompt - options.first_prompt];
     const auto length = static_cast<int64_t>(prompt.size());
     pads[r] = longest - length;
@@ -140,34 +154,36 @@ absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
   const at::Device device = model.OutputWeight().device();
   models::KvCache cache(pads, longest + config.max_new_tokens());
   Sampler sampler(config, std::move(seeds));
-  at::Tensor logits = model.Decode(tokens.to(device), cache, /*logits_to_keep=*/1);
-  if (logits.size(-1) != vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model computes ", logits.size(-1), " of its ", vocab,
-        " logits on this rank (a step split its vocabulary over ranks): it cannot sample alone"));
-  }
-  at::Tensor last = logits.select(1, 0);
+  at::Tensor last = model.Decode(tokens.to(device), cache, /*logits_to_keep=*/1).select(1, 0);
   // The rows still drawing; a row that stopped goes on decoding with the others, unread.
-  std::vector<bool> open(rows, true);
-  int64_t open_rows = rows;
+  std::vector<bool> open(completions.size(), true);
+  auto open_rows = static_cast<int64_t>(completions.size());
   while (true) {
-    const Draws draws = sampler.Next(last);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (!open[r]) continue;
-      Completion& completion = completions[r];
-      completion.tokens.push_back(draws.tokens[r].item<int64_t>());
-      completion.logprobs.push_back(draws.logprobs[r].item<float>());
-      completion.sampling_logprobs.push_back(draws.sampling_logprobs[r].item<float>());
-      PLAIT_ASSIGN_OR_RETURN(const std::optional<StopReason> stop,
-                             StopAfterLastToken(completion, config, options));
-      if (stop.has_value()) {
-        completion.stop = *stop;
-        open[r] = false;
-        --open_rows;
+    at::Tensor next = at::zeros({rows}, at::kLong);
+    if (!placeholder) {
+      const Draws draws = sampler.Next(last);
+      next = draws.tokens;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (!open[r]) continue;
+        Completion& completion = completions[r];
+        completion.tokens.push_back(draws.tokens[r].item<int64_t>());
+        completion.logprobs.push_back(draws.logprobs[r].item<float>());
+        completion.sampling_logprobs.push_back(draws.sampling_logprobs[r].item<float>());
+        PLAIT_ASSIGN_OR_RETURN(const std::optional<StopReason> stop,
+                               StopAfterLastToken(completion, config, options));
+        if (stop.has_value()) {
+          completion.stop = *stop;
+          open[r] = false;
+          --open_rows;
+        }
       }
     }
-    if (open_rows == 0) break;
-    last = model.Decode(draws.tokens.view({rows, 1}).to(device), cache).select(1, 0);
+    bool go_on = open_rows > 0;
+    if (options.any_rank_open) {
+      PLAIT_ASSIGN_OR_RETURN(go_on, options.any_rank_open(go_on));
+    }
+    if (!go_on) break;
+    last = model.Decode(next.view({rows, 1}).to(device), cache).select(1, 0);
   }
   return completions;
 }

@@ -2,7 +2,8 @@
 // SamplingConfig says (Sampler): every prompt's num_samples completions in one batch, the
 // prompts left-padded to the longest, each completion stopping at one of the model's
 // end-of-sequence ids, at a stop string or at max_new_tokens. Runs under no-grad on the
-// model as it is (one process, or a rank's whole model).
+// model as it is: one process, or a rank of a prepared model with its peers
+// (GenerateOptions::any_rank_open; generation/on_mesh.h does both).
 //
 //   PLAIT_ASSIGN_OR_RETURN(std::vector<Completion> completions,
 //                          Generate(*model, {{1, 15043}, {1, 450, 4996}}, config,
@@ -51,6 +52,12 @@ struct GenerateOptions {
   int64_t first_prompt = 0;
   // The text of a completion's tokens, where config.stop_strings names any.
   std::function<absl::StatusOr<std::string>(const std::vector<int64_t>&)> detokenize;
+  // Where the model's forwards run collectives with other ranks' (a prepared model's FSDP
+  // gathers, its tensor-parallel sums): called once per decoded token with whether this rank
+  // still has a completion drawing, it says whether any of those ranks has (every one of them
+  // calling it), and each decodes until none has. A rank without prompts decodes a
+  // placeholder row meanwhile. Unset: this rank decodes alone.
+  std::function<absl::StatusOr<bool>(bool open_here)> any_rank_open;
 };
 
 // The ids that end a completion of the model in Hugging Face folder `dir`: eos_token_id (an id
@@ -59,10 +66,18 @@ struct GenerateOptions {
 // JSON or whose eos_token_id is not an id or a list of ids.
 absl::StatusOr<std::vector<int64_t>> EndOfSequenceIds(const std::string& dir);
 
+// Why Generate would refuse `prompts` (numbered from options.first_prompt) for `model` with
+// `config` and `options`, or OK: the checks of Generate, for a caller that splits the prompts
+// over ranks to make on every rank before any decodes.
+absl::Status CheckGeneration(const models::CausalLM& model,
+                             const std::vector<std::vector<int64_t>>& prompts,
+                             const SamplingConfig& config, const GenerateOptions& options);
+
 // The completions of `prompts` (each a nonempty list of token ids below the model's
 // vocabulary), prompt by prompt and sample by sample. InvalidArgument naming what is wrong for
-// an invalid `config`, an empty prompt, an id out of the vocabulary, stop strings without
-// `options.detokenize`, or a model whose vocabulary a step split over ranks.
+// an invalid `config`, an empty prompt, an id out of the vocabulary, or stop strings without
+// `options.detokenize`; FailedPrecondition for a model that cannot decode
+// (CausalLM::DecodeRefusal says why).
 absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
                                                  const std::vector<std::vector<int64_t>>& prompts,
                                                  const SamplingConfig& config,

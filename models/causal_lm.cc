@@ -237,12 +237,12 @@ at::Tensor Attention::forward(const at::Tensor& x, const ForwardContext& context
       heads(Project(k_proj, Split::kKeyValueColumn, flat, context), num_kv_heads_, k_norm);
   const at::Tensor v =
       Project(v_proj, Split::kKeyValueColumn, flat, context).view({batch, seq, num_kv_heads_, d});
-  if (context.cache != nullptr) {
-    const auto [keys, values] = context.cache->Append(layer_, k, v);
-    const at::Tensor out = internal::CachedAttention(q, keys, values, context.cache_mask);
-    return Project(o_proj, Split::kRow, out.reshape({batch, seq, num_heads_ * d}), context);
-  }
   const auto own = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    if (context.cache != nullptr) {
+      // Decoding: over the keys and values of the row's tokens so far, these included.
+      const auto [keys, values] = context.cache->Append(layer_, k, v);
+      return internal::CachedAttention(q, keys, values, context.cache_mask);
+    }
     // The cached mask is for the whole sequence; a layer that changes the attention and
     // calls this one gets a mask for what it hands over.
     const bool cached = context.mask.defined() && context.mask.size(1) == q.size(1);
@@ -532,18 +532,23 @@ absl::StatusOr<at::Tensor> CausalLM::StageForward(
   return with_output_layers();
 }
 
+std::string CausalLM::DecodeRefusal() const {
+  if (!HoldsInputLayers() || !HoldsOutputLayers()) {
+    return "the model is cut into pipeline stages";
+  }
+  return seams_.DecodeRefusal();
+}
+
 at::Tensor CausalLM::Decode(const at::Tensor& tokens, KvCache& cache, int64_t logits_to_keep) {
-  TORCH_CHECK(HoldsInputLayers() && HoldsOutputLayers(),
-              "CausalLM::Decode: a model cut into pipeline stages does not decode");
-  TORCH_CHECK(!seams_.Changed(wrap::Seam::kSequence) && !seams_.Changed(wrap::Seam::kAttention),
-              "CausalLM::Decode: a model whose sequence or attention a step changed (context "
-              "parallelism) does not decode");
+  const std::string refusal = DecodeRefusal();
+  TORCH_CHECK(refusal.empty(), "CausalLM::Decode: ", refusal, ": such a model does not decode");
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == cache.rows(), "CausalLM::Decode: tokens ",
               tokens.sizes(), " are not [", cache.rows(), ", T] for the cache's rows");
   TORCH_CHECK(logits_to_keep >= 0 && logits_to_keep <= tokens.size(1),
               "CausalLM::Decode: logits_to_keep ", logits_to_keep, " is not in [0, ",
               tokens.size(1), "]");
-  at::Tensor logits = Run(tokens, at::Tensor(), /*to_logits=*/true, &cache, logits_to_keep);
+  at::Tensor logits =
+      seams_.WholeLogits(Run(tokens, at::Tensor(), /*to_logits=*/true, &cache, logits_to_keep));
   cache.Advance(tokens.size(1));
   return logits;
 }

@@ -288,10 +288,14 @@ class CausalLM : public torch::nn::Module, public wrap::Wrappable {
   // the logits are those Forward gives each row alone (unpadded) at those positions. With
   // `logits_to_keep` > 0, those of the last logits_to_keep positions only, [B, keep, V] (a
   // prompt's next token needs its last position's: the output projection of the others is
-  // most of a long prompt's forward at a large vocabulary). Call it under no-grad. Not for a
-  // model whose sequence or attention a step changed (context parallelism) or cut into
-  // stages.
+  // most of a long prompt's forward at a large vocabulary). The logits are the whole
+  // vocabulary's where a step split it over ranks (wrap::Seams::WholeLogits), every rank of
+  // the split calling it with the same tokens. Call it under no-grad. Not for a model cut
+  // into stages, nor one whose steps refuse it (wrap::Seams::DecodeRefusal: context and
+  // sequence parallelism); DecodeRefusal says why.
   at::Tensor Decode(const at::Tensor& tokens, KvCache& cache, int64_t logits_to_keep = 0);
+  // Why this model cannot Decode, one sentence, or "" where it can.
+  std::string DecodeRefusal() const;
 
   // Mean cross-entropy of targets[b, t] (the token that follows tokens[b, t]) over the
   // positions whose target is not `ignore_index`. 0, with a zero gradient, when every target

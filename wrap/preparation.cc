@@ -217,6 +217,14 @@ int64_t Preparation::peak_gathered_bytes() const {
   return bytes;
 }
 
+Preparation::KeepGathered::KeepGathered(Preparation& preparation) : preparation_(preparation) {
+  for (GatheredMemory* memory : preparation_.Facets<GatheredMemory>()) memory->KeepGathered(true);
+}
+
+Preparation::KeepGathered::~KeepGathered() {
+  for (GatheredMemory* memory : preparation_.Facets<GatheredMemory>()) memory->KeepGathered(false);
+}
+
 void Preparation::ResetPeak() {
   for (GatheredMemory* memory : Facets<GatheredMemory>()) memory->ResetPeak();
 }

@@ -121,6 +121,20 @@ class Preparation {
   int64_t peak_gathered_bytes() const;
   void ResetPeak();
 
+  // While it lives, the whole parameters the strategies gather for a forward stay gathered
+  // (GatheredMemory::KeepGathered): a generation phase's forwards, under no-grad, gather each
+  // once, not once a decoded token. Every rank of the mesh keeps its own.
+  class KeepGathered {
+   public:
+    explicit KeepGathered(Preparation& preparation);
+    ~KeepGathered();
+    KeepGathered(const KeepGathered&) = delete;
+    KeepGathered& operator=(const KeepGathered&) = delete;
+
+   private:
+    Preparation& preparation_;
+  };
+
  private:
   Preparation(Wrappable& model, const parallel::DeviceMesh& mesh, std::string field);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -85,6 +86,15 @@ bool Seams::HasAdapters() const {
     return std::any_of(layers.begin(), layers.end(),
                        [](const SeamLayer* layer) { return layer->is_adapter(); });
   });
+}
+
+std::string Seams::DecodeRefusal() const {
+  for (const std::vector<SeamLayer*>& layers : layers_) {
+    for (const SeamLayer* layer : layers) {
+      if (std::string refusal = layer->DecodeRefusal(); !refusal.empty()) return refusal;
+    }
+  }
+  return "";
 }
 
 const std::vector<SeamLayer*>& Seams::LayersOf(Seam seam) const {
@@ -210,6 +220,15 @@ at::Tensor Seams::TokenLosses(const at::Tensor& logits, const at::Tensor& target
       [](SeamLayer& layer, TokenLossNext next, const at::Tensor& logits, const at::Tensor& targets,
          int64_t ignore_index) { return layer.TokenLosses(logits, targets, ignore_index, next); },
       own, logits, targets, ignore_index);
+}
+
+at::Tensor Seams::WholeLogits(const at::Tensor& logits) const {
+  return Stack<at::Tensor(const at::Tensor&)>::Run(
+      LayersOf(Seam::kLogits),
+      [](SeamLayer& layer, TensorNext next, const at::Tensor& logits) {
+        return layer.WholeLogits(logits, next);
+      },
+      Identity, logits);
 }
 
 std::optional<ParameterSplit> Seams::AddedParameterSplit(const std::string& name) const {

@@ -72,8 +72,9 @@ enum class Seam {
   kExperts,      // a mixture of experts' routed rows through the experts
   kBlock,        // one block's forward
   kTokenLoss,    // per-token -log p(target) from the logits
+  kLogits,       // the whole vocabulary's logits, which a sampler reads
 };
-inline constexpr int kSeamCount = static_cast<int>(Seam::kTokenLoss) + 1;
+inline constexpr int kSeamCount = static_cast<int>(Seam::kLogits) + 1;
 
 // One projection of a block, as the model hands it to the projection seam.
 struct ProjectionSite {
@@ -199,6 +200,16 @@ class SeamLayer {
     return next(logits, targets, ignore_index);
   }
 
+  // kLogits: the logits [..., V] of the whole vocabulary from those this rank computed,
+  // `logits` [..., V'] (its part of them where a layer splits the vocabulary): what a sampler
+  // reads. Under no-grad.
+  virtual at::Tensor WholeLogits(const at::Tensor& logits, TensorNext next) { return next(logits); }
+
+  // Why a model with this layer cannot decode a token at a time (models::KvCache), one
+  // sentence naming the step ("context parallelism computes a slice of every sequence on
+  // each rank"), or "" where it can. Default: it can.
+  virtual std::string DecodeRefusal() const { return ""; }
+
   // How a data-parallel or layer-splitting step splits the parameter `name` when this layer
   // added it to the model (its adapters); nullopt for any other.
   virtual std::optional<ParameterSplit> AddedParameterSplit(const std::string& name) const {
@@ -230,6 +241,8 @@ class Seams {
 
   // Whether some layer adds adapters (SeamLayer::is_adapter).
   bool HasAdapters() const;
+  // The first layer's SeamLayer::DecodeRefusal that is not empty, or "".
+  std::string DecodeRefusal() const;
 
   at::Tensor OwnPart(const at::Tensor& x) const;
   at::Tensor Positions(int64_t seq_len, const at::Device& device, PositionsNext own) const;
@@ -250,6 +263,8 @@ class Seams {
   at::Tensor Block(int unit, const at::Tensor& input, BlockForward own) const;
   at::Tensor TokenLosses(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index,
                          TokenLossNext own) const;
+  // The model's own logits are the whole vocabulary's.
+  at::Tensor WholeLogits(const at::Tensor& logits) const;
   std::optional<ParameterSplit> AddedParameterSplit(const std::string& name) const;
 
  private:

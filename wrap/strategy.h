@@ -446,6 +446,11 @@ class GatheredMemory {
   virtual int64_t gathered_bytes() const = 0;
   virtual int64_t peak_gathered_bytes() const = 0;
   virtual void ResetPeak() = 0;
+
+  // After Apply: with `keep`, whole parameters it gathers stay gathered after their forward,
+  // until a call without `keep` frees them: a phase of forwards under no-grad that read the
+  // same weights again and again (decoding, a token at a time) gathers each once.
+  virtual void KeepGathered(bool keep) = 0;
 };
 
 // A strategy that is there to keep less on each rank, and knows the versions of itself that

@@ -28,6 +28,8 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
@@ -149,6 +151,9 @@ class RingContext final : public SeamLayer {
   at::Tensor Attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool generic,
                        AttentionNext /*next: over this rank's keys alone*/) override {
     return Attention(q, k, v, generic);
+  }
+  std::string DecodeRefusal() const override {
+    return "context_parallel computes a slice of every sequence on each rank";
   }
 
  private:

@@ -512,6 +512,12 @@ void Fsdp::Reshard(Unit& unit) {
 // arrives, at the end. A pipeline stage's forward runs its own blocks only, and gathers the
 // root only for the layers of it the stage holds: before its first block when it embeds,
 // after its last when it computes the output.
+void Fsdp::KeepGathered(bool keep) {
+  keep_gathered_ = keep;
+  if (keep) return;
+  for (Unit& unit : units_) Reshard(unit);
+}
+
 void Fsdp::BeforeForward(int hook_unit) {
   if (hook_unit == Wrappable::kRootUnit) {
     if (backward_started_) {
@@ -540,7 +546,7 @@ void Fsdp::BeforeForward(int hook_unit) {
     return;
   }
   forward_last_unit_ = hook_unit;
-  if (hook_unit == 0 && reshard_after_forward_) Reshard(root());
+  if (hook_unit == 0 && reshard_after_forward_ && !keep_gathered_) Reshard(root());
   Unshard(units_[hook_unit]);
   // Prefetch: the next unit's gather runs while this block computes.
   if (!LastOfStage(hook_unit)) {
@@ -560,10 +566,12 @@ at::Tensor Fsdp::AfterForward(int hook_unit, at::Tensor output) {
     });
   }
   if (hook_unit == Wrappable::kRootUnit) {
-    if (!backward_follows) Reshard(root());
+    if (!backward_follows && !keep_gathered_) Reshard(root());
     return output;
   }
-  if (!backward_follows || reshard_after_forward_) Reshard(units_[hook_unit]);
+  if ((!backward_follows || reshard_after_forward_) && !keep_gathered_) {
+    Reshard(units_[hook_unit]);
+  }
   if (LastOfStage(hook_unit) && forward_root_use_.outputs) {
     Unshard(root());  // the final norm and output follow
   }

@@ -106,6 +106,11 @@ class Fsdp {
   int64_t peak_unsharded_bytes() const { return peak_unsharded_bytes_; }
   void ResetPeak() { peak_unsharded_bytes_ = unsharded_bytes_; }
 
+  // With `keep`, the units a forward gathers stay gathered after it (under no-grad: a
+  // generation phase's forwards read the same weights every token), until a call without
+  // `keep` frees them all.
+  void KeepGathered(bool keep);
+
   // The full parameters, gathered from the shards (every rank takes part; every rank gets
   // them), in fp32, by name; and the weights the seams hold, as their Weight computes with
   // them, by the weights' names.
@@ -168,6 +173,7 @@ class Fsdp {
   Wrappable& model_;
   parallel::Communicator* replicate_;  // null without hybrid sharding
   bool reshard_after_forward_;
+  bool keep_gathered_ = false;
   at::ScalarType param_dtype_ = at::kFloat;  // set per model in Create
   at::ScalarType reduce_dtype_ = at::kFloat;
   std::vector<Unit> units_;  // the blocks in order, then the root
@@ -215,6 +221,7 @@ class FsdpStrategy final : public Strategy,
   int64_t gathered_bytes() const override { return fsdp_->unsharded_bytes(); }
   int64_t peak_gathered_bytes() const override { return fsdp_->peak_unsharded_bytes(); }
   void ResetPeak() override { fsdp_->ResetPeak(); }
+  void KeepGathered(bool keep) override { fsdp_->KeepGathered(keep); }
 
  private:
   FsdpConfig config_;

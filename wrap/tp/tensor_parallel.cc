@@ -1,7 +1,9 @@
 #include "wrap/tp/tensor_parallel.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "ATen/core/Tensor.h"
 #include "ATen/ops/embedding.h"
@@ -277,6 +279,26 @@ at::Tensor TensorParallel::TokenLosses(const at::Tensor& logits, const at::Tenso
   // The padding rows get no probability, and so no gradient.
   return VocabParallelCrossEntropy(logits, targets, group_.rank() * columns,
                                    columns - PaddedColumns(columns), ignore_index, group_);
+}
+
+at::Tensor TensorParallel::WholeLogits(const at::Tensor& logits,
+                                       TensorNext /*next: the whole vocabulary's already*/) {
+  const int n = group_.size();
+  const int64_t columns = logits.size(-1);
+  const at::Tensor mine = logits.contiguous();
+  at::Tensor gathered = torch::empty({n * mine.numel()}, mine.options());
+  const parallel::ScopedPlace place = group_.Place(parallel::Pass::kForward, "whole logits");
+  group_.Wait(group_.communicator().AllGather(mine.view({-1}), gathered));
+  std::vector<int64_t> by_rank = mine.sizes().vec();
+  by_rank.insert(by_rank.begin(), n);
+  // [n, ..., columns] -> [..., n * columns]: rank r's columns at r * columns.
+  const at::Tensor whole = gathered.view(by_rank).movedim(0, -2).flatten(-2);
+  return whole.narrow(-1, 0, vocab_size_ == 0 ? n * columns : vocab_size_).contiguous();
+}
+
+std::string TensorParallel::DecodeRefusal() const {
+  if (!sequence_parallel_) return "";
+  return "tensor_parallel.sequence_parallel splits every forward's tokens over the ranks";
 }
 
 void TensorParallel::MarkSharded(std::vector<parallel::TrainableParameter>& parameters) const {

@@ -63,9 +63,12 @@ class TensorParallel final : public SeamLayer {
   // from this rank's vocabulary slice of the logits [N, vocab / tp] (any floating dtype, kept
   // as it is; scored in fp32 for 16-bit logits) without gathering them: a vocabulary padded to
   // a multiple of tp has padding columns at its end, which get no probability and a zero
-  // gradient.
+  // gradient. A sampler's whole logits are the ranks' slices gathered, the padding columns
+  // left out. Sequence parallelism splits each forward's tokens over the ranks, so such a
+  // model does not decode a token at a time.
   std::vector<Seam> changes() const override {
-    return {Seam::kEmbedding, Seam::kColumnInput, Seam::kProjection, Seam::kTokenLoss};
+    return {Seam::kEmbedding, Seam::kColumnInput, Seam::kProjection, Seam::kTokenLoss,
+            Seam::kLogits};
   }
   at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& weight, EmbedNext next) override;
   at::Tensor ColumnInput(const at::Tensor& x, TensorNext next) override;
@@ -73,6 +76,8 @@ class TensorParallel final : public SeamLayer {
                      ProjectNext next) override;
   at::Tensor TokenLosses(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index,
                          TokenLossNext next) override;
+  at::Tensor WholeLogits(const at::Tensor& logits, TensorNext next) override;
+  std::string DecodeRefusal() const override;
 
   // Marks the split parameters among `parameters` as sharded over this group (and shared
   // key/value heads as replicated `replicas` times in it), narrowing each one's slice to
