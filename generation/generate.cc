@@ -10,12 +10,14 @@
 
 #include "ATen/core/Tensor.h"
 #include "ATen/ops/zeros.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/file.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "generation/sampling_config.h"
 #include "models/kv_cache.h"
 #include "nlohmann/json.hpp"
 #include "torch/csrc/autograd/grad_mode.h"
@@ -150,7 +152,11 @@ absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
     for (int64_t i = 0; i < length; ++i) tokens[r][longest - length + i] = prompt[i];
   }
 
+  // As PyTorch's model.eval(): no dropout (LoRA's), the model's mode restored after.
   at::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  const absl::Cleanup restore_mode = [&model, was_training] { model.train(was_training); };
   const at::Device device = model.OutputWeight().device();
   models::KvCache cache(pads, longest + config.max_new_tokens());
   Sampler sampler(config, std::move(seeds));

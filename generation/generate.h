@@ -1,9 +1,10 @@
 // Completions of prompts by a model, decoded with a KV cache (models::KvCache) and drawn as a
 // SamplingConfig says (Sampler): every prompt's num_samples completions in one batch, the
 // prompts left-padded to the longest, each completion stopping at one of the model's
-// end-of-sequence ids, at a stop string or at max_new_tokens. Runs under no-grad on the
-// model as it is: one process, or a rank of a prepared model with its peers
-// (GenerateOptions::any_rank_open; generation/on_mesh.h does both).
+// end-of-sequence ids, at a stop string or at max_new_tokens. Runs under no-grad, in eval
+// mode (no dropout; the model's mode restored after), on the model as it is: one process, or a rank
+// of a prepared model with its peers (GenerateOptions::any_rank_open; generation/on_mesh.h does
+// both).
 //
 //   PLAIT_ASSIGN_OR_RETURN(std::vector<Completion> completions,
 //                          Generate(*model, {{1, 15043}, {1, 450, 4996}}, config,

@@ -53,35 +53,6 @@ int64_t InverseCdf(const at::Tensor& probabilities, double u) {
 
 }  // namespace
 
-std::vector<base::Violation> CheckSamplingConfig(const SamplingConfig& config,
-                                                 const std::string& field_path) {
-  std::vector<base::Violation> violations;
-  const auto add = [&](const std::string& field, std::string message) {
-    violations.push_back({absl::StrCat(field_path, ".", field), std::move(message)});
-  };
-  if (!(config.temperature() >= 0.0) || std::isinf(config.temperature())) {
-    add("temperature", absl::StrCat("must be 0 (greedy) or positive, not ", config.temperature()));
-  }
-  if (config.top_k() < 0)
-    add("top_k", absl::StrCat("must be 0 (off) or positive, not ", config.top_k()));
-  if (!(config.top_p() >= 0.0 && config.top_p() <= 1.0)) {
-    add("top_p", absl::StrCat("must be in [0, 1] (0 or 1: off), not ", config.top_p()));
-  }
-  if (!(config.min_p() >= 0.0 && config.min_p() <= 1.0)) {
-    add("min_p", absl::StrCat("must be in [0, 1] (0: off), not ", config.min_p()));
-  }
-  if (config.max_new_tokens() < 1) {
-    add("max_new_tokens", absl::StrCat("must be at least 1, not ", config.max_new_tokens()));
-  }
-  if (config.num_samples() < 0) {
-    add("num_samples", absl::StrCat("must be 0 (one) or positive, not ", config.num_samples()));
-  }
-  for (int i = 0; i < config.stop_strings_size(); ++i) {
-    if (config.stop_strings(i).empty()) add(absl::StrCat("stop_strings[", i, "]"), "is empty");
-  }
-  return violations;
-}
-
 Sampler::Sampler(const SamplingConfig& config, std::vector<RowSeed> rows)
     : config_(config), rows_(std::move(rows)) {}
 

@@ -15,14 +15,9 @@
 #include <vector>
 
 #include "ATen/core/Tensor.h"
-#include "base/violation.h"
 #include "generation/sampling.pb.h"
 
 namespace plait::generation {
-
-// The violations of `config`, each naming its field under `field_path`.
-std::vector<base::Violation> CheckSamplingConfig(const SamplingConfig& config,
-                                                 const std::string& field_path);
 
 // Which completion a row draws: sample `sample` of prompt `prompt`.
 struct RowSeed {

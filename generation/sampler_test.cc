@@ -15,9 +15,6 @@
 namespace plait::generation {
 namespace {
 
-using ::testing::ElementsAre;
-using ::testing::Field;
-
 const std::vector<double> kLogits = {2.0, 1.5, 1.4, 0.3, 0.2, -0.5, -1.0, -3.0};
 
 SamplingConfig Config(double temperature, int top_k, double top_p, double min_p) {
@@ -179,20 +176,6 @@ TEST(SamplerTest, ARowDrawsTheSameAloneAndInABatch) {
   }
   EXPECT_EQ(in_batch, by_itself);
   EXPECT_GT(std::set<int64_t>(by_itself.begin(), by_itself.end()).size(), 1u);
-}
-
-TEST(CheckSamplingConfigTest, NamesEachBadField) {
-  SamplingConfig config = Config(-1.0, -2, 1.5, -0.1);
-  config.set_max_new_tokens(0);
-  config.add_stop_strings("");
-  EXPECT_THAT(CheckSamplingConfig(config, "sampling"),
-              ElementsAre(Field(&base::Violation::field, "sampling.temperature"),
-                          Field(&base::Violation::field, "sampling.top_k"),
-                          Field(&base::Violation::field, "sampling.top_p"),
-                          Field(&base::Violation::field, "sampling.min_p"),
-                          Field(&base::Violation::field, "sampling.max_new_tokens"),
-                          Field(&base::Violation::field, "sampling.stop_strings[0]")));
-  EXPECT_THAT(CheckSamplingConfig(Config(0.0, 0, 0, 0), "sampling"), ::testing::IsEmpty());
 }
 
 }  // namespace

@@ -68,6 +68,7 @@ std::string RunSummaryJson(const RunMetrics& run) {
   }
   summary["skipped_steps"] = SkippedSteps(run);
   summary["checkpoints_written"] = run.checkpoints_written;
+  if (!run.samples_file.empty()) summary["samples_file"] = run.samples_file;
   if (!run.restarts.empty()) {
     summary["steps_repeated"] = StepsRepeated(run);
     nlohmann::ordered_json restarts = nlohmann::ordered_json::array();

@@ -19,6 +19,7 @@
 //   peak_device_memory_bytes   the largest over the ranks (CUDA only)
 //   skipped_steps          the steps trained whose update was skipped (a non-finite number)
 //   checkpoints_written
+//   samples_file           the completions the run drew of its prompts (plan.training.samples)
 // A resumed run's summary covers the steps it trained itself. A run its launcher restarted
 // (--max_restarts; each restart resumes from the last checkpoint) is summarised over all its
 // starts (WholeRun): its steps, time, tokens/s, MFU, evaluation losses, skipped steps and

@@ -24,6 +24,7 @@ TEST(RunSummaryJsonTest, SummarisesTheRun) {
   run.memory_estimate_bytes = 768 << 10;
   run.peak_tensor_bytes = {700 << 10, 800 << 10};
   run.checkpoints_written = 3;
+  run.samples_file = "runs/a/samples.jsonl";
   for (int64_t step = 11; step <= 14; ++step) {
     StepMetrics metrics;
     metrics.step = step;
@@ -37,7 +38,8 @@ TEST(RunSummaryJsonTest, SummarisesTheRun) {
     "last_step": 14, "steps_trained": 4, "seconds": 12.5, "tokens_per_s": 8192.0,
     "mfu": 0.25, "best_eval_loss": 1.5, "last_eval_loss": 1.75, "entropy_floor": 1.125,
     "peak_memory_bytes": [1048576, 2097152], "memory_estimate_bytes": 786432.0,
-    "peak_tensor_bytes": [716800, 819200], "skipped_steps": 2, "checkpoints_written": 3})"));
+    "peak_tensor_bytes": [716800, 819200], "skipped_steps": 2, "checkpoints_written": 3,
+    "samples_file": "runs/a/samples.jsonl"})"));
 }
 
 TEST(RunSummaryJsonTest, LeavesOutWhatTheRunDidNotMeasure) {

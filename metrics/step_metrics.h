@@ -88,6 +88,7 @@ struct RunMetrics {
   // The most device memory any rank's tensors held at once in the run; on CUDA only.
   std::optional<int64_t> peak_device_memory_bytes;
   std::vector<Restart> restarts;  // in order; none for a run that was not restarted
+  std::string samples_file;       // where it wrote its samples; empty: it drew none
 };
 
 // The steps `run`'s restarts trained again.

@@ -1,5 +1,6 @@
 #include "plan/explain.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -97,6 +98,40 @@ std::vector<std::string> DescribeSteps(
     }
   }
   return lines;
+}
+
+// The samples a run draws, and what generating them holds on a rank: "samples: 2 prompts x 1
+// sample of up to 8 new tokens after every 20 steps and the last, into …; each of 2
+// data-parallel ranks decodes its share with a 1.0 MiB KV cache, the weights gathered once
+// for the phase (4.2 MiB)".
+std::string DescribeSamples(const ResolvedPlan& resolved, const MemoryEstimate& memory) {
+  const generation::SamplesConfig& samples = resolved.training().samples();
+  const int num_samples = std::max(1, samples.sampling().num_samples());
+  std::string text = absl::StrFormat(
+      "samples: %d prompt%s x %d sample%s of up to %d new tokens after %s, into %s; ",
+      samples.prompts_size(), samples.prompts_size() == 1 ? "" : "s", num_samples,
+      num_samples == 1 ? "" : "s", samples.sampling().max_new_tokens(),
+      samples.every_steps() > 0
+          ? absl::StrFormat("every %d steps and the last", samples.every_steps())
+          : "the last step",
+      resolved.samples_path);
+  if (!memory.generation.has_value()) return text;
+  const MemoryEstimate::Generation& generation = *memory.generation;
+  absl::StrAppend(&text,
+                  resolved.data_parallel_size > 1
+                      ? absl::StrFormat("each of %d data-parallel ranks decodes its share",
+                                        resolved.data_parallel_size)
+                      : "decoded",
+                  " with a ", base::HumanBytes(generation.kv_cache_bytes), " KV cache");
+  if (generation.gathered_bytes > 0) {
+    absl::StrAppend(
+        &text,
+        generation.keep_gathered ? ", the weights gathered once for the phase ("
+                                 : ", the weights gathered a block at a time, as in a step (",
+        base::HumanBytes(generation.gathered_bytes),
+        generation.keep_gathered ? ")" : "; all at once would not fit in a step's peak)");
+  }
+  return text;
 }
 
 // A frozen model's memory on a rank: "12.0 MiB parameters, 3.0 MiB gathered units; about
@@ -222,6 +257,7 @@ absl::StatusOr<std::string> ExplainPlan(const ResolvedPlan& resolved,
                       resolved.grad_accumulation, static_cast<int64_t>(resolved.tokens_per_step),
                       rows > 1 ? absl::StrFormat(" (%g rows an example)", rows) : ""));
 
+  if (training.has_samples()) lines.push_back(DescribeSamples(resolved, memory));
   if (shares.size() == 1) {
     lines.push_back(absl::StrCat("memory per rank (estimate): ", DescribeMemory(memory)));
   } else {

@@ -35,6 +35,24 @@ TEST(ExplainPlanTest, DescribesTheFsdpPipelineInOrder) {
   EXPECT_LT(text->find("prepare[0]"), text->find("optimizer:"));
 }
 
+// The samples a plan draws, what generating them holds on a rank, and the FSDP term it holds
+// then: every unit gathered once, since that and the KV cache fit in a step's peak.
+TEST(ExplainPlanTest, DescribesTheSamplesAndTheirMemory) {
+  absl::StatusOr<Plan> plan = LoadPlan(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/plait/plan/examples/llama_sft_text.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  absl::StatusOr<std::string> text = ExplainPlan(Resolved(*plan, 2));
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(*text, HasSubstr("samples: 3 prompts x 1 sample of up to 4 new tokens after every 20 "
+                               "steps and the last, into "));
+  EXPECT_THAT(*text, HasSubstr("samples.jsonl; each of 2 data-parallel ranks decodes its share "
+                               "with a "));
+  EXPECT_THAT(*text, HasSubstr(" KV cache, the weights gathered once for the phase (19.1 MiB)"));
+  EXPECT_THAT(*text, HasSubstr("; 19.1 MiB every unit gathered, while a generation phase keeps "
+                               "them"));
+  EXPECT_THAT(*text, HasSubstr(", generating samples "));
+}
+
 // A pipeline's stage map, its schedule, and the memory of each of its ranks, which keep
 // different stages.
 TEST(ExplainPlanTest, ExplainsThePipelineStageByStage) {

@@ -203,6 +203,46 @@ void AddTermsOnRank(PreparationEstimate& preparation, const wrap::RankHolding& h
 }
 
 // The estimate for the ranks of share `share` (PreparationEstimate::share) of `resolved`.
+// Leaves out of `preparation` its steps' terms of `part`: those of a phase the plan does not
+// run.
+void DropTerms(wrap::MemoryTerm::Part part, PreparationEstimate& preparation) {
+  for (wrap::StepEstimate& step : preparation.steps) {
+    step.memory.erase(
+        std::remove_if(step.memory.begin(), step.memory.end(),
+                       [part](const wrap::MemoryTerm& term) { return term.part == part; }),
+        step.memory.end());
+  }
+}
+
+// The samples' generation on a rank of `estimate`'s: the KV cache of its rows, of
+// ceil(prompts / data-parallel ranks) x num_samples rows of up to the longest prompt's bytes
+// plus two special tokens (a tokenizer makes no more tokens of a text than its bytes) and
+// max_new_tokens, in the model's dtype, each layer's key/value heads split as tensor
+// parallelism splits them; and the weights the steps gather meanwhile.
+MemoryEstimate::Generation EstimateGeneration(const ResolvedPlan& resolved,
+                                              const wrap::ModelShape& shape,
+                                              const MemoryEstimate& estimate) {
+  const generation::SamplesConfig& samples = resolved.training().samples();
+  size_t longest = 0;
+  for (const std::string& prompt : samples.prompts()) longest = std::max(longest, prompt.size());
+  const double rows = std::ceil(static_cast<double>(samples.prompts_size()) /
+                                static_cast<double>(resolved.data_parallel_size)) *
+                      std::max(1, samples.sampling().num_samples());
+  const double tokens = static_cast<double>(longest + 2 + samples.sampling().max_new_tokens());
+  const double kv_heads =
+      std::max<double>(1.0, static_cast<double>(shape.num_key_value_heads) /
+                                static_cast<double>(std::max<int64_t>(1, shape.head_ranks)));
+  MemoryEstimate::Generation generation;
+  generation.kv_cache_bytes = 2.0 * static_cast<double>(shape.num_blocks) * rows * tokens *
+                              kv_heads * static_cast<double>(shape.head_dim) *
+                              shape.parameter_bytes;
+  const double kept = estimate.preparation.Sum(wrap::MemoryTerm::Part::kKeptGathered);
+  generation.keep_gathered = kept > 0 && generation.kv_cache_bytes + kept <= estimate.step_bytes();
+  generation.gathered_bytes =
+      generation.keep_gathered ? kept : estimate.preparation.Sum(wrap::MemoryTerm::Part::kGathered);
+  return generation;
+}
+
 absl::StatusOr<MemoryEstimate> EstimateMemoryOfShare(const ResolvedPlan& resolved,
                                                      const models::LibTorchKernels& kernels,
                                                      int share) {
@@ -270,6 +310,8 @@ absl::StatusOr<MemoryEstimate> EstimateMemoryOfShare(const ResolvedPlan& resolve
     FrozenEstimate& frozen_estimate = estimate.frozen.emplace_back();
     PLAIT_ASSIGN_OR_RETURN(frozen_estimate.preparation,
                            EstimatePreparation(frozen.prepare(), frozen_shape, plan.mesh(), share));
+    // A frozen model generates nothing.
+    DropTerms(wrap::MemoryTerm::Part::kKeptGathered, frozen_estimate.preparation);
     const double frozen_fraction = frozen_estimate.preparation.parameter_fraction;
     AddTermsOnRank(frozen_estimate.preparation,
                    {.parameter_fraction = frozen_fraction,
@@ -278,6 +320,11 @@ absl::StatusOr<MemoryEstimate> EstimateMemoryOfShare(const ResolvedPlan& resolve
         frozen_shape.parameters * frozen_fraction * frozen_shape.parameter_bytes +
         frozen_estimate.preparation.Sum(wrap::MemoryTerm::Part::kParameters);
     estimate.frozen_bytes += frozen_estimate.total_bytes();
+  }
+  if (plan.training().has_samples()) {
+    estimate.generation = EstimateGeneration(resolved, shape, estimate);
+  } else {
+    DropTerms(wrap::MemoryTerm::Part::kKeptGathered, estimate.preparation);  // no such phase
   }
   return estimate;
 }
@@ -382,6 +429,9 @@ std::string DescribeTerm(const wrap::MemoryTerm& term) {
     case wrap::MemoryTerm::Part::kWorking:
       where = "inside one op of a block's backward";
       break;
+    case wrap::MemoryTerm::Part::kKeptGathered:
+      where = "while a generation phase keeps them";
+      break;
   }
   return absl::StrCat(term.bytes < 0 ? "saves " : "", base::HumanBytes(std::abs(term.bytes)), " ",
                       term.name, ", ", where);
@@ -389,7 +439,7 @@ std::string DescribeTerm(const wrap::MemoryTerm& term) {
 
 std::string DescribeMemory(const MemoryEstimate& estimate) {
   return absl::StrFormat(
-      "%s parameters, %s optimizer state (%d slots%s)%s, %s gradients%s, %s activations%s%s; "
+      "%s parameters, %s optimizer state (%d slots%s)%s, %s gradients%s, %s activations%s%s%s; "
       "about %s",
       base::HumanBytes(estimate.parameter_bytes), base::HumanBytes(estimate.optimizer_state_bytes),
       static_cast<int>(estimate.optimizer_slots), estimate.fp32_masters ? " and fp32 masters" : "",
@@ -403,6 +453,10 @@ std::string DescribeMemory(const MemoryEstimate& estimate) {
       DescribeTerms(estimate.preparation, wrap::MemoryTerm::Part::kGathered),
       estimate.frozen_bytes > 0
           ? absl::StrCat(", ", base::HumanBytes(estimate.frozen_bytes), " frozen models")
+          : "",
+      estimate.generation.has_value()
+          ? absl::StrCat(", generating samples ", base::HumanBytes(estimate.generation->bytes()),
+                         " (in place of a step's peak, when larger)")
           : "",
       base::HumanBytes(estimate.total_bytes()));
 }

@@ -97,6 +97,18 @@ struct MemoryEstimate {
   double frozen_bytes = 0;             // the frozen models' parameters and gathered units
   std::vector<FrozenEstimate> frozen;  // each frozen model's, in plan order
 
+  // Generating samples between steps (training.samples): the KV cache of a rank's rows and
+  // the weights the steps gather meanwhile: all of them, once for the phase, where those and
+  // the cache fit in what a step adds at its peak (step_bytes: memory the run needs anyway),
+  // else as a step gathers them, a block at a time. nullopt: the plan draws no samples.
+  struct Generation {
+    double kv_cache_bytes = 0;
+    double gathered_bytes = 0;
+    bool keep_gathered = false;
+    double bytes() const { return kv_cache_bytes + gathered_bytes; }
+  };
+  std::optional<Generation> generation;
+
   double between_steps_bytes() const {
     return parameter_bytes + optimizer_state_bytes + buffer_bytes + frozen_bytes;
   }
@@ -109,7 +121,11 @@ struct MemoryEstimate {
            std::max(activation_bytes + (gradients_beside_activations ? gradient_bytes : 0.0),
                     gradient_bytes + block_activation_bytes + tied_embedding_gradient_bytes);
   }
-  double total_bytes() const { return between_steps_bytes() + step_bytes(); }
+  // Between steps, and the larger of a step's peak and a generation phase.
+  double total_bytes() const {
+    return between_steps_bytes() +
+           std::max(step_bytes(), generation.has_value() ? generation->bytes() : 0.0);
+  }
 };
 
 // The estimate for the rank of `resolved` that needs the most, whose activations are those of

@@ -85,6 +85,38 @@ TEST(EstimateMemoryTest, CountsParametersGradientsAndAdamStateOfTheShard) {
   EXPECT_EQ(estimate->frozen_bytes, 0);
 }
 
+// Samples hold the KV cache of a rank's rows, ceil(3 prompts / ranks) of up to the longest
+// prompt's 9 bytes, 2 special tokens and 7 new tokens, over 4 layers of 2 key/value heads 64
+// wide in fp32; and every unit gathered once where that fits in what a step adds at its peak
+// (on 2 ranks, whose step holds half the gradients), else the units a step gathers (on 4
+// ranks of a step of 8 tokens).
+TEST(EstimateMemoryTest, SamplesHoldTheirKvCacheAndTheWeightsGatheredWhereTheyFit) {
+  Plan plan = ParseOrDie(kTinyOnTwoFsdpRanks);
+  generation::SamplesConfig& samples = *plan.mutable_training()->mutable_samples();
+  for (const char* prompt : {"Q: 1 + 1?", "Q: 2?", "Q: 3?"}) samples.add_prompts(prompt);
+  samples.set_tokenizer("data/tokenizer/testdata/tiny");
+  samples.mutable_sampling()->set_max_new_tokens(7);
+  for (const int ranks : {2, 4}) {
+    plan.mutable_mesh()->mutable_dims(0)->set_size(ranks);
+    plan.mutable_training()->set_micro_batch(ranks == 2 ? 4 : 1);
+    plan.mutable_training()->set_seq_len(ranks == 2 ? 64 : 8);
+    absl::StatusOr<MemoryEstimate> estimate = EstimateMemory(Resolved(plan, ranks));
+    ASSERT_THAT(estimate, IsOk());
+    ASSERT_TRUE(estimate->generation.has_value());
+    const MemoryEstimate::Generation& generation = *estimate->generation;
+    const double rows = ranks == 2 ? 2 : 1;
+    EXPECT_EQ(generation.kv_cache_bytes, 2.0 * 4 * rows * (9 + 2 + 7) * 2 * 64 * 4);
+    const double whole = TinyParameters() * 4;
+    EXPECT_EQ(generation.keep_gathered, ranks == 2);
+    EXPECT_EQ(generation.keep_gathered,
+              whole + generation.kv_cache_bytes <= estimate->step_bytes());
+    EXPECT_EQ(generation.gathered_bytes,
+              ranks == 2 ? whole : estimate->preparation.Sum(wrap::MemoryTerm::Part::kGathered));
+    EXPECT_EQ(estimate->total_bytes(), estimate->between_steps_bytes() +
+                                           std::max(estimate->step_bytes(), generation.bytes()));
+  }
+}
+
 // Hybrid sharding over dp_replicate=2 x dp_shard=4: a rank keeps 1/4 of the parameters (the
 // shard group's share), not 1/8; the replicas hold the same shard.
 TEST(EstimateMemoryTest, HybridShardingKeepsTheShardGroupsShare) {

@@ -55,6 +55,10 @@ struct ResolvedPlan {
   std::string save_adapter_dir;  // training.save_adapter_dir
   std::string checkpoint_dir;   // training.checkpoint.dir
   std::string tensorboard_dir;  // training.tensorboard_dir
+  std::string samples_path;     // training.samples.file (SamplesFile), when it has samples
+  // The tokenizer of the samples' prompts, as the plan names it (training.samples.tokenizer,
+  // else the data's text tokenizer, else the folder of model.hf_config_path).
+  std::string samples_tokenizer;
   // What the run reads, by plan field, as the plan names it (from the working directory): the
   // models' config files and weight folders, the adapters a step starts from, the data files
   // (none of them where it writes: base::CheckOutputsApart). Empty paths are left out.

@@ -21,6 +21,7 @@
 #include "base/status.h"
 #include "checkpoint/checkpoint_config.h"
 #include "data/data_config.h"
+#include "generation/sampling_config.h"
 #include "models/estimates.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
@@ -98,6 +99,7 @@ class Checker {
     CheckCheckpoint();
     CheckSchedule();
     CheckData(config);
+    CheckSamples();
     CheckFrozen();
     CheckOutputs();
     AddAll(objectives::CheckObjective(plan_.objective(), config,
@@ -125,11 +127,16 @@ class Checker {
     if (resolved_.scoring_dims != resolved_.data_parallel_dims) kinds.insert(wrap::SPLITS_SEQUENCE);
     if (HasEffect(plan_.prepare(), wrap::SELECTS)) kinds.insert(wrap::CUTS_STAGES);
     if (resolved_.data_parallel_size > 1) kinds.insert(wrap::SPLITS_BATCH);
+    // Some step's ranks run layers on slices of the tokens of rows they share.
+    if (resolved_.routing_dims != resolved_.data_parallel_dims) kinds.insert(wrap::SLICES_TOKENS);
     std::vector<base::PlanFeature> features = data::FeaturesOf(resolved_.data, "plan.data");
     for (std::vector<base::PlanFeature> more :
          {objectives::FeaturesOf(plan_.objective(), "plan.objective"),
           config.has_value() ? models::FeaturesOf(*config, "plan.model")
-                             : std::vector<base::PlanFeature>()}) {
+                             : std::vector<base::PlanFeature>(),
+          plan_.training().has_samples()
+              ? generation::FeaturesOf(plan_.training().samples(), "plan.training.samples")
+              : std::vector<base::PlanFeature>()}) {
       features.insert(features.end(), more.begin(), more.end());
     }
     AddAll(wrap::CheckFeatures(rules_, features, kinds));
@@ -357,6 +364,7 @@ class Checker {
         base::CheckOutputsApart({{"plan.training.checkpoint.dir", resolved_.checkpoint_dir},
                                  {"plan.training.metrics_file", resolved_.metrics_path},
                                  {"plan.training.tensorboard_dir", resolved_.tensorboard_dir},
+                                 {"plan.training.samples.file", resolved_.samples_path},
                                  {kSaveHf, resolved_.save_hf_dir, /*whole_folder=*/true},
                                  {kSaveAdapter, resolved_.save_adapter_dir, /*whole_folder=*/true}},
                                 resolved_.inputs);
@@ -462,6 +470,40 @@ class Checker {
     }
   }
 
+  // The samples' own fields, and the tokenizer that encodes their prompts: theirs, else the
+  // data's text tokenizer, else the one beside the model's config.json.
+  void CheckSamples() {
+    if (!plan_.training().has_samples()) return;
+    const generation::SamplesConfig& samples = plan_.training().samples();
+    const std::string field = "plan.training.samples";
+    AddAll(generation::CheckSamplesConfig(samples, field));
+    std::string tokenizer = samples.tokenizer();
+    const data::DataConfig& data = resolved_.data;
+    for (const data::PairFiles* files :
+         {data.has_sft_files() ? &data.sft_files() : nullptr,
+          data.has_preference_files() ? &data.preference_files() : nullptr}) {
+      if (tokenizer.empty() && files != nullptr) tokenizer = files->tokenizer();
+    }
+    if (tokenizer.empty() && !plan_.model().hf_config_path().empty()) {
+      const std::filesystem::path folder =
+          std::filesystem::path(plan_.model().hf_config_path()).parent_path();
+      tokenizer = folder.empty() ? "." : folder.string();
+    }
+    if (tokenizer.empty()) {
+      Add(field + ".tokenizer",
+          "is empty, and neither the data (text pair files) nor the model (model.hf_config_path) "
+          "has a tokenizer to encode the prompts with; give a tokenizer.json or tokenizer.model, "
+          "or their folder");
+      return;
+    }
+    resolved_.samples_tokenizer = tokenizer;
+    if (!std::filesystem::exists(base::UserPath(tokenizer))) {
+      Add(field + ".tokenizer",
+          absl::StrCat("the prompts' tokenizer \"", tokenizer,
+                       "\" does not exist (a tokenizer.json or tokenizer.model, or their folder)"));
+    }
+  }
+
   void CheckFrozen() {
     std::set<std::string> names;
     for (int i = 0; i < plan_.frozen_size(); ++i) {
@@ -509,6 +551,8 @@ class Checker {
     resolved_.save_adapter_dir = base::UserPath(t.save_adapter_dir());
     resolved_.checkpoint_dir = base::UserPath(t.checkpoint().dir());
     resolved_.tensorboard_dir = base::UserPath(t.tensorboard_dir());
+    if (t.has_samples())
+      resolved_.samples_path = base::UserPath(generation::SamplesFile(t.samples()));
   }
 
   const Plan& plan_;

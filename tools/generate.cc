@@ -1,7 +1,10 @@
 // generate: completions of prompts by a model in a Hugging Face folder (one a run saved with
-// training.save_hf_dir, or one downloaded), with the model's own tokenizer.
+// training.save_hf_dir, or one downloaded), a run's folder holding such a folder (or the
+// run_dir of its runs: the latest), or a run's checkpoint (a step-NNNNNNNN folder, whose
+// trained parameters are exported to a temporary folder first), with the model's own
+// tokenizer (a checkpoint has none: give --tokenizer).
 //
-//   bazel run //tools:generate -- --model=runs/llama_sft_text/latest/hf \
+//   bazel run //tools:generate -- --model=runs/llama_sft_text \
 //       --tokenizer=data/tokenizer/testdata/tiny --prompts=prompts.jsonl \
 //       --out=completions.jsonl --temperature=0.7 --top_p=0.9 --max_new_tokens=64
 //
@@ -16,6 +19,8 @@
 // tokenizer's eos token). --out must not exist: a finished file is never overwritten. The
 // last line on stderr gives the tokens generated a second.
 #include "generation/generate.h"
+
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -33,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -40,15 +46,22 @@
 #include "base/guarded_main.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "checkpoint/manifest.h"
 #include "data/tokenizer/load_tokenizer.h"
 #include "data/tokenizer/tokenizer.h"
+#include "generation/completion_text.h"
 #include "generation/sampling.pb.h"
+#include "generation/sampling_config.h"
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "tools/saved_checkpoint.h"
 
-ABSL_FLAG(std::string, model, "", "The model's Hugging Face folder (config.json and weights).");
-ABSL_FLAG(std::string, tokenizer, "", "The tokenizer's folder or file; empty: the model's folder.");
+ABSL_FLAG(std::string, model, "",
+          "The model: a Hugging Face folder (config.json and weights), a run's folder holding "
+          "one (its run_dir: the latest run), or a checkpoint (a step-NNNNNNNN folder).");
+ABSL_FLAG(std::string, tokenizer, "",
+          "The tokenizer's folder or file; empty: the model's Hugging Face folder.");
 ABSL_FLAG(std::string, prompts, "",
           "A JSONL file of prompts: {\"prompt\": text} or "
           "{\"prompt_ids\": [ids]} a line.");
@@ -111,14 +124,70 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadPrompts(const std::string&
   return prompts;
 }
 
-// The text of `ids`. An id the tokenizer has no token for (a model's vocabulary padded beyond
-// its tokenizer's) adds none, as transformers' decode leaves it out.
-absl::StatusOr<std::string> Decode(const Tokenizer& tokenizer, const std::vector<int64_t>& ids) {
-  std::vector<int32_t> known;
-  for (const int64_t id : ids) {
-    if (id < tokenizer.vocab_size()) known.push_back(static_cast<int32_t>(id));
+// A model folder, and the folder it may have been written to for the purpose (a
+// checkpoint's export), removed when it goes.
+struct ModelFolder {
+  std::string path;
+  std::string temporary;
+  ~ModelFolder() {
+    if (temporary.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(temporary, ignored);
   }
-  return tokenizer.Decode(known);
+};
+
+// The Hugging Face folder of the model at `path` (--model): the folder itself, where it holds
+// config.json; a checkpoint's (checkpoint.json), exported to a temporary folder; a run folder's
+// only subfolder that is a Hugging Face folder (its save_hf_dir); for a run_dir, that of its
+// latest run.
+absl::Status FindModelFolder(const std::string& path, ModelFolder& folder) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) {
+    return absl::NotFoundError(absl::StrCat("--model: ", path, " is not a folder"));
+  }
+  if (fs::exists(fs::path(path) / "config.json")) {
+    folder.path = path;
+    return absl::OkStatus();
+  }
+  if (fs::exists(fs::path(path) / "checkpoint.json")) {
+    PLAIT_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest,
+                           checkpoint::ReadManifest(path + "/checkpoint.json"));
+    std::string temporary = (fs::temp_directory_path() / "plait-generate-XXXXXX").string();
+    if (mkdtemp(temporary.data()) == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("cannot create a folder for the checkpoint's model "
+                       "in ",
+                       fs::temp_directory_path().string()));
+    }
+    folder.temporary = temporary;
+    PLAIT_RETURN_IF_ERROR(
+        base::Annotate(ExportSavedCheckpoint(path, manifest, temporary, "--model").status(),
+                       absl::StrCat("--model: the checkpoint ", path)));
+    folder.path = temporary;
+    return absl::OkStatus();
+  }
+  if (fs::exists(fs::path(path) / "latest")) {
+    return FindModelFolder((fs::path(path) / "latest").string(), folder);
+  }
+  std::vector<std::string> exports;
+  for (const fs::directory_entry& entry : fs::directory_iterator(path)) {
+    if (entry.is_directory() && fs::exists(entry.path() / "config.json")) {
+      exports.push_back(entry.path().string());
+    }
+  }
+  std::sort(exports.begin(), exports.end());
+  if (exports.size() == 1) {
+    folder.path = exports.front();
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--model: ", path,
+      exports.empty()
+          ? " holds no model: neither a Hugging Face folder (config.json), a checkpoint "
+            "(checkpoint.json), a run's folder with one (training.save_hf_dir) nor a run_dir "
+            "(latest)"
+          : absl::StrCat(" is a run's folder with ", exports.size(),
+                         " Hugging Face folders; name one: ", absl::StrJoin(exports, ", "))));
 }
 
 absl::Status Generate() {
@@ -128,7 +197,9 @@ absl::Status Generate() {
     if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, " is required"));
   }
   // Under `bazel run`, relative paths are the user's working directory's.
-  const std::string model_dir = base::UserPath(absl::GetFlag(FLAGS_model));
+  ModelFolder model_folder;
+  PLAIT_RETURN_IF_ERROR(FindModelFolder(base::UserPath(absl::GetFlag(FLAGS_model)), model_folder));
+  const std::string& model_dir = model_folder.path;
   const std::string prompts_path = base::UserPath(absl::GetFlag(FLAGS_prompts));
   const std::string out = base::UserPath(absl::GetFlag(FLAGS_out));
   if (std::filesystem::exists(out)) {
@@ -170,12 +241,10 @@ absl::Status Generate() {
                          models::LoadHfModel(model_dir));
   generation::GenerateOptions options;
   PLAIT_ASSIGN_OR_RETURN(options.end_of_sequence, generation::EndOfSequenceIds(model_dir));
-  if (tokenizer->eos_id().has_value() &&
-      std::find(options.end_of_sequence.begin(), options.end_of_sequence.end(),
-                *tokenizer->eos_id()) == options.end_of_sequence.end()) {
-    options.end_of_sequence.push_back(*tokenizer->eos_id());
-  }
-  options.detokenize = [&](const std::vector<int64_t>& ids) { return Decode(*tokenizer, ids); };
+  options.end_of_sequence = generation::WithTokenizerEnd(options.end_of_sequence, *tokenizer);
+  options.detokenize = [&](const std::vector<int64_t>& ids) {
+    return generation::CompletionText(*tokenizer, ids);
+  };
 
   std::string lines;
   int64_t tokens = 0;
@@ -187,19 +256,10 @@ absl::Status Generate() {
     options.first_prompt = static_cast<int64_t>(first);
     PLAIT_ASSIGN_OR_RETURN(const std::vector<generation::Completion> completions,
                            generation::Generate(*model, batch, config, options));
+    PLAIT_ASSIGN_OR_RETURN(const std::string batch_lines,
+                           generation::CompletionLines(completions, *tokenizer));
+    absl::StrAppend(&lines, batch_lines);
     for (const generation::Completion& completion : completions) {
-      PLAIT_ASSIGN_OR_RETURN(const std::string text, Decode(*tokenizer, completion.tokens));
-      const nlohmann::json line = {{"prompt_index", completion.prompt},
-                                   {"sample", completion.sample},
-                                   {"text", text},
-                                   {"token_ids", completion.tokens},
-                                   {"logprobs", completion.logprobs},
-                                   {"sampling_logprobs", completion.sampling_logprobs},
-                                   {"stop_reason", generation::StopReasonName(completion.stop)}};
-      // Text that is not valid UTF-8 (a completion cut inside a character) is written with
-      // U+FFFD in its place.
-      absl::StrAppend(&lines, line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                      "\n");
       tokens += static_cast<int64_t>(completion.tokens.size());
     }
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);

@@ -1,6 +1,6 @@
 // //tools:generate on a tiny model's Hugging Face folder and the tiny test tokenizer: what it
-// writes for text and id prompts (the same completions as generation::Generate), and what it
-// refuses.
+// writes for text and id prompts (the same completions as generation::Generate), the run
+// folders and checkpoints it takes as the model, and what it refuses.
 #include "generation/generate.h"
 
 #include <sys/wait.h>
@@ -24,6 +24,8 @@
 #include "models/model_config.h"
 #include "nlohmann/json.hpp"
 #include "parallel/testdata/subprocess.h"
+#include "plan/plan.h"
+#include "trainer/testing_ranks.h"
 
 namespace plait::tools {
 namespace {
@@ -139,6 +141,45 @@ TEST_F(GenerateToolTest, RefusesAnExistingOutputAndNamesABadPromptLine) {
               IsOk());
   EXPECT_EQ(Run({"--out=" + dir_ + "/new.jsonl"}), 1);
   EXPECT_THAT(stderr_, HasSubstr("prompts.jsonl:1: prompt_ids[1]: expected an integer, got \"x\""));
+}
+
+// --model takes a run's folder (the Hugging Face folder it saved), its run_dir (the latest
+// run's) and its checkpoint (exported first, then removed): each gives the completions of the
+// run's trained model. A run's folder with two models asks which.
+TEST_F(GenerateToolTest, TakesARunsFolderItsRunDirAndItsCheckpoint) {
+  absl::StatusOr<plan::Plan> plan = plan::LoadPlan(Runfile("plan/examples/llama_fsdp.textproto"));
+  ASSERT_THAT(plan, IsOk());
+  const std::string run = dir_ + "/runs/20261207-120000";
+  for (const std::string& assignment :
+       {std::string("training.steps=2"), std::string("training.eval_every=0"),
+        std::string("training.eval_batches=1"), std::string("training.metrics_file="),
+        std::string("schedule.warmup.steps=1"), absl::StrCat("training.save_hf_dir=", run, "/hf"),
+        absl::StrCat("training.checkpoint.dir=", dir_, "/ckpt")}) {
+    ASSERT_THAT(plan::ApplyOverride(assignment, *plan), IsOk());
+  }
+  trainer::testing::TrainOnRanks(*plan, 2);
+  std::filesystem::create_directory_symlink("20261207-120000", dir_ + "/runs/latest");
+
+  std::vector<std::string> outputs;
+  for (const std::string model : {run + "/hf", run, dir_ + "/runs", dir_ + "/ckpt/step-00000002"}) {
+    const std::string out = absl::StrCat(dir_, "/from_", outputs.size(), ".jsonl");
+    ASSERT_EQ(Run({"--model=" + model, "--out=" + out, "--temperature=0", "--max_new_tokens=6"}), 0)
+        << model << ": " << stderr_;
+    outputs.push_back(base::ReadFile(out).value_or(""));
+    EXPECT_EQ(outputs.back(), outputs.front()) << model;
+  }
+  EXPECT_THAT(outputs.front(), HasSubstr("\"token_ids\""));
+  // The checkpoint's export is gone.
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::filesystem::temp_directory_path())) {
+    EXPECT_THAT(entry.path().filename().string(), ::testing::Not(HasSubstr("plait-generate-")));
+  }
+
+  ASSERT_THAT(models::SaveHfModel(*model_, run + "/hf_again"), IsOk());
+  EXPECT_EQ(Run({"--model=" + run, "--out=" + dir_ + "/two.jsonl"}), 1);
+  EXPECT_THAT(stderr_, HasSubstr("is a run's folder with 2 Hugging Face folders; name one: "));
+  EXPECT_EQ(Run({"--model=" + dir_ + "/ckpt", "--out=" + dir_ + "/none.jsonl"}), 1);
+  EXPECT_THAT(stderr_, HasSubstr("holds no model"));
 }
 
 }  // namespace

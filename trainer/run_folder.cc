@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "base/file.h"
 #include "base/status.h"
+#include "generation/sampling_config.h"
 
 namespace plait::trainer {
 namespace {
@@ -75,10 +76,17 @@ absl::Status RunFolder::Create() const {
 
 RunFolder TakeRunFolder(plan::Plan& plan, bool starts_run, int restart_count) {
   plan::TrainingConfig& training = *plan.mutable_training();
-  std::string* outputs[] = {training.mutable_metrics_file(), training.mutable_tensorboard_dir(),
-                            training.mutable_save_hf_dir(), training.mutable_save_adapter_dir()};
+  if (training.has_samples()) {
+    training.mutable_samples()->set_file(generation::SamplesFile(training.samples()));
+  }
+  std::string* outputs[] = {
+      training.mutable_metrics_file(), training.mutable_tensorboard_dir(),
+      training.mutable_save_hf_dir(), training.mutable_save_adapter_dir(),
+      training.has_samples() ? training.mutable_samples()->mutable_file() : nullptr};
   bool relative = false;
-  for (const std::string* path : outputs) relative |= !path->empty() && (*path)[0] != '/';
+  for (const std::string* path : outputs) {
+    relative |= path != nullptr && !path->empty() && (*path)[0] != '/';
+  }
   if (training.run_dir().empty() || !relative) return RunFolder();
 
   const std::string run_dir = base::UserPath(training.run_dir());
@@ -92,7 +100,9 @@ RunFolder TakeRunFolder(plan::Plan& plan, bool starts_run, int restart_count) {
     folder.path = absl::StrCat(run_dir, "/latest");
   }
   for (std::string* path : outputs) {
-    if (!path->empty() && (*path)[0] != '/') *path = absl::StrCat(folder.path, "/", *path);
+    if (path != nullptr && !path->empty() && (*path)[0] != '/') {
+      *path = absl::StrCat(folder.path, "/", *path);
+    }
   }
   return folder;
 }

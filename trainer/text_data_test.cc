@@ -6,14 +6,20 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/file.h"
 #include "base/status_matchers.h"
+#include "base/test_paths.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_config.h"
+#include "nlohmann/json.hpp"
 #include "parallel/device_mesh.h"
 #include "plan/plan.h"
 #include "plan/testing_resolved.h"
@@ -30,14 +36,55 @@ using ::plait::plan::testing::Resolved;
 using ::plait::trainer::testing::ShortShippedPlan;
 using ::plait::trainer::testing::TrainOnRanks;
 using ::plait::trainer::testing::WithMesh;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Pair;
 
-// The shipped example trains on 2 FSDP ranks: the loss falls well below its start.
-TEST(TextDataTest, TheTextSftExampleTrains) {
-  const TrainReport run = TrainOnRanks(ShortShippedPlan("llama_sft_text"), 2);
+// The shipped example trains on 2 FSDP ranks: the loss falls well below its start. It draws
+// its samples after steps 5 and 10 (every 5 steps here), a greedy completion of each prompt,
+// into the samples file its summary names, which a fresh run then refuses to write over.
+TEST(TextDataTest, TheTextSftExampleTrainsAndDrawsSamples) {
+  plan::Plan plan = ShortShippedPlan("llama_sft_text");
+  const std::string folder = base::testing::FreshTestDir("text_sft_samples");
+  std::filesystem::create_directories(folder);
+  const std::string path = folder + "/samples.jsonl";
+  plan.mutable_training()->mutable_samples()->set_every_steps(5);
+  plan.mutable_training()->mutable_samples()->set_file(path);
+  const TrainReport run = TrainOnRanks(plan, 2);
   ASSERT_EQ(run.steps.size(), 10u);
   EXPECT_LT(run.steps.back().loss, 0.5 * run.steps.front().loss);
   EXPECT_LT(*run.steps.back().eval_loss, *run.steps[4].eval_loss);
+
+  EXPECT_EQ(run.samples_file, path);
+  absl::StatusOr<std::string> text = base::ReadFile(path);
+  ASSERT_THAT(text, IsOk());
+  std::vector<std::pair<int64_t, int64_t>> drawn;  // (step, prompt_index)
+  for (const absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    const nlohmann::json sample = nlohmann::json::parse(line);
+    drawn.emplace_back(sample.at("step").get<int64_t>(), sample.at("prompt_index").get<int64_t>());
+    const auto tokens = sample.at("token_ids").get<std::vector<int64_t>>();
+    EXPECT_GE(tokens.size(), 1u);
+    EXPECT_LE(tokens.size(), 4u);
+    EXPECT_EQ(sample.at("logprobs").size(), tokens.size());
+    const std::string stop = sample.at("stop_reason").get<std::string>();
+    EXPECT_TRUE(stop == "end_of_sequence" || (stop == "max_new_tokens" && tokens.size() == 4u))
+        << line;
+    EXPECT_FALSE(sample.at("text").get<std::string>().empty()) << line;
+  }
+  EXPECT_THAT(drawn, ElementsAre(Pair(5, 0), Pair(5, 1), Pair(5, 2), Pair(10, 0), Pair(10, 1),
+                                 Pair(10, 2)));
+
+  const plan::ResolvedPlan resolved = Resolved(plan, 2);
+  WithMesh(plan, 2, [&](int rank, const parallel::DeviceMesh& mesh) {
+    if (rank == 0) {
+      EXPECT_THAT(Train(resolved, mesh, {}),
+                  StatusIs(absl::StatusCode::kAlreadyExists,
+                           HasSubstr("plan.training.samples.file: " + path + " exists")));
+    } else {
+      EXPECT_THAT(Train(resolved, mesh, {}),
+                  StatusIs(absl::StatusCode::kAborted, HasSubstr("rank 0 failed")));
+    }
+  });
 }
 
 TEST(TextDataTest, TextWithoutATokenizerIsAPlanError) {

@@ -48,6 +48,7 @@
 #include "sched/schedule_builder.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
 #include "trainer/run_checkpoints.h"
+#include "trainer/run_samples.h"
 #include "wrap/micro_batch_executor.h"
 
 namespace plait::trainer {
@@ -226,6 +227,7 @@ class TrainingRun {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::optional<data::DataLoader> train_, eval_;
   std::optional<RunCheckpoints> checkpoints_;
+  std::optional<RunSamples> samples_;
   std::optional<metrics::MetricsLog> metrics_log_;
   std::optional<metrics::TensorBoardLog> tensorboard_;
   std::optional<metrics::ProgressLog> progress_;
@@ -288,6 +290,8 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(const plan::Reso
                      resolved.eval_micro_batches, " micro-batches per rank) exceed the ", *held_out,
                      " micro-batches per rank that plan.data.token_files.eval_path holds"));
   }
+  PLAIT_ASSIGN_OR_RETURN(run->samples_,
+                         RunSamples::Open(resolved, mesh, run->checkpoints_->resume_step()));
   PLAIT_RETURN_IF_ERROR(run->checkpoints_->Restore(*run->optimizer_, *run->train_));
   PLAIT_RETURN_IF_ERROR(run->StartObjective());
   return run;
@@ -478,6 +482,13 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
               : absl::StrCat("the last ", skipped.in_a_row(), " updates were skipped"),
           skipped.Why(), resolved_.max_skipped_steps));
     }
+    if (samples_ && samples_->IsDue(metrics.step)) {
+      PLAIT_RETURN_IF_ERROR(samples_->Draw(metrics.step, *prepared_));
+      if (progress_) {
+        progress_->Print(
+            absl::StrCat("samples after step ", metrics.step, " in ", samples_->path()));
+      }
+    }
     PLAIT_RETURN_IF_ERROR(checkpoints_->SaveIfDue(step + 1, *optimizer_));
     if (checkpoints_->IsDue(step + 1)) ++report.checkpoints_written;
   }
@@ -506,6 +517,7 @@ absl::StatusOr<TrainReport> TrainingRun::Run() {
           absl::StrCat("saved the adapters to ", resolved_.save_adapter_dir, " (PEFT's format)"));
     }
   }
+  if (samples_) report.samples_file = samples_->path();
   report.seconds = Seconds(Clock::now() - start);
   // A run resumed from its last step trains no step.
   report.tokens_per_s =

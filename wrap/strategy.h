@@ -172,6 +172,9 @@ struct MemoryTerm {
     // Inside one op of a block's backward, beyond the activations the forward saved: the peak
     // holds the largest of these or the output layers' activations (the loss's backward).
     kWorking,
+    // While the strategies keep what they gather (a generation phase between steps:
+    // GatheredMemory::KeepGathered), in place of kGathered.
+    kKeptGathered,
   };
   std::string name;  // what it is: "gathered units", "gradient buckets"
   Part part = Part::kBuffers;

@@ -905,6 +905,10 @@ StepEstimate FsdpStrategy::Estimate(const ModelShape& shape,
                                std::max(shape.root_parameters, shape.block_parameters)
                          : shape.parameters) *
                 gathered_bytes_per_element});
+  // A generation phase that keeps what it gathers holds every unit.
+  estimate.memory.push_back({.name = "every unit gathered",
+                             .part = MemoryTerm::Part::kKeptGathered,
+                             .bytes = shape.parameters * gathered_bytes_per_element});
   // Every micro-batch gathers each unit for its forward (and again for its backward when
   // resharded after forward) and reduce-scatters its trainable parameters' gradients, over
   // each group its parts are sharded over, then all-reduces those gradient shards across the
