@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "models/testing_models.h"
 #include "torch/csrc/autograd/grad_mode.h"
 
 namespace plait::generation {
@@ -24,16 +25,6 @@ namespace {
 using ::plait::base::testing::IsOk;
 using ::plait::base::testing::StatusIs;
 using ::testing::HasSubstr;
-
-std::shared_ptr<models::CausalLM> Make(const std::string& preset) {
-  absl::StatusOr<models::ModelConfig> config = models::PresetConfig(preset);
-  EXPECT_THAT(config, IsOk());
-  models::InitConfig init;
-  init.set_seed(5);
-  absl::StatusOr<std::shared_ptr<models::CausalLM>> model = models::CausalLM::Create(*config, init);
-  EXPECT_THAT(model, IsOk());
-  return *model;
-}
 
 SamplingConfig Greedy(int max_new_tokens) {
   SamplingConfig config;
@@ -47,7 +38,7 @@ const std::vector<std::vector<int64_t>> kPrompts = {{5, 17, 300, 9, 41}, {7}, {1
 // for every new token, makes most likely; each log-probability is that forward's.
 TEST(GenerateTest, GreedyEqualsTheFullForwardOfEachPromptAlone) {
   for (const std::string preset : {"tiny", "qwen3-moe-tiny"}) {
-    std::shared_ptr<models::CausalLM> model = Make(preset);
+    std::shared_ptr<models::CausalLM> model = models::testing::SeededModel(preset, 5);
     absl::StatusOr<std::vector<Completion>> completions = Generate(*model, kPrompts, Greedy(8));
     ASSERT_THAT(completions, IsOk());
     ASSERT_EQ(completions->size(), kPrompts.size());
@@ -73,7 +64,7 @@ TEST(GenerateTest, GreedyEqualsTheFullForwardOfEachPromptAlone) {
 
 // Sampled: prompt 0's completions are the same alone and with 15 other prompts in the batch.
 TEST(GenerateTest, ACompletionIsTheSameAloneAndInABatchOf16) {
-  std::shared_ptr<models::CausalLM> model = Make("tiny");
+  std::shared_ptr<models::CausalLM> model = models::testing::SeededModel("tiny", 5);
   SamplingConfig config;
   config.set_temperature(1.0);
   config.set_top_p(0.95);
@@ -105,7 +96,7 @@ TEST(GenerateTest, ACompletionIsTheSameAloneAndInABatchOf16) {
 
 // A completion stops at an end-of-sequence id or a stop string, keeping it.
 TEST(GenerateTest, StopsAtAnEndOfSequenceIdOrAStopString) {
-  std::shared_ptr<models::CausalLM> model = Make("tiny");
+  std::shared_ptr<models::CausalLM> model = models::testing::SeededModel("tiny", 5);
   absl::StatusOr<std::vector<Completion>> free = Generate(*model, kPrompts, Greedy(6));
   ASSERT_THAT(free, IsOk());
   const std::vector<int64_t>& first = (*free)[0].tokens;
@@ -140,7 +131,7 @@ TEST(GenerateTest, StopsAtAnEndOfSequenceIdOrAStopString) {
 // Prompts generated in two batches draw what they draw in one: a prompt's draws are seeded
 // by its index among all of them.
 TEST(GenerateTest, BatchesOfPromptsDrawAsOneBatch) {
-  std::shared_ptr<models::CausalLM> model = Make("tiny");
+  std::shared_ptr<models::CausalLM> model = models::testing::SeededModel("tiny", 5);
   SamplingConfig config;
   config.set_temperature(1.0);
   config.set_max_new_tokens(6);
@@ -183,7 +174,7 @@ TEST(EndOfSequenceIdsTest, ReadsGenerationConfigThenConfig) {
 }
 
 TEST(GenerateTest, NamesWhatIsWrong) {
-  std::shared_ptr<models::CausalLM> model = Make("tiny");
+  std::shared_ptr<models::CausalLM> model = models::testing::SeededModel("tiny", 5);
   EXPECT_THAT(Generate(*model, {{1, 2}, {}}, Greedy(4)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("prompt 1 is empty")));
   EXPECT_THAT(Generate(*model, {{1, 4096}}, Greedy(4)),

@@ -59,11 +59,8 @@ Sampler::Sampler(const SamplingConfig& config, std::vector<RowSeed> rows)
 at::Tensor Sampler::Distribution(const at::Tensor& logits) const {
   at::Tensor scores = logits.to(at::kDouble).cpu().contiguous();
   const int64_t vocab = scores.size(0);
-  if (config_.temperature() == 0.0) {
-    at::Tensor one_hot = at::zeros({vocab}, scores.options());
-    one_hot[at::argmax(scores).item<int64_t>()] = 1.0;
-    return one_hot;
-  }
+  TORCH_CHECK(config_.temperature() > 0.0,
+              "Sampler::Distribution: greedy decoding draws from no distribution");
   scores = scores / config_.temperature();
   if (config_.top_k() > 0 && config_.top_k() < vocab) {
     const at::Tensor kth = std::get<0>(at::topk(scores, config_.top_k())).select(0, -1);

@@ -41,8 +41,9 @@ class Sampler {
   // The next token of each row from `logits` [B, V] (any float dtype, any device).
   Draws Next(const at::Tensor& logits);
 
-  // The probabilities [V] (fp64, on the host) row `logits` [V] is drawn from: the softmax of
-  // logits / temperature after the filters; one-hot on the most likely token when greedy.
+  // The probabilities [V] (fp64, on the host) row `logits` [V] is drawn from when the
+  // temperature is positive: the softmax of logits / temperature after the filters. (Greedy
+  // decoding takes the most likely token, the lowest id on a tie.)
   at::Tensor Distribution(const at::Tensor& logits) const;
 
  private:

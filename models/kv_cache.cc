@@ -54,13 +54,14 @@ std::pair<at::Tensor, at::Tensor> KvCache::Append(int64_t layer, const at::Tenso
   at::Tensor& keys = entry->second.first;
   at::Tensor& values = entry->second.second;
   if (added) {
-    const std::vector<int64_t> shape = {rows(), capacity_, k.size(2), k.size(3)};
+    // Heads first: each head's keys are rows of one matrix, which attention reads in place.
+    const std::vector<int64_t> shape = {rows(), k.size(2), capacity_, k.size(3)};
     keys = at::empty(shape, k.options());
     values = at::empty(shape, v.options());
   }
-  keys.narrow(1, length_, count).copy_(k);
-  values.narrow(1, length_, count).copy_(v);
-  return {keys.narrow(1, 0, length_ + count), values.narrow(1, 0, length_ + count)};
+  keys.narrow(2, length_, count).copy_(k.transpose(1, 2));
+  values.narrow(2, length_, count).copy_(v.transpose(1, 2));
+  return {keys.narrow(2, 0, length_ + count), values.narrow(2, 0, length_ + count)};
 }
 
 void KvCache::Advance(int64_t count) { length_ += count; }

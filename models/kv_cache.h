@@ -41,7 +41,8 @@ class KvCache {
   at::Tensor Mask(int64_t count, at::ScalarType dtype, const at::Device& device) const;
 
   // Writes layer `layer`'s keys and values of the next tokens, k and v [B, T, KV, d], and
-  // returns all its keys and values so far, [B, length() + T, KV, d] each (views).
+  // returns all its keys and values so far, [B, KV, length() + T, d] each: views of the
+  // cache, held heads first, in which each head's keys (values) are rows of one matrix.
   std::pair<at::Tensor, at::Tensor> Append(int64_t layer, const at::Tensor& k, const at::Tensor& v);
   // Counts `count` more tokens written, once every layer has appended them.
   void Advance(int64_t count);

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "models/testing_models.h"
 #include "torch/csrc/autograd/grad_mode.h"
 
 namespace plait::models {
@@ -24,16 +25,6 @@ namespace {
 using ::plait::base::testing::IsOk;
 
 constexpr int64_t kNewTokens = 4;
-
-std::shared_ptr<CausalLM> Make(const std::string& preset) {
-  absl::StatusOr<ModelConfig> config = PresetConfig(preset);
-  EXPECT_THAT(config, IsOk());
-  InitConfig init;
-  init.set_seed(11);
-  absl::StatusOr<std::shared_ptr<CausalLM>> model = CausalLM::Create(*config, init);
-  EXPECT_THAT(model, IsOk());
-  return *model;
-}
 
 // The largest difference between the logits of each row decoded in one batch (left-padded
 // prompts of `lengths` tokens, then kNewTokens tokens one at a time) and those Forward gives
@@ -82,7 +73,7 @@ double LargestDifference(CausalLM& model, const std::vector<int64_t>& lengths, b
 class DecodeTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DecodeTest, EqualsTheFullForwardOfEachRowAlone) {
-  std::shared_ptr<CausalLM> model = Make(GetParam());
+  std::shared_ptr<CausalLM> model = testing::SeededModel(GetParam(), 11);
   for (const bool generic : {false, true}) {
     EXPECT_LT(LargestDifference(*model, {5, 2, 7, 1}, generic), 1e-5)
         << GetParam() << (generic ? ", generic ops" : ", fused ops");
@@ -111,14 +102,17 @@ TEST(KvCacheTest, PositionsAndMaskLeaveThePaddingOut) {
       mask[1].equal(at::tensor({0.f, -inf, -inf, -inf, 0.f, -inf, -inf, -inf, 0.f}).view({3, 3})));
   const at::Tensor k = at::ones({2, 3, 1, 4});
   const auto [keys, values] = cache.Append(0, k, k * 2);
-  EXPECT_EQ(keys.sizes(), (std::vector<int64_t>{2, 3, 1, 4}));
+  EXPECT_EQ(keys.sizes(), (std::vector<int64_t>{2, 1, 3, 4}));
   cache.Advance(3);
   EXPECT_EQ(cache.bytes(), 2 * 2 * 8 * 1 * 4 * 4);
   EXPECT_TRUE(cache.Positions(1, at::kCPU).equal(at::tensor({3, 1}).view({2, 1})));
   const auto [more_keys, more_values] = cache.Append(0, k.narrow(1, 0, 1) * 3, k.narrow(1, 0, 1));
-  EXPECT_EQ(more_keys.size(1), 4);
-  EXPECT_EQ(more_keys[0][3][0][0].item<float>(), 3.f);
+  EXPECT_EQ(more_keys.size(2), 4);
+  EXPECT_EQ(more_keys[0][0][3][0].item<float>(), 3.f);
   EXPECT_EQ(more_values[1][0][0][0].item<float>(), 2.f);
+  // Each head's keys are rows of one matrix, whose rows are the cache's capacity apart.
+  EXPECT_EQ(more_keys.stride(1), 8 * 4);
+  EXPECT_EQ(more_keys.stride(2), 4);
 }
 
 }  // namespace

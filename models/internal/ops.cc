@@ -487,7 +487,7 @@ std::array<at::Tensor, 3> FusedAttentionBlockBackward(const at::Tensor& q, const
 
 namespace {
 
-// Attention (scale 1 / sqrt(d)) of q [B, T, H, d] over k, v [B, L, KV, d] under the additive
+// Attention (scale 1 / sqrt(d)) of q [B, T, H, d] over k, v [B, KV, L, d] under the additive
 // `mask`, broadcast to [B * KV, H / KV * T, L] (row g * T + t: query head g of a kv head's
 // group at position t). The query heads of one kv head are stacked along the rows, so each kv
 // head meets all its query heads in one matmul without copying k and v per head.
@@ -496,15 +496,16 @@ at::Tensor GroupedAttention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t batch = q.size(0);
   const int64_t seq = q.size(1);
   const int64_t heads = q.size(2);
-  const int64_t keys = k.size(1);
-  const int64_t kv_heads = k.size(2);
+  const int64_t kv_heads = k.size(1);
+  const int64_t keys = k.size(2);
   const int64_t groups = heads / kv_heads;
   const int64_t d = q.size(3);
   const at::Tensor q3 = q.reshape({batch, seq, kv_heads, groups, d})
                             .permute({0, 2, 3, 1, 4})
                             .reshape({batch * kv_heads, groups * seq, d});
-  const at::Tensor k3 = k.transpose(1, 2).reshape({batch * kv_heads, keys, d});
-  const at::Tensor v3 = v.transpose(1, 2).reshape({batch * kv_heads, keys, d});
+  // Views where each head's keys are rows of one matrix (a KvCache's), else copies.
+  const at::Tensor k3 = k.reshape({batch * kv_heads, keys, d});
+  const at::Tensor v3 = v.reshape({batch * kv_heads, keys, d});
   // scale * q k^T + mask in one call: the mask is copied into the output, then the product
   // accumulated onto it.
   const at::Tensor scores =
@@ -534,20 +535,23 @@ at::Tensor CompositeCausalAttention(const at::Tensor& q, const at::Tensor& k, co
                                     const at::Tensor& mask, const at::Tensor& positions) {
   TORCH_CHECK(mask.defined() || positions.defined(),
               "CompositeCausalAttention: no mask (CausalAttentionReadsMask)");
-  if (!positions.defined()) return GroupedAttention(q, k, v, mask);
+  const at::Tensor k_heads = k.transpose(1, 2);
+  const at::Tensor v_heads = v.transpose(1, 2);
+  if (!positions.defined()) return GroupedAttention(q, k_heads, v_heads, mask);
   // Packed rows have a mask of their own.
   const int64_t seq = q.size(1);
   const at::Tensor packed = torch::zeros({q.size(0), seq, seq}, q.options())
                                 .masked_fill_(PackedAttentionMask(positions).logical_not(),
                                               -std::numeric_limits<double>::infinity());
-  return GroupedAttention(q, k, v, GroupedMask(packed, k.size(2), q.size(2) / k.size(2)));
+  return GroupedAttention(q, k_heads, v_heads,
+                          GroupedMask(packed, k.size(2), q.size(2) / k.size(2)));
 }
 
 at::Tensor CachedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& mask) {
   const at::ScalarType wide = ArithmeticDtype(q.scalar_type());
   return GroupedAttention(q.to(wide), k.to(wide), v.to(wide),
-                          GroupedMask(mask.to(wide), k.size(2), q.size(2) / k.size(2)))
+                          GroupedMask(mask.to(wide), k.size(1), q.size(2) / k.size(1)))
       .to(q.scalar_type());
 }
 

@@ -113,8 +113,9 @@ at::Tensor FusedCausalAttention(const at::Tensor& q, const at::Tensor& k, const 
 at::Tensor CompositeCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& mask, const at::Tensor& positions = {});
 // Grouped-query attention with scale 1 / sqrt(d) of q [B, T, H, d] over the keys and values
-// k, v [B, L, KV, d] of a KvCache (KV dividing H), under its additive `mask` [B, T, L]: the
-// new tokens' attention in decoding. Scores and softmax in ArithmeticDtype; [B, T, H, d] in
+// k, v [B, KV, L, d] of a KvCache (KV dividing H; each head's L keys rows of one matrix, read
+// where they are), under its additive `mask` [B, T, L]: the new tokens' attention in
+// decoding. Scores and softmax in ArithmeticDtype; [B, T, H, d] in
 // q's dtype.
 at::Tensor CachedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& mask);

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "models/testing_models.h"
 #include "torch/csrc/autograd/generated/variable_factories.h"
 #include "wrap/internal/torch_internals.h"
 
@@ -25,12 +26,6 @@ using ::testing::HasSubstr;
 using Policy = ActivationCheckpointingConfig::Policy;
 
 constexpr int kSteps = 10;
-
-std::shared_ptr<models::CausalLM> MakeModel(const std::string& preset) {
-  models::InitConfig init;
-  init.set_seed(5);
-  return models::CausalLM::Create(models::PresetConfig(preset).value(), init).value();
-}
 
 std::pair<at::Tensor, at::Tensor> Batch(int step, int64_t vocab) {
   at::manual_seed(200 + step);
@@ -45,7 +40,7 @@ struct TrainingRun {
 
 // kSteps of plain SGD on `preset`, with `policy` (none when nullopt).
 TrainingRun Train(const std::string& preset, std::optional<Policy> policy) {
-  std::shared_ptr<models::CausalLM> model = MakeModel(preset);
+  std::shared_ptr<models::CausalLM> model = models::testing::SeededModel(preset, 5);
   std::unique_ptr<ActivationCheckpointing> checkpointing;
   if (policy.has_value())
     checkpointing = std::make_unique<ActivationCheckpointing>(*model, *policy);
@@ -104,7 +99,7 @@ INSTANTIATE_TEST_SUITE_P(Models, CheckpointingParityTest, ::testing::Values("tin
 TEST(ActivationCheckpointingTest, EveryGradientIsAccumulatedOnce) {
   for (Policy policy :
        {ActivationCheckpointingConfig::FULL, ActivationCheckpointingConfig::SELECTIVE}) {
-    std::shared_ptr<models::CausalLM> model = MakeModel("tiny");
+    std::shared_ptr<models::CausalLM> model = models::testing::SeededModel("tiny", 5);
     ActivationCheckpointing checkpointing(*model, policy);
     std::map<std::string, int> accumulated;
     std::map<std::string, int> hooked;
@@ -128,7 +123,7 @@ TEST(ActivationCheckpointingTest, EveryGradientIsAccumulatedOnce) {
 
 // Without autograd (evaluation) a block just runs: the same logits, and nothing is kept.
 TEST(ActivationCheckpointingTest, NoGradForwardRunsTheBlocksDirectly) {
-  std::shared_ptr<models::CausalLM> model = MakeModel("tiny");
+  std::shared_ptr<models::CausalLM> model = models::testing::SeededModel("tiny", 5);
   auto [tokens, targets] = Batch(0, model->config().vocab_size());
   at::NoGradGuard no_grad;
   const at::Tensor expected = model->Forward(tokens);
@@ -139,7 +134,7 @@ TEST(ActivationCheckpointingTest, NoGradForwardRunsTheBlocksDirectly) {
 // Kept projection outputs serve one backward; a second one through the same forward is an
 // error, not wrong gradients.
 TEST(ActivationCheckpointingTest, SelectiveRefusesASecondBackward) {
-  std::shared_ptr<models::CausalLM> model = MakeModel("tiny");
+  std::shared_ptr<models::CausalLM> model = models::testing::SeededModel("tiny", 5);
   ActivationCheckpointing checkpointing(*model, ActivationCheckpointingConfig::SELECTIVE);
   auto [tokens, targets] = Batch(0, model->config().vocab_size());
   at::Tensor loss = model->Loss(tokens, targets);

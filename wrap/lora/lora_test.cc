@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "models/testing_models.h"
 #include "optim/optimizer.h"
 #include "parallel/device_mesh.h"
 #include "parallel/test_ranks.h"
@@ -50,9 +51,7 @@ using ::testing::IsEmpty;
 
 // The tiny Llama: hidden 256, MLP 688, 4 blocks, 4 heads of 64, 2 key/value heads.
 std::shared_ptr<models::CausalLM> MakeModel(const std::string& preset = "tiny") {
-  models::InitConfig init;
-  init.set_seed(7);
-  return models::CausalLM::Create(models::PresetConfig(preset).value(), init).value();
+  return models::testing::SeededModel(preset, 7);
 }
 
 LoraConfig Config(const std::string& text) {
