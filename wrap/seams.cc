@@ -7,7 +7,10 @@
 #include <vector>
 
 #include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
 #include "ATen/ops/mv.h"
+#include "models/internal/gemm.h"
+#include "torch/csrc/autograd/grad_mode.h"
 #include "torch/nn/functional/linear.h"
 
 namespace plait::wrap {
@@ -44,14 +47,43 @@ at::Tensor Identity(const at::Tensor& x) { return x; }
 
 }  // namespace
 
+namespace {
+
+// The rows of the weight a BLAS call of LinearProduct's decoding form multiplies at a time, for
+// `rows` rows of `width`: a multiple of 16 up to 64 within kSmallProduct, or 0 where none fits.
+constexpr int64_t kSmallProduct = 1'000'000;  // M x N x K of the BLAS's direct kernels
+int64_t SliceRows(int64_t rows, int64_t width) {
+  return std::min<int64_t>(64, kSmallProduct / (rows * width) / 16 * 16);
+}
+
+}  // namespace
+
 at::Tensor LinearProduct(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (x.numel() != x.size(-1) || !x.device().is_cpu() || x.scalar_type() != at::kFloat) {
-    return torch::nn::functional::linear(x, weight, bias);
-  }
-  at::Tensor out = at::mv(weight, x.reshape({-1}));
-  if (bias.defined()) out = out + bias;
+  const int64_t width = x.size(-1);
+  const int64_t rows = width == 0 ? 0 : x.numel() / width;  // none: an expert no row chose
+  const bool decoding =
+      x.device().is_cpu() && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
+      !(at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()));
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = weight.size(0);
+  if (decoding && rows == 1) {
+    at::Tensor out = at::mv(weight, x.reshape({-1}));
+    if (bias.defined()) out = out + bias;
+    return out.view(shape);
+  }
+  const int64_t slice = decoding && rows > 1 && rows <= 16 ? SliceRows(rows, width) : 0;
+  if (slice == 0) return torch::nn::functional::linear(x, weight, bias);
+  const at::Tensor a = x.reshape({rows, width}).contiguous();
+  const at::Tensor b = weight.contiguous();
+  const int64_t outputs = b.size(0);
+  at::Tensor out = at::empty({rows, outputs}, a.options());
+  for (int64_t first = 0; first < outputs; first += slice) {
+    models::internal::Gemm<float>(/*trans_a=*/false, /*trans_b=*/true, rows,
+                                  std::min(slice, outputs - first), width, 1.0f,
+                                  a.data_ptr<float>(), width, b.data_ptr<float>() + first * width,
+                                  width, 0.0f, out.data_ptr<float>() + first, outputs);
+  }
+  if (bias.defined()) out.add_(bias);
   return out.view(shape);
 }
 
