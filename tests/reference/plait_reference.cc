@@ -19,6 +19,7 @@
 //                        [--save_peft_dir=DIR] --batch=BATCH --out=OUT
 //   plait_reference nf4 --weights=WEIGHTS --out=OUT
 //   plait_reference generate --hf_dir=DIR --prompts=PROMPTS --max_new_tokens=N --out=OUT
+//   plait_reference grpo_loss --inputs=INPUTS --configs=CONFIGS --out=OUT
 //
 // BATCH is a safetensors file of int64 `input_ids` and `labels` [B, T], with labels in
 // Hugging Face's convention: aligned with the inputs, shifted inside the loss, -100 ignored.
@@ -63,6 +64,11 @@
 //     greedy completion of --max_new_tokens tokens (generation::Generate, no end-of-sequence
 //     id: it runs to the end), all prompts in one batch, written to OUT as JSON: a list of
 //     {"tokens": [...], "logprobs": [...]}, each token's log-probability under the model.
+//   grpo_loss: INPUTS holds fp32 `logps`, `old_logps`, `ref_logps` and `mask` [N, T] and
+//     `rewards` [N]; CONFIGS objectives.Grpo text protos. For config i, GRPO's arithmetic
+//     (objectives/grpo_loss.h): `<i>.advantages` [N], `<i>.loss` [1] of the completions as one
+//     micro-batch, `<i>.grad` [N, T] its gradient in logps, and the masked means `<i>.kl`,
+//     `<i>.clip_ratio/low_mean` and `<i>.clip_ratio/high_mean` [1].
 // Exits 0 on success, 1 with a message on stderr otherwise, 2 on a usage error.
 #include <algorithm>
 #include <cstdint>
@@ -101,6 +107,7 @@
 #include "models/model_config.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "objectives/grpo_loss.h"
 #include "objectives/metric_means.h"
 #include "objectives/objective.h"
 #include "objectives/step_items.h"
@@ -126,6 +133,7 @@ ABSL_FLAG(std::string, schedule, "", "train: a sched.ScheduleConfig text proto."
 ABSL_FLAG(std::string, configs, "", "A text file of configs, one text proto per line.");
 ABSL_FLAG(std::string, params, "", "optimizers: a safetensors file of the initial parameters.");
 ABSL_FLAG(std::string, grads, "", "optimizers: a safetensors file of the gradients and lr.");
+ABSL_FLAG(std::string, inputs, "", "grpo_loss: a safetensors file of its inputs.");
 ABSL_FLAG(std::string, save_dir, "",
           "train: save the trained model here as a Hugging Face folder.");
 ABSL_FLAG(std::string, reference_dir, "", "dpo: the reference model's Hugging Face folder.");
@@ -613,6 +621,41 @@ absl::Status RunGenerate() {
   return base::WriteFileAtomically(out, results.dump());
 }
 
+absl::Status RunGrpoLoss() {
+  PLAIT_ASSIGN_OR_RETURN(const std::string inputs_path, RequiredFlag(FLAGS_inputs, "inputs"));
+  PLAIT_ASSIGN_OR_RETURN(const std::string out, RequiredFlag(FLAGS_out, "out"));
+  PLAIT_ASSIGN_OR_RETURN(const auto configs, ReadConfigs<objectives::Grpo>());
+  PLAIT_ASSIGN_OR_RETURN(std::unique_ptr<models::SafetensorsFile> inputs,
+                         models::SafetensorsFile::Open(inputs_path));
+  std::map<std::string, at::Tensor> read;
+  for (const char* name : {"logps", "old_logps", "ref_logps", "mask", "rewards"}) {
+    PLAIT_ASSIGN_OR_RETURN(read[name], inputs->Read(name));
+  }
+  NamedTensors results;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const at::Tensor advantages = objectives::GroupAdvantages(configs[c], read["rewards"]);
+    const at::Tensor logps = read["logps"].clone().requires_grad_(true);
+    const objectives::GrpoTerms terms =
+        objectives::GrpoLoss(configs[c], {.logps = logps,
+                                          .old_logps = read["old_logps"],
+                                          .ref_logps = read["ref_logps"],
+                                          .advantages = advantages,
+                                          .mask = read["mask"]});
+    terms.loss.backward();
+    const auto mean = [&](double sum) { return torch::tensor({sum / terms.tokens}); };
+    for (auto& [name, tensor] : std::vector<std::pair<std::string, at::Tensor>>{
+             {"advantages", advantages},
+             {"loss", terms.loss.detach().reshape({1})},
+             {"grad", logps.grad()},
+             {"kl", mean(terms.kl)},
+             {"clip_ratio/low_mean", mean(terms.low_clipped)},
+             {"clip_ratio/high_mean", mean(terms.high_clipped)}}) {
+      results.emplace_back(absl::StrCat(c, ".", name), tensor.contiguous());
+    }
+  }
+  return models::WriteSafetensors(out, results);
+}
+
 }  // namespace
 }  // namespace plait::reference
 
@@ -620,12 +663,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "plait's side of the reference tests; see tests/reference/plait_reference.cc.\n"
       "usage: plait_reference "
-      "forward_backward|save_hf|train|schedules|optimizers|dpo|sft_step|lora|nf4 "
+      "forward_backward|save_hf|train|schedules|optimizers|dpo|sft_step|lora|nf4|generate|"
+      "grpo_loss "
       "--flags...");
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() != 2) {
     std::cerr << "plait_reference: give one command: forward_backward, save_hf, train, "
-                 "schedules, optimizers, dpo, sft_step, lora, nf4 or generate\n";
+                 "schedules, optimizers, dpo, sft_step, lora, nf4, generate or grpo_loss\n";
     return 2;
   }
   const std::string command = positional[1];
@@ -650,6 +694,8 @@ int main(int argc, char** argv) {
     status = plait::reference::RunNf4();
   } else if (command == "generate") {
     status = plait::reference::RunGenerate();
+  } else if (command == "grpo_loss") {
+    status = plait::reference::RunGrpoLoss();
   } else {
     std::cerr << "plait_reference: unknown command \"" << command << "\"\n";
     return 2;
