@@ -39,22 +39,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/file.h"
 #include "base/guarded_main.h"
-#include "base/json.h"
 #include "base/status.h"
 #include "checkpoint/manifest.h"
 #include "data/tokenizer/load_tokenizer.h"
+#include "data/tokenizer/prompts.h"
 #include "data/tokenizer/tokenizer.h"
 #include "generation/completion_text.h"
 #include "generation/sampling.pb.h"
 #include "generation/sampling_config.h"
 #include "models/causal_lm.h"
 #include "models/hf_checkpoint.h"
-#include "nlohmann/json.hpp"
 #include "tools/saved_checkpoint.h"
 
 ABSL_FLAG(std::string, model, "",
@@ -81,48 +79,6 @@ namespace plait::tools {
 namespace {
 
 using data::tokenizer::Tokenizer;
-
-// The prompts of the JSONL file `path`, as token ids.
-absl::StatusOr<std::vector<std::vector<int64_t>>> ReadPrompts(const std::string& path,
-                                                              const Tokenizer& tokenizer) {
-  PLAIT_ASSIGN_OR_RETURN(const std::string text, base::ReadFile(path));
-  std::vector<std::vector<int64_t>> prompts;
-  int line_number = 0;
-  for (const absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++line_number;
-    if (line.empty()) continue;
-    const std::string where = absl::StrCat(path, ":", line_number);
-    PLAIT_ASSIGN_OR_RETURN(const nlohmann::json json, base::ParseJson(where, line));
-    if (!json.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
-    }
-    const base::JsonFields fields(json, where);
-    std::vector<int64_t>& ids = prompts.emplace_back();
-    if (fields.Has("prompt")) {
-      PLAIT_ASSIGN_OR_RETURN(const std::string prompt, fields.String("prompt"));
-      PLAIT_ASSIGN_OR_RETURN(
-          const std::vector<int32_t> encoded,
-          base::Annotate(tokenizer.Encode(prompt, /*add_special_tokens=*/true), where));
-      ids.assign(encoded.begin(), encoded.end());
-    } else if (fields.Has("prompt_ids")) {
-      const nlohmann::json& given = json.at("prompt_ids");
-      if (!given.is_array()) {
-        return fields.Error("prompt_ids", absl::StrCat("expected a list of token ids, got ",
-                                                       base::DescribeJson(given)));
-      }
-      for (size_t i = 0; i < given.size(); ++i) {
-        PLAIT_ASSIGN_OR_RETURN(ids.emplace_back(),
-                               fields.IntValue(given[i], absl::StrCat("prompt_ids[", i, "]")));
-      }
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": give \"prompt\" (text) or \"prompt_ids\" (a list of token ids)"));
-    }
-    if (ids.empty())
-      return absl::InvalidArgumentError(absl::StrCat(where, ": the prompt is empty"));
-  }
-  return prompts;
-}
 
 // A model folder, and the folder it may have been written to for the purpose (a
 // checkpoint's export), removed when it goes.
@@ -235,8 +191,10 @@ absl::Status Generate() {
       const std::unique_ptr<Tokenizer> tokenizer,
       base::Annotate(data::tokenizer::LoadTokenizer(tokenizer_path),
                      "--tokenizer (a tokenizer.json or tokenizer.model, or their folder)"));
-  PLAIT_ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> prompts,
-                         ReadPrompts(prompts_path, *tokenizer));
+  PLAIT_ASSIGN_OR_RETURN(const std::vector<data::tokenizer::Prompt> read,
+                         data::tokenizer::ReadPrompts(prompts_path, *tokenizer));
+  std::vector<std::vector<int64_t>> prompts;
+  for (const data::tokenizer::Prompt& prompt : read) prompts.push_back(prompt.ids);
   PLAIT_ASSIGN_OR_RETURN(const std::shared_ptr<models::CausalLM> model,
                          models::LoadHfModel(model_dir));
   generation::GenerateOptions options;
