@@ -71,7 +71,7 @@ std::string SamplesFile(const SamplesConfig& config) {
   return config.file().empty() ? "samples.jsonl" : config.file();
 }
 
-std::vector<base::PlanFeature> FeaturesOf(const SamplesConfig& config,
+std::vector<base::PlanFeature> FeaturesOf(const SamplesConfig& /*config: any asks it*/,
                                           const std::string& field_path) {
   return {{.name = "generates",
            .field = field_path,

@@ -45,10 +45,6 @@ struct Stack<Result(Args...)> {
 
 at::Tensor Identity(const at::Tensor& x) { return x; }
 
-}  // namespace
-
-namespace {
-
 // The rows of the weight a BLAS call of LinearProduct's decoding form multiplies at a time, for
 // `rows` rows of `width`: a multiple of 16 up to 64 within kSmallProduct, or 0 where none fits.
 constexpr int64_t kSmallProduct = 1'000'000;  // M x N x K of the BLAS's direct kernels
