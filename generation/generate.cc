@@ -164,21 +164,26 @@ absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
   // The rows still drawing; a row that stopped goes on decoding with the others, unread.
   std::vector<bool> open(completions.size(), true);
   auto open_rows = static_cast<int64_t>(completions.size());
+  // The first error drawing; peers are told before it is returned.
+  absl::Status failed;
   while (true) {
     at::Tensor next = at::zeros({rows}, at::kLong);
     if (!placeholder) {
       const Draws draws = sampler.Next(last);
       next = draws.tokens;
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = 0; r < rows && failed.ok(); ++r) {
         if (!open[r]) continue;
         Completion& completion = completions[r];
         completion.tokens.push_back(draws.tokens[r].item<int64_t>());
         completion.logprobs.push_back(draws.logprobs[r].item<float>());
         completion.sampling_logprobs.push_back(draws.sampling_logprobs[r].item<float>());
-        PLAIT_ASSIGN_OR_RETURN(const std::optional<StopReason> stop,
-                               StopAfterLastToken(completion, config, options));
-        if (stop.has_value()) {
-          completion.stop = *stop;
+        absl::StatusOr<std::optional<StopReason>> stop =
+            StopAfterLastToken(completion, config, options);
+        if (!stop.ok()) {
+          failed = base::Annotate(stop.status(), absl::StrCat("prompt ", completion.prompt,
+                                                              " sample ", completion.sample));
+        } else if (stop->has_value()) {
+          completion.stop = **stop;
           open[r] = false;
           --open_rows;
         }
@@ -186,8 +191,11 @@ absl::StatusOr<std::vector<Completion>> Generate(models::CausalLM& model,
     }
     bool go_on = open_rows > 0;
     if (options.any_rank_open) {
-      PLAIT_ASSIGN_OR_RETURN(go_on, options.any_rank_open(go_on));
+      absl::StatusOr<bool> any = options.any_rank_open(go_on && failed.ok(), !failed.ok());
+      PLAIT_RETURN_IF_ERROR(failed);
+      PLAIT_ASSIGN_OR_RETURN(go_on, any);
     }
+    PLAIT_RETURN_IF_ERROR(failed);
     if (!go_on) break;
     last = model.Decode(next.view({rows, 1}).to(device), cache).select(1, 0);
   }

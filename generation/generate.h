@@ -55,10 +55,11 @@ struct GenerateOptions {
   std::function<absl::StatusOr<std::string>(const std::vector<int64_t>&)> detokenize;
   // Where the model's forwards run collectives with other ranks' (a prepared model's FSDP
   // gathers, its tensor-parallel sums): called once per decoded token with whether this rank
-  // still has a completion drawing, it says whether any of those ranks has (every one of them
-  // calling it), and each decodes until none has. A rank without prompts decodes a
-  // placeholder row meanwhile. Unset: this rank decodes alone.
-  std::function<absl::StatusOr<bool>(bool open_here)> any_rank_open;
+  // still has a completion drawing and whether it failed, it says whether any of those ranks
+  // has one drawing (every one of them calling it), or an error where one failed; each
+  // decodes until none has, and all stop together when one fails. A rank without prompts
+  // decodes a placeholder row meanwhile. Unset: this rank decodes alone.
+  std::function<absl::StatusOr<bool>(bool open_here, bool failed_here)> any_rank_open;
 };
 
 // The ids that end a completion of the model in Hugging Face folder `dir`: eos_token_id (an id

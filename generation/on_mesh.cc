@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ATen/core/Tensor.h"
+#include "ATen/ops/full.h"
 #include "ATen/ops/zeros.h"
 #include "absl/status/status.h"
 #include "base/status.h"
@@ -71,11 +72,18 @@ absl::StatusOr<std::vector<Completion>> GenerateOnMesh(
   const int64_t end = std::min(count, begin + block);
   const std::vector<std::vector<int64_t>> mine(prompts.begin() + begin, prompts.begin() + end);
   options.first_prompt += begin;
-  options.any_rank_open = [&mesh](bool open_here) -> absl::StatusOr<bool> {
-    at::Tensor open = at::zeros({1}, at::TensorOptions(at::kLong).device(mesh.device()));
-    if (open_here) open.fill_(1);
-    PLAIT_RETURN_IF_ERROR(mesh.AllReduce(open, parallel::ReduceOp::kMax));
-    return open.item<int64_t>() > 0;
+  // The most of 0 (done), 1 (drawing) and 2 (failed) over the mesh.
+  options.any_rank_open = [&mesh](bool open_here, bool failed_here) -> absl::StatusOr<bool> {
+    at::Tensor state = at::full({1},
+                                failed_here ? 2
+                                : open_here ? 1
+                                            : 0,
+                                at::TensorOptions(at::kLong).device(mesh.device()));
+    PLAIT_RETURN_IF_ERROR(mesh.AllReduce(state, parallel::ReduceOp::kMax));
+    if (state.item<int64_t>() == 2) {
+      return absl::AbortedError("generation failed on another rank (see its error)");
+    }
+    return state.item<int64_t>() == 1;
   };
 
   std::vector<Completion> own;

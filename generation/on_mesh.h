@@ -28,7 +28,8 @@ namespace plait::generation {
 // Every rank of `mesh`, on which `prepared` was prepared, must call it with the same
 // arguments. `options.first_prompt` numbers prompts[0] (and so seeds its draws);
 // `options.any_rank_open` is set here. Errors as Generate's, found on every rank before any
-// decoding.
+// decoding; one that a rank meets while decoding (its stop strings' text) stops every rank at
+// that token, the others with Aborted.
 absl::StatusOr<std::vector<Completion>> GenerateOnMesh(
     prepared::PreparedModel& prepared, const parallel::DeviceMesh& mesh,
     const std::vector<std::vector<int64_t>>& prompts, const SamplingConfig& config,

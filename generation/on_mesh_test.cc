@@ -276,5 +276,39 @@ TEST(OnMeshTest, RefusesSequenceParallelism) {
   });
 }
 
+// A rank whose decoding fails (here its stop strings' text cannot be read) stops every rank at
+// that token, rather than leaving its peers waiting in the next gather.
+TEST(OnMeshTest, ARankThatFailsWhileDecodingStopsEveryRank) {
+  const models::ModelSpec spec = Spec(4096);
+  parallel::MeshConfig mesh_config;
+  parallel::MeshConfig::Dimension* dim = mesh_config.add_dims();
+  dim->set_name("dp");
+  dim->set_size(2);
+  absl::StatusOr<parallel::MeshLayout> mesh_layout = parallel::MeshLayout::Create(mesh_config, 2);
+  ASSERT_THAT(mesh_layout, IsOk());
+  SamplingConfig config = Sampled();
+  config.add_stop_strings("never");
+  parallel::testing::RunOnRingMesh(*mesh_layout, [&](int rank, parallel::DeviceMesh& mesh) {
+    absl::StatusOr<std::unique_ptr<prepared::PreparedModel>> prepared =
+        prepared::PreparedModel::Prepare(spec, spec.config(), "", Steps({"fsdp", {}, {kFsdp}}),
+                                         mesh, prepared::Role::kFrozen, "plan");
+    ASSERT_THAT(prepared, IsOk());
+    GenerateOptions options;
+    options.detokenize = [rank](const std::vector<int64_t>& ids) -> absl::StatusOr<std::string> {
+      if (rank == 1 && ids.size() == 2) return absl::DataLossError("no text for these ids");
+      return std::string("text");
+    };
+    const absl::StatusOr<std::vector<Completion>> completions =
+        GenerateOnMesh(**prepared, mesh, kPrompts, config, options, false);
+    if (rank == 1) {
+      EXPECT_THAT(completions, StatusIs(absl::StatusCode::kDataLoss,
+                                        HasSubstr("prompt 3 sample 0: no text for these ids")));
+    } else {
+      EXPECT_THAT(completions, StatusIs(absl::StatusCode::kAborted,
+                                        HasSubstr("generation failed on another rank")));
+    }
+  });
+}
+
 }  // namespace
 }  // namespace plait::generation
