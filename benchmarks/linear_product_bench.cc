@@ -5,6 +5,7 @@
 //
 //   bazel run --config=opt //benchmarks:linear_product_bench
 #include <cstdint>
+#include <optional>
 
 #include "ATen/ATen.h"
 #include "benchmark/benchmark.h"
@@ -15,12 +16,15 @@
 namespace plait::benchmarks {
 namespace {
 
-// range(0) outputs, range(1) inputs, range(2) rows; `decoding`: LinearProduct, else at::linear.
+// range(0) outputs, range(1) inputs, range(2) rows; `decoding`: LinearProduct in decoding (a
+// DecodingProducts alive), else at::linear.
 void Product(benchmark::State& state, bool decoding) {
   at::NoGradGuard no_grad;
   at::manual_seed(1);
   const at::Tensor weight = at::randn({state.range(0), state.range(1)});
   const at::Tensor x = at::randn({state.range(2), state.range(1)});
+  std::optional<wrap::DecodingProducts> decoding_products;
+  if (decoding) decoding_products.emplace();
   for (auto _ : state) {
     benchmark::DoNotOptimize(decoding ? wrap::LinearProduct(x, weight, at::Tensor())
                                       : at::linear(x, weight));

@@ -547,6 +547,7 @@ at::Tensor CausalLM::Decode(const at::Tensor& tokens, KvCache& cache, int64_t lo
   TORCH_CHECK(logits_to_keep >= 0 && logits_to_keep <= tokens.size(1),
               "CausalLM::Decode: logits_to_keep ", logits_to_keep, " is not in [0, ",
               tokens.size(1), "]");
+  const wrap::DecodingProducts decoding;
   at::Tensor logits =
       seams_.WholeLogits(Run(tokens, at::Tensor(), /*to_logits=*/true, &cache, logits_to_keep));
   cache.Advance(tokens.size(1));

@@ -45,6 +45,8 @@ struct Stack<Result(Args...)> {
 
 at::Tensor Identity(const at::Tensor& x) { return x; }
 
+thread_local bool decoding_products = false;
+
 // The rows of the weight a BLAS call of LinearProduct's decoding form multiplies at a time, for
 // `rows` rows of `width`: a multiple of 16 up to 64 within kSmallProduct, or 0 where none fits.
 constexpr int64_t kSmallProduct = 1'000'000;  // M x N x K of the BLAS's direct kernels
@@ -54,11 +56,18 @@ int64_t SliceRows(int64_t rows, int64_t width) {
 
 }  // namespace
 
+DecodingProducts::DecodingProducts() : was_active_(decoding_products) { decoding_products = true; }
+
+DecodingProducts::~DecodingProducts() { decoding_products = was_active_; }
+
+bool DecodingProducts::active() { return decoding_products; }
+
 at::Tensor LinearProduct(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   const int64_t width = x.size(-1);
   const int64_t rows = width == 0 ? 0 : x.numel() / width;  // none: an expert no row chose
   const bool decoding =
-      x.device().is_cpu() && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
+      DecodingProducts::active() && x.device().is_cpu() && x.scalar_type() == at::kFloat &&
+      weight.scalar_type() == at::kFloat &&
       !(at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()));
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = weight.size(0);

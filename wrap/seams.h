@@ -217,16 +217,35 @@ class SeamLayer {
   }
 };
 
+// While one lives on a thread, the products LinearProduct computes there are decoding's (a
+// model's Decode holds one), which may take the forms below. Elsewhere a product is the matrix
+// product whatever the grad mode, so that a forward under no-grad (activation checkpointing's
+// first, a frozen reference's) computes what the same forward with gradients does, bit for
+// bit.
+class DecodingProducts final {
+ public:
+  DecodingProducts();
+  ~DecodingProducts();
+  DecodingProducts(const DecodingProducts&) = delete;
+  DecodingProducts& operator=(const DecodingProducts&) = delete;
+
+  // Whether one lives on this thread.
+  static bool active();
+
+ private:
+  bool was_active_;
+};
+
 // x weight^T (+ bias, where defined): a projection's product where no layer of the product
 // seam changes it, and the output projection's. Decoding's few fp32 rows on the CPU (no
-// gradient) take faster forms than a matrix product, whose BLAS copies all of the weight into
-// its blocked layout first: a single row is a matrix-vector product (the matmul took twice
-// as long on Qwen2.5's [151936, 896] output projection), and up to 16 rows go through the
-// BLAS a slice of the weight's rows at a time, each slice small enough (M x N x K within about
-// 10^6) for its kernels that read the operands where they are: at 16 rows, one thread, 1.6x
-// faster on that projection and 1.7-1.8x on the medium model's, with Debian's OpenBLAS and
-// the wheel's MKL alike. Slices only help while they can be at least 16 rows wide; beyond
-// that, the matrix product.
+// gradient, a DecodingProducts alive) take faster forms than a matrix product, whose BLAS copies
+// all of the weight into its blocked layout first: a single row is a matrix-vector product (the
+// matmul took twice as long on Qwen2.5's [151936, 896] output projection), and up to 16 rows go
+// through the BLAS a slice of the weight's rows at a time, each slice small enough (M x N x K
+// within about 10^6) for its kernels that read the operands where they are: at 16 rows, one
+// thread, 1.6x faster on that projection and 1.7-1.8x on the medium model's, with Debian's OpenBLAS
+// and the wheel's MKL alike. Slices only help while they can be at least 16 rows wide; beyond that,
+// the matrix product.
 at::Tensor LinearProduct(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // A model's seams: the layers of each, and the calls the model makes, which run the layers

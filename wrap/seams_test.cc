@@ -1,6 +1,6 @@
 // LinearProduct's decoding forms (a matrix-vector product for one row, slices of the weight
-// for up to 16) against the matrix product, and that a product that needs a gradient keeps
-// the differentiable form.
+// for up to 16) against the matrix product; outside decoding, and where a product needs a
+// gradient, the matrix product itself.
 #include "wrap/seams.h"
 
 #include <cstdint>
@@ -16,6 +16,7 @@ namespace {
 TEST(LinearProductTest, DecodingFormsEqualTheMatrixProduct) {
   at::manual_seed(3);
   at::NoGradGuard no_grad;
+  const DecodingProducts decoding;
   // 1000 outputs: the last slice is narrower than the others; 4864 inputs: no slice of 16
   // rows is small enough at 16 rows; no rows: a mixture's expert that no token chose.
   for (const int64_t width : {896, 4864}) {
@@ -35,7 +36,24 @@ TEST(LinearProductTest, DecodingFormsEqualTheMatrixProduct) {
   }
 }
 
+// Outside decoding, a forward under no-grad computes what it computes with gradients, bit for
+// bit (activation checkpointing recomputes a block so).
+TEST(LinearProductTest, OutsideDecodingTheMatrixProductWhateverTheGradMode) {
+  at::manual_seed(4);
+  const at::Tensor weight = at::randn({1000, 896});
+  const at::Tensor x = at::randn({5, 896});
+  at::NoGradGuard no_grad;
+  EXPECT_FALSE(DecodingProducts::active());
+  EXPECT_TRUE(LinearProduct(x, weight, at::Tensor()).equal(at::linear(x, weight)));
+  {
+    const DecodingProducts decoding;
+    EXPECT_TRUE(DecodingProducts::active());
+  }
+  EXPECT_FALSE(DecodingProducts::active());
+}
+
 TEST(LinearProductTest, AProductThatNeedsAGradientStaysDifferentiable) {
+  const DecodingProducts decoding;
   const at::Tensor weight = at::randn({100, 64}).requires_grad_(true);
   const at::Tensor x = at::randn({4, 64});
   LinearProduct(x, weight, at::Tensor()).sum().backward();
