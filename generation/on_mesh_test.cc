@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -62,6 +63,31 @@ google::protobuf::RepeatedPtrField<wrap::PrepareStep> Steps(const Layout& layout
     EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, steps.Add())) << text;
   }
   return steps;
+}
+
+// Runs `body(rank, mesh, prepared)` on every rank of `layout`'s mesh (ring communicators on
+// loopback), `prepared` being `spec`'s model prepared by `layout`'s steps as `role`.
+void OnPreparedRanks(
+    const Layout& layout, const models::ModelSpec& spec, prepared::Role role,
+    const std::function<void(int, parallel::DeviceMesh&, prepared::PreparedModel&)>& body) {
+  parallel::MeshConfig mesh_config;
+  int world = 1;
+  for (const auto& [name, size] : layout.dims) {
+    parallel::MeshConfig::Dimension* dim = mesh_config.add_dims();
+    dim->set_name(name);
+    dim->set_size(size);
+    world *= size;
+  }
+  absl::StatusOr<parallel::MeshLayout> mesh_layout =
+      parallel::MeshLayout::Create(mesh_config, world);
+  ASSERT_THAT(mesh_layout, IsOk());
+  parallel::testing::RunOnRingMesh(*mesh_layout, [&](int rank, parallel::DeviceMesh& mesh) {
+    absl::StatusOr<std::unique_ptr<prepared::PreparedModel>> prepared =
+        prepared::PreparedModel::Prepare(spec, spec.config(), "", Steps(layout), mesh, role,
+                                         "plan");
+    ASSERT_THAT(prepared, IsOk()) << layout.name;
+    body(rank, mesh, **prepared);
+  });
 }
 
 // Gives the adapters of a LoRA model values that change what it computes (PEFT starts B at 0).
@@ -156,40 +182,27 @@ TEST_P(OnMeshTest, DecodesAndGeneratesAsOneProcess) {
   // A vocabulary that tensor parallelism pads to split over 2 ranks.
   const models::ModelSpec spec = Spec(layout.name == "tp2_padded" ? 4093 : 4096);
   const std::vector<Completion> expected = OneProcess(spec);
-  parallel::MeshConfig mesh_config;
-  int world = 1;
-  for (const auto& [name, size] : layout.dims) {
-    parallel::MeshConfig::Dimension* dim = mesh_config.add_dims();
-    dim->set_name(name);
-    dim->set_size(size);
-    world *= size;
-  }
-  absl::StatusOr<parallel::MeshLayout> mesh_layout =
-      parallel::MeshLayout::Create(mesh_config, world);
-  ASSERT_THAT(mesh_layout, IsOk());
-  parallel::testing::RunOnRingMesh(*mesh_layout, [&](int rank, parallel::DeviceMesh& mesh) {
-    absl::StatusOr<std::unique_ptr<prepared::PreparedModel>> prepared =
-        prepared::PreparedModel::Prepare(spec, spec.config(), "", Steps(layout), mesh,
-                                         prepared::Role::kFrozen, "plan");
-    ASSERT_THAT(prepared, IsOk());
-    wrap::Preparation& preparation = (*prepared)->preparation();
-    EXPECT_LT(LargestDecodeDifference((*prepared)->model()), 1e-5) << layout.name << " " << rank;
-    preparation.ResetPeak();
-    absl::StatusOr<std::vector<Completion>> completions = GenerateOnMesh(
-        **prepared, mesh, kPrompts, Sampled(), GenerateOptions(), layout.keep_gathered);
-    ASSERT_THAT(completions, IsOk());
-    ExpectSameCompletions(*completions, expected, layout.name);
-    // Gathered once, every unit is whole at the end of the phase; block by block, the root and
-    // two blocks at most; and nothing stays gathered after it.
-    if (!layout.dims.empty() && layout.dims.front().first == "dp") {
-      // fp32, each tensor-parallel rank's slices.
-      const int64_t split = layout.dims.size() > 1 ? layout.dims.back().second : 1;
-      const int64_t whole_bytes = models::NumParameters(spec.config()) * 4 / split;
-      EXPECT_EQ(preparation.peak_gathered_bytes() >= whole_bytes, layout.keep_gathered)
-          << layout.name << ": " << preparation.peak_gathered_bytes() << " of " << whole_bytes;
-    }
-    EXPECT_EQ(preparation.gathered_bytes(), 0) << layout.name;
-  });
+  OnPreparedRanks(
+      layout, spec, prepared::Role::kFrozen,
+      [&](int rank, parallel::DeviceMesh& mesh, prepared::PreparedModel& model) {
+        wrap::Preparation& preparation = model.preparation();
+        EXPECT_LT(LargestDecodeDifference(model.model()), 1e-5) << layout.name << " " << rank;
+        preparation.ResetPeak();
+        absl::StatusOr<std::vector<Completion>> completions = GenerateOnMesh(
+            model, mesh, kPrompts, Sampled(), GenerateOptions(), layout.keep_gathered);
+        ASSERT_THAT(completions, IsOk());
+        ExpectSameCompletions(*completions, expected, layout.name);
+        // Gathered once, every unit is whole at the end of the phase; block by block, the root and
+        // two blocks at most; and nothing stays gathered after it.
+        if (!layout.dims.empty() && layout.dims.front().first == "dp") {
+          // fp32, each tensor-parallel rank's slices.
+          const int64_t split = layout.dims.size() > 1 ? layout.dims.back().second : 1;
+          const int64_t whole_bytes = models::NumParameters(spec.config()) * 4 / split;
+          EXPECT_EQ(preparation.peak_gathered_bytes() >= whole_bytes, layout.keep_gathered)
+              << layout.name << ": " << preparation.peak_gathered_bytes() << " of " << whole_bytes;
+        }
+        EXPECT_EQ(preparation.gathered_bytes(), 0) << layout.name;
+      });
 }
 
 const char kFsdp[] = "fsdp { mesh_dim: 'dp' }";
@@ -211,103 +224,81 @@ INSTANTIATE_TEST_SUITE_P(
 // full forward, and generating through them equals generating with them merged into the base.
 TEST(OnMeshLoraTest, DecodesThroughTheAdaptersAsTheMergedModel) {
   const models::ModelSpec spec = Spec(4096);
-  absl::StatusOr<parallel::MeshLayout> mesh_layout =
-      parallel::MeshLayout::Create(parallel::MeshConfig(), 1);
-  ASSERT_THAT(mesh_layout, IsOk());
-  parallel::testing::RunOnRingMesh(*mesh_layout, [&](int, parallel::DeviceMesh& mesh) {
-    google::protobuf::RepeatedPtrField<wrap::PrepareStep> steps =
-        Steps({"lora",
-               {},
-               {"lora { rank: 4 alpha: 8 target: '*q_proj' target: '*v_proj' "
-                "target: '*down_proj' seed: 3 }"}});
-    absl::StatusOr<std::unique_ptr<prepared::PreparedModel>> prepared =
-        prepared::PreparedModel::Prepare(spec, spec.config(), "", steps, mesh,
-                                         prepared::Role::kTrained, "plan");
-    ASSERT_THAT(prepared, IsOk()) << prepared.status();
-    PerturbAdapters(**prepared);
-    EXPECT_LT(LargestDecodeDifference((*prepared)->model()), 1e-5);
-    absl::StatusOr<std::vector<Completion>> adapted =
-        GenerateOnMesh(**prepared, mesh, kPrompts, Sampled(), GenerateOptions(), false);
-    ASSERT_THAT(adapted, IsOk());
+  const Layout lora = {"lora",
+                       {},
+                       {"lora { rank: 4 alpha: 8 target: '*q_proj' target: '*v_proj' "
+                        "target: '*down_proj' seed: 3 }"}};
+  OnPreparedRanks(lora, spec, prepared::Role::kTrained,
+                  [&](int, parallel::DeviceMesh& mesh, prepared::PreparedModel& model) {
+                    PerturbAdapters(model);
+                    EXPECT_LT(LargestDecodeDifference(model.model()), 1e-5);
+                    absl::StatusOr<std::vector<Completion>> adapted =
+                        GenerateOnMesh(model, mesh, kPrompts, Sampled(), GenerateOptions(), false);
+                    ASSERT_THAT(adapted, IsOk());
 
-    absl::StatusOr<std::map<std::string, at::Tensor>> merged =
-        (*prepared)->preparation().MergedParameters();
-    ASSERT_THAT(merged, IsOk());
-    absl::StatusOr<std::shared_ptr<models::CausalLM>> plain =
-        models::CausalLM::Create(spec.config(), spec.init());
-    ASSERT_THAT(plain, IsOk());
-    at::NoGradGuard no_grad;
-    for (const auto& item : (*plain)->named_parameters()) {
-      ASSERT_TRUE(merged->count(item.key())) << item.key();
-      item.value().copy_(merged->at(item.key()));
-    }
-    absl::StatusOr<std::vector<Completion>> expected = Generate(**plain, kPrompts, Sampled());
-    ASSERT_THAT(expected, IsOk());
-    ExpectSameCompletions(*adapted, *expected, "lora");
-    // The adapters change what is drawn.
-    const std::vector<Completion> base = OneProcess(spec);
-    bool changed = false;
-    for (size_t i = 0; i < base.size(); ++i) changed |= base[i].tokens != (*adapted)[i].tokens;
-    EXPECT_TRUE(changed);
-  });
+                    absl::StatusOr<std::map<std::string, at::Tensor>> merged =
+                        model.preparation().MergedParameters();
+                    ASSERT_THAT(merged, IsOk());
+                    absl::StatusOr<std::shared_ptr<models::CausalLM>> plain =
+                        models::CausalLM::Create(spec.config(), spec.init());
+                    ASSERT_THAT(plain, IsOk());
+                    at::NoGradGuard no_grad;
+                    for (const auto& item : (*plain)->named_parameters()) {
+                      ASSERT_TRUE(merged->count(item.key())) << item.key();
+                      item.value().copy_(merged->at(item.key()));
+                    }
+                    absl::StatusOr<std::vector<Completion>> expected =
+                        Generate(**plain, kPrompts, Sampled());
+                    ASSERT_THAT(expected, IsOk());
+                    ExpectSameCompletions(*adapted, *expected, "lora");
+                    // The adapters change what is drawn.
+                    const std::vector<Completion> base = OneProcess(spec);
+                    bool changed = false;
+                    for (size_t i = 0; i < base.size(); ++i)
+                      changed |= base[i].tokens != (*adapted)[i].tokens;
+                    EXPECT_TRUE(changed);
+                  });
 }
 
 // A model whose steps split every forward's tokens cannot decode a token at a time: refused
 // before any decoding, on every rank, saying why.
 TEST(OnMeshTest, RefusesSequenceParallelism) {
-  const models::ModelSpec spec = Spec(4096);
-  parallel::MeshConfig mesh_config;
-  parallel::MeshConfig::Dimension* dim = mesh_config.add_dims();
-  dim->set_name("tp");
-  dim->set_size(2);
-  absl::StatusOr<parallel::MeshLayout> mesh_layout = parallel::MeshLayout::Create(mesh_config, 2);
-  ASSERT_THAT(mesh_layout, IsOk());
-  parallel::testing::RunOnRingMesh(*mesh_layout, [&](int, parallel::DeviceMesh& mesh) {
-    absl::StatusOr<std::unique_ptr<prepared::PreparedModel>> prepared =
-        prepared::PreparedModel::Prepare(
-            spec, spec.config(), "",
-            Steps({"sp", {}, {"tensor_parallel { mesh_dim: 'tp' sequence_parallel: true }"}}), mesh,
-            prepared::Role::kFrozen, "plan");
-    ASSERT_THAT(prepared, IsOk());
-    EXPECT_THAT(
-        GenerateOnMesh(**prepared, mesh, kPrompts, Sampled(), GenerateOptions(), false),
-        StatusIs(absl::StatusCode::kFailedPrecondition,
-                 HasSubstr("this model cannot generate: tensor_parallel.sequence_parallel")));
-  });
+  const Layout sequence_parallel = {
+      "sp", {{"tp", 2}}, {"tensor_parallel { mesh_dim: 'tp' sequence_parallel: true }"}};
+  OnPreparedRanks(
+      sequence_parallel, Spec(4096), prepared::Role::kFrozen,
+      [&](int, parallel::DeviceMesh& mesh, prepared::PreparedModel& model) {
+        EXPECT_THAT(
+            GenerateOnMesh(model, mesh, kPrompts, Sampled(), GenerateOptions(), false),
+            StatusIs(absl::StatusCode::kFailedPrecondition,
+                     HasSubstr("this model cannot generate: tensor_parallel.sequence_parallel")));
+      });
 }
 
 // A rank whose decoding fails (here its stop strings' text cannot be read) stops every rank at
 // that token, rather than leaving its peers waiting in the next gather.
 TEST(OnMeshTest, ARankThatFailsWhileDecodingStopsEveryRank) {
-  const models::ModelSpec spec = Spec(4096);
-  parallel::MeshConfig mesh_config;
-  parallel::MeshConfig::Dimension* dim = mesh_config.add_dims();
-  dim->set_name("dp");
-  dim->set_size(2);
-  absl::StatusOr<parallel::MeshLayout> mesh_layout = parallel::MeshLayout::Create(mesh_config, 2);
-  ASSERT_THAT(mesh_layout, IsOk());
   SamplingConfig config = Sampled();
   config.add_stop_strings("never");
-  parallel::testing::RunOnRingMesh(*mesh_layout, [&](int rank, parallel::DeviceMesh& mesh) {
-    absl::StatusOr<std::unique_ptr<prepared::PreparedModel>> prepared =
-        prepared::PreparedModel::Prepare(spec, spec.config(), "", Steps({"fsdp", {}, {kFsdp}}),
-                                         mesh, prepared::Role::kFrozen, "plan");
-    ASSERT_THAT(prepared, IsOk());
-    GenerateOptions options;
-    options.detokenize = [rank](const std::vector<int64_t>& ids) -> absl::StatusOr<std::string> {
-      if (rank == 1 && ids.size() == 2) return absl::DataLossError("no text for these ids");
-      return std::string("text");
-    };
-    const absl::StatusOr<std::vector<Completion>> completions =
-        GenerateOnMesh(**prepared, mesh, kPrompts, config, options, false);
-    if (rank == 1) {
-      EXPECT_THAT(completions, StatusIs(absl::StatusCode::kDataLoss,
-                                        HasSubstr("prompt 3 sample 0: no text for these ids")));
-    } else {
-      EXPECT_THAT(completions, StatusIs(absl::StatusCode::kAborted,
-                                        HasSubstr("generation failed on another rank")));
-    }
-  });
+  OnPreparedRanks(
+      {"fsdp2", {{"dp", 2}}, {kFsdp}}, Spec(4096), prepared::Role::kFrozen,
+      [&](int rank, parallel::DeviceMesh& mesh, prepared::PreparedModel& model) {
+        GenerateOptions options;
+        options.detokenize =
+            [rank](const std::vector<int64_t>& ids) -> absl::StatusOr<std::string> {
+          if (rank == 1 && ids.size() == 2) return absl::DataLossError("no text for these ids");
+          return std::string("text");
+        };
+        const absl::StatusOr<std::vector<Completion>> completions =
+            GenerateOnMesh(model, mesh, kPrompts, config, options, false);
+        if (rank == 1) {
+          EXPECT_THAT(completions, StatusIs(absl::StatusCode::kDataLoss,
+                                            HasSubstr("prompt 3 sample 0: no text for these ids")));
+        } else {
+          EXPECT_THAT(completions, StatusIs(absl::StatusCode::kAborted,
+                                            HasSubstr("generation failed on another rank")));
+        }
+      });
 }
 
 }  // namespace
